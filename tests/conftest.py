@@ -1,0 +1,31 @@
+"""Shared fixtures: where the reference document is, and helpers for every tier."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _seed_path() -> Path:
+    env = os.environ.get("M1000_SEED")
+    if env:
+        return Path(env)
+    for base in (ROOT.parent / "shared" / "seeds", ROOT / "simulator" / "data"):
+        for name in ("000_29a7ee896c0fa7ef.txt", "reference_tables.txt"):
+            if (base / name).exists():
+                return base / name
+    raise FileNotFoundError("reference document not found: set M1000_SEED")
+
+
+@pytest.fixture(scope="session")
+def seed_path() -> Path:
+    return _seed_path()
+
+
+@pytest.fixture(scope="session")
+def seed_text(seed_path: Path) -> str:
+    return seed_path.read_text(encoding="utf-8")

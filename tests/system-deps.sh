@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the Debian packages that the real-service test tiers need, when missing.
+# Needs root (CI runs as root). Without root it says what is missing and goes on:
+# the tests that need a missing program skip with a reason naming it.
+set -u
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v prometheus >/dev/null || need+=(prometheus)
+command -v promtool >/dev/null || need+=(prometheus)
+command -v prometheus-pushgateway >/dev/null || need+=(prometheus-pushgateway)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ssh >/dev/null || need+=(openssh-client)
+command -v scp >/dev/null || need+=(openssh-client)
+command -v chromium >/dev/null || need+=(chromium)
+command -v ip >/dev/null || need+=(iproute2)
+command -v rsync >/dev/null || need+=(rsync)
+[ ${#need[@]} -eq 0 ] && exit 0
+mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+if [ "$(id -u)" != 0 ]; then
+  echo "system-deps: not root, cannot install: ${need[*]} (tests needing them will skip, saying so)" >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}"
