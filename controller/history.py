@@ -1,0 +1,260 @@
+"""Run history: SQLite on the controller (the only module here that touches the database).
+
+Rows are stored one column per ``ResultRow`` field, so reports read them straight into
+pandas (``pd.read_sql_query``). Writes are idempotent: the same row, progress or run
+recorded twice is stored once. Baselines are versioned per release; each baseline
+version's rows are kept under the pseudo run id ``baseline:<release>:v<N>``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from agent.records import ResultRow, RunProgress
+
+ROW_FIELDS: tuple[str, ...] = tuple(ResultRow.model_fields)
+_JSON_FIELDS = {"extra", "flags"}
+_BOOL_FIELDS = {"correct"}
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    release TEXT NOT NULL DEFAULT '',
+    tarball TEXT NOT NULL DEFAULT '',
+    sha256 TEXT NOT NULL DEFAULT '',
+    models TEXT NOT NULL DEFAULT '[]',
+    modules TEXT NOT NULL DEFAULT '[]',
+    kind TEXT NOT NULL DEFAULT 'run',
+    state TEXT NOT NULL DEFAULT 'running',
+    verdict TEXT,
+    finished_at REAL,
+    note TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS module_runs (
+    run_id TEXT NOT NULL,
+    module TEXT NOT NULL,
+    state TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    progress TEXT NOT NULL,
+    PRIMARY KEY (run_id, module)
+);
+CREATE TABLE IF NOT EXISTS rows (
+    {", ".join(f'"{f}"' for f in ROW_FIELDS)},
+    PRIMARY KEY (run_id, module, model_key, profile)
+);
+CREATE INDEX IF NOT EXISTS rows_module ON rows (module, model_key);
+CREATE TABLE IF NOT EXISTS baselines (
+    release TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    source TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    PRIMARY KEY (release, version)
+);
+"""
+
+
+class HistoryError(RuntimeError):
+    pass
+
+
+class RunInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    created_at: float
+    release: str
+    tarball: str
+    sha256: str
+    models: tuple[str, ...]
+    modules: tuple[str, ...]
+    kind: str
+    state: str
+    verdict: str | None
+    finished_at: float | None
+    note: str
+
+
+def row_to_db(row: ResultRow) -> tuple[Any, ...]:
+    d = row.model_dump(mode="json")
+    return tuple(json.dumps(d[f]) if f in _JSON_FIELDS else d[f] for f in ROW_FIELDS)
+
+
+def row_from_db(values: sqlite3.Row | tuple[Any, ...]) -> ResultRow:
+    d: dict[str, Any] = dict(zip(ROW_FIELDS, values, strict=True))
+    for f in _JSON_FIELDS:
+        d[f] = json.loads(d[f]) if d[f] else ({} if f == "extra" else ())
+    for f in _BOOL_FIELDS:
+        if d[f] is not None:
+            d[f] = bool(d[f])
+    return ResultRow.model_validate(d)
+
+
+class History:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise HistoryError(f"{self.path}: cannot open run history: {exc}") from exc
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # -- runs ---------------------------------------------------------------------------
+    def create_run(self, run_id: str, *, release: str = "", tarball: str = "", sha256: str = "",
+                   models: Iterable[str] = (), modules: Iterable[str] = (), kind: str = "run",
+                   note: str = "", state: str = "running") -> None:
+        with self.tx() as c:
+            c.execute(
+                "INSERT OR IGNORE INTO runs (run_id, created_at, release, tarball, sha256, models, modules,"
+                " kind, state, note) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (run_id, time.time(), release, tarball, sha256, json.dumps(list(models)),
+                 json.dumps(list(modules)), kind, state, note),
+            )
+
+    def set_run_state(self, run_id: str, state: str, verdict: str | None = None) -> None:
+        finished = time.time() if state != "running" else None
+        with self.tx() as c:
+            c.execute(
+                "UPDATE runs SET state=?, verdict=COALESCE(?, verdict), finished_at=COALESCE(finished_at, ?)"
+                " WHERE run_id=?",
+                (state, verdict, finished, run_id),
+            )
+
+    def run(self, run_id: str) -> RunInfo | None:
+        cur = self.conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,))
+        r = cur.fetchone()
+        return self._run_info(cur, r) if r else None
+
+    def find_run(self, prefix: str) -> RunInfo:
+        """A run by id or unique id prefix ('latest' is the newest run)."""
+        if prefix == "latest":
+            runs = self.runs(limit=1)
+            if not runs:
+                raise HistoryError("no runs in history")
+            return runs[0]
+        exact = self.run(prefix)
+        if exact:
+            return exact
+        cur = self.conn.execute("SELECT * FROM runs WHERE run_id LIKE ? ORDER BY created_at DESC",
+                                (prefix.replace("%", "") + "%",))
+        found = cur.fetchall()
+        if len(found) == 1:
+            return self._run_info(cur, found[0])
+        if not found:
+            raise HistoryError(f"no run {prefix!r} in {self.path}")
+        raise HistoryError(f"run id {prefix!r} is ambiguous ({len(found)} runs)")
+
+    def runs(self, limit: int = 50, kind: str = "run") -> list[RunInfo]:
+        cur = self.conn.execute("SELECT * FROM runs WHERE kind=? ORDER BY created_at DESC LIMIT ?",
+                                (kind, limit))
+        return [self._run_info(cur, r) for r in cur.fetchall()]
+
+    @staticmethod
+    def _run_info(cur: sqlite3.Cursor, r: tuple[Any, ...]) -> RunInfo:
+        d = dict(zip([c[0] for c in cur.description], r, strict=True))
+        d["models"] = tuple(json.loads(d["models"]))
+        d["modules"] = tuple(json.loads(d["modules"]))
+        return RunInfo.model_validate(d)
+
+    # -- progress -----------------------------------------------------------------------
+    def upsert_progress(self, p: RunProgress) -> None:
+        """Keep the newest progress of (run, module); an older update never wins."""
+        with self.tx() as c:
+            c.execute(
+                "INSERT INTO module_runs (run_id, module, state, updated_at, progress) VALUES (?,?,?,?,?)"
+                " ON CONFLICT (run_id, module) DO UPDATE SET state=excluded.state,"
+                " updated_at=excluded.updated_at, progress=excluded.progress"
+                " WHERE excluded.updated_at >= module_runs.updated_at",
+                (p.run_id, p.module, p.state.value, p.updated_at, p.model_dump_json()),
+            )
+
+    def progress(self, run_id: str) -> dict[str, RunProgress]:
+        cur = self.conn.execute("SELECT module, progress FROM module_runs WHERE run_id=? ORDER BY module",
+                                (run_id,))
+        return {m: RunProgress.model_validate_json(p) for m, p in cur.fetchall()}
+
+    # -- rows ---------------------------------------------------------------------------
+    def upsert_rows(self, rows: Iterable[ResultRow]) -> int:
+        data = [row_to_db(r) for r in rows]
+        if not data:
+            return 0
+        marks = ",".join("?" * len(ROW_FIELDS))
+        with self.tx() as c:
+            before = c.total_changes
+            c.executemany(f"INSERT OR REPLACE INTO rows VALUES ({marks})", data)
+            return c.total_changes - before
+
+    def rows(self, run_id: str, module: str | None = None) -> list[ResultRow]:
+        q = "SELECT * FROM rows WHERE run_id=?"
+        args: tuple[Any, ...] = (run_id,)
+        if module:
+            q += " AND module=?"
+            args += (module,)
+        q += " ORDER BY module, model_key, rowid"
+        return [row_from_db(r) for r in self.conn.execute(q, args).fetchall()]
+
+    def row_count(self, run_id: str) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM rows WHERE run_id=?", (run_id,)).fetchone()[0])
+
+    # -- baselines ----------------------------------------------------------------------
+    def add_baseline(self, release: str, rows: Iterable[ResultRow], source: str) -> tuple[int, str]:
+        """Store rows as the next baseline version of ``release``; returns (version, run id)."""
+        with self.tx() as c:
+            (last,) = c.execute("SELECT COALESCE(MAX(version), 0) FROM baselines WHERE release=?",
+                                (release,)).fetchone()
+            version = int(last) + 1
+            run_id = f"baseline:{release}:v{version}"
+            c.execute("INSERT INTO baselines (release, version, run_id, source, created_at) VALUES (?,?,?,?,?)",
+                      (release, version, run_id, source, time.time()))
+            c.execute("INSERT OR IGNORE INTO runs (run_id, created_at, release, kind, state, note)"
+                      " VALUES (?,?,?,?,?,?)", (run_id, time.time(), release, "baseline", "done", source))
+        self.upsert_rows(r.model_copy(update={"run_id": run_id, "release": release}) for r in rows)
+        return version, run_id
+
+    def baseline_run_id(self, spec: str | None = None, release: str | None = None) -> str | None:
+        """``spec``: None (latest of ``release``, else latest of any), '1.4.1', '1.4.1@v2' or a run id."""
+        if spec and self.run(spec):
+            return spec
+        rel, ver = (spec.split("@v", 1) + [None])[:2] if spec else (release, None)
+        q = "SELECT run_id FROM baselines"
+        args: tuple[Any, ...] = ()
+        if rel:
+            q += " WHERE release=?"
+            args = (rel,)
+            if ver:
+                q += " AND version=?"
+                args += (int(ver),)
+        q += " ORDER BY created_at DESC, version DESC LIMIT 1"
+        r = self.conn.execute(q, args).fetchone()
+        return str(r[0]) if r else None
+
+    def baselines(self) -> list[dict[str, Any]]:
+        cur = self.conn.execute("SELECT release, version, run_id, source, created_at FROM baselines"
+                                " ORDER BY release, version")
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]

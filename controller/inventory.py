@@ -1,0 +1,192 @@
+"""The lab's inventory: modules in a TOML file, validated, and device selectors.
+
+```toml
+[defaults]                     # optional, applied to every module
+ssh_user = "dev"
+model_root = "/home/dev/models"
+
+[[module]]
+name = "m1000-a01"
+host = "192.0.2.11"
+ssh_port = 22
+labels = { rack = "a", board = "evt2" }
+model_paths = { qwen3vl = "/data/Qwen3-VL-8B" }   # per-key override of model_root/<folder>
+env = { SERVER_PORT = "30000" }                     # extra variables for the release's scripts
+```
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agent.records import MODEL_KEYS
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class InventoryError(ValueError):
+    """Bad inventory or selector; the message names the file, module and field."""
+
+
+class Module(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    host: str = "127.0.0.1"
+    ssh_user: str = "root"
+    ssh_port: int = Field(default=22, ge=1, le=65535)
+    labels: dict[str, str] = Field(default_factory=dict)
+    model_root: str = "/home/dev/models"
+    model_paths: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str = "~/m1000-fleet"
+    metrics_port: int = Field(default=9400, ge=1, le=65535)
+    # "local": the module's worker reads the release from a path the controller can see
+    # (simulated modules, same host). "ssh": the release is pushed over SSH first.
+    transport: str = "ssh"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be 1-63 of letters, digits, '.', '_', '-' and start with a letter or digit")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not _LABEL.match(k):
+                raise ValueError(f"label name {k!r} is not a Prometheus-safe label name")
+        return v
+
+    @field_validator("model_paths")
+    @classmethod
+    def _model_paths(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if k not in MODEL_KEYS:
+                raise ValueError(f"unknown model key {k!r} (known: {', '.join(MODEL_KEYS)})")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not _ENV.match(k):
+                raise ValueError(f"variable name {k!r} is not a valid environment variable name")
+        return v
+
+    @field_validator("transport")
+    @classmethod
+    def _transport(cls, v: str) -> str:
+        if v not in ("ssh", "local"):
+            raise ValueError("must be 'ssh' or 'local'")
+        return v
+
+    @property
+    def queue(self) -> str:
+        return queue_name(self.name)
+
+
+def queue_name(module: str) -> str:
+    """Celery queue of a module: ``module.<name>`` with anything unusual replaced."""
+    return "module." + re.sub(r"[^A-Za-z0-9_.-]", "_", module)
+
+
+class Inventory(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    path: str = ""
+    modules: tuple[Module, ...]
+
+    def by_name(self) -> dict[str, Module]:
+        return {m.name: m for m in self.modules}
+
+    def select(self, selector: str) -> list[Module]:
+        return select(self.modules, selector)
+
+
+def _fmt_error(path: str, module: str | None, err: ValidationError) -> InventoryError:
+    e = err.errors()[0]
+    field = ".".join(str(x) for x in e["loc"]) or "?"
+    who = f" module {module!r}:" if module else ""
+    return InventoryError(f"{path}:{who} field {field!r}: {e['msg']}")
+
+
+def parse_inventory(data: dict[str, Any], path: str = "<inventory>") -> Inventory:
+    unknown = set(data) - {"defaults", "module"}
+    if unknown:
+        raise InventoryError(f"{path}: unknown top-level table {sorted(unknown)[0]!r} (expected 'defaults', 'module')")
+    defaults = data.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise InventoryError(f"{path}: 'defaults' must be a table")
+    raw = data.get("module", [])
+    if not isinstance(raw, list) or not raw:
+        raise InventoryError(f"{path}: no [[module]] entries")
+    modules: list[Module] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            raise InventoryError(f"{path}: module #{i + 1} is not a table")
+        name = entry.get("name")
+        label = str(name) if name else f"#{i + 1}"
+        merged = {**defaults, **entry}
+        for key in ("labels", "model_paths", "env"):
+            if isinstance(defaults.get(key), dict) and isinstance(entry.get(key), dict):
+                merged[key] = {**defaults[key], **entry[key]}
+        try:
+            m = Module.model_validate(merged)
+        except ValidationError as exc:
+            raise _fmt_error(path, label, exc) from None
+        if m.name in seen:
+            raise InventoryError(f"{path}: module {m.name!r}: field 'name': duplicate module name")
+        seen.add(m.name)
+        modules.append(m)
+    return Inventory(path=path, modules=tuple(modules))
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InventoryError(f"{p}: inventory file not found") from None
+    except OSError as exc:
+        raise InventoryError(f"{p}: cannot read inventory: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InventoryError(f"{p}: not valid TOML: {exc}") from None
+    return parse_inventory(data, str(p))
+
+
+def select(modules: Iterable[Module], selector: str) -> list[Module]:
+    """``all``; names; ``label=value``; comma-separated terms, united, in inventory order."""
+    mods = list(modules)
+    terms = [t.strip() for t in selector.split(",") if t.strip()]
+    if not terms:
+        raise InventoryError("empty device selector")
+    chosen: set[str] = set()
+    names = {m.name for m in mods}
+    for term in terms:
+        if term == "all":
+            chosen |= names
+        elif "=" in term:
+            k, _, v = term.partition("=")
+            hit = {m.name for m in mods if m.labels.get(k.strip()) == v.strip()}
+            if not hit:
+                raise InventoryError(f"device selector {term!r}: no module has label {k.strip()}={v.strip()}")
+            chosen |= hit
+        elif term in names:
+            chosen.add(term)
+        else:
+            raise InventoryError(f"device selector {term!r}: unknown module (known: {', '.join(sorted(names))})")
+    return [m for m in mods if m.name in chosen]
