@@ -1,0 +1,169 @@
+"""Settings for agents and the controller, from the environment and a TOML file.
+
+Precedence (highest first): explicit arguments, ``FLEET_*`` environment variables, the
+TOML config file (``--config`` or ``FLEET_CONFIG``), defaults. The broker password never
+needs to be on a command line: put the URL in the config file (mode 0600) or give
+``broker_password_file``; it is then merged into the URL in memory only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - agents on Python 3.10
+    tomllib = None
+
+DEFAULT_HOME = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "m1000-fleet"
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SettingsError(f"{path}: config file not found") from None
+    if tomllib is None:  # pragma: no cover
+        raise SettingsError(f"{path}: TOML config needs Python 3.11 (use FLEET_* variables on 3.10)")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: not valid TOML: {exc}") from None
+    return data
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    """Reads the section ``[<section>]`` (or the top level) of the config file."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None, section: str) -> None:
+        super().__init__(settings_cls)
+        self.data: dict[str, Any] = {}
+        if path is not None:
+            raw = _read_toml(path)
+            top = {k: v for k, v in raw.items() if not isinstance(v, dict)}
+            sec = raw.get(section, {})
+            self.data = {**top, **(sec if isinstance(sec, dict) else {})}
+            fields = set(settings_cls.model_fields)
+            unknown = sorted(set(self.data) - fields)
+            if unknown:
+                raise SettingsError(f"{path}: unknown setting {unknown[0]!r}")
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self.data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.data)
+
+
+class BrokerSettings(BaseSettings):
+    """What every Celery app of the fleet must agree on (agents and controller alike)."""
+
+    model_config = SettingsConfigDict(env_prefix="FLEET_", extra="ignore", frozen=True)
+    config_section: ClassVar[str] = "fleet"
+
+    broker_url: str = Field(
+        default="filesystem://",
+        description="redis://[user:pass@]host:6379/0, rediss://..., or filesystem:// (embedded, one machine)",
+    )
+    broker_password_file: Path | None = Field(default=None, description="file holding the broker password")
+    data_dir: Path = Field(default=DEFAULT_HOME, description="embedded broker and result folders")
+    run_soft_time_limit: float = Field(default=4 * 3600.0, gt=0, description="soft time limit of one run, s")
+    run_time_limit: float = Field(default=4 * 3600.0 + 600, gt=0, description="hard time limit of one run, s")
+    heartbeat_interval: float = Field(default=5.0, gt=0, description="agent heartbeat period, s")
+    offline_after: float = Field(default=30.0, gt=0, description="no heartbeat for this long: offline, s")
+    max_attempts: int = Field(default=2, ge=1, description="deliveries of one run to one module, at most")
+    result_expires: float = Field(default=7 * 86400.0, gt=0, description="how long results stay on the broker")
+
+    @model_validator(mode="after")
+    def _limits(self) -> BrokerSettings:
+        if self.run_time_limit <= self.run_soft_time_limit:
+            raise ValueError("run_time_limit must be longer than run_soft_time_limit")
+        if self.offline_after <= self.heartbeat_interval:
+            raise ValueError("offline_after must be longer than heartbeat_interval")
+        return self
+
+    @field_validator("broker_url")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        scheme = urlsplit(v).scheme
+        if scheme not in ("redis", "rediss", "filesystem", "memory"):
+            raise ValueError(f"unsupported broker scheme {scheme!r} (redis, rediss, filesystem)")
+        return v
+
+    @property
+    def visibility_timeout(self) -> float:
+        """Longer than the hard time limit, derived the same way by every app."""
+        return self.run_time_limit + 3600.0
+
+    def broker_url_with_secret(self) -> str:
+        """The broker URL with the password from ``broker_password_file`` merged in (memory only)."""
+        if not self.broker_password_file:
+            return self.broker_url
+        secret = self.broker_password_file.read_text(encoding="utf-8").strip()
+        parts = urlsplit(self.broker_url)
+        user = parts.username or ""
+        host = parts.hostname or "localhost"
+        port = f":{parts.port}" if parts.port else ""
+        netloc = f"{quote(user, safe='')}:{quote(secret, safe='')}@{host}{port}"
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+    def redacted_broker_url(self) -> str:
+        parts = urlsplit(self.broker_url)
+        if parts.password:
+            netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+            return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+        return self.broker_url
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = os.environ.get("FLEET_CONFIG")
+        source = _TomlSource(settings_cls, Path(path) if path else None, cls.config_section)
+        return init_settings, env_settings, source
+
+
+class AgentSettings(BrokerSettings):
+    """One module's agent (``fleet-agent worker``); section ``[agent]`` of the config file."""
+
+    config_section: ClassVar[str] = "agent"
+
+    module: str = Field(default_factory=socket.gethostname, description="this module's name in the inventory")
+    workdir: Path = Field(default=Path.home() / "m1000-fleet", description="releases, runs, caches, logs")
+    model_root: Path = Field(default=Path.home() / "models", description="folder holding the model folders")
+    server_port: int = Field(default=30000, ge=1, le=65535, description="port the release's server listens on")
+    metrics_host: str = Field(default="127.0.0.1", description="bind address of /metrics")
+    metrics_port: int = Field(default=9400, ge=0, le=65535, description="port of /metrics (0: off)")
+    pushgateway_url: str | None = Field(default=None, description="push metrics here too (optional)")
+
+
+def load_settings(cls: type[BrokerSettings], config: str | Path | None = None, **overrides: Any) -> Any:
+    """Settings of ``cls`` with ``config`` as the TOML file (else ``FLEET_CONFIG``)."""
+    old = os.environ.get("FLEET_CONFIG")
+    try:
+        if config is not None:
+            os.environ["FLEET_CONFIG"] = str(config)
+        return cls(**{k: v for k, v in overrides.items() if v is not None})
+    finally:
+        if config is not None:
+            if old is None:
+                os.environ.pop("FLEET_CONFIG", None)
+            else:
+                os.environ["FLEET_CONFIG"] = old
