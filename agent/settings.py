@@ -45,20 +45,23 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 class _TomlSource(PydanticBaseSettingsSource):
-    """Reads the section ``[<section>]`` (or the top level) of the config file."""
+    """Reads ``[fleet]`` (shared broker settings) and ``[<section>]`` of the config file."""
 
     def __init__(self, settings_cls: type[BaseSettings], path: Path | None, section: str) -> None:
         super().__init__(settings_cls)
         self.data: dict[str, Any] = {}
         if path is not None:
             raw = _read_toml(path)
-            top = {k: v for k, v in raw.items() if not isinstance(v, dict)}
-            sec = raw.get(section, {})
-            self.data = {**top, **(sec if isinstance(sec, dict) else {})}
             fields = set(settings_cls.model_fields)
-            unknown = sorted(set(self.data) - fields)
+            shared = raw.get("fleet", {})
+            own = raw.get(section, {}) if section != "fleet" else {}
+            for name, table in (("fleet", shared), (section, own)):
+                if not isinstance(table, dict):
+                    raise SettingsError(f"{path}: [{name}] must be a table")
+            unknown = sorted(set(shared) - set(BrokerSettings.model_fields)) + sorted(set(own) - fields)
             if unknown:
                 raise SettingsError(f"{path}: unknown setting {unknown[0]!r}")
+            self.data = {**shared, **own}
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return self.data.get(field_name), field_name, False
