@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from agent.celery_app import queue_name
 from agent.records import MODEL_KEYS
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -94,11 +95,6 @@ class Module(BaseModel):
     @property
     def queue(self) -> str:
         return queue_name(self.name)
-
-
-def queue_name(module: str) -> str:
-    """Celery queue of a module: ``module.<name>`` with anything unusual replaced."""
-    return "module." + re.sub(r"[^A-Za-z0-9_.-]", "_", module)
 
 
 class Inventory(BaseModel):

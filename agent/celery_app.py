@@ -1,0 +1,108 @@
+"""The one Celery app of the fleet, built the same way by agents and the controller.
+
+Everything that must agree between them is derived here from ``BrokerSettings``: JSON
+only, late acks, reject on worker lost, prefetch 1, time limits, and a visibility timeout
+longer than the hard limit. The embedded default (``filesystem://``) is kombu's
+filesystem transport plus Celery's file result backend under ``data_dir``: it needs no
+server and no root and works across processes on one machine.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from celery import Celery
+
+from agent.settings import BrokerSettings
+
+RUN_TASK = "fleet.run_release"
+NOOP_TASK = "fleet.noop"
+CONTROLLER_QUEUE = "fleet.controller"
+
+
+def queue_name(module: str) -> str:
+    """Celery queue of a module: ``module.<name>`` with anything unusual replaced."""
+    return "module." + re.sub(r"[^A-Za-z0-9_.-]", "_", module)
+
+
+def is_embedded(settings: BrokerSettings) -> bool:
+    return urlsplit(settings.broker_url).scheme == "filesystem"
+
+
+def embedded_folders(data_dir: Path) -> dict[str, Path]:
+    base = Path(data_dir).expanduser().resolve()
+    return {
+        "queue": base / "broker" / "queue",
+        "control": base / "broker" / "control",
+        "processed": base / "broker" / "processed",
+        "results": base / "broker" / "results",
+    }
+
+
+def make_app(settings: BrokerSettings, name: str = "m1000-fleet") -> Celery:
+    conf: dict[str, Any] = {
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "event_serializer": "json",
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_concurrency": 1,
+        "task_soft_time_limit": settings.run_soft_time_limit,
+        "task_time_limit": settings.run_time_limit,
+        "result_expires": settings.result_expires,
+        "task_track_started": True,
+        "worker_enable_remote_control": False,  # cancel is durable, through the backend
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
+        "worker_hijack_root_logger": False,
+        "broker_connection_retry_on_startup": True,
+        "broker_channel_error_retry": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "task_default_queue": CONTROLLER_QUEUE,
+        "task_create_missing_queues": True,
+        "enable_utc": True,
+    }
+    if is_embedded(settings):
+        f = embedded_folders(settings.data_dir)
+        for p in f.values():
+            p.mkdir(parents=True, exist_ok=True)
+        conf["broker_url"] = "filesystem://"
+        conf["broker_transport_options"] = {
+            "data_folder_in": str(f["queue"]),
+            "data_folder_out": str(f["queue"]),
+            "control_folder": str(f["control"]),
+            "processed_folder": str(f["processed"]),
+            "store_processed": False,
+            "polling_interval": 0.05,
+        }
+        conf["result_backend"] = f"file://{f['results']}"
+    elif urlsplit(settings.broker_url).scheme == "memory":
+        conf["broker_url"] = "memory://"
+        conf["result_backend"] = "cache+memory://"
+    else:
+        url = settings.broker_url_with_secret()
+        conf["broker_url"] = url
+        conf["result_backend"] = url
+        opts = {"visibility_timeout": settings.visibility_timeout, "socket_timeout": 10,
+                "socket_connect_timeout": 5, "retry_on_timeout": True, "health_check_interval": 10}
+        conf["broker_transport_options"] = opts
+        conf["result_backend_transport_options"] = dict(opts)
+        conf["redis_socket_timeout"] = 10
+        conf["redis_socket_connect_timeout"] = 5
+        conf["redis_retry_on_timeout"] = True
+        conf["redis_backend_health_check_interval"] = 10
+        if url.startswith("rediss://"):
+            import ssl
+
+            conf["broker_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+            conf["redis_backend_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    app = Celery(name, set_as_current=False)
+    app.conf.update(conf)
+    return app

@@ -1,0 +1,144 @@
+"""Small key-value records on the fleet's result backend (Redis, or files when embedded).
+
+The one place where agents and the controller exchange state besides the task itself:
+heartbeats, live progress, the rows produced so far, and the durable cancel flag. It
+goes through Celery's own result backend (``backend.get/set/delete``), so the embedded
+and the Redis deployments take the same code path. Values are JSON; a value that cannot
+be read (a concurrent writer on the file backend) reads as absent and is read again on
+the next poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from celery import Celery
+from pydantic import ValidationError
+
+from agent.records import Heartbeat, ResultRow, RunProgress
+
+log = logging.getLogger(__name__)
+
+PREFIX = "m1000-fleet"
+
+
+def _key(*parts: str) -> str:
+    return ":".join((PREFIX, *parts))
+
+
+class KV:
+    def __init__(self, app: Celery) -> None:
+        self.backend = app.backend
+
+    # -- raw ------------------------------------------------------------------------------
+    def put(self, key: str, value: Any) -> None:
+        self.backend.set(key, json.dumps(value, separators=(",", ":")))
+
+    def get(self, key: str) -> Any:
+        raw = self.backend.get(key)
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return None
+
+    def get_many(self, keys: Sequence[str]) -> list[Any]:
+        out: list[Any] = []
+        for raw in self.backend.mget(list(keys)):
+            try:
+                out.append(json.loads(raw) if raw is not None else None)
+            except (ValueError, UnicodeDecodeError):
+                out.append(None)
+        return out
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.backend.delete(key)
+
+    # -- heartbeats -----------------------------------------------------------------------
+    def put_heartbeat(self, hb: Heartbeat) -> None:
+        self.put(_key("hb", hb.module), hb.model_dump(mode="json"))
+
+    def heartbeats(self, modules: Iterable[str]) -> dict[str, Heartbeat | None]:
+        names = list(modules)
+        values = self.get_many([_key("hb", m) for m in names]) if names else []
+        return {m: _model(Heartbeat, v) for m, v in zip(names, values, strict=True)}
+
+    # -- progress and rows -------------------------------------------------------------------
+    def put_progress(self, p: RunProgress) -> None:
+        self.put(_key("progress", p.run_id, p.module), p.model_dump(mode="json"))
+
+    def progress(self, run_id: str, modules: Iterable[str]) -> dict[str, RunProgress | None]:
+        names = list(modules)
+        values = self.get_many([_key("progress", run_id, m) for m in names]) if names else []
+        return {m: _model(RunProgress, v) for m, v in zip(names, values, strict=True)}
+
+    def put_rows(self, run_id: str, module: str, rows: Sequence[ResultRow]) -> None:
+        self.put(_key("rows", run_id, module), [r.model_dump(mode="json") for r in rows])
+
+    def rows(self, run_id: str, module: str) -> list[ResultRow] | None:
+        raw = self.get(_key("rows", run_id, module))
+        if not isinstance(raw, list):
+            return None
+        try:
+            return [ResultRow.model_validate(r) for r in raw]
+        except ValidationError:
+            log.warning("unreadable rows for %s on %s", run_id, module)
+            return None
+
+    # -- cancel ---------------------------------------------------------------------------
+    def cancel(self, run_id: str, module: str | None = None, reason: str = "cancelled") -> None:
+        key = _key("cancel", run_id, module) if module else _key("cancel", run_id)
+        self.put(key, {"ts": time.time(), "reason": reason})
+
+    def cancelled(self, run_id: str, module: str) -> str | None:
+        """The reason, when the run (or this module's part of it) was cancelled."""
+        for v in self.get_many([_key("cancel", run_id), _key("cancel", run_id, module)]):
+            if isinstance(v, dict):
+                return str(v.get("reason", "cancelled"))
+        return None
+
+
+def _model(cls: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        return cls.model_validate(value)
+    except ValidationError:
+        return None
+
+
+class KVCancelToken:
+    """Cancel token for the pipeline: a durable cancel on the backend, or a deadline passed.
+
+    Reads the backend at most every ``interval`` seconds however often it is asked.
+    """
+
+    def __init__(self, kv: KV, run_id: str, module: str, *, deadline: float | None = None,
+                 interval: float = 1.0) -> None:
+        self.kv, self.run_id, self.module = kv, run_id, module
+        self.deadline = deadline
+        self.interval = interval
+        self._checked = 0.0
+        self.reason: str | None = None
+
+    def is_cancelled(self) -> bool:
+        if self.reason:
+            return True
+        now = time.monotonic()
+        if self.deadline is not None and now >= self.deadline:
+            self.reason = "time limit of the run reached"
+            return True
+        if now - self._checked >= self.interval:
+            self._checked = now
+            try:
+                self.reason = self.kv.cancelled(self.run_id, self.module)
+            except Exception as exc:  # broker briefly away: keep running, ask again later
+                log.warning("cannot read cancel flag: %s", exc)
+        return self.reason is not None

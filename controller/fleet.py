@@ -1,0 +1,334 @@
+"""Dispatch runs to modules, follow them, keep their results: the controller's fleet seam.
+
+Everything here talks to the broker through one Celery app and the backend KV
+(``agent.kv``); the run history is the only other store. Module states follow LAVA's
+shape: ``idle``, ``busy``, ``offline`` (no heartbeat for ``offline_after``), ``bad``
+(unhealthy heartbeat or ``failures_for_bad`` failed runs in a row). ``sync`` is
+idempotent and can be called by any controller process at any time (the attached CLI,
+``fleetctl status``, or ``fleetctl serve`` when nobody is attached): results reach the
+history whether or not a CLI stays attached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.celery_app import NOOP_TASK, RUN_TASK, is_embedded, make_app, queue_name
+from agent.kv import KV
+from agent.records import Heartbeat, RunProgress, RunRequest, RunState, StepError
+from agent.settings import BrokerSettings
+from controller.history import History
+from controller.inventory import Module
+
+log = logging.getLogger("fleet.controller")
+
+TARBALL_RE = re.compile(r"^SGLang-MUSA-M1000-M1000_(?P<version>[0-9][0-9A-Za-z.+-]*)_sglang\.tar\.gz$")
+
+
+class FleetError(RuntimeError):
+    """Root of the controller's fleet errors (the CLI maps them to exit code 2)."""
+
+
+class BrokerUnavailable(FleetError, ConnectionError):
+    pass
+
+
+class BadRelease(FleetError, ValueError):
+    pass
+
+
+# --------------------------------------------------------------------------- pure parts
+@dataclass(frozen=True)
+class ModuleStatus:
+    name: str
+    state: str  # idle | busy | offline | bad
+    reason: str = ""
+    heartbeat: Heartbeat | None = None
+    age: float | None = None  # seconds since the last heartbeat
+
+
+def derive_state(hb: Heartbeat | None, now: float, *, offline_after: float, consecutive_failures: int = 0,
+                 failures_for_bad: int = 3) -> tuple[str, str]:
+    if hb is None:
+        return "offline", "no heartbeat ever"
+    age = now - hb.ts
+    if age > offline_after:
+        return "offline", f"no heartbeat for {age:.0f} s"
+    if not hb.healthy:
+        return "bad", hb.detail or "agent reports itself unhealthy"
+    if consecutive_failures >= failures_for_bad:
+        return "bad", f"{consecutive_failures} failed runs in a row"
+    if hb.run_id:
+        return "busy", f"run {hb.run_id}" + (f", {hb.step}" if hb.step else "")
+    return "idle", ""
+
+
+def release_version(tarball: Path) -> str:
+    m = TARBALL_RE.match(tarball.name)
+    if not m:
+        raise BadRelease(f"{tarball}: not a release tarball name (SGLang-MUSA-M1000-M1000_<version>_sglang.tar.gz)")
+    return m.group("version")
+
+
+def sha256_file(path: Path, chunk: int = 4 * 1024 * 1024) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def new_run_id(now: float | None = None) -> str:
+    t = time.gmtime(now if now is not None else time.time())
+    return time.strftime("%Y%m%d-%H%M%S", t) + "-" + secrets.token_hex(2)
+
+
+def module_failed(p: RunProgress) -> bool:
+    return p.state in (RunState.FAILED,) or any(o.status == "failed" for o in p.outcomes)
+
+
+@dataclass(frozen=True)
+class RunView:
+    run_id: str
+    modules: tuple[str, ...]
+    progress: Mapping[str, RunProgress | None] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return all(p is not None and p.state.terminal for p in self.progress.values())
+
+    def state(self) -> str:
+        ps = [p for p in self.progress.values() if p is not None]
+        if not self.finished:
+            return "running"
+        if any(p.state == RunState.CANCELLED for p in ps):
+            return "cancelled"
+        if any(module_failed(p) for p in ps):
+            return "failed"
+        return "done"
+
+
+# --------------------------------------------------------------------------- the seam
+class Fleet:
+    def __init__(self, settings: BrokerSettings, history: History, *, failures_for_bad: int = 3) -> None:
+        self.settings = settings
+        self.history = history
+        self.app = make_app(settings)
+        self.kv = KV(self.app)
+        self.failures_for_bad = failures_for_bad
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.app.close()
+
+    # -- broker --------------------------------------------------------------------------
+    def check_broker(self, timeout: float = 5.0) -> None:
+        if is_embedded(self.settings):
+            return
+        try:
+            with self.app.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1, interval_start=0, timeout=timeout)
+            self.app.backend.get("m1000-fleet:ping")
+        except Exception as exc:
+            raise BrokerUnavailable(
+                f"broker {self.settings.redacted_broker_url()} unreachable: {_short(exc)}") from exc
+
+    # -- modules -------------------------------------------------------------------------
+    def heartbeats(self, names: Iterable[str]) -> dict[str, Heartbeat | None]:
+        return self.kv.heartbeats(names)
+
+    def consecutive_failures(self, module: str, limit: int = 10) -> int:
+        cur = self.history.conn.execute(
+            "SELECT progress FROM module_runs WHERE module=? ORDER BY updated_at DESC LIMIT ?", (module, limit))
+        n = 0
+        for (raw,) in cur.fetchall():
+            p = RunProgress.model_validate_json(raw)
+            if not p.state.terminal:
+                continue
+            if not module_failed(p):
+                break
+            n += 1
+        return n
+
+    def statuses(self, modules: Sequence[Module], now: float | None = None) -> dict[str, ModuleStatus]:
+        now = time.time() if now is None else now
+        hbs = self.heartbeats(m.name for m in modules)
+        out: dict[str, ModuleStatus] = {}
+        for m in modules:
+            hb = hbs.get(m.name)
+            state, reason = derive_state(hb, now, offline_after=self.settings.offline_after,
+                                         consecutive_failures=self.consecutive_failures(m.name),
+                                         failures_for_bad=self.failures_for_bad)
+            out[m.name] = ModuleStatus(m.name, state, reason, hb, (now - hb.ts) if hb else None)
+        return out
+
+    def queue_lengths(self, modules: Sequence[Module]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        try:
+            with self.app.connection_for_read() as conn, conn.channel() as ch:
+                for m in modules:
+                    try:
+                        out[m.queue] = int(ch.queue_declare(queue=m.queue, passive=True).message_count)
+                    except Exception:
+                        out[m.queue] = 0
+        except Exception as exc:
+            log.warning("cannot read queue lengths: %s", exc)
+        return out
+
+    # -- dispatch ------------------------------------------------------------------------
+    def send(self, module: str, task: str, args: list[object], task_id: str | None = None) -> str:
+        """Publish one task on a module's queue (the only place the controller enqueues)."""
+        try:
+            res = self.app.send_task(task, args=args, queue=queue_name(module), task_id=task_id,
+                                     retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2,
+                                                               "interval_step": 0.5, "interval_max": 2})
+        except Exception as exc:
+            raise BrokerUnavailable(f"cannot enqueue on {queue_name(module)}: {_short(exc)}") from exc
+        return str(res.id)
+
+    def send_noop(self, module: str) -> str:
+        return self.send(module, NOOP_TASK, [time.time()])
+
+    def dispatch(self, *, run_id: str, modules: Sequence[Module], tarballs: Mapping[str, str], sha256: str,
+                 release: str, models: Sequence[str], tarball_label: str = "",
+                 statuses: Mapping[str, ModuleStatus] | None = None) -> dict[str, str]:
+        """Record the run and enqueue it on every module that can take it.
+
+        Returns module -> "queued" or the reason it was not (offline, bad, no release):
+        those modules are recorded as failed at once, not after an hour.
+        """
+        statuses = statuses if statuses is not None else self.statuses(modules)
+        self.history.create_run(run_id, release=release, tarball=tarball_label, sha256=sha256,
+                                models=models, modules=[m.name for m in modules])
+        out: dict[str, str] = {}
+        for m in modules:
+            st = statuses[m.name]
+            problem = None
+            if st.state == "offline":
+                problem = f"module offline: {st.reason}"
+            elif st.state == "bad":
+                problem = f"module bad: {st.reason}"
+            elif m.name not in tarballs:
+                problem = "release not available on the module"
+            if problem:
+                self._record_failure(run_id, m.name, release, "dispatch", problem, len(models))
+                out[m.name] = problem
+                continue
+            req = RunRequest(run_id=run_id, module=m.name, tarball=tarballs[m.name], sha256=sha256,
+                             release=release, models=tuple(models), model_root=m.model_root,
+                             model_paths=dict(m.model_paths), max_attempts=self.settings.max_attempts)
+            self.history.upsert_progress(RunProgress(run_id=run_id, module=m.name, release=release,
+                                                     step="queued", keys_total=len(models), updated_at=time.time()))
+            try:
+                self.send(m.name, RUN_TASK, [req.model_dump(mode="json")], task_id=f"{run_id}.{m.name}")
+                out[m.name] = "queued"
+            except BrokerUnavailable as exc:
+                self._record_failure(run_id, m.name, release, "dispatch", str(exc), len(models))
+                out[m.name] = str(exc)
+        return out
+
+    def _record_failure(self, run_id: str, module: str, release: str, step: str, message: str,
+                        keys: int) -> RunProgress:
+        now = time.time()
+        p = RunProgress(run_id=run_id, module=module, release=release, state=RunState.FAILED, step=step,
+                        keys_total=keys, updated_at=now, finished_at=now,
+                        error=StepError(step=step, message=message))
+        self.history.upsert_progress(p)
+        return p
+
+    # -- follow --------------------------------------------------------------------------
+    def sync(self, run_id: str, now: float | None = None) -> RunView:
+        """Pull progress and rows of ``run_id`` from the broker into the history."""
+        info = self.history.run(run_id)
+        if info is None:
+            raise FleetError(f"no run {run_id!r} in {self.history.path}")
+        now = time.time() if now is None else now
+        known = self.history.progress(run_id)
+        pending = [m for m in info.modules if not (known.get(m) and known[m].state.terminal)]
+        live = self.kv.progress(run_id, pending) if pending else {}
+        hbs = self.heartbeats(pending) if pending else {}
+        for m in pending:
+            p = live.get(m)
+            if p is not None:
+                have = self.history.conn.execute(
+                    "SELECT COUNT(*) FROM rows WHERE run_id=? AND module=?", (run_id, m)).fetchone()[0]
+                if p.rows > have or (p.state.terminal and p.rows):
+                    rows = self.kv.rows(run_id, m)
+                    if rows is not None:
+                        self.history.upsert_rows(rows)
+                self.history.upsert_progress(p)
+                known[m] = p
+            cur = known.get(m)
+            if cur is not None and cur.state.terminal:
+                continue
+            hb = hbs.get(m)
+            silent = now - hb.ts if hb else None
+            started = cur.updated_at if cur else info.created_at
+            lost = (silent is not None and silent > self.settings.offline_after
+                    and now - started > self.settings.offline_after) or (
+                hb is None and now - info.created_at > self.settings.offline_after)
+            if lost:
+                why = f"agent lost: no heartbeat for {silent:.0f} s" if silent is not None else "agent never seen"
+                self.kv.cancel(run_id, m, reason=why)  # a later redelivery must not run it
+                known[m] = self._record_failure(run_id, m, info.release, cur.step if cur else "dispatch", why,
+                                                len(info.models))
+        view = RunView(run_id, info.modules, {m: known.get(m) for m in info.modules})
+        if view.finished and info.state == "running":
+            self.history.set_run_state(run_id, view.state())
+        return view
+
+    def view(self, run_id: str) -> RunView:
+        info = self.history.run(run_id)
+        if info is None:
+            raise FleetError(f"no run {run_id!r} in {self.history.path}")
+        known = self.history.progress(run_id)
+        return RunView(run_id, info.modules, {m: known.get(m) for m in info.modules})
+
+    def wait(self, run_id: str, *, interval: float = 0.5, timeout: float | None = None) -> RunView:
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            view = self.sync(run_id)
+            if view.finished or (end is not None and time.monotonic() > end):
+                return view
+            time.sleep(interval)
+
+    def cancel(self, run_id: str, modules: Iterable[str] | None = None, reason: str = "cancelled by user") -> None:
+        if modules is None:
+            self.kv.cancel(run_id, reason=reason)
+        else:
+            for m in modules:
+                self.kv.cancel(run_id, m, reason=reason)
+
+    def active_runs(self) -> list[str]:
+        cur = self.history.conn.execute("SELECT run_id FROM runs WHERE kind='run' AND state='running'")
+        return [r[0] for r in cur.fetchall()]
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return re.sub(r"://[^@/\s]*@", "://***@", text)[:300]
+
+
+def read_heartbeats(settings: BrokerSettings, modules: Iterable[str]) -> dict[str, Heartbeat | None]:
+    """Heartbeats of ``modules`` as the controller sees them (for deploy's first-heartbeat wait)."""
+    app = make_app(settings)
+    try:
+        return KV(app).heartbeats(modules)
+    finally:
+        app.close()
+
+
+def write_json(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,89 @@
+"""The live view of a run: one row per module (state, step, model key, progress, elapsed, result)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from agent.records import RunProgress, RunState
+from controller.fleet import RunView, module_failed
+
+_STYLE = {
+    "done": "green", "failed": "red", "cancelled": "yellow", "queued": "dim", "benchmarking": "cyan",
+}
+
+
+def result_text(p: RunProgress | None) -> Text:
+    if p is None:
+        return Text("queued", style="dim")
+    if not p.state.terminal:
+        return Text("")
+    if p.state == RunState.CANCELLED:
+        return Text("cancelled", style="yellow")
+    if module_failed(p):
+        failed = [o.model_key for o in p.outcomes if o.status == "failed"]
+        msg = p.error.one_line() if p.error else "failed: " + ", ".join(failed)
+        return Text(msg[:80], style="red")
+    return Text(f"ok, {p.rows} rows", style="green")
+
+
+def render(view: RunView, now: float | None = None, title: str = "") -> Table:
+    now = time.time() if now is None else now
+    t = Table(title=title or f"run {view.run_id}", expand=False, show_lines=False)
+    for col in ("module", "state", "step", "model key", "progress", "elapsed", "result"):
+        t.add_column(col, no_wrap=col != "result")
+    for m in view.modules:
+        p = view.progress.get(m)
+        if p is None:
+            t.add_row(m, Text("queued", style="dim"), "", "", ProgressBar(total=1.0, completed=0, width=20), "",
+                      result_text(None))
+            continue
+        state = "queued" if p.step == "queued" and p.state == RunState.PENDING else p.state.value
+        started = p.started_at
+        end = p.finished_at or now
+        elapsed = f"{end - started:5.0f} s" if started else ""
+        keys = f" {p.keys_done}/{p.keys_total}" if p.keys_total else ""
+        t.add_row(m, Text(state, style=_STYLE.get(state, "")), p.step, (p.model_key or "") + keys,
+                  ProgressBar(total=1.0, completed=max(0.0, min(1.0, p.progress)), width=20), elapsed,
+                  result_text(p))
+    return t
+
+
+def follow(sync: Callable[[], RunView], console: Console, *, interval: float = 0.5, title: str = "",
+           footer: Callable[[RunView], str] | None = None) -> RunView:
+    """Refresh the view until the run finishes (Ctrl-C detaches; the run goes on)."""
+    view = sync()
+    if not console.is_terminal:
+        last = ""
+        while not view.finished:
+            line = summary_line(view)
+            if line != last:
+                console.print(line)
+                last = line
+            time.sleep(interval)
+            view = sync()
+        console.print(render(view, title=title))
+        return view
+    with Live(render(view, title=title), console=console, refresh_per_second=4, transient=False) as live:
+        while not view.finished:
+            time.sleep(interval)
+            view = sync()
+            parts: list[Table | str] = [render(view, title=title)]
+            if footer:
+                parts.append(footer(view))
+            live.update(Group(*parts))
+    return view
+
+
+def summary_line(view: RunView) -> str:
+    states: dict[str, int] = {}
+    for p in view.progress.values():
+        key = "queued" if p is None else p.state.value
+        states[key] = states.get(key, 0) + 1
+    return f"run {view.run_id}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
