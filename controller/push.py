@@ -1,0 +1,242 @@
+"""Put a release tarball into each module's release cache, verified, resumable, in parallel.
+
+Layout on a module: ``<workdir>/incoming/<sha256>/<tarball name>``; while arriving it is
+``.<name>.part`` next to it. A module that already holds the final file of that digest is
+skipped. A transfer that was cut resumes from the partial file's size. The receiver on
+the module (a small Python program, ``RECEIVER``) appends stdin to the partial file while
+hashing it, and renames it to the final name only when size and sha256 match: nothing
+half-written is ever taken for whole.
+
+Data goes through the OpenSSH client reading the file directly (``ssh.stream_file``);
+the control step (probe) goes through Fabric. Both verify host keys against one
+known_hosts file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from controller import ssh
+from controller.inventory import Module
+
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+
+# Runs on the module (Python >= 3.10, stdlib only). argv: mode workdir sha256 name size offset
+RECEIVER = r"""
+import fcntl, hashlib, json, os, sys, time
+mode, workdir, digest, name, size, offset = sys.argv[1:7]
+size = int(size); offset = int(offset)
+folder = os.path.join(os.path.expanduser(workdir), "incoming", digest)
+final = os.path.join(folder, name)
+part = os.path.join(folder, "." + name + ".part")
+def sz(p):
+    try:
+        return os.stat(p).st_size
+    except FileNotFoundError:
+        return -1
+def done(**kw):
+    kw.setdefault("path", final)
+    print(json.dumps(kw)); sys.exit(0)
+if mode == "probe":
+    st = os.statvfs(os.path.dirname(folder) if os.path.isdir(os.path.dirname(folder)) else os.path.expanduser("~"))
+    done(final=sz(final), part=max(sz(part), 0), free=st.f_bavail * st.f_frsize)
+os.makedirs(folder, mode=0o755, exist_ok=True)
+if sz(final) == size:
+    done(ok=True, skipped=True, received=0)
+fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+deadline = time.time() + 60
+while True:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); break
+    except BlockingIOError:
+        if time.time() > deadline:
+            done(ok=False, error="another transfer of this release is still writing " + part)
+        time.sleep(0.2)
+have = os.fstat(fd).st_size
+if have < offset:
+    done(ok=False, error="partial file is %d bytes, expected at least %d; retry" % (have, offset))
+os.ftruncate(fd, offset)
+h = hashlib.sha256()
+f = os.fdopen(fd, "r+b", buffering=0)
+left = offset
+while left:
+    b = f.read(min(left, 1 << 20))
+    if not b:
+        break
+    h.update(b); left -= len(b)
+f.seek(offset)
+src = sys.stdin.buffer.raw
+got = 0
+while True:
+    b = src.read(1 << 20)
+    if not b:
+        break
+    h.update(b); f.write(b); got += len(b)
+os.fsync(f.fileno())
+total = offset + got
+if total != size:
+    done(ok=False, received=got, error="transfer ended after %d of %d bytes (kept for resume)" % (total, size))
+if h.hexdigest() != digest:
+    os.unlink(part)
+    done(ok=False, received=got, error="sha256 mismatch on arrival: got %s; partial file removed" % h.hexdigest())
+os.chmod(part, 0o644)
+os.replace(part, final)
+done(ok=True, skipped=False, received=got)
+"""
+
+
+class PushError(Exception):
+    """A module did not get the release; the message says why."""
+
+
+@dataclass(frozen=True)
+class PushResult:
+    module: str
+    remote_path: str  # absolute path on the module: RunRequest.tarball
+    skipped: bool = False  # the module already held this digest
+    bytes: int = 0  # bytes sent by this push (all attempts)
+    seconds: float = 0.0
+    error: str | None = None
+    resumed_from: int = 0  # offset the last attempt started at
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e6 if self.seconds > 0 and self.bytes else 0.0
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+def receiver_argv(python: str, mode: str, workdir: str, sha256: str, name: str, size: int, offset: int) -> list[str]:
+    """The command line (as a list) that runs the receiver on a module."""
+    return [python, "-c", RECEIVER, mode, workdir, sha256, name, str(size), str(offset)]
+
+
+def parse_answer(module: str, text: str) -> dict[str, Any]:
+    """The receiver's last stdout line is one JSON object."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    try:
+        out = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        raise PushError(f"{module}: receiver gave no answer: {text.strip()[-200:]!r}") from None
+    if not isinstance(out, dict):
+        raise PushError(f"{module}: receiver gave an unexpected answer: {text.strip()[-200:]!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class PushOptions:
+    known_hosts: Path
+    identity: Path | None = None
+    python: str = "python3"
+    retries: int = 2  # extra attempts after a cut connection (resuming each time)
+    alive_interval: int = 5
+    alive_count: int = 3
+    connect_timeout: float = 10.0
+    timeout: float | None = None  # whole-transfer timeout per attempt, s
+
+
+def _push_one(module: Module, tarball: Path, sha256: str, opts: PushOptions,
+              on_event: Callable[[str, str], None]) -> PushResult:
+    target = ssh.SshTarget.of(module, opts.known_hosts, opts.identity, connect_timeout=opts.connect_timeout,
+                              alive_interval=opts.alive_interval, alive_count=opts.alive_count)
+    size = tarball.stat().st_size
+    name = tarball.name
+    t0 = time.monotonic()
+    sent = 0
+    remote_path = ""
+    offset = 0
+
+    def attempt() -> dict[str, Any]:
+        nonlocal sent, remote_path, offset
+        with ssh.open_session(target) as s:
+            res = s.run(receiver_argv(opts.python, "probe", module.workdir, sha256, name, size, 0),
+                        what="release cache probe", timeout=60)
+        probe = parse_answer(module.name, res.stdout)
+        remote_path = str(probe["path"])
+        if int(probe["final"]) == size:
+            return {"ok": True, "skipped": True, "received": 0}
+        offset = int(probe["part"]) if 0 < int(probe["part"]) < size else 0
+        if int(probe.get("free", size)) < size - offset:
+            raise PushError(f"{module.name}: not enough free disk for {name}: {int(probe['free'])} bytes free, "
+                            f"{size - offset} needed")
+        on_event(module.name, f"sending {size - offset} bytes" + (f" (resuming at {offset})" if offset else ""))
+        line = ssh.remote_command(receiver_argv(opts.python, "receive", module.workdir, sha256, name, size, offset))
+        with tarball.open("rb") as f:
+            f.seek(offset)
+            try:
+                r = ssh.stream_file(target, f, line, timeout=opts.timeout)
+            except ssh.SshError:
+                sent += _bytes_read(f, offset)
+                raise
+        if not r.ok:
+            raise PushError(f"{module.name}: receiver failed (exit {r.exit_code}): {r.tail()}")
+        ans = parse_answer(module.name, r.stdout)
+        sent += int(ans.get("received", 0))
+        if not ans.get("ok"):
+            if "kept for resume" in str(ans.get("error", "")):
+                raise ssh.UnreachableError(module.name, str(ans["error"]))
+            raise PushError(f"{module.name}: {ans.get('error')}")
+        return ans
+
+    try:
+        for att in Retrying(stop=stop_after_attempt(1 + max(0, opts.retries)),
+                            wait=wait_exponential(multiplier=0.5, max=10),
+                            retry=retry_if_exception_type(ssh.UnreachableError), reraise=True):
+            with att:
+                ans = attempt()
+    except (ssh.SshError, PushError, OSError) as exc:
+        return PushResult(module.name, remote_path, False, sent, time.monotonic() - t0, str(exc), offset)
+    return PushResult(module.name, remote_path, bool(ans.get("skipped")), sent, time.monotonic() - t0, None, offset)
+
+
+def _bytes_read(f: Any, offset: int) -> int:
+    """How far ssh read the local file (its stdin shares our file offset): bytes sent before a cut."""
+    try:
+        return max(0, os.lseek(f.fileno(), 0, os.SEEK_CUR) - offset)
+    except OSError:
+        return 0
+
+
+def push_release(modules: Iterable[Module], tarball: Path, sha256: str, *, known_hosts: Path,
+                 identity: Path | None = None, max_parallel: int = 4, python: str = "python3", retries: int = 2,
+                 alive_interval: int = 5, alive_count: int = 3, connect_timeout: float = 10.0,
+                 timeout: float | None = None,
+                 on_event: Callable[[str, str], None] | None = None) -> dict[str, PushResult]:
+    """Push ``tarball`` (whose digest is ``sha256``) to every module; one result per module.
+
+    Never raises for one module's failure: see ``PushResult.error``.
+    """
+    tarball = Path(tarball)
+    if not _SHA.match(sha256):
+        raise PushError(f"sha256 {sha256!r} is not 64 lowercase hex digits")
+    if not tarball.is_file():
+        raise PushError(f"{tarball}: release tarball not found")
+    opts = PushOptions(known_hosts=Path(known_hosts), identity=identity, python=python, retries=retries,
+                       alive_interval=alive_interval, alive_count=alive_count, connect_timeout=connect_timeout,
+                       timeout=timeout)
+    mods = list(modules)
+    notify = on_event or (lambda _m, _e: None)
+    with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(mods) or 1))) as pool:
+        futures = {m.name: pool.submit(_push_one, m, tarball, sha256, opts, notify) for m in mods}
+        return {name: fut.result() for name, fut in futures.items()}
