@@ -1,0 +1,243 @@
+"""The controller's Prometheus collector: fleet state, runs by verdict, deviation from baselines, queues.
+
+``fleetctl serve`` registers a :class:`ControllerCollector` in a registry of its own and
+serves it. Module states and queue lengths come from callables the caller supplies (the
+fleet's heartbeats and broker); the rest is read from the run history (SQLite).
+
+Deviation from the baseline, per module, for that module's latest run with rows: for each
+model key and metric, the geometric mean over the profiles both have of the *performance
+ratio* — value / baseline for higher-is-better figures (tok/s, fps, accept rates),
+baseline / value for lower-is-better ones (TTFT, TPOT). 1 is on par, below 1 is worse:
+0.9 means 10 % slower. The baseline is the newest baseline of the run's release, else the
+newest baseline of any release. The baseline's own figures are exported too
+(``m1000_baseline_*``, same units as the agents' ``m1000_result_*``) so that dashboards can
+draw each module's figures against them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sqlite3
+import statistics
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import NamedTuple
+
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent.metrics import MetricSpec, label_value
+from agent.records import METRICS, ResultRow
+from controller.history import History, RunInfo
+
+log = logging.getLogger(__name__)
+
+MODULE_STATES: tuple[str, ...] = ("idle", "busy", "offline", "bad")
+RECENT_RUNS = 50
+
+CATALOG: tuple[MetricSpec, ...] = (
+    MetricSpec("m1000_fleet_modules", "gauge", ("state",), "count", "Modules per state"),
+    MetricSpec("m1000_fleet_module_state", "gauge", ("module", "state"), "count", "1 for the state a module is in"),
+    MetricSpec("m1000_fleet_runs", "gauge", ("verdict",), "count",
+               "Runs in the history by verdict ('none' while running)"),
+    MetricSpec("m1000_fleet_queue_length", "gauge", ("queue",), "count", "Messages waiting in a broker queue"),
+    MetricSpec("m1000_fleet_baseline_ratio", "gauge", ("module", "release", "model_key", "metric"), "ratio",
+               "Performance against the baseline of the module's latest run (geometric mean over profiles;"
+               " below 1 is worse)"),
+    MetricSpec("m1000_fleet_baseline_regressions", "gauge", ("module", "release"), "count",
+               "Cells (model key, profile, metric) of the module's latest run worse than the baseline by more"
+               " than the tolerance"),
+    MetricSpec("m1000_fleet_latest_run_timestamp_seconds", "gauge", ("module", "release"), "timestamp_seconds",
+               "Creation time of the module's latest run with results"),
+    MetricSpec("m1000_fleet_history_up", "gauge", (), "count", "1 when the run history could be read"),
+    MetricSpec("m1000_baseline_ttft_seconds", "gauge", ("baseline", "model_key", "profile"), "seconds",
+               "Baseline time to first token"),
+    MetricSpec("m1000_baseline_tpot_seconds", "gauge", ("baseline", "model_key", "profile"), "seconds",
+               "Baseline time per output token"),
+    MetricSpec("m1000_baseline_prefill_tokens_per_second", "gauge", ("baseline", "model_key", "profile"),
+               "tokens_per_second", "Baseline prefill throughput"),
+    MetricSpec("m1000_baseline_decode_tokens_per_second", "gauge", ("baseline", "model_key", "profile"),
+               "tokens_per_second", "Baseline decode throughput"),
+    MetricSpec("m1000_baseline_vision_frames_per_second", "gauge", ("baseline", "model_key", "profile"),
+               "frames_per_second", "Baseline vision frames per second"),
+)
+SPECS: dict[str, MetricSpec] = {s.name: s for s in CATALOG}
+_BASELINE_FIELDS: tuple[tuple[str, str, float], ...] = (
+    ("ttft_ms", "m1000_baseline_ttft_seconds", 1e-3),
+    ("tpot_ms", "m1000_baseline_tpot_seconds", 1e-3),
+    ("prefill_tps", "m1000_baseline_prefill_tokens_per_second", 1.0),
+    ("decode_tps", "m1000_baseline_decode_tokens_per_second", 1.0),
+    ("vision_fps", "m1000_baseline_vision_frames_per_second", 1.0),
+)
+
+
+class Deviation(NamedTuple):
+    ratios: dict[tuple[str, str], float]  # (model_key, metric) -> geometric mean performance ratio
+    regressions: int
+
+
+def performance_ratio(metric: str, value: float | None, base: float | None) -> float | None:
+    """value against base, oriented so that above 1 is better; None when either is missing or not positive."""
+    if value is None or base is None or not (value > 0 and base > 0) or math.isinf(value) or math.isinf(base):
+        return None
+    return value / base if METRICS[metric] else base / value
+
+
+def baseline_figures(rows: Iterable[ResultRow]) -> dict[tuple[str, str], dict[str, float]]:
+    """(model_key, profile) -> metric -> median over the baseline's rows (one per module, or the seed's one)."""
+    acc: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for r in rows:
+        cell = acc.setdefault((r.model_key, r.profile), {})
+        for m in METRICS:
+            v = getattr(r, m)
+            if v is not None and v == v:
+                cell.setdefault(m, []).append(float(v))
+    return {k: {m: statistics.median(vs) for m, vs in cell.items()} for k, cell in acc.items()}
+
+
+def deviation(rows: Iterable[ResultRow], base: Mapping[tuple[str, str], Mapping[str, float]],
+              tolerance: float = 0.05) -> Deviation:
+    """Pure: per (model key, metric) geometric mean performance ratio, and the cells worse than tolerance."""
+    logs: dict[tuple[str, str], list[float]] = {}
+    regressions = 0
+    for r in rows:
+        ref = base.get((r.model_key, r.profile))
+        if not ref:
+            continue
+        for m in METRICS:
+            ratio = performance_ratio(m, getattr(r, m), ref.get(m))
+            if ratio is None:
+                continue
+            logs.setdefault((r.model_key, m), []).append(math.log(ratio))
+            if ratio < 1.0 - tolerance:
+                regressions += 1
+    return Deviation({k: math.exp(sum(v) / len(v)) for k, v in logs.items()}, regressions)
+
+
+class ControllerCollector(Collector):
+    """Collector of the controller's series; ``states()`` gives module -> idle|busy|offline|bad,
+    ``queue_lengths()`` queue -> length. Safe to call from the HTTP server's thread."""
+
+    def __init__(self, history: History, states: Callable[[], Mapping[str, str]],
+                 queue_lengths: Callable[[], Mapping[str, int]], *, tolerance: float = 0.05,
+                 recent_runs: int = RECENT_RUNS) -> None:
+        self.history = history
+        self.states = states
+        self.queue_lengths = queue_lengths
+        self.tolerance = tolerance
+        self.recent_runs = recent_runs
+        self._lock = threading.Lock()
+        self._dev_cache: dict[tuple[str, str, int, str], Deviation] = {}
+        self._base_cache: dict[str, dict[tuple[str, str], dict[str, float]]] = {}
+
+    def _family(self, name: str) -> GaugeMetricFamily:
+        spec = SPECS[name]
+        return GaugeMetricFamily(name, spec.help, labels=spec.labels)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._state_metrics()
+        yield from self._queue_metrics()
+        with self._lock:
+            try:
+                fams = list(self._history_metrics())
+                up = 1.0
+            except sqlite3.Error as exc:
+                log.warning("run history unreadable: %s", exc)
+                fams, up = [], 0.0
+        yield from fams
+        yield GaugeMetricFamily("m1000_fleet_history_up", SPECS["m1000_fleet_history_up"].help, value=up)
+
+    def _state_metrics(self) -> Iterator[Metric]:
+        try:
+            states = dict(self.states())
+        except Exception as exc:  # noqa: BLE001 - a broker outage must not break the scrape
+            log.warning("module states unavailable: %s", exc)
+            return
+        counts = dict.fromkeys(MODULE_STATES, 0)
+        per = self._family("m1000_fleet_module_state")
+        for module, state in sorted(states.items()):
+            st = label_value(state)
+            counts[st] = counts.get(st, 0) + 1
+            for s in (*MODULE_STATES, *([st] if st not in MODULE_STATES else [])):
+                per.add_metric((label_value(module), s), 1.0 if s == st else 0.0)
+        total = self._family("m1000_fleet_modules")
+        for s, n in counts.items():
+            total.add_metric((s,), n)
+        yield total
+        yield per
+
+    def _queue_metrics(self) -> Iterator[Metric]:
+        try:
+            queues = dict(self.queue_lengths())
+        except Exception as exc:  # noqa: BLE001 - a broker outage must not break the scrape
+            log.warning("queue lengths unavailable: %s", exc)
+            return
+        fam = self._family("m1000_fleet_queue_length")
+        for q, n in sorted(queues.items()):
+            fam.add_metric((label_value(q),), n)
+        yield fam
+
+    def _history_metrics(self) -> Iterator[Metric]:
+        conn = self.history.conn
+        runs = self._family("m1000_fleet_runs")
+        cur = conn.execute("SELECT COALESCE(verdict, 'none'), COUNT(*) FROM runs WHERE kind='run' GROUP BY 1")
+        for verdict, n in sorted(cur.fetchall()):
+            runs.add_metric((label_value(str(verdict), "other"),), n)
+        yield runs
+        ratio = self._family("m1000_fleet_baseline_ratio")
+        regs = self._family("m1000_fleet_baseline_regressions")
+        stamp = self._family("m1000_fleet_latest_run_timestamp_seconds")
+        used_baselines: dict[str, str] = {}
+        for module, run in sorted(self._latest_runs().items()):
+            rel = label_value(run.release)
+            stamp.add_metric((label_value(module), rel), run.created_at)
+            base_id = self.history.baseline_run_id(release=run.release) if run.release else None
+            base_id = base_id or self.history.baseline_run_id()
+            if base_id is None:
+                continue
+            base_run = self.history.run(base_id)
+            used_baselines[base_id] = label_value(base_run.release if base_run else "")
+            dev = self._deviation(run.run_id, module, base_id)
+            for (key, metric), value in sorted(dev.ratios.items()):
+                ratio.add_metric((label_value(module), rel, label_value(key), metric), value)
+            regs.add_metric((label_value(module), rel), dev.regressions)
+        yield from (ratio, regs, stamp)
+        yield from self._baseline_metrics(used_baselines)
+
+    def _latest_runs(self) -> dict[str, RunInfo]:
+        """module -> its newest run (of the recent ones) that has rows for it."""
+        out: dict[str, RunInfo] = {}
+        for run in self.history.runs(limit=self.recent_runs):
+            mods = self.history.conn.execute("SELECT DISTINCT module FROM rows WHERE run_id=?", (run.run_id,))
+            for (module,) in mods.fetchall():
+                out.setdefault(str(module), run)
+        return out
+
+    def _baseline(self, base_id: str) -> dict[tuple[str, str], dict[str, float]]:
+        if base_id not in self._base_cache:  # baseline versions never change once stored
+            self._base_cache = {base_id: baseline_figures(self.history.rows(base_id)), **self._base_cache}
+        return self._base_cache[base_id]
+
+    def _deviation(self, run_id: str, module: str, base_id: str) -> Deviation:
+        (n,) = self.history.conn.execute("SELECT COUNT(*) FROM rows WHERE run_id=? AND module=?",
+                                         (run_id, module)).fetchone()
+        key = (run_id, module, int(n), base_id)
+        if key not in self._dev_cache:
+            self._dev_cache = {k: v for k, v in self._dev_cache.items() if k[:2] != (run_id, module)}
+            self._dev_cache[key] = deviation(self.history.rows(run_id, module), self._baseline(base_id),
+                                             self.tolerance)
+        return self._dev_cache[key]
+
+    def _baseline_metrics(self, baselines: Mapping[str, str]) -> Iterator[Metric]:
+        fams = {name: self._family(name) for _, name, _ in _BASELINE_FIELDS}
+        seen: set[tuple[str, str, str]] = set()
+        for base_id, release in sorted(baselines.items()):
+            for (key, profile), figures in sorted(self._baseline(base_id).items()):
+                if (release, key, profile) in seen:
+                    continue
+                seen.add((release, key, profile))
+                for attr, name, mult in _BASELINE_FIELDS:
+                    if attr in figures:
+                        fams[name].add_metric((release, label_value(key), label_value(profile)), figures[attr] * mult)
+        yield from fams.values()

@@ -1,0 +1,68 @@
+"""``fleetctl prometheus-targets``: Prometheus file_sd targets from the inventory.
+
+One target group per module: ``host:metrics_port`` with labels ``module`` and the module's
+inventory labels. Prometheus re-reads the file when it changes, so the file is replaced
+atomically (write, then rename) and never read half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from controller.inventory import Inventory, InventoryError, Module
+
+RESERVED_LABELS = frozenset({"module", "job", "instance"})
+
+
+def target(m: Module) -> str:
+    host = f"[{m.host}]" if ":" in m.host and not m.host.startswith("[") else m.host
+    return f"{host}:{m.metrics_port}"
+
+
+def file_sd(inventory: Inventory) -> list[dict[str, Any]]:
+    """Pure: the file_sd JSON document for an inventory."""
+    groups: list[dict[str, Any]] = []
+    for m in inventory.modules:
+        bad = sorted(k for k in m.labels if k in RESERVED_LABELS or k.startswith("__"))
+        if bad:
+            raise InventoryError(f"{inventory.path}: module {m.name!r}: field 'labels': label name {bad[0]!r} is"
+                                 " reserved for Prometheus targets")
+        groups.append({"targets": [target(m)], "labels": {"module": m.name, **dict(sorted(m.labels.items()))}})
+    return groups
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def register(app: typer.Typer, get_inventory: Callable[[], Inventory]) -> None:
+    @app.command("prometheus-targets")
+    def prometheus_targets(
+        out: Path | None = typer.Option(None, "--out", "-o",
+                                        help="file_sd JSON file to write (replaced atomically); default stdout"),
+    ) -> None:
+        """Prometheus file_sd targets of every module (host:metrics_port, labels module + inventory labels)."""
+        text = json.dumps(file_sd(get_inventory()), indent=2) + "\n"
+        if out is None:
+            sys.stdout.write(text)
+        else:
+            write_atomic(out, text)
