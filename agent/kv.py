@@ -37,10 +37,10 @@ class KV:
 
     # -- raw ------------------------------------------------------------------------------
     def put(self, key: str, value: Any) -> None:
-        self.backend.set(key, json.dumps(value, separators=(",", ":")))
+        self.backend.set(key.encode(), json.dumps(value, separators=(",", ":")))
 
     def get(self, key: str) -> Any:
-        raw = self.backend.get(key)
+        raw = self.backend.get(key.encode())
         if raw is None:
             return None
         try:
@@ -50,7 +50,7 @@ class KV:
 
     def get_many(self, keys: Sequence[str]) -> list[Any]:
         out: list[Any] = []
-        for raw in self.backend.mget(list(keys)):
+        for raw in self.backend.mget([k.encode() for k in keys]):
             try:
                 out.append(json.loads(raw) if raw is not None else None)
             except (ValueError, UnicodeDecodeError):
@@ -59,7 +59,7 @@ class KV:
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.backend.delete(key)
+            self.backend.delete(key.encode())
 
     # -- heartbeats -----------------------------------------------------------------------
     def put_heartbeat(self, hb: Heartbeat) -> None:

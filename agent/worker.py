@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import threading
 import time
 from importlib import metadata
@@ -248,7 +249,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
             concurrency=1,
             pool=pool,
             prefetch_multiplier=1,
-            hostname=f"{settings.module}@%h",
+            hostname=f"{settings.module}@{socket.gethostname()}",
             loglevel=loglevel,
             without_gossip=True,
             without_mingle=True,
