@@ -1,0 +1,192 @@
+"""``fleet-agent``: the agent's command line (one function per command, no side effects at import).
+
+``fleet-agent run TARBALL --models qwen3,qwen35_mtp --model-root DIR`` validates a release on
+this module without any broker: live progress on stderr, summary and results on stdout,
+exit 0 when everything passed, 1 when a step or key failed (or the run was cancelled),
+2 for bad input (one clear line).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import signal
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from agent.errors import BadInput
+from agent.executor import EventCancelToken
+from agent.records import ResultRow, RunProgress, RunRequest, UnknownModelKey, parse_model_keys
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="m1000-fleet agent on one module.")
+
+
+@app.callback()
+def _root() -> None:
+    """m1000-fleet agent: validate SGLang-MUSA releases on this module."""
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def _bad_input(message: str) -> typer.Exit:
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def _parse_key_env(items: list[str]) -> dict[str, dict[str, str]]:
+    """``KEY:VAR=VALUE`` items -> {key: {var: value}}."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, sep, assign = item.partition(":")
+        var, eq, value = assign.partition("=")
+        if not sep or not eq or not key or not var:
+            raise BadInput(f"--key-env {item!r}: expected KEY:VAR=VALUE")
+        out.setdefault(key, {})[var] = value
+    return out
+
+
+@app.command()
+def run(
+    tarball: Path = typer.Argument(..., help="release tarball (SGLang-MUSA-...tar.gz)"),
+    models: str = typer.Option("all", "--models", "-m", help="comma-separated model keys, or 'all'"),
+    model_root: Path = typer.Option(..., "--model-root", help="folder holding this module's model folders"),
+    workdir: Path | None = typer.Option(None, "--workdir", help="releases, runs, caches (default: settings)"),
+    run_id: str | None = typer.Option(None, "--run-id", help="run id (re-running one resumes it)"),
+    module: str | None = typer.Option(None, "--module", help="this module's name (default: settings)"),
+    server_port: int | None = typer.Option(None, "--server-port", help="port of the release's server"),
+    sha256: str | None = typer.Option(None, "--sha256", help="expected sha256 (default: computed)"),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", help="results on stdout as table, csv or json"),
+    key_env: list[str] = typer.Option([], "--key-env", help="extra variable for a key: KEY:VAR=VALUE (repeatable)"),
+    ready_timeout: float | None = typer.Option(None, "--ready-timeout", help="server ready timeout, s"),
+    benchmark_timeout: float | None = typer.Option(None, "--benchmark-timeout", help="per key, s"),
+    config: Path | None = typer.Option(None, "--config", help="TOML config file (else FLEET_CONFIG)"),
+) -> None:
+    """Validate a release on this module (no broker needed)."""
+    from agent.pipeline import AgentConfig, run_pipeline
+    from agent.settings import AgentSettings, load_settings
+    from agent.unpack import sha256_file
+
+    try:
+        keys = parse_model_keys(models)
+        settings = load_settings(AgentSettings, config, module=module, workdir=workdir, server_port=server_port)
+        cfg = AgentConfig.from_settings(settings, ready_timeout=ready_timeout, benchmark_timeout=benchmark_timeout,
+                                        key_env=_parse_key_env(key_env) or None)
+        if not tarball.is_file():
+            raise BadInput(f"{tarball}: tarball not found")
+        if not model_root.is_dir():
+            raise BadInput(f"--model-root {model_root}: not a folder")
+        digest = sha256 or sha256_file(tarball)
+        request = RunRequest(
+            run_id=run_id or time.strftime("local-%Y%m%d-%H%M%S"), module=cfg.module, tarball=str(tarball.resolve()),
+            sha256=digest, release=tarball.name, models=keys, model_root=str(model_root.resolve()),
+        )
+    except (BadInput, UnknownModelKey, ValueError) as exc:
+        raise _bad_input(_one_line(exc)) from None
+
+    err = Console(stderr=True)
+    token = EventCancelToken()
+    previous = signal.signal(signal.SIGINT, lambda *_: token.cancel())
+    try:
+        with err.status("starting", spinner="dots") as status:
+            result = run_pipeline(request, cfg, on_progress=lambda p: status.update(_status_line(p)), cancel=token)
+    except BadInput as exc:
+        raise _bad_input(str(exc)) from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    _print(result.progress, list(result.rows), fmt, err)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+def _one_line(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):  # pydantic ValidationError: the first problem, on one line
+        try:
+            first = errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            return f"{where}: {first.get('msg')}"
+        except (IndexError, TypeError, AttributeError):
+            pass
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _status_line(p: RunProgress) -> str:
+    where = f"{p.step}[{p.model_key}]" if p.model_key else p.step
+    return f"{p.run_id} {p.state.value} {where} keys {p.keys_done}/{p.keys_total} rows {p.rows} ({p.progress:.0%})"
+
+
+def _print(progress: RunProgress, rows: list[ResultRow], fmt: OutputFormat, err: Console) -> None:
+    _summary(progress, err if fmt != OutputFormat.table else Console())
+    if fmt == OutputFormat.json:
+        data = {"progress": progress.model_dump(mode="json"), "rows": [r.model_dump(mode="json") for r in rows]}
+        sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    elif fmt == OutputFormat.csv:
+        sys.stdout.write(rows_csv(rows))
+    else:
+        Console().print(_rows_table(rows))
+
+
+def _summary(p: RunProgress, out: Console) -> None:
+    cached = {True: "cached (skipped)", False: "ran", None: "-"}[p.precompile_cached]
+    out.print(f"run {p.run_id} on {p.module}: {p.state.value}, {p.rows} rows, precompile {cached}", highlight=False)
+    if p.error is not None:
+        out.print(f"  error: {p.error.one_line()}", highlight=False)
+    table = Table("model key", "status", "rows", "flagged", "time (s)", "error")
+    for o in p.outcomes:
+        table.add_row(o.model_key, o.status, str(o.rows), str(o.flagged_rows), f"{o.duration_s:.1f}",
+                      o.error.one_line() if o.error else "")
+    out.print(table)
+
+
+_TABLE_COLUMNS = ("model_key", "profile", "prefill_tps", "ttft_ms", "decode_tps", "tpot_ms", "accept_rate",
+                  "vision_fps", "flags")
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    if isinstance(v, (tuple, list)):
+        return ",".join(str(x) for x in v)
+    return str(v)
+
+
+def _rows_table(rows: list[ResultRow]) -> Table:
+    table = Table(*_TABLE_COLUMNS, title="results")
+    for r in rows:
+        table.add_row(*(_cell(getattr(r, c)) for c in _TABLE_COLUMNS))
+    return table
+
+
+def rows_csv(rows: list[ResultRow]) -> str:
+    """Every field of every row as CSV (extra columns as JSON, flags ';'-joined)."""
+    buf = io.StringIO()
+    names = list(ResultRow.model_fields)
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(names)
+    for r in rows:
+        d = r.model_dump(mode="json")
+        d["extra"] = json.dumps(d["extra"], ensure_ascii=False) if d["extra"] else ""
+        d["flags"] = ";".join(d["flags"])
+        w.writerow(["" if d[n] is None else d[n] for n in names])
+    return buf.getvalue()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,43 @@
+"""Exceptions of the agent: one root, leaves that also inherit the built-in they resemble.
+
+Failures carry their result: a :class:`StepFailed` holds the :class:`StepError` record
+(step, model key, exit code, tail of stderr) that ends up in the run's progress.
+"""
+
+from __future__ import annotations
+
+from agent.records import StepError
+
+
+class AgentError(Exception):
+    """Root of every error the agent raises on purpose."""
+
+
+class BadInput(AgentError, ValueError):
+    """Input that cannot be used (tarball, request, configuration): one clear line."""
+
+
+class ChecksumMismatch(BadInput):
+    pass
+
+
+class UnsafeTarball(BadInput):
+    pass
+
+
+class StepFailed(AgentError, RuntimeError):
+    """A step of the pipeline failed; ``error`` is what gets recorded."""
+
+    def __init__(self, error: StepError) -> None:
+        self.error = error
+        super().__init__(error.one_line())
+
+
+class Cancelled(AgentError):
+    """The run was cancelled (between or within a step)."""
+
+    def __init__(self, step: str, model_key: str | None = None) -> None:
+        self.step = step
+        self.model_key = model_key
+        where = f"{step}[{model_key}]" if model_key else step
+        super().__init__(f"cancelled during {where}")

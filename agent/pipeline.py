@@ -1,0 +1,548 @@
+"""The release-validation pipeline of one module for one run.
+
+``run_pipeline(request, config)`` verifies and unpacks the release, configures its model
+paths, generates the workflow, captures ``setup_env.sh``'s variables, precompiles the
+TileLang kernels (once per release and model set on this module), then for each model key
+starts its server, waits until it serves, runs the benchmark, parses and stores its rows,
+and stops the server's whole process group. Files written along the way are described in
+:mod:`agent.store`. A failing key does not stop the others; a failing release-wide step
+ends the run (state FAILED); a cancel ends it at once (state CANCELLED).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent import steps
+from agent.errors import BadInput, Cancelled, StepFailed
+from agent.executor import CancelToken, EventCancelToken, Executor, ProcResult, utc_stamp
+from agent.health import port_open, probe
+from agent.records import (
+    MODEL_KEYS,
+    Frozen,
+    KeyOutcome,
+    ResultRow,
+    RunProgress,
+    RunRequest,
+    RunState,
+    StepError,
+)
+from agent.state import RunMachine
+from agent.store import RunStore, write_atomic
+from agent.tables import TableError, parse_tables, stamp
+from agent.unpack import unpack as unpack_tarball
+from agent.unpack import verify_sha256
+
+__all__ = ["AgentConfig", "CancelToken", "EventCancelToken", "RunResult", "run_pipeline"]
+
+log = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[RunProgress], None]
+_RELEASE_STEPS = ("fetch", "unpack", "configure", "generate", "environment", "precompile")
+_RELEASE_SHARE = 0.1  # of the progress bar; the keys share the rest
+
+
+class AgentConfig(BaseModel):
+    """How this module runs a validation (frozen; pass it, never read globals)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    module: str
+    workdir: Path
+    server_host: str = "127.0.0.1"
+    server_port: int = Field(default=30000, ge=1, le=65535)
+    fetch_timeout: float = Field(default=1800.0, gt=0, description="sha256 of the tarball, s")
+    unpack_timeout: float = Field(default=1800.0, gt=0)
+    generate_timeout: float = Field(default=1800.0, gt=0)
+    environment_timeout: float = Field(default=600.0, gt=0)
+    precompile_timeout: float = Field(default=7200.0, gt=0)
+    ready_timeout: float = Field(default=1200.0, gt=0, description="server start until /health answers 200, s")
+    benchmark_timeout: float = Field(default=3600.0, gt=0, description="per model key, s")
+    stop_grace: float = Field(default=15.0, gt=0, description="SIGTERM to SIGKILL of a process group, s")
+    port_free_timeout: float = Field(default=30.0, gt=0, description="wait for the port to be free again, s")
+    poll_interval: float = Field(default=0.5, gt=0, description="cancel / readiness polling period, s")
+    key_env: dict[str, dict[str, str]] = Field(default_factory=dict, description="extra env per model key")
+    base_env: dict[str, str] | None = Field(default=None, description="scripts' base env (default: the agent's)")
+
+    @classmethod
+    def from_settings(cls, settings: Any, **overrides: Any) -> AgentConfig:
+        """From :class:`agent.settings.AgentSettings` (module, workdir, server port), plus overrides."""
+        values: dict[str, Any] = {
+            "module": settings.module,
+            "workdir": Path(settings.workdir),
+            "server_port": settings.server_port,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+class RunResult(Frozen):
+    progress: RunProgress
+    rows: tuple[ResultRow, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        p = self.progress
+        return p.state == RunState.DONE and p.error is None and all(o.status == "passed" for o in p.outcomes)
+
+
+def run_pipeline(request: RunRequest, config: AgentConfig, *, on_progress: ProgressCallback | None = None,
+                 cancel: CancelToken | None = None, executor: Executor | None = None) -> RunResult:
+    """Run ``request`` on this module; never raises for a failing step (see the result's progress).
+
+    Raises :class:`~agent.errors.BadInput` only when nothing can be recorded: an invalid run id,
+    or a run id already used on this module for another release.
+    """
+    ex = executor or Executor(poll_interval=config.poll_interval, stop_grace=config.stop_grace)
+    return _Run(request, config, ex, on_progress, cancel or EventCancelToken()).execute()
+
+
+class _Run:
+    def __init__(self, request: RunRequest, config: AgentConfig, executor: Executor,
+                 on_progress: ProgressCallback | None, cancel: CancelToken) -> None:
+        self.req = request
+        self.cfg = config
+        self.ex = executor
+        self.on_progress = on_progress
+        self.cancel = cancel
+        self.store = RunStore(config.workdir)
+        self.machine = RunMachine()
+        self.sha16 = steps.release_digest(request.sha256)
+        self.release = request.release or Path(request.tarball).name
+        self.outcomes: dict[str, KeyOutcome] = {k: KeyOutcome(model_key=k, status="pending") for k in request.models}
+        self.folders: dict[str, Path] = {}
+        self.steps_done = 0
+        self.progress = RunProgress(run_id=request.run_id, module=config.module, release=self.release,
+                                    keys_total=len(self.outcomes), updated_at=time.time())
+
+    # ----- progress and events
+    def emit(self, **changes: Any) -> None:
+        outcomes = tuple(self.outcomes.values())
+        done = sum(1 for o in outcomes if o.status not in ("pending", "running"))
+        share = _RELEASE_SHARE * min(self.steps_done, len(_RELEASE_STEPS)) / len(_RELEASE_STEPS)
+        keys_share = (1 - _RELEASE_SHARE) * done / max(1, len(outcomes))
+        update: dict[str, Any] = {
+            "state": self.machine.state, "outcomes": outcomes, "keys_done": done,
+            "progress": round(min(1.0, share + keys_share), 4), "updated_at": time.time(),
+            "rows": sum(o.rows for o in outcomes),
+        }
+        update.update(changes)
+        self.progress = self.progress.model_copy(update=update)
+        try:
+            self.store.write_progress(self.progress)
+        except OSError as exc:  # a full disk must not hide the run's outcome from the caller
+            log.warning("could not write progress of %s: %s", self.req.run_id, exc)
+        if self.on_progress is not None:
+            try:
+                self.on_progress(self.progress)
+            except Exception:  # noqa: BLE001 - a broken listener must never break the run
+                log.exception("on_progress callback failed (ignored)")
+
+    def to(self, state: RunState, step: str, key: str | None = None) -> None:
+        self.machine.transition(state)
+        self.emit(step=step, model_key=key)
+
+    def event(self, step: str, status: str, key: str | None = None, **kw: Any) -> None:
+        try:
+            self.store.add_event(self.req.run_id, step=step, status=status, model_key=key, **kw)
+        except OSError as exc:
+            log.warning("could not write event %s/%s: %s", step, status, exc)
+
+    def check(self, step: str, key: str | None = None, deadline: float | None = None,
+              timeout: float = 0.0) -> Callable[[], None]:
+        def _check() -> None:
+            if self.cancelled():
+                raise Cancelled(step, key)
+            if deadline is not None and time.monotonic() > deadline:
+                raise StepFailed(StepError(step=step, model_key=key, message=f"timed out after {timeout:g} s"))
+        return _check
+
+    def cancelled(self) -> bool:
+        try:
+            return bool(self.cancel.is_cancelled())
+        except Exception:  # noqa: BLE001 - a broken token: keep running, say so
+            log.exception("cancel token failed (treated as not cancelled)")
+            return False
+
+    def agent_log(self, step: str, key: str | None, lines: list[str]) -> Path:
+        path = self.store.next_log(self.req.run_id, step, key)
+        with open(path, "a", encoding="utf-8") as f:
+            for line in lines:
+                f.write(f"{utc_stamp()} [agent] {line}\n")
+        return path
+
+    # ----- the run
+    def execute(self) -> RunResult:
+        started = time.time()
+        prior = self._prepare()
+        self.emit(started_at=started, attempt=prior)
+        try:
+            top, env = self._release_steps()
+            self._keys(top, env)
+            self.to(RunState.PUBLISHING, "publish")
+            self.to(RunState.DONE, "done")
+        except Cancelled as exc:
+            self._finish_keys("cancelled")
+            self.event(exc.step, "cancelled", exc.model_key, message=str(exc))
+            self.machine.transition(RunState.CANCELLED)
+            self.emit(error=StepError(step=exc.step, model_key=exc.model_key, message="cancelled"))
+        except StepFailed as exc:
+            self._finish_keys("skipped")
+            self.machine.transition(RunState.FAILED)
+            self.emit(error=exc.error)
+        except Exception as exc:  # noqa: BLE001 - an agent bug must still end the run with a recorded failure
+            log.exception("run %s failed unexpectedly", self.req.run_id)
+            step = self.progress.step or "run"
+            self._finish_keys("skipped")
+            self.machine.transition(RunState.FAILED)
+            err = StepError(step=step, model_key=self.progress.model_key,
+                            message=f"internal error: {type(exc).__name__}: {exc}",
+                            stderr_tail=traceback.format_exc(limit=5)[-2000:])
+            self.event(step, "failed", self.progress.model_key, message=err.message)
+            self.emit(error=err)
+        finally:
+            self._close_state()
+        self.emit(finished_at=time.time(), progress=1.0 if self.machine.state == RunState.DONE else
+                  self.progress.progress)
+        rows = tuple(self.store.rows(self.req.run_id))
+        return RunResult(progress=self.progress, rows=rows)
+
+    def _prepare(self) -> int:
+        """Check the request against an earlier attempt of the same run id; return this attempt's number."""
+        self.store.run_dir(self.req.run_id)  # validates the run id
+        old = self.store.request(self.req.run_id)
+        if old is not None and old.sha256.lower() != self.req.sha256.lower():
+            raise BadInput(f"run id {self.req.run_id!r} was already used for another release ({old.sha256[:16]})")
+        self.store.write_request(self.req)
+        last = self.store.last_run()
+        self.store.set_state(current_run=self.req.run_id, last_run=last)
+        before = self.store.progress(self.req.run_id)
+        if before is None:
+            return 1
+        for o in before.outcomes:
+            if o.status == "passed" and o.model_key in self.outcomes:
+                self.outcomes[o.model_key] = o  # passed in an earlier attempt: kept, not re-run
+        return before.attempt + 1
+
+    def _close_state(self) -> None:
+        try:
+            self.store.set_state(current_run=None, last_run=self.req.run_id)
+        except OSError as exc:
+            log.warning("could not write state.json: %s", exc)
+
+    def _finish_keys(self, status: str) -> None:
+        for k, o in self.outcomes.items():
+            if o.status in ("pending", "running"):
+                self.outcomes[k] = o.model_copy(update={"status": status})
+
+    # ----- release-wide steps
+    def _release_steps(self) -> tuple[Path, dict[str, str]]:
+        self._fetch()
+        top = self._unpack()
+        self._configure(top)
+        base = dict(os.environ) if self.cfg.base_env is None else dict(self.cfg.base_env)
+        cache = self.store.tilelang_cache(self.sha16)
+        cache.mkdir(parents=True, exist_ok=True)
+        pre_env = steps.script_env(base, {}, host=self.cfg.server_host, port=self.cfg.server_port, cache_dir=cache)
+        self.to(RunState.GENERATING, "generate")
+        self._run_step(steps.plan_generate(top, pre_env, self.cfg.generate_timeout))
+        self.steps_done += 1
+        env = self._environment(top, base, cache)
+        self._precompile(top, env)
+        return top, env
+
+    def _begin(self, state: RunState, step: str) -> float:
+        self.check(step)()
+        self.to(state, step)
+        self.event(step, "start")
+        return time.monotonic()
+
+    def _end(self, step: str, t0: float, status: str = "ok", message: str = "") -> None:
+        self.event(step, status, duration_s=time.monotonic() - t0, message=message)
+        self.steps_done += 1
+        self.emit()
+
+    def _fail(self, step: str, t0: float, exc: Exception, key: str | None = None) -> StepFailed:
+        self.event(step, "failed", key, duration_s=time.monotonic() - t0, message=str(exc))
+        return StepFailed(StepError(step=step, model_key=key, message=str(exc)))
+
+    def _fetch(self) -> None:
+        t0 = self._begin(RunState.FETCHING, "fetch")
+        path = Path(self.req.tarball)
+        check = self.check("fetch", deadline=t0 + self.cfg.fetch_timeout, timeout=self.cfg.fetch_timeout)
+        try:
+            verify_sha256(path, self.req.sha256, check=check)
+        except BadInput as exc:
+            self.agent_log("fetch", None, [f"refused {path}: {exc}"])
+            raise self._fail("fetch", t0, exc) from exc
+        self.agent_log("fetch", None, [f"{path}: sha256 {self.req.sha256.lower()} verified"])
+        self._end("fetch", t0)
+
+    def _unpack(self) -> Path:
+        t0 = self._begin(RunState.UNPACKING, "unpack")
+        dest = self.store.release_dir(self.sha16)
+        check = self.check("unpack", deadline=t0 + self.cfg.unpack_timeout, timeout=self.cfg.unpack_timeout)
+        try:
+            done = unpack_tarball(Path(self.req.tarball), dest, check=check)
+        except (BadInput, OSError) as exc:
+            self.agent_log("unpack", None, [f"refused / failed: {exc}"])
+            raise self._fail("unpack", t0, exc) from exc
+        if done.reused:
+            msg = f"release already unpacked in {dest}: reused"
+            self.agent_log("unpack", None, [msg])
+            self._end("unpack", t0, "skipped", msg)
+        else:
+            self.agent_log("unpack", None, [f"unpacked {done.members} members into {dest}"])
+            self._end("unpack", t0)
+        return done.top
+
+    def _configure(self, top: Path) -> None:
+        t0 = self._begin(RunState.CONFIGURING, "configure")
+        notes: list[str] = []
+        for key, o in self.outcomes.items():
+            if o.status != "pending":
+                continue
+            try:
+                folder = steps.model_folder(key, self.req.model_root, self.req.model_paths)
+            except BadInput as exc:
+                self._key_failed(key, StepError(step="configure", model_key=key, message=str(exc)))
+                notes.append(str(exc))
+                continue
+            if not folder.is_dir():
+                err = StepError(step="configure", model_key=key, message=f"model folder {folder} not found")
+                self._key_failed(key, err)
+                notes.append(err.message)
+                continue
+            self.folders[key] = folder
+        if not self.folders and not any(o.status == "passed" for o in self.outcomes.values()):
+            self.agent_log("configure", None, notes)
+            raise self._fail("configure", t0, BadInput("no model key can run: " + "; ".join(notes)))
+        cfg_path = top / steps.CONFIG_JSON
+        folders = self._all_folders()
+        try:
+            text = steps.configure_workflow(cfg_path.read_text(encoding="utf-8"), folders, str(cfg_path))
+            write_atomic(cfg_path, text)
+        except (BadInput, OSError) as exc:
+            raise self._fail("configure", t0, exc) from exc
+        notes.append(f"{steps.CONFIG_JSON}: model_paths = {json.dumps(folders, ensure_ascii=False)}")
+        self.agent_log("configure", None, notes)
+        self._end("configure", t0)
+
+    def _all_folders(self) -> list[str]:
+        """Model folders of every key this run covers (for the config and the precompile cache key)."""
+        keys = [k for k in self.req.models if k in MODEL_KEYS]
+        folders = [str(self.folders[k]) for k in keys if k in self.folders]
+        for k in keys:  # keys passed in an earlier attempt still belong to the model set
+            if k not in self.folders and self.outcomes[k].status == "passed":
+                folders.append(str(steps.model_folder(k, self.req.model_root, self.req.model_paths)))
+        return list(dict.fromkeys(folders))
+
+    def _environment(self, top: Path, base: dict[str, str], cache: Path) -> dict[str, str]:
+        self.to(RunState.ENVIRONMENT, "environment")
+        plan = steps.plan_environment(top, base, self.cfg.environment_timeout)
+        log_path = self.store.next_log(self.req.run_id, plan.step)
+        raw = log_path.with_suffix(".env0")
+        self._run_step(plan, log_path=log_path, raw=raw)
+        try:
+            captured = steps.parse_env_capture(raw.read_bytes())
+        finally:
+            raw.unlink(missing_ok=True)  # values may be secret: never kept on disk
+        with open(log_path, "a", encoding="utf-8") as f:
+            f.write(f"{utc_stamp()} [agent] captured {len(captured)} variables: {', '.join(sorted(captured))}\n")
+        self.steps_done += 1
+        return steps.script_env(base, captured, host=self.cfg.server_host, port=self.cfg.server_port,
+                                cache_dir=cache)
+
+    def _precompile(self, top: Path, env: dict[str, str]) -> None:
+        self.to(RunState.PRECOMPILING, "precompile")
+        marker = self.store.precompile_marker(steps.precompile_marker(self.req.sha256, self._all_folders()))
+        if marker.exists():
+            msg = f"precompile cached for this release and model set ({marker.name}): skipped"
+            log.info("%s", msg)
+            self.agent_log("precompile", None, [msg])
+            self.event("precompile", "skipped", message=msg)
+            self.steps_done += 1
+            self.emit(precompile_cached=True)
+            return
+        t0 = time.monotonic()
+        self._run_step(steps.plan_precompile(top, env, self.cfg.precompile_timeout))
+        info = {"sha256": self.req.sha256, "folders": self._all_folders(), "duration_s": time.monotonic() - t0,
+                "run_id": self.req.run_id, "ts": time.time()}
+        write_atomic(marker, json.dumps(info) + "\n")
+        self.steps_done += 1
+        self.emit(precompile_cached=False)
+
+    def _run_step(self, plan: steps.StepPlan, *, log_path: Path | None = None, raw: Path | None = None) -> ProcResult:
+        """Run a release-wide step; raise :class:`StepFailed` / :class:`Cancelled` when it does not succeed."""
+        self.check(plan.step)()
+        path = log_path or self.store.next_log(self.req.run_id, plan.step, plan.model_key)
+        self.event(plan.step, "start", plan.model_key)
+        try:
+            res = self.ex.run(plan.argv, env=plan.env, cwd=plan.cwd, log_path=path, timeout=plan.timeout,
+                              cancel=self.cancel, raw_stdout=raw)
+        except OSError as exc:
+            raise self._fail(plan.step, time.monotonic(), exc, plan.model_key) from exc
+        self._step_end(plan, res)
+        return res
+
+    def _step_end(self, plan: steps.StepPlan, res: ProcResult) -> None:
+        if res.outcome == "cancelled":
+            raise Cancelled(plan.step, plan.model_key)
+        status = "ok" if res.ok else "failed"
+        err = None if res.ok else _proc_error(plan.step, plan.model_key, res)
+        self.event(plan.step, status, plan.model_key, duration_s=res.duration_s, exit_code=res.exit_code,
+                   message=err.message if err else "")
+        if err is not None:
+            raise StepFailed(err)
+
+    # ----- per model key
+    def _keys(self, top: Path, env: dict[str, str]) -> None:
+        self.to(RunState.BENCHMARKING, "benchmark")
+        for key in self.req.models:
+            o = self.outcomes[key]
+            if o.status == "passed":
+                self.event("benchmark", "skipped", key, message="passed in an earlier attempt of this run")
+                continue
+            if o.status != "pending":
+                continue
+            self.check("benchmark", key)()
+            self._one_key(top, env, key)
+
+    def _key_failed(self, key: str, err: StepError, rows: int = 0, flagged: int = 0, duration: float = 0.0) -> None:
+        self.outcomes[key] = KeyOutcome(model_key=key, status="failed", rows=rows, flagged_rows=flagged,
+                                        duration_s=round(duration, 3), error=err)
+        self.emit()
+
+    def _one_key(self, top: Path, env: dict[str, str], key: str) -> None:
+        t0 = time.monotonic()
+        self.outcomes[key] = KeyOutcome(model_key=key, status="running")
+        self.emit(step="server", model_key=key)
+        kenv = steps.key_env(key, self.cfg.key_env.get(key), self.req.key_env.get(key))
+        rows: list[ResultRow] = []
+        try:
+            rows, err = self._serve_and_measure(top, env, key, kenv)
+        except StepFailed as exc:
+            err = exc.error
+        except Cancelled:
+            self.outcomes[key] = KeyOutcome(model_key=key, status="cancelled",
+                                            duration_s=round(time.monotonic() - t0, 3))
+            raise
+        if rows:
+            stamped = stamp(rows, run_id=self.req.run_id, module=self.cfg.module, release=self.release, model_key=key)
+            self.store.put_rows(self.req.run_id, key, stamped)
+        flagged = sum(1 for r in rows if r.flags)
+        if err is not None:
+            self._key_failed(key, err, len(rows), flagged, time.monotonic() - t0)
+            return
+        self.outcomes[key] = KeyOutcome(model_key=key, status="passed", rows=len(rows), flagged_rows=flagged,
+                                        duration_s=round(time.monotonic() - t0, 3))
+        self.emit(step="benchmark", model_key=key)
+
+    def _serve_and_measure(self, top: Path, env: dict[str, str], key: str,
+                           kenv: dict[str, str]) -> tuple[list[ResultRow], StepError | None]:
+        host, port = self.cfg.server_host, self.cfg.server_port
+        if port_open(host, port):
+            msg = f"port {host}:{port} is already in use before starting the server"
+            self.event("server", "failed", key, message=msg)
+            raise StepFailed(StepError(step="server", model_key=key, message=msg))
+        plan = steps.plan_server(top, key, env, kenv)
+        self.event("server", "start", key)
+        t0 = time.monotonic()
+        try:
+            server = self.ex.start(plan.argv, env=plan.env, cwd=plan.cwd,
+                                   log_path=self.store.next_log(self.req.run_id, "server", key))
+        except OSError as exc:
+            raise self._fail("server", t0, exc, key) from exc
+        try:
+            self._wait_ready(server, key, t0)
+            self.event("server", "ok", key, duration_s=time.monotonic() - t0, message="ready")
+            self.emit(step="benchmark", model_key=key)
+            return self._benchmark(top, env, key, kenv, server)
+        finally:
+            self.ex.stop(server)
+            self.ex.close(server)
+            self._wait_port_free(host, port)
+
+    def _wait_port_free(self, host: str, port: int) -> None:
+        """After a server stopped: wait (bounded) until its port is free for the next key's server."""
+        deadline = time.monotonic() + self.cfg.port_free_timeout
+        while port_open(host, port) and time.monotonic() < deadline:
+            time.sleep(min(0.2, self.cfg.poll_interval))
+
+    def _wait_ready(self, server: Any, key: str, t0: float) -> None:
+        url = steps.health_url(self.cfg.server_host, self.cfg.server_port)
+        deadline = t0 + self.cfg.ready_timeout
+        while True:
+            if self.cancelled():
+                raise Cancelled("server", key)
+            if not server.alive():
+                tail = "\n".join(server.pump.tails["err"]) or "\n".join(server.pump.tails["out"])
+                msg = f"server exited before it was ready (exit {server.exit_code})"
+                self.event("server", "failed", key, duration_s=time.monotonic() - t0, exit_code=server.exit_code,
+                           message=msg)
+                raise StepFailed(StepError(step="server", model_key=key, exit_code=server.exit_code, message=msg,
+                                           stderr_tail=tail[-2000:]))
+            if probe(url, timeout=min(2.0, self.cfg.poll_interval * 4)):
+                return
+            if time.monotonic() > deadline:
+                msg = f"server not ready after {self.cfg.ready_timeout:g} s ({url})"
+                self.event("server", "failed", key, duration_s=time.monotonic() - t0, message=msg)
+                tail = "\n".join(server.pump.tails["err"])
+                raise StepFailed(StepError(step="server", model_key=key, message=msg, stderr_tail=tail[-2000:]))
+            time.sleep(self.cfg.poll_interval)
+
+    def _benchmark(self, top: Path, env: dict[str, str], key: str, kenv: dict[str, str],
+                   server: Any) -> tuple[list[ResultRow], StepError | None]:
+        plan = steps.plan_benchmark(top, key, env, kenv, self.cfg.benchmark_timeout)
+        log_path = self.store.next_log(self.req.run_id, "benchmark", key)
+        out_path = log_path.with_suffix(".out")
+
+        def server_gone() -> str | None:
+            return None if server.alive() else f"server exited during the benchmark (exit {server.exit_code})"
+
+        self.event("benchmark", "start", key)
+        try:
+            res = self.ex.run(plan.argv, env=plan.env, cwd=plan.cwd, log_path=log_path, timeout=plan.timeout,
+                              cancel=self.cancel, raw_stdout=out_path, watch=server_gone)
+        except OSError as exc:
+            raise self._fail("benchmark", time.monotonic(), exc, key) from exc
+        if res.outcome == "cancelled":
+            raise Cancelled("benchmark", key)
+        text = out_path.read_text(encoding="utf-8", errors="replace") if out_path.exists() else ""
+        err = None if res.ok else _proc_error("benchmark", key, res)
+        try:
+            rows = steps.parse_benchmark(text, key, source=out_path.name)
+        except TableError as exc:
+            rows = _partial_rows(text, out_path.name)  # keep what parsed cleanly; the key still fails
+            if err is None:
+                err = StepError(step="parse", model_key=key, message=str(exc), stderr_tail=res.stderr_tail[-2000:])
+        self.event("benchmark", "ok" if err is None else "failed", key, duration_s=res.duration_s,
+                   exit_code=res.exit_code, message=f"{len(rows)} rows" if err is None else err.message)
+        return rows, err
+
+
+def _partial_rows(text: str, source: str) -> list[ResultRow]:
+    """Rows of the tables that parse, from output cut short by a failure."""
+    blocks = text.replace("\r\n", "\n").split("\n\n")
+    rows: list[ResultRow] = []
+    for block in blocks:
+        try:
+            rows.extend(r for t in parse_tables(block, source) for r in t.rows)
+        except TableError:
+            continue
+    return rows
+
+
+def _proc_error(step: str, key: str | None, res: ProcResult) -> StepError:
+    msg = res.reason if res.outcome in ("timeout", "aborted") else f"{step} exited with code {res.exit_code}"
+    tail = res.stderr_tail or res.stdout_tail
+    return StepError(step=step, model_key=key, exit_code=res.exit_code, message=msg, stderr_tail=tail[-2000:])

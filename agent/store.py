@@ -1,0 +1,204 @@
+"""The files a run leaves on the module, and a small reader API over them.
+
+Layout under the agent's workdir::
+
+    releases/<sha16>/                    the unpacked release (staging, then rename)
+    cache/precompile/<sha16>-<h>.done    a finished precompile of that release + model set
+    cache/tilelang/<sha16>/              TILELANG_CACHE_DIR given to the release's scripts
+    runs/<run_id>/request.json           the RunRequest
+    runs/<run_id>/progress.json          the latest RunProgress
+    runs/<run_id>/results.jsonl          one ResultRow per line, appended per key
+    runs/<run_id>/events.jsonl           one line per step start / end
+    runs/<run_id>/logs/NN-step[-key].log timestamped output of each step
+    state.json                           {"current_run", "last_run", "updated_at"}
+
+Whole files are written atomically (write to a temporary name, fsync, rename); JSON-lines
+files only ever get whole lines appended. Readers skip a torn last line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from agent.errors import BadInput
+from agent.records import ResultRow, RunProgress, RunRequest
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID.match(run_id):
+        raise BadInput(f"run id {run_id!r}: use 1-128 letters, digits, '.', '_' or '-' (not starting with those)")
+    return run_id
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def append_lines(path: Path, lines: Iterable[str]) -> None:
+    """Append whole lines in one write (readers never see half a record unless the disk fails)."""
+    data = "".join(line.rstrip("\n") + "\n" for line in lines)
+    if not data:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn line (crash mid-append): never taken for whole
+        if isinstance(item, dict):
+            out.append(item)
+    return out
+
+
+class RunStore:
+    """Reader (and, for the pipeline, writer) of one module's workdir."""
+
+    def __init__(self, workdir: str | Path) -> None:
+        self.workdir = Path(workdir)
+
+    # ----- paths
+    @property
+    def runs_dir(self) -> Path:
+        return self.workdir / "runs"
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / check_run_id(run_id)
+
+    def logs_dir(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "logs"
+
+    def release_dir(self, sha16: str) -> Path:
+        return self.workdir / "releases" / sha16
+
+    def precompile_marker(self, name: str) -> Path:
+        return self.workdir / "cache" / "precompile" / name
+
+    def tilelang_cache(self, sha16: str) -> Path:
+        return self.workdir / "cache" / "tilelang" / sha16
+
+    @property
+    def state_path(self) -> Path:
+        return self.workdir / "state.json"
+
+    # ----- readers
+    def runs(self) -> list[str]:
+        """Run ids on this module, oldest first."""
+        if not self.runs_dir.is_dir():
+            return []
+        dirs = [p for p in self.runs_dir.iterdir() if p.is_dir() and _RUN_ID.match(p.name)]
+        return [p.name for p in sorted(dirs, key=lambda p: (p.stat().st_mtime, p.name))]
+
+    def request(self, run_id: str) -> RunRequest | None:
+        path = self.run_dir(run_id) / "request.json"
+        try:
+            return RunRequest.model_validate_json(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+
+    def progress(self, run_id: str) -> RunProgress | None:
+        path = self.run_dir(run_id) / "progress.json"
+        try:
+            return RunProgress.model_validate_json(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+
+    def rows(self, run_id: str) -> list[ResultRow]:
+        """Result rows of a run; one per (module, model key, profile), the latest kept."""
+        by_id: dict[tuple[str, str, str, str], ResultRow] = {}
+        for item in read_jsonl(self.run_dir(run_id) / "results.jsonl"):
+            row = ResultRow.model_validate(item)
+            by_id.pop(row.identity, None)
+            by_id[row.identity] = row
+        return list(by_id.values())
+
+    def events(self, run_id: str) -> list[dict[str, Any]]:
+        return read_jsonl(self.run_dir(run_id) / "events.jsonl")
+
+    def state(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.state_path.read_text(encoding="utf-8"))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {"current_run": None, "last_run": None, "updated_at": None}
+        return data if isinstance(data, dict) else {"current_run": None, "last_run": None, "updated_at": None}
+
+    def current_run(self) -> str | None:
+        value = self.state().get("current_run")
+        return value if isinstance(value, str) else None
+
+    def last_run(self) -> str | None:
+        value = self.state().get("last_run")
+        return value if isinstance(value, str) else None
+
+    # ----- writers (the pipeline's side)
+    def write_request(self, request: RunRequest) -> None:
+        write_atomic(self.run_dir(request.run_id) / "request.json", request.model_dump_json(indent=2) + "\n")
+
+    def write_progress(self, progress: RunProgress) -> None:
+        write_atomic(self.run_dir(progress.run_id) / "progress.json", progress.model_dump_json(indent=2) + "\n")
+
+    def put_rows(self, run_id: str, model_key: str, rows: list[ResultRow]) -> None:
+        """Store the rows of one model key: appended; an earlier attempt's rows of that key are replaced."""
+        path = self.run_dir(run_id) / "results.jsonl"
+        existing = read_jsonl(path)
+        lines = [r.model_dump_json() for r in rows]
+        if any(item.get("model_key") == model_key for item in existing):
+            kept = [json.dumps(item, ensure_ascii=False) for item in existing if item.get("model_key") != model_key]
+            write_atomic(path, "".join(line + "\n" for line in kept + lines))
+        else:
+            append_lines(path, lines)
+
+    def add_event(self, run_id: str, *, step: str, status: str, model_key: str | None = None,
+                  duration_s: float | None = None, exit_code: int | None = None, message: str = "") -> None:
+        event = {
+            "ts": time.time(), "step": step, "model_key": model_key, "status": status,
+            "duration_s": None if duration_s is None else round(duration_s, 3), "exit_code": exit_code,
+            "message": message,
+        }
+        append_lines(self.run_dir(run_id) / "events.jsonl", [json.dumps(event, ensure_ascii=False)])
+
+    def set_state(self, *, current_run: str | None, last_run: str | None) -> None:
+        data = {"current_run": current_run, "last_run": last_run, "updated_at": time.time()}
+        write_atomic(self.state_path, json.dumps(data) + "\n")
+
+    def next_log(self, run_id: str, step: str, model_key: str | None = None) -> Path:
+        """``logs/NN-step[-key].log`` with NN one past the logs already there (earlier attempts kept)."""
+        logs = self.logs_dir(run_id)
+        logs.mkdir(parents=True, exist_ok=True)
+        nums = [int(m.group(1)) for p in logs.glob("*.log") if (m := re.match(r"^(\d+)-", p.name))]
+        n = max(nums, default=0) + 1
+        return logs / (f"{n:02d}-{step}" + (f"-{model_key}" if model_key else "") + ".log")

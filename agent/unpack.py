@@ -1,0 +1,170 @@
+"""Fetch and unpack: verify the tarball's sha256, check every member, extract via staging.
+
+The whole tarball is refused (before anything is extracted) when a member has an absolute
+path, a ``..`` component, a link pointing outside the release, is a device or FIFO, or
+carries setuid/setgid bits; a truncated or corrupt file is refused too. Extraction goes to
+a staging folder next to the destination, renamed into place only when complete; on any
+failure (disk full included) the staging folder is removed and nothing else was written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import posixpath
+import shutil
+import stat
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import AgentError, BadInput, ChecksumMismatch, UnsafeTarball
+
+WORKFLOW_DIR = "scripts/ci/musa"
+
+
+class UnpackError(AgentError, OSError):
+    """Extraction failed for a reason of this machine (disk full, permissions)."""
+
+
+Check = Callable[[], None]  # raises to stop (cancel, deadline); called between chunks / members
+
+
+def _noop() -> None:
+    return None
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20, check: Check = _noop) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            n = 0
+            while block := f.read(chunk):
+                h.update(block)
+                n += 1
+                if n % 64 == 0:
+                    check()
+    except FileNotFoundError:
+        raise BadInput(f"{path}: tarball not found") from None
+    except IsADirectoryError:
+        raise BadInput(f"{path}: is a folder, not a tarball") from None
+    return h.hexdigest()
+
+
+def verify_sha256(path: Path, expected: str, check: Check = _noop) -> str:
+    want = expected.strip().lower()
+    if len(want) != 64 or any(c not in "0123456789abcdef" for c in want):
+        raise BadInput(f"expected sha256 {expected!r} is not 64 hex digits")
+    got = sha256_file(path, check=check)
+    if got != want:
+        raise ChecksumMismatch(f"{path}: sha256 mismatch (expected {want[:16]}..., got {got[:16]}...)")
+    return got
+
+
+def member_problem(m: tarfile.TarInfo) -> str | None:
+    """Why ``m`` makes the tarball unsafe, or None. Pure."""
+    name = m.name
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        return "absolute path"
+    parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
+    if ".." in parts:
+        return "'..' in path"
+    if m.ischr() or m.isblk() or m.isfifo() or not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+        return "device, FIFO or special file"
+    if m.mode & (stat.S_ISUID | stat.S_ISGID):
+        return "setuid/setgid bit"
+    if m.issym() or m.islnk():
+        target = m.linkname
+        if target.startswith("/"):
+            return f"link to absolute path {target!r}"
+        base = posixpath.dirname(posixpath.normpath(name)) if m.issym() else ""
+        resolved = posixpath.normpath(posixpath.join(base, target))
+        if resolved == ".." or resolved.startswith("../"):
+            return f"link pointing outside the release ({target!r})"
+    return None
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    root: Path  # <workdir>/releases/<sha16>
+    top: Path  # the folder holding scripts/ci/musa
+    reused: bool
+    members: int
+
+
+def check_members(tarball: Path) -> list[tarfile.TarInfo]:
+    """Every member of ``tarball``, or :class:`UnsafeTarball` naming the first bad one."""
+    try:
+        with tarfile.open(tarball, "r:*") as tar:
+            members = tar.getmembers()  # reads to the end: a truncated file fails here
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        raise UnsafeTarball(f"{tarball}: not a readable tarball (truncated or corrupt): {exc}") from None
+    if not members:
+        raise UnsafeTarball(f"{tarball}: empty tarball")
+    for m in members:
+        problem = member_problem(m)
+        if problem:
+            raise UnsafeTarball(f"{tarball}: member {m.name!r}: {problem}; tarball refused")
+    return members
+
+
+def find_top(root: Path) -> Path:
+    """The release's top folder: ``root`` itself or its single child holding ``scripts/ci/musa``."""
+    if (root / WORKFLOW_DIR).is_dir():
+        return root
+    cands = [p for p in sorted(root.iterdir()) if p.is_dir() and (p / WORKFLOW_DIR).is_dir()]
+    if len(cands) != 1:
+        raise BadInput(f"{root}: no release folder with {WORKFLOW_DIR}/ in the tarball")
+    return cands[0]
+
+
+def _checked(members: list[tarfile.TarInfo], check: Check) -> Iterator[tarfile.TarInfo]:
+    for m in members:
+        check()
+        yield m
+
+
+def unpack(tarball: Path, dest: Path, check: Check = _noop) -> Unpacked:
+    """Extract ``tarball`` into ``dest`` (via a staging folder); reuse ``dest`` if already complete."""
+    if dest.is_dir():
+        return Unpacked(root=dest, top=find_top(dest), reused=True, members=0)
+    members = check_members(tarball)
+    need = sum(m.size for m in members if m.isfile())
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(dest.parent).free
+    if need > free:
+        raise UnpackError(f"{dest.parent}: not enough disk space to unpack {tarball.name} "
+                          f"({need} bytes needed, {free} free)")
+    staging = dest.parent / f".staging-{dest.name}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir()
+        with tarfile.open(tarball, "r:*") as tar:
+            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(staging, members=_checked(members, check), **kwargs)  # type: ignore[arg-type]  # noqa: S202
+        top = find_top(staging)
+        os.replace(staging, dest)
+    except BadInput:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    except (OSError, tarfile.TarError, EOFError) as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno == 28:
+            raise UnpackError(f"{dest.parent}: disk full while unpacking {tarball.name}; nothing kept") from exc
+        raise UnpackError(f"unpacking {tarball.name} failed: {exc}; nothing kept") from exc
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    with contextlib.suppress(OSError):
+        _fsync_dir(dest.parent)
+    return Unpacked(root=dest, top=dest / top.relative_to(staging), reused=False, members=len(members))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
