@@ -1,0 +1,74 @@
+import pytest
+
+from agent.records import Heartbeat, KeyOutcome, RunProgress, RunState, UnknownModelKey, parse_model_keys
+from agent.settings import AgentSettings, BrokerSettings, SettingsError, load_settings
+from controller.fleet import BadRelease, RunView, derive_state, release_version
+
+
+def hb(ts, **kw):
+    return Heartbeat(module="m", agent_version="1", ts=ts, **kw)
+
+
+@pytest.mark.parametrize(("beat", "failures", "state"), [
+    (None, 0, "offline"),
+    (hb(0.0), 0, "offline"),
+    (hb(95.0), 0, "idle"),
+    (hb(95.0, run_id="r1", step="benchmark"), 0, "busy"),
+    (hb(95.0, healthy=False, detail="disk"), 0, "bad"),
+    (hb(95.0), 3, "bad"),
+])
+def test_derive_state(beat, failures, state):
+    got, reason = derive_state(beat, 100.0, offline_after=30.0, consecutive_failures=failures)
+    assert got == state
+    if state != "idle":
+        assert reason
+
+
+def test_release_version_from_name(tmp_path):
+    assert release_version(tmp_path / "SGLang-MUSA-M1000-M1000_1.4.1_sglang.tar.gz") == "1.4.1"
+    with pytest.raises(BadRelease, match="not a release tarball name"):
+        release_version(tmp_path / "release.tgz")
+
+
+def test_run_view_state():
+    def p(state, outcomes=()):
+        return RunProgress(run_id="r", module="m", state=state, outcomes=outcomes)
+    assert RunView("r", ("a",), {"a": None}).state() == "running"
+    assert RunView("r", ("a", "b"), {"a": p(RunState.DONE), "b": p(RunState.DONE)}).state() == "done"
+    failed_key = (KeyOutcome(model_key="qwen3", status="failed"),)
+    assert RunView("r", ("a",), {"a": p(RunState.DONE, failed_key)}).state() == "failed"
+    assert RunView("r", ("a",), {"a": p(RunState.CANCELLED)}).state() == "cancelled"
+
+
+def test_model_keys():
+    assert parse_model_keys("qwen3, qwen35_mtp,qwen3") == ("qwen3", "qwen35_mtp")
+    assert len(parse_model_keys("all")) == 7
+    with pytest.raises(UnknownModelKey, match="unknown model key 'qwen4'"):
+        parse_model_keys("qwen3,qwen4")
+
+
+def test_settings_from_file_and_env(tmp_path, monkeypatch):
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text('[fleet]\nbroker_url = "redis://fleet:s3cret@10.0.0.1:6379/0"\n[agent]\nmodule = "m-a01"\n')
+    monkeypatch.delenv("FLEET_MODULE", raising=False)
+    s = load_settings(AgentSettings, cfg)
+    assert s.module == "m-a01"
+    assert "s3cret" not in s.redacted_broker_url()
+    assert s.visibility_timeout > s.run_time_limit
+    monkeypatch.setenv("FLEET_MODULE", "from-env")
+    assert load_settings(AgentSettings, cfg).module == "from-env"
+    cfg.write_text('[agent]\nmodul = "typo"\n')
+    with pytest.raises(SettingsError, match="unknown setting 'modul'"):
+        load_settings(AgentSettings, cfg)
+    with pytest.raises(ValueError, match="unsupported broker scheme"):
+        BrokerSettings(broker_url="amqp://x")
+    with pytest.raises(ValueError, match="run_time_limit must be longer"):
+        BrokerSettings(run_soft_time_limit=100, run_time_limit=50)
+
+
+def test_password_file_stays_out_of_the_url_text(tmp_path):
+    pw = tmp_path / "pw"
+    pw.write_text("p@ss/word\n")
+    s = BrokerSettings(broker_url="rediss://fleet@redis.lab:6380/1", broker_password_file=pw)
+    assert s.broker_url_with_secret() == "rediss://fleet:p%40ss%2Fword@redis.lab:6380/1"
+    assert "p@ss" not in s.redacted_broker_url() and "p%40ss" not in s.broker_url
