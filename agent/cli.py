@@ -184,6 +184,19 @@ def rows_csv(rows: list[ResultRow]) -> str:
     return buf.getvalue()
 
 
+@app.command()
+def worker(
+    config: Path | None = typer.Option(None, "--config", "-c", envvar="FLEET_CONFIG",
+                                       help="TOML config ([fleet], [agent]); FLEET_* variables override it"),
+    loglevel: str = typer.Option("INFO", "--loglevel"),
+) -> None:
+    """Serve this module's Celery queue (one run at a time), heartbeat, and /metrics."""
+    from agent.settings import AgentSettings, load_settings
+    from agent.worker import run_worker
+
+    run_worker(load_settings(AgentSettings, config), loglevel=loglevel)
+
+
 def main() -> None:
     app()
 

@@ -31,6 +31,10 @@ from agent.settings import AgentSettings
 log = logging.getLogger("fleet.agent")
 
 MIN_FREE_DISK = 2 * 1024**3  # below this the module reports itself unhealthy
+# Every process the agent starts inherits this variable (value: the work folder), so a
+# restarted agent can find and stop what a killed one left running (servers live in
+# sessions of their own and survive their parent).
+MARK = "M1000_FLEET_AGENT_WORKDIR"
 
 
 def agent_version() -> str:
@@ -116,6 +120,24 @@ class HeartbeatThread(threading.Thread):
 
     def stop(self) -> None:
         self.stopped.set()
+
+
+def reap_orphans(workdir: Path) -> list[int]:
+    """Kill processes left by an earlier agent on this work folder; returns their pids."""
+    import psutil
+
+    mark, me = str(workdir), os.getpid()
+    killed: list[int] = []
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        try:
+            if p.environ().get(MARK) == mark:
+                p.kill()
+                killed.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return killed
 
 
 # --------------------------------------------------------------------------- the run task
@@ -226,6 +248,10 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     workdir = settings.workdir.expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
+    left = reap_orphans(workdir)
+    if left:
+        log.warning("stopped %d processes left by an earlier agent: %s", len(left), left)
+    os.environ[MARK] = str(workdir)
     app = make_app(settings)
     register_tasks(app, settings)
     log.info("agent %s for module %s, broker %s, queue %s", agent_version(), settings.module,
