@@ -43,7 +43,7 @@ devices_app = typer.Typer(add_completion=False, invoke_without_command=True,
 app.add_typer(devices_app, name="devices")
 
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 @dataclass
@@ -362,15 +362,15 @@ def _register_plugins() -> None:
     if importlib.util.find_spec("controller.report_cli") is not None:
         from controller import report_cli
 
-        report_cli.register(app, STATE.history)
+        report_cli.register(app, lambda: STATE.history())
     if importlib.util.find_spec("controller.deploy_cli") is not None:
         from controller import deploy_cli
 
-        deploy_cli.register(app, devices_app, STATE.inventory, STATE.settings)
+        deploy_cli.register(app, devices_app, lambda: STATE.inventory(), lambda: STATE.settings())
     if importlib.util.find_spec("controller.metrics_cli") is not None:
         from controller import metrics_cli
 
-        metrics_cli.register(app, STATE.inventory)
+        metrics_cli.register(app, lambda: STATE.inventory())
 
 
 _register_plugins()
@@ -381,6 +381,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (FleetError, InventoryError, Hist
 
 def main(argv: list[str] | None = None) -> None:
     code = 0
+    STATE.__init__()  # type: ignore[misc]  # a fresh invocation state (tests call main repeatedly)
     try:
         rv = app(args=argv, prog_name="fleetctl", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
@@ -392,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
         e.show()
         code = 2
     except USER_ERRORS as e:
-        err.print(f"fleetctl: error: {e}", highlight=False, markup=False)
+        print(f"fleetctl: error: {e}", file=sys.stderr)
         code = 2
     finally:
         STATE.close()

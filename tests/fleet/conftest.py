@@ -1,0 +1,152 @@
+"""Fixtures for the dispatch tests: a real broker (embedded or redis-server) and real workers.
+
+The same tests run twice, once per broker, as celery's own suite does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from controller.cli import State
+from controller.demo import Worker, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
+from controller.settings import ControllerSettings
+
+REDIS = shutil.which("redis-server")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RedisServer:
+    dir: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        assert REDIS
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--appendonly", "yes",
+             "--save", "", "--daemonize", "no", "--protected-mode", "yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as c:
+                c.sendall(b"PING\r\n")
+                if c.recv(16).startswith(b"+PONG"):
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+    def restart(self, down_for: float = 1.0) -> None:
+        self.stop()
+        time.sleep(down_for)
+        self.start()
+
+
+@pytest.fixture(params=["embedded", pytest.param("redis", marks=pytest.mark.redis)])
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, RedisServer | None]]:
+    if request.param == "embedded":
+        yield "filesystem://", None
+        return
+    if not REDIS:
+        pytest.skip("redis-server not installed (make test installs Debian's redis-server)")
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server.url, server
+    finally:
+        server.stop()
+
+
+@dataclass
+class Lab:
+    """A simulated lab: inventory, controller state, worker processes."""
+
+    base: Path
+    settings: ControllerSettings
+    names: list[str]
+    workers: dict[str, Worker] = field(default_factory=dict)
+    redis: RedisServer | None = None
+
+    def state(self) -> State:
+        st = State()
+        st._settings = self.settings
+        return st
+
+    def start(self, names: list[str] | None = None, sim_env: dict[str, dict[str, str]] | None = None) -> None:
+        from simulator import make_models
+
+        started = []
+        for name in names or self.names:
+            make_models(self.base / "modules" / name / "models")
+            w = start_worker(name, self.base, self.settings, sim_env=(sim_env or {}).get(name, {}))
+            self.workers[name] = w
+            started.append(w)
+        wait_for_heartbeats(self.settings, started, 60)
+
+    def kill(self, name: str) -> None:
+        w = self.workers.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(w.proc.pid, signal.SIGKILL)
+        w.proc.wait(timeout=10)
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+        env.update({"FLEET_BROKER_URL": self.settings.broker_url, "FLEET_DATA_DIR": str(self.settings.data_dir),
+                    "FLEET_INVENTORY": str(self.settings.inventory), "FLEET_HISTORY": str(self.settings.history_path),
+                    "FLEET_HEARTBEAT_INTERVAL": str(self.settings.heartbeat_interval),
+                    "FLEET_OFFLINE_AFTER": str(self.settings.offline_after), "FLEET_METRICS_PORT": "0"})
+        return env
+
+    def fleetctl(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        exe = Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "fleetctl"
+        cmd = [str(exe) if exe.exists() else "fleetctl", *args]
+        return subprocess.run(cmd, env=self.env(), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def lab_factory(tmp_path: Path, broker: tuple[str, RedisServer | None]) -> Iterator:
+    labs: list[Lab] = []
+
+    def make(n: int = 2, **overrides: float) -> Lab:
+        base = tmp_path / f"lab{len(labs)}"
+        names = [f"sim-{i + 1:02d}" for i in range(n)]
+        settings = ControllerSettings(
+            broker_url=broker[0], data_dir=base / "fleet", inventory=base / "inventory.toml",
+            history=base / "history.sqlite",
+            heartbeat_interval=overrides.get("heartbeat_interval", 0.5),
+            offline_after=overrides.get("offline_after", 4.0))
+        base.mkdir(parents=True)
+        (base / "inventory.toml").write_text(inventory_toml(names, base, None))
+        lab = Lab(base, settings, names, redis=broker[1])
+        labs.append(lab)
+        return lab
+
+    yield make
+    for lab in labs:
+        stop_workers(list(lab.workers.values()), grace=5)

@@ -1,0 +1,82 @@
+"""fleetctl's bad-input paths: one clear line on stderr, exit code 2, nothing dispatched."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from controller.cli import main
+
+INV = '[[module]]\nname = "m1"\ntransport = "local"\n'
+
+
+def run(capsys, *args: str) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    return int(e.value.code or 0), capsys.readouterr().err
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for k in ("FLEET_CONFIG", "FLEET_BROKER_URL", "FLEET_INVENTORY", "FLEET_HISTORY"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("FLEET_DATA_DIR", str(tmp_path / "fleet"))
+    (tmp_path / "inv.toml").write_text(INV)
+    tar = tmp_path / "SGLang-MUSA-M1000-M1000_1.4.1_sglang.tar.gz"
+    tar.write_bytes(b"not really a tarball")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def one_line(err: str) -> str:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_missing_tarball(env, capsys):
+    code, err = run(capsys, "-i", "inv.toml", "validate", "nope.tar.gz", "--models", "qwen3")
+    assert code == 2 and "nope.tar.gz: no such release tarball" in one_line(err)
+
+
+def test_unknown_model_key(env, capsys):
+    code, err = run(capsys, "-i", "inv.toml", "validate", "SGLang-MUSA-M1000-M1000_1.4.1_sglang.tar.gz",
+                    "--models", "qwen3,qwen9")
+    assert code == 2 and "unknown model key 'qwen9'" in one_line(err)
+
+
+def test_unknown_device(env, capsys):
+    code, err = run(capsys, "-i", "inv.toml", "validate", "SGLang-MUSA-M1000-M1000_1.4.1_sglang.tar.gz",
+                    "--devices", "m2")
+    assert code == 2 and "device selector 'm2': unknown module" in one_line(err)
+
+
+def test_malformed_inventory(env, capsys):
+    (env / "bad.toml").write_text('[[module]]\nname = "m1"\nssh_port = "twenty-two"\n')
+    code, err = run(capsys, "-i", "bad.toml", "devices")
+    assert code == 2
+    assert "bad.toml: module 'm1': field 'ssh_port'" in one_line(err)
+
+
+def test_broker_down_at_start(env, capsys, monkeypatch):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("FLEET_BROKER_URL", f"redis://:hunter2@127.0.0.1:{port}/0")
+    code, err = run(capsys, "-i", "inv.toml", "validate", "SGLang-MUSA-M1000-M1000_1.4.1_sglang.tar.gz")
+    line = one_line(err)
+    assert code == 2 and "unreachable" in line and f"127.0.0.1:{port}" in line
+    assert "hunter2" not in err
+
+
+def test_unknown_run(env, capsys):
+    code, err = run(capsys, "status", "no-such-run")
+    assert code == 2 and "no run 'no-such-run'" in one_line(err)
+
+
+def test_bad_tarball_name(env, capsys):
+    (env / "release.tgz").write_bytes(b"x")
+    code, err = run(capsys, "-i", "inv.toml", "validate", "release.tgz")
+    assert code == 2 and "not a release tarball name" in one_line(err)
