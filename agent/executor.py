@@ -72,9 +72,11 @@ class ProcResult:
 class _Pump(threading.Thread):
     """Copies a process's stdout/stderr into a timestamped log (and stdout raw to a file)."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], log: IO[str], raw: IO[bytes] | None) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], log: IO[str], raw: IO[bytes] | None,
+                 log_stdout: bool = True) -> None:
         super().__init__(daemon=True, name=f"pump-{proc.pid}")
         self.proc = proc
+        self.log_stdout = log_stdout
         self.log = log
         self.raw = raw
         self.tails: dict[str, deque[str]] = {"out": deque(maxlen=TAIL_LINES), "err": deque(maxlen=TAIL_LINES)}
@@ -82,6 +84,8 @@ class _Pump(threading.Thread):
         self._lock = threading.Lock()
 
     def _line(self, tag: str, data: bytes) -> None:
+        if tag == "out" and not self.log_stdout:
+            return  # kept raw only (e.g. an environment dump whose values may be secret)
         text = data.decode("utf-8", "replace").rstrip("\r")
         self.tails[tag].append(text)
         self.log.write(f"{utc_stamp()} [{tag}] {text}\n")
@@ -176,7 +180,7 @@ class Executor:
         self.stop_grace = stop_grace
 
     def start(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_path: Path,
-              raw_stdout: Path | None = None) -> Proc:
+              raw_stdout: Path | None = None, log_stdout: bool = True) -> Proc:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by stop()/run()
         raw = open(raw_stdout, "wb") if raw_stdout else None  # noqa: SIM115
@@ -193,7 +197,7 @@ class Executor:
             if raw:
                 raw.close()
             raise
-        pump = _Pump(popen, log, raw)
+        pump = _Pump(popen, log, raw, log_stdout)
         pump.start()
         return Proc(tuple(argv), popen, pump, log, raw)
 
@@ -235,8 +239,8 @@ class Executor:
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_path: Path, timeout: float,
             cancel: CancelToken | None = None, raw_stdout: Path | None = None,
-            watch: Callable[[], str | None] | None = None) -> ProcResult:
-        proc = self.start(argv, env=env, cwd=cwd, log_path=log_path, raw_stdout=raw_stdout)
+            watch: Callable[[], str | None] | None = None, log_stdout: bool = True) -> ProcResult:
+        proc = self.start(argv, env=env, cwd=cwd, log_path=log_path, raw_stdout=raw_stdout, log_stdout=log_stdout)
         return self.wait(proc, timeout=timeout, cancel=cancel, watch=watch)
 
     def stop(self, proc: Proc) -> None:

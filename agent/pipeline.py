@@ -388,7 +388,7 @@ class _Run:
         self.event(plan.step, "start", plan.model_key)
         try:
             res = self.ex.run(plan.argv, env=plan.env, cwd=plan.cwd, log_path=path, timeout=plan.timeout,
-                              cancel=self.cancel, raw_stdout=raw)
+                              cancel=self.cancel, raw_stdout=raw, log_stdout=raw is None)
         except OSError as exc:
             raise self._fail(plan.step, time.monotonic(), exc, plan.model_key) from exc
         self._step_end(plan, res)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
+from agent.executor import EventCancelToken
 from agent.pipeline import run_pipeline
 from agent.records import RunState
+from agent.store import RunStore
 from agent.tables import parse_seed
 
-pytestmark = pytest.mark.usefixtures("no_leftovers")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftovers")]
 
 
 def test_two_keys_pass_with_seed_figures(make_config, make_request, record_dir, seed_text):
@@ -26,7 +30,8 @@ def test_two_keys_pass_with_seed_figures(make_config, make_request, record_dir, 
         assert (r.run_id, r.module, r.release) == ("r1", "m-test", "fake-1.4.1")
         assert r.ttft_ms == want[(r.model_key, r.profile)].ttft_ms
     assert seen[-1].state == RunState.DONE and seen[-1].progress == 1.0
-    assert seen[0].state == RunState.PENDING
+    states = [p.state for p in seen]
+    assert states.index(RunState.FETCHING) < states.index(RunState.PRECOMPILING) < states.index(RunState.BENCHMARKING)
     # the MTP key's variables reached its server, MODEL_KEY and setup_env's variables the benchmark
     servers = [json.loads(p.read_text()) for p in record_dir.glob("server-*.json")]
     mtp = next(s["env"] for s in servers if s["env"].get("SGLANG_USE_TL_MOE_GROUPED_GEMM") == "0")
@@ -37,3 +42,161 @@ def test_two_keys_pass_with_seed_figures(make_config, make_request, record_dir, 
     assert bench["SERVER_PORT"] == str(cfg.server_port)
     assert bench["TILELANG_CACHE_DIR"].endswith("/cache/tilelang/" + make_request().sha256[:16])
     assert "SGLANG_USE_TL_MOE_GROUPED_GEMM" not in json.loads((record_dir / "bench-qwen3.json").read_text())
+    # files on the module
+    store = RunStore(cfg.workdir)
+    assert store.runs() == ["r1"] and store.current_run() is None and store.last_run() == "r1"
+    assert len(store.rows("r1")) == len(result.rows)
+    top = cfg.workdir / "releases" / make_request().sha256[:16] / "20260803_M1000_1.4.1_sglang"
+    config = json.loads((top / "scripts/ci/musa/tilelang_workflow_config.json").read_text())
+    assert config["model_paths"] == [make_request().model_root + "/Qwen3-30B-A3B-GPTQ-Int4",
+                                     make_request().model_root + "/Qwen3.5-35B-A3B-GPTQ-Int4"]
+    assert config["workflow"] == "tilelang"
+    logs = sorted(p.name for p in store.logs_dir("r1").glob("*.log"))
+    assert logs[:6] == ["01-fetch.log", "02-unpack.log", "03-configure.log", "04-generate.log",
+                        "05-environment.log", "06-precompile.log"]
+    assert "08-benchmark-qwen3.log" in logs and "10-benchmark-qwen35_mtp.log" in logs
+    env_log = (store.logs_dir("r1") / "05-environment.log").read_text()
+    assert "FAKE_SECRET_TOKEN" in env_log and "do-not-log-me" not in env_log  # names, never values
+    assert not list(store.logs_dir("r1").glob("*.env0"))
+    line = (store.logs_dir("r1") / "07-server-qwen3.log").read_text().splitlines()[0]
+    assert line[:4].isdigit() and line[23] == "Z"
+    events = store.events("r1")
+    assert {(e["step"], e["status"]) for e in events} >= {("precompile", "ok"), ("benchmark", "ok")}
+
+
+def test_second_run_skips_precompile(make_config, make_request, release):
+    cfg = make_config(env={"FAKE_PRECOMPILE_SLEEP": "1.5"})
+    first = run_pipeline(make_request(run_id="a"), cfg)
+    second = run_pipeline(make_request(run_id="b"), cfg)
+    assert first.ok and second.ok
+    assert first.progress.precompile_cached is False and second.progress.precompile_cached is True
+    store = RunStore(cfg.workdir)
+    count = cfg.workdir / "cache" / "tilelang" / release.sha256[:16] / "precompile.count"
+    assert count.read_text().count("run") == 1
+    pre = {r: next(e for e in store.events(r) if e["step"] == "precompile" and e["status"] != "start")
+           for r in ("a", "b")}
+    assert pre["a"]["status"] == "ok" and pre["b"]["status"] == "skipped"
+    assert "precompile cached" in pre["b"]["message"]
+    assert "skipped" in (store.logs_dir("b") / "06-precompile.log").read_text()
+    assert pre["a"]["duration_s"] >= 1.5
+    unpack_b = next(e for e in store.events("b") if e["step"] == "unpack" and e["status"] != "start")
+    assert unpack_b["status"] == "skipped"
+    # a different model set is a different precompile
+    third = run_pipeline(make_request(("qwen3", "qwen3vl"), run_id="c"), cfg)
+    assert third.ok and third.progress.precompile_cached is False
+
+
+def test_each_key_fault_is_its_own_error_and_the_others_run(make_config, make_request):
+    faults = {
+        "qwen3": {"FAKE_SERVER_MODE": "start-fail"},
+        "qwen35": {"FAKE_SERVER_MODE": "never-ready"},
+        "qwen35_fq": {"FAKE_SERVER_MODE": "crash", "FAKE_CRASH_AFTER": "1.0", "FAKE_BENCH_MODE": "wait-server-death"},
+        "qwen36_fq": {"FAKE_BENCH_MODE": "hang"},
+        "qwen3vl": {"FAKE_BENCH_MODE": "bad-table"},
+        "qwen35_fq_mtp": {"FAKE_BENCH_MODE": "no-table"},
+    }
+    cfg = make_config(ready_timeout=2.0, benchmark_timeout=2.0)
+    req = make_request(("qwen3", "qwen35", "qwen35_mtp", "qwen35_fq", "qwen36_fq", "qwen3vl", "qwen35_fq_mtp"),
+                       key_env=faults)
+    result = run_pipeline(req, cfg)
+    p = result.progress
+    assert p.state == RunState.DONE and not result.ok
+    out = {o.model_key: o for o in p.outcomes}
+    assert out["qwen35_mtp"].status == "passed" and out["qwen35_mtp"].rows == 15
+    for key in faults:
+        assert out[key].status == "failed", key
+    e = {k: out[k].error for k in faults}
+    assert e["qwen3"].step == "server" and e["qwen3"].exit_code == 5 and "cannot load model" in e["qwen3"].stderr_tail
+    assert e["qwen35"].step == "server" and "not ready after 2 s" in e["qwen35"].message
+    assert e["qwen35_fq"].step == "benchmark" and "server exited during the benchmark" in e["qwen35_fq"].message
+    assert out["qwen35_fq"].rows == 3  # the rows printed before the crash are kept
+    assert e["qwen36_fq"].step == "benchmark" and "timed out after 2 s" in e["qwen36_fq"].message
+    assert e["qwen3vl"].step == "parse" and ":4: row has" in e["qwen3vl"].message
+    assert e["qwen35_fq_mtp"].step == "parse" and "no result table" in e["qwen35_fq_mtp"].message
+    assert out["qwen3vl"].rows == 7  # the broken sweep table is refused, the well-formed vision table kept
+    rows = RunStore(cfg.workdir).rows("r1")
+    assert {r.model_key for r in rows} == {"qwen35_mtp", "qwen35_fq", "qwen3vl"}
+
+
+def test_rerun_of_same_run_id_resumes_without_duplicates(make_config, make_request):
+    cfg = make_config()
+    keys = ("qwen3", "qwen35", "qwen3vl")
+    first = run_pipeline(make_request(keys, key_env={"qwen35": {"FAKE_BENCH_MODE": "exit1"}}), cfg)
+    out = {o.model_key: o.status for o in first.progress.outcomes}
+    assert out == {"qwen3": "passed", "qwen35": "failed", "qwen3vl": "passed"}
+    assert first.progress.outcomes[1].error.one_line() == "benchmark[qwen35] (exit 1): benchmark exited with code 1"
+    assert len(first.rows) == 11 + 11 + 18  # the failed key's rows are kept, flagged by its outcome
+    second = run_pipeline(make_request(keys), cfg)
+    assert second.ok and second.progress.attempt == 2
+    assert len(second.rows) == 40
+    lines = (cfg.workdir / "runs" / "r1" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 40 and len({(json.loads(x)["model_key"], json.loads(x)["profile"]) for x in lines}) == 40
+    skipped = [e for e in RunStore(cfg.workdir).events("r1") if e["status"] == "skipped" and e["step"] == "benchmark"]
+    assert {e["model_key"] for e in skipped} == {"qwen3", "qwen3vl"}
+
+
+def test_missing_folder_and_unknown_key_fail_alone(make_config, make_request, model_root):
+    (model_root / "Qwen3-VL-8B").rmdir()
+    result = run_pipeline(make_request(("qwen3vl", "nope", "qwen3")), make_config())
+    out = {o.model_key: o for o in result.progress.outcomes}
+    assert out["qwen3"].status == "passed"
+    assert out["qwen3vl"].error.step == "configure" and "Qwen3-VL-8B not found" in out["qwen3vl"].error.message
+    assert "unknown model key 'nope'" in out["nope"].error.message
+
+
+def test_release_wide_failures_end_the_run(make_config, make_request):
+    bad = run_pipeline(make_request(sha256="0" * 64), make_config())
+    assert bad.progress.state == RunState.FAILED and bad.progress.error.step == "fetch"
+    assert "sha256 mismatch" in bad.progress.error.message
+    assert bad.progress.outcomes[0].status == "skipped"
+    cfg = make_config(env={"FAKE_FAIL_GENERATE": "1"})
+    gen = run_pipeline(make_request(run_id="g"), cfg)
+    err = gen.progress.error
+    assert gen.progress.state == RunState.FAILED and (err.step, err.exit_code) == ("generate", 7)
+    assert "boom" in err.stderr_tail
+
+
+def test_precompile_timeout_kills_it_and_leaves_no_marker(make_config, make_request):
+    cfg = make_config(env={"FAKE_PRECOMPILE_SLEEP": "60"}, precompile_timeout=1.0)
+    t0 = time.monotonic()
+    result = run_pipeline(make_request(), cfg)
+    assert time.monotonic() - t0 < 20
+    assert result.progress.error.step == "precompile" and "timed out after 1 s" in result.progress.error.message
+    assert not list((cfg.workdir / "cache" / "precompile").glob("*.done"))
+
+
+def test_cancel_within_a_benchmark_kills_everything(make_config, make_request):
+    token = EventCancelToken()
+    cfg = make_config()
+    faults = {"qwen3": {"FAKE_BENCH_MODE": "hang", "FAKE_SERVER_MODE": "escape"}}
+    req = make_request(("qwen3", "qwen35"), key_env=faults)
+    timer = threading.Timer(2.5, token.cancel)
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        result = run_pipeline(req, cfg, cancel=token)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < 15
+    p = result.progress
+    assert p.state == RunState.CANCELLED
+    assert [o.status for o in p.outcomes] == ["cancelled", "cancelled"]
+    assert RunStore(cfg.workdir).events("r1")[-1]["status"] == "cancelled"
+
+
+def test_cancel_before_start_and_a_broken_listener(make_config, make_request):
+    token = EventCancelToken()
+    token.cancel()
+
+    def boom(_):
+        raise RuntimeError("listener bug")
+
+    result = run_pipeline(make_request(), make_config(), cancel=token, on_progress=boom)
+    assert result.progress.state == RunState.CANCELLED and result.progress.error.step == "fetch"
+
+
+def test_server_ignoring_sigterm_is_killed(make_config, make_request):
+    cfg = make_config(stop_grace=1.0)
+    result = run_pipeline(make_request(key_env={"qwen3": {"FAKE_SERVER_MODE": "ignore-term"}}), cfg)
+    assert result.ok
+    assert "SIGKILL" in next(cfg.workdir.glob("runs/r1/logs/*-server-qwen3.log")).read_text()
