@@ -1,0 +1,136 @@
+"""Controller collector over a real SQLite history, and the file_sd targets command (fast tier)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from agent.tables import parse_seed
+from controller.history import History
+from controller.inventory import InventoryError, parse_inventory
+from controller.metrics import ControllerCollector, deviation, performance_ratio
+from controller.metrics_cli import file_sd, register
+from tests.metrics.fleetfiles import seed_rows
+
+
+@pytest.fixture
+def history(tmp_path: Path, seed_text: str) -> History:
+    h = History(tmp_path / "history.sqlite")
+    h.add_baseline("1.4.1", [r for rows in parse_seed(seed_text).values() for r in rows], source="seed")
+    h.create_run("run-1", release="1.4.1", modules=["m-a", "m-b"])
+    for module, scale in (("m-a", 1.0), ("m-b", 0.8)):
+        h.upsert_rows(r for rows in seed_rows(seed_text, "run-1", module, "1.4.1", scale=scale).values()
+                      for r in rows)
+    h.set_run_state("run-1", "done", verdict="regression")
+    h.create_run("run-2", release="1.4.1", modules=["m-a"])  # running, no rows yet
+    yield h
+    h.close()
+
+
+def collector(h: History, **kw: object) -> ControllerCollector:
+    return ControllerCollector(h, lambda: {"m-a": "busy", "m-b": "idle", "m-c": "offline"},
+                               lambda: {"module.m-a": 1, "module.m-b": 0}, **kw)  # type: ignore[arg-type]
+
+
+def sample(c: ControllerCollector, name: str, labels: dict[str, str]) -> float | None:
+    for fam in c.collect():
+        for s in fam.samples:
+            if s.name == name and s.labels == labels:
+                return s.value
+    return None
+
+
+def test_states_queues_and_verdicts(history: History) -> None:
+    c = collector(history)
+    assert sample(c, "m1000_fleet_modules", {"state": "busy"}) == 1
+    assert sample(c, "m1000_fleet_modules", {"state": "bad"}) == 0
+    assert sample(c, "m1000_fleet_module_state", {"module": "m-c", "state": "offline"}) == 1
+    assert sample(c, "m1000_fleet_module_state", {"module": "m-c", "state": "idle"}) == 0
+    assert sample(c, "m1000_fleet_queue_length", {"queue": "module.m-a"}) == 1
+    assert sample(c, "m1000_fleet_runs", {"verdict": "regression"}) == 1
+    assert sample(c, "m1000_fleet_runs", {"verdict": "none"}) == 1
+    assert sample(c, "m1000_fleet_history_up", {}) == 1
+
+
+def test_deviation_from_baseline_of_latest_run_with_rows(history: History) -> None:
+    c = collector(history)
+    on_par = {"module": "m-a", "release": "1.4.1", "model_key": "qwen3", "metric": "decode_tps"}
+    assert sample(c, "m1000_fleet_baseline_ratio", on_par) == pytest.approx(1.0)
+    slow = {**on_par, "module": "m-b"}
+    assert sample(c, "m1000_fleet_baseline_ratio", slow) == pytest.approx(0.8)
+    # lower-is-better figures are oriented the same way: 0.8 means 20 % worse
+    assert sample(c, "m1000_fleet_baseline_ratio", {**slow, "metric": "ttft_ms"}) == pytest.approx(0.8)
+    assert sample(c, "m1000_fleet_baseline_regressions", {"module": "m-a", "release": "1.4.1"}) == 0
+    assert sample(c, "m1000_fleet_baseline_regressions", {"module": "m-b", "release": "1.4.1"}) > 0
+    base = sample(c, "m1000_baseline_ttft_seconds", {"baseline": "1.4.1", "model_key": "qwen3", "profile": "128:128"})
+    assert base is not None and 0.1 < base < 10
+
+
+def test_history_failure_keeps_the_scrape(history: History) -> None:
+    c = collector(history)
+    history.conn.close()
+    assert sample(c, "m1000_fleet_history_up", {}) == 0
+    assert sample(c, "m1000_fleet_modules", {"state": "busy"}) == 1
+
+
+def test_broken_state_source_does_not_break_the_scrape(history: History) -> None:
+    def boom() -> dict[str, str]:
+        raise ConnectionError("broker down")
+
+    c = ControllerCollector(history, boom, lambda: {})
+    assert sample(c, "m1000_fleet_history_up", {}) == 1
+    assert sample(c, "m1000_fleet_modules", {"state": "busy"}) is None
+
+
+def test_performance_ratio_and_deviation_are_pure() -> None:
+    assert performance_ratio("decode_tps", 90.0, 100.0) == pytest.approx(0.9)
+    assert performance_ratio("ttft_ms", 110.0, 100.0) == pytest.approx(100 / 110)
+    assert performance_ratio("ttft_ms", None, 100.0) is None
+    assert performance_ratio("ttft_ms", 0.0, 100.0) is None
+    assert performance_ratio("ttft_ms", math.inf, 1.0) is None
+    assert deviation([], {}).ratios == {}
+
+
+INV = {
+    "defaults": {"labels": {"rack": "a"}},
+    "module": [
+        {"name": "m-a", "host": "192.0.2.11", "labels": {"board": "evt2"}},
+        {"name": "m-b", "host": "2001:db8::2", "metrics_port": 9500},
+    ],
+}
+
+
+def test_file_sd_from_inventory() -> None:
+    groups = file_sd(parse_inventory(INV))
+    assert groups == [
+        {"targets": ["192.0.2.11:9400"], "labels": {"module": "m-a", "board": "evt2", "rack": "a"}},
+        {"targets": ["[2001:db8::2]:9500"], "labels": {"module": "m-b", "rack": "a"}},
+    ]
+
+
+def test_file_sd_refuses_reserved_labels() -> None:
+    inv = parse_inventory({"module": [{"name": "m-a", "labels": {"instance": "x"}}]}, path="inv.toml")
+    with pytest.raises(InventoryError, match=r"inv.toml: module 'm-a': field 'labels': label name 'instance'"):
+        file_sd(inv)
+
+
+def test_prometheus_targets_command_writes_atomically(tmp_path: Path) -> None:
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        pass
+
+    register(app, lambda: parse_inventory(INV))
+    out = tmp_path / "targets" / "agents.json"
+    res = CliRunner().invoke(app, ["prometheus-targets", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())[0]["labels"]["module"] == "m-a"
+    assert [p.name for p in out.parent.iterdir()] == ["agents.json"]  # no temporary left behind
+    res = CliRunner().invoke(app, ["prometheus-targets"])
+    assert json.loads(res.stdout)[1]["targets"] == ["[2001:db8::2]:9500"]
