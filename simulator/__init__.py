@@ -1,0 +1,36 @@
+"""Simulated M1000 module and SGLang-MUSA release (stand-in for hardware in tests and the demo).
+
+Public API::
+
+    build_release(out_dir, *, version="1.4.1", noise=0.0, speed="1.0", time_scale=50.0, seed=0,
+                  faults="", date="20260803") -> BuiltRelease
+    make_models(root, keys=None) -> dict[str, Path]
+    regress_spec("qwen3:decode:0.08") -> "qwen3:decode=0.92"
+    parse_speed(spec) / parse_faults(spec)   (validate knob specs; raise SpecError)
+"""
+
+from __future__ import annotations
+
+from simulator.build import BuildError, BuiltRelease, build_release, make_models, tarball_name
+from simulator.runtime.core import (
+    ENV_FAULT,
+    ENV_NOISE,
+    ENV_SEED,
+    ENV_SPEED,
+    ENV_TIME_SCALE,
+    FAULT_NAMES,
+    SPEED_METRICS,
+    Fault,
+    SimError,
+    SpecError,
+    Speed,
+    parse_faults,
+    parse_speed,
+)
+from simulator.specs import regress_spec
+
+__all__ = [
+    "ENV_FAULT", "ENV_NOISE", "ENV_SEED", "ENV_SPEED", "ENV_TIME_SCALE", "FAULT_NAMES", "SPEED_METRICS",
+    "BuildError", "BuiltRelease", "Fault", "SimError", "Speed", "SpecError",
+    "build_release", "make_models", "parse_faults", "parse_speed", "regress_spec", "tarball_name",
+]

@@ -1,0 +1,84 @@
+"""``python -m simulator build-release|make-models|serve``: the simulator's command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from simulator.build import build_release, make_models
+from simulator.runtime.core import FAULT_NAMES, SimError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m simulator", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build-release", help="write SGLang-MUSA-M1000-M1000_<version>_sglang.tar.gz")
+    b.add_argument("out_dir")
+    b.add_argument("--version", default="1.4.1")
+    b.add_argument("--noise", default="0.0", help="relative (lognormal) noise per request, e.g. 0.02")
+    b.add_argument("--speed", default="1.0", 
+                   help="'0.9' or '[KEY:]METRIC=FACTOR,...' (prefill/decode/accept/vision/all)")
+    b.add_argument("--time-scale", default="50", help="server runs N times faster than module time")
+    b.add_argument("--seed", default="0")
+    b.add_argument("--fault", default="", help=f"comma list of NAME[:KEY], NAME in {', '.join(FAULT_NAMES)}")
+    b.add_argument("--date", default="20260803", help="YYYYMMDD of the top folder")
+    m = sub.add_parser("make-models", help="create stand-in model folders under ROOT")
+    m.add_argument("root")
+    m.add_argument("--keys", default="", help="comma list of model keys (default: all)")
+    s = sub.add_parser("serve", help="debug: build a release in a temp dir and run one key's server there")
+    s.add_argument("key")
+    s.add_argument("--port", default="30000")
+    s.add_argument("--time-scale", default="50")
+    return p
+
+
+def _serve(key: str, port: str, scale: str) -> int:
+    from agent.records import MODEL_KEYS
+
+    if key not in MODEL_KEYS:
+        raise SimError(f"unknown model key {key!r} (known: {', '.join(MODEL_KEYS)})")
+    spec = MODEL_KEYS[key]
+    with tempfile.TemporaryDirectory(prefix="m1000-sim-") as tmp:
+        rel = build_release(tmp, time_scale=scale)
+        with tarfile.open(rel.path) as tar:
+            tar.extractall(tmp, filter="data")
+        top = Path(tmp) / rel.top
+        paths = make_models(Path(tmp) / "models", [key])
+        (top / "scripts/ci/musa/tilelang_workflow_config.json").write_text(
+            json.dumps({"model_paths": [str(paths[key])]}) + "\n")
+        env = {**os.environ, **spec.env, "SERVER_PORT": port}
+        script = (f"cd {shlex.quote(str(top))} && scripts/ci/musa/generate_tilelang_workflow.sh"
+                  f" && source scripts/ci/musa/setup_env.sh && exec scripts/ci/musa/{spec.start_script}")
+        print(f"release in {top}; benchmark with: cd {top} && source scripts/ci/musa/setup_env.sh && "
+              f"SERVER_PORT={port} MODEL_KEY={key} scripts/ci/musa/run_tilelang_benchmark.sh", file=sys.stderr)
+        return subprocess.call(["bash", "-c", script], env=env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "build-release":
+            rel = build_release(args.out_dir, version=args.version, noise=args.noise, speed=args.speed,
+                                time_scale=args.time_scale, seed=args.seed, faults=args.fault, date=args.date)
+            print(f"{rel.sha256}  {rel.path}")
+        elif args.cmd == "make-models":
+            keys = [k.strip() for k in args.keys.split(",") if k.strip()] or None
+            for key, path in make_models(args.root, keys).items():
+                print(f"{key}\t{path}")
+        else:
+            return _serve(args.key, args.port, args.time_scale)
+    except (SimError, OSError) as exc:
+        print(f"simulator: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+# Environment of SGLang-MUSA @VERSION@ on M1000: source it (source scripts/ci/musa/setup_env.sh).
+_m1000_here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+_m1000_root="$(cd "$_m1000_here/../../.." && pwd)"
+if [ ! -f "$_m1000_here/tilelang_workflow.json" ]; then
+    echo "setup_env.sh: error: $_m1000_here/tilelang_workflow.json not found: run scripts/ci/musa/generate_tilelang_workflow.sh first" >&2
+    unset _m1000_here _m1000_root
+    return 1 2>/dev/null || exit 1
+fi
+export SGLANG_MUSA_RELEASE_DIR="$_m1000_root"
+export SGLANG_MUSA_VERSION="@VERSION@"
+export TILELANG_WORKFLOW_FILE="$_m1000_here/tilelang_workflow.json"
+export TILELANG_CACHE_DIR="${TILELANG_CACHE_DIR:-$_m1000_root/.tilelang_cache}"
+export MUSA_VISIBLE_DEVICES="${MUSA_VISIBLE_DEVICES:-0}"
+export SGLANG_TL_ENABLE=1
+unset _m1000_here _m1000_root

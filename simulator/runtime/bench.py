@@ -1,0 +1,444 @@
+"""The release's benchmark (``MODEL_KEY=<key> scripts/ci/musa/run_tilelang_benchmark.sh``).
+
+Measures the running server over HTTP streaming with the seed's profiles and prints the
+seed's tables (tab-separated, same titles, headers, column order and number format) to
+stdout and to ``benchmark_results/<MODEL_KEY>.tsv`` in the release folder. Every figure
+is measured from the stream: TTFT from send to the first token, TPOT from the first to
+the last token, accept rates from token and chunk counts, vision fps from the TTFT
+difference between two frame counts. Wall times are multiplied by the server's time
+scale (module time). Standard library only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import core
+from .common import fail, load_knobs, read_json, release_file, write_atomic
+
+PROG = "run_tilelang_benchmark.sh"
+SENT_HEADER = "X-Sim-Sent-Ns"
+_ANSWER = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
+
+
+class BenchError(core.SimError):
+    """The benchmark cannot go on; ``rows`` measured so far survive."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One streamed request, times in module milliseconds."""
+
+    ttft_ms: float
+    decode_ms: float  # first token -> last token
+    tokens: int
+    chunks: int  # token-bearing chunks after the first token (verify steps under MTP)
+    cached: int
+    text: str
+
+    @property
+    def tpot_ms(self) -> float:
+        return self.decode_ms / (self.tokens - 1) if self.tokens > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class Target:
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class Client:
+    """One keep-alive HTTP connection to the server (the benchmark's only I/O seam to it)."""
+
+    def __init__(self, target: Target, scale: float) -> None:
+        self.target = target
+        self.scale = scale
+        self.conn: http.client.HTTPConnection | None = None
+
+    def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=timeout)
+            self.conn.connect()
+            assert self.conn.sock is not None
+            self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def get(self, path: str, timeout: float) -> tuple[int, Any]:
+        conn = self._connect(timeout)
+        conn.sock.settimeout(timeout)  # type: ignore[union-attr]
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        raw = resp.read()
+        try:
+            return resp.status, json.loads(raw or b"null")
+        except ValueError:
+            return resp.status, raw.decode("utf-8", "replace")
+
+    def stream(self, path: str, body: dict[str, Any]) -> Measurement:
+        """POST a streaming request and time its tokens (blocks as long as the server does)."""
+        conn = self._connect(None)
+        conn.sock.settimeout(None)  # type: ignore[union-attr]
+        t_start = time.monotonic_ns()
+        data = json.dumps(body, separators=(",", ":")).encode()
+        conn.request("POST", path, body=data,
+                     headers={"Content-Type": "application/json", SENT_HEADER: str(t_start)})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raw = resp.read().decode("utf-8", "replace")
+            try:
+                msg = json.loads(raw)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                msg = raw.strip()[:200]
+            raise BenchError(f"server rejected the request (HTTP {resp.status}): {msg}")
+        t_first = t_last = 0
+        seen = 0
+        chunks = 0
+        cached = 0
+        text: list[str] = []
+        while True:
+            line = resp.readline()
+            if not line:
+                raise http.client.IncompleteRead(b"")
+            now = time.monotonic_ns()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            obj = json.loads(payload)
+            usage = obj.get("usage") or {}
+            for ch in obj.get("choices") or ():
+                text.append(ch.get("text") or (ch.get("delta") or {}).get("content") or "")
+            total = usage.get("completion_tokens")
+            if total is None:
+                continue
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", cached) or 0
+            if total > seen and obj.get("choices"):
+                if seen == 0:
+                    t_first = now
+                else:
+                    chunks += 1
+                t_last = now
+            seen = max(seen, total)
+        resp.read()
+        if seen == 0:
+            raise BenchError("server streamed no tokens (no usage in the stream)")
+        k = self.scale / 1e6
+        return Measurement(ttft_ms=(t_first - t_start) * k, decode_ms=(t_last - t_first) * k, tokens=seen,
+                           chunks=chunks, cached=int(cached), text="".join(text))
+
+
+# ---------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class Row:
+    kind: str  # sweep | mtp | vision
+    cells: dict[str, str]
+
+
+@dataclass
+class Result:
+    rows: list[Row] = field(default_factory=list)
+
+
+def completion(ids: list[int], max_tokens: int) -> dict[str, Any]:
+    return {"model": "default", "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+
+
+def chat(text: str, frames: int, max_tokens: int) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    parts += [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,ZnJhbWU{i}"}} for i in range(frames)]
+    return {"model": "default", "messages": [{"role": "user", "content": parts}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+
+
+def _f3(v: float) -> str:
+    return core.fmt_num(v, 3)
+
+
+def _f2(v: float) -> str:
+    return core.fmt_num(v, 2)
+
+
+@dataclass(frozen=True)
+class Bench:
+    key: str
+    cfg: dict[str, Any]  # bench_config.json
+    ctx_k: int
+    draft: int
+    output_len: int
+    only: frozenset[str] = frozenset()
+
+    @property
+    def kc(self) -> dict[str, Any]:
+        return self.cfg["keys"][self.key]  # type: ignore[no-any-return]
+
+    def table(self, kind: str) -> dict[str, Any]:
+        return next(t for t in self.kc["tables"] if t["kind"] == kind)
+
+    def wanted(self, profile: str) -> bool:
+        return not self.only or profile in self.only
+
+    def profiles(self) -> list[str]:
+        """Every profile name this key runs (for BENCH_PROFILES validation)."""
+        if self.kc["mtp"]:
+            return [f"gsm8k:{p['index']}" for p in self.cfg["gsm8k"]]
+        pr = self.cfg["profiles"]
+        names = [f"{i}:{i}" for i in pr["no_prefix"]] + [f"{pr['prefix_new']}:{i}" for i in pr["shared_prefix"]]
+        if any(t["kind"] == "vision" for t in self.kc["tables"]):
+            v = self.cfg["vision"]
+            names += [f"vision:{v['new']}:{i}" for i in v["inputs"]]
+        return names
+
+    # -- sweep
+    def run_sweep(self, client: Client, out: Result) -> None:
+        pr = self.cfg["profiles"]
+        t = self.table("sweep")
+        runs = [(i, 0) for i in pr["no_prefix"]] + [(i, i - pr["prefix_new"]) for i in pr["shared_prefix"]]
+        for inp, prefix in runs:
+            new = inp - prefix
+            name = f"{new}:{inp}"
+            if not self.wanted(name):
+                continue
+            with _profile(name):
+                if prefix:
+                    pre = core.random_ids(f"sp-prefix:{inp}", prefix)
+                    client.stream("/v1/completions", completion(pre, 1))  # warm the shared prefix
+                    ids = pre + core.random_ids(f"sp-new:{inp}", new)
+                else:
+                    ids = core.random_ids(f"np:{inp}", inp)
+                m = client.stream("/v1/completions", completion(ids, self.output_len))
+            out.rows.append(Row("sweep", {
+                "Model": t["model"], "Size": t["size"], "PrefillLen(tokens)": str(new), "Ctx(K)": str(self.ctx_k),
+                "Batch": "1", "NChip": "1", "Input(tokens)": str(inp), "Output(tokens)": str(self.output_len),
+                "Prefill(tps)": _f3(new / m.ttft_ms * 1000), "TTFT(ms)": _f3(m.ttft_ms),
+                "Decode(tps)": _f3(1000 / m.tpot_ms if m.tpot_ms else 0.0), "TPOT(ms)": _f3(m.tpot_ms),
+                "Profile": name, "Prefix(tokens)": str(m.cached if prefix else 0),
+                "MeasuredOutput(tokens)": str(m.tokens),
+            }))
+
+    # -- MTP (GSM8K-style prompts)
+    def run_mtp(self, client: Client, out: Result) -> None:
+        t = self.table("mtp")
+        d = self.draft
+        for p in self.cfg["gsm8k"]:
+            name = f"gsm8k:{p['index']}"
+            if not self.wanted(name):
+                continue
+            ids = core.gsm8k_prompt_ids(p["index"], p["input"])
+            with _profile(name):
+                m = client.stream("/v1/completions", {**completion(ids, self.cfg["mtp_max_tokens"]),
+                                                      "ignore_eos": False})
+            n, steps = m.tokens, max(m.chunks, 1)
+            found = _ANSWER.findall(m.text)
+            pred = found[-1].replace(",", "") if found else "[invalid]"
+            truth = str(p["truth"])
+            out.rows.append(Row("mtp", {
+                "Model": t["model"], "Size": t["size"], "PrefillLen(tokens)": str(p["input"]), "Batch": "1",
+                "NChip": "1", "Input(tokens)": str(p["input"]), "Output(tokens)": str(n),
+                "Prefill(tps)": _f2(p["input"] / m.ttft_ms * 1000), "TTFT(ms)": _f2(m.ttft_ms),
+                "Decode(tps)": _f2(1000 / m.tpot_ms if m.tpot_ms else 0.0), "TPOT(ms)": _f2(m.tpot_ms),
+                "Prefix(tokens)": str(m.cached), "Prompt Index": str(p["index"]),
+                "accept rate((acclen-1)/(4-1))": core.fmt_num((n - 1 - steps) / ((d - 1) * steps), 4),
+                "accept rate(acclen/4)": core.fmt_num(n / (d * steps), 4),
+                "Prediction": pred, "Ground Truth": truth, "Correct": "TRUE" if pred == truth else "FALSE",
+            }))
+
+    # -- VL vision (frames per second from two frame counts)
+    def run_vision(self, client: Client, out: Result) -> None:
+        v = self.cfg["vision"]
+        t = self.table("vision")
+        lo, hi, new = v["frames_lo"], v["frames_hi"], v["new"]
+        for inp in v["inputs"]:
+            name = f"vision:{new}:{inp}"
+            if not self.wanted(name):
+                continue
+            prefix = inp - new
+            pre = core.words(f"vp{inp}_", prefix) + " " if prefix else ""
+            with _profile(name):
+                if prefix:
+                    client.stream("/v1/chat/completions", chat(pre.strip(), 0, 1))
+                a = client.stream("/v1/chat/completions", chat(pre + core.words(f"va{inp}_", new), lo, 1))
+                b = client.stream("/v1/chat/completions", chat(pre + core.words(f"vb{inp}_", new), hi, v["output"]))
+            frame_ms = (b.ttft_ms - a.ttft_ms) / (hi - lo)
+            fps = 1000 / frame_ms if frame_ms > 0 else 0.0
+            prefill_ms = a.ttft_ms - lo * frame_ms
+            out.rows.append(Row("vision", {
+                "Model": t["model"], "Size": t["size"], "PrefillLen(k)": _f3(new / 1000), "Ctx(k)": str(self.ctx_k),
+                "Batch": "1", "NChip": "1", "Input(k)": _f3(inp / 1000), "Output(k)": _f3(v["output"] / 1000),
+                "Prefill(tps)": _f3(new / prefill_ms * 1000 if prefill_ms > 0 else 0.0),
+                "Decode(tps)": _f3(1000 / b.tpot_ms if b.tpot_ms else 0.0), "Vision(fps)": _f3(fps),
+                "Precision": t.get("precision", ""),
+            }))
+
+    def run(self, client: Client, out: Result) -> None:
+        kinds = [t["kind"] for t in self.kc["tables"]]
+        runners: dict[str, Callable[[Client, Result], None]] = {
+            "sweep": self.run_sweep, "mtp": self.run_mtp, "vision": self.run_vision}
+        for kind in kinds:
+            runners[kind](client, out)
+
+    def render(self, rows: list[Row], faults: frozenset[str]) -> str:
+        """The seed's table text for ``rows``; ``bad-table`` breaks one row on purpose."""
+        parts: list[str] = []
+        broken = "bad-table" not in faults
+        for t in self.kc["tables"]:
+            mine = [r for r in rows if r.kind == t["kind"]]
+            if not mine:
+                continue
+            if t["title"]:
+                parts.append(t["title"] + "\n\n")
+            lines = ["\t".join(t["columns"])]
+            for r in mine:
+                cells = [r.cells[c] for c in t["columns"]]
+                if not broken and len(lines) == 3:
+                    cells = cells[:-2]
+                    broken = True
+                lines.append("\t".join(cells))
+            if not broken:  # fewer than 3 rows: break the last one
+                lines[-1] = "\t".join(lines[-1].split("\t")[:-2])
+                broken = True
+            parts.append("\n".join(lines) + "\n\n")
+        return "".join(parts)
+
+
+class _profile:
+    """Adds the profile name to an error raised inside (and translates connection errors)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None:
+            return False
+        if isinstance(exc, BenchError):
+            raise BenchError(f"profile {self.name}: {exc}") from exc
+        if isinstance(exc, (http.client.HTTPException, OSError, ValueError)):
+            what = type(exc).__name__
+            raise BenchError(f"profile {self.name}: lost the server connection ({what}: {exc})"
+                             if str(exc) else f"profile {self.name}: lost the server connection ({what})") from exc
+        return False
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def _target(env: dict[str, str] | Any) -> Target:
+    host = env.get("SERVER_HOST") or "127.0.0.1"
+    raw = env.get("SERVER_PORT") or "30000"
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise BenchError(f"SERVER_PORT {raw!r} is not a port number")
+    return Target(host, int(raw))
+
+
+def _check_server(key: str, cfg: dict[str, Any], target: Target) -> dict[str, Any]:
+    start = cfg["keys"][key]["start_script"]
+    probe = Client(target, 1.0)
+    try:
+        status, _ = probe.get("/health", timeout=10)
+        if status != 200:
+            raise BenchError(f"the server at {target.url} is not ready (/health answered HTTP {status})")
+        _, info = probe.get("/get_server_info", timeout=10)
+    except ConnectionRefusedError:
+        raise BenchError(f"no server is listening on {target.url}: start scripts/ci/musa/{start} first") from None
+    except TimeoutError:
+        raise BenchError(f"the server at {target.url} does not answer /health") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise BenchError(f"cannot reach the server at {target.url}: {exc}") from None
+    finally:
+        probe.close()
+    sim = info.get("m1000_sim") if isinstance(info, dict) else None
+    if not isinstance(sim, dict):
+        raise BenchError(f"the server at {target.url} is not this release's server (no m1000_sim server info)")
+    if sim.get("model_key") != key:
+        raise BenchError(f"the server at {target.url} serves {sim.get('model_key')} "
+                         f"({info.get('model_path')}), not MODEL_KEY={key}: start scripts/ci/musa/{start}"
+                         + (" with the MTP variables" if cfg["keys"][key]["mtp"] else ""))
+    return info  # type: ignore[no-any-return]
+
+
+def _results_dir(env: dict[str, str] | Any) -> str:
+    root = env.get("SGLANG_MUSA_RELEASE_DIR") or os.path.normpath(os.path.join(release_file(""), "..", "..", ".."))
+    path = os.path.join(root, "benchmark_results")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def main(env: dict[str, str] | Any = None, out: Any = None) -> int:
+    env = os.environ if env is None else env
+    out = sys.stdout if out is None else out
+    key = (env.get("MODEL_KEY") or "").strip()
+    if not key:
+        return fail(PROG, f"MODEL_KEY is not set (one of: {', '.join(core.MODEL_KEYS)})", 2)
+    try:
+        cfg = read_json(release_file("bench_config.json"))
+        if key not in cfg["keys"]:
+            return fail(PROG, f"unknown MODEL_KEY {key!r} (known: {', '.join(cfg['keys'])})", 2)
+        missing = [n for n in ("SGLANG_MUSA_RELEASE_DIR", "TILELANG_WORKFLOW_FILE") if not env.get(n)]
+        if missing:
+            raise BenchError(f"{', '.join(missing)} not set: run 'source scripts/ci/musa/setup_env.sh' first")
+        faults = core.faults_for(load_knobs(env).faults, key)
+        target = _target(env)
+        info = _check_server(key, cfg, target)
+        output_len = int(env.get("BENCH_OUTPUT_LEN") or cfg["profiles"]["output"])
+        only = frozenset(p.strip() for p in (env.get("BENCH_PROFILES") or "").split(",") if p.strip())
+        bench = Bench(key=key, cfg=cfg, ctx_k=round(int(info["max_total_tokens"]) / 1024),
+                      draft=int(info.get("speculative_num_draft_tokens") or 4), output_len=output_len, only=only)
+        unknown = sorted(only - set(bench.profiles()))
+        if unknown:
+            raise BenchError(f"BENCH_PROFILES: unknown profile(s) {', '.join(unknown)} for {key} "
+                             f"(known: {', '.join(bench.profiles())})")
+        results = _results_dir(env)
+    except (core.SimError, ValueError) as exc:
+        return fail(PROG, str(exc))
+    client = Client(target, float(info["m1000_sim"]["time_scale"]))
+    result = Result()
+    print(f"[bench] MODEL_KEY={key} server {target.url} ({info['model_path']}), "
+          f"time scale {client.scale:g}", file=sys.stderr, flush=True)
+    try:
+        bench.run(client, result)
+    except BenchError as exc:
+        if result.rows:
+            text = bench.render(result.rows, frozenset())
+            out.write(text)
+            out.flush()
+            write_atomic(os.path.join(results, f"{key}.partial.tsv"), text)
+        return fail(PROG, f"MODEL_KEY={key}: {exc} ({len(result.rows)} row(s) measured before)")
+    finally:
+        client.close()
+    if "no-table" in faults:
+        print(f"[bench] MODEL_KEY={key}: finished", file=out, flush=True)
+        return 0
+    text = bench.render(result.rows, faults)
+    out.write(text)
+    out.flush()
+    write_atomic(os.path.join(results, f"{key}.tsv"), text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

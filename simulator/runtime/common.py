@@ -1,0 +1,79 @@
+"""Small helpers shared by the release's programs: files next to this package, env, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from . import core
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SETUP_ENV_VARS = ("SGLANG_MUSA_RELEASE_DIR", "TILELANG_WORKFLOW_FILE", "TILELANG_CACHE_DIR")
+
+
+def release_file(name: str) -> str:
+    return os.path.join(HERE, name)
+
+
+def fail(prog: str, message: str, code: int = 1) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def load_knobs(env: dict[str, str] | Any) -> core.Knobs:
+    """Knobs baked into the release (``knobs.json``) composed with the module's M1000_SIM_* env."""
+    path = release_file("knobs.json")
+    baked = core.Knobs()
+    if os.path.exists(path):
+        baked = core.Knobs.from_json(read_json(path), path)
+    return baked.with_env(env)
+
+
+def read_json(path: str, what: str = "") -> Any:
+    """JSON from a file, or SimError naming the file (and line/column when malformed)."""
+    label = what or path
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise core.SimError(f"{label}: not found") from None
+    except OSError as exc:
+        raise core.SimError(f"{label}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise core.SimError(f"{label}: not UTF-8 text") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise core.SimError(f"{label}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write-then-rename: readers never see a half-written file."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def model_identity(path: str) -> str:
+    """A model folder's identity: ``_name_or_path`` from its config.json, else the folder name."""
+    cfg = os.path.join(path, "config.json")
+    try:
+        with open(cfg, encoding="utf-8") as fh:
+            data = json.load(fh)
+        name = data.get("_name_or_path") if isinstance(data, dict) else None
+        if isinstance(name, str) and name.strip():
+            return os.path.basename(name.rstrip("/"))
+    except (OSError, ValueError):
+        pass
+    return os.path.basename(os.path.normpath(path))
+
+
+def require_env(env: dict[str, str] | Any, names: tuple[str, ...] = SETUP_ENV_VARS) -> None:
+    missing = [n for n in names if not env.get(n)]
+    if missing:
+        raise core.SimError(f"{', '.join(missing)} not set: run 'source scripts/ci/musa/setup_env.sh' first")

@@ -1,0 +1,529 @@
+"""The simulated SGLang-MUSA inference server (OpenAI-compatible HTTP, streaming).
+
+Started in the foreground by ``start_*_server.sh`` (``exec``), standard library only.
+Endpoints: ``/health``, ``/v1/models``, ``/get_server_info``, ``/v1/completions`` and
+``/v1/chat/completions`` (``stream`` with server-sent events, ``usage`` token counts,
+``stream_options.continuous_usage_stats``). Tokens are paced by the fitted model
+(:mod:`.core`) at ``1 / time_scale`` of module time, on absolute deadlines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from . import core
+from .common import fail, load_knobs, model_identity, release_file
+
+PROG = "sglang server"
+MIN_GAP_S = 0.002  # plain decoding: never more than one chunk per 2 ms of wall time
+ANCHOR_WINDOW_NS = 2_000_000_000
+SENT_HEADER = "X-Sim-Sent-Ns"
+
+
+class PrefixCache:
+    """Token-id prefix cache (radix-cache stand-in): longest cached prefix, LRU, bounded in tokens."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.entries: OrderedDict[tuple[int, ...], None] = OrderedDict()
+        self.size = 0
+
+    @staticmethod
+    def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+        lo, hi = 0, min(len(a), len(b))
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if a[:mid] == b[:mid]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def match(self, ids: tuple[int, ...]) -> int:
+        best, best_key = 0, None
+        for key in self.entries:
+            n = self._common(key, ids)
+            if n > best:
+                best, best_key = n, key
+        if best_key is not None:
+            self.entries.move_to_end(best_key)
+        return min(best, max(len(ids) - 1, 0))  # at least one token is always computed
+
+    def insert(self, ids: tuple[int, ...]) -> None:
+        if not ids or len(ids) > self.capacity or ids in self.entries:
+            return
+        self.entries[ids] = None
+        self.size += len(ids)
+        while self.size > self.capacity:
+            old, _ = self.entries.popitem(last=False)
+            self.size -= len(old)
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str
+    port: int
+    model_path: str
+    served_name: str
+    key: str
+    max_total_tokens: int
+    draft_tokens: int | None
+    spec_args: dict[str, Any]
+    knobs: core.Knobs
+
+
+class State:
+    """Mutable server state: readiness, request counter, prefix cache, fault state."""
+
+    def __init__(self, cfg: Config, setup: core.Setup, faults: frozenset[str]) -> None:
+        self.cfg = cfg
+        self.setup = setup
+        self.faults = faults
+        self.ready = threading.Event()
+        self.hung = threading.Event()
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.cache = PrefixCache(cfg.max_total_tokens)
+
+    def next_request(self) -> int:
+        with self.lock:
+            self.requests += 1
+            return self.requests
+
+
+class BadRequest(Exception):
+    pass
+
+
+def _prompt_ids(body: dict[str, Any], chat: bool) -> tuple[list[int], int]:
+    """(token ids, video frames / images) of a request body."""
+    if not chat:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return core.word_ids(prompt), 0
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            return core.word_ids(prompt[0]), 0
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            if any(t < 0 or t >= core.VOCAB_SIZE for t in prompt):
+                raise BadRequest(f"prompt token ids must be in [0, {core.VOCAB_SIZE})")
+            return list(prompt), 0
+        raise BadRequest("'prompt' must be a string or a list of token ids")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    texts: list[str] = []
+    frames = 0
+    for i, msg in enumerate(messages):
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text":
+                    texts.append(str(part.get("text", "")))
+                elif kind in ("image_url", "image", "video_frame"):
+                    frames += 1
+                else:
+                    raise BadRequest(f"messages[{i}]: unsupported content part type {kind!r}")
+        else:
+            raise BadRequest(f"messages[{i}]: 'content' must be a string or a list of parts")
+    return core.word_ids(" ".join(texts)), frames
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    v = body.get("max_tokens", body.get("max_completion_tokens", 16))
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise BadRequest("'max_tokens' must be a positive integer")
+    return v
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server_version = "sglang-musa-sim"
+    state: State  # set on the subclass made per server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
+        return
+
+    # -- plumbing
+    def _json(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, message: str) -> None:
+        kind = "invalid_request_error" if status == 400 else "server_error"
+        self._json(status, {"error": {"message": message, "type": kind, "code": status}, "object": "error"})
+
+    def _hang_if_hung(self) -> None:
+        if self.state.hung.is_set():
+            threading.Event().wait()  # stop answering for good
+
+    # -- routes
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._hang_if_hung()
+        st = self.state
+        path = self.path.split("?", 1)[0]
+        if path in ("/health", "/health_generate"):
+            if st.ready.is_set():
+                self._json(200, {"status": "ok"})
+            else:
+                self._json(503, {"status": "loading"})
+        elif path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{
+                "id": st.cfg.served_name, "object": "model", "owned_by": "sglang", "root": st.cfg.model_path,
+                "max_model_len": st.cfg.max_total_tokens}]})
+        elif path == "/get_server_info":
+            self._json(200, self._server_info())
+        else:
+            self._error(404, f"no route {path}")
+
+    def _server_info(self) -> dict[str, Any]:
+        cfg = self.state.cfg
+        return {
+            "model_path": cfg.model_path,
+            "served_model_name": cfg.served_name,
+            "max_total_tokens": cfg.max_total_tokens,
+            "host": cfg.host,
+            "port": cfg.port,
+            **cfg.spec_args,
+            "sglang_use_tl_moe_grouped_gemm": os.environ.get("SGLANG_USE_TL_MOE_GROUPED_GEMM", "1"),
+            "m1000_sim": {"model_key": cfg.key, "time_scale": cfg.knobs.time_scale, "noise": cfg.knobs.noise,
+                          "speed": str(cfg.knobs.speed), "ready": self.state.ready.is_set()},
+        }
+
+    def do_POST(self) -> None:  # noqa: N802
+        received = time.monotonic_ns()
+        self._hang_if_hung()
+        path = self.path.split("?", 1)[0]
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if path not in ("/v1/completions", "/v1/chat/completions", "/generate"):
+            self._error(404, f"no route {path}")
+            return
+        if not self.state.ready.is_set():
+            self._error(503, "server is still loading")
+            return
+        try:
+            body = json.loads(raw or b"null")
+            if not isinstance(body, dict):
+                raise BadRequest("request body must be a JSON object")
+            self._generate(body, chat=path == "/v1/chat/completions", t0=self._anchor(received))
+        except (BadRequest, core.PlanError, json.JSONDecodeError) as exc:
+            self._error(400, str(exc))
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _anchor(self, received: int) -> float:
+        """Start of the module-time clock: the client's send time when given and plausible.
+
+        At time scale N every wall millisecond spent in HTTP and JSON costs N module
+        milliseconds; anchoring at the client's send instant keeps transport out of TTFT.
+        """
+        sent = self.headers.get(SENT_HEADER)
+        if sent and sent.isdigit() and 0 <= received - int(sent) <= ANCHOR_WINDOW_NS:
+            return int(sent) / 1e9
+        return received / 1e9
+
+    def _generate(self, body: dict[str, Any], chat: bool, t0: float) -> None:
+        st = self.state
+        ids, frames = _prompt_ids(body, chat)
+        max_tokens = _max_tokens(body)
+        total = len(ids) + max_tokens
+        if not ids:
+            raise BadRequest("empty prompt")
+        if total > st.cfg.max_total_tokens:
+            raise BadRequest(
+                f"requested {len(ids)} prompt tokens + {max_tokens} max_tokens = {total} tokens, "
+                f"more than max-total-tokens={st.cfg.max_total_tokens}")
+        key_ids = tuple(ids)
+        with st.lock:
+            cached = st.cache.match(key_ids)
+            st.cache.insert(key_ids)
+        req_no = st.next_request()
+        knobs = st.cfg.knobs
+        npf, ndf, nvf = core.noise_factors(knobs.noise, knobs.seed, req_no)
+        k = st.cfg.key
+        factors = core.Factors(
+            prefill=knobs.speed.factor(k, "prefill") * npf,
+            decode=knobs.speed.factor(k, "decode") * ndf,
+            accept=knobs.speed.factor(k, "accept"),
+            vision=knobs.speed.factor(k, "vision") * nvf,
+        )
+        plan = st.setup.plan(prompt_len=len(ids), cached=cached, max_tokens=max_tokens, frames=frames,
+                             prompt_hash=core.prompt_hash(ids), factors=factors, draft_tokens=st.cfg.draft_tokens)
+        stream = bool(body.get("stream", False))
+        opts = body.get("stream_options") or {}
+        ctx = _Stream(self, chat=chat, model=st.cfg.served_name, prompt_tokens=len(ids), cached=cached,
+                      include_usage=bool(opts.get("include_usage")),
+                      continuous=bool(opts.get("continuous_usage_stats")))
+        fault = None
+        if req_no == core.FAULT_AT_REQUEST:
+            fault = "crash" if "crash" in st.faults else "hang" if "hang" in st.faults else None
+        if stream:
+            self._stream(plan, ctx, t0, fault)
+        else:
+            self._whole(plan, ctx, t0, fault)
+
+    def _strike(self, fault: str) -> None:
+        if fault == "crash":
+            print(f"{PROG}: fault crash: the server process dies in the middle of a request", file=sys.stderr,
+                  flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.state.hung.set()
+        print(f"{PROG}: fault hang: the server stops answering", file=sys.stderr, flush=True)
+        threading.Event().wait()
+
+    def _whole(self, plan: core.Plan, ctx: _Stream, t0: float, fault: str | None) -> None:
+        scale = self.state.cfg.knobs.time_scale
+        last = plan.emits[-1][0] if plan.emits else 0.0
+        if fault:
+            _sleep_until(t0 + plan.ttft_ms / 1000 / scale)
+            self._strike(fault)
+        _sleep_until(t0 + (plan.ttft_ms + last) / 1000 / scale)
+        text = "".join(core.completion_pieces(plan.n, plan.answer))
+        self._json(200, ctx.whole(text, plan))
+
+    def _stream(self, plan: core.Plan, ctx: _Stream, t0: float, fault: str | None) -> None:
+        scale = self.state.cfg.knobs.time_scale
+        pieces = core.completion_pieces(plan.n, plan.answer)
+        ctx.begin()
+        _sleep_until(t0 + plan.ttft_ms / 1000 / scale)
+        ctx.send(pieces[0:1], 1, None if plan.n > 1 else plan.finish)
+        t_first = time.monotonic()
+        strike_at = len(plan.emits) // 2 if fault else -1
+        sent_tokens = 1
+        i = 0
+        emits = plan.emits
+        while i < len(emits):
+            j = i
+            if plan.coalesce:
+                floor = time.monotonic() + MIN_GAP_S
+                while j < len(emits) - 1 and t_first + emits[j][0] / 1000 / scale < floor:
+                    j += 1
+            _sleep_until(t_first + emits[j][0] / 1000 / scale)
+            count = sum(c for _, c in emits[i:j + 1])
+            done = j == len(emits) - 1
+            ctx.send(pieces[sent_tokens:sent_tokens + count], sent_tokens + count, plan.finish if done else None)
+            sent_tokens += count
+            if fault and j >= strike_at:
+                self._strike(fault)
+            i = j + 1
+        ctx.end(sent_tokens)
+
+
+def _sleep_until(deadline: float) -> None:
+    delay = deadline - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+class _Stream:
+    """Formats OpenAI response objects and writes server-sent events as HTTP chunks."""
+
+    def __init__(self, h: Handler, *, chat: bool, model: str, prompt_tokens: int, cached: int,
+                 include_usage: bool, continuous: bool) -> None:
+        self.h = h
+        self.chat = chat
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self.cached = cached
+        self.include_usage = include_usage
+        self.continuous = continuous
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.object = "chat.completion.chunk" if chat else "text_completion"
+        self.first = True
+
+    def usage(self, n: int) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n,
+                "prompt_tokens_details": {"cached_tokens": self.cached}}
+
+    def _chunk(self, payload: bytes) -> None:
+        self.h.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+
+    def begin(self) -> None:
+        h = self.h
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Cache-Control", "no-cache")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+
+    def send(self, pieces: list[str], n: int, finish: str | None) -> None:
+        text = "".join(pieces)
+        if self.chat:
+            delta: dict[str, Any] = {"content": text}
+            if self.first:
+                delta["role"] = "assistant"
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        self.first = False
+        obj: dict[str, Any] = {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+                               "choices": [choice]}
+        if self.continuous:
+            obj["usage"] = self.usage(n)
+        self._chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+    def end(self, n: int) -> None:
+        if self.include_usage:
+            obj = {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+                   "choices": [], "usage": self.usage(n)}
+            self._chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+        self._chunk(b"data: [DONE]\n\n")
+        self.h.wfile.write(b"0\r\n\r\n")
+
+    def whole(self, text: str, plan: core.Plan) -> dict[str, Any]:
+        if self.chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "finish_reason": plan.finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": plan.finish}
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice], "usage": self.usage(plan.n)}
+
+
+# ---------------------------------------------------------------------------- start-up
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, add_help=True, allow_abbrev=False)
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", default="30000")
+    p.add_argument("--max-total-tokens", type=int, default=16384)
+    p.add_argument("--tp-size", "--tp", type=int, default=1)
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--speculative-algorithm", default=None)
+    p.add_argument("--speculative-num-steps", type=int, default=None)
+    p.add_argument("--speculative-eagle-topk", type=int, default=None)
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    return p
+
+
+def configure(argv: list[str], env: dict[str, str] | Any, model: core.Model, knobs: core.Knobs) -> Config:
+    """Validate the command line and environment; raises SimError with one clear line."""
+    args, unknown = _parser().parse_known_args(argv)
+    if unknown:
+        raise core.SimError(f"unknown server argument(s): {' '.join(unknown)}")
+    try:
+        port = int(args.port)
+    except ValueError:
+        raise core.SimError(f"--port {args.port!r} is not a port number") from None
+    if not 0 < port < 65536:
+        raise core.SimError(f"--port {port} is out of range")
+    identity = model_identity(args.model_path)
+    entry = model.identify(identity)
+    if entry is None:
+        raise core.SimError(f"model at {args.model_path} ({identity}) is not a model this release supports")
+    spec: dict[str, Any] = {"speculative_algorithm": args.speculative_algorithm}
+    draft = None
+    key = entry["key"]
+    if args.speculative_algorithm:
+        if args.speculative_algorithm.upper() not in ("NEXTN", "EAGLE", "EAGLE3"):
+            raise core.SimError(f"--speculative-algorithm {args.speculative_algorithm!r} is not supported")
+        if entry.get("mtp_key") is None:
+            raise core.SimError(f"model {identity} has no MTP (NEXTN) draft layers for speculative decoding")
+        if env.get("SGLANG_USE_TL_MOE_GROUPED_GEMM", "1") != "0":
+            raise core.SimError("speculative decoding needs SGLANG_USE_TL_MOE_GROUPED_GEMM=0 "
+                                "(the TileLang grouped MoE GEMM does not support draft verification)")
+        draft = args.speculative_num_draft_tokens or 4
+        steps = args.speculative_num_steps or draft - 1
+        if steps + 1 != draft:
+            raise core.SimError(f"--speculative-num-draft-tokens {draft} must be --speculative-num-steps + 1 "
+                                f"({steps + 1}) with --speculative-eagle-topk 1")
+        key = entry["mtp_key"]
+        spec.update(speculative_num_steps=steps, speculative_eagle_topk=args.speculative_eagle_topk or 1,
+                    speculative_num_draft_tokens=draft)
+    if args.max_total_tokens > model.max_total_tokens:
+        raise core.SimError(f"--max-total-tokens {args.max_total_tokens} does not fit in device memory "
+                            f"(at most {model.max_total_tokens} on an M1000 with this model)")
+    return Config(host=args.host, port=port, model_path=args.model_path,
+                  served_name=args.served_model_name or args.model_path, key=key,
+                  max_total_tokens=args.max_total_tokens, draft_tokens=draft, spec_args=spec, knobs=knobs)
+
+
+def _bind(cfg: Config, state: State) -> ThreadingHTTPServer:
+    handler = type("BoundHandler", (Handler,), {"state": state})
+    try:
+        server = ThreadingHTTPServer((cfg.host, cfg.port), handler)
+    except OSError as exc:
+        if exc.errno == 98:  # EADDRINUSE
+            raise core.SimError(f"port {cfg.port} on {cfg.host} is already in use") from None
+        raise core.SimError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}") from None
+    server.daemon_threads = True
+    return server
+
+
+def _load(state: State, env: dict[str, str] | Any, model: core.Model) -> None:
+    """Model load (and JIT kernel compilation when the kernel cache lacks this model)."""
+    cfg = state.cfg
+    scale = cfg.knobs.time_scale
+    timings = model.data["timings_ms"]
+    if "start-fail" in state.faults:
+        time.sleep(timings["server_load"] / 4 / 1000 / scale)
+        raise core.SimError("fault start-fail: failed to initialise the model on the device "
+                            "(MUSA error: out of memory)")
+    delay = timings["server_load"]
+    cache_dir = env.get("TILELANG_CACHE_DIR", "")
+    dir_name = state.setup.data["model_dir"]
+    marker = os.path.join(cache_dir, dir_name, "kernels.json") if cache_dir else ""
+    if not marker or not os.path.exists(marker):
+        print(f"{PROG}: warning: no precompiled TileLang kernels for {dir_name} in {cache_dir or '(unset)'}; "
+              "compiling at start-up (slow)", file=sys.stderr, flush=True)
+        delay += timings["jit_compile_per_model"]
+    time.sleep(delay / 1000 / scale)
+
+
+def main(argv: list[str] | None = None) -> int:
+    env = os.environ
+    try:
+        knobs = load_knobs(env)
+        model = core.Model.load(release_file("model.json"))
+        cfg = configure(list(sys.argv[1:] if argv is None else argv), env, model, knobs)
+        setup = model.setup(cfg.key)
+        state = State(cfg, setup, core.faults_for(knobs.faults, cfg.key))
+        server = _bind(cfg, state)
+    except core.SimError as exc:
+        return fail(PROG, str(exc))
+    print(f"{PROG}: {cfg.key} ({cfg.model_path}) listening on http://{cfg.host}:{cfg.port} "
+          f"(time scale {knobs.time_scale:g}, max-total-tokens {cfg.max_total_tokens})", file=sys.stderr, flush=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+    thread.start()
+    try:
+        _load(state, env, model)
+        state.ready.set()
+        print(f"{PROG}: The server is fired up and ready to roll!", file=sys.stderr, flush=True)
+        while thread.is_alive():
+            thread.join(1.0)
+    except core.SimError as exc:
+        return fail(PROG, str(exc))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if thread.is_alive():
+            server.shutdown()
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The release's workflow steps: generate the TileLang workflow, precompile kernels, find a model.
+
+``python -m m1000_sim.workflow generate|precompile|model-path`` (called by the scripts in
+``scripts/ci/musa/``). Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from . import core
+from .common import fail, load_knobs, model_identity, read_json, release_file, require_env, write_atomic
+
+KERNELS = ("moe_grouped_gemm_w4a16", "gptq_gemm_w4a16", "flash_attn_prefill", "flash_attn_decode",
+           "rmsnorm", "rope", "silu_and_mul", "topk_softmax")
+
+
+def check_model_path(path: Any, where: str) -> dict[str, Any]:
+    """One ``model_paths`` entry -> {"path", "identity"}, or SimError naming the entry."""
+    if not isinstance(path, str) or not path.strip():
+        raise core.SimError(f"{where}: must be a folder path (a non-empty string), got {path!r}")
+    if not os.path.exists(path):
+        raise core.SimError(f"{where}: model path {path} does not exist")
+    if not os.path.isdir(path):
+        raise core.SimError(f"{where}: model path {path} is not a folder")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise core.SimError(f"{where}: model path {path} is not readable")
+    cfg = os.path.join(path, "config.json")
+    if not os.path.lexists(cfg):
+        raise core.SimError(f"{where}: {path} is not a model folder (no config.json)")
+    data = read_json(cfg, f"{where}: {cfg}")
+    if not isinstance(data, dict):
+        raise core.SimError(f"{where}: {cfg} is not a JSON object")
+    return {"path": os.path.abspath(path), "identity": model_identity(path)}
+
+
+def generate(config_path: str, out_path: str, model: core.Model) -> dict[str, Any]:
+    cfg = read_json(config_path)
+    where = config_path
+    if not isinstance(cfg, dict) or "model_paths" not in cfg:
+        raise core.SimError(f"{where}: no 'model_paths' list")
+    paths = cfg["model_paths"]
+    if not isinstance(paths, list) or not paths:
+        raise core.SimError(f"{where}: 'model_paths' must be a non-empty list of model folders")
+    models = []
+    for i, p in enumerate(paths):
+        entry = check_model_path(p, f"{where}: model_paths[{i}]")
+        if model.identify(entry["identity"]) is None:
+            known = ", ".join(sorted(model.data["models"]))
+            raise core.SimError(f"{where}: model_paths[{i}]: {entry['identity']} is not a model this release "
+                                f"supports (known: {known})")
+        models.append(entry)
+    workflow = {"schema": 1, "config": os.path.abspath(config_path), "models": models,
+                "kernels": list(KERNELS)}
+    write_atomic(out_path, json.dumps(workflow, indent=2) + "\n")
+    return workflow
+
+
+def load_workflow(env: dict[str, str] | Any) -> dict[str, Any]:
+    require_env(env)
+    wf = read_json(env["TILELANG_WORKFLOW_FILE"])
+    if not isinstance(wf, dict) or not isinstance(wf.get("models"), list):
+        raise core.SimError(f"{env['TILELANG_WORKFLOW_FILE']}: not a TileLang workflow; run "
+                            "scripts/ci/musa/generate_tilelang_workflow.sh again")
+    return wf
+
+
+def precompile(env: dict[str, str] | Any, model: core.Model, out: Any = sys.stdout) -> list[str]:
+    wf = load_workflow(env)
+    knobs = load_knobs(env)
+    cache = env["TILELANG_CACHE_DIR"]
+    t = model.data["timings_ms"]
+    scale = knobs.time_scale
+    try:
+        os.makedirs(cache, exist_ok=True)
+    except OSError as exc:
+        raise core.SimError(f"TILELANG_CACHE_DIR {cache}: cannot create: {exc.strerror or exc}") from None
+    time.sleep(t["precompile_base"] / 1000 / scale)
+    done = []
+    for m in wf["models"]:
+        ident = m["identity"]
+        entry = model.identify(ident)
+        if entry is None:
+            raise core.SimError(f"{env['TILELANG_WORKFLOW_FILE']}: {ident} is not a model this release supports")
+        print(f"[precompile] {ident}: compiling {len(KERNELS)} TileLang kernels", file=out, flush=True)
+        time.sleep(t["precompile_per_model"] / 1000 / scale)
+        target = os.path.join(cache, model.setup(entry["key"] or entry["mtp_key"]).data["model_dir"])
+        os.makedirs(target, exist_ok=True)
+        for k in KERNELS:
+            digest = hashlib.sha256(f"{ident}:{k}".encode()).hexdigest()
+            write_atomic(os.path.join(target, f"{k}.cubin.json"), json.dumps({"kernel": k, "digest": digest}) + "\n")
+        write_atomic(os.path.join(target, "kernels.json"),
+                     json.dumps({"model": ident, "path": m["path"], "kernels": list(KERNELS)}, indent=2) + "\n")
+        done.append(ident)
+    print(f"[precompile] done: {len(done)} model(s) in {cache}", file=out, flush=True)
+    return done
+
+
+def model_path(env: dict[str, str] | Any, wanted: str) -> str:
+    wf = load_workflow(env)
+    for m in wf["models"]:
+        if wanted in (m.get("identity"), os.path.basename(str(m.get("path", "")).rstrip("/"))):
+            path = str(m["path"])
+            check_model_path(path, f"{env['TILELANG_WORKFLOW_FILE']}: {wanted}")
+            return path
+    raise core.SimError(f"model {wanted} is not in the TileLang workflow ({env['TILELANG_WORKFLOW_FILE']}): add its "
+                        "folder to model_paths in scripts/ci/musa/tilelang_workflow_config.json and run "
+                        "generate_tilelang_workflow.sh")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tilelang workflow")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate")
+    g.add_argument("--config", required=True)
+    g.add_argument("--out", required=True)
+    sub.add_parser("precompile")
+    mp = sub.add_parser("model-path")
+    mp.add_argument("--prog", default="start server")
+    mp.add_argument("name")
+    args = p.parse_args(argv)
+    prog = {"generate": "generate_tilelang_workflow.sh", "precompile": "precompile_tilelang_kernels.sh",
+            "model-path": getattr(args, "prog", "")}[args.cmd]
+    try:
+        model = core.Model.load(release_file("model.json"))
+        if args.cmd == "generate":
+            wf = generate(args.config, args.out, model)
+            print(f"generated {args.out} for {len(wf['models'])} model(s): "
+                  f"{', '.join(m['identity'] for m in wf['models'])}")
+        elif args.cmd == "precompile":
+            precompile(os.environ, model)
+        else:
+            print(model_path(os.environ, args.name))
+    except core.SimError as exc:
+        return fail(prog, str(exc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
