@@ -141,7 +141,8 @@ class Session:
             self.conn.open()
         except paramiko.BadHostKeyException as exc:
             raise HostKeyError(t.name, f"host key of {t.host}:{t.port} CHANGED ({exc.key.get_name()} "
-                                       f"{exc.key.get_fingerprint().hex()[:16]}...) differs from the key in {t.known_hosts}; "
+                                       f"{exc.key.get_fingerprint().hex()[:16]}...) differs from the key in "
+                                       f"{t.known_hosts}; "
                                        "refusing (verify the module, then update known_hosts)") from exc
         except paramiko.AuthenticationException as exc:
             raise AuthError(t.name, f"{t.where}: authentication refused ({exc})") from exc

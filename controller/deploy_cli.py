@@ -1,0 +1,142 @@
+"""``fleetctl deploy``, ``fleetctl push`` and ``fleetctl devices check`` (registered on the lead's app).
+
+Exit codes: 0 every module fine, 1 at least one module failed (the others were still
+done), 2 bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from agent.settings import BrokerSettings, SettingsError
+from controller import deploy as dep
+from controller.inventory import Inventory, InventoryError
+from controller.push import PushError, file_sha256, push_release
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True, markup=True)
+    return typer.Exit(2)
+
+
+def _trust(settings: BrokerSettings, known_hosts: Path | None, identity: Path | None) -> tuple[Path, Path | None]:
+    kh = known_hosts or getattr(settings, "known_hosts", None) or Path.home() / ".ssh" / "known_hosts"
+    key = identity or getattr(settings, "ssh_key", None)
+    kh = Path(kh).expanduser()
+    if not kh.is_file():
+        raise typer.BadParameter(f"{kh}: known_hosts file not found (add the modules' verified host keys)",
+                                 param_hint="--known-hosts")
+    return kh, Path(key).expanduser() if key else None
+
+
+def _gib(n: int | None) -> str:
+    return "" if n is None else f"{n / 1024**3:.1f} GiB"
+
+
+def deploy_table(results: dict[str, dep.DeployResult]) -> Table:
+    t = Table("module", "status", "actions", "agent", "heartbeat", "time", "error")
+    colour = {"changed": "green", "unchanged": "cyan", "planned": "yellow", "failed": "red"}
+    for r in results.values():
+        hb = "" if r.heartbeat is None else ("yes" if r.heartbeat else "no")
+        t.add_row(r.module, f"[{colour[r.status]}]{r.status}[/]", "\n".join(r.actions) or "nothing to do",
+                  r.agent_version or "", hb, f"{r.seconds:.1f} s", r.error or "")
+    return t
+
+
+def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable[[], Inventory],
+             get_settings: Callable[[], BrokerSettings]) -> None:
+    """Add ``deploy`` and ``push`` to ``app`` and ``check`` to the ``devices`` group."""
+
+    @app.command()
+    def deploy(
+        devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="probe and show the plan; change nothing"),
+        known_hosts: Path | None = typer.Option(None, "--known-hosts", help="host keys of the modules"),
+        identity: Path | None = typer.Option(None, "--identity", "-i", help="SSH private key"),
+        broker_url: str | None = typer.Option(None, "--broker-url", envvar="FLEET_AGENT_BROKER_URL",
+                                              help="broker URL as the modules reach it (default: fleet.broker_url)"),
+        metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", help="bind address of the agents' /metrics"),
+        parallel: int = typer.Option(8, "--parallel", min=1, max=256, help="modules deployed at once"),
+        heartbeat_timeout: float = typer.Option(90.0, "--heartbeat-timeout", help="wait for the first beat, s"),
+        no_wait: bool = typer.Option(False, "--no-wait", help="do not wait for heartbeats"),
+        cache_dir: Path = typer.Option(dep.DEFAULT_CACHE, "--cache-dir", help="wheel cache on the controller"),
+    ) -> None:
+        """Install or update the agent on modules (idempotent), then wait for their heartbeats."""
+        try:
+            settings = get_settings()
+            mods = get_inventory().select(devices)
+            kh, key = _trust(settings, known_hosts, identity)
+        except (InventoryError, SettingsError, ValueError) as exc:
+            raise _fail(str(exc)) from None
+        opts = dep.DeployOptions(known_hosts=kh, identity=key, settings=settings, broker_url=broker_url,
+                                 metrics_host=metrics_host, max_parallel=parallel, dry_run=dry_run,
+                                 heartbeat_timeout=heartbeat_timeout, cache_dir=cache_dir)
+        wait = None if (no_wait or dry_run) else dep.heartbeat_waiter(settings)
+        with err.status(f"deploying to {len(mods)} module(s)"):
+            results = dep.deploy(mods, opts, wait)
+        out.print(deploy_table(results))
+        failed = [r.module for r in results.values() if not r.ok]
+        if all(r.status == "unchanged" for r in results.values()):
+            out.print("nothing changed: every module already runs this agent and config")
+        if failed:
+            err.print(f"{len(failed)} of {len(results)} module(s) failed: {', '.join(failed)}", highlight=False)
+            raise typer.Exit(1)
+
+    @app.command()
+    def push(
+        tarball: Path = typer.Argument(..., help="release tarball"),
+        devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
+        sha256: str | None = typer.Option(None, "--sha256", help="expected sha256 (default: computed here)"),
+        known_hosts: Path | None = typer.Option(None, "--known-hosts", help="host keys of the modules"),
+        identity: Path | None = typer.Option(None, "--identity", "-i", help="SSH private key"),
+        parallel: int = typer.Option(4, "--parallel", min=1, max=64, help="modules sent to at once"),
+    ) -> None:
+        """Put a release into each module's release cache (verified, resumable, skipped when present)."""
+        try:
+            settings = get_settings()
+            mods = [m for m in get_inventory().select(devices) if m.transport == "ssh"]
+            kh, key = _trust(settings, known_hosts, identity)
+            if not tarball.is_file():
+                raise PushError(f"{tarball}: release tarball not found")
+            digest = sha256 or file_sha256(tarball)
+            results = push_release(mods, tarball, digest, known_hosts=kh, identity=key, max_parallel=parallel)
+        except (InventoryError, SettingsError, PushError, ValueError) as exc:
+            raise _fail(str(exc)) from None
+        t = Table("module", "result", "bytes sent", "time", "MB/s", "remote path / error")
+        for r in results.values():
+            what = "failed" if r.error else ("skipped (present)" if r.skipped else "sent")
+            t.add_row(r.module, what, str(r.bytes), f"{r.seconds:.1f} s", f"{r.mb_per_s:.0f}" if r.bytes else "",
+                      r.error or r.remote_path)
+        out.print(t)
+        if any(r.error for r in results.values()):
+            raise typer.Exit(1)
+
+    @devices_app.command("check")
+    def check(
+        devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
+        known_hosts: Path | None = typer.Option(None, "--known-hosts", help="host keys of the modules"),
+        identity: Path | None = typer.Option(None, "--identity", "-i", help="SSH private key"),
+    ) -> None:
+        """SSH reachability, Python version, free disk and agent version of each module."""
+        try:
+            settings = get_settings()
+            mods = [m for m in get_inventory().select(devices) if m.transport == "ssh"]
+            kh, key = _trust(settings, known_hosts, identity)
+        except (InventoryError, SettingsError, ValueError) as exc:
+            raise _fail(str(exc)) from None
+        results = dep.check(mods, kh, key)
+        t = Table("module", "ssh", "python", "arch", "free disk", "agent", "service", "error")
+        for r in results.values():
+            t.add_row(r.module, "ok" if r.reachable else "[red]unreachable[/]", r.python or "", r.machine or "",
+                      _gib(r.free_bytes), r.agent_version or "", r.service or "", r.error or "")
+        out.print(t)
+        if any(r.error for r in results.values()):
+            raise typer.Exit(1)
