@@ -119,6 +119,11 @@ def _is_header(line: str) -> bool:
     return known >= 3
 
 
+def _is_trailer(line: str, width: int) -> bool:
+    """Plain text right under a table (no tabs, far fewer words than columns): the table ended."""
+    return "\t" not in line and len(line.split()) < max(2, width // 2)
+
+
 def _to_bool(text: str) -> bool:
     t = text.strip().lower()
     if t in ("true", "1", "yes", "y"):
@@ -224,7 +229,7 @@ def parse_tables(text: str, source: str = "") -> list[Table]:
         rows: list[ResultRow] = []
         i += 1
         while i < len(lines) and lines[i].strip():
-            if _is_header(lines[i]):
+            if _is_header(lines[i]) or _is_trailer(lines[i], len(headers)):
                 break
             cells = _split(lines[i])
             if len(cells) != len(headers) and "\t" not in lines[i]:
