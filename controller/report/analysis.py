@@ -1,0 +1,588 @@
+"""The analysis behind a report: pure pandas, frames in, a :class:`Report` out.
+
+Design (what keeps false alarms out and still names a real regression):
+
+* every figure becomes a *badness* in log units, ``b = ±log(value)`` signed so that larger is
+  worse (tok/s: higher is better; ms: lower is better);
+* **outliers first**: per (model key, profile, metric) each module's deviation from the fleet
+  median and its robust z (median / MAD). A module whose *typical* deviation over all its
+  figures exceeds the outlier tolerance and is one-sided by a sign test (scipy ``binom``) is
+  named once, with its factor and worst cases; then the same per (module, model key);
+* outlier modules are left out of the fleet figures, so a slow module is not a regression;
+* **fleet vs baseline / previous run**: per (key, profile, metric) the fleet median of the
+  difference to the reference; per (key, metric) the median over profiles with a Wilcoxon
+  signed-rank test across profiles (scipy). A single profile must move beyond tolerance on
+  (nearly) every module (sign test across modules);
+* **per module vs its previous run**: median over profiles and a sign test; changes the fleet
+  or the outlier list already explain are folded into those findings;
+* MTP: accept rates are metrics like the others (higher is better); a prompt answered
+  correctly by the reference and wrongly now is a regression.
+
+Only aggregated results (cells, keys, modules) are iterated in Python; rows never are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from agent.records import METRICS
+from controller.report.model import (
+    ALL_METRICS,
+    DERIVED,
+    FLEET,
+    PRIMARY_METRICS,
+    Change,
+    Outlier,
+    Regression,
+    Report,
+    ReportError,
+    Thresholds,
+    Verdict,
+    WorstCase,
+)
+
+K = ["model_key", "profile"]
+SIGN: dict[str, float] = {m: (-1.0 if up else 1.0) for m, up in METRICS.items()}
+B = {m: f"b_{m}" for m in ALL_METRICS}  # badness column per metric
+_IDS = ("run_id", "module", "model_key", "profile", "table")
+_KEEP = ("run_id", "module", "release", "model_key", "table", "profile", "prefill_len", "input_tokens",
+         "prefix_tokens", "correct", "flags")
+
+
+# -- preparation --------------------------------------------------------------------------------
+def prepare(df: pd.DataFrame) -> pd.DataFrame:
+    """Typed copy of a rows frame: categorical ids, a ``cell`` code per (key, profile), float
+    metrics, invalid figures blanked, badness columns."""
+    missing = [c for c in ("module", "model_key", "profile") if c not in df.columns]
+    if missing:
+        raise ReportError(f"rows frame lacks column {missing[0]!r}")
+    out = pd.DataFrame(index=pd.RangeIndex(len(df)))
+    for c in _KEEP:
+        col = df[c] if c in df.columns else pd.Series(None, index=df.index, dtype=object)
+        out[c] = col.to_numpy() if c not in _IDS else col.fillna("").astype(str).astype("category").array
+    flags = out["flags"].fillna("").astype(str)
+    any_invalid = flags.str.contains("_invalid", regex=False) if len(out) else pd.Series([], dtype=bool)
+    for m in ALL_METRICS:
+        v = pd.to_numeric(df[m], errors="coerce").to_numpy(dtype=float) if m in df.columns else np.nan
+        out[m] = v
+        if any_invalid.any():
+            out.loc[any_invalid & flags.str.contains(f"{m}_invalid", regex=False), m] = np.nan
+        vals = out[m].to_numpy()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[B[m]] = np.where(vals > 0, SIGN[m] * np.log(vals), np.nan)
+    out["correct"] = pd.to_numeric(out["correct"].map({True: 1.0, False: 0.0}), errors="coerce")
+    out["cell"] = out.groupby(K, observed=True, sort=False).ngroup() if len(out) else 0
+    return out
+
+
+def cell_table(cur: pd.DataFrame) -> pd.DataFrame:
+    """(key, profile) as text per cell code, indexed by the code."""
+    t = cur.drop_duplicates("cell")[["cell", *K]].set_index("cell").sort_index()
+    return t.astype(str)
+
+
+def per_row(cur: pd.DataFrame, small: pd.DataFrame, on: list[str]) -> pd.DataFrame:
+    """Spread a small frame indexed by text ids ``on`` (key/profile) onto cur's rows via cell codes."""
+    cells = cell_table(cur)
+    idx = pd.MultiIndex.from_frame(cells[on]) if len(on) > 1 else pd.Index(cells[on[0]])
+    vals = small.reindex(idx)
+    take = cur["cell"].to_numpy()
+    pos = np.full(int(take.max()) + 1 if len(take) else 0, -1)
+    pos[cells.index.to_numpy()] = np.arange(len(cells))
+    return pd.DataFrame({c: vals[c].to_numpy()[pos[take]] for c in vals.columns}, index=cur.index)
+
+
+def _bcols(metrics: Iterable[str]) -> list[str]:
+    return [B[m] for m in metrics]
+
+
+def _present(df: pd.DataFrame, metrics: Iterable[str]) -> list[str]:
+    return [m for m in metrics if df[m].notna().any()]
+
+
+def _change(metric: str, d: Any) -> Any:
+    """Badness difference (log units) -> relative change of the figure (value / reference - 1)."""
+    return np.expm1(SIGN[metric] * d)
+
+
+def _worse(metric: str, change: Any, tol: float) -> Any:
+    return change <= -tol if METRICS[metric] else change >= tol
+
+
+def _better(metric: str, change: Any, tol: float) -> Any:
+    return change >= tol if METRICS[metric] else change <= -tol
+
+
+def _sign_p(k: Any, n: Any) -> Any:
+    """One-sided sign test: probability of >= k of n in one direction by chance (scipy binom)."""
+    k = np.asarray(k, dtype=float)
+    n = np.asarray(n, dtype=float)
+    return np.where(n > 0, stats.binom.sf(k - 1, n, 0.5), 1.0)
+
+
+# -- outliers -----------------------------------------------------------------------------------
+def fleet_deviation(cur: pd.DataFrame, th: Thresholds) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Long frame (module, key, profile, metric, cell, b, dev, z) of the primary metrics, and per
+    cell the robust spread (1.4826 MAD, log units ~ relative sd) of each primary metric.
+
+    ``dev``: badness minus the fleet median of the cell (log units); ``z``: dev / robust spread
+    (floored at ``z_floor``).
+    """
+    metrics = _present(cur, PRIMARY_METRICS)
+    cols = _bcols(metrics)
+    if not cols:
+        return pd.DataFrame(columns=["module", *K, "metric", "cell", "b", "dev", "z", "scale"]), pd.DataFrame()
+    cell = cur["cell"].to_numpy()
+    vals = cur[cols]
+    med = vals.groupby(cell).median()
+    dev = vals.to_numpy() - med.to_numpy()[cell]
+    mad = pd.DataFrame(np.abs(dev), columns=cols).groupby(cell).median()
+    spread = 1.4826 * mad
+    scale = np.maximum(spread.to_numpy()[cell], th.z_floor)
+    z = dev / scale
+    parts = []
+    for i, m in enumerate(metrics):  # a handful of metric columns, not rows
+        ok = ~np.isnan(dev[:, i])
+        parts.append(pd.DataFrame({
+            "module": cur["module"].array[ok], "model_key": cur["model_key"].array[ok],
+            "profile": cur["profile"].array[ok], "metric": m, "cell": cell[ok], "value": cur[m].to_numpy()[ok],
+            "b": vals[cols[i]].to_numpy()[ok], "dev": dev[ok, i], "z": z[ok, i], "scale": scale[ok, i],
+        }))
+    long = pd.concat(parts, ignore_index=True)
+    long["metric"] = long["metric"].astype("category")
+    return long, spread.rename(columns={B[m]: m for m in metrics})
+
+
+def _outlier_stats(long: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    keys = [long[c] for c in by]
+    dev, z = long["dev"].to_numpy(), long["z"].to_numpy()
+    counts = pd.DataFrame({"cells": 1, "pos": dev > 0, "neg": dev < 0, "zpos": z > 3, "zneg": z < -3},
+                          index=long.index).groupby(keys, observed=True).sum()
+    s = counts.assign(typ=long["dev"].groupby(keys, observed=True).median())
+    up = s["typ"] > 0
+    k = np.where(up, s["pos"], s["neg"])
+    s["p"] = np.minimum(1.0, 2 * _sign_p(k, s["pos"] + s["neg"]))
+    s["share_out"] = np.where(up, s["zpos"], s["zneg"]) / s["cells"].clip(lower=1)
+    s["factor"] = np.exp(-s["typ"])  # performance relative to the fleet median
+    return s
+
+
+def find_outliers(long: pd.DataFrame, th: Thresholds) -> tuple[tuple[Outlier, ...], pd.DataFrame]:
+    """Outlier modules, then outlier (module, key) pairs on the remaining modules; and the
+    module x key deviation table (fraction of the fleet median; -0.12 = 12 % slower)."""
+    if long.empty:
+        return (), pd.DataFrame()
+    n_modules = long["module"].nunique()
+    by_key = _outlier_stats(long, ["module", "model_key"])
+    deviation = (by_key["factor"] - 1.0).unstack("model_key")
+    if n_modules < 3:  # a median of two says nothing about which one is out of line
+        return (), deviation
+    by_mod = _outlier_stats(long, ["module"])
+
+    def hits(s: pd.DataFrame) -> pd.DataFrame:
+        off = (s["factor"] - 1.0).abs() >= th.outlier_tolerance
+        return s[off & (s["p"] < th.outlier_alpha)]
+
+    mod_hits = hits(by_mod)
+    key_hits = hits(by_key)
+    key_hits = key_hits[~key_hits.index.get_level_values("module").isin(mod_hits.index)]
+    found = [_outlier(long, str(module), FLEET, r, th) for module, r in mod_hits.iterrows()]
+    found += [_outlier(long, str(module), str(key), r, th) for (module, key), r in key_hits.iterrows()]
+    found.sort(key=lambda o: abs(math.log(o.factor)), reverse=True)
+    return tuple(found), deviation
+
+
+def refine_outliers(cur: pd.DataFrame, long: pd.DataFrame, outliers: tuple[Outlier, ...], excluded: np.ndarray,
+                    deviation: pd.DataFrame, th: Thresholds) -> tuple[tuple[Outlier, ...], pd.DataFrame]:
+    """The outliers' factors and worst cases against the fleet *without* them (the median of all
+    modules is pulled a little toward the outliers)."""
+    metrics = list(long["metric"].cat.categories)
+    med = cur[_bcols(metrics)].mask(pd.Series(excluded, index=cur.index), axis=0).groupby(cur["cell"]).median()
+    med.columns = pd.Index(metrics, name="metric")
+    mine = long[long["module"].isin({o.module for o in outliers})]
+    ref = med.stack().reindex(pd.MultiIndex.from_arrays([mine["cell"], mine["metric"].astype(str)]))
+    mine = mine.assign(dev=mine["b"].to_numpy() - ref.to_numpy())
+    mine = mine.assign(z=mine["dev"] / mine["scale"])  # the per-cell spread of the whole fleet
+    by_mod, by_key = _outlier_stats(mine, ["module"]), _outlier_stats(mine, ["module", "model_key"])
+    refined = []
+    for o in outliers:
+        r = by_mod.loc[o.module] if o.model_key == FLEET else by_key.loc[(o.module, o.model_key)]
+        new = _outlier(mine, o.module, o.model_key, r, th)
+        refined.append(new.model_copy(update={"p_value": o.p_value, "share_out": o.share_out}))
+    dev = deviation.copy()
+    upd = (by_key["factor"] - 1.0).unstack("model_key")
+    dev.loc[upd.index, upd.columns] = upd
+    return tuple(refined), dev
+
+
+def _outlier(long: pd.DataFrame, module: str, key: str, r: pd.Series, th: Thresholds) -> Outlier:
+    sel = long[(long["module"] == module) & ((long["model_key"] == key) if key != FLEET else True)]
+    direction = 1.0 if r["typ"] > 0 else -1.0
+    worst = sel.assign(w=sel["dev"] * direction).nlargest(th.worst_cases, "w")
+    cases = tuple(
+        WorstCase(model_key=str(w.model_key), profile=str(w.profile), metric=str(w.metric), value=float(w.value),
+                  fleet_median=float(w.value * math.exp(SIGN[str(w.metric)] * w.dev)), z=float(w.z))
+        for w in worst.itertuples()
+    )
+    return Outlier(module=module, model_key=key, factor=float(r["factor"]), cells=int(r["cells"]),
+                   share_out=float(r["share_out"]), p_value=float(r["p"]), worst=cases)
+
+
+def outlier_mask(cur: pd.DataFrame, outliers: Iterable[Outlier]) -> np.ndarray:
+    mask = np.zeros(len(cur), dtype=bool)
+    for o in outliers:  # a few outliers; each a vectorised mask
+        m = (cur["module"] == o.module).to_numpy()
+        if o.model_key != FLEET:
+            m &= (cur["model_key"] == o.model_key).to_numpy()
+        mask |= m
+    return mask
+
+
+# -- comparison with a reference ----------------------------------------------------------------
+def reference(base: pd.DataFrame) -> pd.DataFrame:
+    """Baseline figures per (key, profile) (text index): the median over the baseline's modules."""
+    cols = [*ALL_METRICS, *_bcols(ALL_METRICS), "correct"]
+    ref = base.groupby(K, observed=True)[cols].median().reset_index()
+    ref[K] = ref[K].astype(str)
+    return ref.set_index(K)
+
+
+def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
+    """cur rows + ``d_<m>`` = badness minus the reference's (per key/profile), ``ref_<m>`` its figure."""
+    r = per_row(cur, ref[_bcols(ALL_METRICS)], K)
+    out = cur[["module", *K, "cell"]].copy()
+    for m in ALL_METRICS:
+        rb = r[B[m]].to_numpy(dtype=float)
+        out[f"d_{m}"] = cur[B[m]].to_numpy() - rb
+        out[f"ref_{m}"] = np.exp(SIGN[m] * rb)
+    return out
+
+
+def _ident(df: pd.DataFrame, cats: dict[str, pd.Index]) -> np.ndarray:
+    """One int64 per (module, key, profile), comparable between frames sharing ``cats``."""
+    codes = [pd.Categorical(df[c], categories=cats[c]).codes.astype(np.int64) for c in ("module", *K)]
+    ident = codes[0]
+    for c, code in zip(K, codes[1:], strict=True):
+        ident = ident * (len(cats[c]) + 1) + code
+    return np.where(np.min(codes, axis=0) < 0, -1, ident)
+
+
+def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame) -> pd.DataFrame:
+    """cur rows + ``d_<m>`` = badness minus the same module's previous figure."""
+    cats = {c: cur[c].cat.categories for c in ("module", *K)}
+    mine, theirs = _ident(cur, cats), _ident(prev, cats)
+    keep = theirs >= 0
+    index = pd.Index(theirs[keep])
+    pv = prev.loc[keep, [*_bcols(ALL_METRICS), "correct"]]
+    if not index.is_unique:
+        dup = index.duplicated(keep="last")
+        index, pv = index[~dup], pv[~dup]
+    pos = index.get_indexer(mine)
+    found = pos >= 0
+    out = cur[["module", *K, "cell"]].copy()
+    for m in ALL_METRICS:
+        pb = np.where(found, pv[B[m]].to_numpy()[pos], np.nan)
+        out[f"d_{m}"] = cur[B[m]].to_numpy() - pb
+        out[f"ref_{m}"] = np.exp(SIGN[m] * pb)
+    out["ref_correct"] = np.where(found, pv["correct"].to_numpy()[pos], np.nan)
+    return out
+
+
+def _cells(d: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
+    """Per (key, profile, metric): fleet median of d, modules, modules worse; long and small."""
+    dcols = [f"d_{m}" for m in metrics]
+    g = d.groupby("cell")
+    med, n = g[dcols].median(), g[dcols].count()
+    pos = (d[dcols] > 0).groupby(d["cell"]).sum()
+    ref = g[[f"ref_{m}" for m in metrics]].median()
+    ids = cell_table(d).reindex(med.index)
+    parts = [pd.DataFrame({"model_key": ids["model_key"], "profile": ids["profile"], "metric": m,
+                           "d": med[f"d_{m}"], "n": n[f"d_{m}"], "worse": pos[f"d_{m}"], "ref": ref[f"ref_{m}"]})
+             for m in metrics]
+    cells = pd.concat(parts)
+    cells.index.name = "cell"
+    return cells[cells["n"] > 0].dropna(subset=["d"]).reset_index()
+
+
+def _wilcoxon(values: np.ndarray) -> float:
+    if len(values) < 2 or np.all(np.abs(values) < 1e-12):
+        return 1.0
+    return float(stats.wilcoxon(values, zero_method="zsplit", alternative="two-sided").pvalue)
+
+
+def fleet_compare(d: pd.DataFrame, against: str, th: Thresholds
+                  ) -> tuple[list[Change], list[Regression], pd.DataFrame]:
+    """Key-level changes (all of them) and the regressions among them, plus single-profile ones."""
+    metrics = [m for m in ALL_METRICS if d[f"d_{m}"].notna().any()]
+    if not metrics:
+        return [], [], pd.DataFrame()
+    cells = _cells(d, metrics)
+    changes: list[Change] = []
+    regs: list[Regression] = []
+    key_regressed: set[tuple[str, str]] = set()
+    for (key, m), grp in cells.groupby(["model_key", "metric"], observed=True, sort=True):  # keys x metrics
+        vals = grp["d"].to_numpy()
+        med = float(np.median(vals))
+        ch = float(_change(m, med))
+        p = _wilcoxon(vals)
+        tol = th.tol(m)
+        base = float(grp["ref"].median())
+        if _worse(m, ch, tol):
+            status = "regressed" if p < th.alpha else "not significant"
+        elif _better(m, ch, tol):
+            status = "improved" if p < th.alpha else "not significant"
+        else:
+            status = "within tolerance"
+        changes.append(Change(model_key=str(key), metric=m, against=against, baseline=base, value=base * (1 + ch),
+                              change=ch, p_value=p, n=len(vals), status=status))
+        if status == "regressed":
+            key_regressed.add((str(key), m))
+            regs.append(Regression(module=FLEET, model_key=str(key), profile=FLEET, metric=m, baseline=base,
+                                   value=base * (1 + ch), change=ch, against=against, p_value=p, n=len(vals),
+                                   detail=f"median over {len(vals)} profiles of the fleet median"))
+    # one profile that moved on (nearly) every module
+    cells["change"] = _change_vec(cells)
+    cells["tol"] = cells["metric"].map(th.tol)
+    up = cells["metric"].map(METRICS).astype(bool)
+    worse = np.where(up, cells["change"] <= -cells["tol"], cells["change"] >= cells["tol"])
+    cells["p"] = _sign_p(cells["worse"], cells["n"])
+    tested = cells["n"] >= th.min_modules_for_test
+    hit = worse & (~tested | (cells["p"] < th.alpha_profile))
+    for r in cells[hit].itertuples():  # findings only
+        if (str(r.model_key), str(r.metric)) in key_regressed:
+            continue
+        regs.append(Regression(module=FLEET, model_key=str(r.model_key), profile=str(r.profile), metric=str(r.metric),
+                               baseline=float(r.ref), value=float(r.ref * (1 + r.change)), change=float(r.change),
+                               against=against, p_value=float(r.p) if tested[r.Index] else None, n=int(r.n),
+                               detail=f"{int(r.worse)} of {int(r.n)} modules worse"))
+    return changes, regs, cells
+
+
+def _change_vec(cells: pd.DataFrame) -> np.ndarray:
+    sign = cells["metric"].map(SIGN).to_numpy(dtype=float)
+    return np.expm1(sign * cells["d"].to_numpy(dtype=float))
+
+
+def module_compare(d: pd.DataFrame, th: Thresholds, against: str = "previous") -> list[Regression]:
+    """Per (module, key, metric) against that module's previous run: median over profiles + sign test."""
+    metrics = [m for m in ALL_METRICS if d[f"d_{m}"].notna().any()]
+    if not metrics:
+        return []
+    dcols = [f"d_{m}" for m in metrics]
+    by = [d["module"], d["model_key"]]
+    g = d[dcols].groupby(by, observed=True)
+    med, n = g.median(), g.count()
+    pos = (d[dcols] > 0).groupby(by, observed=True).sum()
+    neg = (d[dcols] < 0).groupby(by, observed=True).sum()
+    refm = d[[f"ref_{m}" for m in metrics]].groupby(by, observed=True).median()
+    regs: list[Regression] = []
+    for m in metrics:
+        ch = np.expm1(SIGN[m] * med[f"d_{m}"])
+        k = np.where(med[f"d_{m}"] > 0, pos[f"d_{m}"], neg[f"d_{m}"])
+        p = _sign_p(k, pos[f"d_{m}"] + neg[f"d_{m}"])
+        hit = _worse(m, ch, th.tol(m)) & (p < th.alpha) & (n[f"d_{m}"] > 0)
+        for (module, key) in med.index[hit.to_numpy()]:  # findings only
+            c = float(ch.loc[(module, key)])
+            base = float(refm.loc[(module, key), f"ref_{m}"])
+            regs.append(Regression(module=str(module), model_key=str(key), profile=FLEET, metric=m, baseline=base,
+                                   value=base * (1 + c), change=c, against=against,
+                                   p_value=float(p[med.index.get_loc((module, key))]),
+                                   n=int(n.loc[(module, key), f"d_{m}"]), modules=(str(module),),
+                                   detail="median over profiles vs this module's previous run"))
+    return regs
+
+
+def correctness(cur: pd.DataFrame, ref_correct: np.ndarray, label: str) -> list[Regression]:
+    """MTP prompts right in the reference (``ref_correct`` per row of cur: baseline per key/profile,
+    or the same module's previous run) and wrong now."""
+    flip = (cur["correct"].to_numpy() == 0.0) & (np.nan_to_num(ref_correct, nan=0.0) >= 0.5)
+    if not flip.any():
+        return []
+    flips = pd.DataFrame({c: cur[c].to_numpy()[flip].astype(str) for c in ("module", *K)})
+    answered = cur[cur["correct"].notna()].groupby("cell")["module"].nunique()
+    cells = cur["cell"].to_numpy()[flip]
+    flips["answered"] = answered.reindex(cells).to_numpy()
+    regs: list[Regression] = []
+    for (key, prof), grp in flips.groupby(K):  # flipped prompts only
+        mods = tuple(sorted(grp["module"]))
+        every = len(mods) == int(grp["answered"].iloc[0]) and len(mods) > 1
+        for module in [FLEET] if every else mods:
+            regs.append(Regression(module=module, model_key=key, profile=prof, metric="correct", baseline=1.0,
+                                   value=0.0, change=None, against=label, n=len(mods),
+                                   modules=() if every else (module,),
+                                   detail=f"wrong on {len(mods)} module(s), right in {label}"))
+    return regs
+
+
+# -- folding ------------------------------------------------------------------------------------
+def fold(regs: list[Regression], outliers: tuple[Outlier, ...]) -> list[Regression]:
+    """One finding per cause: derived metrics into their primary, previous into baseline, module
+    findings into fleet findings or the module's outlier entry."""
+    fleet_km = {(r.model_key, r.metric) for r in regs if r.module == FLEET}
+    fleet_km |= {(k, DERIVED.get(m, m)) for k, m in fleet_km}
+    out_mods = {o.module for o in outliers if o.model_key == FLEET}
+    out_mk = {(o.module, o.model_key) for o in outliers}
+    kept = [r for r in regs if r.module == FLEET or not (
+        (r.model_key, DERIVED.get(r.metric, r.metric)) in fleet_km or r.module in out_mods
+        or (r.module, r.model_key) in out_mk)]
+    # same finding against both references -> one entry
+    merged: dict[tuple[str, str, str, str], Regression] = {}
+    for r in kept:
+        ident = (r.module, r.model_key, r.profile, r.metric)
+        if ident in merged:
+            a = merged[ident]
+            extra = f"; vs {r.against}: {r.change:+.1%}" if r.change is not None else f"; also vs {r.against}"
+            merged[ident] = a.model_copy(update={"against": f"{a.against}+{r.against}", "detail": a.detail + extra})
+        else:
+            merged[ident] = r
+    # derived metric moved with its primary -> related
+    result: dict[tuple[str, str, str, str], Regression] = {}
+    for ident, r in merged.items():
+        prim = DERIVED.get(r.metric)
+        pid = (r.module, r.model_key, r.profile, prim) if prim else None
+        if pid and pid in merged:
+            continue
+        result[ident] = r
+    for r in merged.values():
+        prim = DERIVED.get(r.metric)
+        pid = (r.module, r.model_key, r.profile, prim) if prim else None
+        if pid and pid in result and r.change is not None:
+            p = result[pid]
+            result[pid] = p.model_copy(update={"related": (*p.related, f"{r.metric} {r.change:+.1%}")})
+    order = {"correct": 1}
+    return sorted(result.values(), key=lambda r: (r.module != FLEET, r.model_key, order.get(r.metric, 0),
+                                                  r.profile, r.metric, r.module))
+
+
+# -- summary and completeness -------------------------------------------------------------------
+def summarise(cur: pd.DataFrame, ref: pd.DataFrame | None, included: np.ndarray, spread: pd.DataFrame) -> pd.DataFrame:
+    """Per (key, profile, metric): fleet median (``fleet``: without outliers; ``median``: all modules),
+    robust spread (1.4826 MAD of log figures ~ relative sd), min, max, count, baseline and change."""
+    metrics = _present(cur, ALL_METRICS)
+    if not metrics:
+        return pd.DataFrame()
+    cell = cur["cell"].to_numpy()
+    agg = cur[metrics].groupby(cell).agg(["median", "min", "max", "count"])
+    inc = cur[metrics].mask(pd.Series(~included, index=cur.index), axis=0).groupby(cell).median() \
+        if not included.all() else agg.xs("median", axis=1, level=1)
+    ids = cell_table(cur)
+    first = cur.groupby(cell)[["table", "prefill_len", "input_tokens", "prefix_tokens"]].first()
+    refv = ref.reindex(pd.MultiIndex.from_frame(ids[K])) if ref is not None else None
+    parts = []
+    for m in metrics:
+        sp = DERIVED.get(m, m)
+        part = pd.DataFrame({"model_key": ids["model_key"], "profile": ids["profile"], "metric": m,
+                             "fleet": inc[m], "median": agg[(m, "median")],
+                             "spread": spread[sp] if sp in spread.columns else np.nan,
+                             "min": agg[(m, "min")], "max": agg[(m, "max")], "count": agg[(m, "count")]})
+        if refv is not None:
+            part["baseline"] = refv[m].to_numpy()
+            part["change"] = part["fleet"] / part["baseline"] - 1
+        parts.append(part.join(first))
+    s = pd.concat(parts, ignore_index=True)
+    s["table"] = s["table"].astype(str)
+    return s[s["count"] > 0].reset_index(drop=True)
+
+
+def completeness(cur: pd.DataFrame, ref: pd.DataFrame | None, expected_modules: Iterable[str],
+                 expected_keys: Iterable[str]) -> list[str]:
+    notes: list[str] = []
+    got = cur.groupby(["module", "model_key"], observed=True).size().rename("got").reset_index()
+    got[["module", "model_key"]] = got[["module", "model_key"]].astype(str)
+    have = set(zip(got["module"], got["model_key"], strict=True))
+    mods, keys = list(expected_modules), list(expected_keys)
+    missing = [(m, k) for m in mods for k in keys if (m, k) not in have]
+    if missing:
+        shown = ", ".join(f"{m}/{k}" for m, k in missing[:8])
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        notes.append(f"no results for {len(missing)} module/key pair(s): {shown}{more}")
+    if ref is not None and len(cur):
+        want = ref.reset_index().groupby("model_key")["profile"].nunique()
+        got["want"] = got["model_key"].map(want).to_numpy()
+        short = got[got["got"] < got["want"].fillna(0)]
+        for r in short.head(8).itertuples():
+            notes.append(f"{r.module}/{r.model_key}: {r.got} of {int(r.want)} profiles")
+        if len(short) > 8:
+            notes.append(f"... {len(short) - 8} more module/key pairs with missing profiles")
+    return notes
+
+
+# -- the whole report ---------------------------------------------------------------------------
+def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline: pd.DataFrame | None = None,
+            baseline_id: str | None = None, previous: pd.DataFrame | None = None,
+            previous_label: str = "previous", state: str = "done", expected_modules: Iterable[str] = (),
+            expected_keys: Iterable[str] = (), thresholds: Thresholds | None = None) -> Report:
+    """Build a report from frames of result rows (one column per ``ResultRow`` field)."""
+    th = thresholds or Thresholds()
+    cur = prepare(rows)
+    base = prepare(baseline) if baseline is not None and len(baseline) else None
+    prev = prepare(previous) if previous is not None and len(previous) else None
+    notes: list[str] = []
+    ref = reference(base) if base is not None else None
+    if ref is None:
+        notes.append("no baseline: only the previous run and the fleet itself are compared")
+
+    long, spread = fleet_deviation(cur, th)
+    outliers, deviation = find_outliers(long, th)
+    excluded = outlier_mask(cur, outliers)
+    if outliers and (~excluded).any():
+        outliers, deviation = refine_outliers(cur, long, outliers, excluded, deviation, th)
+    inc = cur[~excluded] if (~excluded).any() else cur
+
+    changes: list[Change] = []
+    regs: list[Regression] = []
+    if ref is not None and len(inc):
+        ch, rg, _ = fleet_compare(diff_to_reference(inc, ref), "baseline", th)
+        changes += ch
+        regs += rg
+        regs += correctness(inc, per_row(inc, ref[["correct"]], K)["correct"].to_numpy(dtype=float), "baseline")
+    prev_ids: tuple[str, ...] = ()
+    if prev is not None and len(inc):
+        prev_ids = tuple(sorted(map(str, prev["run_id"].unique())))
+        ch, rg, _ = fleet_compare(diff_to_previous(inc, prev), previous_label, th)
+        changes += ch
+        regs += rg
+        dp = diff_to_previous(cur, prev)
+        regs += module_compare(dp, th, previous_label)
+        regs += correctness(cur, dp["ref_correct"].to_numpy(dtype=float), previous_label)
+    regressions = tuple(fold(regs, outliers))
+
+    notes += completeness(cur, ref, expected_modules, expected_keys)
+    verdict = decide(state, len(cur), regressions, notes, expected_modules, expected_keys)
+    return Report(
+        run_id=run_id, release=release, baseline_id=baseline_id, previous_ids=prev_ids, verdict=verdict,
+        regressions=regressions, outliers=outliers, changes=tuple(changes), notes=tuple(notes),
+        modules=tuple(sorted(map(str, cur["module"].unique()))), thresholds=th,
+        summary=summarise(cur, ref, ~excluded, spread), rows=rows, row_baseline=_row_baseline(cur, ref),
+        deviation=deviation,
+    )
+
+
+def decide(state: str, n_rows: int, regressions: tuple[Regression, ...], notes: list[str],
+           expected_modules: Iterable[str], expected_keys: Iterable[str]) -> Verdict:
+    if state == "failed" or n_rows == 0:
+        return "failed"
+    if regressions:
+        return "regressed"
+    incomplete = state in ("running", "cancelled") or any(
+        n.startswith("no results") or " of " in n and "profiles" in n for n in notes)
+    return "incomplete" if incomplete else "pass"
+
+
+def _row_baseline(cur: pd.DataFrame, ref: pd.DataFrame | None) -> pd.DataFrame:
+    """Per row of the run and metric: the baseline figure and the change against it."""
+    out = pd.DataFrame(index=cur.index)
+    if ref is None:
+        return out
+    metrics = _present(cur, ALL_METRICS)
+    r = per_row(cur, ref[metrics], K)
+    for m in metrics:
+        out[f"baseline_{m}"] = r[m].to_numpy()
+        out[f"change_{m}"] = cur[m].to_numpy() / r[m].to_numpy() - 1
+    return out

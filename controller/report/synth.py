@@ -1,0 +1,72 @@
+"""Synthetic fleets built from reference rows: for tests, the benchmark and trying thresholds.
+
+A module's figures are the reference figures times its speed factor times seeded
+multiplicative noise; a release regression scales one metric of one model key. Derived
+figures (TPOT, TTFT, accept rate by length) are recomputed from their primaries, as the
+benchmark does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from agent.records import ResultRow
+
+SPEED_METRICS = ("prefill_tps", "decode_tps", "vision_fps")
+
+
+def rows_frame(rows: Iterable[ResultRow]) -> pd.DataFrame:
+    """ResultRows -> one frame, one column per field (as the run history stores them)."""
+    data = [r.model_dump(mode="json") for r in rows]
+    df = pd.DataFrame(data, columns=list(ResultRow.model_fields))
+    df["flags"] = df["flags"].map(lambda f: "[]" if not f else str(list(f)))
+    df["extra"] = "{}"
+    return df
+
+
+def fleet(reference: pd.DataFrame, *, modules: int | Iterable[str] = 6, noise: float = 0.02,
+          module_factor: Mapping[str, float] | None = None,
+          regress: Mapping[tuple[str, str], float] | None = None,
+          seed: int = 0, run_id: str = "run", release: str = "1.4.2", repeat: int = 1) -> pd.DataFrame:
+    """Result rows of one simulated run.
+
+    ``module_factor``: {module: speed} (0.88 = 12 % slower on every speed figure);
+    ``regress``: {(model_key, metric): fraction} (0.08 = that metric 8 % worse on every module);
+    ``repeat``: copies of the reference per module (to build large frames for benchmarks).
+    """
+    names = [f"m{i:02d}" for i in range(modules)] if isinstance(modules, int) else list(modules)
+    ref = reference.reset_index(drop=True)
+    if repeat > 1:
+        ref = pd.concat([ref.assign(profile=ref["profile"] + (f"#{i}" if i else "")) for i in range(repeat)],
+                        ignore_index=True)
+    n = len(ref)
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame({c: np.tile(ref[c].to_numpy(), len(names)) for c in ref.columns})
+    df["module"] = np.repeat(names, n)
+    df["run_id"] = run_id
+    df["release"] = release
+    speed = np.repeat([float((module_factor or {}).get(m, 1.0)) for m in names], n)
+    for metric in SPEED_METRICS:
+        v = df[metric].to_numpy(dtype=float)
+        df[metric] = v * speed * (1 + noise * rng.standard_normal(len(df)))
+    acc = df["accept_rate"].to_numpy(dtype=float)
+    df["accept_rate"] = np.clip(acc * (1 + noise * rng.standard_normal(len(df))), 0, 1)
+    for (key, metric), frac in (regress or {}).items():
+        sel = df["model_key"] == key
+        higher = metric != "ttft_ms" and metric != "tpot_ms"
+        df.loc[sel, metric] = df.loc[sel, metric] * ((1 - frac) if higher else (1 + frac))
+    _derive(df)
+    return df
+
+
+def _derive(df: pd.DataFrame) -> None:
+    prefill = df["prefill_tps"].to_numpy(dtype=float)
+    has_ttft = df["ttft_ms"].notna().to_numpy()
+    df["ttft_ms"] = np.where(has_ttft, df["prefill_len"].to_numpy(dtype=float) / prefill * 1000.0, np.nan)
+    has_tpot = df["tpot_ms"].notna().to_numpy()
+    df["tpot_ms"] = np.where(has_tpot, 1000.0 / df["decode_tps"].to_numpy(dtype=float), np.nan)
+    has_len = df["accept_rate_len"].notna().to_numpy()
+    df["accept_rate_len"] = np.where(has_len, (3 * df["accept_rate"].to_numpy(dtype=float) + 1) / 4, np.nan)
