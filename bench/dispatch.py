@@ -1,0 +1,203 @@
+"""Dispatch cost and fleet scaling, measured side by side in one run.
+
+1. Dispatch latency: 200 no-op jobs through the fleet's own path (``Fleet.send`` onto a
+   module queue, consumed by a real ``fleet-agent`` worker: prefork, late acks,
+   prefetch 1), enqueue -> task start on the agent; next to a bare Celery round trip
+   (default Celery app and worker, same broker, send -> result) in the same run.
+2. Fleet scaling: wall time of one validation (simulated release, demo time scale) on
+   1 module and on 16 simulated modules, workers already running.
+
+Usage: python bench/dispatch.py [--broker embedded|redis|both] [--jobs 200] [--modules 16]
+       [--models all] [--time-scale 50] [--skip-scaling]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from agent.celery_app import NOOP_TASK  # noqa: E402
+from controller.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
+from controller.fleet import Fleet  # noqa: E402
+from controller.history import History  # noqa: E402
+from controller.settings import ControllerSettings  # noqa: E402
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+BARE_APP = textwrap.dedent("""
+    import os, time
+    from celery import Celery
+    url = os.environ["BARE_BROKER"]
+    app = Celery("bare", broker=url, backend=os.environ["BARE_BACKEND"])
+    opts = os.environ.get("BARE_TRANSPORT")
+    if opts:
+        import json
+        app.conf.broker_transport_options = json.loads(opts)
+    @app.task(name="bare.noop")
+    def noop(sent_at):
+        return {"sent_at": sent_at, "started_at": time.time()}
+""")
+
+
+def bare_round_trips(base: Path, settings: ControllerSettings, jobs: int) -> list[float]:
+    """A default Celery app and worker on the same broker: send -> result, one at a time."""
+    import json
+
+    from agent.celery_app import make_app
+
+    ours = make_app(settings)
+    (base / "bare").mkdir(exist_ok=True)
+    (base / "bare" / "bare_app.py").write_text(BARE_APP)
+    env = dict(os.environ, PYTHONPATH=str(base / "bare"), BARE_BROKER=str(ours.conf.broker_url),
+               BARE_BACKEND=str(ours.conf.result_backend),
+               BARE_TRANSPORT=json.dumps(ours.conf.broker_transport_options or {}))
+    log = (base / "bare" / "worker.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "bare_app", "worker", "-Q", "bare", "-c", "1",
+                             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
+                            env=env, cwd=base / "bare", stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    from celery import Celery
+
+    client = Celery("bare", broker=env["BARE_BROKER"], backend=env["BARE_BACKEND"])
+    client.conf.broker_transport_options = ours.conf.broker_transport_options or {}
+    try:
+        client.send_task("bare.noop", args=[time.time()], queue="bare").get(timeout=60)  # warm up
+        times = []
+        for _ in range(jobs):
+            t0 = time.perf_counter()
+            client.send_task("bare.noop", args=[time.time()], queue="bare").get(timeout=30, interval=0.005)
+            times.append(time.perf_counter() - t0)
+        return times
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=20)
+
+
+def fleet_dispatch(base: Path, settings: ControllerSettings, jobs: int) -> tuple[list[float], list[float]]:
+    """Enqueue -> start on the agent, and full round trips, through the fleet's path."""
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "inventory.toml").write_text(inventory_toml(["bench-01"], base, None))
+    w = start_worker("bench-01", base, settings, sim_env={})
+    try:
+        wait_for_heartbeats(settings, [w], 60)
+        fleet = Fleet(settings, History(base / "history.sqlite"))
+        app = fleet.app
+        app.AsyncResult(fleet.send("bench-01", NOOP_TASK, [time.time()])).get(timeout=60)  # warm up
+        starts, trips = [], []
+        for _ in range(jobs):
+            t0 = time.perf_counter()
+            sent = time.time()
+            tid = fleet.send("bench-01", NOOP_TASK, [sent])
+            res = app.AsyncResult(tid).get(timeout=30, interval=0.005)
+            trips.append(time.perf_counter() - t0)
+            starts.append(res["started_at"] - sent)
+        return starts, trips
+    finally:
+        stop_workers([w], grace=10)
+
+
+def scaling(base: Path, settings: ControllerSettings, n: int, models: tuple[str, ...], scale: float) -> float:
+    from controller.cli import State
+    from controller.fleet import sha256_file
+    from simulator import build_release, make_models
+
+    rel = build_release(base / "release", time_scale=scale, noise=0.0, seed=1)
+    names = [f"sim-{i + 1:02d}" for i in range(n)]
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "inventory.toml").write_text(inventory_toml(names, base, None))
+    workers = []
+    try:
+        for name in names:
+            make_models(base / "modules" / name / "models")
+            workers.append(start_worker(name, base, settings, sim_env={}))
+        wait_for_heartbeats(settings, workers, 120)
+        st = State()
+        st._settings = settings
+        fleet = st.fleet()
+        mods = st.inventory().select("all")
+        sha = sha256_file(rel.path)
+        t0 = time.perf_counter()
+        fleet.dispatch(run_id=f"scale-{n}", modules=mods, tarballs={m.name: str(rel.path) for m in mods},
+                       sha256=sha, release=rel.version, models=models)
+        view = fleet.wait(f"scale-{n}", interval=0.25, timeout=900)
+        wall = time.perf_counter() - t0
+        if view.state() != "done":
+            raise SystemExit(f"scaling run on {n} modules ended {view.state()}")
+        st.close()
+        return wall
+    finally:
+        stop_workers(workers, grace=10)
+
+
+def settings_for(base: Path, broker: str, redis_url: str | None) -> ControllerSettings:
+    return ControllerSettings(broker_url=redis_url if broker == "redis" else "filesystem://", data_dir=base / "fleet",
+                              inventory=base / "inventory.toml", history=base / "history.sqlite",
+                              heartbeat_interval=1.0, offline_after=30.0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--broker", default="both", choices=["embedded", "redis", "both"])
+    ap.add_argument("--jobs", type=int, default=200)
+    ap.add_argument("--modules", type=int, default=16)
+    ap.add_argument("--models", default="all")
+    ap.add_argument("--time-scale", type=float, default=50.0)
+    ap.add_argument("--skip-scaling", action="store_true")
+    args = ap.parse_args()
+    from agent.records import parse_model_keys
+
+    models = parse_model_keys(args.models)
+    brokers = ["embedded", "redis"] if args.broker == "both" else [args.broker]
+    redis = None
+    tmp = Path(tempfile.mkdtemp(prefix="bench-dispatch-"))
+    try:
+        if "redis" in brokers:
+            if not shutil.which("redis-server"):
+                print("redis-server not installed: skipping the redis broker")
+                brokers.remove("redis")
+            else:
+                from fleet.conftest import RedisServer
+
+                redis = RedisServer(tmp / "redis")
+                redis.start()
+        print(f"dispatch latency, {args.jobs} no-op jobs, one worker (prefork, concurrency 1, prefetch 1)")
+        for b in brokers:
+            s = settings_for(tmp / f"d-{b}", b, redis.url if redis else None)
+            starts, trips = fleet_dispatch(tmp / f"d-{b}", s, args.jobs)
+            bare = bare_round_trips(tmp / f"d-{b}", s, args.jobs)
+            p50, p99, b50, b99 = (pct(starts, 0.5), pct(starts, 0.99), pct(bare, 0.5), pct(bare, 0.99))
+            print(f"  {b:8s} fleet enqueue->start p50 {p50 * 1e3:7.2f} ms  p99 {p99 * 1e3:7.2f} ms | "
+                  f"fleet round trip p50 {statistics.median(trips) * 1e3:7.2f} ms | "
+                  f"bare Celery round trip p50 {b50 * 1e3:7.2f} ms  p99 {b99 * 1e3:7.2f} ms | "
+                  f"ratio p50 {p50 / b50:4.2f}")
+        if not args.skip_scaling:
+            b = brokers[-1] if "redis" in brokers else "embedded"
+            s1 = settings_for(tmp / "s1", b, redis.url if redis else None)
+            w1 = scaling(tmp / "s1", s1, 1, models, args.time_scale)
+            sn = settings_for(tmp / f"s{args.modules}", b, redis.url if redis else None)
+            wn = scaling(tmp / f"s{args.modules}", sn, args.modules, models, args.time_scale)
+            print(f"fleet scaling ({b} broker, {len(models)} model keys, time scale {args.time_scale:g}): "
+                  f"1 module {w1:6.1f} s, {args.modules} modules {wn:6.1f} s, ratio {wn / w1:4.2f}")
+    finally:
+        if redis:
+            redis.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

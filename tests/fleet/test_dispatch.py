@@ -1,0 +1,212 @@
+"""Dispatch end to end: real Celery workers per simulated module, on both brokers.
+
+Each test builds a simulated release at a high time scale, starts real worker
+processes, and drives the controller through ``fleetctl`` (a real process) or the
+``Fleet`` seam, then checks the history, exit codes and leftover processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agent.records import RunState
+from agent.worker import MARK
+from controller.fleet import Fleet
+from controller.history import History
+
+pytestmark = pytest.mark.slow
+
+SCALE = 200.0  # module seconds per wall second: a qwen3 sweep takes well under a second
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory: pytest.TempPathFactory):
+    from simulator import build_release
+
+    return build_release(tmp_path_factory.mktemp("release"), time_scale=SCALE, noise=0.0, seed=3)
+
+
+def leftovers(lab) -> list[psutil.Process]:
+    """Processes started for the lab's modules that are not part of a live worker's own group."""
+    workdirs = {str(lab.base / "modules" / n / "work") for n in lab.names}
+    groups = {w.proc.pid for w in lab.workers.values()}
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARK) in workdirs and os.getpgid(p.pid) not in groups:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def wait_for(cond, timeout: float, what: str, interval: float = 0.2):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_multi_module_run_end_to_end(lab_factory, release):
+    lab = lab_factory(3)
+    lab.start()
+    r = lab.fleetctl("validate", str(release.path), "--models", "qwen3,qwen35_mtp", "--devices", "all")
+    assert r.returncode in (0, 1), r.stderr
+    h = History(lab.settings.history_path)
+    run = h.runs()[0]
+    assert run.state == "done", r.stderr
+    rows = h.rows(run.run_id)
+    per_module = {m: [x for x in rows if x.module == m] for m in lab.names}
+    assert {m: len(v) for m, v in per_module.items()} == {m: 26 for m in lab.names}
+    assert all(x.release == "1.4.1" and x.run_id == run.run_id for x in rows)
+    prog = h.progress(run.run_id)
+    assert all(p.state == RunState.DONE and p.keys_done == 2 for p in prog.values())
+    assert "verdict:" in r.stdout
+    assert leftovers(lab) == []
+    # the same run redelivered is answered from the module's record, never benchmarked twice
+    fleet = Fleet(lab.settings, h)
+    before = (lab.base / "modules" / "sim-01" / "work" / "runs" / run.run_id / "attempts").read_text()
+    fleet.dispatch(run_id=run.run_id, modules=[m for m in lab.state().inventory().modules if m.name == "sim-01"],
+                   tarballs={"sim-01": str(release.path)}, sha256=release.sha256, release="1.4.1",
+                   models=("qwen3", "qwen35_mtp"))
+    wait_for(lambda: fleet.sync(run.run_id).finished, 30, "the redelivered run to be answered")
+    assert (lab.base / "modules" / "sim-01" / "work" / "runs" / run.run_id / "attempts").read_text() == before
+    assert len(h.rows(run.run_id)) == 78
+
+
+def test_module_offline_at_dispatch_fails_fast(lab_factory, release):
+    lab = lab_factory(2)
+    lab.start(["sim-01"])
+    t0 = time.monotonic()
+    r = lab.fleetctl("validate", str(release.path), "--models", "qwen3", "--devices", "all")
+    assert r.returncode == 1, r.stderr
+    assert "sim-02" in r.stderr and "offline" in r.stderr
+    h = History(lab.settings.history_path)
+    prog = h.progress(h.runs()[0].run_id)
+    assert prog["sim-02"].state == RunState.FAILED and prog["sim-02"].error.step == "dispatch"
+    assert prog["sim-01"].state == RunState.DONE
+    assert time.monotonic() - t0 < 60
+
+
+def test_cancel_mid_run_leaves_no_process(lab_factory, release):
+    lab = lab_factory(2)
+    lab.start()
+    r = lab.fleetctl("validate", str(release.path), "--models", "qwen35_mtp,qwen3", "--detach")
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.strip().splitlines()[-1]
+    h = History(lab.settings.history_path)
+    fleet = Fleet(lab.settings, h)
+    wait_for(lambda: all(p and p.state == RunState.BENCHMARKING for p in fleet.sync(run_id).progress.values()),
+             60, "both modules benchmarking")
+    c = lab.fleetctl("cancel", run_id)
+    assert c.returncode == 0, c.stderr
+    view = wait_for(lambda: (v := fleet.sync(run_id)).finished and v, 30, "the run to stop")
+    assert {p.state for p in view.progress.values()} == {RunState.CANCELLED}
+    assert view.state() == "cancelled"
+    wait_for(lambda: leftovers(lab) == [], 10, "no process of the run left")
+    s = lab.fleetctl("status", run_id)
+    assert s.returncode == 1 and "cancelled" in s.stdout
+
+
+def test_agent_killed_mid_run_is_failed_within_seconds(lab_factory, release):
+    lab = lab_factory(2, offline_after=3.0)
+    lab.start()
+    h = History(lab.settings.history_path)
+    fleet = Fleet(lab.settings, h)
+    r = lab.fleetctl("validate", str(release.path), "--models", "qwen35_mtp", "--detach")
+    run_id = r.stdout.strip().splitlines()[-1]
+    wait_for(lambda: (p := fleet.sync(run_id).progress.get("sim-02")) and p.state == RunState.BENCHMARKING,
+             60, "sim-02 benchmarking")
+    killed_at = time.monotonic()
+    lab.kill("sim-02")
+    view = wait_for(lambda: (v := fleet.sync(run_id)).finished and v, 90, "the run to end")
+    lost = view.progress["sim-02"]
+    assert lost.state == RunState.FAILED and "agent lost" in lost.error.message
+    assert time.monotonic() - killed_at < 60
+    assert view.progress["sim-01"].state == RunState.DONE and view.progress["sim-01"].rows == 15
+    # the restarted agent stops the server the killed one left behind, and does not rerun the lost run
+    lab.start(["sim-02"])
+    assert wait_for(lambda: leftovers(lab) == [], 10, "orphans reaped")
+    time.sleep(2)
+    assert fleet.sync(run_id).progress["sim-02"].state == RunState.FAILED
+
+
+def test_detach_then_watch_status_results(lab_factory, release):
+    lab = lab_factory(2)
+    lab.start()
+    r = lab.fleetctl("validate", str(release.path), "--models", "qwen3", "--detach")
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.strip().splitlines()[-1]
+    w = lab.fleetctl("watch", run_id)
+    assert w.returncode in (0, 1) and "verdict:" in w.stdout, w.stderr
+    s = lab.fleetctl("status", run_id)
+    assert "done" in s.stdout
+    j = lab.fleetctl("results", run_id, "--format", "json")
+    rows = json.loads(j.stdout)
+    assert len(rows) == 22 and {x["module"] for x in rows} == {"sim-01", "sim-02"}
+    c = lab.fleetctl("results", run_id, "--format", "csv")
+    assert len(c.stdout.strip().splitlines()) == 23
+    runs = lab.fleetctl("runs")
+    assert run_id in runs.stdout
+
+
+def test_results_reach_history_without_cli(lab_factory, release):
+    lab = lab_factory(1)
+    lab.start()
+    r = lab.fleetctl("validate", str(release.path), "--models", "qwen3", "--detach")
+    run_id = r.stdout.strip().splitlines()[-1]
+    time.sleep(1)
+    # nobody attached: the controller's collector pass picks the results up from the broker
+    wait_for(lambda: lab.fleetctl("serve", "--once").returncode == 0
+             and History(lab.settings.history_path).row_count(run_id) == 11, 60, "serve to collect the rows")
+    assert History(lab.settings.history_path).run(run_id).state == "done"
+
+
+@pytest.mark.redis
+def test_redis_restart_mid_run(lab_factory, release, broker):
+    if broker[1] is None:
+        pytest.skip("needs the redis broker (the embedded broker has no server to restart)")
+    lab = lab_factory(2, offline_after=20.0)
+    lab.start()
+    h = History(lab.settings.history_path)
+    fleet = Fleet(lab.settings, h)
+    r = lab.fleetctl("validate", str(release.path), "--models", "qwen35_mtp", "--detach")
+    run_id = r.stdout.strip().splitlines()[-1]
+    wait_for(lambda: all(p and p.state == RunState.BENCHMARKING for p in fleet.sync(run_id).progress.values()),
+             60, "benchmarking")
+    broker[1].restart(down_for=1.5)
+    view = wait_for(lambda: (v := fleet.sync(run_id)).finished and v, 120, "the run to end after the restart")
+    assert view.state() == "done"
+    assert h.row_count(run_id) == 30
+
+
+def test_demo_command_small(tmp_path: Path):
+    """`fleetctl demo` itself: starts workers, validates, prints a verdict, stops everything."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "demo"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    r = subprocess.run([sys.executable, "-m", "controller", "demo", "--devices", "2", "--models", "qwen3",
+                        "--time-scale", str(SCALE), "--out", str(out)], capture_output=True, text=True, env=env,
+                       timeout=180)
+    assert "verdict:" in r.stdout, r.stderr
+    assert r.returncode in (0, 1)
+    survivors = [p for p in psutil.process_iter() if _env_has(p, str(out))]
+    assert survivors == []
+
+
+def _env_has(p: psutil.Process, text: str) -> bool:
+    try:
+        return any(text in v for v in p.environ().values())
+    except (psutil.Error, OSError):
+        return False
