@@ -158,7 +158,8 @@ class DeployOptions:
     heartbeat_timeout: float = 60.0
     dry_run: bool = False
     connect_timeout: float = 10.0
-    wheelhouse: Callable[[ModuleFacts], Wheelhouse] | None = None  # default: build_wheelhouse
+    wheelhouse: Callable[[ModuleFacts], Wheelhouse] | None = None  # default: WheelhouseBuilder
+    project_wheel: Path | None = None  # deploy this wheel instead of building one from source_root
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -504,11 +505,14 @@ def _last_error(stderr: str) -> str:
 class WheelhouseBuilder:
     """Builds the project wheel once and the per-platform wheelhouses on demand (thread safe)."""
 
-    def __init__(self, source_root: Path = ROOT, cache_dir: Path = DEFAULT_CACHE, lock: Path | None = None) -> None:
+    def __init__(self, source_root: Path = ROOT, cache_dir: Path = DEFAULT_CACHE, lock: Path | None = None,
+                 project: Path | None = None) -> None:
         self.source_root = source_root
         self.cache_dir = cache_dir
         self.lock = lock or source_root / "requirements-agent.lock"
-        self._project: Path | None = None
+        if project is not None and not project.is_file():
+            raise DeployError(f"{project}: wheel not found")
+        self._project: Path | None = project  # a prebuilt wheel, else built from source_root once
         self._guard = threading.Lock()
 
     def project_wheel(self) -> Path:
@@ -558,13 +562,15 @@ if mode == "systemd":
     sys.exit(0)
 pid = running()
 if pid and action in ("restart", "stop"):
-    os.killpg(pid, signal.SIGTERM)
+    pgid = os.getpgid(pid)  # the supervisor's session: it and the agent with its children
+    os.killpg(pgid, signal.SIGTERM)
     deadline = time.time() + 30
     while running() and time.time() < deadline:
         time.sleep(0.1)
-    if running():
-        os.killpg(pid, signal.SIGKILL)
-        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 if action == "stop" or (action == "start" and pid):
     sys.exit(0)
 if os.fork():
@@ -695,7 +701,7 @@ def deploy(modules: Iterable[Module], opts: DeployOptions, wait: HeartbeatWait |
            on_done: Callable[[DeployResult], None] | None = None) -> dict[str, DeployResult]:
     """Deploy every module (bounded parallelism); one result per module, failures included."""
     mods = list(modules)
-    builder = opts.wheelhouse or WheelhouseBuilder(opts.source_root, opts.cache_dir)
+    builder = opts.wheelhouse or WheelhouseBuilder(opts.source_root, opts.cache_dir, project=opts.project_wheel)
     worker_command = worker_command_available()
 
     def one(m: Module) -> DeployResult:

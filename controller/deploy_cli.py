@@ -68,6 +68,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         heartbeat_timeout: float = typer.Option(90.0, "--heartbeat-timeout", help="wait for the first beat, s"),
         no_wait: bool = typer.Option(False, "--no-wait", help="do not wait for heartbeats"),
         cache_dir: Path = typer.Option(dep.DEFAULT_CACHE, "--cache-dir", help="wheel cache on the controller"),
+        wheel: Path | None = typer.Option(None, "--wheel", help="deploy this m1000-fleet wheel (default: build one)"),
     ) -> None:
         """Install or update the agent on modules (idempotent), then wait for their heartbeats."""
         try:
@@ -78,10 +79,14 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
             raise _fail(str(exc)) from None
         opts = dep.DeployOptions(known_hosts=kh, identity=key, settings=settings, broker_url=broker_url,
                                  metrics_host=metrics_host, max_parallel=parallel, dry_run=dry_run,
-                                 heartbeat_timeout=heartbeat_timeout, cache_dir=cache_dir)
+                                 heartbeat_timeout=heartbeat_timeout, cache_dir=cache_dir,
+                                 project_wheel=wheel)
         wait = None if (no_wait or dry_run) else dep.heartbeat_waiter(settings)
-        with err.status(f"deploying to {len(mods)} module(s)"):
-            results = dep.deploy(mods, opts, wait)
+        try:
+            with err.status(f"deploying to {len(mods)} module(s)"):
+                results = dep.deploy(mods, opts, wait)
+        except dep.DeployError as exc:
+            raise _fail(str(exc)) from None
         out.print(deploy_table(results))
         failed = [r.module for r in results.values() if not r.ok]
         if all(r.status == "unchanged" for r in results.values()):

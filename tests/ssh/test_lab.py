@@ -1,0 +1,207 @@
+"""Slow tier: deploy and push against real OpenSSH hosts in network namespaces.
+
+The lab (tests/ssh/netns.py) has three modules, each its own namespace, address, unix user
+and sshd; deploy installs the real agent from this source tree (offline wheelhouse) and
+waits for real heartbeats through a real redis-server on the lab's bridge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+import psutil
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from agent.settings import BrokerSettings
+from controller import deploy as dep
+from controller.deploy_cli import register
+from controller.inventory import Inventory, Module
+from controller.push import PushResult, file_sha256, push_release
+from tests.ssh.conftest import REDIS_PASSWORD, CachedWheelhouse, lab_modules
+from tests.ssh.netns import Lab
+
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
+
+NASTY = "/data/models; $(touch /tmp/f7-pwned) `touch /tmp/f7-pwned2` 'q\" & |x"
+
+
+def cli(mods: list[Module], settings: BrokerSettings) -> typer.Typer:
+    app = typer.Typer()
+    devices = typer.Typer()
+    app.add_typer(devices, name="devices")
+    register(app, devices, lambda: Inventory(modules=tuple(mods)), lambda: settings)
+    return app
+
+
+def trust(lab: Lab) -> list[str]:
+    return ["--known-hosts", str(lab.known_hosts), "--identity", str(lab.client_key)]
+
+
+def random_file(path: Path, size: int) -> Path:
+    with path.open("wb") as f:
+        left = size
+        while left:
+            n = min(left, 1 << 20)
+            f.write(os.urandom(n))
+            left -= n
+    return path
+
+
+# ------------------------------------------------------------------------------------- deploy
+@pytest.mark.redis
+def test_deploy_redeploy_check_and_a_module_down(lab: Lab, lab_redis: str, wheelhouse: CachedWheelhouse) -> None:
+    settings = BrokerSettings(broker_url=lab_redis, heartbeat_interval=1.0, offline_after=5.0)
+    mods = lab_modules(lab, model_root=NASTY)
+    opts = dep.DeployOptions(known_hosts=lab.known_hosts, identity=lab.client_key, settings=settings,
+                             wheelhouse=wheelhouse, heartbeat_timeout=120)
+    first = dep.deploy(mods, opts, dep.heartbeat_waiter(settings, poll=0.5))
+    for r in first.values():
+        assert r.status == "changed" and r.error is None, r
+        assert r.heartbeat is True and r.agent_version == "0.1.0"
+        assert r.actions[-1] == "start (supervise)"
+
+    for h in lab.hosts:
+        agent = h.home / "m1000-fleet" / "agent"
+        assert stat.S_IMODE(agent.stat().st_mode) == 0o700
+        for secret in ("agent.toml", "broker_password"):
+            assert stat.S_IMODE((agent / secret).stat().st_mode) == 0o600
+        cfg = tomllib.loads((agent / "agent.toml").read_text())
+        assert cfg["agent"]["model_root"] == NASTY and cfg["agent"]["module"] == h.name
+        assert REDIS_PASSWORD not in (agent / "agent.toml").read_text()
+        assert REDIS_PASSWORD not in (agent / "agent.log").read_text()
+    assert not Path("/tmp/f7-pwned").exists() and not Path("/tmp/f7-pwned2").exists()
+    # the broker password is in no process's arguments or environment on the modules
+    users = {h.user for h in lab.hosts}
+    seen = 0
+    for p in psutil.process_iter(["username", "cmdline", "environ"]):
+        if p.info["username"] in users:
+            seen += 1
+            assert REDIS_PASSWORD not in " ".join(p.info["cmdline"] or [])
+            assert REDIS_PASSWORD not in " ".join((p.info["environ"] or {}).values())
+    assert seen >= 6  # a supervisor and an agent per module at least
+    pids = {h.name: (h.home / "m1000-fleet" / "agent" / "supervisor.pid").read_text() for h in lab.hosts}
+
+    app = cli(mods, settings)
+    runner = CliRunner()
+    wheel = ["--wheel", str(wheelhouse.builder.project_wheel())]  # the same build (the tree may change meanwhile)
+    again = runner.invoke(app, ["deploy", *trust(lab), *wheel, "--heartbeat-timeout", "30"])
+    assert again.exit_code == 0, again.output
+    assert "nothing changed" in again.output and again.output.count("unchanged") == 3
+    assert pids == {h.name: (h.home / "m1000-fleet" / "agent" / "supervisor.pid").read_text() for h in lab.hosts}
+
+    checked = runner.invoke(app, ["devices", "check", *trust(lab)])
+    assert checked.exit_code == 0, checked.output
+    assert checked.output.count("running") == 3 and "3." in checked.output
+
+    down = lab.host("mod-c")
+    down.stop()
+    try:
+        t0 = time.monotonic()
+        res = runner.invoke(app, ["deploy", *trust(lab), *wheel, "--heartbeat-timeout", "30"])
+        assert res.exit_code == 1, res.output
+        assert "1 of 3 module(s) failed: mod-c" in res.output
+        assert res.output.count("unchanged") == 2 and "unreachable" in res.output
+        assert time.monotonic() - t0 < 60
+    finally:
+        down.start()
+
+
+def test_deploy_dry_run_changes_nothing_and_refuses_a_changed_host_key(lab: Lab) -> None:
+    settings = BrokerSettings(broker_url="redis://10.231.7.1:1/0")
+    m = lab_modules(lab, workdir="~/dry run $(x)")[:2]
+
+    stub = dep.Wheelhouse((), Path(dep.__file__), Path(dep.__file__).with_name("m1000_fleet-0.1.0-py3.whl"),
+                          Path(dep.__file__), "0" * 64)
+    opts = dep.DeployOptions(known_hosts=lab.known_hosts, identity=lab.client_key, settings=settings,
+                             wheelhouse=lambda f: stub, dry_run=True)
+    res = dep.deploy(m, opts)
+    for r in res.values():
+        assert r.status == "planned" and r.actions[0] == "upload_wheels (1 files)", r
+        assert [a.split(" ")[0] for a in r.actions[1:]] == ["create_venv", "install", "write_config",
+                                                           "write_service", "start"]
+    for h in lab.hosts[:2]:
+        assert not (h.home / "dry run $(x)").exists()
+
+    changed = lab.host("mod-b")
+    changed.regenerate_host_key()
+    try:
+        res = dep.deploy(m, opts)
+        assert res["mod-a"].status == "planned"
+        assert res["mod-b"].status == "failed" and "host key of 10.231.7.12:22 CHANGED" in str(res["mod-b"].error)
+    finally:
+        lab.write_known_hosts()  # the operator verified the new key
+
+
+# ------------------------------------------------------------------------------------- push
+def test_push_skip_refusals_and_cli(lab: Lab, tmp_path: Path) -> None:
+    tar = random_file(tmp_path / "SGLang-MUSA-M1000 1.4.1;$(id).tar.gz", 6 << 20)
+    digest = file_sha256(tar)
+    mods = lab_modules(lab)
+    kw = dict(known_hosts=lab.known_hosts, identity=lab.client_key)
+    first = push_release(mods, tar, digest, **kw)  # type: ignore[arg-type]
+    for h in lab.hosts:
+        r = first[h.name]
+        assert r.error is None and not r.skipped and r.bytes == tar.stat().st_size
+        assert r.remote_path == str(h.home / "m1000-fleet" / "incoming" / digest / tar.name)
+        assert file_sha256(Path(r.remote_path)) == digest
+    second = push_release(mods, tar, digest, **kw)  # type: ignore[arg-type]
+    assert all(r.skipped and r.bytes == 0 and r.error is None for r in second.values())
+
+    res = CliRunner().invoke(cli(mods, BrokerSettings()), ["push", str(tar), "--devices", "mod-a", *trust(lab)])
+    assert res.exit_code == 0 and "skipped (present)" in res.output, res.output
+
+    changed, down = lab.host("mod-b"), lab.host("mod-c")
+    changed.regenerate_host_key()
+    down.stop()
+    try:
+        third = push_release(mods, tar, digest, retries=0, **kw)  # type: ignore[arg-type]
+        assert third["mod-a"].skipped
+        assert "CHANGED" in str(third["mod-b"].error) and "refusing" in str(third["mod-b"].error)
+        assert "unreachable" in str(third["mod-c"].error)
+        res = CliRunner().invoke(cli(mods, BrokerSettings()), ["push", str(tar), *trust(lab)])
+        assert res.exit_code == 1
+    finally:
+        down.start()
+        lab.write_known_hosts()
+
+
+def test_push_resumes_after_the_link_is_cut(lab: Lab, tmp_path: Path) -> None:
+    size = 24 << 20
+    tar = random_file(tmp_path / "release.tar.gz", size)
+    digest = file_sha256(tar)
+    h = lab.host("mod-a")
+    m = [Module(name=h.name, host=h.address, ssh_user=h.user)]
+    part = h.home / "m1000-fleet" / "incoming" / digest / ".release.tar.gz.part"
+    out: dict[str, PushResult] = {}
+    h.shape(40)  # ~5 MB/s: the cut lands mid-transfer
+    try:
+        th = threading.Thread(target=lambda: out.update(push_release(
+            m, tar, digest, known_hosts=lab.known_hosts, identity=lab.client_key, retries=0,
+            alive_interval=1, alive_count=2)))
+        th.start()
+        deadline = time.monotonic() + 30
+        while not (part.exists() and part.stat().st_size >= 3 << 20):
+            assert time.monotonic() < deadline and th.is_alive(), "transfer did not start"
+            time.sleep(0.05)
+        h.link(up=False)
+        th.join(60)
+        assert not th.is_alive()
+    finally:
+        h.link(up=True)
+        h.shape(None)
+    cut = out[h.name]
+    assert cut.error is not None and cut.error.startswith("mod-a: "), cut
+    assert 0 < part.stat().st_size < size
+    resumed = push_release(m, tar, digest, known_hosts=lab.known_hosts, identity=lab.client_key)[h.name]
+    assert resumed.error is None, resumed
+    assert resumed.resumed_from >= 3 << 20 and resumed.bytes == size - resumed.resumed_from
+    final = Path(resumed.remote_path)
+    assert hashlib.sha256(final.read_bytes()).hexdigest() == digest and not part.exists()
