@@ -197,6 +197,41 @@ def worker(
     run_worker(load_settings(AgentSettings, config), loglevel=loglevel)
 
 
+@app.command()
+def exporter(
+    config: Path | None = typer.Option(None, "--config", "-c", envvar="FLEET_CONFIG",
+                                       help="TOML config ([fleet], [agent]); FLEET_* variables override it"),
+    workdir: Path | None = typer.Option(None, "--workdir", help="the module's workdir (default: settings)"),
+    host: str | None = typer.Option(None, "--host", help="bind address (default: settings metrics_host, loopback)"),
+    port: int | None = typer.Option(None, "--port", help="port (default: settings metrics_port)"),
+    push_interval: float = typer.Option(15.0, "--push-interval", help="s between pushes when pushgateway_url is set"),
+) -> None:
+    """Serve /metrics of this module's workdir (and push to a Pushgateway if configured) until stopped."""
+    import threading
+
+    from agent import metrics
+    from agent.settings import AgentSettings, load_settings
+
+    s = load_settings(AgentSettings, config, workdir=workdir, metrics_host=host, metrics_port=port)
+    wd = s.workdir.expanduser()
+    reg = metrics.build_registry(wd, s.module)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = metrics.start_exporter(wd, s.module, host=s.metrics_host, port=s.metrics_port, registry=reg) \
+        if s.metrics_port else None
+    pusher = metrics.Pusher(reg, s.pushgateway_url, s.module, interval=push_interval).start() \
+        if s.pushgateway_url else None
+    if server is None and pusher is None:
+        raise _bad_input("exporter: metrics_port is 0 and no pushgateway_url: nothing to do")
+    stop.wait()
+    if pusher is not None:
+        pusher.stop()
+    if server is not None:
+        server[0].shutdown()
+        server[0].server_close()
+
+
 def main() -> None:
     app()
 

@@ -268,3 +268,36 @@ def test_collector_is_cheap_when_nothing_changed(tmp_path: Path, seed_text: str)
     finished_run(tmp_path, seed_text, "r2", "m-a", release="1.4.2")
     v3, _, _ = col.snapshot()
     assert v3 > v2
+
+
+def test_fleet_agent_exporter_command_serves_and_stops_on_sigterm(tmp_path: Path, seed_text: str) -> None:
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    finished_run(tmp_path, seed_text, "r1", "m-a")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = str(Path(sys.executable).parent / "fleet-agent")
+    env = {**os.environ, "FLEET_MODULE": "m-a"}
+    p = subprocess.Popen([exe, "exporter", "--workdir", str(tmp_path), "--port", str(port)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        body = ""
+        for _ in range(100):
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert 'm1000_result_ttft_seconds{model_key="qwen3",profile="128:128",release="1.4.1"}' in body
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=10) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
