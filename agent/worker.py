@@ -258,17 +258,19 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
              settings.redacted_broker_url(), queue_name(settings.module))
     hb = HeartbeatThread(app, settings)
     hb.start()
-    exporter = None
-    if settings.metrics_port:
-        try:
-            from agent import metrics
+    exporter, pusher = None, None
+    if settings.metrics_port or settings.pushgateway_url:
+        from agent import metrics
 
-            exporter = metrics.start_exporter(workdir, settings.module, host=settings.metrics_host,
-                                              port=settings.metrics_port)
-        except (ImportError, AttributeError):
-            log.info("metrics exporter not available")
-        except OSError as exc:
-            log.error("cannot serve /metrics on %s:%s: %s", settings.metrics_host, settings.metrics_port, exc)
+        registry = metrics.build_registry(workdir, settings.module)
+        if settings.metrics_port:
+            try:
+                exporter = metrics.start_exporter(workdir, settings.module, host=settings.metrics_host,
+                                                  port=settings.metrics_port, registry=registry)
+            except OSError as exc:
+                log.error("cannot serve /metrics on %s:%s: %s", settings.metrics_host, settings.metrics_port, exc)
+        if settings.pushgateway_url:
+            pusher = metrics.Pusher(registry, settings.pushgateway_url, settings.module).start()
     try:
         worker = app.Worker(
             queues=[queue_name(settings.module)],
@@ -286,6 +288,8 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
         worker.start()
     finally:
         hb.stop()
+        if pusher is not None:
+            pusher.stop()
         if exporter is not None:
             with contextlib.suppress(Exception):
                 exporter[0].shutdown()
