@@ -13,11 +13,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from celery import Celery
+from celery.backends.filesystem import FilesystemBackend
 from pydantic import ValidationError
 
 from agent.records import Heartbeat, ResultRow, RunProgress
@@ -37,7 +40,16 @@ class KV:
 
     # -- raw ------------------------------------------------------------------------------
     def put(self, key: str, value: Any) -> None:
-        self.backend.set(key.encode(), json.dumps(value, separators=(",", ":")))
+        data = json.dumps(value, separators=(",", ":"))
+        if isinstance(self.backend, FilesystemBackend):
+            # the file backend writes in place; readers must never see half a value
+            path = os.fsdecode(self.backend._filename(key.encode()))
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+            return
+        self.backend.set(key.encode(), data)
 
     def get(self, key: str) -> Any:
         raw = self.backend.get(key.encode())

@@ -68,7 +68,10 @@ def follow(sync: Callable[[], RunView], console: Console, *, interval: float = 0
                 last = line
             time.sleep(interval)
             view = sync()
-        console.print(render(view, title=title))
+        for m in view.modules:
+            p = view.progress.get(m)
+            state = p.state.value if p else "queued"
+            console.print(f"  {m}: {state}, {result_text(p).plain}", highlight=False)
         return view
     with Live(render(view, title=title), console=console, refresh_per_second=4, transient=False) as live:
         while not view.finished:
