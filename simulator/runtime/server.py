@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from . import core
-from .common import fail, load_knobs, model_identity, release_file
+from .common import fail, load_knobs, model_identity, raise_priority, release_file
 
 PROG = "sglang server"
 MIN_GAP_S = 0.002  # plain decoding: never more than one chunk per 2 ms of wall time
@@ -214,7 +214,12 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        if path not in ("/v1/completions", "/v1/chat/completions", "/generate"):
+        if path == "/flush_cache":
+            with self.state.lock:
+                self.state.cache = PrefixCache(self.state.cfg.max_total_tokens)
+            self._json(200, {"message": "Cache flushed."})
+            return
+        if path not in ("/v1/completions", "/v1/chat/completions"):
             self._error(404, f"no route {path}")
             return
         if not self.state.ready.is_set():
@@ -504,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         server = _bind(cfg, state)
     except core.SimError as exc:
         return fail(PROG, str(exc))
+    raise_priority(env)
     print(f"{PROG}: {cfg.key} ({cfg.model_path}) listening on http://{cfg.host}:{cfg.port} "
           f"(time scale {knobs.time_scale:g}, max-total-tokens {cfg.max_total_tokens})", file=sys.stderr, flush=True)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
