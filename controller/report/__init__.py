@@ -7,6 +7,8 @@ Public API: :func:`build_report` (history + run id -> :class:`Report`), :func:`c
 from __future__ import annotations
 
 from controller.report.analysis import analyse
+from controller.report.load import build_report, compare_runs
 from controller.report.model import Change, Outlier, Regression, Report, ReportError, Thresholds
 
-__all__ = ["Change", "Outlier", "Regression", "Report", "ReportError", "Thresholds", "analyse"]
+__all__ = ["Change", "Outlier", "Regression", "Report", "ReportError", "Thresholds", "analyse", "build_report",
+           "compare_runs"]

@@ -57,27 +57,32 @@ _KEEP = ("run_id", "module", "release", "model_key", "table", "profile", "prefil
 
 # -- preparation --------------------------------------------------------------------------------
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
-    """Typed copy of a rows frame: categorical ids, a ``cell`` code per (key, profile), float
-    metrics, invalid figures blanked, badness columns."""
+    """Typed copy of a rows frame: categorical ids, integer codes (``mod``, ``key``, ``cell`` per
+    (key, profile)), float metrics, invalid figures blanked, badness columns."""
     missing = [c for c in ("module", "model_key", "profile") if c not in df.columns]
     if missing:
         raise ReportError(f"rows frame lacks column {missing[0]!r}")
     out = pd.DataFrame(index=pd.RangeIndex(len(df)))
     for c in _KEEP:
-        col = df[c] if c in df.columns else pd.Series(None, index=df.index, dtype=object)
-        out[c] = col.to_numpy() if c not in _IDS else col.fillna("").astype(str).astype("category").array
-    flags = out["flags"].fillna("").astype(str)
-    any_invalid = flags.str.contains("_invalid", regex=False) if len(out) else pd.Series([], dtype=bool)
+        col = df[c].reset_index(drop=True) if c in df.columns else pd.Series(None, index=out.index, dtype=object)
+        out[c] = col.to_numpy() if c not in _IDS else col.fillna("").astype(str).astype("category")
+    flags = out["flags"].fillna("").astype(str).astype("category")  # few distinct texts: test those
+    kinds = flags.cat.categories.astype(str)
     for m in ALL_METRICS:
         v = pd.to_numeric(df[m], errors="coerce").to_numpy(dtype=float) if m in df.columns else np.nan
         out[m] = v
-        if any_invalid.any():
-            out.loc[any_invalid & flags.str.contains(f"{m}_invalid", regex=False), m] = np.nan
+        bad_kinds = np.flatnonzero(kinds.str.contains(f"{m}_invalid", regex=False))
+        if len(bad_kinds):
+            out.loc[np.isin(flags.cat.codes.to_numpy(), bad_kinds), m] = np.nan
         vals = out[m].to_numpy()
         with np.errstate(invalid="ignore", divide="ignore"):
             out[B[m]] = np.where(vals > 0, SIGN[m] * np.log(vals), np.nan)
     out["correct"] = pd.to_numeric(out["correct"].map({True: 1.0, False: 0.0}), errors="coerce")
-    out["cell"] = out.groupby(K, observed=True, sort=False).ngroup() if len(out) else 0
+    out["mod"] = out["module"].cat.codes.astype(np.int64)
+    out["key"] = out["model_key"].cat.codes.astype(np.int64)
+    combo = out["key"].to_numpy() * (len(out["profile"].cat.categories) + 1) + out["profile"].cat.codes.to_numpy()
+    out["cell"] = pd.factorize(combo)[0] if len(out) else np.zeros(0, dtype=np.int64)
+    out["modkey"] = out["mod"].to_numpy() * (len(out["model_key"].cat.categories) + 1) + out["key"].to_numpy()
     return out
 
 
@@ -137,7 +142,7 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds) -> tuple[pd.DataFrame, pd
     metrics = _present(cur, PRIMARY_METRICS)
     cols = _bcols(metrics)
     if not cols:
-        return pd.DataFrame(columns=["module", *K, "metric", "cell", "b", "dev", "z", "scale"]), pd.DataFrame()
+        return pd.DataFrame(columns=["mod", "modkey", "cell", "mi", "value", "b", "dev", "z", "scale"]), pd.DataFrame()
     cell = cur["cell"].to_numpy()
     vals = cur[cols]
     med = vals.groupby(cell).median()
@@ -150,21 +155,27 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds) -> tuple[pd.DataFrame, pd
     for i, m in enumerate(metrics):  # a handful of metric columns, not rows
         ok = ~np.isnan(dev[:, i])
         parts.append(pd.DataFrame({
-            "module": cur["module"].array[ok], "model_key": cur["model_key"].array[ok],
-            "profile": cur["profile"].array[ok], "metric": m, "cell": cell[ok], "value": cur[m].to_numpy()[ok],
-            "b": vals[cols[i]].to_numpy()[ok], "dev": dev[ok, i], "z": z[ok, i], "scale": scale[ok, i],
+            "mod": cur["mod"].to_numpy()[ok], "modkey": cur["modkey"].to_numpy()[ok], "cell": cell[ok],
+            "mi": np.int8(i), "value": cur[m].to_numpy()[ok], "b": vals[cols[i]].to_numpy()[ok],
+            "dev": dev[ok, i], "z": z[ok, i], "scale": scale[ok, i],
         }))
     long = pd.concat(parts, ignore_index=True)
-    long["metric"] = long["metric"].astype("category")
+    long.attrs["metrics"] = metrics
     return long, spread.rename(columns={B[m]: m for m in metrics})
 
 
-def _outlier_stats(long: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    keys = [long[c] for c in by]
+def _outlier_stats(long: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Per group code (``mod`` or ``modkey``): typical deviation, cells, sign test, share |z| > 3."""
+    g = long[by].to_numpy()
     dev, z = long["dev"].to_numpy(), long["z"].to_numpy()
-    counts = pd.DataFrame({"cells": 1, "pos": dev > 0, "neg": dev < 0, "zpos": z > 3, "zneg": z < -3},
-                          index=long.index).groupby(keys, observed=True).sum()
-    s = counts.assign(typ=long["dev"].groupby(keys, observed=True).median())
+    size = int(g.max()) + 1 if len(g) else 0
+
+    def count(w: np.ndarray) -> np.ndarray:
+        return np.bincount(g, weights=w.astype(float), minlength=size)
+
+    s = pd.DataFrame({"cells": count(np.ones(len(g))), "pos": count(dev > 0), "neg": count(dev < 0),
+                      "zpos": count(z > 3), "zneg": count(z < -3)})
+    s = s[s["cells"] > 0].assign(typ=long["dev"].groupby(g).median())
     up = s["typ"] > 0
     k = np.where(up, s["pos"], s["neg"])
     s["p"] = np.minimum(1.0, 2 * _sign_p(k, s["pos"] + s["neg"]))
@@ -173,17 +184,32 @@ def _outlier_stats(long: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return s
 
 
-def find_outliers(long: pd.DataFrame, th: Thresholds) -> tuple[tuple[Outlier, ...], pd.DataFrame]:
+class Names:
+    """Text of the integer codes of one prepared frame."""
+
+    def __init__(self, cur: pd.DataFrame) -> None:
+        self.modules = cur["module"].cat.categories.astype(str)
+        self.keys = cur["model_key"].cat.categories.astype(str)
+        self.cells = cell_table(cur)
+        self.nk = len(self.keys) + 1
+
+    def module(self, code: int) -> str:
+        return str(self.modules[code])
+
+    def modkey(self, code: int) -> tuple[str, str]:
+        return str(self.modules[code // self.nk]), str(self.keys[code % self.nk])
+
+
+def find_outliers(long: pd.DataFrame, names: Names, th: Thresholds) -> tuple[tuple[Outlier, ...], pd.DataFrame]:
     """Outlier modules, then outlier (module, key) pairs on the remaining modules; and the
     module x key deviation table (fraction of the fleet median; -0.12 = 12 % slower)."""
     if long.empty:
         return (), pd.DataFrame()
-    n_modules = long["module"].nunique()
-    by_key = _outlier_stats(long, ["module", "model_key"])
-    deviation = (by_key["factor"] - 1.0).unstack("model_key")
-    if n_modules < 3:  # a median of two says nothing about which one is out of line
+    by_key = _outlier_stats(long, "modkey")
+    deviation = _deviation(by_key, names)
+    if long["mod"].nunique() < 3:  # a median of two says nothing about which one is out of line
         return (), deviation
-    by_mod = _outlier_stats(long, ["module"])
+    by_mod = _outlier_stats(long, "mod")
 
     def hits(s: pd.DataFrame) -> pd.DataFrame:
         off = (s["factor"] - 1.0).abs() >= th.outlier_tolerance
@@ -191,47 +217,61 @@ def find_outliers(long: pd.DataFrame, th: Thresholds) -> tuple[tuple[Outlier, ..
 
     mod_hits = hits(by_mod)
     key_hits = hits(by_key)
-    key_hits = key_hits[~key_hits.index.get_level_values("module").isin(mod_hits.index)]
-    found = [_outlier(long, str(module), FLEET, r, th) for module, r in mod_hits.iterrows()]
-    found += [_outlier(long, str(module), str(key), r, th) for (module, key), r in key_hits.iterrows()]
+    key_hits = key_hits[~np.isin(key_hits.index.to_numpy() // names.nk, mod_hits.index.to_numpy())]
+    found = [_outlier(long, names, "mod", int(c), r, th) for c, r in mod_hits.iterrows()]
+    found += [_outlier(long, names, "modkey", int(c), r, th) for c, r in key_hits.iterrows()]
     found.sort(key=lambda o: abs(math.log(o.factor)), reverse=True)
     return tuple(found), deviation
 
 
-def refine_outliers(cur: pd.DataFrame, long: pd.DataFrame, outliers: tuple[Outlier, ...], excluded: np.ndarray,
-                    deviation: pd.DataFrame, th: Thresholds) -> tuple[tuple[Outlier, ...], pd.DataFrame]:
+def _deviation(by_key: pd.DataFrame, names: Names) -> pd.DataFrame:
+    codes = by_key.index.to_numpy()
+    t = pd.DataFrame({"module": names.modules[codes // names.nk], "model_key": names.keys[codes % names.nk],
+                      "dev": by_key["factor"].to_numpy() - 1.0})
+    return t.pivot(index="module", columns="model_key", values="dev")
+
+
+def refine_outliers(cur: pd.DataFrame, long: pd.DataFrame, names: Names, outliers: tuple[Outlier, ...],
+                    excluded: np.ndarray, deviation: pd.DataFrame, th: Thresholds
+                    ) -> tuple[tuple[Outlier, ...], pd.DataFrame]:
     """The outliers' factors and worst cases against the fleet *without* them (the median of all
     modules is pulled a little toward the outliers)."""
-    metrics = list(long["metric"].cat.categories)
+    metrics = long.attrs["metrics"]
     med = cur[_bcols(metrics)].mask(pd.Series(excluded, index=cur.index), axis=0).groupby(cur["cell"]).median()
-    med.columns = pd.Index(metrics, name="metric")
-    mine = long[long["module"].isin({o.module for o in outliers})]
-    ref = med.stack().reindex(pd.MultiIndex.from_arrays([mine["cell"], mine["metric"].astype(str)]))
-    mine = mine.assign(dev=mine["b"].to_numpy() - ref.to_numpy())
-    mine = mine.assign(z=mine["dev"] / mine["scale"])  # the per-cell spread of the whole fleet
-    by_mod, by_key = _outlier_stats(mine, ["module"]), _outlier_stats(mine, ["module", "model_key"])
+    med_np = med.reindex(range(int(cur["cell"].max()) + 1)).to_numpy()
+    codes = [int(names.modules.get_loc(o.module)) for o in outliers]
+    mine = long[long["mod"].isin(codes)]
+    dev = mine["b"].to_numpy() - med_np[mine["cell"].to_numpy(), mine["mi"].to_numpy().astype(int)]
+    mine = mine.assign(dev=dev, z=dev / mine["scale"].to_numpy())
+    by_mod, by_key = _outlier_stats(mine, "mod"), _outlier_stats(mine, "modkey")
     refined = []
-    for o in outliers:
-        r = by_mod.loc[o.module] if o.model_key == FLEET else by_key.loc[(o.module, o.model_key)]
-        new = _outlier(mine, o.module, o.model_key, r, th)
+    for o, code in zip(outliers, codes, strict=True):
+        if o.model_key == FLEET:
+            new = _outlier(mine, names, "mod", code, by_mod.loc[code], th)
+        else:
+            mk = code * names.nk + int(names.keys.get_loc(o.model_key))
+            new = _outlier(mine, names, "modkey", mk, by_key.loc[mk], th)
         refined.append(new.model_copy(update={"p_value": o.p_value, "share_out": o.share_out}))
-    dev = deviation.copy()
-    upd = (by_key["factor"] - 1.0).unstack("model_key")
-    dev.loc[upd.index, upd.columns] = upd
-    return tuple(refined), dev
+    upd = _deviation(by_key, names)
+    dev_t = deviation.copy()
+    dev_t.loc[upd.index, upd.columns] = upd
+    return tuple(refined), dev_t
 
 
-def _outlier(long: pd.DataFrame, module: str, key: str, r: pd.Series, th: Thresholds) -> Outlier:
-    sel = long[(long["module"] == module) & ((long["model_key"] == key) if key != FLEET else True)]
+def _outlier(long: pd.DataFrame, names: Names, by: str, code: int, r: pd.Series, th: Thresholds) -> Outlier:
+    sel = long[long[by].to_numpy() == code]
     direction = 1.0 if r["typ"] > 0 else -1.0
     worst = sel.assign(w=sel["dev"] * direction).nlargest(th.worst_cases, "w")
-    cases = tuple(
-        WorstCase(model_key=str(w.model_key), profile=str(w.profile), metric=str(w.metric), value=float(w.value),
-                  fleet_median=float(w.value * math.exp(SIGN[str(w.metric)] * w.dev)), z=float(w.z))
-        for w in worst.itertuples()
-    )
+    metrics = long.attrs["metrics"]
+    cases = []
+    for w in worst.itertuples():  # the worst few
+        m = metrics[int(w.mi)]
+        cases.append(WorstCase(model_key=str(names.cells.at[w.cell, "model_key"]),
+                               profile=str(names.cells.at[w.cell, "profile"]), metric=m, value=float(w.value),
+                               fleet_median=float(w.value * math.exp(-SIGN[m] * w.dev)), z=float(w.z)))
+    module, key = (names.module(code), FLEET) if by == "mod" else names.modkey(code)
     return Outlier(module=module, model_key=key, factor=float(r["factor"]), cells=int(r["cells"]),
-                   share_out=float(r["share_out"]), p_value=float(r["p"]), worst=cases)
+                   share_out=float(r["share_out"]), p_value=float(r["p"]), worst=tuple(cases))
 
 
 def outlier_mask(cur: pd.DataFrame, outliers: Iterable[Outlier]) -> np.ndarray:
@@ -239,7 +279,7 @@ def outlier_mask(cur: pd.DataFrame, outliers: Iterable[Outlier]) -> np.ndarray:
     for o in outliers:  # a few outliers; each a vectorised mask
         m = (cur["module"] == o.module).to_numpy()
         if o.model_key != FLEET:
-            m &= (cur["model_key"] == o.model_key).to_numpy()
+            m = m & (cur["model_key"] == o.model_key).to_numpy()
         mask |= m
     return mask
 
@@ -254,19 +294,19 @@ def reference(base: pd.DataFrame) -> pd.DataFrame:
 
 
 def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
-    """cur rows + ``d_<m>`` = badness minus the reference's (per key/profile), ``ref_<m>`` its figure."""
+    """Per row of cur: ``d_<m>`` = badness minus the reference's (per key/profile); ``r_<m>`` the latter."""
     r = per_row(cur, ref[_bcols(ALL_METRICS)], K)
-    out = cur[["module", *K, "cell"]].copy()
+    out = cur[["mod", "key", "modkey", "cell"]].copy()
     for m in ALL_METRICS:
         rb = r[B[m]].to_numpy(dtype=float)
         out[f"d_{m}"] = cur[B[m]].to_numpy() - rb
-        out[f"ref_{m}"] = np.exp(SIGN[m] * rb)
+        out[f"r_{m}"] = rb
     return out
 
 
 def _ident(df: pd.DataFrame, cats: dict[str, pd.Index]) -> np.ndarray:
     """One int64 per (module, key, profile), comparable between frames sharing ``cats``."""
-    codes = [pd.Categorical(df[c], categories=cats[c]).codes.astype(np.int64) for c in ("module", *K)]
+    codes = [df[c].cat.set_categories(cats[c]).cat.codes.to_numpy().astype(np.int64) for c in ("module", *K)]
     ident = codes[0]
     for c, code in zip(K, codes[1:], strict=True):
         ident = ident * (len(cats[c]) + 1) + code
@@ -274,7 +314,7 @@ def _ident(df: pd.DataFrame, cats: dict[str, pd.Index]) -> np.ndarray:
 
 
 def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame) -> pd.DataFrame:
-    """cur rows + ``d_<m>`` = badness minus the same module's previous figure."""
+    """Per row of cur: ``d_<m>`` = badness minus the same module's previous figure (``r_<m>``)."""
     cats = {c: cur[c].cat.categories for c in ("module", *K)}
     mine, theirs = _ident(cur, cats), _ident(prev, cats)
     keep = theirs >= 0
@@ -285,54 +325,76 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame) -> pd.DataFrame:
         index, pv = index[~dup], pv[~dup]
     pos = index.get_indexer(mine)
     found = pos >= 0
-    out = cur[["module", *K, "cell"]].copy()
+    out = cur[["mod", "key", "modkey", "cell"]].copy()
     for m in ALL_METRICS:
         pb = np.where(found, pv[B[m]].to_numpy()[pos], np.nan)
         out[f"d_{m}"] = cur[B[m]].to_numpy() - pb
-        out[f"ref_{m}"] = np.exp(SIGN[m] * pb)
+        out[f"r_{m}"] = pb
     out["ref_correct"] = np.where(found, pv["correct"].to_numpy()[pos], np.nan)
     return out
 
 
-def _cells(d: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
-    """Per (key, profile, metric): fleet median of d, modules, modules worse; long and small."""
-    dcols = [f"d_{m}" for m in metrics]
-    g = d.groupby("cell")
-    med, n = g[dcols].median(), g[dcols].count()
-    pos = (d[dcols] > 0).groupby(d["cell"]).sum()
-    ref = g[[f"ref_{m}" for m in metrics]].median()
-    ids = cell_table(d).reindex(med.index)
+def _threshold(metric: str, tol: float) -> float:
+    """Tolerance as a badness difference (log units)."""
+    return -math.log(1 - tol) if METRICS[metric] else math.log(1 + tol)
+
+
+def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds) -> pd.DataFrame:
+    """Per (key, profile, metric): fleet median of d, modules, modules worse *beyond tolerance*,
+    reference; long and small."""
+    dcols, rcols = [f"d_{m}" for m in metrics], [f"r_{m}" for m in metrics]
+    cell = d["cell"].to_numpy()
+    # the lower median of the badness: with an even count the less bad of the middle two, so
+    # that half of a small fleet is not a fleet-wide regression
+    med = d[dcols].groupby(cell).quantile(0.5, interpolation="lower").join(d[rcols].groupby(cell).median())
+    n = d[dcols].notna().groupby(cell).sum()
+    thr = np.array([_threshold(m, th.tol(m)) for m in metrics])
+    pos = pd.DataFrame(d[dcols].to_numpy() > thr, columns=dcols).groupby(cell).sum()
+    ids = names.cells.reindex(med.index)
     parts = [pd.DataFrame({"model_key": ids["model_key"], "profile": ids["profile"], "metric": m,
-                           "d": med[f"d_{m}"], "n": n[f"d_{m}"], "worse": pos[f"d_{m}"], "ref": ref[f"ref_{m}"]})
+                           "d": med[f"d_{m}"], "n": n[f"d_{m}"], "worse": pos[f"d_{m}"],
+                           "ref": np.exp(SIGN[m] * med[f"r_{m}"])})
              for m in metrics]
     cells = pd.concat(parts)
     cells.index.name = "cell"
     return cells[cells["n"] > 0].dropna(subset=["d"]).reset_index()
 
 
-def _wilcoxon(values: np.ndarray) -> float:
-    if len(values) < 2 or np.all(np.abs(values) < 1e-12):
-        return 1.0
-    return float(stats.wilcoxon(values, zero_method="zsplit", alternative="two-sided").pvalue)
+def _wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
+    """Two-sided Wilcoxon signed-rank p of each (key, metric) group's cell medians against 0,
+    one scipy call per group size (vectorised along the groups)."""
+    p = pd.Series(1.0, index=index)
+    sizes = cells.groupby(["model_key", "metric"])["d"].transform("size")
+    for n in sorted(set(sizes)):  # a few distinct group sizes
+        if n < 2:
+            continue
+        part = cells[sizes.to_numpy() == n].sort_values(["model_key", "metric"], kind="stable")
+        vals = part["d"].to_numpy(dtype=float).reshape(-1, n)
+        ids = part[["model_key", "metric"]].iloc[::n]
+        nonzero = np.abs(vals).max(axis=1) > 1e-12
+        res = np.ones(len(vals))
+        if nonzero.any():
+            res[nonzero] = stats.wilcoxon(vals[nonzero], axis=1, zero_method="zsplit").pvalue
+        p.loc[pd.MultiIndex.from_frame(ids)] = res
+    return p.reindex(index).to_numpy()
 
 
-def fleet_compare(d: pd.DataFrame, against: str, th: Thresholds
+def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds
                   ) -> tuple[list[Change], list[Regression], pd.DataFrame]:
     """Key-level changes (all of them) and the regressions among them, plus single-profile ones."""
     metrics = [m for m in ALL_METRICS if d[f"d_{m}"].notna().any()]
     if not metrics:
         return [], [], pd.DataFrame()
-    cells = _cells(d, metrics)
+    cells = _cells(d, metrics, names, th)
     changes: list[Change] = []
     regs: list[Regression] = []
     key_regressed: set[tuple[str, str]] = set()
-    for (key, m), grp in cells.groupby(["model_key", "metric"], observed=True, sort=True):  # keys x metrics
-        vals = grp["d"].to_numpy()
-        med = float(np.median(vals))
-        ch = float(_change(m, med))
-        p = _wilcoxon(vals)
+    ks = cells.groupby(["model_key", "metric"], sort=True).agg(d=("d", "median"), ref=("ref", "median"),
+                                                               n=("d", "size"))
+    ks["p"] = _wilcoxon_groups(cells, ks.index)
+    for (key, m), k in ks.iterrows():  # keys x metrics
+        ch, p, base, n = float(_change(m, k["d"])), float(k["p"]), float(k["ref"]), int(k["n"])
         tol = th.tol(m)
-        base = float(grp["ref"].median())
         if _worse(m, ch, tol):
             status = "regressed" if p < th.alpha else "not significant"
         elif _better(m, ch, tol):
@@ -340,27 +402,29 @@ def fleet_compare(d: pd.DataFrame, against: str, th: Thresholds
         else:
             status = "within tolerance"
         changes.append(Change(model_key=str(key), metric=m, against=against, baseline=base, value=base * (1 + ch),
-                              change=ch, p_value=p, n=len(vals), status=status))
+                              change=ch, p_value=p, n=n, status=status))
         if status == "regressed":
             key_regressed.add((str(key), m))
             regs.append(Regression(module=FLEET, model_key=str(key), profile=FLEET, metric=m, baseline=base,
-                                   value=base * (1 + ch), change=ch, against=against, p_value=p, n=len(vals),
-                                   detail=f"median over {len(vals)} profiles of the fleet median"))
-    # one profile that moved on (nearly) every module
+                                   value=base * (1 + ch), change=ch, against=against, p_value=p, n=n,
+                                   detail=f"median over {n} profiles of the fleet median"))
+    # one profile that moved beyond tolerance on (nearly) every module (sign test across modules)
     cells["change"] = _change_vec(cells)
     cells["tol"] = cells["metric"].map(th.tol)
     up = cells["metric"].map(METRICS).astype(bool)
     worse = np.where(up, cells["change"] <= -cells["tol"], cells["change"] >= cells["tol"])
     cells["p"] = _sign_p(cells["worse"], cells["n"])
     tested = cells["n"] >= th.min_modules_for_test
-    hit = worse & (~tested | (cells["p"] < th.alpha_profile))
+    # too few modules for a test: only a gross change (3x tolerance) of one profile is named
+    gross = np.where(up, cells["change"] <= -3 * cells["tol"], cells["change"] >= 3 * cells["tol"])
+    hit = worse & np.where(tested, cells["p"] < th.alpha_profile, gross)
     for r in cells[hit].itertuples():  # findings only
         if (str(r.model_key), str(r.metric)) in key_regressed:
             continue
         regs.append(Regression(module=FLEET, model_key=str(r.model_key), profile=str(r.profile), metric=str(r.metric),
                                baseline=float(r.ref), value=float(r.ref * (1 + r.change)), change=float(r.change),
                                against=against, p_value=float(r.p) if tested[r.Index] else None, n=int(r.n),
-                               detail=f"{int(r.worse)} of {int(r.n)} modules worse"))
+                               detail=f"{int(r.worse)} of {int(r.n)} modules worse than tolerance"))
     return changes, regs, cells
 
 
@@ -369,32 +433,33 @@ def _change_vec(cells: pd.DataFrame) -> np.ndarray:
     return np.expm1(sign * cells["d"].to_numpy(dtype=float))
 
 
-def module_compare(d: pd.DataFrame, th: Thresholds, against: str = "previous") -> list[Regression]:
+def module_compare(d: pd.DataFrame, names: Names, th: Thresholds, against: str = "previous") -> list[Regression]:
     """Per (module, key, metric) against that module's previous run: median over profiles + sign test."""
     metrics = [m for m in ALL_METRICS if d[f"d_{m}"].notna().any()]
     if not metrics:
         return []
     dcols = [f"d_{m}" for m in metrics]
-    by = [d["module"], d["model_key"]]
-    g = d[dcols].groupby(by, observed=True)
-    med, n = g.median(), g.count()
-    pos = (d[dcols] > 0).groupby(by, observed=True).sum()
-    neg = (d[dcols] < 0).groupby(by, observed=True).sum()
-    refm = d[[f"ref_{m}" for m in metrics]].groupby(by, observed=True).median()
+    g = d["modkey"].to_numpy()
+    med = d[dcols].groupby(g).median()
+    pos = (d[dcols] > 0).groupby(g).sum()
+    neg = (d[dcols] < 0).groupby(g).sum()
     regs: list[Regression] = []
     for m in metrics:
-        ch = np.expm1(SIGN[m] * med[f"d_{m}"])
-        k = np.where(med[f"d_{m}"] > 0, pos[f"d_{m}"], neg[f"d_{m}"])
-        p = _sign_p(k, pos[f"d_{m}"] + neg[f"d_{m}"])
-        hit = _worse(m, ch, th.tol(m)) & (p < th.alpha) & (n[f"d_{m}"] > 0)
-        for (module, key) in med.index[hit.to_numpy()]:  # findings only
-            c = float(ch.loc[(module, key)])
-            base = float(refm.loc[(module, key), f"ref_{m}"])
-            regs.append(Regression(module=str(module), model_key=str(key), profile=FLEET, metric=m, baseline=base,
-                                   value=base * (1 + c), change=c, against=against,
-                                   p_value=float(p[med.index.get_loc((module, key))]),
-                                   n=int(n.loc[(module, key), f"d_{m}"]), modules=(str(module),),
-                                   detail="median over profiles vs this module's previous run"))
+        dm = med[f"d_{m}"]
+        ch = np.expm1(SIGN[m] * dm)
+        k = np.where(dm > 0, pos[f"d_{m}"], neg[f"d_{m}"])
+        n = pos[f"d_{m}"] + neg[f"d_{m}"]
+        p = pd.Series(_sign_p(k, n), index=med.index)
+        hit = _worse(m, ch, th.tol(m)) & (p < th.alpha)
+        for code in med.index[hit.to_numpy()]:  # findings only
+            module, key = names.modkey(int(code))
+            sel = d[g == code]
+            base = float(np.exp(SIGN[m] * sel[f"r_{m}"].median()))
+            c = float(ch.loc[code])
+            regs.append(Regression(module=module, model_key=key, profile=FLEET, metric=m, baseline=base,
+                                   value=base * (1 + c), change=c, against=against, p_value=float(p.loc[code]),
+                                   n=int(n.loc[code]), modules=(module,),
+                                   detail=f"median over profiles vs this module's {against} run"))
     return regs
 
 
@@ -424,13 +489,16 @@ def correctness(cur: pd.DataFrame, ref_correct: np.ndarray, label: str) -> list[
 def fold(regs: list[Regression], outliers: tuple[Outlier, ...]) -> list[Regression]:
     """One finding per cause: derived metrics into their primary, previous into baseline, module
     findings into fleet findings or the module's outlier entry."""
-    fleet_km = {(r.model_key, r.metric) for r in regs if r.module == FLEET}
-    fleet_km |= {(k, DERIVED.get(m, m)) for k, m in fleet_km}
+    fleet_kpm = {(r.model_key, r.profile, DERIVED.get(r.metric, r.metric)) for r in regs if r.module == FLEET}
     out_mods = {o.module for o in outliers if o.model_key == FLEET}
     out_mk = {(o.module, o.model_key) for o in outliers}
-    kept = [r for r in regs if r.module == FLEET or not (
-        (r.model_key, DERIVED.get(r.metric, r.metric)) in fleet_km or r.module in out_mods
-        or (r.module, r.model_key) in out_mk)]
+
+    def explained(r: Regression) -> bool:
+        metric = DERIVED.get(r.metric, r.metric)
+        by_fleet = (r.model_key, FLEET, metric) in fleet_kpm or (r.model_key, r.profile, metric) in fleet_kpm
+        return by_fleet or r.module in out_mods or (r.module, r.model_key) in out_mk
+
+    kept = [r for r in regs if r.module == FLEET or not explained(r)]
     # same finding against both references -> one entry
     merged: dict[tuple[str, str, str, str], Regression] = {}
     for r in kept:
@@ -490,11 +558,14 @@ def summarise(cur: pd.DataFrame, ref: pd.DataFrame | None, included: np.ndarray,
     return s[s["count"] > 0].reset_index(drop=True)
 
 
-def completeness(cur: pd.DataFrame, ref: pd.DataFrame | None, expected_modules: Iterable[str],
+def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expected_modules: Iterable[str],
                  expected_keys: Iterable[str]) -> list[str]:
     notes: list[str] = []
-    got = cur.groupby(["module", "model_key"], observed=True).size().rename("got").reset_index()
-    got[["module", "model_key"]] = got[["module", "model_key"]].astype(str)
+    mk = cur["modkey"].to_numpy()
+    counts = np.bincount(mk) if len(mk) else np.zeros(0, dtype=np.int64)
+    codes = np.flatnonzero(counts)
+    got = pd.DataFrame({"module": names.modules[codes // names.nk], "model_key": names.keys[codes % names.nk],
+                        "got": counts[codes]})
     have = set(zip(got["module"], got["model_key"], strict=True))
     mods, keys = list(expected_modules), list(expected_keys)
     missing = [(m, k) for m in mods for k in keys if (m, k) not in have]
@@ -515,7 +586,7 @@ def completeness(cur: pd.DataFrame, ref: pd.DataFrame | None, expected_modules: 
 
 # -- the whole report ---------------------------------------------------------------------------
 def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline: pd.DataFrame | None = None,
-            baseline_id: str | None = None, previous: pd.DataFrame | None = None,
+            baseline_id: str | None = None, baseline_label: str = "baseline", previous: pd.DataFrame | None = None,
             previous_label: str = "previous", state: str = "done", expected_modules: Iterable[str] = (),
             expected_keys: Iterable[str] = (), thresholds: Thresholds | None = None) -> Report:
     """Build a report from frames of result rows (one column per ``ResultRow`` field)."""
@@ -525,41 +596,44 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     prev = prepare(previous) if previous is not None and len(previous) else None
     notes: list[str] = []
     ref = reference(base) if base is not None else None
-    if ref is None:
-        notes.append("no baseline: only the previous run and the fleet itself are compared")
+    if ref is None and prev is None:
+        notes.append("no baseline and no previous run: only the modules are compared with each other")
+    elif ref is None and previous_label == "previous":
+        notes.append("no baseline: only each module's previous run and the fleet itself are compared")
 
+    names = Names(cur)
     long, spread = fleet_deviation(cur, th)
-    outliers, deviation = find_outliers(long, th)
+    outliers, deviation = find_outliers(long, names, th)
     excluded = outlier_mask(cur, outliers)
     if outliers and (~excluded).any():
-        outliers, deviation = refine_outliers(cur, long, outliers, excluded, deviation, th)
+        outliers, deviation = refine_outliers(cur, long, names, outliers, excluded, deviation, th)
     inc = cur[~excluded] if (~excluded).any() else cur
 
     changes: list[Change] = []
     regs: list[Regression] = []
     if ref is not None and len(inc):
-        ch, rg, _ = fleet_compare(diff_to_reference(inc, ref), "baseline", th)
+        ch, rg, _ = fleet_compare(diff_to_reference(inc, ref), names, baseline_label, th)
         changes += ch
         regs += rg
-        regs += correctness(inc, per_row(inc, ref[["correct"]], K)["correct"].to_numpy(dtype=float), "baseline")
+        regs += correctness(inc, per_row(inc, ref[["correct"]], K)["correct"].to_numpy(dtype=float), baseline_label)
     prev_ids: tuple[str, ...] = ()
     if prev is not None and len(inc):
         prev_ids = tuple(sorted(map(str, prev["run_id"].unique())))
-        ch, rg, _ = fleet_compare(diff_to_previous(inc, prev), previous_label, th)
+        dp = diff_to_previous(cur, prev)
+        ch, rg, _ = fleet_compare(dp[~excluded] if excluded.any() else dp, names, previous_label, th)
         changes += ch
         regs += rg
-        dp = diff_to_previous(cur, prev)
-        regs += module_compare(dp, th, previous_label)
+        regs += module_compare(dp, names, th, previous_label)
         regs += correctness(cur, dp["ref_correct"].to_numpy(dtype=float), previous_label)
     regressions = tuple(fold(regs, outliers))
 
-    notes += completeness(cur, ref, expected_modules, expected_keys)
+    notes += completeness(cur, names, ref, expected_modules, expected_keys)
     verdict = decide(state, len(cur), regressions, notes, expected_modules, expected_keys)
     return Report(
         run_id=run_id, release=release, baseline_id=baseline_id, previous_ids=prev_ids, verdict=verdict,
         regressions=regressions, outliers=outliers, changes=tuple(changes), notes=tuple(notes),
         modules=tuple(sorted(map(str, cur["module"].unique()))), thresholds=th,
-        summary=summarise(cur, ref, ~excluded, spread), rows=rows, row_baseline=_row_baseline(cur, ref),
+        summary=summarise(cur, ref, ~excluded, spread), rows=rows, reference=ref,
         deviation=deviation,
     )
 
@@ -575,14 +649,3 @@ def decide(state: str, n_rows: int, regressions: tuple[Regression, ...], notes: 
     return "incomplete" if incomplete else "pass"
 
 
-def _row_baseline(cur: pd.DataFrame, ref: pd.DataFrame | None) -> pd.DataFrame:
-    """Per row of the run and metric: the baseline figure and the change against it."""
-    out = pd.DataFrame(index=cur.index)
-    if ref is None:
-        return out
-    metrics = _present(cur, ALL_METRICS)
-    r = per_row(cur, ref[metrics], K)
-    for m in metrics:
-        out[f"baseline_{m}"] = r[m].to_numpy()
-        out[f"change_{m}"] = cur[m].to_numpy() / r[m].to_numpy() - 1
-    return out

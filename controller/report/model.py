@@ -36,7 +36,7 @@ class Thresholds(_Frozen):
     per_metric: dict[str, float] = Field(default_factory=dict)  # e.g. {"accept_rate": 0.03}
     alpha: float = Field(0.01, gt=0, lt=1)  # key level (Wilcoxon over profiles) and per module
     alpha_profile: float = Field(0.05, gt=0, lt=1)  # one profile: sign test across modules
-    min_modules_for_test: int = Field(5, ge=2)  # fewer: a single profile is judged by tolerance alone
+    min_modules_for_test: int = Field(5, ge=2)  # fewer: a single profile must move 3x the tolerance
     outlier_tolerance: float = Field(0.05, gt=0, lt=1)  # typical deviation from the fleet median
     outlier_alpha: float = Field(0.001, gt=0, lt=1)  # sign test over the module's cells
     z_floor: float = Field(0.01, gt=0)  # floor of the robust scale (log units) so near-identical modules stay calm
@@ -129,7 +129,7 @@ class Report:
     thresholds: Thresholds
     summary: pd.DataFrame = field(repr=False)  # per (model_key, profile, metric): fleet median, spread, count...
     rows: pd.DataFrame = field(repr=False)  # every row of the run, as stored
-    row_baseline: pd.DataFrame = field(repr=False)  # same length: baseline_<metric>, change_<metric>
+    reference: pd.DataFrame | None = field(repr=False)  # baseline figures per (model_key, profile)
     deviation: pd.DataFrame = field(repr=False)  # module x model_key: median deviation from the fleet (fraction)
 
     @property

@@ -1,0 +1,146 @@
+"""fleetctl commands of the reports: ``report``, ``compare`` and ``baseline import|set|list``.
+
+The lead's ``controller.cli`` calls :func:`register` with its typer app and a function that
+opens the run history. Errors end in one clear line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+from agent.tables import TableError, parse_seed
+from controller.history import History, HistoryError
+from controller.report.load import build_report, compare_runs
+from controller.report.model import Report, ReportError, Thresholds
+from controller.report.render import to_json, to_markdown, write_report
+
+EXIT_ERROR = 2
+EXIT_NOT_PASS = 3
+
+
+class Format(str, Enum):
+    md = "md"
+    html = "html"
+    csv = "csv"
+    json = "json"
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_ERROR)
+
+
+def _emit(report: Report, fmt: Format, out: Path | None, check: bool) -> None:
+    if out is None and fmt in (Format.md, Format.json):
+        sys.stdout.write(to_markdown(report) if fmt is Format.md else to_json(report) + "\n")
+    else:
+        target = out or Path(f"report-{report.run_id.replace(':', '_').replace('/', '_')}")
+        for path in write_report(report, fmt.value, target):
+            typer.echo(f"wrote {path}", err=True)
+        typer.echo(report.verdict_line)
+    if check and report.verdict != "pass":
+        raise typer.Exit(EXIT_NOT_PASS)
+
+
+def _thresholds(tolerance: float) -> Thresholds:
+    if not 0 < tolerance < 1:
+        _fail(f"--tolerance must be a fraction between 0 and 1, got {tolerance}")
+    return Thresholds(tolerance=tolerance)
+
+
+def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
+    """Add ``report``, ``compare`` and the ``baseline`` group to ``app``."""
+
+    @app.command("report")
+    def report_cmd(
+        run: str = typer.Argument(..., help="run id, unique prefix or 'latest'"),
+        baseline: str | None = typer.Option(None, "--baseline", "-b", help="'1.4.1', '1.4.1@v2' or a run id"),
+        fmt: Format = typer.Option(Format.md, "--format", "-f", help="md, html, csv (+parquet) or json"),
+        out: Path | None = typer.Option(None, "--out", "-o", help="folder to write into (md/json: stdout if unset)"),
+        tolerance: float = typer.Option(0.05, help="relative change that counts as a regression"),
+        check: bool = typer.Option(False, "--check", help=f"exit {EXIT_NOT_PASS} unless the verdict is pass"),
+    ) -> None:
+        """Verdict, regressions, outlier modules and fleet summary of one run."""
+        th = _thresholds(tolerance)
+        try:
+            rep = build_report(get_history(), run, baseline, thresholds=th)
+        except (ReportError, HistoryError, OSError) as exc:
+            _fail(str(exc))
+        _emit(rep, fmt, out, check)
+
+    @app.command("compare")
+    def compare_cmd(
+        run_a: str = typer.Argument(..., help="the reference run"),
+        run_b: str = typer.Argument(..., help="the run compared with it"),
+        fmt: Format = typer.Option(Format.md, "--format", "-f"),
+        out: Path | None = typer.Option(None, "--out", "-o"),
+        tolerance: float = typer.Option(0.05),
+        check: bool = typer.Option(False, "--check"),
+    ) -> None:
+        """Run B against run A (module by module where they share modules)."""
+        th = _thresholds(tolerance)
+        try:
+            rep = compare_runs(get_history(), run_a, run_b, thresholds=th)
+        except (ReportError, HistoryError, OSError) as exc:
+            _fail(str(exc))
+        _emit(rep, fmt, out, check)
+
+    baseline_app = typer.Typer(help="Baselines: reference figures per release, versioned.", no_args_is_help=True)
+    app.add_typer(baseline_app, name="baseline")
+
+    @baseline_app.command("import")
+    def baseline_import(
+        seed_file: Path = typer.Argument(..., help="reference document with the result tables"),
+        release: str = typer.Option(..., "--release", "-r", help="release these figures belong to, e.g. 1.4.1"),
+    ) -> None:
+        """Import the reference tables of SEED_FILE as the next baseline version of RELEASE."""
+        try:
+            text = seed_file.read_text(encoding="utf-8")
+            tables = parse_seed(text, source=str(seed_file))
+        except (OSError, UnicodeDecodeError, TableError) as exc:
+            _fail(f"{seed_file}: {exc}" if not isinstance(exc, TableError) else str(exc))
+        rows = [r for key_rows in tables.values() for r in key_rows]
+        if not rows:
+            _fail(f"{seed_file}: no result tables found")
+        try:
+            version, run_id = get_history().add_baseline(release, rows, source=str(seed_file))
+        except HistoryError as exc:
+            _fail(str(exc))
+        typer.echo(f"baseline {release}@v{version} ({run_id}): {len(rows)} rows, {len(tables)} model keys")
+
+    @baseline_app.command("set")
+    def baseline_set(
+        run: str = typer.Argument(..., help="run whose rows become the baseline"),
+        release: str | None = typer.Option(None, "--release", "-r", help="default: the run's release"),
+    ) -> None:
+        """Promote a run's results to the next baseline version of its release."""
+        hist = get_history()
+        try:
+            info = hist.find_run(run)
+            rows = hist.rows(info.run_id)
+        except HistoryError as exc:
+            _fail(str(exc))
+        rel = release or info.release
+        if not rel:
+            _fail(f"run {info.run_id} has no release; give --release")
+        if not rows:
+            _fail(f"run {info.run_id} has no result rows")
+        version, run_id = hist.add_baseline(rel, rows, source=f"run:{info.run_id}")
+        typer.echo(f"baseline {rel}@v{version} ({run_id}): {len(rows)} rows from run {info.run_id}")
+
+    @baseline_app.command("list")
+    def baseline_list() -> None:
+        """Every baseline version, oldest first."""
+        hist = get_history()
+        items = hist.baselines()
+        if not items:
+            typer.echo("no baselines (fleetctl baseline import SEED_FILE --release R)")
+            return
+        for b in items:
+            typer.echo(f"{b['release']}@v{b['version']}\t{b['run_id']}\t{hist.row_count(b['run_id'])} rows\t"
+                       f"{b['source']}")
