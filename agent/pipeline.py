@@ -256,7 +256,7 @@ class _Run:
         self.to(RunState.GENERATING, "generate")
         self._run_step(steps.plan_generate(top, pre_env, self.cfg.generate_timeout))
         self.steps_done += 1
-        env = self._environment(top, base, cache)
+        env = self._environment(top, pre_env, cache)
         self._precompile(top, env)
         return top, env
 
@@ -519,6 +519,8 @@ class _Run:
             raise Cancelled("benchmark", key)
         text = out_path.read_text(encoding="utf-8", errors="replace") if out_path.exists() else ""
         err = None if res.ok else _proc_error("benchmark", key, res)
+        if err is not None and res.outcome != "aborted" and not server.alive():
+            err = err.model_copy(update={"message": f"{err.message}; {server_gone()}"})
         try:
             rows = steps.parse_benchmark(text, key, source=out_path.name)
         except TableError as exc:
