@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import signal
 import sys
 import time
@@ -87,7 +88,9 @@ def run(
             raise BadInput(f"{tarball}: tarball not found")
         if not model_root.is_dir():
             raise BadInput(f"--model-root {model_root}: not a folder")
-        digest = sha256 or sha256_file(tarball)
+        if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256.strip()):
+            raise BadInput(f"--sha256 {sha256!r}: not 64 hex digits")
+        digest = (sha256 or sha256_file(tarball)).strip().lower()
         request = RunRequest(
             run_id=run_id or time.strftime("local-%Y%m%d-%H%M%S"), module=cfg.module, tarball=str(tarball.resolve()),
             sha256=digest, release=tarball.name, models=keys, model_root=str(model_root.resolve()),
@@ -126,15 +129,20 @@ def _status_line(p: RunProgress) -> str:
     return f"{p.run_id} {p.state.value} {where} keys {p.keys_done}/{p.keys_total} rows {p.rows} ({p.progress:.0%})"
 
 
+def _stdout() -> Console:
+    out = Console()
+    return out if out.is_terminal else Console(width=200)  # piped: do not cut columns at 80
+
+
 def _print(progress: RunProgress, rows: list[ResultRow], fmt: OutputFormat, err: Console) -> None:
-    _summary(progress, err if fmt != OutputFormat.table else Console())
+    _summary(progress, err if fmt != OutputFormat.table else _stdout())
     if fmt == OutputFormat.json:
         data = {"progress": progress.model_dump(mode="json"), "rows": [r.model_dump(mode="json") for r in rows]}
         sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     elif fmt == OutputFormat.csv:
         sys.stdout.write(rows_csv(rows))
     else:
-        Console().print(_rows_table(rows))
+        _stdout().print(_rows_table(rows))
 
 
 def _summary(p: RunProgress, out: Console) -> None:
