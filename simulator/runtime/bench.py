@@ -397,8 +397,9 @@ class Bench:
             mine = [r for r in rows if r.kind == t["kind"]]
             if not mine:
                 continue
-            if t["title"]:
-                parts.append(t["title"] + "\n\n")
+            title = t["title"] or ("" if parts else self.kc["tables"][0]["title"])  # alone: say whose it is
+            if title:
+                parts.append(title + "\n\n")
             lines = ["\t".join(t["columns"])]
             for r in mine:
                 cells = [r.cells[c] for c in t["columns"]]

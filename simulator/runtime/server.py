@@ -312,6 +312,8 @@ class Handler(BaseHTTPRequestHandler):
         _sleep_until(t0 + plan.ttft_ms / 1000 / scale)
         ctx.send(pieces[0:1], 1, None if plan.n > 1 else plan.finish)
         t_first = time.monotonic()
+        if fault and not plan.emits:
+            self._strike(fault)
         strike_at = len(plan.emits) // 2 if fault else -1
         sent_tokens = 1
         i = 0

@@ -95,6 +95,7 @@ class Server:
         self.key = key
         spec = MODEL_KEYS[key]
         self.env = {**env, **spec.env, **(extra_env or {}), "SERVER_PORT": str(self.port)}
+        self.stderr_text = ""
         self.proc = subprocess.Popen([rel.script(spec.start_script)], cwd=rel.root, env=self.env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
@@ -126,6 +127,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+        if self.proc.stderr and not self.proc.stderr.closed:
+            self.stderr_text = self.proc.stderr.read()
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream:
                 stream.close()

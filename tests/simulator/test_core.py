@@ -1,0 +1,284 @@
+"""Fast tier: knob specs, the fitted performance model, formatting, estimators (pure code)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from agent.records import MODEL_KEYS
+from agent.tables import parse_seed
+from simulator import SpecError, parse_faults, parse_speed, regress_spec
+from simulator.fit import fit
+from simulator.runtime import bench, core
+from simulator.runtime.server import PrefixCache
+
+
+def test_runtime_knows_the_same_model_keys_as_the_agent() -> None:
+    assert tuple(MODEL_KEYS) == core.MODEL_KEYS
+
+
+# ---------------------------------------------------------------- speed / fault specs
+
+def test_speed_plain_factor_applies_to_every_throughput_metric_not_accept() -> None:
+    s = parse_speed("0.9")
+    assert s.factor("qwen3", "prefill") == pytest.approx(0.9)
+    assert s.factor("qwen3vl", "vision") == pytest.approx(0.9)
+    assert s.factor("qwen35_mtp", "accept") == 1.0
+
+
+def test_speed_per_key_and_metric_and_composition() -> None:
+    s = parse_speed("qwen3:decode=0.92,prefill=0.5").compose(parse_speed("0.5"))
+    assert s.factor("qwen3", "decode") == pytest.approx(0.92 * 0.5)
+    assert s.factor("qwen35", "decode") == pytest.approx(0.5)
+    assert s.factor("qwen35", "prefill") == pytest.approx(0.25)
+    assert parse_speed("qwen35_mtp=0.8").factor("qwen35_mtp", "prefill") == pytest.approx(0.8)
+    assert parse_speed("qwen35_mtp:accept=0.9").factor("qwen35_mtp", "accept") == pytest.approx(0.9)
+    assert parse_speed(str(s)) == s  # canonical text round-trips
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ("fast", "not a number"),
+    ("0", "positive"),
+    ("qwen9:decode=0.9", "unknown model key 'qwen9'"),
+    ("qwen3:speed=0.9", "unknown metric 'speed'"),
+    ("decode=-1", "positive"),
+    ("decode=nan", "positive"),
+])
+def test_speed_errors_name_the_item(spec: str, needle: str) -> None:
+    with pytest.raises(SpecError, match=needle) as exc:
+        parse_speed(spec, "M1000_SIM_SPEED")
+    assert "M1000_SIM_SPEED" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_faults_parse_and_select_per_key() -> None:
+    fs = parse_faults("crash:qwen3, no-table ,crash:qwen3")
+    assert [str(f) for f in fs] == ["crash:qwen3", "no-table"]
+    assert core.faults_for(fs, "qwen3") == {"crash", "no-table"}
+    assert core.faults_for(fs, "qwen35") == {"no-table"}
+    with pytest.raises(SpecError, match="unknown fault 'explode'"):
+        parse_faults("explode")
+    with pytest.raises(SpecError, match="unknown model key"):
+        parse_faults("hang:qwen4")
+
+
+def test_env_knobs_compose_with_baked_ones() -> None:
+    baked = core.Knobs(speed=parse_speed("decode=0.5"), noise=0.0, seed=1, time_scale=50,
+                       faults=parse_faults("crash:qwen3"))
+    k = baked.with_env({"M1000_SIM_SPEED": "0.5", "M1000_SIM_NOISE": "0.02", "M1000_SIM_SEED": "7",
+                        "M1000_SIM_TIME_SCALE": "100", "M1000_SIM_FAULT": "hang:qwen35"})
+    assert k.speed.factor("qwen3", "decode") == pytest.approx(0.25)
+    assert (k.noise, k.seed, k.time_scale) == (0.02, 7, 100)
+    assert {str(f) for f in k.faults} == {"crash:qwen3", "hang:qwen35"}
+    assert core.Knobs.from_json(k.to_json()) == k
+    with pytest.raises(SpecError, match="M1000_SIM_TIME_SCALE"):
+        baked.with_env({"M1000_SIM_TIME_SCALE": "fast"})
+    with pytest.raises(SpecError, match="M1000_SIM_NOISE"):
+        baked.with_env({"M1000_SIM_NOISE": "2"})
+
+
+def test_regress_spec() -> None:
+    assert regress_spec("qwen3:decode:0.08") == "qwen3:decode=0.92"
+    assert regress_spec("qwen35_mtp:accept:0.1") == "qwen35_mtp:accept=0.9"
+    assert regress_spec("all:prefill:0.25") == "prefill=0.75"
+    for bad in ("qwen3:decode", "qwen3:decode:1.5", "qwenX:decode:0.1", "qwen3:latency:0.1", "qwen3:decode:x"):
+        with pytest.raises(SpecError):
+            regress_spec(bad)
+
+
+# ---------------------------------------------------------------- the fitted model
+
+@pytest.fixture(scope="module")
+def fitted(seed_text: str) -> tuple[core.Model, dict]:
+    model, bench_cfg = fit(seed_text)
+    return core.Model(model), bench_cfg
+
+
+def _plan(setup: core.Setup, **kw: object) -> core.Plan:
+    args: dict = {"prompt_len": 128, "cached": 0, "max_tokens": 100, "frames": 0, "prompt_hash": "",
+                  "factors": core.Factors(), "draft_tokens": None}
+    args.update(kw)
+    return setup.plan(**args)
+
+
+def _tpot(plan: core.Plan) -> float:
+    return plan.emits[-1][0] / (plan.n - 1)
+
+
+def test_model_passes_through_every_sweep_row_of_the_seed(fitted, seed_text: str) -> None:
+    model, _ = fitted
+    for key, rows in parse_seed(seed_text).items():
+        setup = model.setup(key)
+        for r in rows:
+            if r.table != "sweep":
+                continue
+            prefix = r.prefix_tokens or 0
+            plan = _plan(setup, prompt_len=r.input_tokens, cached=prefix, max_tokens=r.output_tokens)
+            assert plan.ttft_ms == pytest.approx(r.ttft_ms, rel=1e-9), (key, r.profile)
+            assert _tpot(plan) == pytest.approx(r.tpot_ms, rel=1e-9), (key, r.profile)
+
+
+def test_model_reproduces_mtp_rows_exactly(fitted, seed_text: str) -> None:
+    model, _ = fitted
+    for key in ("qwen35_mtp", "qwen35_fq_mtp"):
+        setup = model.setup(key)
+        for r in parse_seed(seed_text)[key]:
+            ids = core.gsm8k_prompt_ids(r.prompt_index, r.input_tokens)
+            plan = _plan(setup, prompt_len=r.input_tokens, max_tokens=1024, prompt_hash=core.prompt_hash(ids),
+                         draft_tokens=4)
+            steps = len(plan.emits)
+            n = plan.n
+            assert n == r.output_tokens and plan.finish == "stop" and not plan.coalesce
+            assert round((n - 1 - steps) / (3 * steps), 4) == r.accept_rate
+            assert round(n / (4 * steps), 4) == r.accept_rate_len
+            assert all(1 <= c <= 4 for _, c in plan.emits) and sum(c for _, c in plan.emits) == n - 1
+            assert plan.ttft_ms == pytest.approx(r.ttft_ms, rel=0.002)
+            assert _tpot(plan) == pytest.approx(r.tpot_ms, rel=1e-9)
+            assert "".join(core.completion_pieces(n, plan.answer)).endswith(f"#### {r.prediction}")
+
+
+def test_vision_model_reproduces_fps_prefill_and_decode(fitted, seed_text: str) -> None:
+    model, cfg = fitted
+    setup = model.setup("qwen3vl")
+    lo, hi = cfg["vision"]["frames_lo"], cfg["vision"]["frames_hi"]
+    for r in parse_seed(seed_text)["qwen3vl"]:
+        if r.table != "vision":
+            continue
+        cached = r.input_tokens - r.prefill_len
+        a = _plan(setup, prompt_len=r.input_tokens, cached=cached, frames=lo, max_tokens=1)
+        b = _plan(setup, prompt_len=r.input_tokens, cached=cached, frames=hi, max_tokens=50)
+        frame_ms = (b.ttft_ms - a.ttft_ms) / (hi - lo)
+        assert 1000 / frame_ms == pytest.approx(r.vision_fps, rel=1e-9)
+        assert r.prefill_len / (a.ttft_ms - lo * frame_ms) * 1000 == pytest.approx(r.prefill_tps, rel=1e-9)
+        assert 1000 / _tpot(b) == pytest.approx(r.decode_tps, rel=1e-9)
+
+
+def test_speed_factors_scale_the_plan(fitted) -> None:
+    model, _ = fitted
+    s = model.setup("qwen3")
+    base = _plan(s)
+    slow = _plan(s, factors=core.Factors(prefill=0.5, decode=0.8))
+    assert slow.ttft_ms == pytest.approx(base.ttft_ms / 0.5)
+    assert _tpot(slow) == pytest.approx(_tpot(base) / 0.8)
+    mtp = model.setup("qwen35_mtp")
+    a = _plan(mtp, prompt_len=900, max_tokens=200, draft_tokens=4)
+    b = _plan(mtp, prompt_len=900, max_tokens=200, draft_tokens=4, factors=core.Factors(accept=0.8))
+    assert len(b.emits) > len(a.emits)  # lower acceptance: more verify steps for the same tokens
+
+
+def test_vision_refused_by_text_only_models(fitted) -> None:
+    model, _ = fitted
+    with pytest.raises(core.PlanError, match="does not take images"):
+        _plan(model.setup("qwen3"), frames=2)
+
+
+def test_noise_is_seeded_lognormal_and_off_at_zero() -> None:
+    assert core.noise_factors(0.0, 1, 5) == (1.0, 1.0, 1.0)
+    assert core.noise_factors(0.05, 1, 5) == core.noise_factors(0.05, 1, 5)
+    assert core.noise_factors(0.05, 1, 5) != core.noise_factors(0.05, 2, 5)
+    draws = [math.log(core.noise_factors(0.05, 3, i)[0]) for i in range(2000)]
+    assert statistics.pstdev(draws) == pytest.approx(0.05, rel=0.1)
+    assert abs(statistics.fmean(draws)) < 0.005
+
+
+def test_spec_steps_bounds() -> None:
+    assert core.spec_steps(156, 0.8125, 4) == 48
+    assert core.spec_steps(10, 1.0, 4) == 3  # never more than 4 tokens per step
+    assert core.spec_steps(10, 0.01, 4) == 9  # never fewer than 1 token per step
+    assert core.spread(155, 48) == sorted(core.spread(155, 48), key=lambda _: 0)
+    assert sum(core.spread(155, 48)) == 155
+
+
+def test_interp_log_and_extrapolation() -> None:
+    pts = [[100.0, 1.0], [1000.0, 2.0]]
+    assert core.interp(pts, math.sqrt(100 * 1000), log=True) == pytest.approx(1.5)
+    assert core.interp(pts, 10_000) == 2.0
+    assert core.interp(pts, 1900, extrapolate=True) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize(("value", "decimals", "text"), [
+    (77.03, 3, "77.03"), (9442.0, 2, "9442"), (0.875, 4, "0.875"), (16.0, 3, "16"), (0.05, 3, "0.05"),
+    (24.0, 2, "24"), (1981.2284, 3, "1981.228"), (0.0, 3, "0"),
+])
+def test_number_format_matches_the_seed(value: float, decimals: int, text: str) -> None:
+    assert core.fmt_num(value, decimals) == text
+
+
+# ---------------------------------------------------------------- server and benchmark pieces
+
+def test_prefix_cache_longest_match_and_lru_capacity() -> None:
+    c = PrefixCache(10)
+    c.insert((1, 2, 3, 4))
+    assert c.match((1, 2, 3, 9)) == 3
+    assert c.match((1, 2, 3, 4)) == 3  # at least one token is always computed
+    c.insert((5, 6, 7, 8, 9, 10, 11))
+    assert c.size <= 10 and c.match((1, 2, 3, 4, 5)) == 0  # evicted, least recently used
+    assert c.match((5, 6, 7)) == 2
+
+
+def test_theil_sen_ignores_a_late_point_and_pairs_must_agree() -> None:
+    pts = [(k, 40.0 * k) for k in range(1, 60)]
+    pts[30] = (31, 40.0 * 31 + 500)  # one late wake-up
+    pts[-1] = (59, 40.0 * 59 + 300)  # and a late last token
+    assert bench.theil_sen(pts) == pytest.approx(40.0)
+    assert bench.agreeing_pair([100.0, 130.0, 100.5]) == (100.0, 100.5)
+    assert bench.agreeing_pair([100.0, 130.0]) is None
+
+
+def test_benchmark_ttft_stops_when_two_agree() -> None:
+    b = bench.Bench(key="qwen3", cfg={}, ctx_k=16, draft=4, output_len=100, repeats=4)
+    m = bench.Measurement(ttft_ms=110.0, tokens=2, arrivals=((2, 40.0),), cached=0, text="")
+    seq = iter([100.0, 100.4, 999.0])
+    calls: list[int] = []
+
+    def again(r: int) -> bench.Measurement:
+        calls.append(r)
+        return bench.Measurement(ttft_ms=next(seq), tokens=1, arrivals=(), cached=0, text="")
+
+    assert b.ttft(m, again) == pytest.approx(100.2)
+    assert calls == [1, 2]
+
+
+def test_render_matches_seed_shapes_and_parses_back(fitted, seed_text: str) -> None:
+    """Tables rendered from the seed's own cells parse to the same keys, rows and values."""
+    _, cfg = fitted
+    seed = parse_seed(seed_text)
+    text = ""
+    for key, tables in cfg["keys"].items():
+        b = bench.Bench(key=key, cfg=cfg, ctx_k=16, draft=4, output_len=100)
+        rows = []
+        for t in tables["tables"]:
+            for line in _seed_rows(seed_text, t["columns"], t["title"]):
+                rows.append(bench.Row(t["kind"], dict(zip(t["columns"], line, strict=True))))
+        text += b.render(rows, frozenset())
+    got = parse_seed(text)
+    assert {k: len(v) for k, v in got.items()} == {k: len(v) for k, v in seed.items()}
+    assert got == seed
+
+
+def _seed_rows(seed_text: str, columns: list[str], title: str) -> list[list[str]]:
+    lines = seed_text.splitlines()
+    header = "\t".join(columns)
+    start = max(i for i, line in enumerate(lines) if line == title) if title else None  # the table's own title
+    for i, line in enumerate(lines):
+        if line == header and (start is None or i > start):
+            out = []
+            for row in lines[i + 1:]:
+                if not row.strip():
+                    break
+                out.append(row.split("\t"))
+            return out
+    raise AssertionError(f"no table {title!r}")
+
+
+def test_bad_table_fault_breaks_one_row() -> None:
+    from agent.tables import TableError, parse_tables
+
+    cfg = {"keys": {"qwen3": {"tables": [{"kind": "sweep", "title": "T", "columns": ["Model", "Size", "Input(tokens)",
+                                                                                    "Batch"]}]}}}
+    b = bench.Bench(key="qwen3", cfg=cfg, ctx_k=16, draft=4, output_len=100)
+    rows = [bench.Row("sweep", {"Model": "Q", "Size": "s", "Input(tokens)": str(i), "Batch": "1"}) for i in range(4)]
+    assert len(parse_tables(b.render(rows, frozenset()))[0].rows) == 4
+    with pytest.raises(TableError, match="row has 2 cells"):
+        parse_tables(b.render(rows, frozenset({"bad-table"})))
