@@ -94,7 +94,13 @@ def heatmap(deviation: pd.DataFrame) -> str:
     return _svg(fig)
 
 
-_TEMPLATE = """<!DOCTYPE html>
+_TEMPLATE = """{% macro changes_table(items) %}<table><tr><th>model key</th><th>metric</th><th>against</th>
+<th>reference</th><th>value</th><th>change</th><th>p</th><th>status</th></tr>
+{% for c in items %}<tr><td>{{ c.model_key }}</td><td>{{ c.metric }}</td><td>{{ c.against }}</td>
+<td class="num">{{ num(c.baseline) }}</td><td class="num">{{ num(c.value) }}</td>
+<td class="num{% if c.status == 'regressed' %} bad{% endif %}">{{ pct(c.change) }}</td>
+<td class="num">{{ "%.2g"|format(c.p_value) if c.p_value is not none else "" }}</td><td>{{ c.status }}</td></tr>
+{% endfor %}</table>{% endmacro %}<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Fleet report {{ r.run_id }}</title>
@@ -132,13 +138,12 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 <h2>Time to first token against input length</h2>{{ ttft_svg|safe }}
 <h2>Modules against the fleet</h2>{{ heat_svg|safe }}
 {% if r.changes %}<h2>Every change per model key</h2>
-<table><tr><th>model key</th><th>metric</th><th>against</th><th>reference</th><th>value</th><th>change</th><th>p</th>
-<th>status</th></tr>
-{% for c in r.changes %}<tr><td>{{ c.model_key }}</td><td>{{ c.metric }}</td><td>{{ c.against }}</td>
-<td class="num">{{ num(c.baseline) }}</td><td class="num">{{ num(c.value) }}</td>
-<td class="num{% if c.status == 'regressed' %} bad{% endif %}">{{ pct(c.change) }}</td>
-<td class="num">{{ "%.2g"|format(c.p_value) if c.p_value is not none else "" }}</td><td>{{ c.status }}</td></tr>
-{% endfor %}</table>{% endif %}
+{% set moved = r.changes|rejectattr("status", "equalto", "within tolerance")|list %}
+<p class="muted">{{ r.changes|length - moved|length }} of {{ r.changes|length }} comparisons within tolerance
+(fleet median over profiles; p: Wilcoxon signed-rank across profiles).</p>
+{% if moved %}{{ changes_table(moved) }}{% endif %}
+<details><summary>all {{ r.changes|length }} comparisons</summary>{{ changes_table(r.changes) }}</details>
+{% endif %}
 {% if r.notes %}<h2>Notes</h2><ul>{% for n in r.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
 </body></html>
 """
