@@ -42,6 +42,8 @@ class PrefixCache:
     @staticmethod
     def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
         lo, hi = 0, min(len(a), len(b))
+        if hi == 0 or a[0] != b[0]:
+            return 0
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if a[:mid] == b[:mid]:
@@ -271,8 +273,9 @@ class Handler(BaseHTTPRequestHandler):
             accept=knobs.speed.factor(k, "accept"),
             vision=knobs.speed.factor(k, "vision") * nvf,
         )
+        known = core.prompt_hash(ids) if st.cfg.draft_tokens else ""  # only speculative setups know prompts
         plan = st.setup.plan(prompt_len=len(ids), cached=cached, max_tokens=max_tokens, frames=frames,
-                             prompt_hash=core.prompt_hash(ids), factors=factors, draft_tokens=st.cfg.draft_tokens)
+                             prompt_hash=known, factors=factors, draft_tokens=st.cfg.draft_tokens)
         stream = bool(body.get("stream", False))
         opts = body.get("stream_options") or {}
         ctx = _Stream(self, chat=chat, model=st.cfg.served_name, prompt_tokens=len(ids), cached=cached,
