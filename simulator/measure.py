@@ -116,11 +116,11 @@ def run(root: Path, env: dict[str, str], key: str, modules: int, extra: dict[str
             continue
         rows = parse_seed(text).get(key, [])
         ok = ok and len(rows) == len(expected)
-        for g, e in zip(rows, expected, strict=False):
+        for got, exp in zip(rows, expected, strict=False):
             for f in FIELDS:
-                want = getattr(e, f)
+                want = getattr(exp, f)
                 if want:
-                    worst = max(worst, abs(getattr(g, f) / want - 1))
+                    worst = max(worst, abs(getattr(got, f) / want - 1))
     return Outcome(worst=worst, wall=wall, server_cpu=sum(server_cpu) / modules / wall,
                    bench_cpu=sum(bench_cpu) / modules / wall, ok=ok)
 

@@ -423,16 +423,15 @@ class _profile:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if exc is None:
-            return False
+            return
         if isinstance(exc, BenchError):
             raise BenchError(f"profile {self.name}: {exc}") from exc
         if isinstance(exc, (http.client.HTTPException, OSError, ValueError)):
             what = type(exc).__name__
-            raise BenchError(f"profile {self.name}: lost the server connection ({what}: {exc})"
-                             if str(exc) else f"profile {self.name}: lost the server connection ({what})") from exc
-        return False
+            detail = f"{what}: {exc}" if str(exc) else what
+            raise BenchError(f"profile {self.name}: lost the server connection ({detail})") from exc
 
 
 # ---------------------------------------------------------------------------- main
