@@ -206,6 +206,7 @@ class Client:
 class Row:
     kind: str  # sweep | mtp | vision
     cells: dict[str, str]
+    order: int = 0  # rows of one table are printed sorted by this (stable)
 
 
 @dataclass
@@ -213,8 +214,13 @@ class Result:
     rows: list[Row] = field(default_factory=list)
 
 
-def completion(ids: list[int], max_tokens: int) -> dict[str, Any]:
-    return {"model": "default", "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+def shared_prefix(inp: int, prefix: int) -> str:
+    """The shared-prefix text of profile ``input`` (one token per word), "" without prefix."""
+    return core.words(f"sp{inp}_", prefix) if prefix else ""
+
+
+def completion(prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
+    return {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
 
 
@@ -280,7 +286,8 @@ class Bench:
         return median_of(vals)
 
     # -- sweep
-    def run_sweep(self, client: Client, out: Result) -> None:
+    def run_sweep(self, client: Client, out: Result, after: Callable[[int], None] | None = None) -> None:
+        """The no-prefix and shared-prefix profiles; ``after(input)`` runs once a shared prefix is cached."""
         pr = self.cfg["profiles"]
         t = self.table("sweep")
         runs = [(i, 0) for i in pr["no_prefix"]] + [(i, i - pr["prefix_new"]) for i in pr["shared_prefix"]]
@@ -289,16 +296,18 @@ class Bench:
             name = f"{new}:{inp}"
             if not self.wanted(name):
                 continue
-            pre: list[int] = []
+            pre = shared_prefix(inp, prefix)
             with _profile(name):
                 if prefix:
-                    pre = core.random_ids(f"sp-prefix:{inp}", prefix)
                     client.stream("/v1/completions", completion(pre, 1))  # warm the shared prefix
 
-                def request(r: int, max_tokens: int, inp: int = inp, pre: list[int] = pre, new: int = new
+                def request(r: int, max_tokens: int, inp: int = inp, pre: str = pre, new: int = new
                             ) -> Measurement:
-                    ids = pre + core.random_ids(f"{'sp-new' if pre else 'np'}:{inp}:{r}", new)
-                    return client.stream("/v1/completions", completion(ids, max_tokens))
+                    if pre:  # shared prefix: text, so the VL vision rows can share it
+                        prompt: str | list[int] = f"{pre} {core.words(f'sn{inp}_{r}_', new)}"
+                    else:
+                        prompt = core.random_ids(f"np:{inp}:{r}", new)
+                    return client.stream("/v1/completions", completion(prompt, max_tokens))
 
                 m = request(0, self.output_len)
                 ttft = self.ttft(m, lambda r: request(r, 1))
@@ -311,6 +320,8 @@ class Bench:
                 "Profile": name, "Prefix(tokens)": str(m.cached if prefix else 0),
                 "MeasuredOutput(tokens)": str(m.tokens),
             }))
+            if prefix and after is not None:
+                after(inp)
 
     # -- MTP (GSM8K-style prompts)
     def run_mtp(self, client: Client, out: Result) -> None:
@@ -348,53 +359,65 @@ class Bench:
             }))
 
     # -- VL vision (frames per second from two frame counts)
-    def run_vision(self, client: Client, out: Result) -> None:
+    def vision_inputs(self) -> list[int]:
+        v = self.cfg["vision"]
+        return [i for i in v["inputs"] if self.wanted(f"vision:{v['new']}:{i}")]
+
+    def run_vision(self, client: Client, out: Result, inp: int, warmed: bool) -> None:
+        """One VL vision row; ``warmed``: its shared prefix was cached by the sweep just now."""
         v = self.cfg["vision"]
         t = self.table("vision")
         lo, hi, new = v["frames_lo"], v["frames_hi"], v["new"]
-        for inp in v["inputs"]:
-            name = f"vision:{new}:{inp}"
-            if not self.wanted(name):
-                continue
-            prefix = inp - new
-            pre = core.words(f"vp{inp}_", prefix) + " " if prefix else ""
+        prefix = inp - new
+        pre = shared_prefix(inp, prefix)
 
-            def request(tag: str, r: int, frames: int, max_tokens: int, pre: str = pre, inp: int = inp
-                        ) -> Measurement:
-                text = pre + core.words(f"v{tag}{inp}_{r}_", new)
-                return client.stream("/v1/chat/completions", chat(text, frames, max_tokens))
+        def request(tag: str, r: int, frames: int, max_tokens: int) -> Measurement:
+            text = f"{pre} {core.words(f'v{tag}{inp}_{r}_', new)}" if pre else core.words(f"v{tag}{inp}_{r}_", new)
+            return client.stream("/v1/chat/completions", chat(text, frames, max_tokens))
 
-            with _profile(name):
-                if prefix:
-                    client.stream("/v1/chat/completions", chat(pre.strip(), 0, 1))
-                b = request("b", 0, hi, v["output"])
-                hi_ttft = self.ttft(b, lambda r: request("b", r, hi, 1), VISION_SPREAD)
-                lo_ttft = self.ttft(request("a", 0, lo, 1), lambda r: request("a", r, lo, 1), VISION_SPREAD)
-            frame_ms = (hi_ttft - lo_ttft) / (hi - lo)
-            fps = 1000 / frame_ms if frame_ms > 0 else 0.0
-            prefill_ms = lo_ttft - lo * frame_ms
-            tpot = b.tpot_ms
-            out.rows.append(Row("vision", {
-                "Model": t["model"], "Size": t["size"], "PrefillLen(k)": _f3(new / 1000), "Ctx(k)": str(self.ctx_k),
-                "Batch": "1", "NChip": "1", "Input(k)": _f3(inp / 1000), "Output(k)": _f3(v["output"] / 1000),
-                "Prefill(tps)": _f3(new / prefill_ms * 1000 if prefill_ms > 0 else 0.0),
-                "Decode(tps)": _f3(1000 / tpot if tpot else 0.0), "Vision(fps)": _f3(fps),
-                "Precision": t.get("precision", ""),
-            }))
+        with _profile(f"vision:{new}:{inp}"):
+            if prefix and not warmed:
+                client.stream("/v1/chat/completions", chat(pre, 0, 1))
+            b = request("b", 0, hi, v["output"])
+            hi_ttft = self.ttft(b, lambda r: request("b", r, hi, 1), VISION_SPREAD)
+            lo_ttft = self.ttft(request("a", 0, lo, 1), lambda r: request("a", r, lo, 1), VISION_SPREAD)
+        frame_ms = (hi_ttft - lo_ttft) / (hi - lo)
+        fps = 1000 / frame_ms if frame_ms > 0 else 0.0
+        prefill_ms = lo_ttft - lo * frame_ms
+        tpot = b.tpot_ms
+        out.rows.append(Row("vision", {
+            "Model": t["model"], "Size": t["size"], "PrefillLen(k)": _f3(new / 1000), "Ctx(k)": str(self.ctx_k),
+            "Batch": "1", "NChip": "1", "Input(k)": _f3(inp / 1000), "Output(k)": _f3(v["output"] / 1000),
+            "Prefill(tps)": _f3(new / prefill_ms * 1000 if prefill_ms > 0 else 0.0),
+            "Decode(tps)": _f3(1000 / tpot if tpot else 0.0), "Vision(fps)": _f3(fps),
+            "Precision": t.get("precision", ""),
+        }, order=inp))
 
     def run(self, client: Client, out: Result) -> None:
         kinds = [t["kind"] for t in self.kc["tables"]]
-        runners: dict[str, Callable[[Client, Result], None]] = {
-            "sweep": self.run_sweep, "mtp": self.run_mtp, "vision": self.run_vision}
-        for kind in kinds:
-            runners[kind](client, out)
+        if "mtp" in kinds:
+            self.run_mtp(client, out)
+            return
+        if "vision" not in kinds:
+            self.run_sweep(client, out)
+            return
+        pending = self.vision_inputs()
+
+        def after(inp: int) -> None:  # a vision row right after the sweep row of the same shared prefix
+            if inp in pending:
+                pending.remove(inp)
+                self.run_vision(client, out, inp, warmed=True)
+
+        self.run_sweep(client, out, after)
+        for inp in list(pending):
+            self.run_vision(client, out, inp, warmed=False)
 
     def render(self, rows: list[Row], faults: frozenset[str]) -> str:
         """The seed's table text for ``rows``; ``bad-table`` breaks one row on purpose."""
         parts: list[str] = []
         broken = "bad-table" not in faults
         for t in self.kc["tables"]:
-            mine = [r for r in rows if r.kind == t["kind"]]
+            mine = sorted((r for r in rows if r.kind == t["kind"]), key=lambda r: r.order)
             if not mine:
                 continue
             title = t["title"] or ("" if parts else self.kc["tables"][0]["title"])  # alone: say whose it is
