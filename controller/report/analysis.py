@@ -51,39 +51,56 @@ K = ["model_key", "profile"]
 SIGN: dict[str, float] = {m: (-1.0 if up else 1.0) for m, up in METRICS.items()}
 B = {m: f"b_{m}" for m in ALL_METRICS}  # badness column per metric
 _IDS = ("run_id", "module", "model_key", "profile", "table")
-_KEEP = ("run_id", "module", "release", "model_key", "table", "profile", "prefill_len", "input_tokens",
-         "prefix_tokens", "correct", "flags")
 
 
 # -- preparation --------------------------------------------------------------------------------
+def _category(col: pd.Series) -> pd.Categorical:
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        return col.array
+    if not (pd.api.types.is_string_dtype(col.dtype) and not col.hasnans):
+        col = col.fillna("").astype(str)
+    return pd.Categorical(col) if col.dtype == object else col.astype("category").array
+
+
+def _numeric(col: pd.Series) -> np.ndarray:
+    if pd.api.types.is_float_dtype(col.dtype):
+        return col.to_numpy(dtype=float, na_value=np.nan)
+    return pd.to_numeric(col, errors="coerce").astype(float).to_numpy()
+
+
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """Typed copy of a rows frame: categorical ids, integer codes (``mod``, ``key``, ``cell`` per
     (key, profile)), float metrics, invalid figures blanked, badness columns."""
     missing = [c for c in ("module", "model_key", "profile") if c not in df.columns]
     if missing:
         raise ReportError(f"rows frame lacks column {missing[0]!r}")
-    out = pd.DataFrame(index=pd.RangeIndex(len(df)))
-    for c in _KEEP:
-        col = df[c].reset_index(drop=True) if c in df.columns else pd.Series(None, index=out.index, dtype=object)
-        out[c] = col.to_numpy() if c not in _IDS else col.fillna("").astype(str).astype("category")
-    flags = out["flags"].fillna("").astype(str).astype("category")  # few distinct texts: test those
-    kinds = flags.cat.categories.astype(str)
-    for m in ALL_METRICS:
-        v = pd.to_numeric(df[m], errors="coerce").to_numpy(dtype=float) if m in df.columns else np.nan
-        out[m] = v
-        bad_kinds = np.flatnonzero(kinds.str.contains(f"{m}_invalid", regex=False))
-        if len(bad_kinds):
-            out.loc[np.isin(flags.cat.codes.to_numpy(), bad_kinds), m] = np.nan
-        vals = out[m].to_numpy()
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out[B[m]] = np.where(vals > 0, SIGN[m] * np.log(vals), np.nan)
-    out["correct"] = pd.to_numeric(out["correct"].map({True: 1.0, False: 0.0}), errors="coerce")
-    out["mod"] = out["module"].cat.codes.astype(np.int64)
-    out["key"] = out["model_key"].cat.codes.astype(np.int64)
-    combo = out["key"].to_numpy() * (len(out["profile"].cat.categories) + 1) + out["profile"].cat.codes.to_numpy()
-    out["cell"] = pd.factorize(combo)[0] if len(out) else np.zeros(0, dtype=np.int64)
-    out["modkey"] = out["mod"].to_numpy() * (len(out["model_key"].cat.categories) + 1) + out["key"].to_numpy()
-    return out
+    n = len(df)
+    none = pd.Series([None] * n, dtype=object)
+
+    def col(c: str) -> pd.Series:
+        return df[c].reset_index(drop=True) if c in df.columns else none
+
+    cols: dict[str, object] = {c: _category(col(c)) for c in _IDS}
+    for c in ("prefill_len", "input_tokens", "prefix_tokens", "correct"):
+        cols[c] = _numeric(col(c))
+    flags = _category(col("flags"))  # few distinct texts: test those, not every row
+    kinds = pd.Index(flags.categories).astype(str)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for m in ALL_METRICS:
+            v = _numeric(col(m)) if m in df.columns else np.full(n, np.nan)
+            bad_kinds = np.flatnonzero(kinds.str.contains(f"{m}_invalid", regex=False))
+            if len(bad_kinds):
+                v = np.where(np.isin(flags.codes, bad_kinds), np.nan, v)
+            cols[m] = v
+            cols[B[m]] = np.where(v > 0, SIGN[m] * np.log(v), np.nan)
+    mod = np.asarray(cols["module"].codes, dtype=np.int64)  # type: ignore[attr-defined]
+    key = np.asarray(cols["model_key"].codes, dtype=np.int64)  # type: ignore[attr-defined]
+    prof = cols["profile"]
+    combo = key * (len(prof.categories) + 1) + prof.codes  # type: ignore[attr-defined]
+    cols["mod"], cols["key"] = mod, key
+    cols["cell"] = pd.factorize(combo)[0] if n else np.zeros(0, dtype=np.int64)
+    cols["modkey"] = mod * (len(cols["model_key"].categories) + 1) + key  # type: ignore[attr-defined]
+    return pd.DataFrame(cols, copy=False)
 
 
 def cell_table(cur: pd.DataFrame) -> pd.DataFrame:
@@ -100,7 +117,8 @@ def per_row(cur: pd.DataFrame, small: pd.DataFrame, on: list[str]) -> pd.DataFra
     take = cur["cell"].to_numpy()
     pos = np.full(int(take.max()) + 1 if len(take) else 0, -1)
     pos[cells.index.to_numpy()] = np.arange(len(cells))
-    return pd.DataFrame({c: vals[c].to_numpy()[pos[take]] for c in vals.columns}, index=cur.index)
+    rows = np.take(pos, take)
+    return pd.DataFrame({c: np.take(vals[c].to_numpy(), rows) for c in vals.columns}, index=cur.index)
 
 
 def _bcols(metrics: Iterable[str]) -> list[str]:
@@ -142,24 +160,25 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds) -> tuple[pd.DataFrame, pd
     metrics = _present(cur, PRIMARY_METRICS)
     cols = _bcols(metrics)
     if not cols:
-        return pd.DataFrame(columns=["mod", "modkey", "cell", "mi", "value", "b", "dev", "z", "scale"]), pd.DataFrame()
+        return pd.DataFrame(columns=["mod", "modkey", "cell", "mi", "b", "dev", "z", "scale"]), pd.DataFrame()
     cell = cur["cell"].to_numpy()
     vals = cur[cols]
     med = vals.groupby(cell).median()
-    dev = vals.to_numpy() - med.to_numpy()[cell]
+    dev = vals.to_numpy() - np.take(med.to_numpy(), cell, axis=0)
     mad = pd.DataFrame(np.abs(dev), columns=cols).groupby(cell).median()
     spread = 1.4826 * mad
-    scale = np.maximum(spread.to_numpy()[cell], th.z_floor)
+    scale = np.maximum(np.take(spread.to_numpy(), cell, axis=0), th.z_floor)
     z = dev / scale
-    parts = []
-    for i, m in enumerate(metrics):  # a handful of metric columns, not rows
-        ok = ~np.isnan(dev[:, i])
-        parts.append(pd.DataFrame({
-            "mod": cur["mod"].to_numpy()[ok], "modkey": cur["modkey"].to_numpy()[ok], "cell": cell[ok],
-            "mi": np.int8(i), "value": cur[m].to_numpy()[ok], "b": vals[cols[i]].to_numpy()[ok],
-            "dev": dev[ok, i], "z": z[ok, i], "scale": scale[ok, i],
-        }))
-    long = pd.concat(parts, ignore_index=True)
+    ok = ~np.isnan(dev)
+
+    def flat(per_row: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(per_row[:, None], ok.shape)[ok]
+
+    long = pd.DataFrame({
+        "mod": flat(cur["mod"].to_numpy()), "modkey": flat(cur["modkey"].to_numpy()), "cell": flat(cell),
+        "mi": np.broadcast_to(np.arange(len(cols), dtype=np.int8), ok.shape)[ok],
+        "b": vals.to_numpy()[ok], "dev": dev[ok], "z": z[ok], "scale": scale[ok],
+    }, copy=False)
     long.attrs["metrics"] = metrics
     return long, spread.rename(columns={B[m]: m for m in metrics})
 
@@ -266,9 +285,10 @@ def _outlier(long: pd.DataFrame, names: Names, by: str, code: int, r: pd.Series,
     cases = []
     for w in worst.itertuples():  # the worst few
         m = metrics[int(w.mi)]
+        value = math.exp(SIGN[m] * w.b)
         cases.append(WorstCase(model_key=str(names.cells.at[w.cell, "model_key"]),
-                               profile=str(names.cells.at[w.cell, "profile"]), metric=m, value=float(w.value),
-                               fleet_median=float(w.value * math.exp(-SIGN[m] * w.dev)), z=float(w.z)))
+                               profile=str(names.cells.at[w.cell, "profile"]), metric=m, value=value,
+                               fleet_median=value * math.exp(-SIGN[m] * w.dev), z=float(w.z)))
     module, key = (names.module(code), FLEET) if by == "mod" else names.modkey(code)
     return Outlier(module=module, model_key=key, factor=float(r["factor"]), cells=int(r["cells"]),
                    share_out=float(r["share_out"]), p_value=float(r["p"]), worst=tuple(cases))
@@ -297,6 +317,7 @@ def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
     """Per row of cur: ``d_<m>`` = badness minus the reference's (per key/profile); ``r_<m>`` the latter."""
     r = per_row(cur, ref[_bcols(ALL_METRICS)], K)
     out = cur[["mod", "key", "modkey", "cell"]].copy()
+    out.attrs["ref_per_cell"] = True
     for m in ALL_METRICS:
         rb = r[B[m]].to_numpy(dtype=float)
         out[f"d_{m}"] = cur[B[m]].to_numpy() - rb
@@ -346,7 +367,9 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds) ->
     cell = d["cell"].to_numpy()
     # the lower median of the badness: with an even count the less bad of the middle two, so
     # that half of a small fleet is not a fleet-wide regression
-    med = d[dcols].groupby(cell).quantile(0.5, interpolation="lower").join(d[rcols].groupby(cell).median())
+    refs = d[rcols].groupby(cell)
+    med = d[dcols].groupby(cell).quantile(0.5, interpolation="lower").join(
+        refs.first() if d.attrs.get("ref_per_cell") else refs.mean())  # previous: geometric mean of the fleet
     n = d[dcols].notna().groupby(cell).sum()
     thr = np.array([_threshold(m, th.tol(m)) for m in metrics])
     pos = pd.DataFrame(d[dcols].to_numpy() > thr, columns=dcols).groupby(cell).sum()
@@ -433,8 +456,12 @@ def _change_vec(cells: pd.DataFrame) -> np.ndarray:
     return np.expm1(sign * cells["d"].to_numpy(dtype=float))
 
 
-def module_compare(d: pd.DataFrame, names: Names, th: Thresholds, against: str = "previous") -> list[Regression]:
-    """Per (module, key, metric) against that module's previous run: median over profiles + sign test."""
+def module_compare(d: pd.DataFrame, names: Names, th: Thresholds, against: str = "previous",
+                   explained: Iterable[tuple[str, str]] = ()) -> list[Regression]:
+    """Per (module, key, metric) against that module's previous run: median over profiles + sign test.
+
+    ``explained``: (key, metric) pairs a fleet-wide finding already covers; not repeated per module.
+    """
     metrics = [m for m in ALL_METRICS if d[f"d_{m}"].notna().any()]
     if not metrics:
         return []
@@ -451,10 +478,17 @@ def module_compare(d: pd.DataFrame, names: Names, th: Thresholds, against: str =
         n = pos[f"d_{m}"] + neg[f"d_{m}"]
         p = pd.Series(_sign_p(k, n), index=med.index)
         hit = _worse(m, ch, th.tol(m)) & (p < th.alpha)
-        for code in med.index[hit.to_numpy()]:  # findings only
+        covered = [k for k, em in explained if em == DERIVED.get(m, m)]
+        if covered:
+            hit &= ~np.isin(med.index.to_numpy() % names.nk, names.keys.get_indexer(covered))
+        codes = med.index[hit.to_numpy()]
+        if not len(codes):
+            continue
+        sel = np.isin(g, codes)
+        refs = np.exp(SIGN[m] * d.loc[sel, f"r_{m}"].groupby(g[sel]).median())
+        for code in codes:  # findings only
             module, key = names.modkey(int(code))
-            sel = d[g == code]
-            base = float(np.exp(SIGN[m] * sel[f"r_{m}"].median()))
+            base = float(refs.loc[code])
             c = float(ch.loc[code])
             regs.append(Regression(module=module, model_key=key, profile=FLEET, metric=m, baseline=base,
                                    value=base * (1 + c), change=c, against=against, p_value=float(p.loc[code]),
@@ -566,9 +600,15 @@ def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expe
     codes = np.flatnonzero(counts)
     got = pd.DataFrame({"module": names.modules[codes // names.nk], "model_key": names.keys[codes % names.nk],
                         "got": counts[codes]})
-    have = set(zip(got["module"], got["model_key"], strict=True))
     mods, keys = list(expected_modules), list(expected_keys)
-    missing = [(m, k) for m in mods for k in keys if (m, k) not in have]
+    missing: list[tuple[str, str]] = []
+    if mods and keys:
+        mc = names.modules.get_indexer(mods)
+        kc = names.keys.get_indexer(keys)
+        want = (np.repeat(mc, len(kc)) * names.nk + np.tile(kc, len(mc)))
+        have = (np.repeat(mc, len(kc)) >= 0) & (np.tile(kc, len(mc)) >= 0)
+        have[have] = counts[want[have]] > 0 if len(counts) else False
+        missing = [(mods[i // len(keys)], keys[i % len(keys)]) for i in np.flatnonzero(~have)]
     if missing:
         shown = ", ".join(f"{m}/{k}" for m, k in missing[:8])
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
@@ -623,7 +663,9 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         ch, rg, _ = fleet_compare(dp[~excluded] if excluded.any() else dp, names, previous_label, th)
         changes += ch
         regs += rg
-        regs += module_compare(dp, names, th, previous_label)
+        fleet_wide = {(r.model_key, DERIVED.get(r.metric, r.metric)) for r in regs
+                      if r.module == FLEET and r.profile == FLEET}
+        regs += module_compare(dp, names, th, previous_label, fleet_wide)
         regs += correctness(cur, dp["ref_correct"].to_numpy(dtype=float), previous_label)
     regressions = tuple(fold(regs, outliers))
 
