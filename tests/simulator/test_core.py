@@ -282,3 +282,35 @@ def test_bad_table_fault_breaks_one_row() -> None:
     assert len(parse_tables(b.render(rows, frozenset()))[0].rows) == 4
     with pytest.raises(TableError, match="row has 2 cells"):
         parse_tables(b.render(rows, frozenset({"bad-table"})))
+
+
+# ---------------------------------------------------------------- properties
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_entries = st.lists(st.tuples(st.sampled_from(("",) + core.MODEL_KEYS), st.sampled_from(core.SPEED_METRICS),
+                              st.floats(min_value=0.01, max_value=100, allow_nan=False)), max_size=6)
+
+
+@given(_entries)
+def test_speed_text_round_trips(entries: list[tuple[str, str, float]]) -> None:
+    s = core.Speed(tuple(entries))
+    back = parse_speed(str(s))
+    for key in core.MODEL_KEYS:
+        for metric in ("prefill", "decode", "accept", "vision"):
+            assert back.factor(key, metric) == pytest.approx(s.factor(key, metric), rel=1e-5)
+
+
+@given(st.integers(min_value=2, max_value=2000), st.floats(min_value=0.01, max_value=1.0))
+def test_spec_steps_always_feasible(n: int, accept: float) -> None:
+    steps = core.spec_steps(n, accept, 4)
+    counts = core.spread(n - 1, steps)
+    assert sum(counts) == n - 1 and all(1 <= c <= 4 for c in counts)
+
+
+@given(st.integers(min_value=0, max_value=20000))
+def test_random_ids_are_in_vocab_and_deterministic(n: int) -> None:
+    ids = core.random_ids("t", n)
+    assert len(ids) == n and ids == core.random_ids("t", n)
+    assert all(1000 <= i < core.VOCAB_SIZE for i in ids)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -270,6 +271,38 @@ def test_request_over_the_context_limit_and_api_basics(module) -> None:
         assert "max-total-tokens=16384" in one_error_line(out.stderr)
         with urllib.request.urlopen(srv.url + "/health", timeout=5) as r:
             assert r.status == 200  # the server survives bad requests
+
+
+def _python310() -> str | None:
+    for cand in ("/root/.pyenv/versions/3.10.13/bin/python3", shutil.which("python3.10")):
+        if not cand or not Path(cand).exists():
+            continue
+        probe = subprocess.run([cand, "-c", "import sys; print(sys.version_info[:2] == (3, 10))"],
+                               capture_output=True, text=True, timeout=30)
+        if probe.stdout.strip() == "True":
+            return cand
+    return None
+
+
+def test_release_runs_on_python_3_10(tmp_path: Path) -> None:
+    """Modules run Python 3.10: the whole chain (generate, precompile, serve, benchmark) on 3.10."""
+    py = _python310()
+    if py is None:
+        pytest.skip("no Python 3.10 interpreter on this machine (python3.10 not on PATH)")
+    rel = unpack(tmp_path)
+    rel.base_env["PYTHON"] = py
+    rel.write_config([str(rel.models["qwen3vl"]), str(rel.models["qwen35"])])
+    assert rel.run("generate_tilelang_workflow.sh").returncode == 0
+    env = rel.setup_env()
+    assert subprocess.run([rel.script("precompile_tilelang_kernels.sh")], env=env, capture_output=True,
+                          timeout=60).returncode == 0
+    for key, profiles in (("qwen3vl", "250:500,vision:250:250"), ("qwen35_mtp", "gsm8k:7")):
+        with Server(rel, key, env) as srv:
+            srv.wait_ready()
+            out = bench(rel, env, key, srv.port, {"BENCH_PROFILES": profiles})
+        assert out.returncode == 0, out.stderr
+        assert sum(len(v) for v in parse_seed(out.stdout).values()) == len(profiles.split(","))
+    assert not processes_under(rel.root)
 
 
 @pytest.fixture
