@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tarfile
@@ -55,10 +56,20 @@ def _serve(key: str, port: str, scale: str) -> int:
             json.dumps({"model_paths": [str(paths[key])]}) + "\n")
         env = {**os.environ, **spec.env, "SERVER_PORT": port}
         script = (f"cd {shlex.quote(str(top))} && scripts/ci/musa/generate_tilelang_workflow.sh"
-                  f" && source scripts/ci/musa/setup_env.sh && exec scripts/ci/musa/{spec.start_script}")
+                  " && source scripts/ci/musa/setup_env.sh && scripts/ci/musa/precompile_tilelang_kernels.sh"
+                  f" && exec scripts/ci/musa/{spec.start_script}")
         print(f"release in {top}; benchmark with: cd {top} && source scripts/ci/musa/setup_env.sh && "
               f"SERVER_PORT={port} MODEL_KEY={key} scripts/ci/musa/run_tilelang_benchmark.sh", file=sys.stderr)
-        return subprocess.call(["bash", "-c", script], env=env)
+        proc = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            return 130
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(10)
 
 
 def main(argv: list[str] | None = None) -> int:
