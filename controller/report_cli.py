@@ -10,14 +10,15 @@ import sys
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from agent.tables import TableError, parse_seed
 from controller.history import History, HistoryError
-from controller.report.load import build_report, compare_runs
-from controller.report.model import Report, ReportError, Thresholds
-from controller.report.render import to_json, to_markdown, write_report
+
+if TYPE_CHECKING:  # pandas, scipy and matplotlib load only when a report command runs
+    from controller.report.model import Report, Thresholds
 
 EXIT_ERROR = 2
 EXIT_NOT_PASS = 3
@@ -36,6 +37,8 @@ def _fail(message: str) -> None:
 
 
 def _emit(report: Report, fmt: Format, out: Path | None, check: bool) -> None:
+    from controller.report.render import to_json, to_markdown, write_report
+
     if out is None and fmt in (Format.md, Format.json):
         sys.stdout.write(to_markdown(report) if fmt is Format.md else to_json(report) + "\n")
     else:
@@ -48,6 +51,8 @@ def _emit(report: Report, fmt: Format, out: Path | None, check: bool) -> None:
 
 
 def _thresholds(tolerance: float) -> Thresholds:
+    from controller.report.model import Thresholds
+
     if not 0 < tolerance < 1:
         _fail(f"--tolerance must be a fraction between 0 and 1, got {tolerance}")
     return Thresholds(tolerance=tolerance)
@@ -66,6 +71,9 @@ def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
         check: bool = typer.Option(False, "--check", help=f"exit {EXIT_NOT_PASS} unless the verdict is pass"),
     ) -> None:
         """Verdict, regressions, outlier modules and fleet summary of one run."""
+        from controller.report.load import build_report
+        from controller.report.model import ReportError
+
         th = _thresholds(tolerance)
         try:
             rep = build_report(get_history(), run, baseline, thresholds=th)
@@ -83,6 +91,9 @@ def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
         check: bool = typer.Option(False, "--check"),
     ) -> None:
         """Run B against run A (module by module where they share modules)."""
+        from controller.report.load import compare_runs
+        from controller.report.model import ReportError
+
         th = _thresholds(tolerance)
         try:
             rep = compare_runs(get_history(), run_a, run_b, thresholds=th)

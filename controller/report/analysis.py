@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from agent.records import METRICS
 from controller.report.model import (
@@ -144,6 +143,8 @@ def _better(metric: str, change: Any, tol: float) -> Any:
 
 def _sign_p(k: Any, n: Any) -> Any:
     """One-sided sign test: probability of >= k of n in one direction by chance (scipy binom)."""
+    from scipy import stats  # heavy import: only when a report is built
+
     k = np.asarray(k, dtype=float)
     n = np.asarray(n, dtype=float)
     return np.where(n > 0, stats.binom.sf(k - 1, n, 0.5), 1.0)
@@ -176,10 +177,9 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds) -> tuple[pd.DataFrame, pd
 
     long = pd.DataFrame({
         "mod": flat(cur["mod"].to_numpy()), "modkey": flat(cur["modkey"].to_numpy()), "cell": flat(cell),
-        "mi": np.broadcast_to(np.arange(len(cols), dtype=np.int8), ok.shape)[ok],
+        "mi": np.broadcast_to(np.array([PRIMARY_METRICS.index(m) for m in metrics], dtype=np.int8), ok.shape)[ok],
         "b": vals.to_numpy()[ok], "dev": dev[ok], "z": z[ok], "scale": scale[ok],
     }, copy=False)
-    long.attrs["metrics"] = metrics
     return long, spread.rename(columns={B[m]: m for m in metrics})
 
 
@@ -255,7 +255,7 @@ def refine_outliers(cur: pd.DataFrame, long: pd.DataFrame, names: Names, outlier
                     ) -> tuple[tuple[Outlier, ...], pd.DataFrame]:
     """The outliers' factors and worst cases against the fleet *without* them (the median of all
     modules is pulled a little toward the outliers)."""
-    metrics = long.attrs["metrics"]
+    metrics = list(PRIMARY_METRICS)  # "mi" indexes these
     med = cur[_bcols(metrics)].mask(pd.Series(excluded, index=cur.index), axis=0).groupby(cur["cell"]).median()
     med_np = med.reindex(range(int(cur["cell"].max()) + 1)).to_numpy()
     codes = [int(names.modules.get_loc(o.module)) for o in outliers]
@@ -281,7 +281,7 @@ def _outlier(long: pd.DataFrame, names: Names, by: str, code: int, r: pd.Series,
     sel = long[long[by].to_numpy() == code]
     direction = 1.0 if r["typ"] > 0 else -1.0
     worst = sel.assign(w=sel["dev"] * direction).nlargest(th.worst_cases, "w")
-    metrics = long.attrs["metrics"]
+    metrics = PRIMARY_METRICS  # "mi" indexes these
     cases = []
     for w in worst.itertuples():  # the worst few
         m = metrics[int(w.mi)]
@@ -317,7 +317,6 @@ def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
     """Per row of cur: ``d_<m>`` = badness minus the reference's (per key/profile); ``r_<m>`` the latter."""
     r = per_row(cur, ref[_bcols(ALL_METRICS)], K)
     out = cur[["mod", "key", "modkey", "cell"]].copy()
-    out.attrs["ref_per_cell"] = True
     for m in ALL_METRICS:
         rb = r[B[m]].to_numpy(dtype=float)
         out[f"d_{m}"] = cur[B[m]].to_numpy() - rb
@@ -360,7 +359,7 @@ def _threshold(metric: str, tol: float) -> float:
     return -math.log(1 - tol) if METRICS[metric] else math.log(1 + tol)
 
 
-def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds) -> pd.DataFrame:
+def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds, ref_per_cell: bool) -> pd.DataFrame:
     """Per (key, profile, metric): fleet median of d, modules, modules worse *beyond tolerance*,
     reference; long and small."""
     dcols, rcols = [f"d_{m}" for m in metrics], [f"r_{m}" for m in metrics]
@@ -369,7 +368,7 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds) ->
     # that half of a small fleet is not a fleet-wide regression
     refs = d[rcols].groupby(cell)
     med = d[dcols].groupby(cell).quantile(0.5, interpolation="lower").join(
-        refs.first() if d.attrs.get("ref_per_cell") else refs.mean())  # previous: geometric mean of the fleet
+        refs.first() if ref_per_cell else refs.mean())  # previous: geometric mean of the fleet
     n = d[dcols].notna().groupby(cell).sum()
     thr = np.array([_threshold(m, th.tol(m)) for m in metrics])
     pos = pd.DataFrame(d[dcols].to_numpy() > thr, columns=dcols).groupby(cell).sum()
@@ -386,6 +385,8 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds) ->
 def _wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
     """Two-sided Wilcoxon signed-rank p of each (key, metric) group's cell medians against 0,
     one scipy call per group size (vectorised along the groups)."""
+    from scipy import stats
+
     p = pd.Series(1.0, index=index)
     sizes = cells.groupby(["model_key", "metric"])["d"].transform("size")
     for n in sorted(set(sizes)):  # a few distinct group sizes
@@ -402,13 +403,13 @@ def _wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
     return p.reindex(index).to_numpy()
 
 
-def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds
+def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds, ref_per_cell: bool = False
                   ) -> tuple[list[Change], list[Regression], pd.DataFrame]:
     """Key-level changes (all of them) and the regressions among them, plus single-profile ones."""
     metrics = [m for m in ALL_METRICS if d[f"d_{m}"].notna().any()]
     if not metrics:
         return [], [], pd.DataFrame()
-    cells = _cells(d, metrics, names, th)
+    cells = _cells(d, metrics, names, th, ref_per_cell)
     changes: list[Change] = []
     regs: list[Regression] = []
     key_regressed: set[tuple[str, str]] = set()
@@ -652,7 +653,7 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     changes: list[Change] = []
     regs: list[Regression] = []
     if ref is not None and len(inc):
-        ch, rg, _ = fleet_compare(diff_to_reference(inc, ref), names, baseline_label, th)
+        ch, rg, _ = fleet_compare(diff_to_reference(inc, ref), names, baseline_label, th, ref_per_cell=True)
         changes += ch
         regs += rg
         regs += correctness(inc, per_row(inc, ref[["correct"]], K)["correct"].to_numpy(dtype=float), baseline_label)

@@ -97,10 +97,9 @@ def test_report_json_contract(app, stored):
 
 
 def test_report_markdown_to_stdout_and_check_exit(app, stored):
-    res = CliRunner().invoke(app, ["report", "run-b"])
-    assert res.exit_code == 0 and res.stdout.startswith("# Fleet report run-b")
+    res = CliRunner().invoke(app, ["report", "run-b", "--check"])
+    assert res.exit_code == report_cli.EXIT_NOT_PASS and res.stdout.startswith("# Fleet report run-b")
     assert "| * | qwen3 | * | decode_tps |" in res.stdout and "| m03 | * | 0.8" in res.stdout
-    assert CliRunner().invoke(app, ["report", "run-b", "--check"]).exit_code == report_cli.EXIT_NOT_PASS
     assert CliRunner().invoke(app, ["report", "run-a", "--check"]).exit_code == 0
 
 

@@ -4,6 +4,7 @@ failed or external requests, a screenshot saved."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -29,6 +30,13 @@ def report_html(reference, tmp_path_factory) -> Path:
                   previous=prev)
     (path,) = write_report(rep, "html", tmp_path_factory.mktemp("html"))
     return path
+
+
+def test_html_is_self_contained(report_html):
+    text = report_html.read_text(encoding="utf-8")
+    assert text.count("<svg") == 3 and "REGRESSED run-b" in text
+    for pattern in (r"https?://(?!www\.w3\.org)", r"<script", r"<link", r"@import", r"url\((?!#)", r"<img"):
+        assert not re.search(pattern, text), pattern
 
 
 def test_html_opens_in_chromium_without_errors(report_html, tmp_path):
