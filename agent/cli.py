@@ -25,7 +25,7 @@ from rich.table import Table
 
 from agent.errors import BadInput
 from agent.executor import EventCancelToken
-from agent.records import ResultRow, RunProgress, RunRequest, UnknownModelKey, parse_model_keys
+from agent.records import ResultRow, RunProgress, RunRequest, UnknownModelKey, parse_model_keys, release_version_of
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="m1000-fleet agent on one module.")
 
@@ -81,7 +81,8 @@ def run(
 
     try:
         keys = parse_model_keys(models)
-        settings = load_settings(AgentSettings, config, module=module, workdir=workdir, server_port=server_port)
+        settings = load_settings(AgentSettings, config, module=module, workdir=workdir.resolve() if workdir else None,
+                                 server_port=server_port)
         cfg = AgentConfig.from_settings(settings, ready_timeout=ready_timeout, benchmark_timeout=benchmark_timeout,
                                         key_env=_parse_key_env(key_env) or None)
         if not tarball.is_file():
@@ -93,7 +94,8 @@ def run(
         digest = (sha256 or sha256_file(tarball)).strip().lower()
         request = RunRequest(
             run_id=run_id or time.strftime("local-%Y%m%d-%H%M%S"), module=cfg.module, tarball=str(tarball.resolve()),
-            sha256=digest, release=tarball.name, models=keys, model_root=str(model_root.resolve()),
+            sha256=digest, release=release_version_of(tarball.name) or tarball.name, models=keys,
+            model_root=str(model_root.resolve()),
         )
     except (BadInput, UnknownModelKey, ValueError) as exc:
         raise _bad_input(_one_line(exc)) from None

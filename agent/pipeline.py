@@ -78,7 +78,7 @@ class AgentConfig(BaseModel):
         """From :class:`agent.settings.AgentSettings` (module, workdir, server port), plus overrides."""
         values: dict[str, Any] = {
             "module": settings.module,
-            "workdir": Path(settings.workdir),
+            "workdir": Path(settings.workdir).expanduser().resolve(),
             "server_port": settings.server_port,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -8,6 +8,7 @@ serialised with ``model_dump(mode="json")`` and read back with ``model_validate`
 from __future__ import annotations
 
 import enum
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -65,6 +66,15 @@ MODEL_KEYS: dict[str, ModelKeySpec] = {
         ),
     )
 }
+
+
+RELEASE_TARBALL = re.compile(r"^SGLang-MUSA-M1000-M1000_(?P<version>[0-9][0-9A-Za-z.+-]*)_sglang\.tar\.gz$")
+
+
+def release_version_of(filename: str) -> str | None:
+    """'SGLang-MUSA-M1000-M1000_1.4.1_sglang.tar.gz' -> '1.4.1' (None for another name)."""
+    m = RELEASE_TARBALL.match(filename)
+    return m.group("version") if m else None
 
 
 class UnknownModelKey(KeyError, ValueError):

@@ -42,7 +42,7 @@ devices_app = typer.Typer(add_completion=False, invoke_without_command=True,
                           help="Modules of the inventory and their state (idle, busy, offline, bad).")
 app.add_typer(devices_app, name="devices")
 
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True)
 
 
@@ -154,7 +154,7 @@ def _distribute(st: State, modules: list[Module], tarball: Path, sha: str) -> tu
             from controller.push import push_release
 
             s = st.settings()
-            results = push_release(remote, tarball, sha, known_hosts=s.known_hosts)
+            results = push_release(remote, tarball, sha, known_hosts=s.known_hosts, identity=s.ssh_key)
             for name, r in results.items():
                 if getattr(r, "error", None):
                     errors[name] = f"push failed: {r.error}"
@@ -394,6 +394,11 @@ def main(argv: list[str] | None = None) -> None:
         code = 2
     except USER_ERRORS as e:
         print(f"fleetctl: error: {e}", file=sys.stderr)
+        code = 2
+    except Exception:  # a bug: keep the traceback, still exit "error"
+        import traceback
+
+        traceback.print_exc()
         code = 2
     finally:
         STATE.close()

@@ -167,9 +167,9 @@ def wait_for_heartbeats(settings: ControllerSettings, workers: list[Worker], tim
 def reference_rows() -> list:  # type: ignore[type-arg]
     """The reference tables the simulated release reproduces, as baseline rows."""
     from agent.tables import parse_seed
-    from simulator import reference_text
+    from simulator.fit import REFERENCE
 
-    return [r for rows in parse_seed(reference_text(), "simulator reference").values() for r in rows]
+    return [r for rows in parse_seed(REFERENCE.read_text(encoding="utf-8"), str(REFERENCE)).values() for r in rows]
 
 
 def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:

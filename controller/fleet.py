@@ -24,14 +24,13 @@ from pathlib import Path
 
 from agent.celery_app import NOOP_TASK, RUN_TASK, is_embedded, make_app, queue_name
 from agent.kv import KV
-from agent.records import Heartbeat, RunProgress, RunRequest, RunState, StepError
+from agent.records import Heartbeat, RunProgress, RunRequest, RunState, StepError, release_version_of
 from agent.settings import BrokerSettings
 from controller.history import History
 from controller.inventory import Module
 
 log = logging.getLogger("fleet.controller")
 
-TARBALL_RE = re.compile(r"^SGLang-MUSA-M1000-M1000_(?P<version>[0-9][0-9A-Za-z.+-]*)_sglang\.tar\.gz$")
 
 
 class FleetError(RuntimeError):
@@ -73,10 +72,10 @@ def derive_state(hb: Heartbeat | None, now: float, *, offline_after: float, cons
 
 
 def release_version(tarball: Path) -> str:
-    m = TARBALL_RE.match(tarball.name)
-    if not m:
+    version = release_version_of(tarball.name)
+    if version is None:
         raise BadRelease(f"{tarball}: not a release tarball name (SGLang-MUSA-M1000-M1000_<version>_sglang.tar.gz)")
-    return m.group("version")
+    return version
 
 
 def sha256_file(path: Path, chunk: int = 4 * 1024 * 1024) -> str:
@@ -225,7 +224,8 @@ class Fleet:
                 continue
             req = RunRequest(run_id=run_id, module=m.name, tarball=tarballs[m.name], sha256=sha256,
                              release=release, models=tuple(models), model_root=m.model_root,
-                             model_paths=dict(m.model_paths), max_attempts=self.settings.max_attempts)
+                             model_paths=dict(m.model_paths), max_attempts=self.settings.max_attempts,
+                             key_env={k: dict(m.env) for k in models} if m.env else {})
             self.history.upsert_progress(RunProgress(run_id=run_id, module=m.name, release=release,
                                                      step="queued", keys_total=len(models), updated_at=time.time()))
             try:

@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -68,14 +69,15 @@ class RedisServer:
         self.start()
 
 
-@pytest.fixture(params=["embedded", pytest.param("redis", marks=pytest.mark.redis)])
-def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, RedisServer | None]]:
+@pytest.fixture(scope="module", params=["embedded", pytest.param("redis", marks=pytest.mark.redis)])
+def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[str, RedisServer | None]]:
     if request.param == "embedded":
         yield "filesystem://", None
         return
     if not REDIS:
         pytest.skip("redis-server not installed (make test installs Debian's redis-server)")
-    server = RedisServer(tmp_path / "redis")
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
     server.start()
     try:
         yield server.url, server
@@ -124,9 +126,38 @@ class Lab:
         return env
 
     def fleetctl(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        exe = Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "fleetctl"
+        exe = Path(sys.executable).parent / "fleetctl"
         cmd = [str(exe) if exe.exists() else "fleetctl", *args]
         return subprocess.run(cmd, env=self.env(), capture_output=True, text=True, timeout=timeout)
+
+    def stop(self) -> None:
+        stop_workers(list(self.workers.values()), grace=5)
+        self.workers.clear()
+
+
+def make_lab(base: Path, broker: tuple[str, RedisServer | None], n: int, extra: list[str] | None = None,
+             **overrides: float) -> Lab:
+    """A lab of ``n`` modules (plus ``extra`` names in the inventory that never get a worker)."""
+    names = [f"sim-{i + 1:02d}" for i in range(n)]
+    settings = ControllerSettings(
+        broker_url=broker[0], data_dir=base / "fleet", inventory=base / "inventory.toml",
+        history=base / "history.sqlite",
+        heartbeat_interval=overrides.get("heartbeat_interval", 0.5),
+        offline_after=overrides.get("offline_after", 4.0))
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "inventory.toml").write_text(inventory_toml(names + (extra or []), base, None))
+    return Lab(base, settings, names, redis=broker[1])
+
+
+@pytest.fixture(scope="module")
+def shared_lab(tmp_path_factory: pytest.TempPathFactory, broker: tuple[str, RedisServer | None]) -> Iterator[Lab]:
+    """Two running modules (sim-01, sim-02) and one that never starts (sim-03), shared by a test module."""
+    lab = make_lab(tmp_path_factory.mktemp("lab"), broker, 2, extra=["sim-03"])
+    lab.start()
+    try:
+        yield lab
+    finally:
+        lab.stop()
 
 
 @pytest.fixture
@@ -134,19 +165,10 @@ def lab_factory(tmp_path: Path, broker: tuple[str, RedisServer | None]) -> Itera
     labs: list[Lab] = []
 
     def make(n: int = 2, **overrides: float) -> Lab:
-        base = tmp_path / f"lab{len(labs)}"
-        names = [f"sim-{i + 1:02d}" for i in range(n)]
-        settings = ControllerSettings(
-            broker_url=broker[0], data_dir=base / "fleet", inventory=base / "inventory.toml",
-            history=base / "history.sqlite",
-            heartbeat_interval=overrides.get("heartbeat_interval", 0.5),
-            offline_after=overrides.get("offline_after", 4.0))
-        base.mkdir(parents=True)
-        (base / "inventory.toml").write_text(inventory_toml(names, base, None))
-        lab = Lab(base, settings, names, redis=broker[1])
+        lab = make_lab(tmp_path / f"lab{len(labs)}", broker, n, **overrides)
         labs.append(lab)
         return lab
 
     yield make
     for lab in labs:
-        stop_workers(list(lab.workers.values()), grace=5)
+        lab.stop()
