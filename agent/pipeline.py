@@ -481,6 +481,7 @@ class _Run:
     def _wait_ready(self, server: Any, key: str, t0: float) -> None:
         url = steps.health_url(self.cfg.server_host, self.cfg.server_port)
         deadline = t0 + self.cfg.ready_timeout
+        pause = 0.05  # probe quickly at first, then back off to poll_interval
         while True:
             if self.cancelled():
                 raise Cancelled("server", key)
@@ -498,7 +499,8 @@ class _Run:
                 self.event("server", "failed", key, duration_s=time.monotonic() - t0, message=msg)
                 tail = "\n".join(server.pump.tails["err"])
                 raise StepFailed(StepError(step="server", model_key=key, message=msg, stderr_tail=tail[-2000:]))
-            time.sleep(self.cfg.poll_interval)
+            time.sleep(pause)
+            pause = min(self.cfg.poll_interval, pause * 2)
 
     def _benchmark(self, top: Path, env: dict[str, str], key: str, kenv: dict[str, str],
                    server: Any) -> tuple[list[ResultRow], StepError | None]:
