@@ -313,15 +313,20 @@ def reference(base: pd.DataFrame) -> pd.DataFrame:
     return ref.set_index(K)
 
 
-def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
-    """Per row of cur: ``d_<m>`` = badness minus the reference's (per key/profile); ``r_<m>`` the latter."""
-    r = per_row(cur, ref[_bcols(ALL_METRICS)], K)
+def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per row of cur: ``d_<m>`` = badness minus the reference's (per key/profile); and the
+    reference badness per cell code (``r_<m>``)."""
+    cells = cell_table(cur)
+    r = ref[_bcols(ALL_METRICS)].reindex(pd.MultiIndex.from_frame(cells[K]))
+    r.index = cells.index
+    r.columns = [f"r_{m}" for m in ALL_METRICS]
+    pos = np.full(int(cells.index.max()) + 1 if len(cells) else 0, -1)
+    pos[cells.index.to_numpy()] = np.arange(len(cells))
+    rows = np.take(pos, cur["cell"].to_numpy())
     out = cur[["mod", "key", "modkey", "cell"]].copy()
     for m in ALL_METRICS:
-        rb = r[B[m]].to_numpy(dtype=float)
-        out[f"d_{m}"] = cur[B[m]].to_numpy() - rb
-        out[f"r_{m}"] = rb
-    return out
+        out[f"d_{m}"] = cur[B[m]].to_numpy() - np.take(r[f"r_{m}"].to_numpy(), rows)
+    return out, r
 
 
 def _ident(df: pd.DataFrame, cats: dict[str, pd.Index]) -> np.ndarray:
@@ -359,16 +364,17 @@ def _threshold(metric: str, tol: float) -> float:
     return -math.log(1 - tol) if METRICS[metric] else math.log(1 + tol)
 
 
-def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds, ref_per_cell: bool) -> pd.DataFrame:
+def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
+           ref_cells: pd.DataFrame | None) -> pd.DataFrame:
     """Per (key, profile, metric): fleet median of d, modules, modules worse *beyond tolerance*,
-    reference; long and small."""
+    reference (``ref_cells`` per cell code, else the geometric mean of the rows' ``r_<m>``);
+    long and small."""
     dcols, rcols = [f"d_{m}" for m in metrics], [f"r_{m}" for m in metrics]
     cell = d["cell"].to_numpy()
     # the lower median of the badness: with an even count the less bad of the middle two, so
     # that half of a small fleet is not a fleet-wide regression
-    refs = d[rcols].groupby(cell)
-    med = d[dcols].groupby(cell).quantile(0.5, interpolation="lower").join(
-        refs.first() if ref_per_cell else refs.mean())  # previous: geometric mean of the fleet
+    med = d[dcols].groupby(cell).quantile(0.5, interpolation="lower")
+    med = med.join(ref_cells[rcols] if ref_cells is not None else d[rcols].groupby(cell).mean())
     n = d[dcols].notna().groupby(cell).sum()
     thr = np.array([_threshold(m, th.tol(m)) for m in metrics])
     pos = pd.DataFrame(d[dcols].to_numpy() > thr, columns=dcols).groupby(cell).sum()
@@ -403,13 +409,13 @@ def _wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
     return p.reindex(index).to_numpy()
 
 
-def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds, ref_per_cell: bool = False
-                  ) -> tuple[list[Change], list[Regression], pd.DataFrame]:
+def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
+                  ref_cells: pd.DataFrame | None = None) -> tuple[list[Change], list[Regression], pd.DataFrame]:
     """Key-level changes (all of them) and the regressions among them, plus single-profile ones."""
     metrics = [m for m in ALL_METRICS if d[f"d_{m}"].notna().any()]
     if not metrics:
         return [], [], pd.DataFrame()
-    cells = _cells(d, metrics, names, th, ref_per_cell)
+    cells = _cells(d, metrics, names, th, ref_cells)
     changes: list[Change] = []
     regs: list[Regression] = []
     key_regressed: set[tuple[str, str]] = set()
@@ -565,15 +571,15 @@ def fold(regs: list[Regression], outliers: tuple[Outlier, ...]) -> list[Regressi
 
 # -- summary and completeness -------------------------------------------------------------------
 def summarise(cur: pd.DataFrame, ref: pd.DataFrame | None, included: np.ndarray, spread: pd.DataFrame) -> pd.DataFrame:
-    """Per (key, profile, metric): fleet median (``fleet``: without outliers; ``median``: all modules),
-    robust spread (1.4826 MAD of log figures ~ relative sd), min, max, count, baseline and change."""
+    """Per (key, profile, metric): fleet median (``fleet``: without outlier modules), robust spread
+    (1.4826 MAD of log figures ~ relative sd), min, max, count, baseline and change."""
     metrics = _present(cur, ALL_METRICS)
     if not metrics:
         return pd.DataFrame()
     cell = cur["cell"].to_numpy()
-    agg = cur[metrics].groupby(cell).agg(["median", "min", "max", "count"])
-    inc = cur[metrics].mask(pd.Series(~included, index=cur.index), axis=0).groupby(cell).median() \
-        if not included.all() else agg.xs("median", axis=1, level=1)
+    vals = cur[metrics]
+    agg = vals.groupby(cell).agg(["min", "max", "count"])
+    inc = (vals if included.all() else vals.mask(pd.Series(~included, index=cur.index), axis=0)).groupby(cell).median()
     ids = cell_table(cur)
     first = cur.groupby(cell)[["table", "prefill_len", "input_tokens", "prefix_tokens"]].first()
     refv = ref.reindex(pd.MultiIndex.from_frame(ids[K])) if ref is not None else None
@@ -581,7 +587,7 @@ def summarise(cur: pd.DataFrame, ref: pd.DataFrame | None, included: np.ndarray,
     for m in metrics:
         sp = DERIVED.get(m, m)
         part = pd.DataFrame({"model_key": ids["model_key"], "profile": ids["profile"], "metric": m,
-                             "fleet": inc[m], "median": agg[(m, "median")],
+                             "fleet": inc[m],
                              "spread": spread[sp] if sp in spread.columns else np.nan,
                              "min": agg[(m, "min")], "max": agg[(m, "max")], "count": agg[(m, "count")]})
         if refv is not None:
@@ -653,7 +659,8 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     changes: list[Change] = []
     regs: list[Regression] = []
     if ref is not None and len(inc):
-        ch, rg, _ = fleet_compare(diff_to_reference(inc, ref), names, baseline_label, th, ref_per_cell=True)
+        d, ref_cells = diff_to_reference(inc, ref)
+        ch, rg, _ = fleet_compare(d, names, baseline_label, th, ref_cells)
         changes += ch
         regs += rg
         regs += correctness(inc, per_row(inc, ref[["correct"]], K)["correct"].to_numpy(dtype=float), baseline_label)
