@@ -20,15 +20,7 @@ from tests.report.conftest import frame_to_rows
 MODULES = [f"m{i:02d}" for i in range(6)]
 
 
-@pytest.fixture
-def history(tmp_path: Path):
-    h = History(tmp_path / "history.sqlite")
-    yield h
-    h.close()
-
-
-@pytest.fixture
-def app(history: History) -> typer.Typer:
+def _app(history: History) -> typer.Typer:
     a = typer.Typer()
     report_cli.register(a, lambda: history)
     return a
@@ -41,20 +33,47 @@ def _store(history: History, df: pd.DataFrame, run_id: str, release: str, keys: 
     time.sleep(0.01)  # created_at orders the runs
 
 
-@pytest.fixture
-def stored(history, reference, seed_path, app):
+def _fill(history: History, reference: pd.DataFrame, seed_path: Path) -> None:
     """Baseline from the seed, a clean run of 1.4.1 and a run of 1.4.2 with a decode regression."""
-    res = CliRunner().invoke(app, ["baseline", "import", str(seed_path), "--release", "1.4.1"])
+    res = CliRunner().invoke(_app(history), ["baseline", "import", str(seed_path), "--release", "1.4.1"])
     assert res.exit_code == 0, res.output
     keys = sorted(set(reference["model_key"]))
     _store(history, fleet(reference, module_factor={"m03": 0.88}, seed=1, run_id="run-a", release="1.4.1"),
            "run-a", "1.4.1", keys)
     _store(history, fleet(reference, module_factor={"m03": 0.88}, regress={("qwen3", "decode_tps"): 0.08}, seed=2,
                           run_id="run-b", release="1.4.2"), "run-b", "1.4.2", keys)
+
+
+@pytest.fixture(scope="module")
+def shared(reference, seed_path, tmp_path_factory):
+    """A filled history the read-only tests share."""
+    h = History(tmp_path_factory.mktemp("hist") / "history.sqlite")
+    _fill(h, reference, seed_path)
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def history(tmp_path: Path):
+    h = History(tmp_path / "history.sqlite")
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def stored(history, reference, seed_path):
+    """A filled history of this test's own (for tests that add baselines)."""
+    _fill(history, reference, seed_path)
     return history
 
 
-def test_baseline_import_list_and_versions(app, stored, seed_path):
+@pytest.fixture
+def app(shared: History) -> typer.Typer:
+    return _app(shared)
+
+
+def test_baseline_import_list_and_versions(stored, seed_path):
+    app = _app(stored)
     assert stored.baseline_run_id(None, release="1.4.1") == "baseline:1.4.1:v1"
     res = CliRunner().invoke(app, ["baseline", "import", str(seed_path), "--release", "1.4.1"])
     assert res.exit_code == 0 and "1.4.1@v2" in res.output
@@ -63,8 +82,8 @@ def test_baseline_import_list_and_versions(app, stored, seed_path):
     assert "1.4.1@v1\tbaseline:1.4.1:v1\t92 rows" in res.output and "1.4.1@v2" in res.output
 
 
-def test_baseline_set_promotes_a_run(app, stored):
-    res = CliRunner().invoke(app, ["baseline", "set", "run-a"])
+def test_baseline_set_promotes_a_run(stored):
+    res = CliRunner().invoke(_app(stored), ["baseline", "set", "run-a"])
     assert res.exit_code == 0, res.output
     bid = stored.baseline_run_id("1.4.1@v2")
     assert bid == "baseline:1.4.1:v2" and stored.row_count(bid) == 6 * 92
@@ -72,8 +91,8 @@ def test_baseline_set_promotes_a_run(app, stored):
     assert [(r.module, r.model_key, r.metric) for r in rep.regressions] == [("*", "qwen3", "decode_tps")]
 
 
-def test_report_from_history_names_regression_and_outlier(stored):
-    rep = build_report(stored, "run-b")
+def test_report_from_history_names_regression_and_outlier(shared):
+    rep = build_report(shared, "run-b")
     assert rep.baseline_id == "baseline:1.4.1:v1" and rep.previous_ids == ("run-a",)
     assert [(r.module, r.model_key, r.profile, r.metric) for r in rep.regressions] == [
         ("*", "qwen3", "*", "decode_tps")]
@@ -83,7 +102,7 @@ def test_report_from_history_names_regression_and_outlier(stored):
     assert rep.verdict_line.startswith("REGRESSED run-b (1.4.2 vs baseline:1.4.1:v1): 1 regression(s): fleet: qwen3")
 
 
-def test_report_json_contract(app, stored):
+def test_report_json_contract(app):
     res = CliRunner().invoke(app, ["report", "run-b", "--format", "json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
@@ -96,14 +115,14 @@ def test_report_json_contract(app, stored):
     assert out["module"] == "m03" and 0.85 < out["factor"] < 0.91
 
 
-def test_report_markdown_to_stdout_and_check_exit(app, stored):
+def test_report_markdown_to_stdout_and_check_exit(app):
     res = CliRunner().invoke(app, ["report", "run-b", "--check"])
     assert res.exit_code == report_cli.EXIT_NOT_PASS and res.stdout.startswith("# Fleet report run-b")
     assert "| * | qwen3 | * | decode_tps |" in res.stdout and "| m03 | * | 0.8" in res.stdout
     assert CliRunner().invoke(app, ["report", "run-a", "--check"]).exit_code == 0
 
 
-def test_report_csv_and_parquet_files(app, stored, tmp_path):
+def test_report_csv_and_parquet_files(app, tmp_path):
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["report", "run-b", "--format", "csv", "--out", str(out)])
     assert res.exit_code == 0, res.output
@@ -115,8 +134,8 @@ def test_report_csv_and_parquet_files(app, stored, tmp_path):
     assert not list(out.glob(".*"))  # no temporary leftovers
 
 
-def test_compare_two_runs(app, stored):
-    rep = compare_runs(stored, "run-a", "run-b")
+def test_compare_two_runs(app, shared):
+    rep = compare_runs(shared, "run-a", "run-b")
     assert [(r.module, r.model_key, r.metric, r.against) for r in rep.regressions] == [
         ("*", "qwen3", "decode_tps", "run-a")]
     res = CliRunner().invoke(app, ["compare", "run-a", "run-b", "--format", "json"])
@@ -131,14 +150,15 @@ def test_compare_two_runs(app, stored):
     (["baseline", "set", "nope"], "no run 'nope'"),
     (["baseline", "import", "/nonexistent/seed.txt", "--release", "1"], "/nonexistent/seed.txt"),
 ])
-def test_errors_are_one_clear_line(app, stored, args, needle):
+def test_errors_are_one_clear_line(app, args, needle):
     res = CliRunner().invoke(app, args)
     assert res.exit_code == report_cli.EXIT_ERROR
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
 
 
-def test_bad_seed_table_names_the_line(app, tmp_path):
+def test_bad_seed_table_names_the_line(history, tmp_path):
+    app = _app(history)
     bad = tmp_path / "bad.txt"
     bad.write_text("Qwen3-30B-A3B-GPTQ-Int4 (x)\n\nModel\tSize\tInput(tokens)\tDecode(tps)\nQwen3\t30b\tmany\t2\n")
     res = CliRunner().invoke(app, ["baseline", "import", str(bad), "--release", "1"])
