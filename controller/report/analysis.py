@@ -41,6 +41,7 @@ from controller.report.model import (
     Regression,
     Report,
     ReportError,
+    Status,
     Thresholds,
     Verdict,
     WorstCase,
@@ -425,6 +426,7 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
     for (key, m), k in ks.iterrows():  # keys x metrics
         ch, p, base, n = float(_change(m, k["d"])), float(k["p"]), float(k["ref"]), int(k["n"])
         tol = th.tol(m)
+        status: Status
         if _worse(m, ch, tol):
             status = "regressed" if p < th.alpha else "not significant"
         elif _better(m, ch, tol):

@@ -32,15 +32,15 @@ class _Frozen(BaseModel):
 class Thresholds(_Frozen):
     """What counts as a regression or an outlier. Fractions are relative (0.05 = 5 %)."""
 
-    tolerance: float = Field(0.05, gt=0, lt=1)  # default for every metric
+    tolerance: float = Field(default=0.05, gt=0, lt=1)  # default for every metric
     per_metric: dict[str, float] = Field(default_factory=dict)  # e.g. {"accept_rate": 0.03}
-    alpha: float = Field(0.01, gt=0, lt=1)  # key level (Wilcoxon over profiles) and per module
-    alpha_profile: float = Field(0.05, gt=0, lt=1)  # one profile: sign test across modules
-    min_modules_for_test: int = Field(5, ge=2)  # fewer: a single profile must move 3x the tolerance
-    outlier_tolerance: float = Field(0.05, gt=0, lt=1)  # typical deviation from the fleet median
-    outlier_alpha: float = Field(0.001, gt=0, lt=1)  # sign test over the module's cells
-    z_floor: float = Field(0.01, gt=0)  # floor of the robust scale (log units) so near-identical modules stay calm
-    worst_cases: int = Field(3, ge=1)
+    alpha: float = Field(default=0.01, gt=0, lt=1)  # key level (Wilcoxon over profiles) and per module
+    alpha_profile: float = Field(default=0.05, gt=0, lt=1)  # one profile: sign test across modules
+    min_modules_for_test: int = Field(default=5, ge=2)  # fewer: a single profile must move 3x the tolerance
+    outlier_tolerance: float = Field(default=0.05, gt=0, lt=1)  # typical deviation from the fleet median
+    outlier_alpha: float = Field(default=0.001, gt=0, lt=1)  # sign test over the module's cells
+    z_floor: float = Field(default=0.01, gt=0)  # floor of the robust scale (log units): near-identical modules
+    worst_cases: int = Field(default=3, ge=1)
 
     def tol(self, metric: str) -> float:
         return self.per_metric.get(metric, self.tolerance)

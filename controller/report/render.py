@@ -140,7 +140,7 @@ def rows_with_baseline(r: Report) -> pd.DataFrame:
     return out
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
+def atomic_write(path: Path, write: Callable[[Path], object]) -> Path:
     """Write to a temporary file in the same folder, then rename: never a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -177,8 +177,12 @@ def write_tables(r: Report, out: Path, parquet: bool = True) -> list[Path]:
         "changes.csv": pd.DataFrame([c.model_dump(mode="json") for c in r.changes]),
     }
     for name, df in tables.items():
-        written.append(atomic_write(out / name, lambda p, df=df: df.to_csv(p, index=False)))
+        written.append(atomic_write(out / name, _csv_writer(df)))
     return written
+
+
+def _csv_writer(df: pd.DataFrame) -> Callable[[Path], object]:
+    return lambda p: df.to_csv(p, index=False)
 
 
 def write_report(r: Report, fmt: str, out: Path) -> list[Path]:
