@@ -50,7 +50,8 @@ from controller.report.model import (
 K = ["model_key", "profile"]
 SIGN: dict[str, float] = {m: (-1.0 if up else 1.0) for m, up in METRICS.items()}
 B = {m: f"b_{m}" for m in ALL_METRICS}  # badness column per metric
-_IDS = ("run_id", "module", "model_key", "profile", "table")
+_IDS = ("module", "model_key", "profile")
+_SHAPE = ("table", "prefill_len", "input_tokens", "prefix_tokens")  # per profile, for plots
 
 
 # -- preparation --------------------------------------------------------------------------------
@@ -81,8 +82,7 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
         return df[c].reset_index(drop=True) if c in df.columns else none
 
     cols: dict[str, object] = {c: _category(col(c)) for c in _IDS}
-    for c in ("prefill_len", "input_tokens", "prefix_tokens", "correct"):
-        cols[c] = _numeric(col(c))
+    cols["correct"] = _numeric(col("correct"))
     flags = _category(col("flags"))  # few distinct texts: test those, not every row
     kinds = pd.Index(flags.categories).astype(str)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -374,7 +374,12 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
     cell = d["cell"].to_numpy()
     # the lower median of the badness: with an even count the less bad of the middle two, so
     # that half of a small fleet is not a fleet-wide regression
-    med = d[dcols].groupby(cell).quantile(0.5, interpolation="lower")
+    med = d[dcols].groupby(cell).median()
+    n_rows = np.bincount(cell)
+    few = np.flatnonzero((n_rows > 0) & (n_rows < 12))  # small fleets: the median of an even count matters
+    if len(few):
+        sub = np.isin(cell, few)
+        med.loc[few] = d.loc[sub, dcols].groupby(cell[sub]).quantile(0.5, interpolation="lower").reindex(few)
     med = med.join(ref_cells[rcols] if ref_cells is not None else d[rcols].groupby(cell).mean())
     n = d[dcols].notna().groupby(cell).sum()
     thr = np.array([_threshold(m, th.tol(m)) for m in metrics])
@@ -572,7 +577,8 @@ def fold(regs: list[Regression], outliers: tuple[Outlier, ...]) -> list[Regressi
 
 
 # -- summary and completeness -------------------------------------------------------------------
-def summarise(cur: pd.DataFrame, ref: pd.DataFrame | None, included: np.ndarray, spread: pd.DataFrame) -> pd.DataFrame:
+def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, included: np.ndarray,
+              spread: pd.DataFrame) -> pd.DataFrame:
     """Per (key, profile, metric): fleet median (``fleet``: without outlier modules), robust spread
     (1.4826 MAD of log figures ~ relative sd), min, max, count, baseline and change."""
     metrics = _present(cur, ALL_METRICS)
@@ -583,7 +589,9 @@ def summarise(cur: pd.DataFrame, ref: pd.DataFrame | None, included: np.ndarray,
     agg = vals.groupby(cell).agg(["min", "max", "count"])
     inc = (vals if included.all() else vals.mask(pd.Series(~included, index=cur.index), axis=0)).groupby(cell).median()
     ids = cell_table(cur)
-    first = cur.groupby(cell)[["table", "prefill_len", "input_tokens", "prefix_tokens"]].first()
+    firsts = cur["cell"].drop_duplicates()
+    shape = rows.reset_index(drop=True).reindex(columns=list(_SHAPE))
+    first = shape.iloc[firsts.index.to_numpy()].set_axis(firsts.to_numpy())
     refv = ref.reindex(pd.MultiIndex.from_frame(ids[K])) if ref is not None else None
     parts = []
     for m in metrics:
@@ -668,7 +676,7 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         regs += correctness(inc, per_row(inc, ref[["correct"]], K)["correct"].to_numpy(dtype=float), baseline_label)
     prev_ids: tuple[str, ...] = ()
     if prev is not None and len(inc):
-        prev_ids = tuple(sorted(map(str, prev["run_id"].unique())))
+        prev_ids = tuple(sorted(map(str, previous["run_id"].unique()))) if previous is not None else ()
         dp = diff_to_previous(cur, prev)
         ch, rg, _ = fleet_compare(dp[~excluded] if excluded.any() else dp, names, previous_label, th)
         changes += ch
@@ -685,7 +693,7 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         run_id=run_id, release=release, baseline_id=baseline_id, previous_ids=prev_ids, verdict=verdict,
         regressions=regressions, outliers=outliers, changes=tuple(changes), notes=tuple(notes),
         modules=tuple(sorted(map(str, cur["module"].unique()))), thresholds=th,
-        summary=summarise(cur, ref, ~excluded, spread), rows=rows, reference=ref,
+        summary=summarise(cur, rows, ref, ~excluded, spread), rows=rows, reference=ref,
         deviation=deviation,
     )
 
