@@ -9,7 +9,12 @@ noise, one slow module, one 8 % decode regression), then times in the same run:
 * Markdown and JSON rendering of the result.
 
 Prints each figure (best of ``--repeat``) and the ratio to the bare groupby.
-Usage: .venv/bin/python bench/report.py [--rows 1000000] [--repeat 3] [--strict]
+
+``--power N`` instead measures the verdicts' error rates on N seeds of the acceptance scenario
+(6 modules, 2 % noise, one module 0.88x): false alarms with no change, and how often an 8 %
+decode regression on each model key is named exactly (that regression, that module, nothing else).
+
+Usage: .venv/bin/python bench/report.py [--rows 1000000] [--repeat 3] [--strict] [--power 20]
 """
 
 from __future__ import annotations
@@ -53,9 +58,12 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--strict", action="store_true", help=f"exit 1 if the report takes more than {TARGET_S} s")
+    ap.add_argument("--power", type=int, default=0, help="measure error rates over this many seeds instead")
     args = ap.parse_args()
 
     ref = rows_frame([r for rows in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rows])
+    if args.power:
+        return power(ref, args.power)
     modules = max(6, round(args.rows / len(ref)))
     t = time.perf_counter()
     cur = fleet(ref, modules=modules, module_factor={"m03": 0.88}, regress={("qwen3", "decode_tps"): 0.08},
@@ -79,6 +87,26 @@ def main() -> int:
     ok = rep_t <= TARGET_S
     print(f"target: report over {len(cur):,} rows <= {TARGET_S} s: {'met' if ok else 'NOT met'} ({rep_t:.2f} s)")
     return 0 if ok or not args.strict else 1
+
+
+def power(ref, seeds: int) -> int:  # type: ignore[no-untyped-def]
+    slow = {"m03": 0.88}
+    false_reg = false_out = 0
+    for seed in range(seeds):
+        rep = analyse(fleet(ref, module_factor=slow, seed=10_000 + seed), baseline=ref)
+        false_reg += len(rep.regressions) > 0
+        false_out += [o.module for o in rep.outliers] != ["m03"]
+    print(f"no change, {seeds} seeds: runs with any regression {false_reg}/{seeds}; runs where the outliers "
+          f"are not exactly [m03] {false_out}/{seeds}")
+    for key in sorted(set(ref["model_key"])):
+        exact = 0
+        for seed in range(seeds):
+            rep = analyse(fleet(ref, module_factor=slow, regress={(key, "decode_tps"): 0.08}, seed=20_000 + seed),
+                          baseline=ref)
+            named = [(r.module, r.model_key, r.profile, r.metric) for r in rep.regressions]
+            exact += named == [("*", key, "*", "decode_tps")] and [o.module for o in rep.outliers] == ["m03"]
+        print(f"8 % decode regression on {key:14s}: named exactly in {exact}/{seeds} seeds")
+    return 0
 
 
 if __name__ == "__main__":

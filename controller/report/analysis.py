@@ -395,7 +395,8 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
 
 
 def _wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
-    """Two-sided Wilcoxon signed-rank p of each (key, metric) group's cell medians against 0,
+    """One-sided Wilcoxon signed-rank p (in the direction of the median) of each (key, metric)
+    group's cell medians against 0,
     one scipy call per group size (vectorised along the groups)."""
     from scipy import stats
 
@@ -409,8 +410,11 @@ def _wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
         ids = part[["model_key", "metric"]].iloc[::n]
         nonzero = np.abs(vals).max(axis=1) > 1e-12
         res = np.ones(len(vals))
-        if nonzero.any():
-            res[nonzero] = stats.wilcoxon(vals[nonzero], axis=1, zero_method="zsplit").pvalue
+        if nonzero.any():  # one-sided, in the direction of the group's median
+            v = vals[nonzero]
+            up = stats.wilcoxon(v, axis=1, zero_method="zsplit", alternative="greater").pvalue
+            down = stats.wilcoxon(v, axis=1, zero_method="zsplit", alternative="less").pvalue
+            res[nonzero] = np.where(np.median(v, axis=1) >= 0, up, down)
         p.loc[pd.MultiIndex.from_frame(ids)] = res
     return p.reindex(index).to_numpy()
 

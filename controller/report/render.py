@@ -21,7 +21,7 @@ UNITS = {"prefill_tps": "tok/s", "decode_tps": "tok/s", "ttft_ms": "ms", "tpot_m
 def verdict_line(r: Report) -> str:
     """One line, e.g. ``REGRESSED run-7 (1.4.2 vs baseline:1.4.1:v1): 1 regression(s): fleet: qwen3
     decode_tps -8.0% vs baseline (tpot_ms +8.7%); 1 outlier(s): m03 0.88x``."""
-    against = r.baseline_id or "no baseline"
+    against = r.baseline_id or ("baseline" if r.reference is not None else "no baseline")
     head = f"{r.verdict.upper()} {r.run_id} ({r.release or '?'} vs {against})"
     parts = []
     if r.regressions:
