@@ -45,6 +45,16 @@ class BadRelease(FleetError, ValueError):
     pass
 
 
+def _broker_errors() -> tuple[type[BaseException], ...]:
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import RedisError
+
+    return (RedisError, OperationalError, ConnectionError, TimeoutError)
+
+
+BROKER_ERRORS = _broker_errors()
+
+
 # --------------------------------------------------------------------------- pure parts
 @dataclass(frozen=True)
 class ModuleStatus:
@@ -247,7 +257,17 @@ class Fleet:
 
     # -- follow --------------------------------------------------------------------------
     def sync(self, run_id: str, now: float | None = None) -> RunView:
-        """Pull progress and rows of ``run_id`` from the broker into the history."""
+        """Pull progress and rows of ``run_id`` from the broker into the history.
+
+        A broker that cannot be reached raises :class:`BrokerUnavailable` (nothing is
+        marked lost while the controller itself cannot see the broker).
+        """
+        try:
+            return self._sync(run_id, now)
+        except BROKER_ERRORS as exc:
+            raise BrokerUnavailable(f"broker {self.settings.redacted_broker_url()} unreachable: {_short(exc)}") from exc
+
+    def _sync(self, run_id: str, now: float | None = None) -> RunView:
         info = self.history.run(run_id)
         if info is None:
             raise FleetError(f"no run {run_id!r} in {self.history.path}")

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agent.records import RunProgress, RunState
-from controller.fleet import RunView, module_failed
+from controller.fleet import BrokerUnavailable, RunView, module_failed
 
 _STYLE = {
     "done": "green", "failed": "red", "cancelled": "yellow", "queued": "dim", "benchmarking": "cyan",
@@ -55,9 +55,36 @@ def render(view: RunView, now: float | None = None, title: str = "") -> Table:
     return t
 
 
+def resilient(sync: Callable[[], RunView], console: Console, *, give_up_after: float = 600.0) -> Callable[[], RunView]:
+    """``sync`` that rides out a broker outage: the last view is shown until the broker is back."""
+    last: list[RunView] = []
+    down_since: list[float] = []
+
+    def call() -> RunView:
+        try:
+            view = sync()
+        except BrokerUnavailable as exc:
+            if not last:
+                raise
+            if not down_since:
+                down_since.append(time.monotonic())
+                console.print(f"[yellow]{exc}; retrying[/]", highlight=False)
+            elif time.monotonic() - down_since[0] > give_up_after:
+                raise
+            return last[0]
+        if down_since:
+            console.print("[green]broker reachable again[/]")
+            down_since.clear()
+        last[:] = [view]
+        return view
+
+    return call
+
+
 def follow(sync: Callable[[], RunView], console: Console, *, interval: float = 0.5, title: str = "",
            footer: Callable[[RunView], str] | None = None) -> RunView:
     """Refresh the view until the run finishes (Ctrl-C detaches; the run goes on)."""
+    sync = resilient(sync, console)
     view = sync()
     if not console.is_terminal:
         last = ""

@@ -351,12 +351,20 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame) -> pd.DataFrame:
         index, pv = index[~dup], pv[~dup]
     pos = index.get_indexer(mine)
     found = pos >= 0
+    take = np.where(found, pos, 0)  # a valid index everywhere; masked by ``found``
+
+    def lookup(col: str) -> np.ndarray:
+        values = pv[col].to_numpy(dtype=float, na_value=np.nan)
+        if not len(values):  # no previous figure at all (e.g. the previous run failed before any row)
+            return np.full(len(mine), np.nan)
+        return np.where(found, values[take], np.nan)
+
     out = cur[["mod", "key", "modkey", "cell"]].copy()
     for m in ALL_METRICS:
-        pb = np.where(found, pv[B[m]].to_numpy()[pos], np.nan)
+        pb = lookup(B[m])
         out[f"d_{m}"] = cur[B[m]].to_numpy() - pb
         out[f"r_{m}"] = pb
-    out["ref_correct"] = np.where(found, pv["correct"].to_numpy()[pos], np.nan)
+    out["ref_correct"] = lookup("correct")
     return out
 
 

@@ -70,7 +70,7 @@ def test_all_seven_keys_match_the_seed(sim, seed_text):
     assert sorted((r["model_key"], r["profile"]) for r in rows) == sorted(
         (r.model_key, r.profile) for rs in seed.values() for r in rs)
     assert not [r for r in rows if r["flags"]]
-    assert {r["release"] for r in rows} == {built.path.name} and {r["module"] for r in rows} == {"sim-1"}
+    assert {r["release"] for r in rows} == {built.version} and {r["module"] for r in rows} == {"sim-1"}
     best = _deviations(rows, seed)
     for attempt in range(2):
         off = sorted({k for (k, _, _), d in best.items() if d > TOLERANCE})

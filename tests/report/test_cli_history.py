@@ -172,3 +172,14 @@ def test_unfinished_run_is_incomplete(history, reference):
     rep = build_report(history, "run-x")
     assert rep.verdict == "incomplete" and rep.baseline_id is None
     assert any("qwen35" in n for n in rep.notes)
+
+
+def test_previous_run_without_rows_is_no_comparison(history, reference):
+    """A module's previous run that failed before producing any row must not break the report."""
+    history.create_run("run-empty", release="1.4.1", models=["qwen3"], modules=MODULES)
+    history.set_run_state("run-empty", "failed")
+    time.sleep(0.01)
+    _store(history, fleet(reference, seed=4, run_id="run-next", release="1.4.1"), "run-next", "1.4.1",
+           sorted(set(reference["model_key"])))
+    rep = build_report(history, "run-next")
+    assert rep.verdict in ("pass", "incomplete") and not rep.regressions
