@@ -10,7 +10,7 @@ Celery worker, as a separate ``fleet-agent exporter`` process and next to ``flee
     <workdir>/runs/<run_id>/results.jsonl   one ResultRow per line (appended)
     <workdir>/runs/<run_id>/events.jsonl    one step start/end per line (appended)
 
-Every series is listed in :data:`CATALOG` (name, type, labels, unit); ``docs/metrics.md``
+Every series is listed in :data:`CATALOG` (name, type, labels, unit); ``README.md`` (Metric list)
 is kept in step with it by a test. Labels are bounded: release, model key, profile, state,
 step, status, window, gpu; never run ids, paths or free text. The agent's series carry no
 ``module`` label: Prometheus adds it as a target label (file_sd) and the Pushgateway as a

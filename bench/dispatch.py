@@ -8,7 +8,7 @@
    1 module and on 16 simulated modules, workers already running.
 
 Usage: python bench/dispatch.py [--broker embedded|redis|both] [--jobs 200] [--modules 16]
-       [--models all] [--time-scale 50] [--skip-scaling]
+       [--models all] [--time-scale 50] [--skip-scaling] [--skip-dispatch]
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from agent.celery_app import NOOP_TASK  # noqa: E402
 from controller.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
@@ -158,6 +157,7 @@ def main() -> None:
     ap.add_argument("--models", default="all")
     ap.add_argument("--time-scale", type=float, default=50.0)
     ap.add_argument("--skip-scaling", action="store_true")
+    ap.add_argument("--skip-dispatch", action="store_true")
     args = ap.parse_args()
     from agent.records import parse_model_keys
 
@@ -171,12 +171,13 @@ def main() -> None:
                 print("redis-server not installed: skipping the redis broker")
                 brokers.remove("redis")
             else:
-                from fleet.conftest import RedisServer
+                from tests.fleet.conftest import RedisServer
 
                 redis = RedisServer(tmp / "redis")
                 redis.start()
-        print(f"dispatch latency, {args.jobs} no-op jobs, one worker (prefork, concurrency 1, prefetch 1)")
-        for b in brokers:
+        if not args.skip_dispatch:
+            print(f"dispatch latency, {args.jobs} no-op jobs, one worker (prefork, concurrency 1, prefetch 1)")
+        for b in [] if args.skip_dispatch else brokers:
             s = settings_for(tmp / f"d-{b}", b, redis.url if redis else None)
             starts, trips = fleet_dispatch(tmp / f"d-{b}", s, args.jobs)
             bare = bare_round_trips(tmp / f"d-{b}", s, args.jobs)

@@ -90,6 +90,10 @@ def start_worker(name: str, base: Path, settings: ControllerSettings, *, sim_env
     mod = base / "modules" / name
     (mod / "work").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "M1000_SIM_"))}
+    # the release's scripts run `python3` from PATH: give them this interpreter's own folder first,
+    # so that a version-manager shim (pyenv: a few bash processes per call) is not paid per script
+    real_bin = str(Path(os.path.realpath(sys.executable)).parent)
+    env["PATH"] = os.pathsep.join([real_bin, *(p for p in env.get("PATH", "").split(os.pathsep) if p != real_bin)])
     env.update({
         "FLEET_BROKER_URL": settings.broker_url,
         "FLEET_DATA_DIR": str(settings.data_dir),

@@ -6,7 +6,7 @@ Two channels to a module, one trust store:
   default ``AutoAddPolicy`` replaced by ``RejectPolicy`` and host keys loaded from one
   known_hosts file only (no ~/.ssh/config, no agent, no key search);
 * bulk data (release tarballs): the OpenSSH client (``ssh``) reading the local file as
-  its stdin, measured faster than paramiko's SFTP (see docs/deploy.md), with
+  its stdin, measured faster than paramiko's SFTP (see the README, Deploy), with
   ``StrictHostKeyChecking=yes`` against the same known_hosts file.
 
 Every remote command is built from an argument list with ``shlex.join``: no inventory
@@ -35,7 +35,7 @@ from invoke.exceptions import CommandTimedOut
 
 from controller.inventory import Module
 
-# AES-GCM first: with AES-NI it is the fastest OpenSSH cipher (measured, docs/deploy.md).
+# AES-GCM first: with AES-NI it is the fastest OpenSSH cipher (measured, see the README, Deploy).
 BULK_CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes256-gcm@openssh.com,aes128-ctr"
 
 
