@@ -27,6 +27,7 @@ from agent.celery_app import NOOP_TASK, RUN_TASK, make_app, queue_name
 from agent.kv import KV, KVCancelToken
 from agent.records import Heartbeat, ResultRow, RunProgress, RunRequest, RunState, StepError
 from agent.settings import AgentSettings
+from agent.store import write_atomic
 
 log = logging.getLogger("fleet.agent")
 
@@ -42,13 +43,6 @@ def agent_version() -> str:
         return metadata.version("m1000-fleet")
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
         return "0+unknown"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _read_json(path: Path) -> Any:
@@ -101,7 +95,7 @@ class HeartbeatThread(threading.Thread):
 
     def beat(self) -> Heartbeat:
         hb = make_heartbeat(self.settings, self.version)
-        _atomic_write(self.settings.workdir.expanduser() / "heartbeat.json", hb.model_dump_json())
+        write_atomic(self.settings.workdir.expanduser() / "heartbeat.json", hb.model_dump_json())
         self.kv.put_heartbeat(hb)
         return hb
 
@@ -148,7 +142,7 @@ def _bump_attempts(run_dir: Path) -> int:
         n = int(path.read_text().strip() or 0)
     except (OSError, ValueError):
         n = 0
-    _atomic_write(path, f"{n + 1}\n")
+    write_atomic(path, f"{n + 1}\n")
     return n + 1
 
 

@@ -8,15 +8,14 @@ atomically (write, then rename) and never read half-written.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from agent import store
 from controller.inventory import Inventory, InventoryError, Module
 
 RESERVED_LABELS = frozenset({"module", "job", "instance"})
@@ -40,18 +39,8 @@ def file_sd(inventory: Inventory) -> list[dict[str, Any]]:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """The targets file, readable by Prometheus."""
+    store.write_atomic(path, text, mode=0o644)
 
 
 def register(app: typer.Typer, get_inventory: Callable[[], Inventory]) -> None:
