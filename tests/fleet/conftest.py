@@ -6,6 +6,7 @@ The same tests run twice, once per broker, as celery's own suite does.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -24,6 +25,7 @@ from controller.demo import Worker, inventory_toml, start_worker, stop_workers, 
 from controller.settings import ControllerSettings
 
 REDIS = shutil.which("redis-server")
+_REDIS_DB = itertools.cycle(range(16))
 
 
 def free_port() -> int:
@@ -139,8 +141,11 @@ def make_lab(base: Path, broker: tuple[str, RedisServer | None], n: int, extra: 
              **overrides: float) -> Lab:
     """A lab of ``n`` modules (plus ``extra`` names in the inventory that never get a worker)."""
     names = [f"sim-{i + 1:02d}" for i in range(n)]
+    url = broker[0]
+    if broker[1] is not None:  # every lab its own Redis database: labs reuse module names
+        url = f"redis://127.0.0.1:{broker[1].port}/{next(_REDIS_DB)}"
     settings = ControllerSettings(
-        broker_url=broker[0], data_dir=base / "fleet", inventory=base / "inventory.toml",
+        broker_url=url, data_dir=base / "fleet", inventory=base / "inventory.toml",
         history=base / "history.sqlite",
         heartbeat_interval=overrides.get("heartbeat_interval", 0.5),
         offline_after=overrides.get("offline_after", 4.0))
