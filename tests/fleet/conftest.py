@@ -21,17 +21,11 @@ from pathlib import Path
 import pytest
 
 from controller.cli import State
-from controller.demo import Worker, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
+from controller.demo import Worker, free_port, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
 from controller.settings import ControllerSettings
 
 REDIS = shutil.which("redis-server")
 _REDIS_DB = itertools.cycle(range(16))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
