@@ -125,8 +125,7 @@ def scaling(base: Path, settings: ControllerSettings, n: int, models: tuple[str,
             make_models(base / "modules" / name / "models")
             workers.append(start_worker(name, base, settings, sim_env={}))
         wait_for_heartbeats(settings, workers, 120)
-        st = State()
-        st._settings = settings
+        st = State.for_settings(settings)
         fleet = st.fleet()
         mods = st.inventory().select("all")
         sha = sha256_file(rel.path)

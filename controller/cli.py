@@ -59,6 +59,13 @@ class State:
     _fleet: Fleet | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
 
+    @classmethod
+    def for_settings(cls, settings: ControllerSettings) -> State:
+        """State of a caller that already holds its settings (demo, tests, benches)."""
+        st = cls()
+        st._settings = settings
+        return st
+
     def settings(self) -> ControllerSettings:
         if self._settings is None:
             self._settings = load_settings(ControllerSettings, self.config, inventory=self.inventory_path,
@@ -103,7 +110,7 @@ def _main(
 
 
 # --------------------------------------------------------------------------- helpers
-def _verdict(st: State, run_id: str, baseline: str | None) -> tuple[str, str, Any]:
+def judge(st: State, run_id: str, baseline: str | None) -> tuple[str, str, Any]:
     """(verdict, one-line text, report or None) for a finished run."""
     h = st.history()
     info = h.find_run(run_id)
@@ -214,7 +221,7 @@ def follow_and_judge(st: State, run_id: str, baseline: str | None) -> int:
         err.print(f"detached; the run goes on: fleetctl watch {run_id}")
         return 130
     _print_failures(view)
-    verdict, line, report = _verdict(st, run_id, baseline)
+    verdict, line, report = judge(st, run_id, baseline)
     n = st.history().row_count(run_id)
     out.print(f"verdict: [bold]{verdict}[/] - {line}", highlight=False)
     out.print(f"{n} result rows in {st.settings().history_path} (fleetctl results {run_id}; "
@@ -229,7 +236,7 @@ def status(run_id: str = typer.Argument("latest")) -> int:
     view = STATE.fleet().sync(info.run_id)
     out.print(render(view, title=f"run {info.run_id} ({info.release}, {view.state()})"))
     if view.finished:
-        verdict, line, _ = _verdict(STATE, info.run_id, None)
+        verdict, line, _ = judge(STATE, info.run_id, None)
         out.print(f"verdict: [bold]{verdict}[/] - {line}", highlight=False)
         return _exit_for(verdict)
     return 0

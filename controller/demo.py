@@ -194,8 +194,7 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
     err.print(f"demo: built {rel.path.name} (sha256 {rel.sha256[:12]}), speed {speed}, noise {opts.noise}, "
               f"time scale {opts.time_scale:g}; starting {len(names)} simulated modules"
               + (f" ({slow_name} {opts.slow:g}x slower)" if slow_name else ""), highlight=False)
-    st = State()
-    st._settings = settings
+    st = State.for_settings(settings)
     try:
         version, _ = st.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
         with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed,

@@ -19,7 +19,7 @@ log = logging.getLogger("fleet.serve")
 
 def sync_all(st: State) -> list[str]:
     """One pass: sync every running run; judge the ones that just finished. Returns finished ids."""
-    from controller.cli import _verdict
+    from controller.cli import judge
 
     fleet = st.fleet()
     done: list[str] = []
@@ -30,7 +30,7 @@ def sync_all(st: State) -> list[str]:
             log.warning("sync of %s failed: %s", run_id, exc)
             continue
         if view.finished:
-            _verdict(st, run_id, None)
+            judge(st, run_id, None)
             done.append(run_id)
     return done
 

@@ -92,9 +92,7 @@ class Lab:
     redis: RedisServer | None = None
 
     def state(self) -> State:
-        st = State()
-        st._settings = self.settings
-        return st
+        return State.for_settings(self.settings)
 
     def start(self, names: list[str] | None = None, sim_env: dict[str, dict[str, str]] | None = None) -> None:
         from simulator import make_models
