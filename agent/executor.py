@@ -160,6 +160,12 @@ class Proc:
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes of process group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)  # the common case: the group is gone, no need to walk every process
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
     out: list[int] = []
     for p in psutil.process_iter(["pid", "status"]):
         try:

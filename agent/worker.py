@@ -246,6 +246,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
     if left:
         log.warning("stopped %d processes left by an earlier agent: %s", len(left), left)
     os.environ[MARK] = str(workdir)
+    import agent.pipeline  # noqa: F401 - imported once here, so the forked pool child does not pay it per run
     app = make_app(settings)
     register_tasks(app, settings)
     log.info("agent %s for module %s, broker %s, queue %s", agent_version(), settings.module,

@@ -14,8 +14,11 @@ import hashlib
 import io
 import json
 import os
+import py_compile
 import re
+import sys
 import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +63,7 @@ def release_files(*, version: str, knobs: Knobs, date: str) -> dict[str, tuple[b
             files[rel] = (text.encode(), mode)
     for src in sorted(RUNTIME_DIR.glob("*.py")):
         files[f"{RUNTIME_PKG}/{src.name}"] = (src.read_bytes(), 0o644)
+    files.update(_bytecode(sorted(RUNTIME_DIR.glob("*.py"))))
     files[f"{RUNTIME_PKG}/model.json"] = (json.dumps(model, indent=1).encode(), 0o644)
     files[f"{RUNTIME_PKG}/bench_config.json"] = (json.dumps(bench, indent=1, ensure_ascii=False).encode(), 0o644)
     files[f"{RUNTIME_PKG}/knobs.json"] = (json.dumps(knobs.to_json(), indent=1).encode() + b"\n", 0o644)
@@ -68,6 +72,27 @@ def release_files(*, version: str, knobs: Knobs, date: str) -> dict[str, tuple[b
     files[f"{MUSA}/tilelang_workflow_config.json"] = (json.dumps(config, indent=2).encode() + b"\n", 0o644)
     files["VERSION"] = (f"SGLang-MUSA M1000 {version} ({date}) simulated release\n".encode(), 0o644)
     return files
+
+
+def _bytecode(sources: list[Path]) -> dict[str, tuple[bytes, int]]:
+    """Hash-checked ``__pycache__`` entries for the runtime package (this interpreter's tag).
+
+    Every release script is a fresh interpreter: without them each one compiles the package
+    again wherever bytecode is not written (``PYTHONDONTWRITEBYTECODE``, a read-only tree).
+    Checked against the source's hash, never its time, so they stay valid after unpacking;
+    another Python version simply ignores them.
+    """
+    tag = sys.implementation.cache_tag
+    if tag is None:
+        return {}
+    out: dict[str, tuple[bytes, int]] = {}
+    with tempfile.TemporaryDirectory(prefix="m1000-pyc-") as tmp:
+        for src in sources:
+            cfile = Path(tmp) / f"{src.stem}.pyc"
+            py_compile.compile(str(src), cfile=str(cfile), dfile=f"{RUNTIME_PKG}/{src.name}", doraise=True,
+                               invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+            out[f"{RUNTIME_PKG}/__pycache__/{src.stem}.{tag}.pyc"] = (cfile.read_bytes(), 0o644)
+    return out
 
 
 def _mtime(date: str) -> int:

@@ -415,7 +415,10 @@ class _Stream:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, add_help=True, allow_abbrev=False)
-    p.add_argument("--model-path", required=True)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model-path")
+    src.add_argument("--workflow-model", help="model folder name, looked up in the TileLang workflow "
+                     "($TILELANG_WORKFLOW_FILE): what the release's start scripts pass")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", default="30000")
@@ -440,6 +443,10 @@ def configure(argv: list[str], env: dict[str, str] | Any, model: core.Model, kno
         raise core.SimError(f"--port {args.port!r} is not a port number") from None
     if not 0 < port < 65536:
         raise core.SimError(f"--port {port} is out of range")
+    if args.workflow_model is not None:
+        from .workflow import model_path  # the start scripts' lookup, in this process (no extra interpreter)
+
+        args.model_path = model_path(env, args.workflow_model)
     identity = model_identity(args.model_path)
     entry = model.identify(identity)
     if entry is None:

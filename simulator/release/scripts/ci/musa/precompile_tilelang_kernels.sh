@@ -2,4 +2,4 @@
 # Precompile the TileLang kernels of the workflow's models into $TILELANG_CACHE_DIR.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
-exec "$PY" -m m1000_sim.workflow precompile
+exec "$PY" -S -m m1000_sim.workflow precompile

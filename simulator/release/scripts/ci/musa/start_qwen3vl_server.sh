@@ -2,8 +2,8 @@
 # Start the SGLang-MUSA server for Qwen3-VL-8B in the foreground on $SERVER_HOST:$SERVER_PORT.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
-MODEL_PATH="$("$PY" -m m1000_sim.workflow model-path --prog start_qwen3vl_server.sh "Qwen3-VL-8B")"
+MODEL="Qwen3-VL-8B"
 EXTRA=()
-exec "$PY" -m m1000_sim.server --model-path "$MODEL_PATH" --host "${SERVER_HOST:-127.0.0.1}" \
+exec "$PY" -S -m m1000_sim.server --workflow-model "$MODEL" --host "${SERVER_HOST:-127.0.0.1}" \
     --port "${SERVER_PORT:-30000}" --max-total-tokens 16384 --tp-size 1 --trust-remote-code \
     ${EXTRA[@]+"${EXTRA[@]}"}
