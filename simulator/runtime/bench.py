@@ -11,7 +11,6 @@ scale (module time). Standard library only.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
@@ -19,7 +18,7 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,92 +104,164 @@ class Target:
         return f"http://{self.host}:{self.port}"
 
 
+class ProtocolError(ValueError):
+    """The server's answer is not the HTTP/1.1 this client speaks."""
+
+
 class Client:
-    """One keep-alive HTTP connection to the server (the benchmark's only I/O seam to it)."""
+    """One keep-alive HTTP/1.1 connection to the server (the benchmark's only I/O seam to it).
+
+    Just what the benchmark needs (requests with a body, ``Content-Length`` and chunked
+    answers, server-sent events read line by line), on a plain socket: ``http.client``
+    costs more to import than a sweep of short keys spends streaming, once per benchmark
+    process on every simulated module.
+    """
 
     def __init__(self, target: Target, scale: float) -> None:
         self.target = target
         self.scale = scale
-        self.conn: http.client.HTTPConnection | None = None
+        self.sock: socket.socket | None = None
+        self.rfile: Any = None
 
-    def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
-        if self.conn is None:
-            self.conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=timeout)
-            self.conn.connect()
-            assert self.conn.sock is not None
-            self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return self.conn
+    def _connect(self, timeout: float | None) -> socket.socket:
+        if self.sock is None:
+            self.sock = socket.create_connection((self.target.host, self.target.port), timeout=timeout)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.rfile = self.sock.makefile("rb")
+        self.sock.settimeout(timeout)
+        return self.sock
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        if self.sock is not None:
+            self.rfile.close()
+            self.sock.close()
+            self.sock, self.rfile = None, None
+
+    def _send(self, method: str, path: str, body: bytes, timeout: float | None,
+              headers: dict[str, str] | None = None) -> tuple[int, dict[str, str]]:
+        """Send one request and read the status line and headers of its answer."""
+        sock = self._connect(timeout)
+        head = [f"{method} {path} HTTP/1.1", f"Host: {self.target.host}:{self.target.port}",
+                f"Content-Length: {len(body)}"]
+        head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        status_line = self.rfile.readline(65537)
+        if not status_line:
+            raise ConnectionResetError("the server closed the connection without answering")
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise ProtocolError(f"bad status line {status_line[:80]!r}")
+        fields: dict[str, str] = {}
+        while True:
+            line = self.rfile.readline(65537)
+            if line in (b"\r\n", b"\n"):
+                break
+            if not line:
+                raise ConnectionResetError("the server closed the connection in the middle of the headers")
+            name, _, value = line.decode("latin-1").partition(":")
+            fields[name.strip().lower()] = value.strip()
+        return int(parts[1]), fields
+
+    def _read_line(self) -> bytes:
+        line = self.rfile.readline(65537)
+        if not line:
+            raise ConnectionResetError("the server closed the stream before its end")
+        return line
+
+    def _chunks(self, fields: dict[str, str]) -> Iterator[bytes]:
+        """The body of an answer, piece by piece as it arrives."""
+        if fields.get("transfer-encoding", "").lower() != "chunked":
+            n = int(fields.get("content-length") or 0)
+            data = self.rfile.read(n) if n else b""
+            if len(data) < n:
+                raise ConnectionResetError("the server closed the connection in the middle of an answer")
+            yield data
+            return
+        while True:
+            size_line = self._read_line().split(b";", 1)[0].strip()
+            try:
+                size = int(size_line, 16)
+            except ValueError:
+                raise ProtocolError(f"bad chunk size {size_line[:20]!r}") from None
+            if size == 0:
+                while self._read_line() not in (b"\r\n", b"\n"):  # trailers
+                    pass
+                return
+            data = self.rfile.read(size)
+            if len(data) < size or self.rfile.read(2) != b"\r\n":
+                raise ConnectionResetError("the server closed the stream in the middle of a chunk")
+            yield data
+
+    def _finish(self, fields: dict[str, str]) -> None:
+        if fields.get("connection", "").lower() == "close":
+            self.close()
 
     def get(self, path: str, timeout: float) -> tuple[int, Any]:
-        conn = self._connect(timeout)
-        conn.sock.settimeout(timeout)  # type: ignore[union-attr]
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        raw = resp.read()
+        status, fields = self._send("GET", path, b"", timeout)
+        raw = b"".join(self._chunks(fields))
+        self._finish(fields)
         try:
-            return resp.status, json.loads(raw or b"null")
+            return status, json.loads(raw or b"null")
         except ValueError:
-            return resp.status, raw.decode("utf-8", "replace")
+            return status, raw.decode("utf-8", "replace")
 
     def post(self, path: str) -> None:
-        conn = self._connect(None)
-        conn.request("POST", path, body=b"", headers={"Content-Length": "0"})
-        resp = conn.getresponse()
-        resp.read()
-        if resp.status != 200:
-            raise BenchError(f"POST {path} answered HTTP {resp.status}")
+        status, fields = self._send("POST", path, b"", None)
+        for _ in self._chunks(fields):
+            pass
+        self._finish(fields)
+        if status != 200:
+            raise BenchError(f"POST {path} answered HTTP {status}")
 
     def stream(self, path: str, body: dict[str, Any]) -> Measurement:
         """POST a streaming request and time its tokens (blocks as long as the server does)."""
-        conn = self._connect(None)
-        conn.sock.settimeout(None)  # type: ignore[union-attr]
         t_start = time.monotonic_ns()
         data = json.dumps(body, separators=(",", ":")).encode()
-        conn.request("POST", path, body=data,
-                     headers={"Content-Type": "application/json", SENT_HEADER: str(t_start)})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raw = resp.read().decode("utf-8", "replace")
+        status, fields = self._send("POST", path, data, None,
+                                    {"Content-Type": "application/json", SENT_HEADER: str(t_start)})
+        if status != 200:
+            raw = b"".join(self._chunks(fields)).decode("utf-8", "replace")
+            self._finish(fields)
             try:
                 msg = json.loads(raw)["error"]["message"]
             except (ValueError, KeyError, TypeError):
                 msg = raw.strip()[:200]
-            raise BenchError(f"server rejected the request (HTTP {resp.status}): {msg}")
+            raise BenchError(f"server rejected the request (HTTP {status}): {msg}")
         t_first = 0
         seen = 0
         arrivals: list[tuple[int, int]] = []
         cached = 0
         text: list[str] = []
-        while True:
-            line = resp.readline()
-            if not line:
-                raise http.client.IncompleteRead(b"")
+        pending = b""
+        done = False
+        for piece in self._chunks(fields):
             now = time.monotonic_ns()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                break
-            obj = json.loads(payload)
-            usage = obj.get("usage") or {}
-            for ch in obj.get("choices") or ():
-                text.append(ch.get("text") or (ch.get("delta") or {}).get("content") or "")
-            total = usage.get("completion_tokens")
-            if total is None:
-                continue
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", cached) or 0
-            if total > seen and obj.get("choices"):
-                if seen == 0:
-                    t_first = now
-                else:
-                    arrivals.append((total, now))
-            seen = max(seen, total)
-        resp.read()
+            pending += piece
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if done or not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                    continue
+                obj = json.loads(payload)
+                usage = obj.get("usage") or {}
+                for ch in obj.get("choices") or ():
+                    text.append(ch.get("text") or (ch.get("delta") or {}).get("content") or "")
+                total = usage.get("completion_tokens")
+                if total is None:
+                    continue
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", cached) or 0
+                if total > seen and obj.get("choices"):
+                    if seen == 0:
+                        t_first = now
+                    else:
+                        arrivals.append((total, now))
+                seen = max(seen, total)
+        self._finish(fields)
+        if not done:
+            raise ConnectionResetError("the stream ended without [DONE]")
         if seen == 0:
             raise BenchError("server streamed no tokens (no usage in the stream)")
         k = self.scale / 1e6
@@ -451,7 +522,7 @@ class _profile:
             return
         if isinstance(exc, BenchError):
             raise BenchError(f"profile {self.name}: {exc}") from exc
-        if isinstance(exc, (http.client.HTTPException, OSError, ValueError)):
+        if isinstance(exc, (OSError, ValueError)):
             what = type(exc).__name__
             detail = f"{what}: {exc}" if str(exc) else what
             raise BenchError(f"profile {self.name}: lost the server connection ({detail})") from exc
@@ -480,7 +551,7 @@ def _check_server(key: str, cfg: dict[str, Any], target: Target) -> dict[str, An
         raise BenchError(f"no server is listening on {target.url}: start scripts/ci/musa/{start} first") from None
     except TimeoutError:
         raise BenchError(f"the server at {target.url} does not answer /health") from None
-    except (OSError, http.client.HTTPException) as exc:
+    except (OSError, ProtocolError) as exc:
         raise BenchError(f"cannot reach the server at {target.url}: {exc}") from None
     finally:
         probe.close()

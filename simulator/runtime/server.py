@@ -10,16 +10,18 @@ Endpoints: ``/health``, ``/v1/models``, ``/get_server_info``, ``/v1/completions`
 from __future__ import annotations
 
 import argparse
+import array
 import json
 import os
 import signal
+import socketserver
 import sys
 import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from . import core
@@ -32,44 +34,58 @@ SENT_HEADER = "X-Sim-Sent-Ns"
 
 
 class PrefixCache:
-    """Token-id prefix cache (radix-cache stand-in): longest cached prefix, LRU, bounded in tokens."""
+    """Token-id prefix cache (radix-cache stand-in): longest cached prefix, LRU, bounded in tokens.
+
+    Entries are the ids packed into bytes, so that a common prefix is found by comparing
+    bytes (a binary search of C-level compares) rather than token by token.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.entries: OrderedDict[tuple[int, ...], None] = OrderedDict()
+        self.entries: OrderedDict[bytes, None] = OrderedDict()
         self.size = 0
 
     @staticmethod
-    def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-        lo, hi = 0, min(len(a), len(b))
-        if hi == 0 or a[0] != b[0]:
+    def _pack(ids: Sequence[int]) -> bytes:
+        return array.array("I", ids).tobytes()
+
+    @staticmethod
+    def _common(a: bytes, b: bytes) -> int:
+        """Length in tokens of the common prefix of two packed id sequences."""
+        lo, hi = 0, min(len(a), len(b)) // _ID_BYTES
+        if hi == 0 or a[:_ID_BYTES] != b[:_ID_BYTES]:
             return 0
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if a[:mid] == b[:mid]:
+            if a[:mid * _ID_BYTES] == b[:mid * _ID_BYTES]:
                 lo = mid
             else:
                 hi = mid - 1
         return lo
 
-    def match(self, ids: tuple[int, ...]) -> int:
+    def match(self, ids: Sequence[int]) -> int:
+        packed = self._pack(ids)
         best, best_key = 0, None
         for key in self.entries:
-            n = self._common(key, ids)
+            n = self._common(key, packed)
             if n > best:
                 best, best_key = n, key
         if best_key is not None:
             self.entries.move_to_end(best_key)
         return min(best, max(len(ids) - 1, 0))  # at least one token is always computed
 
-    def insert(self, ids: tuple[int, ...]) -> None:
-        if not ids or len(ids) > self.capacity or ids in self.entries:
+    def insert(self, ids: Sequence[int]) -> None:
+        packed = self._pack(ids)
+        if not ids or len(ids) > self.capacity or packed in self.entries:
             return
-        self.entries[ids] = None
+        self.entries[packed] = None
         self.size += len(ids)
         while self.size > self.capacity:
             old, _ = self.entries.popitem(last=False)
-            self.size -= len(old)
+            self.size -= len(old) // _ID_BYTES
+
+
+_ID_BYTES = array.array("I").itemsize
 
 
 @dataclass(frozen=True)
@@ -151,14 +167,102 @@ def _max_tokens(body: dict[str, Any]) -> int:
     return v
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
-    server_version = "sglang-musa-sim"
-    state: State  # set on the subclass made per server
+class Headers(dict[str, str]):
+    """Request header fields by lower-case name."""
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
-        return
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(name.lower(), default)
+
+
+class HTTPHandler(socketserver.StreamRequestHandler):
+    """HTTP/1.1 with keep-alive: request line, headers, a ``Content-Length`` body.
+
+    The little of ``http.server`` this server uses, without importing it (it pulls in
+    ``http.client`` and ``email``: more CPU per start than a short key spends serving,
+    on every simulated module). Subclasses define ``do_GET`` and ``do_POST``.
+    """
+
+    server_version = "sglang-musa-sim"
+    disable_nagle_algorithm = True
+    max_line = 65536
+    max_headers = 100
+
+    def handle(self) -> None:
+        self.close_connection = False
+        while not self.close_connection:
+            if not self._read_request():
+                return
+            handler = getattr(self, f"do_{self.command}", None)
+            if handler is None:
+                self.send_error(501, f"unsupported method {self.command!r}")
+                return
+            handler()
+            self.wfile.flush()
+
+    def _read_request(self) -> bool:
+        line = self.rfile.readline(self.max_line + 1)
+        if not line:
+            return False
+        if len(line) > self.max_line:
+            self.send_error(414, "request line too long")
+            return False
+        parts = line.decode("latin-1").split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            self.send_error(400, f"bad request line {line[:80]!r}")
+            return False
+        self.command, self.path, version = parts
+        self.headers = Headers()
+        for _ in range(self.max_headers + 1):
+            field = self.rfile.readline(self.max_line + 1)
+            if field in (b"\r\n", b"\n"):
+                break
+            name, sep, value = field.decode("latin-1").partition(":")
+            if not sep or not name.strip():
+                self.send_error(400, "bad header line")
+                return False
+            self.headers[name.strip().lower()] = value.strip()
+        else:
+            self.send_error(431, "too many header fields")
+            return False
+        conn = self.headers.get("Connection", "").lower()
+        self.close_connection = conn == "close" or (version == "HTTP/1.0" and conn != "keep-alive")
+        self._head: list[str] = []
+        return True
+
+    def send_response(self, code: int) -> None:
+        self._head = [f"HTTP/1.1 {code} {_REASONS.get(code, 'Unknown')}", f"Server: {self.server_version}"]
+        if self.close_connection:
+            self._head.append("Connection: close")
+
+    def send_header(self, name: str, value: str) -> None:
+        self._head.append(f"{name}: {value}")
+
+    def end_headers(self) -> None:
+        self.wfile.write(("\r\n".join(self._head) + "\r\n\r\n").encode("latin-1"))
+        self._head = []
+
+    def send_error(self, code: int, message: str) -> None:
+        self.close_connection = True
+        data = json.dumps({"error": {"message": message, "code": code}}).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 414: "URI Too Long",
+            431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+            503: "Service Unavailable"}
+
+
+class ThreadingServer(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+
+
+class Handler(HTTPHandler):
+    state: State  # set on the subclass made per server
 
     # -- plumbing
     def _json(self, status: int, payload: dict[str, Any]) -> None:
@@ -259,10 +363,9 @@ class Handler(BaseHTTPRequestHandler):
             raise BadRequest(
                 f"requested {len(ids)} prompt tokens + {max_tokens} max_tokens = {total} tokens, "
                 f"more than max-total-tokens={st.cfg.max_total_tokens}")
-        key_ids = tuple(ids)
         with st.lock:
-            cached = st.cache.match(key_ids)
-            st.cache.insert(key_ids)
+            cached = st.cache.match(ids)
+            st.cache.insert(ids)
         req_no = st.next_request()
         knobs = st.cfg.knobs
         npf, ndf, nvf = core.noise_factors(knobs.noise, knobs.seed, req_no)
@@ -478,15 +581,14 @@ def configure(argv: list[str], env: dict[str, str] | Any, model: core.Model, kno
                   max_total_tokens=args.max_total_tokens, draft_tokens=draft, spec_args=spec, knobs=knobs)
 
 
-def _bind(cfg: Config, state: State) -> ThreadingHTTPServer:
+def _bind(cfg: Config, state: State) -> ThreadingServer:
     handler = type("BoundHandler", (Handler,), {"state": state})
     try:
-        server = ThreadingHTTPServer((cfg.host, cfg.port), handler)
+        server = ThreadingServer((cfg.host, cfg.port), handler)
     except OSError as exc:
         if exc.errno == 98:  # EADDRINUSE
             raise core.SimError(f"port {cfg.port} on {cfg.host} is already in use") from None
         raise core.SimError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}") from None
-    server.daemon_threads = True
     return server
 
 
