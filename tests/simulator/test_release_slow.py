@@ -289,6 +289,37 @@ def test_request_over_the_context_limit_and_api_basics(module) -> None:
             assert r.status == 200  # the server survives bad requests
 
 
+def _raw(port: int, data: bytes, until_close: bool = True) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        chunks = []
+        while until_close:
+            got = s.recv(65536)
+            if not got:
+                break
+            chunks.append(got)
+        return b"".join(chunks)
+
+
+def test_server_speaks_http_1_1(module) -> None:
+    """The server's own request handling: keep-alive, Connection: close, bad input answered, not hung."""
+    rel, env = module
+    with Server(rel, "qwen3", env) as srv:
+        srv.wait_ready()
+        two = (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+               b"POST /flush_cache HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        out = _raw(srv.port, two)  # two requests on one connection, then the server closes it
+        assert out.count(b"HTTP/1.1 200 OK\r\n") == 2 and b"Connection: close" in out, out
+        assert b'"status": "ok"' in out and b"Cache flushed." in out
+        assert _raw(srv.port, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+        assert _raw(srv.port, b"DELETE /health HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 501 ")
+        assert _raw(srv.port, b"GET /nope HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 404 ")  # 1.0: closed after
+        bad_header = b"GET /health HTTP/1.1\r\nno colon here\r\n\r\n"
+        assert _raw(srv.port, bad_header).startswith(b"HTTP/1.1 400 ")
+        with urllib.request.urlopen(srv.url + "/health", timeout=5) as r:
+            assert r.status == 200
+
+
 def _python310() -> str | None:
     for cand in ("/root/.pyenv/versions/3.10.13/bin/python3", shutil.which("python3.10")):
         if not cand or not Path(cand).exists():
