@@ -158,14 +158,21 @@ class Proc:
         return self.popen.poll()
 
 
+def _group_exists(pgid: int) -> bool:
+    """Any process (zombies included) in group ``pgid``: one signal-0 probe, no walk over every process."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes of process group ``pgid``."""
-    try:
-        os.killpg(pgid, 0)  # the common case: the group is gone, no need to walk every process
-    except ProcessLookupError:
+    if not _group_exists(pgid):  # the common case: gone, no need to walk every process
         return []
-    except PermissionError:
-        pass
     out: list[int] = []
     for p in psutil.process_iter(["pid", "status"]):
         try:
@@ -252,19 +259,28 @@ class Executor:
     def stop(self, proc: Proc) -> None:
         """Kill ``proc``'s whole process group (TERM, then KILL after the grace) and its escaped descendants."""
         escaped: list[psutil.Process] = []
-        with contextlib.suppress(psutil.Error):
-            escaped = psutil.Process(proc.pid).children(recursive=True)
+        if proc.popen.poll() is None:  # descendants are only found through a live leader
+            with contextlib.suppress(psutil.Error):
+                escaped = psutil.Process(proc.pid).children(recursive=True)
         pgid = proc.pgid
-        members = group_members(pgid)
-        if members or escaped:
+
+        def lingering() -> bool:
+            proc.popen.poll()  # reap the leader, so that its zombie does not count
+            return bool(group_members(pgid)) or _alive(escaped)
+
+        proc.popen.poll()
+        if _group_exists(pgid) or _alive(escaped):
             self._signal(pgid, escaped, signal.SIGTERM)
             deadline = time.monotonic() + self.stop_grace
-            while time.monotonic() < deadline and (group_members(pgid) or _alive(escaped)):
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.popen.wait(timeout=min(0.1, self.poll_interval))
-                if proc.popen.poll() is not None:
+            while time.monotonic() < deadline:
+                if proc.popen.poll() is None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.popen.wait(timeout=min(0.1, self.poll_interval))
+                else:
                     time.sleep(0.05)
-            if group_members(pgid) or _alive(escaped):
+                if not lingering():
+                    break
+            if lingering():
                 proc.pump.note(f"still running after {self.stop_grace:g} s: SIGKILL to group {pgid}")
                 self._signal(pgid, escaped, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
