@@ -15,12 +15,10 @@ import json
 import os
 import re
 import socket
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import core
 from .common import fail, load_knobs, raise_priority, read_json, release_file, write_atomic
@@ -36,8 +34,7 @@ class BenchError(core.SimError):
     """The benchmark cannot go on; ``rows`` measured so far survive."""
 
 
-@dataclass(frozen=True)
-class Measurement:
+class Measurement(NamedTuple):
     """One streamed request, times in module milliseconds.
 
     ``arrivals`` are ``(tokens so far, ms after the first token)`` of every token-bearing
@@ -78,7 +75,7 @@ def theil_sen(points: tuple[tuple[int, float], ...] | list[tuple[int, float]]) -
         for x1, y1 in points[i + 1:]:
             if x1 != x0:
                 slopes.append((y1 - y0) / (x1 - x0))
-    return statistics.median(slopes) if slopes else 0.0
+    return median_of(slopes) if slopes else 0.0
 
 
 def agreeing_pair(values: list[float], spread: float = SPREAD) -> tuple[float, float] | None:
@@ -91,11 +88,13 @@ def agreeing_pair(values: list[float], spread: float = SPREAD) -> tuple[float, f
 
 
 def median_of(values: list[float]) -> float:
-    return statistics.median(values)
+    """The median (mean of the middle two for an even count), as ``statistics.median``; cheaper to import."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     host: str
     port: int
 
@@ -273,16 +272,17 @@ class Client:
 # ---------------------------------------------------------------------------- plan
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
     kind: str  # sweep | mtp | vision
     cells: dict[str, str]
     order: int = 0  # rows of one table are printed sorted by this (stable)
 
 
-@dataclass
 class Result:
-    rows: list[Row] = field(default_factory=list)
+    """Rows measured so far (they survive a failed benchmark)."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
 
 
 def shared_prefix(inp: int, prefix: int) -> str:
@@ -311,8 +311,7 @@ def _f2(v: float) -> str:
     return core.fmt_num(v, 2)
 
 
-@dataclass(frozen=True)
-class Bench:
+class Bench(NamedTuple):
     key: str
     cfg: dict[str, Any]  # bench_config.json
     ctx_k: int
@@ -353,7 +352,7 @@ class Bench:
             vals.append(again(r).ttft_ms)
             pair = agreeing_pair(vals, spread)
             if pair is not None:
-                return statistics.fmean(pair)
+                return (pair[0] + pair[1]) / 2
         return median_of(vals)
 
     # -- sweep

@@ -15,8 +15,7 @@ import json
 import math
 import random
 import zlib
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 MODEL_KEYS = ("qwen3", "qwen35", "qwen35_mtp", "qwen35_fq", "qwen35_fq_mtp", "qwen36_fq", "qwen3vl")
 SPEED_METRICS = ("prefill", "decode", "accept", "vision", "all")
@@ -45,8 +44,7 @@ class SpecError(SimError, ValueError):
 # ---------------------------------------------------------------------------- specs
 
 
-@dataclass(frozen=True)
-class Speed:
+class Speed(NamedTuple):
     """Throughput multipliers: entries ``(key or "", metric, factor)`` multiply together."""
 
     entries: tuple[tuple[str, str, float], ...] = ()
@@ -101,8 +99,7 @@ def parse_speed(text: str | None, where: str = "speed") -> Speed:
     return Speed(tuple(entries))
 
 
-@dataclass(frozen=True)
-class Fault:
+class Fault(NamedTuple):
     name: str
     key: str = ""  # "" = every model key
 
@@ -132,11 +129,10 @@ def faults_for(faults: tuple[Fault, ...], key: str) -> frozenset[str]:
     return frozenset(f.name for f in faults if f.key in ("", key))
 
 
-@dataclass(frozen=True)
-class Knobs:
+class Knobs(NamedTuple):
     """The simulation knobs: baked into a release at build time, composed with the env at run time."""
 
-    speed: Speed = field(default_factory=Speed)
+    speed: Speed = Speed()
     noise: float = 0.0
     seed: int = 0
     time_scale: float = 50.0
@@ -234,8 +230,7 @@ def interp(points: list[list[float]] | tuple[tuple[float, float], ...], x: float
 # ---------------------------------------------------------------------------- performance model
 
 
-@dataclass(frozen=True)
-class Factors:
+class Factors(NamedTuple):
     """Per-request throughput multipliers (speed knobs times noise)."""
 
     prefill: float = 1.0
@@ -244,8 +239,7 @@ class Factors:
     vision: float = 1.0
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """When the server emits what, in module milliseconds.
 
     ``ttft_ms`` is the first token's delay after the request arrived; ``emits`` are
@@ -273,8 +267,7 @@ def noise_factors(noise: float, seed: int, request_no: int) -> tuple[float, floa
     return tuple(math.exp(rng.gauss(0.0, noise)) for _ in range(3))  # type: ignore[return-value]
 
 
-@dataclass(frozen=True)
-class Setup:
+class Setup(NamedTuple):
     """The fitted model of one model key (see ``simulator.fit`` for how it is built)."""
 
     key: str
@@ -364,8 +357,7 @@ def spread(total: int, parts: int) -> list[int]:
     return [(i + 1) * total // parts - i * total // parts for i in range(parts)]
 
 
-@dataclass(frozen=True)
-class Model:
+class Model(NamedTuple):
     """The whole fitted model file (``model.json`` in the release)."""
 
     data: dict[str, Any]

@@ -21,8 +21,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import core
 from .common import fail, load_knobs, model_identity, raise_priority, release_file
@@ -88,8 +87,7 @@ class PrefixCache:
 _ID_BYTES = array.array("I").itemsize
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(NamedTuple):
     host: str
     port: int
     model_path: str
