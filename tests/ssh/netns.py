@@ -111,8 +111,8 @@ class Host:
         """Kill the per-connection sshd processes (the listener stays): a cut session."""
         if self.proc is None:
             return 0
-        try:
-            children = psutil.Process(self.proc.pid).children()
+        try:  # recursive: a connection's privileged sshd has an unprivileged "[net]" child of its own
+            children = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return 0
         for c in children:
@@ -259,9 +259,7 @@ class Lab:
         for ns in _run("ip", "netns", "list", check=False).stdout.split("\n"):
             n = ns.split(" ")[0]
             if n.startswith(f"{PREFIX}ns"):
-                for pid in _run("ip", "netns", "pids", n, check=False).stdout.split():
-                    with contextlib.suppress(ProcessLookupError, ValueError):
-                        os.kill(int(pid), 9)
+                self._kill_namespace(n)
                 _run("ip", "netns", "del", n, check=False)
         _run("ip", "link", "del", BRIDGE, check=False)
         for i in range(8):
@@ -270,6 +268,13 @@ class Lab:
             if _run("id", user, check=False).returncode == 0:
                 self._kill_user(user)
                 _run("userdel", user, check=False)
+
+    @staticmethod
+    def _kill_namespace(ns: str) -> None:
+        """SIGKILL every process still inside network namespace ``ns``."""
+        for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), 9)
 
     @staticmethod
     def _kill_user(user: str) -> None:
@@ -286,6 +291,7 @@ class Lab:
             for h in self.hosts:
                 # Whatever the tests started as the module's user (agents, supervisors).
                 self._kill_user(h.user)
+                self._kill_namespace(h.ns)
                 _run("ip", "netns", "del", h.ns, check=False)
                 _run("ip", "link", "del", h.veth, check=False)
                 _run("userdel", h.user, check=False)

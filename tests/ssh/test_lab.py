@@ -205,3 +205,28 @@ def test_push_resumes_after_the_link_is_cut(lab: Lab, tmp_path: Path) -> None:
     assert resumed.resumed_from >= 3 << 20 and resumed.bytes == size - resumed.resumed_from
     final = Path(resumed.remote_path)
     assert hashlib.sha256(final.read_bytes()).hexdigest() == digest and not part.exists()
+
+
+# ------------------------------------------------------------------------------------- the lab itself
+
+
+def test_stopping_a_host_leaves_no_sshd_behind(lab: Lab) -> None:
+    """A connection still in pre-auth has a privileged sshd and its unprivileged "[net]" child."""
+    import socket
+    import subprocess
+
+    def pids() -> list[str]:
+        return subprocess.run(["ip", "netns", "pids", h.ns], capture_output=True, text=True).stdout.split()
+
+    h = lab.host("mod-c")
+    with socket.create_connection((h.address, 22), timeout=5) as conn:
+        assert conn.recv(64).startswith(b"SSH-2.0-")  # sshd forked for this connection
+        conn.sendall(b"SSH-2.0-probe\r\n")  # and now forks its unprivileged child
+        deadline = time.monotonic() + 10
+        while len(pids()) < 3:
+            assert time.monotonic() < deadline, pids()
+            time.sleep(0.05)
+        h.stop()
+        left = pids()
+    h.start()
+    assert left == [], [psutil.Process(int(p)).cmdline() for p in left if psutil.pid_exists(int(p))]
