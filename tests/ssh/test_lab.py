@@ -215,18 +215,26 @@ def test_stopping_a_host_leaves_no_sshd_behind(lab: Lab) -> None:
     import socket
     import subprocess
 
-    def pids() -> list[str]:
-        return subprocess.run(["ip", "netns", "pids", h.ns], capture_output=True, text=True).stdout.split()
+    def pids() -> list[str]:  # the namespace's sshd processes (a deployed agent may live there too)
+        out = subprocess.run(["ip", "netns", "pids", h.ns], capture_output=True, text=True).stdout.split()
+        return [p for p in out if _is_sshd(int(p))]
 
     h = lab.host("mod-c")
     with socket.create_connection((h.address, 22), timeout=5) as conn:
         assert conn.recv(64).startswith(b"SSH-2.0-")  # sshd forked for this connection
         conn.sendall(b"SSH-2.0-probe\r\n")  # and now forks its unprivileged child
         deadline = time.monotonic() + 10
-        while len(pids()) < 3:
+        while len(pids()) < 3:  # listener, the connection's sshd, its [net] child
             assert time.monotonic() < deadline, pids()
             time.sleep(0.05)
         h.stop()
         left = pids()
     h.start()
-    assert left == [], [psutil.Process(int(p)).cmdline() for p in left if psutil.pid_exists(int(p))]
+    assert left == [], left
+
+
+def _is_sshd(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).name() == "sshd"
+    except psutil.Error:
+        return False
