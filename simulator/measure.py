@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import tarfile
 import tempfile
@@ -24,16 +23,11 @@ from pathlib import Path
 
 from agent.records import MODEL_KEYS
 from agent.tables import parse_seed
+from controller.demo import free_port
 from simulator.build import build_release, make_models
 from simulator.fit import REFERENCE
 
 FIELDS = ("prefill_tps", "ttft_ms", "decode_tps", "tpot_ms", "accept_rate", "accept_rate_len", "vision_fps")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -83,7 +77,7 @@ def run(root: Path, env: dict[str, str], key: str, modules: int, extra: dict[str
     try:
         ports = []
         for _ in range(modules):
-            port = _port()
+            port = free_port()
             e = {**env, **spec.env, **extra, "SERVER_PORT": str(port)}
             servers.append(subprocess.Popen([str(root / "scripts/ci/musa" / spec.start_script)], env=e,
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -6,7 +6,6 @@ import hashlib
 import io
 import json
 import os
-import socket
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from agent.executor import group_members
 from agent.pipeline import AgentConfig
 from agent.records import MODEL_KEYS, RunRequest
 from agent.tables import parse_tables, seed_key_for
+from controller.demo import free_port
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "release"
@@ -39,12 +39,6 @@ def seed_blocks(seed_text: str) -> dict[str, str]:
             end += 1
         out[key] = out.get(key, "") + ("\n" if key in out else "") + "\n".join(lines[start:end]) + "\n"
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,7 @@ from typer.testing import CliRunner
 from agent.cli import app, rows_csv
 from agent.records import ResultRow
 from agent.store import RunStore
-
-from .conftest import free_port
+from controller.demo import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

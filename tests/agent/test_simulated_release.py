@@ -20,8 +20,9 @@ import simulator
 from agent.records import METRICS, MODEL_KEYS
 from agent.store import RunStore
 from agent.tables import parse_seed
+from controller.demo import free_port
 
-from .conftest import free_port, processes_under
+from .conftest import processes_under
 
 pytestmark = pytest.mark.slow
 FLEET_AGENT = [sys.executable, "-m", "agent.cli"]

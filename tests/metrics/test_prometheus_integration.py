@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from agent.metrics import CATALOG as AGENT_CATALOG
 from agent.metrics import SystemSample, build_registry, push_once, start_exporter
 from agent.records import KeyOutcome, RunState
 from agent.tables import parse_seed
+from controller.demo import free_port
 from controller.history import History
 from controller.inventory import parse_inventory
 from controller.metrics import CATALOG as CONTROLLER_CATALOG
@@ -51,12 +51,6 @@ pytestmark = [
 
 # expression -> why it may return nothing here. Everything else must return data.
 EXPECTED_EMPTY: dict[str, str] = {}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str, timeout: float = 5.0) -> Any:

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import tarfile
 import time
@@ -18,16 +17,11 @@ from pathlib import Path
 import psutil
 
 from agent.records import MODEL_KEYS
+from controller.demo import free_port
 from simulator import BuiltRelease, build_release, make_models
 
 MUSA = "scripts/ci/musa"
 SYSTEM_PYTHON = "/usr/bin/python3"  # no venv: proves the release needs only the standard library
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -22,7 +22,8 @@ import pytest
 
 from agent.records import MODEL_KEYS
 from agent.tables import TableError, parse_seed, parse_tables
-from tests.simulator.harness import Release, Server, bench, free_port, prepared, processes_under, unpack
+from controller.demo import free_port
+from tests.simulator.harness import Release, Server, bench, prepared, processes_under, unpack
 
 pytestmark = pytest.mark.slow
 
