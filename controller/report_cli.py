@@ -58,6 +58,18 @@ def _thresholds(tolerance: float) -> Thresholds:
     return Thresholds(tolerance=tolerance)
 
 
+def _report(build: Callable[[Thresholds], Report], tolerance: float, fmt: Format, out: Path | None,
+            check: bool) -> None:
+    """Build a report with ``tolerance`` (a bad run, baseline or history: one line, exit 2) and emit it."""
+    from controller.report.model import ReportError
+
+    try:
+        rep = build(_thresholds(tolerance))
+    except (ReportError, HistoryError, OSError) as exc:
+        _fail(str(exc))
+    _emit(rep, fmt, out, check)
+
+
 def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
     """Add ``report``, ``compare`` and the ``baseline`` group to ``app``."""
 
@@ -72,14 +84,8 @@ def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
     ) -> None:
         """Verdict, regressions, outlier modules and fleet summary of one run."""
         from controller.report.load import build_report
-        from controller.report.model import ReportError
 
-        th = _thresholds(tolerance)
-        try:
-            rep = build_report(get_history(), run, baseline, thresholds=th)
-        except (ReportError, HistoryError, OSError) as exc:
-            _fail(str(exc))
-        _emit(rep, fmt, out, check)
+        _report(lambda th: build_report(get_history(), run, baseline, thresholds=th), tolerance, fmt, out, check)
 
     @app.command("compare")
     def compare_cmd(
@@ -92,14 +98,8 @@ def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
     ) -> None:
         """Run B against run A (module by module where they share modules)."""
         from controller.report.load import compare_runs
-        from controller.report.model import ReportError
 
-        th = _thresholds(tolerance)
-        try:
-            rep = compare_runs(get_history(), run_a, run_b, thresholds=th)
-        except (ReportError, HistoryError, OSError) as exc:
-            _fail(str(exc))
-        _emit(rep, fmt, out, check)
+        _report(lambda th: compare_runs(get_history(), run_a, run_b, thresholds=th), tolerance, fmt, out, check)
 
     baseline_app = typer.Typer(help="Baselines: reference figures per release, versioned.", no_args_is_help=True)
     app.add_typer(baseline_app, name="baseline")
