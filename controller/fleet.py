@@ -21,6 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+
 from agent.celery_app import NOOP_TASK, RUN_TASK, is_embedded, make_app, queue_name
 from agent.kv import KV
 from agent.records import Heartbeat, RunProgress, RunRequest, RunState, StepError, release_version_of
@@ -29,7 +32,6 @@ from controller.history import History
 from controller.inventory import Module
 
 log = logging.getLogger("fleet.controller")
-
 
 
 class FleetError(RuntimeError):
@@ -44,14 +46,7 @@ class BadRelease(FleetError, ValueError):
     pass
 
 
-def _broker_errors() -> tuple[type[BaseException], ...]:
-    from kombu.exceptions import OperationalError
-    from redis.exceptions import RedisError
-
-    return (RedisError, OperationalError, ConnectionError, TimeoutError)
-
-
-BROKER_ERRORS = _broker_errors()
+BROKER_ERRORS: tuple[type[BaseException], ...] = (RedisError, OperationalError, ConnectionError, TimeoutError)
 
 
 # --------------------------------------------------------------------------- pure parts

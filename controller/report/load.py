@@ -66,7 +66,7 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     modules = sorted(set(rows["module"])) if len(rows) else list(run.modules)
     prev = previous_rows(history, run, modules) if previous else None
     return analyse(rows, run_id=run.run_id, release=run.release, baseline=base, baseline_id=base_id,
-                   previous=prev, state=_state(run), expected_modules=run.modules, expected_keys=run.models,
+                   previous=prev, state=run.state, expected_modules=run.modules, expected_keys=run.models,
                    thresholds=thresholds)
 
 
@@ -83,9 +83,5 @@ def compare_runs(history: History, run_a: str, run_b: str, *, thresholds: Thresh
     paired = len(shared) >= max(1, len(set(rows_b["module"])) // 2)
     return analyse(rows_b, run_id=b.run_id, release=b.release, baseline=None if paired else rows_a,
                    baseline_id=a.run_id, baseline_label=a.run_id, previous=rows_a if paired else None,
-                   previous_label=a.run_id, state=_state(b), expected_modules=b.modules, expected_keys=b.models,
+                   previous_label=a.run_id, state=b.state, expected_modules=b.modules, expected_keys=b.models,
                    thresholds=thresholds)
-
-
-def _state(run: RunInfo) -> str:
-    return run.state

@@ -138,10 +138,6 @@ class Report:
 
         return verdict_line(self)
 
-    def one_line(self) -> str:
-        """The verdict line (what ``fleetctl validate`` ends with)."""
-        return self.verdict_line
-
     def to_dict(self) -> dict[str, Any]:
         from controller.report.render import to_dict
 
