@@ -24,7 +24,7 @@ from pathlib import Path
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from agent.celery_app import NOOP_TASK, RUN_TASK, is_embedded, make_app, queue_name
+from agent.celery_app import RUN_TASK, is_embedded, make_app, queue_name
 from agent.kv import KV
 from agent.records import Heartbeat, RunProgress, RunRequest, RunState, StepError, release_version_of
 from agent.settings import BrokerSettings
@@ -197,9 +197,6 @@ class Fleet:
         except Exception as exc:
             raise BrokerUnavailable(f"cannot enqueue on {queue_name(module)}: {_short(exc)}") from exc
         return str(res.id)
-
-    def send_noop(self, module: str) -> str:
-        return self.send(module, NOOP_TASK, [time.time()])
 
     def dispatch(self, *, run_id: str, modules: Sequence[Module], tarballs: Mapping[str, str], sha256: str,
                  release: str, models: Sequence[str], tarball_label: str = "",

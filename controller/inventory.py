@@ -103,9 +103,6 @@ class Inventory(BaseModel):
     path: str = ""
     modules: tuple[Module, ...]
 
-    def by_name(self) -> dict[str, Module]:
-        return {m.name: m for m in self.modules}
-
     def select(self, selector: str) -> list[Module]:
         return select(self.modules, selector)
 

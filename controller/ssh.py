@@ -20,7 +20,6 @@ import contextlib
 import io
 import json
 import shlex
-import socket
 import stat
 import subprocess
 import time
@@ -235,15 +234,6 @@ class Session:
         except (OSError, paramiko.SSHException) as exc:
             raise UnreachableError(self.target.name, f"writing {remote} failed: {exc}") from exc
 
-    def read_file(self, remote: str) -> bytes | None:
-        try:
-            with self.sftp.open(remote, "rb") as f:
-                return bytes(f.read())
-        except FileNotFoundError:
-            return None
-        except (OSError, paramiko.SSHException) as exc:
-            raise UnreachableError(self.target.name, f"reading {remote} failed: {exc}") from exc
-
     def listdir(self, remote: str) -> dict[str, int]:
         """Regular files in ``remote`` with their sizes ({} when it does not exist)."""
         try:
@@ -310,17 +300,3 @@ def stream_file(target: SshTarget, local: IO[bytes], line: str, *, timeout: floa
     if res.exit_code == 255:
         raise classify_ssh_failure(target, res)
     return res
-
-
-def host_key_line(host: str, port: int, key_type: str, key_b64: str) -> str:
-    """A known_hosts line (``[host]:port`` form for ports other than 22)."""
-    name = host if port == 22 else f"[{host}]:{port}"
-    return f"{name} {key_type} {key_b64}"
-
-
-def tcp_reachable(host: str, port: int, timeout: float = 2.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
