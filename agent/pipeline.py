@@ -80,6 +80,7 @@ class AgentConfig(BaseModel):
             "module": settings.module,
             "workdir": Path(settings.workdir).expanduser().resolve(),
             "server_port": settings.server_port,
+            "stop_grace": settings.stop_grace,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -176,12 +176,18 @@ class RunState(str, enum.Enum):
     BENCHMARKING = "benchmarking"
     PUBLISHING = "publishing"
     DONE = "done"  # finished; individual keys may still have failed (see outcomes)
-    FAILED = "failed"  # a release-wide step failed; no key could run
+    FAILED = "failed"  # a release-wide step failed, or the request was refused; no key could run
     CANCELLED = "cancelled"
+    # Not terminal: the agent stopped the run cleanly (SIGTERM) or found it dead after a restart,
+    # and re-queued it; it resumes from its passed keys when the module takes it again.
+    INTERRUPTED = "interrupted"
+    # Terminal, set by the controller only: no heartbeat for ``lost_after``, or the module's
+    # deadline passed. A late terminal state from the agent still replaces it (see controller.fleet).
+    LOST = "lost"
 
     @property
     def terminal(self) -> bool:
-        return self in (RunState.DONE, RunState.FAILED, RunState.CANCELLED)
+        return self in (RunState.DONE, RunState.FAILED, RunState.CANCELLED, RunState.LOST)
 
 
 class StepError(Frozen):

@@ -85,7 +85,11 @@ class BrokerSettings(BaseSettings):
     run_soft_time_limit: float = Field(default=4 * 3600.0, gt=0, description="soft time limit of one run, s")
     run_time_limit: float = Field(default=4 * 3600.0 + 600, gt=0, description="hard time limit of one run, s")
     heartbeat_interval: float = Field(default=5.0, gt=0, description="agent heartbeat period, s")
-    offline_after: float = Field(default=30.0, gt=0, description="no heartbeat for this long: offline, s")
+    offline_after: float = Field(default=30.0, gt=0, description="no heartbeat for this long: unreachable, s")
+    lost_after: float = Field(default=600.0, gt=0,
+                              description="no heartbeat for this long: the module's run is lost, s")
+    start_timeout: float = Field(default=300.0, gt=0,
+                                 description="an idle, live module that has not started a queued run by then: lost, s")
     max_attempts: int = Field(default=2, ge=1, description="deliveries of one run to one module, at most")
     result_expires: float = Field(default=7 * 86400.0, gt=0, description="how long results stay on the broker")
 
@@ -95,6 +99,8 @@ class BrokerSettings(BaseSettings):
             raise ValueError("run_time_limit must be longer than run_soft_time_limit")
         if self.offline_after <= self.heartbeat_interval:
             raise ValueError("offline_after must be longer than heartbeat_interval")
+        if self.lost_after < self.offline_after:
+            raise ValueError("lost_after must not be shorter than offline_after")
         return self
 
     @field_validator("broker_url")
@@ -104,6 +110,11 @@ class BrokerSettings(BaseSettings):
         if scheme not in ("redis", "rediss", "filesystem", "memory"):
             raise ValueError(f"unsupported broker scheme {scheme!r} (redis, rediss, filesystem)")
         return v
+
+    @property
+    def module_deadline(self) -> float:
+        """Liveness bound: a started (run, module) is terminal this long after it started, whatever happens."""
+        return self.run_time_limit + self.lost_after + 60.0
 
     @property
     def visibility_timeout(self) -> float:
@@ -155,6 +166,8 @@ class AgentSettings(BrokerSettings):
     metrics_host: str = Field(default="127.0.0.1", description="bind address of /metrics")
     metrics_port: int = Field(default=9400, ge=0, le=65535, description="port of /metrics (0: off)")
     pushgateway_url: str | None = Field(default=None, description="push metrics here too (optional)")
+    stop_grace: float = Field(default=15.0, gt=0, description="SIGTERM to SIGKILL of a release process group, s")
+    min_free_disk: int = Field(default=2 * 1024**3, ge=0, description="below this free disk the module is bad, bytes")
 
 
 def load_settings(cls: type[BrokerSettings], config: str | Path | None = None, **overrides: Any) -> Any:

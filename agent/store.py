@@ -31,11 +31,11 @@ from typing import Any
 from agent.errors import BadInput
 from agent.records import ResultRow, RunProgress, RunRequest
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def check_run_id(run_id: str) -> str:
-    if not _RUN_ID.match(run_id):
+    if not RUN_ID.match(run_id):
         raise BadInput(f"run id {run_id!r}: use 1-128 letters, digits, '.', '_' or '-' (not starting with those)")
     return run_id
 
@@ -123,7 +123,7 @@ class RunStore:
         """Run ids on this module, oldest first."""
         if not self.runs_dir.is_dir():
             return []
-        dirs = [p for p in self.runs_dir.iterdir() if p.is_dir() and _RUN_ID.match(p.name)]
+        dirs = [p for p in self.runs_dir.iterdir() if p.is_dir() and RUN_ID.match(p.name)]
         return [p.name for p in sorted(dirs, key=lambda p: (p.stat().st_mtime, p.name))]
 
     def request(self, run_id: str) -> RunRequest | None:

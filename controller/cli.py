@@ -196,7 +196,7 @@ def run_validation(st: State, tarball: Path, keys: tuple[str, ...], devices: str
     sha = sha256_file(tarball)
     rid = run_id or new_run_id()
     statuses = fleet.statuses(mods)
-    usable = [m for m in mods if statuses[m.name].state not in ("offline", "bad")]
+    usable = [m for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")]
     paths, errors = _distribute(st, usable, tarball, sha)
     result = fleet.dispatch(run_id=rid, modules=mods, tarballs=paths, sha256=sha, release=version, models=keys,
                             tarball_label=str(tarball.resolve()), statuses=statuses)
