@@ -91,6 +91,8 @@ class BrokerSettings(BaseSettings):
     start_timeout: float = Field(default=300.0, gt=0,
                                  description="an idle, live module that has not started a queued run by then: lost, s")
     max_attempts: int = Field(default=2, ge=1, description="deliveries of one run to one module, at most")
+    broker_visibility_timeout: float | None = Field(
+        default=None, gt=0, description="Redis visibility timeout, s (default: hard time limit + 1 h)")
     result_expires: float = Field(default=7 * 86400.0, gt=0, description="how long results stay on the broker")
 
     @model_validator(mode="after")
@@ -118,8 +120,8 @@ class BrokerSettings(BaseSettings):
 
     @property
     def visibility_timeout(self) -> float:
-        """Longer than the hard time limit, derived the same way by every app."""
-        return self.run_time_limit + 3600.0
+        """Longer than the hard time limit, derived the same way by every app (unless set, for tests)."""
+        return self.broker_visibility_timeout or self.run_time_limit + 3600.0
 
     def broker_url_with_secret(self) -> str:
         """The broker URL with the password from ``broker_password_file`` merged in (memory only)."""

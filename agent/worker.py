@@ -380,7 +380,8 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
     if attempt > req.max_attempts:
         return finish(RunState.FAILED, "dispatch",
                       f"delivered {attempt} times (agent lost during the run); giving up after {req.max_attempts}")
-    deadline = time.monotonic() + max(1.0, settings.run_soft_time_limit - 30.0)
+    # the run stops itself a little before Celery's soft limit would interrupt it
+    deadline = time.monotonic() + settings.run_soft_time_limit - min(30.0, 0.1 * settings.run_soft_time_limit)
     token = KVCancelToken(kv, req.run_id, req.module, deadline=deadline, stop_file=stop_file(workdir))
     sent_rows = -1
 
@@ -397,14 +398,21 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
         return finish(RunState.FAILED, "dispatch", str(exc))
     final = result.progress.model_copy(update={"attempt": attempt})
     if final.state == RunState.CANCELLED and token.shutdown:
+        # stopped cleanly: state.json keeps naming the run, and the agent re-queues it when it starts again
         _bump_attempts(run_dir, -1)  # a clean interrupt is not a failed delivery
         final = final.model_copy(update={"state": RunState.INTERRUPTED, "finished_at": None, "error": StepError(
             step=final.error.step if final.error else "run", model_key=final.model_key,
             message="interrupted: the agent is shutting down; the run resumes from its passed keys")})
-        requeue(app, req)
-    elif final.state == RunState.CANCELLED and token.lost:
+        with contextlib.suppress(OSError):
+            RunStore(workdir).write_progress(final)
+            RunStore(workdir).set_state(current_run=req.run_id, last_run=req.run_id)
+        pub.final(final)
+        return final.model_dump(mode="json")
+    if final.state == RunState.CANCELLED and token.lost:
         final = final.model_copy(update={"state": RunState.FAILED, "error": StepError(
             step=final.error.step if final.error else "run", model_key=final.model_key, message=token.reason or "")})
+        with contextlib.suppress(OSError):
+            RunStore(workdir).write_progress(final)
     _forget_current(workdir, req.run_id)
     pub.final(final)
     return final.model_dump(mode="json")
@@ -423,22 +431,34 @@ def stop_file(workdir: Path) -> Path:
     return workdir / "shutting-down"
 
 
-def recover(app: Celery, settings: AgentSettings) -> str | None:
-    """At start: a run that an earlier agent left unfinished (it was killed) is reported and resumed.
+def recover(app: Celery, settings: AgentSettings) -> list[str]:
+    """At start: runs an earlier agent left unfinished (killed, or stopped cleanly) are reported and resumed.
 
-    It is re-queued on this module's queue (keys that passed are kept), or ended when it was
-    cancelled or already delivered ``max_attempts`` times. Returns the run id, if there was one.
+    Each is re-queued on this module's queue (keys that passed are kept), or ended when it was
+    cancelled or already delivered ``max_attempts`` times. Returns their run ids.
     """
-    workdir = settings.workdir.expanduser()
-    store = RunStore(workdir)
-    run_id = store.current_run()
-    if not run_id or not RUN_ID.match(run_id):
-        return None
-    p = store.progress(run_id)
-    req = store.request(run_id)
+    store = RunStore(settings.workdir.expanduser())
+    found = [r for r in [store.current_run(), *store.runs()] if r and RUN_ID.match(r)]
+    done: list[str] = []
+    for run_id in dict.fromkeys(found):
+        p = store.progress(run_id) if (store.runs_dir / run_id / "progress.json").exists() else None
+        left = run_id == store.current_run() or (p is not None and p.state == RunState.INTERRUPTED)
+        if left and _recover_one(app, store, run_id):
+            done.append(run_id)
+    return done
+
+
+def _recover_one(app: Celery, store: RunStore, run_id: str) -> bool:
+    workdir = store.workdir
+    try:
+        p = store.progress(run_id)
+        req = store.request(run_id)
+    except (OSError, ValueError) as exc:
+        log.warning("run %s left by an earlier agent is unreadable: %s", run_id, exc)
+        return False
     _forget_current(workdir, run_id)
     if req is None or (p is not None and p.state.terminal):
-        return None
+        return False
     kv = KV(app)
     pub = Publisher(kv, workdir, run_id, req.module)
     base = p or RunProgress(run_id=run_id, module=req.module, release=req.release, keys_total=len(req.models))
@@ -449,7 +469,8 @@ def recover(app: Celery, settings: AgentSettings) -> str | None:
         flag = None
     attempts = int(_read_json(store.run_dir(run_id) / "attempts") or 0)
     now = time.time()
-    why = f"the agent was restarted during step {base.step or 'start'} (its earlier process died)"
+    why = (f"the agent was stopped during step {base.step or 'start'}" if base.state == RunState.INTERRUPTED
+           else f"the agent was restarted during step {base.step or 'start'} (its earlier process died)")
     if flag is not None or attempts >= req.max_attempts:
         state = (RunState.CANCELLED if flag and not flag.lost else RunState.FAILED)
         message = flag.reason if flag else f"{why}; delivered {attempts} times, giving up"
@@ -459,7 +480,7 @@ def recover(app: Celery, settings: AgentSettings) -> str | None:
         with contextlib.suppress(OSError):
             store.write_progress(final)
         pub.final(final)
-        return run_id
+        return True
     interrupted = base.model_copy(update={"state": RunState.INTERRUPTED, "updated_at": now, "error": StepError(
         step=base.step or "run", message=f"interrupted: {why}; resumes from its passed keys")})
     with contextlib.suppress(OSError):
@@ -467,7 +488,7 @@ def recover(app: Celery, settings: AgentSettings) -> str | None:
     pub.final(interrupted)
     requeue(app, req)
     log.warning("run %s left by an earlier agent: re-queued to resume", run_id)
-    return run_id
+    return True
 
 
 def on_hard_limit(app: Celery, settings: AgentSettings, payload: Any, timeout: float) -> None:

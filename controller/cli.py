@@ -192,9 +192,10 @@ def run_validation(st: State, tarball: Path, keys: tuple[str, ...], devices: str
     version = release_version(tarball)
     mods = st.inventory().select(devices)
     fleet = st.fleet()
+    rid = run_id or new_run_id()
+    fleet.check_new_run_id(rid)
     fleet.check_broker()
     sha = sha256_file(tarball)
-    rid = run_id or new_run_id()
     statuses = fleet.statuses(mods)
     usable = [m for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")]
     paths, errors = _distribute(st, usable, tarball, sha)

@@ -25,9 +25,11 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from agent.celery_app import RUN_TASK, is_embedded, make_app, queue_name
+from agent.errors import BadInput
 from agent.kv import KV
 from agent.records import Heartbeat, RunProgress, RunRequest, RunState, StepError, release_version_of
 from agent.settings import BrokerSettings
+from agent.store import check_run_id
 from controller.history import History
 from controller.inventory import Module
 
@@ -230,14 +232,26 @@ class Fleet:
             raise BrokerUnavailable(f"cannot enqueue on {queue_name(module)}: {_short(exc)}") from exc
         return str(res.id)
 
+    def check_new_run_id(self, run_id: str, *, resume: bool = False) -> None:
+        """A run id must match the agents' pattern; one already in the history only with ``resume``."""
+        try:
+            check_run_id(run_id)
+        except BadInput as exc:
+            raise FleetError(str(exc)) from None
+        if not resume and self.history.run(run_id) is not None:
+            raise FleetError(f"run id {run_id!r} is already in the history; resume it explicitly or choose another")
+
     def dispatch(self, *, run_id: str, modules: Sequence[Module], tarballs: Mapping[str, str], sha256: str,
                  release: str, models: Sequence[str], tarball_label: str = "",
-                 statuses: Mapping[str, ModuleStatus] | None = None) -> dict[str, str]:
+                 statuses: Mapping[str, ModuleStatus] | None = None, resume: bool = False) -> dict[str, str]:
         """Record the run and enqueue it on every module that can take it.
 
         Returns module -> "queued" or the reason it was not (offline, bad, no release):
-        those modules are recorded as failed at once, not after an hour.
+        those modules are recorded as failed at once, not after an hour. A run id must match the
+        agents' pattern, and may be one already in the history only with ``resume`` (each module
+        then keeps the keys that passed).
         """
+        self.check_new_run_id(run_id, resume=resume)
         statuses = statuses if statuses is not None else self.statuses(modules)
         self.history.create_run(run_id, release=release, tarball=tarball_label, sha256=sha256,
                                 models=models, modules=[m.name for m in modules])
