@@ -304,6 +304,13 @@ def systemd_quote(word: str) -> str:
     return f'"{w}"'
 
 
+def systemd_path(path: str) -> str:
+    """A path for a systemd setting that takes one unquoted path (``WorkingDirectory=``): % escaped."""
+    if any(ord(c) < 32 for c in path) or not path.startswith("/"):
+        raise DeployError(f"work folder {path!r}: must be an absolute path without control characters")
+    return path.replace("%", "%%")
+
+
 def sh_quote(word: str) -> str:
     import shlex
 
@@ -330,7 +337,9 @@ Environment={env}
 ExecStart={exec}
 Restart=always
 RestartSec=5
-KillMode=control-group
+# SIGTERM to the agent alone: it interrupts its run cleanly (the release's servers included) and the
+# run resumes when it starts again; whatever is left after TimeoutStopSec is SIGKILLed.
+KillMode=mixed
 TimeoutStopSec=60
 
 [Install]
@@ -368,7 +377,7 @@ def render_service(module: Module, workdir: str, mode: Literal["systemd", "super
     config = f"{agent_dir}/agent.toml"
     argv = agent_argv(f"{agent_dir}/venv", config, worker_command=worker_command)
     if mode == "systemd":
-        unit = UNIT.format(module=module.name, workdir=systemd_quote(workdir),
+        unit = UNIT.format(module=module.name, workdir=systemd_path(workdir),
                            env=systemd_quote(f"FLEET_CONFIG={config}"),
                            exec=" ".join(systemd_quote(a) for a in argv))
         return unit, ""

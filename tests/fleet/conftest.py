@@ -33,6 +33,7 @@ class RedisServer:
     dir: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    bind: tuple[str, ...] = ("127.0.0.1",)
 
     @property
     def url(self) -> str:
@@ -42,7 +43,7 @@ class RedisServer:
         assert REDIS
         self.dir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--appendonly", "yes",
+            [REDIS, "--port", str(self.port), "--bind", *self.bind, "--dir", str(self.dir), "--appendonly", "yes",
              "--appendfsync", "everysec", "--save", "", "--daemonize", "no", "--protected-mode", "yes"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         end = time.monotonic() + 10
@@ -108,14 +109,14 @@ class Lab:
                 if getattr(self.settings, f) != getattr(defaults, f)}
 
     def start(self, names: list[str] | None = None, sim_env: dict[str, dict[str, str]] | None = None,
-              wait: bool = True) -> None:
+              wait: bool = True, argv_prefix: tuple[str, ...] = ()) -> None:
         from simulator import make_models
 
         started = []
         for name in names or self.names:
             make_models(self.base / "modules" / name / "models")
             env = {**self.worker_env(), **(sim_env or {}).get(name, {})}
-            w = start_worker(name, self.base, self.settings, sim_env=env)
+            w = start_worker(name, self.base, self.settings, sim_env=env, argv_prefix=argv_prefix)
             self.workers[name] = w
             started.append(w)
         if wait:

@@ -26,7 +26,7 @@ from tests.fleet.conftest import REDIS, Lab, RedisServer, broker, make_lab  # no
 from tests.fleet.test_dispatch import leftovers, wait_for
 
 KEYS = ("qwen3", "qwen35_mtp")  # the first passes before each fault, the second is running when it strikes
-SCALE = 20.0  # module seconds per wall second: a key takes a few seconds
+SCALE = 50.0  # module seconds per wall second: a key takes a few seconds
 
 
 @pytest.fixture(scope="module")

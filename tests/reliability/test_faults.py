@@ -131,9 +131,9 @@ def test_run_outlives_visibility_timeout(bench_factory, redis_broker, release):
     assert b.fleet.sync(run_id).progress["sim-01"].state == RunState.DONE
 
 
-def test_cancel_while_offline_then_back(bench_factory, broker, release):
+def test_cancel_while_offline_then_back(bench_factory, redis_broker, release):
     """Cancelled while the module is down: the module, back, ends the run as cancelled and runs nothing."""
-    b = bench_factory(broker, offline_after=2.0, lost_after=60.0)
+    b = bench_factory(redis_broker, offline_after=2.0, lost_after=60.0)
     b.lab.start()
     run_id = b.validate(release)
     b.on_key(run_id, "sim-01", KEYS[1])
@@ -158,10 +158,10 @@ def test_hard_time_limit(bench_factory, redis_broker, release):
     assert p.state == RunState.FAILED and "hard time limit" in p.error.message
 
 
-def test_lost_after_then_late_result(bench_factory, broker, release):
+def test_lost_after_then_late_result(bench_factory, redis_broker, release):
     """No heartbeat for lost_after: the controller gives the module up (lost) with the reason; the agent,
     back, reports the run failed (it must not run it again), which replaces "lost" in the history."""
-    b = bench_factory(broker, offline_after=2.0, lost_after=4.0)
+    b = bench_factory(redis_broker, offline_after=2.0, lost_after=4.0)
     b.lab.start()
     run_id = b.validate(release)
     b.on_key(run_id, "sim-01", KEYS[1])
@@ -176,20 +176,20 @@ def test_lost_after_then_late_result(bench_factory, broker, release):
 
 
 @pytest.mark.parametrize("run_id", ["a b", "../../escape", "x" * 200, "-rf", ".hidden", "ok/../../x"])
-def test_hostile_run_ids_are_refused_by_the_controller(bench_factory, broker, release, run_id):
-    b = bench_factory(broker)
+def test_hostile_run_ids_are_refused_by_the_controller(bench_factory, redis_broker, release, run_id):
+    b = bench_factory(redis_broker)
     r = b.lab.fleetctl("validate", str(release.path), "--models", "qwen3", "--devices", "sim-01",
                        "--run-id", run_id, "--detach")
     assert r.returncode == 2 and "run id" in r.stderr, r.stderr
     assert b.history.runs() == []
 
 
-def test_second_agent_with_a_name_in_use(bench_factory, broker, release, tmp_path):
+def test_second_agent_with_a_name_in_use(bench_factory, redis_broker, release, tmp_path):
     """A second agent started with a module name a live agent holds refuses to start; `fleetctl devices`
     shows the conflict; the first agent goes on serving."""
     from controller.demo import start_worker
 
-    b = bench_factory(broker)
+    b = bench_factory(redis_broker)
     b.lab.start()
     twin = start_worker("sim-01", tmp_path / "twin", b.lab.settings, sim_env=b.lab.worker_env())
     assert twin.proc.wait(timeout=30) == 2
@@ -201,8 +201,8 @@ def test_second_agent_with_a_name_in_use(bench_factory, broker, release, tmp_pat
     assert view.progress["sim-01"].state == RunState.DONE
 
 
-def test_reused_run_id_is_refused_and_resume_keeps_passed_keys(bench_factory, broker, release):
-    b = bench_factory(broker)
+def test_reused_run_id_is_refused(bench_factory, redis_broker, release):
+    b = bench_factory(redis_broker)
     b.lab.start()
     run_id = b.validate(release, "sim-01", ("qwen3",))
     b.check_run(run_id, 60)
@@ -211,9 +211,9 @@ def test_reused_run_id_is_refused_and_resume_keeps_passed_keys(bench_factory, br
     assert again.returncode == 2 and "already" in again.stderr
 
 
-def test_concurrent_serve_and_watch_on_one_history(bench_factory, broker, release):
+def test_concurrent_serve_and_watch_on_one_history(bench_factory, redis_broker, release):
     """`fleetctl serve` and `fleetctl watch` sync one run into one history at once: no error, no duplicate."""
-    b = bench_factory(broker)
+    b = bench_factory(redis_broker)
     b.lab.start()
     run_id = b.validate(release, models=("qwen3",))
     exe = os.path.join(os.path.dirname(sys.executable), "fleetctl")
