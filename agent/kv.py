@@ -49,7 +49,8 @@ class KV:
                 fh.write(data)
             os.replace(tmp, path)
             return
-        self.backend.set(key.encode(), data)
+        # fail fast (Celery's default retries a write for ~20 s): what must arrive is re-sent by its writer
+        self.backend.set(key.encode(), data, max_retries=1, interval_start=0.2, interval_step=0.5, interval_max=0.5)
 
     def get(self, key: str) -> Any:
         raw = self.backend.get(key.encode())

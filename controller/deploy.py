@@ -46,7 +46,7 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) /
 MIN_PYTHON = (3, 10)
 SERVICE = "fleet-agent.service"
 
-Status = Literal["changed", "unchanged", "failed", "planned"]
+Status = Literal["changed", "unchanged", "failed", "planned", "busy"]
 
 
 class DeployError(Exception):
@@ -160,6 +160,8 @@ class DeployOptions:
     connect_timeout: float = 10.0
     wheelhouse: Callable[[ModuleFacts], Wheelhouse] | None = None  # default: WheelhouseBuilder
     project_wheel: Path | None = None  # deploy this wheel instead of building one from source_root
+    force: bool = False  # restart an agent that is running a run (it interrupts it cleanly; the run resumes)
+    busy: Callable[[str], str | None] | None = None  # module -> the run it is busy with (from its heartbeat)
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -572,8 +574,8 @@ if mode == "systemd":
 pid = running()
 if pid and action in ("restart", "stop"):
     pgid = os.getpgid(pid)  # the supervisor's session: it and the agent with its children
-    os.killpg(pgid, signal.SIGTERM)
-    deadline = time.time() + 30
+    os.kill(pid, signal.SIGTERM)  # the supervisor passes it to the agent alone: a clean interrupt of its run
+    deadline = time.time() + 60
     while running() and time.time() < deadline:
         time.sleep(0.1)
     try:
@@ -677,6 +679,12 @@ def deploy_module(module: Module, opts: DeployOptions, wait: HeartbeatWait | Non
                 return DeployResult(module.name, "planned", tuple(map(str, actions)), None, facts.agent_version,
                                     None, time.monotonic() - t0)
             started = time.time()
+            run = opts.busy(module.name) if (opts.busy and facts.running and actions and not opts.force) else None
+            if run:
+                return DeployResult(module.name, "busy", tuple(map(str, actions)),
+                                    f"{module.name}: busy with run {run}: not restarted (--force interrupts it "
+                                    "cleanly; it resumes from its passed keys)", facts.agent_version, None,
+                                    time.monotonic() - t0)
             if actions:
                 _apply(s, module, facts, desired, actions, facts.python)
                 _write_state(s, facts, desired, version)
@@ -748,6 +756,22 @@ def heartbeat_waiter(settings: BrokerSettings, poll: float = 1.0,
             time.sleep(poll)
 
     return wait
+
+
+def busy_reader(settings: BrokerSettings) -> Callable[[str], str | None]:
+    """module -> the run its latest live heartbeat says it is busy with (None: idle, silent or unknown)."""
+
+    def busy(module: str) -> str | None:
+        from controller.fleet import read_heartbeats
+
+        try:
+            hb = read_heartbeats(settings, [module]).get(module)
+        except Exception:  # broker away: deploy goes on; a restart interrupts a run cleanly anyway
+            return None
+        fresh = hb is not None and time.time() - hb.ts <= settings.offline_after
+        return hb.run_id if fresh and hb is not None else None
+
+    return busy
 
 
 # --------------------------------------------------------------------------- devices check

@@ -69,6 +69,8 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         no_wait: bool = typer.Option(False, "--no-wait", help="do not wait for heartbeats"),
         cache_dir: Path = typer.Option(dep.DEFAULT_CACHE, "--cache-dir", help="wheel cache on the controller"),
         wheel: Path | None = typer.Option(None, "--wheel", help="deploy this m1000-fleet wheel (default: build one)"),
+        force: bool = typer.Option(False, "--force", help="restart busy agents too (their runs are interrupted "
+                                   "cleanly and resume)"),
     ) -> None:
         """Install or update the agent on modules (idempotent), then wait for their heartbeats."""
         try:
@@ -80,7 +82,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         opts = dep.DeployOptions(known_hosts=kh, identity=key, settings=settings, broker_url=broker_url,
                                  metrics_host=metrics_host, max_parallel=parallel, dry_run=dry_run,
                                  heartbeat_timeout=heartbeat_timeout, cache_dir=cache_dir,
-                                 project_wheel=wheel)
+                                 project_wheel=wheel, force=force, busy=None if dry_run else dep.busy_reader(settings))
         wait = None if (no_wait or dry_run) else dep.heartbeat_waiter(settings)
         try:
             with err.status(f"deploying to {len(mods)} module(s)"):
@@ -89,6 +91,10 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
             raise _fail(str(exc)) from None
         out.print(deploy_table(results))
         failed = [r.module for r in results.values() if not r.ok]
+        busy = [r.module for r in results.values() if r.status == "busy"]
+        if busy:
+            err.print(f"{len(busy)} busy module(s) not restarted: {', '.join(busy)} (--force to restart them)",
+                      highlight=False)
         if all(r.status == "unchanged" for r in results.values()):
             out.print("nothing changed: every module already runs this agent and config")
         if failed:
