@@ -155,6 +155,16 @@ class AgentSettings(BrokerSettings):
     metrics_host: str = Field(default="127.0.0.1", description="bind address of /metrics")
     metrics_port: int = Field(default=9400, ge=0, le=65535, description="port of /metrics (0: off)")
     pushgateway_url: str | None = Field(default=None, description="push metrics here too (optional)")
+    release_roots: list[Path] = Field(
+        default_factory=list,
+        description="folders a run's tarball may be read from, besides the module's own release cache "
+                    "(<workdir>/incoming, <workdir>/releases); empty: <data_dir>/releases (local transport)")
+
+    def allowed_release_roots(self) -> list[Path]:
+        """Where a requested tarball may live (symlinks resolved): release cache plus configured roots."""
+        work = self.workdir.expanduser()
+        extra = self.release_roots or [self.data_dir.expanduser() / "releases"]
+        return [Path(os.path.realpath(p.expanduser())) for p in (work / "incoming", work / "releases", *extra)]
 
 
 def load_settings(cls: type[BrokerSettings], config: str | Path | None = None, **overrides: Any) -> Any:

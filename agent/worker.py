@@ -25,9 +25,10 @@ from celery import Celery
 
 from agent.celery_app import NOOP_TASK, RUN_TASK, make_app, queue_name
 from agent.kv import KV, KVCancelToken
-from agent.records import Heartbeat, ResultRow, RunProgress, RunRequest, RunState, StepError
+from agent.records import Heartbeat, ResultRow, RunProgress, RunState, StepError
 from agent.settings import AgentSettings
 from agent.store import write_atomic
+from agent.validate import RefusedRequest, refused_progress, validate_request
 
 log = logging.getLogger("fleet.agent")
 
@@ -162,11 +163,22 @@ def _stored_rows(workdir: Path, run_id: str) -> list[ResultRow]:
     return rows
 
 
-def execute_run(app: Celery, settings: AgentSettings, payload: dict[str, Any]) -> dict[str, Any]:
+def execute_run(app: Celery, settings: AgentSettings, payload: Any) -> dict[str, Any]:
     """The body of the run task (plain function, so tests can call it without a worker)."""
     from agent.pipeline import AgentConfig, run_pipeline
 
-    req = RunRequest.model_validate(payload)
+    try:
+        req = validate_request(payload, settings)
+    except RefusedRequest as exc:  # runs nothing; the module stays healthy
+        log.warning("%s", exc)
+        refused = refused_progress(exc, settings, time.time())
+        if refused is None:
+            return {"refused": str(exc)}
+        try:
+            KV(app).put_progress(refused)
+        except Exception as pexc:
+            log.warning("cannot publish the refusal of %s: %s", refused.run_id, pexc)
+        return refused.model_dump(mode="json")
     kv = KV(app)
     workdir = settings.workdir.expanduser()
     run_dir = workdir / "runs" / req.run_id

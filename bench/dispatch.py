@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent.celery_app import NOOP_TASK  # noqa: E402
+from agent.validate import stage_local_release  # noqa: E402
 from controller.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.fleet import Fleet  # noqa: E402
 from controller.history import History  # noqa: E402
@@ -129,8 +130,9 @@ def scaling(base: Path, settings: ControllerSettings, n: int, models: tuple[str,
         fleet = st.fleet()
         mods = st.inventory().select("all")
         sha = sha256_file(rel.path)
+        staged = stage_local_release(rel.path, sha, settings.data_dir)
         t0 = time.perf_counter()
-        fleet.dispatch(run_id=f"scale-{n}", modules=mods, tarballs={m.name: str(rel.path) for m in mods},
+        fleet.dispatch(run_id=f"scale-{n}", modules=mods, tarballs={m.name: str(staged) for m in mods},
                        sha256=sha, release=rel.version, models=models)
         view = fleet.wait(f"scale-{n}", interval=0.25, timeout=900)
         wall = time.perf_counter() - t0
