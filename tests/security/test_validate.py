@@ -265,3 +265,39 @@ def test_worker_refusal_without_run_id_only_logs(good, settings, caplog):
     assert out["refused"].startswith("refused request: module:")
     assert KV(app).progress(good["run_id"], ["mod-a", "mod-b"]) == {"mod-a": None, "mod-b": None}
     assert not (settings.workdir / "runs").exists()
+
+
+# --------------------------------------------------------------------------- the transport
+@pytest.mark.parametrize("raw, why", [
+    (1, "JSON object"), ([], "JSON object"), ({}, "no properties"), ({"properties": {}}, "no delivery tag"),
+    ({"properties": {"delivery_tag": "t", "delivery_info": []}}, "delivery_info"),
+    ({"properties": {"delivery_tag": "t"}, "headers": "x"}, "headers"),
+    ({"properties": {"delivery_tag": "t"}, "body": 3}, "body is not a string"),
+    ({"properties": {"delivery_tag": "t", "body_encoding": "base64"}, "body": "!!"}, "not base64"),
+    ({"properties": {"delivery_tag": "t", "body_encoding": "rot13"}, "body": "x"}, "unknown body encoding"),
+])
+def test_malformed_envelopes(raw, why):
+    from agent.safe_transport import envelope_problem
+
+    assert why in (envelope_problem(raw) or "")
+
+
+def test_good_envelope():
+    import base64
+
+    from agent.safe_transport import envelope_problem
+
+    good = {"body": base64.b64encode(b"[]").decode(), "content-type": "application/json", "content-encoding": "utf-8",
+            "headers": {}, "properties": {"delivery_tag": "t", "delivery_info": {}, "body_encoding": "base64"}}
+    assert envelope_problem(good) is None
+
+
+def test_redis_apps_use_the_hardened_transport(tmp_path):
+    from agent.celery_app import make_app
+
+    app = make_app(AgentSettings(module="m", broker_url="redis://127.0.0.1:1/0", workdir=tmp_path))
+    assert app.conf.broker_transport == "agent.safe_transport:Transport"
+    from agent.safe_transport import Transport
+
+    with app.connection_for_write() as conn:
+        assert conn.transport_cls == "agent.safe_transport:Transport" and isinstance(conn.transport, Transport)
