@@ -69,18 +69,26 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         no_wait: bool = typer.Option(False, "--no-wait", help="do not wait for heartbeats"),
         cache_dir: Path = typer.Option(dep.DEFAULT_CACHE, "--cache-dir", help="wheel cache on the controller"),
         wheel: Path | None = typer.Option(None, "--wheel", help="deploy this m1000-fleet wheel (default: build one)"),
+        credentials: Path | None = typer.Option(
+            None, "--module-credentials",
+            help="folder of per-module broker passwords from `fleetctl broker acl` (<module>.password): each "
+                 "agent connects as its own Redis user"),
     ) -> None:
         """Install or update the agent on modules (idempotent), then wait for their heartbeats."""
         try:
+            dep.check_broker_url_option(broker_url)
             settings = get_settings()
             mods = get_inventory().select(devices)
             kh, key = _trust(settings, known_hosts, identity)
-        except (InventoryError, SettingsError, ValueError) as exc:
+            if credentials is not None and not credentials.is_dir():
+                raise ValueError(f"--module-credentials {credentials}: not a folder")
+        except (InventoryError, SettingsError, ValueError, dep.DeployError) as exc:
             raise _fail(str(exc)) from None
         opts = dep.DeployOptions(known_hosts=kh, identity=key, settings=settings, broker_url=broker_url,
                                  metrics_host=metrics_host, max_parallel=parallel, dry_run=dry_run,
                                  heartbeat_timeout=heartbeat_timeout, cache_dir=cache_dir,
-                                 project_wheel=wheel)
+                                 project_wheel=wheel, credentials=credentials,
+                                 passphrase_file=getattr(settings, "ssh_key_passphrase_file", None))
         wait = None if (no_wait or dry_run) else dep.heartbeat_waiter(settings)
         try:
             with err.status(f"deploying to {len(mods)} module(s)"):
