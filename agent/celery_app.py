@@ -99,11 +99,10 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet") -> Celery:
         conf["redis_socket_connect_timeout"] = 5
         conf["redis_retry_on_timeout"] = True
         conf["redis_backend_health_check_interval"] = 10
-        if url.startswith("rediss://"):
-            import ssl
-
-            conf["broker_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
-            conf["redis_backend_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+        ssl_opts = settings.broker_ssl_options()
+        if ssl_opts is not None:  # rediss://: the broker's certificate is always verified (CA, client cert: settings)
+            conf["broker_use_ssl"] = dict(ssl_opts)
+            conf["redis_backend_use_ssl"] = dict(ssl_opts)
     app = Celery(name, set_as_current=False)
     app.conf.update(conf)
     return app

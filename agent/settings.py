@@ -81,6 +81,10 @@ class BrokerSettings(BaseSettings):
         description="redis://[user:pass@]host:6379/0, rediss://..., or filesystem:// (embedded, one machine)",
     )
     broker_password_file: Path | None = Field(default=None, description="file holding the broker password")
+    broker_tls_ca_file: Path | None = Field(default=None, description="CA certificate(s) the broker's TLS "
+                                            "certificate must chain to (rediss://); default: the system's")
+    broker_tls_cert_file: Path | None = Field(default=None, description="client certificate for the broker (TLS)")
+    broker_tls_key_file: Path | None = Field(default=None, description="key of broker_tls_cert_file (mode 0600)")
     data_dir: Path = Field(default=DEFAULT_HOME, description="embedded broker and result folders")
     run_soft_time_limit: float = Field(default=4 * 3600.0, gt=0, description="soft time limit of one run, s")
     run_time_limit: float = Field(default=4 * 3600.0 + 600, gt=0, description="hard time limit of one run, s")
@@ -96,6 +100,29 @@ class BrokerSettings(BaseSettings):
         if self.offline_after <= self.heartbeat_interval:
             raise ValueError("offline_after must be longer than heartbeat_interval")
         return self
+
+    @model_validator(mode="after")
+    def _tls(self) -> BrokerSettings:
+        tls = (self.broker_tls_ca_file, self.broker_tls_cert_file, self.broker_tls_key_file)
+        if any(tls) and urlsplit(self.broker_url).scheme != "rediss":
+            raise ValueError("broker_tls_* settings need a rediss:// broker_url")
+        if bool(self.broker_tls_cert_file) != bool(self.broker_tls_key_file):
+            raise ValueError("broker_tls_cert_file and broker_tls_key_file go together")
+        return self
+
+    def broker_ssl_options(self) -> dict[str, Any] | None:
+        """redis-py's TLS arguments for ``rediss://`` (certificate always verified), else None."""
+        if urlsplit(self.broker_url).scheme != "rediss":
+            return None
+        import ssl
+
+        opts: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+        if self.broker_tls_ca_file:
+            opts["ssl_ca_certs"] = str(self.broker_tls_ca_file.expanduser())
+        if self.broker_tls_cert_file and self.broker_tls_key_file:
+            opts["ssl_certfile"] = str(self.broker_tls_cert_file.expanduser())
+            opts["ssl_keyfile"] = str(self.broker_tls_key_file.expanduser())
+        return opts
 
     @field_validator("broker_url")
     @classmethod

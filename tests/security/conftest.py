@@ -203,3 +203,70 @@ def make_secure_lab(base: Path, server: SecureRedis, n: int, *, controller_user:
 def fleetctl_path() -> str:
     exe = Path(sys.executable).parent / "fleetctl"
     return str(exe) if exe.exists() else "fleetctl"
+
+
+# --------------------------------------------------------------------------- TLS material, made at test time
+def make_tls(folder: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1/localhost, a client certificate, and an unrelated CA."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> Path:
+        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+        path.chmod(0o600)
+        return path
+
+    def write_cert(cert: x509.Certificate, path: Path) -> Path:
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return path
+
+    def ca(cn: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(name(cn)).public_key(key.public_key())
+                .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=1))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                             content_commitment=False, key_encipherment=False,
+                                             data_encipherment=False, key_agreement=False, encipher_only=False,
+                                             decipher_only=False), critical=True)
+                .sign(key, hashes.SHA256()))
+        return key, cert
+
+    def leaf(cn: str, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, server: bool
+             ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        b = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca_cert.subject)
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server
+                                                   else ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
+        if server:
+            b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                             x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                                critical=False)
+        return key, b.sign(ca_key, hashes.SHA256())
+
+    ca_key, ca_cert = ca("m1000-fleet test CA")
+    s_key, s_cert = leaf("redis", ca_key, ca_cert, True)
+    c_key, c_cert = leaf("fleet-client", ca_key, ca_cert, False)
+    _, wrong = ca("some other CA")
+    return {
+        "ca": write_cert(ca_cert, folder / "ca.crt"),
+        "cert": write_cert(s_cert, folder / "redis.crt"), "key": write_key(s_key, folder / "redis.key"),
+        "client_cert": write_cert(c_cert, folder / "client.crt"), "client_key": write_key(c_key, folder / "client.key"),
+        "wrong_ca": write_cert(wrong, folder / "wrong-ca.crt"),
+    }
