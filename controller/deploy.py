@@ -107,9 +107,13 @@ class Desired:
     service_mode: Literal["systemd", "supervise"]
     service_text: str
     launcher_text: str
+    tls_files: tuple[tuple[str, bytes], ...] = ()  # written to <agent_dir>/tls/ (CA, the module's client cert/key)
 
     def digests(self) -> dict[str, str]:
-        secret = hashlib.sha256((self.config_text + "\0" + (self.password or "")).encode()).hexdigest()
+        h = hashlib.sha256((self.config_text + "\0" + (self.password or "")).encode())
+        for name, data in self.tls_files:
+            h.update(b"\0" + name.encode() + b"\0" + data)
+        secret = h.hexdigest()
         return {
             "install": self.wheelhouse.digest,
             "config": secret,
@@ -315,8 +319,26 @@ def agent_broker(module: Module, settings: BrokerSettings, broker_url: str | Non
     return bare, password
 
 
+TLS_SETTINGS = {"ca.crt": "broker_tls_ca_file", "client.crt": "broker_tls_cert_file",
+                "client.key": "broker_tls_key_file"}
+
+
+def agent_tls_files(module: Module, settings: BrokerSettings, credentials: Path | None) -> dict[str, bytes]:
+    """TLS files a module's agent needs: the controller's CA file, and the module's own client
+    certificate and key (``credentials/<module>.crt`` and ``.key``) when they exist."""
+    files: dict[str, bytes] = {}
+    if settings.broker_tls_ca_file:
+        files["ca.crt"] = Path(settings.broker_tls_ca_file).expanduser().read_bytes()
+    if credentials is not None:
+        crt, key = Path(credentials) / f"{module.name}.crt", Path(credentials) / f"{module.name}.key"
+        if crt.is_file() and key.is_file():
+            files["client.crt"], files["client.key"] = crt.read_bytes(), key.read_bytes()
+    return files
+
+
 def render_config(module: Module, workdir: str, settings: BrokerSettings, *, broker_url: str | None = None,
-                  metrics_host: str = "0.0.0.0", credentials: Path | None = None) -> tuple[str, str | None]:
+                  metrics_host: str = "0.0.0.0", credentials: Path | None = None,
+                  tls_files: Iterable[str] = ()) -> tuple[str, str | None]:
     """The agent's TOML config for ``module`` and the broker password to store beside it (or None)."""
     url = broker_url or settings.broker_url
     if urlsplit(url).scheme not in ("redis", "rediss"):
@@ -327,6 +349,8 @@ def render_config(module: Module, workdir: str, settings: BrokerSettings, *, bro
     fleet: dict[str, Any] = {"broker_url": bare}
     if password is not None:
         fleet["broker_password_file"] = f"{agent_dir}/broker_password"
+    for name in tls_files:
+        fleet[TLS_SETTINGS[name]] = f"{agent_dir}/tls/{name}"
     fleet["data_dir"] = f"{workdir}/data"
     fleet.update({k: getattr(settings, k) for k in _SHARED})
     agent = {"module": module.name, "workdir": workdir, "model_root": module.model_root,
@@ -670,6 +694,10 @@ def _apply(s: ssh.Session, module: Module, facts: ModuleFacts, desired: Desired,
         elif act.kind == "write_config":
             if desired.password is not None:
                 s.write_file(f"{a}/broker_password", desired.password.encode(), mode=0o600)
+            if desired.tls_files:
+                s.run(["mkdir", "-p", "-m", "700", "--", f"{a}/tls"], what="mkdir")
+                for name, data in desired.tls_files:
+                    s.write_file(f"{a}/tls/{name}", data, mode=0o600)
             s.write_file(f"{a}/agent.toml", desired.config_text.encode(), mode=0o600)
         elif act.kind == "write_service":
             if desired.service_mode == "systemd":
@@ -708,12 +736,14 @@ def deploy_module(module: Module, opts: DeployOptions, wait: HeartbeatWait | Non
         with ssh.open_session(target) as s:
             facts = probe(s, module, opts.python)
             wh = wheelhouse(facts)
+            tls = agent_tls_files(module, opts.settings, opts.credentials)
             config_text, password = render_config(module, facts.workdir, opts.settings, broker_url=opts.broker_url,
-                                                  metrics_host=opts.metrics_host, credentials=opts.credentials)
+                                                  metrics_host=opts.metrics_host, credentials=opts.credentials,
+                                                  tls_files=sorted(tls))
             check_config(config_text)
             mode: Literal["systemd", "supervise"] = "systemd" if facts.systemd_user else "supervise"
             unit, launcher = render_service(module, facts.workdir, mode, worker_command=worker_command)
-            desired = Desired(wh, config_text, password, mode, unit, launcher)
+            desired = Desired(wh, config_text, password, mode, unit, launcher, tuple(sorted(tls.items())))
             actions = plan_module(facts, desired)
             version = _project_version(wh.project)
             if opts.dry_run:

@@ -129,3 +129,25 @@ def test_deploy_passes_the_passphrase_file_to_ssh(tmp_path, monkeypatch):
                              identity=tmp_path / "key", passphrase_file=pf, wheelhouse=lambda f: None)
     res = dep.deploy([module()], opts)
     assert res["mod-1"].status == "failed" and seen["target"].passphrase_file == pf
+
+
+def test_deploy_installs_the_ca_and_the_module_client_certificate(tmp_path):
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(b"CA")
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "mod-1.password").write_text("pw")
+    (creds / "mod-1.crt").write_bytes(b"CRT")
+    (creds / "mod-1.key").write_bytes(b"KEY")
+    settings = BrokerSettings(broker_url="rediss://ctl@broker:6379/0", broker_tls_ca_file=ca)
+    files = dep.agent_tls_files(module(), settings, creds)
+    assert files == {"ca.crt": b"CA", "client.crt": b"CRT", "client.key": b"KEY"}
+    text, _ = dep.render_config(module(), "/w", settings, credentials=creds, tls_files=sorted(files))
+    dep.check_config(text)
+    fleet = tomllib.loads(text)["fleet"]
+    assert fleet["broker_tls_ca_file"] == "/w/agent/tls/ca.crt"
+    assert fleet["broker_tls_cert_file"] == "/w/agent/tls/client.crt"
+    assert fleet["broker_tls_key_file"] == "/w/agent/tls/client.key"
+    from agent.settings import AgentSettings
+
+    AgentSettings(**fleet)  # the agent accepts what deploy writes
