@@ -93,8 +93,13 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet") -> Celery:
         conf["result_backend"] = url
         opts = {"visibility_timeout": settings.visibility_timeout, "socket_timeout": 10,
                 "socket_connect_timeout": 5, "retry_on_timeout": True, "health_check_interval": 10}
-        conf["broker_transport_options"] = opts
         conf["result_backend_transport_options"] = dict(opts)
+        module = getattr(settings, "module", None)
+        if module:  # an agent: its unacked messages under keys of its own (one Redis ACL user per module)
+            q = queue_name(module)
+            opts = {**opts, "unacked_key": f"unacked:{q}", "unacked_index_key": f"unacked_index:{q}",
+                    "unacked_mutex_key": f"unacked_mutex:{q}"}
+        conf["broker_transport_options"] = opts
         conf["redis_socket_timeout"] = 10
         conf["redis_socket_connect_timeout"] = 5
         conf["redis_retry_on_timeout"] = True

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from agent.settings import BrokerSettings, SettingsError
 from controller import deploy as dep
+from controller import deploy_acl as acl
 from controller.inventory import Inventory, InventoryError
 from controller.push import PushError, file_sha256, push_release
 
@@ -131,6 +132,29 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         out.print(t)
         if any(r.error for r in results.values()):
             raise typer.Exit(1)
+
+    broker_app = typer.Typer(add_completion=False, help="The broker's users (Redis ACL).")
+    app.add_typer(broker_app, name="broker")
+
+    @broker_app.command("acl")
+    def broker_acl(
+        out_dir: Path = typer.Option(Path("deploy/redis"), "--out", help="folder for users.acl and passwords/"),
+        controller_user: str = typer.Option(acl.CONTROLLER_USER, "--controller-user", help="the controller's user"),
+        rotate: bool = typer.Option(False, "--rotate", help="new passwords for every user (else existing kept)"),
+    ) -> None:
+        """Write redis-server's ACL file: one user per module (its own queue and records only) and the controller."""
+        try:
+            names = [m.name for m in get_inventory().modules]
+            files = acl.write_acl(out_dir, names, controller_user=controller_user, rotate=rotate)
+        except (InventoryError, SettingsError, acl.AclError, OSError) as exc:
+            raise _fail(str(exc)) from None
+        out.print(f"{files.acl}: {len(files.users)} users ({controller_user} + {len(names)} modules); default user off",
+                  highlight=False)
+        out.print(f"passwords (0600): {files.passwords}/<user>.password; new: {', '.join(files.created) or 'none'}",
+                  highlight=False)
+        out.print(f"redis.conf: aclfile {files.acl.name} | controller: broker_url = redis://{controller_user}@<host>"
+                  f"/0, broker_password_file = {files.passwords}/{controller_user}.password | "
+                  f"fleetctl deploy --module-credentials {files.passwords}", highlight=False)
 
     @devices_app.command("check")
     def check(
