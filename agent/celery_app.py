@@ -91,7 +91,7 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet") -> Celery:
         conf["broker_url"] = url
         conf["broker_transport"] = "agent.safe_transport:Transport"  # drops what is not a kombu message
         conf["result_backend"] = url
-        opts = {"visibility_timeout": settings.visibility_timeout, "socket_timeout": 10,
+        opts: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout, "socket_timeout": 10,
                 "socket_connect_timeout": 5, "retry_on_timeout": True, "health_check_interval": 10}
         conf["result_backend_transport_options"] = dict(opts)
         module = getattr(settings, "module", None)
