@@ -163,7 +163,7 @@ def _stored_rows(workdir: Path, run_id: str) -> list[ResultRow]:
     return rows
 
 
-def execute_run(app: Celery, settings: AgentSettings, payload: Any) -> dict[str, Any]:
+def execute_run(app: Celery, settings: AgentSettings, payload: dict[str, Any]) -> dict[str, Any]:
     """The body of the run task (plain function, so tests can call it without a worker)."""
     from agent.pipeline import AgentConfig, run_pipeline
 
