@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from pydantic import ValidationError
 
 from agent.celery_app import NOOP_TASK, RUN_TASK, make_app, queue_name
 from agent.errors import BadInput
 from agent.kv import KV, KVCancelToken
-from agent.records import Heartbeat, ResultRow, RunProgress, RunRequest, RunState, StepError
+from agent.records import Heartbeat, ResultRow, RunProgress, RunRequest, RunState, StepError, is_run_id
 from agent.settings import AgentSettings
-from agent.store import RUN_ID, RunStore, check_run_id, write_atomic
+from agent.store import RunStore, check_run_id, write_atomic
+from agent.validate import RefusedRequest, refused_progress, validate_request
 
 log = logging.getLogger("fleet.agent")
 
@@ -284,23 +284,9 @@ def _payload_ids(payload: Any, module: str) -> tuple[str | None, str | None]:
     if not isinstance(payload, dict):
         return None, None
     run_id, mod = payload.get("run_id"), payload.get("module")
-    if not (isinstance(run_id, str) and RUN_ID.match(run_id)) or mod != module:
+    if not (isinstance(run_id, str) and is_run_id(run_id)) or mod != module:
         return None, None
     return run_id, mod
-
-
-def parse_request(payload: Any, settings: AgentSettings) -> RunRequest:
-    """The request, validated before anything runs or any path is built from it."""
-    try:
-        req = RunRequest.model_validate(payload)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(x) for x in err.get("loc", ())) or "request"
-        raise BadInput(f"refused request: {where}: {err.get('msg', 'invalid')}") from None
-    check_run_id(req.run_id)
-    if req.module != settings.module:
-        raise BadInput(f"refused request: module: run for module {req.module!r} reached {settings.module!r}")
-    return req
 
 
 def execute_run(app: Celery, settings: AgentSettings, payload: dict[str, Any]) -> dict[str, Any]:
@@ -312,17 +298,14 @@ def execute_run(app: Celery, settings: AgentSettings, payload: dict[str, Any]) -
     kv = KV(app)
     workdir = settings.workdir.expanduser()
     try:
-        req = parse_request(payload, settings)
-    except BadInput as exc:
-        run_id, module = _payload_ids(payload, settings.module)
-        log.error("%s", exc)
-        if run_id is None or module is None:
+        req = validate_request(payload, settings)
+    except RefusedRequest as exc:  # runs nothing, builds no path; the module stays healthy
+        log.warning("%s", exc)
+        refused = refused_progress(exc, settings, time.time())
+        if refused is None:
             return {"state": RunState.FAILED.value, "error": str(exc)}
-        p = RunProgress(run_id=run_id, module=module, state=RunState.FAILED, step="dispatch",
-                        updated_at=time.time(), finished_at=time.time(), error=StepError(step="dispatch",
-                                                                                         message=str(exc)))
-        Publisher(kv, workdir, run_id, module).progress(p)
-        return p.model_dump(mode="json")
+        Publisher(kv, workdir, refused.run_id, refused.module).progress(refused)
+        return refused.model_dump(mode="json")
     pub = Publisher(kv, workdir, req.run_id, req.module)
     try:
         return _execute(app, settings, req, kv, pub)
@@ -438,7 +421,7 @@ def recover(app: Celery, settings: AgentSettings) -> list[str]:
     cancelled or already delivered ``max_attempts`` times. Returns their run ids.
     """
     store = RunStore(settings.workdir.expanduser())
-    found = [r for r in [store.current_run(), *store.runs()] if r and RUN_ID.match(r)]
+    found = [r for r in [store.current_run(), *store.runs()] if r and is_run_id(r)]
     done: list[str] = []
     for run_id in dict.fromkeys(found):
         p = store.progress(run_id) if (store.runs_dir / run_id / "progress.json").exists() else None

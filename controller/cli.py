@@ -150,9 +150,13 @@ def _distribute(st: State, modules: list[Module], tarball: Path, sha: str) -> tu
     paths: dict[str, str] = {}
     errors: dict[str, str] = {}
     remote = [m for m in modules if m.transport == "ssh"]
-    for m in modules:
-        if m.transport == "local":
-            paths[m.name] = str(tarball.resolve())
+    local = [m for m in modules if m.transport == "local"]
+    if local:  # agents read only from their release roots: <data_dir>/releases by default
+        from agent.validate import stage_local_release
+
+        staged = str(stage_local_release(tarball, sha, st.settings().data_dir))
+        for m in local:
+            paths[m.name] = staged
     if remote:
         if importlib.util.find_spec("controller.push") is None:
             for m in remote:

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from agent.records import RunState
+from agent.validate import stage_local_release
 from agent.worker import MARK
 from controller.fleet import Fleet
 from controller.history import History
@@ -82,9 +83,10 @@ def test_multi_module_run_end_to_end(shared_lab, release):
     assert leftovers(lab) == []
     # the same run redelivered is answered from the module's record, never benchmarked twice
     fleet = Fleet(lab.settings, h)
+    staged = str(stage_local_release(release.path, release.sha256, lab.settings.data_dir))
     before = (lab.base / "modules" / "sim-01" / "work" / "runs" / run.run_id / "attempts").read_text()
     fleet.dispatch(run_id=run.run_id, modules=[m for m in lab.state().inventory().modules if m.name == "sim-01"],
-                   tarballs={"sim-01": str(release.path)}, sha256=release.sha256, release="1.4.1",
+                   tarballs={"sim-01": staged}, sha256=release.sha256, release="1.4.1",
                    models=("qwen3", "qwen35_mtp"), resume=True)
     wait_for(lambda: fleet.sync(run.run_id).finished, 30, "the redelivered run to be answered")
     assert (lab.base / "modules" / "sim-01" / "work" / "runs" / run.run_id / "attempts").read_text() == before

@@ -35,7 +35,7 @@ def _payload(**kw):
 def test_hostile_run_ids_build_no_path(agent, tmp_path, run_id):
     settings, app, kv = agent
     out = execute_run(app, settings, _payload(run_id=run_id))
-    assert out["state"] == "failed" and "run id" in out["error"]
+    assert out["state"] == "failed" and "refused request: run_id" in out["error"]
     work = tmp_path / "work"
     assert not (work / "runs").exists() or list((work / "runs").iterdir()) == []
     assert {p.name for p in tmp_path.iterdir()} <= {"fleet", "work"}  # nothing escaped beside them
@@ -58,7 +58,8 @@ def test_run_for_another_module_is_refused_without_touching_it(agent):
 
 def test_a_failing_release_ends_failed_with_its_reason_and_empties_the_outbox(agent):
     settings, app, kv = agent
-    out = execute_run(app, settings, _payload())
+    missing = settings.workdir / "incoming" / "SGLang-MUSA-M1000-M1000_1.4.1_sglang.tar.gz"  # in a release root
+    out = execute_run(app, settings, _payload(tarball=str(missing)))
     assert out["state"] == "failed" and "fetch" in json.dumps(out["error"])
     p = kv.progress("r1", ["m1"])["m1"]
     assert p is not None and p.state == RunState.FAILED
