@@ -17,7 +17,7 @@ key / channel                                  module ``M``            controlle
 ``m1000-fleet:hb:M``                           SETEX + PUBLISH         MGET
 ``m1000-fleet:{progress,rows}:<run>:M``        SETEX + PUBLISH         GET/MGET
 ``m1000-fleet:cancel:<run>[:M]``               read only (MGET)        SETEX + PUBLISH
-``m1000-fleet:{outbox,lock}:…M`` (reserved)    read/write, own only    all
+``m1000-fleet:{lease,conflict}:M``             read/write, own only    all
 =============================================  ======================  ==================
 
 Commands a module may run are listed one by one (:data:`MODULE_COMMANDS`): no KEYS, SCAN,
@@ -50,9 +50,9 @@ from agent.kv import PREFIX
 CONTROLLER_USER = "fleet-controller"
 
 # Kinds of per-module records (``m1000-fleet:<kind>:...:<module>``) a module writes.
-MODULE_WRITE_KINDS = ("hb", "progress", "rows", "outbox", "lock")
+MODULE_WRITE_KINDS = ("hb", "progress", "rows", "lease", "conflict")
 # Kinds that may also carry the module first (``m1000-fleet:<kind>:<module>:...``).
-MODULE_PREFIX_KINDS = ("outbox", "lock")
+MODULE_PREFIX_KINDS: tuple[str, ...] = ()
 
 MODULE_COMMANDS = (
     # connection
