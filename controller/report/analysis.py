@@ -160,8 +160,8 @@ class Middles:
         self.lo = pd.DataFrame(lo, index=groups.present, columns=list(ALL_METRICS))
         self.hi = pd.DataFrame(hi, index=groups.present, columns=list(ALL_METRICS))
         # a figure <= 0 has no badness: its cell's figure median is taken directly (see summarise)
-        has_b, _ = groups.sums([inc[B[m]].notna().to_numpy(dtype=float) for m in ALL_METRICS])
-        has_v, _ = groups.sums([inc[m].notna().to_numpy(dtype=float) for m in ALL_METRICS])
+        has_b = groups.counts([~np.isnan(inc[B[m]].to_numpy()) for m in ALL_METRICS])
+        has_v = groups.counts([~np.isnan(inc[m].to_numpy()) for m in ALL_METRICS])
         self.exact = pd.Series((has_b == has_v).all(axis=0), index=list(ALL_METRICS))
 
     def badness(self, metrics: list[str]) -> np.ndarray:
@@ -242,11 +242,14 @@ def _outlier_stats(long: pd.DataFrame, by: str) -> pd.DataFrame:
     dev, z = long["dev"].to_numpy(), long["z"].to_numpy()
     size = int(g.max()) + 1 if len(g) else 0
 
-    def count(w: np.ndarray) -> np.ndarray:
-        return np.bincount(g, weights=w.astype(float), minlength=size)
+    def below_above(v: np.ndarray, lo: float, hi: float) -> np.ndarray:
+        """Per group: how many values below ``lo``, in between, above ``hi`` (one bincount)."""
+        side = 1 + (v > hi).astype(np.int64) - (v < lo)
+        return np.bincount(g * 3 + side, minlength=size * 3).reshape(size, 3).astype(float)
 
-    s = pd.DataFrame({"cells": count(np.ones(len(g))), "pos": count(dev > 0), "neg": count(dev < 0),
-                      "zpos": count(z > 3), "zneg": count(z < -3)})
+    sign, out = below_above(dev, 0.0, 0.0), below_above(z, -3.0, 3.0)
+    s = pd.DataFrame({"cells": sign.sum(axis=1), "pos": sign[:, 2], "neg": sign[:, 0],
+                      "zpos": out[:, 2], "zneg": out[:, 0]})
     s = s[s["cells"] > 0].assign(typ=long["dev"].groupby(g).median())
     up = s["typ"] > 0
     k = np.where(up, s["pos"], s["neg"])
@@ -457,9 +460,9 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
             med = med.join(pd.DataFrame(total / count, index=g.present, columns=rcols))
     thr = np.array([_threshold(m, th.tol(m)) for m in metrics])
     with np.errstate(invalid="ignore"):
-        worse, count = g.sums([np.where(np.isnan(v), np.nan, v > t) for v, t in zip(dv, thr, strict=True)])
-    n = pd.DataFrame(count.astype(np.int64), index=g.present, columns=dcols)
-    pos = pd.DataFrame(worse.astype(np.int64), index=g.present, columns=dcols)
+        counts = g.counts([~np.isnan(v) for v in dv] + [v > t for v, t in zip(dv, thr, strict=True)])
+    n = pd.DataFrame(counts[:, :len(dcols)], index=g.present, columns=dcols)
+    pos = pd.DataFrame(counts[:, len(dcols):], index=g.present, columns=dcols)
     ids = names.cells.reindex(med.index)
     parts = [pd.DataFrame({"model_key": ids["model_key"], "profile": ids["profile"], "metric": m,
                            "d": med[f"d_{m}"], "n": n[f"d_{m}"], "worse": pos[f"d_{m}"],
@@ -670,7 +673,7 @@ def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, i
     g = groups or Groups(cell)
     vals = _columns(cur, metrics)
     mn, mx = g.extremes(vals)
-    _, count = g.sums(vals)
+    count = g.counts([~np.isnan(v) for v in vals])
     agg = {"min": pd.DataFrame(mn, index=g.present, columns=metrics),
            "max": pd.DataFrame(mx, index=g.present, columns=metrics),
            "count": pd.DataFrame(count.astype(np.int64), index=g.present, columns=metrics)}

@@ -49,6 +49,9 @@ class Groups:
         cols = [np.asarray(c, dtype=float) for c in cols]
         return cols if self.order is None else [c[self.order] for c in cols]
 
+    def _sorted_raw(self, cols: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return list(cols) if self.order is None else [c[self.order] for c in cols]
+
     def middles(self, values: Columns) -> tuple[np.ndarray, np.ndarray]:
         """Lower and upper middle order statistics per (group, column), NaN skipped."""
         x = self._sorted(values)
@@ -72,20 +75,24 @@ class Groups:
         lo, hi = self.middles(values)
         return (lo + hi) / 2
 
+    def counts(self, flags: Sequence[np.ndarray]) -> np.ndarray:
+        """How many rows are true per (group, column) of boolean columns."""
+        out = np.zeros((len(self), len(flags)), dtype=np.int64)
+        if len(self):
+            for j, f in enumerate(self._sorted_raw(flags)):
+                out[:, j] = np.add.reduceat(f, self.starts, dtype=np.int64)
+        return out
+
     def sums(self, values: Columns) -> tuple[np.ndarray, np.ndarray]:
-        """Sum and count of the non-NaN values per (group, column) (no sort: ``np.bincount``)."""
-        if isinstance(values, np.ndarray):
-            v = values.reshape(len(values), -1)
-            cols = [v[:, j] for j in range(v.shape[1])]
-        else:
-            cols = [np.asarray(c, dtype=float) for c in values]
-        size = int(self.present.max()) + 1 if len(self) else 0
-        s = np.empty((len(self), len(cols)))
-        c = np.empty((len(self), len(cols)))
-        for j, col in enumerate(cols):
-            ok = ~np.isnan(col)
-            s[:, j] = np.bincount(self.codes[ok], weights=col[ok], minlength=size)[self.present]
-            c[:, j] = np.bincount(self.codes[ok], minlength=size)[self.present]
+        """Sum and count of the non-NaN values per (group, column)."""
+        x = self._sorted(values)
+        s = np.zeros((len(self), len(x)))
+        c = np.zeros((len(self), len(x)), dtype=np.int64)
+        if len(self):
+            for j, col in enumerate(x):
+                ok = ~np.isnan(col)
+                s[:, j] = np.add.reduceat(np.where(ok, col, 0.0), self.starts)
+                c[:, j] = np.add.reduceat(ok, self.starts, dtype=np.int64)
         return s, c
 
     def extremes(self, values: Columns) -> tuple[np.ndarray, np.ndarray]:
