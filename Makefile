@@ -46,7 +46,8 @@ lock: $(BIN)/python
 	$(BIN)/uv pip compile pyproject.toml --python-version 3.10 --generate-hashes -q -o requirements-agent.lock
 
 bench: install
-	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	fail=""; for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || fail="$$fail $$b"; done; \
+	test -z "$$fail" || { echo "below goal:$$fail"; exit 1; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info

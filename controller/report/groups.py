@@ -42,7 +42,7 @@ class Groups:
     def _sorted(self, values: Columns) -> list[np.ndarray]:
         """Each column in group order (views when the rows are already in group order)."""
         if isinstance(values, np.ndarray):
-            v = values.reshape(len(values), -1)
+            v = values if values.ndim == 2 else values.reshape(-1, 1)
             cols = [v[:, j] for j in range(v.shape[1])]
         else:
             cols = list(values)
