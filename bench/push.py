@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +35,6 @@ import paramiko  # noqa: E402
 from controller.inventory import Module  # noqa: E402
 from controller.push import file_sha256, push_release  # noqa: E402
 from tests.ssh.netns import Host, Lab, capability_problem  # noqa: E402
-
 
 GOAL = 0.95  # push / scp throughput, every round
 
