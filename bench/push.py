@@ -5,8 +5,10 @@ then, in the same run, sends the same file to the three hosts in parallel with e
 and prints aggregate throughputs and the ratio push/scp of every round (min / median / max).
 Push includes what scp does not: sha256 verification on arrival, fsync and the rename.
 
-Fairness: the page cache is written back (``sync``) before each timed transfer, so that one
-method does not pay for the other's dirty pages, and the order alternates between rounds.
+Fairness: before each timed transfer the previous one's files are removed and the page cache
+is written back (``sync``), so that no method pays for another's dirty pages; and a round is
+scp, push, push, scp (the second transfer of a pair runs ~20 % slower on this VM's disk,
+whichever it is), its ratio the sum of scp's times over the sum of push's.
 
     .venv/bin/python bench/push.py            # 1 GiB, 3 rounds
     .venv/bin/python bench/push.py --size-mib 256 --rounds 5
@@ -114,11 +116,16 @@ def main() -> int:
         methods = {"scp": lambda: scp_all(lab, src), "push": lambda: push_all(lab, src, digest)}
         if not args.no_sftp:
             methods["sftp"] = lambda: sftp_all(lab, src)
-        for i in range(args.rounds):
-            clean(lab)
-            for k in (list(methods) if i % 2 == 0 else list(reversed(methods))):
+        per_round: list[dict[str, float]] = []
+        for _ in range(args.rounds):
+            got = {k: 0.0 for k in methods}
+            for k in [*methods, *reversed(methods)]:  # A B B A: the order effect cancels in the round
+                clean(lab)
                 os.sync()  # the previous transfer's dirty pages are not this one's cost
-                times[k].append(methods[k]())
+                t = methods[k]()
+                times[k].append(t)
+                got[k] += t
+            per_round.append(got)
         clean(lab)
     total = size * 3
     rate = {k: total / (sum(v) / len(v)) / 1e6 for k, v in times.items() if v}
@@ -126,7 +133,7 @@ def main() -> int:
           f"{os.cpu_count()} CPUs")
     for k, r in rate.items():
         print(f"  {k:5s} {r:7.1f} MB/s aggregate  (runs: {', '.join(f'{t:.1f}s' for t in times[k])})")
-    ratios = [s / p for s, p in zip(times["scp"], times["push"], strict=True)]
+    ratios = [r["scp"] / r["push"] for r in per_round]
     print(f"  push/scp throughput ratio per round: min {min(ratios):.2f} / median {statistics.median(ratios):.2f} / "
           f"max {max(ratios):.2f}  ({', '.join(f'{r:.2f}' for r in ratios)}; goal >= {GOAL} in every round)")
     if "sftp" in rate:
