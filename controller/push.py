@@ -188,9 +188,14 @@ def _push_one(module: Module, tarball: Path, sha256: str, opts: PushOptions,
 
     def attempt() -> dict[str, Any]:
         nonlocal sent, remote_path, offset
-        with ssh.open_session(target) as s:
-            res = s.run(receiver_argv(opts.python, "probe", module.workdir, sha256, name, size, 0),
-                        what="release cache probe", timeout=60)
+        # the probe goes through the OpenSSH client too: its handshake is C in its own process,
+        # where paramiko's would hold the GIL while the other modules' transfers start
+        with open(os.devnull, "rb") as nothing:
+            res = ssh.stream_file(target, nothing,
+                                  ssh.remote_command(receiver_argv(opts.python, "probe", module.workdir, sha256,
+                                                                   name, size, 0)), timeout=60)
+        if not res.ok:
+            raise ssh.RemoteCommandError(module.name, "release cache probe", res)
         probe = parse_answer(module.name, res.stdout)
         remote_path = str(probe["path"])
         if int(probe["final"]) == size:
