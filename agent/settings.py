@@ -155,6 +155,9 @@ class AgentSettings(BrokerSettings):
     metrics_host: str = Field(default="127.0.0.1", description="bind address of /metrics")
     metrics_port: int = Field(default=9400, ge=0, le=65535, description="port of /metrics (0: off)")
     pushgateway_url: str | None = Field(default=None, description="push metrics here too (optional)")
+    telemetry_period: float = Field(default=1.0, ge=0, description="device telemetry period during runs, s (0: off)")
+    telemetry_tool: str | None = Field(default=None, description="device tool (default: mthreads-gmi, else "
+                                                                 "nvidia-smi, whichever is on PATH)")
 
 
 def load_settings(cls: type[BrokerSettings], config: str | Path | None = None, **overrides: Any) -> Any:

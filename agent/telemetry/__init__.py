@@ -10,6 +10,7 @@ process seam). Records (:class:`~agent.records.DeviceSample`,
 
 from __future__ import annotations
 
+from agent.telemetry.sampler import SAMPLES_FILE, Sampler, TelemetryConfig, ToolResult, run_tool
 from agent.telemetry.summary import read_samples, summarize
 
-__all__ = ["read_samples", "summarize"]
+__all__ = ["SAMPLES_FILE", "Sampler", "TelemetryConfig", "ToolResult", "read_samples", "run_tool", "summarize"]

@@ -1,0 +1,11 @@
+"""The agent tests' hand-made release and its fixtures, for the pipeline-level telemetry tests."""
+
+from tests.agent.conftest import (  # noqa: F401 - fixtures, registered by name
+    make_config,
+    make_request,
+    model_root,
+    no_leftovers,
+    record_dir,
+    release,
+    tables,
+)
