@@ -35,6 +35,7 @@ from agent.records import (
     RunRequest,
     RunState,
     StepError,
+    TelemetrySummary,
 )
 from agent.state import RunMachine
 from agent.store import RunStore, write_atomic
@@ -223,9 +224,18 @@ class _Run:
             self.sampler.stop()
             self._close_state()
         self.emit(finished_at=time.time(), progress=1.0 if self.machine.state == RunState.DONE else
-                  self.progress.progress)
+                  self.progress.progress, telemetry=self._telemetry_summary())
         rows = tuple(self.store.rows(self.req.run_id))
         return RunResult(progress=self.progress, rows=rows)
+
+    def _telemetry_summary(self) -> TelemetrySummary | None:
+        if self.sampler is None or not self.cfg.telemetry.enabled:
+            return None
+        try:
+            return self.sampler.summary()
+        except Exception:  # noqa: BLE001 - a summary that cannot be made must not hide the run's outcome
+            log.exception("telemetry summary of %s failed (left out)", self.req.run_id)
+            return None
 
     def _prepare(self) -> int:
         """Check the request against an earlier attempt of the same run id; return this attempt's number."""

@@ -248,6 +248,8 @@ class RunProgress(Frozen):
     attempt: int = 1
     error: StepError | None = None
     outcomes: tuple[KeyOutcome, ...] = ()
+    # device telemetry of the run, set when it ends; agent.kv publishes it under a key of its own
+    telemetry: TelemetrySummary | None = None
 
 
 class Heartbeat(Frozen):
@@ -335,3 +337,6 @@ class TelemetrySummary(Frozen):
 
     def for_key(self, model_key: str) -> tuple[KeyTelemetry, ...]:
         return tuple(k for k in self.keys if k.model_key == model_key)
+
+
+RunProgress.model_rebuild()

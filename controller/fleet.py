@@ -276,6 +276,10 @@ class Fleet:
                     rows = self.kv.rows(run_id, m)
                     if rows is not None:
                         self.history.upsert_rows(rows)
+                if p.state.terminal:  # device telemetry: published with the module's last progress
+                    summary = self.kv.telemetry(run_id, m)
+                    if summary is not None:
+                        self.history.upsert_telemetry(summary)
                 self.history.upsert_progress(p)
                 known[m] = p
             cur = known.get(m)

@@ -173,3 +173,31 @@ def test_every_numeric_field_is_a_sample_attribute() -> None:
         if f.name not in ("gpu", "name", "uuid"):
             assert f.name in DeviceSample.model_fields, f.name
             assert BY_NAME[f.name] is f
+
+
+def test_real_invalid_field_message_and_load_readings() -> None:
+    assert invalid_field((H200 / "invalid-field.txt").read_text()) == "bogus.field"
+    cols = QueryPlan.initial("nvidia-smi").columns
+    plain, header, units = (H200 / "query-load.csv").read_text().splitlines()
+    a, b = parse_csv(plain, cols)[0], parse_csv(header + "\n" + units, cols)[0]
+    for r in (a, b):
+        assert reason_names(int(r.values["clock_event_reasons"])) == ("sw_power_cap",)
+        assert r.values["utilization_pct"] == 100 and r.values["max_sm_clock_mhz"] == 1980
+    assert a.values["sm_clock_mhz"] == 1455 and b.values["sm_clock_mhz"] == 1470
+    (q,) = parse_q((H200 / "nvidia-smi-q-load.txt").read_text())
+    assert q.values["clock_event_reasons"] == 0x4 and q.values["utilization_pct"] == 100
+
+
+def test_summary_of_the_agents_own_samples_under_load() -> None:
+    from agent.telemetry import read_samples
+
+    samples = list(read_samples(H200 / "sampler-matmul.jsonl"))
+    assert len(samples) == 96
+    s = summarize(samples, run_id="h200-load", module="h200", tool="nvidia-smi")
+    by_key = {k.model_key: k for k in s.keys}
+    assert list(by_key) == ["idle", "matmul", "cooldown"]
+    idle, load = by_key["idle"], by_key["matmul"]
+    assert idle.fields["sm_clock_mhz"].max == 345 and idle.reasons["gpu_idle"] == 1.0
+    # under a bf16 matmul loop the H200 sits at its 700 W cap: SW power cap, SM clock below its 1980 MHz
+    assert load.reasons["sw_power_cap"] > 0.8 and load.fields["power_w"].p95 > 650
+    assert load.fields["sm_clock_mhz"].p95 < 1980 * 0.85 and load.fields["max_sm_clock_mhz"].min == 1980
