@@ -389,6 +389,7 @@ def demo(
     models: str = typer.Option("all", "--models", "-m"),
     noise: float = typer.Option(0.01, "--noise", min=0.0, max=0.5, help="relative noise of the simulated modules"),
     slow: float | None = typer.Option(None, "--slow", help="one module runs this factor slower (e.g. 1.12)"),
+    throttle: bool = typer.Option(False, "--throttle", help="the slow module is slow because its device throttles"),
     regress: list[str] = typer.Option([], "--regress", help="MODEL_KEY:METRIC:FRACTION, release worse by that"),
     seed: int = typer.Option(1, "--seed"),
     time_scale: float = typer.Option(50.0, "--time-scale", min=1.0, help="simulated modules run N x real time"),
@@ -397,7 +398,7 @@ def demo(
     """Simulated fleet on this machine validates a freshly built simulated release (embedded broker)."""
     from controller.demo import DemoOptions, run_demo
 
-    opts = DemoOptions(devices=devices, models=parse_model_keys(models), noise=noise, slow=slow,
+    opts = DemoOptions(devices=devices, models=parse_model_keys(models), noise=noise, slow=slow, throttle=throttle,
                        regress=tuple(regress), seed=seed, time_scale=time_scale, out_dir=out_dir)
     return run_demo(opts, out, err)
 
