@@ -9,3 +9,4 @@ from tests.agent.conftest import (  # noqa: F401 - fixtures, registered by name
     release,
     tables,
 )
+from tests.report.conftest import reference, seed_rows  # noqa: F401, E402 - the seed as a baseline frame
