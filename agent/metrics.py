@@ -307,11 +307,10 @@ class RunFiles:
                     errors["progress"] = errors.get("progress", 0) + 1
         rows_changed = self._read_rows(errors)
         steps_changed = self._read_events(errors)
-        self._read_devices(errors)
         return rows_changed or changed_p, steps_changed
 
-    def _read_devices(self, errors: dict[str, int]) -> None:
-        """The latest sample of each device (only the last lines of what is new are parsed)."""
+    def read_devices(self, errors: dict[str, int]) -> None:
+        """The latest sample of each device (read for the current run only; the last new lines parsed)."""
         restarted, lines = self.telemetry.read()
         if restarted:
             self.devices.clear()
@@ -519,6 +518,7 @@ class AgentCollector(Collector):
             current = self._current()
             dynamic = [*self._run_metrics(current), *self._agent_metrics()]
             if current is not None:  # device readings while they are fresh: never a card's state of hours ago
+                current.read_devices(self._errors)
                 since = self.clock() - DEVICE_FRESH_S
                 dynamic.extend(device_families([d for d in current.devices.values() if d.ts >= since], label_value))
             version, static = self._version, [*self._latest, *self._steps]

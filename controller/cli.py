@@ -224,6 +224,9 @@ def follow_and_judge(st: State, run_id: str, baseline: str | None) -> int:
     verdict, line, report = judge(st, run_id, baseline)
     n = st.history().row_count(run_id)
     out.print(f"verdict: [bold]{verdict}[/] - {line}", highlight=False)
+    for t in report.outlier_telemetry if report is not None else ():  # why the slow modules are slow
+        out.print(f"outlier {t.module}{'' if t.model_key == '*' else f' [{t.model_key}]'}: {t.one_line()}",
+                  highlight=False)
     out.print(f"{n} result rows in {st.settings().history_path} (fleetctl results {run_id}; "
               f"fleetctl report {run_id})", highlight=False)
     return _exit_for(verdict)
