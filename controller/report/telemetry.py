@@ -142,7 +142,7 @@ def explain_outliers(outliers: Iterable[Outlier], summaries: Mapping[str, Teleme
             continue
         peers = {m: f for m, f in figures.items() if m != o.module and m not in out_modules}
         compared = _compare(mine, keys, peers, th)
-        findings = tuple(c.text for c in compared if c.unusual)
+        findings = _findings(compared)
         if findings:
             result.append(OutlierTelemetry(module=o.module, model_key=o.model_key, status="explained",
                                            findings=findings, compared=compared))
@@ -153,6 +153,20 @@ def explain_outliers(outliers: Iterable[Outlier], summaries: Mapping[str, Teleme
             result.append(OutlierTelemetry(module=o.module, model_key=o.model_key, status="nothing unusual",
                                            compared=compared, note=note))
     return tuple(result)
+
+
+def _findings(compared: tuple[Comparison, ...]) -> tuple[str, ...]:
+    """What is unusual, in words; the slowdown reasons in one phrase."""
+    out = [c.text for c in compared if c.unusual and not c.what.startswith("reason:")]
+    reasons = [c for c in compared if c.unusual and c.what.startswith("reason:")]
+    if len(reasons) == 1:
+        out.append(reasons[0].text)
+    elif reasons:
+        fleet = max(c.fleet or 0.0 for c in reasons)
+        out.append("clock-event reasons " + ", ".join(
+            f"{REASON_LABELS[c.what.split(':', 1)[1]]} {c.value * 100:.0f} %" for c in reasons)
+            + f" of samples (fleet at most {fleet * 100:.0f} %)")
+    return tuple(out)
 
 
 _LABELS = {"sm_clock": "SM clock", "max_sm_clock": "highest SM clock", "temperature": "temperature",
@@ -197,8 +211,8 @@ def _judge(name: str, value: float, fleet: float | None, n: int, total: float | 
         reason = name.split(":", 1)[1]
         base = fleet or 0.0
         unusual = value >= th.reason_share and value - base >= th.reason_share
-        text = (f"clock-event reason {REASON_LABELS[reason]} in {value:.0%} of samples"
-                + (f" (fleet {base:.0%})" if fleet is not None else ""))
+        text = (f"clock-event reason {REASON_LABELS[reason]} in {value * 100:.0f} % of samples"
+                + (f" (fleet {base * 100:.0f} %)" if fleet is not None else ""))
         return Comparison(what=name, value=value, fleet=fleet, unit=unit, keys=n, unusual=unusual, text=text)
     label = _LABELS[kind]
     if kind == "temperature":
@@ -238,7 +252,7 @@ def telemetry_rows(summaries: Mapping[str, TelemetrySummary]) -> list[dict[str, 
                          "notes": "; ".join(s.notes)})
         for k in s.keys:
             f = key_figures(k)
-            slow = ", ".join(f"{REASON_LABELS[r]} {share:.0%}" for r, share in sorted(k.reasons.items())
+            slow = ", ".join(f"{REASON_LABELS[r]} {share * 100:.0f} %" for r, share in sorted(k.reasons.items())
                              if r in SLOWDOWN_REASONS and share > 0)
             rows.append({
                 "module": module, "model_key": k.model_key, "gpu": k.gpu, "samples": k.samples, "tool": s.tool,

@@ -59,7 +59,10 @@ def test_throttled_outlier_is_explained_by_its_clock_the_other_by_nothing() -> N
     assert m03.status == "explained" and m04.status == "nothing unusual"
     assert m03.findings[0] == "SM clock \u221218 % (1476 vs 1803 MHz)"
     assert "93 °C (fleet 61 °C)" in m03.findings
-    assert "clock-event reason HW Slowdown in 90% of samples (fleet 0%)" in m03.findings
+    assert ("clock-event reasons HW Slowdown 90 %, HW Thermal Slowdown 90 % of samples (fleet at most 0 %)"
+            in m03.findings)
+    assert [c.text for c in m03.compared if c.what == "reason:hw_slowdown"] == [
+        "clock-event reason HW Slowdown in 90 % of samples (fleet 0 %)"]
     assert m03.one_line().startswith("SM clock \u221218 %")
     assert not any(c.what == "power" and c.unusual for c in m03.compared)  # less power follows the lower clock
     assert m04.one_line().startswith("device telemetry shows nothing unusual (SM clock, highest SM clock, "
@@ -106,12 +109,12 @@ def test_report_from_history_names_and_explains(tmp_path: Path, reference) -> No
         doc = json.loads(rep.to_json())
         assert [x["status"] for x in doc["outlier_telemetry"]] == ["explained", "nothing unusual"]
         html = rep.to_html()
-        assert "clock-event reason HW Slowdown" in html and "device telemetry of m04" in html
+        assert "clock-event reasons HW Slowdown 90 %" in html and "device telemetry of m04" in html
         files = write_report(rep, "csv", tmp_path / "csv")
         assert any(p.name == "outliers.csv" for p in files)
         rows = telemetry_rows(h.telemetry("run-1"))
         m03 = next(r for r in rows if r["module"] == "m03" and r["model_key"] == "qwen3")
-        assert m03["sm_clock_p95_mhz"] == 1476 and m03["slowdown"] == "HW Slowdown 90%, HW Thermal Slowdown 90%"
+        assert m03["sm_clock_p95_mhz"] == 1476 and m03["slowdown"] == "HW Slowdown 90 %, HW Thermal Slowdown 90 %"
     finally:
         h.close()
 
@@ -133,4 +136,4 @@ def test_fleetctl_results_telemetry(tmp_path: Path, fmt: str, monkeypatch) -> No
     if fmt == "json":
         assert json.loads(res.stdout)["m03"]["keys"][1]["fields"]["sm_clock_mhz"]["p95"] == 1476
     else:
-        assert "1476 / 1800" in res.stdout and "HW Slowdown 90%" in res.stdout
+        assert "1476 / 1800" in res.stdout and "HW Slowdown 90 %" in res.stdout
