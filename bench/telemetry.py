@@ -59,10 +59,10 @@ def cpu_per_hour(seconds: float, tool: str, period: float) -> dict[str, float]:
         t0 = time.monotonic()
         bare.start()
         s.start()
-        assert s._thread is not None, s.notes
-        b0, s0 = thread_cpu(bare), thread_cpu(s._thread)
+        assert s.thread is not None, s.notes
+        b0, s0 = thread_cpu(bare), thread_cpu(s.thread)
         time.sleep(seconds)
-        b1, s1 = thread_cpu(bare), thread_cpu(s._thread)
+        b1, s1 = thread_cpu(bare), thread_cpu(s.thread)
         elapsed = time.monotonic() - t0
         stop.set()
         s.stop()

@@ -146,6 +146,11 @@ class Sampler:
         self._thread = thread
         return self
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The sampling thread (None when not sampling: disabled, no tool, or not started)."""
+        return self._thread
+
     def tell(self, step: str, model_key: str | None) -> None:
         self.doing = (step, model_key)
 
