@@ -89,20 +89,25 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet") -> Celery:
     else:
         url = settings.broker_url_with_secret()
         conf["broker_url"] = url
+        conf["broker_transport"] = "agent.safe_transport:Transport"  # drops what is not a kombu message
         conf["result_backend"] = url
-        opts = {"visibility_timeout": settings.visibility_timeout, "socket_timeout": 10,
+        opts: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout, "socket_timeout": 10,
                 "socket_connect_timeout": 5, "retry_on_timeout": True, "health_check_interval": 10}
-        conf["broker_transport_options"] = opts
         conf["result_backend_transport_options"] = dict(opts)
+        module = getattr(settings, "module", None)
+        if module:  # an agent: its unacked messages under keys of its own (one Redis ACL user per module)
+            q = queue_name(module)
+            opts = {**opts, "unacked_key": f"unacked:{q}", "unacked_index_key": f"unacked_index:{q}",
+                    "unacked_mutex_key": f"unacked_mutex:{q}"}
+        conf["broker_transport_options"] = opts
         conf["redis_socket_timeout"] = 10
         conf["redis_socket_connect_timeout"] = 5
         conf["redis_retry_on_timeout"] = True
         conf["redis_backend_health_check_interval"] = 10
-        if url.startswith("rediss://"):
-            import ssl
-
-            conf["broker_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
-            conf["redis_backend_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+        ssl_opts = settings.broker_ssl_options()
+        if ssl_opts is not None:  # rediss://: the broker's certificate is always verified (CA, client cert: settings)
+            conf["broker_use_ssl"] = dict(ssl_opts)
+            conf["redis_backend_use_ssl"] = dict(ssl_opts)
     app = Celery(name, set_as_current=False)
     app.conf.update(conf)
     return app

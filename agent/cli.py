@@ -202,9 +202,12 @@ def worker(
 ) -> None:
     """Serve this module's Celery queue (one run at a time), heartbeat, and /metrics."""
     from agent.settings import AgentSettings, load_settings
-    from agent.worker import run_worker
+    from agent.worker import NameInUse, run_worker
 
-    run_worker(load_settings(AgentSettings, config), loglevel=loglevel)
+    try:
+        run_worker(load_settings(AgentSettings, config), loglevel=loglevel)
+    except NameInUse as exc:
+        raise _bad_input(str(exc)) from None
 
 
 @app.command()

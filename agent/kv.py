@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery import Celery
 from celery.backends.filesystem import FilesystemBackend
@@ -50,7 +50,8 @@ class KV:
                 fh.write(data)
             os.replace(tmp, path)
             return
-        self.backend.set(key.encode(), data)
+        # fail fast (Celery's default retries a write for ~20 s): what must arrive is re-sent by its writer
+        self.backend.set(key.encode(), data, max_retries=1, interval_start=0.2, interval_step=0.5, interval_max=0.5)
 
     def get(self, key: str) -> Any:
         raw = self.backend.get(key.encode())
@@ -89,7 +90,10 @@ class KV:
         its own key, and never inside the progress value: progress stays small, and a controller that
         does not know the field still reads it."""
         if p.telemetry is not None:
-            self.put_telemetry(p.telemetry)
+            try:
+                self.put_telemetry(p.telemetry)
+            except Exception as exc:  # the run's state matters more than its device figures
+                log.warning("cannot publish the device telemetry of %s: %s", p.run_id, exc)
         self.put(_key("progress", p.run_id, p.module), p.model_dump(mode="json", exclude={"telemetry"}))
 
     def progress(self, run_id: str, modules: Iterable[str]) -> dict[str, RunProgress | None]:
@@ -120,16 +124,47 @@ class KV:
         return value
 
     # -- cancel ---------------------------------------------------------------------------
-    def cancel(self, run_id: str, module: str | None = None, reason: str = "cancelled") -> None:
+    def cancel(self, run_id: str, module: str | None = None, reason: str = "cancelled", *,
+               lost: bool = False) -> None:
+        """A durable cancel flag; ``lost``: the controller gave this module's part up (the agent fails it)."""
         key = _key("cancel", run_id, module) if module else _key("cancel", run_id)
-        self.put(key, {"ts": time.time(), "reason": reason})
+        self.put(key, {"ts": time.time(), "reason": reason, "lost": lost})
+
+    def cancel_flag(self, run_id: str, module: str) -> CancelFlag | None:
+        """The cancel flag of the run (or of this module's part of it), if any."""
+        for v in self.get_many([_key("cancel", run_id), _key("cancel", run_id, module)]):
+            if isinstance(v, dict):
+                return CancelFlag(str(v.get("reason", "cancelled")), bool(v.get("lost", False)))
+        return None
 
     def cancelled(self, run_id: str, module: str) -> str | None:
         """The reason, when the run (or this module's part of it) was cancelled."""
-        for v in self.get_many([_key("cancel", run_id), _key("cancel", run_id, module)]):
-            if isinstance(v, dict):
-                return str(v.get("reason", "cancelled"))
-        return None
+        flag = self.cancel_flag(run_id, module)
+        return flag.reason if flag else None
+
+    # -- one live agent per module name ------------------------------------------------------
+    def put_lease(self, module: str, lease: dict[str, Any]) -> None:
+        self.put(_key("lease", module), lease)
+
+    def lease(self, module: str) -> dict[str, Any] | None:
+        v = self.get(_key("lease", module))
+        return v if isinstance(v, dict) else None
+
+    def drop_lease(self, module: str) -> None:
+        self.delete(_key("lease", module))
+
+    def put_conflict(self, module: str, record: dict[str, Any]) -> None:
+        self.put(_key("conflict", module), record)
+
+    def conflicts(self, modules: Iterable[str]) -> dict[str, dict[str, Any]]:
+        names = list(modules)
+        values = self.get_many([_key("conflict", m) for m in names]) if names else []
+        return {m: v for m, v in zip(names, values, strict=True) if isinstance(v, dict)}
+
+
+class CancelFlag(NamedTuple):
+    reason: str
+    lost: bool = False
 
 
 def _model(cls: Any, value: Any) -> Any:
@@ -145,15 +180,20 @@ class KVCancelToken:
     """Cancel token for the pipeline: a durable cancel on the backend, or a deadline passed.
 
     Reads the backend at most every ``interval`` seconds however often it is asked.
+    Also ends the run when ``stop_file`` exists: the worker's main process creates it when the
+    agent is shutting down (SIGTERM), and the run is then interrupted, not cancelled.
     """
 
     def __init__(self, kv: KV, run_id: str, module: str, *, deadline: float | None = None,
-                 interval: float = 1.0) -> None:
+                 interval: float = 1.0, stop_file: str | os.PathLike[str] | None = None) -> None:
         self.kv, self.run_id, self.module = kv, run_id, module
         self.deadline = deadline
         self.interval = interval
+        self.stop_file = stop_file
         self._checked = 0.0
         self.reason: str | None = None
+        self.lost = False  # the controller gave this module's part up
+        self.shutdown = False  # the agent is shutting down
 
     def is_cancelled(self) -> bool:
         if self.reason:
@@ -164,8 +204,15 @@ class KVCancelToken:
             return True
         if now - self._checked >= self.interval:
             self._checked = now
+            if self.stop_file is not None and os.path.exists(self.stop_file):
+                self.shutdown = True
+                self.reason = "agent shutting down"
+                return True
             try:
-                self.reason = self.kv.cancelled(self.run_id, self.module)
+                flag = self.kv.cancel_flag(self.run_id, self.module)
             except Exception as exc:  # broker briefly away: keep running, ask again later
                 log.warning("cannot read cancel flag: %s", exc)
+                flag = None
+            if flag is not None:
+                self.reason, self.lost = flag.reason, flag.lost
         return self.reason is not None

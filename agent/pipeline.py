@@ -83,6 +83,7 @@ class AgentConfig(BaseModel):
             "module": settings.module,
             "workdir": Path(settings.workdir).expanduser().resolve(),
             "server_port": settings.server_port,
+            "stop_grace": settings.stop_grace,
             "telemetry": TelemetryConfig(enabled=settings.telemetry_period > 0, tool=settings.telemetry_tool,
                                          period_s=settings.telemetry_period or 1.0),
         }

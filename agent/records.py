@@ -11,7 +11,7 @@ import enum
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SCHEMA_VERSION = 1
 
@@ -21,6 +21,15 @@ SPEC_ARGS = (
 )
 
 TableKind = Literal["sweep", "mtp", "vision"]
+
+# A run id: it names folders on every module and keys on the broker, so it is strict
+# (use ``fullmatch``: no trailing newline, no '/', no ':', no leading '.' or '-').
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+RUN_ID_RULE = "1-128 letters, digits, '.', '_' or '-' (not starting with those)"
+
+
+def is_run_id(value: object) -> bool:
+    return isinstance(value, str) and RUN_ID_PATTERN.fullmatch(value) is not None
 
 
 class Frozen(BaseModel):
@@ -176,12 +185,18 @@ class RunState(str, enum.Enum):
     BENCHMARKING = "benchmarking"
     PUBLISHING = "publishing"
     DONE = "done"  # finished; individual keys may still have failed (see outcomes)
-    FAILED = "failed"  # a release-wide step failed; no key could run
+    FAILED = "failed"  # a release-wide step failed, or the request was refused; no key could run
     CANCELLED = "cancelled"
+    # Not terminal: the agent stopped the run cleanly (SIGTERM) or found it dead after a restart,
+    # and re-queued it; it resumes from its passed keys when the module takes it again.
+    INTERRUPTED = "interrupted"
+    # Terminal, set by the controller only: no heartbeat for ``lost_after``, or the module's
+    # deadline passed. A late terminal state from the agent still replaces it (see controller.fleet).
+    LOST = "lost"
 
     @property
     def terminal(self) -> bool:
-        return self in (RunState.DONE, RunState.FAILED, RunState.CANCELLED)
+        return self in (RunState.DONE, RunState.FAILED, RunState.CANCELLED, RunState.LOST)
 
 
 class StepError(Frozen):
@@ -225,6 +240,13 @@ class RunRequest(Frozen):
     model_paths: dict[str, str] = Field(default_factory=dict)  # per-key overrides
     key_env: dict[str, dict[str, str]] = Field(default_factory=dict)  # extra env per key
     max_attempts: int = 2
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, v: str) -> str:
+        if not is_run_id(v):
+            raise ValueError(f"run id {v!r}: use {RUN_ID_RULE}")
+        return v
 
 
 class RunProgress(Frozen):

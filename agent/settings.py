@@ -81,12 +81,22 @@ class BrokerSettings(BaseSettings):
         description="redis://[user:pass@]host:6379/0, rediss://..., or filesystem:// (embedded, one machine)",
     )
     broker_password_file: Path | None = Field(default=None, description="file holding the broker password")
+    broker_tls_ca_file: Path | None = Field(default=None, description="CA certificate(s) the broker's TLS "
+                                            "certificate must chain to (rediss://); default: the system's")
+    broker_tls_cert_file: Path | None = Field(default=None, description="client certificate for the broker (TLS)")
+    broker_tls_key_file: Path | None = Field(default=None, description="key of broker_tls_cert_file (mode 0600)")
     data_dir: Path = Field(default=DEFAULT_HOME, description="embedded broker and result folders")
     run_soft_time_limit: float = Field(default=4 * 3600.0, gt=0, description="soft time limit of one run, s")
     run_time_limit: float = Field(default=4 * 3600.0 + 600, gt=0, description="hard time limit of one run, s")
     heartbeat_interval: float = Field(default=5.0, gt=0, description="agent heartbeat period, s")
-    offline_after: float = Field(default=30.0, gt=0, description="no heartbeat for this long: offline, s")
+    offline_after: float = Field(default=30.0, gt=0, description="no heartbeat for this long: unreachable, s")
+    lost_after: float = Field(default=600.0, gt=0,
+                              description="no heartbeat for this long: the module's run is lost, s")
+    start_timeout: float = Field(default=300.0, gt=0,
+                                 description="an idle, live module that has not started a queued run by then: lost, s")
     max_attempts: int = Field(default=2, ge=1, description="deliveries of one run to one module, at most")
+    broker_visibility_timeout: float | None = Field(
+        default=None, gt=0, description="Redis visibility timeout, s (default: hard time limit + 1 h)")
     result_expires: float = Field(default=7 * 86400.0, gt=0, description="how long results stay on the broker")
 
     @model_validator(mode="after")
@@ -95,7 +105,32 @@ class BrokerSettings(BaseSettings):
             raise ValueError("run_time_limit must be longer than run_soft_time_limit")
         if self.offline_after <= self.heartbeat_interval:
             raise ValueError("offline_after must be longer than heartbeat_interval")
+        if self.lost_after < self.offline_after:
+            raise ValueError("lost_after must not be shorter than offline_after")
         return self
+
+    @model_validator(mode="after")
+    def _tls(self) -> BrokerSettings:
+        tls = (self.broker_tls_ca_file, self.broker_tls_cert_file, self.broker_tls_key_file)
+        if any(tls) and urlsplit(self.broker_url).scheme != "rediss":
+            raise ValueError("broker_tls_* settings need a rediss:// broker_url")
+        if bool(self.broker_tls_cert_file) != bool(self.broker_tls_key_file):
+            raise ValueError("broker_tls_cert_file and broker_tls_key_file go together")
+        return self
+
+    def broker_ssl_options(self) -> dict[str, Any] | None:
+        """redis-py's TLS arguments for ``rediss://`` (certificate always verified), else None."""
+        if urlsplit(self.broker_url).scheme != "rediss":
+            return None
+        import ssl
+
+        opts: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+        if self.broker_tls_ca_file:
+            opts["ssl_ca_certs"] = str(self.broker_tls_ca_file.expanduser())
+        if self.broker_tls_cert_file and self.broker_tls_key_file:
+            opts["ssl_certfile"] = str(self.broker_tls_cert_file.expanduser())
+            opts["ssl_keyfile"] = str(self.broker_tls_key_file.expanduser())
+        return opts
 
     @field_validator("broker_url")
     @classmethod
@@ -106,9 +141,14 @@ class BrokerSettings(BaseSettings):
         return v
 
     @property
+    def module_deadline(self) -> float:
+        """Liveness bound: a started (run, module) is terminal this long after it started, whatever happens."""
+        return self.run_time_limit + self.lost_after + 60.0
+
+    @property
     def visibility_timeout(self) -> float:
-        """Longer than the hard time limit, derived the same way by every app."""
-        return self.run_time_limit + 3600.0
+        """Longer than the hard time limit, derived the same way by every app (unless set, for tests)."""
+        return self.broker_visibility_timeout or self.run_time_limit + 3600.0
 
     def broker_url_with_secret(self) -> str:
         """The broker URL with the password from ``broker_password_file`` merged in (memory only)."""
@@ -155,9 +195,21 @@ class AgentSettings(BrokerSettings):
     metrics_host: str = Field(default="127.0.0.1", description="bind address of /metrics")
     metrics_port: int = Field(default=9400, ge=0, le=65535, description="port of /metrics (0: off)")
     pushgateway_url: str | None = Field(default=None, description="push metrics here too (optional)")
+    stop_grace: float = Field(default=15.0, gt=0, description="SIGTERM to SIGKILL of a release process group, s")
+    min_free_disk: int = Field(default=2 * 1024**3, ge=0, description="below this free disk the module is bad, bytes")
+    release_roots: list[Path] = Field(
+        default_factory=list,
+        description="folders a run's tarball may be read from, besides the module's own release cache "
+                    "(<workdir>/incoming, <workdir>/releases); empty: <data_dir>/releases (local transport)")
     telemetry_period: float = Field(default=1.0, ge=0, description="device telemetry period during runs, s (0: off)")
     telemetry_tool: str | None = Field(default=None, description="device tool (default: mthreads-gmi, else "
                                                                  "nvidia-smi, whichever is on PATH)")
+
+    def allowed_release_roots(self) -> list[Path]:
+        """Where a requested tarball may live (symlinks resolved): release cache plus configured roots."""
+        work = self.workdir.expanduser()
+        extra = self.release_roots or [self.data_dir.expanduser() / "releases"]
+        return [Path(os.path.realpath(p.expanduser())) for p in (work / "incoming", work / "releases", *extra)]
 
 
 def load_settings(cls: type[BrokerSettings], config: str | Path | None = None, **overrides: Any) -> Any:

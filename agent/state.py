@@ -23,11 +23,16 @@ class IllegalTransition(RuntimeError):
 
 
 def allowed(src: RunState, dst: RunState) -> bool:
-    """Forward one step along ORDER, or from any live state to FAILED / CANCELLED."""
-    if src.terminal:
+    """Forward one step along ORDER, or from any live state to FAILED / CANCELLED.
+
+    INTERRUPTED and LOST are never entered by the pipeline: the worker and the controller set them.
+    """
+    if src.terminal or src not in ORDER:
         return False
     if dst in (RunState.FAILED, RunState.CANCELLED):
         return True
+    if dst not in ORDER:
+        return False
     i = ORDER.index(src)
     return i + 1 < len(ORDER) and ORDER[i + 1] == dst
 

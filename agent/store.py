@@ -29,14 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import BadInput
-from agent.records import ResultRow, RunProgress, RunRequest
-
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+from agent.records import RUN_ID_RULE, ResultRow, RunProgress, RunRequest, is_run_id
 
 
 def check_run_id(run_id: str) -> str:
-    if not _RUN_ID.match(run_id):
-        raise BadInput(f"run id {run_id!r}: use 1-128 letters, digits, '.', '_' or '-' (not starting with those)")
+    if not is_run_id(run_id):
+        raise BadInput(f"run id {run_id!r}: use {RUN_ID_RULE}")
     return run_id
 
 
@@ -123,7 +121,7 @@ class RunStore:
         """Run ids on this module, oldest first."""
         if not self.runs_dir.is_dir():
             return []
-        dirs = [p for p in self.runs_dir.iterdir() if p.is_dir() and _RUN_ID.match(p.name)]
+        dirs = [p for p in self.runs_dir.iterdir() if p.is_dir() and is_run_id(p.name)]
         return [p.name for p in sorted(dirs, key=lambda p: (p.stat().st_mtime, p.name))]
 
     def request(self, run_id: str) -> RunRequest | None:

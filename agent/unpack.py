@@ -2,7 +2,13 @@
 
 The whole tarball is refused (before anything is extracted) when a member has an absolute
 path, a ``..`` component, a link pointing outside the release, is a device or FIFO, or
-carries setuid/setgid bits; a truncated or corrupt file is refused too. Extraction goes to
+carries setuid/setgid bits; a truncated or corrupt file is refused too. The members are
+also checked as a tree (:func:`tree_problem`), following the archive's own symlinks the
+way the file system will once they are on disk: no member's path may pass through a
+symlink member, no symlink may resolve (through other symlinks) outside the release's
+top folder, and a hard link must name a regular file of the archive. These checks do not
+rely on tarfile's ``filter`` argument, which Python 3.10 before 3.10.12 lacks; the
+``data`` filter is passed as a second fence only where it exists. Extraction goes to
 a staging folder next to the destination, renamed into place only when complete; on any
 failure (disk full included) the staging folder is removed and nothing else was written.
 """
@@ -86,6 +92,80 @@ def member_problem(m: tarfile.TarInfo) -> str | None:
     return None
 
 
+def _parts(name: str) -> list[str]:
+    return [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
+
+
+MAX_LINK_HOPS = 40  # like the kernel's limit on symlinks followed in one lookup
+
+
+def _resolve(parts: list[str], links: dict[str, str]) -> list[str] | None:
+    """Where ``parts`` lands once the archive's own symlinks are followed; None above the extraction root."""
+    done: list[str] = []
+    todo = list(parts)
+    hops = 0
+    while todo:
+        c = todo.pop(0)
+        if c in ("", "."):
+            continue
+        if c == "..":
+            if not done:
+                return None
+            done.pop()
+            continue
+        done.append(c)
+        target = links.get("/".join(done))
+        if target is not None:
+            hops += 1
+            if hops > MAX_LINK_HOPS:
+                raise ValueError("symlink loop")
+            if target.startswith("/"):
+                return None
+            done.pop()
+            todo = target.replace("\\", "/").split("/") + todo
+    return done
+
+
+def release_top(members: list[tarfile.TarInfo]) -> str:
+    """The release's top folder: the first path component every member shares ('' when none)."""
+    firsts = {(_parts(m.name) or [""])[0] for m in members}
+    if len(firsts) != 1:
+        return ""
+    top = firsts.pop()
+    # a lone file or link at the root is no folder
+    if any(_parts(m.name) == [top] and not m.isdir() for m in members):
+        return ""
+    return top
+
+
+def tree_problem(members: list[tarfile.TarInfo]) -> tuple[tarfile.TarInfo, str] | None:
+    """The first member that is unsafe given the others (symlink chains), and why; None when safe."""
+    links = {"/".join(_parts(m.name)): m.linkname for m in members if m.issym()}
+    files = set()
+    top = release_top(members)
+    for m in members:
+        parts = _parts(m.name)
+        for i in range(1, len(parts)):
+            prefix = "/".join(parts[:i])
+            if prefix in links:
+                return m, f"path passes through the symlink member {prefix!r}"
+        if m.issym():
+            try:
+                to = _resolve(parts[:-1] + _parts(m.linkname), links)
+            except ValueError:
+                return m, f"symlink loop through {m.linkname!r}"
+            if to is None or (top and (not to or to[0] != top)):
+                where = f"the release's top folder {top!r}" if top else "the release"
+                return m, f"link {m.linkname!r} resolves outside {where}"
+        elif m.islnk():
+            target = "/".join(_parts(m.linkname))
+            if target not in files:
+                return m, f"hard link to {m.linkname!r}, which is not an earlier regular file of the archive"
+        if m.isfile():
+            files.add("/".join(parts))
+    return None
+
+
 @dataclass(frozen=True)
 class Unpacked:
     root: Path  # <workdir>/releases/<sha16>
@@ -107,7 +187,15 @@ def check_members(tarball: Path) -> list[tarfile.TarInfo]:
         problem = member_problem(m)
         if problem:
             raise UnsafeTarball(f"{tarball}: member {m.name!r}: {problem}; tarball refused")
+    bad = tree_problem(members)
+    if bad:
+        raise UnsafeTarball(f"{tarball}: member {bad[0].name!r}: {bad[1]}; tarball refused")
     return members
+
+
+def has_data_filter() -> bool:
+    """tarfile's extraction filters exist (3.12, and back-ported to 3.8.17, 3.9.17, 3.10.12, 3.11.4)."""
+    return hasattr(tarfile, "data_filter")
 
 
 def find_top(root: Path) -> Path:
@@ -142,7 +230,7 @@ def unpack(tarball: Path, dest: Path, check: Check = _noop) -> Unpacked:
     try:
         staging.mkdir()
         with tarfile.open(tarball, "r:*") as tar:
-            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            kwargs = {"filter": "data"} if has_data_filter() else {}
             tar.extractall(staging, members=_checked(members, check), **kwargs)  # type: ignore[arg-type]  # noqa: S202
         top = find_top(staging)
         os.replace(staging, dest)

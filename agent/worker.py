@@ -10,9 +10,11 @@ request allows (the worker died under it again and again) is failed, not retried
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
 import threading
@@ -24,14 +26,15 @@ from typing import Any
 from celery import Celery
 
 from agent.celery_app import NOOP_TASK, RUN_TASK, make_app, queue_name
+from agent.errors import BadInput
 from agent.kv import KV, KVCancelToken
-from agent.records import Heartbeat, ResultRow, RunProgress, RunRequest, RunState, StepError
+from agent.records import Heartbeat, ResultRow, RunProgress, RunRequest, RunState, StepError, is_run_id
 from agent.settings import AgentSettings
-from agent.store import write_atomic
+from agent.store import RunStore, check_run_id, write_atomic
+from agent.validate import RefusedRequest, refused_progress, validate_request
 
 log = logging.getLogger("fleet.agent")
 
-MIN_FREE_DISK = 2 * 1024**3  # below this the module reports itself unhealthy
 # Every process the agent starts inherits this variable (value: the work folder), so a
 # restarted agent can find and stop what a killed one left running (servers live in
 # sessions of their own and survive their parent).
@@ -75,9 +78,9 @@ def make_heartbeat(settings: AgentSettings, version: str) -> Heartbeat:
         free = shutil.disk_usage(workdir).free
     except OSError as exc:
         free, detail = None, f"work folder unusable: {exc.strerror}"
-    healthy = free is not None and free >= MIN_FREE_DISK
+    healthy = free is not None and free >= settings.min_free_disk
     if free is not None and not healthy:
-        detail = f"free disk {free / 1024**3:.1f} GiB < {MIN_FREE_DISK / 1024**3:.0f} GiB"
+        detail = f"free disk {free / 1024**3:.2f} GiB < {settings.min_free_disk / 1024**3:.2f} GiB"
     return Heartbeat(module=settings.module, agent_version=version, ts=time.time(), run_id=run_id, step=step,
                      free_disk_bytes=free, healthy=healthy, detail=detail)
 
@@ -85,18 +88,24 @@ def make_heartbeat(settings: AgentSettings, version: str) -> Heartbeat:
 class HeartbeatThread(threading.Thread):
     """Publishes a heartbeat every ``heartbeat_interval``; a broker outage is logged, never fatal."""
 
-    def __init__(self, app: Celery, settings: AgentSettings) -> None:
+    def __init__(self, app: Celery, settings: AgentSettings, lease: dict[str, Any] | None = None) -> None:
         super().__init__(name="fleet-heartbeat", daemon=True)
         self.kv = KV(app)
         self.settings = settings
+        self.lease = lease
         self.version = agent_version()
         self.stopped = threading.Event()
         self.failures = 0
 
     def beat(self) -> Heartbeat:
+        workdir = self.settings.workdir.expanduser()
         hb = make_heartbeat(self.settings, self.version)
-        write_atomic(self.settings.workdir.expanduser() / "heartbeat.json", hb.model_dump_json())
+        with contextlib.suppress(OSError):  # a full disk must not stop the heartbeat
+            write_atomic(workdir / "heartbeat.json", hb.model_dump_json())
         self.kv.put_heartbeat(hb)
+        if self.lease is not None:
+            self.kv.put_lease(self.settings.module, {**self.lease, "ts": hb.ts})
+        flush_outbox(self.kv, workdir)
         return hb
 
     def run(self) -> None:
@@ -117,16 +126,21 @@ class HeartbeatThread(threading.Thread):
 
 
 def reap_orphans(workdir: Path) -> list[int]:
-    """Kill processes left by an earlier agent on this work folder; returns their pids."""
+    """Kill processes of earlier runs on this work folder; returns their pids.
+
+    They carry ``MARK`` (the work folder) and live in sessions of their own (the release's servers),
+    while the worker and its pool children share one session: any marked process outside the
+    worker's session is left over from a run that is no longer running (one run at a time).
+    """
     import psutil
 
-    mark, me = str(workdir), os.getpid()
+    mark, me, session = str(workdir), os.getpid(), os.getsid(0)
     killed: list[int] = []
     for p in psutil.process_iter():
         if p.pid == me:
             continue
         try:
-            if p.environ().get(MARK) == mark:
+            if p.environ().get(MARK) == mark and os.getsid(p.pid) != session:
                 p.kill()
                 killed.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
@@ -134,95 +148,350 @@ def reap_orphans(workdir: Path) -> list[int]:
     return killed
 
 
+# --------------------------------------------------------------------------- one agent per module name
+class NameInUse(RuntimeError):
+    """Another live agent holds this module's name on the broker."""
+
+
+def lease_record(settings: AgentSettings) -> dict[str, Any]:
+    import psutil
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "created": psutil.Process().create_time(),
+            "workdir": str(settings.workdir.expanduser()), "ts": time.time()}
+
+
+def _holder_alive(held: dict[str, Any], mine: dict[str, Any], stale_after: float) -> bool:
+    """Whether the agent that wrote ``held`` may still be running (same host: ask the process table)."""
+    import psutil
+
+    if held.get("host") == mine["host"]:
+        try:
+            return abs(psutil.Process(int(held.get("pid", 0))).create_time() - float(held.get("created", 0))) < 1e-3
+        except (psutil.Error, ValueError, TypeError):
+            return False
+    return time.time() - float(held.get("ts", 0) or 0) < stale_after
+
+
+def _same_agent(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
+    return a is not None and all(a.get(k) == b[k] for k in ("host", "pid", "created"))
+
+
+def claim_name(kv: KV, settings: AgentSettings) -> dict[str, Any]:
+    """Take the module's name lease, or raise :class:`NameInUse` (and record the conflict for the controller)."""
+    mine = lease_record(settings)
+    for _ in range(2):  # claim, then read back: of two agents starting at once, one sees the other
+        held = kv.lease(settings.module)
+        same = _same_agent(held, mine)
+        if held is not None and not same and _holder_alive(held, mine, settings.offline_after):
+            kv.put_conflict(settings.module, {**mine, "held_by": {k: held.get(k) for k in ("host", "pid", "workdir")}})
+            raise NameInUse(f"module name {settings.module!r} is held by a live agent on {held.get('host')} "
+                            f"(pid {held.get('pid')}, {held.get('workdir')}); not starting a second one")
+        if not same:
+            kv.put_lease(settings.module, mine)
+        time.sleep(min(0.3, settings.heartbeat_interval))
+    return mine
+
+
 # --------------------------------------------------------------------------- the run task
-def _bump_attempts(run_dir: Path) -> int:
+def _bump_attempts(run_dir: Path, by: int = 1) -> int:
+    """Count deliveries that did not end cleanly (a clean interrupt gives its attempt back: ``by=-1``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "attempts"
     try:
         n = int(path.read_text().strip() or 0)
     except (OSError, ValueError):
         n = 0
-    write_atomic(path, f"{n + 1}\n")
-    return n + 1
+    n = max(0, n + by)
+    write_atomic(path, f"{n}\n")
+    return n
 
 
 def _stored_rows(workdir: Path, run_id: str) -> list[ResultRow]:
-    path = workdir / "runs" / run_id / "results.jsonl"
-    rows: list[ResultRow] = []
+    """The run's rows on this module, one per identity, the latest kept (a torn last line is skipped)."""
     try:
-        with path.open(encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    try:
-                        rows.append(ResultRow.model_validate_json(line))
-                    except ValueError:
-                        continue  # a torn last line: not taken for whole
-    except FileNotFoundError:
-        pass
-    return rows
+        return RunStore(workdir).rows(run_id)
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read the rows of %s: %s", run_id, exc)
+        return []
+
+
+class Publisher:
+    """Publishes one run's progress and rows; a terminal (or interrupted) state goes through the outbox.
+
+    The outbox (``<workdir>/outbox/<run id>.json``) holds the last state the controller must see. It is
+    written before the state is sent and removed once the backend took it; the heartbeat thread of the
+    worker's main process sends what is left there (:func:`flush_outbox`), also after an agent restart.
+    """
+
+    def __init__(self, kv: KV, workdir: Path, run_id: str, module: str) -> None:
+        self.kv, self.workdir, self.run_id, self.module = kv, workdir, run_id, module
+
+    def progress(self, p: RunProgress) -> bool:
+        try:
+            self.kv.put_progress(p)
+            return True
+        except Exception as exc:  # the run goes on; the final state is published through the outbox
+            log.warning("cannot publish progress of %s: %s", p.run_id, exc)
+            return False
+
+    def rows(self) -> bool:
+        try:
+            self.kv.put_rows(self.run_id, self.module, _stored_rows(self.workdir, self.run_id))
+            return True
+        except Exception as exc:
+            log.warning("cannot publish rows of %s: %s", self.run_id, exc)
+            return False
+
+    def final(self, p: RunProgress) -> None:
+        path = outbox_path(self.workdir, p.run_id)
+        try:
+            write_atomic(path, p.model_dump_json())
+        except OSError as exc:  # a full disk: send it now, nothing else can hold it
+            log.warning("cannot write the outbox of %s: %s", p.run_id, exc)
+        if self.rows() and self.progress(p):
+            path.unlink(missing_ok=True)
+
+
+def outbox_path(workdir: Path, run_id: str) -> Path:
+    return workdir / "outbox" / f"{check_run_id(run_id)}.json"
+
+
+def flush_outbox(kv: KV, workdir: Path) -> int:
+    """Send every state waiting in the outbox (rows first); returns how many the backend took."""
+    folder = workdir / "outbox"
+    if not folder.is_dir():
+        return 0
+    sent = 0
+    for path in sorted(folder.glob("*.json")):
+        try:
+            p = RunProgress.model_validate_json(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            log.warning("unreadable outbox entry %s (%s): removed", path.name, exc)
+            path.unlink(missing_ok=True)
+            continue
+        kv.put_rows(p.run_id, p.module, _stored_rows(workdir, p.run_id))
+        kv.put_progress(p)
+        path.unlink(missing_ok=True)
+        log.info("outbox: sent the %s state of run %s", p.state.value, p.run_id)
+        sent += 1
+    return sent
+
+
+def _payload_ids(payload: Any, module: str) -> tuple[str | None, str | None]:
+    """Run id and module of a refused payload, when both are safe to name a backend key with."""
+    if not isinstance(payload, dict):
+        return None, None
+    run_id, mod = payload.get("run_id"), payload.get("module")
+    if not (isinstance(run_id, str) and is_run_id(run_id)) or mod != module:
+        return None, None
+    return run_id, mod
 
 
 def execute_run(app: Celery, settings: AgentSettings, payload: dict[str, Any]) -> dict[str, Any]:
-    """The body of the run task (plain function, so tests can call it without a worker)."""
-    from agent.pipeline import AgentConfig, run_pipeline
+    """The body of the run task (plain function, so tests can call it without a worker).
 
-    req = RunRequest.model_validate(payload)
+    Every path ends in a terminal state with a reason, published through the outbox; the only
+    exception is a clean interrupt (the agent shutting down), which re-queues the run.
+    """
     kv = KV(app)
     workdir = settings.workdir.expanduser()
+    try:
+        req = validate_request(payload, settings)
+    except RefusedRequest as exc:  # runs nothing, builds no path; the module stays healthy
+        log.warning("%s", exc)
+        refused = refused_progress(exc, settings, time.time())
+        if refused is None:
+            return {"state": RunState.FAILED.value, "error": str(exc)}
+        Publisher(kv, workdir, refused.run_id, refused.module).progress(refused)
+        return refused.model_dump(mode="json")
+    pub = Publisher(kv, workdir, req.run_id, req.module)
+    try:
+        return _execute(app, settings, req, kv, pub)
+    except Exception as exc:  # noqa: BLE001 - a full disk, a bug: the run still ends, with the reason
+        log.exception("run %s ended by an error of the agent", req.run_id)
+        message = f"agent error: {type(exc).__name__}: {exc}"
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            message = f"disk full in the work folder: {exc}"
+        p = RunProgress(run_id=req.run_id, module=req.module, release=req.release, state=RunState.FAILED,
+                        step="agent", keys_total=len(req.models), updated_at=time.time(), finished_at=time.time(),
+                        error=StepError(step="agent", message=message))
+        _forget_current(workdir, req.run_id)
+        pub.final(p)
+        return p.model_dump(mode="json")
+
+
+def _forget_current(workdir: Path, run_id: str) -> None:
+    """state.json no longer names ``run_id`` as current (removed when it cannot be rewritten: a full disk)."""
+    store = RunStore(workdir)
+    if store.current_run() != run_id:
+        return
+    try:
+        store.set_state(current_run=None, last_run=run_id)
+    except OSError:
+        store.state_path.unlink(missing_ok=True)
+
+
+def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub: Publisher) -> dict[str, Any]:
+    from agent.pipeline import AgentConfig, run_pipeline
+
+    workdir = settings.workdir.expanduser()
     run_dir = workdir / "runs" / req.run_id
-
-    def publish(p: RunProgress) -> None:
-        try:
-            kv.put_progress(p)
-        except Exception as exc:  # the run goes on; the final state is published again
-            log.warning("cannot publish progress of %s: %s", p.run_id, exc)
-
-    def publish_rows() -> None:
-        try:
-            kv.put_rows(req.run_id, req.module, _stored_rows(workdir, req.run_id))
-        except Exception as exc:
-            log.warning("cannot publish rows of %s: %s", req.run_id, exc)
+    left = reap_orphans(workdir)  # a killed pool child's servers: the port must be free before this run
+    if left:
+        log.warning("stopped %d processes left by an earlier run: %s", len(left), left)
+    outbox_path(workdir, req.run_id).unlink(missing_ok=True)  # this delivery supersedes a waiting state
 
     def finish(state: RunState, step: str, message: str) -> dict[str, Any]:
         p = RunProgress(run_id=req.run_id, module=req.module, release=req.release, state=state, step=step,
                         keys_total=len(req.models), updated_at=time.time(), finished_at=time.time(),
                         error=StepError(step=step, message=message))
-        publish(p)
+        pub.final(p)
         return p.model_dump(mode="json")
 
-    if req.module != settings.module:
-        return finish(RunState.FAILED, "dispatch", f"run for module {req.module!r} reached {settings.module!r}")
     prev = _read_json(run_dir / "progress.json")
-    if isinstance(prev, dict) and prev.get("state") in ("done", "failed", "cancelled"):
+    if isinstance(prev, dict) and RunState(prev.get("state", "pending")).terminal:
         done = RunProgress.model_validate(prev)
         log.info("run %s already finished here (%s): not benchmarking again", req.run_id, done.state.value)
-        publish(done)
-        publish_rows()
+        pub.final(done)
         return done.model_dump(mode="json")
-    reason = kv.cancelled(req.run_id, req.module)
-    if reason:
-        return finish(RunState.CANCELLED, "dispatch", reason)
+    flag = kv.cancel_flag(req.run_id, req.module)
+    if flag:
+        return finish(RunState.FAILED if flag.lost else RunState.CANCELLED, "dispatch", flag.reason)
     attempt = _bump_attempts(run_dir)
     if attempt > req.max_attempts:
         return finish(RunState.FAILED, "dispatch",
                       f"delivered {attempt} times (agent lost during the run); giving up after {req.max_attempts}")
-    deadline = time.monotonic() + max(1.0, settings.run_soft_time_limit - 30.0)
-    token = KVCancelToken(kv, req.run_id, req.module, deadline=deadline)
+    # the run stops itself a little before Celery's soft limit would interrupt it
+    deadline = time.monotonic() + settings.run_soft_time_limit - min(30.0, 0.1 * settings.run_soft_time_limit)
+    token = KVCancelToken(kv, req.run_id, req.module, deadline=deadline, stop_file=stop_file(workdir))
     sent_rows = -1
 
     def on_progress(p: RunProgress) -> None:
         nonlocal sent_rows
         p = p.model_copy(update={"attempt": attempt})
-        if p.rows != sent_rows:
-            publish_rows()  # rows first: progress never claims rows the controller cannot fetch
+        if p.rows != sent_rows and pub.rows():  # rows first: progress never claims rows the controller lacks
             sent_rows = p.rows
-        publish(p)
+        pub.progress(p)
 
-    result = run_pipeline(req, AgentConfig.from_settings(settings), on_progress=on_progress, cancel=token)
+    try:
+        result = run_pipeline(req, AgentConfig.from_settings(settings), on_progress=on_progress, cancel=token)
+    except BadInput as exc:  # nothing could be recorded by the pipeline (e.g. a run id reused for another release)
+        return finish(RunState.FAILED, "dispatch", str(exc))
     final = result.progress.model_copy(update={"attempt": attempt})
-    publish_rows()
-    publish(final)
+    if final.state == RunState.CANCELLED and token.shutdown:
+        # stopped cleanly: state.json keeps naming the run, and the agent re-queues it when it starts again
+        _bump_attempts(run_dir, -1)  # a clean interrupt is not a failed delivery
+        final = final.model_copy(update={"state": RunState.INTERRUPTED, "finished_at": None, "error": StepError(
+            step=final.error.step if final.error else "run", model_key=final.model_key,
+            message="interrupted: the agent is shutting down; the run resumes from its passed keys")})
+        with contextlib.suppress(OSError):
+            RunStore(workdir).write_progress(final)
+            RunStore(workdir).set_state(current_run=req.run_id, last_run=req.run_id)
+        pub.final(final)
+        return final.model_dump(mode="json")
+    if final.state == RunState.CANCELLED and token.lost:
+        final = final.model_copy(update={"state": RunState.FAILED, "error": StepError(
+            step=final.error.step if final.error else "run", model_key=final.model_key, message=token.reason or "")})
+        with contextlib.suppress(OSError):
+            RunStore(workdir).write_progress(final)
+    _forget_current(workdir, req.run_id)
+    pub.final(final)
     return final.model_dump(mode="json")
+
+
+def requeue(app: Celery, req: RunRequest) -> None:
+    """Put ``req`` back on this module's own queue: it resumes when the module takes work again."""
+    app.send_task(RUN_TASK, args=[req.model_dump(mode="json")], queue=queue_name(req.module),
+                  task_id=f"{req.run_id}.r{secrets.token_hex(3)}.{req.module}",  # ends in .<module> (ACL)
+                  retry=True, retry_policy={"max_retries": 10, "interval_start": 0.5, "interval_step": 1,
+                                            "interval_max": 5})
+    log.info("run %s re-queued on %s", req.run_id, queue_name(req.module))
+
+
+def stop_file(workdir: Path) -> Path:
+    return workdir / "shutting-down"
+
+
+def recover(app: Celery, settings: AgentSettings) -> list[str]:
+    """At start: runs an earlier agent left unfinished (killed, or stopped cleanly) are reported and resumed.
+
+    Each is re-queued on this module's queue (keys that passed are kept), or ended when it was
+    cancelled or already delivered ``max_attempts`` times. Returns their run ids.
+    """
+    store = RunStore(settings.workdir.expanduser())
+    found = [r for r in [store.current_run(), *store.runs()] if r and is_run_id(r)]
+    done: list[str] = []
+    for run_id in dict.fromkeys(found):
+        p = store.progress(run_id) if (store.runs_dir / run_id / "progress.json").exists() else None
+        left = run_id == store.current_run() or (p is not None and p.state == RunState.INTERRUPTED)
+        if left and _recover_one(app, store, run_id):
+            done.append(run_id)
+    return done
+
+
+def _recover_one(app: Celery, store: RunStore, run_id: str) -> bool:
+    workdir = store.workdir
+    try:
+        p = store.progress(run_id)
+        req = store.request(run_id)
+    except (OSError, ValueError) as exc:
+        log.warning("run %s left by an earlier agent is unreadable: %s", run_id, exc)
+        return False
+    _forget_current(workdir, run_id)
+    if req is None or (p is not None and p.state.terminal):
+        return False
+    kv = KV(app)
+    pub = Publisher(kv, workdir, run_id, req.module)
+    base = p or RunProgress(run_id=run_id, module=req.module, release=req.release, keys_total=len(req.models))
+    try:
+        flag = kv.cancel_flag(run_id, req.module)
+    except Exception as exc:
+        log.warning("cannot read the cancel flag of %s: %s", run_id, exc)
+        flag = None
+    attempts = int(_read_json(store.run_dir(run_id) / "attempts") or 0)
+    now = time.time()
+    why = (f"the agent was stopped during step {base.step or 'start'}" if base.state == RunState.INTERRUPTED
+           else f"the agent was restarted during step {base.step or 'start'} (its earlier process died)")
+    if flag is not None or attempts >= req.max_attempts:
+        state = (RunState.CANCELLED if flag and not flag.lost else RunState.FAILED)
+        message = flag.reason if flag else f"{why}; delivered {attempts} times, giving up"
+        final = base.model_copy(update={"state": state, "updated_at": now, "finished_at": now,
+                                        "error": StepError(step=base.step or "run", message=message)})
+        log.warning("run %s left by an earlier agent: %s", run_id, message)
+        with contextlib.suppress(OSError):
+            store.write_progress(final)
+        pub.final(final)
+        return True
+    interrupted = base.model_copy(update={"state": RunState.INTERRUPTED, "updated_at": now, "error": StepError(
+        step=base.step or "run", message=f"interrupted: {why}; resumes from its passed keys")})
+    with contextlib.suppress(OSError):
+        store.write_progress(interrupted)
+    pub.final(interrupted)
+    requeue(app, req)
+    log.warning("run %s left by an earlier agent: re-queued to resume", run_id)
+    return True
+
+
+def on_hard_limit(app: Celery, settings: AgentSettings, payload: Any, timeout: float) -> None:
+    """The hard time limit killed the pool child: stop what the run left and end it (worker's main process)."""
+    workdir = settings.workdir.expanduser()
+    left = reap_orphans(workdir)
+    log.error("hard time limit (%g s) hit: stopped %d processes of the run", timeout, len(left))
+    run_id, module = _payload_ids(payload, settings.module)
+    if run_id is None or module is None:
+        return
+    store = RunStore(workdir)
+    base = store.progress(run_id) or RunProgress(run_id=run_id, module=module)
+    now = time.time()
+    final = base.model_copy(update={"state": RunState.FAILED, "updated_at": now, "finished_at": now,
+                                    "error": StepError(step=base.step or "run", model_key=base.model_key,
+                                                       message=f"hard time limit of {timeout:g} s exceeded")})
+    with contextlib.suppress(OSError):
+        store.write_progress(final)
+    _forget_current(workdir, run_id)
+    Publisher(KV(app), workdir, run_id, module).final(final)
 
 
 def register_tasks(app: Celery, settings: AgentSettings | None) -> None:
@@ -231,6 +500,16 @@ def register_tasks(app: Celery, settings: AgentSettings | None) -> None:
         if settings is None:
             raise RuntimeError("run task reached a process without agent settings")
         return execute_run(self.app, settings, payload)
+
+    if settings is not None:
+        from celery.exceptions import TimeLimitExceeded
+        from celery.signals import task_failure
+
+        @task_failure.connect(sender=run_release, weak=False)
+        def _hard_limit(sender: Any = None, exception: BaseException | None = None, args: Any = None,
+                        **_: Any) -> None:
+            if isinstance(exception, TimeLimitExceeded) and args:
+                on_hard_limit(app, settings, args[0], settings.run_time_limit)
 
     @app.task(name=NOOP_TASK, bind=True, acks_late=True)
     def noop(self: Any, sent_at: float) -> dict[str, float]:
@@ -242,16 +521,27 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     workdir = settings.workdir.expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
+    app = make_app(settings)
+    lease = claim_name(KV(app), settings)  # NameInUse: another live agent has this module's name
     left = reap_orphans(workdir)
     if left:
         log.warning("stopped %d processes left by an earlier agent: %s", len(left), left)
+    stop_file(workdir).unlink(missing_ok=True)
     os.environ[MARK] = str(workdir)
     import agent.pipeline  # noqa: F401 - imported once here, so the forked pool child does not pay it per run
-    app = make_app(settings)
     register_tasks(app, settings)
     log.info("agent %s for module %s, broker %s, queue %s", agent_version(), settings.module,
              settings.redacted_broker_url(), queue_name(settings.module))
-    hb = HeartbeatThread(app, settings)
+    recover(app, settings)
+
+    from celery.signals import worker_shutting_down
+
+    @worker_shutting_down.connect(weak=False)
+    def _shutting_down(**_: Any) -> None:  # SIGTERM: the run in progress stops cleanly and is re-queued
+        with contextlib.suppress(OSError):
+            stop_file(workdir).touch()
+
+    hb = HeartbeatThread(app, settings, lease)
     hb.start()
     exporter, pusher = None, None
     if settings.metrics_port or settings.pushgateway_url:
@@ -283,6 +573,11 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
         worker.start()
     finally:
         hb.stop()
+        hb.join(timeout=5)
+        with contextlib.suppress(Exception):
+            flush_outbox(hb.kv, workdir)
+            if _same_agent(hb.kv.lease(settings.module), lease):
+                hb.kv.drop_lease(settings.module)
         if pusher is not None:
             pusher.stop()
         if exporter is not None:
@@ -292,9 +587,15 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
 
 def main(config: str | None = None) -> None:
     """``python -m agent.worker``: settings from ``FLEET_*`` variables and ``FLEET_CONFIG``."""
+    import sys
+
     from agent.settings import load_settings
 
-    run_worker(load_settings(AgentSettings, config))
+    try:
+        run_worker(load_settings(AgentSettings, config))
+    except NameInUse as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent.celery_app import NOOP_TASK  # noqa: E402
+from agent.validate import stage_local_release  # noqa: E402
 from controller.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.fleet import Fleet  # noqa: E402
 from controller.history import History  # noqa: E402
@@ -87,21 +88,26 @@ def bare_round_trips(base: Path, settings: ControllerSettings, jobs: int) -> lis
         proc.wait(timeout=20)
 
 
-def fleet_dispatch(base: Path, settings: ControllerSettings, jobs: int) -> tuple[list[float], list[float]]:
+def fleet_dispatch(base: Path, settings: ControllerSettings, jobs: int,
+                   worker_env: dict[str, str] | None = None) -> tuple[list[float], list[float]]:
     """Enqueue -> start on the agent, and full round trips, through the fleet's path."""
+    import uuid
+
     base.mkdir(parents=True, exist_ok=True)
     (base / "inventory.toml").write_text(inventory_toml(["bench-01"], base, None))
-    w = start_worker("bench-01", base, settings, sim_env={})
+    w = start_worker("bench-01", base, settings, sim_env=worker_env or {})
     try:
         wait_for_heartbeats(settings, [w], 60)
         fleet = Fleet(settings, History(base / "history.sqlite"))
         app = fleet.app
-        app.AsyncResult(fleet.send("bench-01", NOOP_TASK, [time.time()])).get(timeout=60)  # warm up
+        # task ids end in the module's name, as the fleet's runs do (its ACL user may write those results only)
+        app.AsyncResult(fleet.send("bench-01", NOOP_TASK, [time.time()], task_id=f"{uuid.uuid4()}.bench-01")).get(
+            timeout=60)  # warm up
         starts, trips = [], []
         for _ in range(jobs):
             t0 = time.perf_counter()
             sent = time.time()
-            tid = fleet.send("bench-01", NOOP_TASK, [sent])
+            tid = fleet.send("bench-01", NOOP_TASK, [sent], task_id=f"{uuid.uuid4()}.bench-01")
             res = app.AsyncResult(tid).get(timeout=30, interval=0.005)
             trips.append(time.perf_counter() - t0)
             starts.append(res["started_at"] - sent)
@@ -129,8 +135,9 @@ def scaling(base: Path, settings: ControllerSettings, n: int, models: tuple[str,
         fleet = st.fleet()
         mods = st.inventory().select("all")
         sha = sha256_file(rel.path)
+        staged = stage_local_release(rel.path, sha, settings.data_dir)
         t0 = time.perf_counter()
-        fleet.dispatch(run_id=f"scale-{n}", modules=mods, tarballs={m.name: str(rel.path) for m in mods},
+        fleet.dispatch(run_id=f"scale-{n}", modules=mods, tarballs={m.name: str(staged) for m in mods},
                        sha256=sha, release=rel.version, models=models)
         view = fleet.wait(f"scale-{n}", interval=0.25, timeout=900)
         wall = time.perf_counter() - t0
@@ -140,6 +147,28 @@ def scaling(base: Path, settings: ControllerSettings, n: int, models: tuple[str,
         return wall
     finally:
         stop_workers(workers, grace=10)
+
+
+def secure_dispatch(base: Path, jobs: int) -> tuple[list[float], list[float]]:
+    """The same dispatch over redis-server with TLS (client certificates) and one ACL user per module."""
+    from controller.deploy_acl import CONTROLLER_USER, write_acl
+    from tests.security.conftest import SecureRedis, broker_env, make_tls
+
+    tls = make_tls(base / "tls")
+    files = write_acl(base / "acl", ["bench-01"])
+    server = SecureRedis(base / "redis", aclfile=files.acl, tls=tls)
+    server.start()
+    try:
+        pw = files.passwords
+        settings = ControllerSettings(
+            broker_url=server.url(CONTROLLER_USER), broker_password_file=pw / f"{CONTROLLER_USER}.password",
+            broker_tls_ca_file=tls["ca"], broker_tls_cert_file=tls["client_cert"],
+            broker_tls_key_file=tls["client_key"], data_dir=base / "fleet", inventory=base / "inventory.toml",
+            history=base / "history.sqlite", heartbeat_interval=1.0, offline_after=30.0)
+        env = broker_env(server.url("bench-01"), pw / "bench-01.password", tls)
+        return fleet_dispatch(base, settings, jobs, worker_env=env)
+    finally:
+        server.stop()
 
 
 def settings_for(base: Path, broker: str, redis_url: str | None) -> ControllerSettings:
@@ -157,6 +186,7 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=50.0)
     ap.add_argument("--skip-scaling", action="store_true")
     ap.add_argument("--skip-dispatch", action="store_true")
+    ap.add_argument("--skip-secure", action="store_true", help="no ACL + TLS row next to plain Redis")
     args = ap.parse_args()
     from agent.records import parse_model_keys
 
@@ -185,6 +215,13 @@ def main() -> None:
                   f"fleet round trip p50 {statistics.median(trips) * 1e3:7.2f} ms | "
                   f"bare Celery round trip p50 {b50 * 1e3:7.2f} ms  p99 {b99 * 1e3:7.2f} ms | "
                   f"ratio p50 {p50 / b50:4.2f}")
+            if b == "redis" and not args.skip_secure:
+                sstarts, strips = secure_dispatch(tmp / "d-secure", args.jobs)
+                s50, s99 = pct(sstarts, 0.5), pct(sstarts, 0.99)
+                print(f"  {'acl+tls':8s} fleet enqueue->start p50 {s50 * 1e3:7.2f} ms  p99 {s99 * 1e3:7.2f} ms | "
+                      f"fleet round trip p50 {statistics.median(strips) * 1e3:7.2f} ms "
+                      f"(plain Redis {statistics.median(trips) * 1e3:7.2f} ms) | "
+                      f"ratio p50 vs plain Redis {s50 / p50:4.2f}")
         if not args.skip_scaling:
             b = brokers[-1] if "redis" in brokers else "embedded"
             s1 = settings_for(tmp / "s1", b, redis.url if redis else None)

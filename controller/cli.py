@@ -150,9 +150,13 @@ def _distribute(st: State, modules: list[Module], tarball: Path, sha: str) -> tu
     paths: dict[str, str] = {}
     errors: dict[str, str] = {}
     remote = [m for m in modules if m.transport == "ssh"]
-    for m in modules:
-        if m.transport == "local":
-            paths[m.name] = str(tarball.resolve())
+    local = [m for m in modules if m.transport == "local"]
+    if local:  # agents read only from their release roots: <data_dir>/releases by default
+        from agent.validate import stage_local_release
+
+        staged = str(stage_local_release(tarball, sha, st.settings().data_dir))
+        for m in local:
+            paths[m.name] = staged
     if remote:
         if importlib.util.find_spec("controller.push") is None:
             for m in remote:
@@ -192,11 +196,12 @@ def run_validation(st: State, tarball: Path, keys: tuple[str, ...], devices: str
     version = release_version(tarball)
     mods = st.inventory().select(devices)
     fleet = st.fleet()
+    rid = run_id or new_run_id()
+    fleet.check_new_run_id(rid)
     fleet.check_broker()
     sha = sha256_file(tarball)
-    rid = run_id or new_run_id()
     statuses = fleet.statuses(mods)
-    usable = [m for m in mods if statuses[m.name].state not in ("offline", "bad")]
+    usable = [m for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")]
     paths, errors = _distribute(st, usable, tarball, sha)
     result = fleet.dispatch(run_id=rid, modules=mods, tarballs=paths, sha256=sha, release=version, models=keys,
                             tarball_label=str(tarball.resolve()), statuses=statuses)

@@ -89,7 +89,9 @@ class Worker:
     log: Path
 
 
-def start_worker(name: str, base: Path, settings: ControllerSettings, *, sim_env: dict[str, str]) -> Worker:
+def start_worker(name: str, base: Path, settings: ControllerSettings, *, sim_env: dict[str, str],
+                 argv_prefix: tuple[str, ...] = ()) -> Worker:
+    """One simulated module's worker (``argv_prefix``: e.g. ``ip netns exec NS`` to put it in a namespace)."""
     mod = base / "modules" / name
     (mod / "work").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "M1000_SIM_"))}
@@ -117,8 +119,9 @@ def start_worker(name: str, base: Path, settings: ControllerSettings, *, sim_env
     })
     log = mod / "worker.log"
     with log.open("ab") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "agent.worker"], env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(mod))
+        proc = subprocess.Popen([*argv_prefix, sys.executable, "-m", "agent.worker"], env=env, stdout=fh,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=str(mod))
     return Worker(name, proc, log)
 
 

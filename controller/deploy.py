@@ -46,7 +46,7 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) /
 MIN_PYTHON = (3, 10)
 SERVICE = "fleet-agent.service"
 
-Status = Literal["changed", "unchanged", "failed", "planned"]
+Status = Literal["changed", "unchanged", "failed", "planned", "busy"]
 
 
 class DeployError(Exception):
@@ -107,9 +107,13 @@ class Desired:
     service_mode: Literal["systemd", "supervise"]
     service_text: str
     launcher_text: str
+    tls_files: tuple[tuple[str, bytes], ...] = ()  # written to <agent_dir>/tls/ (CA, the module's client cert/key)
 
     def digests(self) -> dict[str, str]:
-        secret = hashlib.sha256((self.config_text + "\0" + (self.password or "")).encode()).hexdigest()
+        h = hashlib.sha256((self.config_text + "\0" + (self.password or "")).encode())
+        for name, data in self.tls_files:
+            h.update(b"\0" + name.encode() + b"\0" + data)
+        secret = h.hexdigest()
         return {
             "install": self.wheelhouse.digest,
             "config": secret,
@@ -160,6 +164,10 @@ class DeployOptions:
     connect_timeout: float = 10.0
     wheelhouse: Callable[[ModuleFacts], Wheelhouse] | None = None  # default: WheelhouseBuilder
     project_wheel: Path | None = None  # deploy this wheel instead of building one from source_root
+    force: bool = False  # restart an agent that is running a run (it interrupts it cleanly; the run resumes)
+    busy: Callable[[str], str | None] | None = None  # module -> the run it is busy with (from its heartbeat)
+    credentials: Path | None = None  # per-module broker passwords (`fleetctl broker acl`): <module>.password
+    passphrase_file: Path | None = None  # passphrase of ``identity`` (else ssh-agent)
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -264,18 +272,87 @@ _SHARED = ("run_soft_time_limit", "run_time_limit", "heartbeat_interval", "offli
            "result_expires")
 
 
+def check_broker_url_option(broker_url: str | None) -> None:
+    """A broker URL given on the command line must carry no password (``ps``, shell history)."""
+    if broker_url is not None and urlsplit(broker_url).password is not None:
+        raise DeployError("--broker-url carries a password: command lines are visible to every user (ps) and kept "
+                          "in shell history; give the URL without it and put the password in broker_password_file "
+                          "([fleet] of the config file, mode 0600), or use --module-credentials")
+
+
+def read_secret(path: Path, what: str) -> str:
+    try:
+        secret = Path(path).expanduser().read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise DeployError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
+    if not secret:
+        raise DeployError(f"{path}: the {what} file is empty")
+    return secret
+
+
+def module_credential(module: str, credentials: Path) -> str:
+    """The broker password of ``module``'s own Redis user, from ``fleetctl broker acl``'s folder."""
+    return read_secret(Path(credentials) / f"{module}.password", f"broker password of {module}")
+
+
+def with_user(url: str, user: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def agent_broker(module: Module, settings: BrokerSettings, broker_url: str | None,
+                 credentials: Path | None) -> tuple[str, str | None]:
+    """(URL without password, password) the agent of ``module`` connects with.
+
+    The password comes from a file, never from the command line: the module's own ACL user
+    (``credentials/<module>.password``) when ``credentials`` is given, else the controller's
+    ``broker_password_file`` (or a password inside the config file's ``broker_url``).
+    """
+    check_broker_url_option(broker_url)
+    bare, password = split_password(broker_url or settings.broker_url)
+    if credentials is not None:
+        return with_user(bare, module.name), module_credential(module.name, credentials)
+    if settings.broker_password_file:
+        password = read_secret(settings.broker_password_file, "broker password")
+    return bare, password
+
+
+TLS_SETTINGS = {"ca.crt": "broker_tls_ca_file", "client.crt": "broker_tls_cert_file",
+                "client.key": "broker_tls_key_file"}
+
+
+def agent_tls_files(module: Module, settings: BrokerSettings, credentials: Path | None) -> dict[str, bytes]:
+    """TLS files a module's agent needs: the controller's CA file, and the module's own client
+    certificate and key (``credentials/<module>.crt`` and ``.key``) when they exist."""
+    files: dict[str, bytes] = {}
+    if settings.broker_tls_ca_file:
+        files["ca.crt"] = Path(settings.broker_tls_ca_file).expanduser().read_bytes()
+    if credentials is not None:
+        crt, key = Path(credentials) / f"{module.name}.crt", Path(credentials) / f"{module.name}.key"
+        if crt.is_file() and key.is_file():
+            files["client.crt"], files["client.key"] = crt.read_bytes(), key.read_bytes()
+    return files
+
+
 def render_config(module: Module, workdir: str, settings: BrokerSettings, *, broker_url: str | None = None,
-                  metrics_host: str = "0.0.0.0") -> tuple[str, str | None]:
+                  metrics_host: str = "0.0.0.0", credentials: Path | None = None,
+                  tls_files: Iterable[str] = ()) -> tuple[str, str | None]:
     """The agent's TOML config for ``module`` and the broker password to store beside it (or None)."""
-    url = broker_url or settings.broker_url_with_secret()
+    url = broker_url or settings.broker_url
     if urlsplit(url).scheme not in ("redis", "rediss"):
         raise DeployError(f"broker {urlsplit(url).scheme}:// cannot reach remote modules; use a redis:// broker "
                           "(fleet.broker_url or --broker-url)")
-    bare, password = split_password(url)
+    bare, password = agent_broker(module, settings, broker_url, credentials)
     agent_dir = f"{workdir}/agent"
     fleet: dict[str, Any] = {"broker_url": bare}
     if password is not None:
         fleet["broker_password_file"] = f"{agent_dir}/broker_password"
+    for name in tls_files:
+        fleet[TLS_SETTINGS[name]] = f"{agent_dir}/tls/{name}"
     fleet["data_dir"] = f"{workdir}/data"
     fleet.update({k: getattr(settings, k) for k in _SHARED})
     agent = {"module": module.name, "workdir": workdir, "model_root": module.model_root,
@@ -304,6 +381,13 @@ def systemd_quote(word: str) -> str:
     return f'"{w}"'
 
 
+def systemd_path(path: str) -> str:
+    """A path for a systemd setting that takes one unquoted path (``WorkingDirectory=``): % escaped."""
+    if any(ord(c) < 32 for c in path) or not path.startswith("/"):
+        raise DeployError(f"work folder {path!r}: must be an absolute path without control characters")
+    return path.replace("%", "%%")
+
+
 def sh_quote(word: str) -> str:
     import shlex
 
@@ -330,7 +414,9 @@ Environment={env}
 ExecStart={exec}
 Restart=always
 RestartSec=5
-KillMode=control-group
+# SIGTERM to the agent alone: it interrupts its run cleanly (the release's servers included) and the
+# run resumes when it starts again; whatever is left after TimeoutStopSec is SIGKILLed.
+KillMode=mixed
 TimeoutStopSec=60
 
 [Install]
@@ -368,7 +454,7 @@ def render_service(module: Module, workdir: str, mode: Literal["systemd", "super
     config = f"{agent_dir}/agent.toml"
     argv = agent_argv(f"{agent_dir}/venv", config, worker_command=worker_command)
     if mode == "systemd":
-        unit = UNIT.format(module=module.name, workdir=systemd_quote(workdir),
+        unit = UNIT.format(module=module.name, workdir=systemd_path(workdir),
                            env=systemd_quote(f"FLEET_CONFIG={config}"),
                            exec=" ".join(systemd_quote(a) for a in argv))
         return unit, ""
@@ -563,8 +649,8 @@ if mode == "systemd":
 pid = running()
 if pid and action in ("restart", "stop"):
     pgid = os.getpgid(pid)  # the supervisor's session: it and the agent with its children
-    os.killpg(pgid, signal.SIGTERM)
-    deadline = time.time() + 30
+    os.kill(pid, signal.SIGTERM)  # the supervisor passes it to the agent alone: a clean interrupt of its run
+    deadline = time.time() + 60
     while running() and time.time() < deadline:
         time.sleep(0.1)
     try:
@@ -619,6 +705,10 @@ def _apply(s: ssh.Session, module: Module, facts: ModuleFacts, desired: Desired,
         elif act.kind == "write_config":
             if desired.password is not None:
                 s.write_file(f"{a}/broker_password", desired.password.encode(), mode=0o600)
+            if desired.tls_files:
+                s.run(["mkdir", "-p", "-m", "700", "--", f"{a}/tls"], what="mkdir")
+                for name, data in desired.tls_files:
+                    s.write_file(f"{a}/tls/{name}", data, mode=0o600)
             s.write_file(f"{a}/agent.toml", desired.config_text.encode(), mode=0o600)
         elif act.kind == "write_service":
             if desired.service_mode == "systemd":
@@ -650,24 +740,33 @@ def _project_version(wheel: Path) -> str:
 def deploy_module(module: Module, opts: DeployOptions, wait: HeartbeatWait | None,
                   wheelhouse: Callable[[ModuleFacts], Wheelhouse], worker_command: bool) -> DeployResult:
     t0 = time.monotonic()
-    target = ssh.SshTarget.of(module, opts.known_hosts, opts.identity, connect_timeout=opts.connect_timeout)
+    target = ssh.SshTarget.of(module, opts.known_hosts, opts.identity, connect_timeout=opts.connect_timeout,
+                              passphrase_file=opts.passphrase_file)
     actions: tuple[Action, ...] = ()
     try:
         with ssh.open_session(target) as s:
             facts = probe(s, module, opts.python)
             wh = wheelhouse(facts)
+            tls = agent_tls_files(module, opts.settings, opts.credentials)
             config_text, password = render_config(module, facts.workdir, opts.settings, broker_url=opts.broker_url,
-                                                  metrics_host=opts.metrics_host)
+                                                  metrics_host=opts.metrics_host, credentials=opts.credentials,
+                                                  tls_files=sorted(tls))
             check_config(config_text)
             mode: Literal["systemd", "supervise"] = "systemd" if facts.systemd_user else "supervise"
             unit, launcher = render_service(module, facts.workdir, mode, worker_command=worker_command)
-            desired = Desired(wh, config_text, password, mode, unit, launcher)
+            desired = Desired(wh, config_text, password, mode, unit, launcher, tuple(sorted(tls.items())))
             actions = plan_module(facts, desired)
             version = _project_version(wh.project)
             if opts.dry_run:
                 return DeployResult(module.name, "planned", tuple(map(str, actions)), None, facts.agent_version,
                                     None, time.monotonic() - t0)
             started = time.time()
+            run = opts.busy(module.name) if (opts.busy and facts.running and actions and not opts.force) else None
+            if run:
+                return DeployResult(module.name, "busy", tuple(map(str, actions)),
+                                    f"{module.name}: busy with run {run}: not restarted (--force interrupts it "
+                                    "cleanly; it resumes from its passed keys)", facts.agent_version, None,
+                                    time.monotonic() - t0)
             if actions:
                 _apply(s, module, facts, desired, actions, facts.python)
                 _write_state(s, facts, desired, version)
@@ -739,6 +838,22 @@ def heartbeat_waiter(settings: BrokerSettings, poll: float = 1.0,
             time.sleep(poll)
 
     return wait
+
+
+def busy_reader(settings: BrokerSettings) -> Callable[[str], str | None]:
+    """module -> the run its latest live heartbeat says it is busy with (None: idle, silent or unknown)."""
+
+    def busy(module: str) -> str | None:
+        from controller.fleet import read_heartbeats
+
+        try:
+            hb = read_heartbeats(settings, [module]).get(module)
+        except Exception:  # broker away: deploy goes on; a restart interrupts a run cleanly anyway
+            return None
+        fresh = hb is not None and time.time() - hb.ts <= settings.offline_after
+        return hb.run_id if fresh and hb is not None else None
+
+    return busy
 
 
 # --------------------------------------------------------------------------- devices check

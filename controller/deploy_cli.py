@@ -15,8 +15,10 @@ from rich.table import Table
 
 from agent.settings import BrokerSettings, SettingsError
 from controller import deploy as dep
+from controller import deploy_acl as acl
 from controller.inventory import Inventory, InventoryError
 from controller.push import PushError, file_sha256, push_release
+from controller.settings import ControllerSettings
 
 out = Console()
 err = Console(stderr=True)
@@ -52,7 +54,7 @@ def deploy_table(results: dict[str, dep.DeployResult]) -> Table:
 
 
 def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable[[], Inventory],
-             get_settings: Callable[[], BrokerSettings]) -> None:
+             get_settings: Callable[[], ControllerSettings]) -> None:
     """Add ``deploy`` and ``push`` to ``app`` and ``check`` to the ``devices`` group."""
 
     @app.command()
@@ -69,18 +71,29 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         no_wait: bool = typer.Option(False, "--no-wait", help="do not wait for heartbeats"),
         cache_dir: Path = typer.Option(dep.DEFAULT_CACHE, "--cache-dir", help="wheel cache on the controller"),
         wheel: Path | None = typer.Option(None, "--wheel", help="deploy this m1000-fleet wheel (default: build one)"),
+        force: bool = typer.Option(False, "--force", help="restart busy agents too (their runs are interrupted "
+                                   "cleanly and resume)"),
+        credentials: Path | None = typer.Option(
+            None, "--module-credentials",
+            help="folder of per-module broker passwords from `fleetctl broker acl` (<module>.password): each "
+                 "agent connects as its own Redis user"),
     ) -> None:
         """Install or update the agent on modules (idempotent), then wait for their heartbeats."""
         try:
+            dep.check_broker_url_option(broker_url)
             settings = get_settings()
             mods = get_inventory().select(devices)
             kh, key = _trust(settings, known_hosts, identity)
-        except (InventoryError, SettingsError, ValueError) as exc:
+            if credentials is not None and not credentials.is_dir():
+                raise ValueError(f"--module-credentials {credentials}: not a folder")
+        except (InventoryError, SettingsError, ValueError, dep.DeployError) as exc:
             raise _fail(str(exc)) from None
         opts = dep.DeployOptions(known_hosts=kh, identity=key, settings=settings, broker_url=broker_url,
                                  metrics_host=metrics_host, max_parallel=parallel, dry_run=dry_run,
                                  heartbeat_timeout=heartbeat_timeout, cache_dir=cache_dir,
-                                 project_wheel=wheel)
+                                 project_wheel=wheel, credentials=credentials,
+                                 passphrase_file=settings.ssh_key_passphrase_file,
+                                 force=force, busy=None if dry_run else dep.busy_reader(settings))
         wait = None if (no_wait or dry_run) else dep.heartbeat_waiter(settings)
         try:
             with err.status(f"deploying to {len(mods)} module(s)"):
@@ -89,6 +102,10 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
             raise _fail(str(exc)) from None
         out.print(deploy_table(results))
         failed = [r.module for r in results.values() if not r.ok]
+        busy = [r.module for r in results.values() if r.status == "busy"]
+        if busy:
+            err.print(f"{len(busy)} busy module(s) not restarted: {', '.join(busy)} (--force to restart them)",
+                      highlight=False)
         if all(r.status == "unchanged" for r in results.values()):
             out.print("nothing changed: every module already runs this agent and config")
         if failed:
@@ -123,6 +140,29 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         out.print(t)
         if any(r.error for r in results.values()):
             raise typer.Exit(1)
+
+    broker_app = typer.Typer(add_completion=False, help="The broker's users (Redis ACL).")
+    app.add_typer(broker_app, name="broker")
+
+    @broker_app.command("acl")
+    def broker_acl(
+        out_dir: Path = typer.Option(Path("deploy/redis"), "--out", help="folder for users.acl and passwords/"),
+        controller_user: str = typer.Option(acl.CONTROLLER_USER, "--controller-user", help="the controller's user"),
+        rotate: bool = typer.Option(False, "--rotate", help="new passwords for every user (else existing kept)"),
+    ) -> None:
+        """Write redis-server's ACL file: one user per module (its own queue and records only) and the controller."""
+        try:
+            names = [m.name for m in get_inventory().modules]
+            files = acl.write_acl(out_dir, names, controller_user=controller_user, rotate=rotate)
+        except (InventoryError, SettingsError, acl.AclError, OSError) as exc:
+            raise _fail(str(exc)) from None
+        out.print(f"{files.acl}: {len(files.users)} users ({controller_user} + {len(names)} modules); default user off",
+                  highlight=False)
+        out.print(f"passwords (0600): {files.passwords}/<user>.password; new: {', '.join(files.created) or 'none'}",
+                  highlight=False)
+        out.print(f"redis.conf: aclfile {files.acl.name} | controller: broker_url = redis://{controller_user}@<host>"
+                  f"/0, broker_password_file = {files.passwords}/{controller_user}.password | "
+                  f"fleetctl deploy --module-credentials {files.passwords}", highlight=False)
 
     @devices_app.command("check")
     def check(

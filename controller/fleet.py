@@ -25,9 +25,11 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from agent.celery_app import RUN_TASK, is_embedded, make_app, queue_name
+from agent.errors import BadInput
 from agent.kv import KV
 from agent.records import Heartbeat, RunProgress, RunRequest, RunState, StepError, release_version_of
 from agent.settings import BrokerSettings
+from agent.store import check_run_id
 from controller.history import History
 from controller.inventory import Module
 
@@ -60,12 +62,15 @@ class ModuleStatus:
 
 
 def derive_state(hb: Heartbeat | None, now: float, *, offline_after: float, consecutive_failures: int = 0,
-                 failures_for_bad: int = 3) -> tuple[str, str]:
+                 failures_for_bad: int = 3, lost_after: float | None = None) -> tuple[str, str]:
+    """``unreachable``: no heartbeat for ``offline_after`` (its run goes on); ``offline``: for ``lost_after``."""
     if hb is None:
         return "offline", "no heartbeat ever"
     age = now - hb.ts
-    if age > offline_after:
+    if age > max(offline_after, lost_after or 0.0):
         return "offline", f"no heartbeat for {age:.0f} s"
+    if age > offline_after:
+        return "unreachable", f"no heartbeat for {age:.0f} s" + (f", run {hb.run_id} goes on" if hb.run_id else "")
     if not hb.healthy:
         return "bad", hb.detail or "agent reports itself unhealthy"
     if consecutive_failures >= failures_for_bad:
@@ -96,7 +101,28 @@ def new_run_id(now: float | None = None) -> str:
 
 
 def module_failed(p: RunProgress) -> bool:
-    return p.state in (RunState.FAILED,) or any(o.status == "failed" for o in p.outcomes)
+    return p.state in (RunState.FAILED, RunState.LOST) or any(o.status == "failed" for o in p.outcomes)
+
+
+def liveness(p: RunProgress | None, hb: Heartbeat | None, now: float, *, dispatched_at: float,
+             settings: BrokerSettings) -> str | None:
+    """Why a (run, module) that is not terminal must be given up now, or None (pure).
+
+    The bounds: no heartbeat for ``lost_after``; started more than ``module_deadline`` ago; queued
+    while the module was alive and idle for ``start_timeout`` (the message never reached it).
+    """
+    silent = now - hb.ts if hb is not None else now - dispatched_at
+    if silent > settings.lost_after:
+        return (f"agent lost: no heartbeat for {silent:.0f} s" if hb is not None
+                else f"agent lost: never seen in {silent:.0f} s")
+    started = p.started_at if p is not None else None
+    if started is not None and now - started > settings.module_deadline:
+        return f"deadline passed: running for {now - started:.0f} s (bound {settings.module_deadline:.0f} s)"
+    queued = p is None or (p.state == RunState.PENDING and p.started_at is None)
+    if (queued and hb is not None and hb.run_id is None and silent <= settings.offline_after
+            and now - dispatched_at > settings.start_timeout):
+        return f"never started: the module stayed idle for {now - dispatched_at:.0f} s after dispatch"
+    return None
 
 
 @dataclass(frozen=True)
@@ -165,12 +191,20 @@ class Fleet:
     def statuses(self, modules: Sequence[Module], now: float | None = None) -> dict[str, ModuleStatus]:
         now = time.time() if now is None else now
         hbs = self.heartbeats(m.name for m in modules)
+        conflicts = self.kv.conflicts(m.name for m in modules)
         out: dict[str, ModuleStatus] = {}
         for m in modules:
             hb = hbs.get(m.name)
             state, reason = derive_state(hb, now, offline_after=self.settings.offline_after,
                                          consecutive_failures=self.consecutive_failures(m.name),
-                                         failures_for_bad=self.failures_for_bad)
+                                         failures_for_bad=self.failures_for_bad, lost_after=self.settings.lost_after)
+            conflict = conflicts.get(m.name)
+            if conflict and now - float(conflict.get("ts", 0) or 0) < max(3600.0, self.settings.lost_after):
+                held = conflict.get("held_by") or {}
+                reason = (reason + "; " if reason else "") + (
+                    f"name conflict: a second agent on {conflict.get('host')} (pid {conflict.get('pid')}) was refused"
+                    f" {now - float(conflict.get('ts', 0)):.0f} s ago; the name is held by {held.get('host')}"
+                    f" (pid {held.get('pid')})")
             out[m.name] = ModuleStatus(m.name, state, reason, hb, (now - hb.ts) if hb else None)
         return out
 
@@ -198,14 +232,26 @@ class Fleet:
             raise BrokerUnavailable(f"cannot enqueue on {queue_name(module)}: {_short(exc)}") from exc
         return str(res.id)
 
+    def check_new_run_id(self, run_id: str, *, resume: bool = False) -> None:
+        """A run id must match the agents' pattern; one already in the history only with ``resume``."""
+        try:
+            check_run_id(run_id)
+        except BadInput as exc:
+            raise FleetError(str(exc)) from None
+        if not resume and self.history.run(run_id) is not None:
+            raise FleetError(f"run id {run_id!r} is already in the history; resume it explicitly or choose another")
+
     def dispatch(self, *, run_id: str, modules: Sequence[Module], tarballs: Mapping[str, str], sha256: str,
                  release: str, models: Sequence[str], tarball_label: str = "",
-                 statuses: Mapping[str, ModuleStatus] | None = None) -> dict[str, str]:
+                 statuses: Mapping[str, ModuleStatus] | None = None, resume: bool = False) -> dict[str, str]:
         """Record the run and enqueue it on every module that can take it.
 
         Returns module -> "queued" or the reason it was not (offline, bad, no release):
-        those modules are recorded as failed at once, not after an hour.
+        those modules are recorded as failed at once, not after an hour. A run id must match the
+        agents' pattern, and may be one already in the history only with ``resume`` (each module
+        then keeps the keys that passed).
         """
+        self.check_new_run_id(run_id, resume=resume)
         statuses = statuses if statuses is not None else self.statuses(modules)
         self.history.create_run(run_id, release=release, tarball=tarball_label, sha256=sha256,
                                 models=models, modules=[m.name for m in modules])
@@ -213,8 +259,8 @@ class Fleet:
         for m in modules:
             st = statuses[m.name]
             problem = None
-            if st.state == "offline":
-                problem = f"module offline: {st.reason}"
+            if st.state in ("offline", "unreachable"):
+                problem = f"module {st.state}: {st.reason}"
             elif st.state == "bad":
                 problem = f"module bad: {st.reason}"
             elif m.name not in tarballs:
@@ -264,42 +310,55 @@ class Fleet:
             raise FleetError(f"no run {run_id!r} in {self.history.path}")
         now = time.time() if now is None else now
         known = self.history.progress(run_id)
-        pending = [m for m in info.modules if not (known.get(m) and known[m].state.terminal)]
+        # modules the controller gave up (LOST) are still read: a late state or late rows are accepted
+        late_ok = now - info.created_at < self.settings.result_expires
+        pending = [m for m in info.modules if not (known.get(m) and known[m].state.terminal)
+                   or (late_ok and known[m].state == RunState.LOST)]
         live = self.kv.progress(run_id, pending) if pending else {}
         hbs = self.heartbeats(pending) if pending else {}
         for m in pending:
-            p = live.get(m)
+            p, cur = live.get(m), known.get(m)
+            was_lost = cur is not None and cur.state == RunState.LOST
+            if p is not None and cur is not None and was_lost:
+                if not p.state.terminal and p.updated_at <= (cur.finished_at or 0.0):
+                    p = None  # nothing newer than when the module was given up
+                else:
+                    self.history.add_event(run_id, m, f"late {p.state.value} state accepted after the module was "
+                                                      f"marked lost ({cur.error.message if cur.error else ''})")
             if p is not None:
                 have = self.history.conn.execute(
                     "SELECT COUNT(*) FROM rows WHERE run_id=? AND module=?", (run_id, m)).fetchone()[0]
-                if p.rows > have or (p.state.terminal and p.rows):
+                if p.rows != have or p.state.terminal:
                     rows = self.kv.rows(run_id, m)
                     if rows is not None:
-                        self.history.upsert_rows(rows)
+                        self.history.replace_rows(run_id, m, rows)
                 if p.state.terminal:  # device telemetry: published with the module's last progress
                     summary = self.kv.telemetry(run_id, m)
                     if summary is not None:
                         self.history.upsert_telemetry(summary)
-                self.history.upsert_progress(p)
-                known[m] = p
-            cur = known.get(m)
+                self.history.upsert_progress(p, force=was_lost)
+                known[m] = cur = p
             if cur is not None and cur.state.terminal:
                 continue
-            hb = hbs.get(m)
-            silent = now - hb.ts if hb else None
-            started = cur.updated_at if cur else info.created_at
-            lost = (silent is not None and silent > self.settings.offline_after
-                    and now - started > self.settings.offline_after) or (
-                hb is None and now - info.created_at > self.settings.offline_after)
-            if lost:
-                why = f"agent lost: no heartbeat for {silent:.0f} s" if silent is not None else "agent never seen"
-                self.kv.cancel(run_id, m, reason=why)  # a later redelivery must not run it
-                known[m] = self._record_failure(run_id, m, info.release, cur.step if cur else "dispatch", why,
-                                                len(info.models))
+            why = liveness(cur, hbs.get(m), now, dispatched_at=info.created_at, settings=self.settings)
+            if why:
+                self.kv.cancel(run_id, m, reason=why, lost=True)  # a later delivery must not run it
+                known[m] = self._record_lost(run_id, m, info.release, cur, why, len(info.models), now)
         view = RunView(run_id, info.modules, {m: known.get(m) for m in info.modules})
-        if view.finished and info.state == "running":
+        if view.finished and info.state != view.state():
             self.history.set_run_state(run_id, view.state())
         return view
+
+    def _record_lost(self, run_id: str, module: str, release: str, cur: RunProgress | None, why: str,
+                     keys: int, now: float) -> RunProgress:
+        """The controller gives a module's part up: LOST, with the reason (``started_at`` keeps when)."""
+        base = cur or RunProgress(run_id=run_id, module=module, release=release, keys_total=keys)
+        p = base.model_copy(update={"state": RunState.LOST, "updated_at": now, "finished_at": now,
+                                    "error": StepError(step=base.step or "dispatch", message=why)})
+        self.history.upsert_progress(p, force=True)
+        self.history.add_event(run_id, module, f"marked lost: {why}")
+        log.warning("run %s on %s: %s", run_id, module, why)
+        return p
 
     def view(self, run_id: str) -> RunView:
         info = self.history.run(run_id)

@@ -52,6 +52,13 @@ CREATE TABLE IF NOT EXISTS rows (
     PRIMARY KEY (run_id, module, model_key, profile)
 );
 CREATE INDEX IF NOT EXISTS rows_module ON rows (module, model_key);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL,
+    module TEXT NOT NULL,
+    ts REAL NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_run ON events (run_id, module);
 CREATE TABLE IF NOT EXISTS baselines (
     release TEXT NOT NULL,
     version INTEGER NOT NULL,
@@ -193,16 +200,27 @@ class History:
         return RunInfo.model_validate(d)
 
     # -- progress -----------------------------------------------------------------------
-    def upsert_progress(self, p: RunProgress) -> None:
-        """Keep the newest progress of (run, module); an older update never wins."""
+    def upsert_progress(self, p: RunProgress, *, force: bool = False) -> None:
+        """Keep the newest progress of (run, module); an older update never wins unless ``force``
+        (a late state from the module replacing the controller's own "lost")."""
+        where = "" if force else " WHERE excluded.updated_at >= module_runs.updated_at"
         with self.tx() as c:
             c.execute(
                 "INSERT INTO module_runs (run_id, module, state, updated_at, progress) VALUES (?,?,?,?,?)"
                 " ON CONFLICT (run_id, module) DO UPDATE SET state=excluded.state,"
-                " updated_at=excluded.updated_at, progress=excluded.progress"
-                " WHERE excluded.updated_at >= module_runs.updated_at",
+                " updated_at=excluded.updated_at, progress=excluded.progress" + where,
                 (p.run_id, p.module, p.state.value, p.updated_at, p.model_dump_json()),
             )
+
+    # -- what the controller decided, and why ----------------------------------------------
+    def add_event(self, run_id: str, module: str, message: str) -> None:
+        with self.tx() as c:
+            c.execute("INSERT INTO events (run_id, module, ts, message) VALUES (?,?,?,?)",
+                      (run_id, module, time.time(), message))
+
+    def events(self, run_id: str) -> list[tuple[str, float, str]]:
+        cur = self.conn.execute("SELECT module, ts, message FROM events WHERE run_id=? ORDER BY ts", (run_id,))
+        return [(str(m), float(t), str(msg)) for m, t, msg in cur.fetchall()]
 
     def progress(self, run_id: str) -> dict[str, RunProgress]:
         cur = self.conn.execute("SELECT module, progress FROM module_runs WHERE run_id=? ORDER BY module",
@@ -219,6 +237,15 @@ class History:
             before = c.total_changes
             c.executemany(f"INSERT OR REPLACE INTO rows VALUES ({marks})", data)
             return c.total_changes - before
+
+    def replace_rows(self, run_id: str, module: str, rows: Iterable[ResultRow]) -> int:
+        """The module's rows of the run become exactly ``rows`` (rows of superseded attempts go), atomically."""
+        data = [row_to_db(r) for r in rows if r.run_id == run_id and r.module == module]
+        marks = ",".join("?" * len(ROW_FIELDS))
+        with self.tx() as c:
+            c.execute("DELETE FROM rows WHERE run_id=? AND module=?", (run_id, module))
+            c.executemany(f"INSERT OR REPLACE INTO rows VALUES ({marks})", data)
+        return len(data)
 
     def rows(self, run_id: str, module: str | None = None) -> list[ResultRow]:
         q = "SELECT * FROM rows WHERE run_id=?"

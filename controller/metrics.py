@@ -33,7 +33,7 @@ from controller.history import History, RunInfo
 
 log = logging.getLogger(__name__)
 
-MODULE_STATES: tuple[str, ...] = ("idle", "busy", "offline", "bad")
+MODULE_STATES: tuple[str, ...] = ("idle", "busy", "unreachable", "offline", "bad")
 RECENT_RUNS = 50
 
 CATALOG: tuple[MetricSpec, ...] = (

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shlex
 import stat
 import subprocess
@@ -96,6 +97,10 @@ class SshTarget:
     connect_timeout: float = 10.0
     alive_interval: int = 5  # keepalive period of the bulk channel, s
     alive_count: int = 3  # missed keepalives before the bulk channel gives up
+    # the passphrase of ``identity``, read from this file (mode 0600) when the key is used; else
+    # a running ssh-agent (SSH_AUTH_SOCK) is asked. Never on a command line.
+    passphrase_file: Path | None = None
+    use_agent: bool = True
 
     @classmethod
     def of(cls, module: Module, known_hosts: Path, identity: Path | None = None, **kw: Any) -> SshTarget:
@@ -115,16 +120,34 @@ def remote_command(argv: Sequence[str]) -> str:
 # --- control channel: Fabric -------------------------------------------------------
 
 
+def read_passphrase(path: Path) -> str:
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except OSError as exc:
+        raise AuthError("-", f"{path}: cannot read the SSH key passphrase: {exc.strerror or exc}") from None
+    return text.rstrip("\r\n")
+
+
+def connect_kwargs(target: SshTarget) -> dict[str, Any]:
+    """paramiko's connect arguments: our key (and its passphrase from a file), or the ssh-agent's keys."""
+    kwargs: dict[str, Any] = {"look_for_keys": False,
+                              "allow_agent": target.use_agent and bool(os.environ.get("SSH_AUTH_SOCK")),
+                              "banner_timeout": target.connect_timeout, "auth_timeout": target.connect_timeout}
+    if target.identity is not None:
+        kwargs["key_filename"] = [str(target.identity)]
+        if target.passphrase_file is not None:
+            kwargs["passphrase"] = read_passphrase(target.passphrase_file)
+    return kwargs
+
+
+
 class Session:
     """An open control connection to one module (use as a context manager)."""
 
     def __init__(self, target: SshTarget) -> None:
         self.target = target
         config = Config(overrides={"load_ssh_configs": False, "run": {"hide": True, "warn": True}})
-        kwargs: dict[str, Any] = {"look_for_keys": False, "allow_agent": False,
-                                  "banner_timeout": target.connect_timeout, "auth_timeout": target.connect_timeout}
-        if target.identity is not None:
-            kwargs["key_filename"] = [str(target.identity)]
+        kwargs = connect_kwargs(target)
         self.conn = Connection(host=target.host, user=target.user, port=target.port, config=config,
                                connect_timeout=int(max(1, target.connect_timeout)), connect_kwargs=kwargs)
         # Replace Fabric's AutoAddPolicy: only keys in our known_hosts file are accepted.

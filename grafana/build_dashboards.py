@@ -121,7 +121,7 @@ def fleet_overview() -> db.Dashboard:
     d = d.with_panel(st("Active runs", "none", q(f"sum(m1000_run_active{{{M}}})", "active", instant=True)))
     d = d.with_panel(tb("State per module", "none",
                         q(f"max by (module, state) (m1000_fleet_module_state{{{M}}}) == 1", instant=True),
-                        desc="idle, busy, offline or bad, as the controller sees each module"))
+                        desc="idle, busy, unreachable (run goes on), offline or bad, as the controller sees each module"))
     d = d.with_panel(ts("Queue lengths", "none", q("m1000_fleet_queue_length", "{{queue}}")))
     d = d.with_row(db.Row("Current run"))
     d = d.with_panel(bg("Run progress per module", "percentunit",

@@ -14,6 +14,7 @@ command -v scp >/dev/null || need+=(openssh-client)
 command -v chromium >/dev/null || need+=(chromium)
 command -v ip >/dev/null || need+=(iproute2)
 command -v rsync >/dev/null || need+=(rsync)
+command -v systemd-analyze >/dev/null || need+=(systemd)
 [ ${#need[@]} -eq 0 ] && exit 0
 mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
 if [ "$(id -u)" != 0 ]; then

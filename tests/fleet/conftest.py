@@ -33,6 +33,7 @@ class RedisServer:
     dir: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    bind: tuple[str, ...] = ("127.0.0.1",)
 
     @property
     def url(self) -> str:
@@ -42,8 +43,10 @@ class RedisServer:
         assert REDIS
         self.dir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--appendonly", "yes",
-             "--save", "", "--daemonize", "no", "--protected-mode", "yes"],
+            [REDIS, "--port", str(self.port), "--bind", *self.bind, "--dir", str(self.dir), "--appendonly", "yes",
+             "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
+             # protected mode refuses clients off loopback without a password: the veth test host is one
+             "--protected-mode", "yes" if self.bind == ("127.0.0.1",) else "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         end = time.monotonic() + 10
         while time.monotonic() < end:
@@ -57,6 +60,12 @@ class RedisServer:
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no final AOF rewrite (appendfsync everysec: at most ~1 s of writes lost)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
             self.proc.wait(timeout=10)
 
     def restart(self, down_for: float = 1.0) -> None:
@@ -94,16 +103,26 @@ class Lab:
     def state(self) -> State:
         return State.for_settings(self.settings)
 
-    def start(self, names: list[str] | None = None, sim_env: dict[str, dict[str, str]] | None = None) -> None:
+    def worker_env(self) -> dict[str, str]:
+        """FLEET_* variables for the lab's settings that workers must share (beyond start_worker's own)."""
+        fields = ("lost_after", "run_soft_time_limit", "run_time_limit", "broker_visibility_timeout", "max_attempts")
+        defaults = ControllerSettings()
+        return {f"FLEET_{f.upper()}": str(getattr(self.settings, f)) for f in fields
+                if getattr(self.settings, f) != getattr(defaults, f)}
+
+    def start(self, names: list[str] | None = None, sim_env: dict[str, dict[str, str]] | None = None,
+              wait: bool = True, argv_prefix: tuple[str, ...] = ()) -> None:
         from simulator import make_models
 
         started = []
         for name in names or self.names:
             make_models(self.base / "modules" / name / "models")
-            w = start_worker(name, self.base, self.settings, sim_env=(sim_env or {}).get(name, {}))
+            env = {**self.worker_env(), **(sim_env or {}).get(name, {})}
+            w = start_worker(name, self.base, self.settings, sim_env=env, argv_prefix=argv_prefix)
             self.workers[name] = w
             started.append(w)
-        wait_for_heartbeats(self.settings, started, 60)
+        if wait:
+            wait_for_heartbeats(self.settings, started, 60)
 
     def kill(self, name: str) -> None:
         w = self.workers.pop(name)
@@ -116,7 +135,8 @@ class Lab:
         env.update({"FLEET_BROKER_URL": self.settings.broker_url, "FLEET_DATA_DIR": str(self.settings.data_dir),
                     "FLEET_INVENTORY": str(self.settings.inventory), "FLEET_HISTORY": str(self.settings.history_path),
                     "FLEET_HEARTBEAT_INTERVAL": str(self.settings.heartbeat_interval),
-                    "FLEET_OFFLINE_AFTER": str(self.settings.offline_after), "FLEET_METRICS_PORT": "0"})
+                    "FLEET_OFFLINE_AFTER": str(self.settings.offline_after), "FLEET_METRICS_PORT": "0",
+                    **self.worker_env()})
         return env
 
     def fleetctl(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -131,6 +151,7 @@ class Lab:
 
 def make_lab(base: Path, broker: tuple[str, RedisServer | None], n: int, extra: list[str] | None = None,
              **overrides: float) -> Lab:
+    """``overrides``: ControllerSettings fields (heartbeat_interval, offline_after, lost_after, time limits...)."""
     """A lab of ``n`` modules (plus ``extra`` names in the inventory that never get a worker)."""
     names = [f"sim-{i + 1:02d}" for i in range(n)]
     url = broker[0]
@@ -138,9 +159,7 @@ def make_lab(base: Path, broker: tuple[str, RedisServer | None], n: int, extra: 
         url = f"redis://127.0.0.1:{broker[1].port}/{next(_REDIS_DB)}"
     settings = ControllerSettings(
         broker_url=url, data_dir=base / "fleet", inventory=base / "inventory.toml",
-        history=base / "history.sqlite",
-        heartbeat_interval=overrides.get("heartbeat_interval", 0.5),
-        offline_after=overrides.get("offline_after", 4.0))
+        history=base / "history.sqlite", **{"heartbeat_interval": 0.5, "offline_after": 4.0, **overrides})
     base.mkdir(parents=True, exist_ok=True)
     (base / "inventory.toml").write_text(inventory_toml(names + (extra or []), base, None))
     return Lab(base, settings, names, redis=broker[1])

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from agent.records import RunState
+from agent.validate import stage_local_release
 from agent.worker import MARK
 from controller.fleet import Fleet
 from controller.history import History
@@ -82,10 +83,11 @@ def test_multi_module_run_end_to_end(shared_lab, release):
     assert leftovers(lab) == []
     # the same run redelivered is answered from the module's record, never benchmarked twice
     fleet = Fleet(lab.settings, h)
+    staged = str(stage_local_release(release.path, release.sha256, lab.settings.data_dir))
     before = (lab.base / "modules" / "sim-01" / "work" / "runs" / run.run_id / "attempts").read_text()
     fleet.dispatch(run_id=run.run_id, modules=[m for m in lab.state().inventory().modules if m.name == "sim-01"],
-                   tarballs={"sim-01": str(release.path)}, sha256=release.sha256, release="1.4.1",
-                   models=("qwen3", "qwen35_mtp"))
+                   tarballs={"sim-01": staged}, sha256=release.sha256, release="1.4.1",
+                   models=("qwen3", "qwen35_mtp"), resume=True)
     wait_for(lambda: fleet.sync(run.run_id).finished, 30, "the redelivered run to be answered")
     assert (lab.base / "modules" / "sim-01" / "work" / "runs" / run.run_id / "attempts").read_text() == before
     assert len(h.rows(run.run_id)) == 52
@@ -125,7 +127,7 @@ def test_cancel_mid_run_leaves_no_process(shared_lab, slow_release):
 
 
 def test_agent_killed_mid_run_is_failed_within_seconds(lab_factory, slow_release):
-    lab = lab_factory(2, offline_after=3.0)
+    lab = lab_factory(2, offline_after=3.0, lost_after=6.0)
     lab.start()
     h = History(lab.settings.history_path)
     fleet = Fleet(lab.settings, h)
@@ -137,14 +139,16 @@ def test_agent_killed_mid_run_is_failed_within_seconds(lab_factory, slow_release
     lab.kill("sim-02")
     view = wait_for(lambda: (v := fleet.sync(run_id)).finished and v, 180, "the run to end")
     lost = view.progress["sim-02"]
-    assert lost.state == RunState.FAILED and "agent lost" in lost.error.message
+    assert lost.state == RunState.LOST and "agent lost" in lost.error.message
     assert time.monotonic() - killed_at < 60
     assert view.progress["sim-01"].state == RunState.DONE and view.progress["sim-01"].rows == 15
-    # the restarted agent stops the server the killed one left behind, and does not rerun the lost run
+    # the restarted agent stops the server the killed one left behind, does not rerun the lost run,
+    # and reports it failed, which the controller accepts in place of its own "lost"
     lab.start(["sim-02"])
     assert wait_for(lambda: leftovers(lab) == [], 10, "orphans reaped")
-    time.sleep(2)
-    assert fleet.sync(run_id).progress["sim-02"].state == RunState.FAILED
+    wait_for(lambda: fleet.sync(run_id).progress["sim-02"].state == RunState.FAILED, 10, "the late failed state")
+    assert "agent lost" in fleet.sync(run_id).progress["sim-02"].error.message
+    assert any("late failed state accepted" in e[2] for e in h.events(run_id))
 
 
 def test_detach_then_watch_status_results(shared_lab, release):

@@ -7,6 +7,7 @@ waits for real heartbeats through a real redis-server on the lab's bridge.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import stat
@@ -96,6 +97,15 @@ def test_deploy_redeploy_check_and_a_module_down(lab: Lab, lab_redis: str, wheel
     assert again.exit_code == 0, again.output
     assert "nothing changed" in again.output and again.output.count("unchanged") == 3
     assert pids == {h.name: (h.home / "m1000-fleet" / "agent" / "supervisor.pid").read_text() for h in lab.hosts}
+
+    # a change that needs a restart is not applied to an agent busy with a run, unless forced
+    mod_a = [m for m in mods if m.name == "mod-a"]
+    busy_opts = dataclasses.replace(opts, metrics_host="127.0.0.2", busy=lambda m: "r-busy" if m == "mod-a" else None,
+                                    project_wheel=wheelhouse.builder.project_wheel())
+    held = dep.deploy(mod_a, busy_opts, None)["mod-a"]
+    assert held.status == "busy" and "busy with run r-busy" in (held.error or ""), held
+    assert (lab.host("mod-a").home / "m1000-fleet" / "agent" / "supervisor.pid").read_text() == pids["mod-a"]
+    assert "127.0.0.2" not in (lab.host("mod-a").home / "m1000-fleet" / "agent" / "agent.toml").read_text()
 
     checked = runner.invoke(app, ["devices", "check", *trust(lab)])
     assert checked.exit_code == 0, checked.output

@@ -1,0 +1,246 @@
+"""Validation of a run request on the agent, before anything runs.
+
+Whoever can write to the broker can put a message on a module's queue: the request is
+treated as hostile until checked. :func:`validate_request` turns the task's argument into
+a :class:`RunRequest` or raises :class:`RefusedRequest` naming the field and why:
+
+- the whole payload is a JSON object of bounded size, ``schema_version`` is this one;
+- ``run_id`` matches :data:`agent.records.RUN_ID_PATTERN`; ``module`` is this agent's;
+- ``models`` are known model keys, bounded in number, no duplicates;
+- ``key_env``: only requested model keys; variable names match :data:`ENV_NAME` and are not
+  in the deny list (:func:`env_name_problem`: loader, interpreter and shell start-up
+  variables, the agent's own); counts and value lengths bounded; no NUL;
+- ``tarball``: an absolute path that, symlinks resolved, lies inside one of the allowed
+  release roots (:meth:`AgentSettings.allowed_release_roots`); the request that comes back
+  names the resolved path, so what is checked is what is read;
+- ``model_root`` and ``model_paths``: absolute, bounded, no control characters;
+- ``sha256`` 64 hex digits, ``release`` short and printable, ``max_attempts`` small.
+
+A refused request runs nothing: the worker records the run as failed for this module
+(when the run id and module could be read) with ``refused request: <field>: <why>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from agent.errors import BadInput
+from agent.records import (
+    MODEL_KEYS,
+    RUN_ID_RULE,
+    SCHEMA_VERSION,
+    RunProgress,
+    RunRequest,
+    RunState,
+    StepError,
+    is_run_id,
+)
+from agent.settings import AgentSettings
+
+MAX_PAYLOAD_BYTES = 64 * 1024  # the JSON of one request, whole
+MAX_PATH = 4096
+MAX_RELEASE = 128
+MAX_ENV_PER_KEY = 32
+MAX_ENV_TOTAL = 128
+MAX_ENV_VALUE = 4096
+MAX_ATTEMPTS = 10
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# Names that change how a program, the loader, an interpreter or the shell starts, and the
+# agent's own variables. Compared case-insensitively.
+DENY_ENV_NAMES = frozenset({
+    "PATH", "IFS", "PS1", "PS2", "PS3", "PS4", "ENV", "BASH_ENV", "SHELLOPTS", "BASHOPTS", "CDPATH", "GLOBIGNORE",
+    "PROMPT_COMMAND", "HOME", "SHELL", "TMPDIR", "HOSTALIASES", "LOCALDOMAIN", "RES_OPTIONS", "NLSPATH",
+    "LOCPATH", "GCONV_PATH", "GLIBC_TUNABLES", "PERL5LIB", "PERL5OPT", "PERLLIB", "RUBYOPT", "RUBYLIB",
+    "NODE_OPTIONS", "NODE_PATH", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "BROWSER", "EDITOR", "PAGER",
+    "GIT_SSH", "GIT_SSH_COMMAND", "GIT_EXEC_PATH", "SSH_ASKPASS", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+})
+DENY_ENV_PREFIXES = ("BASH_FUNC_", "LD_", "PYTHON", "MALLOC_", "DYLD_", "FLEET_", "M1000_FLEET_", "CELERY_")
+
+
+class RefusedRequest(BadInput):
+    """A run request the agent will not run: ``refused request: <field>: <why>``.
+
+    ``run_id`` and ``module`` are set when the request carried them as valid strings, so
+    the caller can still record the run as failed.
+    """
+
+    def __init__(self, field: str, why: str, *, run_id: str | None = None, module: str | None = None) -> None:
+        self.field = field
+        self.why = why
+        self.run_id = run_id
+        self.module = module
+        super().__init__(f"refused request: {field}: {why}")
+
+
+def env_name_problem(name: object) -> str | None:
+    """Why ``name`` may not be set in a release script's environment, or None."""
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+        return f"variable name {_short(name)} is not [A-Za-z_][A-Za-z0-9_]* (at most 128)"
+    up = name.upper()
+    if up in DENY_ENV_NAMES or up.startswith(DENY_ENV_PREFIXES):
+        return f"variable {name} may not be set by a request"
+    return None
+
+
+def _short(value: object, n: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def _abs_path(field: str, value: str, refuse: Any) -> None:
+    if not value:
+        raise refuse(field, "empty path")
+    if len(value) > MAX_PATH:
+        raise refuse(field, f"path longer than {MAX_PATH} characters")
+    if _control(value):
+        raise refuse(field, "control character (NUL, newline, ...) in path")
+    if not value.startswith("/"):
+        raise refuse(field, f"{_short(value)} is not an absolute path")
+
+
+def within(path: Path, roots: list[Path]) -> bool:
+    return any(path == r or r in path.parents for r in roots)
+
+
+def validate_request(payload: object, settings: AgentSettings) -> RunRequest:
+    """The checked :class:`RunRequest` of ``payload``, or :class:`RefusedRequest`."""
+    if not isinstance(payload, dict):
+        raise RefusedRequest("payload", f"a JSON object was expected, got {type(payload).__name__}")
+    raw_run, raw_module = payload.get("run_id"), payload.get("module")
+    run_id = raw_run if is_run_id(raw_run) else None
+    module = raw_module if isinstance(raw_module, str) and raw_module == settings.module else None
+
+    def refuse(field: str, why: str) -> RefusedRequest:
+        return RefusedRequest(field, why, run_id=run_id, module=module)
+
+    try:
+        size = len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    except (TypeError, ValueError, RecursionError):
+        raise refuse("payload", "not plain JSON data") from None
+    if size > MAX_PAYLOAD_BYTES:
+        raise refuse("payload", f"{size} bytes, more than {MAX_PAYLOAD_BYTES}")
+    version = payload.get("schema_version", SCHEMA_VERSION)
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise refuse("schema_version", f"{_short(version)} is not {SCHEMA_VERSION}")
+    if run_id is None:
+        why = "missing" if raw_run is None else f"{_short(raw_run)} does not match {RUN_ID_RULE}"
+        raise refuse("run_id", why)
+    if not isinstance(raw_module, str):
+        raise refuse("module", "missing" if raw_module is None else f"{_short(raw_module)} is not a string")
+    if module is None:
+        raise refuse("module", f"run for module {_short(raw_module)} reached {settings.module!r}")
+    try:
+        req = RunRequest.model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ())) or "payload"
+        raise refuse(loc, str(first.get("msg", "invalid"))) from None
+
+    sha = req.sha256
+    if len(sha) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha):
+        raise refuse("sha256", "not 64 hex digits")
+    if len(req.release) > MAX_RELEASE or _control(req.release):
+        raise refuse("release", f"longer than {MAX_RELEASE} characters or with control characters")
+    if not 1 <= req.max_attempts <= MAX_ATTEMPTS:
+        raise refuse("max_attempts", f"{req.max_attempts} is not within 1..{MAX_ATTEMPTS}")
+
+    # model keys
+    if not req.models:
+        raise refuse("models", "no model key")
+    if len(req.models) > len(MODEL_KEYS):
+        raise refuse("models", f"{len(req.models)} keys, more than the {len(MODEL_KEYS)} known")
+    for k in req.models:
+        if k not in MODEL_KEYS:
+            raise refuse("models", f"unknown model key {_short(k)}")
+    if len(set(req.models)) != len(req.models):
+        raise refuse("models", "a model key is given twice")
+
+    # paths
+    _abs_path("model_root", req.model_root, refuse)
+    if len(req.model_paths) > len(MODEL_KEYS):
+        raise refuse("model_paths", "more entries than known model keys")
+    for k, p in req.model_paths.items():
+        if k not in MODEL_KEYS:
+            raise refuse("model_paths", f"unknown model key {_short(k)}")
+        _abs_path(f"model_paths.{k}", p, refuse)
+
+    # extra environment of the release scripts
+    total = 0
+    for k, env in req.key_env.items():
+        if k not in req.models:
+            raise refuse("key_env", f"{_short(k)} is not a requested model key")
+        if len(env) > MAX_ENV_PER_KEY:
+            raise refuse(f"key_env.{k}", f"{len(env)} variables, more than {MAX_ENV_PER_KEY}")
+        total += len(env)
+        for name, value in env.items():
+            problem = env_name_problem(name)
+            if problem:
+                raise refuse(f"key_env.{k}", problem)
+            if len(value) > MAX_ENV_VALUE:
+                raise refuse(f"key_env.{k}.{name}", f"value longer than {MAX_ENV_VALUE} characters")
+            if "\x00" in value:
+                raise refuse(f"key_env.{k}.{name}", "NUL in value")
+    if total > MAX_ENV_TOTAL:
+        raise refuse("key_env", f"{total} variables, more than {MAX_ENV_TOTAL}")
+
+    # the tarball: inside an allowed root once every symlink is resolved
+    _abs_path("tarball", req.tarball, refuse)
+    resolved = Path(os.path.realpath(req.tarball))
+    roots = settings.allowed_release_roots()
+    if not within(resolved, roots):
+        shown = f" (resolves to {resolved})" if str(resolved) != req.tarball else ""
+        raise refuse("tarball", f"{_short(req.tarball, 200)}{shown} is outside the release roots "
+                                f"({', '.join(str(r) for r in roots)})")
+    if str(resolved) != req.tarball:
+        req = req.model_copy(update={"tarball": str(resolved)})
+    return req
+
+
+def refused_progress(exc: RefusedRequest, settings: AgentSettings, now: float) -> RunProgress | None:
+    """The failed state to publish for a refused request, when it names a run of this module."""
+    if exc.run_id is None or exc.module != settings.module:
+        return None
+    return RunProgress(run_id=exc.run_id, module=exc.module, state=RunState.FAILED, step="dispatch",
+                       updated_at=now, finished_at=now, error=StepError(step="dispatch", message=str(exc)))
+
+
+# --------------------------------------------------------------------------- local transport
+def local_release_path(data_dir: Path, sha256: str, name: str) -> Path:
+    """Where a release for modules of the local transport lives: ``<data_dir>/releases/<sha256>/<name>``."""
+    return Path(data_dir).expanduser().resolve() / "releases" / sha256 / name
+
+
+def stage_local_release(tarball: Path, sha256: str, data_dir: Path) -> Path:
+    """Put ``tarball`` under the data folder's release root (hard link, else copy), atomically; its path."""
+    dest = local_release_path(data_dir, sha256, tarball.name)
+    src = Path(tarball).resolve()
+    if dest.is_file() and dest.stat().st_size == src.stat().st_size:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.{os.getpid()}.part"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return dest

@@ -1,0 +1,204 @@
+"""Slow tier (redis): one Redis ACL user per module, from `fleetctl broker acl`, tried for real.
+
+Module sim-01's credential is used against module sim-02's queue, records, cancel flags and
+server-wide commands: every attempt must be refused by Redis itself (NOPERM). Then a fleet
+runs end to end with each agent connected as its own user and the controller as its own,
+and Redis's ACL log shows that no legitimate step was refused.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+import redis
+
+from agent.records import RunState
+from controller import deploy_acl as acl
+from tests.security.conftest import SecureRedis, fleetctl_path, make_secure_lab, task_body, task_envelope
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+ADMIN = ("acl-admin", "admin-pw-for-the-test-only")
+
+
+def start_acl_redis(tmp_path, modules: list[str]) -> tuple[SecureRedis, acl.AclFiles]:
+    files = acl.write_acl(tmp_path / "broker", modules)
+    # a test-only admin user, to read the ACL log (no fleet user may)
+    with files.acl.open("a") as fh:
+        fh.write(f"user {ADMIN[0]} on >{ADMIN[1]} ~* &* +@all\n")
+    server = SecureRedis(tmp_path / "redis", aclfile=files.acl)
+    server.start()
+    return server, files
+
+
+def pw(files: acl.AclFiles, user: str) -> str:
+    return (files.passwords / f"{user}.password").read_text().strip()
+
+
+def test_acl_file_shape(tmp_path):
+    files = acl.write_acl(tmp_path / "b", ["sim-01", "sim-02"])
+    text = files.acl.read_text()
+    assert files.acl.stat().st_mode & 0o777 == 0o600 and files.passwords.stat().st_mode & 0o777 == 0o700
+    assert all((files.passwords / f"{u}.password").stat().st_mode & 0o777 == 0o600 for u in files.users)
+    for u in files.users:
+        assert pw(files, u) not in text  # hashed only
+    assert "user default off" in text
+    first = pw(files, "sim-01")
+    again = acl.write_acl(tmp_path / "b", ["sim-01", "sim-02", "sim-03"])
+    assert again.created == ("sim-03",) and pw(again, "sim-01") == first
+    rotated = acl.write_acl(tmp_path / "b", ["sim-01"], rotate=True)
+    assert pw(rotated, "sim-01") != first
+    with pytest.raises(acl.AclError):
+        acl.write_acl(tmp_path / "c", ["bad:name"])
+
+
+def test_fleetctl_broker_acl(tmp_path):
+    from controller.demo import inventory_toml
+
+    (tmp_path / "inventory.toml").write_text(inventory_toml(["sim-01", "sim-02"], tmp_path, None))
+    r = subprocess.run([fleetctl_path(), "-i", str(tmp_path / "inventory.toml"), "broker", "acl", "--out",
+                        str(tmp_path / "redis")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stdout.split())  # rich wraps long paths at the terminal's width
+    assert "3 users" in said and "--module-credentials" in said
+    assert {p.name for p in (tmp_path / "redis" / "passwords").iterdir()} == {
+        "fleet-controller.password", "sim-01.password", "sim-02.password"}
+
+
+@pytest.fixture(scope="module")
+def acl_server(tmp_path_factory):
+    server, files = start_acl_redis(tmp_path_factory.mktemp("acl"), ["sim-01", "sim-02"])
+    try:
+        yield server, files
+    finally:
+        server.stop()
+
+
+def refused(fn, *args):
+    with pytest.raises(redis.exceptions.NoPermissionError) as exc:
+        fn(*args)
+    assert "NOPERM" in str(exc.value) or "no permissions" in str(exc.value)
+
+
+def test_module_a_cannot_touch_module_b(acl_server):
+    server, files = acl_server
+    ctl = server.client(acl.CONTROLLER_USER, pw(files, acl.CONTROLLER_USER), db=1)
+    a = server.client("sim-01", pw(files, "sim-01"), db=1)
+    b_queue = "module.sim-02"
+    ctl.lpush(b_queue, b"run for B")
+    ctl.lpush(b_queue + "\x06\x163", b"priority run for B")
+    ctl.set("m1000-fleet:progress:r1:sim-02", "{}")
+    ctl.set("m1000-fleet:rows:r1:sim-02", "[]")
+    ctl.set("m1000-fleet:hb:sim-02", "{}")
+    ctl.set("m1000-fleet:cancel:r1:sim-02", json.dumps({"reason": "x"}))
+    ctl.hset("unacked:module.sim-02", "tag", "payload")
+    ctl.set("celery-task-meta-r1.sim-02", "{}")
+
+    # B's queue: read, pop, push, priority lists too
+    refused(a.llen, b_queue)
+    refused(a.lrange, b_queue, 0, -1)
+    refused(a.rpop, b_queue)
+    refused(a.brpop, [b_queue], 1)
+    refused(a.brpop, [b_queue + "\x06\x163"], 1)
+    refused(a.lpush, b_queue, task_envelope("sim-02", task_body({"run_id": "x"})))
+    refused(a.lpush, b_queue + "\x06\x163", b"x")
+    # stealing B's runs through a binding, reading or dropping B's unacked messages
+    refused(a.sadd, "_kombu.binding.module.sim-02", "module.sim-02\x06\x16\x06\x16module.sim-01")
+    refused(a.hgetall, "unacked:module.sim-02")
+    refused(a.hget, "unacked:module.sim-02", "tag")
+    refused(a.hdel, "unacked:module.sim-02", "tag")
+    # B's progress, rows, heartbeat, results
+    for key in ("m1000-fleet:progress:r1:sim-02", "m1000-fleet:rows:r1:sim-02", "m1000-fleet:hb:sim-02",
+                "celery-task-meta-r1.sim-02"):
+        refused(a.get, key)
+        refused(a.set, key, "forged")
+        refused(a.delete, key)
+    refused(a.mget, ["m1000-fleet:progress:r1:sim-01", "m1000-fleet:progress:r1:sim-02"])
+    refused(a.publish, "m1000-fleet:progress:r1:sim-02", "forged")
+    refused(a.execute_command, "SUBSCRIBE", "celery-task-meta-r1.sim-02")
+    refused(a.execute_command, "PSUBSCRIBE", "*")
+    # cancel flags: never written by a module (B's, the run's, its own)
+    refused(a.set, "m1000-fleet:cancel:r1:sim-02", "{}")
+    refused(a.set, "m1000-fleet:cancel:r1", "{}")
+    refused(a.set, "m1000-fleet:cancel:r1:sim-01", "{}")
+    refused(a.delete, "m1000-fleet:cancel:r1:sim-02")
+    # server-wide commands
+    refused(a.flushall)
+    refused(a.flushdb)
+    refused(a.config_get, "*")
+    refused(a.config_set, "dir", "/tmp")
+    refused(a.keys, "*")
+    refused(a.scan)
+    refused(a.execute_command, "ACL", "LIST")
+    refused(a.execute_command, "MONITOR")
+    refused(a.execute_command, "CLIENT", "KILL", "TYPE", "normal")
+    refused(a.execute_command, "SHUTDOWN")
+    # nothing of B's changed
+    assert ctl.llen(b_queue) == 1 and ctl.get("m1000-fleet:progress:r1:sim-02") == b"{}"
+    assert ctl.hget("unacked:module.sim-02", "tag") == b"payload"
+    assert ctl.smembers("_kombu.binding.module.sim-02") == set()
+    # what A may do with its own
+    assert a.llen("module.sim-01") == 0
+    a.execute_command("SETEX", "m1000-fleet:progress:r1:sim-01", 60, "{}")
+    a.publish("m1000-fleet:progress:r1:sim-01", "{}")
+    assert a.mget(["m1000-fleet:cancel:r1", "m1000-fleet:cancel:r1:sim-01"]) == [None, None]
+    # no password, or the wrong one: nothing at all
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        server.client(None, None).ping()
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        server.client("sim-01", pw(files, "sim-02")).ping()
+
+
+def test_fleet_end_to_end_with_acls(acl_server, tmp_path):
+    from simulator import build_release
+
+    server, files = acl_server
+    admin = server.client(*ADMIN)
+    lab = make_secure_lab(tmp_path / "lab", server, 2, controller_user=acl.CONTROLLER_USER,
+                          controller_password_file=files.passwords / f"{acl.CONTROLLER_USER}.password",
+                          module_password_files={m: files.passwords / f"{m}.password" for m in ("sim-01", "sim-02")},
+                          per_module_users=True)
+    admin.execute_command("ACL", "LOG", "RESET")
+    lab.start()
+    try:
+        who = {c["user"] for c in admin.client_list()}
+        assert {"sim-01", "sim-02", acl.CONTROLLER_USER} <= who, who
+        rel = build_release(tmp_path / "release", time_scale=1000.0, noise=0.0, seed=3)
+        r = subprocess.run([fleetctl_path(), "validate", str(rel.path), "--models", "qwen3,qwen35_mtp"],
+                           env=lab.env(), capture_output=True, text=True, timeout=240)
+        assert r.returncode in (0, 1), r.stderr
+        from controller.history import History
+
+        h = History(lab.settings.history_path)
+        run = h.runs()[0]
+        assert run.state == "done", r.stderr
+        assert {m: sum(x.module == m for x in h.rows(run.run_id)) for m in lab.names} == {"sim-01": 26,
+                                                                                          "sim-02": 26}
+        # a cancel still reaches a module (it reads the flags), through the controller's user
+        r = subprocess.run([fleetctl_path(), "cancel", run.run_id], env=lab.env(), capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        # a message with another module's task id: its result cannot be stored, the worker goes on
+        ctl = server.client(acl.CONTROLLER_USER, pw(files, acl.CONTROLLER_USER))
+        ctl.lpush("module.sim-01", task_envelope("sim-01", task_body({"run_id": "h1", "module": "sim-01"}),
+                                                 task_id="h1.sim-02"))
+        time.sleep(3)
+        assert lab.workers["sim-01"].proc.poll() is None
+        time.sleep(2 * lab.settings.heartbeat_interval)
+        from controller.fleet import read_heartbeats
+
+        beats = read_heartbeats(lab.settings, lab.names)
+        assert all(b is not None and time.time() - b.ts < 5 for b in beats.values()), beats
+        log = admin.execute_command("ACL", "LOG", "128")
+        entries = [dict(zip(e[::2], e[1::2], strict=True)) if isinstance(e, list) else e for e in log]
+        denied = [(e.get(b"username") or e.get("username"), e.get(b"object") or e.get("object")) for e in entries]
+        legit = [d for d in denied if b"h1.sim-02" not in (d[1] or b"") and "h1.sim-02" not in str(d[1])]
+        assert legit == [], f"legitimate steps refused by the ACL: {legit}"
+        assert len(denied) > len(legit), denied  # the forged task id's result was refused (and logged)
+        p = lab.state().fleet().kv.progress(run.run_id, lab.names)
+        assert all(v is not None and v.state == RunState.DONE for v in p.values())
+    finally:
+        lab.stop()
