@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agent.records import UnknownModelKey, parse_model_keys
+from agent.records import TelemetrySummary, UnknownModelKey, parse_model_keys
 from agent.settings import SettingsError, load_settings
 from controller.fleet import (
     BadRelease,
@@ -229,6 +229,9 @@ def follow_and_judge(st: State, run_id: str, baseline: str | None) -> int:
     verdict, line, report = judge(st, run_id, baseline)
     n = st.history().row_count(run_id)
     out.print(f"verdict: [bold]{verdict}[/] - {line}", highlight=False)
+    for t in report.outlier_telemetry if report is not None else ():  # why the slow modules are slow
+        out.print(f"outlier {t.module}{'' if t.model_key == '*' else f' [{t.model_key}]'}: {t.one_line()}",
+                  highlight=False)
     out.print(f"{n} result rows in {st.settings().history_path} (fleetctl results {run_id}; "
               f"fleetctl report {run_id})", highlight=False)
     return _exit_for(verdict)
@@ -281,12 +284,17 @@ def cancel(run_id: str = typer.Argument(...),
 
 @app.command()
 def results(run_id: str = typer.Argument("latest"),
-            fmt: str = typer.Option("table", "--format", "-f", help="table, csv or json")) -> None:
-    """Result rows of a run."""
+            fmt: str = typer.Option("table", "--format", "-f", help="table, csv or json"),
+            telemetry: bool = typer.Option(False, "--telemetry", help="device telemetry per module and model key "
+                                                                      "instead of the result rows")) -> None:
+    """Result rows of a run (or its device telemetry)."""
     h = STATE.history()
     info = h.find_run(run_id)
     if info.kind == "run":
         STATE.fleet().sync(info.run_id)
+    if telemetry:
+        _print_telemetry(h.telemetry(info.run_id), fmt)
+        return
     rows = h.rows(info.run_id)
     if fmt == "json":
         out.print_json(json.dumps([r.model_dump(mode="json") for r in rows]))
@@ -320,6 +328,39 @@ def results(run_id: str = typer.Argument("latest"),
 
 def _num(v: float | None) -> str:
     return "" if v is None else f"{v:.2f}"
+
+
+def _print_telemetry(summaries: dict[str, TelemetrySummary], fmt: str) -> None:
+    from controller.report.telemetry import telemetry_rows
+
+    rows = telemetry_rows(summaries)
+    if fmt == "json":
+        out.print_json(json.dumps({m: s.model_dump(mode="json") for m, s in summaries.items()}))
+    elif fmt == "csv":
+        import csv
+
+        w = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]) if rows else ["module"], lineterminator="\n",
+                           extrasaction="ignore", restval="")
+        w.writeheader()
+        w.writerows(rows)
+    elif fmt == "table":
+        t = Table("module", "model key", "gpu", "samples", "SM clock p95 / max MHz", "max °C", "power p95 / limit W",
+                  "memory max MiB", "slowdown", "notes")
+        for r in rows:
+            gpu = r["gpu"]
+            key = "" if gpu is None else (r["model_key"] or "(release steps)")
+            t.add_row(r["module"], key, "" if gpu is None else str(gpu), str(r["samples"]),
+                      f"{_int(r.get('sm_clock_p95_mhz'))} / {_int(r.get('sm_clock_max_mhz'))}",
+                      _int(r.get("temperature_max_c")),
+                      f"{_int(r.get('power_p95_w'))} / {_int(r.get('power_limit_w'))}",
+                      _int(r.get("memory_used_max_mib")), r.get("slowdown", ""), r["notes"])
+        out.print(t)
+    else:
+        raise typer.BadParameter(f"unknown format {fmt!r} (table, csv, json)", param_hint="--format")
+
+
+def _int(v: float | None) -> str:
+    return "" if v is None else f"{v:.0f}"
 
 
 @devices_app.callback()
@@ -356,6 +397,7 @@ def demo(
     models: str = typer.Option("all", "--models", "-m"),
     noise: float = typer.Option(0.01, "--noise", min=0.0, max=0.5, help="relative noise of the simulated modules"),
     slow: float | None = typer.Option(None, "--slow", help="one module runs this factor slower (e.g. 1.12)"),
+    throttle: bool = typer.Option(False, "--throttle", help="the slow module is slow because its device throttles"),
     regress: list[str] = typer.Option([], "--regress", help="MODEL_KEY:METRIC:FRACTION, release worse by that"),
     seed: int = typer.Option(1, "--seed"),
     time_scale: float = typer.Option(50.0, "--time-scale", min=1.0, help="simulated modules run N x real time"),
@@ -364,7 +406,7 @@ def demo(
     """Simulated fleet on this machine validates a freshly built simulated release (embedded broker)."""
     from controller.demo import DemoOptions, run_demo
 
-    opts = DemoOptions(devices=devices, models=parse_model_keys(models), noise=noise, slow=slow,
+    opts = DemoOptions(devices=devices, models=parse_model_keys(models), noise=noise, slow=slow, throttle=throttle,
                        regress=tuple(regress), seed=seed, time_scale=time_scale, out_dir=out_dir)
     return run_demo(opts, out, err)
 
