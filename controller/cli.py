@@ -6,7 +6,6 @@ broker unreachable, ...), reported as one line on stderr.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -23,6 +22,7 @@ from rich.table import Table
 from agent.records import UnknownModelKey, parse_model_keys
 from agent.settings import SettingsError, load_settings
 from controller.fleet import (
+    BROKER_ERRORS,
     BadRelease,
     Fleet,
     FleetError,
@@ -102,7 +102,7 @@ STATE = State()
 @app.callback()
 def _main(
     config: Path | None = typer.Option(None, "--config", "-c", envvar="FLEET_CONFIG",
-                                       help="TOML config file ([fleet], [controller])"),
+                                       help="TOML config file (sections \\[fleet] and \\[controller])"),
     inventory: Path | None = typer.Option(None, "--inventory", "-i", help="inventory TOML (default from config)"),
     history: Path | None = typer.Option(None, "--history", help="run history SQLite file"),
 ) -> None:
@@ -117,15 +117,13 @@ def judge(st: State, run_id: str, baseline: str | None) -> tuple[str, str, Any]:
     view = st.fleet().view(info.run_id)
     failed = view.state() in ("failed", "cancelled")
     report = None
-    if importlib.util.find_spec("controller.report") is not None:
+    try:
         from controller.report import build_report
-
-        report = build_report(h, info.run_id, baseline=baseline)
-        verdict = str(report.verdict)
-        text = getattr(report, "one_line", None)
-        line = text() if callable(text) else str(text or verdict)
-    else:
+    except ModuleNotFoundError:  # no controller extras (pandas): the modules' states alone
         verdict, line = ("failed", "some modules failed") if failed else ("pass", "all modules passed")
+    else:
+        report = build_report(h, info.run_id, baseline=baseline)
+        verdict, line = str(report.verdict), report.verdict_line
     if failed and verdict == "pass":
         verdict, line = "failed", "some modules failed; " + line
     h.set_run_state(info.run_id, view.state() if view.finished else "running", verdict=verdict)
@@ -154,19 +152,15 @@ def _distribute(st: State, modules: list[Module], tarball: Path, sha: str) -> tu
         if m.transport == "local":
             paths[m.name] = str(tarball.resolve())
     if remote:
-        if importlib.util.find_spec("controller.push") is None:
-            for m in remote:
-                errors[m.name] = "release distribution over SSH is not available in this build"
-        else:
-            from controller.push import push_release
+        from controller.push import push_release
 
-            s = st.settings()
-            results = push_release(remote, tarball, sha, known_hosts=s.known_hosts, identity=s.ssh_key)
-            for name, r in results.items():
-                if getattr(r, "error", None):
-                    errors[name] = f"push failed: {r.error}"
-                else:
-                    paths[name] = str(r.remote_path)
+        s = st.settings()
+        results = push_release(remote, tarball, sha, known_hosts=s.known_hosts, identity=s.ssh_key)
+        for name, r in results.items():
+            if r.error:
+                errors[name] = f"push failed: {r.error}"
+            else:
+                paths[name] = str(r.remote_path)
     return paths, errors
 
 
@@ -179,21 +173,34 @@ def validate(
     detach: bool = typer.Option(False, "--detach", help="return at once; follow with status/watch"),
     baseline: str | None = typer.Option(None, "--baseline", help="baseline: release, release@vN or run id"),
     run_id: str | None = typer.Option(None, "--run-id", help="run id (default: generated)"),
+    resume: bool = typer.Option(False, "--resume", help="--run-id names an existing run: resume it"),
 ) -> int:
     """Validate a release on the chosen modules; ends with a verdict."""
     return run_validation(STATE, tarball, parse_model_keys(models), devices, detach=detach, baseline=baseline,
-                          run_id=run_id)
+                          run_id=run_id, resume=resume)
 
 
 def run_validation(st: State, tarball: Path, keys: tuple[str, ...], devices: str, *, detach: bool = False,
-                   baseline: str | None = None, run_id: str | None = None) -> int:
+                   baseline: str | None = None, run_id: str | None = None, resume: bool = False) -> int:
     if not tarball.is_file():
         raise BadRelease(f"{tarball}: no such release tarball")
     version = release_version(tarball)
     mods = st.inventory().select(devices)
+    h = st.history()
+    if baseline and h.baseline_run_id(baseline) is None:
+        raise HistoryError(f"no baseline {baseline!r} in {h.path} (see: fleetctl baseline list)")
+    existing = h.run(run_id) if run_id else None
+    if existing is not None and not resume:
+        raise HistoryError(f"run id {run_id!r} already exists in {h.path}; give --resume to resume it, "
+                           "or choose another --run-id")
     fleet = st.fleet()
     fleet.check_broker()
     sha = sha256_file(tarball)
+    if existing is not None and existing.sha256 and existing.sha256 != sha:
+        raise HistoryError(f"run {run_id!r} validated another release ({existing.release}, sha256 "
+                           f"{existing.sha256[:12]}); {tarball} has sha256 {sha[:12]}: not resumed")
+    if existing is not None:
+        h.set_run_state(existing.run_id, "running")
     rid = run_id or new_run_id()
     statuses = fleet.statuses(mods)
     usable = [m for m in mods if statuses[m.name].state not in ("offline", "bad")]
@@ -324,7 +331,9 @@ def devices(ctx: typer.Context,
     if ctx.invoked_subcommand is not None:
         return
     mods = STATE.inventory().select(select_)
-    st = STATE.fleet().statuses(mods)
+    fleet = STATE.fleet()
+    fleet.check_broker()
+    st = fleet.statuses(mods)
     t = Table("module", "host", "labels", "state", "detail", "agent", "last beat", "free disk")
     for m in mods:
         s = st[m.name]
@@ -366,24 +375,53 @@ def demo(
 
 def _register_plugins() -> None:
     """Commands of the other parts of the controller, where present in this build."""
-    if importlib.util.find_spec("controller.report_cli") is not None:
-        from controller import report_cli
+    from controller import deploy_cli, metrics_cli, report_cli
 
-        report_cli.register(app, lambda: STATE.history())
-    if importlib.util.find_spec("controller.deploy_cli") is not None:
-        from controller import deploy_cli
-
-        deploy_cli.register(app, devices_app, lambda: STATE.inventory(), lambda: STATE.settings())
-    if importlib.util.find_spec("controller.metrics_cli") is not None:
-        from controller import metrics_cli
-
-        metrics_cli.register(app, lambda: STATE.inventory())
+    report_cli.register(app, lambda: STATE.history())
+    deploy_cli.register(app, devices_app, lambda: STATE.inventory(), lambda: STATE.settings())
+    metrics_cli.register(app, lambda: STATE.inventory())
 
 
 _register_plugins()
 
 USER_ERRORS: tuple[type[BaseException], ...] = (FleetError, InventoryError, HistoryError, SettingsError,
                                                 UnknownModelKey, OSError)
+CONTROLLER_EXTRA = frozenset({"pandas", "numpy", "scipy", "pyarrow", "matplotlib", "jinja2", "fabric", "paramiko",
+                              "invoke", "fastapi", "uvicorn", "starlette"})
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """Errors that are the user's to fix (one line, exit 2). The errors of parts not loaded by this
+    invocation cannot have been raised: their modules (and pandas, paramiko) are not imported for it."""
+    from pydantic import ValidationError
+
+    types: list[type[BaseException]] = [*USER_ERRORS, ValidationError]
+    if "controller.report.model" in sys.modules:
+        from controller.report.model import ReportError
+
+        types.append(ReportError)
+    if "controller.push" in sys.modules:
+        from controller.push import PushError
+
+        types.append(PushError)
+    if "controller.deploy" in sys.modules:
+        from controller.deploy import DeployError
+
+        types.append(DeployError)
+    return tuple(types)
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for a user error (pydantic's errors: the first problem)."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        return f"{where}: {first.get('msg')}{more}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -399,13 +437,22 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:
         e.show()
         code = 2
-    except USER_ERRORS as e:
-        print(f"fleetctl: error: {e}", file=sys.stderr)
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] not in CONTROLLER_EXTRA:
+            raise
+        print(f"fleetctl: error: this command needs the controller extras (no module {e.name!r}): "
+              "install m1000-fleet[controller]", file=sys.stderr)
         code = 2
-    except Exception:  # a bug: keep the traceback, still exit "error"
-        import traceback
+    except Exception as e:
+        if isinstance(e, user_error_types()):
+            print(f"fleetctl: error: {error_line(e)}", file=sys.stderr)
+        elif isinstance(e, BROKER_ERRORS):
+            print(f"fleetctl: error: broker {STATE.settings().redacted_broker_url()} unreachable: {error_line(e)}",
+                  file=sys.stderr)
+        else:  # a bug: keep the traceback, still exit "error"
+            import traceback
 
-        traceback.print_exc()
+            traceback.print_exc()
         code = 2
     finally:
         STATE.close()

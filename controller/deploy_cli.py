@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from agent.settings import BrokerSettings, SettingsError
-from controller import deploy as dep
 from controller.inventory import Inventory, InventoryError
-from controller.push import PushError, file_sha256, push_release
+
+if TYPE_CHECKING:  # paramiko and fabric load only when a command of this file runs (controller extras)
+    from controller import deploy as dep
 
 out = Console()
 err = Console(stderr=True)
@@ -67,10 +69,13 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         parallel: int = typer.Option(8, "--parallel", min=1, max=256, help="modules deployed at once"),
         heartbeat_timeout: float = typer.Option(90.0, "--heartbeat-timeout", help="wait for the first beat, s"),
         no_wait: bool = typer.Option(False, "--no-wait", help="do not wait for heartbeats"),
-        cache_dir: Path = typer.Option(dep.DEFAULT_CACHE, "--cache-dir", help="wheel cache on the controller"),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir",
+                                              help="wheel cache on the controller (default ~/.cache/m1000-fleet)"),
         wheel: Path | None = typer.Option(None, "--wheel", help="deploy this m1000-fleet wheel (default: build one)"),
     ) -> None:
         """Install or update the agent on modules (idempotent), then wait for their heartbeats."""
+        from controller import deploy as dep
+
         try:
             settings = get_settings()
             mods = get_inventory().select(devices)
@@ -79,7 +84,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
             raise _fail(str(exc)) from None
         opts = dep.DeployOptions(known_hosts=kh, identity=key, settings=settings, broker_url=broker_url,
                                  metrics_host=metrics_host, max_parallel=parallel, dry_run=dry_run,
-                                 heartbeat_timeout=heartbeat_timeout, cache_dir=cache_dir,
+                                 heartbeat_timeout=heartbeat_timeout, cache_dir=cache_dir or dep.DEFAULT_CACHE,
                                  project_wheel=wheel)
         wait = None if (no_wait or dry_run) else dep.heartbeat_waiter(settings)
         try:
@@ -105,6 +110,8 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         parallel: int = typer.Option(4, "--parallel", min=1, max=64, help="modules sent to at once"),
     ) -> None:
         """Put a release into each module's release cache (verified, resumable, skipped when present)."""
+        from controller.push import PushError, file_sha256, push_release
+
         try:
             settings = get_settings()
             mods = [m for m in get_inventory().select(devices) if m.transport == "ssh"]
@@ -131,6 +138,8 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         identity: Path | None = typer.Option(None, "--identity", "-i", help="SSH private key"),
     ) -> None:
         """SSH reachability, Python version, free disk and agent version of each module."""
+        from controller import deploy as dep
+
         try:
             settings = get_settings()
             mods = [m for m in get_inventory().select(devices) if m.transport == "ssh"]

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pandas, scipy and matplotlib load only when a report comman
     from controller.report.model import Report, Thresholds
 
 EXIT_ERROR = 2
-EXIT_NOT_PASS = 3
+EXIT_NOT_PASS = 1
 
 
 class Format(str, Enum):

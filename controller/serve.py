@@ -7,6 +7,7 @@ import importlib.util
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -17,8 +18,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleet.serve")
 
 
-def sync_all(st: State) -> list[str]:
-    """One pass: sync every running run; judge the ones that just finished. Returns finished ids."""
+def sync_all(st: State, warn: Callable[[str], None] = log.warning) -> list[str]:
+    """One pass: sync every running run; judge the ones that just finished. Returns finished ids.
+
+    A run that cannot be synced or judged is reported through ``warn``; the others go on."""
     from controller.cli import judge
 
     fleet = st.fleet()
@@ -27,11 +30,14 @@ def sync_all(st: State) -> list[str]:
         try:
             view = fleet.sync(run_id)
         except Exception as exc:  # one bad run must not stop the service
-            log.warning("sync of %s failed: %s", run_id, exc)
+            warn(f"sync of {run_id} failed: {exc}")
             continue
         if view.finished:
-            judge(st, run_id, None)
             done.append(run_id)
+            try:
+                judge(st, run_id, None)
+            except Exception as exc:  # a report that cannot be built must not stop the service either
+                warn(f"run {run_id} finished, but its verdict could not be reached: {exc}")
     return done
 
 
@@ -63,7 +69,7 @@ def _start_metrics(st: State) -> Any:
 
 def serve_forever(st: State, *, interval: float, once: bool, console: Console) -> None:
     if once:
-        for run_id in sync_all(st):
+        for run_id in sync_all(st, lambda m: console.print(m, highlight=False)):
             console.print(f"run {run_id} finished")
         return
     stop = threading.Event()
@@ -74,7 +80,7 @@ def serve_forever(st: State, *, interval: float, once: bool, console: Console) -
     console.print(f"fleetctl serve: history {s.history_path}, broker {s.redacted_broker_url()}"
                   + (f", /metrics on {s.metrics_host}:{s.metrics_port}" if server else ""))
     while not stop.is_set():
-        for run_id in sync_all(st):
+        for run_id in sync_all(st, lambda m: console.print(m, highlight=False)):
             console.print(f"run {run_id} finished")
         stop.wait(interval)
     if server:
