@@ -177,7 +177,8 @@ def reference_rows() -> list:  # type: ignore[type-arg]
 
 
 def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
-    from controller.cli import State, run_validation
+    from controller import service
+    from controller.live import follow_and_judge, print_launched
     from simulator import build_release, regress_spec
 
     base = _fresh_dir(opts.out_dir)
@@ -194,15 +195,14 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
     err.print(f"demo: built {rel.path.name} (sha256 {rel.sha256[:12]}), speed {speed}, noise {opts.noise}, "
               f"time scale {opts.time_scale:g}; starting {len(names)} simulated modules"
               + (f" ({slow_name} {opts.slow:g}x slower)" if slow_name else ""), highlight=False)
-    st = State.for_settings(settings)
-    try:
-        version, _ = st.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
+    with service.Session(settings) as s:
+        s.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
         with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed,
                              slow={slow_name: opts.slow} if slow_name and opts.slow else {},
                              timeout=opts.start_timeout):
-            code = run_validation(st, rel.path, opts.models, "all")
+            launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models))
+            print_launched(launched, err, len(launched.modules))
+            code = follow_and_judge(s, launched.run_id, None, out, err)
         err.print(f"demo: finished in {time.monotonic() - t0:.0f} s; everything is in {base} "
                   f"(fleetctl --history {settings.history_path} report latest)", highlight=False)
         return code
-    finally:
-        st.close()

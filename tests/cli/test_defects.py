@@ -88,6 +88,7 @@ def test_user_errors_are_one_line(env, capsys, monkeypatch, i):
     def boom(*a, **k):
         raise exc
 
+    History(env / "history.sqlite").close()
     monkeypatch.setattr(History, "runs", boom)
     code, _, err = run_main(capsys, "runs")
     line = one_line(err)
