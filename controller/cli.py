@@ -205,12 +205,35 @@ def devices(ctx: typer.Context,
 
 
 # --------------------------------------------------------------------------- services
-def serve(ctx: typer.Context, interval: float = typer.Option(1.0, "--interval", help="seconds between syncs"),
-          once: bool = typer.Option(False, "--once", help="sync every running run once and exit")) -> None:
-    """Controller service: keep the run history in step with the broker, judge finished runs, serve /metrics."""
+def serve(
+    ctx: typer.Context,
+    interval: float = typer.Option(1.0, "--interval", help="seconds between syncs"),
+    once: bool = typer.Option(False, "--once", help="sync every running run once and exit"),
+    api_port: int | None = typer.Option(None, "--api-port", help="serve the HTTP API on this port (api_port)"),
+    api_host: str | None = typer.Option(None, "--api-host", help="bind address of the HTTP API (api_host)"),
+    tokens: Path | None = typer.Option(None, "--tokens", help="bearer tokens of the API, one a line, mode 0600"),
+    webhook: list[str] = typer.Option([], "--webhook", help="POST each verdict to this URL (repeatable)"),
+    webhook_secret: Path | None = typer.Option(None, "--webhook-secret-file", help="HMAC key of the webhooks"),
+    new_token: bool = typer.Option(False, "--new-token", help="print a fresh random token for the tokens file"),
+) -> None:
+    """Controller service: keeps the history in step with the broker, judges finished runs, serves
+    /metrics, the HTTP API for CI systems and the webhooks."""
+    if new_token:
+        import secrets
+
+        print(secrets.token_hex(24))
+        return
     from controller.serve import serve_forever
 
-    serve_forever(session(ctx), interval=interval, once=once, console=stderr())
+    s = session(ctx)
+    overrides: dict[str, object] = {k: v for k, v in (("api_port", api_port), ("api_host", api_host),
+                                                       ("api_tokens_file", tokens),
+                                                       ("webhook_secret_file", webhook_secret)) if v is not None}
+    if webhook:
+        overrides["webhook_urls"] = tuple(webhook)
+    if overrides:
+        s.settings = type(s.settings).model_validate({**s.settings.model_dump(), **overrides})
+    serve_forever(s, interval=interval, once=once, console=stderr())
 
 
 def demo(
