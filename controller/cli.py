@@ -23,6 +23,9 @@ from controller.cli_output import EXIT_ERROR, Output, emit, error, output_option
 if TYPE_CHECKING:
     from controller.service import Session
 
+RUN_ARG = "run id, unique prefix or 'latest'"
+
+
 @dataclass
 class Invocation:
     """What the root options name; the service session is opened on first use and closed with the command."""
@@ -92,7 +95,8 @@ def validate(
 
 
 def status(ctx: typer.Context,
-           run_id: str = typer.Argument("latest", help="run id, unique prefix or 'latest'")) -> int:
+           run_id: str = typer.Argument("latest", help="run id, unique prefix or 'latest'"),
+           output: Output = output_option()) -> int:
     """One look at a run (pulls its latest progress and rows into the history); the verdict once it ended."""
     from controller import service
     from controller.live import render
@@ -100,13 +104,17 @@ def status(ctx: typer.Context,
     s = session(ctx)
     info = service.find_run(s, run_id)
     view = service.sync(s, info.run_id)
-    out = stdout()
-    out.print(render(view, title=f"run {info.run_id} ({info.release}, {view.state()})"))
-    if view.finished:
-        j = service.judge(s, info.run_id)
-        out.print(f"verdict: [bold]{j.verdict}[/] - {j.line}", highlight=False)
-        return service.exit_code(j.verdict)
-    return 0
+    j = service.judge(s, info.run_id) if view.finished else None
+    if output != Output.table:
+        doc = service.run_summary(service.find_run(s, info.run_id), view, judgement=j)
+        recs = [{"module": m, **st} for m, st in doc["module_states"].items()]
+        emit(recs, ["module", "state", "step", "model_key", "keys_done", "keys_total", "rows"], output, document=doc)
+    else:
+        out = stdout()
+        out.print(render(view, title=f"run {info.run_id} ({info.release}, {view.state()})"))
+        if j is not None:
+            out.print(f"verdict: [bold]{j.verdict}[/] - {j.line}", highlight=False)
+    return service.exit_code(j.verdict) if j is not None else 0
 
 
 def watch(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run id, unique prefix or 'latest'"),
@@ -204,6 +212,133 @@ def devices(ctx: typer.Context,
     emit(recs, DEVICE_COLUMNS, output)
 
 
+def retry(
+    ctx: typer.Context,
+    run_id: str = typer.Argument("latest", help=RUN_ARG),
+    failed_only: bool = typer.Option(False, "--failed-only",
+                                     help="only the modules that failed, with the model keys that did not pass"),
+    detach: bool = typer.Option(False, "--detach", help="return at once; follow with status/watch"),
+    baseline: str | None = typer.Option(None, "--baseline", "-b", help="baseline: release, release@vN or run id"),
+) -> int:
+    """A new run (new id) of a run's release and model keys on its modules.
+
+    To continue the same run instead, keeping what passed: fleetctl validate TARBALL --run-id RUN --resume.
+    """
+    from controller import service
+    from controller.live import follow_and_judge, print_launched
+
+    s = session(ctx)
+    if baseline:
+        service.check_baseline(s, baseline)
+    launched = service.retry(s, run_id, failed_only=failed_only)
+    print_launched(launched, stderr(), len(launched.modules))
+    if detach:
+        stdout().print(launched.run_id)
+        return 0
+    return follow_and_judge(s, launched.run_id, baseline, stdout(), stderr())
+
+
+def logs(
+    ctx: typer.Context,
+    run_id: str = typer.Argument("latest", help=RUN_ARG),
+    module: str | None = typer.Option(None, "--module", help="only this module"),
+    step: str | None = typer.Option(None, "--step", help="only this step (unpack, precompile, server, benchmark...)"),
+    key: str | None = typer.Option(None, "--key", "-k", help="only this model key"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing what is appended until the run ends"),
+) -> None:
+    """Step logs of a run, read from each module's workdir (local modules) or over SSH."""
+    import time
+
+    from controller import service
+
+    s = session(ctx)
+    info = service.find_run(s, run_id)
+    shown: dict[tuple[str, str], int] = {}
+    several = module is None and len(info.modules) > 1
+
+    def show() -> None:
+        for f in service.logs(s, info.run_id, module=module, step=step, key=key):
+            done = shown.get((f.module, f.name))
+            if done is None:
+                sys.stdout.write(f"==> {f.module} {f.name} <==\n" if several else f"==> {f.name} <==\n")
+                done = 0
+            sys.stdout.write(f.text[done:])
+            sys.stdout.flush()
+            shown[(f.module, f.name)] = len(f.text)
+
+    show()
+    while follow and not service.view(s, info.run_id, live=True).finished:
+        time.sleep(1.0)
+        show()
+    if not shown:
+        stderr().print(f"no step logs of run {info.run_id} (yet)" + (f" on {module}" if module else ""))
+
+
+def describe_run(ctx: typer.Context, run_id: str = typer.Argument("latest", help=RUN_ARG),
+                 output: Output = output_option()) -> None:
+    """A run: release, models, modules, state and step of each module, errors, rows, verdict (read-only)."""
+    import time
+
+    from controller import service
+
+    s = session(ctx)
+    d = service.describe_run(s, run_id)
+    doc = {**service.run_summary(d.info, d.view, rows=d.rows), "errors": service.errors_of(d.view)}
+    recs = []
+    for m, st in doc["module_states"].items():
+        failed = [o["model_key"] for o in st.get("outcomes", []) if o["status"] == "failed"]
+        recs.append({"module": m, "state": st["state"], "step": st["step"],
+                     "keys": f"{st.get('keys_done', 0)}/{st.get('keys_total', len(d.info.models))}",
+                     "rows": st.get("rows", 0), "failed keys": failed,
+                     "error": "; ".join(doc["errors"].get(m, []))})
+    if output == Output.table:
+        out = stdout()
+        when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""  # noqa: E731
+        for k, v in (("run", d.info.run_id), ("release", f"{d.info.release} (sha256 {d.info.sha256[:12]})"),
+                     ("tarball", d.info.tarball), ("models", ", ".join(d.info.models)), ("state", doc["state"]),
+                     ("verdict", d.info.verdict or ""), ("created", when(d.info.created_at)),
+                     ("finished", when(d.info.finished_at)), ("rows", d.rows)):
+            out.print(f"{k + ':':10} {v}", highlight=False)
+    emit(recs, ["module", "state", "step", "keys", "rows", "failed keys", "error"], output, document=doc)
+
+
+def describe_module(ctx: typer.Context, name: str = typer.Argument(..., help="module name"),
+                    output: Output = output_option()) -> None:
+    """A module: inventory entry, state from its heartbeat, its recent runs (read-only)."""
+    import time
+
+    from controller import service
+
+    s = session(ctx)
+    d = service.describe_module(s, name)
+    dev = service.device_dict(service.Device(d.module, d.status))
+    recent = [{"run_id": info.run_id, "release": info.release,
+               "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(info.created_at)),
+               "state": p.state.value if p else "queued", "rows": p.rows if p else 0,
+               "error": p.error.one_line() if p and p.error else ""} for info, p in d.recent]
+    doc = {**dev, "inventory": d.module.model_dump(mode="json"), "recent_runs": recent}
+    if output == Output.table:
+        out = stdout()
+        for k in ("module", "host", "transport", "labels", "state", "reason", "agent_version", "run_id"):
+            v = dev[k]
+            out.print(f"{k + ':':15} {','.join(f'{a}={b}' for a, b in v.items()) if isinstance(v, dict) else v or ''}",
+                      highlight=False)
+        out.print(f"{'workdir:':15} {d.module.workdir}", highlight=False)
+    emit(recent, ["run_id", "release", "created", "state", "rows", "error"], output, document=doc,
+         title="recent runs")
+
+
+def version(output: Output = output_option()) -> None:
+    """Version of fleetctl, of the records it exchanges with agents, and of Python."""
+    from controller import service
+
+    v = service.version()
+    if output == Output.table:
+        print(f"fleetctl {v['fleetctl']} (records schema {v['record_schema']}, Python {v['python']})")
+        return
+    emit([v], list(v), output, document=v)
+
+
 # --------------------------------------------------------------------------- services
 def serve(
     ctx: typer.Context,
@@ -216,8 +351,7 @@ def serve(
     webhook_secret: Path | None = typer.Option(None, "--webhook-secret-file", help="HMAC key of the webhooks"),
     new_token: bool = typer.Option(False, "--new-token", help="print a fresh random token for the tokens file"),
 ) -> None:
-    """Controller service: keeps the history in step with the broker, judges finished runs, serves
-    /metrics, the HTTP API for CI systems and the webhooks."""
+    """Controller service: history kept in step with the broker, verdicts, /metrics, HTTP API, webhooks."""
     if new_token:
         import secrets
 
@@ -237,7 +371,8 @@ def serve(
 
 
 def demo(
-    devices: int = typer.Option(4, "--devices", min=1, max=64, help="simulated modules"),
+    devices: int = typer.Option(4, "--modules", "--devices", min=1, max=64,
+                                help="how many simulated modules (--devices: the old name)"),
     models: str = typer.Option("all", "--models", "-m"),
     noise: float = typer.Option(0.01, "--noise", min=0.0, max=0.5, help="relative noise of the simulated modules"),
     slow: float | None = typer.Option(None, "--slow", help="one module runs this factor slower (e.g. 1.12)"),
@@ -260,15 +395,20 @@ def build_app(inv: Invocation) -> typer.Typer:
     controller, which get the invocation's session through the functions handed to them."""
     from controller import deploy_cli, metrics_cli, report_cli
 
-    app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False)
     app.callback()(_root)
-    for verb in (validate, status, watch, cancel, runs, results, serve, demo):
+    for verb in (validate, status, watch, cancel, retry, runs, results, logs, serve, demo, version):
         app.command()(verb)
     devices_app = typer.Typer(add_completion=False, invoke_without_command=True,
                               help="Modules of the inventory and their state (idle, busy, offline, bad).")
     devices_app.callback()(devices)
     app.add_typer(devices_app, name="devices")
-    report_cli.register(app, lambda: inv.session().history())
+    describe_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                               help="Everything about one run or one module (read-only).")
+    describe_app.command("run")(describe_run)
+    describe_app.command("module")(describe_module)
+    app.add_typer(describe_app, name="describe")
+    report_cli.register(app, lambda: inv.session().read_history(), lambda: inv.session().history())
     deploy_cli.register(app, devices_app, lambda: inv.session().inventory(), lambda: inv.session().settings)
     metrics_cli.register(app, lambda: inv.session().inventory())
     return app

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agent.settings import BrokerSettings, SettingsError
+from controller.cli_output import fail
 from controller.inventory import Inventory, InventoryError
 
 if TYPE_CHECKING:  # paramiko and fabric load only when a command of this file runs (controller extras)
@@ -25,8 +26,7 @@ err = Console(stderr=True)
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True, markup=True)
-    return typer.Exit(2)
+    return fail(message)  # the one error format of fleetctl, exit code 2
 
 
 def _trust(settings: BrokerSettings, known_hosts: Path | None, identity: Path | None) -> tuple[Path, Path | None]:
@@ -62,7 +62,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
         dry_run: bool = typer.Option(False, "--dry-run", help="probe and show the plan; change nothing"),
         known_hosts: Path | None = typer.Option(None, "--known-hosts", help="host keys of the modules"),
-        identity: Path | None = typer.Option(None, "--identity", "-i", help="SSH private key"),
+        identity: Path | None = typer.Option(None, "--identity", help="SSH private key"),
         broker_url: str | None = typer.Option(None, "--broker-url", envvar="FLEET_AGENT_BROKER_URL",
                                               help="broker URL as the modules reach it (default: fleet.broker_url)"),
         metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", help="bind address of the agents' /metrics"),
@@ -106,7 +106,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
         sha256: str | None = typer.Option(None, "--sha256", help="expected sha256 (default: computed here)"),
         known_hosts: Path | None = typer.Option(None, "--known-hosts", help="host keys of the modules"),
-        identity: Path | None = typer.Option(None, "--identity", "-i", help="SSH private key"),
+        identity: Path | None = typer.Option(None, "--identity", help="SSH private key"),
         parallel: int = typer.Option(4, "--parallel", min=1, max=64, help="modules sent to at once"),
     ) -> None:
         """Put a release into each module's release cache (verified, resumable, skipped when present)."""
@@ -135,7 +135,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
     def check(
         devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
         known_hosts: Path | None = typer.Option(None, "--known-hosts", help="host keys of the modules"),
-        identity: Path | None = typer.Option(None, "--identity", "-i", help="SSH private key"),
+        identity: Path | None = typer.Option(None, "--identity", help="SSH private key"),
     ) -> None:
         """SSH reachability, Python version, free disk and agent version of each module."""
         from controller import deploy as dep

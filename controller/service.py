@@ -317,8 +317,6 @@ def retry(s: Session, run: str, *, failed_only: bool = False, run_id: str | None
     """A new run of the same release and model keys on the same modules (``failed_only``: only the
     modules whose part failed, was cancelled or lost, with the keys that did not pass there)."""
     info = find_run(s, run)
-    if not info.tarball:
-        raise BadRequest(f"run {info.run_id} has no release path recorded")
     models = info.models
     devices = ",".join(info.modules)
     if failed_only:
@@ -332,6 +330,8 @@ def retry(s: Session, run: str, *, failed_only: bool = False, run_id: str | None
             keys |= set(info.models) - passed
         models = tuple(k for k in info.models if k in keys) or info.models
         devices = ",".join(failed)
+    if not info.tarball:
+        raise BadRequest(f"run {info.run_id} has no release path recorded")
     return validate(s, ValidateRequest(release=Path(info.tarball), models=models, devices=devices, run_id=run_id))
 
 

@@ -3,6 +3,7 @@ a release-named file, and a run history filled with synthetic runs (fast: no bro
 
 from __future__ import annotations
 
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -88,12 +89,21 @@ def fill(h: History, seed_rows: list, *, state: str = "running") -> None:
         h.upsert_rows(frame_to_rows(df))
 
 
-@pytest.fixture
-def filled(env: Path, seed_rows: list) -> Path:
-    """``env`` with a history holding a baseline, run-a (pass) and run-b (regressed), both done."""
-    h = History(env / "history.sqlite")
+@pytest.fixture(scope="session")
+def filled_template(tmp_path_factory: pytest.TempPathFactory, seed_rows: list) -> Path:
+    path = tmp_path_factory.mktemp("filled") / "history.sqlite"
+    h = History(path)
     try:
         fill(h, seed_rows, state="done")
+        h.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         h.close()
+    return path
+
+
+@pytest.fixture
+def filled(env: Path, filled_template: Path) -> Path:
+    """``env`` with a history holding a baseline, run-a (pass) and run-b (regressed), both done
+    (a copy of one history filled once per session)."""
+    shutil.copyfile(filled_template, env / "history.sqlite")
     return env / "history.sqlite"
