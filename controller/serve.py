@@ -72,7 +72,8 @@ class Notifier:
         for info in service.runs(self.s, 50):
             if (info.verdict and info.state != "running" and info.run_id not in self.sent
                     and (info.finished_at or 0) >= self.since):
-                self.verdict(Judgement(info.run_id, info.verdict, info.verdict, info.state))
+                line = f"{info.verdict.upper()} {info.run_id} (verdict recorded by an attached fleetctl)"
+                self.verdict(Judgement(info.run_id, info.verdict, line, info.state))
 
 
 def _start_metrics(s: Session) -> Any:
