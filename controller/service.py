@@ -536,18 +536,16 @@ print(json.dumps(out))
 
 
 def _remote_logs(s: Session, m: Module, run_id: str) -> list[LogFile]:
-    import json
-
     from controller import ssh
 
     target = ssh.SshTarget.of(m, s.settings.known_hosts, s.settings.ssh_key)
     with ssh.open_session(target) as sess:
-        res = sess.python("python3", _REMOTE_LOGS, m.workdir, check_run_id(run_id), what="read step logs")
-    found: dict[str, str] = json.loads(res.stdout or "{}")
+        found = sess.python("python3", _REMOTE_LOGS, m.workdir, check_run_id(run_id), what="read step logs")
     out = []
-    for name, text in found.items():
-        step, model_key = parse_log_name(name)
-        out.append(LogFile(m.name, name, step, model_key, f"{m.host}:{m.workdir}/runs/{run_id}/logs/{name}", text))
+    for name, text in sorted(found.items()):
+        step, model_key = parse_log_name(str(name))
+        out.append(LogFile(m.name, str(name), step, model_key, f"{m.host}:{m.workdir}/runs/{run_id}/logs/{name}",
+                           str(text)))
     return out
 
 

@@ -171,3 +171,28 @@ def test_retry_makes_a_new_run_of_the_same_release(env, capsys):
 def test_exit_codes_are_documented():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert "| 0 | pass" in readme and "| 1 | " in readme and "| 2 | " in readme
+
+
+def test_logs_of_an_ssh_module_run_the_remote_script(env, capsys, monkeypatch):
+    """Remote modules: the script sent over SSH, run here by a stand-in session (the SSH tier
+    covers the connection itself)."""
+    import contextlib
+    import subprocess
+    import sys
+
+    from controller import ssh
+
+    work = env / "remote-work"
+    (work / "runs" / "r2" / "logs").mkdir(parents=True)
+    (work / "runs" / "r2" / "logs" / "03-precompile.log").write_text("kernels compiled\n")
+    (env / "inv.toml").write_text(f'[[module]]\nname = "m1"\nhost = "10.0.0.9"\nworkdir = "{work}"\n')
+    finished_run(History(env / "history.sqlite"), "r2", modules=["m1"])
+
+    class Stand:
+        def python(self, python, script, *args, what):
+            out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=True)
+            return json.loads(out.stdout)
+
+    monkeypatch.setattr(ssh, "open_session", lambda target: contextlib.nullcontext(Stand()))
+    code, out, err = run_main(capsys, "logs", "r2", "--step", "precompile")
+    assert code == 0 and "kernels compiled" in out, err
