@@ -170,8 +170,7 @@ USER_ERRORS = (service.ServiceError, FleetError, InventoryError, UnknownModelKey
 
 
 # --------------------------------------------------------------------------- the app
-def create_app(settings: ControllerSettings, tokens: Tokens, *,
-               on_launch: Callable[[service.Launched], None] | None = None) -> FastAPI:
+def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
     """The API over the service, one session per worker thread (SQLite connections are per thread)."""
     local = threading.local()
     sessions: list[Session] = []
@@ -231,8 +230,6 @@ def create_app(settings: ControllerSettings, tokens: Tokens, *,
 
         got: service.Launched = errors(launch)
         log.info("run %s dispatched over HTTP: %d/%d modules queued", got.run_id, got.queued, len(got.modules))
-        if on_launch is not None:
-            on_launch(got)
         return RunCreated(run_id=got.run_id, release=got.release, sha256=got.sha256, models=list(got.models),
                           modules=dict(got.modules), queued=got.queued, resumed=got.resumed)
 
