@@ -195,7 +195,8 @@ def reference_rows() -> list:  # type: ignore[type-arg]
 
 
 def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
-    from controller.cli import State, run_validation
+    from controller import service
+    from controller.live import follow_and_judge, print_launched
     from simulator import build_release, regress_spec
 
     base = _fresh_dir(opts.out_dir)
@@ -219,14 +220,13 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
         device[slow_name] = f"throttle:{1.0 / opts.slow:.6f}"
     elif slow_name and opts.slow:
         slow[slow_name] = opts.slow
-    st = State.for_settings(settings)
-    try:
-        version, _ = st.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
+    with service.Session(settings) as s:
+        s.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
         with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed, slow=slow, device=device,
                              timeout=opts.start_timeout):
-            code = run_validation(st, rel.path, opts.models, "all")
+            launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models))
+            print_launched(launched, err, len(launched.modules))
+            code = follow_and_judge(s, launched.run_id, None, out, err)
         err.print(f"demo: finished in {time.monotonic() - t0:.0f} s; everything is in {base} "
                   f"(fleetctl --history {settings.history_path} report latest)", highlight=False)
         return code
-    finally:
-        st.close()

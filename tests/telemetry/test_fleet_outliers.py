@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import State, run_validation
+from controller import service
 from controller.demo import inventory_toml, module_names, reference_rows, simulated_fleet
 from controller.report import build_report
 from controller.settings import ControllerSettings
@@ -26,12 +26,14 @@ def test_throttled_module_is_explained_by_its_clock(tmp_path: Path) -> None:
                                   heartbeat_interval=1.0, offline_after=20.0)
     (tmp_path / "inventory.toml").write_text(inventory_toml(names, tmp_path, None), encoding="utf-8")
     rel = simulator.build_release(tmp_path / "release", noise=0.02, time_scale=50.0, seed=5)
-    st = State.for_settings(settings)
+    st = service.Session(settings)
     try:
         st.history().add_baseline(rel.version, reference_rows(), "simulator reference tables")
         with simulated_fleet(names, tmp_path, settings, noise=0.02, seed=5, slow={slow: 1.12},
                              device={throttled: "throttle:0.88"}):
-            run_validation(st, rel.path, ("qwen3",), "all")
+            launched = service.validate(st, service.ValidateRequest(release=rel.path, models=("qwen3",)))
+            service.follow(st, launched.run_id, timeout=300)
+            service.judge(st, launched.run_id)
         rep = build_report(st.history(), "latest")
         assert {(o.module, o.model_key) for o in rep.outliers} == {(throttled, "*"), (slow, "*")}, rep.verdict_line
         t = {x.module: x for x in rep.outlier_telemetry}
