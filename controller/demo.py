@@ -1,9 +1,11 @@
 """``fleetctl demo``: a simulated fleet on this machine validates a simulated release.
 
 N simulated modules, each a real ``fleet-agent`` Celery worker process with its own
-model folders, work folder and server port, on the embedded broker (no server, no
-root). One module can run slower (``--slow``), the release can be worse on one metric
-(``--regress``). Everything the demo starts is stopped when it ends, however it ends.
+model folders, work folder, server port and simulated device (``mthreads-gmi`` on its
+PATH), on the embedded broker (no server, no root). One module can run slower
+(``--slow``), because its device throttles (``--throttle``) or for no visible reason; the
+release can be worse on one metric (``--regress``). Everything the demo starts is stopped
+when it ends, however it ends.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class DemoOptions:
     models: tuple[str, ...] = tuple(MODEL_KEYS)
     noise: float = 0.01
     slow: float | None = None
+    throttle: bool = False  # the slow module is slow because its device throttles (it says so)
     regress: tuple[str, ...] = ()
     seed: int = 1
     time_scale: float = 50.0
@@ -96,6 +99,12 @@ def start_worker(name: str, base: Path, settings: ControllerSettings, *, sim_env
     # so that a version-manager shim (pyenv: a few bash processes per call) is not paid per script
     real_bin = str(Path(os.path.realpath(sys.executable)).parent)
     env["PATH"] = os.pathsep.join([real_bin, *(p for p in env.get("PATH", "").split(os.pathsep) if p != real_bin)])
+    # the simulated module's device tool, found by the agent's telemetry sampler like a real mthreads-gmi
+    from simulator import DEVICE_TOOL_DIR, ENV_DEVICE_DIR
+
+    (mod / "device").mkdir(exist_ok=True)
+    env["PATH"] = os.pathsep.join([str(DEVICE_TOOL_DIR), env["PATH"]])
+    env[ENV_DEVICE_DIR] = str(mod / "device")
     env.update({
         "FLEET_BROKER_URL": settings.broker_url,
         "FLEET_DATA_DIR": str(settings.data_dir),
@@ -134,9 +143,13 @@ def stop_workers(workers: list[Worker], grace: float = 15.0) -> None:
 
 @contextlib.contextmanager
 def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, *, noise: float, seed: int,
-                    slow: dict[str, float], timeout: float = 60.0) -> Iterator[list[Worker]]:
-    """Start one worker per simulated module, wait for their first heartbeats, stop them all at the end."""
-    from simulator import make_models
+                    slow: dict[str, float], timeout: float = 60.0,
+                    device: dict[str, str] | None = None) -> Iterator[list[Worker]]:
+    """Start one worker per simulated module, wait for their first heartbeats, stop them all at the end.
+
+    ``device``: module -> its simulated device's condition (``M1000_SIM_DEVICE``, e.g. ``throttle:0.89``).
+    """
+    from simulator import ENV_DEVICE, make_models
 
     workers: list[Worker] = []
     try:
@@ -145,6 +158,8 @@ def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, 
             sim_env = {"M1000_SIM_NOISE": str(noise), "M1000_SIM_SEED": str(seed * 1000 + i)}
             if name in slow:
                 sim_env["M1000_SIM_SPEED"] = f"{1.0 / slow[name]:.6f}"
+            if device and name in device:
+                sim_env[ENV_DEVICE] = device[name]
             workers.append(start_worker(name, base, settings, sim_env=sim_env))
         wait_for_heartbeats(settings, workers, timeout)
         yield workers
@@ -180,7 +195,8 @@ def reference_rows() -> list:  # type: ignore[type-arg]
 
 
 def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
-    from controller.cli import State, run_validation
+    from controller import service
+    from controller.live import follow_and_judge, print_launched
     from simulator import build_release, regress_spec
 
     base = _fresh_dir(opts.out_dir)
@@ -196,16 +212,21 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
     rel = build_release(base / "release", noise=opts.noise, speed=speed, time_scale=opts.time_scale, seed=opts.seed)
     err.print(f"demo: built {rel.path.name} (sha256 {rel.sha256[:12]}), speed {speed}, noise {opts.noise}, "
               f"time scale {opts.time_scale:g}; starting {len(names)} simulated modules"
-              + (f" ({slow_name} {opts.slow:g}x slower)" if slow_name else ""), highlight=False)
-    st = State.for_settings(settings)
-    try:
-        version, _ = st.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
-        with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed,
-                             slow={slow_name: opts.slow} if slow_name and opts.slow else {},
+              + (f" ({slow_name} {opts.slow:g}x slower{', its device throttling' if opts.throttle else ''})"
+                 if slow_name else ""), highlight=False)
+    slow: dict[str, float] = {}
+    device: dict[str, str] = {}
+    if slow_name and opts.slow and opts.throttle:  # slow through its device: a lower clock and HW slowdown
+        device[slow_name] = f"throttle:{1.0 / opts.slow:.6f}"
+    elif slow_name and opts.slow:
+        slow[slow_name] = opts.slow
+    with service.Session(settings) as s:
+        s.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
+        with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed, slow=slow, device=device,
                              timeout=opts.start_timeout):
-            code = run_validation(st, rel.path, opts.models, "all")
+            launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models))
+            print_launched(launched, err, len(launched.modules))
+            code = follow_and_judge(s, launched.run_id, None, out, err)
         err.print(f"demo: finished in {time.monotonic() - t0:.0f} s; everything is in {base} "
                   f"(fleetctl --history {settings.history_path} report latest)", highlight=False)
         return code
-    finally:
-        st.close()
