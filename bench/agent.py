@@ -185,17 +185,17 @@ def main() -> int:
 
 
 def _validate(settings, tarball: Path, models: str) -> float:  # type: ignore[no-untyped-def]
+    """One validation through the service layer, followed to its end; its wall time."""
     from agent.records import parse_model_keys
-    from controller.cli import State, run_validation
+    from controller import service
 
-    st = State.for_settings(settings)
     t = time.monotonic()
-    try:
-        code = run_validation(st, tarball, parse_model_keys(models), "all")
-    finally:
-        st.close()
-    if code not in (0, 1):
-        raise SystemExit(f"validation failed to run (exit {code})")
+    with service.Session(settings) as s:
+        launched = service.validate(s, service.ValidateRequest(release=tarball, models=parse_model_keys(models)))
+        view = service.follow(s, launched.run_id, timeout=600)
+    if view.state() != "done":
+        raise SystemExit(f"validation {launched.run_id} did not end done: {view.state()} "
+                         f"({', '.join(f'{m}: {p.error}' for m, p in view.progress.items() if p is not None and p.error)})")
     return time.monotonic() - t
 
 
