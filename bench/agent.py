@@ -194,8 +194,8 @@ def _validate(settings, tarball: Path, models: str) -> float:  # type: ignore[no
         launched = service.validate(s, service.ValidateRequest(release=tarball, models=parse_model_keys(models)))
         view = service.follow(s, launched.run_id, timeout=600)
     if view.state() != "done":
-        raise SystemExit(f"validation {launched.run_id} did not end done: {view.state()} "
-                         f"({', '.join(f'{m}: {p.error}' for m, p in view.progress.items() if p is not None and p.error)})")
+        errors = [f"{m}: {p.error}" for m, p in view.progress.items() if p is not None and p.error]
+        raise SystemExit(f"validation {launched.run_id} did not end done: {view.state()} ({'; '.join(errors)})")
     return time.monotonic() - t
 
 
