@@ -49,7 +49,7 @@ SIZES: dict[str, EngineModelSize] = {
     "tiny": EngineModelSize("tiny", vocab=2048, hidden=64, layers=2, heads=4, kv_heads=2, experts=8,
                             experts_per_tok=2, moe_intermediate=64, intermediate=128),
     # ~0.5 B parameters (for the GPU run): wide enough that the accelerator does real work.
-    "0.5b": EngineModelSize("0.5b", vocab=32000, hidden=1024, layers=12, heads=16, kv_heads=4, experts=16,
+    "0.5b": EngineModelSize("0.5b", vocab=32000, hidden=1024, layers=12, heads=16, kv_heads=4, experts=12,
                             experts_per_tok=4, moe_intermediate=1024, intermediate=4096),
 }
 

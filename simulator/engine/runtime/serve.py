@@ -23,8 +23,8 @@ def plan(env: dict[str, str], model: str, host: str, port: str, extra: list[str]
     """The engine's argv for ``model`` (pure apart from reading the workflow and cache files)."""
     spec = [a for a in extra if a.startswith("--speculative")]
     if spec:
-        raise EngineError(f"{model}: speculative decoding ({' '.join(spec)}) is not supported by this release's "
-                          "engine (transformers serve); refusing rather than reporting non-MTP figures as MTP")
+        raise EngineError(f"speculative decoding ({spec[0]} ...) is not supported by transformers serve: refused, "
+                          "no MTP figures (running without it would report plain decoding as MTP)")
     if extra:
         raise EngineError(f"{model}: unsupported extra server arguments {' '.join(extra)}")
     require_env(env)
