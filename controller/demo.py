@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -40,6 +41,7 @@ class DemoOptions:
     out_dir: Path = Path("demo-out")
     heartbeat_interval: float = 1.0
     start_timeout: float = 60.0
+    real: int = 0  # real-engine modules (transformers serve on this CPU) beside the simulated ones
 
 
 def free_port() -> int:
@@ -63,9 +65,27 @@ def module_names(n: int) -> list[str]:
     return [f"sim-{i + 1:02d}" for i in range(n)]
 
 
-def inventory_toml(names: list[str], base: Path, slow_name: str | None) -> str:
+def real_names(n: int) -> list[str]:
+    return [f"real-{i + 1:02d}" for i in range(n)]
+
+
+def engine_python() -> Path:
+    """The interpreter with torch + transformers[serving] for real-engine modules (``make engine``)."""
+    from controller.fleet import FleetError
+
+    raw = os.environ.get("M1000_ENGINE_PYTHON")
+    path = Path(raw) if raw else Path(__file__).resolve().parents[1] / ".venv-engine" / "bin" / "python"
+    if not path.exists():
+        raise FleetError(f"real-engine modules need torch + transformers[serving]: {path} not found "
+                         "(make engine, or set M1000_ENGINE_PYTHON)")
+    return path
+
+
+def inventory_toml(names: list[str], base: Path, slow_name: str | None, real: tuple[str, ...] = ()) -> str:
     lines = []
-    for name in names:
+    for name in [*names, *real]:
+        label = 'engine = "transformers"' if name in real else \
+            f'sim = "true", speed = "{"slow" if name == slow_name else "normal"}"'
         lines += [
             "[[module]]",
             f'name = "{name}"',
@@ -73,7 +93,7 @@ def inventory_toml(names: list[str], base: Path, slow_name: str | None) -> str:
             'transport = "local"',
             f'model_root = "{base / "modules" / name / "models"}"',
             f'workdir = "{base / "modules" / name / "work"}"',
-            f'labels = {{ sim = "true", speed = "{"slow" if name == slow_name else "normal"}" }}',
+            f"labels = {{ {label} }}",
             "",
         ]
     return "\n".join(lines)
@@ -134,8 +154,10 @@ def stop_workers(workers: list[Worker], grace: float = 15.0) -> None:
 
 @contextlib.contextmanager
 def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, *, noise: float, seed: int,
-                    slow: dict[str, float], timeout: float = 60.0) -> Iterator[list[Worker]]:
-    """Start one worker per simulated module, wait for their first heartbeats, stop them all at the end."""
+                    slow: dict[str, float], timeout: float = 60.0,
+                    real: tuple[str, ...] = ()) -> Iterator[list[Worker]]:
+    """Start one worker per simulated module (and per real-engine module in ``real``), wait for their first
+    heartbeats, stop them all at the end."""
     from simulator import make_models
 
     workers: list[Worker] = []
@@ -146,6 +168,15 @@ def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, 
             if name in slow:
                 sim_env["M1000_SIM_SPEED"] = f"{1.0 / slow[name]:.6f}"
             workers.append(start_worker(name, base, settings, sim_env=sim_env))
+        if real:
+            py = engine_python()
+            shared = base / "engine-models"  # random checkpoints made once, offline; every real module reads them
+            subprocess.run([str(py), "-m", "simulator", "make-models", "--engine", "transformers", str(shared)],
+                           check=True, capture_output=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+            for name in real:
+                (base / "modules" / name).mkdir(parents=True, exist_ok=True)
+                (base / "modules" / name / "models").symlink_to(shared, target_is_directory=True)
+                workers.append(start_worker(name, base, settings, sim_env={"M1000_ENGINE_PYTHON": str(py)}))
         wait_for_heartbeats(settings, workers, timeout)
         yield workers
     finally:
@@ -179,6 +210,32 @@ def reference_rows() -> list:  # type: ignore[type-arg]
     return [r for rows in parse_seed(REFERENCE.read_text(encoding="utf-8"), str(REFERENCE)).values() for r in rows]
 
 
+def _validate_real(st: Any, base: Path, models: tuple[str, ...], err: Console) -> int:
+    """The real-engine release on the real modules, twice: the first run becomes that release's own
+    baseline (its figures are its own, not the seed's), the second is judged against it."""
+    from controller.cli import follow, run_validation
+    from controller.fleet import new_run_id
+    from simulator.engine.build import SUPPORTED_KEYS, build_engine_release
+
+    keys = tuple(k for k in models if k in SUPPORTED_KEYS)
+    if not keys:
+        err.print(f"demo: none of {', '.join(models)} is served by the real-engine release "
+                  f"({', '.join(SUPPORTED_KEYS)}): real modules idle", highlight=False)
+        return 0
+    rel = build_engine_release(base / "release-engine")
+    err.print(f"demo: built {rel.path.name} (real engine: transformers serve, sha256 {rel.sha256[:12]}); "
+              "a reference run on the real modules first, then the judged run", highlight=False)
+    ref = new_run_id()
+    run_validation(st, rel.path, keys, "engine=transformers", detach=True, run_id=ref)
+    follow(lambda: st.fleet().sync(ref), err, title=f"reference run {ref}")
+    rows = st.history().rows(ref)
+    if not rows:
+        err.print(f"demo: the reference run {ref} of the real-engine release measured nothing", highlight=False)
+        return 1
+    st.history().add_baseline(rel.version, rows, f"reference run {ref} of the real-engine modules")
+    return int(run_validation(st, rel.path, keys, "engine=transformers", baseline=rel.version))
+
+
 def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
     from controller.cli import State, run_validation
     from simulator import build_release, regress_spec
@@ -189,8 +246,9 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
         history=base / "history.sqlite", heartbeat_interval=opts.heartbeat_interval,
         offline_after=max(10.0, 10 * opts.heartbeat_interval))
     names = module_names(opts.devices)
+    real = tuple(real_names(opts.real))
     slow_name = names[-1] if opts.slow and len(names) > 1 else (names[0] if opts.slow else None)
-    (base / "inventory.toml").write_text(inventory_toml(names, base, slow_name), encoding="utf-8")
+    (base / "inventory.toml").write_text(inventory_toml(names, base, slow_name, real), encoding="utf-8")
     speed = ",".join(regress_spec(r) for r in opts.regress) or "1.0"
     t0 = time.monotonic()
     rel = build_release(base / "release", noise=opts.noise, speed=speed, time_scale=opts.time_scale, seed=opts.seed)
@@ -202,8 +260,10 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
         version, _ = st.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
         with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed,
                              slow={slow_name: opts.slow} if slow_name and opts.slow else {},
-                             timeout=opts.start_timeout):
-            code = run_validation(st, rel.path, opts.models, "all")
+                             timeout=opts.start_timeout, real=real):
+            code = run_validation(st, rel.path, opts.models, "sim=true" if real else "all")
+            if real:  # the real-engine release on its own modules: judged against their own figures
+                code = max(code, _validate_real(st, base, opts.models, err))
         err.print(f"demo: finished in {time.monotonic() - t0:.0f} s; everything is in {base} "
                   f"(fleetctl --history {settings.history_path} report latest)", highlight=False)
         return code
