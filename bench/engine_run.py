@@ -35,20 +35,39 @@ from simulator.engine.models import make_engine_model  # noqa: E402
 CHILD_STEPS = ("generate", "environment", "precompile", "server", "benchmark")
 
 
+def _engine_interpreter() -> int | None:
+    """Run under the engine's interpreter (torch + transformers): re-exec with .venv-engine, or skip."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        prefix = Path(__file__).resolve().parent.parent / ".venv-engine"
+        venv = prefix / "bin" / "python"
+        if venv.exists() and Path(sys.prefix).resolve() != prefix.resolve():
+            os.execv(str(venv), [str(venv), *sys.argv])
+        print("bench/engine_run.py: skipped: needs torch + transformers[serving] (make engine)")
+        return 0
+    return None
+
+
 def main() -> int:
+    skipped = _engine_interpreter()
+    if skipped is not None:
+        return skipped
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
-    p.add_argument("--big", default="0.5b", help="size of the qwen35 checkpoint (tiny for a quick CPU run)")
+    p.add_argument("--big", default="", help="size of the qwen35 checkpoint (default: 0.5b on a GPU, tiny on cpu)")
     p.add_argument("--profiles", default="16,64;128@32")
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--port", type=int, default=31777)
     p.add_argument("--out", default="")
     args = p.parse_args()
+    big = args.big or ("tiny" if args.device == "cpu" else "0.5b")
     root = Path(args.out or tempfile.mkdtemp(prefix="m1000-engine-"))
     t0 = time.monotonic()
     rel = build_engine_release(root / "rel", profiles=parse_profiles(args.profiles, args.output_len))
     make_engine_model(root / "models" / MODEL_KEYS["qwen3"].model_dir, size="tiny", seed=0)
-    make_engine_model(root / "models" / MODEL_KEYS["qwen35"].model_dir, size=args.big, seed=1)
+    make_engine_model(root / "models" / MODEL_KEYS["qwen35"].model_dir, size=big, seed=1)
     made = time.monotonic() - t0
     env = {**os.environ, "M1000_ENGINE_PYTHON": sys.executable, "M1000_ENGINE_DEVICE": args.device}
     cfg = AgentConfig(module="engine-bench", workdir=root / "work", server_port=args.port, base_env=env,
