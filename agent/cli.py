@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import re
+import secrets
 import signal
 import sys
 import time
@@ -93,7 +94,7 @@ def run(
             raise BadInput(f"--sha256 {sha256!r}: not 64 hex digits")
         digest = (sha256 or sha256_file(tarball)).strip().lower()
         request = RunRequest(
-            run_id=run_id or time.strftime("local-%Y%m%d-%H%M%S"), module=cfg.module, tarball=str(tarball.resolve()),
+            run_id=run_id or local_run_id(), module=cfg.module, tarball=str(tarball.resolve()),
             sha256=digest, release=release_version_of(tarball.name) or tarball.name, models=keys,
             model_root=str(model_root.resolve()),
         )
@@ -112,6 +113,11 @@ def run(
         signal.signal(signal.SIGINT, previous)
     _print(result.progress, list(result.rows), fmt, err)
     raise typer.Exit(0 if result.ok else 1)
+
+
+def local_run_id() -> str:
+    """``local-YYYYMMDD-HHMMSS-<6 hex>``: random bits, so two runs started in one second never share an id."""
+    return time.strftime("local-%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
 def _one_line(exc: Exception) -> str:

@@ -1,7 +1,8 @@
 """Small key-value records on the fleet's result backend (Redis, or files when embedded).
 
 The one place where agents and the controller exchange state besides the task itself:
-heartbeats, live progress, the rows produced so far, and the durable cancel flag. It
+heartbeats, live progress, the rows produced so far, each run's device telemetry
+summary, and the durable cancel flag. It
 goes through Celery's own result backend (``backend.get/set/delete``), so the embedded
 and the Redis deployments take the same code path. Values are JSON; a value that cannot
 be read (a concurrent writer on the file backend) reads as absent and is read again on
@@ -23,7 +24,7 @@ from celery import Celery
 from celery.backends.filesystem import FilesystemBackend
 from pydantic import ValidationError
 
-from agent.records import Heartbeat, ResultRow, RunProgress
+from agent.records import Heartbeat, ResultRow, RunProgress, TelemetrySummary
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,15 @@ class KV:
 
     # -- progress and rows -------------------------------------------------------------------
     def put_progress(self, p: RunProgress) -> None:
-        self.put(_key("progress", p.run_id, p.module), p.model_dump(mode="json"))
+        """The progress; a device telemetry summary it carries (the run's last ones do) goes first under
+        its own key, and never inside the progress value: progress stays small, and a controller that
+        does not know the field still reads it."""
+        if p.telemetry is not None:
+            try:
+                self.put_telemetry(p.telemetry)
+            except Exception as exc:  # the run's state matters more than its device figures
+                log.warning("cannot publish the device telemetry of %s: %s", p.run_id, exc)
+        self.put(_key("progress", p.run_id, p.module), p.model_dump(mode="json", exclude={"telemetry"}))
 
     def progress(self, run_id: str, modules: Iterable[str]) -> dict[str, RunProgress | None]:
         names = list(modules)
@@ -104,6 +113,15 @@ class KV:
         except ValidationError:
             log.warning("unreadable rows for %s on %s", run_id, module)
             return None
+
+    # -- device telemetry (agent.telemetry) --------------------------------------------------------
+    def put_telemetry(self, summary: TelemetrySummary) -> None:
+        self.put(_key("telemetry", summary.run_id, summary.module), summary.model_dump(mode="json"))
+
+    def telemetry(self, run_id: str, module: str) -> TelemetrySummary | None:
+        """The run's device telemetry summary of ``module`` (None: not (yet) published, or unreadable)."""
+        value: TelemetrySummary | None = _model(TelemetrySummary, self.get(_key("telemetry", run_id, module)))
+        return value
 
     # -- cancel ---------------------------------------------------------------------------
     def cancel(self, run_id: str, module: str | None = None, reason: str = "cancelled", *,

@@ -9,6 +9,7 @@ Celery worker, as a separate ``fleet-agent exporter`` process and next to ``flee
     <workdir>/runs/<run_id>/progress.json   latest RunProgress (atomically replaced)
     <workdir>/runs/<run_id>/results.jsonl   one ResultRow per line (appended)
     <workdir>/runs/<run_id>/events.jsonl    one step start/end per line (appended)
+    <workdir>/runs/<run_id>/telemetry.jsonl one DeviceSample per device and period (appended)
 
 Every series is listed in :data:`CATALOG` (name, type, labels, unit); ``README.md`` (Metric list)
 is kept in step with it by a test. Labels are bounded: release, model key, profile, state,
@@ -54,7 +55,9 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
-from agent.records import Heartbeat, ResultRow, RunProgress, RunState
+from agent.records import DeviceSample, Heartbeat, ResultRow, RunProgress, RunState
+from agent.telemetry import SAMPLES_FILE
+from agent.telemetry.exposition import DEVICE_METRICS, device_families
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,7 @@ PREFIX = "m1000"
 DEFAULT_PORT = 9400
 PUSH_JOB = "m1000-agent"
 STEP_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+DEVICE_FRESH_S = 60.0  # device samples older than this are not exposed (the run ended, or the tool fails)
 KEY_STATUSES: tuple[str, ...] = ("pending", "running", "passed", "failed", "cancelled", "skipped")
 _SAFE = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
 _STEP = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -137,6 +141,8 @@ CATALOG: tuple[MetricSpec, ...] = (
                "GPU busy share where sysfs exposes it without root (absent otherwise)"),
     MetricSpec(f"{PREFIX}_module_gpu_temperature_celsius", "gauge", ("gpu",), "celsius",
                "GPU temperature where sysfs exposes it without root (absent otherwise)"),
+    # the module's devices, sampled by the device tool while a run is in progress (agent.telemetry)
+    *(MetricSpec(m.name, m.type, m.labels, m.unit, m.help) for m in DEVICE_METRICS),
 )
 SPECS: dict[str, MetricSpec] = {s.name: s for s in CATALOG}
 
@@ -262,7 +268,9 @@ class RunFiles:
     progress_file: JsonFile = field(init=False)
     results: LineTail = field(init=False)
     events: LineTail = field(init=False)
+    telemetry: LineTail = field(init=False)
     progress: RunProgress | None = None
+    devices: dict[int, DeviceSample] = field(default_factory=dict)  # gpu -> latest sample
     rows: dict[tuple[str, str], ResultRow] = field(default_factory=dict)  # (model_key, profile) -> row
     steps: dict[str, StepStats] = field(default_factory=dict)
     folder_mtime: float = 0.0
@@ -272,6 +280,7 @@ class RunFiles:
         self.progress_file = JsonFile(self.folder / "progress.json")
         self.results = LineTail(self.folder / "results.jsonl")
         self.events = LineTail(self.folder / "events.jsonl")
+        self.telemetry = LineTail(self.folder / SAMPLES_FILE)
         try:
             self.folder_mtime = self.folder.stat().st_mtime
         except OSError:
@@ -299,6 +308,19 @@ class RunFiles:
         rows_changed = self._read_rows(errors)
         steps_changed = self._read_events(errors)
         return rows_changed or changed_p, steps_changed
+
+    def read_devices(self, errors: dict[str, int]) -> None:
+        """The latest sample of each device (read for the current run only; the last new lines parsed)."""
+        restarted, lines = self.telemetry.read()
+        if restarted:
+            self.devices.clear()
+        for line in lines[-64:]:
+            try:
+                s = DeviceSample.model_validate_json(line)
+            except ValidationError:
+                errors["telemetry"] = errors.get("telemetry", 0) + 1
+                continue
+            self.devices[s.gpu] = s
 
     def _read_rows(self, errors: dict[str, int]) -> bool:
         restarted, lines = self.results.read()
@@ -495,6 +517,10 @@ class AgentCollector(Collector):
                 self._version += 1
             current = self._current()
             dynamic = [*self._run_metrics(current), *self._agent_metrics()]
+            if current is not None:  # device readings while they are fresh: never a card's state of hours ago
+                current.read_devices(self._errors)
+                since = self.clock() - DEVICE_FRESH_S
+                dynamic.extend(device_families([d for d in current.devices.values() if d.ts >= since], label_value))
             version, static = self._version, [*self._latest, *self._steps]
         dynamic.extend(self._module_metrics())
         return version, static, dynamic
@@ -620,7 +646,7 @@ class AgentCollector(Collector):
             yield self._family(f"{PREFIX}_agent_healthy", value=1.0 if hb.healthy else 0.0)
             yield self._family(f"{PREFIX}_agent_last_heartbeat_timestamp_seconds", value=hb.ts)
         errs = self._family(f"{PREFIX}_exporter_read_errors_total")
-        for name in ("state", "heartbeat", "progress", "results", "events"):
+        for name in ("state", "heartbeat", "progress", "results", "events", "telemetry"):
             errs.add_metric((name,), self._errors.get(name, 0))
         yield errs
 

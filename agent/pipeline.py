@@ -35,10 +35,12 @@ from agent.records import (
     RunRequest,
     RunState,
     StepError,
+    TelemetrySummary,
 )
 from agent.state import RunMachine
 from agent.store import RunStore, write_atomic
 from agent.tables import TableError, parse_tables, stamp
+from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig
 from agent.unpack import unpack as unpack_tarball
 from agent.unpack import verify_sha256
 
@@ -72,6 +74,7 @@ class AgentConfig(BaseModel):
     poll_interval: float = Field(default=0.5, gt=0, description="cancel / readiness polling period, s")
     key_env: dict[str, dict[str, str]] = Field(default_factory=dict, description="extra env per model key")
     base_env: dict[str, str] | None = Field(default=None, description="scripts' base env (default: the agent's)")
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="device sampling during runs")
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> AgentConfig:
@@ -81,6 +84,8 @@ class AgentConfig(BaseModel):
             "workdir": Path(settings.workdir).expanduser().resolve(),
             "server_port": settings.server_port,
             "stop_grace": settings.stop_grace,
+            "telemetry": TelemetryConfig(enabled=settings.telemetry_period > 0, tool=settings.telemetry_tool,
+                                         period_s=settings.telemetry_period or 1.0),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -122,6 +127,7 @@ class _Run:
         self.outcomes: dict[str, KeyOutcome] = {k: KeyOutcome(model_key=k, status="pending") for k in request.models}
         self.folders: dict[str, Path] = {}
         self.steps_done = 0
+        self.sampler: Sampler | None = None
         self.progress = RunProgress(run_id=request.run_id, module=config.module, release=self.release,
                                     keys_total=len(self.outcomes), updated_at=time.time())
 
@@ -138,6 +144,8 @@ class _Run:
         }
         update.update(changes)
         self.progress = self.progress.model_copy(update=update)
+        if self.sampler is not None:
+            self.sampler.tell(self.progress.step, self.progress.model_key)
         try:
             self.store.write_progress(self.progress)
         except OSError as exc:  # a full disk must not hide the run's outcome from the caller
@@ -185,6 +193,9 @@ class _Run:
     def execute(self) -> RunResult:
         started = time.time()
         prior = self._prepare()
+        self.sampler = Sampler(self.cfg.telemetry, self.store.run_dir(self.req.run_id) / SAMPLES_FILE,
+                               run_id=self.req.run_id, module=self.cfg.module, attempt=prior,
+                               on_event=lambda status, msg: self.event("telemetry", status, message=msg)).start()
         self.emit(started_at=started, attempt=prior)
         try:
             top, env = self._release_steps()
@@ -211,11 +222,21 @@ class _Run:
             self.event(step, "failed", self.progress.model_key, message=err.message)
             self.emit(error=err)
         finally:
+            self.sampler.stop()
             self._close_state()
         self.emit(finished_at=time.time(), progress=1.0 if self.machine.state == RunState.DONE else
-                  self.progress.progress)
+                  self.progress.progress, telemetry=self._telemetry_summary())
         rows = tuple(self.store.rows(self.req.run_id))
         return RunResult(progress=self.progress, rows=rows)
+
+    def _telemetry_summary(self) -> TelemetrySummary | None:
+        if self.sampler is None or not self.cfg.telemetry.enabled:
+            return None
+        try:
+            return self.sampler.summary()
+        except Exception:  # noqa: BLE001 - a summary that cannot be made must not hide the run's outcome
+            log.exception("telemetry summary of %s failed (left out)", self.req.run_id)
+            return None
 
     def _prepare(self) -> int:
         """Check the request against an earlier attempt of the same run id; return this attempt's number."""

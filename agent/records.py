@@ -270,6 +270,8 @@ class RunProgress(Frozen):
     attempt: int = 1
     error: StepError | None = None
     outcomes: tuple[KeyOutcome, ...] = ()
+    # device telemetry of the run, set when it ends; agent.kv publishes it under a key of its own
+    telemetry: TelemetrySummary | None = None
 
 
 class Heartbeat(Frozen):
@@ -282,3 +284,81 @@ class Heartbeat(Frozen):
     free_disk_bytes: int | None = None
     healthy: bool = True
     detail: str = ""
+
+
+# -- device telemetry (agent.telemetry) ---------------------------------------------------------
+class DeviceSample(Frozen):
+    """One reading of one accelerator by the vendor's tool, tagged with what the run was doing.
+
+    Values keep the tool's units; a field the tool did not answer is None. One per line in
+    ``runs/<id>/telemetry.jsonl``.
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    ts: float
+    gpu: int
+    run_id: str = ""
+    module: str = ""
+    attempt: int = 1
+    step: str = ""
+    model_key: str | None = None
+    temperature_c: float | None = None
+    memory_temperature_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: float | None = None
+    memory_clock_mhz: float | None = None
+    graphics_clock_mhz: float | None = None
+    max_sm_clock_mhz: float | None = None
+    utilization_pct: float | None = None
+    memory_utilization_pct: float | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    clock_event_reasons: int | None = None  # NVML clocks event reasons bitmask (agent.telemetry.fields.REASONS)
+    ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors
+
+
+class FieldStats(Frozen):
+    n: int
+    min: float
+    mean: float
+    max: float
+    p95: float
+
+
+class KeyTelemetry(Frozen):
+    """One device during one model key (``model_key`` "": the release-wide steps before the keys)."""
+
+    model_key: str
+    gpu: int
+    samples: int
+    first_ts: float
+    last_ts: float
+    fields: dict[str, FieldStats] = Field(default_factory=dict)  # DeviceSample field -> stats
+    reasons: dict[str, float] = Field(default_factory=dict)  # clock-event reason -> share of samples active
+
+
+class DeviceInfo(Frozen):
+    gpu: int
+    name: str = ""
+    uuid: str = ""
+
+
+class TelemetrySummary(Frozen):
+    """Per model key and device: min / mean / max / p95 of every sampled field, and what went wrong."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    module: str
+    tool: str = ""  # the tool's name ("" when none could be run)
+    period_s: float = 1.0
+    samples: int = 0
+    devices: tuple[DeviceInfo, ...] = ()
+    keys: tuple[KeyTelemetry, ...] = ()
+    notes: tuple[str, ...] = ()  # once each: tool missing, hanging, failing, fields it lacks
+
+    def for_key(self, model_key: str) -> tuple[KeyTelemetry, ...]:
+        return tuple(k for k in self.keys if k.model_key == model_key)
+
+
+RunProgress.model_rebuild()

@@ -201,6 +201,9 @@ class AgentSettings(BrokerSettings):
         default_factory=list,
         description="folders a run's tarball may be read from, besides the module's own release cache "
                     "(<workdir>/incoming, <workdir>/releases); empty: <data_dir>/releases (local transport)")
+    telemetry_period: float = Field(default=1.0, ge=0, description="device telemetry period during runs, s (0: off)")
+    telemetry_tool: str | None = Field(default=None, description="device tool (default: mthreads-gmi, else "
+                                                                 "nvidia-smi, whichever is on PATH)")
 
     def allowed_release_roots(self) -> list[Path]:
         """Where a requested tarball may live (symlinks resolved): release cache plus configured roots."""

@@ -117,8 +117,8 @@ def fleet_dispatch(base: Path, settings: ControllerSettings, jobs: int,
 
 
 def scaling(base: Path, settings: ControllerSettings, n: int, models: tuple[str, ...], scale: float) -> float:
-    from controller.cli import State
     from controller.fleet import sha256_file
+    from controller.service import Session
     from simulator import build_release, make_models
 
     rel = build_release(base / "release", time_scale=scale, noise=0.0, seed=1)
@@ -131,8 +131,9 @@ def scaling(base: Path, settings: ControllerSettings, n: int, models: tuple[str,
             make_models(base / "modules" / name / "models")
             workers.append(start_worker(name, base, settings, sim_env={}))
         wait_for_heartbeats(settings, workers, 120)
-        st = State.for_settings(settings)
+        st = Session(settings)
         fleet = st.fleet()
+        st.history()
         mods = st.inventory().select("all")
         sha = sha256_file(rel.path)
         staged = stage_local_release(rel.path, sha, settings.data_dir)

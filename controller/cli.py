@@ -1,308 +1,183 @@
-"""``fleetctl``: the controller's command line.
+"""``fleetctl``: the controller's command line. It parses and prints; :mod:`controller.service` does the work.
 
-Exit codes: 0 pass, 1 a module failed or the release regressed, 2 an error (bad input,
-broker unreachable, ...), reported as one line on stderr.
+Exit codes, everywhere: 0 pass (or done), 1 a module failed or the release regressed, 2 an
+error (bad input, unknown run, broker unreachable, missing extras), reported as one line
+``fleetctl: error: ...`` on stderr. 130 when interrupted.
+
+Only typer and click are imported to build the command tree: every verb imports what it uses
+(the service, rich, pandas, paramiko) when it runs, so ``fleetctl --help`` stays light and works
+without the controller extras.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import click
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from agent.records import UnknownModelKey, parse_model_keys
-from agent.settings import SettingsError, load_settings
-from controller.fleet import (
-    BadRelease,
-    Fleet,
-    FleetError,
-    RunView,
-    new_run_id,
-    release_version,
-    sha256_file,
-)
-from controller.history import History, HistoryError
-from controller.inventory import Inventory, InventoryError, Module, load_inventory
-from controller.live import follow, render
-from controller.settings import ControllerSettings
+from controller.cli_output import EXIT_ERROR, Output, emit, error, output_option, stderr, stdout
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Validate SGLang-MUSA releases on a fleet of M1000 modules.")
-devices_app = typer.Typer(add_completion=False, invoke_without_command=True,
-                          help="Modules of the inventory and their state (idle, busy, offline, bad).")
-app.add_typer(devices_app, name="devices")
+if TYPE_CHECKING:
+    from controller.service import Session
 
-out = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, soft_wrap=True)
+RUN_ARG = "run id, unique prefix or 'latest'"
 
 
 @dataclass
-class State:
-    """Lazily opened resources of one invocation (no global configuration)."""
+class Invocation:
+    """What the root options name; the service session is opened on first use and closed with the command."""
 
     config: Path | None = None
-    inventory_path: Path | None = None
-    history_path: Path | None = None
-    _settings: ControllerSettings | None = None
-    _history: History | None = None
-    _inventory: Inventory | None = None
-    _fleet: Fleet | None = None
-    closers: list[Callable[[], None]] = field(default_factory=list)
+    inventory: Path | None = None
+    history: Path | None = None
+    _session: Session | None = field(default=None, repr=False)
 
-    @classmethod
-    def for_settings(cls, settings: ControllerSettings) -> State:
-        """State of a caller that already holds its settings (demo, tests, benches)."""
-        st = cls()
-        st._settings = settings
-        return st
+    def session(self) -> Session:
+        if self._session is None:
+            from controller.service import Session
 
-    def settings(self) -> ControllerSettings:
-        if self._settings is None:
-            self._settings = load_settings(ControllerSettings, self.config, inventory=self.inventory_path,
-                                           history=self.history_path)
-        return self._settings
-
-    def history(self) -> History:
-        if self._history is None:
-            self._history = History(self.settings().history_path)
-            self.closers.append(self._history.close)
-        return self._history
-
-    def inventory(self) -> Inventory:
-        if self._inventory is None:
-            self._inventory = load_inventory(self.settings().inventory)
-        return self._inventory
-
-    def fleet(self) -> Fleet:
-        if self._fleet is None:
-            s = self.settings()
-            self._fleet = Fleet(s, self.history(), failures_for_bad=s.failures_for_bad)
-            self.closers.append(self._fleet.close)
-        return self._fleet
+            self._session = Session.load(self.config, inventory=self.inventory, history=self.history)
+        return self._session
 
     def close(self) -> None:
-        for c in reversed(self.closers):
-            c()
-        self.closers.clear()
+        if self._session is not None:
+            self._session.close()
 
 
-STATE = State()
+def session(ctx: typer.Context) -> Session:
+    """The service session of the command being run (the invocation is every context's object)."""
+    inv = ctx.obj
+    assert isinstance(inv, Invocation)
+    return inv.session()
 
 
-@app.callback()
-def _main(
+def _root(
+    ctx: typer.Context,
     config: Path | None = typer.Option(None, "--config", "-c", envvar="FLEET_CONFIG",
-                                       help="TOML config file ([fleet], [controller])"),
+                                       help="TOML config file (sections \\[fleet] and \\[controller])"),
     inventory: Path | None = typer.Option(None, "--inventory", "-i", help="inventory TOML (default from config)"),
     history: Path | None = typer.Option(None, "--history", help="run history SQLite file"),
 ) -> None:
-    STATE.config, STATE.inventory_path, STATE.history_path = config, inventory, history
+    """Validate SGLang-MUSA releases on a fleet of M1000 modules."""
+    inv = ctx.obj
+    assert isinstance(inv, Invocation)
+    inv.config, inv.inventory, inv.history = config, inventory, history
 
 
-# --------------------------------------------------------------------------- helpers
-def judge(st: State, run_id: str, baseline: str | None) -> tuple[str, str, Any]:
-    """(verdict, one-line text, report or None) for a finished run."""
-    h = st.history()
-    info = h.find_run(run_id)
-    view = st.fleet().view(info.run_id)
-    failed = view.state() in ("failed", "cancelled")
-    report = None
-    if importlib.util.find_spec("controller.report") is not None:
-        from controller.report import build_report
-
-        report = build_report(h, info.run_id, baseline=baseline)
-        verdict = str(report.verdict)
-        text = getattr(report, "one_line", None)
-        line = text() if callable(text) else str(text or verdict)
-    else:
-        verdict, line = ("failed", "some modules failed") if failed else ("pass", "all modules passed")
-    if failed and verdict == "pass":
-        verdict, line = "failed", "some modules failed; " + line
-    h.set_run_state(info.run_id, view.state() if view.finished else "running", verdict=verdict)
-    return verdict, line, report
-
-
-def _exit_for(verdict: str) -> int:
-    return 0 if verdict in ("pass", "passed", "ok") else 1
-
-
-def _print_failures(view: RunView) -> None:
-    for m, p in view.progress.items():
-        if p is None:
-            continue
-        errs = [o.error for o in p.outcomes if o.error] or ([p.error] if p.error else [])
-        for e in errs:
-            err.print(f"[red]{m}[/]: {e.one_line()}", highlight=False)
-
-
-def _distribute(st: State, modules: list[Module], tarball: Path, sha: str) -> tuple[dict[str, str], dict[str, str]]:
-    """Make the release available on each module: (module -> path there, module -> error)."""
-    paths: dict[str, str] = {}
-    errors: dict[str, str] = {}
-    remote = [m for m in modules if m.transport == "ssh"]
-    local = [m for m in modules if m.transport == "local"]
-    if local:  # agents read only from their release roots: <data_dir>/releases by default
-        from agent.validate import stage_local_release
-
-        staged = str(stage_local_release(tarball, sha, st.settings().data_dir))
-        for m in local:
-            paths[m.name] = staged
-    if remote:
-        if importlib.util.find_spec("controller.push") is None:
-            for m in remote:
-                errors[m.name] = "release distribution over SSH is not available in this build"
-        else:
-            from controller.push import push_release
-
-            s = st.settings()
-            results = push_release(remote, tarball, sha, known_hosts=s.known_hosts, identity=s.ssh_key)
-            for name, r in results.items():
-                if getattr(r, "error", None):
-                    errors[name] = f"push failed: {r.error}"
-                else:
-                    paths[name] = str(r.remote_path)
-    return paths, errors
-
-
-# --------------------------------------------------------------------------- commands
-@app.command()
+# --------------------------------------------------------------------------- run verbs
 def validate(
+    ctx: typer.Context,
     tarball: Path = typer.Argument(..., help="SGLang-MUSA-M1000-M1000_<version>_sglang.tar.gz"),
     models: str = typer.Option("all", "--models", "-m", help="model keys, comma separated, or 'all'"),
     devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
     detach: bool = typer.Option(False, "--detach", help="return at once; follow with status/watch"),
-    baseline: str | None = typer.Option(None, "--baseline", help="baseline: release, release@vN or run id"),
+    baseline: str | None = typer.Option(None, "--baseline", "-b", help="baseline: release, release@vN or run id"),
     run_id: str | None = typer.Option(None, "--run-id", help="run id (default: generated)"),
+    resume: bool = typer.Option(False, "--resume", help="--run-id names an existing run: resume it"),
 ) -> int:
     """Validate a release on the chosen modules; ends with a verdict."""
-    return run_validation(STATE, tarball, parse_model_keys(models), devices, detach=detach, baseline=baseline,
-                          run_id=run_id)
+    from agent.records import parse_model_keys
+    from controller import service
+    from controller.live import follow_and_judge, print_launched
 
-
-def run_validation(st: State, tarball: Path, keys: tuple[str, ...], devices: str, *, detach: bool = False,
-                   baseline: str | None = None, run_id: str | None = None) -> int:
-    if not tarball.is_file():
-        raise BadRelease(f"{tarball}: no such release tarball")
-    version = release_version(tarball)
-    mods = st.inventory().select(devices)
-    fleet = st.fleet()
-    rid = run_id or new_run_id()
-    fleet.check_new_run_id(rid)
-    fleet.check_broker()
-    sha = sha256_file(tarball)
-    statuses = fleet.statuses(mods)
-    usable = [m for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")]
-    paths, errors = _distribute(st, usable, tarball, sha)
-    result = fleet.dispatch(run_id=rid, modules=mods, tarballs=paths, sha256=sha, release=version, models=keys,
-                            tarball_label=str(tarball.resolve()), statuses=statuses)
-    for name, e in errors.items():
-        result[name] = e
-    err.print(f"run [bold]{rid}[/]: release {version} ({sha[:12]}), {len(keys)} model keys, "
-              f"{sum(v == 'queued' for v in result.values())}/{len(mods)} modules queued", highlight=False)
-    for name, why in result.items():
-        if why != "queued":
-            err.print(f"  [red]{name}[/]: {why}", highlight=False)
+    s = session(ctx)
+    req = service.ValidateRequest(release=tarball, models=parse_model_keys(models), devices=devices,
+                                  baseline=baseline, run_id=run_id, resume=resume)
+    launched = service.validate(s, req)
+    print_launched(launched, stderr(), len(launched.modules))
     if detach:
-        out.print(rid)
+        stdout().print(launched.run_id)
         return 0
-    return follow_and_judge(st, rid, baseline)
+    return follow_and_judge(s, launched.run_id, baseline, stdout(), stderr())
 
 
-def follow_and_judge(st: State, run_id: str, baseline: str | None) -> int:
-    fleet = st.fleet()
-    try:
-        view = follow(lambda: fleet.sync(run_id), err, title=f"run {run_id}")
-    except KeyboardInterrupt:
-        err.print(f"detached; the run goes on: fleetctl watch {run_id}")
-        return 130
-    _print_failures(view)
-    verdict, line, report = judge(st, run_id, baseline)
-    n = st.history().row_count(run_id)
-    out.print(f"verdict: [bold]{verdict}[/] - {line}", highlight=False)
-    out.print(f"{n} result rows in {st.settings().history_path} (fleetctl results {run_id}; "
-              f"fleetctl report {run_id})", highlight=False)
-    return _exit_for(verdict)
+def status(ctx: typer.Context,
+           run_id: str = typer.Argument("latest", help="run id, unique prefix or 'latest'"),
+           output: Output = output_option()) -> int:
+    """One look at a run (pulls its latest progress and rows into the history); the verdict once it ended."""
+    from controller import service
+    from controller.live import render
+
+    s = session(ctx)
+    info = service.find_run(s, run_id)
+    view = service.sync(s, info.run_id)
+    j = service.judge(s, info.run_id) if view.finished else None
+    if output != Output.table:
+        doc = service.run_summary(service.find_run(s, info.run_id), view, judgement=j)
+        recs = [{"module": m, **st} for m, st in doc["module_states"].items()]
+        emit(recs, ["module", "state", "step", "model_key", "keys_done", "keys_total", "rows"], output, document=doc)
+    else:
+        out = stdout()
+        out.print(render(view, title=f"run {info.run_id} ({info.release}, {view.state()})"))
+        if j is not None:
+            out.print(f"verdict: [bold]{j.verdict}[/] - {j.line}", highlight=False)
+    return service.exit_code(j.verdict) if j is not None else 0
 
 
-@app.command()
-def status(run_id: str = typer.Argument("latest")) -> int:
-    """One look at a run (and pull its latest results into the history)."""
-    info = STATE.history().find_run(run_id)
-    view = STATE.fleet().sync(info.run_id)
-    out.print(render(view, title=f"run {info.run_id} ({info.release}, {view.state()})"))
-    if view.finished:
-        verdict, line, _ = judge(STATE, info.run_id, None)
-        out.print(f"verdict: [bold]{verdict}[/] - {line}", highlight=False)
-        return _exit_for(verdict)
-    return 0
+def watch(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run id, unique prefix or 'latest'"),
+          baseline: str | None = typer.Option(None, "--baseline", "-b")) -> int:
+    """Follow a run live until it ends (pulling its results into the history), then give its verdict."""
+    from controller import service
+    from controller.live import follow_and_judge
+
+    s = session(ctx)
+    info = service.find_run(s, run_id)
+    if baseline:
+        service.check_baseline(s, baseline)
+    return follow_and_judge(s, info.run_id, baseline, stdout(), stderr())
 
 
-@app.command()
-def watch(run_id: str = typer.Argument("latest"), baseline: str | None = typer.Option(None, "--baseline")) -> int:
-    """Follow a run live until it ends, then give its verdict."""
-    info = STATE.history().find_run(run_id)
-    return follow_and_judge(STATE, info.run_id, baseline)
-
-
-@app.command()
-def runs(limit: int = typer.Option(20, "--limit", "-n")) -> None:
-    """Recent runs."""
-    t = Table("run", "created", "release", "modules", "models", "state", "verdict")
-    for r in STATE.history().runs(limit=limit):
-        t.add_row(r.run_id, time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at)), r.release,
-                  str(len(r.modules)), ",".join(r.models), r.state, r.verdict or "")
-    out.print(t)
-
-
-@app.command()
-def cancel(run_id: str = typer.Argument(...),
+def cancel(ctx: typer.Context, run_id: str = typer.Argument(..., help="run id or unique prefix"),
            devices: str | None = typer.Option(None, "--devices", "-d", help="only these modules")) -> None:
     """Cancel a run (durable: modules check it between and within steps)."""
-    info = STATE.history().find_run(run_id)
-    names = None
-    if devices:
-        from controller.inventory import select
+    from controller import service
 
-        mods = [m for m in STATE.inventory().modules if m.name in info.modules]
-        names = [m.name for m in select(mods, devices)]
-    STATE.fleet().cancel(info.run_id, names)
-    err.print(f"cancel requested for run {info.run_id}" + (f" on {', '.join(names)}" if names else ""))
+    rid, names = service.cancel(session(ctx), run_id, devices)
+    stderr().print(f"cancel requested for run {rid}" + (f" on {', '.join(names)}" if devices else ""),
+                   highlight=False)
 
 
-@app.command()
-def results(run_id: str = typer.Argument("latest"),
-            fmt: str = typer.Option("table", "--format", "-f", help="table, csv or json")) -> None:
-    """Result rows of a run."""
-    h = STATE.history()
-    info = h.find_run(run_id)
-    if info.kind == "run":
-        STATE.fleet().sync(info.run_id)
-    rows = h.rows(info.run_id)
-    if fmt == "json":
-        out.print_json(json.dumps([r.model_dump(mode="json") for r in rows]))
-    elif fmt == "csv":
-        import csv
+# --------------------------------------------------------------------------- listing verbs
+def runs(ctx: typer.Context,
+         limit: int = typer.Option(20, "--limit", "-n", min=1, help="at most this many, newest first"),
+         output: Output = output_option()) -> None:
+    """Recent runs."""
+    import time
 
-        from controller.history import ROW_FIELDS
+    from controller import service
 
-        w = csv.writer(sys.stdout, lineterminator="\n")
-        w.writerow(ROW_FIELDS)
-        for r in rows:
-            d = r.model_dump(mode="json")
-            w.writerow([json.dumps(d[f]) if f in ("extra", "flags") else ("" if d[f] is None else d[f])
-                        for f in ROW_FIELDS])
-    elif fmt == "table":
-        t = Table("module", "model key", "profile", "prefill tok/s", "TTFT ms", "decode tok/s", "TPOT ms", "extra")
+    items = service.runs(session(ctx), limit)
+    recs = [{**r.model_dump(mode="json"), "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))}
+            for r in items]
+    emit(recs, ["run_id", "created", "release", "modules", "models", "state", "verdict"], output)
+
+
+ROW_COLUMNS = ("module", "model_key", "profile", "prefill_tps", "ttft_ms", "decode_tps", "tpot_ms", "extra")
+
+
+def results(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run id, unique prefix or 'latest'"),
+            output: Output = output_option(),
+            fmt: Output | None = typer.Option(None, "--format", hidden=True, help="old name of --output"),
+            pull: bool = typer.Option(False, "--sync", help="pull the newest rows from the broker first (writes)"),
+            telemetry: bool = typer.Option(False, "--telemetry", help="device telemetry per module and model key "
+                                                                      "instead of the result rows"),
+            ) -> None:
+    """Result rows of a run (or its device telemetry), from the run history."""
+    import json
+
+    from controller import service
+    from controller.history import ROW_FIELDS
+
+    output = fmt or output
+    info, rows = service.results(session(ctx), run_id, pull=pull)
+    if telemetry:
+        _emit_telemetry(session(ctx).history().telemetry(info.run_id), output)
+        return
+    if output == Output.table:
+        recs = []
         for r in rows:
             extra = ""
             if r.table == "mtp":
@@ -311,109 +186,357 @@ def results(run_id: str = typer.Argument("latest"),
                 extra = f"vision {r.vision_fps:.2f} fps" if r.vision_fps else ""
             if r.flags:
                 extra += " flags: " + ",".join(r.flags)
-            t.add_row(r.module, r.model_key, r.profile, _num(r.prefill_tps), _num(r.ttft_ms), _num(r.decode_tps),
-                      _num(r.tpot_ms), extra)
-        out.print(t)
-    else:
-        raise typer.BadParameter(f"unknown format {fmt!r} (table, csv, json)", param_hint="--format")
+            recs.append({**r.model_dump(), "extra": extra})
+        emit(recs, ROW_COLUMNS, output)
+        return
+    docs = [r.model_dump(mode="json") for r in rows]
+    if output == Output.csv:
+        for d in docs:
+            d.update(extra=json.dumps(d["extra"]), flags=json.dumps(d["flags"]))
+    emit(docs, ROW_FIELDS, output)
 
 
-def _num(v: float | None) -> str:
-    return "" if v is None else f"{v:.2f}"
+TELEMETRY_TABLE = ("module", "model key", "gpu", "samples", "SM clock p95 / max MHz", "max °C",
+                   "power p95 / limit W", "memory max MiB", "slowdown", "notes")
 
 
-@devices_app.callback()
+def _emit_telemetry(summaries: dict[str, Any], output: Output) -> None:
+    import json
+
+    from controller.report.telemetry import telemetry_rows
+
+    if output == Output.json:
+        stdout().print_json(json.dumps({m: s.model_dump(mode="json") for m, s in summaries.items()}))
+        return
+    rows = telemetry_rows(summaries)
+    if output == Output.csv:
+        emit(rows, tuple(rows[0]) if rows else ("module",), output)
+        return
+
+    def n(v: float | None) -> str:
+        return "" if v is None else f"{v:.0f}"
+
+    recs = [{"module": r["module"], "model key": "" if r["gpu"] is None else (r["model_key"] or "(release steps)"),
+             "gpu": "" if r["gpu"] is None else str(r["gpu"]), "samples": str(r["samples"]),
+             "SM clock p95 / max MHz": f"{n(r.get('sm_clock_p95_mhz'))} / {n(r.get('sm_clock_max_mhz'))}",
+             "max °C": n(r.get("temperature_max_c")),
+             "power p95 / limit W": f"{n(r.get('power_p95_w'))} / {n(r.get('power_limit_w'))}",
+             "memory max MiB": n(r.get("memory_used_max_mib")), "slowdown": r.get("slowdown", ""),
+             "notes": r["notes"]} for r in rows]
+    emit(recs, TELEMETRY_TABLE, output)
+
+
+DEVICE_COLUMNS = ("module", "host", "labels", "state", "reason", "agent_version", "last_beat", "free_disk")
+
+
 def devices(ctx: typer.Context,
-            select_: str = typer.Option("all", "--devices", "-d", help="selector")) -> None:
+            select_: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
+            output: Output = output_option()) -> None:
     """Modules and their state, from their heartbeats."""
     if ctx.invoked_subcommand is not None:
         return
-    mods = STATE.inventory().select(select_)
-    st = STATE.fleet().statuses(mods)
-    t = Table("module", "host", "labels", "state", "detail", "agent", "last beat", "free disk")
-    for m in mods:
-        s = st[m.name]
-        hb = s.heartbeat
-        t.add_row(m.name, m.host, ",".join(f"{k}={v}" for k, v in m.labels.items()),
-                  s.state, s.reason, hb.agent_version if hb else "",
-                  f"{s.age:.0f} s ago" if s.age is not None else "never",
-                  f"{hb.free_disk_bytes / 1024**3:.1f} GiB" if hb and hb.free_disk_bytes is not None else "")
-    out.print(t)
+    from controller import service
+
+    recs = []
+    for d in service.devices(session(ctx), select_):
+        rec = service.device_dict(d)
+        age, free = rec["heartbeat_age_s"], rec["free_disk_bytes"]
+        rec["last_beat"] = f"{age:.0f} s ago" if age is not None else "never"
+        rec["free_disk"] = f"{free / 1024**3:.1f} GiB" if free is not None else ""
+        recs.append(rec)
+    emit(recs, DEVICE_COLUMNS, output)
 
 
-@app.command()
-def serve(interval: float = typer.Option(1.0, "--interval", help="seconds between syncs"),
-          once: bool = typer.Option(False, "--once", help="sync every running run once and exit")) -> None:
-    """Controller service: keep the run history in step with the broker, serve controller /metrics."""
+def retry(
+    ctx: typer.Context,
+    run_id: str = typer.Argument("latest", help=RUN_ARG),
+    failed_only: bool = typer.Option(False, "--failed-only",
+                                     help="only the modules that failed, with the model keys that did not pass"),
+    detach: bool = typer.Option(False, "--detach", help="return at once; follow with status/watch"),
+    baseline: str | None = typer.Option(None, "--baseline", "-b", help="baseline: release, release@vN or run id"),
+) -> int:
+    """A new run (new id) of a run's release and model keys on its modules.
+
+    To continue the same run instead, keeping what passed: fleetctl validate TARBALL --run-id RUN --resume.
+    """
+    from controller import service
+    from controller.live import follow_and_judge, print_launched
+
+    s = session(ctx)
+    if baseline:
+        service.check_baseline(s, baseline)
+    launched = service.retry(s, run_id, failed_only=failed_only)
+    print_launched(launched, stderr(), len(launched.modules))
+    if detach:
+        stdout().print(launched.run_id)
+        return 0
+    return follow_and_judge(s, launched.run_id, baseline, stdout(), stderr())
+
+
+def logs(
+    ctx: typer.Context,
+    run_id: str = typer.Argument("latest", help=RUN_ARG),
+    module: str | None = typer.Option(None, "--module", help="only this module"),
+    step: str | None = typer.Option(None, "--step", help="only this step (unpack, precompile, server, benchmark...)"),
+    key: str | None = typer.Option(None, "--key", "-k", help="only this model key"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing what is appended until the run ends"),
+) -> None:
+    """Step logs of a run, read from each module's workdir (local modules) or over SSH."""
+    import time
+
+    from controller import service
+
+    s = session(ctx)
+    info = service.find_run(s, run_id)
+    shown: dict[tuple[str, str], int] = {}
+    several = module is None and len(info.modules) > 1
+
+    def show() -> None:
+        for f in service.logs(s, info.run_id, module=module, step=step, key=key):
+            done = shown.get((f.module, f.name))
+            if done is None:
+                sys.stdout.write(f"==> {f.module} {f.name} <==\n" if several else f"==> {f.name} <==\n")
+                done = 0
+            sys.stdout.write(f.text[done:])
+            sys.stdout.flush()
+            shown[(f.module, f.name)] = len(f.text)
+
+    show()
+    while follow and not service.view(s, info.run_id, live=True).finished:
+        time.sleep(1.0)
+        show()
+    if not shown:
+        stderr().print(f"no step logs of run {info.run_id} (yet)" + (f" on {module}" if module else ""))
+
+
+def describe_run(ctx: typer.Context, run_id: str = typer.Argument("latest", help=RUN_ARG),
+                 output: Output = output_option()) -> None:
+    """A run: release, models, modules, state and step of each module, errors, rows, verdict (read-only)."""
+    import time
+
+    from controller import service
+
+    s = session(ctx)
+    d = service.describe_run(s, run_id)
+    doc = {**service.run_summary(d.info, d.view, rows=d.rows), "errors": service.errors_of(d.view)}
+    recs = []
+    for m, st in doc["module_states"].items():
+        failed = [o["model_key"] for o in st.get("outcomes", []) if o["status"] == "failed"]
+        recs.append({"module": m, "state": st["state"], "step": st["step"],
+                     "keys": f"{st.get('keys_done', 0)}/{st.get('keys_total', len(d.info.models))}",
+                     "rows": st.get("rows", 0), "failed keys": failed,
+                     "error": "; ".join(doc["errors"].get(m, []))})
+    if output == Output.table:
+        out = stdout()
+        when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""  # noqa: E731
+        for k, v in (("run", d.info.run_id), ("release", f"{d.info.release} (sha256 {d.info.sha256[:12]})"),
+                     ("tarball", d.info.tarball), ("models", ", ".join(d.info.models)), ("state", doc["state"]),
+                     ("verdict", d.info.verdict or ""), ("created", when(d.info.created_at)),
+                     ("finished", when(d.info.finished_at)), ("rows", d.rows)):
+            out.print(f"{k + ':':10} {v}", highlight=False)
+    emit(recs, ["module", "state", "step", "keys", "rows", "failed keys", "error"], output, document=doc)
+
+
+def describe_module(ctx: typer.Context, name: str = typer.Argument(..., help="module name"),
+                    output: Output = output_option()) -> None:
+    """A module: inventory entry, state from its heartbeat, its recent runs (read-only)."""
+    import time
+
+    from controller import service
+
+    s = session(ctx)
+    d = service.describe_module(s, name)
+    dev = service.device_dict(service.Device(d.module, d.status))
+    recent = [{"run_id": info.run_id, "release": info.release,
+               "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(info.created_at)),
+               "state": p.state.value if p else "queued", "rows": p.rows if p else 0,
+               "error": p.error.one_line() if p and p.error else ""} for info, p in d.recent]
+    doc = {**dev, "inventory": d.module.model_dump(mode="json"), "recent_runs": recent}
+    if output == Output.table:
+        out = stdout()
+        for k in ("module", "host", "transport", "labels", "state", "reason", "agent_version", "run_id"):
+            v = dev[k]
+            out.print(f"{k + ':':15} {','.join(f'{a}={b}' for a, b in v.items()) if isinstance(v, dict) else v or ''}",
+                      highlight=False)
+        out.print(f"{'workdir:':15} {d.module.workdir}", highlight=False)
+    emit(recent, ["run_id", "release", "created", "state", "rows", "error"], output, document=doc,
+         title="recent runs")
+
+
+def version(output: Output = output_option()) -> None:
+    """Version of fleetctl, of the records it exchanges with agents, and of Python."""
+    from controller import service
+
+    v = service.version()
+    if output == Output.table:
+        print(f"fleetctl {v['fleetctl']} (records schema {v['record_schema']}, Python {v['python']})")
+        return
+    emit([v], list(v), output, document=v)
+
+
+# --------------------------------------------------------------------------- services
+def serve(
+    ctx: typer.Context,
+    interval: float = typer.Option(1.0, "--interval", help="seconds between syncs"),
+    once: bool = typer.Option(False, "--once", help="sync every running run once and exit"),
+    api_port: int | None = typer.Option(None, "--api-port", help="serve the HTTP API on this port (api_port)"),
+    api_host: str | None = typer.Option(None, "--api-host", help="bind address of the HTTP API (api_host)"),
+    tokens: Path | None = typer.Option(None, "--tokens", help="bearer tokens of the API, one a line, mode 0600"),
+    webhook: list[str] = typer.Option([], "--webhook", help="POST each verdict to this URL (repeatable)"),
+    webhook_secret: Path | None = typer.Option(None, "--webhook-secret-file", help="HMAC key of the webhooks"),
+    new_token: bool = typer.Option(False, "--new-token", help="print a fresh random token for the tokens file"),
+) -> None:
+    """Controller service: history kept in step with the broker, verdicts, /metrics, HTTP API, webhooks."""
+    if new_token:
+        import secrets
+
+        print(secrets.token_hex(24))
+        return
     from controller.serve import serve_forever
 
-    serve_forever(STATE, interval=interval, once=once, console=err)
+    s = session(ctx)
+    overrides: dict[str, object] = {k: v for k, v in (("api_port", api_port), ("api_host", api_host),
+                                                       ("api_tokens_file", tokens),
+                                                       ("webhook_secret_file", webhook_secret)) if v is not None}
+    if webhook:
+        overrides["webhook_urls"] = tuple(webhook)
+    if overrides:
+        s.settings = type(s.settings).model_validate({**s.settings.model_dump(), **overrides})
+    serve_forever(s, interval=interval, once=once, console=stderr())
 
 
-@app.command()
 def demo(
-    devices: int = typer.Option(4, "--devices", "-n", min=1, max=64, help="simulated modules"),
+    devices: int = typer.Option(4, "--modules", "--devices", min=1, max=64,
+                                help="how many simulated modules (--devices: the old name)"),
     models: str = typer.Option("all", "--models", "-m"),
     noise: float = typer.Option(0.01, "--noise", min=0.0, max=0.5, help="relative noise of the simulated modules"),
     slow: float | None = typer.Option(None, "--slow", help="one module runs this factor slower (e.g. 1.12)"),
+    throttle: bool = typer.Option(False, "--throttle", help="the slow module is slow because its device throttles"),
     regress: list[str] = typer.Option([], "--regress", help="MODEL_KEY:METRIC:FRACTION, release worse by that"),
     seed: int = typer.Option(1, "--seed"),
     time_scale: float = typer.Option(50.0, "--time-scale", min=1.0, help="simulated modules run N x real time"),
-    out_dir: Path = typer.Option(Path("demo-out"), "--out", help="where the demo keeps everything"),
+    out_dir: Path = typer.Option(Path("demo-out"), "--out", help="folder where the demo keeps everything"),
     real: int = typer.Option(0, "--real", min=0, max=8,
                              help="also N real-engine modules (transformers serve on this CPU; needs make engine)"),
 ) -> int:
     """Simulated fleet on this machine validates a freshly built simulated release (embedded broker)."""
+    from agent.records import parse_model_keys
     from controller.demo import DemoOptions, run_demo
 
-    opts = DemoOptions(devices=devices, models=parse_model_keys(models), noise=noise, slow=slow,
-                       regress=tuple(regress), seed=seed, time_scale=time_scale, out_dir=out_dir, real=real)
-    return run_demo(opts, out, err)
+    opts = DemoOptions(devices=devices, models=parse_model_keys(models), noise=noise, slow=slow, throttle=throttle,
+                       regress=tuple(regress), seed=seed, time_scale=time_scale, out_dir=out_dir,
+                       real=real)
+    return run_demo(opts, stdout(), stderr())
 
 
-def _register_plugins() -> None:
-    """Commands of the other parts of the controller, where present in this build."""
-    if importlib.util.find_spec("controller.report_cli") is not None:
-        from controller import report_cli
+def build_app(inv: Invocation) -> typer.Typer:
+    """The command tree of one invocation: the verbs here and those of the other parts of the
+    controller, which get the invocation's session through the functions handed to them."""
+    from controller import deploy_cli, metrics_cli, report_cli
 
-        report_cli.register(app, lambda: STATE.history())
-    if importlib.util.find_spec("controller.deploy_cli") is not None:
-        from controller import deploy_cli
+    app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False)
+    app.callback()(_root)
+    for verb in (validate, status, watch, cancel, retry, runs, results, logs, serve, demo, version):
+        app.command()(verb)
+    devices_app = typer.Typer(add_completion=False, invoke_without_command=True,
+                              help="Modules of the inventory and their state (idle, busy, unreachable, offline, bad).")
+    devices_app.callback()(devices)
+    app.add_typer(devices_app, name="devices")
+    describe_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                               help="Everything about one run or one module (read-only).")
+    describe_app.command("run")(describe_run)
+    describe_app.command("module")(describe_module)
+    app.add_typer(describe_app, name="describe")
+    report_cli.register(app, lambda: inv.session().read_history(), lambda: inv.session().history())
+    deploy_cli.register(app, devices_app, lambda: inv.session().inventory(), lambda: inv.session().settings)
+    metrics_cli.register(app, lambda: inv.session().inventory())
+    return app
 
-        deploy_cli.register(app, devices_app, lambda: STATE.inventory(), lambda: STATE.settings())
-    if importlib.util.find_spec("controller.metrics_cli") is not None:
-        from controller import metrics_cli
 
-        metrics_cli.register(app, lambda: STATE.inventory())
-
-
-_register_plugins()
-
-USER_ERRORS: tuple[type[BaseException], ...] = (FleetError, InventoryError, HistoryError, SettingsError,
-                                                UnknownModelKey, OSError)
+# --------------------------------------------------------------------------- errors and exit codes
+CONTROLLER_EXTRA = frozenset({"pandas", "numpy", "scipy", "pyarrow", "matplotlib", "jinja2", "fabric", "paramiko",
+                              "invoke", "fastapi", "uvicorn", "starlette"})
 
 
-def main(argv: list[str] | None = None) -> None:
-    code = 0
-    STATE.__init__()  # type: ignore[misc]  # a fresh invocation state (tests call main repeatedly)
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """Errors that are the user's to fix (one line, exit 2). The errors of parts this invocation did
+    not load cannot have been raised: their modules (and pandas, paramiko) were not imported for it."""
+    from pydantic import ValidationError
+
+    from agent.records import UnknownModelKey
+    from agent.settings import SettingsError
+    from controller.fleet import FleetError
+    from controller.history import HistoryError
+    from controller.inventory import InventoryError
+    from controller.service import ServiceError
+
+    types: list[type[BaseException]] = [ServiceError, FleetError, InventoryError, HistoryError, SettingsError,
+                                        UnknownModelKey, ValidationError, OSError]
+    if "controller.report.model" in sys.modules:
+        from controller.report.model import ReportError
+
+        types.append(ReportError)
+    if "controller.push" in sys.modules:
+        from controller.push import PushError
+
+        types.append(PushError)
+    if "controller.deploy" in sys.modules:
+        from controller.deploy import DeployError
+
+        types.append(DeployError)
+    return tuple(types)
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for a user error (pydantic's errors: the first problem)."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        return f"{where}: {first.get('msg')}{more}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run ``fleetctl ARGV``; the exit code (every error handled here, once)."""
+    inv = Invocation()
     try:
-        rv = app(args=argv, prog_name="fleetctl", standalone_mode=False)
-        code = rv if isinstance(rv, int) else 0
-    except click.exceptions.Exit as e:
-        code = e.exit_code
-    except click.exceptions.Abort:
-        code = 130
-    except click.ClickException as e:
-        e.show()
-        code = 2
-    except USER_ERRORS as e:
-        print(f"fleetctl: error: {e}", file=sys.stderr)
-        code = 2
-    except Exception:  # a bug: keep the traceback, still exit "error"
-        import traceback
+        rv = build_app(inv)(args=argv, prog_name="fleetctl", standalone_mode=False, obj=inv)
+        return rv if isinstance(rv, int) else 0
+    except typer.Exit as e:
+        return int(e.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        return 130
+    except typer.TyperException as e:  # click's usage errors (typer's own copy of click)
+        show = getattr(e, "show", None)
+        if show is not None:
+            show()
+        else:
+            error(str(e))
+        return EXIT_ERROR
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] not in CONTROLLER_EXTRA:
+            raise
+        error(f"this command needs the controller extras (no module {e.name!r}): install m1000-fleet[controller]")
+        return EXIT_ERROR
+    except Exception as e:
+        from controller.fleet import BROKER_ERRORS
 
-        traceback.print_exc()
-        code = 2
+        if isinstance(e, user_error_types()):
+            error(error_line(e))
+        elif isinstance(e, BROKER_ERRORS):
+            error(f"broker unreachable: {error_line(e)}")
+        else:  # a bug: keep the traceback, still exit "error"
+            import traceback
+
+            traceback.print_exc()
+        return EXIT_ERROR
     finally:
-        STATE.close()
-    sys.exit(code)
+        inv.close()
+
+
+def main(argv: list[str] | None = None) -> Any:
+    sys.exit(run(argv))

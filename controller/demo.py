@@ -1,9 +1,11 @@
 """``fleetctl demo``: a simulated fleet on this machine validates a simulated release.
 
 N simulated modules, each a real ``fleet-agent`` Celery worker process with its own
-model folders, work folder and server port, on the embedded broker (no server, no
-root). One module can run slower (``--slow``), the release can be worse on one metric
-(``--regress``). Everything the demo starts is stopped when it ends, however it ends.
+model folders, work folder, server port and simulated device (``mthreads-gmi`` on its
+PATH), on the embedded broker (no server, no root). One module can run slower
+(``--slow``), because its device throttles (``--throttle``) or for no visible reason; the
+release can be worse on one metric (``--regress``). Everything the demo starts is stopped
+when it ends, however it ends.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class DemoOptions:
     models: tuple[str, ...] = tuple(MODEL_KEYS)
     noise: float = 0.01
     slow: float | None = None
+    throttle: bool = False  # the slow module is slow because its device throttles (it says so)
     regress: tuple[str, ...] = ()
     seed: int = 1
     time_scale: float = 50.0
@@ -116,6 +119,12 @@ def start_worker(name: str, base: Path, settings: ControllerSettings, *, sim_env
     # so that a version-manager shim (pyenv: a few bash processes per call) is not paid per script
     real_bin = str(Path(os.path.realpath(sys.executable)).parent)
     env["PATH"] = os.pathsep.join([real_bin, *(p for p in env.get("PATH", "").split(os.pathsep) if p != real_bin)])
+    # the simulated module's device tool, found by the agent's telemetry sampler like a real mthreads-gmi
+    from simulator import DEVICE_TOOL_DIR, ENV_DEVICE_DIR
+
+    (mod / "device").mkdir(exist_ok=True)
+    env["PATH"] = os.pathsep.join([str(DEVICE_TOOL_DIR), env["PATH"]])
+    env[ENV_DEVICE_DIR] = str(mod / "device")
     env.update({
         "FLEET_BROKER_URL": settings.broker_url,
         "FLEET_DATA_DIR": str(settings.data_dir),
@@ -155,10 +164,13 @@ def stop_workers(workers: list[Worker], grace: float = 15.0) -> None:
 @contextlib.contextmanager
 def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, *, noise: float, seed: int,
                     slow: dict[str, float], timeout: float = 60.0,
-                    real: tuple[str, ...] = ()) -> Iterator[list[Worker]]:
+                    device: dict[str, str] | None = None, real: tuple[str, ...] = ()) -> Iterator[list[Worker]]:
     """Start one worker per simulated module (and per real-engine module in ``real``), wait for their first
-    heartbeats, stop them all at the end."""
-    from simulator import make_models
+    heartbeats, stop them all at the end.
+
+    ``device``: module -> its simulated device's condition (``M1000_SIM_DEVICE``, e.g. ``throttle:0.89``).
+    """
+    from simulator import ENV_DEVICE, make_models
 
     workers: list[Worker] = []
     try:
@@ -167,6 +179,8 @@ def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, 
             sim_env = {"M1000_SIM_NOISE": str(noise), "M1000_SIM_SEED": str(seed * 1000 + i)}
             if name in slow:
                 sim_env["M1000_SIM_SPEED"] = f"{1.0 / slow[name]:.6f}"
+            if device and name in device:
+                sim_env[ENV_DEVICE] = device[name]
             workers.append(start_worker(name, base, settings, sim_env=sim_env))
         if real:
             py = engine_python()
@@ -210,11 +224,11 @@ def reference_rows() -> list:  # type: ignore[type-arg]
     return [r for rows in parse_seed(REFERENCE.read_text(encoding="utf-8"), str(REFERENCE)).values() for r in rows]
 
 
-def _validate_real(st: Any, base: Path, models: tuple[str, ...], err: Console) -> int:
+def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, err: Console) -> int:
     """The real-engine release on the real modules, twice: the first run becomes that release's own
     baseline (its figures are its own, not the seed's), the second is judged against it."""
-    from controller.cli import follow, run_validation
-    from controller.fleet import new_run_id
+    from controller import service
+    from controller.live import follow, follow_and_judge, print_launched
     from simulator.engine.build import SUPPORTED_KEYS, build_engine_release
 
     keys = tuple(k for k in models if k in SUPPORTED_KEYS)
@@ -225,19 +239,24 @@ def _validate_real(st: Any, base: Path, models: tuple[str, ...], err: Console) -
     rel = build_engine_release(base / "release-engine")
     err.print(f"demo: built {rel.path.name} (real engine: transformers serve, sha256 {rel.sha256[:12]}); "
               "a reference run on the real modules first, then the judged run", highlight=False)
-    ref = new_run_id()
-    run_validation(st, rel.path, keys, "engine=transformers", detach=True, run_id=ref)
-    follow(lambda: st.fleet().sync(ref), err, title=f"reference run {ref}")
-    rows = st.history().rows(ref)
+    req = service.ValidateRequest(release=rel.path, models=keys, devices="engine=transformers")
+    ref = service.validate(s, req)
+    print_launched(ref, err, len(ref.modules))
+    follow(lambda: service.sync(s, ref.run_id), err, title=f"reference run {ref.run_id}")
+    rows = s.history().rows(ref.run_id)
     if not rows:
-        err.print(f"demo: the reference run {ref} of the real-engine release measured nothing", highlight=False)
+        err.print(f"demo: the reference run {ref.run_id} of the real-engine release measured nothing", highlight=False)
         return 1
-    st.history().add_baseline(rel.version, rows, f"reference run {ref} of the real-engine modules")
-    return int(run_validation(st, rel.path, keys, "engine=transformers", baseline=rel.version))
+    s.history().add_baseline(rel.version, rows, f"reference run {ref.run_id} of the real-engine modules")
+    judged = service.validate(s, service.ValidateRequest(release=rel.path, models=keys, devices="engine=transformers",
+                                                         baseline=rel.version))
+    print_launched(judged, err, len(judged.modules))
+    return follow_and_judge(s, judged.run_id, rel.version, out, err)
 
 
 def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
-    from controller.cli import State, run_validation
+    from controller import service
+    from controller.live import follow_and_judge, print_launched
     from simulator import build_release, regress_spec
 
     base = _fresh_dir(opts.out_dir)
@@ -254,18 +273,24 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
     rel = build_release(base / "release", noise=opts.noise, speed=speed, time_scale=opts.time_scale, seed=opts.seed)
     err.print(f"demo: built {rel.path.name} (sha256 {rel.sha256[:12]}), speed {speed}, noise {opts.noise}, "
               f"time scale {opts.time_scale:g}; starting {len(names)} simulated modules"
-              + (f" ({slow_name} {opts.slow:g}x slower)" if slow_name else ""), highlight=False)
-    st = State.for_settings(settings)
-    try:
-        version, _ = st.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
-        with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed,
-                             slow={slow_name: opts.slow} if slow_name and opts.slow else {},
+              + (f" ({slow_name} {opts.slow:g}x slower{', its device throttling' if opts.throttle else ''})"
+                 if slow_name else ""), highlight=False)
+    slow: dict[str, float] = {}
+    device: dict[str, str] = {}
+    if slow_name and opts.slow and opts.throttle:  # slow through its device: a lower clock and HW slowdown
+        device[slow_name] = f"throttle:{1.0 / opts.slow:.6f}"
+    elif slow_name and opts.slow:
+        slow[slow_name] = opts.slow
+    with service.Session(settings) as s:
+        s.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
+        with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed, slow=slow, device=device,
                              timeout=opts.start_timeout, real=real):
-            code = run_validation(st, rel.path, opts.models, "sim=true" if real else "all")
+            launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models,
+                                                                   devices="sim=true" if real else "all"))
+            print_launched(launched, err, len(launched.modules))
+            code = follow_and_judge(s, launched.run_id, None, out, err)
             if real:  # the real-engine release on its own modules: judged against their own figures
-                code = max(code, _validate_real(st, base, opts.models, err))
+                code = max(code, _validate_real(s, base, opts.models, out, err))
         err.print(f"demo: finished in {time.monotonic() - t0:.0f} s; everything is in {base} "
                   f"(fleetctl --history {settings.history_path} report latest)", highlight=False)
         return code
-    finally:
-        st.close()

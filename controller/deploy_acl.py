@@ -15,7 +15,7 @@ key / channel                                  module ``M``            controlle
 :func:`agent.celery_app.make_app`)             mutex's Lua script
 ``celery-task-meta-<run>.M`` (key + channel)   SETEX, GET, PUBLISH     GET, SUBSCRIBE
 ``m1000-fleet:hb:M``                           SETEX + PUBLISH         MGET
-``m1000-fleet:{progress,rows}:<run>:M``        SETEX + PUBLISH         GET/MGET
+``m1000-fleet:{progress,rows,telemetry}:…:M``  SETEX + PUBLISH         GET/MGET
 ``m1000-fleet:cancel:<run>[:M]``               read only (MGET)        SETEX + PUBLISH
 ``m1000-fleet:{lease,conflict}:M``             read/write, own only    all
 =============================================  ======================  ==================
@@ -50,7 +50,7 @@ from agent.kv import PREFIX
 CONTROLLER_USER = "fleet-controller"
 
 # Kinds of per-module records (``m1000-fleet:<kind>:...:<module>``) a module writes.
-MODULE_WRITE_KINDS = ("hb", "progress", "rows", "lease", "conflict")
+MODULE_WRITE_KINDS = ("hb", "progress", "rows", "telemetry", "lease", "conflict")
 # Kinds that may also carry the module first (``m1000-fleet:<kind>:<module>:...``).
 MODULE_PREFIX_KINDS: tuple[str, ...] = ()
 

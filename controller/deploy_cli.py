@@ -8,25 +8,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from agent.settings import BrokerSettings, SettingsError
-from controller import deploy as dep
 from controller import deploy_acl as acl
+from controller.cli_output import fail
 from controller.inventory import Inventory, InventoryError
-from controller.push import PushError, file_sha256, push_release
 from controller.settings import ControllerSettings
+
+if TYPE_CHECKING:  # paramiko and fabric load only when a command of this file runs (controller extras)
+    from controller import deploy as dep
 
 out = Console()
 err = Console(stderr=True)
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True, markup=True)
-    return typer.Exit(2)
+    return fail(message)  # the one error format of fleetctl, exit code 2
 
 
 def _trust(settings: BrokerSettings, known_hosts: Path | None, identity: Path | None) -> tuple[Path, Path | None]:
@@ -62,14 +64,15 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
         dry_run: bool = typer.Option(False, "--dry-run", help="probe and show the plan; change nothing"),
         known_hosts: Path | None = typer.Option(None, "--known-hosts", help="host keys of the modules"),
-        identity: Path | None = typer.Option(None, "--identity", "-i", help="SSH private key"),
+        identity: Path | None = typer.Option(None, "--identity", help="SSH private key"),
         broker_url: str | None = typer.Option(None, "--broker-url", envvar="FLEET_AGENT_BROKER_URL",
                                               help="broker URL as the modules reach it (default: fleet.broker_url)"),
         metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", help="bind address of the agents' /metrics"),
         parallel: int = typer.Option(8, "--parallel", min=1, max=256, help="modules deployed at once"),
         heartbeat_timeout: float = typer.Option(90.0, "--heartbeat-timeout", help="wait for the first beat, s"),
         no_wait: bool = typer.Option(False, "--no-wait", help="do not wait for heartbeats"),
-        cache_dir: Path = typer.Option(dep.DEFAULT_CACHE, "--cache-dir", help="wheel cache on the controller"),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir",
+                                              help="wheel cache on the controller (default ~/.cache/m1000-fleet)"),
         wheel: Path | None = typer.Option(None, "--wheel", help="deploy this m1000-fleet wheel (default: build one)"),
         force: bool = typer.Option(False, "--force", help="restart busy agents too (their runs are interrupted "
                                    "cleanly and resume)"),
@@ -79,6 +82,8 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
                  "agent connects as its own Redis user"),
     ) -> None:
         """Install or update the agent on modules (idempotent), then wait for their heartbeats."""
+        from controller import deploy as dep
+
         try:
             dep.check_broker_url_option(broker_url)
             settings = get_settings()
@@ -90,7 +95,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
             raise _fail(str(exc)) from None
         opts = dep.DeployOptions(known_hosts=kh, identity=key, settings=settings, broker_url=broker_url,
                                  metrics_host=metrics_host, max_parallel=parallel, dry_run=dry_run,
-                                 heartbeat_timeout=heartbeat_timeout, cache_dir=cache_dir,
+                                 heartbeat_timeout=heartbeat_timeout, cache_dir=cache_dir or dep.DEFAULT_CACHE,
                                  project_wheel=wheel, credentials=credentials,
                                  passphrase_file=settings.ssh_key_passphrase_file,
                                  force=force, busy=None if dry_run else dep.busy_reader(settings))
@@ -118,10 +123,12 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
         sha256: str | None = typer.Option(None, "--sha256", help="expected sha256 (default: computed here)"),
         known_hosts: Path | None = typer.Option(None, "--known-hosts", help="host keys of the modules"),
-        identity: Path | None = typer.Option(None, "--identity", "-i", help="SSH private key"),
+        identity: Path | None = typer.Option(None, "--identity", help="SSH private key"),
         parallel: int = typer.Option(4, "--parallel", min=1, max=64, help="modules sent to at once"),
     ) -> None:
         """Put a release into each module's release cache (verified, resumable, skipped when present)."""
+        from controller.push import PushError, file_sha256, push_release
+
         try:
             settings = get_settings()
             mods = [m for m in get_inventory().select(devices) if m.transport == "ssh"]
@@ -168,9 +175,11 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
     def check(
         devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
         known_hosts: Path | None = typer.Option(None, "--known-hosts", help="host keys of the modules"),
-        identity: Path | None = typer.Option(None, "--identity", "-i", help="SSH private key"),
+        identity: Path | None = typer.Option(None, "--identity", help="SSH private key"),
     ) -> None:
         """SSH reachability, Python version, free disk and agent version of each module."""
+        from controller import deploy as dep
+
         try:
             settings = get_settings()
             mods = [m for m in get_inventory().select(devices) if m.transport == "ssh"]

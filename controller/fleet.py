@@ -332,6 +332,10 @@ class Fleet:
                     rows = self.kv.rows(run_id, m)
                     if rows is not None:
                         self.history.replace_rows(run_id, m, rows)
+                if p.state.terminal:  # device telemetry: published with the module's last progress
+                    summary = self.kv.telemetry(run_id, m)
+                    if summary is not None:
+                        self.history.upsert_telemetry(summary)
                 self.history.upsert_progress(p, force=was_lost)
                 known[m] = cur = p
             if cur is not None and cur.state.terminal:

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.records import ResultRow, RunProgress
+from agent.records import ResultRow, RunProgress, TelemetrySummary
 
 ROW_FIELDS: tuple[str, ...] = tuple(ResultRow.model_fields)
 _JSON_FIELDS = {"extra", "flags"}
@@ -66,6 +66,16 @@ CREATE TABLE IF NOT EXISTS baselines (
     source TEXT NOT NULL DEFAULT '',
     created_at REAL NOT NULL,
     PRIMARY KEY (release, version)
+);
+"""
+
+# device telemetry: one summary (agent.records.TelemetrySummary, JSON) per run and module
+_TELEMETRY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS telemetry (
+    run_id TEXT NOT NULL,
+    module TEXT NOT NULL,
+    summary TEXT NOT NULL,
+    PRIMARY KEY (run_id, module)
 );
 """
 
@@ -117,6 +127,7 @@ class History:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.executescript(_SCHEMA)
+        self.conn.executescript(_TELEMETRY_SCHEMA)
 
     def close(self) -> None:
         self.conn.close()
@@ -285,3 +296,14 @@ class History:
                                 " ORDER BY release, version")
         cols = [c[0] for c in cur.description]
         return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    # -- device telemetry -----------------------------------------------------------------
+    def upsert_telemetry(self, summary: TelemetrySummary) -> None:
+        with self.tx() as c:
+            c.execute("INSERT OR REPLACE INTO telemetry (run_id, module, summary) VALUES (?,?,?)",
+                      (summary.run_id, summary.module, summary.model_dump_json()))
+
+    def telemetry(self, run_id: str) -> dict[str, TelemetrySummary]:
+        """module -> the device telemetry summary of its part of ``run_id`` (modules without one left out)."""
+        cur = self.conn.execute("SELECT module, summary FROM telemetry WHERE run_id=? ORDER BY module", (run_id,))
+        return {m: TelemetrySummary.model_validate_json(raw) for m, raw in cur.fetchall()}

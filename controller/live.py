@@ -1,9 +1,11 @@
-"""The live view of a run: one row per module (state, step, model key, progress, elapsed, result)."""
+"""The live view of a run in a terminal: one row per module (state, step, model key, progress,
+elapsed, result), then the verdict. Shared by ``fleetctl validate/watch`` and ``fleetctl demo``."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -13,6 +15,9 @@ from rich.text import Text
 
 from agent.records import RunProgress, RunState
 from controller.fleet import BrokerUnavailable, RunView, module_failed
+
+if TYPE_CHECKING:
+    from controller.service import Launched, Session
 
 _STYLE = {
     "done": "green", "failed": "red", "cancelled": "yellow", "queued": "dim", "benchmarking": "cyan",
@@ -117,3 +122,36 @@ def summary_line(view: RunView) -> str:
         key = "queued" if p is None else p.state.value
         states[key] = states.get(key, 0) + 1
     return f"run {view.run_id}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+
+
+def print_launched(launched: Launched, err: Console, n_modules: int) -> None:
+    """``run <id>: release ..., N model keys, Q/M modules queued`` and why each other module was not."""
+    err.print(f"run [bold]{launched.run_id}[/]: release {launched.release} ({launched.sha256[:12]}), "
+              f"{len(launched.models)} model keys, {launched.queued}/{n_modules} modules queued"
+              + (" (resumed)" if launched.resumed else ""), highlight=False)
+    for name, why in launched.modules.items():
+        if why != "queued":
+            err.print(f"  [red]{name}[/]: {why}", highlight=False)
+
+
+def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console, err: Console) -> int:
+    """Follow a run live until it ends, print its failures and verdict; the exit code (0, 1; 130 detached)."""
+    from controller import service
+
+    try:
+        view = follow(lambda: service.sync(s, run_id), err, title=f"run {run_id}")
+    except KeyboardInterrupt:
+        err.print(f"detached; the run goes on: fleetctl watch {run_id}")
+        return 130
+    for m, errs in service.errors_of(view).items():
+        for e in errs:
+            err.print(f"[red]{m}[/]: {e}", highlight=False)
+    j = service.judge(s, run_id, baseline)
+    n = s.history().row_count(run_id)
+    out.print(f"verdict: [bold]{j.verdict}[/] - {j.line}", highlight=False)
+    for t in j.report.outlier_telemetry if j.report is not None else ():  # why the slow modules are slow
+        out.print(f"outlier {t.module}{'' if t.model_key == '*' else f' [{t.model_key}]'}: {t.one_line()}",
+                  highlight=False)
+    out.print(f"{n} result rows in {s.history_path} (fleetctl results {run_id}; fleetctl report {run_id})",
+              highlight=False)
+    return service.exit_code(j.verdict)

@@ -18,6 +18,7 @@ import typer
 from agent import store
 from controller.inventory import Inventory, InventoryError, Module
 
+TARGETS_FILE = "agents.json"
 RESERVED_LABELS = frozenset({"module", "job", "instance"})
 
 
@@ -46,12 +47,12 @@ def write_atomic(path: Path, text: str) -> None:
 def register(app: typer.Typer, get_inventory: Callable[[], Inventory]) -> None:
     @app.command("prometheus-targets")
     def prometheus_targets(
-        out: Path | None = typer.Option(None, "--out", "-o",
-                                        help="file_sd JSON file to write (replaced atomically); default stdout"),
+        out: Path | None = typer.Option(None, "--out",
+                                        help=f"folder to write {TARGETS_FILE} into (atomically); default stdout"),
     ) -> None:
         """Prometheus file_sd targets of every module (host:metrics_port, labels module + inventory labels)."""
         text = json.dumps(file_sd(get_inventory()), indent=2) + "\n"
         if out is None:
             sys.stdout.write(text)
         else:
-            write_atomic(out, text)
+            write_atomic(out / TARGETS_FILE, text)

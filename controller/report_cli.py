@@ -1,7 +1,8 @@
 """fleetctl commands of the reports: ``report``, ``compare`` and ``baseline import|set|list``.
 
-The lead's ``controller.cli`` calls :func:`register` with its typer app and a function that
-opens the run history. Errors end in one clear line and exit code 2.
+``controller.cli`` calls :func:`register` with its typer app and functions that open the run
+history (for reading, and for the verbs that write it). Errors end in one clear line and exit
+code 2; ``--check`` exits 1 unless the verdict is pass.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from agent.tables import TableError, parse_seed
+from controller.cli_output import EXIT_ERROR, EXIT_FAILED, Output, emit, fail, output_option
 from controller.history import History, HistoryError
 
 if TYPE_CHECKING:  # pandas, scipy and matplotlib load only when a report command runs
     from controller.report.model import Report, Thresholds
 
-EXIT_ERROR = 2
-EXIT_NOT_PASS = 3
+EXIT_NOT_PASS = EXIT_FAILED
+__all__ = ["EXIT_ERROR", "EXIT_NOT_PASS", "Format", "register"]
 
 
 class Format(str, Enum):
@@ -32,8 +33,7 @@ class Format(str, Enum):
 
 
 def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(EXIT_ERROR)
+    raise fail(message)
 
 
 def _emit(report: Report, fmt: Format, out: Path | None, check: bool) -> None:
@@ -70,36 +70,47 @@ def _report(build: Callable[[Thresholds], Report], tolerance: float, fmt: Format
     _emit(rep, fmt, out, check)
 
 
-def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
-    """Add ``report``, ``compare`` and the ``baseline`` group to ``app``."""
+FORMAT_HELP = "md, html, csv (+parquet) or json"
+OUT_HELP = "folder to write into (md/json: stdout if unset)"
+
+
+def register(app: typer.Typer, get_history: Callable[[], History],
+             get_writable_history: Callable[[], History] | None = None) -> None:
+    """Add ``report``, ``compare`` and the ``baseline`` group to ``app``. ``get_history`` opens the
+    history for reading; ``get_writable_history`` (default the same) for ``baseline import/set``."""
+    writable = get_writable_history or get_history
 
     @app.command("report")
     def report_cmd(
-        run: str = typer.Argument(..., help="run id, unique prefix or 'latest'"),
+        run: str = typer.Argument("latest", help="run id, unique prefix or 'latest' (the default)"),
         baseline: str | None = typer.Option(None, "--baseline", "-b", help="'1.4.1', '1.4.1@v2' or a run id"),
-        fmt: Format = typer.Option(Format.md, "--format", "-f", help="md, html, csv (+parquet) or json"),
-        out: Path | None = typer.Option(None, "--out", "-o", help="folder to write into (md/json: stdout if unset)"),
+        fmt: Format = typer.Option(Format.md, "--output", "-o", help=FORMAT_HELP),
+        old_fmt: Format | None = typer.Option(None, "--format", hidden=True, help="old name of --output"),
+        out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
         tolerance: float = typer.Option(0.05, help="relative change that counts as a regression"),
         check: bool = typer.Option(False, "--check", help=f"exit {EXIT_NOT_PASS} unless the verdict is pass"),
     ) -> None:
-        """Verdict, regressions, outlier modules and fleet summary of one run."""
+        """Verdict, regressions, outlier modules and fleet summary of one run (default: the latest)."""
         from controller.report.load import build_report
 
-        _report(lambda th: build_report(get_history(), run, baseline, thresholds=th), tolerance, fmt, out, check)
+        _report(lambda th: build_report(get_history(), run, baseline, thresholds=th), tolerance, old_fmt or fmt,
+                out, check)
 
     @app.command("compare")
     def compare_cmd(
         run_a: str = typer.Argument(..., help="the reference run"),
         run_b: str = typer.Argument(..., help="the run compared with it"),
-        fmt: Format = typer.Option(Format.md, "--format", "-f"),
-        out: Path | None = typer.Option(None, "--out", "-o"),
+        fmt: Format = typer.Option(Format.md, "--output", "-o", help=FORMAT_HELP),
+        old_fmt: Format | None = typer.Option(None, "--format", hidden=True, help="old name of --output"),
+        out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
         tolerance: float = typer.Option(0.05),
-        check: bool = typer.Option(False, "--check"),
+        check: bool = typer.Option(False, "--check", help=f"exit {EXIT_NOT_PASS} unless the verdict is pass"),
     ) -> None:
         """Run B against run A (module by module where they share modules)."""
         from controller.report.load import compare_runs
 
-        _report(lambda th: compare_runs(get_history(), run_a, run_b, thresholds=th), tolerance, fmt, out, check)
+        _report(lambda th: compare_runs(get_history(), run_a, run_b, thresholds=th), tolerance, old_fmt or fmt,
+                out, check)
 
     baseline_app = typer.Typer(help="Baselines: reference figures per release, versioned.", no_args_is_help=True)
     app.add_typer(baseline_app, name="baseline")
@@ -110,6 +121,8 @@ def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
         release: str = typer.Option(..., "--release", "-r", help="release these figures belong to, e.g. 1.4.1"),
     ) -> None:
         """Import the reference tables of SEED_FILE as the next baseline version of RELEASE."""
+        from agent.tables import TableError, parse_seed
+
         try:
             text = seed_file.read_text(encoding="utf-8")
             tables = parse_seed(text, source=str(seed_file))
@@ -119,7 +132,7 @@ def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
         if not rows:
             _fail(f"{seed_file}: no result tables found")
         try:
-            version, run_id = get_history().add_baseline(release, rows, source=str(seed_file))
+            version, run_id = writable().add_baseline(release, rows, source=str(seed_file))
         except HistoryError as exc:
             _fail(str(exc))
         typer.echo(f"baseline {release}@v{version} ({run_id}): {len(rows)} rows, {len(tables)} model keys")
@@ -130,7 +143,7 @@ def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
         release: str | None = typer.Option(None, "--release", "-r", help="default: the run's release"),
     ) -> None:
         """Promote a run's results to the next baseline version of its release."""
-        hist = get_history()
+        hist = writable()
         try:
             info = hist.find_run(run)
             rows = hist.rows(info.run_id)
@@ -145,13 +158,12 @@ def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
         typer.echo(f"baseline {rel}@v{version} ({run_id}): {len(rows)} rows from run {info.run_id}")
 
     @baseline_app.command("list")
-    def baseline_list() -> None:
+    def baseline_list(output: Output = output_option()) -> None:
         """Every baseline version, oldest first."""
         hist = get_history()
-        items = hist.baselines()
-        if not items:
+        items = [{**b, "baseline": f"{b['release']}@v{b['version']}", "rows": hist.row_count(b["run_id"])}
+                 for b in hist.baselines()]
+        if not items and output == Output.table:
             typer.echo("no baselines (fleetctl baseline import SEED_FILE --release R)")
             return
-        for b in items:
-            typer.echo(f"{b['release']}@v{b['version']}\t{b['run_id']}\t{hist.row_count(b['run_id'])} rows\t"
-                       f"{b['source']}")
+        emit(items, ["baseline", "run_id", "rows", "source"], output)

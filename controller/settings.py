@@ -22,6 +22,11 @@ class ControllerSettings(BrokerSettings):
     metrics_host: str = Field(default="127.0.0.1", description="bind address of `fleetctl serve` /metrics")
     metrics_port: int = Field(default=9401, ge=0, le=65535, description="port of `fleetctl serve` /metrics")
     failures_for_bad: int = Field(default=3, ge=1, description="consecutive failed runs that make a module bad")
+    api_host: str = Field(default="127.0.0.1", description="bind address of the HTTP API of `fleetctl serve`")
+    api_port: int = Field(default=0, ge=0, le=65535, description="port of the HTTP API of `fleetctl serve` (0: off)")
+    api_tokens_file: Path | None = Field(default=None, description="bearer tokens of the HTTP API, one a line (0600)")
+    webhook_urls: tuple[str, ...] = Field(default=(), description="POST each run's verdict here (JSON, signed)")
+    webhook_secret_file: Path | None = Field(default=None, description="HMAC-SHA256 key of the webhooks (0600)")
 
     @property
     def history_path(self) -> Path:

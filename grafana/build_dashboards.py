@@ -7,7 +7,8 @@ Every query uses the provisioned Prometheus datasource (uid ``m1000-prometheus``
 template variables ``$release``, ``$model_key`` and ``$module`` as regex matchers, so
 "All" (``.*``) works. Units follow the metric's base unit: seconds -> ``s``, bytes ->
 ``bytes``, ratios -> ``percentunit``, tokens per second -> ``suffix: tok/s``, frames per
-second -> ``suffix: fps``, Celsius -> ``celsius``, counts -> ``none``.
+second -> ``suffix: fps``, Celsius -> ``celsius``, watts -> ``watt``, hertz -> ``hertz``,
+counts -> ``none``.
 """
 
 from __future__ import annotations
@@ -211,6 +212,35 @@ def module_drilldown() -> db.Dashboard:
                         q(f'process_resident_memory_bytes{{job="m1000-agent", {M}}}', "{{instance}}")))
     d = d.with_panel(ts("Heartbeat age", "s",
                         q(f"time() - m1000_agent_last_heartbeat_timestamp_seconds{{{M}}}", "heartbeat")))
+    return device_panels(d)
+
+
+def device_panels(d: db.Dashboard) -> db.Dashboard:
+    """The module's accelerators over its runs (device tool samples), the run's steps and keys as annotations."""
+    d = d.annotation(db.AnnotationQuery().name("Run step and model key").datasource(DS).enable(True)
+                     .icon_color("rgba(0, 211, 255, 1)").expr(f"m1000_run_step_info{{{M}}}"))
+    leg = "gpu {{gpu}} {{model_key}}"
+    note = "sampled by the device tool (mthreads-gmi / nvidia-smi) while a run is in progress"
+    d = d.with_row(db.Row("Devices during runs"))
+    d = d.with_panel(ts("Device temperature", "celsius", q(f"m1000_device_temperature_celsius{{{M}}}", leg),
+                        q(f"m1000_device_memory_temperature_celsius{{{M}}}", "memory " + leg, ref="B"), desc=note))
+    d = d.with_panel(ts("Device power", "watt", q(f"m1000_device_power_watts{{{M}}}", leg),
+                        q(f"m1000_device_power_limit_watts{{{M}}}", "limit " + leg, ref="B"), desc=note))
+    d = d.with_panel(ts("Device clocks", "hertz", q(f"m1000_device_sm_clock_hertz{{{M}}}", "SM " + leg),
+                        q(f"m1000_device_sm_clock_max_hertz{{{M}}}", "SM max " + leg, ref="B"),
+                        q(f"m1000_device_memory_clock_hertz{{{M}}}", "memory " + leg, ref="C"),
+                        desc="an SM clock below its maximum under load: see the clock-event reasons"))
+    d = d.with_panel(ts("Device clock-event (throttle) reasons", "none",
+                        q(f"max by (gpu, reason) (m1000_device_clock_event_active{{{M}}})", "gpu {{gpu}} {{reason}}"),
+                        desc="1 while a reason holds the clock down (gpu_idle is the normal idle state)"))
+    d = d.with_panel(ts("Device utilisation", "percentunit", q(f"m1000_device_utilization_ratio{{{M}}}", leg),
+                        q(f"m1000_device_memory_utilization_ratio{{{M}}}", "memory " + leg, ref="B")))
+    d = d.with_panel(ts("Device memory", "bytes", q(f"m1000_device_memory_used_bytes{{{M}}}", "used " + leg),
+                        q(f"m1000_device_memory_total_bytes{{{M}}}", "total " + leg, ref="B")))
+    d = d.with_panel(ts("Uncorrected ECC errors", "none",
+                        q(f"m1000_device_ecc_uncorrected_errors_total{{{M}}}", leg)))
+    d = d.with_panel(st("Last device sample", "s",
+                        q(f"time() - max(m1000_device_sample_timestamp_seconds{{{M}}})", "age", instant=True)))
     return d
 
 

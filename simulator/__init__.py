@@ -6,13 +6,19 @@ Public API::
                   faults="", date="20260803") -> BuiltRelease
     make_models(root, keys=None) -> dict[str, Path]
     regress_spec("qwen3:decode:0.08") -> "qwen3:decode=0.92"
-    parse_speed(spec) / parse_faults(spec)   (validate knob specs; raise SpecError)
+    parse_speed(spec) / parse_faults(spec) / parse_device(spec)   (validate knob specs; raise SpecError)
+    DEVICE_TOOL_DIR   the simulated module's device tool (``mthreads-gmi``): put it first on the agent's PATH
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from simulator.build import BuildError, BuiltRelease, build_release, make_models, tarball_name
 from simulator.runtime.core import (
+    DEVICE_CONDITIONS,
+    ENV_DEVICE,
+    ENV_DEVICE_DIR,
     ENV_FAULT,
     ENV_NOISE,
     ENV_SEED,
@@ -24,13 +30,17 @@ from simulator.runtime.core import (
     SimError,
     SpecError,
     Speed,
+    parse_device,
     parse_faults,
     parse_speed,
 )
 from simulator.specs import regress_spec
 
+DEVICE_TOOL_DIR = Path(__file__).resolve().parent / "device"
+
 __all__ = [
+    "DEVICE_CONDITIONS", "DEVICE_TOOL_DIR", "ENV_DEVICE", "ENV_DEVICE_DIR",
     "ENV_FAULT", "ENV_NOISE", "ENV_SEED", "ENV_SPEED", "ENV_TIME_SCALE", "FAULT_NAMES", "SPEED_METRICS",
     "BuildError", "BuiltRelease", "Fault", "SimError", "Speed", "SpecError",
-    "build_release", "make_models", "parse_faults", "parse_speed", "regress_spec", "tarball_name",
+    "build_release", "make_models", "parse_device", "parse_faults", "parse_speed", "regress_spec", "tarball_name",
 ]

@@ -128,12 +128,20 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 <td>{{ x.detail }}{% if x.related %}; with {{ x.related|join(", ") }}{% endif %}</td></tr>
 {% endfor %}</table>{% else %}<p>None.</p>{% endif %}
 <h2>Outlier modules</h2>
-{% if r.outliers %}<table><tr><th>module</th><th>model key</th><th>factor</th><th>figures</th><th>worst cases</th></tr>
-{% for o in r.outliers %}<tr><td>{{ o.module }}</td><td>{{ o.model_key }}</td>
+{% if r.outliers %}<table><tr><th>module</th><th>model key</th><th>factor</th><th>figures</th><th>worst cases</th>
+<th>device telemetry</th></tr>
+{% for o in r.outliers %}{% set t = r.telemetry_of(o) %}<tr><td>{{ o.module }}</td><td>{{ o.model_key }}</td>
 <td class="num bad">{{ "%.2f"|format(o.factor) }}x</td><td class="num">{{ o.cells }}</td>
 <td>{% for w in o.worst %}{{ w.model_key }} {{ w.profile }} {{ w.metric }} {{ num(w.value) }}
-(fleet {{ num(w.fleet_median) }}){% if not loop.last %}; {% endif %}{% endfor %}</td></tr>
-{% endfor %}</table>{% else %}<p>None.</p>{% endif %}
+(fleet {{ num(w.fleet_median) }}){% if not loop.last %}; {% endif %}{% endfor %}</td>
+<td{% if t and t.status == "explained" %} class="bad"{% endif %}>{{ t.one_line() if t else "" }}</td></tr>
+{% endfor %}</table>
+{% for t in r.outlier_telemetry if t.compared %}<details><summary>device telemetry of {{ t.module }}
+({{ t.status }})</summary><table><tr><th>figure</th><th>module</th><th>fleet median</th><th>unit</th><th>keys</th></tr>
+{% for c in t.compared %}<tr><td{% if c.unusual %} class="bad"{% endif %}>{{ c.what }}</td>
+<td class="num">{{ num(c.value) }}</td><td class="num">{{ num(c.fleet) }}</td><td>{{ c.unit }}</td>
+<td class="num">{{ c.keys }}</td></tr>{% endfor %}</table></details>{% endfor %}
+{% else %}<p>None.</p>{% endif %}
 <h2>Decode throughput against context</h2>{{ decode_svg|safe }}
 <h2>Time to first token against input length</h2>{{ ttft_svg|safe }}
 <h2>Modules against the fleet</h2>{{ heat_svg|safe }}

@@ -9,6 +9,7 @@ import pandas as pd
 from controller.history import ROW_FIELDS, History, HistoryError, RunInfo
 from controller.report.analysis import analyse
 from controller.report.model import Report, ReportError, Thresholds
+from controller.report.telemetry import with_telemetry
 
 PRIOR_RUNS = 20  # how far back to look for each module's previous run
 
@@ -65,9 +66,10 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     base = read_rows(history, [base_id]) if base_id else None
     modules = sorted(set(rows["module"])) if len(rows) else list(run.modules)
     prev = previous_rows(history, run, modules) if previous else None
-    return analyse(rows, run_id=run.run_id, release=run.release, baseline=base, baseline_id=base_id,
-                   previous=prev, state=run.state, expected_modules=run.modules, expected_keys=run.models,
-                   thresholds=thresholds)
+    rep = analyse(rows, run_id=run.run_id, release=run.release, baseline=base, baseline_id=base_id,
+                  previous=prev, state=run.state, expected_modules=run.modules, expected_keys=run.models,
+                  thresholds=thresholds)
+    return with_telemetry(rep, history.telemetry(run.run_id))
 
 
 def compare_runs(history: History, run_a: str, run_b: str, *, thresholds: Thresholds | None = None) -> Report:
@@ -81,7 +83,8 @@ def compare_runs(history: History, run_a: str, run_b: str, *, thresholds: Thresh
         raise ReportError(f"run {a.run_id} has no result rows")
     shared = set(rows_a["module"]) & set(rows_b["module"])
     paired = len(shared) >= max(1, len(set(rows_b["module"])) // 2)
-    return analyse(rows_b, run_id=b.run_id, release=b.release, baseline=None if paired else rows_a,
-                   baseline_id=a.run_id, baseline_label=a.run_id, previous=rows_a if paired else None,
-                   previous_label=a.run_id, state=b.state, expected_modules=b.modules, expected_keys=b.models,
-                   thresholds=thresholds)
+    rep = analyse(rows_b, run_id=b.run_id, release=b.release, baseline=None if paired else rows_a,
+                  baseline_id=a.run_id, baseline_label=a.run_id, previous=rows_a if paired else None,
+                  previous_label=a.run_id, state=b.state, expected_modules=b.modules, expected_keys=b.models,
+                  thresholds=thresholds)
+    return with_telemetry(rep, history.telemetry(b.run_id))

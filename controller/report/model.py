@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.records import METRICS
+
+if TYPE_CHECKING:
+    from controller.report.telemetry import OutlierTelemetry
 
 Verdict = Literal["pass", "regressed", "incomplete", "failed"]
 Status = Literal["regressed", "improved", "within tolerance", "not significant", "no reference"]
@@ -131,6 +134,11 @@ class Report:
     rows: pd.DataFrame = field(repr=False)  # every row of the run, as stored
     reference: pd.DataFrame | None = field(repr=False)  # baseline figures per (model_key, profile)
     deviation: pd.DataFrame = field(repr=False)  # module x model_key: median deviation from the fleet (fraction)
+    # per outlier: its device telemetry next to the fleet's (controller.report.telemetry); empty without telemetry
+    outlier_telemetry: tuple[OutlierTelemetry, ...] = ()
+
+    def telemetry_of(self, o: Outlier) -> OutlierTelemetry | None:
+        return next((t for t in self.outlier_telemetry if (t.module, t.model_key) == (o.module, o.model_key)), None)
 
     @property
     def verdict_line(self) -> str:

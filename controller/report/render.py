@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from controller.report.model import FLEET, PRIMARY_METRICS, Regression, Report
+from controller.report.model import FLEET, PRIMARY_METRICS, Outlier, Regression, Report
 
 UNITS = {"prefill_tps": "tok/s", "decode_tps": "tok/s", "ttft_ms": "ms", "tpot_ms": "ms", "vision_fps": "fps",
          "accept_rate": "", "accept_rate_len": "", "correct": ""}
@@ -54,6 +54,7 @@ def to_dict(r: Report) -> dict[str, Any]:
         "verdict": r.verdict, "verdict_line": verdict_line(r), "modules": list(r.modules),
         "regressions": [x.model_dump(mode="json") for x in r.regressions],
         "outliers": [x.model_dump(mode="json") for x in r.outliers],
+        "outlier_telemetry": [x.model_dump(mode="json") for x in r.outlier_telemetry],
         "changes": [x.model_dump(mode="json") for x in r.changes],
         "notes": list(r.notes), "thresholds": r.thresholds.model_dump(mode="json"),
         "summary": r.summary.to_dict(orient="records") if len(r.summary) else [],
@@ -98,10 +99,11 @@ def to_markdown(r: Report) -> str:
     out += ["", "## Outlier modules", ""]
     if r.outliers:
         out.append(_md_table(
-            ["module", "model key", "factor", "figures", "beyond 3 MAD", "worst cases"],
+            ["module", "model key", "factor", "figures", "beyond 3 MAD", "worst cases", "device telemetry"],
             [[o.module, o.model_key, f"{o.factor:.2f}x", str(o.cells), f"{o.share_out:.0%}",
               "; ".join(f"{w.model_key} {w.profile} {w.metric} {_num(w.value)} vs {_num(w.fleet_median)}"
-                        for w in o.worst)] for o in r.outliers]))
+                        for w in o.worst), _telemetry_cell(r, o)] for o in r.outliers]))
+        out += _md_telemetry(r)
     else:
         out.append("None.")
     if r.changes:
@@ -122,6 +124,25 @@ def to_markdown(r: Report) -> str:
     if r.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in r.notes]
     return "\n".join(out) + "\n"
+
+
+def _telemetry_cell(r: Report, o: Outlier) -> str:
+    t = r.telemetry_of(o)
+    return "" if t is None else t.one_line()
+
+
+def _md_telemetry(r: Report) -> list[str]:
+    """Per outlier with telemetry: every figure compared, next to the fleet's median for the same keys."""
+    out: list[str] = []
+    for t in r.outlier_telemetry:
+        if not t.compared:
+            continue
+        what = t.module if t.model_key == FLEET else f"{t.module} [{t.model_key}]"
+        out += ["", f"### Device telemetry of {what} ({t.status})", ""]
+        out.append(_md_table(["figure", "module", "fleet median", "unit", "keys", "unusual"],
+                             [[c.what, _num(c.value), _num(c.fleet), c.unit, str(c.keys), "yes" if c.unusual else ""]
+                              for c in t.compared]))
+    return out
 
 
 def rows_with_baseline(r: Report) -> pd.DataFrame:
@@ -173,7 +194,8 @@ def write_tables(r: Report, out: Path, parquet: bool = True) -> list[Path]:
                                         columns=list(Regression.model_fields)),
         "outliers.csv": pd.DataFrame([{**o.model_dump(mode="json", exclude={"worst"}),
                                        "worst": "; ".join(f"{w.model_key} {w.profile} {w.metric} z={w.z:.1f}"
-                                                          for w in o.worst)} for o in r.outliers]),
+                                                          for w in o.worst),
+                                       "device_telemetry": _telemetry_cell(r, o)} for o in r.outliers]),
         "changes.csv": pd.DataFrame([c.model_dump(mode="json") for c in r.changes]),
     }
     for name, df in tables.items():

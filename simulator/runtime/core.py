@@ -31,6 +31,13 @@ ENV_NOISE = "M1000_SIM_NOISE"
 ENV_SEED = "M1000_SIM_SEED"
 ENV_TIME_SCALE = "M1000_SIM_TIME_SCALE"
 ENV_FAULT = "M1000_SIM_FAULT"
+# the simulated module's device (simulator/device/mthreads-gmi): its condition, and the folder where the
+# server says what the device is doing
+ENV_DEVICE = "M1000_SIM_DEVICE"
+ENV_DEVICE_DIR = "M1000_SIM_DEVICE_DIR"
+# condition -> default factor on the module's speed (and its SM clock); None: the speed is unchanged
+DEVICE_CONDITIONS: dict[str, float | None] = {"throttle": 0.82, "lowclock": 0.85, "hot": None, "noquery": None,
+                                              "hang": None, "fail": None}
 
 
 class SimError(Exception):
@@ -171,7 +178,27 @@ class Knobs(NamedTuple):
         if env.get(ENV_FAULT, "").strip():
             extra = parse_faults(env[ENV_FAULT], ENV_FAULT)
             faults = faults + tuple(f for f in extra if f not in faults)
+        _, slowed = parse_device(env.get(ENV_DEVICE))
+        if slowed is not None:  # a throttling or low-clock card: its module is that much slower, every metric
+            speed = speed.compose(Speed((("", "all", slowed),)))
         return Knobs(speed=speed, noise=noise, seed=seed, time_scale=scale, faults=faults)
+
+
+def parse_device(text: str | None, where: str = ENV_DEVICE) -> tuple[str, float | None]:
+    """``"throttle[:F]"``, ``"lowclock[:F]"``, ``"hot"``, ... -> (condition, speed factor or None); "" -> ("", None)."""
+    item = (text or "").strip()
+    if not item:
+        return "", None
+    name, _, arg = (x.strip() for x in item.partition(":"))
+    if name not in DEVICE_CONDITIONS:
+        raise SpecError(f"{where} {item!r}: unknown device condition {name!r} (known: {', '.join(DEVICE_CONDITIONS)})")
+    default = DEVICE_CONDITIONS[name]
+    if arg and default is None:
+        raise SpecError(f"{where} {item!r}: {name} takes no factor")
+    factor = _factor(arg, f"{where} {item!r}") if arg else default
+    if factor is not None and factor > 1.0:
+        raise SpecError(f"{where} {item!r}: factor must be at most 1")
+    return name, factor
 
 
 def parse_noise(text: str, where: str = "noise") -> float:

@@ -99,10 +99,37 @@ class Config(NamedTuple):
     knobs: core.Knobs
 
 
+class DevicePhase:
+    """What the simulated device is doing, for the module's simulated ``mthreads-gmi`` (``simulator/device/``).
+
+    ``<phase> <pid>`` (idle, prefill, decode) in ``$M1000_SIM_DEVICE_DIR/phase``, replaced whole on
+    each change (write, rename; no fsync: a lost update only mis-states one sample). Nothing is
+    written without the variable.
+    """
+
+    def __init__(self, folder: str | None) -> None:
+        self.path = os.path.join(folder, "phase") if folder else None
+        self.pid = os.getpid()
+        self.current = ""
+
+    def set(self, phase: str) -> None:
+        if self.path is None or phase == self.current:
+            return
+        self.current = phase
+        tmp = f"{self.path}.{self.pid}.tmp"
+        try:
+            with open(tmp, "w", encoding="ascii") as fh:
+                fh.write(f"{phase} {self.pid}\n")
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+
 class State:
     """Mutable server state: readiness, request counter, prefix cache, fault state."""
 
-    def __init__(self, cfg: Config, setup: core.Setup, faults: frozenset[str]) -> None:
+    def __init__(self, cfg: Config, setup: core.Setup, faults: frozenset[str],
+                 device: DevicePhase | None = None) -> None:
         self.cfg = cfg
         self.setup = setup
         self.faults = faults
@@ -111,6 +138,7 @@ class State:
         self.lock = threading.Lock()
         self.requests = 0
         self.cache = PrefixCache(cfg.max_total_tokens)
+        self.device = device or DevicePhase(None)
 
     def next_request(self) -> int:
         with self.lock:
@@ -385,10 +413,14 @@ class Handler(HTTPHandler):
         fault = None
         if req_no == core.FAULT_AT_REQUEST:
             fault = "crash" if "crash" in st.faults else "hang" if "hang" in st.faults else None
-        if stream:
-            self._stream(plan, ctx, t0, fault)
-        else:
-            self._whole(plan, ctx, t0, fault)
+        st.device.set("prefill")
+        try:
+            if stream:
+                self._stream(plan, ctx, t0, fault)
+            else:
+                self._whole(plan, ctx, t0, fault)
+        finally:
+            st.device.set("idle")
 
     def _strike(self, fault: str) -> None:
         if fault == "crash":
@@ -405,6 +437,8 @@ class Handler(HTTPHandler):
         if fault:
             _sleep_until(t0 + plan.ttft_ms / 1000 / scale)
             self._strike(fault)
+        _sleep_until(t0 + plan.ttft_ms / 1000 / scale)
+        self.state.device.set("decode")
         _sleep_until(t0 + (plan.ttft_ms + last) / 1000 / scale)
         text = "".join(core.completion_pieces(plan.n, plan.answer))
         self._json(200, ctx.whole(text, plan))
@@ -416,6 +450,7 @@ class Handler(HTTPHandler):
         _sleep_until(t0 + plan.ttft_ms / 1000 / scale)
         ctx.send(pieces[0:1], 1, None if plan.n > 1 else plan.finish)
         t_first = time.monotonic()
+        self.state.device.set("decode")
         if fault and not plan.emits:
             self._strike(fault)
         strike_at = len(plan.emits) // 2 if fault else -1
@@ -617,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
         model = core.Model.load(release_file("model.json"))
         cfg = configure(list(sys.argv[1:] if argv is None else argv), env, model, knobs)
         setup = model.setup(cfg.key)
-        state = State(cfg, setup, core.faults_for(knobs.faults, cfg.key))
+        state = State(cfg, setup, core.faults_for(knobs.faults, cfg.key), DevicePhase(env.get(core.ENV_DEVICE_DIR)))
         server = _bind(cfg, state)
     except core.SimError as exc:
         return fail(PROG, str(exc))
@@ -626,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(time scale {knobs.time_scale:g}, max-total-tokens {cfg.max_total_tokens})", file=sys.stderr, flush=True)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     thread.start()
+    state.device.set("idle")  # the model is being loaded into device memory
     try:
         _load(state, env, model)
         state.ready.set()

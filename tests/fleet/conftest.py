@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import State
 from controller.demo import Worker, free_port, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
+from controller.service import Session
 from controller.settings import ControllerSettings
 
 REDIS = shutil.which("redis-server")
@@ -100,8 +100,8 @@ class Lab:
     workers: dict[str, Worker] = field(default_factory=dict)
     redis: RedisServer | None = None
 
-    def state(self) -> State:
-        return State.for_settings(self.settings)
+    def state(self) -> Session:
+        return Session(self.settings)
 
     def worker_env(self) -> dict[str, str]:
         """FLEET_* variables for the lab's settings that workers must share (beyond start_worker's own)."""

@@ -30,6 +30,8 @@ GRAFANA_UNITS: dict[str, set[str]] = {
     "tokens_per_second": {"suffix: tok/s"},
     "frames_per_second": {"suffix: fps"},
     "celsius": {"celsius"},
+    "watts": {"watt"},
+    "hertz": {"hertz"},
     "count": {"none", "short"},
 }
 _NAME = re.compile(r"\b((?:m1000|process)_[a-z0-9_]+|up)\b(?!\s*\()")

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from agent.records import Heartbeat, ResultRow, RunProgress, RunState
+from agent.records import DeviceSample, Heartbeat, ResultRow, RunProgress, RunState
 from agent.tables import parse_seed, stamp
 
 SWEEP_KEYS = ("qwen3", "qwen35", "qwen35_fq", "qwen36_fq", "qwen3vl")
@@ -57,8 +57,23 @@ class RunWriter:
     def rows(self, rows: Iterable[ResultRow]) -> None:
         append_lines(self.folder / "results.jsonl", [r.model_dump_json() for r in rows])
 
+    def samples(self, samples: Iterable[DeviceSample]) -> None:
+        append_lines(self.folder / "telemetry.jsonl", [s.model_dump_json(exclude_none=True) for s in samples])
+
     def state(self, current: str | None, last: str | None = None) -> None:
         write_json(self.workdir / "state.json", {"current_run": current, "last_run": last, "updated_at": time.time()})
+
+
+def device_sample(run_id: str, module: str, key: str | None, step: str = "benchmark", ts: float | None = None,
+                  **values: Any) -> DeviceSample:
+    """A sample as the sampler writes it; values default to an H200 under load (SW power cap)."""
+    base: dict[str, Any] = {
+        "temperature_c": 59.0, "memory_temperature_c": 50.0, "power_w": 692.1, "power_limit_w": 700.0,
+        "sm_clock_mhz": 1455.0, "memory_clock_mhz": 3201.0, "graphics_clock_mhz": 1455.0, "max_sm_clock_mhz": 1980.0,
+        "utilization_pct": 100.0, "memory_utilization_pct": 25.0, "memory_used_mib": 1139.0,
+        "memory_total_mib": 143771.0, "clock_event_reasons": 0x4, "ecc_uncorrected": 0}
+    return DeviceSample.model_validate({**base, **values, "ts": time.time() if ts is None else ts, "gpu": 0,
+                                        "run_id": run_id, "module": module, "step": step, "model_key": key})
 
 
 def heartbeat(workdir: Path, module: str, ts: float | None = None, healthy: bool = True) -> Heartbeat:
@@ -105,6 +120,7 @@ def finished_run(workdir: Path, seed_text: str, run_id: str, module: str, releas
         w.event("benchmark", "start", model_key=key)
         w.event("benchmark", "ok", 120.0, model_key=key)
         w.rows(rows)
+        w.samples([device_sample(run_id, module, key)])
     w.progress(state=state, step="publish", keys_total=len(per_key), keys_done=len(per_key), progress=1.0,
                rows=sum(len(r) for r in per_key.values()), finished_at=time.time())
     return w

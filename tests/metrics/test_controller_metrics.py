@@ -128,7 +128,7 @@ def test_prometheus_targets_command_writes_atomically(tmp_path: Path) -> None:
 
     register(app, lambda: parse_inventory(INV))
     out = tmp_path / "targets" / "agents.json"
-    res = CliRunner().invoke(app, ["prometheus-targets", "--out", str(out)])
+    res = CliRunner().invoke(app, ["prometheus-targets", "--out", str(out.parent)])  # --out is a folder
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())[0]["labels"]["module"] == "m-a"
     assert [p.name for p in out.parent.iterdir()] == ["agents.json"]  # no temporary left behind

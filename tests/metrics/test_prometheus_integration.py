@@ -201,11 +201,15 @@ def test_prometheus_scrapes_fleet_and_every_expression_has_data(
 
     wait_for(ready, 60, "prometheus ready")
 
-    # the simulated modules run while Prometheus scrapes
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # the simulated modules run while Prometheus scrapes; each samples its simulated device (sim-b's throttles)
+    from simulator import DEVICE_TOOL_DIR, ENV_DEVICE, ENV_DEVICE_DIR
+
     runs = {}
     for m, keys, port in (("sim-a", "qwen3,qwen35_mtp,qwen3vl", free_port()), ("sim-b", "qwen3,qwen35", free_port())):
         heartbeat(work[m], m)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{DEVICE_TOOL_DIR}{os.pathsep}{os.environ['PATH']}",
+               ENV_DEVICE_DIR: str(work[m]), ENV_DEVICE: "throttle" if m == "sim-b" else "",
+               "FLEET_TELEMETRY_PERIOD": "0.5"}
         runs[m] = procs.start([str(Path(sys.executable).parent / "fleet-agent"), "run", str(tarball),
                                "--models", keys, "--model-root", str(models), "--workdir", str(work[m]),
                                "--module", m, "--server-port", str(port), "--run-id", f"{m}-run",
@@ -226,6 +230,9 @@ def test_prometheus_scrapes_fleet_and_every_expression_has_data(
     assert query(base, 'm1000_result_gsm8k_accuracy_ratio{module="sim-a"}')
     assert len(query(base, 'm1000_result_decode_tokens_per_second{module="sim-b"}')) == 22
     assert query(base, 'up{job="m1000-agent", module="dead-e"} == 0')
+    # the devices were sampled during the runs (what a throttled card reports: tests/telemetry)
+    for m in ("sim-a", "sim-b"):
+        assert query(base, f'max_over_time(m1000_device_sm_clock_max_hertz{{module="{m}"}}[5m]) == 1800e6')
 
     failures: list[str] = []
     checked = 0

@@ -77,9 +77,9 @@ def test_baseline_import_list_and_versions(stored, seed_path):
     assert stored.baseline_run_id(None, release="1.4.1") == "baseline:1.4.1:v1"
     res = CliRunner().invoke(app, ["baseline", "import", str(seed_path), "--release", "1.4.1"])
     assert res.exit_code == 0 and "1.4.1@v2" in res.output
-    res = CliRunner().invoke(app, ["baseline", "list"])
+    res = CliRunner().invoke(app, ["baseline", "list", "-o", "csv"])
     assert res.exit_code == 0
-    assert "1.4.1@v1\tbaseline:1.4.1:v1\t92 rows" in res.output and "1.4.1@v2" in res.output
+    assert "1.4.1@v1,baseline:1.4.1:v1,92," in res.output and "1.4.1@v2" in res.output
 
 
 def test_baseline_set_promotes_a_run(stored):
@@ -154,7 +154,7 @@ def test_errors_are_one_clear_line(app, args, needle):
     res = CliRunner().invoke(app, args)
     assert res.exit_code == report_cli.EXIT_ERROR
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("fleetctl: error: ") and needle in lines[0]
 
 
 def test_bad_seed_table_names_the_line(history, tmp_path):

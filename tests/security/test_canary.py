@@ -89,12 +89,12 @@ def test_canary_password_is_nowhere(tmp_path):
 
         # the metric expositions of the agent and the controller
         from agent.metrics import build_registry
-        from controller.cli import State
         from controller.metrics import ControllerCollector
+        from controller.service import Session
 
         work = tmp_path / "lab" / "modules" / "sim-01" / "work"
         exposition = generate_latest(build_registry(work, "sim-01")).decode()
-        st = State.for_settings(lab.settings)
+        st = Session(lab.settings)
         fleet = st.fleet()
         reg = CollectorRegistry()
         inv = list(st.inventory().modules)

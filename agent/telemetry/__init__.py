@@ -1,0 +1,16 @@
+"""Device telemetry: the module's accelerators, sampled through the vendor's tool during every run.
+
+``mthreads-gmi`` on M1000 modules, ``nvidia-smi`` elsewhere (same query interface, same code
+path). Pure parts: :mod:`.fields` (what is asked), :mod:`.plan` (which tool, which argv),
+:mod:`.parse` (CSV and ``-q`` text to readings), :mod:`.summary` (per-key statistics),
+:mod:`.exposition` (``/metrics`` families). I/O: :mod:`.sampler` (the thread and its one
+process seam). Records (:class:`~agent.records.DeviceSample`,
+:class:`~agent.records.TelemetrySummary`) live in :mod:`agent.records`.
+"""
+
+from __future__ import annotations
+
+from agent.telemetry.sampler import SAMPLES_FILE, Sampler, TelemetryConfig, ToolResult, run_tool
+from agent.telemetry.summary import read_samples, summarize
+
+__all__ = ["SAMPLES_FILE", "Sampler", "TelemetryConfig", "ToolResult", "read_samples", "run_tool", "summarize"]

@@ -1,0 +1,292 @@
+"""The sampler: one thread per run on the module, asking the device tool every ``period_s``.
+
+It can neither stall nor fail a run: every call of the tool has a timeout (the tool's whole
+process group is killed past it), a missing, hanging or failing tool is recorded once (an
+event of step ``telemetry`` and a note in the summary) and the run goes on; a failing tool
+is asked again with back-off, a missing one not at all. The pipeline tells it what the run
+is doing (:meth:`Sampler.tell`); each sample carries the run id, attempt, step and model key.
+
+:func:`run_tool` is this package's one I/O seam with processes (tests pass their own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.records import DeviceInfo, DeviceSample, TelemetrySummary
+from agent.telemetry.fields import BY_NAME, FIELDS, NUMERIC
+from agent.telemetry.parse import Reading, invalid_field, parse_csv, parse_q
+from agent.telemetry.plan import TOOLS, QueryPlan, choose_tool
+from agent.telemetry.summary import read_samples, summarize
+
+log = logging.getLogger(__name__)
+
+SAMPLES_FILE = "telemetry.jsonl"
+
+
+class TelemetryConfig(BaseModel):
+    """How the agent samples its devices (frozen; part of :class:`agent.pipeline.AgentConfig`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    period_s: float = Field(default=1.0, gt=0, description="one sample of every device per period, s")
+    tool: str | None = Field(default=None, description="device tool (name or path); default: mthreads-gmi, "
+                                                        "else nvidia-smi, whichever is on PATH")
+    timeout_s: float = Field(default=5.0, gt=0, description="one call of the tool, s; then it is killed")
+    q_every: int = Field(default=10, ge=1, description="'-q' fallback for fields the query lacks: every N samples")
+    backoff_max_s: float = Field(default=300.0, gt=0, description="longest pause after failing calls, s")
+
+
+# -- the process seam ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolResult:
+    outcome: Literal["ok", "failed", "missing", "timeout"]
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+
+    def first_line(self) -> str:
+        text = (self.stderr.strip() or self.stdout.strip()).splitlines()
+        return text[0][:200] if text else ""
+
+
+Runner = Callable[[Sequence[str], float, threading.Event], ToolResult]
+
+
+def run_tool(argv: Sequence[str], timeout: float, stop: threading.Event) -> ToolResult:
+    """Run ``argv`` in a session of its own; kill its process group past ``timeout`` or on ``stop``."""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, env={**os.environ, "LC_ALL": "C"})
+    except OSError as exc:  # not found, not executable
+        return ToolResult("missing", stderr=f"{argv[0]}: {exc.strerror or exc}")
+    deadline = t0 + timeout
+    while True:
+        try:
+            out, err = proc.communicate(timeout=max(0.01, min(0.25, deadline - time.monotonic())))
+            break
+        except subprocess.TimeoutExpired:
+            if stop.is_set() or time.monotonic() >= deadline:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.communicate(timeout=2.0)  # reaped; a process stuck in the kernel is left behind
+                return ToolResult("timeout", proc.returncode, duration_s=time.monotonic() - t0)
+    text = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    return ToolResult("ok" if proc.returncode == 0 else "failed", proc.returncode, *text,
+                      duration_s=time.monotonic() - t0)
+
+
+# -- the sampler -------------------------------------------------------------------------------
+EventSink = Callable[[str, str], None]  # (status, message)
+
+
+class Sampler:
+    """Samples every device of the module into ``path`` (JSON lines) until :meth:`stop`."""
+
+    def __init__(self, config: TelemetryConfig, path: Path, *, run_id: str, module: str, attempt: int = 1,
+                 on_event: EventSink | None = None, runner: Runner = run_tool,
+                 which: Callable[[str], str | None] = shutil.which, clock: Callable[[], float] = time.time) -> None:
+        self.cfg = config
+        self.path = path
+        self.run_id, self.module, self.attempt = run_id, module, attempt
+        self.on_event = on_event
+        self.runner = runner
+        self.which = which
+        self.clock = clock
+        self.doing: tuple[str, str | None] = ("", None)  # (step, model key): replaced whole, read whole
+        self.notes: list[str] = []
+        self.devices: dict[int, DeviceInfo] = {}
+        self.tool = ""
+        self.samples = 0
+        self.calls = 0
+        self.plan: QueryPlan | None = None
+        self.q_fields: frozenset[str] = frozenset()
+        self._q_checked = False
+        self._q_last: dict[int, Reading] = {}
+        self._q_age = 0
+        self._gone = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- what the pipeline calls -------------------------------------------------------------
+    def start(self) -> Sampler:
+        """Find the tool (a missing one is noted here, in the caller's order of events) and start sampling."""
+        if not self.cfg.enabled or self._thread is not None:
+            return self
+        tool = choose_tool(self.cfg.tool, self.which)
+        if tool is None:
+            wanted = self.cfg.tool or " or ".join(TOOLS)
+            self._note("unavailable", f"no device tool: {wanted} not found; no device telemetry for this run")
+            return self
+        self.tool = os.path.basename(tool)
+        self.plan = QueryPlan.initial(tool)
+        thread = threading.Thread(target=self._run, name=f"telemetry-{self.run_id}", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as exc:  # no thread to be had: the run goes on without telemetry
+            self._note("failed", f"telemetry sampler not started: {exc}")
+            return self
+        self._thread = thread
+        return self
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The sampling thread (None when not sampling: disabled, no tool, or not started)."""
+        return self._thread
+
+    def tell(self, step: str, model_key: str | None) -> None:
+        self.doing = (step, model_key)
+
+    def stop(self) -> None:
+        """Stop sampling (a call of the tool in flight is killed); returns within a few seconds."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            if self._thread.is_alive():
+                log.warning("telemetry sampler of %s did not stop in time (left behind)", self.run_id)
+
+    def summary(self) -> TelemetrySummary:
+        """Summary of every sample of this run in ``path`` (earlier attempts included)."""
+        return summarize(read_samples(self.path), run_id=self.run_id, module=self.module, tool=self.tool,
+                         period_s=self.cfg.period_s, devices=self.devices.values(), notes=self.notes)
+
+    # -- the thread ------------------------------------------------------------------------------
+    def _note(self, status: str, message: str) -> None:
+        if message in self.notes:
+            return
+        self.notes.append(message)
+        log.info("telemetry: %s", message)
+        if self.on_event is not None:
+            try:
+                self.on_event(status, message)
+            except Exception:  # noqa: BLE001 - a broken listener must not stop the sampler
+                log.exception("telemetry event listener failed (ignored)")
+
+    def _run(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as fh:
+                self._loop(fh)
+        except Exception as exc:  # noqa: BLE001 - the sampler must never break a run
+            log.exception("telemetry sampler failed")
+            self._note("failed", f"telemetry sampler stopped: {type(exc).__name__}: {exc}")
+
+    def _loop(self, fh: IO[str]) -> None:
+        period = self.cfg.period_s
+        failures = 0
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            ok = self._sample_once(fh)
+            if self._gone:
+                return
+            now = time.monotonic()
+            if ok:
+                failures = 0
+                next_at += period
+                if next_at < now:  # the tool took longer than a period: skip, do not catch up
+                    next_at = now + period
+            else:
+                failures += 1
+                next_at = now + min(self.cfg.backoff_max_s, period * 2 ** min(failures, 16))
+            self._stop.wait(max(0.0, next_at - now))
+
+    def _query(self) -> ToolResult | None:
+        """The query's answer; a refused field name is dropped (or re-spelled) and the query asked again."""
+        assert self.plan is not None
+        for _ in range(2 * len(FIELDS)):
+            self.calls += 1
+            res = self.runner(self.plan.argv(), self.cfg.timeout_s, self._stop)
+            if res.outcome == "ok":
+                return res
+            if self._stop.is_set():
+                return None
+            if res.outcome == "missing":
+                self._gone = True
+                self._note("unavailable", f"{self.tool} cannot be run: {res.first_line()}; no device telemetry")
+                return None
+            if res.outcome == "timeout":
+                self._note("timeout", f"{self.tool} did not answer within {self.cfg.timeout_s:g} s (killed); "
+                                      f"asked again with back-off, the run goes on")
+                return None
+            bad = invalid_field(res.stdout + "\n" + res.stderr)
+            new = self.plan.refuse(bad) if bad else None
+            if new is None:
+                self._note("failed", f"{self.tool} exited with code {res.exit_code}: {res.first_line()}")
+                return None
+            self.plan = new
+        return None
+
+    def _sample_once(self, fh: IO[str]) -> bool:
+        res = self._query()
+        if res is None:
+            return False
+        assert self.plan is not None
+        readings = parse_csv(res.stdout, self.plan.columns)
+        if not readings:
+            self._note("failed", f"{self.tool} answered without a device row: {res.first_line()!r}")
+            return False
+        if self.plan.dropped:
+            self._note("info", f"{self.tool}'s query interface does not offer {', '.join(self.plan.dropped)}")
+        readings = self._with_fallback(readings)
+        step, key = self.doing
+        ts = self.clock()
+        lines = []
+        for r in readings:
+            if r.gpu not in self.devices or (r.name and not self.devices[r.gpu].name):
+                self.devices[r.gpu] = DeviceInfo(gpu=r.gpu, name=r.name or "", uuid=r.uuid or "")
+            s = DeviceSample.model_validate({**r.values, "ts": ts, "gpu": r.gpu, "run_id": self.run_id,
+                                             "module": self.module, "attempt": self.attempt, "step": step,
+                                             "model_key": key})
+            lines.append(s.model_dump_json(exclude_none=True) + "\n")
+        fh.write("".join(lines))
+        fh.flush()
+        self.samples += len(readings)
+        return True
+
+    def _with_fallback(self, readings: tuple[Reading, ...]) -> tuple[Reading, ...]:
+        """Fields the query lacks, from ``-q`` (checked once; then re-read every ``q_every`` samples)."""
+        assert self.plan is not None
+        if not self._q_checked:
+            self._q_checked = True
+            lacking = set(self.plan.dropped) | {f for f in NUMERIC if all(f in r.absent for r in readings)}
+            lacking = {f for f in lacking if BY_NAME[f].q_paths}
+            if lacking:
+                q = self._read_q(sorted(lacking))
+                self.q_fields = frozenset(f for f in lacking if any(f in r.values for r in q.values()))
+                if self.q_fields:
+                    self._q_last = q
+                    self._note("info", f"{', '.join(sorted(self.q_fields))} read from '{self.tool} -q' "
+                                       f"every {self.cfg.q_every} samples")
+        elif self.q_fields:
+            self._q_age += 1
+            if self._q_age >= self.cfg.q_every:
+                self._q_age = 0
+                self._q_last = self._read_q(sorted(self.q_fields)) or self._q_last
+        if not self.q_fields:
+            return readings
+        return tuple(r.merged(self._q_last[r.gpu], self.q_fields) if r.gpu in self._q_last else r for r in readings)
+
+    def _read_q(self, names: list[str]) -> dict[int, Reading]:
+        assert self.plan is not None
+        self.calls += 1
+        res = self.runner(self.plan.q_argv(), self.cfg.timeout_s, self._stop)
+        if res.outcome != "ok":
+            return {}
+        return {r.gpu: r for r in parse_q(res.stdout, names)}

@@ -1,0 +1,282 @@
+"""The HTTP API for CI systems, served by ``fleetctl serve --api-port PORT`` (FastAPI).
+
+Every route is a thin shell over :mod:`controller.service`, like the CLI verbs. Every route
+under ``/api/v1`` but the schema needs ``Authorization: Bearer <token>`` with a token from the
+tokens file (compared in constant time; tokens are never logged). Errors are
+``{"detail": "<one line>"}`` with 400 (bad input), 401 (no or wrong token), 404 (no such run or
+module), 409 (run id already used), 503 (broker unreachable).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import stat
+import threading
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.records import UnknownModelKey, parse_model_keys
+from agent.settings import SettingsError
+from controller import service
+from controller.fleet import BrokerUnavailable, FleetError
+from controller.history import HistoryError
+from controller.inventory import InventoryError
+from controller.service import Judgement, Session
+from controller.settings import ControllerSettings
+
+log = logging.getLogger("fleet.api")
+
+PREFIX = "/api/v1"
+MIN_TOKEN_LENGTH = 16
+
+
+# --------------------------------------------------------------------------- tokens
+class TokenError(SettingsError):
+    pass
+
+
+class Tokens:
+    """Bearer tokens from a file: one per line (``#`` comments, blank lines ignored). The file must
+    not be readable by group or others. Checked in constant time against every token."""
+
+    def __init__(self, tokens: list[str]) -> None:
+        if not tokens:
+            raise TokenError("no API token: the tokens file holds none")
+        short = [t for t in tokens if len(t) < MIN_TOKEN_LENGTH]
+        if short:
+            raise TokenError(f"API tokens must be at least {MIN_TOKEN_LENGTH} characters ({len(short)} shorter)")
+        self._tokens = [t.encode() for t in tokens]
+
+    @classmethod
+    def load(cls, path: Path) -> Tokens:
+        try:
+            st = path.stat()
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise TokenError(f"{path}: cannot read the API tokens file: {exc.strerror or exc}") from None
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise TokenError(f"{path}: the API tokens file is readable by others (chmod 600 {path})")
+        return cls([ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")])
+
+    def check(self, presented: str) -> bool:
+        given = presented.encode()
+        ok = False
+        for t in self._tokens:  # every token compared: the time says nothing about which one matched
+            ok |= hmac.compare_digest(t, given)
+        return ok
+
+    def __repr__(self) -> str:  # never print a token
+        return f"Tokens({len(self._tokens)} tokens)"
+
+
+# --------------------------------------------------------------------------- wire models
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Problem(_Model):
+    detail: str
+
+
+class RunCreate(_Model):
+    release: str = Field(..., min_length=1, description="path of the release tarball, as the controller sees it")
+    models: list[str] | str = Field("all", description="model keys, or 'all'")
+    devices: str = Field("all", min_length=1, description="'all', module names, label=value; comma separated")
+    baseline: str | None = Field(None, description="baseline: release, release@vN or a run id")
+    run_id: str | None = Field(None, description="run id (default: generated)")
+    resume: bool = Field(False, description="run_id names an existing run: resume it")
+
+
+class RunCreated(_Model):
+    run_id: str
+    release: str
+    sha256: str
+    models: list[str]
+    modules: dict[str, str] = Field(description="module -> 'queued' or why it was not")
+    queued: int
+    resumed: bool
+
+
+class Run(_Model):
+    run_id: str
+    release: str
+    sha256: str
+    tarball: str
+    models: list[str]
+    modules: list[str]
+    created_at: float
+    finished_at: float | None
+    state: str = Field(description="running, done, failed or cancelled")
+    verdict: str | None = Field(description="pass, regressed, incomplete, failed; null until judged")
+    rows: int | None = None
+    module_states: dict[str, dict[str, Any]] | None = None
+
+
+class Cancelled(_Model):
+    run_id: str
+    modules: list[str]
+
+
+class Device(_Model):
+    module: str
+    host: str
+    transport: str
+    labels: dict[str, str]
+    state: str
+    reason: str
+    agent_version: str | None
+    heartbeat_age_s: float | None
+    free_disk_bytes: int | None
+    run_id: str | None
+
+
+class ReportFormat(str, Enum):
+    json = "json"
+    md = "md"
+    html = "html"
+    csv = "csv"
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": Problem, "description": "bad input"},
+    401: {"model": Problem, "description": "no token, or a wrong one"},
+    404: {"model": Problem, "description": "no such run"},
+    503: {"model": Problem, "description": "broker unreachable"},
+}
+
+
+def _status(exc: BaseException) -> int:
+    if isinstance(exc, service.NotFound):
+        return 404
+    if isinstance(exc, service.Conflict):
+        return 409
+    if isinstance(exc, BrokerUnavailable):
+        return 503
+    if isinstance(exc, HistoryError):
+        return 404
+    return 400
+
+
+USER_ERRORS = (service.ServiceError, FleetError, InventoryError, UnknownModelKey, HistoryError, ValueError)
+
+
+# --------------------------------------------------------------------------- the app
+def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
+    """The API over the service, one session per worker thread (SQLite connections are per thread)."""
+    local = threading.local()
+    sessions: list[Session] = []
+    lock = threading.Lock()
+
+    def session() -> Session:
+        s: Session | None = getattr(local, "session", None)
+        if s is None:
+            s = local.session = Session(settings)
+            with lock:
+                sessions.append(s)
+        return s
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> Any:
+        yield
+        with lock:
+            for s in sessions:
+                s.close()
+            sessions.clear()
+
+    app = FastAPI(title="m1000-fleet controller", version="1", lifespan=lifespan, openapi_url=f"{PREFIX}/openapi.json",
+                  docs_url=None, redoc_url=None,
+                  description="Validate SGLang-MUSA releases on a fleet of M1000 modules (for CI systems).")
+    bearer = HTTPBearer(auto_error=False, description="a token from the controller's API tokens file")
+
+    def authorized(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if creds is None or creds.scheme.lower() != "bearer" or not tokens.check(creds.credentials):
+            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    def errors(fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except USER_ERRORS as exc:
+            text = str(exc).strip().splitlines()
+            raise HTTPException(_status(exc), text[0] if text else type(exc).__name__) from None
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    deps = [Depends(authorized)]
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:  # browsers opening the HTML report ask for it: no icon, no error
+        return Response(status_code=204)
+
+    @app.post(f"{PREFIX}/runs", status_code=201, response_model=RunCreated, dependencies=deps,
+              responses={**ERRORS, 409: {"model": Problem, "description": "run id already used"}})
+    def create_run(body: RunCreate) -> RunCreated:
+        """Validate a release: checks, release made available on each module, dispatch; returns at once."""
+        def launch() -> service.Launched:
+            req = service.ValidateRequest(release=Path(body.release).expanduser(),
+                                          models=parse_model_keys(body.models), devices=body.devices,
+                                          baseline=body.baseline, run_id=body.run_id, resume=body.resume)
+            return service.validate(session(), req)
+
+        got: service.Launched = errors(launch)
+        log.info("run %s dispatched over HTTP: %d/%d modules queued", got.run_id, got.queued, len(got.modules))
+        return RunCreated(run_id=got.run_id, release=got.release, sha256=got.sha256, models=list(got.models),
+                          modules=dict(got.modules), queued=got.queued, resumed=got.resumed)
+
+    @app.get(f"{PREFIX}/runs", response_model=list[Run], dependencies=deps, responses=ERRORS)
+    def list_runs(limit: int = Query(20, ge=1, le=500)) -> list[Run]:
+        """Recent runs, newest first (from the run history)."""
+        return [Run(**service.run_summary(r)) for r in errors(lambda: service.runs(session(), limit))]
+
+    @app.get(f"{PREFIX}/runs/{{run_id}}", response_model=Run, dependencies=deps, responses=ERRORS)
+    def get_run(run_id: str) -> Run:
+        """One run with the state of each module; live (the broker's newest progress) while it runs."""
+        d = errors(lambda: service.describe_run(session(), run_id))
+        return Run(**service.run_summary(d.info, d.view, rows=d.rows))
+
+    @app.get(f"{PREFIX}/runs/{{run_id}}/report", dependencies=deps,
+             responses={**ERRORS, 200: {"description": "the report", "content": {
+                 "application/json": {}, "text/markdown": {}, "text/html": {}, "text/csv": {}}}})
+    def get_report(run_id: str, format: ReportFormat = ReportFormat.json,  # noqa: A002 - the query's name
+                   baseline: str | None = None, tolerance: float = Query(0.05, gt=0, lt=1)) -> Response:
+        """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows)."""
+        rep = errors(lambda: service.report(session(), run_id, baseline, tolerance=tolerance))
+        if format is ReportFormat.json:
+            return Response(rep.to_json(), media_type="application/json")
+        if format is ReportFormat.md:
+            return Response(rep.to_markdown(), media_type="text/markdown; charset=utf-8")
+        if format is ReportFormat.html:
+            return Response(rep.to_html(), media_type="text/html; charset=utf-8")
+        from controller.report.render import rows_with_baseline
+
+        return Response(rows_with_baseline(rep).to_csv(index=False), media_type="text/csv; charset=utf-8")
+
+    @app.post(f"{PREFIX}/runs/{{run_id}}/cancel", status_code=202, response_model=Cancelled, dependencies=deps,
+              responses=ERRORS)
+    def cancel_run(run_id: str, devices: str | None = Query(None, min_length=1)) -> Cancelled:
+        """Durable cancel of the run (or of the modules ``devices`` selects)."""
+        rid, names = errors(lambda: service.cancel(session(), run_id, devices))
+        return Cancelled(run_id=rid, modules=names)
+
+    @app.get(f"{PREFIX}/devices", response_model=list[Device], dependencies=deps, responses=ERRORS)
+    def list_devices(devices: str = Query("all", min_length=1)) -> list[Device]:
+        """Modules of the inventory and their state (idle, busy, offline, bad) from their heartbeats."""
+        return [Device(**service.device_dict(d)) for d in errors(lambda: service.devices(session(), devices))]
+
+    return app
+
+
+def summary_of(s: Session, j: Judgement) -> dict[str, Any]:
+    """The webhook body of a verdict: the run as the API shows it, with the verdict line."""
+    d = service.describe_run(s, j.run_id, live=False)
+    return {"event": "run.verdict", **service.run_summary(d.info, d.view, rows=d.rows, judgement=j)}

@@ -1,0 +1,89 @@
+"""How ``fleetctl`` prints: one error format, one exit-code scheme, ``-o table|json|csv`` for
+every verb that lists or shows something. Shared by every file that adds verbs (no verb here)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Sequence
+from enum import Enum
+from typing import Any
+
+import typer
+
+EXIT_PASS = 0  # the run passed, the command did what was asked
+EXIT_FAILED = 1  # a module failed, the release regressed, a module could not be deployed
+EXIT_ERROR = 2  # bad input, unknown run, broker unreachable, missing extras: one line on stderr
+
+
+class Output(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+OUTPUT_HELP = "table, json or csv"
+
+
+def output_option(default: Output = Output.table) -> Any:
+    return typer.Option(default, "--output", "-o", help=OUTPUT_HELP, case_sensitive=False)
+
+
+def error(message: str) -> None:
+    """The one error format: ``fleetctl: error: <one line>`` on stderr."""
+    sys.stderr.write(f"fleetctl: error: {message}\n")
+    sys.stderr.flush()
+
+
+def fail(message: str) -> typer.Exit:
+    """Print the error line; the caller raises what this returns (exit code 2)."""
+    error(message)
+    return typer.Exit(EXIT_ERROR)
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, width=None if (sys.stderr if stderr else sys.stdout).isatty() else 200)
+
+
+def stdout() -> Any:
+    return _console()
+
+
+def stderr() -> Any:
+    return _console(stderr=True)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(x) for x in v)
+    if isinstance(v, dict):
+        return ",".join(f"{k}={x}" for k, x in v.items())
+    return str(v)
+
+
+def emit(records: Sequence[dict[str, Any]], columns: Sequence[str], fmt: Output, *, title: str | None = None,
+         document: Any = None) -> None:
+    """Print ``records`` as a table (``columns``), as JSON (``document`` if given, else the records,
+    every field) or as CSV (``columns``, lists comma-joined)."""
+    if fmt == Output.json:
+        sys.stdout.write(json.dumps(records if document is None else document, indent=2, ensure_ascii=False,
+                                    default=str) + "\n")
+    elif fmt == Output.csv:
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(columns)
+        for r in records:
+            w.writerow([_cell(r.get(c)) for c in columns])
+    else:
+        from rich.table import Table
+
+        t = Table(*columns, title=title)
+        for r in records:
+            t.add_row(*(_cell(r.get(c)) for c in columns))
+        stdout().print(t)

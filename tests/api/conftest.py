@@ -1,0 +1,97 @@
+"""Fixtures of the API tests: a controller on the embedded broker with a filled run history
+(synthetic runs, no worker), a tokens file, and the app under a TestClient."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from controller.history import History
+from controller.settings import ControllerSettings
+from tests.cli.conftest import INV, TARBALL, fill
+from tests.cli.conftest import seed_rows as seed_rows  # the fixture
+
+TOKEN = "ci-token-0123456789abcdef"
+
+
+def write_tokens(path: Path, *tokens: str) -> Path:
+    path.write_text("# CI systems\n" + "\n".join(tokens) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def controller(tmp_path: Path, seed_rows: list) -> ControllerSettings:  # noqa: F811 - the fixture
+    (tmp_path / "inv.toml").write_text(INV)
+    (tmp_path / TARBALL).write_bytes(b"not really a tarball")
+    settings = ControllerSettings(broker_url="filesystem://", data_dir=tmp_path / "fleet",
+                                  inventory=tmp_path / "inv.toml", history=tmp_path / "history.sqlite")
+    h = History(settings.history_path)
+    try:
+        fill(h, seed_rows, state="done")
+    finally:
+        h.close()
+    return settings
+
+
+@pytest.fixture
+def client(controller: ControllerSettings, tmp_path: Path) -> Iterator:
+    from fastapi.testclient import TestClient
+
+    from controller.api import Tokens, create_app
+
+    tokens = Tokens.load(write_tokens(tmp_path / "tokens", TOKEN, "another-token-0123456789"))
+    with TestClient(create_app(controller, tokens)) as c:
+        yield c
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class Receiver:
+    """A test HTTP server that records webhook deliveries (answers ``fail_first`` of them with 503)."""
+
+    def __init__(self, fail_first: int = 0) -> None:
+        self.got: list[tuple[dict[str, str], bytes]] = []
+        self.fail_first = fail_first
+        self.arrived = threading.Event()
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if outer.fail_first > 0:
+                    outer.fail_first -= 1
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                outer.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(204)
+                self.end_headers()
+                outer.arrived.set()
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def json(self, i: int = 0) -> dict:
+        return json.loads(self.got[i][1])
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()

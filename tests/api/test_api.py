@@ -1,0 +1,200 @@
+"""Every endpoint of the HTTP API over a real run history and the embedded broker (no worker:
+the inventory's module is offline), auth refused without and with a wrong token, the tokens
+file's checks, and the OpenAPI schema under schemathesis (a few examples per operation)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from tests.api.conftest import AUTH, TOKEN, write_tokens
+from tests.cli.conftest import TARBALL
+
+ENDPOINTS = [("get", "/api/v1/runs"), ("get", "/api/v1/runs/run-b"), ("get", "/api/v1/runs/run-b/report"),
+             ("post", "/api/v1/runs/run-b/cancel"), ("get", "/api/v1/devices"), ("post", "/api/v1/runs")]
+
+
+@pytest.mark.parametrize(("method", "path"), ENDPOINTS)
+def test_no_token_no_access(client, method, path):
+    for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": f"Basic {TOKEN}"},
+                    {"Authorization": f"Bearer {TOKEN}x"}):
+        r = client.request(method, path, headers=headers, json={"release": TARBALL} if method == "post" else None)
+        assert r.status_code == 401, (headers, r.text)
+        assert r.headers["www-authenticate"] == "Bearer" and r.json() == {"detail": "missing or wrong bearer token"}
+
+
+def test_schema_is_served(client):
+    doc = client.get("/api/v1/openapi.json").json()
+    assert {"/api/v1/runs", "/api/v1/runs/{run_id}", "/api/v1/runs/{run_id}/report", "/api/v1/runs/{run_id}/cancel",
+            "/api/v1/devices"} <= set(doc["paths"])
+    assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+def test_runs_and_one_run(client):
+    r = client.get("/api/v1/runs", headers=AUTH)
+    assert r.status_code == 200
+    assert [x["run_id"] for x in r.json()] == ["run-b", "run-a"]
+    one = client.get("/api/v1/runs/run-b", headers=AUTH).json()
+    assert one["state"] == "done" and one["rows"] == 6 * 92 and one["release"] == "1.4.1"
+    assert set(one["module_states"]) == {f"m{i:02d}" for i in range(6)}
+    assert one["module_states"]["m00"]["state"] == "done"
+    assert client.get("/api/v1/runs?limit=1", headers=AUTH).json()[0]["run_id"] == "run-b"
+    assert client.get("/api/v1/runs/run-", headers=AUTH).status_code == 404  # ambiguous prefix: not one run
+    r = client.get("/api/v1/runs/nope", headers=AUTH)
+    assert r.status_code == 404 and "no run 'nope'" in r.json()["detail"]
+
+
+def test_report_in_every_format(client):
+    j = client.get("/api/v1/runs/run-b/report", headers=AUTH)
+    assert j.status_code == 200 and j.headers["content-type"] == "application/json"
+    assert j.json()["verdict"] == "regressed" and j.json()["verdict_line"].startswith("REGRESSED run-b")
+    md = client.get("/api/v1/runs/run-b/report?format=md", headers=AUTH)
+    assert md.text.startswith("# Fleet report run-b") and md.headers["content-type"].startswith("text/markdown")
+    html = client.get("/api/v1/runs/run-b/report?format=html", headers=AUTH)
+    assert html.headers["content-type"].startswith("text/html") and html.text.count("<svg") == 3
+    csv = client.get("/api/v1/runs/run-b/report?format=csv", headers=AUTH)
+    import pandas as pd
+
+    rows = pd.read_csv(io.StringIO(csv.text))
+    assert len(rows) == 6 * 92 and "change_decode_tps" in rows.columns
+    assert client.get("/api/v1/runs/run-a/report", headers=AUTH).json()["verdict"] == "pass"
+    r = client.get("/api/v1/runs/run-b/report?baseline=9.9", headers=AUTH)
+    assert r.status_code == 400 and "no baseline '9.9'" in r.json()["detail"]
+    assert client.get("/api/v1/runs/run-b/report?format=pdf", headers=AUTH).status_code == 422
+
+
+def test_create_run_errors_and_dispatch(client, controller):
+    post = lambda **body: client.post("/api/v1/runs", headers=AUTH, json=body)  # noqa: E731
+    r = post(release="/nope/" + TARBALL)
+    assert r.status_code == 400 and "no such release tarball" in r.json()["detail"]
+    rel = str(controller.inventory.parent / TARBALL)
+    assert post(release=rel, models="qwen9").status_code == 400
+    assert post(release=rel, devices="m7").status_code == 400
+    assert post(release=rel, baseline="9.9").status_code == 400
+    r = post(release=rel, run_id="run-a")
+    assert r.status_code == 409 and "already exists" in r.json()["detail"]
+    assert post(release=rel, run_id="../escape").status_code == 400
+    assert post(release=rel, colour="blue").status_code == 422
+    r = post(release=rel, models=["qwen3"], run_id="ci-1")
+    assert r.status_code == 201, r.text
+    got = r.json()
+    assert got["run_id"] == "ci-1" and got["queued"] == 0 and got["release"] == "1.4.1"
+    assert got["modules"]["m1"].startswith("module offline")  # no agent in this test: failed at once
+    one = client.get("/api/v1/runs/ci-1", headers=AUTH).json()
+    assert one["module_states"]["m1"]["state"] == "failed" and one["state"] == "failed"
+
+
+def test_cancel_and_devices(client):
+    r = client.post("/api/v1/runs/run-b/cancel", headers=AUTH)
+    assert r.status_code == 202 and r.json() == {"run_id": "run-b", "modules": [f"m{i:02d}" for i in range(6)]}
+    assert client.post("/api/v1/runs/nope/cancel", headers=AUTH).status_code == 404
+    d = client.get("/api/v1/devices", headers=AUTH).json()
+    assert [(x["module"], x["state"], x["reason"]) for x in d] == [("m1", "offline", "no heartbeat ever")]
+    assert client.get("/api/v1/devices?devices=m9", headers=AUTH).status_code == 400
+
+
+def test_broker_down_is_503(tmp_path, controller, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from controller.api import Tokens, create_app
+    from tests.cli.conftest import closed_port
+
+    down = controller.model_copy(update={"broker_url": f"redis://127.0.0.1:{closed_port()}/0"})
+    with TestClient(create_app(down, Tokens([TOKEN]))) as c:
+        r = c.get("/api/v1/devices", headers=AUTH)
+        assert r.status_code == 503 and "unreachable" in r.json()["detail"]
+
+
+def test_tokens_file_checks(tmp_path):
+    from controller.api import TokenError, Tokens
+
+    p = write_tokens(tmp_path / "t", TOKEN)
+    assert Tokens.load(p).check(TOKEN) and not Tokens.load(p).check(TOKEN[:-1])
+    assert TOKEN not in repr(Tokens.load(p))
+    p.chmod(0o644)
+    with pytest.raises(TokenError, match="readable by others"):
+        Tokens.load(p)
+    with pytest.raises(TokenError, match="at least 16"):
+        Tokens.load(write_tokens(tmp_path / "s", "short"))
+    with pytest.raises(TokenError, match="holds none"):
+        Tokens.load(write_tokens(tmp_path / "e"))
+
+
+def test_webhook_signed_and_retried(receiver):
+    from controller.service_webhooks import SIGNATURE_HEADER, Webhooks, verify
+
+    secret = b"s3cret-shared-with-the-receiver"
+    receiver.fail_first = 2  # the receiver is briefly down: retried with backoff
+    hooks = Webhooks([receiver.url], secret, backoff=0.05, max_backoff=0.2)
+    try:
+        (fut,) = hooks.notify("run.verdict", {"run_id": "r1", "verdict": "pass"})
+        assert fut.result(timeout=10) is True
+    finally:
+        hooks.close()
+    (headers, body), = receiver.got
+    assert verify(secret, body, headers[SIGNATURE_HEADER.lower()])
+    assert not verify(b"another-secret-of-16-bytes", body, headers[SIGNATURE_HEADER.lower()])
+    doc = json.loads(body)
+    assert doc["event"] == "run.verdict" and doc["run_id"] == "r1" and doc["sent_at"] > 0
+
+
+def test_webhook_gives_up_without_blocking(tmp_path):
+    import time
+
+    from controller.service_webhooks import Webhooks
+    from tests.cli.conftest import closed_port
+
+    hooks = Webhooks([f"http://127.0.0.1:{closed_port()}/x"], b"0123456789abcdef", attempts=3, backoff=0.01)
+    t0 = time.monotonic()
+    (fut,) = hooks.notify("run.verdict", {"run_id": "r"})
+    assert time.monotonic() - t0 < 0.1  # notify returns at once
+    assert fut.result(timeout=10) is False
+    hooks.close()
+
+
+def test_schemathesis(controller, tmp_path):
+    """Every operation against its schema: no server error, documented status codes and bodies.
+    (Not "schema-valid data accepted": a release path that does not exist is schema-valid and a 400.)"""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+    from controller.api import Tokens, create_app
+
+    app = create_app(controller, Tokens([TOKEN]))
+    schema = schemathesis.openapi.from_asgi("/api/v1/openapi.json", app)
+    for op in schema.get_all_operations():
+        operation = op.ok()
+        strategy = operation.as_strategy()
+
+        @settings(max_examples=8, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(case=strategy)
+        def check(case) -> None:
+            case.call_and_validate(headers=AUTH, excluded_checks=[positive_data_acceptance])
+
+        check()
+
+
+def test_notifier_sends_each_verdict_once(controller):
+    """Verdicts reached by serve, and those an attached fleetctl recorded while serve ran, once each."""
+    from controller.serve import Notifier
+    from controller.service import Judgement, Session
+
+    class Hooks:
+        urls = ["http://127.0.0.1:9/x"]
+        sent: list[tuple[str, dict]] = []
+
+        def notify(self, event, payload):
+            self.sent.append((event, payload))
+
+    with Session(controller) as s:
+        n = Notifier(s, Hooks(), since=0.0)  # every run of the filled history counts as judged meanwhile
+        s.history().set_run_state("run-b", "done", verdict="regressed")
+        n.judged_elsewhere()
+        n.judged_elsewhere()
+        n.verdict(Judgement("run-b", "regressed", "line", "done"))
+        assert [(e, p["run_id"], p["verdict"]) for e, p in Hooks.sent] == [("run.verdict", "run-b", "regressed")]
+        n.verdict(Judgement("run-a", "pass", "PASS run-a", "done"))
+        assert Hooks.sent[-1][1]["verdict_line"] == "PASS run-a" and Hooks.sent[-1][1]["rows"] == 6 * 92

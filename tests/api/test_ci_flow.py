@@ -1,0 +1,154 @@
+"""A CI system's view: ``fleetctl serve --api-port`` on a simulated fleet (embedded broker, one
+module, one model key, time scale 1000); a stdlib-only script triggers a run over HTTP and polls
+it to a verdict; the webhook reaches a test HTTP server with a valid signature; the HTML report
+at its stable URL opens in headless Chromium without errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.demo import free_port, reference_rows
+from controller.service import Session
+from tests.api.conftest import TOKEN, Receiver, write_tokens
+from tests.fleet.conftest import make_lab
+
+pytestmark = pytest.mark.slow
+
+CI_SCRIPT = r"""
+import json, os, sys, time, urllib.request
+api, token = os.environ["API"], os.environ["TOKEN"]
+def call(method, path, body=None):
+    req = urllib.request.Request(api + path, method=method, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+run = call("POST", "/runs", {"release": os.environ["RELEASE"], "models": ["qwen3"], "devices": "all"})
+print("run", run["run_id"], "queued", run["queued"], flush=True)
+end = time.time() + 150
+while time.time() < end:
+    r = call("GET", "/runs/" + run["run_id"])
+    if r["verdict"] is not None:
+        break
+    time.sleep(0.5)
+else:
+    sys.exit("no verdict in time")
+rep = call("GET", "/runs/" + run["run_id"] + "/report?format=json")
+print("verdict", r["verdict"], rep["verdict_line"])
+sys.exit(0 if r["verdict"] == "pass" else 1)
+"""
+
+
+def wait_port(port: int, proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"fleetctl serve exited: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("the API did not listen in time")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    from simulator import build_release
+
+    base = tmp_path_factory.mktemp("ci")
+    release = build_release(base / "release", time_scale=1000.0, noise=0.0, seed=3)
+    lab = make_lab(base / "lab", ("filesystem://", None), 1)
+    with Session(lab.settings) as s:
+        s.history().add_baseline(release.version, reference_rows(), "simulator reference tables")
+    lab.start()
+    receiver = Receiver(fail_first=1)  # the first delivery meets a 503: the webhook is retried
+    secret = base / "webhook.key"
+    secret.write_text("a-shared-webhook-secret-0123456789\n")
+    secret.chmod(0o600)
+    port = free_port()
+    exe = Path(sys.executable).parent / "fleetctl"
+    proc = subprocess.Popen([str(exe), "serve", "--interval", "0.3", "--api-port", str(port), "--tokens",
+                             str(write_tokens(base / "tokens", TOKEN)), "--webhook", receiver.url,
+                             "--webhook-secret-file", str(secret)], env={**lab.env(), "FLEET_METRICS_PORT": "0"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_port(port, proc)
+        yield {"api": f"http://127.0.0.1:{port}/api/v1", "release": release, "receiver": receiver, "lab": lab,
+               "secret": secret.read_bytes().strip(), "proc": proc}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        receiver.close()
+        lab.stop()
+        out, err = proc.communicate(timeout=10)
+        assert TOKEN not in out + err  # tokens are never logged
+
+
+def test_ci_script_runs_a_validation_over_http(served):
+    env = {**os.environ, "API": served["api"], "TOKEN": TOKEN, "RELEASE": str(served["release"].path)}
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", CI_SCRIPT], env=env, capture_output=True, text=True, timeout=200)
+    # the script's exit code is the verdict's (0 pass, 1 regressed: time scale 1000 bends the timings)
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    assert "queued 1" in r.stdout and " PASS " in r.stdout or " REGRESSED " in r.stdout, r.stdout
+    assert time.monotonic() - t0 < 150
+    run_id = r.stdout.split()[1]
+    # the webhook: retried after the 503, signed with the shared secret
+    from controller.service_webhooks import SIGNATURE_HEADER, verify
+
+    rec = served["receiver"]
+    assert rec.arrived.wait(30), "no webhook delivery"
+    headers, body = rec.got[0]
+    assert verify(served["secret"], body, headers[SIGNATURE_HEADER.lower()])
+    doc = rec.json()
+    verdict = r.stdout.split("verdict ", 1)[1].split()[0]
+    assert doc["event"] == "run.verdict" and doc["run_id"] == run_id and doc["verdict"] == verdict
+    assert doc["verdict_line"].startswith(f"{verdict.upper()} {run_id}")
+    assert doc["module_states"]["sim-01"]["state"] == "done" and doc["rows"] == 11
+
+
+@pytest.mark.browser
+def test_html_report_at_its_stable_url_in_chromium(served, tmp_path):
+    from tests.report.test_html_browser import ARGS, CHROMIUM
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"needs Debian's chromium at {CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+
+    url = served["api"] + "/runs/latest/report?format=html"
+    errors: list[str] = []
+    requested: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("request", lambda r: requested.append(r.url))
+            denied = page.goto(url)
+            assert denied is not None and denied.status == 401  # no token, no report
+            errors.clear()
+            page.set_extra_http_headers({"Authorization": f"Bearer {TOKEN}"})
+            resp = page.goto(url, wait_until="load")
+            assert resp is not None and resp.status == 200
+            assert page.title().startswith("Fleet report ")
+            assert "PASS" in page.inner_text("p.verdict") or "REGRESSED" in page.inner_text("p.verdict")
+            assert page.locator("svg").count() == 3
+            page.screenshot(path=str(tmp_path / "api-report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert errors == []
+    assert {u for u in requested if not u.endswith("/favicon.ico")} == {url}  # nothing external
+    assert (tmp_path / "api-report.png").stat().st_size > 20_000

@@ -1,0 +1,127 @@
+"""The simulated module's device tool (simulator/device/mthreads-gmi) and the knob that makes its card
+throttle (fast tier: the real script, run as the agent runs it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig, read_samples, run_tool
+from agent.telemetry.parse import parse_csv, parse_q
+from agent.telemetry.plan import QueryPlan
+from simulator import DEVICE_TOOL_DIR, ENV_DEVICE, ENV_DEVICE_DIR, SpecError, parse_device
+from simulator.runtime.core import Knobs
+
+TOOL = str(DEVICE_TOOL_DIR / "mthreads-gmi")
+PLAN = QueryPlan.initial(TOOL)
+
+
+def query(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(PLAN.argv(), capture_output=True, text=True, env={"PATH": os.environ["PATH"], **env},
+                          timeout=10)
+
+
+@pytest.fixture
+def server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A stand-in for the simulated server: a live process whose phase the test sets."""
+    proc = subprocess.Popen(["sleep", "60"])
+    folder = tmp_path / "device"
+    folder.mkdir()
+
+    def phase(name: str) -> dict[str, str]:
+        (folder / "phase").write_text(f"{name} {proc.pid}\n")
+        return {ENV_DEVICE_DIR: str(folder)}
+
+    yield phase
+    proc.kill()
+    proc.wait()
+
+
+def reading(env: dict[str, str]):  # type: ignore[no-untyped-def]
+    res = query(env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (r,) = parse_csv(res.stdout, PLAN.columns)
+    return r
+
+
+def test_values_follow_the_load(server) -> None:  # type: ignore[no-untyped-def]
+    idle_no_server = reading({})
+    assert idle_no_server.values["sm_clock_mhz"] == 600 and idle_no_server.values["memory_used_mib"] == 0
+    assert idle_no_server.values["clock_event_reasons"] == 1 and idle_no_server.values["ecc_uncorrected"] == 0
+    loaded = reading(server("idle"))
+    assert loaded.values["memory_used_mib"] > 0 and loaded.values["utilization_pct"] == 0
+    prefill, decode = reading(server("prefill")), reading(server("decode"))
+    assert prefill.values["sm_clock_mhz"] == decode.values["sm_clock_mhz"] == 1800
+    assert prefill.values["utilization_pct"] > decode.values["utilization_pct"] > 0
+    assert prefill.values["power_w"] > decode.values["power_w"] > loaded.values["power_w"]
+    assert decode.values["clock_event_reasons"] == 0 and decode.name == "MTT M1000 (simulated)"
+
+
+def test_a_dead_server_leaves_an_idle_device(tmp_path: Path) -> None:
+    (tmp_path / "phase").write_text("decode 2147483646\n")
+    assert reading({ENV_DEVICE_DIR: str(tmp_path)}).values["utilization_pct"] == 0
+
+
+def test_throttle_hot_lowclock(server) -> None:  # type: ignore[no-untyped-def]
+    env = server("decode")
+    t = reading({**env, ENV_DEVICE: "throttle:0.85"})
+    assert t.values["sm_clock_mhz"] == 1530 and t.values["max_sm_clock_mhz"] == 1800
+    assert t.values["temperature_c"] == 92 and t.values["clock_event_reasons"] == 0x48  # HW slowdown + thermal
+    assert reading({**env, ENV_DEVICE: "throttle"}).values["sm_clock_mhz"] == 1476  # 0.82 by default
+    hot = reading({**env, ENV_DEVICE: "hot"})
+    assert hot.values["temperature_c"] == 92 and hot.values["sm_clock_mhz"] == 1800
+    low = reading({**env, ENV_DEVICE: "lowclock:0.5"})
+    assert low.values["max_sm_clock_mhz"] == 900 and low.values["sm_clock_mhz"] == 900
+    assert low.values["clock_event_reasons"] == 0x2
+    idle = reading({**server("idle"), ENV_DEVICE: "throttle"})
+    assert idle.values["sm_clock_mhz"] == 600 and idle.values["clock_event_reasons"] == 1
+
+
+def test_refusals_and_q(server) -> None:  # type: ignore[no-untyped-def]
+    env = {**server("decode"), ENV_DEVICE: "noquery"}
+    res = query(env)
+    assert res.returncode == 2 and res.stdout.startswith('Field "clocks_event_reasons.active" is not a valid field')
+    q = subprocess.run([TOOL, "-q"], capture_output=True, text=True, env={**env, ENV_DEVICE: "throttle"}, timeout=10)
+    (r,) = parse_q(q.stdout)
+    assert r.values["clock_event_reasons"] == 0x48 and r.values["sm_clock_mhz"] == 1476
+    assert r.values["max_sm_clock_mhz"] == 1800 and r.values["memory_used_mib"] > 0
+    fail = query({ENV_DEVICE: "fail"})
+    assert fail.returncode == 9 and "GPU is lost" in fail.stderr
+
+
+def test_a_hanging_card_is_cut_off(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(ENV_DEVICE, "hang")
+    t0 = time.monotonic()
+    assert run_tool(PLAN.argv(), 0.5, threading.Event()).outcome == "timeout"
+    assert time.monotonic() - t0 < 3
+
+
+def test_sampler_reads_the_reasons_from_q_when_the_query_lacks_them(tmp_path: Path, server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    for k, v in {**server("decode"), ENV_DEVICE: "noquery"}.items():
+        monkeypatch.setenv(k, v)
+    s = Sampler(TelemetryConfig(period_s=0.05, q_every=2, tool=TOOL), tmp_path / SAMPLES_FILE, run_id="r",
+                module="m").start()
+    end = time.monotonic() + 10
+    while s.samples < 4 and time.monotonic() < end:
+        time.sleep(0.02)
+    s.stop()
+    last = list(read_samples(tmp_path / SAMPLES_FILE))[-1]
+    assert last.clock_event_reasons == 0 and last.sm_clock_mhz == 1800
+    assert any("read from 'mthreads-gmi -q'" in n for n in s.notes)
+
+
+def test_device_knob_slows_the_module_too() -> None:
+    assert parse_device("throttle") == ("throttle", 0.82) and parse_device("lowclock:0.5") == ("lowclock", 0.5)
+    assert parse_device("") == ("", None) and parse_device("hot") == ("hot", None)
+    for bad in ("melting", "hot:0.5", "throttle:2", "throttle:x"):
+        with pytest.raises(SpecError):
+            parse_device(bad)
+    k = Knobs().with_env({ENV_DEVICE: "throttle:0.89", "M1000_SIM_SPEED": "0.9"})
+    assert k.speed.factor("qwen3", "decode") == pytest.approx(0.89 * 0.9)
+    assert k.speed.factor("qwen3", "accept") == 1.0  # accept rates are not a matter of clocks
+    assert Knobs().with_env({ENV_DEVICE: "hot"}).speed.factor("qwen3", "decode") == 1.0
