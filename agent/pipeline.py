@@ -510,6 +510,9 @@ class _Run:
             if not server.alive():
                 tail = "\n".join(server.pump.tails["err"]) or "\n".join(server.pump.tails["out"])
                 msg = f"server exited before it was ready (exit {server.exit_code})"
+                why = steps.last_reason(tail)
+                if why:  # a real server dies loading with a traceback: its last line says why
+                    msg = f"{msg}: {why}"
                 self.event("server", "failed", key, duration_s=time.monotonic() - t0, exit_code=server.exit_code,
                            message=msg)
                 raise StepFailed(StepError(step="server", model_key=key, exit_code=server.exit_code, message=msg,
@@ -517,7 +520,9 @@ class _Run:
             if probe(url, timeout=min(2.0, self.cfg.poll_interval * 4)):
                 return
             if time.monotonic() > deadline:
-                msg = f"server not ready after {self.cfg.ready_timeout:g} s ({url})"
+                listening = port_open(self.cfg.server_host, self.cfg.server_port)
+                msg = (f"server not ready after {self.cfg.ready_timeout:g} s ({url}: "
+                       + ("port open, /health not 200 yet)" if listening else "port not open yet: still loading?)"))
                 self.event("server", "failed", key, duration_s=time.monotonic() - t0, message=msg)
                 tail = "\n".join(server.pump.tails["err"])
                 raise StepFailed(StepError(step="server", model_key=key, message=msg, stderr_tail=tail[-2000:]))
