@@ -12,12 +12,15 @@ so import time and memory are its own:
 - **req/s** at concurrency 64 (each request read to its end), and the client's CPU per
   request (what the server's speed does not change);
 - **import** time of the client library (median of 5 fresh interpreters) and the client
-  process's peak **RSS** after both loads.
+  process's peak **RSS** after both loads, both on top of what every agent process loads
+  anyway (``agent.records``, hence pydantic).
 
 Candidates: bare aiohttp, bare httpx and a bare HTTP/1.1 client on asyncio streams
-(standard library). The chosen one is the probe's transport. Goal: the chosen client's
-added TTFT p50 at most 0.3 ms; exit 1 otherwise. aiohttp and httpx are test extras, not
-agent dependencies: a client that is not installed is named and skipped.
+(standard library); the chosen one, the probe (``agent.probe``: its transport on asyncio
+streams, the SSE parser and the metric definitions, reporting its own TTFT), runs next to
+them. Goal: the probe's added TTFT p50 at most 0.3 ms; exit 1 otherwise. aiohttp and
+httpx are test extras, not agent dependencies: a client that is not installed is named
+and skipped.
 
     .venv/bin/python bench/probe.py [--requests 2000] [--seconds 3]
 """
@@ -39,9 +42,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_TTFT_P50_MS = 0.3
 CONCURRENCY = 64
-CHOSEN = "asyncio-streams"
-CLIENTS = ("asyncio-streams", "aiohttp", "httpx")
-IMPORTS = {"aiohttp": "aiohttp", "httpx": "httpx", "asyncio-streams": "asyncio"}
+CHOSEN = "probe"
+CLIENTS = ("probe", "asyncio-streams", "aiohttp", "httpx")
+IMPORTS = {"probe": "agent.probe", "aiohttp": "aiohttp", "httpx": "httpx", "asyncio-streams": "asyncio"}
 PATH = "/v1/chat/completions"
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
                    "max_tokens": 4}).encode()
@@ -159,7 +162,24 @@ def _streams_factory(url: str):  # type: ignore[no-untyped-def]
     return one, close
 
 
-FACTORIES = {"aiohttp": _aiohttp_factory, "httpx": _httpx_factory, "asyncio-streams": _streams_factory}
+def _probe_factory(url: str):  # type: ignore[no-untyped-def]
+    from agent.probe.measure import interpret
+    from agent.probe.transport import Transport
+
+    t = Transport(url.rsplit(PATH, 1)[0], max_idle=CONCURRENCY)
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+
+    async def one() -> tuple[float, float]:  # the figures the probe itself reports
+        r = interpret(await t.request("POST", PATH, BODY, headers=headers))
+        if not r.ok:
+            raise RuntimeError(f"{r.error}: {r.detail}")
+        return (r.ttft_ms or 0.0) / 1000, (r.e2e_ms or 0.0) / 1000
+
+    return one, t.aclose
+
+
+FACTORIES = {"aiohttp": _aiohttp_factory, "httpx": _httpx_factory, "asyncio-streams": _streams_factory,
+             "probe": _probe_factory}
 
 
 async def _measure(name: str, url: str, n: int, seconds: float) -> dict[str, float]:
@@ -204,7 +224,8 @@ def _child_env() -> dict[str, str]:
 
 
 def import_ms(module: str, runs: int = 5) -> float:
-    code = f"import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
+    """What importing ``module`` adds to an agent process (``agent.records``, hence pydantic, already loaded)."""
+    code = f"import agent.records, time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
     vals = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                  env=_child_env()).stdout) * 1000 for _ in range(runs)]
     return statistics.median(vals)
@@ -225,6 +246,7 @@ def main() -> int:
         return 0
     if a.child:
         _pin(1)
+        import agent.records  # noqa: F401 - every client runs inside the agent: its records are loaded anyway
         print(json.dumps(asyncio.run(_measure(a.child, a.url, a.requests, a.seconds))))
         return 0
     clients = [c.strip() for c in a.clients.split(",") if c.strip()]
@@ -237,7 +259,8 @@ def main() -> int:
         base_rss = _bare_rss()
         print(f"loopback SSE server answering at once; {a.requests} sequential requests, then "
               f"{a.seconds:g} s at concurrency {CONCURRENCY}; {os.cpu_count()} cores (server and client "
-              f"pinned to one each); Python {sys.version.split()[0]}; bare interpreter RSS {base_rss:.1f} MiB\n")
+              f"pinned to one each); Python {sys.version.split()[0]}; RSS of an interpreter with agent.records "
+              f"{base_rss:.1f} MiB\n")
         print(f"{'client':<26}{'TTFT p50 ms':>12}{'TTFT p99 ms':>12}{'req/s @64':>11}{'CPU us/req':>11}"
               f"{'import ms':>10}{'RSS MiB':>9}")
         results: dict[str, dict[str, float]] = {}
@@ -272,8 +295,9 @@ def main() -> int:
 
 
 def _bare_rss() -> float:
-    code = "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
-    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    code = "import agent.records, resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                env=_child_env()).stdout)
 
 
 if __name__ == "__main__":
