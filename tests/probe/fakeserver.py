@@ -9,7 +9,10 @@ answer. Every request is recorded (path, headers, JSON body).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,3 +148,26 @@ class FakeServer:
         if self.framing == "chunked":
             writer.write(b"0\r\n\r\n")
         return self.framing != "close"
+
+
+@contextlib.contextmanager
+def in_thread(server: FakeServer) -> Iterator[FakeServer]:
+    """Serve from an event loop of its own in a daemon thread (for synchronous callers: the CLI)."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        async with server:
+            ready.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        yield server
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
+        loop.close()
