@@ -159,7 +159,7 @@ def _summary(p: RunProgress, out: Console) -> None:
     out.print(table)
 
 
-_TABLE_COLUMNS = ("model_key", "profile", "prefill_tps", "ttft_ms", "decode_tps", "tpot_ms", "accept_rate",
+_TABLE_COLUMNS = ("model_key", "profile", "source", "prefill_tps", "ttft_ms", "decode_tps", "tpot_ms", "accept_rate",
                   "vision_fps", "flags")
 
 

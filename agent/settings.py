@@ -155,6 +155,10 @@ class AgentSettings(BrokerSettings):
     metrics_host: str = Field(default="127.0.0.1", description="bind address of /metrics")
     metrics_port: int = Field(default=9400, ge=0, le=65535, description="port of /metrics (0: off)")
     pushgateway_url: str | None = Field(default=None, description="push metrics here too (optional)")
+    probe: bool = Field(default=True, description="cross-check each key's release benchmark with the agent's probe")
+    probe_profiles: str = Field(default="128:128", description="sweep profiles the probe runs, comma separated")
+    probe_requests: int = Field(default=2, ge=1, description="measured probe requests per profile")
+    probe_tolerance: float = Field(default=0.05, gt=0, lt=1, description="release vs probe before a flag, relative")
 
 
 def load_settings(cls: type[BrokerSettings], config: str | Path | None = None, **overrides: Any) -> Any:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from agent.records import ResultRow, RunProgress
 
 ROW_FIELDS: tuple[str, ...] = tuple(ResultRow.model_fields)
+_ROWS_KEY = "run_id, module, model_key, profile, source"  # a probe row sits beside the release's row
 _JSON_FIELDS = {"extra", "flags"}
 _BOOL_FIELDS = {"correct"}
 
@@ -49,7 +50,7 @@ CREATE TABLE IF NOT EXISTS module_runs (
 );
 CREATE TABLE IF NOT EXISTS rows (
     {", ".join(f'"{f}"' for f in ROW_FIELDS)},
-    PRIMARY KEY (run_id, module, model_key, profile)
+    PRIMARY KEY ({_ROWS_KEY})
 );
 CREATE INDEX IF NOT EXISTS rows_module ON rows (module, model_key);
 CREATE TABLE IF NOT EXISTS baselines (
@@ -99,6 +100,20 @@ def row_from_db(values: sqlite3.Row | tuple[Any, ...]) -> ResultRow:
     return ResultRow.model_validate(d)
 
 
+def _key_rows_by_source(conn: sqlite3.Connection) -> None:
+    """A history from before ``ResultRow.source``: its rows table is rebuilt once, keyed with the source
+    (every old row was measured by the release's benchmark)."""
+    old = [r[1] for r in conn.execute("PRAGMA table_info(rows)")]
+    if "source" in old:
+        return
+    cols, new = (", ".join(f'"{f}"' for f in names) for names in (old, ROW_FIELDS))
+    conn.executescript(
+        "BEGIN IMMEDIATE; ALTER TABLE rows RENAME TO rows_unkeyed; DROP INDEX IF EXISTS rows_module;"
+        f" CREATE TABLE rows ({new}, PRIMARY KEY ({_ROWS_KEY}));"
+        f" INSERT INTO rows ({cols}, source) SELECT {cols}, 'release' FROM rows_unkeyed; DROP TABLE rows_unkeyed;"
+        " CREATE INDEX rows_module ON rows (module, model_key); COMMIT;")
+
+
 class History:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser()
@@ -110,6 +125,7 @@ class History:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.executescript(_SCHEMA)
+        _key_rows_by_source(self.conn)
 
     def close(self) -> None:
         self.conn.close()

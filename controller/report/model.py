@@ -8,6 +8,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent.probe.compare import Disagreement
 from agent.records import METRICS
 
 Verdict = Literal["pass", "regressed", "incomplete", "failed"]
@@ -41,6 +42,7 @@ class Thresholds(_Frozen):
     outlier_alpha: float = Field(default=0.001, gt=0, lt=1)  # sign test over the module's cells
     z_floor: float = Field(default=0.01, gt=0)  # floor of the robust scale (log units): near-identical modules
     worst_cases: int = Field(default=3, ge=1)
+    probe_tolerance: float = Field(default=0.05, gt=0, lt=1)  # release figure vs the agent's probe
 
     def tol(self, metric: str) -> float:
         return self.per_metric.get(metric, self.tolerance)
@@ -131,6 +133,9 @@ class Report:
     rows: pd.DataFrame = field(repr=False)  # every row of the run, as stored
     reference: pd.DataFrame | None = field(repr=False)  # baseline figures per (model_key, profile)
     deviation: pd.DataFrame = field(repr=False)  # module x model_key: median deviation from the fleet (fraction)
+    # figures where the release's benchmark and the agent's probe disagree (probe rows never enter the verdict)
+    disagreements: tuple[Disagreement, ...] = ()
+    probe_checked: int = 0  # release rows that have a probe row beside them
 
     @property
     def verdict_line(self) -> str:
