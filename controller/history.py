@@ -225,9 +225,13 @@ class History:
             c.executemany(f"INSERT OR REPLACE INTO rows VALUES ({marks})", data)
             return c.total_changes - before
 
-    def rows(self, run_id: str, module: str | None = None) -> list[ResultRow]:
+    def rows(self, run_id: str, module: str | None = None, source: str | None = "release") -> list[ResultRow]:
+        """Rows of a run: the release's own (default), the agent's probe's (``source="probe"``) or all (None)."""
         q = "SELECT * FROM rows WHERE run_id=?"
         args: tuple[Any, ...] = (run_id,)
+        if source:
+            q += " AND source=?"
+            args += (source,)
         if module:
             q += " AND module=?"
             args += (module,)
@@ -235,7 +239,9 @@ class History:
         return [row_from_db(r) for r in self.conn.execute(q, args).fetchall()]
 
     def row_count(self, run_id: str) -> int:
-        return int(self.conn.execute("SELECT COUNT(*) FROM rows WHERE run_id=?", (run_id,)).fetchone()[0])
+        """The release's rows of a run (the probe's rows beside them are not counted)."""
+        return int(self.conn.execute("SELECT COUNT(*) FROM rows WHERE run_id=? AND source='release'",
+                                     (run_id,)).fetchone()[0])
 
     # -- baselines ----------------------------------------------------------------------
     def add_baseline(self, release: str, rows: Iterable[ResultRow], source: str) -> tuple[int, str]:

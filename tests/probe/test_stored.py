@@ -73,8 +73,10 @@ def test_history_keys_rows_by_source_and_migrates_an_old_history(tmp_path: Path,
         assert pk == ["run_id", "module", "model_key", "profile", "source"]
         probe = row.model_copy(update={"source": "probe", "ttft_ms": 1.0})
         assert h.upsert_rows([probe]) == 1
-        assert {r.source for r in h.rows("run-1")} == {"release", "probe"}
-        assert h.upsert_rows([probe]) == 1 and h.row_count("run-1") == 2  # same row again: replaced, not added
+        assert {r.source for r in h.rows("run-1", source=None)} == {"release", "probe"}
+        assert h.rows("run-1") == [row] and h.rows("run-1", source="probe") == [probe]  # the release's by default
+        assert h.upsert_rows([probe]) == 1  # the same row again: replaced, not added
+        assert len(h.rows("run-1", source=None)) == 2 and h.row_count("run-1") == 1
     finally:
         h.close()
     History(path).close()  # opening a migrated history again changes nothing
