@@ -75,7 +75,7 @@ class AgentConfig(BaseModel):
     probe: bool = Field(default=True, description="cross-check the release's benchmark with the agent's probe")
     probe_profiles: tuple[str, ...] = Field(default=("128:128",), description="sweep profiles the probe runs "
                                             "(those of a key's release rows)")
-    probe_requests: int = Field(default=2, ge=1, description="measured probe requests per profile")
+    probe_requests: int = Field(default=3, ge=1, description="measured probe requests per profile (median of 3)")
     probe_warmup: int = Field(default=0, ge=0, description="probe warm-up requests (the benchmark warmed the server)")
     probe_tolerance: float = Field(default=0.05, gt=0, lt=1, description="release vs probe, relative")
     probe_timeout: float = Field(default=600.0, gt=0, description="one probe request, wall s")

@@ -157,7 +157,7 @@ class AgentSettings(BrokerSettings):
     pushgateway_url: str | None = Field(default=None, description="push metrics here too (optional)")
     probe: bool = Field(default=True, description="cross-check each key's release benchmark with the agent's probe")
     probe_profiles: str = Field(default="128:128", description="sweep profiles the probe runs, comma separated")
-    probe_requests: int = Field(default=2, ge=1, description="measured probe requests per profile")
+    probe_requests: int = Field(default=3, ge=1, description="measured probe requests per profile (median of 3)")
     probe_tolerance: float = Field(default=0.05, gt=0, lt=1, description="release vs probe before a flag, relative")
 
 

@@ -62,7 +62,7 @@ def test_probe_rows_match_the_seed_and_add_little_to_a_key(sim, seed_text):
     probes = [r for r in result.rows if r.source == "probe"]
     assert len(release) == 11 and result.progress.outcomes[0].rows == 11
     (p,) = probes
-    assert p.profile == "128:128" and p.extra["probe_ok"] == "2" and p.extra["probe_time_scale"] == "50"
+    assert p.profile == "128:128" and p.extra["probe_ok"] == "3" and p.extra["probe_time_scale"] == "50"
     assert not p.flags and not any(r.flags for r in release)
     seed = {r.profile: r for r in parse_seed(seed_text)["qwen3"]}["128:128"]
     for m in ("ttft_ms", "tpot_ms", "prefill_tps", "decode_tps"):
@@ -83,11 +83,11 @@ def test_a_module_can_turn_the_probe_off_or_choose_profiles(sim, seed_text):
                       probe=False)
     assert off.ok and [r.source for r in off.rows] == ["release", "release"]
     more, _ = validate(base, built, ("qwen3",), "more", key_env={"qwen3": {"BENCH_PROFILES": "128:128,250:500"}},
-                       probe_profiles=("250:500", "500:500"), probe_requests=3)
+                       probe_profiles=("250:500", "500:500"), probe_requests=4)
     probes = {r.profile: r for r in more.rows if r.source == "probe"}
     assert list(probes) == ["250:500"]  # only profiles the release measured too
     seed = {r.profile: r for r in parse_seed(seed_text)["qwen3"]}["250:500"]
-    assert probes["250:500"].prefix_tokens == 250 and probes["250:500"].extra["probe_ok"] == "3"
+    assert probes["250:500"].prefix_tokens == 250 and probes["250:500"].extra["probe_ok"] == "4"
     assert probes["250:500"].ttft_ms == pytest.approx(seed.ttft_ms, rel=TOLERANCE)
 
 
