@@ -11,9 +11,13 @@ so import time and memory are its own:
   server answers instantly, so all of it is client, loopback and the server's write;
 - **req/s** at concurrency 64 (each request read to its end), and the client's CPU per
   request (what the server's speed does not change);
-- **import** time of the client library (median of 5 fresh interpreters) and the client
+- **import** time of the client library (best of 5 fresh interpreters) and the client
   process's peak **RSS** after both loads, both on top of what every agent process loads
   anyway (``agent.records``, hence pydantic).
+
+The clients run in ``--rounds`` interleaved rounds (each round in another order), and each
+figure is the best of the rounds: on a shared machine, load from elsewhere only ever makes
+a figure worse, and it hits every client alike.
 
 Candidates: bare aiohttp, bare httpx and a bare HTTP/1.1 client on asyncio streams
 (standard library); the chosen one, the probe (``agent.probe``: its transport on asyncio
@@ -22,7 +26,7 @@ them. Goal: the probe's added TTFT p50 at most 0.3 ms; exit 1 otherwise. aiohttp
 httpx are test extras, not agent dependencies: a client that is not installed is named
 and skipped.
 
-    .venv/bin/python bench/probe.py [--requests 2000] [--seconds 3]
+    .venv/bin/python bench/probe.py [--requests 1500] [--seconds 2] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -224,17 +228,22 @@ def _child_env() -> dict[str, str]:
 
 
 def import_ms(module: str, runs: int = 5) -> float:
-    """What importing ``module`` adds to an agent process (``agent.records``, hence pydantic, already loaded)."""
+    """What importing ``module`` adds to an agent process (``agent.records``, hence pydantic, already
+    loaded): the best of ``runs`` fresh interpreters."""
     code = f"import agent.records, time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
     vals = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                  env=_child_env()).stdout) * 1000 for _ in range(runs)]
-    return statistics.median(vals)
+    return min(vals)
+
+
+BEST = {"ttft_p50_ms": min, "ttft_p99_ms": min, "rps": max, "cpu_us_per_request": min, "rss_mib": min}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=2000, help="sequential requests for TTFT (after 200 warm-up)")
-    ap.add_argument("--seconds", type=float, default=3.0, help="length of the concurrency-64 load")
+    ap.add_argument("--requests", type=int, default=1500, help="sequential requests for TTFT (after 200 warm-up)")
+    ap.add_argument("--seconds", type=float, default=2.0, help="length of the concurrency-64 load")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, clients interleaved; the best of each is kept")
     ap.add_argument("--clients", default=",".join(CLIENTS))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -250,40 +259,49 @@ def main() -> int:
         print(json.dumps(asyncio.run(_measure(a.child, a.url, a.requests, a.seconds))))
         return 0
     clients = [c.strip() for c in a.clients.split(",") if c.strip()]
+    for name in list(clients):
+        if importlib.util.find_spec(IMPORTS[name]) is None:
+            print(f"{name}: not installed (a test extra: pip install {name}); skipped")
+            clients.remove(name)
     port_file = Path(f"/tmp/bench-probe-{os.getpid()}.port")
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)], env=_child_env())
+    runs: dict[str, list[dict[str, float]]] = {c: [] for c in clients}
+    load0 = os.getloadavg()[0]
     try:
         while not port_file.exists() or not port_file.read_text():
             time.sleep(0.02)
         url = f"http://127.0.0.1:{int(port_file.read_text())}{PATH}"
         base_rss = _bare_rss()
-        print(f"loopback SSE server answering at once; {a.requests} sequential requests, then "
-              f"{a.seconds:g} s at concurrency {CONCURRENCY}; {os.cpu_count()} cores (server and client "
-              f"pinned to one each); Python {sys.version.split()[0]}; RSS of an interpreter with agent.records "
-              f"{base_rss:.1f} MiB\n")
-        print(f"{'client':<26}{'TTFT p50 ms':>12}{'TTFT p99 ms':>12}{'req/s @64':>11}{'CPU us/req':>11}"
-              f"{'import ms':>10}{'RSS MiB':>9}")
-        results: dict[str, dict[str, float]] = {}
-        for name in clients:
-            if importlib.util.find_spec(IMPORTS[name]) is None:
-                print(f"{name:<26}not installed (a test extra: pip install {name})")
-                continue
-            out = subprocess.run([sys.executable, __file__, "--child", name, "--url", url, "--requests",
-                                  str(a.requests), "--seconds", str(a.seconds)], capture_output=True, text=True,
-                                 env=_child_env())
-            if out.returncode:
-                print(f"{name:<26}failed: {out.stderr.strip().splitlines()[-1:]}")
-                continue
-            r = json.loads(out.stdout)
-            r["import_ms"] = import_ms(IMPORTS[name])
-            results[name] = r
-            label = f"{name} (chosen)" if name == CHOSEN else f"{name} (bare)"
-            print(f"{label:<26}{r['ttft_p50_ms']:>12.3f}{r['ttft_p99_ms']:>12.3f}{r['rps']:>11.0f}"
-                  f"{r['cpu_us_per_request']:>11.0f}{r['import_ms']:>10.0f}{r['rss_mib']:>9.1f}")
+        for r in range(a.rounds):  # interleaved, each round in another order: load from elsewhere hits all alike
+            order = clients[r % len(clients):] + clients[:r % len(clients)]
+            for name in order:
+                out = subprocess.run([sys.executable, __file__, "--child", name, "--url", url, "--requests",
+                                      str(a.requests), "--seconds", str(a.seconds)], capture_output=True, text=True,
+                                     env=_child_env())
+                if out.returncode:
+                    print(f"{name}: failed: {out.stderr.strip().splitlines()[-1:]}")
+                    continue
+                runs[name].append(json.loads(out.stdout))
     finally:
         server.terminate()
         server.wait()
         port_file.unlink(missing_ok=True)
+    print(f"loopback SSE server answering at once; per round {a.requests} sequential requests, then "
+          f"{a.seconds:g} s at concurrency {CONCURRENCY}; best of {a.rounds} interleaved rounds; {os.cpu_count()} "
+          f"cores (server and client pinned to one each); load average {load0:.1f} -> {os.getloadavg()[0]:.1f}; "
+          f"Python {sys.version.split()[0]}; RSS of an interpreter with agent.records {base_rss:.1f} MiB\n")
+    print(f"{'client':<26}{'TTFT p50 ms':>12}{'TTFT p99 ms':>12}{'req/s @64':>11}{'CPU us/req':>11}"
+          f"{'import ms':>10}{'RSS MiB':>9}")
+    results: dict[str, dict[str, float]] = {}
+    for name in clients:
+        if not runs[name]:
+            continue
+        r = {k: pick(x[k] for x in runs[name]) for k, pick in BEST.items()}
+        r["import_ms"] = import_ms(IMPORTS[name])
+        results[name] = r
+        label = f"{name} (chosen)" if name == CHOSEN else f"{name} (bare)"
+        print(f"{label:<26}{r['ttft_p50_ms']:>12.3f}{r['ttft_p99_ms']:>12.3f}{r['rps']:>11.0f}"
+              f"{r['cpu_us_per_request']:>11.0f}{r['import_ms']:>10.0f}{r['rss_mib']:>9.1f}")
     chosen = results.get(CHOSEN)
     if chosen is None:
         print(f"\n{CHOSEN}: not measured")
