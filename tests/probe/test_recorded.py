@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.probe.measure import interpret
+from agent.probe.measure import interpret, summarise
 from agent.probe.prompts import rejects_engine_fields
+from agent.probe.records import SLO, LoadShape
 from tests.probe.streams import exchange, peers, recorded
 
 
@@ -74,3 +75,24 @@ def test_tpot_formula_matches_the_recorded_peer_client(peer):
     assert r.ok and r.output_tokens == n
     assert r.ttft_ms == pytest.approx(ttft, abs=1e-6)
     assert r.tpot_ms == pytest.approx(peer["tpot_ms"], rel=0.003)
+
+
+def test_run_figures_from_the_two_recorded_requests():
+    """Both recorded requests as one run of 100 ms: every summary figure worked out by hand."""
+    chat_events, text_events = recorded()["chat"], recorded()["completions"]
+    chat = interpret(exchange(list(zip((4.0, 15.0, 16.0), chat_events, strict=True)), end_ms=16.5))
+    text = interpret(exchange(list(zip([10.0 + 5 * i for i in range(8)] + [50.0], text_events, strict=True)),
+                              end_ms=51.0), index=1, start_s=0.02)
+    s = summarise([chat, text], profile="4:4", prefill_len=4, input_len=4, output_len=8, api="chat",
+                  load=LoadShape(), duration_s=0.1, slo=SLO(ttft_ms=12))
+    assert (s.requests, s.ok, s.errors) == (2, 2, {})
+    assert s.ttft_ms is not None and s.ttft_ms.p50 == pytest.approx((15.0 + 10.0) / 2)  # p50 of two: their mean
+    assert s.ttft_ms.p90 == pytest.approx(10.0 + 0.9 * 5.0)
+    assert s.e2e_ms is not None and s.e2e_ms.p50 == pytest.approx((16.5 + 51.0) / 2)
+    assert s.tpot_ms is not None and s.tpot_ms.p50 == pytest.approx(((16.5 - 15.0) / 7 + (51.0 - 10.0) / 7) / 2)
+    assert s.itl_ms is not None and s.itl_ms.n == 7 and s.itl_ms.p99 == pytest.approx(5.0)  # the chat adds none
+    assert s.output_tokens == 16
+    assert s.output_throughput_tps == pytest.approx(16 / 0.1)
+    assert s.request_throughput_rps == pytest.approx(2 / 0.1)
+    assert s.goodput_rps == pytest.approx(1 / 0.1)  # only the completions request's TTFT (10 ms) is <= 12 ms
+    assert s.input_tokens == pytest.approx((23 + 4) / 2) and s.accept_length is None
