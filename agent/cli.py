@@ -165,7 +165,7 @@ def _summary(p: RunProgress, out: Console) -> None:
     out.print(table)
 
 
-_TABLE_COLUMNS = ("model_key", "profile", "prefill_tps", "ttft_ms", "decode_tps", "tpot_ms", "accept_rate",
+_TABLE_COLUMNS = ("model_key", "profile", "source", "prefill_tps", "ttft_ms", "decode_tps", "tpot_ms", "accept_rate",
                   "vision_fps", "flags")
 
 
@@ -198,6 +198,132 @@ def rows_csv(rows: list[ResultRow]) -> str:
         d["flags"] = ";".join(d["flags"])
         w.writerow(["" if d[n] is None else d[n] for n in names])
     return buf.getvalue()
+
+
+class ProbeFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class ProbeApi(str, Enum):
+    completions = "completions"
+    chat = "chat"
+
+
+class PromptKind(str, Enum):
+    ids = "ids"
+    text = "text"
+
+
+def _tokenizer(spec: str | None) -> Any:
+    """``words`` (one token per whitespace-separated word) or a ``tokenizer.json`` (needs ``tokenizers``)."""
+    if spec is None:
+        return None
+    if spec == "words":
+        return lambda text: len(text.split())
+    try:
+        from tokenizers import Tokenizer  # optional: only for servers that send no usage
+    except ImportError:
+        raise BadInput(f"--tokenizer {spec}: needs the 'tokenizers' package (or use --tokenizer words)") from None
+    try:
+        tok = Tokenizer.from_file(spec)
+    except Exception as exc:  # noqa: BLE001 - any reason the file is not a tokenizer: one line
+        raise BadInput(f"--tokenizer {spec}: {exc}") from None
+    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+
+@app.command()
+def probe(
+    url: str = typer.Argument(..., help="the server, e.g. http://127.0.0.1:30000 (OpenAI-compatible)"),
+    model: str | None = typer.Option(None, "--model", "-m", help="model name (default: the server's first model)"),
+    profiles: str = typer.Option("128:128", "--profiles", "-p", help="prefill_len:input_len,... (shared prefix: "
+                                 "input_len - prefill_len tokens, warmed first)"),
+    concurrency: str | None = typer.Option(None, "--concurrency", "-c", help="fixed concurrency, e.g. 1,4,16 "
+                                           "(default: sequential)"),
+    rate: float | None = typer.Option(None, "--rate", help="Poisson arrivals, requests per second"),
+    requests: int = typer.Option(10, "--requests", "-n", help="measured requests per profile and load"),
+    warmup: int = typer.Option(1, "--warmup", help="requests before the measured ones, not counted"),
+    output_len: int = typer.Option(100, "--output-len", help="max_tokens (ignore_eos where the server takes it)"),
+    api: ProbeApi = typer.Option(ProbeApi.completions, "--api", help="/v1/completions or /v1/chat/completions"),
+    images: int = typer.Option(0, "--images", help="image_url parts per chat request"),
+    prompt: PromptKind = typer.Option(PromptKind.ids, "--prompt", help="completions prompts: token ids or words"),
+    slo: str | None = typer.Option(None, "--slo", help="goodput objectives: ttft_ms=..,tpot_ms=..,e2e_ms=.."),
+    fmt: ProbeFormat = typer.Option(ProbeFormat.table, "--format", help="table or json on stdout"),
+    timeout: float = typer.Option(600.0, "--timeout", help="one request, send to end, s"),
+    time_scale: float | None = typer.Option(None, "--time-scale", help="multiply times by this (default: the "
+                                            "simulated server's own scale, else 1)"),
+    engine_fields: bool = typer.Option(True, "--engine-fields/--no-engine-fields",
+                                       help="send ignore_eos and stream_options (dropped after a 422)"),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="count output tokens when the server sends "
+                                         "no usage: 'words' or a tokenizer.json"),
+    seed: int = typer.Option(0, "--seed", help="prompts and Poisson arrivals"),
+) -> None:
+    """Measure an OpenAI-compatible server with the agent's own streaming client (progress on stderr)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agent.probe import SLO, ProbeConfig, ProbeError, load_shapes, run_probe
+    from agent.probe.prompts import parse_profiles
+
+    try:
+        if images and api != ProbeApi.chat:
+            raise BadInput("--images needs --api chat")
+        kinds: dict[str, Any] = {"api": api.value, "prompt": prompt.value}
+        cfg = ProbeConfig(base_url=url, model=model, profiles=tuple(p.name for p in parse_profiles(profiles)),
+                          loads=load_shapes(concurrency, rate), requests=requests, warmup=warmup,
+                          output_len=output_len, images=images, slo=SLO.parse(slo) if slo else None,
+                          timeout_s=timeout, time_scale=time_scale, engine_fields=engine_fields, seed=seed, **kinds)
+        from agent.probe.transport import Transport
+
+        Transport(url)  # the URL's form, checked before anything runs
+        count = _tokenizer(tokenizer)
+    except (BadInput, ValueError) as exc:
+        raise _bad_input(_one_line(exc)) from None
+    err = Console(stderr=True)
+    stopping = {"yes": False}
+    previous = signal.signal(signal.SIGINT, lambda *_: stopping.update(yes=True))
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as bar:
+            task = bar.add_task("probe", total=None)
+
+            def tick(what: str, done: int, planned: int) -> None:
+                bar.update(task, description=what, completed=done, total=planned)
+
+            report = run_probe(cfg, tokenizer=count, progress=tick, stop=lambda: stopping["yes"])
+    except ProbeError as exc:
+        raise _bad_input(str(exc)) from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if fmt == ProbeFormat.json:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    else:
+        _probe_table(report, _stdout(), err)
+    raise typer.Exit(1 if report.errors or stopping["yes"] else 0)
+
+
+def _ms(stat: Any, q: str = "p50") -> str:
+    return "" if stat is None else f"{getattr(stat, q):.2f}"
+
+
+def _probe_table(report: Any, out: Console, err: Console) -> None:
+    scale = f", time scale {report.time_scale:g}" if report.time_scale != 1 else ""
+    fields = "" if report.engine_fields else ", engine-specific fields refused by the server"
+    title = f"probe {report.base_url} {report.model} ({report.api}{scale}{fields}); times in ms"
+    table = Table("profile", "load", "ok/sent", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99", "ITL p50",
+                  "p99", "E2E p50", "p99", "out tok/s", "req/s", "goodput/s", "accept", title=title)
+    for r in report.results:
+        table.add_row(r.profile, r.load.label, f"{r.ok}/{r.requests}", _ms(r.ttft_ms), _ms(r.ttft_ms, "p90"),
+                      _ms(r.ttft_ms, "p99"), _ms(r.tpot_ms), _ms(r.tpot_ms, "p90"), _ms(r.tpot_ms, "p99"),
+                      _ms(r.itl_ms), _ms(r.itl_ms, "p99"), _ms(r.e2e_ms), _ms(r.e2e_ms, "p99"),
+                      _cell(r.output_throughput_tps), _cell(r.request_throughput_rps), _cell(r.goodput_rps),
+                      _cell(r.accept_length))
+    out.print(table)
+    for r in report.results:
+        if r.errors:
+            kinds = ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items()))
+            err.print(f"{r.profile} {r.load.label}: errors: {kinds}", highlight=False)
+            for d in r.error_details:
+                err.print(f"  {d}", highlight=False, soft_wrap=True)
 
 
 @app.command()

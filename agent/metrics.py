@@ -68,6 +68,7 @@ STEP_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 
 DEVICE_FRESH_S = 60.0  # device samples older than this are not exposed (the run ended, or the tool fails)
 KEY_STATUSES: tuple[str, ...] = ("pending", "running", "passed", "failed", "cancelled", "skipped")
 _SAFE = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
+DISAGREES = "release_benchmark_disagrees"  # agent.probe.compare.FLAG (not imported: the exporter stays light)
 _STEP = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
@@ -99,6 +100,8 @@ CATALOG: tuple[MetricSpec, ...] = (
                "Vision frames per second of the latest result"),
     MetricSpec(f"{PREFIX}_result_rows", "gauge", ("release", "model_key"), "count",
                "Result rows behind the latest figures of a model key"),
+    MetricSpec(f"{PREFIX}_result_release_benchmark_disagreements", "gauge", ("release", "model_key"), "count",
+               "Latest result rows of a model key whose figures the agent's probe contradicts"),
     MetricSpec(f"{PREFIX}_result_timestamp_seconds", "gauge", ("release", "model_key"), "timestamp_seconds",
                "Start time of the run that produced the latest figures of a model key"),
     # the current (or last) run
@@ -332,7 +335,8 @@ class RunFiles:
             except ValidationError:
                 errors["results"] = errors.get("results", 0) + 1
                 continue
-            self.rows[(row.model_key, row.profile)] = row
+            if row.source == "release":  # the probe's rows only show through the release rows' flags
+                self.rows[(row.model_key, row.profile)] = row
         return restarted or bool(lines)
 
     def _read_events(self, errors: dict[str, int]) -> bool:
@@ -550,7 +554,7 @@ class AgentCollector(Collector):
                 release_seen[release] = max(release_seen.get(release, 0.0), rf.order)
         keep = set(sorted(release_seen, key=lambda r: release_seen[r], reverse=True)[: self.keep_releases])
         fams = {name: self._family(name) for _, name, _ in _RESULT_FIELDS}
-        per_key: dict[tuple[str, str], list[Any]] = {}  # (release, key) -> [rows, correct, answered, ts]
+        per_key: dict[tuple[str, str], list[Any]] = {}  # (release, key) -> [rows, correct, answered, ts, disagree]
         for (release, key, profile), (order, row) in sorted(latest.items()):
             if release not in keep:
                 continue
@@ -558,8 +562,9 @@ class AgentCollector(Collector):
                 v = getattr(row, attr)
                 if v is not None:
                     fams[name].add_metric((release, key, profile), float(v) * mult)
-            agg = per_key.setdefault((release, key), [0, 0, 0, 0.0])
+            agg = per_key.setdefault((release, key), [0, 0, 0, 0.0, 0])
             agg[0] += 1
+            agg[4] += int(DISAGREES in row.flags)
             if row.correct is not None:
                 agg[1] += int(row.correct)
                 agg[2] += 1
@@ -568,12 +573,14 @@ class AgentCollector(Collector):
         acc = self._family(f"{PREFIX}_result_gsm8k_accuracy_ratio")
         nrows = self._family(f"{PREFIX}_result_rows")
         ts = self._family(f"{PREFIX}_result_timestamp_seconds")
-        for (release, key), (n, correct, answered, order) in sorted(per_key.items()):
+        disagree = self._family(f"{PREFIX}_result_release_benchmark_disagreements")
+        for (release, key), (n, correct, answered, order, flagged) in sorted(per_key.items()):
             nrows.add_metric((release, key), n)
             ts.add_metric((release, key), order)
+            disagree.add_metric((release, key), flagged)
             if answered:
                 acc.add_metric((release, key), correct / answered)
-        yield from (acc, nrows, ts)
+        yield from (acc, nrows, ts, disagree)
 
     def _step_metrics(self) -> Iterator[Metric]:
         total: dict[str, StepStats] = {}

@@ -75,6 +75,13 @@ class AgentConfig(BaseModel):
     key_env: dict[str, dict[str, str]] = Field(default_factory=dict, description="extra env per model key")
     base_env: dict[str, str] | None = Field(default=None, description="scripts' base env (default: the agent's)")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="device sampling during runs")
+    probe: bool = Field(default=True, description="cross-check the release's benchmark with the agent's probe")
+    probe_profiles: tuple[str, ...] = Field(default=("128:128",), description="sweep profiles the probe runs "
+                                            "(those of a key's release rows)")
+    probe_requests: int = Field(default=3, ge=1, description="measured probe requests per profile (median of 3)")
+    probe_warmup: int = Field(default=0, ge=0, description="probe warm-up requests (the benchmark warmed the server)")
+    probe_tolerance: float = Field(default=0.05, gt=0, lt=1, description="release vs probe, relative")
+    probe_timeout: float = Field(default=600.0, gt=0, description="one probe request, wall s")
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> AgentConfig:
@@ -87,6 +94,11 @@ class AgentConfig(BaseModel):
             "telemetry": TelemetryConfig(enabled=settings.telemetry_period > 0, tool=settings.telemetry_tool,
                                          period_s=settings.telemetry_period or 1.0),
         }
+        for name in ("probe", "probe_requests", "probe_tolerance"):
+            if hasattr(settings, name):
+                values[name] = getattr(settings, name)
+        if getattr(settings, "probe_profiles", None) is not None:
+            values["probe_profiles"] = tuple(p.strip() for p in settings.probe_profiles.split(",") if p.strip())
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -461,11 +473,12 @@ class _Run:
         if rows:
             stamped = stamp(rows, run_id=self.req.run_id, module=self.cfg.module, release=self.release, model_key=key)
             self.store.put_rows(self.req.run_id, key, stamped)
-        flagged = sum(1 for r in rows if r.flags)
+        mine = [r for r in rows if r.source == "release"]  # probe rows sit beside them, not counted
+        flagged = sum(1 for r in mine if r.flags)
         if err is not None:
-            self._key_failed(key, err, len(rows), flagged, time.monotonic() - t0)
+            self._key_failed(key, err, len(mine), flagged, time.monotonic() - t0)
             return
-        self.outcomes[key] = KeyOutcome(model_key=key, status="passed", rows=len(rows), flagged_rows=flagged,
+        self.outcomes[key] = KeyOutcome(model_key=key, status="passed", rows=len(mine), flagged_rows=flagged,
                                         duration_s=round(time.monotonic() - t0, 3))
         self.emit(step="benchmark", model_key=key)
 
@@ -510,6 +523,9 @@ class _Run:
             if not server.alive():
                 tail = "\n".join(server.pump.tails["err"]) or "\n".join(server.pump.tails["out"])
                 msg = f"server exited before it was ready (exit {server.exit_code})"
+                why = steps.last_reason(tail)
+                if why:  # a real server dies loading with a traceback: its last line says why
+                    msg = f"{msg}: {why}"
                 self.event("server", "failed", key, duration_s=time.monotonic() - t0, exit_code=server.exit_code,
                            message=msg)
                 raise StepFailed(StepError(step="server", model_key=key, exit_code=server.exit_code, message=msg,
@@ -517,7 +533,9 @@ class _Run:
             if probe(url, timeout=min(2.0, self.cfg.poll_interval * 4)):
                 return
             if time.monotonic() > deadline:
-                msg = f"server not ready after {self.cfg.ready_timeout:g} s ({url})"
+                listening = port_open(self.cfg.server_host, self.cfg.server_port)
+                msg = (f"server not ready after {self.cfg.ready_timeout:g} s ({url}: "
+                       + ("port open, /health not 200 yet)" if listening else "port not open yet: still loading?)"))
                 self.event("server", "failed", key, duration_s=time.monotonic() - t0, message=msg)
                 tail = "\n".join(server.pump.tails["err"])
                 raise StepFailed(StepError(step="server", model_key=key, message=msg, stderr_tail=tail[-2000:]))
@@ -553,7 +571,59 @@ class _Run:
                 err = StepError(step="parse", model_key=key, message=str(exc), stderr_tail=res.stderr_tail[-2000:])
         self.event("benchmark", "ok" if err is None else "failed", key, duration_s=res.duration_s,
                    exit_code=res.exit_code, message=f"{len(rows)} rows" if err is None else err.message)
+        if err is None and self.cfg.probe:
+            rows = self._probe(key, rows, server, log_path)
         return rows, err
+
+    def _probe(self, key: str, rows: list[ResultRow], server: Any, log_path: Path) -> list[ResultRow]:
+        """The agent's own client on some of the key's profiles, while the server still runs: probe
+        rows beside the release's, release rows flagged where the two disagree (lines appended to the
+        benchmark's log). Never fails the key."""
+        from agent.probe import ProbeConfig, cross_check, probe_row, run_probe
+
+        like = {r.profile: r for r in rows if r.table == "sweep"}
+        wanted = [p for p in self.cfg.probe_profiles if p in like]
+        if not wanted:
+            return rows
+        self.emit(step="probe", model_key=key)
+        self.event("probe", "start", key)
+        t0 = time.monotonic()
+        cfg = ProbeConfig(base_url=f"http://{self.cfg.server_host}:{self.cfg.server_port}", profiles=tuple(wanted),
+                          requests=self.cfg.probe_requests, warmup=self.cfg.probe_warmup,
+                          output_len=like[wanted[0]].output_tokens or 100, timeout_s=self.cfg.probe_timeout)
+        try:
+            report = run_probe(cfg, stop=lambda: self.cancelled() or not server.alive())
+        except Exception as exc:  # noqa: BLE001 - the probe checks the release; it never fails the key
+            log.warning("probe of %s failed: %s", key, exc)
+            _append_log(log_path, [f"probe failed: {type(exc).__name__}: {exc}"])
+            self.event("probe", "failed", key, duration_s=time.monotonic() - t0, message=str(exc))
+            return rows
+        if self.cancelled():
+            raise Cancelled("probe", key)
+        tol = self.cfg.probe_tolerance
+        probes = [probe_row(r, like[r.profile], tolerance=tol) for r in report.results if r.profile in like]
+        checked, found = cross_check(rows, probes, tol)
+        lines = [f"probe {report.base_url} model {report.model}, time scale {report.time_scale:g}, engine fields "
+                 f"{'sent' if report.engine_fields else 'refused'}"]
+        for p in probes:
+            errs = f", errors {p.extra['probe_errors']}" if "probe_errors" in p.extra else ""
+            lines.append(f"{p.profile}: TTFT {p.ttft_ms} ms, TPOT {p.tpot_ms} ms ({p.extra.get('probe_ok')}/"
+                         f"{p.extra.get('probe_requests')} ok{errs})")
+        lines += [f"release benchmark disagrees (> {tol:.0%}): {d.one_line()}" for d in found]
+        _append_log(log_path, lines)
+        errors = report.errors
+        self.event("probe", "failed" if errors else "ok", key, duration_s=time.monotonic() - t0,
+                   message=f"{len(probes)} profile(s), {len(found)} disagreement(s)"
+                   + (f", errors {errors}" if errors else ""))
+        return checked + probes
+
+
+def _append_log(path: Path, lines: list[str]) -> None:
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.writelines(f"{utc_stamp()} [agent] {line}\n" for line in lines)
+    except OSError as exc:
+        log.warning("could not write %s: %s", path, exc)
 
 
 def _partial_rows(text: str, source: str) -> list[ResultRow]:

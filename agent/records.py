@@ -21,6 +21,7 @@ SPEC_ARGS = (
 )
 
 TableKind = Literal["sweep", "mtp", "vision"]
+RowSource = Literal["release", "probe"]  # who measured the row: the release's benchmark or the agent's probe
 
 # A run id: it names folders on every module and keys on the broker, so it is strict
 # (use ``fullmatch``: no trailing newline, no '/', no ':', no leading '.' or '-').
@@ -116,7 +117,9 @@ class ResultRow(Frozen):
 
     Columns follow the seed's tables. ``profile`` is unique within a model key:
     ``prefill_len:input_len`` for the sweep tables, ``gsm8k:<prompt index>`` for MTP
-    rows, ``vision:<prefill_len>:<input_len>`` for the VL vision table.
+    rows, ``vision:<prefill_len>:<input_len>`` for the VL vision table. ``source`` says who
+    measured it: the release's benchmark or the agent's own probe (``agent.probe``), so a
+    probe row sits beside the release's row of the same profile.
     """
 
     schema_version: int = SCHEMA_VERSION
@@ -154,10 +157,11 @@ class ResultRow(Frozen):
     extra: dict[str, str] = Field(default_factory=dict)
     # relation checks that failed on parse (e.g. "ttft_vs_prefill")
     flags: tuple[str, ...] = ()
+    source: RowSource = "release"
 
     @property
-    def identity(self) -> tuple[str, str, str, str]:
-        return (self.run_id, self.module, self.model_key, self.profile)
+    def identity(self) -> tuple[str, str, str, str, str]:
+        return (self.run_id, self.module, self.model_key, self.profile, self.source)
 
 
 # Metric columns: name -> True when higher is better.

@@ -162,6 +162,19 @@ def plan_benchmark(top: Path, key: str, env: Mapping[str, str], kenv: Mapping[st
                     timeout, key)
 
 
+def last_reason(tail: str, limit: int = 300) -> str:
+    """The line of a dying process's output that says why: its last non-empty line, progress bars dropped.
+
+    A real inference server that fails while loading prints a Python traceback (the last
+    line is the exception), often after progress bars redrawn with carriage returns.
+    """
+    for raw in reversed(tail.splitlines()):
+        line = raw.rsplit("\r", 1)[-1].strip()
+        if line and not line.startswith(("Traceback", "File ", "^")):
+            return line if len(line) <= limit else line[: limit - 3] + "..."
+    return ""
+
+
 def health_url(host: str, port: int) -> str:
     h = f"[{host}]" if ":" in host and not host.startswith("[") else host
     return f"http://{h}:{port}/health"

@@ -139,8 +139,8 @@ class RunStore:
             return None
 
     def rows(self, run_id: str) -> list[ResultRow]:
-        """Result rows of a run; one per (module, model key, profile), the latest kept."""
-        by_id: dict[tuple[str, str, str, str], ResultRow] = {}
+        """Result rows of a run; one per (module, model key, profile, source), the latest kept."""
+        by_id: dict[tuple[str, ...], ResultRow] = {}
         for item in read_jsonl(self.run_dir(run_id) / "results.jsonl"):
             row = ResultRow.model_validate(item)
             by_id.pop(row.identity, None)

@@ -65,6 +65,8 @@ DENY_ENV_NAMES = frozenset({
     "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
 })
 DENY_ENV_PREFIXES = ("BASH_FUNC_", "LD_", "PYTHON", "MALLOC_", "DYLD_", "FLEET_", "M1000_FLEET_", "CELERY_")
+# Which interpreter a release runs is the module's choice (e.g. M1000_ENGINE_PYTHON), never a request's.
+DENY_ENV_SUFFIXES = ("_PYTHON", "_PYTHONPATH")
 
 
 class RefusedRequest(BadInput):
@@ -87,7 +89,7 @@ def env_name_problem(name: object) -> str | None:
     if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
         return f"variable name {_short(name)} is not [A-Za-z_][A-Za-z0-9_]* (at most 128)"
     up = name.upper()
-    if up in DENY_ENV_NAMES or up.startswith(DENY_ENV_PREFIXES):
+    if up in DENY_ENV_NAMES or up.startswith(DENY_ENV_PREFIXES) or up.endswith(DENY_ENV_SUFFIXES):
         return f"variable {name} may not be set by a request"
     return None
 

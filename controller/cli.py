@@ -416,13 +416,16 @@ def demo(
     seed: int = typer.Option(1, "--seed"),
     time_scale: float = typer.Option(50.0, "--time-scale", min=1.0, help="simulated modules run N x real time"),
     out_dir: Path = typer.Option(Path("demo-out"), "--out", help="folder where the demo keeps everything"),
+    real: int = typer.Option(0, "--real", min=0, max=8,
+                             help="also N real-engine modules (transformers serve on this CPU; needs make engine)"),
 ) -> int:
     """Simulated fleet on this machine validates a freshly built simulated release (embedded broker)."""
     from agent.records import parse_model_keys
     from controller.demo import DemoOptions, run_demo
 
     opts = DemoOptions(devices=devices, models=parse_model_keys(models), noise=noise, slow=slow, throttle=throttle,
-                       regress=tuple(regress), seed=seed, time_scale=time_scale, out_dir=out_dir)
+                       regress=tuple(regress), seed=seed, time_scale=time_scale, out_dir=out_dir,
+                       real=real)
     return run_demo(opts, stdout(), stderr())
 
 

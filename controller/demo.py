@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -43,6 +44,7 @@ class DemoOptions:
     out_dir: Path = Path("demo-out")
     heartbeat_interval: float = 1.0
     start_timeout: float = 60.0
+    real: int = 0  # real-engine modules (transformers serve on this CPU) beside the simulated ones
 
 
 def free_port() -> int:
@@ -66,9 +68,27 @@ def module_names(n: int) -> list[str]:
     return [f"sim-{i + 1:02d}" for i in range(n)]
 
 
-def inventory_toml(names: list[str], base: Path, slow_name: str | None) -> str:
+def real_names(n: int) -> list[str]:
+    return [f"real-{i + 1:02d}" for i in range(n)]
+
+
+def engine_python() -> Path:
+    """The interpreter with torch + transformers[serving] for real-engine modules (``make engine``)."""
+    from controller.fleet import FleetError
+
+    raw = os.environ.get("M1000_ENGINE_PYTHON")
+    path = Path(raw) if raw else Path(__file__).resolve().parents[1] / ".venv-engine" / "bin" / "python"
+    if not path.exists():
+        raise FleetError(f"real-engine modules need torch + transformers[serving]: {path} not found "
+                         "(make engine, or set M1000_ENGINE_PYTHON)")
+    return path
+
+
+def inventory_toml(names: list[str], base: Path, slow_name: str | None, real: tuple[str, ...] = ()) -> str:
     lines = []
-    for name in names:
+    for name in [*names, *real]:
+        label = 'engine = "transformers"' if name in real else \
+            f'sim = "true", speed = "{"slow" if name == slow_name else "normal"}"'
         lines += [
             "[[module]]",
             f'name = "{name}"',
@@ -76,7 +96,7 @@ def inventory_toml(names: list[str], base: Path, slow_name: str | None) -> str:
             'transport = "local"',
             f'model_root = "{base / "modules" / name / "models"}"',
             f'workdir = "{base / "modules" / name / "work"}"',
-            f'labels = {{ sim = "true", speed = "{"slow" if name == slow_name else "normal"}" }}',
+            f"labels = {{ {label} }}",
             "",
         ]
     return "\n".join(lines)
@@ -144,8 +164,9 @@ def stop_workers(workers: list[Worker], grace: float = 15.0) -> None:
 @contextlib.contextmanager
 def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, *, noise: float, seed: int,
                     slow: dict[str, float], timeout: float = 60.0,
-                    device: dict[str, str] | None = None) -> Iterator[list[Worker]]:
-    """Start one worker per simulated module, wait for their first heartbeats, stop them all at the end.
+                    device: dict[str, str] | None = None, real: tuple[str, ...] = ()) -> Iterator[list[Worker]]:
+    """Start one worker per simulated module (and per real-engine module in ``real``), wait for their first
+    heartbeats, stop them all at the end.
 
     ``device``: module -> its simulated device's condition (``M1000_SIM_DEVICE``, e.g. ``throttle:0.89``).
     """
@@ -161,6 +182,15 @@ def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, 
             if device and name in device:
                 sim_env[ENV_DEVICE] = device[name]
             workers.append(start_worker(name, base, settings, sim_env=sim_env))
+        if real:
+            py = engine_python()
+            shared = base / "engine-models"  # random checkpoints made once, offline; every real module reads them
+            subprocess.run([str(py), "-m", "simulator", "make-models", "--engine", "transformers", str(shared)],
+                           check=True, capture_output=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+            for name in real:
+                (base / "modules" / name).mkdir(parents=True, exist_ok=True)
+                (base / "modules" / name / "models").symlink_to(shared, target_is_directory=True)
+                workers.append(start_worker(name, base, settings, sim_env={"M1000_ENGINE_PYTHON": str(py)}))
         wait_for_heartbeats(settings, workers, timeout)
         yield workers
     finally:
@@ -194,6 +224,36 @@ def reference_rows() -> list:  # type: ignore[type-arg]
     return [r for rows in parse_seed(REFERENCE.read_text(encoding="utf-8"), str(REFERENCE)).values() for r in rows]
 
 
+def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, err: Console) -> int:
+    """The real-engine release on the real modules, twice: the first run becomes that release's own
+    baseline (its figures are its own, not the seed's), the second is judged against it."""
+    from controller import service
+    from controller.live import follow, follow_and_judge, print_launched
+    from simulator.engine.build import SUPPORTED_KEYS, build_engine_release
+
+    keys = tuple(k for k in models if k in SUPPORTED_KEYS)
+    if not keys:
+        err.print(f"demo: none of {', '.join(models)} is served by the real-engine release "
+                  f"({', '.join(SUPPORTED_KEYS)}): real modules idle", highlight=False)
+        return 0
+    rel = build_engine_release(base / "release-engine")
+    err.print(f"demo: built {rel.path.name} (real engine: transformers serve, sha256 {rel.sha256[:12]}); "
+              "a reference run on the real modules first, then the judged run", highlight=False)
+    req = service.ValidateRequest(release=rel.path, models=keys, devices="engine=transformers")
+    ref = service.validate(s, req)
+    print_launched(ref, err, len(ref.modules))
+    follow(lambda: service.sync(s, ref.run_id), err, title=f"reference run {ref.run_id}")
+    rows = s.history().rows(ref.run_id)
+    if not rows:
+        err.print(f"demo: the reference run {ref.run_id} of the real-engine release measured nothing", highlight=False)
+        return 1
+    s.history().add_baseline(rel.version, rows, f"reference run {ref.run_id} of the real-engine modules")
+    judged = service.validate(s, service.ValidateRequest(release=rel.path, models=keys, devices="engine=transformers",
+                                                         baseline=rel.version))
+    print_launched(judged, err, len(judged.modules))
+    return follow_and_judge(s, judged.run_id, rel.version, out, err)
+
+
 def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
     from controller import service
     from controller.live import follow_and_judge, print_launched
@@ -205,8 +265,9 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
         history=base / "history.sqlite", heartbeat_interval=opts.heartbeat_interval,
         offline_after=max(10.0, 10 * opts.heartbeat_interval))
     names = module_names(opts.devices)
+    real = tuple(real_names(opts.real))
     slow_name = names[-1] if opts.slow and len(names) > 1 else (names[0] if opts.slow else None)
-    (base / "inventory.toml").write_text(inventory_toml(names, base, slow_name), encoding="utf-8")
+    (base / "inventory.toml").write_text(inventory_toml(names, base, slow_name, real), encoding="utf-8")
     speed = ",".join(regress_spec(r) for r in opts.regress) or "1.0"
     t0 = time.monotonic()
     rel = build_release(base / "release", noise=opts.noise, speed=speed, time_scale=opts.time_scale, seed=opts.seed)
@@ -223,10 +284,13 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
     with service.Session(settings) as s:
         s.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
         with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed, slow=slow, device=device,
-                             timeout=opts.start_timeout):
-            launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models))
+                             timeout=opts.start_timeout, real=real):
+            launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models,
+                                                                   devices="sim=true" if real else "all"))
             print_launched(launched, err, len(launched.modules))
             code = follow_and_judge(s, launched.run_id, None, out, err)
+            if real:  # the real-engine release on its own modules: judged against their own figures
+                code = max(code, _validate_real(s, base, opts.models, out, err))
         err.print(f"demo: finished in {time.monotonic() - t0:.0f} s; everything is in {base} "
                   f"(fleetctl --history {settings.history_path} report latest)", highlight=False)
         return code

@@ -351,7 +351,8 @@ class Fleet:
                                                       f"marked lost ({cur.error.message if cur.error else ''})")
             if p is not None:
                 have = self.history.conn.execute(
-                    "SELECT COUNT(*) FROM rows WHERE run_id=? AND module=?", (run_id, m)).fetchone()[0]
+                    "SELECT COUNT(*) FROM rows WHERE run_id=? AND module=? AND source='release'",
+                    (run_id, m)).fetchone()[0]
                 if p.rows != have or p.state.terminal:
                     rows = self.kv.rows(run_id, m)
                     if rows is not None:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from agent.records import ResultRow, RunProgress, TelemetrySummary
 
 ROW_FIELDS: tuple[str, ...] = tuple(ResultRow.model_fields)
+_ROWS_KEY = "run_id, module, model_key, profile, source"  # a probe row sits beside the release's row
 _JSON_FIELDS = {"extra", "flags"}
 _BOOL_FIELDS = {"correct"}
 
@@ -49,7 +50,7 @@ CREATE TABLE IF NOT EXISTS module_runs (
 );
 CREATE TABLE IF NOT EXISTS rows (
     {", ".join(f'"{f}"' for f in ROW_FIELDS)},
-    PRIMARY KEY (run_id, module, model_key, profile)
+    PRIMARY KEY ({_ROWS_KEY})
 );
 CREATE INDEX IF NOT EXISTS rows_module ON rows (module, model_key);
 CREATE TABLE IF NOT EXISTS events (
@@ -116,6 +117,20 @@ def row_from_db(values: sqlite3.Row | tuple[Any, ...]) -> ResultRow:
     return ResultRow.model_validate(d)
 
 
+def _key_rows_by_source(conn: sqlite3.Connection) -> None:
+    """A history from before ``ResultRow.source``: its rows table is rebuilt once, keyed with the source
+    (every old row was measured by the release's benchmark)."""
+    old = [r[1] for r in conn.execute("PRAGMA table_info(rows)")]
+    if "source" in old:
+        return
+    cols, new = (", ".join(f'"{f}"' for f in names) for names in (old, ROW_FIELDS))
+    conn.executescript(
+        "BEGIN IMMEDIATE; ALTER TABLE rows RENAME TO rows_unkeyed; DROP INDEX IF EXISTS rows_module;"
+        f" CREATE TABLE rows ({new}, PRIMARY KEY ({_ROWS_KEY}));"
+        f" INSERT INTO rows ({cols}, source) SELECT {cols}, 'release' FROM rows_unkeyed; DROP TABLE rows_unkeyed;"
+        " CREATE INDEX rows_module ON rows (module, model_key); COMMIT;")
+
+
 class History:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser()
@@ -128,6 +143,7 @@ class History:
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.executescript(_SCHEMA)
         self.conn.executescript(_TELEMETRY_SCHEMA)
+        _key_rows_by_source(self.conn)
 
     def close(self) -> None:
         self.conn.close()
@@ -247,9 +263,13 @@ class History:
             c.executemany(f"INSERT OR REPLACE INTO rows VALUES ({marks})", data)
         return len(data)
 
-    def rows(self, run_id: str, module: str | None = None) -> list[ResultRow]:
+    def rows(self, run_id: str, module: str | None = None, source: str | None = "release") -> list[ResultRow]:
+        """Rows of a run: the release's own (default), the agent's probe's (``source="probe"``) or all (None)."""
         q = "SELECT * FROM rows WHERE run_id=?"
         args: tuple[Any, ...] = (run_id,)
+        if source:
+            q += " AND source=?"
+            args += (source,)
         if module:
             q += " AND module=?"
             args += (module,)
@@ -257,7 +277,9 @@ class History:
         return [row_from_db(r) for r in self.conn.execute(q, args).fetchall()]
 
     def row_count(self, run_id: str) -> int:
-        return int(self.conn.execute("SELECT COUNT(*) FROM rows WHERE run_id=?", (run_id,)).fetchone()[0])
+        """The release's rows of a run (the probe's rows beside them are not counted)."""
+        return int(self.conn.execute("SELECT COUNT(*) FROM rows WHERE run_id=? AND source='release'",
+                                     (run_id,)).fetchone()[0])
 
     # -- baselines ----------------------------------------------------------------------
     def add_baseline(self, release: str, rows: Iterable[ResultRow], source: str) -> tuple[int, str]:

@@ -146,7 +146,7 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         hist = writable()
         try:
             info = hist.find_run(run)
-            rows = hist.rows(info.run_id)
+            rows = [r for r in hist.rows(info.run_id) if r.source == "release"]  # not the probe's
         except HistoryError as exc:
             _fail(str(exc))
         rel = release or info.release

@@ -30,9 +30,17 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", default="0")
     b.add_argument("--fault", default="", help=f"comma list of NAME[:KEY], NAME in {', '.join(FAULT_NAMES)}")
     b.add_argument("--date", default="20260803", help="YYYYMMDD of the top folder")
+    b.add_argument("--engine", choices=("sim", "transformers"), default="sim",
+                   help="sim: the simulated server (default); transformers: a real server (transformers serve)")
+    b.add_argument("--profiles", default="16,64;128@32",
+                   help="engine only: no-prefix inputs;shared-prefix inputs@new tokens")
+    b.add_argument("--output-len", default="16", help="engine only: output tokens per request")
     m = sub.add_parser("make-models", help="create stand-in model folders under ROOT")
     m.add_argument("root")
     m.add_argument("--keys", default="", help="comma list of model keys (default: all)")
+    m.add_argument("--engine", choices=("sim", "transformers"), default="sim",
+                   help="transformers: random-weight checkpoints (needs torch + transformers)")
+    m.add_argument("--size", default="tiny", help="engine only: tiny (CPU tests) or 0.5b")
     s = sub.add_parser("serve", help="debug: build a release in a temp dir and run one key's server there")
     s.add_argument("key")
     s.add_argument("--port", default="30000")
@@ -75,17 +83,30 @@ def _serve(key: str, port: str, scale: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.cmd == "build-release":
+        if args.cmd == "build-release" and args.engine == "transformers":
+            from simulator.engine.build import build_engine_release, parse_profiles
+
+            version = args.version if args.version != "1.4.1" else "1.4.1-engine"
+            rel = build_engine_release(args.out_dir, version=version, date=args.date,
+                                       profiles=parse_profiles(args.profiles, int(args.output_len)))
+            print(f"{rel.sha256}  {rel.path}")
+        elif args.cmd == "build-release":
             rel = build_release(args.out_dir, version=args.version, noise=args.noise, speed=args.speed,
                                 time_scale=args.time_scale, seed=args.seed, faults=args.fault, date=args.date)
             print(f"{rel.sha256}  {rel.path}")
+        elif args.cmd == "make-models" and args.engine == "transformers":
+            from simulator.engine.models import make_engine_models
+
+            keys = [k.strip() for k in args.keys.split(",") if k.strip()] or None
+            for key, path in make_engine_models(args.root, keys, size=args.size).items():
+                print(f"{key}\t{path}")
         elif args.cmd == "make-models":
             keys = [k.strip() for k in args.keys.split(",") if k.strip()] or None
             for key, path in make_models(args.root, keys).items():
                 print(f"{key}\t{path}")
         else:
             return _serve(args.key, args.port, args.time_scale)
-    except (SimError, OSError) as exc:
+    except (SimError, OSError, ValueError) as exc:
         print(f"simulator: error: {exc}", file=sys.stderr)
         return 2
     return 0

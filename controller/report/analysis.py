@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from agent.probe.compare import COMPARED, Disagreement
 from agent.records import METRICS
 from controller.report.groups import Groups
 from controller.report.model import (
@@ -734,13 +735,58 @@ def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expe
     return notes
 
 
+# -- the release's benchmark against the agent's probe -----------------------------------------
+def split_sources(df: pd.DataFrame | None) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """(rows the release's benchmark measured, rows the agent's probe measured); frames without a
+    ``source`` column are all the release's."""
+    if df is None or "source" not in df.columns:
+        return df, None
+    probe = df["source"].fillna("release").astype(str).to_numpy() == "probe"
+    if not probe.any():
+        return df, None
+    return df[~probe].reset_index(drop=True), df[probe].reset_index(drop=True)
+
+
+def probe_disagreements(rows: pd.DataFrame, probe: pd.DataFrame | None,
+                        tol: float) -> tuple[tuple[Disagreement, ...], int]:
+    """Figures of release rows farther than ``tol`` (relative) from the probe row of the same
+    (module, key, profile); and how many release rows have a probe row."""
+    ids = list(_IDS)
+    if probe is None or not len(probe) or not len(rows):
+        return (), 0
+    metrics = [m for m in COMPARED if m in rows.columns and m in probe.columns]
+    both = rows[ids + metrics].astype({c: str for c in ids}).merge(
+        probe[ids + metrics].astype({c: str for c in ids}).drop_duplicates(ids), on=ids, suffixes=("", "__probe"))
+    found: list[Disagreement] = []
+    for m in metrics:
+        a = pd.to_numeric(both[m], errors="coerce").to_numpy(dtype=float)
+        b = pd.to_numeric(both[f"{m}__probe"], errors="coerce").to_numpy(dtype=float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            change = a / b - 1
+            hit = (a > 0) & (b > 0) & (np.abs(change) > tol)
+        for i in np.flatnonzero(hit):  # findings only
+            found.append(Disagreement(module=str(both["module"].iat[i]), model_key=str(both["model_key"].iat[i]),
+                                      profile=str(both["profile"].iat[i]), metric=m, release=float(a[i]),
+                                      probe=float(b[i]), change=float(change[i])))
+    order = {m: i for i, m in enumerate(COMPARED)}
+    found.sort(key=lambda d: (d.model_key, d.module, d.profile, order[d.metric]))
+    return tuple(found), len(both)
+
+
 # -- the whole report ---------------------------------------------------------------------------
 def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline: pd.DataFrame | None = None,
             baseline_id: str | None = None, baseline_label: str = "baseline", previous: pd.DataFrame | None = None,
             previous_label: str = "previous", state: str = "done", expected_modules: Iterable[str] = (),
             expected_keys: Iterable[str] = (), thresholds: Thresholds | None = None) -> Report:
-    """Build a report from frames of result rows (one column per ``ResultRow`` field)."""
+    """Build a report from frames of result rows (one column per ``ResultRow`` field).
+
+    Rows the agent's probe measured (``source == "probe"``) never enter the figures: they are
+    only compared with the release's rows of the same module, key and profile."""
     th = thresholds or Thresholds()
+    rows, probe = split_sources(rows)
+    assert rows is not None
+    baseline, previous = split_sources(baseline)[0], split_sources(previous)[0]
+    disagreements, probe_checked = probe_disagreements(rows, probe, th.probe_tolerance)
     cur = prepare(rows)
     base = prepare(baseline) if baseline is not None and len(baseline) else None
     prev = prepare(previous) if previous is not None and len(previous) else None
@@ -792,7 +838,7 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         regressions=regressions, outliers=outliers, changes=tuple(changes), notes=tuple(notes),
         modules=tuple(sorted(map(str, cur["module"].unique()))), thresholds=th,
         summary=summarise(cur, rows, ref, ~excluded, spread, cells_all, mid), rows=rows, reference=ref,
-        deviation=deviation,
+        deviation=deviation, disagreements=disagreements, probe_checked=probe_checked,
     )
 
 

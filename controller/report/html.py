@@ -18,7 +18,7 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
 from controller.report.model import FLEET, Report
-from controller.report.render import verdict_line
+from controller.report.render import probe_text, verdict_line
 
 _COLORS = {"pass": "#1a7f37", "regressed": "#cf222e", "incomplete": "#9a6700", "failed": "#82071e"}
 
@@ -142,6 +142,14 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 <td class="num">{{ num(c.value) }}</td><td class="num">{{ num(c.fleet) }}</td><td>{{ c.unit }}</td>
 <td class="num">{{ c.keys }}</td></tr>{% endfor %}</table></details>{% endfor %}
 {% else %}<p>None.</p>{% endif %}
+<h2>Release benchmark vs probe</h2>
+<p{% if not r.disagreements %} class="muted"{% endif %}>{{ probe_line }}</p>
+{% if r.disagreements %}<table><tr><th>module</th><th>model key</th><th>profile</th><th>metric</th><th>release</th>
+<th>probe</th><th>change</th></tr>
+{% for d in r.disagreements %}<tr><td>{{ d.module }}</td><td>{{ d.model_key }}</td><td>{{ d.profile }}</td>
+<td>{{ d.metric }}</td><td class="num">{{ num(d.release) }}</td><td class="num">{{ num(d.probe) }}</td>
+<td class="num bad">{{ pct(d.change) }}</td></tr>
+{% endfor %}</table>{% endif %}
 <h2>Decode throughput against context</h2>{{ decode_svg|safe }}
 <h2>Time to first token against input length</h2>{{ ttft_svg|safe }}
 <h2>Modules against the fleet</h2>{{ heat_svg|safe }}
@@ -163,7 +171,8 @@ def to_html(r: Report) -> str:
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     tpl = env.from_string(_TEMPLATE)
     return tpl.render(
-        r=r, line=verdict_line(r), color=_COLORS.get(r.verdict, "#59636e"), num=_num, pct=_pct, FLEET=FLEET,
+        r=r, line=verdict_line(r), probe_line=probe_text(r), color=_COLORS.get(r.verdict, "#59636e"), num=_num,
+        pct=_pct, FLEET=FLEET,
         decode_svg=curve_plot(r.summary, "decode_tps", "decode tok/s", "Decode tok/s") if len(r.summary) else "",
         ttft_svg=curve_plot(r.summary, "ttft_ms", "TTFT ms", "TTFT ms") if len(r.summary) else "",
         heat_svg=heatmap(r.deviation),

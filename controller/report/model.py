@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent.probe.compare import Disagreement
 from agent.records import METRICS
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class Thresholds(_Frozen):
     outlier_alpha: float = Field(default=0.001, gt=0, lt=1)  # sign test over the module's cells
     z_floor: float = Field(default=0.01, gt=0)  # floor of the robust scale (log units): near-identical modules
     worst_cases: int = Field(default=3, ge=1)
+    probe_tolerance: float = Field(default=0.05, gt=0, lt=1)  # release figure vs the agent's probe
 
     def tol(self, metric: str) -> float:
         return self.per_metric.get(metric, self.tolerance)
@@ -139,6 +141,9 @@ class Report:
 
     def telemetry_of(self, o: Outlier) -> OutlierTelemetry | None:
         return next((t for t in self.outlier_telemetry if (t.module, t.model_key) == (o.module, o.model_key)), None)
+    # figures where the release's benchmark and the agent's probe disagree (probe rows never enter the verdict)
+    disagreements: tuple[Disagreement, ...] = ()
+    probe_checked: int = 0  # release rows that have a probe row beside them
 
     @property
     def verdict_line(self) -> str:

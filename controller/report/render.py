@@ -33,9 +33,24 @@ def verdict_line(r: Report) -> str:
     if r.outliers:
         parts.append(f"{len(r.outliers)} outlier(s): " + ", ".join(
             f"{o.module}{'' if o.model_key == FLEET else '[' + o.model_key + ']'} {o.factor:.2f}x" for o in r.outliers))
+    if r.disagreements:
+        where = sorted({f"{d.module}[{d.model_key}]" for d in r.disagreements})
+        parts.append(f"release benchmark disagrees with the probe on {len(r.disagreements)} figure(s): "
+                     + ", ".join(where))
     if r.verdict in ("incomplete", "failed") and r.notes:
         parts.append(r.notes[-1])
     return f"{head}: " + "; ".join(parts)
+
+
+def probe_text(r: Report) -> str:
+    """One sentence about the cross-check with the agent's probe (when nothing disagrees)."""
+    if r.disagreements:
+        return (f"{len(r.disagreements)} figure(s) where the release's benchmark and the agent's probe differ by more "
+                f"than {r.thresholds.probe_tolerance:.0%} (change: release / probe - 1).")
+    if r.probe_checked:
+        return (f"None: {r.probe_checked} release row(s) have a probe row beside them; every figure agrees "
+                f"within {r.thresholds.probe_tolerance:.0%}.")
+    return "No probe rows in this run."
 
 
 def _clean(x: Any) -> Any:
@@ -56,6 +71,7 @@ def to_dict(r: Report) -> dict[str, Any]:
         "outliers": [x.model_dump(mode="json") for x in r.outliers],
         "outlier_telemetry": [x.model_dump(mode="json") for x in r.outlier_telemetry],
         "changes": [x.model_dump(mode="json") for x in r.changes],
+        "disagreements": [x.model_dump(mode="json") for x in r.disagreements], "probe_checked": r.probe_checked,
         "notes": list(r.notes), "thresholds": r.thresholds.model_dump(mode="json"),
         "summary": r.summary.to_dict(orient="records") if len(r.summary) else [],
     })
@@ -106,6 +122,11 @@ def to_markdown(r: Report) -> str:
         out += _md_telemetry(r)
     else:
         out.append("None.")
+    out += ["", "## Release benchmark vs probe", "", probe_text(r)]
+    if r.disagreements:
+        out += ["", _md_table(["module", "model key", "profile", "metric", "release", "probe", "change"],
+                              [[d.module, d.model_key, d.profile, d.metric, _num(d.release), _num(d.probe),
+                                _pct(d.change)] for d in r.disagreements])]
     if r.changes:
         out += ["", "## Every change per model key (fleet median over profiles)", ""]
         rows = [[c.model_key, c.metric, c.against, _num(c.baseline), _num(c.value), _pct(c.change),
@@ -183,7 +204,7 @@ def write_text(path: Path, text: str) -> Path:
 
 
 def write_tables(r: Report, out: Path, parquet: bool = True) -> list[Path]:
-    """rows.csv (+ rows.parquet), summary.csv, regressions.csv, outliers.csv, changes.csv."""
+    """rows.csv (+ rows.parquet), summary.csv, regressions.csv, outliers.csv, changes.csv, disagreements.csv."""
     rows = rows_with_baseline(r)
     written = [atomic_write(out / "rows.csv", lambda p: rows.to_csv(p, index=False))]
     if parquet:
@@ -197,6 +218,9 @@ def write_tables(r: Report, out: Path, parquet: bool = True) -> list[Path]:
                                                           for w in o.worst),
                                        "device_telemetry": _telemetry_cell(r, o)} for o in r.outliers]),
         "changes.csv": pd.DataFrame([c.model_dump(mode="json") for c in r.changes]),
+        "disagreements.csv": pd.DataFrame([d.model_dump(mode="json") for d in r.disagreements],
+                                          columns=["module", "model_key", "profile", "metric", "release", "probe",
+                                                   "change"]),
     }
     for name, df in tables.items():
         written.append(atomic_write(out / name, _csv_writer(df)))

@@ -319,6 +319,7 @@ class Bench(NamedTuple):
     output_len: int
     only: frozenset[str] = frozenset()
     repeats: int = 4  # at most this many requests per TTFT figure
+    skew: float = 1.0  # fault bench-skew: measured times are reported times this (the server is unchanged)
 
     @property
     def kc(self) -> dict[str, Any]:
@@ -380,8 +381,8 @@ class Bench(NamedTuple):
                     return client.stream("/v1/completions", completion(prompt, max_tokens))
 
                 m = request(0, self.output_len)
-                ttft = self.ttft(m, lambda r: request(r, 1))
-            tpot = m.tpot_ms
+                ttft = self.ttft(m, lambda r: request(r, 1)) * self.skew
+            tpot = m.tpot_ms * self.skew
             out.rows.append(Row("sweep", {
                 "Model": t["model"], "Size": t["size"], "PrefillLen(tokens)": str(new), "Ctx(K)": str(self.ctx_k),
                 "Batch": "1", "NChip": "1", "Input(tokens)": str(inp), "Output(tokens)": str(self.output_len),
@@ -411,9 +412,9 @@ class Bench(NamedTuple):
                 client.post("/flush_cache")
                 m = client.stream("/v1/completions", {**completion(ids, self.cfg["mtp_max_tokens"]),
                                                       "ignore_eos": False})
-                ttft = self.ttft(m, again)
+                ttft = self.ttft(m, again) * self.skew
             n, steps = m.tokens, max(m.chunks, 1)
-            tpot = m.step_ms * steps / (n - 1) if n > 1 else 0.0
+            tpot = m.step_ms * self.skew * steps / (n - 1) if n > 1 else 0.0
             found = _ANSWER.findall(m.text)
             pred = found[-1].replace(",", "") if found else "[invalid]"
             truth = str(p["truth"])
@@ -449,12 +450,12 @@ class Bench(NamedTuple):
             if prefix and not warmed:
                 client.stream("/v1/chat/completions", chat(pre, 0, 1))
             b = request("b", 0, hi, v["output"])
-            hi_ttft = self.ttft(b, lambda r: request("b", r, hi, 1), VISION_SPREAD)
-            lo_ttft = self.ttft(request("a", 0, lo, 1), lambda r: request("a", r, lo, 1), VISION_SPREAD)
+            hi_ttft = self.ttft(b, lambda r: request("b", r, hi, 1), VISION_SPREAD) * self.skew
+            lo_ttft = self.ttft(request("a", 0, lo, 1), lambda r: request("a", r, lo, 1), VISION_SPREAD) * self.skew
         frame_ms = (hi_ttft - lo_ttft) / (hi - lo)
         fps = 1000 / frame_ms if frame_ms > 0 else 0.0
         prefill_ms = lo_ttft - lo * frame_ms
-        tpot = b.tpot_ms
+        tpot = b.tpot_ms * self.skew
         out.rows.append(Row("vision", {
             "Model": t["model"], "Size": t["size"], "PrefillLen(k)": _f3(new / 1000), "Ctx(k)": str(self.ctx_k),
             "Batch": "1", "NChip": "1", "Input(k)": _f3(inp / 1000), "Output(k)": _f3(v["output"] / 1000),
@@ -594,7 +595,7 @@ def main(env: dict[str, str] | Any = None, out: Any = None) -> int:
             raise BenchError("BENCH_OUTPUT_LEN must be at least 2 and BENCH_REPEATS at least 1")
         bench = Bench(key=key, cfg=cfg, ctx_k=round(int(info["max_total_tokens"]) / 1024),
                       draft=int(info.get("speculative_num_draft_tokens") or 4), output_len=output_len, only=only,
-                      repeats=repeats)
+                      repeats=repeats, skew=core.bench_skew(faults, env))
         unknown = sorted(only - set(bench.profiles()))
         if unknown:
             raise BenchError(f"BENCH_PROFILES: unknown profile(s) {', '.join(unknown)} for {key} "

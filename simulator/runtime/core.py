@@ -21,7 +21,7 @@ MODEL_KEYS = ("qwen3", "qwen35", "qwen35_mtp", "qwen35_fq", "qwen35_fq_mtp", "qw
 SPEED_METRICS = ("prefill", "decode", "accept", "vision", "all")
 # "all" is every throughput metric; accept rates change only when named explicitly.
 _ALL_METRICS = ("prefill", "decode", "vision")
-FAULT_NAMES = ("start-fail", "crash", "hang", "bad-table", "no-table")
+FAULT_NAMES = ("start-fail", "crash", "hang", "bad-table", "no-table", "bench-skew")
 VOCAB_SIZE = 151936
 # the generation request (1-based, warm-ups included) during which crash / hang strike
 FAULT_AT_REQUEST = 3
@@ -38,6 +38,10 @@ ENV_DEVICE_DIR = "M1000_SIM_DEVICE_DIR"
 # condition -> default factor on the module's speed (and its SM clock); None: the speed is unchanged
 DEVICE_CONDITIONS: dict[str, float | None] = {"throttle": 0.82, "lowclock": 0.85, "hot": None, "noquery": None,
                                               "hang": None, "fail": None}
+ENV_BENCH_SKEW = "M1000_SIM_BENCH_SKEW"
+# fault bench-skew: the benchmark reports every measured time (TTFT, TPOT, step and frame times)
+# times this factor, the throughputs from those times; the server is unchanged
+BENCH_SKEW = 0.8
 
 
 class SimError(Exception):
@@ -134,6 +138,14 @@ def parse_faults(text: str | None, where: str = "fault") -> tuple[Fault, ...]:
 
 def faults_for(faults: tuple[Fault, ...], key: str) -> frozenset[str]:
     return frozenset(f.name for f in faults if f.key in ("", key))
+
+
+def bench_skew(faults: frozenset[str], env: dict[str, str] | Any) -> float:
+    """The factor the benchmark's times are reported with: 1 without fault ``bench-skew``."""
+    if "bench-skew" not in faults:
+        return 1.0
+    raw = (env.get(ENV_BENCH_SKEW) or "").strip()
+    return _factor(raw, ENV_BENCH_SKEW) if raw else BENCH_SKEW
 
 
 class Knobs(NamedTuple):

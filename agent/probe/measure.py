@@ -1,0 +1,255 @@
+"""The probe's pinned metric definitions (pure: bytes and times in, figures out).
+
+One request is an :class:`Exchange`: the HTTP status and the body's bytes, each read
+stamped with the nanoseconds since the send instant (the transport fills it; tests make
+it by hand). :func:`interpret` turns it into a :class:`RequestResult`; :func:`summarise`
+turns the measured requests of one run into a :class:`ProfileResult`. README "Probe"
+states the same definitions:
+
+- a *content chunk* is an SSE event carrying non-empty generated text (``choices[].text``,
+  ``choices[].delta.content`` or ``delta.reasoning_content``); role-only, empty-delta and
+  usage-only events are not content chunks. An event's time is the arrival of the read
+  that completed it;
+- TTFT = first content chunk - send;
+- E2E = end of the response body - send;
+- ITL = gaps between consecutive content chunks. A chunk carrying k tokens is one
+  arrival: it adds one gap (the wait for it), not k. Percentiles of ITL are over the gaps
+  of all successful requests of the run, pooled, unweighted;
+- output tokens = the server's ``usage.completion_tokens`` (the last one sent); without
+  usage the request fails with ``missing_usage`` unless a tokenizer is given, which then
+  counts the generated text;
+- TPOT = (E2E - TTFT) / (output tokens - 1) (none for a one-token answer);
+- accept length = mean tokens per content chunk after the first, when every content
+  chunk carries a cumulative ``usage.completion_tokens`` (continuous usage): under
+  speculative decoding with one chunk per verify step, the accepted draft tokens + 1;
+- output throughput = output tokens of the successful requests / duration; request
+  throughput = successful requests / duration; goodput = successful requests meeting
+  every SLO / duration. Duration: first send to last end of the measured phase;
+- percentiles: linear interpolation between closest ranks (numpy's default); p50, p90, p99.
+
+Every duration is multiplied by the time scale (1 for a real server; N for a simulated
+server running N times faster), so figures are in the server's own clock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.probe.records import (
+    SLO,
+    Api,
+    ErrorKind,
+    LoadShape,
+    ProfileResult,
+    RequestResult,
+    Stat,
+)
+from agent.probe.sse import SSEParser
+
+Tokenizer = Callable[[str], int]  # generated text -> its token count
+_DETAILS_KEPT = 5
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One HTTP exchange as the transport saw it; times in ns after the send instant."""
+
+    status: int | None = None
+    reads: list[tuple[int, bytes]] = field(default_factory=list)  # body bytes as they arrived (de-chunked)
+    end_ns: int = 0  # the body ended (or the exchange failed)
+    error: ErrorKind | None = None  # transport failure: timeout, connection, broken_stream
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class _Chunk:
+    t_ns: int
+    text: str
+    tokens: int | None  # cumulative usage.completion_tokens carried by this event
+
+
+def _fail(kind: ErrorKind, detail: str, status: int | None = None, **kw: Any) -> RequestResult:
+    return RequestResult(ok=False, error=kind, detail=detail[:300], status=status, **kw)
+
+
+def _text_of(choice: Any) -> str:
+    if not isinstance(choice, dict):
+        return ""
+    parts: list[str] = []
+    text = choice.get("text")
+    if isinstance(text, str):
+        parts.append(text)
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        for name in ("content", "reasoning_content", "reasoning"):
+            v = delta.get(name)
+            if isinstance(v, str):
+                parts.append(v)
+    return "".join(parts)
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _error_message(body: bytes) -> str:
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text[:200]
+    if isinstance(obj, dict):
+        err = obj.get("error", obj.get("detail", obj))
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])[:200]
+        return json.dumps(err)[:200]
+    return text[:200]
+
+
+def interpret(ex: Exchange, *, scale: float = 1.0, tokenizer: Tokenizer | None = None, index: int = 0,
+              start_s: float = 0.0) -> RequestResult:
+    """The figures of one request, or the kind of error that made it fail (never dropped)."""
+    base: dict[str, Any] = {"index": index, "start_s": start_s}
+    if ex.status is None:
+        return _fail(ex.error or "connection", ex.detail or "no HTTP answer", **base)
+    if ex.status != 200:
+        body = b"".join(d for _, d in ex.reads)
+        return _fail("http_status", f"HTTP {ex.status}: {_error_message(body)}", ex.status, **base)
+    ms = scale / 1e6
+    parser = SSEParser()
+    chunks: list[_Chunk] = []
+    done = finished = False
+    usage_tokens: int | None = None
+    prompt_tokens: int | None = None
+    cached: int | None = None
+    problem: tuple[ErrorKind, str] | None = None
+
+    def take(data: str, t_ns: int) -> None:
+        nonlocal done, finished, usage_tokens, prompt_tokens, cached, problem
+        if data.strip() == "[DONE]":
+            done = True
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            problem = problem or ("broken_stream", f"an event is not JSON: {data[:80]!r}")
+            return
+        if not isinstance(obj, dict):
+            problem = problem or ("broken_stream", f"an event is not a JSON object: {data[:80]!r}")
+            return
+        if obj.get("error") is not None and not obj.get("choices"):
+            problem = problem or ("stream_error", f"the server sent an error: {_error_message(data.encode())}")
+            return
+        choices = obj.get("choices") or ()
+        text = "".join(_text_of(c) for c in choices) if isinstance(choices, list) else ""
+        if isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason") for c in choices):
+            finished = True
+        usage = obj.get("usage")
+        tokens = None
+        if isinstance(usage, dict):
+            tokens = _int(usage.get("completion_tokens"))
+            if tokens is not None:
+                usage_tokens = tokens
+            prompt_tokens = _int(usage.get("prompt_tokens")) if "prompt_tokens" in usage else prompt_tokens
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and _int(details.get("cached_tokens")) is not None:
+                cached = _int(details.get("cached_tokens"))
+        if text:
+            chunks.append(_Chunk(t_ns, text, tokens))
+
+    for t_ns, data in ex.reads:
+        for ev in parser.feed(data):
+            take(ev.data, t_ns)
+    pending, cut = parser.close()
+    for ev in pending:
+        take(ev.data, ex.end_ns)
+    extra: dict[str, Any] = {**base, "status": 200, "content_chunks": len(chunks), "input_tokens": prompt_tokens,
+                             "cached_tokens": cached}
+    if ex.error is not None:
+        return _fail(ex.error, ex.detail or "the stream broke", **extra)
+    if problem is not None:
+        return _fail(problem[0], problem[1], **extra)
+    if cut:
+        return _fail("broken_stream", f"the stream was cut in the middle of an event ({cut} bytes)", **extra)
+    if not chunks:
+        if not done and not finished:
+            return _fail("broken_stream", "the stream ended without content, [DONE] or a finish_reason", **extra)
+        return _fail("empty_response", "HTTP 200 without any generated content", **extra)
+    if not done and not finished:
+        return _fail("broken_stream", "the stream ended without [DONE] or a finish_reason", **extra)
+    n = usage_tokens
+    if n is None:
+        if tokenizer is None:
+            return _fail("missing_usage", "no usage.completion_tokens in the stream (and no tokenizer)", **extra)
+        n = tokenizer("".join(c.text for c in chunks))
+    ttft_ns = chunks[0].t_ns
+    ttft = ttft_ns * ms
+    e2e = ex.end_ns * ms
+    tpot = (e2e - ttft) / (n - 1) if n > 1 else None
+    itl = tuple((b.t_ns - a.t_ns) * ms for a, b in zip(chunks, chunks[1:], strict=False))
+    accept = None
+    if len(chunks) > 1 and all(c.tokens is not None for c in chunks):
+        after = (chunks[-1].tokens or 0) - (chunks[0].tokens or 0)
+        accept = after / (len(chunks) - 1)
+    return RequestResult(ok=True, ttft_ms=ttft, e2e_ms=e2e, tpot_ms=tpot, itl_ms=itl, output_tokens=n,
+                         accept_length=accept, **extra)
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) of sorted values, linear between closest ranks (numpy's default)."""
+    if not ordered:
+        raise ValueError("percentile of nothing")
+    pos = (len(ordered) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def stat(values: Sequence[float]) -> Stat | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return Stat(n=len(s), mean=sum(s) / len(s), p50=percentile(s, 0.5), p90=percentile(s, 0.9),
+                p99=percentile(s, 0.99))
+
+
+def _median(values: list[float]) -> float | None:
+    return percentile(sorted(values), 0.5) if values else None
+
+
+def summarise(results: Sequence[RequestResult], *, profile: str, prefill_len: int, input_len: int, output_len: int,
+              api: Api, load: LoadShape, duration_s: float, slo: SLO | None = None, time_scale: float = 1.0,
+              engine_fields: bool = True) -> ProfileResult:
+    """The figures of one measured phase; every request is counted, failed ones by kind."""
+    good = [r for r in results if r.ok]
+    errors: dict[str, int] = {}
+    details: list[str] = []
+    for r in results:
+        if not r.ok:
+            kind = r.error or "connection"
+            errors[kind] = errors.get(kind, 0) + 1
+            if len(details) < _DETAILS_KEPT:
+                details.append(f"{kind}: {r.detail}")
+    tokens = sum(r.output_tokens or 0 for r in good)
+    per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: None)  # noqa: E731
+    accepts = [r.accept_length for r in good if r.accept_length is not None]
+    return ProfileResult(
+        profile=profile, prefill_len=prefill_len, input_len=input_len, output_len=output_len, api=api, load=load,
+        requests=len(results), ok=len(good), errors=errors, error_details=tuple(details), duration_s=duration_s,
+        ttft_ms=stat([r.ttft_ms for r in good if r.ttft_ms is not None]),
+        tpot_ms=stat([r.tpot_ms for r in good if r.tpot_ms is not None]),
+        itl_ms=stat([g for r in good for g in r.itl_ms]),
+        e2e_ms=stat([r.e2e_ms for r in good if r.e2e_ms is not None]),
+        output_tokens=tokens,
+        input_tokens=_median([float(r.input_tokens) for r in good if r.input_tokens is not None]),
+        cached_tokens=_median([float(r.cached_tokens) for r in good if r.cached_tokens is not None]),
+        output_throughput_tps=per_s(tokens) if good else None,
+        request_throughput_rps=per_s(len(good)) if results else None,
+        goodput_rps=per_s(sum(1 for r in good if slo.met(r))) if slo is not None and results else None,
+        slo=slo, accept_length=sum(accepts) / len(accepts) if accepts else None, time_scale=time_scale,
+        engine_fields=engine_fields,
+    )

@@ -1,0 +1,117 @@
+"""Profiles and request bodies of the probe (pure).
+
+A profile is the seed's ``prefill_len:input_len``: ``input_len`` tokens of prompt, of
+which the first ``input_len - prefill_len`` are a prefix shared by every request of the
+profile (warmed first by a request that is not measured, as the seed's tables do) and the
+last ``prefill_len`` are new to each request. ``128:128`` has no shared prefix.
+
+``/v1/completions`` prompts are token ids (exact lengths on sglang and vLLM; ids in
+``[1000, 30000)``, valid in any vocabulary of at least 30000) or, with ``prompt="text"``,
+words; ``/v1/chat/completions`` prompts are words in one text part plus ``images``
+``image_url`` parts (a 1x1 PNG as a data URL). With words the prompt's token count is the
+server's tokenizer's business: the server's ``usage.prompt_tokens`` is reported.
+
+Engine-specific fields (sglang's ``ignore_eos``, ``stream_options`` with
+``continuous_usage_stats``) are added only while the server accepts them.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Literal, NamedTuple
+
+from agent.probe.records import Api
+
+ENGINE_FIELDS = ("ignore_eos", "stream_options")
+PNG_1X1 = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQ"
+           "AAAABJRU5ErkJggg==")
+ID_LO, ID_HI = 1000, 30000
+PromptKind = Literal["ids", "text"]
+
+
+class Profile(NamedTuple):
+    name: str
+    prefill_len: int  # new tokens per request
+    input_len: int  # whole prompt
+
+    @property
+    def prefix_len(self) -> int:
+        return self.input_len - self.prefill_len
+
+
+def parse_profile(text: str) -> Profile:
+    """``"250:16000"`` -> Profile (prefill 250 new tokens after a 15750-token shared prefix)."""
+    parts = text.strip().split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"profile {text.strip()!r}: expected prefill_len:input_len, e.g. 128:128 or 250:16000")
+    new, total = (int(p) for p in parts)
+    if new < 1 or total < new:
+        raise ValueError(f"profile {text.strip()!r}: need 1 <= prefill_len <= input_len")
+    return Profile(f"{new}:{total}", new, total)
+
+
+def parse_profiles(text: str | tuple[str, ...] | list[str]) -> tuple[Profile, ...]:
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out: list[Profile] = []
+    for item in items:
+        if item.strip():
+            p = parse_profile(item)
+            if p not in out:
+                out.append(p)
+    if not out:
+        raise ValueError("no profile given")
+    return tuple(out)
+
+
+class Prompts:
+    """Deterministic prompts: the shared prefix of a profile, and a new part per request tag."""
+
+    def __init__(self, seed: int = 0, kind: PromptKind = "ids") -> None:
+        self.seed = seed
+        self.kind = kind
+
+    def _ids(self, tag: str, n: int) -> list[int]:
+        rng = random.Random(f"{self.seed}:{tag}")
+        return [rng.randrange(ID_LO, ID_HI) for _ in range(n)]
+
+    def _words(self, tag: str, n: int) -> str:
+        return " ".join(f"{tag}w{i}" for i in range(n))
+
+    def prefix(self, p: Profile, api: Api) -> str | list[int]:
+        tag = f"p{p.input_len}"
+        return self._ids(tag, p.prefix_len) if api == "completions" and self.kind == "ids" else \
+            self._words(tag, p.prefix_len)
+
+    def prompt(self, p: Profile, api: Api, tag: str) -> str | list[int]:
+        """The whole prompt of one request: the profile's shared prefix, then its own new part."""
+        pre = self.prefix(p, api) if p.prefix_len else None
+        if api == "completions" and self.kind == "ids":
+            return (pre or []) + self._ids(f"n{p.input_len}:{tag}", p.prefill_len)  # type: ignore[operator]
+        new = self._words(f"n{p.input_len}x{tag}", p.prefill_len)
+        return f"{pre} {new}" if pre else new
+
+
+def body(api: Api, model: str, prompt: str | list[int], max_tokens: int, *, images: int = 0,
+         engine_fields: bool = True) -> dict[str, Any]:
+    """A streaming request body; engine-specific fields only when ``engine_fields``."""
+    out: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    if api == "completions":
+        out["prompt"] = prompt
+    else:
+        parts: list[dict[str, Any]] = [{"type": "text", "text": prompt if isinstance(prompt, str) else
+                                        " ".join(map(str, prompt))}]
+        parts += [{"type": "image_url", "image_url": {"url": PNG_1X1}} for _ in range(images)]
+        out["messages"] = [{"role": "user", "content": parts}]
+    if engine_fields:
+        out["ignore_eos"] = True
+        out["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    return out
+
+
+def rejects_engine_fields(status: int | None, message: str) -> bool:
+    """An answer that says the server does not take the engine-specific fields (retry once without)."""
+    if status == 422:
+        return True
+    low = message.lower()
+    return status == 400 and any(w in low for w in (*ENGINE_FIELDS, "continuous_usage_stats", "unexpected field",
+                                                     "extra_forbidden", "extra inputs are not permitted"))

@@ -1,0 +1,182 @@
+"""Typed, frozen records of the probe: load shapes, SLOs, one request's figures, one run's summary."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import Field, model_validator
+
+from agent.records import Frozen
+
+# Why a request did not count (README "Probe" says when each one applies).
+ErrorKind = Literal["http_status", "timeout", "connection", "broken_stream", "stream_error", "missing_usage",
+                    "empty_response"]
+ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
+Api = Literal["completions", "chat"]
+
+
+class LoadShape(Frozen):
+    """How the measured requests are sent: one at a time, C at a time, or Poisson arrivals at R/s."""
+
+    kind: Literal["sequential", "concurrency", "rate"] = "sequential"
+    value: float = Field(default=1.0, gt=0)  # concurrency C, or rate R in requests per (server) second
+
+    @model_validator(mode="after")
+    def _whole(self) -> LoadShape:
+        if self.kind == "concurrency" and self.value != int(self.value):
+            raise ValueError("concurrency must be a whole number")
+        if self.kind == "sequential" and self.value != 1:
+            raise ValueError("sequential load has concurrency 1")
+        return self
+
+    @property
+    def concurrency(self) -> int | None:
+        """Requests in flight at most (None: open loop, Poisson arrivals)."""
+        return None if self.kind == "rate" else int(self.value)
+
+    @property
+    def label(self) -> str:
+        if self.kind == "sequential":
+            return "sequential"
+        if self.kind == "concurrency":
+            return f"concurrency {int(self.value)}"
+        return f"rate {self.value:g}/s"
+
+
+def load_shapes(concurrency: str | None = None, rate: float | None = None) -> tuple[LoadShape, ...]:
+    """``--concurrency 1,4,16`` or ``--rate R`` (one, not both) -> load shapes; neither: sequential."""
+    if concurrency and rate is not None:
+        raise ValueError("give --concurrency or --rate, not both")
+    if rate is not None:
+        return (LoadShape(kind="rate", value=rate),)
+    if not concurrency:
+        return (LoadShape(),)
+    out: list[LoadShape] = []
+    for item in concurrency.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if not item.isdigit() or int(item) < 1:
+            raise ValueError(f"concurrency {item!r}: a whole number of at least 1")
+        n = int(item)
+        shape = LoadShape() if n == 1 else LoadShape(kind="concurrency", value=n)
+        if shape not in out:
+            out.append(shape)
+    return tuple(out) or (LoadShape(),)
+
+
+class SLO(Frozen):
+    """Service-level objectives of goodput: a request is good when it succeeded and meets every one given."""
+
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tpot_ms: float | None = Field(default=None, gt=0)
+    e2e_ms: float | None = Field(default=None, gt=0)
+
+    @classmethod
+    def parse(cls, text: str) -> SLO:
+        """``ttft_ms=500,tpot_ms=50,e2e_ms=8000`` (any of them)."""
+        values: dict[str, float] = {}
+        for item in text.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            name, eq, raw = item.partition("=")
+            name = name.strip()
+            if not eq or name not in cls.model_fields:
+                raise ValueError(f"SLO {item!r}: expected ttft_ms=, tpot_ms= or e2e_ms= with a number")
+            try:
+                values[name] = float(raw)
+            except ValueError:
+                raise ValueError(f"SLO {item!r}: {raw.strip()!r} is not a number") from None
+        if not values:
+            raise ValueError("SLO: give at least one of ttft_ms=, tpot_ms=, e2e_ms=")
+        return cls(**values)
+
+    def met(self, r: RequestResult) -> bool:
+        if not r.ok:
+            return False
+        checks = ((self.ttft_ms, r.ttft_ms), (self.tpot_ms, r.tpot_ms), (self.e2e_ms, r.e2e_ms))
+        # a one-token answer has no TPOT: that objective cannot be missed
+        return all(limit is None or value is None or value <= limit for limit, value in checks)
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}={v:g}" for k, v in self.model_dump().items() if v is not None)
+
+
+class RequestResult(Frozen):
+    """One measured request. Times are milliseconds of the server's clock (wall x time scale)."""
+
+    index: int = 0
+    ok: bool
+    error: ErrorKind | None = None
+    detail: str = ""
+    status: int | None = None
+    start_s: float = 0.0  # send instant, seconds after the measured phase began
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    tpot_ms: float | None = None
+    itl_ms: tuple[float, ...] = ()
+    output_tokens: int | None = None
+    input_tokens: int | None = None
+    cached_tokens: int | None = None
+    content_chunks: int = 0
+    accept_length: float | None = None  # mean tokens per content chunk after the first (needs per-chunk usage)
+
+
+class Stat(Frozen):
+    """Percentiles (linear interpolation between closest ranks) and mean of one figure."""
+
+    n: int
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+
+class ProfileResult(Frozen):
+    """The measured phase of one profile under one load shape."""
+
+    profile: str
+    prefill_len: int
+    input_len: int
+    output_len: int
+    api: Api
+    load: LoadShape
+    requests: int  # measured requests sent (warm-up excluded)
+    ok: int
+    errors: dict[str, int] = Field(default_factory=dict)  # error kind -> requests
+    error_details: tuple[str, ...] = ()  # the first few, one line each
+    duration_s: float = 0.0  # first send to last end of the measured phase (server's clock)
+    ttft_ms: Stat | None = None
+    tpot_ms: Stat | None = None
+    itl_ms: Stat | None = None
+    e2e_ms: Stat | None = None
+    output_tokens: int = 0  # of the successful requests
+    input_tokens: float | None = None  # median of the server's usage.prompt_tokens
+    cached_tokens: float | None = None  # median of usage.prompt_tokens_details.cached_tokens
+    output_throughput_tps: float | None = None
+    request_throughput_rps: float | None = None
+    goodput_rps: float | None = None
+    slo: SLO | None = None
+    accept_length: float | None = None
+    time_scale: float = 1.0
+    engine_fields: bool = True  # the engine-specific request fields were sent (the server took them)
+
+
+class ProbeReport(Frozen):
+    """Everything one probe run measured against one server."""
+
+    base_url: str
+    model: str
+    api: Api
+    time_scale: float = 1.0
+    engine_fields: bool = True
+    results: tuple[ProfileResult, ...] = ()
+
+    @property
+    def errors(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.results:
+            for k, v in r.errors.items():
+                out[k] = out.get(k, 0) + v
+        return out

@@ -1,0 +1,38 @@
+"""Fixtures of the real-engine tier: the engine's interpreter (.venv-engine) and random checkpoints made with it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures" / "engine"
+
+
+def engine_python() -> Path | None:
+    """The interpreter with torch + transformers[serving] (``make engine``), or None."""
+    raw = os.environ.get("M1000_TEST_ENGINE_PYTHON")
+    path = Path(raw) if raw else REPO / ".venv-engine" / "bin" / "python"
+    return path if path.exists() else None
+
+
+@pytest.fixture(scope="session")
+def engine_py() -> Path:
+    path = engine_python()
+    if path is None:
+        pytest.skip("needs torch + transformers[serving]: .venv-engine (make engine; torch 2.13.0 CPU wheel on disk)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def engine_models(engine_py: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random Qwen3-MoE checkpoints for qwen3 and qwen35 (shared with qwen35_mtp), made offline."""
+    root = tmp_path_factory.mktemp("engine-models")
+    res = subprocess.run([str(engine_py), "-m", "simulator", "make-models", "--engine", "transformers",
+                          "--keys", "qwen3,qwen35", str(root)], capture_output=True, text=True, timeout=300,
+                         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root

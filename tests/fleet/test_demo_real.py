@@ -1,0 +1,42 @@
+"""`fleetctl demo --real 1`: a real-engine module (transformers serve on this CPU) beside a simulated one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.engine.conftest import engine_python
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_with_a_real_engine_module(tmp_path: Path):
+    py = engine_python()
+    if py is None:
+        pytest.skip("needs torch + transformers[serving]: .venv-engine (make engine; torch 2.13.0 CPU wheel on disk)")
+    out = tmp_path / "demo"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update({"M1000_ENGINE_PYTHON": str(py), "OMP_NUM_THREADS": "1"})
+    r = subprocess.run([sys.executable, "-m", "controller", "demo", "--devices", "1", "--real", "1", "--models",
+                        "qwen3", "--time-scale", "1000", "--out", str(out)], capture_output=True, text=True, env=env,
+                       timeout=480)
+    assert r.stdout.count("verdict:") == 2, r.stderr[-3000:]
+    assert "sim-01: done, ok" in r.stderr and r.stderr.count("real-01: done, ok, 3 rows") == 2, r.stderr[-3000:]
+    report = subprocess.run([sys.executable, "-m", "controller", "--history", str(out / "history.sqlite"), "report",
+                             "latest"], capture_output=True, text=True, env=env, timeout=120)
+    assert "(1.4.1-engine vs baseline:1.4.1-engine:v1)" in report.stdout, report.stdout[:2000]
+    assert "real-01" in report.stdout or "1 module(s)" in report.stdout
+    survivors = [p for p in psutil.process_iter() if _env_has(p, str(out))]
+    assert survivors == []
+
+
+def _env_has(p: psutil.Process, text: str) -> bool:
+    try:
+        return any(text in v for v in p.environ().values())
+    except (psutil.Error, OSError):
+        return False
