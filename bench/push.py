@@ -1,14 +1,19 @@
 """Bench: `fleetctl push` next to plain `scp` (and paramiko SFTP) to three namespace hosts.
 
 Builds the SSH lab of the tests (three sshd hosts in network namespaces, needs root),
-then, in the same run and alternating, sends the same file to the three hosts in
-parallel with each method and prints aggregate throughputs and the ratio push/scp.
-Push includes what scp does not: sha256 verification on arrival and the rename.
+then, in the same run, sends the same file to the three hosts in parallel with each method
+and prints aggregate throughputs and the ratio push/scp of every round (min / median / max).
+Push includes what scp does not: sha256 verification on arrival, fsync and the rename.
 
-    .venv/bin/python bench/push.py            # 1 GiB, 2 rounds
-    .venv/bin/python bench/push.py --size-mib 256 --rounds 1
+Fairness: before each timed transfer the previous one's files are removed and the page cache
+is written back (``sync``), so that no method pays for another's dirty pages; and a round is
+scp, push, push, scp (the second transfer of a pair runs ~20 % slower on this VM's disk,
+whichever it is), its ratio the sum of scp's times over the sum of push's.
 
-Exit 1 when push reaches less than 0.8 of scp's throughput.
+    .venv/bin/python bench/push.py            # 1 GiB, 3 rounds
+    .venv/bin/python bench/push.py --size-mib 256 --rounds 5
+
+Exit 1 when push reaches less than 0.95 of scp's throughput in any round.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +37,8 @@ import paramiko  # noqa: E402
 from controller.inventory import Module  # noqa: E402
 from controller.push import file_sha256, push_release  # noqa: E402
 from tests.ssh.netns import Host, Lab, capability_problem  # noqa: E402
+
+GOAL = 0.95  # push / scp throughput, every round
 
 
 def make_file(path: Path, size: int) -> None:
@@ -92,7 +100,7 @@ def clean(lab: Lab) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mib", type=int, default=1024)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-sftp", action="store_true", help="skip the paramiko SFTP reference")
     args = ap.parse_args()
     problem = capability_problem()
@@ -105,12 +113,19 @@ def main() -> int:
         make_file(src, size)
         digest = file_sha256(src)
         times: dict[str, list[float]] = {"scp": [], "push": [], "sftp": []}
+        methods = {"scp": lambda: scp_all(lab, src), "push": lambda: push_all(lab, src, digest)}
+        if not args.no_sftp:
+            methods["sftp"] = lambda: sftp_all(lab, src)
+        per_round: list[dict[str, float]] = []
         for _ in range(args.rounds):
-            clean(lab)
-            times["scp"].append(scp_all(lab, src))
-            times["push"].append(push_all(lab, src, digest))
-            if not args.no_sftp:
-                times["sftp"].append(sftp_all(lab, src))
+            got = {k: 0.0 for k in methods}
+            for k in [*methods, *reversed(methods)]:  # A B B A: the order effect cancels in the round
+                clean(lab)
+                os.sync()  # the previous transfer's dirty pages are not this one's cost
+                t = methods[k]()
+                times[k].append(t)
+                got[k] += t
+            per_round.append(got)
         clean(lab)
     total = size * 3
     rate = {k: total / (sum(v) / len(v)) / 1e6 for k, v in times.items() if v}
@@ -118,11 +133,12 @@ def main() -> int:
           f"{os.cpu_count()} CPUs")
     for k, r in rate.items():
         print(f"  {k:5s} {r:7.1f} MB/s aggregate  (runs: {', '.join(f'{t:.1f}s' for t in times[k])})")
-    ratio = rate["push"] / rate["scp"]
-    print(f"  push/scp throughput ratio: {ratio:.2f} (target >= 0.8)")
+    ratios = [r["scp"] / r["push"] for r in per_round]
+    print(f"  push/scp throughput ratio per round: min {min(ratios):.2f} / median {statistics.median(ratios):.2f} / "
+          f"max {max(ratios):.2f}  ({', '.join(f'{r:.2f}' for r in ratios)}; goal >= {GOAL} in every round)")
     if "sftp" in rate:
         print(f"  paramiko SFTP (default windows)/scp: {rate['sftp'] / rate['scp']:.2f}")
-    return 0 if ratio >= 0.8 else 1
+    return 0 if min(ratios) >= GOAL else 1
 
 
 if __name__ == "__main__":

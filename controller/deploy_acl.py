@@ -44,9 +44,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.celery_app import queue_name
-from agent.kv import PREFIX
-
 CONTROLLER_USER = "fleet-controller"
 
 # Kinds of per-module records (``m1000-fleet:<kind>:...:<module>``) a module writes.
@@ -90,6 +87,9 @@ def password_hash(password: str) -> str:
 
 def module_key_patterns(module: str) -> list[str]:
     """Keys ``module`` may read and write (its queue, bindings, unacked, results, records)."""
+    from agent.celery_app import queue_name  # celery and the KV layout: only when a rule is written
+    from agent.kv import PREFIX
+
     m = _check_name(module)
     q = queue_name(m)
     pats = [q, f"{q}[^-A-Za-z0-9._]*",  # the queue and its priority lists (module.M\x06\x16<n>)
@@ -105,6 +105,8 @@ def module_key_patterns(module: str) -> list[str]:
 
 def module_channel_patterns(module: str) -> list[str]:
     """Channels ``module`` may publish to: Celery's backend publishes every value on its key's name."""
+    from agent.kv import PREFIX
+
     m = _check_name(module)
     pats = [f"celery-task-meta-*.{m}"]
     for kind in MODULE_WRITE_KINDS:
@@ -115,6 +117,8 @@ def module_channel_patterns(module: str) -> list[str]:
 
 
 def module_rule(module: str, password: str) -> str:
+    from agent.kv import PREFIX
+
     keys = " ".join(f"~{p}" for p in module_key_patterns(module))
     read_only = f"%R~{PREFIX}:cancel:*"
     channels = " ".join(f"&{p}" for p in module_channel_patterns(module))

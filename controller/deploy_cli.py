@@ -14,17 +14,23 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agent.settings import BrokerSettings, SettingsError
 from controller import deploy_acl as acl
 from controller.cli_output import fail
 from controller.inventory import Inventory, InventoryError
-from controller.settings import ControllerSettings
 
 if TYPE_CHECKING:  # paramiko and fabric load only when a command of this file runs (controller extras)
+    from agent.settings import BrokerSettings
     from controller import deploy as dep
+    from controller.settings import ControllerSettings
 
 out = Console()
 err = Console(stderr=True)
+
+
+def _settings_error() -> type[Exception]:
+    from agent.settings import SettingsError  # pydantic-settings: only when a command has failed
+
+    return SettingsError
 
 
 def _fail(message: str) -> typer.Exit:
@@ -91,7 +97,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
             kh, key = _trust(settings, known_hosts, identity)
             if credentials is not None and not credentials.is_dir():
                 raise ValueError(f"--module-credentials {credentials}: not a folder")
-        except (InventoryError, SettingsError, ValueError, dep.DeployError) as exc:
+        except (InventoryError, _settings_error(), ValueError, dep.DeployError) as exc:
             raise _fail(str(exc)) from None
         opts = dep.DeployOptions(known_hosts=kh, identity=key, settings=settings, broker_url=broker_url,
                                  metrics_host=metrics_host, max_parallel=parallel, dry_run=dry_run,
@@ -137,7 +143,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
                 raise PushError(f"{tarball}: release tarball not found")
             digest = sha256 or file_sha256(tarball)
             results = push_release(mods, tarball, digest, known_hosts=kh, identity=key, max_parallel=parallel)
-        except (InventoryError, SettingsError, PushError, ValueError) as exc:
+        except (InventoryError, _settings_error(), PushError, ValueError) as exc:
             raise _fail(str(exc)) from None
         t = Table("module", "result", "bytes sent", "time", "MB/s", "remote path / error")
         for r in results.values():
@@ -161,7 +167,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         try:
             names = [m.name for m in get_inventory().modules]
             files = acl.write_acl(out_dir, names, controller_user=controller_user, rotate=rotate)
-        except (InventoryError, SettingsError, acl.AclError, OSError) as exc:
+        except (InventoryError, _settings_error(), acl.AclError, OSError) as exc:
             raise _fail(str(exc)) from None
         out.print(f"{files.acl}: {len(files.users)} users ({controller_user} + {len(names)} modules); default user off",
                   highlight=False)
@@ -184,7 +190,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
             settings = get_settings()
             mods = [m for m in get_inventory().select(devices) if m.transport == "ssh"]
             kh, key = _trust(settings, known_hosts, identity)
-        except (InventoryError, SettingsError, ValueError) as exc:
+        except (InventoryError, _settings_error(), ValueError) as exc:
             raise _fail(str(exc)) from None
         results = dep.check(mods, kh, key)
         t = Table("module", "ssh", "python", "arch", "free disk", "agent", "service", "error")

@@ -20,18 +20,22 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from kombu.exceptions import OperationalError
-from redis.exceptions import RedisError
-
-from agent.celery_app import RUN_TASK, is_embedded, make_app, queue_name
 from agent.errors import BadInput
-from agent.kv import KV
 from agent.records import Heartbeat, RunProgress, RunRequest, RunState, StepError, release_version_of
 from agent.settings import BrokerSettings
 from agent.store import check_run_id
 from controller.history import History
 from controller.inventory import Module
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from agent.kv import KV
+
+# Celery, kombu and redis (~0.4 s of imports) load when a Fleet is made or a broker error is
+# caught, not when a verb that only reads the history imports this module.
 
 log = logging.getLogger("fleet.controller")
 
@@ -48,7 +52,18 @@ class BadRelease(FleetError, ValueError):
     pass
 
 
-BROKER_ERRORS: tuple[type[BaseException], ...] = (RedisError, OperationalError, ConnectionError, TimeoutError)
+def broker_errors() -> tuple[type[BaseException], ...]:
+    """What a broker or backend that cannot be reached raises (imports redis and kombu)."""
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import RedisError
+
+    return (RedisError, OperationalError, ConnectionError, TimeoutError)
+
+
+def __getattr__(name: str) -> Any:  # ``BROKER_ERRORS``, without importing redis for every importer
+    if name == "BROKER_ERRORS":
+        return broker_errors()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -151,8 +166,11 @@ class Fleet:
     def __init__(self, settings: BrokerSettings, history: History, *, failures_for_bad: int = 3) -> None:
         self.settings = settings
         self.history = history
-        self.app = make_app(settings)
-        self.kv = KV(self.app)
+        from agent.celery_app import make_app
+        from agent.kv import KV
+
+        self.app: Celery = make_app(settings)
+        self.kv: KV = KV(self.app)
         self.failures_for_bad = failures_for_bad
 
     def close(self) -> None:
@@ -161,6 +179,8 @@ class Fleet:
 
     # -- broker --------------------------------------------------------------------------
     def check_broker(self, timeout: float = 5.0) -> None:
+        from agent.celery_app import is_embedded
+
         if is_embedded(self.settings):
             return
         try:
@@ -224,6 +244,8 @@ class Fleet:
     # -- dispatch ------------------------------------------------------------------------
     def send(self, module: str, task: str, args: list[object], task_id: str | None = None) -> str:
         """Publish one task on a module's queue (the only place the controller enqueues)."""
+        from agent.celery_app import queue_name
+
         try:
             res = self.app.send_task(task, args=args, queue=queue_name(module), task_id=task_id,
                                      retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2,
@@ -256,6 +278,8 @@ class Fleet:
         self.history.create_run(run_id, release=release, tarball=tarball_label, sha256=sha256,
                                 models=models, modules=[m.name for m in modules])
         out: dict[str, str] = {}
+        from agent.celery_app import RUN_TASK
+
         for m in modules:
             st = statuses[m.name]
             problem = None
@@ -301,7 +325,7 @@ class Fleet:
         """
         try:
             return self._sync(run_id, now)
-        except BROKER_ERRORS as exc:
+        except broker_errors() as exc:
             raise BrokerUnavailable(f"broker {self.settings.redacted_broker_url()} unreachable: {_short(exc)}") from exc
 
     def _sync(self, run_id: str, now: float | None = None) -> RunView:
@@ -395,6 +419,9 @@ def _short(exc: BaseException) -> str:
 
 def read_heartbeats(settings: BrokerSettings, modules: Iterable[str]) -> dict[str, Heartbeat | None]:
     """Heartbeats of ``modules`` as the controller sees them (for deploy's first-heartbeat wait)."""
+    from agent.celery_app import make_app
+    from agent.kv import KV
+
     app = make_app(settings)
     try:
         return KV(app).heartbeats(modules)

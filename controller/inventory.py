@@ -25,7 +25,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agent.celery_app import queue_name
 from agent.records import MODEL_KEYS
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -94,6 +93,8 @@ class Module(BaseModel):
 
     @property
     def queue(self) -> str:
+        from agent.celery_app import queue_name  # celery: only when a queue is named
+
         return queue_name(self.name)
 
 

@@ -34,7 +34,7 @@ _SHA = re.compile(r"^[0-9a-f]{64}$")
 
 # Runs on the module (Python >= 3.10, stdlib only). argv: mode workdir sha256 name size offset
 RECEIVER = r"""
-import fcntl, hashlib, json, os, sys, time
+import fcntl, hashlib, json, os, queue, sys, threading, time
 mode, workdir, digest, name, size, offset = sys.argv[1:7]
 size = int(size); offset = int(offset)
 folder = os.path.join(os.path.expanduser(workdir), "incoming", digest)
@@ -77,12 +77,31 @@ while left:
     h.update(b); left -= len(b)
 f.seek(offset)
 src = sys.stdin.buffer.raw
+chunks = queue.Queue(16)
+def hash_chunks():  # sha256 on its own thread (hashlib lets go of the GIL): reading and writing go on
+    while True:
+        b = chunks.get()
+        if b is None:
+            return
+        h.update(b)
+hasher = threading.Thread(target=hash_chunks, daemon=True)
+hasher.start()
 got = 0
+flushed = offset
+WINDOW = 32 << 20
 while True:
     b = src.read(1 << 20)
     if not b:
         break
-    h.update(b); f.write(b); got += len(b)
+    chunks.put(b); f.write(b); got += len(b)
+    if offset + got - flushed >= WINDOW and hasattr(os, "posix_fadvise"):
+        # start writing this window back now and drop the one before from the page cache:
+        # the final fsync has little left to wait for, and the tarball does not evict model weights
+        os.posix_fadvise(f.fileno(), flushed, offset + got - flushed, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(f.fileno(), max(offset, flushed - WINDOW), WINDOW, os.POSIX_FADV_DONTNEED)
+        flushed = offset + got
+chunks.put(None)
+hasher.join()
 os.fsync(f.fileno())
 total = offset + got
 if total != size:
@@ -169,9 +188,14 @@ def _push_one(module: Module, tarball: Path, sha256: str, opts: PushOptions,
 
     def attempt() -> dict[str, Any]:
         nonlocal sent, remote_path, offset
-        with ssh.open_session(target) as s:
-            res = s.run(receiver_argv(opts.python, "probe", module.workdir, sha256, name, size, 0),
-                        what="release cache probe", timeout=60)
+        # the probe goes through the OpenSSH client too: its handshake is C in its own process,
+        # where paramiko's would hold the GIL while the other modules' transfers start
+        with open(os.devnull, "rb") as nothing:
+            res = ssh.stream_file(target, nothing,
+                                  ssh.remote_command(receiver_argv(opts.python, "probe", module.workdir, sha256,
+                                                                   name, size, 0)), timeout=60)
+        if not res.ok:
+            raise ssh.RemoteCommandError(module.name, "release cache probe", res)
         probe = parse_answer(module.name, res.stdout)
         remote_path = str(probe["path"])
         if int(probe["final"]) == size:

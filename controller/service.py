@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 from agent.records import MODEL_KEYS, ResultRow, RunProgress, RunState, parse_model_keys
 from agent.settings import load_settings
 from controller.fleet import (
-    BROKER_ERRORS,
     BadRelease,
     BrokerUnavailable,
     Fleet,
     FleetError,
     ModuleStatus,
     RunView,
+    broker_errors,
     module_failed,
     new_run_id,
     release_version,
@@ -147,7 +147,7 @@ def _broker_call(s: Session, fn: Callable[[], Any]) -> Any:
     """Run a broker read; a broker that cannot be reached is one BrokerUnavailable naming it."""
     try:
         return fn()
-    except BROKER_ERRORS as exc:
+    except broker_errors() as exc:  # redis/kombu are imported only when something was raised
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise BrokerUnavailable(f"broker {s.settings.redacted_broker_url()} unreachable: {first}") from exc
 

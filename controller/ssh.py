@@ -306,6 +306,8 @@ def classify_ssh_failure(target: SshTarget, res: CommandResult) -> SshError:
                                          "refusing")
     if "Permission denied" in err:
         return AuthError(target.name, f"{target.where}: authentication refused")
+    if "connect to host" in err or "Could not resolve" in err or "timed out" in err:
+        return UnreachableError(target.name, f"{target.where}: unreachable: {res.tail()}")
     return UnreachableError(target.name, f"{target.where}: {res.tail() or 'connection lost'}")
 
 

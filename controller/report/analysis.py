@@ -32,6 +32,7 @@ import pandas as pd
 
 from agent.probe.compare import COMPARED, Disagreement
 from agent.records import METRICS
+from controller.report.groups import Groups
 from controller.report.model import (
     ALL_METRICS,
     DERIVED,
@@ -72,7 +73,8 @@ def _numeric(col: pd.Series) -> np.ndarray:
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """Typed copy of a rows frame: categorical ids, integer codes (``mod``, ``key``, ``cell`` per
-    (key, profile)), float metrics, invalid figures blanked, badness columns."""
+    (key, profile)), float metrics, invalid figures blanked, badness columns; rows sorted by cell
+    (the index keeps each row's position in ``df``)."""
     missing = [c for c in ("module", "model_key", "profile") if c not in df.columns]
     if missing:
         raise ReportError(f"rows frame lacks column {missing[0]!r}")
@@ -101,7 +103,14 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     cols["mod"], cols["key"] = mod, key
     cols["cell"] = pd.factorize(combo)[0] if n else np.zeros(0, dtype=np.int64)
     cols["modkey"] = mod * (len(cols["model_key"].categories) + 1) + key  # type: ignore[attr-defined]
-    return pd.DataFrame(cols, copy=False)
+    frame = pd.DataFrame(cols, copy=False)
+    cell = np.asarray(cols["cell"])
+    if n > 1 and not bool((cell[1:] >= cell[:-1]).all()):
+        # rows in cell order (stable: a cell keeps its rows' order; the index keeps the row's
+        # position in ``df``): every per-cell median is then a contiguous slice (see Groups)
+        order = np.argsort(cell.astype(np.int16 if cell.max() < 2**15 else np.int64), kind="stable")
+        frame = frame.take(order)
+    return frame
 
 
 def cell_table(cur: pd.DataFrame) -> pd.DataFrame:
@@ -130,6 +139,48 @@ def _present(df: pd.DataFrame, metrics: Iterable[str]) -> list[str]:
     return [m for m in metrics if df[m].notna().any()]
 
 
+def _matrix(df: pd.DataFrame, cols: list[str]) -> np.ndarray:
+    """Columns as one (rows, columns) float array, without pandas' block interleaving."""
+    if not cols:
+        return np.zeros((len(df), 0))
+    return np.column_stack([df[c].to_numpy(dtype=float, na_value=np.nan) for c in cols])
+
+
+def _columns(df: pd.DataFrame, cols: Iterable[str]) -> list[np.ndarray]:
+    return [df[c].to_numpy(dtype=float, na_value=np.nan) for c in cols]
+
+
+class Middles:
+    """The two middle badness figures of every metric per cell of the included rows, taken once:
+    the median of a figure, of its badness, of its difference to a per-cell reference and the
+    lower median all follow from them (``±log`` is monotone)."""
+
+    def __init__(self, inc: pd.DataFrame, groups: Groups) -> None:
+        lo, hi = groups.middles(_columns(inc, _bcols(ALL_METRICS)))
+        self.groups = groups
+        self.lo = pd.DataFrame(lo, index=groups.present, columns=list(ALL_METRICS))
+        self.hi = pd.DataFrame(hi, index=groups.present, columns=list(ALL_METRICS))
+        # a figure <= 0 has no badness: its cell's figure median is taken directly (see summarise)
+        has_b = groups.counts([~np.isnan(inc[B[m]].to_numpy()) for m in ALL_METRICS])
+        has_v = groups.counts([~np.isnan(inc[m].to_numpy()) for m in ALL_METRICS])
+        self.exact = pd.Series((has_b == has_v).all(axis=0), index=list(ALL_METRICS))
+
+    def badness(self, metrics: list[str]) -> np.ndarray:
+        return np.asarray((self.lo[metrics].to_numpy() + self.hi[metrics].to_numpy()) / 2)
+
+    def figure(self, m: str) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return np.asarray((np.exp(SIGN[m] * self.lo[m].to_numpy()) + np.exp(SIGN[m] * self.hi[m].to_numpy())) / 2)
+
+
+def _by_code(g: Groups, per_group: np.ndarray) -> np.ndarray:
+    """Per-group results (present groups) spread to a table indexed by code (NaN where absent)."""
+    size = int(g.present.max()) + 1 if len(g) else 0
+    full = np.full((size, *per_group.shape[1:]), np.nan)
+    full[g.present] = per_group
+    return full
+
+
 def _change(metric: str, d: Any) -> Any:
     """Badness difference (log units) -> relative change of the figure (value / reference - 1)."""
     return np.expm1(SIGN[metric] * d)
@@ -153,7 +204,8 @@ def _sign_p(k: Any, n: Any) -> Any:
 
 
 # -- outliers -----------------------------------------------------------------------------------
-def fleet_deviation(cur: pd.DataFrame, th: Thresholds) -> tuple[pd.DataFrame, pd.DataFrame]:
+def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = None
+                    ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Long frame (module, key, profile, metric, cell, b, dev, z) of the primary metrics, and per
     cell the robust spread (1.4826 MAD, log units ~ relative sd) of each primary metric.
 
@@ -165,12 +217,12 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds) -> tuple[pd.DataFrame, pd
     if not cols:
         return pd.DataFrame(columns=["mod", "modkey", "cell", "mi", "b", "dev", "z", "scale"]), pd.DataFrame()
     cell = cur["cell"].to_numpy()
-    vals = cur[cols]
-    med = vals.groupby(cell).median()
-    dev = vals.to_numpy() - np.take(med.to_numpy(), cell, axis=0)
-    mad = pd.DataFrame(np.abs(dev), columns=cols).groupby(cell).median()
-    spread = 1.4826 * mad
-    scale = np.maximum(np.take(spread.to_numpy(), cell, axis=0), th.z_floor)
+    g = groups or Groups(cell)
+    vals = _matrix(cur, cols)
+    dev = vals - np.take(_by_code(g, g.median(vals)), cell, axis=0)
+    spread_np = 1.4826 * g.median(np.abs(dev))
+    spread = pd.DataFrame(spread_np, index=g.present, columns=cols)
+    scale = np.maximum(np.take(_by_code(g, spread_np), cell, axis=0), th.z_floor)
     z = dev / scale
     ok = ~np.isnan(dev)
 
@@ -180,7 +232,7 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds) -> tuple[pd.DataFrame, pd
     long = pd.DataFrame({
         "mod": flat(cur["mod"].to_numpy()), "modkey": flat(cur["modkey"].to_numpy()), "cell": flat(cell),
         "mi": np.broadcast_to(np.array([PRIMARY_METRICS.index(m) for m in metrics], dtype=np.int8), ok.shape)[ok],
-        "b": vals.to_numpy()[ok], "dev": dev[ok], "z": z[ok], "scale": scale[ok],
+        "b": vals[ok], "dev": dev[ok], "z": z[ok], "scale": scale[ok],
     }, copy=False)
     return long, spread.rename(columns={B[m]: m for m in metrics})
 
@@ -191,11 +243,14 @@ def _outlier_stats(long: pd.DataFrame, by: str) -> pd.DataFrame:
     dev, z = long["dev"].to_numpy(), long["z"].to_numpy()
     size = int(g.max()) + 1 if len(g) else 0
 
-    def count(w: np.ndarray) -> np.ndarray:
-        return np.bincount(g, weights=w.astype(float), minlength=size)
+    def below_above(v: np.ndarray, lo: float, hi: float) -> np.ndarray:
+        """Per group: how many values below ``lo``, in between, above ``hi`` (one bincount)."""
+        side = 1 + (v > hi).astype(np.int64) - (v < lo)
+        return np.bincount(g * 3 + side, minlength=size * 3).reshape(size, 3).astype(float)
 
-    s = pd.DataFrame({"cells": count(np.ones(len(g))), "pos": count(dev > 0), "neg": count(dev < 0),
-                      "zpos": count(z > 3), "zneg": count(z < -3)})
+    sign, out = below_above(dev, 0.0, 0.0), below_above(z, -3.0, 3.0)
+    s = pd.DataFrame({"cells": sign.sum(axis=1), "pos": sign[:, 2], "neg": sign[:, 0],
+                      "zpos": out[:, 2], "zneg": out[:, 0]})
     s = s[s["cells"] > 0].assign(typ=long["dev"].groupby(g).median())
     up = s["typ"] > 0
     k = np.where(up, s["pos"], s["neg"])
@@ -253,13 +308,17 @@ def _deviation(by_key: pd.DataFrame, names: Names) -> pd.DataFrame:
 
 
 def refine_outliers(cur: pd.DataFrame, long: pd.DataFrame, names: Names, outliers: tuple[Outlier, ...],
-                    excluded: np.ndarray, deviation: pd.DataFrame, th: Thresholds
+                    excluded: np.ndarray, deviation: pd.DataFrame, th: Thresholds,
+                    inc: pd.DataFrame | None = None, mid: Middles | None = None
                     ) -> tuple[tuple[Outlier, ...], pd.DataFrame]:
     """The outliers' factors and worst cases against the fleet *without* them (the median of all
     modules is pulled a little toward the outliers)."""
     metrics = list(PRIMARY_METRICS)  # "mi" indexes these
-    med = cur[_bcols(metrics)].mask(pd.Series(excluded, index=cur.index), axis=0).groupby(cur["cell"]).median()
-    med_np = med.reindex(range(int(cur["cell"].max()) + 1)).to_numpy()
+    if mid is None:
+        inc = cur[~excluded] if inc is None else inc
+        mid = Middles(inc, Groups(inc["cell"].to_numpy()))
+    med_np = np.full((int(cur["cell"].max()) + 1, len(metrics)), np.nan)
+    med_np[mid.groups.present] = mid.badness(metrics)
     codes = [int(names.modules.get_loc(o.module)) for o in outliers]
     mine = long[long["mod"].isin(codes)]
     dev = mine["b"].to_numpy() - med_np[mine["cell"].to_numpy(), mine["mi"].to_numpy().astype(int)]
@@ -375,24 +434,36 @@ def _threshold(metric: str, tol: float) -> float:
 
 
 def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
-           ref_cells: pd.DataFrame | None) -> pd.DataFrame:
+           ref_cells: pd.DataFrame | None, groups: Groups | None = None, mid: Middles | None = None
+           ) -> pd.DataFrame:
     """Per (key, profile, metric): fleet median of d, modules, modules worse *beyond tolerance*,
     reference (``ref_cells`` per cell code, else the geometric mean of the rows' ``r_<m>``);
     long and small."""
     dcols, rcols = [f"d_{m}" for m in metrics], [f"r_{m}" for m in metrics]
     cell = d["cell"].to_numpy()
+    g = groups or Groups(cell)
+    dv = _columns(d, dcols)
+    if mid is not None and ref_cells is not None:  # d = badness - the cell's reference: shift the middles
+        r = ref_cells[rcols].reindex(g.present).to_numpy()
+        lo, hi = mid.lo[metrics].to_numpy() - r, mid.hi[metrics].to_numpy() - r
+    else:
+        lo, hi = g.middles(dv)
     # the lower median of the badness: with an even count the less bad of the middle two, so
     # that half of a small fleet is not a fleet-wide regression
-    med = d[dcols].groupby(cell).median()
-    n_rows = np.bincount(cell)
-    few = np.flatnonzero((n_rows > 0) & (n_rows < 12))  # small fleets: the median of an even count matters
-    if len(few):
-        sub = np.isin(cell, few)
-        med.loc[few] = d.loc[sub, dcols].groupby(cell[sub]).quantile(0.5, interpolation="lower").reindex(few)
-    med = med.join(ref_cells[rcols] if ref_cells is not None else d[rcols].groupby(cell).mean())
-    n = d[dcols].notna().groupby(cell).sum()
+    n_rows = g.ends - g.starts
+    few = (n_rows < 12)[:, None]  # small fleets: the median of an even count matters
+    med = pd.DataFrame(np.where(few, lo, (lo + hi) / 2), index=g.present, columns=dcols)
+    if ref_cells is not None:
+        med = med.join(ref_cells[rcols])
+    else:
+        total, count = g.sums(_columns(d, rcols))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            med = med.join(pd.DataFrame(total / count, index=g.present, columns=rcols))
     thr = np.array([_threshold(m, th.tol(m)) for m in metrics])
-    pos = pd.DataFrame(d[dcols].to_numpy() > thr, columns=dcols).groupby(cell).sum()
+    with np.errstate(invalid="ignore"):
+        counts = g.counts([~np.isnan(v) for v in dv] + [v > t for v, t in zip(dv, thr, strict=True)])
+    n = pd.DataFrame(counts[:, :len(dcols)], index=g.present, columns=dcols)
+    pos = pd.DataFrame(counts[:, len(dcols):], index=g.present, columns=dcols)
     ids = names.cells.reindex(med.index)
     parts = [pd.DataFrame({"model_key": ids["model_key"], "profile": ids["profile"], "metric": m,
                            "d": med[f"d_{m}"], "n": n[f"d_{m}"], "worse": pos[f"d_{m}"],
@@ -429,12 +500,13 @@ def _wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
 
 
 def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
-                  ref_cells: pd.DataFrame | None = None) -> tuple[list[Change], list[Regression], pd.DataFrame]:
+                  ref_cells: pd.DataFrame | None = None, groups: Groups | None = None, mid: Middles | None = None
+                  ) -> tuple[list[Change], list[Regression], pd.DataFrame]:
     """Key-level changes (all of them) and the regressions among them, plus single-profile ones."""
     metrics = [m for m in ALL_METRICS if d[f"d_{m}"].notna().any()]
     if not metrics:
         return [], [], pd.DataFrame()
-    cells = _cells(d, metrics, names, th, ref_cells)
+    cells = _cells(d, metrics, names, th, ref_cells, groups, mid)
     changes: list[Change] = []
     regs: list[Regression] = []
     key_regressed: set[tuple[str, str]] = set()
@@ -591,16 +663,25 @@ def fold(regs: list[Regression], outliers: tuple[Outlier, ...]) -> list[Regressi
 
 # -- summary and completeness -------------------------------------------------------------------
 def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, included: np.ndarray,
-              spread: pd.DataFrame) -> pd.DataFrame:
+              spread: pd.DataFrame, groups: Groups | None = None, mid: Middles | None = None
+              ) -> pd.DataFrame:
     """Per (key, profile, metric): fleet median (``fleet``: without outlier modules), robust spread
     (1.4826 MAD of log figures ~ relative sd), min, max, count, baseline and change."""
     metrics = _present(cur, ALL_METRICS)
     if not metrics:
         return pd.DataFrame()
     cell = cur["cell"].to_numpy()
-    vals = cur[metrics]
-    agg = vals.groupby(cell).agg(["min", "max", "count"])
-    inc = (vals if included.all() else vals.mask(pd.Series(~included, index=cur.index), axis=0)).groupby(cell).median()
+    g = groups or Groups(cell)
+    vals = _columns(cur, metrics)
+    mn, mx = g.extremes(vals)
+    count = g.counts([~np.isnan(v) for v in vals])
+    agg = {"min": pd.DataFrame(mn, index=g.present, columns=metrics),
+           "max": pd.DataFrame(mx, index=g.present, columns=metrics),
+           "count": pd.DataFrame(count.astype(np.int64), index=g.present, columns=metrics)}
+    gi = mid.groups if mid is not None else Groups(cell[included])
+    inc = pd.DataFrame(index=gi.present)
+    for m, v in zip(metrics, vals, strict=True):
+        inc[m] = mid.figure(m) if mid is not None and mid.exact[m] else gi.median([v[included]])[:, 0]
     ids = cell_table(cur)
     firsts = cur["cell"].drop_duplicates()
     shape = rows.reset_index(drop=True).reindex(columns=list(_SHAPE))
@@ -612,7 +693,7 @@ def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, i
         part = pd.DataFrame({"model_key": ids["model_key"], "profile": ids["profile"], "metric": m,
                              "fleet": inc[m],
                              "spread": spread[sp] if sp in spread.columns else np.nan,
-                             "min": agg[(m, "min")], "max": agg[(m, "max")], "count": agg[(m, "count")]})
+                             "min": agg["min"][m], "max": agg["max"][m], "count": agg["count"][m]})
         if refv is not None:
             part["baseline"] = refv[m].to_numpy()
             part["change"] = part["fleet"] / part["baseline"] - 1
@@ -717,18 +798,22 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         notes.append("no baseline: only each module's previous run and the fleet itself are compared")
 
     names = Names(cur)
-    long, spread = fleet_deviation(cur, th)
+    cells_all = Groups(cur["cell"].to_numpy())  # sorted once, reused by every per-cell median
+    long, spread = fleet_deviation(cur, th, cells_all)
     outliers, deviation = find_outliers(long, names, th)
     excluded = outlier_mask(cur, outliers)
-    if outliers and (~excluded).any():
-        outliers, deviation = refine_outliers(cur, long, names, outliers, excluded, deviation, th)
-    inc = cur[~excluded] if (~excluded).any() else cur
+    some_excluded = bool(excluded.any()) and bool((~excluded).any())
+    inc = cur[~excluded] if some_excluded else cur
+    cells_inc = Groups(inc["cell"].to_numpy()) if some_excluded else cells_all
+    mid = Middles(inc, cells_inc) if some_excluded or not excluded.any() else None
+    if some_excluded:
+        outliers, deviation = refine_outliers(cur, long, names, outliers, excluded, deviation, th, inc, mid)
 
     changes: list[Change] = []
     regs: list[Regression] = []
     if ref is not None and len(inc):
         d, ref_cells = diff_to_reference(inc, ref)
-        ch, rg, _ = fleet_compare(d, names, baseline_label, th, ref_cells)
+        ch, rg, _ = fleet_compare(d, names, baseline_label, th, ref_cells, cells_inc, mid)
         changes += ch
         regs += rg
         regs += correctness(inc, per_row(inc, ref[["correct"]], K)["correct"].to_numpy(dtype=float), baseline_label)
@@ -736,7 +821,8 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     if prev is not None and len(inc):
         prev_ids = tuple(sorted(map(str, previous["run_id"].unique()))) if previous is not None else ()
         dp = diff_to_previous(cur, prev)
-        ch, rg, _ = fleet_compare(dp[~excluded] if excluded.any() else dp, names, previous_label, th)
+        ch, rg, _ = fleet_compare(dp[~excluded] if some_excluded else dp, names, previous_label, th,
+                                  groups=cells_inc)
         changes += ch
         regs += rg
         fleet_wide = {(r.model_key, DERIVED.get(r.metric, r.metric)) for r in regs
@@ -751,7 +837,7 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         run_id=run_id, release=release, baseline_id=baseline_id, previous_ids=prev_ids, verdict=verdict,
         regressions=regressions, outliers=outliers, changes=tuple(changes), notes=tuple(notes),
         modules=tuple(sorted(map(str, cur["module"].unique()))), thresholds=th,
-        summary=summarise(cur, rows, ref, ~excluded, spread), rows=rows, reference=ref,
+        summary=summarise(cur, rows, ref, ~excluded, spread, cells_all, mid), rows=rows, reference=ref,
         deviation=deviation, disagreements=disagreements, probe_checked=probe_checked,
     )
 

@@ -21,11 +21,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from agent.settings import BrokerSettings
 from controller import deploy as dep
 from controller.deploy_cli import register
 from controller.inventory import Inventory, Module
 from controller.push import PushResult, file_sha256, push_release
+from controller.settings import ControllerSettings
 from tests.ssh.conftest import REDIS_PASSWORD, CachedWheelhouse, lab_modules
 from tests.ssh.netns import Lab
 
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.netns]
 NASTY = "/data/models; $(touch /tmp/f7-pwned) `touch /tmp/f7-pwned2` 'q\" & |x"
 
 
-def cli(mods: list[Module], settings: BrokerSettings) -> typer.Typer:
+def cli(mods: list[Module], settings: ControllerSettings) -> typer.Typer:
     app = typer.Typer()
     devices = typer.Typer()
     app.add_typer(devices, name="devices")
@@ -59,7 +59,7 @@ def random_file(path: Path, size: int) -> Path:
 # ------------------------------------------------------------------------------------- deploy
 @pytest.mark.redis
 def test_deploy_redeploy_check_and_a_module_down(lab: Lab, lab_redis: str, wheelhouse: CachedWheelhouse) -> None:
-    settings = BrokerSettings(broker_url=lab_redis, heartbeat_interval=1.0, offline_after=5.0)
+    settings = ControllerSettings(broker_url=lab_redis, heartbeat_interval=1.0, offline_after=5.0)
     mods = lab_modules(lab, model_root=NASTY)
     opts = dep.DeployOptions(known_hosts=lab.known_hosts, identity=lab.client_key, settings=settings,
                              wheelhouse=wheelhouse, heartbeat_timeout=120)
@@ -125,7 +125,7 @@ def test_deploy_redeploy_check_and_a_module_down(lab: Lab, lab_redis: str, wheel
 
 
 def test_deploy_dry_run_changes_nothing_and_refuses_a_changed_host_key(lab: Lab) -> None:
-    settings = BrokerSettings(broker_url="redis://10.231.7.1:1/0")
+    settings = ControllerSettings(broker_url="redis://10.231.7.1:1/0")
     m = lab_modules(lab, workdir="~/dry run $(x)")[:2]
 
     stub = dep.Wheelhouse((), Path(dep.__file__), Path(dep.__file__).with_name("m1000_fleet-0.1.0-py3.whl"),
@@ -165,7 +165,7 @@ def test_push_skip_refusals_and_cli(lab: Lab, tmp_path: Path) -> None:
     second = push_release(mods, tar, digest, **kw)  # type: ignore[arg-type]
     assert all(r.skipped and r.bytes == 0 and r.error is None for r in second.values())
 
-    res = CliRunner().invoke(cli(mods, BrokerSettings()), ["push", str(tar), "--devices", "mod-a", *trust(lab)])
+    res = CliRunner().invoke(cli(mods, ControllerSettings()), ["push", str(tar), "--devices", "mod-a", *trust(lab)])
     assert res.exit_code == 0 and "skipped (present)" in res.output, res.output
 
     changed, down = lab.host("mod-b"), lab.host("mod-c")
@@ -176,7 +176,7 @@ def test_push_skip_refusals_and_cli(lab: Lab, tmp_path: Path) -> None:
         assert third["mod-a"].skipped
         assert "CHANGED" in str(third["mod-b"].error) and "refusing" in str(third["mod-b"].error)
         assert "unreachable" in str(third["mod-c"].error)
-        res = CliRunner().invoke(cli(mods, BrokerSettings()), ["push", str(tar), *trust(lab)])
+        res = CliRunner().invoke(cli(mods, ControllerSettings()), ["push", str(tar), *trust(lab)])
         assert res.exit_code == 1
     finally:
         down.start()

@@ -1,0 +1,109 @@
+"""Reductions of rows grouped by a few dense integer codes (the report's cells), sorted once.
+
+``pandas.DataFrame.groupby(codes).median()`` hashes the codes, interleaves the columns and
+sorts the groups again on every call; a report takes a dozen such medians of the same
+grouping. :class:`Groups` sorts the rows by code once (a radix sort of small integers) and
+answers each reduction with one ``np.partition`` per (group, column): the two middle order
+statistics give the median, the lower median, and the median of any monotone transform of
+the column (the badness ``±log`` of a figure) without another pass.
+
+Semantics follow pandas: NaN is skipped; a group whose column is all NaN gives NaN; only
+groups present in the codes are returned, in increasing code order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+Columns = Sequence[np.ndarray] | np.ndarray  # 1-D columns, or a (rows, columns) array
+
+
+class Groups:
+    """Rows grouped by ``codes`` (non-negative integers, few distinct values)."""
+
+    def __init__(self, codes: np.ndarray) -> None:
+        codes = np.asarray(codes)
+        self.codes = codes
+        if len(codes) < 2 or bool((codes[1:] >= codes[:-1]).all()):
+            self.order: np.ndarray | None = None  # already in group order (a prepared report frame)
+        else:
+            small = codes.astype(np.int16) if int(codes.max()) < 2**15 else codes
+            self.order = np.argsort(small, kind="stable")  # radix sort for 16-bit codes
+        counts = np.bincount(codes) if len(codes) else np.zeros(0, dtype=np.int64)
+        self.present = np.flatnonzero(counts)
+        bounds = np.concatenate(([0], np.cumsum(counts)))
+        self.starts, self.ends = bounds[self.present], bounds[self.present + 1]
+
+    def __len__(self) -> int:
+        return len(self.present)
+
+    def _sorted(self, values: Columns) -> list[np.ndarray]:
+        """Each column in group order (views when the rows are already in group order)."""
+        if isinstance(values, np.ndarray):
+            v = values if values.ndim == 2 else values.reshape(-1, 1)
+            cols = [v[:, j] for j in range(v.shape[1])]
+        else:
+            cols = list(values)
+        cols = [np.asarray(c, dtype=float) for c in cols]
+        return cols if self.order is None else [c[self.order] for c in cols]
+
+    def _sorted_raw(self, cols: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return list(cols) if self.order is None else [c[self.order] for c in cols]
+
+    def middles(self, values: Columns) -> tuple[np.ndarray, np.ndarray]:
+        """Lower and upper middle order statistics per (group, column), NaN skipped."""
+        x = self._sorted(values)
+        k = len(x)
+        lo = np.full((len(self), k), np.nan)
+        hi = np.full((len(self), k), np.nan)
+        for j in range(k):
+            col = x[j]
+            for i, (s, e) in enumerate(zip(self.starts, self.ends, strict=True)):
+                seg = col[s:e]
+                seg = seg[~np.isnan(seg)]
+                m = len(seg)
+                if not m:
+                    continue
+                a, b = (m - 1) // 2, m // 2
+                part = np.partition(seg, (a, b) if a != b else a)
+                lo[i, j], hi[i, j] = part[a], part[b]
+        return lo, hi
+
+    def median(self, values: Columns) -> np.ndarray:
+        lo, hi = self.middles(values)
+        return (lo + hi) / 2
+
+    def counts(self, flags: Sequence[np.ndarray]) -> np.ndarray:
+        """How many rows are true per (group, column) of boolean columns."""
+        out = np.zeros((len(self), len(flags)), dtype=np.int64)
+        if len(self):
+            for j, f in enumerate(self._sorted_raw(flags)):
+                out[:, j] = np.add.reduceat(f, self.starts, dtype=np.int64)
+        return out
+
+    def sums(self, values: Columns) -> tuple[np.ndarray, np.ndarray]:
+        """Sum and count of the non-NaN values per (group, column)."""
+        x = self._sorted(values)
+        s = np.zeros((len(self), len(x)))
+        c = np.zeros((len(self), len(x)), dtype=np.int64)
+        if len(self):
+            for j, col in enumerate(x):
+                ok = ~np.isnan(col)
+                s[:, j] = np.add.reduceat(np.where(ok, col, 0.0), self.starts)
+                c[:, j] = np.add.reduceat(ok, self.starts, dtype=np.int64)
+        return s, c
+
+    def extremes(self, values: Columns) -> tuple[np.ndarray, np.ndarray]:
+        """Min and max per (group, column), NaN skipped (NaN where a group has none)."""
+        x = self._sorted(values)
+        mn = np.full((len(self), len(x)), np.nan)
+        mx = np.full((len(self), len(x)), np.nan)
+        if len(self):
+            with np.errstate(invalid="ignore"):
+                for j in range(len(x)):
+                    col = np.ascontiguousarray(x[j])
+                    mn[:, j] = np.fmin.reduceat(col, self.starts)
+                    mx[:, j] = np.fmax.reduceat(col, self.starts)
+        return mn, mx
