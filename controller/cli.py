@@ -523,11 +523,11 @@ def run(argv: list[str] | None = None) -> int:
         error(f"this command needs the controller extras (no module {e.name!r}): install m1000-fleet[controller]")
         return EXIT_ERROR
     except Exception as e:
-        from controller.fleet import BROKER_ERRORS
+        from controller.fleet import broker_errors
 
         if isinstance(e, user_error_types()):
             error(error_line(e))
-        elif isinstance(e, BROKER_ERRORS):
+        elif isinstance(e, broker_errors()):
             error(f"broker unreachable: {error_line(e)}")
         else:  # a bug: keep the traceback, still exit "error"
             import traceback

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent.errors import BadInput
 from agent.records import Heartbeat, RunProgress, RunRequest, RunState, StepError, release_version_of
@@ -58,12 +58,6 @@ def broker_errors() -> tuple[type[BaseException], ...]:
     from redis.exceptions import RedisError
 
     return (RedisError, OperationalError, ConnectionError, TimeoutError)
-
-
-def __getattr__(name: str) -> Any:  # ``BROKER_ERRORS``, without importing redis for every importer
-    if name == "BROKER_ERRORS":
-        return broker_errors()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- pure parts
