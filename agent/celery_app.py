@@ -74,6 +74,7 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet") -> Celery:
         for p in f.values():
             p.mkdir(parents=True, exist_ok=True)
         conf["broker_url"] = "filesystem://"
+        conf["broker_transport"] = "agent.safe_transport:FilesystemTransport"  # messages written atomically
         conf["broker_transport_options"] = {
             "data_folder_in": str(f["queue"]),
             "data_folder_out": str(f["queue"]),
