@@ -58,3 +58,17 @@ def test_sentinel_app_keeps_the_hardening_and_the_module_keys(tmp_path: Path) ->
     with app.connection_for_write() as conn:
         assert isinstance(conn.transport, SentinelTransport)
         assert [a.split("/")[2] for a in conn.alt] == ["127.0.0.1:26379", "127.0.0.1:26380", "127.0.0.1:26381"]
+
+
+def test_deploy_writes_a_sentinel_config_without_the_password(tmp_path: Path) -> None:
+    import tomllib
+
+    from controller import deploy as dep
+    from controller.inventory import Module
+
+    url = "sentinel://:pw@10.0.0.1:26379;sentinel://:pw@10.0.0.2:26379;sentinel://:pw@10.0.0.3:26379/0"
+    text, pw = dep.render_config(Module(name="m1"), "/w", BrokerSettings(broker_url=url, broker_sentinel_master="lab"))
+    fleet = tomllib.loads(text)["fleet"]
+    assert pw == "pw" and "pw" not in fleet["broker_url"] and fleet["broker_url"].count("sentinel://") == 3
+    assert fleet["broker_sentinel_master"] == "lab" and fleet["broker_password_file"] == "/w/agent/broker_password"
+    assert dep.with_user(fleet["broker_url"], "m1").count("sentinel://m1@") == 3
