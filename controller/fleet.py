@@ -332,7 +332,8 @@ class Fleet:
                     rows = self.kv.rows(run_id, m)
                     if rows is not None:
                         self.history.replace_rows(run_id, m, rows)
-                self.history.upsert_progress(p, force=was_lost)
+                if p != cur:  # an unchanged module costs no write (a pass writes what changed, not N rows)
+                    self.history.upsert_progress(p, force=was_lost)
                 known[m] = cur = p
             if cur is not None and cur.state.terminal:
                 continue
