@@ -222,10 +222,16 @@ class Fleet:
         return out
 
     # -- dispatch ------------------------------------------------------------------------
-    def send(self, module: str, task: str, args: list[object], task_id: str | None = None) -> str:
-        """Publish one task on a module's queue (the only place the controller enqueues)."""
+    def send(self, module: str, task: str, args: list[object], task_id: str | None = None, *,
+             ignore_result: bool = False) -> str:
+        """Publish one task on a module's queue (the only place the controller enqueues).
+
+        ``ignore_result``: Celery keeps no result of it (a run's state travels in the KV records), so the
+        controller does not subscribe to one result channel per dispatched module.
+        """
         try:
             res = self.app.send_task(task, args=args, queue=queue_name(module), task_id=task_id,
+                                     ignore_result=ignore_result,
                                      retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2,
                                                                "interval_step": 0.5, "interval_max": 2})
         except Exception as exc:
@@ -276,7 +282,8 @@ class Fleet:
             self.history.upsert_progress(RunProgress(run_id=run_id, module=m.name, release=release,
                                                      step="queued", keys_total=len(models), updated_at=time.time()))
             try:
-                self.send(m.name, RUN_TASK, [req.model_dump(mode="json")], task_id=f"{run_id}.{m.name}")
+                self.send(m.name, RUN_TASK, [req.model_dump(mode="json")], task_id=f"{run_id}.{m.name}",
+                          ignore_result=True)
                 out[m.name] = "queued"
             except BrokerUnavailable as exc:
                 self._record_failure(run_id, m.name, release, "dispatch", str(exc), len(models))
