@@ -202,7 +202,7 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
         version, _ = st.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
         with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed,
                              slow={slow_name: opts.slow} if slow_name and opts.slow else {},
-                             timeout=opts.start_timeout):
+                             timeout=opts.start_timeout + opts.devices):  # a worker starts in ~1.5 s of CPU
             code = run_validation(st, rel.path, opts.models, "all")
         err.print(f"demo: finished in {time.monotonic() - t0:.0f} s; everything is in {base} "
                   f"(fleetctl --history {settings.history_path} report latest)", highlight=False)
