@@ -69,6 +69,8 @@ class Result:
     idle_cmds_per_s_per_module: float
     mem_per_module: float  # bytes the run added to Redis, per module
     mem_peak: float
+    mem_per_live_module: float  # Redis used memory above an empty server, per live module (after the run)
+    clients_per_module: float  # Redis connections per live module
     module_cpu: float  # CPU of one module's run, s (mean)
     statuses_cpu: float  # Fleet.statuses over the N modules, s
     statuses_cpu_noindex: float  # the same without the module_runs index (as before it existed)
@@ -106,7 +108,7 @@ def worker_pss(pid: int) -> float:
 
 def redis_info(port: int) -> dict:
     with redis.Redis(port=port) as r:
-        return {**r.info("stats"), **r.info("memory")}
+        return {**r.info("stats"), **r.info("memory"), **r.info("clients")}
 
 
 def start_batch(names: list[str], base: Path, settings: ControllerSettings, models: tuple[str, ...],
@@ -169,7 +171,7 @@ def statuses_cpu(settings: ControllerSettings, mods: list, index: bool) -> float
 
 
 def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, workers: list[Worker], port: int,
-            release_path: Path, models: tuple[str, ...], alive: int) -> Result:
+            release_path: Path, version: str, models: tuple[str, ...], alive: int, empty_mem: int) -> Result:
     history = History(settings.history_path)
     fleet = Fleet(settings, history)
     inv = load_inventory(settings.inventory)
@@ -177,9 +179,10 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
     sha = sha256_file(release_path)
     staged = stage_local_release(release_path, sha, settings.data_dir)
     console = Console(file=io.StringIO(), width=140, force_terminal=True)
-    # idle Redis traffic: every live worker heartbeats
+    # idle Redis traffic: every live worker heartbeats (after the last ones started have settled)
+    time.sleep(5.0)
     i0, t0 = redis_info(port), time.monotonic()
-    time.sleep(6.0)
+    time.sleep(10.0)
     i1, t1 = redis_info(port), time.monotonic()
     idle = (i1["total_commands_processed"] - i0["total_commands_processed"]) / (t1 - t0) / alive
     cpu0 = {w.name: tree_cpu(w.proc.pid) for w in workers[:n]}
@@ -190,7 +193,7 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
     st_cpu, st_cpu_noindex = statuses_cpu(settings, mods, True), statuses_cpu(settings, mods, False)
     c0, w0 = time.process_time(), time.monotonic()
     fleet.dispatch(run_id=run_id, modules=mods, tarballs={m.name: str(staged) for m in mods}, sha256=sha,
-                   release="1.4.1", models=models)
+                   release=version, models=models)
     dispatch_cpu = time.process_time() - c0
     pass_cpus: list[float] = []
     peak = mem0
@@ -225,7 +228,9 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
         writes_per_s=(history.conn.total_changes - changes0) / wall, rows=history.row_count(run_id),
         cmds_per_s=(i2["total_commands_processed"] - i1["total_commands_processed"]) / wall,
         idle_cmds_per_s_per_module=idle, mem_per_module=(i2["used_memory"] - mem0) / n,
-        mem_peak=max(peak, i2["used_memory"]), module_cpu=module_cpu, statuses_cpu=st_cpu,
+        mem_peak=max(peak, i2["used_memory"]),
+        mem_per_live_module=(i2["used_memory"] - empty_mem) / alive,
+        clients_per_module=(i2["connected_clients"] - 1) / alive, module_cpu=module_cpu, statuses_cpu=st_cpu,
         statuses_cpu_noindex=st_cpu_noindex, worker_pss=pss, load=load)
     fleet.close()
     history.close()
@@ -234,20 +239,25 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
 
 def table(results: list[Result]) -> str:
     one = next((r for r in results if r.n == 1), results[0])
-    head = ("| N | wall s | wall(N)/wall(1) | fan-out s | dispatch CPU ms | sync passes | CPU/pass ms | "
-            "CPU/pass/module ms | controller CPU/module ms | history writes/s | rows | Redis cmds/s | "
-            "idle cmds/s/module | Redis KiB/module | Redis peak MiB | module CPU/run s | worker PSS MiB | "
-            "statuses ms | statuses, no index, ms | load |")
-    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    cores = os.cpu_count() or 1
+    a = ["| N | wall s | wall(N)/wall(1) | modules' own CPU / cores, s | fan-out s | dispatch CPU ms | "
+         "statuses ms (no index) | sync passes | CPU/pass ms | CPU/pass/module ms | controller CPU/module ms | "
+         "history writes/s | rows |"]
+    b = ["| N | Redis cmds/s (run) | idle cmds/s per module | Redis KiB added per module by the run | "
+         "Redis KiB per live module | Redis clients per live module | Redis peak MiB | module CPU/run s | "
+         "worker PSS MiB | load |"]
+    for lines in (a, b):
+        lines.append("|" + " --- |" * (lines[0].count("|") - 1))
     for r in results:
-        lines.append(
-            f"| {r.n} | {r.wall:.1f} | {r.wall / one.wall:.2f} | {r.fanout:.2f} | {r.dispatch_cpu * 1e3:.0f} | "
-            f"{r.passes} | {r.pass_cpu * 1e3:.1f} | {r.pass_cpu * 1e3 / r.n:.2f} | {r.run_cpu * 1e3 / r.n:.1f} | "
-            f"{r.writes_per_s:.0f} | {r.rows} | {r.cmds_per_s:.0f} | {r.idle_cmds_per_s_per_module:.2f} | "
-            f"{r.mem_per_module / 1024:.1f} | {r.mem_peak / 2**20:.1f} | {r.module_cpu:.2f} | "
-            f"{r.worker_pss / 2**20:.0f} | {r.statuses_cpu * 1e3:.0f} | {r.statuses_cpu_noindex * 1e3:.0f} | "
-            f"{r.load:.1f} |")
-    return "\n".join(lines)
+        a.append(f"| {r.n} | {r.wall:.1f} | {r.wall / one.wall:.2f} | {r.n * r.module_cpu / cores:.1f} | "
+                 f"{r.fanout:.2f} | {r.dispatch_cpu * 1e3:.0f} | {r.statuses_cpu * 1e3:.0f} "
+                 f"({r.statuses_cpu_noindex * 1e3:.0f}) | {r.passes} | {r.pass_cpu * 1e3:.1f} | "
+                 f"{r.pass_cpu * 1e3 / r.n:.2f} | {r.run_cpu * 1e3 / r.n:.1f} | {r.writes_per_s:.0f} | {r.rows} |")
+        b.append(f"| {r.n} | {r.cmds_per_s:.0f} | {r.idle_cmds_per_s_per_module:.2f} | "
+                 f"{r.mem_per_module / 1024:.1f} | {r.mem_per_live_module / 1024:.1f} | {r.clients_per_module:.1f} | "
+                 f"{r.mem_peak / 2**20:.1f} | {r.module_cpu:.2f} | "
+                 f"{r.worker_pss / 2**20:.0f} | {r.load:.1f} |")
+    return "\n".join(a) + "\n\n" + "\n".join(b)
 
 
 def main() -> None:
@@ -265,6 +275,7 @@ def main() -> None:
     base = Path(args.keep or tmp.name)  # type: ignore[union-attr]
     server = RedisServer(base / "redis")
     server.start()
+    empty_mem = redis_info(server.port)["used_memory"]
     workers: list[Worker] = []
     try:
         settings = ControllerSettings(
@@ -273,7 +284,6 @@ def main() -> None:
             offline_after=max(30.0, 3 * args.heartbeat))
         names = [f"sim-{i + 1:03d}" for i in range(sizes[-1])]
         (base / "inventory.toml").write_text(inventory_toml(names, base, None))
-        rel = build_release(base / "release", time_scale=args.time_scale, noise=0.0, seed=1)
         history = History(settings.history_path)
         add_past_runs(history, names, args.past_runs)
         history.close()
@@ -283,7 +293,11 @@ def main() -> None:
             workers += start_batch(names[len(workers):n], base, settings, models)
             print(f"N={n}: {len(workers)} workers up ({time.monotonic() - t:.0f} s to start the new ones); "
                   f"validating", file=sys.stderr, flush=True)
-            r = measure(n, k, base, settings, workers, server.port, rel.path, models, len(workers))
+            # a new release per N: every module fetches, unpacks and precompiles it, as for a real new release
+            rel = build_release(base / f"release-{k}", version=f"1.5.{k}", time_scale=args.time_scale, noise=0.0,
+                                seed=1)
+            r = measure(n, k, base, settings, workers, server.port, rel.path, rel.version, models, len(workers),
+                        empty_mem)
             print(f"N={n}: wall {r.wall:.1f} s, fan-out {r.fanout:.2f} s, CPU/pass {r.pass_cpu * 1e3:.1f} ms, "
                   f"load {r.load:.1f}", file=sys.stderr, flush=True)
             results.append(r)
