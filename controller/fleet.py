@@ -109,7 +109,9 @@ def liveness(p: RunProgress | None, hb: Heartbeat | None, now: float, *, dispatc
     """Why a (run, module) that is not terminal must be given up now, or None (pure).
 
     The bounds: no heartbeat for ``lost_after``; started more than ``module_deadline`` ago; queued
-    while the module was alive and idle for ``start_timeout`` (the message never reached it).
+    while the module was alive and idle for ``start_timeout`` (the message never reached it); started,
+    and the module alive and idle while the run has not reported for ``start_timeout`` (its end never
+    reached the broker).
     """
     silent = now - hb.ts if hb is not None else now - dispatched_at
     if silent > settings.lost_after:
@@ -119,9 +121,13 @@ def liveness(p: RunProgress | None, hb: Heartbeat | None, now: float, *, dispatc
     if started is not None and now - started > settings.module_deadline:
         return f"deadline passed: running for {now - started:.0f} s (bound {settings.module_deadline:.0f} s)"
     queued = p is None or (p.state == RunState.PENDING and p.started_at is None)
-    if (queued and hb is not None and hb.run_id is None and silent <= settings.offline_after
-            and now - dispatched_at > settings.start_timeout):
+    idle = hb is not None and hb.run_id is None and silent <= settings.offline_after
+    if queued and idle and now - dispatched_at > settings.start_timeout:
         return f"never started: the module stayed idle for {now - dispatched_at:.0f} s after dispatch"
+    if not queued and p is not None and idle and now - p.updated_at > settings.start_timeout:
+        # its end never reached the broker (e.g. a write taken by a Redis master that died before its replica had it)
+        return (f"end lost: the module is idle and its run last reported {now - p.updated_at:.0f} s ago "
+                f"({p.state.value}, {p.step or 'start'})")
     return None
 
 
