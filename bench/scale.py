@@ -237,6 +237,21 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
     return res
 
 
+def redis_capacity(port: int) -> str:
+    """What one redis-server takes on this machine: redis-benchmark's SET / GET / LPUSH requests per second."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("redis-benchmark")
+    if not exe:
+        return "redis-benchmark not installed"
+    out = subprocess.run([exe, "-p", str(port), "-q", "-n", "100000", "-c", "50", "-t", "set,get,lpush"],
+                         capture_output=True, text=True, timeout=300).stdout
+    figures = [line.split(" requests per second")[0].replace(":", "") for line in out.splitlines()
+               if "requests per second" in line]
+    return ", ".join(f.split("\r")[-1].strip() + " req/s" for f in figures)
+
+
 def table(results: list[Result]) -> str:
     one = next((r for r in results if r.n == 1), results[0])
     cores = os.cpu_count() or 1
@@ -301,9 +316,13 @@ def main() -> None:
             print(f"N={n}: wall {r.wall:.1f} s, fan-out {r.fanout:.2f} s, CPU/pass {r.pass_cpu * 1e3:.1f} ms, "
                   f"load {r.load:.1f}", file=sys.stderr, flush=True)
             results.append(r)
+        stop_workers(workers, grace=20)
+        workers = []
+        capacity = redis_capacity(server.port)
         print(f"cheap modules (simulator/cheap.py, time scale {args.time_scale:g}), models {','.join(models)}, "
               f"heartbeat {args.heartbeat:g} s, Redis {server.url}; {os.cpu_count()} cores")
         print(table(results))
+        print(f"\nthis Redis on this machine (redis-benchmark, 50 clients, same server): {capacity}")
     finally:
         stop_workers(workers, grace=20)
         server.stop()
