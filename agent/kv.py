@@ -21,7 +21,6 @@ from typing import Any, NamedTuple
 
 from celery import Celery
 from celery.backends.filesystem import FilesystemBackend
-from celery.backends.redis import RedisBackend
 from pydantic import ValidationError
 
 from agent.records import Heartbeat, ResultRow, RunProgress
@@ -50,6 +49,8 @@ class KV:
                 fh.write(data)
             os.replace(tmp, path)
             return
+        from celery.backends.redis import RedisBackend  # loaded already when the backend is Redis (not embedded)
+
         if isinstance(self.backend, RedisBackend):  # Sentinel too
             # one SET with its expiry: Celery's set is MULTI, SETEX, PUBLISH, EXEC, and nobody subscribes to
             # these keys (an idle agent's beat: 2 commands instead of 8). redis-py retries a lost connection

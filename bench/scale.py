@@ -304,6 +304,11 @@ def main() -> None:
         history.close()
         results = []
         for k, n in enumerate(sizes):
+            need = (n - len(workers)) * 100 * 2**20 + 4 * 2**30  # ~80 MiB PSS a worker, and room for the others
+            if psutil.virtual_memory().available < need:
+                print(f"N={n}: skipped, {psutil.virtual_memory().available / 2**30:.1f} GiB available and "
+                      f"{n - len(workers)} more workers need ~{need / 2**30:.1f} GiB", file=sys.stderr, flush=True)
+                break
             t = time.monotonic()
             workers += start_batch(names[len(workers):n], base, settings, models)
             print(f"N={n}: {len(workers)} workers up ({time.monotonic() - t:.0f} s to start the new ones); "
