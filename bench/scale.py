@@ -34,6 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -252,6 +253,126 @@ def redis_capacity(port: int) -> str:
     return ", ".join(f.split("\r")[-1].strip() + " req/s" for f in figures)
 
 
+def fake_modules(settings: ControllerSettings, names: list[str], run_id: str, release: str, go: Any,
+                 done: Any) -> None:
+    """Stand-in for N agents at the broker seam (a process of its own, so its CPU is not the controller's).
+
+    Every module beats every ``heartbeat_interval``; once ``go`` is set, each takes its run message off
+    its queue, reports benchmarking, then done with the seed's 11 qwen3 rows, through the agents' own
+    ``KV`` records, as a real agent publishes them.
+    """
+    from agent.celery_app import make_app, queue_name
+    from agent.kv import KV
+    from agent.records import Heartbeat, KeyOutcome, RunProgress, RunState
+    from controller.demo import reference_rows
+
+    app = make_app(settings)
+    kv = KV(app)
+    client = app.backend.client
+    seed = [r for r in reference_rows() if r.model_key == "qwen3"]
+
+    def beat(run: str | None) -> None:
+        now = time.time()
+        for m in names:
+            kv.put_heartbeat(Heartbeat(module=m, agent_version="fake", ts=now, run_id=run))
+
+    beat(None)
+    last = time.monotonic()
+    while not go.wait(0.2):
+        if time.monotonic() - last >= settings.heartbeat_interval:
+            beat(None)
+            last = time.monotonic()
+    for m in names:
+        client.delete(queue_name(m))  # the run message, taken
+        now = time.time()
+        kv.put_progress(RunProgress(run_id=run_id, module=m, release=release, state=RunState.BENCHMARKING,
+                                    step="benchmark", model_key="qwen3", keys_total=1, started_at=now,
+                                    updated_at=now, progress=0.5))
+    beat(run_id)
+    time.sleep(2.0)
+    for m in names:
+        rows = [r.model_copy(update={"run_id": run_id, "module": m, "release": release}) for r in seed]
+        kv.put_rows(run_id, m, rows)
+        now = time.time()
+        kv.put_progress(RunProgress(run_id=run_id, module=m, release=release, state=RunState.DONE, step="done",
+                                    keys_total=1, keys_done=1, progress=1.0, started_at=now - 2, updated_at=now,
+                                    finished_at=now, rows=len(rows), outcomes=(KeyOutcome(
+                                        model_key="qwen3", status="passed", rows=len(rows)),)))
+    beat(None)
+    done.set()
+
+
+def controller_only(sizes: list[int], base: Path, server: RedisServer, past_runs: int) -> str:
+    """The controller and Redis at N beyond what real workers fit in: agents faked at the broker seam."""
+    import multiprocessing
+
+    lines = ["| N (fake agents) | dispatch CPU s | statuses ms (no index) | sync passes | CPU/pass ms | "
+             "CPU/pass/module ms | controller CPU/module ms | history writes/s | rows | "
+             "Redis KiB/module (data) | Redis cmds/s |"]
+    lines.append("|" + " --- |" * (lines[0].count("|") - 1))
+    ctx = multiprocessing.get_context("spawn")
+    for k, n in enumerate(sizes):
+        folder = base / f"fake-{n}"
+        folder.mkdir(parents=True)
+        names = [f"fake-{i + 1:05d}" for i in range(n)]
+        (folder / "inventory.toml").write_text(inventory_toml(names, folder, None))
+        settings = ControllerSettings(broker_url=f"redis://127.0.0.1:{server.port}/{1 + k % 15}",
+                                      data_dir=folder / "fleet", inventory=folder / "inventory.toml",
+                                      history=folder / "history.sqlite", heartbeat_interval=5.0, offline_after=30.0)
+        history = History(settings.history_path)
+        add_past_runs(history, names, past_runs)
+        fleet = Fleet(settings, history)
+        mods = list(load_inventory(settings.inventory).modules)
+        go, done = ctx.Event(), ctx.Event()
+        run_id = f"fake-{n}"
+        proc = ctx.Process(target=fake_modules, args=(settings, names, run_id, "1.5.0", go, done))
+        proc.start()
+        from agent.kv import KV
+        while any(hb is None for hb in KV(fleet.app).heartbeats(names[-1:]).values()):
+            time.sleep(0.2)
+        time.sleep(1.0)
+        i0 = redis_info(server.port)
+        st_cpu = statuses_cpu(settings, mods, True)
+        st_noindex = statuses_cpu(settings, mods, False) if n <= 2000 else float("nan")  # quadratic: minutes
+        c0, w0 = time.process_time(), time.monotonic()
+        changes0 = history.conn.total_changes
+        tarball = "/srv/SGLang-MUSA-M1000-M1000_1.5.0_sglang.tar.gz"
+        fleet.dispatch(run_id=run_id, modules=mods, tarballs={m.name: tarball for m in mods},
+                       sha256="0" * 64, release="1.5.0", models=("qwen3",))
+        dispatch_cpu = time.process_time() - c0
+        go.set()
+        console = Console(file=io.StringIO(), width=140, force_terminal=True)
+        pass_cpus = []
+        while True:
+            time.sleep(0.5)
+            c = time.process_time()
+            view = fleet.sync(run_id)
+            console.print(render(view, title=f"run {run_id}"))
+            console.file = io.StringIO()
+            pass_cpus.append(time.process_time() - c)
+            if view.finished:
+                break
+            if time.monotonic() - w0 > 180 or not proc.is_alive() and not done.is_set():
+                raise SystemExit(f"fake run on {n} modules not finished (fake agents alive: {proc.is_alive()})")
+        wall, run_cpu = time.monotonic() - w0, time.process_time() - c0
+        i1 = redis_info(server.port)
+        proc.join(timeout=30)
+        with redis.Redis(port=server.port, db=1 + k % 15) as r:
+            data = sum(r.memory_usage(key) or 0 for key in r.scan_iter(count=1000))
+        if view.state() != "done":
+            raise SystemExit(f"fake run on {n} modules ended {view.state()}: " + "; ".join(
+                f"{m} {p.error.one_line() if p and p.error else p}" for m, p in list(view.progress.items())[:3]))
+        lines.append(f"| {n} | {dispatch_cpu:.2f} | {st_cpu * 1e3:.0f} ({st_noindex * 1e3:.0f}) | {len(pass_cpus)} | "
+                     f"{statistics.mean(pass_cpus) * 1e3:.0f} | {statistics.mean(pass_cpus) * 1e3 / n:.2f} | "
+                     f"{run_cpu * 1e3 / n:.1f} | {(history.conn.total_changes - changes0) / wall:.0f} | "
+                     f"{history.row_count(run_id)} | {data / n / 1024:.1f} | "
+                     f"{(i1['total_commands_processed'] - i0['total_commands_processed']) / wall:.0f} |")
+        print(lines[-1], file=sys.stderr, flush=True)
+        fleet.close()
+        history.close()
+    return "\n".join(lines)
+
+
 def table(results: list[Result]) -> str:
     one = next((r for r in results if r.n == 1), results[0])
     cores = os.cpu_count() or 1
@@ -281,6 +402,7 @@ def main() -> None:
     ap.add_argument("--models", default="qwen3")
     ap.add_argument("--time-scale", type=float, default=SCALE)
     ap.add_argument("--heartbeat", type=float, default=5.0, help="agent heartbeat interval, s (production: 5)")
+    ap.add_argument("--fake", default="", help="also N agents faked at the broker seam, e.g. 1000,5000")
     ap.add_argument("--past-runs", type=int, default=20, help="earlier runs of every module in the history")
     ap.add_argument("--keep", help="keep everything in this folder (default: a temporary one, removed)")
     args = ap.parse_args()
@@ -323,10 +445,14 @@ def main() -> None:
             results.append(r)
         stop_workers(workers, grace=20)
         workers = []
+        fake = controller_only([int(x) for x in args.fake.split(",") if x], base, server, args.past_runs)
         capacity = redis_capacity(server.port)
         print(f"cheap modules (simulator/cheap.py, time scale {args.time_scale:g}), models {','.join(models)}, "
               f"heartbeat {args.heartbeat:g} s, Redis {server.url}; {os.cpu_count()} cores")
         print(table(results))
+        if args.fake:
+            print(f"\nagents faked at the broker seam (heartbeats, progress, 11 rows each, through agent.kv; "
+                  f"history with {args.past_runs} earlier runs of every module)\n{fake}")
         print(f"\nthis Redis on this machine (redis-benchmark, 50 clients, same server): {capacity}")
     finally:
         stop_workers(workers, grace=20)
