@@ -74,6 +74,7 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet") -> Celery:
         for p in f.values():
             p.mkdir(parents=True, exist_ok=True)
         conf["broker_url"] = "filesystem://"
+        conf["broker_transport"] = "agent.safe_transport:FilesystemTransport"  # messages written atomically
         conf["broker_transport_options"] = {
             "data_folder_in": str(f["queue"]),
             "data_folder_out": str(f["queue"]),
@@ -89,10 +90,15 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet") -> Celery:
     else:
         url = settings.broker_url_with_secret()
         conf["broker_url"] = url
-        conf["broker_transport"] = "agent.safe_transport:Transport"  # drops what is not a kombu message
         conf["result_backend"] = url
+        # drops what is not a kombu message (Sentinel: the same checks on kombu's Sentinel transport)
+        conf["broker_transport"] = "agent.safe_transport:" + ("SentinelTransport" if settings.is_sentinel
+                                                              else "Transport")
         opts: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout, "socket_timeout": 10,
                 "socket_connect_timeout": 5, "retry_on_timeout": True, "health_check_interval": 10}
+        if settings.is_sentinel:  # the Sentinels name the master; a failover is followed on the next connection
+            opts.update({"master_name": settings.broker_sentinel_master,
+                         "sentinel_kwargs": {"socket_timeout": 5, "socket_connect_timeout": 5}})
         conf["result_backend_transport_options"] = dict(opts)
         module = getattr(settings, "module", None)
         if module:  # an agent: its unacked messages under keys of its own (one Redis ACL user per module)

@@ -50,6 +50,14 @@ class KV:
                 fh.write(data)
             os.replace(tmp, path)
             return
+        from celery.backends.redis import RedisBackend  # loaded already when the backend is Redis (not embedded)
+
+        if isinstance(self.backend, RedisBackend):  # Sentinel too
+            # one SET with its expiry: Celery's set is MULTI, SETEX, PUBLISH, EXEC, and nobody subscribes to
+            # these keys (an idle agent's beat: 2 commands instead of 8). redis-py retries a lost connection
+            # once; what must arrive is re-sent by its writer.
+            self.backend.client.set(key, data, ex=int(self.backend.expires) if self.backend.expires else None)
+            return
         # fail fast (Celery's default retries a write for ~20 s): what must arrive is re-sent by its writer
         self.backend.set(key.encode(), data, max_retries=1, interval_start=0.2, interval_step=0.5, interval_max=0.5)
 

@@ -7,7 +7,14 @@ stops the whole worker ("Unrecoverable error"). This transport checks the envelo
 and drops (with an error logged) what it cannot use; a message it does deliver is then
 checked by Celery (JSON only: a pickle body is refused) and by :mod:`agent.validate`.
 
-Selected by :func:`agent.celery_app.make_app` for ``redis://`` and ``rediss://`` brokers.
+Selected by :func:`agent.celery_app.make_app` for ``redis://``, ``rediss://`` and ``sentinel://``
+brokers (:class:`SentinelTransport`: the same checks on kombu's Sentinel transport).
+
+:class:`FilesystemTransport` (the embedded broker) fixes a race of kombu's filesystem transport:
+it creates a message file and then writes it, and a worker polling the folder can move and read
+the file in between, find it empty, and stop ("Unrecoverable error: JSONDecodeError"). Seen with
+32 demo modules on a busy 2-core machine. Here a message is written under a name no reader takes
+and renamed into place once complete.
 """
 
 from __future__ import annotations
@@ -15,9 +22,16 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import os
+import uuid
+from queue import Empty
+from time import monotonic
 from typing import Any
 
+from kombu.exceptions import ChannelError
+from kombu.transport import filesystem as kombu_fs
 from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
 
 log = logging.getLogger("fleet.agent")
 
@@ -54,21 +68,62 @@ def envelope_problem(message: Any) -> str | None:
     return None
 
 
-class Channel(kombu_redis.Channel):
+class _CheckedReads:
+    """The checks shared by the plain and the Sentinel channel (mixed in before kombu's channel)."""
+
     def _brpop_read(self, **options: Any) -> bool:
         try:
-            return bool(super()._brpop_read(**options))
+            return bool(super()._brpop_read(**options))  # type: ignore[misc]
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
             log.error("dropped an item of a queue that is not a kombu message: %s", str(exc)[:200])
             return True
 
 
-class Transport(kombu_redis.Transport):
-    Channel = Channel
-
+class _CheckedDelivery:
     def _deliver(self, message: Any, queue: str) -> None:
         problem = envelope_problem(message)
         if problem:
             log.error("dropped a malformed message from queue %s: %s", queue, problem)
             return
-        super()._deliver(message, queue)
+        super()._deliver(message, queue)  # type: ignore[misc]
+
+
+class Channel(_CheckedReads, kombu_redis.Channel):
+    pass
+
+
+class Transport(_CheckedDelivery, kombu_redis.Transport):
+    Channel = Channel
+
+
+class SentinelChannel(_CheckedReads, kombu_redis.SentinelChannel):
+    pass
+
+
+class SentinelTransport(_CheckedDelivery, kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
+class FilesystemChannel(kombu_fs.Channel):
+    def _put(self, queue: Any, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        """Write the message under a name readers skip (``....msg.tmp``), then rename it into place."""
+        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        final = os.path.join(self.data_folder_out, name)
+        tmp = final + ".tmp"
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(dumps(payload).encode())
+            os.replace(tmp, final)
+        except OSError as exc:
+            raise ChannelError(f"cannot add a message to {self.data_folder_out}: {exc}") from exc
+
+    def _get(self, queue: Any, timeout: Any = None) -> Any:
+        try:
+            return super()._get(queue)
+        except (ValueError, UnicodeDecodeError) as exc:  # written by a writer without the rename above
+            log.error("dropped an unreadable message of queue %s: %s", queue, str(exc)[:200])
+            raise Empty() from None
+
+
+class FilesystemTransport(kombu_fs.Transport):
+    Channel = FilesystemChannel

@@ -44,6 +44,14 @@ def _read_toml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return url
+
+
 class _TomlSource(PydanticBaseSettingsSource):
     """Reads ``[fleet]`` (shared broker settings) and ``[<section>]`` of the config file."""
 
@@ -78,9 +86,13 @@ class BrokerSettings(BaseSettings):
 
     broker_url: str = Field(
         default="filesystem://",
-        description="redis://[user:pass@]host:6379/0, rediss://..., or filesystem:// (embedded, one machine)",
+        description="redis://[user:pass@]host:6379/0, rediss://..., "
+                    "sentinel://[user:pass@]s1:26379;sentinel://s2:26379;sentinel://s3:26379/0 (Redis Sentinel, "
+                    "with broker_sentinel_master), or filesystem:// (embedded, one machine)",
     )
     broker_password_file: Path | None = Field(default=None, description="file holding the broker password")
+    broker_sentinel_master: str | None = Field(
+        default=None, description="name of the master the Sentinels of a sentinel:// broker_url watch")
     broker_tls_ca_file: Path | None = Field(default=None, description="CA certificate(s) the broker's TLS "
                                             "certificate must chain to (rediss://); default: the system's")
     broker_tls_cert_file: Path | None = Field(default=None, description="client certificate for the broker (TLS)")
@@ -110,6 +122,20 @@ class BrokerSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _sentinel(self) -> BrokerSettings:
+        sentinel = self.is_sentinel
+        if sentinel and not self.broker_sentinel_master:
+            raise ValueError("a sentinel:// broker_url needs broker_sentinel_master (the master name the Sentinels "
+                             "watch)")
+        if self.broker_sentinel_master and not sentinel:
+            raise ValueError("broker_sentinel_master is for a sentinel:// broker_url")
+        return self
+
+    @property
+    def is_sentinel(self) -> bool:
+        return urlsplit(self.broker_url).scheme == "sentinel"
+
+    @model_validator(mode="after")
     def _tls(self) -> BrokerSettings:
         tls = (self.broker_tls_ca_file, self.broker_tls_cert_file, self.broker_tls_key_file)
         if any(tls) and urlsplit(self.broker_url).scheme != "rediss":
@@ -135,9 +161,16 @@ class BrokerSettings(BaseSettings):
     @field_validator("broker_url")
     @classmethod
     def _scheme(cls, v: str) -> str:
-        scheme = urlsplit(v).scheme
-        if scheme not in ("redis", "rediss", "filesystem", "memory"):
-            raise ValueError(f"unsupported broker scheme {scheme!r} (redis, rediss, filesystem)")
+        chunks = v.split(";")
+        scheme = urlsplit(chunks[0]).scheme
+        if scheme not in ("redis", "rediss", "sentinel", "filesystem", "memory"):
+            raise ValueError(f"unsupported broker scheme {scheme!r} (redis, rediss, sentinel, filesystem)")
+        if len(chunks) > 1 and scheme != "sentinel":
+            raise ValueError("only a sentinel:// broker_url lists several servers (separated by ';')")
+        for chunk in chunks:
+            parts = urlsplit(chunk)
+            if scheme == "sentinel" and (parts.scheme != "sentinel" or not parts.hostname):
+                raise ValueError(f"{_redact(chunk)!r}: every server of a sentinel broker_url is sentinel://host:port")
         return v
 
     @property
@@ -151,23 +184,26 @@ class BrokerSettings(BaseSettings):
         return self.broker_visibility_timeout or self.run_time_limit + 3600.0
 
     def broker_url_with_secret(self) -> str:
-        """The broker URL with the password from ``broker_password_file`` merged in (memory only)."""
+        """The broker URL with the password from ``broker_password_file`` merged in (memory only).
+
+        For Sentinel the password is the master's (and its replicas'); it goes into every server of
+        the list, and kombu and Celery give it to the master only, not to the Sentinels.
+        """
         if not self.broker_password_file:
             return self.broker_url
         secret = self.broker_password_file.read_text(encoding="utf-8").strip()
-        parts = urlsplit(self.broker_url)
-        user = parts.username or ""
-        host = parts.hostname or "localhost"
-        port = f":{parts.port}" if parts.port else ""
-        netloc = f"{quote(user, safe='')}:{quote(secret, safe='')}@{host}{port}"
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+        out = []
+        for chunk in self.broker_url.split(";"):
+            parts = urlsplit(chunk)
+            user = parts.username or ""
+            host = parts.hostname or "localhost"
+            port = f":{parts.port}" if parts.port else ""
+            netloc = f"{quote(user, safe='')}:{quote(secret, safe='')}@{host}{port}"
+            out.append(urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)))
+        return ";".join(out)
 
     def redacted_broker_url(self) -> str:
-        parts = urlsplit(self.broker_url)
-        if parts.password:
-            netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-            return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-        return self.broker_url
+        return ";".join(_redact(chunk) for chunk in self.broker_url.split(";"))
 
     @classmethod
     def settings_customise_sources(

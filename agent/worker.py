@@ -403,7 +403,7 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
 
 def requeue(app: Celery, req: RunRequest) -> None:
     """Put ``req`` back on this module's own queue: it resumes when the module takes work again."""
-    app.send_task(RUN_TASK, args=[req.model_dump(mode="json")], queue=queue_name(req.module),
+    app.send_task(RUN_TASK, args=[req.model_dump(mode="json")], queue=queue_name(req.module), ignore_result=True,
                   task_id=f"{req.run_id}.r{secrets.token_hex(3)}.{req.module}",  # ends in .<module> (ACL)
                   retry=True, retry_policy={"max_retries": 10, "interval_start": 0.5, "interval_step": 1,
                                             "interval_max": 5})

@@ -284,7 +284,7 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
     with service.Session(settings) as s:
         s.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
         with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed, slow=slow, device=device,
-                             timeout=opts.start_timeout, real=real):
+                             timeout=opts.start_timeout + opts.devices, real=real):  # a worker starts in ~1.5 s of CPU
             launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models,
                                                                    devices="sim=true" if real else "all"))
             print_launched(launched, err, len(launched.modules))

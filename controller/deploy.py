@@ -255,7 +255,10 @@ def _toml_value(v: Any) -> str:
 
 
 def split_password(url: str) -> tuple[str, str | None]:
-    """``redis://user:pw@host/0`` -> (``redis://user@host/0``, ``pw``)."""
+    """``redis://user:pw@host/0`` -> (``redis://user@host/0``, ``pw``); each server of a ``sentinel://`` list."""
+    if ";" in url:
+        split = [split_password(chunk) for chunk in url.split(";")]
+        return ";".join(u for u, _ in split), next((pw for _, pw in split if pw is not None), None)
     parts = urlsplit(url)
     if parts.password is None:
         return url, None
@@ -296,6 +299,8 @@ def module_credential(module: str, credentials: Path) -> str:
 
 
 def with_user(url: str, user: str) -> str:
+    if ";" in url:  # every server of a sentinel:// list
+        return ";".join(with_user(chunk, user) for chunk in url.split(";"))
     parts = urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
@@ -343,7 +348,7 @@ def render_config(module: Module, workdir: str, settings: BrokerSettings, *, bro
                   tls_files: Iterable[str] = ()) -> tuple[str, str | None]:
     """The agent's TOML config for ``module`` and the broker password to store beside it (or None)."""
     url = broker_url or settings.broker_url
-    if urlsplit(url).scheme not in ("redis", "rediss"):
+    if urlsplit(url).scheme not in ("redis", "rediss", "sentinel"):
         raise DeployError(f"broker {urlsplit(url).scheme}:// cannot reach remote modules; use a redis:// broker "
                           "(fleet.broker_url or --broker-url)")
     bare, password = agent_broker(module, settings, broker_url, credentials)
@@ -355,6 +360,8 @@ def render_config(module: Module, workdir: str, settings: BrokerSettings, *, bro
         fleet[TLS_SETTINGS[name]] = f"{agent_dir}/tls/{name}"
     fleet["data_dir"] = f"{workdir}/data"
     fleet.update({k: getattr(settings, k) for k in _SHARED})
+    if urlsplit(url).scheme == "sentinel" and settings.broker_sentinel_master:
+        fleet["broker_sentinel_master"] = settings.broker_sentinel_master
     agent = {"module": module.name, "workdir": workdir, "model_root": module.model_root,
              "metrics_host": metrics_host, "metrics_port": module.metrics_port}
     lines = ["# m1000-fleet agent config, written by `fleetctl deploy` (the next deploy overwrites it)", "[fleet]"]

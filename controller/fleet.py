@@ -118,7 +118,9 @@ def liveness(p: RunProgress | None, hb: Heartbeat | None, now: float, *, dispatc
     """Why a (run, module) that is not terminal must be given up now, or None (pure).
 
     The bounds: no heartbeat for ``lost_after``; started more than ``module_deadline`` ago; queued
-    while the module was alive and idle for ``start_timeout`` (the message never reached it).
+    while the module was alive and idle for ``start_timeout`` (the message never reached it); started,
+    and the module alive and idle while the run has not reported for ``start_timeout`` (its end never
+    reached the broker).
     """
     silent = now - hb.ts if hb is not None else now - dispatched_at
     if silent > settings.lost_after:
@@ -128,9 +130,13 @@ def liveness(p: RunProgress | None, hb: Heartbeat | None, now: float, *, dispatc
     if started is not None and now - started > settings.module_deadline:
         return f"deadline passed: running for {now - started:.0f} s (bound {settings.module_deadline:.0f} s)"
     queued = p is None or (p.state == RunState.PENDING and p.started_at is None)
-    if (queued and hb is not None and hb.run_id is None and silent <= settings.offline_after
-            and now - dispatched_at > settings.start_timeout):
+    idle = hb is not None and hb.run_id is None and silent <= settings.offline_after
+    if queued and idle and now - dispatched_at > settings.start_timeout:
         return f"never started: the module stayed idle for {now - dispatched_at:.0f} s after dispatch"
+    if not queued and p is not None and idle and now - p.updated_at > settings.start_timeout:
+        # its end never reached the broker (e.g. a write taken by a Redis master that died before its replica had it)
+        return (f"end lost: the module is idle and its run last reported {now - p.updated_at:.0f} s ago "
+                f"({p.state.value}, {p.step or 'start'})")
     return None
 
 
@@ -236,12 +242,18 @@ class Fleet:
         return out
 
     # -- dispatch ------------------------------------------------------------------------
-    def send(self, module: str, task: str, args: list[object], task_id: str | None = None) -> str:
-        """Publish one task on a module's queue (the only place the controller enqueues)."""
+    def send(self, module: str, task: str, args: list[object], task_id: str | None = None, *,
+             ignore_result: bool = False) -> str:
+        """Publish one task on a module's queue (the only place the controller enqueues).
+
+        ``ignore_result``: Celery keeps no result of it (a run's state travels in the KV records), so the
+        controller does not subscribe to one result channel per dispatched module.
+        """
         from agent.celery_app import queue_name
 
         try:
             res = self.app.send_task(task, args=args, queue=queue_name(module), task_id=task_id,
+                                     ignore_result=ignore_result,
                                      retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2,
                                                                "interval_step": 0.5, "interval_max": 2})
         except Exception as exc:
@@ -294,7 +306,8 @@ class Fleet:
             self.history.upsert_progress(RunProgress(run_id=run_id, module=m.name, release=release,
                                                      step="queued", keys_total=len(models), updated_at=time.time()))
             try:
-                self.send(m.name, RUN_TASK, [req.model_dump(mode="json")], task_id=f"{run_id}.{m.name}")
+                self.send(m.name, RUN_TASK, [req.model_dump(mode="json")], task_id=f"{run_id}.{m.name}",
+                          ignore_result=True)
                 out[m.name] = "queued"
             except BrokerUnavailable as exc:
                 self._record_failure(run_id, m.name, release, "dispatch", str(exc), len(models))
@@ -355,7 +368,8 @@ class Fleet:
                     summary = self.kv.telemetry(run_id, m)
                     if summary is not None:
                         self.history.upsert_telemetry(summary)
-                self.history.upsert_progress(p, force=was_lost)
+                if p != cur:  # an unchanged module costs no write (a pass writes what changed, not N rows)
+                    self.history.upsert_progress(p, force=was_lost)
                 known[m] = cur = p
             if cur is not None and cur.state.terminal:
                 continue

@@ -48,6 +48,7 @@ CREATE TABLE IF NOT EXISTS module_runs (
     progress TEXT NOT NULL,
     PRIMARY KEY (run_id, module)
 );
+CREATE INDEX IF NOT EXISTS module_runs_module ON module_runs (module, updated_at);
 CREATE TABLE IF NOT EXISTS rows (
     {", ".join(f'"{f}"' for f in ROW_FIELDS)},
     PRIMARY KEY ({_ROWS_KEY})

@@ -38,12 +38,33 @@ def result_text(p: RunProgress | None) -> Text:
     return Text(f"ok, {p.rows} rows", style="green")
 
 
-def render(view: RunView, now: float | None = None, title: str = "") -> Table:
+MAX_ROWS = 60  # more is unreadable live, and a row costs ~0.45 ms of controller CPU per refresh
+
+
+def shown_modules(view: RunView, max_rows: int = MAX_ROWS) -> list[str]:
+    """The modules the live table lists: all of them, or ``max_rows`` with unfinished and failed ones first."""
+    if len(view.modules) <= max_rows:
+        return list(view.modules)
+
+    def rank(m: str) -> int:
+        p = view.progress.get(m)
+        return 0 if p is not None and p.state.terminal and module_failed(p) else 1 if p is None or not \
+            p.state.terminal else 2
+
+    keep = set(sorted(view.modules, key=rank)[:max_rows])  # stable: inventory order within a rank
+    return [m for m in view.modules if m in keep]
+
+
+def render(view: RunView, now: float | None = None, title: str = "", max_rows: int = MAX_ROWS) -> Table:
     now = time.time() if now is None else now
     t = Table(title=title or f"run {view.run_id}", expand=False, show_lines=False)
     for col in ("module", "state", "step", "model key", "progress", "elapsed", "result"):
         t.add_column(col, no_wrap=col != "result")
-    for m in view.modules:
+    shown = shown_modules(view, max_rows)
+    if len(shown) < len(view.modules):
+        t.caption = (f"{len(view.modules) - len(shown)} more modules not listed; all of them: "
+                     + summary_line(view).split(": ", 1)[1])
+    for m in shown:
         p = view.progress.get(m)
         if p is None:
             t.add_row(m, Text("queued", style="dim"), "", "", ProgressBar(total=1.0, completed=0, width=20), "",

@@ -342,6 +342,12 @@ class Bench(NamedTuple):
             names += [f"vision:{v['new']}:{i}" for i in v["inputs"]]
         return names
 
+    def scale_set(self) -> frozenset[str]:
+        """``BENCH_PROFILE_SET=scale``: one profile per table of the key (cheap modules for scale runs)."""
+        names = self.profiles()
+        vision = [n for n in names if n.startswith("vision:")]
+        return frozenset(names[:1] + vision[:1])
+
     def ttft(self, first: Measurement, again: Callable[[int], Measurement], spread: float = SPREAD) -> float:
         """TTFT agreed on by two requests (within ``spread``), else the median of up to ``repeats``.
 
@@ -596,6 +602,11 @@ def main(env: dict[str, str] | Any = None, out: Any = None) -> int:
         bench = Bench(key=key, cfg=cfg, ctx_k=round(int(info["max_total_tokens"]) / 1024),
                       draft=int(info.get("speculative_num_draft_tokens") or 4), output_len=output_len, only=only,
                       repeats=repeats, skew=core.bench_skew(faults, env))
+        profile_set = (env.get("BENCH_PROFILE_SET") or "all").strip()
+        if profile_set not in ("all", "scale"):
+            raise BenchError(f"BENCH_PROFILE_SET: {profile_set!r} is not 'all' or 'scale'")
+        if profile_set == "scale" and not only:
+            bench = bench._replace(only=bench.scale_set())
         unknown = sorted(only - set(bench.profiles()))
         if unknown:
             raise BenchError(f"BENCH_PROFILES: unknown profile(s) {', '.join(unknown)} for {key} "

@@ -1,0 +1,40 @@
+"""``liveness``: when the controller gives a module's part of a run up (pure)."""
+
+from __future__ import annotations
+
+from agent.records import Heartbeat, RunProgress, RunState
+from agent.settings import BrokerSettings
+from controller.fleet import liveness
+
+S = BrokerSettings(offline_after=30, lost_after=600, start_timeout=300)
+T0 = 1_000_000.0
+
+
+def hb(ts: float, run_id: str | None = None) -> Heartbeat:
+    return Heartbeat(module="m", agent_version="1", ts=ts, run_id=run_id)
+
+
+def prog(state: RunState, updated: float, started: float | None = T0 + 5) -> RunProgress:
+    return RunProgress(run_id="r", module="m", state=state, step="benchmark", started_at=started, updated_at=updated)
+
+
+def test_busy_module_running_long_is_kept() -> None:
+    now = T0 + 3000
+    assert liveness(prog(RunState.BENCHMARKING, T0 + 10), hb(now - 2, "r"), now, dispatched_at=T0, settings=S) is None
+
+
+def test_idle_module_whose_run_end_never_arrived_is_given_up_after_start_timeout() -> None:
+    p = prog(RunState.BENCHMARKING, T0 + 100)
+    assert liveness(p, hb(T0 + 390), T0 + 392, dispatched_at=T0, settings=S) is None  # within start_timeout
+    why = liveness(p, hb(T0 + 410), T0 + 411, dispatched_at=T0, settings=S)
+    assert why is not None and why.startswith("end lost: the module is idle") and "benchmarking" in why
+
+
+def test_unreachable_module_is_not_judged_idle() -> None:
+    p = prog(RunState.BENCHMARKING, T0 + 100)
+    assert liveness(p, hb(T0 + 450), T0 + 500, dispatched_at=T0, settings=S) is None  # silent 50 s: unreachable
+
+
+def test_queued_and_lost_rules_still_hold() -> None:
+    assert liveness(None, hb(T0 + 301), T0 + 302, dispatched_at=T0, settings=S).startswith("never started")
+    assert liveness(None, hb(T0 + 100), T0 + 701, dispatched_at=T0, settings=S).startswith("agent lost")
