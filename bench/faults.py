@@ -82,8 +82,8 @@ def one(name: str, base: Path, redis: RedisServer, release) -> tuple[float, int,
         inject(b, redis)
         view = b.finished(run_id, 300)
         took = time.monotonic() - t0
-        local = len(RunStore(b.workdir("sim-01")).rows(run_id))
-        return took, local - b.history.row_count(run_id), view.progress["sim-01"].state.value
+        local = len(RunStore(b.workdir("sim-01")).rows(run_id))  # the release's rows and the probe's
+        return took, local - len(b.history.rows(run_id, source=None)), view.progress["sim-01"].state.value
     finally:
         b.lab.stop()
 

@@ -93,8 +93,10 @@ class Bench:
         view = self.finished(run_id, bound)
         assert time.monotonic() - t0 <= bound
         for m in modules:
-            local = sorted((r.model_key, r.profile, r.ttft_ms) for r in RunStore(self.workdir(m)).rows(run_id))
-            stored = sorted((r.model_key, r.profile, r.ttft_ms) for r in self.history.rows(run_id, m))
+            local = sorted((r.source, r.model_key, r.profile, r.ttft_ms)
+                           for r in RunStore(self.workdir(m)).rows(run_id))
+            stored = sorted((r.source, r.model_key, r.profile, r.ttft_ms)
+                            for r in self.history.rows(run_id, m, source=None))  # the probe's rows too
             assert local == stored, f"{m}: rows on the module and in the history differ"
             p = view.progress[m]
             ok = self.benchmark_starts(m, run_id, "ok")
