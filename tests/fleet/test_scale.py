@@ -64,10 +64,11 @@ def test_fifty_cheap_modules_one_validation(tmp_path, redis_server):
         bad = {m: p.error.one_line() if p and p.error else None for m, p in view.progress.items()
                if p is None or p.state.value != "done"}
         assert view.state() == "done" and not bad, bad
-        for name in lab.names:  # every row of every module is in the history
-            local = sorted((r.model_key, r.profile) for r in RunStore(lab.base / "modules" / name / "work")
+        for name in lab.names:  # every row of every module is in the history (the probe's rows beside them too)
+            local = sorted((r.source, r.model_key, r.profile) for r in RunStore(lab.base / "modules" / name / "work")
                            .rows("scale-smoke"))
-            assert local and local == sorted((r.model_key, r.profile) for r in history.rows("scale-smoke", name))
+            assert local and local == sorted((r.source, r.model_key, r.profile)
+                                             for r in history.rows("scale-smoke", name, source=None))
         assert history.row_count("scale-smoke") == N
         assert cpu <= CPU_PER_MODULE * N, f"controller CPU {cpu:.2f} s for {N} modules"
         print(f"{N} modules: {time.monotonic() - t0:.1f} s, controller CPU {cpu * 1e3 / N:.1f} ms per module")
