@@ -20,7 +20,7 @@ import pytest
 
 from agent.records import RunState
 from agent.store import RunStore
-from controller.fleet import Fleet, RunView
+from controller.fleet import BrokerUnavailable, Fleet, RunView
 from controller.history import History
 from tests.fleet.conftest import REDIS, Lab, RedisServer, broker, make_lab  # noqa: F401 - fixture re-exported
 from tests.fleet.test_dispatch import leftovers, wait_for
@@ -85,7 +85,16 @@ class Bench:
         return kids[0]
 
     def finished(self, run_id: str, bound: float) -> RunView:
-        return wait_for(lambda: (v := self.fleet.sync(run_id)).finished and v, bound, "a terminal state")
+        """Sync until the run ends, riding out a broker that is briefly away (as `fleetctl watch` does)."""
+
+        def ended() -> RunView | None:
+            try:
+                v = self.fleet.sync(run_id)
+            except BrokerUnavailable:
+                return None
+            return v if v.finished else None
+
+        return wait_for(ended, bound, "a terminal state")
 
     def check_run(self, run_id: str, bound: float, *, modules: tuple[str, ...] = ("sim-01",)) -> RunView:
         """The invariants of every fault test; returns the final view."""
