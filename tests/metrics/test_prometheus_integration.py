@@ -215,7 +215,7 @@ def test_prometheus_scrapes_fleet_and_every_expression_has_data(
                                "--module", m, "--server-port", str(port), "--run-id", f"{m}-run",
                                "--format", "json"], tmp_path / f"{m}.log", env=env)
 
-    wait_for(lambda: query(base, 'm1000_run_active{module="sim-a"} == 1'), 60, "sim-a seen running")
+    wait_for(lambda: query(base, 'm1000_run_active{module="sim-a"} == 1'), 120, "sim-a seen running")
     for m, p in runs.items():
         p.wait(timeout=150)
         assert p.returncode == 0, (tmp_path / f"{m}.log").read_text()[-3000:]
