@@ -74,20 +74,27 @@ class RedisServer:
         self.start()
 
 
+@contextlib.contextmanager
+def running_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server of its own for a test module (skips, saying why, where none is installed)."""
+    if not REDIS:
+        pytest.skip("redis-server not installed (make test installs Debian's redis-server)")
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module", params=["embedded", pytest.param("redis", marks=pytest.mark.redis)])
 def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[tuple[str, RedisServer | None]]:
     if request.param == "embedded":
         yield "filesystem://", None
         return
-    if not REDIS:
-        pytest.skip("redis-server not installed (make test installs Debian's redis-server)")
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
+    with running_redis(tmp_path_factory) as server:
         yield server.url, server
-    finally:
-        server.stop()
 
 
 @dataclass

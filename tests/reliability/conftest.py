@@ -22,7 +22,7 @@ from agent.records import RunState
 from agent.store import RunStore
 from controller.fleet import BrokerUnavailable, Fleet, RunView
 from controller.history import History
-from tests.fleet.conftest import REDIS, Lab, RedisServer, broker, make_lab  # noqa: F401 - fixture re-exported
+from tests.fleet.conftest import Lab, RedisServer, broker, make_lab, running_redis  # noqa: F401 - fixture re-exported
 from tests.fleet.test_dispatch import leftovers, wait_for
 
 KEYS = ("qwen3", "qwen35_mtp")  # the first passes before each fault, the second is running when it strikes
@@ -39,14 +39,8 @@ def release(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def redis_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, RedisServer]]:
     """A redis-server of this test module (for the faults that need a server to kill or stop)."""
-    if not REDIS:
-        pytest.skip("redis-server not installed (make test installs Debian's redis-server)")
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
+    with running_redis(tmp_path_factory) as server:
         yield server.url, server
-    finally:
-        server.stop()
 
 
 class Bench:
