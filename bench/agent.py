@@ -42,12 +42,13 @@ import sys
 from pathlib import Path
 from celery import Celery
 base = Path(sys.argv[1])
-folders = {k: base / k for k in ("in", "processed", "results")}
+folders = {k: base / k for k in ("in", "processed", "results", "control")}
 for f in folders.values():
     f.mkdir(parents=True, exist_ok=True)
 app = Celery("bare", broker="filesystem://", backend=f"file://{folders['results']}")
 app.conf.broker_transport_options = {"data_folder_in": str(folders["in"]), "data_folder_out": str(folders["in"]),
-                                     "processed_folder": str(folders["processed"])}
+                                     "processed_folder": str(folders["processed"]),
+                                     "control_folder": str(folders["control"])}  # kombu's default is ./control
 app.conf.accept_content = ["json"]
 app.conf.task_serializer = app.conf.result_serializer = "json"
 @app.task(name="bare.noop")
