@@ -128,6 +128,19 @@ def build_release(out_dir: str | os.PathLike[str], *, version: str = "1.4.1", no
                   speed: str = "1.0", time_scale: float | str = 50.0, seed: int | str = 0, faults: str = "",
                   date: str = "20260803") -> BuiltRelease:
     """Write ``SGLang-MUSA-M1000-M1000_<version>_sglang.tar.gz`` into ``out_dir``."""
+    mtime = release_mtime(version, date)
+    try:
+        seed_value = int(seed)
+    except (TypeError, ValueError):
+        raise BuildError(f"seed {seed!r} is not an integer") from None
+    knobs = Knobs(speed=parse_speed(str(speed), "--speed"), noise=parse_noise(str(noise), "--noise"),
+                  seed=seed_value, time_scale=parse_time_scale(str(time_scale), "--time-scale"),
+                  faults=parse_faults(faults, "--fault"))
+    return write_release(out_dir, version, date, mtime, release_files(version=version, knobs=knobs, date=date))
+
+
+def release_mtime(version: str, date: str) -> int:
+    """Check a release's version and date; the tarball's fixed mtime (``date`` at 00:00 UTC)."""
     if not _VERSION.match(version):
         raise BuildError(f"version {version!r}: use letters, digits, '.', '_', '+', '-' (at most 64)")
     if not re.fullmatch(r"\d{8}", date):
@@ -136,18 +149,17 @@ def build_release(out_dir: str | os.PathLike[str], *, version: str = "1.4.1", no
         mtime = _mtime(date)
     except ValueError:
         raise BuildError(f"date {date!r} is not a calendar date") from None
-    try:
-        seed_value = int(seed)
-    except (TypeError, ValueError):
-        raise BuildError(f"seed {seed!r} is not an integer") from None
-    knobs = Knobs(speed=parse_speed(str(speed), "--speed"), noise=parse_noise(str(noise), "--noise"),
-                  seed=seed_value, time_scale=parse_time_scale(str(time_scale), "--time-scale"),
-                  faults=parse_faults(faults, "--fault"))
+    return mtime
+
+
+def write_release(out_dir: str | os.PathLike[str], version: str, date: str, mtime: int,
+                  files: dict[str, tuple[bytes, int]]) -> BuiltRelease:
+    """Write ``files`` as the release tarball ``SGLang-MUSA-M1000-M1000_<version>_sglang.tar.gz``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     top = f"{date}_M1000_{version}_sglang"
     dest = out / tarball_name(version)
-    _write_tar(dest, top, release_files(version=version, knobs=knobs, date=date), mtime)
+    _write_tar(dest, top, files, mtime)
     digest = hashlib.sha256(dest.read_bytes()).hexdigest()
     return BuiltRelease(path=dest, sha256=digest, version=version, top=top)
 

@@ -9,21 +9,17 @@ and columns, with small profiles). The start scripts exec ``transformers serve``
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from pathlib import Path
 
 from agent.records import MODEL_KEYS
 from simulator.build import (
-    _VERSION,
     DEFAULT_MODEL_ROOT,
     MUSA,
     BuildError,
     BuiltRelease,
-    _mtime,
-    _write_tar,
-    tarball_name,
+    release_mtime,
+    write_release,
 )
 from simulator.fit import fitted
 
@@ -135,22 +131,9 @@ def release_files(*, version: str, date: str, profiles: dict[str, object]) -> di
 def build_engine_release(out_dir: str | Path, *, version: str = "1.4.1-engine", date: str = "20260803",
                          profiles: dict[str, object] | None = None) -> BuiltRelease:
     """Write ``SGLang-MUSA-M1000-M1000_<version>_sglang.tar.gz`` (real engine) into ``out_dir``."""
-    if not _VERSION.match(version):
-        raise BuildError(f"version {version!r}: use letters, digits, '.', '_', '+', '-' (at most 64)")
-    if not re.fullmatch(r"\d{8}", date):
-        raise BuildError(f"date {date!r}: expected YYYYMMDD")
-    try:
-        mtime = _mtime(date)
-    except ValueError:
-        raise BuildError(f"date {date!r} is not a calendar date") from None
+    mtime = release_mtime(version, date)
     chosen = dict(DEFAULT_PROFILES if profiles is None else profiles)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    top = f"{date}_M1000_{version}_sglang"
-    dest = out / tarball_name(version)
-    _write_tar(dest, top, release_files(version=version, date=date, profiles=chosen), mtime)
-    digest = hashlib.sha256(dest.read_bytes()).hexdigest()
-    return BuiltRelease(path=dest, sha256=digest, version=version, top=top)
+    return write_release(out_dir, version, date, mtime, release_files(version=version, date=date, profiles=chosen))
 
 
 def parse_profiles(spec: str, output: int) -> dict[str, object]:
