@@ -19,6 +19,7 @@ import pytest
 from controller.demo import free_port, reference_rows
 from controller.service import Session
 from tests.api.conftest import TOKEN, Receiver, write_tokens
+from tests.browser import chromium_page
 from tests.fleet.conftest import make_lab
 
 pytestmark = pytest.mark.slow
@@ -121,34 +122,18 @@ def test_ci_script_runs_a_validation_over_http(served):
 
 @pytest.mark.browser
 def test_html_report_at_its_stable_url_in_chromium(served, tmp_path):
-    from tests.report.test_html_browser import ARGS, CHROMIUM
-
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"needs Debian's chromium at {CHROMIUM}")
-    from playwright.sync_api import sync_playwright
-
     url = served["api"] + "/runs/latest/report?format=html"
-    errors: list[str] = []
-    requested: list[str] = []
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 900})
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("request", lambda r: requested.append(r.url))
-            denied = page.goto(url)
-            assert denied is not None and denied.status == 401  # no token, no report
-            errors.clear()
-            page.set_extra_http_headers({"Authorization": f"Bearer {TOKEN}"})
-            resp = page.goto(url, wait_until="load")
-            assert resp is not None and resp.status == 200
-            assert page.title().startswith("Fleet report ")
-            assert "PASS" in page.inner_text("p.verdict") or "REGRESSED" in page.inner_text("p.verdict")
-            assert page.locator("svg").count() == 3
-            page.screenshot(path=str(tmp_path / "api-report.png"), full_page=True)
-        finally:
-            browser.close()
-    assert errors == []
-    assert {u for u in requested if not u.endswith("/favicon.ico")} == {url}  # nothing external
+    with chromium_page() as (page, seen):
+        denied = page.goto(url)
+        assert denied is not None and denied.status == 401  # no token, no report
+        seen.errors.clear()
+        page.set_extra_http_headers({"Authorization": f"Bearer {TOKEN}"})
+        resp = page.goto(url, wait_until="load")
+        assert resp is not None and resp.status == 200
+        assert page.title().startswith("Fleet report ")
+        assert "PASS" in page.inner_text("p.verdict") or "REGRESSED" in page.inner_text("p.verdict")
+        assert page.locator("svg").count() == 3
+        page.screenshot(path=str(tmp_path / "api-report.png"), full_page=True)
+    assert seen.errors == []
+    assert {u for u in seen.requested if not u.endswith("/favicon.ico")} == {url}  # nothing external
     assert (tmp_path / "api-report.png").stat().st_size > 20_000

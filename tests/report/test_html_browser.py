@@ -13,10 +13,7 @@ import pytest
 from controller.report import analyse
 from controller.report.render import write_report
 from controller.report.synth import fleet
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
+from tests.browser import chromium_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -40,33 +37,17 @@ def test_html_is_self_contained(report_html):
 
 
 def test_html_opens_in_chromium_without_errors(report_html, tmp_path):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"needs Debian's chromium at {CHROMIUM}")
-    from playwright.sync_api import sync_playwright
-
-    errors: list[str] = []
-    failed: list[str] = []
-    requested: list[str] = []
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 900})
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("requestfailed", lambda r: failed.append(r.url))
-            page.on("request", lambda r: requested.append(r.url))
-            page.goto(report_html.as_uri(), wait_until="load")
-            assert page.title() == "Fleet report run-b"
-            assert "REGRESSED run-b" in page.inner_text("p.verdict")
-            assert page.locator("svg").count() == 3
-            box = page.locator("svg").first.bounding_box()
-            assert box and box["width"] > 400 and box["height"] > 200
-            shot = tmp_path / "report.png"
-            page.screenshot(path=str(shot), full_page=True)
-        finally:
-            browser.close()
-    assert errors == [] and failed == []
-    assert requested == [report_html.as_uri()]
+    with chromium_page() as (page, seen):
+        page.goto(report_html.as_uri(), wait_until="load")
+        assert page.title() == "Fleet report run-b"
+        assert "REGRESSED run-b" in page.inner_text("p.verdict")
+        assert page.locator("svg").count() == 3
+        box = page.locator("svg").first.bounding_box()
+        assert box and box["width"] > 400 and box["height"] > 200
+        shot = tmp_path / "report.png"
+        page.screenshot(path=str(shot), full_page=True)
+    assert seen.errors == [] and seen.failed == []
+    assert seen.requested == [report_html.as_uri()]
     assert shot.stat().st_size > 20_000
     if os.environ.get("M1000_SAVE_REPORT_PNG"):  # refresh the README picture: docs/img/report.png
         shutil.copy(shot, Path(__file__).resolve().parents[2] / "docs" / "img" / "report.png")
