@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from tests.engine.conftest import engine_python
+from tests.fleet.test_demo import _env_has
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +34,3 @@ def test_demo_with_a_real_engine_module(tmp_path: Path):
     assert "real-01" in report.stdout or "1 module(s)" in report.stdout
     survivors = [p for p in psutil.process_iter() if _env_has(p, str(out))]
     assert survivors == []
-
-
-def _env_has(p: psutil.Process, text: str) -> bool:
-    try:
-        return any(text in v for v in p.environ().values())
-    except (psutil.Error, OSError):
-        return False
