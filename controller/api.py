@@ -24,8 +24,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.records import UnknownModelKey, parse_model_keys
-from agent.settings import SettingsError
+from contract.records import UnknownModelKey, parse_model_keys
+from contract.settings import SettingsError
 from controller import service
 from controller.fleet import BrokerUnavailable, FleetError
 from controller.history import HistoryError

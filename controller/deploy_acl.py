@@ -12,7 +12,7 @@ key / channel                                  module ``M``            controlle
 ``_kombu.binding_permanent.module.M``
 ``unacked:module.M``, ``unacked_index:…``,     HSET/HDEL/ZADD/ZREM/    -
 ``unacked_mutex:…`` (per module, see           ZRANGE/SET NX, the
-:func:`agent.celery_app.make_app`)             mutex's Lua script
+:func:`contract.celery_app.make_app`)             mutex's Lua script
 ``celery-task-meta-<run>.M`` (key + channel)   SETEX, GET, PUBLISH     GET, SUBSCRIBE
 ``m1000-fleet:hb:M``                           SETEX + PUBLISH         MGET
 ``m1000-fleet:{progress,rows,telemetry}:…:M``  SETEX + PUBLISH         GET/MGET
@@ -25,7 +25,7 @@ FLUSH*, CONFIG, DEBUG, ACL, MONITOR, CLIENT KILL, SUBSCRIBE. The controller has 
 command but the ``@dangerous`` ones. The default user is switched off.
 
 Key patterns rely on module names and run ids holding no ``:`` and no glob characters
-(the inventory and :data:`agent.records.RUN_ID_PATTERN` ensure it). Known limits of the
+(the inventory and :data:`contract.records.RUN_ID_PATTERN` ensure it). Known limits of the
 present key layout: a run-wide cancel flag ``cancel:<run>`` cannot be told apart from
 another module's ``cancel:<run>:<B>`` by a glob, so a module may *read* (never write)
 every cancel flag; and ``celery-task-meta-*.M`` also matches a module whose name ends in
@@ -87,8 +87,8 @@ def password_hash(password: str) -> str:
 
 def module_key_patterns(module: str) -> list[str]:
     """Keys ``module`` may read and write (its queue, bindings, unacked, results, records)."""
-    from agent.celery_app import queue_name  # celery and the KV layout: only when a rule is written
-    from agent.kv import PREFIX
+    from contract.celery_app import queue_name  # celery and the KV layout: only when a rule is written
+    from contract.kv import PREFIX
 
     m = _check_name(module)
     q = queue_name(m)
@@ -105,7 +105,7 @@ def module_key_patterns(module: str) -> list[str]:
 
 def module_channel_patterns(module: str) -> list[str]:
     """Channels ``module`` may publish to: Celery's backend publishes every value on its key's name."""
-    from agent.kv import PREFIX
+    from contract.kv import PREFIX
 
     m = _check_name(module)
     pats = [f"celery-task-meta-*.{m}"]
@@ -117,7 +117,7 @@ def module_channel_patterns(module: str) -> list[str]:
 
 
 def module_rule(module: str, password: str) -> str:
-    from agent.kv import PREFIX
+    from contract.kv import PREFIX
 
     keys = " ".join(f"~{p}" for p in module_key_patterns(module))
     read_only = f"%R~{PREFIX}:cancel:*"

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.records import ResultRow, RunProgress, TelemetrySummary
+from contract.records import ResultRow, RunProgress, TelemetrySummary
 
 ROW_FIELDS: tuple[str, ...] = tuple(ResultRow.model_fields)
 _ROWS_KEY = "run_id, module, model_key, profile, source"  # a probe row sits beside the release's row
@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS baselines (
 );
 """
 
-# device telemetry: one summary (agent.records.TelemetrySummary, JSON) per run and module
+# device telemetry: one summary (contract.records.TelemetrySummary, JSON) per run and module
 _TELEMETRY_SCHEMA = """
 CREATE TABLE IF NOT EXISTS telemetry (
     run_id TEXT NOT NULL,

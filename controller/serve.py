@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from agent.settings import SettingsError
+from contract.settings import SettingsError
 from controller import service
 from controller.service import Judgement, Session
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.records import MODEL_KEYS, ResultRow, RunProgress, RunState, parse_model_keys
-from agent.settings import load_settings
+from contract.records import MODEL_KEYS, ResultRow, RunProgress, RunState, parse_model_keys
+from contract.settings import load_settings
 from controller.fleet import (
     BadRelease,
     BrokerUnavailable,
@@ -569,7 +569,7 @@ def version() -> dict[str, str]:
         v = dist_version("m1000-fleet")
     except PackageNotFoundError:
         v = "unknown (not installed)"
-    from agent.records import SCHEMA_VERSION
+    from contract.records import SCHEMA_VERSION
 
     return {"fleetctl": v, "record_schema": str(SCHEMA_VERSION), "python": platform.python_version()}
 

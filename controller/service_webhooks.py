@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from agent.settings import SettingsError
+from contract.settings import SettingsError
 
 log = logging.getLogger("fleet.webhooks")
 

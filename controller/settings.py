@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from agent.settings import BrokerSettings
+from contract.settings import BrokerSettings
 
 
 class ControllerSettings(BrokerSettings):

@@ -14,7 +14,7 @@ import json
 import re
 from pathlib import Path
 
-from agent.records import MODEL_KEYS
+from contract.records import MODEL_KEYS
 from simulator.build import (
     _VERSION,
     DEFAULT_MODEL_ROOT,

@@ -15,7 +15,7 @@ import time
 import pytest
 import redis
 
-from agent.records import RunState
+from contract.records import RunState
 from controller import deploy_acl as acl
 from tests.security.conftest import SecureRedis, fleetctl_path, make_secure_lab, task_body, task_envelope
 

@@ -24,7 +24,7 @@ from celery import Celery
 from celery.backends.filesystem import FilesystemBackend
 from pydantic import ValidationError
 
-from agent.records import Heartbeat, ResultRow, RunProgress, TelemetrySummary
+from contract.records import Heartbeat, ResultRow, RunProgress, TelemetrySummary
 
 log = logging.getLogger(__name__)
 
