@@ -455,7 +455,7 @@ def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float
         verdict, line = str(rep.verdict), rep.verdict_line
         if failed and verdict == "pass":
             verdict, line = "failed", f"some modules {state}; {line}"
-    h.set_run_state(info.run_id, state, verdict=verdict)
+    h.set_run_state(info.run_id, state, verdict=verdict, line=line if state != "running" else None)
     return Judgement(info.run_id, verdict, line, state, rep)
 
 
