@@ -47,7 +47,7 @@ system-deps:
 
 ## make test: install everything, then run every tier (fast first, slow real-service tiers after).
 test: install engine system-deps
-	$(BIN)/ruff check agent controller simulator bench tests
+	$(BIN)/ruff check agent contract controller simulator bench tests
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
 	$(BIN)/python -m pytest -m "slow" -q -p no:cacheprovider
 
@@ -55,8 +55,8 @@ test-fast: install
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
 
 lint: install
-	$(BIN)/ruff check agent controller simulator bench tests
-	$(BIN)/mypy agent controller simulator
+	$(BIN)/ruff check agent contract controller simulator bench tests
+	$(BIN)/mypy agent contract controller simulator
 
 lock: $(BIN)/python
 	$(BIN)/uv pip compile pyproject.toml --extra controller --extra test --python-version 3.11 --generate-hashes -q -o requirements.lock

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from agent.errors import BadInput
 from agent.executor import EventCancelToken
-from agent.records import ResultRow, RunProgress, RunRequest, UnknownModelKey, parse_model_keys, release_version_of
+from contract.records import ResultRow, RunProgress, RunRequest, UnknownModelKey, parse_model_keys, release_version_of
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="m1000-fleet agent on one module.")
 
@@ -77,8 +77,9 @@ def run(
 ) -> None:
     """Validate a release on this module (no broker needed)."""
     from agent.pipeline import AgentConfig, run_pipeline
-    from agent.settings import AgentSettings, load_settings
+    from agent.settings import AgentSettings
     from agent.unpack import sha256_file
+    from contract.settings import load_settings
 
     try:
         keys = parse_model_keys(models)
@@ -333,8 +334,9 @@ def worker(
     loglevel: str = typer.Option("INFO", "--loglevel"),
 ) -> None:
     """Serve this module's Celery queue (one run at a time), heartbeat, and /metrics."""
-    from agent.settings import AgentSettings, load_settings
+    from agent.settings import AgentSettings
     from agent.worker import NameInUse, run_worker
+    from contract.settings import load_settings
 
     try:
         run_worker(load_settings(AgentSettings, config), loglevel=loglevel)
@@ -355,7 +357,8 @@ def exporter(
     import threading
 
     from agent import metrics
-    from agent.settings import AgentSettings, load_settings
+    from agent.settings import AgentSettings
+    from contract.settings import load_settings
 
     s = load_settings(AgentSettings, config, workdir=workdir, metrics_host=host, metrics_port=port)
     wd = s.workdir.expanduser()

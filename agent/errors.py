@@ -6,7 +6,7 @@ Failures carry their result: a :class:`StepFailed` holds the :class:`StepError` 
 
 from __future__ import annotations
 
-from agent.records import StepError
+from contract.records import StepError
 
 
 class AgentError(Exception):

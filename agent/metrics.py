@@ -55,9 +55,9 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
-from agent.records import DeviceSample, Heartbeat, ResultRow, RunProgress, RunState
 from agent.telemetry import SAMPLES_FILE
 from agent.telemetry.exposition import DEVICE_METRICS, device_families
+from contract.records import DeviceSample, Heartbeat, ResultRow, RunProgress, RunState
 
 log = logging.getLogger(__name__)
 

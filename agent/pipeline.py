@@ -26,7 +26,13 @@ from agent import steps
 from agent.errors import BadInput, Cancelled, StepFailed
 from agent.executor import CancelToken, EventCancelToken, Executor, ProcResult, utc_stamp
 from agent.health import port_open, probe
-from agent.records import (
+from agent.state import RunMachine
+from agent.store import RunStore, write_atomic
+from agent.tables import TableError, parse_tables, stamp
+from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig
+from agent.unpack import unpack as unpack_tarball
+from agent.unpack import verify_sha256
+from contract.records import (
     MODEL_KEYS,
     Frozen,
     KeyOutcome,
@@ -37,12 +43,6 @@ from agent.records import (
     StepError,
     TelemetrySummary,
 )
-from agent.state import RunMachine
-from agent.store import RunStore, write_atomic
-from agent.tables import TableError, parse_tables, stamp
-from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig
-from agent.unpack import unpack as unpack_tarball
-from agent.unpack import verify_sha256
 
 __all__ = ["AgentConfig", "CancelToken", "EventCancelToken", "RunResult", "run_pipeline"]
 

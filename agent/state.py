@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.records import RunState
+from contract.records import RunState
 
 ORDER: tuple[RunState, ...] = (
     RunState.PENDING,

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.errors import BadInput
-from agent.records import MODEL_KEYS, ResultRow, TableKind
 from agent.tables import TableError, parse_tables
 from agent.unpack import WORKFLOW_DIR
+from contract.records import MODEL_KEYS, ResultRow, TableKind
 
 CONFIG_JSON = f"{WORKFLOW_DIR}/tilelang_workflow_config.json"
 GENERATE = f"{WORKFLOW_DIR}/generate_tilelang_workflow.sh"

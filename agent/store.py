@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import BadInput
-from agent.records import RUN_ID_RULE, ResultRow, RunProgress, RunRequest, is_run_id
+from contract.records import RUN_ID_RULE, ResultRow, RunProgress, RunRequest, is_run_id
 
 
 def check_run_id(run_id: str) -> str:

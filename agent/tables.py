@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from agent.records import ResultRow, TableKind
+from contract.records import ResultRow, TableKind
 
 # header text (normalised: lower case, no blanks) -> (field, multiplier to the row's unit)
 _COLUMNS: dict[str, tuple[str, float]] = {

@@ -5,7 +5,7 @@ treated as hostile until checked. :func:`validate_request` turns the task's argu
 a :class:`RunRequest` or raises :class:`RefusedRequest` naming the field and why:
 
 - the whole payload is a JSON object of bounded size, ``schema_version`` is this one;
-- ``run_id`` matches :data:`agent.records.RUN_ID_PATTERN`; ``module`` is this agent's;
+- ``run_id`` matches :data:`contract.records.RUN_ID_PATTERN`; ``module`` is this agent's;
 - ``models`` are known model keys, bounded in number, no duplicates;
 - ``key_env``: only requested model keys; variable names match :data:`ENV_NAME` and are not
   in the deny list (:func:`env_name_problem`: loader, interpreter and shell start-up
@@ -33,7 +33,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent.errors import BadInput
-from agent.records import (
+from agent.settings import AgentSettings
+from contract.records import (
     MODEL_KEYS,
     RUN_ID_RULE,
     SCHEMA_VERSION,
@@ -43,7 +44,6 @@ from agent.records import (
     StepError,
     is_run_id,
 )
-from agent.settings import AgentSettings
 
 MAX_PAYLOAD_BYTES = 64 * 1024  # the JSON of one request, whole
 MAX_PATH = 4096

@@ -25,13 +25,13 @@ from typing import Any
 
 from celery import Celery
 
-from agent.celery_app import NOOP_TASK, RUN_TASK, make_app, queue_name
 from agent.errors import BadInput
-from agent.kv import KV, KVCancelToken
-from agent.records import Heartbeat, ResultRow, RunProgress, RunRequest, RunState, StepError, is_run_id
 from agent.settings import AgentSettings
 from agent.store import RunStore, check_run_id, write_atomic
 from agent.validate import RefusedRequest, refused_progress, validate_request
+from contract.celery_app import NOOP_TASK, RUN_TASK, make_app, queue_name
+from contract.kv import KV, KVCancelToken
+from contract.records import Heartbeat, ResultRow, RunProgress, RunRequest, RunState, StepError, is_run_id
 
 log = logging.getLogger("fleet.agent")
 
@@ -521,7 +521,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     workdir = settings.workdir.expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
-    app = make_app(settings)
+    app = make_app(settings, module=settings.module)
     lease = claim_name(KV(app), settings)  # NameInUse: another live agent has this module's name
     left = reap_orphans(workdir)
     if left:
@@ -589,7 +589,7 @@ def main(config: str | None = None) -> None:
     """``python -m agent.worker``: settings from ``FLEET_*`` variables and ``FLEET_CONFIG``."""
     import sys
 
-    from agent.settings import load_settings
+    from contract.settings import load_settings
 
     try:
         run_worker(load_settings(AgentSettings, config))

@@ -187,7 +187,7 @@ def main() -> int:
 
 def _validate(settings, tarball: Path, models: str) -> float:  # type: ignore[no-untyped-def]
     """One validation through the service layer, followed to its end; its wall time."""
-    from agent.records import parse_model_keys
+    from contract.records import parse_model_keys
     from controller import service
 
     t = time.monotonic()

@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.celery_app import NOOP_TASK  # noqa: E402
 from agent.validate import stage_local_release  # noqa: E402
+from contract.celery_app import NOOP_TASK  # noqa: E402
 from controller.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.fleet import Fleet  # noqa: E402
 from controller.history import History  # noqa: E402
@@ -59,7 +59,7 @@ def bare_round_trips(base: Path, settings: ControllerSettings, jobs: int) -> lis
     """A default Celery app and worker on the same broker: send -> result, one at a time."""
     import json
 
-    from agent.celery_app import make_app
+    from contract.celery_app import make_app
 
     ours = make_app(settings)
     (base / "bare").mkdir(exist_ok=True)
@@ -189,7 +189,7 @@ def main() -> None:
     ap.add_argument("--skip-dispatch", action="store_true")
     ap.add_argument("--skip-secure", action="store_true", help="no ACL + TLS row next to plain Redis")
     args = ap.parse_args()
-    from agent.records import parse_model_keys
+    from contract.records import parse_model_keys
 
     models = parse_model_keys(args.models)
     brokers = ["embedded", "redis"] if args.broker == "both" else [args.broker]

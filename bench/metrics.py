@@ -31,8 +31,8 @@ import psutil  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
 from agent.metrics import build_registry, start_exporter  # noqa: E402
-from agent.records import MODEL_KEYS, RunState  # noqa: E402
 from agent.tables import parse_seed, stamp  # noqa: E402
+from contract.records import MODEL_KEYS, RunState  # noqa: E402
 from tests.conftest import _seed_path  # noqa: E402
 from tests.metrics.fleetfiles import RunWriter  # noqa: E402
 

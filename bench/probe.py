@@ -13,7 +13,7 @@ so import time and memory are its own:
   request (what the server's speed does not change);
 - **import** time of the client library (best of 5 fresh interpreters) and the client
   process's peak **RSS** after both loads, both on top of what every agent process loads
-  anyway (``agent.records``, hence pydantic).
+  anyway (``contract.records``, hence pydantic).
 
 The clients run in ``--rounds`` interleaved rounds (each round in another order), and each
 figure is the best of the rounds: on a shared machine, load from elsewhere only ever makes
@@ -228,9 +228,9 @@ def _child_env() -> dict[str, str]:
 
 
 def import_ms(module: str, runs: int = 5) -> float:
-    """What importing ``module`` adds to an agent process (``agent.records``, hence pydantic, already
+    """What importing ``module`` adds to an agent process (``contract.records``, hence pydantic, already
     loaded): the best of ``runs`` fresh interpreters."""
-    code = f"import agent.records, time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
+    code = f"import contract.records, time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
     vals = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                  env=_child_env()).stdout) * 1000 for _ in range(runs)]
     return min(vals)
@@ -255,7 +255,7 @@ def main() -> int:
         return 0
     if a.child:
         _pin(1)
-        import agent.records  # noqa: F401 - every client runs inside the agent: its records are loaded anyway
+        import contract.records  # noqa: F401 - every client runs inside the agent: its records are loaded anyway
         print(json.dumps(asyncio.run(_measure(a.child, a.url, a.requests, a.seconds))))
         return 0
     clients = [c.strip() for c in a.clients.split(",") if c.strip()]
@@ -289,7 +289,7 @@ def main() -> int:
     print(f"loopback SSE server answering at once; per round {a.requests} sequential requests, then "
           f"{a.seconds:g} s at concurrency {CONCURRENCY}; best of {a.rounds} interleaved rounds; {os.cpu_count()} "
           f"cores (server and client pinned to one each); load average {load0:.1f} -> {os.getloadavg()[0]:.1f}; "
-          f"Python {sys.version.split()[0]}; RSS of an interpreter with agent.records {base_rss:.1f} MiB\n")
+          f"Python {sys.version.split()[0]}; RSS of an interpreter with contract.records {base_rss:.1f} MiB\n")
     print(f"{'client':<26}{'TTFT p50 ms':>12}{'TTFT p99 ms':>12}{'req/s @64':>11}{'CPU us/req':>11}"
           f"{'import ms':>10}{'RSS MiB':>9}")
     results: dict[str, dict[str, float]] = {}
@@ -313,7 +313,7 @@ def main() -> int:
 
 
 def _bare_rss() -> float:
-    code = "import agent.records, resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    code = "import contract.records, resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                 env=_child_env()).stdout)
 

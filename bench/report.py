@@ -38,8 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.records import METRICS  # noqa: E402
 from agent.tables import parse_seed  # noqa: E402
+from contract.records import METRICS  # noqa: E402
 from controller.report import analyse  # noqa: E402
 from controller.report.synth import fleet, rows_frame  # noqa: E402
 

@@ -131,7 +131,7 @@ SCALE = 1000.0
 
 def add_past_runs(history: History, names: list[str], runs: int) -> None:
     """``runs`` earlier finished runs of every module, as weeks of a lab's use leave them."""
-    from agent.records import RunProgress, RunState
+    from contract.records import RunProgress, RunState
 
     now = time.time() - 86400
     with history.tx() as c:
@@ -261,9 +261,9 @@ def fake_modules(settings: ControllerSettings, names: list[str], run_id: str, re
     its queue, reports benchmarking, then done with the seed's 11 qwen3 rows, through the agents' own
     ``KV`` records, as a real agent publishes them.
     """
-    from agent.celery_app import make_app, queue_name
-    from agent.kv import KV
-    from agent.records import Heartbeat, KeyOutcome, RunProgress, RunState
+    from contract.celery_app import make_app, queue_name
+    from contract.kv import KV
+    from contract.records import Heartbeat, KeyOutcome, RunProgress, RunState
     from controller.demo import reference_rows
 
     app = make_app(settings)
@@ -327,7 +327,7 @@ def controller_only(sizes: list[int], base: Path, server: RedisServer, past_runs
         run_id = f"fake-{n}"
         proc = ctx.Process(target=fake_modules, args=(settings, names, run_id, "1.5.0", go, done))
         proc.start()
-        from agent.kv import KV
+        from contract.kv import KV
         while any(hb is None for hb in KV(fleet.app).heartbeats(names[-1:]).values()):
             time.sleep(0.2)
         time.sleep(1.0)
@@ -451,7 +451,7 @@ def main() -> None:
               f"heartbeat {args.heartbeat:g} s, Redis {server.url}; {os.cpu_count()} cores")
         print(table(results))
         if args.fake:
-            print(f"\nagents faked at the broker seam (heartbeats, progress, 11 rows each, through agent.kv; "
+            print(f"\nagents faked at the broker seam (heartbeats, progress, 11 rows each, through contract.kv; "
                   f"history with {args.past_runs} earlier runs of every module)\n{fake}")
         print(f"\nthis Redis on this machine (redis-benchmark, 50 clients, same server): {capacity}")
     finally:

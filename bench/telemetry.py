@@ -77,7 +77,7 @@ def cpu_per_hour(seconds: float, tool: str, period: float) -> dict[str, float]:
 def validation_wall(runs: int, tool: str) -> dict[str, list[float]]:
     import simulator
     from agent.pipeline import AgentConfig, run_pipeline
-    from agent.records import MODEL_KEYS, RunRequest
+    from contract.records import MODEL_KEYS, RunRequest
     from controller.demo import free_port
 
     out: dict[str, list[float]] = {"off": [], "on": []}

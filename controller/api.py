@@ -4,7 +4,8 @@ Every route is a thin shell over :mod:`controller.service`, like the CLI verbs. 
 under ``/api/v1`` but the schema needs ``Authorization: Bearer <token>`` with a token from the
 tokens file (compared in constant time; tokens are never logged). Errors are
 ``{"detail": "<one line>"}`` with 400 (bad input), 401 (no or wrong token), 404 (no such run or
-module), 409 (run id already used), 503 (broker unreachable).
+module), 409 (run id already used), 422 (a release URL that is bad, unreachable or too big, or a
+sha256 mismatch), 503 (broker unreachable).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.records import UnknownModelKey, parse_model_keys
-from agent.settings import SettingsError
+from contract.records import UnknownModelKey, parse_model_keys
+from contract.settings import SettingsError
 from controller import service
 from controller.fleet import BrokerUnavailable, FleetError
 from controller.history import HistoryError
 from controller.inventory import InventoryError
+from controller.release_url import is_url
 from controller.service import Judgement, Session
 from controller.settings import ControllerSettings
 
@@ -88,7 +90,11 @@ class Problem(_Model):
 
 
 class RunCreate(_Model):
-    release: str = Field(..., min_length=1, description="path of the release tarball, as the controller sees it")
+    release: str = Field(..., min_length=1, description="the release tarball: a path as the controller sees it, or "
+                                                         "an http/https URL the controller downloads (no "
+                                                         "credentials in it)")
+    sha256: str | None = Field(None, pattern="^[0-9a-fA-F]{64}$",
+                               description="sha256 the release must have (checked before dispatch)")
     models: list[str] | str = Field("all", description="model keys, or 'all'")
     devices: str = Field("all", min_length=1, description="'all', module names, label=value; comma separated")
     baseline: str | None = Field(None, description="baseline: release, release@vN or a run id")
@@ -159,6 +165,8 @@ def _status(exc: BaseException) -> int:
         return 404
     if isinstance(exc, service.Conflict):
         return 409
+    if isinstance(exc, service.UnusableRelease):
+        return 422
     if isinstance(exc, BrokerUnavailable):
         return 503
     if isinstance(exc, HistoryError):
@@ -219,13 +227,16 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
         return Response(status_code=204)
 
     @app.post(f"{PREFIX}/runs", status_code=201, response_model=RunCreated, dependencies=deps,
-              responses={**ERRORS, 409: {"model": Problem, "description": "run id already used"}})
+              responses={**ERRORS, 409: {"model": Problem, "description": "run id already used"},
+                         422: {"model": Problem, "description": "release URL unusable, or sha256 mismatch"}})
     def create_run(body: RunCreate) -> RunCreated:
         """Validate a release: checks, release made available on each module, dispatch; returns at once."""
         def launch() -> service.Launched:
-            req = service.ValidateRequest(release=Path(body.release).expanduser(),
-                                          models=parse_model_keys(body.models), devices=body.devices,
-                                          baseline=body.baseline, run_id=body.run_id, resume=body.resume)
+            url = body.release if is_url(body.release) else None
+            req = service.ValidateRequest(release=None if url else Path(body.release).expanduser(), url=url,
+                                          sha256=body.sha256, models=parse_model_keys(body.models),
+                                          devices=body.devices, baseline=body.baseline, run_id=body.run_id,
+                                          resume=body.resume)
             return service.validate(session(), req)
 
         got: service.Launched = errors(launch)

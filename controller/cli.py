@@ -79,7 +79,7 @@ def validate(
     resume: bool = typer.Option(False, "--resume", help="--run-id names an existing run: resume it"),
 ) -> int:
     """Validate a release on the chosen modules; ends with a verdict."""
-    from agent.records import parse_model_keys
+    from contract.records import parse_model_keys
     from controller import service
     from controller.live import follow_and_judge, print_launched
 
@@ -420,7 +420,7 @@ def demo(
                              help="also N real-engine modules (transformers serve on this CPU; needs make engine)"),
 ) -> int:
     """Simulated fleet on this machine validates a freshly built simulated release (embedded broker)."""
-    from agent.records import parse_model_keys
+    from contract.records import parse_model_keys
     from controller.demo import DemoOptions, run_demo
 
     opts = DemoOptions(devices=devices, models=parse_model_keys(models), noise=noise, slow=slow, throttle=throttle,
@@ -463,8 +463,8 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     not load cannot have been raised: their modules (and pandas, paramiko) were not imported for it."""
     from pydantic import ValidationError
 
-    from agent.records import UnknownModelKey
-    from agent.settings import SettingsError
+    from contract.records import UnknownModelKey
+    from contract.settings import SettingsError
     from controller.fleet import FleetError
     from controller.history import HistoryError
     from controller.inventory import InventoryError

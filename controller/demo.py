@@ -25,7 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
-from agent.records import MODEL_KEYS
+from contract.records import MODEL_KEYS
 from controller.settings import ControllerSettings
 
 MARKER = ".m1000-fleet-demo"

@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from agent.records import Heartbeat
-from agent.settings import AgentSettings, BrokerSettings
+from agent.settings import AgentSettings
+from contract.records import Heartbeat
+from contract.settings import BrokerSettings
 from controller import ssh
 from controller.inventory import Module
 
@@ -508,6 +509,10 @@ def wheel_content_digest(wheel: Path) -> str:
     return h.hexdigest()
 
 
+# What the project wheel carries: the agent needs ``contract`` (records, KV layout, Celery app, broker settings).
+PROJECT_PACKAGES = ("agent", "contract", "controller", "simulator")
+
+
 def build_project_wheel(source_root: Path, out_dir: Path) -> Path:
     """Build the project's wheel from a copy of the source (the work tree stays untouched)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -518,7 +523,7 @@ def build_project_wheel(source_root: Path, out_dir: Path) -> Path:
             if (source_root / name).exists():
                 shutil.copy2(source_root / name, src / name)
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-        for pkg in ("agent", "controller", "simulator"):
+        for pkg in PROJECT_PACKAGES:
             if (source_root / pkg).is_dir():
                 shutil.copytree(source_root / pkg, src / pkg, ignore=ignore)
         dist = Path(tmp) / "dist"
@@ -708,7 +713,8 @@ def _apply(s: ssh.Session, module: Module, facts: ModuleFacts, desired: Desired,
                   what="install agent dependencies", timeout=900)
             s.run([*pip, "--no-deps", "--force-reinstall", f"{proj_dir}/{wh.project.name}"],
                   what="install m1000-fleet", timeout=300)
-            s.run([f"{venv}/bin/python", "-c", "import agent.worker, agent.settings"], what="import check")
+            s.run([f"{venv}/bin/python", "-c", "import agent.worker, agent.settings, contract.celery_app"],
+                  what="import check")
         elif act.kind == "write_config":
             if desired.password is not None:
                 s.write_file(f"{a}/broker_password", desired.password.encode(), mode=0o600)

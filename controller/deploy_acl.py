@@ -12,11 +12,12 @@ key / channel                                  module ``M``            controlle
 ``_kombu.binding_permanent.module.M``
 ``unacked:module.M``, ``unacked_index:…``,     HSET/HDEL/ZADD/ZREM/    -
 ``unacked_mutex:…`` (per module, see           ZRANGE/SET NX, the
-:func:`agent.celery_app.make_app`)             mutex's Lua script
+:func:`contract.celery_app.make_app`)             mutex's Lua script
 ``celery-task-meta-<run>.M`` (key + channel)   SETEX, GET, PUBLISH     GET, SUBSCRIBE
 ``m1000-fleet:hb:M``                           SETEX + PUBLISH         MGET
 ``m1000-fleet:{progress,rows,telemetry}:…:M``  SETEX + PUBLISH         GET/MGET
-``m1000-fleet:cancel:<run>[:M]``               read only (MGET)        SETEX + PUBLISH
+``m1000-fleet:cancel:M:<run>``                 read only, own only     SETEX
+``m1000-fleet:cancel-run:<run>``               read only (MGET)        SETEX
 ``m1000-fleet:{lease,conflict}:M``             read/write, own only    all
 =============================================  ======================  ==================
 
@@ -25,13 +26,12 @@ FLUSH*, CONFIG, DEBUG, ACL, MONITOR, CLIENT KILL, SUBSCRIBE. The controller has 
 command but the ``@dangerous`` ones. The default user is switched off.
 
 Key patterns rely on module names and run ids holding no ``:`` and no glob characters
-(the inventory and :data:`agent.records.RUN_ID_PATTERN` ensure it). Known limits of the
-present key layout: a run-wide cancel flag ``cancel:<run>`` cannot be told apart from
-another module's ``cancel:<run>:<B>`` by a glob, so a module may *read* (never write)
-every cancel flag; and ``celery-task-meta-*.M`` also matches a module whose name ends in
-``.M``. Passwords are stored hashed (``#<sha256>``) in the ACL file; the clear passwords
-are only in ``passwords/<name>.password`` (0600), which ``fleetctl deploy
---module-credentials`` installs on each module.
+(the inventory and :data:`contract.records.RUN_ID_PATTERN` ensure it): a module reads its own
+per-module cancel flags (``cancel:M:*``, the module in a fixed place) and the run-wide ones
+(``cancel-run:*``), never another module's. Known limit: ``celery-task-meta-*.M`` also
+matches a module whose name ends in ``.M``. Passwords are stored hashed (``#<sha256>``)
+in the ACL file; the clear passwords are only in ``passwords/<name>.password`` (0600),
+which ``fleetctl deploy --module-credentials`` installs on each module.
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def password_hash(password: str) -> str:
 
 def module_key_patterns(module: str) -> list[str]:
     """Keys ``module`` may read and write (its queue, bindings, unacked, results, records)."""
-    from agent.celery_app import queue_name  # celery and the KV layout: only when a rule is written
-    from agent.kv import PREFIX
+    from contract.celery_app import queue_name  # celery and the KV layout: only when a rule is written
+    from contract.kv import PREFIX
 
     m = _check_name(module)
     q = queue_name(m)
@@ -105,7 +105,7 @@ def module_key_patterns(module: str) -> list[str]:
 
 def module_channel_patterns(module: str) -> list[str]:
     """Channels ``module`` may publish to: Celery's backend publishes every value on its key's name."""
-    from agent.kv import PREFIX
+    from contract.kv import PREFIX
 
     m = _check_name(module)
     pats = [f"celery-task-meta-*.{m}"]
@@ -116,11 +116,17 @@ def module_channel_patterns(module: str) -> list[str]:
     return pats
 
 
-def module_rule(module: str, password: str) -> str:
-    from agent.kv import PREFIX
+def module_read_only_patterns(module: str) -> list[str]:
+    """Keys ``module`` may only read: its own per-module cancel flags and the run-wide ones."""
+    from contract.kv import cancel_key
 
+    m = _check_name(module)
+    return [cancel_key("*", m), cancel_key("*")]
+
+
+def module_rule(module: str, password: str) -> str:
     keys = " ".join(f"~{p}" for p in module_key_patterns(module))
-    read_only = f"%R~{PREFIX}:cancel:*"
+    read_only = " ".join(f"%R~{p}" for p in module_read_only_patterns(module))
     channels = " ".join(f"&{p}" for p in module_channel_patterns(module))
     commands = " ".join(f"+{c}" for c in MODULE_COMMANDS)
     return (f"user {module} on {password_hash(password)} resetkeys resetchannels -@all {commands} "

@@ -19,7 +19,7 @@ from controller.cli_output import fail
 from controller.inventory import Inventory, InventoryError
 
 if TYPE_CHECKING:  # paramiko and fabric load only when a command of this file runs (controller extras)
-    from agent.settings import BrokerSettings
+    from contract.settings import BrokerSettings
     from controller import deploy as dep
     from controller.settings import ControllerSettings
 
@@ -28,7 +28,7 @@ err = Console(stderr=True)
 
 
 def _settings_error() -> type[Exception]:
-    from agent.settings import SettingsError  # pydantic-settings: only when a command has failed
+    from contract.settings import SettingsError  # pydantic-settings: only when a command has failed
 
     return SettingsError
 

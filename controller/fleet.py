@@ -1,7 +1,7 @@
 """Dispatch runs to modules, follow them, keep their results: the controller's fleet seam.
 
 Everything here talks to the broker through one Celery app and the backend KV
-(``agent.kv``); the run history is the only other store. Module states follow LAVA's
+(``contract.kv``); the run history is the only other store. Module states follow LAVA's
 shape: ``idle``, ``busy``, ``offline`` (no heartbeat for ``offline_after``), ``bad``
 (unhealthy heartbeat or ``failures_for_bad`` failed runs in a row). ``sync`` is
 idempotent and can be called by any controller process at any time (the attached CLI,
@@ -23,16 +23,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.errors import BadInput
-from agent.records import Heartbeat, RunProgress, RunRequest, RunState, StepError, release_version_of
-from agent.settings import BrokerSettings
 from agent.store import check_run_id
+from contract.records import Heartbeat, RunProgress, RunRequest, RunState, StepError, release_version_of
+from contract.settings import BrokerSettings
 from controller.history import History
 from controller.inventory import Module
 
 if TYPE_CHECKING:
     from celery import Celery
 
-    from agent.kv import KV
+    from contract.kv import KV
 
 # Celery, kombu and redis (~0.4 s of imports) load when a Fleet is made or a broker error is
 # caught, not when a verb that only reads the history imports this module.
@@ -166,8 +166,8 @@ class Fleet:
     def __init__(self, settings: BrokerSettings, history: History, *, failures_for_bad: int = 3) -> None:
         self.settings = settings
         self.history = history
-        from agent.celery_app import make_app
-        from agent.kv import KV
+        from contract.celery_app import make_app
+        from contract.kv import KV
 
         self.app: Celery = make_app(settings)
         self.kv: KV = KV(self.app)
@@ -179,7 +179,7 @@ class Fleet:
 
     # -- broker --------------------------------------------------------------------------
     def check_broker(self, timeout: float = 5.0) -> None:
-        from agent.celery_app import is_embedded
+        from contract.celery_app import is_embedded
 
         if is_embedded(self.settings):
             return
@@ -249,7 +249,7 @@ class Fleet:
         ``ignore_result``: Celery keeps no result of it (a run's state travels in the KV records), so the
         controller does not subscribe to one result channel per dispatched module.
         """
-        from agent.celery_app import queue_name
+        from contract.celery_app import queue_name
 
         try:
             res = self.app.send_task(task, args=args, queue=queue_name(module), task_id=task_id,
@@ -284,7 +284,7 @@ class Fleet:
         self.history.create_run(run_id, release=release, tarball=tarball_label, sha256=sha256,
                                 models=models, modules=[m.name for m in modules])
         out: dict[str, str] = {}
-        from agent.celery_app import RUN_TASK
+        from contract.celery_app import RUN_TASK
 
         for m in modules:
             st = statuses[m.name]
@@ -427,8 +427,8 @@ def _short(exc: BaseException) -> str:
 
 def read_heartbeats(settings: BrokerSettings, modules: Iterable[str]) -> dict[str, Heartbeat | None]:
     """Heartbeats of ``modules`` as the controller sees them (for deploy's first-heartbeat wait)."""
-    from agent.celery_app import make_app
-    from agent.kv import KV
+    from contract.celery_app import make_app
+    from contract.kv import KV
 
     app = make_app(settings)
     try:

@@ -8,6 +8,7 @@ version's rows are kept under the pseudo run id ``baseline:<release>:v<N>``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agent.records import ResultRow, RunProgress, TelemetrySummary
+from contract.records import ResultRow, RunProgress, TelemetrySummary
 
 ROW_FIELDS: tuple[str, ...] = tuple(ResultRow.model_fields)
 _ROWS_KEY = "run_id, module, model_key, profile, source"  # a probe row sits beside the release's row
@@ -71,7 +72,7 @@ CREATE TABLE IF NOT EXISTS baselines (
 );
 """
 
-# device telemetry: one summary (agent.records.TelemetrySummary, JSON) per run and module
+# device telemetry: one summary (contract.records.TelemetrySummary, JSON) per run and module
 _TELEMETRY_SCHEMA = """
 CREATE TABLE IF NOT EXISTS telemetry (
     run_id TEXT NOT NULL,
@@ -80,6 +81,59 @@ CREATE TABLE IF NOT EXISTS telemetry (
     PRIMARY KEY (run_id, module)
 );
 """
+
+
+# webhook outbox: a verdict recorded queues its event in the same transaction (whoever recorded it:
+# serve, an attached fleetctl); `fleetctl serve` sends what is pending when it starts and while it
+# runs. Webhook URLs may carry secrets (tokens in the path): only their sha256 is stored.
+_OUTBOX_SCHEMA = """
+CREATE TABLE IF NOT EXISTS webhook_outbox (
+    run_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    line TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (run_id, event)
+);
+CREATE INDEX IF NOT EXISTS webhook_outbox_created ON webhook_outbox (created_at);
+CREATE TABLE IF NOT EXISTS webhook_targets (
+    url_sha256 TEXT PRIMARY KEY,
+    first_seen REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS webhook_sent (
+    run_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    url_sha256 TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (run_id, event, url_sha256)
+);
+"""
+VERDICT_EVENT = "run.verdict"
+
+
+class OutboxEvent(BaseModel):
+    """A webhook event waiting for the URLs it has not reached yet (``urls``: their sha256)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    event: str
+    verdict: str
+    line: str
+    state: str
+    created_at: float
+    urls: tuple[str, ...]
+
+    @property
+    def delivery_id(self) -> str:
+        """Stable across resends (a receiver may de-duplicate on it)."""
+        return hashlib.sha256(f"{self.run_id}\0{self.event}".encode()).hexdigest()[:32]
+
+
+def url_digest(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()
 
 
 class HistoryError(RuntimeError):
@@ -144,6 +198,7 @@ class History:
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.executescript(_SCHEMA)
         self.conn.executescript(_TELEMETRY_SCHEMA)
+        self.conn.executescript(_OUTBOX_SCHEMA)
         _key_rows_by_source(self.conn)
 
     def close(self) -> None:
@@ -171,14 +226,20 @@ class History:
                  json.dumps(list(modules)), kind, state, note),
             )
 
-    def set_run_state(self, run_id: str, state: str, verdict: str | None = None) -> None:
-        finished = time.time() if state != "running" else None
+    def set_run_state(self, run_id: str, state: str, verdict: str | None = None, line: str | None = None) -> None:
+        """The run's state (and verdict); a verdict of a finished run also queues its webhook event, once."""
+        now = time.time()
+        finished = now if state != "running" else None
         with self.tx() as c:
             c.execute(
                 "UPDATE runs SET state=?, verdict=COALESCE(?, verdict), finished_at=COALESCE(finished_at, ?)"
                 " WHERE run_id=?",
                 (state, verdict, finished, run_id),
             )
+            if verdict is not None and state != "running":
+                c.execute("INSERT OR IGNORE INTO webhook_outbox (run_id, event, verdict, line, state, created_at)"
+                          " SELECT run_id, ?, ?, ?, ?, ? FROM runs WHERE run_id=?",
+                          (VERDICT_EVENT, verdict, line or f"{verdict.upper()} {run_id}", state, now, run_id))
 
     def run(self, run_id: str) -> RunInfo | None:
         cur = self.conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,))
@@ -330,3 +391,45 @@ class History:
         """module -> the device telemetry summary of its part of ``run_id`` (modules without one left out)."""
         cur = self.conn.execute("SELECT module, summary FROM telemetry WHERE run_id=? ORDER BY module", (run_id,))
         return {m: TelemetrySummary.model_validate_json(raw) for m, raw in cur.fetchall()}
+
+    # -- webhook outbox -----------------------------------------------------------------------
+    def webhook_targets(self, urls: Iterable[str]) -> dict[str, float]:
+        """sha256 of each URL -> when this history first saw it as a target (recorded now if new)."""
+        now = time.time()
+        digests = [url_digest(u) for u in urls]
+        with self.tx() as c:
+            c.executemany("INSERT OR IGNORE INTO webhook_targets (url_sha256, first_seen) VALUES (?, ?)",
+                          [(d, now) for d in digests])
+            got = dict(c.execute("SELECT url_sha256, first_seen FROM webhook_targets"))
+        return {d: float(got[d]) for d in digests}
+
+    def pending_webhooks(self, targets: dict[str, float], *, max_age: float, limit: int = 100) -> list[OutboxEvent]:
+        """Events not yet delivered to (nor given up for) some target, queued after that target was first
+        seen and at most ``max_age`` s ago; oldest first."""
+        if not targets:
+            return []
+        floor = max(time.time() - max_age, min(targets.values()))
+        cur = self.conn.execute("SELECT run_id, event, verdict, line, state, created_at FROM webhook_outbox"
+                                " WHERE created_at >= ? ORDER BY created_at LIMIT ?", (floor, limit * 4))
+        out: list[OutboxEvent] = []
+        for run_id, event, verdict, line, state, created in cur.fetchall():
+            done = {r[0] for r in self.conn.execute(
+                "SELECT url_sha256 FROM webhook_sent WHERE run_id=? AND event=?", (run_id, event))}
+            urls = tuple(d for d, first in targets.items() if d not in done and created >= first)
+            if urls:
+                out.append(OutboxEvent(run_id=run_id, event=event, verdict=verdict, line=line, state=state,
+                                       created_at=created, urls=urls))
+            if len(out) >= limit:
+                break
+        return out
+
+    def mark_webhook(self, run_id: str, event: str, url_sha256: str, outcome: str) -> None:
+        """``outcome``: delivered or given_up (either way not sent again)."""
+        with self.tx() as c:
+            c.execute("INSERT OR REPLACE INTO webhook_sent (run_id, event, url_sha256, outcome, at)"
+                      " VALUES (?, ?, ?, ?, ?)", (run_id, event, url_sha256, outcome, time.time()))
+
+    def webhook_outcomes(self, run_id: str) -> dict[str, str]:
+        """url sha256 -> delivered / given_up, for the run's verdict event."""
+        return dict(self.conn.execute("SELECT url_sha256, outcome FROM webhook_sent WHERE run_id=? AND event=?",
+                                      (run_id, VERDICT_EVENT)))

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agent.records import MODEL_KEYS
+from contract.records import MODEL_KEYS
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -93,7 +93,7 @@ class Module(BaseModel):
 
     @property
     def queue(self) -> str:
-        from agent.celery_app import queue_name  # celery: only when a queue is named
+        from contract.celery_app import queue_name  # celery: only when a queue is named
 
         return queue_name(self.name)
 

@@ -13,7 +13,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from agent.records import RunProgress, RunState
+from contract.records import RunProgress, RunState
 from controller.fleet import BrokerUnavailable, RunView, module_failed
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from agent.metrics import MetricSpec, label_value
-from agent.records import METRICS, ResultRow
+from contract.records import METRICS, ResultRow
 from controller.history import History, RunInfo
 
 log = logging.getLogger(__name__)

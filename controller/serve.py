@@ -4,17 +4,19 @@ judges finished runs, serves the controller's /metrics and, when configured, the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from agent.settings import SettingsError
+from contract.settings import SettingsError
 from controller import service
 from controller.service import Judgement, Session
 
@@ -52,28 +54,64 @@ def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
 
 @dataclass
 class Notifier:
-    """Sends each verdict reached while the service runs to the webhooks, once: the verdicts this
-    service reached and those an attached ``fleetctl validate/watch`` recorded."""
+    """Sends the webhook outbox of the run history: every verdict recorded (by this service, by an
+    attached ``fleetctl validate/watch``, or while the service was down) to each webhook URL, once.
+
+    A verdict queues its event in the history when it is recorded (:meth:`History.set_run_state`);
+    :meth:`drain` sends what a URL has not had yet (events queued after the URL was first configured
+    here, at most ``max_age`` old), and records each delivery's outcome when it is known. Events in
+    flight when the service stops are sent again at the next start (``X-Fleet-Delivery`` stays the
+    same: a receiver may de-duplicate on it)."""
 
     s: Session
     hooks: Webhooks
-    since: float = field(default_factory=time.time)
-    sent: set[str] = field(default_factory=set)
+    max_age: float = 7 * 86400.0
+    inflight: dict[tuple[str, str, str], Future[bool]] = field(default_factory=dict)
 
-    def verdict(self, j: Judgement) -> None:
-        if j.run_id in self.sent:
-            return
-        self.sent.add(j.run_id)
+    def __post_init__(self) -> None:
+        from controller.history import url_digest
+
+        self.by_digest = {url_digest(u): u for u in self.hooks.urls}
+        self.targets = self.s.history().webhook_targets(self.hooks.urls)
+
+    def verdict(self, j: Judgement) -> None:  # a verdict this service reached: already in the outbox
+        self.drain()
+
+    def drain(self) -> int:
+        """Record finished deliveries, send what is pending; how many deliveries were started."""
         from controller.api import summary_of
 
-        self.hooks.notify("run.verdict", summary_of(self.s, j))
+        h = self.s.history()
+        for key, fut in list(self.inflight.items()):
+            if fut.done():
+                ok = not fut.cancelled() and fut.exception() is None and fut.result()
+                h.mark_webhook(*key, "delivered" if ok else "given_up")
+                del self.inflight[key]
+        started = 0
+        for ev in h.pending_webhooks(self.targets, max_age=self.max_age):
+            digests = [d for d in ev.urls if (ev.run_id, ev.event, d) not in self.inflight]
+            if not digests:
+                continue
+            payload = summary_of(self.s, Judgement(ev.run_id, ev.verdict, ev.line, ev.state))
+            futures = self.hooks.notify(ev.event, payload, urls=[self.by_digest[d] for d in digests],
+                                        delivery=ev.delivery_id)
+            for d, fut in zip(digests, futures, strict=True):
+                self.inflight[(ev.run_id, ev.event, d)] = fut
+            started += len(futures)
+        return started
 
-    def judged_elsewhere(self) -> None:
-        for info in service.runs(self.s, 50):
-            if (info.verdict and info.state != "running" and info.run_id not in self.sent
-                    and (info.finished_at or 0) >= self.since):
-                line = f"{info.verdict.upper()} {info.run_id} (verdict recorded by an attached fleetctl)"
-                self.verdict(Judgement(info.run_id, info.verdict, line, info.state))
+    def wait(self, timeout: float) -> None:
+        """Until the deliveries in flight are done (or ``timeout``), their outcomes recorded."""
+        end = time.monotonic() + timeout
+        for fut in list(self.inflight.values()):
+            with contextlib.suppress(Exception):
+                fut.result(timeout=max(0.0, end - time.monotonic()))
+        h = self.s.history()
+        for key, fut in list(self.inflight.items()):
+            if fut.done():
+                ok = not fut.cancelled() and fut.exception() is None and fut.result()
+                h.mark_webhook(*key, "delivered" if ok else "given_up")
+                del self.inflight[key]
 
 
 def _start_metrics(s: Session) -> Any:
@@ -152,10 +190,14 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
     hooks = webhooks_of(s)
     notifier = Notifier(s, hooks) if hooks else None
     on_verdict = notifier.verdict if notifier else None
+    if notifier:  # what was recorded while the service was down goes first
+        notifier.drain()
     if once:
         for run_id in sync_all(s, warn, on_verdict):
             console.print(f"run {run_id} finished")
-        if hooks:
+        if notifier and hooks:
+            notifier.drain()
+            notifier.wait(timeout=600)
             hooks.close(wait=True)
         return
     stop = threading.Event()
@@ -174,7 +216,7 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
                 console.print(f"run {run_id} finished")
             if notifier:
                 try:
-                    notifier.judged_elsewhere()
+                    notifier.drain()  # verdicts an attached fleetctl recorded meanwhile
                 except Exception as exc:  # the history briefly locked: next pass
                     warn(f"webhooks: {exc}")
             stop.wait(interval)
@@ -183,5 +225,6 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
             api.stop()
         if server:
             server[0].shutdown()
-        if hooks:
+        if notifier and hooks:
+            notifier.wait(timeout=0)  # outcomes known by now are recorded; the others are sent again next time
             hooks.close(wait=False)

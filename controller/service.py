@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.records import MODEL_KEYS, ResultRow, RunProgress, RunState, parse_model_keys
-from agent.settings import load_settings
+from contract.records import MODEL_KEYS, ResultRow, RunProgress, RunState, parse_model_keys
+from contract.settings import load_settings
 from controller.fleet import (
     BadRelease,
     BrokerUnavailable,
@@ -62,6 +62,11 @@ class NotFound(ServiceError, LookupError):
 
 class Conflict(ServiceError):
     """The request contradicts what exists: a run id already used (HTTP 409)."""
+
+
+class UnusableRelease(ServiceError, ValueError):
+    """A release URL that is bad, unreachable, too big, or a release whose sha256 is not the one
+    asked for (HTTP 422). Nothing half-downloaded is left."""
 
 
 # --------------------------------------------------------------------------- session
@@ -155,14 +160,21 @@ def _broker_call(s: Session, fn: Callable[[], Any]) -> Any:
 # --------------------------------------------------------------------------- records
 @dataclass(frozen=True)
 class ValidateRequest:
-    """What ``fleetctl validate`` and ``POST /api/v1/runs`` ask for."""
+    """What ``fleetctl validate`` and ``POST /api/v1/runs`` ask for.
 
-    release: Path
+    The release is a path as the controller sees it, or (``url``, then ``release`` is None) an
+    http/https URL it downloads into ``<data_dir>/releases/<sha256>/`` once every other check
+    passed. ``sha256``: what the release must hash to (checked before anything is dispatched).
+    """
+
+    release: Path | None
     models: tuple[str, ...] = tuple(MODEL_KEYS)
     devices: str = "all"
     baseline: str | None = None
     run_id: str | None = None
     resume: bool = False
+    url: str | None = None
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -255,9 +267,20 @@ def check_baseline(s: Session, baseline: str) -> str:
 def prepare(s: Session, req: ValidateRequest) -> tuple[str, list[Module], RunInfo | None]:
     """Every check that needs no broker and no hashing, before anything is dispatched:
     (release version, modules, the run resumed or None)."""
-    if not req.release.is_file():
-        raise BadRelease(f"{req.release}: no such release tarball")
-    version = release_version(req.release)
+    from controller.release_url import ReleaseUrlError, check_release_url, check_sha256
+
+    if (req.release is None) == (req.url is None):
+        raise BadRequest("give the release as a path or as a URL (one of them)")
+    try:
+        check_sha256(req.sha256)
+        if req.url is not None:
+            version = release_version(Path(check_release_url(req.url).name))
+    except ReleaseUrlError as exc:
+        raise UnusableRelease(str(exc)) from None
+    if req.release is not None:
+        if not req.release.is_file():
+            raise BadRelease(f"{req.release}: no such release tarball")
+        version = release_version(req.release)
     parse_model_keys(list(req.models))
     mods = s.inventory().select(req.devices)
     if req.baseline:
@@ -280,21 +303,37 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     version, mods, existing = prepare(s, req)
     h = s.history()  # before the fleet: the run is recorded in this history
     fleet = s.broker()
-    sha = sha256_file(req.release)
+    release = req.release if req.release is not None else download_release(s, str(req.url), req.sha256)
+    sha = sha256_file(release)
+    if req.sha256 and sha != req.sha256.strip().lower():
+        raise UnusableRelease(f"{release}: sha256 {sha[:12]}… does not match the expected {req.sha256[:12]}…")
     if existing is not None and existing.sha256 and existing.sha256 != sha:
         raise Conflict(f"run {existing.run_id!r} validated another release ({existing.release}, sha256 "
-                       f"{existing.sha256[:12]}); {req.release} has sha256 {sha[:12]}: not resumed")
+                       f"{existing.sha256[:12]}); {release} has sha256 {sha[:12]}: not resumed")
     if existing is not None:
         h.set_run_state(existing.run_id, "running")
     rid = req.run_id or new_run_id()
     statuses = _broker_call(s, lambda: fleet.statuses(mods))
     usable = [m for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")]
-    paths, errors = distribute(s, usable, req.release, sha)
+    paths, errors = distribute(s, usable, release, sha)
     result = fleet.dispatch(run_id=rid, modules=mods, tarballs=paths, sha256=sha, release=version, models=req.models,
-                            tarball_label=str(req.release.resolve()), statuses=statuses,
+                            tarball_label=str(release.resolve()), statuses=statuses,
                             resume=existing is not None)
     result.update(errors)
     return Launched(rid, version, sha, tuple(req.models), dict(result), resumed=existing is not None)
+
+
+def download_release(s: Session, url: str, sha256: str | None = None) -> Path:
+    """Fetch a release URL into ``<data_dir>/releases/<sha256>/<name>`` (streamed, size-limited, with a
+    deadline, checked against ``sha256`` when given); its path. UnusableRelease on any failure."""
+    from controller.release_url import ReleaseUrlError, check_release_url, check_sha256, fetch_release
+
+    try:
+        return fetch_release(check_release_url(url), s.settings.data_dir.expanduser() / "releases",
+                             sha256=check_sha256(sha256), max_bytes=s.settings.release_download_max_bytes,
+                             timeout=s.settings.release_download_timeout)
+    except ReleaseUrlError as exc:
+        raise UnusableRelease(str(exc)) from None
 
 
 def distribute(s: Session, modules: list[Module], tarball: Path, sha: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -416,7 +455,7 @@ def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float
         verdict, line = str(rep.verdict), rep.verdict_line
         if failed and verdict == "pass":
             verdict, line = "failed", f"some modules {state}; {line}"
-    h.set_run_state(info.run_id, state, verdict=verdict)
+    h.set_run_state(info.run_id, state, verdict=verdict, line=line if state != "running" else None)
     return Judgement(info.run_id, verdict, line, state, rep)
 
 
@@ -569,7 +608,7 @@ def version() -> dict[str, str]:
         v = dist_version("m1000-fleet")
     except PackageNotFoundError:
         v = "unknown (not installed)"
-    from agent.records import SCHEMA_VERSION
+    from contract.records import SCHEMA_VERSION
 
     return {"fleetctl": v, "record_schema": str(SCHEMA_VERSION), "python": platform.python_version()}
 
@@ -626,7 +665,8 @@ def errors_of(v: RunView) -> dict[str, list[str]]:
 
 __all__ = [
     "BadRelease", "BadRequest", "BrokerUnavailable", "Conflict", "Device", "FleetError", "Judgement", "Launched",
-    "LogFile", "ModuleDetail", "NotFound", "RunDetail", "ServiceError", "Session", "ValidateRequest", "cancel",
+    "LogFile", "ModuleDetail", "NotFound", "RunDetail", "ServiceError", "Session", "UnusableRelease", "ValidateRequest",
+    "cancel",
     "describe_module", "describe_run", "devices", "exit_code", "find_run", "follow", "judge", "logs", "prepare",
     "report", "results", "retry", "run_summary", "runs", "sync", "validate", "version", "view",
 ]

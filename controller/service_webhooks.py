@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from agent.settings import SettingsError
+from contract.settings import SettingsError
 
 log = logging.getLogger("fleet.webhooks")
 
@@ -73,12 +73,15 @@ class Webhooks:
         self.attempts, self.backoff, self.max_backoff, self.timeout = attempts, backoff, max_backoff, timeout
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="webhook")
 
-    def notify(self, event: str, payload: dict[str, Any]) -> list[Future[bool]]:
-        """Queue one delivery per URL and return at once (the futures say whether each one arrived)."""
+    def notify(self, event: str, payload: dict[str, Any], *, urls: Sequence[str] | None = None,
+               delivery: str | None = None) -> list[Future[bool]]:
+        """Queue one delivery per URL (``urls``: some of them; default all) and return at once (the futures,
+        in that order, say whether each one arrived). ``delivery``: the X-Fleet-Delivery id (default: new)."""
         body = json.dumps({**payload, "event": event, "sent_at": time.time()}, separators=(",", ":"),
                           default=str).encode()
-        delivery = str(uuid.uuid4())
-        return [self._pool.submit(self._deliver, url, event, delivery, body) for url in self.urls]
+        delivery = delivery or str(uuid.uuid4())
+        targets = self.urls if urls is None else urls
+        return [self._pool.submit(self._deliver, url, event, delivery, body) for url in targets]
 
     def close(self, wait: bool = False) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=not wait)

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from agent.settings import BrokerSettings
+from contract.settings import BrokerSettings
 
 
 class ControllerSettings(BrokerSettings):
@@ -27,6 +27,10 @@ class ControllerSettings(BrokerSettings):
     api_tokens_file: Path | None = Field(default=None, description="bearer tokens of the HTTP API, one a line (0600)")
     webhook_urls: tuple[str, ...] = Field(default=(), description="POST each run's verdict here (JSON, signed)")
     webhook_secret_file: Path | None = Field(default=None, description="HMAC-SHA256 key of the webhooks (0600)")
+    release_download_max_bytes: int = Field(default=8 * 1024**3, gt=0,
+                                            description="largest release a URL may deliver, bytes")
+    release_download_timeout: float = Field(default=1800.0, gt=0,
+                                            description="whole download of a release URL, s (30 s per read at most)")
 
     @property
     def history_path(self) -> Path:

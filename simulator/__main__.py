@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(key: str, port: str, scale: str) -> int:
-    from agent.records import MODEL_KEYS
+    from contract.records import MODEL_KEYS
 
     if key not in MODEL_KEYS:
         raise SimError(f"unknown model key {key!r} (known: {', '.join(MODEL_KEYS)})")

@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.records import MODEL_KEYS
+from contract.records import MODEL_KEYS
 from simulator.fit import fitted
 from simulator.runtime.core import Knobs, SimError, parse_faults, parse_noise, parse_speed, parse_time_scale
 

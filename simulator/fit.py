@@ -21,8 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from agent.records import MODEL_KEYS, ResultRow
 from agent.tables import Table, parse_tables, seed_key_for
+from contract.records import MODEL_KEYS, ResultRow
 from simulator.runtime.core import gsm8k_prompt_ids, prompt_hash
 
 DATA_DIR = Path(__file__).resolve().parent / "data"

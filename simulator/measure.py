@@ -21,8 +21,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.records import MODEL_KEYS
 from agent.tables import parse_seed
+from contract.records import MODEL_KEYS
 from controller.demo import free_port
 from simulator.build import build_release, make_models
 from simulator.fit import REFERENCE

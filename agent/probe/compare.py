@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from agent.probe.records import ProfileResult, Stat
-from agent.records import Frozen, ResultRow
+from contract.records import Frozen, ResultRow
 
 FLAG = "release_benchmark_disagrees"
 COMPARED: tuple[str, ...] = ("ttft_ms", "tpot_ms", "prefill_tps", "decode_tps")

@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
-from agent.records import Frozen
+from contract.records import Frozen
 
 # Why a request did not count (README "Probe" says when each one applies).
 ErrorKind = Literal["http_status", "timeout", "connection", "broken_stream", "stream_error", "missing_usage",

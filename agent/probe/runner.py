@@ -35,7 +35,7 @@ from agent.probe.measure import Exchange, Tokenizer, interpret, summarise
 from agent.probe.prompts import Profile, PromptKind, Prompts, body, parse_profiles, rejects_engine_fields
 from agent.probe.records import SLO, Api, LoadShape, ProbeReport, ProfileResult, RequestResult
 from agent.probe.transport import Transport
-from agent.records import Frozen
+from contract.records import Frozen
 
 SIM_SENT_HEADER = "X-Sim-Sent-Ns"
 Progress = Callable[[str, int, int], None]  # (what, requests done, requests planned)

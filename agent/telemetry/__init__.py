@@ -4,8 +4,8 @@
 path). Pure parts: :mod:`.fields` (what is asked), :mod:`.plan` (which tool, which argv),
 :mod:`.parse` (CSV and ``-q`` text to readings), :mod:`.summary` (per-key statistics),
 :mod:`.exposition` (``/metrics`` families). I/O: :mod:`.sampler` (the thread and its one
-process seam). Records (:class:`~agent.records.DeviceSample`,
-:class:`~agent.records.TelemetrySummary`) live in :mod:`agent.records`.
+process seam). Records (:class:`~contract.records.DeviceSample`,
+:class:`~contract.records.TelemetrySummary`) live in :mod:`contract.records`.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from agent.records import DeviceSample
 from agent.telemetry.fields import REASONS
+from contract.records import DeviceSample
 
 MIB = 1024.0 * 1024.0
 _L = ("gpu", "model_key")

@@ -19,7 +19,7 @@ QPath = tuple[str, ...]
 
 
 class FieldSpec(NamedTuple):
-    name: str  # our name: an attribute of agent.records.DeviceSample (or gpu / name / uuid)
+    name: str  # our name: an attribute of contract.records.DeviceSample (or gpu / name / uuid)
     queries: tuple[str, ...]  # --query-gpu names, preferred first
     kind: Kind
     q_paths: tuple[QPath, ...] = ()  # where ``-q`` prints it, first match wins

@@ -26,11 +26,11 @@ from typing import IO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.records import DeviceInfo, DeviceSample, TelemetrySummary
 from agent.telemetry.fields import BY_NAME, FIELDS, NUMERIC
 from agent.telemetry.parse import Reading, invalid_field, parse_csv, parse_q
 from agent.telemetry.plan import TOOLS, QueryPlan, choose_tool
 from agent.telemetry.summary import read_samples, summarize
+from contract.records import DeviceInfo, DeviceSample, TelemetrySummary
 
 log = logging.getLogger(__name__)
 

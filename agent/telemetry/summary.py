@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from agent.records import DeviceInfo, DeviceSample, FieldStats, KeyTelemetry, TelemetrySummary
 from agent.telemetry.fields import NUMERIC, REASONS
+from contract.records import DeviceInfo, DeviceSample, FieldStats, KeyTelemetry, TelemetrySummary
 
 # fields summarised as statistics (the bitmask is summarised as shares of samples per reason)
 STAT_FIELDS: tuple[str, ...] = tuple(n for n in NUMERIC if n != "clock_event_reasons")

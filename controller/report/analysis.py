@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from agent.probe.compare import COMPARED, Disagreement
-from agent.records import METRICS
+from contract.records import METRICS
 from controller.report.groups import Groups
 from controller.report.model import (
     ALL_METRICS,

@@ -9,7 +9,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.probe.compare import Disagreement
-from agent.records import METRICS
+from contract.records import METRICS
 
 if TYPE_CHECKING:
     from controller.report.telemetry import OutlierTelemetry

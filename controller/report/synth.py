@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from agent.records import ResultRow
+from contract.records import ResultRow
 
 SPEED_METRICS = ("prefill_tps", "decode_tps", "vision_fps")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.records import MODEL_KEYS
+from contract.records import MODEL_KEYS
 from simulator.build import (
     DEFAULT_MODEL_ROOT,
     MUSA,

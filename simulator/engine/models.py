@@ -109,7 +109,7 @@ def make_engine_models(root: str | os.PathLike[str], keys: list[str] | None = No
     Keys sharing a folder (``qwen35`` and ``qwen35_mtp``) share the checkpoint; a key the
     release refuses (``qwen3vl``) gets no folder (the release says why it is not served).
     """
-    from agent.records import MODEL_KEYS
+    from contract.records import MODEL_KEYS
     from simulator.engine.build import SUPPORTED_KEYS
 
     chosen = list(SUPPORTED_KEYS) if keys is None else keys

@@ -16,8 +16,8 @@ import pytest
 
 from agent.executor import group_members
 from agent.pipeline import AgentConfig
-from agent.records import MODEL_KEYS, RunRequest
 from agent.tables import parse_tables, seed_key_for
+from contract.records import MODEL_KEYS, RunRequest
 from controller.demo import free_port
 
 HERE = Path(__file__).resolve().parent

@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.cli import app, rows_csv
-from agent.records import ResultRow
 from agent.store import RunStore
+from contract.records import ResultRow
 from controller.demo import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

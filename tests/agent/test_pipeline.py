@@ -10,9 +10,9 @@ import pytest
 
 from agent.executor import EventCancelToken
 from agent.pipeline import run_pipeline
-from agent.records import RunState
 from agent.store import RunStore
 from agent.tables import parse_seed
+from contract.records import RunState
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftovers")]
 

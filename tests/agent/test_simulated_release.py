@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 import simulator
-from agent.records import METRICS, MODEL_KEYS
 from agent.store import RunStore
 from agent.tables import parse_seed
+from contract.records import METRICS, MODEL_KEYS
 from controller.demo import free_port
 
 from .conftest import processes_under

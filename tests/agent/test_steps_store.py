@@ -9,9 +9,9 @@ import pytest
 
 from agent import steps
 from agent.errors import BadInput
-from agent.records import SPEC_ARGS, ResultRow, RunProgress, RunRequest, RunState
 from agent.state import IllegalTransition, RunMachine, allowed
 from agent.store import RunStore, check_run_id
+from contract.records import SPEC_ARGS, ResultRow, RunProgress, RunRequest, RunState
 
 
 def test_model_folders_overrides_and_shared_models(tmp_path):

@@ -95,3 +95,47 @@ def receiver() -> Iterator[Receiver]:
     r = Receiver()
     yield r
     r.close()
+
+
+class ReleaseServer:
+    """A test HTTP server (stdlib, its own thread) serving files of ``root``: ``/<name>`` with a
+    Content-Length, ``/stream/<name>`` without one (the body ends when the connection closes),
+    ``/redirect-file/<name>`` redirects to ``file://``; anything else is 404. ``paths``: what was asked."""
+
+    def __init__(self, root: Path) -> None:
+        self.paths: list[str] = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                outer.paths.append(self.path)
+                path = self.path.split("?", 1)[0]
+                if path.startswith("/redirect-file/"):
+                    self.send_response(302)
+                    self.send_header("Location", "file:///etc/passwd")
+                    self.end_headers()
+                    return
+                stream = path.startswith("/stream/")
+                f = root / path.rsplit("/", 1)[-1]
+                if not f.is_file():
+                    self.send_error(404)
+                    return
+                data = f.read_bytes()
+                self.send_response(200)
+                if not stream:
+                    self.send_header("Content-Length", str(len(data)))
+                else:
+                    self.close_connection = True
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -175,26 +175,3 @@ def test_schemathesis(controller, tmp_path):
             case.call_and_validate(headers=AUTH, excluded_checks=[positive_data_acceptance])
 
         check()
-
-
-def test_notifier_sends_each_verdict_once(controller):
-    """Verdicts reached by serve, and those an attached fleetctl recorded while serve ran, once each."""
-    from controller.serve import Notifier
-    from controller.service import Judgement, Session
-
-    class Hooks:
-        urls = ["http://127.0.0.1:9/x"]
-        sent: list[tuple[str, dict]] = []
-
-        def notify(self, event, payload):
-            self.sent.append((event, payload))
-
-    with Session(controller) as s:
-        n = Notifier(s, Hooks(), since=0.0)  # every run of the filled history counts as judged meanwhile
-        s.history().set_run_state("run-b", "done", verdict="regressed")
-        n.judged_elsewhere()
-        n.judged_elsewhere()
-        n.verdict(Judgement("run-b", "regressed", "line", "done"))
-        assert [(e, p["run_id"], p["verdict"]) for e, p in Hooks.sent] == [("run.verdict", "run-b", "regressed")]
-        n.verdict(Judgement("run-a", "pass", "PASS run-a", "done"))
-        assert Hooks.sent[-1][1]["verdict_line"] == "PASS run-a" and Hooks.sent[-1][1]["rows"] == 6 * 92

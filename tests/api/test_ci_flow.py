@@ -1,5 +1,6 @@
 """A CI system's view: ``fleetctl serve --api-port`` on a simulated fleet (embedded broker, one
-module, one model key, time scale 1000); a stdlib-only script triggers a run over HTTP and polls
+module, one model key, time scale 1000); a stdlib-only script triggers a run over HTTP, giving
+the release as a URL (a local HTTP server serves the built tarball) with its sha256, and polls
 it to a verdict; the webhook reaches a test HTTP server with a valid signature; the HTML report
 at its stable URL opens in headless Chromium without errors."""
 
@@ -18,7 +19,7 @@ import pytest
 
 from controller.demo import free_port, reference_rows
 from controller.service import Session
-from tests.api.conftest import TOKEN, Receiver, write_tokens
+from tests.api.conftest import TOKEN, Receiver, ReleaseServer, write_tokens
 from tests.browser import chromium_page
 from tests.fleet.conftest import make_lab
 
@@ -32,7 +33,8 @@ def call(method, path, body=None):
                                  headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
-run = call("POST", "/runs", {"release": os.environ["RELEASE"], "models": ["qwen3"], "devices": "all"})
+run = call("POST", "/runs", {"release": os.environ["RELEASE"], "sha256": os.environ["SHA256"], "models": ["qwen3"],
+                             "devices": "all"})
 print("run", run["run_id"], "queued", run["queued"], flush=True)
 end = time.time() + 150
 while time.time() < end:
@@ -72,6 +74,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         s.history().add_baseline(release.version, reference_rows(), "simulator reference tables")
     lab.start()
     receiver = Receiver(fail_first=1)  # the first delivery meets a 503: the webhook is retried
+    releases = ReleaseServer(release.path.parent)
     secret = base / "webhook.key"
     secret.write_text("a-shared-webhook-secret-0123456789\n")
     secret.chmod(0o600)
@@ -84,7 +87,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     try:
         wait_port(port, proc)
         yield {"api": f"http://127.0.0.1:{port}/api/v1", "release": release, "receiver": receiver, "lab": lab,
-               "secret": secret.read_bytes().strip(), "proc": proc}
+               "secret": secret.read_bytes().strip(), "proc": proc, "releases": releases}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -92,13 +95,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         receiver.close()
+        releases.close()
         lab.stop()
         out, err = proc.communicate(timeout=10)
         assert TOKEN not in out + err  # tokens are never logged
 
 
 def test_ci_script_runs_a_validation_over_http(served):
-    env = {**os.environ, "API": served["api"], "TOKEN": TOKEN, "RELEASE": str(served["release"].path)}
+    rel = served["release"]
+    env = {**os.environ, "API": served["api"], "TOKEN": TOKEN, "RELEASE": f"{served['releases'].url}/{rel.path.name}",
+           "SHA256": rel.sha256}
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-c", CI_SCRIPT], env=env, capture_output=True, text=True, timeout=200)
     # the script's exit code is the verdict's (0 pass, 1 regressed: time scale 1000 bends the timings)
@@ -106,6 +112,7 @@ def test_ci_script_runs_a_validation_over_http(served):
     assert "queued 1" in r.stdout and " PASS " in r.stdout or " REGRESSED " in r.stdout, r.stdout
     assert time.monotonic() - t0 < 150
     run_id = r.stdout.split()[1]
+    assert served["releases"].paths == [f"/{rel.path.name}"]  # fetched once, by the controller
     # the webhook: retried after the 503, signed with the shared secret
     from controller.service_webhooks import SIGNATURE_HEADER, verify
 

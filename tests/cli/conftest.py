@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.records import RunProgress, RunState
 from agent.tables import parse_seed
+from contract.records import RunProgress, RunState
 from controller.history import History
 
 INV = '[[module]]\nname = "m1"\ntransport = "local"\n'

@@ -152,7 +152,7 @@ def test_agent_run_ids_do_not_collide(tmp_path, monkeypatch):
         rows = ()
 
         def __init__(self, req):
-            from agent.records import RunProgress
+            from contract.records import RunProgress
 
             self.progress = RunProgress(run_id=req.run_id, module=req.module)
 

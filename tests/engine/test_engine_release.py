@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import simulator
-from agent.records import MODEL_KEYS
+from contract.records import MODEL_KEYS
 from controller.demo import free_port
 from simulator.engine.build import build_engine_release, parse_profiles
 from tests.agent.conftest import processes_under

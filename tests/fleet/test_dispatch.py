@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.records import RunState
 from agent.validate import stage_local_release
 from agent.worker import MARK
+from contract.records import RunState
 from controller.fleet import Fleet
 from controller.history import History
 

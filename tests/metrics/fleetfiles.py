@@ -1,7 +1,7 @@
 """Writes a module's workdir in the layout the pipeline and the worker use (see agent.metrics).
 
 Test helper only: the real writers are ``agent/store.py`` (pipeline) and ``agent/worker.py``
-(heartbeat). Records come from ``agent.records``; JSON files are replaced atomically and
+(heartbeat). Records come from ``contract.records``; JSON files are replaced atomically and
 JSON lines appended, as the contract says.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from agent.records import DeviceSample, Heartbeat, ResultRow, RunProgress, RunState
 from agent.tables import parse_seed, stamp
+from contract.records import DeviceSample, Heartbeat, ResultRow, RunProgress, RunState
 
 SWEEP_KEYS = ("qwen3", "qwen35", "qwen35_fq", "qwen36_fq", "qwen3vl")
 

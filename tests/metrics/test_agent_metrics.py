@@ -25,7 +25,7 @@ from agent.metrics import (
     redact_url,
     start_exporter,
 )
-from agent.records import KeyOutcome, RunState
+from contract.records import KeyOutcome, RunState
 from tests.metrics.fleetfiles import RunWriter, finished_run, heartbeat, seed_rows
 
 

@@ -28,8 +28,8 @@ from prometheus_client import CollectorRegistry
 
 from agent.metrics import CATALOG as AGENT_CATALOG
 from agent.metrics import SystemSample, build_registry, push_once, start_exporter
-from agent.records import KeyOutcome, RunState
 from agent.tables import parse_seed
+from contract.records import KeyOutcome, RunState
 from controller.demo import free_port
 from controller.history import History
 from controller.inventory import parse_inventory

@@ -6,7 +6,7 @@ import pytest
 
 from agent.probe.compare import FLAG, cross_check, probe_row
 from agent.probe.records import LoadShape, ProfileResult, Stat
-from agent.records import ResultRow
+from contract.records import ResultRow
 
 
 def release_row(profile: str = "128:128", **kw: float) -> ResultRow:

@@ -17,9 +17,9 @@ import pytest
 import simulator
 from agent.pipeline import AgentConfig, run_pipeline
 from agent.probe import FLAG
-from agent.records import RunRequest
 from agent.store import RunStore
 from agent.tables import parse_seed
+from contract.records import RunRequest
 from controller.demo import free_port
 from controller.history import History
 

@@ -11,9 +11,9 @@ import pytest
 from agent.metrics import build_registry
 from agent.probe.compare import FLAG, cross_check, probe_row
 from agent.probe.records import LoadShape, ProfileResult, Stat
-from agent.records import ResultRow, RunProgress, RunState
 from agent.store import RunStore
 from agent.tables import parse_seed
+from contract.records import ResultRow, RunProgress, RunState
 from controller.history import ROW_FIELDS, History, row_to_db
 from controller.report import build_report
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.records import RunState
 from agent.store import RunStore
+from contract.records import RunState
 from controller.fleet import BrokerUnavailable, Fleet, RunView
 from controller.history import History
 from tests.fleet.conftest import Lab, RedisServer, broker, make_lab, running_redis  # noqa: F401 - fixture re-exported

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from agent.records import RunState
 from agent.store import RunStore
+from contract.records import RunState
 from tests.fleet.test_dispatch import wait_for
 from tests.reliability.conftest import KEYS
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.records import RunState
 from agent.store import RunStore
+from contract.records import RunState
 from tests.fleet.conftest import REDIS, RedisServer
 from tests.fleet.test_dispatch import wait_for
 from tests.reliability.conftest import KEYS

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from agent.records import RunState
+from contract.records import RunState
 from controller.demo import free_port
 from tests.fleet.conftest import REDIS, RedisServer
 from tests.fleet.test_dispatch import wait_for

@@ -5,8 +5,8 @@ import json
 import pandas as pd
 import pytest
 
-from agent.records import ResultRow
 from agent.tables import parse_seed
+from contract.records import ResultRow
 from controller.report.synth import rows_frame
 
 

@@ -15,7 +15,8 @@ import time
 import pytest
 import redis
 
-from agent.records import RunState
+from contract.kv import cancel_key
+from contract.records import RunState
 from controller import deploy_acl as acl
 from tests.security.conftest import SecureRedis, fleetctl_path, make_secure_lab, task_body, task_envelope
 
@@ -93,7 +94,8 @@ def test_module_a_cannot_touch_module_b(acl_server):
     ctl.set("m1000-fleet:progress:r1:sim-02", "{}")
     ctl.set("m1000-fleet:rows:r1:sim-02", "[]")
     ctl.set("m1000-fleet:hb:sim-02", "{}")
-    ctl.set("m1000-fleet:cancel:r1:sim-02", json.dumps({"reason": "x"}))
+    ctl.set(cancel_key("r1", "sim-02"), json.dumps({"reason": "x"}))
+    ctl.set("m1000-fleet:cancel:r1:sim-02", json.dumps({"reason": "x"}))  # the layout before
     ctl.hset("unacked:module.sim-02", "tag", "payload")
     ctl.set("celery-task-meta-r1.sim-02", "{}")
 
@@ -120,11 +122,15 @@ def test_module_a_cannot_touch_module_b(acl_server):
     refused(a.publish, "m1000-fleet:progress:r1:sim-02", "forged")
     refused(a.execute_command, "SUBSCRIBE", "celery-task-meta-r1.sim-02")
     refused(a.execute_command, "PSUBSCRIBE", "*")
-    # cancel flags: never written by a module (B's, the run's, its own)
-    refused(a.set, "m1000-fleet:cancel:r1:sim-02", "{}")
-    refused(a.set, "m1000-fleet:cancel:r1", "{}")
-    refused(a.set, "m1000-fleet:cancel:r1:sim-01", "{}")
-    refused(a.delete, "m1000-fleet:cancel:r1:sim-02")
+    # cancel flags: B's is not even readable (m1000-fleet:cancel:<module>:<run>), nor a key of the layout
+    # before; none is written by a module (B's, the run's, its own)
+    refused(a.get, cancel_key("r1", "sim-02"))
+    refused(a.mget, [cancel_key("r1"), cancel_key("r1", "sim-02")])
+    refused(a.get, "m1000-fleet:cancel:r1:sim-02")
+    refused(a.set, cancel_key("r1", "sim-02"), "{}")
+    refused(a.set, cancel_key("r1"), "{}")
+    refused(a.set, cancel_key("r1", "sim-01"), "{}")
+    refused(a.delete, cancel_key("r1", "sim-02"))
     # server-wide commands
     refused(a.flushall)
     refused(a.flushdb)
@@ -144,7 +150,25 @@ def test_module_a_cannot_touch_module_b(acl_server):
     assert a.llen("module.sim-01") == 0
     a.execute_command("SETEX", "m1000-fleet:progress:r1:sim-01", 60, "{}")
     a.publish("m1000-fleet:progress:r1:sim-01", "{}")
-    assert a.mget(["m1000-fleet:cancel:r1", "m1000-fleet:cancel:r1:sim-01"]) == [None, None]
+    assert a.mget([cancel_key("r1"), cancel_key("r1", "sim-01")]) == [None, None]
+    ctl.set(cancel_key("r2"), json.dumps({"reason": "run-wide"}))
+    ctl.set(cancel_key("r3", "sim-01"), json.dumps({"reason": "A's part"}))
+    assert a.mget([cancel_key("r2"), cancel_key("r3", "sim-01")]) == [b'{"reason": "run-wide"}',
+                                                                       b'{"reason": "A\'s part"}']
+    # the same through the agent's own read path (contract.kv), connected as sim-01
+    from contract.celery_app import make_app
+    from contract.kv import KV
+    from contract.settings import BrokerSettings
+
+    app = make_app(BrokerSettings(broker_url=server.url("sim-01", db=1),
+                                  broker_password_file=files.passwords / "sim-01.password"), module="sim-01")
+    try:
+        kv = KV(app)
+        assert [kv.cancelled("r2", "sim-01"), kv.cancelled("r3", "sim-01"), kv.cancelled("r9", "sim-01")] == [
+            "run-wide", "A's part", None]
+        refused(kv.cancelled, "r1", "sim-02")  # asking for B's flag as A: refused by Redis, not answered
+    finally:
+        app.close()
     # no password, or the wrong one: nothing at all
     with pytest.raises(redis.exceptions.AuthenticationError):
         server.client(None, None).ping()

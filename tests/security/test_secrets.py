@@ -11,7 +11,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from agent.settings import BrokerSettings
+from contract.settings import BrokerSettings
 from controller import deploy as dep
 from controller import ssh
 from controller.deploy_cli import register

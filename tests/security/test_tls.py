@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from agent.settings import BrokerSettings
+from contract.settings import BrokerSettings
 from tests.security.conftest import REDIS, SecureRedis, fleetctl_path, make_secure_lab, make_tls
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -40,7 +40,7 @@ def tls_server(tmp_path_factory):
 def test_settings_build_the_tls_options(tmp_path):
     s = BrokerSettings(broker_url="rediss://h:6379/0", broker_tls_ca_file=tmp_path / "ca",
                        broker_tls_cert_file=tmp_path / "c", broker_tls_key_file=tmp_path / "k")
-    from agent.celery_app import make_app
+    from contract.celery_app import make_app
 
     app = make_app(s)
     for key in ("broker_use_ssl", "redis_backend_use_ssl"):

@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 
 from agent.errors import BadInput
-from agent.kv import KV
-from agent.records import MODEL_KEYS, RUN_ID_PATTERN, RunRequest, RunState
 from agent.settings import AgentSettings
 from agent.store import check_run_id
 from agent.validate import (
@@ -21,6 +19,8 @@ from agent.validate import (
     stage_local_release,
     validate_request,
 )
+from contract.kv import KV
+from contract.records import MODEL_KEYS, RUN_ID_PATTERN, RunRequest, RunState
 
 SHA = "ab" * 32
 
@@ -230,9 +230,9 @@ def test_stage_local_release(tmp_path):
 
 # --------------------------------------------------------------------------- the worker
 def _app(settings: AgentSettings):
-    from agent.celery_app import make_app
+    from contract.celery_app import make_app
 
-    return make_app(settings)
+    return make_app(settings, module=settings.module)
 
 
 def test_worker_refusal_publishes_failed_and_runs_nothing(good, settings, caplog):
@@ -277,7 +277,7 @@ def test_worker_refusal_without_run_id_only_logs(good, settings, caplog):
     ({"properties": {"delivery_tag": "t", "body_encoding": "rot13"}, "body": "x"}, "unknown body encoding"),
 ])
 def test_malformed_envelopes(raw, why):
-    from agent.safe_transport import envelope_problem
+    from contract.safe_transport import envelope_problem
 
     assert why in (envelope_problem(raw) or "")
 
@@ -285,7 +285,7 @@ def test_malformed_envelopes(raw, why):
 def test_good_envelope():
     import base64
 
-    from agent.safe_transport import envelope_problem
+    from contract.safe_transport import envelope_problem
 
     good = {"body": base64.b64encode(b"[]").decode(), "content-type": "application/json", "content-encoding": "utf-8",
             "headers": {}, "properties": {"delivery_tag": "t", "delivery_info": {}, "body_encoding": "base64"}}
@@ -293,11 +293,11 @@ def test_good_envelope():
 
 
 def test_redis_apps_use_the_hardened_transport(tmp_path):
-    from agent.celery_app import make_app
+    from contract.celery_app import make_app
 
     app = make_app(AgentSettings(module="m", broker_url="redis://127.0.0.1:1/0", workdir=tmp_path))
-    assert app.conf.broker_transport == "agent.safe_transport:Transport"
-    from agent.safe_transport import Transport
+    assert app.conf.broker_transport == "contract.safe_transport:Transport"
+    from contract.safe_transport import Transport
 
     with app.connection_for_write() as conn:
-        assert conn.transport_cls == "agent.safe_transport:Transport" and isinstance(conn.transport, Transport)
+        assert conn.transport_cls == "contract.safe_transport:Transport" and isinstance(conn.transport, Transport)

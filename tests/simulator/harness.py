@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from agent.records import MODEL_KEYS
+from contract.records import MODEL_KEYS
 from controller.demo import free_port
 from simulator import BuiltRelease, build_release, make_models
 

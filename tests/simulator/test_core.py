@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from agent.records import MODEL_KEYS
 from agent.tables import parse_seed
+from contract.records import MODEL_KEYS
 from simulator import SpecError, parse_faults, parse_speed, regress_spec
 from simulator.fit import fit
 from simulator.runtime import bench, core

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.records import MODEL_KEYS
+from contract.records import MODEL_KEYS
 from simulator import BuildError, SpecError, build_release, make_models
 from simulator.build import RUNTIME_DIR
 

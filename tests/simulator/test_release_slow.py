@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.records import MODEL_KEYS
 from agent.tables import TableError, parse_seed, parse_tables
+from contract.records import MODEL_KEYS
 from controller.demo import free_port
 from tests.simulator.harness import Release, Server, bench, prepared, processes_under, unpack
 

@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.settings import AgentSettings, BrokerSettings, load_settings
+from agent.settings import AgentSettings
+from contract.settings import BrokerSettings, load_settings
 from controller import deploy as dep
 from controller import push, ssh
 from controller.inventory import Module
@@ -247,3 +248,13 @@ def test_rendered_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert "WorkingDirectory" in r_bad.stderr or r_bad.returncode != 0
     with pytest.raises(dep.DeployError):
         dep.render_service(Module(name="m1"), "/w\nExecStartPre=/bin/evil", "systemd", worker_command=True)
+
+
+@pytest.mark.slow
+def test_project_wheel_carries_the_contract_the_agent_imports(tmp_path: Path) -> None:
+    wheel = dep.build_project_wheel(ROOT, tmp_path)
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    for module in ("records", "kv", "celery_app", "safe_transport", "settings"):
+        assert f"contract/{module}.py" in names
+    assert "agent/worker.py" in names and "agent/records.py" not in names

@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 from agent.metrics import SystemSample, build_registry
-from agent.records import RunState
 from agent.telemetry.exposition import DEVICE_METRICS
+from contract.records import RunState
 from tests.metrics.fleetfiles import RunWriter, device_sample
 
 

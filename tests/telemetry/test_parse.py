@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.records import DeviceSample
 from agent.telemetry.fields import BY_NAME, FIELDS, FieldSpec, reason_names
 from agent.telemetry.parse import convert, invalid_field, parse_csv, parse_q, q_entries
 from agent.telemetry.plan import QueryPlan, choose_tool
 from agent.telemetry.summary import summarize
+from contract.records import DeviceSample
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 H200 = FIX / "h200"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from agent.kv import KV
-from agent.records import KeyOutcome, RunProgress, RunState
 from agent.telemetry import summarize
+from contract.kv import KV
+from contract.records import KeyOutcome, RunProgress, RunState
 from controller.fleet import Fleet
 from controller.history import History
 from controller.settings import ControllerSettings
@@ -53,7 +53,7 @@ def test_summary_travels_under_its_own_key_into_the_history(tmp_path: Path) -> N
 
 
 def test_kv_reads_an_unreadable_summary_as_absent(tmp_path: Path) -> None:
-    from agent.celery_app import make_app
+    from contract.celery_app import make_app
 
     app = make_app(ControllerSettings(broker_url="filesystem://", data_dir=tmp_path))
     kv = KV(app)

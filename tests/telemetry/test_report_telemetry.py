@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.records import TelemetrySummary
 from agent.telemetry import summarize
+from contract.records import TelemetrySummary
 from controller.history import History
 from controller.report import build_report
 from controller.report.model import FLEET, Outlier

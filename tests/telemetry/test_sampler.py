@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.records import DeviceSample
 from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig, ToolResult, read_samples, run_tool
+from contract.records import DeviceSample
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 H200_ROW = (FIX / "h200" / "query.csv").read_text().splitlines()[2]

@@ -14,13 +14,13 @@ from queue import Empty
 import pytest
 from kombu import Connection
 
-from agent.celery_app import embedded_folders, make_app
-from agent.settings import BrokerSettings
+from contract.celery_app import embedded_folders, make_app
+from contract.settings import BrokerSettings
 
 
 def _channel(tmp_path: Path):
     app = make_app(BrokerSettings(broker_url="filesystem://", data_dir=tmp_path))
-    assert app.conf.broker_transport == "agent.safe_transport:FilesystemTransport"
+    assert app.conf.broker_transport == "contract.safe_transport:FilesystemTransport"
     conn: Connection = app.connection_for_write()
     return conn, conn.default_channel
 

@@ -1,7 +1,8 @@
 import pytest
 
-from agent.records import Heartbeat, KeyOutcome, RunProgress, RunState, UnknownModelKey, parse_model_keys
-from agent.settings import AgentSettings, BrokerSettings, SettingsError, load_settings
+from agent.settings import AgentSettings
+from contract.records import Heartbeat, KeyOutcome, RunProgress, RunState, UnknownModelKey, parse_model_keys
+from contract.settings import BrokerSettings, SettingsError, load_settings
 from controller.fleet import BadRelease, RunView, derive_state, release_version
 
 

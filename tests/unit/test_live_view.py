@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from agent.records import RunProgress, RunState, StepError
+from contract.records import RunProgress, RunState, StepError
 from controller.fleet import RunView
 from controller.live import MAX_ROWS, render, shown_modules
 

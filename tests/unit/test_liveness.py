@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.records import Heartbeat, RunProgress, RunState
-from agent.settings import BrokerSettings
+from contract.records import Heartbeat, RunProgress, RunState
+from contract.settings import BrokerSettings
 from controller.fleet import liveness
 
 S = BrokerSettings(offline_after=30, lost_after=600, start_timeout=300)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.celery_app import make_app
-from agent.kv import KV
-from agent.records import RunProgress, RunState
 from agent.settings import AgentSettings
 from agent.worker import execute_run, flush_outbox, outbox_path
+from contract.celery_app import make_app
+from contract.kv import KV
+from contract.records import RunProgress, RunState
 
 
 @pytest.fixture

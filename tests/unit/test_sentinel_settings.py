@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from agent.celery_app import make_app
-from agent.settings import AgentSettings, BrokerSettings
+from agent.settings import AgentSettings
+from contract.celery_app import make_app
+from contract.settings import BrokerSettings
 
 URL = "sentinel://127.0.0.1:26379;sentinel://127.0.0.1:26380;sentinel://127.0.0.1:26381/0"
 
@@ -47,13 +48,14 @@ def test_tls_is_refused_with_sentinel(tmp_path: Path) -> None:
 
 
 def test_sentinel_app_keeps_the_hardening_and_the_module_keys(tmp_path: Path) -> None:
-    app = make_app(AgentSettings(module="m-01", broker_url=URL, broker_sentinel_master="m1000", workdir=tmp_path))
-    assert app.conf.broker_transport == "agent.safe_transport:SentinelTransport"
+    app = make_app(AgentSettings(module="m-01", broker_url=URL, broker_sentinel_master="m1000", workdir=tmp_path),
+                   module="m-01")
+    assert app.conf.broker_transport == "contract.safe_transport:SentinelTransport"
     opts = app.conf.broker_transport_options
     assert opts["master_name"] == "m1000" and opts["unacked_key"] == "unacked:module.m-01"
     assert app.conf.result_backend_transport_options["master_name"] == "m1000"
     assert type(app.backend).__name__ == "SentinelBackend"
-    from agent.safe_transport import SentinelTransport
+    from contract.safe_transport import SentinelTransport
 
     with app.connection_for_write() as conn:
         assert isinstance(conn.transport, SentinelTransport)

@@ -1,5 +1,5 @@
-from agent.records import MODEL_KEYS
 from agent.tables import parse_seed
+from contract.records import MODEL_KEYS
 
 
 def test_seed_parses_into_every_model_key(seed_text):

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from celery import Celery
 
-from agent.settings import BrokerSettings
+from contract.settings import BrokerSettings
 
 RUN_TASK = "fleet.run_release"
 NOOP_TASK = "fleet.noop"
@@ -42,7 +42,8 @@ def embedded_folders(data_dir: Path) -> dict[str, Path]:
     }
 
 
-def make_app(settings: BrokerSettings, name: str = "m1000-fleet") -> Celery:
+def make_app(settings: BrokerSettings, name: str = "m1000-fleet", *, module: str | None = None) -> Celery:
+    """The fleet's Celery app; ``module``: an agent's own name (its unacked messages under keys of its own)."""
     conf: dict[str, Any] = {
         "task_serializer": "json",
         "result_serializer": "json",
@@ -74,7 +75,7 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet") -> Celery:
         for p in f.values():
             p.mkdir(parents=True, exist_ok=True)
         conf["broker_url"] = "filesystem://"
-        conf["broker_transport"] = "agent.safe_transport:FilesystemTransport"  # messages written atomically
+        conf["broker_transport"] = "contract.safe_transport:FilesystemTransport"  # messages written atomically
         conf["broker_transport_options"] = {
             "data_folder_in": str(f["queue"]),
             "data_folder_out": str(f["queue"]),
@@ -92,7 +93,7 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet") -> Celery:
         conf["broker_url"] = url
         conf["result_backend"] = url
         # drops what is not a kombu message (Sentinel: the same checks on kombu's Sentinel transport)
-        conf["broker_transport"] = "agent.safe_transport:" + ("SentinelTransport" if settings.is_sentinel
+        conf["broker_transport"] = "contract.safe_transport:" + ("SentinelTransport" if settings.is_sentinel
                                                               else "Transport")
         opts: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout, "socket_timeout": 10,
                 "socket_connect_timeout": 5, "retry_on_timeout": True, "health_check_interval": 10}
@@ -100,7 +101,6 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet") -> Celery:
             opts.update({"master_name": settings.broker_sentinel_master,
                          "sentinel_kwargs": {"socket_timeout": 5, "socket_connect_timeout": 5}})
         conf["result_backend_transport_options"] = dict(opts)
-        module = getattr(settings, "module", None)
         if module:  # an agent: its unacked messages under keys of its own (one Redis ACL user per module)
             q = queue_name(module)
             opts = {**opts, "unacked_key": f"unacked:{q}", "unacked_index_key": f"unacked_index:{q}",

@@ -274,7 +274,7 @@ class RunProgress(Frozen):
     attempt: int = 1
     error: StepError | None = None
     outcomes: tuple[KeyOutcome, ...] = ()
-    # device telemetry of the run, set when it ends; agent.kv publishes it under a key of its own
+    # device telemetry of the run, set when it ends; contract.kv publishes it under a key of its own
     telemetry: TelemetrySummary | None = None
 
 

@@ -7,7 +7,7 @@ stops the whole worker ("Unrecoverable error"). This transport checks the envelo
 and drops (with an error logged) what it cannot use; a message it does deliver is then
 checked by Celery (JSON only: a pickle body is refused) and by :mod:`agent.validate`.
 
-Selected by :func:`agent.celery_app.make_app` for ``redis://``, ``rediss://`` and ``sentinel://``
+Selected by :func:`contract.celery_app.make_app` for ``redis://``, ``rediss://`` and ``sentinel://``
 brokers (:class:`SentinelTransport`: the same checks on kombu's Sentinel transport).
 
 :class:`FilesystemTransport` (the embedded broker) fixes a race of kombu's filesystem transport:

@@ -24,15 +24,27 @@ from celery import Celery
 from celery.backends.filesystem import FilesystemBackend
 from pydantic import ValidationError
 
-from agent.records import Heartbeat, ResultRow, RunProgress, TelemetrySummary
+from contract.records import Heartbeat, ResultRow, RunProgress, TelemetrySummary
 
 log = logging.getLogger(__name__)
 
 PREFIX = "m1000-fleet"
 
 
+# Cancel flags: the module sits in a fixed place, so that a Redis ACL glob gives a module its own
+# flags (``cancel:<module>:*``) and the run-wide ones (``cancel-run:*``) and nobody else's. The
+# layout before (``cancel:<run>`` and ``cancel:<run>:<module>``) is not read any more.
+CANCEL = "cancel"  # m1000-fleet:cancel:<module>:<run>: one module's part of a run
+RUN_CANCEL = "cancel-run"  # m1000-fleet:cancel-run:<run>: the whole run
+
+
 def _key(*parts: str) -> str:
     return ":".join((PREFIX, *parts))
+
+
+def cancel_key(run_id: str, module: str | None = None) -> str:
+    """Key of the cancel flag of ``module``'s part of ``run_id``, or of the whole run (``module`` None)."""
+    return _key(CANCEL, module, run_id) if module else _key(RUN_CANCEL, run_id)
 
 
 class KV:
@@ -135,12 +147,11 @@ class KV:
     def cancel(self, run_id: str, module: str | None = None, reason: str = "cancelled", *,
                lost: bool = False) -> None:
         """A durable cancel flag; ``lost``: the controller gave this module's part up (the agent fails it)."""
-        key = _key("cancel", run_id, module) if module else _key("cancel", run_id)
-        self.put(key, {"ts": time.time(), "reason": reason, "lost": lost})
+        self.put(cancel_key(run_id, module), {"ts": time.time(), "reason": reason, "lost": lost})
 
     def cancel_flag(self, run_id: str, module: str) -> CancelFlag | None:
         """The cancel flag of the run (or of this module's part of it), if any."""
-        for v in self.get_many([_key("cancel", run_id), _key("cancel", run_id, module)]):
+        for v in self.get_many([cancel_key(run_id), cancel_key(run_id, module)]):
             if isinstance(v, dict):
                 return CancelFlag(str(v.get("reason", "cancelled")), bool(v.get("lost", False)))
         return None

@@ -1,0 +1,233 @@
+"""The fleet's shared settings (broker, limits, TOML source), from the environment and a TOML file.
+
+Precedence (highest first): explicit arguments, ``FLEET_*`` environment variables, the
+TOML config file (``--config`` or ``FLEET_CONFIG``), defaults. The broker password never
+needs to be on a command line: put the URL in the config file (mode 0600) or give
+``broker_password_file``; it is then merged into the URL in memory only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - agents on Python 3.10
+    tomllib = None
+
+DEFAULT_HOME = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "m1000-fleet"
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SettingsError(f"{path}: config file not found") from None
+    if tomllib is None:  # pragma: no cover
+        raise SettingsError(f"{path}: TOML config needs Python 3.11 (use FLEET_* variables on 3.10)")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: not valid TOML: {exc}") from None
+    return data
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return url
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    """Reads ``[fleet]`` (shared broker settings) and ``[<section>]`` of the config file."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None, section: str) -> None:
+        super().__init__(settings_cls)
+        self.data: dict[str, Any] = {}
+        if path is not None:
+            raw = _read_toml(path)
+            fields = set(settings_cls.model_fields)
+            shared = raw.get("fleet", {})
+            own = raw.get(section, {}) if section != "fleet" else {}
+            for name, table in (("fleet", shared), (section, own)):
+                if not isinstance(table, dict):
+                    raise SettingsError(f"{path}: [{name}] must be a table")
+            unknown = sorted(set(shared) - set(BrokerSettings.model_fields)) + sorted(set(own) - fields)
+            if unknown:
+                raise SettingsError(f"{path}: unknown setting {unknown[0]!r}")
+            self.data = {**shared, **own}
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self.data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.data)
+
+
+class BrokerSettings(BaseSettings):
+    """What every Celery app of the fleet must agree on (agents and controller alike)."""
+
+    model_config = SettingsConfigDict(env_prefix="FLEET_", extra="ignore", frozen=True)
+    config_section: ClassVar[str] = "fleet"
+
+    broker_url: str = Field(
+        default="filesystem://",
+        description="redis://[user:pass@]host:6379/0, rediss://..., "
+                    "sentinel://[user:pass@]s1:26379;sentinel://s2:26379;sentinel://s3:26379/0 (Redis Sentinel, "
+                    "with broker_sentinel_master), or filesystem:// (embedded, one machine)",
+    )
+    broker_password_file: Path | None = Field(default=None, description="file holding the broker password")
+    broker_sentinel_master: str | None = Field(
+        default=None, description="name of the master the Sentinels of a sentinel:// broker_url watch")
+    broker_tls_ca_file: Path | None = Field(default=None, description="CA certificate(s) the broker's TLS "
+                                            "certificate must chain to (rediss://); default: the system's")
+    broker_tls_cert_file: Path | None = Field(default=None, description="client certificate for the broker (TLS)")
+    broker_tls_key_file: Path | None = Field(default=None, description="key of broker_tls_cert_file (mode 0600)")
+    data_dir: Path = Field(default=DEFAULT_HOME, description="embedded broker and result folders")
+    run_soft_time_limit: float = Field(default=4 * 3600.0, gt=0, description="soft time limit of one run, s")
+    run_time_limit: float = Field(default=4 * 3600.0 + 600, gt=0, description="hard time limit of one run, s")
+    heartbeat_interval: float = Field(default=5.0, gt=0, description="agent heartbeat period, s")
+    offline_after: float = Field(default=30.0, gt=0, description="no heartbeat for this long: unreachable, s")
+    lost_after: float = Field(default=600.0, gt=0,
+                              description="no heartbeat for this long: the module's run is lost, s")
+    start_timeout: float = Field(default=300.0, gt=0,
+                                 description="an idle, live module that has not started a queued run by then: lost, s")
+    max_attempts: int = Field(default=2, ge=1, description="deliveries of one run to one module, at most")
+    broker_visibility_timeout: float | None = Field(
+        default=None, gt=0, description="Redis visibility timeout, s (default: hard time limit + 1 h)")
+    result_expires: float = Field(default=7 * 86400.0, gt=0, description="how long results stay on the broker")
+
+    @model_validator(mode="after")
+    def _limits(self) -> BrokerSettings:
+        if self.run_time_limit <= self.run_soft_time_limit:
+            raise ValueError("run_time_limit must be longer than run_soft_time_limit")
+        if self.offline_after <= self.heartbeat_interval:
+            raise ValueError("offline_after must be longer than heartbeat_interval")
+        if self.lost_after < self.offline_after:
+            raise ValueError("lost_after must not be shorter than offline_after")
+        return self
+
+    @model_validator(mode="after")
+    def _sentinel(self) -> BrokerSettings:
+        sentinel = self.is_sentinel
+        if sentinel and not self.broker_sentinel_master:
+            raise ValueError("a sentinel:// broker_url needs broker_sentinel_master (the master name the Sentinels "
+                             "watch)")
+        if self.broker_sentinel_master and not sentinel:
+            raise ValueError("broker_sentinel_master is for a sentinel:// broker_url")
+        return self
+
+    @property
+    def is_sentinel(self) -> bool:
+        return urlsplit(self.broker_url).scheme == "sentinel"
+
+    @model_validator(mode="after")
+    def _tls(self) -> BrokerSettings:
+        tls = (self.broker_tls_ca_file, self.broker_tls_cert_file, self.broker_tls_key_file)
+        if any(tls) and urlsplit(self.broker_url).scheme != "rediss":
+            raise ValueError("broker_tls_* settings need a rediss:// broker_url")
+        if bool(self.broker_tls_cert_file) != bool(self.broker_tls_key_file):
+            raise ValueError("broker_tls_cert_file and broker_tls_key_file go together")
+        return self
+
+    def broker_ssl_options(self) -> dict[str, Any] | None:
+        """redis-py's TLS arguments for ``rediss://`` (certificate always verified), else None."""
+        if urlsplit(self.broker_url).scheme != "rediss":
+            return None
+        import ssl
+
+        opts: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+        if self.broker_tls_ca_file:
+            opts["ssl_ca_certs"] = str(self.broker_tls_ca_file.expanduser())
+        if self.broker_tls_cert_file and self.broker_tls_key_file:
+            opts["ssl_certfile"] = str(self.broker_tls_cert_file.expanduser())
+            opts["ssl_keyfile"] = str(self.broker_tls_key_file.expanduser())
+        return opts
+
+    @field_validator("broker_url")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        chunks = v.split(";")
+        scheme = urlsplit(chunks[0]).scheme
+        if scheme not in ("redis", "rediss", "sentinel", "filesystem", "memory"):
+            raise ValueError(f"unsupported broker scheme {scheme!r} (redis, rediss, sentinel, filesystem)")
+        if len(chunks) > 1 and scheme != "sentinel":
+            raise ValueError("only a sentinel:// broker_url lists several servers (separated by ';')")
+        for chunk in chunks:
+            parts = urlsplit(chunk)
+            if scheme == "sentinel" and (parts.scheme != "sentinel" or not parts.hostname):
+                raise ValueError(f"{_redact(chunk)!r}: every server of a sentinel broker_url is sentinel://host:port")
+        return v
+
+    @property
+    def module_deadline(self) -> float:
+        """Liveness bound: a started (run, module) is terminal this long after it started, whatever happens."""
+        return self.run_time_limit + self.lost_after + 60.0
+
+    @property
+    def visibility_timeout(self) -> float:
+        """Longer than the hard time limit, derived the same way by every app (unless set, for tests)."""
+        return self.broker_visibility_timeout or self.run_time_limit + 3600.0
+
+    def broker_url_with_secret(self) -> str:
+        """The broker URL with the password from ``broker_password_file`` merged in (memory only).
+
+        For Sentinel the password is the master's (and its replicas'); it goes into every server of
+        the list, and kombu and Celery give it to the master only, not to the Sentinels.
+        """
+        if not self.broker_password_file:
+            return self.broker_url
+        secret = self.broker_password_file.read_text(encoding="utf-8").strip()
+        out = []
+        for chunk in self.broker_url.split(";"):
+            parts = urlsplit(chunk)
+            user = parts.username or ""
+            host = parts.hostname or "localhost"
+            port = f":{parts.port}" if parts.port else ""
+            netloc = f"{quote(user, safe='')}:{quote(secret, safe='')}@{host}{port}"
+            out.append(urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)))
+        return ";".join(out)
+
+    def redacted_broker_url(self) -> str:
+        return ";".join(_redact(chunk) for chunk in self.broker_url.split(";"))
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = os.environ.get("FLEET_CONFIG")
+        source = _TomlSource(settings_cls, Path(path) if path else None, cls.config_section)
+        return init_settings, env_settings, source
+
+
+def load_settings(cls: type[BrokerSettings], config: str | Path | None = None, **overrides: Any) -> Any:
+    """Settings of ``cls`` with ``config`` as the TOML file (else ``FLEET_CONFIG``)."""
+    old = os.environ.get("FLEET_CONFIG")
+    try:
+        if config is not None:
+            os.environ["FLEET_CONFIG"] = str(config)
+        return cls(**{k: v for k, v in overrides.items() if v is not None})
+    finally:
+        if config is not None:
+            if old is None:
+                os.environ.pop("FLEET_CONFIG", None)
+            else:
+                os.environ["FLEET_CONFIG"] = old

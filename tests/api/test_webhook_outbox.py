@@ -1,0 +1,84 @@
+"""The webhook outbox in the run history: a verdict recorded while ``fleetctl serve`` was down (an
+attached ``fleetctl validate``) is sent when serve starts, once, to a real test HTTP server, with a
+valid signature and a delivery id that stays the same; verdicts from before a URL was configured
+are not sent to it; the outbox stores no webhook URL (only its sha256)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from rich.console import Console
+
+from controller.history import History
+from controller.serve import Notifier, serve_forever
+from controller.service import Session
+from controller.service_webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, Webhooks, verify
+from controller.settings import ControllerSettings
+
+
+def with_hooks(controller: ControllerSettings, tmp_path: Path, url: str) -> ControllerSettings:
+    secret = tmp_path / "webhook.key"
+    secret.write_text("a-shared-webhook-secret-0123456789\n")
+    secret.chmod(0o600)
+    return controller.model_copy(update={"webhook_urls": (url,), "webhook_secret_file": secret})
+
+
+def serve_once(settings: ControllerSettings) -> str:
+    out = io.StringIO()
+    with Session(settings) as s:
+        serve_forever(s, interval=0.1, once=True, console=Console(file=out, width=200))
+    return out.getvalue()
+
+
+def test_a_verdict_recorded_while_serve_was_down_is_sent_when_it_starts(controller, receiver, tmp_path):
+    settings = with_hooks(controller, tmp_path, receiver.url + "?token=hook-secret-in-url")
+    h = History(controller.history_path)  # a verdict recorded before the webhook was ever configured
+    h.set_run_state("run-a", "done", verdict="pass", line="PASS run-a")
+    h.close()
+    serve_once(settings)  # serve runs once with the webhook: the URL is registered, run-a is not sent
+    assert receiver.got == []
+    # serve is down; an attached fleetctl records run-b's verdict (as service.judge does, without the
+    # report that takes seconds to build: the CI flow test goes through judge)
+    h = History(controller.history_path)
+    h.set_run_state("run-b", "done", verdict="regressed", line="REGRESSED run-b: qwen3 decode 8 % slower")
+    h.close()
+    serve_once(settings)  # serve starts: the pending verdict goes out
+    assert len(receiver.got) == 1
+    headers, body = receiver.got[0]
+    assert verify(b"a-shared-webhook-secret-0123456789", body, headers[SIGNATURE_HEADER.lower()])
+    doc = receiver.json()
+    assert (doc["event"], doc["run_id"], doc["verdict"]) == ("run.verdict", "run-b", "regressed")
+    assert doc["verdict_line"] == "REGRESSED run-b: qwen3 decode 8 % slower"
+    serve_once(settings)  # delivered once: not again
+    assert len(receiver.got) == 1
+    h = History(controller.history_path)
+    try:
+        assert list(h.webhook_outcomes("run-b").values()) == ["delivered"]
+        stored = "\n".join(h.conn.iterdump())
+    finally:
+        h.close()
+    assert "hook-secret-in-url" not in stored and receiver.url not in stored
+
+
+def test_notifier_resends_what_was_in_flight_with_the_same_delivery_id(controller, receiver):
+    """A service stopped before a delivery's outcome was recorded sends it again at its next start,
+    under the same X-Fleet-Delivery id (a receiver may de-duplicate on it)."""
+    with Session(controller) as s:
+        hooks = Webhooks([receiver.url], b"0123456789abcdef-secret")
+        try:
+            Notifier(s, hooks)  # registers the URL
+            s.history().set_run_state("run-b", "done", verdict="regressed", line="REGRESSED run-b")
+            first = Notifier(s, hooks)
+            assert first.drain() == 1
+            for fut in first.inflight.values():
+                assert fut.result(timeout=10) is True
+            # stopped here: the outcome was never recorded; the next service sends it again
+            again = Notifier(s, hooks)
+            assert again.drain() == 1
+            again.wait(timeout=10)
+            assert again.drain() == 0 and Notifier(s, hooks).drain() == 0
+        finally:
+            hooks.close(wait=True)
+    assert len(receiver.got) == 2
+    assert receiver.got[0][0][DELIVERY_HEADER.lower()] == receiver.got[1][0][DELIVERY_HEADER.lower()]
