@@ -17,7 +17,10 @@ Phases: ``idle`` (heartbeats only, ``--idle`` seconds) and ``run`` (a validation
 Goal (issue 18): the agent's RSS while a benchmark runs (all its processes, exporter included)
 <= the bare worker's in the same run; exits 1 when missed.
 
-Usage: .venv/bin/python bench/agent.py [--idle 20] [--models qwen3] [--time-scale 50]
+``--how cli`` starts the agent as its systemd unit does (``fleet-agent worker``) instead of
+``python -m agent.worker`` (the demo's form).
+
+Usage: .venv/bin/python bench/agent.py [--idle 20] [--models qwen3] [--time-scale 50] [--how module|cli]
 """
 
 from __future__ import annotations
@@ -117,6 +120,8 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=20.0, help="seconds of the idle phase")
     ap.add_argument("--models", default="qwen3")
     ap.add_argument("--time-scale", type=float, default=50.0)
+    ap.add_argument("--how", choices=("module", "cli"), default="module",
+                    help="start the agent as `python -m agent.worker` or as `fleet-agent worker` (the unit's form)")
     args = ap.parse_args()
 
     from controller.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
@@ -132,7 +137,11 @@ def main() -> int:
         rel = build_release(base / "release", time_scale=args.time_scale, seed=1)
         make_models(base / "modules" / name / "models")
         port = _free_port()
-        agent = start_worker(name, base, settings, sim_env={"FLEET_METRICS_PORT": str(port)})
+        # cli: `sh -c 'exec fleet-agent worker' sh python -m agent.worker`: the shell becomes fleet-agent
+        cli = (os.environ.get("SHELL", "/bin/sh"), "-c", f"exec {Path(sys.executable).parent / 'fleet-agent'} worker",
+               "sh")
+        agent = start_worker(name, base, settings, sim_env={"FLEET_METRICS_PORT": str(port)},
+                             argv_prefix=cli if args.how == "cli" else ())
         bare = subprocess.Popen([sys.executable, "-c", BARE, str(base / "bare")], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
@@ -161,7 +170,8 @@ def main() -> int:
             with _suppress():
                 os.killpg(bare.pid, signal.SIGKILL)
 
-    print(f"bench/agent.py: idle {args.idle:.0f} s, then a validation of {args.models} at time scale "
+    form = "fleet-agent worker" if args.how == "cli" else "python -m agent.worker"
+    print(f"bench/agent.py: agent started as `{form}`; idle {args.idle:.0f} s, then a validation of {args.models} at time scale "
           f"{args.time_scale:g} ({run_s:.0f} s here = {run_s * args.time_scale / 60:.0f} min of module time)")
     print(f"{'':12s} {'phase':5s} {'process':11s} {'RSS MiB':>8s} {'PSS MiB':>8s}   CPU s per module-hour")
     total_run_rss = {}
