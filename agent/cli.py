@@ -18,11 +18,13 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
+
+if TYPE_CHECKING:  # rich is imported by the commands that print: `fleet-agent worker` runs without it
+    from rich.console import Console
+    from rich.table import Table
 
 from agent.errors import BadInput
 from agent.executor import EventCancelToken
@@ -43,7 +45,7 @@ class OutputFormat(str, Enum):
 
 
 def _bad_input(message: str) -> typer.Exit:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    _console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -102,7 +104,7 @@ def run(
     except (BadInput, UnknownModelKey, ValueError) as exc:
         raise _bad_input(_one_line(exc)) from None
 
-    err = Console(stderr=True)
+    err = _console(stderr=True)
     token = EventCancelToken()
     previous = signal.signal(signal.SIGINT, lambda *_: token.cancel())
     try:
@@ -138,9 +140,21 @@ def _status_line(p: RunProgress) -> str:
     return f"{p.run_id} {p.state.value} {where} keys {p.keys_done}/{p.keys_total} rows {p.rows} ({p.progress:.0%})"
 
 
+def _console(**kwargs: Any) -> Console:
+    from rich.console import Console
+
+    return Console(**kwargs)
+
+
+def _table(*columns: str, **kwargs: Any) -> Table:
+    from rich.table import Table
+
+    return Table(*columns, **kwargs)
+
+
 def _stdout() -> Console:
-    out = Console()
-    return out if out.is_terminal else Console(width=200)  # piped: do not cut columns at 80
+    out = _console()
+    return out if out.is_terminal else _console(width=200)  # piped: do not cut columns at 80
 
 
 def _print(progress: RunProgress, rows: list[ResultRow], fmt: OutputFormat, err: Console) -> None:
@@ -159,7 +173,7 @@ def _summary(p: RunProgress, out: Console) -> None:
     out.print(f"run {p.run_id} on {p.module}: {p.state.value}, {p.rows} rows, precompile {cached}", highlight=False)
     if p.error is not None:
         out.print(f"  error: {p.error.one_line()}", highlight=False)
-    table = Table("model key", "status", "rows", "flagged", "time (s)", "error")
+    table = _table("model key", "status", "rows", "flagged", "time (s)", "error")
     for o in p.outcomes:
         table.add_row(o.model_key, o.status, str(o.rows), str(o.flagged_rows), f"{o.duration_s:.1f}",
                       o.error.one_line() if o.error else "")
@@ -181,7 +195,7 @@ def _cell(v: Any) -> str:
 
 
 def _rows_table(rows: list[ResultRow]) -> Table:
-    table = Table(*_TABLE_COLUMNS, title="results")
+    table = _table(*_TABLE_COLUMNS, title="results")
     for r in rows:
         table.add_row(*(_cell(getattr(r, c)) for c in _TABLE_COLUMNS))
     return table
@@ -279,7 +293,7 @@ def probe(
         count = _tokenizer(tokenizer)
     except (BadInput, ValueError) as exc:
         raise _bad_input(_one_line(exc)) from None
-    err = Console(stderr=True)
+    err = _console(stderr=True)
     stopping = {"yes": False}
     previous = signal.signal(signal.SIGINT, lambda *_: stopping.update(yes=True))
     try:
@@ -310,7 +324,7 @@ def _probe_table(report: Any, out: Console, err: Console) -> None:
     scale = f", time scale {report.time_scale:g}" if report.time_scale != 1 else ""
     fields = "" if report.engine_fields else ", engine-specific fields refused by the server"
     title = f"probe {report.base_url} {report.model} ({report.api}{scale}{fields}); times in ms"
-    table = Table("profile", "load", "ok/sent", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99", "ITL p50",
+    table = _table("profile", "load", "ok/sent", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99", "ITL p50",
                   "p99", "E2E p50", "p99", "out tok/s", "req/s", "goodput/s", "accept", title=title)
     for r in report.results:
         table.add_row(r.profile, r.load.label, f"{r.ok}/{r.requests}", _ms(r.ttft_ms), _ms(r.ttft_ms, "p90"),

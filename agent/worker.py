@@ -516,6 +516,52 @@ def register_tasks(app: Celery, settings: AgentSettings | None) -> None:
         return {"sent_at": sent_at, "started_at": time.time()}
 
 
+class MetricsServing:
+    """The worker's /metrics exporter and Pushgateway pusher (``agent.metrics`` imported when they start)."""
+
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self.exporter: Any = None
+        self.pusher: Any = None
+
+    def start(self) -> None:
+        s = self.settings
+        if self.exporter is not None or self.pusher is not None or not (s.metrics_port or s.pushgateway_url):
+            return
+        from agent import metrics
+
+        workdir = s.workdir.expanduser()
+        registry = metrics.build_registry(workdir, s.module)
+        if s.metrics_port:
+            try:
+                self.exporter = metrics.start_exporter(workdir, s.module, host=s.metrics_host, port=s.metrics_port,
+                                                       registry=registry)
+            except OSError as exc:
+                log.error("cannot serve /metrics on %s:%s: %s", s.metrics_host, s.metrics_port, exc)
+        if s.pushgateway_url:
+            self.pusher = metrics.Pusher(registry, s.pushgateway_url, s.module).start()
+
+    def stop(self) -> None:
+        if self.pusher is not None:
+            self.pusher.stop()
+        if self.exporter is not None:
+            with contextlib.suppress(Exception):
+                self.exporter[0].shutdown()
+
+
+def freeze_before_fork() -> None:
+    """Before the pool child is forked: what is loaded now is shared, and stays shared.
+
+    ``gc.freeze()`` moves every object to the permanent generation, so the child's collector
+    never walks (and so never writes to) the pages it shares with the worker; copy-on-write
+    then copies only what the child really changes.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "prefork") -> None:
     """Run the module's worker until it is stopped (SIGTERM: warm shutdown)."""
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -543,19 +589,13 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
 
     hb = HeartbeatThread(app, settings, lease)
     hb.start()
-    exporter, pusher = None, None
-    if settings.metrics_port or settings.pushgateway_url:
-        from agent import metrics
+    served = MetricsServing(settings)
+    from celery.signals import worker_ready
 
-        registry = metrics.build_registry(workdir, settings.module)
-        if settings.metrics_port:
-            try:
-                exporter = metrics.start_exporter(workdir, settings.module, host=settings.metrics_host,
-                                                  port=settings.metrics_port, registry=registry)
-            except OSError as exc:
-                log.error("cannot serve /metrics on %s:%s: %s", settings.metrics_host, settings.metrics_port, exc)
-        if settings.pushgateway_url:
-            pusher = metrics.Pusher(registry, settings.pushgateway_url, settings.module).start()
+    @worker_ready.connect(weak=False)
+    def _serve_metrics(**_: Any) -> None:  # after the pool child is forked: prometheus_client in this process only
+        served.start()
+
     try:
         worker = app.Worker(
             queues=[queue_name(settings.module)],
@@ -570,6 +610,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
             optimization="fair",
             redirect_stdouts=False,
         )
+        freeze_before_fork()
         worker.start()
     finally:
         hb.stop()
@@ -578,11 +619,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
             flush_outbox(hb.kv, workdir)
             if _same_agent(hb.kv.lease(settings.module), lease):
                 hb.kv.drop_lease(settings.module)
-        if pusher is not None:
-            pusher.stop()
-        if exporter is not None:
-            with contextlib.suppress(Exception):
-                exporter[0].shutdown()
+        served.stop()
 
 
 def main(config: str | None = None) -> None:

@@ -17,7 +17,16 @@ Phases: ``idle`` (heartbeats only, ``--idle`` seconds) and ``run`` (a validation
 Goal (issue 18): the agent's RSS while a benchmark runs (all its processes, exporter included)
 <= the bare worker's in the same run; exits 1 when missed.
 
-Usage: .venv/bin/python bench/agent.py [--idle 20] [--models qwen3] [--time-scale 50]
+``--agent-venv DIR`` runs both (agent and bare worker) in a virtualenv holding only what a module
+installs (``requirements-agent.lock``; made there when missing, with uv): the development venv
+also holds the controller's and the tests' packages, some of which Celery and redis-py load when
+they are present (pyyaml, greenlet, cffi, opentelemetry), for the agent and the bare worker alike.
+
+``--how cli`` starts the agent as its systemd unit does (``fleet-agent worker``) instead of
+``python -m agent.worker`` (the demo's form).
+
+Usage: .venv/bin/python bench/agent.py [--idle 20] [--models qwen3] [--time-scale 50] [--how module|cli]
+       [--agent-venv .venv-agent]
 """
 
 from __future__ import annotations
@@ -118,6 +127,10 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=20.0, help="seconds of the idle phase")
     ap.add_argument("--models", default="qwen3")
     ap.add_argument("--time-scale", type=float, default=50.0)
+    ap.add_argument("--how", choices=("module", "cli"), default="module",
+                    help="start the agent as `python -m agent.worker` or as `fleet-agent worker` (the unit's form)")
+    ap.add_argument("--agent-venv", type=Path, default=None,
+                    help="run agent and bare worker in this venv of the agent's lock only (made when missing)")
     args = ap.parse_args()
 
     from controller.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
@@ -133,8 +146,12 @@ def main() -> int:
         rel = build_release(base / "release", time_scale=args.time_scale, seed=1)
         make_models(base / "modules" / name / "models")
         port = _free_port()
-        agent = start_worker(name, base, settings, sim_env={"FLEET_METRICS_PORT": str(port)})
-        bare = subprocess.Popen([sys.executable, "-c", BARE, str(base / "bare")], stdin=subprocess.DEVNULL,
+        python = _agent_venv(args.agent_venv) if args.agent_venv else Path(sys.executable)
+        # `sh -c 'exec ...' sh python -m agent.worker`: the shell becomes the agent (its own interpreter, its form)
+        how = f"{python.parent / 'fleet-agent'} worker" if args.how == "cli" else f"{python} -m agent.worker"
+        agent = start_worker(name, base, settings, sim_env={"FLEET_METRICS_PORT": str(port)},
+                             argv_prefix=("/bin/sh", "-c", f"exec {how}", "sh"))
+        bare = subprocess.Popen([str(python), "-c", BARE, str(base / "bare")], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_for_heartbeats(settings, [agent], 60)
@@ -162,8 +179,11 @@ def main() -> int:
             with _suppress():
                 os.killpg(bare.pid, signal.SIGKILL)
 
-    print(f"bench/agent.py: idle {args.idle:.0f} s, then a validation of {args.models} at time scale "
-          f"{args.time_scale:g} ({run_s:.0f} s here = {run_s * args.time_scale / 60:.0f} min of module time)")
+    form = "fleet-agent worker" if args.how == "cli" else "python -m agent.worker"
+    where = f" in {args.agent_venv} (agent lock only)" if args.agent_venv else ""
+    print(f"bench/agent.py: agent started as `{form}`{where}; idle {args.idle:.0f} s, then a validation of "
+          f"{args.models} at time scale {args.time_scale:g} ({run_s:.0f} s here = "
+          f"{run_s * args.time_scale / 60:.0f} min of module time)")
     print(f"{'':12s} {'phase':5s} {'process':11s} {'RSS MiB':>8s} {'PSS MiB':>8s}   CPU s per module-hour")
     total_run_rss = {}
     for who in samplers:
@@ -198,6 +218,19 @@ def _validate(settings, tarball: Path, models: str) -> float:  # type: ignore[no
         errors = [f"{m}: {p.error}" for m, p in view.progress.items() if p is not None and p.error]
         raise SystemExit(f"validation {launched.run_id} did not end done: {view.state()} ({'; '.join(errors)})")
     return time.monotonic() - t
+
+
+def _agent_venv(path: Path) -> Path:
+    """The python of ``path``, a venv of requirements-agent.lock plus this project (made with uv when missing)."""
+    python = path.resolve() / "bin" / "python"
+    if not python.exists():
+        uv = str(Path(sys.executable).parent / "uv")
+        subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(path)], check=True)
+        subprocess.run([uv, "pip", "sync", "-q", "--python", str(python), str(ROOT / "requirements-agent.lock")],
+                       check=True)
+        subprocess.run([uv, "pip", "install", "-q", "--no-deps", "--python", str(python), "-e", str(ROOT)],
+                       check=True)
+    return python
 
 
 def _free_port() -> int:

@@ -15,6 +15,9 @@ it creates a message file and then writes it, and a worker polling the folder ca
 the file in between, find it empty, and stop ("Unrecoverable error: JSONDecodeError"). Seen with
 32 demo modules on a busy 2-core machine. Here a message is written under a name no reader takes
 and renamed into place once complete.
+
+The Redis classes are built on first use (``contract.safe_transport:Transport`` resolves them):
+``import redis`` costs ~20 MiB of RSS, which an agent on the embedded broker never needs.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from typing import Any
 
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem as kombu_fs
-from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
 log = logging.getLogger("fleet.agent")
@@ -88,20 +90,39 @@ class _CheckedDelivery:
         super()._deliver(message, queue)  # type: ignore[misc]
 
 
-class Channel(_CheckedReads, kombu_redis.Channel):
-    pass
+_REDIS_CLASSES = ("Channel", "Transport", "SentinelChannel", "SentinelTransport")
 
 
-class Transport(_CheckedDelivery, kombu_redis.Transport):
-    Channel = Channel
+def _redis_classes() -> dict[str, Any]:
+    """The checked Redis (and Sentinel) channel and transport classes, on kombu's."""
+    from kombu.transport import redis as kombu_redis
+
+    class Channel(_CheckedReads, kombu_redis.Channel):
+        pass
+
+    class SentinelChannel(_CheckedReads, kombu_redis.SentinelChannel):
+        pass
+
+    class Transport(_CheckedDelivery, kombu_redis.Transport):
+        pass
+
+    class SentinelTransport(_CheckedDelivery, kombu_redis.SentinelTransport):
+        pass
+
+    Transport.Channel, SentinelTransport.Channel = Channel, SentinelChannel
+
+    found = {"Channel": Channel, "Transport": Transport, "SentinelChannel": SentinelChannel,
+             "SentinelTransport": SentinelTransport}
+    for cls in found.values():
+        cls.__module__, cls.__qualname__ = __name__, cls.__name__
+    return found
 
 
-class SentinelChannel(_CheckedReads, kombu_redis.SentinelChannel):
-    pass
-
-
-class SentinelTransport(_CheckedDelivery, kombu_redis.SentinelTransport):
-    Channel = SentinelChannel
+def __getattr__(name: str) -> Any:  # PEP 562: ``Transport`` & co. are built when first asked for
+    if name in _REDIS_CLASSES:
+        globals().update(_redis_classes())
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class FilesystemChannel(kombu_fs.Channel):

@@ -28,7 +28,7 @@ err = Console(stderr=True)
 
 
 def _settings_error() -> type[Exception]:
-    from contract.settings import SettingsError  # pydantic-settings: only when a command has failed
+    from contract.settings import SettingsError  # the settings (pydantic): only when a command has failed
 
     return SettingsError
 

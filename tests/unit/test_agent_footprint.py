@@ -1,0 +1,126 @@
+"""The agent's footprint (issue 18): what its worker loads before the pool child is forked, and why.
+
+Each check runs in a fresh interpreter (a subprocess): ``sys.modules`` and the collector's state
+of the test process say nothing about a worker's. ``bench/agent.py`` measures the megabytes.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BEFORE_FORK = """
+import json, sys
+from pathlib import Path
+from contract.celery_app import make_app
+from agent.settings import AgentSettings
+from agent.worker import register_tasks
+import agent.cli, agent.pipeline  # the deployed form (`fleet-agent worker`) and what the worker loads for its child
+base = Path(sys.argv[1])
+s = AgentSettings(module="m1", workdir=base / "work", data_dir=base / "fleet", broker_url="filesystem://")
+app = make_app(s, module=s.module)
+register_tasks(app, s)
+with app.connection_for_read() as conn:
+    conn.transport  # the embedded broker's transport, resolved and built
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
+"""
+
+
+def test_the_worker_loads_no_redis_metrics_or_rich_before_the_pool_child_is_forked(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", BEFORE_FORK, str(tmp_path)], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60, check=True)
+    loaded = set(json.loads(out.stdout))
+    assert {"celery", "pydantic", "agent"} <= loaded  # the check saw a real worker's imports
+    # redis: ~20 MiB per process, for Redis brokers only; prometheus_client: the worker's own process only
+    # (/metrics starts once the child is forked); rich: the commands that print
+    assert not loaded & {"redis", "prometheus_client", "rich"}
+
+
+def test_the_redis_transports_are_built_on_first_use_and_keep_their_checks() -> None:
+    code = ("import sys, contract.safe_transport as t; before = 'redis' in sys.modules; T = t.SentinelTransport; "
+            "print(before, 'redis' in sys.modules, T.__module__, T.Channel.__name__, "
+            "t.Transport.Channel._brpop_read is t._CheckedReads._brpop_read)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         check=True)
+    assert out.stdout.split() == ["False", "True", "contract.safe_transport", "SentinelChannel", "True"]
+
+
+FORK = """
+import gc, os, sys
+import celery.apps.worker, agent.worker, agent.pipeline
+from agent.worker import freeze_before_fork
+
+def private_dirty_kib():
+    for line in open("/proc/self/smaps_rollup"):
+        if line.startswith("Private_Dirty:"):
+            return int(line.split()[1])
+
+if sys.argv[1] == "freeze":
+    freeze_before_fork()
+else:
+    gc.collect()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    before = private_dirty_kib()
+    gc.collect()  # what a long run's full collection does in the pool child
+    os.write(w, str(private_dirty_kib() - before).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.read(r, 64).decode())
+"""
+
+
+def test_a_full_collection_in_the_child_copies_the_shared_pages_unless_frozen_before_the_fork() -> None:
+    if not Path("/proc/self/smaps_rollup").exists():
+        pytest.skip("needs /proc/self/smaps_rollup (Linux 4.14+) to read a process's private pages")
+    grown = {}
+    for how in ("freeze", "plain"):
+        out = subprocess.run([sys.executable, "-c", FORK, how], capture_output=True, text=True, cwd=ROOT,
+                             timeout=60, check=True)
+        grown[how] = int(out.stdout) / 1024  # MiB the child's collection made private
+    assert grown["freeze"] < 3, grown
+    assert grown["plain"] > grown["freeze"] + 5, grown  # ~16 MiB here: why the worker freezes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_the_worker_serves_metrics_once_its_pool_child_runs(tmp_path: Path) -> None:
+    from controller.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
+    from controller.settings import ControllerSettings
+
+    settings = ControllerSettings(broker_url="filesystem://", data_dir=tmp_path / "fleet",
+                                  inventory=tmp_path / "inventory.toml", history=tmp_path / "history.sqlite")
+    (tmp_path / "inventory.toml").write_text(inventory_toml(["sim-01"], tmp_path, None), encoding="utf-8")
+    port = _free_port()
+    w = start_worker("sim-01", tmp_path, settings, sim_env={"FLEET_METRICS_PORT": str(port)})
+    try:
+        wait_for_heartbeats(settings, [w], 60)
+        deadline, body = time.monotonic() + 30, ""
+        while time.monotonic() < deadline and "# HELP m1000_" not in body:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                    body = resp.read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert "# HELP m1000_" in body, w.log.read_text(encoding="utf-8")[-2000:]
+        import psutil
+
+        worker = psutil.Process(w.proc.pid)
+        assert [p for p in worker.children() if p.cmdline() == worker.cmdline()], "no pool child"
+    finally:
+        stop_workers([w])
