@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.settings import AgentSettings, SettingsError, load_settings
+from agent.settings import AgentSettings
+from contract.settings import SettingsError, load_settings
 from controller.settings import ControllerSettings
 
 
