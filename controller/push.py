@@ -102,7 +102,9 @@ while True:
         flushed = offset + got
 chunks.put(None)
 hasher.join()
+t_sync = time.monotonic()
 os.fsync(f.fileno())
+sync_s = round(time.monotonic() - t_sync, 3)
 total = offset + got
 if total != size:
     done(ok=False, received=got, error="transfer ended after %d of %d bytes (kept for resume)" % (total, size))
@@ -111,7 +113,7 @@ if h.hexdigest() != digest:
     done(ok=False, received=got, error="sha256 mismatch on arrival: got %s; partial file removed" % h.hexdigest())
 os.chmod(part, 0o644)
 os.replace(part, final)
-done(ok=True, skipped=False, received=got)
+done(ok=True, skipped=False, received=got, sync_s=sync_s)
 """
 
 
@@ -128,6 +130,7 @@ class PushResult:
     seconds: float = 0.0
     error: str | None = None
     resumed_from: int = 0  # offset the last attempt started at
+    sync_seconds: float = 0.0  # what the module waited, after the last byte, for the file to be on disk
 
     @property
     def ok(self) -> bool:
@@ -231,7 +234,8 @@ def _push_one(module: Module, tarball: Path, sha256: str, opts: PushOptions,
                 ans = attempt()
     except (ssh.SshError, PushError, OSError) as exc:
         return PushResult(module.name, remote_path, False, sent, time.monotonic() - t0, str(exc), offset)
-    return PushResult(module.name, remote_path, bool(ans.get("skipped")), sent, time.monotonic() - t0, None, offset)
+    return PushResult(module.name, remote_path, bool(ans.get("skipped")), sent, time.monotonic() - t0, None, offset,
+                      float(ans.get("sync_s", 0.0)))
 
 
 def _bytes_read(f: Any, offset: int) -> int:
