@@ -45,9 +45,11 @@ import paramiko  # noqa: E402
 
 from controller.inventory import Module  # noqa: E402
 from controller.push import file_sha256, push_release  # noqa: E402
+from controller.ssh import BULK_CIPHERS  # noqa: E402
 from tests.ssh.netns import Host, Lab, capability_problem  # noqa: E402
 
 GOAL = 0.95  # push / anchor throughput, every round
+PUSH_CIPHER = BULK_CIPHERS.split(",")[0]  # what push negotiates with an OpenSSH server
 
 
 @dataclass(frozen=True)
@@ -80,12 +82,13 @@ def _ssh_opts(lab: Lab) -> list[str]:
             "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={lab.known_hosts}"]
 
 
-def scp_all(lab: Lab, src: Path, *, sync: bool = False) -> float:
+def scp_all(lab: Lab, src: Path, *, sync: bool = False, cipher: str | None = None) -> float:
     """scp to every host in parallel; with ``sync``, then ``sync scp.bin`` on the host (fsync of that file)."""
     waits: list[float] = []
+    how = ["-c", cipher] if cipher else []
 
     def one(h: Host) -> None:
-        subprocess.run(["scp", "-q", *_ssh_opts(lab), str(src), f"{h.user}@{h.address}:scp.bin"], check=True)
+        subprocess.run(["scp", "-q", *how, *_ssh_opts(lab), str(src), f"{h.user}@{h.address}:scp.bin"], check=True)
         if sync:
             t = time.monotonic()
             subprocess.run(["ssh", *_ssh_opts(lab), f"{h.user}@{h.address}", "sync scp.bin"], check=True)
@@ -138,6 +141,8 @@ def main() -> int:
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sftp", action="store_true", help="also paramiko SFTP (default windows), as a reference")
+    ap.add_argument("--same-cipher", action="store_true",
+                    help=f"also scp -c {PUSH_CIPHER} (push's cipher; scp's default is chacha20-poly1305)")
     ap.add_argument("--goal-anchor", choices=("scp", "scp+sync"), default="scp+sync",
                     help="the anchor the 0.95 goal is checked against (both are printed)")
     args = ap.parse_args()
@@ -158,8 +163,11 @@ def main() -> int:
             "scp+sync": lambda: scp_all(lab, src, sync=True),
             "push": lambda: push_all(lab, src, digest),
         }
+        if args.same_cipher:
+            methods["scp-gcm"] = lambda: scp_all(lab, src, cipher=PUSH_CIPHER)
         if args.sftp:
             methods["sftp"] = lambda: sftp_all(lab, src)
+        anchors = [k for k in methods if k.startswith("scp")]
         rounds: list[dict[str, list[Took]]] = []
         for n in range(args.rounds):
             got: dict[str, list[Took]] = {k: [] for k in methods}
@@ -172,10 +180,10 @@ def main() -> int:
             for k, ts in got.items():
                 wall = sum(t.wall for t in ts)
                 cells.append(f"{k} {2 * total / wall / 1e6:.0f} MB/s, sender CPU {sum(t.cpu for t in ts) / 2:.1f} s"
-                             + (f", sync {max(t.sync for t in ts):.2f} s" if k != "scp" and k != "sftp" else ""))
-            ratio = {a: sum(t.wall for t in got[a]) / sum(t.wall for t in got["push"]) for a in ("scp", "scp+sync")}
-            print(f"  round {n + 1}: {'; '.join(cells)}; push/scp {ratio['scp']:.2f}, "
-                  f"push/(scp+sync) {ratio['scp+sync']:.2f}", flush=True)
+                             + (f", sync {max(t.sync for t in ts):.2f} s" if k in ("scp+sync", "push") else ""))
+            ratio = {a: sum(t.wall for t in got[a]) / sum(t.wall for t in got["push"]) for a in anchors}
+            print(f"  round {n + 1}: {'; '.join(cells)}; "
+                  + ", ".join(f"push/{a} {r:.2f}" for a, r in ratio.items()), flush=True)
         clean(lab)
     print("  all rounds, aggregate:")
     for k in methods:
@@ -184,9 +192,9 @@ def main() -> int:
         print(f"    {k:9s} {total / statistics.mean(walls) / 1e6:7.1f} MB/s  sender CPU {statistics.mean(cpus):5.1f} s"
               f"  (runs: {', '.join(f'{w:.1f}s' for w in walls)})")
     ratios = {a: [sum(t.wall for t in r[a]) / sum(t.wall for t in r["push"]) for r in rounds]
-              for a in ("scp", "scp+sync")}
+              for a in anchors}
     for a, rs in ratios.items():
-        mark = "  <- goal >= %.2f in every round" % GOAL if a == args.goal_anchor else ""
+        mark = f"  <- goal >= {GOAL} in every round" if a == args.goal_anchor else ""
         print(f"  push/{a} throughput ratio per round: {spread(rs)}  ({', '.join(f'{r:.2f}' for r in rs)}){mark}")
     if "sftp" in methods:
         sftp = statistics.mean(t.wall for r in rounds for t in r["sftp"])

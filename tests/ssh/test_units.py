@@ -191,6 +191,8 @@ def test_receiver_verifies_resumes_and_refuses_bad_data(tmp_path: Path) -> None:
     assert not (folder / "rel.tar.gz").exists() and (folder / ".rel.tar.gz.part").stat().st_size == 300_000
     # resumed from a smaller offset than the part holds: the tail is rewritten
     b = _receive(tmp_path, data[200_000:], digest, len(data), 200_000)
+    sync_s = b.pop("sync_s")
+    assert isinstance(sync_s, float) and sync_s >= 0
     assert b == {"ok": True, "skipped": False, "received": len(data) - 200_000, "path": str(folder / "rel.tar.gz")}
     assert (folder / "rel.tar.gz").read_bytes() == data and not (folder / ".rel.tar.gz.part").exists()
     # already there: skipped
