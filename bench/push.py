@@ -1,25 +1,31 @@
-"""Bench: `fleetctl push` next to plain `scp` (and `scp` + remote `sync`) to three namespace hosts.
+"""Bench: `fleetctl push` next to `scp` (as typed, + remote `sync`, with push's cipher) to three namespace hosts.
 
 Builds the SSH lab of the tests (three sshd hosts in network namespaces, needs root),
 then, in the same run, sends the same file to the three hosts in parallel with each method
 and prints, per round, each method's aggregate bytes/s and the CPU the sender spent (this
-process and its ssh/scp children), and the ratios push/scp and push/(scp+sync) of every
-round, min / median / max over the rounds.
+process and its ssh/scp children), and the ratio push/anchor of every round, min / median /
+max over the rounds, for each anchor:
 
-Push includes what scp does not: sha256 verification on arrival, the data on disk (fsync)
-before it says ok, and the rename. The second anchor, ``scp+sync``, is scp followed by
-``sync FILE`` on each host over ssh: what scp costs with the same durability.
+* ``scp``: scp as a person types it (OpenSSH's default cipher, chacha20-poly1305): the goal's anchor;
+* ``scp+sync``: scp, then ``sync FILE`` on each host over ssh: scp with push's durability
+  (push's receiver fsyncs the file and its folder before it says ok);
+* ``scp-gcm``: ``scp -c aes128-gcm@openssh.com``, push's cipher: like for like on the wire,
+  without durability or verification.
+
+Push also verifies the sha256 on arrival and renames the file only then. Before the rounds it
+prints the controller's sha256 time (once per release, not per module) and the CPU of the
+receiving side alone (push's receiver vs ``cat > file; sync file``, fed through a pipe).
 
 Fairness: before each timed transfer the previous one's files are removed and the page cache
 is written back (``sync``), so that no method pays for another's dirty pages; and a round is
-scp, scp+sync, push, push, scp+sync, scp (the second transfer of a pair runs slower on this
-VM's disk, whichever it is), its ratio the sum of the anchor's times over the sum of push's.
+A B C D D C B A (the second transfer of a pair runs slower on this VM's disk, whichever it
+is), its ratio the sum of the anchor's times over the sum of push's.
 
-    .venv/bin/python bench/push.py            # 1 GiB, 3 rounds
-    .venv/bin/python bench/push.py --size-mib 256 --rounds 5
+    .venv/bin/python bench/push.py            # 1 GiB, 3 rounds, every anchor
+    .venv/bin/python bench/push.py --size-mib 256 --rounds 5 --anchors scp
 
-Exit 1 when push reaches less than 0.95 of its anchor's throughput in any round (the anchor:
-``--goal-anchor``, scp+sync by default; see the README, Deploy, for why).
+Exit 1 when push reaches less than 0.95 of the goal anchor's throughput (``--goal-anchor``,
+scp by default; see the README, Deploy, for why) in any round.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 import paramiko  # noqa: E402
 
 from controller.inventory import Module  # noqa: E402
-from controller.push import file_sha256, push_release  # noqa: E402
+from controller.push import file_sha256, push_release, receiver_argv  # noqa: E402
 from controller.ssh import BULK_CIPHERS  # noqa: E402
 from tests.ssh.netns import Host, Lab, capability_problem  # noqa: E402
 
@@ -126,6 +132,26 @@ def push_all(lab: Lab, src: Path, digest: str) -> float:
     return max(r.sync_seconds for r in res.values())
 
 
+def module_side_cpu(src: Path, digest: str, folder: Path) -> dict[str, float]:
+    """CPU on the receiving side alone, fed through a pipe by ``cat``: push's receiver vs a plain write + fsync."""
+    size = src.stat().st_size
+    recv = receiver_argv(sys.executable, "receive", str(folder / "w"), digest, src.name, size, 0)
+    plain = ["sh", "-c", 'cat > "$1" && sync "$1"', "sh", str(folder / "plain.bin")]
+    out = {}
+    for name, argv in (("receiver", recv), ("cat>file+sync", plain)):
+        shutil.rmtree(folder / "w", ignore_errors=True)
+        (folder / "plain.bin").unlink(missing_ok=True)
+        os.sync()
+        with subprocess.Popen(["cat", str(src)], stdout=subprocess.PIPE) as feed:
+            c0 = _cpu()
+            subprocess.run(argv, stdin=feed.stdout, stdout=subprocess.DEVNULL, check=True)
+            feed.wait()
+            out[name] = _cpu() - c0  # the feeding cat included, the same in both
+    shutil.rmtree(folder / "w", ignore_errors=True)
+    (folder / "plain.bin").unlink(missing_ok=True)
+    return out
+
+
 def clean(lab: Lab) -> None:
     for h in lab.hosts:
         for p in ("scp.bin", "sftp.bin"):
@@ -165,6 +191,9 @@ def main() -> int:
         digest = file_sha256(src)
         print(f"  sha256 of the file on the controller (fleetctl push without --sha256, once for all modules): "
               f"{time.monotonic() - t:.2f} s", flush=True)
+        side = module_side_cpu(src, digest, Path(tmp))
+        print("  module side alone, fed by cat through a pipe, CPU per GiB: "
+              + ", ".join(f"{k} {v / (size / (1 << 30)):.2f} s" for k, v in side.items()), flush=True)
         every: dict[str, Callable[[], float]] = {
             "scp": lambda: scp_all(lab, src),
             "scp+sync": lambda: scp_all(lab, src, sync=True),
