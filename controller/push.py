@@ -96,9 +96,12 @@ def write_back():  # off the reading thread: start writing each finished window 
         span = spans.get()
         if span is None:
             return
-        os.posix_fadvise(f.fileno(), span[0], span[1], os.POSIX_FADV_DONTNEED)
-        if before is not None:
-            os.posix_fadvise(f.fileno(), before[0], before[1], os.POSIX_FADV_DONTNEED)
+        try:
+            os.posix_fadvise(f.fileno(), span[0], span[1], os.POSIX_FADV_DONTNEED)
+            if before is not None:
+                os.posix_fadvise(f.fileno(), before[0], before[1], os.POSIX_FADV_DONTNEED)
+        except OSError:
+            return  # a file system without it: the final fsync does all the writing
         before = span
 workers = [threading.Thread(target=hash_chunks, daemon=True)]
 if hasattr(os, "posix_fadvise"):
