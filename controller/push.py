@@ -77,6 +77,11 @@ while left:
     h.update(b); left -= len(b)
 f.seek(offset)
 src = sys.stdin.buffer.raw
+if hasattr(fcntl, "F_SETPIPE_SZ"):
+    try:  # a 1 MiB pipe from sshd instead of 64 KiB: 16x fewer reads and wake-ups, about half the receiver's CPU
+        fcntl.fcntl(src.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
+    except OSError:
+        pass  # not a pipe, or over the user's pipe quota: the default size works too
 chunks = queue.Queue(16)
 def hash_chunks():  # sha256 on its own thread (hashlib lets go of the GIL): reading and writing go on
     while True:
@@ -84,8 +89,25 @@ def hash_chunks():  # sha256 on its own thread (hashlib lets go of the GIL): rea
         if b is None:
             return
         h.update(b)
-hasher = threading.Thread(target=hash_chunks, daemon=True)
-hasher.start()
+spans = queue.Queue()
+def write_back():  # off the reading thread: start writing each finished window to disk, drop the one before
+    before = None  # from the page cache (the final fsync has little left; a release does not evict model weights)
+    while True:
+        span = spans.get()
+        if span is None:
+            return
+        try:
+            os.posix_fadvise(f.fileno(), span[0], span[1], os.POSIX_FADV_DONTNEED)
+            if before is not None:
+                os.posix_fadvise(f.fileno(), before[0], before[1], os.POSIX_FADV_DONTNEED)
+        except OSError:
+            return  # a file system without it: the final fsync does all the writing
+        before = span
+workers = [threading.Thread(target=hash_chunks, daemon=True)]
+if hasattr(os, "posix_fadvise"):
+    workers.append(threading.Thread(target=write_back, daemon=True))
+for w in workers:
+    w.start()
 got = 0
 flushed = offset
 WINDOW = 32 << 20
@@ -93,15 +115,19 @@ while True:
     b = src.read(1 << 20)
     if not b:
         break
-    chunks.put(b); f.write(b); got += len(b)
-    if offset + got - flushed >= WINDOW and hasattr(os, "posix_fadvise"):
-        # start writing this window back now and drop the one before from the page cache:
-        # the final fsync has little left to wait for, and the tarball does not evict model weights
-        os.posix_fadvise(f.fileno(), flushed, offset + got - flushed, os.POSIX_FADV_DONTNEED)
-        os.posix_fadvise(f.fileno(), max(offset, flushed - WINDOW), WINDOW, os.POSIX_FADV_DONTNEED)
+    chunks.put(b)
+    n = f.write(b)
+    while n < len(b):
+        n += f.write(memoryview(b)[n:])
+    got += n
+    if offset + got - flushed >= WINDOW:
+        spans.put((flushed, offset + got - flushed))
         flushed = offset + got
 chunks.put(None)
-hasher.join()
+spans.put(None)
+for w in workers:
+    w.join()
+t_sync = time.monotonic()
 os.fsync(f.fileno())
 total = offset + got
 if total != size:
@@ -111,7 +137,12 @@ if h.hexdigest() != digest:
     done(ok=False, received=got, error="sha256 mismatch on arrival: got %s; partial file removed" % h.hexdigest())
 os.chmod(part, 0o644)
 os.replace(part, final)
-done(ok=True, skipped=False, received=got)
+d = os.open(folder, os.O_RDONLY)
+try:  # the rename itself on disk: a release reported ok is there after a power cut
+    os.fsync(d)
+finally:
+    os.close(d)
+done(ok=True, skipped=False, received=got, sync_s=round(time.monotonic() - t_sync, 3))
 """
 
 
@@ -128,6 +159,7 @@ class PushResult:
     seconds: float = 0.0
     error: str | None = None
     resumed_from: int = 0  # offset the last attempt started at
+    sync_seconds: float = 0.0  # what the module waited, after the last byte, for the file to be on disk
 
     @property
     def ok(self) -> bool:
@@ -231,7 +263,8 @@ def _push_one(module: Module, tarball: Path, sha256: str, opts: PushOptions,
                 ans = attempt()
     except (ssh.SshError, PushError, OSError) as exc:
         return PushResult(module.name, remote_path, False, sent, time.monotonic() - t0, str(exc), offset)
-    return PushResult(module.name, remote_path, bool(ans.get("skipped")), sent, time.monotonic() - t0, None, offset)
+    return PushResult(module.name, remote_path, bool(ans.get("skipped")), sent, time.monotonic() - t0, None, offset,
+                      float(ans.get("sync_s", 0.0)))
 
 
 def _bytes_read(f: Any, offset: int) -> int:

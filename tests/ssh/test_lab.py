@@ -160,6 +160,7 @@ def test_push_skip_refusals_and_cli(lab: Lab, tmp_path: Path) -> None:
     for h in lab.hosts:
         r = first[h.name]
         assert r.error is None and not r.skipped and r.bytes == tar.stat().st_size
+        assert 0 <= r.sync_seconds < r.seconds  # the module's fsync after the last byte, inside the push's time
         assert r.remote_path == str(h.home / "m1000-fleet" / "incoming" / digest / tar.name)
         assert file_sha256(Path(r.remote_path)) == digest
     second = push_release(mods, tar, digest, **kw)  # type: ignore[arg-type]

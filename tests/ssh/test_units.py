@@ -5,6 +5,7 @@ from __future__ import annotations
 import configparser
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -192,6 +193,8 @@ def test_receiver_verifies_resumes_and_refuses_bad_data(tmp_path: Path) -> None:
     assert not (folder / "rel.tar.gz").exists() and (folder / ".rel.tar.gz.part").stat().st_size == 300_000
     # resumed from a smaller offset than the part holds: the tail is rewritten
     b = _receive(tmp_path, data[200_000:], digest, len(data), 200_000)
+    sync_s = b.pop("sync_s")
+    assert isinstance(sync_s, float) and sync_s >= 0
     assert b == {"ok": True, "skipped": False, "received": len(data) - 200_000, "path": str(folder / "rel.tar.gz")}
     assert (folder / "rel.tar.gz").read_bytes() == data and not (folder / ".rel.tar.gz.part").exists()
     # already there: skipped
@@ -202,6 +205,20 @@ def test_receiver_verifies_resumes_and_refuses_bad_data(tmp_path: Path) -> None:
     assert c["ok"] is False and "sha256 mismatch" in str(c["error"])
     assert not (tmp_path / "w" / "incoming" / bad / "rel.tar.gz").exists()
     assert not (tmp_path / "w" / "incoming" / bad / ".rel.tar.gz.part").exists()
+
+
+def test_receiver_takes_stdin_that_is_not_a_pipe(tmp_path: Path) -> None:
+    """The receiver widens its stdin pipe from sshd to 1 MiB; any other stdin (here a file) works too."""
+    data = os.urandom(3 << 20)
+    digest = hashlib.sha256(data).hexdigest()
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    argv = push.receiver_argv(sys.executable, "receive", str(tmp_path / "w"), digest, "rel.tar.gz", len(data), 0)
+    with src.open("rb") as stdin:
+        p = subprocess.run(argv, stdin=stdin, capture_output=True, timeout=30)
+    ans = push.parse_answer("m1", p.stdout.decode())
+    assert ans["ok"] is True and ans["received"] == len(data), (ans, p.stderr)
+    assert (tmp_path / "w" / "incoming" / digest / "rel.tar.gz").read_bytes() == data
 
 
 def test_push_refuses_bad_arguments(tmp_path: Path) -> None:
