@@ -13,7 +13,15 @@ time, CPU time (user + system, from ``wait4``) and peak RSS per command, and the
 Goals (issue 18): ``--help`` <= 0.3 s, ``runs`` and ``status`` <= 0.5 s (median wall); exits 1
 when one is missed.
 
-Usage: .venv/bin/python bench/cli.py [--rounds 7]
+Bytecode: an installed package runs from its ``.pyc`` files (pip writes them at install, ``make
+install`` too: ``uv pip sync --compile-bytecode``; Python writes the missing ones on first
+import). The commands run with ``PYTHONDONTWRITEBYTECODE`` removed from their environment, so
+the warm-up run writes any that are missing, as a first run after an install would.
+``--without-bytecode`` measures the other case, every module compiled from source at every
+start (a ``PYTHONPYCACHEPREFIX`` with no files in it, and ``PYTHONDONTWRITEBYTECODE=1``): what a
+read-only install without ``.pyc`` files costs.
+
+Usage: .venv/bin/python bench/cli.py [--rounds 7] [--without-bytecode]
 """
 
 from __future__ import annotations
@@ -47,8 +55,9 @@ def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
-def scratch(home: Path) -> tuple[dict[str, str], str]:
-    """Environment of an embedded-broker controller in ``home`` with one running run; its id."""
+def scratch(home: Path, *, bytecode: bool = True) -> tuple[dict[str, str], str]:
+    """Environment of an embedded-broker controller in ``home`` with one running run; its id.
+    ``bytecode``: the commands use (and write) ``.pyc`` files; else every module compiles from source."""
     from controller.history import History
 
     inv = home / "inventory.toml"
@@ -56,6 +65,11 @@ def scratch(home: Path) -> tuple[dict[str, str], str]:
     env = dict(os.environ, FLEET_DATA_DIR=str(home / "data"), FLEET_BROKER_URL="filesystem://",
                FLEET_INVENTORY=str(inv), FLEET_HISTORY=str(home / "history.sqlite"), COLUMNS="120")
     env.pop("FLEET_CONFIG", None)
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if not bytecode:
+        (home / "no-pycache").mkdir()
+        env.update(PYTHONPYCACHEPREFIX=str(home / "no-pycache"), PYTHONDONTWRITEBYTECODE="1")
     h = History(home / "history.sqlite")
     run_id = "20261130-000000-bench"
     h.create_run(run_id, release="1.4.1", models=["qwen3"], modules=["m0", "m1", "m2"])
@@ -66,9 +80,11 @@ def scratch(home: Path) -> tuple[dict[str, str], str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7, help="runs of each command (median of these)")
+    ap.add_argument("--without-bytecode", action="store_true",
+                    help="every module compiled from source at every start (no .pyc files read or written)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
-        env, run_id = scratch(Path(tmp))
+        env, run_id = scratch(Path(tmp), bytecode=not args.without_bytecode)
         cmds = {
             "python -c pass": [sys.executable, "-c", "pass"],
             "fleet-agent --help": [str(BIN / "fleet-agent"), "--help"],
@@ -83,7 +99,9 @@ def main() -> int:
             for k, argv in cmds.items():
                 got[k].append(run_once(argv, env))
     floor = statistics.median(w for w, _, _ in got["python -c pass"])
-    print(f"median [min-max] of {args.rounds} interleaved rounds; fresh process each")
+    print(f"median [min-max] of {args.rounds} interleaved rounds; fresh process each; "
+          + ("no bytecode: every module compiled from source" if args.without_bytecode else
+             "bytecode (.pyc) as after an install"))
     print(f"{'command':22s} {'wall s':>22s} {'CPU s':>8s} {'peak RSS':>9s} {'- python':>9s}")
     missed = []
     for k, rows in got.items():
