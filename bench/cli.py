@@ -16,12 +16,11 @@ when one is missed.
 Bytecode: an installed package runs from its ``.pyc`` files (pip writes them at install, ``make
 install`` too: ``uv pip sync --compile-bytecode``; Python writes the missing ones on first
 import). The commands run with ``PYTHONDONTWRITEBYTECODE`` removed from their environment, so
-the warm-up run writes any that are missing, as a first run after an install would.
-``--without-bytecode`` measures the other case, every module compiled from source at every
-start (a ``PYTHONPYCACHEPREFIX`` with no files in it, and ``PYTHONDONTWRITEBYTECODE=1``): what a
-read-only install without ``.pyc`` files costs.
+the warm-up run writes any that are missing, as a first run after an install would; without
+them every start compiles each module it imports from source (``fleetctl status``: about twice
+the CPU time here).
 
-Usage: .venv/bin/python bench/cli.py [--rounds 7] [--without-bytecode]
+Usage: .venv/bin/python bench/cli.py [--rounds 7]
 """
 
 from __future__ import annotations
@@ -55,9 +54,9 @@ def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
-def scratch(home: Path, *, bytecode: bool = True) -> tuple[dict[str, str], str]:
-    """Environment of an embedded-broker controller in ``home`` with one running run; its id.
-    ``bytecode``: the commands use (and write) ``.pyc`` files; else every module compiles from source."""
+def scratch(home: Path) -> tuple[dict[str, str], str]:
+    """Environment of an embedded-broker controller in ``home`` with one running run; its id (the
+    commands read and write ``.pyc`` files, as an installed fleetctl does)."""
     from controller.history import History
 
     inv = home / "inventory.toml"
@@ -67,9 +66,6 @@ def scratch(home: Path, *, bytecode: bool = True) -> tuple[dict[str, str], str]:
     env.pop("FLEET_CONFIG", None)
     env.pop("PYTHONPYCACHEPREFIX", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    if not bytecode:
-        (home / "no-pycache").mkdir()
-        env.update(PYTHONPYCACHEPREFIX=str(home / "no-pycache"), PYTHONDONTWRITEBYTECODE="1")
     h = History(home / "history.sqlite")
     run_id = "20261130-000000-bench"
     h.create_run(run_id, release="1.4.1", models=["qwen3"], modules=["m0", "m1", "m2"])
@@ -80,11 +76,10 @@ def scratch(home: Path, *, bytecode: bool = True) -> tuple[dict[str, str], str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7, help="runs of each command (median of these)")
-    ap.add_argument("--without-bytecode", action="store_true",
-                    help="every module compiled from source at every start (no .pyc files read or written)")
     args = ap.parse_args()
+    load = os.getloadavg()  # wall time on a busy machine: compare the CPU column too
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
-        env, run_id = scratch(Path(tmp), bytecode=not args.without_bytecode)
+        env, run_id = scratch(Path(tmp))
         cmds = {
             "python -c pass": [sys.executable, "-c", "pass"],
             "fleet-agent --help": [str(BIN / "fleet-agent"), "--help"],
@@ -99,9 +94,8 @@ def main() -> int:
             for k, argv in cmds.items():
                 got[k].append(run_once(argv, env))
     floor = statistics.median(w for w, _, _ in got["python -c pass"])
-    print(f"median [min-max] of {args.rounds} interleaved rounds; fresh process each; "
-          + ("no bytecode: every module compiled from source" if args.without_bytecode else
-             "bytecode (.pyc) as after an install"))
+    print(f"median [min-max] of {args.rounds} interleaved rounds; fresh process each, .pyc as after an install; "
+          f"load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after, {os.cpu_count()} CPUs")
     print(f"{'command':22s} {'wall s':>22s} {'CPU s':>8s} {'peak RSS':>9s} {'- python':>9s}")
     missed = []
     for k, rows in got.items():
