@@ -439,11 +439,11 @@ def build_app(inv: Invocation) -> typer.Typer:
     for verb in (validate, status, watch, cancel, retry, runs, results, logs, serve, demo, version):
         app.command()(verb)
     devices_app = new_app(add_completion=False, invoke_without_command=True,
-                              help="Modules of the inventory and their state (idle, busy, unreachable, offline, bad).")
+                          help="Modules of the inventory and their state (idle, busy, unreachable, offline, bad).")
     devices_app.callback()(devices)
     app.add_typer(devices_app, name="devices")
     describe_app = new_app(add_completion=False, no_args_is_help=True,
-                               help="Everything about one run or one module (read-only).")
+                           help="Everything about one run or one module (read-only).")
     describe_app.command("run")(describe_run)
     describe_app.command("module")(describe_module)
     app.add_typer(describe_app, name="describe")
