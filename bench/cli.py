@@ -60,7 +60,7 @@ def scratch(home: Path) -> tuple[dict[str, str], str]:
     from controller.history import History
 
     inv = home / "inventory.toml"
-    inv.write_text("".join(f'[[module]]\nname = "m{i}"\naddress = "127.0.0.1"\nuser = "u"\n\n' for i in range(3)))
+    inv.write_text("".join(f'[[module]]\nname = "m{i}"\nhost = "127.0.0.1"\nssh_user = "u"\n\n' for i in range(3)))
     # FLEET_LOST_AFTER: the run stays running however long the bench takes (a module given up would end
     # it, and status of an ended run builds the report: another command)
     env = dict(os.environ, FLEET_DATA_DIR=str(home / "data"), FLEET_BROKER_URL="filesystem://",
