@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from controller.cli_output import EXIT_ERROR, Output, emit, error, output_option, stderr, stdout
+from controller.cli_output import EXIT_ERROR, Output, emit, error, new_app, output_option, stderr, stdout
 
 if TYPE_CHECKING:
     from controller.service import Session
@@ -57,7 +57,7 @@ def session(ctx: typer.Context) -> Session:
 def _root(
     ctx: typer.Context,
     config: Path | None = typer.Option(None, "--config", "-c", envvar="FLEET_CONFIG",
-                                       help="TOML config file (sections \\[fleet] and \\[controller])"),
+                                       help="TOML config file (sections [fleet] and [controller])"),
     inventory: Path | None = typer.Option(None, "--inventory", "-i", help="inventory TOML (default from config)"),
     history: Path | None = typer.Option(None, "--history", help="run history SQLite file"),
 ) -> None:
@@ -434,16 +434,16 @@ def build_app(inv: Invocation) -> typer.Typer:
     controller, which get the invocation's session through the functions handed to them."""
     from controller import deploy_cli, metrics_cli, report_cli
 
-    app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False)
+    app = new_app(no_args_is_help=True, add_completion=True)
     app.callback()(_root)
     for verb in (validate, status, watch, cancel, retry, runs, results, logs, serve, demo, version):
         app.command()(verb)
-    devices_app = typer.Typer(add_completion=False, invoke_without_command=True,
-                              help="Modules of the inventory and their state (idle, busy, unreachable, offline, bad).")
+    devices_app = new_app(add_completion=False, invoke_without_command=True,
+                          help="Modules of the inventory and their state (idle, busy, unreachable, offline, bad).")
     devices_app.callback()(devices)
     app.add_typer(devices_app, name="devices")
-    describe_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                               help="Everything about one run or one module (read-only).")
+    describe_app = new_app(add_completion=False, no_args_is_help=True,
+                           help="Everything about one run or one module (read-only).")
     describe_app.command("run")(describe_run)
     describe_app.command("module")(describe_module)
     app.add_typer(describe_app, name="describe")

@@ -30,6 +30,13 @@ def output_option(default: Output = Output.table) -> Any:
     return typer.Option(default, "--output", "-o", help=OUTPUT_HELP, case_sensitive=False)
 
 
+def new_app(**kw: Any) -> typer.Typer:
+    """A typer app or group of fleetctl: help printed by click's plain formatter (rich's markup renderer
+    costs more start-up time than the rest of ``fleetctl --help``), errors left to ``controller.cli.run``."""
+    return typer.Typer(rich_markup_mode=None, pretty_exceptions_enable=False,
+                       context_settings={"max_content_width": 120}, **kw)
+
+
 def error(message: str) -> None:
     """The one error format: ``fleetctl: error: <one line>`` on stderr."""
     sys.stderr.write(f"fleetctl: error: {message}\n")

@@ -11,20 +11,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from controller import deploy_acl as acl
-from controller.cli_output import fail
-from controller.inventory import Inventory, InventoryError
+from controller.cli_output import fail, new_app
 
 if TYPE_CHECKING:  # paramiko and fabric load only when a command of this file runs (controller extras)
+    from rich.console import Console
+    from rich.table import Table
+
     from contract.settings import BrokerSettings
     from controller import deploy as dep
+    from controller.inventory import Inventory
     from controller.settings import ControllerSettings
 
-out = Console()
-err = Console(stderr=True)
+
+def _consoles() -> tuple[Console, Console]:
+    """stdout and stderr (rich: loaded when a command of this file runs, not for ``fleetctl --help``)."""
+    from rich.console import Console
+
+    return Console(), Console(stderr=True)
 
 
 def _settings_error() -> type[Exception]:
@@ -52,6 +57,8 @@ def _gib(n: int | None) -> str:
 
 
 def deploy_table(results: dict[str, dep.DeployResult]) -> Table:
+    from rich.table import Table
+
     t = Table("module", "status", "actions", "agent", "heartbeat", "time", "error")
     colour = {"changed": "green", "unchanged": "cyan", "planned": "yellow", "failed": "red"}
     for r in results.values():
@@ -89,6 +96,9 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
     ) -> None:
         """Install or update the agent on modules (idempotent), then wait for their heartbeats."""
         from controller import deploy as dep
+        from controller.inventory import InventoryError
+
+        out, err = _consoles()
 
         try:
             dep.check_broker_url_option(broker_url)
@@ -133,7 +143,12 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         parallel: int = typer.Option(4, "--parallel", min=1, max=64, help="modules sent to at once"),
     ) -> None:
         """Put a release into each module's release cache (verified, resumable, skipped when present)."""
+        from rich.table import Table
+
+        from controller.inventory import InventoryError
         from controller.push import PushError, file_sha256, push_release
+
+        out, _ = _consoles()
 
         try:
             settings = get_settings()
@@ -154,7 +169,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         if any(r.error for r in results.values()):
             raise typer.Exit(1)
 
-    broker_app = typer.Typer(add_completion=False, help="The broker's users (Redis ACL).")
+    broker_app = new_app(add_completion=False, help="The broker's users (Redis ACL).")
     app.add_typer(broker_app, name="broker")
 
     @broker_app.command("acl")
@@ -164,6 +179,9 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         rotate: bool = typer.Option(False, "--rotate", help="new passwords for every user (else existing kept)"),
     ) -> None:
         """Write redis-server's ACL file: one user per module (its own queue and records only) and the controller."""
+        from controller.inventory import InventoryError
+
+        out, _ = _consoles()
         try:
             names = [m.name for m in get_inventory().modules]
             files = acl.write_acl(out_dir, names, controller_user=controller_user, rotate=rotate)
@@ -184,7 +202,12 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         identity: Path | None = typer.Option(None, "--identity", help="SSH private key"),
     ) -> None:
         """SSH reachability, Python version, free disk and agent version of each module."""
+        from rich.table import Table
+
         from controller import deploy as dep
+        from controller.inventory import InventoryError
+
+        out, _ = _consoles()
 
         try:
             settings = get_settings()

@@ -11,12 +11,12 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from agent import store
-from controller.inventory import Inventory, InventoryError, Module
+if TYPE_CHECKING:
+    from controller.inventory import Inventory, Module
 
 TARGETS_FILE = "agents.json"
 RESERVED_LABELS = frozenset({"module", "job", "instance"})
@@ -29,6 +29,8 @@ def target(m: Module) -> str:
 
 def file_sd(inventory: Inventory) -> list[dict[str, Any]]:
     """Pure: the file_sd JSON document for an inventory."""
+    from controller.inventory import InventoryError
+
     groups: list[dict[str, Any]] = []
     for m in inventory.modules:
         bad = sorted(k for k in m.labels if k in RESERVED_LABELS or k.startswith("__"))
@@ -41,6 +43,8 @@ def file_sd(inventory: Inventory) -> list[dict[str, Any]]:
 
 def write_atomic(path: Path, text: str) -> None:
     """The targets file, readable by Prometheus."""
+    from agent import store
+
     store.write_atomic(path, text, mode=0o644)
 
 

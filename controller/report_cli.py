@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from controller.cli_output import EXIT_ERROR, EXIT_FAILED, Output, emit, fail, output_option
-from controller.history import History, HistoryError
+from controller.cli_output import EXIT_ERROR, EXIT_FAILED, Output, emit, fail, new_app, output_option
 
 if TYPE_CHECKING:  # pandas, scipy and matplotlib load only when a report command runs
+    from controller.history import History
     from controller.report.model import Report, Thresholds
 
 EXIT_NOT_PASS = EXIT_FAILED
@@ -61,6 +61,7 @@ def _thresholds(tolerance: float) -> Thresholds:
 def _report(build: Callable[[Thresholds], Report], tolerance: float, fmt: Format, out: Path | None,
             check: bool) -> None:
     """Build a report with ``tolerance`` (a bad run, baseline or history: one line, exit 2) and emit it."""
+    from controller.history import HistoryError
     from controller.report.model import ReportError
 
     try:
@@ -112,7 +113,7 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         _report(lambda th: compare_runs(get_history(), run_a, run_b, thresholds=th), tolerance, old_fmt or fmt,
                 out, check)
 
-    baseline_app = typer.Typer(help="Baselines: reference figures per release, versioned.", no_args_is_help=True)
+    baseline_app = new_app(help="Baselines: reference figures per release, versioned.", no_args_is_help=True)
     app.add_typer(baseline_app, name="baseline")
 
     @baseline_app.command("import")
@@ -122,6 +123,7 @@ def register(app: typer.Typer, get_history: Callable[[], History],
     ) -> None:
         """Import the reference tables of SEED_FILE as the next baseline version of RELEASE."""
         from agent.tables import TableError, parse_seed
+        from controller.history import HistoryError
 
         try:
             text = seed_file.read_text(encoding="utf-8")
@@ -143,6 +145,8 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         release: str | None = typer.Option(None, "--release", "-r", help="default: the run's release"),
     ) -> None:
         """Promote a run's results to the next baseline version of its release."""
+        from controller.history import HistoryError
+
         hist = writable()
         try:
             info = hist.find_run(run)
