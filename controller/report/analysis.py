@@ -256,12 +256,12 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = N
     scale = np.maximum(np.take(_by_code(g, spread_np), cell, axis=0), th.z_floor)
     z = dev / scale
     # the (row, metric) pairs with a deviation, row-major: one index, then plain takes
-    at = np.flatnonzero(~np.isnan(dev.ravel()))
-    row, col = np.divmod(at, len(cols))
+    ok = ~np.isnan(dev.ravel())
+    row, col = np.divmod(np.flatnonzero(ok), len(cols))
     mi = np.array([PRIMARY_METRICS.index(m) for m in metrics], dtype=np.int8)
     long = pd.DataFrame({
         "mod": cur["mod"].to_numpy()[row], "modkey": cur["modkey"].to_numpy()[row], "cell": cell[row],
-        "mi": mi[col], "b": vals.ravel()[at], "dev": dev.ravel()[at], "z": z.ravel()[at], "scale": scale.ravel()[at],
+        "mi": mi[col], "b": vals.ravel()[ok], "dev": dev.ravel()[ok], "z": z.ravel()[ok], "scale": scale.ravel()[ok],
     }, copy=False)
     return long, spread.rename(columns={B[m]: m for m in metrics})
 

@@ -1,30 +1,88 @@
-"""The report's one I/O seam with the run history: SQL reads into pandas, one query per frame."""
+"""The report's one I/O seam with the run history: SQL reads into pandas, one query per frame.
+
+Rows are read in chunks (``CHUNK_ROWS``) and each chunk is made compact before the next is
+fetched: text columns become categoricals (a module name is stored once, each row keeps a
+small code), numbers stay numbers. The whole run is never held as Python objects at once, so
+reading 10 M rows takes about the final frame's memory, not several times it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import typing
+from collections.abc import Iterable, Sequence
 
 import pandas as pd
+from pandas.api.types import union_categoricals
 
+from agent.records import ResultRow
 from controller.history import ROW_FIELDS, History, HistoryError, RunInfo
 from controller.report.analysis import analyse
 from controller.report.model import Report, ReportError, Thresholds
 from controller.report.telemetry import with_telemetry
 
 PRIOR_RUNS = 20  # how far back to look for each module's previous run
+CHUNK_ROWS = 200_000  # rows fetched from SQLite at a time (~30 MB of Python objects while a chunk converts)
+
+
+def _is_number(annotation: object) -> bool:
+    return any(a in (int, float, bool) for a in (typing.get_args(annotation) or (annotation,)))
+
+
+NUMBER_FIELDS = frozenset(f for f, info in ResultRow.model_fields.items() if _is_number(info.annotation))
 
 
 def _cols() -> str:
     return ", ".join(f'"{f}"' for f in ROW_FIELDS)
 
 
-def read_rows(history: History, run_ids: Sequence[str]) -> pd.DataFrame:
-    """Every stored row of the given runs (one column per ResultRow field)."""
+def _compact(chunk: pd.DataFrame) -> pd.DataFrame:
+    """One chunk as read: text columns as categoricals; a number column the chunk has no value of
+    (SQLite NULLs, read as None) as float NaN."""
+    out: dict[str, object] = {}
+    for c in chunk.columns:
+        col = chunk[c]
+        if c in NUMBER_FIELDS:
+            out[c] = col.astype(float) if col.dtype == object and not col.notna().any() else col
+        else:
+            cat = col.astype("category")
+            if not len(cat.cat.categories):  # all NULL: categories of text still, so chunks unite
+                cat = cat.cat.set_categories(pd.Index([], dtype=object).astype(str))
+            out[c] = cat
+    return pd.DataFrame(out, copy=False)
+
+
+def concat_compact(chunks: Iterable[pd.DataFrame], columns: Sequence[str]) -> pd.DataFrame:
+    """Chunks from :func:`_compact` as one frame: categories united (sorted), numbers concatenated as
+    pandas does (int and float chunks give float, as one read of every row would)."""
+    parts = list(chunks)
+    if not parts:
+        return pd.DataFrame(columns=list(columns))
+    if len(parts) == 1:
+        frame = parts[0]
+    else:
+        cols: dict[str, object] = {}
+        for c in parts[0].columns:
+            if isinstance(parts[0][c].dtype, pd.CategoricalDtype):
+                cols[c] = union_categoricals([p[c] for p in parts], sort_categories=True)
+            else:
+                cols[c] = pd.concat([p[c] for p in parts], ignore_index=True)
+        frame = pd.DataFrame(cols, copy=False)
+    # one chunk: sorted categories as well (the analysis numbers modules in category order)
+    for c in frame.columns:
+        if isinstance(frame[c].dtype, pd.CategoricalDtype) and not frame[c].cat.categories.is_monotonic_increasing:
+            frame[c] = frame[c].cat.reorder_categories(frame[c].cat.categories.sort_values())
+    return frame
+
+
+def read_rows(history: History, run_ids: Sequence[str], *, chunk_rows: int = CHUNK_ROWS) -> pd.DataFrame:
+    """Every stored row of the given runs (one column per ResultRow field; text as categoricals),
+    fetched ``chunk_rows`` at a time."""
     if not run_ids:
         return pd.DataFrame(columns=list(ROW_FIELDS))
     marks = ",".join("?" * len(run_ids))
-    return pd.read_sql_query(f"SELECT {_cols()} FROM rows WHERE run_id IN ({marks})", history.conn,
-                             params=list(run_ids))
+    chunks = pd.read_sql_query(f"SELECT {_cols()} FROM rows WHERE run_id IN ({marks})", history.conn,
+                               params=list(run_ids), chunksize=chunk_rows)
+    return concat_compact((_compact(c) for c in chunks if len(c)), ROW_FIELDS)
 
 
 def previous_rows(history: History, run: RunInfo, modules: Sequence[str]) -> pd.DataFrame:
