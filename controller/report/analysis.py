@@ -139,7 +139,8 @@ def _firsts(cell: np.ndarray) -> np.ndarray:
 def cell_table(cur: pd.DataFrame) -> pd.DataFrame:
     """(key, profile) as text per cell code, indexed by the code."""
     at = _firsts(cur["cell"].to_numpy())
-    t = pd.DataFrame({c: cur[c].iloc[at].to_numpy() for c in K}, index=pd.Index(cur["cell"].to_numpy()[at], name="cell"))
+    t = pd.DataFrame({c: cur[c].iloc[at].to_numpy() for c in K},
+                     index=pd.Index(cur["cell"].to_numpy()[at], name="cell"))
     return t.sort_index().astype(str)
 
 
@@ -312,7 +313,8 @@ def find_outliers(long: pd.DataFrame, names: Names, th: Thresholds) -> tuple[tup
         return (), pd.DataFrame()
     by_key = _outlier_stats(long, "modkey")
     deviation = _deviation(by_key, names)
-    if np.count_nonzero(np.bincount(long["mod"].to_numpy())) < 3:  # a median of two says nothing about which one is out of line
+    # a median of two says nothing about which one is out of line
+    if np.count_nonzero(np.bincount(long["mod"].to_numpy())) < 3:
         return (), deviation
     by_mod = _outlier_stats(long, "mod")
 
