@@ -54,6 +54,15 @@ TARGET_S = 1.0  # report over 1 M rows
 TARGET_RATIO = 4.0  # x the bare groupby of the same run
 
 
+def peak_rss_mib() -> float:
+    """This process's peak RSS (VmHWM: of this program only; ``ru_maxrss`` would carry over the
+    parent's peak from before the fork)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
     t = time.perf_counter()
     out = fn()
@@ -142,7 +151,7 @@ def one(ref, rows: int, repeat: int) -> int:  # type: ignore[no-untyped-def]
     modules = max(6, round(rows / len(ref)))
     cur = fleet(ref, modules=modules, module_factor={"m03": 0.88}, regress={("qwen3", "decode_tps"): 0.08},
                 seed=1, run_id="run-b")
-    built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    built = peak_rss_mib()
     metrics = list(METRICS)
     times = interleaved({
         "bare": lambda: cur.groupby(["model_key", "profile"])[metrics].median(),
@@ -152,7 +161,7 @@ def one(ref, rows: int, repeat: int) -> int:  # type: ignore[no-untyped-def]
                       "report": statistics.median(times["report"]),
                       "ratios": [r / b for r, b in zip(times["report"], times["bare"], strict=True)],
                       "frame_mib": float(cur.memory_usage(deep=True).sum()) / 2**20, "built_rss_mib": built,
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "peak_rss_mib": peak_rss_mib()}))
     return 0
 
 
@@ -209,7 +218,7 @@ def read_child(db: Path, rows: int, how: str) -> int:
     from controller.report.load import read_rows
 
     ref = rows_frame([r for rs in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rs])
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    base_rss = peak_rss_mib()
     h = History(db)
     t = time.perf_counter()
     if how == "one":
@@ -218,13 +227,13 @@ def read_child(db: Path, rows: int, how: str) -> int:
     else:
         cur = read_rows(h, [_run_id(rows)])
     read_s = time.perf_counter() - t
-    read_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    read_rss = peak_rss_mib()
     t = time.perf_counter()
     rep = analyse(cur, run_id=_run_id(rows), baseline=ref, baseline_id="b")
     report_s = time.perf_counter() - t
     print(json.dumps({"rows": len(cur), "read": read_s, "report": report_s, "base_rss_mib": base_rss,
                       "frame_mib": float(cur.memory_usage(deep=True).sum()) / 2**20, "read_rss_mib": read_rss,
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "peak_rss_mib": peak_rss_mib(),
                       "verdict": rep.verdict}))
     return 0
 

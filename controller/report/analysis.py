@@ -415,10 +415,10 @@ def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> tuple[pd.DataFram
     pos = np.full(int(cells.index.max()) + 1 if len(cells) else 0, -1)
     pos[cells.index.to_numpy()] = np.arange(len(cells))
     rows = np.take(pos, cur["cell"].to_numpy())
-    out = cur[["mod", "key", "modkey", "cell"]].copy()
+    out: dict[str, np.ndarray] = {c: cur[c].to_numpy() for c in ("mod", "key", "modkey", "cell")}
     for m in ALL_METRICS:
         out[f"d_{m}"] = cur[B[m]].to_numpy() - np.take(r[f"r_{m}"].to_numpy(), rows)
-    return out, r
+    return pd.DataFrame(out, index=cur.index, copy=False), r
 
 
 def _ident(df: pd.DataFrame, cats: dict[str, pd.Index]) -> np.ndarray:
@@ -450,13 +450,13 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame) -> pd.DataFrame:
             return np.full(len(mine), np.nan)
         return np.where(found, values[take], np.nan)
 
-    out = cur[["mod", "key", "modkey", "cell"]].copy()
+    out: dict[str, np.ndarray] = {c: cur[c].to_numpy() for c in ("mod", "key", "modkey", "cell")}
     for m in ALL_METRICS:
         pb = lookup(B[m])
         out[f"d_{m}"] = cur[B[m]].to_numpy() - pb
         out[f"r_{m}"] = pb
     out["ref_correct"] = lookup("correct")
-    return out
+    return pd.DataFrame(out, index=cur.index, copy=False)
 
 
 def _threshold(metric: str, tol: float) -> float:
