@@ -213,6 +213,7 @@ def fill_history(db: Path, ref, sizes: list[int]) -> None:  # type: ignore[no-un
 def read_child(db: Path, rows: int, how: str) -> int:
     """Read one run (``how``: 'one' read_sql_query, or 'chunked'), then the report over it: JSON out."""
     import pandas as pd
+    from scipy import stats  # noqa: F401  (imported by the first report: not part of its time)
 
     from controller.history import ROW_FIELDS, History
     from controller.report.load import read_rows
