@@ -254,15 +254,17 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = N
     dev = vals - np.take(_by_code(g, g.median(vals)), cell, axis=0)
     spread_np = 1.4826 * g.median(np.abs(dev))
     spread = pd.DataFrame(spread_np, index=g.present, columns=cols)
-    scale = np.maximum(np.take(_by_code(g, spread_np), cell, axis=0), th.z_floor)
-    z = dev / scale
-    # the (row, metric) pairs with a deviation, row-major: one index, then plain takes
+    scale = np.maximum(_by_code(g, spread_np), th.z_floor)  # per (cell code, metric)
+    # the (row, metric) pairs with a deviation, row-major: one index, then plain takes (no
+    # rows x metrics array of scales or z is built)
     ok = ~np.isnan(dev.ravel())
     row, col = np.divmod(np.flatnonzero(ok), len(cols))
     mi = np.array([PRIMARY_METRICS.index(m) for m in metrics], dtype=np.int8)
+    cells, d = cell[row], dev.ravel()[ok]
+    sc = scale[cells, col]
     long = pd.DataFrame({
-        "mod": cur["mod"].to_numpy()[row], "modkey": cur["modkey"].to_numpy()[row], "cell": cell[row],
-        "mi": mi[col], "b": vals.ravel()[ok], "dev": dev.ravel()[ok], "z": z.ravel()[ok], "scale": scale.ravel()[ok],
+        "mod": cur["mod"].to_numpy()[row], "modkey": cur["modkey"].to_numpy()[row], "cell": cells,
+        "mi": mi[col], "b": vals.ravel()[ok], "dev": d, "z": d / sc, "scale": sc,
     }, copy=False)
     return long, spread.rename(columns={B[m]: m for m in metrics})
 
