@@ -263,7 +263,9 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = N
     cells, d = cell[row], dev.ravel()[ok]
     sc = scale[cells, col]
     long = pd.DataFrame({
-        "mod": cur["mod"].to_numpy()[row], "modkey": cur["modkey"].to_numpy()[row], "cell": cells,
+        # 32-bit codes: ~2.5 entries a row, the largest frame of a report after the rows themselves
+        "mod": cur["mod"].to_numpy()[row].astype(np.int32), "modkey": cur["modkey"].to_numpy()[row].astype(np.int32),
+        "cell": cells.astype(np.int32),
         "mi": mi[col], "b": vals.ravel()[ok], "dev": d, "z": d / sc, "scale": sc,
     }, copy=False)
     return long, spread.rename(columns={B[m]: m for m in metrics})
@@ -841,6 +843,7 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     mid = Middles(inc, cells_inc) if some_excluded or not excluded.any() else None
     if some_excluded:
         outliers, deviation = refine_outliers(cur, long, names, outliers, excluded, deviation, th, inc, mid)
+    del long  # not needed past the outliers: its memory goes before the comparisons take theirs
 
     changes: list[Change] = []
     regs: list[Regression] = []
