@@ -74,6 +74,11 @@ def concat_compact(chunks: Iterable[pd.DataFrame], columns: Sequence[str]) -> pd
     return frame
 
 
+def as_read(frame: pd.DataFrame) -> pd.DataFrame:
+    """A rows frame (e.g. a synthetic fleet) in the form :func:`read_rows` gives: text as categoricals."""
+    return concat_compact([_compact(frame)], list(frame.columns))
+
+
 def read_rows(history: History, run_ids: Sequence[str], *, chunk_rows: int = CHUNK_ROWS) -> pd.DataFrame:
     """Every stored row of the given runs (one column per ResultRow field; text as categoricals),
     fetched ``chunk_rows`` at a time."""
