@@ -21,7 +21,7 @@ from controller.report.model import Report, ReportError, Thresholds
 from controller.report.telemetry import with_telemetry
 
 PRIOR_RUNS = 20  # how far back to look for each module's previous run
-CHUNK_ROWS = 200_000  # rows fetched from SQLite at a time (~30 MB of Python objects while a chunk converts)
+CHUNK_ROWS = 50_000  # rows fetched from SQLite at a time (~90 MB of Python objects while a chunk converts)
 
 
 def _is_number(annotation: object) -> bool:
