@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Iterable, Sequence
+from typing import Any
 
+import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
@@ -36,43 +38,47 @@ def _cols() -> str:
     return ", ".join(f'"{f}"' for f in ROW_FIELDS)
 
 
-def _compact(chunk: pd.DataFrame) -> pd.DataFrame:
-    """One chunk as read: text columns as categoricals; a number column the chunk has no value of
-    (SQLite NULLs, read as None) as float NaN."""
-    out: dict[str, object] = {}
+Columns = dict[str, Any]  # one chunk: numpy arrays and Categoricals by column name
+
+
+def _compact(chunk: pd.DataFrame) -> Columns:
+    """One chunk as read: text columns as categoricals, numbers as arrays of their own (a number
+    column the chunk has no value of, SQLite NULLs read as None, as float NaN); the chunk as read
+    can go as soon as this returns."""
+    out: Columns = {}
     for c in chunk.columns:
         col = chunk[c]
         if c in NUMBER_FIELDS:
-            out[c] = col.astype(float) if col.dtype == object and not col.notna().any() else col
+            out[c] = col.to_numpy(dtype=float) if col.dtype == object and not col.notna().any() else \
+                col.to_numpy(copy=True)
         else:
-            cat = col.astype("category")
-            if not len(cat.cat.categories):  # all NULL: categories of text still, so chunks unite
-                cat = cat.cat.set_categories(pd.Index([], dtype=object).astype(str))
+            cat = col.astype("category").array
+            if not len(cat.categories):  # all NULL: categories of text still, so chunks unite
+                cat = cat.set_categories(pd.Index([], dtype=object).astype(str))
             out[c] = cat
-    return pd.DataFrame(out, copy=False)
+    return out
 
 
-def concat_compact(chunks: Iterable[pd.DataFrame], columns: Sequence[str]) -> pd.DataFrame:
-    """Chunks from :func:`_compact` as one frame: categories united (sorted), numbers concatenated as
-    pandas does (int and float chunks give float, as one read of every row would)."""
+def concat_compact(chunks: Iterable[Columns], columns: Sequence[str]) -> pd.DataFrame:
+    """Chunks from :func:`_compact` as one frame: categories united (sorted: the analysis numbers
+    modules in category order), numbers joined as pandas would (int and float chunks give float,
+    as one read of every row would). Column by column, each taken out of the chunks as it is
+    joined: the chunks and the frame are not both held whole."""
     parts = list(chunks)
     if not parts:
         return pd.DataFrame(columns=list(columns))
-    if len(parts) == 1:
-        frame = parts[0]
-    else:
-        cols: dict[str, object] = {}
-        for c in parts[0].columns:
-            if isinstance(parts[0][c].dtype, pd.CategoricalDtype):
-                cols[c] = union_categoricals([p[c] for p in parts], sort_categories=True)
-            else:
-                cols[c] = pd.concat([p[c] for p in parts], ignore_index=True)
-        frame = pd.DataFrame(cols, copy=False)
-    # one chunk: sorted categories as well (the analysis numbers modules in category order)
-    for c in frame.columns:
-        if isinstance(frame[c].dtype, pd.CategoricalDtype) and not frame[c].cat.categories.is_monotonic_increasing:
-            frame[c] = frame[c].cat.reorder_categories(frame[c].cat.categories.sort_values())
-    return frame
+    cols: dict[str, Any] = {}
+    for c in list(parts[0]):
+        pieces = [p.pop(c) for p in parts]
+        if isinstance(pieces[0], pd.Categorical):
+            joined = union_categoricals(pieces, sort_categories=True) if len(pieces) > 1 else pieces[0]
+            if not joined.categories.is_monotonic_increasing:
+                joined = joined.reorder_categories(joined.categories.sort_values())
+            cols[c] = joined
+        else:
+            cols[c] = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+        del pieces
+    return pd.DataFrame(cols, copy=False)
 
 
 def as_read(frame: pd.DataFrame) -> pd.DataFrame:
