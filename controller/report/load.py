@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from agent.records import ResultRow
+from contract.records import ResultRow
 from controller.history import ROW_FIELDS, History, HistoryError, RunInfo
 from controller.report.analysis import analyse
 from controller.report.model import Report, ReportError, Thresholds

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from agent.records import ResultRow
+from contract.records import ResultRow
 from controller.history import ROW_FIELDS, History
 from controller.report import analyse
 from controller.report.load import read_rows
