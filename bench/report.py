@@ -16,11 +16,18 @@ machine slows both alike) and the ratio to the bare groupby; exits 1 when the go
 the report's time, the bare groupby's, their ratio and the process's peak RSS (a table for the
 README).
 
+``--history 10000,100000,1000000 [--db PATH]`` instead stores runs of those sizes in a SQLite run
+history (built once, kept at ``--db``) and, for each size, in fresh processes: reads the run the way
+the report did before (one ``read_sql_query``) and the way it does now (chunks of
+``load.CHUNK_ROWS``, text as categoricals), each followed by the report over what was read; prints
+read time, report time and the process's peak RSS for both, side by side.
+
 ``--power N`` instead measures the verdicts' error rates on N seeds of the acceptance scenario
 (6 modules, 2 % noise, one module 0.88x): false alarms with no change, and how often an 8 %
 decode regression on each model key is named exactly (that regression, that module, nothing else).
 
 Usage: .venv/bin/python bench/report.py [--rows 1000000] [--repeat 5] [--power 20] [--scale 10000,...]
+       [--history 10000,...]
 """
 
 from __future__ import annotations
@@ -45,6 +52,15 @@ from controller.report.synth import fleet, rows_frame  # noqa: E402
 
 TARGET_S = 1.0  # report over 1 M rows
 TARGET_RATIO = 4.0  # x the bare groupby of the same run
+
+
+def peak_rss_mib() -> float:
+    """This process's peak RSS (VmHWM: of this program only; ``ru_maxrss`` would carry over the
+    parent's peak from before the fork)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
@@ -80,11 +96,18 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--power", type=int, default=0, help="measure error rates over this many seeds instead")
     ap.add_argument("--scale", default="", help="comma-separated row counts: one fresh process per size")
+    ap.add_argument("--history", default="", help="comma-separated row counts: read from a SQLite history")
+    ap.add_argument("--db", default="/tmp/bench-report-history.sqlite", help="the --history database (reused)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a --scale child: JSON out
+    ap.add_argument("--read", default="", help=argparse.SUPPRESS)  # a --history child: 'one' or 'chunked'
     args = ap.parse_args()
 
     if args.scale:
         return scale([int(x) for x in args.scale.split(",")], args.repeat)
+    if args.read:
+        return read_child(Path(args.db), args.rows, args.read)
+    if args.history:
+        return history_table(Path(args.db), [int(x) for x in args.history.split(",")])
     ref = rows_frame([r for rows in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rows])
     if args.power:
         return power(ref, args.power)
@@ -124,27 +147,40 @@ def main() -> int:
 
 
 def one(ref, rows: int, repeat: int) -> int:  # type: ignore[no-untyped-def]
-    """One size, in this process: JSON with times and peak RSS (a --scale child)."""
+    """One size, in this process: JSON with times and peak RSS (a --scale child). The frame is in the
+    form the run history gives the report (``load.as_read``: text columns as categoricals)."""
+    import tracemalloc
+
+    from scipy import stats  # noqa: F401  (imported by the first report: not part of its time)
+
+    from controller.report.load import as_read
+
     modules = max(6, round(rows / len(ref)))
-    cur = fleet(ref, modules=modules, module_factor={"m03": 0.88}, regress={("qwen3", "decode_tps"): 0.08},
-                seed=1, run_id="run-b")
-    built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cur = as_read(fleet(ref, modules=modules, module_factor={"m03": 0.88}, regress={("qwen3", "decode_tps"): 0.08},
+                        seed=1, run_id="run-b"))
+    built = peak_rss_mib()
     metrics = list(METRICS)
     times = interleaved({
         "bare": lambda: cur.groupby(["model_key", "profile"])[metrics].median(),
         "report": lambda: analyse(cur, run_id="run-b", baseline=ref, baseline_id="b"),
     }, repeat)
-    print(json.dumps({"rows": len(cur), "bare": statistics.median(times["bare"]),
+    # the report's own peak above the frame, once more, untimed (tracemalloc sees numpy's buffers)
+    tracemalloc.start()
+    analyse(cur, run_id="run-b", baseline=ref, baseline_id="b")
+    own = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    print(json.dumps({"rows": len(cur), "bare": statistics.median(times["bare"]), "own_mib": own,
                       "report": statistics.median(times["report"]),
                       "ratios": [r / b for r, b in zip(times["report"], times["bare"], strict=True)],
                       "frame_mib": float(cur.memory_usage(deep=True).sum()) / 2**20, "built_rss_mib": built,
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "peak_rss_mib": peak_rss_mib()}))
     return 0
 
 
 def scale(sizes: list[int], repeat: int) -> int:
-    print("| rows | report | bare groupby | ratio (min-max) | frame | peak RSS (after building the frame) |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| rows | report | bare groupby | ratio (min-max) | frame | report's own peak (tracemalloc) | "
+          "peak RSS (after building the frame) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for n in sizes:
         out = subprocess.run([sys.executable, __file__, "--one", "--rows", str(n), "--repeat",
                               str(repeat if n < 5_000_000 else min(repeat, 2))],
@@ -152,8 +188,95 @@ def scale(sizes: list[int], repeat: int) -> int:
         r = json.loads(out.strip().splitlines()[-1])
         print(f"| {r['rows']:,} | {r['report']:.3f} s | {r['bare']:.3f} s | {r['report'] / r['bare']:.1f}x "
               f"({min(r['ratios']):.1f}-{max(r['ratios']):.1f}) | {r['frame_mib']:.0f} MiB | "
+              f"{r['own_mib']:,.0f} MiB ({r['own_mib'] * 2**20 / r['rows']:.0f} B/row) | "
               f"{r['peak_rss_mib']:.0f} MiB ({r['built_rss_mib']:.0f}) |", flush=True)
     return 0
+
+
+def _run_id(rows: int) -> str:
+    return f"bench-{rows}"
+
+
+def fill_history(db: Path, ref, sizes: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """A run of each size in ``db`` (rows written straight with executemany: pydantic records of
+    10 M rows would take longer than the reads measured)."""
+    from controller.history import ROW_FIELDS, History
+
+    h = History(db)
+    try:
+        for n in sizes:
+            run_id = _run_id(n)
+            if h.conn.execute("SELECT 1 FROM rows WHERE run_id=? LIMIT 1", (run_id,)).fetchone():
+                continue
+            modules = max(6, round(n / len(ref)))
+            t = time.perf_counter()
+            step = 10_000  # modules per batch: bounded memory while filling
+            for first in range(0, modules, step):
+                names = [f"m{i:05d}" for i in range(first, min(modules, first + step))]
+                df = fleet(ref, modules=names, module_factor={"m00003": 0.88},
+                           regress={("qwen3", "decode_tps"): 0.08}, seed=first, run_id=run_id)
+                df = df.astype({"correct": object}).where(df.notna(), None)
+                with h.tx() as c:
+                    c.executemany(f"INSERT OR REPLACE INTO rows VALUES ({','.join('?' * len(ROW_FIELDS))})",
+                                  df[list(ROW_FIELDS)].itertuples(index=False, name=None))
+            print(f"stored {run_id}: {modules * len(ref):,} rows in {time.perf_counter() - t:.0f} s", flush=True)
+    finally:
+        h.close()
+
+
+def read_child(db: Path, rows: int, how: str) -> int:
+    """Read one run (``how``: 'one' read_sql_query, or 'chunked'), then the report over it: JSON out."""
+    import pandas as pd
+    from scipy import stats  # noqa: F401  (imported by the first report: not part of its time)
+
+    from controller.history import ROW_FIELDS, History
+    from controller.report.load import read_rows
+
+    ref = rows_frame([r for rs in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rs])
+    base_rss = peak_rss_mib()
+    h = History(db)
+    t = time.perf_counter()
+    if how == "one":
+        cols = ", ".join(f'"{f}"' for f in ROW_FIELDS)
+        cur = pd.read_sql_query(f"SELECT {cols} FROM rows WHERE run_id=?", h.conn, params=[_run_id(rows)])
+    else:
+        cur = read_rows(h, [_run_id(rows)])
+    read_s = time.perf_counter() - t
+    read_rss = peak_rss_mib()
+    t = time.perf_counter()
+    rep = analyse(cur, run_id=_run_id(rows), baseline=ref, baseline_id="b")
+    report_s = time.perf_counter() - t
+    print(json.dumps({"rows": len(cur), "read": read_s, "report": report_s, "base_rss_mib": base_rss,
+                      "frame_mib": float(cur.memory_usage(deep=True).sum()) / 2**20, "read_rss_mib": read_rss,
+                      "peak_rss_mib": peak_rss_mib(),
+                      "verdict": rep.verdict}))
+    return 0
+
+
+def history_table(db: Path, sizes: list[int]) -> int:
+    ref = rows_frame([r for rs in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rs])
+    fill_history(db, ref, sizes)
+    print(f"{db}: {db.stat().st_size / 2**20:,.0f} MiB. Peak RSS of a fresh process per cell "
+          "(in brackets: after the read, before the report).")
+    print("| rows | read: one read_sql_query | read: chunks, categoricals | report after it (one / chunks) | "
+          "frame (one / chunks) | peak RSS (one / chunks) | ratio of peaks |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    ok, base = True, 0.0
+    for n in sizes:
+        got = {}
+        for how in ("one", "chunked"):  # side by side, each in its own process
+            out = subprocess.run([sys.executable, __file__, "--read", how, "--rows", str(n), "--db", str(db)],
+                                 capture_output=True, text=True, check=True).stdout
+            got[how] = json.loads(out.strip().splitlines()[-1])
+        a, b = got["one"], got["chunked"]
+        ok &= a["verdict"] == b["verdict"]
+        base = b["base_rss_mib"]
+        print(f"| {b['rows']:,} | {a['read']:.2f} s | {b['read']:.2f} s | {a['report']:.2f} s / {b['report']:.2f} s "
+              f"| {a['frame_mib']:,.0f} / {b['frame_mib']:,.0f} MiB | {a['peak_rss_mib']:,.0f} "
+              f"({a['read_rss_mib']:,.0f}) / {b['peak_rss_mib']:,.0f} ({b['read_rss_mib']:,.0f}) MiB "
+              f"| {b['peak_rss_mib'] / a['peak_rss_mib']:.2f} |", flush=True)
+    print(f"(the interpreter with the report's imports, before any read: {base:,.0f} MiB)")
+    return 0 if ok else 1
 
 
 def power(ref, seeds: int) -> int:  # type: ignore[no-untyped-def]

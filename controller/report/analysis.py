@@ -68,7 +68,21 @@ def _category(col: pd.Series) -> pd.Categorical:
 def _numeric(col: pd.Series) -> np.ndarray:
     if pd.api.types.is_float_dtype(col.dtype):
         return col.to_numpy(dtype=float, na_value=np.nan)
+    if col.dtype == object:  # e.g. ``correct``: True / False / None; np.asarray makes None NaN
+        try:
+            return np.asarray(col.to_numpy(), dtype=float)
+        except (TypeError, ValueError):
+            pass  # text in it: coerced below
     return pd.to_numeric(col, errors="coerce").astype(float).to_numpy()
+
+
+def _in_order(v: Any, order: np.ndarray | None) -> Any:
+    """A column (array or Categorical) with its rows in ``order`` (None: as it is)."""
+    if order is None:
+        return v
+    if isinstance(v, pd.Categorical):
+        return pd.Categorical.from_codes(v.codes[order], dtype=v.dtype)
+    return v[order]
 
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
@@ -84,8 +98,19 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     def col(c: str) -> pd.Series:
         return df[c].reset_index(drop=True) if c in df.columns else none
 
-    cols: dict[str, object] = {c: _category(col(c)) for c in _IDS}
-    cols["correct"] = _numeric(col("correct"))
+    ids = {c: _category(col(c)) for c in _IDS}
+    mod = np.asarray(ids["module"].codes, dtype=np.int64)
+    key = np.asarray(ids["model_key"].codes, dtype=np.int64)
+    combo = key * (len(ids["profile"].categories) + 1) + ids["profile"].codes
+    cell = pd.factorize(combo)[0] if n else np.zeros(0, dtype=np.int64)
+    order: np.ndarray | None = None
+    if n > 1 and not bool((cell[1:] >= cell[:-1]).all()):
+        # rows in cell order (stable: a cell keeps its rows' order; the index keeps the row's
+        # position in ``df``): every per-cell median is then a contiguous slice (see Groups).
+        # Each column is put in order once, before the frame is built (no frame-wide take).
+        order = np.argsort(cell.astype(np.int16 if cell.max() < 2**15 else np.int64), kind="stable")
+    cols: dict[str, Any] = {c: _in_order(v, order) for c, v in ids.items()}
+    cols["correct"] = _in_order(_numeric(col("correct")), order)
     flags = _category(col("flags"))  # few distinct texts: test those, not every row
     kinds = pd.Index(flags.categories).astype(str)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -94,29 +119,36 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
             bad_kinds = np.flatnonzero(kinds.str.contains(f"{m}_invalid", regex=False))
             if len(bad_kinds):
                 v = np.where(np.isin(flags.codes, bad_kinds), np.nan, v)
+            v = _in_order(v, order)
             cols[m] = v
             cols[B[m]] = np.where(v > 0, SIGN[m] * np.log(v), np.nan)
-    mod = np.asarray(cols["module"].codes, dtype=np.int64)  # type: ignore[attr-defined]
-    key = np.asarray(cols["model_key"].codes, dtype=np.int64)  # type: ignore[attr-defined]
-    prof = cols["profile"]
-    combo = key * (len(prof.categories) + 1) + prof.codes  # type: ignore[attr-defined]
-    cols["mod"], cols["key"] = mod, key
-    cols["cell"] = pd.factorize(combo)[0] if n else np.zeros(0, dtype=np.int64)
-    cols["modkey"] = mod * (len(cols["model_key"].categories) + 1) + key  # type: ignore[attr-defined]
-    frame = pd.DataFrame(cols, copy=False)
-    cell = np.asarray(cols["cell"])
-    if n > 1 and not bool((cell[1:] >= cell[:-1]).all()):
-        # rows in cell order (stable: a cell keeps its rows' order; the index keeps the row's
-        # position in ``df``): every per-cell median is then a contiguous slice (see Groups)
-        order = np.argsort(cell.astype(np.int16 if cell.max() < 2**15 else np.int64), kind="stable")
-        frame = frame.take(order)
-    return frame
+    cols["mod"], cols["key"] = _in_order(mod, order), _in_order(key, order)
+    cols["cell"] = _in_order(cell, order)
+    cols["modkey"] = cols["mod"] * (len(ids["model_key"].categories) + 1) + cols["key"]
+    index = pd.RangeIndex(n) if order is None else pd.Index(order)
+    return pd.DataFrame(cols, index=index, copy=False)
+
+
+def _firsts(cell: np.ndarray) -> np.ndarray:
+    """Position of the first row of each cell code (rows of a prepared frame are in cell order)."""
+    if len(cell) > 1 and bool((cell[1:] >= cell[:-1]).all()):
+        return np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
+    return np.unique(cell, return_index=True)[1]
 
 
 def cell_table(cur: pd.DataFrame) -> pd.DataFrame:
     """(key, profile) as text per cell code, indexed by the code."""
-    t = cur.drop_duplicates("cell")[["cell", *K]].set_index("cell").sort_index()
-    return t.astype(str)
+    at = _firsts(cur["cell"].to_numpy())
+    t = pd.DataFrame({c: cur[c].iloc[at].to_numpy() for c in K},
+                     index=pd.Index(cur["cell"].to_numpy()[at], name="cell"))
+    return t.sort_index().astype(str)
+
+
+def take_rows(frame: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
+    """``frame[keep]`` (a boolean mask) column by column: no copy of the whole frame into one block first."""
+    at = np.flatnonzero(keep)
+    return pd.DataFrame({c: frame[c].array.take(at) if isinstance(frame[c].dtype, pd.CategoricalDtype)
+                         else frame[c].to_numpy()[at] for c in frame.columns}, index=frame.index[at], copy=False)
 
 
 def per_row(cur: pd.DataFrame, small: pd.DataFrame, on: list[str]) -> pd.DataFrame:
@@ -222,17 +254,19 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = N
     dev = vals - np.take(_by_code(g, g.median(vals)), cell, axis=0)
     spread_np = 1.4826 * g.median(np.abs(dev))
     spread = pd.DataFrame(spread_np, index=g.present, columns=cols)
-    scale = np.maximum(np.take(_by_code(g, spread_np), cell, axis=0), th.z_floor)
-    z = dev / scale
-    ok = ~np.isnan(dev)
-
-    def flat(per_row: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(per_row[:, None], ok.shape)[ok]
-
+    scale = np.maximum(_by_code(g, spread_np), th.z_floor)  # per (cell code, metric)
+    # the (row, metric) pairs with a deviation, row-major: one index, then plain takes (no
+    # rows x metrics array of scales or z is built)
+    ok = ~np.isnan(dev.ravel())
+    row, col = np.divmod(np.flatnonzero(ok), len(cols))
+    mi = np.array([PRIMARY_METRICS.index(m) for m in metrics], dtype=np.int8)
+    cells, d = cell[row], dev.ravel()[ok]
+    sc = scale[cells, col]
     long = pd.DataFrame({
-        "mod": flat(cur["mod"].to_numpy()), "modkey": flat(cur["modkey"].to_numpy()), "cell": flat(cell),
-        "mi": np.broadcast_to(np.array([PRIMARY_METRICS.index(m) for m in metrics], dtype=np.int8), ok.shape)[ok],
-        "b": vals[ok], "dev": dev[ok], "z": z[ok], "scale": scale[ok],
+        # 32-bit codes: ~2.5 entries a row, the largest frame of a report after the rows themselves
+        "mod": cur["mod"].to_numpy()[row].astype(np.int32), "modkey": cur["modkey"].to_numpy()[row].astype(np.int32),
+        "cell": cells.astype(np.int32),
+        "mi": mi[col], "b": vals.ravel()[ok], "dev": d, "z": d / sc, "scale": sc,
     }, copy=False)
     return long, spread.rename(columns={B[m]: m for m in metrics})
 
@@ -283,7 +317,8 @@ def find_outliers(long: pd.DataFrame, names: Names, th: Thresholds) -> tuple[tup
         return (), pd.DataFrame()
     by_key = _outlier_stats(long, "modkey")
     deviation = _deviation(by_key, names)
-    if long["mod"].nunique() < 3:  # a median of two says nothing about which one is out of line
+    # a median of two says nothing about which one is out of line
+    if np.count_nonzero(np.bincount(long["mod"].to_numpy())) < 3:
         return (), deviation
     by_mod = _outlier_stats(long, "mod")
 
@@ -315,7 +350,7 @@ def refine_outliers(cur: pd.DataFrame, long: pd.DataFrame, names: Names, outlier
     modules is pulled a little toward the outliers)."""
     metrics = list(PRIMARY_METRICS)  # "mi" indexes these
     if mid is None:
-        inc = cur[~excluded] if inc is None else inc
+        inc = take_rows(cur, ~excluded) if inc is None else inc
         mid = Middles(inc, Groups(inc["cell"].to_numpy()))
     med_np = np.full((int(cur["cell"].max()) + 1, len(metrics)), np.nan)
     med_np[mid.groups.present] = mid.badness(metrics)
@@ -384,10 +419,10 @@ def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> tuple[pd.DataFram
     pos = np.full(int(cells.index.max()) + 1 if len(cells) else 0, -1)
     pos[cells.index.to_numpy()] = np.arange(len(cells))
     rows = np.take(pos, cur["cell"].to_numpy())
-    out = cur[["mod", "key", "modkey", "cell"]].copy()
+    out: dict[str, np.ndarray] = {c: cur[c].to_numpy() for c in ("mod", "key", "modkey", "cell")}
     for m in ALL_METRICS:
         out[f"d_{m}"] = cur[B[m]].to_numpy() - np.take(r[f"r_{m}"].to_numpy(), rows)
-    return out, r
+    return pd.DataFrame(out, index=cur.index, copy=False), r
 
 
 def _ident(df: pd.DataFrame, cats: dict[str, pd.Index]) -> np.ndarray:
@@ -419,13 +454,13 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame) -> pd.DataFrame:
             return np.full(len(mine), np.nan)
         return np.where(found, values[take], np.nan)
 
-    out = cur[["mod", "key", "modkey", "cell"]].copy()
+    out: dict[str, np.ndarray] = {c: cur[c].to_numpy() for c in ("mod", "key", "modkey", "cell")}
     for m in ALL_METRICS:
         pb = lookup(B[m])
         out[f"d_{m}"] = cur[B[m]].to_numpy() - pb
         out[f"r_{m}"] = pb
     out["ref_correct"] = lookup("correct")
-    return out
+    return pd.DataFrame(out, index=cur.index, copy=False)
 
 
 def _threshold(metric: str, tol: float) -> float:
@@ -741,7 +776,7 @@ def split_sources(df: pd.DataFrame | None) -> tuple[pd.DataFrame | None, pd.Data
     ``source`` column are all the release's."""
     if df is None or "source" not in df.columns:
         return df, None
-    probe = df["source"].fillna("release").astype(str).to_numpy() == "probe"
+    probe = (df["source"] == "probe").to_numpy(dtype=bool, na_value=False)  # a missing source: the release's
     if not probe.any():
         return df, None
     return df[~probe].reset_index(drop=True), df[probe].reset_index(drop=True)
@@ -803,11 +838,12 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     outliers, deviation = find_outliers(long, names, th)
     excluded = outlier_mask(cur, outliers)
     some_excluded = bool(excluded.any()) and bool((~excluded).any())
-    inc = cur[~excluded] if some_excluded else cur
+    inc = take_rows(cur, ~excluded) if some_excluded else cur
     cells_inc = Groups(inc["cell"].to_numpy()) if some_excluded else cells_all
     mid = Middles(inc, cells_inc) if some_excluded or not excluded.any() else None
     if some_excluded:
         outliers, deviation = refine_outliers(cur, long, names, outliers, excluded, deviation, th, inc, mid)
+    del long  # not needed past the outliers: its memory goes before the comparisons take theirs
 
     changes: list[Change] = []
     regs: list[Regression] = []
@@ -821,7 +857,7 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     if prev is not None and len(inc):
         prev_ids = tuple(sorted(map(str, previous["run_id"].unique()))) if previous is not None else ()
         dp = diff_to_previous(cur, prev)
-        ch, rg, _ = fleet_compare(dp[~excluded] if some_excluded else dp, names, previous_label, th,
+        ch, rg, _ = fleet_compare(take_rows(dp, ~excluded) if some_excluded else dp, names, previous_label, th,
                                   groups=cells_inc)
         changes += ch
         regs += rg

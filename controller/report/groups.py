@@ -58,11 +58,16 @@ class Groups:
         k = len(x)
         lo = np.full((len(self), k), np.nan)
         hi = np.full((len(self), k), np.nan)
+        if not len(self):
+            return lo, hi
         for j in range(k):
-            col = x[j]
-            for i, (s, e) in enumerate(zip(self.starts, self.ends, strict=True)):
-                seg = col[s:e]
-                seg = seg[~np.isnan(seg)]
+            col = np.ascontiguousarray(x[j])
+            nan = np.isnan(col)
+            # per group: how many NaN (one pass); a group without any is partitioned as it is
+            nans = np.add.reduceat(nan, self.starts, dtype=np.int64) if nan.any() else np.zeros(len(self), np.int64)
+            for i, (s, e, skip) in enumerate(zip(self.starts.tolist(), self.ends.tolist(), nans.tolist(),
+                                                 strict=True)):
+                seg = col[s:e] if not skip else col[s:e][~nan[s:e]]
                 m = len(seg)
                 if not m:
                     continue

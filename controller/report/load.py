@@ -1,30 +1,100 @@
-"""The report's one I/O seam with the run history: SQL reads into pandas, one query per frame."""
+"""The report's one I/O seam with the run history: SQL reads into pandas, one query per frame.
+
+Rows are read in chunks (``CHUNK_ROWS``) and each chunk is made compact before the next is
+fetched: text columns become categoricals (a module name is stored once, each row keeps a
+small code), numbers stay numbers. The whole run is never held as Python objects at once:
+reading takes the final frame (~160 bytes a row) plus one chunk's conversion, not several
+times the frame (``bench/report.py --history``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import typing
+from collections.abc import Iterable, Sequence
+from typing import Any
 
+import numpy as np
 import pandas as pd
+from pandas.api.types import union_categoricals
 
+from contract.records import ResultRow
 from controller.history import ROW_FIELDS, History, HistoryError, RunInfo
 from controller.report.analysis import analyse
 from controller.report.model import Report, ReportError, Thresholds
 from controller.report.telemetry import with_telemetry
 
 PRIOR_RUNS = 20  # how far back to look for each module's previous run
+CHUNK_ROWS = 50_000  # rows fetched from SQLite at a time (~90 MB of Python objects while a chunk converts)
+
+
+def _is_number(annotation: object) -> bool:
+    return any(a in (int, float, bool) for a in (typing.get_args(annotation) or (annotation,)))
+
+
+NUMBER_FIELDS = frozenset(f for f, info in ResultRow.model_fields.items() if _is_number(info.annotation))
 
 
 def _cols() -> str:
     return ", ".join(f'"{f}"' for f in ROW_FIELDS)
 
 
-def read_rows(history: History, run_ids: Sequence[str]) -> pd.DataFrame:
-    """Every stored row of the given runs (one column per ResultRow field)."""
+Columns = dict[str, Any]  # one chunk: numpy arrays and Categoricals by column name
+
+
+def _compact(chunk: pd.DataFrame) -> Columns:
+    """One chunk as read: text columns as categoricals, numbers as arrays of their own (a number
+    column the chunk has no value of, SQLite NULLs read as None, as float NaN); the chunk as read
+    can go as soon as this returns."""
+    out: Columns = {}
+    for c in chunk.columns:
+        col = chunk[c]
+        if c in NUMBER_FIELDS:
+            out[c] = col.to_numpy(dtype=float) if col.dtype == object and not col.notna().any() else \
+                col.to_numpy(copy=True)
+        else:
+            cat = col.astype("category").array
+            if not len(cat.categories):  # all NULL: categories of text still, so chunks unite
+                cat = cat.set_categories(pd.Index([], dtype=object).astype(str))
+            out[c] = cat
+    return out
+
+
+def concat_compact(chunks: Iterable[Columns], columns: Sequence[str]) -> pd.DataFrame:
+    """Chunks from :func:`_compact` as one frame: categories united (sorted: the analysis numbers
+    modules in category order), numbers joined as pandas would (int and float chunks give float,
+    as one read of every row would). Column by column, each taken out of the chunks as it is
+    joined: the chunks and the frame are not both held whole."""
+    parts = list(chunks)
+    if not parts:
+        return pd.DataFrame(columns=list(columns))
+    cols: dict[str, Any] = {}
+    for c in list(parts[0]):
+        pieces = [p.pop(c) for p in parts]
+        if isinstance(pieces[0], pd.Categorical):
+            joined = union_categoricals(pieces, sort_categories=True) if len(pieces) > 1 else pieces[0]
+            if not joined.categories.is_monotonic_increasing:
+                joined = joined.reorder_categories(joined.categories.sort_values())
+            cols[c] = joined
+        else:
+            cols[c] = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+        del pieces
+    return pd.DataFrame(cols, copy=False)
+
+
+def as_read(frame: pd.DataFrame) -> pd.DataFrame:
+    """A rows frame (e.g. a synthetic fleet) in the form :func:`read_rows` gives: text as categoricals."""
+    return concat_compact([_compact(frame)], list(frame.columns))
+
+
+def read_rows(history: History, run_ids: Sequence[str], *, chunk_rows: int = CHUNK_ROWS) -> pd.DataFrame:
+    """Every stored row of the given runs (one column per ResultRow field; text as categoricals),
+    fetched ``chunk_rows`` at a time."""
     if not run_ids:
         return pd.DataFrame(columns=list(ROW_FIELDS))
     marks = ",".join("?" * len(run_ids))
-    return pd.read_sql_query(f"SELECT {_cols()} FROM rows WHERE run_id IN ({marks})", history.conn,
-                             params=list(run_ids))
+    chunks = pd.read_sql_query(f"SELECT {_cols()} FROM rows WHERE run_id IN ({marks})", history.conn,
+                               params=list(run_ids), chunksize=chunk_rows)
+    return concat_compact((_compact(c) for c in chunks if len(c)), ROW_FIELDS)
 
 
 def previous_rows(history: History, run: RunInfo, modules: Sequence[str]) -> pd.DataFrame:
