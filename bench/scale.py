@@ -51,7 +51,7 @@ from controller.inventory import load_inventory  # noqa: E402
 from controller.live import render  # noqa: E402
 from controller.settings import ControllerSettings  # noqa: E402
 from simulator import build_release, make_models  # noqa: E402
-from simulator.cheap import cheap_module_env  # noqa: E402
+from simulator.cheap import CHEAP_TELEMETRY_PERIOD, CHEAP_TIME_SCALE, cheap_module_env  # noqa: E402
 from tests.fleet.conftest import RedisServer  # noqa: E402
 
 
@@ -77,6 +77,8 @@ class Result:
     statuses_cpu_noindex: float  # the same without the module_runs index (as before it existed)
     worker_pss: float  # bytes (mean)
     load: float
+    idle_worker_cpu: float  # CPU of one idle worker (main process + pool child), s per s
+    module_cpu_parts: tuple[float, ...]  # module_cpu as: worker main process, pool child (pipeline), release processes
 
 
 def tree_cpu(pid: int) -> float:
@@ -96,6 +98,18 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
+def cpu_parts(pid: int) -> tuple[float, float, float]:
+    """A worker's CPU in three parts (s): its main process, its pool child (the pipeline), their waited children."""
+    try:
+        main = psutil.Process(pid)
+        procs = [main, *main.children()]
+        times = [p.cpu_times() for p in procs]
+    except psutil.Error:
+        return 0.0, 0.0, 0.0
+    return (times[0].user + times[0].system, sum(t.user + t.system for t in times[1:]),
+            sum(t.children_user + t.children_system for t in times))
+
+
 def worker_pss(pid: int) -> float:
     total = 0.0
     try:
@@ -113,20 +127,17 @@ def redis_info(port: int) -> dict:
 
 
 def start_batch(names: list[str], base: Path, settings: ControllerSettings, models: tuple[str, ...],
-                batch: int = 10) -> list[Worker]:
+                env: dict[str, str], batch: int = 10) -> list[Worker]:
     """Start workers ``batch`` at a time, each batch up (first heartbeat) before the next: no start-up storm."""
     out: list[Worker] = []
     for i in range(0, len(names), batch):
         ws = []
         for name in names[i:i + batch]:
             make_models(base / "modules" / name / "models", keys=list(models))
-            ws.append(start_worker(name, base, settings, sim_env=cheap_module_env(SCALE)))
+            ws.append(start_worker(name, base, settings, sim_env=env))
         wait_for_heartbeats(settings, ws, 300)
         out += ws
     return out
-
-
-SCALE = 1000.0
 
 
 def add_past_runs(history: History, names: list[str], runs: int) -> None:
@@ -182,11 +193,14 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
     console = Console(file=io.StringIO(), width=140, force_terminal=True)
     # idle Redis traffic: every live worker heartbeats (after the last ones started have settled)
     time.sleep(5.0)
+    idle0 = sum(tree_cpu(w.proc.pid) for w in workers[:alive])
     i0, t0 = redis_info(port), time.monotonic()
     time.sleep(10.0)
     i1, t1 = redis_info(port), time.monotonic()
+    idle_cpu = (sum(tree_cpu(w.proc.pid) for w in workers[:alive]) - idle0) / (t1 - t0) / alive
     idle = (i1["total_commands_processed"] - i0["total_commands_processed"]) / (t1 - t0) / alive
     cpu0 = {w.name: tree_cpu(w.proc.pid) for w in workers[:n]}
+    parts0 = {w.name: cpu_parts(w.proc.pid) for w in workers[:n]}
     mem0 = i1["used_memory"]
     changes0 = history.conn.total_changes
     run_id = f"scale-{n}-{run_no}"
@@ -222,6 +236,7 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
     fanout = max(started) - history.run(run_id).created_at
     time.sleep(1.0)  # the pool children's last waits reaped
     module_cpu = statistics.mean(tree_cpu(w.proc.pid) - cpu0[w.name] for w in workers[:n])
+    parts = tuple(statistics.mean(cpu_parts(w.proc.pid)[i] - parts0[w.name][i] for w in workers[:n]) for i in range(3))
     pss = statistics.mean(worker_pss(w.proc.pid) for w in workers[:n])
     res = Result(
         n=n, wall=wall, fanout=fanout, dispatch_cpu=dispatch_cpu, passes=len(pass_cpus),
@@ -232,7 +247,8 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
         mem_peak=max(peak, i2["used_memory"]),
         mem_per_live_module=(i2["used_memory"] - empty_mem) / alive,
         clients_per_module=(i2["connected_clients"] - 1) / alive, module_cpu=module_cpu, statuses_cpu=st_cpu,
-        statuses_cpu_noindex=st_cpu_noindex, worker_pss=pss, load=load)
+        statuses_cpu_noindex=st_cpu_noindex, worker_pss=pss, load=load, idle_worker_cpu=idle_cpu,
+        module_cpu_parts=parts)
     fleet.close()
     history.close()
     return res
@@ -400,7 +416,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1,25,50,100,200")
     ap.add_argument("--models", default="qwen3")
-    ap.add_argument("--time-scale", type=float, default=SCALE)
+    ap.add_argument("--time-scale", type=float, default=CHEAP_TIME_SCALE)
+    ap.add_argument("--telemetry-period", type=float, default=CHEAP_TELEMETRY_PERIOD,
+                    help="the agents' device telemetry period, s (0: off)")
     ap.add_argument("--heartbeat", type=float, default=5.0, help="agent heartbeat interval, s (production: 5)")
     ap.add_argument("--fake", default="", help="also N agents faked at the broker seam, e.g. 1000,5000")
     ap.add_argument("--past-runs", type=int, default=20, help="earlier runs of every module in the history")
@@ -424,6 +442,7 @@ def main() -> None:
         history = History(settings.history_path)
         add_past_runs(history, names, args.past_runs)
         history.close()
+        env = cheap_module_env(args.time_scale, telemetry_period=args.telemetry_period)
         results = []
         for k, n in enumerate(sizes):
             need = (n - len(workers)) * 100 * 2**20 + 4 * 2**30  # ~80 MiB PSS a worker, and room for the others
@@ -432,7 +451,7 @@ def main() -> None:
                       f"{n - len(workers)} more workers need ~{need / 2**30:.1f} GiB", file=sys.stderr, flush=True)
                 break
             t = time.monotonic()
-            workers += start_batch(names[len(workers):n], base, settings, models)
+            workers += start_batch(names[len(workers):n], base, settings, models, env)
             print(f"N={n}: {len(workers)} workers up ({time.monotonic() - t:.0f} s to start the new ones); "
                   f"validating", file=sys.stderr, flush=True)
             # a new release per N: every module fetches, unpacks and precompiles it, as for a real new release
@@ -441,7 +460,9 @@ def main() -> None:
             r = measure(n, k, base, settings, workers, server.port, rel.path, rel.version, models, len(workers),
                         empty_mem)
             print(f"N={n}: wall {r.wall:.1f} s, fan-out {r.fanout:.2f} s, CPU/pass {r.pass_cpu * 1e3:.1f} ms, "
-                  f"load {r.load:.1f}", file=sys.stderr, flush=True)
+                  f"module CPU/run {r.module_cpu:.2f} s (worker {r.module_cpu_parts[0]:.2f}, pipeline "
+                  f"{r.module_cpu_parts[1]:.2f}, release processes {r.module_cpu_parts[2]:.2f}), idle worker CPU "
+                  f"{r.idle_worker_cpu * 100:.3f} % of a core, load {r.load:.1f}", file=sys.stderr, flush=True)
             results.append(r)
         stop_workers(workers, grace=20)
         workers = []

@@ -19,9 +19,11 @@ by the release's scripts), so the same built release serves demo and cheap modul
 from __future__ import annotations
 
 CHEAP_TIME_SCALE = 1000.0
+CHEAP_TELEMETRY_PERIOD = 1.0
 
 
-def cheap_module_env(time_scale: float = CHEAP_TIME_SCALE) -> dict[str, str]:
+def cheap_module_env(time_scale: float = CHEAP_TIME_SCALE,
+                     telemetry_period: float = CHEAP_TELEMETRY_PERIOD) -> dict[str, str]:
     """Environment variables that make a simulated module cheap (see the module's docstring)."""
     return {
         "M1000_SIM_TIME_SCALE": f"{time_scale:g}",
@@ -29,4 +31,5 @@ def cheap_module_env(time_scale: float = CHEAP_TIME_SCALE) -> dict[str, str]:
         "BENCH_REPEATS": "1",
         "BENCH_OUTPUT_LEN": "8",
         "M1000_SIM_PRIORITY": "off",
+        "FLEET_TELEMETRY_PERIOD": f"{telemetry_period:g}",
     }

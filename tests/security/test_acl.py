@@ -144,6 +144,7 @@ def test_module_a_cannot_touch_module_b(acl_server):
     assert a.llen("module.sim-01") == 0
     a.execute_command("SETEX", "m1000-fleet:progress:r1:sim-01", 60, "{}")
     a.publish("m1000-fleet:progress:r1:sim-01", "{}")
+    assert a.execute_command("WAIT", 0, 10) == 0  # a final state waits for the replicas (none here)
     assert a.mget(["m1000-fleet:cancel:r1", "m1000-fleet:cancel:r1:sim-01"]) == [None, None]
     # no password, or the wrong one: nothing at all
     with pytest.raises(redis.exceptions.AuthenticationError):
