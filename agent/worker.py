@@ -294,7 +294,7 @@ def flush_outbox(kv: KV, workdir: Path, replicas: int = 0, wait_s: float = 2.0) 
             path.unlink(missing_ok=True)
             continue
         if not send_final(kv, workdir, p, replicas, wait_s):
-            continue
+            break  # the replicas are behind or gone: one WAIT per flush, so the heartbeat is not held up
         path.unlink(missing_ok=True)
         log.info("outbox: sent the %s state of run %s", p.state.value, p.run_id)
         sent += 1

@@ -1,7 +1,9 @@
 """Fleet scale on Redis: N cheap simulated modules validate one release; what grows with N.
 
 One redis-server (AOF everysec, as deployed). Modules are real ``fleet-agent`` workers running the
-real release's scripts, made cheap (``simulator/cheap.py``: time scale 1000, one profile per table).
+real release's scripts, made cheap (``simulator/cheap.py``: one profile per table, a few requests, time
+scale 0.25: a run of ~200 s of simulated waiting around ~0.5 s of CPU, so that N of them side by side
+measure the fleet, not this machine's CPU). Worker start-up is not in the wall.
 Workers are started once, in batches, and kept: the run on N modules uses the first N, the others
 stay idle (they still heartbeat). For each N, one validation through the controller's seam, as
 ``fleetctl validate`` drives it: ``Fleet.statuses`` + ``Fleet.dispatch``, then ``Fleet.sync`` every
@@ -19,7 +21,9 @@ stay idle (they still heartbeat). For each N, one validation through the control
 - modules: CPU of one module's run (worker + pool child + every process of the run, waited),
   PSS of one worker (main process + pool child)
 
-Usage: python bench/scale.py [--sizes 1,25,50,100,200] [--models qwen3] [--time-scale 1000]
+Exits 1 when wall(100)/wall(1) is above 1.05 (when N=1 and N=100 were both measured).
+
+Usage: python bench/scale.py [--sizes 1,25,50,100] [--models qwen3] [--time-scale 0.25] [--telemetry-period 10]
        [--heartbeat 5] [--history-runs 0]
 """
 
@@ -414,7 +418,7 @@ def table(results: list[Result]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="1,25,50,100,200")
+    ap.add_argument("--sizes", default="1,25,50,100")
     ap.add_argument("--models", default="qwen3")
     ap.add_argument("--time-scale", type=float, default=CHEAP_TIME_SCALE)
     ap.add_argument("--telemetry-period", type=float, default=CHEAP_TELEMETRY_PERIOD,
@@ -432,6 +436,7 @@ def main() -> None:
     server.start()
     empty_mem = redis_info(server.port)["used_memory"]
     workers: list[Worker] = []
+    results: list[Result] = []
     try:
         settings = ControllerSettings(
             broker_url=server.url, data_dir=base / "fleet", inventory=base / "inventory.toml",
@@ -443,7 +448,6 @@ def main() -> None:
         add_past_runs(history, names, args.past_runs)
         history.close()
         env = cheap_module_env(args.time_scale, telemetry_period=args.telemetry_period)
-        results = []
         for k, n in enumerate(sizes):
             need = (n - len(workers)) * 100 * 2**20 + 4 * 2**30  # ~80 MiB PSS a worker, and room for the others
             if psutil.virtual_memory().available < need:
@@ -468,9 +472,12 @@ def main() -> None:
         workers = []
         fake = controller_only([int(x) for x in args.fake.split(",") if x], base, server, args.past_runs)
         capacity = redis_capacity(server.port)
-        print(f"cheap modules (simulator/cheap.py, time scale {args.time_scale:g}), models {','.join(models)}, "
-              f"heartbeat {args.heartbeat:g} s, Redis {server.url}; {os.cpu_count()} cores")
+        print(f"cheap modules (simulator/cheap.py, time scale {args.time_scale:g}, telemetry every "
+              f"{args.telemetry_period:g} s), models {','.join(models)}, heartbeat {args.heartbeat:g} s, Redis "
+              f"{server.url}; {os.cpu_count()} cores; load average now "
+              f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1 / 5 / 15 min; other engineers' work included)")
         print(table(results))
+        print(budget(results))
         if args.fake:
             print(f"\nagents faked at the broker seam (heartbeats, progress, 11 rows each, through agent.kv; "
                   f"history with {args.past_runs} earlier runs of every module)\n{fake}")
@@ -480,6 +487,38 @@ def main() -> None:
         server.stop()
         if tmp is not None:
             tmp.cleanup()
+    ratio = ratio_at(results, 100)
+    if ratio is not None and ratio > GOAL:
+        print(f"wall(100)/wall(1) = {ratio:.3f} > {GOAL}: goal not met", file=sys.stderr)
+        raise SystemExit(1)
+
+
+GOAL = 1.05  # wall(100)/wall(1), cheap modules
+
+
+def ratio_at(results: list[Result], n: int) -> float | None:
+    one = next((r for r in results if r.n == 1), None)
+    at = next((r for r in results if r.n == n), None)
+    return None if one is None or at is None else at.wall / one.wall
+
+
+def budget(results: list[Result]) -> str:
+    """What simulating N cheap modules costs this machine, next to the fleet's own part."""
+    one = next((r for r in results if r.n == 1), results[0])
+    cores = os.cpu_count() or 1
+    cpu = statistics.mean(r.module_cpu for r in results)
+    idle = statistics.mean(r.idle_worker_cpu for r in results)
+    fit = int(0.25 * cores * one.wall / cpu)
+    lines = [f"\nbudget: one cheap run = {cpu:.2f} s of CPU (mean over every N; worker, pool child and release "
+             f"processes) in a {one.wall:.0f} s run; an idle worker {idle * 1e3:.2f} ms of CPU per s "
+             f"({idle * 100:.3f} % of a core). On {cores} cores, N runs side by side take N x {cpu:.2f} s / "
+             f"({cores} x {one.wall:.0f} s) of the machine: N <= {fit} keeps the simulated modules under 25 %."]
+    for r in results:
+        share = r.n * r.module_cpu / (cores * r.wall)
+        lines.append(f"  N={r.n}: modules' CPU {r.n * r.module_cpu:.0f} s = {share:.0%} "
+                     f"of {cores} cores x {r.wall:.0f} s; idle workers {r.n * r.idle_worker_cpu:.2f} cores; "
+                     f"wall(N)/wall(1) {r.wall / one.wall:.3f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -153,6 +153,18 @@ def test_master_sigkilled_mid_run_failover(bench_factory, sentinel_broker, relea
     assert _info(replica.port, "replication").get("role") == "master"
     starts = b.benchmark_starts("sim-01", run_id)
     assert starts[KEYS[0]] == 1, starts  # the key that passed before the kill never ran again
+    # the final state was written after the failover, to a master with no replica left: no replica
+    # acknowledged it (WAIT 1), so it stays in the module's outbox until the old master is back as a replica
+    outbox = b.workdir("sim-01") / "outbox" / f"{run_id}.json"
+    assert outbox.exists()
+    back = Replica(master.dir, port=master.port, master_port=replica.port)
+    back.start()
+    try:
+        wait_for(lambda: not outbox.exists(), 30, "the outbox to empty once a replica acknowledges", interval=0.2)
+        with _client(back.port) as c:
+            assert c.get(f"m1000-fleet:progress:{run_id}:sim-01") is not None
+    finally:
+        back.kill()
     print(f"failover took {failover_s:.1f} s")
 
 
