@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -28,6 +29,29 @@ import psutil
 
 Outcome = Literal["exited", "timeout", "cancelled", "aborted"]
 TAIL_LINES = 20
+
+
+def _pidfd(popen: subprocess.Popen[bytes]) -> int | None:
+    """A pidfd of ``popen`` (Linux 5.3+), or None where there is none (older kernels, other systems)."""
+    try:
+        return os.pidfd_open(popen.pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _wait_exit(popen: subprocess.Popen[bytes], pidfd: int | None, timeout: float) -> bool:
+    """True once ``popen`` has exited (and is reaped), after at most ``timeout`` s. On its pidfd the wait
+    is one poll(2); ``Popen.wait(timeout)`` wakes up to ~30 times a second (a sleep loop) to look."""
+    if pidfd is None:
+        try:
+            popen.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    sel = select.poll()
+    sel.register(pidfd, select.POLLIN)
+    sel.poll(max(0, int(timeout * 1000)))
+    return popen.poll() is not None
 
 
 class CancelToken(Protocol):
@@ -220,16 +244,14 @@ class Executor:
         deadline = proc.started + timeout
         outcome: Outcome = "exited"
         reason = ""
+        pidfd = _pidfd(proc.popen)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 outcome, reason = "timeout", f"timed out after {timeout:g} s"
                 break
-            try:
-                proc.popen.wait(timeout=min(self.poll_interval, remaining))
+            if _wait_exit(proc.popen, pidfd, min(self.poll_interval, remaining)):
                 break
-            except subprocess.TimeoutExpired:
-                pass
             if cancel is not None and _cancelled(cancel):
                 outcome, reason = "cancelled", "cancelled"
                 break
@@ -238,6 +260,8 @@ class Executor:
                 if why:
                     outcome, reason = "aborted", why
                     break
+        if pidfd is not None:
+            os.close(pidfd)
         if outcome != "exited":
             proc.pump.note(f"stopping: {reason}")
         self.stop(proc)  # also reaps anything the step left in its group

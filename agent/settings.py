@@ -37,6 +37,18 @@ class AgentSettings(BrokerSettings):
     telemetry_period: float = Field(default=1.0, ge=0, description="device telemetry period during runs, s (0: off)")
     telemetry_tool: str | None = Field(default=None, description="device tool (default: mthreads-gmi, else "
                                                                  "nvidia-smi, whichever is on PATH)")
+    final_state_replicas: int | None = Field(
+        default=None, ge=0, description="Redis replicas that must acknowledge (WAIT) a run's final state and rows "
+                                        "before they leave the outbox; default: 1 with a sentinel:// broker_url, "
+                                        "else 0 (no WAIT)")
+    final_state_wait: float = Field(default=2.0, gt=0, le=60, description="how long one WAIT for those replicas "
+                                                                          "may block, s")
+
+    def replicas_to_wait(self) -> int:
+        """Replicas a final state waits for (``final_state_replicas``, else 1 with Sentinel, 0 without)."""
+        if self.final_state_replicas is not None:
+            return self.final_state_replicas
+        return 1 if self.is_sentinel else 0
 
     def allowed_release_roots(self) -> list[Path]:
         """Where a requested tarball may live (symlinks resolved): release cache plus configured roots."""

@@ -105,7 +105,7 @@ class HeartbeatThread(threading.Thread):
         self.kv.put_heartbeat(hb)
         if self.lease is not None:
             self.kv.put_lease(self.settings.module, {**self.lease, "ts": hb.ts})
-        flush_outbox(self.kv, workdir)
+        flush_outbox(self.kv, workdir, self.settings.replicas_to_wait(), self.settings.final_state_wait)
         return hb
 
     def run(self) -> None:
@@ -219,12 +219,16 @@ class Publisher:
     """Publishes one run's progress and rows; a terminal (or interrupted) state goes through the outbox.
 
     The outbox (``<workdir>/outbox/<run id>.json``) holds the last state the controller must see. It is
-    written before the state is sent and removed once the backend took it; the heartbeat thread of the
-    worker's main process sends what is left there (:func:`flush_outbox`), also after an agent restart.
+    written before the state is sent and removed once the backend took it (with ``replicas``: once that
+    many Redis replicas acknowledged it too, so that a Sentinel failover cannot drop it); the heartbeat
+    thread of the worker's main process sends what is left there (:func:`flush_outbox`), also after an
+    agent restart.
     """
 
-    def __init__(self, kv: KV, workdir: Path, run_id: str, module: str) -> None:
+    def __init__(self, kv: KV, workdir: Path, run_id: str, module: str, *, replicas: int = 0,
+                 wait_s: float = 2.0) -> None:
         self.kv, self.workdir, self.run_id, self.module = kv, workdir, run_id, module
+        self.replicas, self.wait_s = replicas, wait_s
 
     def progress(self, p: RunProgress) -> bool:
         try:
@@ -248,7 +252,12 @@ class Publisher:
             write_atomic(path, p.model_dump_json())
         except OSError as exc:  # a full disk: send it now, nothing else can hold it
             log.warning("cannot write the outbox of %s: %s", p.run_id, exc)
-        if self.rows() and self.progress(p):
+        try:
+            sent = send_final(self.kv, self.workdir, p, self.replicas, self.wait_s)
+        except Exception as exc:
+            log.warning("cannot publish the %s state of %s: %s", p.state.value, p.run_id, exc)
+            return
+        if sent:
             path.unlink(missing_ok=True)
 
 
@@ -256,8 +265,21 @@ def outbox_path(workdir: Path, run_id: str) -> Path:
     return workdir / "outbox" / f"{check_run_id(run_id)}.json"
 
 
-def flush_outbox(kv: KV, workdir: Path) -> int:
-    """Send every state waiting in the outbox (rows first); returns how many the backend took."""
+def send_final(kv: KV, workdir: Path, p: RunProgress, replicas: int = 0, wait_s: float = 2.0) -> bool:
+    """Rows, then the final state; False when fewer than ``replicas`` replicas acknowledged them in
+    ``wait_s`` (not yet published: a failover now could lose them, so the outbox keeps them)."""
+    acked = kv.put_final(p, _stored_rows(workdir, p.run_id), replicas, wait_s)
+    if acked < replicas:
+        log.warning("the %s state of run %s reached the broker but %d of %d replica(s) acknowledged it within "
+                    "%g s: kept in the outbox, sent again with the next heartbeat", p.state.value, p.run_id, acked,
+                    replicas, wait_s)
+        return False
+    return True
+
+
+def flush_outbox(kv: KV, workdir: Path, replicas: int = 0, wait_s: float = 2.0) -> int:
+    """Send every state waiting in the outbox (rows first); returns how many the backend took (and, with
+    ``replicas``, that many replicas acknowledged)."""
     folder = workdir / "outbox"
     if not folder.is_dir():
         return 0
@@ -271,8 +293,8 @@ def flush_outbox(kv: KV, workdir: Path) -> int:
             log.warning("unreadable outbox entry %s (%s): removed", path.name, exc)
             path.unlink(missing_ok=True)
             continue
-        kv.put_rows(p.run_id, p.module, _stored_rows(workdir, p.run_id))
-        kv.put_progress(p)
+        if not send_final(kv, workdir, p, replicas, wait_s):
+            break  # the replicas are behind or gone: one WAIT per flush, so the heartbeat is not held up
         path.unlink(missing_ok=True)
         log.info("outbox: sent the %s state of run %s", p.state.value, p.run_id)
         sent += 1
@@ -306,7 +328,8 @@ def execute_run(app: Celery, settings: AgentSettings, payload: dict[str, Any]) -
             return {"state": RunState.FAILED.value, "error": str(exc)}
         Publisher(kv, workdir, refused.run_id, refused.module).progress(refused)
         return refused.model_dump(mode="json")
-    pub = Publisher(kv, workdir, req.run_id, req.module)
+    pub = Publisher(kv, workdir, req.run_id, req.module, replicas=settings.replicas_to_wait(),
+                    wait_s=settings.final_state_wait)
     try:
         return _execute(app, settings, req, kv, pub)
     except Exception as exc:  # noqa: BLE001 - a full disk, a bug: the run still ends, with the reason
@@ -426,12 +449,12 @@ def recover(app: Celery, settings: AgentSettings) -> list[str]:
     for run_id in dict.fromkeys(found):
         p = store.progress(run_id) if (store.runs_dir / run_id / "progress.json").exists() else None
         left = run_id == store.current_run() or (p is not None and p.state == RunState.INTERRUPTED)
-        if left and _recover_one(app, store, run_id):
+        if left and _recover_one(app, settings, store, run_id):
             done.append(run_id)
     return done
 
 
-def _recover_one(app: Celery, store: RunStore, run_id: str) -> bool:
+def _recover_one(app: Celery, settings: AgentSettings, store: RunStore, run_id: str) -> bool:
     workdir = store.workdir
     try:
         p = store.progress(run_id)
@@ -443,7 +466,8 @@ def _recover_one(app: Celery, store: RunStore, run_id: str) -> bool:
     if req is None or (p is not None and p.state.terminal):
         return False
     kv = KV(app)
-    pub = Publisher(kv, workdir, run_id, req.module)
+    pub = Publisher(kv, workdir, run_id, req.module, replicas=settings.replicas_to_wait(),
+                    wait_s=settings.final_state_wait)
     base = p or RunProgress(run_id=run_id, module=req.module, release=req.release, keys_total=len(req.models))
     try:
         flag = kv.cancel_flag(run_id, req.module)
@@ -491,7 +515,8 @@ def on_hard_limit(app: Celery, settings: AgentSettings, payload: Any, timeout: f
     with contextlib.suppress(OSError):
         store.write_progress(final)
     _forget_current(workdir, run_id)
-    Publisher(KV(app), workdir, run_id, module).final(final)
+    Publisher(KV(app), workdir, run_id, module, replicas=settings.replicas_to_wait(),
+              wait_s=settings.final_state_wait).final(final)
 
 
 def register_tasks(app: Celery, settings: AgentSettings | None) -> None:
@@ -616,7 +641,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
         hb.stop()
         hb.join(timeout=5)
         with contextlib.suppress(Exception):
-            flush_outbox(hb.kv, workdir)
+            flush_outbox(hb.kv, workdir, settings.replicas_to_wait(), settings.final_state_wait)
             if _same_agent(hb.kv.lease(settings.module), lease):
                 hb.kv.drop_lease(settings.module)
         served.stop()

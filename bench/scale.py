@@ -1,7 +1,9 @@
 """Fleet scale on Redis: N cheap simulated modules validate one release; what grows with N.
 
 One redis-server (AOF everysec, as deployed). Modules are real ``fleet-agent`` workers running the
-real release's scripts, made cheap (``simulator/cheap.py``: time scale 1000, one profile per table).
+real release's scripts, made cheap (``simulator/cheap.py``: one profile per table, a few requests, time
+scale 0.25: a run of ~190 s of simulated waiting around ~1 s of CPU, so that N of them side by side
+measure the fleet, not this machine's CPU). Worker start-up is not in the wall.
 Workers are started once, in batches, and kept: the run on N modules uses the first N, the others
 stay idle (they still heartbeat). For each N, one validation through the controller's seam, as
 ``fleetctl validate`` drives it: ``Fleet.statuses`` + ``Fleet.dispatch``, then ``Fleet.sync`` every
@@ -19,7 +21,9 @@ stay idle (they still heartbeat). For each N, one validation through the control
 - modules: CPU of one module's run (worker + pool child + every process of the run, waited),
   PSS of one worker (main process + pool child)
 
-Usage: python bench/scale.py [--sizes 1,25,50,100,200] [--models qwen3] [--time-scale 1000]
+Exits 1 when wall(100)/wall(1) is above 1.05 (when N=1 and N=100 were both measured).
+
+Usage: python bench/scale.py [--sizes 1,25,50,100] [--models qwen3] [--time-scale 0.25] [--telemetry-period 10]
        [--heartbeat 5] [--history-runs 0]
 """
 
@@ -51,7 +55,7 @@ from controller.inventory import load_inventory  # noqa: E402
 from controller.live import render  # noqa: E402
 from controller.settings import ControllerSettings  # noqa: E402
 from simulator import build_release, make_models  # noqa: E402
-from simulator.cheap import cheap_module_env  # noqa: E402
+from simulator.cheap import CHEAP_TELEMETRY_PERIOD, CHEAP_TIME_SCALE, cheap_module_env  # noqa: E402
 from tests.fleet.conftest import RedisServer  # noqa: E402
 
 
@@ -77,6 +81,8 @@ class Result:
     statuses_cpu_noindex: float  # the same without the module_runs index (as before it existed)
     worker_pss: float  # bytes (mean)
     load: float
+    idle_worker_cpu: float  # CPU of one idle worker (main process + pool child), s per s
+    module_cpu_parts: tuple[float, ...]  # module_cpu as: worker main process, pool child (pipeline), release processes
 
 
 def tree_cpu(pid: int) -> float:
@@ -96,6 +102,18 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
+def cpu_parts(pid: int) -> tuple[float, float, float]:
+    """A worker's CPU in three parts (s): its main process, its pool child (the pipeline), their waited children."""
+    try:
+        main = psutil.Process(pid)
+        procs = [main, *main.children()]
+        times = [p.cpu_times() for p in procs]
+    except psutil.Error:
+        return 0.0, 0.0, 0.0
+    return (times[0].user + times[0].system, sum(t.user + t.system for t in times[1:]),
+            sum(t.children_user + t.children_system for t in times))
+
+
 def worker_pss(pid: int) -> float:
     total = 0.0
     try:
@@ -113,20 +131,17 @@ def redis_info(port: int) -> dict:
 
 
 def start_batch(names: list[str], base: Path, settings: ControllerSettings, models: tuple[str, ...],
-                batch: int = 10) -> list[Worker]:
+                env: dict[str, str], batch: int = 10) -> list[Worker]:
     """Start workers ``batch`` at a time, each batch up (first heartbeat) before the next: no start-up storm."""
     out: list[Worker] = []
     for i in range(0, len(names), batch):
         ws = []
         for name in names[i:i + batch]:
             make_models(base / "modules" / name / "models", keys=list(models))
-            ws.append(start_worker(name, base, settings, sim_env=cheap_module_env(SCALE)))
+            ws.append(start_worker(name, base, settings, sim_env=env))
         wait_for_heartbeats(settings, ws, 300)
         out += ws
     return out
-
-
-SCALE = 1000.0
 
 
 def add_past_runs(history: History, names: list[str], runs: int) -> None:
@@ -182,11 +197,14 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
     console = Console(file=io.StringIO(), width=140, force_terminal=True)
     # idle Redis traffic: every live worker heartbeats (after the last ones started have settled)
     time.sleep(5.0)
+    idle0 = sum(tree_cpu(w.proc.pid) for w in workers[:alive])
     i0, t0 = redis_info(port), time.monotonic()
     time.sleep(10.0)
     i1, t1 = redis_info(port), time.monotonic()
+    idle_cpu = (sum(tree_cpu(w.proc.pid) for w in workers[:alive]) - idle0) / (t1 - t0) / alive
     idle = (i1["total_commands_processed"] - i0["total_commands_processed"]) / (t1 - t0) / alive
     cpu0 = {w.name: tree_cpu(w.proc.pid) for w in workers[:n]}
+    parts0 = {w.name: cpu_parts(w.proc.pid) for w in workers[:n]}
     mem0 = i1["used_memory"]
     changes0 = history.conn.total_changes
     run_id = f"scale-{n}-{run_no}"
@@ -222,6 +240,7 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
     fanout = max(started) - history.run(run_id).created_at
     time.sleep(1.0)  # the pool children's last waits reaped
     module_cpu = statistics.mean(tree_cpu(w.proc.pid) - cpu0[w.name] for w in workers[:n])
+    parts = tuple(statistics.mean(cpu_parts(w.proc.pid)[i] - parts0[w.name][i] for w in workers[:n]) for i in range(3))
     pss = statistics.mean(worker_pss(w.proc.pid) for w in workers[:n])
     res = Result(
         n=n, wall=wall, fanout=fanout, dispatch_cpu=dispatch_cpu, passes=len(pass_cpus),
@@ -232,7 +251,8 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
         mem_peak=max(peak, i2["used_memory"]),
         mem_per_live_module=(i2["used_memory"] - empty_mem) / alive,
         clients_per_module=(i2["connected_clients"] - 1) / alive, module_cpu=module_cpu, statuses_cpu=st_cpu,
-        statuses_cpu_noindex=st_cpu_noindex, worker_pss=pss, load=load)
+        statuses_cpu_noindex=st_cpu_noindex, worker_pss=pss, load=load, idle_worker_cpu=idle_cpu,
+        module_cpu_parts=parts)
     fleet.close()
     history.close()
     return res
@@ -398,9 +418,11 @@ def table(results: list[Result]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="1,25,50,100,200")
+    ap.add_argument("--sizes", default="1,25,50,100")
     ap.add_argument("--models", default="qwen3")
-    ap.add_argument("--time-scale", type=float, default=SCALE)
+    ap.add_argument("--time-scale", type=float, default=CHEAP_TIME_SCALE)
+    ap.add_argument("--telemetry-period", type=float, default=CHEAP_TELEMETRY_PERIOD,
+                    help="the agents' device telemetry period, s (0: off)")
     ap.add_argument("--heartbeat", type=float, default=5.0, help="agent heartbeat interval, s (production: 5)")
     ap.add_argument("--fake", default="", help="also N agents faked at the broker seam, e.g. 1000,5000")
     ap.add_argument("--past-runs", type=int, default=20, help="earlier runs of every module in the history")
@@ -414,6 +436,7 @@ def main() -> None:
     server.start()
     empty_mem = redis_info(server.port)["used_memory"]
     workers: list[Worker] = []
+    results: list[Result] = []
     try:
         settings = ControllerSettings(
             broker_url=server.url, data_dir=base / "fleet", inventory=base / "inventory.toml",
@@ -424,7 +447,7 @@ def main() -> None:
         history = History(settings.history_path)
         add_past_runs(history, names, args.past_runs)
         history.close()
-        results = []
+        env = cheap_module_env(args.time_scale, telemetry_period=args.telemetry_period)
         for k, n in enumerate(sizes):
             need = (n - len(workers)) * 100 * 2**20 + 4 * 2**30  # ~80 MiB PSS a worker, and room for the others
             if psutil.virtual_memory().available < need:
@@ -432,7 +455,7 @@ def main() -> None:
                       f"{n - len(workers)} more workers need ~{need / 2**30:.1f} GiB", file=sys.stderr, flush=True)
                 break
             t = time.monotonic()
-            workers += start_batch(names[len(workers):n], base, settings, models)
+            workers += start_batch(names[len(workers):n], base, settings, models, env)
             print(f"N={n}: {len(workers)} workers up ({time.monotonic() - t:.0f} s to start the new ones); "
                   f"validating", file=sys.stderr, flush=True)
             # a new release per N: every module fetches, unpacks and precompiles it, as for a real new release
@@ -441,15 +464,20 @@ def main() -> None:
             r = measure(n, k, base, settings, workers, server.port, rel.path, rel.version, models, len(workers),
                         empty_mem)
             print(f"N={n}: wall {r.wall:.1f} s, fan-out {r.fanout:.2f} s, CPU/pass {r.pass_cpu * 1e3:.1f} ms, "
-                  f"load {r.load:.1f}", file=sys.stderr, flush=True)
+                  f"module CPU/run {r.module_cpu:.2f} s (worker {r.module_cpu_parts[0]:.2f}, pipeline "
+                  f"{r.module_cpu_parts[1]:.2f}, release processes {r.module_cpu_parts[2]:.2f}), idle worker CPU "
+                  f"{r.idle_worker_cpu * 100:.3f} % of a core, load {r.load:.1f}", file=sys.stderr, flush=True)
             results.append(r)
         stop_workers(workers, grace=20)
         workers = []
         fake = controller_only([int(x) for x in args.fake.split(",") if x], base, server, args.past_runs)
         capacity = redis_capacity(server.port)
-        print(f"cheap modules (simulator/cheap.py, time scale {args.time_scale:g}), models {','.join(models)}, "
-              f"heartbeat {args.heartbeat:g} s, Redis {server.url}; {os.cpu_count()} cores")
+        print(f"cheap modules (simulator/cheap.py, time scale {args.time_scale:g}, telemetry every "
+              f"{args.telemetry_period:g} s), models {','.join(models)}, heartbeat {args.heartbeat:g} s, Redis "
+              f"{server.url}; {os.cpu_count()} cores; load average now "
+              f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1 / 5 / 15 min; other engineers' work included)")
         print(table(results))
+        print(budget(results))
         if args.fake:
             print(f"\nagents faked at the broker seam (heartbeats, progress, 11 rows each, through contract.kv; "
                   f"history with {args.past_runs} earlier runs of every module)\n{fake}")
@@ -459,6 +487,38 @@ def main() -> None:
         server.stop()
         if tmp is not None:
             tmp.cleanup()
+    ratio = ratio_at(results, 100)
+    if ratio is not None and ratio > GOAL:
+        print(f"wall(100)/wall(1) = {ratio:.3f} > {GOAL}: goal not met", file=sys.stderr)
+        raise SystemExit(1)
+
+
+GOAL = 1.05  # wall(100)/wall(1), cheap modules
+
+
+def ratio_at(results: list[Result], n: int) -> float | None:
+    one = next((r for r in results if r.n == 1), None)
+    at = next((r for r in results if r.n == n), None)
+    return None if one is None or at is None else at.wall / one.wall
+
+
+def budget(results: list[Result]) -> str:
+    """What simulating N cheap modules costs this machine, next to the fleet's own part."""
+    one = next((r for r in results if r.n == 1), results[0])
+    cores = os.cpu_count() or 1
+    cpu = statistics.mean(r.module_cpu for r in results)
+    idle = statistics.mean(r.idle_worker_cpu for r in results)
+    fit = int(0.25 * cores * one.wall / cpu)
+    lines = [f"\nbudget: one cheap run = {cpu:.2f} s of CPU (mean over every N; worker, pool child and release "
+             f"processes) in a {one.wall:.0f} s run; an idle worker {idle * 1e3:.2f} ms of CPU per s "
+             f"({idle * 100:.3f} % of a core). On {cores} cores, N runs side by side take N x {cpu:.2f} s / "
+             f"({cores} x {one.wall:.0f} s) of the machine: N <= {fit} keeps the simulated modules under 25 %."]
+    for r in results:
+        share = r.n * r.module_cpu / (cores * r.wall)
+        lines.append(f"  N={r.n}: modules' CPU {r.n * r.module_cpu:.0f} s = {share:.0%} "
+                     f"of {cores} cores x {r.wall:.0f} s; idle workers {r.n * r.idle_worker_cpu:.2f} cores; "
+                     f"wall(N)/wall(1) {r.wall / one.wall:.3f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -96,7 +96,10 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet", *, module: str
         conf["broker_transport"] = "contract.safe_transport:" + ("SentinelTransport" if settings.is_sentinel
                                                               else "Transport")
         opts: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout, "socket_timeout": 10,
-                "socket_connect_timeout": 5, "retry_on_timeout": True, "health_check_interval": 10}
+                "socket_connect_timeout": 5, "retry_on_timeout": True, "health_check_interval": 10,
+                # BRPOP's server-side timeout (kombu: 1 s): a message still arrives at once; an idle worker
+                # wakes (and sends a BRPOP) every 5 s instead of every second
+                "polling_interval": 5}
         if settings.is_sentinel:  # the Sentinels name the master; a failover is followed on the next connection
             opts.update({"master_name": settings.broker_sentinel_master,
                          "sentinel_kwargs": {"socket_timeout": 5, "socket_connect_timeout": 5}})

@@ -53,7 +53,7 @@ class KV:
 
     # -- raw ------------------------------------------------------------------------------
     def put(self, key: str, value: Any) -> None:
-        data = json.dumps(value, separators=(",", ":"))
+        data = _dump(value)
         if isinstance(self.backend, FilesystemBackend):
             # the file backend writes in place; readers must never see half a value
             path = os.fsdecode(self.backend._filename(key.encode()))
@@ -124,6 +124,26 @@ class KV:
     def put_rows(self, run_id: str, module: str, rows: Sequence[ResultRow]) -> None:
         self.put(_key("rows", run_id, module), [r.model_dump(mode="json") for r in rows])
 
+    def put_final(self, p: RunProgress, rows: Sequence[ResultRow], replicas: int = 0, timeout: float = 2.0) -> int:
+        """A run's last state: its rows, then its progress. With ``replicas`` > 0 on Redis (Sentinel: the
+        replication is asynchronous), both writes and a ``WAIT replicas timeout`` go on one connection and
+        the answer is how many replicas hold them; otherwise ``replicas`` (nothing to wait for)."""
+        if replicas <= 0 or isinstance(self.backend, FilesystemBackend) or not _is_redis(self.backend):
+            self.put_rows(p.run_id, p.module, rows)
+            self.put_progress(p)
+            return replicas
+        if p.telemetry is not None:
+            try:
+                self.put_telemetry(p.telemetry)
+            except Exception as exc:  # as in put_progress: the state matters more than its device figures
+                log.warning("cannot publish the device telemetry of %s: %s", p.run_id, exc)
+        ex = int(self.backend.expires) if self.backend.expires else None
+        pipe = self.backend.client.pipeline(transaction=False)  # one connection: WAIT counts its writes
+        pipe.set(_key("rows", p.run_id, p.module), _dump([r.model_dump(mode="json") for r in rows]), ex=ex)
+        pipe.set(_key("progress", p.run_id, p.module), _dump(p.model_dump(mode="json", exclude={"telemetry"})), ex=ex)
+        pipe.execute_command("WAIT", replicas, max(1, int(timeout * 1000)))
+        return int(pipe.execute()[-1])
+
     def rows(self, run_id: str, module: str) -> list[ResultRow] | None:
         raw = self.get(_key("rows", run_id, module))
         if not isinstance(raw, list):
@@ -184,6 +204,16 @@ class KV:
 class CancelFlag(NamedTuple):
     reason: str
     lost: bool = False
+
+
+def _is_redis(backend: Any) -> bool:
+    from celery.backends.redis import RedisBackend  # loaded already when the backend is Redis (not embedded)
+
+    return isinstance(backend, RedisBackend)  # Sentinel too
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _model(cls: Any, value: Any) -> Any:

@@ -66,6 +66,8 @@ MODULE_COMMANDS = (
     "get", "mget", "set", "setex", "psetex", "del", "expire", "pexpire", "exists", "publish",
     # transactions
     "multi", "exec", "discard", "watch", "unwatch",
+    # a run's final state waits for the replicas (Sentinel: agent.settings final_state_replicas)
+    "wait",
 )
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")

@@ -48,7 +48,7 @@ def test_fifty_cheap_modules_one_validation(tmp_path, redis_server):
     try:
         for i in range(0, N, 10):  # in batches, each up before the next: no start-up storm on two cores
             batch = lab.names[i:i + 10]
-            lab.start(batch, sim_env={n: cheap_module_env() for n in batch})
+            lab.start(batch, sim_env={n: cheap_module_env(time_scale=1000.0) for n in batch})
         history = History(lab.settings.history_path)
         fleet = Fleet(lab.settings, history)
         mods = list(lab.state().inventory().modules)

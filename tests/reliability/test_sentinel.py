@@ -153,4 +153,56 @@ def test_master_sigkilled_mid_run_failover(bench_factory, sentinel_broker, relea
     assert _info(replica.port, "replication").get("role") == "master"
     starts = b.benchmark_starts("sim-01", run_id)
     assert starts[KEYS[0]] == 1, starts  # the key that passed before the kill never ran again
+    # the final state was written after the failover, to a master with no replica left: no replica
+    # acknowledged it (WAIT 1), so it stays in the module's outbox until the old master is back as a replica
+    outbox = b.workdir("sim-01") / "outbox" / f"{run_id}.json"
+    assert outbox.exists()
+    back = Replica(master.dir, port=master.port, master_port=replica.port)
+    back.start()
+    try:
+        wait_for(lambda: not outbox.exists(), 30, "the outbox to empty once a replica acknowledges", interval=0.2)
+        with _client(back.port) as c:
+            assert c.get(f"m1000-fleet:progress:{run_id}:sim-01") is not None
+    finally:
+        back.kill()
     print(f"failover took {failover_s:.1f} s")
+
+
+def test_final_state_no_replica_acknowledged_stays_in_the_outbox(tmp_path):
+    """Asynchronous replication, closed at the seam: a final state that no replica acknowledged (WAIT 1
+    answers 0) is not yet published and stays in the module's outbox; once a replica is in sync, the next
+    flush sends it again, the replica holds it, and the outbox is empty."""
+    from agent.settings import AgentSettings
+    from agent.worker import Publisher, flush_outbox, outbox_path
+    from contract.celery_app import make_app
+    from contract.kv import KV
+    from contract.records import RunProgress
+
+    if not REDIS:
+        pytest.skip("redis-server not installed (make test installs Debian's redis-server)")
+    master = RedisServer(tmp_path / "master")
+    master.start()
+    replica = Replica(tmp_path / "replica", master_port=master.port)
+    try:
+        work = tmp_path / "work"
+        settings = AgentSettings(broker_url=master.url, module="sim-01", workdir=work, final_state_replicas=1,
+                                 final_state_wait=0.2)
+        kv = KV(make_app(settings, module=settings.module))
+        run_id, now = "r-wait-1", time.time()
+        done = RunProgress(run_id=run_id, module="sim-01", release="1.4.1", state=RunState.DONE, keys_total=1,
+                           keys_done=1, updated_at=now, finished_at=now)
+        Publisher(kv, work, run_id, "sim-01", replicas=settings.replicas_to_wait(),
+                  wait_s=settings.final_state_wait).final(done)
+        assert outbox_path(work, run_id).exists()  # on the master, but no replica has it: kept
+        assert kv.progress(run_id, ["sim-01"])["sim-01"].state == RunState.DONE
+        assert flush_outbox(kv, work, 1, 0.2) == 0 and outbox_path(work, run_id).exists()
+        replica.start()
+        assert flush_outbox(kv, work, 1, 5.0) == 1 and not outbox_path(work, run_id).exists()
+        with _client(replica.port) as c:
+            assert c.get(f"m1000-fleet:progress:{run_id}:sim-01") is not None
+        # without a replica to wait for (a single Redis: the default), the outbox empties at once
+        Publisher(kv, work, "r-wait-2", "sim-01").final(done.model_copy(update={"run_id": "r-wait-2"}))
+        assert not outbox_path(work, "r-wait-2").exists()
+    finally:  # SIGKILL: a replica that has just synced can take over 10 s to shut down on SIGTERM
+        replica.kill()
+        master.kill()

@@ -150,6 +150,7 @@ def test_module_a_cannot_touch_module_b(acl_server):
     assert a.llen("module.sim-01") == 0
     a.execute_command("SETEX", "m1000-fleet:progress:r1:sim-01", 60, "{}")
     a.publish("m1000-fleet:progress:r1:sim-01", "{}")
+    assert a.execute_command("WAIT", 0, 10) == 0  # a final state waits for the replicas (none here)
     assert a.mget([cancel_key("r1"), cancel_key("r1", "sim-01")]) == [None, None]
     ctl.set(cancel_key("r2"), json.dumps({"reason": "run-wide"}))
     ctl.set(cancel_key("r3", "sim-01"), json.dumps({"reason": "A's part"}))

@@ -74,3 +74,10 @@ def test_deploy_writes_a_sentinel_config_without_the_password(tmp_path: Path) ->
     assert pw == "pw" and "pw" not in fleet["broker_url"] and fleet["broker_url"].count("sentinel://") == 3
     assert fleet["broker_sentinel_master"] == "lab" and fleet["broker_password_file"] == "/w/agent/broker_password"
     assert dep.with_user(fleet["broker_url"], "m1").count("sentinel://m1@") == 3
+
+
+def test_final_state_waits_for_a_replica_with_sentinel_only() -> None:
+    assert AgentSettings(broker_url=URL, broker_sentinel_master="m").replicas_to_wait() == 1
+    assert AgentSettings(broker_url="redis://127.0.0.1:6379/0").replicas_to_wait() == 0
+    assert AgentSettings(broker_url="redis://127.0.0.1:6379/0", final_state_replicas=2).replicas_to_wait() == 2
+    assert AgentSettings(broker_url=URL, broker_sentinel_master="m", final_state_replicas=0).replicas_to_wait() == 0
