@@ -21,6 +21,7 @@ from controller import service
 from controller.service import Judgement, Session
 
 if TYPE_CHECKING:
+    from controller.history import History
     from controller.service_webhooks import Webhooks
 
 log = logging.getLogger("fleet.serve")
@@ -81,12 +82,7 @@ class Notifier:
         """Record finished deliveries, send what is pending; how many deliveries were started."""
         from controller.api import summary_of
 
-        h = self.s.history()
-        for key, fut in list(self.inflight.items()):
-            if fut.done():
-                ok = not fut.cancelled() and fut.exception() is None and fut.result()
-                h.mark_webhook(*key, "delivered" if ok else "given_up")
-                del self.inflight[key]
+        h = self._record_finished()
         started = 0
         for ev in h.pending_webhooks(self.targets, max_age=self.max_age):
             digests = [d for d in ev.urls if (ev.run_id, ev.event, d) not in self.inflight]
@@ -106,12 +102,17 @@ class Notifier:
         for fut in list(self.inflight.values()):
             with contextlib.suppress(Exception):
                 fut.result(timeout=max(0.0, end - time.monotonic()))
+        self._record_finished()
+
+    def _record_finished(self) -> History:
+        """Record the outcome of each finished delivery (delivered / given up); the history."""
         h = self.s.history()
         for key, fut in list(self.inflight.items()):
             if fut.done():
                 ok = not fut.cancelled() and fut.exception() is None and fut.result()
                 h.mark_webhook(*key, "delivered" if ok else "given_up")
                 del self.inflight[key]
+        return h
 
 
 def _start_metrics(s: Session) -> Any:
