@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -47,7 +48,28 @@ class DemoOptions:
     real: int = 0  # real-engine modules (transformers serve on this CPU) beside the simulated ones
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
+    """A loopback port free now, below the kernel's ephemeral range when it can be: a port the
+    kernel may hand to an outgoing connection (50 agents make hundreds) can be taken between
+    this choice and the server's bind ("already in use before starting the server")."""
+    lo, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _ in range(50):
+        port = rng.randrange(10000, lo) if lo > 10100 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -63,6 +63,8 @@ def test_fifty_cheap_modules_one_validation(tmp_path, redis_server):
         cpu = time.process_time() - c0
         bad = {m: p.error.one_line() if p and p.error else None for m, p in view.progress.items()
                if p is None or p.state.value != "done"}
+        bad |= {f"{m}/{o.model_key}": o.error.one_line() if o.error else o.status for m, p in view.progress.items()
+                if p is not None for o in p.outcomes if o.status == "failed"}
         assert view.state() == "done" and not bad, bad
         for name in lab.names:  # every row of every module is in the history (the probe's rows beside them too)
             local = sorted((r.source, r.model_key, r.profile) for r in RunStore(lab.base / "modules" / name / "work")
