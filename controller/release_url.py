@@ -121,9 +121,9 @@ class _NoUnsafeRedirects(urllib.request.HTTPRedirectHandler):
 
 
 def fetch_release(ref: ReleaseUrl, releases_dir: Path, *, sha256: str | None = None, max_bytes: int,
-                  timeout: float) -> Path:
-    """Download ``ref`` into ``releases_dir/<sha256>/<name>``; its path. ReleaseUrlError on any failure
-    (nothing of it left behind)."""
+                  timeout: float) -> tuple[Path, str]:
+    """Download ``ref`` into ``releases_dir/<sha256>/<name>``; its path and sha256 (hashed while it
+    streamed). ReleaseUrlError on any failure (nothing of it left behind)."""
     releases_dir.mkdir(parents=True, exist_ok=True)
     tmp = releases_dir / f".download-{uuid.uuid4().hex}.part"
     opener = urllib.request.build_opener(_NoUnsafeRedirects())
@@ -163,7 +163,7 @@ def fetch_release(ref: ReleaseUrl, releases_dir: Path, *, sha256: str | None = N
             tmp.unlink()
     log.info("release downloaded from %s: %d bytes in %.1f s, sha256 %s", ref.safe, size, time.monotonic() - t0,
              digest[:12])
-    return dest
+    return dest, digest
 
 
 def _stream(resp: IO[bytes], tmp: Path, *, max_bytes: int, deadline: float, where: str) -> tuple[str, int]:

@@ -303,8 +303,10 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     version, mods, existing = prepare(s, req)
     h = s.history()  # before the fleet: the run is recorded in this history
     fleet = s.broker()
-    release = req.release if req.release is not None else download_release(s, str(req.url), req.sha256)
-    sha = sha256_file(release)
+    if req.release is not None:
+        release, sha = req.release, sha256_file(req.release)
+    else:  # hashed while it downloaded, and checked against req.sha256 there
+        release, sha = download_release(s, str(req.url), req.sha256)
     if req.sha256 and sha != req.sha256.strip().lower():
         raise UnusableRelease(f"{release}: sha256 {sha[:12]}… does not match the expected {req.sha256[:12]}…")
     if existing is not None and existing.sha256 and existing.sha256 != sha:
@@ -323,9 +325,9 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     return Launched(rid, version, sha, tuple(req.models), dict(result), resumed=existing is not None)
 
 
-def download_release(s: Session, url: str, sha256: str | None = None) -> Path:
+def download_release(s: Session, url: str, sha256: str | None = None) -> tuple[Path, str]:
     """Fetch a release URL into ``<data_dir>/releases/<sha256>/<name>`` (streamed, size-limited, with a
-    deadline, checked against ``sha256`` when given); its path. UnusableRelease on any failure."""
+    deadline, checked against ``sha256`` when given); its path and sha256. UnusableRelease on any failure."""
     from controller.release_url import ReleaseUrlError, check_release_url, check_sha256, fetch_release
 
     try:
