@@ -53,7 +53,23 @@ def client(controller: ControllerSettings, tmp_path: Path) -> Iterator:
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-class Receiver:
+class ThreadedServer:
+    """A stdlib HTTP server on loopback in its own thread; ``serve(handler)`` gives its base URL."""
+
+    server: ThreadingHTTPServer
+
+    def serve(self, handler: type[BaseHTTPRequestHandler]) -> str:
+        handler.log_message = lambda *a: None  # type: ignore[method-assign]
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Receiver(ThreadedServer):
     """A test HTTP server that records webhook deliveries (answers ``fail_first`` of them with 503)."""
 
     def __init__(self, fail_first: int = 0) -> None:
@@ -75,16 +91,7 @@ class Receiver:
                 self.end_headers()
                 outer.arrived.set()
 
-            def log_message(self, *a: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.url = self.serve(H) + "/hook"
 
     def json(self, i: int = 0) -> dict:
         return json.loads(self.got[i][1])
@@ -97,7 +104,7 @@ def receiver() -> Iterator[Receiver]:
     r.close()
 
 
-class ReleaseServer:
+class ReleaseServer(ThreadedServer):
     """A test HTTP server (stdlib, its own thread) serving files of ``root``: ``/<name>`` with a
     Content-Length, ``/stream/<name>`` without one (the body ends when the connection closes),
     ``/redirect-file/<name>`` redirects to ``file://``; anything else is 404. ``paths``: what was asked."""
@@ -129,13 +136,4 @@ class ReleaseServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, *a: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.url = self.serve(H)
