@@ -31,7 +31,6 @@ from controller import service
 from controller.fleet import BrokerUnavailable, FleetError
 from controller.history import HistoryError
 from controller.inventory import InventoryError
-from controller.release_url import is_url
 from controller.service import Judgement, Session
 from controller.settings import ControllerSettings
 
@@ -232,9 +231,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
     def create_run(body: RunCreate) -> RunCreated:
         """Validate a release: checks, release made available on each module, dispatch; returns at once."""
         def launch() -> service.Launched:
-            url = body.release if is_url(body.release) else None
-            req = service.ValidateRequest(release=None if url else Path(body.release).expanduser(), url=url,
-                                          sha256=body.sha256, models=parse_model_keys(body.models),
+            req = service.release_request(body.release, sha256=body.sha256, models=parse_model_keys(body.models),
                                           devices=body.devices, baseline=body.baseline, run_id=body.run_id,
                                           resume=body.resume)
             return service.validate(session(), req)

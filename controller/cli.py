@@ -70,13 +70,15 @@ def _root(
 # --------------------------------------------------------------------------- run verbs
 def validate(
     ctx: typer.Context,
-    tarball: Path = typer.Argument(..., help="SGLang-MUSA-M1000-M1000_<version>_sglang.tar.gz"),
+    release: str = typer.Argument(..., help="SGLang-MUSA-M1000-M1000_<version>_sglang.tar.gz: a path, or an "
+                                  "http/https URL the controller downloads"),
     models: str = typer.Option("all", "--models", "-m", help="model keys, comma separated, or 'all'"),
     devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
     detach: bool = typer.Option(False, "--detach", help="return at once; follow with status/watch"),
     baseline: str | None = typer.Option(None, "--baseline", "-b", help="baseline: release, release@vN or run id"),
     run_id: str | None = typer.Option(None, "--run-id", help="run id (default: generated)"),
     resume: bool = typer.Option(False, "--resume", help="--run-id names an existing run: resume it"),
+    sha256: str | None = typer.Option(None, "--sha256", help="what the release must hash to (checked first)"),
 ) -> int:
     """Validate a release on the chosen modules; ends with a verdict."""
     from contract.records import parse_model_keys
@@ -84,7 +86,7 @@ def validate(
     from controller.live import follow_and_judge, print_launched
 
     s = session(ctx)
-    req = service.ValidateRequest(release=tarball, models=parse_model_keys(models), devices=devices,
+    req = service.release_request(release, sha256=sha256, models=parse_model_keys(models), devices=devices,
                                   baseline=baseline, run_id=run_id, resume=resume)
     launched = service.validate(s, req)
     print_launched(launched, stderr(), len(launched.modules))

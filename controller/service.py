@@ -177,6 +177,15 @@ class ValidateRequest:
     sha256: str | None = None
 
 
+def release_request(release: str, **fields: Any) -> ValidateRequest:
+    """A request for the release as a person or a CI job typed it: an http/https URL (downloaded
+    by the controller) or a path as the controller sees it."""
+    from controller.release_url import is_url
+
+    url = release if is_url(release) else None
+    return ValidateRequest(release=None if url else Path(release).expanduser(), url=url, **fields)
+
+
 @dataclass(frozen=True)
 class Launched:
     """A run dispatched: module -> "queued" or why it was not."""

@@ -214,3 +214,24 @@ def test_existing_run_id_refused_unless_resume(env, capsys):
     (env / "other" / TARBALL).write_bytes(b"another release")
     code, _, err = run_main(capsys, "validate", f"other/{TARBALL}", "--run-id", "old-run", "--resume")
     assert code == 2 and "another release" in one_line(err)
+
+
+# `fleetctl validate` takes a release URL as the API does (downloaded by the controller, checked first)
+def test_validate_release_url_checked_before_dispatch(env, capsys, tmp_path):
+    from controller.fleet import sha256_file
+    from tests.api.conftest import ReleaseServer
+
+    server = ReleaseServer(env)
+    try:
+        url = f"{server.url}/{TARBALL}"
+        code, _, err = run_main(capsys, "validate", url, "--models", "qwen3", "--sha256", "0" * 64)
+        assert code == 2 and "does not match" in one_line(err), err
+        code, _, err = run_main(capsys, "validate", f"{server.url}/gone_{TARBALL}", "--models", "qwen3")
+        assert code == 2 and "must end in a release tarball name" in one_line(err), err  # refused before fetching
+        code, _, err = run_main(capsys, "validate", f"{server.url}/gone/1.4.2/{TARBALL.replace('1.4.1', '1.4.2')}")
+        assert code == 2 and "404" in one_line(err), err
+        assert not (env / "fleet" / "releases" / sha256_file(env / TARBALL)).exists()  # nothing half-kept
+        assert History(env / "history.sqlite").runs() == []  # nothing dispatched
+        assert server.paths == [f"/{TARBALL}", f"/gone/1.4.2/{TARBALL.replace('1.4.1', '1.4.2')}"]
+    finally:
+        server.close()
