@@ -101,13 +101,13 @@ def fleet_dispatch(base: Path, settings: ControllerSettings, jobs: int,
         fleet = Fleet(settings, History(base / "history.sqlite"))
         app = fleet.app
         # task ids end in the module's name, as the fleet's runs do (its ACL user may write those results only)
-        app.AsyncResult(fleet.send("bench-01", NOOP_TASK, [time.time()], task_id=f"{uuid.uuid4()}.bench-01")).get(
+        app.AsyncResult(fleet.send("bench-01", NOOP_TASK, [time.time()], task_id=f"bench-01:{uuid.uuid4()}")).get(
             timeout=60)  # warm up
         starts, trips = [], []
         for _ in range(jobs):
             t0 = time.perf_counter()
             sent = time.time()
-            tid = fleet.send("bench-01", NOOP_TASK, [sent], task_id=f"{uuid.uuid4()}.bench-01")
+            tid = fleet.send("bench-01", NOOP_TASK, [sent], task_id=f"bench-01:{uuid.uuid4()}")
             res = app.AsyncResult(tid).get(timeout=30, interval=0.005)
             trips.append(time.perf_counter() - t0)
             starts.append(res["started_at"] - sent)

@@ -28,6 +28,13 @@ def queue_name(module: str) -> str:
     return "module." + re.sub(r"[^A-Za-z0-9_.-]", "_", module)
 
 
+def task_id(module: str, run_id: str) -> str:
+    """The Celery task id of a module's run: ``<module>:<run>``. The module comes first and neither
+    holds a ``:``, so a module's Redis ACL pattern for its results (``celery-task-meta-M:*``) matches
+    its own results only (``*.M`` also matched a module named ``x.M``)."""
+    return f"{module}:{run_id}"
+
+
 def is_embedded(settings: BrokerSettings) -> bool:
     return urlsplit(settings.broker_url).scheme == "filesystem"
 

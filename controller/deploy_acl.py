@@ -13,7 +13,7 @@ key / channel                                  module ``M``            controlle
 ``unacked:module.M``, ``unacked_index:…``,     HSET/HDEL/ZADD/ZREM/    -
 ``unacked_mutex:…`` (per module, see           ZRANGE/SET NX, the
 :func:`contract.celery_app.make_app`)             mutex's Lua script
-``celery-task-meta-<run>.M`` (key + channel)   SETEX, GET, PUBLISH     GET, SUBSCRIBE
+``celery-task-meta-M:<run>`` (key + channel)   SETEX, GET, PUBLISH     GET, SUBSCRIBE
 ``m1000-fleet:hb:M``                           SETEX + PUBLISH         MGET
 ``m1000-fleet:{progress,rows,telemetry}:…:M``  SETEX + PUBLISH         GET/MGET
 ``m1000-fleet:cancel:M:<run>``                 read only, own only     SETEX
@@ -28,8 +28,8 @@ command but the ``@dangerous`` ones. The default user is switched off.
 Key patterns rely on module names and run ids holding no ``:`` and no glob characters
 (the inventory and :data:`contract.records.RUN_ID_PATTERN` ensure it): a module reads its own
 per-module cancel flags (``cancel:M:*``, the module in a fixed place) and the run-wide ones
-(``cancel-run:*``), never another module's. Known limit: ``celery-task-meta-*.M`` also
-matches a module whose name ends in ``.M``. Passwords are stored hashed (``#<sha256>``)
+(``cancel-run:*``), never another module's; likewise its results (task ids ``<module>:<run>``,
+:func:`contract.celery_app.task_id`). Passwords are stored hashed (``#<sha256>``)
 in the ACL file; the clear passwords are only in ``passwords/<name>.password`` (0600),
 which ``fleetctl deploy --module-credentials`` installs on each module.
 """
@@ -89,7 +89,7 @@ def password_hash(password: str) -> str:
 
 def module_key_patterns(module: str) -> list[str]:
     """Keys ``module`` may read and write (its queue, bindings, unacked, results, records)."""
-    from contract.celery_app import queue_name  # celery and the KV layout: only when a rule is written
+    from contract.celery_app import queue_name, task_id  # celery and the KV layout: only when a rule is written
     from contract.kv import PREFIX
 
     m = _check_name(module)
@@ -97,7 +97,7 @@ def module_key_patterns(module: str) -> list[str]:
     pats = [q, f"{q}[^-A-Za-z0-9._]*",  # the queue and its priority lists (module.M\x06\x16<n>)
             f"_kombu.binding.{q}", f"_kombu.binding_permanent.{q}",
             f"unacked:{q}", f"unacked_index:{q}", f"unacked_mutex:{q}",
-            f"celery-task-meta-*.{m}"]
+            f"celery-task-meta-{task_id(m, '*')}"]
     for kind in MODULE_WRITE_KINDS:
         pats += [f"{PREFIX}:{kind}:{m}", f"{PREFIX}:{kind}:*:{m}"]
     for kind in MODULE_PREFIX_KINDS:
@@ -107,10 +107,11 @@ def module_key_patterns(module: str) -> list[str]:
 
 def module_channel_patterns(module: str) -> list[str]:
     """Channels ``module`` may publish to: Celery's backend publishes every value on its key's name."""
+    from contract.celery_app import task_id
     from contract.kv import PREFIX
 
     m = _check_name(module)
-    pats = [f"celery-task-meta-*.{m}"]
+    pats = [f"celery-task-meta-{task_id(m, '*')}"]
     for kind in MODULE_WRITE_KINDS:
         pats += [f"{PREFIX}:{kind}:{m}", f"{PREFIX}:{kind}:*:{m}"]
     for kind in MODULE_PREFIX_KINDS:

@@ -284,7 +284,7 @@ class Fleet:
         self.history.create_run(run_id, release=release, tarball=tarball_label, sha256=sha256,
                                 models=models, modules=[m.name for m in modules])
         out: dict[str, str] = {}
-        from contract.celery_app import RUN_TASK
+        from contract.celery_app import RUN_TASK, task_id
 
         for m in modules:
             st = statuses[m.name]
@@ -306,7 +306,7 @@ class Fleet:
             self.history.upsert_progress(RunProgress(run_id=run_id, module=m.name, release=release,
                                                      step="queued", keys_total=len(models), updated_at=time.time()))
             try:
-                self.send(m.name, RUN_TASK, [req.model_dump(mode="json")], task_id=f"{run_id}.{m.name}",
+                self.send(m.name, RUN_TASK, [req.model_dump(mode="json")], task_id=task_id(m.name, run_id),
                           ignore_result=True)
                 out[m.name] = "queued"
             except BrokerUnavailable as exc:

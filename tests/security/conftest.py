@@ -105,7 +105,7 @@ class SecureRedis:
 def task_envelope(module: str, body: bytes, *, content_type: str = "application/json", task: str = "fleet.run_release",
                   task_id: str | None = None) -> bytes:
     """One message as kombu's redis transport stores it in a queue list (what LPUSH puts there)."""
-    tid = task_id or f"{uuid.uuid4()}.{module}"
+    tid = task_id or f"{module}:{uuid.uuid4()}"
     queue = f"module.{module}"
     env = {
         "body": base64.b64encode(body).decode(), "content-encoding": "utf-8" if "json" in content_type else "binary",

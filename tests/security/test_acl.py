@@ -71,7 +71,8 @@ def test_fleetctl_broker_acl(tmp_path):
 
 @pytest.fixture(scope="module")
 def acl_server(tmp_path_factory):
-    server, files = start_acl_redis(tmp_path_factory.mktemp("acl"), ["sim-01", "sim-02"])
+    # x.sim-01: a name that ends in another module's name (the results pattern was *.M before)
+    server, files = start_acl_redis(tmp_path_factory.mktemp("acl"), ["sim-01", "sim-02", "x.sim-01"])
     try:
         yield server, files
     finally:
@@ -97,7 +98,7 @@ def test_module_a_cannot_touch_module_b(acl_server):
     ctl.set(cancel_key("r1", "sim-02"), json.dumps({"reason": "x"}))
     ctl.set("m1000-fleet:cancel:r1:sim-02", json.dumps({"reason": "x"}))  # the layout before
     ctl.hset("unacked:module.sim-02", "tag", "payload")
-    ctl.set("celery-task-meta-r1.sim-02", "{}")
+    ctl.set("celery-task-meta-sim-02:r1", "{}")
 
     # B's queue: read, pop, push, priority lists too
     refused(a.llen, b_queue)
@@ -114,13 +115,18 @@ def test_module_a_cannot_touch_module_b(acl_server):
     refused(a.hdel, "unacked:module.sim-02", "tag")
     # B's progress, rows, heartbeat, results
     for key in ("m1000-fleet:progress:r1:sim-02", "m1000-fleet:rows:r1:sim-02", "m1000-fleet:hb:sim-02",
-                "celery-task-meta-r1.sim-02"):
+                "celery-task-meta-sim-02:r1"):
         refused(a.get, key)
         refused(a.set, key, "forged")
         refused(a.delete, key)
     refused(a.mget, ["m1000-fleet:progress:r1:sim-01", "m1000-fleet:progress:r1:sim-02"])
     refused(a.publish, "m1000-fleet:progress:r1:sim-02", "forged")
-    refused(a.execute_command, "SUBSCRIBE", "celery-task-meta-r1.sim-02")
+    refused(a.execute_command, "SUBSCRIBE", "celery-task-meta-sim-02:r1")
+    # a module whose name ends in A's: its results are its own (task ids <module>:<run>)
+    ctl.set("celery-task-meta-x.sim-01:r1", "{}")
+    refused(a.get, "celery-task-meta-x.sim-01:r1")
+    refused(a.publish, "celery-task-meta-x.sim-01:r1", "forged")
+    a.set("celery-task-meta-sim-01:r1", "{}")  # its own: allowed
     refused(a.execute_command, "PSUBSCRIBE", "*")
     # cancel flags: B's is not even readable (m1000-fleet:cancel:<module>:<run>), nor a key of the layout
     # before; none is written by a module (B's, the run's, its own)
@@ -209,7 +215,7 @@ def test_fleet_end_to_end_with_acls(acl_server, tmp_path):
         # a message with another module's task id: its result cannot be stored, the worker goes on
         ctl = server.client(acl.CONTROLLER_USER, pw(files, acl.CONTROLLER_USER))
         ctl.lpush("module.sim-01", task_envelope("sim-01", task_body({"run_id": "h1", "module": "sim-01"}),
-                                                 task_id="h1.sim-02"))
+                                                 task_id="sim-02:h1"))
         time.sleep(3)
         assert lab.workers["sim-01"].proc.poll() is None
         time.sleep(2 * lab.settings.heartbeat_interval)
@@ -220,7 +226,7 @@ def test_fleet_end_to_end_with_acls(acl_server, tmp_path):
         log = admin.execute_command("ACL", "LOG", "128")
         entries = [dict(zip(e[::2], e[1::2], strict=True)) if isinstance(e, list) else e for e in log]
         denied = [(e.get(b"username") or e.get("username"), e.get(b"object") or e.get("object")) for e in entries]
-        legit = [d for d in denied if b"h1.sim-02" not in (d[1] or b"") and "h1.sim-02" not in str(d[1])]
+        legit = [d for d in denied if b"sim-02:h1" not in (d[1] or b"") and "sim-02:h1" not in str(d[1])]
         assert legit == [], f"legitimate steps refused by the ACL: {legit}"
         assert len(denied) > len(legit), denied  # the forged task id's result was refused (and logged)
         p = lab.state().fleet().kv.progress(run.run_id, lab.names)
