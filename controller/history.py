@@ -270,6 +270,13 @@ class History:
                                 (kind, limit))
         return [self._run_info(cur, r) for r in cur.fetchall()]
 
+    def releases_in_use(self, newest: int) -> set[str]:
+        """sha256 of the releases of running runs and of the ``newest`` releases by their last run."""
+        running = self.conn.execute("SELECT DISTINCT sha256 FROM runs WHERE state='running' AND sha256 != ''")
+        recent = self.conn.execute("SELECT sha256 FROM runs WHERE sha256 != '' GROUP BY sha256 "
+                                   "ORDER BY MAX(created_at) DESC LIMIT ?", (newest,))
+        return {r[0] for r in running.fetchall()} | {r[0] for r in recent.fetchall()}
+
     @staticmethod
     def _run_info(cur: sqlite3.Cursor, r: tuple[Any, ...]) -> RunInfo:
         d = dict(zip([c[0] for c in cur.description], r, strict=True))

@@ -18,6 +18,9 @@ need them, so that a front end which does not use them never loads them.
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
+import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +48,8 @@ from controller.settings import ControllerSettings
 
 if TYPE_CHECKING:
     from controller.report.model import Report
+
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- errors
@@ -331,7 +336,28 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
                             tarball_label=str(release.resolve()), statuses=statuses,
                             resume=existing is not None)
     result.update(errors)
+    prune_releases(s)
     return Launched(rid, version, sha, tuple(req.models), dict(result), resumed=existing is not None)
+
+
+SHA256_NAME = re.compile(r"[0-9a-f]{64}")
+
+
+def prune_releases(s: Session) -> list[Path]:
+    """Remove the releases staged under ``<data_dir>/releases/<sha256>/`` (local transport, URL
+    downloads) that no running run uses and that are not among the ``keep_releases`` newest; the
+    folders removed. Anything else there (a download in progress, a name not a sha256) stays."""
+    root = s.settings.data_dir.expanduser() / "releases"
+    if not root.is_dir():
+        return []
+    keep = s.history().releases_in_use(s.settings.keep_releases)
+    gone = [d for d in sorted(root.iterdir())
+            if d.is_dir() and not d.is_symlink() and SHA256_NAME.fullmatch(d.name) and d.name not in keep]
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+        log.info("staged release %s removed (kept: %d newest and those of running runs)", d.name,
+                 s.settings.keep_releases)
+    return gone
 
 
 def download_release(s: Session, url: str, sha256: str | None = None) -> tuple[Path, str]:
