@@ -51,7 +51,7 @@ system-deps:
 test: install engine system-deps
 	$(BIN)/ruff check agent contract controller simulator bench tests
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
-	$(BIN)/python -m pytest -m "slow" -q -p no:cacheprovider
+	$(BIN)/python -m pytest -m "slow" -q -p no:cacheprovider --durations=25
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
