@@ -18,7 +18,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,6 +32,9 @@ from agent.tables import TableError, parse_tables, stamp
 from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig
 from agent.unpack import unpack as unpack_tarball
 from agent.unpack import verify_sha256
+
+if TYPE_CHECKING:
+    from agent.settings import AgentSettings
 from contract.records import (
     MODEL_KEYS,
     Frozen,
@@ -64,6 +67,7 @@ class AgentConfig(BaseModel):
     server_port: int = Field(default=30000, ge=1, le=65535)
     fetch_timeout: float = Field(default=1800.0, gt=0, description="sha256 of the tarball, s")
     unpack_timeout: float = Field(default=1800.0, gt=0)
+    keep_releases: int = Field(default=3, ge=1, description="unpacked releases kept, the newest used (this one too)")
     generate_timeout: float = Field(default=1800.0, gt=0)
     environment_timeout: float = Field(default=600.0, gt=0)
     precompile_timeout: float = Field(default=7200.0, gt=0)
@@ -84,21 +88,20 @@ class AgentConfig(BaseModel):
     probe_timeout: float = Field(default=600.0, gt=0, description="one probe request, wall s")
 
     @classmethod
-    def from_settings(cls, settings: Any, **overrides: Any) -> AgentConfig:
-        """From :class:`agent.settings.AgentSettings` (module, workdir, server port), plus overrides."""
+    def from_settings(cls, settings: AgentSettings, **overrides: Any) -> AgentConfig:
+        """From :class:`agent.settings.AgentSettings`, plus overrides (those not None)."""
         values: dict[str, Any] = {
             "module": settings.module,
             "workdir": Path(settings.workdir).expanduser().resolve(),
             "server_port": settings.server_port,
             "stop_grace": settings.stop_grace,
+            "keep_releases": settings.keep_releases,
             "telemetry": TelemetryConfig(enabled=settings.telemetry_period > 0, tool=settings.telemetry_tool,
                                          period_s=settings.telemetry_period or 1.0),
+            "probe": settings.probe, "probe_requests": settings.probe_requests,
+            "probe_tolerance": settings.probe_tolerance,
+            "probe_profiles": tuple(p.strip() for p in settings.probe_profiles.split(",") if p.strip()),
         }
-        for name in ("probe", "probe_requests", "probe_tolerance"):
-            if hasattr(settings, name):
-                values[name] = getattr(settings, name)
-        if getattr(settings, "probe_profiles", None) is not None:
-            values["probe_profiles"] = tuple(p.strip() for p in settings.probe_profiles.split(",") if p.strip())
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -330,12 +333,14 @@ class _Run:
         except (BadInput, OSError) as exc:
             self.agent_log("unpack", None, [f"refused / failed: {exc}"])
             raise self._fail("unpack", t0, exc) from exc
+        gone = self.store.prune_releases(keep=self.cfg.keep_releases, current=self.sha16)
+        pruned = [f"removed the unpacked releases used least recently, with their caches: {', '.join(gone)}"]
         if done.reused:
             msg = f"release already unpacked in {dest}: reused"
-            self.agent_log("unpack", None, [msg])
+            self.agent_log("unpack", None, [msg] + (pruned if gone else []))
             self._end("unpack", t0, "skipped", msg)
         else:
-            self.agent_log("unpack", None, [f"unpacked {done.members} members into {dest}"])
+            self.agent_log("unpack", None, [f"unpacked {done.members} members into {dest}"] + (pruned if gone else []))
             self._end("unpack", t0)
         return done.top
 

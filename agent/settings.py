@@ -30,6 +30,8 @@ class AgentSettings(BrokerSettings):
     pushgateway_url: str | None = Field(default=None, description="push metrics here too (optional)")
     stop_grace: float = Field(default=15.0, gt=0, description="SIGTERM to SIGKILL of a release process group, s")
     min_free_disk: int = Field(default=2 * 1024**3, ge=0, description="below this free disk the module is bad, bytes")
+    keep_releases: int = Field(default=3, ge=1, description="unpacked releases (and their kernel caches) kept under "
+                                                            "<workdir>/releases, the newest used; this run's included")
     release_roots: list[Path] = Field(
         default_factory=list,
         description="folders a run's tarball may be read from, besides the module's own release cache "

@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Iterable
@@ -111,6 +112,26 @@ class RunStore:
 
     def tilelang_cache(self, sha16: str) -> Path:
         return self.workdir / "cache" / "tilelang" / sha16
+
+    def prune_releases(self, *, keep: int, current: str) -> list[str]:
+        """Remove the unpacked releases beyond the ``keep`` used most recently (``current`` is always
+        kept and marked used now), with their TileLang caches and precompile markers; their names.
+        One run at a time per module: no other run is using them. Staging folders are left alone."""
+        root = self.workdir / "releases"
+        with contextlib.suppress(OSError):
+            os.utime(root / current)
+        try:
+            found = [d for d in root.iterdir() if d.is_dir() and not d.is_symlink() and not d.name.startswith(".")]
+        except OSError:
+            return []
+        by_use = sorted(found, key=lambda d: (d.name != current, -d.stat().st_mtime, d.name))
+        gone = [d.name for d in by_use[keep:]]
+        for name in gone:
+            shutil.rmtree(root / name, ignore_errors=True)
+            shutil.rmtree(self.tilelang_cache(name), ignore_errors=True)
+            for marker in (self.workdir / "cache" / "precompile").glob(f"{name}-*.done"):
+                marker.unlink(missing_ok=True)
+        return gone
 
     @property
     def state_path(self) -> Path:

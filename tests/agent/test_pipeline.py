@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -65,8 +66,15 @@ def test_two_keys_pass_with_seed_figures(make_config, make_request, record_dir, 
 
 
 def test_second_run_skips_precompile(make_config, make_request, release):
-    cfg = make_config(env={"FAKE_PRECOMPILE_SLEEP": "1.5"})
+    cfg = make_config(env={"FAKE_PRECOMPILE_SLEEP": "1.5"}, keep_releases=2)
+    old = {name: cfg.workdir / "releases" / name for name in ("0ld0ld0ld0ld0ld0", "0ld0ld0ld0ld0ld1")}
+    for i, d in enumerate(old.values()):  # two releases unpacked before, the first used longest ago
+        d.mkdir(parents=True)
+        (cfg.workdir / "cache" / "tilelang" / d.name).mkdir(parents=True)
+        os.utime(d, (1000.0 + i, 1000.0 + i))
     first = run_pipeline(make_request(run_id="a"), cfg)
+    assert [n for n, d in old.items() if d.exists()] == ["0ld0ld0ld0ld0ld1"]  # keep_releases=2: this one + newest
+    assert not (cfg.workdir / "cache" / "tilelang" / "0ld0ld0ld0ld0ld0").exists()
     second = run_pipeline(make_request(run_id="b"), cfg)
     assert first.ok and second.ok
     assert first.progress.precompile_cached is False and second.progress.precompile_cached is True

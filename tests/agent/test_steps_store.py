@@ -120,3 +120,26 @@ def test_store_progress_events_state_and_logs(tmp_path):
 def test_run_ids_are_checked(bad):
     with pytest.raises(BadInput, match="run id"):
         check_run_id(bad)
+
+
+def test_prune_releases_keeps_current_and_newest_used(tmp_path):
+    import os
+
+    store = RunStore(tmp_path)
+    names = [f"{i:016x}" for i in range(5)]
+    for i, n in enumerate(names):
+        store.release_dir(n).mkdir(parents=True)
+        store.tilelang_cache(n).mkdir(parents=True)
+        store.precompile_marker(f"{n}-{'ab' * 8}.done").parent.mkdir(parents=True, exist_ok=True)
+        store.precompile_marker(f"{n}-{'ab' * 8}.done").write_text("")
+        os.utime(store.release_dir(n), (1000.0 + i, 1000.0 + i))  # names[4] used last
+    staging = store.workdir / "releases" / ".staging-x-1"
+    staging.mkdir()
+    gone = store.prune_releases(keep=3, current=names[0])  # the oldest is this run's: kept
+    assert sorted(gone) == [names[1], names[2]]
+    assert sorted(p.name for p in (store.workdir / "releases").iterdir()) == [".staging-x-1", names[0], names[3],
+                                                                             names[4]]
+    assert not store.tilelang_cache(names[1]).exists() and store.tilelang_cache(names[0]).exists()
+    assert sorted(p.name for p in store.precompile_marker("x").parent.iterdir()) == [
+        f"{n}-{'ab' * 8}.done" for n in (names[0], names[3], names[4])]
+    assert store.prune_releases(keep=3, current=names[0]) == []  # current now the newest used
