@@ -25,6 +25,7 @@ from typing import Any
 
 from celery import Celery
 
+from agent import malloc
 from agent.errors import BadInput
 from agent.settings import AgentSettings
 from agent.store import RunStore, check_run_id, write_atomic
@@ -585,6 +586,7 @@ def freeze_before_fork() -> None:
 
     gc.collect()
     gc.freeze()
+    malloc.trim()  # what the collection and the imports freed: not copied into the child's RSS
 
 
 def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "prefork") -> None:
@@ -620,6 +622,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
     @worker_ready.connect(weak=False)
     def _serve_metrics(**_: Any) -> None:  # after the pool child is forked: prometheus_client in this process only
         served.start()
+        malloc.trim()  # what Celery's start-up after the fork freed
 
     try:
         worker = app.Worker(
