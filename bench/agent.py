@@ -88,6 +88,56 @@ def read_rollup(pid: int) -> dict[str, float]:
     return {k: v / 1024 for k, v in mib.items()}
 
 
+IMPORTS = """
+import gc, sys
+from pathlib import Path
+
+def rollup():
+    kib = {}
+    for line in open("/proc/self/smaps_rollup"):
+        parts = line.split()
+        if len(parts) == 3 and parts[0].endswith(":"):
+            kib[parts[0][:-1]] = int(parts[1])
+    return kib["Rss"] / 1024, kib["Anonymous"] / 1024
+
+last = rollup()
+
+def stage(name, who):
+    global last
+    gc.collect()
+    now = rollup()
+    rss, anon = now[0] - last[0], now[1] - last[1]
+    print(f"{name:48s} {who:15s} {rss:+7.1f} {anon:+7.1f} {rss - anon:+7.1f} {now[0]:7.1f}")
+    last = now
+
+import celery.apps.worker, celery.concurrency.prefork, kombu.transport.filesystem
+stage("Celery's worker, prefork pool, embedded broker", "both (bare too)")
+import pydantic_core
+stage("pydantic_core", "both")
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+stage("pydantic (BaseModel, Field, validators)", "both")
+import contract.records
+stage("contract.records (its models built)", "both")
+import contract.celery_app, contract.kv, contract.settings
+from agent.settings import AgentSettings
+base = Path(sys.argv[1])
+settings = AgentSettings(module="m1", workdir=base / "work", data_dir=base / "fleet")
+stage("contract settings, kv, celery_app; AgentSettings", "both")
+import agent.worker
+agent.worker.make_heartbeat(settings, "1").model_dump_json()
+stage("agent.worker, one heartbeat", "both")
+import agent.pipeline
+stage("agent.pipeline (imported before the fork)", "both")
+import agent.metrics
+stage("agent.metrics (/metrics, after the fork)", "worker")
+import asyncio, agent.probe
+stage("asyncio, agent.probe (a run's probe)", "pool child")
+from agent import malloc
+malloc.trim()
+stage("malloc_trim(0)", "-")
+"""
+
+
 class Sampler(threading.Thread):
     """Samples the processes of one process tree whose command line is the root's (worker + pool child)."""
 
@@ -219,10 +269,19 @@ def main() -> int:
                     help="run agent and bare worker in this venv of the agent's lock only (made when missing)")
     ap.add_argument("--goal-mib", type=float, default=80.0,
                     help="the agent's RSS during a run, all processes, at most this (median of the rounds)")
+    ap.add_argument("--imports", action="store_true",
+                    help="only: what each import of the agent adds to a process's RSS (one fresh interpreter)")
     args = ap.parse_args()
     if not Path("/proc/self/smaps_rollup").exists():
         raise SystemExit("bench/agent.py needs /proc/<pid>/smaps_rollup (Linux 4.14+)")
     python = _agent_venv(args.agent_venv) if args.agent_venv else Path(sys.executable)
+    if args.imports:
+        print(f"bench/agent.py --imports: MiB each import adds to one fresh interpreter ({python}), in the "
+              f"order the worker loads them; process: which of the agent's processes holds it")
+        print(f"{'import':48s} {'process':15s} {'RSS':>7s} {'anon':>7s} {'file':>7s} {'RSS now':>7s}")
+        with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
+            subprocess.run([str(python), "-c", IMPORTS, tmp], check=True, cwd=ROOT)
+        return 0
     rounds = [one_round(args, python) for _ in range(max(1, args.rounds))]
 
     form = "fleet-agent worker" if args.how == "cli" else "python -m agent.worker"
