@@ -650,14 +650,15 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
         served.stop()
 
 
-def main(config: str | None = None) -> None:
-    """``python -m agent.worker``: settings from ``FLEET_*`` variables and ``FLEET_CONFIG``."""
+def main(config: str | None = None, *, loglevel: str = "INFO") -> None:
+    """``python -m agent.worker`` and ``fleet-agent worker``: settings from ``FLEET_*`` variables and the
+    config file (``config``, else ``FLEET_CONFIG``)."""
     import sys
 
     from contract.settings import load_settings
 
     try:
-        run_worker(load_settings(AgentSettings, config))
+        run_worker(load_settings(AgentSettings, config), loglevel=loglevel)
     except NameInUse as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

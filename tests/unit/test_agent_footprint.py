@@ -7,6 +7,7 @@ of the test process say nothing about a worker's. ``bench/agent.py`` measures th
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 from contract.celery_app import make_app
 from agent.settings import AgentSettings
 from agent.worker import register_tasks
-import agent.cli, agent.pipeline  # the deployed form (`fleet-agent worker`) and what the worker loads for its child
+import agent.entry, agent.pipeline  # the deployed form (`fleet-agent worker`) and what the worker loads for its child
 base = Path(sys.argv[1])
 s = AgentSettings(module="m1", workdir=base / "work", data_dir=base / "fleet", broker_url="filesystem://")
 app = make_app(s, module=s.module)
@@ -41,8 +42,38 @@ def test_the_worker_loads_no_redis_metrics_or_rich_before_the_pool_child_is_fork
     loaded = set(json.loads(out.stdout))
     assert {"celery", "pydantic", "agent"} <= loaded  # the check saw a real worker's imports
     # redis: ~20 MiB per process, for Redis brokers only; prometheus_client: the worker's own process only
-    # (/metrics starts once the child is forked); rich: the commands that print
-    assert not loaded & {"redis", "prometheus_client", "rich"}
+    # (/metrics starts once the child is forked); rich: the commands that print; typer: the other commands
+    assert not loaded & {"redis", "prometheus_client", "rich", "typer"}
+
+
+@pytest.mark.parametrize(("argv", "parsed"), [
+    (["worker"], (None, "INFO")),
+    (["worker", "--config", "/a.toml"], ("/a.toml", "INFO")),
+    (["worker", "-c", "/a.toml", "--loglevel", "DEBUG"], ("/a.toml", "DEBUG")),
+    (["worker", "--config=/a.toml", "--loglevel=WARNING"], ("/a.toml", "WARNING")),
+    (["worker", "--help"], None),
+    (["worker", "--config"], None),
+    (["worker", "--config", "--loglevel"], None),
+    (["worker", "--pool", "solo"], None),
+    (["worker", "-c=/a.toml"], None),
+    (["run", "x.tar.gz"], None),
+    ([], None),
+])
+def test_fleet_agent_worker_is_parsed_without_the_cli_library_and_anything_else_goes_to_it(
+        argv: list[str], parsed: tuple[str | None, str] | None) -> None:
+    from agent.entry import worker_args
+
+    assert worker_args(argv) == parsed
+
+
+def test_fleet_agent_worker_starts_the_worker_without_typer() -> None:
+    code = ("import sys\nfrom agent.entry import main\ntry:\n    main(['worker', '--loglevel', 'WARNING'])\n"
+            "except ValueError as exc:\n    print('refused' if 'bogus' in str(exc) else exc, 'typer' in sys.modules)")
+    env = {**os.environ, "FLEET_BROKER_URL": "bogus://"}  # the settings refuse it before anything starts
+    env.pop("FLEET_CONFIG", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         check=True, env=env)
+    assert out.stdout.split() == ["refused", "False"], out.stdout + out.stderr
 
 
 def test_the_redis_transports_are_built_on_first_use_and_keep_their_checks() -> None:
