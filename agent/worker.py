@@ -25,6 +25,7 @@ from typing import Any
 
 from celery import Celery
 
+from agent import malloc
 from agent.errors import BadInput
 from agent.settings import AgentSettings
 from agent.store import RunStore, check_run_id, write_atomic
@@ -585,6 +586,7 @@ def freeze_before_fork() -> None:
 
     gc.collect()
     gc.freeze()
+    malloc.trim()  # what the collection and the imports freed: not copied into the child's RSS
 
 
 def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "prefork") -> None:
@@ -620,6 +622,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
     @worker_ready.connect(weak=False)
     def _serve_metrics(**_: Any) -> None:  # after the pool child is forked: prometheus_client in this process only
         served.start()
+        malloc.trim()  # what Celery's start-up after the fork freed
 
     try:
         worker = app.Worker(
@@ -647,14 +650,15 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
         served.stop()
 
 
-def main(config: str | None = None) -> None:
-    """``python -m agent.worker``: settings from ``FLEET_*`` variables and ``FLEET_CONFIG``."""
+def main(config: str | None = None, *, loglevel: str = "INFO") -> None:
+    """``python -m agent.worker`` and ``fleet-agent worker``: settings from ``FLEET_*`` variables and the
+    config file (``config``, else ``FLEET_CONFIG``)."""
     import sys
 
     from contract.settings import load_settings
 
     try:
-        run_worker(load_settings(AgentSettings, config))
+        run_worker(load_settings(AgentSettings, config), loglevel=loglevel)
     except NameInUse as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -7,7 +7,9 @@ task). Samples every process of each (the release's own server and benchmark scr
 benchmark, not the agent) and prints, per process and in total:
 
 * RSS and PSS (PSS shares the pages a forked pool child has in common with its parent), the
-  largest seen in the phase;
+  largest seen in the phase, and where that RSS lies (``/proc/<pid>/smaps_rollup`` at that sample):
+  anonymous pages (heap, Python's arenas: what the process built) against file pages (code of the
+  interpreter and of the extension modules it ran), and private dirty (what fork did not share);
 * CPU in *module time*: CPU-seconds per hour of validation at time scale 1 (the simulator runs
   N x faster than a module; an hour of a module's time passes in 1/N hour here).
 
@@ -15,7 +17,8 @@ Phases: ``idle`` (heartbeats only, ``--idle`` seconds) and ``run`` (a validation
 ``--models`` on the simulated module, at ``--time-scale``).
 
 Goal (issue 18): the agent's RSS while a benchmark runs (all its processes, exporter included)
-<= the bare worker's in the same run; exits 1 when missed.
+<= 80 MiB (``--goal-mib``); the median over ``--rounds`` rounds (each: fresh agent, fresh bare worker,
+side by side) is printed with its spread, and the bench exits 1 when the median misses the goal.
 
 ``--agent-venv DIR`` runs both (agent and bare worker) in a virtualenv holding only what a module
 installs (``requirements-agent.lock``; made there when missing, with uv): the development venv
@@ -25,8 +28,8 @@ they are present (pyyaml, greenlet, cffi, opentelemetry), for the agent and the 
 ``--how cli`` starts the agent as its systemd unit does (``fleet-agent worker``) instead of
 ``python -m agent.worker`` (the demo's form).
 
-Usage: .venv/bin/python bench/agent.py [--idle 20] [--models qwen3] [--time-scale 50] [--how module|cli]
-       [--agent-venv .venv-agent]
+Usage: flock /tmp/bench.lock .venv/bin/python bench/agent.py [--rounds 3] [--idle 10] [--models qwen3]
+       [--time-scale 50] [--how module|cli] [--agent-venv .venv-agent] [--goal-mib 80]
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,6 +72,72 @@ app.Worker(concurrency=1, pool="prefork", loglevel="WARNING", without_gossip=Tru
 """
 
 
+FIELDS = ("rss", "pss", "anon", "file", "private_dirty")
+
+
+def read_rollup(pid: int) -> dict[str, float]:
+    """MiB of ``/proc/<pid>/smaps_rollup``: rss, pss, anon (anonymous), file (rss - anon), private_dirty."""
+    kib: dict[str, int] = {}
+    with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) == 3 and parts[0].endswith(":"):
+                kib[parts[0][:-1]] = int(parts[1])
+    mib = {"rss": kib["Rss"], "pss": kib["Pss"], "anon": kib["Anonymous"], "file": kib["Rss"] - kib["Anonymous"],
+           "private_dirty": kib["Private_Dirty"]}
+    return {k: v / 1024 for k, v in mib.items()}
+
+
+IMPORTS = """
+import gc, sys
+from pathlib import Path
+
+def rollup():
+    kib = {}
+    for line in open("/proc/self/smaps_rollup"):
+        parts = line.split()
+        if len(parts) == 3 and parts[0].endswith(":"):
+            kib[parts[0][:-1]] = int(parts[1])
+    return kib["Rss"] / 1024, kib["Anonymous"] / 1024
+
+last = rollup()
+
+def stage(name, who):
+    global last
+    gc.collect()
+    now = rollup()
+    rss, anon = now[0] - last[0], now[1] - last[1]
+    print(f"{name:48s} {who:15s} {rss:+7.1f} {anon:+7.1f} {rss - anon:+7.1f} {now[0]:7.1f}")
+    last = now
+
+import celery.apps.worker, celery.concurrency.prefork, kombu.transport.filesystem
+stage("Celery's worker, prefork pool, embedded broker", "both (bare too)")
+import pydantic_core
+stage("pydantic_core", "both")
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+stage("pydantic (BaseModel, Field, validators)", "both")
+import contract.records
+stage("contract.records (its models built)", "both")
+import contract.celery_app, contract.kv, contract.settings
+from agent.settings import AgentSettings
+base = Path(sys.argv[1])
+settings = AgentSettings(module="m1", workdir=base / "work", data_dir=base / "fleet")
+stage("contract settings, kv, celery_app; AgentSettings", "both")
+import agent.worker
+agent.worker.make_heartbeat(settings, "1").model_dump_json()
+stage("agent.worker, one heartbeat", "both")
+import agent.pipeline
+stage("agent.pipeline (imported before the fork)", "both")
+import agent.metrics
+stage("agent.metrics (/metrics, after the fork)", "worker")
+import asyncio, agent.probe
+stage("asyncio, agent.probe (a run's probe)", "pool child")
+from agent import malloc
+malloc.trim()
+stage("malloc_trim(0)", "-")
+"""
+
+
 class Sampler(threading.Thread):
     """Samples the processes of one process tree whose command line is the root's (worker + pool child)."""
 
@@ -77,9 +147,9 @@ class Sampler(threading.Thread):
         self.cmd = self.root.cmdline()
         self.interval = interval
         self.stop_at = threading.Event()
-        self.peak: dict[str, tuple[float, float]] = {}  # role -> (rss MiB, pss MiB), largest seen
+        self.lock = threading.Lock()
+        self.peak: dict[str, dict[str, float]] = {}  # role -> smaps_rollup MiB at its largest RSS; pss: largest
         self.cpu: dict[int, float] = {}  # pid -> user+system s, last seen
-        self.roles: dict[int, str] = {}
 
     def procs(self) -> list[psutil.Process]:
         try:
@@ -99,14 +169,17 @@ class Sampler(threading.Thread):
         for p in self.procs():
             try:
                 role = "worker" if p.pid == self.root.pid else "pool child"
-                mem = p.memory_full_info()
+                mem = read_rollup(p.pid)
                 t = p.cpu_times()
-            except psutil.Error:
+            except (psutil.Error, OSError, KeyError):
                 continue
-            self.roles[p.pid] = role
-            self.cpu[p.pid] = t.user + t.system
-            rss, pss = self.peak.get(role, (0.0, 0.0))
-            self.peak[role] = (max(rss, mem.rss / 2**20), max(pss, mem.pss / 2**20))
+            with self.lock:
+                self.cpu[p.pid] = t.user + t.system
+                was = self.peak.get(role)
+                if was is None or mem["rss"] > was["rss"]:
+                    self.peak[role] = {**mem, "pss": max(mem["pss"], was["pss"] if was else 0.0)}
+                else:
+                    was["pss"] = max(was["pss"], mem["pss"])
 
     def run(self) -> None:
         while not self.stop_at.is_set():
@@ -115,24 +188,24 @@ class Sampler(threading.Thread):
 
     def phase(self) -> tuple[dict[int, float], float]:
         self.sample()
-        return dict(self.cpu), time.monotonic()
+        with self.lock:
+            return dict(self.cpu), time.monotonic()
+
+    def take_peak(self) -> dict[str, dict[str, float]]:
+        with self.lock:
+            peak, self.peak = self.peak, {}
+            return peak
 
 
 def cpu_between(a: tuple[dict[int, float], float], b: tuple[dict[int, float], float]) -> float:
     return sum(v - a[0].get(pid, 0.0) for pid, v in b[0].items())
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--idle", type=float, default=20.0, help="seconds of the idle phase")
-    ap.add_argument("--models", default="qwen3")
-    ap.add_argument("--time-scale", type=float, default=50.0)
-    ap.add_argument("--how", choices=("module", "cli"), default="module",
-                    help="start the agent as `python -m agent.worker` or as `fleet-agent worker` (the unit's form)")
-    ap.add_argument("--agent-venv", type=Path, default=None,
-                    help="run agent and bare worker in this venv of the agent's lock only (made when missing)")
-    args = ap.parse_args()
+Peaks = dict[str, dict[str, dict[str, float]]]  # who -> role -> smaps_rollup MiB
 
+
+def one_round(args: argparse.Namespace, python: Path) -> dict[str, object]:
+    """Agent and bare worker side by side: idle, then one validation; their peaks and CPU per phase."""
     from controller.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
     from controller.settings import ControllerSettings
     from simulator import build_release, make_models
@@ -146,7 +219,6 @@ def main() -> int:
         rel = build_release(base / "release", time_scale=args.time_scale, seed=1)
         make_models(base / "modules" / name / "models")
         port = _free_port()
-        python = _agent_venv(args.agent_venv) if args.agent_venv else Path(sys.executable)
         # `sh -c 'exec ...' sh python -m agent.worker`: the shell becomes the agent (its own interpreter, its form)
         how = f"{python.parent / 'fleet-agent'} worker" if args.how == "cli" else f"{python} -m agent.worker"
         agent = start_worker(name, base, settings, sim_env={"FLEET_METRICS_PORT": str(port)},
@@ -162,12 +234,10 @@ def main() -> int:
             t0 = {k: s.phase() for k, s in samplers.items()}
             time.sleep(args.idle)
             t1 = {k: s.phase() for k, s in samplers.items()}
-            idle_peak = {k: dict(s.peak) for k, s in samplers.items()}
-            for s in samplers.values():
-                s.peak.clear()
+            idle_peak = {k: s.take_peak() for k, s in samplers.items()}
             run_s = _validate(settings, rel.path, args.models)
             t2 = {k: s.phase() for k, s in samplers.items()}
-            run_peak = {k: dict(s.peak) for k, s in samplers.items()}
+            run_peak = {k: s.take_peak() for k, s in samplers.items()}
             for s in samplers.values():
                 s.stop_at.set()
         finally:
@@ -178,31 +248,79 @@ def main() -> int:
                 bare.wait(timeout=10)
             with _suppress():
                 os.killpg(bare.pid, signal.SIGKILL)
+    per_hour: dict[tuple[str, str], float] = {}
+    for who in samplers:
+        idle_cpu, run_cpu = cpu_between(t0[who], t1[who]), cpu_between(t1[who], t2[who])
+        # idle: heartbeats tick in real time (no compression); run: simulated module time
+        per_hour[who, "idle"] = idle_cpu / (t1[who][1] - t0[who][1]) * 3600
+        per_hour[who, "run"] = run_cpu / ((t2[who][1] - t1[who][1]) * args.time_scale) * 3600
+    return {"idle": idle_peak, "run": run_peak, "cpu": per_hour, "run_s": run_s}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3, help="fresh agent and bare worker each round; medians printed")
+    ap.add_argument("--idle", type=float, default=10.0, help="seconds of the idle phase")
+    ap.add_argument("--models", default="qwen3")
+    ap.add_argument("--time-scale", type=float, default=50.0)
+    ap.add_argument("--how", choices=("module", "cli"), default="module",
+                    help="start the agent as `python -m agent.worker` or as `fleet-agent worker` (the unit's form)")
+    ap.add_argument("--agent-venv", type=Path, default=None,
+                    help="run agent and bare worker in this venv of the agent's lock only (made when missing)")
+    ap.add_argument("--goal-mib", type=float, default=80.0,
+                    help="the agent's RSS during a run, all processes, at most this (median of the rounds)")
+    ap.add_argument("--imports", action="store_true",
+                    help="only: what each import of the agent adds to a process's RSS (one fresh interpreter)")
+    args = ap.parse_args()
+    if not Path("/proc/self/smaps_rollup").exists():
+        raise SystemExit("bench/agent.py needs /proc/<pid>/smaps_rollup (Linux 4.14+)")
+    python = _agent_venv(args.agent_venv) if args.agent_venv else Path(sys.executable)
+    if args.imports:
+        print(f"bench/agent.py --imports: MiB each import adds to one fresh interpreter ({python}), in the "
+              f"order the worker loads them; process: which of the agent's processes holds it")
+        print(f"{'import':48s} {'process':15s} {'RSS':>7s} {'anon':>7s} {'file':>7s} {'RSS now':>7s}")
+        with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
+            subprocess.run([str(python), "-c", IMPORTS, tmp], check=True, cwd=ROOT)
+        return 0
+    rounds = [one_round(args, python) for _ in range(max(1, args.rounds))]
 
     form = "fleet-agent worker" if args.how == "cli" else "python -m agent.worker"
     where = f" in {args.agent_venv} (agent lock only)" if args.agent_venv else ""
-    print(f"bench/agent.py: agent started as `{form}`{where}; idle {args.idle:.0f} s, then a validation of "
-          f"{args.models} at time scale {args.time_scale:g} ({run_s:.0f} s here = "
-          f"{run_s * args.time_scale / 60:.0f} min of module time)")
-    print(f"{'':12s} {'phase':5s} {'process':11s} {'RSS MiB':>8s} {'PSS MiB':>8s}   CPU s per module-hour")
-    total_run_rss = {}
-    for who in samplers:
-        for phase, peak, a, b, scale_s in (("idle", idle_peak, t0, t1, None), ("run", run_peak, t1, t2, run_s)):
-            wall = b[who][1] - a[who][1]
-            cpu = cpu_between(a[who], b[who])
-            # idle: heartbeats tick in real time (no compression); run: simulated module time
-            per_hour = cpu / wall * 3600 if scale_s is None else cpu / (wall * args.time_scale) * 3600
-            rss_sum = sum(r for r, _ in peak[who].values())
-            pss_sum = sum(p for _, p in peak[who].values())
-            for role, (rss, pss) in sorted(peak[who].items()):
-                print(f"{who:12s} {phase:5s} {role:11s} {rss:8.1f} {pss:8.1f}")
-            print(f"{who:12s} {phase:5s} {'all':11s} {rss_sum:8.1f} {pss_sum:8.1f}   {per_hour:8.1f}")
+    run_s = statistics.median(float(r["run_s"]) for r in rounds)  # type: ignore[arg-type]
+    print(f"bench/agent.py: agent started as `{form}`{where}; {len(rounds)} round(s), each: idle {args.idle:.0f} s, "
+          f"then a validation of {args.models} at time scale {args.time_scale:g} ({run_s:.0f} s here = "
+          f"{run_s * args.time_scale / 60:.0f} min of module time); load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("MiB, the sample of largest RSS per process (PSS: its largest); median over the rounds [min-max] "
+          "where they differ; anon: heap and Python's arenas, file: code pages mapped; CPU s per module-hour")
+    print(f"{'':12s} {'phase':5s} {'process':11s} {'RSS':>16s} {'PSS':>16s} {'anon':>6s} {'file':>6s} "
+          f"{'priv.dirty':>10s} {'CPU':>6s}")
+    run_rss: dict[str, list[float]] = {}
+    for who in ("agent", "bare celery"):
+        for phase in ("idle", "run"):
+            peaks: list[dict[str, dict[str, float]]] = [r[phase][who] for r in rounds]  # type: ignore[index]
+            for role in sorted({role for p in peaks for role in p}):
+                vals = {f: [p[role][f] for p in peaks if role in p] for f in FIELDS}
+                print(f"{who:12s} {phase:5s} {role:11s} {_spread(vals['rss']):>16s} {_spread(vals['pss']):>16s} "
+                      f"{statistics.median(vals['anon']):6.1f} {statistics.median(vals['file']):6.1f} "
+                      f"{statistics.median(vals['private_dirty']):10.1f}")
+            totals = {f: [sum(p[role][f] for role in p) for p in peaks] for f in ("rss", "pss")}
+            cpu = statistics.median(float(r["cpu"][who, phase]) for r in rounds)  # type: ignore[index]
+            print(f"{who:12s} {phase:5s} {'all':11s} {_spread(totals['rss']):>16s} {_spread(totals['pss']):>16s} "
+                  f"{'':6s} {'':6s} {'':10s} {cpu:6.1f}")
             if phase == "run":
-                total_run_rss[who] = rss_sum
-    ok = total_run_rss["agent"] <= total_run_rss["bare celery"]
-    print(f"goal: agent RSS during a run (all processes, exporter thread included) <= bare Celery worker: "
-          f"{'met' if ok else 'NOT met'} ({total_run_rss['agent']:.0f} vs {total_run_rss['bare celery']:.0f} MiB)")
+                run_rss[who] = totals["rss"]
+    agent, bare = statistics.median(run_rss["agent"]), statistics.median(run_rss["bare celery"])
+    ok = agent <= args.goal_mib
+    print(f"goal: agent RSS during a run (all processes, exporter thread included) <= {args.goal_mib:g} MiB: "
+          f"{'met' if ok else 'NOT met'} ({agent:.1f} MiB; bare Celery prefork worker in the same rounds "
+          f"{bare:.1f} MiB, agent - bare {agent - bare:+.1f} MiB)")
     return 0 if ok else 1
+
+
+def _spread(values: list[float]) -> str:
+    med, lo, hi = statistics.median(values), min(values), max(values)
+    return f"{med:.1f}" if hi - lo < 0.05 else f"{med:.1f} [{lo:.1f}-{hi:.1f}]"
 
 
 def _validate(settings, tarball: Path, models: str) -> float:  # type: ignore[no-untyped-def]

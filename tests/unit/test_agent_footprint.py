@@ -7,6 +7,7 @@ of the test process say nothing about a worker's. ``bench/agent.py`` measures th
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 from contract.celery_app import make_app
 from agent.settings import AgentSettings
 from agent.worker import register_tasks
-import agent.cli, agent.pipeline  # the deployed form (`fleet-agent worker`) and what the worker loads for its child
+import agent.entry, agent.pipeline  # the deployed form (`fleet-agent worker`) and what the worker loads for its child
 base = Path(sys.argv[1])
 s = AgentSettings(module="m1", workdir=base / "work", data_dir=base / "fleet", broker_url="filesystem://")
 app = make_app(s, module=s.module)
@@ -41,8 +42,38 @@ def test_the_worker_loads_no_redis_metrics_or_rich_before_the_pool_child_is_fork
     loaded = set(json.loads(out.stdout))
     assert {"celery", "pydantic", "agent"} <= loaded  # the check saw a real worker's imports
     # redis: ~20 MiB per process, for Redis brokers only; prometheus_client: the worker's own process only
-    # (/metrics starts once the child is forked); rich: the commands that print
-    assert not loaded & {"redis", "prometheus_client", "rich"}
+    # (/metrics starts once the child is forked); rich: the commands that print; typer: the other commands
+    assert not loaded & {"redis", "prometheus_client", "rich", "typer"}
+
+
+@pytest.mark.parametrize(("argv", "parsed"), [
+    (["worker"], (None, "INFO")),
+    (["worker", "--config", "/a.toml"], ("/a.toml", "INFO")),
+    (["worker", "-c", "/a.toml", "--loglevel", "DEBUG"], ("/a.toml", "DEBUG")),
+    (["worker", "--config=/a.toml", "--loglevel=WARNING"], ("/a.toml", "WARNING")),
+    (["worker", "--help"], None),
+    (["worker", "--config"], None),
+    (["worker", "--config", "--loglevel"], None),
+    (["worker", "--pool", "solo"], None),
+    (["worker", "-c=/a.toml"], None),
+    (["run", "x.tar.gz"], None),
+    ([], None),
+])
+def test_fleet_agent_worker_is_parsed_without_the_cli_library_and_anything_else_goes_to_it(
+        argv: list[str], parsed: tuple[str | None, str] | None) -> None:
+    from agent.entry import worker_args
+
+    assert worker_args(argv) == parsed
+
+
+def test_fleet_agent_worker_starts_the_worker_without_typer() -> None:
+    code = ("import sys\nfrom agent.entry import main\ntry:\n    main(['worker', '--loglevel', 'WARNING'])\n"
+            "except ValueError as exc:\n    print('refused' if 'bogus' in str(exc) else exc, 'typer' in sys.modules)")
+    env = {**os.environ, "FLEET_BROKER_URL": "bogus://"}  # the settings refuse it before anything starts
+    env.pop("FLEET_CONFIG", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         check=True, env=env)
+    assert out.stdout.split() == ["refused", "False"], out.stdout + out.stderr
 
 
 def test_the_redis_transports_are_built_on_first_use_and_keep_their_checks() -> None:
@@ -90,6 +121,37 @@ def test_a_full_collection_in_the_child_copies_the_shared_pages_unless_frozen_be
         grown[how] = int(out.stdout) / 1024  # MiB the child's collection made private
     assert grown["freeze"] < 3, grown
     assert grown["plain"] > grown["freeze"] + 5, grown  # ~16 MiB here: why the worker freezes
+
+
+TRIM = """
+import sys
+from agent.worker import freeze_before_fork
+
+def rss_kib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+
+blocks = [bytes(2000) for _ in range(40000)]  # 80 MiB through malloc (over pymalloc's 512 bytes)
+kept = blocks[::10]  # one block in ten stays: the heap cannot shrink from its top
+del blocks
+before = rss_kib()
+freeze_before_fork()
+print(before - rss_kib())
+"""
+
+
+def test_the_worker_hands_freed_heap_pages_back_before_the_fork() -> None:
+    if not Path("/proc/self/status").exists():
+        pytest.skip("needs /proc/self/status (Linux) to read a process's RSS")
+    from agent import malloc
+
+    if not malloc.trim():
+        pytest.skip("needs glibc's malloc_trim (this libc has none)")
+    out = subprocess.run([sys.executable, "-c", TRIM], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         check=True)
+    # the freed blocks lie between kept ones: glibc keeps them resident until malloc_trim hands them back
+    assert int(out.stdout) / 1024 > 20, out.stdout
 
 
 def _free_port() -> int:
