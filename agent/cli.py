@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # rich is imported by the commands that print: `fleet-agent w
 
 from agent.errors import BadInput
 from agent.executor import EventCancelToken
+from contract.errors import error_line
 from contract.records import ResultRow, RunProgress, RunRequest, UnknownModelKey, parse_model_keys, release_version_of
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="m1000-fleet agent on one module.")
@@ -102,7 +103,7 @@ def run(
             model_root=str(model_root.resolve()),
         )
     except (BadInput, UnknownModelKey, ValueError) as exc:
-        raise _bad_input(_one_line(exc)) from None
+        raise _bad_input(error_line(exc)) from None
 
     err = _console(stderr=True)
     token = EventCancelToken()
@@ -121,18 +122,6 @@ def run(
 def local_run_id() -> str:
     """``local-YYYYMMDD-HHMMSS-<6 hex>``: random bits, so two runs started in one second never share an id."""
     return time.strftime("local-%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
-
-
-def _one_line(exc: Exception) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):  # pydantic ValidationError: the first problem, on one line
-        try:
-            first = errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            return f"{where}: {first.get('msg')}"
-        except (IndexError, TypeError, AttributeError):
-            pass
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _status_line(p: RunProgress) -> str:
@@ -292,7 +281,7 @@ def probe(
         Transport(url)  # the URL's form, checked before anything runs
         count = _tokenizer(tokenizer)
     except (BadInput, ValueError) as exc:
-        raise _bad_input(_one_line(exc)) from None
+        raise _bad_input(error_line(exc)) from None
     err = _console(stderr=True)
     stopping = {"yes": False}
     previous = signal.signal(signal.SIGINT, lambda *_: stopping.update(yes=True))
@@ -348,14 +337,9 @@ def worker(
     loglevel: str = typer.Option("INFO", "--loglevel"),
 ) -> None:
     """Serve this module's Celery queue (one run at a time), heartbeat, and /metrics."""
-    from agent.settings import AgentSettings
-    from agent.worker import NameInUse, run_worker
-    from contract.settings import load_settings
+    from agent.worker import main as worker_main
 
-    try:
-        run_worker(load_settings(AgentSettings, config), loglevel=loglevel)
-    except NameInUse as exc:
-        raise _bad_input(str(exc)) from None
+    worker_main(str(config) if config is not None else None, loglevel=loglevel)
 
 
 @app.command()

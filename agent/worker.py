@@ -655,10 +655,16 @@ def main(config: str | None = None, *, loglevel: str = "INFO") -> None:
     config file (``config``, else ``FLEET_CONFIG``)."""
     import sys
 
-    from contract.settings import load_settings
+    from contract.errors import error_line
+    from contract.settings import SettingsError, load_settings
 
     try:
-        run_worker(load_settings(AgentSettings, config), loglevel=loglevel)
+        settings = load_settings(AgentSettings, config)
+    except (SettingsError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        print(f"error: settings: {error_line(exc)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        run_worker(settings, loglevel=loglevel)
     except NameInUse as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from contract.errors import error_line
 from controller.cli_output import EXIT_ERROR, Output, emit, error, new_app, output_option, stderr, stdout
 
 if TYPE_CHECKING:
@@ -487,19 +488,6 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 
         types.append(DeployError)
     return tuple(types)
-
-
-def error_line(exc: BaseException) -> str:
-    """One line for a user error (pydantic's errors: the first problem)."""
-    from pydantic import ValidationError
-
-    if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        return f"{where}: {first.get('msg')}{more}"
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -80,3 +80,29 @@ def test_bad_tarball_name(env, capsys):
     (env / "release.tgz").write_bytes(b"x")
     code, err = run(capsys, "-i", "inv.toml", "validate", "release.tgz")
     assert code == 2 and "not a release tarball name" in one_line(err)
+
+
+# the agent's worker, as the systemd unit starts it: a bad setting is one line and exit 2, not a traceback
+@pytest.mark.parametrize(("how", "env_extra", "toml", "says"), [
+    ("fleet-agent", {"FLEET_SERVER_PORT": "notaport"}, None, "server_port: Input should be a valid integer"),
+    ("fleet-agent", {}, '[agent]\nserver_port = "x"\n', "server_port: Input should be a valid integer"),
+    ("fleet-agent", {}, "[agent\n", "not valid TOML"),
+    ("typer", {"FLEET_SERVER_PORT": "notaport"}, None, "server_port: Input should be a valid integer"),
+])
+def test_agent_worker_bad_settings_one_line(tmp_path, how, env_extra, toml, says):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(env_extra, FLEET_WORKDIR=str(tmp_path / "work"), FLEET_DATA_DIR=str(tmp_path / "data"))
+    args = ["worker"]
+    if toml is not None:
+        (tmp_path / "agent.toml").write_text(toml)
+        args += ["--config", str(tmp_path / "agent.toml")]
+    code = ("from agent.entry import main; main()" if how == "fleet-agent" else
+            "import sys; sys.argv[0] = 'fleet-agent'; from agent.cli import main; main()")
+    r = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: settings: ") and says in lines[0], r.stderr
