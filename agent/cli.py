@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # rich is imported by the commands that print: `fleet-agent w
 
 from agent.errors import BadInput
 from agent.executor import EventCancelToken
-from contract.errors import error_line
+from contract.oneline import error_line
 from contract.records import ResultRow, RunProgress, RunRequest, UnknownModelKey, parse_model_keys, release_version_of
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="m1000-fleet agent on one module.")

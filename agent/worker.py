@@ -655,7 +655,7 @@ def main(config: str | None = None, *, loglevel: str = "INFO") -> None:
     config file (``config``, else ``FLEET_CONFIG``)."""
     import sys
 
-    from contract.errors import error_line
+    from contract.oneline import error_line
     from contract.settings import SettingsError, load_settings
 
     try:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from contract.errors import error_line
+from contract.oneline import error_line
 from controller.cli_output import EXIT_ERROR, Output, emit, error, new_app, output_option, stderr, stdout
 
 if TYPE_CHECKING:
