@@ -3,6 +3,7 @@
 Layout under the agent's workdir::
 
     releases/<sha16>/                    the unpacked release (staging, then rename)
+    cache/verified/<sha16>.sha256        its tarball's sha256, once verified (a later run skips the hash)
     cache/precompile/<sha16>-<h>.done    a finished precompile of that release + model set
     cache/tilelang/<sha16>/              TILELANG_CACHE_DIR given to the release's scripts
     runs/<run_id>/request.json           the RunRequest
@@ -105,6 +106,10 @@ class RunStore:
 
     def release_dir(self, sha16: str) -> Path:
         return self.workdir / "releases" / sha16
+
+    def release_verified(self, sha16: str) -> Path:
+        """The full sha256 of the tarball ``release_dir(sha16)`` was unpacked from, once it was verified."""
+        return self.workdir / "cache" / "verified" / f"{sha16}.sha256"
 
     def precompile_marker(self, name: str) -> Path:
         return self.workdir / "cache" / "precompile" / name
