@@ -314,7 +314,7 @@ class Fleet:
         self.history.upsert_progress_many([*failed, *(
             RunProgress(run_id=run_id, module=r.module, release=release, step="queued", keys_total=len(models),
                         updated_at=now) for r in requests)])
-        payloads = [(r.module, [r.model_dump(mode="json")]) for r in requests]
+        payloads: list[tuple[str, list[object]]] = [(r.module, [r.model_dump(mode="json")]) for r in requests]
         for name, args in payloads:
             try:
                 self.send(name, RUN_TASK, args, task_id=f"{run_id}.{name}", ignore_result=True)
