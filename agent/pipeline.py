@@ -315,13 +315,26 @@ class _Run:
     def _fetch(self) -> None:
         t0 = self._begin(RunState.FETCHING, "fetch")
         path = Path(self.req.tarball)
+        sha = self.req.sha256.lower()
+        # a release verified before and unpacked here is not read again: the run uses the unpacked copy, and
+        # hashing a multi-GiB tarball on every run is seconds of the module's CPU
+        verified = self.store.release_verified(self.sha16)
+        if self.store.release_dir(self.sha16).is_dir() and _read_text(verified) == sha:
+            msg = f"release {sha[:16]} already verified and unpacked here: {path} not read again"
+            self.agent_log("fetch", None, [msg])
+            self._end("fetch", t0, "skipped", msg)
+            return
         check = self.check("fetch", deadline=t0 + self.cfg.fetch_timeout, timeout=self.cfg.fetch_timeout)
         try:
             verify_sha256(path, self.req.sha256, check=check)
         except BadInput as exc:
             self.agent_log("fetch", None, [f"refused {path}: {exc}"])
             raise self._fail("fetch", t0, exc) from exc
-        self.agent_log("fetch", None, [f"{path}: sha256 {self.req.sha256.lower()} verified"])
+        try:
+            write_atomic(verified, sha + "\n")
+        except OSError as exc:  # the next run hashes it again
+            log.warning("could not record the verified digest in %s: %s", verified, exc)
+        self.agent_log("fetch", None, [f"{path}: sha256 {sha} verified"])
         self._end("fetch", t0)
 
     def _unpack(self) -> Path:
@@ -621,6 +634,13 @@ class _Run:
                    message=f"{len(probes)} profile(s), {len(found)} disagreement(s)"
                    + (f", errors {errors}" if errors else ""))
         return checked + probes
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def _append_log(path: Path, lines: list[str]) -> None:

@@ -3,6 +3,7 @@
 Layout under the agent's workdir::
 
     releases/<sha16>/                    the unpacked release (staging, then rename)
+    cache/verified/<sha16>.sha256        its tarball's sha256, once verified (a later run skips the hash)
     cache/precompile/<sha16>-<h>.done    a finished precompile of that release + model set
     cache/tilelang/<sha16>/              TILELANG_CACHE_DIR given to the release's scripts
     runs/<run_id>/request.json           the RunRequest
@@ -107,6 +108,10 @@ class RunStore:
     def release_dir(self, sha16: str) -> Path:
         return self.workdir / "releases" / sha16
 
+    def release_verified(self, sha16: str) -> Path:
+        """The full sha256 of the tarball ``release_dir(sha16)`` was unpacked from, once it was verified."""
+        return self.workdir / "cache" / "verified" / f"{sha16}.sha256"
+
     def precompile_marker(self, name: str) -> Path:
         return self.workdir / "cache" / "precompile" / name
 
@@ -115,7 +120,8 @@ class RunStore:
 
     def prune_releases(self, *, keep: int, current: str) -> list[str]:
         """Remove the unpacked releases beyond the ``keep`` used most recently (``current`` is always
-        kept and marked used now), with their TileLang caches and precompile markers; their names.
+        kept and marked used now), with their TileLang caches, verified digests and precompile markers;
+        their names.
         One run at a time per module: no other run is using them. Staging folders are left alone."""
         root = self.workdir / "releases"
         with contextlib.suppress(OSError):
@@ -129,6 +135,7 @@ class RunStore:
         for name in gone:
             shutil.rmtree(root / name, ignore_errors=True)
             shutil.rmtree(self.tilelang_cache(name), ignore_errors=True)
+            self.release_verified(name).unlink(missing_ok=True)
             for marker in (self.workdir / "cache" / "precompile").glob(f"{name}-*.done"):
                 marker.unlink(missing_ok=True)
         return gone

@@ -362,9 +362,13 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
 
     workdir = settings.workdir.expanduser()
     run_dir = workdir / "runs" / req.run_id
-    left = reap_orphans(workdir)  # a killed pool child's servers: the port must be free before this run
-    if left:
-        log.warning("stopped %d processes left by an earlier run: %s", len(left), left)
+    # a killed pool child's servers: the port must be free before this run. Only a run that did not end
+    # leaves any (state.json still names it; a run that ends stopped what it started), and the scan reads
+    # every process of the machine: skipped otherwise
+    if RunStore(workdir).current_run() is not None:
+        left = reap_orphans(workdir)
+        if left:
+            log.warning("stopped %d processes left by an earlier run: %s", len(left), left)
     outbox_path(workdir, req.run_id).unlink(missing_ok=True)  # this delivery supersedes a waiting state
 
     def finish(state: RunState, step: str, message: str) -> dict[str, Any]:

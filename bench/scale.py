@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -83,6 +84,7 @@ class Result:
     load: float
     idle_worker_cpu: float  # CPU of one idle worker (main process + pool child), s per s
     module_cpu_parts: tuple[float, ...]  # module_cpu as: worker main process, pool child (pipeline), release processes
+    timeline: dict[str, list[float]]  # milestone -> s after dispatch, one value per module that reached it
 
 
 def tree_cpu(pid: int) -> float:
@@ -186,6 +188,80 @@ def statuses_cpu(settings: ControllerSettings, mods: list, index: bool) -> float
         history.close()
 
 
+MILESTONES = (
+    ("received", "the worker took the run message (its log)"),
+    ("started", "the pipeline began (progress started_at)"),
+    ("unpacked", "unpack done"),
+    ("precompile", "generate and environment done, precompile started"),
+    ("compiled", "precompile done"),
+    ("server up", "the server answered /health"),
+    ("benchmarked", "the release's benchmark done"),
+    ("last row", "the probe done: the key's rows final"),
+    ("final", "the module's final state (finished_at)"),
+    ("seen", "the controller's sync saw it"),
+)
+_EVENT_MILESTONES = {("unpack", "ok"): "unpacked", ("unpack", "skipped"): "unpacked",
+                     ("precompile", "start"): "precompile", ("precompile", "ok"): "compiled",
+                     ("precompile", "skipped"): "compiled", ("server", "ok"): "server up",
+                     ("benchmark", "ok"): "benchmarked", ("probe", "ok"): "last row"}
+_RECEIVED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO celery\.worker\.strategy: Task \S+\[([^\]]+)\] "
+                       r"received")
+
+
+def module_timeline(mod_dir: Path, run_id: str, t0: float, progress: Any, seen: float | None) -> dict[str, float]:
+    """When one module reached each milestone of ``MILESTONES``, in s after ``t0`` (dispatch), from its own files:
+    the worker's log, the run's ``events.jsonl``, and its final progress."""
+    import json
+
+    out: dict[str, float] = {}
+    try:
+        for line in (mod_dir / "worker.log").read_text(encoding="utf-8", errors="replace").splitlines():
+            m = _RECEIVED.match(line)
+            if m and run_id in m.group(3):
+                stamp = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+                out.setdefault("received", stamp - t0)
+    except OSError:
+        pass
+    if progress is not None and progress.started_at:
+        out["started"] = progress.started_at - t0
+    try:
+        lines = (mod_dir / "work" / "runs" / run_id / "events.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        name = _EVENT_MILESTONES.get((ev.get("step"), ev.get("status")))
+        if name is not None:
+            out.setdefault(name, float(ev["ts"]) - t0)
+    if progress is not None and progress.finished_at:
+        out["final"] = progress.finished_at - t0
+    if seen is not None:
+        out["seen"] = seen - t0
+    return out
+
+
+def timeline_table(results: list[Result]) -> str:
+    """Milestones of every module's run, s after dispatch: N=1, then median / max over the N modules."""
+    lines = ["| milestone (s after dispatch) | " + " | ".join(
+        f"N={r.n}" if r.n == 1 else f"N={r.n} median / max" for r in results) + " |"]
+    lines.append("|" + " --- |" * (len(results) + 1))
+    for name, what in MILESTONES:
+        cells = []
+        for r in results:
+            vals = sorted(r.timeline.get(name, []))
+            if not vals:
+                cells.append("-")
+            elif r.n == 1:
+                cells.append(f"{vals[0]:.2f}")
+            else:
+                cells.append(f"{statistics.median(vals):.2f} / {vals[-1]:.2f}")
+        lines.append(f"| {name}: {what} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, workers: list[Worker], port: int,
             release_path: Path, version: str, models: tuple[str, ...], alive: int, empty_mem: int) -> Result:
     history = History(settings.history_path)
@@ -216,6 +292,7 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
     dispatch_cpu = time.process_time() - c0
     pass_cpus: list[float] = []
     peak = mem0
+    seen: dict[str, float] = {}
     while True:
         time.sleep(0.5)
         c = time.process_time()
@@ -223,6 +300,10 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
         console.print(render(view, title=f"run {run_id}"))
         console.file = io.StringIO()
         pass_cpus.append(time.process_time() - c)
+        now = time.time()
+        for m, p in view.progress.items():
+            if p is not None and p.state.terminal and m not in seen:
+                seen[m] = now
         if len(pass_cpus) % 4 == 0:
             peak = max(peak, redis_info(port)["used_memory"])
         if view.finished:
@@ -242,6 +323,10 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
     module_cpu = statistics.mean(tree_cpu(w.proc.pid) - cpu0[w.name] for w in workers[:n])
     parts = tuple(statistics.mean(cpu_parts(w.proc.pid)[i] - parts0[w.name][i] for w in workers[:n]) for i in range(3))
     pss = statistics.mean(worker_pss(w.proc.pid) for w in workers[:n])
+    created = history.run(run_id).created_at
+    marks = [module_timeline(base / "modules" / w.name, run_id, created, view.progress.get(w.name), seen.get(w.name))
+             for w in workers[:n]]
+    timeline = {name: [m[name] for m in marks if name in m] for name, _ in MILESTONES}
     res = Result(
         n=n, wall=wall, fanout=fanout, dispatch_cpu=dispatch_cpu, passes=len(pass_cpus),
         pass_cpu=statistics.mean(pass_cpus), run_cpu=run_cpu,
@@ -252,7 +337,7 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
         mem_per_live_module=(i2["used_memory"] - empty_mem) / alive,
         clients_per_module=(i2["connected_clients"] - 1) / alive, module_cpu=module_cpu, statuses_cpu=st_cpu,
         statuses_cpu_noindex=st_cpu_noindex, worker_pss=pss, load=load, idle_worker_cpu=idle_cpu,
-        module_cpu_parts=parts)
+        module_cpu_parts=parts, timeline=timeline)
     fleet.close()
     history.close()
     return res
@@ -477,6 +562,7 @@ def main() -> None:
               f"{server.url}; {os.cpu_count()} cores; load average now "
               f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1 / 5 / 15 min; other engineers' work included)")
         print(table(results))
+        print(f"\nwhere the time goes: each module's milestones\n{timeline_table(results)}")
         print(budget(results))
         if args.fake:
             print(f"\nagents faked at the broker seam (heartbeats, progress, 11 rows each, through contract.kv; "

@@ -288,13 +288,20 @@ class History:
     def upsert_progress(self, p: RunProgress, *, force: bool = False) -> None:
         """Keep the newest progress of (run, module); an older update never wins unless ``force``
         (a late state from the module replacing the controller's own "lost")."""
+        self.upsert_progress_many([p], force=force)
+
+    def upsert_progress_many(self, progress: Iterable[RunProgress], *, force: bool = False) -> None:
+        """:meth:`upsert_progress` of each, in one transaction."""
         where = "" if force else " WHERE excluded.updated_at >= module_runs.updated_at"
+        values = [(p.run_id, p.module, p.state.value, p.updated_at, p.model_dump_json()) for p in progress]
+        if not values:
+            return
         with self.tx() as c:
-            c.execute(
+            c.executemany(
                 "INSERT INTO module_runs (run_id, module, state, updated_at, progress) VALUES (?,?,?,?,?)"
                 " ON CONFLICT (run_id, module) DO UPDATE SET state=excluded.state,"
                 " updated_at=excluded.updated_at, progress=excluded.progress" + where,
-                (p.run_id, p.module, p.state.value, p.updated_at, p.model_dump_json()),
+                values,
             )
 
     # -- what the controller decided, and why ----------------------------------------------

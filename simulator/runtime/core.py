@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import array
 import bisect
-import hashlib
 import json
 import math
-import random
 import zlib
 from typing import Any, NamedTuple
 
@@ -302,6 +300,8 @@ def noise_factors(noise: float, seed: int, request_no: int) -> tuple[float, floa
     """Lognormal relative noise for (prefill, decode, vision), seeded by (seed, request number)."""
     if noise <= 0:
         return (1.0, 1.0, 1.0)
+    import random  # only where noise is asked for: an interpreter of the release's scripts starts without it
+
     rng = random.Random(f"{seed}:{request_no}")
     return tuple(math.exp(rng.gauss(0.0, noise)) for _ in range(3))  # type: ignore[return-value]
 
@@ -426,6 +426,8 @@ _WORDS = ("the", "model", "token", "step", "so", "we", "have", "then", "total", 
 
 def random_ids(tag: str, length: int) -> list[int]:
     """``length`` pseudo-random token ids determined by ``tag`` (cheap: one hash stream)."""
+    import hashlib  # only the server and the benchmark make prompts: generate and precompile start without it
+
     raw = array.array("I", hashlib.shake_128(tag.encode()).digest(4 * length))
     span = VOCAB_SIZE - 1000
     return [1000 + v % span for v in raw]
@@ -437,6 +439,8 @@ def gsm8k_prompt_ids(index: int, length: int) -> list[int]:
 
 
 def prompt_hash(ids: list[int]) -> str:
+    import hashlib
+
     return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:20]
 
 

@@ -18,7 +18,6 @@ import socketserver
 import sys
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -492,7 +491,7 @@ class _Stream:
         self.cached = cached
         self.include_usage = include_usage
         self.continuous = continuous
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.id = ("chatcmpl-" if chat else "cmpl-") + os.urandom(12).hex()  # uuid's import is ~13 ms of CPU
         self.created = int(time.time())
         self.object = "chat.completion.chunk" if chat else "text_completion"
         self.first = True

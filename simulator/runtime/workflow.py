@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import os
 import sys
@@ -92,6 +90,8 @@ def precompile(env: dict[str, str] | Any, model: core.Model, out: Any = sys.stdo
         time.sleep(t["precompile_per_model"] / 1000 / scale)
         target = os.path.join(cache, model.setup(entry["key"] or entry["mtp_key"]).data["model_dir"])
         os.makedirs(target, exist_ok=True)
+        import hashlib
+
         for k in KERNELS:
             digest = hashlib.sha256(f"{ident}:{k}".encode()).hexdigest()
             write_atomic(os.path.join(target, f"{k}.cubin.json"), json.dumps({"kernel": k, "digest": digest}) + "\n")
@@ -114,29 +114,59 @@ def model_path(env: dict[str, str] | Any, wanted: str) -> str:
                         "generate_tilelang_workflow.sh")
 
 
+USAGE = "usage: tilelang workflow {generate --config FILE --out FILE | precompile | model-path [--prog NAME] NAME}"
+
+
+def parse_args(argv: list[str]) -> dict[str, str]:
+    """The scripts' fixed command lines, without argparse (~7 ms of each interpreter's start):
+    ``generate --config F --out F``, ``precompile``, ``model-path [--prog P] NAME``. SimError when malformed."""
+    if not argv or argv[0] not in ("generate", "precompile", "model-path"):
+        raise core.SimError(USAGE)
+    cmd, rest = argv[0], list(argv[1:])
+    opts = {"generate": ("--config", "--out"), "precompile": (), "model-path": ("--prog",)}[cmd]
+    args: dict[str, str] = {"cmd": cmd}
+    names: list[str] = []
+    while rest:
+        a = rest.pop(0)
+        flag, eq, val = a.partition("=")
+        if flag in opts:
+            if not eq:
+                if not rest:
+                    raise core.SimError(f"{cmd}: {flag} needs a value\n{USAGE}")
+                val = rest.pop(0)
+            args[flag[2:]] = val
+        elif a.startswith("-") or cmd != "model-path" or names:
+            raise core.SimError(f"{cmd}: unexpected argument {a!r}\n{USAGE}")
+        else:
+            names.append(a)
+    missing = [f for f in opts if f != "--prog" and f[2:] not in args] + (["NAME"] if cmd == "model-path" and not names
+                                                                        else [])
+    if missing:
+        raise core.SimError(f"{cmd}: {', '.join(missing)} required\n{USAGE}")
+    if names:
+        args["name"] = names[0]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tilelang workflow")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    g = sub.add_parser("generate")
-    g.add_argument("--config", required=True)
-    g.add_argument("--out", required=True)
-    sub.add_parser("precompile")
-    mp = sub.add_parser("model-path")
-    mp.add_argument("--prog", default="start server")
-    mp.add_argument("name")
-    args = p.parse_args(argv)
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+    except core.SimError as exc:
+        print(f"tilelang workflow: error: {exc}", file=sys.stderr)
+        return 2
+    cmd = args["cmd"]
     prog = {"generate": "generate_tilelang_workflow.sh", "precompile": "precompile_tilelang_kernels.sh",
-            "model-path": getattr(args, "prog", "")}[args.cmd]
+            "model-path": args.get("prog", "start server")}[cmd]
     try:
         model = core.Model.load(release_file("model.json"))
-        if args.cmd == "generate":
-            wf = generate(args.config, args.out, model)
-            print(f"generated {args.out} for {len(wf['models'])} model(s): "
+        if cmd == "generate":
+            wf = generate(args["config"], args["out"], model)
+            print(f"generated {args['out']} for {len(wf['models'])} model(s): "
                   f"{', '.join(m['identity'] for m in wf['models'])}")
-        elif args.cmd == "precompile":
+        elif cmd == "precompile":
             precompile(os.environ, model)
         else:
-            print(model_path(os.environ, args.name))
+            print(model_path(os.environ, args["name"]))
     except core.SimError as exc:
         return fail(prog, str(exc))
     return 0

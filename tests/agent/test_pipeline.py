@@ -75,7 +75,11 @@ def test_second_run_skips_precompile(make_config, make_request, release):
     first = run_pipeline(make_request(run_id="a"), cfg)
     assert [n for n, d in old.items() if d.exists()] == ["0ld0ld0ld0ld0ld1"]  # keep_releases=2: this one + newest
     assert not (cfg.workdir / "cache" / "tilelang" / "0ld0ld0ld0ld0ld0").exists()
+    # verified and unpacked: the tarball is not read again (here it is gone)
+    tarball = release.path.read_bytes()
+    release.path.write_bytes(b"")
     second = run_pipeline(make_request(run_id="b"), cfg)
+    release.path.write_bytes(tarball)
     assert first.ok and second.ok
     assert first.progress.precompile_cached is False and second.progress.precompile_cached is True
     store = RunStore(cfg.workdir)
@@ -89,6 +93,12 @@ def test_second_run_skips_precompile(make_config, make_request, release):
     assert pre["a"]["duration_s"] >= 1.5
     unpack_b = next(e for e in store.events("b") if e["step"] == "unpack" and e["status"] != "start")
     assert unpack_b["status"] == "skipped"
+    fetch = {r: next(e for e in store.events(r) if e["step"] == "fetch" and e["status"] != "start") for r in "ab"}
+    assert fetch["a"]["status"] == "ok" and fetch["b"]["status"] == "skipped"
+    assert "already verified and unpacked" in fetch["b"]["message"]
+    # another digest for the same 16 digits is hashed, and refused
+    bad = run_pipeline(make_request(run_id="d", sha256=release.sha256[:16] + "0" * 48), cfg)
+    assert bad.progress.error.step == "fetch" and "sha256 mismatch" in bad.progress.error.message
     # a different model set is a different precompile
     third = run_pipeline(make_request(("qwen3", "qwen3vl"), run_id="c"), cfg)
     assert third.ok and third.progress.precompile_cached is False

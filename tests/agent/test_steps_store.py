@@ -132,6 +132,8 @@ def test_prune_releases_keeps_current_and_newest_used(tmp_path):
         store.tilelang_cache(n).mkdir(parents=True)
         store.precompile_marker(f"{n}-{'ab' * 8}.done").parent.mkdir(parents=True, exist_ok=True)
         store.precompile_marker(f"{n}-{'ab' * 8}.done").write_text("")
+        store.release_verified(n).parent.mkdir(parents=True, exist_ok=True)
+        store.release_verified(n).write_text("ab" * 32 + "\n")
         os.utime(store.release_dir(n), (1000.0 + i, 1000.0 + i))  # names[4] used last
     staging = store.workdir / "releases" / ".staging-x-1"
     staging.mkdir()
@@ -140,6 +142,7 @@ def test_prune_releases_keeps_current_and_newest_used(tmp_path):
     assert sorted(p.name for p in (store.workdir / "releases").iterdir()) == [".staging-x-1", names[0], names[3],
                                                                              names[4]]
     assert not store.tilelang_cache(names[1]).exists() and store.tilelang_cache(names[0]).exists()
+    assert not store.release_verified(names[2]).exists() and store.release_verified(names[3]).exists()
     assert sorted(p.name for p in store.precompile_marker("x").parent.iterdir()) == [
         f"{n}-{'ab' * 8}.done" for n in (names[0], names[3], names[4])]
     assert store.prune_releases(keep=3, current=names[0]) == []  # current now the newest used

@@ -88,6 +88,32 @@ def test_release_programs_use_only_the_standard_library() -> None:
                 assert n in allowed, f"{path.name} imports {n}"
 
 
+# what each interpreter the release starts may skip: generate and precompile run at the start of every module's
+# run (100 cheap modules start at once on 2 cores), the server once per key; each of these is 5-13 ms of CPU
+SKIPPED_IMPORTS = {
+    "workflow": {"argparse", "uuid", "random", "hashlib", "socket", "threading", "socketserver", "http"},
+    "server": {"uuid", "platform", "random", "hashlib"},
+    "bench": {"uuid", "platform", "random", "argparse"},
+}
+
+
+@pytest.mark.parametrize("entry", sorted(SKIPPED_IMPORTS))
+def test_release_interpreters_load_only_the_standard_library_they_need(tmp_path: Path, entry: str) -> None:
+    """What an interpreter of the release's scripts has loaded once its entry module is imported, as the scripts
+    start it (``python3 -S -m m1000_sim.<entry>``): standard library only, without the modules above."""
+    rel = build_release(tmp_path, version="9.9.9")
+    with tarfile.open(rel.path) as tar:
+        tar.extractall(tmp_path / "x", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))  # noqa: S202
+    musa = tmp_path / "x" / rel.top / "scripts" / "ci" / "musa"
+    code = f"import sys, m1000_sim.{entry}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=musa, env={"PYTHONPATH": str(musa)},
+                         capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    tops = {m.split(".")[0] for m in out}
+    allowed = set(sys.stdlib_module_names) | {"m1000_sim", "__main__"}
+    assert tops <= allowed, f"{entry} loads {sorted(tops - allowed)}"
+    assert not tops & SKIPPED_IMPORTS[entry], f"{entry} loads {sorted(tops & SKIPPED_IMPORTS[entry])}"
+
+
 def test_make_models_creates_identified_folders(tmp_path: Path) -> None:
     paths = make_models(tmp_path)
     assert set(paths) == set(MODEL_KEYS)

@@ -73,3 +73,28 @@ def test_password_file_stays_out_of_the_url_text(tmp_path):
     s = BrokerSettings(broker_url="rediss://fleet@redis.lab:6380/1", broker_password_file=pw)
     assert s.broker_url_with_secret() == "rediss://fleet:p%40ss%2Fword@redis.lab:6380/1"
     assert "p@ss" not in s.redacted_broker_url() and "p%40ss" not in s.broker_url
+
+
+def test_dispatch_argsrepr_names_the_run_not_its_values():
+    """What Celery puts in a run message's headers (and worker events) in place of the request's repr."""
+    from controller.fleet import args_label
+
+    req = {"run_id": "r-1", "module": "sim-01", "key_env": {"qwen3": {"TOKEN": "s3cret"}}}
+    assert args_label([req]) == "(<run request r-1 for sim-01>,)"
+    assert "s3cret" not in args_label([req])
+    assert args_label([1.5]) == "(<1 argument(s)>)"
+
+
+def test_upsert_progress_many_keeps_the_newest_in_one_transaction(tmp_path):
+    from controller.history import History
+
+    h = History(tmp_path / "h.sqlite")
+    h.create_run("r1", modules=["a", "b"])
+    old, new = (RunProgress(run_id="r1", module=m, step=s, updated_at=t) for m, s, t in (("a", "queued", 1.0),
+                                                                                          ("a", "unpack", 2.0)))
+    h.upsert_progress_many([new, RunProgress(run_id="r1", module="b", step="queued", updated_at=1.0)])
+    h.upsert_progress_many([old])  # older: does not win
+    h.upsert_progress_many([])
+    got = h.progress("r1")
+    assert got["a"].step == "unpack" and got["b"].step == "queued"
+    h.close()
