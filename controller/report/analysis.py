@@ -223,10 +223,11 @@ class Middles:
         self.groups = groups
         self.lo = pd.DataFrame(lo, index=groups.present, columns=list(ALL_METRICS))
         self.hi = pd.DataFrame(hi, index=groups.present, columns=list(ALL_METRICS))
-        # a figure <= 0 has no badness: its cell's figure median is taken directly (see summarise)
-        has_b = groups.counts([~np.isnan(inc[B[m]].to_numpy()) for m in ALL_METRICS])
-        has_v = groups.counts([~np.isnan(inc[m].to_numpy()) for m in ALL_METRICS])
-        self.exact = pd.Series((has_b == has_v).all(axis=0), index=list(ALL_METRICS))
+        # a figure <= 0 has no badness (prepare): where one is, its cell's figure median is taken
+        # directly (see summarise)
+        with np.errstate(invalid="ignore"):
+            self.exact = pd.Series([not bool((inc[m].to_numpy() <= 0).any()) for m in ALL_METRICS],
+                                   index=list(ALL_METRICS))
 
     def badness(self, metrics: list[str]) -> np.ndarray:
         return np.asarray((self.lo[metrics].to_numpy() + self.hi[metrics].to_numpy()) / 2)
@@ -843,9 +844,8 @@ def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, i
     for m, v in zip(metrics, vals, strict=True):
         inc[m] = mid.figure(m) if mid is not None and mid.exact[m] else gi.median([v[included]])[:, 0]
     ids = cell_table(cur)
-    firsts = cur["cell"].drop_duplicates()
-    shape = rows.reset_index(drop=True).reindex(columns=list(_SHAPE))
-    first = shape.iloc[firsts.index.to_numpy()].set_axis(firsts.to_numpy())
+    at = _firsts(cell)  # each cell's first row: its position in ``rows`` is the prepared frame's index
+    first = rows.iloc[cur.index.to_numpy()[at]].reindex(columns=list(_SHAPE)).set_axis(cell[at])
     refv = ref.reindex(pd.MultiIndex.from_frame(ids[K])) if ref is not None else None
     parts = []
     for m in metrics:
@@ -886,7 +886,7 @@ def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expe
         notes.append(f"no results for {len(missing)} module/key pair(s): {shown}{more}")
     if ref is not None and len(cur):
         want = ref.reset_index().groupby("model_key")["profile"].nunique()
-        got["want"] = got["model_key"].map(want).to_numpy()
+        got["want"] = want.reindex(names.keys).to_numpy()[codes % names.nk]  # per key code, not per text
         short = got[got["got"] < got["want"].fillna(0)]
         for r in short.head(8).itertuples():
             notes.append(f"{r.module}/{r.model_key}: {r.got} of {int(r.want)} profiles")
