@@ -101,10 +101,12 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
         return df[c].reset_index(drop=True) if c in df.columns else pd.Series([None] * n, dtype=object)
 
     ids = {c: _category(col(c)) for c in _IDS}
-    mod = np.asarray(ids["module"].codes, dtype=np.int64)
-    key = np.asarray(ids["model_key"].codes, dtype=np.int64)
-    combo = key * (len(ids["profile"].categories) + 1) + ids["profile"].codes
-    cell = pd.factorize(combo)[0] if n else np.zeros(0, dtype=np.int64)
+    nk = len(ids["model_key"].categories) + 1
+    code = np.int32 if (len(ids["module"].categories) + 1) * nk < 2**31 else np.int64  # 4 bytes a row each
+    mod = np.asarray(ids["module"].codes, dtype=code)
+    key = np.asarray(ids["model_key"].codes, dtype=code)
+    combo = key.astype(np.int64) * (len(ids["profile"].categories) + 1) + ids["profile"].codes
+    cell = pd.factorize(combo)[0].astype(code) if n else np.zeros(0, dtype=code)
     order: np.ndarray | None = None
     if n > 1 and not bool((cell[1:] >= cell[:-1]).all()):
         # rows in cell order (stable: a cell keeps its rows' order; the index keeps the row's
@@ -129,7 +131,7 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
             cols[B[m]] = b
     cols["mod"], cols["key"] = _in_order(mod, order), _in_order(key, order)
     cols["cell"] = _in_order(cell, order)
-    cols["modkey"] = cols["mod"] * (len(ids["model_key"].categories) + 1) + cols["key"]
+    cols["modkey"] = cols["mod"] * code(nk) + cols["key"]
     index = pd.RangeIndex(n) if order is None else pd.Index(order)
     return pd.DataFrame(cols, index=index, copy=False)
 
@@ -175,11 +177,21 @@ def cell_table(cur: pd.DataFrame) -> pd.DataFrame:
     return t.sort_index().astype(str)
 
 
-def take_rows(frame: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
-    """``frame[keep]`` (a boolean mask) column by column: no copy of the whole frame into one block first."""
+def take_rows(frame: pd.DataFrame, keep: np.ndarray, columns: Iterable[str] | None = None) -> pd.DataFrame:
+    """``frame[keep]`` (a boolean mask; only ``columns``, all by default) column by column: no copy
+    of the whole frame into one block first."""
     at = np.flatnonzero(keep)
     return pd.DataFrame({c: frame[c].array.take(at) if isinstance(frame[c].dtype, pd.CategoricalDtype)
-                         else frame[c].to_numpy()[at] for c in frame.columns}, index=frame.index[at], copy=False)
+                         else frame[c].to_numpy()[at] for c in (frame.columns if columns is None else columns)},
+                        index=frame.index[at], copy=False)
+
+
+def _exact(cur: pd.DataFrame, keep: np.ndarray | None) -> pd.Series:
+    """Per metric: whether every figure of the kept rows has a badness (a figure <= 0 has none,
+    see prepare); where one lacks it, its cell's figure median is taken directly (see summarise)."""
+    with np.errstate(invalid="ignore"):
+        return pd.Series([not bool((cur[m].to_numpy() <= 0)[slice(None) if keep is None else keep].any())
+                          for m in ALL_METRICS], index=list(ALL_METRICS))
 
 
 def per_row(cur: pd.DataFrame, small: pd.DataFrame, on: list[str]) -> pd.DataFrame:
@@ -218,16 +230,12 @@ class Middles:
     the median of a figure, of its badness, of its difference to a per-cell reference and the
     lower median all follow from them (``±log`` is monotone)."""
 
-    def __init__(self, inc: pd.DataFrame, groups: Groups) -> None:
+    def __init__(self, inc: pd.DataFrame, groups: Groups, exact: pd.Series | None = None) -> None:
         lo, hi = groups.middles(_columns(inc, _bcols(ALL_METRICS)))
         self.groups = groups
         self.lo = pd.DataFrame(lo, index=groups.present, columns=list(ALL_METRICS))
         self.hi = pd.DataFrame(hi, index=groups.present, columns=list(ALL_METRICS))
-        # a figure <= 0 has no badness (prepare): where one is, its cell's figure median is taken
-        # directly (see summarise)
-        with np.errstate(invalid="ignore"):
-            self.exact = pd.Series([not bool((inc[m].to_numpy() <= 0).any()) for m in ALL_METRICS],
-                                   index=list(ALL_METRICS))
+        self.exact = _exact(inc, None) if exact is None else exact  # ``exact``: taken before inc lost its figures
 
     def badness(self, metrics: list[str]) -> np.ndarray:
         return np.asarray((self.lo[metrics].to_numpy() + self.hi[metrics].to_numpy()) / 2)
@@ -963,9 +971,12 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     outliers, deviation = find_outliers(devs, names, th)
     excluded = outlier_mask(cur, outliers)
     some_excluded = bool(excluded.any()) and bool((~excluded).any())
-    inc = take_rows(cur, ~excluded) if some_excluded else cur
+    # the included rows without their figures (the comparisons take badness only); which
+    # metrics have a figure <= 0 among them is taken first
+    exact = _exact(cur, ~excluded if some_excluded else None)
+    inc = take_rows(cur, ~excluded, [c for c in cur.columns if c not in ALL_METRICS]) if some_excluded else cur
     cells_inc = Groups(inc["cell"].to_numpy()) if some_excluded else cells_all
-    mid = Middles(inc, cells_inc) if some_excluded or not excluded.any() else None
+    mid = Middles(inc, cells_inc, exact) if some_excluded or not excluded.any() else None
     if some_excluded:
         outliers, deviation = refine_outliers(cur, devs, names, outliers, excluded, deviation, th, inc, mid)
     del devs  # not needed past the outliers: its memory goes before the comparisons take theirs

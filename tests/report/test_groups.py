@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from controller.report.groups import Groups
+from controller.report.groups import Groups, run_medians
 
 
 @pytest.mark.parametrize("presorted", [False, True])
@@ -45,3 +45,25 @@ def test_groups_of_nothing() -> None:
     assert lo.shape == (0, 2) and hi.shape == (0, 2)
     assert g.extremes(np.zeros((0, 2)))[0].shape == (0, 2)
     assert g.sums(np.zeros((0, 2)))[1].shape == (0, 2)
+
+
+@pytest.mark.parametrize("sizes", [[7] * 50, [1, 2, 3, 4, 5, 6, 30, 31] * 9])
+def test_run_medians_equal_pandas_to_the_bit(sizes: list[int]) -> None:
+    """Contiguous runs of one or several lengths, codes not in increasing order: the same values
+    and order as pandas' group median (odd and even lengths, ties)."""
+    rng = np.random.default_rng(3)
+    codes = np.repeat(rng.permutation(len(sizes)) * 3, sizes)
+    values = np.round(rng.standard_normal(len(codes)), 1)  # ties
+    got = run_medians(values, codes)
+    assert got is not None
+    want = pd.Series(values).groupby(codes).median()
+    np.testing.assert_array_equal(got[0], want.index.to_numpy())
+    assert got[1].tobytes() == want.to_numpy().tobytes()
+
+
+def test_run_medians_declines_what_it_cannot_take() -> None:
+    values = np.arange(6.0)
+    assert run_medians(values, np.array([0, 0, 1, 1, 0, 0])) is None  # a code in two runs
+    assert run_medians(np.array([1.0, np.nan]), np.array([0, 0])) is None  # NaN: pandas skips it
+    assert run_medians(values, np.array([0, 1, 1, 2, 2, 2]), max_sizes=2) is None
+    assert run_medians(values[:0], values[:0].astype(np.int64)) is None
