@@ -301,7 +301,7 @@ class Deviations:
         cell order: one cell's rows at a time, divided by that cell's scales (no rows x metrics
         array of scales)."""
         g = self.groups
-        zpos, zneg = np.zeros(len(self.dev), np.int64), np.zeros(len(self.dev), np.int64)
+        zpos, zneg = np.zeros(len(self.dev)), np.zeros(len(self.dev))
         if g.order is not None:  # not in cell order (not a prepared frame): one gather of the scales
             z = self.dev / np.take(self.scale, self.cell, axis=0)
             return _row_counts(z > 3.0), _row_counts(z < -3.0)
@@ -328,8 +328,9 @@ class Deviations:
                                   for w in (per_row, pos, neg, zpos, zneg)])
         by_mod = _by_module(self.mod)
         dev = self.dev if by_mod is None else np.take(self.dev, by_mod, axis=0)
-        mod, modkey = (self.mod, self.modkey) if by_mod is None else (self.mod[by_mod], self.modkey[by_mod])
-        per_row = per_row if by_mod is None else per_row[by_mod]
+        mod, modkey = ((self.mod, self.modkey) if by_mod is None else
+                       (np.take(self.mod, by_mod), np.take(self.modkey, by_mod)))
+        per_row = (per_row if by_mod is None else np.take(per_row, by_mod)).astype(np.intp)
         d = dev[~np.isnan(dev)]  # row-major: each row's metrics in turn
         del dev
         by_key = _outlier_stats(counts, _group_medians(d, np.repeat(modkey, per_row)))
@@ -383,7 +384,7 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = N
 def _row_counts(mask: np.ndarray) -> np.ndarray:
     """How many true values in each row of a (rows, few columns) boolean array (a product with a
     column of ones: ``sum(axis=1)`` over a short axis costs ~6x as much)."""
-    return (mask.view(np.uint8) @ np.ones(mask.shape[1], np.uint8)).astype(np.int64)
+    return (mask.view(np.uint8) @ np.ones(mask.shape[1], np.uint8)).astype(np.float64)  # bincount's weights
 
 
 def _by_module(mod: np.ndarray) -> np.ndarray | None:

@@ -129,7 +129,7 @@ def run_medians(values: np.ndarray, codes: np.ndarray, max_sizes: int = 64) -> t
     ids = codes[starts]
     sizes = np.diff(np.append(starts, n))
     distinct = np.unique(sizes)
-    if len(distinct) > max_sizes or len(np.unique(ids)) != len(ids):
+    if len(distinct) > max_sizes or (len(ids) > 1 and int(np.bincount(ids).max()) > 1):  # codes >= 0
         return None
     lo, hi = np.empty(len(starts)), np.empty(len(starts))
     for size in distinct.tolist():
