@@ -106,7 +106,7 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     mod = np.asarray(ids["module"].codes, dtype=code)
     key = np.asarray(ids["model_key"].codes, dtype=code)
     combo = key.astype(np.int64) * (len(ids["profile"].categories) + 1) + ids["profile"].codes
-    cell = pd.factorize(combo)[0].astype(code) if n else np.zeros(0, dtype=code)
+    cell: np.ndarray = pd.factorize(combo)[0].astype(code) if n else np.zeros(0, dtype=code)
     order: np.ndarray | None = None
     if n > 1 and not bool((cell[1:] >= cell[:-1]).all()):
         # rows in cell order (stable: a cell keeps its rows' order; the index keeps the row's
@@ -283,14 +283,27 @@ class Deviations:
     ``z_floor``) that makes it a z. Kept as (rows, metrics) arrays: the long list of
     (row, metric) entries is only built for the few rows a finding names (:meth:`entries`)."""
 
-    def __init__(self, cur: pd.DataFrame, metrics: list[str], b: np.ndarray, dev: np.ndarray,
-                 scale: np.ndarray, groups: Groups) -> None:
+    def __init__(self, metrics: list[str], b: list[np.ndarray], dev: np.ndarray, scale: np.ndarray,
+                 codes: tuple[np.ndarray, np.ndarray, np.ndarray], nk: int, groups: Groups | None) -> None:
         self.metrics = metrics
         self.mi = np.array([PRIMARY_METRICS.index(m) for m in metrics], dtype=np.int8)  # column -> metric
-        self.b, self.dev, self.scale, self.groups = b, dev, scale, groups
-        self.cell, self.mod = cur["cell"].to_numpy(), cur["mod"].to_numpy()
-        self.modkey = cur["modkey"].to_numpy()
-        self.nk = len(cur["model_key"].cat.categories) + 1  # modkey = mod * nk + key
+        self.b = b  # the badness columns themselves (the prepared frame's, not a copy)
+        self.dev, self.scale, self.groups = dev, scale, groups
+        self.cell, self.mod, self.modkey = codes
+        self.nk = nk  # modkey = mod * nk + key
+
+    @classmethod
+    def of(cls, cur: pd.DataFrame, metrics: list[str], dev: np.ndarray, scale: np.ndarray,
+           groups: Groups) -> Deviations:
+        codes = (cur["cell"].to_numpy(), cur["mod"].to_numpy(), cur["modkey"].to_numpy())
+        return cls(metrics, [cur[B[m]].to_numpy() for m in metrics], dev, scale, codes,
+                   len(cur["model_key"].cat.categories) + 1, groups)
+
+    def only(self, rows: np.ndarray) -> Deviations:
+        """The same deviations for some rows only (positions, in order): what refining the
+        outliers needs, without holding every row's."""
+        return Deviations(self.metrics, [b[rows] for b in self.b], self.dev[rows], self.scale,
+                          (self.cell[rows], self.mod[rows], self.modkey[rows]), self.nk, None)
 
     @property
     def empty(self) -> bool:
@@ -302,7 +315,7 @@ class Deviations:
         array of scales)."""
         g = self.groups
         zpos, zneg = np.zeros(len(self.dev)), np.zeros(len(self.dev))
-        if g.order is not None:  # not in cell order (not a prepared frame): one gather of the scales
+        if g is None or g.order is not None:  # not in cell order (not a prepared frame): one gather of the scales
             z = self.dev / np.take(self.scale, self.cell, axis=0)
             return _row_counts(z > 3.0), _row_counts(z < -3.0)
         for code, lo, hi in zip(g.present.tolist(), g.starts.tolist(), g.ends.tolist(), strict=True):
@@ -350,8 +363,11 @@ class Deviations:
         at = rows[r]
         sc = self.scale[self.cell[at], c]
         d = (own if dev is None else dev)[r, c]
+        b = np.empty(len(at))
+        for j, col in enumerate(self.b):
+            b[c == j] = col[at[c == j]]
         return pd.DataFrame({"mod": self.mod[at], "modkey": self.modkey[at], "cell": self.cell[at],
-                             "mi": self.mi[c], "b": self.b[at, c], "dev": d, "z": d / sc, "scale": sc})
+                             "mi": self.mi[c], "b": b, "dev": d, "z": d / sc, "scale": sc})
 
 
 def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = None
@@ -365,20 +381,19 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = N
     metrics = _present(cur, PRIMARY_METRICS)
     cols = _bcols(metrics)
     if not cols:
-        none = np.zeros((len(cur), 0))
-        return Deviations(cur, [], none, none, np.zeros((0, 0)), groups or Groups(cur["cell"].to_numpy())), \
-            pd.DataFrame()
+        return Deviations.of(cur, [], np.zeros((len(cur), 0)), np.zeros((0, 0)),
+                             groups or Groups(cur["cell"].to_numpy())), pd.DataFrame()
     cell = cur["cell"].to_numpy()
     g = groups or Groups(cell)
     bs = _columns(cur, cols)  # contiguous columns: medians partition them without a copy first
     med = _by_code(g, g.median(bs))
     devs = [b - np.take(med[:, j], cell) for j, b in enumerate(bs)]
     spread_np = 1.4826 * g.median([np.abs(d) for d in devs])
-    vals, dev = np.column_stack(bs), np.column_stack(devs)
+    dev = np.column_stack(devs)
     del bs, devs
     spread = pd.DataFrame(spread_np, index=g.present, columns=cols)
     scale = np.maximum(_by_code(g, spread_np), th.z_floor)  # per (cell code, metric)
-    return Deviations(cur, metrics, vals, dev, scale, g), spread.rename(columns={B[m]: m for m in metrics})
+    return Deviations.of(cur, metrics, dev, scale, g), spread.rename(columns={B[m]: m for m in metrics})
 
 
 def _row_counts(mask: np.ndarray) -> np.ndarray:
@@ -495,7 +510,8 @@ def refine_outliers(cur: pd.DataFrame, dv: Deviations, names: Names, outliers: t
     med_np[mid.groups.present] = mid.badness(metrics)
     codes = [int(names.modules.get_loc(o.module)) for o in outliers]
     rows = np.flatnonzero(np.isin(dv.mod, codes))
-    mine = dv.entries(rows, dv.b[rows] - med_np[dv.cell[rows]][:, dv.mi.astype(int)])
+    b = np.column_stack([col[rows] for col in dv.b]) if dv.b else np.zeros((len(rows), 0))
+    mine = dv.entries(rows, b - med_np[dv.cell[rows]][:, dv.mi.astype(int)])
     by_mod, by_key = _frame_stats(mine, "mod"), _frame_stats(mine, "modkey")
     refined = []
     for o, code in zip(outliers, codes, strict=True):
@@ -973,6 +989,8 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     cells_all = Groups(cur["cell"].to_numpy())  # sorted once, reused by every per-cell median
     devs, spread = fleet_deviation(cur, th, cells_all)
     outliers, deviation = find_outliers(devs, names, th)
+    # refining takes the outlier modules' rows only: the rest goes before the included rows are taken
+    devs = devs.only(np.flatnonzero(np.isin(devs.mod, [names.modules.get_loc(o.module) for o in outliers])))
     excluded = outlier_mask(cur, outliers)
     some_excluded = bool(excluded.any()) and bool((~excluded).any())
     # the included rows without their figures (the comparisons take badness only); which
