@@ -490,10 +490,18 @@ def find_outliers(dv: Deviations, names: Names, th: Thresholds) -> tuple[tuple[O
 
 
 def _deviation(by_key: pd.DataFrame, names: Names) -> pd.DataFrame:
+    """Module x key table of ``factor - 1``, labels sorted (as a pivot gives it), filled by code:
+    codes number modules and keys in sorted order (prepare), so no text is hashed."""
     codes = by_key.index.to_numpy()
-    t = pd.DataFrame({"module": names.modules[codes // names.nk], "model_key": names.keys[codes % names.nk],
-                      "dev": by_key["factor"].to_numpy() - 1.0})
-    return t.pivot(index="module", columns="model_key", values="dev")
+    mods, mrow = np.unique(codes // names.nk, return_inverse=True)
+    keys, kcol = np.unique(codes % names.nk, return_inverse=True)
+    table = np.full((len(mods), len(keys)), np.nan)
+    table[mrow, kcol] = by_key["factor"].to_numpy() - 1.0
+    t = pd.DataFrame(table, index=pd.Index(names.modules[mods], name="module"),
+                     columns=pd.Index(names.keys[keys], name="model_key"))
+    if not (t.index.is_monotonic_increasing and t.columns.is_monotonic_increasing):  # categories given unsorted
+        t = t.sort_index(axis=0).sort_index(axis=1)
+    return t
 
 
 def refine_outliers(cur: pd.DataFrame, dv: Deviations, names: Names, outliers: tuple[Outlier, ...],
