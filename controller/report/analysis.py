@@ -673,18 +673,21 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
 
 def _wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
     """One-sided Wilcoxon signed-rank p (in the direction of the median) of each (key, metric)
-    group's cell medians against 0,
-    one scipy call per group size (vectorised along the groups)."""
+    group's cell medians against 0 (groups: ``index``, sorted), one scipy call per group size
+    (vectorised along the groups); each group's values in the order of ``cells``."""
     from scipy import stats
 
-    p = pd.Series(1.0, index=index)
-    sizes = cells.groupby(["model_key", "metric"])["d"].transform("size")
-    for n in sorted(set(sizes)):  # a few distinct group sizes
+    at = index.get_indexer(pd.MultiIndex.from_arrays([cells["model_key"], cells["metric"]]))
+    order = np.argsort(at, kind="stable")
+    sizes = np.bincount(at, minlength=len(index))
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    d = cells["d"].to_numpy(dtype=float)[order]
+    p = np.ones(len(index))
+    for n in sorted(set(sizes.tolist())):  # a few distinct group sizes
         if n < 2:
             continue
-        part = cells[sizes.to_numpy() == n].sort_values(["model_key", "metric"], kind="stable")
-        vals = part["d"].to_numpy(dtype=float).reshape(-1, n)
-        ids = part[["model_key", "metric"]].iloc[::n]
+        groups = np.flatnonzero(sizes == n)
+        vals = d[starts[groups][:, None] + np.arange(n)]
         nonzero = np.abs(vals).max(axis=1) > 1e-12
         res = np.ones(len(vals))
         if nonzero.any():  # one-sided, in the direction of the group's median
@@ -692,8 +695,8 @@ def _wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
             up = stats.wilcoxon(v, axis=1, zero_method="zsplit", alternative="greater").pvalue
             down = stats.wilcoxon(v, axis=1, zero_method="zsplit", alternative="less").pvalue
             res[nonzero] = np.where(np.median(v, axis=1) >= 0, up, down)
-        p.loc[pd.MultiIndex.from_frame(ids)] = res
-    return p.reindex(index).to_numpy()
+        p[groups] = res
+    return p
 
 
 def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
