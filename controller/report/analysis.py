@@ -896,8 +896,8 @@ def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, i
         if refv is not None:
             part["baseline"] = refv[m].to_numpy()
             part["change"] = part["fleet"] / part["baseline"] - 1
-        parts.append(part.join(first))
-    s = pd.concat(parts, ignore_index=True)
+        parts.append(part)
+    s = pd.concat(parts).join(first).reset_index(drop=True)  # one join of each cell's shape, not one per metric
     s["table"] = s["table"].astype(str)
     return s[s["count"] > 0].reset_index(drop=True)
 
