@@ -403,11 +403,18 @@ def _row_counts(mask: np.ndarray) -> np.ndarray:
 
 
 def _by_module(mod: np.ndarray) -> np.ndarray | None:
-    """Rows (in cell order) put in module order, stable: each module's rows keep their cell order.
-    None when they already are, or when module codes are too many for a 16-bit radix sort."""
-    if len(mod) < 2 or bool((mod[1:] >= mod[:-1]).all()) or int(mod.max()) >= 2**15:
+    """Rows (in cell order) put in module order, stable: each module's rows keep their cell order
+    (None when they already are). numpy sorts 16-bit keys by radix: past 32,767 modules, two
+    stable passes, by the low 15 bits of the code and then by the rest."""
+    if len(mod) < 2 or bool((mod[1:] >= mod[:-1]).all()):
         return None
-    return np.argsort(mod.astype(np.int16), kind="stable")
+    top = int(mod.max())
+    if top < 2**15:
+        return np.argsort(mod.astype(np.int16), kind="stable")
+    if top >= 2**30:
+        return np.argsort(mod, kind="stable")
+    low = np.argsort((mod & 0x7FFF).astype(np.int16), kind="stable")
+    return low[np.argsort(np.take(mod >> 15, low).astype(np.int16), kind="stable")]
 
 
 def _entry_counts(g: np.ndarray, dev: np.ndarray, z: np.ndarray) -> np.ndarray:

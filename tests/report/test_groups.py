@@ -67,3 +67,14 @@ def test_run_medians_declines_what_it_cannot_take() -> None:
     assert run_medians(np.array([1.0, np.nan]), np.array([0, 0])) is None  # NaN: pandas skips it
     assert run_medians(values, np.array([0, 1, 1, 2, 2, 2]), max_sizes=2) is None
     assert run_medians(values[:0], values[:0].astype(np.int64)) is None
+
+
+@pytest.mark.parametrize("modules", [100, 40_000, 5_000_000])
+def test_rows_in_module_order_past_16_bit_codes(modules: int) -> None:
+    """The module order of the outlier statistics is numpy's stable argsort, also past 32,767
+    modules (two 16-bit radix passes) and past 2**30 codes."""
+    from controller.report.analysis import _by_module
+
+    mod = np.random.default_rng(1).integers(0, modules, 50_000).astype(np.int32)
+    np.testing.assert_array_equal(_by_module(mod), np.argsort(mod, kind="stable"))
+    assert _by_module(np.sort(mod)) is None
