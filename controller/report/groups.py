@@ -112,3 +112,35 @@ class Groups:
                     mn[:, j] = np.fmin.reduceat(col, self.starts)
                     mx[:, j] = np.fmax.reduceat(col, self.starts)
         return mn, mx
+
+
+def run_medians(values: np.ndarray, codes: np.ndarray, max_sizes: int = 64) -> tuple[np.ndarray, np.ndarray] | None:
+    """Median of ``values`` per code when every code's values are one contiguous run (entries
+    laid out group by group): (codes, medians) in increasing code order, as pandas'
+    ``groupby(codes).median()`` gives them. Runs of one length are partitioned together as the
+    rows of one (runs, length) array: no per-group Python and no hashing of the codes.
+
+    None (the caller falls back to pandas) when a value is NaN, a code has several runs, or the
+    runs have more than ``max_sizes`` distinct lengths."""
+    n = len(codes)
+    if not n or np.isnan(values).any():
+        return None
+    starts = np.concatenate(([0], np.flatnonzero(codes[1:] != codes[:-1]) + 1))
+    ids = codes[starts]
+    sizes = np.diff(np.append(starts, n))
+    distinct = np.unique(sizes)
+    if len(distinct) > max_sizes or (len(ids) > 1 and int(np.bincount(ids).max()) > 1):  # codes >= 0
+        return None
+    lo, hi = np.empty(len(starts)), np.empty(len(starts))
+    for size in distinct.tolist():
+        a, b = (size - 1) // 2, size // 2
+        if len(distinct) == 1:
+            block = values.reshape(-1, size)
+            sel: np.ndarray | slice = slice(None)
+        else:
+            sel = np.flatnonzero(sizes == size)
+            block = values[starts[sel][:, None] + np.arange(size)]
+        part = np.partition(block, (a, b) if a != b else a, axis=1)
+        lo[sel], hi[sel] = part[:, a], part[:, b]
+    order = np.argsort(ids, kind="stable")
+    return ids[order], ((lo + hi) / 2)[order]

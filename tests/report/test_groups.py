@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from controller.report.groups import Groups
+from controller.report.groups import Groups, run_medians
 
 
 @pytest.mark.parametrize("presorted", [False, True])
@@ -45,3 +45,36 @@ def test_groups_of_nothing() -> None:
     assert lo.shape == (0, 2) and hi.shape == (0, 2)
     assert g.extremes(np.zeros((0, 2)))[0].shape == (0, 2)
     assert g.sums(np.zeros((0, 2)))[1].shape == (0, 2)
+
+
+@pytest.mark.parametrize("sizes", [[7] * 50, [1, 2, 3, 4, 5, 6, 30, 31] * 9])
+def test_run_medians_equal_pandas_to_the_bit(sizes: list[int]) -> None:
+    """Contiguous runs of one or several lengths, codes not in increasing order: the same values
+    and order as pandas' group median (odd and even lengths, ties)."""
+    rng = np.random.default_rng(3)
+    codes = np.repeat(rng.permutation(len(sizes)) * 3, sizes)
+    values = np.round(rng.standard_normal(len(codes)), 1)  # ties
+    got = run_medians(values, codes)
+    assert got is not None
+    want = pd.Series(values).groupby(codes).median()
+    np.testing.assert_array_equal(got[0], want.index.to_numpy())
+    assert got[1].tobytes() == want.to_numpy().tobytes()
+
+
+def test_run_medians_declines_what_it_cannot_take() -> None:
+    values = np.arange(6.0)
+    assert run_medians(values, np.array([0, 0, 1, 1, 0, 0])) is None  # a code in two runs
+    assert run_medians(np.array([1.0, np.nan]), np.array([0, 0])) is None  # NaN: pandas skips it
+    assert run_medians(values, np.array([0, 1, 1, 2, 2, 2]), max_sizes=2) is None
+    assert run_medians(values[:0], values[:0].astype(np.int64)) is None
+
+
+@pytest.mark.parametrize("modules", [100, 40_000, 5_000_000])
+def test_rows_in_module_order_past_16_bit_codes(modules: int) -> None:
+    """The module order of the outlier statistics is numpy's stable argsort, also past 32,767
+    modules (two 16-bit radix passes) and past 2**30 codes."""
+    from controller.report.analysis import _by_module
+
+    mod = np.random.default_rng(1).integers(0, modules, 50_000).astype(np.int32)
+    np.testing.assert_array_equal(_by_module(mod), np.argsort(mod, kind="stable"))
+    assert _by_module(np.sort(mod)) is None
