@@ -132,6 +132,7 @@ def run_medians(values: np.ndarray, codes: np.ndarray, max_sizes: int = 64) -> t
     if len(distinct) > max_sizes or (len(ids) > 1 and int(np.bincount(ids).max()) > 1):  # codes >= 0
         return None
     lo, hi = np.empty(len(starts)), np.empty(len(starts))
+    signed_zero = not bool(values.all())  # a zero among the values (no NaN here): -0.0 == 0.0
     for size in distinct.tolist():
         a, b = (size - 1) // 2, size // 2
         if len(distinct) == 1:
@@ -140,7 +141,12 @@ def run_medians(values: np.ndarray, codes: np.ndarray, max_sizes: int = 64) -> t
         else:
             sel = np.flatnonzero(sizes == size)
             block = values[starts[sel][:, None] + np.arange(size)]
-        part = np.partition(block, (a, b) if a != b else a, axis=1)
-        lo[sel], hi[sel] = part[:, a], part[:, b]
+        if a == b or signed_zero:  # max could give 0.0 where the partition gives -0.0 (equal values)
+            part = np.partition(block, (a, b) if a != b else a, axis=1)
+            lo[sel] = part[:, a]
+        else:  # one kth, and the lower middle as the largest value left of it: 3x faster than two kth
+            part = np.partition(block, b, axis=1)  # along rows with numpy 2.4 (1.3 vs 3.8 ms for 21,740 x 45)
+            lo[sel] = part[:, :b].max(axis=1)
+        hi[sel] = part[:, b]
     order = np.argsort(ids, kind="stable")
     return ids[order], ((lo + hi) / 2)[order]
