@@ -194,18 +194,6 @@ def _exact(cur: pd.DataFrame, keep: np.ndarray | None) -> pd.Series:
                           for m in ALL_METRICS], index=list(ALL_METRICS))
 
 
-def per_row(cur: pd.DataFrame, small: pd.DataFrame, on: list[str]) -> pd.DataFrame:
-    """Spread a small frame indexed by text ids ``on`` (key/profile) onto cur's rows via cell codes."""
-    cells = cell_table(cur)
-    idx = pd.MultiIndex.from_frame(cells[on]) if len(on) > 1 else pd.Index(cells[on[0]])
-    vals = small.reindex(idx)
-    take = cur["cell"].to_numpy()
-    pos = np.full(int(take.max()) + 1 if len(take) else 0, -1)
-    pos[cells.index.to_numpy()] = np.arange(len(cells))
-    rows = np.take(pos, take)
-    return pd.DataFrame({c: np.take(vals[c].to_numpy(), rows) for c in vals.columns}, index=cur.index)
-
-
 def _bcols(metrics: Iterable[str]) -> list[str]:
     return [B[m] for m in metrics]
 
@@ -439,15 +427,17 @@ def _group_medians(dev: np.ndarray, g: np.ndarray) -> pd.Series:
 def _outlier_stats(counts: np.ndarray, typ: pd.Series) -> pd.DataFrame:
     """Per group code (module or module/key), from its counts (:func:`_entry_counts`) and the
     median of its deviations: typical deviation, cells, sign test, share |z| > 3."""
-    s = pd.DataFrame({"cells": counts[:, 0], "pos": counts[:, 1], "neg": counts[:, 2],
-                      "zpos": counts[:, 3], "zneg": counts[:, 4]})
-    s = s[s["cells"] > 0].assign(typ=typ)
-    up = s["typ"] > 0
-    k = np.where(up, s["pos"], s["neg"])
-    s["p"] = np.minimum(1.0, 2 * _sign_p(k, s["pos"] + s["neg"]))
-    s["share_out"] = np.where(up, s["zpos"], s["zneg"]) / s["cells"].clip(lower=1)
-    s["factor"] = np.exp(-s["typ"])  # performance relative to the fleet median
-    return s
+    at = np.flatnonzero(counts[:, 0] > 0)  # the groups with an entry: arrays, one frame at the end
+    cells, pos, neg, zpos, zneg = counts[at].T
+    t = typ.to_numpy(dtype=float)
+    if len(t) != len(at) or not np.array_equal(typ.index.to_numpy(), at):  # the medians' codes are those groups
+        t = typ.reindex(at).to_numpy(dtype=float)
+    up = t > 0
+    p = np.minimum(1.0, 2 * _sign_p(np.where(up, pos, neg), pos + neg))
+    return pd.DataFrame({"cells": cells, "pos": pos, "neg": neg, "zpos": zpos, "zneg": zneg, "typ": t, "p": p,
+                         "share_out": np.where(up, zpos, zneg) / np.maximum(cells, 1),
+                         "factor": np.exp(-t)},  # performance relative to the fleet median
+                        index=pd.Index(at))
 
 
 def _frame_stats(long: pd.DataFrame, by: str) -> pd.DataFrame:
@@ -579,12 +569,12 @@ def reference(base: pd.DataFrame) -> pd.DataFrame:
 
 
 def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per row of cur: ``d_<m>`` = badness minus the reference's (per key/profile); and the
-    reference badness per cell code (``r_<m>``)."""
+    """Per row of cur: ``d_<m>`` = badness minus the reference's (per key/profile); and per cell
+    code the reference badness (``r_<m>``) and answer (``correct``)."""
     cells = cell_table(cur)
-    r = ref[_bcols(ALL_METRICS)].reindex(pd.MultiIndex.from_frame(cells[K]))
+    r = ref[[*_bcols(ALL_METRICS), "correct"]].reindex(pd.MultiIndex.from_frame(cells[K]))
     r.index = cells.index
-    r.columns = [f"r_{m}" for m in ALL_METRICS]
+    r.columns = [*(f"r_{m}" for m in ALL_METRICS), "correct"]
     pos = np.full(int(cells.index.max()) + 1 if len(cells) else 0, -1)
     pos[cells.index.to_numpy()] = np.arange(len(cells))
     rows = np.take(pos, cur["cell"].to_numpy())
@@ -1028,7 +1018,9 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         ch, rg, _ = fleet_compare(d, names, baseline_label, th, ref_cells, cells_inc, mid)
         changes += ch
         regs += rg
-        regs += correctness(inc, per_row(inc, ref[["correct"]], K)["correct"].to_numpy(dtype=float), baseline_label)
+        right = np.full(int(ref_cells.index.max()) + 1, np.nan)  # the reference's answer per cell code
+        right[ref_cells.index.to_numpy()] = ref_cells["correct"].to_numpy(dtype=float)
+        regs += correctness(inc, np.take(right, inc["cell"].to_numpy()), baseline_label)
     prev_ids: tuple[str, ...] = ()
     if prev is not None and len(inc):
         prev_ids = tuple(sorted(map(str, previous["run_id"].unique()))) if previous is not None else ()
