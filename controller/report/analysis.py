@@ -218,8 +218,19 @@ class Middles:
     the median of a figure, of its badness, of its difference to a per-cell reference and the
     lower median all follow from them (``±log`` is monotone)."""
 
-    def __init__(self, inc: pd.DataFrame, groups: Groups, exact: pd.Series | None = None) -> None:
-        lo, hi = groups.middles(_columns(inc, _bcols(ALL_METRICS)))
+    def __init__(self, inc: pd.DataFrame, groups: Groups, exact: pd.Series | None = None,
+                 known: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+        """``known``: the middles of some metrics over the same rows and groups, already taken (the
+        fleet's, when no row is left out): only the other metrics are partitioned."""
+        known = known or {}
+        todo = [m for m in ALL_METRICS if m not in known]
+        lo_t, hi_t = groups.middles(_columns(inc, _bcols(todo)))
+        lo, hi = np.empty((len(groups), len(ALL_METRICS))), np.empty((len(groups), len(ALL_METRICS)))
+        for j, m in enumerate(ALL_METRICS):
+            if m in known:
+                lo[:, j], hi[:, j] = known[m]
+            else:
+                lo[:, j], hi[:, j] = lo_t[:, todo.index(m)], hi_t[:, todo.index(m)]
         self.groups = groups
         self.lo = pd.DataFrame(lo, index=groups.present, columns=list(ALL_METRICS))
         self.hi = pd.DataFrame(hi, index=groups.present, columns=list(ALL_METRICS))
@@ -359,9 +370,10 @@ class Deviations:
 
 
 def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = None
-                    ) -> tuple[Deviations, pd.DataFrame]:
-    """Deviations of the primary metrics from the fleet median of their cell, and per cell the
-    robust spread (1.4826 MAD, log units ~ relative sd) of each primary metric.
+                    ) -> tuple[Deviations, pd.DataFrame, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Deviations of the primary metrics from the fleet median of their cell, per cell the robust
+    spread (1.4826 MAD, log units ~ relative sd) of each primary metric, and per metric the two
+    middle badness figures per cell (what :class:`Middles` reuses when no row is left out).
 
     ``dev``: badness minus the fleet median of the cell (log units); ``z``: dev / robust spread
     (floored at ``z_floor``).
@@ -370,18 +382,20 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = N
     cols = _bcols(metrics)
     if not cols:
         return Deviations.of(cur, [], np.zeros((len(cur), 0)), np.zeros((0, 0)),
-                             groups or Groups(cur["cell"].to_numpy())), pd.DataFrame()
+                             groups or Groups(cur["cell"].to_numpy())), pd.DataFrame(), {}
     cell = cur["cell"].to_numpy()
     g = groups or Groups(cell)
     bs = _columns(cur, cols)  # contiguous columns: medians partition them without a copy first
-    med = _by_code(g, g.median(bs))
+    lo, hi = g.middles(bs)
+    med = _by_code(g, (lo + hi) / 2)  # as Groups.median
     devs = [b - np.take(med[:, j], cell) for j, b in enumerate(bs)]
     spread_np = 1.4826 * g.median([np.abs(d) for d in devs])
     dev = np.column_stack(devs)
     del bs, devs
     spread = pd.DataFrame(spread_np, index=g.present, columns=cols)
     scale = np.maximum(_by_code(g, spread_np), th.z_floor)  # per (cell code, metric)
-    return Deviations.of(cur, metrics, dev, scale, g), spread.rename(columns={B[m]: m for m in metrics})
+    return (Deviations.of(cur, metrics, dev, scale, g), spread.rename(columns={B[m]: m for m in metrics}),
+            {m: (lo[:, j], hi[:, j]) for j, m in enumerate(metrics)})
 
 
 def _row_counts(mask: np.ndarray) -> np.ndarray:
@@ -995,7 +1009,7 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
 
     names = Names(cur)
     cells_all = Groups(cur["cell"].to_numpy())  # sorted once, reused by every per-cell median
-    devs, spread = fleet_deviation(cur, th, cells_all)
+    devs, spread, fleet_mid = fleet_deviation(cur, th, cells_all)
     outliers, deviation = find_outliers(devs, names, th)
     # refining takes the outlier modules' rows only: the rest goes before the included rows are taken
     devs = devs.only(np.flatnonzero(np.isin(devs.mod, [names.modules.get_loc(o.module) for o in outliers])))
@@ -1006,7 +1020,9 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     exact = _exact(cur, ~excluded if some_excluded else None)
     inc = take_rows(cur, ~excluded, [c for c in cur.columns if c not in ALL_METRICS]) if some_excluded else cur
     cells_inc = Groups(inc["cell"].to_numpy()) if some_excluded else cells_all
-    mid = Middles(inc, cells_inc, exact) if some_excluded or not excluded.any() else None
+    # nothing left out: the fleet's middles of the primary metrics are those of the included rows
+    mid = (Middles(inc, cells_inc, exact) if some_excluded else
+           Middles(inc, cells_inc, exact, fleet_mid) if not excluded.any() else None)
     if some_excluded:
         outliers, deviation = refine_outliers(cur, devs, names, outliers, excluded, deviation, th, inc, mid)
     del devs  # not needed past the outliers: its memory goes before the comparisons take theirs

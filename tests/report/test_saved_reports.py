@@ -20,7 +20,10 @@ import pandas as pd
 import pytest
 
 from controller.report import analyse
+from controller.report.analysis import Middles, fleet_deviation, prepare
+from controller.report.groups import Groups
 from controller.report.load import as_read
+from controller.report.model import PRIMARY_METRICS, Thresholds
 from controller.report.synth import fleet
 
 SAVED = Path(__file__).parent / "data" / "saved"
@@ -63,3 +66,18 @@ def test_report_identical_to_saved(reference: pd.DataFrame, name: str) -> None:
     for part in ("regressions", "outliers", "changes", "notes", "summary"):
         assert got[part] == saved[part], part
     assert got == saved
+
+
+def test_fleet_middles_stand_in_when_no_row_is_left_out(reference: pd.DataFrame) -> None:
+    """With no outlier the included rows are all rows: the fleet's middles of the primary metrics
+    (taken for the deviations) stand in for a second partition, to the bit, with invalid, missing
+    and zero figures among them; and a report over a fleet without outliers takes that path."""
+    cur = prepare(_odd(reference)[0])
+    groups = Groups(cur["cell"].to_numpy())
+    known = fleet_deviation(cur, Thresholds(), groups)[2]
+    assert sorted(known) == sorted(m for m in PRIMARY_METRICS if cur[m].notna().any())
+    fresh, reused = Middles(cur, groups), Middles(cur, groups, known=known)
+    assert fresh.lo.to_numpy().tobytes() == reused.lo.to_numpy().tobytes()
+    assert fresh.hi.to_numpy().tobytes() == reused.hi.to_numpy().tobytes()
+    rep = analyse(fleet(reference, modules=8, seed=3), baseline=reference)
+    assert rep.outliers == () and len(rep.summary)
