@@ -198,8 +198,15 @@ def _bcols(metrics: Iterable[str]) -> list[str]:
     return [B[m] for m in metrics]
 
 
+def _has_value(df: pd.DataFrame, col: str) -> bool:
+    """Whether a float column of a prepared frame has a figure (not NaN): its first rows are
+    looked at first (a pandas ``notna().any()`` builds a Series of 1 M flags for each)."""
+    v = df[col].to_numpy(dtype=float, na_value=np.nan)
+    return not bool(np.isnan(v[:4096]).all()) or not bool(np.isnan(v).all())
+
+
 def _present(df: pd.DataFrame, metrics: Iterable[str]) -> list[str]:
-    return [m for m in metrics if df[m].notna().any()]
+    return [m for m in metrics if _has_value(df, m)]
 
 
 def _matrix(df: pd.DataFrame, cols: list[str]) -> np.ndarray:
@@ -714,7 +721,7 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
                   ref_cells: pd.DataFrame | None = None, groups: Groups | None = None, mid: Middles | None = None
                   ) -> tuple[list[Change], list[Regression], pd.DataFrame]:
     """Key-level changes (all of them) and the regressions among them, plus single-profile ones."""
-    metrics = [m for m in ALL_METRICS if d[f"d_{m}"].notna().any()]
+    metrics = [m for m in ALL_METRICS if _has_value(d, f"d_{m}")]
     if not metrics:
         return [], [], pd.DataFrame()
     cells = _cells(d, metrics, names, th, ref_cells, groups, mid)
@@ -772,7 +779,7 @@ def module_compare(d: pd.DataFrame, names: Names, th: Thresholds, against: str =
 
     ``explained``: (key, metric) pairs a fleet-wide finding already covers; not repeated per module.
     """
-    metrics = [m for m in ALL_METRICS if d[f"d_{m}"].notna().any()]
+    metrics = [m for m in ALL_METRICS if _has_value(d, f"d_{m}")]
     if not metrics:
         return []
     dcols = [f"d_{m}" for m in metrics]
