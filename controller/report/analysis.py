@@ -278,6 +278,19 @@ def _sign_p(k: Any, n: Any) -> Any:
 
     k = np.asarray(k, dtype=float)
     n = np.asarray(n, dtype=float)
+    if k.ndim == 1 and k.shape == n.shape and len(k) > 1024 and bool((n >= 0).all()) and bool((k >= 0).all()):
+        # many groups (one per module/key), few distinct (k, n): each pair's probability once
+        # (scipy evaluates element by element: the same bits as over every group)
+        width = int(n.max()) + 1
+        if (int(k.max()) + 1) * width <= 2**18:  # a table of every (k, n) pair
+            ki, ni = k.astype(np.int64), n.astype(np.int64)
+            if np.array_equal(ki, k) and np.array_equal(ni, n):  # whole numbers (counts)
+                code = ki * width + ni
+                pairs = np.flatnonzero(np.bincount(code))
+                table = np.zeros(int(pairs[-1]) + 1)
+                kp, np_ = (pairs // width).astype(float), (pairs % width).astype(float)
+                table[pairs] = np.where(np_ > 0, stats.binom.sf(kp - 1, np_, 0.5), 1.0)
+                return np.take(table, code)
     return np.where(n > 0, stats.binom.sf(k - 1, n, 0.5), 1.0)
 
 

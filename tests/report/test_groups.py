@@ -78,3 +78,19 @@ def test_rows_in_module_order_past_16_bit_codes(modules: int) -> None:
     mod = np.random.default_rng(1).integers(0, modules, 50_000).astype(np.int32)
     np.testing.assert_array_equal(_by_module(mod), np.argsort(mod, kind="stable"))
     assert _by_module(np.sort(mod)) is None
+
+
+def test_sign_p_once_per_pair_equals_scipy_per_group() -> None:
+    """The sign test over many groups takes each distinct (k, n) once: the same bits as scipy over
+    every group (n = 0 included); counts that are not whole numbers take scipy's path."""
+    from scipy import stats
+
+    from controller.report.analysis import _sign_p
+
+    rng = np.random.default_rng(7)
+    n = rng.integers(0, 60, size=5000).astype(float)
+    k = np.floor(rng.random(5000) * (n + 1))
+    want = np.where(n > 0, stats.binom.sf(k - 1, n, 0.5), 1.0)
+    assert _sign_p(k, n).tobytes() == want.tobytes()
+    half = k + 0.5
+    assert _sign_p(half, n).tobytes() == np.where(n > 0, stats.binom.sf(half - 1, n, 0.5), 1.0).tobytes()
