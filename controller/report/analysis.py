@@ -251,6 +251,48 @@ class Middles:
             return np.asarray((np.exp(SIGN[m] * self.lo[m].to_numpy()) + np.exp(SIGN[m] * self.hi[m].to_numpy())) / 2)
 
 
+def _included_middles(cur: pd.DataFrame, g: Groups, fleet: dict[str, tuple[np.ndarray, np.ndarray]],
+                      excluded: np.ndarray, gi: Groups) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The two middle badness figures per cell of the included rows (per ``gi.present``), from the
+    fleet's (all rows, per ``g.present``) without a partition where the rows left out are few.
+
+    Leaving e rows out moves each order statistic by at most e places, so in a cell of m included
+    figures, if at most (m-1)//2 of them are below the fleet's lower middle and at most
+    m-1-m//2 above its upper middle, both included middles lie between the fleet's two: they are
+    found among the few figures in between (sorted), counted from the number below. Cells where
+    that does not hold are partitioned as :class:`Groups` would."""
+    if g.order is not None:
+        return {}
+    sizes = g.ends - g.starts
+    at = np.searchsorted(g.present, gi.present)  # gi's cells among g's
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    keep = ~excluded
+    with np.errstate(invalid="ignore"):
+        for m, (lo_f, hi_f) in fleet.items():
+            b = cur[B[m]].to_numpy()
+            ok_row = keep & ~np.isnan(b)
+            below = ok_row & (b < np.repeat(lo_f, sizes))
+            above = ok_row & (b > np.repeat(hi_f, sizes))
+            win = ok_row & ~below & ~above
+            n_inc, n_below, n_above, n_win = (np.add.reduceat(x, g.starts, dtype=np.int64)
+                                              for x in (ok_row, below, above, win))
+            a, c = (n_inc - 1) // 2, n_inc // 2
+            fits = (n_inc > 0) & (n_below <= a) & (n_above <= n_inc - 1 - c)
+            vals = b[win]
+            cellpos = np.repeat(np.arange(len(g)), n_win)
+            vals = vals[np.lexsort((vals, cellpos))]  # each cell's window, sorted
+            first = np.concatenate(([0], np.cumsum(n_win)[:-1]))
+            lo, hi = np.full(len(g), np.nan), np.full(len(g), np.nan)
+            lo[fits] = vals[(first + a - n_below)[fits]]
+            hi[fits] = vals[(first + c - n_below)[fits]]
+            for i in np.flatnonzero(~fits & (n_inc > 0)).tolist():  # rows left out moved the middles far
+                seg = b[g.starts[i]:g.ends[i]][ok_row[g.starts[i]:g.ends[i]]]
+                part = np.partition(seg, (a[i], c[i]) if a[i] != c[i] else a[i])
+                lo[i], hi[i] = part[a[i]], part[c[i]]
+            out[m] = (lo[at], hi[at])
+    return out
+
+
 def _by_code(g: Groups, per_group: np.ndarray) -> np.ndarray:
     """Per-group results (present groups) spread to a table indexed by code (NaN where absent)."""
     size = int(g.present.max()) + 1 if len(g) else 0
@@ -1041,7 +1083,8 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     inc = take_rows(cur, ~excluded, [c for c in cur.columns if c not in ALL_METRICS]) if some_excluded else cur
     cells_inc = Groups(inc["cell"].to_numpy()) if some_excluded else cells_all
     # nothing left out: the fleet's middles of the primary metrics are those of the included rows
-    mid = (Middles(inc, cells_inc, exact) if some_excluded else
+    mid = (Middles(inc, cells_inc, exact, _included_middles(cur, cells_all, fleet_mid, excluded, cells_inc))
+           if some_excluded else
            Middles(inc, cells_inc, exact, fleet_mid) if not excluded.any() else None)
     if some_excluded:
         outliers, deviation = refine_outliers(cur, devs, names, outliers, excluded, deviation, th, inc, mid)

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from controller.report import analyse
-from controller.report.analysis import Middles, fleet_deviation, prepare
+from controller.report.analysis import Middles, _included_middles, fleet_deviation, prepare, take_rows
 from controller.report.groups import Groups
 from controller.report.load import as_read
 from controller.report.model import PRIMARY_METRICS, Thresholds
@@ -81,3 +81,23 @@ def test_fleet_middles_stand_in_when_no_row_is_left_out(reference: pd.DataFrame)
     assert fresh.hi.to_numpy().tobytes() == reused.hi.to_numpy().tobytes()
     rep = analyse(fleet(reference, modules=8, seed=3), baseline=reference)
     assert rep.outliers == () and len(rep.summary)
+
+
+@pytest.mark.parametrize("leave_out", ["one module", "two modules", "module/key", "random 40 %"])
+def test_included_middles_from_the_fleets_to_the_bit(reference: pd.DataFrame, leave_out: str) -> None:
+    """The included rows' middles taken from the fleet's (few rows left out: the figures between
+    the fleet's two middles; many: a partition per cell) equal a partition of the included rows,
+    with invalid, missing and zero figures among them."""
+    cur = prepare(_odd(reference)[0])
+    groups = Groups(cur["cell"].to_numpy())
+    known = fleet_deviation(cur, Thresholds(), groups)[2]
+    mods = cur["module"].to_numpy().astype(str)
+    out = {"one module": mods == "m03", "two modules": np.isin(mods, ["m03", "m07"]),
+           "module/key": (mods == "m05") & (cur["model_key"].to_numpy().astype(str) == "qwen35"),
+           "random 40 %": np.random.default_rng(1).random(len(cur)) < 0.4}[leave_out]
+    inc = take_rows(cur, ~out)
+    gi = Groups(inc["cell"].to_numpy())
+    fresh = Middles(inc, gi)
+    reused = Middles(inc, gi, known=_included_middles(cur, groups, known, out, gi))
+    assert fresh.lo.to_numpy().tobytes() == reused.lo.to_numpy().tobytes()
+    assert fresh.hi.to_numpy().tobytes() == reused.hi.to_numpy().tobytes()
