@@ -651,12 +651,22 @@ def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> tuple[pd.DataFram
     r = ref[[*_bcols(ALL_METRICS), "correct"]].reindex(pd.MultiIndex.from_frame(cells[K]))
     r.index = cells.index
     r.columns = [*(f"r_{m}" for m in ALL_METRICS), "correct"]
-    pos = np.full(int(cells.index.max()) + 1 if len(cells) else 0, -1)
-    pos[cells.index.to_numpy()] = np.arange(len(cells))
-    rows = np.take(pos, cur["cell"].to_numpy())
+    cell = cur["cell"].to_numpy()
+    if len(cell) > 1 and bool((cell[1:] >= cell[:-1]).all()):  # rows in cell order (a prepared frame)
+        sizes = np.bincount(cell)[cells.index.to_numpy()]
+
+        def spread(per_cell: np.ndarray) -> np.ndarray:
+            return np.repeat(per_cell, sizes)  # a sequential write, not a gather
+    else:
+        pos = np.full(int(cells.index.max()) + 1 if len(cells) else 0, -1)
+        pos[cells.index.to_numpy()] = np.arange(len(cells))
+        rows = np.take(pos, cell)
+
+        def spread(per_cell: np.ndarray) -> np.ndarray:
+            return np.take(per_cell, rows)
     out: dict[str, np.ndarray] = {c: cur[c].to_numpy() for c in ("mod", "key", "modkey", "cell")}
     for m in ALL_METRICS:
-        out[f"d_{m}"] = cur[B[m]].to_numpy() - np.take(r[f"r_{m}"].to_numpy(), rows)
+        out[f"d_{m}"] = cur[B[m]].to_numpy() - spread(r[f"r_{m}"].to_numpy())
     return pd.DataFrame(out, index=cur.index, copy=False), r
 
 
