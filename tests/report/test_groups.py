@@ -94,3 +94,18 @@ def test_sign_p_once_per_pair_equals_scipy_per_group() -> None:
     assert _sign_p(k, n).tobytes() == want.tobytes()
     half = k + 0.5
     assert _sign_p(half, n).tobytes() == np.where(n > 0, stats.binom.sf(half - 1, n, 0.5), 1.0).tobytes()
+
+
+def test_group_median_of_few_values_equals_pandas_to_the_bit() -> None:
+    """The (key, metric) medians of fleet_compare: odd and even groups, NaN skipped, a group of
+    NaN only, groups out of order; the same bits as pandas' group median."""
+    from controller.report.analysis import _group_median
+
+    rng = np.random.default_rng(11)
+    at = rng.integers(0, 40, size=600)
+    at[:3] = 40  # a group of NaN only
+    values = np.exp(rng.standard_normal(600))
+    values[rng.random(600) < 0.1] = np.nan
+    values[:3] = np.nan
+    want = pd.Series(values).groupby(at).median()
+    assert _group_median(values, at, 41).tobytes() == want.to_numpy().tobytes()
