@@ -190,7 +190,7 @@ def _exact(cur: pd.DataFrame, keep: np.ndarray | None) -> pd.Series:
     """Per metric: whether every figure of the kept rows has a badness (a figure <= 0 has none,
     see prepare); where one lacks it, its cell's figure median is taken directly (see summarise)."""
     with np.errstate(invalid="ignore"):
-        return pd.Series([not bool((cur[m].to_numpy() <= 0)[slice(None) if keep is None else keep].any())
+        return pd.Series([not bool(np.logical_and(cur[m].to_numpy() <= 0, True if keep is None else keep).any())
                           for m in ALL_METRICS], index=list(ALL_METRICS))
 
 
@@ -449,8 +449,11 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = N
     g = groups or Groups(cell)
     bs = _columns(cur, cols)  # contiguous columns: medians partition them without a copy first
     lo, hi = g.middles(bs)
-    med = _by_code(g, (lo + hi) / 2)  # as Groups.median
-    devs = [b - np.take(med[:, j], cell) for j, b in enumerate(bs)]
+    if g.order is None:  # rows in cell order: each cell's median repeated over its rows (no gather)
+        devs = [b - np.repeat(med, g.ends - g.starts) for b, med in zip(bs, ((lo + hi) / 2).T, strict=True)]
+    else:
+        med = _by_code(g, (lo + hi) / 2)  # as Groups.median
+        devs = [b - np.take(med[:, j], cell) for j, b in enumerate(bs)]
     spread_np = 1.4826 * g.median([np.abs(d) for d in devs])
     dev = np.column_stack(devs)
     del bs, devs
