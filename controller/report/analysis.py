@@ -113,7 +113,19 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
         # position in ``df``): every per-cell median is then a contiguous slice (see Groups).
         # Each column is put in order once, before the frame is built (no frame-wide take).
         order = np.argsort(cell.astype(np.int16 if cell.max() < 2**15 else np.int64), kind="stable")
-    cols: dict[str, Any] = {c: _in_order(v, order) for c, v in ids.items()}
+    # what the cell determines (key, profile, the cell itself) is each cell's value repeated over
+    # its rows in cell order (a sequential write), not a gather of every row
+    sizes = np.bincount(cell) if n else np.zeros(0, dtype=np.int64)  # factorized: codes 0..k-1, all present
+    firsts = None if order is None else order[np.concatenate(([0], np.cumsum(sizes)[:-1]))]
+
+    def by_cell(v: Any) -> Any:
+        if firsts is None:
+            return v
+        if isinstance(v, pd.Categorical):
+            return pd.Categorical.from_codes(np.repeat(np.take(v.codes, firsts), sizes), dtype=v.dtype)
+        return np.repeat(np.take(v, firsts), sizes)
+
+    cols: dict[str, Any] = {c: by_cell(v) if c in K else _in_order(v, order) for c, v in ids.items()}
     cols["correct"] = _in_order(_numeric(col("correct")), order)
     invalid = _invalid(col("flags"))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -129,8 +141,8 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
                 np.negative(b, out=b)
             b[~(v > 0)] = np.nan
             cols[B[m]] = b
-    cols["mod"], cols["key"] = _in_order(mod, order), _in_order(key, order)
-    cols["cell"] = _in_order(cell, order)
+    cols["mod"], cols["key"] = _in_order(mod, order), by_cell(key)
+    cols["cell"] = by_cell(cell)
     cols["modkey"] = cols["mod"] * code(nk) + cols["key"]
     index = pd.RangeIndex(n) if order is None else pd.Index(order)
     return pd.DataFrame(cols, index=index, copy=False)
