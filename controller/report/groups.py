@@ -13,11 +13,38 @@ groups present in the codes are returned, in increasing code order.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 Columns = Sequence[np.ndarray] | np.ndarray  # 1-D columns, or a (rows, columns) array
+
+
+_WINDOW_FROM = 2048  # groups this large: the middles from a window around a sample's (below)
+_SAMPLE_STEP = 16
+
+
+def _window_middles(seg: np.ndarray, a: int, b: int) -> tuple[float, float] | None:
+    """The a-th and b-th smallest values of ``seg`` (no NaN) from a window around the middle of a
+    sample: every 16th value, whose quantiles 3 standard errors either side of the middle bound
+    the window. If at most ``a`` values are below its lower end and at most ``len - 1 - b`` above
+    its upper end, both order statistics lie in the window (the few values there, sorted, counted
+    from the number below); else None (the caller partitions). Exact either way; a partition of
+    10,000 values that are not in cache costs ~120 us, this ~1/3 of it."""
+    m = len(seg)
+    sample = seg[::_SAMPLE_STEP].copy()
+    k = len(sample)
+    spread = 3.0 * 0.5 * math.sqrt(k) + 1.0  # 3 standard errors of the sample's middle, in places
+    kl, kh = max(0, int((k - 1) / 2 - spread)), min(k - 1, int(k / 2 + spread) + 1)
+    sample.partition((kl, kh))
+    low, high = sample[kl], sample[kh]
+    below = int(np.count_nonzero(seg < low))
+    above = int(np.count_nonzero(seg > high))
+    if below > a or above > m - 1 - b:
+        return None
+    window = np.sort(seg[(seg >= low) & (seg <= high)])
+    return float(window[a - below]), float(window[b - below])
 
 
 class Groups:
@@ -72,8 +99,11 @@ class Groups:
                 if not m:
                     continue
                 a, b = (m - 1) // 2, m // 2
-                part = np.partition(seg, (a, b) if a != b else a)
-                lo[i, j], hi[i, j] = part[a], part[b]
+                got = _window_middles(seg, a, b) if m >= _WINDOW_FROM else None
+                if got is None:
+                    part = np.partition(seg, (a, b) if a != b else a)
+                    got = part[a], part[b]
+                lo[i, j], hi[i, j] = got
         return lo, hi
 
     def median(self, values: Columns) -> np.ndarray:

@@ -109,3 +109,25 @@ def test_group_median_of_few_values_equals_pandas_to_the_bit() -> None:
     values[:3] = np.nan
     want = pd.Series(values).groupby(at).median()
     assert _group_median(values, at, 41).tobytes() == want.to_numpy().tobytes()
+
+
+@pytest.mark.parametrize("kind", ["smooth", "ties", "skewed"])
+def test_large_groups_middles_from_a_window_equal_a_partition(kind: str) -> None:
+    """Groups of 2,048 values and more take their middles from a window around a sample's: the
+    same values as a partition (NaN skipped, ties, a skewed group whose window check fails)."""
+    rng = np.random.default_rng(5)
+    sizes = [2048, 2049, 5000, 10870, 3000]
+    codes = np.repeat(np.arange(len(sizes)), sizes)
+    values = rng.standard_normal(len(codes))
+    if kind == "ties":
+        values = np.round(values, 1)
+    if kind == "skewed":  # sorted halves: the every-16th sample is not a fair one
+        values = np.concatenate([np.sort(values[codes == c]) for c in range(len(sizes))])
+    values[rng.random(len(codes)) < 0.05] = np.nan
+    lo, hi = Groups(codes).middles([values])
+    for c in range(len(sizes)):
+        v = values[codes == c]
+        v = v[~np.isnan(v)]
+        a, b = (len(v) - 1) // 2, len(v) // 2
+        part = np.partition(v, (a, b))
+        assert (lo[c, 0], hi[c, 0]) == (part[a], part[b])
