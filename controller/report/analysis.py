@@ -1034,9 +1034,7 @@ def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expe
     notes: list[str] = []
     mk = cur["modkey"].to_numpy()
     counts = np.bincount(mk) if len(mk) else np.zeros(0, dtype=np.int64)
-    codes = np.flatnonzero(counts)
-    got = pd.DataFrame({"module": names.modules[codes // names.nk], "model_key": names.keys[codes % names.nk],
-                        "got": counts[codes]})
+    codes = np.flatnonzero(counts)  # module/key pairs with rows (names only for the few a note shows)
     mods, keys = list(expected_modules), list(expected_keys)
     missing: list[tuple[str, str]] = []
     if mods and keys:
@@ -1052,10 +1050,11 @@ def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expe
         notes.append(f"no results for {len(missing)} module/key pair(s): {shown}{more}")
     if ref is not None and len(cur):
         want = ref.reset_index().groupby("model_key")["profile"].nunique()
-        got["want"] = want.reindex(names.keys).to_numpy()[codes % names.nk]  # per key code, not per text
-        short = got[got["got"] < got["want"].fillna(0)]
-        for r in short.head(8).itertuples():
-            notes.append(f"{r.module}/{r.model_key}: {r.got} of {int(r.want)} profiles")
+        wants = want.reindex(names.keys).to_numpy(dtype=float)[codes % names.nk]  # per key code, not per text
+        short = np.flatnonzero(counts[codes] < np.nan_to_num(wants, nan=0.0))
+        for i in short[:8].tolist():
+            module, key = names.modkey(int(codes[i]))
+            notes.append(f"{module}/{key}: {counts[codes[i]]} of {int(wants[i])} profiles")
         if len(short) > 8:
             notes.append(f"... {len(short) - 8} more module/key pairs with missing profiles")
     return notes
