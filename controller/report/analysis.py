@@ -425,8 +425,7 @@ class Deviations:
             pos, neg = _row_counts(self.dev > 0.0), _row_counts(self.dev < 0.0)
             zpos, zneg = self._z_counts()
         size = int(self.modkey.max()) + 1
-        counts = np.column_stack([np.bincount(self.modkey, weights=w, minlength=size)
-                                  for w in (per_row, pos, neg, zpos, zneg)])
+        counts = _packed_bincount(self.modkey, [per_row, pos, neg, zpos, zneg], size, len(self.metrics))
         by_mod = _by_module(self.mod)
         dev = self.dev if by_mod is None else np.take(self.dev, by_mod, axis=0)
         mod, modkey = ((self.mod, self.modkey) if by_mod is None else
@@ -488,6 +487,27 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = N
     scale = np.maximum(_by_code(g, spread_np), th.z_floor)  # per (cell code, metric)
     return (Deviations.of(cur, metrics, dev, scale, g), spread.rename(columns={B[m]: m for m in metrics}),
             {m: (lo[:, j], hi[:, j]) for j, m in enumerate(metrics)})
+
+
+def _packed_bincount(codes: np.ndarray, weights: list[np.ndarray], size: int, most: int) -> np.ndarray:
+    """Per code, the sums of several whole-number weights (each 0..``most`` a row), as columns:
+    three weights packed in one float64 (16 bits apart; exact while no code has 2**16 / most
+    rows), so five need two bincounts, not five."""
+    rows = len(codes)
+    if rows * max(most, 1) >= 2**16 and int(np.bincount(codes).max()) * max(most, 1) >= 2**16:
+        return np.column_stack([np.bincount(codes, weights=w, minlength=size) for w in weights])
+    cols = []
+    for at in range(0, len(weights), 3):
+        part = weights[at:at + 3]
+        packed = part[0].copy()
+        for i, w in enumerate(part[1:], 1):
+            packed += w * float(2 ** (16 * i))  # powers of two: exact
+        total = np.bincount(codes, weights=packed, minlength=size)
+        for i in reversed(range(len(part))):  # highest field first
+            field = np.floor(total / 2 ** (16 * i))
+            total -= field * 2 ** (16 * i)
+            cols.append((i + at, field))
+    return np.column_stack([c for _, c in sorted(cols, key=lambda ic: ic[0])])
 
 
 def _row_counts(mask: np.ndarray) -> np.ndarray:

@@ -131,3 +131,16 @@ def test_large_groups_middles_from_a_window_equal_a_partition(kind: str) -> None
         a, b = (len(v) - 1) // 2, len(v) // 2
         part = np.partition(v, (a, b))
         assert (lo[c, 0], hi[c, 0]) == (part[a], part[b])
+
+
+@pytest.mark.parametrize("rows", [1000, 70_000])
+def test_packed_bincount_equals_one_bincount_per_weight(rows: int) -> None:
+    """Outlier counts (0..4 a row) summed per module/key three to a float64: the same sums as a
+    bincount per weight; a code with 2**16 / 4 rows or more takes one bincount per weight."""
+    from controller.report.analysis import _packed_bincount
+
+    rng = np.random.default_rng(2)
+    codes = rng.integers(0, 50, size=rows) if rows < 5000 else np.zeros(rows, dtype=np.int64)
+    weights = [rng.integers(0, 5, size=rows).astype(float) for _ in range(5)]
+    want = np.column_stack([np.bincount(codes, weights=w, minlength=60) for w in weights])
+    assert _packed_bincount(codes, weights, 60, 4).tobytes() == want.tobytes()
