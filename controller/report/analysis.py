@@ -32,7 +32,7 @@ import pandas as pd
 
 from agent.probe.compare import COMPARED, Disagreement
 from contract.records import METRICS
-from controller.report.groups import Groups, run_medians
+from controller.report.groups import Groups, run_medians, true_counts
 from controller.report.model import (
     ALL_METRICS,
     DERIVED,
@@ -301,7 +301,7 @@ def _included_middles(cur: pd.DataFrame, g: Groups, fleet: dict[str, tuple[np.nd
             below = ok_row & (b < np.repeat(lo_f, sizes))
             above = ok_row & (b > np.repeat(hi_f, sizes))
             win = ok_row & ~below & ~above
-            n_inc, n_below, n_above, n_win = (np.add.reduceat(x, g.starts, dtype=np.int64)
+            n_inc, n_below, n_above, n_win = (true_counts(x, g.starts, g.ends)
                                               for x in (ok_row, below, above, win))
             a, c = (n_inc - 1) // 2, n_inc // 2
             fits = (n_inc > 0) & (n_below <= a) & (n_above <= n_inc - 1 - c)

@@ -47,6 +47,16 @@ def _window_middles(seg: np.ndarray, a: int, b: int) -> tuple[float, float] | No
     return float(window[a - below]), float(window[b - below])
 
 
+def true_counts(mask: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """How many true values in each run ``mask[start:end]`` (runs in order, covering the mask):
+    few long runs by ``count_nonzero`` each (1 M flags in 92 runs: ~0.3 ms; ``add.reduceat`` to
+    int64 ~1.1 ms), many by one ``add.reduceat``."""
+    if len(starts) > 4096:
+        return np.add.reduceat(mask, starts, dtype=np.int64)
+    return np.array([np.count_nonzero(mask[a:b]) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)],
+                    dtype=np.int64)
+
+
 class Groups:
     """Rows grouped by ``codes`` (non-negative integers, few distinct values)."""
 
@@ -91,7 +101,7 @@ class Groups:
             col = np.ascontiguousarray(x[j])
             nan = np.isnan(col)
             # per group: how many NaN (one pass); a group without any is partitioned as it is
-            nans = np.add.reduceat(nan, self.starts, dtype=np.int64) if nan.any() else np.zeros(len(self), np.int64)
+            nans = true_counts(nan, self.starts, self.ends) if nan.any() else np.zeros(len(self), np.int64)
             for i, (s, e, skip) in enumerate(zip(self.starts.tolist(), self.ends.tolist(), nans.tolist(),
                                                  strict=True)):
                 seg = col[s:e] if not skip else col[s:e][~nan[s:e]]
@@ -115,7 +125,8 @@ class Groups:
         out = np.zeros((len(self), len(flags)), dtype=np.int64)
         if len(self):
             for j, f in enumerate(self._sorted_raw(flags)):
-                out[:, j] = np.add.reduceat(f, self.starts, dtype=np.int64)
+                out[:, j] = (true_counts(f, self.starts, self.ends) if f.dtype == bool else
+                             np.add.reduceat(f, self.starts, dtype=np.int64))
         return out
 
     def sums(self, values: Columns) -> tuple[np.ndarray, np.ndarray]:
@@ -127,7 +138,7 @@ class Groups:
             for j, col in enumerate(x):
                 ok = ~np.isnan(col)
                 s[:, j] = np.add.reduceat(np.where(ok, col, 0.0), self.starts)
-                c[:, j] = np.add.reduceat(ok, self.starts, dtype=np.int64)
+                c[:, j] = true_counts(ok, self.starts, self.ends)
         return s, c
 
     def extremes(self, values: Columns) -> tuple[np.ndarray, np.ndarray]:
