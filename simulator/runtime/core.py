@@ -73,7 +73,7 @@ class Speed(NamedTuple):
     def __str__(self) -> str:
         if not self.entries:
             return "1.0"
-        return ",".join(f"{k + ':' if k else ''}{m}={v:g}" for k, m, v in self.entries)
+        return ",".join(f"{k + ':' if k else ''}{m}={v!r}" for k, m, v in self.entries)  # exact: repr round-trips
 
 
 def _factor(text: str, where: str) -> float:
