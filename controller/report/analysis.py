@@ -804,17 +804,6 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
     return cells[cells["n"] > 0].dropna(subset=["d"]).reset_index()
 
 
-def _group_median(values: np.ndarray, at: np.ndarray, groups: int) -> np.ndarray:
-    """Median of ``values`` per group number ``at`` (0..groups-1, each present), NaN skipped, as
-    pandas' group median takes it: the middle value, or the two middle ones added and halved."""
-    ok = ~np.isnan(values)
-    ordered = values[np.lexsort((values, at))]  # by group, then value (NaN last in its group)
-    count = np.bincount(at[ok], minlength=groups)
-    starts = np.concatenate(([0], np.cumsum(np.bincount(at, minlength=groups))[:-1]))
-    lo, hi = ordered[starts + np.maximum(count - 1, 0) // 2], ordered[starts + count // 2]
-    return np.where(count > 0, (hi + lo) / 2, np.nan)
-
-
 def _wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
     """One-sided Wilcoxon signed-rank p (in the direction of the median) of each (key, metric)
     group's cell medians against 0 (groups: ``index``, sorted), one scipy call per group size
@@ -857,8 +846,7 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
     pairs = pd.MultiIndex.from_arrays([cells["model_key"], cells["metric"]])
     index = pairs.unique().sort_values()  # the (key, metric) groups, sorted as a groupby sorts them
     at = index.get_indexer(pairs)
-    key_d, key_ref = _group_median(cells["d"].to_numpy(dtype=float), at, len(index)), \
-        _group_median(cells["ref"].to_numpy(dtype=float), at, len(index))
+    key_d, key_ref = Groups(at).median([cells["d"].to_numpy(dtype=float), cells["ref"].to_numpy(dtype=float)]).T
     key_n, key_p = np.bincount(at, minlength=len(index)), _wilcoxon_groups(cells, index)
     for i, (key, m) in enumerate(index):  # keys x metrics
         ch, p, base, n = float(_change(m, key_d[i])), float(key_p[i]), float(key_ref[i]), int(key_n[i])

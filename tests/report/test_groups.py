@@ -97,10 +97,8 @@ def test_sign_p_once_per_pair_equals_scipy_per_group() -> None:
 
 
 def test_group_median_of_few_values_equals_pandas_to_the_bit() -> None:
-    """The (key, metric) medians of fleet_compare: odd and even groups, NaN skipped, a group of
-    NaN only, groups out of order; the same bits as pandas' group median."""
-    from controller.report.analysis import _group_median
-
+    """The (key, metric) medians of fleet_compare (Groups.median): odd and even groups, NaN skipped,
+    a group of NaN only, groups out of order; the same bits as pandas' group median."""
     rng = np.random.default_rng(11)
     at = rng.integers(0, 40, size=600)
     at[:3] = 40  # a group of NaN only
@@ -108,7 +106,7 @@ def test_group_median_of_few_values_equals_pandas_to_the_bit() -> None:
     values[rng.random(600) < 0.1] = np.nan
     values[:3] = np.nan
     want = pd.Series(values).groupby(at).median()
-    assert _group_median(values, at, 41).tobytes() == want.to_numpy().tobytes()
+    assert Groups(at).median(values)[:, 0].tobytes() == want.to_numpy().tobytes()
 
 
 @pytest.mark.parametrize("kind", ["smooth", "ties", "skewed"])
