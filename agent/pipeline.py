@@ -32,9 +32,6 @@ from agent.tables import TableError, parse_tables, stamp
 from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig
 from agent.unpack import unpack as unpack_tarball
 from agent.unpack import verify_sha256
-
-if TYPE_CHECKING:
-    from agent.settings import AgentSettings
 from contract.records import (
     MODEL_KEYS,
     Frozen,
@@ -46,6 +43,9 @@ from contract.records import (
     StepError,
     TelemetrySummary,
 )
+
+if TYPE_CHECKING:
+    from agent.settings import AgentSettings
 
 __all__ = ["AgentConfig", "CancelToken", "EventCancelToken", "RunResult", "run_pipeline"]
 
@@ -347,13 +347,14 @@ class _Run:
             self.agent_log("unpack", None, [f"refused / failed: {exc}"])
             raise self._fail("unpack", t0, exc) from exc
         gone = self.store.prune_releases(keep=self.cfg.keep_releases, current=self.sha16)
-        pruned = [f"removed the unpacked releases used least recently, with their caches: {', '.join(gone)}"]
+        pruned = [f"removed the unpacked releases used least recently, with their caches: {', '.join(gone)}"
+                  ] if gone else []
         if done.reused:
             msg = f"release already unpacked in {dest}: reused"
-            self.agent_log("unpack", None, [msg] + (pruned if gone else []))
+            self.agent_log("unpack", None, [msg, *pruned])
             self._end("unpack", t0, "skipped", msg)
         else:
-            self.agent_log("unpack", None, [f"unpacked {done.members} members into {dest}"] + (pruned if gone else []))
+            self.agent_log("unpack", None, [f"unpacked {done.members} members into {dest}", *pruned])
             self._end("unpack", t0)
         return done.top
 

@@ -302,9 +302,7 @@ class Fleet:
             elif m.name not in tarballs:
                 problem = "release not available on the module"
             if problem:
-                failed.append(RunProgress(run_id=run_id, module=m.name, release=release, state=RunState.FAILED,
-                                          step="dispatch", keys_total=len(models), updated_at=now, finished_at=now,
-                                          error=StepError(step="dispatch", message=problem)))
+                failed.append(failed_progress(run_id, m.name, release, "dispatch", problem, len(models), now))
                 out[m.name] = problem
                 continue
             requests.append(RunRequest(run_id=run_id, module=m.name, tarball=tarballs[m.name], sha256=sha256,
@@ -326,10 +324,7 @@ class Fleet:
 
     def _record_failure(self, run_id: str, module: str, release: str, step: str, message: str,
                         keys: int) -> RunProgress:
-        now = time.time()
-        p = RunProgress(run_id=run_id, module=module, release=release, state=RunState.FAILED, step=step,
-                        keys_total=keys, updated_at=now, finished_at=now,
-                        error=StepError(step=step, message=message))
+        p = failed_progress(run_id, module, release, step, message, keys, time.time())
         self.history.upsert_progress(p)
         return p
 
@@ -428,6 +423,13 @@ class Fleet:
     def active_runs(self) -> list[str]:
         cur = self.history.conn.execute("SELECT run_id FROM runs WHERE kind='run' AND state='running'")
         return [r[0] for r in cur.fetchall()]
+
+
+def failed_progress(run_id: str, module: str, release: str, step: str, message: str, keys: int,
+                    now: float) -> RunProgress:
+    """A module's part of a run failed by the controller at ``step`` (it never reached the module)."""
+    return RunProgress(run_id=run_id, module=module, release=release, state=RunState.FAILED, step=step,
+                       keys_total=keys, updated_at=now, finished_at=now, error=StepError(step=step, message=message))
 
 
 def args_label(args: Sequence[object]) -> str:
