@@ -74,6 +74,8 @@ def envelope_problem(message: Any) -> str | None:
 class _CheckedReads:
     """The checks shared by the plain and the Sentinel channel (mixed in before kombu's channel)."""
 
+    _sync_client: tuple[Any, Any] | None = None  # (the pool it was built on, the client): _create_client
+
     def _brpop_read(self, **options: Any) -> bool:
         try:
             return bool(super()._brpop_read(**options))  # type: ignore[misc]
@@ -88,11 +90,9 @@ class _CheckedReads:
         if asynchronous:
             return super()._create_client(asynchronous=True)  # type: ignore[misc]
         pool = self.pool  # type: ignore[attr-defined]
-        cached = self.__dict__.get("_fleet_sync_client")
-        if cached is None or cached[0] is not pool:
-            cached = (pool, super()._create_client())  # type: ignore[misc]
-            self.__dict__["_fleet_sync_client"] = cached
-        return cached[1]
+        if self._sync_client is None or self._sync_client[0] is not pool:
+            self._sync_client = (pool, super()._create_client())  # type: ignore[misc]
+        return self._sync_client[1]
 
 
 class _CheckedDelivery:
