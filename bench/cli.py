@@ -8,7 +8,9 @@ time, CPU time (user + system, from ``wait4``) and peak RSS per command, and the
 * ``python -c pass`` (the interpreter's own floor);
 * ``fleet-agent --help`` (the agent's CLI: same typer/pydantic stack, no controller imports);
 * ``fleetctl --help``, ``fleetctl runs``, ``fleetctl status RUN`` (a running run of 3 modules
-  on the embedded broker, in a scratch history).
+  on the embedded broker, in a scratch history);
+* ``fleetctl status ENDED``: an ended run of 3 modules whose verdict was recorded when it was judged
+  (shown as recorded: no report is built again).
 
 Goals (issue 18): ``--help`` <= 0.3 s, ``runs`` and ``status`` <= 0.5 s (median wall); exits 1
 when one is missed.
@@ -38,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 BIN = Path(sys.executable).parent
-GOALS = {"fleetctl --help": 0.3, "fleetctl runs": 0.5, "fleetctl status": 0.5}
+GOALS = {"fleetctl --help": 0.3, "fleetctl runs": 0.5, "fleetctl status": 0.5, "fleetctl status ended": 0.5}
 
 
 def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]:
@@ -54,9 +56,10 @@ def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
-def scratch(home: Path) -> tuple[dict[str, str], str]:
-    """Environment of an embedded-broker controller in ``home`` with one running run; its id (the
-    commands read and write ``.pyc`` files, as an installed fleetctl does)."""
+def scratch(home: Path) -> tuple[dict[str, str], str, str]:
+    """Environment of an embedded-broker controller in ``home`` with one running run and one ended,
+    judged run; their ids (the commands read and write ``.pyc`` files, as an installed fleetctl does)."""
+    from contract.records import RunProgress, RunState
     from controller.history import History
 
     inv = home / "inventory.toml"
@@ -72,8 +75,15 @@ def scratch(home: Path) -> tuple[dict[str, str], str]:
     h = History(home / "history.sqlite")
     run_id = "20261130-000000-bench"
     h.create_run(run_id, release="1.4.1", models=["qwen3"], modules=["m0", "m1", "m2"])
+    ended = "20261130-000000-ended"
+    h.create_run(ended, release="1.4.1", models=["qwen3"], modules=["m0", "m1", "m2"])
+    now = time.time()
+    h.upsert_progress_many(RunProgress(run_id=ended, module=m, release="1.4.1", state=RunState.DONE, step="done",
+                                       keys_total=1, keys_done=1, updated_at=now, started_at=now - 5,
+                                       finished_at=now) for m in ("m0", "m1", "m2"))
+    h.set_run_state(ended, "done", verdict="pass", line=f"PASS {ended} (1.4.1 vs baseline:1.4.1:v1)")
     h.close()
-    return env, run_id
+    return env, run_id, ended
 
 
 def main() -> int:
@@ -82,13 +92,14 @@ def main() -> int:
     args = ap.parse_args()
     load = os.getloadavg()  # wall time on a busy machine: compare the CPU column too
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
-        env, run_id = scratch(Path(tmp))
+        env, run_id, ended = scratch(Path(tmp))
         cmds = {
             "python -c pass": [sys.executable, "-c", "pass"],
             "fleet-agent --help": [str(BIN / "fleet-agent"), "--help"],
             "fleetctl --help": [str(BIN / "fleetctl"), "--help"],
             "fleetctl runs": [str(BIN / "fleetctl"), "runs"],
             "fleetctl status": [str(BIN / "fleetctl"), "status", run_id],
+            "fleetctl status ended": [str(BIN / "fleetctl"), "status", ended],
         }
         for argv in cmds.values():  # warm the page cache and the .pyc files once
             run_once(argv, env)

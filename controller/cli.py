@@ -100,14 +100,17 @@ def validate(
 def status(ctx: typer.Context,
            run_id: str = typer.Argument("latest", help="run id, unique prefix or 'latest'"),
            output: Output = output_option()) -> int:
-    """One look at a run (pulls its latest progress and rows into the history); the verdict once it ended."""
+    """One look at a run (pulls its latest progress and rows into the history); the verdict once it ended
+    (the one recorded when it was judged, e.g. by `validate --baseline`; judged now if none was)."""
     from controller import service
     from controller.live import render
 
     s = session(ctx)
     info = service.find_run(s, run_id)
     view = service.sync(s, info.run_id)
-    j = service.judge(s, info.run_id) if view.finished else None
+    j = None
+    if view.finished:  # the verdict recorded when it ended (against the baseline it was judged with), else judged now
+        j = service.recorded_judgement(service.find_run(s, info.run_id)) or service.judge(s, info.run_id)
     if output != Output.table:
         doc = service.run_summary(service.find_run(s, info.run_id), view, judgement=j)
         recs = [{"module": m, **st} for m, st in doc["module_states"].items()]

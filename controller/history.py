@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS runs (
     state TEXT NOT NULL DEFAULT 'running',
     verdict TEXT,
     finished_at REAL,
-    note TEXT NOT NULL DEFAULT ''
+    note TEXT NOT NULL DEFAULT '',
+    verdict_line TEXT
 );
 CREATE TABLE IF NOT EXISTS module_runs (
     run_id TEXT NOT NULL,
@@ -155,6 +156,7 @@ class RunInfo(BaseModel):
     verdict: str | None
     finished_at: float | None
     note: str
+    verdict_line: str | None = None  # the line of the verdict recorded last (None: not judged since it ended)
 
 
 def row_to_db(row: ResultRow) -> tuple[Any, ...]:
@@ -186,6 +188,21 @@ def _key_rows_by_source(conn: sqlite3.Connection) -> None:
         " CREATE INDEX rows_module ON rows (module, model_key); COMMIT;")
 
 
+def _add_verdict_line(conn: sqlite3.Connection) -> None:
+    """A history from before ``runs.verdict_line`` gets the column (NULL: such a run is judged again
+    the next time its verdict is asked for, and its line recorded then)."""
+    if "verdict_line" in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:  # another process may have added it between the look and the lock
+        if "verdict_line" not in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
+            conn.execute("ALTER TABLE runs ADD COLUMN verdict_line TEXT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 class History:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser()
@@ -200,6 +217,7 @@ class History:
         self.conn.executescript(_TELEMETRY_SCHEMA)
         self.conn.executescript(_OUTBOX_SCHEMA)
         _key_rows_by_source(self.conn)
+        _add_verdict_line(self.conn)
 
     def close(self) -> None:
         self.conn.close()
@@ -227,19 +245,25 @@ class History:
             )
 
     def set_run_state(self, run_id: str, state: str, verdict: str | None = None, line: str | None = None) -> None:
-        """The run's state (and verdict); a verdict of a finished run also queues its webhook event, once."""
+        """The run's state (and verdict); a verdict of a finished run also queues its webhook event, once.
+
+        The verdict's line is kept with it (``RunInfo.verdict_line``: what ``fleetctl status`` shows of a
+        finished run without building its report again); a run set running again (resumed) loses it,
+        so its next end is judged afresh."""
         now = time.time()
         finished = now if state != "running" else None
+        recorded = line or (f"{verdict.upper()} {run_id}" if verdict is not None else None)
         with self.tx() as c:
             c.execute(
-                "UPDATE runs SET state=?, verdict=COALESCE(?, verdict), finished_at=COALESCE(finished_at, ?)"
+                "UPDATE runs SET state=?, verdict=COALESCE(?, verdict), finished_at=COALESCE(finished_at, ?),"
+                " verdict_line=CASE WHEN ?='running' THEN NULL ELSE COALESCE(?, verdict_line) END"
                 " WHERE run_id=?",
-                (state, verdict, finished, run_id),
+                (state, verdict, finished, state, recorded if verdict is not None else None, run_id),
             )
             if verdict is not None and state != "running":
                 c.execute("INSERT OR IGNORE INTO webhook_outbox (run_id, event, verdict, line, state, created_at)"
                           " SELECT run_id, ?, ?, ?, ?, ? FROM runs WHERE run_id=?",
-                          (VERDICT_EVENT, verdict, line or f"{verdict.upper()} {run_id}", state, now, run_id))
+                          (VERDICT_EVENT, verdict, recorded, state, now, run_id))
 
     def run(self, run_id: str) -> RunInfo | None:
         cur = self.conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,))

@@ -496,6 +496,16 @@ def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float
     return Judgement(info.run_id, verdict, line, state, rep)
 
 
+def recorded_judgement(info: RunInfo) -> Judgement | None:
+    """The verdict the history holds for an ended run, as it was reached (its baseline included), or
+    None when there is none to show (running, never judged, resumed since, or judged before the
+    history kept the line): then :func:`judge` reaches it. No report is built here, so ``fleetctl
+    status`` of an ended run needs neither pandas nor the rows."""
+    if info.state == "running" or info.verdict is None or info.verdict_line is None:
+        return None
+    return Judgement(info.run_id, info.verdict, info.verdict_line, info.state)
+
+
 def _report_call(fn: Callable[[], Any]) -> Any:
     from controller.report.model import ReportError
 

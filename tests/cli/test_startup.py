@@ -28,13 +28,13 @@ print(json.dumps({"code": code, "loaded": sorted({m.partition(".")[0] for m in s
 """
 
 
-def loaded_by(*args: str) -> set[str]:
+def loaded_by(*args: str, code: int = 0) -> set[str]:
     """Top-level packages in ``sys.modules`` after ``fleetctl ARGS`` in a fresh interpreter (the
     environment is the test's: ``FLEET_*`` of the ``env`` fixture)."""
     r = subprocess.run([sys.executable, "-c", LOADED, *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout.splitlines()[-1])
-    assert doc["code"] == 0, (args, r.stderr)
+    assert doc["code"] == code, (args, r.stderr)
     return set(doc["loaded"])
 
 
@@ -58,3 +58,47 @@ def test_status_of_a_running_run_reads_the_broker_not_the_reports(env):
     loaded = loaded_by("status", "r1")
     assert loaded & EXTRAS == set()
     assert "celery" in loaded  # the live state: progress pulled from the (embedded) broker
+
+
+def test_status_of_a_judged_run_shows_the_recorded_verdict_without_the_reports(env, capsys):
+    """An ended run judged before (here against another baseline, as ``validate --baseline`` does)
+    shows the verdict it got, unchanged and without building its report again."""
+    from tests.cli.conftest import finished_run, run_main
+
+    h = History(env / "history.sqlite")
+    finished_run(h, "r1", modules=["m1"], state="done")
+    h.set_run_state("r1", "done", verdict="regressed", line="REGRESSED r1 (1.4.2 vs baseline:1.4.0:v1): 1 regression(s)")
+    h.close()
+    assert loaded_by("status", "r1", code=1) & EXTRAS == set()
+    code, out, _ = run_main(capsys, "status", "r1")
+    assert code == 1
+    assert "verdict: regressed - REGRESSED r1 (1.4.2 vs baseline:1.4.0:v1): 1 regression(s)" in out
+    info = History(env / "history.sqlite").find_run("r1")
+    assert (info.verdict, info.verdict_line) == ("regressed", "REGRESSED r1 (1.4.2 vs baseline:1.4.0:v1): 1 regression(s)")
+
+
+def test_a_resumed_run_loses_its_recorded_verdict_line(env):
+    """A run set running again is judged afresh when it ends: its old line is not shown for the new end."""
+    h = History(env / "history.sqlite")
+    h.create_run("r1", release="1.4.1", models=["qwen3"], modules=["m1"])
+    h.set_run_state("r1", "failed", verdict="failed", line="FAILED r1: some modules failed")
+    assert h.find_run("r1").verdict_line == "FAILED r1: some modules failed"
+    h.set_run_state("r1", "running")
+    assert h.find_run("r1").verdict_line is None
+    h.set_run_state("r1", "done")  # the sync's state change, no verdict yet
+    assert h.find_run("r1").verdict_line is None
+
+
+def test_a_history_without_verdict_lines_gets_the_column(tmp_path):
+    """A history written before ``runs.verdict_line``: opened, it has the column (NULL), and a verdict recorded
+    afterwards keeps its line."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    History(path).create_run("r0", release="1.4.1", models=["qwen3"], modules=["m1"])
+    with sqlite3.connect(path) as c:
+        c.execute("ALTER TABLE runs DROP COLUMN verdict_line")
+    h = History(path)
+    assert h.find_run("r0").verdict_line is None
+    h.set_run_state("r0", "done", verdict="pass", line="PASS r0")
+    assert h.find_run("r0").verdict_line == "PASS r0"
