@@ -122,6 +122,7 @@ class Run(_Model):
     finished_at: float | None
     state: str = Field(description="running, done, failed or cancelled")
     verdict: str | None = Field(description="pass, regressed, incomplete, failed; null until judged")
+    verdict_line: str | None = Field(None, description="the verdict's one line, as recorded when the run was judged")
     rows: int | None = None
     module_states: dict[str, dict[str, Any]] | None = None
 

@@ -46,6 +46,17 @@ def test_runs_and_one_run(client):
     assert r.status_code == 404 and "no run 'nope'" in r.json()["detail"]
 
 
+def test_a_run_carries_its_recorded_verdict_line(client, controller):
+    from controller.history import History
+
+    assert client.get("/api/v1/runs/run-a", headers=AUTH).json()["verdict_line"] is None  # not judged yet
+    h = History(controller.history_path)
+    h.set_run_state("run-a", "done", verdict="pass", line="PASS run-a (1.4.1 vs baseline:1.4.1:v1)")
+    h.close()
+    one = client.get("/api/v1/runs/run-a", headers=AUTH).json()
+    assert (one["verdict"], one["verdict_line"]) == ("pass", "PASS run-a (1.4.1 vs baseline:1.4.1:v1)")
+
+
 def test_report_in_every_format(client):
     j = client.get("/api/v1/runs/run-b/report", headers=AUTH)
     assert j.status_code == 200 and j.headers["content-type"] == "application/json"

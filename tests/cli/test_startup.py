@@ -65,16 +65,17 @@ def test_status_of_a_judged_run_shows_the_recorded_verdict_without_the_reports(e
     shows the verdict it got, unchanged and without building its report again."""
     from tests.cli.conftest import finished_run, run_main
 
+    line = "REGRESSED r1 (1.4.2 vs baseline:1.4.0:v1): 1 regression(s)"
     h = History(env / "history.sqlite")
     finished_run(h, "r1", modules=["m1"], state="done")
-    h.set_run_state("r1", "done", verdict="regressed", line="REGRESSED r1 (1.4.2 vs baseline:1.4.0:v1): 1 regression(s)")
+    h.set_run_state("r1", "done", verdict="regressed", line=line)
     h.close()
     assert loaded_by("status", "r1", code=1) & EXTRAS == set()
     code, out, _ = run_main(capsys, "status", "r1")
     assert code == 1
-    assert "verdict: regressed - REGRESSED r1 (1.4.2 vs baseline:1.4.0:v1): 1 regression(s)" in out
+    assert f"verdict: regressed - {line}" in out
     info = History(env / "history.sqlite").find_run("r1")
-    assert (info.verdict, info.verdict_line) == ("regressed", "REGRESSED r1 (1.4.2 vs baseline:1.4.0:v1): 1 regression(s)")
+    assert (info.verdict, info.verdict_line) == ("regressed", line)
 
 
 def test_a_resumed_run_loses_its_recorded_verdict_line(env):
