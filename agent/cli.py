@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:  # rich is imported by the commands that print: `fleet-agent worker` runs without it
+    from collections.abc import Sequence
+
     from rich.console import Console
     from rich.table import Table
 
@@ -378,8 +380,9 @@ def exporter(
         server[0].server_close()
 
 
-def main() -> None:
-    app()
+def main(argv: Sequence[str] | None = None) -> None:
+    """``fleet-agent ARGV`` (None: the process's own command line)."""
+    app(args=None if argv is None else list(argv), prog_name="fleet-agent")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -40,11 +40,12 @@ def worker_args(argv: Sequence[str]) -> WorkerArgs | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = worker_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = worker_args(argv)
     if args is None:
         from agent.cli import main as cli_main
 
-        cli_main()
+        cli_main(argv)
         return
     from agent.worker import main as worker_main
 

@@ -76,6 +76,15 @@ def test_fleet_agent_worker_starts_the_worker_without_typer() -> None:
     assert out.stdout.split() == ["2", "False"] and "bogus" in out.stderr, out.stdout + out.stderr
 
 
+def test_any_other_command_line_given_to_main_goes_to_the_cli_as_given() -> None:
+    """``main(argv)`` answers ``argv``, not the process's own command line (here ``-c``)."""
+    code = ("from agent.entry import main\ntry:\n    main(['worker', '--help'])\n"
+            "except SystemExit as exc:\n    print('exit', exc.code)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert "Usage: fleet-agent worker" in out.stdout, out.stdout + out.stderr
+    assert out.stdout.split()[-2:] == ["exit", "0"]
+
+
 def test_the_redis_transports_are_built_on_first_use_and_keep_their_checks() -> None:
     code = ("import sys, contract.safe_transport as t; before = 'redis' in sys.modules; T = t.SentinelTransport; "
             "print(before, 'redis' in sys.modules, T.__module__, T.Channel.__name__, "
