@@ -182,13 +182,16 @@ class ValidateRequest:
     sha256: str | None = None
 
 
-def release_request(release: str, **fields: Any) -> ValidateRequest:
+def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS), devices: str = "all",
+                    baseline: str | None = None, run_id: str | None = None, resume: bool = False,
+                    sha256: str | None = None) -> ValidateRequest:
     """A request for the release as a person or a CI job typed it: an http/https URL (downloaded
     by the controller) or a path as the controller sees it."""
     from controller.release_url import is_url
 
     url = release if is_url(release) else None
-    return ValidateRequest(release=None if url else Path(release).expanduser(), url=url, **fields)
+    return ValidateRequest(release=None if url else Path(release).expanduser(), url=url, models=models,
+                           devices=devices, baseline=baseline, run_id=run_id, resume=resume, sha256=sha256)
 
 
 @dataclass(frozen=True)
