@@ -453,11 +453,26 @@ _WORDS = ("the", "model", "token", "step", "so", "we", "have", "then", "total", 
           "of", "to", "a", "in", "that", "for", "it", "with", "as", "on", "be", "this", "are", "by")
 
 
+# hashlib's algorithms the release uses -> the interpreter's built-in modules that have them (CPython 3.10-3.11,
+# 3.12+): importing hashlib loads OpenSSL's libcrypto, ~2.5 ms of CPU of a start; the digests are the same
+_BUILTIN_HASHES = {"sha256": ("_sha256", "_sha2"), "shake_128": ("_sha3",)}
+
+
+def hash_new(name: str, data: bytes) -> Any:
+    """``hashlib.<name>(data)`` (``sha256``, ``shake_128``) from the built-in module when there is one."""
+    for module in _BUILTIN_HASHES[name]:
+        try:
+            return getattr(__import__(module), name)(data)
+        except (ImportError, AttributeError):
+            continue
+    import hashlib
+
+    return getattr(hashlib, name)(data)
+
+
 def random_ids(tag: str, length: int) -> list[int]:
     """``length`` pseudo-random token ids determined by ``tag`` (cheap: one hash stream)."""
-    import hashlib  # only the server and the benchmark make prompts: generate and precompile start without it
-
-    raw = array.array("I", hashlib.shake_128(tag.encode()).digest(4 * length))
+    raw = array.array("I", hash_new("shake_128", tag.encode()).digest(4 * length))
     span = VOCAB_SIZE - 1000
     return [1000 + v % span for v in raw]
 
@@ -468,9 +483,7 @@ def gsm8k_prompt_ids(index: int, length: int) -> list[int]:
 
 
 def prompt_hash(ids: list[int]) -> str:
-    import hashlib
-
-    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:20]
+    return hash_new("sha256", ",".join(map(str, ids)).encode()).hexdigest()[:20]  # type: ignore[no-any-return]
 
 
 def word_ids(text: str) -> list[int]:

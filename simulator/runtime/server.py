@@ -9,10 +9,8 @@ Endpoints: ``/health``, ``/v1/models``, ``/get_server_info``, ``/v1/completions`
 
 from __future__ import annotations
 
-import argparse
 import array
 import os
-import signal
 import socketserver
 import sys
 import threading
@@ -431,6 +429,8 @@ class Handler(HTTPHandler):
         if fault == "crash":
             print(f"{PROG}: fault crash: the server process dies in the middle of a request", file=sys.stderr,
                   flush=True)
+            import signal  # only here: its import builds enums (~1 ms of every server's start)
+
             os.kill(os.getpid(), signal.SIGKILL)
         self.state.hung.set()
         print(f"{PROG}: fault hang: the server stops answering", file=sys.stderr, flush=True)
@@ -554,28 +554,78 @@ class _Stream:
 # ---------------------------------------------------------------------------- start-up
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, add_help=True, allow_abbrev=False)
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model-path")
-    src.add_argument("--workflow-model", help="model folder name, looked up in the TileLang workflow "
-                     "($TILELANG_WORKFLOW_FILE): what the release's start scripts pass")
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", default="30000")
-    p.add_argument("--max-total-tokens", type=int, default=16384)
-    p.add_argument("--tp-size", "--tp", type=int, default=1)
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--speculative-algorithm", default=None)
-    p.add_argument("--speculative-num-steps", type=int, default=None)
-    p.add_argument("--speculative-eagle-topk", type=int, default=None)
-    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
-    return p
+class Args(NamedTuple):
+    """The server's command line (the options of ``python -m sglang.launch_server`` the release's scripts pass)."""
+
+    model_path: str | None = None
+    workflow_model: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: str = "30000"
+    max_total_tokens: int = 16384
+    tp_size: int = 1
+    trust_remote_code: bool = False
+    speculative_algorithm: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+
+
+_OPTIONS = {"--model-path": "model_path", "--workflow-model": "workflow_model",
+            "--served-model-name": "served_model_name", "--host": "host", "--port": "port",
+            "--max-total-tokens": "max_total_tokens", "--tp-size": "tp_size", "--tp": "tp_size",
+            "--speculative-algorithm": "speculative_algorithm", "--speculative-num-steps": "speculative_num_steps",
+            "--speculative-eagle-topk": "speculative_eagle_topk",
+            "--speculative-num-draft-tokens": "speculative_num_draft_tokens"}
+_INT_OPTIONS = frozenset({"max_total_tokens", "tp_size", "speculative_num_steps", "speculative_eagle_topk",
+                          "speculative_num_draft_tokens"})
+USAGE = ("usage: sglang server (--model-path PATH | --workflow-model NAME) [--served-model-name NAME] [--host HOST] "
+         "[--port PORT] [--max-total-tokens N] [--tp-size N] [--trust-remote-code] [--speculative-algorithm NAME] "
+         "[--speculative-num-steps N] [--speculative-eagle-topk N] [--speculative-num-draft-tokens N]")
+
+
+class UsageError(core.SimError):
+    """A malformed command line (exit status 2, as argparse's)."""
+
+
+def parse_args(argv: list[str]) -> tuple[Args, list[str]]:
+    """(options, arguments it does not know), without argparse (~3 ms of every server's start, with ``re``):
+    ``--opt VALUE`` or ``--opt=VALUE``; UsageError naming the option when a value is missing or not an integer,
+    or when not exactly one of --model-path and --workflow-model is given."""
+    values: dict[str, str | int | bool] = {}
+    unknown: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg == "--trust-remote-code":
+            values["trust_remote_code"] = True
+            continue
+        flag, eq, value = arg.partition("=")
+        name = _OPTIONS.get(flag)
+        if name is None:
+            unknown.append(arg)
+            continue
+        if not eq:
+            if i == len(argv) or argv[i].startswith("--"):
+                raise UsageError(f"argument {flag}: expected one argument")
+            value = argv[i]
+            i += 1
+        if name in _INT_OPTIONS:
+            try:
+                values[name] = int(value)
+            except ValueError:
+                raise UsageError(f"argument {flag}: invalid int value: {value!r}") from None
+        else:
+            values[name] = value
+    if ("model_path" in values) == ("workflow_model" in values):
+        raise UsageError("exactly one of the arguments --model-path --workflow-model is required")
+    return Args(**values), unknown  # type: ignore[arg-type]
 
 
 def configure(argv: list[str], env: dict[str, str] | Any, model: core.Model, knobs: core.Knobs) -> Config:
     """Validate the command line and environment; raises SimError with one clear line."""
-    args, unknown = _parser().parse_known_args(argv)
+    args, unknown = parse_args(argv)
     if unknown:
         raise core.SimError(f"unknown server argument(s): {' '.join(unknown)}")
     try:
@@ -587,11 +637,13 @@ def configure(argv: list[str], env: dict[str, str] | Any, model: core.Model, kno
     if args.workflow_model is not None:
         from .workflow import model_path  # the start scripts' lookup, in this process (no extra interpreter)
 
-        args.model_path = model_path(env, args.workflow_model)
-    identity = model_identity(args.model_path)
+        path = model_path(env, args.workflow_model)
+    else:
+        path = str(args.model_path)  # parse_args: one of the two
+    identity = model_identity(path)
     entry = model.identify(identity)
     if entry is None:
-        raise core.SimError(f"model at {args.model_path} ({identity}) is not a model this release supports")
+        raise core.SimError(f"model at {path} ({identity}) is not a model this release supports")
     spec: dict[str, Any] = {"speculative_algorithm": args.speculative_algorithm}
     draft = None
     key = entry["key"]
@@ -614,8 +666,8 @@ def configure(argv: list[str], env: dict[str, str] | Any, model: core.Model, kno
     if args.max_total_tokens > model.max_total_tokens:
         raise core.SimError(f"--max-total-tokens {args.max_total_tokens} does not fit in device memory "
                             f"(at most {model.max_total_tokens} on an M1000 with this model)")
-    return Config(host=args.host, port=port, model_path=args.model_path,
-                  served_name=args.served_model_name or args.model_path, key=key,
+    return Config(host=args.host, port=port, model_path=path,
+                  served_name=args.served_model_name or path, key=key,
                   max_total_tokens=args.max_total_tokens, draft_tokens=draft, spec_args=spec, knobs=knobs)
 
 
@@ -652,13 +704,20 @@ def _load(state: State, env: dict[str, str] | Any, model: core.Model) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     env = os.environ
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        print(USAGE)
+        return 0
     try:
         knobs = load_knobs(env)
         model = core.Model.load(release_file("model.json"))
-        cfg = configure(list(sys.argv[1:] if argv is None else argv), env, model, knobs)
+        cfg = configure(args, env, model, knobs)
         setup = model.setup(cfg.key)
         state = State(cfg, setup, core.faults_for(knobs.faults, cfg.key), DevicePhase(env.get(core.ENV_DEVICE_DIR)))
         server = _bind(cfg, state)
+    except UsageError as exc:
+        print(USAGE, file=sys.stderr)
+        return fail(PROG, str(exc), 2)
     except core.SimError as exc:
         return fail(PROG, str(exc))
     raise_priority(env)

@@ -92,10 +92,8 @@ def precompile(env: dict[str, str] | Any, model: core.Model, out: Any = sys.stdo
         time.sleep(t["precompile_per_model"] / 1000 / scale)
         target = os.path.join(cache, model.setup(entry["key"] or entry["mtp_key"]).data["model_dir"])
         os.makedirs(target, exist_ok=True)
-        import hashlib
-
         for k in KERNELS:
-            digest = hashlib.sha256(f"{ident}:{k}".encode()).hexdigest()
+            digest = core.hash_new("sha256", f"{ident}:{k}".encode()).hexdigest()
             write_atomic(os.path.join(target, f"{k}.cubin.json"), jsonc.dumps({"kernel": k, "digest": digest}) + "\n")
         write_atomic(os.path.join(target, "kernels.json"),
                      jsonc.dumps({"model": ident, "path": m["path"], "kernels": list(KERNELS)}, indent=2) + "\n")
