@@ -12,11 +12,10 @@ scale (module time). Standard library only.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 
-from . import core, jsonc
+from . import core, jsonc, net
 from .common import fail, load_knobs, raise_priority, read_json, release_file, write_atomic
 from .core import NamedTuple
 
@@ -121,14 +120,13 @@ class Client:
     def __init__(self, target: Target, scale: float) -> None:
         self.target = target
         self.scale = scale
-        self.sock: socket.socket | None = None
+        self.sock: net.Socket | None = None
         self.rfile: Any = None
 
-    def _connect(self, timeout: float | None) -> socket.socket:
+    def _connect(self, timeout: float | None) -> net.Socket:
         if self.sock is None:
-            self.sock = socket.create_connection((self.target.host, self.target.port), timeout=timeout)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.rfile = self.sock.makefile("rb")
+            self.sock = net.connect(self.target.host, self.target.port, timeout)
+            self.rfile = net.reader(self.sock)
         self.sock.settimeout(timeout)
         return self.sock
 

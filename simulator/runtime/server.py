@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import array
 import os
-import socketserver
 import sys
 import threading
 import time
 from collections import OrderedDict
 
-from . import core, jsonc
+from . import core, jsonc, net
 from .common import fail, load_knobs, model_identity, raise_priority, release_file
 from .core import NamedTuple
 
@@ -200,18 +199,30 @@ class Headers(dict[str, str]):
         return super().get(name.lower(), default)
 
 
-class HTTPHandler(socketserver.StreamRequestHandler):
+class HTTPHandler:
     """HTTP/1.1 with keep-alive: request line, headers, a ``Content-Length`` body.
 
     The little of ``http.server`` this server uses, without importing it (it pulls in
     ``http.client`` and ``email``: more CPU per start than a short key spends serving,
-    on every simulated module). Subclasses define ``do_GET`` and ``do_POST``.
+    on every simulated module). Subclasses define ``do_GET`` and ``do_POST``. One instance
+    serves one connection, on its thread (:class:`.net.Listener`), as ``socketserver``'s
+    ``StreamRequestHandler`` does.
     """
 
     server_version = "sglang-musa-sim"
-    disable_nagle_algorithm = True
     max_line = 65536
     max_headers = 100
+
+    def __init__(self, conn: net.Socket, client_address: tuple[str, int]) -> None:
+        self.connection = conn
+        self.client_address = client_address
+        net.no_delay(conn)
+        self.rfile = net.reader(conn)
+        self.wfile = net.Writer(conn)
+        try:
+            self.handle()
+        finally:
+            self.rfile.close()
 
     def handle(self) -> None:
         self.close_connection = False
@@ -280,11 +291,6 @@ class HTTPHandler(socketserver.StreamRequestHandler):
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 414: "URI Too Long",
             431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
             503: "Service Unavailable"}
-
-
-class ThreadingServer(socketserver.ThreadingTCPServer):
-    allow_reuse_address = True
-    daemon_threads = True
 
 
 class Handler(HTTPHandler):
@@ -671,10 +677,10 @@ def configure(argv: list[str], env: dict[str, str] | Any, model: core.Model, kno
                   max_total_tokens=args.max_total_tokens, draft_tokens=draft, spec_args=spec, knobs=knobs)
 
 
-def _bind(cfg: Config, state: State) -> ThreadingServer:
+def _bind(cfg: Config, state: State) -> net.Listener:
     handler = type("BoundHandler", (Handler,), {"state": state})
     try:
-        server = ThreadingServer((cfg.host, cfg.port), handler)
+        server = net.Listener((cfg.host, cfg.port), handler)
     except OSError as exc:
         if exc.errno == 98:  # EADDRINUSE
             raise core.SimError(f"port {cfg.port} on {cfg.host} is already in use") from None
@@ -723,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     raise_priority(env)
     print(f"{PROG}: {cfg.key} ({cfg.model_path}) listening on http://{cfg.host}:{cfg.port} "
           f"(time scale {knobs.time_scale:g}, max-total-tokens {cfg.max_total_tokens})", file=sys.stderr, flush=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     state.device.set("idle")  # the model is being loaded into device memory
     try:
@@ -739,7 +745,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if thread.is_alive():
             server.shutdown()
-        server.server_close()
+        server.close()
     return 0
 
 

@@ -96,8 +96,8 @@ SLOW_TO_IMPORT = {"argparse", "uuid", "random", "hashlib", "_hashlib", "http", "
                   "platform", "dataclasses", "inspect", "statistics", "contextlib"}
 SKIPPED_IMPORTS = {
     "workflow": SLOW_TO_IMPORT | {"socket", "threading", "socketserver", "selectors", "enum", "functools", "signal"},
-    "server": SLOW_TO_IMPORT | {"signal"},
-    "bench": SLOW_TO_IMPORT | {"threading", "socketserver", "signal"},
+    "server": SLOW_TO_IMPORT | {"socket", "socketserver", "selectors", "enum", "signal"},  # m1000_sim.net: _socket
+    "bench": SLOW_TO_IMPORT | {"socket", "socketserver", "selectors", "enum", "threading", "signal"},
 }
 
 
