@@ -17,12 +17,13 @@ import time
 
 from . import core, jsonc, net
 from .common import fail, load_knobs, raise_priority, read_json, release_file, write_atomic
-from .core import NamedTuple
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms of each interpreter's start)
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from typing import Any
+    from typing import Any, NamedTuple
+else:
+    from .record import NamedTuple
 
 PROG = "run_tilelang_benchmark.sh"
 SENT_HEADER = "X-Sim-Sent-Ns"

@@ -8,41 +8,17 @@ benchmark are the I/O seams.
 
 from __future__ import annotations
 
-import array
 import bisect
 import math
 import zlib
 
 from . import jsonc
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see NamedTuple below)
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see .record)
 if TYPE_CHECKING:
     from typing import Any, NamedTuple
 else:
-    from collections import namedtuple as _namedtuple
-
-    class _NamedTupleMeta(type):
-        """``typing.NamedTuple``'s class syntax on ``collections.namedtuple``, as typing builds it.
-
-        ``typing`` costs ~3 ms of every release interpreter's start, with ``re`` ~8 ms (it imports it), 100
-        modules starting at once on 2 cores; type checkers see ``typing.NamedTuple`` (the branch above).
-        """
-
-        _reserved = frozenset({"__module__", "__qualname__", "__annotations__", "__orig_bases__"})
-
-        def __new__(mcs, name: str, bases: tuple[type, ...], ns: dict[str, object]) -> type:
-            if not bases:  # NamedTuple itself
-                return super().__new__(mcs, name, bases, ns)
-            fields = tuple(ns.get("__annotations__", {}))  # type: ignore[arg-type]
-            cls = _namedtuple(name, fields, defaults=[ns[f] for f in fields if f in ns], module=ns["__module__"])
-            for k, v in ns.items():
-                if k not in mcs._reserved and k not in fields:
-                    setattr(cls, k, v)
-            cls.__qualname__ = ns.get("__qualname__", name)
-            return cls
-
-    class NamedTuple(metaclass=_NamedTupleMeta):
-        """Base of the release's records: ``class R(NamedTuple): field: type = default`` (see the metaclass)."""
+    from .record import NamedTuple
 
 MODEL_KEYS = ("qwen3", "qwen35", "qwen35_mtp", "qwen35_fq", "qwen35_fq_mtp", "qwen36_fq", "qwen3vl")
 SPEED_METRICS = ("prefill", "decode", "accept", "vision", "all")
@@ -472,6 +448,8 @@ def hash_new(name: str, data: bytes) -> Any:
 
 def random_ids(tag: str, length: int) -> list[int]:
     """``length`` pseudo-random token ids determined by ``tag`` (cheap: one hash stream)."""
+    import array  # the server and the benchmark only: its import loads collections (~2 ms of generate's start)
+
     raw = array.array("I", hash_new("shake_128", tag.encode()).digest(4 * length))
     span = VOCAB_SIZE - 1000
     return [1000 + v % span for v in raw]

@@ -18,12 +18,13 @@ from collections import OrderedDict
 
 from . import core, jsonc, net
 from .common import fail, load_knobs, model_identity, raise_priority, release_file
-from .core import NamedTuple
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms of each interpreter's start)
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Any
+    from typing import Any, NamedTuple
+else:
+    from .record import NamedTuple
 
 PROG = "sglang server"
 MIN_GAP_S = 0.005  # plain decoding: at most one chunk per 5 ms of wall time (CPU of many simulated modules)

@@ -91,11 +91,12 @@ def test_release_programs_use_only_the_standard_library() -> None:
 
 # what each interpreter the release starts may skip: generate and precompile run at the start of every module's
 # run (100 cheap modules start at once on 2 cores), the server once per key; each of these is 1-13 ms of CPU.
-# json and typing: m1000_sim.jsonc (json's C scanner and encoder) and records on collections.namedtuple (core)
+# json and typing: m1000_sim.jsonc (json's C scanner and encoder) and m1000_sim.record (typing.NamedTuple's syntax)
 SLOW_TO_IMPORT = {"argparse", "uuid", "random", "hashlib", "_hashlib", "http", "json", "re", "typing", "runpy",
                   "platform", "dataclasses", "inspect", "statistics", "contextlib"}
 SKIPPED_IMPORTS = {
-    "workflow": SLOW_TO_IMPORT | {"socket", "threading", "socketserver", "selectors", "enum", "functools", "signal"},
+    "workflow": SLOW_TO_IMPORT | {"socket", "threading", "socketserver", "selectors", "enum", "functools", "signal",
+                                  "collections", "array"},  # m1000_sim.record: records without collections
     "server": SLOW_TO_IMPORT | {"socket", "socketserver", "selectors", "enum", "signal"},  # m1000_sim.net: _socket
     "bench": SLOW_TO_IMPORT | {"socket", "socketserver", "selectors", "enum", "threading", "signal"},
 }
