@@ -98,7 +98,8 @@ SKIPPED_IMPORTS = {
     "workflow": SLOW_TO_IMPORT | {"socket", "threading", "socketserver", "selectors", "enum", "functools", "signal",
                                   "collections", "array"},  # m1000_sim.record: records without collections
     "server": SLOW_TO_IMPORT | {"socket", "socketserver", "selectors", "enum", "signal"},  # m1000_sim.net: _socket
-    "bench": SLOW_TO_IMPORT | {"socket", "socketserver", "selectors", "enum", "threading", "signal"},
+    "bench": SLOW_TO_IMPORT | {"socket", "socketserver", "selectors", "enum", "threading", "signal", "collections",
+                               "array", "functools"},
 }
 
 
