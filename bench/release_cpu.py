@@ -13,7 +13,8 @@ old and new alternately, ``--rounds`` times. Per process: its CPU (user + system
 - server to ready: its CPU when it prints that it is ready (``/proc/PID/task/*/schedstat``), what 100 servers
   starting at once queue on; server whole: at the end, after the benchmark;
 - benchmark: the release's benchmark of the cheap profile set (one profile, one request per figure, 8 tokens);
-- one ``mthreads-gmi`` sample (the simulated device tool, not part of the release: the same for both).
+- one ``mthreads-gmi`` sample (the simulated device tool, not part of the release: the same for both);
+- the floor of any script: bash starting ``python3 -S`` that does nothing.
 
 Usage: flock /tmp/bench.lock .venv/bin/python bench/release_cpu.py [--base REF] [--rounds 15]
 """
@@ -43,7 +44,8 @@ from simulator.cheap import cheap_module_env  # noqa: E402
 from simulator.runtime.core import Knobs  # noqa: E402
 
 MUSA = "scripts/ci/musa"
-PHASES = ("generate", "environment", "precompile", "server to ready", "benchmark", "server whole", "mthreads-gmi")
+PHASES = ("generate", "environment", "precompile", "server to ready", "benchmark", "server whole", "mthreads-gmi",
+          "floor: bash + python3 -S")
 EARLY = ("generate", "environment", "precompile")  # before the run's first wait
 
 
@@ -110,6 +112,8 @@ class Release:
         gmi = [str(DEVICE_TOOL_DIR / "mthreads-gmi"), "--query-gpu=index,temperature.gpu,power.draw,clocks.sm,"
                "utilization.gpu,memory.used", "--format=csv,noheader,nounits"]
         out["mthreads-gmi"], _ = run_cpu(gmi, self.env, self.top)
+        floor = ["bash", "-c", "exec python3 -S -c pass"]  # the least of a script: the shell, an interpreter
+        out["floor: bash + python3 -S"], _ = run_cpu(floor, self.env, self.top)
         return out
 
 
