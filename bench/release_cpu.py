@@ -8,8 +8,9 @@ same fitted model and knobs), unpacked, configured for qwen3, and their processe
 old and new alternately, ``--rounds`` times. Per process: its CPU (user + system, its waited children included,
 ``wait4``), in ms, median and range, old and new:
 
-- generate, environment, precompile: the start of every run, before its first wait (100 cheap modules start at once
-  on 2 cores: the last one starts after ~100 x this / 2);
+- generate, environment, precompile (whole, and to its first wait: its own threads' CPU when it prints its first
+  line, after its first sleep; the old scripts' reaped subshells not included): the start of every run, before its
+  first wait (100 cheap modules start at once on 2 cores: the last one starts after ~100 x this / 2);
 - server to ready: its CPU when it prints that it is ready (``/proc/PID/task/*/schedstat``), what 100 servers
   starting at once queue on; server whole: at the end, after the benchmark;
 - benchmark: the release's benchmark of the cheap profile set (one profile, one request per figure, 8 tokens);
@@ -44,9 +45,9 @@ from simulator.cheap import cheap_module_env  # noqa: E402
 from simulator.runtime.core import Knobs  # noqa: E402
 
 MUSA = "scripts/ci/musa"
-PHASES = ("generate", "environment", "precompile", "server to ready", "benchmark", "server whole", "mthreads-gmi",
-          "floor: bash + python3 -S")
-EARLY = ("generate", "environment", "precompile")  # before the run's first wait
+PHASES = ("generate", "environment", "precompile", "precompile to its wait", "server to ready", "benchmark",
+          "server whole", "mthreads-gmi", "floor: bash + python3 -S")
+EARLY = ("generate", "environment", "precompile to its wait")  # before the run's first wait
 
 
 def _cpu_ms(rusage: resource.struct_rusage) -> float:
@@ -91,7 +92,17 @@ class Release:
         out["environment"], blob = run_cpu(list(plan.argv), self.base_env, self.top)
         self.env = {**self.base_env, **parse_env_capture(blob), "SERVER_HOST": "127.0.0.1",
                     "SERVER_PORT": str(self.port)}
-        out["precompile"], _ = run_cpu(self.script("precompile_tilelang_kernels.sh"), self.env, self.top)
+        pre = subprocess.Popen(self.script("precompile_tilelang_kernels.sh"), env=self.env, cwd=self.top,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        pre.stdout.readline()  # type: ignore[union-attr]
+        out["precompile to its wait"] = task_cpu_ms(pre.pid)
+        pre.stdout.read()  # type: ignore[union-attr]
+        _, status, rusage = os.wait4(pre.pid, 0)
+        pre.returncode = os.waitstatus_to_exitcode(status)
+        pre.stdout.close()  # type: ignore[union-attr]
+        if pre.returncode:
+            raise SystemExit(f"{self.name}: precompile exited {pre.returncode}")
+        out["precompile"] = _cpu_ms(rusage)
         server = subprocess.Popen(self.script("start_qwen3_server.sh"), env=self.env, cwd=self.top,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
