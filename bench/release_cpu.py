@@ -15,7 +15,9 @@ old and new alternately, ``--rounds`` times. Per process: its CPU (user + system
   starting at once queue on; server whole: at the end, after the benchmark;
 - benchmark: the release's benchmark of the cheap profile set (one profile, one request per figure, 8 tokens);
 - one ``mthreads-gmi`` sample (the simulated device tool, not part of the release: the same for both);
-- the floor of any script: bash starting ``python3 -S`` that does nothing.
+- the floor of any script: bash starting ``python3 -S`` that does nothing;
+- then a ready server's CPU per second left alone (at the cheap time scale 0.25 a server lives ~110 s of a ~190 s run)
+  and per ``/health`` poll, twice each, alternating.
 
 Usage: flock /tmp/bench.lock .venv/bin/python bench/release_cpu.py [--base REF] [--rounds 15]
 """
@@ -127,6 +129,33 @@ class Release:
         out["floor: bash + python3 -S"], _ = run_cpu(floor, self.env, self.top)
         return out
 
+    def serving(self, idle_s: float, polls: int) -> tuple[float, float]:
+        """A ready server's CPU (ms) per second left alone, and per ``/health`` poll on a new connection (as the
+        agent waits for it: every 0.5 s through the model load, ~80 s at the cheap time scale 0.25)."""
+        server = subprocess.Popen(self.script("start_qwen3_server.sh"), env=self.env, cwd=self.top,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            for line in server.stderr:  # type: ignore[union-attr]
+                if b"ready to roll" in line:
+                    break
+            time.sleep(0.2)
+            c0 = task_cpu_ms(server.pid)
+            time.sleep(idle_s)
+            c1 = task_cpu_ms(server.pid)
+            for _ in range(polls):
+                with socket.create_connection(("127.0.0.1", self.port)) as conn:
+                    conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                    while conn.recv(4096):
+                        pass
+            time.sleep(0.2)
+            c2 = task_cpu_ms(server.pid)
+        finally:
+            server.terminate()
+            server.wait()
+            server.stderr.close()  # type: ignore[union-attr]
+        idle = (c1 - c0) / idle_s
+        return idle, (c2 - c1 - idle * 0.2) / polls
+
 
 MODELS: dict[str, Path] = {}
 
@@ -180,6 +209,10 @@ def main() -> None:
                 for phase, ms in r.round().items():
                     samples[r.name][phase].append(ms)
         wall = time.monotonic() - t0
+        serving: dict[str, list[tuple[float, float]]] = {r.name: [] for r in releases}
+        for i in range(2):
+            for r in releases if i % 2 == 0 else reversed(releases):
+                serving[r.name].append(r.serving(2.0, 100))
     old, new = (samples[r.name] for r in releases)
     for s in (old, new):
         s["before the first wait"] = [sum(v) for v in zip(*(s[p] for p in EARLY), strict=True)]
@@ -195,6 +228,10 @@ def main() -> None:
     per_run = [[sum(v) for v in zip(*(s[p] for p in whole), strict=True)] for s in (old, new)]
     print(f"the release's processes per run (generate + environment + precompile + server + benchmark): "
           f"{statistics.median(per_run[0]):.1f} -> {statistics.median(per_run[1]):.1f} ms")
+    for r in releases:
+        idle, poll = (", ".join(f"{v[k]:.3f}" for v in serving[r.name]) for k in (0, 1))
+        print(f"a ready server, {r.name}: {idle} ms of CPU per s left alone; {poll} ms per /health poll "
+              f"(two rounds, alternating)")
 
 
 if __name__ == "__main__":
