@@ -8,9 +8,7 @@ benchmark are the I/O seams.
 
 from __future__ import annotations
 
-import bisect
 import math
-import zlib
 
 from . import jsonc
 
@@ -262,7 +260,9 @@ def interp(points: list[list[float]] | tuple[tuple[float, float], ...], x: float
             return ys[0]
         if x >= xs[-1]:
             return ys[-1]
-    i = bisect.bisect_right(xs, x) - 1
+    from bisect import bisect_right  # the server's: generate, precompile and the benchmark start without it
+
+    i = bisect_right(xs, x) - 1
     i = min(max(i, 0), len(xs) - 2)
     x0, x1 = tx(xs[i]), tx(xs[i + 1])
     t = (tx(x) - x0) / (x1 - x0)
@@ -466,9 +466,11 @@ def prompt_hash(ids: list[int]) -> str:
 
 def word_ids(text: str) -> list[int]:
     """The simulated tokenizer for text: one token per whitespace-separated word."""
+    from zlib import crc32  # the server's: generate, precompile and the benchmark start without it
+
     if text.isascii() and not any(c in text for c in _STR_ONLY_SPACE):  # same split, on bytes: faster
-        return [zlib.crc32(w) % VOCAB_SIZE for w in text.encode("ascii").split()]
-    return [zlib.crc32(w.encode("utf-8")) % VOCAB_SIZE for w in text.split()]
+        return [crc32(w) % VOCAB_SIZE for w in text.encode("ascii").split()]
+    return [crc32(w.encode("utf-8")) % VOCAB_SIZE for w in text.split()]
 
 
 _STR_ONLY_SPACE = "\x1c\x1d\x1e\x1f"  # ASCII characters str.split() splits on and bytes.split() does not

@@ -96,12 +96,12 @@ SLOW_TO_IMPORT = {"argparse", "uuid", "random", "hashlib", "_hashlib", "http", "
                   "platform", "dataclasses", "inspect", "statistics", "contextlib"}
 SKIPPED_IMPORTS = {
     "workflow": SLOW_TO_IMPORT | {"socket", "threading", "socketserver", "selectors", "enum", "functools", "signal",
-                                  "collections", "array"},  # m1000_sim.record: records without collections
+                                  "collections", "array", "bisect", "zlib"},  # m1000_sim.record: no collections
     # m1000_sim.net: _socket and _thread
     "server": SLOW_TO_IMPORT | {"socket", "socketserver", "selectors", "enum", "signal", "threading", "functools",
                                 "collections", "array"},
     "bench": SLOW_TO_IMPORT | {"socket", "socketserver", "selectors", "enum", "threading", "signal", "collections",
-                               "array", "functools"},
+                               "array", "functools", "bisect", "zlib"},
 }
 
 
