@@ -1,7 +1,7 @@
 """The release's workflow steps: generate the TileLang workflow, precompile kernels, find a model.
 
-``python -m m1000_sim.workflow generate|precompile|model-path`` (called by the scripts in
-``scripts/ci/musa/``). Standard library only.
+``python -m m1000_sim.workflow generate|precompile|model-path``; the scripts in ``scripts/ci/musa/`` call
+:func:`main` the same way through ``python3 -S -c`` (``run_program`` in ``_common.sh``). Standard library only.
 """
 
 from __future__ import annotations
