@@ -51,19 +51,24 @@ def tarball_name(version: str) -> str:
     return f"SGLang-MUSA-M1000-M1000_{version}_sglang.tar.gz"
 
 
-def release_files(*, version: str, knobs: Knobs, date: str) -> dict[str, tuple[bytes, int]]:
-    """Relative path inside the top folder -> (content, mode). Pure apart from reading templates."""
+def release_files(*, version: str, knobs: Knobs, date: str, template_dir: Path = TEMPLATE_DIR,
+                  runtime_dir: Path = RUNTIME_DIR) -> dict[str, tuple[bytes, int]]:
+    """Relative path inside the top folder -> (content, mode). Pure apart from reading templates.
+
+    ``template_dir`` (the scripts) and ``runtime_dir`` (the programs): this tree's, or another version's
+    (``bench/release_cpu.py`` builds an earlier commit's beside this one's).
+    """
     model, bench = fitted()
     files: dict[str, tuple[bytes, int]] = {}
-    for src in sorted(TEMPLATE_DIR.rglob("*")):
+    for src in sorted(template_dir.rglob("*")):
         if src.is_file():
-            rel = src.relative_to(TEMPLATE_DIR).as_posix()
+            rel = src.relative_to(template_dir).as_posix()
             text = src.read_text(encoding="utf-8").replace("@VERSION@", version).replace("@DATE@", date)
             mode = 0o755 if os.access(src, os.X_OK) else 0o644
             files[rel] = (text.encode(), mode)
-    for src in sorted(RUNTIME_DIR.glob("*.py")):
+    for src in sorted(runtime_dir.glob("*.py")):
         files[f"{RUNTIME_PKG}/{src.name}"] = (src.read_bytes(), 0o644)
-    files.update(_bytecode(sorted(RUNTIME_DIR.glob("*.py"))))
+    files.update(_bytecode(sorted(runtime_dir.glob("*.py"))))
     files[f"{RUNTIME_PKG}/model.json"] = (json.dumps(model, indent=1).encode(), 0o644)
     files[f"{RUNTIME_PKG}/bench_config.json"] = (json.dumps(bench, indent=1, ensure_ascii=False).encode(), 0o644)
     files[f"{RUNTIME_PKG}/knobs.json"] = (json.dumps(knobs.to_json(), indent=1).encode() + b"\n", 0o644)

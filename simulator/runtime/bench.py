@@ -11,23 +11,25 @@ scale (module time). Standard library only.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
 
-from . import core
+from . import core, jsonc, net
 from .common import fail, load_knobs, raise_priority, read_json, release_file, write_atomic
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms of each interpreter's start)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from typing import Any, NamedTuple
+else:
+    from .record import NamedTuple
 
 PROG = "run_tilelang_benchmark.sh"
 SENT_HEADER = "X-Sim-Sent-Ns"
 SPREAD = 0.01  # two TTFT measurements this close (relative) are taken as undisturbed
 VISION_SPREAD = 0.004  # fps comes from a difference of two TTFTs: agree more closely
-_ANSWER = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
+_ANSWER = r"####\s*(-?[\d,]*\.?\d+)"  # a GSM8K answer in a completion (compiled by the MTP keys only)
 
 
 class BenchError(core.SimError):
@@ -119,14 +121,13 @@ class Client:
     def __init__(self, target: Target, scale: float) -> None:
         self.target = target
         self.scale = scale
-        self.sock: socket.socket | None = None
+        self.sock: net.Socket | None = None
         self.rfile: Any = None
 
-    def _connect(self, timeout: float | None) -> socket.socket:
+    def _connect(self, timeout: float | None) -> net.Socket:
         if self.sock is None:
-            self.sock = socket.create_connection((self.target.host, self.target.port), timeout=timeout)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.rfile = self.sock.makefile("rb")
+            self.sock = net.connect(self.target.host, self.target.port, timeout)
+            self.rfile = net.reader(self.sock)
         self.sock.settimeout(timeout)
         return self.sock
 
@@ -200,7 +201,7 @@ class Client:
         raw = b"".join(self._chunks(fields))
         self._finish(fields)
         try:
-            return status, json.loads(raw or b"null")
+            return status, jsonc.loads(raw or b"null")
         except ValueError:
             return status, raw.decode("utf-8", "replace")
 
@@ -215,14 +216,14 @@ class Client:
     def stream(self, path: str, body: dict[str, Any]) -> Measurement:
         """POST a streaming request and time its tokens (blocks as long as the server does)."""
         t_start = time.monotonic_ns()
-        data = json.dumps(body, separators=(",", ":")).encode()
+        data = jsonc.dumps(body, separators=(",", ":")).encode()
         status, fields = self._send("POST", path, data, None,
                                     {"Content-Type": "application/json", SENT_HEADER: str(t_start)})
         if status != 200:
             raw = b"".join(self._chunks(fields)).decode("utf-8", "replace")
             self._finish(fields)
             try:
-                msg = json.loads(raw)["error"]["message"]
+                msg = jsonc.loads(raw)["error"]["message"]
             except (ValueError, KeyError, TypeError):
                 msg = raw.strip()[:200]
             raise BenchError(f"server rejected the request (HTTP {status}): {msg}")
@@ -244,7 +245,7 @@ class Client:
                 if payload == b"[DONE]":
                     done = True
                     continue
-                obj = json.loads(payload)
+                obj = jsonc.loads(payload)
                 usage = obj.get("usage") or {}
                 for ch in obj.get("choices") or ():
                     text.append(ch.get("text") or (ch.get("delta") or {}).get("content") or "")
@@ -421,7 +422,9 @@ class Bench(NamedTuple):
                 ttft = self.ttft(m, again) * self.skew
             n, steps = m.tokens, max(m.chunks, 1)
             tpot = m.step_ms * self.skew * steps / (n - 1) if n > 1 else 0.0
-            found = _ANSWER.findall(m.text)
+            import re  # only here: with enum and functools ~5 ms of every benchmark's start
+
+            found = re.findall(_ANSWER, m.text)
             pred = found[-1].replace(",", "") if found else "[invalid]"
             truth = str(p["truth"])
             out.rows.append(Row("mtp", {

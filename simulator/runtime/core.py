@@ -8,12 +8,15 @@ benchmark are the I/O seams.
 
 from __future__ import annotations
 
-import array
-import bisect
-import json
 import math
-import zlib
-from typing import Any, NamedTuple
+
+from . import jsonc
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see .record)
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
+else:
+    from .record import NamedTuple
 
 MODEL_KEYS = ("qwen3", "qwen35", "qwen35_mtp", "qwen35_fq", "qwen35_fq_mtp", "qwen36_fq", "qwen3vl")
 SPEED_METRICS = ("prefill", "decode", "accept", "vision", "all")
@@ -257,7 +260,9 @@ def interp(points: list[list[float]] | tuple[tuple[float, float], ...], x: float
             return ys[0]
         if x >= xs[-1]:
             return ys[-1]
-    i = bisect.bisect_right(xs, x) - 1
+    from bisect import bisect_right  # the server's: generate, precompile and the benchmark start without it
+
+    i = bisect_right(xs, x) - 1
     i = min(max(i, 0), len(xs) - 2)
     x0, x1 = tx(xs[i]), tx(xs[i + 1])
     t = (tx(x) - x0) / (x1 - x0)
@@ -404,7 +409,7 @@ class Model(NamedTuple):
     @classmethod
     def load(cls, path: str) -> Model:
         with open(path, encoding="utf-8") as fh:
-            return cls(json.load(fh))
+            return cls(jsonc.loads(fh.read()))
 
     @property
     def max_total_tokens(self) -> int:
@@ -424,11 +429,28 @@ _WORDS = ("the", "model", "token", "step", "so", "we", "have", "then", "total", 
           "of", "to", "a", "in", "that", "for", "it", "with", "as", "on", "be", "this", "are", "by")
 
 
+# hashlib's algorithms the release uses -> the interpreter's built-in modules that have them (CPython 3.10-3.11,
+# 3.12+): importing hashlib loads OpenSSL's libcrypto, ~2.5 ms of CPU of a start; the digests are the same
+_BUILTIN_HASHES = {"sha256": ("_sha256", "_sha2"), "shake_128": ("_sha3",)}
+
+
+def hash_new(name: str, data: bytes) -> Any:
+    """``hashlib.<name>(data)`` (``sha256``, ``shake_128``) from the built-in module when there is one."""
+    for module in _BUILTIN_HASHES[name]:
+        try:
+            return getattr(__import__(module), name)(data)
+        except (ImportError, AttributeError):
+            continue
+    import hashlib
+
+    return getattr(hashlib, name)(data)
+
+
 def random_ids(tag: str, length: int) -> list[int]:
     """``length`` pseudo-random token ids determined by ``tag`` (cheap: one hash stream)."""
-    import hashlib  # only the server and the benchmark make prompts: generate and precompile start without it
+    from _struct import unpack  # not array: its import loads collections (~2.5 ms of the benchmark's start)
 
-    raw = array.array("I", hashlib.shake_128(tag.encode()).digest(4 * length))
+    raw = unpack(f"={length}I", hash_new("shake_128", tag.encode()).digest(4 * length))  # array("I", digest)
     span = VOCAB_SIZE - 1000
     return [1000 + v % span for v in raw]
 
@@ -439,16 +461,16 @@ def gsm8k_prompt_ids(index: int, length: int) -> list[int]:
 
 
 def prompt_hash(ids: list[int]) -> str:
-    import hashlib
-
-    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:20]
+    return hash_new("sha256", ",".join(map(str, ids)).encode()).hexdigest()[:20]  # type: ignore[no-any-return]
 
 
 def word_ids(text: str) -> list[int]:
     """The simulated tokenizer for text: one token per whitespace-separated word."""
+    from zlib import crc32  # the server's: generate, precompile and the benchmark start without it
+
     if text.isascii() and not any(c in text for c in _STR_ONLY_SPACE):  # same split, on bytes: faster
-        return [zlib.crc32(w) % VOCAB_SIZE for w in text.encode("ascii").split()]
-    return [zlib.crc32(w.encode("utf-8")) % VOCAB_SIZE for w in text.split()]
+        return [crc32(w) % VOCAB_SIZE for w in text.encode("ascii").split()]
+    return [crc32(w.encode("utf-8")) % VOCAB_SIZE for w in text.split()]
 
 
 _STR_ONLY_SPACE = "\x1c\x1d\x1e\x1f"  # ASCII characters str.split() splits on and bytes.split() does not

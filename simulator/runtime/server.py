@@ -9,21 +9,21 @@ Endpoints: ``/health``, ``/v1/models``, ``/get_server_info``, ``/v1/completions`
 
 from __future__ import annotations
 
-import argparse
-import array
-import json
+import _thread
 import os
-import signal
-import socketserver
 import sys
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from _struct import pack
 
-from . import core
+from . import core, jsonc, net
 from .common import fail, load_knobs, model_identity, raise_priority, release_file
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms of each interpreter's start)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, NamedTuple
+else:
+    from .record import NamedTuple
 
 PROG = "sglang server"
 MIN_GAP_S = 0.005  # plain decoding: at most one chunk per 5 ms of wall time (CPU of many simulated modules)
@@ -35,17 +35,18 @@ class PrefixCache:
     """Token-id prefix cache (radix-cache stand-in): longest cached prefix, LRU, bounded in tokens.
 
     Entries are the ids packed into bytes, so that a common prefix is found by comparing
-    bytes (a binary search of C-level compares) rather than token by token.
+    bytes (a binary search of C-level compares) rather than token by token; a dict in
+    least-recently-used order (no OrderedDict, no array: collections is ~2.5 ms of a start).
     """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.entries: OrderedDict[bytes, None] = OrderedDict()
+        self.entries: dict[bytes, None] = {}
         self.size = 0
 
     @staticmethod
     def _pack(ids: Sequence[int]) -> bytes:
-        return array.array("I", ids).tobytes()
+        return pack(f"={len(ids)}I", *ids)  # array("I", ids).tobytes()
 
     @staticmethod
     def _common(a: bytes, b: bytes) -> int:
@@ -68,8 +69,9 @@ class PrefixCache:
             n = self._common(key, packed)
             if n > best:
                 best, best_key = n, key
-        if best_key is not None:
-            self.entries.move_to_end(best_key)
+        if best_key is not None:  # most recently used: last
+            del self.entries[best_key]
+            self.entries[best_key] = None
         return min(best, max(len(ids) - 1, 0))  # at least one token is always computed
 
     def insert(self, ids: Sequence[int]) -> None:
@@ -79,11 +81,12 @@ class PrefixCache:
         self.entries[packed] = None
         self.size += len(ids)
         while self.size > self.capacity:
-            old, _ = self.entries.popitem(last=False)
+            old = next(iter(self.entries))  # least recently used
+            del self.entries[old]
             self.size -= len(old) // _ID_BYTES
 
 
-_ID_BYTES = array.array("I").itemsize
+_ID_BYTES = 4  # a packed id ("=I")
 
 
 class Config(NamedTuple):
@@ -124,6 +127,29 @@ class DevicePhase:
             pass
 
 
+class Flag:
+    """Set once, read by every connection's thread: ``threading.Event`` without threading (with the functools and
+    collections it imports, ~4 ms of every server's start; the server's threads are ``_thread``'s)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+def block_forever() -> None:
+    """This thread stops here for good (the hang fault)."""
+    lock = _thread.allocate_lock()
+    lock.acquire()
+    lock.acquire()
+
+
 class State:
     """Mutable server state: readiness, request counter, prefix cache, fault state."""
 
@@ -132,9 +158,9 @@ class State:
         self.cfg = cfg
         self.setup = setup
         self.faults = faults
-        self.ready = threading.Event()
-        self.hung = threading.Event()
-        self.lock = threading.Lock()
+        self.ready = Flag()
+        self.hung = Flag()
+        self.lock = _thread.allocate_lock()
         self.requests = 0
         self.cache = PrefixCache(cfg.max_total_tokens)
         self.device = device or DevicePhase(None)
@@ -199,18 +225,30 @@ class Headers(dict[str, str]):
         return super().get(name.lower(), default)
 
 
-class HTTPHandler(socketserver.StreamRequestHandler):
+class HTTPHandler:
     """HTTP/1.1 with keep-alive: request line, headers, a ``Content-Length`` body.
 
     The little of ``http.server`` this server uses, without importing it (it pulls in
     ``http.client`` and ``email``: more CPU per start than a short key spends serving,
-    on every simulated module). Subclasses define ``do_GET`` and ``do_POST``.
+    on every simulated module). Subclasses define ``do_GET`` and ``do_POST``. One instance
+    serves one connection, on its thread (:class:`.net.Listener`), as ``socketserver``'s
+    ``StreamRequestHandler`` does.
     """
 
     server_version = "sglang-musa-sim"
-    disable_nagle_algorithm = True
     max_line = 65536
     max_headers = 100
+
+    def __init__(self, conn: net.Socket, client_address: tuple[str, int]) -> None:
+        self.connection = conn
+        self.client_address = client_address
+        net.no_delay(conn)
+        self.rfile = net.reader(conn)
+        self.wfile = net.Writer(conn)
+        try:
+            self.handle()
+        finally:
+            self.rfile.close()
 
     def handle(self) -> None:
         self.close_connection = False
@@ -268,7 +306,7 @@ class HTTPHandler(socketserver.StreamRequestHandler):
 
     def send_error(self, code: int, message: str) -> None:
         self.close_connection = True
-        data = json.dumps({"error": {"message": message, "code": code}}).encode()
+        data = jsonc.dumps({"error": {"message": message, "code": code}}).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -281,17 +319,12 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 414: "URI Too Long"
             503: "Service Unavailable"}
 
 
-class ThreadingServer(socketserver.ThreadingTCPServer):
-    allow_reuse_address = True
-    daemon_threads = True
-
-
 class Handler(HTTPHandler):
     state: State  # set on the subclass made per server
 
     # -- plumbing
     def _json(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
+        data = jsonc.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -304,7 +337,7 @@ class Handler(HTTPHandler):
 
     def _hang_if_hung(self) -> None:
         if self.state.hung.is_set():
-            threading.Event().wait()  # stop answering for good
+            block_forever()  # stop answering for good
 
     # -- routes
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
@@ -357,11 +390,14 @@ class Handler(HTTPHandler):
             self._error(503, "server is still loading")
             return
         try:
-            body = json.loads(raw or b"null")
+            try:
+                body = jsonc.loads(raw or b"null")
+            except ValueError as exc:  # json.JSONDecodeError, or a body that is not UTF-8
+                raise BadRequest(str(exc)) from None
             if not isinstance(body, dict):
                 raise BadRequest("request body must be a JSON object")
             self._generate(body, chat=path == "/v1/chat/completions", t0=self._anchor(received))
-        except (BadRequest, core.PlanError, json.JSONDecodeError) as exc:
+        except (BadRequest, core.PlanError) as exc:
             self._error(400, str(exc))
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
@@ -425,10 +461,12 @@ class Handler(HTTPHandler):
         if fault == "crash":
             print(f"{PROG}: fault crash: the server process dies in the middle of a request", file=sys.stderr,
                   flush=True)
+            import signal  # only here: its import builds enums (~1 ms of every server's start)
+
             os.kill(os.getpid(), signal.SIGKILL)
         self.state.hung.set()
         print(f"{PROG}: fault hang: the server stops answering", file=sys.stderr, flush=True)
-        threading.Event().wait()
+        block_forever()
 
     def _whole(self, plan: core.Plan, ctx: _Stream, t0: float, fault: str | None) -> None:
         scale = self.state.cfg.knobs.time_scale
@@ -525,13 +563,13 @@ class _Stream:
                                "choices": [choice]}
         if self.continuous:
             obj["usage"] = self.usage(n)
-        self._chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+        self._chunk(b"data: " + jsonc.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
 
     def end(self, n: int) -> None:
         if self.include_usage:
             obj = {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
                    "choices": [], "usage": self.usage(n)}
-            self._chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+            self._chunk(b"data: " + jsonc.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
         self._chunk(b"data: [DONE]\n\n")
         self.h.wfile.write(b"0\r\n\r\n")
 
@@ -548,28 +586,78 @@ class _Stream:
 # ---------------------------------------------------------------------------- start-up
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, add_help=True, allow_abbrev=False)
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model-path")
-    src.add_argument("--workflow-model", help="model folder name, looked up in the TileLang workflow "
-                     "($TILELANG_WORKFLOW_FILE): what the release's start scripts pass")
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", default="30000")
-    p.add_argument("--max-total-tokens", type=int, default=16384)
-    p.add_argument("--tp-size", "--tp", type=int, default=1)
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--speculative-algorithm", default=None)
-    p.add_argument("--speculative-num-steps", type=int, default=None)
-    p.add_argument("--speculative-eagle-topk", type=int, default=None)
-    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
-    return p
+class Args(NamedTuple):
+    """The server's command line (the options of ``python -m sglang.launch_server`` the release's scripts pass)."""
+
+    model_path: str | None = None
+    workflow_model: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: str = "30000"
+    max_total_tokens: int = 16384
+    tp_size: int = 1
+    trust_remote_code: bool = False
+    speculative_algorithm: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+
+
+_OPTIONS = {"--model-path": "model_path", "--workflow-model": "workflow_model",
+            "--served-model-name": "served_model_name", "--host": "host", "--port": "port",
+            "--max-total-tokens": "max_total_tokens", "--tp-size": "tp_size", "--tp": "tp_size",
+            "--speculative-algorithm": "speculative_algorithm", "--speculative-num-steps": "speculative_num_steps",
+            "--speculative-eagle-topk": "speculative_eagle_topk",
+            "--speculative-num-draft-tokens": "speculative_num_draft_tokens"}
+_INT_OPTIONS = frozenset({"max_total_tokens", "tp_size", "speculative_num_steps", "speculative_eagle_topk",
+                          "speculative_num_draft_tokens"})
+USAGE = ("usage: sglang server (--model-path PATH | --workflow-model NAME) [--served-model-name NAME] [--host HOST] "
+         "[--port PORT] [--max-total-tokens N] [--tp-size N] [--trust-remote-code] [--speculative-algorithm NAME] "
+         "[--speculative-num-steps N] [--speculative-eagle-topk N] [--speculative-num-draft-tokens N]")
+
+
+class UsageError(core.SimError):
+    """A malformed command line (exit status 2, as argparse's)."""
+
+
+def parse_args(argv: list[str]) -> tuple[Args, list[str]]:
+    """(options, arguments it does not know), without argparse (~3 ms of every server's start, with ``re``):
+    ``--opt VALUE`` or ``--opt=VALUE``; UsageError naming the option when a value is missing or not an integer,
+    or when not exactly one of --model-path and --workflow-model is given."""
+    values: dict[str, str | int | bool] = {}
+    unknown: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg == "--trust-remote-code":
+            values["trust_remote_code"] = True
+            continue
+        flag, eq, value = arg.partition("=")
+        name = _OPTIONS.get(flag)
+        if name is None:
+            unknown.append(arg)
+            continue
+        if not eq:
+            if i == len(argv) or argv[i].startswith("--"):
+                raise UsageError(f"argument {flag}: expected one argument")
+            value = argv[i]
+            i += 1
+        if name in _INT_OPTIONS:
+            try:
+                values[name] = int(value)
+            except ValueError:
+                raise UsageError(f"argument {flag}: invalid int value: {value!r}") from None
+        else:
+            values[name] = value
+    if ("model_path" in values) == ("workflow_model" in values):
+        raise UsageError("exactly one of the arguments --model-path --workflow-model is required")
+    return Args(**values), unknown  # type: ignore[arg-type]
 
 
 def configure(argv: list[str], env: dict[str, str] | Any, model: core.Model, knobs: core.Knobs) -> Config:
     """Validate the command line and environment; raises SimError with one clear line."""
-    args, unknown = _parser().parse_known_args(argv)
+    args, unknown = parse_args(argv)
     if unknown:
         raise core.SimError(f"unknown server argument(s): {' '.join(unknown)}")
     try:
@@ -581,11 +669,13 @@ def configure(argv: list[str], env: dict[str, str] | Any, model: core.Model, kno
     if args.workflow_model is not None:
         from .workflow import model_path  # the start scripts' lookup, in this process (no extra interpreter)
 
-        args.model_path = model_path(env, args.workflow_model)
-    identity = model_identity(args.model_path)
+        path = model_path(env, args.workflow_model)
+    else:
+        path = str(args.model_path)  # parse_args: one of the two
+    identity = model_identity(path)
     entry = model.identify(identity)
     if entry is None:
-        raise core.SimError(f"model at {args.model_path} ({identity}) is not a model this release supports")
+        raise core.SimError(f"model at {path} ({identity}) is not a model this release supports")
     spec: dict[str, Any] = {"speculative_algorithm": args.speculative_algorithm}
     draft = None
     key = entry["key"]
@@ -608,15 +698,15 @@ def configure(argv: list[str], env: dict[str, str] | Any, model: core.Model, kno
     if args.max_total_tokens > model.max_total_tokens:
         raise core.SimError(f"--max-total-tokens {args.max_total_tokens} does not fit in device memory "
                             f"(at most {model.max_total_tokens} on an M1000 with this model)")
-    return Config(host=args.host, port=port, model_path=args.model_path,
-                  served_name=args.served_model_name or args.model_path, key=key,
+    return Config(host=args.host, port=port, model_path=path,
+                  served_name=args.served_model_name or path, key=key,
                   max_total_tokens=args.max_total_tokens, draft_tokens=draft, spec_args=spec, knobs=knobs)
 
 
-def _bind(cfg: Config, state: State) -> ThreadingServer:
+def _bind(cfg: Config, state: State) -> net.Listener:
     handler = type("BoundHandler", (Handler,), {"state": state})
     try:
-        server = ThreadingServer((cfg.host, cfg.port), handler)
+        server = net.Listener((cfg.host, cfg.port), handler)
     except OSError as exc:
         if exc.errno == 98:  # EADDRINUSE
             raise core.SimError(f"port {cfg.port} on {cfg.host} is already in use") from None
@@ -646,35 +736,39 @@ def _load(state: State, env: dict[str, str] | Any, model: core.Model) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     env = os.environ
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        print(USAGE)
+        return 0
     try:
         knobs = load_knobs(env)
         model = core.Model.load(release_file("model.json"))
-        cfg = configure(list(sys.argv[1:] if argv is None else argv), env, model, knobs)
+        cfg = configure(args, env, model, knobs)
         setup = model.setup(cfg.key)
         state = State(cfg, setup, core.faults_for(knobs.faults, cfg.key), DevicePhase(env.get(core.ENV_DEVICE_DIR)))
         server = _bind(cfg, state)
+    except UsageError as exc:
+        print(USAGE, file=sys.stderr)
+        return fail(PROG, str(exc), 2)
     except core.SimError as exc:
         return fail(PROG, str(exc))
     raise_priority(env)
     print(f"{PROG}: {cfg.key} ({cfg.model_path}) listening on http://{cfg.host}:{cfg.port} "
           f"(time scale {knobs.time_scale:g}, max-total-tokens {cfg.max_total_tokens})", file=sys.stderr, flush=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-    thread.start()
+    server.start()
     state.device.set("idle")  # the model is being loaded into device memory
     try:
         _load(state, env, model)
         state.ready.set()
         print(f"{PROG}: The server is fired up and ready to roll!", file=sys.stderr, flush=True)
-        while thread.is_alive():
-            thread.join(1.0)
+        server.wait()
     except core.SimError as exc:
         return fail(PROG, str(exc))
     except KeyboardInterrupt:
         pass
     finally:
-        if thread.is_alive():
-            server.shutdown()
-        server.server_close()
+        server.shutdown()
+        server.close()
     return 0
 
 

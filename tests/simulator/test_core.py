@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import array
+import hashlib
 import math
 import statistics
 
@@ -314,4 +316,6 @@ def test_spec_steps_always_feasible(n: int, accept: float) -> None:
 def test_random_ids_are_in_vocab_and_deterministic(n: int) -> None:
     ids = core.random_ids("t", n)
     assert len(ids) == n and ids == core.random_ids("t", n)
+    raw = array.array("I", hashlib.shake_128(b"t").digest(4 * n))  # the ids as first made (fit.py's prompt hashes)
+    assert ids == [1000 + v % (core.VOCAB_SIZE - 1000) for v in raw]
     assert all(1000 <= i < core.VOCAB_SIZE for i in ids)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -14,7 +15,7 @@ import pytest
 
 from contract.records import MODEL_KEYS
 from simulator import BuildError, SpecError, build_release, make_models
-from simulator.build import RUNTIME_DIR
+from simulator.build import RUNTIME_DIR, TEMPLATE_DIR
 
 SCRIPTS = ("generate_tilelang_workflow.sh", "setup_env.sh", "precompile_tilelang_kernels.sh",
            "start_qwen3_server.sh", "start_qwen35_server.sh", "start_qwen35_fq_server.sh",
@@ -89,11 +90,18 @@ def test_release_programs_use_only_the_standard_library() -> None:
 
 
 # what each interpreter the release starts may skip: generate and precompile run at the start of every module's
-# run (100 cheap modules start at once on 2 cores), the server once per key; each of these is 5-13 ms of CPU
+# run (100 cheap modules start at once on 2 cores), the server once per key; each of these is 1-13 ms of CPU.
+# json and typing: m1000_sim.jsonc (json's C scanner and encoder) and m1000_sim.record (typing.NamedTuple's syntax)
+SLOW_TO_IMPORT = {"argparse", "uuid", "random", "hashlib", "_hashlib", "http", "json", "re", "typing", "runpy",
+                  "platform", "dataclasses", "inspect", "statistics", "contextlib"}
 SKIPPED_IMPORTS = {
-    "workflow": {"argparse", "uuid", "random", "hashlib", "socket", "threading", "socketserver", "http"},
-    "server": {"uuid", "platform", "random", "hashlib"},
-    "bench": {"uuid", "platform", "random", "argparse"},
+    "workflow": SLOW_TO_IMPORT | {"socket", "threading", "socketserver", "selectors", "enum", "functools", "signal",
+                                  "collections", "array", "bisect", "zlib"},  # m1000_sim.record: no collections
+    # m1000_sim.net: _socket and _thread
+    "server": SLOW_TO_IMPORT | {"socket", "socketserver", "selectors", "enum", "signal", "threading", "functools",
+                                "collections", "array"},
+    "bench": SLOW_TO_IMPORT | {"socket", "socketserver", "selectors", "enum", "threading", "signal", "collections",
+                               "array", "functools", "bisect", "zlib"},
 }
 
 
@@ -112,6 +120,17 @@ def test_release_interpreters_load_only_the_standard_library_they_need(tmp_path:
     allowed = set(sys.stdlib_module_names) | {"m1000_sim", "__main__"}
     assert tops <= allowed, f"{entry} loads {sorted(tops - allowed)}"
     assert not tops & SKIPPED_IMPORTS[entry], f"{entry} loads {sorted(tops & SKIPPED_IMPORTS[entry])}"
+
+
+def test_scripts_start_programs_without_runpy() -> None:
+    """``python3 -m`` imports runpy and importlib.util (~3 ms per start): the scripts call the program's main."""
+    musa = TEMPLATE_DIR / "scripts" / "ci" / "musa"
+    starts = 0
+    for script in sorted(musa.glob("*.sh")):
+        text = script.read_text()
+        assert " -m " not in text, f"{script.name} starts a program with python -m"
+        starts += len(re.findall(r"^run_program \w+", text, re.MULTILINE))
+    assert starts == 8  # generate, precompile, 5 servers, benchmark
 
 
 def test_make_models_creates_identified_folders(tmp_path: Path) -> None:

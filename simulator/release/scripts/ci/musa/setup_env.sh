@@ -1,6 +1,15 @@
 # Environment of SGLang-MUSA @VERSION@ on M1000: source it (source scripts/ci/musa/setup_env.sh).
-_m1000_here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-_m1000_root="$(cd "$_m1000_here/../../.." && pwd)"
+# this folder and the release's top folder: from an absolute path as they are (no subshell, no dirname)
+_m1000_here=${BASH_SOURCE[0]%/*}
+case ${BASH_SOURCE[0]} in
+  /*/scripts/ci/musa/*) ;;
+  */*) _m1000_here="$(cd "$_m1000_here" && pwd)" ;;
+  *) _m1000_here="$PWD" ;;
+esac
+case $_m1000_here in
+  /*/scripts/ci/musa) _m1000_root=${_m1000_here%/scripts/ci/musa} ;;
+  *) _m1000_root="$(cd "$_m1000_here/../../.." && pwd)" ;;
+esac
 if [ ! -f "$_m1000_here/tilelang_workflow.json" ]; then
     echo "setup_env.sh: error: $_m1000_here/tilelang_workflow.json not found: run scripts/ci/musa/generate_tilelang_workflow.sh first" >&2
     unset _m1000_here _m1000_root
