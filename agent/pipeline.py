@@ -304,9 +304,10 @@ class _Run:
         return time.monotonic()
 
     def _end(self, step: str, t0: float, status: str = "ok", message: str = "") -> None:
+        """A release-wide step done. Its progress is not written on its own: the next step's start follows at
+        once and writes (and publishes) it; a run that stops before that ends with its own progress."""
         self.event(step, status, duration_s=time.monotonic() - t0, message=message)
         self.steps_done += 1
-        self.emit()
 
     def _fail(self, step: str, t0: float, exc: Exception, key: str | None = None) -> StepFailed:
         self.event(step, "failed", key, duration_s=time.monotonic() - t0, message=str(exc))
@@ -406,7 +407,7 @@ class _Run:
         raw = log_path.with_suffix(".env0")
         self._run_step(plan, log_path=log_path, raw=raw)
         try:
-            captured = steps.parse_env_capture(raw.read_bytes())
+            captured = steps.parse_env_capture(raw.read_bytes(), plan.env)
         finally:
             raw.unlink(missing_ok=True)  # values may be secret: never kept on disk
         with open(log_path, "a", encoding="utf-8") as f:

@@ -134,6 +134,7 @@ def main() -> None:
     args = ap.parse_args()
     rev = args.baseline or subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], check=True,
                                           capture_output=True, text=True).stdout.strip()
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "agent"), str(ROOT / "contract")], check=True)
     tmp = Path(tempfile.mkdtemp(prefix="agent-cpu-"))
     server = RedisServer(tmp / "redis")
     server.start()
