@@ -33,6 +33,8 @@ from typing import Any
 from agent.errors import BadInput
 from contract.records import RUN_ID_RULE, ResultRow, RunProgress, RunRequest, is_run_id
 
+_LOG_NUMBER = re.compile(r"^(\d+)-")
+
 
 def check_run_id(run_id: str) -> str:
     if not is_run_id(run_id):
@@ -42,8 +44,11 @@ def check_run_id(run_id: str) -> str:
 
 def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
     """Write-then-rename: readers see the old file or the whole new one (``mode``: its permissions)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except FileNotFoundError:  # its folder made on the first write only (no mkdir per write)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -63,8 +68,12 @@ def append_lines(path: Path, lines: Iterable[str]) -> None:
     data = "".join(line.rstrip("\n") + "\n" for line in lines)
     if not data:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
+    try:
+        f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the with below
+    except FileNotFoundError:  # its folder made on the first write only
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a", encoding="utf-8")  # noqa: SIM115
+    with f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -227,7 +236,11 @@ class RunStore:
     def next_log(self, run_id: str, step: str, model_key: str | None = None) -> Path:
         """``logs/NN-step[-key].log`` with NN one past the logs already there (earlier attempts kept)."""
         logs = self.logs_dir(run_id)
-        logs.mkdir(parents=True, exist_ok=True)
-        nums = [int(m.group(1)) for p in logs.glob("*.log") if (m := re.match(r"^(\d+)-", p.name))]
+        try:
+            names = os.listdir(logs)
+        except FileNotFoundError:
+            logs.mkdir(parents=True, exist_ok=True)
+            names = []
+        nums = [int(m.group(1)) for name in names if name.endswith(".log") and (m := _LOG_NUMBER.match(name))]
         n = max(nums, default=0) + 1
         return logs / (f"{n:02d}-{step}" + (f"-{model_key}" if model_key else "") + ".log")
