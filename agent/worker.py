@@ -103,9 +103,7 @@ class HeartbeatThread(threading.Thread):
         hb = make_heartbeat(self.settings, self.version)
         with contextlib.suppress(OSError):  # a full disk must not stop the heartbeat
             write_atomic(workdir / "heartbeat.json", hb.model_dump_json())
-        self.kv.put_heartbeat(hb)
-        if self.lease is not None:
-            self.kv.put_lease(self.settings.module, {**self.lease, "ts": hb.ts})
+        self.kv.put_heartbeat(hb, None if self.lease is None else {**self.lease, "ts": hb.ts})  # one round trip
         flush_outbox(self.kv, workdir, self.settings.replicas_to_wait(), self.settings.final_state_wait)
         return hb
 
