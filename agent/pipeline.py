@@ -171,9 +171,17 @@ class _Run:
             except Exception:  # noqa: BLE001 - a broken listener must never break the run
                 log.exception("on_progress callback failed (ignored)")
 
-    def to(self, state: RunState, step: str, key: str | None = None) -> None:
+    def note(self, **changes: Any) -> None:
+        """Changes the next :meth:`emit` writes and publishes, where one follows at once (one progress write,
+        not two within a millisecond; a run that stops before it ends with an emit of its own)."""
+        self.progress = self.progress.model_copy(update=changes)
+
+    def to(self, state: RunState, step: str, key: str | None = None, *, emit: bool = True) -> None:
         self.machine.transition(state)
-        self.emit(step=step, model_key=key)
+        if emit:
+            self.emit(step=step, model_key=key)
+        else:
+            self.note(step=step, model_key=key)
 
     def event(self, step: str, status: str, key: str | None = None, **kw: Any) -> None:
         try:
@@ -211,7 +219,7 @@ class _Run:
         self.sampler = Sampler(self.cfg.telemetry, self.store.run_dir(self.req.run_id) / SAMPLES_FILE,
                                run_id=self.req.run_id, module=self.cfg.module, attempt=prior,
                                on_event=lambda status, msg: self.event("telemetry", status, message=msg)).start()
-        self.emit(started_at=started, attempt=prior)
+        self.note(started_at=started, attempt=prior)  # written with the fetch's start, next
         try:
             top, env = self._release_steps()
             self._keys(top, env)
@@ -425,7 +433,7 @@ class _Run:
             self.agent_log("precompile", None, [msg])
             self.event("precompile", "skipped", message=msg)
             self.steps_done += 1
-            self.emit(precompile_cached=True)
+            self.note(precompile_cached=True)  # written with the first key's server start, next
             return
         t0 = time.monotonic()
         self._run_step(steps.plan_precompile(top, env, self.cfg.precompile_timeout))
@@ -433,7 +441,7 @@ class _Run:
                 "run_id": self.req.run_id, "ts": time.time()}
         write_atomic(marker, json.dumps(info) + "\n")
         self.steps_done += 1
-        self.emit(precompile_cached=False)
+        self.note(precompile_cached=False)  # written with the first key's server start, next
 
     def _run_step(self, plan: steps.StepPlan, *, log_path: Path | None = None, raw: Path | None = None) -> ProcResult:
         """Run a release-wide step; raise :class:`StepFailed` / :class:`Cancelled` when it does not succeed."""
@@ -460,7 +468,7 @@ class _Run:
 
     # ----- per model key
     def _keys(self, top: Path, env: dict[str, str]) -> None:
-        self.to(RunState.BENCHMARKING, "benchmark")
+        self.to(RunState.BENCHMARKING, "benchmark", emit=False)  # written by what follows: a key's start, or the end
         for key in self.req.models:
             o = self.outcomes[key]
             if o.status == "passed":
