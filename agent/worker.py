@@ -392,7 +392,7 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
     # the run stops itself a little before Celery's soft limit would interrupt it
     deadline = time.monotonic() + settings.run_soft_time_limit - min(30.0, 0.1 * settings.run_soft_time_limit)
     token = KVCancelToken(kv, req.run_id, req.module, deadline=deadline, stop_file=stop_file(workdir))
-    sent_rows = -1
+    sent_rows = 0  # no rows to publish before the first one (a resumed run's kept rows count: published first)
 
     def on_progress(p: RunProgress) -> None:
         nonlocal sent_rows
