@@ -162,6 +162,7 @@ class _Run:
         if self.sampler is not None:
             self.sampler.tell(self.progress.step, self.progress.model_key)
         try:
+            self.store.flush_events()  # events held back go first: the progress never runs ahead of them
             self.store.write_progress(self.progress)
         except OSError as exc:  # a full disk must not hide the run's outcome from the caller
             log.warning("could not write progress of %s: %s", self.req.run_id, exc)
@@ -183,9 +184,10 @@ class _Run:
         else:
             self.note(step=step, model_key=key)
 
-    def event(self, step: str, status: str, key: str | None = None, **kw: Any) -> None:
+    def event(self, step: str, status: str, key: str | None = None, *, hold: bool = False, **kw: Any) -> None:
+        """A line of the run's events; ``hold``: written with the next one (or the next progress), in one append."""
         try:
-            self.store.add_event(self.req.run_id, step=step, status=status, model_key=key, **kw)
+            self.store.add_event(self.req.run_id, step=step, status=status, model_key=key, hold=hold, **kw)
         except OSError as exc:
             log.warning("could not write event %s/%s: %s", step, status, exc)
 
@@ -298,8 +300,7 @@ class _Run:
         cache = self.store.tilelang_cache(self.sha16)
         cache.mkdir(parents=True, exist_ok=True)
         pre_env = steps.script_env(base, {}, host=self.cfg.server_host, port=self.cfg.server_port, cache_dir=cache)
-        self.to(RunState.GENERATING, "generate")
-        self._run_step(steps.plan_generate(top, pre_env, self.cfg.generate_timeout))
+        self._run_step(steps.plan_generate(top, pre_env, self.cfg.generate_timeout), RunState.GENERATING)
         self.steps_done += 1
         env = self._environment(top, pre_env, cache)
         self._precompile(top, env)
@@ -307,14 +308,14 @@ class _Run:
 
     def _begin(self, state: RunState, step: str) -> float:
         self.check(step)()
+        self.event(step, "start", hold=True)  # written with the progress, next (and the last step's end)
         self.to(state, step)
-        self.event(step, "start")
         return time.monotonic()
 
     def _end(self, step: str, t0: float, status: str = "ok", message: str = "") -> None:
-        """A release-wide step done. Its progress is not written on its own: the next step's start follows at
-        once and writes (and publishes) it; a run that stops before that ends with its own progress."""
-        self.event(step, status, duration_s=time.monotonic() - t0, message=message)
+        """A release-wide step done. Its progress and event line are not written on their own: the next step's
+        start follows at once and writes them with its own; a run that stops before that writes its end."""
+        self.event(step, status, duration_s=time.monotonic() - t0, message=message, hold=True)
         self.steps_done += 1
 
     def _fail(self, step: str, t0: float, exc: Exception, key: str | None = None) -> StepFailed:
@@ -409,11 +410,10 @@ class _Run:
         return list(dict.fromkeys(folders))
 
     def _environment(self, top: Path, base: dict[str, str], cache: Path) -> dict[str, str]:
-        self.to(RunState.ENVIRONMENT, "environment")
         plan = steps.plan_environment(top, base, self.cfg.environment_timeout)
         log_path = self.store.next_log(self.req.run_id, plan.step)
         raw = log_path.with_suffix(".env0")
-        self._run_step(plan, log_path=log_path, raw=raw)
+        self._run_step(plan, RunState.ENVIRONMENT, log_path=log_path, raw=raw)
         try:
             captured = steps.parse_env_capture(raw.read_bytes(), plan.env)
         finally:
@@ -425,9 +425,9 @@ class _Run:
                                 cache_dir=cache)
 
     def _precompile(self, top: Path, env: dict[str, str]) -> None:
-        self.to(RunState.PRECOMPILING, "precompile")
         marker = self.store.precompile_marker(steps.precompile_marker(self.req.sha256, self._all_folders()))
         if marker.exists():
+            self.to(RunState.PRECOMPILING, "precompile")
             msg = f"precompile cached for this release and model set ({marker.name}): skipped"
             log.info("%s", msg)
             self.agent_log("precompile", None, [msg])
@@ -436,18 +436,21 @@ class _Run:
             self.note(precompile_cached=True)  # written with the first key's server start, next
             return
         t0 = time.monotonic()
-        self._run_step(steps.plan_precompile(top, env, self.cfg.precompile_timeout))
+        self._run_step(steps.plan_precompile(top, env, self.cfg.precompile_timeout), RunState.PRECOMPILING)
         info = {"sha256": self.req.sha256, "folders": self._all_folders(), "duration_s": time.monotonic() - t0,
                 "run_id": self.req.run_id, "ts": time.time()}
         write_atomic(marker, json.dumps(info) + "\n")
         self.steps_done += 1
         self.note(precompile_cached=False)  # written with the first key's server start, next
 
-    def _run_step(self, plan: steps.StepPlan, *, log_path: Path | None = None, raw: Path | None = None) -> ProcResult:
-        """Run a release-wide step; raise :class:`StepFailed` / :class:`Cancelled` when it does not succeed."""
+    def _run_step(self, plan: steps.StepPlan, state: RunState, *, log_path: Path | None = None,
+                  raw: Path | None = None) -> ProcResult:
+        """Run a release-wide step (the run in ``state`` while it runs); raise :class:`StepFailed` /
+        :class:`Cancelled` when it does not succeed."""
         self.check(plan.step)()
         path = log_path or self.store.next_log(self.req.run_id, plan.step, plan.model_key)
-        self.event(plan.step, "start", plan.model_key)
+        self.event(plan.step, "start", plan.model_key, hold=True)  # written with the progress, next
+        self.to(state, plan.step)
         try:
             res = self.ex.run(plan.argv, env=plan.env, cwd=plan.cwd, log_path=path, timeout=plan.timeout,
                               cancel=self.cancel, raw_stdout=raw, log_stdout=raw is None)
@@ -462,7 +465,7 @@ class _Run:
         status = "ok" if res.ok else "failed"
         err = None if res.ok else _proc_error(plan.step, plan.model_key, res)
         self.event(plan.step, status, plan.model_key, duration_s=res.duration_s, exit_code=res.exit_code,
-                   message=err.message if err else "")
+                   message=err.message if err else "", hold=res.ok)  # ok: written with what comes next
         if err is not None:
             raise StepFailed(err)
 

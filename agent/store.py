@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -102,6 +103,8 @@ class RunStore:
 
     def __init__(self, workdir: str | Path) -> None:
         self.workdir = Path(workdir)
+        self._held: list[tuple[Path, str]] = []  # event lines held back (add_event(hold=True)), in order
+        self._lock = threading.Lock()
 
     # ----- paths
     @property
@@ -221,13 +224,34 @@ class RunStore:
             append_lines(path, lines)
 
     def add_event(self, run_id: str, *, step: str, status: str, model_key: str | None = None,
-                  duration_s: float | None = None, exit_code: int | None = None, message: str = "") -> None:
+                  duration_s: float | None = None, exit_code: int | None = None, message: str = "",
+                  hold: bool = False) -> None:
+        """One line of ``events.jsonl``, appended and fsynced with the lines held before it.
+
+        ``hold``: the line (its time taken now) is held back and written with the next event or by
+        :meth:`flush_events`, in the same append: one fsync for a step's end and the next one's start.
+        """
         event = {
             "ts": time.time(), "step": step, "model_key": model_key, "status": status,
             "duration_s": None if duration_s is None else round(duration_s, 3), "exit_code": exit_code,
             "message": message,
         }
-        append_lines(self.run_dir(run_id) / "events.jsonl", [json.dumps(event, ensure_ascii=False)])
+        path = self.run_dir(run_id) / "events.jsonl"
+        with self._lock:
+            self._held.append((path, json.dumps(event, ensure_ascii=False)))
+            if not hold:
+                self._write_held()
+
+    def flush_events(self) -> None:
+        """Write the event lines held back (:meth:`add_event` with ``hold``), if any."""
+        if self._held:
+            with self._lock:
+                self._write_held()
+
+    def _write_held(self) -> None:
+        held, self._held = self._held, []
+        for path in dict.fromkeys(p for p, _ in held):
+            append_lines(path, [line for p, line in held if p == path])
 
     def set_state(self, *, current_run: str | None, last_run: str | None) -> None:
         data = {"current_run": current_run, "last_run": last_run, "updated_at": time.time()}

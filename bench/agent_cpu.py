@@ -10,11 +10,12 @@ time: the release is verified and unpacked for real, as for a new release.
 
 CPU is ``time.process_time`` of that process (its threads included: output pumps, the telemetry
 sampler), taken at every event the pipeline records (``events.jsonl``: step start / end), so each
-figure is the CPU from one event to the next. "before the first wait" is the CPU from the task's
-start to the precompile's start event, the last thing the agent does before the release's
-precompile (the first long wait of a run; at N=100 modules every ms of it is ~50 ms of wall for
-the slowest module); "with the processes" adds the CPU of the run's processes reaped by then
-(``RUSAGE_CHILDREN``: the release's scripts, the agent's shell snippets, telemetry samples).
+figure is the CPU from one event to the next; the release's processes are marked where they are
+spawned too ("spawn <script>"). "before the first wait" is the CPU from the task's start to the
+precompile's spawn, the last thing the agent does before the release's precompile (the first
+long wait of a run; at N=100 modules every ms of it is ~50 ms of wall for the slowest module);
+"with the processes" adds the CPU of the run's processes reaped by then (``RUSAGE_CHILDREN``: the
+release's scripts, the agent's shell snippets, telemetry samples).
 
 The baseline side imports ``agent`` and ``contract`` from ``git archive BASELINE`` (default: the
 merge base with ``main``); the release and the simulator are this tree's, for both sides.
@@ -77,6 +78,13 @@ def add_event(self, run_id, **kw):
     marks.append((time.process_time(), children(), kw["step"], kw["status"]))
     return real_add(self, run_id, **kw)
 RunStore.add_event = add_event
+import agent.executor
+real_start = agent.executor.Executor.start
+def start(self, argv, **kw):
+    name = os.path.basename(argv[-1]) if argv[-1].endswith(".sh") else argv[0]
+    marks.append((time.process_time(), children(), "spawn", name))
+    return real_start(self, argv, **kw)
+agent.executor.Executor.start = start
 payload = {"run_id": spec["run_id"], "module": "sim-001", "tarball": spec["tarball"], "sha256": spec["sha256"],
            "release": "bench", "models": spec["models"], "model_root": str(base / "models")}
 app.backend.client.ping()  # the connection is the worker's, made before any run
@@ -113,7 +121,7 @@ def one_run(tree: Path, spec: dict[str, object]) -> dict[str, float]:
     for t, c, step, status in marks:
         seg[name] = seg.get(name, 0.0) + (t - prev) * 1e3
         prev, name = t, f"{step} {status}"
-        if (step, status) == ("precompile", "start") and FIRST_WAIT not in seg:
+        if (step, status) == ("spawn", "precompile_tilelang_kernels.sh") and FIRST_WAIT not in seg:
             seg[FIRST_WAIT] = (t - t0) * 1e3
             # the generate and environment steps' processes, reaped by then (the release's and the agent's snippet)
             seg[FIRST_WAIT_ALL] = (t - t0 + c - c0) * 1e3
