@@ -162,6 +162,7 @@ class _Run:
         if self.sampler is not None:
             self.sampler.tell(self.progress.step, self.progress.model_key)
         try:
+            self.store.flush_events()  # events held back go first: the progress never runs ahead of them
             self.store.write_progress(self.progress)
         except OSError as exc:  # a full disk must not hide the run's outcome from the caller
             log.warning("could not write progress of %s: %s", self.req.run_id, exc)
@@ -171,13 +172,22 @@ class _Run:
             except Exception:  # noqa: BLE001 - a broken listener must never break the run
                 log.exception("on_progress callback failed (ignored)")
 
-    def to(self, state: RunState, step: str, key: str | None = None) -> None:
-        self.machine.transition(state)
-        self.emit(step=step, model_key=key)
+    def note(self, **changes: Any) -> None:
+        """Changes the next :meth:`emit` writes and publishes, where one follows at once (one progress write,
+        not two within a millisecond; a run that stops before it ends with an emit of its own)."""
+        self.progress = self.progress.model_copy(update=changes)
 
-    def event(self, step: str, status: str, key: str | None = None, **kw: Any) -> None:
+    def to(self, state: RunState, step: str, key: str | None = None, *, emit: bool = True) -> None:
+        self.machine.transition(state)
+        if emit:
+            self.emit(step=step, model_key=key)
+        else:
+            self.note(step=step, model_key=key)
+
+    def event(self, step: str, status: str, key: str | None = None, *, hold: bool = False, **kw: Any) -> None:
+        """A line of the run's events; ``hold``: written with the next one (or the next progress), in one append."""
         try:
-            self.store.add_event(self.req.run_id, step=step, status=status, model_key=key, **kw)
+            self.store.add_event(self.req.run_id, step=step, status=status, model_key=key, hold=hold, **kw)
         except OSError as exc:
             log.warning("could not write event %s/%s: %s", step, status, exc)
 
@@ -211,7 +221,7 @@ class _Run:
         self.sampler = Sampler(self.cfg.telemetry, self.store.run_dir(self.req.run_id) / SAMPLES_FILE,
                                run_id=self.req.run_id, module=self.cfg.module, attempt=prior,
                                on_event=lambda status, msg: self.event("telemetry", status, message=msg)).start()
-        self.emit(started_at=started, attempt=prior)
+        self.note(started_at=started, attempt=prior)  # written with the fetch's start, next
         try:
             top, env = self._release_steps()
             self._keys(top, env)
@@ -290,8 +300,7 @@ class _Run:
         cache = self.store.tilelang_cache(self.sha16)
         cache.mkdir(parents=True, exist_ok=True)
         pre_env = steps.script_env(base, {}, host=self.cfg.server_host, port=self.cfg.server_port, cache_dir=cache)
-        self.to(RunState.GENERATING, "generate")
-        self._run_step(steps.plan_generate(top, pre_env, self.cfg.generate_timeout))
+        self._run_step(steps.plan_generate(top, pre_env, self.cfg.generate_timeout), RunState.GENERATING)
         self.steps_done += 1
         env = self._environment(top, pre_env, cache)
         self._precompile(top, env)
@@ -299,14 +308,15 @@ class _Run:
 
     def _begin(self, state: RunState, step: str) -> float:
         self.check(step)()
+        self.event(step, "start", hold=True)  # written with the progress, next (and the last step's end)
         self.to(state, step)
-        self.event(step, "start")
         return time.monotonic()
 
     def _end(self, step: str, t0: float, status: str = "ok", message: str = "") -> None:
-        self.event(step, status, duration_s=time.monotonic() - t0, message=message)
+        """A release-wide step done. Its progress and event line are not written on their own: the next step's
+        start follows at once and writes them with its own; a run that stops before that writes its end."""
+        self.event(step, status, duration_s=time.monotonic() - t0, message=message, hold=True)
         self.steps_done += 1
-        self.emit()
 
     def _fail(self, step: str, t0: float, exc: Exception, key: str | None = None) -> StepFailed:
         self.event(step, "failed", key, duration_s=time.monotonic() - t0, message=str(exc))
@@ -400,13 +410,12 @@ class _Run:
         return list(dict.fromkeys(folders))
 
     def _environment(self, top: Path, base: dict[str, str], cache: Path) -> dict[str, str]:
-        self.to(RunState.ENVIRONMENT, "environment")
         plan = steps.plan_environment(top, base, self.cfg.environment_timeout)
         log_path = self.store.next_log(self.req.run_id, plan.step)
         raw = log_path.with_suffix(".env0")
-        self._run_step(plan, log_path=log_path, raw=raw)
+        self._run_step(plan, RunState.ENVIRONMENT, log_path=log_path, raw=raw)
         try:
-            captured = steps.parse_env_capture(raw.read_bytes())
+            captured = steps.parse_env_capture(raw.read_bytes(), plan.env)
         finally:
             raw.unlink(missing_ok=True)  # values may be secret: never kept on disk
         with open(log_path, "a", encoding="utf-8") as f:
@@ -416,29 +425,32 @@ class _Run:
                                 cache_dir=cache)
 
     def _precompile(self, top: Path, env: dict[str, str]) -> None:
-        self.to(RunState.PRECOMPILING, "precompile")
         marker = self.store.precompile_marker(steps.precompile_marker(self.req.sha256, self._all_folders()))
         if marker.exists():
+            self.to(RunState.PRECOMPILING, "precompile")
             msg = f"precompile cached for this release and model set ({marker.name}): skipped"
             log.info("%s", msg)
             self.agent_log("precompile", None, [msg])
             self.event("precompile", "skipped", message=msg)
             self.steps_done += 1
-            self.emit(precompile_cached=True)
+            self.note(precompile_cached=True)  # written with the first key's server start, next
             return
         t0 = time.monotonic()
-        self._run_step(steps.plan_precompile(top, env, self.cfg.precompile_timeout))
+        self._run_step(steps.plan_precompile(top, env, self.cfg.precompile_timeout), RunState.PRECOMPILING)
         info = {"sha256": self.req.sha256, "folders": self._all_folders(), "duration_s": time.monotonic() - t0,
                 "run_id": self.req.run_id, "ts": time.time()}
         write_atomic(marker, json.dumps(info) + "\n")
         self.steps_done += 1
-        self.emit(precompile_cached=False)
+        self.note(precompile_cached=False)  # written with the first key's server start, next
 
-    def _run_step(self, plan: steps.StepPlan, *, log_path: Path | None = None, raw: Path | None = None) -> ProcResult:
-        """Run a release-wide step; raise :class:`StepFailed` / :class:`Cancelled` when it does not succeed."""
+    def _run_step(self, plan: steps.StepPlan, state: RunState, *, log_path: Path | None = None,
+                  raw: Path | None = None) -> ProcResult:
+        """Run a release-wide step (the run in ``state`` while it runs); raise :class:`StepFailed` /
+        :class:`Cancelled` when it does not succeed."""
         self.check(plan.step)()
         path = log_path or self.store.next_log(self.req.run_id, plan.step, plan.model_key)
-        self.event(plan.step, "start", plan.model_key)
+        self.event(plan.step, "start", plan.model_key, hold=True)  # written with the progress, next
+        self.to(state, plan.step)
         try:
             res = self.ex.run(plan.argv, env=plan.env, cwd=plan.cwd, log_path=path, timeout=plan.timeout,
                               cancel=self.cancel, raw_stdout=raw, log_stdout=raw is None)
@@ -453,13 +465,13 @@ class _Run:
         status = "ok" if res.ok else "failed"
         err = None if res.ok else _proc_error(plan.step, plan.model_key, res)
         self.event(plan.step, status, plan.model_key, duration_s=res.duration_s, exit_code=res.exit_code,
-                   message=err.message if err else "")
+                   message=err.message if err else "", hold=res.ok)  # ok: written with what comes next
         if err is not None:
             raise StepFailed(err)
 
     # ----- per model key
     def _keys(self, top: Path, env: dict[str, str]) -> None:
-        self.to(RunState.BENCHMARKING, "benchmark")
+        self.to(RunState.BENCHMARKING, "benchmark", emit=False)  # written by what follows: a key's start, or the end
         for key in self.req.models:
             o = self.outcomes[key]
             if o.status == "passed":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,11 +96,12 @@ def plan_generate(top: Path, env: Mapping[str, str], timeout: float) -> StepPlan
 
 
 def plan_environment(top: Path, env: Mapping[str, str], timeout: float) -> StepPlan:
-    """``source setup_env.sh`` in bash, dumping the environment before and after (NUL separated)."""
-    snippet = (
-        'env -0; printf "\\0--m1000-fleet-env-separator--\\0"; '
-        'source "$1" >&2 || exit $?; env -0'
-    )
+    """``source setup_env.sh`` in bash, then its environment dumped (NUL separated) after a separator.
+
+    The environment before is the one the step is given (``env``): bash passes it on unchanged
+    but for :data:`_SHELL_NOISE`, so it is not dumped too (an ``env`` process fewer per run).
+    """
+    snippet = 'printf "\\0--m1000-fleet-env-separator--\\0"; source "$1" >&2 || exit $?; env -0'
     return StepPlan("environment", ("bash", "-c", snippet, "setup_env", str(top / SETUP_ENV)), top, env, timeout)
 
 
@@ -115,13 +117,15 @@ def _env0(blob: bytes) -> dict[str, str]:
     return out
 
 
-def parse_env_capture(blob: bytes) -> dict[str, str]:
-    """Variables that ``setup_env.sh`` exported or changed (unset ones are not carried)."""
-    before, sep, after = blob.partition(ENV_SEPARATOR)
+def parse_env_capture(blob: bytes, before: Mapping[str, str]) -> dict[str, str]:
+    """Variables that ``setup_env.sh`` exported or changed (unset ones are not carried), from the step's output
+    (:func:`plan_environment`) and the environment the step was given (``before``)."""
+    _, sep, after = blob.partition(ENV_SEPARATOR)
     if not sep:
         raise BadInput("environment capture: no separator in the output (setup_env.sh did not run)")
-    b, a = _env0(before), _env0(after)
-    return {k: v for k, v in a.items() if k not in _SHELL_NOISE and b.get(k) != v}
+    # compared as the dump reads them: bytes of the environment decoded as UTF-8, undecodable bytes replaced
+    b = {k: os.fsencode(v).decode("utf-8", "replace") for k, v in before.items()}
+    return {k: v for k, v in _env0(after).items() if k not in _SHELL_NOISE and b.get(k) != v}
 
 
 def script_env(base: Mapping[str, str], captured: Mapping[str, str], *, host: str, port: int,

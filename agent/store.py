@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -32,6 +33,8 @@ from typing import Any
 
 from agent.errors import BadInput
 from contract.records import RUN_ID_RULE, ResultRow, RunProgress, RunRequest, is_run_id
+
+_LOG_NUMBER = re.compile(r"^(\d+)-")
 
 
 def check_run_id(run_id: str) -> str:
@@ -42,8 +45,11 @@ def check_run_id(run_id: str) -> str:
 
 def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
     """Write-then-rename: readers see the old file or the whole new one (``mode``: its permissions)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except FileNotFoundError:  # its folder made on the first write only (no mkdir per write)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -63,8 +69,12 @@ def append_lines(path: Path, lines: Iterable[str]) -> None:
     data = "".join(line.rstrip("\n") + "\n" for line in lines)
     if not data:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
+    try:
+        f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the with below
+    except FileNotFoundError:  # its folder made on the first write only
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a", encoding="utf-8")  # noqa: SIM115
+    with f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -93,6 +103,8 @@ class RunStore:
 
     def __init__(self, workdir: str | Path) -> None:
         self.workdir = Path(workdir)
+        self._held: list[tuple[Path, str]] = []  # event lines held back (add_event(hold=True)), in order
+        self._lock = threading.Lock()
 
     # ----- paths
     @property
@@ -212,13 +224,34 @@ class RunStore:
             append_lines(path, lines)
 
     def add_event(self, run_id: str, *, step: str, status: str, model_key: str | None = None,
-                  duration_s: float | None = None, exit_code: int | None = None, message: str = "") -> None:
+                  duration_s: float | None = None, exit_code: int | None = None, message: str = "",
+                  hold: bool = False) -> None:
+        """One line of ``events.jsonl``, appended and fsynced with the lines held before it.
+
+        ``hold``: the line (its time taken now) is held back and written with the next event or by
+        :meth:`flush_events`, in the same append: one fsync for a step's end and the next one's start.
+        """
         event = {
             "ts": time.time(), "step": step, "model_key": model_key, "status": status,
             "duration_s": None if duration_s is None else round(duration_s, 3), "exit_code": exit_code,
             "message": message,
         }
-        append_lines(self.run_dir(run_id) / "events.jsonl", [json.dumps(event, ensure_ascii=False)])
+        path = self.run_dir(run_id) / "events.jsonl"
+        with self._lock:
+            self._held.append((path, json.dumps(event, ensure_ascii=False)))
+            if not hold:
+                self._write_held()
+
+    def flush_events(self) -> None:
+        """Write the event lines held back (:meth:`add_event` with ``hold``), if any."""
+        if self._held:
+            with self._lock:
+                self._write_held()
+
+    def _write_held(self) -> None:
+        held, self._held = self._held, []
+        for path in dict.fromkeys(p for p, _ in held):
+            append_lines(path, [line for p, line in held if p == path])
 
     def set_state(self, *, current_run: str | None, last_run: str | None) -> None:
         data = {"current_run": current_run, "last_run": last_run, "updated_at": time.time()}
@@ -227,7 +260,11 @@ class RunStore:
     def next_log(self, run_id: str, step: str, model_key: str | None = None) -> Path:
         """``logs/NN-step[-key].log`` with NN one past the logs already there (earlier attempts kept)."""
         logs = self.logs_dir(run_id)
-        logs.mkdir(parents=True, exist_ok=True)
-        nums = [int(m.group(1)) for p in logs.glob("*.log") if (m := re.match(r"^(\d+)-", p.name))]
+        try:
+            names = os.listdir(logs)
+        except FileNotFoundError:
+            logs.mkdir(parents=True, exist_ok=True)
+            names = []
+        nums = [int(m.group(1)) for name in names if name.endswith(".log") and (m := _LOG_NUMBER.match(name))]
         n = max(nums, default=0) + 1
         return logs / (f"{n:02d}-{step}" + (f"-{model_key}" if model_key else "") + ".log")

@@ -7,10 +7,12 @@ also checked as a tree (:func:`tree_problem`), following the archive's own symli
 way the file system will once they are on disk: no member's path may pass through a
 symlink member, no symlink may resolve (through other symlinks) outside the release's
 top folder, and a hard link must name a regular file of the archive. These checks do not
-rely on tarfile's ``filter`` argument, which Python 3.10 before 3.10.12 lacks; the
-``data`` filter is passed as a second fence only where it exists. Extraction goes to
-a staging folder next to the destination, renamed into place only when complete; on any
-failure (disk full included) the staging folder is removed and nothing else was written.
+rely on tarfile's ``filter`` argument, which Python 3.10 before 3.10.12 lacks; where it
+exists, links pass the ``data`` filter as a second fence, and files and folders get its
+attributes (:func:`checked_filter`). The tarball is opened once: its members are read and
+checked, then extracted from the same open file. Extraction goes to a staging folder next
+to the destination, renamed into place only when complete; on any failure (disk full
+included) the staging folder is removed and nothing else was written.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.errors import AgentError, BadInput, ChecksumMismatch, UnsafeTarball
 
@@ -178,7 +181,15 @@ def check_members(tarball: Path) -> list[tarfile.TarInfo]:
     """Every member of ``tarball``, or :class:`UnsafeTarball` naming the first bad one."""
     try:
         with tarfile.open(tarball, "r:*") as tar:
-            members = tar.getmembers()  # reads to the end: a truncated file fails here
+            return _members(tar, tarball)
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        raise UnsafeTarball(f"{tarball}: not a readable tarball (truncated or corrupt): {exc}") from None
+
+
+def _members(tar: tarfile.TarFile, tarball: Path) -> list[tarfile.TarInfo]:
+    """Every member of the open ``tar``, checked (:class:`UnsafeTarball` naming the first bad one)."""
+    try:
+        members = tar.getmembers()  # reads to the end: a truncated file fails here
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         raise UnsafeTarball(f"{tarball}: not a readable tarball (truncated or corrupt): {exc}") from None
     if not members:
@@ -196,6 +207,25 @@ def check_members(tarball: Path) -> list[tarfile.TarInfo]:
 def has_data_filter() -> bool:
     """tarfile's extraction filters exist (3.12, and back-ported to 3.8.17, 3.9.17, 3.10.12, 3.11.4)."""
     return hasattr(tarfile, "data_filter")
+
+
+def checked_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    """tarfile's ``data`` filter for members the checks above have already placed.
+
+    A link goes through the ``data`` filter whole. A file or folder gets the filter's attributes
+    (permissions without high or group/other write bits, no owner taken from the archive) without
+    its two ``realpath`` walks of the destination and the member's path (~0.2 ms a member, most of
+    an unpack's CPU): what those walks would find, :func:`tree_problem` has refused already, since
+    the staging folder is new and holds only members of this archive, none of them a path through
+    a symlink member, and no member name absolute or with ``..``.
+    """
+    if member.issym() or member.islnk() or not (member.isreg() or member.isdir()):
+        return tarfile.data_filter(member, dest)
+    attrs: dict[str, Any] = {"mode": None, "uid": None, "gid": None, "uname": None, "gname": None}
+    if member.isreg():  # the data filter's rule: no high bits, no group/other write, owner rw, exec only if owner's
+        mode = member.mode & 0o755
+        attrs["mode"] = (mode if mode & 0o100 else mode & ~0o111) | 0o600
+    return member.replace(**attrs, deep=False)
 
 
 def find_top(root: Path) -> Path:
@@ -218,7 +248,20 @@ def unpack(tarball: Path, dest: Path, check: Check = _noop) -> Unpacked:
     """Extract ``tarball`` into ``dest`` (via a staging folder); reuse ``dest`` if already complete."""
     if dest.is_dir():
         return Unpacked(root=dest, top=find_top(dest), reused=True, members=0)
-    members = check_members(tarball)
+    try:
+        tar = tarfile.open(tarball, "r:*")  # noqa: SIM115 - closed by the with below (open errors named first)
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        raise UnsafeTarball(f"{tarball}: not a readable tarball (truncated or corrupt): {exc}") from None
+    with tar:  # one open file for the checks and the extraction
+        members = _members(tar, tarball)
+        top = _extract(tar, tarball, members, dest, check)
+    with contextlib.suppress(OSError):
+        _fsync_dir(dest.parent)
+    return Unpacked(root=dest, top=top, reused=False, members=len(members))
+
+
+def _extract(tar: tarfile.TarFile, tarball: Path, members: list[tarfile.TarInfo], dest: Path, check: Check) -> Path:
+    """Extract the checked ``members`` into ``dest`` via a staging folder; the top folder's path under ``dest``."""
     need = sum(m.size for m in members if m.isfile())
     dest.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(dest.parent).free
@@ -229,9 +272,8 @@ def unpack(tarball: Path, dest: Path, check: Check = _noop) -> Unpacked:
     shutil.rmtree(staging, ignore_errors=True)
     try:
         staging.mkdir()
-        with tarfile.open(tarball, "r:*") as tar:
-            kwargs = {"filter": "data"} if has_data_filter() else {}
-            tar.extractall(staging, members=_checked(members, check), **kwargs)  # type: ignore[arg-type]  # noqa: S202
+        kwargs = {"filter": checked_filter} if has_data_filter() else {}
+        tar.extractall(staging, members=_checked(members, check), **kwargs)  # type: ignore[arg-type]  # noqa: S202
         top = find_top(staging)
         os.replace(staging, dest)
     except BadInput:
@@ -245,9 +287,7 @@ def unpack(tarball: Path, dest: Path, check: Check = _noop) -> Unpacked:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    with contextlib.suppress(OSError):
-        _fsync_dir(dest.parent)
-    return Unpacked(root=dest, top=dest / top.relative_to(staging), reused=False, members=len(members))
+    return dest / top.relative_to(staging)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -103,9 +103,7 @@ class HeartbeatThread(threading.Thread):
         hb = make_heartbeat(self.settings, self.version)
         with contextlib.suppress(OSError):  # a full disk must not stop the heartbeat
             write_atomic(workdir / "heartbeat.json", hb.model_dump_json())
-        self.kv.put_heartbeat(hb)
-        if self.lease is not None:
-            self.kv.put_lease(self.settings.module, {**self.lease, "ts": hb.ts})
+        self.kv.put_heartbeat(hb, None if self.lease is None else {**self.lease, "ts": hb.ts})  # one round trip
         flush_outbox(self.kv, workdir, self.settings.replicas_to_wait(), self.settings.final_state_wait)
         return hb
 
@@ -394,7 +392,7 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
     # the run stops itself a little before Celery's soft limit would interrupt it
     deadline = time.monotonic() + settings.run_soft_time_limit - min(30.0, 0.1 * settings.run_soft_time_limit)
     token = KVCancelToken(kv, req.run_id, req.module, deadline=deadline, stop_file=stop_file(workdir))
-    sent_rows = -1
+    sent_rows = 0  # no rows to publish before the first one (a resumed run's kept rows count: published first)
 
     def on_progress(p: RunProgress) -> None:
         nonlocal sent_rows

@@ -73,6 +73,18 @@ class KV:
         # fail fast (Celery's default retries a write for ~20 s): what must arrive is re-sent by its writer
         self.backend.set(key.encode(), data, max_retries=1, interval_start=0.2, interval_step=0.5, interval_max=0.5)
 
+    def put_many(self, items: dict[str, Any]) -> None:
+        """Several values, on Redis in one round trip (a pipeline, not a transaction: each SET as :meth:`put`'s)."""
+        if isinstance(self.backend, FilesystemBackend) or not _is_redis(self.backend):
+            for key, value in items.items():
+                self.put(key, value)
+            return
+        ex = int(self.backend.expires) if self.backend.expires else None
+        pipe = self.backend.client.pipeline(transaction=False)
+        for key, value in items.items():
+            pipe.set(key, _dump(value), ex=ex)
+        pipe.execute()
+
     def get(self, key: str) -> Any:
         raw = self.backend.get(key.encode())
         if raw is None:
@@ -96,8 +108,12 @@ class KV:
             self.backend.delete(key.encode())
 
     # -- heartbeats -----------------------------------------------------------------------
-    def put_heartbeat(self, hb: Heartbeat) -> None:
-        self.put(_key("hb", hb.module), hb.model_dump(mode="json"))
+    def put_heartbeat(self, hb: Heartbeat, lease: dict[str, Any] | None = None) -> None:
+        """The heartbeat; with ``lease``, the module's name lease too (:meth:`put_lease`), in the same round trip."""
+        items: dict[str, Any] = {_key("hb", hb.module): hb.model_dump(mode="json")}
+        if lease is not None:
+            items[_key("lease", hb.module)] = lease
+        self.put_many(items)
 
     def heartbeats(self, modules: Iterable[str]) -> dict[str, Heartbeat | None]:
         names = list(modules)

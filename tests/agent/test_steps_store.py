@@ -44,12 +44,12 @@ def test_environment_plan_never_interpolates_and_capture_parses():
     plan = steps.plan_environment(top, {}, 5)
     assert plan.argv[:2] == ("bash", "-c") and "rm -rf" not in plan.argv[2]
     assert plan.argv[-1] == "/rel/x; rm -rf ~/scripts/ci/musa/setup_env.sh"  # "$1" of the snippet
-    before = b"A=1\0SHLVL=1\0_=/usr/bin/env\0PWD=/a\0KEEP=same\0"
-    after = b"A=2\0SHLVL=2\0_=/usr/bin/env2\0PWD=/b\0KEEP=same\0NEW=x=y\nz\0"
-    got = steps.parse_env_capture(before + steps.ENV_SEPARATOR + after)
+    before = {"A": "1", "SHLVL": "1", "_": "/usr/bin/python", "KEEP": "same", "RAW": "\udcff"}
+    after = b"A=2\0SHLVL=2\0_=/usr/bin/env\0PWD=/b\0KEEP=same\0RAW=\xff\0NEW=x=y\nz\0"
+    got = steps.parse_env_capture(steps.ENV_SEPARATOR + after, before)
     assert got == {"A": "2", "NEW": "x=y\nz"}
     with pytest.raises(BadInput, match="no separator"):
-        steps.parse_env_capture(before)
+        steps.parse_env_capture(after, before)
 
 
 def test_key_env_and_plans():

@@ -159,3 +159,19 @@ def test_disk_full_mid_extraction_keeps_nothing(tmp_path, tiny_fs, monkeypatch):
         unpack(tb, tiny_fs / "releases" / "x")
     assert list((tiny_fs / "releases").iterdir()) == []
     assert real(tiny_fs).used < 100_000  # the partial files went with the staging folder
+
+
+@pytest.mark.skipif(not hasattr(tarfile, "data_filter"), reason="tarfile has no extraction filters (Python < 3.10.12)")
+def test_checked_filter_gives_what_the_data_filter_gives(tmp_path):
+    """Files and folders skip the data filter's realpath walks, not its attributes: same modes, no archive owner."""
+    extra = [_info("rel/open", size=2, mode=0o777, uid=4321, gid=4321, uname="nobody", gname="nogroup"),
+             _info("rel/plain", size=2, mode=0o640, uid=4321),
+             _info("rel/d", type=tarfile.DIRTYPE, mode=0o777, uid=4321)]
+    tb = _tar(tmp_path / "r.tar.gz", extra)
+    done = unpack(tb, tmp_path / "releases" / "x")
+    ref = tmp_path / "ref"
+    with tarfile.open(tb) as tar:
+        tar.extractall(ref, filter="data")
+    for name in ("open", "plain", "d", "scripts/ci/musa/setup_env.sh"):
+        got, want = (done.top / name).stat(), (ref / TOP / name).stat()
+        assert (got.st_mode, got.st_uid, got.st_gid) == (want.st_mode, want.st_uid, want.st_gid), name
