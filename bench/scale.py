@@ -2,7 +2,7 @@
 
 One redis-server (AOF everysec, as deployed). Modules are real ``fleet-agent`` workers running the
 real release's scripts, made cheap (``simulator/cheap.py``: one profile per table, a few requests, time
-scale 0.25: a run of ~190 s of simulated waiting around ~1 s of CPU, so that N of them side by side
+scale 0.25: a run of ~190 s of simulated waiting around ~0.6 s of CPU, so that N of them side by side
 measure the fleet, not this machine's CPU). Worker start-up is not in the wall.
 Workers are started once, in batches, and kept: the run on N modules uses the first N, the others
 stay idle (they still heartbeat). For each N, one validation through the controller's seam, as
