@@ -68,7 +68,7 @@ class KV:
             # one SET with its expiry: Celery's set is MULTI, SETEX, PUBLISH, EXEC, and nobody subscribes to
             # these keys (an idle agent's beat: 2 commands instead of 8). redis-py retries a lost connection
             # once; what must arrive is re-sent by its writer.
-            self.backend.client.set(key, data, ex=int(self.backend.expires) if self.backend.expires else None)
+            self.backend.client.set(key, data, ex=self._expiry())
             return
         # fail fast (Celery's default retries a write for ~20 s): what must arrive is re-sent by its writer
         self.backend.set(key.encode(), data, max_retries=1, interval_start=0.2, interval_step=0.5, interval_max=0.5)
@@ -79,7 +79,7 @@ class KV:
             for key, value in items.items():
                 self.put(key, value)
             return
-        ex = int(self.backend.expires) if self.backend.expires else None
+        ex = self._expiry()
         pipe = self.backend.client.pipeline(transaction=False)
         for key, value in items.items():
             pipe.set(key, _dump(value), ex=ex)
@@ -137,6 +137,10 @@ class KV:
         values = self.get_many([_key("progress", run_id, m) for m in names]) if names else []
         return {m: _model(RunProgress, v) for m, v in zip(names, values, strict=True)}
 
+    def _expiry(self) -> int | None:
+        """Seconds a value written straight to Redis keeps (the backend's ``result_expires``; None: for ever)."""
+        return int(self.backend.expires) if self.backend.expires else None
+
     def put_rows(self, run_id: str, module: str, rows: Sequence[ResultRow]) -> None:
         self.put(_key("rows", run_id, module), [r.model_dump(mode="json") for r in rows])
 
@@ -153,7 +157,7 @@ class KV:
                 self.put_telemetry(p.telemetry)
             except Exception as exc:  # as in put_progress: the state matters more than its device figures
                 log.warning("cannot publish the device telemetry of %s: %s", p.run_id, exc)
-        ex = int(self.backend.expires) if self.backend.expires else None
+        ex = self._expiry()
         pipe = self.backend.client.pipeline(transaction=False)  # one connection: WAIT counts its writes
         pipe.set(_key("rows", p.run_id, p.module), _dump([r.model_dump(mode="json") for r in rows]), ex=ex)
         pipe.set(_key("progress", p.run_id, p.module), _dump(p.model_dump(mode="json", exclude={"telemetry"})), ex=ex)
