@@ -1,8 +1,8 @@
 """``fleet-agent``'s entry point: ``fleet-agent worker`` starts the worker without the CLI library.
 
 ``fleet-agent worker [--config PATH] [--loglevel LEVEL]`` is what the systemd unit runs; parsed
-here, it goes straight to :func:`agent.worker.main`, so neither the worker nor its pool child
-loads typer (1.9 MiB of RSS in each, ``bench/agent.py --how cli``). Everything else, ``worker
+here, it goes straight to :func:`agent.worker.main`, so the worker does not load typer (1.9 MiB of
+RSS, ``bench/agent.py --how cli``). Everything else, ``worker
 --help`` and any option this parser does not know included, goes to :mod:`agent.cli`, which
 answers it (or reports the error) as before.
 """

@@ -1,10 +1,8 @@
 """The C allocator of the agent's own processes (glibc): free pages handed back to the kernel, its one seam.
 
 Python frees what an import or a start-up step built, but glibc keeps the freed pages in its heaps,
-resident. ``trim`` hands them back (``malloc_trim(0)``). The worker calls it just before the pool child
-is forked (every page the worker holds then is counted again in the child's RSS: fork copies the page
-tables) and once /metrics serves (Celery's start-up after the fork frees as much again): 5 MiB of RSS
-in all (``bench/agent.py``). Elsewhere than glibc it does nothing. (Capping glibc's per-thread arenas,
+resident. ``trim`` hands them back (``malloc_trim(0)``). The worker calls it once it serves
+(``agent.worker.settle``). Elsewhere than glibc it does nothing. (Capping glibc's per-thread arenas,
 ``MALLOC_ARENA_MAX=2``, was measured too and moved nothing: the threads allocate through pymalloc.)
 """
 

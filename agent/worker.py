@@ -5,6 +5,14 @@ prefetch 1: a module never benchmarks two things at once. A run is de-duplicated
 module's own record of it: a redelivered run that already finished here is answered
 from that record and never benchmarked twice; a run delivered more often than the
 request allows (the worker died under it again and again) is failed, not retried.
+
+The worker is one process (Celery's solo pool): the run executes in its main thread, next to
+the heartbeat and /metrics threads. A run's hard time limit is the kernel's (:func:`hard_limit`):
+at the limit ``SIGALRM``, at its default action, ends the worker wherever the run hangs, and the
+agent that starts again (systemd restarts it) stops what the run left and ends the run as failed
+(:func:`recover`). A run whose process dies (the limit, the OOM killer, a signal) takes the
+worker with it; the restart recovers it the same way (re-queued to resume from its passed keys,
+or ended when its limit or its deliveries are spent).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -127,8 +136,8 @@ class HeartbeatThread(threading.Thread):
 def reap_orphans(workdir: Path) -> list[int]:
     """Kill processes of earlier runs on this work folder; returns their pids.
 
-    They carry ``MARK`` (the work folder) and live in sessions of their own (the release's servers),
-    while the worker and its pool children share one session: any marked process outside the
+    They carry ``MARK`` (the work folder) and live in sessions of their own (the release's servers,
+    the benchmark's processes), while the worker runs in its own: any marked process outside the
     worker's session is left over from a run that is no longer running (one run at a time).
     """
     import psutil
@@ -203,6 +212,37 @@ def _bump_attempts(run_dir: Path, by: int = 1) -> int:
     n = max(0, n + by)
     write_atomic(path, f"{n}\n")
     return n
+
+
+def _write_deadline(run_dir: Path, deadline: float) -> None:
+    """This delivery's hard deadline (epoch seconds), for the agent that recovers the run if the kernel's
+    alarm (:func:`hard_limit`) ended the worker at it."""
+    try:
+        write_atomic(run_dir / "deadline", f"{deadline:.3f}\n")
+    except OSError as exc:  # a full disk: the run goes on; a recovery then re-queues it, as before
+        log.warning("cannot record the hard deadline of %s: %s", run_dir.name, exc)
+
+
+def _read_deadline(run_dir: Path) -> float | None:
+    value = _read_json(run_dir / "deadline")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@contextlib.contextmanager
+def hard_limit(seconds: float) -> Any:
+    """The run's hard time limit, kept by the kernel: ``ITIMER_REAL`` delivers ``SIGALRM`` after
+    ``seconds`` of wall time, and its default action ends the process.
+
+    It needs no Python code to run: it ends a run hung in a blocking call, in a loop holding the GIL,
+    or stopped (``SIGSTOP``: the signal waits and ends the process when it is continued). The worker
+    sets ``SIGALRM``'s default action at its start (:func:`run_worker`); the run itself is meant to stop at
+    its soft limit, well before (see ``_execute``).
+    """
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def _stored_rows(workdir: Path, run_id: str) -> list[ResultRow]:
@@ -300,16 +340,6 @@ def flush_outbox(kv: KV, workdir: Path, replicas: int = 0, wait_s: float = 2.0) 
     return sent
 
 
-def _payload_ids(payload: Any, module: str) -> tuple[str | None, str | None]:
-    """Run id and module of a refused payload, when both are safe to name a backend key with."""
-    if not isinstance(payload, dict):
-        return None, None
-    run_id, mod = payload.get("run_id"), payload.get("module")
-    if not (isinstance(run_id, str) and is_run_id(run_id)) or mod != module:
-        return None, None
-    return run_id, mod
-
-
 def execute_run(app: Celery, settings: AgentSettings, payload: dict[str, Any]) -> dict[str, Any]:
     """The body of the run task (plain function, so tests can call it without a worker).
 
@@ -360,7 +390,7 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
 
     workdir = settings.workdir.expanduser()
     run_dir = workdir / "runs" / req.run_id
-    # a killed pool child's servers: the port must be free before this run. Only a run that did not end
+    # the servers of a run whose worker was killed: the port must be free before this run. Only a run that did not end
     # leaves any (state.json still names it; a run that ends stopped what it started), and the scan reads
     # every process of the machine: skipped otherwise
     if RunStore(workdir).current_run() is not None:
@@ -389,7 +419,8 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
     if attempt > req.max_attempts:
         return finish(RunState.FAILED, "dispatch",
                       f"delivered {attempt} times (agent lost during the run); giving up after {req.max_attempts}")
-    # the run stops itself a little before Celery's soft limit would interrupt it
+    _write_deadline(run_dir, time.time() + settings.run_time_limit)
+    # the run stops itself a little before its soft limit (the hard limit ends the worker: hard_limit)
     deadline = time.monotonic() + settings.run_soft_time_limit - min(30.0, 0.1 * settings.run_soft_time_limit)
     token = KVCancelToken(kv, req.run_id, req.module, deadline=deadline, stop_file=stop_file(workdir))
     sent_rows = 0  # no rows to publish before the first one (a resumed run's kept rows count: published first)
@@ -478,12 +509,19 @@ def _recover_one(app: Celery, settings: AgentSettings, store: RunStore, run_id: 
         log.warning("cannot read the cancel flag of %s: %s", run_id, exc)
         flag = None
     attempts = int(_read_json(store.run_dir(run_id) / "attempts") or 0)
+    deadline = _read_deadline(store.run_dir(run_id))
     now = time.time()
-    why = (f"the agent was stopped during step {base.step or 'start'}" if base.state == RunState.INTERRUPTED
+    clean = base.state == RunState.INTERRUPTED
+    why = (f"the agent was stopped during step {base.step or 'start'}" if clean
            else f"the agent was restarted during step {base.step or 'start'} (its earlier process died)")
-    if flag is not None or attempts >= req.max_attempts:
+    # a delivery past its hard deadline is over, whether the kernel's alarm ended the worker there
+    # (hard_limit) or the agent was down past it; a run stopped cleanly (SIGTERM) resumes whenever it is back
+    expired = not clean and deadline is not None and now >= deadline
+    if flag is not None or attempts >= req.max_attempts or expired:
         state = (RunState.CANCELLED if flag and not flag.lost else RunState.FAILED)
-        message = flag.reason if flag else f"{why}; delivered {attempts} times, giving up"
+        message = (flag.reason if flag else
+                   f"hard time limit of {settings.run_time_limit:g} s exceeded: {why}" if expired else
+                   f"{why}; delivered {attempts} times, giving up")
         final = base.model_copy(update={"state": state, "updated_at": now, "finished_at": now,
                                         "error": StepError(step=base.step or "run", message=message)})
         log.warning("run %s left by an earlier agent: %s", run_id, message)
@@ -501,43 +539,13 @@ def _recover_one(app: Celery, settings: AgentSettings, store: RunStore, run_id: 
     return True
 
 
-def on_hard_limit(app: Celery, settings: AgentSettings, payload: Any, timeout: float) -> None:
-    """The hard time limit killed the pool child: stop what the run left and end it (worker's main process)."""
-    workdir = settings.workdir.expanduser()
-    left = reap_orphans(workdir)
-    log.error("hard time limit (%g s) hit: stopped %d processes of the run", timeout, len(left))
-    run_id, module = _payload_ids(payload, settings.module)
-    if run_id is None or module is None:
-        return
-    store = RunStore(workdir)
-    base = store.progress(run_id) or RunProgress(run_id=run_id, module=module)
-    now = time.time()
-    final = base.model_copy(update={"state": RunState.FAILED, "updated_at": now, "finished_at": now,
-                                    "error": StepError(step=base.step or "run", model_key=base.model_key,
-                                                       message=f"hard time limit of {timeout:g} s exceeded")})
-    with contextlib.suppress(OSError):
-        store.write_progress(final)
-    _forget_current(workdir, run_id)
-    Publisher(KV(app), workdir, run_id, module, replicas=settings.replicas_to_wait(),
-              wait_s=settings.final_state_wait).final(final)
-
-
 def register_tasks(app: Celery, settings: AgentSettings | None) -> None:
     @app.task(name=RUN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
     def run_release(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
         if settings is None:
             raise RuntimeError("run task reached a process without agent settings")
-        return execute_run(self.app, settings, payload)
-
-    if settings is not None:
-        from celery.exceptions import TimeLimitExceeded
-        from celery.signals import task_failure
-
-        @task_failure.connect(sender=run_release, weak=False)
-        def _hard_limit(sender: Any = None, exception: BaseException | None = None, args: Any = None,
-                        **_: Any) -> None:
-            if isinstance(exception, TimeLimitExceeded) and args:
-                on_hard_limit(app, settings, args[0], settings.run_time_limit)
+        with hard_limit(settings.run_time_limit):
+            return execute_run(self.app, settings, payload)
 
     @app.task(name=NOOP_TASK, bind=True, acks_late=True)
     def noop(self: Any, sent_at: float) -> dict[str, float]:
@@ -577,22 +585,17 @@ class MetricsServing:
                 self.exporter[0].shutdown()
 
 
-def freeze_before_fork() -> None:
-    """Before the pool child is forked: what is loaded now is shared, and stays shared.
-
-    ``gc.freeze()`` moves every object to the permanent generation, so the child's collector
-    never walks (and so never writes to) the pages it shares with the worker; copy-on-write
-    then copies only what the child really changes.
-    """
+def settle() -> None:
+    """Once the worker serves: the heap pages its imports and start-up freed go back to the system
+    (glibc keeps them resident otherwise: ~3 MiB here, ``bench/agent.py``)."""
     import gc
 
     gc.collect()
-    gc.freeze()
-    malloc.trim()  # what the collection and the imports freed: not copied into the child's RSS
+    malloc.trim()
 
 
-def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "prefork") -> None:
-    """Run the module's worker until it is stopped (SIGTERM: warm shutdown)."""
+def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
+    """Run the module's worker until it is stopped (SIGTERM: warm shutdown). Call it from the main thread."""
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     workdir = settings.workdir.expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -603,7 +606,8 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
         log.warning("stopped %d processes left by an earlier agent: %s", len(left), left)
     stop_file(workdir).unlink(missing_ok=True)
     os.environ[MARK] = str(workdir)
-    import agent.pipeline  # noqa: F401 - imported once here, so the forked pool child does not pay it per run
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the hard time limit ends the process (hard_limit)
+    import agent.pipeline  # noqa: F401 - imported once here, not by the first run
     register_tasks(app, settings)
     log.info("agent %s for module %s, broker %s, queue %s", agent_version(), settings.module,
              settings.redacted_broker_url(), queue_name(settings.module))
@@ -622,15 +626,15 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
     from celery.signals import worker_ready
 
     @worker_ready.connect(weak=False)
-    def _serve_metrics(**_: Any) -> None:  # after the pool child is forked: prometheus_client in this process only
+    def _serve_metrics(**_: Any) -> None:
         served.start()
-        malloc.trim()  # what Celery's start-up after the fork freed
+        settle()
 
     try:
         worker = app.Worker(
             queues=[queue_name(settings.module)],
             concurrency=1,
-            pool=pool,
+            pool="solo",  # one process: the run in the main thread (hard_limit, recover)
             prefetch_multiplier=1,
             hostname=f"{settings.module}@{socket.gethostname()}",
             loglevel=loglevel,
@@ -640,7 +644,6 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO", pool: str = "
             optimization="fair",
             redirect_stdouts=False,
         )
-        freeze_before_fork()
         worker.start()
     finally:
         hb.stop()

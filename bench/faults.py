@@ -28,10 +28,6 @@ from tests.fleet.conftest import RedisServer, make_lab  # noqa: E402
 from tests.reliability.conftest import KEYS, Bench  # noqa: E402
 
 
-def _pool_child(b: Bench, redis: RedisServer) -> None:
-    b.pool_child("sim-01").kill()
-
-
 def _worker_restart(b: Bench, redis: RedisServer) -> None:
     b.lab.kill("sim-01")
     b.lab.start(["sim-01"])
@@ -62,7 +58,6 @@ def _agent_lost(b: Bench, redis: RedisServer) -> None:
 
 # name -> (inject, lab overrides, bound from the fault to the terminal state, s)
 FAULTS: dict[str, tuple[Callable[[Bench, RedisServer], None], dict[str, float], float]] = {
-    "pool child SIGKILL": (_pool_child, {}, 120.0),
     "worker SIGKILL + restart": (_worker_restart, {"lost_after": 60.0}, 120.0),
     "worker SIGTERM + restart": (_sigterm_restart, {}, 120.0),
     "redis-server SIGKILL + AOF restart": (_redis_kill, {}, 120.0),

@@ -10,12 +10,10 @@ every module ends idle.
 from __future__ import annotations
 
 import collections
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from agent.store import RunStore
@@ -71,12 +69,6 @@ class Bench:
         events = RunStore(self.workdir(name)).events(run_id)
         return collections.Counter(e["model_key"] for e in events if e["step"] == "benchmark"
                                    and e["status"] == status)
-
-    def pool_child(self, name: str) -> psutil.Process:
-        main = self.lab.workers[name].proc.pid
-        kids = [c for c in psutil.Process(main).children() if os.getsid(c.pid) == os.getsid(main)]
-        assert len(kids) == 1, kids
-        return kids[0]
 
     def finished(self, run_id: str, bound: float) -> RunView:
         """Sync until the run ends, riding out a broker that is briefly away (as `fleetctl watch` does)."""

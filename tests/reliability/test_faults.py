@@ -19,21 +19,6 @@ from tests.reliability.conftest import KEYS
 pytestmark = pytest.mark.slow
 
 
-def test_pool_child_sigkill_mid_benchmark(bench_factory, broker, release):
-    """The pool child dies mid-benchmark: the server it left is stopped before the run is delivered again,
-    the redelivered run finds its port free and resumes from the key that passed."""
-    b = bench_factory(broker)
-    b.lab.start()
-    run_id = b.validate(release)
-    b.on_key(run_id, "sim-01", KEYS[1])
-    b.pool_child("sim-01").kill()
-    view = b.check_run(run_id, 120)
-    p = view.progress["sim-01"]
-    assert p.state == RunState.DONE and [o.status for o in p.outcomes] == ["passed", "passed"]
-    assert p.attempt == 2
-    assert b.benchmark_starts("sim-01", run_id) == {KEYS[0]: 1, KEYS[1]: 2}
-
-
 @pytest.mark.parametrize("down_for", ["within", "after"])
 def test_worker_sigkill_and_restart(bench_factory, broker, release, down_for):
     """The whole agent is SIGKILLed and comes back (before and after offline_after, before lost_after):
@@ -146,16 +131,25 @@ def test_cancel_while_offline_then_back(bench_factory, redis_broker, release):
 
 
 def test_hard_time_limit(bench_factory, redis_broker, release):
-    """A run that ignores its soft limit (its pool child stopped) is killed at the hard limit: the worker's
-    main process stops what the run left and ends it as failed, with the reason."""
+    """A run that cannot stop itself at its soft limit (its whole worker stopped: no thread of it can act) is
+    ended at the hard limit by the kernel's alarm; the agent, started again as systemd does, stops the
+    processes the run left and ends the run as failed, with the reason."""
     b = bench_factory(redis_broker, run_soft_time_limit=8.0, run_time_limit=10.0)
     b.lab.start()
     run_id = b.validate(release)
     b.on_key(run_id, "sim-01", KEYS[0], timeout=30)
-    b.pool_child("sim-01").suspend()  # SIGSTOP: it can no longer stop itself at the soft limit
+    worker = b.lab.workers["sim-01"].proc
+    os.kill(worker.pid, signal.SIGSTOP)
+    deadline = float((b.workdir("sim-01") / "runs" / run_id / "deadline").read_text())
+    time.sleep(max(0.0, deadline - time.time()) + 1.0)
+    os.kill(worker.pid, signal.SIGCONT)  # the alarm, pending since the limit, ends it before it runs a line
+    assert worker.wait(timeout=10) == -signal.SIGALRM
+    b.lab.workers.pop("sim-01")
+    b.lab.start(["sim-01"])
     view = b.check_run(run_id, 30)
     p = view.progress["sim-01"]
-    assert p.state == RunState.FAILED and "hard time limit" in p.error.message
+    assert p.state == RunState.FAILED and "hard time limit of 10 s exceeded" in p.error.message, p.error
+    assert b.benchmark_starts("sim-01", run_id) == {KEYS[0]: 1}  # ended, not resumed
 
 
 def test_lost_after_then_late_result(bench_factory, redis_broker, release):

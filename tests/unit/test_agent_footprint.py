@@ -1,4 +1,4 @@
-"""The agent's footprint (issue 18): what its worker loads before the pool child is forked, and why.
+"""The agent's footprint (issue 18): what its worker loads, and why; one process.
 
 Each check runs in a fresh interpreter (a subprocess): ``sys.modules`` and the collector's state
 of the test process say nothing about a worker's. ``bench/agent.py`` measures the megabytes.
@@ -19,13 +19,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-BEFORE_FORK = """
+AT_START = """
 import json, sys
 from pathlib import Path
 from contract.celery_app import make_app
 from agent.settings import AgentSettings
 from agent.worker import register_tasks
-import agent.entry, agent.pipeline  # the deployed form (`fleet-agent worker`) and what the worker loads for its child
+import agent.entry, agent.pipeline  # the deployed form (`fleet-agent worker`) and what the worker loads at start
 base = Path(sys.argv[1])
 s = AgentSettings(module="m1", workdir=base / "work", data_dir=base / "fleet", broker_url="filesystem://")
 app = make_app(s, module=s.module)
@@ -36,13 +36,13 @@ print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
 """
 
 
-def test_the_worker_loads_no_redis_metrics_or_rich_before_the_pool_child_is_forked(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-c", BEFORE_FORK, str(tmp_path)], capture_output=True, text=True,
+def test_the_worker_loads_no_redis_metrics_or_rich_at_start(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", AT_START, str(tmp_path)], capture_output=True, text=True,
                          cwd=ROOT, timeout=60, check=True)
     loaded = set(json.loads(out.stdout))
     assert {"celery", "pydantic", "agent"} <= loaded  # the check saw a real worker's imports
-    # redis: ~20 MiB per process, for Redis brokers only; prometheus_client: the worker's own process only
-    # (/metrics starts once the child is forked); rich: the commands that print; typer: the other commands
+    # redis: ~20 MiB, for Redis brokers only; prometheus_client: when /metrics or a Pushgateway is configured
+    # (MetricsServing); rich: the commands that print; typer: the other commands
     assert not loaded & {"redis", "prometheus_client", "rich", "typer"}
 
 
@@ -94,47 +94,9 @@ def test_the_redis_transports_are_built_on_first_use_and_keep_their_checks() -> 
     assert out.stdout.split() == ["False", "True", "contract.safe_transport", "SentinelChannel", "True"]
 
 
-FORK = """
-import gc, os, sys
-import celery.apps.worker, agent.worker, agent.pipeline
-from agent.worker import freeze_before_fork
-
-def private_dirty_kib():
-    for line in open("/proc/self/smaps_rollup"):
-        if line.startswith("Private_Dirty:"):
-            return int(line.split()[1])
-
-if sys.argv[1] == "freeze":
-    freeze_before_fork()
-else:
-    gc.collect()
-r, w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    before = private_dirty_kib()
-    gc.collect()  # what a long run's full collection does in the pool child
-    os.write(w, str(private_dirty_kib() - before).encode())
-    os._exit(0)
-os.waitpid(pid, 0)
-print(os.read(r, 64).decode())
-"""
-
-
-def test_a_full_collection_in_the_child_copies_the_shared_pages_unless_frozen_before_the_fork() -> None:
-    if not Path("/proc/self/smaps_rollup").exists():
-        pytest.skip("needs /proc/self/smaps_rollup (Linux 4.14+) to read a process's private pages")
-    grown = {}
-    for how in ("freeze", "plain"):
-        out = subprocess.run([sys.executable, "-c", FORK, how], capture_output=True, text=True, cwd=ROOT,
-                             timeout=60, check=True)
-        grown[how] = int(out.stdout) / 1024  # MiB the child's collection made private
-    assert grown["freeze"] < 3, grown
-    assert grown["plain"] > grown["freeze"] + 5, grown  # ~16 MiB here: why the worker freezes
-
-
 TRIM = """
 import sys
-from agent.worker import freeze_before_fork
+from agent.worker import settle
 
 def rss_kib():
     for line in open("/proc/self/status"):
@@ -145,12 +107,12 @@ blocks = [bytes(2000) for _ in range(40000)]  # 80 MiB through malloc (over pyma
 kept = blocks[::10]  # one block in ten stays: the heap cannot shrink from its top
 del blocks
 before = rss_kib()
-freeze_before_fork()
+settle()
 print(before - rss_kib())
 """
 
 
-def test_the_worker_hands_freed_heap_pages_back_before_the_fork() -> None:
+def test_the_worker_hands_freed_heap_pages_back_once_it_serves() -> None:
     if not Path("/proc/self/status").exists():
         pytest.skip("needs /proc/self/status (Linux) to read a process's RSS")
     from agent import malloc
@@ -170,7 +132,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_the_worker_serves_metrics_once_its_pool_child_runs(tmp_path: Path) -> None:
+def test_the_worker_is_one_process_and_serves_metrics(tmp_path: Path) -> None:
     from controller.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
     from controller.settings import ControllerSettings
 
@@ -192,6 +154,6 @@ def test_the_worker_serves_metrics_once_its_pool_child_runs(tmp_path: Path) -> N
         import psutil
 
         worker = psutil.Process(w.proc.pid)
-        assert [p for p in worker.children() if p.cmdline() == worker.cmdline()], "no pool child"
+        assert worker.children() == [], worker.children()  # no pool child: the run executes in this process
     finally:
         stop_workers([w])
