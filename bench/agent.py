@@ -1,10 +1,12 @@
-"""Benchmark: the agent's own footprint, next to a bare Celery prefork worker in the same run.
+"""Benchmark: the agent's own footprint, next to bare Celery workers in the same run.
 
 Starts, the same way (``python -m ...`` with the same interpreter, embedded broker, a new
-session): one simulated module's agent (``python -m agent.worker``: worker, prefork pool child,
-the /metrics exporter thread) and a bare Celery worker (prefork, concurrency 1, one no-op
-task). Samples every process of each (the release's own server and benchmark scripts are the
-benchmark, not the agent) and prints, per process and in total:
+session): one simulated module's agent (``python -m agent.worker``: one process, Celery's solo
+pool, the run in its main thread, the /metrics exporter and heartbeat threads) and two bare
+Celery workers with one no-op task: prefork with concurrency 1 (the issue's anchor: worker and
+pool child) and solo (the same form as the agent). Samples every process of each (the release's
+own server and benchmark scripts are the benchmark, not the agent) and prints, per process and
+in total:
 
 * RSS and PSS (PSS shares the pages a forked pool child has in common with its parent), the
   largest seen in the phase, and where that RSS lies (``/proc/<pid>/smaps_rollup`` at that sample):
@@ -17,13 +19,13 @@ Phases: ``idle`` (heartbeats only, ``--idle`` seconds) and ``run`` (a validation
 ``--models`` on the simulated module, at ``--time-scale``).
 
 Goal (issue 18): the agent's RSS while a benchmark runs (all its processes, exporter included)
-<= 80 MiB (``--goal-mib``); the median over ``--rounds`` rounds (each: fresh agent, fresh bare worker,
+<= 80 MiB (``--goal-mib``); the median over ``--rounds`` rounds (each: fresh agent, fresh bare workers,
 side by side) is printed with its spread, and the bench exits 1 when the median misses the goal.
 
-``--agent-venv DIR`` runs both (agent and bare worker) in a virtualenv holding only what a module
+``--agent-venv DIR`` runs all three (agent and bare workers) in a virtualenv holding only what a module
 installs (``requirements-agent.lock``; made there when missing, with uv): the development venv
 also holds the controller's and the tests' packages, some of which Celery and redis-py load when
-they are present (pyyaml, greenlet, cffi, opentelemetry), for the agent and the bare worker alike.
+they are present (pyyaml, greenlet, cffi, opentelemetry), for the agent and the bare workers alike.
 
 ``--how cli`` starts the agent as its systemd unit does (``fleet-agent worker``) instead of
 ``python -m agent.worker`` (the demo's form).
@@ -54,7 +56,7 @@ BARE = """
 import sys
 from pathlib import Path
 from celery import Celery
-base = Path(sys.argv[1])
+base, pool = Path(sys.argv[1]), sys.argv[2]
 folders = {k: base / k for k in ("in", "processed", "results", "control")}
 for f in folders.values():
     f.mkdir(parents=True, exist_ok=True)
@@ -67,12 +69,13 @@ app.conf.task_serializer = app.conf.result_serializer = "json"
 @app.task(name="bare.noop")
 def noop():
     return None
-app.Worker(concurrency=1, pool="prefork", loglevel="WARNING", without_gossip=True, without_mingle=True,
+app.Worker(concurrency=1, pool=pool, loglevel="WARNING", without_gossip=True, without_mingle=True,
            without_heartbeat=True, redirect_stdouts=False).start()
 """
 
 
 FIELDS = ("rss", "pss", "anon", "file", "private_dirty")
+POOLS = ("prefork", "solo")  # the bare Celery workers: the issue's anchor, and the agent's own form
 
 
 def read_rollup(pid: int) -> dict[str, float]:
@@ -110,28 +113,28 @@ def stage(name, who):
     print(f"{name:48s} {who:15s} {rss:+7.1f} {anon:+7.1f} {rss - anon:+7.1f} {now[0]:7.1f}")
     last = now
 
-import celery.apps.worker, celery.concurrency.prefork, kombu.transport.filesystem
-stage("Celery's worker, prefork pool, embedded broker", "both (bare too)")
+import celery.apps.worker, celery.concurrency.solo, kombu.transport.filesystem
+stage("Celery's worker, solo pool, embedded broker", "bare too")
 import pydantic_core
-stage("pydantic_core", "both")
+stage("pydantic_core", "agent")
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-stage("pydantic (BaseModel, Field, validators)", "both")
+stage("pydantic (BaseModel, Field, validators)", "agent")
 import contract.records
-stage("contract.records (its models built)", "both")
+stage("contract.records (its models built)", "agent")
 import contract.celery_app, contract.kv, contract.settings
 from agent.settings import AgentSettings
 base = Path(sys.argv[1])
 settings = AgentSettings(module="m1", workdir=base / "work", data_dir=base / "fleet")
-stage("contract settings, kv, celery_app; AgentSettings", "both")
+stage("contract settings, kv, celery_app; AgentSettings", "agent")
 import agent.worker
 agent.worker.make_heartbeat(settings, "1").model_dump_json()
-stage("agent.worker, one heartbeat", "both")
+stage("agent.worker, one heartbeat", "agent")
 import agent.pipeline
-stage("agent.pipeline (imported before the fork)", "both")
+stage("agent.pipeline (imported at start)", "agent")
 import agent.metrics
-stage("agent.metrics (/metrics, after the fork)", "worker")
+stage("agent.metrics (/metrics, once it serves)", "agent")
 import asyncio, agent.probe
-stage("asyncio, agent.probe (a run's probe)", "pool child")
+stage("asyncio, agent.probe (a run's probe)", "agent, a run")
 from agent import malloc
 malloc.trim()
 stage("malloc_trim(0)", "-")
@@ -168,7 +171,7 @@ class Sampler(threading.Thread):
     def sample(self) -> None:
         for p in self.procs():
             try:
-                role = "worker" if p.pid == self.root.pid else "pool child"
+                role = "worker" if p.pid == self.root.pid else "pool child"  # the agent and bare solo: worker only
                 mem = read_rollup(p.pid)
                 t = p.cpu_times()
             except (psutil.Error, OSError, KeyError):
@@ -223,12 +226,14 @@ def one_round(args: argparse.Namespace, python: Path) -> dict[str, object]:
         how = f"{python.parent / 'fleet-agent'} worker" if args.how == "cli" else f"{python} -m agent.worker"
         agent = start_worker(name, base, settings, sim_env={"FLEET_METRICS_PORT": str(port)},
                              argv_prefix=("/bin/sh", "-c", f"exec {how}", "sh"))
-        bare = subprocess.Popen([str(python), "-c", BARE, str(base / "bare")], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        bare = {pool: subprocess.Popen([str(python), "-c", BARE, str(base / f"bare-{pool}"), pool],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       start_new_session=True) for pool in POOLS}
         try:
             wait_for_heartbeats(settings, [agent], 60)
-            time.sleep(2.0)  # the bare worker is up too (its pool child forked)
-            samplers = {"agent": Sampler(agent.proc.pid), "bare celery": Sampler(bare.pid)}
+            time.sleep(2.0)  # the bare workers are up too (the prefork one's pool child forked)
+            samplers = {"agent": Sampler(agent.proc.pid)}
+            samplers.update({f"bare {pool}": Sampler(b.pid) for pool, b in bare.items()})
             for s in samplers.values():
                 s.start()
             t0 = {k: s.phase() for k, s in samplers.items()}
@@ -242,12 +247,13 @@ def one_round(args: argparse.Namespace, python: Path) -> dict[str, object]:
                 s.stop_at.set()
         finally:
             stop_workers([agent])
-            with _suppress():
-                os.killpg(bare.pid, signal.SIGTERM)
-            with _suppress():
-                bare.wait(timeout=10)
-            with _suppress():
-                os.killpg(bare.pid, signal.SIGKILL)
+            for b in bare.values():
+                with _suppress():
+                    os.killpg(b.pid, signal.SIGTERM)
+                with _suppress():
+                    b.wait(timeout=10)
+                with _suppress():
+                    os.killpg(b.pid, signal.SIGKILL)
     per_hour: dict[tuple[str, str], float] = {}
     for who in samplers:
         idle_cpu, run_cpu = cpu_between(t0[who], t1[who]), cpu_between(t1[who], t2[who])
@@ -296,7 +302,7 @@ def main() -> int:
     print(f"{'':12s} {'phase':5s} {'process':11s} {'RSS':>16s} {'PSS':>16s} {'anon':>6s} {'file':>6s} "
           f"{'priv.dirty':>10s} {'CPU':>6s}")
     run_rss: dict[str, list[float]] = {}
-    for who in ("agent", "bare celery"):
+    for who in ("agent", *(f"bare {pool}" for pool in POOLS)):
         for phase in ("idle", "run"):
             peaks: list[dict[str, dict[str, float]]] = [r[phase][who] for r in rounds]  # type: ignore[index]
             for role in sorted({role for p in peaks for role in p}):
@@ -310,11 +316,13 @@ def main() -> int:
                   f"{'':6s} {'':6s} {'':10s} {cpu:6.1f}")
             if phase == "run":
                 run_rss[who] = totals["rss"]
-    agent, bare = statistics.median(run_rss["agent"]), statistics.median(run_rss["bare celery"])
+    agent = statistics.median(run_rss["agent"])
+    prefork, solo = (statistics.median(run_rss[f"bare {pool}"]) for pool in POOLS)
     ok = agent <= args.goal_mib
     print(f"goal: agent RSS during a run (all processes, exporter thread included) <= {args.goal_mib:g} MiB: "
-          f"{'met' if ok else 'NOT met'} ({agent:.1f} MiB; bare Celery prefork worker in the same rounds "
-          f"{bare:.1f} MiB, agent - bare {agent - bare:+.1f} MiB)")
+          f"{'met' if ok else 'NOT met'} ({agent:.1f} MiB; in the same rounds a bare Celery prefork worker "
+          f"(concurrency 1) {prefork:.1f} MiB, agent/prefork {agent / prefork:.2f}; a bare solo worker {solo:.1f} MiB, "
+          f"agent - solo {agent - solo:+.1f} MiB)")
     return 0 if ok else 1
 
 

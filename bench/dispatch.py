@@ -1,7 +1,7 @@
 """Dispatch cost and fleet scaling, measured side by side in one run.
 
 1. Dispatch latency: 200 no-op jobs through the fleet's own path (``Fleet.send`` onto a
-   module queue, consumed by a real ``fleet-agent`` worker: prefork, late acks,
+   module queue, consumed by a real ``fleet-agent`` worker: solo pool, late acks,
    prefetch 1), enqueue -> task start on the agent; next to a bare Celery round trip
    (default Celery app and worker, same broker, send -> result) in the same run.
 2. Fleet scaling: wall time of one validation (simulated release, demo time scale) on
@@ -206,7 +206,7 @@ def main() -> None:
                 redis = RedisServer(tmp / "redis")
                 redis.start()
         if not args.skip_dispatch:
-            print(f"dispatch latency, {args.jobs} no-op jobs, one worker (prefork, concurrency 1, prefetch 1)")
+            print(f"dispatch latency, {args.jobs} no-op jobs, one worker (solo pool, concurrency 1, prefetch 1)")
         for b in [] if args.skip_dispatch else brokers:
             s = settings_for(tmp / f"d-{b}", b, redis.url if redis else None)
             starts, trips = fleet_dispatch(tmp / f"d-{b}", s, args.jobs)

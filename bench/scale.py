@@ -18,8 +18,8 @@ stay idle (they still heartbeat). For each N, one validation through the control
   with the ``module_runs (module, updated_at)`` index and, on a copy of the same history, without it
 - Redis: commands/s during the run, idle commands/s per live module (heartbeats), used memory
   added by the run per module, peak used memory
-- modules: CPU of one module's run (worker + pool child + every process of the run, waited),
-  PSS of one worker (main process + pool child)
+- modules: CPU of one module's run (the worker + every process of the run, waited; the worker is one
+  process since the agent runs Celery's solo pool, two with the earlier prefork pool), PSS of one worker
 
 Exits 1 when wall(100)/wall(1) is above 1.05 (when N=1 and N=100 were both measured).
 
@@ -82,13 +82,13 @@ class Result:
     statuses_cpu_noindex: float  # the same without the module_runs index (as before it existed)
     worker_pss: float  # bytes (mean)
     load: float
-    idle_worker_cpu: float  # CPU of one idle worker (main process + pool child), s per s
-    module_cpu_parts: tuple[float, ...]  # module_cpu as: worker main process, pool child (pipeline), release processes
+    idle_worker_cpu: float  # CPU of one idle worker (its processes), s per s
+    module_cpu_parts: tuple[float, ...]  # module_cpu as: worker, its running children (a prefork pool child), waited
     timeline: dict[str, list[float]]  # milestone -> s after dispatch, one value per module that reached it
 
 
 def tree_cpu(pid: int) -> float:
-    """CPU of a worker: main process, its pool child, and every waited child of both (s)."""
+    """CPU of a worker: its process, its running children, and every waited child of them (s)."""
     total = 0.0
     try:
         main = psutil.Process(pid)
@@ -105,7 +105,8 @@ def tree_cpu(pid: int) -> float:
 
 
 def cpu_parts(pid: int) -> tuple[float, float, float]:
-    """A worker's CPU in three parts (s): its main process, its pool child (the pipeline), their waited children."""
+    """A worker's CPU in three parts (s): its process (the pipeline runs there: solo pool), its running children
+    (a prefork pool child, in the agent before it ran solo), their waited children (the release's processes)."""
     try:
         main = psutil.Process(pid)
         procs = [main, *main.children()]
@@ -319,7 +320,7 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
         raise SystemExit(f"run on {n} modules ended {view.state()}: {list(bad.items())[:5]}")
     started = [p.started_at for p in view.progress.values() if p is not None and p.started_at]
     fanout = max(started) - history.run(run_id).created_at
-    time.sleep(1.0)  # the pool children's last waits reaped
+    time.sleep(1.0)  # the workers' last waits reaped
     module_cpu = statistics.mean(tree_cpu(w.proc.pid) - cpu0[w.name] for w in workers[:n])
     parts = tuple(statistics.mean(cpu_parts(w.proc.pid)[i] - parts0[w.name][i] for w in workers[:n]) for i in range(3))
     pss = statistics.mean(worker_pss(w.proc.pid) for w in workers[:n])
@@ -595,7 +596,7 @@ def budget(results: list[Result]) -> str:
     cpu = statistics.mean(r.module_cpu for r in results)
     idle = statistics.mean(r.idle_worker_cpu for r in results)
     fit = int(0.25 * cores * one.wall / cpu)
-    lines = [f"\nbudget: one cheap run = {cpu:.2f} s of CPU (mean over every N; worker, pool child and release "
+    lines = [f"\nbudget: one cheap run = {cpu:.2f} s of CPU (mean over every N; worker and release "
              f"processes) in a {one.wall:.0f} s run; an idle worker {idle * 1e3:.2f} ms of CPU per s "
              f"({idle * 100:.3f} % of a core). On {cores} cores, N runs side by side take N x {cpu:.2f} s / "
              f"({cores} x {one.wall:.0f} s) of the machine: N <= {fit} keeps the simulated modules under 25 %."]

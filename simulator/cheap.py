@@ -10,7 +10,7 @@ precompile, server, benchmark, probe, parse, publish), but its run is made of **
   (``BENCH_REPEATS=1``) and 8 output tokens (``BENCH_OUTPUT_LEN``): a few requests, not hundreds;
 - time scale 0.25 (``M1000_SIM_TIME_SCALE``): every simulated wait (precompile, model load, each
   token) lasts 4x its module time, so a qwen3 run is ~190 s of sleeping processes around ~0.5-0.65 s of CPU
-  (``bench/scale.py``: the worker, the pool child's steps, the release's interpreters; ~3 ms per second
+  (``bench/scale.py``: the worker, its pipeline's steps, the release's interpreters; ~3 ms per second
   of run); at 1000 (the first cheap
   modules) the same CPU was the whole 1-2 s run, and N runs on 2 cores were N x that CPU, serialized;
 - device telemetry every 10 s instead of every second (``FLEET_TELEMETRY_PERIOD``, an agent setting:
