@@ -28,6 +28,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -229,7 +230,7 @@ def _read_deadline(run_dir: Path) -> float | None:
 
 
 @contextlib.contextmanager
-def hard_limit(seconds: float) -> Any:
+def hard_limit(seconds: float) -> Iterator[None]:
     """The run's hard time limit, kept by the kernel: ``ITIMER_REAL`` delivers ``SIGALRM`` after
     ``seconds`` of wall time, and its default action ends the process.
 

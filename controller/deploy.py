@@ -420,6 +420,8 @@ Type=simple
 WorkingDirectory={workdir}
 Environment={env}
 ExecStart={exec}
+# Restart: also how a run's hard time limit ends (the kernel's SIGALRM ends the agent; the agent that
+# starts again stops what the run left and ends the run as failed).
 Restart=always
 RestartSec=5
 # SIGTERM to the agent alone: it interrupts its run cleanly (the release's servers included) and the
