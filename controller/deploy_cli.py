@@ -145,6 +145,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         """Put a release into each module's release cache (verified, resumable, skipped when present)."""
         from rich.table import Table
 
+        from controller.history import HistoryError
         from controller.inventory import InventoryError
         from controller.push import PushError, file_sha256, push_release
 
@@ -157,8 +158,14 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
             if not tarball.is_file():
                 raise PushError(f"{tarball}: release tarball not found")
             digest = sha256 or file_sha256(tarball)
-            results = push_release(mods, tarball, digest, known_hosts=kh, identity=key, max_parallel=parallel)
-        except (InventoryError, _settings_error(), PushError, ValueError) as exc:
+            keep: set[str] = set()
+            if settings.history_path.expanduser().is_file():  # the releases of runs not ended stay on the modules
+                from controller.history import History
+
+                keep = History(settings.history_path).releases_in_use(settings.keep_releases)
+            results = push_release(mods, tarball, digest, known_hosts=kh, identity=key, max_parallel=parallel,
+                                   keep_newest=settings.keep_releases, keep=keep)
+        except (InventoryError, _settings_error(), PushError, ValueError, HistoryError) as exc:
             raise _fail(str(exc)) from None
         t = Table("module", "result", "bytes sent", "time", "MB/s", "remote path / error")
         for r in results.values():
@@ -166,6 +173,11 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
             t.add_row(r.module, what, str(r.bytes), f"{r.seconds:.1f} s", f"{r.mb_per_s:.0f}" if r.bytes else "",
                       r.error or r.remote_path)
         out.print(t)
+        for r in results.values():
+            if r.pruned:
+                out.print(f"{r.module}: removed {len(r.pruned)} release(s) pushed there before (kept: the "
+                          f"{settings.keep_releases} pushed last and those of runs not ended): "
+                          f"{', '.join(x[:16] for x in r.pruned)}", highlight=False)
         if any(r.error for r in results.values()):
             raise typer.Exit(1)
 

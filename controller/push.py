@@ -32,12 +32,16 @@ from controller.inventory import Module
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 
-# Runs on the module (Python >= 3.10, stdlib only). argv: mode workdir sha256 name size offset
+# Runs on the module (Python >= 3.10, stdlib only).
+# argv: mode workdir sha256 name size offset [keep_newest [kept sha256 ...]]
 RECEIVER = r"""
-import fcntl, hashlib, json, os, queue, sys, threading, time
+import fcntl, hashlib, json, os, queue, re, shutil, sys, threading, time
 mode, workdir, digest, name, size, offset = sys.argv[1:7]
 size = int(size); offset = int(offset)
-folder = os.path.join(os.path.expanduser(workdir), "incoming", digest)
+keep_newest = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+kept = set(sys.argv[8:]) | {digest}
+root = os.path.join(os.path.expanduser(workdir), "incoming")
+folder = os.path.join(root, digest)
 final = os.path.join(folder, name)
 part = os.path.join(folder, "." + name + ".part")
 def sz(p):
@@ -48,9 +52,42 @@ def sz(p):
 def done(**kw):
     kw.setdefault("path", final)
     print(json.dumps(kw)); sys.exit(0)
+def arriving(d):  # a transfer holds the lock on its partial file while it writes
+    for f in os.listdir(d):
+        if f.endswith(".part"):
+            fd = os.open(os.path.join(d, f), os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            finally:
+                os.close(fd)
+    return False
+def prune():  # the releases pushed here beyond the keep_newest last pushed, unless kept or arriving
+    if keep_newest < 1:
+        return []
+    try:
+        found = [n for n in os.listdir(root) if re.fullmatch("[0-9a-f]{64}", n)
+                 and os.path.isdir(os.path.join(root, n)) and not os.path.islink(os.path.join(root, n))]
+    except OSError:
+        return []
+    found.sort(key=lambda n: os.stat(os.path.join(root, n)).st_mtime, reverse=True)
+    gone = []
+    for n in found[keep_newest:]:
+        d = os.path.join(root, n)
+        try:
+            if n in kept or arriving(d):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        if not os.path.exists(d):
+            gone.append(n)
+    return gone
 if mode == "probe":
+    pruned = prune()
     st = os.statvfs(os.path.dirname(folder) if os.path.isdir(os.path.dirname(folder)) else os.path.expanduser("~"))
-    done(final=sz(final), part=max(sz(part), 0), free=st.f_bavail * st.f_frsize)
+    done(final=sz(final), part=max(sz(part), 0), free=st.f_bavail * st.f_frsize, pruned=pruned)
 os.makedirs(folder, mode=0o755, exist_ok=True)
 if sz(final) == size:
     done(ok=True, skipped=True, received=0)
@@ -160,6 +197,7 @@ class PushResult:
     error: str | None = None
     resumed_from: int = 0  # offset the last attempt started at
     sync_seconds: float = 0.0  # what the module waited, after the last byte, for the file to be on disk
+    pruned: tuple[str, ...] = ()  # sha256 of the releases removed from the module's incoming folder
 
     @property
     def ok(self) -> bool:
@@ -178,9 +216,12 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def receiver_argv(python: str, mode: str, workdir: str, sha256: str, name: str, size: int, offset: int) -> list[str]:
-    """The command line (as a list) that runs the receiver on a module."""
-    return [python, "-c", RECEIVER, mode, workdir, sha256, name, str(size), str(offset)]
+def receiver_argv(python: str, mode: str, workdir: str, sha256: str, name: str, size: int, offset: int,
+                  keep_newest: int = 0, keep: Iterable[str] = ()) -> list[str]:
+    """The command line (as a list) that runs the receiver on a module (``keep_newest`` > 0: its probe
+    removes the releases pushed there before, beyond the ``keep_newest`` last pushed, except ``keep``)."""
+    kept = sorted(k for k in keep if _SHA.match(k))
+    return [python, "-c", RECEIVER, mode, workdir, sha256, name, str(size), str(offset), str(keep_newest), *kept]
 
 
 def parse_answer(module: str, text: str) -> dict[str, Any]:
@@ -205,6 +246,8 @@ class PushOptions:
     alive_count: int = 3
     connect_timeout: float = 10.0
     timeout: float | None = None  # whole-transfer timeout per attempt, s
+    keep_newest: int = 0  # > 0: the probe prunes the module's pushed releases beyond this many (push_release)
+    keep: tuple[str, ...] = ()  # sha256 never pruned: the releases runs still use
 
 
 def _push_one(module: Module, tarball: Path, sha256: str, opts: PushOptions,
@@ -217,6 +260,7 @@ def _push_one(module: Module, tarball: Path, sha256: str, opts: PushOptions,
     sent = 0
     remote_path = ""
     offset = 0
+    pruned: list[str] = []
 
     def attempt() -> dict[str, Any]:
         nonlocal sent, remote_path, offset
@@ -225,11 +269,13 @@ def _push_one(module: Module, tarball: Path, sha256: str, opts: PushOptions,
         with open(os.devnull, "rb") as nothing:
             res = ssh.stream_file(target, nothing,
                                   ssh.remote_command(receiver_argv(opts.python, "probe", module.workdir, sha256,
-                                                                   name, size, 0)), timeout=60)
+                                                                   name, size, 0, opts.keep_newest, opts.keep)),
+                                  timeout=60)
         if not res.ok:
             raise ssh.RemoteCommandError(module.name, "release cache probe", res)
         probe = parse_answer(module.name, res.stdout)
         remote_path = str(probe["path"])
+        pruned.extend(str(x) for x in probe.get("pruned", ()) if str(x) not in pruned)
         if int(probe["final"]) == size:
             return {"ok": True, "skipped": True, "received": 0}
         offset = int(probe["part"]) if 0 < int(probe["part"]) < size else 0
@@ -262,9 +308,10 @@ def _push_one(module: Module, tarball: Path, sha256: str, opts: PushOptions,
             with att:
                 ans = attempt()
     except (ssh.SshError, PushError, OSError) as exc:
-        return PushResult(module.name, remote_path, False, sent, time.monotonic() - t0, str(exc), offset)
+        return PushResult(module.name, remote_path, False, sent, time.monotonic() - t0, str(exc), offset,
+                          pruned=tuple(pruned))
     return PushResult(module.name, remote_path, bool(ans.get("skipped")), sent, time.monotonic() - t0, None, offset,
-                      float(ans.get("sync_s", 0.0)))
+                      float(ans.get("sync_s", 0.0)), tuple(pruned))
 
 
 def _bytes_read(f: Any, offset: int) -> int:
@@ -278,10 +325,13 @@ def _bytes_read(f: Any, offset: int) -> int:
 def push_release(modules: Iterable[Module], tarball: Path, sha256: str, *, known_hosts: Path,
                  identity: Path | None = None, max_parallel: int = 4, python: str = "python3", retries: int = 2,
                  alive_interval: int = 5, alive_count: int = 3, connect_timeout: float = 10.0,
-                 timeout: float | None = None,
+                 timeout: float | None = None, keep_newest: int = 0, keep: Iterable[str] = (),
                  on_event: Callable[[str, str], None] | None = None) -> dict[str, PushResult]:
     """Push ``tarball`` (whose digest is ``sha256``) to every module; one result per module.
 
+    ``keep_newest`` > 0: before sending, each module removes the releases pushed there earlier beyond
+    the ``keep_newest`` pushed last, except those in ``keep`` (the releases of runs that have not ended:
+    a queued run reads its tarball when it starts) and any still arriving (``PushResult.pruned``).
     Never raises for one module's failure: see ``PushResult.error``.
     """
     tarball = Path(tarball)
@@ -291,7 +341,7 @@ def push_release(modules: Iterable[Module], tarball: Path, sha256: str, *, known
         raise PushError(f"{tarball}: release tarball not found")
     opts = PushOptions(known_hosts=Path(known_hosts), identity=identity, python=python, retries=retries,
                        alive_interval=alive_interval, alive_count=alive_count, connect_timeout=connect_timeout,
-                       timeout=timeout)
+                       timeout=timeout, keep_newest=keep_newest, keep=tuple(sorted(set(keep))))
     mods = list(modules)
     notify = on_event or (lambda _m, _e: None)
     with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(mods) or 1))) as pool:

@@ -394,8 +394,13 @@ def distribute(s: Session, modules: list[Module], tarball: Path, sha: str) -> tu
     if remote:
         from controller.push import push_release
 
-        results = push_release(remote, tarball, sha, known_hosts=s.settings.known_hosts, identity=s.settings.ssh_key)
+        keep = s.history().releases_in_use(s.settings.keep_releases)  # runs not ended read theirs when they start
+        results = push_release(remote, tarball, sha, known_hosts=s.settings.known_hosts, identity=s.settings.ssh_key,
+                               keep_newest=s.settings.keep_releases, keep=keep)
         for name, r in results.items():
+            if r.pruned:
+                log.info("%s: removed %d release(s) pushed there before: %s", name, len(r.pruned),
+                         ", ".join(x[:16] for x in r.pruned))
             if r.error:
                 errors[name] = f"push failed: {r.error}"
             else:

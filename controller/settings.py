@@ -31,8 +31,10 @@ class ControllerSettings(BrokerSettings):
                                             description="largest release a URL may deliver, bytes")
     release_download_timeout: float = Field(default=1800.0, gt=0,
                                             description="whole download of a release URL, s (30 s per read at most)")
-    keep_releases: int = Field(default=5, ge=1, description="releases kept staged under <data_dir>/releases besides "
-                                                            "those of running runs (the newest by their last run)")
+    keep_releases: int = Field(default=5, ge=1,
+                               description="releases kept staged under <data_dir>/releases (the newest by their last "
+                                           "run), and in each module's incoming folder (the last pushed there), "
+                                           "besides those of running runs")
 
     @property
     def history_path(self) -> Path:

@@ -218,6 +218,47 @@ def test_push_resumes_after_the_link_is_cut(lab: Lab, tmp_path: Path) -> None:
     assert hashlib.sha256(final.read_bytes()).hexdigest() == digest and not part.exists()
 
 
+def test_push_removes_the_releases_pushed_before_but_not_kept_or_arriving_ones(lab: Lab, tmp_path: Path) -> None:
+    """keep_newest=1: the last pushed stays, a release of a run not ended (``keep``) stays, one still
+    arriving (its partial file locked by the receiver writing it) stays, a folder not named by a
+    sha256 stays; the other pushed release goes, before the new one is sent."""
+    import fcntl
+    import pwd
+
+    h = lab.host("mod-a")
+    m = [Module(name=h.name, host=h.address, ssh_user=h.user)]
+    kw = dict(known_hosts=lab.known_hosts, identity=lab.client_key)
+    tars = [random_file(tmp_path / f"rel{i}.tar.gz", 64 << 10) for i in range(4)]
+    d = [file_sha256(t) for t in tars]
+    incoming = h.home / "m1000-fleet" / "incoming"
+    for t, digest in zip(tars[:3], d[:3], strict=True):
+        assert push_release(m, t, digest, **kw)[h.name].error is None  # type: ignore[arg-type]
+    user = pwd.getpwnam(h.user)
+    arriving, other = incoming / ("f" * 64), incoming / "notes"
+    for folder in (arriving, other):
+        folder.mkdir()
+        os.chown(folder, user.pw_uid, user.pw_gid)
+    part = arriving / ".rel.tar.gz.part"
+    part.write_bytes(b"x")
+    os.chown(part, user.pw_uid, user.pw_gid)
+    now = time.time()
+    for age, folder in ((40, incoming / d[0]), (30, incoming / d[1]), (20, arriving), (10, incoming / d[2])):
+        os.utime(folder, (now - age, now - age))
+    fd = os.open(part, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as a receiver writing it holds it
+    try:
+        r = push_release(m, tars[3], d[3], keep_newest=1, keep=[d[0]], **kw)[h.name]  # type: ignore[arg-type]
+    finally:
+        os.close(fd)
+    assert r.error is None and not r.skipped, r
+    assert d[1] in r.pruned and not {d[0], d[2], d[3], arriving.name} & set(r.pruned), r.pruned
+    assert not (incoming / d[1]).exists()
+    assert all((incoming / x).is_dir() for x in (d[0], d[2], d[3], arriving.name, other.name))
+    assert file_sha256(incoming / d[3] / tars[3].name) == d[3]
+    again = push_release(m, tars[3], d[3], **kw)[h.name]  # type: ignore[arg-type]
+    assert again.skipped and again.pruned == ()  # keep_newest 0 (the default): nothing removed
+
+
 # ------------------------------------------------------------------------------------- the lab itself
 
 

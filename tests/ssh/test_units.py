@@ -221,6 +221,13 @@ def test_receiver_takes_stdin_that_is_not_a_pipe(tmp_path: Path) -> None:
     assert (tmp_path / "w" / "incoming" / digest / "rel.tar.gz").read_bytes() == data
 
 
+def test_receiver_argv_passes_only_sha256_names_to_keep() -> None:
+    argv = push.receiver_argv("python3", "probe", "~/w", "a" * 64, "r.tar.gz", 10, 0, 3,
+                              ["b" * 64, "x; rm -rf ~", "B" * 64, "c" * 64])
+    assert argv[-5:] == ["10", "0", "3", "b" * 64, "c" * 64]  # no shell text, no upper case: sha256 names only
+    assert push.receiver_argv("python3", "probe", "~/w", "a" * 64, "r.tar.gz", 10, 0)[-3:] == ["10", "0", "0"]
+
+
 def test_push_refuses_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(push.PushError, match="not 64 lowercase hex"):
         push.push_release([], tmp_path, "abc", known_hosts=tmp_path / "kh")
