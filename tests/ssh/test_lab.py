@@ -242,6 +242,8 @@ def test_push_removes_the_releases_pushed_before_but_not_kept_or_arriving_ones(l
     part.write_bytes(b"x")
     os.chown(part, user.pw_uid, user.pw_gid)
     now = time.time()
+    for folder in incoming.iterdir():  # releases the lab's other tests pushed here: older than these
+        os.utime(folder, (now - 100, now - 100))
     for age, folder in ((40, incoming / d[0]), (30, incoming / d[1]), (20, arriving), (10, incoming / d[2])):
         os.utime(folder, (now - age, now - age))
     fd = os.open(part, os.O_RDWR)
