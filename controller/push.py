@@ -71,7 +71,12 @@ def prune():  # the releases pushed here beyond the keep_newest last pushed, unl
                  and os.path.isdir(os.path.join(root, n)) and not os.path.islink(os.path.join(root, n))]
     except OSError:
         return []
-    found.sort(key=lambda n: os.stat(os.path.join(root, n)).st_mtime, reverse=True)
+    def pushed_at(n):  # another push's probe may remove a folder meanwhile
+        try:
+            return os.stat(os.path.join(root, n)).st_mtime
+        except OSError:
+            return 0.0
+    found.sort(key=pushed_at, reverse=True)
     gone = []
     for n in found[keep_newest:]:
         d = os.path.join(root, n)
