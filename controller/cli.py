@@ -110,9 +110,13 @@ def status(ctx: typer.Context,
     view = service.sync(s, info.run_id)
     j = None
     if view.finished:  # the verdict recorded when it ended (against the baseline it was judged with), else judged now
-        j = service.recorded_judgement(service.find_run(s, info.run_id)) or service.judge(s, info.run_id)
+        info = service.find_run(s, info.run_id)  # as the sync left it
+        j = service.recorded_judgement(info)
+        if j is None:
+            j = service.judge(s, info.run_id)
+            info = service.find_run(s, info.run_id)  # with the verdict just recorded
     if output != Output.table:
-        doc = service.run_summary(service.find_run(s, info.run_id), view, judgement=j)
+        doc = service.run_summary(info, view, judgement=j)
         recs = [{"module": m, **st} for m, st in doc["module_states"].items()]
         emit(recs, ["module", "state", "step", "model_key", "keys_done", "keys_total", "rows"], output, document=doc)
     else:

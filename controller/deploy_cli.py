@@ -145,6 +145,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         """Put a release into each module's release cache (verified, resumable, skipped when present)."""
         from rich.table import Table
 
+        from controller import service
         from controller.history import HistoryError
         from controller.inventory import InventoryError
         from controller.push import PushError, file_sha256, push_release
@@ -158,11 +159,8 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
             if not tarball.is_file():
                 raise PushError(f"{tarball}: release tarball not found")
             digest = sha256 or file_sha256(tarball)
-            keep: set[str] = set()
-            if settings.history_path.expanduser().is_file():  # the releases of runs not ended stay on the modules
-                from controller.history import History
-
-                keep = History(settings.history_path).releases_in_use(settings.keep_releases)
+            with service.Session(settings) as s:  # the releases runs may still read stay on the modules
+                keep = service.releases_in_use(s)
             results = push_release(mods, tarball, digest, known_hosts=kh, identity=key, max_parallel=parallel,
                                    keep_newest=settings.keep_releases, keep=keep)
         except (InventoryError, _settings_error(), PushError, ValueError, HistoryError) as exc:

@@ -346,6 +346,13 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")
 
 
+def releases_in_use(s: Session) -> set[str]:
+    """sha256 of the releases runs may still read: those of runs not ended (a queued run reads its tarball
+    when it starts) and the ``keep_releases`` newest by their last run. Kept staged here and pushed on the
+    modules; empty before the first run."""
+    return s.read_history().releases_in_use(s.settings.keep_releases) if s.has_history() else set()
+
+
 def prune_releases(s: Session) -> list[Path]:
     """Remove the releases staged under ``<data_dir>/releases/<sha256>/`` (local transport, URL
     downloads) that no running run uses and that are not among the ``keep_releases`` newest; the
@@ -353,7 +360,7 @@ def prune_releases(s: Session) -> list[Path]:
     root = s.settings.data_dir.expanduser() / "releases"
     if not root.is_dir():
         return []
-    keep = s.history().releases_in_use(s.settings.keep_releases)
+    keep = releases_in_use(s)
     gone = [d for d in sorted(root.iterdir())
             if d.is_dir() and not d.is_symlink() and SHA256_NAME.fullmatch(d.name) and d.name not in keep]
     for d in gone:
@@ -394,9 +401,8 @@ def distribute(s: Session, modules: list[Module], tarball: Path, sha: str) -> tu
     if remote:
         from controller.push import push_release
 
-        keep = s.history().releases_in_use(s.settings.keep_releases)  # runs not ended read theirs when they start
         results = push_release(remote, tarball, sha, known_hosts=s.settings.known_hosts, identity=s.settings.ssh_key,
-                               keep_newest=s.settings.keep_releases, keep=keep)
+                               keep_newest=s.settings.keep_releases, keep=releases_in_use(s))
         for name, r in results.items():
             if r.pruned:
                 log.info("%s: removed %d release(s) pushed there before: %s", name, len(r.pruned),
