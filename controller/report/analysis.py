@@ -547,7 +547,9 @@ def _entry_counts(g: np.ndarray, dev: np.ndarray, z: np.ndarray) -> np.ndarray:
 
 def _group_medians(dev: np.ndarray, g: np.ndarray) -> pd.Series:
     runs = run_medians(dev, g)  # entries laid out group by group (see Deviations.stats)
-    return pd.Series(runs[1], index=runs[0]) if runs is not None else pd.Series(dev).groupby(g).median()
+    if runs is not None:
+        return pd.Series(runs[1], index=runs[0])
+    return pd.Series(dev).groupby(g).median() + 0.0  # a zero median is +0.0, as run_medians gives it
 
 
 def _outlier_stats(counts: np.ndarray, typ: pd.Series) -> pd.DataFrame:
@@ -1041,7 +1043,8 @@ def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expe
                  expected_keys: Iterable[str]) -> list[str]:
     notes: list[str] = []
     mk = cur["modkey"].to_numpy()
-    counts = np.bincount(mk) if len(mk) else np.zeros(0, dtype=np.int64)
+    # one count per module/key code, whether or not the last codes have rows (a module that lacks the last key)
+    counts = np.bincount(mk, minlength=len(names.modules) * names.nk)
     codes = np.flatnonzero(counts)  # module/key pairs with rows (names only for the few a note shows)
     mods, keys = list(expected_modules), list(expected_keys)
     missing: list[tuple[str, str]] = []
@@ -1050,7 +1053,7 @@ def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expe
         kc = names.keys.get_indexer(keys)
         want = (np.repeat(mc, len(kc)) * names.nk + np.tile(kc, len(mc)))
         have = (np.repeat(mc, len(kc)) >= 0) & (np.tile(kc, len(mc)) >= 0)
-        have[have] = counts[want[have]] > 0 if len(counts) else False
+        have[have] = counts[want[have]] > 0
         missing = [(mods[i // len(keys)], keys[i % len(keys)]) for i in np.flatnonzero(~have)]
     if missing:
         shown = ", ".join(f"{m}/{k}" for m, k in missing[:8])

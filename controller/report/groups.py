@@ -162,7 +162,9 @@ def run_medians(values: np.ndarray, codes: np.ndarray, max_sizes: int = 64) -> t
     rows of one (runs, length) array: no per-group Python and no hashing of the codes.
 
     None (the caller falls back to pandas) when a value is NaN, a code has several runs, or the
-    runs have more than ``max_sizes`` distinct lengths."""
+    runs have more than ``max_sizes`` distinct lengths. A zero median is +0.0: which of several equal
+    zeros (0.0, -0.0) a selection lands on depends on the sort kernel the CPU runs (numpy's SIMD
+    partition differs by instruction set), so the sign of a zero median is not a result."""
     n = len(codes)
     if not n or np.isnan(values).any():
         return None
@@ -190,4 +192,4 @@ def run_medians(values: np.ndarray, codes: np.ndarray, max_sizes: int = 64) -> t
             lo[sel] = part[:, :b].max(axis=1)
         hi[sel] = part[:, b]
     order = np.argsort(ids, kind="stable")
-    return ids[order], ((lo + hi) / 2)[order]
+    return ids[order], ((lo + hi) / 2)[order] + 0.0  # -0.0 + 0.0 == +0.0

@@ -5,15 +5,21 @@ whole summary) was saved from the analysis as it stood before ``Deviations`` / `
 a 12-module fleet with two slow modules, a key slower on one module, invalid-flagged, missing
 and zero figures, flipped answers and a module/key pair missing, against the baseline and a
 previous run of 10 modules, rows shuffled; a 40-module fleet with a module/key outlier; and one
-read back as the history gives it (categoricals) against its previous run. Floats are compared
-exactly (JSON keeps every bit of a double).
+read back as the history gives it (categoricals) against its previous run. Every text, count,
+flag and order is compared exactly; floats to 1e-12 (relative, or absolute for a change near 0:
+a few units in the last place):
+numpy's SIMD kernels (``exp``/``log``, ``partition``) differ in the last bit between instruction
+sets, so a file saved on one CPU is not bit-equal on another. On one machine, before and after a
+change, the reports are compared to the bit (``test_report_bits_stable_in_one_process``).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -58,14 +64,36 @@ def _report(name: str, reference: pd.DataFrame) -> str:
     return analyse(as_read(cur), previous=as_read(prev)).to_json()
 
 
+def _same(got: Any, want: Any, where: str = "") -> None:
+    """Equal, floats to 1e-12 relative (see the module's docstring); the first difference named."""
+    if isinstance(want, float) and isinstance(got, float):
+        assert math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-12), f"{where}: {got!r} != {want!r}"
+    elif isinstance(want, dict) and isinstance(got, dict):
+        assert list(got) == list(want), f"{where}: keys {list(got)} != {list(want)}"
+        for k in want:
+            _same(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list) and isinstance(got, list):
+        assert len(got) == len(want), f"{where}: {len(got)} items != {len(want)}"
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            _same(a, b, f"{where}[{i}]")
+    else:
+        assert got == want and type(got) is type(want), f"{where}: {got!r} != {want!r}"
+
+
 @pytest.mark.parametrize("name", ["odd-both", "keyout-base", "40-prev-read"])
 def test_report_identical_to_saved(reference: pd.DataFrame, name: str) -> None:
     saved = json.loads(gzip.decompress((SAVED / f"{name}.json.gz").read_bytes()))
     got = json.loads(_report(name, reference))
     assert got["verdict_line"] == saved["verdict_line"]
     for part in ("regressions", "outliers", "changes", "notes", "summary"):
-        assert got[part] == saved[part], part
-    assert got == saved
+        _same(got[part], saved[part], part)
+    _same(got, saved)
+
+
+@pytest.mark.parametrize("name", ["odd-both", "40-prev-read"])
+def test_report_bits_stable_in_one_process(reference: pd.DataFrame, name: str) -> None:
+    """The same inputs give the same report to the bit, however often it is made (no hidden state)."""
+    assert _report(name, reference) == _report(name, reference)
 
 
 def test_fleet_middles_stand_in_when_no_row_is_left_out(reference: pd.DataFrame) -> None:

@@ -1,0 +1,117 @@
+"""Fleets where modules have arbitrary subsets of keys and profiles (issue 25, item 2).
+
+One module failing one key (a bad server flag in its inventory ``env``) while another has it is an
+everyday run, and ``completeness`` crashed on it (``IndexError``: a ``bincount`` without
+``minlength`` when the module lacking rows held the last module/key code). Property-based: any
+subset of (module, key, profile) rows, empty modules, one module, no rows at all; with and without
+a baseline and a previous run that has subsets of its own. The report is made, rendered in every
+format, and names every module/key pair that has no rows.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controller.history import History
+from controller.report import analyse, build_report
+from controller.report.synth import fleet
+from tests.report.conftest import frame_to_rows
+
+MODULES = [f"m{i:02d}" for i in range(5)]
+
+
+def _keep(df: pd.DataFrame, mask: list[bool]) -> pd.DataFrame:
+    return df[pd.Series(mask, index=df.index)].reset_index(drop=True)
+
+
+@st.composite
+def subsets(draw: st.DrawFn, reference: pd.DataFrame) -> tuple[pd.DataFrame, list[str], list[str], pd.DataFrame | None,
+                                                             bool]:
+    """(rows of the run, expected modules, expected keys, rows of a previous run or None, with baseline)."""
+    n = draw(st.integers(1, len(MODULES)))
+    modules = MODULES[:n]
+    keys = sorted(set(reference["model_key"]))
+    expected_keys = draw(st.lists(st.sampled_from(keys), min_size=1, max_size=len(keys), unique=True))
+    cur = fleet(reference, modules=modules, seed=draw(st.integers(0, 3)), run_id="b")
+    cur = cur[cur["model_key"].isin(expected_keys)].reset_index(drop=True)
+    # per (module, key): all its rows, none, or an arbitrary part of its profiles
+    pairs = sorted(set(zip(cur["module"], cur["model_key"], strict=True)))
+    choice = draw(st.lists(st.sampled_from(["all", "none", "some"]), min_size=len(pairs), max_size=len(pairs)))
+    keep_pair = dict(zip(pairs, choice, strict=True))
+    bits = draw(st.lists(st.booleans(), min_size=len(cur), max_size=len(cur)))
+    mask = [keep_pair[(m, k)] == "all" or (keep_pair[(m, k)] == "some" and b)
+            for m, k, b in zip(cur["module"], cur["model_key"], bits, strict=True)]
+    cur = _keep(cur, mask)
+    prev = None
+    if draw(st.booleans()):
+        prev = fleet(reference, modules=modules, seed=7, run_id="a")
+        prev = _keep(prev, draw(st.lists(st.booleans(), min_size=len(prev), max_size=len(prev))))
+    return cur, modules, expected_keys, prev, draw(st.booleans())
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_subset_of_keys_and_profiles_gives_a_report(reference: pd.DataFrame, data: st.DataObject) -> None:
+    cur, modules, keys, prev, with_baseline = data.draw(subsets(reference))
+    rep = analyse(cur, run_id="b", release="1.4.2", baseline=reference if with_baseline else None,
+                  previous=prev, expected_modules=modules, expected_keys=keys)
+    assert rep.verdict_line.split()[0] in ("PASS", "REGRESSED", "INCOMPLETE", "FAILED", "CANCELLED")
+    have = set(zip(cur["module"], cur["model_key"], strict=True))
+    missing = [(m, k) for m in modules for k in keys if (m, k) not in have]
+    if missing:
+        assert rep.verdict != "pass"
+        note = next(n for n in rep.notes if n.startswith("no results for"))
+        assert note.startswith(f"no results for {len(missing)} module/key pair(s): ")
+        for m, k in missing[:8]:
+            assert f"{m}/{k}" in note
+    else:
+        assert not any(n.startswith("no results for") for n in rep.notes)
+    doc = json.loads(rep.to_json())
+    assert doc["verdict"] == rep.verdict
+    assert rep.to_markdown().startswith("# Fleet report")
+    assert "<html" in rep.to_html()
+
+
+def test_one_module_failing_the_last_key_is_named_not_a_crash(reference: pd.DataFrame) -> None:
+    """The case found by hand: the last module lacks the last key (its code is the highest of all)."""
+    keys = sorted(set(reference["model_key"]))
+    cur = fleet(reference, modules=4, seed=1, run_id="b")
+    cur = cur[~((cur["module"] == "m03") & (cur["model_key"] == keys[-1]))].reset_index(drop=True)
+    rep = analyse(cur, baseline=reference, expected_modules=[f"m{i:02d}" for i in range(4)], expected_keys=keys)
+    assert rep.verdict == "incomplete"
+    assert f"no results for 1 module/key pair(s): m03/{keys[-1]}" in rep.notes
+
+
+def test_no_rows_at_all_and_empty_modules(reference: pd.DataFrame) -> None:
+    empty = fleet(reference, modules=2, seed=1).iloc[0:0]
+    rep = analyse(empty, baseline=reference, expected_modules=["m00", "m01"], expected_keys=["qwen3"])
+    assert rep.verdict == "failed"  # nothing measured anywhere
+    assert any(n.startswith("no results for 2 module/key pair(s)") for n in rep.notes)
+    one = fleet(reference, modules=1, seed=1)
+    rep = analyse(one, baseline=reference, expected_modules=["m00", "m01", "m02"],
+                  expected_keys=sorted(set(reference["model_key"])))
+    assert rep.verdict == "incomplete" and any("m01/" in n and "m02/" in n for n in rep.notes)
+
+
+@pytest.mark.parametrize("failed_key", ["qwen3", "qwen3vl"])
+def test_report_from_history_when_one_module_misses_a_key(reference: pd.DataFrame, tmp_path, failed_key: str) -> None:
+    """Through the run history, as ``fleetctl validate``, ``status`` and ``report`` read it."""
+    keys = sorted(set(reference["model_key"]))
+    h = History(tmp_path / "history.sqlite")
+    try:
+        h.create_run("r1", release="1.4.2", models=keys, modules=["m00", "m01", "m02"])
+        df = fleet(reference, modules=3, seed=2, run_id="r1")
+        df = df[~((df["module"] == "m02") & (df["model_key"] == failed_key))]
+        h.upsert_rows(frame_to_rows(df))
+        h.set_run_state("r1", "failed")
+        rep = build_report(h, "r1")
+        assert rep.verdict != "pass"
+        assert any(f"m02/{failed_key}" in n for n in rep.notes)
+    finally:
+        h.close()
