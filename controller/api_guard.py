@@ -12,17 +12,26 @@ server read, keep and wait for.
   the connection is closed. uvicorn's own ``timeout_keep_alive`` closes idle keep-alive
   connections, but is disarmed by any byte: a slowloris client sending one header byte every few
   seconds was held forever.
+- :func:`log_config`: uvicorn's logging with every line clipped (:class:`ClippedFormatter`): a
+  traceback quoting a user's value (``File name too long: '<10 MB>'``) logs its first and last
+  characters only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import h11
+from uvicorn.config import LOGGING_CONFIG
+from uvicorn.logging import DefaultFormatter
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from controller.release_url import clip
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -31,6 +40,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 UNAUTHORIZED = "missing or wrong bearer token"
+MAX_LOG_LINE = 400  # characters of one line of the server's log, at most
 
 
 def too_large(limit: int) -> str:
@@ -159,3 +169,17 @@ def protocol_class(header_timeout: float, body_timeout: float) -> type[DeadlineH
     """A :class:`DeadlineH11Protocol` with these deadlines (uvicorn takes a class, and makes one per connection)."""
     return type("GuardedH11Protocol", (DeadlineH11Protocol,),
                 {"header_timeout": header_timeout, "body_timeout": body_timeout})
+
+
+class ClippedFormatter(DefaultFormatter):
+    """uvicorn's formatter, each line of a record (its traceback's too) clipped to :data:`MAX_LOG_LINE`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(clip(line, MAX_LOG_LINE) for line in super().format(record).splitlines())
+
+
+def log_config() -> dict[str, Any]:
+    """uvicorn's logging configuration, its lines clipped."""
+    cfg = copy.deepcopy(LOGGING_CONFIG)
+    cfg["formatters"]["default"]["()"] = f"{__name__}.ClippedFormatter"
+    return cfg

@@ -109,7 +109,7 @@ def check_release_url(url: str) -> ReleaseUrl:
         raise ReleaseUrlError("release URL: contains spaces or control characters")
     p = urlsplit(url)
     if p.scheme not in ("http", "https"):
-        raise ReleaseUrlError(f"release URL: scheme {p.scheme!r} is not supported (http or https)")
+        raise ReleaseUrlError(f"release URL: scheme {clip(p.scheme, 40)!r} is not supported (http or https)")
     if p.username is not None or p.password is not None or "@" in p.netloc:
         raise ReleaseUrlError("release URL: credentials in the URL are refused (user:password@); serve the release "
                               "without them or put a token in the query string")
@@ -252,12 +252,12 @@ def guarded_connect(policy: UrlPolicy) -> Any:
     address the name resolves to checked first, the connection made to a checked address, the
     address reached checked again."""
     def create_connection(address: tuple[str, int], timeout: Any = socket._GLOBAL_DEFAULT_TIMEOUT,  # type: ignore[attr-defined]
-                          source_address: Any = None, **_: Any) -> socket.socket:
+                          source_address: Any = None, **_kw: Any) -> socket.socket:
         host, port = address
         addrs = _resolve(host, port)
         if not addrs:
             raise Refused(f"{host} resolves to no address")
-        for _, a in addrs:
+        for _family, a in addrs:
             why = refusal(host, a, port, policy)
             if why:
                 raise Refused(why)

@@ -161,12 +161,12 @@ def start_api(s: Session, timeout: float = 15.0) -> ApiServer | None:
     import uvicorn
 
     from controller.api import Tokens, create_app
-    from controller.api_guard import protocol_class
+    from controller.api_guard import log_config, protocol_class
 
     app = create_app(settings, Tokens.load(settings.api_tokens_file))
     # h11 (headers of 16 KiB at most), with read deadlines: a slow or idle client is closed, never held
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning",
-                            access_log=False, lifespan="on",
+                            access_log=False, lifespan="on", log_config=log_config(),
                             http=protocol_class(settings.api_header_timeout, settings.api_body_timeout),
                             timeout_keep_alive=max(1, math.ceil(settings.api_keepalive_timeout)))
     server = uvicorn.Server(config)

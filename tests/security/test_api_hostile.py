@@ -26,7 +26,7 @@ from tests.cli.conftest import INV, TARBALL, closed_port
 from tests.fleet.conftest import RedisServer
 from tests.security.conftest import need_redis
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 HEADER_TIMEOUT = 2.0  # the served API's header and body read timeouts (short for the test)
 
