@@ -2,10 +2,13 @@
 
 Every route is a thin shell over :mod:`controller.service`, like the CLI verbs. Every route
 under ``/api/v1`` but the schema needs ``Authorization: Bearer <token>`` with a token from the
-tokens file (compared in constant time; tokens are never logged). Errors are
-``{"detail": "<one line>"}`` with 400 (bad input), 401 (no or wrong token), 404 (no such run or
-module), 409 (run id already used), 422 (a release URL that is bad, unreachable or too big, or a
-sha256 mismatch), 503 (broker unreachable).
+tokens file (compared in constant time; tokens are never logged), checked before the body is
+read; bodies are bounded (``api_max_body_bytes``) and so is every field (:mod:`controller.api_guard`).
+Errors are ``{"detail": "<one line>"}`` with 400 (bad input), 401 (no or wrong token), 404 (no
+such run or module), 409 (run id already used), 413 (body too large), 422 (a field out of bounds
+or of the wrong type, named; a release URL that is bad, unreachable or too big, or a sha256
+mismatch), 503 (broker unreachable). A user's value is never said back or logged beyond ~200
+characters.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from contract.records import UnknownModelKey, parse_model_keys
 from contract.settings import SettingsError
@@ -31,6 +36,7 @@ from controller import service
 from controller.fleet import BrokerUnavailable, FleetError
 from controller.history import HistoryError
 from controller.inventory import InventoryError
+from controller.release_url import MAX_SHOWN, clip
 from controller.service import Judgement, Session
 from controller.settings import ControllerSettings
 
@@ -38,6 +44,12 @@ log = logging.getLogger("fleet.api")
 
 PREFIX = "/api/v1"
 MIN_TOKEN_LENGTH = 16
+# field bounds: a release is a path (PATH_MAX) or a URL (a signed one is a few KiB); a run id is 1-128 characters
+MAX_RELEASE = 4096
+MAX_SELECTOR = 1024
+MAX_NAME = 128
+MAX_MODELS = 64
+MAX_DETAIL = 500  # characters of an error's one line, at most
 
 
 # --------------------------------------------------------------------------- tokens
@@ -88,16 +100,22 @@ class Problem(_Model):
     detail: str
 
 
+ModelKey = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME)]
+
+
 class RunCreate(_Model):
-    release: str = Field(..., min_length=1, description="the release tarball: a path as the controller sees it, or "
-                                                         "an http/https URL the controller downloads (no "
-                                                         "credentials in it)")
+    release: str = Field(..., min_length=1, max_length=MAX_RELEASE,
+                         description="the release tarball: a path as the controller sees it, or an http/https URL "
+                                     "the controller downloads (no credentials in it)")
     sha256: str | None = Field(None, pattern="^[0-9a-fA-F]{64}$",
                                description="sha256 the release must have (checked before dispatch)")
-    models: list[str] | str = Field("all", description="model keys, or 'all'")
-    devices: str = Field("all", min_length=1, description="'all', module names, label=value; comma separated")
-    baseline: str | None = Field(None, description="baseline: release, release@vN or a run id")
-    run_id: str | None = Field(None, description="run id (default: generated)")
+    models: list[ModelKey] | Annotated[str, StringConstraints(min_length=1, max_length=MAX_SELECTOR)] = Field(
+        "all", max_length=MAX_MODELS, description="model keys, or 'all'")
+    devices: str = Field("all", min_length=1, max_length=MAX_SELECTOR,
+                         description="'all', module names, label=value; comma separated")
+    baseline: str | None = Field(None, min_length=1, max_length=MAX_NAME,
+                                 description="baseline: release, release@vN or a run id")
+    run_id: str | None = Field(None, min_length=1, max_length=MAX_NAME, description="run id (default: generated)")
     resume: bool = Field(False, description="run_id names an existing run: resume it")
 
 
@@ -156,6 +174,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": Problem, "description": "bad input"},
     401: {"model": Problem, "description": "no token, or a wrong one"},
     404: {"model": Problem, "description": "no such run"},
+    413: {"model": Problem, "description": "request body larger than api_max_body_bytes"},
+    422: {"model": Problem, "description": "a field out of bounds or of the wrong type (the field named)"},
     503: {"model": Problem, "description": "broker unreachable"},
 }
 
@@ -175,6 +195,36 @@ def _status(exc: BaseException) -> int:
 
 
 USER_ERRORS = (service.ServiceError, FleetError, InventoryError, UnknownModelKey, HistoryError, ValueError)
+RunId = Annotated[str, PathParam(min_length=1, max_length=MAX_NAME)]
+
+
+def one_line(text: str, values: tuple[str, ...] = ()) -> str:
+    """The first line of ``text`` with each long user value in it clipped, the line clipped too."""
+    lines = text.strip().splitlines()
+    line = lines[0] if lines else ""
+    for v in sorted((v for v in values if len(v) > MAX_SHOWN), key=len, reverse=True):
+        line = line.replace(v, clip(v))
+    return clip(line, MAX_DETAIL)
+
+
+def validation_line(exc: RequestValidationError) -> str:
+    """A request that does not fit the schema, in one line naming the field (never its value)."""
+    errs = exc.errors()
+    if not errs:
+        return "request does not fit the schema"
+    e = errs[0]
+    loc = [str(p) for p in e.get("loc", ()) if not (isinstance(p, str) and ("[" in p or "-" in p))]
+    if loc and loc[0] in ("body", "query", "path", "header"):
+        where = loc[0]
+        loc = loc[1:]
+    else:
+        where = "body"
+    name = ".".join(loc) or where
+    return clip(f"{name}: {e.get('msg', 'invalid')}", MAX_DETAIL)
+
+
+def _protected(path: str) -> bool:
+    return (path == PREFIX or path.startswith(PREFIX + "/")) and path != f"{PREFIX}/openapi.json"
 
 
 # --------------------------------------------------------------------------- the app
@@ -204,21 +254,31 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
                   docs_url=None, redoc_url=None,
                   description="Validate SGLang-MUSA releases on a fleet of M1000 modules (for CI systems).")
     bearer = HTTPBearer(auto_error=False, description="a token from the controller's API tokens file")
+    from controller.api_guard import Guard
+
+    # the token and the body's size, checked before the body is read (the dependency below stays, for the schema)
+    app.add_middleware(Guard, check_token=tokens.check, protected=_protected,  # type: ignore[arg-type]
+                       max_body=settings.api_max_body_bytes)
 
     def authorized(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         if creds is None or creds.scheme.lower() != "bearer" or not tokens.check(creds.credentials):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
-    def errors(fn: Callable[[], Any]) -> Any:
+    def errors(fn: Callable[[], Any], *values: str | None) -> Any:
         try:
             return fn()
         except USER_ERRORS as exc:
-            text = str(exc).strip().splitlines()
-            raise HTTPException(_status(exc), text[0] if text else type(exc).__name__) from None
+            line = one_line(str(exc), tuple(v for v in values if v))
+            raise HTTPException(_status(exc), line or type(exc).__name__) from None
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse({"detail": clip(str(exc.detail), MAX_DETAIL)}, status_code=exc.status_code,
+                            headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": validation_line(exc)}, status_code=422)
 
     deps = [Depends(authorized)]
 
@@ -228,7 +288,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
 
     @app.post(f"{PREFIX}/runs", status_code=201, response_model=RunCreated, dependencies=deps,
               responses={**ERRORS, 409: {"model": Problem, "description": "run id already used"},
-                         422: {"model": Problem, "description": "release URL unusable, or sha256 mismatch"}})
+                         422: {"model": Problem, "description": "release URL unusable, sha256 mismatch, or a "
+                                                              "field out of bounds (named)"}})
     def create_run(body: RunCreate) -> RunCreated:
         """Validate a release: checks, release made available on each module, dispatch; returns at once."""
         def launch() -> service.Launched:
@@ -237,7 +298,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
                                           resume=body.resume)
             return service.validate(session(), req)
 
-        got: service.Launched = errors(launch)
+        models = body.models if isinstance(body.models, str) else ",".join(body.models)
+        got: service.Launched = errors(launch, body.release, body.devices, body.baseline, body.run_id, models)
         log.info("run %s dispatched over HTTP: %d/%d modules queued", got.run_id, got.queued, len(got.modules))
         return RunCreated(run_id=got.run_id, release=got.release, sha256=got.sha256, models=list(got.models),
                           modules=dict(got.modules), queued=got.queued, resumed=got.resumed)
@@ -248,18 +310,19 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
         return [Run(**service.run_summary(r)) for r in errors(lambda: service.runs(session(), limit))]
 
     @app.get(f"{PREFIX}/runs/{{run_id}}", response_model=Run, dependencies=deps, responses=ERRORS)
-    def get_run(run_id: str) -> Run:
+    def get_run(run_id: RunId) -> Run:
         """One run with the state of each module; live (the broker's newest progress) while it runs."""
-        d = errors(lambda: service.describe_run(session(), run_id))
+        d = errors(lambda: service.describe_run(session(), run_id), run_id)
         return Run(**service.run_summary(d.info, d.view, rows=d.rows))
 
     @app.get(f"{PREFIX}/runs/{{run_id}}/report", dependencies=deps,
              responses={**ERRORS, 200: {"description": "the report", "content": {
                  "application/json": {}, "text/markdown": {}, "text/html": {}, "text/csv": {}}}})
-    def get_report(run_id: str, format: ReportFormat = ReportFormat.json,  # noqa: A002 - the query's name
-                   baseline: str | None = None, tolerance: float = Query(0.05, gt=0, lt=1)) -> Response:
+    def get_report(run_id: RunId, format: ReportFormat = ReportFormat.json,  # noqa: A002 - the query's name
+                   baseline: str | None = Query(None, min_length=1, max_length=MAX_NAME),
+                   tolerance: float = Query(0.05, gt=0, lt=1)) -> Response:
         """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows)."""
-        rep = errors(lambda: service.report(session(), run_id, baseline, tolerance=tolerance))
+        rep = errors(lambda: service.report(session(), run_id, baseline, tolerance=tolerance), run_id, baseline)
         if format is ReportFormat.json:
             return Response(rep.to_json(), media_type="application/json")
         if format is ReportFormat.md:
@@ -272,15 +335,17 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
 
     @app.post(f"{PREFIX}/runs/{{run_id}}/cancel", status_code=202, response_model=Cancelled, dependencies=deps,
               responses=ERRORS)
-    def cancel_run(run_id: str, devices: str | None = Query(None, min_length=1)) -> Cancelled:
+    def cancel_run(run_id: RunId, devices: str | None = Query(None, min_length=1, max_length=MAX_SELECTOR)) \
+            -> Cancelled:
         """Durable cancel of the run (or of the modules ``devices`` selects)."""
-        rid, names = errors(lambda: service.cancel(session(), run_id, devices))
+        rid, names = errors(lambda: service.cancel(session(), run_id, devices), run_id, devices)
         return Cancelled(run_id=rid, modules=names)
 
     @app.get(f"{PREFIX}/devices", response_model=list[Device], dependencies=deps, responses=ERRORS)
-    def list_devices(devices: str = Query("all", min_length=1)) -> list[Device]:
+    def list_devices(devices: str = Query("all", min_length=1, max_length=MAX_SELECTOR)) -> list[Device]:
         """Modules of the inventory and their state (idle, busy, offline, bad) from their heartbeats."""
-        return [Device(**service.device_dict(d)) for d in errors(lambda: service.devices(session(), devices))]
+        return [Device(**service.device_dict(d))
+                for d in errors(lambda: service.devices(session(), devices), devices)]
 
     return app
 

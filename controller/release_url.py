@@ -8,7 +8,16 @@ whole transfer), checks the optional sha256, and renames it to
 ``<data_dir>/releases/<sha256>/<name>`` (the folder modules of the local transport read from:
 staging it there again is a no-op). Whatever fails, nothing half-downloaded is left. What is
 logged and said about a URL is :func:`safe_url` (scheme, host, port, path: no query string,
-which may carry a signed token).
+which may carry a signed token; at most ~200 characters).
+
+Where a URL may lead is a :class:`UrlPolicy` (pure data, :func:`refusal` decides): never to a
+link-local or cloud metadata address, nor to the broker's or the controller's own ports; not to
+loopback or the controller's own addresses unless ``release_url_hosts`` lists them; only to the
+listed hosts when the list is set. Every address a host name resolves to is checked, the
+connection is made to a checked address, and the address it reached is checked again (a name
+that resolves elsewhere the second time, DNS rebinding, gains nothing). Refused, closed,
+unreachable and not-an-HTTP-server all read the same (:data:`NOT_SERVED`): the answer is no
+port scanner; the reason is logged for the operator.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import ipaddress
 import logging
 import os
 import re
@@ -24,18 +34,29 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from contract.records import release_version_of
+
+if TYPE_CHECKING:
+    from controller.settings import ControllerSettings
 
 log = logging.getLogger("fleet.release_url")
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
 CHUNK = 1024 * 1024
 MAX_REDIRECTS = 5
+MAX_SHOWN = 200  # characters of a URL said back or logged, at most
+NOT_SERVED = "no release server there (refused, unreachable, or not allowed by release_url_hosts)"
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+# cloud instance metadata services outside the link-local ranges (AWS IPv6, Alibaba, Oracle's v4 is link-local)
+METADATA = frozenset(ipaddress.ip_address(a) for a in ("fd00:ec2::254", "100.100.100.200"))
 
 
 class ReleaseUrlError(ValueError):
@@ -57,14 +78,22 @@ def is_url(release: str) -> bool:
     return re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", release) is not None
 
 
+def clip(text: str, limit: int = MAX_SHOWN) -> str:
+    """``text``, or its start and end around an ellipsis and its length when longer than ``limit``."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 30, 20) // 2
+    return f"{text[:keep]}…{text[-keep:]} ({len(text)} characters)"
+
+
 def safe_url(url: str) -> str:
-    """The URL without credentials, query or fragment: what may be logged or said back."""
+    """The URL without credentials, query or fragment, clipped: what may be logged or said back."""
     p = urlsplit(url)
     host = p.hostname or ""
     if ":" in host:
         host = f"[{host}]"
     port = f":{p.port}" if _port(p) else ""
-    return f"{p.scheme}://{host}{port}{p.path}"
+    return clip(f"{p.scheme}://{host}{port}{p.path}")
 
 
 def _port(p: Any) -> int | None:
@@ -80,7 +109,7 @@ def check_release_url(url: str) -> ReleaseUrl:
         raise ReleaseUrlError("release URL: contains spaces or control characters")
     p = urlsplit(url)
     if p.scheme not in ("http", "https"):
-        raise ReleaseUrlError(f"release URL: scheme {p.scheme!r} is not supported (http or https)")
+        raise ReleaseUrlError(f"release URL: scheme {clip(p.scheme, 40)!r} is not supported (http or https)")
     if p.username is not None or p.password is not None or "@" in p.netloc:
         raise ReleaseUrlError("release URL: credentials in the URL are refused (user:password@); serve the release "
                               "without them or put a token in the query string")
@@ -106,6 +135,187 @@ def check_sha256(value: str | None) -> str | None:
     return v
 
 
+# --------------------------------------------------------------------------- where a URL may lead
+@dataclass(frozen=True)
+class UrlPolicy:
+    """Where release downloads may connect (pure data).
+
+    ``allow``: host names (lower case) and ``networks`` of ``release_url_hosts`` (empty: any host but
+    loopback and ``own``); ``local_ports``: ports of services on this machine (the API, /metrics, a
+    broker on loopback or on this host), refused on loopback and ``own``; ``endpoints``: a broker
+    elsewhere, ``(address, port)``; ``own``: this machine's addresses."""
+
+    allow: frozenset[str] = frozenset()
+    networks: tuple[IPNetwork, ...] = ()
+    local_ports: frozenset[int] = frozenset()
+    endpoints: frozenset[tuple[IPAddress, int]] = frozenset()
+    own: frozenset[IPAddress] = field(default_factory=frozenset)
+
+    @property
+    def restricted(self) -> bool:
+        return bool(self.allow or self.networks)
+
+
+def parse_allow_list(entries: Iterable[str]) -> tuple[frozenset[str], tuple[IPNetwork, ...]]:
+    """``release_url_hosts`` as (host names, networks): an address or a network (``10.0.0.0/8``) is a network."""
+    names: set[str] = set()
+    nets: list[IPNetwork] = []
+    for e in entries:
+        e = e.strip().strip("[]")
+        try:
+            nets.append(ipaddress.ip_network(e, strict=False))
+        except ValueError:
+            names.add(e.lower().rstrip("."))
+    return frozenset(names), tuple(nets)
+
+
+def _plain(addr: IPAddress) -> IPAddress:
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def refusal(host: str, addr: IPAddress, port: int, policy: UrlPolicy) -> str | None:
+    """Why a download from ``host`` (as the URL names it) may not connect to ``addr``:``port``; None: it may."""
+    a = _plain(addr)
+    if a.is_link_local or a in METADATA:
+        return f"{a} is a link-local or cloud metadata address"
+    if a.is_unspecified or a.is_multicast or a == ipaddress.IPv4Address("255.255.255.255"):
+        return f"{a} is not a unicast address"
+    local = a.is_loopback or a in policy.own
+    if (local and port in policy.local_ports) or (a, port) in policy.endpoints:
+        return f"{a}:{port} is the broker's or this controller's own port"
+    if policy.restricted:
+        if host.lower().rstrip(".") in policy.allow or any(a in n for n in policy.networks if n.version == a.version):
+            return None
+        return f"{host} ({a}) is not in release_url_hosts"
+    if local:
+        return f"{a} is {'loopback' if a.is_loopback else 'an address of this controller'} (list it in " \
+               "release_url_hosts to allow it)"
+    return None
+
+
+def _resolve(host: str, port: int) -> list[tuple[int, IPAddress]]:
+    """Every (family, address) ``host`` resolves to, for TCP."""
+    out: list[tuple[int, IPAddress]] = []
+    for family, _, _, _, sa in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        addr = ipaddress.ip_address(str(sa[0]).split("%", 1)[0])
+        if (family, addr) not in out:
+            out.append((family, addr))
+    return out
+
+
+def _service_endpoints(url: str, default_port: int) -> list[tuple[str, int]]:
+    out = []
+    for chunk in url.split(";"):
+        p = urlsplit(chunk)
+        if p.hostname:
+            out.append((p.hostname, _port(p) or default_port))
+    return out
+
+
+def url_policy(settings: ControllerSettings) -> UrlPolicy:
+    """The policy of these settings: the broker's endpoints resolved, this machine's addresses read (I/O)."""
+    import psutil
+
+    own: set[IPAddress] = set()
+    with contextlib.suppress(OSError):
+        for addrs in psutil.net_if_addrs().values():
+            for a in addrs:
+                if a.family in (socket.AF_INET, socket.AF_INET6):
+                    with contextlib.suppress(ValueError):
+                        own.add(_plain(ipaddress.ip_address(a.address.split("%", 1)[0])))
+    local_ports = {p for p in (settings.api_port, settings.metrics_port) if p}
+    endpoints: set[tuple[IPAddress, int]] = set()
+    scheme = urlsplit(settings.broker_url).scheme
+    if scheme in ("redis", "rediss", "sentinel"):
+        for host, port in _service_endpoints(settings.broker_url, 26379 if scheme == "sentinel" else 6379):
+            try:
+                addrs = [a for _, a in _resolve(host, port)]
+            except OSError:  # the broker's name does not resolve now: nothing to refuse by it
+                continue
+            for a in map(_plain, addrs):
+                if a.is_loopback or a in own or a.is_unspecified:
+                    local_ports.add(port)
+                endpoints.add((a, port))
+    allow, nets = parse_allow_list(settings.release_url_hosts)
+    return UrlPolicy(allow=allow, networks=nets, local_ports=frozenset(local_ports), endpoints=frozenset(endpoints),
+                     own=frozenset(own))
+
+
+class Refused(OSError):
+    """A connection the policy does not allow (its reason is for the log, never for the client)."""
+
+
+def guarded_connect(policy: UrlPolicy) -> Any:
+    """``socket.create_connection`` for http.client that connects only where ``policy`` allows: every
+    address the name resolves to checked first, the connection made to a checked address, the
+    address reached checked again."""
+    def create_connection(address: tuple[str, int], timeout: Any = socket._GLOBAL_DEFAULT_TIMEOUT,  # type: ignore[attr-defined]
+                          source_address: Any = None, **_kw: Any) -> socket.socket:
+        host, port = address
+        addrs = _resolve(host, port)
+        if not addrs:
+            raise Refused(f"{host} resolves to no address")
+        for _family, a in addrs:
+            why = refusal(host, a, port, policy)
+            if why:
+                raise Refused(why)
+        last: OSError | None = None
+        for family, a in addrs:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                if timeout is not socket._GLOBAL_DEFAULT_TIMEOUT:  # type: ignore[attr-defined]
+                    sock.settimeout(timeout)
+                if source_address:
+                    sock.bind(source_address)
+                sock.connect((str(a), port))
+                peer = ipaddress.ip_address(str(sock.getpeername()[0]).split("%", 1)[0])
+                why = refusal(host, peer, int(sock.getpeername()[1]), policy)
+                if why:
+                    raise Refused(why)
+                return sock
+            except Refused:
+                sock.close()
+                raise
+            except OSError as exc:
+                sock.close()
+                last = exc
+        assert last is not None
+        raise last
+
+    return create_connection
+
+
+def _guarded(cls: type[http.client.HTTPConnection], policy: UrlPolicy) -> Any:
+    def make(*args: Any, **kw: Any) -> http.client.HTTPConnection:
+        conn = cls(*args, **kw)
+        conn._create_connection = guarded_connect(policy)  # type: ignore[attr-defined]
+        return conn
+
+    return make
+
+
+class _GuardedHTTP(urllib.request.HTTPHandler):
+    def __init__(self, policy: UrlPolicy) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def http_open(self, req: Any) -> Any:
+        return self.do_open(_guarded(http.client.HTTPConnection, self.policy), req)
+
+
+class _GuardedHTTPS(urllib.request.HTTPSHandler):
+    def __init__(self, policy: UrlPolicy) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def https_open(self, req: Any) -> Any:
+        extra = {"check_hostname": self._check_hostname} if hasattr(self, "_check_hostname") else {}
+        return self.do_open(_guarded(http.client.HTTPSConnection, self.policy), req,
+                            context=self._context, **extra)  # type: ignore[attr-defined]
+
+
 class _NoUnsafeRedirects(urllib.request.HTTPRedirectHandler):
     """Redirects to http/https only (no credentials), at most MAX_REDIRECTS."""
 
@@ -121,34 +331,41 @@ class _NoUnsafeRedirects(urllib.request.HTTPRedirectHandler):
 
 
 def fetch_release(ref: ReleaseUrl, releases_dir: Path, *, sha256: str | None = None, max_bytes: int,
-                  timeout: float) -> tuple[Path, str]:
+                  timeout: float, policy: UrlPolicy) -> tuple[Path, str]:
     """Download ``ref`` into ``releases_dir/<sha256>/<name>``; its path and sha256 (hashed while it
-    streamed). ReleaseUrlError on any failure (nothing of it left behind)."""
+    streamed), connecting only where ``policy`` allows (directly: no proxy from the environment).
+    ReleaseUrlError on any failure (nothing of it left behind)."""
     releases_dir.mkdir(parents=True, exist_ok=True)
     tmp = releases_dir / f".download-{uuid.uuid4().hex}.part"
-    opener = urllib.request.build_opener(_NoUnsafeRedirects())
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _GuardedHTTP(policy),
+                                         _GuardedHTTPS(policy), _NoUnsafeRedirects())
     deadline = time.monotonic() + timeout
     where = f"release URL {ref.safe}"
     t0 = time.monotonic()
     try:
+        req = urllib.request.Request(ref.url, headers={"User-Agent": "m1000-fleet-controller"})
         try:
-            req = urllib.request.Request(ref.url, headers={"User-Agent": "m1000-fleet-controller"})
-            with opener.open(req, timeout=min(timeout, 30.0)) as resp:
-                length = resp.headers.get("Content-Length")
-                if length is not None and length.isdigit() and int(length) > max_bytes:
-                    raise ReleaseUrlError(f"{where}: {int(length)} bytes, more than the limit of {max_bytes}")
-                digest, size = _stream(resp, tmp, max_bytes=max_bytes, deadline=deadline, where=where)
-        except http.client.HTTPException as exc:  # a body cut short (IncompleteRead), a bad status line
-            raise ReleaseUrlError(f"{where}: download failed ({type(exc).__name__})") from None
+            resp = opener.open(req, timeout=min(timeout, 30.0))
         except urllib.error.HTTPError as exc:  # its reason may name a redirect's target: not said
+            exc.close()
             if 300 <= exc.code < 400:
                 raise ReleaseUrlError(f"{where}: redirected to an unusable URL (HTTP {exc.code}; http/https only)") \
                     from None
             raise ReleaseUrlError(f"{where}: HTTP {exc.code} {http.client.responses.get(exc.code, '')}".rstrip()) \
                 from None
-        except urllib.error.URLError as exc:
-            reason = exc.reason if not isinstance(exc.reason, BaseException) else _describe(exc.reason)
-            raise ReleaseUrlError(f"{where}: unreachable ({reason})") from None
+        except (OSError, http.client.HTTPException) as exc:  # refused, closed, unreachable, not HTTP: all one
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            log.warning("%s: not downloaded: %s", where, clip(_describe(reason) if isinstance(reason, BaseException)
+                                                                 else str(reason)))
+            raise ReleaseUrlError(f"{where}: {NOT_SERVED}") from None
+        try:
+            with resp:
+                length = resp.headers.get("Content-Length")
+                if length is not None and length.isdigit() and int(length) > max_bytes:
+                    raise ReleaseUrlError(f"{where}: {int(length)} bytes, more than the limit of {max_bytes}")
+                digest, size = _stream(resp, tmp, max_bytes=max_bytes, deadline=deadline, where=where)
+        except http.client.HTTPException as exc:  # a body cut short (IncompleteRead)
+            raise ReleaseUrlError(f"{where}: download failed ({type(exc).__name__})") from None
         except TimeoutError:
             raise ReleaseUrlError(f"{where}: timed out") from None
         except OSError as exc:
@@ -185,4 +402,6 @@ def _stream(resp: IO[bytes], tmp: Path, *, max_bytes: int, deadline: float, wher
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, (TimeoutError, socket.timeout)):
         return "timed out"
+    if isinstance(exc, Refused):
+        return f"refused: {exc}"
     return getattr(exc, "strerror", None) or type(exc).__name__

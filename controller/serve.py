@@ -149,19 +149,26 @@ class ApiServer:
 
 
 def start_api(s: Session, timeout: float = 15.0) -> ApiServer | None:
-    """The HTTP API (uvicorn, in a thread of this process) when ``api_port`` is set."""
+    """The HTTP API (uvicorn, in a thread of this process) when ``api_port`` is set: bodies bounded and
+    checked for a token before they are read, read deadlines on every connection (:mod:`controller.api_guard`)."""
     settings = s.settings
     if not settings.api_port:
         return None
     if settings.api_tokens_file is None:
         raise SettingsError("api_port is set but api_tokens_file is not: no token, no access (give --tokens FILE)")
+    import math
+
     import uvicorn
 
     from controller.api import Tokens, create_app
+    from controller.api_guard import log_config, protocol_class
 
     app = create_app(settings, Tokens.load(settings.api_tokens_file))
+    # h11 (headers of 16 KiB at most), with read deadlines: a slow or idle client is closed, never held
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning",
-                            access_log=False, lifespan="on")
+                            access_log=False, lifespan="on", log_config=log_config(),
+                            http=protocol_class(settings.api_header_timeout, settings.api_body_timeout),
+                            timeout_keep_alive=max(1, math.ceil(settings.api_keepalive_timeout)))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="api", daemon=True)
     thread.start()

@@ -284,7 +284,7 @@ def check_baseline(s: Session, baseline: str) -> str:
 def prepare(s: Session, req: ValidateRequest) -> tuple[str, list[Module], RunInfo | None]:
     """Every check that needs no broker and no hashing, before anything is dispatched:
     (release version, modules, the run resumed or None)."""
-    from controller.release_url import ReleaseUrlError, check_release_url, check_sha256
+    from controller.release_url import ReleaseUrlError, check_release_url, check_sha256, clip
 
     if (req.release is None) == (req.url is None):
         raise BadRequest("give the release as a path or as a URL (one of them)")
@@ -295,8 +295,12 @@ def prepare(s: Session, req: ValidateRequest) -> tuple[str, list[Module], RunInf
     except ReleaseUrlError as exc:
         raise UnusableRelease(str(exc)) from None
     if req.release is not None:
-        if not req.release.is_file():
-            raise BadRelease(f"{req.release}: no such release tarball")
+        try:
+            found = req.release.is_file()
+        except OSError:  # a name too long for the file system, say
+            found = False
+        if not found:
+            raise BadRelease(f"{clip(str(req.release))}: no such release tarball")
         version = release_version(req.release)
     parse_model_keys(list(req.models))
     mods = s.inventory().select(req.devices)
@@ -373,12 +377,12 @@ def prune_releases(s: Session) -> list[Path]:
 def download_release(s: Session, url: str, sha256: str | None = None) -> tuple[Path, str]:
     """Fetch a release URL into ``<data_dir>/releases/<sha256>/<name>`` (streamed, size-limited, with a
     deadline, checked against ``sha256`` when given); its path and sha256. UnusableRelease on any failure."""
-    from controller.release_url import ReleaseUrlError, check_release_url, check_sha256, fetch_release
+    from controller.release_url import ReleaseUrlError, check_release_url, check_sha256, fetch_release, url_policy
 
     try:
         return fetch_release(check_release_url(url), s.settings.data_dir.expanduser() / "releases",
                              sha256=check_sha256(sha256), max_bytes=s.settings.release_download_max_bytes,
-                             timeout=s.settings.release_download_timeout)
+                             timeout=s.settings.release_download_timeout, policy=url_policy(s.settings))
     except ReleaseUrlError as exc:
         raise UnusableRelease(str(exc)) from None
 

@@ -25,12 +25,26 @@ class ControllerSettings(BrokerSettings):
     api_host: str = Field(default="127.0.0.1", description="bind address of the HTTP API of `fleetctl serve`")
     api_port: int = Field(default=0, ge=0, le=65535, description="port of the HTTP API of `fleetctl serve` (0: off)")
     api_tokens_file: Path | None = Field(default=None, description="bearer tokens of the HTTP API, one a line (0600)")
+    api_max_body_bytes: int = Field(default=64 * 1024, ge=1024,
+                                    description="largest request body the HTTP API reads, bytes (413 beyond it, "
+                                                "refused before it is read)")
+    api_header_timeout: float = Field(default=10.0, gt=0,
+                                      description="a request's line and headers must arrive within this, s (from "
+                                                  "the connection or the previous response)")
+    api_body_timeout: float = Field(default=30.0, gt=0, description="a request's whole body must arrive within this, s")
+    api_keepalive_timeout: float = Field(default=5.0, gt=0,
+                                         description="an idle keep-alive connection of the HTTP API is closed after, s")
     webhook_urls: tuple[str, ...] = Field(default=(), description="POST each run's verdict here (JSON, signed)")
     webhook_secret_file: Path | None = Field(default=None, description="HMAC-SHA256 key of the webhooks (0600)")
     release_download_max_bytes: int = Field(default=8 * 1024**3, gt=0,
                                             description="largest release a URL may deliver, bytes")
     release_download_timeout: float = Field(default=1800.0, gt=0,
                                             description="whole download of a release URL, s (30 s per read at most)")
+    release_url_hosts: tuple[str, ...] = Field(
+        default=(), description="allow-list of release URL hosts: names, addresses or networks (10.0.0.0/8). Empty: "
+                                "any host but loopback and the controller's own addresses; set: these only "
+                                "(loopback too, if listed). Link-local and metadata addresses, the broker's and the "
+                                "controller's own ports are refused whatever is listed")
     keep_releases: int = Field(default=5, ge=1,
                                description="releases kept staged under <data_dir>/releases (the newest by their last "
                                            "run), and in each module's incoming folder (the last pushed there), "

@@ -107,7 +107,8 @@ def receiver() -> Iterator[Receiver]:
 class ReleaseServer(ThreadedServer):
     """A test HTTP server (stdlib, its own thread) serving files of ``root``: ``/<name>`` with a
     Content-Length, ``/stream/<name>`` without one (the body ends when the connection closes),
-    ``/redirect-file/<name>`` redirects to ``file://``; anything else is 404. ``paths``: what was asked."""
+    ``/redirect-file/<name>`` redirects to ``file://``, ``/redirect-metadata/<name>`` to the cloud metadata
+    address; anything else is 404. ``paths``: what was asked."""
 
     def __init__(self, root: Path) -> None:
         self.paths: list[str] = []
@@ -117,9 +118,10 @@ class ReleaseServer(ThreadedServer):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 outer.paths.append(self.path)
                 path = self.path.split("?", 1)[0]
-                if path.startswith("/redirect-file/"):
+                if path.startswith(("/redirect-file/", "/redirect-metadata/")):
                     self.send_response(302)
-                    self.send_header("Location", "file:///etc/passwd")
+                    self.send_header("Location", "file:///etc/passwd" if path.startswith("/redirect-file/")
+                                     else f"http://169.254.169.254/latest/{path.rsplit('/', 1)[-1]}")
                     self.end_headers()
                     return
                 stream = path.startswith("/stream/")

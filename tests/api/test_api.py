@@ -186,3 +186,43 @@ def test_schemathesis(controller, tmp_path):
             case.call_and_validate(headers=AUTH, excluded_checks=[positive_data_acceptance])
 
         check()
+
+
+def test_fields_are_bounded_and_never_said_back_whole(client):
+    post = lambda body, headers=AUTH: client.post("/api/v1/runs", headers=headers, json=body)  # noqa: E731
+    r = post({"release": "R" * 5000})
+    assert (r.status_code, r.json()) == (422, {"detail": "release: String should have at most 4096 characters"})
+    r = post({"release": "/tmp/" + "C" * 3000 + ".tar.gz"})  # a name too long for the file system: not a 500
+    assert r.status_code == 400 and r.json()["detail"].endswith(": no such release tarball"), r.text
+    assert len(r.json()["detail"]) < 260 and "C" * 201 not in r.text
+    r = post({"release": TARBALL, "devices": "m" * 1000})
+    assert r.status_code == 400 and len(r.json()["detail"]) < 500 and "m" * 201 not in r.text, r.text
+    assert post({"release": TARBALL, "models": ["qwen3"] * 65}).json()["detail"].startswith("models: ")
+    assert post({"release": TARBALL, "run_id": "r" * 129}).json()["detail"].startswith("run_id: ")
+    r = client.get("/api/v1/runs/" + "x" * 129, headers=AUTH)
+    assert (r.status_code, r.json()["detail"].startswith("run_id: ")) == (422, True), r.text
+    r = client.post("/api/v1/runs", headers={**AUTH, "Content-Type": "application/json"}, content=b"{not json")
+    assert r.status_code == 422 and isinstance(r.json()["detail"], str), r.text
+    big = {"release": TARBALL, "baseline": "b" * 70_000}
+    r = post(big)
+    assert (r.status_code, r.json()) == (413, {"detail": "request body larger than the limit of 65536 bytes "
+                                                         "(api_max_body_bytes)"})
+    r = post(big, headers={"Authorization": "Bearer wrong-token-0123456789"})
+    assert r.status_code == 401 and r.headers["connection"] == "close"  # the body is not read: the connection ends
+
+
+def test_the_server_log_clips_every_line():
+    import logging
+
+    from controller.api_guard import MAX_LOG_LINE, ClippedFormatter
+
+    try:
+        open("/tmp/" + "N" * 300_000)  # noqa: SIM115 - raises
+    except OSError:
+        import sys
+
+        record = logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, "Exception in ASGI application",
+                                   None, sys.exc_info())
+    text = ClippedFormatter("%(levelprefix)s %(message)s", use_colors=False).format(record)
+    assert "File name too long" in text and "N" * 300 not in text
+    assert max(len(line) for line in text.splitlines()) <= MAX_LOG_LINE + 30

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.release_url import NOT_SERVED
 from controller.settings import ControllerSettings
 from tests.api.conftest import AUTH, TOKEN, ReleaseServer, write_tokens
 from tests.cli.conftest import TARBALL, closed_port
@@ -23,11 +24,16 @@ def served(controller: ControllerSettings) -> Iterator[ReleaseServer]:
     s.close()
 
 
-def api(settings: ControllerSettings, tmp_path: Path):
+LOCAL = ("127.0.0.1",)  # the test release server is on loopback: listed in release_url_hosts, as a lab would
+
+
+def api(settings: ControllerSettings, tmp_path: Path, hosts: tuple[str, ...] | None = LOCAL):
     from fastapi.testclient import TestClient
 
     from controller.api import Tokens, create_app
 
+    if hosts is not None:
+        settings = settings.model_copy(update={"release_url_hosts": hosts})
     return TestClient(create_app(settings, Tokens.load(write_tokens(tmp_path / "tokens", TOKEN))))
 
 
@@ -91,7 +97,7 @@ def test_unusable_release_urls_are_422_in_one_line_and_leave_nothing(controller,
         r = post_ok(release=f"{served.url}/missing/SGLang-MUSA-M1000-M1000_9.9.9_sglang.tar.gz")
         assert r.status_code == 422 and r.json()["detail"].endswith("HTTP 404 Not Found"), r.text
         r = post_ok(release=f"http://127.0.0.1:{closed_port()}/{TARBALL}")
-        assert r.status_code == 422 and "unreachable (Connection refused)" in r.json()["detail"], r.text
+        assert r.status_code == 422 and r.json()["detail"].endswith(NOT_SERVED), r.text
         r = post_ok(release=f"{served.url}/redirect-file/{TARBALL}")
         assert r.status_code == 422 and "redirected to an unusable URL" in r.json()["detail"], r.text
         # a path with a sha256 is checked too
@@ -99,3 +105,52 @@ def test_unusable_release_urls_are_422_in_one_line_and_leave_nothing(controller,
         assert r.status_code == 422 and "does not match" in r.json()["detail"]
     assert leftovers(controller) == []  # nothing half-downloaded, no checksum-failed file kept
     assert "hunter2" not in caplog.text
+
+
+def test_release_urls_go_only_where_the_policy_allows(controller, served, tmp_path, caplog):
+    """Loopback only when release_url_hosts lists it; link-local and metadata never, by name, by
+    redirect or as an IPv4-mapped IPv6 address; each refused as a closed port is, the reason logged."""
+    caplog.set_level(logging.INFO)
+    port = served.url.rsplit(":", 1)[1]
+    cases = [(None, f"{served.url}/{TARBALL}"),  # loopback, no allow-list
+             (("releases.example.org",), f"{served.url}/{TARBALL}"),  # an allow-list without it
+             (LOCAL, f"http://[::ffff:169.254.169.254]/{TARBALL}"),
+             (("169.254.0.0/16",), f"http://169.254.169.254/{TARBALL}"),  # link-local: not even when listed
+             (LOCAL, f"{served.url}/redirect-metadata/{TARBALL}"),
+             (("localhost",), f"http://localhost:{closed_port()}/{TARBALL}")]
+    for hosts, url in cases:
+        with api(controller, tmp_path, hosts) as c:
+            r = c.post("/api/v1/runs", headers=AUTH, json={"release": url, "models": ["qwen3"]})
+            assert r.status_code == 422 and r.json()["detail"].endswith(f": {NOT_SERVED}"), (hosts, url, r.text)
+    assert served.paths == [f"/redirect-metadata/{TARBALL}"]  # asked once: by the allowed request that redirected
+    assert "127.0.0.1 is loopback (list it in release_url_hosts to allow it)" in caplog.text
+    assert "localhost (127.0.0.1) is not in release_url_hosts" not in caplog.text  # listed by name: allowed
+    assert "169.254.169.254 is a link-local or cloud metadata address" in caplog.text
+    with api(controller, tmp_path, ("LOCALHOST",)) as c:  # a name in the list: what it resolves to is allowed
+        r = c.post("/api/v1/runs", headers=AUTH, json={"release": f"http://localhost:{port}/{TARBALL}",
+                                                        "models": ["qwen3"]})
+        assert r.status_code == 201, r.text
+
+
+def test_the_policy_refuses_by_address_and_port():
+    import ipaddress
+
+    from controller.release_url import UrlPolicy, parse_allow_list, refusal
+
+    ip = ipaddress.ip_address
+    broker = UrlPolicy(local_ports=frozenset({6379, 8080}), endpoints=frozenset({(ip("10.0.0.5"), 6379)}),
+                       own=frozenset({ip("192.168.1.10")}))
+    assert refusal("h", ip("10.0.0.5"), 6379, broker) == "10.0.0.5:6379 is the broker's or this controller's own port"
+    assert refusal("h", ip("10.0.0.5"), 80, broker) is None  # the broker's host serving releases on another port
+    assert "own port" in (refusal("h", ip("127.0.0.2"), 8080, broker) or "")
+    assert "an address of this controller" in (refusal("h", ip("192.168.1.10"), 80, broker) or "")
+    assert "link-local" in (refusal("h", ip("fe80::1"), 80, broker) or "")
+    assert "metadata" in (refusal("h", ip("fd00:ec2::254"), 80, broker) or "")
+    assert "not a unicast" in (refusal("h", ip("0.0.0.0"), 80, broker) or "")
+    allow, nets = parse_allow_list(["Releases.Lab.", "127.0.0.1", "[::1]", "10.1.0.0/16"])
+    lab = UrlPolicy(allow=allow, networks=nets, local_ports=frozenset({6379}))
+    assert allow == {"releases.lab"} and len(nets) == 3
+    assert refusal("releases.lab", ip("127.0.0.1"), 80, lab) is None
+    assert refusal("x", ip("::1"), 80, lab) is None and refusal("x", ip("10.1.2.3"), 80, lab) is None
+    assert refusal("x", ip("10.2.0.1"), 80, lab) == "x (10.2.0.1) is not in release_url_hosts"
+    assert "own port" in (refusal("releases.lab", ip("127.0.0.1"), 6379, lab) or "")  # listed, but the broker's

@@ -217,10 +217,11 @@ def test_existing_run_id_refused_unless_resume(env, capsys):
 
 
 # `fleetctl validate` takes a release URL as the API does (downloaded by the controller, checked first)
-def test_validate_release_url_checked_before_dispatch(env, capsys, tmp_path):
+def test_validate_release_url_checked_before_dispatch(env, capsys, tmp_path, monkeypatch):
     from controller.fleet import sha256_file
     from tests.api.conftest import ReleaseServer
 
+    monkeypatch.setenv("FLEET_RELEASE_URL_HOSTS", '["127.0.0.1"]')  # the test release server is on loopback
     server = ReleaseServer(env)
     try:
         url = f"{server.url}/{TARBALL}"
