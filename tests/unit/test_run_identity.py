@@ -21,6 +21,7 @@ from contract.records import (
     RunProgress,
     RunRequest,
     RunState,
+    StepError,
     release_difference,
     request_difference,
     request_identity,
@@ -175,3 +176,71 @@ def test_a_record_whose_request_cannot_be_read_is_not_answered_from(agent):
     out = execute_run(app, settings, _payload(settings, "1.4.1", SHA_141))
     assert out["state"] == "failed" and "whose request cannot be read" in out["error"]["message"]
     assert kv.rows("same-1", "m1") is None
+
+
+# --------------------------------------------------------------------------- the controller (embedded broker)
+@pytest.fixture
+def fleet(tmp_path: Path):
+    from controller.fleet import Fleet
+    from controller.history import History
+    from controller.settings import ControllerSettings
+
+    settings = ControllerSettings(broker_url="filesystem://", data_dir=tmp_path / "fleet",
+                                  inventory=tmp_path / "inventory.toml", history=tmp_path / "history.sqlite")
+    f = Fleet(settings, History(settings.history_path))
+    yield f
+    f.close()
+
+
+def _rows(release: str) -> list[ResultRow]:
+    return [ResultRow(run_id="same-1", module="m1", release=release, model_key="qwen3", table="sweep",
+                      profile="128:128", model="Qwen3", ttft_ms=10.0)]
+
+
+def test_controller_refuses_a_run_id_on_the_broker_that_its_history_lacks(fleet):
+    from controller.fleet import RunIdInUse
+
+    fleet.check_new_run_id("same-1", modules=["m1", "m2"])  # nothing anywhere: a new run id
+    fleet.kv.put_progress(RunProgress(run_id="same-1", module="m1", release="1.4.1", state=RunState.DONE))
+    with pytest.raises(RunIdInUse) as err:
+        fleet.check_new_run_id("same-1", modules=["m1", "m2"])
+    assert str(err.value) == (f"run id 'same-1' is already on the broker, not in {fleet.history.path}: "
+                              "m1 (done, release 1.4.1) (another controller's run); choose another run id")
+    fleet.check_new_run_id("same-1", modules=["m2"])  # only the chosen modules are looked at
+    fleet.history.create_run("same-1", release="1.4.1", models=["qwen3"], modules=["m1"])
+    fleet.check_new_run_id("same-1", resume=True, modules=["m1"])  # this history's own run, resumed
+
+
+def test_sync_takes_no_record_of_another_release(fleet):
+    fleet.history.create_run("same-1", release="1.4.2", models=["qwen3"], modules=["m1"])
+    fleet.kv.put_final(RunProgress(run_id="same-1", module="m1", release="1.4.1", state=RunState.DONE, rows=1,
+                                   started_at=1.0, updated_at=2.0, finished_at=2.0), _rows("1.4.1"))
+    p = fleet.sync("same-1").progress["m1"]
+    assert p.state == RunState.FAILED and p.release == "1.4.2" and p.error.step == "sync"
+    assert "is of release 1.4.1 (done), not 1.4.2: not taken as this run's result" in p.error.message
+    assert fleet.history.rows("same-1", source=None) == [] and fleet.history.run("same-1").state == "failed"
+
+
+@pytest.mark.parametrize(("state", "kept"), [(RunState.FAILED, "refused"), (RunState.DONE, None)])
+def test_sync_takes_no_rows_of_another_release(fleet, state, kept):
+    """The module's own state of this run (e.g. its refusal), with the rows of the other release still on the
+    broker: no row is taken, and the part is failed (a refusal keeps its own reason)."""
+    fleet.history.create_run("same-1", release="1.4.2", models=["qwen3"], modules=["m1"])
+    error = StepError(step="dispatch", message="refused") if kept else None
+    fleet.kv.put_final(RunProgress(run_id="same-1", module="m1", release="1.4.2", state=state, rows=1,
+                                   updated_at=2.0, finished_at=2.0, error=error), _rows("1.4.1"))
+    p = fleet.sync("same-1").progress["m1"]
+    assert p.state == RunState.FAILED and fleet.history.rows("same-1", source=None) == []
+    if kept:
+        assert p.error.message == kept
+    else:
+        assert p.error.step == "sync" and "rows of run same-1 on m1 are of release 1.4.1" in p.error.message
+    assert any("are of release 1.4.1, not 1.4.2" in msg for _, _, msg in fleet.history.events("same-1"))
+
+
+def test_sync_takes_the_rows_of_its_own_release(fleet):
+    fleet.history.create_run("same-1", release="1.4.1", models=["qwen3"], modules=["m1"])
+    fleet.kv.put_final(RunProgress(run_id="same-1", module="m1", release="1.4.1", state=RunState.DONE, rows=1,
+                                   updated_at=2.0, finished_at=2.0), _rows("1.4.1"))
+    assert fleet.sync("same-1").progress["m1"].state == RunState.DONE
+    assert len(fleet.history.rows("same-1", source=None)) == 1
