@@ -393,7 +393,7 @@ class Fleet:
                         self.history.replace_rows(run_id, m, rows)
                 if foreign and p.state.terminal:  # the rows of another release: none taken, the part failed
                     reason = (f"the broker's rows of run {run_id} on {m} are of release {', '.join(foreign)}, not "
-                           f"{info.release}: not taken as this run's result (another controller used this run id)")
+                              f"{info.release}: not taken as this run's result (another controller used this run id)")
                     self.history.add_event(run_id, m, reason)
                     log.warning("run %s on %s: %s", run_id, m, reason)
                     if p.state != RunState.FAILED:
