@@ -42,6 +42,7 @@ from contract.records import (
     RunState,
     StepError,
     TelemetrySummary,
+    release_difference,
 )
 
 if TYPE_CHECKING:
@@ -266,9 +267,13 @@ class _Run:
     def _prepare(self) -> int:
         """Check the request against an earlier attempt of the same run id; return this attempt's number."""
         self.store.run_dir(self.req.run_id)  # validates the run id
+        # a run id is resumed for the same release only (contract.records.release_difference); a person re-running
+        # `fleet-agent run` may change its keys and settings. The worker, which takes requests from any controller,
+        # takes a run id it has a record of only for the very same request (agent.worker.recorded_difference)
         old = self.store.request(self.req.run_id)
-        if old is not None and old.sha256.lower() != self.req.sha256.lower():
-            raise BadInput(f"run id {self.req.run_id!r} was already used for another release ({old.sha256[:16]})")
+        other = release_difference(old, self.req) if old is not None else None
+        if other is not None:
+            raise BadInput(other)
         self.store.write_request(self.req)
         last = self.store.last_run()
         self.store.set_state(current_run=self.req.run_id, last_run=last)

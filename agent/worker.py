@@ -3,7 +3,9 @@
 One worker per module consumes its own queue (``module.<name>``) with concurrency 1 and
 prefetch 1: a module never benchmarks two things at once. A run is de-duplicated by the
 module's own record of it: a redelivered run that already finished here is answered
-from that record and never benchmarked twice; a run delivered more often than the
+from that record and never benchmarked twice, and only a delivery of the same request (run id,
+release, model keys and settings: :func:`contract.records.request_identity`) is: another request
+under a run id used here is refused, the record left as it is; a run delivered more often than the
 request allows (the worker died under it again and again) is failed, not retried.
 
 The worker is one process (Celery's solo pool): the run executes in its main thread, next to
@@ -42,7 +44,18 @@ from agent.store import RunStore, check_run_id, write_atomic
 from agent.validate import RefusedRequest, refused_progress, validate_request
 from contract.celery_app import NOOP_TASK, RUN_TASK, make_app, queue_name
 from contract.kv import KV, KVCancelToken
-from contract.records import Heartbeat, ResultRow, RunProgress, RunRequest, RunState, StepError, is_run_id
+from contract.oneline import error_line
+from contract.records import (
+    Heartbeat,
+    ResultRow,
+    RunProgress,
+    RunRequest,
+    RunState,
+    StepError,
+    is_run_id,
+    release_label,
+    request_difference,
+)
 
 log = logging.getLogger("fleet.agent")
 
@@ -386,11 +399,49 @@ def _forget_current(workdir: Path, run_id: str) -> None:
         store.state_path.unlink(missing_ok=True)
 
 
+def recorded_difference(store: RunStore, req: RunRequest) -> str | None:
+    """Why this module's record of ``req.run_id`` is of another request (one line), or None: no record, or
+    one of the same request (:func:`contract.records.request_identity`), which may be resumed or answered
+    from. A record whose request cannot be read is nobody's to answer from."""
+    try:
+        recorded = store.request(req.run_id)
+    except (OSError, ValueError) as exc:
+        return f"run id {req.run_id} has a record here whose request cannot be read ({error_line(exc)}): refused"
+    if recorded is not None:
+        return request_difference(recorded, req)
+    prev = _read_json(store.run_dir(req.run_id) / "progress.json")  # a record without its request (none expected)
+    label = release_label(req)
+    if isinstance(prev, dict) and prev.get("release") and prev.get("release") != label:
+        return (f"run id {req.run_id} was used here for release {_clip(str(prev.get('release')))}; this request is "
+                f"for {req.sha256[:12]}… ({label}): refused")
+    return None
+
+
+def _clip(text: str, n: int = 64) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def refuse_other_request(req: RunRequest, pub: Publisher, why: str) -> dict[str, Any]:
+    """A request under a run id this module used for another request: refused, published as this module's failed
+    state of it. Nothing of the recorded run is touched: not its files, not its rows on the broker (the state goes
+    alone, not through the outbox, which would send the recorded rows with it)."""
+    log.warning("%s", why)
+    now = time.time()
+    p = RunProgress(run_id=req.run_id, module=req.module, release=req.release, state=RunState.FAILED,
+                    step="dispatch", keys_total=len(req.models), updated_at=now, finished_at=now,
+                    error=StepError(step="dispatch", message=why))
+    pub.progress(p)
+    return p.model_dump(mode="json")
+
+
 def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub: Publisher) -> dict[str, Any]:
     from agent.pipeline import AgentConfig, run_pipeline
 
     workdir = settings.workdir.expanduser()
     run_dir = workdir / "runs" / req.run_id
+    other = recorded_difference(RunStore(workdir), req)
+    if other is not None:  # before anything of this run id is touched here: its files, its outbox entry
+        return refuse_other_request(req, pub, other)
     # the servers of a run whose worker was killed: the port must be free before this run. Only a run that did not end
     # leaves any (state.json still names it; a run that ends stopped what it started), and the scan reads
     # every process of the machine: skipped otherwise
@@ -409,7 +460,7 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
 
     prev = _read_json(run_dir / "progress.json")
     if isinstance(prev, dict) and RunState(prev.get("state", "pending")).terminal:
-        done = RunProgress.model_validate(prev)
+        done = RunProgress.model_validate(prev)  # of this same request (recorded_difference, above)
         log.info("run %s already finished here (%s): not benchmarking again", req.run_id, done.state.value)
         pub.final(done)
         return done.model_dump(mode="json")

@@ -52,6 +52,10 @@ class BadRelease(FleetError, ValueError):
     pass
 
 
+class RunIdInUse(FleetError):
+    """A run id another controller used: its records are on the broker, and not in this history."""
+
+
 def broker_errors() -> tuple[type[BaseException], ...]:
     """What a broker or backend that cannot be reached raises (imports redis and kombu)."""
     from kombu.exceptions import OperationalError
@@ -260,14 +264,26 @@ class Fleet:
             raise BrokerUnavailable(f"cannot enqueue on {queue_name(module)}: {_short(exc)}") from exc
         return str(res.id)
 
-    def check_new_run_id(self, run_id: str, *, resume: bool = False) -> None:
-        """A run id must match the agents' pattern; one already in the history only with ``resume``."""
+    def check_new_run_id(self, run_id: str, *, resume: bool = False, modules: Iterable[str] = ()) -> None:
+        """A run id must match the agents' pattern; one already in the history only with ``resume``; one this
+        history does not hold must have no record on the broker for any of ``modules`` (:class:`RunIdInUse`).
+
+        Run ids name records on the broker, shared by every controller of the fleet: another controller's run of
+        that id would be answered (or refused) by the modules as theirs. One MGET for all modules (``KV.progress``).
+        """
         try:
             check_run_id(run_id)
         except BadInput as exc:
             raise FleetError(str(exc)) from None
-        if not resume and self.history.run(run_id) is not None:
+        known = self.history.run(run_id) is not None
+        if not resume and known:
             raise FleetError(f"run id {run_id!r} is already in the history; resume it explicitly or choose another")
+        names = list(dict.fromkeys(modules))
+        if known or not names:  # resumed: the records on the broker are this history's own run
+            return
+        found = {m: p for m, p in self.kv.progress(run_id, names).items() if p is not None}
+        if found:
+            raise RunIdInUse(run_id_in_use(run_id, found, self.history.path))
 
     def dispatch(self, *, run_id: str, modules: Sequence[Module], tarballs: Mapping[str, str], sha256: str,
                  release: str, models: Sequence[str], tarball_label: str = "",
@@ -279,7 +295,7 @@ class Fleet:
         agents' pattern, and may be one already in the history only with ``resume`` (each module
         then keeps the keys that passed).
         """
-        self.check_new_run_id(run_id, resume=resume)
+        self.check_new_run_id(run_id, resume=resume, modules=[m.name for m in modules])
         statuses = statuses if statuses is not None else self.statuses(modules)
         self.history.create_run(run_id, release=release, tarball=tarball_label, sha256=sha256,
                                 models=models, modules=[m.name for m in modules])
@@ -355,6 +371,10 @@ class Fleet:
         for m in pending:
             p, cur = live.get(m), known.get(m)
             was_lost = cur is not None and cur.state == RunState.LOST
+            if p is not None and p.release and info.release and p.release != info.release:
+                # another release's record under this run id (another controller used it): never this run's result
+                known[m] = self._record_foreign(run_id, m, info.release, p, len(info.models), now)
+                continue
             if p is not None and cur is not None and was_lost:
                 if not p.state.terminal and p.updated_at <= (cur.finished_at or 0.0):
                     p = None  # nothing newer than when the module was given up
@@ -365,11 +385,24 @@ class Fleet:
                 have = self.history.conn.execute(
                     "SELECT COUNT(*) FROM rows WHERE run_id=? AND module=? AND source='release'",
                     (run_id, m)).fetchone()[0]
+                foreign: list[str] = []
                 if p.rows != have or p.state.terminal:
                     rows = self.kv.rows(run_id, m)
-                    if rows is not None:
+                    foreign = sorted({r.release or "?" for r in rows or () if r.release != info.release})
+                    if rows is not None and not foreign:
                         self.history.replace_rows(run_id, m, rows)
-                if p.state.terminal:  # device telemetry: published with the module's last progress
+                if foreign and p.state.terminal:  # the rows of another release: none taken, the part failed
+                    reason = (f"the broker's rows of run {run_id} on {m} are of release {', '.join(foreign)}, not "
+                              f"{info.release}: not taken as this run's result (another controller used this run id)")
+                    self.history.add_event(run_id, m, reason)
+                    log.warning("run %s on %s: %s", run_id, m, reason)
+                    if p.state != RunState.FAILED:
+                        p = p.model_copy(update={"state": RunState.FAILED, "updated_at": now,
+                                                 "finished_at": p.finished_at or now,
+                                                 "error": StepError(step="sync", message=reason)})
+                # device telemetry: published with the last progress of a run the module started (a refused request
+                # publishes none: what is there is of another request)
+                if p.state.terminal and p.started_at is not None and not foreign:
                     summary = self.kv.telemetry(run_id, m)
                     if summary is not None:
                         self.history.upsert_telemetry(summary)
@@ -398,6 +431,18 @@ class Fleet:
         log.warning("run %s on %s: %s", run_id, module, why)
         return p
 
+    def _record_foreign(self, run_id: str, module: str, release: str, found: RunProgress, keys: int,
+                        now: float) -> RunProgress:
+        """The module's record of ``run_id`` on the broker is of another release: its part failed, nothing taken."""
+        why = (f"the broker's record of run {run_id} on {module} is of release {found.release} "
+               f"({found.state.value}), not {release}: not taken as this run's result "
+               "(another controller used this run id)")
+        p = failed_progress(run_id, module, release, "sync", why, keys, now)
+        self.history.upsert_progress(p, force=True)
+        self.history.add_event(run_id, module, why)
+        log.warning("run %s on %s: %s", run_id, module, why)
+        return p
+
     def view(self, run_id: str) -> RunView:
         info = self.history.run(run_id)
         if info is None:
@@ -423,6 +468,14 @@ class Fleet:
     def active_runs(self) -> list[str]:
         cur = self.history.conn.execute("SELECT run_id FROM runs WHERE kind='run' AND state='running'")
         return [r[0] for r in cur.fetchall()]
+
+
+def run_id_in_use(run_id: str, found: Mapping[str, RunProgress], history: object, shown: int = 4) -> str:
+    """One line: the modules where the broker holds a record of ``run_id``, and the state found (pure)."""
+    items = [f"{m} ({p.state.value}{', release ' + p.release if p.release else ''})" for m, p in found.items()]
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return (f"run id {run_id!r} is already on the broker, not in {history}: {', '.join(items[:shown])}{more} "
+            "(another controller's run); choose another run id")
 
 
 def failed_progress(run_id: str, module: str, release: str, step: str, message: str, keys: int,

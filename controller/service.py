@@ -35,6 +35,7 @@ from controller.fleet import (
     Fleet,
     FleetError,
     ModuleStatus,
+    RunIdInUse,
     RunView,
     broker_errors,
     module_failed,
@@ -336,6 +337,11 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     if existing is not None:
         h.set_run_state(existing.run_id, "running")
     rid = req.run_id or new_run_id()
+    try:  # before the release is pushed: a run id another controller used (dispatch checks it again)
+        names = [m.name for m in mods]
+        _broker_call(s, lambda: fleet.check_new_run_id(rid, resume=existing is not None, modules=names))
+    except RunIdInUse as exc:
+        raise Conflict(str(exc)) from None
     statuses = _broker_call(s, lambda: fleet.statuses(mods))
     usable = [m for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")]
     paths, errors = distribute(s, usable, release, sha)
