@@ -317,6 +317,8 @@ def prepare(s: Session, req: ValidateRequest) -> tuple[str, list[Module], RunInf
             raise Conflict(f"{req.run_id!r} is a {existing.kind}, not a run")
     if req.resume and existing is None:
         raise NotFound(f"--resume: no run {req.run_id!r} in {s.history_path}")
+    if existing is not None:
+        resumed_models(existing, req.models)  # refused before anything is hashed or downloaded
     return version, mods, existing
 
 
@@ -334,6 +336,7 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     if existing is not None and existing.sha256 and existing.sha256 != sha:
         raise Conflict(f"run {existing.run_id!r} validated another release ({existing.release}, sha256 "
                        f"{existing.sha256[:12]}); {release} has sha256 {sha[:12]}: not resumed")
+    models = resumed_models(existing, req.models) if existing is not None else req.models
     if existing is not None:
         h.set_run_state(existing.run_id, "running")
     rid = req.run_id or new_run_id()
@@ -345,12 +348,21 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     statuses = _broker_call(s, lambda: fleet.statuses(mods))
     usable = [m for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")]
     paths, errors = distribute(s, usable, release, sha)
-    result = fleet.dispatch(run_id=rid, modules=mods, tarballs=paths, sha256=sha, release=version, models=req.models,
+    result = fleet.dispatch(run_id=rid, modules=mods, tarballs=paths, sha256=sha, release=version, models=models,
                             tarball_label=str(release.resolve()), statuses=statuses,
                             resume=existing is not None)
     result.update(errors)
     prune_releases(s)
-    return Launched(rid, version, sha, tuple(req.models), dict(result), resumed=existing is not None)
+    return Launched(rid, version, sha, tuple(models), dict(result), resumed=existing is not None)
+
+
+def resumed_models(existing: RunInfo, asked: tuple[str, ...]) -> tuple[str, ...]:
+    """The model keys a resumed run asks its modules for: the run's own (a module answers a run id only for
+    the same request). ``all`` (the default) means all of the run's; another set is refused."""
+    if set(asked) == set(existing.models) or set(asked) == set(MODEL_KEYS):
+        return tuple(existing.models)
+    raise Conflict(f"run {existing.run_id!r} validates models {','.join(existing.models)}; --resume resumes the "
+                   f"same models (leave --models out, or give those)")
 
 
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")

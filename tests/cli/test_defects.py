@@ -216,6 +216,21 @@ def test_existing_run_id_refused_unless_resume(env, capsys):
     assert code == 2 and "another release" in one_line(err)
 
 
+# issue 25, item 1: a module answers a run id only for the same request, so --resume asks for the run's models
+def test_resume_asks_for_the_runs_own_models(env, capsys):
+    from controller.fleet import sha256_file
+
+    h = History(env / "history.sqlite")
+    finished_run(h, "sub-run", modules=["m1"], state="failed", release="1.4.1", models=("qwen3", "qwen35"),
+                 sha256=sha256_file(env / TARBALL))
+    code, _, err = run_main(capsys, "validate", TARBALL, "--models", "qwen3vl", "--run-id", "sub-run", "--resume")
+    assert code == 2
+    assert "run 'sub-run' validates models qwen3,qwen35; --resume resumes the same models" in one_line(err)
+    code, _, err = run_main(capsys, "validate", TARBALL, "--run-id", "sub-run", "--resume")  # --models all
+    assert code == 1, err  # resumed with the run's two keys: m1 has no agent here, so it fails at dispatch
+    assert h.progress("sub-run")["m1"].keys_total == 2
+
+
 # `fleetctl validate` takes a release URL as the API does (downloaded by the controller, checked first)
 def test_validate_release_url_checked_before_dispatch(env, capsys, tmp_path, monkeypatch):
     from controller.fleet import sha256_file
