@@ -30,8 +30,8 @@ from agent.state import RunMachine
 from agent.store import RunStore, write_atomic
 from agent.tables import TableError, parse_tables, stamp
 from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig
+from agent.unpack import UnpackLimits, verify_sha256
 from agent.unpack import unpack as unpack_tarball
-from agent.unpack import verify_sha256
 from contract.records import (
     MODEL_KEYS,
     Frozen,
@@ -68,6 +68,8 @@ class AgentConfig(BaseModel):
     fetch_timeout: float = Field(default=1800.0, gt=0, description="sha256 of the tarball, s")
     unpack_timeout: float = Field(default=1800.0, gt=0)
     keep_releases: int = Field(default=3, ge=1, description="unpacked releases kept, the newest used (this one too)")
+    unpack_max_members: int = Field(default=100_000, ge=1, description="members of a tarball, at most")
+    unpack_max_name_bytes: int = Field(default=1024, ge=1, le=4096, description="a member's path, at most, bytes")
     generate_timeout: float = Field(default=1800.0, gt=0)
     environment_timeout: float = Field(default=600.0, gt=0)
     precompile_timeout: float = Field(default=7200.0, gt=0)
@@ -96,6 +98,7 @@ class AgentConfig(BaseModel):
             "server_port": settings.server_port,
             "stop_grace": settings.stop_grace,
             "keep_releases": settings.keep_releases,
+            "unpack_max_members": settings.unpack_max_members, "unpack_max_name_bytes": settings.unpack_max_name_bytes,
             "telemetry": TelemetryConfig(enabled=settings.telemetry_period > 0, tool=settings.telemetry_tool,
                                          period_s=settings.telemetry_period or 1.0),
             "probe": settings.probe, "probe_requests": settings.probe_requests,
@@ -352,7 +355,9 @@ class _Run:
         dest = self.store.release_dir(self.sha16)
         check = self.check("unpack", deadline=t0 + self.cfg.unpack_timeout, timeout=self.cfg.unpack_timeout)
         try:
-            done = unpack_tarball(Path(self.req.tarball), dest, check=check)
+            limits = UnpackLimits(max_members=self.cfg.unpack_max_members,
+                                  max_name_bytes=self.cfg.unpack_max_name_bytes)
+            done = unpack_tarball(Path(self.req.tarball), dest, check=check, limits=limits)
         except (BadInput, OSError) as exc:
             self.agent_log("unpack", None, [f"refused / failed: {exc}"])
             raise self._fail("unpack", t0, exc) from exc
