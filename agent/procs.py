@@ -335,10 +335,19 @@ def command_of(p: psutil.Process | int) -> str:
     return cmd if len(cmd) <= 200 else cmd[:197] + "..."
 
 
+def has_children() -> bool:
+    """Whether this process has any child, live or zombie: one system call, no walk of the process table."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
 def adopted() -> list[psutil.Process]:
     """This process's descendants under children it does not own (as a subreaper: orphans of what it started,
     and theirs); [] when it is not a subreaper (then it adopts nothing, and its other children are not a run's)."""
-    if not REAPER.running:
+    if not REAPER.running or not has_children():
         return []
     owned = REAPER.owned()
     out: list[psutil.Process] = []
