@@ -86,6 +86,9 @@ def main() -> None:
         reap_one()
     print(f"reaper passes with an orphan to reap:   {(time.process_time() - t0) * 100:.2f} ms CPU per orphan "
           f"(incl. spawning it), reaped {procs.REAPER.reaped - before}")
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
