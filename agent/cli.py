@@ -107,7 +107,12 @@ def run(
     except (BadInput, UnknownModelKey, ValueError) as exc:
         raise _bad_input(error_line(exc)) from None
 
+    from agent.procs import hold_orphans
+
+    why = hold_orphans()  # what the run starts stays this process's descendant, daemonized or not
     err = _console(stderr=True)
+    if why:
+        err.print(f"[yellow]warning:[/yellow] {why}", highlight=False, soft_wrap=True)
     token = EventCancelToken()
     previous = signal.signal(signal.SIGINT, lambda *_: token.cancel())
     try:

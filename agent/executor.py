@@ -1,7 +1,10 @@
 """The one place of the agent that spawns processes.
 
 Every process runs in its own session (so its own process group); stopping it kills the
-whole group, plus any descendant that escaped into another session. Output of both
+whole group, plus any descendant that escaped into another session. Within a run
+(:meth:`Executor.open_run`) every process also starts in the run's cgroup where there is one,
+and :meth:`Executor.sweep` stops whatever the run's processes left, whatever session or
+environment it gave itself (:mod:`agent.procs`). Output of both
 streams is written, line by line with a UTC timestamp, to the step's log file by one pump
 thread per process (blocking reads, no polling); stdout can also be kept raw in a file for
 the step's parser. Waiting blocks on the process with a timeout, waking only every
@@ -26,6 +29,8 @@ from pathlib import Path
 from typing import IO, Literal, Protocol
 
 import psutil
+
+from agent import procs
 
 Outcome = Literal["exited", "timeout", "cancelled", "aborted"]
 TAIL_LINES = 20
@@ -215,6 +220,37 @@ class Executor:
     def __init__(self, poll_interval: float = 0.5, stop_grace: float = 10.0) -> None:
         self.poll_interval = poll_interval
         self.stop_grace = stop_grace
+        self.cgroup: procs.RunCgroup | None = None
+        self.workdir: Path | None = None
+
+    # ----- a run's processes, wherever they went
+    def open_run(self, workdir: Path, run_id: str) -> tuple[list[procs.Left], str]:
+        """Processes from now on start in ``run_id``'s cgroup (where the machine has one: else why not, as the
+        second value); what earlier runs of ``workdir`` left in theirs is stopped first (returned)."""
+        self.close_run()
+        self.workdir = workdir
+        self.cgroup, why = procs.open_run_cgroup(workdir, run_id)
+        return procs.sweep_leftover_cgroups(workdir, self.stop_grace, keep=self.cgroup), why
+
+    def sweep(self) -> list[procs.Left]:
+        """Stop every process the run left (in its cgroup, or adopted by this subreaper); what was running."""
+        return procs.sweep(self.cgroup, min(self.stop_grace, 5.0))
+
+    def close_run(self) -> list[procs.Left]:
+        """The run's end: :meth:`sweep`, then its cgroup is removed."""
+        left = self.sweep() if self.workdir is not None else []
+        if self.cgroup is not None:
+            procs.remove_cgroup(self.cgroup)
+        self.cgroup, self.workdir = None, None
+        return left
+
+    def port_holders(self, port: int) -> list[tuple[int | None, bool]]:
+        """(pid, whether it is this agent's) of each process listening on ``port``."""
+        return [(pid, pid is not None and self.workdir is not None and procs.is_ours(pid, self.workdir))
+                for pid in procs.port_holders(port)]
+
+    def kill_tree(self, pid: int) -> list[procs.Left]:
+        return procs.kill_all(procs.tree(pid), min(self.stop_grace, 5.0))
 
     def start(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_path: Path,
               raw_stdout: Path | None = None, log_stdout: bool = True) -> Proc:
@@ -224,10 +260,10 @@ class Executor:
         log.write(f"{utc_stamp()} [agent] start: {' '.join(argv)} (cwd {cwd})\n")
         log.flush()
         try:
-            popen = subprocess.Popen(
-                list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-            )
+            popen = procs.REAPER.start(lambda: subprocess.Popen(
+                procs.spawn_into(self.cgroup, list(argv)), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+            ))
         except OSError as exc:
             log.write(f"{utc_stamp()} [agent] could not start: {exc}\n")
             log.close()
@@ -327,6 +363,8 @@ class Executor:
 
     @staticmethod
     def _close(proc: Proc) -> None:
+        if proc.popen.poll() is not None:  # reaped by its Popen: the reaper may take a zombie of that pid again
+            procs.REAPER.disown(proc.pid)
         proc.pump.join(timeout=5.0)
         if proc.pump.is_alive():  # a pipe still held open by someone: close our ends, the pump ends
             for stream in (proc.popen.stdout, proc.popen.stderr):

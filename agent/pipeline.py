@@ -4,9 +4,11 @@
 paths, generates the workflow, captures ``setup_env.sh``'s variables, precompiles the
 TileLang kernels (once per release and model set on this module), then for each model key
 starts its server, waits until it serves, runs the benchmark, parses and stores its rows,
-and stops the server's whole process group. Files written along the way are described in
-:mod:`agent.store`. A failing key does not stop the others; a failing release-wide step
-ends the run (state FAILED); a cancel ends it at once (state CANCELLED).
+and stops the server's whole process group, then anything else the key left (a daemon in a
+session of its own included: :meth:`Executor.sweep`). A port held before a server starts is
+freed when the holder is a leftover of this agent's, else the key fails naming the holder.
+Files written along the way are described in :mod:`agent.store`. A failing key does not
+stop the others; a failing release-wide step ends the run (state FAILED); a cancel ends it at once (state CANCELLED).
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from agent import steps
 from agent.errors import BadInput, Cancelled, StepFailed
 from agent.executor import CancelToken, EventCancelToken, Executor, ProcResult, utc_stamp
 from agent.health import port_open, probe
+from agent.procs import Left, command_of
 from agent.state import RunMachine
 from agent.store import RunStore, write_atomic
 from agent.tables import TableError, parse_tables, stamp
 from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig
+from agent.unpack import UnpackLimits, verify_sha256
 from agent.unpack import unpack as unpack_tarball
-from agent.unpack import verify_sha256
 from contract.records import (
     MODEL_KEYS,
     Frozen,
@@ -69,6 +72,8 @@ class AgentConfig(BaseModel):
     fetch_timeout: float = Field(default=1800.0, gt=0, description="sha256 of the tarball, s")
     unpack_timeout: float = Field(default=1800.0, gt=0)
     keep_releases: int = Field(default=3, ge=1, description="unpacked releases kept, the newest used (this one too)")
+    unpack_max_members: int = Field(default=100_000, ge=1, description="members of a tarball, at most")
+    unpack_max_name_bytes: int = Field(default=1024, ge=1, le=4096, description="a member's path, at most, bytes")
     generate_timeout: float = Field(default=1800.0, gt=0)
     environment_timeout: float = Field(default=600.0, gt=0)
     precompile_timeout: float = Field(default=7200.0, gt=0)
@@ -97,6 +102,7 @@ class AgentConfig(BaseModel):
             "server_port": settings.server_port,
             "stop_grace": settings.stop_grace,
             "keep_releases": settings.keep_releases,
+            "unpack_max_members": settings.unpack_max_members, "unpack_max_name_bytes": settings.unpack_max_name_bytes,
             "telemetry": TelemetryConfig(enabled=settings.telemetry_period > 0, tool=settings.telemetry_tool,
                                          period_s=settings.telemetry_period or 1.0),
             "probe": settings.probe, "probe_requests": settings.probe_requests,
@@ -219,6 +225,7 @@ class _Run:
     def execute(self) -> RunResult:
         started = time.time()
         prior = self._prepare()
+        self._contain()
         self.sampler = Sampler(self.cfg.telemetry, self.store.run_dir(self.req.run_id) / SAMPLES_FILE,
                                run_id=self.req.run_id, module=self.cfg.module, attempt=prior,
                                on_event=lambda status, msg: self.event("telemetry", status, message=msg)).start()
@@ -249,6 +256,7 @@ class _Run:
             self.emit(error=err)
         finally:
             self.sampler.stop()
+            self._stopped(None, self.ex.close_run(), "the run")
             self._close_state()
         self.emit(finished_at=time.time(), progress=1.0 if self.machine.state == RunState.DONE else
                   self.progress.progress, telemetry=self._telemetry_summary())
@@ -284,6 +292,23 @@ class _Run:
             if o.status == "passed" and o.model_key in self.outcomes:
                 self.outcomes[o.model_key] = o  # passed in an earlier attempt: kept, not re-run
         return before.attempt + 1
+
+    def _contain(self) -> None:
+        """The run's processes in a cgroup of their own (where there is one); what earlier runs left, stopped."""
+        left, why = self.ex.open_run(self.cfg.workdir, self.req.run_id)
+        if why:
+            log.info("run %s has no cgroup of its own: %s (the agent's subreaper still holds its processes)",
+                     self.req.run_id, why)
+        self._stopped(None, left, "an earlier run")
+
+    def _stopped(self, key: str | None, left: list[Left], by: str) -> None:
+        """Record processes stopped because ``by`` left them running (nothing when none)."""
+        if not left:
+            return
+        what = ", ".join(x.one_line() for x in left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
+        msg = f"stopped {len(left)} process(es) {by} left running: {what}"
+        log.warning("run %s: %s", self.req.run_id, msg)
+        self.event("cleanup", "stopped", key, message=msg)
 
     def _close_state(self) -> None:
         try:
@@ -357,7 +382,9 @@ class _Run:
         dest = self.store.release_dir(self.sha16)
         check = self.check("unpack", deadline=t0 + self.cfg.unpack_timeout, timeout=self.cfg.unpack_timeout)
         try:
-            done = unpack_tarball(Path(self.req.tarball), dest, check=check)
+            limits = UnpackLimits(max_members=self.cfg.unpack_max_members,
+                                  max_name_bytes=self.cfg.unpack_max_name_bytes)
+            done = unpack_tarball(Path(self.req.tarball), dest, check=check, limits=limits)
         except (BadInput, OSError) as exc:
             self.agent_log("unpack", None, [f"refused / failed: {exc}"])
             raise self._fail("unpack", t0, exc) from exc
@@ -522,9 +549,7 @@ class _Run:
                            kenv: dict[str, str]) -> tuple[list[ResultRow], StepError | None]:
         host, port = self.cfg.server_host, self.cfg.server_port
         if port_open(host, port):
-            msg = f"port {host}:{port} is already in use before starting the server"
-            self.event("server", "failed", key, message=msg)
-            raise StepFailed(StepError(step="server", model_key=key, message=msg))
+            self._free_port(key, host, port)
         plan = steps.plan_server(top, key, env, kenv)
         self.event("server", "start", key)
         t0 = time.monotonic()
@@ -541,7 +566,30 @@ class _Run:
         finally:
             self.ex.stop(server)
             self.ex.close(server)
+            self._stopped(key, self.ex.sweep(), f"key {key}")
             self._wait_port_free(host, port)
+
+    def _free_port(self, key: str, host: str, port: int) -> None:
+        """The server's port is taken: stop the holder when it is this agent's leftover, else fail the key naming
+        it (the release is not to blame)."""
+        holders = self.ex.port_holders(port)
+        foreign = [pid for pid, ours in holders if not ours]
+        if not foreign and holders:
+            left = [x for pid, _ in holders if pid is not None for x in self.ex.kill_tree(pid)]
+            self._stopped(key, left, f"an earlier run, holding port {port},")
+            self._wait_port_free(host, port)
+            if not port_open(host, port):
+                return
+            foreign = [pid for pid, _ in self.ex.port_holders(port)]
+        if any(pid is not None for pid in foreign):
+            who = "; ".join(f"pid {pid} ({command_of(pid)})" for pid in foreign if pid is not None)
+            msg = (f"port {host}:{port} is held by a process that is not this agent's: {who}; the server cannot "
+                   "start (stop that process, or give the agent another server_port)")
+        else:
+            msg = (f"port {host}:{port} is already in use before starting the server, by a process this agent "
+                   "cannot see (another user's?); stop it, or give the agent another server_port")
+        self.event("server", "failed", key, message=msg)
+        raise StepFailed(StepError(step="server", model_key=key, message=msg))
 
     def _wait_port_free(self, host: str, port: int) -> None:
         """After a server stopped: wait (bounded) until its port is free for the next key's server."""

@@ -32,6 +32,10 @@ class AgentSettings(BrokerSettings):
     min_free_disk: int = Field(default=2 * 1024**3, ge=0, description="below this free disk the module is bad, bytes")
     keep_releases: int = Field(default=3, ge=1, description="unpacked releases (and their kernel caches) kept under "
                                                             "<workdir>/releases, the newest used; this run's included")
+    unpack_max_members: int = Field(default=100_000, ge=1, description="a release tarball with more members is "
+                                                                       "refused (a release has a few thousand)")
+    unpack_max_name_bytes: int = Field(default=1024, ge=1, le=4096, description="a tarball member whose path (or "
+                                                                               "link target) is longer is refused")
     release_roots: list[Path] = Field(
         default_factory=list,
         description="folders a run's tarball may be read from, besides the module's own release cache "

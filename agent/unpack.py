@@ -13,6 +13,13 @@ attributes (:func:`checked_filter`). The tarball is opened once: its members are
 checked, then extracted from the same open file. Extraction goes to a staging folder next
 to the destination, renamed into place only when complete; on any failure (disk full
 included) the staging folder is removed and nothing else was written.
+
+Before a byte is written, the members are counted against the file system they go to
+(:func:`room_needed`, :func:`lacks`): every file takes whole blocks (``f_frsize``), every
+member a directory entry and (but hard links) an inode, so 200,000 one-byte members need
+~800 MB and 200,000 inodes, not 200 KB. A tarball with more members, or longer names, than
+:class:`UnpackLimits` allows is refused while its headers are read (a release has a few
+thousand members).
 """
 
 from __future__ import annotations
@@ -42,6 +49,89 @@ Check = Callable[[], None]  # raises to stop (cancel, deadline); called between 
 
 
 def _noop() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class UnpackLimits:
+    """Caps on what one tarball may hold (far above a release: the simulated one has 39 members, an SGLang
+    tree a few thousand, its longest path ~150 bytes)."""
+
+    max_members: int = 100_000
+    max_name_bytes: int = 1024  # a member's whole path (the kernel's PATH_MAX is 4096)
+    max_component_bytes: int = 255  # one component of it (NAME_MAX of common file systems)
+
+
+ENTRY_ALLOWANCE = 256  # bytes per member: its directory entry, and its inode where inodes take data blocks
+FAST_SYMLINK = 60  # a symlink target shorter than this lives in the inode (ext4); longer ones take a block
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a file system has free for an unprivileged writer (``os.statvfs``)."""
+
+    free_bytes: int  # f_bavail * f_frsize
+    block: int  # f_frsize: the unit a file's size is rounded up to
+    free_inodes: int | None  # f_favail; None where the file system counts none (f_files == 0: btrfs, some FUSE)
+
+
+@dataclass(frozen=True)
+class Need:
+    """What extracting a set of members takes on a file system of a given block size."""
+
+    members: int
+    bytes: int
+    inodes: int
+
+
+def room(path: Path) -> Room:
+    st = os.statvfs(path)
+    block = st.f_frsize or st.f_bsize or 4096
+    return Room(free_bytes=st.f_bavail * block, block=block, free_inodes=st.f_favail if st.f_files else None)
+
+
+def room_needed(members: list[tarfile.TarInfo], block: int) -> Need:
+    """Blocks and inodes ``members`` take once extracted (the staging folder included). Pure.
+
+    A regular file takes its size rounded up to whole blocks; a folder one block; a symlink one block
+    unless its target fits in the inode; a hard link no inode and no block. Every member also takes
+    :data:`ENTRY_ALLOWANCE` bytes for its directory entry."""
+    block = max(1, block)
+    total, inodes = block, 1  # the staging folder
+    for m in members:
+        total += ENTRY_ALLOWANCE
+        if m.islnk():
+            continue
+        inodes += 1
+        if m.isfile():
+            total += -(-m.size // block) * block
+        elif m.isdir() or (m.issym() and len(m.linkname.encode()) >= FAST_SYMLINK):
+            total += block
+    return Need(members=len(members), bytes=total, inodes=inodes)
+
+
+def lacks(need: Need, free: Room) -> str | None:
+    """What the file system lacks for ``need`` (one phrase), or None when it fits. Pure."""
+    short = []
+    if need.bytes > free.free_bytes:
+        short.append(f"not enough disk space: {need.members} members need {need.bytes} bytes in "
+                     f"{free.block}-byte blocks, {free.free_bytes} free")
+    if free.free_inodes is not None and need.inodes > free.free_inodes:
+        short.append(f"not enough inodes: {need.members} members need {need.inodes} inodes, "
+                     f"{free.free_inodes} free")
+    return "; ".join(short) or None
+
+
+def name_problem(m: tarfile.TarInfo, limits: UnpackLimits) -> str | None:
+    """Why ``m``'s name (or link target) is too long for ``limits``, or None. Pure."""
+    for what, text in (("name", m.name), ("link target", m.linkname if m.issym() or m.islnk() else "")):
+        size = len(text.encode("utf-8", "surrogateescape"))
+        if size > limits.max_name_bytes:
+            return f"{what} of {size} bytes, over the limit of {limits.max_name_bytes} (unpack_max_name_bytes)"
+        longest = max((len(c.encode("utf-8", "surrogateescape")) for c in text.replace("\\", "/").split("/")),
+                      default=0)
+        if longest > limits.max_component_bytes:
+            return f"{what} with a component of {longest} bytes, over the limit of {limits.max_component_bytes}"
     return None
 
 
@@ -177,21 +267,41 @@ class Unpacked:
     members: int
 
 
-def check_members(tarball: Path) -> list[tarfile.TarInfo]:
+def check_members(tarball: Path, limits: UnpackLimits | None = None) -> list[tarfile.TarInfo]:
     """Every member of ``tarball``, or :class:`UnsafeTarball` naming the first bad one."""
     try:
         with tarfile.open(tarball, "r:*") as tar:
-            return _members(tar, tarball)
+            return _members(tar, tarball, limits or UnpackLimits())
+    except UnsafeTarball:
+        raise
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         raise UnsafeTarball(f"{tarball}: not a readable tarball (truncated or corrupt): {exc}") from None
 
 
-def _members(tar: tarfile.TarFile, tarball: Path) -> list[tarfile.TarInfo]:
-    """Every member of the open ``tar``, checked (:class:`UnsafeTarball` naming the first bad one)."""
+def _read_members(tar: tarfile.TarFile, tarball: Path, limits: UnpackLimits) -> list[tarfile.TarInfo]:
+    """The members' headers, read to the end (a truncated file fails here), stopping at the first one past
+    ``limits`` (a tarball of a million members is refused after reading ``max_members`` headers)."""
+    members: list[tarfile.TarInfo] = []
     try:
-        members = tar.getmembers()  # reads to the end: a truncated file fails here
+        for m in tar:
+            if len(members) >= limits.max_members:
+                raise UnsafeTarball(f"{tarball}: more than {limits.max_members} members (unpack_max_members); "
+                                    "tarball refused")
+            problem = name_problem(m, limits)
+            if problem:
+                shown = m.name if len(m.name) <= 100 else m.name[:100] + "..."
+                raise UnsafeTarball(f"{tarball}: member {shown!r}: {problem}; tarball refused")
+            members.append(m)
+    except UnsafeTarball:
+        raise
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         raise UnsafeTarball(f"{tarball}: not a readable tarball (truncated or corrupt): {exc}") from None
+    return members
+
+
+def _members(tar: tarfile.TarFile, tarball: Path, limits: UnpackLimits) -> list[tarfile.TarInfo]:
+    """Every member of the open ``tar``, checked (:class:`UnsafeTarball` naming the first bad one)."""
+    members = _read_members(tar, tarball, limits)
     if not members:
         raise UnsafeTarball(f"{tarball}: empty tarball")
     for m in members:
@@ -244,7 +354,7 @@ def _checked(members: list[tarfile.TarInfo], check: Check) -> Iterator[tarfile.T
         yield m
 
 
-def unpack(tarball: Path, dest: Path, check: Check = _noop) -> Unpacked:
+def unpack(tarball: Path, dest: Path, check: Check = _noop, limits: UnpackLimits | None = None) -> Unpacked:
     """Extract ``tarball`` into ``dest`` (via a staging folder); reuse ``dest`` if already complete."""
     if dest.is_dir():
         return Unpacked(root=dest, top=find_top(dest), reused=True, members=0)
@@ -253,7 +363,7 @@ def unpack(tarball: Path, dest: Path, check: Check = _noop) -> Unpacked:
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         raise UnsafeTarball(f"{tarball}: not a readable tarball (truncated or corrupt): {exc}") from None
     with tar:  # one open file for the checks and the extraction
-        members = _members(tar, tarball)
+        members = _members(tar, tarball, limits or UnpackLimits())
         top = _extract(tar, tarball, members, dest, check)
     with contextlib.suppress(OSError):
         _fsync_dir(dest.parent)
@@ -262,12 +372,11 @@ def unpack(tarball: Path, dest: Path, check: Check = _noop) -> Unpacked:
 
 def _extract(tar: tarfile.TarFile, tarball: Path, members: list[tarfile.TarInfo], dest: Path, check: Check) -> Path:
     """Extract the checked ``members`` into ``dest`` via a staging folder; the top folder's path under ``dest``."""
-    need = sum(m.size for m in members if m.isfile())
     dest.parent.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(dest.parent).free
-    if need > free:
-        raise UnpackError(f"{dest.parent}: not enough disk space to unpack {tarball.name} "
-                          f"({need} bytes needed, {free} free)")
+    free = room(dest.parent)
+    short = lacks(room_needed(members, free.block), free)
+    if short:
+        raise UnpackError(f"{dest.parent}: cannot unpack {tarball.name}: {short}; nothing written")
     staging = dest.parent / f".staging-{dest.name}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:

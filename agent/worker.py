@@ -37,7 +37,7 @@ from typing import Any
 
 from celery import Celery
 
-from agent import malloc
+from agent import malloc, procs
 from agent.errors import BadInput
 from agent.settings import AgentSettings
 from agent.store import RunStore, check_run_id, write_atomic
@@ -59,10 +59,10 @@ from contract.records import (
 
 log = logging.getLogger("fleet.agent")
 
-# Every process the agent starts inherits this variable (value: the work folder), so a
-# restarted agent can find and stop what a killed one left running (servers live in
-# sessions of their own and survive their parent).
-MARK = "M1000_FLEET_AGENT_WORKDIR"
+# Every process the agent starts inherits MARK (value: the work folder), so a restarted agent can find and stop
+# what a killed one left running (servers live in sessions of their own and survive their parent); a process that
+# clears its environment is found by its run's cgroup (agent.procs).
+MARK = procs.MARK
 
 
 def agent_version() -> str:
@@ -147,17 +147,18 @@ class HeartbeatThread(threading.Thread):
         self.stopped.set()
 
 
-def reap_orphans(workdir: Path) -> list[int]:
+def reap_orphans(workdir: Path, grace: float = 5.0) -> list[int]:
     """Kill processes of earlier runs on this work folder; returns their pids.
 
-    They carry ``MARK`` (the work folder) and live in sessions of their own (the release's servers,
-    the benchmark's processes), while the worker runs in its own: any marked process outside the
-    worker's session is left over from a run that is no longer running (one run at a time).
+    Those in the runs' cgroups (:mod:`agent.procs`: any process, whatever its session or environment), then
+    those carrying ``MARK`` (the work folder) in sessions of their own (the release's servers, the benchmark's
+    processes), while the worker runs in its own: any marked process outside the worker's session is left over
+    from a run that is no longer running (one run at a time).
     """
     import psutil
 
+    killed = [x.pid for x in procs.sweep_leftover_cgroups(workdir, grace)]
     mark, me, session = str(workdir), os.getpid(), os.getsid(0)
-    killed: list[int] = []
     for p in psutil.process_iter():
         if p.pid == me:
             continue
@@ -653,6 +654,9 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     app = make_app(settings, module=settings.module)
     lease = claim_name(KV(app), settings)  # NameInUse: another live agent has this module's name
+    why = procs.hold_orphans()  # what a run starts stays the worker's descendant, daemonized or not
+    if why:
+        log.warning("the worker is not the subreaper of its runs: %s", why)
     left = reap_orphans(workdir)
     if left:
         log.warning("stopped %d processes left by an earlier agent: %s", len(left), left)

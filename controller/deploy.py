@@ -428,6 +428,8 @@ RestartSec=5
 # run resumes when it starts again; whatever is left after TimeoutStopSec is SIGKILLed.
 KillMode=mixed
 TimeoutStopSec=60
+# each run's processes in a cgroup of their own under the unit's (stopped with the run, and after a crash)
+Delegate=yes
 
 [Install]
 WantedBy=default.target

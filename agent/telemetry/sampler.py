@@ -26,6 +26,7 @@ from typing import IO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent.procs import REAPER
 from agent.telemetry.fields import BY_NAME, FIELDS, NUMERIC
 from agent.telemetry.parse import Reading, invalid_field, parse_csv, parse_q
 from agent.telemetry.plan import TOOLS, QueryPlan, choose_tool
@@ -71,11 +72,20 @@ Runner = Callable[[Sequence[str], float, threading.Event], ToolResult]
 def run_tool(argv: Sequence[str], timeout: float, stop: threading.Event) -> ToolResult:
     """Run ``argv`` in a session of its own; kill its process group past ``timeout`` or on ``stop``."""
     t0 = time.monotonic()
-    try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, env={**os.environ, "LC_ALL": "C"})
+    try:  # owned: the agent's reaper (a subreaper's) leaves it to this wait
+        proc = REAPER.start(lambda: subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, env={**os.environ, "LC_ALL": "C"}))
     except OSError as exc:  # not found, not executable
         return ToolResult("missing", stderr=f"{argv[0]}: {exc.strerror or exc}")
+    try:
+        return _wait_tool(proc, t0, timeout, stop)
+    finally:
+        if proc.returncode is not None:
+            REAPER.disown(proc.pid)
+
+
+def _wait_tool(proc: subprocess.Popen[bytes], t0: float, timeout: float, stop: threading.Event) -> ToolResult:
     deadline = t0 + timeout
     while True:
         try:

@@ -8,12 +8,24 @@ import os
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.errors import BadInput, ChecksumMismatch, UnsafeTarball
-from agent.unpack import UnpackError, member_problem, unpack, verify_sha256
+from agent.unpack import (
+    ENTRY_ALLOWANCE,
+    Need,
+    Room,
+    UnpackError,
+    UnpackLimits,
+    lacks,
+    member_problem,
+    room_needed,
+    unpack,
+    verify_sha256,
+)
 
 TOP = "rel"
 
@@ -128,20 +140,92 @@ def test_failure_mid_extraction_removes_staging(tmp_path):
     assert list((tmp_path / "releases").iterdir()) == []
 
 
-@pytest.fixture
-def tiny_fs(tmp_path):
-    """A 2 MiB tmpfs (needs root and mount)."""
-    mnt = tmp_path / "tiny"
+def _tmpfs(mnt: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted on ``mnt`` with ``options`` (needs root and mount), unmounted after."""
     mnt.mkdir()
     if os.geteuid() != 0:
-        pytest.skip("disk-full test needs root to mount a small tmpfs")
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
+        pytest.skip("needs root to mount a small tmpfs")
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], capture_output=True)
     if res.returncode != 0:
         pytest.skip(f"cannot mount tmpfs: {res.stderr.decode().strip()}")
     try:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 2 MiB tmpfs."""
+    yield from _tmpfs(tmp_path / "tiny", "size=2m")
+
+
+@pytest.fixture
+def few_inodes_fs(tmp_path):
+    """A 64 MiB tmpfs of 200 inodes."""
+    yield from _tmpfs(tmp_path / "few", "size=64m,nr_inodes=200")
+
+
+class Counting:
+    """A ``check`` that counts its calls: one per member extracted (none when refused up front)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+
+
+def _tiny_members(n: int) -> list[tarfile.TarInfo]:
+    return [_info(f"{TOP}/d{i // 500}/f{i}", size=1) for i in range(n)]
+
+
+def test_many_one_byte_members_are_refused_before_a_byte_is_written(tmp_path, tiny_fs):
+    """1,000 one-byte files are 1 KB of data but 4 MB of 4 KiB blocks: more than the 2 MiB disk."""
+    tb = _tar(tmp_path / "r.tar.gz", _tiny_members(1000))
+    check = Counting()
+    with pytest.raises(UnpackError) as exc:
+        unpack(tb, tiny_fs / "releases" / "x", check=check)
+    msg = str(exc.value)
+    assert "r.tar.gz" in msg and "not enough disk space" in msg and "4096-byte blocks" in msg and "\n" not in msg
+    assert check.calls == 0  # not one member extracted
+    assert list((tiny_fs / "releases").iterdir()) == []
+
+
+def test_more_members_than_inodes_are_refused_before_a_byte_is_written(tmp_path, few_inodes_fs):
+    tb = _tar(tmp_path / "r.tar.gz", _tiny_members(400))
+    check = Counting()
+    with pytest.raises(UnpackError) as exc:
+        unpack(tb, few_inodes_fs / "releases" / "x", check=check)
+    msg = str(exc.value)
+    assert "r.tar.gz" in msg and "not enough inodes" in msg and "not enough disk space" not in msg
+    assert check.calls == 0
+    assert list((few_inodes_fs / "releases").iterdir()) == []
+
+
+def test_a_release_still_unpacks_on_a_small_file_system(tmp_path, few_inodes_fs):
+    """The simulated release (39 members) fits in 200 inodes and is unpacked whole."""
+    from simulator import build_release
+
+    rel = build_release(tmp_path / "dist")
+    done = unpack(rel.path, few_inodes_fs / "releases" / "x")
+    with tarfile.open(rel.path) as tar:
+        assert done.members == len(tar.getmembers())
+    assert (done.top / "scripts/ci/musa/setup_env.sh").is_file()
+
+
+def test_member_count_and_name_length_are_capped(tmp_path):
+    tb = _tar(tmp_path / "r.tar.gz", _tiny_members(50))
+    with pytest.raises(UnsafeTarball, match=r"more than 20 members \(unpack_max_members\); tarball refused"):
+        unpack(tb, tmp_path / "releases" / "x", limits=UnpackLimits(max_members=20))
+    long = _tar(tmp_path / "long.tar.gz", [_info(f"{TOP}/" + "/".join(["d" * 200] * 6), size=1)])
+    with pytest.raises(UnsafeTarball, match=r"name of 1209 bytes, over the limit of 1024"):
+        unpack(long, tmp_path / "releases" / "y")
+    wide = _tar(tmp_path / "wide.tar.gz", [_info(f"{TOP}/" + "w" * 300, size=1)])
+    with pytest.raises(UnsafeTarball, match="component of 300 bytes"):
+        unpack(wide, tmp_path / "releases" / "z")
+    assert not (tmp_path / "releases").exists()
+    assert unpack(tb, tmp_path / "releases" / "ok").members == 55  # the default caps are far above
 
 
 def test_not_enough_space_is_refused_up_front(tmp_path, tiny_fs):
@@ -153,12 +237,11 @@ def test_not_enough_space_is_refused_up_front(tmp_path, tiny_fs):
 
 def test_disk_full_mid_extraction_keeps_nothing(tmp_path, tiny_fs, monkeypatch):
     tb = _tar(tmp_path / "r.tar.gz", [_info(f"rel/blob{i}", size=1_000_000) for i in range(3)])
-    real = shutil.disk_usage
-    monkeypatch.setattr("agent.unpack.shutil.disk_usage", lambda p: real(p)._replace(free=1 << 40))
+    monkeypatch.setattr("agent.unpack.room", lambda p: Room(free_bytes=1 << 40, block=4096, free_inodes=None))
     with pytest.raises(UnpackError, match="disk full while unpacking"):
         unpack(tb, tiny_fs / "releases" / "x")
     assert list((tiny_fs / "releases").iterdir()) == []
-    assert real(tiny_fs).used < 100_000  # the partial files went with the staging folder
+    assert shutil.disk_usage(tiny_fs).used < 100_000  # the partial files went with the staging folder
 
 
 @pytest.mark.skipif(not hasattr(tarfile, "data_filter"), reason="tarfile has no extraction filters (Python < 3.10.12)")
@@ -175,3 +258,15 @@ def test_checked_filter_gives_what_the_data_filter_gives(tmp_path):
     for name in ("open", "plain", "d", "scripts/ci/musa/setup_env.sh"):
         got, want = (done.top / name).stat(), (ref / TOP / name).stat()
         assert (got.st_mode, got.st_uid, got.st_gid) == (want.st_mode, want.st_uid, want.st_gid), name
+
+
+def test_room_needed_counts_blocks_entries_and_inodes():
+    """200,000 one-byte members: 200 KB of data, ~870 MB of 4 KiB blocks and entries, 200,001 inodes."""
+    members = [_info(f"{TOP}/f{i}", size=1) for i in range(200_000)]
+    need = room_needed(members, 4096)
+    assert need.bytes == 4096 + 200_000 * (4096 + ENTRY_ALLOWANCE) and need.inodes == 200_001
+    assert lacks(need, Room(free_bytes=500 * 1024**2, block=4096, free_inodes=10**7)).startswith(
+        "not enough disk space: 200000 members need")
+    assert lacks(need, Room(free_bytes=10 * 1024**3, block=4096, free_inodes=None)) is None  # no inode count
+    hard = _info(f"{TOP}/h", type=tarfile.LNKTYPE, linkname=f"{TOP}/f0")
+    assert room_needed([hard], 4096) == Need(members=1, bytes=4096 + ENTRY_ALLOWANCE, inodes=1)
