@@ -16,7 +16,6 @@ command -v chromium >/dev/null || need+=(chromium)
 command -v ip >/dev/null || need+=(iproute2)
 command -v rsync >/dev/null || need+=(rsync)
 command -v systemd-analyze >/dev/null || need+=(systemd)
-command -v faketime >/dev/null || need+=(faketime)
 [ ${#need[@]} -eq 0 ] && exit 0
 mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
 if [ "$(id -u)" != 0 ]; then
