@@ -1,4 +1,5 @@
-"""``fleetctl devices reset MODULE``: a module bad by failed runs takes work again, one line, an event in the history."""
+"""``fleetctl devices reset MODULE``: a module bad by failed runs takes work again; one line, an event in
+the history."""
 
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from contract.celery_app import make_app
 from contract.kv import KV
 from contract.records import Heartbeat, RunProgress, RunState, StepError
 from controller.fleet import Fleet, failed_progress
