@@ -7,6 +7,12 @@ goes through Celery's own result backend (``backend.get/set/delete``), so the em
 and the Redis deployments take the same code path. Values are JSON; a value that cannot
 be read (a concurrent writer on the file backend) reads as absent and is read again on
 the next poll.
+
+How old a heartbeat (or a name-conflict record) is, is read from the broker, never from the clock
+of the agent that wrote it (edge modules often run without NTP): on Redis from what is left of the
+key's expiry (``PTTL``: the broker's own clock counts it down from the fixed expiry the writer set),
+on the embedded broker from the file's mtime (set by the kernel of the host that holds the folder,
+the controller's own). :class:`Beat` carries that time and the writer's measured clock skew.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from celery import Celery
@@ -37,6 +43,12 @@ PREFIX = "m1000-fleet"
 CANCEL = "cancel"  # m1000-fleet:cancel:<module>:<run>: one module's part of a run
 RUN_CANCEL = "cancel-run"  # m1000-fleet:cancel-run:<run>: the whole run
 
+# Fixed expiries of the records whose age the reader takes from the broker (what is left of them): the
+# writer and the reader must agree on them, so they are not settings. A heartbeat key outlives any
+# ``lost_after``; a name-conflict record is shown for five minutes (the refused agent exited at once).
+HEARTBEAT_TTL = 7 * 86400
+CONFLICT_TTL = 300
+
 
 def _key(*parts: str) -> str:
     return ":".join((PREFIX, *parts))
@@ -47,12 +59,31 @@ def cancel_key(run_id: str, module: str | None = None) -> str:
     return _key(CANCEL, module, run_id) if module else _key(RUN_CANCEL, run_id)
 
 
+class Beat(NamedTuple):
+    """A heartbeat as read from the broker.
+
+    ``at``: when the broker took it, on the reader's clock (Redis: the read's time less the key's age by
+    its expiry; embedded: the file's mtime). ``measured`` False: the backend could not tell (a key without
+    the fixed expiry, an unknown backend) and ``at`` is the agent's own ``ts``.
+    """
+
+    hb: Heartbeat
+    at: float
+    measured: bool = True
+
+    @property
+    def skew(self) -> float | None:
+        """The agent's clock minus the reader's, s (None: not measured)."""
+        return self.hb.ts - self.at if self.measured else None
+
+
 class KV:
     def __init__(self, app: Celery) -> None:
         self.backend = app.backend
 
     # -- raw ------------------------------------------------------------------------------
-    def put(self, key: str, value: Any) -> None:
+    def put(self, key: str, value: Any, *, ex: int | None = None) -> None:
+        """``ex``: this key's expiry on Redis, s (default: the backend's ``result_expires``)."""
         data = _dump(value)
         if isinstance(self.backend, FilesystemBackend):
             # the file backend writes in place; readers must never see half a value
@@ -68,21 +99,23 @@ class KV:
             # one SET with its expiry: Celery's set is MULTI, SETEX, PUBLISH, EXEC, and nobody subscribes to
             # these keys (an idle agent's beat: 2 commands instead of 8). redis-py retries a lost connection
             # once; what must arrive is re-sent by its writer.
-            self.backend.client.set(key, data, ex=self._expiry())
+            self.backend.client.set(key, data, ex=ex or self._expiry())
             return
         # fail fast (Celery's default retries a write for ~20 s): what must arrive is re-sent by its writer
         self.backend.set(key.encode(), data, max_retries=1, interval_start=0.2, interval_step=0.5, interval_max=0.5)
 
-    def put_many(self, items: dict[str, Any]) -> None:
-        """Several values, on Redis in one round trip (a pipeline, not a transaction: each SET as :meth:`put`'s)."""
+    def put_many(self, items: dict[str, Any], expiry: Mapping[str, int] | None = None) -> None:
+        """Several values, on Redis in one round trip (a pipeline, not a transaction: each SET as :meth:`put`'s);
+        ``expiry``: key -> its own expiry, s (the others: the backend's)."""
+        own = expiry or {}
         if isinstance(self.backend, FilesystemBackend) or not _is_redis(self.backend):
             for key, value in items.items():
-                self.put(key, value)
+                self.put(key, value, ex=own.get(key))
             return
         ex = self._expiry()
         pipe = self.backend.client.pipeline(transaction=False)
         for key, value in items.items():
-            pipe.set(key, _dump(value), ex=ex)
+            pipe.set(key, _dump(value), ex=own.get(key) or ex)
         pipe.execute()
 
     def get(self, key: str) -> Any:
@@ -103,6 +136,39 @@ class KV:
                 out.append(None)
         return out
 
+    def get_aged(self, keys: Sequence[str], ttl: int) -> list[tuple[Any, float | None]]:
+        """(value, when the broker took it on this reader's clock) per key, for keys written with expiry ``ttl``.
+
+        Redis: one round trip (MGET and a PTTL per key); the age is ``ttl`` less what is left. Embedded: each
+        file's content and mtime. The time is None where the backend cannot tell (no such expiry left: a
+        writer that set another; a backend of another kind)."""
+        if not keys:
+            return []
+        if isinstance(self.backend, FilesystemBackend):
+            return [self._file_aged(k) for k in keys]
+        if not _is_redis(self.backend):
+            return [(v, None) for v in self.get_many(keys)]
+        pipe = self.backend.client.pipeline(transaction=False)
+        pipe.mget(keys)
+        for k in keys:
+            pipe.pttl(k)
+        raw, *left = pipe.execute()
+        now = time.time()
+        out: list[tuple[Any, float | None]] = []
+        for value, ms in zip(raw, left, strict=True):
+            rest = int(ms) / 1000.0 if isinstance(ms, int) else -1.0
+            at = now - (ttl - rest) if 0.0 <= rest <= ttl + 1.0 else None
+            out.append((_load(value), at))
+        return out
+
+    def _file_aged(self, key: str) -> tuple[Any, float | None]:
+        path = os.fsdecode(self.backend._filename(key.encode()))
+        try:
+            with open(path, "rb") as fh:  # the content and the mtime of one file (put replaces it whole)
+                return _load(fh.read()), os.fstat(fh.fileno()).st_mtime
+        except FileNotFoundError:
+            return None, None
+
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.backend.delete(key.encode())
@@ -110,15 +176,25 @@ class KV:
     # -- heartbeats -----------------------------------------------------------------------
     def put_heartbeat(self, hb: Heartbeat, lease: dict[str, Any] | None = None) -> None:
         """The heartbeat; with ``lease``, the module's name lease too (:meth:`put_lease`), in the same round trip."""
-        items: dict[str, Any] = {_key("hb", hb.module): hb.model_dump(mode="json")}
+        key = _key("hb", hb.module)
+        items: dict[str, Any] = {key: hb.model_dump(mode="json")}
         if lease is not None:
             items[_key("lease", hb.module)] = lease
-        self.put_many(items)
+        self.put_many(items, {key: HEARTBEAT_TTL})  # the fixed expiry: its reader takes the beat's age from it
 
     def heartbeats(self, modules: Iterable[str]) -> dict[str, Heartbeat | None]:
         names = list(modules)
         values = self.get_many([_key("hb", m) for m in names]) if names else []
         return {m: _model(Heartbeat, v) for m, v in zip(names, values, strict=True)}
+
+    def beats(self, modules: Iterable[str]) -> dict[str, Beat | None]:
+        """The heartbeats of ``modules``, each with when the broker took it (:class:`Beat`)."""
+        names = list(modules)
+        out: dict[str, Beat | None] = {}
+        for m, (value, at) in zip(names, self.get_aged([_key("hb", m) for m in names], HEARTBEAT_TTL), strict=True):
+            hb: Heartbeat | None = _model(Heartbeat, value)
+            out[m] = None if hb is None else Beat(hb, at, True) if at is not None else Beat(hb, hb.ts, False)
+        return out
 
     # -- progress and rows -------------------------------------------------------------------
     def put_progress(self, p: RunProgress) -> None:
@@ -213,12 +289,14 @@ class KV:
         self.delete(_key("lease", module))
 
     def put_conflict(self, module: str, record: dict[str, Any]) -> None:
-        self.put(_key("conflict", module), record)
+        """A second agent refused the name (it exits at once): on Redis the record expires after ``CONFLICT_TTL``."""
+        self.put(_key("conflict", module), record, ex=CONFLICT_TTL)
 
-    def conflicts(self, modules: Iterable[str]) -> dict[str, dict[str, Any]]:
+    def conflicts(self, modules: Iterable[str]) -> dict[str, tuple[dict[str, Any], float | None]]:
+        """module -> (its latest name-conflict record, when the broker took it on this reader's clock)."""
         names = list(modules)
-        values = self.get_many([_key("conflict", m) for m in names]) if names else []
-        return {m: v for m, v in zip(names, values, strict=True) if isinstance(v, dict)}
+        values = self.get_aged([_key("conflict", m) for m in names], CONFLICT_TTL)
+        return {m: (v, at) for m, (v, at) in zip(names, values, strict=True) if isinstance(v, dict)}
 
 
 class CancelFlag(NamedTuple):
@@ -230,6 +308,15 @@ def _is_redis(backend: Any) -> bool:
     from celery.backends.redis import RedisBackend  # loaded already when the backend is Redis (not embedded)
 
     return isinstance(backend, RedisBackend)  # Sentinel too
+
+
+def _load(raw: Any) -> Any:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def _dump(value: Any) -> str:

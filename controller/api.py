@@ -159,6 +159,7 @@ class Device(_Model):
     reason: str
     agent_version: str | None
     heartbeat_age_s: float | None
+    clock_skew_s: float | None  # the module's clock minus the controller's (the heartbeat's age is the broker's)
     free_disk_bytes: int | None
     run_id: str | None
 

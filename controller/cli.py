@@ -236,7 +236,8 @@ def _emit_telemetry(summaries: dict[str, Any], output: Output) -> None:
     emit(recs, TELEMETRY_TABLE, output)
 
 
-DEVICE_COLUMNS = ("module", "host", "labels", "state", "reason", "agent_version", "last_beat", "free_disk")
+DEVICE_COLUMNS = ("module", "host", "labels", "state", "reason", "agent_version", "last_beat", "clock_skew",
+                  "free_disk")
 
 
 def devices(ctx: typer.Context,
@@ -252,9 +253,22 @@ def devices(ctx: typer.Context,
         rec = service.device_dict(d)
         age, free = rec["heartbeat_age_s"], rec["free_disk_bytes"]
         rec["last_beat"] = f"{age:.0f} s ago" if age is not None else "never"
+        skew = rec["clock_skew_s"]  # the module's clock minus the controller's (ages are the broker's)
+        rec["clock_skew"] = f"{skew:+.0f} s" if skew is not None else ""
         rec["free_disk"] = f"{free / 1024**3:.1f} GiB" if free is not None else ""
         recs.append(rec)
     emit(recs, DEVICE_COLUMNS, output)
+
+
+def devices_reset(ctx: typer.Context, module: str = typer.Argument(..., help="module name")) -> None:
+    """Clear a module's failed runs in a row: a module bad by failed runs takes work again now (recorded in
+    the history). Without it, it does once failures_cooldown has passed since the last one, on trial."""
+    from controller import service
+
+    s = session(ctx)
+    n = service.reset_module(s, module)
+    stdout().print(f"{module}: {n} failed run(s) in a row cleared (recorded in {s.history_path})",
+                   highlight=False, markup=False)
 
 
 def retry(
@@ -451,6 +465,7 @@ def build_app(inv: Invocation) -> typer.Typer:
     devices_app = new_app(add_completion=False, invoke_without_command=True,
                           help="Modules of the inventory and their state (idle, busy, unreachable, offline, bad).")
     devices_app.callback()(devices)
+    devices_app.command("reset")(devices_reset)
     app.add_typer(devices_app, name="devices")
     describe_app = new_app(add_completion=False, no_args_is_help=True,
                            help="Everything about one run or one module (read-only).")

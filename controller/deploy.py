@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from agent.settings import AgentSettings
@@ -41,6 +41,9 @@ from contract.records import Heartbeat
 from contract.settings import BrokerSettings
 from controller import ssh
 from controller.inventory import Module
+
+if TYPE_CHECKING:
+    from contract.kv import Beat
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "m1000-fleet" / "wheelhouse"
@@ -833,23 +836,24 @@ def deploy(modules: Iterable[Module], opts: DeployOptions, wait: HeartbeatWait |
 
 # --------------------------------------------------------------------------- heartbeats
 def heartbeat_waiter(settings: BrokerSettings, poll: float = 1.0,
-                     read: Callable[[BrokerSettings, list[str]], dict[str, Heartbeat | None]] | None = None
+                     read: Callable[[BrokerSettings, list[str]], dict[str, Beat | None]] | None = None
                      ) -> HeartbeatWait:
-    """Wait for a module's heartbeat newer than ``since`` through the fleet's result backend."""
+    """Wait for a module's heartbeat that the broker took after ``since`` (the controller's clock: never the
+    module's own, which may be off) through the fleet's result backend."""
 
-    def reader(st: BrokerSettings, names: list[str]) -> dict[str, Heartbeat | None]:
-        from controller.fleet import read_heartbeats
+    def reader(st: BrokerSettings, names: list[str]) -> dict[str, Beat | None]:
+        from controller.fleet import read_beats
 
-        return read_heartbeats(st, names)
+        return read_beats(st, names)
 
     get = read or reader
 
     def wait(module: str, since: float, timeout: float) -> Heartbeat | None:
         deadline = time.monotonic() + timeout
         while True:
-            hb = get(settings, [module]).get(module)
-            if hb is not None and hb.ts >= since:
-                return hb
+            beat = get(settings, [module]).get(module)
+            if beat is not None and beat.at >= since:
+                return beat.hb
             if time.monotonic() >= deadline:
                 return None
             time.sleep(poll)
@@ -861,14 +865,14 @@ def busy_reader(settings: BrokerSettings) -> Callable[[str], str | None]:
     """module -> the run its latest live heartbeat says it is busy with (None: idle, silent or unknown)."""
 
     def busy(module: str) -> str | None:
-        from controller.fleet import read_heartbeats
+        from controller.fleet import read_beats
 
         try:
-            hb = read_heartbeats(settings, [module]).get(module)
+            beat = read_beats(settings, [module]).get(module)
         except Exception:  # broker away: deploy goes on; a restart interrupts a run cleanly anyway
             return None
-        fresh = hb is not None and time.time() - hb.ts <= settings.offline_after
-        return hb.run_id if fresh and hb is not None else None
+        fresh = beat is not None and time.time() - beat.at <= settings.offline_after  # the broker's age of it
+        return beat.hb.run_id if fresh and beat is not None else None
 
     return busy
 

@@ -14,11 +14,11 @@ key / channel                                  module ``M``            controlle
 ``unacked_mutex:…`` (per module, see           ZRANGE/SET NX, the
 :func:`contract.celery_app.make_app`)             mutex's Lua script
 ``celery-task-meta-M:<run>`` (key + channel)   SETEX, GET, PUBLISH     GET, SUBSCRIBE
-``m1000-fleet:hb:M``                           SETEX + PUBLISH         MGET
+``m1000-fleet:hb:M``                           SET EX (fixed expiry)   MGET, PTTL (its age)
 ``m1000-fleet:{progress,rows,telemetry}:…:M``  SETEX + PUBLISH         GET/MGET
 ``m1000-fleet:cancel:M:<run>``                 read only, own only     SETEX
 ``m1000-fleet:cancel-run:<run>``               read only (MGET)        SETEX
-``m1000-fleet:{lease,conflict}:M``             read/write, own only    all
+``m1000-fleet:{lease,conflict}:M``             read/write, own only    all (conflict: PTTL)
 =============================================  ======================  ==================
 
 Commands a module may run are listed one by one (:data:`MODULE_COMMANDS`): no KEYS, SCAN,

@@ -3,7 +3,9 @@
 Everything here talks to the broker through one Celery app and the backend KV
 (``contract.kv``); the run history is the only other store. Module states follow LAVA's
 shape: ``idle``, ``busy``, ``offline`` (no heartbeat for ``offline_after``), ``bad``
-(unhealthy heartbeat or ``failures_for_bad`` failed runs in a row). ``sync`` is
+(unhealthy heartbeat or ``failures_for_bad`` failed runs in a row). A heartbeat's age is the
+broker's (``contract.kv.Beat``), never the agent's clock; every time an agent wrote (a run's
+``started_at``, ``updated_at``) is read through its measured clock skew. ``sync`` is
 idempotent and can be called by any controller process at any time (the attached CLI,
 ``fleetctl status``, or ``fleetctl serve`` when nobody is attached): results reach the
 history whether or not a CLI stays attached.
@@ -26,13 +28,13 @@ from agent.errors import BadInput
 from agent.store import check_run_id
 from contract.records import Heartbeat, RunProgress, RunRequest, RunState, StepError, release_version_of
 from contract.settings import BrokerSettings
-from controller.history import History
+from controller.history import RESET_EVENT, History
 from controller.inventory import Module
 
 if TYPE_CHECKING:
     from celery import Celery
 
-    from contract.kv import KV
+    from contract.kv import KV, Beat
 
 # Celery, kombu and redis (~0.4 s of imports) load when a Fleet is made or a broker error is
 # caught, not when a verb that only reads the history imports this module.
@@ -68,29 +70,85 @@ def broker_errors() -> tuple[type[BaseException], ...]:
 @dataclass(frozen=True)
 class ModuleStatus:
     name: str
-    state: str  # idle | busy | offline | bad
+    state: str  # idle | busy | unreachable | offline | bad
     reason: str = ""
     heartbeat: Heartbeat | None = None
-    age: float | None = None  # seconds since the last heartbeat
+    age: float | None = None  # seconds since the broker took the last heartbeat
+    skew: float | None = None  # the agent's clock minus the controller's, s (None: not measured)
 
 
-def derive_state(hb: Heartbeat | None, now: float, *, offline_after: float, consecutive_failures: int = 0,
-                 failures_for_bad: int = 3, lost_after: float | None = None) -> tuple[str, str]:
-    """``unreachable``: no heartbeat for ``offline_after`` (its run goes on); ``offline``: for ``lost_after``."""
-    if hb is None:
+def derive_state(beat: Beat | None, now: float, *, offline_after: float, consecutive_failures: int = 0,
+                 failures_for_bad: int = 3, lost_after: float | None = None,
+                 streak: FailureStreak | None = None, failures_cooldown: float | None = None) -> tuple[str, str]:
+    """``unreachable``: no heartbeat for ``offline_after`` (its run goes on); ``offline``: for ``lost_after``.
+
+    The heartbeat's age is ``now - beat.at`` (when the broker took it), never the agent's own ``ts``.
+    ``bad`` by failed runs (``streak``, or ``consecutive_failures``) holds until a run passes, the failures
+    are reset (``fleetctl devices reset``), or the last of them ended ``failures_cooldown`` ago: the module
+    then takes work again (on trial: one more failed run makes it bad again for as long).
+    """
+    if beat is None:
         return "offline", "no heartbeat ever"
-    age = now - hb.ts
+    hb = beat.hb
+    age = now - beat.at
     if age > max(offline_after, lost_after or 0.0):
         return "offline", f"no heartbeat for {age:.0f} s"
     if age > offline_after:
         return "unreachable", f"no heartbeat for {age:.0f} s" + (f", run {hb.run_id} goes on" if hb.run_id else "")
     if not hb.healthy:
         return "bad", hb.detail or "agent reports itself unhealthy"
-    if consecutive_failures >= failures_for_bad:
-        return "bad", f"{consecutive_failures} failed runs in a row"
+    streak = streak if streak is not None else FailureStreak(consecutive_failures)
+    trial = ""
+    if streak.count >= failures_for_bad:
+        since = None if streak.last_at is None else now - streak.last_at
+        reset = f"`fleetctl devices reset {hb.module}`"
+        if failures_cooldown is None or since is None:
+            return "bad", f"{streak.count} failed runs in a row: takes work again after {reset}"
+        if since < failures_cooldown:
+            return "bad", (f"{streak.count} failed runs in a row, the last {_minutes(since)} ago: takes work again "
+                           f"in {_minutes(failures_cooldown - since)} (on trial), or now after {reset}")
+        trial = (f"on trial: {streak.count} failed runs in a row, the last {_minutes(since)} ago "
+                 f"(one more makes it bad again)")
     if hb.run_id:
-        return "busy", f"run {hb.run_id}" + (f", {hb.step}" if hb.step else "")
-    return "idle", ""
+        return "busy", f"run {hb.run_id}" + (f", {hb.step}" if hb.step else "") + (f"; {trial}" if trial else "")
+    return "idle", trial
+
+
+@dataclass(frozen=True)
+class FailureStreak:
+    """A module's failed runs in a row, newest first, since its last reset; ``last_at``: when the newest
+    ended (the controller's clock)."""
+
+    count: int = 0
+    last_at: float | None = None
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def skew_warning(skew: float | None, bound: float) -> str:
+    """The warning a module's clock skew earns past ``bound`` (empty within it or when not measured)."""
+    if skew is None or abs(skew) <= bound:
+        return ""
+    way = "ahead of" if skew > 0 else "behind"
+    return f"clock {abs(skew):.0f} s {way} the controller's (warning past {bound:.0f} s: is NTP running there?)"
+
+
+def conflict_note(conflict: tuple[Mapping[str, object], float | None] | None, now: float) -> str:
+    """The reason text of a name conflict: a second agent refused the name (it exited at once). Shown for
+    ``CONFLICT_TTL`` after the refusal, by the broker's clock (Redis expires the record; embedded: its mtime)."""
+    from contract.kv import CONFLICT_TTL
+
+    if conflict is None:
+        return ""
+    record, at = conflict
+    if at is None or not 0 <= now - at < CONFLICT_TTL:
+        return ""
+    held = record.get("held_by")
+    held = held if isinstance(held, Mapping) else {}
+    return (f"name conflict: a second agent on {record.get('host')} (pid {record.get('pid')}) was refused and "
+            f"exited {now - at:.0f} s ago; the name is held by {held.get('host')} (pid {held.get('pid')})")
 
 
 def release_version(tarball: Path) -> str:
@@ -117,29 +175,31 @@ def module_failed(p: RunProgress) -> bool:
     return p.state in (RunState.FAILED, RunState.LOST) or any(o.status == "failed" for o in p.outcomes)
 
 
-def liveness(p: RunProgress | None, hb: Heartbeat | None, now: float, *, dispatched_at: float,
+def liveness(p: RunProgress | None, beat: Beat | None, now: float, *, dispatched_at: float,
              settings: BrokerSettings) -> str | None:
     """Why a (run, module) that is not terminal must be given up now, or None (pure).
 
     The bounds: no heartbeat for ``lost_after``; started more than ``module_deadline`` ago; queued
     while the module was alive and idle for ``start_timeout`` (the message never reached it); started,
     and the module alive and idle while the run has not reported for ``start_timeout`` (its end never
-    reached the broker).
+    reached the broker). The heartbeat's age is the broker's (``beat.at``); the run's own times were
+    written on the agent's clock and are read through its measured skew.
     """
-    silent = now - hb.ts if hb is not None else now - dispatched_at
+    silent = now - beat.at if beat is not None else now - dispatched_at
     if silent > settings.lost_after:
-        return (f"agent lost: no heartbeat for {silent:.0f} s" if hb is not None
+        return (f"agent lost: no heartbeat for {silent:.0f} s" if beat is not None
                 else f"agent lost: never seen in {silent:.0f} s")
-    started = p.started_at if p is not None else None
+    skew = (beat.skew or 0.0) if beat is not None else 0.0
+    started = p.started_at - skew if p is not None and p.started_at is not None else None
     if started is not None and now - started > settings.module_deadline:
         return f"deadline passed: running for {now - started:.0f} s (bound {settings.module_deadline:.0f} s)"
     queued = p is None or (p.state == RunState.PENDING and p.started_at is None)
-    idle = hb is not None and hb.run_id is None and silent <= settings.offline_after
+    idle = beat is not None and beat.hb.run_id is None and silent <= settings.offline_after
     if queued and idle and now - dispatched_at > settings.start_timeout:
         return f"never started: the module stayed idle for {now - dispatched_at:.0f} s after dispatch"
-    if not queued and p is not None and idle and now - p.updated_at > settings.start_timeout:
+    if not queued and p is not None and idle and now - (p.updated_at - skew) > settings.start_timeout:
         # its end never reached the broker (e.g. a write taken by a Redis master that died before its replica had it)
-        return (f"end lost: the module is idle and its run last reported {now - p.updated_at:.0f} s ago "
+        return (f"end lost: the module is idle and its run last reported {now - (p.updated_at - skew):.0f} s ago "
                 f"({p.state.value}, {p.step or 'start'})")
     return None
 
@@ -167,7 +227,8 @@ class RunView:
 
 # --------------------------------------------------------------------------- the seam
 class Fleet:
-    def __init__(self, settings: BrokerSettings, history: History, *, failures_for_bad: int = 3) -> None:
+    def __init__(self, settings: BrokerSettings, history: History, *, failures_for_bad: int = 3,
+                 failures_cooldown: float | None = 900.0, clock_skew_warn: float = 30.0) -> None:
         self.settings = settings
         self.history = history
         from contract.celery_app import make_app
@@ -176,6 +237,8 @@ class Fleet:
         self.app: Celery = make_app(settings)
         self.kv: KV = KV(self.app)
         self.failures_for_bad = failures_for_bad
+        self.failures_cooldown = failures_cooldown
+        self.clock_skew_warn = clock_skew_warn
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -199,37 +262,62 @@ class Fleet:
     def heartbeats(self, names: Iterable[str]) -> dict[str, Heartbeat | None]:
         return self.kv.heartbeats(names)
 
+    def beats(self, names: Iterable[str]) -> dict[str, Beat | None]:
+        """Heartbeats with when the broker took them (their age never from the agent's clock)."""
+        return self.kv.beats(names)
+
     def consecutive_failures(self, module: str, limit: int = 10) -> int:
+        return self.failure_streak(module, limit=limit).count
+
+    def failure_streak(self, module: str, *, limit: int = 10, skew: float = 0.0) -> FailureStreak:
+        """The module's failed runs in a row, newest first (pure reading of the history).
+
+        Not counted, and not ending the streak: a run not terminal yet, and a refusal (``attempt`` 0: the
+        controller never sent it, the module was offline, bad or lacked the release). Ended by a run that
+        passed and by ``fleetctl devices reset`` (runs created before it are not read). ``skew``: the module's
+        clock against the controller's, for the end times the agent wrote (a LOST end is the controller's).
+        """
+        reset = self.history.last_module_reset(module)
         cur = self.history.conn.execute(
-            "SELECT progress FROM module_runs WHERE module=? ORDER BY updated_at DESC LIMIT ?", (module, limit))
-        n = 0
-        for (raw,) in cur.fetchall():
+            "SELECT m.progress, r.created_at FROM module_runs m LEFT JOIN runs r ON r.run_id = m.run_id"
+            " WHERE m.module=? AND COALESCE(json_extract(m.progress, '$.attempt'), 1) != 0"
+            " ORDER BY m.updated_at DESC LIMIT ?", (module, limit))
+        n, last = 0, None
+        for raw, created in cur.fetchall():
+            if reset is not None and created is not None and created <= reset:
+                break
             p = RunProgress.model_validate_json(raw)
             if not p.state.terminal:
                 continue
             if not module_failed(p):
                 break
+            if last is None:
+                ended = p.finished_at or p.updated_at
+                last = ended if p.state == RunState.LOST else ended - skew
             n += 1
+        return FailureStreak(n, last)
+
+    def reset_failures(self, module: str) -> int:
+        """Clear the module's failed runs in a row (an event in the history); how many there were."""
+        n = self.failure_streak(module).count
+        self.history.add_module_event(module, f"{RESET_EVENT}: {n} failed run(s) in a row cleared")
         return n
 
     def statuses(self, modules: Sequence[Module], now: float | None = None) -> dict[str, ModuleStatus]:
-        now = time.time() if now is None else now
-        hbs = self.heartbeats(m.name for m in modules)
+        beats = self.beats(m.name for m in modules)
         conflicts = self.kv.conflicts(m.name for m in modules)
+        now = time.time() if now is None else now
         out: dict[str, ModuleStatus] = {}
         for m in modules:
-            hb = hbs.get(m.name)
-            state, reason = derive_state(hb, now, offline_after=self.settings.offline_after,
-                                         consecutive_failures=self.consecutive_failures(m.name),
-                                         failures_for_bad=self.failures_for_bad, lost_after=self.settings.lost_after)
-            conflict = conflicts.get(m.name)
-            if conflict and now - float(conflict.get("ts", 0) or 0) < max(3600.0, self.settings.lost_after):
-                held = conflict.get("held_by") or {}
-                reason = (reason + "; " if reason else "") + (
-                    f"name conflict: a second agent on {conflict.get('host')} (pid {conflict.get('pid')}) was refused"
-                    f" {now - float(conflict.get('ts', 0)):.0f} s ago; the name is held by {held.get('host')}"
-                    f" (pid {held.get('pid')})")
-            out[m.name] = ModuleStatus(m.name, state, reason, hb, (now - hb.ts) if hb else None)
+            beat = beats.get(m.name)
+            skew = beat.skew if beat is not None else None
+            streak = self.failure_streak(m.name, skew=skew or 0.0)
+            state, reason = derive_state(beat, now, offline_after=self.settings.offline_after,
+                                         failures_for_bad=self.failures_for_bad, lost_after=self.settings.lost_after,
+                                         streak=streak, failures_cooldown=self.failures_cooldown)
+            notes = [reason, skew_warning(skew, self.clock_skew_warn), conflict_note(conflicts.get(m.name), now)]
+            out[m.name] = ModuleStatus(m.name, state, "; ".join(n for n in notes if n), beat.hb if beat else None,
+                                       (now - beat.at) if beat else None, skew)
         return out
 
     def queue_lengths(self, modules: Sequence[Module]) -> dict[str, int]:
@@ -367,16 +455,19 @@ class Fleet:
         pending = [m for m in info.modules if not (known.get(m) and known[m].state.terminal)
                    or (late_ok and known[m].state == RunState.LOST)]
         live = self.kv.progress(run_id, pending) if pending else {}
-        hbs = self.heartbeats(pending) if pending else {}
+        beats = self.beats(pending) if pending else {}
         for m in pending:
             p, cur = live.get(m), known.get(m)
             was_lost = cur is not None and cur.state == RunState.LOST
+            beat = beats.get(m)
+            skew = (beat.skew or 0.0) if beat is not None else 0.0
             if p is not None and p.release and info.release and p.release != info.release:
                 # another release's record under this run id (another controller used it): never this run's result
                 known[m] = self._record_foreign(run_id, m, info.release, p, len(info.models), now)
                 continue
             if p is not None and cur is not None and was_lost:
-                if not p.state.terminal and p.updated_at <= (cur.finished_at or 0.0):
+                # the late state's time is the agent's clock, when the module was given up the controller's
+                if not p.state.terminal and p.updated_at - skew <= (cur.finished_at or 0.0):
                     p = None  # nothing newer than when the module was given up
                 else:
                     self.history.add_event(run_id, m, f"late {p.state.value} state accepted after the module was "
@@ -411,7 +502,7 @@ class Fleet:
                 known[m] = cur = p
             if cur is not None and cur.state.terminal:
                 continue
-            why = liveness(cur, hbs.get(m), now, dispatched_at=info.created_at, settings=self.settings)
+            why = liveness(cur, beat, now, dispatched_at=info.created_at, settings=self.settings)
             if why:
                 self.kv.cancel(run_id, m, reason=why, lost=True)  # a later delivery must not run it
                 known[m] = self._record_lost(run_id, m, info.release, cur, why, len(info.models), now)
@@ -480,9 +571,13 @@ def run_id_in_use(run_id: str, found: Mapping[str, RunProgress], history: object
 
 def failed_progress(run_id: str, module: str, release: str, step: str, message: str, keys: int,
                     now: float) -> RunProgress:
-    """A module's part of a run failed by the controller at ``step`` (it never reached the module)."""
+    """A module's part of a run failed by the controller at ``step`` (it never reached the module).
+
+    ``attempt`` 0: never delivered. The run fails there, but it is a refusal, not a failed run of the module
+    (:meth:`Fleet.failure_streak` does not count it: a bad module would never recover otherwise)."""
     return RunProgress(run_id=run_id, module=module, release=release, state=RunState.FAILED, step=step,
-                       keys_total=keys, updated_at=now, finished_at=now, error=StepError(step=step, message=message))
+                       keys_total=keys, updated_at=now, finished_at=now, attempt=0,
+                       error=StepError(step=step, message=message))
 
 
 def args_label(args: Sequence[object]) -> str:
@@ -497,6 +592,18 @@ def args_label(args: Sequence[object]) -> str:
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return re.sub(r"://[^@/\s]*@", "://***@", text)[:300]
+
+
+def read_beats(settings: BrokerSettings, modules: Iterable[str]) -> dict[str, Beat | None]:
+    """Heartbeats of ``modules`` with when the broker took them (for deploy's waits)."""
+    from contract.celery_app import make_app
+    from contract.kv import KV
+
+    app = make_app(settings)
+    try:
+        return KV(app).beats(modules)
+    finally:
+        app.close()
 
 
 def read_heartbeats(settings: BrokerSettings, modules: Iterable[str]) -> dict[str, Heartbeat | None]:

@@ -112,6 +112,7 @@ CREATE TABLE IF NOT EXISTS webhook_sent (
 );
 """
 VERDICT_EVENT = "run.verdict"
+RESET_EVENT = "failures reset"  # the module event of `fleetctl devices reset` (the module's failed runs cleared)
 
 
 class OutboxEvent(BaseModel):
@@ -333,6 +334,20 @@ class History:
         with self.tx() as c:
             c.execute("INSERT INTO events (run_id, module, ts, message) VALUES (?,?,?,?)",
                       (run_id, module, time.time(), message))
+
+    def add_module_event(self, module: str, message: str) -> None:
+        """An event about a module, not a run (run id ''): e.g. its failed runs reset by ``fleetctl devices reset``."""
+        self.add_event("", module, message)
+
+    def module_events(self, module: str) -> list[tuple[float, str]]:
+        cur = self.conn.execute("SELECT ts, message FROM events WHERE run_id='' AND module=? ORDER BY ts", (module,))
+        return [(float(t), str(msg)) for t, msg in cur.fetchall()]
+
+    def last_module_reset(self, module: str) -> float | None:
+        """When the module's failed runs were last reset (``fleetctl devices reset``), or None."""
+        (ts,) = self.conn.execute("SELECT MAX(ts) FROM events WHERE run_id='' AND module=? AND message LIKE ?",
+                                  (module, f"{RESET_EVENT}%")).fetchone()
+        return None if ts is None else float(ts)
 
     def events(self, run_id: str) -> list[tuple[str, float, str]]:
         cur = self.conn.execute("SELECT module, ts, message FROM events WHERE run_id=? ORDER BY ts", (run_id,))

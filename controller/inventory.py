@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,19 @@ from contract.records import MODEL_KEYS
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+_CONTROL_NAMES = {"\n": "newline", "\r": "carriage return", "\t": "tab", "\x1b": "escape", "\x00": "NUL"}
+
+
+def control_character(text: str) -> str | None:
+    """The first control character of ``text`` (a newline, a tab, an escape, a line separator, a
+    bidirectional override...), named, with its position; None when there is none."""
+    for i, c in enumerate(text):
+        if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp"):
+            name = _CONTROL_NAMES.get(c) or unicodedata.name(c, "control").lower()
+            return f"U+{ord(c):04X} {name} at position {i + 1}"
+    return None
 
 
 class InventoryError(ValueError):
@@ -63,9 +77,13 @@ class Module(BaseModel):
     @field_validator("labels")
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        for k in v:
+        for k, value in v.items():
             if not _LABEL.match(k):
                 raise ValueError(f"label name {k!r} is not a Prometheus-safe label name")
+            bad = control_character(value)
+            if bad is not None:
+                raise ValueError(f"label {k!r}: its value holds a control character ({bad}); labels are one line "
+                                 "of text (tables, selectors, Prometheus labels)")
         return v
 
     @field_validator("model_paths")
@@ -126,7 +144,7 @@ def parse_inventory(data: dict[str, Any], path: str = "<inventory>") -> Inventor
     if not isinstance(raw, list) or not raw:
         raise InventoryError(f"{path}: no [[module]] entries")
     modules: list[Module] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # casefolded name -> the name as written
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict):
             raise InventoryError(f"{path}: module #{i + 1} is not a table")
@@ -140,9 +158,14 @@ def parse_inventory(data: dict[str, Any], path: str = "<inventory>") -> Inventor
             m = Module.model_validate(merged)
         except ValidationError as exc:
             raise _fmt_error(path, label, exc) from None
-        if m.name in seen:
+        if m.name in seen.values():
             raise InventoryError(f"{path}: module {m.name!r}: field 'name': duplicate module name")
-        seen.add(m.name)
+        twin = seen.get(m.name.casefold())
+        if twin is not None:
+            # queue names, Redis users and key patterns, work folders (case-insensitive file systems) collide
+            raise InventoryError(f"{path}: module {m.name!r}: field 'name': differs from module {twin!r} only in "
+                                 "case (their queues, broker keys and folders would collide): rename one")
+        seen[m.name.casefold()] = m.name
         modules.append(m)
     return Inventory(path=path, modules=tuple(modules))
 

@@ -39,6 +39,9 @@ RECENT_RUNS = 50
 CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec("m1000_fleet_modules", "gauge", ("state",), "count", "Modules per state"),
     MetricSpec("m1000_fleet_module_state", "gauge", ("module", "state"), "count", "1 for the state a module is in"),
+    MetricSpec("m1000_fleet_module_clock_skew_seconds", "gauge", ("module",), "seconds",
+               "A module's clock minus the controller's, measured from its last heartbeat (whose age is the"
+               " broker's)"),
     MetricSpec("m1000_fleet_runs", "gauge", ("verdict",), "count",
                "Runs in the history by verdict ('none' while running)"),
     MetricSpec("m1000_fleet_queue_length", "gauge", ("queue",), "count", "Messages waiting in a broker queue"),
@@ -70,6 +73,13 @@ _BASELINE_FIELDS: tuple[tuple[str, str, float], ...] = (
     ("decode_tps", "m1000_baseline_decode_tokens_per_second", 1.0),
     ("vision_fps", "m1000_baseline_vision_frames_per_second", 1.0),
 )
+
+
+class ModuleReading(NamedTuple):
+    """What the collector shows of one module: its state and its measured clock skew (s; None: unknown)."""
+
+    state: str
+    clock_skew: float | None = None
 
 
 class Deviation(NamedTuple):
@@ -116,10 +126,11 @@ def deviation(rows: Iterable[ResultRow], base: Mapping[tuple[str, str], Mapping[
 
 
 class ControllerCollector(Collector):
-    """Collector of the controller's series; ``states()`` gives module -> idle|busy|offline|bad,
-    ``queue_lengths()`` queue -> length. Safe to call from the HTTP server's thread."""
+    """Collector of the controller's series; ``states()`` gives module -> idle|busy|offline|bad (or a
+    :class:`ModuleReading`, with the module's clock skew), ``queue_lengths()`` queue -> length. Safe to call
+    from the HTTP server's thread."""
 
-    def __init__(self, history: History, states: Callable[[], Mapping[str, str]],
+    def __init__(self, history: History, states: Callable[[], Mapping[str, str | ModuleReading]],
                  queue_lengths: Callable[[], Mapping[str, int]], *, tolerance: float = 0.05,
                  recent_runs: int = RECENT_RUNS) -> None:
         self.history = history
@@ -150,14 +161,17 @@ class ControllerCollector(Collector):
 
     def _state_metrics(self) -> Iterator[Metric]:
         try:
-            states = dict(self.states())
+            readings = {m: r if isinstance(r, ModuleReading) else ModuleReading(r) for m, r in self.states().items()}
         except Exception as exc:  # noqa: BLE001 - a broker outage must not break the scrape
             log.warning("module states unavailable: %s", exc)
             return
         counts = dict.fromkeys(MODULE_STATES, 0)
         per = self._family("m1000_fleet_module_state")
-        for module, state in sorted(states.items()):
-            st = label_value(state)
+        skew = self._family("m1000_fleet_module_clock_skew_seconds")
+        for module, reading in sorted(readings.items()):
+            if reading.clock_skew is not None:
+                skew.add_metric((label_value(module),), reading.clock_skew)
+            st = label_value(reading.state)
             counts[st] = counts.get(st, 0) + 1
             for s in (*MODULE_STATES, *([st] if st not in MODULE_STATES else [])):
                 per.add_metric((label_value(module), s), 1.0 if s == st else 0.0)
@@ -166,6 +180,7 @@ class ControllerCollector(Collector):
             total.add_metric((s,), n)
         yield total
         yield per
+        yield skew
 
     def _queue_metrics(self) -> Iterator[Metric]:
         try:

@@ -121,14 +121,15 @@ def _start_metrics(s: Session) -> Any:
         return None
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from controller.metrics import ControllerCollector
+    from controller.metrics import ControllerCollector, ModuleReading
 
     # its own session: the collector runs in the HTTP server's thread
     own = Session(settings)
     history, fleet, inv = own.history(), own.fleet(), s.inventory()
 
-    def states() -> dict[str, str]:
-        return {name: status.state for name, status in fleet.statuses(list(inv.modules)).items()}
+    def states() -> dict[str, ModuleReading]:
+        return {name: ModuleReading(status.state, status.skew)
+                for name, status in fleet.statuses(list(inv.modules)).items()}
 
     def queues() -> dict[str, int]:
         return fleet.queue_lengths(list(inv.modules))

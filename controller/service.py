@@ -133,7 +133,9 @@ class Session:
     def fleet(self) -> Fleet:
         """The broker seam, on the run history (created when absent)."""
         if self._fleet is None:
-            self._fleet = Fleet(self.settings, self.history(), failures_for_bad=self.settings.failures_for_bad)
+            self._fleet = Fleet(self.settings, self.history(), failures_for_bad=self.settings.failures_for_bad,
+                                failures_cooldown=self.settings.failures_cooldown,
+                                clock_skew_warn=self.settings.clock_skew_warn)
             self._closers.append(self._fleet.close)
         return self._fleet
 
@@ -143,7 +145,9 @@ class Session:
         if self._fleet is None and not self.has_history():
             empty = History(":memory:")
             self._closers.append(empty.close)
-            self._fleet = Fleet(self.settings, empty, failures_for_bad=self.settings.failures_for_bad)
+            self._fleet = Fleet(self.settings, empty, failures_for_bad=self.settings.failures_for_bad,
+                                failures_cooldown=self.settings.failures_cooldown,
+                                clock_skew_warn=self.settings.clock_skew_warn)
             self._closers.append(self._fleet.close)
         return self.fleet()
 
@@ -585,6 +589,14 @@ def devices(s: Session, selector: str = "all") -> list[Device]:
     return [Device(m, st[m.name]) for m in mods]
 
 
+def reset_module(s: Session, name: str) -> int:
+    """Clear a module's failed runs in a row (``fleetctl devices reset``): recorded as an event of the module in
+    the history; how many there were. A module bad for another reason (its heartbeat) stays bad."""
+    if name not in {m.name for m in s.inventory().modules}:
+        raise NotFound(f"no module {name!r} in {s.settings.inventory}")
+    return s.fleet().reset_failures(name)
+
+
 def describe_run(s: Session, run: str, *, live: bool = True) -> RunDetail:
     info = find_run(s, run)
     v = view(s, info.run_id, live=live and info.kind == "run" and info.state == "running")
@@ -727,6 +739,7 @@ def device_dict(d: Device) -> dict[str, Any]:
     return {"module": d.module.name, "host": d.module.host, "transport": d.module.transport,
             "labels": dict(d.module.labels), "state": d.status.state, "reason": d.status.reason,
             "agent_version": hb.agent_version if hb else None, "heartbeat_age_s": d.status.age,
+            "clock_skew_s": d.status.skew,
             "free_disk_bytes": hb.free_disk_bytes if hb else None, "run_id": hb.run_id if hb else None}
 
 

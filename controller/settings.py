@@ -22,6 +22,11 @@ class ControllerSettings(BrokerSettings):
     metrics_host: str = Field(default="127.0.0.1", description="bind address of `fleetctl serve` /metrics")
     metrics_port: int = Field(default=9401, ge=0, le=65535, description="port of `fleetctl serve` /metrics")
     failures_for_bad: int = Field(default=3, ge=1, description="consecutive failed runs that make a module bad")
+    failures_cooldown: float = Field(
+        default=900.0, gt=0, description="a module bad by failed runs takes work again this long after the last "
+                                         "one ended, on trial (or at once: fleetctl devices reset), s")
+    clock_skew_warn: float = Field(default=30.0, gt=0,
+                                   description="warn when a module's clock is off the controller's by more, s")
     api_host: str = Field(default="127.0.0.1", description="bind address of the HTTP API of `fleetctl serve`")
     api_port: int = Field(default=0, ge=0, le=65535, description="port of the HTTP API of `fleetctl serve` (0: off)")
     api_tokens_file: Path | None = Field(default=None, description="bearer tokens of the HTTP API, one a line (0600)")

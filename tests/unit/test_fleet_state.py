@@ -1,13 +1,14 @@
 import pytest
 
 from agent.settings import AgentSettings
+from contract.kv import Beat
 from contract.records import Heartbeat, KeyOutcome, RunProgress, RunState, UnknownModelKey, parse_model_keys
 from contract.settings import BrokerSettings, SettingsError, load_settings
 from controller.fleet import BadRelease, RunView, derive_state, release_version
 
 
 def hb(ts, **kw):
-    return Heartbeat(module="m", agent_version="1", ts=ts, **kw)
+    return Beat(Heartbeat(module="m", agent_version="1", ts=ts, **kw), ts)
 
 
 @pytest.mark.parametrize(("beat", "failures", "state"), [

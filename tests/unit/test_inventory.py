@@ -72,3 +72,37 @@ def test_selectors():
         names("rack=9")
     with pytest.raises(InventoryError, match="empty"):
         names(" , ")
+
+
+@pytest.mark.parametrize(("value", "named"), [
+    ("a\nb", "U+000A newline at position 2"),
+    ("rack-a\r", "U+000D carriage return at position 7"),
+    ("a\tb", "U+0009 tab"),
+    ("\x1b[31mred", "U+001B escape at position 1"),
+    ("a\u2028b", "U+2028 line separator"),
+    ("ab\u202e", "U+202E right-to-left override"),
+])
+def test_a_control_character_in_a_label_value_is_refused_in_one_line(value, named):
+    with pytest.raises(InventoryError) as e:
+        parse_inventory({"module": [{"name": "m-a01", "labels": {"rack": value}}]}, "lab.toml")
+    msg = str(e.value)
+    assert "\n" not in msg and "\r" not in msg
+    assert msg.startswith("lab.toml: module 'm-a01': field 'labels':") and "label 'rack'" in msg and named in msg
+
+
+def test_a_control_character_in_a_default_label_names_the_module():
+    with pytest.raises(InventoryError, match="module 'm-b01': field 'labels'.*label 'lab'.*newline"):
+        parse_inventory({"defaults": {"labels": {"lab": "sh\n"}}, "module": [{"name": "m-b01"}]}, "lab.toml")
+
+
+def test_plain_label_values_pass():
+    inv = parse_inventory({"module": [{"name": "a", "labels": {"rack": "A 1 / évt2", "empty": ""}}]}, "x")
+    assert inv.modules[0].labels == {"rack": "A 1 / évt2", "empty": ""}
+
+
+@pytest.mark.parametrize("names", [("M01", "m01"), ("m-a01", "M-A01"), ("sim.X", "sim.x")])
+def test_module_names_that_differ_only_in_case_are_refused(names):
+    with pytest.raises(InventoryError) as e:
+        parse_inventory({"module": [{"name": n} for n in (*names, "other")]}, "lab.toml")
+    assert str(e.value) == (f"lab.toml: module {names[1]!r}: field 'name': differs from module {names[0]!r} only in "
+                            "case (their queues, broker keys and folders would collide): rename one")

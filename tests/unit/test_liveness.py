@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contract.kv import Beat
 from contract.records import Heartbeat, RunProgress, RunState
 from contract.settings import BrokerSettings
 from controller.fleet import liveness
@@ -10,8 +11,9 @@ S = BrokerSettings(offline_after=30, lost_after=600, start_timeout=300)
 T0 = 1_000_000.0
 
 
-def hb(ts: float, run_id: str | None = None) -> Heartbeat:
-    return Heartbeat(module="m", agent_version="1", ts=ts, run_id=run_id)
+def hb(ts: float, run_id: str | None = None) -> Beat:
+    """A beat the broker took at ``ts``, from an agent whose clock is right."""
+    return Beat(Heartbeat(module="m", agent_version="1", ts=ts, run_id=run_id), ts)
 
 
 def prog(state: RunState, updated: float, started: float | None = T0 + 5) -> RunProgress:
