@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from agent.errors import BadInput
 from agent.store import check_run_id
@@ -156,7 +156,7 @@ def liveness(p: RunProgress | None, hb: Heartbeat | None, now: float, *, dispatc
 COLLECT_STEP = "collecting"
 
 
-def is_collecting(p: RunProgress | None) -> bool:
+def is_collecting(p: RunProgress | None) -> TypeGuard[RunProgress]:
     return p is not None and p.state == RunState.PUBLISHING and p.step == COLLECT_STEP
 
 
@@ -416,14 +416,13 @@ class Fleet:
                     summary = self.kv.telemetry(run_id, m)
                     if summary is not None:
                         self.history.upsert_telemetry(summary)
-                    p = self._complete(run_id, m, p, now)
+                    p = self._complete(run_id, m, p, summary, now)
                 if p != cur:  # an unchanged module costs no write (a pass writes what changed, not N rows)
                     self.history.upsert_progress(p, force=was_lost)
                 known[m] = cur = p
             if cur is not None and cur.state.terminal:
                 continue
             if is_collecting(cur):
-                assert cur is not None
                 failed = self._collect_bound(run_id, m, cur, now)
                 if failed is not None:
                     known[m] = failed
@@ -437,11 +436,14 @@ class Fleet:
             self.history.set_run_state(run_id, view.state())
         return view
 
-    def _complete(self, run_id: str, module: str, p: RunProgress, now: float) -> RunProgress:
+    def _complete(self, run_id: str, module: str, p: RunProgress, summary: TelemetrySummary | None,
+                  now: float) -> RunProgress:
         """The module's final state ``p`` as the history records it: ``p`` itself once the history holds all it
-        names (then acknowledged to the module, which stops sending it), else the module collecting."""
-        gap = record_gap(p, self.history.rows(run_id, module, source=None),
-                         self.history.telemetry(run_id).get(module))
+        names (then acknowledged to the module, which stops sending it), else the module collecting.
+        ``summary``: the telemetry summary just read from the broker (and recorded)."""
+        if p.telemetry_digest is not None and (summary is None or record_digest(summary) != p.telemetry_digest):
+            summary = self.history.telemetry(run_id).get(module)  # an earlier sync may have recorded it
+        gap = record_gap(p, self.history.rows(run_id, module, source=None), summary)
         if gap is None:
             if is_sealed(p):
                 self.kv.put_ack(p)
@@ -450,7 +452,7 @@ class Fleet:
             self.history.add_event(run_id, module, f"collecting: the module reported {p.state.value}, but {gap}; "
                                                    "waiting for the module to send the rest")
             log.warning("run %s on %s: collecting, %s", run_id, module, gap)
-        have = sum(1 for r in self.history.rows(run_id, module))
+        have = len(self.history.rows(run_id, module))  # the release's rows, as `rows` counts them
         collecting = p.model_copy(update={"state": RunState.PUBLISHING, "step": COLLECT_STEP, "finished_at": None,
                                           "rows": have, "error": StepError(step="collect", message=gap)})
         return self._collect_bound(run_id, module, collecting, now) or collecting
