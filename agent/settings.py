@@ -50,6 +50,11 @@ class AgentSettings(BrokerSettings):
     final_state_wait: float = Field(default=2.0, gt=0, le=60, description="how long one WAIT for those replicas "
                                                                           "may block, s")
 
+    final_resend_interval: float = Field(
+        default=30.0, gt=0, description="a final state the controller has not acknowledged is sent again (rows, "
+                                        "telemetry, state) this often at first, then every tenth of its age (at "
+                                        "most hourly) until result_expires, s")
+
     def replicas_to_wait(self) -> int:
         """Replicas a final state waits for (``final_state_replicas``, else 1 with Sentinel, 0 without)."""
         if self.final_state_replicas is not None:

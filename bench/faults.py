@@ -56,6 +56,19 @@ def _agent_lost(b: Bench, redis: RedisServer) -> None:
     b.lab.kill("sim-01")
 
 
+def _evicting_broker(b: Bench, redis: RedisServer) -> None:
+    """allkeys-lru with little headroom and a filler client, from the second key until the module's run ended
+    and Redis had time to evict its rows and final state (nobody syncing meanwhile)."""
+    from tests.reliability.test_evicting_broker import HEADROOM, RATE, memory_pressure
+
+    store = RunStore(b.workdir("sim-01"))
+    with memory_pressure(redis):
+        end = time.monotonic() + 120
+        while store.current_run() is not None and time.monotonic() < end:
+            time.sleep(0.2)
+        time.sleep(3 * HEADROOM / RATE)
+
+
 # name -> (inject, lab overrides, bound from the fault to the terminal state, s)
 FAULTS: dict[str, tuple[Callable[[Bench, RedisServer], None], dict[str, float], float]] = {
     "worker SIGKILL + restart": (_worker_restart, {"lost_after": 60.0}, 120.0),
@@ -63,6 +76,7 @@ FAULTS: dict[str, tuple[Callable[[Bench, RedisServer], None], dict[str, float], 
     "redis-server SIGKILL + AOF restart": (_redis_kill, {}, 120.0),
     "backend down 10 s": (_backend_down_10s, {}, 120.0),
     "agent gone (lost_after 6 s)": (_agent_lost, {"offline_after": 2.0, "lost_after": 6.0}, 6.0 + 10.0),
+    "evicting broker (allkeys-lru, filler)": (_evicting_broker, {}, 120.0),
 }
 
 

@@ -2,7 +2,7 @@
 
 The one place where agents and the controller exchange state besides the task itself:
 heartbeats, live progress, the rows produced so far, each run's device telemetry
-summary, and the durable cancel flag. It
+summary, the durable cancel flag, and the controller's acknowledgement of a run's final state. It
 goes through Celery's own result backend (``backend.get/set/delete``), so the embedded
 and the Redis deployments take the same code path. Values are JSON; a value that cannot
 be read (a concurrent writer on the file backend) reads as absent and is read again on
@@ -50,8 +50,19 @@ HEARTBEAT_TTL = 7 * 86400
 CONFLICT_TTL = 300
 
 
+# The controller's acknowledgement of a module's final state (m1000-fleet:ack:<module>:<run>): written once its
+# history holds every row the state's seal names (and the telemetry summary it refers to); the module, which may
+# only read it (the module in a fixed place, as for its cancel flags), keeps re-sending that state until then.
+ACK = "ack"
+
+
 def _key(*parts: str) -> str:
     return ":".join((PREFIX, *parts))
+
+
+def ack_key(run_id: str, module: str) -> str:
+    """Key of the controller's acknowledgement of ``module``'s final state of ``run_id``."""
+    return _key(ACK, module, run_id)
 
 
 def cancel_key(run_id: str, module: str | None = None) -> str:
@@ -258,6 +269,16 @@ class KV:
         """The run's device telemetry summary of ``module`` (None: not (yet) published, or unreadable)."""
         value: TelemetrySummary | None = _model(TelemetrySummary, self.get(_key("telemetry", run_id, module)))
         return value
+
+    # -- acknowledged final states -----------------------------------------------------------
+    def put_ack(self, p: RunProgress) -> None:
+        """The controller holds ``p`` (a sealed final state) completely: the module may drop it."""
+        self.put(ack_key(p.run_id, p.module), {"digest": p.rows_digest, "updated_at": p.updated_at, "ts": time.time()})
+
+    def acked(self, p: RunProgress) -> bool:
+        """Whether the controller acknowledged this very final state (its rows' digest and its time)."""
+        v = self.get(ack_key(p.run_id, p.module))
+        return isinstance(v, dict) and v.get("digest") == p.rows_digest and v.get("updated_at") == p.updated_at
 
     # -- cancel ---------------------------------------------------------------------------
     def cancel(self, run_id: str, module: str | None = None, reason: str = "cancelled", *,

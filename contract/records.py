@@ -378,6 +378,12 @@ class RunProgress(Frozen):
     outcomes: tuple[KeyOutcome, ...] = ()
     # device telemetry of the run, set when it ends; contract.kv publishes it under a key of its own
     telemetry: TelemetrySummary | None = None
+    # the seal of a final state (contract.digest.seal): every row the module keeps for the run (the release's
+    # and the probe's), their digest, and the digest of the telemetry summary published with it (None: none);
+    # the controller holds a module's part complete only when its history matches them
+    stored_rows: int | None = None
+    rows_digest: str | None = None
+    telemetry_digest: str | None = None
 
 
 class Heartbeat(Frozen):

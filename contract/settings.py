@@ -142,6 +142,9 @@ class BrokerSettings(EnvSettings):
                               description="no heartbeat for this long: the module's run is lost, s")
     start_timeout: float = Field(default=300.0, gt=0,
                                  description="an idle, live module that has not started a queued run by then: lost, s")
+    collect_timeout: float = Field(
+        default=600.0, gt=0, description="a module's final state whose rows (or telemetry summary) have not all "
+                                         "reached the controller by then ends its part failed, s")
     max_attempts: int = Field(default=2, ge=1, description="deliveries of one run to one module, at most")
     broker_visibility_timeout: float | None = Field(
         default=None, gt=0, description="Redis visibility timeout, s (default: hard time limit + 1 h)")

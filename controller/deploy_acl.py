@@ -18,6 +18,7 @@ key / channel                                  module ``M``            controlle
 ``m1000-fleet:{progress,rows,telemetry}:…:M``  SETEX + PUBLISH         GET/MGET
 ``m1000-fleet:cancel:M:<run>``                 read only, own only     SETEX
 ``m1000-fleet:cancel-run:<run>``               read only (MGET)        SETEX
+``m1000-fleet:ack:M:<run>``                    read only, own only     SETEX
 ``m1000-fleet:{lease,conflict}:M``             read/write, own only    all (conflict: PTTL)
 =============================================  ======================  ==================
 
@@ -28,7 +29,8 @@ command but the ``@dangerous`` ones. The default user is switched off.
 Key patterns rely on module names and run ids holding no ``:`` and no glob characters
 (the inventory and :data:`contract.records.RUN_ID_PATTERN` ensure it): a module reads its own
 per-module cancel flags (``cancel:M:*``, the module in a fixed place) and the run-wide ones
-(``cancel-run:*``), never another module's; likewise its results (task ids ``<module>:<run>``,
+(``cancel-run:*``), never another module's; likewise the acknowledgements of its final states
+(``ack:M:*``) and its results (task ids ``<module>:<run>``,
 :func:`contract.celery_app.task_id`). Passwords are stored hashed (``#<sha256>``)
 in the ACL file; the clear passwords are only in ``passwords/<name>.password`` (0600),
 which ``fleetctl deploy --module-credentials`` installs on each module.
@@ -120,11 +122,12 @@ def module_channel_patterns(module: str) -> list[str]:
 
 
 def module_read_only_patterns(module: str) -> list[str]:
-    """Keys ``module`` may only read: its own per-module cancel flags and the run-wide ones."""
-    from contract.kv import cancel_key
+    """Keys ``module`` may only read: its own per-module cancel flags and the run-wide ones, and the
+    controller's acknowledgements of its own final states."""
+    from contract.kv import ack_key, cancel_key
 
     m = _check_name(module)
-    return [cancel_key("*", m), cancel_key("*")]
+    return [cancel_key("*", m), cancel_key("*"), ack_key("*", m)]
 
 
 def module_rule(module: str, password: str) -> str:

@@ -22,11 +22,21 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from agent.errors import BadInput
 from agent.store import check_run_id
-from contract.records import Heartbeat, RunProgress, RunRequest, RunState, StepError, release_version_of
+from contract.digest import is_sealed, record_digest, rows_digest
+from contract.records import (
+    Heartbeat,
+    ResultRow,
+    RunProgress,
+    RunRequest,
+    RunState,
+    StepError,
+    TelemetrySummary,
+    release_version_of,
+)
 from contract.settings import BrokerSettings
 from controller.history import RESET_EVENT, History
 from controller.inventory import Module
@@ -202,6 +212,37 @@ def liveness(p: RunProgress | None, beat: Beat | None, now: float, *, dispatched
         return (f"end lost: the module is idle and its run last reported {now - (p.updated_at - skew):.0f} s ago "
                 f"({p.state.value}, {p.step or 'start'})")
     return None
+
+
+# A module whose final state reached the controller without all it names (rows, telemetry summary) is
+# "collecting": recorded as still publishing, this step, until its history holds all of it or collect_timeout
+# passes (then its part ends failed: "N of M rows reached the controller"), never done with rows missing.
+COLLECT_STEP = "collecting"
+
+
+def is_collecting(p: RunProgress | None) -> TypeGuard[RunProgress]:
+    return p is not None and p.state == RunState.PUBLISHING and p.step == COLLECT_STEP
+
+
+def record_gap(p: RunProgress, rows: Sequence[ResultRow], telemetry: TelemetrySummary | None) -> str | None:
+    """What of the module's final state ``p`` the controller's history lacks, in words; None when it holds all
+    of it (pure).
+
+    ``rows``: the module's rows of the run in the history (every source); ``telemetry``: its device telemetry
+    summary there. A sealed state (:func:`contract.digest.seal`) needs exactly the rows of its seal and the
+    summary it refers to; one from an agent before the seal is complete once it carries ``finished_at``
+    (such an agent published ``done`` before its final state).
+    """
+    missing: list[str] = []
+    if is_sealed(p):
+        if len(rows) != p.stored_rows or rows_digest(rows) != p.rows_digest:
+            differ = " (they differ from the module's)" if len(rows) == p.stored_rows else ""
+            missing.append(f"{len(rows)} of {p.stored_rows} rows reached the controller{differ}")
+        if p.telemetry_digest is not None and (telemetry is None or record_digest(telemetry) != p.telemetry_digest):
+            missing.append("its device telemetry summary has not")
+    elif p.finished_at is None:
+        missing.append("its final state (with finished_at) has not reached the controller")
+    return "; ".join(missing) or None
 
 
 @dataclass(frozen=True)
@@ -458,6 +499,8 @@ class Fleet:
         beats = self.beats(pending) if pending else {}
         for m in pending:
             p, cur = live.get(m), known.get(m)
+            if p is not None and is_collecting(cur) and not p.state.terminal:
+                p = None  # the broker lost the final state (the module sends it again): nothing newer than it
             was_lost = cur is not None and cur.state == RunState.LOST
             beat = beats.get(m)
             skew = (beat.skew or 0.0) if beat is not None else 0.0
@@ -493,15 +536,21 @@ class Fleet:
                                                  "error": StepError(step="sync", message=reason)})
                 # device telemetry: published with the last progress of a run the module started (a refused request
                 # publishes none: what is there is of another request)
-                if p.state.terminal and p.started_at is not None and not foreign:
-                    summary = self.kv.telemetry(run_id, m)
+                if p.state.terminal and not foreign:
+                    summary = self.kv.telemetry(run_id, m) if p.started_at is not None else None
                     if summary is not None:
                         self.history.upsert_telemetry(summary)
+                    p = self._complete(run_id, m, p, summary, now)
                 if p != cur:  # an unchanged module costs no write (a pass writes what changed, not N rows)
                     self.history.upsert_progress(p, force=was_lost)
                 known[m] = cur = p
             if cur is not None and cur.state.terminal:
                 continue
+            if is_collecting(cur):
+                failed = self._collect_bound(run_id, m, cur, now)
+                if failed is not None:
+                    known[m] = failed
+                continue  # the module is done running: only its record is awaited, bounded by collect_timeout
             why = liveness(cur, beat, now, dispatched_at=info.created_at, settings=self.settings)
             if why:
                 self.kv.cancel(run_id, m, reason=why, lost=True)  # a later delivery must not run it
@@ -510,6 +559,48 @@ class Fleet:
         if view.finished and info.state != view.state():
             self.history.set_run_state(run_id, view.state())
         return view
+
+    def _complete(self, run_id: str, module: str, p: RunProgress, summary: TelemetrySummary | None,
+                  now: float) -> RunProgress:
+        """The module's final state ``p`` as the history records it: ``p`` itself once the history holds all it
+        names (then acknowledged to the module, which stops sending it), else the module collecting.
+        ``summary``: the telemetry summary just read from the broker (and recorded)."""
+        if p.telemetry_digest is not None and (summary is None or record_digest(summary) != p.telemetry_digest):
+            summary = self.history.telemetry(run_id).get(module)  # an earlier sync may have recorded it
+        gap = record_gap(p, self.history.rows(run_id, module, source=None), summary)
+        if gap is None:
+            if is_sealed(p):
+                self.kv.put_ack(p)
+            return p
+        if self._collecting_since(run_id, module) is None:
+            self.history.add_event(run_id, module, f"collecting: the module reported {p.state.value}, but {gap}; "
+                                                   "waiting for the module to send the rest")
+            log.warning("run %s on %s: collecting, %s", run_id, module, gap)
+        have = len(self.history.rows(run_id, module))  # the release's rows, as `rows` counts them
+        collecting = p.model_copy(update={"state": RunState.PUBLISHING, "step": COLLECT_STEP, "finished_at": None,
+                                          "rows": have, "error": StepError(step="collect", message=gap)})
+        return self._collect_bound(run_id, module, collecting, now) or collecting
+
+    def _collecting_since(self, run_id: str, module: str) -> float | None:
+        return next((ts for m, ts, msg in self.history.events(run_id)
+                     if m == module and msg.startswith("collecting:")), None)
+
+    def _collect_bound(self, run_id: str, module: str, cur: RunProgress, now: float) -> RunProgress | None:
+        """A module collecting for longer than ``collect_timeout``: its part ends failed, with what is missing."""
+        since = self._collecting_since(run_id, module)
+        if since is None or now - since <= self.settings.collect_timeout:
+            return None
+        gap = cur.error.message if cur.error else "its final record is incomplete"
+        p = cur.model_copy(update={"state": RunState.FAILED, "updated_at": max(now, cur.updated_at),
+                                   "finished_at": now, "error": StepError(
+                                       step="collect", message=f"{gap} (waited {now - since:.0f} s, bound "
+                                                               f"{self.settings.collect_timeout:.0f} s)")})
+        self.history.upsert_progress(p, force=True)
+        self.history.add_event(run_id, module, f"failed: {gap} within {self.settings.collect_timeout:.0f} s")
+        log.warning("run %s on %s: failed, %s", run_id, module, gap)
+        if is_sealed(cur):
+            self.kv.put_ack(cur)  # given up: the module stops sending it (its rows stay on the module)
+        return p
 
     def _record_lost(self, run_id: str, module: str, release: str, cur: RunProgress | None, why: str,
                      keys: int, now: float) -> RunProgress:

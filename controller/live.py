@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from contract.records import RunProgress, RunState
-from controller.fleet import BrokerUnavailable, RunView, module_failed
+from controller.fleet import BrokerUnavailable, RunView, is_collecting, module_failed
 
 if TYPE_CHECKING:
     from controller.service import Launched, Session
@@ -28,7 +28,7 @@ def result_text(p: RunProgress | None) -> Text:
     if p is None:
         return Text("queued", style="dim")
     if not p.state.terminal:
-        return Text("")
+        return Text(p.error.message[:80], style="yellow") if is_collecting(p) and p.error else Text("")
     if p.state == RunState.CANCELLED:
         return Text("cancelled", style="yellow")
     if module_failed(p):

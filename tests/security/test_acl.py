@@ -183,6 +183,56 @@ def test_module_a_cannot_touch_module_b(acl_server):
         server.client("sim-01", pw(files, "sim-02")).ping()
 
 
+def test_final_state_acknowledgements_are_the_modules_own_and_read_only(acl_server, tmp_path):
+    """The controller's acknowledgement of a final state (m1000-fleet:ack:<module>:<run>): a module reads its own,
+    never another module's, and writes none; the agent's whole final path (rows, telemetry, state, then the
+    acknowledgement read by its heartbeat) runs as its own Redis user."""
+    from agent.store import RunStore
+    from agent.worker import Publisher, resend_unacked, unacked_path
+    from contract.celery_app import make_app
+    from contract.kv import KV, ack_key
+    from contract.records import ResultRow, RunProgress, TelemetrySummary
+    from contract.settings import BrokerSettings
+
+    server, files = acl_server
+    ctl = server.client(acl.CONTROLLER_USER, pw(files, acl.CONTROLLER_USER), db=2)
+    a = server.client("sim-01", pw(files, "sim-01"), db=2)
+    ctl.set(ack_key("r1", "sim-02"), "{}")
+    refused(a.get, ack_key("r1", "sim-02"))
+    refused(a.mget, [ack_key("r1", "sim-01"), ack_key("r1", "sim-02")])
+    for key in (ack_key("r1", "sim-01"), ack_key("r1", "sim-02")):
+        refused(a.set, key, "{}")
+        refused(a.delete, key)
+    refused(a.get, ack_key("r1", "x.sim-01"))  # a module whose name ends in A's: not A's
+    assert a.get(ack_key("r1", "sim-01")) is None  # its own: readable
+
+    def kv_as(user: str) -> tuple[object, KV]:
+        app = make_app(BrokerSettings(broker_url=server.url(user, db=2),
+                                      broker_password_file=files.passwords / f"{user}.password"), module=user)
+        return app, KV(app)
+
+    mod_app, mod = kv_as("sim-01")
+    ctl_app, ctl_kv = kv_as(acl.CONTROLLER_USER)
+    try:
+        work = tmp_path / "work"
+        rows = [ResultRow(run_id="r5", module="sim-01", model_key="qwen3", table="sweep", profile=f"128:{i}",
+                          model="Qwen3", ttft_ms=float(i)) for i in range(3)]
+        RunStore(work).put_rows("r5", "qwen3", rows)
+        now = time.time()
+        done = RunProgress(run_id="r5", module="sim-01", state=RunState.DONE, updated_at=now, finished_at=now,
+                           rows=3, telemetry=TelemetrySummary(run_id="r5", module="sim-01", samples=1))
+        Publisher(mod, work, "r5", "sim-01").final(done)
+        sent = ctl_kv.progress("r5", ["sim-01"])["sim-01"]
+        assert sent is not None and sent.stored_rows == 3 and ctl_kv.telemetry("r5", "sim-01") is not None
+        assert resend_unacked(mod, work, interval=1.0, keep_for=3600.0, now=now + 2) == 1  # sent again as sim-01
+        ctl_kv.put_ack(sent)
+        assert resend_unacked(mod, work, interval=1.0, keep_for=3600.0, now=now + 4) == 0
+        assert not unacked_path(work, "r5").exists()  # the acknowledgement was read as sim-01
+    finally:
+        mod_app.close()
+        ctl_app.close()
+
+
 def test_fleet_end_to_end_with_acls(acl_server, tmp_path):
     from simulator import build_release
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from agent.settings import AgentSettings
-from agent.worker import execute_run, flush_outbox, outbox_path
+from agent.worker import execute_run, flush_outbox, outbox_path, unacked_path
 from contract.celery_app import make_app
+from contract.digest import seal
 from contract.kv import KV
 from contract.records import RunProgress, RunState
 
@@ -75,5 +76,6 @@ def test_outbox_is_sent_by_the_next_flush(agent):
     path.write_text(p.model_dump_json())
     assert kv.progress("r9", ["m1"])["m1"] is None
     assert flush_outbox(kv, settings.workdir) == 1
-    assert kv.progress("r9", ["m1"])["m1"] == p and not path.exists()
+    assert kv.progress("r9", ["m1"])["m1"] == seal(p, []) and not path.exists()  # sealed: no rows kept here
     assert kv.rows("r9", "m1") == []
+    assert unacked_path(settings.workdir, "r9").exists()  # until the controller acknowledges it
