@@ -30,11 +30,13 @@ def test_summary_travels_under_its_own_key_into_the_history(tmp_path: Path) -> N
         history.create_run("run-1", release="1.4.1", models=["qwen3", "qwen35"], modules=["m1", "m2"])
         kv = fleet.kv
         s = summary("run-1", "m1")
-        running = RunProgress(run_id="run-1", module="m1", state=RunState.BENCHMARKING, updated_at=time.time())
+        running = RunProgress(run_id="run-1", module="m1", state=RunState.BENCHMARKING, updated_at=time.time(),
+                              started_at=time.time())
         kv.put_progress(running)
         fleet.sync("run-1")
         assert history.telemetry("run-1") == {}  # nothing until the module's part ends
         done = running.model_copy(update={"state": RunState.DONE, "telemetry": s, "updated_at": time.time(),
+                                          "finished_at": time.time(),  # a final state (the run started, and ended)
                                           "outcomes": (KeyOutcome(model_key="qwen3", status="passed"),)})
         kv.put_progress(done)
         raw = kv.get("m1000-fleet:progress:run-1:m1")
