@@ -131,7 +131,9 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(f"{PREFIX}_agent_info", "info", ("version", "python"), "count", "Agent version"),
     MetricSpec(f"{PREFIX}_agent_healthy", "gauge", (), "count", "Health the worker reported in its last heartbeat"),
     MetricSpec(f"{PREFIX}_agent_last_heartbeat_timestamp_seconds", "gauge", (), "timestamp_seconds",
-               "Time of the worker's last heartbeat"),
+               "Time of the worker's last heartbeat (the module's clock)"),
+    MetricSpec(f"{PREFIX}_agent_heartbeat_age_seconds", "gauge", (), "seconds",
+               "Age of the worker's last heartbeat, both ends on the module's clock (whatever its skew)"),
     MetricSpec(f"{PREFIX}_exporter_read_errors_total", "counter", ("file",), "count",
                "Lines or files of the workdir the exporter could not read"),
     # the module
@@ -652,6 +654,8 @@ class AgentCollector(Collector):
         if hb is not None:
             yield self._family(f"{PREFIX}_agent_healthy", value=1.0 if hb.healthy else 0.0)
             yield self._family(f"{PREFIX}_agent_last_heartbeat_timestamp_seconds", value=hb.ts)
+            # on the module's own clock at both ends: `time() - timestamp` would add the module's clock skew
+            yield self._family(f"{PREFIX}_agent_heartbeat_age_seconds", value=max(0.0, time.time() - hb.ts))
         errs = self._family(f"{PREFIX}_exporter_read_errors_total")
         for name in ("state", "heartbeat", "progress", "results", "events", "telemetry"):
             errs.add_metric((name,), self._errors.get(name, 0))

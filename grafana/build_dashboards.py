@@ -132,7 +132,7 @@ def fleet_overview() -> db.Dashboard:
     d = d.with_panel(ts("Model keys by outcome", "none",
                         q(f"sum by (status) (m1000_run_model_key_outcomes{{{M}}})", "{{status}}")))
     d = d.with_panel(ts("Heartbeat age", "s",
-                        q(f"time() - m1000_agent_last_heartbeat_timestamp_seconds{{{M}}}", "{{module}}")))
+                        q(f"m1000_agent_heartbeat_age_seconds{{{M}}}", "{{module}}")))
     return d
 
 
@@ -211,7 +211,7 @@ def module_drilldown() -> db.Dashboard:
     d = d.with_panel(ts("Agent resident memory", "bytes",
                         q(f'process_resident_memory_bytes{{job="m1000-agent", {M}}}', "{{instance}}")))
     d = d.with_panel(ts("Heartbeat age", "s",
-                        q(f"time() - m1000_agent_last_heartbeat_timestamp_seconds{{{M}}}", "heartbeat")))
+                        q(f"m1000_agent_heartbeat_age_seconds{{{M}}}", "heartbeat")))
     return device_panels(d)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -151,6 +152,9 @@ def test_heartbeat_and_agent_info(tmp_path: Path) -> None:
     assert reg.get_sample_value("m1000_agent_last_heartbeat_timestamp_seconds") is None
     heartbeat(tmp_path, "m-a", ts=1234.5, healthy=False)
     assert reg.get_sample_value("m1000_agent_last_heartbeat_timestamp_seconds") == 1234.5
+    # the age is the module's clock minus the module's clock: a clock hours off shows the same age
+    heartbeat(tmp_path, "m-a", ts=time.time() - 42.0, healthy=False)
+    assert 41.0 <= (reg.get_sample_value("m1000_agent_heartbeat_age_seconds") or 0) < 60.0
     assert reg.get_sample_value("m1000_agent_healthy") == 0
     infos = [s for m in reg.collect() for s in m.samples if s.name == "m1000_agent_info"]
     assert infos and infos[0].labels["version"] == "9.9.9"

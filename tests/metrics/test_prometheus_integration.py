@@ -34,7 +34,7 @@ from controller.demo import free_port
 from controller.history import History
 from controller.inventory import parse_inventory
 from controller.metrics import CATALOG as CONTROLLER_CATALOG
-from controller.metrics import ControllerCollector
+from controller.metrics import ControllerCollector, ModuleReading
 from controller.metrics_cli import file_sd
 from tests.metrics.dashboards import RULES, dashboard_queries, rule_exprs, substitute
 from tests.metrics.fleetfiles import RunWriter, finished_run, heartbeat, seed_rows
@@ -168,7 +168,8 @@ def test_prometheus_scrapes_fleet_and_every_expression_has_data(
     history.set_run_state("run-1", "done", verdict="regression")
     states = {"sim-a": "busy", "sim-b": "busy", "fix-c": "bad", "fix-d": "busy", "dead-e": "offline"}
     creg = CollectorRegistry()
-    creg.register(ControllerCollector(history, lambda: states, lambda: {f"module.{m}": 0 for m in states}))
+    readings = {**states, "sim-a": ModuleReading("busy", 0.4)}  # sim-a's clock measured 0.4 s ahead
+    creg.register(ControllerCollector(history, lambda: readings, lambda: {f"module.{m}": 0 for m in states}))
     cserver = start_exporter(tmp_path, port=0, registry=creg)
     servers.append(cserver)
 
