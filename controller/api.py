@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from contract.records import UnknownModelKey, parse_model_keys
 from contract.settings import SettingsError
 from controller import service
-from controller.fleet import BrokerUnavailable, FleetError
+from controller.fleet import BrokerUnavailable, EvictingBroker, FleetError
 from controller.history import HistoryError
 from controller.inventory import InventoryError
 from controller.service import Judgement, Session
@@ -167,7 +167,7 @@ def _status(exc: BaseException) -> int:
         return 409
     if isinstance(exc, service.UnusableRelease):
         return 422
-    if isinstance(exc, BrokerUnavailable):
+    if isinstance(exc, BrokerUnavailable | EvictingBroker):
         return 503
     if isinstance(exc, HistoryError):
         return 404
