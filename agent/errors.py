@@ -21,6 +21,10 @@ class ChecksumMismatch(BadInput):
     pass
 
 
+class EvictingBroker(BadInput):
+    """The broker's Redis may evict keys (``maxmemory-policy``): the agent does not start (one line, the fix)."""
+
+
 class UnsafeTarball(BadInput):
     pass
 

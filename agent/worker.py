@@ -38,12 +38,13 @@ from typing import Any
 from celery import Celery
 
 from agent import malloc, procs
-from agent.errors import BadInput
+from agent.errors import BadInput, EvictingBroker
 from agent.settings import AgentSettings
 from agent.store import RunStore, check_run_id, write_atomic
 from agent.validate import RefusedRequest, refused_progress, validate_request
 from contract.celery_app import NOOP_TASK, RUN_TASK, make_app, queue_name
 from contract.digest import seal
+from contract.eviction import broker_eviction_problem
 from contract.kv import KV, KVCancelToken
 from contract.oneline import error_line
 from contract.records import (
@@ -764,6 +765,9 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
     workdir = settings.workdir.expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
     app = make_app(settings, module=settings.module)
+    problem = broker_eviction_problem(app)  # an unreachable broker raises here as claim_name would
+    if problem:
+        raise EvictingBroker(problem)
     lease = claim_name(KV(app), settings)  # NameInUse: another live agent has this module's name
     why = procs.hold_orphans()  # what a run starts stays the worker's descendant, daemonized or not
     if why:
@@ -837,7 +841,7 @@ def main(config: str | None = None, *, loglevel: str = "INFO") -> None:
         raise SystemExit(2) from None
     try:
         run_worker(settings, loglevel=loglevel)
-    except NameInUse as exc:
+    except (NameInUse, EvictingBroker) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -10,6 +10,20 @@ checked by Celery (JSON only: a pickle body is refused) and by :mod:`agent.valid
 Selected by :func:`contract.celery_app.make_app` for ``redis://``, ``rediss://`` and ``sentinel://``
 brokers (:class:`SentinelTransport`: the same checks on kombu's Sentinel transport).
 
+A full Redis (``maxmemory`` reached, ``noeviction``) refuses every write, and Redis 7.0-7.2 refuse any
+command queued in a MULTI (redis/redis#9926, lifted in 7.4 by #12961), even a ZREM. kombu 5.7's ack
+(``QoS.ack``: MULTI, ZREM, HDEL, EXEC) then raised ``OutOfMemoryError`` in the worker's event loop; a
+``ResponseError`` is a channel error that Celery (``broker_channel_error_retry``) answers by restarting the
+consumer; the new connection's ``Transport.register_with_event_loop`` restores unacked messages under a
+mutex (``SET NX``, refused too) and raised again, before Celery kept the connection: nobody closed it, and
+each attempt (~6 a second under ``RestartFreqExceeded``) left its two sockets open (2,262 clients, then
+"max number of clients reached" for the whole fleet). Here (:class:`_MemoryFullQoS`) the ack and the
+reject remove the message's records without a transaction (two plain removals, which a full Redis takes;
+each is idempotent, a half-done pair is cleaned by the next restore), the periodic restore of unacked
+messages skips a full Redis (it runs again within 10 s), a message delivered while Redis is full is
+taken without its unacked record (the module's own run record and the controller's start timeout cover
+it), and a transport whose registration fails closes its channels (:class:`_ClosedOnFailedRegistration`).
+
 :class:`FilesystemTransport` (the embedded broker) fixes a race of kombu's filesystem transport:
 it creates a message file and then writes it, and a worker polling the folder can move and read
 the file in between, find it empty, and stop ("Unrecoverable error: JSONDecodeError"). Seen with
@@ -104,23 +118,85 @@ class _CheckedDelivery:
         super()._deliver(message, queue)  # type: ignore[misc]
 
 
+class _ClosedOnFailedRegistration:
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        """kombu's; when it raises, the transport's channels (and their Redis connections) are closed first.
+        Celery's consumer keeps the kombu connection only once this returned (``Consumer.connect``), so a
+        failure here left its sockets open until the garbage collector found them, one set per retry."""
+        try:
+            super().register_with_event_loop(connection, loop)  # type: ignore[misc]
+        except BaseException:
+            try:
+                self.close_connection(connection)  # type: ignore[attr-defined]
+            except Exception as exc:  # the original error is the one to report
+                log.debug("closing a transport that failed to register: %s", exc)
+            raise
+
+
+class _Full:
+    """Whether the broker refused a write for want of memory: logged once per episode, not per command."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def refused(self, what: str, exc: BaseException) -> None:
+        if self.since is None:
+            self.since = monotonic()
+            log.warning("broker full (%s): %s; going on without it until Redis has memory again",
+                        str(exc).splitlines()[0][:200], what)
+
+    def accepted(self) -> None:
+        if self.since is not None:
+            log.info("broker takes writes again (full for %.0f s)", monotonic() - self.since)
+            self.since = None
+
+
 _REDIS_CLASSES = ("Channel", "Transport", "SentinelChannel", "SentinelTransport")
 
 
 def _redis_classes() -> dict[str, Any]:
     """The checked Redis (and Sentinel) channel and transport classes, on kombu's."""
     from kombu.transport import redis as kombu_redis
+    from kombu.transport import virtual
+    from redis.exceptions import OutOfMemoryError
+
+    full = _Full()
+
+    class _MemoryFullQoS(kombu_redis.QoS):  # type: ignore[misc]
+        def _remove_from_indices(self, delivery_tag: Any, pipe: Any = None) -> Any:
+            if pipe is not None:  # restore_by_tag's transaction (its LPUSH needs memory anyway)
+                return super()._remove_from_indices(delivery_tag, pipe)
+            with self.channel.conn_or_acquire() as client:
+                return (client.pipeline(transaction=False)
+                        .zrem(self.unacked_index_key, delivery_tag).hdel(self.unacked_key, delivery_tag))
+
+        def append(self, message: Any, delivery_tag: Any) -> None:
+            try:
+                super().append(message, delivery_tag)
+            except OutOfMemoryError as exc:  # the message is popped already: run it rather than drop it
+                full.refused("a message taken without its unacked record", exc)
+                virtual.QoS.append(self, message, delivery_tag)
+            else:
+                full.accepted()
+
+        def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
+            try:
+                super().restore_visible(start=start, num=num, interval=interval)
+            except OutOfMemoryError as exc:  # its mutex is a SET NX: next time
+                full.refused("unacked messages not restored this time", exc)
+            else:
+                full.accepted()
 
     class Channel(_CheckedReads, kombu_redis.Channel):
-        pass
+        QoS = _MemoryFullQoS
 
     class SentinelChannel(_CheckedReads, kombu_redis.SentinelChannel):
+        QoS = _MemoryFullQoS
+
+    class Transport(_ClosedOnFailedRegistration, _CheckedDelivery, kombu_redis.Transport):
         pass
 
-    class Transport(_CheckedDelivery, kombu_redis.Transport):
-        pass
-
-    class SentinelTransport(_CheckedDelivery, kombu_redis.SentinelTransport):
+    class SentinelTransport(_ClosedOnFailedRegistration, _CheckedDelivery, kombu_redis.SentinelTransport):
         pass
 
     Transport.Channel, SentinelTransport.Channel = Channel, SentinelChannel

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from contract.records import UnknownModelKey, parse_model_keys
 from contract.settings import SettingsError
 from controller import service
-from controller.fleet import BrokerUnavailable, FleetError
+from controller.fleet import BrokerUnavailable, EvictingBroker, FleetError
 from controller.history import HistoryError
 from controller.inventory import InventoryError
 from controller.release_url import MAX_SHOWN, clip
@@ -188,7 +188,7 @@ def _status(exc: BaseException) -> int:
         return 409
     if isinstance(exc, service.UnusableRelease):
         return 422
-    if isinstance(exc, BrokerUnavailable):
+    if isinstance(exc, BrokerUnavailable | EvictingBroker):
         return 503
     if isinstance(exc, HistoryError):
         return 404

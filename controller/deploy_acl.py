@@ -24,7 +24,10 @@ key / channel                                  module ``M``            controlle
 
 Commands a module may run are listed one by one (:data:`MODULE_COMMANDS`): no KEYS, SCAN,
 FLUSH*, CONFIG, DEBUG, ACL, MONITOR, CLIENT KILL, SUBSCRIBE. The controller has every
-command but the ``@dangerous`` ones. The default user is switched off.
+command but the ``@dangerous`` ones. Both may run INFO (``@dangerous``, but read-only): the
+agent and the controller read ``maxmemory`` and ``maxmemory-policy`` from ``INFO memory`` when
+they start and refuse an evicting broker (:mod:`contract.eviction`); CONFIG GET would also
+show the passwords' settings. The default user is switched off.
 
 Key patterns rely on module names and run ids holding no ``:`` and no glob characters
 (the inventory and :data:`contract.records.RUN_ID_PATTERN` ensure it): a module reads its own
@@ -70,6 +73,8 @@ MODULE_COMMANDS = (
     "multi", "exec", "discard", "watch", "unwatch",
     # a run's final state waits for the replicas (Sentinel: agent.settings final_state_replicas)
     "wait",
+    # INFO memory at start: an evicting broker is refused (contract.eviction)
+    "info",
 )
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -140,7 +145,7 @@ def module_rule(module: str, password: str) -> str:
 
 
 def controller_rule(user: str, password: str) -> str:
-    return f"user {_check_name(user)} on {password_hash(password)} ~* &* +@all -@dangerous"
+    return f"user {_check_name(user)} on {password_hash(password)} ~* &* +@all -@dangerous +info"
 
 
 def render_acl(module_passwords: dict[str, str], controller: tuple[str, str]) -> str:

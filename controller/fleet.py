@@ -68,6 +68,10 @@ class RunIdInUse(FleetError):
     """A run id another controller used: its records are on the broker, and not in this history."""
 
 
+class EvictingBroker(FleetError, ValueError):
+    """The broker's Redis may evict keys (``maxmemory-policy``): the one line names the fix."""
+
+
 def broker_errors() -> tuple[type[BaseException], ...]:
     """What a broker or backend that cannot be reached raises (imports redis and kombu)."""
     from kombu.exceptions import OperationalError
@@ -287,7 +291,10 @@ class Fleet:
 
     # -- broker --------------------------------------------------------------------------
     def check_broker(self, timeout: float = 5.0) -> None:
+        """The broker is reachable (else :class:`BrokerUnavailable`) and does not evict keys (else
+        :class:`EvictingBroker`, :mod:`contract.eviction`)."""
         from contract.celery_app import is_embedded
+        from contract.eviction import broker_eviction_problem
 
         if is_embedded(self.settings):
             return
@@ -295,9 +302,12 @@ class Fleet:
             with self.app.connection_for_write() as conn:
                 conn.ensure_connection(max_retries=1, interval_start=0, timeout=timeout)
             self.app.backend.get("m1000-fleet:ping")
+            problem = broker_eviction_problem(self.app)
         except Exception as exc:
             raise BrokerUnavailable(
                 f"broker {self.settings.redacted_broker_url()} unreachable: {_short(exc)}") from exc
+        if problem:
+            raise EvictingBroker(problem)
 
     # -- modules -------------------------------------------------------------------------
     def heartbeats(self, names: Iterable[str]) -> dict[str, Heartbeat | None]:

@@ -196,6 +196,10 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
     def warn(m: str) -> None:
         console.print(m, highlight=False)
 
+    try:  # an evicting broker is refused (EvictingBroker); one away now is synced once it is back
+        s.fleet().check_broker()
+    except service.BrokerUnavailable as exc:
+        warn(f"{exc}; going on, syncing once it is reachable")
     hooks = webhooks_of(s)
     notifier = Notifier(s, hooks) if hooks else None
     on_verdict = notifier.verdict if notifier else None

@@ -148,6 +148,8 @@ def test_module_a_cannot_touch_module_b(acl_server):
     refused(a.execute_command, "MONITOR")
     refused(a.execute_command, "CLIENT", "KILL", "TYPE", "normal")
     refused(a.execute_command, "SHUTDOWN")
+    # INFO (read-only) is allowed: the agent and the controller read maxmemory-policy when they start
+    assert a.info("memory")["maxmemory_policy"] == ctl.info("memory")["maxmemory_policy"] == "noeviction"
     # nothing of B's changed
     assert ctl.llen(b_queue) == 1 and ctl.get("m1000-fleet:progress:r1:sim-02") == b"{}"
     assert ctl.hget("unacked:module.sim-02", "tag") == b"payload"
@@ -174,6 +176,18 @@ def test_module_a_cannot_touch_module_b(acl_server):
         assert [kv.cancelled("r2", "sim-01"), kv.cancelled("r3", "sim-01"), kv.cancelled("r9", "sim-01")] == [
             "run-wide", "A's part", None]
         refused(kv.cancelled, "r1", "sim-02")  # asking for B's flag as A: refused by Redis, not answered
+        # the agent's start-up check reads the policy as sim-01 (INFO memory; CONFIG stays refused)
+        from contract.eviction import broker_eviction_problem
+
+        assert broker_eviction_problem(app) is None
+        admin = server.client(*ADMIN)
+        admin.config_set("maxmemory-policy", "allkeys-lru")
+        admin.config_set("maxmemory", "1gb")
+        try:
+            assert "maxmemory-policy allkeys-lru evicts keys" in (broker_eviction_problem(app) or "")
+        finally:
+            admin.config_set("maxmemory", "0")
+            admin.config_set("maxmemory-policy", "noeviction")
     finally:
         app.close()
     # no password, or the wrong one: nothing at all

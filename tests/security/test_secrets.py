@@ -23,13 +23,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_compose_redis_reads_its_password_from_a_config_file():
     text = (ROOT / "deploy" / "compose.yaml").read_text()
     redis = yaml.safe_load(text)["services"]["redis"]
-    assert redis["command"] == ["redis-server", "/etc/redis/redis.conf"]
+    assert redis["command"][:2] == ["redis-server", "/etc/redis/redis.conf"]
+    assert " ".join(redis["command"][2:]) == "--maxmemory-policy noeviction"  # an evicting broker is refused
     assert any(v.startswith("./redis:/etc/redis") for v in redis["volumes"])
     assert "environment" not in redis
     for word in ("requirepass", "REDIS_PASSWORD", "--requirepass"):
         assert word not in " ".join(redis["command"]) and word not in text.split("services:", 1)[1]
     example = (ROOT / "deploy" / "redis" / "redis.conf.example").read_text()
     assert "aclfile /etc/redis/users.acl" in example
+    assert "\nmaxmemory-policy noeviction\n" in example
     ignored = (ROOT / ".gitignore").read_text()
     assert "/deploy/redis/redis.conf" in ignored and "/deploy/redis/passwords/" in ignored
 

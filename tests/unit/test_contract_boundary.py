@@ -36,7 +36,7 @@ ALLOWED_AGENT_IMPORTS: dict[tuple[str, str, str], str] = {
     ("controller/report_cli.py", "agent.tables", "TableError"): "`report --seed`: the agent's table parser",
     ("controller/report_cli.py", "agent.tables", "parse_seed"): "as TableError",
 }
-CONTRACT_MODULES = {"records", "kv", "celery_app", "safe_transport", "settings", "oneline", "digest"}
+CONTRACT_MODULES = {"records", "kv", "celery_app", "safe_transport", "settings", "oneline", "digest", "eviction"}
 # what contract/ may import besides the standard library: the agent's own dependencies
 CONTRACT_THIRD_PARTY = {"pydantic", "pydantic_settings", "celery", "kombu", "redis"}
 
