@@ -15,6 +15,7 @@ command -v scp >/dev/null || need+=(openssh-client)
 command -v chromium >/dev/null || need+=(chromium)
 command -v ip >/dev/null || need+=(iproute2)
 command -v rsync >/dev/null || need+=(rsync)
+command -v iptables >/dev/null || need+=(iptables)  # the lossy-link test (statistic match)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 [ ${#need[@]} -eq 0 ] && exit 0
 mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
