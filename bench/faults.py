@@ -69,6 +69,26 @@ def _evicting_broker(b: Bench, redis: RedisServer) -> None:
         time.sleep(3 * HEADROOM / RATE)
 
 
+def _redis_full_10s(b: Bench, redis: RedisServer) -> None:
+    """Redis full (``noeviction``, ``maxmemory`` reached) for 10 s while the key runs, then freed; the most
+    Redis clients seen meanwhile is printed (it grew ~12 a second before the fix)."""
+    from tests.reliability.test_redis_full import Filler
+
+    filler = Filler(redis.port)
+    try:
+        filler.limit(256 * 1024)
+        filler.fill()
+        most, end = filler.clients(), time.monotonic() + 10.0
+        while time.monotonic() < end:
+            filler.fill()  # what expired is taken again: Redis stays full
+            most = max(most, filler.clients())
+            time.sleep(0.2)
+        filler.free()
+        print(f"   redis clients while full: at most {most}")
+    finally:
+        filler.close()
+
+
 # name -> (inject, lab overrides, bound from the fault to the terminal state, s)
 FAULTS: dict[str, tuple[Callable[[Bench, RedisServer], None], dict[str, float], float]] = {
     "worker SIGKILL + restart": (_worker_restart, {"lost_after": 60.0}, 120.0),
@@ -77,6 +97,7 @@ FAULTS: dict[str, tuple[Callable[[Bench, RedisServer], None], dict[str, float], 
     "backend down 10 s": (_backend_down_10s, {}, 120.0),
     "agent gone (lost_after 6 s)": (_agent_lost, {"offline_after": 2.0, "lost_after": 6.0}, 6.0 + 10.0),
     "evicting broker (allkeys-lru, filler)": (_evicting_broker, {}, 120.0),
+    "redis full 10 s (noeviction)": (_redis_full_10s, {}, 120.0),
 }
 
 
