@@ -79,6 +79,7 @@ def test_hostile_messages_are_refused_and_the_worker_keeps_serving(hostile_lab, 
 
     # (name, raw message, what the worker's log must say, run id whose progress must say failed/refused or None)
     marker = tmp_path / "pwned"
+    bashfunc = tmp_path / "pwned-by-a-bash-function"  # not a fixed /tmp path: a checkout may live there
     hostile: list[tuple[str, bytes, str, str | None]] = [
         ("pickle", task_envelope("sim-01", pickle.dumps(((Pwn(marker),), {}, {})),
                                  content_type="application/x-python-serialize"),
@@ -96,7 +97,7 @@ def test_hostile_messages_are_refused_and_the_worker_keeps_serving(hostile_lab, 
         ("LD_PRELOAD", task_envelope("sim-01", task_body(good("h-ld", key_env={"qwen3": {"LD_PRELOAD": "/x.so"}}))),
          "refused request: key_env.qwen3: variable LD_PRELOAD", "h-ld"),
         ("bash function", task_envelope("sim-01", task_body(
-            good("h-bashfunc", key_env={"qwen3": {"BASH_FUNC_python3%%": "() { touch /tmp/x; }"}}))),
+            good("h-bashfunc", key_env={"qwen3": {"BASH_FUNC_python3%%": f"() {{ touch {bashfunc}; }}"}}))),
          "refused request: key_env.qwen3: variable name", "h-bashfunc"),
         ("PYTHONPATH", task_envelope("sim-01", task_body(good("h-pypath", key_env={"qwen3": {"PYTHONPATH": "/x"}}))),
          "refused request: key_env.qwen3: variable PYTHONPATH", "h-pypath"),
@@ -141,7 +142,7 @@ def test_hostile_messages_are_refused_and_the_worker_keeps_serving(hostile_lab, 
     assert [p.name for p in (work / "releases").iterdir()] == [rel.sha256[:16]]
     events = [json.loads(x) for x in (work / "runs" / "good-1" / "events.jsonl").read_text().splitlines()]
     assert events and all(e["status"] in ("started", "done", "ok", "passed", "skipped") or e for e in events)
-    assert not marker.exists() and not Path("/tmp/x").exists()
+    assert not marker.exists() and not bashfunc.exists()
     assert lab.workers["sim-01"].proc.poll() is None  # the worker is alive and healthy
     hb = fleet.heartbeats(["sim-01"])["sim-01"]
     assert hb is not None and hb.healthy
