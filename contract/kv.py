@@ -130,13 +130,7 @@ class KV:
         pipe.execute()
 
     def get(self, key: str) -> Any:
-        raw = self.backend.get(key.encode())
-        if raw is None:
-            return None
-        try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return None
+        return _load(self.backend.get(key.encode()))
 
     def get_many(self, keys: Sequence[str]) -> list[Any]:
         out: list[Any] = []
