@@ -385,6 +385,18 @@ def send_final(kv: KV, workdir: Path, p: RunProgress, replicas: int = 0, wait_s:
     return p
 
 
+def _read_entry(path: Path, what: str) -> RunProgress | None:
+    """A state kept in the outbox or ``unacked/``; None when it is gone, or unreadable (then removed)."""
+    try:
+        return RunProgress.model_validate_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("unreadable %s %s (%s): removed", what, path.name, exc)
+        path.unlink(missing_ok=True)
+        return None
+
+
 def flush_outbox(kv: KV, workdir: Path, replicas: int = 0, wait_s: float = 2.0) -> int:
     """Send every state waiting in the outbox (rows first); returns how many the backend took (and, with
     ``replicas``, that many replicas acknowledged)."""
@@ -393,13 +405,8 @@ def flush_outbox(kv: KV, workdir: Path, replicas: int = 0, wait_s: float = 2.0) 
         return 0
     sent = 0
     for path in sorted(folder.glob("*.json")):
-        try:
-            p = RunProgress.model_validate_json(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError) as exc:
-            log.warning("unreadable outbox entry %s (%s): removed", path.name, exc)
-            path.unlink(missing_ok=True)
+        p = _read_entry(path, "outbox entry")
+        if p is None:
             continue
         taken = send_final(kv, workdir, p, replicas, wait_s)
         if taken is None:
@@ -429,14 +436,12 @@ def resend_unacked(kv: KV, workdir: Path, *, interval: float, keep_for: float, r
     resent = 0
     for path in sorted(folder.glob("*.json")):
         with _UNACKED_LOCK:
+            p = _read_entry(path, "unacknowledged final state")
             try:
-                p = RunProgress.model_validate_json(path.read_text(encoding="utf-8"))
                 last = path.stat().st_mtime
-            except FileNotFoundError:
+            except OSError:
                 continue
-            except (OSError, ValueError) as exc:
-                log.warning("unreadable unacknowledged final state %s (%s): removed", path.name, exc)
-                path.unlink(missing_ok=True)
+            if p is None:
                 continue
             if kv.acked(p):
                 path.unlink(missing_ok=True)
