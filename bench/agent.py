@@ -209,7 +209,7 @@ Peaks = dict[str, dict[str, dict[str, float]]]  # who -> role -> smaps_rollup Mi
 
 def one_round(args: argparse.Namespace, python: Path) -> dict[str, object]:
     """Agent and bare worker side by side: idle, then one validation; their peaks and CPU per phase."""
-    from controller.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
+    from controller.cli.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
     from controller.settings import ControllerSettings
     from simulator import build_release, make_models
 

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from contract.records import RunState  # noqa: E402
-from controller.demo import free_port, inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
+from controller.cli.demo import free_port, inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.service import Session  # noqa: E402
 from controller.settings import ControllerSettings  # noqa: E402
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent.validate import stage_local_release  # noqa: E402
 from contract.celery_app import NOOP_TASK  # noqa: E402
-from controller.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
+from controller.cli.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.fleet import Fleet  # noqa: E402
 from controller.history import History  # noqa: E402
 from controller.settings import ControllerSettings  # noqa: E402
@@ -152,7 +152,7 @@ def scaling(base: Path, settings: ControllerSettings, n: int, models: tuple[str,
 
 def secure_dispatch(base: Path, jobs: int) -> tuple[list[float], list[float]]:
     """The same dispatch over redis-server with TLS (client certificates) and one ACL user per module."""
-    from controller.deploy_acl import CONTROLLER_USER, write_acl
+    from controller.remote.acl import CONTROLLER_USER, write_acl
     from tests.security.conftest import SecureRedis, broker_env, make_tls
 
     tls = make_tls(base / "tls")

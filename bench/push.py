@@ -50,8 +50,8 @@ sys.path.insert(0, str(ROOT))
 import paramiko  # noqa: E402
 
 from controller.inventory import Module  # noqa: E402
-from controller.push import file_sha256, push_release, receiver_argv  # noqa: E402
-from controller.ssh import BULK_CIPHERS  # noqa: E402
+from controller.remote.push import file_sha256, push_release, receiver_argv  # noqa: E402
+from controller.remote.ssh import BULK_CIPHERS  # noqa: E402
 from tests.ssh.netns import Host, Lab, capability_problem  # noqa: E402
 
 GOAL = 0.95  # push / anchor throughput, every round

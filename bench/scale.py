@@ -49,11 +49,11 @@ import redis  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from agent.validate import stage_local_release  # noqa: E402
-from controller.demo import Worker, inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
+from controller.cli.demo import Worker, inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
+from controller.cli.live import render  # noqa: E402
 from controller.fleet import Fleet, sha256_file  # noqa: E402
 from controller.history import History  # noqa: E402
 from controller.inventory import load_inventory  # noqa: E402
-from controller.live import render  # noqa: E402
 from controller.settings import ControllerSettings  # noqa: E402
 from simulator import build_release, make_models  # noqa: E402
 from simulator.cheap import CHEAP_TELEMETRY_PERIOD, CHEAP_TIME_SCALE, cheap_module_env  # noqa: E402
@@ -370,7 +370,7 @@ def fake_modules(settings: ControllerSettings, names: list[str], run_id: str, re
     from contract.celery_app import make_app, queue_name
     from contract.kv import KV
     from contract.records import Heartbeat, KeyOutcome, RunProgress, RunState
-    from controller.demo import reference_rows
+    from controller.cli.demo import reference_rows
 
     app = make_app(settings)
     kv = KV(app)

@@ -1,3 +1,3 @@
-from controller.cli import main
+from controller.cli.app import main
 
 main()

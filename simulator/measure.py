@@ -23,7 +23,7 @@ from pathlib import Path
 
 from agent.tables import parse_seed
 from contract.records import MODEL_KEYS
-from controller.demo import free_port
+from controller.cli.demo import free_port
 from simulator.build import build_release, make_models
 from simulator.fit import REFERENCE
 

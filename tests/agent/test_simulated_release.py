@@ -20,7 +20,7 @@ import simulator
 from agent.store import RunStore
 from agent.tables import parse_seed
 from contract.records import METRICS, MODEL_KEYS
-from controller.demo import free_port
+from controller.cli.demo import free_port
 from simulator.fit import TIMINGS_MS
 
 from .conftest import processes_under

@@ -43,7 +43,7 @@ def controller(tmp_path: Path, seed_rows: list) -> ControllerSettings:  # noqa: 
 def client(controller: ControllerSettings, tmp_path: Path) -> Iterator:
     from fastapi.testclient import TestClient
 
-    from controller.api import Tokens, create_app
+    from controller.serve.api import Tokens, create_app
 
     tokens = Tokens.load(write_tokens(tmp_path / "tokens", TOKEN, "another-token-0123456789"))
     with TestClient(create_app(controller, tokens)) as c:

@@ -109,7 +109,7 @@ def test_cancel_and_devices(client):
 def test_broker_down_is_503(tmp_path, controller, monkeypatch):
     from fastapi.testclient import TestClient
 
-    from controller.api import Tokens, create_app
+    from controller.serve.api import Tokens, create_app
     from tests.cli.conftest import closed_port
 
     down = controller.model_copy(update={"broker_url": f"redis://127.0.0.1:{closed_port()}/0"})
@@ -119,7 +119,7 @@ def test_broker_down_is_503(tmp_path, controller, monkeypatch):
 
 
 def test_tokens_file_checks(tmp_path):
-    from controller.api import TokenError, Tokens
+    from controller.serve.api import TokenError, Tokens
 
     p = write_tokens(tmp_path / "t", TOKEN)
     assert Tokens.load(p).check(TOKEN) and not Tokens.load(p).check(TOKEN[:-1])
@@ -134,7 +134,7 @@ def test_tokens_file_checks(tmp_path):
 
 
 def test_webhook_signed_and_retried(receiver):
-    from controller.service_webhooks import SIGNATURE_HEADER, Webhooks, verify
+    from controller.service.webhooks import SIGNATURE_HEADER, Webhooks, verify
 
     secret = b"s3cret-shared-with-the-receiver"
     receiver.fail_first = 2  # the receiver is briefly down: retried with backoff
@@ -154,7 +154,7 @@ def test_webhook_signed_and_retried(receiver):
 def test_webhook_gives_up_without_blocking(tmp_path):
     import time
 
-    from controller.service_webhooks import Webhooks
+    from controller.service.webhooks import Webhooks
     from tests.cli.conftest import closed_port
 
     hooks = Webhooks([f"http://127.0.0.1:{closed_port()}/x"], b"0123456789abcdef", attempts=3, backoff=0.01)
@@ -172,7 +172,7 @@ def test_schemathesis(controller, tmp_path):
     from hypothesis import HealthCheck, given, settings
     from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-    from controller.api import Tokens, create_app
+    from controller.serve.api import Tokens, create_app
 
     app = create_app(controller, Tokens([TOKEN]))
     schema = schemathesis.openapi.from_asgi("/api/v1/openapi.json", app)
@@ -214,7 +214,7 @@ def test_fields_are_bounded_and_never_said_back_whole(client):
 def test_the_server_log_clips_every_line():
     import logging
 
-    from controller.api_guard import MAX_LOG_LINE, ClippedFormatter
+    from controller.serve.guard import MAX_LOG_LINE, ClippedFormatter
 
     try:
         open("/tmp/" + "N" * 300_000)  # noqa: SIM115 - raises

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.demo import free_port, reference_rows
+from controller.cli.demo import free_port, reference_rows
 from controller.service import Session
 from tests.api.conftest import TOKEN, Receiver, ReleaseServer, write_tokens
 from tests.browser import chromium_page
@@ -125,7 +125,7 @@ def test_ci_script_runs_a_validation_over_http(served, ci_run):
     run_id = r.stdout.split()[1]
     assert served["releases"].paths == [f"/{rel.path.name}"]  # fetched once, by the controller
     # the webhook: retried after the 503, signed with the shared secret
-    from controller.service_webhooks import SIGNATURE_HEADER, verify
+    from controller.service.webhooks import SIGNATURE_HEADER, verify
 
     rec = served["receiver"]
     assert rec.arrived.wait(30), "no webhook delivery"

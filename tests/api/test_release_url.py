@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.release_url import NOT_SERVED
+from controller.service.release_url import NOT_SERVED
 from controller.settings import ControllerSettings
 from tests.api.conftest import AUTH, TOKEN, ReleaseServer, write_tokens
 from tests.cli.conftest import TARBALL, closed_port
@@ -30,7 +30,7 @@ LOCAL = ("127.0.0.1",)  # the test release server is on loopback: listed in rele
 def api(settings: ControllerSettings, tmp_path: Path, hosts: tuple[str, ...] | None = LOCAL):
     from fastapi.testclient import TestClient
 
-    from controller.api import Tokens, create_app
+    from controller.serve.api import Tokens, create_app
 
     if hosts is not None:
         settings = settings.model_copy(update={"release_url_hosts": hosts})
@@ -135,7 +135,7 @@ def test_release_urls_go_only_where_the_policy_allows(controller, served, tmp_pa
 def test_the_policy_refuses_by_address_and_port():
     import ipaddress
 
-    from controller.release_url import UrlPolicy, parse_allow_list, refusal
+    from controller.service.release_url import UrlPolicy, parse_allow_list, refusal
 
     ip = ipaddress.ip_address
     broker = UrlPolicy(local_ports=frozenset({6379, 8080}), endpoints=frozenset({(ip("10.0.0.5"), 6379)}),

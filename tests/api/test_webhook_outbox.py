@@ -11,9 +11,9 @@ from pathlib import Path
 from rich.console import Console
 
 from controller.history import History
-from controller.serve import Notifier, serve_forever
+from controller.serve.daemon import Notifier, serve_forever
 from controller.service import Session
-from controller.service_webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, Webhooks, verify
+from controller.service.webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, Webhooks, verify
 from controller.settings import ControllerSettings
 
 

@@ -21,7 +21,7 @@ MODULES = [f"m{i:02d}" for i in range(6)]
 
 def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """``fleetctl ARGS`` in this process: (exit code, stdout, stderr)."""
-    from controller.cli import main
+    from controller.cli.app import main
 
     with pytest.raises(SystemExit) as e:
         main(list(args))

@@ -38,7 +38,7 @@ class Block(importlib.abc.MetaPathFinder):
         return None
 sys.meta_path.insert(0, Block())
 sys.argv[0] = "fleetctl"
-from controller.cli import main
+from controller.cli.app import main
 main(sys.argv[1:])
 """
 
@@ -66,8 +66,8 @@ def test_without_controller_extras(env):
 def _errors():
     from pydantic import BaseModel
 
-    from controller.deploy import DeployError
-    from controller.push import PushError
+    from controller.remote.deploy import DeployError
+    from controller.remote.push import PushError
     from controller.report.model import ReportError
 
     class M(BaseModel):

@@ -21,7 +21,7 @@ BROKER = {"celery", "kombu", "redis", "billiard", "amqp"}
 
 LOADED = """
 import contextlib, io, json, sys
-from controller.cli import run
+from controller.cli.app import run
 with contextlib.redirect_stdout(io.StringIO()):
     code = run(sys.argv[1:])
 print(json.dumps({"code": code, "loaded": sorted({m.partition(".")[0] for m in sys.modules})}))

@@ -71,7 +71,7 @@ def test_short_flags_have_one_meaning():
     """Every short flag means one thing on every verb (walks the whole command tree)."""
     from typer.main import get_command
 
-    from controller.cli import Invocation, build_app
+    from controller.cli.app import Invocation, build_app
 
     meanings: dict[str, set[str]] = {}
 
@@ -180,7 +180,7 @@ def test_logs_of_an_ssh_module_run_the_remote_script(env, capsys, monkeypatch):
     import subprocess
     import sys
 
-    from controller import ssh
+    from controller.remote import ssh
 
     work = env / "remote-work"
     (work / "runs" / "r2" / "logs").mkdir(parents=True)

@@ -20,7 +20,7 @@ import pytest
 
 import simulator
 from contract.records import MODEL_KEYS
-from controller.demo import free_port
+from controller.cli.demo import free_port
 from simulator.engine.build import build_engine_release, parse_profiles
 from tests.agent.conftest import processes_under
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.demo import Worker, free_port, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
+from controller.cli.demo import Worker, free_port, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
 from controller.service import Session
 from controller.settings import ControllerSettings
 

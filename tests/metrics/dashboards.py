@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from agent.metrics import CATALOG as AGENT_CATALOG
-from controller.metrics import CATALOG as CONTROLLER_CATALOG
+from controller.serve.metrics import CATALOG as CONTROLLER_CATALOG
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "grafana" / "dashboards"

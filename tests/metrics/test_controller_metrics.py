@@ -11,10 +11,10 @@ import typer
 from typer.testing import CliRunner
 
 from agent.tables import parse_seed
+from controller.cli.targets import file_sd, register
 from controller.history import History
 from controller.inventory import InventoryError, parse_inventory
-from controller.metrics import ControllerCollector, deviation, performance_ratio
-from controller.metrics_cli import file_sd, register
+from controller.serve.metrics import ControllerCollector, deviation, performance_ratio
 from tests.metrics.fleetfiles import seed_rows
 
 

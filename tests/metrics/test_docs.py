@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from agent.metrics import CATALOG as AGENT_CATALOG
-from controller.metrics import CATALOG as CONTROLLER_CATALOG
+from controller.serve.metrics import CATALOG as CONTROLLER_CATALOG
 from tests.metrics.dashboards import ROOT
 
 

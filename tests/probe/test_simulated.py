@@ -20,7 +20,7 @@ from agent.probe import FLAG
 from agent.store import RunStore
 from agent.tables import parse_seed
 from contract.records import RunRequest
-from controller.demo import free_port
+from controller.cli.demo import free_port
 from controller.history import History
 
 pytestmark = pytest.mark.slow

@@ -181,7 +181,7 @@ def test_hostile_run_ids_are_refused_by_the_controller(bench_factory, redis_brok
 def test_second_agent_with_a_name_in_use(bench_factory, redis_broker, release, tmp_path):
     """A second agent started with a module name a live agent holds refuses to start; `fleetctl devices`
     shows the conflict; the first agent goes on serving."""
-    from controller.demo import start_worker
+    from controller.cli.demo import start_worker
 
     b = bench_factory(redis_broker)
     b.lab.start()

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from controller import report_cli
+from controller.cli import report as report_cli
 from controller.history import History
 from controller.report import build_report, compare_runs
 from controller.report.synth import fleet

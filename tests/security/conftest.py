@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from controller.demo import free_port, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
+from controller.cli.demo import free_port, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
 from controller.settings import ControllerSettings
 from tests.fleet.conftest import REDIS, Lab
 

@@ -17,7 +17,7 @@ import redis
 
 from contract.kv import cancel_key
 from contract.records import RunState
-from controller import deploy_acl as acl
+from controller.remote import acl
 from tests.security.conftest import SecureRedis, fleetctl_path, make_secure_lab, task_body, task_envelope
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -57,7 +57,7 @@ def test_acl_file_shape(tmp_path):
 
 
 def test_fleetctl_broker_acl(tmp_path):
-    from controller.demo import inventory_toml
+    from controller.cli.demo import inventory_toml
 
     (tmp_path / "inventory.toml").write_text(inventory_toml(["sim-01", "sim-02"], tmp_path, None))
     r = subprocess.run([fleetctl_path(), "-i", str(tmp_path / "inventory.toml"), "broker", "acl", "--out",

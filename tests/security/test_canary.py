@@ -89,7 +89,7 @@ def test_canary_password_is_nowhere(tmp_path):
 
         # the metric expositions of the agent and the controller
         from agent.metrics import build_registry
-        from controller.metrics import ControllerCollector
+        from controller.serve.metrics import ControllerCollector
         from controller.service import Session
 
         work = tmp_path / "lab" / "modules" / "sim-01" / "work"

@@ -12,10 +12,10 @@ import yaml
 from typer.testing import CliRunner
 
 from contract.settings import BrokerSettings
-from controller import deploy as dep
-from controller import ssh
-from controller.deploy_cli import register
+from controller.cli.deploy import register
 from controller.inventory import Inventory, Module
+from controller.remote import deploy as dep
+from controller.remote import ssh
 
 ROOT = Path(__file__).resolve().parents[2]
 

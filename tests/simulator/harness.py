@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from contract.records import MODEL_KEYS
-from controller.demo import free_port
+from controller.cli.demo import free_port
 from simulator import BuiltRelease, build_release, make_models
 
 MUSA = "scripts/ci/musa"

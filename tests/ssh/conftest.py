@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.deploy import DEFAULT_CACHE, DeployError, ModuleFacts, Wheelhouse, WheelhouseBuilder
 from controller.inventory import Module
+from controller.remote.deploy import DEFAULT_CACHE, DeployError, ModuleFacts, Wheelhouse, WheelhouseBuilder
 from tests.ssh.netns import Lab, capability_problem
 
 REDIS_PORT = 26379

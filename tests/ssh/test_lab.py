@@ -21,10 +21,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from controller import deploy as dep
-from controller.deploy_cli import register
+from controller.cli.deploy import register
 from controller.inventory import Inventory, Module
-from controller.push import PushResult, file_sha256, push_release
+from controller.remote import deploy as dep
+from controller.remote.push import PushResult, file_sha256, push_release
 from controller.settings import ControllerSettings
 from tests.ssh.conftest import REDIS_PASSWORD, CachedWheelhouse, lab_modules
 from tests.ssh.netns import Lab

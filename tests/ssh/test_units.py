@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from agent.settings import AgentSettings
 from contract.settings import BrokerSettings, load_settings
-from controller import deploy as dep
-from controller import push, ssh
 from controller.inventory import Module
+from controller.remote import deploy as dep
+from controller.remote import push, ssh
 
 ROOT = Path(__file__).resolve().parents[2]
 NASTY = "/data/models; $(touch /tmp/f7-pwned) `id` 'q\" %h $HOME\n\\x"

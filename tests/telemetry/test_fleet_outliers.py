@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller import service
-from controller.demo import inventory_toml, module_names, reference_rows, simulated_fleet
+from controller.cli.demo import inventory_toml, module_names, reference_rows, simulated_fleet
 from controller.report import build_report
 from controller.settings import ControllerSettings
 

@@ -133,7 +133,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_the_worker_is_one_process_and_serves_metrics(tmp_path: Path) -> None:
-    from controller.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
+    from controller.cli.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
     from controller.settings import ControllerSettings
 
     settings = ControllerSettings(broker_url="filesystem://", data_dir=tmp_path / "fleet",

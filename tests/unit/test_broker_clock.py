@@ -20,7 +20,7 @@ from contract.settings import BrokerSettings
 from controller.fleet import Fleet, conflict_note, derive_state, liveness, skew_warning
 from controller.history import History
 from controller.inventory import Module
-from controller.metrics import ControllerCollector, ModuleReading
+from controller.serve.metrics import ControllerCollector, ModuleReading
 from tests.fleet.conftest import running_redis
 
 

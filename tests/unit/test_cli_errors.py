@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import main
+from controller.cli.app import main
 
 INV = '[[module]]\nname = "m1"\ntransport = "local"\n'
 

@@ -7,8 +7,8 @@ import io
 from rich.console import Console
 
 from contract.records import RunProgress, RunState, StepError
+from controller.cli.live import MAX_ROWS, render, shown_modules
 from controller.fleet import RunView
-from controller.live import MAX_ROWS, render, shown_modules
 
 
 def _view(n: int) -> RunView:

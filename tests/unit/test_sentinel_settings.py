@@ -65,8 +65,8 @@ def test_sentinel_app_keeps_the_hardening_and_the_module_keys(tmp_path: Path) ->
 def test_deploy_writes_a_sentinel_config_without_the_password(tmp_path: Path) -> None:
     import tomllib
 
-    from controller import deploy as dep
     from controller.inventory import Module
+    from controller.remote import deploy as dep
 
     url = "sentinel://:pw@10.0.0.1:26379;sentinel://:pw@10.0.0.2:26379;sentinel://:pw@10.0.0.3:26379/0"
     text, pw = dep.render_config(Module(name="m1"), "/w", BrokerSettings(broker_url=url, broker_sentinel_master="lab"))

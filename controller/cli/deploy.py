@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from controller import deploy_acl as acl
-from controller.cli_output import fail, new_app
+from controller.cli.output import fail, new_app
+from controller.remote import acl
 
 if TYPE_CHECKING:  # paramiko and fabric load only when a command of this file runs (controller extras)
     from rich.console import Console
     from rich.table import Table
 
     from contract.settings import BrokerSettings
-    from controller import deploy as dep
     from controller.inventory import Inventory
+    from controller.remote import deploy as dep
     from controller.settings import ControllerSettings
 
 
@@ -95,8 +95,8 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
                  "agent connects as its own Redis user"),
     ) -> None:
         """Install or update the agent on modules (idempotent), then wait for their heartbeats."""
-        from controller import deploy as dep
         from controller.inventory import InventoryError
+        from controller.remote import deploy as dep
 
         out, err = _consoles()
 
@@ -148,7 +148,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         from controller import service
         from controller.history import HistoryError
         from controller.inventory import InventoryError
-        from controller.push import PushError, file_sha256, push_release
+        from controller.remote.push import PushError, file_sha256, push_release
 
         out, _ = _consoles()
 
@@ -214,8 +214,8 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         """SSH reachability, Python version, free disk and agent version of each module."""
         from rich.table import Table
 
-        from controller import deploy as dep
         from controller.inventory import InventoryError
+        from controller.remote import deploy as dep
 
         out, _ = _consoles()
 

@@ -32,7 +32,7 @@ def output_option(default: Output = Output.table) -> Any:
 
 def new_app(**kw: Any) -> typer.Typer:
     """A typer app or group of fleetctl: help printed by click's plain formatter (rich's markup renderer
-    costs more start-up time than the rest of ``fleetctl --help``), errors left to ``controller.cli.run``."""
+    costs more start-up time than the rest of ``fleetctl --help``), errors left to ``controller.cli.app.run``."""
     return typer.Typer(rich_markup_mode=None, pretty_exceptions_enable=False,
                        context_settings={"max_content_width": 120}, **kw)
 

@@ -31,7 +31,7 @@ from uvicorn.config import LOGGING_CONFIG
 from uvicorn.logging import DefaultFormatter
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from controller.release_url import clip
+from controller.service.release_url import clip
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -262,7 +262,7 @@ def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, er
     """The real-engine release on the real modules, twice: the first run becomes that release's own
     baseline (its figures are its own, not the seed's), the second is judged against it."""
     from controller import service
-    from controller.live import follow, follow_and_judge, print_launched
+    from controller.cli.live import follow, follow_and_judge, print_launched
     from simulator.engine.build import SUPPORTED_KEYS, build_engine_release
 
     keys = tuple(k for k in models if k in SUPPORTED_KEYS)
@@ -290,7 +290,7 @@ def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, er
 
 def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
     from controller import service
-    from controller.live import follow_and_judge, print_launched
+    from controller.cli.live import follow_and_judge, print_launched
     from simulator import build_release, regress_spec
 
     base = _fresh_dir(opts.out_dir)

@@ -39,8 +39,8 @@ from urllib.parse import urlsplit, urlunsplit
 from agent.settings import AgentSettings
 from contract.records import Heartbeat
 from contract.settings import BrokerSettings
-from controller import ssh
 from controller.inventory import Module
+from controller.remote import ssh
 
 if TYPE_CHECKING:
     from contract.kv import Beat

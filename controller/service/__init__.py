@@ -192,7 +192,7 @@ def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS)
                     sha256: str | None = None) -> ValidateRequest:
     """A request for the release as a person or a CI job typed it: an http/https URL (downloaded
     by the controller) or a path as the controller sees it."""
-    from controller.release_url import is_url
+    from controller.service.release_url import is_url
 
     url = release if is_url(release) else None
     return ValidateRequest(release=None if url else Path(release).expanduser(), url=url, models=models,
@@ -289,7 +289,7 @@ def check_baseline(s: Session, baseline: str) -> str:
 def prepare(s: Session, req: ValidateRequest) -> tuple[str, list[Module], RunInfo | None]:
     """Every check that needs no broker and no hashing, before anything is dispatched:
     (release version, modules, the run resumed or None)."""
-    from controller.release_url import ReleaseUrlError, check_release_url, check_sha256, clip
+    from controller.service.release_url import ReleaseUrlError, check_release_url, check_sha256, clip
 
     if (req.release is None) == (req.url is None):
         raise BadRequest("give the release as a path or as a URL (one of them)")
@@ -399,7 +399,13 @@ def prune_releases(s: Session) -> list[Path]:
 def download_release(s: Session, url: str, sha256: str | None = None) -> tuple[Path, str]:
     """Fetch a release URL into ``<data_dir>/releases/<sha256>/<name>`` (streamed, size-limited, with a
     deadline, checked against ``sha256`` when given); its path and sha256. UnusableRelease on any failure."""
-    from controller.release_url import ReleaseUrlError, check_release_url, check_sha256, fetch_release, url_policy
+    from controller.service.release_url import (
+        ReleaseUrlError,
+        check_release_url,
+        check_sha256,
+        fetch_release,
+        url_policy,
+    )
 
     try:
         return fetch_release(check_release_url(url), s.settings.data_dir.expanduser() / "releases",
@@ -425,7 +431,7 @@ def distribute(s: Session, modules: list[Module], tarball: Path, sha: str) -> tu
     errors: dict[str, str] = {}
     remote = [m for m in modules if m.transport == "ssh"]
     if remote:
-        from controller.push import push_release
+        from controller.remote.push import push_release
 
         results = push_release(remote, tarball, sha, known_hosts=s.settings.known_hosts, identity=s.settings.ssh_key,
                                keep_newest=s.settings.keep_releases, keep=releases_in_use(s))
@@ -681,7 +687,7 @@ print(json.dumps(out))
 
 
 def _remote_logs(s: Session, m: Module, run_id: str) -> list[LogFile]:
-    from controller import ssh
+    from controller.remote import ssh
 
     target = ssh.SshTarget.of(m, s.settings.known_hosts, s.settings.ssh_key)
     with ssh.open_session(target) as sess:

@@ -3,7 +3,7 @@
 Every route is a thin shell over :mod:`controller.service`, like the CLI verbs. Every route
 under ``/api/v1`` but the schema needs ``Authorization: Bearer <token>`` with a token from the
 tokens file (compared in constant time; tokens are never logged), checked before the body is
-read; bodies are bounded (``api_max_body_bytes``) and so is every field (:mod:`controller.api_guard`).
+read; bodies are bounded (``api_max_body_bytes``) and so is every field (:mod:`controller.serve.guard`).
 Errors are ``{"detail": "<one line>"}`` with 400 (bad input), 401 (no or wrong token), 404 (no
 such run or module), 409 (run id already used), 413 (body too large), 422 (a field out of bounds
 or of the wrong type, named; a release URL that is bad, unreachable or too big, or a sha256
@@ -36,8 +36,8 @@ from controller import service
 from controller.fleet import BrokerUnavailable, EvictingBroker, FleetError
 from controller.history import HistoryError
 from controller.inventory import InventoryError
-from controller.release_url import MAX_SHOWN, clip
 from controller.service import Judgement, Session
+from controller.service.release_url import MAX_SHOWN, clip
 from controller.settings import ControllerSettings
 
 log = logging.getLogger("fleet.api")
@@ -255,7 +255,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
                   docs_url=None, redoc_url=None,
                   description="Validate SGLang-MUSA releases on a fleet of M1000 modules (for CI systems).")
     bearer = HTTPBearer(auto_error=False, description="a token from the controller's API tokens file")
-    from controller.api_guard import Guard
+    from controller.serve.guard import Guard
 
     # the token and the body's size, checked before the body is read (the dependency below stays, for the schema)
     app.add_middleware(Guard, check_token=tokens.check, protected=_protected,  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from controller.service import Judgement, Session
 
 if TYPE_CHECKING:
     from controller.history import History
-    from controller.service_webhooks import Webhooks
+    from controller.service.webhooks import Webhooks
 
 log = logging.getLogger("fleet.serve")
 
@@ -80,7 +80,7 @@ class Notifier:
 
     def drain(self) -> int:
         """Record finished deliveries, send what is pending; how many deliveries were started."""
-        from controller.api import summary_of
+        from controller.serve.api import summary_of
 
         h = self._record_finished()
         started = 0
@@ -121,7 +121,7 @@ def _start_metrics(s: Session) -> Any:
         return None
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from controller.metrics import ControllerCollector, ModuleReading
+    from controller.serve.metrics import ControllerCollector, ModuleReading
 
     # its own session: the collector runs in the HTTP server's thread
     own = Session(settings)
@@ -151,7 +151,7 @@ class ApiServer:
 
 def start_api(s: Session, timeout: float = 15.0) -> ApiServer | None:
     """The HTTP API (uvicorn, in a thread of this process) when ``api_port`` is set: bodies bounded and
-    checked for a token before they are read, read deadlines on every connection (:mod:`controller.api_guard`)."""
+    checked for a token before they are read, read deadlines on every connection (:mod:`controller.serve.guard`)."""
     settings = s.settings
     if not settings.api_port:
         return None
@@ -161,8 +161,8 @@ def start_api(s: Session, timeout: float = 15.0) -> ApiServer | None:
 
     import uvicorn
 
-    from controller.api import Tokens, create_app
-    from controller.api_guard import log_config, protocol_class
+    from controller.serve.api import Tokens, create_app
+    from controller.serve.guard import log_config, protocol_class
 
     app = create_app(settings, Tokens.load(settings.api_tokens_file))
     # h11 (headers of 16 KiB at most), with read deadlines: a slow or idle client is closed, never held
@@ -187,7 +187,7 @@ def webhooks_of(s: Session) -> Webhooks | None:
         return None
     if settings.webhook_secret_file is None:
         raise SettingsError("webhook_urls are set but webhook_secret_file is not: webhooks are always signed")
-    from controller.service_webhooks import Webhooks, load_secret
+    from controller.service.webhooks import Webhooks, load_secret
 
     return Webhooks(settings.webhook_urls, load_secret(settings.webhook_secret_file))
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from contract.oneline import error_line
-from controller.cli_output import EXIT_ERROR, Output, emit, error, new_app, output_option, stderr, stdout
+from controller.cli.output import EXIT_ERROR, Output, emit, error, new_app, output_option, stderr, stdout
 
 if TYPE_CHECKING:
     from controller.service import Session
@@ -84,7 +84,7 @@ def validate(
     """Validate a release on the chosen modules; ends with a verdict."""
     from contract.records import parse_model_keys
     from controller import service
-    from controller.live import follow_and_judge, print_launched
+    from controller.cli.live import follow_and_judge, print_launched
 
     s = session(ctx)
     req = service.release_request(release, sha256=sha256, models=parse_model_keys(models), devices=devices,
@@ -103,7 +103,7 @@ def status(ctx: typer.Context,
     """One look at a run (pulls its latest progress and rows into the history); the verdict once it ended
     (the one recorded when it was judged, e.g. by `validate --baseline`; judged now if none was)."""
     from controller import service
-    from controller.live import render
+    from controller.cli.live import render
 
     s = session(ctx)
     info = service.find_run(s, run_id)
@@ -131,7 +131,7 @@ def watch(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run i
           baseline: str | None = typer.Option(None, "--baseline", "-b")) -> int:
     """Follow a run live until it ends (pulling its results into the history), then give its verdict."""
     from controller import service
-    from controller.live import follow_and_judge
+    from controller.cli.live import follow_and_judge
 
     s = session(ctx)
     info = service.find_run(s, run_id)
@@ -284,7 +284,7 @@ def retry(
     To continue the same run instead, keeping what passed: fleetctl validate TARBALL --run-id RUN --resume.
     """
     from controller import service
-    from controller.live import follow_and_judge, print_launched
+    from controller.cli.live import follow_and_judge, print_launched
 
     s = session(ctx)
     if baseline:
@@ -416,7 +416,7 @@ def serve(
 
         print(secrets.token_hex(24))
         return
-    from controller.serve import serve_forever
+    from controller.serve.daemon import serve_forever
 
     s = session(ctx)
     overrides: dict[str, object] = {k: v for k, v in (("api_port", api_port), ("api_host", api_host),
@@ -445,7 +445,7 @@ def demo(
 ) -> int:
     """Simulated fleet on this machine validates a freshly built simulated release (embedded broker)."""
     from contract.records import parse_model_keys
-    from controller.demo import DemoOptions, run_demo
+    from controller.cli.demo import DemoOptions, run_demo
 
     opts = DemoOptions(devices=devices, models=parse_model_keys(models), noise=noise, slow=slow, throttle=throttle,
                        regress=tuple(regress), seed=seed, time_scale=time_scale, out_dir=out_dir,
@@ -456,7 +456,9 @@ def demo(
 def build_app(inv: Invocation) -> typer.Typer:
     """The command tree of one invocation: the verbs here and those of the other parts of the
     controller, which get the invocation's session through the functions handed to them."""
-    from controller import deploy_cli, metrics_cli, report_cli
+    from controller.cli import deploy as deploy_cli
+    from controller.cli import report as report_cli
+    from controller.cli import targets as metrics_cli
 
     app = new_app(no_args_is_help=True, add_completion=True)
     app.callback()(_root)
@@ -501,12 +503,12 @@ def user_error_types() -> tuple[type[BaseException], ...]:
         from controller.report.model import ReportError
 
         types.append(ReportError)
-    if "controller.push" in sys.modules:
-        from controller.push import PushError
+    if "controller.remote.push" in sys.modules:
+        from controller.remote.push import PushError
 
         types.append(PushError)
-    if "controller.deploy" in sys.modules:
-        from controller.deploy import DeployError
+    if "controller.remote.deploy" in sys.modules:
+        from controller.remote.deploy import DeployError
 
         types.append(DeployError)
     return tuple(types)

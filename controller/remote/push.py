@@ -27,8 +27,8 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from controller import ssh
 from controller.inventory import Module
+from controller.remote import ssh
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 

@@ -1,6 +1,6 @@
 """fleetctl commands of the reports: ``report``, ``compare`` and ``baseline import|set|list``.
 
-``controller.cli`` calls :func:`register` with its typer app and functions that open the run
+``controller.cli.app`` calls :func:`register` with its typer app and functions that open the run
 history (for reading, and for the verbs that write it). Errors end in one clear line and exit
 code 2; ``--check`` exits 1 unless the verdict is pass.
 """
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from controller.cli_output import EXIT_ERROR, EXIT_FAILED, Output, emit, fail, new_app, output_option
+from controller.cli.output import EXIT_ERROR, EXIT_FAILED, Output, emit, fail, new_app, output_option
 
 if TYPE_CHECKING:  # pandas, scipy and matplotlib load only when a report command runs
     from controller.history import History
