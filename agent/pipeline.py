@@ -22,17 +22,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from agent import steps
+from agent import model_key, steps
+from agent.config import AgentConfig
 from agent.errors import BadInput, Cancelled, StepFailed
 from agent.executor import CancelToken, EventCancelToken, Executor, ProcResult, utc_stamp
-from agent.health import port_open, probe
-from agent.procs import Left, command_of
+from agent.model_key import proc_error
+from agent.procs import Left
 from agent.state import RunMachine
 from agent.store import RunStore, write_atomic
-from agent.tables import TableError, parse_tables, stamp
-from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig
+from agent.tables import stamp
+from agent.telemetry import SAMPLES_FILE, Sampler
 from agent.unpack import UnpackLimits, verify_sha256
 from agent.unpack import unpack as unpack_tarball
 from contract.records import (
@@ -49,7 +48,7 @@ from contract.records import (
 )
 
 if TYPE_CHECKING:
-    from agent.settings import AgentSettings
+    pass
 
 __all__ = ["AgentConfig", "CancelToken", "EventCancelToken", "RunResult", "run_pipeline"]
 
@@ -58,59 +57,6 @@ log = logging.getLogger(__name__)
 ProgressCallback = Callable[[RunProgress], None]
 _RELEASE_STEPS = ("fetch", "unpack", "configure", "generate", "environment", "precompile")
 _RELEASE_SHARE = 0.1  # of the progress bar; the keys share the rest
-
-
-class AgentConfig(BaseModel):
-    """How this module runs a validation (frozen; pass it, never read globals)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    module: str
-    workdir: Path
-    server_host: str = "127.0.0.1"
-    server_port: int = Field(default=30000, ge=1, le=65535)
-    fetch_timeout: float = Field(default=1800.0, gt=0, description="sha256 of the tarball, s")
-    unpack_timeout: float = Field(default=1800.0, gt=0)
-    keep_releases: int = Field(default=3, ge=1, description="unpacked releases kept, the newest used (this one too)")
-    unpack_max_members: int = Field(default=100_000, ge=1, description="members of a tarball, at most")
-    unpack_max_name_bytes: int = Field(default=1024, ge=1, le=4096, description="a member's path, at most, bytes")
-    generate_timeout: float = Field(default=1800.0, gt=0)
-    environment_timeout: float = Field(default=600.0, gt=0)
-    precompile_timeout: float = Field(default=7200.0, gt=0)
-    ready_timeout: float = Field(default=1200.0, gt=0, description="server start until /health answers 200, s")
-    benchmark_timeout: float = Field(default=3600.0, gt=0, description="per model key, s")
-    stop_grace: float = Field(default=15.0, gt=0, description="SIGTERM to SIGKILL of a process group, s")
-    port_free_timeout: float = Field(default=30.0, gt=0, description="wait for the port to be free again, s")
-    poll_interval: float = Field(default=0.5, gt=0, description="cancel / readiness polling period, s")
-    key_env: dict[str, dict[str, str]] = Field(default_factory=dict, description="extra env per model key")
-    base_env: dict[str, str] | None = Field(default=None, description="scripts' base env (default: the agent's)")
-    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="device sampling during runs")
-    probe: bool = Field(default=True, description="cross-check the release's benchmark with the agent's probe")
-    probe_profiles: tuple[str, ...] = Field(default=("128:128",), description="sweep profiles the probe runs "
-                                            "(those of a key's release rows)")
-    probe_requests: int = Field(default=3, ge=1, description="measured probe requests per profile (median of 3)")
-    probe_warmup: int = Field(default=0, ge=0, description="probe warm-up requests (the benchmark warmed the server)")
-    probe_tolerance: float = Field(default=0.05, gt=0, lt=1, description="release vs probe, relative")
-    probe_timeout: float = Field(default=600.0, gt=0, description="one probe request, wall s")
-
-    @classmethod
-    def from_settings(cls, settings: AgentSettings, **overrides: Any) -> AgentConfig:
-        """From :class:`agent.settings.AgentSettings`, plus overrides (those not None)."""
-        values: dict[str, Any] = {
-            "module": settings.module,
-            "workdir": Path(settings.workdir).expanduser().resolve(),
-            "server_port": settings.server_port,
-            "stop_grace": settings.stop_grace,
-            "keep_releases": settings.keep_releases,
-            "unpack_max_members": settings.unpack_max_members, "unpack_max_name_bytes": settings.unpack_max_name_bytes,
-            "telemetry": TelemetryConfig(enabled=settings.telemetry_period > 0, tool=settings.telemetry_tool,
-                                         period_s=settings.telemetry_period or 1.0),
-            "probe": settings.probe, "probe_requests": settings.probe_requests,
-            "probe_tolerance": settings.probe_tolerance,
-            "probe_profiles": tuple(p.strip() for p in settings.probe_profiles.split(",") if p.strip()),
-        }
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
 
 
 class RunResult(Frozen):
@@ -131,10 +77,10 @@ def run_pipeline(request: RunRequest, config: AgentConfig, *, on_progress: Progr
     or a run id already used on this module for another release.
     """
     ex = executor or Executor(poll_interval=config.poll_interval, stop_grace=config.stop_grace)
-    return _Run(request, config, ex, on_progress, cancel or EventCancelToken()).execute()
+    return Run(request, config, ex, on_progress, cancel or EventCancelToken()).execute()
 
 
-class _Run:
+class Run:
     def __init__(self, request: RunRequest, config: AgentConfig, executor: Executor,
                  on_progress: ProgressCallback | None, cancel: CancelToken) -> None:
         self.req = request
@@ -495,7 +441,7 @@ class _Run:
         if res.outcome == "cancelled":
             raise Cancelled(plan.step, plan.model_key)
         status = "ok" if res.ok else "failed"
-        err = None if res.ok else _proc_error(plan.step, plan.model_key, res)
+        err = None if res.ok else proc_error(plan.step, plan.model_key, res)
         self.event(plan.step, status, plan.model_key, duration_s=res.duration_s, exit_code=res.exit_code,
                    message=err.message if err else "", hold=res.ok)  # ok: written with what comes next
         if err is not None:
@@ -526,7 +472,7 @@ class _Run:
         kenv = steps.key_env(key, self.cfg.key_env.get(key), self.req.key_env.get(key))
         rows: list[ResultRow] = []
         try:
-            rows, err = self._serve_and_measure(top, env, key, kenv)
+            rows, err = model_key.serve_and_measure(self, top, env, key, kenv)
         except StepFailed as exc:
             err = exc.error
         except Cancelled:
@@ -545,191 +491,9 @@ class _Run:
                                         duration_s=round(time.monotonic() - t0, 3))
         self.emit(step="benchmark", model_key=key)
 
-    def _serve_and_measure(self, top: Path, env: dict[str, str], key: str,
-                           kenv: dict[str, str]) -> tuple[list[ResultRow], StepError | None]:
-        host, port = self.cfg.server_host, self.cfg.server_port
-        if port_open(host, port):
-            self._free_port(key, host, port)
-        plan = steps.plan_server(top, key, env, kenv)
-        self.event("server", "start", key)
-        t0 = time.monotonic()
-        try:
-            server = self.ex.start(plan.argv, env=plan.env, cwd=plan.cwd,
-                                   log_path=self.store.next_log(self.req.run_id, "server", key))
-        except OSError as exc:
-            raise self._fail("server", t0, exc, key) from exc
-        try:
-            self._wait_ready(server, key, t0)
-            self.event("server", "ok", key, duration_s=time.monotonic() - t0, message="ready")
-            self.emit(step="benchmark", model_key=key)
-            return self._benchmark(top, env, key, kenv, server)
-        finally:
-            self.ex.stop(server)
-            self.ex.close(server)
-            self._stopped(key, self.ex.sweep(), f"key {key}")
-            self._wait_port_free(host, port)
-
-    def _free_port(self, key: str, host: str, port: int) -> None:
-        """The server's port is taken: stop the holder when it is this agent's leftover, else fail the key naming
-        it (the release is not to blame)."""
-        holders = self.ex.port_holders(port)
-        foreign = [pid for pid, ours in holders if not ours]
-        if not foreign and holders:
-            left = [x for pid, _ in holders if pid is not None for x in self.ex.kill_tree(pid)]
-            self._stopped(key, left, f"an earlier run, holding port {port},")
-            self._wait_port_free(host, port)
-            if not port_open(host, port):
-                return
-            foreign = [pid for pid, _ in self.ex.port_holders(port)]
-        if any(pid is not None for pid in foreign):
-            who = "; ".join(f"pid {pid} ({command_of(pid)})" for pid in foreign if pid is not None)
-            msg = (f"port {host}:{port} is held by a process that is not this agent's: {who}; the server cannot "
-                   "start (stop that process, or give the agent another server_port)")
-        else:
-            msg = (f"port {host}:{port} is already in use before starting the server, by a process this agent "
-                   "cannot see (another user's?); stop it, or give the agent another server_port")
-        self.event("server", "failed", key, message=msg)
-        raise StepFailed(StepError(step="server", model_key=key, message=msg))
-
-    def _wait_port_free(self, host: str, port: int) -> None:
-        """After a server stopped: wait (bounded) until its port is free for the next key's server."""
-        deadline = time.monotonic() + self.cfg.port_free_timeout
-        while port_open(host, port) and time.monotonic() < deadline:
-            time.sleep(min(0.2, self.cfg.poll_interval))
-
-    def _wait_ready(self, server: Any, key: str, t0: float) -> None:
-        url = steps.health_url(self.cfg.server_host, self.cfg.server_port)
-        deadline = t0 + self.cfg.ready_timeout
-        pause = 0.05  # probe quickly at first, then back off to poll_interval
-        while True:
-            if self.cancelled():
-                raise Cancelled("server", key)
-            if not server.alive():
-                tail = "\n".join(server.pump.tails["err"]) or "\n".join(server.pump.tails["out"])
-                msg = f"server exited before it was ready (exit {server.exit_code})"
-                why = steps.last_reason(tail)
-                if why:  # a real server dies loading with a traceback: its last line says why
-                    msg = f"{msg}: {why}"
-                self.event("server", "failed", key, duration_s=time.monotonic() - t0, exit_code=server.exit_code,
-                           message=msg)
-                raise StepFailed(StepError(step="server", model_key=key, exit_code=server.exit_code, message=msg,
-                                           stderr_tail=tail[-2000:]))
-            if probe(url, timeout=min(2.0, self.cfg.poll_interval * 4)):
-                return
-            if time.monotonic() > deadline:
-                listening = port_open(self.cfg.server_host, self.cfg.server_port)
-                msg = (f"server not ready after {self.cfg.ready_timeout:g} s ({url}: "
-                       + ("port open, /health not 200 yet)" if listening else "port not open yet: still loading?)"))
-                self.event("server", "failed", key, duration_s=time.monotonic() - t0, message=msg)
-                tail = "\n".join(server.pump.tails["err"])
-                raise StepFailed(StepError(step="server", model_key=key, message=msg, stderr_tail=tail[-2000:]))
-            time.sleep(pause)
-            pause = min(self.cfg.poll_interval, pause * 2)
-
-    def _benchmark(self, top: Path, env: dict[str, str], key: str, kenv: dict[str, str],
-                   server: Any) -> tuple[list[ResultRow], StepError | None]:
-        plan = steps.plan_benchmark(top, key, env, kenv, self.cfg.benchmark_timeout)
-        log_path = self.store.next_log(self.req.run_id, "benchmark", key)
-        out_path = log_path.with_suffix(".out")
-
-        def server_gone() -> str | None:
-            return None if server.alive() else f"server exited during the benchmark (exit {server.exit_code})"
-
-        self.event("benchmark", "start", key)
-        try:
-            res = self.ex.run(plan.argv, env=plan.env, cwd=plan.cwd, log_path=log_path, timeout=plan.timeout,
-                              cancel=self.cancel, raw_stdout=out_path, watch=server_gone)
-        except OSError as exc:
-            raise self._fail("benchmark", time.monotonic(), exc, key) from exc
-        if res.outcome == "cancelled":
-            raise Cancelled("benchmark", key)
-        text = out_path.read_text(encoding="utf-8", errors="replace") if out_path.exists() else ""
-        err = None if res.ok else _proc_error("benchmark", key, res)
-        if err is not None and res.outcome != "aborted" and not server.alive():
-            err = err.model_copy(update={"message": f"{err.message}; {server_gone()}"})
-        try:
-            rows = steps.parse_benchmark(text, key, source=out_path.name)
-        except TableError as exc:
-            rows = _partial_rows(text, out_path.name)  # keep what parsed cleanly; the key still fails
-            if err is None:
-                err = StepError(step="parse", model_key=key, message=str(exc), stderr_tail=res.stderr_tail[-2000:])
-        self.event("benchmark", "ok" if err is None else "failed", key, duration_s=res.duration_s,
-                   exit_code=res.exit_code, message=f"{len(rows)} rows" if err is None else err.message)
-        if err is None and self.cfg.probe:
-            rows = self._probe(key, rows, server, log_path)
-        return rows, err
-
-    def _probe(self, key: str, rows: list[ResultRow], server: Any, log_path: Path) -> list[ResultRow]:
-        """The agent's own client on some of the key's profiles, while the server still runs: probe
-        rows beside the release's, release rows flagged where the two disagree (lines appended to the
-        benchmark's log). Never fails the key."""
-        from agent.probe import ProbeConfig, cross_check, probe_row, run_probe
-
-        like = {r.profile: r for r in rows if r.table == "sweep"}
-        wanted = [p for p in self.cfg.probe_profiles if p in like]
-        if not wanted:
-            return rows
-        self.emit(step="probe", model_key=key)
-        self.event("probe", "start", key)
-        t0 = time.monotonic()
-        cfg = ProbeConfig(base_url=f"http://{self.cfg.server_host}:{self.cfg.server_port}", profiles=tuple(wanted),
-                          requests=self.cfg.probe_requests, warmup=self.cfg.probe_warmup,
-                          output_len=like[wanted[0]].output_tokens or 100, timeout_s=self.cfg.probe_timeout)
-        try:
-            report = run_probe(cfg, stop=lambda: self.cancelled() or not server.alive())
-        except Exception as exc:  # noqa: BLE001 - the probe checks the release; it never fails the key
-            log.warning("probe of %s failed: %s", key, exc)
-            _append_log(log_path, [f"probe failed: {type(exc).__name__}: {exc}"])
-            self.event("probe", "failed", key, duration_s=time.monotonic() - t0, message=str(exc))
-            return rows
-        if self.cancelled():
-            raise Cancelled("probe", key)
-        tol = self.cfg.probe_tolerance
-        probes = [probe_row(r, like[r.profile], tolerance=tol) for r in report.results if r.profile in like]
-        checked, found = cross_check(rows, probes, tol)
-        lines = [f"probe {report.base_url} model {report.model}, time scale {report.time_scale:g}, engine fields "
-                 f"{'sent' if report.engine_fields else 'refused'}"]
-        for p in probes:
-            errs = f", errors {p.extra['probe_errors']}" if "probe_errors" in p.extra else ""
-            lines.append(f"{p.profile}: TTFT {p.ttft_ms} ms, TPOT {p.tpot_ms} ms ({p.extra.get('probe_ok')}/"
-                         f"{p.extra.get('probe_requests')} ok{errs})")
-        lines += [f"release benchmark disagrees (> {tol:.0%}): {d.one_line()}" for d in found]
-        _append_log(log_path, lines)
-        errors = report.errors
-        self.event("probe", "failed" if errors else "ok", key, duration_s=time.monotonic() - t0,
-                   message=f"{len(probes)} profile(s), {len(found)} disagreement(s)"
-                   + (f", errors {errors}" if errors else ""))
-        return checked + probes
-
 
 def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return ""
-
-
-def _append_log(path: Path, lines: list[str]) -> None:
-    try:
-        with open(path, "a", encoding="utf-8") as f:
-            f.writelines(f"{utc_stamp()} [agent] {line}\n" for line in lines)
-    except OSError as exc:
-        log.warning("could not write %s: %s", path, exc)
-
-
-def _partial_rows(text: str, source: str) -> list[ResultRow]:
-    """Rows of the tables that parse, from output cut short by a failure."""
-    blocks = text.replace("\r\n", "\n").split("\n\n")
-    rows: list[ResultRow] = []
-    for block in blocks:
-        try:
-            rows.extend(r for t in parse_tables(block, source) for r in t.rows)
-        except TableError:
-            continue
-    return rows
-
-
-def _proc_error(step: str, key: str | None, res: ProcResult) -> StepError:
-    msg = res.reason if res.outcome in ("timeout", "aborted") else f"{step} exited with code {res.exit_code}"
-    tail = res.stderr_tail or res.stdout_tail
-    return StepError(step=step, model_key=key, exit_code=res.exit_code, message=msg, stderr_tail=tail[-2000:])

@@ -1,3 +1,5 @@
+"""``python -m controller``: the same as ``fleetctl``."""
+
 from controller.cli.app import main
 
 main()

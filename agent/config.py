@@ -1,0 +1,66 @@
+"""How this module runs a validation: :class:`AgentConfig`, frozen, built from the agent's settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.telemetry import TelemetryConfig
+
+if TYPE_CHECKING:
+    from agent.settings import AgentSettings
+
+
+class AgentConfig(BaseModel):
+    """How this module runs a validation (frozen; pass it, never read globals)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    module: str
+    workdir: Path
+    server_host: str = "127.0.0.1"
+    server_port: int = Field(default=30000, ge=1, le=65535)
+    fetch_timeout: float = Field(default=1800.0, gt=0, description="sha256 of the tarball, s")
+    unpack_timeout: float = Field(default=1800.0, gt=0)
+    keep_releases: int = Field(default=3, ge=1, description="unpacked releases kept, the newest used (this one too)")
+    unpack_max_members: int = Field(default=100_000, ge=1, description="members of a tarball, at most")
+    unpack_max_name_bytes: int = Field(default=1024, ge=1, le=4096, description="a member's path, at most, bytes")
+    generate_timeout: float = Field(default=1800.0, gt=0)
+    environment_timeout: float = Field(default=600.0, gt=0)
+    precompile_timeout: float = Field(default=7200.0, gt=0)
+    ready_timeout: float = Field(default=1200.0, gt=0, description="server start until /health answers 200, s")
+    benchmark_timeout: float = Field(default=3600.0, gt=0, description="per model key, s")
+    stop_grace: float = Field(default=15.0, gt=0, description="SIGTERM to SIGKILL of a process group, s")
+    port_free_timeout: float = Field(default=30.0, gt=0, description="wait for the port to be free again, s")
+    poll_interval: float = Field(default=0.5, gt=0, description="cancel / readiness polling period, s")
+    key_env: dict[str, dict[str, str]] = Field(default_factory=dict, description="extra env per model key")
+    base_env: dict[str, str] | None = Field(default=None, description="scripts' base env (default: the agent's)")
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="device sampling during runs")
+    probe: bool = Field(default=True, description="cross-check the release's benchmark with the agent's probe")
+    probe_profiles: tuple[str, ...] = Field(default=("128:128",), description="sweep profiles the probe runs "
+                                            "(those of a key's release rows)")
+    probe_requests: int = Field(default=3, ge=1, description="measured probe requests per profile (median of 3)")
+    probe_warmup: int = Field(default=0, ge=0, description="probe warm-up requests (the benchmark warmed the server)")
+    probe_tolerance: float = Field(default=0.05, gt=0, lt=1, description="release vs probe, relative")
+    probe_timeout: float = Field(default=600.0, gt=0, description="one probe request, wall s")
+
+    @classmethod
+    def from_settings(cls, settings: AgentSettings, **overrides: Any) -> AgentConfig:
+        """From :class:`agent.settings.AgentSettings`, plus overrides (those not None)."""
+        values: dict[str, Any] = {
+            "module": settings.module,
+            "workdir": Path(settings.workdir).expanduser().resolve(),
+            "server_port": settings.server_port,
+            "stop_grace": settings.stop_grace,
+            "keep_releases": settings.keep_releases,
+            "unpack_max_members": settings.unpack_max_members, "unpack_max_name_bytes": settings.unpack_max_name_bytes,
+            "telemetry": TelemetryConfig(enabled=settings.telemetry_period > 0, tool=settings.telemetry_tool,
+                                         period_s=settings.telemetry_period or 1.0),
+            "probe": settings.probe, "probe_requests": settings.probe_requests,
+            "probe_tolerance": settings.probe_tolerance,
+            "probe_profiles": tuple(p.strip() for p in settings.probe_profiles.split(",") if p.strip()),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

@@ -1,0 +1,209 @@
+"""One model key on a running release: its server started, made ready and stopped, the release's
+benchmark run and parsed, and the agent's probe beside it (the per-key steps of :mod:`agent.pipeline`).
+
+Each step is a function of the pipeline's :class:`~agent.pipeline.Run`, whose progress, events and
+cancel token it uses; a failing step raises :class:`~agent.errors.StepFailed` naming the key.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent import steps
+from agent.errors import Cancelled, StepFailed
+from agent.executor import ProcResult, utc_stamp
+from agent.health import port_open, probe
+from agent.procs import command_of
+from agent.tables import TableError, parse_tables
+from contract.records import ResultRow, StepError
+
+if TYPE_CHECKING:
+    from agent.pipeline import Run
+
+log = logging.getLogger(__name__)
+
+
+def serve_and_measure(run: Run, top: Path, env: dict[str, str], key: str,
+                       kenv: dict[str, str]) -> tuple[list[ResultRow], StepError | None]:
+    host, port = run.cfg.server_host, run.cfg.server_port
+    if port_open(host, port):
+        free_port(run, key, host, port)
+    plan = steps.plan_server(top, key, env, kenv)
+    run.event("server", "start", key)
+    t0 = time.monotonic()
+    try:
+        server = run.ex.start(plan.argv, env=plan.env, cwd=plan.cwd,
+                               log_path=run.store.next_log(run.req.run_id, "server", key))
+    except OSError as exc:
+        raise run._fail("server", t0, exc, key) from exc
+    try:
+        wait_ready(run, server, key, t0)
+        run.event("server", "ok", key, duration_s=time.monotonic() - t0, message="ready")
+        run.emit(step="benchmark", model_key=key)
+        return benchmark(run, top, env, key, kenv, server)
+    finally:
+        run.ex.stop(server)
+        run.ex.close(server)
+        run._stopped(key, run.ex.sweep(), f"key {key}")
+        wait_port_free(run, host, port)
+
+def free_port(run: Run, key: str, host: str, port: int) -> None:
+    """The server's port is taken: stop the holder when it is this agent's leftover, else fail the key naming
+    it (the release is not to blame)."""
+    holders = run.ex.port_holders(port)
+    foreign = [pid for pid, ours in holders if not ours]
+    if not foreign and holders:
+        left = [x for pid, _ in holders if pid is not None for x in run.ex.kill_tree(pid)]
+        run._stopped(key, left, f"an earlier run, holding port {port},")
+        wait_port_free(run, host, port)
+        if not port_open(host, port):
+            return
+        foreign = [pid for pid, _ in run.ex.port_holders(port)]
+    if any(pid is not None for pid in foreign):
+        who = "; ".join(f"pid {pid} ({command_of(pid)})" for pid in foreign if pid is not None)
+        msg = (f"port {host}:{port} is held by a process that is not this agent's: {who}; the server cannot "
+               "start (stop that process, or give the agent another server_port)")
+    else:
+        msg = (f"port {host}:{port} is already in use before starting the server, by a process this agent "
+               "cannot see (another user's?); stop it, or give the agent another server_port")
+    run.event("server", "failed", key, message=msg)
+    raise StepFailed(StepError(step="server", model_key=key, message=msg))
+
+def wait_port_free(run: Run, host: str, port: int) -> None:
+    """After a server stopped: wait (bounded) until its port is free for the next key's server."""
+    deadline = time.monotonic() + run.cfg.port_free_timeout
+    while port_open(host, port) and time.monotonic() < deadline:
+        time.sleep(min(0.2, run.cfg.poll_interval))
+
+def wait_ready(run: Run, server: Any, key: str, t0: float) -> None:
+    url = steps.health_url(run.cfg.server_host, run.cfg.server_port)
+    deadline = t0 + run.cfg.ready_timeout
+    pause = 0.05  # probe quickly at first, then back off to poll_interval
+    while True:
+        if run.cancelled():
+            raise Cancelled("server", key)
+        if not server.alive():
+            tail = "\n".join(server.pump.tails["err"]) or "\n".join(server.pump.tails["out"])
+            msg = f"server exited before it was ready (exit {server.exit_code})"
+            why = steps.last_reason(tail)
+            if why:  # a real server dies loading with a traceback: its last line says why
+                msg = f"{msg}: {why}"
+            run.event("server", "failed", key, duration_s=time.monotonic() - t0, exit_code=server.exit_code,
+                       message=msg)
+            raise StepFailed(StepError(step="server", model_key=key, exit_code=server.exit_code, message=msg,
+                                       stderr_tail=tail[-2000:]))
+        if probe(url, timeout=min(2.0, run.cfg.poll_interval * 4)):
+            return
+        if time.monotonic() > deadline:
+            listening = port_open(run.cfg.server_host, run.cfg.server_port)
+            msg = (f"server not ready after {run.cfg.ready_timeout:g} s ({url}: "
+                   + ("port open, /health not 200 yet)" if listening else "port not open yet: still loading?)"))
+            run.event("server", "failed", key, duration_s=time.monotonic() - t0, message=msg)
+            tail = "\n".join(server.pump.tails["err"])
+            raise StepFailed(StepError(step="server", model_key=key, message=msg, stderr_tail=tail[-2000:]))
+        time.sleep(pause)
+        pause = min(run.cfg.poll_interval, pause * 2)
+
+def benchmark(run: Run, top: Path, env: dict[str, str], key: str, kenv: dict[str, str],
+               server: Any) -> tuple[list[ResultRow], StepError | None]:
+    plan = steps.plan_benchmark(top, key, env, kenv, run.cfg.benchmark_timeout)
+    log_path = run.store.next_log(run.req.run_id, "benchmark", key)
+    out_path = log_path.with_suffix(".out")
+
+    def server_gone() -> str | None:
+        return None if server.alive() else f"server exited during the benchmark (exit {server.exit_code})"
+
+    run.event("benchmark", "start", key)
+    try:
+        res = run.ex.run(plan.argv, env=plan.env, cwd=plan.cwd, log_path=log_path, timeout=plan.timeout,
+                          cancel=run.cancel, raw_stdout=out_path, watch=server_gone)
+    except OSError as exc:
+        raise run._fail("benchmark", time.monotonic(), exc, key) from exc
+    if res.outcome == "cancelled":
+        raise Cancelled("benchmark", key)
+    text = out_path.read_text(encoding="utf-8", errors="replace") if out_path.exists() else ""
+    err = None if res.ok else proc_error("benchmark", key, res)
+    if err is not None and res.outcome != "aborted" and not server.alive():
+        err = err.model_copy(update={"message": f"{err.message}; {server_gone()}"})
+    try:
+        rows = steps.parse_benchmark(text, key, source=out_path.name)
+    except TableError as exc:
+        rows = partial_rows(text, out_path.name)  # keep what parsed cleanly; the key still fails
+        if err is None:
+            err = StepError(step="parse", model_key=key, message=str(exc), stderr_tail=res.stderr_tail[-2000:])
+    run.event("benchmark", "ok" if err is None else "failed", key, duration_s=res.duration_s,
+               exit_code=res.exit_code, message=f"{len(rows)} rows" if err is None else err.message)
+    if err is None and run.cfg.probe:
+        rows = cross_probe(run, key, rows, server, log_path)
+    return rows, err
+
+def cross_probe(run: Run, key: str, rows: list[ResultRow], server: Any, log_path: Path) -> list[ResultRow]:
+    """The agent's own client on some of the key's profiles, while the server still runs: probe
+    rows beside the release's, release rows flagged where the two disagree (lines appended to the
+    benchmark's log). Never fails the key."""
+    from agent.probe import ProbeConfig, cross_check, probe_row, run_probe
+
+    like = {r.profile: r for r in rows if r.table == "sweep"}
+    wanted = [p for p in run.cfg.probe_profiles if p in like]
+    if not wanted:
+        return rows
+    run.emit(step="probe", model_key=key)
+    run.event("probe", "start", key)
+    t0 = time.monotonic()
+    cfg = ProbeConfig(base_url=f"http://{run.cfg.server_host}:{run.cfg.server_port}", profiles=tuple(wanted),
+                      requests=run.cfg.probe_requests, warmup=run.cfg.probe_warmup,
+                      output_len=like[wanted[0]].output_tokens or 100, timeout_s=run.cfg.probe_timeout)
+    try:
+        report = run_probe(cfg, stop=lambda: run.cancelled() or not server.alive())
+    except Exception as exc:  # noqa: BLE001 - the probe checks the release; it never fails the key
+        log.warning("probe of %s failed: %s", key, exc)
+        append_log(log_path, [f"probe failed: {type(exc).__name__}: {exc}"])
+        run.event("probe", "failed", key, duration_s=time.monotonic() - t0, message=str(exc))
+        return rows
+    if run.cancelled():
+        raise Cancelled("probe", key)
+    tol = run.cfg.probe_tolerance
+    probes = [probe_row(r, like[r.profile], tolerance=tol) for r in report.results if r.profile in like]
+    checked, found = cross_check(rows, probes, tol)
+    lines = [f"probe {report.base_url} model {report.model}, time scale {report.time_scale:g}, engine fields "
+             f"{'sent' if report.engine_fields else 'refused'}"]
+    for p in probes:
+        errs = f", errors {p.extra['probe_errors']}" if "probe_errors" in p.extra else ""
+        lines.append(f"{p.profile}: TTFT {p.ttft_ms} ms, TPOT {p.tpot_ms} ms ({p.extra.get('probe_ok')}/"
+                     f"{p.extra.get('probe_requests')} ok{errs})")
+    lines += [f"release benchmark disagrees (> {tol:.0%}): {d.one_line()}" for d in found]
+    append_log(log_path, lines)
+    errors = report.errors
+    run.event("probe", "failed" if errors else "ok", key, duration_s=time.monotonic() - t0,
+               message=f"{len(probes)} profile(s), {len(found)} disagreement(s)"
+               + (f", errors {errors}" if errors else ""))
+    return checked + probes
+
+
+def append_log(path: Path, lines: list[str]) -> None:
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.writelines(f"{utc_stamp()} [agent] {line}\n" for line in lines)
+    except OSError as exc:
+        log.warning("could not write %s: %s", path, exc)
+
+
+def partial_rows(text: str, source: str) -> list[ResultRow]:
+    """Rows of the tables that parse, from output cut short by a failure."""
+    blocks = text.replace("\r\n", "\n").split("\n\n")
+    rows: list[ResultRow] = []
+    for block in blocks:
+        try:
+            rows.extend(r for t in parse_tables(block, source) for r in t.rows)
+        except TableError:
+            continue
+    return rows
+
+
+def proc_error(step: str, key: str | None, res: ProcResult) -> StepError:
+    msg = res.reason if res.outcome in ("timeout", "aborted") else f"{step} exited with code {res.exit_code}"
+    tail = res.stderr_tail or res.stdout_tail
+    return StepError(step=step, model_key=key, exit_code=res.exit_code, message=msg, stderr_tail=tail[-2000:])
