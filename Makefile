@@ -48,17 +48,18 @@ system-deps:
 	@bash tests/system-deps.sh
 
 ## make test: install everything, then run every tier (fast first, slow real-service tiers after).
-test: install engine system-deps
-	$(BIN)/ruff check agent contract controller simulator bench tests
+test: install engine system-deps lint
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
 	$(BIN)/python -m pytest -m "slow" -q -p no:cacheprovider --durations=25
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
 
+## make lint (part of make test): ruff, mypy over the packages, strict where both sides meet (contract, agent).
 lint: install
 	$(BIN)/ruff check agent contract controller simulator bench tests
 	$(BIN)/mypy agent contract controller simulator
+	$(BIN)/mypy --strict contract agent
 
 lock: $(BIN)/python
 	$(BIN)/uv pip compile pyproject.toml --extra controller --extra test --python-version 3.11 --generate-hashes -q -o requirements.lock
