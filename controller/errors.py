@@ -49,22 +49,22 @@ def foreign_user_errors() -> tuple[tuple[type[BaseException], int | None, int | 
     )
 
 
-def _foreign(exc: BaseException, column: int) -> int | None:
-    for row in foreign_user_errors():
-        if isinstance(exc, row[0]):
-            return row[column]
-    return None
+def _foreign(exc: BaseException) -> tuple[int | None, int | None]:
+    for kind, exit_code, http_status in foreign_user_errors():
+        if isinstance(exc, kind):
+            return exit_code, http_status
+    return None, None
 
 
 def exit_code_of(exc: BaseException) -> int | None:
     """The CLI's exit code of an error the user can fix (shown as one line); None: a bug."""
     if isinstance(exc, FleetctlError):
         return exc.exit_code
-    return _foreign(exc, 1)
+    return _foreign(exc)[0]
 
 
 def http_status_of(exc: BaseException) -> int | None:
     """The API's HTTP status of an error the request caused; None: a bug (500)."""
     if isinstance(exc, FleetctlError):
         return exc.http_status
-    return _foreign(exc, 2)
+    return _foreign(exc)[1]
