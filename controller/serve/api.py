@@ -7,8 +7,8 @@ read; bodies are bounded (``api_max_body_bytes``) and so is every field (:mod:`c
 Errors are ``{"detail": "<one line>"}`` with 400 (bad input), 401 (no or wrong token), 404 (no
 such run or module), 409 (run id already used), 413 (body too large), 422 (a field out of bounds
 or of the wrong type, named; a release URL that is bad, unreachable or too big, or a sha256
-mismatch), 503 (broker unreachable). A user's value is never said back or logged beyond ~200
-characters.
+mismatch), 503 (broker unreachable): each error's own ``http_status`` (:mod:`controller.errors`).
+A user's value is never said back or logged beyond ~200 characters.
 """
 
 from __future__ import annotations
