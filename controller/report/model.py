@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.probe.compare import Disagreement
 from contract.records import METRICS
+from controller.errors import FleetctlError
 
 if TYPE_CHECKING:
     from controller.report.telemetry import OutlierTelemetry
@@ -25,7 +26,7 @@ ALL_METRICS: tuple[str, ...] = tuple(METRICS)
 FLEET = "*"  # module / profile of a fleet-level or key-level finding
 
 
-class ReportError(RuntimeError):
+class ReportError(FleetctlError, RuntimeError):
     """A report that cannot be built (unknown run, no rows, bad option)."""
 
 

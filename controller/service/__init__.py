@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from contract.records import MODEL_KEYS, ResultRow, RunProgress, RunState, parse_model_keys
 from contract.settings import load_settings
+from controller.errors import FleetctlError
 from controller.fleet import (
     BadRelease,
     BrokerUnavailable,
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- errors
-class ServiceError(RuntimeError):
+class ServiceError(FleetctlError, RuntimeError):
     """Root of the service's own errors: the user's to fix (one line, exit 2, HTTP 4xx)."""
 
 
@@ -65,14 +66,20 @@ class BadRequest(ServiceError, ValueError):
 class NotFound(ServiceError, LookupError):
     """No such run or module (HTTP 404)."""
 
+    http_status = 404
+
 
 class Conflict(ServiceError):
     """The request contradicts what exists: a run id already used (HTTP 409)."""
+
+    http_status = 409
 
 
 class UnusableRelease(ServiceError, ValueError):
     """A release URL that is bad, unreachable, too big, or a release whose sha256 is not the one
     asked for (HTTP 422). Nothing half-downloaded is left."""
+
+    http_status = 422
 
 
 # --------------------------------------------------------------------------- session
