@@ -22,9 +22,11 @@ a figure worse, and it hits every client alike.
 Candidates: bare aiohttp, bare httpx, bare h11 (the sans-I/O HTTP/1.1 parser httpx builds on)
 on asyncio streams and a bare HTTP/1.1 client on asyncio streams (standard library); the
 chosen one, the probe (``agent.probe``: its transport on asyncio streams, the SSE parser and
-the metric definitions, reporting its own TTFT), runs next to them. Goal: the probe's added
-TTFT p50 at most 0.3 ms; exit 1 otherwise. aiohttp, httpx and h11 are test extras, not agent
-dependencies: a client that is not installed is named and skipped.
+the metric definitions, reporting its own TTFT), runs next to them, and so does its HTTP
+client alone (``transport``: ``agent.probe.transport``, no SSE parsing, timed as the bare
+loops are). Goal: the probe's added TTFT p50 at most 0.3 ms; exit 1 otherwise. aiohttp,
+httpx and h11 are test extras, not agent dependencies: a client that is not installed is
+named and skipped.
 
     .venv/bin/python bench/probe.py [--requests 1500] [--seconds 2] [--rounds 3]
 """
@@ -48,8 +50,9 @@ sys.path.insert(0, str(ROOT))  # before bench/ (this script's folder): bench/age
 GOAL_TTFT_P50_MS = 0.3
 CONCURRENCY = 64
 CHOSEN = "probe"
-CLIENTS = ("probe", "asyncio-streams", "aiohttp", "httpx", "h11")
-IMPORTS = {"probe": "agent.probe", "aiohttp": "aiohttp", "httpx": "httpx", "asyncio-streams": "asyncio", "h11": "h11"}
+CLIENTS = ("probe", "transport", "asyncio-streams", "aiohttp", "httpx", "h11")
+IMPORTS = {"probe": "agent.probe", "aiohttp": "aiohttp", "httpx": "httpx", "asyncio-streams": "asyncio", "h11": "h11",
+           "transport": "agent.probe.transport"}
 PATH = "/v1/chat/completions"
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
                    "max_tokens": 4}).encode()
@@ -205,6 +208,23 @@ def _h11_factory(url: str):  # type: ignore[no-untyped-def]
     return one, close
 
 
+def _transport_factory(url: str):  # type: ignore[no-untyped-def]
+    from agent.probe.transport import Transport
+
+    t = Transport(url.rsplit(PATH, 1)[0], max_idle=CONCURRENCY)
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+
+    async def one() -> tuple[float, float]:  # the probe's HTTP client alone, timed as the bare loops are
+        t0 = time.perf_counter()
+        ex = await t.request("POST", PATH, BODY, headers=headers)
+        if ex.error:
+            raise RuntimeError(f"{ex.error}: {ex.detail}")
+        first = next((ns for ns, data in ex.reads if b'"content"' in data), 0)
+        return first / 1e9, time.perf_counter() - t0
+
+    return one, t.aclose
+
+
 def _probe_factory(url: str):  # type: ignore[no-untyped-def]
     from agent.probe.measure import interpret
     from agent.probe.transport import Transport
@@ -222,7 +242,8 @@ def _probe_factory(url: str):  # type: ignore[no-untyped-def]
 
 
 FACTORIES = {"aiohttp": _aiohttp_factory, "httpx": _httpx_factory, "asyncio-streams": _streams_factory,
-             "probe": _probe_factory, "h11": _h11_factory}
+             "probe": _probe_factory, "h11": _h11_factory,
+             "transport": _transport_factory}
 
 
 async def _measure(name: str, url: str, n: int, seconds: float) -> dict[str, float]:

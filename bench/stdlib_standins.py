@@ -26,7 +26,7 @@ bare asyncio streams, aiohttp, httpx and h11 loops against one loopback SSE serv
 
 Ratios, not absolute times: the machine is shared. Raw output: ``bench/results/stdlib_standins_<stamp>.txt``.
 
-    .venv/bin/python bench/stdlib_standins.py [--rounds 10] [--requests 200] [--probe-rounds 2]
+    .venv/bin/python bench/stdlib_standins.py [--rounds 10] [--requests 200] [--probe-rounds 4]
 """
 
 from __future__ import annotations
@@ -182,6 +182,14 @@ def run_usage(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, f
         return release_cpu._cpu_ms(ru), int(rss.read().split()[-1]) / 1024
 
 
+def process_cpu_ms(pid: int) -> float:
+    """CPU of a live process so far, its exited threads included (``/proc/PID/stat``; clock ticks, 10 ms): a
+    connection's thread is gone, with its ``/proc/PID/task`` entry, once its connection is closed."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_mib(pid: int) -> float:
     """A live process's peak RSS (VmHWM: its own since its exec)."""
     with open(f"/proc/{pid}/status") as fh:
@@ -235,16 +243,17 @@ class Variant(release_cpu.Release):
                 if b"ready to roll" in line:
                     break
             time.sleep(0.1)
-            c0 = release_cpu.task_cpu_ms(server.pid)
-            for _ in range(polls):
+            c0 = process_cpu_ms(server.pid)
+            for _ in range(polls):  # a new connection each, as the agent polls: its thread ends with it
                 with socket.create_connection(("127.0.0.1", self.port)) as conn:
                     conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
                     while conn.recv(4096):
                         pass
             time.sleep(0.05)
-            c1 = release_cpu.task_cpu_ms(server.pid)
+            c1 = process_cpu_ms(server.pid)
             with socket.create_connection(("127.0.0.1", self.port)) as conn:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                s0 = release_cpu.task_cpu_ms(server.pid)  # one keep-alive connection: its thread is alive
                 for _ in range(completions):
                     conn.sendall(req)
                     got = b""
@@ -255,6 +264,8 @@ class Variant(release_cpu.Release):
                         got += data
                     if b"[DONE]" not in got:
                         raise SystemExit(f"{self.name}: no [DONE] in {got[:200]!r}")
+                time.sleep(0.05)
+                s1 = release_cpu.task_cpu_ms(server.pid)
             time.sleep(0.05)
             c2 = release_cpu.task_cpu_ms(server.pid)
             time.sleep(idle_s)
@@ -265,7 +276,7 @@ class Variant(release_cpu.Release):
             server.stderr.close()  # type: ignore[union-attr]
         idle = (c3 - c2) / idle_s
         return {"per /health poll": (c1 - c0 - idle * 0.05) / polls,
-                "per streamed completion": (c2 - c1 - idle * 0.05) / completions, "per s left alone": idle}
+                "per streamed completion": (s1 - s0 - idle * 0.05) / completions, "per s left alone": idle}
 
 
 def import_costs(runtime_parent: Path, rounds: int) -> dict[str, float]:
@@ -341,7 +352,8 @@ def part1(args: argparse.Namespace, out: io.StringIO) -> None:
         k = f"rss {p}"
         w(f"{p:<22}" + "".join(f"{med[v][k]:>10.1f} ({med[v][k] / ship[k]:4.2f})" for v in VARIANTS) + "\n")
     sv = {n: {k: statistics.median(v) for k, v in s.items()} for n, s in serving.items()}
-    w(f"\na ready server's CPU ms (median of 2 rounds, alternating; {args.polls} /health polls on new connections, "
+    w(f"\na ready server's CPU ms (median of 2 rounds, alternating; {args.polls} /health polls on new connections "
+      f"(CPU in 10 ms ticks, exited threads included), "
       f"{args.requests} streamed 8-token completions on one keep-alive connection, 1 s alone)\n")
     for k in ("per /health poll", "per streamed completion", "per s left alone"):
         base_v = sv[SHIPPED][k]
@@ -382,12 +394,12 @@ def part2(args: argparse.Namespace, out: io.StringIO) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--polls", type=int, default=100)
+    ap.add_argument("--polls", type=int, default=500)
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--import-rounds", type=int, default=10)
-    ap.add_argument("--probe-requests", type=int, default=300)
+    ap.add_argument("--probe-requests", type=int, default=500)
     ap.add_argument("--probe-seconds", type=float, default=1.0)
-    ap.add_argument("--probe-rounds", type=int, default=2)
+    ap.add_argument("--probe-rounds", type=int, default=4)
     ap.add_argument("--skip-probe", action="store_true")
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
