@@ -15,14 +15,16 @@ all of the stand-ins are replaced by the standard library doing the same job:
 Each is run as ``bench/release_cpu.py`` runs a cheap module's processes (``bash SCRIPT``, the cheap environment at
 time scale 1000, qwen3), all variants interleaved, each round in another order: per process its CPU (``wait4``;
 the server's at "ready" from ``/proc/PID/task/*/schedstat``) and peak RSS, median of the rounds; then on a ready
-server its CPU per ``/health`` poll (a new connection each, as the agent polls), per streamed completion
-(``/v1/completions``, 8 tokens, one keep-alive connection, as the benchmark asks) and per second left alone.
+server its CPU per ``/health`` poll (a new connection each, as the agent polls; ``/proc/PID/stat``, which keeps
+the CPU of the connections' ended threads), per streamed completion (``/v1/completions``, 8 tokens, one keep-alive
+connection, as the benchmark asks; its thread's CPU before it closes) and per second left alone.
 An asyncio server is not built (the handler paces tokens with blocking sleeps on its threads: it would be a
 rewrite); what ``asyncio`` alone adds to an interpreter's start is measured with the other imports: each module
 imported by ``python3 -S`` (as the release's scripts run), CPU minus that of ``python3 -S -c pass``, interleaved.
 
 Part 2, the probe's HTTP/1.1 client (``agent/probe/transport.py``): ``bench/probe.py`` run as it is (its probe,
-bare asyncio streams, aiohttp, httpx and h11 loops against one loopback SSE server, interleaved rounds).
+its transport alone, bare asyncio streams, aiohttp, httpx and h11 loops against one loopback SSE server,
+interleaved rounds).
 
 Ratios, not absolute times: the machine is shared. Raw output: ``bench/results/stdlib_standins_<stamp>.txt``.
 
