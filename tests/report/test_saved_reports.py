@@ -26,8 +26,10 @@ import pandas as pd
 import pytest
 
 from controller.report import analyse
-from controller.report.analysis import Middles, _included_middles, fleet_deviation, prepare, take_rows
-from controller.report.groups import Groups
+from controller.report.analysis.frame import prepare, take_rows
+from controller.report.analysis.groups import Groups
+from controller.report.analysis.middles import Middles, included_middles
+from controller.report.analysis.outliers import fleet_deviation
 from controller.report.load import as_read
 from controller.report.model import PRIMARY_METRICS, Thresholds
 from controller.report.render import to_json
@@ -128,6 +130,6 @@ def test_included_middles_from_the_fleets_to_the_bit(reference: pd.DataFrame, le
     inc = take_rows(cur, ~out)
     gi = Groups(inc["cell"].to_numpy())
     fresh = Middles(inc, gi)
-    reused = Middles(inc, gi, known=_included_middles(cur, groups, known, out, gi))
+    reused = Middles(inc, gi, known=included_middles(cur, groups, known, out, gi))
     assert fresh.lo.to_numpy().tobytes() == reused.lo.to_numpy().tobytes()
     assert fresh.hi.to_numpy().tobytes() == reused.hi.to_numpy().tobytes()
