@@ -309,14 +309,16 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
                    tolerance: float = Query(0.05, gt=0, lt=1)) -> Response:
         """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows)."""
         rep = errors(lambda: service.report(session(), run_id, baseline, tolerance=tolerance), run_id, baseline)
-        if format is ReportFormat.json:
-            return Response(rep.to_json(), media_type="application/json")
-        if format is ReportFormat.md:
-            return Response(rep.to_markdown(), media_type="text/markdown; charset=utf-8")
-        if format is ReportFormat.html:
-            return Response(rep.to_html(), media_type="text/html; charset=utf-8")
-        from controller.report.render import rows_with_baseline
+        from controller.report.render import rows_with_baseline, to_json, to_markdown
 
+        if format is ReportFormat.json:
+            return Response(to_json(rep), media_type="application/json")
+        if format is ReportFormat.md:
+            return Response(to_markdown(rep), media_type="text/markdown; charset=utf-8")
+        if format is ReportFormat.html:
+            from controller.report.render.html import to_html
+
+            return Response(to_html(rep), media_type="text/html; charset=utf-8")
         return Response(rows_with_baseline(rep).to_csv(index=False), media_type="text/csv; charset=utf-8")
 
     @app.post(f"{PREFIX}/runs/{{run_id}}/cancel", status_code=202, response_model=Cancelled, dependencies=deps,
