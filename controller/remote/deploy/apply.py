@@ -163,7 +163,6 @@ def deploy_module(module: Module, opts: DeployOptions, wait: HeartbeatWait | Non
                             time.monotonic() - t0)
 
 
-
 def deploy(modules: Iterable[Module], opts: DeployOptions, wait: HeartbeatWait | None = None,
            on_done: Callable[[DeployResult], None] | None = None) -> dict[str, DeployResult]:
     """Deploy every module (bounded parallelism); one result per module, failures included."""

@@ -160,7 +160,6 @@ class DeployOptions:
     passphrase_file: Path | None = None  # passphrase of ``identity`` (else ssh-agent)
 
 
-
 @dataclass(frozen=True)
 class CheckResult:
     module: str

@@ -31,7 +31,6 @@ def parse_probe(module: str, data: dict[str, Any]) -> ModuleFacts:
     return facts
 
 
-
 def plan_module(facts: ModuleFacts, desired: Desired) -> tuple[Action, ...]:
     """What must change on a module to reach ``desired`` (empty: nothing)."""
     want = desired.digests()

@@ -187,7 +187,7 @@ def agent_argv(venv: str, config: str, *, worker_command: bool) -> list[str]:
     return [f"{venv}/bin/python", "-m", "agent.worker"]
 
 
-
+# str.format templates (every field a quoted path or word): a systemd user unit, the supervisor script
 UNIT = script("fleet-agent.service")
 LAUNCHER = script("run-agent.sh")
 
@@ -207,7 +207,6 @@ def render_service(module: Module, workdir: str, mode: Literal["systemd", "super
                                config=sh_quote(config), command=" ".join(sh_quote(a) for a in argv),
                                log=sh_quote(f"{agent_dir}/agent.log"))
     return "", launcher
-
 
 
 def worker_command_available() -> bool:
