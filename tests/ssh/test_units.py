@@ -143,6 +143,24 @@ def test_shipped_unit_file_runs_the_worker_with_a_config_file() -> None:
     assert "password" not in unit["Service"].get("Environment", "").lower()
 
 
+def test_deploy_builds_from_this_source_tree_by_default() -> None:
+    """The default source root (wheel source, agent lock) is the checkout, wherever the deploy code sits in it."""
+    assert dep.ROOT == ROOT and dep.DeployOptions(known_hosts=ROOT, settings=BrokerSettings()).source_root == ROOT
+    assert dep.WheelhouseBuilder().lock == ROOT / "requirements-agent.lock" and dep.WheelhouseBuilder().lock.is_file()
+
+
+def test_scripts_sent_to_modules_are_the_package_files() -> None:
+    """The remote programs and templates are plain files, read as they are (they parse as what they are)."""
+    scripts = ROOT / "controller" / "remote" / "deploy" / "scripts"
+    for name, text in (("probe.py", dep.PROBE), ("service_ctl.py", dep.SERVICE_CTL),
+                       ("fleet-agent.service", dep.UNIT), ("run-agent.sh", dep.LAUNCHER)):
+        assert (scripts / name).read_text() == text, name
+    assert (ROOT / "controller" / "remote" / "scripts" / "receive_release.py").read_text() == push.RECEIVER
+    for program in (dep.PROBE, dep.SERVICE_CTL, push.RECEIVER):
+        compile(program, "<remote>", "exec")
+    assert subprocess.run(["sh", "-n"], input=dep.LAUNCHER, text=True, timeout=30).returncode == 0
+
+
 def test_split_password_and_wheel_digest(tmp_path: Path) -> None:
     assert dep.split_password("redis://u:pw@h:1/0") == ("redis://u@h:1/0", "pw")
     assert dep.split_password("redis://h/0") == ("redis://h/0", None)

@@ -16,8 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # (controller file, agent module, name) the controller may import, and why it is not contract.
 ALLOWED_AGENT_IMPORTS: dict[tuple[str, str, str], str] = {
-    ("controller/remote/deploy.py", "agent.settings", "AgentSettings"): "deploy writes/checks the agent's config",
-    ("controller/remote/deploy.py", "agent", "cli"): "deploy asks the agent CLI of this source whether it has `worker`",
+    ("controller/remote/deploy/render.py", "agent.settings", "AgentSettings"): (
+        "deploy writes/checks the agent's config"),
+    ("controller/remote/deploy/render.py", "agent", "cli"): (
+        "deploy asks the agent CLI of this source whether it has `worker`"),
     ("controller/fleet.py", "agent.errors", "BadInput"): "a local release is staged by the agent's own checks",
     ("controller/fleet.py", "agent.store", "check_run_id"): "the same run id rule as the module's store",
     ("controller/service/__init__.py", "agent.errors", "BadInput"): "as fleet.py",

@@ -42,7 +42,7 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "controller.history.HistoryError": (2, 404),
     "controller.inventory.InventoryError": (2, 400),
     "controller.remote.acl.AclError": (2, 400),
-    "controller.remote.deploy.DeployError": (2, 400),
+    "controller.remote.deploy.model.DeployError": (2, 400),
     "controller.remote.push.PushError": (2, 400),
     "controller.remote.ssh.SshError": (2, 400),
     "controller.remote.ssh.HostKeyError": (2, 400),
