@@ -329,12 +329,8 @@ class Fleet:
         clock against the controller's, for the end times the agent wrote (a LOST end is the controller's).
         """
         reset = self.history.last_module_reset(module)
-        cur = self.history.conn.execute(
-            "SELECT m.progress, r.created_at FROM module_runs m LEFT JOIN runs r ON r.run_id = m.run_id"
-            " WHERE m.module=? AND COALESCE(json_extract(m.progress, '$.attempt'), 1) != 0"
-            " ORDER BY m.updated_at DESC LIMIT ?", (module, limit))
         n, last = 0, None
-        for raw, created in cur.fetchall():
+        for raw, created in self.history.module_parts(module, limit):
             if reset is not None and created is not None and created <= reset:
                 break
             p = RunProgress.model_validate_json(raw)
@@ -526,9 +522,7 @@ class Fleet:
                     self.history.add_event(run_id, m, f"late {p.state.value} state accepted after the module was "
                                                       f"marked lost ({cur.error.message if cur.error else ''})")
             if p is not None:
-                have = self.history.conn.execute(
-                    "SELECT COUNT(*) FROM rows WHERE run_id=? AND module=? AND source='release'",
-                    (run_id, m)).fetchone()[0]
+                have = self.history.release_row_count(run_id, m)
                 foreign: list[str] = []
                 if p.rows != have or p.state.terminal:
                     rows = self.kv.rows(run_id, m)
@@ -658,8 +652,7 @@ class Fleet:
                 self.kv.cancel(run_id, m, reason=reason)
 
     def active_runs(self) -> list[str]:
-        cur = self.history.conn.execute("SELECT run_id FROM runs WHERE kind='run' AND state='running'")
-        return [r[0] for r in cur.fetchall()]
+        return self.history.running_runs()
 
 
 def run_id_in_use(run_id: str, found: Mapping[str, RunProgress], history: object, shown: int = 4) -> str:
