@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_AGENT_IMPORTS: dict[tuple[str, str, str], str] = {
     ("controller/remote/deploy.py", "agent.settings", "AgentSettings"): "deploy writes/checks the agent's config",
     ("controller/remote/deploy.py", "agent", "cli"): "deploy asks the agent CLI of this source whether it has `worker`",
-    ("controller/fleet.py", "agent.errors", "BadInput"): "a local release is staged by the agent's own checks",
-    ("controller/fleet.py", "agent.store", "check_run_id"): "the same run id rule as the module's store",
+    ("controller/fleet/dispatch.py", "agent.errors", "BadInput"): "a local release is staged by the agent's own checks",
+    ("controller/fleet/dispatch.py", "agent.store", "check_run_id"): "the same run id rule as the module's store",
     ("controller/service/__init__.py", "agent.errors", "BadInput"): "as fleet.py",
     ("controller/service/__init__.py", "agent.store", "check_run_id"): "as fleet.py",
     ("controller/service/__init__.py", "agent.validate", "stage_local_release"): (
