@@ -34,10 +34,6 @@ def _is_number(annotation: object) -> bool:
 NUMBER_FIELDS = frozenset(f for f, info in ResultRow.model_fields.items() if _is_number(info.annotation))
 
 
-def _cols() -> str:
-    return ", ".join(f'"{f}"' for f in ROW_FIELDS)
-
-
 Columns = dict[str, Any]  # one chunk: numpy arrays and Categoricals by column name
 
 
@@ -91,22 +87,16 @@ def read_rows(history: History, run_ids: Sequence[str], *, chunk_rows: int = CHU
     fetched ``chunk_rows`` at a time."""
     if not run_ids:
         return pd.DataFrame(columns=list(ROW_FIELDS))
-    marks = ",".join("?" * len(run_ids))
-    chunks = pd.read_sql_query(f"SELECT {_cols()} FROM rows WHERE run_id IN ({marks})", history.conn,
-                               params=list(run_ids), chunksize=chunk_rows)
+    chunks = history.row_chunks(run_ids, chunk_rows)
     return concat_compact((_compact(c) for c in chunks if len(c)), ROW_FIELDS)
 
 
 def previous_rows(history: History, run: RunInfo, modules: Sequence[str]) -> pd.DataFrame:
     """For each module, its rows from the newest earlier run (kind 'run') that has any."""
-    prior = pd.read_sql_query(
-        "SELECT run_id, created_at FROM runs WHERE kind='run' AND created_at < ? AND run_id != ?"
-        " ORDER BY created_at DESC LIMIT ?", history.conn, params=[run.created_at, run.run_id, PRIOR_RUNS])
+    prior = history.runs_before(run.created_at, run.run_id, PRIOR_RUNS)
     if prior.empty or not modules:
         return pd.DataFrame(columns=list(ROW_FIELDS))
-    marks = ",".join("?" * len(prior))
-    have = pd.read_sql_query(f"SELECT run_id, module FROM rows WHERE run_id IN ({marks}) GROUP BY run_id, module",
-                             history.conn, params=list(prior["run_id"]))
+    have = history.modules_of_rows(list(prior["run_id"]))
     have = have[have["module"].isin(list(modules))].merge(prior, on="run_id")
     newest = have.sort_values("created_at", ascending=False).drop_duplicates("module")
     rows = read_rows(history, sorted(set(newest["run_id"])))

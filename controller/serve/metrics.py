@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sqlite3
 import statistics
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -29,7 +28,7 @@ from prometheus_client.registry import Collector
 
 from agent.metrics import MetricSpec, label_value
 from contract.records import METRICS, ResultRow
-from controller.history import History, RunInfo
+from controller.history import DatabaseError, History, RunInfo
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +152,7 @@ class ControllerCollector(Collector):
             try:
                 fams = list(self._history_metrics())
                 up = 1.0
-            except sqlite3.Error as exc:
+            except DatabaseError as exc:
                 log.warning("run history unreadable: %s", exc)
                 fams, up = [], 0.0
         yield from fams
@@ -194,10 +193,8 @@ class ControllerCollector(Collector):
         yield fam
 
     def _history_metrics(self) -> Iterator[Metric]:
-        conn = self.history.conn
         runs = self._family("m1000_fleet_runs")
-        cur = conn.execute("SELECT COALESCE(verdict, 'none'), COUNT(*) FROM runs WHERE kind='run' GROUP BY 1")
-        for verdict, n in sorted(cur.fetchall()):
+        for verdict, n in sorted(self.history.verdict_counts()):
             runs.add_metric((label_value(str(verdict), "other"),), n)
         yield runs
         ratio = self._family("m1000_fleet_baseline_ratio")
@@ -224,8 +221,7 @@ class ControllerCollector(Collector):
         """module -> its newest run (of the recent ones) that has rows for it."""
         out: dict[str, RunInfo] = {}
         for run in self.history.runs(limit=self.recent_runs):
-            mods = self.history.conn.execute("SELECT DISTINCT module FROM rows WHERE run_id=?", (run.run_id,))
-            for (module,) in mods.fetchall():
+            for module in self.history.modules_with_rows(run.run_id):
                 out.setdefault(str(module), run)
         return out
 
@@ -235,9 +231,7 @@ class ControllerCollector(Collector):
         return self._base_cache[base_id]
 
     def _deviation(self, run_id: str, module: str, base_id: str) -> Deviation:
-        (n,) = self.history.conn.execute("SELECT COUNT(*) FROM rows WHERE run_id=? AND module=?",
-                                         (run_id, module)).fetchone()
-        key = (run_id, module, int(n), base_id)
+        key = (run_id, module, self.history.stored_row_count(run_id, module), base_id)
         if key not in self._dev_cache:
             self._dev_cache = {k: v for k, v in self._dev_cache.items() if k[:2] != (run_id, module)}
             self._dev_cache[key] = deviation(self.history.rows(run_id, module), self._baseline(base_id),

@@ -20,11 +20,11 @@ ALLOWED_AGENT_IMPORTS: dict[tuple[str, str, str], str] = {
         "deploy writes/checks the agent's config"),
     ("controller/remote/deploy/render.py", "agent", "cli"): (
         "deploy asks the agent CLI of this source whether it has `worker`"),
-    ("controller/fleet.py", "agent.errors", "BadInput"): "a local release is staged by the agent's own checks",
-    ("controller/fleet.py", "agent.store", "check_run_id"): "the same run id rule as the module's store",
-    ("controller/service/__init__.py", "agent.errors", "BadInput"): "as fleet.py",
-    ("controller/service/__init__.py", "agent.store", "check_run_id"): "as fleet.py",
-    ("controller/service/__init__.py", "agent.validate", "stage_local_release"): (
+    ("controller/fleet/dispatch.py", "agent.errors", "BadInput"): "a local release is staged by the agent's own checks",
+    ("controller/fleet/dispatch.py", "agent.store", "check_run_id"): "the same run id rule as the module's store",
+    ("controller/service/lifecycle.py", "agent.errors", "BadInput"): "as controller/fleet/dispatch.py",
+    ("controller/service/lifecycle.py", "agent.store", "check_run_id"): "as controller/fleet/dispatch.py",
+    ("controller/service/releases.py", "agent.validate", "stage_local_release"): (
         "the embedded/local transport stages the tarball as the agent would"),
     ("controller/serve/metrics.py", "agent.metrics", "MetricSpec"): "one metric catalog for agent and controller",
     ("controller/serve/metrics.py", "agent.metrics", "label_value"): "as MetricSpec",

@@ -1,14 +1,12 @@
-"""Run history: SQLite on the controller (the only module here that touches the database).
+"""The run history's store: one SQLite file of runs, module progress, events, rows, baselines, telemetry.
 
-Rows are stored one column per ``ResultRow`` field, so reports read them straight into
-pandas (``pd.read_sql_query``). Writes are idempotent: the same row, progress or run
-recorded twice is stored once. Baselines are versioned per release; each baseline
-version's rows are kept under the pseudo run id ``baseline:<release>:v<N>``.
+Writes are idempotent: the same row, progress or run recorded twice is stored once. Baselines
+are versioned per release; each baseline version's rows are kept under the pseudo run id
+``baseline:<release>:v<N>``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 import time
@@ -17,209 +15,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from contract.records import ResultRow, RunProgress, TelemetrySummary
-from controller.errors import FleetctlError
-
-ROW_FIELDS: tuple[str, ...] = tuple(ResultRow.model_fields)
-_ROWS_KEY = "run_id, module, model_key, profile, source"  # a probe row sits beside the release's row
-_JSON_FIELDS = {"extra", "flags"}
-_BOOL_FIELDS = {"correct"}
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    created_at REAL NOT NULL,
-    release TEXT NOT NULL DEFAULT '',
-    tarball TEXT NOT NULL DEFAULT '',
-    sha256 TEXT NOT NULL DEFAULT '',
-    models TEXT NOT NULL DEFAULT '[]',
-    modules TEXT NOT NULL DEFAULT '[]',
-    kind TEXT NOT NULL DEFAULT 'run',
-    state TEXT NOT NULL DEFAULT 'running',
-    verdict TEXT,
-    finished_at REAL,
-    note TEXT NOT NULL DEFAULT '',
-    verdict_line TEXT
-);
-CREATE TABLE IF NOT EXISTS module_runs (
-    run_id TEXT NOT NULL,
-    module TEXT NOT NULL,
-    state TEXT NOT NULL,
-    updated_at REAL NOT NULL,
-    progress TEXT NOT NULL,
-    PRIMARY KEY (run_id, module)
-);
-CREATE INDEX IF NOT EXISTS module_runs_module ON module_runs (module, updated_at);
-CREATE TABLE IF NOT EXISTS rows (
-    {", ".join(f'"{f}"' for f in ROW_FIELDS)},
-    PRIMARY KEY ({_ROWS_KEY})
-);
-CREATE INDEX IF NOT EXISTS rows_module ON rows (module, model_key);
-CREATE TABLE IF NOT EXISTS events (
-    run_id TEXT NOT NULL,
-    module TEXT NOT NULL,
-    ts REAL NOT NULL,
-    message TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_run ON events (run_id, module);
-CREATE TABLE IF NOT EXISTS baselines (
-    release TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    run_id TEXT NOT NULL,
-    source TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL,
-    PRIMARY KEY (release, version)
-);
-"""
-
-# device telemetry: one summary (contract.records.TelemetrySummary, JSON) per run and module
-_TELEMETRY_SCHEMA = """
-CREATE TABLE IF NOT EXISTS telemetry (
-    run_id TEXT NOT NULL,
-    module TEXT NOT NULL,
-    summary TEXT NOT NULL,
-    PRIMARY KEY (run_id, module)
-);
-"""
+from controller.history.outbox import WebhookOutbox
+from controller.history.queries import HistoryQueries
+from controller.history.records import RESET_EVENT, VERDICT_EVENT, HistoryError, RunInfo
+from controller.history.schema import ROW_FIELDS, connect, row_from_db, row_to_db
 
 
-# webhook outbox: a verdict recorded queues its event in the same transaction (whoever recorded it:
-# serve, an attached fleetctl); `fleetctl serve` sends what is pending when it starts and while it
-# runs. Webhook URLs may carry secrets (tokens in the path): only their sha256 is stored.
-_OUTBOX_SCHEMA = """
-CREATE TABLE IF NOT EXISTS webhook_outbox (
-    run_id TEXT NOT NULL,
-    event TEXT NOT NULL,
-    verdict TEXT NOT NULL,
-    line TEXT NOT NULL,
-    state TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    PRIMARY KEY (run_id, event)
-);
-CREATE INDEX IF NOT EXISTS webhook_outbox_created ON webhook_outbox (created_at);
-CREATE TABLE IF NOT EXISTS webhook_targets (
-    url_sha256 TEXT PRIMARY KEY,
-    first_seen REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS webhook_sent (
-    run_id TEXT NOT NULL,
-    event TEXT NOT NULL,
-    url_sha256 TEXT NOT NULL,
-    outcome TEXT NOT NULL,
-    at REAL NOT NULL,
-    PRIMARY KEY (run_id, event, url_sha256)
-);
-"""
-VERDICT_EVENT = "run.verdict"
-RESET_EVENT = "failures reset"  # the module event of `fleetctl devices reset` (the module's failed runs cleared)
+class History(HistoryQueries, WebhookOutbox):
+    """One run history file: its runs, their modules' progress and the events about them, result rows,
+    baselines and device telemetry (the webhook outbox and the aggregate reads are its bases)."""
 
-
-class OutboxEvent(BaseModel):
-    """A webhook event waiting for the URLs it has not reached yet (``urls``: their sha256)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    run_id: str
-    event: str
-    verdict: str
-    line: str
-    state: str
-    created_at: float
-    urls: tuple[str, ...]
-
-    @property
-    def delivery_id(self) -> str:
-        """Stable across resends (a receiver may de-duplicate on it)."""
-        return hashlib.sha256(f"{self.run_id}\0{self.event}".encode()).hexdigest()[:32]
-
-
-def url_digest(url: str) -> str:
-    return hashlib.sha256(url.encode()).hexdigest()
-
-
-class HistoryError(FleetctlError, RuntimeError):
-    http_status = 404  # no such run or baseline in the history
-
-
-class RunInfo(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    run_id: str
-    created_at: float
-    release: str
-    tarball: str
-    sha256: str
-    models: tuple[str, ...]
-    modules: tuple[str, ...]
-    kind: str
-    state: str
-    verdict: str | None
-    finished_at: float | None
-    note: str
-    verdict_line: str | None = None  # the line of the verdict recorded last (None: not judged since it ended)
-
-
-def row_to_db(row: ResultRow) -> tuple[Any, ...]:
-    d = row.model_dump(mode="json")
-    return tuple(json.dumps(d[f]) if f in _JSON_FIELDS else d[f] for f in ROW_FIELDS)
-
-
-def row_from_db(values: sqlite3.Row | tuple[Any, ...]) -> ResultRow:
-    d: dict[str, Any] = dict(zip(ROW_FIELDS, values, strict=True))
-    for f in _JSON_FIELDS:
-        d[f] = json.loads(d[f]) if d[f] else ({} if f == "extra" else ())
-    for f in _BOOL_FIELDS:
-        if d[f] is not None:
-            d[f] = bool(d[f])
-    return ResultRow.model_validate(d)
-
-
-def _key_rows_by_source(conn: sqlite3.Connection) -> None:
-    """A history from before ``ResultRow.source``: its rows table is rebuilt once, keyed with the source
-    (every old row was measured by the release's benchmark)."""
-    old = [r[1] for r in conn.execute("PRAGMA table_info(rows)")]
-    if "source" in old:
-        return
-    cols, new = (", ".join(f'"{f}"' for f in names) for names in (old, ROW_FIELDS))
-    conn.executescript(
-        "BEGIN IMMEDIATE; ALTER TABLE rows RENAME TO rows_unkeyed; DROP INDEX IF EXISTS rows_module;"
-        f" CREATE TABLE rows ({new}, PRIMARY KEY ({_ROWS_KEY}));"
-        f" INSERT INTO rows ({cols}, source) SELECT {cols}, 'release' FROM rows_unkeyed; DROP TABLE rows_unkeyed;"
-        " CREATE INDEX rows_module ON rows (module, model_key); COMMIT;")
-
-
-def _add_verdict_line(conn: sqlite3.Connection) -> None:
-    """A history from before ``runs.verdict_line`` gets the column (NULL: such a run is judged again
-    the next time its verdict is asked for, and its line recorded then)."""
-    if "verdict_line" in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
-        return
-    conn.execute("BEGIN IMMEDIATE")
-    try:  # another process may have added it between the look and the lock
-        if "verdict_line" not in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
-            conn.execute("ALTER TABLE runs ADD COLUMN verdict_line TEXT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
-class History:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise HistoryError(f"{self.path}: cannot open run history: {exc}") from exc
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.conn.executescript(_SCHEMA)
-        self.conn.executescript(_TELEMETRY_SCHEMA)
-        self.conn.executescript(_OUTBOX_SCHEMA)
-        _key_rows_by_source(self.conn)
-        _add_verdict_line(self.conn)
+        self.conn = connect(self.path)
 
     def close(self) -> None:
         self.conn.close()
@@ -445,45 +255,3 @@ class History:
         """module -> the device telemetry summary of its part of ``run_id`` (modules without one left out)."""
         cur = self.conn.execute("SELECT module, summary FROM telemetry WHERE run_id=? ORDER BY module", (run_id,))
         return {m: TelemetrySummary.model_validate_json(raw) for m, raw in cur.fetchall()}
-
-    # -- webhook outbox -----------------------------------------------------------------------
-    def webhook_targets(self, urls: Iterable[str]) -> dict[str, float]:
-        """sha256 of each URL -> when this history first saw it as a target (recorded now if new)."""
-        now = time.time()
-        digests = [url_digest(u) for u in urls]
-        with self.tx() as c:
-            c.executemany("INSERT OR IGNORE INTO webhook_targets (url_sha256, first_seen) VALUES (?, ?)",
-                          [(d, now) for d in digests])
-            got = dict(c.execute("SELECT url_sha256, first_seen FROM webhook_targets"))
-        return {d: float(got[d]) for d in digests}
-
-    def pending_webhooks(self, targets: dict[str, float], *, max_age: float, limit: int = 100) -> list[OutboxEvent]:
-        """Events not yet delivered to (nor given up for) some target, queued after that target was first
-        seen and at most ``max_age`` s ago; oldest first."""
-        if not targets:
-            return []
-        floor = max(time.time() - max_age, min(targets.values()))
-        cur = self.conn.execute("SELECT run_id, event, verdict, line, state, created_at FROM webhook_outbox"
-                                " WHERE created_at >= ? ORDER BY created_at LIMIT ?", (floor, limit * 4))
-        out: list[OutboxEvent] = []
-        for run_id, event, verdict, line, state, created in cur.fetchall():
-            done = {r[0] for r in self.conn.execute(
-                "SELECT url_sha256 FROM webhook_sent WHERE run_id=? AND event=?", (run_id, event))}
-            urls = tuple(d for d, first in targets.items() if d not in done and created >= first)
-            if urls:
-                out.append(OutboxEvent(run_id=run_id, event=event, verdict=verdict, line=line, state=state,
-                                       created_at=created, urls=urls))
-            if len(out) >= limit:
-                break
-        return out
-
-    def mark_webhook(self, run_id: str, event: str, url_sha256: str, outcome: str) -> None:
-        """``outcome``: delivered or given_up (either way not sent again)."""
-        with self.tx() as c:
-            c.execute("INSERT OR REPLACE INTO webhook_sent (run_id, event, url_sha256, outcome, at)"
-                      " VALUES (?, ?, ?, ?, ?)", (run_id, event, url_sha256, outcome, time.time()))
-
-    def webhook_outcomes(self, run_id: str) -> dict[str, str]:
-        """url sha256 -> delivered / given_up, for the run's verdict event."""
-        return dict(self.conn.execute("SELECT url_sha256, outcome FROM webhook_sent WHERE run_id=? AND event=?",
-                                      (run_id, VERDICT_EVENT)))

@@ -1,0 +1,35 @@
+"""Dispatch runs to modules, follow them, keep their results: the controller's fleet seam.
+
+Everything here talks to the broker through one Celery app and the backend KV
+(``contract.kv``); the run history is the only other store. The parts, by job:
+:mod:`~controller.fleet.errors` (the fleet's errors), :mod:`~controller.fleet.runs` (a run's
+records and rules), :mod:`~controller.fleet.states` (module states from heartbeats and failed
+runs), :mod:`~controller.fleet.dispatch` (sending a run), :mod:`~controller.fleet.collect`
+(``sync``: following it into the history) and :mod:`~controller.fleet.seam` (:class:`Fleet`,
+made of those). The names callers use are re-exported here.
+
+Celery, kombu and redis (~0.4 s of imports) load when a Fleet is made or a broker error is
+caught, not when a verb that only reads the history imports this package.
+"""
+
+from controller.fleet.collect import COLLECT_STEP, is_collecting, liveness, record_gap
+from controller.fleet.dispatch import args_label, run_id_in_use
+from controller.fleet.errors import BadRelease, BrokerUnavailable, EvictingBroker, FleetError, RunIdInUse, broker_errors
+from controller.fleet.runs import RunView, failed_progress, module_failed, new_run_id, release_version, sha256_file
+from controller.fleet.seam import Fleet
+from controller.fleet.states import (
+    FailureStreak,
+    ModuleStatus,
+    conflict_note,
+    derive_state,
+    read_beats,
+    read_heartbeats,
+    skew_warning,
+)
+
+__all__ = [
+    "COLLECT_STEP", "BadRelease", "BrokerUnavailable", "EvictingBroker", "FailureStreak", "Fleet", "FleetError",
+    "ModuleStatus", "RunIdInUse", "RunView", "args_label", "broker_errors", "conflict_note", "derive_state",
+    "failed_progress", "is_collecting", "liveness", "module_failed", "new_run_id", "read_beats", "read_heartbeats",
+    "record_gap", "release_version", "run_id_in_use", "sha256_file", "skew_warning",
+]

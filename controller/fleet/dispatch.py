@@ -1,0 +1,153 @@
+"""Dispatch a run: check its run id, record it, and enqueue it on every module that can take it.
+
+The only place the controller enqueues (:meth:`Dispatch.send`). A module offline, bad or
+without the release is recorded failed at once (a refusal, ``attempt`` 0), not after an hour.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from agent.errors import BadInput
+from agent.store import check_run_id
+from contract.records import RunProgress, RunRequest
+from controller.fleet.errors import BrokerUnavailable, FleetError, RunIdInUse, error_line
+from controller.fleet.runs import failed_progress
+from controller.fleet.states import ModuleStatus
+from controller.inventory import Module
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from contract.kv import KV
+    from contract.settings import BrokerSettings
+    from controller.history import History
+
+
+class Dispatch:
+    """The fleet's sending side: one task on a module's queue, a run on its modules."""
+
+    settings: BrokerSettings
+    history: History
+    app: Celery
+    kv: KV
+
+    if TYPE_CHECKING:
+        def statuses(self, modules: Sequence[Module], now: float | None = None) -> dict[str, ModuleStatus]: ...
+
+    def send(self, module: str, task: str, args: list[object], task_id: str | None = None, *,
+             ignore_result: bool = False) -> str:
+        """Publish one task on a module's queue (the only place the controller enqueues).
+
+        ``ignore_result``: Celery keeps no result of it (a run's state travels in the KV records), so the
+        controller does not subscribe to one result channel per dispatched module.
+        """
+        from contract.celery_app import queue_name
+
+        try:
+            res = self.app.send_task(task, args=args, queue=queue_name(module), task_id=task_id,
+                                     ignore_result=ignore_result, argsrepr=args_label(args), kwargsrepr="{}",
+                                     retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2,
+                                                               "interval_step": 0.5, "interval_max": 2})
+        except Exception as exc:
+            raise BrokerUnavailable(f"cannot enqueue on {queue_name(module)}: {error_line(exc)}") from exc
+        return str(res.id)
+
+    def check_new_run_id(self, run_id: str, *, resume: bool = False, modules: Iterable[str] = ()) -> None:
+        """A run id must match the agents' pattern; one already in the history only with ``resume``; one this
+        history does not hold must have no record on the broker for any of ``modules`` (:class:`RunIdInUse`).
+
+        Run ids name records on the broker, shared by every controller of the fleet: another controller's run of
+        that id would be answered (or refused) by the modules as theirs. One MGET for all modules (``KV.progress``).
+        """
+        try:
+            check_run_id(run_id)
+        except BadInput as exc:
+            raise FleetError(str(exc)) from None
+        known = self.history.run(run_id) is not None
+        if not resume and known:
+            raise FleetError(f"run id {run_id!r} is already in the history; resume it explicitly or choose another")
+        names = list(dict.fromkeys(modules))
+        if known or not names:  # resumed: the records on the broker are this history's own run
+            return
+        found = {m: p for m, p in self.kv.progress(run_id, names).items() if p is not None}
+        if found:
+            raise RunIdInUse(run_id_in_use(run_id, found, self.history.path))
+
+    def dispatch(self, *, run_id: str, modules: Sequence[Module], tarballs: Mapping[str, str], sha256: str,
+                 release: str, models: Sequence[str], tarball_label: str = "",
+                 statuses: Mapping[str, ModuleStatus] | None = None, resume: bool = False) -> dict[str, str]:
+        """Record the run and enqueue it on every module that can take it.
+
+        Returns module -> "queued" or the reason it was not (offline, bad, no release):
+        those modules are recorded as failed at once, not after an hour. A run id must match the
+        agents' pattern, and may be one already in the history only with ``resume`` (each module
+        then keeps the keys that passed).
+        """
+        self.check_new_run_id(run_id, resume=resume, modules=[m.name for m in modules])
+        statuses = statuses if statuses is not None else self.statuses(modules)
+        self.history.create_run(run_id, release=release, tarball=tarball_label, sha256=sha256,
+                                models=models, modules=[m.name for m in modules])
+        out: dict[str, str] = {}
+        from contract.celery_app import RUN_TASK, task_id
+
+        # every request built and every module's state recorded (one transaction) before the first message:
+        # each message wakes a module, and on a machine the modules share, the rest of the loop then waits
+        # for CPU behind them (100 simulated modules: the last message left ~9 s after the first)
+        requests: list[RunRequest] = []
+        failed: list[RunProgress] = []
+        now = time.time()
+        for m in modules:
+            st = statuses[m.name]
+            problem = None
+            if st.state in ("offline", "unreachable"):
+                problem = f"module {st.state}: {st.reason}"
+            elif st.state == "bad":
+                problem = f"module bad: {st.reason}"
+            elif m.name not in tarballs:
+                problem = "release not available on the module"
+            if problem:
+                failed.append(failed_progress(run_id, m.name, release, "dispatch", problem, len(models), now))
+                out[m.name] = problem
+                continue
+            requests.append(RunRequest(run_id=run_id, module=m.name, tarball=tarballs[m.name], sha256=sha256,
+                                       release=release, models=tuple(models), model_root=m.model_root,
+                                       model_paths=dict(m.model_paths), max_attempts=self.settings.max_attempts,
+                                       key_env={k: dict(m.env) for k in models} if m.env else {}))
+        self.history.upsert_progress_many([*failed, *(
+            RunProgress(run_id=run_id, module=r.module, release=release, step="queued", keys_total=len(models),
+                        updated_at=now) for r in requests)])
+        payloads: list[tuple[str, list[object]]] = [(r.module, [r.model_dump(mode="json")]) for r in requests]
+        for name, args in payloads:
+            try:
+                self.send(name, RUN_TASK, args, task_id=task_id(name, run_id), ignore_result=True)
+                out[name] = "queued"
+            except BrokerUnavailable as exc:
+                self._record_failure(run_id, name, release, "dispatch", str(exc), len(models))
+                out[name] = str(exc)
+        return {m.name: out[m.name] for m in modules if m.name in out}
+
+    def _record_failure(self, run_id: str, module: str, release: str, step: str, message: str,
+                        keys: int) -> RunProgress:
+        p = failed_progress(run_id, module, release, step, message, keys, time.time())
+        self.history.upsert_progress(p)
+        return p
+
+
+def run_id_in_use(run_id: str, found: Mapping[str, RunProgress], history: object, shown: int = 4) -> str:
+    """One line: the modules where the broker holds a record of ``run_id``, and the state found (pure)."""
+    items = [f"{m} ({p.state.value}{', release ' + p.release if p.release else ''})" for m, p in found.items()]
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return (f"run id {run_id!r} is already on the broker, not in {history}: {', '.join(items[:shown])}{more} "
+            "(another controller's run); choose another run id")
+
+
+def args_label(args: Sequence[object]) -> str:
+    """What Celery shows of a task's arguments (its message headers, worker events) in place of their repr: a
+    run request's repr cost ~2 ms of the controller's CPU per message, and would copy its values into them."""
+    first = args[0] if args else None
+    if len(args) == 1 and isinstance(first, dict) and isinstance(first.get("run_id"), str):
+        return f"(<run request {first['run_id'][:64]} for {str(first.get('module'))[:64]}>,)"
+    return f"(<{len(args)} argument(s)>)"

@@ -1,0 +1,74 @@
+"""The fleet seam itself: :class:`Fleet`, one Celery app and the backend KV over one run history.
+
+Its parts by job are its bases: :class:`~controller.fleet.states.ModuleStates` (module states),
+:class:`~controller.fleet.dispatch.Dispatch` (sending runs) and
+:class:`~controller.fleet.collect.Sync` (following them); here: opening it, the broker check, cancel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from contract.settings import BrokerSettings
+from controller.fleet.collect import Sync
+from controller.fleet.dispatch import Dispatch
+from controller.fleet.errors import BrokerUnavailable, EvictingBroker, error_line
+from controller.fleet.states import ModuleStates
+from controller.history import History
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from contract.kv import KV
+
+
+class Fleet(ModuleStates, Dispatch, Sync):
+    """The broker seam on one run history: module states, dispatch and sync (its bases), cancel."""
+
+    def __init__(self, settings: BrokerSettings, history: History, *, failures_for_bad: int = 3,
+                 failures_cooldown: float | None = 900.0, clock_skew_warn: float = 30.0) -> None:
+        self.settings = settings
+        self.history = history
+        from contract.celery_app import make_app
+        from contract.kv import KV
+
+        self.app: Celery = make_app(settings)
+        self.kv: KV = KV(self.app)
+        self.failures_for_bad = failures_for_bad
+        self.failures_cooldown = failures_cooldown
+        self.clock_skew_warn = clock_skew_warn
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.app.close()
+
+    def check_broker(self, timeout: float = 5.0) -> None:
+        """The broker is reachable (else :class:`BrokerUnavailable`) and does not evict keys (else
+        :class:`EvictingBroker`, :mod:`contract.eviction`)."""
+        from contract.celery_app import is_embedded
+        from contract.eviction import broker_eviction_problem
+
+        if is_embedded(self.settings):
+            return
+        try:
+            with self.app.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1, interval_start=0, timeout=timeout)
+            self.app.backend.get("m1000-fleet:ping")
+            problem = broker_eviction_problem(self.app)
+        except Exception as exc:
+            raise BrokerUnavailable(
+                f"broker {self.settings.redacted_broker_url()} unreachable: {error_line(exc)}") from exc
+        if problem:
+            raise EvictingBroker(problem)
+
+    def cancel(self, run_id: str, modules: Iterable[str] | None = None, reason: str = "cancelled by user") -> None:
+        if modules is None:
+            self.kv.cancel(run_id, reason=reason)
+        else:
+            for m in modules:
+                self.kv.cancel(run_id, m, reason=reason)
+
+    def active_runs(self) -> list[str]:
+        return self.history.running_runs()

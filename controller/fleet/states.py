@@ -1,0 +1,218 @@
+"""Module states from heartbeats and failed runs: idle, busy, unreachable, offline, bad.
+
+LAVA's shape: ``idle``, ``busy``, ``offline`` (no heartbeat for ``offline_after``), ``bad``
+(unhealthy heartbeat or ``failures_for_bad`` failed runs in a row). A heartbeat's age is the
+broker's (``contract.kv.Beat``), never the agent's clock. The pure rules are functions;
+:class:`ModuleStates` is the part of :class:`~controller.fleet.Fleet` that reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from contract.records import Heartbeat, RunProgress, RunState
+from contract.settings import BrokerSettings
+from controller.fleet.runs import module_failed
+from controller.history import RESET_EVENT, History
+from controller.inventory import Module
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from contract.kv import KV, Beat
+
+log = logging.getLogger("fleet.controller")
+
+
+@dataclass(frozen=True)
+class ModuleStatus:
+    name: str
+    state: str  # idle | busy | unreachable | offline | bad
+    reason: str = ""
+    heartbeat: Heartbeat | None = None
+    age: float | None = None  # seconds since the broker took the last heartbeat
+    skew: float | None = None  # the agent's clock minus the controller's, s (None: not measured)
+
+
+def derive_state(beat: Beat | None, now: float, *, offline_after: float, consecutive_failures: int = 0,
+                 failures_for_bad: int = 3, lost_after: float | None = None,
+                 streak: FailureStreak | None = None, failures_cooldown: float | None = None) -> tuple[str, str]:
+    """``unreachable``: no heartbeat for ``offline_after`` (its run goes on); ``offline``: for ``lost_after``.
+
+    The heartbeat's age is ``now - beat.at`` (when the broker took it), never the agent's own ``ts``.
+    ``bad`` by failed runs (``streak``, or ``consecutive_failures``) holds until a run passes, the failures
+    are reset (``fleetctl devices reset``), or the last of them ended ``failures_cooldown`` ago: the module
+    then takes work again (on trial: one more failed run makes it bad again for as long).
+    """
+    if beat is None:
+        return "offline", "no heartbeat ever"
+    hb = beat.hb
+    age = now - beat.at
+    if age > max(offline_after, lost_after or 0.0):
+        return "offline", f"no heartbeat for {age:.0f} s"
+    if age > offline_after:
+        return "unreachable", f"no heartbeat for {age:.0f} s" + (f", run {hb.run_id} goes on" if hb.run_id else "")
+    if not hb.healthy:
+        return "bad", hb.detail or "agent reports itself unhealthy"
+    streak = streak if streak is not None else FailureStreak(consecutive_failures)
+    trial = ""
+    if streak.count >= failures_for_bad:
+        since = None if streak.last_at is None else now - streak.last_at
+        reset = f"`fleetctl devices reset {hb.module}`"
+        if failures_cooldown is None or since is None:
+            return "bad", f"{streak.count} failed runs in a row: takes work again after {reset}"
+        if since < failures_cooldown:
+            return "bad", (f"{streak.count} failed runs in a row, the last {_minutes(since)} ago: takes work again "
+                           f"in {_minutes(failures_cooldown - since)} (on trial), or now after {reset}")
+        trial = (f"on trial: {streak.count} failed runs in a row, the last {_minutes(since)} ago "
+                 f"(one more makes it bad again)")
+    if hb.run_id:
+        return "busy", f"run {hb.run_id}" + (f", {hb.step}" if hb.step else "") + (f"; {trial}" if trial else "")
+    return "idle", trial
+
+
+@dataclass(frozen=True)
+class FailureStreak:
+    """A module's failed runs in a row, newest first, since its last reset; ``last_at``: when the newest
+    ended (the controller's clock)."""
+
+    count: int = 0
+    last_at: float | None = None
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def skew_warning(skew: float | None, bound: float) -> str:
+    """The warning a module's clock skew earns past ``bound`` (empty within it or when not measured)."""
+    if skew is None or abs(skew) <= bound:
+        return ""
+    way = "ahead of" if skew > 0 else "behind"
+    return f"clock {abs(skew):.0f} s {way} the controller's (warning past {bound:.0f} s: is NTP running there?)"
+
+
+def conflict_note(conflict: tuple[Mapping[str, object], float | None] | None, now: float) -> str:
+    """The reason text of a name conflict: a second agent refused the name (it exited at once). Shown for
+    ``CONFLICT_TTL`` after the refusal, by the broker's clock (Redis expires the record; embedded: its mtime)."""
+    from contract.kv import CONFLICT_TTL
+
+    if conflict is None:
+        return ""
+    record, at = conflict
+    if at is None or not 0 <= now - at < CONFLICT_TTL:
+        return ""
+    held = record.get("held_by")
+    held = held if isinstance(held, Mapping) else {}
+    return (f"name conflict: a second agent on {record.get('host')} (pid {record.get('pid')}) was refused and "
+            f"exited {now - at:.0f} s ago; the name is held by {held.get('host')} (pid {held.get('pid')})")
+
+
+class ModuleStates:
+    """The fleet's reading of its modules: heartbeats, failed runs in a row, states, queue lengths."""
+
+    settings: BrokerSettings
+    history: History
+    app: Celery
+    kv: KV
+    failures_for_bad: int
+    failures_cooldown: float | None
+    clock_skew_warn: float
+
+    def heartbeats(self, names: Iterable[str]) -> dict[str, Heartbeat | None]:
+        return self.kv.heartbeats(names)
+
+    def beats(self, names: Iterable[str]) -> dict[str, Beat | None]:
+        """Heartbeats with when the broker took them (their age never from the agent's clock)."""
+        return self.kv.beats(names)
+
+    def consecutive_failures(self, module: str, limit: int = 10) -> int:
+        return self.failure_streak(module, limit=limit).count
+
+    def failure_streak(self, module: str, *, limit: int = 10, skew: float = 0.0) -> FailureStreak:
+        """The module's failed runs in a row, newest first (pure reading of the history).
+
+        Not counted, and not ending the streak: a run not terminal yet, and a refusal (``attempt`` 0: the
+        controller never sent it, the module was offline, bad or lacked the release). Ended by a run that
+        passed and by ``fleetctl devices reset`` (runs created before it are not read). ``skew``: the module's
+        clock against the controller's, for the end times the agent wrote (a LOST end is the controller's).
+        """
+        reset = self.history.last_module_reset(module)
+        n, last = 0, None
+        for raw, created in self.history.module_parts(module, limit):
+            if reset is not None and created is not None and created <= reset:
+                break
+            p = RunProgress.model_validate_json(raw)
+            if not p.state.terminal:
+                continue
+            if not module_failed(p):
+                break
+            if last is None:
+                ended = p.finished_at or p.updated_at
+                last = ended if p.state == RunState.LOST else ended - skew
+            n += 1
+        return FailureStreak(n, last)
+
+    def reset_failures(self, module: str) -> int:
+        """Clear the module's failed runs in a row (an event in the history); how many there were."""
+        n = self.failure_streak(module).count
+        self.history.add_module_event(module, f"{RESET_EVENT}: {n} failed run(s) in a row cleared")
+        return n
+
+    def statuses(self, modules: Sequence[Module], now: float | None = None) -> dict[str, ModuleStatus]:
+        beats = self.beats(m.name for m in modules)
+        conflicts = self.kv.conflicts(m.name for m in modules)
+        now = time.time() if now is None else now
+        out: dict[str, ModuleStatus] = {}
+        for m in modules:
+            beat = beats.get(m.name)
+            skew = beat.skew if beat is not None else None
+            streak = self.failure_streak(m.name, skew=skew or 0.0)
+            state, reason = derive_state(beat, now, offline_after=self.settings.offline_after,
+                                         failures_for_bad=self.failures_for_bad, lost_after=self.settings.lost_after,
+                                         streak=streak, failures_cooldown=self.failures_cooldown)
+            notes = [reason, skew_warning(skew, self.clock_skew_warn), conflict_note(conflicts.get(m.name), now)]
+            out[m.name] = ModuleStatus(m.name, state, "; ".join(n for n in notes if n), beat.hb if beat else None,
+                                       (now - beat.at) if beat else None, skew)
+        return out
+
+    def queue_lengths(self, modules: Sequence[Module]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        try:
+            with self.app.connection_for_read() as conn, conn.channel() as ch:
+                for m in modules:
+                    try:
+                        out[m.queue] = int(ch.queue_declare(queue=m.queue, passive=True).message_count)
+                    except Exception:
+                        out[m.queue] = 0
+        except Exception as exc:
+            log.warning("cannot read queue lengths: %s", exc)
+        return out
+
+
+def read_beats(settings: BrokerSettings, modules: Iterable[str]) -> dict[str, Beat | None]:
+    """Heartbeats of ``modules`` with when the broker took them (for deploy's waits)."""
+    from contract.celery_app import make_app
+    from contract.kv import KV
+
+    app = make_app(settings)
+    try:
+        return KV(app).beats(modules)
+    finally:
+        app.close()
+
+
+def read_heartbeats(settings: BrokerSettings, modules: Iterable[str]) -> dict[str, Heartbeat | None]:
+    """Heartbeats of ``modules`` as the controller sees them (for deploy's first-heartbeat wait)."""
+    from contract.celery_app import make_app
+    from contract.kv import KV
+
+    app = make_app(settings)
+    try:
+        return KV(app).heartbeats(modules)
+    finally:
+        app.close()

@@ -1,0 +1,19 @@
+"""Run history: SQLite on the controller (the only package of the controller that touches the database).
+
+Parts: :mod:`~controller.history.schema` (tables, migrations, a row's columns),
+:mod:`~controller.history.records` (what callers get back, the history's error),
+:mod:`~controller.history.store` (:class:`History`: runs, progress, events, rows, baselines,
+telemetry), :mod:`~controller.history.outbox` (webhook outbox) and
+:mod:`~controller.history.queries` (the aggregate reads of the fleet, the metrics and the reports).
+``tests/unit/test_sql_boundary.py`` fails when SQL runs anywhere else in ``controller/``.
+"""
+
+from controller.history.queries import DatabaseError
+from controller.history.records import RESET_EVENT, VERDICT_EVENT, HistoryError, OutboxEvent, RunInfo, url_digest
+from controller.history.schema import ROW_FIELDS, row_from_db, row_to_db
+from controller.history.store import History
+
+__all__ = [
+    "DatabaseError", "History", "HistoryError", "OutboxEvent", "RESET_EVENT", "ROW_FIELDS", "RunInfo",
+    "VERDICT_EVENT", "row_from_db", "row_to_db", "url_digest",
+]

@@ -1,0 +1,93 @@
+"""The run history's aggregate reads: what module states, the controller's metrics and reports ask of it.
+
+Each is one query the history answers for a caller elsewhere in the controller (the fleet's
+failure streaks and sync, ``/metrics``, the report's pandas frames), so that SQL runs in this
+package only. pandas is imported by the report's reads alone, when they are called.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from controller.history.schema import ROW_FIELDS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+DatabaseError = sqlite3.Error  # what a read of a history that cannot be read raises (metrics: history down)
+
+
+def _cols() -> str:
+    return ", ".join(f'"{f}"' for f in ROW_FIELDS)
+
+
+class HistoryQueries:
+    """The aggregate reads, a base of :class:`controller.history.History`."""
+
+    conn: sqlite3.Connection
+
+    # -- the fleet ----------------------------------------------------------------------
+    def module_parts(self, module: str, limit: int) -> list[tuple[str, float | None]]:
+        """(progress JSON, the run's created_at) of the module's parts of runs it was sent (``attempt`` not 0),
+        newest first, at most ``limit``."""
+        cur = self.conn.execute(
+            "SELECT m.progress, r.created_at FROM module_runs m LEFT JOIN runs r ON r.run_id = m.run_id"
+            " WHERE m.module=? AND COALESCE(json_extract(m.progress, '$.attempt'), 1) != 0"
+            " ORDER BY m.updated_at DESC LIMIT ?", (module, limit))
+        return cur.fetchall()
+
+    def release_row_count(self, run_id: str, module: str) -> int:
+        """The release's rows of the module's part of a run (the probe's rows beside them are not counted)."""
+        return int(self.conn.execute(
+            "SELECT COUNT(*) FROM rows WHERE run_id=? AND module=? AND source='release'",
+            (run_id, module)).fetchone()[0])
+
+    def running_runs(self) -> list[str]:
+        """Run ids of the runs (kind 'run') not ended."""
+        cur = self.conn.execute("SELECT run_id FROM runs WHERE kind='run' AND state='running'")
+        return [r[0] for r in cur.fetchall()]
+
+    # -- metrics --------------------------------------------------------------------------
+    def verdict_counts(self) -> list[tuple[Any, int]]:
+        """(verdict, or 'none' when not judged; how many runs of kind 'run')."""
+        cur = self.conn.execute("SELECT COALESCE(verdict, 'none'), COUNT(*) FROM runs WHERE kind='run' GROUP BY 1")
+        return cur.fetchall()
+
+    def modules_with_rows(self, run_id: str) -> list[Any]:
+        """The modules that have rows (of any source) in a run."""
+        mods = self.conn.execute("SELECT DISTINCT module FROM rows WHERE run_id=?", (run_id,))
+        return [module for (module,) in mods.fetchall()]
+
+    def stored_row_count(self, run_id: str, module: str) -> int:
+        """Every row of the module's part of a run, of any source."""
+        (n,) = self.conn.execute("SELECT COUNT(*) FROM rows WHERE run_id=? AND module=?",
+                                 (run_id, module)).fetchone()
+        return int(n)
+
+    # -- reports (pandas) --------------------------------------------------------------------
+    def row_chunks(self, run_ids: Sequence[str], chunk_rows: int) -> Iterator[pd.DataFrame]:
+        """Every stored row of the given runs, one column per ResultRow field, ``chunk_rows`` at a time."""
+        import pandas as pd
+
+        marks = ",".join("?" * len(run_ids))
+        return pd.read_sql_query(f"SELECT {_cols()} FROM rows WHERE run_id IN ({marks})", self.conn,
+                                 params=list(run_ids), chunksize=chunk_rows)
+
+    def runs_before(self, created_at: float, run_id: str, limit: int) -> pd.DataFrame:
+        """(run_id, created_at) of the newest ``limit`` runs (kind 'run') created before ``created_at``,
+        ``run_id`` left out; newest first."""
+        import pandas as pd
+
+        return pd.read_sql_query(
+            "SELECT run_id, created_at FROM runs WHERE kind='run' AND created_at < ? AND run_id != ?"
+            " ORDER BY created_at DESC LIMIT ?", self.conn, params=[created_at, run_id, limit])
+
+    def modules_of_rows(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        """(run_id, module) for each module that has rows in one of the given runs."""
+        import pandas as pd
+
+        marks = ",".join("?" * len(run_ids))
+        return pd.read_sql_query(f"SELECT run_id, module FROM rows WHERE run_id IN ({marks}) GROUP BY run_id, module",
+                                 self.conn, params=list(run_ids))

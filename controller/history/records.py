@@ -1,0 +1,61 @@
+"""The run history's records as callers get them: runs, webhook events, and the history's error.
+
+The history's one error root (:class:`HistoryError`) and the names of the events it keeps
+(:data:`VERDICT_EVENT`, :data:`RESET_EVENT`) live here too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from pydantic import BaseModel, ConfigDict
+
+from controller.errors import FleetctlError
+
+VERDICT_EVENT = "run.verdict"
+RESET_EVENT = "failures reset"  # the module event of `fleetctl devices reset` (the module's failed runs cleared)
+
+
+class OutboxEvent(BaseModel):
+    """A webhook event waiting for the URLs it has not reached yet (``urls``: their sha256)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    event: str
+    verdict: str
+    line: str
+    state: str
+    created_at: float
+    urls: tuple[str, ...]
+
+    @property
+    def delivery_id(self) -> str:
+        """Stable across resends (a receiver may de-duplicate on it)."""
+        return hashlib.sha256(f"{self.run_id}\0{self.event}".encode()).hexdigest()[:32]
+
+
+def url_digest(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()
+
+
+class HistoryError(FleetctlError, RuntimeError):
+    http_status = 404  # no such run or baseline in the history
+
+
+class RunInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    created_at: float
+    release: str
+    tarball: str
+    sha256: str
+    models: tuple[str, ...]
+    modules: tuple[str, ...]
+    kind: str
+    state: str
+    verdict: str | None
+    finished_at: float | None
+    note: str
+    verdict_line: str | None = None  # the line of the verdict recorded last (None: not judged since it ended)

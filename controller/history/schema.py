@@ -1,0 +1,167 @@
+"""The run history's tables: their schema, its migrations, and how a result row is stored in one.
+
+Rows are stored one column per ``ResultRow`` field, so reports read them straight into
+pandas (``pd.read_sql_query``). :func:`connect` opens a history file with the schema created
+and migrated (an older history gains what it lacks, once).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from contract.records import ResultRow
+from controller.history.records import HistoryError
+
+ROW_FIELDS: tuple[str, ...] = tuple(ResultRow.model_fields)
+_ROWS_KEY = "run_id, module, model_key, profile, source"  # a probe row sits beside the release's row
+_JSON_FIELDS = {"extra", "flags"}
+_BOOL_FIELDS = {"correct"}
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    release TEXT NOT NULL DEFAULT '',
+    tarball TEXT NOT NULL DEFAULT '',
+    sha256 TEXT NOT NULL DEFAULT '',
+    models TEXT NOT NULL DEFAULT '[]',
+    modules TEXT NOT NULL DEFAULT '[]',
+    kind TEXT NOT NULL DEFAULT 'run',
+    state TEXT NOT NULL DEFAULT 'running',
+    verdict TEXT,
+    finished_at REAL,
+    note TEXT NOT NULL DEFAULT '',
+    verdict_line TEXT
+);
+CREATE TABLE IF NOT EXISTS module_runs (
+    run_id TEXT NOT NULL,
+    module TEXT NOT NULL,
+    state TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    progress TEXT NOT NULL,
+    PRIMARY KEY (run_id, module)
+);
+CREATE INDEX IF NOT EXISTS module_runs_module ON module_runs (module, updated_at);
+CREATE TABLE IF NOT EXISTS rows (
+    {", ".join(f'"{f}"' for f in ROW_FIELDS)},
+    PRIMARY KEY ({_ROWS_KEY})
+);
+CREATE INDEX IF NOT EXISTS rows_module ON rows (module, model_key);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL,
+    module TEXT NOT NULL,
+    ts REAL NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_run ON events (run_id, module);
+CREATE TABLE IF NOT EXISTS baselines (
+    release TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    source TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    PRIMARY KEY (release, version)
+);
+"""
+
+# device telemetry: one summary (contract.records.TelemetrySummary, JSON) per run and module
+_TELEMETRY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS telemetry (
+    run_id TEXT NOT NULL,
+    module TEXT NOT NULL,
+    summary TEXT NOT NULL,
+    PRIMARY KEY (run_id, module)
+);
+"""
+
+
+# webhook outbox: a verdict recorded queues its event in the same transaction (whoever recorded it:
+# serve, an attached fleetctl); `fleetctl serve` sends what is pending when it starts and while it
+# runs. Webhook URLs may carry secrets (tokens in the path): only their sha256 is stored.
+_OUTBOX_SCHEMA = """
+CREATE TABLE IF NOT EXISTS webhook_outbox (
+    run_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    line TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (run_id, event)
+);
+CREATE INDEX IF NOT EXISTS webhook_outbox_created ON webhook_outbox (created_at);
+CREATE TABLE IF NOT EXISTS webhook_targets (
+    url_sha256 TEXT PRIMARY KEY,
+    first_seen REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS webhook_sent (
+    run_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    url_sha256 TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (run_id, event, url_sha256)
+);
+"""
+
+
+def row_to_db(row: ResultRow) -> tuple[Any, ...]:
+    d = row.model_dump(mode="json")
+    return tuple(json.dumps(d[f]) if f in _JSON_FIELDS else d[f] for f in ROW_FIELDS)
+
+
+def row_from_db(values: sqlite3.Row | tuple[Any, ...]) -> ResultRow:
+    d: dict[str, Any] = dict(zip(ROW_FIELDS, values, strict=True))
+    for f in _JSON_FIELDS:
+        d[f] = json.loads(d[f]) if d[f] else ({} if f == "extra" else ())
+    for f in _BOOL_FIELDS:
+        if d[f] is not None:
+            d[f] = bool(d[f])
+    return ResultRow.model_validate(d)
+
+
+def _key_rows_by_source(conn: sqlite3.Connection) -> None:
+    """A history from before ``ResultRow.source``: its rows table is rebuilt once, keyed with the source
+    (every old row was measured by the release's benchmark)."""
+    old = [r[1] for r in conn.execute("PRAGMA table_info(rows)")]
+    if "source" in old:
+        return
+    cols, new = (", ".join(f'"{f}"' for f in names) for names in (old, ROW_FIELDS))
+    conn.executescript(
+        "BEGIN IMMEDIATE; ALTER TABLE rows RENAME TO rows_unkeyed; DROP INDEX IF EXISTS rows_module;"
+        f" CREATE TABLE rows ({new}, PRIMARY KEY ({_ROWS_KEY}));"
+        f" INSERT INTO rows ({cols}, source) SELECT {cols}, 'release' FROM rows_unkeyed; DROP TABLE rows_unkeyed;"
+        " CREATE INDEX rows_module ON rows (module, model_key); COMMIT;")
+
+
+def _add_verdict_line(conn: sqlite3.Connection) -> None:
+    """A history from before ``runs.verdict_line`` gets the column (NULL: such a run is judged again
+    the next time its verdict is asked for, and its line recorded then)."""
+    if "verdict_line" in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:  # another process may have added it between the look and the lock
+        if "verdict_line" not in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
+            conn.execute("ALTER TABLE runs ADD COLUMN verdict_line TEXT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """The history at ``path`` (created when absent), in WAL mode, its schema created and migrated."""
+    try:
+        conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise HistoryError(f"{path}: cannot open run history: {exc}") from exc
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.executescript(_SCHEMA)
+    conn.executescript(_TELEMETRY_SCHEMA)
+    conn.executescript(_OUTBOX_SCHEMA)
+    _key_rows_by_source(conn)
+    _add_verdict_line(conn)
+    return conn

@@ -1,0 +1,247 @@
+"""A run's life through the service: validate (or resume), retry, sync, view, follow, judge, cancel.
+
+:func:`validate` checks everything that needs no broker first (:func:`prepare`), then makes
+the release available on each module (:mod:`controller.service.releases`) and dispatches.
+Of these, :func:`sync`, :func:`judge`, :func:`validate`, :func:`retry` and :func:`cancel`
+write the run history; :func:`find_run` and :func:`view` only read it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from contract.records import MODEL_KEYS, RunState, parse_model_keys
+from controller.fleet import BadRelease, RunIdInUse, RunView, module_failed, new_run_id, release_version, sha256_file
+from controller.history import HistoryError, RunInfo
+from controller.inventory import Module, select
+from controller.service.records import Judgement, Launched, ValidateRequest
+from controller.service.releases import distribute, download_release, prune_releases
+from controller.service.session import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    Session,
+    UnusableRelease,
+    broker_call,
+    report_call,
+)
+
+
+def check_run_id(run_id: str) -> str:
+    from agent.errors import BadInput
+    from agent.store import check_run_id as check
+
+    try:
+        return check(run_id)
+    except BadInput as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def check_baseline(s: Session, baseline: str) -> str:
+    """The baseline's run id; BadRequest when the history has no such baseline (never writes)."""
+    found = s.history().baseline_run_id(baseline) if s.has_history() else None
+    if found is None:
+        raise BadRequest(f"no baseline {baseline!r} in {s.history_path} (see: fleetctl baseline list)")
+    return found
+
+
+def prepare(s: Session, req: ValidateRequest) -> tuple[str, list[Module], RunInfo | None]:
+    """Every check that needs no broker and no hashing, before anything is dispatched:
+    (release version, modules, the run resumed or None)."""
+    from controller.service.release_url import ReleaseUrlError, check_release_url, check_sha256, clip
+
+    if (req.release is None) == (req.url is None):
+        raise BadRequest("give the release as a path or as a URL (one of them)")
+    try:
+        check_sha256(req.sha256)
+        if req.url is not None:
+            version = release_version(Path(check_release_url(req.url).name))
+    except ReleaseUrlError as exc:
+        raise UnusableRelease(str(exc)) from None
+    if req.release is not None:
+        try:
+            found = req.release.is_file()
+        except OSError:  # a name too long for the file system, say
+            found = False
+        if not found:
+            raise BadRelease(f"{clip(str(req.release))}: no such release tarball")
+        version = release_version(req.release)
+    parse_model_keys(list(req.models))
+    mods = s.inventory().select(req.devices)
+    if req.baseline:
+        check_baseline(s, req.baseline)
+    existing = s.history().run(req.run_id) if req.run_id and s.has_history() else None
+    if req.run_id:
+        check_run_id(req.run_id)
+        if existing is not None and not req.resume:
+            raise Conflict(f"run id {req.run_id!r} already exists in {s.history_path}; give --resume to resume it, "
+                           "or choose another run id")
+        if existing is not None and existing.kind != "run":
+            raise Conflict(f"{req.run_id!r} is a {existing.kind}, not a run")
+    if req.resume and existing is None:
+        raise NotFound(f"--resume: no run {req.run_id!r} in {s.history_path}")
+    if existing is not None:
+        resumed_models(existing, req.models)  # refused before anything is hashed or downloaded
+    return version, mods, existing
+
+
+def validate(s: Session, req: ValidateRequest) -> Launched:
+    """Check the request, make the release available on each module, dispatch. Returns at once."""
+    version, mods, existing = prepare(s, req)
+    h = s.history()  # before the fleet: the run is recorded in this history
+    fleet = s.broker()
+    if req.release is not None:
+        release, sha = req.release, sha256_file(req.release)
+    else:  # hashed while it downloaded, and checked against req.sha256 there
+        release, sha = download_release(s, str(req.url), req.sha256)
+    if req.sha256 and sha != req.sha256.strip().lower():
+        raise UnusableRelease(f"{release}: sha256 {sha[:12]}… does not match the expected {req.sha256[:12]}…")
+    if existing is not None and existing.sha256 and existing.sha256 != sha:
+        raise Conflict(f"run {existing.run_id!r} validated another release ({existing.release}, sha256 "
+                       f"{existing.sha256[:12]}); {release} has sha256 {sha[:12]}: not resumed")
+    models = resumed_models(existing, req.models) if existing is not None else req.models
+    if existing is not None:
+        h.set_run_state(existing.run_id, "running")
+    rid = req.run_id or new_run_id()
+    try:  # before the release is pushed: a run id another controller used (dispatch checks it again)
+        names = [m.name for m in mods]
+        broker_call(s, lambda: fleet.check_new_run_id(rid, resume=existing is not None, modules=names))
+    except RunIdInUse as exc:
+        raise Conflict(str(exc)) from None
+    statuses = broker_call(s, lambda: fleet.statuses(mods))
+    usable = [m for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")]
+    paths, errors = distribute(s, usable, release, sha)
+    result = fleet.dispatch(run_id=rid, modules=mods, tarballs=paths, sha256=sha, release=version, models=models,
+                            tarball_label=str(release.resolve()), statuses=statuses,
+                            resume=existing is not None)
+    result.update(errors)
+    prune_releases(s)
+    return Launched(rid, version, sha, tuple(models), dict(result), resumed=existing is not None)
+
+
+def resumed_models(existing: RunInfo, asked: tuple[str, ...]) -> tuple[str, ...]:
+    """The model keys a resumed run asks its modules for: the run's own (a module answers a run id only for
+    the same request). ``all`` (the default) means all of the run's; another set is refused."""
+    if set(asked) == set(existing.models) or set(asked) == set(MODEL_KEYS):
+        return tuple(existing.models)
+    raise Conflict(f"run {existing.run_id!r} validates models {','.join(existing.models)}; --resume resumes the "
+                   f"same models (leave --models out, or give those)")
+
+
+def retry(s: Session, run: str, *, failed_only: bool = False, run_id: str | None = None) -> Launched:
+    """A new run of the same release and model keys on the same modules (``failed_only``: only the
+    modules whose part failed, was cancelled or lost, with the keys that did not pass there)."""
+    info = find_run(s, run)
+    models = info.models
+    devices = ",".join(info.modules)
+    if failed_only:
+        view = s.fleet().view(info.run_id)
+        failed = {m: p for m, p in view.progress.items() if p is None or p.state != RunState.DONE or module_failed(p)}
+        if not failed:
+            raise BadRequest(f"run {info.run_id}: no module failed; nothing to retry")
+        keys: set[str] = set()
+        for p in failed.values():
+            passed = {o.model_key for o in p.outcomes if o.status == "passed"} if p else set()
+            keys |= set(info.models) - passed
+        models = tuple(k for k in info.models if k in keys) or info.models
+        devices = ",".join(failed)
+    if not info.tarball:
+        raise BadRequest(f"run {info.run_id} has no release path recorded")
+    return validate(s, ValidateRequest(release=Path(info.tarball), models=models, devices=devices, run_id=run_id))
+
+
+def find_run(s: Session, run: str) -> RunInfo:
+    """A run by id, unique prefix or 'latest' (never writes)."""
+    if not s.has_history():
+        raise NotFound(f"no run {run!r}: no run history at {s.history_path} yet")
+    try:
+        return s.read_history().find_run(run)
+    except HistoryError as exc:
+        raise NotFound(str(exc)) from None
+
+
+def sync(s: Session, run_id: str) -> RunView:
+    """Pull the run's progress and rows from the broker into the history (writes)."""
+    return s.fleet().sync(run_id)
+
+
+def view(s: Session, run: str, *, live: bool = False) -> RunView:
+    """The run's state per module from the history; ``live``: the broker's newer progress of the
+    modules not finished yet, read without writing."""
+    info = find_run(s, run)
+    fleet = s.fleet()
+    base = fleet.view(info.run_id)
+    pending = [m for m, p in base.progress.items() if p is None or not p.state.terminal]
+    if not live or not pending:
+        return base
+    fresh = broker_call(s, lambda: fleet.kv.progress(info.run_id, pending))
+    merged = dict(base.progress)
+    for m, p in fresh.items():
+        old = merged.get(m)
+        if p is not None and (old is None or p.updated_at >= old.updated_at):
+            merged[m] = p
+    return RunView(base.run_id, base.modules, merged)
+
+
+def follow(s: Session, run_id: str, *, on_view: Callable[[RunView], None] | None = None, interval: float = 0.5,
+           timeout: float | None = None) -> RunView:
+    """Sync until every module of the run is finished (or ``timeout``), calling ``on_view`` each time."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        v = sync(s, run_id)
+        if on_view is not None:
+            on_view(v)
+        if v.finished or (end is not None and time.monotonic() > end):
+            return v
+        time.sleep(interval)
+
+
+def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float | None = None) -> Judgement:
+    """The verdict of a run from what the history holds, recorded in the history (writes)."""
+    h = s.history()
+    try:
+        info = h.find_run(run)
+    except HistoryError as exc:
+        raise NotFound(str(exc)) from None
+    v = s.fleet().view(info.run_id)
+    state = v.state() if v.finished else "running"
+    failed = state in ("failed", "cancelled")
+    rep = None
+    try:
+        from controller.report import build_report
+        from controller.report.model import Thresholds
+    except ModuleNotFoundError:  # no controller extras (pandas): the modules' states alone
+        verdict, line = (state, f"{state.upper()} {info.run_id}: some modules {state}") if failed else (
+            "pass", f"PASS {info.run_id}: every module finished")
+    else:
+        th = Thresholds(tolerance=tolerance) if tolerance is not None else None
+        rep = report_call(lambda: build_report(h, info.run_id, baseline=baseline, thresholds=th))
+        verdict, line = str(rep.verdict), rep.verdict_line
+        if failed and verdict == "pass":
+            verdict, line = "failed", f"some modules {state}; {line}"
+    h.set_run_state(info.run_id, state, verdict=verdict, line=line if state != "running" else None)
+    return Judgement(info.run_id, verdict, line, state, rep)
+
+
+def recorded_judgement(info: RunInfo) -> Judgement | None:
+    """The verdict the history holds for an ended run, as it was reached (its baseline included), or
+    None when there is none to show (running, never judged, resumed since, or judged before the
+    history kept the line): then :func:`judge` reaches it. No report is built here, so ``fleetctl
+    status`` of an ended run needs neither pandas nor the rows."""
+    if info.state == "running" or info.verdict is None or info.verdict_line is None:
+        return None
+    return Judgement(info.run_id, info.verdict, info.verdict_line, info.state)
+
+
+def cancel(s: Session, run: str, devices: str | None = None) -> tuple[str, list[str]]:
+    """Durable cancel of a run, or of the modules of it that ``devices`` selects: (run id, modules)."""
+    info = find_run(s, run)
+    names = list(info.modules)
+    if devices:
+        known = {m.name: m for m in s.inventory().modules}
+        names = [m.name for m in select([known[n] for n in info.modules if n in known], devices)]
+    fleet = s.broker()
+    broker_call(s, lambda: fleet.cancel(info.run_id, None if not devices else names))
+    return info.run_id, names

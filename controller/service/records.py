@@ -1,0 +1,119 @@
+"""The service's records: what a front end asks for and what the operations give back.
+
+A :class:`ValidateRequest` in; :class:`Launched`, :class:`Judgement`, :class:`Device`,
+:class:`RunDetail`, :class:`ModuleDetail` and :class:`LogFile` out (typed values, no I/O here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from contract.records import MODEL_KEYS, RunProgress
+from controller.fleet import ModuleStatus, RunView
+from controller.history import RunInfo
+from controller.inventory import Module
+
+if TYPE_CHECKING:
+    from controller.report.model import Report
+
+
+@dataclass(frozen=True)
+class ValidateRequest:
+    """What ``fleetctl validate`` and ``POST /api/v1/runs`` ask for.
+
+    The release is a path as the controller sees it, or (``url``, then ``release`` is None) an
+    http/https URL it downloads into ``<data_dir>/releases/<sha256>/`` once every other check
+    passed. ``sha256``: what the release must hash to (checked before anything is dispatched).
+    """
+
+    release: Path | None
+    models: tuple[str, ...] = tuple(MODEL_KEYS)
+    devices: str = "all"
+    baseline: str | None = None
+    run_id: str | None = None
+    resume: bool = False
+    url: str | None = None
+    sha256: str | None = None
+
+
+def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS), devices: str = "all",
+                    baseline: str | None = None, run_id: str | None = None, resume: bool = False,
+                    sha256: str | None = None) -> ValidateRequest:
+    """A request for the release as a person or a CI job typed it: an http/https URL (downloaded
+    by the controller) or a path as the controller sees it."""
+    from controller.service.release_url import is_url
+
+    url = release if is_url(release) else None
+    return ValidateRequest(release=None if url else Path(release).expanduser(), url=url, models=models,
+                           devices=devices, baseline=baseline, run_id=run_id, resume=resume, sha256=sha256)
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A run dispatched: module -> "queued" or why it was not."""
+
+    run_id: str
+    release: str
+    sha256: str
+    models: tuple[str, ...]
+    modules: Mapping[str, str]
+    resumed: bool = False
+
+    @property
+    def queued(self) -> int:
+        return sum(v == "queued" for v in self.modules.values())
+
+
+@dataclass(frozen=True)
+class Judgement:
+    run_id: str
+    verdict: str  # pass | regressed | incomplete | failed | cancelled
+    line: str  # the one-line verdict (the report's verdict line when reports are installed)
+    state: str  # the run's state: running | done | failed | cancelled
+    report: Report | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+
+@dataclass(frozen=True)
+class Device:
+    module: Module
+    status: ModuleStatus
+
+
+@dataclass(frozen=True)
+class RunDetail:
+    info: RunInfo
+    view: RunView
+    rows: int
+
+    @property
+    def state(self) -> str:
+        return self.view.state() if self.view.finished else "running"
+
+
+@dataclass(frozen=True)
+class ModuleDetail:
+    module: Module
+    status: ModuleStatus
+    recent: tuple[tuple[RunInfo, RunProgress | None], ...]
+
+
+@dataclass(frozen=True)
+class LogFile:
+    module: str
+    name: str  # NN-step[-key].log
+    step: str
+    model_key: str | None
+    path: str
+    text: str
+
+
+def exit_code(verdict: str | None) -> int:
+    """The CLI's exit code for a verdict: 0 pass, 1 anything else (failed, regressed, ...)."""
+    return 0 if verdict == "pass" else 1

@@ -1,0 +1,152 @@
+"""A caller's session: its settings, inventory, run history and fleet, opened lazily, closed together.
+
+There is no global session: the CLI makes one per invocation, the HTTP API one per worker
+thread, the demo and the benchmarks their own. The service's errors (:class:`ServiceError`
+and its leaves) and the two wrappers that turn a broker's or a report's failure into one of
+them live here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contract.settings import load_settings
+from controller.errors import FleetctlError
+from controller.fleet import BrokerUnavailable, Fleet, broker_errors
+from controller.history import History
+from controller.inventory import Inventory, load_inventory
+from controller.settings import ControllerSettings
+
+
+# --------------------------------------------------------------------------- errors
+class ServiceError(FleetctlError, RuntimeError):
+    """Root of the service's own errors: the user's to fix (one line, exit 2, HTTP 4xx)."""
+
+
+class BadRequest(ServiceError, ValueError):
+    """Bad input: no such tarball, unknown baseline, bad run id (HTTP 400)."""
+
+
+class NotFound(ServiceError, LookupError):
+    """No such run or module (HTTP 404)."""
+
+    http_status = 404
+
+
+class Conflict(ServiceError):
+    """The request contradicts what exists: a run id already used (HTTP 409)."""
+
+    http_status = 409
+
+
+class UnusableRelease(ServiceError, ValueError):
+    """A release URL that is bad, unreachable, too big, or a release whose sha256 is not the one
+    asked for (HTTP 422). Nothing half-downloaded is left."""
+
+    http_status = 422
+
+
+# --------------------------------------------------------------------------- session
+@dataclass
+class Session:
+    """Settings, inventory, run history and fleet of one caller, opened lazily, closed together."""
+
+    settings: ControllerSettings
+    _history: History | None = None
+    _inventory: Inventory | None = None
+    _fleet: Fleet | None = None
+    _closers: list[Callable[[], None]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, config: Path | None = None, *, inventory: Path | None = None,
+             history: Path | None = None) -> Session:
+        """A session on the settings of ``config`` (else ``FLEET_CONFIG``), ``FLEET_*`` and overrides."""
+        return cls(load_settings(ControllerSettings, config, inventory=inventory, history=history))
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for c in reversed(self._closers):
+            with contextlib.suppress(Exception):
+                c()
+        self._closers.clear()
+        self._history = self._fleet = None
+
+    @property
+    def history_path(self) -> Path:
+        return self.settings.history_path
+
+    def history(self) -> History:
+        """The run history, created when absent (for operations that write it)."""
+        if self._history is None:
+            self._history = History(self.history_path)
+            self._closers.append(self._history.close)
+        return self._history
+
+    def has_history(self) -> bool:
+        return self._history is not None or self.history_path.exists()
+
+    def read_history(self) -> History:
+        """The run history for reading: never creates one (NotFound when there is none yet)."""
+        if not self.has_history():
+            raise NotFound(f"no run history at {self.history_path} yet (no run was started with these settings)")
+        return self.history()
+
+    def inventory(self) -> Inventory:
+        if self._inventory is None:
+            self._inventory = load_inventory(self.settings.inventory)
+        return self._inventory
+
+    def fleet(self) -> Fleet:
+        """The broker seam, on the run history (created when absent)."""
+        if self._fleet is None:
+            self._fleet = Fleet(self.settings, self.history(), failures_for_bad=self.settings.failures_for_bad,
+                                failures_cooldown=self.settings.failures_cooldown,
+                                clock_skew_warn=self.settings.clock_skew_warn)
+            self._closers.append(self._fleet.close)
+        return self._fleet
+
+    def read_fleet(self) -> Fleet:
+        """The broker seam for reading module states: without a run history file yet, on an empty
+        one in memory (the states need the failure counts), so that no file is created."""
+        if self._fleet is None and not self.has_history():
+            empty = History(":memory:")
+            self._closers.append(empty.close)
+            self._fleet = Fleet(self.settings, empty, failures_for_bad=self.settings.failures_for_bad,
+                                failures_cooldown=self.settings.failures_cooldown,
+                                clock_skew_warn=self.settings.clock_skew_warn)
+            self._closers.append(self._fleet.close)
+        return self.fleet()
+
+    def broker(self, *, read: bool = False) -> Fleet:
+        """The fleet, its broker checked first (one clear error when it cannot be reached)."""
+        fleet = self.read_fleet() if read else self.fleet()
+        fleet.check_broker()
+        return fleet
+
+
+def broker_call(s: Session, fn: Callable[[], Any]) -> Any:
+    """Run a broker read; a broker that cannot be reached is one BrokerUnavailable naming it."""
+    try:
+        return fn()
+    except broker_errors() as exc:  # redis/kombu are imported only when something was raised
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise BrokerUnavailable(f"broker {s.settings.redacted_broker_url()} unreachable: {first}") from exc
+
+
+def report_call(fn: Callable[[], Any]) -> Any:
+    """Build a report; a report that cannot be made (no such baseline, no rows) is one BadRequest."""
+    from controller.report.model import ReportError
+
+    try:
+        return fn()
+    except ReportError as exc:
+        raise BadRequest(str(exc)) from None

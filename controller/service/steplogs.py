@@ -1,0 +1,79 @@
+"""The step logs a run left on its modules: read from a local module's workdir, or over SSH.
+
+A log is named ``NN-step[-key].log``; :func:`parse_log_name` reads the step and model key back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from contract.records import MODEL_KEYS
+from controller.inventory import Module
+from controller.service.lifecycle import check_run_id, find_run
+from controller.service.records import LogFile
+from controller.service.session import NotFound, Session
+
+
+def logs(s: Session, run: str, *, module: str | None = None, step: str | None = None,
+         key: str | None = None) -> list[LogFile]:
+    """The step logs a run left on its modules (local modules: their workdir; SSH modules: over SSH)."""
+    info = find_run(s, run)
+    names = [m for m in info.modules if module is None or m == module]
+    if module is not None and not names:
+        raise NotFound(f"run {info.run_id} did not run on module {module!r} (modules: {', '.join(info.modules)})")
+    known = {m.name: m for m in s.inventory().modules}
+    out: list[LogFile] = []
+    for name in names:
+        m = known.get(name)
+        if m is None:
+            raise NotFound(f"module {name!r} of run {info.run_id} is no longer in {s.settings.inventory}")
+        files = _local_logs(m, info.run_id) if m.transport == "local" else _remote_logs(s, m, info.run_id)
+        out += [f for f in files if (step is None or f.step == step) and (key is None or f.model_key == key)]
+    return out
+
+
+def parse_log_name(name: str) -> tuple[str, str | None]:
+    """``07-benchmark-qwen35_mtp.log`` -> ("benchmark", "qwen35_mtp"); ``03-configure.log`` -> ("configure", None)."""
+    _, _, rest = name.removesuffix(".log").partition("-")  # drop NN
+    for k in sorted(MODEL_KEYS, key=len, reverse=True):
+        if rest.endswith("-" + k):
+            return rest[: -len(k) - 1], k
+    return rest, None
+
+
+def _local_logs(m: Module, run_id: str) -> list[LogFile]:
+    folder = Path(m.workdir).expanduser() / "runs" / check_run_id(run_id) / "logs"
+    if not folder.is_dir():
+        return []
+    out = []
+    for p in sorted(folder.glob("*.log")):
+        step, model_key = parse_log_name(p.name)
+        out.append(LogFile(m.name, p.name, step, model_key, str(p), p.read_text(encoding="utf-8", errors="replace")))
+    return out
+
+
+_REMOTE_LOGS = r"""
+import json, os, sys
+d = os.path.join(os.path.expanduser(sys.argv[1]), "runs", sys.argv[2], "logs")
+out = {}
+if os.path.isdir(d):
+    for n in sorted(os.listdir(d)):
+        if n.endswith(".log"):
+            with open(os.path.join(d, n), "rb") as fh:
+                out[n] = fh.read(4 << 20).decode("utf-8", "replace")
+print(json.dumps(out))
+"""
+
+
+def _remote_logs(s: Session, m: Module, run_id: str) -> list[LogFile]:
+    from controller.remote import ssh
+
+    target = ssh.SshTarget.of(m, s.settings.known_hosts, s.settings.ssh_key)
+    with ssh.open_session(target) as sess:
+        found = sess.python("python3", _REMOTE_LOGS, m.workdir, check_run_id(run_id), what="read step logs")
+    out = []
+    for name, text in sorted(found.items()):
+        step, model_key = parse_log_name(str(name))
+        out.append(LogFile(m.name, str(name), step, model_key, f"{m.host}:{m.workdir}/runs/{run_id}/logs/{name}",
+                           str(text)))
+    return out

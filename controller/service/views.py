@@ -1,0 +1,148 @@
+"""What the front ends show: runs, results, devices, run and module details, reports, JSON summaries.
+
+Reading never writes the run history here, but for :func:`results` with ``pull`` (a sync
+first) and :func:`reset_module` (``fleetctl devices reset``: an event of the module).
+:func:`run_summary` and :func:`device_dict` are the API's resources and the webhooks' body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from contract.records import ResultRow, RunProgress
+from controller.fleet import RunView
+from controller.history import RunInfo
+from controller.inventory import Module
+from controller.service.lifecycle import find_run, sync, view
+from controller.service.records import Device, Judgement, ModuleDetail, RunDetail
+from controller.service.session import NotFound, Session, broker_call, report_call
+
+if TYPE_CHECKING:
+    from controller.report.model import Report
+
+
+def runs(s: Session, limit: int = 20) -> list[RunInfo]:
+    if not s.has_history():
+        return []
+    return s.history().runs(limit=limit)
+
+
+def results(s: Session, run: str, *, pull: bool = False) -> tuple[RunInfo, list[ResultRow]]:
+    """The result rows of a run from the history (``pull``: sync from the broker first, which writes)."""
+    info = find_run(s, run)
+    if pull and info.kind == "run":
+        sync(s, info.run_id)
+    return info, s.history().rows(info.run_id)
+
+
+def devices(s: Session, selector: str = "all") -> list[Device]:
+    mods = s.inventory().select(selector)
+    fleet = s.broker(read=True)
+    st = broker_call(s, lambda: fleet.statuses(mods))
+    return [Device(m, st[m.name]) for m in mods]
+
+
+def reset_module(s: Session, name: str) -> int:
+    """Clear a module's failed runs in a row (``fleetctl devices reset``): recorded as an event of the module in
+    the history; how many there were. A module bad for another reason (its heartbeat) stays bad."""
+    if name not in {m.name for m in s.inventory().modules}:
+        raise NotFound(f"no module {name!r} in {s.settings.inventory}")
+    return s.fleet().reset_failures(name)
+
+
+def describe_run(s: Session, run: str, *, live: bool = True) -> RunDetail:
+    info = find_run(s, run)
+    v = view(s, info.run_id, live=live and info.kind == "run" and info.state == "running")
+    return RunDetail(info, v, s.history().row_count(info.run_id))
+
+
+def describe_module(s: Session, name: str, *, recent: int = 10) -> ModuleDetail:
+    mods = [m for m in s.inventory().modules if m.name == name]
+    if not mods:
+        raise NotFound(f"no module {name!r} in {s.settings.inventory}")
+    fleet = s.broker(read=True)
+    status = broker_call(s, lambda: fleet.statuses(mods))[name]
+    found: list[tuple[RunInfo, RunProgress | None]] = []
+    if s.has_history():
+        h = s.history()
+        for info in h.runs(limit=200):
+            if name in info.modules:
+                found.append((info, h.progress(info.run_id).get(name)))
+                if len(found) >= recent:
+                    break
+    return ModuleDetail(mods[0], status, tuple(found))
+
+
+def report(s: Session, run: str = "latest", baseline: str | None = None, *, tolerance: float = 0.05) -> Report:
+    """The report of a run (pandas): verdict, regressions, outliers (never writes)."""
+    from controller.report.load import build_report
+    from controller.report.model import Thresholds
+
+    h = s.read_history()
+    return report_call(lambda: build_report(h, run, baseline, thresholds=Thresholds(tolerance=tolerance)))
+
+
+def version() -> dict[str, str]:
+    import platform
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        v = dist_version("m1000-fleet")
+    except PackageNotFoundError:
+        v = "unknown (not installed)"
+    from contract.records import SCHEMA_VERSION
+
+    return {"fleetctl": v, "record_schema": str(SCHEMA_VERSION), "python": platform.python_version()}
+
+
+def progress_dict(p: RunProgress | None) -> dict[str, Any]:
+    if p is None:
+        return {"state": "queued", "step": "queued", "progress": 0.0}
+    return p.model_dump(mode="json", exclude={"schema_version", "run_id"})
+
+
+def run_summary(info: RunInfo, v: RunView | None = None, *, rows: int | None = None,
+                judgement: Judgement | None = None) -> dict[str, Any]:
+    """A run as JSON (the API's run resource and the webhooks' body)."""
+    d: dict[str, Any] = {
+        "run_id": info.run_id, "release": info.release, "sha256": info.sha256, "tarball": info.tarball,
+        "models": list(info.models), "modules": list(info.modules), "created_at": info.created_at,
+        "finished_at": info.finished_at, "state": info.state, "verdict": info.verdict,
+        "verdict_line": info.verdict_line,
+    }
+    if v is not None:
+        d["state"] = v.state() if v.finished else "running"
+        d["module_states"] = {m: progress_dict(p) for m, p in v.progress.items()}
+    if rows is not None:
+        d["rows"] = rows
+    if judgement is not None:
+        d.update(verdict=judgement.verdict, verdict_line=judgement.line, state=judgement.state)
+    return d
+
+
+def device_dict(d: Device) -> dict[str, Any]:
+    hb = d.status.heartbeat
+    return {"module": d.module.name, "host": d.module.host, "transport": d.module.transport,
+            "labels": dict(d.module.labels), "state": d.status.state, "reason": d.status.reason,
+            "agent_version": hb.agent_version if hb else None, "heartbeat_age_s": d.status.age,
+            "clock_skew_s": d.status.skew,
+            "free_disk_bytes": hb.free_disk_bytes if hb else None, "run_id": hb.run_id if hb else None}
+
+
+def modules_named(s: Session, names: Iterable[str]) -> list[Module]:
+    known = {m.name: m for m in s.inventory().modules}
+    return [known[n] for n in names if n in known]
+
+
+def errors_of(v: RunView) -> dict[str, list[str]]:
+    """module -> the one-line errors of its part of the run."""
+    out: dict[str, list[str]] = {}
+    for m, p in v.progress.items():
+        if p is None:
+            continue
+        errs = [o.error.one_line() for o in p.outcomes if o.error] or ([p.error.one_line()] if p.error else [])
+        if errs:
+            out[m] = errs
+    return out
