@@ -94,7 +94,18 @@ class _Server6(ThreadingWSGIServer):
 
 
 def metrics_app(registry: CollectorRegistry) -> Callable[..., Any]:
-    """WSGI app serving ``/metrics`` (and ``/``) from ``registry``; cached rendering for an AgentRegistry."""
+    """WSGI app serving ``/metrics`` (and ``/``) from ``registry``; cached rendering for an AgentRegistry.
+
+    Hand-written over prometheus_client's ``make_wsgi_app`` (still used for a query string such as
+    ``name[]=``, and for any other registry): that app re-encodes every series per scrape and
+    gzips the whole body at level 9. Side by side in one run (7 keys x 11 profiles, 491 samples,
+    GET on loopback, 2 busy cores): 8.7 ms wall / 3.8 ms CPU per scrape here against 30.2 ms /
+    10.2 ms through ``start_wsgi_server`` on the same registry; with gzip 9.0 / 3.8 against
+    37.1 / 11.4 ms. It would also change what a client sees: any path answers 200 (here: 404 but
+    ``/`` and ``/metrics``), no ``Content-Length``, and gzip only for an exact ``gzip`` token
+    (``gzip_accepted``; here any ``Accept-Encoding`` naming gzip). The server class and the
+    silent request handler are prometheus_client's own (those of its ``start_wsgi_server``).
+    """
     fallback = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
