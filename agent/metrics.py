@@ -58,6 +58,7 @@ from pydantic import ValidationError
 from agent.telemetry import SAMPLES_FILE
 from agent.telemetry.exposition import DEVICE_METRICS, device_families
 from contract.records import DeviceSample, Heartbeat, ResultRow, RunProgress, RunState
+from contract.vocab import MetricSpec, label_value  # the catalog's shape and label rule, shared with the controller
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +68,11 @@ PUSH_JOB = "m1000-agent"
 STEP_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 DEVICE_FRESH_S = 60.0  # device samples older than this are not exposed (the run ended, or the tool fails)
 KEY_STATUSES: tuple[str, ...] = ("pending", "running", "passed", "failed", "cancelled", "skipped")
-_SAFE = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
 DISAGREES = "release_benchmark_disagrees"  # agent.probe.compare.FLAG (not imported: the exporter stays light)
 _STEP = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
 # -- the metric list ------------------------------------------------------------------------
-class MetricSpec(NamedTuple):
-    name: str  # as exposed (histograms: the base name; counters: with _total)
-    type: str  # gauge | counter | histogram | info
-    labels: tuple[str, ...]
-    unit: str  # seconds | bytes | ratio | tokens_per_second | frames_per_second | celsius | timestamp_seconds | count
-    help: str
-
-
 _R = ("release", "model_key", "profile")
 CATALOG: tuple[MetricSpec, ...] = (
     # latest results per (release, model key, profile)
@@ -161,11 +153,6 @@ _RESULT_FIELDS: tuple[tuple[str, str, float], ...] = (
     ("accept_rate_len", f"{PREFIX}_result_mtp_accept_length_ratio", 1.0),
     ("vision_fps", f"{PREFIX}_result_vision_frames_per_second", 1.0),
 )
-
-
-def label_value(text: str | None, fallback: str = "unknown") -> str:
-    """A bounded, safe label value: the text if it is a short plain token, else ``fallback``."""
-    return text if text and _SAFE.match(text) else fallback
 
 
 def step_label(text: str | None) -> str:

@@ -31,16 +31,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from agent.errors import BadInput
-from contract.records import RUN_ID_RULE, ResultRow, RunProgress, RunRequest, is_run_id
+from contract.records import ResultRow, RunProgress, RunRequest, is_run_id
+from contract.vocab import check_run_id
 
 _LOG_NUMBER = re.compile(r"^(\d+)-")
-
-
-def check_run_id(run_id: str) -> str:
-    if not is_run_id(run_id):
-        raise BadInput(f"run id {run_id!r}: use {RUN_ID_RULE}")
-    return run_id
 
 
 def write_atomic(path: Path, text: str, mode: int | None = None) -> None:

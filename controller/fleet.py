@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeGuard
 
-from agent.errors import BadInput
-from agent.store import check_run_id
 from contract.digest import is_sealed, record_digest, rows_digest
 from contract.records import (
     Heartbeat,
@@ -38,6 +36,7 @@ from contract.records import (
     release_version_of,
 )
 from contract.settings import BrokerSettings
+from contract.vocab import BadInput, check_run_id
 from controller.history import RESET_EVENT, History
 from controller.inventory import Module
 

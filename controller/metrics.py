@@ -27,8 +27,8 @@ from typing import NamedTuple
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent.metrics import MetricSpec, label_value
 from contract.records import METRICS, ResultRow
+from contract.vocab import MetricSpec, label_value
 from controller.history import History, RunInfo
 
 log = logging.getLogger(__name__)

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from agent.probe.compare import COMPARED, Disagreement
 from contract.records import METRICS
+from contract.vocab import COMPARED, Disagreement
 from controller.report.groups import Groups, run_medians, true_counts
 from controller.report.model import (
     ALL_METRICS,

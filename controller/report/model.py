@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.probe.compare import Disagreement
 from contract.records import METRICS
+from contract.vocab import Disagreement
 
 if TYPE_CHECKING:
     from controller.report.telemetry import OutlierTelemetry

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.telemetry.fields import REASON_LABELS, SLOWDOWN_REASONS
 from contract.records import KeyTelemetry, TelemetrySummary
+from contract.vocab import REASON_LABELS, SLOWDOWN_REASONS
 from controller.report.model import FLEET, Outlier, Report
 
 

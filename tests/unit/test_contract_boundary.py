@@ -18,25 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_AGENT_IMPORTS: dict[tuple[str, str, str], str] = {
     ("controller/deploy.py", "agent.settings", "AgentSettings"): "deploy writes and checks the agent's own config",
     ("controller/deploy.py", "agent", "cli"): "deploy asks the agent CLI of this source whether it has `worker`",
-    ("controller/fleet.py", "agent.errors", "BadInput"): "a local release is staged by the agent's own checks",
-    ("controller/fleet.py", "agent.store", "check_run_id"): "the same run id rule as the module's store",
-    ("controller/service.py", "agent.errors", "BadInput"): "as fleet.py",
-    ("controller/service.py", "agent.store", "check_run_id"): "as fleet.py",
     ("controller/service.py", "agent.validate", "stage_local_release"): "the embedded/local transport stages the "
                                                                          "tarball as the agent would",
-    ("controller/metrics.py", "agent.metrics", "MetricSpec"): "one metric catalog for agent and controller",
-    ("controller/metrics.py", "agent.metrics", "label_value"): "as MetricSpec",
     ("controller/metrics_cli.py", "agent", "store"): "`fleetctl metrics` reads a module's local store",
-    ("controller/report/model.py", "agent.probe.compare", "Disagreement"): "the probe's comparison, reported",
-    ("controller/report/analysis.py", "agent.probe.compare", "COMPARED"): "as Disagreement",
-    ("controller/report/analysis.py", "agent.probe.compare", "Disagreement"): "as above",
-    ("controller/report/telemetry.py", "agent.telemetry.fields", "REASON_LABELS"): "device telemetry vocabulary",
-    ("controller/report/telemetry.py", "agent.telemetry.fields", "SLOWDOWN_REASONS"): "as REASON_LABELS",
     ("controller/demo.py", "agent.tables", "parse_seed"): "the demo's reference tables: the agent's parser",
     ("controller/report_cli.py", "agent.tables", "TableError"): "`report --seed`: the agent's table parser",
     ("controller/report_cli.py", "agent.tables", "parse_seed"): "as TableError",
 }
-CONTRACT_MODULES = {"records", "kv", "celery_app", "safe_transport", "settings", "oneline", "digest", "eviction"}
+CONTRACT_MODULES = {"records", "kv", "celery_app", "safe_transport", "settings", "oneline", "digest", "eviction",
+                    "vocab"}
 # what contract/ may import besides the standard library: the agent's own dependencies
 CONTRACT_THIRD_PARTY = {"pydantic", "pydantic_settings", "celery", "kombu", "redis"}
 
