@@ -1,20 +1,19 @@
-"""Exceptions of the agent: one root, leaves that also inherit the built-in they resemble.
+"""Exceptions of the agent: two roots, leaves that also inherit the built-in they resemble.
 
-Failures carry their result: a :class:`StepFailed` holds the :class:`StepError` record
+Input that cannot be used derives from :class:`contract.vocab.BadInput` (a ``ValueError``, shared with the
+controller: the run id check raises it on both sides); every other error the agent raises on purpose from
+:class:`AgentError`. Failures carry their result: a :class:`StepFailed` holds the :class:`StepError` record
 (step, model key, exit code, tail of stderr) that ends up in the run's progress.
 """
 
 from __future__ import annotations
 
 from contract.records import StepError
+from contract.vocab import BadInput
 
 
 class AgentError(Exception):
-    """Root of every error the agent raises on purpose."""
-
-
-class BadInput(AgentError, ValueError):
-    """Input that cannot be used (tarball, request, configuration): one clear line."""
+    """Root of every error the agent raises on purpose, but for input that cannot be used (:class:`BadInput`)."""
 
 
 class ChecksumMismatch(BadInput):

@@ -223,7 +223,7 @@ class Run:
         self.store.run_dir(self.req.run_id)  # validates the run id
         # a run id is resumed for the same release only (contract.records.release_difference); a person re-running
         # `fleet-agent run` may change its keys and settings. The worker, which takes requests from any controller,
-        # takes a run id it has a record of only for the very same request (agent.worker.recorded_difference)
+        # takes a run id it has a record of only for the very same request (agent.task.recorded_difference)
         old = self.store.request(self.req.run_id)
         other = release_difference(old, self.req) if old is not None else None
         if other is not None:

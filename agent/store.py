@@ -31,16 +31,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from agent.errors import BadInput
-from contract.records import RUN_ID_RULE, ResultRow, RunProgress, RunRequest, is_run_id
+from contract.records import ResultRow, RunProgress, RunRequest, is_run_id
+from contract.vocab import check_run_id
 
 _LOG_NUMBER = re.compile(r"^(\d+)-")
-
-
-def check_run_id(run_id: str) -> str:
-    if not is_run_id(run_id):
-        raise BadInput(f"run id {run_id!r}: use {RUN_ID_RULE}")
-    return run_id
 
 
 def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
@@ -78,6 +72,14 @@ def append_lines(path: Path, lines: Iterable[str]) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def read_json(path: Path) -> Any:
+    """The value of a JSON file; None when it is gone or unreadable."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -268,3 +270,14 @@ class RunStore:
         nums = [int(m.group(1)) for name in names if name.endswith(".log") and (m := _LOG_NUMBER.match(name))]
         n = max(nums, default=0) + 1
         return logs / (f"{n:02d}-{step}" + (f"-{model_key}" if model_key else "") + ".log")
+
+
+def forget_current(workdir: Path, run_id: str) -> None:
+    """state.json no longer names ``run_id`` as current (removed when it cannot be rewritten: a full disk)."""
+    store = RunStore(workdir)
+    if store.current_run() != run_id:
+        return
+    try:
+        store.set_state(current_run=None, last_run=run_id)
+    except OSError:
+        store.state_path.unlink(missing_ok=True)

@@ -126,8 +126,8 @@ from agent.settings import AgentSettings
 base = Path(sys.argv[1])
 settings = AgentSettings(module="m1", workdir=base / "work", data_dir=base / "fleet")
 stage("contract settings, kv, celery_app; AgentSettings", "agent")
-import agent.worker
-agent.worker.make_heartbeat(settings, "1").model_dump_json()
+import agent.worker, agent.heartbeat
+agent.heartbeat.make_heartbeat(settings, "1").model_dump_json()
 stage("agent.worker, one heartbeat", "agent")
 import agent.pipeline
 stage("agent.pipeline (imported at start)", "agent")

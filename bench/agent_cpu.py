@@ -4,7 +4,7 @@ Each round runs, for each side (alternating which goes first), one run of a chea
 module (``simulator/cheap.py`` at ``--time-scale``, default 1000: a ~1 s run) in a fresh
 interpreter that does what a worker's pool child does: ``agent.pipeline`` and ``agent.worker``
 imported first (the worker imports them before it forks, so they are not the run's CPU), then
-``agent.worker.execute_run`` (request validation, the cancel flag, the pipeline, progress and rows
+``agent.task.execute_run`` (request validation, the cancel flag, the pipeline, progress and rows
 published to a real redis-server, the final state through the outbox). A fresh work folder each
 time: the release is verified and unpacked for real, as for a new release.
 
@@ -45,14 +45,17 @@ from simulator import build_release  # noqa: E402
 from tests.fleet.conftest import RedisServer  # noqa: E402
 
 # Run by a fresh interpreter per side and round, with PYTHONPATH=<that side's tree>:<this tree>.
-# Written against what both sides have (execute_run, RunStore.add_event's keywords).
+# Written against what both sides have (execute_run, in agent.task or agent.worker; RunStore.add_event's keywords).
 CHILD = r"""
 import json, os, resource, socket, sys, time
 from pathlib import Path
 import agent.pipeline, agent.worker  # the pre-fork image of a worker
 from agent.settings import AgentSettings
 from agent.store import RunStore
-from agent.worker import execute_run
+try:
+    from agent.task import execute_run
+except ImportError:  # a baseline from before the worker's split (issue 26): the task in agent.worker
+    from agent.worker import execute_run
 from contract.celery_app import make_app
 from simulator import DEVICE_TOOL_DIR, ENV_DEVICE_DIR, make_models
 from simulator.cheap import cheap_module_env

@@ -63,7 +63,7 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet", *, module: str
         "worker_prefetch_multiplier": 1,
         "worker_concurrency": 1,
         # no task_*_time_limit: the agent's run stops itself at its soft limit and the kernel ends it at the
-        # hard one (agent.worker.hard_limit); Celery's own limits need a prefork pool, the agent runs solo
+        # hard one (agent.limits.hard_limit); Celery's own limits need a prefork pool, the agent runs solo
         "result_expires": settings.result_expires,
         "task_track_started": True,
         "worker_enable_remote_control": False,  # cancel is durable, through the backend

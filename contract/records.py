@@ -426,7 +426,7 @@ class DeviceSample(Frozen):
     memory_utilization_pct: float | None = None
     memory_used_mib: float | None = None
     memory_total_mib: float | None = None
-    clock_event_reasons: int | None = None  # NVML clocks event reasons bitmask (agent.telemetry.fields.REASONS)
+    clock_event_reasons: int | None = None  # NVML clocks event reasons bitmask (contract.vocab.REASONS)
     ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors
 
 

@@ -8,23 +8,14 @@ release, model key, profile, state, step, status, window, gpu; never run ids, pa
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
 
 from agent.telemetry.exposition import DEVICE_METRICS
+from contract.vocab import MetricSpec  # the catalog's shape and label rule, shared with the controller
 
 PREFIX = "m1000"
 STEP_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 KEY_STATUSES: tuple[str, ...] = ("pending", "running", "passed", "failed", "cancelled", "skipped")
-_SAFE = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
 _STEP = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-
-
-class MetricSpec(NamedTuple):
-    name: str  # as exposed (histograms: the base name; counters: with _total)
-    type: str  # gauge | counter | histogram | info
-    labels: tuple[str, ...]
-    unit: str  # seconds | bytes | ratio | tokens_per_second | frames_per_second | celsius | timestamp_seconds | count
-    help: str
 
 
 _R = ("release", "model_key", "profile")
@@ -107,11 +98,6 @@ RESULT_FIELDS: tuple[tuple[str, str, float], ...] = (
     ("accept_rate_len", f"{PREFIX}_result_mtp_accept_length_ratio", 1.0),
     ("vision_fps", f"{PREFIX}_result_vision_frames_per_second", 1.0),
 )
-
-
-def label_value(text: str | None, fallback: str = "unknown") -> str:
-    """A bounded, safe label value: the text if it is a short plain token, else ``fallback``."""
-    return text if text and _SAFE.match(text) else fallback
 
 
 def step_label(text: str | None) -> str:

@@ -13,27 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from agent.probe.records import ProfileResult, Stat
-from contract.records import Frozen, ResultRow
+from contract.records import ResultRow
+from contract.vocab import COMPARED, Disagreement
 
 FLAG = "release_benchmark_disagrees"
-COMPARED: tuple[str, ...] = ("ttft_ms", "tpot_ms", "prefill_tps", "decode_tps")
 DEFAULT_TOLERANCE = 0.05
-
-
-class Disagreement(Frozen):
-    """One figure on which the release's benchmark and the probe disagree."""
-
-    module: str = ""
-    model_key: str = ""
-    profile: str
-    metric: str
-    release: float
-    probe: float
-    change: float  # release / probe - 1
-
-    def one_line(self) -> str:
-        return (f"{self.model_key} {self.profile} {self.metric}: release {self.release:.4g}, probe {self.probe:.4g} "
-                f"({self.change:+.1%})")
 
 
 def _fmt(v: float | None) -> str:

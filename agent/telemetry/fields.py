@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
+from contract.vocab import REASONS
+
 Kind = Literal["int", "float", "bitmask", "text"]
 QPath = tuple[str, ...]
 
@@ -64,24 +66,8 @@ IDENTITY = ("gpu", "name", "uuid")
 # the numeric fields of a sample, in catalog order
 NUMERIC: tuple[str, ...] = tuple(f.name for f in FIELDS if f.name not in IDENTITY)
 
-# NVML clocks event reasons (nvmlClocksEventReason*): bit -> (name, what -q calls it)
-REASONS: tuple[tuple[int, str, str], ...] = (
-    (0x1, "gpu_idle", "Idle"),
-    (0x2, "applications_clocks_setting", "Applications Clocks Setting"),
-    (0x4, "sw_power_cap", "SW Power Cap"),
-    (0x8, "hw_slowdown", "HW Slowdown"),
-    (0x10, "sync_boost", "Sync Boost"),
-    (0x20, "sw_thermal_slowdown", "SW Thermal Slowdown"),
-    (0x40, "hw_thermal_slowdown", "HW Thermal Slowdown"),
-    (0x80, "hw_power_brake_slowdown", "HW Power Brake Slowdown"),
-    (0x100, "display_clock_setting", "Display Clock Setting"),
-)
+# NVML clocks event reasons: contract.vocab.REASONS (bit -> (name, what -q calls it)), shared with the report
 REASON_NAMES: tuple[str, ...] = tuple(name for _, name, _ in REASONS)
-# reasons that slow a busy device down (idle, sync boost and display settings are not a slowdown)
-SLOWDOWN_REASONS: frozenset[str] = frozenset({
-    "sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
-    "applications_clocks_setting"})
-REASON_LABELS: dict[str, str] = {name: label for _, name, label in REASONS}
 
 
 def reason_names(mask: int) -> tuple[str, ...]:

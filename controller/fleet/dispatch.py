@@ -10,9 +10,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from agent.errors import BadInput
-from agent.store import check_run_id
 from contract.records import RunProgress, RunRequest
+from contract.vocab import BadInput, check_run_id
 from controller.fleet.errors import BrokerUnavailable, FleetError, RunIdInUse, error_line
 from controller.fleet.runs import failed_progress
 from controller.fleet.states import ModuleStatus

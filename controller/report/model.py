@@ -13,8 +13,8 @@ from typing import Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.probe.compare import Disagreement
 from contract.records import METRICS
+from contract.vocab import Disagreement
 from controller.errors import FleetctlError
 
 Verdict = Literal["pass", "regressed", "incomplete", "failed"]

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.telemetry.fields import REASON_LABELS, SLOWDOWN_REASONS
 from contract.records import KeyTelemetry, TelemetrySummary
+from contract.vocab import REASON_LABELS, SLOWDOWN_REASONS
 from controller.report.model import FLEET, Comparison, Outlier, OutlierTelemetry, Report
 
 

@@ -26,8 +26,8 @@ from typing import NamedTuple
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent.metrics import MetricSpec, label_value
 from contract.records import METRICS, ResultRow
+from contract.vocab import MetricSpec, label_value
 from controller.history import DatabaseError, History, RunInfo
 
 log = logging.getLogger(__name__)

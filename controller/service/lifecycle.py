@@ -30,8 +30,8 @@ from controller.service.session import (
 
 
 def check_run_id(run_id: str) -> str:
-    from agent.errors import BadInput
-    from agent.store import check_run_id as check
+    from contract.vocab import BadInput
+    from contract.vocab import check_run_id as check
 
     try:
         return check(run_id)

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from agent.procs import MARK
 from agent.validate import stage_local_release
-from agent.worker import MARK
 from contract.records import RunState
 from controller.fleet import Fleet
 from controller.history import History

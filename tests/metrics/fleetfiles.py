@@ -1,6 +1,6 @@
 """Writes a module's workdir in the layout the pipeline and the worker use (see agent.metrics).
 
-Test helper only: the real writers are ``agent/store.py`` (pipeline) and ``agent/worker.py``
+Test helper only: the real writers are ``agent/store.py`` (pipeline) and ``agent/heartbeat.py``
 (heartbeat). Records come from ``contract.records``; JSON files are replaced atomically and
 JSON lines appended, as the contract says.
 """

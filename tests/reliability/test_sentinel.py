@@ -172,8 +172,8 @@ def test_final_state_no_replica_acknowledged_stays_in_the_outbox(tmp_path):
     """Asynchronous replication, closed at the seam: a final state that no replica acknowledged (WAIT 1
     answers 0) is not yet published and stays in the module's outbox; once a replica is in sync, the next
     flush sends it again, the replica holds it, and the outbox is empty."""
+    from agent.outbox import Publisher, flush_outbox, outbox_path
     from agent.settings import AgentSettings
-    from agent.worker import Publisher, flush_outbox, outbox_path
     from contract.celery_app import make_app
     from contract.kv import KV
     from contract.records import RunProgress

@@ -201,8 +201,8 @@ def test_final_state_acknowledgements_are_the_modules_own_and_read_only(acl_serv
     """The controller's acknowledgement of a final state (m1000-fleet:ack:<module>:<run>): a module reads its own,
     never another module's, and writes none; the agent's whole final path (rows, telemetry, state, then the
     acknowledgement read by its heartbeat) runs as its own Redis user."""
+    from agent.outbox import Publisher, resend_unacked, unacked_path
     from agent.store import RunStore
-    from agent.worker import Publisher, resend_unacked, unacked_path
     from contract.celery_app import make_app
     from contract.kv import KV, ack_key
     from contract.records import ResultRow, RunProgress, TelemetrySummary

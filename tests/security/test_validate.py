@@ -236,7 +236,7 @@ def _app(settings: AgentSettings):
 
 
 def test_worker_refusal_publishes_failed_and_runs_nothing(good, settings, caplog):
-    from agent.worker import execute_run
+    from agent.task import execute_run
 
     app = _app(settings)
     payload = with_(good, key_env={"qwen3": {"LD_PRELOAD": "/tmp/evil.so"}})
@@ -252,7 +252,7 @@ def test_worker_refusal_publishes_failed_and_runs_nothing(good, settings, caplog
 
 
 def test_worker_refusal_without_run_id_only_logs(good, settings, caplog):
-    from agent.worker import execute_run
+    from agent.task import execute_run
 
     app = _app(settings)
     with caplog.at_level("WARNING", logger="fleet.agent"):

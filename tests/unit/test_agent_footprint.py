@@ -24,7 +24,7 @@ import json, sys
 from pathlib import Path
 from contract.celery_app import make_app
 from agent.settings import AgentSettings
-from agent.worker import register_tasks
+from agent.task import register_tasks
 import agent.entry, agent.pipeline  # the deployed form (`fleet-agent worker`) and what the worker loads at start
 base = Path(sys.argv[1])
 s = AgentSettings(module="m1", workdir=base / "work", data_dir=base / "fleet", broker_url="filesystem://")

@@ -20,25 +20,15 @@ ALLOWED_AGENT_IMPORTS: dict[tuple[str, str, str], str] = {
         "deploy writes/checks the agent's config"),
     ("controller/remote/deploy/render.py", "agent", "cli"): (
         "deploy asks the agent CLI of this source whether it has `worker`"),
-    ("controller/fleet/dispatch.py", "agent.errors", "BadInput"): "a local release is staged by the agent's own checks",
-    ("controller/fleet/dispatch.py", "agent.store", "check_run_id"): "the same run id rule as the module's store",
-    ("controller/service/lifecycle.py", "agent.errors", "BadInput"): "as controller/fleet/dispatch.py",
-    ("controller/service/lifecycle.py", "agent.store", "check_run_id"): "as controller/fleet/dispatch.py",
     ("controller/service/releases.py", "agent.validate", "stage_local_release"): (
         "the embedded/local transport stages the tarball as the agent would"),
-    ("controller/serve/metrics.py", "agent.metrics", "MetricSpec"): "one metric catalog for agent and controller",
-    ("controller/serve/metrics.py", "agent.metrics", "label_value"): "as MetricSpec",
     ("controller/cli/targets.py", "agent", "store"): "`fleetctl metrics` reads a module's local store",
-    ("controller/report/model.py", "agent.probe.compare", "Disagreement"): "the probe's comparison, reported",
-    ("controller/report/analysis/probe.py", "agent.probe.compare", "COMPARED"): "as Disagreement",
-    ("controller/report/analysis/probe.py", "agent.probe.compare", "Disagreement"): "as above",
-    ("controller/report/telemetry.py", "agent.telemetry.fields", "REASON_LABELS"): "device telemetry vocabulary",
-    ("controller/report/telemetry.py", "agent.telemetry.fields", "SLOWDOWN_REASONS"): "as REASON_LABELS",
     ("controller/cli/demo.py", "agent.tables", "parse_seed"): "the demo's reference tables: the agent's parser",
     ("controller/cli/report.py", "agent.tables", "TableError"): "`report --seed`: the agent's table parser",
     ("controller/cli/report.py", "agent.tables", "parse_seed"): "as TableError",
 }
-CONTRACT_MODULES = {"records", "kv", "celery_app", "safe_transport", "settings", "oneline", "digest", "eviction"}
+CONTRACT_MODULES = {"records", "kv", "celery_app", "safe_transport", "settings", "oneline", "digest", "eviction",
+                    "vocab"}
 # what contract/ may import besides the standard library: the agent's own dependencies
 CONTRACT_THIRD_PARTY = {"pydantic", "pydantic_settings", "celery", "kombu", "redis"}
 

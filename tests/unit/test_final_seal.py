@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.outbox import Publisher, outbox_path, resend_due, resend_unacked, unacked_path
 from agent.settings import AgentSettings
 from agent.store import RunStore
-from agent.worker import Publisher, outbox_path, resend_due, resend_unacked, unacked_path
 from contract.celery_app import make_app
 from contract.digest import canonical_json, is_sealed, record_digest, rows_digest, seal
 from contract.kv import KV, ack_key

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.recovery import recover
 from agent.settings import AgentSettings
 from agent.store import RunStore
-from agent.worker import recover
 from contract.celery_app import embedded_folders, make_app, queue_name
 from contract.records import RunProgress, RunRequest, RunState
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 HANG = """
 import os, re, signal, sys, time
-from agent.worker import hard_limit
+from agent.limits import hard_limit
 signal.signal(signal.SIGALRM, signal.SIG_DFL)  # as run_worker sets it
 with hard_limit(0.3):
     how = sys.argv[1]

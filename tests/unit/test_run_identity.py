@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.outbox import outbox_path
 from agent.settings import AgentSettings
 from agent.store import RunStore
-from agent.worker import execute_run, outbox_path
+from agent.task import execute_run
 from contract.celery_app import make_app
 from contract.kv import KV
 from contract.records import (

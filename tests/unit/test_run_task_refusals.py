@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.outbox import flush_outbox, outbox_path, unacked_path
 from agent.settings import AgentSettings
-from agent.worker import execute_run, flush_outbox, outbox_path, unacked_path
+from agent.task import execute_run
 from contract.celery_app import make_app
 from contract.digest import seal
 from contract.kv import KV

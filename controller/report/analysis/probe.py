@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from agent.probe.compare import COMPARED, Disagreement
+from contract.vocab import COMPARED, Disagreement
 from controller.report.analysis.frame import IDS
 
 

@@ -1,0 +1,82 @@
+"""The fleet's shared vocabulary: names both sides use with one meaning, besides the wire records.
+
+The run id check and the error of input that cannot be used (:class:`BadInput`, the root of the agent's input
+errors, caught by the controller too); the figures the probe cross-checks and its record of a disagreement; the
+device's clock-event reasons, their labels and which of them slow a busy device down; the shape of a metric in a
+catalog and the rule for a safe label value. The agent and the controller import them from here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from contract.records import RUN_ID_RULE, Frozen, is_run_id
+
+
+# --------------------------------------------------------------------------- input and run ids
+class BadInput(ValueError):
+    """Input that cannot be used (tarball, request, configuration): one clear line."""
+
+
+def check_run_id(run_id: str) -> str:
+    if not is_run_id(run_id):
+        raise BadInput(f"run id {run_id!r}: use {RUN_ID_RULE}")
+    return run_id
+
+
+# --------------------------------------------------------------------------- the probe's cross-check
+COMPARED: tuple[str, ...] = ("ttft_ms", "tpot_ms", "prefill_tps", "decode_tps")
+
+
+class Disagreement(Frozen):
+    """One figure on which the release's benchmark and the probe disagree."""
+
+    module: str = ""
+    model_key: str = ""
+    profile: str
+    metric: str
+    release: float
+    probe: float
+    change: float  # release / probe - 1
+
+    def one_line(self) -> str:
+        return (f"{self.model_key} {self.profile} {self.metric}: release {self.release:.4g}, probe {self.probe:.4g} "
+                f"({self.change:+.1%})")
+
+
+# --------------------------------------------------------------------------- device clock-event reasons
+# NVML clocks event reasons (nvmlClocksEventReason*): bit -> (name, what -q calls it)
+REASONS: tuple[tuple[int, str, str], ...] = (
+    (0x1, "gpu_idle", "Idle"),
+    (0x2, "applications_clocks_setting", "Applications Clocks Setting"),
+    (0x4, "sw_power_cap", "SW Power Cap"),
+    (0x8, "hw_slowdown", "HW Slowdown"),
+    (0x10, "sync_boost", "Sync Boost"),
+    (0x20, "sw_thermal_slowdown", "SW Thermal Slowdown"),
+    (0x40, "hw_thermal_slowdown", "HW Thermal Slowdown"),
+    (0x80, "hw_power_brake_slowdown", "HW Power Brake Slowdown"),
+    (0x100, "display_clock_setting", "Display Clock Setting"),
+)
+# reasons that slow a busy device down (idle, sync boost and display settings are not a slowdown)
+SLOWDOWN_REASONS: frozenset[str] = frozenset({
+    "sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
+    "applications_clocks_setting"})
+REASON_LABELS: dict[str, str] = {name: label for _, name, label in REASONS}
+
+
+# --------------------------------------------------------------------------- metric catalogs
+class MetricSpec(NamedTuple):
+    name: str  # as exposed (histograms: the base name; counters: with _total)
+    type: str  # gauge | counter | histogram | info
+    labels: tuple[str, ...]
+    unit: str  # seconds | bytes | ratio | tokens_per_second | frames_per_second | celsius | timestamp_seconds | count
+    help: str
+
+
+_SAFE = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
+
+
+def label_value(text: str | None, fallback: str = "unknown") -> str:
+    """A bounded, safe label value: the text if it is a short plain token, else ``fallback``."""
+    return text if text and _SAFE.match(text) else fallback
