@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit, urlunsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app, push_to_gateway
@@ -58,6 +57,8 @@ from pydantic import ValidationError
 from agent.telemetry import SAMPLES_FILE
 from agent.telemetry.exposition import DEVICE_METRICS, device_families
 from contract.records import DeviceSample, Heartbeat, ResultRow, RunProgress, RunState
+from contract.redact import redact_url
+from contract.version import agent_version
 
 log = logging.getLogger(__name__)
 
@@ -439,15 +440,6 @@ class SystemProbe:
         return SystemSample(load, int(vm.total), int(vm.available), free, total, util, temp)
 
 
-def agent_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("m1000-fleet")
-    except Exception:  # noqa: BLE001 - not installed as a package
-        return "0+unknown"
-
-
 # -- the collector ------------------------------------------------------------------------
 class AgentCollector(Collector):
     """Everything the agent exports, read from one workdir. Thread-safe; one per workdir."""
@@ -792,15 +784,6 @@ def start_exporter(workdir: str | Path, module: str = "", host: str = "127.0.0.1
     thread = threading.Thread(target=server.serve_forever, name="m1000-exporter", daemon=True)
     thread.start()
     return server, thread
-
-
-def redact_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None and parts.username is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def push_once(registry: CollectorRegistry, gateway: str, module: str, *, job: str = PUSH_JOB,

@@ -31,7 +31,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +39,12 @@ from celery import Celery
 from agent import malloc, procs
 from agent.errors import BadInput, EvictingBroker
 from agent.settings import AgentSettings
-from agent.store import RunStore, check_run_id, write_atomic
+from agent.store import RunStore, check_run_id
 from agent.validate import RefusedRequest, refused_progress, validate_request
 from contract.celery_app import NOOP_TASK, RUN_TASK, make_app, queue_name
 from contract.digest import seal
 from contract.eviction import broker_eviction_problem
+from contract.files import write_atomic
 from contract.kv import KV, KVCancelToken
 from contract.oneline import error_line
 from contract.records import (
@@ -58,6 +58,7 @@ from contract.records import (
     release_label,
     request_difference,
 )
+from contract.version import agent_version
 
 log = logging.getLogger("fleet.agent")
 
@@ -65,13 +66,6 @@ log = logging.getLogger("fleet.agent")
 # what a killed one left running (servers live in sessions of their own and survive their parent); a process that
 # clears its environment is found by its run's cgroup (agent.procs).
 MARK = procs.MARK
-
-
-def agent_version() -> str:
-    try:
-        return metadata.version("m1000-fleet")
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "0+unknown"
 
 
 def _read_json(path: Path) -> Any:

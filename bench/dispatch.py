@@ -117,7 +117,7 @@ def fleet_dispatch(base: Path, settings: ControllerSettings, jobs: int,
 
 
 def scaling(base: Path, settings: ControllerSettings, n: int, models: tuple[str, ...], scale: float) -> float:
-    from controller.fleet import sha256_file
+    from contract.files import sha256_file
     from controller.service import Session
     from simulator import build_release, make_models
 

@@ -49,9 +49,10 @@ import redis  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from agent.validate import stage_local_release  # noqa: E402
+from contract.files import sha256_file  # noqa: E402
 from controller.cli.demo import Worker, inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.cli.live import render  # noqa: E402
-from controller.fleet import Fleet, sha256_file  # noqa: E402
+from controller.fleet import Fleet  # noqa: E402
 from controller.history import History  # noqa: E402
 from controller.inventory import load_inventory  # noqa: E402
 from controller.settings import ControllerSettings  # noqa: E402

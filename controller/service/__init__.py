@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from contract.files import sha256_file
 from contract.records import MODEL_KEYS, ResultRow, RunProgress, RunState, parse_model_keys
 from contract.settings import load_settings
 from controller.fleet import (
@@ -41,7 +42,6 @@ from controller.fleet import (
     module_failed,
     new_run_id,
     release_version,
-    sha256_file,
 )
 from controller.history import History, HistoryError, RunInfo
 from controller.inventory import Inventory, Module, load_inventory, select

@@ -16,7 +16,8 @@ import pytest
 
 from agent.store import RunStore
 from agent.validate import stage_local_release
-from controller.fleet import Fleet, sha256_file
+from contract.files import sha256_file
+from controller.fleet import Fleet
 from controller.history import History
 from simulator.cheap import cheap_module_env
 from tests.fleet.conftest import REDIS, RedisServer, make_lab

@@ -26,7 +26,6 @@ ALLOWED_AGENT_IMPORTS: dict[tuple[str, str, str], str] = {
         "the embedded/local transport stages the tarball as the agent would"),
     ("controller/serve/metrics.py", "agent.metrics", "MetricSpec"): "one metric catalog for agent and controller",
     ("controller/serve/metrics.py", "agent.metrics", "label_value"): "as MetricSpec",
-    ("controller/cli/targets.py", "agent", "store"): "`fleetctl metrics` reads a module's local store",
     ("controller/report/model.py", "agent.probe.compare", "Disagreement"): "the probe's comparison, reported",
     ("controller/report/analysis.py", "agent.probe.compare", "COMPARED"): "as Disagreement",
     ("controller/report/analysis.py", "agent.probe.compare", "Disagreement"): "as above",
@@ -36,7 +35,8 @@ ALLOWED_AGENT_IMPORTS: dict[tuple[str, str, str], str] = {
     ("controller/cli/report.py", "agent.tables", "TableError"): "`report --seed`: the agent's table parser",
     ("controller/cli/report.py", "agent.tables", "parse_seed"): "as TableError",
 }
-CONTRACT_MODULES = {"records", "kv", "celery_app", "safe_transport", "settings", "oneline", "digest", "eviction"}
+CONTRACT_MODULES = {"records", "kv", "celery_app", "safe_transport", "settings", "oneline", "digest", "eviction",
+                    "files", "redact", "version"}
 # what contract/ may import besides the standard library: the agent's own dependencies
 CONTRACT_THIRD_PARTY = {"pydantic", "pydantic_settings", "celery", "kombu", "redis"}
 
