@@ -18,7 +18,7 @@ from agent.executor import group_members
 from agent.pipeline import AgentConfig
 from agent.tables import parse_tables, seed_key_for
 from contract.records import MODEL_KEYS, RunRequest
-from controller.cli.demo import free_port
+from simulator.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "release"

@@ -25,7 +25,7 @@ import pytest
 
 from agent import procs
 from agent.store import RunStore
-from controller.cli.demo import free_port
+from simulator.ports import free_port
 from tests.agent.conftest import TEMPLATE, TOP, Release, build_release
 
 ROOT = Path(__file__).resolve().parents[2]

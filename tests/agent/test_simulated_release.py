@@ -20,8 +20,8 @@ import simulator
 from agent.store import RunStore
 from agent.tables import parse_seed
 from contract.records import METRICS, MODEL_KEYS
-from controller.cli.demo import free_port
 from simulator.fit import TIMINGS_MS
+from simulator.ports import free_port
 
 from .conftest import processes_under
 

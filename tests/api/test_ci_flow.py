@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli.demo import free_port, reference_rows
+from controller.cli.demo import reference_rows
 from controller.service import Session
+from simulator.ports import free_port
 from tests.api.conftest import TOKEN, Receiver, ReleaseServer, write_tokens
 from tests.browser import chromium_page
 from tests.fleet.conftest import make_lab

@@ -20,8 +20,8 @@ import pytest
 
 import simulator
 from contract.records import MODEL_KEYS
-from controller.cli.demo import free_port
 from simulator.engine.build import build_engine_release, parse_profiles
+from simulator.ports import free_port
 from tests.agent.conftest import processes_under
 
 from .conftest import REPO

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli.demo import Worker, free_port, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
+from controller.cli.demo import Worker, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
 from controller.service import Session
 from controller.settings import ControllerSettings
+from simulator.ports import free_port
 
 REDIS = shutil.which("redis-server")
 _REDIS_DB = itertools.cycle(range(16))

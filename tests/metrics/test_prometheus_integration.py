@@ -30,12 +30,12 @@ from agent.metrics import CATALOG as AGENT_CATALOG
 from agent.metrics import SystemSample, build_registry, push_once, start_exporter
 from agent.tables import parse_seed
 from contract.records import KeyOutcome, RunState
-from controller.cli.demo import free_port
 from controller.cli.targets import file_sd
 from controller.history import History
 from controller.inventory import parse_inventory
 from controller.serve.metrics import CATALOG as CONTROLLER_CATALOG
 from controller.serve.metrics import ControllerCollector, ModuleReading
+from simulator.ports import free_port
 from tests.metrics.dashboards import RULES, dashboard_queries, rule_exprs, substitute
 from tests.metrics.fleetfiles import RunWriter, finished_run, heartbeat, seed_rows
 

@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from contract.records import RunState
-from controller.cli.demo import free_port
+from simulator.ports import free_port
 from tests.fleet.conftest import REDIS, RedisServer
 from tests.fleet.test_dispatch import wait_for
 from tests.reliability.conftest import KEYS

@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from controller.cli.demo import free_port, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
+from controller.cli.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
 from controller.settings import ControllerSettings
+from simulator.ports import free_port
 from tests.fleet.conftest import REDIS, Lab
 
 REDIS_CLI = shutil.which("redis-cli")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli.demo import free_port
+from simulator.ports import free_port
 from tests.api.conftest import TOKEN, ReleaseServer, write_tokens
 from tests.cli.conftest import INV, TARBALL, closed_port
 from tests.fleet.conftest import RedisServer
