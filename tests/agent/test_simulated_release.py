@@ -22,8 +22,7 @@ from agent.tables import parse_seed
 from contract.records import METRICS, MODEL_KEYS
 from simulator.fit import TIMINGS_MS
 from simulator.ports import free_port
-
-from .conftest import processes_under
+from tests.support.procs import processes_under
 
 pytestmark = pytest.mark.slow
 FLEET_AGENT = [sys.executable, "-m", "agent.cli"]

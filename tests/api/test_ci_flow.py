@@ -20,9 +20,9 @@ import pytest
 from controller.cli.demo import reference_rows
 from controller.service import Session
 from simulator.ports import free_port
-from tests.api.conftest import TOKEN, Receiver, ReleaseServer, write_tokens
 from tests.browser import chromium_page
-from tests.fleet.conftest import make_lab
+from tests.support.http_servers import TOKEN, Receiver, ReleaseServer, write_tokens
+from tests.support.lab import make_lab
 
 pytestmark = pytest.mark.slow
 

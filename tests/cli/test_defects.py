@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from controller.history import History
-from tests.cli.conftest import TARBALL, closed_port, finished_run, one_line, run_main
+from tests.support.cli import TARBALL, closed_port, finished_run, one_line, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -234,7 +234,7 @@ def test_resume_asks_for_the_runs_own_models(env, capsys):
 # `fleetctl validate` takes a release URL as the API does (downloaded by the controller, checked first)
 def test_validate_release_url_checked_before_dispatch(env, capsys, tmp_path, monkeypatch):
     from contract.files import sha256_file
-    from tests.api.conftest import ReleaseServer
+    from tests.support.http_servers import ReleaseServer
 
     monkeypatch.setenv("FLEET_RELEASE_URL_HOSTS", '["127.0.0.1"]')  # the test release server is on loopback
     server = ReleaseServer(env)

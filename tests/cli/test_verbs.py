@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from controller.history import History
-from tests.cli.conftest import TARBALL, finished_run, one_line, run_main
+from tests.support.cli import TARBALL, finished_run, one_line, run_main
 
 EXIT_CODES = [
     (["--help"], 0),

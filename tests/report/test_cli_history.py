@@ -15,7 +15,7 @@ from controller.cli import report as report_cli
 from controller.history import History
 from controller.report import build_report, compare_runs
 from controller.report.synth import fleet
-from tests.report.conftest import frame_to_rows
+from tests.support.frames import frame_to_rows
 
 MODULES = [f"m{i:02d}" for i in range(6)]
 

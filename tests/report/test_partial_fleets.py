@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from controller.history import History
 from controller.report import analyse, build_report
 from controller.report.synth import fleet
-from tests.report.conftest import frame_to_rows
+from tests.support.frames import frame_to_rows
 
 MODULES = [f"m{i:02d}" for i in range(5)]
 

@@ -27,8 +27,8 @@ from controller.inventory import Inventory, Module
 from controller.remote import deploy as dep
 from controller.remote.push import PushResult, push_release
 from controller.settings import ControllerSettings
-from tests.ssh.conftest import REDIS_PASSWORD, CachedWheelhouse, lab_modules
 from tests.ssh.netns import Lab
+from tests.support.ssh import REDIS_PASSWORD, CachedWheelhouse, lab_modules
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
