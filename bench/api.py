@@ -127,7 +127,7 @@ def main() -> None:
     try:
         url = "filesystem://"
         if args.broker == "redis":
-            from tests.fleet.conftest import RedisServer
+            from tests.support.redis_server import RedisServer
 
             redis = RedisServer(tmp / "redis")
             redis.start()

@@ -58,7 +58,7 @@ from controller.inventory import load_inventory  # noqa: E402
 from controller.settings import ControllerSettings  # noqa: E402
 from simulator import build_release, make_models  # noqa: E402
 from simulator.cheap import CHEAP_TELEMETRY_PERIOD, CHEAP_TIME_SCALE, cheap_module_env  # noqa: E402
-from tests.fleet.conftest import RedisServer  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 
 @dataclass
