@@ -19,12 +19,14 @@ The clients run in ``--rounds`` interleaved rounds (each round in another order)
 figure is the best of the rounds: on a shared machine, load from elsewhere only ever makes
 a figure worse, and it hits every client alike.
 
-Candidates: bare aiohttp, bare httpx and a bare HTTP/1.1 client on asyncio streams
-(standard library); the chosen one, the probe (``agent.probe``: its transport on asyncio
-streams, the SSE parser and the metric definitions, reporting its own TTFT), runs next to
-them. Goal: the probe's added TTFT p50 at most 0.3 ms; exit 1 otherwise. aiohttp and
-httpx are test extras, not agent dependencies: a client that is not installed is named
-and skipped.
+Candidates: bare aiohttp, bare httpx, bare h11 (the sans-I/O HTTP/1.1 parser httpx builds on)
+on asyncio streams and a bare HTTP/1.1 client on asyncio streams (standard library); the
+chosen one, the probe (``agent.probe``: its transport on asyncio streams, the SSE parser and
+the metric definitions, reporting its own TTFT), runs next to them, and so does its HTTP
+client alone (``transport``: ``agent.probe.transport``, no SSE parsing, timed as the bare
+loops are). Goal: the probe's added TTFT p50 at most 0.3 ms; exit 1 otherwise. aiohttp,
+httpx and h11 are test extras, not agent dependencies: a client that is not installed is
+named and skipped.
 
     .venv/bin/python bench/probe.py [--requests 1500] [--seconds 2] [--rounds 3]
 """
@@ -44,11 +46,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # before bench/ (this script's folder): bench/agent.py is not the agent package
 GOAL_TTFT_P50_MS = 0.3
 CONCURRENCY = 64
 CHOSEN = "probe"
-CLIENTS = ("probe", "asyncio-streams", "aiohttp", "httpx")
-IMPORTS = {"probe": "agent.probe", "aiohttp": "aiohttp", "httpx": "httpx", "asyncio-streams": "asyncio"}
+CLIENTS = ("probe", "transport", "asyncio-streams", "aiohttp", "httpx", "h11")
+IMPORTS = {"probe": "agent.probe", "aiohttp": "aiohttp", "httpx": "httpx", "asyncio-streams": "asyncio", "h11": "h11",
+           "transport": "agent.probe.transport"}
 PATH = "/v1/chat/completions"
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
                    "max_tokens": 4}).encode()
@@ -166,6 +170,61 @@ def _streams_factory(url: str):  # type: ignore[no-untyped-def]
     return one, close
 
 
+def _h11_factory(url: str):  # type: ignore[no-untyped-def]
+    import h11
+
+    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    pool: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, h11.Connection]] = []
+    headers = [("Host", f"{host}:{port}"), ("Content-Type", "application/json"), ("Content-Length", str(len(BODY)))]
+
+    async def one() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        first = 0.0
+        if pool:
+            reader, writer, conn = pool.pop()
+        else:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            conn = h11.Connection(h11.CLIENT)
+        writer.write(conn.send(h11.Request(method="POST", target=PATH, headers=headers)))
+        writer.write(conn.send(h11.Data(data=BODY)))
+        writer.write(conn.send(h11.EndOfMessage()))
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await reader.read(65536))
+            elif isinstance(event, h11.Data):
+                if not first and b'"content"' in event.data:
+                    first = time.perf_counter()
+            elif isinstance(event, h11.EndOfMessage):
+                break
+        conn.start_next_cycle()
+        pool.append((reader, writer, conn))
+        return first - t0, time.perf_counter() - t0
+
+    async def close() -> None:
+        for _, w, _ in pool:
+            w.close()
+
+    return one, close
+
+
+def _transport_factory(url: str):  # type: ignore[no-untyped-def]
+    from agent.probe.transport import Transport
+
+    t = Transport(url.rsplit(PATH, 1)[0], max_idle=CONCURRENCY)
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+
+    async def one() -> tuple[float, float]:  # the probe's HTTP client alone, timed as the bare loops are
+        t0 = time.perf_counter()
+        ex = await t.request("POST", PATH, BODY, headers=headers)
+        if ex.error:
+            raise RuntimeError(f"{ex.error}: {ex.detail}")
+        first = next((ns for ns, data in ex.reads if b'"content"' in data), 0)
+        return first / 1e9, time.perf_counter() - t0
+
+    return one, t.aclose
+
+
 def _probe_factory(url: str):  # type: ignore[no-untyped-def]
     from agent.probe.measure import interpret
     from agent.probe.transport import Transport
@@ -183,7 +242,8 @@ def _probe_factory(url: str):  # type: ignore[no-untyped-def]
 
 
 FACTORIES = {"aiohttp": _aiohttp_factory, "httpx": _httpx_factory, "asyncio-streams": _streams_factory,
-             "probe": _probe_factory}
+             "probe": _probe_factory, "h11": _h11_factory,
+             "transport": _transport_factory}
 
 
 async def _measure(name: str, url: str, n: int, seconds: float) -> dict[str, float]:

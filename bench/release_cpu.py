@@ -92,7 +92,7 @@ class Release:
         out["generate"], _ = run_cpu(self.script("generate_tilelang_workflow.sh"), self.base_env, self.top)
         plan = plan_environment(self.top, self.base_env, 60.0)
         out["environment"], blob = run_cpu(list(plan.argv), self.base_env, self.top)
-        self.env = {**self.base_env, **parse_env_capture(blob), "SERVER_HOST": "127.0.0.1",
+        self.env = {**self.base_env, **parse_env_capture(blob, self.base_env), "SERVER_HOST": "127.0.0.1",
                     "SERVER_PORT": str(self.port)}
         pre = subprocess.Popen(self.script("precompile_tilelang_kernels.sh"), env=self.env, cwd=self.top,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)

@@ -37,6 +37,7 @@ from contract.records import (
     release_version_of,
 )
 from contract.settings import BrokerSettings
+from controller.errors import FleetctlError
 from controller.history import RESET_EVENT, History
 from controller.inventory import Module
 
@@ -51,12 +52,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleet.controller")
 
 
-class FleetError(RuntimeError):
+class FleetError(FleetctlError, RuntimeError):
     """Root of the controller's fleet errors (the CLI maps them to exit code 2)."""
 
 
 class BrokerUnavailable(FleetError, ConnectionError):
-    pass
+    http_status = 503
 
 
 class BadRelease(FleetError, ValueError):
@@ -69,6 +70,8 @@ class RunIdInUse(FleetError):
 
 class EvictingBroker(FleetError, ValueError):
     """The broker's Redis may evict keys (``maxmemory-policy``): the one line names the fix."""
+
+    http_status = 503
 
 
 def broker_errors() -> tuple[type[BaseException], ...]:

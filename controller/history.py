@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from contract.records import ResultRow, RunProgress, TelemetrySummary
+from controller.errors import FleetctlError
 
 ROW_FIELDS: tuple[str, ...] = tuple(ResultRow.model_fields)
 _ROWS_KEY = "run_id, module, model_key, profile, source"  # a probe row sits beside the release's row
@@ -138,8 +139,8 @@ def url_digest(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()
 
 
-class HistoryError(RuntimeError):
-    pass
+class HistoryError(FleetctlError, RuntimeError):
+    http_status = 404  # no such run or baseline in the history
 
 
 class RunInfo(BaseModel):

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from contract.records import MODEL_KEYS
+from controller.errors import FleetctlError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -46,7 +47,7 @@ def control_character(text: str) -> str | None:
     return None
 
 
-class InventoryError(ValueError):
+class InventoryError(FleetctlError, ValueError):
     """Bad inventory or selector; the message names the file, module and field."""
 
 

@@ -7,7 +7,12 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from contract.settings import BrokerSettings
+from contract.settings import BrokerSettings, SettingsError
+from controller.errors import FleetctlError
+
+
+class ConfigError(FleetctlError, SettingsError):
+    """A controller setting that cannot be used (a secret or tokens file, a webhook URL, the API's address)."""
 
 
 class ControllerSettings(BrokerSettings):

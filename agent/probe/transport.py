@@ -9,6 +9,7 @@ deadline per request. Every read of the body is stamped with ``time.monotonic_ns
 it arrives; the clock starts when the request is handed to the transport (before a
 connection is taken or opened), and that instant can go to the server in a header
 (``sent_header``: the simulated server starts its clock there).
+Decision record: docs/adr/0006-the-probes-own-http-client.md (h11, httpx, aiohttp measured beside it).
 """
 
 from __future__ import annotations

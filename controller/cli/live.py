@@ -171,7 +171,9 @@ def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console
     n = s.history().row_count(run_id)
     out.print(f"verdict: [bold]{j.verdict}[/] - {j.line}", highlight=False)
     for t in j.report.outlier_telemetry if j.report is not None else ():  # why the slow modules are slow
-        out.print(f"outlier {t.module}{'' if t.model_key == '*' else f' [{t.model_key}]'}: {t.one_line()}",
+        from controller.report.render.text import telemetry_line  # a report: pandas is there
+
+        out.print(f"outlier {t.module}{'' if t.model_key == '*' else f' [{t.model_key}]'}: {telemetry_line(t)}",
                   highlight=False)
     out.print(f"{n} result rows in {s.history_path} (fleetctl results {run_id}; fleetctl report {run_id})",
               highlight=False)

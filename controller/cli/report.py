@@ -37,7 +37,7 @@ def _fail(message: str) -> None:
 
 
 def _emit(report: Report, fmt: Format, out: Path | None, check: bool) -> None:
-    from controller.report.render import to_json, to_markdown, write_report
+    from controller.report.render import to_json, to_markdown, verdict_line, write_report
 
     if out is None and fmt in (Format.md, Format.json):
         sys.stdout.write(to_markdown(report) if fmt is Format.md else to_json(report) + "\n")
@@ -45,7 +45,7 @@ def _emit(report: Report, fmt: Format, out: Path | None, check: bool) -> None:
         target = out or Path(f"report-{report.run_id.replace(':', '_').replace('/', '_')}")
         for path in write_report(report, fmt.value, target):
             typer.echo(f"wrote {path}", err=True)
-        typer.echo(report.verdict_line)
+        typer.echo(verdict_line(report))
     if check and report.verdict != "pass":
         raise typer.Exit(EXIT_NOT_PASS)
 

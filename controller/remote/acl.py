@@ -49,6 +49,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from controller.errors import FleetctlError
+
 CONTROLLER_USER = "fleet-controller"
 
 # Kinds of per-module records (``m1000-fleet:<kind>:...:<module>``) a module writes.
@@ -80,8 +82,8 @@ MODULE_COMMANDS = (
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
-class AclError(ValueError):
-    pass
+class AclError(FleetctlError, ValueError):
+    """A name the broker's ACL cannot hold (a user, a key pattern)."""
 
 
 def _check_name(name: str) -> str:

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit, urlunsplit
 from agent.settings import AgentSettings
 from contract.records import Heartbeat
 from contract.settings import BrokerSettings
+from controller.errors import FleetctlError
 from controller.inventory import Module
 from controller.remote import ssh
 
@@ -53,7 +54,7 @@ SERVICE = "fleet-agent.service"
 Status = Literal["changed", "unchanged", "failed", "planned", "busy"]
 
 
-class DeployError(Exception):
+class DeployError(FleetctlError):
     """A deploy step failed; the message names the module and the step."""
 
 

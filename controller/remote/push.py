@@ -26,6 +26,7 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from controller.errors import FleetctlError
 from controller.inventory import Module
 from controller.remote import ssh
 
@@ -187,7 +188,7 @@ done(ok=True, skipped=False, received=got, sync_s=round(time.monotonic() - t_syn
 """
 
 
-class PushError(Exception):
+class PushError(FleetctlError):
     """A module did not get the release; the message says why."""
 
 

@@ -33,13 +33,14 @@ import paramiko
 from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut
 
+from controller.errors import FleetctlError
 from controller.inventory import Module
 
 # AES-GCM first: with AES-NI it is the fastest OpenSSH cipher (measured, see the README, Deploy).
 BULK_CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes256-gcm@openssh.com,aes128-ctr"
 
 
-class SshError(Exception):
+class SshError(FleetctlError):
     """Root of the SSH errors; ``module`` names the module, the message says what failed."""
 
     def __init__(self, module: str, message: str) -> None:

@@ -1,18 +1,21 @@
-"""Typed, frozen records of a report: thresholds, regressions, outliers, changes, verdict."""
+"""Typed, frozen records of a report: thresholds, regressions, outliers, changes, telemetry, verdict.
+
+Records only: how a report reads (text, JSON, HTML) is :mod:`controller.report.render`'s job,
+how it is computed :mod:`controller.report.analysis`'s. This module imports nothing from
+``controller.report`` (tests/report/test_model_boundary.py).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.probe.compare import Disagreement
 from contract.records import METRICS
-
-if TYPE_CHECKING:
-    from controller.report.telemetry import OutlierTelemetry
+from controller.errors import FleetctlError
 
 Verdict = Literal["pass", "regressed", "incomplete", "failed"]
 Status = Literal["regressed", "improved", "within tolerance", "not significant", "no reference"]
@@ -25,7 +28,7 @@ ALL_METRICS: tuple[str, ...] = tuple(METRICS)
 FLEET = "*"  # module / profile of a fleet-level or key-level finding
 
 
-class ReportError(RuntimeError):
+class ReportError(FleetctlError, RuntimeError):
     """A report that cannot be built (unknown run, no rows, bad option)."""
 
 
@@ -68,15 +71,6 @@ class Regression(_Frozen):
     related: tuple[str, ...] = ()  # derived metrics that moved with it, e.g. "tpot_ms +8.7%"
     detail: str = ""
 
-    def one_line(self) -> str:
-        where = self.model_key if self.profile == FLEET else f"{self.model_key} {self.profile}"
-        who = "fleet" if self.module == FLEET else self.module
-        if self.metric == "correct":
-            return f"{who}: {where}: answer now wrong (was right in {self.against})"
-        ch = f"{self.change:+.1%}" if self.change is not None else "?"
-        rel = f" ({', '.join(self.related)})" if self.related else ""
-        return f"{who}: {where} {self.metric} {ch} vs {self.against}{rel}"
-
 
 class WorstCase(_Frozen):
     model_key: str
@@ -98,10 +92,6 @@ class Outlier(_Frozen):
     p_value: float
     worst: tuple[WorstCase, ...] = ()
 
-    def one_line(self) -> str:
-        what = self.module if self.model_key == FLEET else f"{self.module} [{self.model_key}]"
-        return f"{what}: typically {self.factor:.2f}x the fleet median ({self.cells} figures)"
-
 
 class Change(_Frozen):
     """A key-level comparison, whatever its outcome (nothing below tolerance is hidden)."""
@@ -115,6 +105,32 @@ class Change(_Frozen):
     p_value: float | None
     n: int
     status: Status
+
+
+class Comparison(_Frozen):
+    """One figure of an outlier module against the fleet (medians over the compared model keys)."""
+
+    what: str  # sm_clock, max_sm_clock, temperature, power_limit, power, memory_used, reason:<name>, ...
+    value: float
+    fleet: float | None
+    unit: str
+    keys: int  # model keys compared
+    unusual: bool
+    text: str
+
+
+TelemetryStatus = Literal["explained", "nothing unusual", "no telemetry"]
+
+
+class OutlierTelemetry(_Frozen):
+    """An outlier's device telemetry next to the fleet's (built by :mod:`controller.report.telemetry`)."""
+
+    module: str
+    model_key: str  # as the outlier: "*" for the whole module
+    status: TelemetryStatus
+    findings: tuple[str, ...] = ()  # what is out of line, in words, strongest first
+    compared: tuple[Comparison, ...] = ()
+    note: str = ""  # why there is no telemetry, or what was compared
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,35 +154,10 @@ class Report:
     deviation: pd.DataFrame = field(repr=False)  # module x model_key: median deviation from the fleet (fraction)
     # per outlier: its device telemetry next to the fleet's (controller.report.telemetry); empty without telemetry
     outlier_telemetry: tuple[OutlierTelemetry, ...] = ()
-
-    def telemetry_of(self, o: Outlier) -> OutlierTelemetry | None:
-        return next((t for t in self.outlier_telemetry if (t.module, t.model_key) == (o.module, o.model_key)), None)
     # figures where the release's benchmark and the agent's probe disagree (probe rows never enter the verdict)
     disagreements: tuple[Disagreement, ...] = ()
     probe_checked: int = 0  # release rows that have a probe row beside them
 
-    @property
-    def verdict_line(self) -> str:
-        from controller.report.render import verdict_line
-
-        return verdict_line(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        from controller.report.render import to_dict
-
-        return to_dict(self)
-
-    def to_json(self, indent: int | None = 2) -> str:
-        from controller.report.render import to_json
-
-        return to_json(self, indent)
-
-    def to_markdown(self) -> str:
-        from controller.report.render import to_markdown
-
-        return to_markdown(self)
-
-    def to_html(self) -> str:
-        from controller.report.html import to_html
-
-        return to_html(self)
+    def telemetry_of(self, o: Outlier) -> OutlierTelemetry | None:
+        """The outlier's device telemetry (None: none was attached)."""
+        return next((t for t in self.outlier_telemetry if (t.module, t.model_key) == (o.module, o.model_key)), None)

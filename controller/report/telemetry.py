@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.telemetry.fields import REASON_LABELS, SLOWDOWN_REASONS
 from contract.records import KeyTelemetry, TelemetrySummary
-from controller.report.model import FLEET, Outlier, Report
+from controller.report.model import FLEET, Comparison, Outlier, OutlierTelemetry, Report
 
 
 class _Frozen(BaseModel):
@@ -36,35 +36,6 @@ class TelemetryThresholds(_Frozen):
     reason_share: float = Field(default=0.10, gt=0, le=1)  # a slowdown reason active in this share of samples more
     memory_full: float = Field(default=0.95, gt=0, le=1)  # device memory at least this full
     memory_before_mib: float = Field(default=1024.0, gt=0)  # in use before the servers start, beyond the fleet's
-
-
-class Comparison(_Frozen):
-    """One figure of an outlier module against the fleet (medians over the compared model keys)."""
-
-    what: str  # sm_clock, max_sm_clock, temperature, power_limit, power, memory_used, reason:<name>, ...
-    value: float
-    fleet: float | None
-    unit: str
-    keys: int  # model keys compared
-    unusual: bool
-    text: str
-
-
-Status = Literal["explained", "nothing unusual", "no telemetry"]
-
-
-class OutlierTelemetry(_Frozen):
-    module: str
-    model_key: str  # as the outlier: "*" for the whole module
-    status: Status
-    findings: tuple[str, ...] = ()  # what is out of line, in words, strongest first
-    compared: tuple[Comparison, ...] = ()
-    note: str = ""  # why there is no telemetry, or what was compared
-
-    def one_line(self) -> str:
-        if self.status == "explained":
-            return "; ".join(self.findings)
-        return self.note
 
 
 def with_telemetry(report: Report, summaries: Mapping[str, TelemetrySummary],

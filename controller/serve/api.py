@@ -7,8 +7,8 @@ read; bodies are bounded (``api_max_body_bytes``) and so is every field (:mod:`c
 Errors are ``{"detail": "<one line>"}`` with 400 (bad input), 401 (no or wrong token), 404 (no
 such run or module), 409 (run id already used), 413 (body too large), 422 (a field out of bounds
 or of the wrong type, named; a release URL that is bad, unreachable or too big, or a sha256
-mismatch), 503 (broker unreachable). A user's value is never said back or logged beyond ~200
-characters.
+mismatch), 503 (broker unreachable): each error's own ``http_status`` (:mod:`controller.errors`).
+A user's value is never said back or logged beyond ~200 characters.
 """
 
 from __future__ import annotations
@@ -30,15 +30,12 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from contract.records import UnknownModelKey, parse_model_keys
-from contract.settings import SettingsError
+from contract.records import parse_model_keys
 from controller import service
-from controller.fleet import BrokerUnavailable, EvictingBroker, FleetError
-from controller.history import HistoryError
-from controller.inventory import InventoryError
+from controller.errors import http_status_of
 from controller.service import Judgement, Session
 from controller.service.release_url import MAX_SHOWN, clip
-from controller.settings import ControllerSettings
+from controller.settings import ConfigError, ControllerSettings
 
 log = logging.getLogger("fleet.api")
 
@@ -53,8 +50,8 @@ MAX_DETAIL = 500  # characters of an error's one line, at most
 
 
 # --------------------------------------------------------------------------- tokens
-class TokenError(SettingsError):
-    pass
+class TokenError(ConfigError):
+    """The API's tokens file cannot be used (unreadable, readable by others, no token, a short one)."""
 
 
 class Tokens:
@@ -181,21 +178,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _status(exc: BaseException) -> int:
-    if isinstance(exc, service.NotFound):
-        return 404
-    if isinstance(exc, service.Conflict):
-        return 409
-    if isinstance(exc, service.UnusableRelease):
-        return 422
-    if isinstance(exc, BrokerUnavailable | EvictingBroker):
-        return 503
-    if isinstance(exc, HistoryError):
-        return 404
-    return 400
-
-
-USER_ERRORS = (service.ServiceError, FleetError, InventoryError, UnknownModelKey, HistoryError, ValueError)
 RunId = Annotated[str, PathParam(min_length=1, max_length=MAX_NAME)]
 
 
@@ -268,9 +250,12 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
     def errors(fn: Callable[[], Any], *values: str | None) -> Any:
         try:
             return fn()
-        except USER_ERRORS as exc:
+        except Exception as exc:
+            status = http_status_of(exc)  # the error's own (controller.errors); None: a bug, a 500
+            if status is None:
+                raise
             line = one_line(str(exc), tuple(v for v in values if v))
-            raise HTTPException(_status(exc), line or type(exc).__name__) from None
+            raise HTTPException(status, line or type(exc).__name__) from None
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -324,14 +309,16 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
                    tolerance: float = Query(0.05, gt=0, lt=1)) -> Response:
         """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows)."""
         rep = errors(lambda: service.report(session(), run_id, baseline, tolerance=tolerance), run_id, baseline)
-        if format is ReportFormat.json:
-            return Response(rep.to_json(), media_type="application/json")
-        if format is ReportFormat.md:
-            return Response(rep.to_markdown(), media_type="text/markdown; charset=utf-8")
-        if format is ReportFormat.html:
-            return Response(rep.to_html(), media_type="text/html; charset=utf-8")
-        from controller.report.render import rows_with_baseline
+        from controller.report.render import rows_with_baseline, to_json, to_markdown
 
+        if format is ReportFormat.json:
+            return Response(to_json(rep), media_type="application/json")
+        if format is ReportFormat.md:
+            return Response(to_markdown(rep), media_type="text/markdown; charset=utf-8")
+        if format is ReportFormat.html:
+            from controller.report.render.html import to_html
+
+            return Response(to_html(rep), media_type="text/html; charset=utf-8")
         return Response(rows_with_baseline(rep).to_csv(index=False), media_type="text/csv; charset=utf-8")
 
     @app.post(f"{PREFIX}/runs/{{run_id}}/cancel", status_code=202, response_model=Cancelled, dependencies=deps,

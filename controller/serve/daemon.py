@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from contract.settings import SettingsError
 from controller import service
 from controller.service import Judgement, Session
+from controller.settings import ConfigError
 
 if TYPE_CHECKING:
     from controller.history import History
@@ -156,7 +156,7 @@ def start_api(s: Session, timeout: float = 15.0) -> ApiServer | None:
     if not settings.api_port:
         return None
     if settings.api_tokens_file is None:
-        raise SettingsError("api_port is set but api_tokens_file is not: no token, no access (give --tokens FILE)")
+        raise ConfigError("api_port is set but api_tokens_file is not: no token, no access (give --tokens FILE)")
     import math
 
     import uvicorn
@@ -176,7 +176,7 @@ def start_api(s: Session, timeout: float = 15.0) -> ApiServer | None:
     end = time.monotonic() + timeout
     while not server.started:
         if not thread.is_alive() or time.monotonic() > end:
-            raise SettingsError(f"the HTTP API could not listen on {settings.api_host}:{settings.api_port}")
+            raise ConfigError(f"the HTTP API could not listen on {settings.api_host}:{settings.api_port}")
         time.sleep(0.05)
     return ApiServer(server, thread)
 
@@ -186,7 +186,7 @@ def webhooks_of(s: Session) -> Webhooks | None:
     if not settings.webhook_urls:
         return None
     if settings.webhook_secret_file is None:
-        raise SettingsError("webhook_urls are set but webhook_secret_file is not: webhooks are always signed")
+        raise ConfigError("webhook_urls are set but webhook_secret_file is not: webhooks are always signed")
     from controller.service.webhooks import Webhooks, load_secret
 
     return Webhooks(settings.webhook_urls, load_secret(settings.webhook_secret_file))

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from contract.files import sha256_file
 from contract.records import MODEL_KEYS, ResultRow, RunProgress, RunState, parse_model_keys
 from contract.settings import load_settings
+from controller.errors import FleetctlError
 from controller.fleet import (
     BadRelease,
     BrokerUnavailable,
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- errors
-class ServiceError(RuntimeError):
+class ServiceError(FleetctlError, RuntimeError):
     """Root of the service's own errors: the user's to fix (one line, exit 2, HTTP 4xx)."""
 
 
@@ -65,14 +66,20 @@ class BadRequest(ServiceError, ValueError):
 class NotFound(ServiceError, LookupError):
     """No such run or module (HTTP 404)."""
 
+    http_status = 404
+
 
 class Conflict(ServiceError):
     """The request contradicts what exists: a run id already used (HTTP 409)."""
+
+    http_status = 409
 
 
 class UnusableRelease(ServiceError, ValueError):
     """A release URL that is bad, unreachable, too big, or a release whose sha256 is not the one
     asked for (HTTP 422). Nothing half-downloaded is left."""
+
+    http_status = 422
 
 
 # --------------------------------------------------------------------------- session
@@ -529,13 +536,14 @@ def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float
     try:
         from controller.report import build_report
         from controller.report.model import Thresholds
+        from controller.report.render import verdict_line
     except ModuleNotFoundError:  # no controller extras (pandas): the modules' states alone
         verdict, line = (state, f"{state.upper()} {info.run_id}: some modules {state}") if failed else (
             "pass", f"PASS {info.run_id}: every module finished")
     else:
         th = Thresholds(tolerance=tolerance) if tolerance is not None else None
         rep = _report_call(lambda: build_report(h, info.run_id, baseline=baseline, thresholds=th))
-        verdict, line = str(rep.verdict), rep.verdict_line
+        verdict, line = str(rep.verdict), verdict_line(rep)
         if failed and verdict == "pass":
             verdict, line = "failed", f"some modules {state}; {line}"
     h.set_run_state(info.run_id, state, verdict=verdict, line=line if state != "running" else None)

@@ -41,6 +41,7 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from contract.records import release_version_of
+from controller.errors import FleetctlError
 
 if TYPE_CHECKING:
     from controller.settings import ControllerSettings
@@ -59,7 +60,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 METADATA = frozenset(ipaddress.ip_address(a) for a in ("fd00:ec2::254", "100.100.100.200"))
 
 
-class ReleaseUrlError(ValueError):
+class ReleaseUrlError(FleetctlError, ValueError):
     """A release URL that cannot be used: bad, unreachable, too big, wrong checksum (one line; HTTP 422)."""
 
 

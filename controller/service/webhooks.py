@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from contract.redact import redact_url
-from contract.settings import SettingsError
+from controller.settings import ConfigError
 
 log = logging.getLogger("fleet.webhooks")
 
@@ -51,11 +51,11 @@ def load_secret(path: Path) -> bytes:
         mode = path.stat().st_mode
         secret = path.read_bytes().strip()
     except OSError as exc:
-        raise SettingsError(f"{path}: cannot read the webhook secret: {exc.strerror or exc}") from None
+        raise ConfigError(f"{path}: cannot read the webhook secret: {exc.strerror or exc}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise SettingsError(f"{path}: the webhook secret is readable by others (chmod 600 {path})")
+        raise ConfigError(f"{path}: the webhook secret is readable by others (chmod 600 {path})")
     if len(secret) < 16:
-        raise SettingsError(f"{path}: the webhook secret is shorter than 16 bytes")
+        raise ConfigError(f"{path}: the webhook secret is shorter than 16 bytes")
     return secret
 
 
@@ -68,7 +68,7 @@ class Webhooks:
                  max_backoff: float = 60.0, timeout: float = 10.0, workers: int = 4) -> None:
         for u in urls:
             if urlsplit(u).scheme not in ("http", "https") or not urlsplit(u).hostname:
-                raise SettingsError(f"webhook URL {u!r}: not an http(s) URL")
+                raise ConfigError(f"webhook URL {u!r}: not an http(s) URL")
         self.urls = list(urls)
         self._secret = secret
         self.attempts, self.backoff, self.max_backoff, self.timeout = attempts, backoff, max_backoff, timeout

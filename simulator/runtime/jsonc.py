@@ -7,6 +7,7 @@ once on 2 cores). The C scanner and encoder ``json`` itself uses need none of th
 are those of ``json`` (``json.JSONDecodeError``, imported only when raised); without ``_json``
 (another Python implementation) these are ``json.loads`` / ``json.dumps`` themselves.
 Standard library only.
+Kept by decision record docs/adr/0005-simulator-stand-ins.md (json measured beside it).
 """
 
 from __future__ import annotations

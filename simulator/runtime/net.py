@@ -6,6 +6,7 @@ little of them the two programs use: a listening IPv4 socket that hands each con
 (``socketserver.ThreadingTCPServer``), a client connection (``socket.create_connection``), and the buffered
 reader and unbuffered writer of a connection (``socket.makefile("rb")``, ``socketserver``'s ``_SocketWriter``).
 Standard library only.
+Kept by decision record docs/adr/0005-simulator-stand-ins.md (socketserver measured beside it).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ every start of the release's interpreters (~8 ms with the ``re`` it imports), ``
 compiled ``__new__`` per class ~0.1 ms: generate and precompile start on every module at the start of a run,
 100 cheap modules at once on 2 cores. Type checkers see ``typing.NamedTuple`` (the modules that use this import
 it under ``TYPE_CHECKING``). Standard library only.
+Kept by decision record docs/adr/0005-simulator-stand-ins.md (typing measured beside it).
 """
 
 from __future__ import annotations

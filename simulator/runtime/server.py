@@ -4,7 +4,8 @@ Started in the foreground by ``start_*_server.sh`` (``exec``), standard library 
 Endpoints: ``/health``, ``/v1/models``, ``/get_server_info``, ``/v1/completions`` and
 ``/v1/chat/completions`` (``stream`` with server-sent events, ``usage`` token counts,
 ``stream_options.continuous_usage_stats``). Tokens are paced by the fitted model
-(:mod:`.core`) at ``1 / time_scale`` of module time, on absolute deadlines.
+(:mod:`.core`) at ``1 / time_scale`` of module time, on absolute deadlines. Its HTTP/1.1 handler
+(:class:`HTTPHandler`, not ``http.server``): decision record docs/adr/0005-simulator-stand-ins.md.
 """
 
 from __future__ import annotations

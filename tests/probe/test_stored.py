@@ -16,6 +16,8 @@ from agent.tables import parse_seed
 from contract.records import ResultRow, RunProgress, RunState
 from controller.history import ROW_FIELDS, History, row_to_db
 from controller.report import build_report
+from controller.report.render import to_json, to_markdown, verdict_line
+from controller.report.render.html import to_html
 
 
 def _stat(v: float) -> Stat:
@@ -100,13 +102,13 @@ def test_report_lists_disagreements_and_keeps_probe_rows_out_of_the_verdict(tmp_
             ("m2", "qwen3", "128:128", m) for m in ("ttft_ms", "tpot_ms", "prefill_tps", "decode_tps")]
         d = rep.disagreements[0]
         assert d.change == pytest.approx(1 / 1.25 - 1)  # release TTFT 20 % below the probe's
-        assert "release benchmark disagrees with the probe on 4 figure(s): m2[qwen3]" in rep.verdict_line
-        md = rep.to_markdown()
+        assert "release benchmark disagrees with the probe on 4 figure(s): m2[qwen3]" in verdict_line(rep)
+        md = to_markdown(rep)
         section = md.split("## Release benchmark vs probe")[1].split("\n## ")[0]
         assert "| m2 | qwen3 | 128:128 | ttft_ms |" in section and "-20.0%" in section
-        doc = json.loads(rep.to_json())
+        doc = json.loads(to_json(rep))
         assert len(doc["disagreements"]) == 4 and doc["probe_checked"] == 6
-        assert "Release benchmark vs probe" in rep.to_html() and "m2" in rep.to_html()
+        assert "Release benchmark vs probe" in to_html(rep) and "m2" in to_html(rep)
     finally:
         h.close()
 
@@ -115,8 +117,8 @@ def test_report_without_disagreement_says_so(tmp_path: Path, seed_text: str) -> 
     h = _history(tmp_path, seed_text, None)
     try:
         rep = build_report(h, "run-1")
-        assert rep.disagreements == () and "disagrees" not in rep.verdict_line
-        assert "every figure agrees within 5%" in rep.to_markdown()
+        assert rep.disagreements == () and "disagrees" not in verdict_line(rep)
+        assert "every figure agrees within 5%" in to_markdown(rep)
     finally:
         h.close()
 

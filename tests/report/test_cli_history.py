@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from controller.cli import report as report_cli
 from controller.history import History
 from controller.report import build_report, compare_runs
+from controller.report.render import verdict_line
 from controller.report.synth import fleet
 from tests.support.frames import frame_to_rows
 
@@ -99,7 +100,7 @@ def test_report_from_history_names_regression_and_outlier(shared):
     assert rep.regressions[0].against == "baseline+previous"
     assert [(o.module, o.model_key) for o in rep.outliers] == [("m03", "*")]
     assert rep.verdict == "regressed"
-    assert rep.verdict_line.startswith("REGRESSED run-b (1.4.2 vs baseline:1.4.1:v1): 1 regression(s): fleet: qwen3")
+    assert verdict_line(rep).startswith("REGRESSED run-b (1.4.2 vs baseline:1.4.1:v1): 1 regression(s): fleet: qwen3")
 
 
 def test_report_json_contract(app):

@@ -15,6 +15,7 @@ import pytest
 
 from controller.history import History
 from controller.report import build_report
+from controller.report.render import to_json, verdict_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,13 +34,13 @@ def test_demo_acceptance_scenario(tmp_path):
         rep = build_report(history, "latest")
         assert len(rep.rows) == 6 * 22
         assert [(r.module, r.model_key, r.profile, r.metric) for r in rep.regressions] == [
-            ("*", "qwen3", "*", "decode_tps")], rep.verdict_line
+            ("*", "qwen3", "*", "decode_tps")], verdict_line(rep)
         assert -0.11 < (rep.regressions[0].change or 0) < -0.05
-        assert [(o.module, o.model_key) for o in rep.outliers] == [("sim-06", "*")], rep.verdict_line
+        assert [(o.module, o.model_key) for o in rep.outliers] == [("sim-06", "*")], verdict_line(rep)
         assert 0.85 < rep.outliers[0].factor < 0.93
         assert rep.verdict == "regressed"
         assert {c.status for c in rep.changes if c.model_key == "qwen35"} == {"within tolerance"}
-        doc = json.loads(rep.to_json())
+        doc = json.loads(to_json(rep))
         assert doc["regressions"][0]["metric"] == "decode_tps" and doc["outliers"][0]["module"] == "sim-06"
     finally:
         history.close()

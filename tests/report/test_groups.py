@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from controller.report.groups import Groups, run_medians
+from controller.report.analysis.groups import Groups, run_medians
 
 
 @pytest.mark.parametrize("presorted", [False, True])
@@ -75,11 +75,11 @@ def test_run_medians_declines_what_it_cannot_take() -> None:
 def test_rows_in_module_order_past_16_bit_codes(modules: int) -> None:
     """The module order of the outlier statistics is numpy's stable argsort, also past 32,767
     modules (two 16-bit radix passes) and past 2**30 codes."""
-    from controller.report.analysis import _by_module
+    from controller.report.analysis.groups import by_module
 
     mod = np.random.default_rng(1).integers(0, modules, 50_000).astype(np.int32)
-    np.testing.assert_array_equal(_by_module(mod), np.argsort(mod, kind="stable"))
-    assert _by_module(np.sort(mod)) is None
+    np.testing.assert_array_equal(by_module(mod), np.argsort(mod, kind="stable"))
+    assert by_module(np.sort(mod)) is None
 
 
 def test_sign_p_once_per_pair_equals_scipy_per_group() -> None:
@@ -87,15 +87,15 @@ def test_sign_p_once_per_pair_equals_scipy_per_group() -> None:
     every group (n = 0 included); counts that are not whole numbers take scipy's path."""
     from scipy import stats
 
-    from controller.report.analysis import _sign_p
+    from controller.report.analysis.stats import sign_p
 
     rng = np.random.default_rng(7)
     n = rng.integers(0, 60, size=5000).astype(float)
     k = np.floor(rng.random(5000) * (n + 1))
     want = np.where(n > 0, stats.binom.sf(k - 1, n, 0.5), 1.0)
-    assert _sign_p(k, n).tobytes() == want.tobytes()
+    assert sign_p(k, n).tobytes() == want.tobytes()
     half = k + 0.5
-    assert _sign_p(half, n).tobytes() == np.where(n > 0, stats.binom.sf(half - 1, n, 0.5), 1.0).tobytes()
+    assert sign_p(half, n).tobytes() == np.where(n > 0, stats.binom.sf(half - 1, n, 0.5), 1.0).tobytes()
 
 
 def test_group_median_of_few_values_equals_pandas_to_the_bit() -> None:
@@ -137,10 +137,10 @@ def test_large_groups_middles_from_a_window_equal_a_partition(kind: str) -> None
 def test_packed_bincount_equals_one_bincount_per_weight(rows: int) -> None:
     """Outlier counts (0..4 a row) summed per module/key three to a float64: the same sums as a
     bincount per weight; a code with 2**16 / 4 rows or more takes one bincount per weight."""
-    from controller.report.analysis import _packed_bincount
+    from controller.report.analysis.groups import packed_bincount
 
     rng = np.random.default_rng(2)
     codes = rng.integers(0, 50, size=rows) if rows < 5000 else np.zeros(rows, dtype=np.int64)
     weights = [rng.integers(0, 5, size=rows).astype(float) for _ in range(5)]
     want = np.column_stack([np.bincount(codes, weights=w, minlength=60) for w in weights])
-    assert _packed_bincount(codes, weights, 60, 4).tobytes() == want.tobytes()
+    assert packed_bincount(codes, weights, 60, 4).tobytes() == want.tobytes()

@@ -9,7 +9,7 @@ from contract.records import ResultRow
 from controller.history import ROW_FIELDS, History
 from controller.report import analyse
 from controller.report.load import read_rows
-from controller.report.render import rows_with_baseline
+from controller.report.render import rows_with_baseline, to_json, to_markdown
 from controller.report.synth import fleet
 from tests.support.frames import frame_to_rows
 
@@ -64,7 +64,7 @@ def test_report_from_chunks_equals_report_from_one_read(history: History) -> Non
     one = analyse(_one_read(history, "run-b"), run_id="run-b", baseline=_one_read(history, "baseline:1.4.1:v1"),
                   previous=_one_read(history, "run-a"))
     assert chunked.verdict == "regressed" and [o.module for o in chunked.outliers] == ["m03"]
-    assert chunked.to_json() == one.to_json()
-    assert chunked.to_markdown() == one.to_markdown()
+    assert to_json(chunked) == to_json(one)
+    assert to_markdown(chunked) == to_markdown(one)
     pd.testing.assert_frame_equal(chunked.summary, one.summary, check_exact=True)
     assert rows_with_baseline(chunked).to_csv(index=False) == rows_with_baseline(one).to_csv(index=False)

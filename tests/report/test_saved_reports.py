@@ -26,10 +26,13 @@ import pandas as pd
 import pytest
 
 from controller.report import analyse
-from controller.report.analysis import Middles, _included_middles, fleet_deviation, prepare, take_rows
-from controller.report.groups import Groups
+from controller.report.analysis.frame import prepare, take_rows
+from controller.report.analysis.groups import Groups
+from controller.report.analysis.middles import Middles, included_middles
+from controller.report.analysis.outliers import fleet_deviation
 from controller.report.load import as_read
 from controller.report.model import PRIMARY_METRICS, Thresholds
+from controller.report.render import to_json
 from controller.report.synth import fleet
 
 SAVED = Path(__file__).parent / "data" / "saved"
@@ -50,18 +53,19 @@ def _odd(reference: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _report(name: str, reference: pd.DataFrame) -> str:
     if name == "odd-both":
         cur, prev = _odd(reference)
-        return analyse(cur, baseline=reference, previous=prev, expected_modules=[f"m{i:02d}" for i in range(13)],
-                       expected_keys=sorted(set(reference["model_key"]))).to_json()
+        return to_json(analyse(cur, baseline=reference, previous=prev,
+                               expected_modules=[f"m{i:02d}" for i in range(13)],
+                               expected_keys=sorted(set(reference["model_key"]))))
     if name == "keyout-base":
         k = fleet(reference, modules=40, module_factor={"m11": 0.9}, seed=12, run_id="b")
         sel = (k["module"] == "m05") & (k["model_key"] == "qwen35")
         for c in ("prefill_tps", "decode_tps"):
             k.loc[sel, c] = k.loc[sel, c] * 0.8
-        return analyse(k, baseline=reference).to_json()
+        return to_json(analyse(k, baseline=reference))
     cur = fleet(reference, modules=40, module_factor={"m03": 0.88}, regress={("qwen3", "decode_tps"): 0.08}, seed=1,
                 run_id="b")
     prev = fleet(reference, modules=40, module_factor={"m03": 0.88}, seed=2, run_id="a")
-    return analyse(as_read(cur), previous=as_read(prev)).to_json()
+    return to_json(analyse(as_read(cur), previous=as_read(prev)))
 
 
 def _same(got: Any, want: Any, where: str = "") -> None:
@@ -126,6 +130,6 @@ def test_included_middles_from_the_fleets_to_the_bit(reference: pd.DataFrame, le
     inc = take_rows(cur, ~out)
     gi = Groups(inc["cell"].to_numpy())
     fresh = Middles(inc, gi)
-    reused = Middles(inc, gi, known=_included_middles(cur, groups, known, out, gi))
+    reused = Middles(inc, gi, known=included_middles(cur, groups, known, out, gi))
     assert fresh.lo.to_numpy().tobytes() == reused.lo.to_numpy().tobytes()
     assert fresh.hi.to_numpy().tobytes() == reused.hi.to_numpy().tobytes()

@@ -11,6 +11,7 @@ import pytest
 from controller import service
 from controller.cli.demo import inventory_toml, module_names, reference_rows, simulated_fleet
 from controller.report import build_report
+from controller.report.render import verdict_line
 from controller.settings import ControllerSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -35,7 +36,7 @@ def test_throttled_module_is_explained_by_its_clock(tmp_path: Path) -> None:
             service.follow(st, launched.run_id, timeout=300)
             service.judge(st, launched.run_id)
         rep = build_report(st.history(), "latest")
-        assert {(o.module, o.model_key) for o in rep.outliers} == {(throttled, "*"), (slow, "*")}, rep.verdict_line
+        assert {(o.module, o.model_key) for o in rep.outliers} == {(throttled, "*"), (slow, "*")}, verdict_line(rep)
         t = {x.module: x for x in rep.outlier_telemetry}
         assert t[throttled].status == "explained", t[throttled]
         assert t[throttled].findings[0].startswith("SM clock \u221212 %"), t[throttled].findings

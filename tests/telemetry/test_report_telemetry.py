@@ -17,7 +17,8 @@ from contract.records import TelemetrySummary
 from controller.history import History
 from controller.report import build_report
 from controller.report.model import FLEET, Outlier
-from controller.report.render import to_markdown, write_report
+from controller.report.render import telemetry_line, to_json, to_markdown, write_report
+from controller.report.render.html import to_html
 from controller.report.synth import fleet
 from controller.report.telemetry import explain_outliers, telemetry_rows
 from tests.metrics.fleetfiles import device_sample
@@ -63,9 +64,9 @@ def test_throttled_outlier_is_explained_by_its_clock_the_other_by_nothing() -> N
             in m03.findings)
     assert [c.text for c in m03.compared if c.what == "reason:hw_slowdown"] == [
         "clock-event reason HW Slowdown in 90 % of samples (fleet 0 %)"]
-    assert m03.one_line().startswith("SM clock \u221218 %")
+    assert telemetry_line(m03).startswith("SM clock \u221218 %")
     assert not any(c.what == "power" and c.unusual for c in m03.compared)  # less power follows the lower clock
-    assert m04.one_line().startswith("device telemetry shows nothing unusual (SM clock, highest SM clock, "
+    assert telemetry_line(m04).startswith("device telemetry shows nothing unusual (SM clock, highest SM clock, "
                                      "temperature")
     assert {c.what for c in m04.compared} >= {"sm_clock", "temperature", "power_limit", "memory_used"}
 
@@ -79,7 +80,7 @@ def test_key_level_outlier_memory_before_the_servers_and_no_telemetry() -> None:
     m05, m01 = explain_outliers(outliers, s)
     assert m05.status == "explained" and m05.findings == (
         "8192 MiB of device memory in use before the servers started (fleet 0 MiB): another process on the device?",)
-    assert m01.status == "no telemetry" and "no device telemetry from m01" in m01.one_line()
+    assert m01.status == "no telemetry" and "no device telemetry from m01" in telemetry_line(m01)
     tool_missing = summarize([], run_id="run-1", module="m01", notes=["no device tool: mthreads-gmi or nvidia-smi "
                                                                        "not found; no device telemetry for this run"])
     (m01,) = explain_outliers(outliers[1:], {**s, "m01": tool_missing})
@@ -106,9 +107,9 @@ def test_report_from_history_names_and_explains(tmp_path: Path, reference) -> No
         md = to_markdown(rep)
         assert "| device telemetry |" in md and "SM clock \u221218 % (1476 vs 1802 MHz)" in md
         assert "### Device telemetry of m03 (explained)" in md and "device telemetry shows nothing unusual" in md
-        doc = json.loads(rep.to_json())
+        doc = json.loads(to_json(rep))
         assert [x["status"] for x in doc["outlier_telemetry"]] == ["explained", "nothing unusual"]
-        html = rep.to_html()
+        html = to_html(rep)
         assert "clock-event reasons HW Slowdown 90 %" in html and "device telemetry of m04" in html
         files = write_report(rep, "csv", tmp_path / "csv")
         assert any(p.name == "outliers.csv" for p in files)

@@ -1,4 +1,4 @@
-"""One self-contained HTML file: inline CSS, inline SVG plots from matplotlib, no external URL.
+"""Reports as one self-contained HTML file: inline CSS, inline SVG plots from matplotlib, no external URL.
 
 Plots: decode tok/s against context, TTFT against input length (fleet median, min-max band
 across modules, baseline dashed; no-prefix and shared-prefix series), and a per-module
@@ -18,7 +18,8 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
 from controller.report.model import FLEET, Report
-from controller.report.render import probe_text, verdict_line
+from controller.report.render.numbers import num, pct
+from controller.report.render.text import probe_text, telemetry_line, verdict_line
 
 _COLORS = {"pass": "#1a7f37", "regressed": "#cf222e", "incomplete": "#9a6700", "failed": "#82071e"}
 
@@ -134,7 +135,7 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 <td class="num bad">{{ "%.2f"|format(o.factor) }}x</td><td class="num">{{ o.cells }}</td>
 <td>{% for w in o.worst %}{{ w.model_key }} {{ w.profile }} {{ w.metric }} {{ num(w.value) }}
 (fleet {{ num(w.fleet_median) }}){% if not loop.last %}; {% endif %}{% endfor %}</td>
-<td{% if t and t.status == "explained" %} class="bad"{% endif %}>{{ t.one_line() if t else "" }}</td></tr>
+<td{% if t and t.status == "explained" %} class="bad"{% endif %}>{{ telemetry_line(t) if t else "" }}</td></tr>
 {% endfor %}</table>
 {% for t in r.outlier_telemetry if t.compared %}<details><summary>device telemetry of {{ t.module }}
 ({{ t.status }})</summary><table><tr><th>figure</th><th>module</th><th>fleet median</th><th>unit</th><th>keys</th></tr>
@@ -166,13 +167,12 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 
 
 def to_html(r: Report) -> str:
-    from controller.report.render import _num, _pct
-
+    """The whole report as one HTML document."""
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     tpl = env.from_string(_TEMPLATE)
     return tpl.render(
-        r=r, line=verdict_line(r), probe_line=probe_text(r), color=_COLORS.get(r.verdict, "#59636e"), num=_num,
-        pct=_pct, FLEET=FLEET,
+        r=r, line=verdict_line(r), probe_line=probe_text(r), color=_COLORS.get(r.verdict, "#59636e"), num=num,
+        pct=pct, telemetry_line=telemetry_line, FLEET=FLEET,
         decode_svg=curve_plot(r.summary, "decode_tps", "decode tok/s", "Decode tok/s") if len(r.summary) else "",
         ttft_svg=curve_plot(r.summary, "ttft_ms", "TTFT ms", "TTFT ms") if len(r.summary) else "",
         heat_svg=heatmap(r.deviation),

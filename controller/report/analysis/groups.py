@@ -193,3 +193,54 @@ def run_medians(values: np.ndarray, codes: np.ndarray, max_sizes: int = 64) -> t
         hi[sel] = part[:, b]
     order = np.argsort(ids, kind="stable")
     return ids[order], ((lo + hi) / 2)[order] + 0.0  # -0.0 + 0.0 == +0.0
+
+
+# -- codes and counts the outlier statistics use ------------------------------------------------
+def by_code(g: Groups, per_group: np.ndarray) -> np.ndarray:
+    """Per-group results (present groups) spread to a table indexed by code (NaN where absent)."""
+    size = int(g.present.max()) + 1 if len(g) else 0
+    full = np.full((size, *per_group.shape[1:]), np.nan)
+    full[g.present] = per_group
+    return full
+
+
+def packed_bincount(codes: np.ndarray, weights: list[np.ndarray], size: int, most: int) -> np.ndarray:
+    """Per code, the sums of several whole-number weights (each 0..``most`` a row), as columns:
+    three weights packed in one float64 (16 bits apart; exact while no code has 2**16 / most
+    rows), so five need two bincounts, not five."""
+    rows = len(codes)
+    if rows * max(most, 1) >= 2**16 and int(np.bincount(codes).max()) * max(most, 1) >= 2**16:
+        return np.column_stack([np.bincount(codes, weights=w, minlength=size) for w in weights])
+    cols = []
+    for at in range(0, len(weights), 3):
+        part = weights[at:at + 3]
+        packed = part[0].copy()
+        for i, w in enumerate(part[1:], 1):
+            packed += w * float(2 ** (16 * i))  # powers of two: exact
+        total = np.bincount(codes, weights=packed, minlength=size)
+        for i in reversed(range(len(part))):  # highest field first
+            field = np.floor(total / 2 ** (16 * i))
+            total -= field * 2 ** (16 * i)
+            cols.append((i + at, field))
+    return np.column_stack([c for _, c in sorted(cols, key=lambda ic: ic[0])])
+
+
+def row_counts(mask: np.ndarray) -> np.ndarray:
+    """How many true values in each row of a (rows, few columns) boolean array (a product with a
+    column of ones: ``sum(axis=1)`` over a short axis costs ~6x as much)."""
+    return (mask.view(np.uint8) @ np.ones(mask.shape[1], np.uint8)).astype(np.float64)  # bincount's weights
+
+
+def by_module(mod: np.ndarray) -> np.ndarray | None:
+    """Rows (in cell order) put in module order, stable: each module's rows keep their cell order
+    (None when they already are). numpy sorts 16-bit keys by radix: past 32,767 modules, two
+    stable passes, by the low 15 bits of the code and then by the rest."""
+    if len(mod) < 2 or bool((mod[1:] >= mod[:-1]).all()):
+        return None
+    top = int(mod.max())
+    if top < 2**15:
+        return np.argsort(mod.astype(np.int16), kind="stable")
+    if top >= 2**30:
+        return np.argsort(mod, kind="stable")
+    low = np.argsort((mod & 0x7FFF).astype(np.int16), kind="stable")
+    return low[np.argsort(np.take(mod >> 15, low).astype(np.int16), kind="stable")]

@@ -1,0 +1,71 @@
+"""``fleetctl`` verbs about modules: devices (their state), devices reset, describe module.
+
+Each verb parses and prints; :mod:`controller.service` does the work, imported when the verb runs.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from controller.cli.invocation import session
+from controller.cli.output import Output, emit, output_option, stdout
+
+DEVICE_COLUMNS = ("module", "host", "labels", "state", "reason", "agent_version", "last_beat", "clock_skew",
+                  "free_disk")
+
+
+def devices(ctx: typer.Context,
+            select_: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
+            output: Output = output_option()) -> None:
+    """Modules and their state, from their heartbeats."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from controller import service
+
+    recs = []
+    for d in service.devices(session(ctx), select_):
+        rec = service.device_dict(d)
+        age, free = rec["heartbeat_age_s"], rec["free_disk_bytes"]
+        rec["last_beat"] = f"{age:.0f} s ago" if age is not None else "never"
+        skew = rec["clock_skew_s"]  # the module's clock minus the controller's (ages are the broker's)
+        rec["clock_skew"] = f"{skew:+.0f} s" if skew is not None else ""
+        rec["free_disk"] = f"{free / 1024**3:.1f} GiB" if free is not None else ""
+        recs.append(rec)
+    emit(recs, DEVICE_COLUMNS, output)
+
+
+def devices_reset(ctx: typer.Context, module: str = typer.Argument(..., help="module name")) -> None:
+    """Clear a module's failed runs in a row: a module bad by failed runs takes work again now (recorded in
+    the history). Without it, it does once failures_cooldown has passed since the last one, on trial."""
+    from controller import service
+
+    s = session(ctx)
+    n = service.reset_module(s, module)
+    stdout().print(f"{module}: {n} failed run(s) in a row cleared (recorded in {s.history_path})",
+                   highlight=False, markup=False)
+
+
+def describe_module(ctx: typer.Context, name: str = typer.Argument(..., help="module name"),
+                    output: Output = output_option()) -> None:
+    """A module: inventory entry, state from its heartbeat, its recent runs (read-only)."""
+    import time
+
+    from controller import service
+
+    s = session(ctx)
+    d = service.describe_module(s, name)
+    dev = service.device_dict(service.Device(d.module, d.status))
+    recent = [{"run_id": info.run_id, "release": info.release,
+               "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(info.created_at)),
+               "state": p.state.value if p else "queued", "rows": p.rows if p else 0,
+               "error": p.error.one_line() if p and p.error else ""} for info, p in d.recent]
+    doc = {**dev, "inventory": d.module.model_dump(mode="json"), "recent_runs": recent}
+    if output == Output.table:
+        out = stdout()
+        for k in ("module", "host", "transport", "labels", "state", "reason", "agent_version", "run_id"):
+            v = dev[k]
+            out.print(f"{k + ':':15} {','.join(f'{a}={b}' for a, b in v.items()) if isinstance(v, dict) else v or ''}",
+                      highlight=False)
+        out.print(f"{'workdir:':15} {d.module.workdir}", highlight=False)
+    emit(recent, ["run_id", "release", "created", "state", "rows", "error"], output, document=doc,
+         title="recent runs")

@@ -1,0 +1,273 @@
+"""``fleetctl`` verbs about runs: validate, status, watch, cancel, retry, runs, results, logs, describe run.
+
+Each verb parses and prints; :mod:`controller.service` does the work, imported (with rich, pandas)
+when the verb runs, so building the command tree stays light.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+from controller.cli.invocation import session
+from controller.cli.output import Output, emit, output_option, stderr, stdout
+
+RUN_ARG = "run id, unique prefix or 'latest'"
+
+
+def validate(
+    ctx: typer.Context,
+    release: str = typer.Argument(..., help="SGLang-MUSA-M1000-M1000_<version>_sglang.tar.gz: a path, or an "
+                                  "http/https URL the controller downloads"),
+    models: str = typer.Option("all", "--models", "-m", help="model keys, comma separated, or 'all'"),
+    devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
+    detach: bool = typer.Option(False, "--detach", help="return at once; follow with status/watch"),
+    baseline: str | None = typer.Option(None, "--baseline", "-b", help="baseline: release, release@vN or run id"),
+    run_id: str | None = typer.Option(None, "--run-id", help="run id (default: generated)"),
+    resume: bool = typer.Option(False, "--resume", help="--run-id names an existing run: resume it"),
+    sha256: str | None = typer.Option(None, "--sha256", help="what the release must hash to (checked first)"),
+) -> int:
+    """Validate a release on the chosen modules; ends with a verdict."""
+    from contract.records import parse_model_keys
+    from controller import service
+    from controller.cli.live import follow_and_judge, print_launched
+
+    s = session(ctx)
+    req = service.release_request(release, sha256=sha256, models=parse_model_keys(models), devices=devices,
+                                  baseline=baseline, run_id=run_id, resume=resume)
+    launched = service.validate(s, req)
+    print_launched(launched, stderr(), len(launched.modules))
+    if detach:
+        stdout().print(launched.run_id)
+        return 0
+    return follow_and_judge(s, launched.run_id, baseline, stdout(), stderr())
+
+
+def status(ctx: typer.Context,
+           run_id: str = typer.Argument("latest", help="run id, unique prefix or 'latest'"),
+           output: Output = output_option()) -> int:
+    """One look at a run (pulls its latest progress and rows into the history); the verdict once it ended
+    (the one recorded when it was judged, e.g. by `validate --baseline`; judged now if none was)."""
+    from controller import service
+    from controller.cli.live import render
+
+    s = session(ctx)
+    info = service.find_run(s, run_id)
+    view = service.sync(s, info.run_id)
+    j = None
+    if view.finished:  # the verdict recorded when it ended (against the baseline it was judged with), else judged now
+        info = service.find_run(s, info.run_id)  # as the sync left it
+        j = service.recorded_judgement(info)
+        if j is None:
+            j = service.judge(s, info.run_id)
+            info = service.find_run(s, info.run_id)  # with the verdict just recorded
+    if output != Output.table:
+        doc = service.run_summary(info, view, judgement=j)
+        recs = [{"module": m, **st} for m, st in doc["module_states"].items()]
+        emit(recs, ["module", "state", "step", "model_key", "keys_done", "keys_total", "rows"], output, document=doc)
+    else:
+        out = stdout()
+        out.print(render(view, title=f"run {info.run_id} ({info.release}, {view.state()})"))
+        if j is not None:
+            out.print(f"verdict: [bold]{j.verdict}[/] - {j.line}", highlight=False)
+    return service.exit_code(j.verdict) if j is not None else 0
+
+
+def watch(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run id, unique prefix or 'latest'"),
+          baseline: str | None = typer.Option(None, "--baseline", "-b")) -> int:
+    """Follow a run live until it ends (pulling its results into the history), then give its verdict."""
+    from controller import service
+    from controller.cli.live import follow_and_judge
+
+    s = session(ctx)
+    info = service.find_run(s, run_id)
+    if baseline:
+        service.check_baseline(s, baseline)
+    return follow_and_judge(s, info.run_id, baseline, stdout(), stderr())
+
+
+def cancel(ctx: typer.Context, run_id: str = typer.Argument(..., help="run id or unique prefix"),
+           devices: str | None = typer.Option(None, "--devices", "-d", help="only these modules")) -> None:
+    """Cancel a run (durable: modules check it between and within steps)."""
+    from controller import service
+
+    rid, names = service.cancel(session(ctx), run_id, devices)
+    stderr().print(f"cancel requested for run {rid}" + (f" on {', '.join(names)}" if devices else ""),
+                   highlight=False)
+
+
+def retry(
+    ctx: typer.Context,
+    run_id: str = typer.Argument("latest", help=RUN_ARG),
+    failed_only: bool = typer.Option(False, "--failed-only",
+                                     help="only the modules that failed, with the model keys that did not pass"),
+    detach: bool = typer.Option(False, "--detach", help="return at once; follow with status/watch"),
+    baseline: str | None = typer.Option(None, "--baseline", "-b", help="baseline: release, release@vN or run id"),
+) -> int:
+    """A new run (new id) of a run's release and model keys on its modules.
+
+    To continue the same run instead, keeping what passed: fleetctl validate TARBALL --run-id RUN --resume.
+    """
+    from controller import service
+    from controller.cli.live import follow_and_judge, print_launched
+
+    s = session(ctx)
+    if baseline:
+        service.check_baseline(s, baseline)
+    launched = service.retry(s, run_id, failed_only=failed_only)
+    print_launched(launched, stderr(), len(launched.modules))
+    if detach:
+        stdout().print(launched.run_id)
+        return 0
+    return follow_and_judge(s, launched.run_id, baseline, stdout(), stderr())
+
+
+def logs(
+    ctx: typer.Context,
+    run_id: str = typer.Argument("latest", help=RUN_ARG),
+    module: str | None = typer.Option(None, "--module", help="only this module"),
+    step: str | None = typer.Option(None, "--step", help="only this step (unpack, precompile, server, benchmark...)"),
+    key: str | None = typer.Option(None, "--key", "-k", help="only this model key"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing what is appended until the run ends"),
+) -> None:
+    """Step logs of a run, read from each module's workdir (local modules) or over SSH."""
+    import time
+
+    from controller import service
+
+    s = session(ctx)
+    info = service.find_run(s, run_id)
+    shown: dict[tuple[str, str], int] = {}
+    several = module is None and len(info.modules) > 1
+
+    def show() -> None:
+        for f in service.logs(s, info.run_id, module=module, step=step, key=key):
+            done = shown.get((f.module, f.name))
+            if done is None:
+                sys.stdout.write(f"==> {f.module} {f.name} <==\n" if several else f"==> {f.name} <==\n")
+                done = 0
+            sys.stdout.write(f.text[done:])
+            sys.stdout.flush()
+            shown[(f.module, f.name)] = len(f.text)
+
+    show()
+    while follow and not service.view(s, info.run_id, live=True).finished:
+        time.sleep(1.0)
+        show()
+    if not shown:
+        stderr().print(f"no step logs of run {info.run_id} (yet)" + (f" on {module}" if module else ""))
+
+
+def runs(ctx: typer.Context,
+         limit: int = typer.Option(20, "--limit", "-n", min=1, help="at most this many, newest first"),
+         output: Output = output_option()) -> None:
+    """Recent runs."""
+    import time
+
+    from controller import service
+
+    items = service.runs(session(ctx), limit)
+    recs = [{**r.model_dump(mode="json"), "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))}
+            for r in items]
+    emit(recs, ["run_id", "created", "release", "modules", "models", "state", "verdict"], output)
+
+
+ROW_COLUMNS = ("module", "model_key", "profile", "prefill_tps", "ttft_ms", "decode_tps", "tpot_ms", "extra")
+
+
+def results(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run id, unique prefix or 'latest'"),
+            output: Output = output_option(),
+            fmt: Output | None = typer.Option(None, "--format", hidden=True, help="old name of --output"),
+            pull: bool = typer.Option(False, "--sync", help="pull the newest rows from the broker first (writes)"),
+            telemetry: bool = typer.Option(False, "--telemetry", help="device telemetry per module and model key "
+                                                                      "instead of the result rows"),
+            ) -> None:
+    """Result rows of a run (or its device telemetry), from the run history."""
+    import json
+
+    from controller import service
+    from controller.history import ROW_FIELDS
+
+    output = fmt or output
+    info, rows = service.results(session(ctx), run_id, pull=pull)
+    if telemetry:
+        _emit_telemetry(session(ctx).history().telemetry(info.run_id), output)
+        return
+    if output == Output.table:
+        recs = []
+        for r in rows:
+            extra = ""
+            if r.table == "mtp":
+                extra = f"accept {r.accept_rate:.3f} {'ok' if r.correct else 'WRONG'}" if r.accept_rate else ""
+            elif r.table == "vision":
+                extra = f"vision {r.vision_fps:.2f} fps" if r.vision_fps else ""
+            if r.flags:
+                extra += " flags: " + ",".join(r.flags)
+            recs.append({**r.model_dump(), "extra": extra})
+        emit(recs, ROW_COLUMNS, output)
+        return
+    docs = [r.model_dump(mode="json") for r in rows]
+    if output == Output.csv:
+        for d in docs:
+            d.update(extra=json.dumps(d["extra"]), flags=json.dumps(d["flags"]))
+    emit(docs, ROW_FIELDS, output)
+
+
+TELEMETRY_TABLE = ("module", "model key", "gpu", "samples", "SM clock p95 / max MHz", "max °C",
+                   "power p95 / limit W", "memory max MiB", "slowdown", "notes")
+
+
+def _emit_telemetry(summaries: dict[str, Any], output: Output) -> None:
+    import json
+
+    from controller.report.telemetry import telemetry_rows
+
+    if output == Output.json:
+        stdout().print_json(json.dumps({m: s.model_dump(mode="json") for m, s in summaries.items()}))
+        return
+    rows = telemetry_rows(summaries)
+    if output == Output.csv:
+        emit(rows, tuple(rows[0]) if rows else ("module",), output)
+        return
+
+    def n(v: float | None) -> str:
+        return "" if v is None else f"{v:.0f}"
+
+    recs = [{"module": r["module"], "model key": "" if r["gpu"] is None else (r["model_key"] or "(release steps)"),
+             "gpu": "" if r["gpu"] is None else str(r["gpu"]), "samples": str(r["samples"]),
+             "SM clock p95 / max MHz": f"{n(r.get('sm_clock_p95_mhz'))} / {n(r.get('sm_clock_max_mhz'))}",
+             "max °C": n(r.get("temperature_max_c")),
+             "power p95 / limit W": f"{n(r.get('power_p95_w'))} / {n(r.get('power_limit_w'))}",
+             "memory max MiB": n(r.get("memory_used_max_mib")), "slowdown": r.get("slowdown", ""),
+             "notes": r["notes"]} for r in rows]
+    emit(recs, TELEMETRY_TABLE, output)
+
+
+def describe_run(ctx: typer.Context, run_id: str = typer.Argument("latest", help=RUN_ARG),
+                 output: Output = output_option()) -> None:
+    """A run: release, models, modules, state and step of each module, errors, rows, verdict (read-only)."""
+    import time
+
+    from controller import service
+
+    s = session(ctx)
+    d = service.describe_run(s, run_id)
+    doc = {**service.run_summary(d.info, d.view, rows=d.rows), "errors": service.errors_of(d.view)}
+    recs = []
+    for m, st in doc["module_states"].items():
+        failed = [o["model_key"] for o in st.get("outcomes", []) if o["status"] == "failed"]
+        recs.append({"module": m, "state": st["state"], "step": st["step"],
+                     "keys": f"{st.get('keys_done', 0)}/{st.get('keys_total', len(d.info.models))}",
+                     "rows": st.get("rows", 0), "failed keys": failed,
+                     "error": "; ".join(doc["errors"].get(m, []))})
+    if output == Output.table:
+        out = stdout()
+        when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""  # noqa: E731
+        for k, v in (("run", d.info.run_id), ("release", f"{d.info.release} (sha256 {d.info.sha256[:12]})"),
+                     ("tarball", d.info.tarball), ("models", ", ".join(d.info.models)), ("state", doc["state"]),
+                     ("verdict", d.info.verdict or ""), ("created", when(d.info.created_at)),
+                     ("finished", when(d.info.finished_at)), ("rows", d.rows)):
+            out.print(f"{k + ':':10} {v}", highlight=False)
+    emit(recs, ["module", "state", "step", "keys", "rows", "failed keys", "error"], output, document=doc)

@@ -1,0 +1,67 @@
+"""``fleetctl`` verbs that start something and stay with it: serve (the controller service), demo (a simulated fleet).
+
+What they run is imported when they run (:mod:`controller.serve.daemon`, :mod:`controller.cli.demo`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from controller.cli.invocation import session
+from controller.cli.output import stderr, stdout
+
+
+def serve(
+    ctx: typer.Context,
+    interval: float = typer.Option(1.0, "--interval", help="seconds between syncs"),
+    once: bool = typer.Option(False, "--once", help="sync every running run once and exit"),
+    api_port: int | None = typer.Option(None, "--api-port", help="serve the HTTP API on this port (api_port)"),
+    api_host: str | None = typer.Option(None, "--api-host", help="bind address of the HTTP API (api_host)"),
+    tokens: Path | None = typer.Option(None, "--tokens", help="bearer tokens of the API, one a line, mode 0600"),
+    webhook: list[str] = typer.Option([], "--webhook", help="POST each verdict to this URL (repeatable)"),
+    webhook_secret: Path | None = typer.Option(None, "--webhook-secret-file", help="HMAC key of the webhooks"),
+    new_token: bool = typer.Option(False, "--new-token", help="print a fresh random token for the tokens file"),
+) -> None:
+    """Controller service: history kept in step with the broker, verdicts, /metrics, HTTP API, webhooks."""
+    if new_token:
+        import secrets
+
+        print(secrets.token_hex(24))
+        return
+    from controller.serve.daemon import serve_forever
+
+    s = session(ctx)
+    overrides: dict[str, object] = {k: v for k, v in (("api_port", api_port), ("api_host", api_host),
+                                                       ("api_tokens_file", tokens),
+                                                       ("webhook_secret_file", webhook_secret)) if v is not None}
+    if webhook:
+        overrides["webhook_urls"] = tuple(webhook)
+    if overrides:
+        s.settings = type(s.settings).model_validate({**s.settings.model_dump(), **overrides})
+    serve_forever(s, interval=interval, once=once, console=stderr())
+
+
+def demo(
+    devices: int = typer.Option(4, "--modules", "--devices", min=1, max=64,
+                                help="how many simulated modules (--devices: the old name)"),
+    models: str = typer.Option("all", "--models", "-m"),
+    noise: float = typer.Option(0.01, "--noise", min=0.0, max=0.5, help="relative noise of the simulated modules"),
+    slow: float | None = typer.Option(None, "--slow", help="one module runs this factor slower (e.g. 1.12)"),
+    throttle: bool = typer.Option(False, "--throttle", help="the slow module is slow because its device throttles"),
+    regress: list[str] = typer.Option([], "--regress", help="MODEL_KEY:METRIC:FRACTION, release worse by that"),
+    seed: int = typer.Option(1, "--seed"),
+    time_scale: float = typer.Option(50.0, "--time-scale", min=1.0, help="simulated modules run N x real time"),
+    out_dir: Path = typer.Option(Path("demo-out"), "--out", help="folder where the demo keeps everything"),
+    real: int = typer.Option(0, "--real", min=0, max=8,
+                             help="also N real-engine modules (transformers serve on this CPU; needs make engine)"),
+) -> int:
+    """Simulated fleet on this machine validates a freshly built simulated release (embedded broker)."""
+    from contract.records import parse_model_keys
+    from controller.cli.demo import DemoOptions, run_demo
+
+    opts = DemoOptions(devices=devices, models=parse_model_keys(models), noise=noise, slow=slow, throttle=throttle,
+                       regress=tuple(regress), seed=seed, time_scale=time_scale, out_dir=out_dir,
+                       real=real)
+    return run_demo(opts, stdout(), stderr())

@@ -1,0 +1,15 @@
+"""The analysis behind a report: pure pandas, frames of result rows in, a :class:`Report` out.
+
+One module per job: :mod:`.frame` (the rows encoded: codes, badness), :mod:`.groups` and
+:mod:`.middles` (per-cell reductions, sorted once), :mod:`.stats` (sign and Wilcoxon tests),
+:mod:`.outliers`, :mod:`.compare` (against the baseline / previous run), :mod:`.probe` (the
+release against the agent's probe), :mod:`.summary`, :mod:`.verdict` (the regression policy,
+in one file of plain code) and :mod:`.build` (:func:`analyse`: the steps in order).
+"""
+
+from __future__ import annotations
+
+from controller.report.analysis.build import analyse
+from controller.report.analysis.verdict import decide, fold
+
+__all__ = ["analyse", "decide", "fold"]

@@ -1,0 +1,110 @@
+"""Frames in, a :class:`Report` out: the order of the analysis' steps (:func:`analyse`).
+
+Outliers first (:mod:`.outliers`), left out of the fleet figures; then the fleet and each module
+against the baseline and the previous run (:mod:`.compare`); one finding per cause and the
+verdict (:mod:`.verdict`); the summary table and completeness notes (:mod:`.summary`). Only
+aggregated results (cells, keys, modules) are iterated in Python; rows never are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from controller.report.analysis.compare import (
+    correctness,
+    diff_to_previous,
+    diff_to_reference,
+    fleet_compare,
+    module_compare,
+    reference,
+)
+from controller.report.analysis.frame import Names, exact_metrics, prepare, take_rows
+from controller.report.analysis.groups import Groups
+from controller.report.analysis.middles import Middles, included_middles
+from controller.report.analysis.outliers import find_outliers, fleet_deviation, outlier_mask, refine_outliers
+from controller.report.analysis.probe import probe_disagreements, split_sources
+from controller.report.analysis.summary import completeness, summarise
+from controller.report.analysis.verdict import decide, fold
+from controller.report.model import ALL_METRICS, DERIVED, FLEET, Change, Regression, Report, Thresholds
+
+
+def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline: pd.DataFrame | None = None,
+            baseline_id: str | None = None, baseline_label: str = "baseline", previous: pd.DataFrame | None = None,
+            previous_label: str = "previous", state: str = "done", expected_modules: Iterable[str] = (),
+            expected_keys: Iterable[str] = (), thresholds: Thresholds | None = None) -> Report:
+    """Build a report from frames of result rows (one column per ``ResultRow`` field).
+
+    Rows the agent's probe measured (``source == "probe"``) never enter the figures: they are
+    only compared with the release's rows of the same module, key and profile."""
+    th = thresholds or Thresholds()
+    rows, probe = split_sources(rows)
+    assert rows is not None
+    baseline, previous = split_sources(baseline)[0], split_sources(previous)[0]
+    disagreements, probe_checked = probe_disagreements(rows, probe, th.probe_tolerance)
+    cur = prepare(rows)
+    base = prepare(baseline) if baseline is not None and len(baseline) else None
+    prev = prepare(previous) if previous is not None and len(previous) else None
+    notes: list[str] = []
+    ref = reference(base) if base is not None else None
+    if ref is None and prev is None:
+        notes.append("no baseline and no previous run: only the modules are compared with each other")
+    elif ref is None and previous_label == "previous":
+        notes.append("no baseline: only each module's previous run and the fleet itself are compared")
+
+    names = Names(cur)
+    cells_all = Groups(cur["cell"].to_numpy())  # sorted once, reused by every per-cell median
+    devs, spread, fleet_mid = fleet_deviation(cur, th, cells_all)
+    outliers, deviation = find_outliers(devs, names, th)
+    # refining takes the outlier modules' rows only: the rest goes before the included rows are taken
+    devs = devs.only(np.flatnonzero(np.isin(devs.mod, [names.modules.get_loc(o.module) for o in outliers])))
+    excluded = outlier_mask(cur, outliers)
+    some_excluded = bool(excluded.any()) and bool((~excluded).any())
+    # the included rows without their figures (the comparisons take badness only); which
+    # metrics have a figure <= 0 among them is taken first
+    exact = exact_metrics(cur, ~excluded if some_excluded else None)
+    inc = take_rows(cur, ~excluded, [c for c in cur.columns if c not in ALL_METRICS]) if some_excluded else cur
+    cells_inc = Groups(inc["cell"].to_numpy()) if some_excluded else cells_all
+    # nothing left out: the fleet's middles of the primary metrics are those of the included rows
+    mid = (Middles(inc, cells_inc, exact, included_middles(cur, cells_all, fleet_mid, excluded, cells_inc))
+           if some_excluded else
+           Middles(inc, cells_inc, exact, fleet_mid) if not excluded.any() else None)
+    if some_excluded:
+        outliers, deviation = refine_outliers(cur, devs, names, outliers, excluded, deviation, th, inc, mid)
+    del devs  # not needed past the outliers: its memory goes before the comparisons take theirs
+
+    changes: list[Change] = []
+    regs: list[Regression] = []
+    if ref is not None and len(inc):
+        d, ref_cells = diff_to_reference(inc, ref)
+        ch, rg, _ = fleet_compare(d, names, baseline_label, th, ref_cells, cells_inc, mid)
+        changes += ch
+        regs += rg
+        right = np.full(int(ref_cells.index.max()) + 1, np.nan)  # the reference's answer per cell code
+        right[ref_cells.index.to_numpy()] = ref_cells["correct"].to_numpy(dtype=float)
+        regs += correctness(inc, np.take(right, inc["cell"].to_numpy()), baseline_label)
+    prev_ids: tuple[str, ...] = ()
+    if prev is not None and len(inc):
+        prev_ids = tuple(sorted(map(str, previous["run_id"].unique()))) if previous is not None else ()
+        dp = diff_to_previous(cur, prev)
+        ch, rg, _ = fleet_compare(take_rows(dp, ~excluded) if some_excluded else dp, names, previous_label, th,
+                                  groups=cells_inc)
+        changes += ch
+        regs += rg
+        fleet_wide = {(r.model_key, DERIVED.get(r.metric, r.metric)) for r in regs
+                      if r.module == FLEET and r.profile == FLEET}
+        regs += module_compare(dp, names, th, previous_label, fleet_wide)
+        regs += correctness(cur, dp["ref_correct"].to_numpy(dtype=float), previous_label)
+    regressions = tuple(fold(regs, outliers))
+
+    notes += completeness(cur, names, ref, expected_modules, expected_keys)
+    verdict = decide(state, len(cur), regressions, notes, expected_modules, expected_keys)
+    return Report(
+        run_id=run_id, release=release, baseline_id=baseline_id, previous_ids=prev_ids, verdict=verdict,
+        regressions=regressions, outliers=outliers, changes=tuple(changes), notes=tuple(notes),
+        modules=tuple(sorted(map(str, cur["module"].unique()))), thresholds=th,
+        summary=summarise(cur, rows, ref, ~excluded, spread, cells_all, mid), rows=rows, reference=ref,
+        deviation=deviation, disagreements=disagreements, probe_checked=probe_checked,
+    )

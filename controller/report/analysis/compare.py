@@ -1,0 +1,260 @@
+"""The run against a reference: per row the difference to the baseline or the module's previous run.
+
+Fleet level: per (key, profile, metric) the fleet median of the difference; per (key, metric)
+the median over profiles with a Wilcoxon signed-rank test across profiles; per profile a sign
+test across modules. Module level: each module against its own previous run (median over
+profiles, sign test). MTP answers right in the reference and wrong now. What of it counts as a
+regression is :mod:`.verdict`'s to say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from controller.report.analysis.frame import (
+    SIGN,
+    B,
+    K,
+    Names,
+    badness_columns,
+    cell_table,
+    float_columns,
+    has_value,
+    relative_change,
+)
+from controller.report.analysis.groups import Groups
+from controller.report.analysis.middles import Middles
+from controller.report.analysis.stats import sign_p, wilcoxon_groups
+from controller.report.analysis.verdict import (
+    LOWER_MEDIAN_BELOW,
+    answer_flipped,
+    key_status,
+    module_regressed,
+    profile_regressed,
+    threshold,
+)
+from controller.report.model import ALL_METRICS, DERIVED, FLEET, Change, Regression, Thresholds
+
+
+def reference(base: pd.DataFrame) -> pd.DataFrame:
+    """Baseline figures per (key, profile) (text index): the median over the baseline's modules."""
+    cols = [*ALL_METRICS, *badness_columns(ALL_METRICS), "correct"]
+    ref = base.groupby(K, observed=True)[cols].median().reset_index()
+    ref[K] = ref[K].astype(str)
+    return ref.set_index(K)
+
+
+def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per row of cur: ``d_<m>`` = badness minus the reference's (per key/profile); and per cell
+    code the reference badness (``r_<m>``) and answer (``correct``)."""
+    cells = cell_table(cur)
+    r = ref[[*badness_columns(ALL_METRICS), "correct"]].reindex(pd.MultiIndex.from_frame(cells[K]))
+    r.index = cells.index
+    r.columns = [*(f"r_{m}" for m in ALL_METRICS), "correct"]
+    cell = cur["cell"].to_numpy()
+    if len(cell) > 1 and bool((cell[1:] >= cell[:-1]).all()):  # rows in cell order (a prepared frame)
+        sizes = np.bincount(cell)[cells.index.to_numpy()]
+
+        def spread(per_cell: np.ndarray) -> np.ndarray:
+            return np.repeat(per_cell, sizes)  # a sequential write, not a gather
+    else:
+        pos = np.full(int(cells.index.max()) + 1 if len(cells) else 0, -1)
+        pos[cells.index.to_numpy()] = np.arange(len(cells))
+        rows = np.take(pos, cell)
+
+        def spread(per_cell: np.ndarray) -> np.ndarray:
+            return np.take(per_cell, rows)
+    out: dict[str, np.ndarray] = {c: cur[c].to_numpy() for c in ("mod", "key", "modkey", "cell")}
+    for m in ALL_METRICS:
+        out[f"d_{m}"] = cur[B[m]].to_numpy() - spread(r[f"r_{m}"].to_numpy())
+    return pd.DataFrame(out, index=cur.index, copy=False), r
+
+
+def _ident(df: pd.DataFrame, cats: dict[str, pd.Index]) -> np.ndarray:
+    """One int64 per (module, key, profile), comparable between frames sharing ``cats``."""
+    codes = [df[c].cat.set_categories(cats[c]).cat.codes.to_numpy().astype(np.int64) for c in ("module", *K)]
+    ident = codes[0]
+    for c, code in zip(K, codes[1:], strict=True):
+        ident = ident * (len(cats[c]) + 1) + code
+    return np.where(np.min(codes, axis=0) < 0, -1, ident)
+
+
+def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame) -> pd.DataFrame:
+    """Per row of cur: ``d_<m>`` = badness minus the same module's previous figure (``r_<m>``)."""
+    cats = {c: cur[c].cat.categories for c in ("module", *K)}
+    mine, theirs = _ident(cur, cats), _ident(prev, cats)
+    keep = theirs >= 0
+    index = pd.Index(theirs[keep])
+    pv = prev.loc[keep, [*badness_columns(ALL_METRICS), "correct"]]
+    if not index.is_unique:
+        dup = index.duplicated(keep="last")
+        index, pv = index[~dup], pv[~dup]
+    pos = index.get_indexer(mine)
+    found = pos >= 0
+    take = np.where(found, pos, 0)  # a valid index everywhere; masked by ``found``
+
+    def lookup(col: str) -> np.ndarray:
+        values = pv[col].to_numpy(dtype=float, na_value=np.nan)
+        if not len(values):  # no previous figure at all (e.g. the previous run failed before any row)
+            return np.full(len(mine), np.nan)
+        return np.where(found, values[take], np.nan)
+
+    out: dict[str, np.ndarray] = {c: cur[c].to_numpy() for c in ("mod", "key", "modkey", "cell")}
+    for m in ALL_METRICS:
+        pb = lookup(B[m])
+        out[f"d_{m}"] = cur[B[m]].to_numpy() - pb
+        out[f"r_{m}"] = pb
+    out["ref_correct"] = lookup("correct")
+    return pd.DataFrame(out, index=cur.index, copy=False)
+
+
+def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
+           ref_cells: pd.DataFrame | None, groups: Groups | None = None, mid: Middles | None = None
+           ) -> pd.DataFrame:
+    """Per (key, profile, metric): fleet median of d, modules, modules worse *beyond tolerance*,
+    reference (``ref_cells`` per cell code, else the geometric mean of the rows' ``r_<m>``);
+    long and small."""
+    dcols, rcols = [f"d_{m}" for m in metrics], [f"r_{m}" for m in metrics]
+    cell = d["cell"].to_numpy()
+    g = groups or Groups(cell)
+    dv = float_columns(d, dcols)
+    if mid is not None and ref_cells is not None:  # d = badness - the cell's reference: shift the middles
+        r = ref_cells[rcols].reindex(g.present).to_numpy()
+        lo, hi = mid.lo[metrics].to_numpy() - r, mid.hi[metrics].to_numpy() - r
+    else:
+        lo, hi = g.middles(dv)
+    # the lower median of the badness: with an even count the less bad of the middle two, so
+    # that half of a small fleet is not a fleet-wide regression
+    n_rows = g.ends - g.starts
+    few = (n_rows < LOWER_MEDIAN_BELOW)[:, None]  # small fleets: the median of an even count matters
+    med = pd.DataFrame(np.where(few, lo, (lo + hi) / 2), index=g.present, columns=dcols)
+    if ref_cells is not None:
+        med = med.join(ref_cells[rcols])
+    else:
+        total, count = g.sums(float_columns(d, rcols))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            med = med.join(pd.DataFrame(total / count, index=g.present, columns=rcols))
+    thr = np.array([threshold(m, th.tol(m)) for m in metrics])
+    with np.errstate(invalid="ignore"):
+        counts = g.counts([~np.isnan(v) for v in dv] + [v > t for v, t in zip(dv, thr, strict=True)])
+    n = pd.DataFrame(counts[:, :len(dcols)], index=g.present, columns=dcols)
+    pos = pd.DataFrame(counts[:, len(dcols):], index=g.present, columns=dcols)
+    ids = names.cells.reindex(med.index)
+    parts = [pd.DataFrame({"model_key": ids["model_key"], "profile": ids["profile"], "metric": m,
+                           "d": med[f"d_{m}"], "n": n[f"d_{m}"], "worse": pos[f"d_{m}"],
+                           "ref": np.exp(SIGN[m] * med[f"r_{m}"])})
+             for m in metrics]
+    cells = pd.concat(parts)
+    cells.index.name = "cell"
+    return cells[cells["n"] > 0].dropna(subset=["d"]).reset_index()
+
+
+def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
+                  ref_cells: pd.DataFrame | None = None, groups: Groups | None = None, mid: Middles | None = None
+                  ) -> tuple[list[Change], list[Regression], pd.DataFrame]:
+    """Key-level changes (all of them) and the regressions among them, plus single-profile ones."""
+    metrics = [m for m in ALL_METRICS if has_value(d, f"d_{m}")]
+    if not metrics:
+        return [], [], pd.DataFrame()
+    cells = _cells(d, metrics, names, th, ref_cells, groups, mid)
+    changes: list[Change] = []
+    regs: list[Regression] = []
+    key_regressed: set[tuple[str, str]] = set()
+    pairs = pd.MultiIndex.from_arrays([cells["model_key"], cells["metric"]])
+    index = pairs.unique().sort_values()  # the (key, metric) groups, sorted as a groupby sorts them
+    at = index.get_indexer(pairs)
+    key_d, key_ref = Groups(at).median([cells["d"].to_numpy(dtype=float), cells["ref"].to_numpy(dtype=float)]).T
+    key_n, key_p = np.bincount(at, minlength=len(index)), wilcoxon_groups(cells, index)
+    for i, (key, m) in enumerate(index):  # keys x metrics
+        ch, p, base, n = float(relative_change(m, key_d[i])), float(key_p[i]), float(key_ref[i]), int(key_n[i])
+        status = key_status(m, ch, p, th)
+        changes.append(Change(model_key=str(key), metric=m, against=against, baseline=base, value=base * (1 + ch),
+                              change=ch, p_value=p, n=n, status=status))
+        if status == "regressed":
+            key_regressed.add((str(key), m))
+            regs.append(Regression(module=FLEET, model_key=str(key), profile=FLEET, metric=m, baseline=base,
+                                   value=base * (1 + ch), change=ch, against=against, p_value=p, n=n,
+                                   detail=f"median over {n} profiles of the fleet median"))
+    # one profile that moved beyond tolerance on (nearly) every module (sign test across modules)
+    cells["change"] = _change_vec(cells)
+    cells["p"] = sign_p(cells["worse"], cells["n"])
+    hit, tested = profile_regressed(cells, th)
+    for r in cells[hit].itertuples():  # findings only
+        if (str(r.model_key), str(r.metric)) in key_regressed:
+            continue
+        regs.append(Regression(module=FLEET, model_key=str(r.model_key), profile=str(r.profile), metric=str(r.metric),
+                               baseline=float(r.ref), value=float(r.ref * (1 + r.change)), change=float(r.change),
+                               against=against, p_value=float(r.p) if tested[r.Index] else None, n=int(r.n),
+                               detail=f"{int(r.worse)} of {int(r.n)} modules worse than tolerance"))
+    return changes, regs, cells
+
+
+def _change_vec(cells: pd.DataFrame) -> np.ndarray:
+    sign = cells["metric"].map(SIGN).to_numpy(dtype=float)
+    return np.expm1(sign * cells["d"].to_numpy(dtype=float))
+
+
+def module_compare(d: pd.DataFrame, names: Names, th: Thresholds, against: str = "previous",
+                   explained: Iterable[tuple[str, str]] = ()) -> list[Regression]:
+    """Per (module, key, metric) against that module's previous run: median over profiles + sign test.
+
+    ``explained``: (key, metric) pairs a fleet-wide finding already covers; not repeated per module.
+    """
+    metrics = [m for m in ALL_METRICS if has_value(d, f"d_{m}")]
+    if not metrics:
+        return []
+    dcols = [f"d_{m}" for m in metrics]
+    g = d["modkey"].to_numpy()
+    med = d[dcols].groupby(g).median()
+    pos = (d[dcols] > 0).groupby(g).sum()
+    neg = (d[dcols] < 0).groupby(g).sum()
+    regs: list[Regression] = []
+    for m in metrics:
+        dm = med[f"d_{m}"]
+        ch = np.expm1(SIGN[m] * dm)
+        k = np.where(dm > 0, pos[f"d_{m}"], neg[f"d_{m}"])
+        n = pos[f"d_{m}"] + neg[f"d_{m}"]
+        p = pd.Series(sign_p(k, n), index=med.index)
+        hit = module_regressed(m, ch, p, th)
+        covered = [k for k, em in explained if em == DERIVED.get(m, m)]
+        if covered:
+            hit &= ~np.isin(med.index.to_numpy() % names.nk, names.keys.get_indexer(covered))
+        codes = med.index[hit.to_numpy()]
+        if not len(codes):
+            continue
+        sel = np.isin(g, codes)
+        refs = np.exp(SIGN[m] * d.loc[sel, f"r_{m}"].groupby(g[sel]).median())
+        for code in codes:  # findings only
+            module, key = names.modkey(int(code))
+            base = float(refs.loc[code])
+            c = float(ch.loc[code])
+            regs.append(Regression(module=module, model_key=key, profile=FLEET, metric=m, baseline=base,
+                                   value=base * (1 + c), change=c, against=against, p_value=float(p.loc[code]),
+                                   n=int(n.loc[code]), modules=(module,),
+                                   detail=f"median over profiles vs this module's {against} run"))
+    return regs
+
+
+def correctness(cur: pd.DataFrame, ref_correct: np.ndarray, label: str) -> list[Regression]:
+    """MTP prompts right in the reference (``ref_correct`` per row of cur: baseline per key/profile,
+    or the same module's previous run) and wrong now."""
+    flip = answer_flipped(cur["correct"].to_numpy(), ref_correct)
+    if not flip.any():
+        return []
+    flips = pd.DataFrame({c: cur[c].to_numpy()[flip].astype(str) for c in ("module", *K)})
+    answered = cur[cur["correct"].notna()].groupby("cell")["module"].nunique()
+    cells = cur["cell"].to_numpy()[flip]
+    flips["answered"] = answered.reindex(cells).to_numpy()
+    regs: list[Regression] = []
+    for (key, prof), grp in flips.groupby(K):  # flipped prompts only
+        mods = tuple(sorted(grp["module"]))
+        every = len(mods) == int(grp["answered"].iloc[0]) and len(mods) > 1
+        for module in [FLEET] if every else mods:
+            regs.append(Regression(module=module, model_key=key, profile=prof, metric="correct", baseline=1.0,
+                                   value=0.0, change=None, against=label, n=len(mods),
+                                   modules=() if every else (module,),
+                                   detail=f"wrong on {len(mods)} module(s), right in {label}"))
+    return regs

@@ -1,0 +1,61 @@
+"""The statistical tests of a report: one-sided sign tests and Wilcoxon signed-rank tests (scipy).
+
+Both are vectorised over many groups at once; scipy loads only when a report is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+
+def sign_p(k: Any, n: Any) -> Any:
+    """One-sided sign test: probability of >= k of n in one direction by chance (scipy binom)."""
+    from scipy import stats  # heavy import: only when a report is built
+
+    k = np.asarray(k, dtype=float)
+    n = np.asarray(n, dtype=float)
+    if k.ndim == 1 and k.shape == n.shape and len(k) > 1024 and bool((n >= 0).all()) and bool((k >= 0).all()):
+        # many groups (one per module/key), few distinct (k, n): each pair's probability once
+        # (scipy evaluates element by element: the same bits as over every group)
+        width = int(n.max()) + 1
+        if (int(k.max()) + 1) * width <= 2**18:  # a table of every (k, n) pair
+            ki, ni = k.astype(np.int64), n.astype(np.int64)
+            if np.array_equal(ki, k) and np.array_equal(ni, n):  # whole numbers (counts)
+                code = ki * width + ni
+                pairs = np.flatnonzero(np.bincount(code))
+                table = np.zeros(int(pairs[-1]) + 1)
+                kp, np_ = (pairs // width).astype(float), (pairs % width).astype(float)
+                table[pairs] = np.where(np_ > 0, stats.binom.sf(kp - 1, np_, 0.5), 1.0)
+                return np.take(table, code)
+    return np.where(n > 0, stats.binom.sf(k - 1, n, 0.5), 1.0)
+
+
+def wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
+    """One-sided Wilcoxon signed-rank p (in the direction of the median) of each (key, metric)
+    group's cell medians against 0 (groups: ``index``, sorted), one scipy call per group size
+    (vectorised along the groups); each group's values in the order of ``cells``."""
+    from scipy import stats
+
+    at = index.get_indexer(pd.MultiIndex.from_arrays([cells["model_key"], cells["metric"]]))
+    order = np.argsort(at, kind="stable")
+    sizes = np.bincount(at, minlength=len(index))
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    d = cells["d"].to_numpy(dtype=float)[order]
+    p = np.ones(len(index))
+    for n in sorted(set(sizes.tolist())):  # a few distinct group sizes
+        if n < 2:
+            continue
+        groups = np.flatnonzero(sizes == n)
+        vals = d[starts[groups][:, None] + np.arange(n)]
+        nonzero = np.abs(vals).max(axis=1) > 1e-12
+        res = np.ones(len(vals))
+        if nonzero.any():  # one-sided, in the direction of the group's median
+            v = vals[nonzero]
+            up = stats.wilcoxon(v, axis=1, zero_method="zsplit", alternative="greater").pvalue
+            down = stats.wilcoxon(v, axis=1, zero_method="zsplit", alternative="less").pvalue
+            res[nonzero] = np.where(np.median(v, axis=1) >= 0, up, down)
+        p[groups] = res
+    return p

@@ -1,0 +1,89 @@
+"""The fleet summary table of a report and its completeness notes (what is missing from the run).
+
+Per (key, profile, metric): fleet median without the outlier modules, robust spread, min, max,
+count, baseline and change; notes name the module/key pairs and profiles without results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from controller.report.analysis.frame import SHAPE, K, Names, cell_table, first_rows, float_columns, present_metrics
+from controller.report.analysis.groups import Groups
+from controller.report.analysis.middles import Middles
+from controller.report.model import ALL_METRICS, DERIVED
+
+
+def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, included: np.ndarray,
+              spread: pd.DataFrame, groups: Groups | None = None, mid: Middles | None = None
+              ) -> pd.DataFrame:
+    """Per (key, profile, metric): fleet median (``fleet``: without outlier modules), robust spread
+    (1.4826 MAD of log figures ~ relative sd), min, max, count, baseline and change."""
+    metrics = present_metrics(cur, ALL_METRICS)
+    if not metrics:
+        return pd.DataFrame()
+    cell = cur["cell"].to_numpy()
+    g = groups or Groups(cell)
+    vals = float_columns(cur, metrics)
+    mn, mx = g.extremes(vals)
+    count = g.counts([~np.isnan(v) for v in vals])
+    agg = {"min": pd.DataFrame(mn, index=g.present, columns=metrics),
+           "max": pd.DataFrame(mx, index=g.present, columns=metrics),
+           "count": pd.DataFrame(count.astype(np.int64), index=g.present, columns=metrics)}
+    gi = mid.groups if mid is not None else Groups(cell[included])
+    inc = pd.DataFrame(index=gi.present)
+    for m, v in zip(metrics, vals, strict=True):
+        inc[m] = mid.figure(m) if mid is not None and mid.exact[m] else gi.median([v[included]])[:, 0]
+    ids = cell_table(cur)
+    at = first_rows(cell)  # each cell's first row: its position in ``rows`` is the prepared frame's index
+    first = rows.iloc[cur.index.to_numpy()[at]].reindex(columns=list(SHAPE)).set_axis(cell[at])
+    refv = ref.reindex(pd.MultiIndex.from_frame(ids[K])) if ref is not None else None
+    parts = []
+    for m in metrics:
+        sp = DERIVED.get(m, m)
+        part = pd.DataFrame({"model_key": ids["model_key"], "profile": ids["profile"], "metric": m,
+                             "fleet": inc[m],
+                             "spread": spread[sp] if sp in spread.columns else np.nan,
+                             "min": agg["min"][m], "max": agg["max"][m], "count": agg["count"][m]})
+        if refv is not None:
+            part["baseline"] = refv[m].to_numpy()
+            part["change"] = part["fleet"] / part["baseline"] - 1
+        parts.append(part)
+    s = pd.concat(parts).join(first).reset_index(drop=True)  # one join of each cell's shape, not one per metric
+    s["table"] = s["table"].astype(str)
+    return s[s["count"] > 0].reset_index(drop=True)
+
+
+def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expected_modules: Iterable[str],
+                 expected_keys: Iterable[str]) -> list[str]:
+    notes: list[str] = []
+    mk = cur["modkey"].to_numpy()
+    # one count per module/key code, whether or not the last codes have rows (a module that lacks the last key)
+    counts = np.bincount(mk, minlength=len(names.modules) * names.nk)
+    codes = np.flatnonzero(counts)  # module/key pairs with rows (names only for the few a note shows)
+    mods, keys = list(expected_modules), list(expected_keys)
+    missing: list[tuple[str, str]] = []
+    if mods and keys:
+        mc = names.modules.get_indexer(mods)
+        kc = names.keys.get_indexer(keys)
+        want = (np.repeat(mc, len(kc)) * names.nk + np.tile(kc, len(mc)))
+        have = (np.repeat(mc, len(kc)) >= 0) & (np.tile(kc, len(mc)) >= 0)
+        have[have] = counts[want[have]] > 0
+        missing = [(mods[i // len(keys)], keys[i % len(keys)]) for i in np.flatnonzero(~have)]
+    if missing:
+        shown = ", ".join(f"{m}/{k}" for m, k in missing[:8])
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        notes.append(f"no results for {len(missing)} module/key pair(s): {shown}{more}")
+    if ref is not None and len(cur):
+        want = ref.reset_index().groupby("model_key")["profile"].nunique()
+        wants = want.reindex(names.keys).to_numpy(dtype=float)[codes % names.nk]  # per key code, not per text
+        short = np.flatnonzero(counts[codes] < np.nan_to_num(wants, nan=0.0))
+        for i in short[:8].tolist():
+            module, key = names.modkey(int(codes[i]))
+            notes.append(f"{module}/{key}: {counts[codes[i]]} of {int(wants[i])} profiles")
+        if len(short) > 8:
+            notes.append(f"... {len(short) - 8} more module/key pairs with missing profiles")
+    return notes

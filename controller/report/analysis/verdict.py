@@ -1,0 +1,155 @@
+"""The regression policy: what counts as a regression or an outlier, one finding per cause, the verdict.
+
+Read this file to know what a report will call a regression; the figures it judges are taken
+beneath (:mod:`.compare`, :mod:`.outliers`; the numpy speed tricks in :mod:`.frame`,
+:mod:`.groups`, :mod:`.middles`). The numbers (tolerances, alphas) are
+:class:`~controller.report.model.Thresholds`. What keeps false alarms out and still names a
+real regression:
+
+* every figure is a *badness* in log units, ``b = ±log(value)``, signed so that larger is worse;
+  a change is ``value / reference - 1``;
+* **outliers first**: a module whose *typical* deviation from the fleet median (over all its
+  figures) is beyond ``outlier_tolerance`` and one-sided by a sign test (``p < outlier_alpha``)
+  is named once; then the same per (module, model key) on the other modules
+  (:func:`outlier_hits`). Outlier modules are left out of the fleet figures, so a slow module is
+  not a regression;
+* **one model key, fleet-wide** (against the baseline or the previous run): the median over
+  profiles of the fleet median's change; worse than the metric's tolerance and ``p < alpha`` by
+  a Wilcoxon signed-rank test across profiles: regressed (:func:`key_status`);
+* **one profile, fleet-wide**: worse than tolerance with ``p < alpha_profile`` by a sign test
+  across modules; with fewer than ``min_modules_for_test`` modules, only a change of 3x the
+  tolerance (:func:`profile_regressed`). In cells of fewer than :data:`LOWER_MEDIAN_BELOW` rows
+  the fleet median is the lower median of the badness (with an even count the less bad of the
+  middle two), so that half of a small fleet is not a fleet-wide regression;
+* **one module against its previous run**: the median over profiles worse than tolerance and
+  ``p < alpha`` by a sign test (:func:`module_regressed`); changes a fleet-wide finding or the
+  outlier list already explain are folded into those findings (:func:`fold`);
+* MTP: accept rates are metrics like the others (higher is better); a prompt answered correctly
+  by the reference and wrongly now is a regression (:func:`answer_flipped`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from contract.records import METRICS
+from controller.report.model import DERIVED, FLEET, Outlier, Regression, Status, Thresholds, Verdict
+
+LOWER_MEDIAN_BELOW = 12  # cells with fewer rows: the fleet median is the lower median of the badness
+
+
+# -- a change beyond tolerance (``METRICS[m]``: higher is better) --------------------------------
+def worse(metric: str, change: Any, tol: float) -> Any:
+    """Whether ``change`` (value / reference - 1) is worse than the tolerance."""
+    return change <= -tol if METRICS[metric] else change >= tol
+
+
+def better(metric: str, change: Any, tol: float) -> Any:
+    """Whether ``change`` is better than the tolerance."""
+    return change >= tol if METRICS[metric] else change <= -tol
+
+
+def threshold(metric: str, tol: float) -> float:
+    """Tolerance as a badness difference (log units)."""
+    return -math.log(1 - tol) if METRICS[metric] else math.log(1 + tol)
+
+
+# -- the rules ------------------------------------------------------------------------------------
+def key_status(metric: str, change: float, p: float, th: Thresholds) -> Status:
+    """One model key, fleet-wide: ``change`` the median over profiles, ``p`` the Wilcoxon test's."""
+    tol = th.tol(metric)
+    if worse(metric, change, tol):
+        return "regressed" if p < th.alpha else "not significant"
+    if better(metric, change, tol):
+        return "improved" if p < th.alpha else "not significant"
+    return "within tolerance"
+
+
+def profile_regressed(cells: pd.DataFrame, th: Thresholds) -> tuple[np.ndarray, pd.Series]:
+    """One profile of one key, fleet-wide, per cell (columns ``metric``, ``change``, ``n`` modules,
+    ``p`` the sign test of the modules worse than tolerance): which regressed, and which were
+    tested (enough modules for the sign test; the others only by a gross change)."""
+    tol = cells["metric"].map(th.tol)
+    up = cells["metric"].map(METRICS).astype(bool)
+    beyond = np.where(up, cells["change"] <= -tol, cells["change"] >= tol)
+    tested = cells["n"] >= th.min_modules_for_test
+    gross = np.where(up, cells["change"] <= -3 * tol, cells["change"] >= 3 * tol)
+    return beyond & np.where(tested, cells["p"] < th.alpha_profile, gross), tested
+
+
+def module_regressed(metric: str, change: pd.Series, p: pd.Series, th: Thresholds) -> pd.Series:
+    """One module against its previous run, per module/key: median change over profiles, sign test."""
+    return worse(metric, change, th.tol(metric)) & (p < th.alpha)
+
+
+def outlier_hits(stats: pd.DataFrame, th: Thresholds) -> pd.Series:
+    """Outlier modules (or module/key pairs), per group (columns ``factor``: typical performance
+    relative to the fleet median; ``p``: sign test of the deviations' direction)."""
+    off = (stats["factor"] - 1.0).abs() >= th.outlier_tolerance
+    return off & (stats["p"] < th.outlier_alpha)
+
+
+def answer_flipped(correct: np.ndarray, ref_correct: np.ndarray) -> np.ndarray:
+    """Per row: an MTP prompt answered wrongly now (0) and rightly in the reference (NaN: not asked)."""
+    return (correct == 0.0) & (np.nan_to_num(ref_correct, nan=0.0) >= 0.5)
+
+
+# -- one finding per cause, and the verdict --------------------------------------------------------
+def fold(regs: list[Regression], outliers: tuple[Outlier, ...]) -> list[Regression]:
+    """One finding per cause: derived metrics into their primary, previous into baseline, module
+    findings into fleet findings or the module's outlier entry."""
+    fleet_kpm = {(r.model_key, r.profile, DERIVED.get(r.metric, r.metric)) for r in regs if r.module == FLEET}
+    out_mods = {o.module for o in outliers if o.model_key == FLEET}
+    out_mk = {(o.module, o.model_key) for o in outliers}
+
+    def explained(r: Regression) -> bool:
+        metric = DERIVED.get(r.metric, r.metric)
+        by_fleet = (r.model_key, FLEET, metric) in fleet_kpm or (r.model_key, r.profile, metric) in fleet_kpm
+        return by_fleet or r.module in out_mods or (r.module, r.model_key) in out_mk
+
+    kept = [r for r in regs if r.module == FLEET or not explained(r)]
+    # same finding against both references -> one entry
+    merged: dict[tuple[str, str, str, str], Regression] = {}
+    for r in kept:
+        ident = (r.module, r.model_key, r.profile, r.metric)
+        if ident in merged:
+            a = merged[ident]
+            extra = f"; vs {r.against}: {r.change:+.1%}" if r.change is not None else f"; also vs {r.against}"
+            merged[ident] = a.model_copy(update={"against": f"{a.against}+{r.against}", "detail": a.detail + extra})
+        else:
+            merged[ident] = r
+    # derived metric moved with its primary -> related
+    result: dict[tuple[str, str, str, str], Regression] = {}
+    for ident, r in merged.items():
+        prim = DERIVED.get(r.metric)
+        pid = (r.module, r.model_key, r.profile, prim) if prim else None
+        if pid and pid in merged:
+            continue
+        result[ident] = r
+    for r in merged.values():
+        prim = DERIVED.get(r.metric)
+        pid = (r.module, r.model_key, r.profile, prim) if prim else None
+        if pid and pid in result and r.change is not None:
+            p = result[pid]
+            result[pid] = p.model_copy(update={"related": (*p.related, f"{r.metric} {r.change:+.1%}")})
+    order = {"correct": 1}
+    return sorted(result.values(), key=lambda r: (r.module != FLEET, r.model_key, order.get(r.metric, 0),
+                                                  r.profile, r.metric, r.module))
+
+
+def decide(state: str, n_rows: int, regressions: tuple[Regression, ...], notes: list[str],
+           expected_modules: Iterable[str], expected_keys: Iterable[str]) -> Verdict:
+    """The verdict: failed (the run failed, or no row), regressed (any finding left after folding),
+    incomplete (still running, cancelled, or results missing), else pass."""
+    if state == "failed" or n_rows == 0:
+        return "failed"
+    if regressions:
+        return "regressed"
+    incomplete = state in ("running", "cancelled") or any(
+        n.startswith("no results") or " of " in n and "profiles" in n for n in notes)
+    return "incomplete" if incomplete else "pass"

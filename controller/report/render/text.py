@@ -1,0 +1,147 @@
+"""Reports as text for people: one verdict line, the one-line forms of findings, Markdown."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from controller.report.model import FLEET, PRIMARY_METRICS, Outlier, OutlierTelemetry, Regression, Report
+from controller.report.render.numbers import num, pct
+
+
+def regression_line(x: Regression) -> str:
+    """One regression in one line, e.g. ``fleet: qwen3 decode_tps -8.0% vs baseline (tpot_ms +8.7%)``."""
+    where = x.model_key if x.profile == FLEET else f"{x.model_key} {x.profile}"
+    who = "fleet" if x.module == FLEET else x.module
+    if x.metric == "correct":
+        return f"{who}: {where}: answer now wrong (was right in {x.against})"
+    ch = f"{x.change:+.1%}" if x.change is not None else "?"
+    rel = f" ({', '.join(x.related)})" if x.related else ""
+    return f"{who}: {where} {x.metric} {ch} vs {x.against}{rel}"
+
+
+def outlier_line(o: Outlier) -> str:
+    """One outlier in one line, e.g. ``m03: typically 0.88x the fleet median (96 figures)``."""
+    what = o.module if o.model_key == FLEET else f"{o.module} [{o.model_key}]"
+    return f"{what}: typically {o.factor:.2f}x the fleet median ({o.cells} figures)"
+
+
+def telemetry_line(t: OutlierTelemetry) -> str:
+    """An outlier's device telemetry in one line: its findings, or why there are none."""
+    if t.status == "explained":
+        return "; ".join(t.findings)
+    return t.note
+
+
+def verdict_line(r: Report) -> str:
+    """One line, e.g. ``REGRESSED run-7 (1.4.2 vs baseline:1.4.1:v1): 1 regression(s): fleet: qwen3
+    decode_tps -8.0% vs baseline (tpot_ms +8.7%); 1 outlier(s): m03 0.88x``."""
+    against = r.baseline_id or ("baseline" if r.reference is not None else "no baseline")
+    head = f"{r.verdict.upper()} {r.run_id} ({r.release or '?'} vs {against})"
+    parts = []
+    if r.regressions:
+        first = regression_line(r.regressions[0])
+        more = f" and {len(r.regressions) - 1} more" if len(r.regressions) > 1 else ""
+        parts.append(f"{len(r.regressions)} regression(s): {first}{more}")
+    else:
+        parts.append("no regression")
+    if r.outliers:
+        parts.append(f"{len(r.outliers)} outlier(s): " + ", ".join(
+            f"{o.module}{'' if o.model_key == FLEET else '[' + o.model_key + ']'} {o.factor:.2f}x" for o in r.outliers))
+    if r.disagreements:
+        where = sorted({f"{d.module}[{d.model_key}]" for d in r.disagreements})
+        parts.append(f"release benchmark disagrees with the probe on {len(r.disagreements)} figure(s): "
+                     + ", ".join(where))
+    if r.verdict in ("incomplete", "failed") and r.notes:
+        parts.append(r.notes[-1])
+    return f"{head}: " + "; ".join(parts)
+
+
+def probe_text(r: Report) -> str:
+    """One sentence about the cross-check with the agent's probe (when nothing disagrees)."""
+    if r.disagreements:
+        return (f"{len(r.disagreements)} figure(s) where the release's benchmark and the agent's probe differ by more "
+                f"than {r.thresholds.probe_tolerance:.0%} (change: release / probe - 1).")
+    if r.probe_checked:
+        return (f"None: {r.probe_checked} release row(s) have a probe row beside them; every figure agrees "
+                f"within {r.thresholds.probe_tolerance:.0%}.")
+    return "No probe rows in this run."
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    esc: Callable[[str], str] = lambda c: str(c).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def to_markdown(r: Report) -> str:
+    """The whole report as one Markdown document."""
+    out = [f"# Fleet report {r.run_id}", "", f"**{verdict_line(r)}**", ""]
+    out.append(f"Release {r.release or '?'}; baseline {r.baseline_id or 'none'}; previous run(s) "
+               f"{', '.join(r.previous_ids) or 'none'}; {len(r.modules)} module(s); tolerance "
+               f"{r.thresholds.tolerance:.0%}.")
+    out += ["", "## Regressions", ""]
+    if r.regressions:
+        out.append(_md_table(
+            ["module", "model key", "profile", "metric", "baseline", "value", "change", "against", "p", "detail"],
+            [[x.module, x.model_key, x.profile, x.metric, num(x.baseline), num(x.value), pct(x.change), x.against,
+              "" if x.p_value is None else f"{x.p_value:.2g}",
+              x.detail + (f"; with {', '.join(x.related)}" if x.related else "")] for x in r.regressions]))
+    else:
+        out.append("None.")
+    out += ["", "## Outlier modules", ""]
+    if r.outliers:
+        out.append(_md_table(
+            ["module", "model key", "factor", "figures", "beyond 3 MAD", "worst cases", "device telemetry"],
+            [[o.module, o.model_key, f"{o.factor:.2f}x", str(o.cells), f"{o.share_out:.0%}",
+              "; ".join(f"{w.model_key} {w.profile} {w.metric} {num(w.value)} vs {num(w.fleet_median)}"
+                        for w in o.worst), telemetry_cell(r, o)] for o in r.outliers]))
+        out += _md_telemetry(r)
+    else:
+        out.append("None.")
+    out += ["", "## Release benchmark vs probe", "", probe_text(r)]
+    if r.disagreements:
+        out += ["", _md_table(["module", "model key", "profile", "metric", "release", "probe", "change"],
+                              [[d.module, d.model_key, d.profile, d.metric, num(d.release), num(d.probe),
+                                pct(d.change)] for d in r.disagreements])]
+    if r.changes:
+        out += ["", "## Every change per model key (fleet median over profiles)", ""]
+        rows = [[c.model_key, c.metric, c.against, num(c.baseline), num(c.value), pct(c.change),
+                 "" if c.p_value is None else f"{c.p_value:.2g}", c.status]
+                for c in r.changes if c.metric in PRIMARY_METRICS or c.status != "within tolerance"]
+        out.append(_md_table(["model key", "metric", "against", "reference", "value", "change", "p", "status"], rows))
+    if len(r.summary):
+        out += ["", "## Fleet summary (decode tok/s and TTFT ms per profile)", ""]
+        s = r.summary[r.summary["metric"].isin(["decode_tps", "ttft_ms", "accept_rate", "vision_fps"])]
+        rows = [[str(x.model_key), str(x.profile), str(x.metric), num(x.fleet), f"{x.spread:.1%}"
+                 if isinstance(x.spread, float) and not math.isnan(x.spread) else "", str(int(x.count)),
+                 num(getattr(x, "baseline", None)), pct(getattr(x, "change", None))]
+                for x in s.itertuples()]
+        out.append(_md_table(["model key", "profile", "metric", "fleet median", "spread", "modules", "baseline",
+                              "change"], rows))
+    if r.notes:
+        out += ["", "## Notes", ""] + [f"- {n}" for n in r.notes]
+    return "\n".join(out) + "\n"
+
+
+def telemetry_cell(r: Report, o: Outlier) -> str:
+    """The outlier's device telemetry in one line (blank: none attached)."""
+    t = r.telemetry_of(o)
+    return "" if t is None else telemetry_line(t)
+
+
+def _md_telemetry(r: Report) -> list[str]:
+    """Per outlier with telemetry: every figure compared, next to the fleet's median for the same keys."""
+    out: list[str] = []
+    for t in r.outlier_telemetry:
+        if not t.compared:
+            continue
+        what = t.module if t.model_key == FLEET else f"{t.module} [{t.model_key}]"
+        out += ["", f"### Device telemetry of {what} ({t.status})", ""]
+        out.append(_md_table(["figure", "module", "fleet median", "unit", "keys", "unusual"],
+                             [[c.what, num(c.value), num(c.fleet), c.unit, str(c.keys), "yes" if c.unusual else ""]
+                              for c in t.compared]))
+    return out
+
+
