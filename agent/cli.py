@@ -83,7 +83,7 @@ def run(
     """Validate a release on this module (no broker needed)."""
     from agent.pipeline import AgentConfig, run_pipeline
     from agent.settings import AgentSettings
-    from agent.unpack import sha256_file
+    from agent.unpack import tarball_sha256
     from contract.settings import load_settings
 
     try:
@@ -98,7 +98,7 @@ def run(
             raise BadInput(f"--model-root {model_root}: not a folder")
         if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256.strip()):
             raise BadInput(f"--sha256 {sha256!r}: not 64 hex digits")
-        digest = (sha256 or sha256_file(tarball)).strip().lower()
+        digest = (sha256 or tarball_sha256(tarball)).strip().lower()
         request = RunRequest(
             run_id=run_id or local_run_id(), module=cfg.module, tarball=str(tarball.resolve()),
             sha256=digest, release=release_version_of(tarball.name) or tarball.name, models=keys,

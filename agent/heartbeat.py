@@ -13,7 +13,6 @@ import shutil
 import socket
 import threading
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,9 @@ from agent.settings import AgentSettings
 from agent.store import read_json, write_atomic
 from contract.kv import KV
 from contract.records import Heartbeat
+from contract.version import agent_version
 
 log = logging.getLogger("fleet.agent")
-
-
-def agent_version() -> str:
-    try:
-        return metadata.version("m1000-fleet")
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "0+unknown"
 
 
 def current_activity(workdir: Path) -> tuple[str | None, str | None]:

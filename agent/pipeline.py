@@ -29,11 +29,12 @@ from agent.executor import CancelToken, EventCancelToken, Executor, ProcResult, 
 from agent.model_key import proc_error
 from agent.procs import Left
 from agent.state import RunMachine
-from agent.store import RunStore, write_atomic
+from agent.store import RunStore
 from agent.tables import stamp
 from agent.telemetry import SAMPLES_FILE, Sampler
 from agent.unpack import UnpackLimits, verify_sha256
 from agent.unpack import unpack as unpack_tarball
+from contract.files import write_atomic
 from contract.records import (
     MODEL_KEYS,
     Frozen,

@@ -24,38 +24,17 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from contract.files import write_atomic
 from contract.records import ResultRow, RunProgress, RunRequest, is_run_id
 from contract.vocab import check_run_id
 
 _LOG_NUMBER = re.compile(r"^(\d+)-")
-
-
-def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
-    """Write-then-rename: readers see the old file or the whole new one (``mode``: its permissions)."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except FileNotFoundError:  # its folder made on the first write only (no mkdir per write)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def append_lines(path: Path, lines: Iterable[str]) -> None:

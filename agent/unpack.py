@@ -25,7 +25,6 @@ thousand members).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import posixpath
 import shutil
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import AgentError, BadInput, ChecksumMismatch, UnsafeTarball
+from contract.files import sha256_file
 
 WORKFLOW_DIR = "scripts/ci/musa"
 
@@ -135,28 +135,21 @@ def name_problem(m: tarfile.TarInfo, limits: UnpackLimits) -> str | None:
     return None
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20, check: Check = _noop) -> str:
-    h = hashlib.sha256()
+def tarball_sha256(path: Path, check: Check = _noop) -> str:
+    """The tarball's sha256 (``check`` between chunks); no file or a folder there is BadInput."""
     try:
-        with open(path, "rb") as f:
-            n = 0
-            while block := f.read(chunk):
-                h.update(block)
-                n += 1
-                if n % 64 == 0:
-                    check()
+        return sha256_file(path, check=check)
     except FileNotFoundError:
         raise BadInput(f"{path}: tarball not found") from None
     except IsADirectoryError:
         raise BadInput(f"{path}: is a folder, not a tarball") from None
-    return h.hexdigest()
 
 
 def verify_sha256(path: Path, expected: str, check: Check = _noop) -> str:
     want = expected.strip().lower()
     if len(want) != 64 or any(c not in "0123456789abcdef" for c in want):
         raise BadInput(f"expected sha256 {expected!r} is not 64 hex digits")
-    got = sha256_file(path, check=check)
+    got = tarball_sha256(path, check=check)
     if got != want:
         raise ChecksumMismatch(f"{path}: sha256 mismatch (expected {want[:16]}..., got {got[:16]}...)")
     return got

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from simulator import build_release  # noqa: E402
-from tests.fleet.conftest import RedisServer  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 # Run by a fresh interpreter per side and round, with PYTHONPATH=<that side's tree>:<this tree>.
 # Written against what both sides have (execute_run, in agent.task or agent.worker; RunStore.add_event's keywords).

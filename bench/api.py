@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from contract.records import RunState  # noqa: E402
-from controller.cli.demo import free_port, inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
+from controller.cli.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.service import Session  # noqa: E402
 from controller.settings import ControllerSettings  # noqa: E402
+from simulator.ports import free_port  # noqa: E402
 
 TOKEN = "bench-token-0123456789abcdef"
 
@@ -126,7 +127,7 @@ def main() -> None:
     try:
         url = "filesystem://"
         if args.broker == "redis":
-            from tests.fleet.conftest import RedisServer
+            from tests.support.redis_server import RedisServer
 
             redis = RedisServer(tmp / "redis")
             redis.start()

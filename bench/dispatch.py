@@ -117,7 +117,7 @@ def fleet_dispatch(base: Path, settings: ControllerSettings, jobs: int,
 
 
 def scaling(base: Path, settings: ControllerSettings, n: int, models: tuple[str, ...], scale: float) -> float:
-    from controller.fleet import sha256_file
+    from contract.files import sha256_file
     from controller.service import Session
     from simulator import build_release, make_models
 
@@ -153,7 +153,7 @@ def scaling(base: Path, settings: ControllerSettings, n: int, models: tuple[str,
 def secure_dispatch(base: Path, jobs: int) -> tuple[list[float], list[float]]:
     """The same dispatch over redis-server with TLS (client certificates) and one ACL user per module."""
     from controller.remote.acl import CONTROLLER_USER, write_acl
-    from tests.security.conftest import SecureRedis, broker_env, make_tls
+    from tests.support.secure import SecureRedis, broker_env, make_tls
 
     tls = make_tls(base / "tls")
     files = write_acl(base / "acl", ["bench-01"])
@@ -201,7 +201,7 @@ def main() -> None:
                 print("redis-server not installed: skipping the redis broker")
                 brokers.remove("redis")
             else:
-                from tests.fleet.conftest import RedisServer
+                from tests.support.redis_server import RedisServer
 
                 redis = RedisServer(tmp / "redis")
                 redis.start()

@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent.store import RunStore  # noqa: E402
-from tests.fleet.conftest import RedisServer, make_lab  # noqa: E402
-from tests.reliability.conftest import KEYS, Bench  # noqa: E402
+from tests.support.lab import make_lab  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.reliability import KEYS, Bench  # noqa: E402
 
 
 def _worker_restart(b: Bench, redis: RedisServer) -> None:

@@ -49,8 +49,9 @@ sys.path.insert(0, str(ROOT))
 
 import paramiko  # noqa: E402
 
+from contract.files import sha256_file  # noqa: E402
 from controller.inventory import Module  # noqa: E402
-from controller.remote.push import file_sha256, push_release, receiver_argv  # noqa: E402
+from controller.remote.push import push_release, receiver_argv  # noqa: E402
 from controller.remote.ssh import BULK_CIPHERS  # noqa: E402
 from tests.ssh.netns import Host, Lab, capability_problem  # noqa: E402
 
@@ -188,7 +189,7 @@ def main() -> int:
         src = Path(tmp) / "release.tar.gz"
         make_file(src, size)
         t = time.monotonic()
-        digest = file_sha256(src)
+        digest = sha256_file(src)
         print(f"  sha256 of the file on the controller (fleetctl push without --sha256, once for all modules): "
               f"{time.monotonic() - t:.2f} s", flush=True)
         side = module_side_cpu(src, digest, Path(tmp))

@@ -49,15 +49,16 @@ import redis  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from agent.validate import stage_local_release  # noqa: E402
+from contract.files import sha256_file  # noqa: E402
 from controller.cli.demo import Worker, inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.cli.live import render  # noqa: E402
-from controller.fleet import Fleet, sha256_file  # noqa: E402
+from controller.fleet import Fleet  # noqa: E402
 from controller.history import History  # noqa: E402
 from controller.inventory import load_inventory  # noqa: E402
 from controller.settings import ControllerSettings  # noqa: E402
 from simulator import build_release, make_models  # noqa: E402
 from simulator.cheap import CHEAP_TELEMETRY_PERIOD, CHEAP_TIME_SCALE, cheap_module_env  # noqa: E402
-from tests.fleet.conftest import RedisServer  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 
 @dataclass

@@ -78,7 +78,7 @@ def validation_wall(runs: int, tool: str) -> dict[str, list[float]]:
     import simulator
     from agent.pipeline import AgentConfig, run_pipeline
     from contract.records import MODEL_KEYS, RunRequest
-    from controller.cli.demo import free_port
+    from simulator.ports import free_port
 
     out: dict[str, list[float]] = {"off": [], "on": []}
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,6 +20,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from contract.redact import redact_url
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - agents on Python 3.10
@@ -44,14 +46,6 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path}: not valid TOML: {exc}") from None
     return data
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-    return url
 
 
 def _file_values(cls: type[EnvSettings], path: Path | None) -> dict[str, Any]:
@@ -209,7 +203,7 @@ class BrokerSettings(EnvSettings):
         for chunk in chunks:
             parts = urlsplit(chunk)
             if scheme == "sentinel" and (parts.scheme != "sentinel" or not parts.hostname):
-                raise ValueError(f"{_redact(chunk)!r}: every server of a sentinel broker_url is sentinel://host:port")
+                raise ValueError(f"{redact_url(chunk)!r}: every server of a sentinel broker_url is sentinel://host:port")
         return v
 
     @property
@@ -242,7 +236,7 @@ class BrokerSettings(EnvSettings):
         return ";".join(out)
 
     def redacted_broker_url(self) -> str:
-        return ";".join(_redact(chunk) for chunk in self.broker_url.split(";"))
+        return ";".join(redact_url(chunk) for chunk in self.broker_url.split(";"))
 
 
 def load_settings(cls: type[BrokerSettings], config: str | Path | None = None, **overrides: Any) -> Any:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from agent.tables import parse_seed
 from contract.records import MODEL_KEYS
-from controller.cli.demo import free_port
 from simulator.build import build_release, make_models
 from simulator.fit import REFERENCE
+from simulator.ports import free_port
 
 FIELDS = ("prefill_tps", "ttft_ms", "decode_tps", "tpot_ms", "accept_rate", "accept_rate_len", "vision_fps")
 

@@ -32,20 +32,12 @@ from agent.metrics.readers import JsonFile, RunFiles, StepStats
 from agent.metrics.system import SystemProbe, SystemSample
 from agent.telemetry.exposition import device_families
 from contract.records import Heartbeat, ResultRow, RunState
+from contract.version import agent_version
 
 log = logging.getLogger(__package__)  # "agent.metrics", as before the package split
 
 DEVICE_FRESH_S = 60.0  # device samples older than this are not exposed (the run ended, or the tool fails)
 DISAGREES = "release_benchmark_disagrees"  # agent.probe.compare.FLAG (not imported: the exporter stays light)
-
-
-def agent_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("m1000-fleet")
-    except Exception:  # noqa: BLE001 - not installed as a package
-        return "0+unknown"
 
 
 class AgentCollector(Collector):

@@ -9,22 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client import CollectorRegistry, push_to_gateway
+
+from contract.redact import redact_url
 
 log = logging.getLogger(__package__)  # "agent.metrics", as before the package split
 
 PUSH_JOB = "m1000-agent"
-
-
-def redact_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None and parts.username is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def push_once(registry: CollectorRegistry, gateway: str, module: str, *, job: str = PUSH_JOB,

@@ -145,10 +145,11 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         """Put a release into each module's release cache (verified, resumable, skipped when present)."""
         from rich.table import Table
 
+        from contract.files import sha256_file
         from controller import service
         from controller.history import HistoryError
         from controller.inventory import InventoryError
-        from controller.remote.push import PushError, file_sha256, push_release
+        from controller.remote.push import PushError, push_release
 
         out, _ = _consoles()
 
@@ -158,7 +159,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
             kh, key = _trust(settings, known_hosts, identity)
             if not tarball.is_file():
                 raise PushError(f"{tarball}: release tarball not found")
-            digest = sha256 or file_sha256(tarball)
+            digest = sha256 or sha256_file(tarball)
             with service.Session(settings) as s:  # the releases runs may still read stay on the modules
                 keep = service.releases_in_use(s)
             results = push_release(mods, tarball, digest, known_hosts=kh, identity=key, max_parallel=parallel,

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from contract.files import write_atomic
+
 if TYPE_CHECKING:
     from controller.inventory import Inventory, Module
 
@@ -41,13 +43,6 @@ def file_sd(inventory: Inventory) -> list[dict[str, Any]]:
     return groups
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """The targets file, readable by Prometheus."""
-    from agent import store
-
-    store.write_atomic(path, text, mode=0o644)
-
-
 def register(app: typer.Typer, get_inventory: Callable[[], Inventory]) -> None:
     @app.command("prometheus-targets")
     def prometheus_targets(
@@ -59,4 +54,4 @@ def register(app: typer.Typer, get_inventory: Callable[[], Inventory]) -> None:
         if out is None:
             sys.stdout.write(text)
         else:
-            write_atomic(out / TARGETS_FILE, text)
+            write_atomic(out / TARGETS_FILE, text, mode=0o644)  # readable by Prometheus

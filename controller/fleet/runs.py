@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import time
 from collections.abc import Mapping
@@ -22,14 +21,6 @@ def release_version(tarball: Path) -> str:
     if version is None:
         raise BadRelease(f"{tarball}: not a release tarball name (SGLang-MUSA-M1000-M1000_<version>_sglang.tar.gz)")
     return version
-
-
-def sha256_file(path: Path, chunk: int = 4 * 1024 * 1024) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def new_run_id(now: float | None = None) -> str:

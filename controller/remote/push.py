@@ -14,7 +14,6 @@ known_hosts file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -62,14 +61,6 @@ class PushResult:
     @property
     def mb_per_s(self) -> float:
         return self.bytes / self.seconds / 1e6 if self.seconds > 0 and self.bytes else 0.0
-
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
 
 
 def receiver_argv(python: str, mode: str, workdir: str, sha256: str, name: str, size: int, offset: int,

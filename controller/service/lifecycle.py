@@ -12,8 +12,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from contract.files import sha256_file
 from contract.records import MODEL_KEYS, RunState, parse_model_keys
-from controller.fleet import BadRelease, RunIdInUse, RunView, module_failed, new_run_id, release_version, sha256_file
+from controller.fleet import BadRelease, RunIdInUse, RunView, module_failed, new_run_id, release_version
 from controller.history import HistoryError, RunInfo
 from controller.inventory import Module, select
 from controller.service.records import Judgement, Launched, ValidateRequest

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from contract.redact import redact_url
 from controller.settings import ConfigError
 
 log = logging.getLogger("fleet.webhooks")
@@ -95,7 +96,7 @@ class Webhooks:
                     self._post(url, event, delivery, body)
             return True
         except Exception as exc:  # given up: the service goes on
-            log.warning("webhook %s to %s given up after %d attempts: %s", event, _redact(url), self.attempts, exc)
+            log.warning("webhook %s to %s given up after %d attempts: %s", event, redact_url(url), self.attempts, exc)
             return False
 
     def _post(self, url: str, event: str, delivery: str, body: bytes) -> None:
@@ -111,8 +112,3 @@ class Webhooks:
             raise RuntimeError(f"HTTP {exc.code} (not retried)") from exc
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             raise Retryable(str(exc)) from exc
-
-
-def _redact(url: str) -> str:
-    p = urlsplit(url)
-    return f"{p.scheme}://{p.hostname}{':' + str(p.port) if p.port else ''}{p.path}"

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from agent.cli import app, rows_csv
 from agent.store import RunStore
 from contract.records import ResultRow
-from controller.cli.demo import free_port
+from simulator.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import psutil
@@ -25,8 +24,9 @@ import pytest
 
 from agent import procs
 from agent.store import RunStore
-from controller.cli.demo import free_port
-from tests.agent.conftest import TEMPLATE, TOP, Release, build_release
+from simulator.ports import free_port
+from tests.support.agent_release import TEMPLATE, TOP, Release, build_release
+from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MUSA = "scripts/ci/musa"
@@ -124,15 +124,6 @@ def _run(rel: Release, model_root: Path, work: Path, run_id: str, port: int, rec
                           env=_env(record), cwd=ROOT, timeout=120)
 
 
-def _wait(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.slow
 def test_a_daemon_of_the_release_ends_with_its_run_and_the_next_run_passes(tmp_path, daemon, model_root, record):
     work, port = tmp_path / "w", free_port()
@@ -161,8 +152,8 @@ def test_a_daemon_of_the_release_ends_when_its_run_is_cancelled(tmp_path, daemon
         p = store.progress("c1") if (work / "runs" / "c1" / "progress.json").exists() else None
         return p is not None and p.step == "benchmark" and p.model_key == "qwen3"
 
-    _wait(benchmarking, 60, "the benchmark of qwen3")
-    _wait(lambda: squatters(record), 10, "the daemon")
+    wait_for(benchmarking, 60, "the benchmark of qwen3", interval=0.1)
+    wait_for(lambda: squatters(record), 10, "the daemon", interval=0.1)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
@@ -178,7 +169,7 @@ def test_a_port_held_by_a_foreign_process_fails_the_key_naming_it(tmp_path, rele
     holder = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     try:
-        _wait(lambda: _listening(port), 20, "the foreign server")
+        wait_for(lambda: _listening(port), 20, "the foreign server", interval=0.1)
         res = _run(release, model_root, tmp_path / "w", "f1", port, record)
         assert res.returncode == 1, res.stderr
         out = json.loads(res.stdout)
@@ -203,9 +194,9 @@ def test_a_leftover_of_a_killed_agent_holding_the_port_is_freed(tmp_path, daemon
     proc = subprocess.Popen(_cmd(daemon, model_root, work, "k1", port, "--key-env", "qwen3:FAKE_BENCH_MODE=hang"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(record), cwd=ROOT)
     store = RunStore(work)
-    _wait(lambda: (work / "runs" / "k1" / "progress.json").exists() and store.progress("k1").step == "benchmark",
-          60, "the benchmark")
-    _wait(lambda: squatters(record), 10, "the daemon")
+    wait_for(lambda: (work / "runs" / "k1" / "progress.json").exists() and store.progress("k1").step == "benchmark",
+          60, "the benchmark", interval=0.1)
+    wait_for(lambda: squatters(record), 10, "the daemon", interval=0.1)
     proc.kill()
     proc.communicate(timeout=30)
     assert _listening(port) and all(alive(p) for p in squatters(record))  # left running by the killed agent

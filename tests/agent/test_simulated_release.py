@@ -20,10 +20,9 @@ import simulator
 from agent.store import RunStore
 from agent.tables import parse_seed
 from contract.records import METRICS, MODEL_KEYS
-from controller.cli.demo import free_port
 from simulator.fit import TIMINGS_MS
-
-from .conftest import processes_under
+from simulator.ports import free_port
+from tests.support.procs import processes_under
 
 pytestmark = pytest.mark.slow
 FLEET_AGENT = [sys.executable, "-m", "agent.cli"]

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from tests.api.conftest import AUTH, TOKEN, write_tokens
-from tests.cli.conftest import TARBALL
+from tests.support.cli import TARBALL
+from tests.support.http_servers import AUTH, TOKEN, write_tokens
 
 ENDPOINTS = [("get", "/api/v1/runs"), ("get", "/api/v1/runs/run-b"), ("get", "/api/v1/runs/run-b/report"),
              ("post", "/api/v1/runs/run-b/cancel"), ("get", "/api/v1/devices"), ("post", "/api/v1/runs")]
@@ -110,7 +110,7 @@ def test_broker_down_is_503(tmp_path, controller, monkeypatch):
     from fastapi.testclient import TestClient
 
     from controller.serve.api import Tokens, create_app
-    from tests.cli.conftest import closed_port
+    from tests.support.cli import closed_port
 
     down = controller.model_copy(update={"broker_url": f"redis://127.0.0.1:{closed_port()}/0"})
     with TestClient(create_app(down, Tokens([TOKEN]))) as c:
@@ -155,7 +155,7 @@ def test_webhook_gives_up_without_blocking(tmp_path):
     import time
 
     from controller.service.webhooks import Webhooks
-    from tests.cli.conftest import closed_port
+    from tests.support.cli import closed_port
 
     hooks = Webhooks([f"http://127.0.0.1:{closed_port()}/x"], b"0123456789abcdef", attempts=3, backoff=0.01)
     t0 = time.monotonic()

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli.demo import free_port, reference_rows
+from controller.cli.demo import reference_rows
 from controller.service import Session
-from tests.api.conftest import TOKEN, Receiver, ReleaseServer, write_tokens
+from simulator.ports import free_port
 from tests.browser import chromium_page
-from tests.fleet.conftest import make_lab
+from tests.support.http_servers import TOKEN, Receiver, ReleaseServer, write_tokens
+from tests.support.lab import make_lab
 
 pytestmark = pytest.mark.slow
 

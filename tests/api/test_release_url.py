@@ -13,8 +13,8 @@ import pytest
 
 from controller.service.release_url import NOT_SERVED
 from controller.settings import ControllerSettings
-from tests.api.conftest import AUTH, TOKEN, ReleaseServer, write_tokens
-from tests.cli.conftest import TARBALL, closed_port
+from tests.support.cli import TARBALL, closed_port
+from tests.support.http_servers import AUTH, TOKEN, ReleaseServer, write_tokens
 
 
 @pytest.fixture

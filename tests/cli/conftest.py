@@ -4,41 +4,13 @@ a release-named file, and a run history filled with synthetic runs (fast: no bro
 from __future__ import annotations
 
 import shutil
-import socket
-import time
 from pathlib import Path
 
 import pytest
 
-from agent.tables import parse_seed
-from contract.records import RunProgress, RunState
 from controller.history import History
-
-INV = '[[module]]\nname = "m1"\ntransport = "local"\n'
-TARBALL = "SGLang-MUSA-M1000-M1000_1.4.1_sglang.tar.gz"
-MODULES = [f"m{i:02d}" for i in range(6)]
-
-
-def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """``fleetctl ARGS`` in this process: (exit code, stdout, stderr)."""
-    from controller.cli.app import main
-
-    with pytest.raises(SystemExit) as e:
-        main(list(args))
-    cap = capsys.readouterr()
-    return int(e.value.code or 0), cap.out, cap.err
-
-
-def one_line(err: str) -> str:
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, err
-    return lines[0]
-
-
-def closed_port() -> int:
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.cli import INV, TARBALL, fill
+from tests.support.frames import seed_rows  # noqa: F401 - the fixture, registered by name
 
 
 @pytest.fixture
@@ -54,43 +26,8 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def finished_run(h: History, run_id: str, *, modules: list[str], state: str = "running",
-                 module_state: RunState = RunState.DONE, release: str = "1.4.2", models: tuple[str, ...] = ("qwen3",),
-                 sha256: str = "") -> None:
-    """A run whose modules all reported a terminal state (the run row itself may still say running)."""
-    h.create_run(run_id, release=release, models=models, modules=modules, sha256=sha256)
-    now = time.time()
-    for m in modules:
-        h.upsert_progress(RunProgress(run_id=run_id, module=m, release=release, state=module_state, step="done",
-                                      keys_total=len(models), keys_done=len(models), updated_at=now,
-                                      started_at=now - 5, finished_at=now))
-    if state != "running":
-        h.set_run_state(run_id, state)
-    time.sleep(0.01)  # created_at orders the runs
-
-
 @pytest.fixture(scope="session")
-def seed_rows(seed_text: str) -> list:
-    return [r for rows in parse_seed(seed_text).values() for r in rows]
-
-
-def fill(h: History, seed_rows: list, *, state: str = "running") -> None:
-    """Baseline 1.4.1@v1 from the seed; run-a (clean) and run-b (qwen3 decode 8 % worse), both finished."""
-    from controller.report.synth import fleet, rows_frame
-    from tests.report.conftest import frame_to_rows
-
-    reference = rows_frame(seed_rows)
-    h.add_baseline("1.4.1", seed_rows, "seed")
-    keys = tuple(sorted(set(reference["model_key"])))
-    for run_id, regress, seed in (("run-a", None, 1), ("run-b", {("qwen3", "decode_tps"): 0.08}, 2)):
-        df = fleet(reference, module_factor={"m03": 0.88}, regress=regress, seed=seed, run_id=run_id,
-                   release="1.4.1")
-        finished_run(h, run_id, modules=MODULES, state=state, release="1.4.1", models=keys)
-        h.upsert_rows(frame_to_rows(df))
-
-
-@pytest.fixture(scope="session")
-def filled_template(tmp_path_factory: pytest.TempPathFactory, seed_rows: list) -> Path:
+def filled_template(tmp_path_factory: pytest.TempPathFactory, seed_rows: list) -> Path:  # noqa: F811 - the fixture
     path = tmp_path_factory.mktemp("filled") / "history.sqlite"
     h = History(path)
     try:

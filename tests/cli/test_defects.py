@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from controller.history import History
-from tests.cli.conftest import TARBALL, closed_port, finished_run, one_line, run_main
+from tests.support.cli import TARBALL, closed_port, finished_run, one_line, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -198,7 +198,7 @@ def test_serve_survives_a_report_that_fails(env, capsys, monkeypatch):
 
 # issue 11, item 4: an existing run id is refused unless --resume
 def test_existing_run_id_refused_unless_resume(env, capsys):
-    from controller.fleet import sha256_file
+    from contract.files import sha256_file
 
     h = History(env / "history.sqlite")
     finished_run(h, "old-run", modules=["m1"], state="done", release="1.4.1",
@@ -218,7 +218,7 @@ def test_existing_run_id_refused_unless_resume(env, capsys):
 
 # issue 25, item 1: a module answers a run id only for the same request, so --resume asks for the run's models
 def test_resume_asks_for_the_runs_own_models(env, capsys):
-    from controller.fleet import sha256_file
+    from contract.files import sha256_file
 
     h = History(env / "history.sqlite")
     finished_run(h, "sub-run", modules=["m1"], state="failed", release="1.4.1", models=("qwen3", "qwen35"),
@@ -233,8 +233,8 @@ def test_resume_asks_for_the_runs_own_models(env, capsys):
 
 # `fleetctl validate` takes a release URL as the API does (downloaded by the controller, checked first)
 def test_validate_release_url_checked_before_dispatch(env, capsys, tmp_path, monkeypatch):
-    from controller.fleet import sha256_file
-    from tests.api.conftest import ReleaseServer
+    from contract.files import sha256_file
+    from tests.support.http_servers import ReleaseServer
 
     monkeypatch.setenv("FLEET_RELEASE_URL_HOSTS", '["127.0.0.1"]')  # the test release server is on loopback
     server = ReleaseServer(env)

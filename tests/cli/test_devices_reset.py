@@ -14,7 +14,7 @@ from contract.kv import KV
 from contract.records import Heartbeat, RunProgress, RunState, StepError
 from contract.settings import BrokerSettings
 from controller.history import RESET_EVENT, History
-from tests.cli.conftest import one_line, run_main
+from tests.support.cli import one_line, run_main
 
 
 def failed_runs(env: Path, n: int) -> None:

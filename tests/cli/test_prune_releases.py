@@ -8,7 +8,7 @@ import hashlib
 
 from controller.history import History
 from controller.service import Session
-from tests.cli.conftest import TARBALL, finished_run, run_main
+from tests.support.cli import TARBALL, finished_run, run_main
 
 
 def digest(name: str) -> str:

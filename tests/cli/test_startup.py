@@ -63,7 +63,7 @@ def test_status_of_a_running_run_reads_the_broker_not_the_reports(env):
 def test_status_of_a_judged_run_shows_the_recorded_verdict_without_the_reports(env, capsys):
     """An ended run judged before (here against another baseline, as ``validate --baseline`` does)
     shows the verdict it got, unchanged and without building its report again."""
-    from tests.cli.conftest import finished_run, run_main
+    from tests.support.cli import finished_run, run_main
 
     line = "REGRESSED r1 (1.4.2 vs baseline:1.4.0:v1): 1 regression(s)"
     h = History(env / "history.sqlite")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from controller.history import History
-from tests.cli.conftest import TARBALL, finished_run, one_line, run_main
+from tests.support.cli import TARBALL, finished_run, one_line, run_main
 
 EXIT_CODES = [
     (["--help"], 0),
@@ -147,7 +147,7 @@ def test_logs_of_a_local_module(env, capsys):
 
 
 def test_retry_makes_a_new_run_of_the_same_release(env, capsys):
-    from controller.fleet import sha256_file
+    from contract.files import sha256_file
 
     h = History(env / "history.sqlite")
     h.create_run("first", release="1.4.1", tarball=str(env / TARBALL), sha256=sha256_file(env / TARBALL),

@@ -8,15 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "tests" / "fixtures" / "engine"
-
-
-def engine_python() -> Path | None:
-    """The interpreter with torch + transformers[serving] (``make engine``), or None."""
-    raw = os.environ.get("M1000_TEST_ENGINE_PYTHON")
-    path = Path(raw) if raw else REPO / ".venv-engine" / "bin" / "python"
-    return path if path.exists() else None
+from tests.support.engine import REPO, engine_python
 
 
 @pytest.fixture(scope="session")

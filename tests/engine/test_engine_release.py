@@ -20,11 +20,10 @@ import pytest
 
 import simulator
 from contract.records import MODEL_KEYS
-from controller.cli.demo import free_port
 from simulator.engine.build import build_engine_release, parse_profiles
-from tests.agent.conftest import processes_under
-
-from .conftest import REPO
+from simulator.ports import free_port
+from tests.support.engine import REPO
+from tests.support.procs import processes_under
 
 pytestmark = pytest.mark.slow
 FLEET_AGENT = [sys.executable, "-m", "agent.cli"]

@@ -19,8 +19,7 @@ from simulator.engine.build import BuildError, parse_profiles
 from simulator.engine.runtime import serve
 from simulator.engine.runtime.bench import measure, words
 from simulator.engine.runtime.common import EngineError
-
-from .conftest import FIXTURES
+from tests.support.engine import FIXTURES
 
 
 def sections(name: str) -> dict[str, list[bytes]]:

@@ -5,176 +5,17 @@ The same tests run twice, once per broker, as celery's own suite does.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from controller.cli.demo import Worker, free_port, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
-from controller.service import Session
-from controller.settings import ControllerSettings
-
-REDIS = shutil.which("redis-server")
-_REDIS_DB = itertools.cycle(range(16))
-
-
-@dataclass
-class RedisServer:
-    dir: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-    bind: tuple[str, ...] = ("127.0.0.1",)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        assert REDIS
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [REDIS, "--port", str(self.port), "--bind", *self.bind, "--dir", str(self.dir), "--appendonly", "yes",
-             "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
-             # protected mode refuses clients off loopback without a password: the veth test host is one
-             "--protected-mode", "yes" if self.bind == ("127.0.0.1",) else "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as c:
-                c.sendall(b"PING\r\n")
-                if c.recv(16).startswith(b"+PONG"):
-                    return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown, no final AOF rewrite (appendfsync everysec: at most ~1 s of writes lost)."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def restart(self, down_for: float = 1.0) -> None:
-        self.stop()
-        time.sleep(down_for)
-        self.start()
-
-
-@contextlib.contextmanager
-def running_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A redis-server of its own for a test module (skips, saying why, where none is installed)."""
-    if not REDIS:
-        pytest.skip("redis-server not installed (make test installs Debian's redis-server)")
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module", params=["embedded", pytest.param("redis", marks=pytest.mark.redis)])
-def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[tuple[str, RedisServer | None]]:
-    if request.param == "embedded":
-        yield "filesystem://", None
-        return
-    with running_redis(tmp_path_factory) as server:
-        yield server.url, server
-
-
-@dataclass
-class Lab:
-    """A simulated lab: inventory, controller state, worker processes."""
-
-    base: Path
-    settings: ControllerSettings
-    names: list[str]
-    workers: dict[str, Worker] = field(default_factory=dict)
-    redis: RedisServer | None = None
-
-    def state(self) -> Session:
-        return Session(self.settings)
-
-    def worker_env(self) -> dict[str, str]:
-        """FLEET_* variables for the lab's settings that workers must share (beyond start_worker's own)."""
-        fields = ("lost_after", "run_soft_time_limit", "run_time_limit", "broker_visibility_timeout", "max_attempts",
-                  "broker_sentinel_master")
-        defaults = ControllerSettings()
-        return {f"FLEET_{f.upper()}": str(getattr(self.settings, f)) for f in fields
-                if getattr(self.settings, f) != getattr(defaults, f)}
-
-    def start(self, names: list[str] | None = None, sim_env: dict[str, dict[str, str]] | None = None,
-              wait: bool = True, argv_prefix: tuple[str, ...] = ()) -> None:
-        from simulator import make_models
-
-        started = []
-        for name in names or self.names:
-            make_models(self.base / "modules" / name / "models")
-            env = {**self.worker_env(), **(sim_env or {}).get(name, {})}
-            w = start_worker(name, self.base, self.settings, sim_env=env, argv_prefix=argv_prefix)
-            self.workers[name] = w
-            started.append(w)
-        if wait:
-            wait_for_heartbeats(self.settings, started, 60)
-
-    def kill(self, name: str) -> None:
-        w = self.workers.pop(name)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(w.proc.pid, signal.SIGKILL)
-        w.proc.wait(timeout=10)
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-        env.update({"FLEET_BROKER_URL": self.settings.broker_url, "FLEET_DATA_DIR": str(self.settings.data_dir),
-                    "FLEET_INVENTORY": str(self.settings.inventory), "FLEET_HISTORY": str(self.settings.history_path),
-                    "FLEET_HEARTBEAT_INTERVAL": str(self.settings.heartbeat_interval),
-                    "FLEET_OFFLINE_AFTER": str(self.settings.offline_after), "FLEET_METRICS_PORT": "0",
-                    **self.worker_env()})
-        return env
-
-    def fleetctl(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        exe = Path(sys.executable).parent / "fleetctl"
-        cmd = [str(exe) if exe.exists() else "fleetctl", *args]
-        return subprocess.run(cmd, env=self.env(), capture_output=True, text=True, timeout=timeout)
-
-    def stop(self) -> None:
-        stop_workers(list(self.workers.values()), grace=5)
-        self.workers.clear()
-
-
-def make_lab(base: Path, broker: tuple[str, RedisServer | None], n: int, extra: list[str] | None = None,
-             **overrides: float) -> Lab:
-    """``overrides``: ControllerSettings fields (heartbeat_interval, offline_after, lost_after, time limits...)."""
-    """A lab of ``n`` modules (plus ``extra`` names in the inventory that never get a worker)."""
-    names = [f"sim-{i + 1:02d}" for i in range(n)]
-    url = broker[0]
-    if broker[1] is not None:  # every lab its own Redis database: labs reuse module names
-        url = f"redis://127.0.0.1:{broker[1].port}/{next(_REDIS_DB)}"
-    settings = ControllerSettings(
-        broker_url=url, data_dir=base / "fleet", inventory=base / "inventory.toml",
-        history=base / "history.sqlite", **{"heartbeat_interval": 0.5, "offline_after": 4.0, **overrides})
-    base.mkdir(parents=True, exist_ok=True)
-    (base / "inventory.toml").write_text(inventory_toml(names + (extra or []), base, None))
-    return Lab(base, settings, names, redis=broker[1])
+from tests.support.lab import Lab, broker, make_lab  # noqa: F401 - broker: the fixture, registered by name
+from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture(scope="module")
-def shared_lab(tmp_path_factory: pytest.TempPathFactory, broker: tuple[str, RedisServer | None]) -> Iterator[Lab]:
+def shared_lab(tmp_path_factory: pytest.TempPathFactory, broker: tuple[str, RedisServer | None]) -> Iterator[Lab]:  # noqa: F811 - the fixture
     """Two running modules (sim-01, sim-02) and one that never starts (sim-03), shared by a test module."""
     lab = make_lab(tmp_path_factory.mktemp("lab"), broker, 2, extra=["sim-03"])
     lab.start()
@@ -185,7 +26,7 @@ def shared_lab(tmp_path_factory: pytest.TempPathFactory, broker: tuple[str, Redi
 
 
 @pytest.fixture
-def lab_factory(tmp_path: Path, broker: tuple[str, RedisServer | None]) -> Iterator:
+def lab_factory(tmp_path: Path, broker: tuple[str, RedisServer | None]) -> Iterator:  # noqa: F811 - the fixture
     labs: list[Lab] = []
 
     def make(n: int = 2, **overrides: float) -> Lab:

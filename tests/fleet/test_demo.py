@@ -10,6 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.support.procs import env_has
+
 pytestmark = pytest.mark.slow
 
 
@@ -23,15 +25,8 @@ def test_demo_command_small(tmp_path: Path):
                        timeout=180)
     assert "verdict:" in r.stdout, r.stderr
     assert r.returncode in (0, 1)
-    survivors = [p for p in psutil.process_iter() if _env_has(p, str(out))]
+    survivors = [p for p in psutil.process_iter() if env_has(p, str(out))]
     assert survivors == []
-
-
-def _env_has(p: psutil.Process, text: str) -> bool:
-    try:
-        return any(text in v for v in p.environ().values())
-    except (psutil.Error, OSError):
-        return False
 
 
 def test_demo_64_devices_passes(tmp_path: Path):
@@ -46,4 +41,4 @@ def test_demo_64_devices_passes(tmp_path: Path):
     # (exit 1: noise 0.01, time scale 50), which is a finding about figures, not a failed module
     assert r.returncode in (0, 1) and "verdict:" in r.stdout, (r.stdout[-3000:], r.stderr[-2000:])
     assert (r.stdout + r.stderr).count(": done, ok, 11 rows") == 64, (r.stdout[-3000:], r.stderr[-2000:])
-    assert [p for p in psutil.process_iter() if _env_has(p, str(out))] == []
+    assert [p for p in psutil.process_iter() if env_has(p, str(out))] == []

@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.engine.conftest import engine_python
-from tests.fleet.test_demo import _env_has
+from tests.support.engine import engine_python
+from tests.support.procs import env_has
 
 pytestmark = pytest.mark.slow
 
@@ -32,5 +32,5 @@ def test_demo_with_a_real_engine_module(tmp_path: Path):
                              "latest"], capture_output=True, text=True, env=env, timeout=120)
     assert "(1.4.1-engine vs baseline:1.4.1-engine:v1)" in report.stdout, report.stdout[:2000]
     assert "real-01" in report.stdout or "1 module(s)" in report.stdout
-    survivors = [p for p in psutil.process_iter() if _env_has(p, str(out))]
+    survivors = [p for p in psutil.process_iter() if env_has(p, str(out))]
     assert survivors == []

@@ -8,19 +8,18 @@ processes, and drives the controller through ``fleetctl`` (a real process) or th
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from agent.procs import MARK
 from agent.validate import stage_local_release
 from contract.records import RunState
 from controller.fleet import Fleet
 from controller.history import History
+from tests.support.procs import leftovers
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -40,30 +39,6 @@ def slow_release(tmp_path_factory: pytest.TempPathFactory):
     from simulator import build_release
 
     return build_release(tmp_path_factory.mktemp("slow-release"), time_scale=SLOW_SCALE, noise=0.0, seed=3)
-
-
-def leftovers(lab) -> list[psutil.Process]:
-    """Processes started for the lab's modules that are not part of a live worker's own group."""
-    workdirs = {str(lab.base / "modules" / n / "work") for n in lab.names}
-    groups = {w.proc.pid for w in lab.workers.values()}
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get(MARK) in workdirs and os.getpgid(p.pid) not in groups:
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def wait_for(cond, timeout: float, what: str, interval: float = 0.2):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def test_multi_module_run_end_to_end(shared_lab, release):

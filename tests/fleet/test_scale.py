@@ -16,10 +16,12 @@ import pytest
 
 from agent.store import RunStore
 from agent.validate import stage_local_release
-from controller.fleet import Fleet, sha256_file
+from contract.files import sha256_file
+from controller.fleet import Fleet
 from controller.history import History
 from simulator.cheap import cheap_module_env
-from tests.fleet.conftest import REDIS, RedisServer, make_lab
+from tests.support.lab import make_lab
+from tests.support.redis_server import REDIS, RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

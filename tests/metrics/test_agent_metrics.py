@@ -23,10 +23,10 @@ from agent.metrics import (
     build_registry,
     label_value,
     push_once,
-    redact_url,
     start_exporter,
 )
 from contract.records import KeyOutcome, RunState
+from contract.redact import redact_url
 from tests.metrics.fleetfiles import RunWriter, finished_run, heartbeat, seed_rows
 
 

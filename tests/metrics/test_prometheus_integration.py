@@ -30,14 +30,15 @@ from agent.metrics import CATALOG as AGENT_CATALOG
 from agent.metrics import SystemSample, build_registry, push_once, start_exporter
 from agent.tables import parse_seed
 from contract.records import KeyOutcome, RunState
-from controller.cli.demo import free_port
 from controller.cli.targets import file_sd
 from controller.history import History
 from controller.inventory import parse_inventory
 from controller.serve.metrics import CATALOG as CONTROLLER_CATALOG
 from controller.serve.metrics import ControllerCollector, ModuleReading
+from simulator.ports import free_port
 from tests.metrics.dashboards import RULES, dashboard_queries, rule_exprs, substitute
 from tests.metrics.fleetfiles import RunWriter, finished_run, heartbeat, seed_rows
+from tests.support.wait import wait_for
 
 PROMETHEUS = shutil.which("prometheus")
 PUSHGATEWAY = shutil.which("prometheus-pushgateway")
@@ -62,15 +63,6 @@ def query(base: str, expr: str) -> list[dict[str, Any]]:
     data = get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
     assert data["status"] == "success", (expr, data)
     return list(data["data"]["result"])
-
-
-def wait_for(pred: Any, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Procs:
@@ -200,7 +192,7 @@ def test_prometheus_scrapes_fleet_and_every_expression_has_data(
         except OSError:
             return False
 
-    wait_for(ready, 60, "prometheus ready")
+    wait_for(ready, 60, "prometheus ready", interval=0.3)
 
     # the simulated modules run while Prometheus scrapes; each samples its simulated device (sim-b's throttles)
     from simulator import DEVICE_TOOL_DIR, ENV_DEVICE, ENV_DEVICE_DIR
@@ -217,12 +209,12 @@ def test_prometheus_scrapes_fleet_and_every_expression_has_data(
                                "--format", "json"], tmp_path / f"{m}.log", env=env)
 
     wait_for(lambda: query(base, 'max_over_time(m1000_run_active{module="sim-a"}[10m]) == 1'), 120,
-             "sim-a seen running")  # a scrape saw it running (the run may already have ended)
+             "sim-a seen running", interval=0.3)  # a scrape saw it running (the run may already have ended)
     for m, p in runs.items():
         p.wait(timeout=150)
         assert p.returncode == 0, (tmp_path / f"{m}.log").read_text()[-3000:]
         heartbeat(work[m], m)
-    wait_for(lambda: query(base, 'm1000_run_state{module="sim-b", state="done"} == 1'), 30, "sim-b done")
+    wait_for(lambda: query(base, 'm1000_run_state{module="sim-b", state="done"} == 1'), 30, "sim-b done", interval=0.3)
     time.sleep(2.5)  # a few more scrapes for rate()
 
     # the run was seen in progress, then done, with the simulator's figures
@@ -268,7 +260,7 @@ def test_push_to_a_real_pushgateway(tmp_path: Path, seed_text: str, procs: Procs
     port = free_port()
     procs.start([PUSHGATEWAY or "", f"--web.listen-address=127.0.0.1:{port}"], tmp_path / "pgw.log")
     url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: _ok(f"{url}/-/ready"), 30, "pushgateway ready")
+    wait_for(lambda: _ok(f"{url}/-/ready"), 30, "pushgateway ready", interval=0.3)
     reg = build_registry(tmp_path, "m-push")
     assert push_once(reg, url, "m-push", timeout=2.0)
     body = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()

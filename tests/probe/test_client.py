@@ -12,7 +12,7 @@ from agent.probe.measure import interpret
 from agent.probe.records import LoadShape, load_shapes
 from agent.probe.runner import ProbeConfig, ProbeError, probe_async
 from agent.probe.transport import Transport
-from controller.cli.demo import free_port
+from simulator.ports import free_port
 from tests.probe.fakeserver import FakeServer
 
 BODY = json.dumps({"model": "m", "prompt": [1, 2, 3], "max_tokens": 3, "stream": True}).encode()

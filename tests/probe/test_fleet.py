@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet.conftest import make_lab
+from tests.support.lab import make_lab
 
 pytestmark = pytest.mark.slow
 

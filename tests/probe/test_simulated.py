@@ -20,8 +20,8 @@ from agent.probe import FLAG
 from agent.store import RunStore
 from agent.tables import parse_seed
 from contract.records import RunRequest
-from controller.cli.demo import free_port
 from controller.history import History
+from simulator.ports import free_port
 
 pytestmark = pytest.mark.slow
 TOLERANCE = 0.03

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from contract.records import RunState
-from tests.fleet.test_dispatch import wait_for
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
 

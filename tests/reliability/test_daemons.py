@@ -20,8 +20,8 @@ import pytest
 
 from contract.records import RunState
 from simulator.build import BuiltRelease
-from tests.fleet.test_dispatch import wait_for
-from tests.reliability.conftest import KEYS
+from tests.support.reliability import KEYS
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
 

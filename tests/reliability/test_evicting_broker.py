@@ -18,9 +18,9 @@ import redis
 
 from agent.store import RunStore
 from contract.records import RunState
-from tests.fleet.conftest import RedisServer, running_redis
-from tests.fleet.test_dispatch import wait_for
-from tests.reliability.conftest import KEYS
+from tests.support.redis_server import RedisServer, running_redis
+from tests.support.reliability import KEYS
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from controller.history import History
-from tests.fleet.conftest import RedisServer, make_lab, running_redis
+from tests.support.lab import make_lab
+from tests.support.redis_server import RedisServer, running_redis
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

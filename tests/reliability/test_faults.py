@@ -13,8 +13,8 @@ import pytest
 
 from agent.store import RunStore
 from contract.records import RunState
-from tests.fleet.test_dispatch import wait_for
-from tests.reliability.conftest import KEYS
+from tests.support.reliability import KEYS
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,7 @@ def test_sigterm_mid_run_interrupts_cleanly_and_resumes(bench_factory, broker, r
     p = wait_for(lambda: (p := b.fleet.sync(run_id).progress["sim-01"]).state == RunState.INTERRUPTED and p, 10,
                  "the interrupted state")
     assert "interrupted" in p.error.message and [o.status for o in p.outcomes][0] == "passed"
-    from tests.fleet.test_dispatch import leftovers
+    from tests.support.procs import leftovers
     assert leftovers(b.lab) == []  # nothing of the run outlives the agent
     b.lab.start(sim_env={"sim-01": {"FLEET_STOP_GRACE": "3"}})
     view = b.check_run(run_id, 120)

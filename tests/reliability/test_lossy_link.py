@@ -22,9 +22,9 @@ import pytest
 
 from agent.store import RunStore
 from contract.records import RunState
-from tests.fleet.conftest import REDIS, RedisServer, running_redis
-from tests.reliability.conftest import KEYS
 from tests.ssh.netns import LOCK
+from tests.support.redis_server import REDIS, RedisServer, running_redis
+from tests.support.reliability import KEYS
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.netns]
 

@@ -16,9 +16,9 @@ import pytest
 
 from agent.store import RunStore
 from contract.records import RunState
-from tests.fleet.conftest import REDIS, RedisServer
-from tests.fleet.test_dispatch import wait_for
-from tests.reliability.conftest import KEYS
+from tests.support.redis_server import REDIS, RedisServer
+from tests.support.reliability import KEYS
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.netns]
 

@@ -15,7 +15,7 @@ import pytest
 
 from agent.store import RunStore
 from contract.records import RunState
-from tests.reliability.conftest import KEYS
+from tests.support.reliability import KEYS
 
 pytestmark = pytest.mark.slow
 

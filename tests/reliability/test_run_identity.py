@@ -22,9 +22,9 @@ from controller.fleet import Fleet, FleetError
 from controller.history import History
 from controller.inventory import Module
 from controller.service import Session
-from tests.fleet.conftest import Lab
-from tests.fleet.test_dispatch import wait_for
-from tests.reliability.conftest import SCALE, Bench
+from tests.support.lab import Lab
+from tests.support.reliability import SCALE, Bench
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

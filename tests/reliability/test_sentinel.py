@@ -22,10 +22,10 @@ import pytest
 import redis
 
 from contract.records import RunState
-from controller.cli.demo import free_port
-from tests.fleet.conftest import REDIS, RedisServer
-from tests.fleet.test_dispatch import wait_for
-from tests.reliability.conftest import KEYS
+from simulator.ports import free_port
+from tests.support.redis_server import REDIS, RedisServer
+from tests.support.reliability import KEYS
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

@@ -16,7 +16,7 @@ from controller.history import History
 from controller.report import build_report, compare_runs
 from controller.report.render import verdict_line
 from controller.report.synth import fleet
-from tests.report.conftest import frame_to_rows
+from tests.support.frames import frame_to_rows
 
 MODULES = [f"m{i:02d}" for i in range(6)]
 

@@ -22,7 +22,7 @@ from controller.report import analyse, build_report
 from controller.report.render import to_json, to_markdown, verdict_line
 from controller.report.render.html import to_html
 from controller.report.synth import fleet
-from tests.report.conftest import frame_to_rows
+from tests.support.frames import frame_to_rows
 
 MODULES = [f"m{i:02d}" for i in range(5)]
 

@@ -11,7 +11,7 @@ from controller.report import analyse
 from controller.report.load import read_rows
 from controller.report.render import rows_with_baseline, to_json, to_markdown
 from controller.report.synth import fleet
-from tests.report.conftest import frame_to_rows
+from tests.support.frames import frame_to_rows
 
 MODULES = [f"m{i:02d}" for i in range(7)]
 

@@ -18,7 +18,7 @@ import redis
 from contract.kv import cancel_key
 from contract.records import RunState
 from controller.remote import acl
-from tests.security.conftest import SecureRedis, fleetctl_path, make_secure_lab, task_body, task_envelope
+from tests.support.secure import SecureRedis, fleetctl_path, make_secure_lab, task_body, task_envelope
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

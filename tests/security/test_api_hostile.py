@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli.demo import free_port
-from tests.api.conftest import TOKEN, ReleaseServer, write_tokens
-from tests.cli.conftest import INV, TARBALL, closed_port
-from tests.fleet.conftest import RedisServer
-from tests.security.conftest import need_redis
+from simulator.ports import free_port
+from tests.support.cli import INV, TARBALL, closed_port
+from tests.support.http_servers import TOKEN, ReleaseServer, write_tokens
+from tests.support.redis_server import RedisServer
+from tests.support.secure import need_redis
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tests.security.conftest import SecureRedis, fleetctl_path, make_secure_lab, secret_file
+from tests.support.secure import SecureRedis, fleetctl_path, make_secure_lab, secret_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

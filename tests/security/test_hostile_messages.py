@@ -19,7 +19,7 @@ import pytest
 from agent.validate import MAX_PAYLOAD_BYTES, stage_local_release
 from controller.fleet import Fleet
 from controller.history import History
-from tests.security.conftest import SecureRedis, make_secure_lab, task_body, task_envelope
+from tests.support.secure import SecureRedis, make_secure_lab, task_body, task_envelope
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

@@ -11,7 +11,8 @@ import subprocess
 import pytest
 
 from contract.settings import BrokerSettings
-from tests.security.conftest import REDIS, SecureRedis, fleetctl_path, make_secure_lab, make_tls
+from tests.support.redis_server import REDIS
+from tests.support.secure import SecureRedis, fleetctl_path, make_secure_lab, make_tls
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 
 from contract.records import MODEL_KEYS
-from controller.cli.demo import free_port
 from simulator import BuiltRelease, build_release, make_models
+from simulator.ports import free_port
 
 MUSA = "scripts/ci/musa"
 SYSTEM_PYTHON = "/usr/bin/python3"  # no venv: proves the release needs only the standard library

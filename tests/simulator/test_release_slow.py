@@ -22,7 +22,7 @@ import pytest
 
 from agent.tables import TableError, parse_seed, parse_tables
 from contract.records import MODEL_KEYS
-from controller.cli.demo import free_port
+from simulator.ports import free_port
 from tests.simulator.harness import Release, Server, bench, prepared, processes_under, unpack
 
 pytestmark = pytest.mark.slow

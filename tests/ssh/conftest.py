@@ -12,12 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.inventory import Module
-from controller.remote.deploy import DEFAULT_CACHE, DeployError, ModuleFacts, Wheelhouse, WheelhouseBuilder
+from controller.remote.deploy import DEFAULT_CACHE, WheelhouseBuilder
 from tests.ssh.netns import Lab, capability_problem
-
-REDIS_PORT = 26379
-REDIS_PASSWORD = "s3cret-Broker-pw"
+from tests.support.ssh import REDIS_PASSWORD, REDIS_PORT, CachedWheelhouse
 
 
 @pytest.fixture(scope="session")
@@ -27,25 +24,6 @@ def lab() -> Iterator[Lab]:
         pytest.skip(f"SSH lab: {problem}")
     with Lab() as lab:
         yield lab
-
-
-def lab_modules(lab: Lab, **kw: object) -> list[Module]:
-    return [Module(name=h.name, host=h.address, ssh_user=h.user, **kw) for h in lab.hosts]  # type: ignore[arg-type]
-
-
-class CachedWheelhouse:
-    """One WheelhouseBuilder for the session; a platform that cannot be fetched skips the test."""
-
-    def __init__(self, builder: WheelhouseBuilder) -> None:
-        self.builder = builder
-
-    def __call__(self, facts: ModuleFacts) -> Wheelhouse:
-        try:
-            return self.builder(facts)
-        except DeployError as exc:
-            if "downloading wheels" in str(exc):
-                pytest.skip(f"module wheels cannot be downloaded from the package index: {exc}")
-            raise
 
 
 @pytest.fixture(scope="session")

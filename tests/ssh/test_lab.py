@@ -21,13 +21,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from contract.files import sha256_file
 from controller.cli.deploy import register
 from controller.inventory import Inventory, Module
 from controller.remote import deploy as dep
-from controller.remote.push import PushResult, file_sha256, push_release
+from controller.remote.push import PushResult, push_release
 from controller.settings import ControllerSettings
-from tests.ssh.conftest import REDIS_PASSWORD, CachedWheelhouse, lab_modules
 from tests.ssh.netns import Lab
+from tests.support.ssh import REDIS_PASSWORD, CachedWheelhouse, lab_modules
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
@@ -153,7 +154,7 @@ def test_deploy_dry_run_changes_nothing_and_refuses_a_changed_host_key(lab: Lab)
 # ------------------------------------------------------------------------------------- push
 def test_push_skip_refusals_and_cli(lab: Lab, tmp_path: Path) -> None:
     tar = random_file(tmp_path / "SGLang-MUSA-M1000 1.4.1;$(id).tar.gz", 6 << 20)
-    digest = file_sha256(tar)
+    digest = sha256_file(tar)
     mods = lab_modules(lab)
     kw = dict(known_hosts=lab.known_hosts, identity=lab.client_key)
     first = push_release(mods, tar, digest, **kw)  # type: ignore[arg-type]
@@ -162,7 +163,7 @@ def test_push_skip_refusals_and_cli(lab: Lab, tmp_path: Path) -> None:
         assert r.error is None and not r.skipped and r.bytes == tar.stat().st_size
         assert 0 <= r.sync_seconds < r.seconds  # the module's fsync after the last byte, inside the push's time
         assert r.remote_path == str(h.home / "m1000-fleet" / "incoming" / digest / tar.name)
-        assert file_sha256(Path(r.remote_path)) == digest
+        assert sha256_file(Path(r.remote_path)) == digest
     second = push_release(mods, tar, digest, **kw)  # type: ignore[arg-type]
     assert all(r.skipped and r.bytes == 0 and r.error is None for r in second.values())
 
@@ -187,7 +188,7 @@ def test_push_skip_refusals_and_cli(lab: Lab, tmp_path: Path) -> None:
 def test_push_resumes_after_the_link_is_cut(lab: Lab, tmp_path: Path) -> None:
     size = 24 << 20
     tar = random_file(tmp_path / "release.tar.gz", size)
-    digest = file_sha256(tar)
+    digest = sha256_file(tar)
     h = lab.host("mod-a")
     m = [Module(name=h.name, host=h.address, ssh_user=h.user)]
     part = h.home / "m1000-fleet" / "incoming" / digest / ".release.tar.gz.part"
@@ -229,7 +230,7 @@ def test_push_removes_the_releases_pushed_before_but_not_kept_or_arriving_ones(l
     m = [Module(name=h.name, host=h.address, ssh_user=h.user)]
     kw = dict(known_hosts=lab.known_hosts, identity=lab.client_key)
     tars = [random_file(tmp_path / f"rel{i}.tar.gz", 64 << 10) for i in range(4)]
-    d = [file_sha256(t) for t in tars]
+    d = [sha256_file(t) for t in tars]
     incoming = h.home / "m1000-fleet" / "incoming"
     for t, digest in zip(tars[:3], d[:3], strict=True):
         assert push_release(m, t, digest, **kw)[h.name].error is None  # type: ignore[arg-type]
@@ -256,7 +257,7 @@ def test_push_removes_the_releases_pushed_before_but_not_kept_or_arriving_ones(l
     assert d[1] in r.pruned and not {d[0], d[2], d[3], arriving.name} & set(r.pruned), r.pruned
     assert not (incoming / d[1]).exists()
     assert all((incoming / x).is_dir() for x in (d[0], d[2], d[3], arriving.name, other.name))
-    assert file_sha256(incoming / d[3] / tars[3].name) == d[3]
+    assert sha256_file(incoming / d[3] / tars[3].name) == d[3]
     again = push_release(m, tars[3], d[3], **kw)[h.name]  # type: ignore[arg-type]
     assert again.skipped and again.pruned == ()  # keep_newest 0 (the default): nothing removed
 

@@ -1,6 +1,6 @@
 """The agent tests' hand-made release and its fixtures, for the pipeline-level telemetry tests."""
 
-from tests.agent.conftest import (  # noqa: F401 - fixtures, registered by name
+from tests.support.agent_release import (  # noqa: F401 - fixtures, registered by name
     make_config,
     make_request,
     model_root,
@@ -9,4 +9,4 @@ from tests.agent.conftest import (  # noqa: F401 - fixtures, registered by name
     release,
     tables,
 )
-from tests.report.conftest import reference, seed_rows  # noqa: F401, E402 - the seed as a baseline frame
+from tests.support.frames import reference, seed_rows  # noqa: F401 - the seed as a baseline frame

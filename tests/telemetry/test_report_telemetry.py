@@ -22,7 +22,7 @@ from controller.report.render.html import to_html
 from controller.report.synth import fleet
 from controller.report.telemetry import explain_outliers, telemetry_rows
 from tests.metrics.fleetfiles import device_sample
-from tests.report.conftest import frame_to_rows
+from tests.support.frames import frame_to_rows
 
 KEYS = ("qwen3", "qwen35", "qwen3vl")
 IDLE = {"sm_clock_mhz": 600.0, "utilization_pct": 0.0, "power_w": 18.0, "temperature_c": 45.0,

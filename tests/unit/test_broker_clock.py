@@ -21,7 +21,7 @@ from controller.fleet import Fleet, conflict_note, derive_state, liveness, skew_
 from controller.history import History
 from controller.inventory import Module
 from controller.serve.metrics import ControllerCollector, ModuleReading
-from tests.fleet.conftest import running_redis
+from tests.support.redis_server import running_redis
 
 
 @pytest.fixture(params=["embedded", pytest.param("redis", marks=[pytest.mark.slow, pytest.mark.redis])])

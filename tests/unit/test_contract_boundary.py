@@ -22,13 +22,12 @@ ALLOWED_AGENT_IMPORTS: dict[tuple[str, str, str], str] = {
         "deploy asks the agent CLI of this source whether it has `worker`"),
     ("controller/service/releases.py", "agent.validate", "stage_local_release"): (
         "the embedded/local transport stages the tarball as the agent would"),
-    ("controller/cli/targets.py", "agent", "store"): "`fleetctl metrics` reads a module's local store",
     ("controller/cli/demo.py", "agent.tables", "parse_seed"): "the demo's reference tables: the agent's parser",
     ("controller/cli/report.py", "agent.tables", "TableError"): "`report --seed`: the agent's table parser",
     ("controller/cli/report.py", "agent.tables", "parse_seed"): "as TableError",
 }
 CONTRACT_MODULES = {"records", "kv", "celery_app", "safe_transport", "settings", "oneline", "digest", "eviction",
-                    "vocab"}
+                    "vocab", "files", "redact", "version"}
 # what contract/ may import besides the standard library: the agent's own dependencies
 CONTRACT_THIRD_PARTY = {"pydantic", "pydantic_settings", "celery", "kombu", "redis"}
 

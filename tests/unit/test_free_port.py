@@ -1,11 +1,11 @@
-"""Ports for simulated modules' servers (``controller.cli.demo.free_port``): a lab of N modules picks N
+"""Ports for simulated modules' servers (``simulator.ports.free_port``): a lab of N modules picks N
 ports before any server binds one, so a port handed out once must not come back (the 50-module
 smoke test failed once: two modules given the same port, the second found it "already in use
 before starting the server")."""
 
 from __future__ import annotations
 
-from controller.cli.demo import _ephemeral_range, free_port
+from simulator.ports import _ephemeral_range, free_port
 
 
 def test_no_port_is_handed_out_twice_and_none_is_ephemeral():

@@ -11,7 +11,7 @@ from contract.celery_app import make_app
 from contract.kv import KV
 from contract.records import Heartbeat
 from contract.settings import BrokerSettings
-from tests.fleet.conftest import running_redis
+from tests.support.redis_server import running_redis
 
 
 @pytest.fixture(params=["embedded", pytest.param("redis", marks=[pytest.mark.slow, pytest.mark.redis])])

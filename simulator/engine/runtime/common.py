@@ -40,9 +40,13 @@ def read_json(path: str, what: str = "") -> Any:
 
 
 def write_atomic(path: str, text: str) -> None:
+    """Write-then-rename: readers never see a half-written file (as ``simulator/runtime/common.py``'s: each
+    release carries its own copy, its programs import nothing from the fleet's packages)."""
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 

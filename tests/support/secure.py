@@ -2,7 +2,7 @@
 TLS), raw messages as an attacker with broker access writes them, labs whose processes get
 their secrets from files only.
 
-Labs reuse ``tests/fleet/conftest.py``'s simulated modules (real ``fleet-agent`` workers).
+Labs reuse ``tests/support/lab.py``'s simulated modules (real ``fleet-agent`` workers).
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from typing import Any
 
 import pytest
 
-from controller.cli.demo import free_port, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
+from controller.cli.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
 from controller.settings import ControllerSettings
-from tests.fleet.conftest import REDIS, Lab
+from simulator.ports import free_port
+from tests.support.lab import Lab
+from tests.support.redis_server import REDIS
 
 REDIS_CLI = shutil.which("redis-cli")
 

@@ -1,0 +1,46 @@
+"""Processes a test may have left behind: by working folder, by the agent's mark, by environment text."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+
+from agent.procs import MARK  # what agent.worker marks its processes with
+
+
+def processes_under(path: Path) -> list[psutil.Process]:
+    """Live processes whose working folder is inside ``path`` (what a run could leave behind)."""
+    out = []
+    root = str(path.resolve())
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+                continue
+            if p.cwd().startswith(root):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def leftovers(lab) -> list[psutil.Process]:
+    """Processes started for the lab's modules that are not part of a live worker's own group."""
+    workdirs = {str(lab.base / "modules" / n / "work") for n in lab.names}
+    groups = {w.proc.pid for w in lab.workers.values()}
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARK) in workdirs and os.getpgid(p.pid) not in groups:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def env_has(p: psutil.Process, text: str) -> bool:
+    try:
+        return any(text in v for v in p.environ().values())
+    except (psutil.Error, OSError):
+        return False
