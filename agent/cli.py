@@ -238,7 +238,7 @@ def _tokenizer(spec: str | None) -> Any:
         raise BadInput(f"--tokenizer {spec}: needs the 'tokenizers' package (or use --tokenizer words)") from None
     try:
         tok = Tokenizer.from_file(spec)
-    except Exception as exc:  # noqa: BLE001 - any reason the file is not a tokenizer: one line
+    except Exception as exc:  # any reason the file is not a tokenizer: one line
         raise BadInput(f"--tokenizer {spec}: {exc}") from None
     return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
 

@@ -9,7 +9,7 @@ controller: the run id check raises it on both sides); every other error the age
 from __future__ import annotations
 
 from contract.records import StepError
-from contract.vocab import BadInput
+from contract.vocab import BadInput as BadInput  # re-exported: the agent's own name for it
 
 
 class AgentError(Exception):

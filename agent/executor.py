@@ -395,5 +395,5 @@ def _alive(procs: list[psutil.Process]) -> bool:
 def _cancelled(cancel: CancelToken) -> bool:
     try:
         return bool(cancel.is_cancelled())
-    except Exception:  # noqa: BLE001 - a broken token must not break the run; treat as not cancelled
+    except Exception:  # a broken token must not break the run; treat as not cancelled
         return False

@@ -23,7 +23,7 @@ from agent.settings import AgentSettings
 from agent.store import read_json, write_atomic
 from contract.kv import KV
 from contract.records import Heartbeat
-from contract.version import agent_version
+from contract.version import agent_version as agent_version  # re-exported
 
 log = logging.getLogger("fleet.agent")
 
@@ -116,7 +116,8 @@ def _holder_alive(held: dict[str, Any], mine: dict[str, Any], stale_after: float
 
     if held.get("host") == mine["host"]:
         try:
-            return abs(psutil.Process(int(held.get("pid", 0))).create_time() - float(held.get("created", 0))) < 1e-3
+            started = psutil.Process(int(held.get("pid", 0))).create_time()
+            return bool(abs(started - float(held.get("created", 0))) < 1e-3)
         except (psutil.Error, ValueError, TypeError):
             return False
     return time.time() - float(held.get("ts", 0) or 0) < stale_after

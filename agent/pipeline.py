@@ -123,7 +123,7 @@ class Run:
         if self.on_progress is not None:
             try:
                 self.on_progress(self.progress)
-            except Exception:  # noqa: BLE001 - a broken listener must never break the run
+            except Exception:  # a broken listener must never break the run
                 log.exception("on_progress callback failed (ignored)")
 
     def note(self, **changes: Any) -> None:
@@ -157,7 +157,7 @@ class Run:
     def cancelled(self) -> bool:
         try:
             return bool(self.cancel.is_cancelled())
-        except Exception:  # noqa: BLE001 - a broken token: keep running, say so
+        except Exception:  # a broken token: keep running, say so
             log.exception("cancel token failed (treated as not cancelled)")
             return False
 
@@ -191,7 +191,7 @@ class Run:
             self._finish_keys("skipped")
             self.machine.transition(RunState.FAILED)
             self.emit(error=exc.error)
-        except Exception as exc:  # noqa: BLE001 - an agent bug must still end the run with a recorded failure
+        except Exception as exc:  # an agent bug must still end the run with a recorded failure
             log.exception("run %s failed unexpectedly", self.req.run_id)
             step = self.progress.step or "run"
             self._finish_keys("skipped")
@@ -215,7 +215,7 @@ class Run:
             return None
         try:
             return self.sampler.summary()
-        except Exception:  # noqa: BLE001 - a summary that cannot be made must not hide the run's outcome
+        except Exception:  # a summary that cannot be made must not hide the run's outcome
             log.exception("telemetry summary of %s failed (left out)", self.req.run_id)
             return None
 

@@ -136,7 +136,7 @@ class Reaper:
                     os.read(self._wake_r, 4096)
             try:
                 self.reap()
-            except Exception:  # noqa: BLE001 - the reaper must never die
+            except Exception:  # the reaper must never die
                 log.exception("reaper pass failed")
 
     def reap(self) -> list[int]:
@@ -316,7 +316,7 @@ def _status(p: psutil.Process) -> str:
     try:
         return str(p.status())
     except psutil.Error:
-        return psutil.STATUS_DEAD
+        return str(psutil.STATUS_DEAD)
 
 
 def _children(pid: int, recursive: bool = False) -> list[psutil.Process]:

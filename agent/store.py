@@ -30,9 +30,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from contract.files import write_atomic
+from contract.files import write_atomic as write_atomic  # re-exported
 from contract.records import ResultRow, RunProgress, RunRequest, is_run_id
-from contract.vocab import check_run_id
+from contract.vocab import check_run_id as check_run_id  # re-exported
 
 _LOG_NUMBER = re.compile(r"^(\d+)-")
 

@@ -55,7 +55,7 @@ def execute_run(app: Celery, settings: AgentSettings, payload: dict[str, Any]) -
                     wait_s=settings.final_state_wait)
     try:
         return _execute(app, settings, req, kv, pub)
-    except Exception as exc:  # noqa: BLE001 - a full disk, a bug: the run still ends, with the reason
+    except Exception as exc:  # a full disk, a bug: the run still ends, with the reason
         log.exception("run %s ended by an error of the agent", req.run_id)
         message = f"agent error: {type(exc).__name__}: {exc}"
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
@@ -186,13 +186,13 @@ def stop_file(workdir: Path) -> Path:
 
 
 def register_tasks(app: Celery, settings: AgentSettings | None) -> None:
-    @app.task(name=RUN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+    @app.task(name=RUN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]  # celery has no type hints
     def run_release(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
         if settings is None:
             raise RuntimeError("run task reached a process without agent settings")
         with hard_limit(settings.run_time_limit):
             return execute_run(self.app, settings, payload)
 
-    @app.task(name=NOOP_TASK, bind=True, acks_late=True)
+    @app.task(name=NOOP_TASK, bind=True, acks_late=True)  # type: ignore[untyped-decorator]  # celery has no type hints
     def noop(self: Any, sent_at: float) -> dict[str, float]:
         return {"sent_at": sent_at, "started_at": time.time()}

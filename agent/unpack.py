@@ -375,7 +375,7 @@ def _extract(tar: tarfile.TarFile, tarball: Path, members: list[tarfile.TarInfo]
     try:
         staging.mkdir()
         kwargs = {"filter": checked_filter} if has_data_filter() else {}
-        tar.extractall(staging, members=_checked(members, check), **kwargs)  # type: ignore[arg-type]  # noqa: S202
+        tar.extractall(staging, members=_checked(members, check), **kwargs)  # type: ignore[arg-type]
         top = find_top(staging)
         os.replace(staging, dest)
     except BadInput:

@@ -105,7 +105,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
 
     from celery.signals import worker_shutting_down
 
-    @worker_shutting_down.connect(weak=False)
+    @worker_shutting_down.connect(weak=False)  # type: ignore[untyped-decorator]  # celery has no type hints
     def _shutting_down(**_: Any) -> None:  # SIGTERM: the run in progress stops cleanly and is re-queued
         with contextlib.suppress(OSError):
             stop_file(workdir).touch()
@@ -115,7 +115,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
     served = MetricsServing(settings)
     from celery.signals import worker_ready
 
-    @worker_ready.connect(weak=False)
+    @worker_ready.connect(weak=False)  # type: ignore[untyped-decorator]  # celery has no type hints
     def _serve_metrics(**_: Any) -> None:
         served.start()
         settle()

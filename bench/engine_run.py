@@ -26,11 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.pipeline import AgentConfig, run_pipeline  # noqa: E402
-from agent.store import RunStore  # noqa: E402
-from contract.records import MODEL_KEYS, RunRequest  # noqa: E402
-from simulator.engine.build import build_engine_release, parse_profiles  # noqa: E402
-from simulator.engine.models import make_engine_model  # noqa: E402
+from agent.pipeline import AgentConfig, run_pipeline
+from agent.store import RunStore
+from contract.records import MODEL_KEYS, RunRequest
+from simulator.engine.build import build_engine_release, parse_profiles
+from simulator.engine.models import make_engine_model
 
 CHILD_STEPS = ("generate", "environment", "precompile", "server", "benchmark")
 

@@ -162,7 +162,7 @@ def _redis_classes() -> dict[str, Any]:
 
     full = _Full()
 
-    class _MemoryFullQoS(kombu_redis.QoS):  # type: ignore[misc]
+    class _MemoryFullQoS(kombu_redis.QoS):
         def _remove_from_indices(self, delivery_tag: Any, pipe: Any = None) -> Any:
             if pipe is not None:  # restore_by_tag's transaction (its LPUSH needs memory anyway)
                 return super()._remove_from_indices(delivery_tag, pipe)

@@ -10,5 +10,5 @@ def agent_version() -> str:
         from importlib.metadata import version
 
         return version("m1000-fleet")
-    except Exception:  # noqa: BLE001 - not installed as a package, or unreadable metadata
+    except Exception:  # not installed as a package, or unreadable metadata
         return "0+unknown"

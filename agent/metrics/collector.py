@@ -32,7 +32,7 @@ from agent.metrics.readers import JsonFile, RunFiles, StepStats
 from agent.metrics.system import SystemProbe, SystemSample
 from agent.telemetry.exposition import device_families
 from contract.records import Heartbeat, ResultRow, RunState
-from contract.version import agent_version
+from contract.version import agent_version as agent_version  # re-exported
 
 log = logging.getLogger(__package__)  # "agent.metrics", as before the package split
 
@@ -255,7 +255,7 @@ class AgentCollector(Collector):
     def _module_metrics(self) -> Iterator[Metric]:
         try:
             s = self.system()
-        except Exception as exc:  # noqa: BLE001 - a probe failure must not break the scrape
+        except Exception as exc:  # a probe failure must not break the scrape
             log.warning("module probe failed: %s", exc)
             return
         if s.load is not None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, push_to_gateway
 
-from contract.redact import redact_url
+from contract.redact import redact_url as redact_url  # re-exported
 
 log = logging.getLogger(__package__)  # "agent.metrics", as before the package split
 
@@ -28,7 +28,7 @@ def push_once(registry: CollectorRegistry, gateway: str, module: str, *, job: st
     """
     try:
         push_to_gateway(gateway, job=job, registry=registry, grouping_key={"module": module}, timeout=timeout)
-    except Exception as exc:  # noqa: BLE001 - the push is optional: it must never fail a run
+    except Exception as exc:  # the push is optional: it must never fail a run
         log.warning("push to %s failed: %s", redact_url(gateway), type(exc).__name__)
         return False
     return True

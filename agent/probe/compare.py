@@ -14,7 +14,8 @@ from collections.abc import Iterable, Sequence
 
 from agent.probe.records import ProfileResult, Stat
 from contract.records import ResultRow
-from contract.vocab import COMPARED, Disagreement
+from contract.vocab import COMPARED as COMPARED  # re-exported
+from contract.vocab import Disagreement as Disagreement
 
 FLAG = "release_benchmark_disagrees"
 DEFAULT_TOLERANCE = 0.05

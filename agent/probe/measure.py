@@ -235,7 +235,7 @@ def summarise(results: Sequence[RequestResult], *, profile: str, prefill_len: in
             if len(details) < _DETAILS_KEPT:
                 details.append(f"{kind}: {r.detail}")
     tokens = sum(r.output_tokens or 0 for r in good)
-    per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: None)  # noqa: E731
+    per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: None)
     accepts = [r.accept_length for r in good if r.accept_length is not None]
     return ProfileResult(
         profile=profile, prefill_len=prefill_len, input_len=input_len, output_len=output_len, api=api, load=load,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from contract.vocab import REASONS
+from contract.vocab import REASONS as REASONS  # re-exported
 
 Kind = Literal["int", "float", "bitmask", "text"]
 QPath = tuple[str, ...]

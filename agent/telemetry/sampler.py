@@ -186,7 +186,7 @@ class Sampler:
         if self.on_event is not None:
             try:
                 self.on_event(status, message)
-            except Exception:  # noqa: BLE001 - a broken listener must not stop the sampler
+            except Exception:  # a broken listener must not stop the sampler
                 log.exception("telemetry event listener failed (ignored)")
 
     def _run(self) -> None:
@@ -194,7 +194,7 @@ class Sampler:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as fh:
                 self._loop(fh)
-        except Exception as exc:  # noqa: BLE001 - the sampler must never break a run
+        except Exception as exc:  # the sampler must never break a run
             log.exception("telemetry sampler failed")
             self._note("failed", f"telemetry sampler stopped: {type(exc).__name__}: {exc}")
 

@@ -304,7 +304,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
     @app.get(f"{PREFIX}/runs/{{run_id}}/report", dependencies=deps,
              responses={**ERRORS, 200: {"description": "the report", "content": {
                  "application/json": {}, "text/markdown": {}, "text/html": {}, "text/csv": {}}}})
-    def get_report(run_id: RunId, format: ReportFormat = ReportFormat.json,  # noqa: A002 - the query's name
+    def get_report(run_id: RunId, format: ReportFormat = ReportFormat.json,  # the query's name
                    baseline: str | None = Query(None, min_length=1, max_length=MAX_NAME),
                    tolerance: float = Query(0.05, gt=0, lt=1)) -> Response:
         """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows)."""

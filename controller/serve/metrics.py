@@ -161,7 +161,7 @@ class ControllerCollector(Collector):
     def _state_metrics(self) -> Iterator[Metric]:
         try:
             readings = {m: r if isinstance(r, ModuleReading) else ModuleReading(r) for m, r in self.states().items()}
-        except Exception as exc:  # noqa: BLE001 - a broker outage must not break the scrape
+        except Exception as exc:  # a broker outage must not break the scrape
             log.warning("module states unavailable: %s", exc)
             return
         counts = dict.fromkeys(MODULE_STATES, 0)
@@ -184,7 +184,7 @@ class ControllerCollector(Collector):
     def _queue_metrics(self) -> Iterator[Metric]:
         try:
             queues = dict(self.queue_lengths())
-        except Exception as exc:  # noqa: BLE001 - a broker outage must not break the scrape
+        except Exception as exc:  # a broker outage must not break the scrape
             log.warning("queue lengths unavailable: %s", exc)
             return
         fam = self._family("m1000_fleet_queue_length")

@@ -213,13 +213,14 @@ def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float
     try:
         from controller.report import build_report
         from controller.report.model import Thresholds
+        from controller.report.render import verdict_line
     except ModuleNotFoundError:  # no controller extras (pandas): the modules' states alone
         verdict, line = (state, f"{state.upper()} {info.run_id}: some modules {state}") if failed else (
             "pass", f"PASS {info.run_id}: every module finished")
     else:
         th = Thresholds(tolerance=tolerance) if tolerance is not None else None
         rep = report_call(lambda: build_report(h, info.run_id, baseline=baseline, thresholds=th))
-        verdict, line = str(rep.verdict), rep.verdict_line
+        verdict, line = str(rep.verdict), verdict_line(rep)
         if failed and verdict == "pass":
             verdict, line = "failed", f"some modules {state}; {line}"
     h.set_run_state(info.run_id, state, verdict=verdict, line=line if state != "running" else None)

@@ -47,7 +47,15 @@ def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS)
     from controller.service.release_url import is_url
 
     url = release if is_url(release) else None
-    return ValidateRequest(release=None if url else Path(release).expanduser(), url=url, models=models,
+    path = None
+    if url is None:
+        try:
+            path = Path(release).expanduser()
+        except RuntimeError as e:  # "~name" of a user this machine does not know
+            from controller.service.session import BadRequest
+
+            raise BadRequest(f"release {release!r}: {e}") from e
+    return ValidateRequest(release=path, url=url, models=models,
                            devices=devices, baseline=baseline, run_id=run_id, resume=resume, sha256=sha256)
 
 

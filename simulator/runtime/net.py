@@ -17,7 +17,7 @@ import io
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from _socket import socket as Socket  # noqa: N812 - the class, as socket.socket
+    from _socket import socket as Socket  # the class, as socket.socket
     from collections.abc import Callable
 else:
     Socket = _socket.socket

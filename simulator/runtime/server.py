@@ -341,7 +341,7 @@ class Handler(HTTPHandler):
             block_forever()  # stop answering for good
 
     # -- routes
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
         self._hang_if_hung()
         st = self.state
         path = self.path.split("?", 1)[0]
@@ -373,7 +373,7 @@ class Handler(HTTPHandler):
                           "speed": str(cfg.knobs.speed), "ready": self.state.ready.is_set()},
         }
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         received = time.monotonic_ns()
         self._hang_if_hung()
         path = self.path.split("?", 1)[0]

@@ -75,7 +75,7 @@ def _errors():
 
     try:
         M(n="x")  # type: ignore[arg-type]
-    except Exception as exc:  # noqa: BLE001 - the very error pydantic raises
+    except Exception as exc:  # the very error pydantic raises
         validation = exc
     return [ReportError("report went wrong"), PushError("push went wrong"), DeployError("deploy went wrong"),
             validation]

@@ -45,7 +45,7 @@ class Receiver(ThreadedServer):
         outer = self
 
         class H(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:  # http.server's name
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if outer.fail_first > 0:
                     outer.fail_first -= 1
@@ -74,7 +74,7 @@ class ReleaseServer(ThreadedServer):
         outer = self
 
         class H(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:  # http.server's name
                 outer.paths.append(self.path)
                 path = self.path.split("?", 1)[0]
                 if path.startswith(("/redirect-file/", "/redirect-metadata/")):

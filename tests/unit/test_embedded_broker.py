@@ -90,7 +90,7 @@ def test_binding_while_a_publisher_reads_the_table(tmp_path: Path) -> None:
         for i in range(n):
             try:
                 ch._queue_bind(f"module.m{i}", f"module.m{i}", "", f"module.m{i}{suffix}")
-            except Exception as exc:  # noqa: BLE001 - collected, asserted below
+            except Exception as exc:  # collected, asserted below
                 errors.append(exc)
 
     def read() -> None:
@@ -98,7 +98,7 @@ def test_binding_while_a_publisher_reads_the_table(tmp_path: Path) -> None:
             for i in range(n):
                 try:
                     r.get_table(f"module.m{i}")
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     errors.append(exc)
 
     threads = [threading.Thread(target=bind, args=(a, "")), threading.Thread(target=bind, args=(b, ".b")),

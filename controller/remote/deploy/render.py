@@ -215,5 +215,5 @@ def worker_command_available() -> bool:
         from agent import cli
 
         return any((c.name or getattr(c.callback, "__name__", "")) == "worker" for c in cli.app.registered_commands)
-    except Exception:  # noqa: BLE001 - any import problem: use the module form
+    except Exception:  # any import problem: use the module form
         return False
