@@ -102,7 +102,7 @@ def retry(
     ctx: typer.Context,
     run_id: str = typer.Argument("latest", help=RUN_ARG),
     failed_only: bool = typer.Option(False, "--failed-only",
-                                     help="only the modules that failed, with the model keys that did not pass"),
+                                     help="only the modules that failed, each with the model keys that did not pass there"),
     detach: bool = typer.Option(False, "--detach", help="return at once; follow with status/watch"),
     baseline: str | None = typer.Option(None, "--baseline", "-b", help="baseline: release, release@vN or run id"),
 ) -> int:
@@ -259,7 +259,7 @@ def describe_run(ctx: typer.Context, run_id: str = typer.Argument("latest", help
     for m, st in doc["module_states"].items():
         failed = [o["model_key"] for o in st.get("outcomes", []) if o["status"] == "failed"]
         recs.append({"module": m, "state": st["state"], "step": st["step"],
-                     "keys": f"{st.get('keys_done', 0)}/{st.get('keys_total', len(d.info.models))}",
+                     "keys": f"{st.get('keys_done', 0)}/{st.get('keys_total', len(d.info.models_of(m)))}",
                      "rows": st.get("rows", 0), "failed keys": failed,
                      "error": "; ".join(doc["errors"].get(m, []))})
     if output == Output.table:

@@ -103,3 +103,19 @@ def test_a_history_without_verdict_lines_gets_the_column(tmp_path):
     assert h.find_run("r0").verdict_line is None
     h.set_run_state("r0", "done", verdict="pass", line="PASS r0")
     assert h.find_run("r0").verdict_line == "PASS r0"
+
+
+def test_a_history_without_module_models_gets_the_column(tmp_path):
+    """A history written before ``runs.module_models``: opened, it has the column, and each of its runs asked every
+    module for all of its model keys."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    History(path).create_run("r0", release="1.4.1", models=["qwen3", "qwen35"], modules=["m1"])
+    with sqlite3.connect(path) as c:
+        c.execute("ALTER TABLE runs DROP COLUMN module_models")
+    h = History(path)
+    assert h.find_run("r0").module_models == {} and h.find_run("r0").models_of("m1") == ("qwen3", "qwen35")
+    h.create_run("r1", release="1.4.1", models=["qwen3", "qwen35"], modules=["m1", "m2"],
+                 module_models={"m2": ["qwen35"]})
+    assert h.find_run("r1").models_of("m2") == ("qwen35",) and h.find_run("r1").models_of("m1") == ("qwen3", "qwen35")
