@@ -101,8 +101,8 @@ def cancel(ctx: typer.Context, run_id: str = typer.Argument(..., help="run id or
 def retry(
     ctx: typer.Context,
     run_id: str = typer.Argument("latest", help=RUN_ARG),
-    failed_only: bool = typer.Option(False, "--failed-only",
-                                     help="only the modules that failed, each with the model keys that did not pass there"),
+    failed_only: bool = typer.Option(False, "--failed-only", help="only the modules that failed, each with the "
+                                                                   "model keys that did not pass there"),
     detach: bool = typer.Option(False, "--detach", help="return at once; follow with status/watch"),
     baseline: str | None = typer.Option(None, "--baseline", "-b", help="baseline: release, release@vN or run id"),
 ) -> int:
