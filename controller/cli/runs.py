@@ -163,12 +163,16 @@ def logs(
 def runs(ctx: typer.Context,
          limit: int = typer.Option(20, "--limit", "-n", min=1, help="at most this many, newest first"),
          output: Output = output_option()) -> None:
-    """Recent runs."""
+    """Recent runs. A run the history holds as running shows the state its modules' records on the broker give
+    (read, not written: `fleetctl status RUN` records it)."""
     import time
 
     from controller import service
 
-    items = service.runs(session(ctx), limit)
+    s = session(ctx)
+    items, note = service.with_broker_states(s, service.runs(s, limit, live=False))
+    if note:
+        stderr().print(f"note: {note}", highlight=False)
     recs = [{**r.model_dump(mode="json"), "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))}
             for r in items]
     emit(recs, ["run_id", "created", "release", "modules", "models", "state", "verdict"], output)

@@ -14,7 +14,15 @@ from pathlib import Path
 
 from contract.files import sha256_file
 from contract.records import MODEL_KEYS, RunProgress, RunState, parse_model_keys
-from controller.fleet import BadRelease, RunIdInUse, RunView, module_failed, new_run_id, release_version
+from controller.fleet import (
+    BadRelease,
+    RunIdInUse,
+    RunView,
+    module_failed,
+    new_run_id,
+    newer_progress,
+    release_version,
+)
 from controller.history import HistoryError, RunInfo
 from controller.inventory import Module, select
 from controller.service.records import Judgement, Launched, ValidateRequest
@@ -186,12 +194,7 @@ def view(s: Session, run: str, *, live: bool = False) -> RunView:
     if not live or not pending:
         return base
     fresh = broker_call(s, lambda: fleet.kv.progress(info.run_id, pending))
-    merged = dict(base.progress)
-    for m, p in fresh.items():
-        old = merged.get(m)
-        if p is not None and (old is None or p.updated_at >= old.updated_at):
-            merged[m] = p
-    return RunView(base.run_id, base.modules, merged)
+    return RunView(base.run_id, base.modules, newer_progress(base.progress, fresh))
 
 
 def follow(s: Session, run_id: str, *, on_view: Callable[[RunView], None] | None = None, interval: float = 0.5,

@@ -1,7 +1,8 @@
 """What ``fleetctl`` imports to start (issue 18): ``--help`` only typer and the command signatures,
-``runs`` the run history and settings (no broker), ``status`` of a running run the broker too but
-no report stack. Each verb runs in a fresh interpreter, which then lists the packages it loaded,
-so that an import moved back to the top of a module fails here rather than in ``bench/cli.py``."""
+``runs`` the run history and settings (the broker only when the history holds a run as running), ``status``
+of a running run the broker too but no report stack. Each verb runs in a fresh interpreter, which then lists
+the packages it loaded, so that an import moved back to the top of a module fails here rather than in
+``bench/cli.py``."""
 
 from __future__ import annotations
 
@@ -45,11 +46,21 @@ def test_help_loads_typer_only(env):
     assert loaded & (EXTRAS | BROKER | {"pydantic", "pydantic_settings", "rich", "yaml"}) == set()
 
 
-def test_runs_reads_the_history_without_the_broker(env):
-    History(env / "history.sqlite").create_run("r1", release="1.4.1", models=["qwen3"], modules=["m1"])
+def test_runs_of_ended_runs_reads_the_history_without_the_broker(env):
+    h = History(env / "history.sqlite")
+    h.create_run("r1", release="1.4.1", models=["qwen3"], modules=["m1"])
+    h.set_run_state("r1", "done")
     loaded = loaded_by("runs", "-o", "json")
     assert loaded & (EXTRAS | BROKER | {"rich"}) == set()
     assert "sqlite3" in loaded
+
+
+def test_runs_of_a_running_run_reads_the_broker_not_the_reports(env):
+    """A run the history holds as running is shown in the state the broker holds (one read): the broker loads."""
+    History(env / "history.sqlite").create_run("r1", release="1.4.1", models=["qwen3"], modules=["m1"])
+    loaded = loaded_by("runs", "-o", "json")
+    assert loaded & (EXTRAS | {"rich"}) == set()
+    assert "celery" in loaded
 
 
 def test_status_of_a_running_run_reads_the_broker_not_the_reports(env):
