@@ -371,7 +371,8 @@ def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, er
     req = service.ValidateRequest(release=rel.path, models=keys, devices="engine=transformers")
     ref = service.validate(s, req)
     print_launched(ref, err, len(ref.modules))
-    follow(lambda: service.sync(s, ref.run_id), err, title=f"reference run {ref.run_id}")
+    follow(lambda: service.sync(s, ref.run_id), err, title=f"reference run {ref.run_id}",
+           progress_every=s.settings.progress_interval)
     rows = s.history().rows(ref.run_id)
     if not rows:
         err.print(f"demo: the reference run {ref.run_id} of the real-engine release measured nothing", highlight=False)

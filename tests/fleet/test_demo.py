@@ -27,6 +27,8 @@ def test_demo_command_small(tmp_path: Path):
                        timeout=180)
     assert "verdict:" in r.stdout, r.stderr
     assert r.returncode in (0, 1)
+    # no terminal: a line per module state or step change (issue 27: only "2 benchmarking", then nothing)
+    assert "sim-01: benchmarking, benchmark qwen3; keys 0/1, " in r.stderr, r.stderr
     survivors = [p for p in psutil.process_iter() if env_has(p, str(out))]
     assert survivors == []
 
