@@ -138,16 +138,31 @@ def demo_processes(base: Path) -> list[psutil.Process]:
     return found
 
 
+def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``procs`` still running (the same processes: a pid taken again is not one): a zombie has ended
+    (its parent, maybe not this process, reaps it)."""
+    out = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+    return out
+
+
 def stop_processes(procs: list[psutil.Process], grace: float) -> None:
     """SIGTERM, then SIGKILL what is left after ``grace`` (a worker's warm shutdown stops its run first)."""
     for p in procs:
         with contextlib.suppress(psutil.Error):
             p.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+    end = time.monotonic() + grace
+    while (alive := _running(procs)) and time.monotonic() < end:
+        time.sleep(0.1)
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.kill()
-    psutil.wait_procs(alive, timeout=5)
+    end = time.monotonic() + 5
+    while _running(alive) and time.monotonic() < end:
+        time.sleep(0.1)
 
 
 def _fresh_dir(path: Path, err: Console | None = None, grace: float = 20.0) -> Path:
@@ -283,11 +298,13 @@ def stop_workers(workers: list[Worker], grace: float = 15.0) -> None:
                 os.killpg(w.proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 w.proc.wait(timeout=5)
-        left = [p for p in started.values() if p.is_running()]
+        left = _running(list(started.values()))
         for p in left:
             with contextlib.suppress(psutil.Error):
                 p.kill()
-        psutil.wait_procs(left, timeout=5)
+        end = time.monotonic() + 5
+        while _running(left) and time.monotonic() < end:
+            time.sleep(0.1)
 
 
 @contextlib.contextmanager
