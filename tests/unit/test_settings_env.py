@@ -53,3 +53,49 @@ def test_a_bad_value_is_a_validation_error_naming_the_setting(clean_env: pytest.
     clean_env.delenv("FLEET_OFFLINE_AFTER")
     with pytest.raises(ValueError, match="frozen"):
         AgentSettings().module = "x"  # type: ignore[misc]
+
+
+SHARED = '[fleet]\nheartbeat_interval = 7\n[agent]\nmodule = "m-a01"\n[controller]\nhistory = "/srv/h.sqlite"\n'
+
+
+def test_a_file_shared_by_both_programs_serves_each(tmp_path: Path, clean_env: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "fleet.toml"
+    cfg.write_text(SHARED)
+    a, c = load_settings(AgentSettings, cfg), load_settings(ControllerSettings, cfg)
+    assert (a.module, a.heartbeat_interval) == ("m-a01", 7.0)
+    assert (c.history, c.heartbeat_interval) == (Path("/srv/h.sqlite"), 7.0)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('[controler]\nhistory = "/srv/h.sqlite"\n',
+     "unknown section [controler] (did you mean [controller]?); the sections are [fleet], [agent], [controller]"),
+    ('[agnet]\nmodule = "x"\n',
+     "unknown section [agnet] (did you mean [agent]?); the sections are [fleet], [agent], [controller]"),
+    (SHARED + '[prometheus]\nport = 1\n',
+     "unknown section [prometheus]; the sections are [fleet], [agent], [controller]"),
+    ('broker_url = "redis://r:6379/0"\n',
+     "setting 'broker_url' is outside any section (settings go under [fleet], [agent], [controller])"),
+    ('[fleet]\nmodule = "x"\n', None),  # per program, below
+    ('[agent]\nmodul = "x"\n', "[agent]: unknown setting 'modul' (did you mean 'module'?)"),
+])
+@pytest.mark.parametrize("cls", [AgentSettings, ControllerSettings])
+def test_a_section_or_setting_no_program_knows_is_refused_naming_the_file(
+        tmp_path: Path, clean_env: pytest.MonkeyPatch, text: str, says: str | None, cls: type) -> None:
+    cfg = tmp_path / "fleet.toml"
+    cfg.write_text(text)
+    if says is None:
+        says = ("[fleet]: unknown setting 'module' (it belongs under [agent])" if cls is AgentSettings
+                else "[fleet]: unknown setting 'module'")
+    if "[agent]: unknown setting" in says and cls is ControllerSettings:
+        load_settings(cls, cfg)  # the agent's section: the controller does not read it
+        return
+    with pytest.raises(SettingsError) as exc:
+        load_settings(cls, cfg)
+    assert str(exc.value) == f"{cfg}: {says}"
+
+
+def test_every_program_reads_a_section_every_program_accepts() -> None:
+    from contract.settings import CONFIG_SECTIONS, BrokerSettings
+
+    assert {BrokerSettings.config_section, AgentSettings.config_section, ControllerSettings.config_section} == set(
+        CONFIG_SECTIONS)
