@@ -248,11 +248,28 @@ def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, er
     return follow_and_judge(s, judged.run_id, rel.version, out, err)
 
 
+def release_speed(opts: DemoOptions) -> str:
+    """The simulated release's speed spec from ``--regress``, with ``--slow``/``--throttle`` checked first
+    (a bad knob: BadRequest, one line, before anything is built or removed)."""
+    from controller.service import BadRequest
+    from simulator import SpecError, regress_spec, slow_factor
+
+    try:
+        if opts.slow is not None:
+            slow_factor(opts.slow)
+        elif opts.throttle:
+            raise SpecError("--throttle says why the slow module is slow: give --slow F too")
+        return ",".join(regress_spec(r) for r in opts.regress) or "1.0"
+    except SpecError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
     from controller import service
     from controller.cli.live import follow_and_judge, print_launched
-    from simulator import build_release, regress_spec
+    from simulator import build_release
 
+    speed = release_speed(opts)
     base = _fresh_dir(opts.out_dir)
     settings = ControllerSettings(
         broker_url="filesystem://", data_dir=base / "fleet", inventory=base / "inventory.toml",
@@ -262,7 +279,6 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
     real = tuple(real_names(opts.real))
     slow_name = names[-1] if opts.slow and len(names) > 1 else (names[0] if opts.slow else None)
     (base / "inventory.toml").write_text(inventory_toml(names, base, slow_name, real), encoding="utf-8")
-    speed = ",".join(regress_spec(r) for r in opts.regress) or "1.0"
     t0 = time.monotonic()
     rel = build_release(base / "release", noise=opts.noise, speed=speed, time_scale=opts.time_scale, seed=opts.seed)
     err.print(f"demo: built {rel.path.name} (sha256 {rel.sha256[:12]}), speed {speed}, noise {opts.noise}, "

@@ -44,8 +44,9 @@ def serve(
 
 
 def demo(
-    devices: int = typer.Option(4, "--modules", "--devices", min=1, max=64,
-                                help="how many simulated modules (--devices: the old name)"),
+    devices: int = typer.Option(4, "--modules", min=1, max=64, help="how many simulated modules"),
+    old_devices: int | None = typer.Option(None, "--devices", min=1, max=64, hidden=True,
+                                           help="old name of --modules (--devices is a selector on every other verb)"),
     models: str = typer.Option("all", "--models", "-m"),
     noise: float = typer.Option(0.01, "--noise", min=0.0, max=0.5, help="relative noise of the simulated modules"),
     slow: float | None = typer.Option(None, "--slow", help="one module runs this factor slower (e.g. 1.12)"),
@@ -61,7 +62,7 @@ def demo(
     from contract.records import parse_model_keys
     from controller.cli.demo import DemoOptions, run_demo
 
-    opts = DemoOptions(devices=devices, models=parse_model_keys(models), noise=noise, slow=slow, throttle=throttle,
-                       regress=tuple(regress), seed=seed, time_scale=time_scale, out_dir=out_dir,
+    opts = DemoOptions(devices=old_devices or devices, models=parse_model_keys(models), noise=noise, slow=slow,
+                       throttle=throttle, regress=tuple(regress), seed=seed, time_scale=time_scale, out_dir=out_dir,
                        real=real)
     return run_demo(opts, stdout(), stderr())
