@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from contract.records import MODEL_KEYS
+from controller.command import fleetctl
 from controller.settings import ControllerSettings
 from simulator.ports import free_port
 
@@ -302,5 +303,6 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
             if real:  # the real-engine release on its own modules: judged against their own figures
                 code = max(code, _validate_real(s, base, opts.models, out, err))
         err.print(f"demo: finished in {time.monotonic() - t0:.0f} s; everything is in {base} "
-                  f"(fleetctl --history {settings.history_path} report latest)", highlight=False)
+                  f"({fleetctl('--history', str(settings.history_path), 'report', 'latest')})", markup=False,
+                  highlight=False)
         return code

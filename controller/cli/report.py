@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from controller.cli.output import EXIT_ERROR, EXIT_FAILED, Output, emit, fail, new_app, output_option
+from controller.command import fleetctl
 
 if TYPE_CHECKING:  # pandas, scipy and matplotlib load only when a report command runs
     from controller.history import History
@@ -168,6 +169,6 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         items = [{**b, "baseline": f"{b['release']}@v{b['version']}", "rows": hist.row_count(b["run_id"])}
                  for b in hist.baselines()]
         if not items and output == Output.table:
-            typer.echo("no baselines (fleetctl baseline import SEED_FILE --release R)")
+            typer.echo(f"no baselines ({fleetctl('baseline', 'import', 'SEED_FILE', '--release', 'R')})")
             return
         emit(items, ["baseline", "run_id", "rows", "source"], output)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from contract.files import sha256_file
 from contract.records import MODEL_KEYS, RunState, parse_model_keys
+from controller.command import fleetctl
 from controller.fleet import BadRelease, RunIdInUse, RunView, module_failed, new_run_id, release_version
 from controller.history import HistoryError, RunInfo
 from controller.inventory import Module, select
@@ -44,7 +45,7 @@ def check_baseline(s: Session, baseline: str) -> str:
     """The baseline's run id; BadRequest when the history has no such baseline (never writes)."""
     found = s.history().baseline_run_id(baseline) if s.has_history() else None
     if found is None:
-        raise BadRequest(f"no baseline {baseline!r} in {s.history_path} (see: fleetctl baseline list)")
+        raise BadRequest(f"no baseline {baseline!r} in {s.history_path} (see: {fleetctl('baseline', 'list')})")
     return found
 
 
@@ -156,7 +157,7 @@ def retry(s: Session, run: str, *, failed_only: bool = False, run_id: str | None
 def find_run(s: Session, run: str) -> RunInfo:
     """A run by id, unique prefix or 'latest' (never writes)."""
     if not s.has_history():
-        raise NotFound(f"no run {run!r}: no run history at {s.history_path} yet")
+        raise NotFound(f"no run {run!r}: {s.no_history()}")
     try:
         return s.read_history().find_run(run)
     except HistoryError as exc:

@@ -43,3 +43,89 @@ def test_demo_devices_is_the_hidden_old_name_of_modules(env, capsys):
     assert code == 0 and "--modules" in out and "--devices" not in out
     code, _, err = run_main(capsys, "demo", "--devices", "2", "--slow", "0.5", "--out", str(env / "demo"))
     assert code == 2 and "--slow 0.5" in one_line(err)  # still parsed, then the knob refused
+
+
+# a fresh lab: "no run history" said what is missing, not what to do
+@pytest.fixture
+def on_path(monkeypatch):
+    """PATH finds this fleetctl (the one beside this Python): hints say plain `fleetctl`."""
+    import os
+    import sys
+    from pathlib import Path
+
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"]))
+
+
+FIRST_STEPS = ("import a baseline with `fleetctl baseline import FILE --release R`, or run a validation "
+               "(`fleetctl validate TARBALL`)")
+
+
+@pytest.mark.parametrize(("args", "prefix"), [
+    (["baseline", "list"], ""), (["report", "latest"], ""), (["report"], ""), (["compare", "a", "b"], ""),
+    (["results"], "no run 'latest': "), (["status", "latest"], "no run 'latest': "),
+])
+def test_without_a_history_every_read_verb_says_how_one_starts(env, capsys, on_path, args, prefix):
+    code, out, err = run_main(capsys, *args)
+    assert code == 2 and out == ""
+    assert one_line(err) == (f"fleetctl: error: {prefix}no run history at {env / 'history.sqlite'} yet: "
+                             f"{FIRST_STEPS}")
+    assert not (env / "history.sqlite").exists()
+
+
+def test_runs_without_a_history_lists_nothing_and_says_why(env, capsys, on_path):
+    code, out, err = run_main(capsys, "runs", "-o", "json")
+    assert (code, out) == (0, "[]\n")
+    assert one_line(err) == f"no run history at {env / 'history.sqlite'} yet: {FIRST_STEPS}"
+
+
+def test_a_history_with_only_a_baseline_says_to_run_a_validation(env, capsys, on_path, seed_rows):
+    from controller.history import History
+
+    h = History(env / "history.sqlite")
+    h.add_baseline("1.4.1", seed_rows, source="seed")
+    h.close()
+    code, out, err = run_main(capsys, "runs", "-o", "json")
+    assert (code, out) == (0, "[]\n")
+    says = f"no runs in {env / 'history.sqlite'} yet: run a validation (`fleetctl validate TARBALL`)"
+    assert one_line(err) == says
+    code, _, err = run_main(capsys, "report", "latest")
+    assert code == 2 and one_line(err) == f"fleetctl: error: {says}"
+
+
+# after `make demo`, fleetctl is .venv/bin/fleetctl, not on PATH: a hint says the command that works
+def test_hints_name_the_running_fleetctl_when_path_finds_another_or_none(tmp_path, monkeypatch):
+    import sys
+
+    from controller.command import fleetctl
+
+    (tmp_path / "bin").mkdir()
+    exe = tmp_path / "bin" / "fleetctl"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["bin/fleetctl", "baseline", "list"])  # as typed
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert fleetctl("report", "latest") == "bin/fleetctl report latest"
+    assert fleetctl("--history", "/a b/h.sqlite") == "bin/fleetctl --history '/a b/h.sqlite'"
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin")
+    assert fleetctl("report", "latest") == "fleetctl report latest"
+    monkeypatch.setattr(sys, "argv", [str(exe)])  # found on PATH: the shell passes the whole path
+    assert fleetctl("watch", "run-1") == "fleetctl watch run-1"
+
+
+def test_a_fresh_lab_hint_from_the_venv_fleetctl(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    venv_bin = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(PATH="/usr/bin:/bin", FLEET_DATA_DIR=str(tmp_path))
+    exe = os.path.relpath(venv_bin / "fleetctl", root)
+    r = subprocess.run([exe, "baseline", "list"], cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr == (f"fleetctl: error: no run history at {tmp_path / 'history.sqlite'} yet: import a baseline "
+                        f"with `{exe} baseline import FILE --release R`, or run a validation "
+                        f"(`{exe} validate TARBALL`)\n")
