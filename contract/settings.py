@@ -119,11 +119,11 @@ def _wants_json(annotation: Any) -> bool:
 
 
 def _env_values(cls: type[EnvSettings], environ: dict[str, str]) -> dict[str, Any]:
-    """``FLEET_<NAME>`` variables (any case) of ``cls``'s fields."""
+    """The variables (any case) of ``cls``'s fields: ``FLEET_<NAME>``, or the name ``cls.env_names`` gives."""
     lowered = {k.lower(): v for k, v in environ.items()}
     out: dict[str, Any] = {}
     for name, field in cls.model_fields.items():
-        var = f"{cls.env_prefix}{name}".lower()
+        var = cls.env_var(name).lower()
         if var not in lowered:
             continue
         value: Any = lowered[var]
@@ -143,6 +143,14 @@ class EnvSettings(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, validate_default=True, protected_namespaces=())
     config_section: ClassVar[str] = "fleet"
     env_prefix: ClassVar[str] = "FLEET_"
+    # a setting whose name the other program's settings use for another thing (both have a metrics_port) reads
+    # a variable of its own, so that an agent and a controller on one machine never read each other's
+    env_names: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def env_var(cls, name: str) -> str:
+        """The environment variable of setting ``name``: ``FLEET_<NAME>`` unless :attr:`env_names` says another."""
+        return cls.env_names.get(name) or f"{cls.env_prefix}{name}".upper()
 
     def __init__(self, **values: Any) -> None:
         path = os.environ.get("FLEET_CONFIG")

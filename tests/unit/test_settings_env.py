@@ -99,3 +99,44 @@ def test_every_program_reads_a_section_every_program_accepts() -> None:
 
     assert {BrokerSettings.config_section, AgentSettings.config_section, ControllerSettings.config_section} == set(
         CONFIG_SECTIONS)
+
+
+def _own(cls: type) -> list[str]:
+    from contract.settings import BrokerSettings
+
+    return [n for n in cls.model_fields if cls is BrokerSettings or n not in BrokerSettings.model_fields]
+
+
+def test_no_variable_is_read_by_both_programs_for_different_settings(clean_env: pytest.MonkeyPatch) -> None:
+    """A controller and an agent on one machine: FLEET_METRICS_PORT was both /metrics ports."""
+    agent = {AgentSettings.env_var(n): n for n in _own(AgentSettings)}
+    controller = {ControllerSettings.env_var(n): n for n in _own(ControllerSettings)}
+    assert set(agent) & set(controller) == set()
+    assert ControllerSettings.env_var("metrics_port") == "FLEET_CONTROLLER_METRICS_PORT"
+    clean_env.setenv("FLEET_METRICS_PORT", "9500")
+    clean_env.setenv("FLEET_CONTROLLER_METRICS_PORT", "9501")
+    clean_env.setenv("FLEET_KEEP_RELEASES", "4")
+    assert (AgentSettings().metrics_port, ControllerSettings().metrics_port) == (9500, 9501)
+    assert (AgentSettings().keep_releases, ControllerSettings().keep_releases) == (4, 5)
+
+
+def test_every_setting_and_its_variable_is_in_the_configuration_page() -> None:
+    """docs/configuration.md's table: one row per setting (or a few of one section), its variable beside it."""
+    import re
+
+    from contract.settings import BrokerSettings
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    documented: dict[tuple[str, str], str] = {}
+    for line in page.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        head = re.match(r"`\[(\w+)\] (\w+)`", cells[0]) if len(cells) >= 2 else None
+        if head is None:
+            continue
+        names = [head[2], *re.findall(r"`(\w+)`", cells[0].split("`, ", 1)[1] if "`, " in cells[0] else "")]
+        variables = re.findall(r"`(FLEET_\w+)`", cells[1])
+        assert len(names) == len(variables), line
+        documented.update({(head[1], n): v for n, v in zip(names, variables, strict=True)})
+    want = {(cls.config_section, n): cls.env_var(n)
+            for cls in (BrokerSettings, AgentSettings, ControllerSettings) for n in _own(cls)}
+    assert {k: documented.get(k) for k in want} == want
