@@ -129,3 +129,12 @@ def test_a_fresh_lab_hint_from_the_venv_fleetctl(tmp_path):
     assert r.stderr == (f"fleetctl: error: no run history at {tmp_path / 'history.sqlite'} yet: import a baseline "
                         f"with `{exe} baseline import FILE --release R`, or run a validation "
                         f"(`{exe} validate TARBALL`)\n")
+
+
+def test_report_html_without_out_says_where_it_wrote(filled, capsys):
+    code, out, err = run_main(capsys, "report", "run-b", "-o", "html")
+    where = filled.parent / "report-run-b" / "report.html"
+    assert code == 0 and where.is_file()
+    assert err == f"wrote {where}\n" and out.startswith("REGRESSED run-b")
+    code, out, _ = run_main(capsys, "report", "--help")
+    assert "html/csv into ./report-RUN/" in " ".join(out.split())
