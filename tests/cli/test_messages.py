@@ -138,3 +138,32 @@ def test_report_html_without_out_says_where_it_wrote(filled, capsys):
     assert err == f"wrote {where}\n" and out.startswith("REGRESSED run-b")
     code, out, _ = run_main(capsys, "report", "--help")
     assert "html/csv into ./report-RUN/" in " ".join(out.split())
+
+
+def test_logs_of_an_unknown_step_name_it_and_the_known_ones(env, capsys):
+    from controller.history import History
+    from tests.support.cli import finished_run
+
+    logs = env / "work" / "runs" / "r1" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "01-unpack.log").write_text("unpacked\n")
+    (env / "inv.toml").write_text(f'[[module]]\nname = "m1"\ntransport = "local"\nworkdir = "{env / "work"}"\n')
+    finished_run(History(env / "history.sqlite"), "r1", modules=["m1"])
+    code, out, err = run_main(capsys, "logs", "r1", "--step", "nope")
+    assert (code, out) == (2, "")
+    assert one_line(err) == ("fleetctl: error: --step 'nope': no such step (the steps with logs: fetch, unpack, "
+                             "configure, generate, environment, precompile, server, benchmark)")
+    code, _, err = run_main(capsys, "logs", "r1", "--key", "qwen9")
+    assert code == 2 and one_line(err).startswith("fleetctl: error: --key 'qwen9': no such model key (known: qwen3, ")
+    code, out, err = run_main(capsys, "logs", "r1", "--step", "precompile")  # a step that left no log (yet)
+    assert (code, out) == (0, "") and "no step logs of run r1 (yet)" in err
+
+
+def test_the_agent_names_its_logs_only_by_the_steps_fleetctl_offers(tmp_path):
+    from agent.store import RunStore
+    from contract.vocab import LOG_STEPS
+
+    store = RunStore(tmp_path)
+    assert [store.next_log("r1", s).name for s in LOG_STEPS[:2]] == ["01-fetch.log", "01-unpack.log"]
+    with pytest.raises(ValueError, match="log step 'bench' is not in contract.vocab.LOG_STEPS"):
+        store.next_log("r1", "bench")
