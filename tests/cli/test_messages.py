@@ -167,3 +167,33 @@ def test_the_agent_names_its_logs_only_by_the_steps_fleetctl_offers(tmp_path):
     assert [store.next_log("r1", s).name for s in LOG_STEPS[:2]] == ["01-fetch.log", "01-unpack.log"]
     with pytest.raises(ValueError, match="log step 'bench' is not in contract.vocab.LOG_STEPS"):
         store.next_log("r1", "bench")
+
+
+# `fleetctl serve --new-token > tokens` wrote a file readable by others, which `serve` then refused
+def test_new_token_adds_to_a_tokens_file_that_serve_accepts(env, capsys, on_path):
+    import stat
+
+    from controller.serve.tokens import TokenError, Tokens
+
+    path = env / "tokens"
+    path.write_text("# the CI's\n")
+    path.chmod(0o644)
+    with pytest.raises(TokenError) as exc:
+        Tokens.load(path)
+    assert str(exc.value) == (f"{path}: the API tokens file is readable by others (chmod 600 {path}; "
+                              f"`fleetctl serve --new-token --tokens {path}` writes it 0600)")
+    code, out, err = run_main(capsys, "serve", "--new-token", "--tokens", str(path))
+    first = out.strip()
+    assert code == 0 and len(first) == 48 and err == f"added a token to {path} (mode 0600, 1 token)\n"
+    code, out, err = run_main(capsys, "serve", "--new-token", "--tokens", str(path))
+    second = out.strip()
+    assert code == 0 and err == f"added a token to {path} (mode 0600, 2 tokens)\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.read_text() == f"# the CI's\n{first}\n{second}\n"
+    tokens = Tokens.load(path)
+    assert tokens.check(first) and tokens.check(second)
+    fresh = env / "new" / "tokens"  # no file, no folder yet
+    code, out, _ = run_main(capsys, "serve", "--new-token", "--tokens", str(fresh))
+    assert code == 0 and Tokens.load(fresh).check(out.strip())
+    code, out, err = run_main(capsys, "serve", "--new-token")  # as before: the token only
+    assert code == 0 and len(out.strip()) == 48 and err == ""

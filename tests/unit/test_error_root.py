@@ -50,7 +50,7 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "controller.remote.ssh.AuthError": (2, 400),
     "controller.remote.ssh.RemoteCommandError": (2, 400),
     "controller.report.model.ReportError": (2, 400),
-    "controller.serve.api.TokenError": (2, 400),
+    "controller.serve.tokens.TokenError": (2, 400),
     "controller.service.session.ServiceError": (2, 400),
     "controller.service.session.BadRequest": (2, 400),
     "controller.service.session.NotFound": (2, 404),
