@@ -197,3 +197,19 @@ def test_new_token_adds_to_a_tokens_file_that_serve_accepts(env, capsys, on_path
     assert code == 0 and Tokens.load(fresh).check(out.strip())
     code, out, err = run_main(capsys, "serve", "--new-token")  # as before: the token only
     assert code == 0 and len(out.strip()) == 48 and err == ""
+
+
+# a file with a tarball's name but not a release inside was dispatched to every module, and failed at unpack
+def test_validate_refuses_what_is_not_a_release_before_dispatch(env, capsys):
+    from controller.history import History
+    from tests.support.cli import TARBALL
+
+    (env / "junk").mkdir()
+    (env / "junk" / TARBALL).write_bytes(b"<html>404 not found</html>")
+    code, _, err = run_main(capsys, "validate", f"junk/{TARBALL}", "--models", "qwen3", "--detach")
+    assert code == 2
+    assert one_line(err).startswith(f"fleetctl: error: junk/{TARBALL}: not a readable release tarball (a "
+                                    "gzip-compressed tar): ")
+    assert History(env / "history.sqlite").runs() == [] and not (env / "fleet" / "releases").exists()
+    code, out, err = run_main(capsys, "validate", TARBALL, "--models", "qwen3", "--detach")  # the stub: a release
+    assert code == 0, err

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from simulator.ports import free_port
-from tests.support.cli import INV, TARBALL, closed_port
+from tests.support.cli import INV, TARBALL, closed_port, write_release_stub
 from tests.support.http_servers import TOKEN, ReleaseServer, write_tokens
 from tests.support.redis_server import RedisServer
 from tests.support.secure import need_redis
@@ -76,7 +76,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     redis = RedisServer(base / "redis")
     redis.start()
     (base / "inv.toml").write_text(INV)
-    (base / TARBALL).write_bytes(b"not really a tarball")
+    write_release_stub(base / TARBALL)
     releases = ReleaseServer(base)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
