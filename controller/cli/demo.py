@@ -246,7 +246,7 @@ def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, er
     judged = service.validate(s, service.ValidateRequest(release=rel.path, models=keys, devices="engine=transformers",
                                                          baseline=rel.version))
     print_launched(judged, err, len(judged.modules))
-    return follow_and_judge(s, judged.run_id, rel.version, out, err)
+    return follow_and_judge(s, judged.run_id, rel.version, out, err, root=("--history", str(s.history_path)))
 
 
 def release_speed(opts: DemoOptions) -> str:
@@ -299,7 +299,7 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
             launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models,
                                                                    devices="sim=true" if real else "all"))
             print_launched(launched, err, len(launched.modules))
-            code = follow_and_judge(s, launched.run_id, None, out, err)
+            code = follow_and_judge(s, launched.run_id, None, out, err, root=("--history", str(s.history_path)))
             if real:  # the real-engine release on its own modules: judged against their own figures
                 code = max(code, _validate_real(s, base, opts.models, out, err))
         err.print(f"demo: finished in {time.monotonic() - t0:.0f} s; everything is in {base} "

@@ -156,14 +156,16 @@ def print_launched(launched: Launched, err: Console, n_modules: int) -> None:
             err.print(f"  [red]{name}[/]: {why}", highlight=False)
 
 
-def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console, err: Console) -> int:
-    """Follow a run live until it ends, print its failures and verdict; the exit code (0, 1; 130 detached)."""
+def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console, err: Console,
+                     root: tuple[str, ...] = ()) -> int:
+    """Follow a run live until it ends, print its failures and verdict; the exit code (0, 1; 130 detached).
+    ``root``: the root options the hints it prints need (the demo's ``--history FILE``)."""
     from controller import service
 
     try:
         view = follow(lambda: service.sync(s, run_id), err, title=f"run {run_id}")
     except KeyboardInterrupt:
-        err.print(f"detached; the run goes on: {fleetctl('watch', run_id)}", markup=False, highlight=False)
+        err.print(f"detached; the run goes on: {fleetctl(*root, 'watch', run_id)}", markup=False, highlight=False)
         return 130
     for m, errs in service.errors_of(view).items():
         for e in errs:
@@ -176,6 +178,7 @@ def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console
 
         out.print(f"outlier {t.module}{'' if t.model_key == '*' else f' [{t.model_key}]'}: {telemetry_line(t)}",
                   markup=False, highlight=False)
-    out.print(f"{n} result rows in {s.history_path} ({fleetctl('results', run_id)}; {fleetctl('report', run_id)})",
+    out.print(f"{n} result rows in {s.history_path} ({fleetctl(*root, 'results', run_id)}; "
+              f"{fleetctl(*root, 'report', run_id)})",
               markup=False, highlight=False)
     return service.exit_code(j.verdict)
