@@ -1,7 +1,7 @@
 """Screenshots for the docs of what a person looks at, taken in headless Chromium (Debian's chromium).
 
     .venv/bin/python docs/tools/screenshots.py            # writes docs/img/report.png, docs/img/live-view.png
-    .venv/bin/python docs/tools/screenshots.py --out DIR  # elsewhere (tests/unit... the slow test writes to a tmp dir)
+    .venv/bin/python docs/tools/screenshots.py --out DIR  # elsewhere (the slow test writes to a tmp dir)
 
 - ``report.png``: the HTML report of a demo-like run (``make demo``'s four modules and seven model
   keys against the simulator's reference tables as the baseline; the last module 12 % slower, as
@@ -19,6 +19,7 @@ The slow test ``tests/report/test_screenshots.py`` runs this script, so it canno
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import tempfile
@@ -78,10 +79,8 @@ def live_view_html() -> str:
                                   message="/health not ready within 600 s")),)),
     }
     view = RunView(run_id=run, modules=tuple(progress), progress=progress)
-    console = Console(record=True, width=COLUMNS, file=open("/dev/null", "w"), force_terminal=True,  # noqa: SIM115
-                      color_system="truecolor", legacy_windows=False)
+    console = Console(record=True, width=COLUMNS, file=io.StringIO(), force_terminal=True, color_system="truecolor")
     console.print(render(view, now=NOW))
-    console.file.close()
     return console.export_html(inline_styles=True)
 
 
