@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-slow install engine lint lock system-deps clean bench
+.PHONY: demo test test-fast test-slow install engine lint lock system-deps clean bench docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -47,8 +47,23 @@ demo: install
 system-deps:
 	@bash tests/system-deps.sh
 
+## make docs: the docs site (Sphinx + MyST + furo, from requirements-docs.lock) into docs/_build/html,
+## warnings as errors: a link to a missing page, file or heading fails it. Offline: nothing fetched at build or view time.
+DOCS_VENV := .venv-docs
+DOCS_STAMP := $(DOCS_VENV)/.installed
+
+$(DOCS_STAMP): requirements-docs.lock | $(BIN)/python
+	$(PY) -m venv $(DOCS_VENV)
+	$(BIN)/uv pip sync --python $(DOCS_VENV)/bin/python -q requirements-docs.lock
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP) install
+	rm -rf docs/_build
+	$(DOCS_VENV)/bin/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+	@echo "docs: docs/_build/html/index.html"
+
 ## make test: install everything, then run every tier (fast first, slow real-service tiers after).
-test: install engine system-deps lint
+test: install engine system-deps lint docs
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
 	$(BIN)/python -m pytest -m "slow" -q -p no:cacheprovider --durations=25
 
@@ -72,4 +87,4 @@ bench: install
 	test -z "$$fail" || { echo "below goal:$$fail"; exit 1; }
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) build *.egg-info
+	rm -rf $(VENV) $(ENGINE_VENV) $(DOCS_VENV) docs/_build build *.egg-info

@@ -1,6 +1,6 @@
 """The agent's metric list: every series it exports (name, type, labels, unit, help) and its label rules.
 
-``docs/metrics.md`` (Metric list) is kept in step with :data:`CATALOG` by a test. Labels are bounded:
+``docs/reference/metrics.md`` (Metric list) is kept in step with :data:`CATALOG` by a test. Labels are bounded:
 release, model key, profile, state, step, status, window, gpu; never run ids, paths or free text
 (:func:`label_value`, :func:`step_label`).
 """

@@ -1,4 +1,4 @@
-"""docs/metrics.md's metric list is the one the exporters serve (their catalogs)."""
+"""docs/howto/monitoring.md's metric list is the one the exporters serve (their catalogs)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.metrics.dashboards import ROOT
 
 
 def documented() -> dict[str, tuple[str, tuple[str, ...], str]]:
-    text = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "howto" / "monitoring.md").read_text(encoding="utf-8")
     block = text.split("<!-- metrics-table:start -->")[1].split("<!-- metrics-table:end -->")[0]
     out = {}
     for line in block.splitlines():
