@@ -48,7 +48,8 @@ system-deps:
 	@bash tests/system-deps.sh
 
 ## make docs: the docs site (Sphinx + MyST + furo, from requirements-docs.lock) into docs/_build/html,
-## warnings as errors: a link to a missing page, file or heading fails it. Offline: nothing fetched at build or view time.
+## warnings as errors: a link to a missing page, file or heading fails it. Offline: nothing fetched at build or view time
+## (docs/tools/check_offline.py fails the build when a page, stylesheet or script would load from http(s)).
 DOCS_VENV := .venv-docs
 DOCS_STAMP := $(DOCS_VENV)/.installed
 
@@ -60,6 +61,7 @@ $(DOCS_STAMP): requirements-docs.lock | $(BIN)/python
 docs: $(DOCS_STAMP) install
 	rm -rf docs/_build
 	$(DOCS_VENV)/bin/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+	$(DOCS_VENV)/bin/python docs/tools/check_offline.py docs/_build/html
 	@echo "docs: docs/_build/html/index.html"
 
 ## make reference: the generated blocks of docs/reference/*.md (commands, exit codes, settings, metrics, HTTP routes)
