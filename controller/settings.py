@@ -16,6 +16,8 @@ class ConfigError(FleetctlError, SettingsError):
 
 
 class ControllerSettings(BrokerSettings):
+    """The controller (``fleetctl``, ``fleetctl serve``); section ``[controller]`` of the config file."""
+
     config_section: ClassVar[str] = "controller"
 
     inventory: Path = Field(default=Path("inventory.toml"), description="the lab's inventory (TOML)")

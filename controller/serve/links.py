@@ -9,7 +9,7 @@ and when it is opened; signatures are compared in constant time and never logged
 
 The secret is 32 random bytes in ``<data_dir>/api-link.key`` (mode 0600, made on first use; a
 file readable by others is refused, like the tokens file). Deleting it (then restarting
-``fleetctl serve``) revokes every link made so far. Decision record: docs/adr/0012.
+``fleetctl serve``) revokes every link made so far. Decision record: docs/adr/0013.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
-WINDOW = {"width": 1300, "height": 900}
+WIDTH, HEIGHT = 1300, 900  # the window
 COLUMNS = 80
 NOW = 1_780_000_000.0  # a fixed clock: the same picture every time
 
@@ -101,7 +101,7 @@ def take(out: Path, chromium: str = CHROMIUM) -> dict[str, tuple[int, int]]:
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
         try:
-            page = browser.new_page(viewport=WINDOW, device_scale_factor=1)
+            page = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT}, device_scale_factor=1)
             external: list[str] = []
             page.on("request", lambda r: external.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
             page.goto(demo_like_report_html(Path(tmp)).as_uri(), wait_until="load")
