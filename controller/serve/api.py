@@ -4,6 +4,10 @@ Every route is a thin shell over :mod:`controller.service`, like the CLI verbs. 
 under ``/api/v1`` but the schema needs ``Authorization: Bearer <token>`` with a token from the
 tokens file (compared in constant time; tokens are never logged), checked before the body is
 read; bodies are bounded (``api_max_body_bytes``) and so is every field (:mod:`controller.serve.guard`).
+Outside ``/api/v1``: Swagger UI at ``/docs``, from the files ``fastapi-offline`` ships (no CDN: labs
+are offline; the page needs no token, the calls its "Try it out" makes do: its Authorize button
+keeps one in the page's memory, never stored) and the signed, expiring links to a run's
+HTML report that a bearer-authenticated caller mints (:mod:`controller.serve.links`).
 Errors are ``{"detail": "<one line>"}`` with 400 (bad input), 401 (no or wrong token), 404 (no
 such run or module), 409 (run id already used), 413 (body too large), 422 (a field out of bounds
 or of the wrong type, named; a release URL that is bad, unreachable or too big, or a sha256
@@ -17,6 +21,7 @@ import hmac
 import logging
 import stat
 import threading
+import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from enum import Enum
@@ -33,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from contract.records import parse_model_keys
 from controller import service
 from controller.errors import http_status_of
+from controller.serve import links
 from controller.service import Judgement, Session
 from controller.service.release_url import MAX_SHOWN, clip
 from controller.settings import ConfigError, ControllerSettings
@@ -40,6 +46,7 @@ from controller.settings import ConfigError, ControllerSettings
 log = logging.getLogger("fleet.api")
 
 PREFIX = "/api/v1"
+DOCS_PATH = "/docs"  # Swagger UI (no token), its files under /docs/static
 MIN_TOKEN_LENGTH = 16
 # field bounds: a release is a path (PATH_MAX) or a URL (a signed one is a few KiB); a run id is 1-128 characters
 MAX_RELEASE = 4096
@@ -164,6 +171,12 @@ class Device(_Model):
     run_id: str | None = Field(description="the run it is busy with, from its last heartbeat")
 
 
+class ReportLink(_Model):
+    run_id: str = Field(description="the run's id ('latest' or a prefix resolved when the link is made)")
+    url: str = Field(description="opens the run's HTML report in a browser, no token needed, until expires_at")
+    expires_at: int = Field(description="unix seconds")
+
+
 class ReportFormat(str, Enum):
     json = "json"
     md = "md"
@@ -237,11 +250,17 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
                 s.close()
             sessions.clear()
 
-    app = FastAPI(title="m1000-fleet controller", version="1", lifespan=lifespan, openapi_url=f"{PREFIX}/openapi.json",
-                  docs_url=None, redoc_url=None,
-                  description="Validate SGLang-MUSA releases on a fleet of M1000 modules (for CI systems).")
+    from fastapi_offline import FastAPIOffline
+
+    app = FastAPIOffline(title="m1000-fleet controller", version="1", lifespan=lifespan,
+                         openapi_url=f"{PREFIX}/openapi.json", docs_url=DOCS_PATH, redoc_url=None,
+                         static_url=f"{DOCS_PATH}/static",
+                         swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": False},
+                         description="Validate SGLang-MUSA releases on a fleet of M1000 modules (for CI systems).")
     bearer = HTTPBearer(auto_error=False, description="a token from the controller's API tokens file")
     from controller.serve.guard import Guard
+
+    link_secret = links.load_secret(settings.data_dir)
 
     # the token and the body's size, checked before the body is read (the dependency below stays, for the schema)
     app.add_middleware(Guard, check_token=tokens.check, protected=_protected,  # type: ignore[arg-type]
@@ -330,6 +349,27 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
 
             return Response(to_html(rep), media_type="text/html; charset=utf-8")
         return Response(rows_with_baseline(rep).to_csv(index=False), media_type="text/csv; charset=utf-8")
+
+    @app.post(f"{PREFIX}/runs/{{run_id}}/report/link", status_code=201, response_model=ReportLink, dependencies=deps,
+              responses=ERRORS)
+    def report_link(run_id: RunId, request: Request,
+                    ttl: int = Query(links.DEFAULT_TTL, ge=links.MIN_TTL, le=links.MAX_TTL,
+                                     description="seconds the link is valid")) -> ReportLink:
+        """A link to the run's HTML report that a browser opens without a token, until it expires (signed)."""
+        info = errors(lambda: service.find_run(session(), run_id), run_id)
+        link = links.make_link(link_secret, info.run_id, time.time(), ttl)
+        return ReportLink(run_id=info.run_id, url=str(request.base_url).rstrip("/") + link.path,
+                          expires_at=link.expires)
+
+    @app.get(f"{links.LINK_PREFIX}/{{run_id}}/report.html", include_in_schema=False)
+    def linked_report(run_id: RunId, expires: int = Query(...), sig: str = Query(..., max_length=128)) -> Response:
+        """The HTML report behind a signed link (no bearer header: the signature is the credential)."""
+        errors(lambda: links.check_link(link_secret, links.report_path(run_id), expires, sig, time.time()))
+        rep = errors(lambda: service.report(session(), run_id), run_id)
+        from controller.report.render.html import to_html
+
+        return Response(to_html(rep), media_type="text/html; charset=utf-8",
+                        headers={"Cache-Control": "private, no-store", "Referrer-Policy": "no-referrer"})
 
     @app.post(f"{PREFIX}/runs/{{run_id}}/cancel", status_code=202, response_model=Cancelled, dependencies=deps,
               responses=ERRORS)

@@ -51,6 +51,8 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "controller.remote.ssh.RemoteCommandError": (2, 400),
     "controller.report.model.ReportError": (2, 400),
     "controller.serve.api.TokenError": (2, 400),
+    "controller.serve.links.LinkError": (2, 403),
+    "controller.serve.links.LinkSecretError": (2, 400),
     "controller.service.session.ServiceError": (2, 400),
     "controller.service.session.BadRequest": (2, 400),
     "controller.service.session.NotFound": (2, 404),
