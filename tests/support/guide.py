@@ -16,10 +16,12 @@ jobs (``&``, ``jobs``, ``wait``) behave as in the reader's terminal.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
 import secrets
+import signal
 import subprocess
 import threading
 import time
@@ -149,7 +151,8 @@ class GuideShell:
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                      text=True, bufsize=1)
         self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -189,12 +192,15 @@ class GuideShell:
             time.sleep(1.0)
 
     def close(self, timeout: float = 10.0) -> None:
-        """End the shell (its own process group too, if it still runs)."""
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=timeout)
-            except (OSError, subprocess.TimeoutExpired):
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait(timeout=timeout)
+        """End the shell (its own process group too, if it does not end when its input does)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=timeout)  # ends at EOF, unless a process the page left holds the pipe
+        if not self._reader.is_alive():
+            self.proc.stdout.close()
