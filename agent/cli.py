@@ -350,7 +350,7 @@ def _probe_table(report: Any, out: Console, err: Console) -> None:
 def worker(
     config: Path | None = typer.Option(None, "--config", "-c", envvar="FLEET_CONFIG",
                                        help="TOML config ([fleet], [agent]); FLEET_* variables override it"),
-    loglevel: str = typer.Option("INFO", "--loglevel"),
+    loglevel: str = typer.Option("INFO", "--loglevel", help="log level (DEBUG, INFO, WARNING, ERROR)"),
 ) -> None:
     """Serve this module's Celery queue (one run at a time), heartbeat, and /metrics."""
     from agent.worker import main as worker_main

@@ -169,7 +169,8 @@ class BrokerSettings(EnvSettings):
                     "sentinel://[user:pass@]s1:26379;sentinel://s2:26379;sentinel://s3:26379/0 (Redis Sentinel, "
                     "with broker_sentinel_master), or filesystem:// (embedded, one machine)",
     )
-    broker_password_file: Path | None = Field(default=None, description="file holding the broker password")
+    broker_password_file: Path | None = Field(
+        default=None, description="file holding the broker password (merged into the URL in memory only)")
     broker_sentinel_master: str | None = Field(
         default=None, description="name of the master the Sentinels of a sentinel:// broker_url watch")
     broker_tls_ca_file: Path | None = Field(default=None, description="CA certificate(s) the broker's TLS "
@@ -177,7 +178,10 @@ class BrokerSettings(EnvSettings):
     broker_tls_cert_file: Path | None = Field(default=None, description="client certificate for the broker (TLS)")
     broker_tls_key_file: Path | None = Field(default=None, description="key of broker_tls_cert_file (mode 0600)")
     data_dir: Path = Field(default=DEFAULT_HOME, description="embedded broker and result folders")
-    run_soft_time_limit: float = Field(default=4 * 3600.0, gt=0, description="soft time limit of one run, s")
+    run_soft_time_limit: float = Field(
+        default=4 * 3600.0, gt=0,
+        description="soft time limit of one run on one module, s (the agent ends the run cleanly 30 s before it, "
+                    "or a tenth of it before when that is shorter)")
     run_time_limit: float = Field(default=4 * 3600.0 + 600, gt=0, description="hard time limit of one run, s")
     heartbeat_interval: float = Field(default=5.0, gt=0, description="agent heartbeat period, s")
     offline_after: float = Field(default=30.0, gt=0, description="no heartbeat for this long: unreachable, s")

@@ -16,6 +16,8 @@ class ConfigError(FleetctlError, SettingsError):
 
 
 class ControllerSettings(BrokerSettings):
+    """The controller (``fleetctl``, ``fleetctl serve``); section ``[controller]`` of the config file."""
+
     config_section: ClassVar[str] = "controller"
     # the agent's settings of these names read FLEET_METRICS_PORT ...: the controller's have their own variables
     env_names: ClassVar[dict[str, str]] = {name: f"FLEET_CONTROLLER_{name.upper()}"

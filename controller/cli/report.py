@@ -105,7 +105,7 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         fmt: Format = typer.Option(Format.md, "--output", "-o", help=FORMAT_HELP),
         old_fmt: Format | None = typer.Option(None, "--format", hidden=True, help="old name of --output"),
         out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
-        tolerance: float = typer.Option(0.05),
+        tolerance: float = typer.Option(0.05, help="relative change that counts as a regression"),
         check: bool = typer.Option(False, "--check", help=f"exit {EXIT_NOT_PASS} unless the verdict is pass"),
     ) -> None:
         """Run B against run A (module by module where they share modules)."""

@@ -76,7 +76,8 @@ def status(ctx: typer.Context,
 
 
 def watch(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run id, unique prefix or 'latest'"),
-          baseline: str | None = typer.Option(None, "--baseline", "-b")) -> int:
+          baseline: str | None = typer.Option(None, "--baseline", "-b",
+                                              help="baseline: release, release@vN or run id")) -> int:
     """Follow a run live until it ends (pulling its results into the history), then give its verdict."""
     from controller import service
     from controller.cli.live import follow_and_judge

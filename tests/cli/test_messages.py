@@ -38,7 +38,8 @@ def test_demo_regress_takes_the_reports_metric_names(regress, speed):
 
 
 def test_demo_devices_is_the_hidden_old_name_of_modules(env, capsys):
-    """docs/cli.md: "Old spellings kept hidden: ... demo --devices N" (-d/--devices is a selector elsewhere)."""
+    """docs/reference/cli.md: old spellings kept hidden, demo --devices N among them (-d/--devices is a selector
+    on every other verb)."""
     code, out, _ = run_main(capsys, "demo", "--help")
     assert code == 0 and "--modules" in out and "--devices" not in out
     code, _, err = run_main(capsys, "demo", "--devices", "2", "--slow", "0.5", "--out", str(env / "demo"))

@@ -50,6 +50,8 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "controller.remote.ssh.AuthError": (2, 400),
     "controller.remote.ssh.RemoteCommandError": (2, 400),
     "controller.report.model.ReportError": (2, 400),
+    "controller.serve.links.LinkError": (2, 403),
+    "controller.serve.links.LinkSecretError": (2, 400),
     "controller.serve.tokens.TokenError": (2, 400),
     "controller.service.session.ServiceError": (2, 400),
     "controller.service.session.BadRequest": (2, 400),
