@@ -169,10 +169,17 @@ def runs(ctx: typer.Context,
 
     from controller import service
 
-    items = service.runs(session(ctx), limit)
+    s = session(ctx)
+    items = service.runs(s, limit)
     recs = [{**r.model_dump(mode="json"), "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))}
             for r in items]
     emit(recs, ["run_id", "created", "release", "modules", "models", "state", "verdict"], output)
+    if not items:  # on stderr: stdout stays the (empty) list a script reads
+        from controller.command import fleetctl
+
+        why = (f"no runs in {s.history_path} yet: run a validation (`{fleetctl('validate', 'TARBALL')}`)"
+               if s.has_history() else s.no_history())
+        sys.stderr.write(why + "\n")
 
 
 ROW_COLUMNS = ("module", "model_key", "profile", "prefill_tps", "ttft_ms", "decode_tps", "tpot_ms", "extra")

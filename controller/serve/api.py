@@ -17,15 +17,12 @@ A user's value is never said back or logged beyond ~200 characters.
 
 from __future__ import annotations
 
-import hmac
 import logging
-import stat
 import threading
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from enum import Enum
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -39,60 +36,21 @@ from contract.records import parse_model_keys
 from controller import service
 from controller.errors import http_status_of
 from controller.serve import links
+from controller.serve.tokens import Tokens
 from controller.service import Judgement, Session
 from controller.service.release_url import MAX_SHOWN, clip
-from controller.settings import ConfigError, ControllerSettings
+from controller.settings import ControllerSettings
 
 log = logging.getLogger("fleet.api")
 
 PREFIX = "/api/v1"
 DOCS_PATH = "/docs"  # Swagger UI (no token), its files under /docs/static
-MIN_TOKEN_LENGTH = 16
 # field bounds: a release is a path (PATH_MAX) or a URL (a signed one is a few KiB); a run id is 1-128 characters
 MAX_RELEASE = 4096
 MAX_SELECTOR = 1024
 MAX_NAME = 128
 MAX_MODELS = 64
 MAX_DETAIL = 500  # characters of an error's one line, at most
-
-
-# --------------------------------------------------------------------------- tokens
-class TokenError(ConfigError):
-    """The API's tokens file cannot be used (unreadable, readable by others, no token, a short one)."""
-
-
-class Tokens:
-    """Bearer tokens from a file: one per line (``#`` comments, blank lines ignored). The file must
-    not be readable by group or others. Checked in constant time against every token."""
-
-    def __init__(self, tokens: list[str]) -> None:
-        if not tokens:
-            raise TokenError("no API token: the tokens file holds none")
-        short = [t for t in tokens if len(t) < MIN_TOKEN_LENGTH]
-        if short:
-            raise TokenError(f"API tokens must be at least {MIN_TOKEN_LENGTH} characters ({len(short)} shorter)")
-        self._tokens = [t.encode() for t in tokens]
-
-    @classmethod
-    def load(cls, path: Path) -> Tokens:
-        try:
-            st = path.stat()
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise TokenError(f"{path}: cannot read the API tokens file: {exc.strerror or exc}") from None
-        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise TokenError(f"{path}: the API tokens file is readable by others (chmod 600 {path})")
-        return cls([ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")])
-
-    def check(self, presented: str) -> bool:
-        given = presented.encode()
-        ok = False
-        for t in self._tokens:  # every token compared: the time says nothing about which one matched
-            ok |= hmac.compare_digest(t, given)
-        return ok
-
-    def __repr__(self) -> str:  # never print a token
-        return f"Tokens({len(self._tokens)} tokens)"
 
 
 # --------------------------------------------------------------------------- wire models

@@ -398,7 +398,7 @@ def settings_table(model: Any, names: Iterable[str], section: str, env: bool = T
         limits = _constraints(field.metadata)
         variable = ""
         if env:
-            variable = code(f"{model.env_prefix}{name}".upper()) + (" (JSON)" if _wants_json(field.annotation) else "")
+            variable = code(model.env_var(name)) + (" (JSON)" if _wants_json(field.annotation) else "")
         row = [code(f"{section} {name}" if section else name), kind + (f", {limits}" if limits else ""),
                setting_default(name, field)]
         rows.append((*row, variable, md(one_line(field.description or ""))) if env else
@@ -468,7 +468,8 @@ def controller_metrics_block() -> str:
 def openapi() -> tuple[dict[str, Any], str]:
     """The API's OpenAPI schema and its own URL, from an app built with default settings (no server, no token
     file: the schema depends on neither)."""
-    from controller.serve.api import MIN_TOKEN_LENGTH, Tokens, create_app
+    from controller.serve.api import create_app
+    from controller.serve.tokens import MIN_TOKEN_LENGTH, Tokens
     from controller.settings import ControllerSettings
 
     app = create_app(ControllerSettings.model_construct(), Tokens(["x" * MIN_TOKEN_LENGTH]))

@@ -85,7 +85,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     secret.chmod(0o600)
     port = free_port()
     exe = Path(sys.executable).parent / "fleetctl"
-    env = {**lab.env(), "FLEET_METRICS_PORT": "0",
+    env = {**lab.env(), "FLEET_CONTROLLER_METRICS_PORT": "0",
            "FLEET_RELEASE_URL_HOSTS": '["127.0.0.1"]'}  # the test release server is on loopback
     proc = subprocess.Popen([str(exe), "serve", "--interval", "0.3", "--api-port", str(port), "--tokens",
                              str(write_tokens(base / "tokens", TOKEN)), "--webhook", receiver.url,
