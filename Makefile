@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-slow install engine lint lock system-deps clean bench
+.PHONY: demo test test-fast test-slow install engine lint lock system-deps clean bench docs reference
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -47,8 +47,30 @@ demo: install
 system-deps:
 	@bash tests/system-deps.sh
 
+## make docs: the docs site (Sphinx + MyST + furo, from requirements-docs.lock) into docs/_build/html,
+## warnings as errors: a link to a missing page, file or heading fails it. Offline: nothing fetched at build or view time
+## (docs/tools/check_offline.py fails the build when a page, stylesheet or script would load from http(s)).
+DOCS_VENV := .venv-docs
+DOCS_STAMP := $(DOCS_VENV)/.installed
+
+$(DOCS_STAMP): requirements-docs.lock | $(BIN)/python
+	$(PY) -m venv $(DOCS_VENV)
+	$(BIN)/uv pip sync --python $(DOCS_VENV)/bin/python -q requirements-docs.lock
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP) install
+	rm -rf docs/_build
+	$(DOCS_VENV)/bin/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+	$(DOCS_VENV)/bin/python docs/tools/check_offline.py docs/_build/html
+	@echo "docs: docs/_build/html/index.html"
+
+## make reference: the generated blocks of docs/reference/*.md (commands, exit codes, settings, metrics, HTTP routes)
+## written afresh from the code; tests/unit/test_reference_docs.py fails when one is stale.
+reference: install
+	$(BIN)/python docs/tools/gen_reference.py
+
 ## make test: install everything, then run every tier (fast first, slow real-service tiers after).
-test: install engine system-deps lint
+test: install engine system-deps lint docs
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
 	$(BIN)/python -m pytest -m "slow" -q -p no:cacheprovider --durations=25
 
@@ -57,8 +79,8 @@ test-fast: install
 
 ## make lint (part of make test): ruff, mypy over the packages, strict where both sides meet (contract, agent).
 lint: install
-	$(BIN)/ruff check agent contract controller simulator bench tests
-	$(BIN)/mypy agent contract controller simulator
+	$(BIN)/ruff check agent contract controller simulator bench tests docs/tools
+	$(BIN)/mypy agent contract controller simulator docs/tools
 	$(BIN)/mypy --strict contract agent
 
 lock: $(BIN)/python
@@ -72,4 +94,4 @@ bench: install
 	test -z "$$fail" || { echo "below goal:$$fail"; exit 1; }
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) build *.egg-info
+	rm -rf $(VENV) $(ENGINE_VENV) $(DOCS_VENV) docs/_build build *.egg-info

@@ -33,7 +33,8 @@ from agent.executor import EventCancelToken
 from contract.oneline import error_line
 from contract.records import ResultRow, RunProgress, RunRequest, UnknownModelKey, parse_model_keys, release_version_of
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="m1000-fleet agent on one module.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="m1000-fleet agent on one module.")
 
 
 @app.callback()
@@ -48,7 +49,7 @@ class OutputFormat(str, Enum):
 
 
 def _bad_input(message: str) -> typer.Exit:
-    _console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    _console(stderr=True).print(_styled("error:", "red", message), highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -112,7 +113,7 @@ def run(
     why = hold_orphans()  # what the run starts stays this process's descendant, daemonized or not
     err = _console(stderr=True)
     if why:
-        err.print(f"[yellow]warning:[/yellow] {why}", highlight=False, soft_wrap=True)
+        err.print(_styled("warning:", "yellow", why), highlight=False, soft_wrap=True)
     token = EventCancelToken()
     previous = signal.signal(signal.SIGINT, lambda *_: token.cancel())
     try:
@@ -137,9 +138,17 @@ def _status_line(p: RunProgress) -> str:
 
 
 def _console(**kwargs: Any) -> Console:
+    """A console that prints text as it is: no rich markup, so ``[agent]`` in a message or a table cell stays."""
     from rich.console import Console
 
-    return Console(**kwargs)
+    return Console(markup=False, **kwargs)
+
+
+def _styled(label: str, style: str, message: str) -> Any:
+    """``label`` in ``style``, then ``message`` verbatim (brackets and all)."""
+    from rich.text import Text
+
+    return Text.assemble((label, style), " ", message)
 
 
 def _table(*columns: str, **kwargs: Any) -> Table:
@@ -341,7 +350,7 @@ def _probe_table(report: Any, out: Console, err: Console) -> None:
 def worker(
     config: Path | None = typer.Option(None, "--config", "-c", envvar="FLEET_CONFIG",
                                        help="TOML config ([fleet], [agent]); FLEET_* variables override it"),
-    loglevel: str = typer.Option("INFO", "--loglevel"),
+    loglevel: str = typer.Option("INFO", "--loglevel", help="log level (DEBUG, INFO, WARNING, ERROR)"),
 ) -> None:
     """Serve this module's Celery queue (one run at a time), heartbeat, and /metrics."""
     from agent.worker import main as worker_main
@@ -365,7 +374,10 @@ def exporter(
     from agent.settings import AgentSettings
     from contract.settings import load_settings
 
-    s = load_settings(AgentSettings, config, workdir=workdir, metrics_host=host, metrics_port=port)
+    try:
+        s = load_settings(AgentSettings, config, workdir=workdir, metrics_host=host, metrics_port=port)
+    except ValueError as exc:  # SettingsError, pydantic's ValidationError: the config file or a FLEET_* variable
+        raise _bad_input(f"settings: {error_line(exc)}") from None
     wd = s.workdir.expanduser()
     reg = metrics.build_registry(wd, s.module)
     stop = threading.Event()

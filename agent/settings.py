@@ -68,5 +68,8 @@ class AgentSettings(BrokerSettings):
         return [Path(os.path.realpath(p.expanduser())) for p in (work / "incoming", work / "releases", *extra)]
     probe: bool = Field(default=True, description="cross-check each key's release benchmark with the agent's probe")
     probe_profiles: str = Field(default="128:128", description="sweep profiles the probe runs, comma separated")
-    probe_requests: int = Field(default=3, ge=1, description="measured probe requests per profile (median of 3)")
-    probe_tolerance: float = Field(default=0.05, gt=0, lt=1, description="release vs probe before a flag, relative")
+    probe_requests: int = Field(default=3, ge=1,
+                                description="measured probe requests per profile (their median is the probe's figure)")
+    probe_tolerance: float = Field(default=0.05, gt=0, lt=1,
+                                   description="relative difference of release and probe figures that flags a row "
+                                               "release_benchmark_disagrees")

@@ -19,14 +19,9 @@ from pathlib import Path
 
 from agent.errors import BadInput
 from agent.tables import TableError, parse_tables
-from agent.unpack import WORKFLOW_DIR
+from contract.layout import BENCHMARK, GENERATE, PRECOMPILE, SETUP_ENV, start_script
+from contract.layout import CONFIG_JSON as CONFIG_JSON  # re-exported (the pipeline names it in its notes)
 from contract.records import MODEL_KEYS, ResultRow, TableKind
-
-CONFIG_JSON = f"{WORKFLOW_DIR}/tilelang_workflow_config.json"
-GENERATE = f"{WORKFLOW_DIR}/generate_tilelang_workflow.sh"
-SETUP_ENV = f"{WORKFLOW_DIR}/setup_env.sh"
-PRECOMPILE = f"{WORKFLOW_DIR}/precompile_tilelang_kernels.sh"
-BENCHMARK = f"{WORKFLOW_DIR}/run_tilelang_benchmark.sh"
 
 ENV_SEPARATOR = b"\0--m1000-fleet-env-separator--\0"
 # variables bash itself changes between the two dumps of the environment capture
@@ -156,7 +151,7 @@ def key_env(key: str, *extra: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def plan_server(top: Path, key: str, env: Mapping[str, str], kenv: Mapping[str, str]) -> StepPlan:
-    script = top / WORKFLOW_DIR / MODEL_KEYS[key].start_script
+    script = top / start_script(key)
     return StepPlan("server", ("bash", str(script)), top, {**env, **kenv}, 0.0, key)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from contract.files import write_atomic as write_atomic  # re-exported
 from contract.records import ResultRow, RunProgress, RunRequest, is_run_id
+from contract.vocab import LOG_STEPS
 from contract.vocab import check_run_id as check_run_id  # re-exported
 
 _LOG_NUMBER = re.compile(r"^(\d+)-")
@@ -239,7 +240,10 @@ class RunStore:
         write_atomic(self.state_path, json.dumps(data) + "\n")
 
     def next_log(self, run_id: str, step: str, model_key: str | None = None) -> Path:
-        """``logs/NN-step[-key].log`` with NN one past the logs already there (earlier attempts kept)."""
+        """``logs/NN-step[-key].log`` with NN one past the logs already there (earlier attempts kept); ``step``
+        is one of :data:`contract.vocab.LOG_STEPS` (what ``fleetctl logs --step`` offers)."""
+        if step not in LOG_STEPS:
+            raise ValueError(f"log step {step!r} is not in contract.vocab.LOG_STEPS")
         logs = self.logs_dir(run_id)
         try:
             names = os.listdir(logs)

@@ -37,8 +37,7 @@ from typing import Any
 
 from agent.errors import AgentError, BadInput, ChecksumMismatch, UnsafeTarball
 from contract.files import sha256_file
-
-WORKFLOW_DIR = "scripts/ci/musa"
+from contract.layout import WORKFLOW_DIR
 
 
 class UnpackError(AgentError, OSError):

@@ -205,11 +205,21 @@ def validate_request(payload: object, settings: AgentSettings) -> RunRequest:
     roots = settings.allowed_release_roots()
     if not within(resolved, roots):
         shown = f" (resolves to {resolved})" if str(resolved) != req.tarball else ""
+        folder = _release_folder(resolved, req.sha256)
         raise refuse("tarball", f"{_short(req.tarball, 200)}{shown} is outside the release roots "
-                                f"({', '.join(str(r) for r in roots)})")
+                                f"({', '.join(str(r) for r in roots)}): to allow it, add {str(folder)!r} to "
+                                f"release_roots in the agent's [agent] section (or FLEET_RELEASE_ROOTS="
+                                f"'{json.dumps([str(folder)])}'), or give the agent the controller's data_dir")
     if str(resolved) != req.tarball:
         req = req.model_copy(update={"tarball": str(resolved)})
     return req
+
+
+def _release_folder(tarball: Path, sha256: str) -> Path:
+    """The folder to allow for ``tarball``: the root above the ``<sha256>/`` folder of a staged release
+    (``<data_dir>/releases/<sha256>/<name>``: every later release too), else the tarball's own folder."""
+    parent = tarball.parent
+    return parent.parent if parent.name == sha256.lower() else parent
 
 
 def refused_progress(exc: RefusedRequest, settings: AgentSettings, now: float) -> RunProgress | None:

@@ -44,7 +44,7 @@ def env_for(s: ControllerSettings) -> dict[str, str]:
     env.update({"FLEET_BROKER_URL": s.broker_url, "FLEET_DATA_DIR": str(s.data_dir),
                 "FLEET_INVENTORY": str(s.inventory), "FLEET_HISTORY": str(s.history_path),
                 "FLEET_HEARTBEAT_INTERVAL": str(s.heartbeat_interval), "FLEET_OFFLINE_AFTER": str(s.offline_after),
-                "FLEET_METRICS_PORT": "0"})
+                "FLEET_CONTROLLER_METRICS_PORT": "0"})
     return env
 
 

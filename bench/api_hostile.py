@@ -171,7 +171,7 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
         env.update({"FLEET_BROKER_URL": "filesystem://", "FLEET_DATA_DIR": str(tmp / "fleet"),
                     "FLEET_INVENTORY": str(tmp / "inv.toml"), "FLEET_HISTORY": str(tmp / "history.sqlite"),
-                    "FLEET_METRICS_PORT": "0", "PYTHONPATH": str(ROOT)})
+                    "FLEET_CONTROLLER_METRICS_PORT": "0", "PYTHONPATH": str(ROOT)})
         serve = subprocess.Popen([sys.executable, "-c", "from controller.cli.app import main; main()", "serve",
                                   "--interval", "1", "--api-port", str(port), "--tokens", str(tokens)],
                                  env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

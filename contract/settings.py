@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import types
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar, Union, get_args, get_origin
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -48,19 +49,59 @@ def _read_toml(path: Path) -> dict[str, Any]:
     return data
 
 
+# Every section a config file may hold, whichever program reads it: one file can serve an agent and a
+# controller on one machine, so each program skips the other's section (and checks only its own keys).
+CONFIG_SECTIONS = ("fleet", "agent", "controller")
+
+
+def _closest(word: str, choices: Iterable[str]) -> str | None:
+    import difflib  # only when a name is wrong
+
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return close[0] if close else None
+
+
+def _sections() -> str:
+    return ", ".join(f"[{s}]" for s in CONFIG_SECTIONS)
+
+
+def _check_layout(path: Path, raw: dict[str, Any]) -> None:
+    """Every top-level entry of the file is a known section (one line naming the file otherwise)."""
+    for name, value in raw.items():
+        if name in CONFIG_SECTIONS and not isinstance(value, dict):
+            raise SettingsError(f"{path}: [{name}] must be a table")
+        if not isinstance(value, dict):
+            raise SettingsError(f"{path}: setting {name!r} is outside any section (settings go under {_sections()})")
+        if name not in CONFIG_SECTIONS:
+            close = _closest(name, CONFIG_SECTIONS)
+            hint = f" (did you mean [{close}]?)" if close else ""
+            raise SettingsError(f"{path}: unknown section [{name}]{hint}; the sections are {_sections()}")
+
+
 def _file_values(cls: type[EnvSettings], path: Path | None) -> dict[str, Any]:
-    """``[fleet]`` (shared broker settings) and ``[<section>]`` of the config file, merged."""
+    """``[fleet]`` (shared broker settings) and ``[<section>]`` of the config file, merged.
+
+    A section no program knows (``[controler]``), or a setting outside any section, is refused: a
+    misspelled section would otherwise be skipped and its settings silently not applied. The other
+    program's section is skipped unread (one file may serve both)."""
     if path is None:
         return {}
     raw = _read_toml(path)
+    _check_layout(path, raw)
     shared = raw.get("fleet", {})
     own = raw.get(cls.config_section, {}) if cls.config_section != "fleet" else {}
-    for name, table in (("fleet", shared), (cls.config_section, own)):
-        if not isinstance(table, dict):
-            raise SettingsError(f"{path}: [{name}] must be a table")
-    unknown = sorted(set(shared) - set(BrokerSettings.model_fields)) + sorted(set(own) - set(cls.model_fields))
-    if unknown:
-        raise SettingsError(f"{path}: unknown setting {unknown[0]!r}")
+    for section, table, known in (("fleet", shared, BrokerSettings.model_fields),
+                                  (cls.config_section, own, cls.model_fields)):
+        unknown = sorted(set(table) - set(known))
+        if not unknown:
+            continue
+        name = unknown[0]
+        if section == "fleet" and name in cls.model_fields:
+            hint = f" (it belongs under [{cls.config_section}])"
+        else:
+            close = _closest(name, known)
+            hint = f" (did you mean {close!r}?)" if close else ""
+        raise SettingsError(f"{path}: [{section}]: unknown setting {name!r}{hint}")
     return {**shared, **own}
 
 
@@ -78,11 +119,11 @@ def _wants_json(annotation: Any) -> bool:
 
 
 def _env_values(cls: type[EnvSettings], environ: dict[str, str]) -> dict[str, Any]:
-    """``FLEET_<NAME>`` variables (any case) of ``cls``'s fields."""
+    """The variables (any case) of ``cls``'s fields: ``FLEET_<NAME>``, or the name ``cls.env_names`` gives."""
     lowered = {k.lower(): v for k, v in environ.items()}
     out: dict[str, Any] = {}
     for name, field in cls.model_fields.items():
-        var = f"{cls.env_prefix}{name}".lower()
+        var = cls.env_var(name).lower()
         if var not in lowered:
             continue
         value: Any = lowered[var]
@@ -102,6 +143,14 @@ class EnvSettings(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, validate_default=True, protected_namespaces=())
     config_section: ClassVar[str] = "fleet"
     env_prefix: ClassVar[str] = "FLEET_"
+    # a setting whose name the other program's settings use for another thing (both have a metrics_port) reads
+    # a variable of its own, so that an agent and a controller on one machine never read each other's
+    env_names: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def env_var(cls, name: str) -> str:
+        """The environment variable of setting ``name``: ``FLEET_<NAME>`` unless :attr:`env_names` says another."""
+        return cls.env_names.get(name) or f"{cls.env_prefix}{name}".upper()
 
     def __init__(self, **values: Any) -> None:
         path = os.environ.get("FLEET_CONFIG")
@@ -120,7 +169,8 @@ class BrokerSettings(EnvSettings):
                     "sentinel://[user:pass@]s1:26379;sentinel://s2:26379;sentinel://s3:26379/0 (Redis Sentinel, "
                     "with broker_sentinel_master), or filesystem:// (embedded, one machine)",
     )
-    broker_password_file: Path | None = Field(default=None, description="file holding the broker password")
+    broker_password_file: Path | None = Field(
+        default=None, description="file holding the broker password (merged into the URL in memory only)")
     broker_sentinel_master: str | None = Field(
         default=None, description="name of the master the Sentinels of a sentinel:// broker_url watch")
     broker_tls_ca_file: Path | None = Field(default=None, description="CA certificate(s) the broker's TLS "
@@ -128,7 +178,10 @@ class BrokerSettings(EnvSettings):
     broker_tls_cert_file: Path | None = Field(default=None, description="client certificate for the broker (TLS)")
     broker_tls_key_file: Path | None = Field(default=None, description="key of broker_tls_cert_file (mode 0600)")
     data_dir: Path = Field(default=DEFAULT_HOME, description="embedded broker and result folders")
-    run_soft_time_limit: float = Field(default=4 * 3600.0, gt=0, description="soft time limit of one run, s")
+    run_soft_time_limit: float = Field(
+        default=4 * 3600.0, gt=0,
+        description="soft time limit of one run on one module, s (the agent ends the run cleanly 30 s before it, "
+                    "or a tenth of it before when that is shorter)")
     run_time_limit: float = Field(default=4 * 3600.0 + 600, gt=0, description="hard time limit of one run, s")
     heartbeat_interval: float = Field(default=5.0, gt=0, description="agent heartbeat period, s")
     offline_after: float = Field(default=30.0, gt=0, description="no heartbeat for this long: unreachable, s")

@@ -1,9 +1,10 @@
 """The fleet's shared vocabulary: names both sides use with one meaning, besides the wire records.
 
 The run id check and the error of input that cannot be used (:class:`BadInput`, the root of the agent's input
-errors, caught by the controller too); the figures the probe cross-checks and its record of a disagreement; the
-device's clock-event reasons, their labels and which of them slow a busy device down; the shape of a metric in a
-catalog and the rule for a safe label value. The agent and the controller import them from here.
+errors, caught by the controller too); the steps that leave a log; the figures the probe cross-checks and its
+record of a disagreement; the device's clock-event reasons, their labels and which of them slow a busy device down;
+the shape of a metric in a catalog and the rule for a safe label value. The agent and the controller import them
+from here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ def check_run_id(run_id: str) -> str:
     if not is_run_id(run_id):
         raise BadInput(f"run id {run_id!r}: use {RUN_ID_RULE}")
     return run_id
+
+
+# --------------------------------------------------------------------------- step logs
+# The steps that leave a log in a run's ``logs/`` folder (``NN-step[-key].log``), in pipeline order: the
+# agent names its logs only so (``RunStore.next_log``), ``fleetctl logs --step`` takes only these.
+LOG_STEPS: tuple[str, ...] = ("fetch", "unpack", "configure", "generate", "environment", "precompile", "server",
+                              "benchmark")
 
 
 # --------------------------------------------------------------------------- the probe's cross-check

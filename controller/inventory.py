@@ -52,21 +52,29 @@ class InventoryError(FleetctlError, ValueError):
 
 
 class Module(BaseModel):
+    """One ``[[module]]`` of the inventory; ``[defaults]`` takes the same keys and applies them to every module
+    (``labels``, ``model_paths`` and ``env`` are merged key by key)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str
-    host: str = "127.0.0.1"
-    ssh_user: str = "root"
-    ssh_port: int = Field(default=22, ge=1, le=65535)
-    labels: dict[str, str] = Field(default_factory=dict)
-    model_root: str = "/home/dev/models"
-    model_paths: dict[str, str] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str = "~/m1000-fleet"
-    metrics_port: int = Field(default=9400, ge=1, le=65535)
+    name: str = Field(description="the module's name: its queue, its broker user, `--devices` selects by it "
+                                  "(1-63 letters, digits, '.', '_', '-')")
+    host: str = Field(default="127.0.0.1", description="address the controller reaches it at (SSH, /metrics)")
+    ssh_user: str = Field(default="root", description="SSH user of deploy, push and logs")
+    ssh_port: int = Field(default=22, ge=1, le=65535, description="SSH port")
+    labels: dict[str, str] = Field(default_factory=dict, description="free labels: `--devices label=value` "
+                                                                     "selects by them; Prometheus target labels")
+    model_root: str = Field(default="/home/dev/models", description="folder holding the model folders on the module")
+    model_paths: dict[str, str] = Field(default_factory=dict,
+                                        description="per-key override of model_root/<folder>: model key -> folder")
+    env: dict[str, str] = Field(default_factory=dict, description="extra variables for the release's scripts")
+    workdir: str = Field(default="~/m1000-fleet", description="the agent's work folder on the module")
+    metrics_port: int = Field(default=9400, ge=1, le=65535, description="port of the agent's /metrics")
     # "local": the module's worker reads the release from a path the controller can see
     # (simulated modules, same host). "ssh": the release is pushed over SSH first.
-    transport: str = "ssh"
+    transport: str = Field(default="ssh", description="'ssh': the release is pushed over SSH first; 'local': the "
+                                                      "worker reads it from a path the controller can see "
+                                                      "(simulated modules, same host)")
 
     @field_validator("name")
     @classmethod

@@ -16,7 +16,12 @@ class ConfigError(FleetctlError, SettingsError):
 
 
 class ControllerSettings(BrokerSettings):
+    """The controller (``fleetctl``, ``fleetctl serve``); section ``[controller]`` of the config file."""
+
     config_section: ClassVar[str] = "controller"
+    # the agent's settings of these names read FLEET_METRICS_PORT ...: the controller's have their own variables
+    env_names: ClassVar[dict[str, str]] = {name: f"FLEET_CONTROLLER_{name.upper()}"
+                                           for name in ("metrics_host", "metrics_port", "keep_releases")}
 
     inventory: Path = Field(default=Path("inventory.toml"), description="the lab's inventory (TOML)")
     history: Path | None = Field(default=None, description="run history (SQLite); default <data_dir>/history.sqlite")

@@ -17,6 +17,7 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v rsync >/dev/null || need+=(rsync)
 command -v iptables >/dev/null || need+=(iptables)  # the lossy-link test (statistic match)
 command -v systemd-analyze >/dev/null || need+=(systemd)
+command -v go >/dev/null || need+=(golang-go)  # tests/metrics/expandenv: provisioning files as Grafana expands them
 [ ${#need[@]} -eq 0 ] && exit 0
 mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
 if [ "$(id -u)" != 0 ]; then

@@ -1,8 +1,8 @@
 """The agent's metric list: every series it exports (name, type, labels, unit, help) and its label rules.
 
-``docs/metrics.md`` (Metric list) is kept in step with :data:`CATALOG` by a test. Labels are bounded:
-release, model key, profile, state, step, status, window, gpu; never run ids, paths or free text
-(:func:`label_value`, :func:`step_label`).
+``docs/reference/metrics.md`` is generated from :data:`CATALOG` (``make reference``; a test fails when it is
+stale). Labels are bounded: release, model key, profile, state, step, status, window, gpu; never run ids, paths or
+free text (:func:`label_value`, :func:`step_label`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(f"{PREFIX}_result_rows", "gauge", ("release", "model_key"), "count",
                "Result rows behind the latest figures of a model key"),
     MetricSpec(f"{PREFIX}_result_release_benchmark_disagreements", "gauge", ("release", "model_key"), "count",
-               "Latest result rows of a model key whose figures the agent's probe contradicts"),
+               "Latest result rows of a model key whose figures the agent's probe contradicts (flag "
+               "release_benchmark_disagrees)"),
     MetricSpec(f"{PREFIX}_result_timestamp_seconds", "gauge", ("release", "model_key"), "timestamp_seconds",
                "Start time of the run that produced the latest figures of a model key"),
     # the current (or last) run

@@ -3,7 +3,7 @@
 One request is an :class:`Exchange`: the HTTP status and the body's bytes, each read
 stamped with the nanoseconds since the send instant (the transport fills it; tests make
 it by hand). :func:`interpret` turns it into a :class:`RequestResult`; :func:`summarise`
-turns the measured requests of one run into a :class:`ProfileResult`. docs/probe.md
+turns the measured requests of one run into a :class:`ProfileResult`. docs/concepts/probe.md
 states the same definitions:
 
 - a *content chunk* is an SSE event carrying non-empty generated text (``choices[].text``,

@@ -13,7 +13,7 @@ A server whose ``/get_server_info`` carries ``m1000_sim`` is the simulator: it r
 ``time_scale`` times faster than a module, so wall times are multiplied back by that
 factor, the send instant goes to it in ``X-Sim-Sent-Ns`` (where its clock starts, as for
 the release's own benchmark there), and the probe's thread takes, while it measures, the
-scheduling priority the simulated release's processes take (docs/simulator.md "Timing fidelity on a
+scheduling priority the simulated release's processes take (docs/concepts/simulator.md "Timing fidelity on a
 busy machine": a wake-up late by 1 ms of wall time is N ms of module time). Any other
 server: factor 1, no such header, no priority change.
 """

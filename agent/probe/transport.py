@@ -1,6 +1,6 @@
 """The probe's only I/O seam: HTTP/1.1 on asyncio streams (standard library).
 
-Chosen by measurement (``bench/probe.py``, docs/probe.md): against a loopback server that
+Chosen by measurement (``bench/probe.py``, docs/concepts/probe.md): against a loopback server that
 answers at once it adds less time to first token than bare aiohttp and httpx loops, uses
 less CPU per request, imports in a tenth of the time and keeps the agent free of another
 dependency (Python 3.10, aarch64). It speaks what the probe needs: keep-alive connections

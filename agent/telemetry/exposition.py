@@ -2,10 +2,10 @@
 
 Names follow the project's convention (``m1000_`` prefix, base units: hertz, bytes, ratios,
 watts, Celsius) rather than DCGM exporter's (``DCGM_FI_DEV_*`` in MHz, MiB and percent); each
-series names the DCGM field it stands for (:attr:`DeviceMetric.dcgm`), and docs/metrics.md's metric
-table gives both, so a DCGM dashboard's query converts one to one. Labels: ``gpu`` (device
-index), ``model_key`` (``none`` outside a key) and, for clock-event reasons, ``reason``
-(a fixed list); Prometheus adds ``module``. Present while a run samples (the current or last
+series names the DCGM field it stands for (:attr:`DeviceMetric.dcgm`), and the device table of
+docs/reference/metrics.md (generated from :data:`DEVICE_METRICS`) gives both, so a DCGM dashboard's query
+converts one to one. Labels: ``gpu`` (device index), ``model_key`` (``none`` outside a key) and, for clock-event
+reasons, ``reason`` (a fixed list); Prometheus adds ``module``. Present while a run samples (the current or last
 run's latest samples, up to a minute old).
 """
 

@@ -31,6 +31,7 @@ import psutil
 from rich.console import Console
 
 from contract.records import MODEL_KEYS
+from controller.command import fleetctl
 from controller.fleet import FleetError
 from controller.settings import ControllerSettings
 from simulator.ports import free_port
@@ -398,7 +399,23 @@ def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, er
     judged = service.validate(s, service.ValidateRequest(release=rel.path, models=keys, devices="engine=transformers",
                                                          baseline=rel.version))
     print_launched(judged, err, len(judged.modules))
-    return follow_and_judge(s, judged.run_id, rel.version, out, err)
+    return follow_and_judge(s, judged.run_id, rel.version, out, err, root=("--history", str(s.history_path)))
+
+
+def release_speed(opts: DemoOptions) -> str:
+    """The simulated release's speed spec from ``--regress``, with ``--slow``/``--throttle`` checked first
+    (a bad knob: BadRequest, one line, before anything is built or removed)."""
+    from controller.service import BadRequest
+    from simulator import SpecError, regress_spec, slow_factor
+
+    try:
+        if opts.slow is not None:
+            slow_factor(opts.slow)
+        elif opts.throttle:
+            raise SpecError("--throttle says why the slow module is slow: give --slow F too")
+        return ",".join(regress_spec(r) for r in opts.regress) or "1.0"
+    except SpecError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
@@ -418,8 +435,9 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
 def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
     from controller import service
     from controller.cli.live import follow_and_judge, print_launched
-    from simulator import build_release, regress_spec
+    from simulator import build_release
 
+    speed = release_speed(opts)
     base = _fresh_dir(opts.out_dir, err)
     settings = ControllerSettings(
         broker_url="filesystem://", data_dir=base / "fleet", inventory=base / "inventory.toml",
@@ -429,7 +447,6 @@ def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
     real = tuple(real_names(opts.real))
     slow_name = names[-1] if opts.slow and len(names) > 1 else (names[0] if opts.slow else None)
     (base / "inventory.toml").write_text(inventory_toml(names, base, slow_name, real), encoding="utf-8")
-    speed = ",".join(regress_spec(r) for r in opts.regress) or "1.0"
     rel = build_release(base / "release", noise=opts.noise, speed=speed, time_scale=opts.time_scale, seed=opts.seed)
     err.print(f"demo: built {rel.path.name} (sha256 {rel.sha256[:12]}), speed {speed}, noise {opts.noise}, "
               f"time scale {opts.time_scale:g}; starting {len(names)} simulated modules"
@@ -450,12 +467,14 @@ def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
                 launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models,
                                                                        devices="sim=true" if real else "all"))
                 print_launched(launched, err, len(launched.modules))
-                code = follow_and_judge(s, launched.run_id, None, out, err)  # Ctrl-C: DemoStopped, not detached
+                # Ctrl-C: DemoStopped, not detached
+                code = follow_and_judge(s, launched.run_id, None, out, err, root=("--history", str(s.history_path)))
                 if real:  # the real-engine release on its own modules: judged against their own figures
                     code = max(code, _validate_real(s, base, opts.models, out, err))
             except DemoStopped as stop:
                 err.print(f"demo: {stop.name}: stopping its {len(workers)} simulated modules", highlight=False)
                 raise
         err.print(f"demo: finished in {time.monotonic() - t0:.0f} s; everything is in {base} "
-                  f"(fleetctl --history {settings.history_path} report latest)", highlight=False)
+                  f"({fleetctl('--history', str(settings.history_path), 'report', 'latest')})", markup=False,
+                  highlight=False)
         return code

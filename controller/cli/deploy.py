@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from controller.cli.output import fail, new_app
+from controller.command import fleetctl
 from controller.remote import acl
 
 if TYPE_CHECKING:  # paramiko and fabric load only when a command of this file runs (controller extras)
@@ -204,7 +205,8 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
                   highlight=False)
         out.print(f"redis.conf: aclfile {files.acl.name} | controller: broker_url = redis://{controller_user}@<host>"
                   f"/0, broker_password_file = {files.passwords}/{controller_user}.password | "
-                  f"fleetctl deploy --module-credentials {files.passwords}", highlight=False)
+                  f"{fleetctl('deploy', '--module-credentials', str(files.passwords))}", markup=False,
+                  highlight=False)
 
     @devices_app.command("check")
     def check(

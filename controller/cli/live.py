@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from contract.records import RunProgress, RunState
+from controller.command import fleetctl
 from controller.fleet import BrokerUnavailable, RunView, is_collecting, module_failed
 
 if TYPE_CHECKING:
@@ -295,8 +296,10 @@ def print_launched(launched: Launched, err: Console, n_modules: int) -> None:
             err.print(f"  [red]{name}[/]: {why}", highlight=False)
 
 
-def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console, err: Console) -> int:
-    """Follow a run live until it ends, print its failures and verdict; the exit code (0, 1; 130 detached)."""
+def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console, err: Console,
+                     root: tuple[str, ...] = ()) -> int:
+    """Follow a run live until it ends, print its failures and verdict; the exit code (0, 1; 130 detached).
+    ``root``: the root options the hints it prints need (the demo's ``--history FILE``)."""
     from controller import service
 
     info = s.history().run(run_id)
@@ -304,11 +307,11 @@ def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console
         view = follow(lambda: service.sync(s, run_id), err, title=f"run {run_id}",
                       progress_every=s.settings.progress_interval, since=info.created_at if info else None)
     except KeyboardInterrupt:
-        err.print(f"detached; the run goes on: fleetctl watch {run_id}")
+        err.print(f"detached; the run goes on: {fleetctl(*root, 'watch', run_id)}", markup=False, highlight=False)
         return 130
     for m, errs in service.errors_of(view).items():
         for e in errs:
-            err.print(f"[red]{m}[/]: {e}", highlight=False)
+            err.print(Text.assemble((m, "red"), f": {e}"), highlight=False)
     j = service.judge(s, run_id, baseline)
     n = s.history().row_count(run_id)
     out.print(f"verdict: [bold]{j.verdict}[/] - {j.line}", highlight=False)
@@ -316,7 +319,8 @@ def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console
         from controller.report.render.text import telemetry_line  # a report: pandas is there
 
         out.print(f"outlier {t.module}{'' if t.model_key == '*' else f' [{t.model_key}]'}: {telemetry_line(t)}",
-                  highlight=False)
-    out.print(f"{n} result rows in {s.history_path} (fleetctl results {run_id}; fleetctl report {run_id})",
-              highlight=False)
+                  markup=False, highlight=False)
+    out.print(f"{n} result rows in {s.history_path} ({fleetctl(*root, 'results', run_id)}; "
+              f"{fleetctl(*root, 'report', run_id)})",
+              markup=False, highlight=False)
     return service.exit_code(j.verdict)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from controller.cli.output import EXIT_ERROR, EXIT_FAILED, Output, emit, fail, new_app, output_option
+from controller.command import fleetctl
 
 if TYPE_CHECKING:  # pandas, scipy and matplotlib load only when a report command runs
     from controller.history import History
@@ -42,9 +43,9 @@ def _emit(report: Report, fmt: Format, out: Path | None, check: bool) -> None:
     if out is None and fmt in (Format.md, Format.json):
         sys.stdout.write(to_markdown(report) if fmt is Format.md else to_json(report) + "\n")
     else:
-        target = out or Path(f"report-{report.run_id.replace(':', '_').replace('/', '_')}")
+        target = out or Path(f"report-{report.run_id.replace(':', '_').replace('/', '_')}")  # ./report-<run>/
         for path in write_report(report, fmt.value, target):
-            typer.echo(f"wrote {path}", err=True)
+            typer.echo(f"wrote {path.resolve()}", err=True)
         typer.echo(verdict_line(report))
     if check and report.verdict != "pass":
         raise typer.Exit(EXIT_NOT_PASS)
@@ -72,7 +73,7 @@ def _report(build: Callable[[Thresholds], Report], tolerance: float, fmt: Format
 
 
 FORMAT_HELP = "md, html, csv (+parquet) or json"
-OUT_HELP = "folder to write into (md/json: stdout if unset)"
+OUT_HELP = "folder to write into (default: md/json to stdout, html/csv into ./report-RUN/)"
 
 
 def register(app: typer.Typer, get_history: Callable[[], History],
@@ -104,7 +105,7 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         fmt: Format = typer.Option(Format.md, "--output", "-o", help=FORMAT_HELP),
         old_fmt: Format | None = typer.Option(None, "--format", hidden=True, help="old name of --output"),
         out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
-        tolerance: float = typer.Option(0.05),
+        tolerance: float = typer.Option(0.05, help="relative change that counts as a regression"),
         check: bool = typer.Option(False, "--check", help=f"exit {EXIT_NOT_PASS} unless the verdict is pass"),
     ) -> None:
         """Run B against run A (module by module where they share modules)."""
@@ -168,6 +169,6 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         items = [{**b, "baseline": f"{b['release']}@v{b['version']}", "rows": hist.row_count(b["run_id"])}
                  for b in hist.baselines()]
         if not items and output == Output.table:
-            typer.echo("no baselines (fleetctl baseline import SEED_FILE --release R)")
+            typer.echo(f"no baselines ({fleetctl('baseline', 'import', 'SEED_FILE', '--release', 'R')})")
             return
         emit(items, ["baseline", "run_id", "rows", "source"], output)

@@ -76,7 +76,8 @@ def status(ctx: typer.Context,
 
 
 def watch(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run id, unique prefix or 'latest'"),
-          baseline: str | None = typer.Option(None, "--baseline", "-b")) -> int:
+          baseline: str | None = typer.Option(None, "--baseline", "-b",
+                                              help="baseline: release, release@vN or run id")) -> int:
     """Follow a run live until it ends (pulling its results into the history), then give its verdict."""
     from controller import service
     from controller.cli.live import follow_and_judge
@@ -176,6 +177,12 @@ def runs(ctx: typer.Context,
     recs = [{**r.model_dump(mode="json"), "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))}
             for r in items]
     emit(recs, ["run_id", "created", "release", "modules", "models", "state", "verdict"], output)
+    if not items:  # on stderr: stdout stays the (empty) list a script reads
+        from controller.command import fleetctl
+
+        why = (f"no runs in {s.history_path} yet: run a validation (`{fleetctl('validate', 'TARBALL')}`)"
+               if s.has_history() else s.no_history())
+        sys.stderr.write(why + "\n")
 
 
 ROW_COLUMNS = ("module", "model_key", "profile", "prefill_tps", "ttft_ms", "decode_tps", "tpot_ms", "extra")

@@ -5,6 +5,7 @@ What they run is imported when they run (:mod:`controller.serve.daemon`, :mod:`c
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -19,16 +20,23 @@ def serve(
     once: bool = typer.Option(False, "--once", help="sync every running run once and exit"),
     api_port: int | None = typer.Option(None, "--api-port", help="serve the HTTP API on this port (api_port)"),
     api_host: str | None = typer.Option(None, "--api-host", help="bind address of the HTTP API (api_host)"),
-    tokens: Path | None = typer.Option(None, "--tokens", help="bearer tokens of the API, one a line, mode 0600"),
+    tokens: Path | None = typer.Option(None, "--tokens", help="bearer tokens of the API, one a line, mode 0600 "
+                                                               "(with --new-token: the file the token is added to)"),
     webhook: list[str] = typer.Option([], "--webhook", help="POST each verdict to this URL (repeatable)"),
     webhook_secret: Path | None = typer.Option(None, "--webhook-secret-file", help="HMAC key of the webhooks"),
-    new_token: bool = typer.Option(False, "--new-token", help="print a fresh random token for the tokens file"),
+    new_token: bool = typer.Option(False, "--new-token", help="print a fresh random token; with --tokens FILE, "
+                                                               "also add it to FILE (created or rewritten mode 0600)"),
 ) -> None:
     """Controller service: history kept in step with the broker, verdicts, /metrics, HTTP API, webhooks."""
     if new_token:
-        import secrets
+        from controller.serve.tokens import add_token
+        from controller.serve.tokens import new_token as make_token
 
-        print(secrets.token_hex(24))
+        token = make_token()
+        if tokens is not None:
+            count = add_token(tokens, token)
+            sys.stderr.write(f"added a token to {tokens} (mode 0600, {count} token{'s' if count > 1 else ''})\n")
+        print(token)
         return
     from controller.serve.daemon import serve_forever
 
@@ -44,14 +52,15 @@ def serve(
 
 
 def demo(
-    devices: int = typer.Option(4, "--modules", "--devices", min=1, max=64,
-                                help="how many simulated modules (--devices: the old name)"),
-    models: str = typer.Option("all", "--models", "-m"),
+    devices: int = typer.Option(4, "--modules", min=1, max=64, help="how many simulated modules"),
+    old_devices: int | None = typer.Option(None, "--devices", min=1, max=64, hidden=True,
+                                           help="old name of --modules (--devices is a selector on every other verb)"),
+    models: str = typer.Option("all", "--models", "-m", help="model keys, comma separated, or 'all'"),
     noise: float = typer.Option(0.01, "--noise", min=0.0, max=0.5, help="relative noise of the simulated modules"),
     slow: float | None = typer.Option(None, "--slow", help="one module runs this factor slower (e.g. 1.12)"),
     throttle: bool = typer.Option(False, "--throttle", help="the slow module is slow because its device throttles"),
     regress: list[str] = typer.Option([], "--regress", help="MODEL_KEY:METRIC:FRACTION, release worse by that"),
-    seed: int = typer.Option(1, "--seed"),
+    seed: int = typer.Option(1, "--seed", help="seed of the simulated release's and modules' noise"),
     time_scale: float = typer.Option(50.0, "--time-scale", min=1.0, help="simulated modules run N x real time"),
     out_dir: Path = typer.Option(Path("demo-out"), "--out", help="folder where the demo keeps everything"),
     real: int = typer.Option(0, "--real", min=0, max=8,
@@ -61,7 +70,7 @@ def demo(
     from contract.records import parse_model_keys
     from controller.cli.demo import DemoOptions, run_demo
 
-    opts = DemoOptions(devices=devices, models=parse_model_keys(models), noise=noise, slow=slow, throttle=throttle,
-                       regress=tuple(regress), seed=seed, time_scale=time_scale, out_dir=out_dir,
+    opts = DemoOptions(devices=old_devices or devices, models=parse_model_keys(models), noise=noise, slow=slow,
+                       throttle=throttle, regress=tuple(regress), seed=seed, time_scale=time_scale, out_dir=out_dir,
                        real=real)
     return run_demo(opts, stdout(), stderr())

@@ -15,11 +15,13 @@ class FleetError(FleetctlError, RuntimeError):
 
 
 class BrokerUnavailable(FleetError, ConnectionError):
+    """The broker cannot be reached, or a run cannot be queued on it (HTTP 503)."""
+
     http_status = 503
 
 
 class BadRelease(FleetError, ValueError):
-    pass
+    """A release tarball that is not there."""
 
 
 class RunIdInUse(FleetError):

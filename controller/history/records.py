@@ -40,6 +40,8 @@ def url_digest(url: str) -> str:
 
 
 class HistoryError(FleetctlError, RuntimeError):
+    """No such run or baseline in the history, an ambiguous run id prefix, or a history file that cannot be opened."""
+
     http_status = 404  # no such run or baseline in the history
 
 

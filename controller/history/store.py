@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.records import ResultRow, RunProgress, TelemetrySummary
+from controller.command import fleetctl
 from controller.history.outbox import WebhookOutbox
 from controller.history.queries import HistoryQueries
 from controller.history.records import RESET_EVENT, VERDICT_EVENT, HistoryError, RunInfo
@@ -91,7 +92,8 @@ class History(HistoryQueries, WebhookOutbox):
         if prefix == "latest":
             runs = self.runs(limit=1)
             if not runs:
-                raise HistoryError("no runs in history")
+                raise HistoryError(f"no runs in {self.path} yet: run a validation "
+                                   f"(`{fleetctl('validate', 'TARBALL')}`)")
             return runs[0]
         exact = self.run(prefix)
         if exact:

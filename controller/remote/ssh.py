@@ -6,7 +6,7 @@ Two channels to a module, one trust store:
   default ``AutoAddPolicy`` replaced by ``RejectPolicy`` and host keys loaded from one
   known_hosts file only (no ~/.ssh/config, no agent, no key search);
 * bulk data (release tarballs): the OpenSSH client (``ssh``) reading the local file as
-  its stdin, measured faster than paramiko's SFTP (see docs/deploy.md), with
+  its stdin, measured faster than paramiko's SFTP (see docs/howto/deploy.md), with
   ``StrictHostKeyChecking=yes`` against the same known_hosts file.
 
 Every remote command is built from an argument list with ``shlex.join``: no inventory

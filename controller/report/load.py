@@ -18,6 +18,7 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from contract.records import ResultRow
+from controller.command import fleetctl
 from controller.history import ROW_FIELDS, History, HistoryError, RunInfo
 from controller.report.analysis import analyse
 from controller.report.model import Report, ReportError, Thresholds
@@ -109,7 +110,7 @@ def resolve_baseline(history: History, spec: str | None, release: str) -> str | 
     if spec:
         found = history.baseline_run_id(spec)
         if not found:
-            raise ReportError(f"no baseline {spec!r} in {history.path} (see: fleetctl baseline list)")
+            raise ReportError(f"no baseline {spec!r} in {history.path} (see: {fleetctl('baseline', 'list')})")
         return found
     return history.baseline_run_id(None, release=release or None) or history.baseline_run_id()
 

@@ -4,6 +4,10 @@ Every route is a thin shell over :mod:`controller.service`, like the CLI verbs. 
 under ``/api/v1`` but the schema needs ``Authorization: Bearer <token>`` with a token from the
 tokens file (compared in constant time; tokens are never logged), checked before the body is
 read; bodies are bounded (``api_max_body_bytes``) and so is every field (:mod:`controller.serve.guard`).
+Outside ``/api/v1``: Swagger UI at ``/docs``, from the files ``fastapi-offline`` ships (no CDN: labs
+are offline; the page needs no token, the calls its "Try it out" makes do: its Authorize button
+keeps one in the page's memory, never stored) and the signed, expiring links to a run's
+HTML report that a bearer-authenticated caller mints (:mod:`controller.serve.links`).
 Errors are ``{"detail": "<one line>"}`` with 400 (bad input), 401 (no or wrong token), 404 (no
 such run or module), 409 (run id already used), 413 (body too large), 422 (a field out of bounds
 or of the wrong type, named; a release URL that is bad, unreachable or too big, or a sha256
@@ -13,14 +17,12 @@ A user's value is never said back or logged beyond ~200 characters.
 
 from __future__ import annotations
 
-import hmac
 import logging
-import stat
 import threading
+import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from enum import Enum
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -33,59 +35,22 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from contract.records import parse_model_keys
 from controller import service
 from controller.errors import http_status_of
+from controller.serve import links
+from controller.serve.tokens import Tokens
 from controller.service import Judgement, Session
 from controller.service.release_url import MAX_SHOWN, clip
-from controller.settings import ConfigError, ControllerSettings
+from controller.settings import ControllerSettings
 
 log = logging.getLogger("fleet.api")
 
 PREFIX = "/api/v1"
-MIN_TOKEN_LENGTH = 16
+DOCS_PATH = "/docs"  # Swagger UI (no token), its files under /docs/static
 # field bounds: a release is a path (PATH_MAX) or a URL (a signed one is a few KiB); a run id is 1-128 characters
 MAX_RELEASE = 4096
 MAX_SELECTOR = 1024
 MAX_NAME = 128
 MAX_MODELS = 64
 MAX_DETAIL = 500  # characters of an error's one line, at most
-
-
-# --------------------------------------------------------------------------- tokens
-class TokenError(ConfigError):
-    """The API's tokens file cannot be used (unreadable, readable by others, no token, a short one)."""
-
-
-class Tokens:
-    """Bearer tokens from a file: one per line (``#`` comments, blank lines ignored). The file must
-    not be readable by group or others. Checked in constant time against every token."""
-
-    def __init__(self, tokens: list[str]) -> None:
-        if not tokens:
-            raise TokenError("no API token: the tokens file holds none")
-        short = [t for t in tokens if len(t) < MIN_TOKEN_LENGTH]
-        if short:
-            raise TokenError(f"API tokens must be at least {MIN_TOKEN_LENGTH} characters ({len(short)} shorter)")
-        self._tokens = [t.encode() for t in tokens]
-
-    @classmethod
-    def load(cls, path: Path) -> Tokens:
-        try:
-            st = path.stat()
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise TokenError(f"{path}: cannot read the API tokens file: {exc.strerror or exc}") from None
-        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise TokenError(f"{path}: the API tokens file is readable by others (chmod 600 {path})")
-        return cls([ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")])
-
-    def check(self, presented: str) -> bool:
-        given = presented.encode()
-        ok = False
-        for t in self._tokens:  # every token compared: the time says nothing about which one matched
-            ok |= hmac.compare_digest(t, given)
-        return ok
-
-    def __repr__(self) -> str:  # never print a token
-        return f"Tokens({len(self._tokens)} tokens)"
 
 
 # --------------------------------------------------------------------------- wire models
@@ -117,48 +82,57 @@ class RunCreate(_Model):
 
 
 class RunCreated(_Model):
-    run_id: str
-    release: str
-    sha256: str
-    models: list[str]
+    run_id: str = Field(description="the run's id (generated unless the request named one)")
+    release: str = Field(description="the release's version, from the tarball's name")
+    sha256: str = Field(description="the tarball's sha256")
+    models: list[str] = Field(description="the model keys the run validates")
     modules: dict[str, str] = Field(description="module -> 'queued' or why it was not")
-    queued: int
-    resumed: bool
+    queued: int = Field(description="modules the run was queued on")
+    resumed: bool = Field(description="the request resumed an existing run")
 
 
 class Run(_Model):
     run_id: str
-    release: str
-    sha256: str
-    tarball: str
-    models: list[str]
-    modules: list[str]
-    created_at: float
-    finished_at: float | None
+    release: str = Field(description="the release's version")
+    sha256: str = Field(description="the tarball's sha256")
+    tarball: str = Field(description="the tarball's path on the controller (a downloaded release: where it was staged)")
+    models: list[str] = Field(description="the model keys the run validates")
+    modules: list[str] = Field(description="the modules it was sent to")
+    created_at: float = Field(description="when it was created, Unix time")
+    finished_at: float | None = Field(description="when it ended, Unix time; null while it runs")
     state: str = Field(description="running, done, failed or cancelled")
     verdict: str | None = Field(description="pass, regressed, incomplete, failed; null until judged")
     verdict_line: str | None = Field(None, description="the verdict's one line, as recorded when the run was judged")
-    rows: int | None = None
-    module_states: dict[str, dict[str, Any]] | None = None
+    rows: int | None = Field(None, description="result rows in the history (one run only)")
+    module_states: dict[str, dict[str, Any]] | None = Field(
+        None, description="module -> its state, step, model key, progress, keys, rows and error (one run only)")
 
 
 class Cancelled(_Model):
     run_id: str
-    modules: list[str]
+    modules: list[str] = Field(description="the modules the cancel reaches")
 
 
 class Device(_Model):
     module: str
     host: str
-    transport: str
-    labels: dict[str, str]
-    state: str
-    reason: str
-    agent_version: str | None
-    heartbeat_age_s: float | None
-    clock_skew_s: float | None  # the module's clock minus the controller's (the heartbeat's age is the broker's)
-    free_disk_bytes: int | None
-    run_id: str | None
+    transport: str = Field(description="ssh or local (the inventory's transport)")
+    labels: dict[str, str] = Field(description="the inventory's labels")
+    state: str = Field(description="idle, busy, unreachable, offline or bad")
+    reason: str = Field(description="why it is in that state, and notes (clock skew, a name conflict); empty when "
+                                    "there is nothing to say")
+    agent_version: str | None = Field(description="from its last heartbeat; null when none was seen")
+    heartbeat_age_s: float | None = Field(description="age of its last heartbeat by the broker's clock, s")
+    clock_skew_s: float | None = Field(description="the module's clock minus the controller's, s (the heartbeat's "
+                                                   "age is the broker's)")
+    free_disk_bytes: int | None = Field(description="free disk of its workdir, from its last heartbeat")
+    run_id: str | None = Field(description="the run it is busy with, from its last heartbeat")
+
+
+class ReportLink(_Model):
+    run_id: str = Field(description="the run's id ('latest' or a prefix resolved when the link is made)")
+    url: str = Field(description="opens the run's HTML report in a browser, no token needed, until expires_at")
+    expires_at: int = Field(description="unix seconds")
 
 
 class ReportFormat(str, Enum):
@@ -178,7 +152,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-RunId = Annotated[str, PathParam(min_length=1, max_length=MAX_NAME)]
+RunId = Annotated[str, PathParam(min_length=1, max_length=MAX_NAME,
+                                  description="run id, unique prefix or 'latest'")]
 
 
 def one_line(text: str, values: tuple[str, ...] = ()) -> str:
@@ -233,11 +208,17 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
                 s.close()
             sessions.clear()
 
-    app = FastAPI(title="m1000-fleet controller", version="1", lifespan=lifespan, openapi_url=f"{PREFIX}/openapi.json",
-                  docs_url=None, redoc_url=None,
-                  description="Validate SGLang-MUSA releases on a fleet of M1000 modules (for CI systems).")
+    from fastapi_offline import FastAPIOffline
+
+    app = FastAPIOffline(title="m1000-fleet controller", version="1", lifespan=lifespan,
+                         openapi_url=f"{PREFIX}/openapi.json", docs_url=DOCS_PATH, redoc_url=None,
+                         static_url=f"{DOCS_PATH}/static",
+                         swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": False},
+                         description="Validate SGLang-MUSA releases on a fleet of M1000 modules (for CI systems).")
     bearer = HTTPBearer(auto_error=False, description="a token from the controller's API tokens file")
     from controller.serve.guard import Guard
+
+    link_secret = links.load_secret(settings.data_dir)
 
     # the token and the body's size, checked before the body is read (the dependency below stays, for the schema)
     app.add_middleware(Guard, check_token=tokens.check, protected=_protected,  # type: ignore[arg-type]
@@ -291,7 +272,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
                           modules=dict(got.modules), queued=got.queued, resumed=got.resumed)
 
     @app.get(f"{PREFIX}/runs", response_model=list[Run], dependencies=deps, responses=ERRORS)
-    def list_runs(limit: int = Query(20, ge=1, le=500)) -> list[Run]:
+    def list_runs(limit: int = Query(20, ge=1, le=500, description="at most this many, newest first")) -> list[Run]:
         """Recent runs, newest first (from the run history; one it holds as running in the state the broker holds)."""
         return [Run(**service.run_summary(r)) for r in errors(lambda: service.runs(session(), limit))]
 
@@ -304,9 +285,15 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
     @app.get(f"{PREFIX}/runs/{{run_id}}/report", dependencies=deps,
              responses={**ERRORS, 200: {"description": "the report", "content": {
                  "application/json": {}, "text/markdown": {}, "text/html": {}, "text/csv": {}}}})
-    def get_report(run_id: RunId, format: ReportFormat = ReportFormat.json,  # the query's name
-                   baseline: str | None = Query(None, min_length=1, max_length=MAX_NAME),
-                   tolerance: float = Query(0.05, gt=0, lt=1)) -> Response:
+    def get_report(run_id: RunId,
+                   format: ReportFormat = Query(ReportFormat.json,  # the query's name
+                                                description="json, md, html (a self-contained page) or csv (the "
+                                                            "rows with their baseline and change)"),
+                   baseline: str | None = Query(None, min_length=1, max_length=MAX_NAME,
+                                                description="baseline: release, release@vN or a run id (default: "
+                                                            "the newest of the run's release, else of any)"),
+                   tolerance: float = Query(0.05, gt=0, lt=1,
+                                            description="relative change that counts as a regression")) -> Response:
         """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows)."""
         rep = errors(lambda: service.report(session(), run_id, baseline, tolerance=tolerance), run_id, baseline)
         from controller.report.render import rows_with_baseline, to_json, to_markdown
@@ -321,16 +308,41 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
             return Response(to_html(rep), media_type="text/html; charset=utf-8")
         return Response(rows_with_baseline(rep).to_csv(index=False), media_type="text/csv; charset=utf-8")
 
+    @app.post(f"{PREFIX}/runs/{{run_id}}/report/link", status_code=201, response_model=ReportLink, dependencies=deps,
+              responses=ERRORS)
+    def report_link(run_id: RunId, request: Request,
+                    ttl: int = Query(links.DEFAULT_TTL, ge=links.MIN_TTL, le=links.MAX_TTL,
+                                     description="seconds the link is valid")) -> ReportLink:
+        """A link to the run's HTML report that a browser opens without a token, until it expires (signed)."""
+        info = errors(lambda: service.find_run(session(), run_id), run_id)
+        link = links.make_link(link_secret, info.run_id, time.time(), ttl)
+        return ReportLink(run_id=info.run_id, url=str(request.base_url).rstrip("/") + link.path,
+                          expires_at=link.expires)
+
+    @app.get(f"{links.LINK_PREFIX}/{{run_id}}/report.html", include_in_schema=False)
+    def linked_report(run_id: RunId, expires: int = Query(...), sig: str = Query(..., max_length=128)) -> Response:
+        """The HTML report behind a signed link (no bearer header: the signature is the credential)."""
+        errors(lambda: links.check_link(link_secret, links.report_path(run_id), expires, sig, time.time()))
+        rep = errors(lambda: service.report(session(), run_id), run_id)
+        from controller.report.render.html import to_html
+
+        return Response(to_html(rep), media_type="text/html; charset=utf-8",
+                        headers={"Cache-Control": "private, no-store", "Referrer-Policy": "no-referrer"})
+
     @app.post(f"{PREFIX}/runs/{{run_id}}/cancel", status_code=202, response_model=Cancelled, dependencies=deps,
               responses=ERRORS)
-    def cancel_run(run_id: RunId, devices: str | None = Query(None, min_length=1, max_length=MAX_SELECTOR)) \
+    def cancel_run(run_id: RunId,
+                   devices: str | None = Query(None, min_length=1, max_length=MAX_SELECTOR,
+                                               description="only these modules: 'all', names, label=value")) \
             -> Cancelled:
         """Durable cancel of the run (or of the modules ``devices`` selects)."""
         rid, names = errors(lambda: service.cancel(session(), run_id, devices), run_id, devices)
         return Cancelled(run_id=rid, modules=names)
 
     @app.get(f"{PREFIX}/devices", response_model=list[Device], dependencies=deps, responses=ERRORS)
-    def list_devices(devices: str = Query("all", min_length=1, max_length=MAX_SELECTOR)) -> list[Device]:
+    def list_devices(devices: str = Query("all", min_length=1, max_length=MAX_SELECTOR,
+                                          description="'all', module names, label=value; comma separated")) \
+            -> list[Device]:
         """Modules of the inventory and their state (idle, busy, offline, bad) from their heartbeats."""
         return [Device(**service.device_dict(d))
                 for d in errors(lambda: service.devices(session(), devices), devices)]

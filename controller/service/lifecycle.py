@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from contract.files import sha256_file
 from contract.records import MODEL_KEYS, RunProgress, RunState, parse_model_keys
+from controller.command import fleetctl
 from controller.fleet import (
     BadRelease,
     RunIdInUse,
@@ -26,7 +26,13 @@ from controller.fleet import (
 from controller.history import HistoryError, RunInfo
 from controller.inventory import Module, select
 from controller.service.records import Judgement, Launched, ValidateRequest
-from controller.service.releases import distribute, download_release, prune_releases
+from controller.service.releases import (
+    distribute,
+    download_release,
+    prune_releases,
+    read_release,
+    release_problem,
+)
 from controller.service.session import (
     BadRequest,
     Conflict,
@@ -52,7 +58,7 @@ def check_baseline(s: Session, baseline: str) -> str:
     """The baseline's run id; BadRequest when the history has no such baseline (never writes)."""
     found = s.history().baseline_run_id(baseline) if s.has_history() else None
     if found is None:
-        raise BadRequest(f"no baseline {baseline!r} in {s.history_path} (see: fleetctl baseline list)")
+        raise BadRequest(f"no baseline {baseline!r} in {s.history_path} (see: {fleetctl('baseline', 'list')})")
     return found
 
 
@@ -101,16 +107,22 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     version, mods, existing = prepare(s, req)
     h = s.history()  # before the fleet: the run is recorded in this history
     fleet = s.broker()
-    if req.release is not None:
-        release, sha = req.release, sha256_file(req.release)
+    models = resumed_models(existing, req.models) if existing is not None else req.models
+    if req.release is not None:  # hashed, and its members listed until the pipeline's files were seen: one read
+        release = req.release
+        sha, problem = read_release(release, models)
     else:  # hashed while it downloaded, and checked against req.sha256 there
         release, sha = download_release(s, str(req.url), req.sha256)
+        problem = release_problem(release, models)
     if req.sha256 and sha != req.sha256.strip().lower():
         raise UnusableRelease(f"{release}: sha256 {sha[:12]}… does not match the expected {req.sha256[:12]}…")
     if existing is not None and existing.sha256 and existing.sha256 != sha:
         raise Conflict(f"run {existing.run_id!r} validated another release ({existing.release}, sha256 "
                        f"{existing.sha256[:12]}); {release} has sha256 {sha[:12]}: not resumed")
-    models = resumed_models(existing, req.models) if existing is not None else req.models
+    if problem is not None:  # before anything is dispatched or pushed: refused once, not by every module
+        from controller.service.release_url import clip
+
+        raise BadRelease(f"{clip(str(release))}: {problem}")
     if existing is not None:
         h.set_run_state(existing.run_id, "running")
     rid = req.run_id or new_run_id()
@@ -172,7 +184,7 @@ def retried_keys(asked: tuple[str, ...], p: RunProgress | None) -> tuple[str, ..
 def find_run(s: Session, run: str) -> RunInfo:
     """A run by id, unique prefix or 'latest' (never writes)."""
     if not s.has_history():
-        raise NotFound(f"no run {run!r}: no run history at {s.history_path} yet")
+        raise NotFound(f"no run {run!r}: {s.no_history()}")
     try:
         return s.read_history().find_run(run)
     except HistoryError as exc:

@@ -7,11 +7,18 @@ no run may still read are pruned (``keep_releases`` newest kept).
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
 import re
 import shutil
+import tarfile
+import zlib
 from pathlib import Path
+from typing import Any, BinaryIO
 
+from contract.layout import WORKFLOW_DIR, LayoutScan
+from contract.oneline import error_line
 from controller.inventory import Module
 from controller.service.session import Session, UnusableRelease
 
@@ -19,6 +26,61 @@ log = logging.getLogger(__name__)
 
 
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")
+CHUNK = 1 << 20
+
+
+class _Hashing(io.RawIOBase):
+    """A file read through a hash: every byte a reader takes is hashed once, in order."""
+
+    def __init__(self, raw: BinaryIO, digest: Any) -> None:
+        self.raw, self.digest = raw, digest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self.raw.readinto(buffer)  # type: ignore[attr-defined]
+        if n:
+            self.digest.update(memoryview(buffer)[:n])
+        return n or 0
+
+
+def _layout_problem(tar_file: BinaryIO, models: tuple[str, ...]) -> str | None:
+    """Read members of the tarball in ``tar_file`` (streamed, decompressed) until every file the pipeline needs
+    for ``models`` has been seen; what is wrong with it (None: a release). Reads no further than that member."""
+    scan = LayoutScan(models)
+    try:
+        with tarfile.open(fileobj=tar_file, mode="r|*", bufsize=CHUNK) as tar:
+            for member in tar:
+                if scan.add(member.name):
+                    return None
+    except (tarfile.TarError, EOFError, OSError, zlib.error, ValueError) as exc:
+        return f"not a readable release tarball (a gzip-compressed tar): {error_line(exc)}"
+    missing = scan.missing()
+    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+    return (f"not a release: no {missing[0]}{more} in the tarball (a release holds {WORKFLOW_DIR}/ with "
+            f"{', '.join(f.rsplit('/', 1)[1] for f in scan.required)}, under one top folder)")
+
+
+def read_release(path: Path, models: tuple[str, ...]) -> tuple[str, str | None]:
+    """One pass over the release at ``path``: (its sha256, what keeps it from being a release for ``models`` or
+    None). The members are listed only until the files the pipeline needs have all been seen
+    (:class:`contract.layout.LayoutScan`), from the bytes the hash reads anyway; the rest of the file is only
+    hashed. OSError when it cannot be read."""
+    h = hashlib.sha256()
+    with open(path, "rb") as raw:
+        f = io.BufferedReader(_Hashing(raw, h), CHUNK)
+        problem = _layout_problem(f, models)
+        while f.read(CHUNK):
+            pass
+    return h.hexdigest(), problem
+
+
+def release_problem(path: Path, models: tuple[str, ...]) -> str | None:
+    """What keeps the file at ``path`` from being a release for ``models`` (None: nothing), reading it only until
+    the pipeline's files were seen (a release already hashed: a download)."""
+    with open(path, "rb") as f:
+        return _layout_problem(f, models)
 
 
 def releases_in_use(s: Session) -> set[str]:

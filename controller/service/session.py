@@ -15,11 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from contract.settings import load_settings
+from controller.command import fleetctl
 from controller.errors import FleetctlError
 from controller.fleet import BrokerUnavailable, Fleet, broker_errors
 from controller.history import History
 from controller.inventory import Inventory, load_inventory
 from controller.settings import ControllerSettings
+
+
+def first_steps() -> str:
+    """The two ways a run history starts, as commands that work here."""
+    return (f"import a baseline with `{fleetctl('baseline', 'import', 'FILE', '--release', 'R')}`, or run a validation "
+            f"(`{fleetctl('validate', 'TARBALL')}`)")
 
 
 # --------------------------------------------------------------------------- errors
@@ -97,8 +104,12 @@ class Session:
     def read_history(self) -> History:
         """The run history for reading: never creates one (NotFound when there is none yet)."""
         if not self.has_history():
-            raise NotFound(f"no run history at {self.history_path} yet (no run was started with these settings)")
+            raise NotFound(self.no_history())
         return self.history()
+
+    def no_history(self) -> str:
+        """What to do when there is no run history yet (a fresh lab, or settings that name another file)."""
+        return f"no run history at {self.history_path} yet: {first_steps()}"
 
     def inventory(self) -> Inventory:
         if self._inventory is None:

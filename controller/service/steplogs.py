@@ -8,16 +8,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from contract.records import MODEL_KEYS
+from contract.vocab import LOG_STEPS
 from controller.inventory import Module
 from controller.service.lifecycle import check_run_id, find_run
 from controller.service.records import LogFile
-from controller.service.session import NotFound, Session
+from controller.service.session import BadRequest, NotFound, Session
 
 
 def logs(s: Session, run: str, *, module: str | None = None, step: str | None = None,
          key: str | None = None) -> list[LogFile]:
     """The step logs a run left on its modules (local modules: their workdir; SSH modules: over SSH)."""
     info = find_run(s, run)
+    if step is not None and step not in LOG_STEPS:
+        raise BadRequest(f"--step {step!r}: no such step (the steps with logs: {', '.join(LOG_STEPS)})")
+    if key is not None and key not in MODEL_KEYS:
+        raise BadRequest(f"--key {key!r}: no such model key (known: {', '.join(MODEL_KEYS)})")
     names = [m for m in info.modules if module is None or m == module]
     if module is not None and not names:
         raise NotFound(f"run {info.run_id} did not run on module {module!r} (modules: {', '.join(info.modules)})")

@@ -10,7 +10,7 @@ import pytest
 
 from controller.history import History
 from controller.settings import ControllerSettings
-from tests.support.cli import INV, TARBALL, fill
+from tests.support.cli import INV, TARBALL, fill, write_release_stub
 from tests.support.frames import seed_rows  # noqa: F401 - the fixture, registered by name
 from tests.support.http_servers import TOKEN, Receiver, write_tokens
 
@@ -18,7 +18,7 @@ from tests.support.http_servers import TOKEN, Receiver, write_tokens
 @pytest.fixture
 def controller(tmp_path: Path, seed_rows: list) -> ControllerSettings:  # noqa: F811 - the fixture
     (tmp_path / "inv.toml").write_text(INV)
-    (tmp_path / TARBALL).write_bytes(b"not really a tarball")
+    write_release_stub(tmp_path / TARBALL)
     settings = ControllerSettings(broker_url="filesystem://", data_dir=tmp_path / "fleet",
                                   inventory=tmp_path / "inv.toml", history=tmp_path / "history.sqlite")
     h = History(settings.history_path)

@@ -119,7 +119,7 @@ def test_broker_down_is_503(tmp_path, controller, monkeypatch):
 
 
 def test_tokens_file_checks(tmp_path):
-    from controller.serve.api import TokenError, Tokens
+    from controller.serve.tokens import TokenError, Tokens
 
     p = write_tokens(tmp_path / "t", TOKEN)
     assert Tokens.load(p).check(TOKEN) and not Tokens.load(p).check(TOKEN[:-1])

@@ -2,16 +2,19 @@
 module, one model key, time scale 1000); a stdlib-only script triggers a run over HTTP, giving
 the release as a URL (a local HTTP server serves the built tarball) with its sha256, and polls
 it to a verdict; the webhook reaches a test HTTP server with a valid signature; the HTML report
-at its stable URL opens in headless Chromium without errors."""
+opens in headless Chromium from a signed link the CI asked for (no header), without errors; neither
+tokens nor link signatures are in the service's output."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,6 +72,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     from simulator import build_release
 
     base = tmp_path_factory.mktemp("ci")
+    links: list[str] = []  # signed links handed out: their signatures must never reach the service's output
     release = build_release(base / "release", time_scale=1000.0, noise=0.0, seed=3)
     lab = make_lab(base / "lab", ("filesystem://", None), 1)
     with Session(lab.settings) as s:
@@ -81,7 +85,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     secret.chmod(0o600)
     port = free_port()
     exe = Path(sys.executable).parent / "fleetctl"
-    env = {**lab.env(), "FLEET_METRICS_PORT": "0",
+    env = {**lab.env(), "FLEET_CONTROLLER_METRICS_PORT": "0",
            "FLEET_RELEASE_URL_HOSTS": '["127.0.0.1"]'}  # the test release server is on loopback
     proc = subprocess.Popen([str(exe), "serve", "--interval", "0.3", "--api-port", str(port), "--tokens",
                              str(write_tokens(base / "tokens", TOKEN)), "--webhook", receiver.url,
@@ -90,7 +94,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     try:
         wait_port(port, proc)
         yield {"api": f"http://127.0.0.1:{port}/api/v1", "release": release, "receiver": receiver, "lab": lab,
-               "secret": secret.read_bytes().strip(), "proc": proc, "releases": releases}
+               "secret": secret.read_bytes().strip(), "proc": proc, "releases": releases, "links": links}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -101,7 +105,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         releases.close()
         lab.stop()
         out, err = proc.communicate(timeout=10)
-        assert TOKEN not in out + err  # tokens are never logged
+        assert TOKEN not in out + err  # tokens are never logged, nor link signatures
+        assert [u for u in links if u.rsplit("sig=", 1)[1] in out + err] == []
 
 
 @pytest.fixture(scope="module")
@@ -140,20 +145,26 @@ def test_ci_script_runs_a_validation_over_http(served, ci_run):
 
 
 @pytest.mark.browser
-def test_html_report_at_its_stable_url_in_chromium(served, ci_run, tmp_path):
+def test_html_report_from_a_signed_link_in_chromium(served, ci_run, tmp_path):
     run_id = ci_run[0].stdout.split()[1]
-    url = served["api"] + f"/runs/{run_id}/report?format=html"
+    plain = served["api"] + f"/runs/{run_id}/report?format=html"
+    req = urllib.request.Request(served["api"] + f"/runs/{run_id}/report/link", method="POST",
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        url = json.loads(r.read())["url"]
+    served["links"].append(url)
     with chromium_page() as (page, seen):
-        denied = page.goto(url)
-        assert denied is not None and denied.status == 401  # no token, no report
+        denied = page.goto(plain)
+        assert denied is not None and denied.status == 401  # the API's route wants the bearer header
         seen.errors.clear()
-        page.set_extra_http_headers({"Authorization": f"Bearer {TOKEN}"})
         resp = page.goto(url, wait_until="load")
         assert resp is not None and resp.status == 200
-        assert page.title().startswith("Fleet report ")
+        assert page.title() == f"Fleet report {run_id}"
         assert "PASS" in page.inner_text("p.verdict") or "REGRESSED" in page.inner_text("p.verdict")
         assert page.locator("svg").count() == 3
         page.screenshot(path=str(tmp_path / "api-report.png"), full_page=True)
-    assert seen.errors == []
-    assert {u for u in seen.requested if not u.endswith("/favicon.ico")} == {url}  # nothing external
+        altered = page.goto(url.replace("sig=", "sig=0"))
+        assert altered is not None and altered.status == 403
+    assert seen.errors == ["Failed to load resource: the server responded with a status of 403 (Forbidden)"]
+    assert {u for u in seen.requested if not u.endswith("/favicon.ico")} == {plain, url, url.replace("sig=", "sig=0")}
     assert (tmp_path / "api-report.png").stat().st_size > 20_000

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller.history import History
-from tests.support.cli import INV, TARBALL, fill
+from tests.support.cli import INV, TARBALL, fill, write_release_stub
 from tests.support.frames import seed_rows  # noqa: F401 - the fixture, registered by name
 
 
@@ -21,7 +21,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("FLEET_INVENTORY", str(tmp_path / "inv.toml"))
     monkeypatch.setenv("FLEET_HISTORY", str(tmp_path / "history.sqlite"))
     (tmp_path / "inv.toml").write_text(INV)
-    (tmp_path / TARBALL).write_bytes(b"not really a tarball")
+    write_release_stub(tmp_path / TARBALL)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

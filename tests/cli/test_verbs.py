@@ -169,7 +169,7 @@ def test_retry_makes_a_new_run_of_the_same_release(env, capsys):
 
 
 def test_exit_codes_are_documented():
-    readme = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "cli.md").read_text()
     assert "| 0 | pass" in readme and "| 1 | " in readme and "| 2 | " in readme
 
 

@@ -29,6 +29,10 @@ def test_demo_command_small(tmp_path: Path):
     assert r.returncode in (0, 1)
     # no terminal: a line per module state or step change (issue 27: only "2 benchmarking", then nothing)
     assert "sim-01: benchmarking, benchmark qwen3; keys 0/1, " in r.stderr, r.stderr
+    # the hints name the demo's history (the user's settings point elsewhere) and a fleetctl that runs here
+    hint = f"fleetctl --history {out / 'history.sqlite'} results "
+    assert hint in " ".join(r.stdout.split()), r.stdout
+    assert f"fleetctl --history {out / 'history.sqlite'} report latest)" in " ".join(r.stderr.split()), r.stderr
     survivors = [p for p in psutil.process_iter() if env_has(p, str(out))]
     assert survivors == []
 

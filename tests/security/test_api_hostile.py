@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from simulator.ports import free_port
-from tests.support.cli import INV, TARBALL, closed_port
+from tests.support.cli import INV, TARBALL, closed_port, write_release_stub
 from tests.support.http_servers import TOKEN, ReleaseServer, write_tokens
 from tests.support.redis_server import RedisServer
 from tests.support.secure import need_redis
@@ -76,13 +76,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     redis = RedisServer(base / "redis")
     redis.start()
     (base / "inv.toml").write_text(INV)
-    (base / TARBALL).write_bytes(b"not really a tarball")
+    write_release_stub(base / TARBALL)
     releases = ReleaseServer(base)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env.update({"FLEET_BROKER_URL": redis.url, "FLEET_DATA_DIR": str(base / "fleet"),
                 "FLEET_INVENTORY": str(base / "inv.toml"), "FLEET_HISTORY": str(base / "history.sqlite"),
-                "FLEET_METRICS_PORT": "0", "FLEET_API_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
+                "FLEET_CONTROLLER_METRICS_PORT": "0", "FLEET_API_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
                 "FLEET_API_BODY_TIMEOUT": str(HEADER_TIMEOUT),
                 "FLEET_RELEASE_URL_HOSTS": '["127.0.0.1"]'})  # the lab's release server is on loopback
     log = base / "serve.log"

@@ -301,3 +301,24 @@ def test_redis_apps_use_the_hardened_transport(tmp_path):
 
     with app.connection_for_write() as conn:
         assert conn.transport_cls == "contract.safe_transport:Transport" and isinstance(conn.transport, Transport)
+
+
+def test_a_release_outside_the_roots_says_what_to_set(good, settings, tmp_path):
+    """An agent whose data_dir is not the controller's refuses every local-transport run: the line names the
+    path refused and the setting (and variable) that would allow it."""
+    import json
+
+    other = local_release_path(tmp_path / "controller-data", SHA, "rel.tar.gz")  # the controller's data_dir
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"x")
+    exc = refused(with_(good, tarball=str(other)), settings)
+    roots = ", ".join(str(r) for r in settings.allowed_release_roots())
+    allow = str(tmp_path / "controller-data" / "releases")
+    env = json.dumps([allow])
+    assert exc.why == (f"{str(other)!r} is outside the release roots ({roots}): to allow it, add {allow!r} to "
+                       f"release_roots in the agent's [agent] section (or FLEET_RELEASE_ROOTS='{env}'), "
+                       "or give the agent the controller's data_dir")
+    loose = tmp_path / "nfs" / "rel.tar.gz"  # not a staged release: its own folder
+    loose.parent.mkdir()
+    loose.write_bytes(b"x")
+    assert f"add {str(loose.parent)!r} to release_roots" in refused(with_(good, tarball=str(loose)), settings).why

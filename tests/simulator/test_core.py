@@ -84,6 +84,8 @@ def test_regress_spec() -> None:
     assert regress_spec("qwen3:decode:0.08") == "qwen3:decode=0.92"
     assert regress_spec("qwen35_mtp:accept:0.1") == "qwen35_mtp:accept=0.9"
     assert regress_spec("all:prefill:0.25") == "prefill=0.75"
+    assert regress_spec("qwen3:decode_tps:0.08") == "qwen3:decode=0.92"  # the reports' names are aliases
+    assert regress_spec("qwen3:ttft_ms:0.25") == "qwen3:prefill=0.8"  # a time 25 % longer: 1/1.25 the throughput
     for bad in ("qwen3:decode", "qwen3:decode:1.5", "qwenX:decode:0.1", "qwen3:latency:0.1", "qwen3:decode:x"):
         with pytest.raises(SpecError):
             regress_spec(bad)

@@ -5,15 +5,33 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
-from contract.records import RunProgress, RunState
+from contract.records import MODEL_KEYS, RunProgress, RunState
 from controller.history import History
 
 INV = '[[module]]\nname = "m1"\ntransport = "local"\n'
 TARBALL = "SGLang-MUSA-M1000-M1000_1.4.1_sglang.tar.gz"
 MODULES = [f"m{i:02d}" for i in range(6)]
+
+
+def write_release_stub(path: Path, marker: str = "") -> Path:
+    """A tarball with a release's layout and nothing behind it (every script of every key an empty file):
+    what the controller checks before it dispatches; ``marker`` makes its sha256 its own."""
+    import io
+    import tarfile
+
+    from contract.layout import required_files
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name in (*required_files(MODEL_KEYS), f"README{marker}"):
+            data = marker.encode() if name.startswith("README") else b""
+            info = tarfile.TarInfo(f"stub_release/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

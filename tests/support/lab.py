@@ -80,6 +80,7 @@ class Lab:
                     "FLEET_INVENTORY": str(self.settings.inventory), "FLEET_HISTORY": str(self.settings.history_path),
                     "FLEET_HEARTBEAT_INTERVAL": str(self.settings.heartbeat_interval),
                     "FLEET_OFFLINE_AFTER": str(self.settings.offline_after), "FLEET_METRICS_PORT": "0",
+                    "FLEET_CONTROLLER_METRICS_PORT": "0",
                     **self.worker_env()})
         return env
 

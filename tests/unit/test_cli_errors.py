@@ -106,3 +106,29 @@ def test_agent_worker_bad_settings_one_line(tmp_path, how, env_extra, toml, says
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0].startswith("error: settings: ") and says in lines[0], r.stderr
+
+
+# a misspelled section was skipped: [controler] gave an empty `fleetctl runs`, [agnet] an agent named for its host
+def test_fleetctl_refuses_a_misspelled_section(env, capsys):
+    (env / "fleet.toml").write_text(f'[controler]\nhistory = "{env / "real.sqlite"}"\n')
+    code, err = run(capsys, "-c", "fleet.toml", "runs")
+    assert code == 2
+    assert one_line(err) == ("fleetctl: error: fleet.toml: unknown section [controler] (did you mean [controller]?); "
+                             "the sections are [fleet], [agent], [controller]")
+
+
+@pytest.mark.parametrize("command", [["worker"], ["exporter"], ["run", "x.tar.gz", "--model-root", "."]])
+def test_fleet_agent_refuses_a_misspelled_section(tmp_path, command):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update(FLEET_WORKDIR=str(tmp_path / "work"), FLEET_DATA_DIR=str(tmp_path / "data"))
+    (tmp_path / "agent.toml").write_text('[agnet]\nmodule = "m-a01"\n')
+    r = subprocess.run([sys.executable, "-c", "from agent.entry import main; main()", *command, "--config",
+                        "agent.toml"], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: ") and line.endswith(
+        "agent.toml: unknown section [agnet] (did you mean [agent]?); the sections are [fleet], [agent], [controller]")

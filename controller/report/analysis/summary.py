@@ -1,7 +1,8 @@
 """The fleet summary table of a report and its completeness notes (what is missing from the run).
 
-Per (key, profile, metric): fleet median without the outlier modules, robust spread, min, max,
-count, baseline and change; notes name the module/key pairs and profiles without results.
+Per (key, profile, metric): fleet median without the outlier modules and the min and max of those
+same modules, robust spread, min, max and count of all modules, baseline and change; notes name the
+module/key pairs and profiles without results.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from controller.report.model import ALL_METRICS, DERIVED
 def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, included: np.ndarray,
               spread: pd.DataFrame, groups: Groups | None = None, mid: Middles | None = None
               ) -> pd.DataFrame:
-    """Per (key, profile, metric): fleet median (``fleet``: without outlier modules), robust spread
-    (1.4826 MAD of log figures ~ relative sd), min, max, count, baseline and change."""
+    """Per (key, profile, metric): fleet median (``fleet``: without outlier modules), ``fleet_min`` and
+    ``fleet_max`` (of the modules in ``fleet``), robust spread (1.4826 MAD of log figures ~ relative sd),
+    min, max and count (all modules), baseline and change."""
     metrics = present_metrics(cur, ALL_METRICS)
     if not metrics:
         return pd.DataFrame()
@@ -37,6 +39,9 @@ def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, i
     inc = pd.DataFrame(index=gi.present)
     for m, v in zip(metrics, vals, strict=True):
         inc[m] = mid.figure(m) if mid is not None and mid.exact[m] else gi.median([v[included]])[:, 0]
+    inc_mn, inc_mx = gi.extremes([v[included] for v in vals])
+    inc_min = pd.DataFrame(inc_mn, index=gi.present, columns=metrics)
+    inc_max = pd.DataFrame(inc_mx, index=gi.present, columns=metrics)
     ids = cell_table(cur)
     at = first_rows(cell)  # each cell's first row: its position in ``rows`` is the prepared frame's index
     first = rows.iloc[cur.index.to_numpy()[at]].reindex(columns=list(SHAPE)).set_axis(cell[at])
@@ -45,7 +50,7 @@ def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, i
     for m in metrics:
         sp = DERIVED.get(m, m)
         part = pd.DataFrame({"model_key": ids["model_key"], "profile": ids["profile"], "metric": m,
-                             "fleet": inc[m],
+                             "fleet": inc[m], "fleet_min": inc_min[m], "fleet_max": inc_max[m],
                              "spread": spread[sp] if sp in spread.columns else np.nan,
                              "min": agg["min"][m], "max": agg["max"][m], "count": agg["count"][m]})
         if refv is not None:

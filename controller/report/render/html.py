@@ -1,8 +1,12 @@
 """Reports as one self-contained HTML file: inline CSS, inline SVG plots from matplotlib, no external URL.
 
-Plots: decode tok/s against context, TTFT against input length (fleet median, min-max band
-across modules, baseline dashed; no-prefix and shared-prefix series), and a per-module
-deviation heatmap (module x model key, % from the fleet median).
+Plots: decode tok/s against context, TTFT against input length per model key with a context sweep
+(fleet median of the modules left after the outliers, the min-max band of those same modules,
+baseline dashed; no-prefix and shared-prefix series), and a per-module deviation heatmap (module x
+model key, % from the fleet median). Text in the SVGs is text (``svg.fonttype: none``), at least
+:data:`MIN_FONT_PT` (11 px where a figure is shown at its own size, which fits a 1300 px window).
+Keys without a context sweep (MTP keys: GSM8K prompts; a vision table alone) are named under
+the plots, not left out silently.
 """
 
 from __future__ import annotations
@@ -11,22 +15,33 @@ import io
 import math
 import re
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from jinja2 import Environment, select_autoescape
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from controller.report.model import FLEET, Report
 from controller.report.render.numbers import num, pct
 from controller.report.render.text import probe_text, telemetry_line, verdict_line
 
 _COLORS = {"pass": "#1a7f37", "regressed": "#cf222e", "incomplete": "#9a6700", "failed": "#82071e"}
+_SERIES = (("no prefix", "#0969da"), ("shared prefix", "#bc4c00"))
+MIN_FONT_PT = 8.5  # the smallest text in a figure: 11.3 px at the figure's own size (1 pt = 4/3 px)
+TICK_PT, LABEL_PT = 9.0, 10.0
+BAND_LABEL = "band: min–max of the modules in the median (outlier modules left out)"
+# what a key's tables are, for the line that names the keys a sweep plot leaves out
+TABLE_KINDS = {"mtp": "MTP: measured on GSM8K prompts", "vision": "vision table only"}
 
 
 def _svg(fig: Figure) -> str:
     buf = io.StringIO()
-    fig.savefig(buf, format="svg")
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text: readable, searchable, sized
+        fig.savefig(buf, format="svg")
     text = buf.getvalue()
     text = re.sub(r"^<\?xml[^>]*>\s*", "", text)
     text = re.sub(r"<!DOCTYPE[^>]*>\s*", "", text)
@@ -39,38 +54,91 @@ def _sweep(summary: pd.DataFrame, metric: str) -> pd.DataFrame:
     return s.sort_values(["model_key", "series", "input_tokens"])
 
 
-def curve_plot(summary: pd.DataFrame, metric: str, ylabel: str, title: str) -> str:
+def not_plotted(summary: pd.DataFrame, metric: str) -> dict[str, tuple[str, ...]]:
+    """The model keys with figures of ``metric`` but no context sweep, each with its tables (a sweep plot
+    has no place for them)."""
+    if not len(summary):
+        return {}
+    s = summary[summary["metric"] == metric]
+    swept = set(s.loc[s["table"] == "sweep", "model_key"].astype(str))
+    out: dict[str, tuple[str, ...]] = {}
+    for key, tables in s.groupby(s["model_key"].astype(str), sort=True)["table"]:
+        if key not in swept:
+            out[str(key)] = tuple(sorted(set(map(str, tables))))
+    return out
+
+
+def not_plotted_line(summary: pd.DataFrame, metric: str, changes_below: bool = False) -> str:
+    """A line naming the keys a sweep plot leaves out and why ("" when it leaves out none)."""
+    missing = not_plotted(summary, metric)
+    if not missing:
+        return ""
+    by_kind: dict[str, list[str]] = {}
+    for key, tables in missing.items():
+        kind = "; ".join(TABLE_KINDS.get(t, f"table {t}") for t in tables)
+        by_kind.setdefault(kind, []).append(key)
+    parts = [f"{', '.join(keys)} ({kind})" for kind, keys in by_kind.items()]
+    return ("Not plotted, no context sweep: " + "; ".join(parts) + ". Their figures are in the Markdown and JSON "
+            "reports" + (", their changes in the table below." if changes_below else "."))
+
+
+def tokens_label(v: float, _pos: int | None = None) -> str:
+    """A token count on a log axis: 100, 1k, 10k, 1M."""
+    for div, unit in ((1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:g}{unit}"
+    return f"{v:g}"
+
+
+def curve_plot(summary: pd.DataFrame, metric: str, ylabel: str) -> str:
     s = _sweep(summary, metric)
     keys = list(dict.fromkeys(s["model_key"]))
     if not keys:
         return ""
     cols = min(4, len(keys))
     rows = math.ceil(len(keys) / cols)
-    fig = Figure(figsize=(3.2 * cols, 2.4 * rows + 0.6))
-    fig.subplots_adjust(left=0.07, right=0.99, bottom=0.1, top=0.9, wspace=0.25, hspace=0.4)
+    fig = Figure(figsize=(max(6.4, 3.1 * cols), 2.5 * rows + 1.3), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
+    series_seen: list[tuple[str, str]] = []
+    any_baseline = False
     for ax, key in zip(axes.flat, keys, strict=False):
-        for series, color in (("no prefix", "#0969da"), ("shared prefix", "#bc4c00")):
+        for series, color in _SERIES:
             d = s[(s["model_key"] == key) & (s["series"] == series)]
             if d.empty:
                 continue
+            if (series, color) not in series_seen:
+                series_seen.append((series, color))
             x = d["input_tokens"].to_numpy(dtype=float)
-            ax.fill_between(x, d["min"].to_numpy(dtype=float), d["max"].to_numpy(dtype=float), color=color, alpha=0.15,
-                            linewidth=0)
-            ax.plot(x, d["fleet"].to_numpy(dtype=float), marker="o", ms=3, color=color, label=series)
+            # the band and the line describe the same modules: those in the fleet median (outliers left out)
+            ax.fill_between(x, d["fleet_min"].to_numpy(dtype=float), d["fleet_max"].to_numpy(dtype=float),
+                            color=color, alpha=0.15, linewidth=0)
+            ax.plot(x, d["fleet"].to_numpy(dtype=float), marker="o", ms=3, color=color)
             if "baseline" in d and d["baseline"].notna().any():
+                any_baseline = True
                 ax.plot(x, d["baseline"].to_numpy(dtype=float), ls="--", color=color, alpha=0.7, lw=1)
         ax.set_xscale("log")
-        ax.set_title(key, fontsize=9)
-        ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_formatter(FuncFormatter(tokens_label))  # "1k", not mathtext "10³" (a tiny exponent)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(key, fontsize=LABEL_PT)
+        ax.tick_params(labelsize=TICK_PT)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)
-    axes[0][0].legend(fontsize=7, loc="best")
-    fig.supxlabel("input tokens (context)", fontsize=8)
-    fig.supylabel(ylabel, fontsize=8)
-    fig.suptitle(title + " (line: fleet median; band: min-max of modules; dashed: baseline)", fontsize=9)
+    handles: list[Line2D | Patch] = [Line2D([], [], color=c, marker="o", ms=3, label=f"{n}: fleet median")
+                                     for n, c in series_seen]
+    handles.append(Patch(color="#59636e", alpha=0.25, linewidth=0, label=BAND_LABEL))
+    if any_baseline:
+        handles.append(Line2D([], [], color="#59636e", ls="--", lw=1, label="baseline"))
+    fig.legend(handles=handles, loc="outside upper center", ncols=2, fontsize=TICK_PT, frameon=False)
+    fig.supxlabel("input tokens (context)", fontsize=LABEL_PT)
+    fig.supylabel(ylabel, fontsize=LABEL_PT)
     return _svg(fig)
+
+
+def cell_label(v: float) -> str:
+    """A heatmap cell's % with one decimal and its sign; zero (also -0.04) is "0.0", never "+0.0" or "-0.0"."""
+    r = round(v, 1)
+    return "0.0" if r == 0 else f"{r:+.1f}"
 
 
 def heatmap(deviation: pd.DataFrame) -> str:
@@ -79,19 +147,19 @@ def heatmap(deviation: pd.DataFrame) -> str:
     d = deviation.sort_index()
     vals = d.to_numpy(dtype=float) * 100
     lim = max(5.0, float(np.nanmax(np.abs(vals))) if np.isfinite(vals).any() else 5.0)
-    fig = Figure(figsize=(2.4 + 0.9 * d.shape[1], 1.6 + 0.3 * d.shape[0]))
-    fig.subplots_adjust(left=0.18, right=0.95, bottom=0.25, top=0.9)
+    fig = Figure(figsize=(max(5.5, 2.6 + 0.9 * d.shape[1]), max(2.8, 1.7 + 0.3 * d.shape[0])), layout="constrained")
     ax = fig.subplots()
     im = ax.imshow(np.nan_to_num(vals), cmap="RdBu", norm=TwoSlopeNorm(0, -lim, lim), aspect="auto")
-    ax.set_xticks(range(d.shape[1]), [str(c) for c in d.columns], rotation=30, ha="right", fontsize=7)
-    ax.set_yticks(range(d.shape[0]), [str(i) for i in d.index], fontsize=7)
+    ax.set_xticks(range(d.shape[1]), [str(c) for c in d.columns], rotation=30, ha="right", fontsize=TICK_PT)
+    ax.set_yticks(range(d.shape[0]), [str(i) for i in d.index], fontsize=TICK_PT)
     if d.size <= 400:
         for (i, j), v in np.ndenumerate(vals):
             if np.isfinite(v):
-                ax.text(j, i, f"{v:+.0f}", ha="center", va="center", fontsize=6,
+                ax.text(j, i, cell_label(v), ha="center", va="center", fontsize=MIN_FONT_PT,
                         color="white" if abs(v) > lim * 0.6 else "black")
-    fig.colorbar(im, ax=ax, label="% vs fleet median (negative: slower)")
-    ax.set_title("Per-module deviation from the fleet median", fontsize=9)
+    bar = fig.colorbar(im, ax=ax)
+    bar.set_label("% vs fleet median", fontsize=LABEL_PT)
+    bar.ax.tick_params(labelsize=TICK_PT)
     return _svg(fig)
 
 
@@ -152,8 +220,12 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 <td class="num bad">{{ pct(d.change) }}</td></tr>
 {% endfor %}</table>{% endif %}
 <h2>Decode throughput against context</h2>{{ decode_svg|safe }}
+{% if decode_missing %}<p class="muted">{{ decode_missing }}</p>{% endif %}
 <h2>Time to first token against input length</h2>{{ ttft_svg|safe }}
-<h2>Modules against the fleet</h2>{{ heat_svg|safe }}
+{% if ttft_missing %}<p class="muted">{{ ttft_missing }}</p>{% endif %}
+<h2>Modules against the fleet</h2>{% if heat_svg %}<p class="muted">Each cell: the module's typical deviation from the
+fleet median over that model key's figures, in %; negative: slower (lower throughput, longer latency).</p>{% endif %}
+{{ heat_svg|safe }}
 {% if r.changes %}<h2>Every change per model key</h2>
 {% set moved = r.changes|rejectattr("status", "equalto", "within tolerance")|list %}
 <p class="muted">{{ r.changes|length - moved|length }} of {{ r.changes|length }} comparisons within tolerance
@@ -173,7 +245,9 @@ def to_html(r: Report) -> str:
     return tpl.render(
         r=r, line=verdict_line(r), probe_line=probe_text(r), color=_COLORS.get(r.verdict, "#59636e"), num=num,
         pct=pct, telemetry_line=telemetry_line, FLEET=FLEET,
-        decode_svg=curve_plot(r.summary, "decode_tps", "decode tok/s", "Decode tok/s") if len(r.summary) else "",
-        ttft_svg=curve_plot(r.summary, "ttft_ms", "TTFT ms", "TTFT ms") if len(r.summary) else "",
+        decode_svg=curve_plot(r.summary, "decode_tps", "decode tok/s") if len(r.summary) else "",
+        ttft_svg=curve_plot(r.summary, "ttft_ms", "TTFT ms") if len(r.summary) else "",
+        decode_missing=not_plotted_line(r.summary, "decode_tps", bool(r.changes)),
+        ttft_missing=not_plotted_line(r.summary, "ttft_ms", bool(r.changes)),
         heat_svg=heatmap(r.deviation),
     )
