@@ -214,9 +214,13 @@ class KV:
         self.put(_key("progress", p.run_id, p.module), p.model_dump(mode="json", exclude={"telemetry"}))
 
     def progress(self, run_id: str, modules: Iterable[str]) -> dict[str, RunProgress | None]:
-        names = list(modules)
-        values = self.get_many([_key("progress", run_id, m) for m in names]) if names else []
-        return {m: _model(RunProgress, v) for m, v in zip(names, values, strict=True)}
+        return {m: p for (_, m), p in self.progress_of((run_id, m) for m in modules).items()}
+
+    def progress_of(self, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], RunProgress | None]:
+        """The progress of (run, module) pairs of any runs, in one round trip (MGET)."""
+        keys = list(dict.fromkeys(pairs))
+        values = self.get_many([_key("progress", run_id, m) for run_id, m in keys]) if keys else []
+        return {k: _model(RunProgress, v) for k, v in zip(keys, values, strict=True)}
 
     def _expiry(self) -> int | None:
         """Seconds a value written straight to Redis keeps (the backend's ``result_expires``; None: for ever)."""

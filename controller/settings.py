@@ -37,6 +37,9 @@ class ControllerSettings(BrokerSettings):
                                          "one ended, on trial (or at once: fleetctl devices reset), s")
     clock_skew_warn: float = Field(default=30.0, gt=0,
                                    description="warn when a module's clock is off the controller's by more, s")
+    progress_interval: float = Field(
+        default=60.0, gt=0, description="without a terminal (a CI log), `fleetctl validate/watch/retry` print a line "
+                                        "per module state or step change and a progress line this often, s")
     api_host: str = Field(default="127.0.0.1", description="bind address of the HTTP API of `fleetctl serve`")
     api_port: int = Field(default=0, ge=0, le=65535, description="port of the HTTP API of `fleetctl serve` (0: off)")
     api_tokens_file: Path | None = Field(default=None, description="bearer tokens of the HTTP API, one a line (0600)")

@@ -5,7 +5,10 @@ model folders, work folder, server port and simulated device (``mthreads-gmi`` o
 PATH), on the embedded broker (no server, no root). One module can run slower
 (``--slow``), because its device throttles (``--throttle``) or for no visible reason; the
 release can be worse on one metric (``--regress``). Everything the demo starts is stopped
-when it ends, however it ends.
+when it ends, however it ends: finished, interrupted (Ctrl-C), or stopped by ``SIGTERM`` or ``SIGHUP`` (what a
+CI timeout or a closed terminal sends), each worker with the servers it started. Even when the demo itself is
+killed (``SIGKILL``), each worker gets ``SIGTERM`` from the kernel (its parent-death signal) and stops what it
+runs; a next demo into the same folder stops whatever an earlier one left running there before it clears it.
 """
 
 from __future__ import annotations
@@ -16,20 +19,85 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+import psutil
 from rich.console import Console
 
 from contract.records import MODEL_KEYS
 from controller.command import fleetctl
+from controller.fleet import FleetError
 from controller.settings import ControllerSettings
 from simulator.ports import free_port
 
 MARKER = ".m1000-fleet-demo"
+# what stops the demo: Ctrl-C, a CI timeout or cancel (SIGTERM), a closed terminal or SSH session (SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# each worker's parent-death signal (the kernel sends it when the process that started the worker dies,
+# however it dies): the worker's warm shutdown stops its run and what the run started
+PDEATHSIG = ("setpriv", "--pdeathsig", "TERM", "--")
+
+
+class DemoStopped(BaseException):
+    """A signal stopped the demo (a BaseException, as KeyboardInterrupt: no ``except Exception`` takes it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """The first of :data:`STOP_SIGNALS` raises :class:`DemoStopped` where the demo is; later ones are
+    ignored (the demo is stopping, within bounded time). The handlers before are restored at the end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not fired:
+            fired.append(signum)
+            raise DemoStopped(signum)
+
+    old = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """:data:`STOP_SIGNALS` that arrive inside are delivered when it ends (stopping processes must not stop
+    halfway); only in the main thread (elsewhere Python runs no signal handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    old = {sig: signal.signal(sig, lambda signum, frame: got.append(signum)) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if got:
+            signal.raise_signal(got[0])
 
 
 @dataclass(frozen=True)
@@ -48,12 +116,74 @@ class DemoOptions:
     real: int = 0  # real-engine modules (transformers serve on this CPU) beside the simulated ones
 
 
-def _fresh_dir(path: Path) -> Path:
+def demo_processes(base: Path) -> list[psutil.Process]:
+    """This user's processes of a demo in ``base``: its workers (their ``FLEET_WORKDIR``) and what those
+    started (the agent's mark, :data:`agent.procs.MARK`), found by environment (a process whose
+    environment cannot be read is not this user's)."""
+    from agent.procs import MARK
+
+    root = base.resolve()
+    found = []
+    for p in psutil.process_iter():
+        if p.pid == os.getpid():
+            continue
+        try:
+            env = p.environ()
+        except (psutil.Error, OSError):
+            continue
+        for var in ("FLEET_WORKDIR", MARK):
+            v = env.get(var)
+            if v and Path(v).is_relative_to(root):
+                found.append(p)
+                break
+    return found
+
+
+def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``procs`` still running (the same processes: a pid taken again is not one): a zombie has ended
+    (its parent, maybe not this process, reaps it)."""
+    out = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+    return out
+
+
+def stop_processes(procs: list[psutil.Process], grace: float) -> None:
+    """SIGTERM, then SIGKILL what is left after ``grace`` (a worker's warm shutdown stops its run first)."""
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    end = time.monotonic() + grace
+    while (alive := _running(procs)) and time.monotonic() < end:
+        time.sleep(0.1)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    end = time.monotonic() + 5
+    while _running(alive) and time.monotonic() < end:
+        time.sleep(0.1)
+
+
+def _fresh_dir(path: Path, err: Console | None = None, grace: float = 20.0) -> Path:
+    """``path`` made empty for a demo: an earlier demo's folder is cleared, after what that demo left
+    running there (it was killed) is stopped; a folder that is not a demo's is refused."""
     path = path.resolve()
     if path.exists():
         if not (path / MARKER).exists() and any(path.iterdir()):
             raise FileExistsError(f"{path}: exists and is not a demo folder; choose another --out")
-        shutil.rmtree(path)
+        left = demo_processes(path)
+        if left:
+            if err is not None:
+                err.print(f"demo: stopping {len(left)} processes an earlier demo left running in {path}",
+                          highlight=False)
+            stop_processes(left, grace)
+        try:
+            shutil.rmtree(path)
+        except OSError as exc:
+            raise FleetError(f"{path}: cannot clear the earlier demo's folder ({exc.strerror}: {exc.filename}); "
+                             "remove it, or choose another --out") from None
     path.mkdir(parents=True)
     (path / MARKER).write_text("made by fleetctl demo; removed by the next demo\n")
     return path
@@ -69,8 +199,6 @@ def real_names(n: int) -> list[str]:
 
 def engine_python() -> Path:
     """The interpreter with torch + transformers[serving] for real-engine modules (``make engine``)."""
-    from controller.fleet import FleetError
-
     raw = os.environ.get("M1000_ENGINE_PYTHON")
     path = Path(raw) if raw else Path(__file__).resolve().parents[1] / ".venv-engine" / "bin" / "python"
     if not path.exists():
@@ -133,27 +261,51 @@ def start_worker(name: str, base: Path, settings: ControllerSettings, *, sim_env
         **sim_env,
     })
     log = mod / "worker.log"
+    # the kernel sends the worker SIGTERM when this process dies, even by SIGKILL (setpriv execs: the same pid)
+    die_with_us = PDEATHSIG if sys.platform.startswith("linux") and shutil.which(PDEATHSIG[0]) else ()
     with log.open("ab") as fh:
-        proc = subprocess.Popen([*argv_prefix, sys.executable, "-m", "agent.worker"], env=env, stdout=fh,
+        proc = subprocess.Popen([*die_with_us, *argv_prefix, sys.executable, "-m", "agent.worker"], env=env,
+                                stdout=fh,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                 cwd=str(mod))
     return Worker(name, proc, log)
 
 
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return []
+
+
 def stop_workers(workers: list[Worker], grace: float = 15.0) -> None:
-    """SIGTERM every worker's process group (warm shutdown), SIGKILL what is left after ``grace``."""
-    for w in workers:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(w.proc.pid, signal.SIGTERM)
-    end = time.monotonic() + grace
-    for w in workers:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            w.proc.wait(timeout=max(0.1, end - time.monotonic()))
-    for w in workers:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(w.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            w.proc.wait(timeout=5)
+    """SIGTERM every worker's process group (warm shutdown: it stops its run and what the run started),
+    SIGKILL what is left after ``grace``, and then what a worker killed so had started (its servers run in
+    sessions of their own; a worker, their subreaper, holds them as descendants until it dies). A stop
+    signal that arrives meanwhile is delivered after (:func:`deferred_signals`)."""
+    with deferred_signals():
+        started = {p.pid: p for w in workers for p in descendants(w.proc.pid)}
+        for w in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.proc.pid, signal.SIGTERM)
+        end = time.monotonic() + grace
+        for w in workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(timeout=max(0.1, end - time.monotonic()))
+        for w in workers:
+            if w.proc.poll() is None:  # still running after the grace: what it started is killed with it
+                started.update((p.pid, p) for p in descendants(w.proc.pid))
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(timeout=5)
+        left = _running(list(started.values()))
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        end = time.monotonic() + 5
+        while _running(left) and time.monotonic() < end:
+            time.sleep(0.1)
 
 
 @contextlib.contextmanager
@@ -193,7 +345,7 @@ def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, 
 
 
 def wait_for_heartbeats(settings: ControllerSettings, workers: list[Worker], timeout: float) -> None:
-    from controller.fleet import FleetError, read_heartbeats
+    from controller.fleet import read_heartbeats
 
     end = time.monotonic() + timeout
     missing = [w.name for w in workers]
@@ -237,7 +389,8 @@ def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, er
     req = service.ValidateRequest(release=rel.path, models=keys, devices="engine=transformers")
     ref = service.validate(s, req)
     print_launched(ref, err, len(ref.modules))
-    follow(lambda: service.sync(s, ref.run_id), err, title=f"reference run {ref.run_id}")
+    follow(lambda: service.sync(s, ref.run_id), err, title=f"reference run {ref.run_id}",
+           progress_every=s.settings.progress_interval)
     rows = s.history().rows(ref.run_id)
     if not rows:
         err.print(f"demo: the reference run {ref.run_id} of the real-engine release measured nothing", highlight=False)
@@ -266,12 +419,26 @@ def release_speed(opts: DemoOptions) -> str:
 
 
 def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
+    """The demo, from its folder to its verdict; a stop signal stops it (and everything it started) at once:
+    the exit code is then 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM)."""
+    t0 = time.monotonic()
+    base = opts.out_dir.resolve()
+    try:
+        with stopped_by_signals():
+            return _run_demo(opts, out, err, t0)
+    except DemoStopped as stop:
+        err.print(f"demo: stopped by {stop.name} after {time.monotonic() - t0:.0f} s; every simulated module it "
+                  f"started is stopped, with what it ran; what it did so far is in {base}", highlight=False)
+        return stop.exit_code
+
+
+def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
     from controller import service
     from controller.cli.live import follow_and_judge, print_launched
     from simulator import build_release
 
     speed = release_speed(opts)
-    base = _fresh_dir(opts.out_dir)
+    base = _fresh_dir(opts.out_dir, err)
     settings = ControllerSettings(
         broker_url="filesystem://", data_dir=base / "fleet", inventory=base / "inventory.toml",
         history=base / "history.sqlite", heartbeat_interval=opts.heartbeat_interval,
@@ -280,7 +447,6 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
     real = tuple(real_names(opts.real))
     slow_name = names[-1] if opts.slow and len(names) > 1 else (names[0] if opts.slow else None)
     (base / "inventory.toml").write_text(inventory_toml(names, base, slow_name, real), encoding="utf-8")
-    t0 = time.monotonic()
     rel = build_release(base / "release", noise=opts.noise, speed=speed, time_scale=opts.time_scale, seed=opts.seed)
     err.print(f"demo: built {rel.path.name} (sha256 {rel.sha256[:12]}), speed {speed}, noise {opts.noise}, "
               f"time scale {opts.time_scale:g}; starting {len(names)} simulated modules"
@@ -295,13 +461,19 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
     with service.Session(settings) as s:
         s.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
         with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed, slow=slow, device=device,
-                             timeout=opts.start_timeout + opts.devices, real=real):  # a worker starts in ~1.5 s of CPU
-            launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models,
-                                                                   devices="sim=true" if real else "all"))
-            print_launched(launched, err, len(launched.modules))
-            code = follow_and_judge(s, launched.run_id, None, out, err, root=("--history", str(s.history_path)))
-            if real:  # the real-engine release on its own modules: judged against their own figures
-                code = max(code, _validate_real(s, base, opts.models, out, err))
+                             timeout=opts.start_timeout + opts.devices, real=real) as workers:
+            # a worker starts in ~1.5 s of CPU
+            try:
+                launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models,
+                                                                       devices="sim=true" if real else "all"))
+                print_launched(launched, err, len(launched.modules))
+                # Ctrl-C: DemoStopped, not detached
+                code = follow_and_judge(s, launched.run_id, None, out, err, root=("--history", str(s.history_path)))
+                if real:  # the real-engine release on its own modules: judged against their own figures
+                    code = max(code, _validate_real(s, base, opts.models, out, err))
+            except DemoStopped as stop:
+                err.print(f"demo: {stop.name}: stopping its {len(workers)} simulated modules", highlight=False)
+                raise
         err.print(f"demo: finished in {time.monotonic() - t0:.0f} s; everything is in {base} "
                   f"({fleetctl('--history', str(settings.history_path), 'report', 'latest')})", markup=False,
                   highlight=False)

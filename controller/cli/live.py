@@ -1,13 +1,22 @@
 """The live view of a run in a terminal: one row per module (state, step, model key, progress,
-elapsed, result), then the verdict. Shared by ``fleetctl validate/watch`` and ``fleetctl demo``."""
+elapsed, result), then the verdict. Shared by ``fleetctl validate/watch`` and ``fleetctl demo``.
+
+Without a terminal (a CI log) the view is lines instead: one per module state or step change, and a
+progress line every ``progress_interval`` (elapsed time, keys done of all, modules per state). In a
+terminal narrower than the full table, the lower-value columns give way first (:func:`table_layout`):
+module names and state words are never cut.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rich.console import Console, Group
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -56,29 +65,110 @@ def shown_modules(view: RunView, max_rows: int = MAX_ROWS) -> list[str]:
     return [m for m in view.modules if m in keep]
 
 
-def render(view: RunView, now: float | None = None, title: str = "", max_rows: int = MAX_ROWS) -> Table:
-    now = time.time() if now is None else now
-    t = Table(title=title or f"run {view.run_id}", expand=False, show_lines=False)
-    for col in ("module", "state", "step", "model key", "progress", "elapsed", "result"):
-        t.add_column(col, no_wrap=col != "result")
-    shown = shown_modules(view, max_rows)
-    if len(shown) < len(view.modules):
-        t.caption = (f"{len(view.modules) - len(shown)} more modules not listed; all of them: "
-                     + summary_line(view).split(": ", 1)[1])
+@dataclass(frozen=True)
+class Layout:
+    """Which columns the live table shows, and how: ``bar`` the progress bar's width (0: a percentage instead),
+    ``compact`` a box without vertical lines or outer padding."""
+
+    columns: tuple[str, ...]
+    bar: int = 20
+    compact: bool = False
+
+
+COLUMNS = ("module", "state", "step", "model key", "progress", "elapsed", "result")
+# from the richest to the leanest: the bar narrows, then becomes a percentage in a lighter box, then the
+# elapsed time, the step and the model key go; module, state, progress and result always stay
+LAYOUTS = (
+    Layout(COLUMNS),
+    Layout(COLUMNS, bar=10),
+    Layout(COLUMNS, bar=0, compact=True),
+    Layout(("module", "state", "step", "model key", "progress", "result"), bar=0, compact=True),
+    Layout(("module", "state", "model key", "progress", "result"), bar=0, compact=True),
+    Layout(("module", "state", "progress", "result"), bar=0, compact=True),
+)
+RESULT_MIN = 16  # the result column wraps: this much of it is counted when a layout is measured
+
+
+def table_width(layout: Layout, cells: Sequence[Mapping[str, str]]) -> int:
+    """The width the live table takes in ``layout`` for rows of ``cells`` (column -> text), the result column
+    counted at most :data:`RESULT_MIN` wide (pure)."""
+    total = 0
+    for col in layout.columns:
+        w = max([cell_len(col), *(cell_len(c.get(col, "")) for c in cells)])
+        if col == "progress":
+            w = max(cell_len(col), layout.bar)
+        total += min(w, RESULT_MIN) if col == "result" else w
+    n = len(layout.columns)
+    # a column's padding is 1 a side; between columns a rule (a space in the compact box); the full box has edges
+    return total + (3 * (n - 1) if layout.compact else 3 * n + 1)
+
+
+def table_layout(cells: Sequence[Mapping[str, str]], width: int | None) -> Layout:
+    """The richest layout whose table fits ``width`` (None: unbounded), else the leanest (pure)."""
+    if width is None:
+        return LAYOUTS[0]
+    return next((lay for lay in LAYOUTS if table_width(lay, cells) <= width), LAYOUTS[-1])
+
+
+def _cells(view: RunView, shown: Sequence[str], now: float) -> list[dict[str, str]]:
+    out = []
     for m in shown:
         p = view.progress.get(m)
         if p is None:
-            t.add_row(m, Text("queued", style="dim"), "", "", ProgressBar(total=1.0, completed=0, width=20), "",
-                      result_text(None))
+            out.append({"module": m, "state": "queued", "step": "", "model key": "", "elapsed": "",
+                        "progress": "0%", "result": "queued"})
             continue
         state = "queued" if p.step == "queued" and p.state == RunState.PENDING else p.state.value
         started = p.started_at
         end = p.finished_at or now
-        elapsed = f"{end - started:5.0f} s" if started else ""
         keys = f" {p.keys_done}/{p.keys_total}" if p.keys_total else ""
-        t.add_row(m, Text(state, style=_STYLE.get(state, "")), p.step, (p.model_key or "") + keys,
-                  ProgressBar(total=1.0, completed=max(0.0, min(1.0, p.progress)), width=20), elapsed,
-                  result_text(p))
+        out.append({"module": m, "state": state, "step": p.step, "model key": ((p.model_key or "") + keys).strip(),
+                    "elapsed": f"{end - started:5.0f} s" if started else "",
+                    "progress": f"{max(0.0, min(1.0, p.progress)):.0%}", "result": result_text(p).plain})
+    return out
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """The live table of a view, laid out for the width it is printed in (:func:`table`)."""
+
+    view: RunView
+    now: float
+    title: str = ""
+    max_rows: int = MAX_ROWS
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield table(self.view, self.now, self.title, self.max_rows, options.max_width)
+
+
+def render(view: RunView, now: float | None = None, title: str = "", max_rows: int = MAX_ROWS) -> Fitted:
+    """The live table, fitting the width of whatever prints it: a terminal of 80 columns, a log of 200."""
+    return Fitted(view, time.time() if now is None else now, title, max_rows)
+
+
+def table(view: RunView, now: float, title: str = "", max_rows: int = MAX_ROWS, width: int | None = None) -> Table:
+    """The live table for ``width`` columns (None: unbounded) (:func:`table_layout`)."""
+    shown = shown_modules(view, max_rows)
+    cells = _cells(view, shown, now)
+    lay = table_layout(cells, width)
+    t = Table(title=title or f"run {view.run_id}", expand=False, show_lines=False,
+              box=box.SIMPLE_HEAD if lay.compact else box.HEAVY_HEAD, pad_edge=not lay.compact,
+              show_edge=not lay.compact)
+    for col in lay.columns:
+        whole = max([cell_len(col), *(cell_len(c[col]) for c in cells)]) if col in ("module", "state") else None
+        t.add_column(col, no_wrap=col != "result", min_width=whole)
+    if len(shown) < len(view.modules):
+        t.caption = (f"{len(view.modules) - len(shown)} more modules not listed; all of them: "
+                     + summary_line(view).split(": ", 1)[1])
+    for m, c in zip(shown, cells, strict=True):
+        p = view.progress.get(m)
+        done = 0.0 if p is None else max(0.0, min(1.0, p.progress))
+        row: dict[str, Text | ProgressBar | str] = {
+            "module": m, "state": Text(c["state"], style=_STYLE.get(c["state"], "")), "step": c["step"],
+            "model key": c["model key"],
+            "progress": ProgressBar(total=1.0, completed=done, width=lay.bar) if lay.bar else c["progress"],
+            "elapsed": c["elapsed"], "result": result_text(p)}
+        t.add_row(*(row[col] for col in lay.columns))
     return t
 
 
@@ -109,33 +199,83 @@ def resilient(sync: Callable[[], RunView], console: Console, *, give_up_after: f
 
 
 def follow(sync: Callable[[], RunView], console: Console, *, interval: float = 0.5, title: str = "",
-           footer: Callable[[RunView], str] | None = None) -> RunView:
-    """Refresh the view until the run finishes (Ctrl-C detaches; the run goes on)."""
+           footer: Callable[[RunView], str] | None = None, progress_every: float = 60.0,
+           since: float | None = None) -> RunView:
+    """Refresh the view until the run finishes (Ctrl-C detaches; the run goes on). Without a terminal:
+    :func:`follow_lines`, a progress line every ``progress_every`` s (``since``: when the run began, for
+    the elapsed time; default: now)."""
     sync = resilient(sync, console)
     view = sync()
     if not console.is_terminal:
-        last = ""
-        while not view.finished:
-            line = summary_line(view)
-            if line != last:
-                console.print(line)
-                last = line
-            time.sleep(interval)
-            view = sync()
-        for m in view.modules:
-            p = view.progress.get(m)
-            state = p.state.value if p else "queued"
-            console.print(f"  {m}: {state}, {result_text(p).plain}", highlight=False)
-        return view
+        return follow_lines(sync, view, console, interval=interval, every=progress_every, since=since)
     with Live(render(view, title=title), console=console, refresh_per_second=4, transient=False) as live:
         while not view.finished:
             time.sleep(interval)
             view = sync()
-            parts: list[Table | str] = [render(view, title=title)]
+            parts: list[RenderableType] = [render(view, title=title)]
             if footer:
                 parts.append(footer(view))
             live.update(Group(*parts))
     return view
+
+
+def follow_lines(sync: Callable[[], RunView], view: RunView, console: Console, *, interval: float, every: float,
+                 since: float | None = None) -> RunView:
+    """The run followed in lines (a CI log): one per module state or step change (:func:`change_lines`), a
+    progress line every ``every`` s (:func:`progress_line`), each module's result at the end."""
+    began = time.time() if since is None else since
+    seen: dict[str, tuple[str, str, str]] = {}
+    due = time.monotonic() + every
+    while True:
+        for line in change_lines(view, seen):
+            console.print(line, highlight=False)
+        if view.finished:
+            break
+        if time.monotonic() >= due:
+            console.print(progress_line(view, time.time() - began), highlight=False)
+            due = time.monotonic() + every
+        time.sleep(interval)
+        view = sync()
+    for m in view.modules:
+        p = view.progress.get(m)
+        state = p.state.value if p else "queued"
+        console.print(f"  {m}: {state}, {result_text(p).plain}", highlight=False)
+    return view
+
+
+def change_lines(view: RunView, seen: dict[str, tuple[str, str, str]]) -> list[str]:
+    """``module: state, step key; keys D/T, P%`` for each module whose state, step or model key changed since
+    ``seen`` (updated) (pure but for ``seen``)."""
+    out = []
+    for m in view.modules:
+        p = view.progress.get(m)
+        now = ("queued", "", "") if p is None else (p.state.value, p.step, p.model_key or "")
+        if seen.get(m) == now:
+            continue
+        seen[m] = now
+        if p is None:
+            out.append(f"{m}: queued")
+            continue
+        step = f", {p.step}" if p.step and p.step != p.state.value else ""
+        key = f" {p.model_key}" if p.model_key else ""
+        keys = f"; keys {p.keys_done}/{p.keys_total}" if p.keys_total else ""
+        out.append(f"{m}: {p.state.value}{step}{key}{keys}, {max(0.0, min(1.0, p.progress)):.0%}")
+    return out
+
+
+def progress_line(view: RunView, elapsed: float) -> str:
+    """``run R: 12m05s elapsed; keys 5/14 done; 1 benchmarking, 1 done`` (pure)."""
+    ps = [p for p in view.progress.values() if p is not None]
+    done, total = sum(p.keys_done for p in ps), sum(p.keys_total for p in ps)
+    return (f"run {view.run_id}: {duration(elapsed)} elapsed; keys {done}/{total} done; "
+            + summary_line(view).split(": ", 1)[1])
+
+
+def duration(seconds: float) -> str:
+    """``1h02m05s``, ``12m05s``, ``45s`` (pure)."""
+    s = max(0, int(seconds))
+    h, m = divmod(s // 60, 60)
+    return f"{h}h{m:02d}m{s % 60:02d}s" if h else f"{m}m{s % 60:02d}s" if m else f"{s}s"
 
 
 def summary_line(view: RunView) -> str:
@@ -162,8 +302,10 @@ def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console
     ``root``: the root options the hints it prints need (the demo's ``--history FILE``)."""
     from controller import service
 
+    info = s.history().run(run_id)
     try:
-        view = follow(lambda: service.sync(s, run_id), err, title=f"run {run_id}")
+        view = follow(lambda: service.sync(s, run_id), err, title=f"run {run_id}",
+                      progress_every=s.settings.progress_interval, since=info.created_at if info else None)
     except KeyboardInterrupt:
         err.print(f"detached; the run goes on: {fleetctl(*root, 'watch', run_id)}", markup=False, highlight=False)
         return 130

@@ -102,8 +102,8 @@ def cancel(ctx: typer.Context, run_id: str = typer.Argument(..., help="run id or
 def retry(
     ctx: typer.Context,
     run_id: str = typer.Argument("latest", help=RUN_ARG),
-    failed_only: bool = typer.Option(False, "--failed-only",
-                                     help="only the modules that failed, with the model keys that did not pass"),
+    failed_only: bool = typer.Option(False, "--failed-only", help="only the modules that failed, each with the "
+                                                                   "model keys that did not pass there"),
     detach: bool = typer.Option(False, "--detach", help="return at once; follow with status/watch"),
     baseline: str | None = typer.Option(None, "--baseline", "-b", help="baseline: release, release@vN or run id"),
 ) -> int:
@@ -164,13 +164,16 @@ def logs(
 def runs(ctx: typer.Context,
          limit: int = typer.Option(20, "--limit", "-n", min=1, help="at most this many, newest first"),
          output: Output = output_option()) -> None:
-    """Recent runs."""
+    """Recent runs. A run the history holds as running shows the state its modules' records on the broker give
+    (read, not written: `fleetctl status RUN` records it)."""
     import time
 
     from controller import service
 
     s = session(ctx)
-    items = service.runs(s, limit)
+    items, note = service.with_broker_states(s, service.runs(s, limit, live=False))
+    if note:
+        stderr().print(f"note: {note}", highlight=False)
     recs = [{**r.model_dump(mode="json"), "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))}
             for r in items]
     emit(recs, ["run_id", "created", "release", "modules", "models", "state", "verdict"], output)
@@ -267,7 +270,7 @@ def describe_run(ctx: typer.Context, run_id: str = typer.Argument("latest", help
     for m, st in doc["module_states"].items():
         failed = [o["model_key"] for o in st.get("outcomes", []) if o["status"] == "failed"]
         recs.append({"module": m, "state": st["state"], "step": st["step"],
-                     "keys": f"{st.get('keys_done', 0)}/{st.get('keys_total', len(d.info.models))}",
+                     "keys": f"{st.get('keys_done', 0)}/{st.get('keys_total', len(d.info.models_of(m)))}",
                      "rows": st.get("rows", 0), "failed keys": failed,
                      "error": "; ".join(doc["errors"].get(m, []))})
     if output == Output.table:

@@ -131,7 +131,7 @@ class Sync:
             skew = (beat.skew or 0.0) if beat is not None else 0.0
             if p is not None and p.release and info.release and p.release != info.release:
                 # another release's record under this run id (another controller used it): never this run's result
-                known[m] = self._record_foreign(run_id, m, info.release, p, len(info.models), now)
+                known[m] = self._record_foreign(run_id, m, info.release, p, len(info.models_of(m)), now)
                 continue
             if p is not None and cur is not None and was_lost:
                 # the late state's time is the agent's clock, when the module was given up the controller's
@@ -177,7 +177,7 @@ class Sync:
             why = liveness(cur, beat, now, dispatched_at=info.created_at, settings=self.settings)
             if why:
                 self.kv.cancel(run_id, m, reason=why, lost=True)  # a later delivery must not run it
-                known[m] = self._record_lost(run_id, m, info.release, cur, why, len(info.models), now)
+                known[m] = self._record_lost(run_id, m, info.release, cur, why, len(info.models_of(m)), now)
         view = RunView(run_id, info.modules, {m: known.get(m) for m in info.modules})
         if view.finished and info.state != view.state():
             self.history.set_run_state(run_id, view.state())

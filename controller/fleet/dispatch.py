@@ -77,18 +77,22 @@ class Dispatch:
 
     def dispatch(self, *, run_id: str, modules: Sequence[Module], tarballs: Mapping[str, str], sha256: str,
                  release: str, models: Sequence[str], tarball_label: str = "",
-                 statuses: Mapping[str, ModuleStatus] | None = None, resume: bool = False) -> dict[str, str]:
+                 statuses: Mapping[str, ModuleStatus] | None = None, resume: bool = False,
+                 module_models: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
         """Record the run and enqueue it on every module that can take it.
 
         Returns module -> "queued" or the reason it was not (offline, bad, no release):
         those modules are recorded as failed at once, not after an hour. A run id must match the
         agents' pattern, and may be one already in the history only with ``resume`` (each module
-        then keeps the keys that passed).
+        then keeps the keys that passed). ``module_models``: modules asked for only some of ``models``
+        (``retry --failed-only``: the keys that did not pass there), and those keys, in ``models``' order.
         """
         self.check_new_run_id(run_id, resume=resume, modules=[m.name for m in modules])
         statuses = statuses if statuses is not None else self.statuses(modules)
+        own = {m: tuple(k for k in models if k in set(keys)) for m, keys in (module_models or {}).items()}
+        own = {m: keys for m, keys in own.items() if keys != tuple(models)}
         self.history.create_run(run_id, release=release, tarball=tarball_label, sha256=sha256,
-                                models=models, modules=[m.name for m in modules])
+                                models=models, modules=[m.name for m in modules], module_models=own)
         out: dict[str, str] = {}
         from contract.celery_app import RUN_TASK, task_id
 
@@ -100,6 +104,7 @@ class Dispatch:
         now = time.time()
         for m in modules:
             st = statuses[m.name]
+            keys = own.get(m.name, tuple(models))
             problem = None
             if st.state in ("offline", "unreachable"):
                 problem = f"module {st.state}: {st.reason}"
@@ -108,15 +113,15 @@ class Dispatch:
             elif m.name not in tarballs:
                 problem = "release not available on the module"
             if problem:
-                failed.append(failed_progress(run_id, m.name, release, "dispatch", problem, len(models), now))
+                failed.append(failed_progress(run_id, m.name, release, "dispatch", problem, len(keys), now))
                 out[m.name] = problem
                 continue
             requests.append(RunRequest(run_id=run_id, module=m.name, tarball=tarballs[m.name], sha256=sha256,
-                                       release=release, models=tuple(models), model_root=m.model_root,
+                                       release=release, models=keys, model_root=m.model_root,
                                        model_paths=dict(m.model_paths), max_attempts=self.settings.max_attempts,
-                                       key_env={k: dict(m.env) for k in models} if m.env else {}))
+                                       key_env={k: dict(m.env) for k in keys} if m.env else {}))
         self.history.upsert_progress_many([*failed, *(
-            RunProgress(run_id=run_id, module=r.module, release=release, step="queued", keys_total=len(models),
+            RunProgress(run_id=run_id, module=r.module, release=release, step="queued", keys_total=len(r.models),
                         updated_at=now) for r in requests)])
         payloads: list[tuple[str, list[object]]] = [(r.module, [r.model_dump(mode="json")]) for r in requests]
         for name, args in payloads:
@@ -124,7 +129,7 @@ class Dispatch:
                 self.send(name, RUN_TASK, args, task_id=task_id(name, run_id), ignore_result=True)
                 out[name] = "queued"
             except BrokerUnavailable as exc:
-                self._record_failure(run_id, name, release, "dispatch", str(exc), len(models))
+                self._record_failure(run_id, name, release, "dispatch", str(exc), len(own.get(name, models)))
                 out[name] = str(exc)
         return {m.name: out[m.name] for m in modules if m.name in out}
 

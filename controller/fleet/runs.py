@@ -43,6 +43,18 @@ def failed_progress(run_id: str, module: str, release: str, step: str, message: 
                        error=StepError(step=step, message=message))
 
 
+def newer_progress(known: Mapping[str, RunProgress | None],
+                   fresh: Mapping[str, RunProgress | None]) -> dict[str, RunProgress | None]:
+    """``known`` with each module's ``fresh`` progress where it is at least as new (pure): what the broker holds
+    of modules the history has not caught up with, read without writing it."""
+    merged = dict(known)
+    for m, p in fresh.items():
+        old = merged.get(m)
+        if p is not None and (old is None or p.updated_at >= old.updated_at):
+            merged[m] = p
+    return merged
+
+
 @dataclass(frozen=True)
 class RunView:
     run_id: str

@@ -61,3 +61,10 @@ class RunInfo(BaseModel):
     finished_at: float | None
     note: str
     verdict_line: str | None = None  # the line of the verdict recorded last (None: not judged since it ended)
+    # the modules asked for only some of ``models`` (``fleetctl retry --failed-only``: the keys that did not pass
+    # there), and those keys; every other module was asked for all of ``models``
+    module_models: dict[str, tuple[str, ...]] = {}
+
+    def models_of(self, module: str) -> tuple[str, ...]:
+        """The model keys ``module`` was asked for in this run."""
+        return self.module_models.get(module, self.models)

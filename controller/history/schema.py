@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS runs (
     verdict TEXT,
     finished_at REAL,
     note TEXT NOT NULL DEFAULT '',
-    verdict_line TEXT
+    verdict_line TEXT,
+    module_models TEXT NOT NULL DEFAULT '{{}}'
 );
 CREATE TABLE IF NOT EXISTS module_runs (
     run_id TEXT NOT NULL,
@@ -136,15 +137,14 @@ def _key_rows_by_source(conn: sqlite3.Connection) -> None:
         " CREATE INDEX rows_module ON rows (module, model_key); COMMIT;")
 
 
-def _add_verdict_line(conn: sqlite3.Connection) -> None:
-    """A history from before ``runs.verdict_line`` gets the column (NULL: such a run is judged again
-    the next time its verdict is asked for, and its line recorded then)."""
-    if "verdict_line" in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
+def _add_run_column(conn: sqlite3.Connection, column: str, declaration: str) -> None:
+    """A history from before ``runs.<column>`` gets the column, once."""
+    if column in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
         return
     conn.execute("BEGIN IMMEDIATE")
     try:  # another process may have added it between the look and the lock
-        if "verdict_line" not in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
-            conn.execute("ALTER TABLE runs ADD COLUMN verdict_line TEXT")
+        if column not in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
+            conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {declaration}")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
@@ -163,5 +163,8 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.executescript(_TELEMETRY_SCHEMA)
     conn.executescript(_OUTBOX_SCHEMA)
     _key_rows_by_source(conn)
-    _add_verdict_line(conn)
+    # NULL: such a run is judged again the next time its verdict is asked for, and its line recorded then
+    _add_run_column(conn, "verdict_line", "TEXT")
+    # '{}': every module of such a run was asked for all of the run's model keys
+    _add_run_column(conn, "module_models", "TEXT NOT NULL DEFAULT '{}'")
     return conn

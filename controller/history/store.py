@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -48,13 +48,17 @@ class History(HistoryQueries, WebhookOutbox):
     # -- runs ---------------------------------------------------------------------------
     def create_run(self, run_id: str, *, release: str = "", tarball: str = "", sha256: str = "",
                    models: Iterable[str] = (), modules: Iterable[str] = (), kind: str = "run",
-                   note: str = "", state: str = "running") -> None:
+                   note: str = "", state: str = "running",
+                   module_models: Mapping[str, Iterable[str]] | None = None) -> None:
+        """Record a run (once). ``module_models``: the modules asked for only some of ``models``, and those
+        (:attr:`RunInfo.module_models`)."""
+        own = {m: list(keys) for m, keys in (module_models or {}).items()}
         with self.tx() as c:
             c.execute(
                 "INSERT OR IGNORE INTO runs (run_id, created_at, release, tarball, sha256, models, modules,"
-                " kind, state, note) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                " kind, state, note, module_models) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (run_id, time.time(), release, tarball, sha256, json.dumps(list(models)),
-                 json.dumps(list(modules)), kind, state, note),
+                 json.dumps(list(modules)), kind, state, note, json.dumps(own)),
             )
 
     def set_run_state(self, run_id: str, state: str, verdict: str | None = None, line: str | None = None) -> None:
@@ -120,6 +124,7 @@ class History(HistoryQueries, WebhookOutbox):
         d = dict(zip([c[0] for c in cur.description], r, strict=True))
         d["models"] = tuple(json.loads(d["models"]))
         d["modules"] = tuple(json.loads(d["modules"]))
+        d["module_models"] = {m: tuple(keys) for m, keys in json.loads(d.get("module_models") or "{}").items()}
         return RunInfo.model_validate(d)
 
     # -- progress -----------------------------------------------------------------------

@@ -129,7 +129,7 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     prev = previous_rows(history, run, modules) if previous else None
     rep = analyse(rows, run_id=run.run_id, release=run.release, baseline=base, baseline_id=base_id,
                   previous=prev, state=run.state, expected_modules=run.modules, expected_keys=run.models,
-                  thresholds=thresholds)
+                  thresholds=thresholds, module_keys=run.module_models)
     return with_telemetry(rep, history.telemetry(run.run_id))
 
 
@@ -147,5 +147,5 @@ def compare_runs(history: History, run_a: str, run_b: str, *, thresholds: Thresh
     rep = analyse(rows_b, run_id=b.run_id, release=b.release, baseline=None if paired else rows_a,
                   baseline_id=a.run_id, baseline_label=a.run_id, previous=rows_a if paired else None,
                   previous_label=a.run_id, state=b.state, expected_modules=b.modules, expected_keys=b.models,
-                  thresholds=thresholds)
+                  thresholds=thresholds, module_keys=b.module_models)
     return with_telemetry(rep, history.telemetry(b.run_id))

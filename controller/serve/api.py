@@ -273,7 +273,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
 
     @app.get(f"{PREFIX}/runs", response_model=list[Run], dependencies=deps, responses=ERRORS)
     def list_runs(limit: int = Query(20, ge=1, le=500, description="at most this many, newest first")) -> list[Run]:
-        """Recent runs, newest first (from the run history)."""
+        """Recent runs, newest first (from the run history; one it holds as running in the state the broker holds)."""
         return [Run(**service.run_summary(r)) for r in errors(lambda: service.runs(session(), limit))]
 
     @app.get(f"{PREFIX}/runs/{{run_id}}", response_model=Run, dependencies=deps, responses=ERRORS)

@@ -67,6 +67,7 @@ from controller.service.views import (
     run_summary,
     runs,
     version,
+    with_broker_states,
 )
 
 __all__ = [
@@ -76,5 +77,5 @@ __all__ = [
     "devices", "distribute", "download_release", "errors_of", "exit_code", "find_run", "follow", "judge", "logs",
     "modules_named", "parse_log_name", "prepare", "progress_dict", "prune_releases", "recorded_judgement",
     "release_request", "releases_in_use", "report", "reset_module", "results", "resumed_models", "retry",
-    "run_summary", "runs", "sync", "validate", "version", "view",
+    "run_summary", "runs", "sync", "validate", "version", "view", "with_broker_states",
 ]

@@ -12,9 +12,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from contract.records import MODEL_KEYS, RunState, parse_model_keys
+from contract.records import MODEL_KEYS, RunProgress, RunState, parse_model_keys
 from controller.command import fleetctl
-from controller.fleet import BadRelease, RunIdInUse, RunView, module_failed, new_run_id, release_version
+from controller.fleet import (
+    BadRelease,
+    RunIdInUse,
+    RunView,
+    module_failed,
+    new_run_id,
+    newer_progress,
+    release_version,
+)
 from controller.history import HistoryError, RunInfo
 from controller.inventory import Module, select
 from controller.service.records import Judgement, Launched, ValidateRequest
@@ -126,9 +134,11 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     statuses = broker_call(s, lambda: fleet.statuses(mods))
     usable = [m for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")]
     paths, errors = distribute(s, usable, release, sha)
+    # a resumed run asks each module for what it asked it before (a module answers a run id only for that request)
+    own = existing.module_models if existing is not None else req.module_models
     result = fleet.dispatch(run_id=rid, modules=mods, tarballs=paths, sha256=sha, release=version, models=models,
                             tarball_label=str(release.resolve()), statuses=statuses,
-                            resume=existing is not None)
+                            resume=existing is not None, module_models=own)
     result.update(errors)
     prune_releases(s)
     return Launched(rid, version, sha, tuple(models), dict(result), resumed=existing is not None)
@@ -145,24 +155,30 @@ def resumed_models(existing: RunInfo, asked: tuple[str, ...]) -> tuple[str, ...]
 
 def retry(s: Session, run: str, *, failed_only: bool = False, run_id: str | None = None) -> Launched:
     """A new run of the same release and model keys on the same modules (``failed_only``: only the
-    modules whose part failed, was cancelled or lost, with the keys that did not pass there)."""
+    modules whose part failed, was cancelled or lost, each with the keys that did not pass there)."""
     info = find_run(s, run)
     models = info.models
     devices = ",".join(info.modules)
+    own = dict(info.module_models)  # a retry of a retry asks each module for what it was asked
     if failed_only:
         view = s.fleet().view(info.run_id)
         failed = {m: p for m, p in view.progress.items() if p is None or p.state != RunState.DONE or module_failed(p)}
         if not failed:
             raise BadRequest(f"run {info.run_id}: no module failed; nothing to retry")
-        keys: set[str] = set()
-        for p in failed.values():
-            passed = {o.model_key for o in p.outcomes if o.status == "passed"} if p else set()
-            keys |= set(info.models) - passed
-        models = tuple(k for k in info.models if k in keys) or info.models
+        own = {m: retried_keys(info.models_of(m), p) for m, p in failed.items()}
+        models = tuple(k for k in info.models if any(k in keys for keys in own.values()))
         devices = ",".join(failed)
     if not info.tarball:
         raise BadRequest(f"run {info.run_id} has no release path recorded")
-    return validate(s, ValidateRequest(release=Path(info.tarball), models=models, devices=devices, run_id=run_id))
+    return validate(s, ValidateRequest(release=Path(info.tarball), models=models, devices=devices, run_id=run_id,
+                                       module_models=own))
+
+
+def retried_keys(asked: tuple[str, ...], p: RunProgress | None) -> tuple[str, ...]:
+    """The keys a module runs again in ``retry --failed-only``: those of ``asked`` that did not pass there, or all
+    of them when every one passed and its part failed all the same (its final state never arrived, say) (pure)."""
+    passed = {o.model_key for o in p.outcomes if o.status == "passed"} if p is not None else set()
+    return tuple(k for k in asked if k not in passed) or asked
 
 
 def find_run(s: Session, run: str) -> RunInfo:
@@ -190,12 +206,7 @@ def view(s: Session, run: str, *, live: bool = False) -> RunView:
     if not live or not pending:
         return base
     fresh = broker_call(s, lambda: fleet.kv.progress(info.run_id, pending))
-    merged = dict(base.progress)
-    for m, p in fresh.items():
-        old = merged.get(m)
-        if p is not None and (old is None or p.updated_at >= old.updated_at):
-            merged[m] = p
-    return RunView(base.run_id, base.modules, merged)
+    return RunView(base.run_id, base.modules, newer_progress(base.progress, fresh))
 
 
 def follow(s: Session, run_id: str, *, on_view: Callable[[RunView], None] | None = None, interval: float = 0.5,

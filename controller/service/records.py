@@ -7,7 +7,7 @@ A :class:`ValidateRequest` in; :class:`Launched`, :class:`Judgement`, :class:`De
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +27,7 @@ class ValidateRequest:
     The release is a path as the controller sees it, or (``url``, then ``release`` is None) an
     http/https URL it downloads into ``<data_dir>/releases/<sha256>/`` once every other check
     passed. ``sha256``: what the release must hash to (checked before anything is dispatched).
+    ``module_models``: modules to ask for only some of ``models``, and those keys (``retry --failed-only``).
     """
 
     release: Path | None
@@ -37,6 +38,7 @@ class ValidateRequest:
     resume: bool = False
     url: str | None = None
     sha256: str | None = None
+    module_models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS), devices: str = "all",

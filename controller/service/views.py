@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from contract.oneline import error_line
 from contract.records import ResultRow, RunProgress
-from controller.fleet import RunView
+from controller.fleet import BrokerUnavailable, RunView, newer_progress
 from controller.history import RunInfo
 from controller.inventory import Module
 from controller.service.lifecycle import find_run, sync, view
@@ -22,10 +23,39 @@ if TYPE_CHECKING:
     from controller.report.model import Report
 
 
-def runs(s: Session, limit: int = 20) -> list[RunInfo]:
+def runs(s: Session, limit: int = 20, *, live: bool = True) -> list[RunInfo]:
+    """Recent runs, newest first; ``live``: as :func:`with_broker_states` shows them (never writes)."""
     if not s.has_history():
         return []
-    return s.history().runs(limit=limit)
+    items = s.history().runs(limit=limit)
+    return with_broker_states(s, items)[0] if live else items
+
+
+def with_broker_states(s: Session, items: list[RunInfo]) -> tuple[list[RunInfo], str | None]:
+    """``items`` with each run the history holds as running in the state its modules' records on the broker give
+    (done, failed, cancelled once every module ended there), and why that could not be read (None: read, or
+    nothing to read). Read, never written (``fleetctl status RUN`` records it); one round trip to the broker for
+    every module of those runs the history has not seen end, none when no run is running."""
+    running = [i for i in items if i.state == "running" and i.kind == "run"]
+    if not running:
+        return items, None
+    h = s.history()
+    known = {i.run_id: h.progress(i.run_id) for i in running}
+    pairs = [(i.run_id, m) for i in running for m in i.modules
+             if not ((p := known[i.run_id].get(m)) is not None and p.state.terminal)]
+    try:
+        fleet = s.fleet()
+        fresh = broker_call(s, lambda: fleet.kv.progress_of(pairs))
+    except OSError as exc:  # BrokerUnavailable is one; so is an embedded broker's folder that cannot be made
+        why = str(exc) if isinstance(exc, BrokerUnavailable) else f"broker not read: {error_line(exc)}"
+        return items, f"{why}: the states of running runs are the history's"
+    states: dict[str, str] = {}
+    for i in running:
+        mine = {m: p for (rid, m), p in fresh.items() if rid == i.run_id}
+        view = RunView(i.run_id, i.modules, newer_progress({m: known[i.run_id].get(m) for m in i.modules}, mine))
+        if view.finished:
+            states[i.run_id] = view.state()
+    return [i.model_copy(update={"state": states[i.run_id]}) if i.run_id in states else i for i in items], None
 
 
 def results(s: Session, run: str, *, pull: bool = False) -> tuple[RunInfo, list[ResultRow]]:

@@ -1,7 +1,8 @@
 """What ``fleetctl`` imports to start (issue 18): ``--help`` only typer and the command signatures,
-``runs`` the run history and settings (no broker), ``status`` of a running run the broker too but
-no report stack. Each verb runs in a fresh interpreter, which then lists the packages it loaded,
-so that an import moved back to the top of a module fails here rather than in ``bench/cli.py``."""
+``runs`` the run history and settings (the broker only when the history holds a run as running), ``status``
+of a running run the broker too but no report stack. Each verb runs in a fresh interpreter, which then lists
+the packages it loaded, so that an import moved back to the top of a module fails here rather than in
+``bench/cli.py``."""
 
 from __future__ import annotations
 
@@ -45,11 +46,21 @@ def test_help_loads_typer_only(env):
     assert loaded & (EXTRAS | BROKER | {"pydantic", "pydantic_settings", "rich", "yaml"}) == set()
 
 
-def test_runs_reads_the_history_without_the_broker(env):
-    History(env / "history.sqlite").create_run("r1", release="1.4.1", models=["qwen3"], modules=["m1"])
+def test_runs_of_ended_runs_reads_the_history_without_the_broker(env):
+    h = History(env / "history.sqlite")
+    h.create_run("r1", release="1.4.1", models=["qwen3"], modules=["m1"])
+    h.set_run_state("r1", "done")
     loaded = loaded_by("runs", "-o", "json")
     assert loaded & (EXTRAS | BROKER | {"rich"}) == set()
     assert "sqlite3" in loaded
+
+
+def test_runs_of_a_running_run_reads_the_broker_not_the_reports(env):
+    """A run the history holds as running is shown in the state the broker holds (one read): the broker loads."""
+    History(env / "history.sqlite").create_run("r1", release="1.4.1", models=["qwen3"], modules=["m1"])
+    loaded = loaded_by("runs", "-o", "json")
+    assert loaded & (EXTRAS | {"rich"}) == set()
+    assert "celery" in loaded
 
 
 def test_status_of_a_running_run_reads_the_broker_not_the_reports(env):
@@ -103,3 +114,19 @@ def test_a_history_without_verdict_lines_gets_the_column(tmp_path):
     assert h.find_run("r0").verdict_line is None
     h.set_run_state("r0", "done", verdict="pass", line="PASS r0")
     assert h.find_run("r0").verdict_line == "PASS r0"
+
+
+def test_a_history_without_module_models_gets_the_column(tmp_path):
+    """A history written before ``runs.module_models``: opened, it has the column, and each of its runs asked every
+    module for all of its model keys."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    History(path).create_run("r0", release="1.4.1", models=["qwen3", "qwen35"], modules=["m1"])
+    with sqlite3.connect(path) as c:
+        c.execute("ALTER TABLE runs DROP COLUMN module_models")
+    h = History(path)
+    assert h.find_run("r0").module_models == {} and h.find_run("r0").models_of("m1") == ("qwen3", "qwen35")
+    h.create_run("r1", release="1.4.1", models=["qwen3", "qwen35"], modules=["m1", "m2"],
+                 module_models={"m2": ["qwen35"]})
+    assert h.find_run("r1").models_of("m2") == ("qwen35",) and h.find_run("r1").models_of("m1") == ("qwen3", "qwen35")

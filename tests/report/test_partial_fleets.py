@@ -117,3 +117,29 @@ def test_report_from_history_when_one_module_misses_a_key(reference: pd.DataFram
         assert any(f"m02/{failed_key}" in n for n in rep.notes)
     finally:
         h.close()
+
+
+def test_a_retried_run_is_complete_with_the_keys_each_module_was_asked_for(reference: pd.DataFrame,
+                                                                          tmp_path) -> None:
+    """Issue 27: ``retry --failed-only`` asks each module for the keys that did not pass there (recorded as the
+    run's ``module_models``): the pairs it was not asked for are not missing; one it was asked for still is."""
+    keys = sorted(set(reference["model_key"]))[:2]
+    h = History(tmp_path / "history.sqlite")
+    try:
+        h.create_run("r2", release="1.4.2", models=keys, modules=["m00", "m01", "m02"],
+                     module_models={"m00": [keys[1]], "m01": [keys[0]]})
+        assert h.find_run("r2").module_models == {"m00": (keys[1],), "m01": (keys[0],)}
+        assert h.find_run("r2").models_of("m02") == tuple(keys)
+        df = fleet(reference, modules=3, seed=2, run_id="r2")
+        df = df[df["model_key"].isin(keys)]
+        asked = ((df["module"] == "m00") & (df["model_key"] == keys[1])) | (
+            (df["module"] == "m01") & (df["model_key"] == keys[0])) | (df["module"] == "m02")
+        h.upsert_rows(frame_to_rows(df[asked]))
+        h.set_run_state("r2", "done")
+        rep = build_report(h, "r2")
+        assert not any(n.startswith("no results for") for n in rep.notes), rep.notes
+        h.replace_rows("r2", "m01", [])
+        rep = build_report(h, "r2")
+        assert f"no results for 1 module/key pair(s): m01/{keys[0]}" in rep.notes
+    finally:
+        h.close()

@@ -23,6 +23,8 @@ ALLOWED_AGENT_IMPORTS: dict[tuple[str, str, str], str] = {
     ("controller/service/releases.py", "agent.validate", "stage_local_release"): (
         "the embedded/local transport stages the tarball as the agent would"),
     ("controller/cli/demo.py", "agent.tables", "parse_seed"): "the demo's reference tables: the agent's parser",
+    ("controller/cli/demo.py", "agent.procs", "MARK"): (
+        "a demo finds what an earlier demo's agents left running in its folder by the agents' own mark"),
     ("controller/cli/report.py", "agent.tables", "TableError"): "`report --seed`: the agent's table parser",
     ("controller/cli/report.py", "agent.tables", "parse_seed"): "as TableError",
 }

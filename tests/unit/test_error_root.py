@@ -26,6 +26,9 @@ INTERNAL: dict[str, str] = {
     "controller.service.release_url.Refused": (
         "an OSError by design: the guarded connect of a release download raises it inside urllib, which wraps it "
         "in URLError; fetch_release turns that into ReleaseUrlError (a FleetctlError) with the reason kept out"),
+    "controller.cli.demo.DemoStopped": (
+        "a stop signal's way out of the demo, as KeyboardInterrupt (a BaseException): run_demo catches it, stops the "
+        "simulated fleet and returns 128 + the signal's number"),
     "controller.service.webhooks.Retryable": (
         "tenacity's retry signal inside Webhooks._deliver, which catches everything when it gives up (a webhook "
         "that fails is logged, the service goes on)"),

@@ -8,7 +8,7 @@ aggregated results (cells, keys, modules) are iterated in Python; rows never are
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -34,11 +34,13 @@ from controller.report.model import ALL_METRICS, DERIVED, FLEET, Change, Regress
 def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline: pd.DataFrame | None = None,
             baseline_id: str | None = None, baseline_label: str = "baseline", previous: pd.DataFrame | None = None,
             previous_label: str = "previous", state: str = "done", expected_modules: Iterable[str] = (),
-            expected_keys: Iterable[str] = (), thresholds: Thresholds | None = None) -> Report:
+            expected_keys: Iterable[str] = (), thresholds: Thresholds | None = None,
+            module_keys: Mapping[str, Iterable[str]] | None = None) -> Report:
     """Build a report from frames of result rows (one column per ``ResultRow`` field).
 
     Rows the agent's probe measured (``source == "probe"``) never enter the figures: they are
-    only compared with the release's rows of the same module, key and profile."""
+    only compared with the release's rows of the same module, key and profile. ``module_keys``: the modules
+    asked for only some of ``expected_keys`` (``retry --failed-only``), and those keys."""
     th = thresholds or Thresholds()
     rows, probe = split_sources(rows)
     assert rows is not None
@@ -99,7 +101,7 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         regs += correctness(cur, dp["ref_correct"].to_numpy(dtype=float), previous_label)
     regressions = tuple(fold(regs, outliers))
 
-    notes += completeness(cur, names, ref, expected_modules, expected_keys)
+    notes += completeness(cur, names, ref, expected_modules, expected_keys, module_keys)
     verdict = decide(state, len(cur), regressions, notes, expected_modules, expected_keys)
     return Report(
         run_id=run_id, release=release, baseline_id=baseline_id, previous_ids=prev_ids, verdict=verdict,

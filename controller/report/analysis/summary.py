@@ -7,7 +7,7 @@ module/key pairs and profiles without results.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -63,7 +63,9 @@ def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, i
 
 
 def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expected_modules: Iterable[str],
-                 expected_keys: Iterable[str]) -> list[str]:
+                 expected_keys: Iterable[str], module_keys: Mapping[str, Iterable[str]] | None = None) -> list[str]:
+    """What is missing from the run: module/key pairs without a row (``module_keys``: modules asked for only some
+    of ``expected_keys``, and those), and module/key pairs with fewer profiles than the reference."""
     notes: list[str] = []
     mk = cur["modkey"].to_numpy()
     # one count per module/key code, whether or not the last codes have rows (a module that lacks the last key)
@@ -78,6 +80,9 @@ def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expe
         have = (np.repeat(mc, len(kc)) >= 0) & (np.tile(kc, len(mc)) >= 0)
         have[have] = counts[want[have]] > 0
         missing = [(mods[i // len(keys)], keys[i % len(keys)]) for i in np.flatnonzero(~have)]
+        if module_keys:
+            asked = {m: set(ks) for m, ks in module_keys.items()}
+            missing = [(m, k) for m, k in missing if m not in asked or k in asked[m]]
     if missing:
         shown = ", ".join(f"{m}/{k}" for m, k in missing[:8])
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
