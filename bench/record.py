@@ -5,7 +5,8 @@ prints (stdout and stderr, in the order printed) goes to the terminal as before 
 ``bench/results/<script>_<YYYYMMDD_HHMM>[_<label>].txt`` (UTC), between a header and a footer that say where
 the figures come from:
 
-- the UTC time, the git commit and whether tracked files differed from it (``dirty``);
+- the UTC time, the git commit and the tracked files that differed from it (``dirty``; the docs, Markdown files and
+  ``bench/results/`` do not count: they change no figure);
 - the command line, the CPU model, the CPU count (and how many this process may use), memory, Python;
 - the load average at the start and at the end, the wall time and the exit status.
 
@@ -42,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 OFF = {"0", "no", "off", "false"}
 LABEL = re.compile(r"[A-Za-z0-9-]+")
+NOT_CODE = (":(exclude)docs", ":(exclude)bench/results", ":(exclude)*.md")
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class Machine:
 
     started: datetime
     commit: str
-    dirty: bool
+    dirty: tuple[str, ...]  # tracked files that differ from the commit (docs and results not counted)
     command: str
     cpu_model: str
     cpus: int
@@ -75,11 +77,17 @@ def header(m: Machine, script: str) -> str:
     load = " ".join(f"{x:.2f}" for x in m.load)
     return (f"# {script}: raw output, kept by bench/record.py\n"
             f"# started   {m.started:%Y-%m-%d %H:%M:%S} UTC\n"
-            f"# commit    {m.commit}{' (dirty: tracked files differ from it)' if m.dirty else ' (clean)'}\n"
+            f"# commit    {m.commit} ({_dirty(m.dirty)})\n"
             f"# command   {m.command}\n"
             f"# machine   {m.cpu_model}, {m.cpus} CPUs ({m.usable_cpus} usable), {m.mem_gib:.1f} GiB memory, "
             f"Python {m.python}\n"
             f"# load avg  {load} (1, 5, 15 min) at start\n\n")
+
+
+def _dirty(files: tuple[str, ...]) -> str:
+    if not files:
+        return "clean"
+    return f"dirty: {', '.join(files[:5])}{f' and {len(files) - 5} more' if len(files) > 5 else ''} differ from it"
 
 
 def footer(code: int, wall_s: float, load: tuple[float, float, float], ended: datetime) -> str:
@@ -92,7 +100,7 @@ def _git(*args: str) -> str:
         out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
+    return out.stdout.rstrip() if out.returncode == 0 else ""
 
 
 def _cpu_model() -> str:
@@ -114,7 +122,8 @@ def _mem_gib() -> float:
 def machine() -> Machine:
     """The facts of this machine and checkout now (the one place that looks them up)."""
     return Machine(started=datetime.now(timezone.utc), commit=_git("rev-parse", "--short", "HEAD") or "unknown",
-                   dirty=bool(_git("status", "--porcelain", "--untracked-files=no")),
+                   dirty=tuple(line[3:] for line in _git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                                                         *NOT_CODE).splitlines()),
                    command=shlex.join(sys.orig_argv), cpu_model=_cpu_model(), cpus=os.cpu_count() or 0,
                    usable_cpus=len(os.sched_getaffinity(0)), mem_gib=_mem_gib(), python=platform.python_version(),
                    load=os.getloadavg())
@@ -189,7 +198,7 @@ def main(run: Callable[[], int | None], script: str, results: Path = RESULTS) ->
         f.write(header(m, str(name)))
         lock = threading.Lock()
         out, err = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Tee(out, f, lock), _Tee(err, f, lock)  # type: ignore[assignment]
+        sys.stdout, sys.stderr = _Tee(out, f, lock), _Tee(err, f, lock)
         os.environ["BENCH_RECORD"] = "0"  # children that are bench scripts: one run, one file
         try:
             code = _call(run)

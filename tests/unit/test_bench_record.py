@@ -49,7 +49,7 @@ def test_output_is_kept_between_a_header_and_a_footer_and_a_missed_goal_still_ex
     assert re.fullmatch(r"# started   \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", lines[1])
     assert lines[3] == f"# command   {shlex.join(sys.orig_argv)}"
     assert lines[6] == ""
-    assert re.fullmatch(r"# commit    [0-9a-f]{7,} \((clean|dirty: tracked files differ from it)\)", lines[2])
+    assert re.fullmatch(r"# commit    [0-9a-f]{7,} \((clean|dirty: .+ differ from it)\)", lines[2])
     assert re.fullmatch(r"# machine   .+, \d+ CPUs \(\d+ usable\), \d+\.\d GiB memory, Python 3\.\d+\.\d+", lines[4])
     assert re.fullmatch(r"# load avg  \d+\.\d\d \d+\.\d\d \d+\.\d\d \(1, 5, 15 min\) at start", lines[5])
     assert lines[7:9] == ["ratio 1.42", "goal 1.3: missed"]
@@ -61,13 +61,14 @@ def test_output_is_kept_between_a_header_and_a_footer_and_a_missed_goal_still_ex
 
 
 def test_header_names_time_commit_command_machine_and_load():
-    m = record.Machine(started=datetime(2026, 12, 2, 3, 40, 5, tzinfo=timezone.utc), commit="7a6cfdd", dirty=True,
+    m = record.Machine(started=datetime(2026, 12, 2, 3, 40, 5, tzinfo=timezone.utc), commit="7a6cfdd",
+                       dirty=("agent/a.py", "b", "c", "d", "e", "f", "g"),
                        command=".venv/bin/python bench/scale.py --sizes 1,100", cpu_model="AMD EPYC", cpus=2,
                        usable_cpus=2, mem_gib=23.5, python="3.11.7", load=(6.69, 4.8, 3.561))
     assert record.header(m, "bench/scale.py") == (
         "# bench/scale.py: raw output, kept by bench/record.py\n"
         "# started   2026-12-02 03:40:05 UTC\n"
-        "# commit    7a6cfdd (dirty: tracked files differ from it)\n"
+        "# commit    7a6cfdd (dirty: agent/a.py, b, c, d, e and 2 more differ from it)\n"
         "# command   .venv/bin/python bench/scale.py --sizes 1,100\n"
         "# machine   AMD EPYC, 2 CPUs (2 usable), 23.5 GiB memory, Python 3.11.7\n"
         "# load avg  6.69 4.80 3.56 (1, 5, 15 min) at start\n\n")
