@@ -89,8 +89,9 @@ lock: $(BIN)/python
 	$(BIN)/uv pip compile pyproject.toml --extra engine --python-version 3.11 --find-links $(TORCH_WHEELS) \
 		--override <(echo "torch==2.13.0+cpu") --generate-hashes -q -o requirements-engine.lock
 
+## make bench: every bench script, one after the other; bench/record.py keeps each one's raw output in bench/results/.
 bench: install
-	fail=""; for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || fail="$$fail $$b"; done; \
+	fail=""; for b in $(filter-out bench/record.py,$(wildcard bench/*.py)); do echo "== $$b"; $(BIN)/python $$b || fail="$$fail $$b"; done; \
 	test -z "$$fail" || { echo "below goal:$$fail"; exit 1; }
 
 clean:

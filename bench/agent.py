@@ -51,6 +51,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import record  # noqa: E402 - bench/record.py, this script's folder
 
 BARE = """
 import sys
@@ -376,4 +377,4 @@ class _suppress:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(record.main(main, __file__))

@@ -9,7 +9,7 @@
    process's RSS before, its peak (VmHWM) growth, its RSS after; how many bytes the server took.
 
 The serve process runs this checkout's code (``PYTHONPATH``): copy this script into an older
-checkout to measure that one (``before``). Raw output: give ``--out bench/results/NAME.txt``.
+checkout to measure that one (``before``; ``BENCH_LABEL=before``: bench/record.py keeps the raw output).
 
 Usage: python bench/api_hostile.py [--slowloris 300] [--seconds 15] [--rounds 2] [--bodies 4] [--body-mb 200]
 """
@@ -34,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import record  # noqa: E402 - bench/record.py, this script's folder
 
 TOKEN = "bench-token-0123456789abcdef"
 INV = '[[module]]\nname = "m1"\ntransport = "local"\n'
@@ -152,13 +153,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--bodies", type=int, default=4)
     ap.add_argument("--body-mb", type=int, default=200)
-    ap.add_argument("--out", type=Path, default=None, help="also write the output here")
     args = ap.parse_args()
-    lines: list[str] = []
 
     def say(line: str) -> None:
         print(line, flush=True)
-        lines.append(line)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-api-hostile-"))
     serve = None
@@ -231,9 +229,7 @@ def main() -> None:
             os.killpg(serve.pid, signal.SIGTERM)
             serve.wait(timeout=20)
         shutil.rmtree(tmp, ignore_errors=True)
-        if args.out is not None and lines:
-            args.out.write_text("\n".join([" ".join(sys.argv), *lines]) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(record.main(main, __file__))

@@ -38,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import record  # noqa: E402 - bench/record.py, this script's folder
 
 BIN = Path(sys.executable).parent
 GOALS = {"fleetctl --help": 0.3, "fleetctl runs": 0.5, "fleetctl status": 0.5, "fleetctl status ended": 0.5}
@@ -127,4 +128,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(record.main(main, __file__))

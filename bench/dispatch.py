@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import record  # noqa: E402 - bench/record.py, this script's folder
 
 from agent.validate import stage_local_release  # noqa: E402
 from contract.celery_app import NOOP_TASK  # noqa: E402
@@ -71,18 +72,25 @@ def bare_round_trips(base: Path, settings: ControllerSettings, jobs: int) -> lis
     proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "bare_app", "worker", "-Q", "bare", "-c", "1",
                              "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
                             env=env, cwd=base / "bare", stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    import celery.exceptions
     from celery import Celery
 
     client = Celery("bare", broker=env["BARE_BROKER"], backend=env["BARE_BACKEND"])
     client.conf.broker_transport_options = ours.conf.broker_transport_options or {}
+    times: list[float] = []
     try:
         client.send_task("bare.noop", args=[time.time()], queue="bare").get(timeout=60)  # warm up
-        times = []
         for _ in range(jobs):
             t0 = time.perf_counter()
             client.send_task("bare.noop", args=[time.time()], queue="bare").get(timeout=30, interval=0.005)
             times.append(time.perf_counter() - t0)
         return times
+    except celery.exceptions.TimeoutError:
+        log.flush()
+        tail = (base / "bare" / "worker.log").read_text(errors="replace").strip().splitlines()[-15:]
+        raise SystemExit(f"bare Celery round trip {len(times) + 1} got no result in 30 s (worker "
+                         f"{'exited ' + str(proc.poll()) if proc.poll() is not None else 'alive'}); its log ends:\n"
+                         + "\n".join(tail)) from None
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=20)
@@ -238,4 +246,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(record.main(main, __file__))

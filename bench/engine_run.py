@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import record
 
 from agent.pipeline import AgentConfig, run_pipeline
 from agent.store import RunStore
@@ -105,4 +106,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    skipped = _engine_interpreter()  # before recording: it may re-exec
+    raise SystemExit(skipped if skipped is not None else record.main(main, __file__))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import record  # noqa: E402 - bench/record.py, this script's folder
 
 from agent.store import RunStore  # noqa: E402
 from tests.support.lab import make_lab  # noqa: E402
@@ -148,4 +149,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(record.main(main, __file__))

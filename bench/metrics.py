@@ -26,8 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
 import psutil  # noqa: E402
+import record  # noqa: E402 - bench/record.py, this script's folder
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
 from agent.metrics import build_registry, start_exporter  # noqa: E402
@@ -171,4 +171,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(record.main(main, __file__))

@@ -47,6 +47,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # before bench/ (this script's folder): bench/agent.py is not the agent package
+import record  # noqa: E402 - bench/record.py, this script's folder
+
 GOAL_TTFT_P50_MS = 0.3
 CONCURRENCY = 64
 CHOSEN = "probe"
@@ -379,4 +381,4 @@ def _bare_rss() -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(record.main(main, __file__))

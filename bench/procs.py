@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import record  # noqa: E402 - bench/record.py, this script's folder
 
 from agent import procs  # noqa: E402
 from agent.executor import Executor  # noqa: E402
@@ -92,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(record.main(main, __file__))

@@ -46,8 +46,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
 import paramiko  # noqa: E402
+import record  # noqa: E402 - bench/record.py, this script's folder
 
 from contract.files import sha256_file  # noqa: E402
 from controller.inventory import Module  # noqa: E402
@@ -241,4 +241,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(record.main(main, __file__))

@@ -39,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import record  # noqa: E402 - bench/record.py, this script's folder
 
 from agent.steps import parse_env_capture, plan_environment  # noqa: E402
 from simulator import DEVICE_TOOL_DIR, make_models  # noqa: E402
@@ -235,4 +236,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(record.main(main, __file__))

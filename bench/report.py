@@ -44,6 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import record  # noqa: E402 - bench/record.py, this script's folder
 
 from agent.tables import parse_seed  # noqa: E402
 from contract.records import METRICS  # noqa: E402
@@ -301,4 +302,4 @@ def power(ref, seeds: int) -> int:  # type: ignore[no-untyped-def]
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(record.main(main, __file__))

@@ -43,8 +43,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
 import psutil  # noqa: E402
+import record  # noqa: E402 - bench/record.py, this script's folder
 import redis  # noqa: E402
 from rich.console import Console  # noqa: E402
 
@@ -610,4 +610,4 @@ def budget(results: list[Result]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(record.main(main, __file__))

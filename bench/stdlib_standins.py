@@ -26,7 +26,8 @@ Part 2, the probe's HTTP/1.1 client (``agent/probe/transport.py``): ``bench/prob
 its transport alone, bare asyncio streams, aiohttp, httpx and h11 loops against one loopback SSE server,
 interleaved rounds).
 
-Ratios, not absolute times: the machine is shared. Raw output: ``bench/results/stdlib_standins_<stamp>.txt``.
+Ratios, not absolute times: the machine is shared. Raw output: ``bench/results/stdlib_standins_<stamp>.txt``
+(kept by ``bench/record.py``).
 
     .venv/bin/python bench/stdlib_standins.py [--rounds 10] [--requests 200] [--probe-rounds 4]
 """
@@ -34,7 +35,6 @@ Ratios, not absolute times: the machine is shared. Raw output: ``bench/results/s
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import re
 import resource
@@ -45,13 +45,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import redirect_stdout
 from pathlib import Path
+from typing import TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-
+import record  # noqa: E402 - bench/record.py, this script's folder
 import release_cpu  # noqa: E402 - bench/release_cpu.py: the release's processes as the agent runs them
 
 from agent.steps import parse_env_capture, plan_environment  # noqa: E402
@@ -300,7 +300,7 @@ def import_costs(runtime_parent: Path, rounds: int) -> dict[str, float]:
     return {"pass": floor, **{m: statistics.median(samples[m]) - floor for m in IMPORTS}}
 
 
-def part1(args: argparse.Namespace, out: io.StringIO) -> None:
+def part1(args: argparse.Namespace, out: TextIO) -> None:
     with tempfile.TemporaryDirectory(prefix="stdlib-standins-") as tmp:
         base = Path(tmp)
         release_cpu.MODELS.update(make_models(base / "models", ["qwen3"]))
@@ -374,7 +374,7 @@ def part1(args: argparse.Namespace, out: io.StringIO) -> None:
       f"{d_early * 100 / 2 / 1000:.2f} s before the last module's precompile starts waiting\n")
 
 
-def part2(args: argparse.Namespace, out: io.StringIO) -> None:
+def part2(args: argparse.Namespace, out: TextIO) -> None:
     cmd = [sys.executable, str(ROOT / "bench" / "probe.py"), "--requests", str(args.probe_requests),
            "--seconds", str(args.probe_seconds), "--rounds", str(args.probe_rounds)]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -403,13 +403,8 @@ def main() -> int:
     ap.add_argument("--probe-seconds", type=float, default=1.0)
     ap.add_argument("--probe-rounds", type=int, default=4)
     ap.add_argument("--skip-probe", action="store_true")
-    ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
-    out = io.StringIO()
-    stamp = time.strftime("%Y%m%d_%H%M", time.gmtime())
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-    out.write(f"$ .venv/bin/python bench/stdlib_standins.py {' '.join(sys.argv[1:])}   # {stamp} UTC, {head}\n")
+    out = sys.stdout
     t0 = time.monotonic()
     part1(args, out)
     t1 = time.monotonic()
@@ -417,15 +412,8 @@ def main() -> int:
         part2(args, out)
     out.write(f"\npart 1 {t1 - t0:.0f} s, part 2 {time.monotonic() - t1:.0f} s; "
               f"this process's children {resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime:.0f} s user\n")
-    text = out.getvalue()
-    with redirect_stdout(sys.stdout):
-        print(text, end="")
-    if not args.no_save:
-        path = ROOT / "bench" / "results" / f"stdlib_standins_{stamp}.txt"
-        path.write_text(text)
-        print(f"raw result: {path.relative_to(ROOT)}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(record.main(main, __file__))
