@@ -34,17 +34,25 @@ from controller.cli.output import EXIT_ERROR, Output, emit, error, new_app, outp
 
 __all__ = ["Invocation", "build_app", "main", "run"]
 
+# read when neither --config nor FLEET_CONFIG names a file, as git reads ./.git and the inventory ./inventory.toml
+DEFAULT_CONFIG = Path("fleet.toml")
+
 
 def _root(
     ctx: typer.Context,
     config: Path | None = typer.Option(None, "--config", "-c", envvar="FLEET_CONFIG",
-                                       help="TOML config file (sections [fleet] and [controller])"),
+                                       help="TOML config file (sections [fleet] and [controller]); default "
+                                            "./fleet.toml when the current folder holds one"),
     inventory: Path | None = typer.Option(None, "--inventory", "-i", help="inventory TOML (default from config)"),
     history: Path | None = typer.Option(None, "--history", help="run history SQLite file"),
 ) -> None:
     """Validate SGLang-MUSA releases on a fleet of M1000 modules."""
     inv = ctx.obj
     assert isinstance(inv, Invocation)
+    if config is None and DEFAULT_CONFIG.is_file():
+        # as the inventory defaults to ./inventory.toml: without this, a lab folder's own config was passed over
+        # for the embedded broker, and every module of a Redis lab showed offline
+        config = DEFAULT_CONFIG
     inv.config, inv.inventory, inv.history = config, inventory, history
 
 

@@ -27,11 +27,19 @@ def devices(ctx: typer.Context,
         rec = service.device_dict(d)
         age, free = rec["heartbeat_age_s"], rec["free_disk_bytes"]
         rec["last_beat"] = f"{age:.0f} s ago" if age is not None else "never"
-        skew = rec["clock_skew_s"]  # the module's clock minus the controller's (ages are the broker's)
-        rec["clock_skew"] = f"{skew:+.0f} s" if skew is not None else ""
+        rec["clock_skew"] = shown_skew(rec["clock_skew_s"])
         rec["free_disk"] = f"{free / 1024**3:.1f} GiB" if free is not None else ""
         recs.append(rec)
     emit(recs, DEVICE_COLUMNS, output)
+
+
+def shown_skew(skew: float | None) -> str:
+    """The module's clock minus the controller's (ages are the broker's), in whole seconds: rounded first, so a
+    skew of -0.3 s reads "0 s", never "-0 s"."""
+    if skew is None:
+        return ""
+    whole = round(skew)
+    return f"{whole:+d} s" if whole else "0 s"
 
 
 def devices_reset(ctx: typer.Context, module: str = typer.Argument(..., help="module name")) -> None:

@@ -3,6 +3,8 @@ the fix when there is one, exit 2; what it prints when it did something a newcom
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.support.cli import one_line, run_main
@@ -214,3 +216,28 @@ def test_validate_refuses_what_is_not_a_release_before_dispatch(env, capsys):
     assert History(env / "history.sqlite").runs() == [] and not (env / "fleet" / "releases").exists()
     code, out, err = run_main(capsys, "validate", TARBALL, "--models", "qwen3", "--detach")  # the stub: a release
     assert code == 0, err
+
+
+def test_a_lab_folders_fleet_toml_is_read_without_dash_c(filled, capsys, monkeypatch, tmp_path):
+    """A new user in their lab folder ran `fleetctl devices` without -c: the folder's fleet.toml was passed over for
+    the embedded broker and the defaults, and every module of the Redis lab showed offline. ./fleet.toml is the
+    default config, as ./inventory.toml is the default inventory."""
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    (lab / "fleet.toml").write_text(f'[controller]\nhistory = "{filled}"\n')
+    monkeypatch.delenv("FLEET_HISTORY")
+    monkeypatch.chdir(lab)
+    code, out, err = run_main(capsys, "runs", "-o", "json")
+    assert code == 0, err
+    assert {"run-a", "run-b"} <= {r["run_id"] for r in json.loads(out)}
+    (lab / "fleet.toml").write_text("[controler]\n")  # and it is checked like any config
+    code, _, err = run_main(capsys, "runs")
+    assert code == 2 and one_line(err).startswith("fleetctl: error: fleet.toml: unknown section [controler]")
+
+
+@pytest.mark.parametrize(("skew", "shown"), [(-0.3, "0 s"), (0.4, "0 s"), (-2.6, "-3 s"), (12.0, "+12 s"),
+                                             (None, "")])
+def test_clock_skew_never_reads_minus_zero(skew, shown):
+    from controller.cli.devices import shown_skew
+
+    assert shown_skew(skew) == shown
