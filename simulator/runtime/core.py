@@ -282,11 +282,11 @@ class Factors(NamedTuple):
 
 
 class Plan(NamedTuple):
-    """When the server emits what, in module milliseconds.
+    """When the server emits what, in module milliseconds, at batch 1 (the device batches: .device).
 
     ``ttft_ms`` is the first token's delay after the request arrived; ``emits`` are
-    ``(offset after the first token, tokens)`` for the remaining tokens. ``coalesce`` says
-    whether several due emits may share one chunk (plain decoding; never speculative steps).
+    ``(offset after the first token, tokens)`` of the remaining chunks: one token each in plain
+    decoding, the accepted tokens of one verify step in speculative decoding.
     """
 
     ttft_ms: float
@@ -294,7 +294,6 @@ class Plan(NamedTuple):
     n: int
     finish: str
     answer: str | None = None
-    coalesce: bool = True
 
 
 class PlanError(SimError, ValueError):
@@ -410,7 +409,7 @@ class Setup(NamedTuple):
         counts = spread(n - 1, steps)
         step_ms = step / f.decode
         emits = tuple(((i + 1) * step_ms, c) for i, c in enumerate(counts))
-        return Plan(ttft_ms=ttft, emits=emits, n=n, finish=finish, answer=answer, coalesce=False)
+        return Plan(ttft_ms=ttft, emits=emits, n=n, finish=finish, answer=answer)
 
 
 def spec_steps(n: int, accept_len: float, draft: int) -> int:

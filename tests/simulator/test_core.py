@@ -133,7 +133,7 @@ def test_model_reproduces_mtp_rows_exactly(fitted, seed_text: str) -> None:
                          draft_tokens=4)
             steps = len(plan.emits)
             n = plan.n
-            assert n == r.output_tokens and plan.finish == "stop" and not plan.coalesce
+            assert n == r.output_tokens and plan.finish == "stop"
             assert round((n - 1 - steps) / (3 * steps), 4) == r.accept_rate
             assert round(n / (4 * steps), 4) == r.accept_rate_len
             assert all(1 <= c <= 4 for _, c in plan.emits) and sum(c for _, c in plan.emits) == n - 1
