@@ -235,6 +235,11 @@ class PromptKind(str, Enum):
     text = "text"
 
 
+class CacheMode(str, Enum):
+    cold = "cold"
+    warm = "warm"
+
+
 def _tokenizer(spec: str | None) -> Any:
     """``words`` (one token per whitespace-separated word) or a ``tokenizer.json`` (needs ``tokenizers``)."""
     if spec is None:
@@ -277,6 +282,8 @@ def probe(
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="count output tokens when the server sends "
                                          "no usage: 'words' or a tokenizer.json"),
     seed: int = typer.Option(0, "--seed", help="prompts and Poisson arrivals"),
+    cache: CacheMode = typer.Option(CacheMode.cold, "--cache", help="cold: prompts salted per run (nothing of them "
+                                    "cached); warm: each prompt sent once before it is measured"),
 ) -> None:
     """Measure an OpenAI-compatible server with the agent's own streaming client (progress on stderr)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -287,7 +294,7 @@ def probe(
     try:
         if images and api != ProbeApi.chat:
             raise BadInput("--images needs --api chat")
-        kinds: dict[str, Any] = {"api": api.value, "prompt": prompt.value}
+        kinds: dict[str, Any] = {"api": api.value, "prompt": prompt.value, "cache": cache.value}
         cfg = ProbeConfig(base_url=url, model=model, profiles=tuple(p.name for p in parse_profiles(profiles)),
                           loads=load_shapes(concurrency, rate), requests=requests, warmup=warmup,
                           output_len=output_len, images=images, slo=SLO.parse(slo) if slo else None,
@@ -328,15 +335,15 @@ def _ms(stat: Any, q: str = "p50") -> str:
 def _probe_table(report: Any, out: Console, err: Console) -> None:
     scale = f", time scale {report.time_scale:g}" if report.time_scale != 1 else ""
     fields = "" if report.engine_fields else ", engine-specific fields refused by the server"
-    title = f"probe {report.base_url} {report.model} ({report.api}{scale}{fields}); times in ms"
+    title = f"probe {report.base_url} {report.model} ({report.api}{scale}, cache {report.cache}{fields}); times in ms"
     table = _table("profile", "load", "ok/sent", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99", "ITL p50",
-                  "p99", "E2E p50", "p99", "out tok/s", "req/s", "goodput/s", "accept", title=title)
+                  "p99", "E2E p50", "p99", "out tok/s", "req/s", "goodput/s", "tok/chunk", "accept", title=title)
     for r in report.results:
         table.add_row(r.profile, r.load.label, f"{r.ok}/{r.requests}", _ms(r.ttft_ms), _ms(r.ttft_ms, "p90"),
                       _ms(r.ttft_ms, "p99"), _ms(r.tpot_ms), _ms(r.tpot_ms, "p90"), _ms(r.tpot_ms, "p99"),
                       _ms(r.itl_ms), _ms(r.itl_ms, "p99"), _ms(r.e2e_ms), _ms(r.e2e_ms, "p99"),
                       _cell(r.output_throughput_tps), _cell(r.request_throughput_rps), _cell(r.goodput_rps),
-                      _cell(r.accept_length))
+                      _cell(r.tokens_per_chunk), _cell(r.accept_length))
     out.print(table)
     for r in report.results:
         if r.errors:

@@ -28,7 +28,7 @@ def _fmt(v: float | None) -> str:
 def _extra(r: ProfileResult, tolerance: float) -> dict[str, str]:
     out = {"probe_requests": str(r.requests), "probe_ok": str(r.ok), "probe_load": r.load.label,
            "probe_api": r.api, "probe_tolerance": f"{tolerance:g}", "probe_time_scale": f"{r.time_scale:g}",
-           "probe_engine_fields": "yes" if r.engine_fields else "no"}
+           "probe_engine_fields": "yes" if r.engine_fields else "no", "probe_cache": r.cache}
     if r.errors:
         out["probe_errors"] = ",".join(f"{k}={v}" for k, v in sorted(r.errors.items()))
     stats: tuple[tuple[str, Stat | None], ...] = (("ttft", r.ttft_ms), ("tpot", r.tpot_ms), ("itl", r.itl_ms),
@@ -37,7 +37,8 @@ def _extra(r: ProfileResult, tolerance: float) -> dict[str, str]:
         if s is not None:
             out.update({f"{name}_p50_ms": _fmt(s.p50), f"{name}_p90_ms": _fmt(s.p90), f"{name}_p99_ms": _fmt(s.p99)})
     for name, v in (("output_tps", r.output_throughput_tps), ("request_rps", r.request_throughput_rps),
-                    ("goodput_rps", r.goodput_rps), ("accept_length", r.accept_length)):
+                    ("goodput_rps", r.goodput_rps), ("tokens_per_chunk", r.tokens_per_chunk),
+                    ("accept_length", r.accept_length)):
         if v is not None:
             out[name] = _fmt(v)
     return out

@@ -13,6 +13,7 @@ ErrorKind = Literal["http_status", "timeout", "connection", "broken_stream", "st
                     "empty_response"]
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 Api = Literal["completions", "chat"]
+Cache = Literal["cold", "warm"]  # cold: prompts new to the server; warm: each sent once before it is measured
 
 
 class LoadShape(Frozen):
@@ -120,6 +121,7 @@ class RequestResult(Frozen):
     input_tokens: int | None = None
     cached_tokens: int | None = None
     content_chunks: int = 0
+    tokens_per_chunk: float | None = None  # output tokens / content chunks
     accept_length: float | None = None  # mean tokens per content chunk after the first (needs per-chunk usage)
 
 
@@ -158,9 +160,11 @@ class ProfileResult(Frozen):
     request_throughput_rps: float | None = None
     goodput_rps: float | None = None
     slo: SLO | None = None
-    accept_length: float | None = None
+    tokens_per_chunk: float | None = None  # mean over the successful requests: 1 when every chunk is one token
+    accept_length: float | None = None  # speculative setups only (the server says it decodes speculatively)
     time_scale: float = 1.0
     engine_fields: bool = True  # the engine-specific request fields were sent (the server took them)
+    cache: Cache = "cold"
 
 
 class ProbeReport(Frozen):
@@ -171,6 +175,8 @@ class ProbeReport(Frozen):
     api: Api
     time_scale: float = 1.0
     engine_fields: bool = True
+    speculative: bool | None = None  # the server decodes speculatively (None: it does not say)
+    cache: Cache = "cold"
     results: tuple[ProfileResult, ...] = ()
 
     @property

@@ -94,5 +94,5 @@ def test_a_cancelled_request_leaves_the_batch() -> None:
     dev.cancel(a)
     before = len(b.chunks)
     dev.advance(400.0)
-    gaps = [y - x for (x, _), (y, _) in zip(b.chunks[before - 1:], b.chunks[before:])]
+    gaps = [y - x for (x, _), (y, _) in zip(b.chunks[before - 1:], b.chunks[before:], strict=False)]
     assert gaps and all(g == pytest.approx(10.0) for g in gaps[1:])  # alone again: batch-1 steps
