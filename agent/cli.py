@@ -284,20 +284,34 @@ def probe(
     seed: int = typer.Option(0, "--seed", help="prompts and Poisson arrivals"),
     cache: CacheMode = typer.Option(CacheMode.cold, "--cache", help="cold: prompts salted per run (nothing of them "
                                     "cached); warm: each prompt sent once before it is measured"),
+    sweep: bool = typer.Option(False, "--sweep", help="raise the concurrency until the SLO breaks or throughput "
+                               "stops rising; name the highest load that met the SLO (--slo: ttft_p90_ms=..,"
+                               "tpot_p90_ms=..; the first profile)"),
+    sweep_budget: float = typer.Option(300.0, "--sweep-budget", help="the sweep's wall seconds, at most"),
+    max_concurrency: int = typer.Option(256, "--max-concurrency", help="the sweep's largest concurrency"),
 ) -> None:
     """Measure an OpenAI-compatible server with the agent's own streaming client (progress on stderr)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agent.probe import SLO, ProbeConfig, ProbeError, load_shapes, run_probe
     from agent.probe.prompts import parse_profiles
+    from agent.probe.runner import run_sweep
+    from agent.probe.sweep import SweepConfig, SweepSLO
 
     try:
         if images and api != ProbeApi.chat:
             raise BadInput("--images needs --api chat")
         kinds: dict[str, Any] = {"api": api.value, "prompt": prompt.value, "cache": cache.value}
+        plan = None
+        if sweep:
+            if not slo:
+                raise BadInput("--sweep needs --slo, e.g. ttft_p90_ms=4000,tpot_p90_ms=60")
+            if concurrency or rate is not None:
+                raise BadInput("--sweep chooses the concurrency itself: leave out --concurrency and --rate")
+            plan = SweepConfig(slo=SweepSLO.parse(slo), budget_s=sweep_budget, max_concurrency=max_concurrency)
         cfg = ProbeConfig(base_url=url, model=model, profiles=tuple(p.name for p in parse_profiles(profiles)),
                           loads=load_shapes(concurrency, rate), requests=requests, warmup=warmup,
-                          output_len=output_len, images=images, slo=SLO.parse(slo) if slo else None,
+                          output_len=output_len, images=images, slo=SLO.parse(slo) if slo and not sweep else None,
                           timeout_s=timeout, time_scale=time_scale, engine_fields=engine_fields, seed=seed, **kinds)
         from agent.probe.transport import Transport
 
@@ -316,16 +330,43 @@ def probe(
             def tick(what: str, done: int, planned: int) -> None:
                 bar.update(task, description=what, completed=done, total=planned)
 
-            report = run_probe(cfg, tokenizer=count, progress=tick, stop=lambda: stopping["yes"])
+            if plan is not None:
+                result = run_sweep(cfg, plan, tokenizer=count, progress=tick, stop=lambda: stopping["yes"])
+            else:
+                report = run_probe(cfg, tokenizer=count, progress=tick, stop=lambda: stopping["yes"])
     except ProbeError as exc:
         raise _bad_input(str(exc)) from None
     finally:
         signal.signal(signal.SIGINT, previous)
+    if plan is not None:
+        if fmt == ProbeFormat.json:
+            sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+        else:
+            _sweep_table(result, _stdout())
+        raise typer.Exit(0 if result.capacity is not None and not stopping["yes"] else 1)
     if fmt == ProbeFormat.json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
         _probe_table(report, _stdout(), err)
     raise typer.Exit(1 if report.errors or stopping["yes"] else 0)
+
+
+def _sweep_table(result: Any, out: Console) -> None:
+    title = (f"SLO sweep {result.profile}, SLO {result.slo}: steady-state window of each level (times in ms); "
+             f"stopped: {result.stop}")
+    names = [n for n, _ in result.slo.limits]
+    table = _table("concurrency", "window ok/n", *names, "TTFT p50", "TPOT p50", "out tok/s", "req/s", "SLO",
+                  title=title)
+    for lv in result.levels:
+        table.add_row(str(lv.concurrency), f"{lv.ok}/{lv.window}", *(_cell(lv.figures.get(n)) for n in names),
+                      _cell(lv.figures.get("ttft_p50_ms")), _cell(lv.figures.get("tpot_p50_ms")),
+                      _cell(lv.output_tps), _cell(lv.request_rps), "met" if lv.met else "broken")
+    out.print(table)
+    cap = result.capacity
+    out.print(f"capacity at SLO: concurrency {cap.concurrency}, {cap.output_tps:.2f} output tok/s, "
+              f"{cap.request_rps:.3f} req/s" if cap is not None and cap.output_tps and cap.request_rps else
+              "capacity at SLO: none (concurrency 1 breaks it)" if cap is None else
+              f"capacity at SLO: concurrency {cap.concurrency}", highlight=False)
 
 
 def _ms(stat: Any, q: str = "p50") -> str:

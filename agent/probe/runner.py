@@ -38,6 +38,16 @@ from pydantic import Field
 from agent.probe.measure import Exchange, Tokenizer, interpret, summarise
 from agent.probe.prompts import Profile, PromptKind, Prompts, body, parse_profiles, rejects_engine_fields
 from agent.probe.records import SLO, Api, Cache, LoadShape, ProbeReport, ProfileResult, RequestResult
+from agent.probe.sweep import (
+    Level,
+    StopReason,
+    SweepConfig,
+    SweepResult,
+    capacity,
+    level,
+    next_level,
+    requests_for,
+)
 from agent.probe.transport import Transport
 from contract.records import Frozen
 
@@ -203,7 +213,15 @@ class _Session:
                 raise _Stopped
             await self.one(p, f"L{li}w{w}", -1, time.monotonic_ns())
             self.tick(label)
-        n = self.cfg.requests
+        measured, duration = await self.measure(p, load, li, self.cfg.requests)
+        return summarise(measured, profile=p.name, prefill_len=p.prefill_len, input_len=p.input_len,
+                         output_len=self.cfg.output_len, api=self.cfg.api, load=load, duration_s=duration,
+                         slo=self.cfg.slo, time_scale=self.scale, engine_fields=self.engine,
+                         speculative=self.speculative, cache=self.cfg.cache)
+
+    async def measure(self, p: Profile, load: LoadShape, li: int, n: int) -> tuple[list[RequestResult], float]:
+        """``n`` requests of profile ``p`` under ``load``: what each measured, and the phase's duration (server s)."""
+        label = f"{p.name} {load.label}"
         results: list[RequestResult | None] = [None] * n
         t0 = time.monotonic_ns()
         ends: list[int] = []
@@ -237,11 +255,7 @@ class _Session:
 
             await asyncio.gather(*(worker() for _ in range(min(width, n))))
         measured = [r for r in results if r is not None]
-        duration = (max(ends) - t0) / 1e9 * self.scale if ends else 0.0
-        return summarise(measured, profile=p.name, prefill_len=p.prefill_len, input_len=p.input_len,
-                         output_len=self.cfg.output_len, api=self.cfg.api, load=load, duration_s=duration,
-                         slo=self.cfg.slo, time_scale=self.scale, engine_fields=self.engine,
-                         speculative=self.speculative, cache=self.cfg.cache)
+        return measured, (max(ends) - t0) / 1e9 * self.scale if ends else 0.0
 
 
 async def probe_async(cfg: ProbeConfig, *, tokenizer: Tokenizer | None = None, progress: Progress | None = None,
@@ -269,6 +283,51 @@ async def probe_async(cfg: ProbeConfig, *, tokenizer: Tokenizer | None = None, p
     finally:
         undo()
         await t.aclose()
+
+
+async def sweep_async(cfg: ProbeConfig, sweep: SweepConfig, *, tokenizer: Tokenizer | None = None,
+                      progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> SweepResult:
+    """The SLO sweep of ``cfg``'s first profile: concurrency levels chosen by :func:`agent.probe.sweep.next_level`
+    until it says why it stops; the budget is wall seconds from the first request."""
+    (p, *_) = parse_profiles(cfg.profiles)
+    t = Transport(cfg.base_url, max_idle=max(64, sweep.max_concurrency))
+    undo: Callable[[], None] = lambda: None  # noqa: E731
+    began = time.monotonic()
+    levels: list[Level] = []
+    reason: StopReason = "max_load"
+    try:
+        server = await discover(t, cfg.model, cfg.time_scale)
+        if server.sent is not None:
+            undo = sim_priority()
+        deadline = began + sweep.budget_s
+        s = _Session(cfg, t, server, tokenizer, progress,
+                     lambda: (stop is not None and stop()) or time.monotonic() > deadline)
+        if p.prefix_len:
+            await s.send(s.prompts.prefix(p, cfg.api), 1)  # warm the shared prefix
+        while True:
+            nxt = next_level(levels, sweep, time.monotonic() - began)
+            if isinstance(nxt, str):
+                reason = nxt
+                break
+            n = requests_for(nxt, sweep.window)
+            s.planned += n
+            shape = LoadShape() if nxt == 1 else LoadShape(kind="concurrency", value=nxt)
+            t_level = time.monotonic()
+            measured, _ = await s.measure(p, shape, len(levels), n)
+            if len(measured) < n:  # stopped, or the budget ran out in the middle: the level does not count
+                reason = "stopped" if stop is not None and stop() else "budget"
+                break
+            levels.append(level(measured, nxt, sweep.slo, time.monotonic() - t_level))
+    finally:
+        undo()
+        await t.aclose()
+    return SweepResult(profile=p.name, slo=sweep.slo, levels=tuple(levels), capacity=capacity(levels), stop=reason,
+                       wall_s=time.monotonic() - began)
+
+
+def run_sweep(cfg: ProbeConfig, sweep: SweepConfig, **kw: Any) -> SweepResult:
+    """:func:`sweep_async` in a fresh event loop."""
+    return asyncio.run(sweep_async(cfg, sweep, **kw))
 
 
 def run_probe(cfg: ProbeConfig, **kw: Any) -> ProbeReport:

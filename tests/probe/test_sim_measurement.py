@@ -78,3 +78,19 @@ def test_a_stream_of_exactly_max_tokens_ends_with_length(server: str) -> None:
     assert time.monotonic() - t < 30
     reasons = [c["finish_reason"] for e in events for c in e["choices"]]
     assert reasons == [None, None, None, "length"]  # four chunks, one token each
+
+
+def test_slo_sweep_names_a_capacity_and_stops_by_itself_within_its_budget(server: str) -> None:
+    from agent.probe.runner import run_sweep
+    from agent.probe.sweep import SweepConfig, SweepSLO
+
+    slo = SweepSLO.parse("ttft_p90_ms=8000,tpot_p90_ms=60")
+    t = time.monotonic()
+    res = run_sweep(ProbeConfig(base_url=server, profiles=("128:128",)), SweepConfig(slo=slo, budget_s=30))
+    assert time.monotonic() - t < 30
+    assert res.stop in ("slo", "saturated")
+    assert res.capacity is not None and res.capacity.met and res.capacity.concurrency >= 1
+    assert res.capacity.figures["ttft_p90_ms"] <= 8000 and res.capacity.figures["tpot_p90_ms"] <= 60
+    assert any(not lv.met for lv in res.levels) or res.stop == "saturated"
+    # batch 1 is the reference document's: the first level's steady window is the seed's qwen3 128:128
+    assert res.levels[0].figures["ttft_p50_ms"] == pytest.approx(1981.228, rel=0.02)
