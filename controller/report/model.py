@@ -70,6 +70,10 @@ class Regression(_Frozen):
     modules: tuple[str, ...] = ()  # modules that show it
     related: tuple[str, ...] = ()  # derived metrics that moved with it, e.g. "tpot_ms +8.7%"
     detail: str = ""
+    # 95 % interval of ``change`` (fleet-wide key findings: the order statistics of the profiles' changes that
+    # a sign test does not reject; docs/adr/0014-measurement-choices.md); None where not computed
+    ci_low: float | None = None
+    ci_high: float | None = None
 
 
 class WorstCase(_Frozen):
@@ -105,6 +109,8 @@ class Change(_Frozen):
     p_value: float | None
     n: int
     status: Status
+    ci_low: float | None = None  # 95 % interval of change (see Regression)
+    ci_high: float | None = None
 
 
 class Comparison(_Frozen):

@@ -190,10 +190,12 @@ previous {{ r.previous_ids|join(", ") or "none" }} &middot; {{ r.modules|length 
 tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 <h2>Regressions</h2>
 {% if r.regressions %}<table><tr><th>module</th><th>model key</th><th>profile</th><th>metric</th><th>baseline</th>
-<th>value</th><th>change</th><th>against</th><th>detail</th></tr>
+<th>value</th><th>change</th><th>95% interval</th><th>against</th><th>detail</th></tr>
 {% for x in r.regressions %}<tr><td>{{ x.module }}</td><td>{{ x.model_key }}</td><td>{{ x.profile }}</td>
 <td>{{ x.metric }}</td><td class="num">{{ num(x.baseline) }}</td><td class="num">{{ num(x.value) }}</td>
-<td class="num bad">{{ pct(x.change) }}</td><td>{{ x.against }}</td>
+<td class="num bad">{{ pct(x.change) }}</td>
+<td class="num">{% if x.ci_low is not none %}{{ pct(x.ci_low) }} to {{ pct(x.ci_high) }}{% endif %}</td>
+<td>{{ x.against }}</td>
 <td>{{ x.detail }}{% if x.related %}; with {{ x.related|join(", ") }}{% endif %}</td></tr>
 {% endfor %}</table>{% else %}<p>None.</p>{% endif %}
 <h2>Outlier modules</h2>

@@ -84,8 +84,10 @@ def to_markdown(r: Report) -> str:
     out += ["", "## Regressions", ""]
     if r.regressions:
         out.append(_md_table(
-            ["module", "model key", "profile", "metric", "baseline", "value", "change", "against", "p", "detail"],
-            [[x.module, x.model_key, x.profile, x.metric, num(x.baseline), num(x.value), pct(x.change), x.against,
+            ["module", "model key", "profile", "metric", "baseline", "value", "change", "95% interval", "against", "p",
+             "detail"],
+            [[x.module, x.model_key, x.profile, x.metric, num(x.baseline), num(x.value), pct(x.change),
+              "" if x.ci_low is None or x.ci_high is None else f"{pct(x.ci_low)} to {pct(x.ci_high)}", x.against,
               "" if x.p_value is None else f"{x.p_value:.2g}",
               x.detail + (f"; with {', '.join(x.related)}" if x.related else "")] for x in r.regressions]))
     else:
