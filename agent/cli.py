@@ -267,6 +267,8 @@ def probe(
                                            "(default: sequential)"),
     rate: float | None = typer.Option(None, "--rate", help="Poisson arrivals, requests per second"),
     requests: int = typer.Option(10, "--requests", "-n", help="measured requests per profile and load"),
+    repeat: int = typer.Option(1, "--repeat", help="measure each profile and load this many times: figures pooled, "
+                               "each with its 95 % t interval over the repeats"),
     warmup: int = typer.Option(1, "--warmup", help="requests before the measured ones, not counted"),
     output_len: int = typer.Option(100, "--output-len", help="max_tokens (ignore_eos where the server takes it)"),
     api: ProbeApi = typer.Option(ProbeApi.completions, "--api", help="/v1/completions or /v1/chat/completions"),
@@ -310,7 +312,7 @@ def probe(
                 raise BadInput("--sweep chooses the concurrency itself: leave out --concurrency and --rate")
             plan = SweepConfig(slo=SweepSLO.parse(slo), budget_s=sweep_budget, max_concurrency=max_concurrency)
         cfg = ProbeConfig(base_url=url, model=model, profiles=tuple(p.name for p in parse_profiles(profiles)),
-                          loads=load_shapes(concurrency, rate), requests=requests, warmup=warmup,
+                          loads=load_shapes(concurrency, rate), requests=requests, warmup=warmup, repeat=repeat,
                           output_len=output_len, images=images, slo=SLO.parse(slo) if slo and not sweep else None,
                           timeout_s=timeout, time_scale=time_scale, engine_fields=engine_fields, seed=seed, **kinds)
         from agent.probe.transport import Transport
@@ -386,6 +388,11 @@ def _probe_table(report: Any, out: Console, err: Console) -> None:
                       _cell(r.output_throughput_tps), _cell(r.request_throughput_rps), _cell(r.goodput_rps),
                       _cell(r.tokens_per_chunk), _cell(r.accept_length))
     out.print(table)
+    for r in report.results:
+        if r.intervals:
+            spans = ", ".join(f"{k} {iv.mean:.2f} [{iv.low:.2f}, {iv.high:.2f}]" for k, iv in r.intervals.items())
+            out.print(f"{r.profile} {r.load.label}: 95 % t intervals over {r.repeats} repeats: {spans}",
+                      highlight=False, soft_wrap=True)
     for r in report.results:
         if r.errors:
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items()))

@@ -36,6 +36,10 @@ def _extra(r: ProfileResult, tolerance: float) -> dict[str, str]:
     for name, s in stats:
         if s is not None:
             out.update({f"{name}_p50_ms": _fmt(s.p50), f"{name}_p90_ms": _fmt(s.p90), f"{name}_p99_ms": _fmt(s.p99)})
+    if r.repeats > 1:
+        out["probe_repeats"] = str(r.repeats)
+    for name, iv in r.intervals.items():
+        out[f"{name}_ci95"] = f"{_fmt(iv.low)},{_fmt(iv.high)}"
     for name, v in (("output_tps", r.output_throughput_tps), ("request_rps", r.request_throughput_rps),
                     ("goodput_rps", r.goodput_rps), ("tokens_per_chunk", r.tokens_per_chunk),
                     ("accept_length", r.accept_length)):

@@ -6,6 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
+from agent.probe.intervals import Interval
 from contract.records import Frozen
 
 # Why a request did not count (README "Probe" says when each one applies).
@@ -165,6 +166,9 @@ class ProfileResult(Frozen):
     time_scale: float = 1.0
     engine_fields: bool = True  # the engine-specific request fields were sent (the server took them)
     cache: Cache = "cold"
+    repeats: int = 1  # measured phases pooled in the figures above (``--repeat``)
+    # with repeats: each figure's mean over them and its 95 % t interval (ttft_p50_ms, tpot_p90_ms, output_tps, ...)
+    intervals: dict[str, Interval] = Field(default_factory=dict)
 
 
 class ProbeReport(Frozen):

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 from pydantic import Field
 
+from agent.probe.intervals import Interval, t_interval
 from agent.probe.measure import Exchange, Tokenizer, interpret, summarise
 from agent.probe.prompts import Profile, PromptKind, Prompts, body, parse_profiles, rejects_engine_fields
 from agent.probe.records import SLO, Api, Cache, LoadShape, ProbeReport, ProfileResult, RequestResult
@@ -78,6 +79,8 @@ class ProbeConfig(Frozen):
     salt: str | None = Field(default=None, description="the run's prompt salt (None: a fresh one per run)")
     speculative: bool | None = Field(default=None, description="the server decodes speculatively (None: its "
                                      "/get_server_info says; an accept length is reported only then)")
+    repeat: int = Field(default=1, ge=1, description="measured phases per profile and load shape; figures pooled, "
+                        "each with its 95 % t interval over the phases")
 
 
 class ProbeError(RuntimeError):
@@ -213,13 +216,24 @@ class _Session:
                 raise _Stopped
             await self.one(p, f"L{li}w{w}", -1, time.monotonic_ns())
             self.tick(label)
-        measured, duration = await self.measure(p, load, li, self.cfg.requests)
+        phases = []
+        for k in range(self.cfg.repeat):
+            phases.append(await self.measure(p, load, f"{li}x{k}" if k else li, self.cfg.requests))
+        pooled = [r for measured, _ in phases for r in measured]
+        out = self._summary(p, load, pooled, sum(d for _, d in phases))
+        if len(phases) < 2:
+            return out
+        each = [self._summary(p, load, measured, d) for measured, d in phases]
+        return out.model_copy(update={"repeats": len(phases), "intervals": repeat_intervals(each)})
+
+    def _summary(self, p: Profile, load: LoadShape, measured: list[RequestResult], duration: float) -> ProfileResult:
         return summarise(measured, profile=p.name, prefill_len=p.prefill_len, input_len=p.input_len,
                          output_len=self.cfg.output_len, api=self.cfg.api, load=load, duration_s=duration,
                          slo=self.cfg.slo, time_scale=self.scale, engine_fields=self.engine,
                          speculative=self.speculative, cache=self.cfg.cache)
 
-    async def measure(self, p: Profile, load: LoadShape, li: int, n: int) -> tuple[list[RequestResult], float]:
+    async def measure(self, p: Profile, load: LoadShape, li: int | str, n: int
+                      ) -> tuple[list[RequestResult], float]:
         """``n`` requests of profile ``p`` under ``load``: what each measured, and the phase's duration (server s)."""
         label = f"{p.name} {load.label}"
         results: list[RequestResult | None] = [None] * n
@@ -270,7 +284,7 @@ async def probe_async(cfg: ProbeConfig, *, tokenizer: Tokenizer | None = None, p
         if server.sent is not None:
             undo = sim_priority()
         s = _Session(cfg, t, server, tokenizer, progress, stop)
-        s.planned = len(profiles) * len(cfg.loads) * (cfg.requests + cfg.warmup)
+        s.planned = len(profiles) * len(cfg.loads) * (cfg.requests * cfg.repeat + cfg.warmup)
         results: list[ProfileResult] = []
         try:
             for p in profiles:
@@ -323,6 +337,24 @@ async def sweep_async(cfg: ProbeConfig, sweep: SweepConfig, *, tokenizer: Tokeni
         await t.aclose()
     return SweepResult(profile=p.name, slo=sweep.slo, levels=tuple(levels), capacity=capacity(levels), stop=reason,
                        wall_s=time.monotonic() - began)
+
+
+def repeat_intervals(phases: list[ProfileResult]) -> dict[str, Interval]:
+    """Each figure's mean over the repeated phases and its 95 % t interval (figures every phase has)."""
+    values: dict[str, list[float]] = {}
+    for r in phases:
+        stats = (("ttft", r.ttft_ms), ("tpot", r.tpot_ms), ("e2e", r.e2e_ms))
+        figs = {f"{n}_{q}_ms": getattr(st, q) for n, st in stats if st is not None for q in ("p50", "p90")}
+        if r.output_throughput_tps is not None:
+            figs["output_tps"] = r.output_throughput_tps
+        for k, v in figs.items():
+            values.setdefault(k, []).append(v)
+    out: dict[str, Interval] = {}
+    for k, vs in values.items():
+        iv = t_interval(vs) if len(vs) == len(phases) else None
+        if iv is not None:
+            out[k] = iv
+    return out
 
 
 def run_sweep(cfg: ProbeConfig, sweep: SweepConfig, **kw: Any) -> SweepResult:
