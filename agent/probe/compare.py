@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from agent.probe.records import ProfileResult, Stat
+from agent.probe.sweep import SweepResult
 from contract.records import ResultRow
+from contract.vocab import CAPACITY_PREFIX
 from contract.vocab import COMPARED as COMPARED  # re-exported
 from contract.vocab import Disagreement as Disagreement
 
@@ -96,3 +98,27 @@ def cross_check(release_rows: Sequence[ResultRow], probe_rows: Iterable[ResultRo
         rows.append(r)
         found.extend(d)
     return rows, found
+
+
+def capacity_row(result: SweepResult, like: ResultRow | None = None) -> ResultRow:
+    """The SLO sweep's row (``capacity:<profile>``, source probe): batch = the capacity's concurrency (None when
+    no level met the SLO), ttft_ms / tpot_ms its p50s, extra its figures, the SLO, why it stopped and each level."""
+    ids: dict[str, object] = {"model": "probe"}
+    if like is not None:
+        ids = {k: getattr(like, k) for k in ("run_id", "module", "release", "model_key", "model", "size", "ctx_k",
+                                             "nchip", "prefill_len", "input_tokens", "output_tokens")}
+    cap = result.capacity
+    extra = {"sweep_slo": str(result.slo), "sweep_stop": result.stop, "sweep_wall_s": f"{result.wall_s:.1f}",
+             "sweep_levels": ",".join(f"{lv.concurrency}:{'met' if lv.met else 'broken'}" for lv in result.levels)}
+    if cap is not None:
+        extra.update({k: _fmt(v) for k, v in sorted(cap.figures.items())})
+        extra.update({"capacity_concurrency": str(cap.concurrency), "output_tps": _fmt(cap.output_tps),
+                      "request_rps": _fmt(cap.request_rps)})
+    figs = cap.figures if cap is not None else {}
+    ttft, tpot = figs.get("ttft_p50_ms"), figs.get("tpot_p50_ms")
+    return ResultRow(
+        **ids,  # type: ignore[arg-type]
+        source="probe", table="sweep", profile=f"{CAPACITY_PREFIX}{result.profile}",
+        batch=cap.concurrency if cap is not None else None, ttft_ms=ttft, tpot_ms=tpot,
+        decode_tps=1000 / tpot if tpot else None, extra={k: v for k, v in extra.items() if v != ""},
+    )

@@ -14,7 +14,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from contract.records import METRICS
-from contract.vocab import Disagreement
+from contract.vocab import Capacity, Disagreement
 from controller.errors import FleetctlError
 
 Verdict = Literal["pass", "regressed", "incomplete", "failed"]
@@ -163,6 +163,8 @@ class Report:
     # figures where the release's benchmark and the agent's probe disagree (probe rows never enter the verdict)
     disagreements: tuple[Disagreement, ...] = ()
     probe_checked: int = 0  # release rows that have a probe row beside them
+    # the capacity at SLO each module's probe measured (SLO sweep rows: agent.probe.sweep)
+    capacities: tuple[Capacity, ...] = ()
 
     def telemetry_of(self, o: Outlier) -> OutlierTelemetry | None:
         """The outlier's device telemetry (None: none was attached)."""

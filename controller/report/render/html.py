@@ -221,6 +221,16 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 <td>{{ d.metric }}</td><td class="num">{{ num(d.release) }}</td><td class="num">{{ num(d.probe) }}</td>
 <td class="num bad">{{ pct(d.change) }}</td></tr>
 {% endfor %}</table>{% endif %}
+{% if r.capacities %}<h2>Capacity at SLO</h2>
+<p>The highest concurrency at which each module's probe met the SLO (figures of that level's steady-state window).</p>
+<table><tr><th>module</th><th>model key</th><th>profile</th><th>SLO</th><th>concurrency</th><th>output tok/s</th>
+<th>req/s</th><th>TTFT p90</th><th>TPOT p90</th><th>stopped</th><th>levels</th></tr>
+{% for c in r.capacities %}<tr><td>{{ c.module }}</td><td>{{ c.model_key }}</td><td>{{ c.profile }}</td>
+<td>{{ c.slo }}</td><td class="num">{{ "none" if c.concurrency is none else c.concurrency }}</td>
+<td class="num">{{ num(c.output_tps) }}</td><td class="num">{{ num(c.request_rps) }}</td>
+<td class="num">{{ num(c.ttft_p90_ms) }}</td><td class="num">{{ num(c.tpot_p90_ms) }}</td><td>{{ c.stop }}</td>
+<td>{{ c.levels }}</td></tr>
+{% endfor %}</table>{% endif %}
 <h2>Decode throughput against context</h2>{{ decode_svg|safe }}
 {% if decode_missing %}<p class="muted">{{ decode_missing }}</p>{% endif %}
 <h2>Time to first token against input length</h2>{{ ttft_svg|safe }}
