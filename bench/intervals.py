@@ -19,9 +19,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import record  # noqa: E402 - bench/record.py
+import record
 
-from agent.probe.intervals import t975  # noqa: E402
+from agent.probe.intervals import t975
 
 
 def figures(rng: np.random.Generator, shape: tuple[int, ...], sigma: float, q: float) -> np.ndarray:
