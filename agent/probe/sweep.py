@@ -11,7 +11,9 @@ module decides (docs/adr/0014-measurement-choices.md says why each rule is what 
 - **a level's requests**: ``ramp`` (= C) first, then at least ``window`` measured, then C more; the
   **steady-state window** is the requests sent after the first C (they start together and queue their
   prefills at once: the ramp-up) and before the last C (sent while the in-flight count falls: the drain).
-  Figures and throughput are of the window's requests only;
+  Figures are of the window's requests only; throughput is C / their mean E2E (Little's law: C requests are
+  always in the system), times their mean output tokens. (Their tokens over their span would leave out what
+  the ramp-up and drain requests produced in that span: half the throughput when the window has C requests);
 - **stop**: the SLO broke (and the bisection is done), throughput stopped rising (the window's output tok/s
   less than ``1 + min_gain`` times the best so far: saturated), the next level would not fit in the time
   budget (its expected wall time from the last level's, scaled by its requests), or the largest level was
@@ -83,7 +85,7 @@ class Level(Frozen):
     window: int  # requests in the steady-state window
     ok: int  # of them, successful
     figures: dict[str, float] = Field(default_factory=dict)  # e.g. ttft_p90_ms -> value (server's ms)
-    output_tps: float | None = None  # output tokens of the window's requests / the window's span
+    output_tps: float | None = None  # C / the window's mean E2E x its mean output tokens (Little's law)
     request_rps: float | None = None
     wall_s: float = 0.0
     met: bool = False  # every objective met and every window request succeeded
@@ -125,12 +127,10 @@ def level(results: Sequence[RequestResult], concurrency: int, slo: SweepSLO, wal
             for q, at in QUANTILES.items():
                 figures[f"{fig}_{q}_ms"] = percentile(vals, at)
     out_tps = rps = None
-    if good:
-        first = min(r.start_s for r in good)
-        last = max(r.start_s + (r.e2e_ms or 0.0) / 1000 for r in good)
-        if last > first:
-            out_tps = sum(r.output_tokens or 0 for r in good) / (last - first)
-            rps = len(good) / (last - first)
+    e2e_s = sum((r.e2e_ms or 0.0) for r in good) / 1000 / len(good) if good else 0.0
+    if e2e_s > 0:  # closed loop: C requests always in the system, so (Little's law) C / mean E2E of them per s
+        rps = concurrency / e2e_s
+        out_tps = rps * sum(r.output_tokens or 0 for r in good) / len(good)
     met = bool(win) and len(good) == len(win) and all(
         name in figures and figures[name] <= limit for name, limit in slo.limits)
     return Level(concurrency=concurrency, sent=len(results), window=len(win), ok=len(good), figures=figures,

@@ -45,8 +45,9 @@ def test_a_level_takes_its_figures_from_the_window_and_meets_the_slo_only_when_a
     assert (lv.concurrency, lv.sent, lv.window, lv.ok) == (2, 14, 10, 10)
     assert lv.figures["ttft_p90_ms"] == pytest.approx(400 + 10 * 8.1)  # 9 x 0.9 = rank 8.1
     assert lv.met
-    span = 9.0 + (490.0 + 99 * 40.0) / 1000 - 0.0
-    assert lv.output_tps == pytest.approx(1000 / span)
+    e2e_s = sum(400.0 + 10 * i + 99 * 40.0 for i in range(10)) / 10 / 1000  # mean E2E of the window
+    assert lv.request_rps == pytest.approx(2 / e2e_s)  # Little's law: 2 in flight, each e2e_s long
+    assert lv.output_tps == pytest.approx(2 / e2e_s * 100)
     failed = level(ramp + window[:-1] + [_req(11, ok=False)] + drain, 2, SLO, wall_s=3.0)
     assert failed.ok == 9 and not failed.met
 
