@@ -12,7 +12,7 @@ why it stopped, and its wall time against the budget.
 ``--levels`` (part 1's concurrencies) fit it to a slower server.
 
 Usage: .venv/bin/python bench/sweep.py [--time-scale 50] [--slo ttft_p90_ms=8000,tpot_p90_ms=60] [--budget 60]
-       [--url URL] [--output-len 100] [--levels 4,8,16]
+       [--url URL] [--output-len 100] [--levels 4,8,16] [--prompt ids|text]
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def _p50(values: list[float]) -> float:
     return percentile(sorted(values), 0.5) if values else float("nan")
 
 
-async def phases(url: str, c: int, output_len: int) -> str:
-    cfg = ProbeConfig(base_url=url, profiles=("128:128",), output_len=output_len)
+async def phases(url: str, c: int, output_len: int, prompt: str) -> str:
+    cfg = ProbeConfig(base_url=url, profiles=("128:128",), output_len=output_len, prompt=prompt)  # type: ignore[arg-type]
     t = Transport(url, max_idle=64)
     server = await discover(t, None, None)
     undo = sim_priority()
@@ -79,6 +79,7 @@ def main() -> int:
     ap.add_argument("--url", default="", help="a server already running (default: a simulated qwen3)")
     ap.add_argument("--output-len", type=int, default=100)
     ap.add_argument("--levels", default="4,8,16")
+    ap.add_argument("--prompt", default="ids", choices=("ids", "text"), help="text for transformers serve")
     args = ap.parse_args()
     proc = None
     url = args.url.rstrip("/")
@@ -104,10 +105,11 @@ def main() -> int:
               "window's tokens / its span | C / window's mean E2E (Little) |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for c in (int(x) for x in args.levels.split(",") if x.strip()):
-            print(asyncio.run(phases(url, c, args.output_len)), flush=True)
+            print(asyncio.run(phases(url, c, args.output_len, args.prompt)), flush=True)
         slo = SweepSLO.parse(args.slo)
         t = time.monotonic()
-        res = run_sweep(ProbeConfig(base_url=url, profiles=("128:128",), output_len=args.output_len),
+        res = run_sweep(ProbeConfig(base_url=url, profiles=("128:128",), output_len=args.output_len,
+                                    prompt=args.prompt),
                         SweepConfig(slo=slo, budget_s=args.budget))
         wall = time.monotonic() - t
         print(f"\nSLO sweep, SLO {slo}, budget {args.budget:g} s:")
