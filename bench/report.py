@@ -43,6 +43,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -306,7 +307,7 @@ def _power_case(args: tuple[int, float]) -> tuple[float, int, bool, bool, bool, 
     return size, seed, bool(rep.regressions), wrong_out, hit, covered
 
 
-_POWER_REF = None
+_POWER_REF: Any = None  # the reference frame, set once per worker process
 
 
 def _power_init(ref) -> None:  # type: ignore[no-untyped-def]
