@@ -113,11 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{rel.sha256}  {rel.path}")
         elif args.cmd == "make-models" and args.engine == "llama.cpp":
             from simulator.engine.llama_models import make_llama_models
-            from simulator.engine.llamacpp import installed
+            from simulator.engine.llamacpp import unpacked
 
-            built = installed()
+            built = unpacked()
             if built is None:
-                raise SimError("the llama.cpp source is not built here: run make engine (it unpacks the converter)")
+                raise SimError("the llama.cpp source is not unpacked here: run make engine (it unpacks the converter)")
             keys = [k.strip() for k in args.keys.split(",") if k.strip()] or None
             for key, path in make_llama_models(args.root, built.src, keys, size=args.size).items():
                 print(f"{key}\t{path}")

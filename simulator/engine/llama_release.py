@@ -95,7 +95,7 @@ def bench_config(profiles: dict[str, Any], mtp: dict[str, Any], vision: dict[str
     """The benchmark's configuration: the seed's tables (titles, columns, names), the GSM8K prompt set, sizes."""
     _, seed = fitted()
     return {"schema": 1, "engine": ENGINE, "keys": seed["keys"], "gsm8k": seed["gsm8k"], "profiles": profiles,
-            "mtp": mtp, "vision": vision, "repeats": 2, "ctx_k": 16, "draft_max": 3,
+            "mtp": mtp, "vision": vision, "repeats": 2, "ctx_k": 16,
             "random_weights_note": "random-weight models: MTP acceptance and answers are measured and meaningless"}
 
 

@@ -183,14 +183,20 @@ def build(pin: Pin, p: Paths, *, jobs: int, cuda: bool = False, log=sys.stderr) 
     return dict(info, cached=False)
 
 
-def installed(env: dict[str, str] | None = None, lock: Path = LOCK) -> Paths | None:
+def installed(env: dict[str, str] | None = None, lock: Path = LOCK, flavour: str = "cpu") -> Paths | None:
     """The paths of a finished build of the pinned source, or None (tests skip, saying why)."""
+    p = unpacked(env, lock, flavour)
+    return p if p is not None and p.server.exists() else None
+
+
+def unpacked(env: dict[str, str] | None = None, lock: Path = LOCK, flavour: str = "cpu") -> Paths | None:
+    """The paths of the pinned source once unpacked (its converter), built or not; else None."""
     try:
         pin = read_pin(lock.read_text(encoding="utf-8"), lock.name)
     except (OSError, LlamaBuildError):
         return None
-    p = paths(pin, cache_root(env))
-    return p if p.server.exists() and (p.src / "convert_hf_to_gguf.py").exists() else None
+    p = paths(pin, cache_root(env), flavour)
+    return p if (p.src / "convert_hf_to_gguf.py").exists() else None
 
 
 def main(argv: list[str] | None = None) -> int:

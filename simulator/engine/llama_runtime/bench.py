@@ -12,11 +12,13 @@ server-sent events read line by line. Per key, the tables its reference table li
   count of reused tokens (``timings.cache_n``) as Prefix(tokens).
 - **mtp** (``qwen35_mtp``, ``qwen35_fq_mtp``): GSM8K-style prompts (the reference document's prompt
   indices and ground truths; word prompts of the configured length), ``cache_prompt: false``. The accept
-  rates come from the server's draft counts of the request (``timings.draft_n``,
-  ``timings.draft_n_accepted``): with ``n`` drafts a verify step, the mean accepted length is
-  ``acclen = 1 + n * accepted / drafted`` (every step drafts ``n``), so ``(acclen-1)/(4-1)`` =
-  accepted / drafted and ``acclen/4`` = (1 + 3 * accepted / drafted) / 4 with the seed's 4 draft
-  tokens. A response without draft counts fails the key: the server is not drafting.
+  rates come from the server's own counters, read from its ``/metrics`` before and after each request
+  (``llamacpp:spec_decode_num_drafts_total``: verify steps, ``..._num_accepted_tokens_total``): the mean
+  accepted length ``acclen = 1 + accepted / steps`` (what the server's log calls ``mean len``), so
+  ``(acclen-1)/(4-1)`` and ``acclen/4`` with the seed's 4 draft tokens. The response's own counts
+  (``timings.draft_n``, ``timings.draft_n_accepted``) must be there and agree: a response without them
+  fails the key (the server is not drafting). A step may draft fewer than ``--spec-draft-n-max`` tokens,
+  so ``draft_n`` alone does not give the steps.
 - **vision** (``qwen3vl``): the same text with one image (a PNG of the configured size, made here) in a
   streamed ``/v1/chat/completions``. Vision(fps) = 1000 / the projector's encode time of the frame,
   read from the server's own log (``$SGLANG_MUSA_RELEASE_DIR/logs/<model>.server.log``: the time between
@@ -133,19 +135,41 @@ def measure(sent: float, lines: Iterable[tuple[float, bytes]]) -> Measurement:
                        prompt_tokens=int(prompt) if isinstance(prompt, int) else 0)
 
 
-def accept_rates(timings: dict[str, Any], draft_max: int, draft_tokens: int = 4) -> tuple[float, float]:
-    """(accept rate (acclen-1)/(d-1), accept rate acclen/d) from llama-server's draft counts (pure).
+SPEC_COUNTERS = {"llamacpp:spec_decode_num_drafts_total": "steps",
+                 "llamacpp:spec_decode_num_accepted_tokens_total": "accepted",
+                 "llamacpp:spec_decode_num_draft_tokens_total": "drafted"}
 
-    ``draft_max`` drafts a verify step (``--spec-draft-n-max``); ``draft_tokens`` = the seed's 4."""
+
+def spec_counters(text: str) -> dict[str, float]:
+    """llama-server's speculative-decoding counters from its ``/metrics`` text (pure)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.strip().partition(" ")
+        if name in SPEC_COUNTERS:
+            try:
+                out[SPEC_COUNTERS[name]] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def accept_rates(timings: dict[str, Any], before: dict[str, float], after: dict[str, float],
+                 draft_tokens: int = 4) -> tuple[float, float, float]:
+    """(acclen, accept rate (acclen-1)/(d-1), accept rate acclen/d) of one request (pure): verify steps and
+    accepted drafts from the server's counters before and after it, checked against the response's counts."""
     drafted, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
     if not isinstance(drafted, int) or not isinstance(accepted, int):
         raise EngineError("the server reported no draft counts (timings.draft_n, draft_n_accepted): it is not "
                           "drafting (speculative decoding off?); no MTP figures")
-    if drafted <= 0:
-        return 0.0, 1 / draft_tokens
-    rate = accepted / drafted
-    acclen = 1 + draft_max * rate
-    return (acclen - 1) / (draft_tokens - 1), acclen / draft_tokens
+    if "steps" not in after or "accepted" not in after:
+        raise EngineError("the server's /metrics has no speculative-decoding counters (is it started with --metrics?)")
+    steps = after["steps"] - before.get("steps", 0.0)
+    acc = after["accepted"] - before.get("accepted", 0.0)
+    if round(acc) != accepted:
+        raise EngineError(f"the server's counters say {acc:g} drafts accepted, the response says {accepted}: another "
+                          "request ran meanwhile?")
+    acclen = 1 + acc / steps if steps > 0 else 1.0
+    return acclen, (acclen - 1) / (draft_tokens - 1), acclen / draft_tokens
 
 
 def log_stamp_us(line: str) -> int | None:
@@ -203,6 +227,12 @@ class Client:
             return resp.status, json.loads(body) if body else None
         except ValueError:
             return resp.status, body.decode("utf-8", "replace")
+
+    def counters(self) -> dict[str, float]:
+        status, text = self.get("/metrics")
+        if status != 200 or not isinstance(text, str):
+            raise EngineError(f"{self.url}/metrics answered HTTP {status}: start the server with --metrics")
+        return spec_counters(text)
 
     def stream(self, path: str, body: dict[str, Any]) -> Measurement:
         data = json.dumps(body).encode()
@@ -343,18 +373,19 @@ class Bench(NamedTuple):
     def run_mtp(self, client: Client) -> list[dict[str, str]]:
         t = self.table("mtp")
         m = self.cfg["mtp"]
-        draft_max = int(self.cfg.get("draft_max", 3))
         rows = []
         for p in self.cfg["gsm8k"][: int(m["prompts"])]:
             n_in = int(m.get("input") or p["input"])
             prompt = words(p["index"], n_in, self.vocab)
+            before = client.counters()
             res = client.stream("/v1/completions", self.completion(prompt, int(m["output"]), False))
-            acc, acc_len = accept_rates(res.timings, draft_max)
+            acclen, acc, acc_len = accept_rates(res.timings, before, client.counters())
             found = _ANSWER.findall(res.text)
             pred = found[-1].replace(",", "") if found else "[invalid]"
             truth = str(p["truth"])
             self.say(f"gsm8k:{p['index']}: {res.tokens} tokens, drafted {res.timings.get('draft_n')}, accepted "
-                     f"{res.timings.get('draft_n_accepted')} (random weights: meaningless), TTFT {res.ttft_ms:.2f} ms")
+                     f"{res.timings.get('draft_n_accepted')}, mean accepted length {acclen:.3f} (random weights: "
+                     f"meaningless), TTFT {res.ttft_ms:.2f} ms")
             rows.append({
                 "Model": t["model"], "Size": t["size"], "PrefillLen(tokens)": str(n_in), "Batch": "1", "NChip": "1",
                 "Input(tokens)": str(n_in), "Output(tokens)": str(res.tokens),

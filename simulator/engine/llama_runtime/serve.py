@@ -14,10 +14,10 @@ Standard library only up to the ``exec``. The reference document's variables are
 
 The server: one slot (batch 1, as the reference tables), context ``--max-total-tokens`` (16384), the
 host-memory prompt cache off (``--cache-ram 0``; the benchmark decides per request whether the slot's
-prefix may be reused), timestamps in its log, which it also writes to
-``$SGLANG_MUSA_RELEASE_DIR/logs/<model>.server.log`` (the benchmark reads the vision encoder's time
-there). ``M1000_LLAMA_DEVICE=cuda`` offloads every layer (``-ngl 999``); ``M1000_LLAMA_THREADS`` sets
-``-t``.
+prefix may be reused), ``/metrics`` on (the benchmark reads the speculative-decoding counters), timestamps
+in its log, which it also writes to ``$SGLANG_MUSA_RELEASE_DIR/logs/<model>.server.log`` (the benchmark
+reads the vision encoder's time there). ``M1000_LLAMA_DEVICE=cuda`` offloads every layer (``-ngl 999``);
+``M1000_LLAMA_THREADS`` sets ``-t``.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def plan(env: dict[str, str], model: str, host: str, port: str, extra: list[str]
     server = env.get("M1000_LLAMA_SERVER") or "llama-server"
     device = env.get("M1000_LLAMA_DEVICE") or "cpu"
     argv = [server, "-m", m["model"], "--host", host, "--port", port, "-c", ctx, "-np", "1", "--cache-ram", "0",
-            "--log-timestamps", "--log-file", server_log(env, model), "-ngl", "999" if device == "cuda" else "0"]
+            "--metrics", "--log-timestamps", "--log-file", server_log(env, model),
+            "-ngl", "999" if device == "cuda" else "0"]
     if env.get("M1000_LLAMA_THREADS"):
         argv += ["-t", env["M1000_LLAMA_THREADS"]]
     if m["mmproj"]:
