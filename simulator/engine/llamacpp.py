@@ -167,11 +167,16 @@ def build(pin: Pin, p: Paths, *, jobs: int, cuda: bool = False, log=sys.stderr) 
             raise LlamaBuildError(f"{tool} not found: install it (Debian: apt-get install cmake ninja-build)")
     src = unpack(pin, p)
     t0 = time.monotonic()
-    for argv in (configure_argv(src, p.build, cuda=cuda), build_argv(p.build, jobs)):
-        print(f"[llama.cpp] {' '.join(argv)}", file=log, flush=True)
-        res = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT)
-        if res.returncode != 0:
-            raise LlamaBuildError(f"{argv[0]} {argv[1]} failed (exit {res.returncode}): see the output above")
+    busy = building_marker(p)
+    busy.write_text(f"{os.getpid()}\n", encoding="utf-8")  # tests wait for a build in progress (wait_built)
+    try:
+        for argv in (configure_argv(src, p.build, cuda=cuda), build_argv(p.build, jobs)):
+            print(f"[llama.cpp] {' '.join(argv)}", file=log, flush=True)
+            res = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT)
+            if res.returncode != 0:
+                raise LlamaBuildError(f"{argv[0]} {argv[1]} failed (exit {res.returncode}): see the output above")
+    finally:
+        busy.unlink(missing_ok=True)
     built = p.build / "bin" / "llama-server"
     p.server.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(built, p.server.with_suffix(".tmp"))
@@ -181,6 +186,40 @@ def build(pin: Pin, p: Paths, *, jobs: int, cuda: bool = False, log=sys.stderr) 
                                "configure": configure_argv(src, p.build, cuda=cuda)}
     p.stamp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return dict(info, cached=False)
+
+
+def building_marker(p: Paths) -> Path:
+    return p.stamp.with_suffix(".building")
+
+
+def build_in_progress(p: Paths) -> bool:
+    """A build of this source is running now (its marker names a live process)."""
+    try:
+        pid = int(building_marker(p).read_text(encoding="utf-8").strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def wait_built(timeout: float, env: dict[str, str] | None = None, lock: Path = LOCK) -> Paths | None:
+    """The finished build, waiting up to ``timeout`` s for one in progress (``make test`` starts it in the
+    background while lint and the fast tier run); None when there is none."""
+    end = time.monotonic() + timeout
+    while True:
+        done = installed(env, lock)
+        if done is not None:
+            return done
+        p = unpacked(env, lock)
+        if p is None:
+            try:
+                pin = read_pin(lock.read_text(encoding="utf-8"), lock.name)
+            except (OSError, LlamaBuildError):
+                return None
+            p = paths(pin, cache_root(env))
+        if not build_in_progress(p) or time.monotonic() > end:
+            return installed(env, lock)
+        time.sleep(2)
 
 
 def installed(env: dict[str, str] | None = None, lock: Path = LOCK, flavour: str = "cpu") -> Paths | None:
