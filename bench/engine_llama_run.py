@@ -162,6 +162,11 @@ def main() -> int:
         if r.source == "release":
             print(f"{r.model_key:<14} {r.profile:<14} TTFT {r.ttft_ms} ms  TPOT {r.tpot_ms} ms  "
                   f"accept {r.accept_rate}  vision_fps {r.vision_fps}")
+    print("\n## the agent's probe beside the release (from each key's benchmark log)")
+    for log in sorted((root / "work" / "runs" / req.run_id / "logs").glob("*benchmark-*.log")):
+        for line in log.read_text(encoding="utf-8").splitlines():
+            if "[agent] probe" in line or "[agent] release benchmark disagrees" in line or "[agent] 128:128" in line:
+                print(f"{log.name.split('benchmark-')[1].removesuffix('.log'):<14} {line.split('[agent] ', 1)[1]}")
     print("\n## steps (s)")
     child = 0.0
     for e in events:
