@@ -51,9 +51,11 @@ def test_demo_with_two_llama_cpp_modules_ends_in_a_verdict_on_all_seven_keys(tmp
     assert r.stdout.count("verdict:") == 2, r.stderr[-3000:]
     assert "real engine: llama-server" in r.stderr, r.stderr[-3000:]
     for name in ("real-01", "real-02"):
-        assert r.stdout.count(f"{name}: done, ok, 21 rows") == 2, r.stdout[-3000:]  # 7 keys, both runs
+        assert r.stderr.count(f"{name}: done, ok, 21 rows") == 2, r.stderr[-3000:]  # 7 keys, both runs
+        assert r.stderr.count(f"{name}: done; keys 7/7, 100%") == 2, r.stderr[-3000:]
     report = subprocess.run([sys.executable, "-m", "controller", "--history", str(out / "history.sqlite"), "report",
                              "latest"], capture_output=True, text=True, env=env, timeout=120)
     assert "(1.4.1-llama vs baseline:1.4.1-llama:v1)" in report.stdout, report.stdout[:2000]
+    assert "42 result rows" in r.stdout  # 2 modules x 21 rows of the judged run
     survivors = [p for p in psutil.process_iter() if env_has(p, str(out))]
     assert survivors == []
