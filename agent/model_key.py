@@ -171,7 +171,8 @@ def cross_probe(run: Run, key: str, rows: list[ResultRow], server: Any, log_path
     probes = [probe_row(r, like[r.profile], tolerance=tol) for r in report.results if r.profile in like]
     checked, found = cross_check(rows, probes, tol)
     lines = [f"probe {report.base_url} model {report.model}, time scale {report.time_scale:g}, engine fields "
-             f"{'sent' if report.engine_fields else 'refused'}"]
+             f"{'sent' if report.engine_fields else 'refused'}"
+             + ("" if report.token_ids else ", token-id prompts refused (sent as words)")]
     for p in probes:
         errs = f", errors {p.extra['probe_errors']}" if "probe_errors" in p.extra else ""
         lines.append(f"{p.profile}: TTFT {p.ttft_ms} ms, TPOT {p.tpot_ms} ms ({p.extra.get('probe_ok')}/"

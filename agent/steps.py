@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,14 +162,22 @@ def plan_benchmark(top: Path, key: str, env: Mapping[str, str], kenv: Mapping[st
                     timeout, key)
 
 
-def last_reason(tail: str, limit: int = 300) -> str:
-    """The line of a dying process's output that says why: its last non-empty line, progress bars dropped.
+# a levelled log line: a timestamp, then one level letter (llama-server: ``0.00.007.195 E llama_model_load: ...``)
+_LEVELLED = re.compile(r"^[\d.:T-]+\s+([EWIDT])\s+(\S.*)$")
 
-    A real inference server that fails while loading prints a Python traceback (the last
-    line is the exception), often after progress bars redrawn with carriage returns.
+
+def last_reason(tail: str, limit: int = 300) -> str:
+    """The line of a dying process's output that says why, progress bars dropped.
+
+    A real inference server that fails while loading prints a Python traceback (its last line,
+    the exception, says why), often after progress bars redrawn with carriage returns; one that
+    writes a levelled log (a timestamp and a level letter a line, as llama-server) says why in its
+    first error line, and then what followed from it (``exiting due to model loading error``): there
+    the first ``E`` line, without its timestamp.
     """
-    for raw in reversed(tail.splitlines()):
-        line = raw.rsplit("\r", 1)[-1].strip()
+    lines = [raw.rsplit("\r", 1)[-1].strip() for raw in tail.splitlines()]
+    errors = [m.group(2) for m in map(_LEVELLED.match, lines) if m and m.group(1) == "E"]
+    for line in errors[:1] or reversed(lines):
         if line and not line.startswith(("Traceback", "File ", "^")):
             return line if len(line) <= limit else line[: limit - 3] + "..."
     return ""

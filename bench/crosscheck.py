@@ -14,7 +14,7 @@ without network). One dataset entry per request: AIPerf's default reuses its ent
 came again and found itself in the simulated server's prefix cache (-40 % TTFT at 2000 tokens). AIPerf measures
 wall time; its figures are multiplied by the server's time scale (the probe does the same itself). It does not
 send the send instant the simulated server anchors its clock to (the probe does), so its TTFT includes its own
-request transport. Why AIPerf: docs/adr/0014-measurement-choices.md.
+request transport. Why AIPerf: docs/adr/0015-measurement-choices.md.
 
 Usage: .venv/bin/python bench/crosscheck.py [--time-scale 10] [--requests 5] [--rounds 2] [--venv DIR]
 """

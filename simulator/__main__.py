@@ -30,17 +30,24 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", default="0")
     b.add_argument("--fault", default="", help=f"comma list of NAME[:KEY], NAME in {', '.join(FAULT_NAMES)}")
     b.add_argument("--date", default="20260803", help="YYYYMMDD of the top folder")
-    b.add_argument("--engine", choices=("sim", "transformers"), default="sim",
-                   help="sim: the simulated server (default); transformers: a real server (transformers serve)")
+    b.add_argument("--engine", choices=("sim", "transformers", "llama.cpp"), default="sim",
+                   help="sim: the simulated server (default); transformers: a real server (transformers serve); "
+                        "llama.cpp: a real server (llama-server), all seven keys")
     b.add_argument("--profiles", default="16,64;128@32",
                    help="engine only: no-prefix inputs;shared-prefix inputs@new tokens")
     b.add_argument("--output-len", default="16", help="engine only: output tokens per request")
+    b.add_argument("--mtp", default="", help="llama.cpp only: MTP table sizes, e.g. prompts=2,input=48,output=16 "
+                   "(input=0: the reference document's prompt lengths)")
+    b.add_argument("--vision", default="", help="llama.cpp only: vision table sizes, e.g. inputs=32/128,output=8,"
+                   "image=224")
     m = sub.add_parser("make-models", help="create stand-in model folders under ROOT")
     m.add_argument("root")
     m.add_argument("--keys", default="", help="comma list of model keys (default: all)")
-    m.add_argument("--engine", choices=("sim", "transformers"), default="sim",
-                   help="transformers: random-weight checkpoints (needs torch + transformers)")
-    m.add_argument("--size", default="tiny", help="engine only: tiny (CPU tests) or 0.5b")
+    m.add_argument("--engine", choices=("sim", "transformers", "llama.cpp"), default="sim",
+                   help="transformers: random-weight checkpoints (needs torch + transformers); llama.cpp: "
+                        "random-weight GGUF models converted by llama.cpp's converter (needs make engine)")
+    m.add_argument("--size", default="tiny", help="engine only: tiny (CPU tests), 0.5b (transformers) or gpu "
+                   "(llama.cpp)")
     s = sub.add_parser("serve", help="debug: build a release in a temp dir and run one key's server there")
     s.add_argument("key")
     s.add_argument("--port", default="30000")
@@ -83,7 +90,17 @@ def _serve(key: str, port: str, scale: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.cmd == "build-release" and args.engine == "transformers":
+        if args.cmd == "build-release" and args.engine == "llama.cpp":
+            from simulator.engine.build import parse_profiles
+            from simulator.engine.llama_release import DEFAULT_MTP, DEFAULT_VISION, build_llama_release, parse_sizes
+
+            version = args.version if args.version != "1.4.1" else "1.4.1-llama"
+            rel = build_llama_release(args.out_dir, version=version, date=args.date,
+                                      profiles=parse_profiles(args.profiles, int(args.output_len)),
+                                      mtp=parse_sizes(args.mtp, DEFAULT_MTP, "mtp"),
+                                      vision=parse_sizes(args.vision, DEFAULT_VISION, "vision"))
+            print(f"{rel.sha256}  {rel.path}")
+        elif args.cmd == "build-release" and args.engine == "transformers":
             from simulator.engine.build import build_engine_release, parse_profiles
 
             version = args.version if args.version != "1.4.1" else "1.4.1-engine"
@@ -94,6 +111,16 @@ def main(argv: list[str] | None = None) -> int:
             rel = build_release(args.out_dir, version=args.version, noise=args.noise, speed=args.speed,
                                 time_scale=args.time_scale, seed=args.seed, faults=args.fault, date=args.date)
             print(f"{rel.sha256}  {rel.path}")
+        elif args.cmd == "make-models" and args.engine == "llama.cpp":
+            from simulator.engine.llama_models import make_llama_models
+            from simulator.engine.llamacpp import unpacked
+
+            built = unpacked()
+            if built is None:
+                raise SimError("the llama.cpp source is not unpacked here: run make engine (it unpacks the converter)")
+            keys = [k.strip() for k in args.keys.split(",") if k.strip()] or None
+            for key, path in make_llama_models(args.root, built.src, keys, size=args.size).items():
+                print(f"{key}\t{path}")
         elif args.cmd == "make-models" and args.engine == "transformers":
             from simulator.engine.models import make_engine_models
 

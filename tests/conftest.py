@@ -21,6 +21,11 @@ def _seed_path() -> Path:
     raise FileNotFoundError("reference document not found: set M1000_SEED")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that need llama-server run last: ``make test`` builds it in the background meanwhile."""
+    items.sort(key=lambda item: item.get_closest_marker("llama") is not None)
+
+
 @pytest.fixture(scope="session")
 def seed_path() -> Path:
     return _seed_path()

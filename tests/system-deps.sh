@@ -18,6 +18,9 @@ command -v rsync >/dev/null || need+=(rsync)
 command -v iptables >/dev/null || need+=(iptables)  # the lossy-link test (statistic match)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v go >/dev/null || need+=(golang-go)  # tests/metrics/expandenv: provisioning files as Grafana expands them
+command -v cmake >/dev/null || need+=(cmake)  # make engine / make test: llama-server from the pinned llama.cpp source
+command -v ninja >/dev/null || need+=(ninja-build)
+command -v g++ >/dev/null || need+=(g++)
 [ ${#need[@]} -eq 0 ] && exit 0
 mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
 if [ "$(id -u)" != 0 ]; then

@@ -2,7 +2,7 @@
 
 A probe that repeats a profile N times (``--repeat N``) reports each figure's mean over the N runs with its
 95 % t interval, mean +- t(0.975, N-1) s / sqrt(N). Chosen over a percentile bootstrap by measurement
-(``bench/intervals.py``, docs/adr/0014-measurement-choices.md): with the few repeats a probe can afford
+(``bench/intervals.py``, docs/adr/0015-measurement-choices.md): with the few repeats a probe can afford
 (3-10) the bootstrap's intervals are too narrow (about 0.73 coverage at N=3, 0.90 at N=10 for a nominal 0.95),
 the t interval's hold their level.
 """

@@ -14,7 +14,9 @@ server's tokenizer's business: the server's ``usage.prompt_tokens`` is reported.
 Prompts are salted per run (cold by default: a server's prefix cache holds nothing of them).
 
 Engine-specific fields (sglang's ``ignore_eos``, ``stream_options`` with
-``continuous_usage_stats``) are added only while the server accepts them.
+``continuous_usage_stats``) are added only while the server accepts them. A server that takes no
+token ids (llama-server with a vision projector loaded answers 400 ``type must be string, but is
+array``) gets the same prompts as text, each id written as the word ``w<id>``, for the rest of the run.
 """
 
 from __future__ import annotations
@@ -114,6 +116,17 @@ def body(api: Api, model: str, prompt: str | list[int], max_tokens: int, *, imag
         out["ignore_eos"] = True
         out["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     return out
+
+
+def ids_as_text(ids: list[int]) -> str:
+    """Token ids as a text prompt of as many words (``w<id>``: one token each on word-level vocabularies)."""
+    return " ".join(f"w{i}" for i in ids)
+
+
+def rejects_token_ids(status: int | None, message: str) -> bool:
+    """An answer that says the server takes only a text prompt (retry with the ids as words)."""
+    low = message.lower()
+    return status == 400 and ("type must be string, but is array" in low or "prompt must be a string" in low)
 
 
 def rejects_engine_fields(status: int | None, message: str) -> bool:

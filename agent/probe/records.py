@@ -179,6 +179,7 @@ class ProbeReport(Frozen):
     api: Api
     time_scale: float = 1.0
     engine_fields: bool = True
+    token_ids: bool = True  # False: the server refused token-id prompts; they went as words (``w<id>``)
     speculative: bool | None = None  # the server decodes speculatively (None: it does not say)
     cache: Cache = "cold"
     results: tuple[ProfileResult, ...] = ()

@@ -37,7 +37,16 @@ from pydantic import Field
 
 from agent.probe.intervals import Interval, t_interval
 from agent.probe.measure import Exchange, Tokenizer, interpret, summarise
-from agent.probe.prompts import Profile, PromptKind, Prompts, body, parse_profiles, rejects_engine_fields
+from agent.probe.prompts import (
+    Profile,
+    PromptKind,
+    Prompts,
+    body,
+    ids_as_text,
+    parse_profiles,
+    rejects_engine_fields,
+    rejects_token_ids,
+)
 from agent.probe.records import SLO, Api, Cache, LoadShape, ProbeReport, ProfileResult, RequestResult
 from agent.probe.sweep import (
     Level,
@@ -171,6 +180,7 @@ class _Session:
         self.progress = progress
         self.stop = stop or (lambda: False)
         self.engine = cfg.engine_fields
+        self.token_ids = True  # False once the server refused a prompt of token ids (sent as words since)
         self.salt = cfg.salt if cfg.salt is not None else os.urandom(4).hex()
         self.prompts = Prompts(cfg.seed, cfg.prompt, self.salt)
         self.path = "/v1/completions" if cfg.api == "completions" else "/v1/chat/completions"
@@ -178,16 +188,23 @@ class _Session:
         self.planned = 0
 
     async def send(self, prompt: str | list[int], max_tokens: int) -> Exchange:
-        for _ in (0, 1):
+        for _ in (0, 1, 2):
             engine = self.engine
-            data = json.dumps(body(self.cfg.api, self.model, prompt, max_tokens, images=self.cfg.images,
+            ids = isinstance(prompt, list)
+            sent = prompt if self.token_ids or not isinstance(prompt, list) else ids_as_text(prompt)
+            data = json.dumps(body(self.cfg.api, self.model, sent, max_tokens, images=self.cfg.images,
                                    engine_fields=engine), separators=(",", ":")).encode()
             ex = await self.t.request("POST", self.path, data, headers={"Content-Type": "application/json",
                                                                         "Accept": "text/event-stream"},
                                       timeout=self.cfg.timeout_s, sent_header=self.sent)
-            if engine and ex.status is not None and ex.status != 200 and rejects_engine_fields(
-                    ex.status, b"".join(d for _, d in ex.reads).decode("utf-8", "replace")):
+            if ex.status is None or ex.status == 200:
+                return ex
+            said = b"".join(d for _, d in ex.reads).decode("utf-8", "replace")
+            if engine and rejects_engine_fields(ex.status, said):
                 self.engine = False  # remembered for the rest of the run
+                continue
+            if ids and self.token_ids and self.cfg.api == "completions" and rejects_token_ids(ex.status, said):
+                self.token_ids = False  # remembered for the rest of the run
                 continue
             return ex
         return ex
@@ -293,7 +310,8 @@ async def probe_async(cfg: ProbeConfig, *, tokenizer: Tokenizer | None = None, p
         except _Stopped:
             pass
         return ProbeReport(base_url=t.base_url, model=s.model, api=cfg.api, time_scale=s.scale,
-                           engine_fields=s.engine, speculative=s.speculative, cache=cfg.cache, results=tuple(results))
+                           engine_fields=s.engine, token_ids=s.token_ids, speculative=s.speculative, cache=cfg.cache,
+                           results=tuple(results))
     finally:
         undo()
         await t.aclose()

@@ -3,7 +3,7 @@
 ``fleet-agent probe URL --sweep --slo ttft_p90_ms=4000,tpot_p90_ms=60`` raises the concurrency (closed loop:
 C requests in flight) until the SLO breaks or the server saturates, and names the highest load that met the
 SLO (the **capacity**) with its figures. The runner (:mod:`agent.probe.runner`) sends the requests; this
-module decides (docs/adr/0014-measurement-choices.md says why each rule is what it is):
+module decides (docs/adr/0015-measurement-choices.md says why each rule is what it is):
 
 - **levels**: 1, 2, 4, 8, ... (doubling) up to ``max_concurrency``; once a level breaks the SLO, the
   concurrencies between it and the last level that met it are bisected (while they differ by more than

@@ -37,6 +37,7 @@ from controller.settings import ControllerSettings
 from simulator.ports import free_port
 
 MARKER = ".m1000-fleet-demo"
+ENGINES = ("transformers", "llama.cpp")  # what a real module of the demo runs (--engine)
 # what stops the demo: Ctrl-C, a CI timeout or cancel (SIGTERM), a closed terminal or SSH session (SIGHUP)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # each worker's parent-death signal (the kernel sends it when the process that started the worker dies,
@@ -113,7 +114,8 @@ class DemoOptions:
     out_dir: Path = Path("demo-out")
     heartbeat_interval: float = 1.0
     start_timeout: float = 60.0
-    real: int = 0  # real-engine modules (transformers serve on this CPU) beside the simulated ones
+    real: int = 0  # real-engine modules (transformers serve or llama-server on this CPU) beside the simulated ones
+    engine: str = "transformers"  # the real modules' engine: "transformers" (transformers serve) or "llama.cpp"
 
 
 def demo_processes(base: Path) -> list[psutil.Process]:
@@ -200,17 +202,29 @@ def real_names(n: int) -> list[str]:
 def engine_python() -> Path:
     """The interpreter with torch + transformers[serving] for real-engine modules (``make engine``)."""
     raw = os.environ.get("M1000_ENGINE_PYTHON")
-    path = Path(raw) if raw else Path(__file__).resolve().parents[1] / ".venv-engine" / "bin" / "python"
+    path = Path(raw) if raw else Path(__file__).resolve().parents[2] / ".venv-engine" / "bin" / "python"
     if not path.exists():
         raise FleetError(f"real-engine modules need torch + transformers[serving]: {path} not found "
                          "(make engine, or set M1000_ENGINE_PYTHON)")
     return path
 
 
-def inventory_toml(names: list[str], base: Path, slow_name: str | None, real: tuple[str, ...] = ()) -> str:
+def llama_server() -> Path:
+    """The llama-server that ``make engine`` built (real llama.cpp modules)."""
+    from simulator.engine.llamacpp import installed
+
+    built = installed()
+    if built is None:
+        raise FleetError("real llama.cpp modules need llama-server: make engine (it builds it from the pinned "
+                         "llama.cpp source)")
+    return built.server
+
+
+def inventory_toml(names: list[str], base: Path, slow_name: str | None, real: tuple[str, ...] = (),
+                   engine: str = "transformers") -> str:
     lines = []
     for name in [*names, *real]:
-        label = 'engine = "transformers"' if name in real else \
+        label = f'engine = "{engine}"' if name in real else \
             f'sim = "true", speed = "{"slow" if name == slow_name else "normal"}"'
         lines += [
             "[[module]]",
@@ -310,8 +324,8 @@ def stop_workers(workers: list[Worker], grace: float = 15.0) -> None:
 
 @contextlib.contextmanager
 def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, *, noise: float, seed: int,
-                    slow: dict[str, float], timeout: float = 60.0,
-                    device: dict[str, str] | None = None, real: tuple[str, ...] = ()) -> Iterator[list[Worker]]:
+                    slow: dict[str, float], timeout: float = 60.0, device: dict[str, str] | None = None,
+                    real: tuple[str, ...] = (), engine: str = "transformers") -> Iterator[list[Worker]]:
     """Start one worker per simulated module (and per real-engine module in ``real``), wait for their first
     heartbeats, stop them all at the end.
 
@@ -331,13 +345,15 @@ def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, 
             workers.append(start_worker(name, base, settings, sim_env=sim_env))
         if real:
             py = engine_python()
-            shared = base / "engine-models"  # random checkpoints made once, offline; every real module reads them
-            subprocess.run([str(py), "-m", "simulator", "make-models", "--engine", "transformers", str(shared)],
-                           check=True, capture_output=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+            llama = {"M1000_LLAMA_SERVER": str(llama_server())} if engine == "llama.cpp" else {}
+            shared = base / "engine-models"  # random models made once, offline; every real module reads them
+            subprocess.run([str(py), "-m", "simulator", "make-models", "--engine", engine, str(shared)],
+                           check=True, capture_output=True, timeout=600, cwd=Path(__file__).resolve().parents[2])
             for name in real:
                 (base / "modules" / name).mkdir(parents=True, exist_ok=True)
                 (base / "modules" / name / "models").symlink_to(shared, target_is_directory=True)
-                workers.append(start_worker(name, base, settings, sim_env={"M1000_ENGINE_PYTHON": str(py)}))
+                workers.append(start_worker(name, base, settings,
+                                            sim_env={"M1000_ENGINE_PYTHON": str(py), **llama}))
         wait_for_heartbeats(settings, workers, timeout)
         yield workers
     finally:
@@ -371,22 +387,28 @@ def reference_rows() -> list:  # type: ignore[type-arg]
     return [r for rows in parse_seed(REFERENCE.read_text(encoding="utf-8"), str(REFERENCE)).values() for r in rows]
 
 
-def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, err: Console) -> int:
+def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, err: Console,
+                   engine: str = "transformers") -> int:
     """The real-engine release on the real modules, twice: the first run becomes that release's own
     baseline (its figures are its own, not the seed's), the second is judged against it."""
     from controller import service
     from controller.cli.live import follow, follow_and_judge, print_launched
     from simulator.engine.build import SUPPORTED_KEYS, build_engine_release
+    from simulator.engine.llama_release import build_llama_release
 
-    keys = tuple(k for k in models if k in SUPPORTED_KEYS)
+    served = tuple(MODEL_KEYS) if engine == "llama.cpp" else SUPPORTED_KEYS
+    keys = tuple(k for k in models if k in served)
     if not keys:
         err.print(f"demo: none of {', '.join(models)} is served by the real-engine release "
-                  f"({', '.join(SUPPORTED_KEYS)}): real modules idle", highlight=False)
+                  f"({', '.join(served)}): real modules idle", highlight=False)
         return 0
-    rel = build_engine_release(base / "release-engine")
-    err.print(f"demo: built {rel.path.name} (real engine: transformers serve, sha256 {rel.sha256[:12]}); "
+    if engine == "llama.cpp":
+        rel, server = build_llama_release(base / "release-engine"), "llama-server"
+    else:
+        rel, server = build_engine_release(base / "release-engine"), "transformers serve"
+    err.print(f"demo: built {rel.path.name} (real engine: {server}, sha256 {rel.sha256[:12]}); "
               "a reference run on the real modules first, then the judged run", highlight=False)
-    req = service.ValidateRequest(release=rel.path, models=keys, devices="engine=transformers")
+    req = service.ValidateRequest(release=rel.path, models=keys, devices=f"engine={engine}")
     ref = service.validate(s, req)
     print_launched(ref, err, len(ref.modules))
     follow(lambda: service.sync(s, ref.run_id), err, title=f"reference run {ref.run_id}",
@@ -396,7 +418,7 @@ def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, er
         err.print(f"demo: the reference run {ref.run_id} of the real-engine release measured nothing", highlight=False)
         return 1
     s.history().add_baseline(rel.version, rows, f"reference run {ref.run_id} of the real-engine modules")
-    judged = service.validate(s, service.ValidateRequest(release=rel.path, models=keys, devices="engine=transformers",
+    judged = service.validate(s, service.ValidateRequest(release=rel.path, models=keys, devices=f"engine={engine}",
                                                          baseline=rel.version))
     print_launched(judged, err, len(judged.modules))
     return follow_and_judge(s, judged.run_id, rel.version, out, err, root=("--history", str(s.history_path)))
@@ -438,6 +460,10 @@ def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
     from simulator import build_release
 
     speed = release_speed(opts)
+    if opts.engine not in ENGINES:
+        from controller.service import BadRequest
+
+        raise BadRequest(f"--engine {opts.engine!r}: expected one of {', '.join(ENGINES)}")
     base = _fresh_dir(opts.out_dir, err)
     settings = ControllerSettings(
         broker_url="filesystem://", data_dir=base / "fleet", inventory=base / "inventory.toml",
@@ -446,7 +472,7 @@ def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
     names = module_names(opts.devices)
     real = tuple(real_names(opts.real))
     slow_name = names[-1] if opts.slow and len(names) > 1 else (names[0] if opts.slow else None)
-    (base / "inventory.toml").write_text(inventory_toml(names, base, slow_name, real), encoding="utf-8")
+    (base / "inventory.toml").write_text(inventory_toml(names, base, slow_name, real, opts.engine), encoding="utf-8")
     rel = build_release(base / "release", noise=opts.noise, speed=speed, time_scale=opts.time_scale, seed=opts.seed)
     err.print(f"demo: built {rel.path.name} (sha256 {rel.sha256[:12]}), speed {speed}, noise {opts.noise}, "
               f"time scale {opts.time_scale:g}; starting {len(names)} simulated modules"
@@ -461,7 +487,7 @@ def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
     with service.Session(settings) as s:
         s.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
         with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed, slow=slow, device=device,
-                             timeout=opts.start_timeout + opts.devices, real=real) as workers:
+                             timeout=opts.start_timeout + opts.devices, real=real, engine=opts.engine) as workers:
             # a worker starts in ~1.5 s of CPU
             try:
                 launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models,
@@ -470,7 +496,7 @@ def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
                 # Ctrl-C: DemoStopped, not detached
                 code = follow_and_judge(s, launched.run_id, None, out, err, root=("--history", str(s.history_path)))
                 if real:  # the real-engine release on its own modules: judged against their own figures
-                    code = max(code, _validate_real(s, base, opts.models, out, err))
+                    code = max(code, _validate_real(s, base, opts.models, out, err, opts.engine))
             except DemoStopped as stop:
                 err.print(f"demo: {stop.name}: stopping its {len(workers)} simulated modules", highlight=False)
                 raise

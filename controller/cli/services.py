@@ -64,7 +64,10 @@ def demo(
     time_scale: float = typer.Option(50.0, "--time-scale", min=1.0, help="simulated modules run N x real time"),
     out_dir: Path = typer.Option(Path("demo-out"), "--out", help="folder where the demo keeps everything"),
     real: int = typer.Option(0, "--real", min=0, max=8,
-                             help="also N real-engine modules (transformers serve on this CPU; needs make engine)"),
+                             help="also N real-engine modules on this CPU (needs make engine)"),
+    engine: str = typer.Option("transformers", "--engine",
+                               help="the real modules' engine: transformers (transformers serve; five keys) or "
+                                    "llama.cpp (llama-server; all seven keys)"),
 ) -> int:
     """Simulated fleet on this machine validates a freshly built simulated release (embedded broker)."""
     from contract.records import parse_model_keys
@@ -72,5 +75,5 @@ def demo(
 
     opts = DemoOptions(devices=old_devices or devices, models=parse_model_keys(models), noise=noise, slow=slow,
                        throttle=throttle, regress=tuple(regress), seed=seed, time_scale=time_scale, out_dir=out_dir,
-                       real=real)
+                       real=real, engine=engine)
     return run_demo(opts, stdout(), stderr())

