@@ -56,8 +56,10 @@ def test_two_consecutive_probe_runs_measure_the_same_cold_ttft(server: str) -> N
     a, b = first.results[0], second.results[0]
     assert (a.ok, b.ok) == (3, 3)
     assert a.cached_tokens == 0 and b.cached_tokens == 0
-    assert b.ttft_ms.p50 == pytest.approx(1981.228, rel=0.02) and a.ttft_ms.p50 == pytest.approx(1981.228, rel=0.02)
-    assert b.tpot_ms.p50 == pytest.approx(40.765, rel=0.02)
+    # within 3 % of the reference at time scale 50 (1 ms of wall time is 50 ms here), as the other slow probe tests
+    assert b.ttft_ms.p50 == pytest.approx(1981.228, rel=0.03) and a.ttft_ms.p50 == pytest.approx(1981.228, rel=0.03)
+    assert b.ttft_ms.p50 == pytest.approx(a.ttft_ms.p50, rel=0.03)  # a cache would make the second one faster
+    assert b.tpot_ms.p50 == pytest.approx(40.765, rel=0.03)
 
 
 def test_one_token_per_chunk_and_no_accept_length_without_speculative_decoding(server: str) -> None:
