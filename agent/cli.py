@@ -235,6 +235,11 @@ class PromptKind(str, Enum):
     text = "text"
 
 
+class CacheMode(str, Enum):
+    cold = "cold"
+    warm = "warm"
+
+
 def _tokenizer(spec: str | None) -> Any:
     """``words`` (one token per whitespace-separated word) or a ``tokenizer.json`` (needs ``tokenizers``)."""
     if spec is None:
@@ -262,6 +267,8 @@ def probe(
                                            "(default: sequential)"),
     rate: float | None = typer.Option(None, "--rate", help="Poisson arrivals, requests per second"),
     requests: int = typer.Option(10, "--requests", "-n", help="measured requests per profile and load"),
+    repeat: int = typer.Option(1, "--repeat", help="measure each profile and load this many times: figures pooled, "
+                               "each with its 95 % t interval over the repeats"),
     warmup: int = typer.Option(1, "--warmup", help="requests before the measured ones, not counted"),
     output_len: int = typer.Option(100, "--output-len", help="max_tokens (ignore_eos where the server takes it)"),
     api: ProbeApi = typer.Option(ProbeApi.completions, "--api", help="/v1/completions or /v1/chat/completions"),
@@ -277,20 +284,36 @@ def probe(
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="count output tokens when the server sends "
                                          "no usage: 'words' or a tokenizer.json"),
     seed: int = typer.Option(0, "--seed", help="prompts and Poisson arrivals"),
+    cache: CacheMode = typer.Option(CacheMode.cold, "--cache", help="cold: prompts salted per run (nothing of them "
+                                    "cached); warm: each prompt sent once before it is measured"),
+    sweep: bool = typer.Option(False, "--sweep", help="raise the concurrency until the SLO breaks or throughput "
+                               "stops rising; name the highest load that met the SLO (--slo: ttft_p90_ms=..,"
+                               "tpot_p90_ms=..; the first profile)"),
+    sweep_budget: float = typer.Option(300.0, "--sweep-budget", help="the sweep's wall seconds, at most"),
+    max_concurrency: int = typer.Option(256, "--max-concurrency", help="the sweep's largest concurrency"),
 ) -> None:
     """Measure an OpenAI-compatible server with the agent's own streaming client (progress on stderr)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agent.probe import SLO, ProbeConfig, ProbeError, load_shapes, run_probe
     from agent.probe.prompts import parse_profiles
+    from agent.probe.runner import run_sweep
+    from agent.probe.sweep import SweepConfig, SweepSLO
 
     try:
         if images and api != ProbeApi.chat:
             raise BadInput("--images needs --api chat")
-        kinds: dict[str, Any] = {"api": api.value, "prompt": prompt.value}
+        kinds: dict[str, Any] = {"api": api.value, "prompt": prompt.value, "cache": cache.value}
+        plan = None
+        if sweep:
+            if not slo:
+                raise BadInput("--sweep needs --slo, e.g. ttft_p90_ms=4000,tpot_p90_ms=60")
+            if concurrency or rate is not None:
+                raise BadInput("--sweep chooses the concurrency itself: leave out --concurrency and --rate")
+            plan = SweepConfig(slo=SweepSLO.parse(slo), budget_s=sweep_budget, max_concurrency=max_concurrency)
         cfg = ProbeConfig(base_url=url, model=model, profiles=tuple(p.name for p in parse_profiles(profiles)),
-                          loads=load_shapes(concurrency, rate), requests=requests, warmup=warmup,
-                          output_len=output_len, images=images, slo=SLO.parse(slo) if slo else None,
+                          loads=load_shapes(concurrency, rate), requests=requests, warmup=warmup, repeat=repeat,
+                          output_len=output_len, images=images, slo=SLO.parse(slo) if slo and not sweep else None,
                           timeout_s=timeout, time_scale=time_scale, engine_fields=engine_fields, seed=seed, **kinds)
         from agent.probe.transport import Transport
 
@@ -309,16 +332,43 @@ def probe(
             def tick(what: str, done: int, planned: int) -> None:
                 bar.update(task, description=what, completed=done, total=planned)
 
-            report = run_probe(cfg, tokenizer=count, progress=tick, stop=lambda: stopping["yes"])
+            if plan is not None:
+                result = run_sweep(cfg, plan, tokenizer=count, progress=tick, stop=lambda: stopping["yes"])
+            else:
+                report = run_probe(cfg, tokenizer=count, progress=tick, stop=lambda: stopping["yes"])
     except ProbeError as exc:
         raise _bad_input(str(exc)) from None
     finally:
         signal.signal(signal.SIGINT, previous)
+    if plan is not None:
+        if fmt == ProbeFormat.json:
+            sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+        else:
+            _sweep_table(result, _stdout())
+        raise typer.Exit(0 if result.capacity is not None and not stopping["yes"] else 1)
     if fmt == ProbeFormat.json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
         _probe_table(report, _stdout(), err)
     raise typer.Exit(1 if report.errors or stopping["yes"] else 0)
+
+
+def _sweep_table(result: Any, out: Console) -> None:
+    title = (f"SLO sweep {result.profile}, SLO {result.slo}: steady-state window of each level (times in ms); "
+             f"stopped: {result.stop}")
+    names = [n for n, _ in result.slo.limits]
+    table = _table("concurrency", "window ok/n", *names, "TTFT p50", "TPOT p50", "out tok/s", "req/s", "SLO",
+                  title=title)
+    for lv in result.levels:
+        table.add_row(str(lv.concurrency), f"{lv.ok}/{lv.window}", *(_cell(lv.figures.get(n)) for n in names),
+                      _cell(lv.figures.get("ttft_p50_ms")), _cell(lv.figures.get("tpot_p50_ms")),
+                      _cell(lv.output_tps), _cell(lv.request_rps), "met" if lv.met else "broken")
+    out.print(table)
+    cap = result.capacity
+    out.print(f"capacity at SLO: concurrency {cap.concurrency}, {cap.output_tps:.2f} output tok/s, "
+              f"{cap.request_rps:.3f} req/s" if cap is not None and cap.output_tps and cap.request_rps else
+              "capacity at SLO: none (concurrency 1 breaks it)" if cap is None else
+              f"capacity at SLO: concurrency {cap.concurrency}", highlight=False)
 
 
 def _ms(stat: Any, q: str = "p50") -> str:
@@ -328,16 +378,21 @@ def _ms(stat: Any, q: str = "p50") -> str:
 def _probe_table(report: Any, out: Console, err: Console) -> None:
     scale = f", time scale {report.time_scale:g}" if report.time_scale != 1 else ""
     fields = "" if report.engine_fields else ", engine-specific fields refused by the server"
-    title = f"probe {report.base_url} {report.model} ({report.api}{scale}{fields}); times in ms"
+    title = f"probe {report.base_url} {report.model} ({report.api}{scale}, cache {report.cache}{fields}); times in ms"
     table = _table("profile", "load", "ok/sent", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99", "ITL p50",
-                  "p99", "E2E p50", "p99", "out tok/s", "req/s", "goodput/s", "accept", title=title)
+                  "p99", "E2E p50", "p99", "out tok/s", "req/s", "goodput/s", "tok/chunk", "accept", title=title)
     for r in report.results:
         table.add_row(r.profile, r.load.label, f"{r.ok}/{r.requests}", _ms(r.ttft_ms), _ms(r.ttft_ms, "p90"),
                       _ms(r.ttft_ms, "p99"), _ms(r.tpot_ms), _ms(r.tpot_ms, "p90"), _ms(r.tpot_ms, "p99"),
                       _ms(r.itl_ms), _ms(r.itl_ms, "p99"), _ms(r.e2e_ms), _ms(r.e2e_ms, "p99"),
                       _cell(r.output_throughput_tps), _cell(r.request_throughput_rps), _cell(r.goodput_rps),
-                      _cell(r.accept_length))
+                      _cell(r.tokens_per_chunk), _cell(r.accept_length))
     out.print(table)
+    for r in report.results:
+        if r.intervals:
+            spans = ", ".join(f"{k} {iv.mean:.2f} [{iv.low:.2f}, {iv.high:.2f}]" for k, iv in r.intervals.items())
+            out.print(f"{r.profile} {r.load.label}: 95 % t intervals over {r.repeats} repeats: {spans}",
+                      highlight=False, soft_wrap=True)
     for r in report.results:
         if r.errors:
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items()))

@@ -45,6 +45,8 @@ class AgentConfig(BaseModel):
     probe_warmup: int = Field(default=0, ge=0, description="probe warm-up requests (the benchmark warmed the server)")
     probe_tolerance: float = Field(default=0.05, gt=0, lt=1, description="release vs probe, relative")
     probe_timeout: float = Field(default=600.0, gt=0, description="one probe request, wall s")
+    probe_sweep_slo: str = Field(default="", description="SLO of the per-key SLO sweep (empty: no sweep)")
+    probe_sweep_budget: float = Field(default=300.0, gt=0, description="one key's SLO sweep, wall s")
 
     @classmethod
     def from_settings(cls, settings: AgentSettings, **overrides: Any) -> AgentConfig:
@@ -59,7 +61,8 @@ class AgentConfig(BaseModel):
             "telemetry": TelemetryConfig(enabled=settings.telemetry_period > 0, tool=settings.telemetry_tool,
                                          period_s=settings.telemetry_period or 1.0),
             "probe": settings.probe, "probe_requests": settings.probe_requests,
-            "probe_tolerance": settings.probe_tolerance,
+            "probe_tolerance": settings.probe_tolerance, "probe_sweep_slo": settings.probe_sweep_slo,
+            "probe_sweep_budget": settings.probe_sweep_budget,
             "probe_profiles": tuple(p.strip() for p in settings.probe_profiles.split(",") if p.strip()),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -138,6 +138,8 @@ def benchmark(run: Run, top: Path, env: dict[str, str], key: str, kenv: dict[str
                exit_code=res.exit_code, message=f"{len(rows)} rows" if err is None else err.message)
     if err is None and run.cfg.probe:
         rows = cross_probe(run, key, rows, server, log_path)
+        if run.cfg.probe_sweep_slo:
+            rows = sweep_capacity(run, key, rows, server, log_path)
     return rows, err
 
 def cross_probe(run: Run, key: str, rows: list[ResultRow], server: Any, log_path: Path) -> list[ResultRow]:
@@ -182,6 +184,43 @@ def cross_probe(run: Run, key: str, rows: list[ResultRow], server: Any, log_path
                message=f"{len(probes)} profile(s), {len(found)} disagreement(s)"
                + (f", errors {errors}" if errors else ""))
     return checked + probes
+
+
+def sweep_capacity(run: Run, key: str, rows: list[ResultRow], server: Any, log_path: Path) -> list[ResultRow]:
+    """The probe's SLO sweep on the key's first probed profile, within ``probe_sweep_budget``: one capacity row
+    beside the others (lines appended to the benchmark's log). Never fails the key."""
+    from agent.probe import ProbeConfig
+    from agent.probe.compare import capacity_row
+    from agent.probe.runner import run_sweep
+    from agent.probe.sweep import SweepConfig, SweepSLO
+
+    like = {r.profile: r for r in rows if r.table == "sweep" and r.source == "release"}
+    wanted = [p for p in run.cfg.probe_profiles if p in like]
+    if not wanted:
+        return rows
+    run.emit(step="probe", model_key=key)
+    run.event("sweep", "start", key)
+    t0 = time.monotonic()
+    try:
+        plan = SweepConfig(slo=SweepSLO.parse(run.cfg.probe_sweep_slo), budget_s=run.cfg.probe_sweep_budget)
+        cfg = ProbeConfig(base_url=f"http://{run.cfg.server_host}:{run.cfg.server_port}", profiles=(wanted[0],),
+                          output_len=like[wanted[0]].output_tokens or 100, timeout_s=run.cfg.probe_timeout)
+        result = run_sweep(cfg, plan, stop=lambda: run.cancelled() or not server.alive())
+    except Exception as exc:  # the sweep measures the release; it never fails the key
+        log.warning("SLO sweep of %s failed: %s", key, exc)
+        append_log(log_path, [f"SLO sweep failed: {type(exc).__name__}: {exc}"])
+        run.event("sweep", "failed", key, duration_s=time.monotonic() - t0, message=str(exc))
+        return rows
+    if run.cancelled():
+        raise Cancelled("probe", key)
+    row = capacity_row(result, like[wanted[0]])
+    cap = result.capacity
+    said = (f"capacity at SLO {result.slo}: concurrency {cap.concurrency}, {cap.output_tps or 0:.2f} output tok/s"
+            if cap is not None else f"capacity at SLO {result.slo}: none (concurrency 1 breaks it)")
+    append_log(log_path, [f"SLO sweep {result.profile}: {row.extra.get('sweep_levels', '')}; stopped: {result.stop}; "
+                          f"{said}"])
+    run.event("sweep", "ok", key, duration_s=time.monotonic() - t0, message=f"{said}; stopped: {result.stop}")
+    return [*rows, row]
 
 
 def append_log(path: Path, lines: list[str]) -> None:

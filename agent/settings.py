@@ -73,3 +73,7 @@ class AgentSettings(BrokerSettings):
     probe_tolerance: float = Field(default=0.05, gt=0, lt=1,
                                    description="relative difference of release and probe figures that flags a row "
                                                "release_benchmark_disagrees")
+    probe_sweep_slo: str = Field(default="", description="an SLO (e.g. ttft_p90_ms=4000,tpot_p90_ms=60) turns on the "
+                                 "probe's SLO sweep per key: the capacity at SLO of the first probed profile; empty: "
+                                 "off")
+    probe_sweep_budget: float = Field(default=300.0, gt=0, description="wall seconds of one key's SLO sweep, at most")

@@ -53,6 +53,34 @@ class Disagreement(Frozen):
                 f"({self.change:+.1%})")
 
 
+# --------------------------------------------------------------------------- the probe's SLO sweep
+# A capacity row is a probe row whose profile is ``capacity:<swept profile>``: batch = the highest concurrency
+# that met the SLO (None: none did), ttft_ms / tpot_ms its TTFT and TPOT p50, extra its figures (agent.probe.sweep).
+CAPACITY_PREFIX = "capacity:"
+
+
+class Capacity(Frozen):
+    """The capacity at SLO one module's probe measured for one model key and profile."""
+
+    module: str = ""
+    model_key: str = ""
+    profile: str  # the swept profile
+    slo: str  # e.g. ttft_p90_ms=4000,tpot_p90_ms=60
+    concurrency: int | None = None  # the highest concurrency that met it; None: concurrency 1 broke it
+    output_tps: float | None = None
+    request_rps: float | None = None
+    ttft_p90_ms: float | None = None
+    tpot_p90_ms: float | None = None
+    stop: str = ""  # why the sweep stopped: slo, saturated, budget, max_load, stopped
+    levels: str = ""  # each level tried, e.g. 1:met,2:met,4:broken
+
+    def one_line(self) -> str:
+        if self.concurrency is None:
+            return f"{self.model_key} {self.profile}: no load meets {self.slo} (stopped: {self.stop})"
+        tps = f", {self.output_tps:.1f} output tok/s" if self.output_tps is not None else ""
+        return f"{self.model_key} {self.profile}: concurrency {self.concurrency}{tps} at {self.slo} ({self.stop})"
+
+
 # --------------------------------------------------------------------------- device clock-event reasons
 # NVML clocks event reasons (nvmlClocksEventReason*): bit -> (name, what -q calls it)
 REASONS: tuple[tuple[int, str, str], ...] = (

@@ -41,6 +41,10 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(f"{PREFIX}_result_release_benchmark_disagreements", "gauge", ("release", "model_key"), "count",
                "Latest result rows of a model key whose figures the agent's probe contradicts (flag "
                "release_benchmark_disagrees)"),
+    MetricSpec(f"{PREFIX}_result_capacity_concurrency", "gauge", _R, "count",
+               "Highest concurrency at which the probe's SLO sweep met its SLO (0: none did), latest per profile"),
+    MetricSpec(f"{PREFIX}_result_capacity_output_tokens_per_second", "gauge", _R, "tokens_per_second",
+               "Output throughput at the capacity of the probe's latest SLO sweep"),
     MetricSpec(f"{PREFIX}_result_timestamp_seconds", "gauge", ("release", "model_key"), "timestamp_seconds",
                "Start time of the run that produced the latest figures of a model key"),
     # the current (or last) run

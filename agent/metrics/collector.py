@@ -174,6 +174,24 @@ class AgentCollector(Collector):
             if answered:
                 acc.add_metric((release, key), correct / answered)
         yield from (acc, nrows, ts, disagree)
+        yield from self._capacity_metrics(runs, keep)
+
+    def _capacity_metrics(self, runs: list[RunFiles], keep: set[str]) -> Iterator[Metric]:
+        """The latest SLO sweep per (release, key, profile): its capacity and that capacity's throughput."""
+        latest: dict[tuple[str, str, str], ResultRow] = {}
+        for rf in runs:
+            fallback = rf.progress.release if rf.progress else ""
+            for (key, profile), row in rf.capacity.items():
+                latest[(label_value(row.release or fallback), label_value(key), label_value(profile))] = row
+        conc = self._family(f"{PREFIX}_result_capacity_concurrency")
+        tps = self._family(f"{PREFIX}_result_capacity_output_tokens_per_second")
+        for labels, row in sorted(latest.items()):
+            if labels[0] not in keep:
+                continue
+            conc.add_metric(labels, float(row.batch or 0))
+            if "output_tps" in row.extra:
+                tps.add_metric(labels, float(row.extra["output_tps"]))
+        yield from (conc, tps)
 
     def _step_metrics(self) -> Iterator[Metric]:
         total: dict[str, StepStats] = {}

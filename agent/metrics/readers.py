@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from agent.metrics.catalog import STEP_BUCKETS, step_label
 from agent.telemetry import SAMPLES_FILE
 from contract.records import DeviceSample, ResultRow, RunProgress
+from contract.vocab import CAPACITY_PREFIX
 
 
 class _Sig(NamedTuple):
@@ -123,6 +124,7 @@ class RunFiles:
     progress: RunProgress | None = None
     devices: dict[int, DeviceSample] = field(default_factory=dict)  # gpu -> latest sample
     rows: dict[tuple[str, str], ResultRow] = field(default_factory=dict)  # (model_key, profile) -> row
+    capacity: dict[tuple[str, str], ResultRow] = field(default_factory=dict)  # the SLO sweep's, by swept profile
     steps: dict[str, StepStats] = field(default_factory=dict)
     folder_mtime: float = 0.0
     terminal_since: float | None = None
@@ -177,6 +179,7 @@ class RunFiles:
         restarted, lines = self.results.read()
         if restarted:
             self.rows.clear()
+            self.capacity.clear()
         for line in lines:
             try:
                 row = ResultRow.model_validate_json(line)
@@ -185,6 +188,8 @@ class RunFiles:
                 continue
             if row.source == "release":  # the probe's rows only show through the release rows' flags
                 self.rows[(row.model_key, row.profile)] = row
+            elif row.profile.startswith(CAPACITY_PREFIX):  # and the SLO sweep's, as the capacity series
+                self.capacity[(row.model_key, row.profile[len(CAPACITY_PREFIX):])] = row
         return restarted or bool(lines)
 
     def _read_events(self, errors: dict[str, int]) -> bool:

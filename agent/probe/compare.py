@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from agent.probe.records import ProfileResult, Stat
+from agent.probe.sweep import SweepResult
 from contract.records import ResultRow
+from contract.vocab import CAPACITY_PREFIX
 from contract.vocab import COMPARED as COMPARED  # re-exported
 from contract.vocab import Disagreement as Disagreement
 
@@ -28,7 +30,7 @@ def _fmt(v: float | None) -> str:
 def _extra(r: ProfileResult, tolerance: float) -> dict[str, str]:
     out = {"probe_requests": str(r.requests), "probe_ok": str(r.ok), "probe_load": r.load.label,
            "probe_api": r.api, "probe_tolerance": f"{tolerance:g}", "probe_time_scale": f"{r.time_scale:g}",
-           "probe_engine_fields": "yes" if r.engine_fields else "no"}
+           "probe_engine_fields": "yes" if r.engine_fields else "no", "probe_cache": r.cache}
     if r.errors:
         out["probe_errors"] = ",".join(f"{k}={v}" for k, v in sorted(r.errors.items()))
     stats: tuple[tuple[str, Stat | None], ...] = (("ttft", r.ttft_ms), ("tpot", r.tpot_ms), ("itl", r.itl_ms),
@@ -36,8 +38,13 @@ def _extra(r: ProfileResult, tolerance: float) -> dict[str, str]:
     for name, s in stats:
         if s is not None:
             out.update({f"{name}_p50_ms": _fmt(s.p50), f"{name}_p90_ms": _fmt(s.p90), f"{name}_p99_ms": _fmt(s.p99)})
+    if r.repeats > 1:
+        out["probe_repeats"] = str(r.repeats)
+    for name, iv in r.intervals.items():
+        out[f"{name}_ci95"] = f"{_fmt(iv.low)},{_fmt(iv.high)}"
     for name, v in (("output_tps", r.output_throughput_tps), ("request_rps", r.request_throughput_rps),
-                    ("goodput_rps", r.goodput_rps), ("accept_length", r.accept_length)):
+                    ("goodput_rps", r.goodput_rps), ("tokens_per_chunk", r.tokens_per_chunk),
+                    ("accept_length", r.accept_length)):
         if v is not None:
             out[name] = _fmt(v)
     return out
@@ -91,3 +98,27 @@ def cross_check(release_rows: Sequence[ResultRow], probe_rows: Iterable[ResultRo
         rows.append(r)
         found.extend(d)
     return rows, found
+
+
+def capacity_row(result: SweepResult, like: ResultRow | None = None) -> ResultRow:
+    """The SLO sweep's row (``capacity:<profile>``, source probe): batch = the capacity's concurrency (None when
+    no level met the SLO), ttft_ms / tpot_ms its p50s, extra its figures, the SLO, why it stopped and each level."""
+    ids: dict[str, object] = {"model": "probe"}
+    if like is not None:
+        ids = {k: getattr(like, k) for k in ("run_id", "module", "release", "model_key", "model", "size", "ctx_k",
+                                             "nchip", "prefill_len", "input_tokens", "output_tokens")}
+    cap = result.capacity
+    extra = {"sweep_slo": str(result.slo), "sweep_stop": result.stop, "sweep_wall_s": f"{result.wall_s:.1f}",
+             "sweep_levels": ",".join(f"{lv.concurrency}:{'met' if lv.met else 'broken'}" for lv in result.levels)}
+    if cap is not None:
+        extra.update({k: _fmt(v) for k, v in sorted(cap.figures.items())})
+        extra.update({"capacity_concurrency": str(cap.concurrency), "output_tps": _fmt(cap.output_tps),
+                      "request_rps": _fmt(cap.request_rps)})
+    figs = cap.figures if cap is not None else {}
+    ttft, tpot = figs.get("ttft_p50_ms"), figs.get("tpot_p50_ms")
+    return ResultRow(
+        **ids,  # type: ignore[arg-type]
+        source="probe", table="sweep", profile=f"{CAPACITY_PREFIX}{result.profile}",
+        batch=cap.concurrency if cap is not None else None, ttft_ms=ttft, tpot_ms=tpot,
+        decode_tps=1000 / tpot if tpot else None, extra={k: v for k, v in extra.items() if v != ""},
+    )

@@ -19,9 +19,10 @@ states the same definitions:
   usage the request fails with ``missing_usage`` unless a tokenizer is given, which then
   counts the generated text;
 - TPOT = (E2E - TTFT) / (output tokens - 1) (none for a one-token answer);
+- tokens per chunk = output tokens / content chunks (1 when the server streams token by token);
 - accept length = mean tokens per content chunk after the first, when every content
-  chunk carries a cumulative ``usage.completion_tokens`` (continuous usage): under
-  speculative decoding with one chunk per verify step, the accepted draft tokens + 1;
+  chunk carries a cumulative ``usage.completion_tokens`` (continuous usage), reported only for
+  a server that decodes speculatively: with one chunk per verify step, the accepted draft tokens + 1;
 - output throughput = output tokens of the successful requests / duration; request
   throughput = successful requests / duration; goodput = successful requests meeting
   every SLO / duration. Duration: first send to last end of the measured phase;
@@ -42,6 +43,7 @@ from typing import Any
 from agent.probe.records import (
     SLO,
     Api,
+    Cache,
     ErrorKind,
     LoadShape,
     ProfileResult,
@@ -192,11 +194,12 @@ def interpret(ex: Exchange, *, scale: float = 1.0, tokenizer: Tokenizer | None =
     tpot = (e2e - ttft) / (n - 1) if n > 1 else None
     itl = tuple((b.t_ns - a.t_ns) * ms for a, b in zip(chunks, chunks[1:], strict=False))
     accept = None
+    per_chunk = n / len(chunks)
     if len(chunks) > 1 and all(c.tokens is not None for c in chunks):
         after = (chunks[-1].tokens or 0) - (chunks[0].tokens or 0)
         accept = after / (len(chunks) - 1)
     return RequestResult(ok=True, ttft_ms=ttft, e2e_ms=e2e, tpot_ms=tpot, itl_ms=itl, output_tokens=n,
-                         accept_length=accept, **extra)
+                         tokens_per_chunk=per_chunk, accept_length=accept, **extra)
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -223,8 +226,10 @@ def _median(values: list[float]) -> float | None:
 
 def summarise(results: Sequence[RequestResult], *, profile: str, prefill_len: int, input_len: int, output_len: int,
               api: Api, load: LoadShape, duration_s: float, slo: SLO | None = None, time_scale: float = 1.0,
-              engine_fields: bool = True) -> ProfileResult:
-    """The figures of one measured phase; every request is counted, failed ones by kind."""
+              engine_fields: bool = True, speculative: bool | None = None, cache: Cache = "cold") -> ProfileResult:
+    """The figures of one measured phase; every request is counted, failed ones by kind. The accept length
+    only where the server decodes speculatively (``speculative``): elsewhere tokens per chunk say how a
+    server merges tokens, and that is no acceptance."""
     good = [r for r in results if r.ok]
     errors: dict[str, int] = {}
     details: list[str] = []
@@ -236,7 +241,8 @@ def summarise(results: Sequence[RequestResult], *, profile: str, prefill_len: in
                 details.append(f"{kind}: {r.detail}")
     tokens = sum(r.output_tokens or 0 for r in good)
     per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: None)
-    accepts = [r.accept_length for r in good if r.accept_length is not None]
+    accepts = [r.accept_length for r in good if r.accept_length is not None] if speculative else []
+    per_chunk = [r.tokens_per_chunk for r in good if r.tokens_per_chunk is not None]
     return ProfileResult(
         profile=profile, prefill_len=prefill_len, input_len=input_len, output_len=output_len, api=api, load=load,
         requests=len(results), ok=len(good), errors=errors, error_details=tuple(details), duration_s=duration_s,
@@ -250,6 +256,7 @@ def summarise(results: Sequence[RequestResult], *, profile: str, prefill_len: in
         output_throughput_tps=per_s(tokens) if good else None,
         request_throughput_rps=per_s(len(good)) if results else None,
         goodput_rps=per_s(sum(1 for r in good if slo.met(r))) if slo is not None and results else None,
-        slo=slo, accept_length=sum(accepts) / len(accepts) if accepts else None, time_scale=time_scale,
-        engine_fields=engine_fields,
+        slo=slo, tokens_per_chunk=sum(per_chunk) / len(per_chunk) if per_chunk else None,
+        accept_length=sum(accepts) / len(accepts) if accepts else None, time_scale=time_scale,
+        engine_fields=engine_fields, cache=cache,
     )

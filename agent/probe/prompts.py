@@ -11,6 +11,8 @@ words; ``/v1/chat/completions`` prompts are words in one text part plus ``images
 ``image_url`` parts (a 1x1 PNG as a data URL). With words the prompt's token count is the
 server's tokenizer's business: the server's ``usage.prompt_tokens`` is reported.
 
+Prompts are salted per run (cold by default: a server's prefix cache holds nothing of them).
+
 Engine-specific fields (sglang's ``ignore_eos``, ``stream_options`` with
 ``continuous_usage_stats``) are added only while the server accepts them. A server that takes no
 token ids (llama-server with a vision projector loaded answers 400 ``type must be string, but is
@@ -66,18 +68,24 @@ def parse_profiles(text: str | tuple[str, ...] | list[str]) -> tuple[Profile, ..
 
 
 class Prompts:
-    """Deterministic prompts: the shared prefix of a profile, and a new part per request tag."""
+    """Prompts of one run: the shared prefix of a profile, and a new part per request tag.
 
-    def __init__(self, seed: int = 0, kind: PromptKind = "ids") -> None:
+    ``salt`` makes them the run's own (cold: nothing a server cached from an earlier run matches
+    more than a chance first token; the words of ``text`` prompts start with it, so not even that);
+    the same seed and salt give the same prompts.
+    """
+
+    def __init__(self, seed: int = 0, kind: PromptKind = "ids", salt: str = "") -> None:
         self.seed = seed
         self.kind = kind
+        self.salt = salt
 
     def _ids(self, tag: str, n: int) -> list[int]:
-        rng = random.Random(f"{self.seed}:{tag}")
+        rng = random.Random(f"{self.seed}:{self.salt}:{tag}")
         return [rng.randrange(ID_LO, ID_HI) for _ in range(n)]
 
     def _words(self, tag: str, n: int) -> str:
-        return " ".join(f"{tag}w{i}" for i in range(n))
+        return " ".join(f"{self.salt}{tag}w{i}" for i in range(n))
 
     def prefix(self, p: Profile, api: Api) -> str | list[int]:
         tag = f"p{p.input_len}"

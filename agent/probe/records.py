@@ -6,6 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
+from agent.probe.intervals import Interval
 from contract.records import Frozen
 
 # Why a request did not count (README "Probe" says when each one applies).
@@ -13,6 +14,7 @@ ErrorKind = Literal["http_status", "timeout", "connection", "broken_stream", "st
                     "empty_response"]
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 Api = Literal["completions", "chat"]
+Cache = Literal["cold", "warm"]  # cold: prompts new to the server; warm: each sent once before it is measured
 
 
 class LoadShape(Frozen):
@@ -120,6 +122,7 @@ class RequestResult(Frozen):
     input_tokens: int | None = None
     cached_tokens: int | None = None
     content_chunks: int = 0
+    tokens_per_chunk: float | None = None  # output tokens / content chunks
     accept_length: float | None = None  # mean tokens per content chunk after the first (needs per-chunk usage)
 
 
@@ -158,9 +161,14 @@ class ProfileResult(Frozen):
     request_throughput_rps: float | None = None
     goodput_rps: float | None = None
     slo: SLO | None = None
-    accept_length: float | None = None
+    tokens_per_chunk: float | None = None  # mean over the successful requests: 1 when every chunk is one token
+    accept_length: float | None = None  # speculative setups only (the server says it decodes speculatively)
     time_scale: float = 1.0
     engine_fields: bool = True  # the engine-specific request fields were sent (the server took them)
+    cache: Cache = "cold"
+    repeats: int = 1  # measured phases pooled in the figures above (``--repeat``)
+    # with repeats: each figure's mean over them and its 95 % t interval (ttft_p50_ms, tpot_p90_ms, output_tps, ...)
+    intervals: dict[str, Interval] = Field(default_factory=dict)
 
 
 class ProbeReport(Frozen):
@@ -172,6 +180,8 @@ class ProbeReport(Frozen):
     time_scale: float = 1.0
     engine_fields: bool = True
     token_ids: bool = True  # False: the server refused token-id prompts; they went as words (``w<id>``)
+    speculative: bool | None = None  # the server decodes speculatively (None: it does not say)
+    cache: Cache = "cold"
     results: tuple[ProfileResult, ...] = ()
 
     @property

@@ -1,5 +1,9 @@
 """Load shapes: run profiles against a server and summarise what was measured.
 
+Prompts are salted per run (cold by default: nothing a server cached from an earlier run, its own
+benchmark's or the probe's, matches them); ``cache="warm"`` sends each measured prompt once before
+(one output token, not measured) and labels the results so.
+
 For each profile and each load shape: the shared prefix is warmed (a request of the prefix
 alone, one output token), ``warmup`` requests of the profile run one at a time, then the
 ``requests`` measured ones run sequentially, with C in flight, or as Poisson arrivals at
@@ -27,10 +31,11 @@ import os
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import Field
 
+from agent.probe.intervals import Interval, t_interval
 from agent.probe.measure import Exchange, Tokenizer, interpret, summarise
 from agent.probe.prompts import (
     Profile,
@@ -42,7 +47,17 @@ from agent.probe.prompts import (
     rejects_engine_fields,
     rejects_token_ids,
 )
-from agent.probe.records import SLO, Api, LoadShape, ProbeReport, ProfileResult, RequestResult
+from agent.probe.records import SLO, Api, Cache, LoadShape, ProbeReport, ProfileResult, RequestResult
+from agent.probe.sweep import (
+    Level,
+    StopReason,
+    SweepConfig,
+    SweepResult,
+    capacity,
+    level,
+    next_level,
+    requests_for,
+)
 from agent.probe.transport import Transport
 from contract.records import Frozen
 
@@ -68,6 +83,13 @@ class ProbeConfig(Frozen):
     time_scale: float | None = Field(default=None, gt=0, description="None: the simulated server says, else 1")
     engine_fields: bool = True
     seed: int = 0
+    cache: Cache = Field(default="cold", description="cold: prompts salted per run, new to the server's prefix "
+                         "cache; warm: each measured prompt sent once before (one token, not measured)")
+    salt: str | None = Field(default=None, description="the run's prompt salt (None: a fresh one per run)")
+    speculative: bool | None = Field(default=None, description="the server decodes speculatively (None: its "
+                                     "/get_server_info says; an accept length is reported only then)")
+    repeat: int = Field(default=1, ge=1, description="measured phases per profile and load shape; figures pooled, "
+                        "each with its 95 % t interval over the phases")
 
 
 class ProbeError(RuntimeError):
@@ -78,20 +100,31 @@ class _Stopped(Exception):
     """``stop()`` said so: the run ends with what it measured."""
 
 
-async def discover(t: Transport, model: str | None, scale: float | None) -> tuple[str, float, str | None]:
-    """(model, time scale, send-instant header) for the server behind ``t``."""
+class Server(NamedTuple):
+    """What the probe learns of the server before it measures."""
+
+    model: str
+    scale: float
+    sent: str | None  # the send-instant header (the simulator's)
+    speculative: bool | None  # sglang's /get_server_info speculative_algorithm (None: not said)
+
+
+async def discover(t: Transport, model: str | None, scale: float | None) -> Server:
+    """The model, time scale, send-instant header and speculative decoding of the server behind ``t``."""
     sent = None
+    speculative = None
+    status, raw = await t.get("/get_server_info")
+    info = None
+    if status == 200:
+        with contextlib.suppress(ValueError):
+            info = json.loads(raw)
+    if isinstance(info, dict) and "speculative_algorithm" in info:
+        speculative = bool(info["speculative_algorithm"])
     if scale is None:
         scale = 1.0
-        status, raw = await t.get("/get_server_info")
-        if status == 200:
-            try:
-                info = json.loads(raw)
-            except ValueError:
-                info = None
-            sim = info.get("m1000_sim") if isinstance(info, dict) else None
-            if isinstance(sim, dict) and isinstance(sim.get("time_scale"), (int, float)) and sim["time_scale"] > 0:
-                scale, sent = float(sim["time_scale"]), SIM_SENT_HEADER
+        sim = info.get("m1000_sim") if isinstance(info, dict) else None
+        if isinstance(sim, dict) and isinstance(sim.get("time_scale"), (int, float)) and sim["time_scale"] > 0:
+            scale, sent = float(sim["time_scale"]), SIM_SENT_HEADER
     if model is None:
         status, raw = await t.get("/v1/models")
         if status is None:
@@ -101,7 +134,7 @@ async def discover(t: Transport, model: str | None, scale: float | None) -> tupl
             model = str(data[0]["id"])
         except (ValueError, AttributeError, IndexError, KeyError, TypeError):
             raise ProbeError(f"{t.base_url}/v1/models names no model (HTTP {status}); give the model") from None
-    return model, scale, sent
+    return Server(model, scale, sent, speculative)
 
 
 def sim_priority() -> Callable[[], None]:
@@ -135,19 +168,21 @@ def _quietly(fn: Callable[..., Any], *args: Any) -> None:
 class _Session:
     """State of one probe run: the transport, whether engine fields are on, progress."""
 
-    def __init__(self, cfg: ProbeConfig, t: Transport, model: str, scale: float, sent: str | None,
-                 tokenizer: Tokenizer | None, progress: Progress | None, stop: Callable[[], bool] | None) -> None:
+    def __init__(self, cfg: ProbeConfig, t: Transport, server: Server, tokenizer: Tokenizer | None,
+                 progress: Progress | None, stop: Callable[[], bool] | None) -> None:
         self.cfg = cfg
         self.t = t
-        self.model = model
-        self.scale = scale
-        self.sent = sent
+        self.model = server.model
+        self.scale = server.scale
+        self.sent = server.sent
+        self.speculative = cfg.speculative if cfg.speculative is not None else server.speculative
         self.tokenizer = tokenizer
         self.progress = progress
         self.stop = stop or (lambda: False)
         self.engine = cfg.engine_fields
         self.token_ids = True  # False once the server refused a prompt of token ids (sent as words since)
-        self.prompts = Prompts(cfg.seed, cfg.prompt)
+        self.salt = cfg.salt if cfg.salt is not None else os.urandom(4).hex()
+        self.prompts = Prompts(cfg.seed, cfg.prompt, self.salt)
         self.path = "/v1/completions" if cfg.api == "completions" else "/v1/chat/completions"
         self.done = 0
         self.planned = 0
@@ -180,8 +215,11 @@ class _Session:
             self.progress(what, self.done, self.planned)
 
     async def one(self, p: Profile, tag: str, index: int, phase_t0: int) -> RequestResult:
+        prompt = self.prompts.prompt(p, self.cfg.api, tag)
+        if self.cfg.cache == "warm":
+            await self.send(prompt, 1)  # the whole prompt cached before it is measured
         start_s = (time.monotonic_ns() - phase_t0) / 1e9 * self.scale
-        ex = await self.send(self.prompts.prompt(p, self.cfg.api, tag), self.cfg.output_len)
+        ex = await self.send(prompt, self.cfg.output_len)
         return interpret(ex, scale=self.scale, tokenizer=self.tokenizer, index=index, start_s=start_s)
 
     async def profile(self, p: Profile, load: LoadShape, li: int) -> ProfileResult:
@@ -195,7 +233,26 @@ class _Session:
                 raise _Stopped
             await self.one(p, f"L{li}w{w}", -1, time.monotonic_ns())
             self.tick(label)
-        n = self.cfg.requests
+        phases = []
+        for k in range(self.cfg.repeat):
+            phases.append(await self.measure(p, load, f"{li}x{k}" if k else li, self.cfg.requests))
+        pooled = [r for measured, _ in phases for r in measured]
+        out = self._summary(p, load, pooled, sum(d for _, d in phases))
+        if len(phases) < 2:
+            return out
+        each = [self._summary(p, load, measured, d) for measured, d in phases]
+        return out.model_copy(update={"repeats": len(phases), "intervals": repeat_intervals(each)})
+
+    def _summary(self, p: Profile, load: LoadShape, measured: list[RequestResult], duration: float) -> ProfileResult:
+        return summarise(measured, profile=p.name, prefill_len=p.prefill_len, input_len=p.input_len,
+                         output_len=self.cfg.output_len, api=self.cfg.api, load=load, duration_s=duration,
+                         slo=self.cfg.slo, time_scale=self.scale, engine_fields=self.engine,
+                         speculative=self.speculative, cache=self.cfg.cache)
+
+    async def measure(self, p: Profile, load: LoadShape, li: int | str, n: int
+                      ) -> tuple[list[RequestResult], float]:
+        """``n`` requests of profile ``p`` under ``load``: what each measured, and the phase's duration (server s)."""
+        label = f"{p.name} {load.label}"
         results: list[RequestResult | None] = [None] * n
         t0 = time.monotonic_ns()
         ends: list[int] = []
@@ -229,10 +286,7 @@ class _Session:
 
             await asyncio.gather(*(worker() for _ in range(min(width, n))))
         measured = [r for r in results if r is not None]
-        duration = (max(ends) - t0) / 1e9 * self.scale if ends else 0.0
-        return summarise(measured, profile=p.name, prefill_len=p.prefill_len, input_len=p.input_len,
-                         output_len=self.cfg.output_len, api=self.cfg.api, load=load, duration_s=duration,
-                         slo=self.cfg.slo, time_scale=self.scale, engine_fields=self.engine)
+        return measured, (max(ends) - t0) / 1e9 * self.scale if ends else 0.0
 
 
 async def probe_async(cfg: ProbeConfig, *, tokenizer: Tokenizer | None = None, progress: Progress | None = None,
@@ -243,11 +297,11 @@ async def probe_async(cfg: ProbeConfig, *, tokenizer: Tokenizer | None = None, p
     t = Transport(cfg.base_url, max_idle=max(64, width))
     undo: Callable[[], None] = lambda: None  # noqa: E731
     try:
-        model, scale, sent = await discover(t, cfg.model, cfg.time_scale)
-        if sent is not None:
+        server = await discover(t, cfg.model, cfg.time_scale)
+        if server.sent is not None:
             undo = sim_priority()
-        s = _Session(cfg, t, model, scale, sent, tokenizer, progress, stop)
-        s.planned = len(profiles) * len(cfg.loads) * (cfg.requests + cfg.warmup)
+        s = _Session(cfg, t, server, tokenizer, progress, stop)
+        s.planned = len(profiles) * len(cfg.loads) * (cfg.requests * cfg.repeat + cfg.warmup)
         results: list[ProfileResult] = []
         try:
             for p in profiles:
@@ -255,11 +309,75 @@ async def probe_async(cfg: ProbeConfig, *, tokenizer: Tokenizer | None = None, p
                     results.append(await s.profile(p, load, li))
         except _Stopped:
             pass
-        return ProbeReport(base_url=t.base_url, model=model, api=cfg.api, time_scale=scale, engine_fields=s.engine,
-                           token_ids=s.token_ids, results=tuple(results))
+        return ProbeReport(base_url=t.base_url, model=s.model, api=cfg.api, time_scale=s.scale,
+                           engine_fields=s.engine, token_ids=s.token_ids, speculative=s.speculative, cache=cfg.cache,
+                           results=tuple(results))
     finally:
         undo()
         await t.aclose()
+
+
+async def sweep_async(cfg: ProbeConfig, sweep: SweepConfig, *, tokenizer: Tokenizer | None = None,
+                      progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> SweepResult:
+    """The SLO sweep of ``cfg``'s first profile: concurrency levels chosen by :func:`agent.probe.sweep.next_level`
+    until it says why it stops; the budget is wall seconds from the first request."""
+    (p, *_) = parse_profiles(cfg.profiles)
+    t = Transport(cfg.base_url, max_idle=max(64, sweep.max_concurrency))
+    undo: Callable[[], None] = lambda: None  # noqa: E731
+    began = time.monotonic()
+    levels: list[Level] = []
+    reason: StopReason = "max_load"
+    try:
+        server = await discover(t, cfg.model, cfg.time_scale)
+        if server.sent is not None:
+            undo = sim_priority()
+        deadline = began + sweep.budget_s
+        s = _Session(cfg, t, server, tokenizer, progress,
+                     lambda: (stop is not None and stop()) or time.monotonic() > deadline)
+        if p.prefix_len:
+            await s.send(s.prompts.prefix(p, cfg.api), 1)  # warm the shared prefix
+        while True:
+            nxt = next_level(levels, sweep, time.monotonic() - began)
+            if isinstance(nxt, str):
+                reason = nxt
+                break
+            n = requests_for(nxt, sweep.window)
+            s.planned += n
+            shape = LoadShape() if nxt == 1 else LoadShape(kind="concurrency", value=nxt)
+            t_level = time.monotonic()
+            measured, _ = await s.measure(p, shape, len(levels), n)
+            if len(measured) < n:  # stopped, or the budget ran out in the middle: the level does not count
+                reason = "stopped" if stop is not None and stop() else "budget"
+                break
+            levels.append(level(measured, nxt, sweep.slo, time.monotonic() - t_level))
+    finally:
+        undo()
+        await t.aclose()
+    return SweepResult(profile=p.name, slo=sweep.slo, levels=tuple(levels), capacity=capacity(levels), stop=reason,
+                       wall_s=time.monotonic() - began)
+
+
+def repeat_intervals(phases: list[ProfileResult]) -> dict[str, Interval]:
+    """Each figure's mean over the repeated phases and its 95 % t interval (figures every phase has)."""
+    values: dict[str, list[float]] = {}
+    for r in phases:
+        stats = (("ttft", r.ttft_ms), ("tpot", r.tpot_ms), ("e2e", r.e2e_ms))
+        figs = {f"{n}_{q}_ms": getattr(st, q) for n, st in stats if st is not None for q in ("p50", "p90")}
+        if r.output_throughput_tps is not None:
+            figs["output_tps"] = r.output_throughput_tps
+        for k, v in figs.items():
+            values.setdefault(k, []).append(v)
+    out: dict[str, Interval] = {}
+    for k, vs in values.items():
+        iv = t_interval(vs) if len(vs) == len(phases) else None
+        if iv is not None:
+            out[k] = iv
+    return out
+
+
+def run_sweep(cfg: ProbeConfig, sweep: SweepConfig, **kw: Any) -> SweepResult:
+    """:func:`sweep_async` in a fresh event loop."""
+    return asyncio.run(sweep_async(cfg, sweep, **kw))
 
 
 def run_probe(cfg: ProbeConfig, **kw: Any) -> ProbeReport:

@@ -14,7 +14,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from contract.records import METRICS
-from contract.vocab import Disagreement
+from contract.vocab import Capacity, Disagreement
 from controller.errors import FleetctlError
 
 Verdict = Literal["pass", "regressed", "incomplete", "failed"]
@@ -70,6 +70,10 @@ class Regression(_Frozen):
     modules: tuple[str, ...] = ()  # modules that show it
     related: tuple[str, ...] = ()  # derived metrics that moved with it, e.g. "tpot_ms +8.7%"
     detail: str = ""
+    # 95 % interval of ``change`` (fleet-wide key findings: the order statistics of the profiles' changes that
+    # a sign test does not reject; docs/adr/0015-measurement-choices.md); None where not computed
+    ci_low: float | None = None
+    ci_high: float | None = None
 
 
 class WorstCase(_Frozen):
@@ -105,6 +109,8 @@ class Change(_Frozen):
     p_value: float | None
     n: int
     status: Status
+    ci_low: float | None = None  # 95 % interval of change (see Regression)
+    ci_high: float | None = None
 
 
 class Comparison(_Frozen):
@@ -157,6 +163,8 @@ class Report:
     # figures where the release's benchmark and the agent's probe disagree (probe rows never enter the verdict)
     disagreements: tuple[Disagreement, ...] = ()
     probe_checked: int = 0  # release rows that have a probe row beside them
+    # the capacity at SLO each module's probe measured (SLO sweep rows: agent.probe.sweep)
+    capacities: tuple[Capacity, ...] = ()
 
     def telemetry_of(self, o: Outlier) -> OutlierTelemetry | None:
         """The outlier's device telemetry (None: none was attached)."""

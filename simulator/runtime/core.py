@@ -282,11 +282,11 @@ class Factors(NamedTuple):
 
 
 class Plan(NamedTuple):
-    """When the server emits what, in module milliseconds.
+    """When the server emits what, in module milliseconds, at batch 1 (the device batches: .device).
 
     ``ttft_ms`` is the first token's delay after the request arrived; ``emits`` are
-    ``(offset after the first token, tokens)`` for the remaining tokens. ``coalesce`` says
-    whether several due emits may share one chunk (plain decoding; never speculative steps).
+    ``(offset after the first token, tokens)`` of the remaining chunks: one token each in plain
+    decoding, the accepted tokens of one verify step in speculative decoding.
     """
 
     ttft_ms: float
@@ -294,7 +294,6 @@ class Plan(NamedTuple):
     n: int
     finish: str
     answer: str | None = None
-    coalesce: bool = True
 
 
 class PlanError(SimError, ValueError):
@@ -326,24 +325,49 @@ class Setup(NamedTuple):
         return self.data.get("vision")
 
     def prefill_ms(self, new: int, total: int, cached: int) -> float:
-        """TTFT (ms) of a text request: ``new`` uncached tokens out of ``total``."""
+        """TTFT (ms) of a text request: ``new`` uncached tokens out of ``total`` (``cached`` = total - new).
+
+        Cold (nothing cached): the no-prefix rows over ``new``. With ``cached`` tokens of the prompt in the
+        prefix cache the request costs the prefill of its ``new`` tokens at a context of ``total``: the cold
+        cost of ``new`` tokens plus a context cost ``D(total)``, weighted by ``cached / (total - S)`` (at most
+        1), where S is the shared-prefix rows' PrefillLen (250) and ``D`` how much longer those S new tokens
+        take at context ``total`` than alone (the shared-prefix rows, log scale; linear from 0 at S to the
+        first row). So the shared-prefix rows come out exactly (weight 1), a small hit costs about the cold
+        prompt less the tokens it saves (smooth in ``cached``), and no hit is slower than no cache.
+        """
         if self.mtp is not None:
             pts = self.mtp["prefill"]
             if pts[0][0] <= new <= pts[-1][0]:
                 return interp(pts, new)
             return new * self.mtp["ms_per_token"]
-        base = max(interp(self.data["prefill_np"], new, extrapolate=True), 1.0)
-        if cached <= 0:
+        np_pts = self.data["prefill_np"]
+        base = max(interp(np_pts, new, extrapolate=True), 1.0)
+        s = self.data["sp_new"]
+        if cached <= 0 or total <= s:
             return base
-        sp = self.data["prefill_sp"]
-        extra = interp(sp, total, log=True) - interp(self.data["prefill_np"], self.data["sp_new"], extrapolate=True)
-        return max(base + extra, 1.0)
+        cold = max(interp(np_pts, total, extrapolate=True), 1.0)
+        weight = min(1.0, cached / (total - s))
+        return max(min(base + weight * self._context_ms(total), cold), 1.0)
+
+    def _context_ms(self, total: int) -> float:
+        """D(total): the extra time of the shared-prefix rows' S new tokens at context ``total`` over S alone."""
+        sp, s = self.data["prefill_sp"], self.data["sp_new"]
+        alone = interp(self.data["prefill_np"], s, extrapolate=True)
+        first_x, first_y = sp[0]
+        if total >= first_x:
+            return interp(sp, total, log=True) - alone
+        return (first_y - alone) * max(total - s, 0) / (first_x - s)
 
     def tpot_ms(self, total: int, cached: int) -> float:
-        np_pts = self.data["decode_np"]
-        if cached <= 0 and total <= np_pts[-1][0]:
-            return interp(np_pts, total, log=True)
-        return interp(self.data["decode_sp"], total, log=True)
+        """TPOT (ms) at a context of ``total``: the no-prefix rows (the shared-prefix rows past their end);
+        with a cached prefix, moved toward the shared-prefix rows by the weight of :meth:`prefill_ms`."""
+        np_pts, sp = self.data["decode_np"], self.data["decode_sp"]
+        cold = interp(np_pts, total, log=True) if total <= np_pts[-1][0] else interp(sp, total, log=True)
+        s = self.data["sp_new"]
+        if cached <= 0 or total <= s:
+            return cold
+        weight = min(1.0, cached / (total - s))
+        return cold + weight * (interp(sp, total, log=True) - cold)
 
     def plan(self, *, prompt_len: int, cached: int, max_tokens: int, frames: int, prompt_hash: str,
              factors: Factors, draft_tokens: int | None) -> Plan:
@@ -376,14 +400,16 @@ class Setup(NamedTuple):
         else:
             n, acc_len, step, answer = max_tokens, mtp["accept_len"], mtp["step_ms"], None
         finish = "stop"
-        if n > max_tokens:
-            n, finish, answer = max_tokens, "length", None
+        if n >= max_tokens:  # max_tokens reached: "length", as sglang checks the length before the stop token
+            if n > max_tokens:
+                answer = None  # cut before its answer
+            n, finish = max_tokens, "length"
         acc_len = min(acc_len * f.accept, 1.0)
         steps = spec_steps(n, acc_len, draft)
         counts = spread(n - 1, steps)
         step_ms = step / f.decode
         emits = tuple(((i + 1) * step_ms, c) for i, c in enumerate(counts))
-        return Plan(ttft_ms=ttft, emits=emits, n=n, finish=finish, answer=answer, coalesce=False)
+        return Plan(ttft_ms=ttft, emits=emits, n=n, finish=finish, answer=answer)
 
 
 def spec_steps(n: int, accept_len: float, draft: int) -> int:

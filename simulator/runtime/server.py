@@ -16,18 +16,17 @@ import sys
 import time
 from _struct import pack
 
-from . import core, jsonc, net
+from . import core, device, jsonc, net
 from .common import fail, load_knobs, model_identity, raise_priority, release_file
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms of each interpreter's start)
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
     from typing import Any, NamedTuple
 else:
     from .record import NamedTuple
 
 PROG = "sglang server"
-MIN_GAP_S = 0.005  # plain decoding: at most one chunk per 5 ms of wall time (CPU of many simulated modules)
 ANCHOR_WINDOW_NS = 2_000_000_000
 SENT_HEADER = "X-Sim-Sent-Ns"
 
@@ -165,11 +164,28 @@ class State:
         self.requests = 0
         self.cache = PrefixCache(cfg.max_total_tokens)
         self.device = device or DevicePhase(None)
+        self.sched = core_device(cfg, setup)
 
     def next_request(self) -> int:
         with self.lock:
             self.requests += 1
             return self.requests
+
+
+def core_device(cfg: Config, setup: core.Setup) -> device.Device:
+    """The shared device of this server: KV capacity ``max-total-tokens``; batching several prefills saves what
+    the fitted cold curve says one prompt of their summed new tokens saves (never less than nothing)."""
+    pts = setup.data.get("prefill_np") if setup.mtp is None else None
+    if not pts:
+        return device.Device(cfg.max_total_tokens)
+
+    def cold(n: int) -> float:
+        return max(core.interp(pts, n, extrapolate=True), 1.0)
+
+    def saving(jobs: list[device.Job]) -> float:
+        return max(sum(cold(j.new) for j in jobs) - cold(sum(j.new for j in jobs)), 0.0)
+
+    return device.Device(cfg.max_total_tokens, saving)
 
 
 class BadRequest(Exception):
@@ -449,13 +465,23 @@ class Handler(HTTPHandler):
         fault = None
         if req_no == core.FAULT_AT_REQUEST:
             fault = "crash" if "crash" in st.faults else "hang" if "hang" in st.faults else None
+        steps, prev = [], 0.0
+        for offset, count in plan.emits:
+            steps.append((offset - prev, count))
+            prev = offset
+        job = device.Job(t0 * 1000.0 * knobs.time_scale, plan.ttft_ms, steps, new=max(len(ids) - cached, 1),
+                         kv=total)
+        with st.lock:
+            st.sched.submit(job)
         st.device.set("prefill")
         try:
             if stream:
-                self._stream(plan, ctx, t0, fault)
+                self._stream(plan, ctx, job, fault)
             else:
-                self._whole(plan, ctx, t0, fault)
+                self._whole(plan, ctx, job, fault)
         finally:
+            with st.lock:
+                st.sched.cancel(job)
             st.device.set("idle")
 
     def _strike(self, fault: str) -> None:
@@ -469,47 +495,54 @@ class Handler(HTTPHandler):
         print(f"{PROG}: fault hang: the server stops answering", file=sys.stderr, flush=True)
         block_forever()
 
-    def _whole(self, plan: core.Plan, ctx: _Stream, t0: float, fault: str | None) -> None:
-        scale = self.state.cfg.knobs.time_scale
-        last = plan.emits[-1][0] if plan.emits else 0.0
-        if fault:
-            _sleep_until(t0 + plan.ttft_ms / 1000 / scale)
-            self._strike(fault)
-        _sleep_until(t0 + plan.ttft_ms / 1000 / scale)
-        self.state.device.set("decode")
-        _sleep_until(t0 + (plan.ttft_ms + last) / 1000 / scale)
+    def _chunks(self, job: device.Job) -> Iterator[tuple[int, int]]:
+        """(index, tokens) of each chunk of ``job``, each when the device has it due (this thread sleeps until
+        then, on absolute times: a late wake-up does not delay the next chunk)."""
+        st = self.state
+        ms = 1000.0 * st.cfg.knobs.time_scale  # module ms per wall second
+        total = len(job.steps) + 1
+        i = 0
+        while i < total:
+            with st.lock:
+                now = time.monotonic() * ms
+                st.sched.advance(now)
+                due = job.chunks[i][0] if i < len(job.chunks) else None
+                wake = due if due is not None else st.sched.free_at
+            if due is None and wake <= now:
+                time.sleep(0.0005)  # nothing decided yet (the device waits for room): look again soon
+                continue
+            _sleep_until(wake / ms)
+            if due is not None:
+                yield i, job.chunks[i][1]
+                i += 1
+
+    def _whole(self, plan: core.Plan, ctx: _Stream, job: device.Job, fault: str | None) -> None:
+        for i, _ in self._chunks(job):
+            if i == 0:
+                if fault:
+                    self._strike(fault)
+                self.state.device.set("decode")
         text = "".join(core.completion_pieces(plan.n, plan.answer))
         self._json(200, ctx.whole(text, plan))
 
-    def _stream(self, plan: core.Plan, ctx: _Stream, t0: float, fault: str | None) -> None:
-        scale = self.state.cfg.knobs.time_scale
+    def _stream(self, plan: core.Plan, ctx: _Stream, job: device.Job, fault: str | None) -> None:
+        """One chunk per device step: one token per chunk in plain decoding (as sglang's default stream interval),
+        the accepted tokens of a verify step in speculative decoding."""
         pieces = core.completion_pieces(plan.n, plan.answer)
         ctx.begin()
-        _sleep_until(t0 + plan.ttft_ms / 1000 / scale)
-        ctx.send(pieces[0:1], 1, None if plan.n > 1 else plan.finish)
-        t_first = time.monotonic()
-        self.state.device.set("decode")
-        if fault and not plan.emits:
-            self._strike(fault)
         strike_at = len(plan.emits) // 2 if fault else -1
-        sent_tokens = 1
-        i = 0
-        emits = plan.emits
-        while i < len(emits):
-            j = i
-            if plan.coalesce:
-                floor = time.monotonic() + MIN_GAP_S
-                while j < len(emits) - 1 and t_first + emits[j][0] / 1000 / scale < floor:
-                    j += 1
-            _sleep_until(t_first + emits[j][0] / 1000 / scale)
-            count = sum(c for _, c in emits[i:j + 1])
-            done = j == len(emits) - 1
-            ctx.send(pieces[sent_tokens:sent_tokens + count], sent_tokens + count, plan.finish if done else None)
-            sent_tokens += count
-            if fault and j >= strike_at:
+        sent = 0
+        for i, count in self._chunks(job):
+            done = sent + count >= plan.n
+            ctx.send(pieces[sent:sent + count], sent + count, plan.finish if done else None)
+            sent += count
+            if i == 0:
+                self.state.device.set("decode")
+                if fault and not plan.emits:
+                    self._strike(fault)
+            elif fault and i - 1 >= strike_at:
                 self._strike(fault)
-            i = j + 1
-        ctx.end(sent_tokens)
+        ctx.end(sent)
 
 
 def _sleep_until(deadline: float) -> None:

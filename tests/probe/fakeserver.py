@@ -1,6 +1,9 @@
 """A small OpenAI-compatible streaming server on loopback, in the test's own event loop.
 
-Behaviours are switches: refuse engine-specific fields with 422 (as ``transformers
+Behaviours are switches: a radix-style prefix cache (``prefix_cache``: the longest prefix a
+prompt shares with an earlier one is cached, its first token comes ``prefill_s`` per uncached
+token later, and usage says ``cached_tokens``) answering with the events of a recorded real
+stream (``replay``), refuse engine-specific fields with 422 (as ``transformers
 serve`` does), answer with a content length or close-delimited instead of chunked, cut
 the stream, hang, fail one request with 500, close keep-alive connections after each
 answer. Every request is recorded (path, headers, JSON body).
@@ -36,6 +39,10 @@ class FakeServer:
     close_after_answer: bool = False
     sim_scale: float | None = None
     usage: bool = True
+    prefix_cache: bool = False
+    prefill_s: float = 0.0002  # per uncached prompt token (prefix_cache)
+    replay: list[bytes] | None = None  # data payloads of a recorded stream, sent in place of the made-up one
+    prompts: list[list[Any]] = field(default_factory=list)  # every generation's prompt (prefix_cache)
     seen: list[Seen] = field(default_factory=list)
     connections: int = 0
     in_flight: int = 0
@@ -112,7 +119,17 @@ class FakeServer:
         prompt = body.get("prompt") if not chat else body["messages"][0]["content"][0]["text"]
         plen = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
         events: list[bytes] = []
-        if chat:
+        cached, delay = 0, 0.0
+        if self.prefix_cache:
+            tokens = prompt if isinstance(prompt, list) else str(prompt).split()
+            cached = max((_common(tokens, p) for p in self.prompts), default=0)
+            cached = min(cached, len(tokens) - 1)  # at least one token is computed
+            self.prompts.append(tokens)
+            delay = self.prefill_s * (len(tokens) - cached)
+        if self.replay is not None:
+            events = list(self.replay)
+            n = sum(1 for e in events for c in json.loads(e).get("choices") or () if c.get("text"))
+        elif chat:
             events.append(json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}).encode())
         for i in range(n):
             choice = {"index": 0, "delta": {"content": f" t{i}"}} if chat else {"index": 0, "text": f" t{i}"}
@@ -120,7 +137,9 @@ class FakeServer:
                 choice["finish_reason"] = "length"
             events.append(json.dumps({"choices": [choice]}).encode())
         if self.usage:
-            usage = {"prompt_tokens": plen, "completion_tokens": n}
+            usage: dict[str, Any] = {"prompt_tokens": plen, "completion_tokens": n}
+            if self.prefix_cache:
+                usage["prompt_tokens_details"] = {"cached_tokens": cached}
             events.append(json.dumps({"choices": [], "usage": usage}).encode())
         if not self.reject_engine_fields:
             events.append(b"[DONE]")
@@ -133,6 +152,8 @@ class FakeServer:
             writer.write(head + b"Connection: close\r\n\r\n")
         else:
             writer.write(head + b"Transfer-Encoding: chunked\r\n\r\n")
+        if delay:
+            await asyncio.sleep(delay)  # prefill of the uncached tokens
         for i, f in enumerate(frames):
             if self.hang and i == 1:
                 await asyncio.sleep(3600)
@@ -148,6 +169,15 @@ class FakeServer:
         if self.framing == "chunked":
             writer.write(b"0\r\n\r\n")
         return self.framing != "close"
+
+
+def _common(a: list[Any], b: list[Any]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 @contextlib.contextmanager

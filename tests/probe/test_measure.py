@@ -195,3 +195,28 @@ def test_slo_parsing(text_, ok):
     else:
         with pytest.raises(ValueError):
             SLO.parse(text_)
+
+
+def _merged(tokens_per_chunk: int) -> RequestResult:
+    """Ten tokens in chunks of ``tokens_per_chunk`` with continuous usage (a server that merges tokens)."""
+    reads, n, t = [], 0, 100
+    while n < 10:
+        k = min(tokens_per_chunk, 10 - n)
+        n += k
+        reads.append((t, text(" w" * k, tokens=n, finish="length" if n == 10 else None)))
+        t += 50
+    reads.append((t, event(b"[DONE]")))
+    return interpret(exchange(reads, end_ms=t))
+
+
+def test_accept_length_only_where_the_server_decodes_speculatively_tokens_per_chunk_always():
+    merged = [_merged(2), _merged(2)]
+    kw = {"profile": "128:128", "prefill_len": 128, "input_len": 128, "output_len": 10, "api": "completions",
+          "load": LoadShape(), "duration_s": 1.0}
+    plain = summarise(merged, **kw, speculative=False)  # type: ignore[arg-type]
+    assert plain.accept_length is None and plain.tokens_per_chunk == pytest.approx(2.0)
+    unknown = summarise(merged, **kw)  # type: ignore[arg-type]
+    assert unknown.accept_length is None and unknown.tokens_per_chunk == pytest.approx(2.0)
+    spec = summarise(merged, **kw, speculative=True)  # type: ignore[arg-type]
+    assert spec.accept_length == pytest.approx(2.0) and spec.tokens_per_chunk == pytest.approx(2.0)
+    assert _merged(1).tokens_per_chunk == 1.0

@@ -91,6 +91,23 @@ def test_a_module_can_turn_the_probe_off_or_choose_profiles(sim, seed_text):
     assert probes["250:500"].ttft_ms == pytest.approx(seed.ttft_ms, rel=TOLERANCE)
 
 
+def test_the_pipeline_sweeps_for_the_capacity_at_slo_within_its_budget(sim):
+    base, built = sim
+    res, cfg = validate(base, built, ("qwen3",), "sweep", key_env={"qwen3": {"BENCH_PROFILES": "128:128"}},
+                        probe_sweep_slo="ttft_p90_ms=8000,tpot_p90_ms=60", probe_sweep_budget=20)
+    assert res.ok, res.progress.error
+    (cap,) = [r for r in res.rows if r.profile == "capacity:128:128"]
+    assert cap.source == "probe" and cap.batch is not None and cap.batch >= 1
+    assert cap.extra["sweep_stop"] in ("slo", "saturated") and "broken" in cap.extra["sweep_levels"]
+    assert float(cap.extra["ttft_p90_ms"]) <= 8000 and float(cap.extra["tpot_p90_ms"]) <= 60
+    events = RunStore(cfg.workdir).events("sweep")
+    sweep_s = next(e["duration_s"] for e in events if e["step"] == "sweep" and e["status"] == "ok")
+    assert sweep_s < 20
+    log = next(RunStore(cfg.workdir).logs_dir("sweep").glob("*-benchmark-qwen3.log")).read_text()
+    assert "SLO sweep 128:128: 1:met" in log and f"capacity at SLO ttft_p90_ms=8000,tpot_p90_ms=60: concurrency " \
+        f"{cap.batch}" in log
+
+
 def _flagged(rows) -> set[tuple[str, str]]:  # type: ignore[no-untyped-def]
     return {(r.model_key, r.profile) for r in rows if r.source == "release" and FLAG in r.flags}
 

@@ -171,3 +171,25 @@ def test_analysis_does_not_modify_its_input(reference):
     before = cur.copy()
     analyse(cur, baseline=reference)
     pd.testing.assert_frame_equal(cur, before)
+
+
+def test_median_interval_ranks_invert_the_sign_test():
+    from controller.report.analysis.stats import median_interval_ranks
+
+    # n=11: P(X < 2) = 12/2048 <= 2.5 % < P(X < 3) = 67/2048: [x(2), x(10)], coverage 1 - 24/2048 = 98.8 %
+    assert median_interval_ranks([5, 6, 7, 11, 15]).tolist() == [0, 1, 1, 2, 4]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_regression_carries_the_95_percent_interval_of_its_change(reference, seed):
+    from controller.report.render import to_markdown
+
+    cur = fleet(reference, module_factor=SLOW, regress={("qwen3", "decode_tps"): 0.08}, seed=seed)
+    rep = analyse(cur, run_id="r", baseline=reference, baseline_id="b")
+    (reg,) = rep.regressions
+    assert reg.ci_low is not None and reg.ci_high is not None
+    assert reg.ci_low <= reg.change <= reg.ci_high and reg.ci_high - reg.ci_low < 0.04
+    # how often such an interval holds the injected -8 %: measured over 1,000 seeds by bench/report.py --power
+    change = [c for c in rep.changes if (c.model_key, c.metric, c.against) == ("qwen3", "decode_tps", "baseline")][0]
+    assert (change.ci_low, change.ci_high) == (reg.ci_low, reg.ci_high)
+    assert f"{reg.ci_low:+.1%} to {reg.ci_high:+.1%}" in to_markdown(rep)

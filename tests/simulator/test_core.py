@@ -133,13 +133,54 @@ def test_model_reproduces_mtp_rows_exactly(fitted, seed_text: str) -> None:
                          draft_tokens=4)
             steps = len(plan.emits)
             n = plan.n
-            assert n == r.output_tokens and plan.finish == "stop" and not plan.coalesce
+            assert n == r.output_tokens and plan.finish == "stop"
             assert round((n - 1 - steps) / (3 * steps), 4) == r.accept_rate
             assert round(n / (4 * steps), 4) == r.accept_rate_len
             assert all(1 <= c <= 4 for _, c in plan.emits) and sum(c for _, c in plan.emits) == n - 1
             assert plan.ttft_ms == pytest.approx(r.ttft_ms, rel=0.002)
             assert _tpot(plan) == pytest.approx(r.tpot_ms, rel=1e-9)
             assert "".join(core.completion_pieces(n, plan.answer)).endswith(f"#### {r.prediction}")
+
+
+SWEEP_KEYS = ("qwen3", "qwen35", "qwen35_fq", "qwen36_fq", "qwen3vl")
+
+
+@pytest.mark.parametrize("key", SWEEP_KEYS)
+@pytest.mark.parametrize("n", [128, 500, 2000])
+def test_a_one_token_prefix_hit_moves_ttft_and_tpot_by_at_most_1_percent(fitted, key: str, n: int) -> None:
+    """Prompts that share only their first token (a client's synthetic prompts, a chat template) are cold."""
+    s = fitted[0].setup(key)
+    cold, hit = _plan(s, prompt_len=n), _plan(s, prompt_len=n, cached=1)
+    assert abs(hit.ttft_ms / cold.ttft_ms - 1) <= 0.01
+    assert abs(_tpot(hit) / _tpot(cold) - 1) <= 0.01
+
+
+@pytest.mark.parametrize("key", SWEEP_KEYS)
+def test_a_prefix_hit_is_never_slower_than_no_cache_and_grows_smoothly(fitted, key: str) -> None:
+    s = fitted[0].setup(key)
+    for total in [*range(100, 3000, 37), *range(3000, 16001, 500)]:
+        cold = s.prefill_ms(total, total, 0)
+        step = max(1, total // 50)
+        costs = [s.prefill_ms(total - k, total, k) for k in range(0, total, step)]
+        assert all(c <= cold * (1 + 1e-12) for c in costs), (key, total)
+        pairs = list(zip(costs, costs[1:], strict=False))
+        assert all(b <= a * (1 + 1e-12) for a, b in pairs), (key, total)  # more cached: not slower
+        jumps = [abs(b - a) / cold for a, b in pairs]
+        assert max(jumps, default=0) <= 0.06, (key, total)  # 2 % more of the prompt cached: no jump
+
+
+def test_mtp_answer_of_exactly_max_tokens_finishes_with_length(fitted, seed_text: str) -> None:
+    setup = fitted[0].setup("qwen35_mtp")
+    r = parse_seed(seed_text)["qwen35_mtp"][0]
+    ids = core.gsm8k_prompt_ids(r.prompt_index, r.input_tokens)
+    args = {"prompt_len": r.input_tokens, "prompt_hash": core.prompt_hash(ids), "draft_tokens": 4}
+    exact = _plan(setup, max_tokens=r.output_tokens, **args)
+    assert (exact.n, exact.finish) == (r.output_tokens, "length")
+    assert "".join(core.completion_pieces(exact.n, exact.answer)).endswith(f"#### {r.prediction}")
+    longer = _plan(setup, max_tokens=r.output_tokens + 1, **args)
+    assert (longer.n, longer.finish) == (r.output_tokens, "stop")
+    shorter = _plan(setup, max_tokens=r.output_tokens - 1, **args)
+    assert (shorter.n, shorter.finish, shorter.answer) == (r.output_tokens - 1, "length", None)
 
 
 def test_vision_model_reproduces_fps_prefill_and_decode(fitted, seed_text: str) -> None:

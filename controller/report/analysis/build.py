@@ -25,7 +25,7 @@ from controller.report.analysis.frame import Names, exact_metrics, prepare, take
 from controller.report.analysis.groups import Groups
 from controller.report.analysis.middles import Middles, included_middles
 from controller.report.analysis.outliers import find_outliers, fleet_deviation, outlier_mask, refine_outliers
-from controller.report.analysis.probe import probe_disagreements, split_sources
+from controller.report.analysis.probe import capacities, probe_disagreements, split_sources
 from controller.report.analysis.summary import completeness, summarise
 from controller.report.analysis.verdict import decide, fold
 from controller.report.model import ALL_METRICS, DERIVED, FLEET, Change, Regression, Report, Thresholds
@@ -108,5 +108,5 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         regressions=regressions, outliers=outliers, changes=tuple(changes), notes=tuple(notes),
         modules=tuple(sorted(map(str, cur["module"].unique()))), thresholds=th,
         summary=summarise(cur, rows, ref, ~excluded, spread, cells_all, mid), rows=rows, reference=ref,
-        deviation=deviation, disagreements=disagreements, probe_checked=probe_checked,
+        deviation=deviation, disagreements=disagreements, probe_checked=probe_checked, capacities=capacities(probe),
     )

@@ -27,7 +27,7 @@ from controller.report.analysis.frame import (
 )
 from controller.report.analysis.groups import Groups
 from controller.report.analysis.middles import Middles
-from controller.report.analysis.stats import sign_p, wilcoxon_groups
+from controller.report.analysis.stats import median_intervals, sign_p, wilcoxon_groups
 from controller.report.analysis.verdict import (
     LOWER_MEDIAN_BELOW,
     answer_flipped,
@@ -168,16 +168,20 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
     at = index.get_indexer(pairs)
     key_d, key_ref = Groups(at).median([cells["d"].to_numpy(dtype=float), cells["ref"].to_numpy(dtype=float)]).T
     key_n, key_p = np.bincount(at, minlength=len(index)), wilcoxon_groups(cells, index)
+    d_lo, d_hi = median_intervals(cells["d"].to_numpy(dtype=float), at, len(index))
     for i, (key, m) in enumerate(index):  # keys x metrics
         ch, p, base, n = float(relative_change(m, key_d[i])), float(key_p[i]), float(key_ref[i]), int(key_n[i])
+        ends = sorted(float(relative_change(m, x)) for x in (d_lo[i], d_hi[i]))  # a badness bound is a change bound
+        lo, hi = (ends[0], ends[1]) if not np.isnan(d_lo[i]) else (None, None)
         status = key_status(m, ch, p, th)
         changes.append(Change(model_key=str(key), metric=m, against=against, baseline=base, value=base * (1 + ch),
-                              change=ch, p_value=p, n=n, status=status))
+                              change=ch, p_value=p, n=n, status=status, ci_low=lo, ci_high=hi))
         if status == "regressed":
             key_regressed.add((str(key), m))
             regs.append(Regression(module=FLEET, model_key=str(key), profile=FLEET, metric=m, baseline=base,
                                    value=base * (1 + ch), change=ch, against=against, p_value=p, n=n,
-                                   detail=f"median over {n} profiles of the fleet median"))
+                                   detail=f"median over {n} profiles of the fleet median", ci_low=lo,
+                                   ci_high=hi))
     # one profile that moved beyond tolerance on (nearly) every module (sign test across modules)
     cells["change"] = _change_vec(cells)
     cells["p"] = sign_p(cells["worse"], cells["n"])

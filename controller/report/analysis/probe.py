@@ -6,10 +6,12 @@ module, key and profile.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 
-from contract.vocab import COMPARED, Disagreement
+from contract.vocab import CAPACITY_PREFIX, COMPARED, Capacity, Disagreement
 from controller.report.analysis.frame import IDS
 
 
@@ -48,3 +50,29 @@ def probe_disagreements(rows: pd.DataFrame, probe: pd.DataFrame | None,
     order = {m: i for i, m in enumerate(COMPARED)}
     found.sort(key=lambda d: (d.model_key, d.module, d.profile, order[d.metric]))
     return tuple(found), len(both)
+
+
+def capacities(probe: pd.DataFrame | None) -> tuple[Capacity, ...]:
+    """The SLO sweep's rows (profile ``capacity:<profile>``): each module's capacity at SLO, by key and module."""
+    if probe is None or not len(probe) or "profile" not in probe.columns:
+        return ()
+    sel = probe[probe["profile"].astype(str).str.startswith(CAPACITY_PREFIX)]
+    out: list[Capacity] = []
+    for r in sel.itertuples(index=False):  # a few rows: one per module and key
+        extra = r.extra if isinstance(r.extra, dict) else json.loads(r.extra or "{}")
+
+        def num(name: str, extra: dict[str, str] = extra) -> float | None:
+            try:
+                return float(extra[name])
+            except (KeyError, ValueError):
+                return None
+
+        batch = pd.to_numeric(pd.Series([r.batch]), errors="coerce").iat[0]
+        out.append(Capacity(module=str(r.module), model_key=str(r.model_key),
+                            profile=str(r.profile)[len(CAPACITY_PREFIX):], slo=str(extra.get("sweep_slo", "")),
+                            concurrency=None if pd.isna(batch) else int(batch), output_tps=num("output_tps"),
+                            request_rps=num("request_rps"), ttft_p90_ms=num("ttft_p90_ms"),
+                            tpot_p90_ms=num("tpot_p90_ms"), stop=str(extra.get("sweep_stop", "")),
+                            levels=str(extra.get("sweep_levels", ""))))
+    out.sort(key=lambda c: (c.model_key, c.profile, c.module))
+    return tuple(out)

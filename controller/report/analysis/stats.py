@@ -59,3 +59,35 @@ def wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
             res[nonzero] = np.where(np.median(v, axis=1) >= 0, up, down)
         p[groups] = res
     return p
+
+
+def median_interval_ranks(n: Any, level: float = 0.95) -> np.ndarray:
+    """Per group size n: the 1-based rank k whose order statistics [x_(k), x_(n+1-k)] are a distribution-free
+    interval of the median with coverage >= ``level`` (a sign test inverted: the largest k with
+    P(Binomial(n, 1/2) < k) <= (1 - level) / 2); 0 where no such interval exists (n < 6 at 95 %)."""
+    from scipy import stats
+
+    n = np.asarray(n, dtype=np.int64)
+    out = np.zeros(len(n), dtype=np.int64)
+    for size in sorted(set(n.tolist())):
+        if size < 1:
+            continue
+        cdf = stats.binom.cdf(np.arange(size), size, 0.5)  # P(X <= j), j = 0..n-1
+        ok = np.flatnonzero(cdf <= (1 - level) / 2)  # P(X < k) = cdf[k - 1] <= alpha / 2
+        out[n == size] = int(ok[-1]) + 1 if len(ok) else 0
+    return out
+
+
+def median_intervals(values: np.ndarray, groups: np.ndarray, count: int, level: float = 0.95
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Per group code 0..count-1 of ``values``: the distribution-free interval of the median (NaN where none)."""
+    order = np.lexsort((values, groups))
+    v = values[order]
+    sizes = np.bincount(groups, minlength=count)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    k = median_interval_ranks(sizes, level)
+    has = k > 0
+    lo, hi = np.full(count, np.nan), np.full(count, np.nan)
+    lo[has] = v[(starts + k - 1)[has]]
+    hi[has] = v[(starts + sizes - k)[has]]
+    return lo, hi

@@ -190,10 +190,12 @@ previous {{ r.previous_ids|join(", ") or "none" }} &middot; {{ r.modules|length 
 tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 <h2>Regressions</h2>
 {% if r.regressions %}<table><tr><th>module</th><th>model key</th><th>profile</th><th>metric</th><th>baseline</th>
-<th>value</th><th>change</th><th>against</th><th>detail</th></tr>
+<th>value</th><th>change</th><th>95% interval</th><th>against</th><th>detail</th></tr>
 {% for x in r.regressions %}<tr><td>{{ x.module }}</td><td>{{ x.model_key }}</td><td>{{ x.profile }}</td>
 <td>{{ x.metric }}</td><td class="num">{{ num(x.baseline) }}</td><td class="num">{{ num(x.value) }}</td>
-<td class="num bad">{{ pct(x.change) }}</td><td>{{ x.against }}</td>
+<td class="num bad">{{ pct(x.change) }}</td>
+<td class="num">{% if x.ci_low is not none %}{{ pct(x.ci_low) }} to {{ pct(x.ci_high) }}{% endif %}</td>
+<td>{{ x.against }}</td>
 <td>{{ x.detail }}{% if x.related %}; with {{ x.related|join(", ") }}{% endif %}</td></tr>
 {% endfor %}</table>{% else %}<p>None.</p>{% endif %}
 <h2>Outlier modules</h2>
@@ -218,6 +220,16 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 {% for d in r.disagreements %}<tr><td>{{ d.module }}</td><td>{{ d.model_key }}</td><td>{{ d.profile }}</td>
 <td>{{ d.metric }}</td><td class="num">{{ num(d.release) }}</td><td class="num">{{ num(d.probe) }}</td>
 <td class="num bad">{{ pct(d.change) }}</td></tr>
+{% endfor %}</table>{% endif %}
+{% if r.capacities %}<h2>Capacity at SLO</h2>
+<p>The highest concurrency at which each module's probe met the SLO (figures of that level's steady-state window).</p>
+<table><tr><th>module</th><th>model key</th><th>profile</th><th>SLO</th><th>concurrency</th><th>output tok/s</th>
+<th>req/s</th><th>TTFT p90</th><th>TPOT p90</th><th>stopped</th><th>levels</th></tr>
+{% for c in r.capacities %}<tr><td>{{ c.module }}</td><td>{{ c.model_key }}</td><td>{{ c.profile }}</td>
+<td>{{ c.slo }}</td><td class="num">{{ "none" if c.concurrency is none else c.concurrency }}</td>
+<td class="num">{{ num(c.output_tps) }}</td><td class="num">{{ num(c.request_rps) }}</td>
+<td class="num">{{ num(c.ttft_p90_ms) }}</td><td class="num">{{ num(c.tpot_p90_ms) }}</td><td>{{ c.stop }}</td>
+<td>{{ c.levels }}</td></tr>
 {% endfor %}</table>{% endif %}
 <h2>Decode throughput against context</h2>{{ decode_svg|safe }}
 {% if decode_missing %}<p class="muted">{{ decode_missing }}</p>{% endif %}

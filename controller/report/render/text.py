@@ -84,8 +84,10 @@ def to_markdown(r: Report) -> str:
     out += ["", "## Regressions", ""]
     if r.regressions:
         out.append(_md_table(
-            ["module", "model key", "profile", "metric", "baseline", "value", "change", "against", "p", "detail"],
-            [[x.module, x.model_key, x.profile, x.metric, num(x.baseline), num(x.value), pct(x.change), x.against,
+            ["module", "model key", "profile", "metric", "baseline", "value", "change", "95% interval", "against", "p",
+             "detail"],
+            [[x.module, x.model_key, x.profile, x.metric, num(x.baseline), num(x.value), pct(x.change),
+              "" if x.ci_low is None or x.ci_high is None else f"{pct(x.ci_low)} to {pct(x.ci_high)}", x.against,
               "" if x.p_value is None else f"{x.p_value:.2g}",
               x.detail + (f"; with {', '.join(x.related)}" if x.related else "")] for x in r.regressions]))
     else:
@@ -105,6 +107,14 @@ def to_markdown(r: Report) -> str:
         out += ["", _md_table(["module", "model key", "profile", "metric", "release", "probe", "change"],
                               [[d.module, d.model_key, d.profile, d.metric, num(d.release), num(d.probe),
                                 pct(d.change)] for d in r.disagreements])]
+    if r.capacities:
+        out += ["", "## Capacity at SLO", "", "The highest concurrency at which each module's probe met the SLO "
+                "(figures of that level's steady-state window; levels tried: met or broken).", "",
+                _md_table(["module", "model key", "profile", "SLO", "concurrency", "output tok/s", "req/s",
+                           "TTFT p90", "TPOT p90", "stopped", "levels"],
+                          [[c.module, c.model_key, c.profile, c.slo, "none" if c.concurrency is None else
+                            str(c.concurrency), num(c.output_tps), num(c.request_rps), num(c.ttft_p90_ms),
+                            num(c.tpot_p90_ms), c.stop, c.levels] for c in r.capacities])]
     if r.changes:
         out += ["", "## Every change per model key (fleet median over profiles)", ""]
         rows = [[c.model_key, c.metric, c.against, num(c.baseline), num(c.value), pct(c.change),
