@@ -203,6 +203,8 @@ def test_prometheus_scrapes_fleet_and_every_expression_has_data(
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{DEVICE_TOOL_DIR}{os.pathsep}{os.environ['PATH']}",
                ENV_DEVICE_DIR: str(work[m]), ENV_DEVICE: "throttle" if m == "sim-b" else "",
                "FLEET_TELEMETRY_PERIOD": "0.5"}
+        if m == "sim-b":  # sim-b also sweeps for its capacity at an SLO (the m1000_result_capacity_* series)
+            env.update(FLEET_PROBE_SWEEP_SLO="ttft_p90_ms=8000,tpot_p90_ms=60", FLEET_PROBE_SWEEP_BUDGET="4")
         runs[m] = procs.start([str(Path(sys.executable).parent / "fleet-agent"), "run", str(tarball),
                                "--models", keys, "--model-root", str(models), "--workdir", str(work[m]),
                                "--module", m, "--server-port", str(port), "--run-id", f"{m}-run",
@@ -223,6 +225,7 @@ def test_prometheus_scrapes_fleet_and_every_expression_has_data(
     assert query(base, 'm1000_result_vision_frames_per_second{module="sim-a"} > 0')
     assert query(base, 'm1000_result_gsm8k_accuracy_ratio{module="sim-a"}')
     assert len(query(base, 'm1000_result_decode_tokens_per_second{module="sim-b"}')) == 22
+    assert query(base, 'm1000_result_capacity_concurrency{module="sim-b", profile="128:128"} >= 1')
     assert query(base, 'up{job="m1000-agent", module="dead-e"} == 0')
     # the devices were sampled during the runs (what a throttled card reports: tests/telemetry)
     for m in ("sim-a", "sim-b"):
