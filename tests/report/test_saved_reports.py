@@ -1,7 +1,10 @@
 """Reports identical to the bit to ones saved before the analysis was restructured for speed.
 
 The JSON of three reports (every regression, outlier with its worst cases, change, note and the
-whole summary) was saved from the analysis as it stood before ``Deviations`` / ``run_medians``:
+whole summary) was saved from the analysis as it stood before ``Deviations`` / ``run_medians``
+(and saved again when the key-level estimator became ADR 0016's: only the key-level figures (changes and the
+one fleet-wide regression), their p-values, intervals and detail moved; every verdict, finding, outlier and
+summary figure stayed):
 a 12-module fleet with two slow modules, a key slower on one module, invalid-flagged, missing
 and zero figures, flipped answers and a module/key pair missing, against the baseline and a
 previous run of 10 modules, rows shuffled; a 40-module fleet with a module/key outlier; and one

@@ -1,10 +1,10 @@
 """The run against a reference: per row the difference to the baseline or the module's previous run.
 
-Fleet level: per (key, profile, metric) the fleet median of the difference; per (key, metric)
-the median over profiles with a Wilcoxon signed-rank test across profiles; per profile a sign
-test across modules. Module level: each module against its own previous run (median over
-profiles, sign test). MTP answers right in the reference and wrong now. What of it counts as a
-regression is :mod:`.verdict`'s to say.
+Fleet level: per (key, profile, metric) the fleet median and the fleet trimmed mean of the difference; per
+(key, metric) the Hodges-Lehmann centre over profiles of the trimmed means with a Wilcoxon signed-rank test
+across profiles; per profile a sign test across modules (on the medians). Module level: each module against
+its own previous run (median over profiles, sign test). MTP answers right in the reference and wrong now. What
+of it counts as a regression is :mod:`.verdict`'s to say.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from controller.report.analysis.frame import (
 )
 from controller.report.analysis.groups import Groups
 from controller.report.analysis.middles import Middles
-from controller.report.analysis.stats import median_intervals, sign_p, wilcoxon_groups
+from controller.report.analysis.stats import hodges_lehmann_groups, sign_p, wilcoxon_groups
 from controller.report.analysis.verdict import (
     LOWER_MEDIAN_BELOW,
     answer_flipped,
@@ -131,6 +131,7 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
     n_rows = g.ends - g.starts
     few = (n_rows < LOWER_MEDIAN_BELOW)[:, None]  # small fleets: the median of an even count matters
     med = pd.DataFrame(np.where(few, lo, (lo + hi) / 2), index=g.present, columns=dcols)
+    trim = pd.DataFrame(g.trimmed_means(dv, LOWER_MEDIAN_BELOW), index=g.present, columns=dcols)
     if ref_cells is not None:
         med = med.join(ref_cells[rcols])
     else:
@@ -144,7 +145,7 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
     pos = pd.DataFrame(counts[:, len(dcols):], index=g.present, columns=dcols)
     ids = names.cells.reindex(med.index)
     parts = [pd.DataFrame({"model_key": ids["model_key"], "profile": ids["profile"], "metric": m,
-                           "d": med[f"d_{m}"], "n": n[f"d_{m}"], "worse": pos[f"d_{m}"],
+                           "d": med[f"d_{m}"], "t": trim[f"d_{m}"], "n": n[f"d_{m}"], "worse": pos[f"d_{m}"],
                            "ref": np.exp(SIGN[m] * med[f"r_{m}"])})
              for m in metrics]
     cells = pd.concat(parts)
@@ -166,9 +167,10 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
     pairs = pd.MultiIndex.from_arrays([cells["model_key"], cells["metric"]])
     index = pairs.unique().sort_values()  # the (key, metric) groups, sorted as a groupby sorts them
     at = index.get_indexer(pairs)
-    key_d, key_ref = Groups(at).median([cells["d"].to_numpy(dtype=float), cells["ref"].to_numpy(dtype=float)]).T
-    key_n, key_p = np.bincount(at, minlength=len(index)), wilcoxon_groups(cells, index)
-    d_lo, d_hi = median_intervals(cells["d"].to_numpy(dtype=float), at, len(index))
+    # the key's figure: the Hodges-Lehmann centre over its profiles of the cells' trimmed means (see .verdict)
+    key_d, d_lo, d_hi = hodges_lehmann_groups(cells["t"].to_numpy(dtype=float), at, len(index))
+    (key_ref,) = Groups(at).median([cells["ref"].to_numpy(dtype=float)]).T
+    key_n, key_p = np.bincount(at, minlength=len(index)), wilcoxon_groups(cells, index, "t")
     for i, (key, m) in enumerate(index):  # keys x metrics
         ch, p, base, n = float(relative_change(m, key_d[i])), float(key_p[i]), float(key_ref[i]), int(key_n[i])
         ends = sorted(float(relative_change(m, x)) for x in (d_lo[i], d_hi[i]))  # a badness bound is a change bound
@@ -180,7 +182,7 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
             key_regressed.add((str(key), m))
             regs.append(Regression(module=FLEET, model_key=str(key), profile=FLEET, metric=m, baseline=base,
                                    value=base * (1 + ch), change=ch, against=against, p_value=p, n=n,
-                                   detail=f"median over {n} profiles of the fleet median", ci_low=lo,
+                                   detail=f"centre over {n} profiles of the fleet trimmed mean", ci_low=lo,
                                    ci_high=hi))
     # one profile that moved beyond tolerance on (nearly) every module (sign test across modules)
     cells["change"] = _change_vec(cells)

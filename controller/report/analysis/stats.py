@@ -1,10 +1,12 @@
-"""The statistical tests of a report: one-sided sign tests and Wilcoxon signed-rank tests (scipy).
+"""The statistical tests of a report: one-sided sign tests and Wilcoxon signed-rank tests (scipy), and the
+estimates that go with them (the median's and the Hodges-Lehmann centre's distribution-free intervals).
 
 Both are vectorised over many groups at once; scipy loads only when a report is built.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -33,9 +35,9 @@ def sign_p(k: Any, n: Any) -> Any:
     return np.where(n > 0, stats.binom.sf(k - 1, n, 0.5), 1.0)
 
 
-def wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
+def wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex, column: str = "d") -> np.ndarray:
     """One-sided Wilcoxon signed-rank p (in the direction of the median) of each (key, metric)
-    group's cell medians against 0 (groups: ``index``, sorted), one scipy call per group size
+    group's cell figures (``column``) against 0 (groups: ``index``, sorted), one scipy call per group size
     (vectorised along the groups); each group's values in the order of ``cells``."""
     from scipy import stats
 
@@ -43,7 +45,7 @@ def wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex) -> np.ndarray:
     order = np.argsort(at, kind="stable")
     sizes = np.bincount(at, minlength=len(index))
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    d = cells["d"].to_numpy(dtype=float)[order]
+    d = cells[column].to_numpy(dtype=float)[order]
     p = np.ones(len(index))
     for n in sorted(set(sizes.tolist())):  # a few distinct group sizes
         if n < 2:
@@ -91,3 +93,58 @@ def median_intervals(values: np.ndarray, groups: np.ndarray, count: int, level: 
     lo[has] = v[(starts + k - 1)[has]]
     hi[has] = v[(starts + sizes - k)[has]]
     return lo, hi
+
+
+HL_MAX = 2000  # groups of more values: the median and its interval (n (n + 1) / 2 Walsh averages is enough)
+_EXACT_UP_TO = 200  # the signed-rank statistic's exact null distribution up to this n, its normal limit above
+
+
+def signed_rank_k(n: int, level: float = 0.95) -> int:
+    """The 1-based rank k of the sorted Walsh averages whose [W_(k), W_(N+1-k)] (N = n (n + 1) / 2) is the
+    signed-rank test's interval of the centre with coverage >= ``level``: the largest k with P(T < k) <=
+    (1 - level) / 2 under the null (exact up to n = 200, the normal approximation above); 0 where none (n < 6)."""
+    from scipy import stats
+
+    if n < 1:
+        return 0
+    alpha = (1 - level) / 2
+    if n > _EXACT_UP_TO:
+        mean, sd = n * (n + 1) / 4, math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
+        return max(0, int(math.floor(mean - stats.norm.ppf(1 - alpha) * sd + 0.5)))
+    counts = np.zeros(n * (n + 1) // 2 + 1)
+    counts[0] = 1.0
+    for r in range(1, n + 1):  # the number of rank subsets of each sum
+        counts[r:] = counts[r:] + counts[:-r].copy()
+    cdf = np.cumsum(counts) / 2.0**n
+    ok = np.flatnonzero(cdf <= alpha)  # P(T <= j) = cdf[j]; P(T < k) = cdf[k - 1]
+    return int(ok[-1]) + 1 if len(ok) else 0
+
+
+def hodges_lehmann_groups(values: np.ndarray, groups: np.ndarray, count: int, level: float = 0.95
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group code 0..count-1 of ``values`` (no NaN): the Hodges-Lehmann centre (the median of the Walsh
+    averages (x_i + x_j) / 2, i <= j) and its distribution-free interval (the Walsh averages the
+    signed-rank test does not reject; NaN where none). A group of more than :data:`HL_MAX` values: its median
+    and the median's interval."""
+    centre, lo, hi = np.full(count, np.nan), np.full(count, np.nan), np.full(count, np.nan)
+    order = np.lexsort((values, groups))
+    v = values[order]
+    sizes = np.bincount(groups, minlength=count)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    big = sizes > HL_MAX
+    if big.any():
+        m_lo, m_hi = median_intervals(values, groups, count, level)
+        lo[big], hi[big] = m_lo[big], m_hi[big]
+    ks: dict[int, int] = {}
+    for i in np.flatnonzero(sizes).tolist():
+        x = v[starts[i]:starts[i] + sizes[i]]
+        if big[i]:
+            centre[i] = float(np.median(x))
+            continue
+        a, b = np.triu_indices(len(x))
+        w = np.sort((x[a] + x[b]) / 2)
+        centre[i] = float(np.median(w))
+        k = ks.setdefault(len(x), signed_rank_k(len(x), level))
+        if k:
+            lo[i], hi[i] = w[k - 1], w[len(w) - k]
+    return centre, lo, hi

@@ -241,7 +241,7 @@ fleet median over that model key's figures, in %; negative: slower (lower throug
 {% if r.changes %}<h2>Every change per model key</h2>
 {% set moved = r.changes|rejectattr("status", "equalto", "within tolerance")|list %}
 <p class="muted">{{ r.changes|length - moved|length }} of {{ r.changes|length }} comparisons within tolerance
-(fleet median over profiles; p: Wilcoxon signed-rank across profiles).</p>
+(the Hodges-Lehmann centre over profiles of the fleet trimmed mean; p: Wilcoxon signed-rank across profiles).</p>
 {% if moved %}{{ changes_table(moved) }}{% endif %}
 <details><summary>all {{ r.changes|length }} comparisons</summary>{{ changes_table(r.changes) }}</details>
 {% endif %}

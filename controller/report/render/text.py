@@ -116,7 +116,7 @@ def to_markdown(r: Report) -> str:
                             str(c.concurrency), num(c.output_tps), num(c.request_rps), num(c.ttft_p90_ms),
                             num(c.tpot_p90_ms), c.stop, c.levels] for c in r.capacities])]
     if r.changes:
-        out += ["", "## Every change per model key (fleet median over profiles)", ""]
+        out += ["", "## Every change per model key (centre over profiles of the fleet trimmed mean)", ""]
         rows = [[c.model_key, c.metric, c.against, num(c.baseline), num(c.value), pct(c.change),
                  "" if c.p_value is None else f"{c.p_value:.2g}", c.status]
                 for c in r.changes if c.metric in PRIMARY_METRICS or c.status != "within tolerance"]
