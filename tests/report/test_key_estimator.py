@@ -11,7 +11,7 @@ import pytest
 from controller.report import analyse
 from controller.report.analysis.groups import Groups
 from controller.report.analysis.stats import HL_MAX, hodges_lehmann_groups, signed_rank_k
-from controller.report.analysis.verdict import LOWER_MEDIAN_BELOW
+from controller.report.analysis.verdict import LOWER_MEDIAN_BELOW, TRIM_UP_TO
 from controller.report.synth import fleet
 
 
@@ -28,7 +28,7 @@ def _plain_trimmed(x: np.ndarray) -> float:
 
 def test_trimmed_means_match_a_plain_per_group_computation_with_nan_and_every_size() -> None:
     rng = np.random.default_rng(3)
-    sizes = list(range(1, 31)) + [57, 400]
+    sizes = list(range(1, 31)) + [57, 400, 1001]  # the last above up_to: NaN (the caller takes its median)
     codes = np.repeat(np.arange(len(sizes)) * 2, sizes)  # codes with gaps, as a report's cells
     a = rng.standard_normal(len(codes))
     b = rng.standard_normal(len(codes))
@@ -36,21 +36,22 @@ def test_trimmed_means_match_a_plain_per_group_computation_with_nan_and_every_si
     b[codes == 4] = np.nan  # a group whose column is all NaN
     perm = rng.permutation(len(codes))  # rows not in group order
     g = Groups(codes[perm])
-    got = g.trimmed_means([a[perm], b[perm]], LOWER_MEDIAN_BELOW)
+    got = g.trimmed_means([a[perm], b[perm]], LOWER_MEDIAN_BELOW, 1000)
     for i, code in enumerate(g.present):
         for j, col in enumerate((a, b)):
-            want = _plain_trimmed(col[codes == code])
+            want = _plain_trimmed(col[codes == code]) if (codes == code).sum() <= 1000 else float("nan")
             assert got[i, j] == pytest.approx(want, rel=1e-12, abs=1e-15, nan_ok=True), (code, j)
 
 
 def test_half_of_a_small_fleet_moves_no_trimmed_figure_and_the_interquartile_mean_from_twelve() -> None:
     g = Groups(np.zeros(4, dtype=int))
-    assert g.trimmed_means([np.array([0.0, 0.0, 0.15, 0.15])], LOWER_MEDIAN_BELOW)[0, 0] == 0.0
+    assert g.trimmed_means([np.array([0.0, 0.0, 0.15, 0.15])], LOWER_MEDIAN_BELOW, TRIM_UP_TO)[0, 0] == 0.0
     g = Groups(np.zeros(12, dtype=int))
     x = np.arange(12.0)
-    assert g.trimmed_means([x], LOWER_MEDIAN_BELOW)[0, 0] == pytest.approx(x[3:9].mean())
+    assert g.trimmed_means([x], LOWER_MEDIAN_BELOW, TRIM_UP_TO)[0, 0] == pytest.approx(x[3:9].mean())
     g = Groups(np.zeros(5, dtype=int))  # 5 modules: the middle three
-    assert g.trimmed_means([np.array([9.0, 1.0, 2.0, 3.0, -9.0])], LOWER_MEDIAN_BELOW)[0, 0] == pytest.approx(2.0)
+    five = np.array([9.0, 1.0, 2.0, 3.0, -9.0])
+    assert g.trimmed_means([five], LOWER_MEDIAN_BELOW, TRIM_UP_TO)[0, 0] == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize(("n", "k"), [(5, 0), (6, 1), (8, 4), (10, 9), (11, 11), (15, 26), (20, 53)])
@@ -102,3 +103,18 @@ def test_a_six_percent_regression_the_median_of_medians_missed_is_named(referenc
     (ch,) = [c for c in rep.changes if (c.model_key, c.metric) == (key, "decode_tps")]
     assert ch.change < -0.05 and ch.ci_low is not None and ch.ci_high is not None
     assert ch.ci_low <= -0.06 <= ch.ci_high
+
+
+def test_a_cell_of_more_modules_than_the_trim_limit_keeps_its_median_in_the_key_figure(reference: pd.DataFrame
+                                                                                        ) -> None:
+    """A fleet of TRIM_UP_TO + 1 modules, one key 4 % slower (not an outlier) on a quarter of them and 2 more
+    (the trimmed mean would move, the median does not): the key-level change is the centre of the cells'
+    medians."""
+    n = TRIM_UP_TO + 1
+    names = [f"m{i:04d}" for i in range(n)]
+    cur = fleet(reference, modules=names, noise=0.0, seed=1)
+    slow = cur["module"].isin(names[: n // 4 + 2]) & (cur["model_key"] == "qwen3")
+    cur.loc[slow, "decode_tps"] = cur.loc[slow, "decode_tps"] * 0.96
+    rep = analyse(cur, baseline=reference)
+    (ch,) = [c for c in rep.changes if (c.model_key, c.metric) == ("qwen3", "decode_tps")]
+    assert ch.change == pytest.approx(0.0, abs=1e-12)

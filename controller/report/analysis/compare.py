@@ -30,6 +30,7 @@ from controller.report.analysis.middles import Middles
 from controller.report.analysis.stats import hodges_lehmann_groups, sign_p, wilcoxon_groups
 from controller.report.analysis.verdict import (
     LOWER_MEDIAN_BELOW,
+    TRIM_UP_TO,
     answer_flipped,
     key_status,
     module_regressed,
@@ -131,7 +132,10 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
     n_rows = g.ends - g.starts
     few = (n_rows < LOWER_MEDIAN_BELOW)[:, None]  # small fleets: the median of an even count matters
     med = pd.DataFrame(np.where(few, lo, (lo + hi) / 2), index=g.present, columns=dcols)
-    trim = pd.DataFrame(g.trimmed_means(dv, LOWER_MEDIAN_BELOW), index=g.present, columns=dcols)
+    # the key-level figure's cells: the trimmed mean; a cell of more than TRIM_UP_TO modules keeps its median
+    trimmed = g.trimmed_means(dv, LOWER_MEDIAN_BELOW, TRIM_UP_TO)
+    trim = pd.DataFrame(np.where((n_rows > TRIM_UP_TO)[:, None], med.to_numpy(), trimmed), index=g.present,
+                        columns=dcols)
     if ref_cells is not None:
         med = med.join(ref_cells[rcols])
     else:

@@ -44,6 +44,7 @@ from contract.records import METRICS
 from controller.report.model import DERIVED, FLEET, Outlier, Regression, Status, Thresholds, Verdict
 
 LOWER_MEDIAN_BELOW = 12  # cells with fewer rows: the fleet median is the lower median of the badness
+TRIM_UP_TO = 1024  # cells of more rows: the key-level figure takes their median, not their trimmed mean (ADR 0016)
 
 
 # -- a change beyond tolerance (``METRICS[m]``: higher is better) --------------------------------
