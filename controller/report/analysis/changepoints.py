@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Union
 
 import numpy as np
 
@@ -38,6 +39,9 @@ DEFAULT_OUTLIER_SIGMAS = 3.0
 DEFAULT_PERMUTATIONS = 999
 PERMUTATION_SEED = 20260917  # the shuffles of the permutation test: fixed, so a series' p-value is reproducible
 HAMPEL_HALF_WINDOW = 2  # the local median of a value: the median of the 2 * 2 + 1 values around it
+
+
+Values = Union[Sequence[float], "np.ndarray"]  # a series: floats in release order
 
 
 class SeriesError(ValueError):
@@ -179,7 +183,7 @@ def _passes(t: _Test, s: DetectorSettings) -> bool:
     return t.p_value <= s.max_pvalue and abs(t.size) >= s.min_magnitude
 
 
-def locate(values: Sequence[float], settings: DetectorSettings | None = None) -> list[int]:
+def locate(values: Values, settings: DetectorSettings | None = None) -> list[int]:
     """Candidate change points (indices of the first value after each) before pruning: the search alone."""
     s = settings or DetectorSettings()
     x = _as_series(values)
@@ -188,7 +192,7 @@ def locate(values: Sequence[float], settings: DetectorSettings | None = None) ->
     return sorted(found)
 
 
-def prune(values: Sequence[float], candidates: Sequence[int], settings: DetectorSettings | None = None) -> \
+def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings | None = None) -> \
         tuple[ChangePoint, ...]:
     """The candidates that pass against their neighbours (the weakest failing one dropped at a time)."""
     s = settings or DetectorSettings()
@@ -216,7 +220,7 @@ def prune(values: Sequence[float], candidates: Sequence[int], settings: Detector
     return tuple(out)
 
 
-def _as_series(values: Sequence[float]) -> np.ndarray:
+def _as_series(values: Values) -> np.ndarray:
     x = np.asarray(values, dtype=float)
     if x.ndim != 1:
         raise SeriesError(f"a series is one-dimensional, got shape {x.shape}")
@@ -226,7 +230,7 @@ def _as_series(values: Sequence[float]) -> np.ndarray:
     return x
 
 
-def hampel(values: Sequence[float], sigmas: float = DEFAULT_OUTLIER_SIGMAS) -> tuple[np.ndarray, tuple[int, ...]]:
+def hampel(values: Values, sigmas: float = DEFAULT_OUTLIER_SIGMAS) -> tuple[np.ndarray, tuple[int, ...]]:
     """The series with its outliers replaced, and the outliers' indices. An outlier is a value further than
     ``sigmas`` robust standard deviations from both the median of the ``HAMPEL_HALF_WINDOW`` values before it
     and that of the ones after it (the first step of a new level is near the values after it: not an
@@ -252,13 +256,13 @@ def hampel(values: Sequence[float], sigmas: float = DEFAULT_OUTLIER_SIGMAS) -> t
     return clean, tuple(int(i) for i in out)
 
 
-def analyse_series(values: Sequence[float], settings: DetectorSettings | None = None) -> Detection:
+def analyse_series(values: Values, settings: DetectorSettings | None = None) -> Detection:
     """Outliers set aside, then the change points of what is left (:func:`locate`, :func:`prune`)."""
     s = settings or DetectorSettings()
     clean, outliers = hampel(values, s.outlier_sigmas)
     return Detection(change_points=prune(clean, locate(clean, s), s), outliers=outliers)
 
 
-def detect(values: Sequence[float], settings: DetectorSettings | None = None) -> tuple[ChangePoint, ...]:
+def detect(values: Values, settings: DetectorSettings | None = None) -> tuple[ChangePoint, ...]:
     """The change points of ``values`` (in release order), oldest first; () for a series too short for one."""
     return analyse_series(values, settings).change_points

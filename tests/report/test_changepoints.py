@@ -1,0 +1,109 @@
+"""The change-point detector on planted series, the release order, and ``fleetctl trend`` (history and CSV)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from controller.cli import trend as trend_cli
+from controller.history import History
+from controller.report.analysis.changepoints import DetectorSettings, analyse_series, detect
+from controller.report.synth import fleet, planted_series
+from controller.report.trend import release_order
+from tests.support.frames import frame_to_rows
+
+
+@pytest.mark.parametrize("shift", [0.10, 0.15, 0.20])
+def test_planted_shift_at_one_percent_noise_found_within_one_release(shift):
+    for seed in range(10):
+        x, at = planted_series(seed, shift=-shift, noise=0.01, outliers=0)
+        cps = detect(x)
+        assert len(cps) == 1, (seed, cps)
+        assert abs(cps[0].index - at) <= 1
+        assert cps[0].ci_low < -shift * 0.8 and cps[0].ci_high > -shift * 1.2 and cps[0].in_force
+
+
+def test_no_shift_series_has_no_change_point_in_most_seeds():
+    hits = sum(bool(detect(planted_series(10**6 + seed, noise=0.02)[0])) for seed in range(40))
+    assert hits <= 1
+
+
+def test_a_level_shift_is_reported_once_and_a_reverted_one_is_not_in_force():
+    x, at = planted_series(3, n=40, shift=-0.10, at=12, noise=0.01, outliers=0)
+    cps = detect(x)
+    assert [c.index for c in cps] == [12]
+    x[28:] /= 0.90  # back to the old level
+    back = detect(x)
+    assert [c.index for c in back] == [12, 28]
+    assert [c.in_force for c in back] == [False, True]
+
+
+def test_outliers_are_named_not_change_points():
+    x, _ = planted_series(5, shift=0.0, noise=0.01, outliers=0)
+    x[10] *= 1.3
+    d = analyse_series(x)
+    assert d.outliers == (10,) and d.change_points == ()
+
+
+def test_release_order_by_version_else_by_first_run():
+    runs = pd.DataFrame({"release": ["1.10.0", "1.9.0", "1.9.0", "2.0rc1"], "created_at": [1.0, 3.0, 0.5, 2.0]})
+    assert release_order(runs) == ["1.9.0", "1.10.0", "2.0rc1"]
+    nightly = pd.DataFrame({"release": ["1.9.0", "nightly-b", "nightly-a"], "created_at": [5.0, 1.0, 2.0]})
+    assert release_order(nightly) == ["nightly-b", "nightly-a", "1.9.0"]
+
+
+def test_bad_setting_is_refused():
+    with pytest.raises(ValueError, match="max_pvalue"):
+        DetectorSettings(max_pvalue=0)
+
+
+def _app(history: History) -> typer.Typer:
+    a = typer.Typer()
+    trend_cli.register(a, lambda: history)
+    a.command("noop")(lambda: None)  # a group, so "trend" is a subcommand as in fleetctl
+    return a
+
+
+def test_trend_names_the_release_of_a_planted_regression(reference, tmp_path):
+    ref = reference[reference["model_key"].isin(["qwen3"])]
+    h = History(tmp_path / "history.sqlite")
+    try:
+        for i in range(12):
+            rel = f"1.{i}.0"
+            df = fleet(ref, modules=3, noise=0.01, seed=i, run_id=f"run-{i}", release=rel,
+                       regress={("qwen3", "decode_tps"): 0.10} if i >= 6 else None)
+            h.create_run(f"run-{i}", release=rel, models=["qwen3"], modules=["m00", "m01", "m02"])
+            h.upsert_rows(frame_to_rows(df))
+            h.set_run_state(f"run-{i}", "done")
+            time.sleep(0.002)
+        res = CliRunner().invoke(_app(h), ["trend", "--metric", "decode_tps", "--devices", "none", "-o", "json"])
+        assert res.exit_code == 0, res.output
+        recs = json.loads(res.stdout)
+        assert recs and {r["release"] for r in recs} == {"1.6.0"}
+        assert {r["scope"] for r in recs} == {"fleet"}
+        assert all(-0.13 < r["size_value"] < -0.07 and r["in_force"] == "yes" for r in recs)
+    finally:
+        h.close()
+
+
+def test_trend_from_csv_finds_the_step_and_bad_input_is_one_line(tmp_path: Path):
+    x, at = planted_series(1, shift=0.15, noise=0.01, outliers=0)
+    f = tmp_path / "s.csv"
+    pd.DataFrame({"n": range(len(x)), "v": x}).to_csv(f, index=False)
+    app = _app(History(tmp_path / "h.sqlite"))
+    ok = CliRunner().invoke(app, ["trend", "--from-csv", str(f), "--column", "v", "--order-by", "n", "-o", "json"])
+    assert ok.exit_code == 0, ok.output
+    assert [r["index"] for r in json.loads(ok.stdout)] == [at]
+    for args, needle in ((["--column", "w"], "no column 'w' (columns: n, v)"),
+                         (["--column", "v", "--order-by", "t"], "no column 't'")):
+        bad = CliRunner().invoke(app, ["trend", "--from-csv", str(f), *args])
+        assert bad.exit_code != 0 and isinstance(bad.exception, trend_cli.TrendError)
+        assert needle in str(bad.exception)
+    missing = CliRunner().invoke(app, ["trend", "--from-csv", str(tmp_path / "none.csv"), "--column", "v"])
+    assert isinstance(missing.exception, trend_cli.TrendError) and "none.csv" in str(missing.exception)
