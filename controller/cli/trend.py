@@ -94,7 +94,7 @@ def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
         devices: str = typer.Option("all", "--devices", "-d", help="'all' or module names, comma separated "
                                     "(per-module series of those; the fleet series are over every module)"),
         min_magnitude: float = typer.Option(0.03, "--min-magnitude", help="smallest relative change reported"),
-        max_pvalue: float = typer.Option(0.01, "--max-pvalue", help="largest p-value of a change point"),
+        max_pvalue: float = typer.Option(0.002, "--max-pvalue", help="largest p-value of a change point"),
         from_csv_file: Path | None = typer.Option(None, "--from-csv", help="a CSV file instead of the history"),
         column: str | None = typer.Option(None, "--column", help="with --from-csv: the column of values"),
         order_by: str | None = typer.Option(None, "--order-by", help="with --from-csv: sort the rows by this column"),

@@ -107,3 +107,10 @@ def test_trend_from_csv_finds_the_step_and_bad_input_is_one_line(tmp_path: Path)
         assert needle in str(bad.exception)
     missing = CliRunner().invoke(app, ["trend", "--from-csv", str(tmp_path / "none.csv"), "--column", "v"])
     assert isinstance(missing.exception, trend_cli.TrendError) and "none.csv" in str(missing.exception)
+
+
+def test_candidates_closer_than_a_segment_are_pruned_to_the_real_one():
+    from controller.report.analysis.changepoints import prune
+
+    x, at = planted_series(2, shift=0.2, at=15, noise=0.01, outliers=0)
+    assert [c.index for c in prune(x, [14, 15, 16, 29])] == [15]

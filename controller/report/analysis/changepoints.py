@@ -4,18 +4,20 @@ Pure numpy/scipy, no I/O; the series over the run history are built by :mod:`con
 The method (docs/adr/0017-change-point-detector.md, measured by ``bench/changepoints.py``):
 
 * **outliers**: a value further than ``outlier_sigmas`` robust standard deviations from both the median of
-  the two releases before it and that of the two after it (:func:`hampel`) is replaced by their mean and
+  the three releases before it and that of the three after it (:func:`hampel`) is replaced by their mean and
   named in the result: one bad run does not move a level, nor inflate the variance the size's interval
   divides by;
-* **search**: binary segmentation on the squared-error cost (the split of a segment that most
-  reduces the sum of squares about the segments' means; each side at least ``min_segment``
-  values), a split kept when a permutation test says the segment has a change (``p <= max_pvalue``:
-  how often a seeded shuffle of the segment has a split as good as this one, over any position, as
-  E-divisive's permutation test); recursing into both sides;
-* **pruning**: each change point is then judged against its neighbours only (the values between
-  the change point before it and the one after it, as Apache Otava re-tests its candidates), and
-  the weakest one that fails ``max_pvalue`` or ``min_magnitude`` is dropped and the rest judged
-  again, until every one passes. A level shift is therefore one change point, whatever follows it;
+* **search**: binary segmentation on the squared-error cost, every split kept as a candidate (the split of
+  a segment that most reduces the sum of squares about the two sides' means, each side at least
+  ``min_segment`` values; then the same in each side, down to segments too short to split): no test
+  stops the search, so a change that a later one hides from the first split (a regression fixed
+  later) is still a candidate;
+* **pruning**: each candidate is judged against its neighbours only (the values between the candidate
+  before it and the one after it, as Apache Otava re-tests its change points), and the weakest one that
+  fails is dropped and the rest judged again, until every one passes: first by Welch's t-test (cheap),
+  then by a permutation test (``p <= max_pvalue``: how often a seeded shuffle of the stretch has a split
+  anywhere that reduces the squared error as much, E-divisive's test on this cost), and ``|size| >=
+  min_magnitude``. A level shift is therefore one change point, whatever follows it;
 * **size**: ``mean(after) / mean(before) - 1`` of the two adjacent segments, with the 95 % Welch t
   interval of the difference of their means divided by ``mean(before)`` (the level before taken
   as known: the interval is a little narrow when the segment before is short);
@@ -33,12 +35,14 @@ from typing import Union
 import numpy as np
 
 DEFAULT_MIN_MAGNITUDE = 0.03
-DEFAULT_MAX_PVALUE = 0.01
+DEFAULT_MAX_PVALUE = 0.002
 DEFAULT_MIN_SEGMENT = 3
 DEFAULT_OUTLIER_SIGMAS = 3.0
-DEFAULT_PERMUTATIONS = 999
+DEFAULT_PERMUTATIONS = 1999
 PERMUTATION_SEED = 20260917  # the shuffles of the permutation test: fixed, so a series' p-value is reproducible
-HAMPEL_HALF_WINDOW = 2  # the local median of a value: the median of the 2 * 2 + 1 values around it
+HAMPEL_HALF_WINDOW = 3  # an outlier is far from the median of the 3 values before it and of the 3 after it
+# the spread of a value's residual from the mean of those two medians, in noise units: sqrt(1 + var(median of 3) / 2)
+RESIDUAL_SPREAD = math.sqrt(1 + 0.4487 / 2)
 
 
 Values = Union[Sequence[float], "np.ndarray"]  # a series: floats in release order
@@ -163,28 +167,39 @@ def _search(x: np.ndarray, lo: int, hi: int, s: DetectorSettings, found: list[in
     k = _best_split(x[lo:hi], s.min_segment)
     if k is None:
         return
-    if _permutation_p(x[lo:hi], k, s.min_segment, s.permutations) > s.max_pvalue:
-        return
     found.append(lo + k)
     _search(x, lo, lo + k, s, found)
     _search(x, lo + k, hi, s, found)
 
 
+def _stretch(n: int, cps: list[int], i: int) -> tuple[int, int]:
+    return (cps[i - 1] if i > 0 else 0), (cps[i + 1] if i + 1 < len(cps) else n)
+
+
 def _judge(x: np.ndarray, cps: list[int], i: int, s: DetectorSettings) -> _Test:
-    lo = cps[i - 1] if i > 0 else 0
-    hi = cps[i + 1] if i + 1 < len(cps) else len(x)
-    t = _welch(x[lo:cps[i]], x[cps[i]:hi])
-    if abs(t.size) < s.min_magnitude:  # fails anyway: no shuffles
-        return t
-    return replace(t, p_value=_permutation_p(x[lo:hi], cps[i] - lo, s.min_segment, s.permutations))
+    """Welch's test of change point ``i`` against its neighbours (a change point closer than ``min_segment``
+    to a neighbour fails: p 1)."""
+    lo, hi = _stretch(len(x), cps, i)
+    a, b = x[lo:cps[i]], x[cps[i]:hi]
+    if min(len(a), len(b)) < s.min_segment:
+        ma, mb = float(a.mean()), float(b.mean())
+        size = mb / ma - 1 if ma else 0.0
+        return _Test(size=size, ci_low=size, ci_high=size, p_value=1.0, before=ma, after=mb)
+    return _welch(a, b)
 
 
 def _passes(t: _Test, s: DetectorSettings) -> bool:
     return t.p_value <= s.max_pvalue and abs(t.size) >= s.min_magnitude
 
 
+def _weakest(tests: list[_Test], s: DetectorSettings) -> int | None:
+    failing = [i for i, t in enumerate(tests) if not _passes(t, s)]
+    return max(failing, key=lambda i: (tests[i].p_value, -abs(tests[i].size))) if failing else None
+
+
 def locate(values: Values, settings: DetectorSettings | None = None) -> list[int]:
-    """Candidate change points (indices of the first value after each) before pruning: the search alone."""
+    """Candidate change points (indices of the first value after each) before pruning: the search alone
+    (every split of the binary segmentation)."""
     s = settings or DetectorSettings()
     x = _as_series(values)
     found: list[int] = []
@@ -199,21 +214,27 @@ def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings 
     x = _as_series(values)
     cps = sorted(set(candidates))
     while cps:
+        # screen: Welch's p of each against its neighbours (cheap, and never above the permutation test's)
         tests = [_judge(x, cps, i, s) for i in range(len(cps))]
-        failing = [i for i, t in enumerate(tests) if not _passes(t, s)]
-        if not failing:
+        weakest = _weakest(tests, s)
+        if weakest is not None:
+            del cps[weakest]
+            continue
+        # the test: the permutation p of each stretch (seeded shuffles)
+        tests = [replace(t, p_value=_permutation_p(x[lo:hi], cps[i] - lo, s.min_segment, s.permutations))
+                 for i, t in enumerate(tests) for lo, hi in [_stretch(len(x), cps, i)]]
+        weakest = _weakest(tests, s)
+        if weakest is None:
             break
-        weakest = max(failing, key=lambda i: (tests[i].p_value, -abs(tests[i].size)))
         del cps[weakest]
-    else:
+    if not cps:
         return ()
     last = float(x[cps[-1]:].mean())
     out = []
     for i, t in enumerate(tests):
         end = last / t.before - 1 if t.before else 0.0
         in_force = math.copysign(1, end) == math.copysign(1, t.size) and abs(end) >= s.min_magnitude
-        lo = cps[i - 1] if i > 0 else 0
-        hi = cps[i + 1] if i + 1 < len(cps) else len(x)
+        lo, hi = _stretch(len(x), cps, i)
         out.append(ChangePoint(index=cps[i], size=t.size, ci_low=t.ci_low, ci_high=t.ci_high, p_value=t.p_value,
                                before=t.before, after=t.after, n_before=cps[i] - lo, n_after=hi - cps[i],
                                in_force=in_force))
@@ -235,8 +256,8 @@ def hampel(values: Values, sigmas: float = DEFAULT_OUTLIER_SIGMAS) -> tuple[np.n
     ``sigmas`` robust standard deviations from both the median of the ``HAMPEL_HALF_WINDOW`` values before it
     and that of the ones after it (the first step of a new level is near the values after it: not an
     outlier); it is replaced by the mean of those two medians. The scale: 1.4826 times the median absolute
-    residual of the values from those means, over sqrt(1.25). The first and last values are kept as they are
-    (next to them, the one value on their side stands for the median)."""
+    residual of the values from those means, over :data:`RESIDUAL_SPREAD`. The first and last values are kept
+    as they are (next to them, the values on their side, fewer than three, stand for the median)."""
     x = _as_series(values)
     h = HAMPEL_HALF_WINDOW
     n = len(x)
@@ -246,8 +267,7 @@ def hampel(values: Values, sigmas: float = DEFAULT_OUTLIER_SIGMAS) -> tuple[np.n
     before = np.array([np.median(x[max(0, i - h):i]) for i in inner])
     after = np.array([np.median(x[i + 1:i + 1 + h]) for i in inner])
     mid = x[1:n - 1]
-    # a value's residual from the mean of the medians beside it spreads sqrt(1 + 1/4) times the noise
-    scale = 1.4826 * float(np.median(np.abs(mid - (before + after) / 2))) / math.sqrt(1.25)
+    scale = 1.4826 * float(np.median(np.abs(mid - (before + after) / 2))) / RESIDUAL_SPREAD
     scale = max(scale, 1e-9 * float(np.median(np.abs(x))), 1e-300)
     far = (np.abs(mid - before) > sigmas * scale) & (np.abs(mid - after) > sigmas * scale)
     out = np.flatnonzero(far) + 1
