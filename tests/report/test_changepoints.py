@@ -114,3 +114,20 @@ def test_candidates_closer_than_a_segment_are_pruned_to_the_real_one():
 
     x, at = planted_series(2, shift=0.2, at=15, noise=0.01, outliers=0)
     assert [c.index for c in prune(x, [14, 15, 16, 29])] == [15]
+
+
+def test_the_nile_example_of_the_docs_has_its_published_change_point(tmp_path: Path):
+    """docs/howto/trends.md: the Nile's flow at Aswan drops after 1898 (Cobb 1978)."""
+    nile = Path(__file__).resolve().parents[2] / "docs" / "examples" / "nile.csv"
+    args = ["trend", "--from-csv", str(nile), "--column", "volume", "--order-by", "year", "-o", "json"]
+    res = CliRunner().invoke(_app(History(tmp_path / "h.sqlite")), args)
+    assert res.exit_code == 0, res.output
+    (cp,) = json.loads(res.stdout)
+    assert (cp["release"], cp["in_force"], round(cp["size_value"], 3)) == ("1899", "yes", -0.231)
+
+
+def test_the_commands_defaults_are_the_detectors():
+    s = DetectorSettings()
+    cmd = typer.main.get_command(_app(History(":memory:"))).commands["trend"]  # type: ignore[attr-defined]
+    defaults = {p.name: p.default for p in cmd.params}
+    assert (defaults["min_magnitude"], defaults["max_pvalue"]) == (s.min_magnitude, s.max_pvalue)
