@@ -70,24 +70,44 @@ def _app(history: History) -> typer.Typer:
     return a
 
 
+def _history(path: Path, reference: pd.DataFrame, **change) -> History:
+    """12 releases 1.0.0 .. 1.11.0 of qwen3 on 3 modules, 1 % noise; ``change`` (fleet()'s keywords) from 1.6.0 on."""
+    ref = reference[reference["model_key"] == "qwen3"]
+    h = History(path)
+    for i in range(12):
+        rel = f"1.{i}.0"
+        df = fleet(ref, modules=3, noise=0.01, seed=i, run_id=f"run-{i}", release=rel, **(change if i >= 6 else {}))
+        h.create_run(f"run-{i}", release=rel, models=["qwen3"], modules=["m00", "m01", "m02"])
+        h.upsert_rows(frame_to_rows(df))
+        h.set_run_state(f"run-{i}", "done")
+        time.sleep(0.002)
+    return h
+
+
 def test_trend_names_the_release_of_a_planted_regression(reference, tmp_path):
-    ref = reference[reference["model_key"].isin(["qwen3"])]
-    h = History(tmp_path / "history.sqlite")
+    h = _history(tmp_path / "history.sqlite", reference, regress={("qwen3", "decode_tps"): 0.10})
     try:
-        for i in range(12):
-            rel = f"1.{i}.0"
-            df = fleet(ref, modules=3, noise=0.01, seed=i, run_id=f"run-{i}", release=rel,
-                       regress={("qwen3", "decode_tps"): 0.10} if i >= 6 else None)
-            h.create_run(f"run-{i}", release=rel, models=["qwen3"], modules=["m00", "m01", "m02"])
-            h.upsert_rows(frame_to_rows(df))
-            h.set_run_state(f"run-{i}", "done")
-            time.sleep(0.002)
         res = CliRunner().invoke(_app(h), ["trend", "--metric", "decode_tps", "--devices", "none", "-o", "json"])
         assert res.exit_code == 0, res.output
         recs = json.loads(res.stdout)
-        assert recs and {r["release"] for r in recs} == {"1.6.0"}
-        assert {r["scope"] for r in recs} == {"fleet"}
-        assert all(-0.13 < r["size_value"] < -0.07 and r["in_force"] == "yes" for r in recs)
+        assert len(recs) == 1  # every profile of the key moved at 1.6.0: one finding
+        (r,) = recs
+        assert (r["release"], r["scope"], r["in_force"]) == ("1.6.0", "fleet", "yes")
+        assert -0.13 < r["size_value"] < -0.07
+        assert len(r["moved_with"]) == len(set(reference.loc[reference["model_key"] == "qwen3", "profile"])) - 1
+    finally:
+        h.close()
+
+
+def test_trend_names_one_slow_module_once_with_what_moved_with_it(reference, tmp_path):
+    h = _history(tmp_path / "history.sqlite", reference, module_factor={"m02": 0.85})
+    try:
+        res = CliRunner().invoke(_app(h), ["trend", "--devices", "m02", "-o", "json"])
+        assert res.exit_code == 0, res.output
+        recs = json.loads(res.stdout)
+        assert [(r["release"], r["scope"]) for r in recs] == [("1.6.0", "m02")]
+        assert recs[0]["metric"] in ("decode_tps", "prefill_tps")
+        assert any(" tpot_ms " in m for m in recs[0]["moved_with"])
     finally:
         h.close()
 
