@@ -143,12 +143,16 @@ def _history_trend(history: History, models: str, profile: str | None, metric: s
         rec = _record(c.release, c.model_key, c.profile, c.metric, "fleet" if c.module == FLEET else c.module,
                       c.change)
         rec["moved_with"] = [f"{m.profile} {m.metric} {m.change.size:+.1%}" for m in f.moved[1:]]
+        counts: dict[str, int] = {}
+        for m in f.moved[1:]:
+            counts[m.metric] = counts.get(m.metric, 0) + 1
+        rec["moved"] = ", ".join(f"{metric} x{n}" for metric, n in counts.items())  # series per metric
         rec["values"] = list(c.values)
         recs.append(rec)
     if not recs and output == Output.table:
         stdout().print(f"no change points over {len(set(frame['release']) - {''})} releases", highlight=False)
         return
-    emit(recs, [*COLUMNS, "moved_with"], output)
+    emit(recs, [*COLUMNS, "moved"], output)  # JSON: every field, "moved_with" each series
     if output == Output.table:
         for r in recs:
             stdout().print(f"{r['model_key']} {r['profile']} {r['metric']} ({r['scope']}): "

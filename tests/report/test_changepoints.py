@@ -151,3 +151,15 @@ def test_the_commands_defaults_are_the_detectors():
     cmd = typer.main.get_command(_app(History(":memory:"))).commands["trend"]  # type: ignore[attr-defined]
     defaults = {p.name: p.default for p in cmd.params}
     assert (defaults["min_magnitude"], defaults["max_pvalue"]) == (s.min_magnitude, s.max_pvalue)
+
+
+def test_short_series_name_no_change_point():
+    """The permutation test's floor (ADR 0017): a 20 % step in 11 releases is not named, in 12 (6 and 6) it is;
+    3 releases after a step are not enough in 20 releases, and are in 25."""
+    def step(n: int, at: int):
+        return [100.0 + 0.1 * (i % 3) if i < at else 80.0 + 0.1 * (i % 3) for i in range(n)]
+
+    assert detect(step(11, 5)) == () and detect(step(11, 6)) == ()
+    assert [c.index for c in detect(step(12, 6))] == [6]
+    assert detect(step(20, 17)) == ()
+    assert [c.index for c in detect(step(25, 22))] == [22]
