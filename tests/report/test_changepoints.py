@@ -138,7 +138,7 @@ def test_candidates_closer_than_a_segment_are_pruned_to_the_real_one():
 
 def test_the_nile_example_of_the_docs_has_its_published_change_point(tmp_path: Path):
     """docs/howto/trends.md: the Nile's flow at Aswan drops after 1898 (Cobb 1978)."""
-    nile = Path(__file__).resolve().parents[2] / "docs" / "examples" / "nile.csv"
+    nile = Path(__file__).resolve().parents[2] / "docs" / "data" / "nile.csv"
     args = ["trend", "--from-csv", str(nile), "--column", "volume", "--order-by", "year", "-o", "json"]
     res = CliRunner().invoke(_app(History(tmp_path / "h.sqlite")), args)
     assert res.exit_code == 0, res.output
