@@ -3,7 +3,8 @@
 The verbs live by group: :mod:`controller.cli.runs` (validate, status, watch, cancel, retry, runs,
 results, logs, describe run), :mod:`controller.cli.devices` (devices, devices reset, describe
 module), :mod:`controller.cli.services` (serve, demo), :mod:`controller.cli.report` (report,
-compare, baseline), :mod:`controller.cli.deploy` (deploy, push, devices check, broker acl),
+compare, baseline), :mod:`controller.cli.trend` (trend), :mod:`controller.cli.deploy` (deploy, push, devices
+check, broker acl),
 :mod:`controller.cli.targets` (prometheus-targets). They parse and print; :mod:`controller.service`
 does the work.
 
@@ -73,6 +74,7 @@ def build_app(inv: Invocation) -> typer.Typer:
     from controller.cli import deploy as deploy_cli
     from controller.cli import report as report_cli
     from controller.cli import targets as metrics_cli
+    from controller.cli import trend as trend_cli
 
     app = new_app(no_args_is_help=True, add_completion=True)
     app.callback()(_root)
@@ -90,6 +92,7 @@ def build_app(inv: Invocation) -> typer.Typer:
     describe_app.command("module")(devices_cli.describe_module)
     app.add_typer(describe_app, name="describe")
     report_cli.register(app, lambda: inv.session().read_history(), lambda: inv.session().history())
+    trend_cli.register(app, lambda: inv.session().read_history())
     deploy_cli.register(app, devices_app, lambda: inv.session().inventory(), lambda: inv.session().settings)
     metrics_cli.register(app, lambda: inv.session().inventory())
     return app

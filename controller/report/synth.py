@@ -70,3 +70,19 @@ def _derive(df: pd.DataFrame) -> None:
     df["tpot_ms"] = np.where(has_tpot, 1000.0 / df["decode_tps"].to_numpy(dtype=float), np.nan)
     has_len = df["accept_rate_len"].notna().to_numpy()
     df["accept_rate_len"] = np.where(has_len, (3 * df["accept_rate"].to_numpy(dtype=float) + 1) / 4, np.nan)
+
+
+def planted_series(seed: int, *, n: int = 30, shift: float = 0.0, at: int | None = None, noise: float = 0.02,
+                   outliers: int = 2, outlier_size: float = 0.15, level: float = 100.0) -> tuple[np.ndarray, int]:
+    """A series of ``n`` releases: ``level`` times multiplicative normal noise (``noise``: its standard
+    deviation, relative), the level times ``1 + shift`` from index ``at`` on (default: a seeded index in the
+    middle half), and ``outliers`` values (never the first or the last) off by ``±outlier_size``. Returns the
+    series and ``at`` (the first index of the new level)."""
+    rng = np.random.default_rng(seed)
+    where = int(rng.integers(n // 4, n - n // 4 + 1)) if at is None else at
+    x = level * (1 + noise * rng.standard_normal(n))
+    x[where:] *= 1 + shift
+    if outliers:
+        idx = rng.choice(np.arange(1, n - 1), size=outliers, replace=False)
+        x[idx] *= 1 + outlier_size * rng.choice([-1.0, 1.0], size=outliers)
+    return x, where

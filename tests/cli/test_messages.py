@@ -65,6 +65,7 @@ FIRST_STEPS = ("import a baseline with `fleetctl baseline import FILE --release 
 
 @pytest.mark.parametrize(("args", "prefix"), [
     (["baseline", "list"], ""), (["report", "latest"], ""), (["report"], ""), (["compare", "a", "b"], ""),
+    (["trend"], ""),
     (["results"], "no run 'latest': "), (["status", "latest"], "no run 'latest': "),
 ])
 def test_without_a_history_every_read_verb_says_how_one_starts(env, capsys, on_path, args, prefix):

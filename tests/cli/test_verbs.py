@@ -26,6 +26,10 @@ EXIT_CODES = [
     (["report", "run-b"], 0),  # without --check a report is a document: 0
     (["report", "nope"], 2),
     (["compare", "run-a", "run-b", "--check"], 1),
+    (["trend"], 0),
+    (["trend", "--metric", "nope"], 2),
+    (["trend", "--from-csv", "missing.csv", "--column", "v"], 2),
+    (["trend", "--max-pvalue", "0"], 2),
     (["describe", "run", "run-b"], 0),
     (["describe", "run", "nope"], 2),
     (["describe", "module", "m1"], 0),
@@ -96,7 +100,7 @@ def test_runs_json_has_every_field(filled, capsys):
 
 
 def test_read_verbs_create_no_history(env, capsys):
-    for args in (["runs"], ["devices"], ["report"], ["results"], ["describe", "module", "m1"]):
+    for args in (["runs"], ["devices"], ["report"], ["results"], ["describe", "module", "m1"], ["trend"]):
         run_main(capsys, *args)
     assert not (env / "history.sqlite").exists()
 

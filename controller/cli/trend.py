@@ -1,0 +1,159 @@
+"""``fleetctl trend``: change points across the release history (or of one column of a CSV file).
+
+``controller.cli.app`` calls :func:`register` with its typer app and the function that opens the run
+history for reading. The work is :mod:`controller.report.trend` and
+:mod:`controller.report.analysis.changepoints`; this file parses and prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from controller.cli.output import Output, emit, fail, output_option, stdout
+from controller.errors import FleetctlError
+
+if TYPE_CHECKING:
+    from controller.history import History
+    from controller.report.analysis.changepoints import DetectorSettings
+
+COLUMNS = ["release", "model_key", "profile", "metric", "scope", "size", "ci", "p", "in_force"]
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+class TrendError(FleetctlError, ValueError):
+    """A CSV file or column the detector cannot take, or a bad setting (exit 2)."""
+
+
+def sparkline(values: Sequence[float], mark: int | None = None) -> str:
+    """The series as one line of block characters; ``|`` before index ``mark`` (a change point)."""
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1.0
+    cells = [SPARK[min(len(SPARK) - 1, int((v - lo) / span * len(SPARK)))] for v in values]
+    if mark is not None:
+        cells.insert(mark, "|")
+    return "".join(cells)
+
+
+def _settings(min_magnitude: float, max_pvalue: float) -> DetectorSettings:
+    from controller.report.analysis.changepoints import DetectorSettings, SeriesError
+
+    try:
+        return DetectorSettings(min_magnitude=min_magnitude, max_pvalue=max_pvalue)
+    except SeriesError as exc:
+        raise TrendError(str(exc)) from exc
+
+
+def _record(release: str, key: str, profile: str, metric: str, scope: str, cp: Any) -> dict[str, Any]:
+    return {"release": release, "model_key": key, "profile": profile, "metric": metric, "scope": scope,
+            "size": f"{cp.size:+.1%}", "ci": f"[{cp.ci_low:+.1%}, {cp.ci_high:+.1%}]", "p": f"{cp.p_value:.3g}",
+            "in_force": "yes" if cp.in_force else "no", "size_value": cp.size, "ci_low": cp.ci_low,
+            "ci_high": cp.ci_high, "p_value": cp.p_value, "index": cp.index}
+
+
+def from_csv(path: Path, column: str, order_by: str | None, settings: DetectorSettings) -> \
+        tuple[list[dict[str, Any]], list[float]]:
+    """The change points of one column of a CSV file (rows in file order, or sorted by ``order_by``)."""
+    import pandas as pd
+
+    from controller.report.analysis.changepoints import SeriesError, analyse_series
+
+    try:
+        df = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise TrendError(f"{path}: cannot be read as CSV ({exc})") from exc
+    for c in (column, order_by):
+        if c is not None and c not in df.columns:
+            raise TrendError(f"{path}: no column {c!r} (columns: {', '.join(map(str, df.columns))})")
+    if order_by:
+        df = df.sort_values(order_by, kind="stable")
+    values = pd.to_numeric(df[column], errors="coerce")
+    if values.isna().any():
+        bad = int(values.isna().to_numpy().argmax())
+        raise TrendError(f"{path}: column {column!r}, data row {bad + 1}: {df[column].iloc[bad]!r} is not a number")
+    labels = [str(v) for v in (df[order_by] if order_by else pd.Series(range(len(df))))]
+    try:
+        found = analyse_series(values.to_numpy(dtype=float), settings).change_points
+    except SeriesError as exc:
+        raise TrendError(f"{path}: column {column!r}: {exc}") from exc
+    recs = [_record(labels[cp.index], "", "", column, "csv", cp) for cp in found]
+    return recs, [float(v) for v in values]
+
+
+def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
+    """Add ``trend`` to ``app``; ``get_history`` opens the run history for reading."""
+
+    @app.command("trend")
+    def trend_cmd(
+        models: str = typer.Option("all", "--models", "-m", help="model keys, comma separated, or 'all'"),
+        profile: str | None = typer.Option(None, "--profile", help="only this profile"),
+        metric: str | None = typer.Option(None, "--metric", help="only this metric (e.g. decode_tps)"),
+        devices: str = typer.Option("all", "--devices", "-d", help="'all' or module names, comma separated "
+                                    "(per-module series of those; the fleet series are over every module)"),
+        min_magnitude: float = typer.Option(0.03, "--min-magnitude", help="smallest relative change reported"),
+        max_pvalue: float = typer.Option(0.002, "--max-pvalue", help="largest p-value of a change point"),
+        from_csv_file: Path | None = typer.Option(None, "--from-csv", help="a CSV file instead of the history"),
+        column: str | None = typer.Option(None, "--column", help="with --from-csv: the column of values"),
+        order_by: str | None = typer.Option(None, "--order-by", help="with --from-csv: sort the rows by this column"),
+        output: Output = output_option(),
+    ) -> None:
+        """Change points across the releases in the run history (or of one CSV column): table and sparklines."""
+        settings = _settings(min_magnitude, max_pvalue)
+        if from_csv_file is not None:
+            if not column:
+                raise fail("--from-csv needs --column")
+            recs, values = from_csv(from_csv_file, column, order_by, settings)
+            emit(recs, COLUMNS, output)
+            if output == Output.table:
+                marks = [r["index"] for r in recs]
+                stdout().print(f"{column}: {sparkline(values, marks[0] if marks else None)}", highlight=False)
+            return
+        _history_trend(get_history(), models, profile, metric, devices, settings, output)
+
+
+def _history_trend(history: History, models: str, profile: str | None, metric: str | None, devices: str,
+                   settings: DetectorSettings, output: Output) -> None:
+    import pandas as pd
+
+    from contract.records import METRICS, parse_model_keys
+    from controller.report.load import read_rows
+    from controller.report.model import FLEET
+    from controller.report.trend import changes, findings
+
+    if metric is not None and metric not in METRICS:
+        raise TrendError(f"--metric {metric!r}: not a metric ({', '.join(METRICS)})")
+    runs = history.runs(limit=1_000_000)
+    frame = pd.DataFrame([{"run_id": r.run_id, "release": r.release, "created_at": r.created_at} for r in runs],
+                         columns=["run_id", "release", "created_at"])
+    rows = read_rows(history, list(frame["run_id"]))
+    if models != "all":
+        rows = rows[rows["model_key"].astype(str).isin(parse_model_keys(models))]
+    if profile is not None:
+        rows = rows[rows["profile"].astype(str) == profile]
+    names = None if devices == "all" else {d.strip() for d in devices.split(",") if d.strip()}
+    found = changes(rows, frame, settings, metrics=[metric] if metric else tuple(METRICS))
+    if names is not None:
+        found = [c for c in found if c.module == FLEET or c.module in names]
+    recs = []
+    for f in findings(found):
+        c = f.lead
+        rec = _record(c.release, c.model_key, c.profile, c.metric, "fleet" if c.module == FLEET else c.module,
+                      c.change)
+        rec["moved_with"] = [f"{m.profile} {m.metric} {m.change.size:+.1%}" for m in f.moved[1:]]
+        counts: dict[str, int] = {}
+        for m in f.moved[1:]:
+            counts[m.metric] = counts.get(m.metric, 0) + 1
+        rec["moved"] = ", ".join(f"{metric} x{n}" for metric, n in counts.items())  # series per metric
+        rec["values"] = list(c.values)
+        recs.append(rec)
+    if not recs and output == Output.table:
+        stdout().print(f"no change points over {len(set(frame['release']) - {''})} releases", highlight=False)
+        return
+    emit(recs, [*COLUMNS, "moved"], output)  # JSON: every field, "moved_with" each series
+    if output == Output.table:
+        for r in recs:
+            stdout().print(f"{r['model_key']} {r['profile']} {r['metric']} ({r['scope']}): "
+                           f"{sparkline(r['values'], r['index'])}", highlight=False)

@@ -1,0 +1,288 @@
+"""Change points of one series (values in release order): where its level moved, by how much, how sure.
+
+Pure numpy/scipy, no I/O; the series over the run history are built by :mod:`controller.report.trend`.
+The method (docs/adr/0017-change-point-detector.md, measured by ``bench/changepoints.py``):
+
+* **outliers**: a value further than ``outlier_sigmas`` robust standard deviations from both the median of
+  the three releases before it and that of the three after it (:func:`hampel`) is replaced by their mean and
+  named in the result: one bad run does not move a level, nor inflate the variance the size's interval
+  divides by;
+* **search**: binary segmentation on the squared-error cost, every split kept as a candidate (the split of
+  a segment that most reduces the sum of squares about the two sides' means, each side at least
+  ``min_segment`` values; then the same in each side, down to segments too short to split): no test
+  stops the search, so a change that a later one hides from the first split (a regression fixed
+  later) is still a candidate;
+* **pruning**: each candidate is judged against its neighbours only (the values between the candidate
+  before it and the one after it, as Apache Otava re-tests its change points), and the weakest one that
+  fails is dropped and the rest judged again, until every one passes: first by Welch's t-test (cheap),
+  then by a permutation test (``p <= max_pvalue``: how often a seeded shuffle of the stretch has a split
+  anywhere that reduces the squared error as much, E-divisive's test on this cost), and ``|size| >=
+  min_magnitude``. A level shift is therefore one change point, whatever follows it;
+* **size**: ``mean(after) / mean(before) - 1`` of the two adjacent segments, with the 95 % Welch t
+  interval of the difference of their means divided by ``mean(before)`` (the level before taken
+  as known: the interval is a little narrow when the segment before is short);
+* **in force**: the level of the series' last segment is still beyond ``min_magnitude`` from the
+  level before the change point, in the change's direction (a regression since reverted is not).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Union
+
+import numpy as np
+
+DEFAULT_MIN_MAGNITUDE = 0.03
+DEFAULT_MAX_PVALUE = 0.002
+DEFAULT_MIN_SEGMENT = 3
+DEFAULT_OUTLIER_SIGMAS = 3.0
+DEFAULT_PERMUTATIONS = 1999
+PERMUTATION_SEED = 20260917  # the shuffles of the permutation test: fixed, so a series' p-value is reproducible
+HAMPEL_HALF_WINDOW = 3  # an outlier is far from the median of the 3 values before it and of the 3 after it
+# the spread of a value's residual from the mean of those two medians, in noise units: sqrt(1 + var(median of 3) / 2)
+RESIDUAL_SPREAD = math.sqrt(1 + 0.4487 / 2)
+
+
+Values = Union[Sequence[float], "np.ndarray"]  # a series: floats in release order
+
+
+class SeriesError(ValueError):
+    """A series the detector cannot take (non-finite values, a bad setting)."""
+
+
+@dataclass(frozen=True)
+class DetectorSettings:
+    """``min_magnitude``: the smallest relative change of level reported (0.05 = 5 %); ``max_pvalue``: the
+    largest permutation p-value of a change point; ``min_segment``: the fewest values on
+    either side of one."""
+
+    min_magnitude: float = DEFAULT_MIN_MAGNITUDE
+    max_pvalue: float = DEFAULT_MAX_PVALUE
+    min_segment: int = DEFAULT_MIN_SEGMENT
+    outlier_sigmas: float = DEFAULT_OUTLIER_SIGMAS  # 0: no value taken as an outlier
+    permutations: int = DEFAULT_PERMUTATIONS  # shuffles of the permutation test (p-values from 1 / (1 + this))
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_magnitude < 1:
+            raise SeriesError(f"min_magnitude must be a fraction in [0, 1), got {self.min_magnitude}")
+        if not 0 < self.max_pvalue <= 1:
+            raise SeriesError(f"max_pvalue must be in (0, 1], got {self.max_pvalue}")
+        if self.min_segment < 2:
+            raise SeriesError(f"min_segment must be at least 2, got {self.min_segment}")
+        if self.permutations < 19:
+            raise SeriesError(f"permutations must be at least 19, got {self.permutations}")
+        if self.outlier_sigmas < 0:
+            raise SeriesError(f"outlier_sigmas must be 0 (off) or positive, got {self.outlier_sigmas}")
+
+
+@dataclass(frozen=True)
+class ChangePoint:
+    """One change of level. ``index``: the first value after it (the first release of the new level);
+    ``size``: relative change of the level after vs before, ``ci_low``/``ci_high`` its 95 % interval;
+    ``p_value``: the permutation test of the stretch between the change points around it (how often a
+    shuffle of it splits as well, anywhere); ``in_force``: the series still ends at the new level."""
+
+    index: int
+    size: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    before: float  # mean of the segment before
+    after: float  # mean of the segment after
+    n_before: int
+    n_after: int
+    in_force: bool
+
+
+@dataclass(frozen=True)
+class Detection:
+    """The change points of one series, oldest first, and the values taken as outliers (their indices)."""
+
+    change_points: tuple[ChangePoint, ...]
+    outliers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Test:
+    size: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    before: float
+    after: float
+
+
+def _welch(a: np.ndarray, b: np.ndarray) -> _Test:
+    from scipy import stats  # heavy import: only when a series is analysed
+
+    ma, mb = float(a.mean()), float(b.mean())
+    va, vb = float(a.var(ddof=1)), float(b.var(ddof=1))
+    se2 = va / len(a) + vb / len(b)
+    diff = mb - ma
+    scale = abs(ma) if ma else 1.0
+    if se2 <= (1e-12 * scale) ** 2:  # both sides constant
+        p = 0.0 if abs(diff) > 1e-12 * scale else 1.0
+        half = 0.0
+    else:
+        df = se2**2 / ((va / len(a)) ** 2 / (len(a) - 1) + (vb / len(b)) ** 2 / (len(b) - 1))
+        t = diff / math.sqrt(se2)
+        p = float(2 * stats.t.sf(abs(t), df))
+        half = float(stats.t.ppf(0.975, df)) * math.sqrt(se2)
+    size = diff / scale
+    return _Test(size=size, ci_low=(diff - half) / scale, ci_high=(diff + half) / scale,
+                 p_value=p, before=ma, after=mb)
+
+
+def _gains(x: np.ndarray, m: int) -> np.ndarray:
+    """The squared-error reduction of each split ``k = m .. n - m`` of each row of ``x`` (rows: series)."""
+    n = x.shape[-1]
+    k = np.arange(m, n - m + 1)
+    c = np.cumsum(x, axis=-1)
+    left = c[..., k - 1] / k
+    right = (c[..., -1:] - c[..., k - 1]) / (n - k)
+    return k * (n - k) / n * (left - right) ** 2
+
+
+def _best_split(x: np.ndarray, m: int) -> int | None:
+    """The split of ``x`` (at least ``m`` values a side) that most reduces the squared error."""
+    if len(x) < 2 * m:
+        return None
+    return m + int(np.argmax(_gains(x, m)))
+
+
+def _permutation_p(x: np.ndarray, k: int, m: int, permutations: int) -> float:
+    """How often a shuffle of ``x`` has a split (any, at least ``m`` a side) that reduces the squared error as
+    much as the split at ``k`` does: the p-value of "no change in ``x``" (E-divisive's permutation test, on the
+    squared-error cost). The shuffles are seeded: the same series gives the same p-value."""
+    observed = _gains(x, m)[k - m]
+    rng = np.random.default_rng(PERMUTATION_SEED)
+    shuffled = rng.permuted(np.broadcast_to(x, (permutations, len(x))), axis=1)
+    beaten = int((_gains(shuffled, m).max(axis=1) >= observed * (1 - 1e-12)).sum())
+    return (1 + beaten) / (1 + permutations)
+
+
+def _search(x: np.ndarray, lo: int, hi: int, s: DetectorSettings, found: list[int]) -> None:
+    k = _best_split(x[lo:hi], s.min_segment)
+    if k is None:
+        return
+    found.append(lo + k)
+    _search(x, lo, lo + k, s, found)
+    _search(x, lo + k, hi, s, found)
+
+
+def _stretch(n: int, cps: list[int], i: int) -> tuple[int, int]:
+    return (cps[i - 1] if i > 0 else 0), (cps[i + 1] if i + 1 < len(cps) else n)
+
+
+def _judge(x: np.ndarray, cps: list[int], i: int, s: DetectorSettings) -> _Test:
+    """Welch's test of change point ``i`` against its neighbours (a change point closer than ``min_segment``
+    to a neighbour fails: p 1)."""
+    lo, hi = _stretch(len(x), cps, i)
+    a, b = x[lo:cps[i]], x[cps[i]:hi]
+    if min(len(a), len(b)) < s.min_segment:
+        ma, mb = float(a.mean()), float(b.mean())
+        size = mb / ma - 1 if ma else 0.0
+        return _Test(size=size, ci_low=size, ci_high=size, p_value=1.0, before=ma, after=mb)
+    return _welch(a, b)
+
+
+def _passes(t: _Test, s: DetectorSettings) -> bool:
+    return t.p_value <= s.max_pvalue and abs(t.size) >= s.min_magnitude
+
+
+def _weakest(tests: list[_Test], s: DetectorSettings) -> int | None:
+    failing = [i for i, t in enumerate(tests) if not _passes(t, s)]
+    return max(failing, key=lambda i: (tests[i].p_value, -abs(tests[i].size))) if failing else None
+
+
+def locate(values: Values, settings: DetectorSettings | None = None) -> list[int]:
+    """Candidate change points (indices of the first value after each) before pruning: the search alone
+    (every split of the binary segmentation)."""
+    s = settings or DetectorSettings()
+    x = _as_series(values)
+    found: list[int] = []
+    _search(x, 0, len(x), s, found)
+    return sorted(found)
+
+
+def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings | None = None) -> \
+        tuple[ChangePoint, ...]:
+    """The candidates that pass against their neighbours (the weakest failing one dropped at a time)."""
+    s = settings or DetectorSettings()
+    x = _as_series(values)
+    cps = sorted(set(candidates))
+    while cps:
+        # screen: Welch's p of each against its neighbours (cheap, and never above the permutation test's)
+        tests = [_judge(x, cps, i, s) for i in range(len(cps))]
+        weakest = _weakest(tests, s)
+        if weakest is not None:
+            del cps[weakest]
+            continue
+        # the test: the permutation p of each stretch (seeded shuffles)
+        tests = [replace(t, p_value=_permutation_p(x[lo:hi], cps[i] - lo, s.min_segment, s.permutations))
+                 for i, t in enumerate(tests) for lo, hi in [_stretch(len(x), cps, i)]]
+        weakest = _weakest(tests, s)
+        if weakest is None:
+            break
+        del cps[weakest]
+    if not cps:
+        return ()
+    last = float(x[cps[-1]:].mean())
+    out = []
+    for i, t in enumerate(tests):
+        end = last / t.before - 1 if t.before else 0.0
+        in_force = math.copysign(1, end) == math.copysign(1, t.size) and abs(end) >= s.min_magnitude
+        lo, hi = _stretch(len(x), cps, i)
+        out.append(ChangePoint(index=cps[i], size=t.size, ci_low=t.ci_low, ci_high=t.ci_high, p_value=t.p_value,
+                               before=t.before, after=t.after, n_before=cps[i] - lo, n_after=hi - cps[i],
+                               in_force=in_force))
+    return tuple(out)
+
+
+def _as_series(values: Values) -> np.ndarray:
+    x = np.asarray(values, dtype=float)
+    if x.ndim != 1:
+        raise SeriesError(f"a series is one-dimensional, got shape {x.shape}")
+    if not np.isfinite(x).all():
+        bad = int(np.flatnonzero(~np.isfinite(x))[0])
+        raise SeriesError(f"value {bad} of the series is not a finite number ({x[bad]})")
+    return x
+
+
+def hampel(values: Values, sigmas: float = DEFAULT_OUTLIER_SIGMAS) -> tuple[np.ndarray, tuple[int, ...]]:
+    """The series with its outliers replaced, and the outliers' indices. An outlier is a value further than
+    ``sigmas`` robust standard deviations from both the median of the ``HAMPEL_HALF_WINDOW`` values before it
+    and that of the ones after it (the first step of a new level is near the values after it: not an
+    outlier); it is replaced by the mean of those two medians. The scale: 1.4826 times the median absolute
+    residual of the values from those means, over :data:`RESIDUAL_SPREAD`. The first and last values are kept
+    as they are (next to them, the values on their side, fewer than three, stand for the median)."""
+    x = _as_series(values)
+    h = HAMPEL_HALF_WINDOW
+    n = len(x)
+    if sigmas <= 0 or n < 2 * h + 1:
+        return x, ()
+    inner = range(1, n - 1)
+    before = np.array([np.median(x[max(0, i - h):i]) for i in inner])
+    after = np.array([np.median(x[i + 1:i + 1 + h]) for i in inner])
+    mid = x[1:n - 1]
+    scale = 1.4826 * float(np.median(np.abs(mid - (before + after) / 2))) / RESIDUAL_SPREAD
+    scale = max(scale, 1e-9 * float(np.median(np.abs(x))), 1e-300)
+    far = (np.abs(mid - before) > sigmas * scale) & (np.abs(mid - after) > sigmas * scale)
+    out = np.flatnonzero(far) + 1
+    clean = x.copy()
+    clean[out] = (before[far] + after[far]) / 2
+    return clean, tuple(int(i) for i in out)
+
+
+def analyse_series(values: Values, settings: DetectorSettings | None = None) -> Detection:
+    """Outliers set aside, then the change points of what is left (:func:`locate`, :func:`prune`)."""
+    s = settings or DetectorSettings()
+    clean, outliers = hampel(values, s.outlier_sigmas)
+    return Detection(change_points=prune(clean, locate(clean, s), s), outliers=outliers)
+
+
+def detect(values: Values, settings: DetectorSettings | None = None) -> tuple[ChangePoint, ...]:
+    """The change points of ``values`` (in release order), oldest first; () for a series too short for one."""
+    return analyse_series(values, settings).change_points

@@ -1,0 +1,165 @@
+"""The change-point detector on planted series, the release order, and ``fleetctl trend`` (history and CSV)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from controller.cli import trend as trend_cli
+from controller.history import History
+from controller.report.analysis.changepoints import DetectorSettings, analyse_series, detect
+from controller.report.synth import fleet, planted_series
+from controller.report.trend import release_order
+from tests.support.frames import frame_to_rows
+
+
+@pytest.mark.parametrize("shift", [0.10, 0.15, 0.20])
+def test_planted_shift_at_one_percent_noise_found_within_one_release(shift):
+    for seed in range(10):
+        x, at = planted_series(seed, shift=-shift, noise=0.01, outliers=0)
+        cps = detect(x)
+        assert len(cps) == 1, (seed, cps)
+        assert abs(cps[0].index - at) <= 1
+        assert cps[0].ci_low < -shift * 0.8 and cps[0].ci_high > -shift * 1.2 and cps[0].in_force
+
+
+def test_no_shift_series_has_no_change_point_in_most_seeds():
+    hits = sum(bool(detect(planted_series(10**6 + seed, noise=0.02)[0])) for seed in range(40))
+    assert hits <= 1
+
+
+def test_a_level_shift_is_reported_once_and_a_reverted_one_is_not_in_force():
+    x, at = planted_series(3, n=40, shift=-0.10, at=12, noise=0.01, outliers=0)
+    cps = detect(x)
+    assert [c.index for c in cps] == [12]
+    x[28:] /= 0.90  # back to the old level
+    back = detect(x)
+    assert [c.index for c in back] == [12, 28]
+    assert [c.in_force for c in back] == [False, True]
+
+
+def test_outliers_are_named_not_change_points():
+    x, _ = planted_series(5, shift=0.0, noise=0.01, outliers=0)
+    x[10] *= 1.3
+    d = analyse_series(x)
+    assert d.outliers == (10,) and d.change_points == ()
+
+
+def test_release_order_by_version_else_by_first_run():
+    runs = pd.DataFrame({"release": ["1.10.0", "1.9.0", "1.9.0", "2.0rc1"], "created_at": [1.0, 3.0, 0.5, 2.0]})
+    assert release_order(runs) == ["1.9.0", "1.10.0", "2.0rc1"]
+    nightly = pd.DataFrame({"release": ["1.9.0", "nightly-b", "nightly-a"], "created_at": [5.0, 1.0, 2.0]})
+    assert release_order(nightly) == ["nightly-b", "nightly-a", "1.9.0"]
+
+
+def test_bad_setting_is_refused():
+    with pytest.raises(ValueError, match="max_pvalue"):
+        DetectorSettings(max_pvalue=0)
+
+
+def _app(history: History) -> typer.Typer:
+    a = typer.Typer()
+    trend_cli.register(a, lambda: history)
+    a.command("noop")(lambda: None)  # a group, so "trend" is a subcommand as in fleetctl
+    return a
+
+
+def _history(path: Path, reference: pd.DataFrame, **change) -> History:
+    """12 releases 1.0.0 .. 1.11.0 of qwen3 on 3 modules, 1 % noise; ``change`` (fleet()'s keywords) from 1.6.0 on."""
+    ref = reference[reference["model_key"] == "qwen3"]
+    h = History(path)
+    for i in range(12):
+        rel = f"1.{i}.0"
+        df = fleet(ref, modules=3, noise=0.01, seed=i, run_id=f"run-{i}", release=rel, **(change if i >= 6 else {}))
+        h.create_run(f"run-{i}", release=rel, models=["qwen3"], modules=["m00", "m01", "m02"])
+        h.upsert_rows(frame_to_rows(df))
+        h.set_run_state(f"run-{i}", "done")
+        time.sleep(0.002)
+    return h
+
+
+def test_trend_names_the_release_of_a_planted_regression(reference, tmp_path):
+    h = _history(tmp_path / "history.sqlite", reference, regress={("qwen3", "decode_tps"): 0.10})
+    try:
+        res = CliRunner().invoke(_app(h), ["trend", "--metric", "decode_tps", "--devices", "none", "-o", "json"])
+        assert res.exit_code == 0, res.output
+        recs = json.loads(res.stdout)
+        assert len(recs) == 1  # every profile of the key moved at 1.6.0: one finding
+        (r,) = recs
+        assert (r["release"], r["scope"], r["in_force"]) == ("1.6.0", "fleet", "yes")
+        assert -0.13 < r["size_value"] < -0.07
+        assert len(r["moved_with"]) == len(set(reference.loc[reference["model_key"] == "qwen3", "profile"])) - 1
+    finally:
+        h.close()
+
+
+def test_trend_names_one_slow_module_once_with_what_moved_with_it(reference, tmp_path):
+    h = _history(tmp_path / "history.sqlite", reference, module_factor={"m02": 0.85})
+    try:
+        res = CliRunner().invoke(_app(h), ["trend", "--devices", "m02", "-o", "json"])
+        assert res.exit_code == 0, res.output
+        recs = json.loads(res.stdout)
+        assert [(r["release"], r["scope"]) for r in recs] == [("1.6.0", "m02")]
+        assert recs[0]["metric"] in ("decode_tps", "prefill_tps")
+        assert any(" tpot_ms " in m for m in recs[0]["moved_with"])
+    finally:
+        h.close()
+
+
+def test_trend_from_csv_finds_the_step_and_bad_input_is_one_line(tmp_path: Path):
+    x, at = planted_series(1, shift=0.15, noise=0.01, outliers=0)
+    f = tmp_path / "s.csv"
+    pd.DataFrame({"n": range(len(x)), "v": x}).to_csv(f, index=False)
+    app = _app(History(tmp_path / "h.sqlite"))
+    ok = CliRunner().invoke(app, ["trend", "--from-csv", str(f), "--column", "v", "--order-by", "n", "-o", "json"])
+    assert ok.exit_code == 0, ok.output
+    assert [r["index"] for r in json.loads(ok.stdout)] == [at]
+    for args, needle in ((["--column", "w"], "no column 'w' (columns: n, v)"),
+                         (["--column", "v", "--order-by", "t"], "no column 't'")):
+        bad = CliRunner().invoke(app, ["trend", "--from-csv", str(f), *args])
+        assert bad.exit_code != 0 and isinstance(bad.exception, trend_cli.TrendError)
+        assert needle in str(bad.exception)
+    missing = CliRunner().invoke(app, ["trend", "--from-csv", str(tmp_path / "none.csv"), "--column", "v"])
+    assert isinstance(missing.exception, trend_cli.TrendError) and "none.csv" in str(missing.exception)
+
+
+def test_candidates_closer_than_a_segment_are_pruned_to_the_real_one():
+    from controller.report.analysis.changepoints import prune
+
+    x, at = planted_series(2, shift=0.2, at=15, noise=0.01, outliers=0)
+    assert [c.index for c in prune(x, [14, 15, 16, 29])] == [15]
+
+
+def test_the_nile_example_of_the_docs_has_its_published_change_point(tmp_path: Path):
+    """docs/howto/trends.md: the Nile's flow at Aswan drops after 1898 (Cobb 1978)."""
+    nile = Path(__file__).resolve().parents[2] / "docs" / "data" / "nile.csv"
+    args = ["trend", "--from-csv", str(nile), "--column", "volume", "--order-by", "year", "-o", "json"]
+    res = CliRunner().invoke(_app(History(tmp_path / "h.sqlite")), args)
+    assert res.exit_code == 0, res.output
+    (cp,) = json.loads(res.stdout)
+    assert (cp["release"], cp["in_force"], round(cp["size_value"], 3)) == ("1899", "yes", -0.231)
+
+
+def test_the_commands_defaults_are_the_detectors():
+    s = DetectorSettings()
+    cmd = typer.main.get_command(_app(History(":memory:"))).commands["trend"]  # type: ignore[attr-defined]
+    defaults = {p.name: p.default for p in cmd.params}
+    assert (defaults["min_magnitude"], defaults["max_pvalue"]) == (s.min_magnitude, s.max_pvalue)
+
+
+def test_short_series_name_no_change_point():
+    """The permutation test's floor (ADR 0017): a 20 % step in 11 releases is not named, in 12 (6 and 6) it is;
+    3 releases after a step are not enough in 20 releases, and are in 25."""
+    def step(n: int, at: int):
+        return [100.0 + 0.1 * (i % 3) if i < at else 80.0 + 0.1 * (i % 3) for i in range(n)]
+
+    assert detect(step(11, 5)) == () and detect(step(11, 6)) == ()
+    assert [c.index for c in detect(step(12, 6))] == [6]
+    assert detect(step(20, 17)) == ()
+    assert [c.index for c in detect(step(25, 22))] == [22]
