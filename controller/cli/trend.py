@@ -150,7 +150,9 @@ def _history_trend(history: History, models: str, profile: str | None, metric: s
         rec["values"] = list(c.values)
         recs.append(rec)
     if not recs and output == Output.table:
-        stdout().print(f"no change points over {len(set(frame['release']) - {''})} releases", highlight=False)
+        n = len(set(frame["release"]) - {""})
+        short = " (at the default --max-pvalue none can be named under 12: docs/howto/trends.md)" if n < 12 else ""
+        stdout().print(f"no change points over {n} release{'' if n == 1 else 's'}{short}", highlight=False)
         return
     emit(recs, [*COLUMNS, "moved"], output)  # JSON: every field, "moved_with" each series
     if output == Output.table:

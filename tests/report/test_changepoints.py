@@ -163,3 +163,36 @@ def test_short_series_name_no_change_point():
     assert [c.index for c in detect(step(12, 6))] == [6]
     assert detect(step(20, 17)) == ()
     assert [c.index for c in detect(step(25, 22))] == [22]
+
+
+def test_trend_without_a_change_says_over_how_many_releases(reference, tmp_path):
+    h = _history(tmp_path / "history.sqlite", reference)
+    try:
+        res = CliRunner().invoke(_app(h), ["trend", "--metric", "decode_tps"])
+        assert res.exit_code == 0, res.output
+        assert res.stdout.strip() == "no change points over 12 releases"
+        ref = reference[reference["model_key"] == "qwen3"]
+        h.create_run("run-x", release="2.0.0", models=["qwen3"], modules=["m00"])
+        h.upsert_rows(frame_to_rows(fleet(ref, modules=["m00"], noise=0.01, seed=99, run_id="run-x",
+                                          release="2.0.0")))
+        h.set_run_state("run-x", "done")
+        one = CliRunner().invoke(_app(h), ["trend", "--models", "qwen3", "--devices", "m00", "--metric", "ttft_ms"])
+        assert one.exit_code == 0, one.output
+        assert "over 13 releases" in one.stdout
+    finally:
+        h.close()
+
+
+def test_trend_over_one_release_says_none_can_be_named_under_twelve(reference, tmp_path):
+    h = History(tmp_path / "history.sqlite")
+    try:
+        ref = reference[reference["model_key"] == "qwen3"]
+        h.create_run("run-0", release="1.0.0", models=["qwen3"], modules=["m00"])
+        h.upsert_rows(frame_to_rows(fleet(ref, modules=["m00"], noise=0.01, seed=0, run_id="run-0", release="1.0.0")))
+        h.set_run_state("run-0", "done")
+        res = CliRunner().invoke(_app(h), ["trend"])
+        assert res.exit_code == 0, res.output
+        assert res.stdout.strip() == ("no change points over 1 release (at the default --max-pvalue none can be "
+                                      "named under 12: docs/howto/trends.md)")
+    finally:
+        h.close()

@@ -34,6 +34,8 @@ from typing import Union
 
 import numpy as np
 
+from controller.report.model import ReportError
+
 DEFAULT_MIN_MAGNITUDE = 0.03
 DEFAULT_MAX_PVALUE = 0.002
 DEFAULT_MIN_SEGMENT = 3
@@ -48,7 +50,7 @@ RESIDUAL_SPREAD = math.sqrt(1 + 0.4487 / 2)
 Values = Union[Sequence[float], "np.ndarray"]  # a series: floats in release order
 
 
-class SeriesError(ValueError):
+class SeriesError(ReportError, ValueError):
     """A series the detector cannot take (non-finite values, a bad setting)."""
 
 
