@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from controller.cli.output import Output, emit, fail, output_option, stdout
-from controller.errors import FleetctlError
 
 if TYPE_CHECKING:
     from controller.history import History
@@ -22,10 +21,6 @@ if TYPE_CHECKING:
 
 COLUMNS = ["release", "model_key", "profile", "metric", "scope", "size", "ci", "p", "in_force"]
 SPARK = "▁▂▃▄▅▆▇█"
-
-
-class TrendError(FleetctlError, ValueError):
-    """A CSV file or column the detector cannot take, or a bad setting (exit 2)."""
 
 
 def sparkline(values: Sequence[float], mark: int | None = None) -> str:
@@ -38,28 +33,13 @@ def sparkline(values: Sequence[float], mark: int | None = None) -> str:
     return "".join(cells)
 
 
-def _settings(min_magnitude: float, max_pvalue: float) -> DetectorSettings:
-    from controller.report.analysis.changepoints import DetectorSettings, SeriesError
-
-    try:
-        return DetectorSettings(min_magnitude=min_magnitude, max_pvalue=max_pvalue)
-    except SeriesError as exc:
-        raise TrendError(str(exc)) from exc
-
-
-def _record(release: str, key: str, profile: str, metric: str, scope: str, cp: Any) -> dict[str, Any]:
-    return {"release": release, "model_key": key, "profile": profile, "metric": metric, "scope": scope,
-            "size": f"{cp.size:+.1%}", "ci": f"[{cp.ci_low:+.1%}, {cp.ci_high:+.1%}]", "p": f"{cp.p_value:.3g}",
-            "in_force": "yes" if cp.in_force else "no", "size_value": cp.size, "ci_low": cp.ci_low,
-            "ci_high": cp.ci_high, "p_value": cp.p_value, "index": cp.index}
-
-
 def from_csv(path: Path, column: str, order_by: str | None, settings: DetectorSettings) -> \
         tuple[list[dict[str, Any]], list[float]]:
     """The change points of one column of a CSV file (rows in file order, or sorted by ``order_by``)."""
     import pandas as pd
 
     from controller.report.analysis.changepoints import SeriesError, analyse_series
+    from controller.report.trend import TrendError, record
 
     try:
         df = pd.read_csv(path)
@@ -79,7 +59,7 @@ def from_csv(path: Path, column: str, order_by: str | None, settings: DetectorSe
         found = analyse_series(values.to_numpy(dtype=float), settings).change_points
     except SeriesError as exc:
         raise TrendError(f"{path}: column {column!r}: {exc}") from exc
-    recs = [_record(labels[cp.index], "", "", column, "csv", cp) for cp in found]
+    recs = [record(labels[cp.index], "", "", column, "csv", cp) for cp in found]
     return recs, [float(v) for v in values]
 
 
@@ -101,7 +81,9 @@ def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
         output: Output = output_option(),
     ) -> None:
         """Change points across the releases in the run history (or of one CSV column): table and sparklines."""
-        settings = _settings(min_magnitude, max_pvalue)
+        from controller.report.trend import settings_of  # pandas: only when the command runs
+
+        settings = settings_of(min_magnitude, max_pvalue)
         if from_csv_file is not None:
             if not column:
                 raise fail("--from-csv needs --column")
@@ -116,42 +98,20 @@ def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
 
 def _history_trend(history: History, models: str, profile: str | None, metric: str | None, devices: str,
                    settings: DetectorSettings, output: Output) -> None:
-    import pandas as pd
+    from contract.records import parse_model_keys
+    from controller.report.load import history_frames
+    from controller.report.trend import MIN_RELEASES, TrendQuery, trend_records
 
-    from contract.records import METRICS, parse_model_keys
-    from controller.report.load import read_rows
-    from controller.report.model import FLEET
-    from controller.report.trend import changes, findings
-
-    if metric is not None and metric not in METRICS:
-        raise TrendError(f"--metric {metric!r}: not a metric ({', '.join(METRICS)})")
-    runs = history.runs(limit=1_000_000)
-    frame = pd.DataFrame([{"run_id": r.run_id, "release": r.release, "created_at": r.created_at} for r in runs],
-                         columns=["run_id", "release", "created_at"])
-    rows = read_rows(history, list(frame["run_id"]))
-    if models != "all":
-        rows = rows[rows["model_key"].astype(str).isin(parse_model_keys(models))]
-    if profile is not None:
-        rows = rows[rows["profile"].astype(str) == profile]
-    names = None if devices == "all" else {d.strip() for d in devices.split(",") if d.strip()}
-    found = changes(rows, frame, settings, metrics=[metric] if metric else tuple(METRICS))
-    if names is not None:
-        found = [c for c in found if c.module == FLEET or c.module in names]
-    recs = []
-    for f in findings(found):
-        c = f.lead
-        rec = _record(c.release, c.model_key, c.profile, c.metric, "fleet" if c.module == FLEET else c.module,
-                      c.change)
-        rec["moved_with"] = [f"{m.profile} {m.metric} {m.change.size:+.1%}" for m in f.moved[1:]]
-        counts: dict[str, int] = {}
-        for m in f.moved[1:]:
-            counts[m.metric] = counts.get(m.metric, 0) + 1
-        rec["moved"] = ", ".join(f"{metric} x{n}" for metric, n in counts.items())  # series per metric
-        rec["values"] = list(c.values)
-        recs.append(rec)
+    query = TrendQuery(models=None if models == "all" else tuple(parse_model_keys(models)), profile=profile,
+                       metric=metric, settings=settings,
+                       devices=None if devices == "all" else frozenset(d.strip() for d in devices.split(",")
+                                                                       if d.strip()))
+    got = trend_records(*history_frames(history, query.models), query)
+    recs = got.records
     if not recs and output == Output.table:
-        n = len(set(frame["release"]) - {""})
-        short = " (at the default --max-pvalue none can be named under 12: docs/howto/trends.md)" if n < 12 else ""
+        n = got.releases
+        short = (f" (at the default --max-pvalue none can be named under {MIN_RELEASES}: docs/howto/trends.md)"
+                 if n < MIN_RELEASES else "")
         stdout().print(f"no change points over {n} release{'' if n == 1 else 's'}{short}", highlight=False)
         return
     emit(recs, [*COLUMNS, "moved"], output)  # JSON: every field, "moved_with" each series

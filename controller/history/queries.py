@@ -67,13 +67,19 @@ class HistoryQueries:
         return int(n)
 
     # -- reports (pandas) --------------------------------------------------------------------
-    def row_chunks(self, run_ids: Sequence[str], chunk_rows: int) -> Iterator[pd.DataFrame]:
-        """Every stored row of the given runs, one column per ResultRow field, ``chunk_rows`` at a time."""
+    def row_chunks(self, run_ids: Sequence[str], chunk_rows: int,
+                   model_keys: Sequence[str] | None = None) -> Iterator[pd.DataFrame]:
+        """Every stored row of the given runs (of ``model_keys`` only, when given), one column per ResultRow
+        field, ``chunk_rows`` at a time."""
         import pandas as pd
 
         marks = ",".join("?" * len(run_ids))
-        return pd.read_sql_query(f"SELECT {_cols()} FROM rows WHERE run_id IN ({marks})", self.conn,
-                                 params=list(run_ids), chunksize=chunk_rows)
+        where, params = f"run_id IN ({marks})", list(run_ids)
+        if model_keys is not None:
+            where += f" AND model_key IN ({','.join('?' * len(model_keys))})"
+            params += list(model_keys)
+        return pd.read_sql_query(f"SELECT {_cols()} FROM rows WHERE {where}", self.conn,
+                                 params=params, chunksize=chunk_rows)
 
     def runs_before(self, created_at: float, run_id: str, limit: int) -> pd.DataFrame:
         """(run_id, created_at) of the newest ``limit`` runs (kind 'run') created before ``created_at``,

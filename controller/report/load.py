@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -83,13 +84,28 @@ def as_read(frame: pd.DataFrame) -> pd.DataFrame:
     return concat_compact([_compact(frame)], list(frame.columns))
 
 
-def read_rows(history: History, run_ids: Sequence[str], *, chunk_rows: int = CHUNK_ROWS) -> pd.DataFrame:
-    """Every stored row of the given runs (one column per ResultRow field; text as categoricals),
-    fetched ``chunk_rows`` at a time."""
-    if not run_ids:
+def read_rows(history: History, run_ids: Sequence[str], *, chunk_rows: int = CHUNK_ROWS,
+              model_keys: Sequence[str] | None = None) -> pd.DataFrame:
+    """Every stored row of the given runs (of ``model_keys`` only, when given; one column per ResultRow
+    field; text as categoricals), fetched ``chunk_rows`` at a time."""
+    if not run_ids or (model_keys is not None and not model_keys):
         return pd.DataFrame(columns=list(ROW_FIELDS))
-    chunks = history.row_chunks(run_ids, chunk_rows)
+    chunks = history.row_chunks(run_ids, chunk_rows, model_keys)
     return concat_compact((_compact(c) for c in chunks if len(c)), ROW_FIELDS)
+
+
+def history_frames(history: History, model_keys: Sequence[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What the change points over the history are computed from (:mod:`controller.report.trend`): the rows of
+    every run (of ``model_keys`` only, when given) and the runs' (run_id, release, created_at)."""
+    runs = history.runs(limit=1_000_000)
+    frame = pd.DataFrame([{"run_id": r.run_id, "release": r.release, "created_at": r.created_at} for r in runs],
+                         columns=["run_id", "release", "created_at"])
+    return read_rows(history, list(frame["run_id"]), model_keys=model_keys), frame
+
+
+def run_keys(run: RunInfo, rows: pd.DataFrame) -> list[str]:
+    """The model keys of a run: those of its rows, else those it was asked for."""
+    return sorted({str(k) for k in rows["model_key"]}) if len(rows) else list(run.models)
 
 
 def previous_rows(history: History, run: RunInfo, modules: Sequence[str]) -> pd.DataFrame:
@@ -116,8 +132,10 @@ def resolve_baseline(history: History, spec: str | None, release: str) -> str | 
 
 
 def build_report(history: History, run_id: str, baseline: str | None = None, *,
-                 thresholds: Thresholds | None = None, previous: bool = True) -> Report:
-    """The report of one run: against its baseline, each module's previous run and the fleet."""
+                 thresholds: Thresholds | None = None, previous: bool = True, with_history: bool = False) -> Report:
+    """The report of one run: against its baseline, each module's previous run and the fleet; with
+    ``with_history``, the change points of its model keys across the release history (the HTML report's
+    "History" section: the series built once, for the run's keys only)."""
     try:
         run = history.find_run(run_id)
     except HistoryError as exc:
@@ -130,6 +148,10 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     rep = analyse(rows, run_id=run.run_id, release=run.release, baseline=base, baseline_id=base_id,
                   previous=prev, state=run.state, expected_modules=run.modules, expected_keys=run.models,
                   thresholds=thresholds, module_keys=run.module_models)
+    if with_history:
+        from controller.report.trend import history_section
+
+        rep = replace(rep, history=history_section(*history_frames(history, run_keys(run, rows)), run.release))
     return with_telemetry(rep, history.telemetry(run.run_id))
 
 

@@ -139,6 +139,33 @@ class OutlierTelemetry(_Frozen):
     note: str = ""  # why there is no telemetry, or what was compared
 
 
+class TrendSeries(_Frozen):
+    """One series of the report's "History" section: its values in release order and its change points
+    (``marks``: the index of each one's first release, with its size, whether it is in force, whether it is
+    at the run's release)."""
+
+    model_key: str
+    profile: str
+    metric: str
+    scope: str  # "fleet" or a module
+    releases: tuple[str, ...]
+    values: tuple[float, ...]
+    marks: tuple[int, ...]
+    sizes: tuple[float, ...]
+    in_force: tuple[bool, ...]
+    at_release: tuple[bool, ...]
+
+
+class HistorySection(_Frozen):
+    """The report's "History" section (:func:`controller.report.trend.history_section`): the run's model keys'
+    series with a change point in force or at the run's release; none under ``needed`` releases."""
+
+    releases: int  # releases in the history
+    needed: int  # fewest releases at which a change point can be named (default settings)
+    series: tuple[TrendSeries, ...]
+    more: int = 0  # series that qualified but were not drawn
+
+
 @dataclass(frozen=True, eq=False)
 class Report:
     """Everything ``fleetctl report`` shows. Built by :func:`controller.report.analyse`."""
@@ -165,6 +192,8 @@ class Report:
     probe_checked: int = 0  # release rows that have a probe row beside them
     # the capacity at SLO each module's probe measured (SLO sweep rows: agent.probe.sweep)
     capacities: tuple[Capacity, ...] = ()
+    # change points across the release history of the run's model keys (None: not looked at)
+    history: HistorySection | None = None
 
     def telemetry_of(self, o: Outlier) -> OutlierTelemetry | None:
         """The outlier's device telemetry (None: none was attached)."""

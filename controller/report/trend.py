@@ -11,19 +11,33 @@ the detector is :mod:`controller.report.analysis.changepoints`.
 * **one finding per cause**: change points of one model key at the same release and scope (the fleet, or one
   module) are one finding; a derived metric (``tpot_ms`` of ``decode_tps``) moved with its primary is named
   under it, as the verdict folds them.
+
+The records of ``fleetctl trend -o json`` and ``GET /api/v1/trend`` are :func:`trend_records` (one function for
+both); the report's "History" section is :func:`history_section`; the change points a run newly makes
+detectable (its webhook event) are :func:`new_changes`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 from packaging.version import InvalidVersion, Version
 
 from contract.records import METRICS
-from controller.report.analysis.changepoints import ChangePoint, DetectorSettings, analyse_series
-from controller.report.model import DERIVED, FLEET
+from controller.errors import FleetctlError
+from controller.report.analysis.changepoints import ChangePoint, DetectorSettings, SeriesError, analyse_series
+from controller.report.model import DERIVED, FLEET, HistorySection, TrendSeries
+
+# at the default max_pvalue no change point can be named in a series of fewer releases (ADR 0017)
+MIN_RELEASES = 12
+MAX_CHARTS = 24  # the report's "History" section draws at most this many series (the rest are counted)
+
+
+class TrendError(FleetctlError, ValueError):
+    """A CSV file or column the detector cannot take, or a bad setting (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -106,3 +120,129 @@ def findings(found: Sequence[SeriesChange]) -> list[Finding]:
         ranked = sorted(members, key=lambda c: (c.metric in DERIVED, -abs(c.change.size)))
         out.append(Finding(lead=ranked[0], moved=tuple(ranked)))
     return sorted(out, key=lambda f: (f.lead.module != FLEET, f.lead.model_key, f.lead.release, f.lead.module))
+
+
+# --------------------------------------------------------------------------- records (CLI and API)
+def settings_of(min_magnitude: float, max_pvalue: float) -> DetectorSettings:
+    """The detector's settings from the command's / the API's options (a bad one: :class:`TrendError`)."""
+    try:
+        return DetectorSettings(min_magnitude=min_magnitude, max_pvalue=max_pvalue)
+    except SeriesError as exc:
+        raise TrendError(str(exc)) from exc
+
+
+def record(release: str, key: str, profile: str, metric: str, scope: str, cp: ChangePoint) -> dict[str, Any]:
+    """One change point as a record (a row of ``fleetctl trend``'s table, an item of its JSON and the API's)."""
+    return {"release": release, "model_key": key, "profile": profile, "metric": metric, "scope": scope,
+            "size": f"{cp.size:+.1%}", "ci": f"[{cp.ci_low:+.1%}, {cp.ci_high:+.1%}]", "p": f"{cp.p_value:.3g}",
+            "in_force": "yes" if cp.in_force else "no", "size_value": cp.size, "ci_low": cp.ci_low,
+            "ci_high": cp.ci_high, "p_value": cp.p_value, "index": cp.index}
+
+
+def scope_of(module: str) -> str:
+    return "fleet" if module == FLEET else module
+
+
+@dataclass(frozen=True)
+class TrendQuery:
+    """What ``fleetctl trend`` and ``GET /api/v1/trend`` ask: ``models`` None for every key; ``devices`` None
+    for every module's own series (else those modules'; the fleet series are always over every module)."""
+
+    models: tuple[str, ...] | None = None
+    profile: str | None = None
+    metric: str | None = None
+    devices: frozenset[str] | None = None
+    settings: DetectorSettings = field(default_factory=DetectorSettings)
+
+    def __post_init__(self) -> None:
+        if self.metric is not None and self.metric not in METRICS:
+            raise TrendError(f"--metric {self.metric!r}: not a metric ({', '.join(METRICS)})")
+
+
+@dataclass(frozen=True)
+class TrendResult:
+    """The records of a query, and how many releases the history holds (for the "no change points" line)."""
+
+    records: list[dict[str, Any]]
+    releases: int
+
+
+def trend_records(rows: pd.DataFrame, runs: pd.DataFrame, query: TrendQuery) -> TrendResult:
+    """The findings of ``query`` over ``rows`` (:func:`controller.report.load.history_frames`) as records, the
+    lead change point of each with ``moved_with`` (each other series), ``moved`` (series per metric) and
+    ``values`` (the lead's series, in release order)."""
+    if query.models is not None:
+        rows = rows[rows["model_key"].astype(str).isin(query.models)]
+    if query.profile is not None:
+        rows = rows[rows["profile"].astype(str) == query.profile]
+    found = changes(rows, runs, query.settings, metrics=[query.metric] if query.metric else tuple(METRICS))
+    if query.devices is not None:
+        found = [c for c in found if c.module == FLEET or c.module in query.devices]
+    recs = []
+    for f in findings(found):
+        c = f.lead
+        rec = record(c.release, c.model_key, c.profile, c.metric, scope_of(c.module), c.change)
+        rec["moved_with"] = [f"{m.profile} {m.metric} {m.change.size:+.1%}" for m in f.moved[1:]]
+        counts: dict[str, int] = {}
+        for m in f.moved[1:]:
+            counts[m.metric] = counts.get(m.metric, 0) + 1
+        rec["moved"] = ", ".join(f"{metric} x{n}" for metric, n in counts.items())  # series per metric
+        rec["values"] = list(c.values)
+        recs.append(rec)
+    return TrendResult(recs, len(set(runs["release"].astype(str)) - {""}))
+
+
+# --------------------------------------------------------------------------- the report's "History" section
+def history_section(rows: pd.DataFrame, runs: pd.DataFrame, release: str,
+                    settings: DetectorSettings | None = None, *, max_charts: int = MAX_CHARTS) -> HistorySection:
+    """The series of ``rows`` (the run's model keys over the history) with a change point in force or at
+    ``release`` (the run's), fleet-wide first; none drawn when the history has under :data:`MIN_RELEASES`."""
+    order = release_order(runs)
+    if len(order) < MIN_RELEASES:
+        return HistorySection(releases=len(order), needed=MIN_RELEASES, series=(), more=0)
+    found = changes(rows, runs, settings)
+    by_series: dict[tuple[str, str, str, str], list[SeriesChange]] = {}
+    for c in found:
+        by_series.setdefault((c.model_key, c.profile, c.metric, c.module), []).append(c)
+    shown = [cs for cs in by_series.values() if any(c.change.in_force or c.release == release for c in cs)]
+    shown.sort(key=lambda cs: (cs[0].module != FLEET, cs[0].model_key, cs[0].metric in DERIVED, cs[0].profile,
+                               cs[0].metric, cs[0].module))
+    rank = {r: i for i, r in enumerate(order)}
+    vals = release_values(rows, runs, [m for m in METRICS if m in rows.columns])
+    series = []
+    for cs in shown[:max_charts]:
+        c = cs[0]
+        g = vals[(vals["model_key"] == c.model_key) & (vals["profile"] == c.profile) & (vals["metric"] == c.metric)
+                 & (vals["module"] == c.module) & vals["release"].isin(rank)]
+        rels = tuple(sorted(g["release"], key=rank.__getitem__))
+        series.append(TrendSeries(model_key=c.model_key, profile=c.profile, metric=c.metric, scope=scope_of(c.module),
+                                  releases=rels, values=c.values, marks=tuple(x.change.index for x in cs),
+                                  sizes=tuple(x.change.size for x in cs), in_force=tuple(x.change.in_force for x in cs),
+                                  at_release=tuple(x.release == release for x in cs)))
+    return HistorySection(releases=len(order), needed=MIN_RELEASES, series=tuple(series),
+                          more=max(0, len(shown) - max_charts))
+
+
+# --------------------------------------------------------------------------- a run's new change points
+def new_changes(rows: pd.DataFrame, runs: pd.DataFrame, run_id: str,
+                settings: DetectorSettings | None = None) -> list[SeriesChange]:
+    """The change points of ``rows`` over the history with ``run_id`` that the history without it does not
+    have (same series, same release): what the run made detectable. A level shift is named by the run that
+    first makes it significant, not by every run after it."""
+    found = changes(rows, runs, settings)
+    if not found:
+        return []
+    series = {(c.model_key, c.profile, c.metric) for c in found}
+    key = rows["model_key"].astype(str) + "\0" + rows["profile"].astype(str)
+    wanted = {f"{k}\0{p}" for k, p, _ in series}
+    before_rows = rows[(rows["run_id"].astype(str) != run_id) & key.isin(wanted)]
+    before_runs = runs[runs["run_id"].astype(str) != run_id]
+    old = {(c.model_key, c.profile, c.metric, c.module, c.release)
+           for c in changes(before_rows, before_runs, settings, metrics=sorted({m for _, _, m in series}))}
+    return [c for c in found if (c.model_key, c.profile, c.metric, c.module, c.release) not in old]
+
+
+def change_payload(c: SeriesChange) -> dict[str, Any]:
+    """One change point in a webhook body (the record's fields, and the release before it)."""
+    rec = record(c.release, c.model_key, c.profile, c.metric, scope_of(c.module), c.change)
+    return {**rec, "previous": c.previous}

@@ -15,7 +15,7 @@ from controller.cli import trend as trend_cli
 from controller.history import History
 from controller.report.analysis.changepoints import DetectorSettings, analyse_series, detect
 from controller.report.synth import fleet, planted_series
-from controller.report.trend import release_order
+from controller.report.trend import TrendError, release_order
 from tests.support.frames import frame_to_rows
 
 
@@ -123,10 +123,10 @@ def test_trend_from_csv_finds_the_step_and_bad_input_is_one_line(tmp_path: Path)
     for args, needle in ((["--column", "w"], "no column 'w' (columns: n, v)"),
                          (["--column", "v", "--order-by", "t"], "no column 't'")):
         bad = CliRunner().invoke(app, ["trend", "--from-csv", str(f), *args])
-        assert bad.exit_code != 0 and isinstance(bad.exception, trend_cli.TrendError)
+        assert bad.exit_code != 0 and isinstance(bad.exception, TrendError)
         assert needle in str(bad.exception)
     missing = CliRunner().invoke(app, ["trend", "--from-csv", str(tmp_path / "none.csv"), "--column", "v"])
-    assert isinstance(missing.exception, trend_cli.TrendError) and "none.csv" in str(missing.exception)
+    assert isinstance(missing.exception, TrendError) and "none.csv" in str(missing.exception)
 
 
 def test_candidates_closer_than_a_segment_are_pruned_to_the_real_one():
