@@ -95,8 +95,9 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         """Verdict, regressions, outlier modules and fleet summary of one run (default: the latest)."""
         from controller.report.load import build_report
 
-        _report(lambda th: build_report(get_history(), run, baseline, thresholds=th), tolerance, old_fmt or fmt,
-                out, check)
+        html = (old_fmt or fmt) == Format.html  # the HTML report has a "History" section
+        _report(lambda th: build_report(get_history(), run, baseline, thresholds=th, with_history=html), tolerance,
+                old_fmt or fmt, out, check)
 
     @app.command("compare")
     def compare_cmd(

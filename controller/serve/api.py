@@ -41,6 +41,9 @@ from controller.service import Judgement, Session
 from controller.service.release_url import MAX_SHOWN, clip
 from controller.settings import ControllerSettings
 
+DEFAULT_MIN_MAGNITUDE = 0.03  # fleetctl trend's and the detector's (tests/api/test_trend.py checks they agree)
+DEFAULT_MAX_PVALUE = 0.002
+
 log = logging.getLogger("fleet.api")
 
 PREFIX = "/api/v1"
@@ -133,6 +136,28 @@ class ReportLink(_Model):
     run_id: str = Field(description="the run's id ('latest' or a prefix resolved when the link is made)")
     url: str = Field(description="opens the run's HTML report in a browser, no token needed, until expires_at")
     expires_at: int = Field(description="unix seconds")
+
+
+class TrendRecord(_Model):
+    """One finding of ``fleetctl trend -o json``: its lead change point and what moved with it."""
+
+    release: str = Field(description="the first release of the new level")
+    model_key: str
+    profile: str
+    metric: str
+    scope: str = Field(description="'fleet' (the fleet median of each run) or a module")
+    size: str = Field(description="relative change of the level, as text (e.g. -8.1%)")
+    ci: str = Field(description="its 95 % interval, as text")
+    p: str = Field(description="p-value of the permutation test, as text")
+    in_force: str = Field(description="yes: the series still ends at the new level")
+    size_value: float = Field(description="relative change of the level (-0.081: 8.1 % lower)")
+    ci_low: float
+    ci_high: float
+    p_value: float
+    index: int = Field(description="position of the release in the series (release order)")
+    moved_with: list[str] = Field(description="the other series of the finding: 'profile metric size'")
+    moved: str = Field(description="the other series of the finding, counted per metric")
+    values: list[float] = Field(description="the lead series, one value per release in release order")
 
 
 class ReportFormat(str, Enum):
@@ -295,7 +320,9 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
                    tolerance: float = Query(0.05, gt=0, lt=1,
                                             description="relative change that counts as a regression")) -> Response:
         """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows)."""
-        rep = errors(lambda: service.report(session(), run_id, baseline, tolerance=tolerance), run_id, baseline)
+        html = format is ReportFormat.html
+        rep = errors(lambda: service.report(session(), run_id, baseline, tolerance=tolerance, with_history=html),
+                     run_id, baseline)
         from controller.report.render import rows_with_baseline, to_json, to_markdown
 
         if format is ReportFormat.json:
@@ -323,7 +350,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
     def linked_report(run_id: RunId, expires: int = Query(...), sig: str = Query(..., max_length=128)) -> Response:
         """The HTML report behind a signed link (no bearer header: the signature is the credential)."""
         errors(lambda: links.check_link(link_secret, links.report_path(run_id), expires, sig, time.time()))
-        rep = errors(lambda: service.report(session(), run_id), run_id)
+        rep = errors(lambda: service.report(session(), run_id, with_history=True), run_id)
         from controller.report.render.html import to_html
 
         return Response(to_html(rep), media_type="text/html; charset=utf-8",
@@ -338,6 +365,31 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
         """Durable cancel of the run (or of the modules ``devices`` selects)."""
         rid, names = errors(lambda: service.cancel(session(), run_id, devices), run_id, devices)
         return Cancelled(run_id=rid, modules=names)
+
+    @app.get(f"{PREFIX}/trend", response_model=list[TrendRecord], dependencies=deps, responses=ERRORS)
+    def get_trend(models: str = Query("all", min_length=1, max_length=MAX_SELECTOR,
+                                      description="model keys, comma separated, or 'all'"),
+                  profile: str | None = Query(None, min_length=1, max_length=MAX_NAME, description="only this profile"),
+                  metric: str | None = Query(None, min_length=1, max_length=MAX_NAME,
+                                             description="only this metric (e.g. decode_tps)"),
+                  devices: str = Query("all", min_length=1, max_length=MAX_SELECTOR,
+                                       description="'all' or module names, comma separated (per-module series of "
+                                                   "those; the fleet series are over every module)"),
+                  min_magnitude: float = Query(DEFAULT_MIN_MAGNITUDE, ge=0, lt=1,
+                                               description="smallest relative change reported"),
+                  max_pvalue: float = Query(DEFAULT_MAX_PVALUE, gt=0, le=1,
+                                            description="largest p-value of a change point")) -> list[TrendRecord]:
+        """Change points across the releases in the run history: the records of ``fleetctl trend -o json``."""
+        def query() -> Any:
+            from controller.report.trend import TrendQuery, settings_of
+
+            names = None if devices == "all" else frozenset(d.strip() for d in devices.split(",") if d.strip())
+            return service.trend(session(), TrendQuery(
+                models=None if models == "all" else tuple(parse_model_keys(models)), profile=profile, metric=metric,
+                devices=names, settings=settings_of(min_magnitude, max_pvalue)))
+
+        got = errors(query, models, profile, metric, devices)
+        return [TrendRecord(**r) for r in got.records]
 
     @app.get(f"{PREFIX}/devices", response_model=list[Device], dependencies=deps, responses=ERRORS)
     def list_devices(devices: str = Query("all", min_length=1, max_length=MAX_SELECTOR,

@@ -66,6 +66,7 @@ from controller.service.views import (
     results,
     run_summary,
     runs,
+    trend,
     version,
     with_broker_states,
 )
@@ -77,5 +78,5 @@ __all__ = [
     "devices", "distribute", "download_release", "errors_of", "exit_code", "find_run", "follow", "judge", "logs",
     "modules_named", "parse_log_name", "prepare", "progress_dict", "prune_releases", "recorded_judgement",
     "release_request", "releases_in_use", "report", "reset_module", "results", "resumed_models", "retry",
-    "run_summary", "runs", "sync", "validate", "version", "view", "with_broker_states",
+    "run_summary", "runs", "sync", "trend", "validate", "version", "view", "with_broker_states",
 ]

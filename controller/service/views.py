@@ -21,6 +21,7 @@ from controller.service.session import NotFound, Session, broker_call, report_ca
 
 if TYPE_CHECKING:
     from controller.report.model import Report
+    from controller.report.trend import TrendQuery, TrendResult
 
 
 def runs(s: Session, limit: int = 20, *, live: bool = True) -> list[RunInfo]:
@@ -104,13 +105,26 @@ def describe_module(s: Session, name: str, *, recent: int = 10) -> ModuleDetail:
     return ModuleDetail(mods[0], status, tuple(found))
 
 
-def report(s: Session, run: str = "latest", baseline: str | None = None, *, tolerance: float = 0.05) -> Report:
-    """The report of a run (pandas): verdict, regressions, outliers (never writes)."""
+def report(s: Session, run: str = "latest", baseline: str | None = None, *, tolerance: float = 0.05,
+           with_history: bool = False) -> Report:
+    """The report of a run (pandas): verdict, regressions, outliers (never writes); ``with_history``: the
+    change points of its model keys across the release history too (the HTML report's "History")."""
     from controller.report.load import build_report
     from controller.report.model import Thresholds
 
     h = s.read_history()
-    return report_call(lambda: build_report(h, run, baseline, thresholds=Thresholds(tolerance=tolerance)))
+    return report_call(lambda: build_report(h, run, baseline, thresholds=Thresholds(tolerance=tolerance),
+                                            with_history=with_history))
+
+
+def trend(s: Session, query: TrendQuery) -> TrendResult:
+    """The change points across the release history that ``query`` asks for: the records of ``fleetctl trend
+    -o json`` (never writes)."""
+    from controller.report.load import history_frames
+    from controller.report.trend import trend_records
+
+    h = s.read_history()
+    return trend_records(*history_frames(h, query.models), query)
 
 
 def version() -> dict[str, str]:

@@ -25,7 +25,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from controller.report.model import FLEET, Report
+from controller.report.model import FLEET, Report, TrendSeries
 from controller.report.render.numbers import num, pct
 from controller.report.render.text import probe_text, telemetry_line, verdict_line
 
@@ -135,6 +135,27 @@ def curve_plot(summary: pd.DataFrame, metric: str, ylabel: str) -> str:
     return _svg(fig)
 
 
+def history_plot(t: TrendSeries) -> str:
+    """One series of the "History" section: its value per release (release order), each change point a dashed
+    line before its first release with its size (red: in force, grey: reverted since)."""
+    fig = Figure(figsize=(4.2, 2.2), layout="constrained")
+    ax = fig.subplots()
+    x = np.arange(len(t.values))
+    ax.plot(x, np.asarray(t.values, dtype=float), marker="o", ms=2.5, lw=1, color="#0969da")
+    for at, size, live in zip(t.marks, t.sizes, t.in_force, strict=True):
+        color = "#cf222e" if live else "#59636e"
+        ax.axvline(at - 0.5, ls="--", lw=1, color=color)
+        ax.annotate(f"{size:+.1%}", (at - 0.5, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
+                    textcoords="offset points", va="top", fontsize=TICK_PT, color=color)
+    step = max(1, math.ceil(len(x) / 6))
+    ticks = list(x[::step])
+    ax.set_xticks(ticks, [t.releases[i] for i in ticks], fontsize=TICK_PT, rotation=30, ha="right")
+    ax.tick_params(labelsize=TICK_PT)
+    ax.set_title(f"{t.model_key} {t.profile} {t.metric} ({t.scope})", fontsize=LABEL_PT)
+    ax.grid(alpha=0.3)
+    return _svg(fig)
+
+
 def cell_label(v: float) -> str:
     """A heatmap cell's % with one decimal and its sign; zero (also -0.04) is "0.0", never "+0.0" or "-0.0"."""
     r = round(v, 1)
@@ -182,6 +203,7 @@ table{border-collapse:collapse;margin:.5em 0;font-size:12.5px}
 th,td{border:1px solid #d0d7de;padding:3px 7px;text-align:left}th{background:#f6f8fa}
 td.num{text-align:right;font-variant-numeric:tabular-nums}.bad{color:#cf222e;font-weight:600}
 .muted{color:#59636e}svg{max-width:100%;height:auto}
+.history{display:flex;flex-wrap:wrap;gap:.5em}.history svg{width:420px}
 </style></head><body>
 <h1>Fleet report {{ r.run_id }}</h1>
 <p class="verdict">{{ line }}</p>
@@ -245,6 +267,16 @@ fleet median over that model key's figures, in %; negative: slower (lower throug
 {% if moved %}{{ changes_table(moved) }}{% endif %}
 <details><summary>all {{ r.changes|length }} comparisons</summary>{{ changes_table(r.changes) }}</details>
 {% endif %}
+{% if r.history is not none %}<h2>History</h2>{% set h = r.history %}
+{% if h.releases < h.needed %}<p class="muted">{{ h.releases }} release{{ "" if h.releases == 1 else "s" }} in the
+history: no change point can be named under {{ h.needed }} (docs/howto/trends.md).</p>
+{% elif not h.series %}<p class="muted">No change point in force or at this release over {{ h.releases }} releases
+(this run's model keys).</p>
+{% else %}<p class="muted">Series of this run's model keys with a change point in force or at this release, over
+{{ h.releases }} releases; a dashed line before the first release of each new level (red: in force).</p>
+<div class="history">{% for svg in history_svgs %}{{ svg|safe }}{% endfor %}</div>
+{% if h.more %}<p class="muted">and {{ h.more }} more series (all of them: fleetctl trend).</p>{% endif %}
+{% endif %}{% endif %}
 {% if r.notes %}<h2>Notes</h2><ul>{% for n in r.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
 </body></html>
 """
@@ -262,4 +294,5 @@ def to_html(r: Report) -> str:
         decode_missing=not_plotted_line(r.summary, "decode_tps", bool(r.changes)),
         ttft_missing=not_plotted_line(r.summary, "ttft_ms", bool(r.changes)),
         heat_svg=heatmap(r.deviation),
+        history_svgs=[history_plot(t) for t in r.history.series] if r.history is not None else [],
     )
