@@ -1,0 +1,53 @@
+"""The HTML report's "History" section: one chart per series of the run's keys with a change point in force or at
+the run's release, change points marked; one muted line when the history is too short."""
+
+from __future__ import annotations
+
+import re
+
+from controller.report.load import build_report, history_frames
+from controller.report.render.html import to_html
+from controller.report.trend import MIN_RELEASES, history_section
+from tests.support.trend import release_history
+
+
+def test_history_section_draws_the_moved_series_with_its_change_point(reference, tmp_path):
+    h = release_history(tmp_path / "history.sqlite", reference, regress={("qwen3", "decode_tps"): 0.10})
+    try:
+        rep = build_report(h, "run-11", with_history=True)
+        sec = rep.history
+        assert sec is not None and sec.releases == 12
+        fleet = [s for s in sec.series if s.scope == "fleet"]
+        assert fleet and {(s.model_key, s.metric) for s in fleet} <= {("qwen3", "decode_tps"), ("qwen3", "tpot_ms")}
+        s = fleet[0]
+        assert s.releases[s.marks[0]] == "1.6.0" and s.in_force == (True,) and len(s.values) == 12
+        html = to_html(rep)
+        body = html.split("<h2>History</h2>", 1)[1]
+        assert body.count("<svg") == len(sec.series)
+        assert f"qwen3 {s.profile} {s.metric} (fleet)" in body
+        assert re.search(r"-(9|10|11)\.\d%", body)  # the change's size at its mark
+        assert "<h2>History</h2>" not in to_html(build_report(h, "run-11"))  # only when asked for
+    finally:
+        h.close()
+
+
+def test_history_section_says_when_the_history_is_too_short(reference, tmp_path):
+    h = release_history(tmp_path / "history.sqlite", reference, releases=4)
+    try:
+        html = to_html(build_report(h, "run-3", with_history=True))
+        body = html.split("<h2>History</h2>", 1)[1]
+        assert f"4 releases in the\nhistory: no change point can be named under {MIN_RELEASES}" in body
+        assert "<svg" not in body.split("</p>", 1)[0]
+    finally:
+        h.close()
+
+
+def test_history_section_reads_only_the_runs_keys(reference, tmp_path):
+    h = release_history(tmp_path / "history.sqlite", reference)
+    try:
+        rows, runs = history_frames(h, ["qwen3vl"])
+        assert len(rows) == 0 and len(runs) == 12
+        assert set(history_frames(h, ["qwen3"])[0]["model_key"]) == {"qwen3"}
+        assert history_section(rows, runs, "1.11.0").series == ()
+    finally:
+        h.close()
