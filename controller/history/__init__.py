@@ -9,11 +9,19 @@ telemetry), :mod:`~controller.history.outbox` (webhook outbox) and
 """
 
 from controller.history.queries import DatabaseError
-from controller.history.records import RESET_EVENT, VERDICT_EVENT, HistoryError, OutboxEvent, RunInfo, url_digest
+from controller.history.records import (
+    CHANGE_POINT_EVENT,
+    RESET_EVENT,
+    VERDICT_EVENT,
+    HistoryError,
+    OutboxEvent,
+    RunInfo,
+    url_digest,
+)
 from controller.history.schema import ROW_FIELDS, row_from_db, row_to_db
 from controller.history.store import History
 
 __all__ = [
     "DatabaseError", "History", "HistoryError", "OutboxEvent", "RESET_EVENT", "ROW_FIELDS", "RunInfo",
-    "VERDICT_EVENT", "row_from_db", "row_to_db", "url_digest",
+    "CHANGE_POINT_EVENT", "VERDICT_EVENT", "row_from_db", "row_to_db", "url_digest",
 ]

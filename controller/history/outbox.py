@@ -39,19 +39,25 @@ class WebhookOutbox:
         if not targets:
             return []
         floor = max(time.time() - max_age, min(targets.values()))
-        cur = self.conn.execute("SELECT run_id, event, verdict, line, state, created_at FROM webhook_outbox"
+        cur = self.conn.execute("SELECT run_id, event, verdict, line, state, created_at, payload FROM webhook_outbox"
                                 " WHERE created_at >= ? ORDER BY created_at LIMIT ?", (floor, limit * 4))
         out: list[OutboxEvent] = []
-        for run_id, event, verdict, line, state, created in cur.fetchall():
+        for run_id, event, verdict, line, state, created, payload in cur.fetchall():
             done = {r[0] for r in self.conn.execute(
                 "SELECT url_sha256 FROM webhook_sent WHERE run_id=? AND event=?", (run_id, event))}
             urls = tuple(d for d, first in targets.items() if d not in done and created >= first)
             if urls:
                 out.append(OutboxEvent(run_id=run_id, event=event, verdict=verdict, line=line, state=state,
-                                       created_at=created, urls=urls))
+                                       created_at=created, urls=urls, payload=payload))
             if len(out) >= limit:
                 break
         return out
+
+    def queue_webhook(self, run_id: str, event: str, verdict: str, line: str, state: str, payload: str) -> None:
+        """Queue an event other than a verdict (``payload``: its JSON beyond the run's summary), once per run."""
+        with self.tx() as c:
+            c.execute("INSERT OR IGNORE INTO webhook_outbox (run_id, event, verdict, line, state, created_at, payload)"
+                      " VALUES (?, ?, ?, ?, ?, ?, ?)", (run_id, event, verdict, line, state, time.time(), payload))
 
     def mark_webhook(self, run_id: str, event: str, url_sha256: str, outcome: str) -> None:
         """``outcome``: delivered or given_up (either way not sent again)."""

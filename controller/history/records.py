@@ -1,7 +1,7 @@
 """The run history's records as callers get them: runs, webhook events, and the history's error.
 
 The history's one error root (:class:`HistoryError`) and the names of the events it keeps
-(:data:`VERDICT_EVENT`, :data:`RESET_EVENT`) live here too.
+(:data:`VERDICT_EVENT`, :data:`CHANGE_POINT_EVENT`, :data:`RESET_EVENT`) live here too.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from controller.errors import FleetctlError
 
 VERDICT_EVENT = "run.verdict"
+CHANGE_POINT_EVENT = "trend.change_point"  # a run made new change points across the release history detectable
 RESET_EVENT = "failures reset"  # the module event of `fleetctl devices reset` (the module's failed runs cleared)
 
 
@@ -28,6 +29,7 @@ class OutboxEvent(BaseModel):
     state: str
     created_at: float
     urls: tuple[str, ...]
+    payload: str = ""  # JSON the event carries beyond the run's summary ('' for a verdict)
 
     @property
     def delivery_id(self) -> str:

@@ -90,6 +90,7 @@ CREATE TABLE IF NOT EXISTS webhook_outbox (
     line TEXT NOT NULL,
     state TEXT NOT NULL,
     created_at REAL NOT NULL,
+    payload TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (run_id, event)
 );
 CREATE INDEX IF NOT EXISTS webhook_outbox_created ON webhook_outbox (created_at);
@@ -137,14 +138,14 @@ def _key_rows_by_source(conn: sqlite3.Connection) -> None:
         " CREATE INDEX rows_module ON rows (module, model_key); COMMIT;")
 
 
-def _add_run_column(conn: sqlite3.Connection, column: str, declaration: str) -> None:
-    """A history from before ``runs.<column>`` gets the column, once."""
-    if column in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
+def _add_run_column(conn: sqlite3.Connection, column: str, declaration: str, table: str = "runs") -> None:
+    """A history from before ``<table>.<column>`` (default ``runs``) gets the column, once."""
+    if column in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
         return
     conn.execute("BEGIN IMMEDIATE")
     try:  # another process may have added it between the look and the lock
-        if column not in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
-            conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {declaration}")
+        if column not in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
@@ -167,4 +168,6 @@ def connect(path: Path) -> sqlite3.Connection:
     _add_run_column(conn, "verdict_line", "TEXT")
     # '{}': every module of such a run was asked for all of the run's model keys
     _add_run_column(conn, "module_models", "TEXT NOT NULL DEFAULT '{}'")
+    # '': every event of such an outbox is a verdict (the run's summary is its whole body)
+    _add_run_column(conn, "payload", "TEXT NOT NULL DEFAULT ''", table="webhook_outbox")
     return conn

@@ -5,6 +5,7 @@ judges finished runs, serves the controller's /metrics and, when configured, the
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import signal
 import threading
@@ -89,6 +90,10 @@ class Notifier:
             if not digests:
                 continue
             payload = summary_of(self.s, Judgement(ev.run_id, ev.verdict, ev.line, ev.state))
+            if ev.payload:  # an event beyond the verdict (trend.change_point): its own fields and line
+                info = h.run(ev.run_id)
+                payload = {**payload, **json.loads(ev.payload), "event": ev.event, "line": ev.line,
+                           "verdict_line": info.verdict_line if info else None}
             futures = self.hooks.notify(ev.event, payload, urls=[self.by_digest[d] for d in digests],
                                         delivery=ev.delivery_id)
             for d, fut in zip(digests, futures, strict=True):

@@ -23,7 +23,7 @@ from controller.fleet import (
     newer_progress,
     release_version,
 )
-from controller.history import HistoryError, RunInfo
+from controller.history import History, HistoryError, RunInfo
 from controller.inventory import Module, select
 from controller.service.records import Judgement, Launched, ValidateRequest
 from controller.service.releases import (
@@ -247,7 +247,36 @@ def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float
         if failed and verdict == "pass":
             verdict, line = "failed", f"some modules {state}; {line}"
     h.set_run_state(info.run_id, state, verdict=verdict, line=line if state != "running" else None)
+    if rep is not None and state != "running" and info.release:
+        queue_change_points(h, info, verdict, state)
     return Judgement(info.run_id, verdict, line, state, rep)
+
+
+def queue_change_points(h: History, info: RunInfo, verdict: str, state: str) -> int:
+    """Queue the webhook event of the change points across the release history that the run made detectable
+    (those of its model keys the history without it does not have: a level shift is named once), when there
+    are any; how many. A history the detector cannot take is left unsaid (the verdict stands)."""
+    import json
+
+    from controller.history import CHANGE_POINT_EVENT
+    from controller.report.load import history_frames, read_rows, run_keys
+    from controller.report.model import ReportError
+    from controller.report.trend import change_payload, new_changes, scope_of
+
+    try:
+        rows, runs = history_frames(h, run_keys(info, read_rows(h, [info.run_id])))
+        found = new_changes(rows, runs, info.run_id)
+    except ReportError:
+        return 0
+    if not found:
+        return 0
+    lead = max(found, key=lambda c: abs(c.change.size))
+    line = (f"{len(found)} new change point{'s' if len(found) > 1 else ''} with run {info.run_id} ({info.release}): "
+            f"{lead.model_key} {lead.profile} {lead.metric} {lead.change.size:+.1%} at {lead.release} "
+            f"({scope_of(lead.module)})")
+    h.queue_webhook(info.run_id, CHANGE_POINT_EVENT, verdict, line, state,
+                    json.dumps({"change_points": [change_payload(c) for c in found]}))
+    return len(found)
 
 
 def recorded_judgement(info: RunInfo) -> Judgement | None:

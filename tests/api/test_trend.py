@@ -74,8 +74,8 @@ def test_trend_endpoint_defaults_are_the_detectors():
     from controller.report.analysis.changepoints import DetectorSettings
     from controller.serve.api import DEFAULT_MAX_PVALUE, DEFAULT_MIN_MAGNITUDE
 
-    assert (DEFAULT_MIN_MAGNITUDE, DEFAULT_MAX_PVALUE) == (DetectorSettings().min_magnitude,
-                                                           DetectorSettings().max_pvalue)
+    d = DetectorSettings()
+    assert (d.min_magnitude, d.max_pvalue) == (DEFAULT_MIN_MAGNITUDE, DEFAULT_MAX_PVALUE)
 
 
 def test_trend_endpoint_is_in_the_schema(trended):

@@ -1,0 +1,47 @@
+"""The ``trend.change_point`` webhook event: queued when a finished run makes a change point across the release
+history detectable (once: the runs after it do not queue it again), sent by ``fleetctl serve`` to a real test HTTP
+server, signed, with the change points in its body."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controller.history import CHANGE_POINT_EVENT
+from controller.service.lifecycle import queue_change_points
+from controller.service.webhooks import EVENT_HEADER, SIGNATURE_HEADER, verify
+from controller.settings import ControllerSettings
+from tests.api.test_webhook_outbox import serve_once, with_hooks
+from tests.support.frames import reference  # noqa: F401 - the fixture, registered by name
+from tests.support.trend import add_release, release_history
+
+SLOWER = {"regress": {("qwen3", "decode_tps"): 0.10}}
+
+
+def test_a_run_that_makes_a_change_point_detectable_sends_it_once(tmp_path: Path, reference, receiver):  # noqa: F811
+    settings = with_hooks(ControllerSettings(broker_url="filesystem://", data_dir=tmp_path / "fleet",
+                                             history=tmp_path / "history.sqlite"), tmp_path, receiver.url)
+    h = release_history(settings.history_path, reference, releases=11, **SLOWER)
+    try:
+        serve_once(settings)  # the URL is registered
+        assert queue_change_points(h, h.find_run("run-10"), "pass", "done") == 0  # 11 releases: too few yet
+        add_release(h, reference, 11, **SLOWER)
+        assert queue_change_points(h, h.find_run("run-11"), "pass", "done") >= 1  # the 12th release names it
+        add_release(h, reference, 12, **SLOWER)
+        assert queue_change_points(h, h.find_run("run-12"), "pass", "done") == 0  # named once, not again
+    finally:
+        h.close()
+    serve_once(settings)
+    assert len(receiver.got) == 1
+    headers, body = receiver.got[0]
+    assert headers[EVENT_HEADER.lower()] == CHANGE_POINT_EVENT == "trend.change_point"
+    assert verify(b"a-shared-webhook-secret-0123456789", body, headers[SIGNATURE_HEADER.lower()])
+    doc = receiver.json()
+    assert (doc["event"], doc["run_id"], doc["release"]) == ("trend.change_point", "run-11", "1.11.0")
+    cps = doc["change_points"]
+    assert {(c["release"], c["previous"], c["model_key"], c["in_force"]) for c in cps} == {
+        ("1.6.0", "1.5.0", "qwen3", "yes")}
+    assert {c["metric"] for c in cps} <= {"decode_tps", "tpot_ms"} and "fleet" in {c["scope"] for c in cps}
+    assert all(-0.13 < c["size_value"] < -0.07 for c in cps if c["metric"] == "decode_tps")
+    assert doc["line"].startswith(f"{len(cps)} new change points with run run-11 (1.11.0): qwen3 ")
+    serve_once(settings)
+    assert len(receiver.got) == 1  # delivered once
