@@ -112,8 +112,14 @@ def base(uid: str, title: str, tags: list[str], variables: list[db.QueryVariable
     return d
 
 
+# a region while a change point across the release history is in force (fleet series; fleetctl trend names it)
+CHANGE_POINTS_EXPR = 'sum by (model_key, metric) (m1000_trend_change_points{scope="fleet"}) > 0'
+
+
 def fleet_overview() -> db.Dashboard:
     d = base("m1000-fleet-overview", "M1000 fleet overview", ["fleet"], [var(*VAR_MODULE)])
+    d = d.annotation(db.AnnotationQuery().name("Change points in force").datasource(DS).enable(True)
+                     .icon_color("rgba(207, 34, 46, 1)").expr(CHANGE_POINTS_EXPR))
     d = d.with_row(db.Row("Fleet"))
     d = d.with_panel(st("Modules per state", "none", q("m1000_fleet_modules", "{{state}}", instant=True)))
     d = d.with_panel(st("Agents up", "none", q(f'sum(up{{job="m1000-agent", {M}}})', "up", instant=True)))

@@ -1,4 +1,5 @@
-"""The controller's Prometheus collector: fleet state, runs by verdict, deviation from baselines, queues.
+"""The controller's Prometheus collector: fleet state, runs by verdict, deviation from baselines, queues,
+change points across the release history.
 
 ``fleetctl serve`` registers a :class:`ControllerCollector` in a registry of its own and
 serves it. Module states and queue lengths come from callables the caller supplies (the
@@ -12,6 +13,10 @@ baseline / value for lower-is-better ones (TTFT, TPOT). 1 is on par, below 1 is 
 newest baseline of any release. The baseline's own figures are exported too
 (``m1000_baseline_*``, same units as the agents' ``m1000_result_*``) so that dashboards can
 draw each module's figures against them.
+
+Change points in force (``m1000_trend_change_points``) are those of ``fleetctl trend`` with the default
+settings over the whole history, counted per (model key, metric, scope): computed again only when a run
+was added or ended since the last scrape (the detector takes seconds over a long history).
 """
 
 from __future__ import annotations
@@ -53,6 +58,10 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec("m1000_fleet_latest_run_timestamp_seconds", "gauge", ("module", "release"), "timestamp_seconds",
                "Creation time of the module's latest run with results"),
     MetricSpec("m1000_fleet_history_up", "gauge", (), "count", "1 when the run history could be read"),
+    MetricSpec("m1000_trend_change_points", "gauge", ("model_key", "metric", "scope"), "count",
+               "Change points across the release history still in force (fleetctl trend), per model key and"
+               " metric: scope 'fleet' counts the fleet series (one per profile), 'module' every module's own;"
+               " 0 for a series without one"),
     MetricSpec("m1000_baseline_ttft_seconds", "gauge", ("baseline", "model_key", "profile"), "seconds",
                "Baseline time to first token"),
     MetricSpec("m1000_baseline_tpot_seconds", "gauge", ("baseline", "model_key", "profile"), "seconds",
@@ -124,6 +133,27 @@ def deviation(rows: Iterable[ResultRow], base: Mapping[tuple[str, str], Mapping[
     return Deviation({k: math.exp(sum(v) / len(v)) for k, v in logs.items()}, regressions)
 
 
+def trend_counts(history: History) -> dict[tuple[str, str, str], int]:
+    """(model key, metric, 'fleet' or 'module') -> change points in force over the history (0: a series
+    without one; every (key, metric) with a value in some release, both scopes)."""
+    from controller.report.load import history_frames
+    from controller.report.model import FLEET
+    from controller.report.trend import changes, release_values
+
+    rows, runs = history_frames(history)
+    if not len(rows):
+        return {}
+    metrics = [m for m in METRICS if m in rows.columns]
+    vals = release_values(rows, runs, metrics)
+    out = {(str(k), str(m), scope): 0 for k, m in set(zip(vals["model_key"], vals["metric"], strict=True))
+           for scope in ("fleet", "module")}
+    for c in changes(rows, runs):
+        if c.change.in_force:
+            key = (c.model_key, c.metric, "fleet" if c.module == FLEET else "module")
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
 class ControllerCollector(Collector):
     """Collector of the controller's series; ``states()`` gives module -> idle|busy|offline|bad (or a
     :class:`ModuleReading`, with the module's clock skew), ``queue_lengths()`` queue -> length. Safe to call
@@ -139,6 +169,7 @@ class ControllerCollector(Collector):
         self.recent_runs = recent_runs
         self._lock = threading.Lock()
         self._dev_cache: dict[tuple[str, str, int, str], Deviation] = {}
+        self._trend_cache: tuple[tuple[object, ...], dict[tuple[str, str, str], int]] | None = None
         self._base_cache: dict[str, dict[tuple[str, str], dict[str, float]]] = {}
 
     def _family(self, name: str) -> GaugeMetricFamily:
@@ -216,6 +247,18 @@ class ControllerCollector(Collector):
             regs.add_metric((label_value(module), rel), dev.regressions)
         yield from (ratio, regs, stamp)
         yield from self._baseline_metrics(used_baselines)
+        yield self._trend_metric()
+
+    def _trend_metric(self) -> Metric:
+        """Change points in force per (model key, metric, scope), 0 for every series without one."""
+        runs = self.history.runs(limit=1_000_000)
+        stamp = tuple((r.run_id, r.state) for r in runs)
+        if self._trend_cache is None or self._trend_cache[0] != stamp:
+            self._trend_cache = (stamp, trend_counts(self.history))
+        fam = self._family("m1000_trend_change_points")
+        for (key, metric, scope), n in sorted(self._trend_cache[1].items()):
+            fam.add_metric((label_value(key), metric, scope), n)
+        return fam
 
     def _latest_runs(self) -> dict[str, RunInfo]:
         """module -> its newest run (of the recent ones) that has rows for it."""

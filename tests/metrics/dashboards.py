@@ -93,6 +93,14 @@ def dashboard_queries() -> Iterator[tuple[str, str, dict[str, Any], dict[str, An
                 yield name, p.get("title", ""), p, t
 
 
+def dashboard_annotations() -> Iterator[tuple[str, str, str]]:
+    """(dashboard file, annotation name, expression) for every Prometheus annotation of every dashboard."""
+    for name, dash in dashboards().items():
+        for a in dash.get("annotations", {}).get("list", []):
+            if a.get("expr"):
+                yield name, a.get("name", ""), a["expr"]
+
+
 def rule_exprs() -> dict[str, str]:
     doc = yaml.safe_load(RULES.read_text(encoding="utf-8"))
     return {r["alert"]: r["expr"] for g in doc["groups"] for r in g["rules"]}

@@ -134,3 +134,23 @@ def test_prometheus_targets_command_writes_atomically(tmp_path: Path) -> None:
     assert [p.name for p in out.parent.iterdir()] == ["agents.json"]  # no temporary left behind
     res = CliRunner().invoke(app, ["prometheus-targets"])
     assert json.loads(res.stdout)[1]["targets"] == ["[2001:db8::2]:9500"]
+
+
+def test_change_points_in_force_per_key_metric_and_scope(tmp_path: Path, seed_text: str) -> None:
+    from tests.support.frames import rows_frame
+    from tests.support.trend import add_release, release_history
+
+    reference = rows_frame([r for rows in parse_seed(seed_text).values() for r in rows])
+    h = release_history(tmp_path / "history.sqlite", reference, releases=11, regress={("qwen3", "decode_tps"): 0.10})
+    try:
+        c = collector(h)
+        labels = {"model_key": "qwen3", "metric": "decode_tps", "scope": "fleet"}
+        assert sample(c, "m1000_trend_change_points", labels) == 0  # 11 releases: none named yet
+        assert sample(c, "m1000_trend_change_points", {**labels, "scope": "module"}) == 0
+        add_release(h, reference, 11, regress={("qwen3", "decode_tps"): 0.10})
+        profiles = len(set(reference.loc[reference["model_key"] == "qwen3", "profile"]))
+        fleet = sample(c, "m1000_trend_change_points", labels)  # computed again: a run was added
+        assert fleet is not None and profiles - 2 <= fleet <= profiles
+        assert sample(c, "m1000_trend_change_points", {**labels, "metric": "prefill_tps"}) == 0
+    finally:
+        h.close()

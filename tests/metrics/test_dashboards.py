@@ -110,3 +110,13 @@ def test_expr_unit_inference() -> None:
     assert expr_unit("m1000_result_ttft_seconds / on (a) m1000_baseline_ttft_seconds") == "ratio"
     with pytest.raises(AssertionError):
         expr_unit("m1000_result_ttft_seconds + m1000_result_decode_tokens_per_second")
+
+
+def test_annotations_query_catalog_metrics_and_the_fleet_marks_change_points() -> None:
+    from tests.metrics.dashboards import UNITS, dashboard_annotations, metric_names
+
+    found = list(dashboard_annotations())
+    for name, title, expr in found:
+        assert metric_names(expr) and all(n in UNITS for n in metric_names(expr)), (name, title, expr)
+    assert ("fleet-overview.json", "Change points in force",
+            'sum by (model_key, metric) (m1000_trend_change_points{scope="fleet"}) > 0') in found
