@@ -10,9 +10,9 @@ from controller.history import CHANGE_POINT_EVENT
 from controller.service.lifecycle import queue_change_points
 from controller.service.webhooks import EVENT_HEADER, SIGNATURE_HEADER, verify
 from controller.settings import ControllerSettings
-from tests.api.test_webhook_outbox import serve_once, with_hooks
 from tests.support.frames import reference  # noqa: F401 - the fixture, registered by name
 from tests.support.trend import add_release, release_history
+from tests.support.webhooks import serve_once, with_hooks
 
 SLOWER = {"regress": {("qwen3", "decode_tps"): 0.10}}
 

@@ -5,30 +5,11 @@ are not sent to it; the outbox stores no webhook URL (only its sha256)."""
 
 from __future__ import annotations
 
-import io
-from pathlib import Path
-
-from rich.console import Console
-
 from controller.history import History
-from controller.serve.daemon import Notifier, serve_forever
+from controller.serve.daemon import Notifier
 from controller.service import Session
 from controller.service.webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, Webhooks, verify
-from controller.settings import ControllerSettings
-
-
-def with_hooks(controller: ControllerSettings, tmp_path: Path, url: str) -> ControllerSettings:
-    secret = tmp_path / "webhook.key"
-    secret.write_text("a-shared-webhook-secret-0123456789\n")
-    secret.chmod(0o600)
-    return controller.model_copy(update={"webhook_urls": (url,), "webhook_secret_file": secret})
-
-
-def serve_once(settings: ControllerSettings) -> str:
-    out = io.StringIO()
-    with Session(settings) as s:
-        serve_forever(s, interval=0.1, once=True, console=Console(file=out, width=200))
-    return out.getvalue()
+from tests.support.webhooks import serve_once, with_hooks
 
 
 def test_a_verdict_recorded_while_serve_was_down_is_sent_when_it_starts(controller, receiver, tmp_path):
