@@ -114,7 +114,8 @@ def _history_trend(history: History, models: str, profile: str | None, metric: s
                  if n < MIN_RELEASES else "")
         stdout().print(f"no change points over {n} release{'' if n == 1 else 's'}{short}", highlight=False)
         return
-    emit(recs, [*COLUMNS, "moved"], output)  # JSON: every field, "moved_with" each series
+    shown = recs if output == Output.json else [{**r, "modules_moved": ", ".join(r["modules_moved"])} for r in recs]
+    emit(shown, [*COLUMNS, "moved", "modules_moved"], output)  # JSON: every field, "moved_with" each series
     if output == Output.table:
         for r in recs:
             stdout().print(f"{r['model_key']} {r['profile']} {r['metric']} ({r['scope']}): "

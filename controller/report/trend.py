@@ -20,7 +20,7 @@ detectable (its webhook event) are :func:`new_changes`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -61,6 +61,7 @@ class Finding:
 
     lead: SeriesChange
     moved: tuple[SeriesChange, ...]  # every change point of the finding, the lead first
+    modules: tuple[str, ...] = ()  # a fleet finding: the modules whose own series moved at that release too
 
 
 def release_order(runs: pd.DataFrame) -> list[str]:
@@ -111,14 +112,23 @@ def changes(rows: pd.DataFrame, runs: pd.DataFrame, settings: DetectorSettings |
 
 
 def findings(found: Sequence[SeriesChange]) -> list[Finding]:
-    """Change points of one model key at the same release and scope, as one finding each."""
+    """Change points of one model key at the same release and scope, as one finding each; a module's change
+    points at a release where the fleet's series of that key moved too are that fleet finding's (its
+    ``modules``), not findings of their own: one cause, one finding."""
     groups: dict[tuple[str, str, str], list[SeriesChange]] = {}
     for c in found:
         groups.setdefault((c.model_key, c.module, c.release), []).append(c)
+    fleet_at = {(key, release) for key, module, release in groups if module == FLEET}
+    explained: dict[tuple[str, str], list[str]] = {}
     out = []
-    for members in groups.values():
+    for (key, module, release), members in groups.items():
+        if module != FLEET and (key, release) in fleet_at:
+            explained.setdefault((key, release), []).append(module)
+            continue
         ranked = sorted(members, key=lambda c: (c.metric in DERIVED, -abs(c.change.size)))
         out.append(Finding(lead=ranked[0], moved=tuple(ranked)))
+    out = [replace(f, modules=tuple(sorted(explained.get((f.lead.model_key, f.lead.release), ()))))
+           if f.lead.module == FLEET else f for f in out]
     return sorted(out, key=lambda f: (f.lead.module != FLEET, f.lead.model_key, f.lead.release, f.lead.module))
 
 
@@ -188,6 +198,7 @@ def trend_records(rows: pd.DataFrame, runs: pd.DataFrame, query: TrendQuery) -> 
             counts[m.metric] = counts.get(m.metric, 0) + 1
         rec["moved"] = ", ".join(f"{metric} x{n}" for metric, n in counts.items())  # series per metric
         rec["values"] = list(c.values)
+        rec["modules_moved"] = list(f.modules)  # a fleet finding: the modules that moved with it
         recs.append(rec)
     return TrendResult(recs, len(set(runs["release"].astype(str)) - {""}))
 

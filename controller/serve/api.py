@@ -158,6 +158,8 @@ class TrendRecord(_Model):
     moved_with: list[str] = Field(description="the other series of the finding: 'profile metric size'")
     moved: str = Field(description="the other series of the finding, counted per metric")
     values: list[float] = Field(description="the lead series, one value per release in release order")
+    modules_moved: list[str] = Field(default_factory=list, description="a fleet finding: the modules whose own "
+                                     "series moved at that release too (not findings of their own)")
 
 
 class ReportFormat(str, Enum):

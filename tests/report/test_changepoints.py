@@ -196,3 +196,17 @@ def test_trend_over_one_release_says_none_can_be_named_under_twelve(reference, t
                                       "named under 12: docs/howto/trends.md)")
     finally:
         h.close()
+
+
+def test_a_fleet_wide_shift_is_one_finding_that_names_the_modules_that_moved_with_it(reference, tmp_path):
+    h = _history(tmp_path / "history.sqlite", reference, regress={("qwen3", "decode_tps"): 0.10})
+    try:
+        res = CliRunner().invoke(_app(h), ["trend", "--metric", "decode_tps", "-o", "json"])
+        assert res.exit_code == 0, res.output
+        recs = json.loads(res.stdout)
+        assert [(r["release"], r["scope"]) for r in recs] == [("1.6.0", "fleet")]
+        assert recs[0]["modules_moved"] == ["m00", "m01", "m02"]
+        table = CliRunner().invoke(_app(h), ["trend", "--metric", "decode_tps", "-o", "csv"])
+        assert table.stdout.splitlines()[1].endswith(',"m00, m01, m02"')
+    finally:
+        h.close()
