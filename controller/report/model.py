@@ -70,8 +70,10 @@ class Regression(_Frozen):
     modules: tuple[str, ...] = ()  # modules that show it
     related: tuple[str, ...] = ()  # derived metrics that moved with it, e.g. "tpot_ms +8.7%"
     detail: str = ""
-    # 95 % interval of ``change`` (fleet-wide key findings: the order statistics of the profiles' changes that
-    # a sign test does not reject; docs/adr/0015-measurement-choices.md); None where not computed
+    # 95 % interval of ``change`` (docs/adr/0018-intervals-of-findings.md): fleet-wide key findings, the
+    # Hodges-Lehmann centre's signed-rank interval over profiles (ADR 0016); one profile fleet-wide, the fleet
+    # median's order-statistic interval over modules; one module against its previous run, the median's over
+    # profiles. None where there is none (fewer than 6 modules or profiles; ``correct``)
     ci_low: float | None = None
     ci_high: float | None = None
 
@@ -95,6 +97,10 @@ class Outlier(_Frozen):
     share_out: float  # share of its cells with |robust z| > 3 in the same direction
     p_value: float
     worst: tuple[WorstCase, ...] = ()
+    # 95 % interval of ``factor``: the median's order-statistic interval over the same figures' deviations
+    # (docs/adr/0018-intervals-of-findings.md); None below 6 figures
+    ci_low: float | None = None
+    ci_high: float | None = None
 
 
 class Change(_Frozen):

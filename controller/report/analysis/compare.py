@@ -27,7 +27,7 @@ from controller.report.analysis.frame import (
 )
 from controller.report.analysis.groups import Groups
 from controller.report.analysis.middles import Middles
-from controller.report.analysis.stats import hodges_lehmann_groups, sign_p, wilcoxon_groups
+from controller.report.analysis.stats import hodges_lehmann_groups, median_intervals, sign_p, wilcoxon_groups
 from controller.report.analysis.verdict import (
     LOWER_MEDIAN_BELOW,
     TRIM_UP_TO,
@@ -177,8 +177,7 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
     key_n, key_p = np.bincount(at, minlength=len(index)), wilcoxon_groups(cells, index, "t")
     for i, (key, m) in enumerate(index):  # keys x metrics
         ch, p, base, n = float(relative_change(m, key_d[i])), float(key_p[i]), float(key_ref[i]), int(key_n[i])
-        ends = sorted(float(relative_change(m, x)) for x in (d_lo[i], d_hi[i]))  # a badness bound is a change bound
-        lo, hi = (ends[0], ends[1]) if not np.isnan(d_lo[i]) else (None, None)
+        lo, hi = _change_bounds(m, float(d_lo[i]), float(d_hi[i]))
         status = key_status(m, ch, p, th)
         changes.append(Change(model_key=str(key), metric=m, against=against, baseline=base, value=base * (1 + ch),
                               change=ch, p_value=p, n=n, status=status, ci_low=lo, ci_high=hi))
@@ -192,14 +191,46 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
     cells["change"] = _change_vec(cells)
     cells["p"] = sign_p(cells["worse"], cells["n"])
     hit, tested = profile_regressed(cells, th)
-    for r in cells[hit].itertuples():  # findings only
-        if (str(r.model_key), str(r.metric)) in key_regressed:
-            continue
+    found = cells[hit]
+    found = found[[(str(k), str(m)) not in key_regressed for k, m in zip(found["model_key"], found["metric"],
+                                                                          strict=True)]]
+    lows, highs = _cell_intervals(d, found)
+    for r, lo, hi in zip(found.itertuples(), lows, highs, strict=True):  # findings only
         regs.append(Regression(module=FLEET, model_key=str(r.model_key), profile=str(r.profile), metric=str(r.metric),
                                baseline=float(r.ref), value=float(r.ref * (1 + r.change)), change=float(r.change),
                                against=against, p_value=float(r.p) if tested[r.Index] else None, n=int(r.n),
-                               detail=f"{int(r.worse)} of {int(r.n)} modules worse than tolerance"))
+                               detail=f"{int(r.worse)} of {int(r.n)} modules worse than tolerance",
+                               ci_low=lo, ci_high=hi))
     return changes, regs, cells
+
+
+def _change_bounds(metric: str, lo: float, hi: float) -> tuple[float | None, float | None]:
+    """An interval of badness (log units) as an interval of the change (None, None where there is none)."""
+    if np.isnan(lo) or np.isnan(hi):
+        return None, None
+    a, b = sorted(float(relative_change(metric, x)) for x in (lo, hi))  # a badness bound is a change bound
+    return a, b
+
+
+def _cell_intervals(d: pd.DataFrame, found: pd.DataFrame) -> tuple[list[float | None], list[float | None]]:
+    """Per finding (a row of the cells table: cell code, metric): the distribution-free 95 % interval of the
+    fleet median of the change, from the order statistics of the cell's modules (none below 6 modules).
+    Only the findings' cells are read: nothing is added to a report without them."""
+    lows: list[float | None] = []
+    highs: list[float | None] = []
+    if not len(found):
+        return lows, highs
+    cell = d["cell"].to_numpy()
+    codes = found["cell"].to_numpy()
+    rows = np.flatnonzero(np.isin(cell, codes))
+    for code, metric in zip(codes.tolist(), found["metric"].astype(str), strict=True):
+        v = d[f"d_{metric}"].to_numpy(dtype=float)[rows[cell[rows] == code]]
+        v = v[~np.isnan(v)]
+        lo, hi = median_intervals(v, np.zeros(len(v), dtype=np.int64), 1)
+        a, b = _change_bounds(metric, float(lo[0]), float(hi[0]))
+        lows.append(a)
+        highs.append(b)
+    return lows, highs
 
 
 def _change_vec(cells: pd.DataFrame) -> np.ndarray:
@@ -237,14 +268,21 @@ def module_compare(d: pd.DataFrame, names: Names, th: Thresholds, against: str =
             continue
         sel = np.isin(g, codes)
         refs = np.exp(SIGN[m] * d.loc[sel, f"r_{m}"].groupby(g[sel]).median())
-        for code in codes:  # findings only
+        # the median's distribution-free interval over the module's profiles (the sign test's order statistics)
+        dm_sel, g_sel = d.loc[sel, f"d_{m}"].to_numpy(dtype=float), g[sel]
+        has = ~np.isnan(dm_sel)
+        at = np.searchsorted(codes.to_numpy(), g_sel[has])
+        m_lo, m_hi = median_intervals(dm_sel[has], at, len(codes))
+        for i, code in enumerate(codes):  # findings only
             module, key = names.modkey(int(code))
             base = float(refs.loc[code])
             c = float(ch.loc[code])
+            lo, hi = _change_bounds(m, float(m_lo[i]), float(m_hi[i]))
             regs.append(Regression(module=module, model_key=key, profile=FLEET, metric=m, baseline=base,
                                    value=base * (1 + c), change=c, against=against, p_value=float(p.loc[code]),
                                    n=int(n.loc[code]), modules=(module,),
-                                   detail=f"median over profiles vs this module's {against} run"))
+                                   detail=f"median over profiles vs this module's {against} run", ci_low=lo,
+                                   ci_high=hi))
     return regs
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 from controller.report.analysis.frame import SIGN, B, Names, badness_columns, float_columns, present_metrics, take_rows
 from controller.report.analysis.groups import Groups, by_code, by_module, packed_bincount, row_counts, run_medians
 from controller.report.analysis.middles import Middles
-from controller.report.analysis.stats import sign_p
+from controller.report.analysis.stats import median_intervals, sign_p
 from controller.report.analysis.verdict import outlier_hits
 from controller.report.model import FLEET, PRIMARY_METRICS, Outlier, Thresholds, WorstCase
 
@@ -271,8 +271,14 @@ def _outlier(long: pd.DataFrame, names: Names, by: str, code: int, r: pd.Series,
                                profile=str(names.cells.at[w.cell, "profile"]), metric=m, value=value,
                                fleet_median=value * math.exp(-SIGN[m] * w.dev), z=float(w.z)))
     module, key = (names.module(code), FLEET) if by == "mod" else names.modkey(code)
+    # the factor's interval: the median's distribution-free 95 % interval over the same deviations
+    dev = sel["dev"].to_numpy(dtype=float)
+    dev = dev[~np.isnan(dev)]
+    lo, hi = median_intervals(dev, np.zeros(len(dev), dtype=np.int64), 1)
+    ci = (None, None) if np.isnan(lo[0]) else (math.exp(-float(hi[0])), math.exp(-float(lo[0])))
     return Outlier(module=module, model_key=key, factor=float(r["factor"]), cells=int(r["cells"]),
-                   share_out=float(r["share_out"]), p_value=float(r["p"]), worst=tuple(cases))
+                   share_out=float(r["share_out"]), p_value=float(r["p"]), worst=tuple(cases), ci_low=ci[0],
+                   ci_high=ci[1])
 
 
 def outlier_mask(cur: pd.DataFrame, outliers: Iterable[Outlier]) -> np.ndarray:

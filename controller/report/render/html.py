@@ -27,7 +27,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from controller.report.model import FLEET, Report, TrendSeries
 from controller.report.render.numbers import num, pct
-from controller.report.render.text import probe_text, telemetry_line, verdict_line
+from controller.report.render.text import NO_INTERVAL, probe_text, telemetry_line, verdict_line
 
 _COLORS = {"pass": "#1a7f37", "regressed": "#cf222e", "incomplete": "#9a6700", "failed": "#82071e"}
 _SERIES = (("no prefix", "#0969da"), ("shared prefix", "#bc4c00"))
@@ -216,15 +216,18 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 {% for x in r.regressions %}<tr><td>{{ x.module }}</td><td>{{ x.model_key }}</td><td>{{ x.profile }}</td>
 <td>{{ x.metric }}</td><td class="num">{{ num(x.baseline) }}</td><td class="num">{{ num(x.value) }}</td>
 <td class="num bad">{{ pct(x.change) }}</td>
-<td class="num">{% if x.ci_low is not none %}{{ pct(x.ci_low) }} to {{ pct(x.ci_high) }}{% endif %}</td>
+<td class="num">{% if x.ci_low is not none %}{{ pct(x.ci_low) }} to {{ pct(x.ci_high) }}{% elif x.change is not none %}{{ no_interval }}{% endif %}</td>
 <td>{{ x.against }}</td>
 <td>{{ x.detail }}{% if x.related %}; with {{ x.related|join(", ") }}{% endif %}</td></tr>
 {% endfor %}</table>{% else %}<p>None.</p>{% endif %}
 <h2>Outlier modules</h2>
-{% if r.outliers %}<table><tr><th>module</th><th>model key</th><th>factor</th><th>figures</th><th>worst cases</th>
+{% if r.outliers %}<table><tr><th>module</th><th>model key</th><th>factor</th><th>95% interval</th><th>figures</th>
+<th>worst cases</th>
 <th>device telemetry</th></tr>
 {% for o in r.outliers %}{% set t = r.telemetry_of(o) %}<tr><td>{{ o.module }}</td><td>{{ o.model_key }}</td>
-<td class="num bad">{{ "%.2f"|format(o.factor) }}x</td><td class="num">{{ o.cells }}</td>
+<td class="num bad">{{ "%.2f"|format(o.factor) }}x</td>
+<td class="num">{% if o.ci_low is not none %}{{ "%.2f"|format(o.ci_low) }}x to {{ "%.2f"|format(o.ci_high) }}x{% else %}{{ no_interval }}{% endif %}</td>
+<td class="num">{{ o.cells }}</td>
 <td>{% for w in o.worst %}{{ w.model_key }} {{ w.profile }} {{ w.metric }} {{ num(w.value) }}
 (fleet {{ num(w.fleet_median) }}){% if not loop.last %}; {% endif %}{% endfor %}</td>
 <td{% if t and t.status == "explained" %} class="bad"{% endif %}>{{ telemetry_line(t) if t else "" }}</td></tr>
@@ -288,7 +291,7 @@ def to_html(r: Report) -> str:
     tpl = env.from_string(_TEMPLATE)
     return tpl.render(
         r=r, line=verdict_line(r), probe_line=probe_text(r), color=_COLORS.get(r.verdict, "#59636e"), num=num,
-        pct=pct, telemetry_line=telemetry_line, FLEET=FLEET,
+        pct=pct, telemetry_line=telemetry_line, FLEET=FLEET, no_interval=NO_INTERVAL,
         decode_svg=curve_plot(r.summary, "decode_tps", "decode tok/s") if len(r.summary) else "",
         ttft_svg=curve_plot(r.summary, "ttft_ms", "TTFT ms") if len(r.summary) else "",
         decode_missing=not_plotted_line(r.summary, "decode_tps", bool(r.changes)),

@@ -9,21 +9,38 @@ from controller.report.model import FLEET, PRIMARY_METRICS, Outlier, OutlierTele
 from controller.report.render.numbers import num, pct
 
 
+NO_INTERVAL = "no interval (n < 6)"  # fewer than 6 modules, profiles or figures: no 95 % interval of a median
+
+
+def change_interval(x: Regression) -> str:
+    """A regression's 95 % interval, e.g. ``[-8.7%, -7.8%]`` (:data:`NO_INTERVAL` where there is none)."""
+    if x.ci_low is None or x.ci_high is None:
+        return f"[{NO_INTERVAL}]"
+    return f"[{x.ci_low:+.1%}, {x.ci_high:+.1%}]"
+
+
+def factor_interval(o: Outlier) -> str:
+    """An outlier's factor with its 95 % interval, e.g. ``0.87x [0.86, 0.88]``."""
+    ci = f"[{NO_INTERVAL}]" if o.ci_low is None or o.ci_high is None else f"[{o.ci_low:.2f}, {o.ci_high:.2f}]"
+    return f"{o.factor:.2f}x {ci}"
+
+
 def regression_line(x: Regression) -> str:
-    """One regression in one line, e.g. ``fleet: qwen3 decode_tps -8.0% vs baseline (tpot_ms +8.7%)``."""
+    """One regression in one line, with the change's 95 % interval, e.g. ``fleet: qwen3 decode_tps -8.0%
+    [-8.7%, -7.8%] vs baseline (tpot_ms +8.7%)``."""
     where = x.model_key if x.profile == FLEET else f"{x.model_key} {x.profile}"
     who = "fleet" if x.module == FLEET else x.module
     if x.metric == "correct":
         return f"{who}: {where}: answer now wrong (was right in {x.against})"
-    ch = f"{x.change:+.1%}" if x.change is not None else "?"
+    ch = f"{x.change:+.1%} {change_interval(x)}" if x.change is not None else "?"
     rel = f" ({', '.join(x.related)})" if x.related else ""
     return f"{who}: {where} {x.metric} {ch} vs {x.against}{rel}"
 
 
 def outlier_line(o: Outlier) -> str:
-    """One outlier in one line, e.g. ``m03: typically 0.88x the fleet median (96 figures)``."""
+    """One outlier in one line, e.g. ``m03: typically 0.88x [0.87, 0.89] the fleet median (96 figures)``."""
     what = o.module if o.model_key == FLEET else f"{o.module} [{o.model_key}]"
-    return f"{what}: typically {o.factor:.2f}x the fleet median ({o.cells} figures)"
+    return f"{what}: typically {factor_interval(o)} the fleet median ({o.cells} figures)"
 
 
 def telemetry_line(t: OutlierTelemetry) -> str:
@@ -34,8 +51,9 @@ def telemetry_line(t: OutlierTelemetry) -> str:
 
 
 def verdict_line(r: Report) -> str:
-    """One line, e.g. ``REGRESSED run-7 (1.4.2 vs baseline:1.4.1:v1): 1 regression(s): fleet: qwen3
-    decode_tps -8.0% vs baseline (tpot_ms +8.7%); 1 outlier(s): m03 0.88x``."""
+    """One line, each named finding with its 95 % interval, e.g. ``REGRESSED run-7 (1.4.2 vs baseline:1.4.1:v1):
+    1 regression(s): fleet: qwen3 decode_tps -8.0% [-8.7%, -7.8%] vs baseline (tpot_ms +8.7%); 1 outlier(s):
+    m03 0.88x [0.87, 0.89]``."""
     against = r.baseline_id or ("baseline" if r.reference is not None else "no baseline")
     head = f"{r.verdict.upper()} {r.run_id} ({r.release or '?'} vs {against})"
     parts = []
@@ -47,7 +65,8 @@ def verdict_line(r: Report) -> str:
         parts.append("no regression")
     if r.outliers:
         parts.append(f"{len(r.outliers)} outlier(s): " + ", ".join(
-            f"{o.module}{'' if o.model_key == FLEET else '[' + o.model_key + ']'} {o.factor:.2f}x" for o in r.outliers))
+            f"{o.module}{'' if o.model_key == FLEET else '[' + o.model_key + ']'} {factor_interval(o)}"
+            for o in r.outliers))
     if r.disagreements:
         where = sorted({f"{d.module}[{d.model_key}]" for d in r.disagreements})
         parts.append(f"release benchmark disagrees with the probe on {len(r.disagreements)} figure(s): "
@@ -87,7 +106,9 @@ def to_markdown(r: Report) -> str:
             ["module", "model key", "profile", "metric", "baseline", "value", "change", "95% interval", "against", "p",
              "detail"],
             [[x.module, x.model_key, x.profile, x.metric, num(x.baseline), num(x.value), pct(x.change),
-              "" if x.ci_low is None or x.ci_high is None else f"{pct(x.ci_low)} to {pct(x.ci_high)}", x.against,
+              "" if x.change is None else NO_INTERVAL if x.ci_low is None or x.ci_high is None else
+              f"{pct(x.ci_low)} to {pct(x.ci_high)}",
+              x.against,
               "" if x.p_value is None else f"{x.p_value:.2g}",
               x.detail + (f"; with {', '.join(x.related)}" if x.related else "")] for x in r.regressions]))
     else:
@@ -95,8 +116,8 @@ def to_markdown(r: Report) -> str:
     out += ["", "## Outlier modules", ""]
     if r.outliers:
         out.append(_md_table(
-            ["module", "model key", "factor", "figures", "beyond 3 MAD", "worst cases", "device telemetry"],
-            [[o.module, o.model_key, f"{o.factor:.2f}x", str(o.cells), f"{o.share_out:.0%}",
+            ["module", "model key", "factor", "95% interval", "figures", "beyond 3 MAD", "worst cases", "device telemetry"],
+            [[o.module, o.model_key, f"{o.factor:.2f}x", _factor_ci(o), str(o.cells), f"{o.share_out:.0%}",
               "; ".join(f"{w.model_key} {w.profile} {w.metric} {num(w.value)} vs {num(w.fleet_median)}"
                         for w in o.worst), telemetry_cell(r, o)] for o in r.outliers]))
         out += _md_telemetry(r)
@@ -133,6 +154,10 @@ def to_markdown(r: Report) -> str:
     if r.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in r.notes]
     return "\n".join(out) + "\n"
+
+
+def _factor_ci(o: Outlier) -> str:
+    return NO_INTERVAL if o.ci_low is None or o.ci_high is None else f"{o.ci_low:.2f}x to {o.ci_high:.2f}x"
 
 
 def telemetry_cell(r: Report, o: Outlier) -> str:
