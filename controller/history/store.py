@@ -61,8 +61,10 @@ class History(HistoryQueries, WebhookOutbox):
                  json.dumps(list(modules)), kind, state, note, json.dumps(own)),
             )
 
-    def set_run_state(self, run_id: str, state: str, verdict: str | None = None, line: str | None = None) -> None:
-        """The run's state (and verdict); a verdict of a finished run also queues its webhook event, once.
+    def set_run_state(self, run_id: str, state: str, verdict: str | None = None, line: str | None = None,
+                      findings: str | None = None) -> None:
+        """The run's state (and verdict); a verdict of a finished run also queues its webhook event, once
+        (``findings``: JSON of its regressions and outliers, kept as the event's ``payload`` and sent with it).
 
         The verdict's line is kept with it (``RunInfo.verdict_line``: what ``fleetctl status`` shows of a
         finished run without building its report again); a run set running again (resumed) loses it,
@@ -78,9 +80,9 @@ class History(HistoryQueries, WebhookOutbox):
                 (state, verdict, finished, state, recorded if verdict is not None else None, run_id),
             )
             if verdict is not None and state != "running":
-                c.execute("INSERT OR IGNORE INTO webhook_outbox (run_id, event, verdict, line, state, created_at)"
-                          " SELECT run_id, ?, ?, ?, ?, ? FROM runs WHERE run_id=?",
-                          (VERDICT_EVENT, verdict, recorded, state, now, run_id))
+                c.execute("INSERT OR IGNORE INTO webhook_outbox (run_id, event, verdict, line, state, created_at,"
+                          " payload) SELECT run_id, ?, ?, ?, ?, ?, ? FROM runs WHERE run_id=?",
+                          (VERDICT_EVENT, verdict, recorded, state, now, findings or "", run_id))
 
     def run(self, run_id: str) -> RunInfo | None:
         cur = self.conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,))

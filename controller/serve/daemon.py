@@ -81,6 +81,7 @@ class Notifier:
 
     def drain(self) -> int:
         """Record finished deliveries, send what is pending; how many deliveries were started."""
+        from controller.history import VERDICT_EVENT
         from controller.serve.api import summary_of
 
         h = self._record_finished()
@@ -90,7 +91,9 @@ class Notifier:
             if not digests:
                 continue
             payload = summary_of(self.s, Judgement(ev.run_id, ev.verdict, ev.line, ev.state))
-            if ev.payload:  # an event beyond the verdict (trend.change_point): its own fields and line
+            if ev.payload and ev.event == VERDICT_EVENT:  # the verdict's regressions and outliers, with intervals
+                payload.update(json.loads(ev.payload))
+            elif ev.payload:  # an event beyond the verdict (trend.change_point): its own fields and line
                 info = h.run(ev.run_id)
                 payload = {**payload, **json.loads(ev.payload), "event": ev.event, "line": ev.line,
                            "verdict_line": info.verdict_line if info else None}

@@ -233,20 +233,22 @@ def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float
     state = v.state() if v.finished else "running"
     failed = state in ("failed", "cancelled")
     rep = None
+    findings = None
     try:
         from controller.report import build_report
         from controller.report.model import Thresholds
-        from controller.report.render import verdict_line
+        from controller.report.render import findings_json, verdict_line
     except ModuleNotFoundError:  # no controller extras (pandas): the modules' states alone
         verdict, line = (state, f"{state.upper()} {info.run_id}: some modules {state}") if failed else (
             "pass", f"PASS {info.run_id}: every module finished")
     else:
         th = Thresholds(tolerance=tolerance) if tolerance is not None else None
         rep = report_call(lambda: build_report(h, info.run_id, baseline=baseline, thresholds=th))
-        verdict, line = str(rep.verdict), verdict_line(rep)
+        verdict, line, findings = str(rep.verdict), verdict_line(rep), findings_json(rep)
         if failed and verdict == "pass":
             verdict, line = "failed", f"some modules {state}; {line}"
-    h.set_run_state(info.run_id, state, verdict=verdict, line=line if state != "running" else None)
+    h.set_run_state(info.run_id, state, verdict=verdict, line=line if state != "running" else None,
+                    findings=findings)
     if rep is not None and state != "running" and info.release:
         queue_change_points(h, info, verdict, state)
     return Judgement(info.run_id, verdict, line, state, rep)

@@ -9,6 +9,7 @@ from controller.history import History
 from controller.serve.daemon import Notifier
 from controller.service import Session
 from controller.service.webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, Webhooks, verify
+from tests.support.frames import reference  # noqa: F401 - the fixture, registered by name
 from tests.support.webhooks import serve_once, with_hooks
 
 
@@ -63,3 +64,30 @@ def test_notifier_resends_what_was_in_flight_with_the_same_delivery_id(controlle
             hooks.close(wait=True)
     assert len(receiver.got) == 2
     assert receiver.got[0][0][DELIVERY_HEADER.lower()] == receiver.got[1][0][DELIVERY_HEADER.lower()]
+
+
+def test_a_verdict_event_carries_its_findings_with_their_intervals(controller, receiver, tmp_path,
+                                                                  reference):  # noqa: F811 - the fixture
+    """The webhook body carries the verdict's regressions and outliers, each with its 95 % interval
+    (``ci_low``/``ci_high``), as the history queued them with the verdict (issue 30, item 3)."""
+    from controller.report import analyse
+    from controller.report.render import findings_json, verdict_line
+    from controller.report.synth import fleet
+
+    cur = fleet(reference, module_factor={"m03": 0.88}, regress={("qwen3", "decode_tps"): 0.08}, seed=1)
+    rep = analyse(cur, run_id="run-b", baseline=reference, baseline_id="b")
+    settings = with_hooks(controller, tmp_path, receiver.url)
+    serve_once(settings)  # the URL registered: what is queued from now on is sent to it
+    h = History(controller.history_path)
+    h.set_run_state("run-b", "done", verdict=rep.verdict, line=verdict_line(rep), findings=findings_json(rep))
+    h.close()
+    serve_once(settings)
+    doc = receiver.json()
+    (reg,), (o,) = rep.regressions, rep.outliers
+    assert [(x["module"], x["model_key"], x["metric"], x["change"], x["ci_low"], x["ci_high"])
+            for x in doc["regressions"]] == [("*", "qwen3", "decode_tps", reg.change, reg.ci_low, reg.ci_high)]
+    assert [(x["module"], x["factor"], x["ci_low"], x["ci_high"]) for x in doc["outliers"]] == [
+        ("m03", o.factor, o.ci_low, o.ci_high)]
+    assert reg.ci_low is not None and o.ci_low is not None
+    assert f"[{reg.ci_low:+.1%}, {reg.ci_high:+.1%}]" in doc["verdict_line"]
+

@@ -10,6 +10,8 @@ from __future__ import annotations
 from controller.report.render.data import (
     UNITS,
     atomic_write,
+    findings,
+    findings_json,
     rows_with_baseline,
     to_dict,
     to_json,
@@ -28,6 +30,6 @@ from controller.report.render.text import (
     verdict_line,
 )
 
-__all__ = ["UNITS", "atomic_write", "num", "outlier_line", "pct", "probe_text", "regression_line", "rows_with_baseline",
-           "telemetry_cell", "telemetry_line", "to_dict", "to_json", "to_markdown", "verdict_line", "write_report",
-           "write_tables", "write_text"]
+__all__ = ["UNITS", "atomic_write", "findings", "findings_json", "num", "outlier_line", "pct", "probe_text",
+           "regression_line", "rows_with_baseline", "telemetry_cell", "telemetry_line", "to_dict", "to_json",
+           "to_markdown", "verdict_line", "write_report", "write_tables", "write_text"]

@@ -29,13 +29,24 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def findings(r: Report) -> dict[str, Any]:
+    """The report's findings as JSON-able data: ``regressions`` and ``outliers``, each with its 95 % interval
+    (``ci_low``, ``ci_high``: of the change, of the outlier's factor; None where there is none)."""
+    return _clean({"regressions": [x.model_dump(mode="json") for x in r.regressions],
+                   "outliers": [x.model_dump(mode="json") for x in r.outliers]})
+
+
+def findings_json(r: Report) -> str:
+    """:func:`findings` as compact JSON text (what a verdict's webhook event carries)."""
+    return json.dumps(findings(r), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def to_dict(r: Report) -> dict[str, Any]:
     """The report as plain JSON-able data (non-finite floats as None)."""
     return _clean({
         "run_id": r.run_id, "release": r.release, "baseline": r.baseline_id, "previous": list(r.previous_ids),
         "verdict": r.verdict, "verdict_line": verdict_line(r), "modules": list(r.modules),
-        "regressions": [x.model_dump(mode="json") for x in r.regressions],
-        "outliers": [x.model_dump(mode="json") for x in r.outliers],
+        **findings(r),
         "outlier_telemetry": [x.model_dump(mode="json") for x in r.outlier_telemetry],
         "changes": [x.model_dump(mode="json") for x in r.changes],
         "disagreements": [x.model_dump(mode="json") for x in r.disagreements], "probe_checked": r.probe_checked,

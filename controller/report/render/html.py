@@ -216,7 +216,8 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 {% for x in r.regressions %}<tr><td>{{ x.module }}</td><td>{{ x.model_key }}</td><td>{{ x.profile }}</td>
 <td>{{ x.metric }}</td><td class="num">{{ num(x.baseline) }}</td><td class="num">{{ num(x.value) }}</td>
 <td class="num bad">{{ pct(x.change) }}</td>
-<td class="num">{% if x.ci_low is not none %}{{ pct(x.ci_low) }} to {{ pct(x.ci_high) }}{% elif x.change is not none %}{{ no_interval }}{% endif %}</td>
+<td class="num">{% if x.ci_low is not none %}{{ pct(x.ci_low) }} to {{ pct(x.ci_high) }}
+{%- elif x.change is not none %}{{ no_interval }}{% endif %}</td>
 <td>{{ x.against }}</td>
 <td>{{ x.detail }}{% if x.related %}; with {{ x.related|join(", ") }}{% endif %}</td></tr>
 {% endfor %}</table>{% else %}<p>None.</p>{% endif %}
@@ -226,7 +227,8 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 <th>device telemetry</th></tr>
 {% for o in r.outliers %}{% set t = r.telemetry_of(o) %}<tr><td>{{ o.module }}</td><td>{{ o.model_key }}</td>
 <td class="num bad">{{ "%.2f"|format(o.factor) }}x</td>
-<td class="num">{% if o.ci_low is not none %}{{ "%.2f"|format(o.ci_low) }}x to {{ "%.2f"|format(o.ci_high) }}x{% else %}{{ no_interval }}{% endif %}</td>
+<td class="num">{% if o.ci_low is not none %}{{ "%.2f"|format(o.ci_low) }}x to {{ "%.2f"|format(o.ci_high) }}x
+{%- else %}{{ no_interval }}{% endif %}</td>
 <td class="num">{{ o.cells }}</td>
 <td>{% for w in o.worst %}{{ w.model_key }} {{ w.profile }} {{ w.metric }} {{ num(w.value) }}
 (fleet {{ num(w.fleet_median) }}){% if not loop.last %}; {% endif %}{% endfor %}</td>

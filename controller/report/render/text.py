@@ -8,7 +8,6 @@ from collections.abc import Callable
 from controller.report.model import FLEET, PRIMARY_METRICS, Outlier, OutlierTelemetry, Regression, Report
 from controller.report.render.numbers import num, pct
 
-
 NO_INTERVAL = "no interval (n < 6)"  # fewer than 6 modules, profiles or figures: no 95 % interval of a median
 
 
@@ -116,7 +115,8 @@ def to_markdown(r: Report) -> str:
     out += ["", "## Outlier modules", ""]
     if r.outliers:
         out.append(_md_table(
-            ["module", "model key", "factor", "95% interval", "figures", "beyond 3 MAD", "worst cases", "device telemetry"],
+            ["module", "model key", "factor", "95% interval", "figures", "beyond 3 MAD", "worst cases",
+             "device telemetry"],
             [[o.module, o.model_key, f"{o.factor:.2f}x", _factor_ci(o), str(o.cells), f"{o.share_out:.0%}",
               "; ".join(f"{w.model_key} {w.profile} {w.metric} {num(w.value)} vs {num(w.fleet_median)}"
                         for w in o.worst), telemetry_cell(r, o)] for o in r.outliers]))
