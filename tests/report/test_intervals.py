@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from controller.report import analyse
+from controller.report import Thresholds, analyse
 from controller.report.model import FLEET, PRIMARY_METRICS
 from controller.report.render import findings_json, regression_line, to_dict, to_json, to_markdown, verdict_line
 from controller.report.synth import fleet
@@ -70,10 +70,10 @@ def test_a_module_regression_over_fewer_than_6_profiles_has_no_interval(referenc
     sel = (cur["module"] == "b") & (cur["model_key"] == "qwen35_fq")
     cur.loc[sel, "decode_tps"] *= 0.70
     cur.loc[sel, "tpot_ms"] /= 0.70
-    rep = analyse(cur, run_id="c", previous=prev, thresholds=None)
-    found = [r for r in rep.regressions if (r.module, r.model_key, r.metric) == ("b", "qwen35_fq", "decode_tps")]
-    if found:  # 5 profiles: p = 1/32 of the sign test can pass alpha; its interval is not invented
-        assert (found[0].ci_low, found[0].ci_high) == (None, None)
+    rep = analyse(cur, run_id="c", previous=prev, thresholds=Thresholds(alpha=0.05))  # 5 of 5: p = 1/32 < alpha
+    (reg,) = rep.regressions
+    assert (reg.module, reg.model_key, reg.metric, reg.n) == ("b", "qwen35_fq", "decode_tps", 5)
+    assert (reg.ci_low, reg.ci_high) == (None, None)  # not invented
 
 
 @pytest.mark.parametrize("seed", SEEDS)
