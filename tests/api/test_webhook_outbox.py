@@ -91,3 +91,22 @@ def test_a_verdict_event_carries_its_findings_with_their_intervals(controller, r
     assert reg.ci_low is not None and o.ci_low is not None
     assert f"[{reg.ci_low:+.1%}, {reg.ci_high:+.1%}]" in doc["verdict_line"]
 
+
+def test_a_judged_verdict_is_sent_with_its_report_findings(controller, receiver, tmp_path):
+    """Through ``service.judge`` (what serve and an attached fleetctl call): the outbox keeps the report's
+    findings with the verdict, and the webhook body carries them with their intervals."""
+    from controller import service
+
+    settings = with_hooks(controller, tmp_path, receiver.url)
+    serve_once(settings)
+    with Session(controller) as s:
+        j = service.judge(s, "run-b")
+    assert j.report is not None and j.report.regressions and j.report.outliers
+    serve_once(settings)
+    doc = receiver.json()
+    assert doc["run_id"] == "run-b" and doc["verdict_line"] == j.line
+    assert [(x["module"], x["model_key"], x["metric"], x["ci_low"], x["ci_high"]) for x in doc["regressions"]] == [
+        (r.module, r.model_key, r.metric, r.ci_low, r.ci_high) for r in j.report.regressions]
+    assert [(x["module"], x["ci_low"], x["ci_high"]) for x in doc["outliers"]] == [
+        (o.module, o.ci_low, o.ci_high) for o in j.report.outliers]
+
