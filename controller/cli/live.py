@@ -18,6 +18,7 @@ from rich import box
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
+from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -314,12 +315,12 @@ def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console
             err.print(Text.assemble((m, "red"), f": {e}"), highlight=False)
     j = service.judge(s, run_id, baseline)
     n = s.history().row_count(run_id)
-    out.print(f"verdict: [bold]{j.verdict}[/] - {j.line}", highlight=False)
+    out.print(f"verdict: [bold]{j.verdict}[/] - {escape(j.line)}", highlight=False, soft_wrap=True)
     for t in j.report.outlier_telemetry if j.report is not None else ():  # why the slow modules are slow
         from controller.report.render.text import telemetry_line  # a report: pandas is there
 
         out.print(f"outlier {t.module}{'' if t.model_key == '*' else f' [{t.model_key}]'}: {telemetry_line(t)}",
-                  markup=False, highlight=False)
+                  markup=False, highlight=False, soft_wrap=True)
     out.print(f"{n} result rows in {s.history_path} ({fleetctl(*root, 'results', run_id)}; "
               f"{fleetctl(*root, 'report', run_id)})",
               markup=False, highlight=False)

@@ -68,10 +68,12 @@ def status(ctx: typer.Context,
         recs = [{"module": m, **st} for m, st in doc["module_states"].items()]
         emit(recs, ["module", "state", "step", "model_key", "keys_done", "keys_total", "rows"], output, document=doc)
     else:
+        from rich.markup import escape
+
         out = stdout()
         out.print(render(view, title=f"run {info.run_id} ({info.release}, {view.state()})"))
         if j is not None:
-            out.print(f"verdict: [bold]{j.verdict}[/] - {j.line}", highlight=False)
+            out.print(f"verdict: [bold]{j.verdict}[/] - {escape(j.line)}", highlight=False, soft_wrap=True)
     return service.exit_code(j.verdict) if j is not None else 0
 
 

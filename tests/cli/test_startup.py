@@ -130,3 +130,21 @@ def test_a_history_without_module_models_gets_the_column(tmp_path):
     h.create_run("r1", release="1.4.1", models=["qwen3", "qwen35"], modules=["m1", "m2"],
                  module_models={"m2": ["qwen35"]})
     assert h.find_run("r1").models_of("m2") == ("qwen35",) and h.find_run("r1").models_of("m1") == ("qwen3", "qwen35")
+
+
+def test_a_recorded_verdict_line_prints_whole_on_one_line_brackets_and_all(env, capsys):
+    """A key outlier is written ``m05[qwen35]`` and every finding carries ``[low, high]``: rich markup took
+    ``[qwen35]`` for a tag and dropped it, and a line longer than the 200 columns of a pipe was wrapped."""
+    from tests.support.cli import finished_run, run_main
+
+    line = ("REGRESSED r1 (1.4.2 vs baseline:1.4.0:v1): 1 regression(s): fleet: qwen3 decode_tps -8.1% [-8.4%, -7.6%]"
+            " vs baseline (tpot_ms +8.8%); 2 outlier(s): m05[qwen35] 0.80x [0.79, 0.81], sim-04 0.87x [0.86, 0.87]; "
+            "release benchmark disagrees with the probe on 1 figure(s): m02[qwen3]")
+    assert len(line) > 200
+    h = History(env / "history.sqlite")
+    finished_run(h, "r1", modules=["m1"], state="done")
+    h.set_run_state("r1", "done", verdict="regressed", line=line)
+    h.close()
+    code, out, _ = run_main(capsys, "status", "r1")
+    assert code == 1
+    assert f"verdict: regressed - {line}\n" in out
