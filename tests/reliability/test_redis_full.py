@@ -49,6 +49,13 @@ class Filler:
         self.r.config_set("maxmemory-policy", "noeviction")
         self.r.config_set("maxmemory", str(used + headroom))
 
+    def squeeze(self, margin: int = 256 * 1024) -> None:
+        """Once full, hold the limit ``margin`` bytes below what Redis uses: a key deleted or expired meanwhile
+        (an ack, a result taken) frees less than that, so no write slips in before the next fill (a loaded
+        machine's filler was seen too late: a run's final state reached Redis)."""
+        used = int(self.r.info("memory")["used_memory"])
+        self.r.config_set("maxmemory", str(max(used - margin, 1)))
+
     def free(self) -> None:
         for start in range(0, self.n, 500):
             self.r.delete(*(f"filler:{i}" for i in range(start, min(start + 500, self.n))))
@@ -72,6 +79,7 @@ def test_redis_out_of_memory_mid_run_connections_bounded_and_agent_recovers(benc
         bound = 2 * healthy + 4  # measured: 7 to 9 here; the leak passed 100 within 10 s
         filler.limit(headroom=1_500_000)
         filler.fill()
+        filler.squeeze()
         assert filler.n > 0
         seen: list[int] = []
 
@@ -118,6 +126,8 @@ def test_a_run_delivered_while_redis_is_full_runs_and_nothing_is_lost(bench_fact
         second = b.validate(release, models=("qwen3",))  # queued: the module runs one thing at a time
         b.on_key(first, "sim-01", KEYS[1])
         filler.limit(headroom=1_500_000)
+        filler.fill()
+        filler.squeeze()
         store = RunStore(b.workdir("sim-01"))
         end = time.monotonic() + 120
         while time.monotonic() < end and not ((p := store.progress(second)) is not None and p.state.terminal):
