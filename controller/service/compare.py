@@ -1,4 +1,4 @@
-"""``fleetctl compare-releases A B``: the two releases validated alternately on the same modules, then the paired verdict.
+"""``fleetctl compare-releases A B``: two releases validated alternately on the same modules, then the paired verdict.
 
 :func:`plan_rounds` (pure) orders the runs: A B B A per round. :func:`compare_releases` checks both requests first
 (nothing is dispatched when either is refused), then dispatches each run through :func:`.lifecycle.validate`, as
