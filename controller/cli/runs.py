@@ -51,7 +51,7 @@ def compare_releases(
     release_b: str = typer.Argument(..., help="release B (the candidate): a tarball path or an http/https URL"),
     devices: str = typer.Option(..., "--devices", "-d", help="the modules both run on: 'all', names, label=value"),
     models: str = typer.Option("all", "--models", "-m", help="model keys, comma separated, or 'all'"),
-    rounds: int = typer.Option(1, "--rounds", "-r", help="rounds of A B B A (4 runs each)"),
+    rounds: int = typer.Option(1, "--rounds", help="rounds of A B B A (4 runs each)"),
     tolerance: float | None = typer.Option(None, "--tolerance", help="paired tolerance, a fraction (default 0.01)"),
     output: Output = output_option(),
 ) -> int:
