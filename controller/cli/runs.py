@@ -60,6 +60,7 @@ def compare_releases(
     from contract.records import parse_model_keys
     from controller import service
     from controller.cli.live import follow, print_launched
+    from controller.command import fleetctl
     from controller.report.render.paired import PAIRED_COLUMNS, paired_json, paired_records, paired_verdict_line
     from controller.service.compare import compare_releases as compare
 
@@ -72,8 +73,13 @@ def compare_releases(
     def wait(launched: service.Launched, slot: Any) -> None:
         err.print(f"round {slot.round + 1} of {rounds}, release {slot.arm}:", highlight=False)
         print_launched(launched, err, len(launched.modules))
-        follow(lambda: service.sync(s, launched.run_id), err, title=f"run {launched.run_id} ({slot.arm})",
-               progress_every=s.settings.progress_interval)
+        try:
+            follow(lambda: service.sync(s, launched.run_id), err, title=f"run {launched.run_id} ({slot.arm})",
+                   progress_every=s.settings.progress_interval)
+        except KeyboardInterrupt:  # the comparison stops; the run goes on (exit 130)
+            err.print(f"comparison stopped; run {launched.run_id} goes on ({fleetctl('cancel', launched.run_id)})",
+                      markup=False, highlight=False)
+            raise
 
     rep = compare(s, a, b, rounds, wait, tolerance)
     if output != Output.table:

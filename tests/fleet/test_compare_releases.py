@@ -43,3 +43,40 @@ def test_compare_releases_names_a_planted_decode_regression_on_two_modules(tmp_p
         assert leftovers(lab) == []
     finally:
         lab.stop()
+
+
+def test_ctrl_c_stops_the_comparison_and_says_the_run_goes_on(tmp_path: Path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from simulator import build_release
+
+    a = build_release(tmp_path / "a", version="1.4.1", time_scale=50.0, seed=3)
+    b = build_release(tmp_path / "b", version="1.4.2", time_scale=50.0, seed=4)
+    lab = make_lab(tmp_path / "lab", ("filesystem://", None), 1)
+    lab.start()
+    try:
+        exe = Path(sys.executable).parent / "fleetctl"
+        proc = subprocess.Popen([str(exe), "compare-releases", str(a.path), str(b.path), "--devices", "all",
+                                 "--models", "qwen3"], env=lab.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        deadline = time.monotonic() + 60
+        runs: list = []
+        while not runs and time.monotonic() < deadline:
+            time.sleep(0.2)
+            if lab.settings.history_path.exists():
+                runs = History(lab.settings.history_path).runs()
+        assert runs, "no run was dispatched"
+        time.sleep(1.0)  # following it
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+        rid = runs[0].run_id
+        (line,) = [x for x in err.splitlines() if x.startswith("comparison stopped")]
+        assert line.startswith(f"comparison stopped; run {rid} goes on (") and line.endswith(f"fleetctl cancel {rid})")
+        assert len(History(lab.settings.history_path).runs()) == 1  # no further run dispatched
+        lab.fleetctl("cancel", runs[0].run_id)
+    finally:
+        lab.stop()
