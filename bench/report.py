@@ -28,8 +28,17 @@ outliers with no change (goals: at most 1 in 1,000 and 1 in 100), the detection 
 regression of 2-12 % (goal: every seed from 6 %; N seeds at 6 %, N/5 at the other sizes), and how
 often the change's 95 % interval holds the injected change. Exits 1 below a goal.
 
+``--paired-power N [--rounds 1,2,3]`` instead measures the paired comparison (``fleetctl compare-releases``,
+:mod:`controller.report.analysis.paired`): 4 modules, R rounds of A B B A, 2 % noise, each module drifting by a
+speed factor per round (3 %) and a trend within the round (1 % per run); release B with a 2 % decode regression on
+one key (N seeds at 1.5 % and 2 %; N/5 at 3 %) or none (N seeds): per R and per tolerance (1 %, 1.5 %, 2 %) the
+detection rate (goal >= 95 % at 2 %), the false regressions (goal <= 1 in 1,000) and the median minimum detectable
+change of decode; and the stated MDC checked: of the seeds whose planted change was at least the MDC stated for its
+key, the share named (it claims 95 %). Exits 1 when no R meets both goals at the default tolerance; says the
+smallest R that does.
+
 Usage: .venv/bin/python bench/report.py [--rows 1000000] [--repeat 5] [--power 1000] [--scale 10000,...]
-       [--history 10000,...]
+       [--history 10000,...] [--paired-power 1000 [--rounds 1,2,3]]
 """
 
 from __future__ import annotations
@@ -100,6 +109,9 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--power", type=int, default=0, help="measure error rates over this many seeds instead")
+    ap.add_argument("--paired-power", type=int, default=0,
+                    help="measure the paired comparison's error rates over this many seeds instead")
+    ap.add_argument("--rounds", default="1,2,3", help="--paired-power: comma-separated round counts")
     ap.add_argument("--scale", default="", help="comma-separated row counts: one fresh process per size")
     ap.add_argument("--history", default="", help="comma-separated row counts: read from a SQLite history")
     ap.add_argument("--db", default="/tmp/bench-report-history.sqlite", help="the --history database (reused)")
@@ -116,6 +128,8 @@ def main() -> int:
     ref = rows_frame([r for rows in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rows])
     if args.power:
         return power(ref, args.power)
+    if args.paired_power:
+        return paired_power(ref, args.paired_power, [int(x) for x in args.rounds.split(",")])
     if args.one:
         return one(ref, args.rows, args.repeat)
     modules = max(6, round(args.rows / len(ref)))
@@ -352,6 +366,99 @@ def power(ref, seeds: int) -> int:  # type: ignore[no-untyped-def]
     print(f"goals (false regressions <= 1/1000, false outliers <= 1/100, detection 100 % from {GOAL_SIZE:.0%}): "
           f"{'met' if ok else 'NOT met'}")
     return 0 if ok else 1
+
+
+PAIRED_SIZES = (0.015, 0.02, 0.03)  # planted decode regressions of release B
+PAIRED_GOAL_SIZE = 0.02
+PAIRED_FULL_SIZES = (0.015, 0.02)  # N seeds each (the goal's size, and one near the stated MDC); N/5 the others
+PAIRED_TOLERANCES = (0.01, 0.015, 0.02)
+
+
+def _paired_case(args: tuple[int, int, float]) -> tuple[int, float, int, list[tuple[bool, bool]], float]:
+    """One seed of the paired scenario: (rounds, size, seed, per tolerance (any regression, the planted one
+    named), decode's minimum detectable change at the default tolerance on the planted key)."""
+    from controller.report.analysis.paired import paired_compare, paired_thresholds
+    from controller.report.analysis.verdict import key_status
+    from controller.report.model import DERIVED, PairedRun
+    from controller.report.synth import paired_fleet
+
+    rounds, seed, size = args
+    ref = _POWER_REF
+    keys = sorted(set(ref["model_key"]))
+    key = keys[seed % len(keys)]
+    rows, runs = paired_fleet(ref, modules=4, rounds=rounds, regress={(key, "decode_tps"): size} if size else None,
+                              seed=(1_000_000 if size else 0) + 1000 * rounds + seed)
+    rep = paired_compare(rows, [PairedRun(run_id=r, arm=a, round=n) for r, a, n in runs],  # type: ignore[arg-type]
+                         release_a="A", release_b="B")
+    per_tol = []
+    for tol in PAIRED_TOLERANCES:
+        th = paired_thresholds(tol)
+        reg = {(c.model_key, c.metric) for c in rep.changes
+               if key_status(c.metric, c.change, c.p_value, th) == "regressed" and c.metric not in DERIVED}
+        per_tol.append((bool(reg), (key, "decode_tps") in reg))
+    (dec,) = [c for c in rep.changes if (c.model_key, c.metric) == (key, "decode_tps")]
+    return rounds, size, seed, per_tol, float("nan") if dec.mdc is None else dec.mdc
+
+
+def paired_power(ref, seeds: int, rounds: list[int]) -> int:  # type: ignore[no-untyped-def]
+    """The paired comparison's false regressions (``seeds`` no-change seeds) and detection of a planted decode
+    regression (``seeds`` at 2 %, a fifth at 1.5 % and 3 %), per round count and tolerance."""
+    import math
+    import multiprocessing as mp
+    import os
+
+    from controller.report.analysis.paired import PAIRED_TOLERANCE
+
+    cases = []
+    for r in rounds:
+        cases += [(r, s, 0.0) for s in range(seeds)]
+        for size in PAIRED_SIZES:
+            cases += [(r, s, size) for s in range(seeds if size in PAIRED_FULL_SIZES else max(seeds // 5, 1))]
+    t = time.perf_counter()
+    with mp.get_context("fork").Pool(os.cpu_count() or 1, initializer=_power_init, initargs=(ref,)) as pool:
+        out = pool.map(_paired_case, cases, chunksize=10)
+    wall = time.perf_counter() - t
+    print(f"{len(cases):,} paired comparisons (4 modules, A B B A rounds, 2 % noise, module drift 3 % per round and "
+          f"1 % per run) in {wall:.0f} s on {os.cpu_count()} processes")
+    print("| rounds | tolerance | false regressions (no change) | detection 1.5 % | detection 2 % | detection 3 % "
+          "| median MDC of decode |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    smallest = None
+    checks: list[str] = []
+    for r in rounds:
+        mine = [o for o in out if o[0] == r]
+        mdcs = sorted(o[4] for o in mine if o[1] == 0.0 and not math.isnan(o[4]))
+        mdc = mdcs[len(mdcs) // 2] if mdcs else float("nan")
+        for j, tol in enumerate(PAIRED_TOLERANCES):
+            none = [o for o in mine if o[1] == 0.0]
+            false_reg = sum(o[3][j][0] for o in none)
+            det = {}
+            for size in PAIRED_SIZES:
+                got = [o for o in mine if o[1] == size]
+                det[size] = (sum(o[3][j][1] for o in got), len(got))
+            hits, n = det[PAIRED_GOAL_SIZE]
+            ok = false_reg * 1000 <= len(none) and hits * 100 >= 95 * n
+            if ok and tol == PAIRED_TOLERANCE and smallest is None:
+                smallest = r
+            cols = " | ".join(f"{h / max(m, 1):.1%} ({h}/{m})" for h, m in det.values())
+            print(f"| {r} | {tol:.1%} | {false_reg} / {len(none):,} | {cols} | "
+                  f"{mdc:.2%} (at {PAIRED_TOLERANCE:.0%}) |")
+        # the stated minimum detectable change checked: of the seeds whose planted change was at least the MDC
+        # stated for its key (at the default tolerance), how many named it (it claims >= 95 %)
+        j = PAIRED_TOLERANCES.index(PAIRED_TOLERANCE)
+        for size in PAIRED_SIZES:
+            within = [o for o in mine if o[1] == size and not math.isnan(o[4]) and o[4] <= size]
+            named = sum(o[3][j][1] for o in within)
+            checks.append(f"| {r} | {size:.1%} | {len(within)} of {sum(o[1] == size for o in mine)} | "
+                          f"{named / max(len(within), 1):.1%} ({named}/{len(within)}) |")
+    print(f"the minimum detectable change checked (tolerance {PAIRED_TOLERANCE:.0%}): of the seeds whose planted "
+          "change was at least the MDC stated for its key, the share named (goal >= 95 %)")
+    print("| rounds | planted | seeds with MDC <= planted | named |")
+    print("| ---: | ---: | ---: | ---: |")
+    print("\n".join(checks))
+    print(f"goals at the default tolerance {PAIRED_TOLERANCE:.0%} (a 2 % decode regression named in >= 95 % of seeds, "
+          f"<= 1 false regression in 1,000): " + (f"met from {smallest} round(s) on" if smallest else "NOT met"))
+    return 0 if smallest else 1
 
 
 if __name__ == "__main__":

@@ -78,6 +78,7 @@ def build_app(inv: Invocation) -> typer.Typer:
 
     app = new_app(no_args_is_help=True, add_completion=True)
     app.callback()(_root)
+    app.command("compare-releases")(runs_cli.compare_releases)
     for verb in (runs_cli.validate, runs_cli.status, runs_cli.watch, runs_cli.cancel, runs_cli.retry, runs_cli.runs,
                  runs_cli.results, runs_cli.logs, services_cli.serve, services_cli.demo, version):
         app.command()(verb)

@@ -61,6 +61,11 @@ class History(HistoryQueries, WebhookOutbox):
                  json.dumps(list(modules)), kind, state, note, json.dumps(own)),
             )
 
+    def set_run_note(self, run_id: str, note: str) -> None:
+        """The run's note (e.g. the comparison a run of ``fleetctl compare-releases`` belongs to)."""
+        with self.tx() as c:
+            c.execute("UPDATE runs SET note=? WHERE run_id=?", (note, run_id))
+
     def set_run_state(self, run_id: str, state: str, verdict: str | None = None, line: str | None = None,
                       findings: str | None = None) -> None:
         """The run's state (and verdict); a verdict of a finished run also queues its webhook event, once

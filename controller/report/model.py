@@ -204,3 +204,46 @@ class Report:
     def telemetry_of(self, o: Outlier) -> OutlierTelemetry | None:
         """The outlier's device telemetry (None: none was attached)."""
         return next((t for t in self.outlier_telemetry if (t.module, t.model_key) == (o.module, o.model_key)), None)
+
+
+# -- paired A/B on the same modules (controller.report.analysis.paired) ---------------------------------------
+Arm = Literal["A", "B"]
+
+
+class PairedRun(_Frozen):
+    """One validation run of a paired comparison: which release (``arm``) and which round of A B B A it was."""
+
+    run_id: str
+    arm: Arm
+    round: int = Field(ge=0)
+
+
+class PairedChange(_Frozen):
+    """One model key and metric, B against A on the same modules: the change, its 95 % interval, its test, and
+    the smallest change this comparison would have named (``mdc``, from the measured paired noise)."""
+
+    model_key: str
+    metric: str
+    change: float  # B / A - 1, the Hodges-Lehmann centre over profiles of the paired differences
+    ci_low: float | None  # 95 % interval of change (the signed-rank test's; None below 6 profiles)
+    ci_high: float | None
+    p_value: float  # one-sided Wilcoxon signed-rank test across profiles
+    profiles: int
+    pairs: int  # (module, round) pairs behind the figures
+    noise: float  # the spread of one pair's difference (relative standard deviation)
+    mdc: float | None  # minimum detectable change (magnitude; None: too few profiles for the test at alpha)
+    status: Status
+
+
+class PairedReport(_Frozen):
+    """The verdict of ``fleetctl compare-releases A B``: every key-level change, the regressions among them."""
+
+    release_a: str
+    release_b: str
+    rounds: int
+    modules: tuple[str, ...]
+    tolerance: float
+    changes: tuple[PairedChange, ...]
+    regressions: tuple[PairedChange, ...]
+    verdict: Verdict
+    notes: tuple[str, ...] = ()

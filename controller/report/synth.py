@@ -86,3 +86,29 @@ def planted_series(seed: int, *, n: int = 30, shift: float = 0.0, at: int | None
         idx = rng.choice(np.arange(1, n - 1), size=outliers, replace=False)
         x[idx] *= 1 + outlier_size * rng.choice([-1.0, 1.0], size=outliers)
     return x, where
+
+
+ABBA = ("A", "B", "B", "A")  # one round of a paired comparison, in run order
+
+
+def paired_fleet(reference: pd.DataFrame, *, modules: int = 4, rounds: int = 1, noise: float = 0.02,
+                 drift: float = 0.03, trend: float = 0.01, regress: Mapping[tuple[str, str], float] | None = None,
+                 seed: int = 0) -> tuple[pd.DataFrame, list[tuple[str, str, int]]]:
+    """Result rows of a paired comparison on one simulated fleet: ``rounds`` rounds of A B B A, release B with
+    ``regress`` (as :func:`fleet`). Each module drifts: a speed factor per (module, round) of relative standard
+    deviation ``drift``, and within a round a steady trend of ``trend`` per run (a factor ``(1 + trend)`` each run:
+    linear in log units). Returns the rows and the runs
+    as (run_id, arm, round), in run order."""
+    rng = np.random.default_rng(seed)
+    names = [f"m{i:02d}" for i in range(modules)]
+    frames, runs = [], []
+    for rnd in range(rounds):
+        level = np.exp(drift * rng.standard_normal(modules))
+        for pos, arm in enumerate(ABBA):
+            run_id = f"r{rnd}-{pos}-{arm}"
+            factor = {m: float(level[i] * (1 + trend) ** pos) for i, m in enumerate(names)}
+            frames.append(fleet(reference, modules=names, noise=noise, module_factor=factor,
+                                regress=regress if arm == "B" else None, seed=int(rng.integers(2**32)),
+                                run_id=run_id, release=arm))
+            runs.append((run_id, arm, rnd))
+    return pd.concat(frames, ignore_index=True), runs

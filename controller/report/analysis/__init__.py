@@ -4,7 +4,8 @@ One module per job: :mod:`.frame` (the rows encoded: codes, badness), :mod:`.gro
 :mod:`.middles` (per-cell reductions, sorted once), :mod:`.stats` (sign and Wilcoxon tests),
 :mod:`.outliers`, :mod:`.compare` (against the baseline / previous run), :mod:`.probe` (the
 release against the agent's probe), :mod:`.summary`, :mod:`.verdict` (the regression policy,
-in one file of plain code) and :mod:`.build` (:func:`analyse`: the steps in order).
+in one file of plain code), :mod:`.build` (:func:`analyse`: the steps in order) and :mod:`.paired`
+(two releases run A B B A on the same modules: ``fleetctl compare-releases``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,47 @@
+"""How the paired verdict of ``fleetctl compare-releases`` reads: a verdict line, a table's records, JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.report.model import PairedChange, PairedReport
+from controller.report.render.numbers import pct
+
+
+def mag(x: float) -> str:
+    """A magnitude (a tolerance, a detectable change) as an unsigned percentage (``1.5%``)."""
+    return f"{x:.1%}"
+
+
+def change_text(c: PairedChange) -> str:
+    """``decode_tps -2.1 % [-2.9 %, -1.5 %] (p 0.0005; detectable from 1.5 %)``."""
+    ci = f" [{pct(c.ci_low)}, {pct(c.ci_high)}]" if c.ci_low is not None else ""
+    mdc = f"detectable from {mag(c.mdc)}" if c.mdc is not None else "too few profiles to detect any change"
+    return f"{c.metric} {pct(c.change)}{ci} (p {c.p_value:.2g}; {mdc})"
+
+
+def paired_verdict_line(rep: PairedReport) -> str:
+    """One line: the verdict, what was compared, the regressions with their intervals, the smallest change the
+    comparison could name."""
+    head = (f"{rep.verdict.upper()} {rep.release_b} vs {rep.release_a}: {rep.rounds} round(s) A B B A on "
+            f"{len(rep.modules)} module(s), tolerance {mag(rep.tolerance)}")
+    mdcs = [c.mdc for c in rep.changes if c.mdc is not None and c.metric == "decode_tps"]
+    floor = f"; decode detectable from {mag(max(mdcs))}" if mdcs else ""
+    regs = "; ".join(f"{r.model_key} {change_text(r)}" for r in rep.regressions)
+    notes = "; ".join(rep.notes)
+    return head + floor + (f": regressed {regs}" if regs else "") + (f" ({notes})" if notes else "")
+
+
+def paired_records(rep: PairedReport) -> list[dict[str, Any]]:
+    """One record per key-level change (the table's rows and the CSV's)."""
+    return [{"model_key": c.model_key, "metric": c.metric, "change": pct(c.change),
+             "interval": f"{pct(c.ci_low)} .. {pct(c.ci_high)}" if c.ci_low is not None else "",
+             "p": f"{c.p_value:.2g}", "detectable": mag(c.mdc) if c.mdc is not None else "", "profiles": c.profiles,
+             "pairs": c.pairs, "status": c.status} for c in rep.changes]
+
+
+PAIRED_COLUMNS = ("model_key", "metric", "change", "interval", "p", "detectable", "profiles", "pairs", "status")
+
+
+def paired_json(rep: PairedReport) -> dict[str, Any]:
+    return rep.model_dump(mode="json")
