@@ -19,14 +19,17 @@ pytestmark = pytest.mark.slow
 def test_compare_releases_names_a_planted_decode_regression_on_two_modules(tmp_path: Path):
     from simulator import build_release
 
-    a = build_release(tmp_path / "a", version="1.4.1", time_scale=1000.0, noise=0.01, seed=3)
-    b = build_release(tmp_path / "b", version="1.4.2", time_scale=1000.0, noise=0.01, seed=4,
+    # time scale 50 (the demo's): at 1000 a simulated TTFT is a few real milliseconds and a loaded machine's
+    # scheduling jitter alone moved prefill past the paired 1 % (seen in make test); the tolerance is 3 % here,
+    # the planted change 8 %
+    a = build_release(tmp_path / "a", version="1.4.1", time_scale=50.0, noise=0.01, seed=3)
+    b = build_release(tmp_path / "b", version="1.4.2", time_scale=50.0, noise=0.01, seed=4,
                       speed="qwen3:decode=0.92")
     lab = make_lab(tmp_path / "lab", ("filesystem://", None), 2)
     lab.start()
     try:
-        r = lab.fleetctl("compare-releases", str(a.path), str(b.path), "--devices", "all", "--models", "qwen3,qwen35",
-                         "-o", "json", timeout=600)
+        r = lab.fleetctl("compare-releases", str(a.path), str(b.path), "--devices", "all", "--models", "qwen3",
+                         "--tolerance", "0.03", "-o", "json", timeout=600)
         assert r.returncode == 1, r.stderr
         rep = json.loads(r.stdout)
         assert rep["verdict"] == "regressed"
