@@ -140,13 +140,12 @@ def release_candidates(releases: str, good: str, bad: str) -> tuple[Candidate, .
 
 
 def _sources(releases: str) -> list[str]:
+    from contract.records import release_version_of
     from controller.service.release_url import is_url
 
     if not is_url(releases):
         p = Path(releases).expanduser()
         if p.is_dir():
-            from contract.records import release_version_of
-
             return [str(f) for f in sorted(p.iterdir()) if release_version_of(f.name) is not None]
         if p.is_file() and release_version_of(p.name) is None:
             lines = (x.strip() for x in p.read_text().splitlines())
