@@ -147,6 +147,7 @@ def document(out: Outcome) -> dict[str, Any]:
         "good": rec.candidates[0].version, "bad": rec.candidates[-1].version,
         "first_bad": out.first_bad, "suspects": list(out.suspects), "rounds": out.rounds, "again": out.again,
         "modules": list(rec.modules), "lost": list(rec.lost),
+        "refused": {rec.candidates[i].version: why for i, why in rec.refused.items()},
         "targets": [t.model_dump() for t in rec.targets or ()],
         "calls": {c.version: (out.calls[i] if out.calls else None) for i, c in enumerate(rec.candidates)},
         "evidence": [_record(out, e) | {"changes": [None if m is None else

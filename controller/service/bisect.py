@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.records import RunProgress, RunState
-from controller.fleet import RunView
+from controller.fleet import BrokerUnavailable, FleetError, RunView
 from controller.service.bisect_plan import (
     MAX_MEASURES,
     Bounds,
@@ -46,7 +46,7 @@ from controller.service.bisect_state import (
 )
 from controller.service.lifecycle import validate
 from controller.service.records import ValidateRequest
-from controller.service.session import BadRequest, Session, broker_call
+from controller.service.session import BadRequest, ServiceError, Session, broker_call
 
 # the references' test level: the question is whether a release the user calls bad is worse on these modules, at the
 # level of the 95 % intervals the calls use (the verdict's 0.01 missed a plain 9 % on one module of 11 profiles)
@@ -191,6 +191,11 @@ def run(s: Session, bisect_id: str, wait: Wait, on_round: Callable[[Outcome], No
             rec = st.load(bisect_id)
             if rec.status != "running":
                 return assess(s, rec)
+            missing = [r for r in rec.runs if s.history().run(r.run_id) is None]
+            if missing:  # recorded, never dispatched (killed in between): dispatched now, under the same id
+                for r in missing:
+                    _launch(s, rec, r)
+                continue
             pending = [r for r in rec.runs if not _finished(s, r)]
             if pending:
                 wait(rec, pending)
@@ -279,18 +284,39 @@ def _place(rec: BisectRecord, redo: Sequence[int], free: Sequence[str], rnd: int
 
 
 def _dispatch(s: Session, rec: BisectRecord, slots: Sequence[tuple[int, str, int, bool]], *, role: str) -> None:
-    from controller.service.records import release_request
+    """Record each run (its id chosen here) before it is dispatched: a controller killed in between leaves a run
+    the record names and the history lacks, which :func:`run` dispatches again under the same id."""
+    from controller.fleet import new_run_id
 
     for index, module, rnd, again in slots:
-        cand = rec.candidates[index]
-        req: ValidateRequest = release_request(cand.source, models=rec.models,
-                                               devices=module or ",".join(m for m in rec.modules if m not in rec.lost))
-        launched = validate(s, req)
-        what = f"{role} release" if role != "probe" else f"round {rnd}{' again' if again else ''}, on {module}"
-        s.history().set_run_note(launched.run_id, f"bisect {rec.bisect_id}: {what}, release {cand.version}")
-        run = BisectRun(run_id=launched.run_id, role=role, index=index, module=module, round=rnd,  # type: ignore[arg-type]
+        run = BisectRun(run_id=new_run_id(), role=role, index=index, module=module, round=rnd,  # type: ignore[arg-type]
                         again=again)
         _add_run(s, rec.bisect_id, run)
+        _launch(s, rec, run)
+
+
+def _launch(s: Session, rec: BisectRecord, run: BisectRun) -> None:
+    from controller.service.records import release_request
+
+    cand = rec.candidates[run.index]
+    devices = run.module or ",".join(m for m in rec.modules if m not in rec.lost)
+    req: ValidateRequest = release_request(cand.source, models=rec.models, devices=devices, run_id=run.run_id)
+    try:
+        validate(s, req)
+    except (ServiceError, FleetError) as exc:  # the release refused before anything ran (not the broker: raised)
+        if isinstance(exc, BrokerUnavailable):
+            raise
+        why = str(exc)
+        runs = tuple(r for r in store(s).load(rec.bisect_id).runs if r.run_id != run.run_id)
+        if run.role != "probe":
+            store(s).patch(rec.bisect_id, runs=runs, status="failed", message=f"the {run.role} release: {why}")
+        else:
+            refused = {**store(s).load(rec.bisect_id).refused, run.index: why}
+            store(s).patch(rec.bisect_id, runs=runs, refused=refused)
+        return
+    what = f"{run.role} release" if run.role != "probe" else \
+        f"round {run.round}{' again' if run.again else ''}, on {run.module}"
+    s.history().set_run_note(run.run_id, f"bisect {rec.bisect_id}: {what}, release {cand.version}")
 
 
 def _add_run(s: Session, bisect_id: str, run: BisectRun) -> None:
@@ -400,7 +426,7 @@ def assess(s: Session, rec: BisectRecord) -> Outcome:
             calls[i] = c
         else:
             calls[i] = "skip"  # no figure on a target after every measurement
-    for i in failed - set(measures):
+    for i in (failed | set(rec.refused)) - set(measures):
         calls[i] = "skip"
     homeless = sorted(tried - set(measures) - failed)
     return Outcome(rec, tuple(calls), tuple(sorted(unsure)), tuple(homeless), tuple(evidence), bounds(calls))

@@ -69,6 +69,7 @@ class BisectRecord(_Frozen):
     status: BisectStatus = "running"
     message: str = ""  # why it failed or was cancelled
     calls: dict[int, str] = Field(default_factory=dict)  # the calls so far, by candidate index (for show)
+    refused: dict[int, str] = Field(default_factory=dict)  # candidates validate refused (a bad tarball): why
 
     def versions(self) -> list[str]:
         return [c.version for c in self.candidates]

@@ -150,3 +150,18 @@ def test_cancel_stops_the_bisection_and_its_runs(tmp_path: Path):
                  60, "the run cancelled")
     finally:
         lab.stop()
+
+
+def test_a_candidate_validate_refuses_is_skipped_and_the_answer_names_both_suspects(tmp_path: Path):
+    series = _series(tmp_path, 2, count=4)
+    series[1].path.write_bytes(series[1].path.read_bytes()[:200])  # a truncated tarball: refused before it runs
+    lab = make_lab(tmp_path / "lab", ("filesystem://", None), 1)
+    lab.start()
+    try:
+        doc = _bisect(lab, series)
+        assert doc["first_bad"] is None and doc["suspects"] == [series[1].version, series[2].version], doc["line"]
+        assert doc["calls"][series[1].version] == "skip" and series[1].version in doc["refused"]
+        assert doc["line"].startswith(f"the first bad release is one of {series[1].version}, {series[2].version}")
+        assert [e["release"] for e in doc["evidence"]] == [series[2].version]
+    finally:
+        lab.stop()
