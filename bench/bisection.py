@@ -6,9 +6,9 @@ bisection on a simulated fleet of 1 and of 4 modules side by side.
   rounds take with k modules: minimum, mean, maximum, next to ``ceil(log_(k+1)(n - 1))``. Re-measures are not
   rounds (they run within their round; ``--real`` counts them).
 * **Wall time** (``--real``): a series of 16 simulated nightly releases (``simulator.series``, a decode regression
-  of 8 % planted at a seeded release, 1 % noise, time scale 200), ``fleetctl bisect --models qwen3`` on a lab of
-  4 modules and then of 1 module (real Celery workers, the embedded broker): rounds, re-runs, runs, wall time, and
-  the ratio of the two wall times (one run, the same machine).
+  of 8 % planted at a seeded release, 1 % noise, time scale 200 or ``--time-scale``), ``fleetctl bisect --models
+  qwen3`` on a lab of 4 modules and then of 1 module (real Celery workers, the embedded broker): rounds, re-runs,
+  waves, runs, wall time, and the ratio of the two wall times (one run, the same machine).
 
 Usage: .venv/bin/python bench/bisection.py [--releases 16,32,64] [--real] [--regress-at 10]
 """
@@ -55,17 +55,18 @@ def planner_table(sizes: list[int]) -> None:
             print(f"{n:>8} {k:>7} {min(r):>4} {statistics.mean(r):>5.2f} {max(r):>4} {bound:>20}")
 
 
-def real(regress_at: int) -> int:
+def real(regress_at: int, scale: float) -> int:
     from simulator.series import build_series
     from tests.support.lab import make_lab
 
     with tempfile.TemporaryDirectory(prefix="bench-bisect-") as tmp:
         base = Path(tmp)
         series = build_series(base / "releases", count=16, regress_at=regress_at, regress="qwen3:decode_tps:0.08",
-                              noise=0.01, time_scale=200, seed=11)
+                              noise=0.01, time_scale=scale, seed=11)
         print(f"\nreal bisection: 16 releases, decode -8 % planted at {series[regress_at].version} "
-              f"(index {regress_at}), qwen3, time scale 200")
-        print(f"{'modules':>7} {'rounds':>6} {'re-runs':>7} {'runs':>4} {'wall s':>7}  answer")
+              f"(index {regress_at}), qwen3, time scale {scale:g}; waves: runs dispatched together and waited for (the "
+              "two references, each round, each re-run within a round)")
+        print(f"{'modules':>7} {'rounds':>6} {'re-runs':>7} {'waves':>5} {'runs':>4} {'wall s':>7}  answer")
         walls = {}
         for k in (4, 1):
             lab = make_lab(base / f"lab{k}", ("filesystem://", None), k)
@@ -82,8 +83,9 @@ def real(regress_at: int) -> int:
                 return 1
             doc = json.loads(r.stdout)
             ok = "right" if doc["first_bad"] == series[regress_at].version else "WRONG"
-            print(f"{k:>7} {doc['rounds']:>6} {doc['again']:>7} {len(doc['evidence']) + 2:>4} {walls[k]:>7.1f}  "
-                  f"{doc['first_bad']} ({ok})")
+            waves = 2 + len({(e["round"], e["outcome"].endswith("(again)")) for e in doc["evidence"]})
+            print(f"{k:>7} {doc['rounds']:>6} {doc['again']:>7} {waves:>5} {len(doc['evidence']) + 2:>4} "
+                  f"{walls[k]:>7.1f}  {doc['first_bad']} ({ok})")
         print(f"wall time, 4 modules / 1 module: {walls[4] / walls[1]:.2f}")
     return 0
 
@@ -93,9 +95,10 @@ def main() -> int:
     ap.add_argument("--releases", default="16,32,64", help="series lengths for the planner's table")
     ap.add_argument("--real", action="store_true", help="also bisect on simulated labs of 4 and 1 modules")
     ap.add_argument("--regress-at", type=int, default=10)
+    ap.add_argument("--time-scale", type=float, default=200.0, help="the simulated releases' (--real)")
     args = ap.parse_args()
     planner_table([int(x) for x in args.releases.split(",")])
-    return real(args.regress_at) if args.real else 0
+    return real(args.regress_at, args.time_scale) if args.real else 0
 
 
 if __name__ == "__main__":

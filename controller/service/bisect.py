@@ -235,9 +235,13 @@ def run(s: Session, bisect_id: str, wait: Wait, on_round: Callable[[Outcome], No
 
 
 def _usable(s: Session, rec: BisectRecord) -> list[str]:
-    """The bisection's modules not lost and neither offline, unreachable nor bad now (a busy one takes its
-    candidate when it frees up)."""
-    mods = [m for m in s.inventory().modules if m.name in rec.modules and m.name not in rec.lost]
+    """The bisection's modules the good release ran on, not lost and neither offline, unreachable nor bad now (a
+    busy one takes its candidate when it frees up)."""
+    from controller.fleet import module_failed
+
+    good = next(r for r in rec.runs if r.role == "good")
+    measured = {m for m, p in _view(s, good).progress.items() if p is not None and not module_failed(p)}
+    mods = [m for m in s.inventory().modules if m.name in measured and m.name not in rec.lost]  # a call needs them
     statuses = broker_call(s, lambda: s.broker().statuses(mods))
     return [m.name for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")]
 
