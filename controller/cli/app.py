@@ -71,6 +71,7 @@ def version(output: Output = output_option()) -> None:
 def build_app(inv: Invocation) -> typer.Typer:
     """The command tree of one invocation: the verbs of every group, which get the invocation's session
     from the context (those of report, deploy and targets through the functions handed to them)."""
+    from controller.cli import bisect as bisect_cli
     from controller.cli import deploy as deploy_cli
     from controller.cli import report as report_cli
     from controller.cli import targets as metrics_cli
@@ -79,6 +80,7 @@ def build_app(inv: Invocation) -> typer.Typer:
     app = new_app(no_args_is_help=True, add_completion=True)
     app.callback()(_root)
     app.command("compare-releases")(runs_cli.compare_releases)
+    app.command("bisect")(bisect_cli.bisect)
     for verb in (runs_cli.validate, runs_cli.status, runs_cli.watch, runs_cli.cancel, runs_cli.retry, runs_cli.runs,
                  runs_cli.results, runs_cli.logs, services_cli.serve, services_cli.demo, version):
         app.command()(verb)

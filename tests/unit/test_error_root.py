@@ -60,6 +60,7 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "controller.serve.tokens.TokenError": (2, 400),
     "controller.service.session.ServiceError": (2, 400),
     "controller.service.session.BadRequest": (2, 400),
+    "controller.service.bisect_plan.BisectPlanError": (2, 400),
     "controller.service.session.NotFound": (2, 404),
     "controller.service.session.Conflict": (2, 409),
     "controller.service.session.UnusableRelease": (2, 422),
