@@ -55,9 +55,10 @@ class EnvFingerprint(BaseModel):
         return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
 
 
-def differences(mine: EnvFingerprint, other: EnvFingerprint) -> tuple[str, ...]:
-    """What differs, in words: ``("driver 3.1.0 (was 3.0.0)",)``, ordered as :data:`COMPARED`."""
-    return tuple(f"{LABELS[k]} {getattr(mine, k)} (was {getattr(other, k)})" for k in COMPARED
+def differences(mine: EnvFingerprint, other: EnvFingerprint, other_is: str = "was") -> tuple[str, ...]:
+    """What differs, in words: ``("driver 3.1.0 (was 3.0.0)",)`` (``other_is="fleet"``: ``(fleet 3.0.0)``),
+    ordered as :data:`COMPARED`."""
+    return tuple(f"{LABELS[k]} {getattr(mine, k)} ({other_is} {getattr(other, k)})" for k in COMPARED
                  if getattr(mine, k) != getattr(other, k))
 
 
