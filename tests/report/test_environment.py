@@ -21,6 +21,7 @@ from controller.history import ROW_FIELDS, History
 from controller.report import build_report, compare_runs
 from controller.report.environment import EnvironmentRefused, digests_of, fleet_odd
 from controller.report.render import to_json, to_markdown
+from controller.report.render.html import to_html
 from controller.report.synth import fleet
 from tests.support.frames import frame_to_rows
 
@@ -92,6 +93,7 @@ def test_a_module_with_another_driver_is_named_and_its_outlier_explained(history
     md = to_markdown(rep)
     assert "| m02 | * |" in md and "other environment than the fleet: driver 3.1.0-sim (fleet 3.0.0-sim)" in md
     assert json.loads(to_json(rep))["environment"][0]["module"] == "m02"
+    assert "other environment than the fleet: driver 3.1.0-sim (fleet 3.0.0-sim)" in to_html(rep)
 
 
 def test_one_environment_names_nobody_and_a_tie_names_nobody() -> None:
