@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+import numpy as np
 import pandas as pd
 
 from contract.fingerprint import EnvFingerprint, differences, majority
@@ -29,12 +30,15 @@ def digests_of(rows: pd.DataFrame | None) -> dict[str, str]:
     """module -> the environment digest most of its rows carry (modules whose rows have none left out)."""
     if rows is None or not len(rows) or "env_digest" not in rows.columns:
         return {}
-    d = pd.DataFrame({"module": rows["module"].astype(str), "digest": rows["env_digest"].astype(object)}).dropna()
-    if d.empty:
+    has = rows["env_digest"].notna().to_numpy()
+    if not has.any():  # rows from before fingerprints (or a seed baseline): nothing to compare, nothing converted
         return {}
-    counts = d.groupby(["module", "digest"]).size().reset_index(name="n")
-    top = counts.sort_values(["module", "n", "digest"], ascending=[True, False, True]).drop_duplicates("module")
-    return dict(zip(top["module"], top["digest"], strict=True))
+    # codes, not strings (a report reads a million rows as categoricals): one bincount over (module, digest) pairs
+    mods, mod_names = pd.factorize(rows["module"][has], sort=True)
+    digs, dig_names = pd.factorize(rows["env_digest"][has], sort=True)
+    counts = np.bincount(mods * len(dig_names) + digs, minlength=len(mod_names) * len(dig_names))
+    best = counts.reshape(len(mod_names), len(dig_names)).argmax(axis=1)  # a tie: the first digest in order
+    return {str(m): str(dig_names[b]) for m, b in zip(mod_names, best, strict=True)}
 
 
 def fleet_odd(prints: Mapping[str, EnvFingerprint]) -> tuple[EnvDifference, ...]:

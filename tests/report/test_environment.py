@@ -20,6 +20,7 @@ from controller.cli import report as report_cli
 from controller.history import ROW_FIELDS, History
 from controller.report import build_report, compare_runs
 from controller.report.environment import EnvironmentRefused, digests_of, fleet_odd
+from controller.report.load import as_read
 from controller.report.render import to_json, to_markdown
 from controller.report.render.html import to_html
 from controller.report.synth import fleet
@@ -60,7 +61,8 @@ def test_the_history_keeps_one_record_per_run_and_module_and_finds_it_by_digest(
     rows = history.rows("run-1", "m02")
     assert rows and {r.env_digest for r in rows} == {NEW_DRIVER.digest()}
     frame = pd.DataFrame({"module": ["a", "a", "a", "b", "c"], "env_digest": ["x", "y", "y", None, "z"]})
-    assert digests_of(frame) == {"a": "y", "c": "z"} and digests_of(None) == {}
+    assert digests_of(frame) == digests_of(as_read(frame)) == {"a": "y", "c": "z"} and digests_of(None) == {}
+    assert digests_of(frame.assign(env_digest=None)) == {}
 
 
 def test_an_older_history_gains_the_digest_column(tmp_path: Path) -> None:
