@@ -94,7 +94,8 @@ def build_app(inv: Invocation) -> typer.Typer:
     describe_app.command("run")(runs_cli.describe_run)
     describe_app.command("module")(devices_cli.describe_module)
     app.add_typer(describe_app, name="describe")
-    report_cli.register(app, lambda: inv.session().read_history(), lambda: inv.session().history())
+    report_cli.register(app, lambda: inv.session().read_history(), lambda: inv.session().history(),
+                        lambda: inv.session().settings.baseline_same_environment)
     trend_cli.register(app, lambda: inv.session().read_history())
     deploy_cli.register(app, devices_app, lambda: inv.session().inventory(), lambda: inv.session().settings)
     metrics_cli.register(app, lambda: inv.session().inventory())

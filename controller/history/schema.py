@@ -79,6 +79,20 @@ CREATE TABLE IF NOT EXISTS telemetry (
 """
 
 
+# the environment each module measured a run in: one contract.fingerprint.EnvFingerprint (JSON) per run and
+# module, with its digest (what each of its rows carries as env_digest)
+_FINGERPRINT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS fingerprints (
+    run_id TEXT NOT NULL,
+    module TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (run_id, module)
+);
+CREATE INDEX IF NOT EXISTS fingerprints_digest ON fingerprints (digest);
+"""
+
+
 # webhook outbox: a verdict recorded queues its event in the same transaction (whoever recorded it:
 # serve, an attached fleetctl); `fleetctl serve` sends what is pending when it starts and while it
 # runs. Webhook URLs may carry secrets (tokens in the path): only their sha256 is stored.
@@ -138,14 +152,24 @@ def _key_rows_by_source(conn: sqlite3.Connection) -> None:
         " CREATE INDEX rows_module ON rows (module, model_key); COMMIT;")
 
 
+def _add_row_columns(conn: sqlite3.Connection) -> None:
+    """A history from before a ``ResultRow`` field (``env_digest``, ...) gets its column (NULL in old rows), once.
+    Rows are written and read by column name, so the order columns were added in does not matter."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(rows)")}
+    for f in ROW_FIELDS:
+        if f not in have:
+            _add_run_column(conn, f'"{f}"', "", table="rows")
+
+
 def _add_run_column(conn: sqlite3.Connection, column: str, declaration: str, table: str = "runs") -> None:
     """A history from before ``<table>.<column>`` (default ``runs``) gets the column, once."""
-    if column in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
+    name = column.strip('"')
+    if name in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
         return
     conn.execute("BEGIN IMMEDIATE")
     try:  # another process may have added it between the look and the lock
-        if column not in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        if name not in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}".rstrip())
     except BaseException:
         conn.execute("ROLLBACK")
         raise
@@ -162,8 +186,10 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.executescript(_SCHEMA)
     conn.executescript(_TELEMETRY_SCHEMA)
+    conn.executescript(_FINGERPRINT_SCHEMA)
     conn.executescript(_OUTBOX_SCHEMA)
     _key_rows_by_source(conn)
+    _add_row_columns(conn)
     # NULL: such a run is judged again the next time its verdict is asked for, and its line recorded then
     _add_run_column(conn, "verdict_line", "TEXT")
     # '{}': every module of such a run was asked for all of the run's model keys

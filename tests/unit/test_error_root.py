@@ -54,6 +54,7 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "controller.remote.ssh.RemoteCommandError": (2, 400),
     "controller.report.model.ReportError": (2, 400),
     "controller.report.analysis.changepoints.SeriesError": (2, 400),
+    "controller.report.environment.EnvironmentRefused": (2, 400),
     "controller.report.trend.TrendError": (2, 400),
     "controller.serve.links.LinkError": (2, 403),
     "controller.serve.links.LinkSecretError": (2, 400),
