@@ -70,3 +70,26 @@ def test_counts_add_up_over_modules_and_probe_rows_and_old_rows_count_none() -> 
                                "the figures include compile time")
     assert jit_compiled(frame.drop(columns=["jit_kernels", "jit_kernel_names"])) == ()
     assert jit_compiled(frame.assign(jit_kernels=0)) == () and jit_note(()) == ""
+
+
+def test_rows_of_a_history_from_before_the_fields_read_back_with_none_compiled(tmp_path: Path) -> None:
+    """An older history gains the columns (NULL in its rows); those rows read back as compiling nothing."""
+    import sqlite3
+
+    from controller.history import ROW_FIELDS
+
+    path = tmp_path / "old.sqlite"
+    old = [f for f in ROW_FIELDS if not f.startswith("jit_")]
+    conn = sqlite3.connect(path)
+    conn.executescript(f"CREATE TABLE rows ({', '.join(repr(f) for f in old)}, PRIMARY KEY (run_id, module,"
+                       " model_key, profile, source));")
+    conn.execute("INSERT INTO rows (schema_version, run_id, module, model_key, \"table\", profile, model, extra, "
+                 "flags, source) VALUES (1, 'run-0', 'm00', 'qwen3', 'sweep', '128:128', 'm', '{}', '[]', 'release')")
+    conn.commit()
+    conn.close()
+    h = History(path)
+    try:
+        (row,) = h.rows("run-0")
+    finally:
+        h.close()
+    assert (row.jit_kernels, row.jit_kernel_names, row.jit_first_s) == (0, "", None)
