@@ -13,6 +13,8 @@ import pytest
 
 import simulator
 from agent.store import RunStore
+from controller.history import History
+from controller.report import build_report
 from simulator.ports import free_port
 from simulator.runtime.core import LAZY_JIT_MS
 from tests.support.procs import processes_under
@@ -50,3 +52,14 @@ def test_the_lazily_compiling_key_is_flagged_and_the_precompiled_one_is_not(tmp_
     said = [e["message"] for e in store.events("jit") if e["step"] == "benchmark" and e["status"] == "ok"]
     assert said == ["1 rows", f"1 rows; 1 kernel(s) compiled while measuring, the first {lazy['jit_first_s']:.1f} s "
                     f"into the step: {kernel}; the figures include compile time"]
+    # stored in the controller's history, the report names the key (and only it)
+    h = History(tmp_path / "history.sqlite")
+    try:
+        h.create_run("jit", release=built.version, models=["qwen3", "qwen35"], modules=["sim-1"])
+        h.upsert_rows(store.rows("jit"))
+        h.set_run_state("jit", "done")
+        rep = build_report(h, "jit", previous=False)
+    finally:
+        h.close()
+    assert [(j.model_key, j.kernels, j.modules) for j in rep.jit_compiled] == [("qwen35", 1, ("sim-1",))]
+    assert rep.notes[0] == "kernels compiled while measuring: qwen35 — 1 (sim-1), the figures include compile time"
