@@ -163,6 +163,12 @@ class ResultRow(Frozen):
     source: RowSource = "release"
     # digest of the environment it was measured in (contract.fingerprint; the record: RunProgress.fingerprint)
     env_digest: str | None = None
+    # TileLang kernels compiled while the key's benchmark measured (agent.jit_watch; release rows only): how many
+    # kernel libraries appeared in the release's cache, their cache-relative paths ("; "-joined), and when the first
+    # appeared (seconds into the benchmark step). Not 0: the row's figures may include compile time
+    jit_kernels: int = 0
+    jit_kernel_names: str = ""
+    jit_first_s: float | None = None
 
     @property
     def identity(self) -> tuple[str, str, str, str, str]:
