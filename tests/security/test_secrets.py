@@ -82,7 +82,7 @@ def test_fleetctl_deploy_refuses_a_password_on_the_command_line(tmp_path):
     kh = tmp_path / "known_hosts"
     kh.write_text("")
     register(app, devices, lambda: Inventory(modules=(module(),)),
-             lambda: BrokerSettings(broker_url="redis://10.0.0.1/0"))
+             lambda: BrokerSettings(broker_url="redis://10.0.0.1/0"), lambda: pytest.fail("no session needed"))
     res = CliRunner().invoke(app, ["deploy", "--known-hosts", str(kh), "--broker-url", "redis://u:hunter2@h:6379/0"])
     assert res.exit_code == 2
     assert "--broker-url carries a password" in res.output and "hunter2" not in res.output
