@@ -113,6 +113,28 @@ def parse_model_keys(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
     return tuple(keys)
 
 
+class EnergyWindow(Frozen):
+    """How a row's energy figures were reached: the window, the source, and what covered it.
+
+    ``source`` "counter": the device's cumulative energy counter (NVML's total energy), read at the
+    window's edges; "samples": the power samples integrated (trapezoid, clipped to the window).
+    ``note`` is non-empty when the figures were dropped (a counter reset, a gap in the samples, too
+    little coverage, no output tokens), and says why.
+    """
+
+    source: Literal["counter", "samples", ""] = ""
+    start: float  # epoch s
+    end: float
+    window_s: float
+    samples: int = 0  # power samples (or counter readings) inside the window
+    period_s: float | None = None  # median interval between those samples
+    coverage: float = 0.0  # share of the window between the first and the last sample around it
+    max_gap_s: float | None = None  # longest interval between two samples over the window
+    output_tokens: int | None = None
+    idle_samples: int = 0  # samples behind idle_power_w
+    note: str = ""
+
+
 class ResultRow(Frozen):
     """One row of a result table: (run, module, model key, profile).
 
@@ -159,6 +181,16 @@ class ResultRow(Frozen):
     # relation checks that failed on parse (e.g. "ttft_vs_prefill")
     flags: tuple[str, ...] = ()
     source: RowSource = "release"
+    # energy over the key's benchmark window (agent.telemetry.energy; release rows only; None: not measured, or
+    # dropped, ``energy.note`` says why). Every release row of one key shares the window: the release's benchmark
+    # runs all its profiles in one process, so the figures are the key's, repeated on each of its rows
+    energy_j: float | None = None  # joules over the window
+    j_per_token: float | None = None  # energy_j / the output tokens of the key's rows
+    tokens_per_j: float | None = None  # 1 / j_per_token
+    avg_power_w: float | None = None  # energy_j / the window's length
+    idle_power_w: float | None = None  # the module's idle power, measured before the key
+    energy_above_idle_j: float | None = None  # energy_j - idle_power_w x the window's length
+    energy: EnergyWindow | None = None  # how the figures were reached (or why they were dropped)
 
     @property
     def identity(self) -> tuple[str, str, str, str, str]:
@@ -174,7 +206,11 @@ METRICS: dict[str, bool] = {
     "accept_rate": True,
     "accept_rate_len": True,
     "vision_fps": True,
+    "j_per_token": False,
+    "tokens_per_j": True,
 }
+# the energy metrics among them (judged with their own tolerance; never make a module a speed outlier)
+ENERGY_METRICS: tuple[str, ...] = ("j_per_token", "tokens_per_j")
 
 
 class RunState(str, enum.Enum):
@@ -428,6 +464,7 @@ class DeviceSample(Frozen):
     memory_total_mib: float | None = None
     clock_event_reasons: int | None = None  # NVML clocks event reasons bitmask (contract.vocab.REASONS)
     ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors
+    energy_mj: float | None = None  # the device's cumulative energy counter (NVML total energy), mJ
 
 
 class FieldStats(Frozen):
