@@ -28,6 +28,7 @@ from typing import IO, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.procs import REAPER
+from agent.telemetry.energy import GAP_FACTOR
 from agent.telemetry.fields import BY_NAME, FIELDS, NUMERIC
 from agent.telemetry.nvml import nvml_counter
 from agent.telemetry.parse import Reading, invalid_field, parse_csv, parse_q
@@ -187,7 +188,9 @@ class Sampler:
         window ending at ``ts`` needs."""
         wait = 2 * self.cfg.period_s + self.cfg.timeout_s if timeout is None else timeout
         deadline = time.monotonic() + wait
-        while (self._thread is not None and self._thread.is_alive() and self.last_ts < ts
+        # a sampler that has not answered for a while (a hanging tool) is not waited for: the gap drops the figure
+        answering = self.last_ts >= ts - GAP_FACTOR * self.cfg.period_s
+        while (answering and self._thread is not None and self._thread.is_alive() and self.last_ts < ts
                and not self._stop.is_set() and time.monotonic() < deadline):
             self._stop.wait(min(0.05, self.cfg.period_s / 4))
         return [s for s in read_samples(self.path) if s.attempt == self.attempt]

@@ -3,6 +3,10 @@ read at its edges, coverage, gaps and resets, idle power, and the figures the ro
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from agent.telemetry.energy import (
@@ -147,3 +151,45 @@ def test_rows_take_the_figures_and_their_output_tokens() -> None:
     assert [r.energy_j for r in out] == [500.0, 500.0, None]
     assert out[0].j_per_token == 2.52525 and out[0].tokens_per_j == 0.396
     assert out[1].energy is not None and out[1].energy.output_tokens == 198 and out[2].energy is None
+
+
+# -- a real recording: NVML's counter against nvidia-smi's power samples on an H200 (fixture README) -----------
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "h200" / "energy-decode-loop.jsonl"
+
+
+def _recording() -> dict[str, list[dict[str, Any]]]:
+    by: dict[str, list[dict[str, Any]]] = {}
+    for line in H200.read_text().splitlines():
+        r = json.loads(line)
+        by.setdefault(r["kind"], []).append(r)
+    return by
+
+
+def test_on_the_h200_the_integrated_samples_agree_with_the_energy_counter_within_5_percent() -> None:
+    rec = _recording()
+    counter = [(r["ts"], float(r["mj"])) for r in rec["nvml"]]
+    ratios = {}
+    for w in rec["window"]:
+        ref = counter_energy(counter, w["start"], w["end"], period_s=0.05)
+        assert ref.joules is not None and ref.note == ""
+        for kind, period in (("smi1s", 1.0), ("smi100", 0.1)):
+            pts = [(r["ts"], r["power.draw"]) for r in rec[kind]]
+            got = integrate_power(pts, w["start"], w["end"], period_s=period)
+            assert got.joules is not None and got.covered_s == pytest.approx(w["end"] - w["start"])
+            ratios[w["name"], kind] = got.joules / ref.joules
+    assert all(abs(r - 1) <= 0.05 for r in ratios.values()), ratios
+    # the figures of bench/results/energy_h200_20261202_1247.txt
+    assert round(ratios["full", "smi1s"], 4) == 0.9830 and round(ratios["half", "smi1s"], 4) == 0.9846
+    assert round(ratios["full", "smi100"], 4) == 0.9845 and round(ratios["half", "smi100"], 4) == 0.9882
+
+
+def test_the_h200_windows_energy_per_token_from_the_counter() -> None:
+    rec = _recording()
+    full = rec["window"][0]
+    ref = counter_energy([(r["ts"], float(r["mj"])) for r in rec["nvml"]], full["start"], full["end"], period_s=0.05)
+    assert ref.joules is not None and round(ref.joules, 1) == 20884.6
+    assert round(ref.joules / full["tokens"] * 1000, 4) == 3.4556  # mJ per token of the synthetic decode loop
+    samples = [DeviceSample(ts=r["ts"], gpu=0, power_w=r["power.draw"], energy_mj=None) for r in rec["smi1s"]]
+    e = window_energy(samples, full["start"], full["end"], period_s=1.0, output_tokens=full["tokens"])
+    assert e.window.source == "samples" and e.window.coverage == 1.0 and e.window.note == ""
+    assert e.energy_j is not None and abs(e.energy_j / ref.joules - 1) < 0.05
