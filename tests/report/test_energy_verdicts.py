@@ -71,3 +71,15 @@ def test_rows_without_energy_change_nothing(reference):
     cur = fleet(reference, seed=60)
     rep = analyse(cur, run_id="r", baseline=reference, baseline_id="b")
     assert rep.energy_outliers == () and rep.regressions == () and rep.verdict == "pass"
+
+
+def test_the_html_and_json_reports_name_the_energy_outlier(reference):
+    from controller.report.render.data import to_dict
+    from controller.report.render.html import to_html
+
+    cur = fleet(reference, energy=True, module_power=HOT, seed=70, run_id="r1")
+    rep = analyse(cur, run_id="r1")
+    html = to_html(rep)
+    assert "<h2>Energy</h2>" in html and "<td>m02</td>" in html and "J/token vs fleet" in html
+    d = to_dict(rep)
+    assert [(o["module"], o["metric"]) for o in d["energy_outliers"]] == [("m02", "j_per_token")]
