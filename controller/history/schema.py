@@ -16,8 +16,15 @@ from contract.records import ResultRow
 from controller.history.records import HistoryError
 
 ROW_FIELDS: tuple[str, ...] = tuple(ResultRow.model_fields)
+# named, not positional: a column added by a migration sits at the table's end, wherever its field is declared
+ROW_COLUMNS = ", ".join(f'"{f}"' for f in ROW_FIELDS)
 _ROWS_KEY = "run_id, module, model_key, profile, source"  # a probe row sits beside the release's row
-_JSON_FIELDS = {"extra", "flags"}
+_JSON_FIELDS = {"extra", "flags", "energy"}
+# ResultRow fields added after the rows table was first made: (column, declaration), added once to an older history
+_ADDED_ROW_FIELDS: tuple[tuple[str, str], ...] = (
+    ("energy_j", "REAL"), ("j_per_token", "REAL"), ("tokens_per_j", "REAL"), ("avg_power_w", "REAL"),
+    ("idle_power_w", "REAL"), ("energy_above_idle_j", "REAL"), ("energy", "TEXT"),
+)
 _BOOL_FIELDS = {"correct"}
 
 _SCHEMA = f"""
@@ -111,13 +118,16 @@ CREATE TABLE IF NOT EXISTS webhook_sent (
 
 def row_to_db(row: ResultRow) -> tuple[Any, ...]:
     d = row.model_dump(mode="json")
-    return tuple(json.dumps(d[f]) if f in _JSON_FIELDS else d[f] for f in ROW_FIELDS)
+    return tuple(json.dumps(d[f]) if f in _JSON_FIELDS and d[f] is not None else d[f] for f in ROW_FIELDS)
+
+
+_EMPTY: dict[str, Any] = {"extra": {}, "flags": (), "energy": None}
 
 
 def row_from_db(values: sqlite3.Row | tuple[Any, ...]) -> ResultRow:
     d: dict[str, Any] = dict(zip(ROW_FIELDS, values, strict=True))
     for f in _JSON_FIELDS:
-        d[f] = json.loads(d[f]) if d[f] else ({} if f == "extra" else ())
+        d[f] = json.loads(d[f]) if d[f] else _EMPTY[f]
     for f in _BOOL_FIELDS:
         if d[f] is not None:
             d[f] = bool(d[f])
@@ -164,6 +174,8 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.executescript(_TELEMETRY_SCHEMA)
     conn.executescript(_OUTBOX_SCHEMA)
     _key_rows_by_source(conn)
+    for column, declaration in _ADDED_ROW_FIELDS:  # energy (agent.telemetry.energy): NULL for older rows
+        _add_run_column(conn, column, declaration, table="rows")
     # NULL: such a run is judged again the next time its verdict is asked for, and its line recorded then
     _add_run_column(conn, "verdict_line", "TEXT")
     # '{}': every module of such a run was asked for all of the run's model keys

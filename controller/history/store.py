@@ -20,7 +20,7 @@ from controller.command import fleetctl
 from controller.history.outbox import WebhookOutbox
 from controller.history.queries import HistoryQueries
 from controller.history.records import RESET_EVENT, VERDICT_EVENT, HistoryError, RunInfo
-from controller.history.schema import ROW_FIELDS, connect, row_from_db, row_to_db
+from controller.history.schema import ROW_COLUMNS, ROW_FIELDS, connect, row_from_db, row_to_db
 
 
 class History(HistoryQueries, WebhookOutbox):
@@ -191,7 +191,7 @@ class History(HistoryQueries, WebhookOutbox):
         marks = ",".join("?" * len(ROW_FIELDS))
         with self.tx() as c:
             before = c.total_changes
-            c.executemany(f"INSERT OR REPLACE INTO rows VALUES ({marks})", data)
+            c.executemany(f"INSERT OR REPLACE INTO rows ({ROW_COLUMNS}) VALUES ({marks})", data)
             return c.total_changes - before
 
     def replace_rows(self, run_id: str, module: str, rows: Iterable[ResultRow]) -> int:
@@ -200,12 +200,12 @@ class History(HistoryQueries, WebhookOutbox):
         marks = ",".join("?" * len(ROW_FIELDS))
         with self.tx() as c:
             c.execute("DELETE FROM rows WHERE run_id=? AND module=?", (run_id, module))
-            c.executemany(f"INSERT OR REPLACE INTO rows VALUES ({marks})", data)
+            c.executemany(f"INSERT OR REPLACE INTO rows ({ROW_COLUMNS}) VALUES ({marks})", data)
         return len(data)
 
     def rows(self, run_id: str, module: str | None = None, source: str | None = "release") -> list[ResultRow]:
         """Rows of a run: the release's own (default), the agent's probe's (``source="probe"``) or all (None)."""
-        q = "SELECT * FROM rows WHERE run_id=?"
+        q = f"SELECT {ROW_COLUMNS} FROM rows WHERE run_id=?"
         args: tuple[Any, ...] = (run_id,)
         if source:
             q += " AND source=?"
