@@ -125,3 +125,14 @@ def test_device_knob_slows_the_module_too() -> None:
     assert k.speed.factor("qwen3", "decode") == pytest.approx(0.89 * 0.9)
     assert k.speed.factor("qwen3", "accept") == 1.0  # accept rates are not a matter of clocks
     assert Knobs().with_env({ENV_DEVICE: "hot"}).speed.factor("qwen3", "decode") == 1.0
+
+
+@pytest.mark.parametrize(("condition", "phase", "watts"), [
+    ("", "prefill", 68), ("", "decode", 52), ("", "idle", 21),
+    ("hot", "prefill", 75), ("hot", "decode", 62), ("hot", "idle", 21),  # +10 W leakage, capped at the 75 W limit
+    ("throttle", "prefill", 68), ("throttle", "decode", 55),  # 14 + 10 static, dynamic x 0.82
+    ("lowclock", "prefill", 59), ("lowclock", "decode", 46),  # 14 static, dynamic x 0.85
+])
+def test_power_is_leakage_by_temperature_plus_dynamic_by_clock(server, condition, phase, watts) -> None:  # type: ignore[no-untyped-def]
+    env = {**server(phase), **({ENV_DEVICE: condition} if condition else {})}
+    assert reading(env).values["power_w"] == watts
