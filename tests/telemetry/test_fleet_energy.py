@@ -16,7 +16,8 @@ from controller.report.render import to_markdown, verdict_line
 from controller.settings import ControllerSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
-SCALE = 20.0  # the simulated release's time scale (at 50 the machine's own overheads are a large share of a window)
+SCALE = 10.0  # the simulated release's time scale (above it the machine's own overheads, idle at 21 W, are a large and
+# varying share of a window: at 20 the hot module's +19 % decode power showed as +4-10 % J/token)
 
 
 def test_a_hot_module_is_named_for_its_energy_per_token(tmp_path: Path) -> None:
@@ -32,9 +33,10 @@ def test_a_hot_module_is_named_for_its_energy_per_token(tmp_path: Path) -> None:
     st = service.Session(settings)
     try:
         st.history().add_baseline(rel.version, reference_rows(), "simulator reference tables")
-        # at this time scale a key's benchmark lasts seconds: samples every 0.1 s (the default 1 s takes a few)
+        # at this time scale a key's benchmark lasts ~40 s: samples every 0.5 s (~80 a window; at 0.1 s five
+        # samplers on two loaded cores stalled past 2.5 periods now and then, and the gap rule dropped the window)
         with simulated_fleet(names, tmp_path, settings, noise=0.02, seed=7, slow={}, device={hot: "hot"},
-                             agent_env={"FLEET_TELEMETRY_PERIOD": "0.1"}):
+                             agent_env={"FLEET_TELEMETRY_PERIOD": "0.5"}):
             launched = service.validate(st, service.ValidateRequest(release=rel.path, models=("qwen3",)))
             service.follow(st, launched.run_id, timeout=300)
             service.judge(st, launched.run_id)
@@ -50,7 +52,8 @@ def test_a_hot_module_is_named_for_its_energy_per_token(tmp_path: Path) -> None:
         # qwen3's sweep at batch 1: 52 W over ~24 decode tok/s is ~2 J/token; the window also holds the prefills
         # of up to 16 k tokens (68 W for tens of seconds, several times for TTFT): ~20 J per output token
         assert all(5.0 < v < 60.0 for v in cool), per_module
-        assert per_module[hot] > 1.05 * sorted(cool)[len(cool) // 2], per_module
+        power = {r.module: r.avg_power_w for r in rows}
+        assert per_module[hot] > 1.05 * sorted(cool)[len(cool) // 2], (power, per_module)
         assert all(r.idle_power_w is not None and 15 < r.idle_power_w < 25 for r in rows)
         assert [(o.module, o.metric) for o in rep.energy_outliers] == [(hot, "j_per_token")], verdict_line(rep)
         assert hot not in {o.module for o in rep.outliers}  # as fast as the others
