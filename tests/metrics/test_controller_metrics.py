@@ -10,8 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from contract.records import ResultRow
 from agent.tables import parse_seed
+from contract.records import ResultRow
 from controller.cli.targets import file_sd, register
 from controller.history import History
 from controller.inventory import InventoryError, parse_inventory
