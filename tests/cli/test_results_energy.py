@@ -40,3 +40,10 @@ def test_results_energy_lists_each_window_once(env: Path, capsys) -> None:
     assert out.splitlines()[1] == "m1,qwen3,2,2.5,0.4,50,20,500,300,10,samples,1,"
     code, out, _ = run_main(capsys, "results", "run-e", "-o", "csv")  # the rows themselves: energy as JSON
     assert code == 0 and '""source"": ""samples""' in out
+
+
+def test_report_takes_an_energy_tolerance_of_its_own(filled: Path, capsys) -> None:
+    code, out, _ = run_main(capsys, "report", "run-a", "--energy-tolerance", "0.1", "-o", "json")
+    assert code == 0 and json.loads(out)["thresholds"]["energy_tolerance"] == 0.1
+    code, _, err = run_main(capsys, "report", "run-a", "--energy-tolerance", "1.5")
+    assert code == 2 and "--energy-tolerance must be a fraction between 0 and 1, got 1.5" in err
