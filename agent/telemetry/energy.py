@@ -1,6 +1,6 @@
 """Energy over a benchmark window, from the device's samples (pure: samples and a window in, figures out).
 
-Two sources, the counter preferred (docs/adr/0020-energy-per-token.md):
+Two sources, the counter preferred (docs/adr/0022-energy-per-token.md):
 
 - **counter**: a cumulative energy counter (NVML's total energy, mJ, ``DeviceSample.energy_mj``),
   read at the window's edges by linear interpolation between the readings around each edge;

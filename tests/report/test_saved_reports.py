@@ -7,7 +7,7 @@ one fleet-wide regression), their p-values, intervals and detail moved; every ve
 summary figure stayed; and again when every finding got its interval (docs/adr/0018-intervals-of-findings.md):
 only ``ci_low``/``ci_high`` of regressions and outliers were added, and the verdict line's intervals; every
 other value compared equal to the bit before the files were written; and again when energy came
-(docs/adr/0020-energy-per-token.md): only an outlier's ``metric`` (""), ``energy_outliers`` ([]) and the
+(docs/adr/0022-energy-per-token.md): only an outlier's ``metric`` (""), ``energy_outliers`` ([]) and the
 thresholds' ``energy_tolerance`` were added, every other value compared equal):
 a 12-module fleet with two slow modules, a key slower on one module, invalid-flagged, missing
 and zero figures, flipped answers and a module/key pair missing, against the baseline and a
