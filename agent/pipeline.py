@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent import model_key, steps
+from agent import env_probe, model_key, steps
 from agent.config import AgentConfig
 from agent.errors import BadInput, Cancelled, StepFailed
 from agent.executor import CancelToken, EventCancelToken, Executor, ProcResult, utc_stamp
@@ -35,6 +35,7 @@ from agent.telemetry import SAMPLES_FILE, Sampler
 from agent.unpack import UnpackLimits, verify_sha256
 from agent.unpack import unpack as unpack_tarball
 from contract.files import write_atomic
+from contract.fingerprint import EnvFingerprint
 from contract.records import (
     MODEL_KEYS,
     Frozen,
@@ -97,6 +98,7 @@ class Run:
         self.folders: dict[str, Path] = {}
         self.steps_done = 0
         self.sampler: Sampler | None = None
+        self.fingerprint: EnvFingerprint | None = None
         self.progress = RunProgress(run_id=request.run_id, module=config.module, release=self.release,
                                     keys_total=len(self.outcomes), updated_at=time.time())
 
@@ -281,6 +283,8 @@ class Run:
         self.steps_done += 1
         env = self._environment(top, pre_env, cache)
         self._precompile(top, env)
+        self.fingerprint = env_probe.probe_run(self, top, env)  # never fails: a failed probe says "unknown"
+        self.note(fingerprint=self.fingerprint)  # written with the first key's start, next
         return top, env
 
     def _begin(self, state: RunState, step: str) -> float:
@@ -481,7 +485,9 @@ class Run:
                                             duration_s=round(time.monotonic() - t0, 3))
             raise
         if rows:
-            stamped = stamp(rows, run_id=self.req.run_id, module=self.cfg.module, release=self.release, model_key=key)
+            env_ids = {"env_digest": self.fingerprint.digest()} if self.fingerprint is not None else {}
+            stamped = stamp(rows, run_id=self.req.run_id, module=self.cfg.module, release=self.release, model_key=key,
+                            **env_ids)
             self.store.put_rows(self.req.run_id, key, stamped)
         mine = [r for r in rows if r.source == "release"]  # probe rows sit beside them, not counted
         flagged = sum(1 for r in mine if r.flags)

@@ -9,7 +9,9 @@ level shift of 2-20 % planted at a seeded release in the middle half (or none). 
   where the step was placed more than one release off); how many seeds reported more than one change point;
 * false-positive rate: seeds of no-shift series (``--null-seeds``, default 1,000 per noise level) with any
   change point;
-* the seconds the detector took over all of it.
+* the seconds the detector took over all of it;
+* first, the ceiling of "within one release" on the same series: the least-squares place of the one change each
+  is known to have (no test): what no detector that must also decide whether there is a change can beat.
 
 Candidates, all pruned and judged by the same rule (``changepoints.prune``: Welch t-test against the
 neighbouring segments, Bonferroni over the positions, ``max_pvalue`` and ``min_magnitude``), so they differ
@@ -67,6 +69,29 @@ def candidates() -> dict[str, Locate]:
     return out
 
 
+def oracle_table(seeds: int, n: int, s: DetectorSettings) -> None:
+    """The ceiling of "within one release": the least-squares place of the one change each series is known to
+    have (the best split of the Hampel-cleaned series, segments of ``min_segment`` or more), no test at all. No
+    detector that must also decide whether there is a change places it better on these series."""
+    print("\n## oracle (one change known to exist, least-squares place): within one release\n")
+    print("| shift | " + " | ".join(f"noise {nz:.0%}" for nz in NOISES) + " |")
+    print("| ---: |" + " ---: |" * len(NOISES))
+    m = s.min_segment
+    for shift in SHIFTS:
+        cells = []
+        for nz in NOISES:
+            hit = 0
+            for seed in range(seeds):
+                x, at = planted_series(seed, n=n, shift=-shift, noise=nz)
+                x = hampel(x, s.outlier_sigmas)[0]
+                c = np.cumsum(x)
+                k = np.arange(m, n - m + 1)
+                gain = (c[k - 1] - k * c[-1] / n) ** 2 / (k * (n - k))
+                hit += abs(int(k[np.argmax(gain)]) - at) <= 1
+            cells.append(f"{hit / seeds:.1%}")
+        print(f"| {shift:.0%} | " + " | ".join(cells) + " |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=200, help="seeds per (shift, noise) cell")
@@ -79,6 +104,7 @@ def main() -> int:
     given = {"max_pvalue": a.max_pvalue, "min_magnitude": a.min_magnitude, "permutations": a.permutations}
     s = DetectorSettings(**{k: v for k, v in given.items() if v is not None})
     print(f"settings: {s}; {a.n} releases, 2 outliers of ±15 %, shift planted in the middle half")
+    oracle_table(a.seeds, a.n, s)
     for name, loc in candidates().items():
         t0 = time.perf_counter()
         print(f"\n## {name}\n")

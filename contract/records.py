@@ -14,6 +14,8 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from contract.fingerprint import EnvFingerprint
+
 SCHEMA_VERSION = 1
 
 SPEC_ARGS = (
@@ -181,6 +183,8 @@ class ResultRow(Frozen):
     # relation checks that failed on parse (e.g. "ttft_vs_prefill")
     flags: tuple[str, ...] = ()
     source: RowSource = "release"
+    # digest of the environment it was measured in (contract.fingerprint; the record: RunProgress.fingerprint)
+    env_digest: str | None = None
     # energy over the key's benchmark window (agent.telemetry.energy; release rows only; None: not measured, or
     # dropped, ``energy.note`` says why). Every release row of one key shares the window: the release's benchmark
     # runs all its profiles in one process, so the figures are the key's, repeated on each of its rows
@@ -414,6 +418,8 @@ class RunProgress(Frozen):
     outcomes: tuple[KeyOutcome, ...] = ()
     # device telemetry of the run, set when it ends; contract.kv publishes it under a key of its own
     telemetry: TelemetrySummary | None = None
+    # the environment the run measured in (driver, firmware, MUSA, torch_musa, ...), once the release is set up
+    fingerprint: EnvFingerprint | None = None
     # the seal of a final state (contract.digest.seal): every row the module keeps for the run (the release's
     # and the probe's), their digest, and the digest of the telemetry summary published with it (None: none);
     # the controller holds a module's part complete only when its history matches them

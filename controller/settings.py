@@ -63,6 +63,10 @@ class ControllerSettings(BrokerSettings):
                                 "any host but loopback and the controller's own addresses; set: these only "
                                 "(loopback too, if listed). Link-local and metadata addresses, the broker's and the "
                                 "controller's own ports are refused whatever is listed")
+    baseline_same_environment: bool = Field(
+        default=False, description="refuse a comparison with a baseline unless every module measured in the "
+                                   "baseline's environment (its fingerprint: driver, firmware, MUSA, torch_musa, "
+                                   "Triton, TileLang, kernel, OS, agent); off: such a change is a warning")
     keep_releases: int = Field(default=5, ge=1,
                                description="releases kept staged under <data_dir>/releases (the newest by their last "
                                            "run), and in each module's incoming folder (the last pushed there), "

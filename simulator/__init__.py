@@ -9,6 +9,7 @@ Public API::
     slow_factor(1.12) -> 1.12   (the demo's --slow, checked)
     parse_speed(spec) / parse_faults(spec) / parse_device(spec)   (validate knob specs; raise SpecError)
     DEVICE_TOOL_DIR   the simulated module's device tool (``mthreads-gmi``): put it first on the agent's PATH
+    ENV_DRIVER        the driver version that tool reports (one module's can differ from the others')
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from simulator.runtime.core import (
     DEVICE_CONDITIONS,
     ENV_DEVICE,
     ENV_DEVICE_DIR,
+    ENV_DRIVER,
     ENV_FAULT,
     ENV_NOISE,
     ENV_SEED,
@@ -40,7 +42,7 @@ from simulator.specs import REPORT_METRICS, regress_spec, slow_factor
 DEVICE_TOOL_DIR = Path(__file__).resolve().parent / "device"
 
 __all__ = [
-    "DEVICE_CONDITIONS", "DEVICE_TOOL_DIR", "ENV_DEVICE", "ENV_DEVICE_DIR",
+    "DEVICE_CONDITIONS", "DEVICE_TOOL_DIR", "ENV_DEVICE", "ENV_DEVICE_DIR", "ENV_DRIVER",
     "ENV_FAULT", "ENV_NOISE", "ENV_SEED", "ENV_SPEED", "ENV_TIME_SCALE", "FAULT_NAMES", "REPORT_METRICS",
     "SPEED_METRICS",
     "BuildError", "BuiltRelease", "Fault", "SimError", "Speed", "SpecError",

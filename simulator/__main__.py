@@ -40,6 +40,17 @@ def _parser() -> argparse.ArgumentParser:
                    "(input=0: the reference document's prompt lengths)")
     b.add_argument("--vision", default="", help="llama.cpp only: vision table sizes, e.g. inputs=32/128,output=8,"
                    "image=224")
+    r = sub.add_parser("build-series", help="write a series of nightly releases with a regression planted at one")
+    r.add_argument("out_dir")
+    r.add_argument("--count", type=int, default=16)
+    r.add_argument("--regress-at", type=int, required=True, help="the first regressed release (0 = the oldest)")
+    r.add_argument("--regress", default="qwen3:decode_tps:0.08", help="MODEL_KEY:METRIC:FRACTION")
+    r.add_argument("--base", default="1.5.0", help="versions are BASE.devYYYYMMDD")
+    r.add_argument("--start", default="20261101", help="YYYYMMDD of the oldest release")
+    r.add_argument("--broken", default="", help="comma list of indices whose servers fail to start")
+    r.add_argument("--noise", default="0.0")
+    r.add_argument("--time-scale", default="50")
+    r.add_argument("--seed", type=int, default=0)
     m = sub.add_parser("make-models", help="create stand-in model folders under ROOT")
     m.add_argument("root")
     m.add_argument("--keys", default="", help="comma list of model keys (default: all)")
@@ -111,6 +122,14 @@ def main(argv: list[str] | None = None) -> int:
             rel = build_release(args.out_dir, version=args.version, noise=args.noise, speed=args.speed,
                                 time_scale=args.time_scale, seed=args.seed, faults=args.fault, date=args.date)
             print(f"{rel.sha256}  {rel.path}")
+        elif args.cmd == "build-series":
+            from simulator.series import build_series
+
+            broken = [int(x) for x in args.broken.split(",") if x.strip()]
+            for rel in build_series(args.out_dir, count=args.count, regress_at=args.regress_at, regress=args.regress,
+                                    base=args.base, start=args.start, noise=args.noise, time_scale=args.time_scale,
+                                    seed=args.seed, broken=broken):
+                print(f"{rel.sha256}  {rel.path}")
         elif args.cmd == "make-models" and args.engine == "llama.cpp":
             from simulator.engine.llama_models import make_llama_models
             from simulator.engine.llamacpp import unpacked

@@ -113,7 +113,8 @@ def invalid_field(text: str) -> str | None:
 
 
 # -- -q text ---------------------------------------------------------------------------------
-def _norm(label: str) -> str:
+def norm(label: str) -> str:
+    """A label as paths match it: blanks collapsed (``"Power Draw "`` is ``"power draw"``), lower case."""
     return " ".join(label.split()).lower()
 
 
@@ -132,7 +133,7 @@ def q_entries(block: Sequence[str]) -> list[tuple[tuple[str, ...], str]]:
         label, sep, value = line.strip().partition(":")
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        name = _norm(label)
+        name = norm(label)
         if sep and value.strip():
             out.append((tuple(n for _, n in stack) + (name,), value.strip()))
         stack.append((indent, name))
@@ -160,7 +161,7 @@ def _q_value(entries: list[tuple[tuple[str, ...], str]], spec: FieldSpec) -> Val
         return _q_reasons(entries, spec)
     if spec.name == "ecc_uncorrected":
         return _q_ecc(entries, spec)
-    wanted = [tuple(_norm(p) for p in path) for path in spec.q_paths]
+    wanted = [tuple(norm(p) for p in path) for path in spec.q_paths]
     index = dict(entries)  # the first occurrence of a path is what -q means (later ones are repeats)
     for path in wanted:
         if path in index:
@@ -171,8 +172,8 @@ def _q_value(entries: list[tuple[tuple[str, ...], str]], spec: FieldSpec) -> Val
 
 
 def _q_reasons(entries: list[tuple[tuple[str, ...], str]], spec: FieldSpec) -> int | None:
-    prefixes = [tuple(_norm(p) for p in path) for path in spec.q_paths]
-    labels = {_norm(label): bit for bit, _, label in REASONS}
+    prefixes = [tuple(norm(p) for p in path) for path in spec.q_paths]
+    labels = {norm(label): bit for bit, _, label in REASONS}
     mask, seen = 0, False
     for path, value in entries:
         if not any(path[: len(p)] == p and len(path) > len(p) for p in prefixes):
@@ -181,13 +182,13 @@ def _q_reasons(entries: list[tuple[tuple[str, ...], str]], spec: FieldSpec) -> i
         if bit is None:
             continue
         seen = True
-        if _norm(value) == "active":
+        if norm(value) == "active":
             mask |= bit
     return mask if seen else None
 
 
 def _q_ecc(entries: list[tuple[tuple[str, ...], str]], spec: FieldSpec) -> int | None:
-    prefixes = [tuple(_norm(p) for p in path) for path in spec.q_paths]
+    prefixes = [tuple(norm(p) for p in path) for path in spec.q_paths]
     total, seen = 0, False
     for path, value in entries:
         if not any(path[: len(p)] == p for p in prefixes):
@@ -205,24 +206,27 @@ def parse_q(text: str, names: Sequence[str] | None = None) -> tuple[Reading, ...
 
     ``names`` limits the fields read (default: every field with a ``-q`` path).
     """
+    return tuple(entries_reading(i, q_entries(block), names) for i, block in enumerate(_q_blocks(text)))
+
+
+def entries_reading(gpu: int, entries: list[tuple[tuple[str, ...], str]],
+                    names: Sequence[str] | None = None) -> Reading:
+    """One device's reading from its (path of normalised labels, value) entries, read at each field's ``-q``
+    paths (``-q`` text and ``--json`` name their fields alike). ``names`` limits the fields read."""
     specs = [BY_NAME[n] for n in names] if names is not None else [f for f in FIELDS if f.q_paths]
-    out: list[Reading] = []
-    for i, block in enumerate(_q_blocks(text)):
-        entries = q_entries(block)
-        values: dict[str, float | int] = {}
-        absent: set[str] = set()
-        name = uuid = None
-        for spec in specs:
-            if not spec.q_paths:
-                continue
-            v = _q_value(entries, spec)
-            if spec.name == "name":
-                name = v if isinstance(v, str) else None
-            elif spec.name == "uuid":
-                uuid = v if isinstance(v, str) else None
-            elif v is None or isinstance(v, str):
-                absent.add(spec.name)
-            else:
-                values[spec.name] = v
-        out.append(Reading(i, name, uuid, values, frozenset(absent)))
-    return tuple(out)
+    values: dict[str, float | int] = {}
+    absent: set[str] = set()
+    name = uuid = None
+    for spec in specs:
+        if not spec.q_paths:
+            continue
+        v = _q_value(entries, spec)
+        if spec.name == "name":
+            name = v if isinstance(v, str) else None
+        elif spec.name == "uuid":
+            uuid = v if isinstance(v, str) else None
+        elif v is None or isinstance(v, str):
+            absent.add(spec.name)
+        else:
+            values[spec.name] = v
+    return Reading(gpu, name, uuid, values, frozenset(absent))

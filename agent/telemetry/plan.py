@@ -1,6 +1,8 @@
 """Pure planner of the device tool's command lines: which tool, which argv, which fields.
 
-``mthreads-gmi`` (M1000) follows ``nvidia-smi``'s query interface, so one plan serves both:
+First ``<tool> --query --json`` (:meth:`QueryPlan.json_argv`: what published ``mthreads-gmi``
+output comes from); a tool that refuses it or answers something else (``nvidia-smi``) is asked
+the way ``nvidia-smi`` is, which ``mthreads-gmi`` is said to follow too:
 ``<tool> --query-gpu=<fields> --format=csv,noheader,nounits``, and ``<tool> -q`` for the
 fields the query interface lacks. A tool that refuses a field name (``Field "x" is not a
 valid field to query``) fails the whole query; :meth:`QueryPlan.refuse` gives the plan
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.telemetry.fields import FIELDS, FieldSpec
+from agent.telemetry.gmi_json import JSON_FLAGS
 
 TOOLS: tuple[str, ...] = ("mthreads-gmi", "nvidia-smi")  # looked up in this order on PATH
 FORMAT = "--format=csv,noheader,nounits"
@@ -55,6 +58,9 @@ class QueryPlan:
 
     def argv(self) -> list[str]:
         return [self.tool, f"--query-gpu={','.join(self.names)}", FORMAT]
+
+    def json_argv(self) -> list[str]:
+        return [self.tool, *JSON_FLAGS]
 
     def q_argv(self) -> list[str]:
         return [self.tool, "-q"]

@@ -5,6 +5,8 @@ process group is killed past it), a missing, hanging or failing tool is recorded
 event of step ``telemetry`` and a note in the summary) and the run goes on; a failing tool
 is asked again with back-off, a missing one not at all. The pipeline tells it what the run
 is doing (:meth:`Sampler.tell`); each sample carries the run id, attempt, step and model key.
+It asks ``--query --json`` first; a tool that refuses it or answers no JSON is asked its
+``--query-gpu`` CSV (and ``-q`` for what that lacks) for the rest of the run, noted once.
 
 :func:`run_tool` is this package's one I/O seam with processes (tests pass their own).
 """
@@ -30,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.procs import REAPER
 from agent.telemetry.energy import GAP_FACTOR
 from agent.telemetry.fields import BY_NAME, FIELDS, NUMERIC
+from agent.telemetry.gmi_json import JSON_FLAGS, NotGmiJson, parse_json
 from agent.telemetry.nvml import nvml_counter
 from agent.telemetry.parse import Reading, invalid_field, parse_csv, parse_q
 from agent.telemetry.plan import TOOLS, QueryPlan, choose_tool
@@ -135,6 +138,9 @@ class Sampler:
         self.samples = 0
         self.calls = 0
         self.plan: QueryPlan | None = None
+        self.mode: Literal["json", "csv"] = "json"  # --query --json until the tool refuses it
+        self.driver: str | None = None  # what --json says (the environment fingerprint reads them)
+        self.firmware: dict[int, str] = {}
         self.q_fields: frozenset[str] = frozenset()
         self._q_checked = False
         self._q_last: dict[int, Reading] = {}
@@ -240,24 +246,56 @@ class Sampler:
                 next_at = now + min(self.cfg.backoff_max_s, period * 2 ** min(failures, 16))
             self._stop.wait(max(0.0, next_at - now))
 
+    def _call(self, argv: list[str]) -> ToolResult | None:
+        """One call of the tool; None (noted) when it is gone, hangs or the sampler stops."""
+        self.calls += 1
+        res = self.runner(argv, self.cfg.timeout_s, self._stop)
+        if res.outcome == "ok":
+            return res
+        if self._stop.is_set():
+            return None
+        if res.outcome == "failed":
+            return res
+        if res.outcome == "missing":
+            self._gone = True
+            self._note("unavailable", f"{self.tool} cannot be run: {res.first_line()}; no device telemetry")
+        else:
+            self._note("timeout", f"{self.tool} did not answer within {self.cfg.timeout_s:g} s (killed); "
+                                  f"asked again with back-off, the run goes on")
+        return None
+
+    def _read_json(self) -> tuple[Reading, ...] | str | None:
+        """``--query --json``'s readings; why not, when the tool answered but not with JSON; None when it
+        did not answer (noted)."""
+        assert self.plan is not None
+        res = self._call(self.plan.json_argv())
+        if res is None:
+            return None
+        try:
+            if res.outcome != "ok":
+                raise NotGmiJson(f"exit code {res.exit_code}" + (f": {res.first_line()}" if res.first_line() else ""))
+            answer = parse_json(res.stdout)
+        except NotGmiJson as exc:
+            return str(exc)
+        self.driver, self.firmware = answer.driver, dict(answer.firmware)
+        return answer.readings
+
+    def _to_csv(self, why: str) -> None:
+        """JSON failed where the query CSV answered: CSV (and ``-q``) for the rest of the run."""
+        self.mode = "csv"
+        why = f"{self.tool} does not answer '{' '.join(JSON_FLAGS)}' ({why}); reading its --query-gpu CSV and -q"
+        if self.tool.startswith("mthreads-gmi"):  # JSON is what it was seen to speak: worth a note
+            self._note("info", why)
+        else:  # nvidia-smi has no JSON: expected, not noted
+            log.info("telemetry: %s", why)
+
     def _query(self) -> ToolResult | None:
         """The query's answer; a refused field name is dropped (or re-spelled) and the query asked again."""
         assert self.plan is not None
         for _ in range(2 * len(FIELDS)):
-            self.calls += 1
-            res = self.runner(self.plan.argv(), self.cfg.timeout_s, self._stop)
-            if res.outcome == "ok":
+            res = self._call(self.plan.argv())
+            if res is None or res.outcome == "ok":
                 return res
-            if self._stop.is_set():
-                return None
-            if res.outcome == "missing":
-                self._gone = True
-                self._note("unavailable", f"{self.tool} cannot be run: {res.first_line()}; no device telemetry")
-                return None
-            if res.outcome == "timeout":
-                self._note("timeout", f"{self.tool} did not answer within {self.cfg.timeout_s:g} s (killed); "
-                                      f"asked again with back-off, the run goes on")
-                return None
             bad = invalid_field(res.stdout + "\n" + res.stderr)
             new = self.plan.refuse(bad) if bad else None
             if new is None:
@@ -266,18 +304,30 @@ class Sampler:
             self.plan = new
         return None
 
-    def _sample_once(self, fh: IO[str]) -> bool:
+    def _read_csv(self) -> tuple[Reading, ...] | None:
+        """The query CSV's readings, with what it lacks from ``-q``; None when the tool failed (noted)."""
         res = self._query()
         if res is None:
-            return False
+            return None
         assert self.plan is not None
         readings = parse_csv(res.stdout, self.plan.columns)
         if not readings:
             self._note("failed", f"{self.tool} answered without a device row: {res.first_line()!r}")
-            return False
+            return None
         if self.plan.dropped:
             self._note("info", f"{self.tool}'s query interface does not offer {', '.join(self.plan.dropped)}")
-        readings = self._with_fallback(readings)
+        return self._with_fallback(readings)
+
+    def _sample_once(self, fh: IO[str]) -> bool:
+        if self.mode == "csv":
+            readings = self._read_csv()
+        else:  # a JSON answer that fails switches to CSV only once CSV answers: a broken tool fails both
+            got = self._read_json()
+            readings = self._read_csv() if isinstance(got, str) else got
+            if isinstance(got, str) and readings:
+                self._to_csv(got)
+        if not readings:
+            return False
         step, key = self.doing
         ts = self.clock()
         energy = self._read_counter()

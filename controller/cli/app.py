@@ -71,6 +71,7 @@ def version(output: Output = output_option()) -> None:
 def build_app(inv: Invocation) -> typer.Typer:
     """The command tree of one invocation: the verbs of every group, which get the invocation's session
     from the context (those of report, deploy and targets through the functions handed to them)."""
+    from controller.cli import bisect as bisect_cli
     from controller.cli import deploy as deploy_cli
     from controller.cli import report as report_cli
     from controller.cli import targets as metrics_cli
@@ -79,6 +80,7 @@ def build_app(inv: Invocation) -> typer.Typer:
     app = new_app(no_args_is_help=True, add_completion=True)
     app.callback()(_root)
     app.command("compare-releases")(runs_cli.compare_releases)
+    app.command("bisect")(bisect_cli.bisect)
     for verb in (runs_cli.validate, runs_cli.status, runs_cli.watch, runs_cli.cancel, runs_cli.retry, runs_cli.runs,
                  runs_cli.results, runs_cli.logs, services_cli.serve, services_cli.demo, version):
         app.command()(verb)
@@ -92,7 +94,8 @@ def build_app(inv: Invocation) -> typer.Typer:
     describe_app.command("run")(runs_cli.describe_run)
     describe_app.command("module")(devices_cli.describe_module)
     app.add_typer(describe_app, name="describe")
-    report_cli.register(app, lambda: inv.session().read_history(), lambda: inv.session().history())
+    report_cli.register(app, lambda: inv.session().read_history(), lambda: inv.session().history(),
+                        lambda: inv.session().settings.baseline_same_environment)
     trend_cli.register(app, lambda: inv.session().read_history())
     deploy_cli.register(app, devices_app, lambda: inv.session().inventory(), lambda: inv.session().settings)
     metrics_cli.register(app, lambda: inv.session().inventory())

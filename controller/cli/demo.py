@@ -326,12 +326,12 @@ def stop_workers(workers: list[Worker], grace: float = 15.0) -> None:
 def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, *, noise: float, seed: int,
                     slow: dict[str, float], timeout: float = 60.0, device: dict[str, str] | None = None,
                     real: tuple[str, ...] = (), engine: str = "transformers",
-                    agent_env: dict[str, str] | None = None) -> Iterator[list[Worker]]:
+                    env: dict[str, dict[str, str]] | None = None) -> Iterator[list[Worker]]:
     """Start one worker per simulated module (and per real-engine module in ``real``), wait for their first
     heartbeats, stop them all at the end.
 
     ``device``: module -> its simulated device's condition (``M1000_SIM_DEVICE``, e.g. ``throttle:0.89``);
-    ``agent_env``: settings of every simulated module's agent (``FLEET_TELEMETRY_PERIOD``, ...).
+    ``env``: module -> more simulator variables of its own (e.g. ``M1000_SIM_DRIVER``: another driver).
     """
     from simulator import ENV_DEVICE, make_models
 
@@ -339,11 +339,12 @@ def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, 
     try:
         for i, name in enumerate(names):
             make_models(base / "modules" / name / "models")
-            sim_env = {**(agent_env or {}), "M1000_SIM_NOISE": str(noise), "M1000_SIM_SEED": str(seed * 1000 + i)}
+            sim_env = {"M1000_SIM_NOISE": str(noise), "M1000_SIM_SEED": str(seed * 1000 + i)}
             if name in slow:
                 sim_env["M1000_SIM_SPEED"] = f"{1.0 / slow[name]:.6f}"
             if device and name in device:
                 sim_env[ENV_DEVICE] = device[name]
+            sim_env.update((env or {}).get(name, {}))
             workers.append(start_worker(name, base, settings, sim_env=sim_env))
         if real:
             py = engine_python()

@@ -321,6 +321,11 @@ def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console
 
         out.print(f"outlier {t.module}{'' if t.model_key == '*' else f' [{t.model_key}]'}: {telemetry_line(t)}",
                   markup=False, highlight=False, soft_wrap=True)
+    for d in j.report.environment if j.report is not None else ():  # measured in another environment
+        out.print(f"environment {d.module}: {'; '.join(d.differences)}", markup=False, highlight=False,
+                  soft_wrap=True)
+    for w in j.report.environment_changes if j.report is not None else ():  # since the baseline / previous run
+        err.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
     out.print(f"{n} result rows in {s.history_path} ({fleetctl(*root, 'results', run_id)}; "
               f"{fleetctl(*root, 'report', run_id)})",
               markup=False, highlight=False)

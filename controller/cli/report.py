@@ -70,6 +70,8 @@ def _report(build: Callable[[Thresholds], Report], tolerance: float, fmt: Format
         rep = build(_thresholds(tolerance, energy_tolerance))
     except (ReportError, HistoryError, OSError) as exc:
         _fail(str(exc))
+    for warning in rep.environment_changes:  # the figures may differ for that alone: said where a person looks
+        typer.echo(f"warning: {warning}", err=True)
     _emit(rep, fmt, out, check)
 
 
@@ -78,9 +80,11 @@ OUT_HELP = "folder to write into (default: md/json to stdout, html/csv into ./re
 
 
 def register(app: typer.Typer, get_history: Callable[[], History],
-             get_writable_history: Callable[[], History] | None = None) -> None:
+             get_writable_history: Callable[[], History] | None = None,
+             same_environment: Callable[[], bool] = lambda: False) -> None:
     """Add ``report``, ``compare`` and the ``baseline`` group to ``app``. ``get_history`` opens the
-    history for reading; ``get_writable_history`` (default the same) for ``baseline import/set``."""
+    history for reading; ``get_writable_history`` (default the same) for ``baseline import/set``;
+    ``same_environment``: whether a baseline must share the run's environment (the setting)."""
     writable = get_writable_history or get_history
 
     @app.command("report")
@@ -99,8 +103,9 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         from controller.report.load import build_report
 
         html = (old_fmt or fmt) == Format.html  # the HTML report has a "History" section
-        _report(lambda th: build_report(get_history(), run, baseline, thresholds=th, with_history=html), tolerance,
-                old_fmt or fmt, out, check, energy_tolerance)
+        _report(lambda th: build_report(get_history(), run, baseline, thresholds=th, with_history=html,
+                                        same_environment=same_environment()), tolerance, old_fmt or fmt, out, check,
+                energy_tolerance)
 
     @app.command("compare")
     def compare_cmd(

@@ -16,15 +16,8 @@ from contract.records import ResultRow
 from controller.history.records import HistoryError
 
 ROW_FIELDS: tuple[str, ...] = tuple(ResultRow.model_fields)
-# named, not positional: a column added by a migration sits at the table's end, wherever its field is declared
-ROW_COLUMNS = ", ".join(f'"{f}"' for f in ROW_FIELDS)
 _ROWS_KEY = "run_id, module, model_key, profile, source"  # a probe row sits beside the release's row
 _JSON_FIELDS = {"extra", "flags", "energy"}
-# ResultRow fields added after the rows table was first made: (column, declaration), added once to an older history
-_ADDED_ROW_FIELDS: tuple[tuple[str, str], ...] = (
-    ("energy_j", "REAL"), ("j_per_token", "REAL"), ("tokens_per_j", "REAL"), ("avg_power_w", "REAL"),
-    ("idle_power_w", "REAL"), ("energy_above_idle_j", "REAL"), ("energy", "TEXT"),
-)
 _BOOL_FIELDS = {"correct"}
 
 _SCHEMA = f"""
@@ -83,6 +76,20 @@ CREATE TABLE IF NOT EXISTS telemetry (
     summary TEXT NOT NULL,
     PRIMARY KEY (run_id, module)
 );
+"""
+
+
+# the environment each module measured a run in: one contract.fingerprint.EnvFingerprint (JSON) per run and
+# module, with its digest (what each of its rows carries as env_digest)
+_FINGERPRINT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS fingerprints (
+    run_id TEXT NOT NULL,
+    module TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (run_id, module)
+);
+CREATE INDEX IF NOT EXISTS fingerprints_digest ON fingerprints (digest);
 """
 
 
@@ -148,14 +155,24 @@ def _key_rows_by_source(conn: sqlite3.Connection) -> None:
         " CREATE INDEX rows_module ON rows (module, model_key); COMMIT;")
 
 
+def _add_row_columns(conn: sqlite3.Connection) -> None:
+    """A history from before a ``ResultRow`` field (``env_digest``, ...) gets its column (NULL in old rows), once.
+    Rows are written and read by column name, so the order columns were added in does not matter."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(rows)")}
+    for f in ROW_FIELDS:
+        if f not in have:
+            _add_run_column(conn, f'"{f}"', "", table="rows")
+
+
 def _add_run_column(conn: sqlite3.Connection, column: str, declaration: str, table: str = "runs") -> None:
     """A history from before ``<table>.<column>`` (default ``runs``) gets the column, once."""
-    if column in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
+    name = column.strip('"')
+    if name in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
         return
     conn.execute("BEGIN IMMEDIATE")
     try:  # another process may have added it between the look and the lock
-        if column not in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        if name not in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}".rstrip())
     except BaseException:
         conn.execute("ROLLBACK")
         raise
@@ -172,10 +189,10 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.executescript(_SCHEMA)
     conn.executescript(_TELEMETRY_SCHEMA)
+    conn.executescript(_FINGERPRINT_SCHEMA)
     conn.executescript(_OUTBOX_SCHEMA)
     _key_rows_by_source(conn)
-    for column, declaration in _ADDED_ROW_FIELDS:  # energy (agent.telemetry.energy): NULL for older rows
-        _add_run_column(conn, column, declaration, table="rows")
+    _add_row_columns(conn)
     # NULL: such a run is judged again the next time its verdict is asked for, and its line recorded then
     _add_run_column(conn, "verdict_line", "TEXT")
     # '{}': every module of such a run was asked for all of the run's model keys

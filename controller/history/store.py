@@ -1,4 +1,5 @@
-"""The run history's store: one SQLite file of runs, module progress, events, rows, baselines, telemetry.
+"""The run history's store: one SQLite file of runs, module progress, events, rows, baselines, telemetry and
+environment fingerprints.
 
 Writes are idempotent: the same row, progress or run recorded twice is stored once. Baselines
 are versioned per release; each baseline version's rows are kept under the pseudo run id
@@ -15,12 +16,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from contract.fingerprint import EnvFingerprint
 from contract.records import ResultRow, RunProgress, TelemetrySummary
 from controller.command import fleetctl
 from controller.history.outbox import WebhookOutbox
 from controller.history.queries import HistoryQueries
 from controller.history.records import RESET_EVENT, VERDICT_EVENT, HistoryError, RunInfo
-from controller.history.schema import ROW_COLUMNS, ROW_FIELDS, connect, row_from_db, row_to_db
+from controller.history.schema import ROW_FIELDS, connect, row_from_db, row_to_db
+
+# rows by column name: a history whose columns were added in another order (schema._add_row_columns) reads the same
+_ROW_COLUMNS = ", ".join(f'"{f}"' for f in ROW_FIELDS)
+_INSERT_ROW = f"INSERT OR REPLACE INTO rows ({_ROW_COLUMNS}) VALUES ({','.join('?' * len(ROW_FIELDS))})"
 
 
 class History(HistoryQueries, WebhookOutbox):
@@ -143,10 +149,15 @@ class History(HistoryQueries, WebhookOutbox):
     def upsert_progress_many(self, progress: Iterable[RunProgress], *, force: bool = False) -> None:
         """:meth:`upsert_progress` of each, in one transaction."""
         where = "" if force else " WHERE excluded.updated_at >= module_runs.updated_at"
+        progress = list(progress)
         values = [(p.run_id, p.module, p.state.value, p.updated_at, p.model_dump_json()) for p in progress]
         if not values:
             return
+        prints = [(p.run_id, p.module, p.fingerprint.digest(), p.fingerprint.model_dump_json()) for p in progress
+                  if p.fingerprint is not None]
         with self.tx() as c:
+            c.executemany("INSERT OR REPLACE INTO fingerprints (run_id, module, digest, record) VALUES (?,?,?,?)",
+                          prints)
             c.executemany(
                 "INSERT INTO module_runs (run_id, module, state, updated_at, progress) VALUES (?,?,?,?,?)"
                 " ON CONFLICT (run_id, module) DO UPDATE SET state=excluded.state,"
@@ -188,24 +199,22 @@ class History(HistoryQueries, WebhookOutbox):
         data = [row_to_db(r) for r in rows]
         if not data:
             return 0
-        marks = ",".join("?" * len(ROW_FIELDS))
         with self.tx() as c:
             before = c.total_changes
-            c.executemany(f"INSERT OR REPLACE INTO rows ({ROW_COLUMNS}) VALUES ({marks})", data)
+            c.executemany(_INSERT_ROW, data)
             return c.total_changes - before
 
     def replace_rows(self, run_id: str, module: str, rows: Iterable[ResultRow]) -> int:
         """The module's rows of the run become exactly ``rows`` (rows of superseded attempts go), atomically."""
         data = [row_to_db(r) for r in rows if r.run_id == run_id and r.module == module]
-        marks = ",".join("?" * len(ROW_FIELDS))
         with self.tx() as c:
             c.execute("DELETE FROM rows WHERE run_id=? AND module=?", (run_id, module))
-            c.executemany(f"INSERT OR REPLACE INTO rows ({ROW_COLUMNS}) VALUES ({marks})", data)
+            c.executemany(_INSERT_ROW, data)
         return len(data)
 
     def rows(self, run_id: str, module: str | None = None, source: str | None = "release") -> list[ResultRow]:
         """Rows of a run: the release's own (default), the agent's probe's (``source="probe"``) or all (None)."""
-        q = f"SELECT {ROW_COLUMNS} FROM rows WHERE run_id=?"
+        q = f"SELECT {_ROW_COLUMNS} FROM rows WHERE run_id=?"
         args: tuple[Any, ...] = (run_id,)
         if source:
             q += " AND source=?"
@@ -269,3 +278,19 @@ class History(HistoryQueries, WebhookOutbox):
         """module -> the device telemetry summary of its part of ``run_id`` (modules without one left out)."""
         cur = self.conn.execute("SELECT module, summary FROM telemetry WHERE run_id=? ORDER BY module", (run_id,))
         return {m: TelemetrySummary.model_validate_json(raw) for m, raw in cur.fetchall()}
+
+    # -- environment fingerprints -------------------------------------------------------------
+    def fingerprints(self, run_id: str) -> dict[str, EnvFingerprint]:
+        """module -> the environment it measured ``run_id`` in (modules that sent none left out)."""
+        cur = self.conn.execute("SELECT module, record FROM fingerprints WHERE run_id=? ORDER BY module", (run_id,))
+        return {m: EnvFingerprint.model_validate_json(raw) for m, raw in cur.fetchall()}
+
+    def fingerprints_by_digest(self, digests: Iterable[str]) -> dict[str, EnvFingerprint]:
+        """digest -> its record, from whichever run recorded it (digests no run recorded left out)."""
+        wanted = sorted(set(digests))
+        if not wanted:
+            return {}
+        marks = ",".join("?" * len(wanted))
+        cur = self.conn.execute(f"SELECT digest, record FROM fingerprints WHERE digest IN ({marks}) GROUP BY digest",
+                                wanted)
+        return {d: EnvFingerprint.model_validate_json(raw) for d, raw in cur.fetchall()}

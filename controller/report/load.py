@@ -10,7 +10,7 @@ times the frame (``bench/report.py --history``).
 from __future__ import annotations
 
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -18,10 +18,12 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
+from contract.fingerprint import EnvFingerprint
 from contract.records import ResultRow
 from controller.command import fleetctl
 from controller.history import ROW_FIELDS, History, HistoryError, RunInfo
 from controller.report.analysis import analyse
+from controller.report.environment import digests_of, refuse_unless_same, with_environment
 from controller.report.model import Report, ReportError, Thresholds
 from controller.report.telemetry import with_telemetry
 
@@ -131,11 +133,30 @@ def resolve_baseline(history: History, spec: str | None, release: str) -> str | 
     return history.baseline_run_id(None, release=release or None) or history.baseline_run_id()
 
 
+def with_fingerprints(history: History, rep: Report, rows: pd.DataFrame, references: Mapping[str, pd.DataFrame | None],
+                      *, require_same: str | None = None) -> Report:
+    """The report with the environments its rows were measured in (:mod:`controller.report.environment`): modules
+    off the fleet's, and a warning per reference (label -> its rows) measured in another one. ``require_same``:
+    the label of the baseline whose environment every module must share (else :class:`EnvironmentRefused`)."""
+    current = digests_of(rows)
+    refs = {label: digests_of(frame) for label, frame in references.items()}
+    prints = history.fingerprints_by_digest({*current.values(), *(d for r in refs.values() for d in r.values())})
+    if require_same is not None:
+        refuse_unless_same(current, refs.get(require_same, {}), prints, require_same)
+
+    def records(digests: Mapping[str, str]) -> dict[str, EnvFingerprint]:
+        return {m: prints[d] for m, d in digests.items() if d in prints}
+
+    return with_environment(rep, records(current), {label: records(d) for label, d in refs.items()})
+
+
 def build_report(history: History, run_id: str, baseline: str | None = None, *,
-                 thresholds: Thresholds | None = None, previous: bool = True, with_history: bool = False) -> Report:
+                 thresholds: Thresholds | None = None, previous: bool = True, with_history: bool = False,
+                 same_environment: bool = False) -> Report:
     """The report of one run: against its baseline, each module's previous run and the fleet; with
     ``with_history``, the change points of its model keys across the release history (the HTML report's
-    "History" section: the series built once, for the run's keys only)."""
+    "History" section: the series built once, for the run's keys only). ``same_environment``: refuse a
+    baseline measured in another environment (``ControllerSettings.baseline_same_environment``)."""
     try:
         run = history.find_run(run_id)
     except HistoryError as exc:
@@ -152,7 +173,9 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
         from controller.report.trend import history_section
 
         rep = replace(rep, history=history_section(*history_frames(history, run_keys(run, rows)), run.release))
-    return with_telemetry(rep, history.telemetry(run.run_id))
+    rep = with_telemetry(rep, history.telemetry(run.run_id))
+    refs = {base_id or "the baseline": base, "each module's previous run": prev}
+    return with_fingerprints(history, rep, rows, refs, require_same=base_id if same_environment and base_id else None)
 
 
 def compare_runs(history: History, run_a: str, run_b: str, *, thresholds: Thresholds | None = None) -> Report:
@@ -170,4 +193,4 @@ def compare_runs(history: History, run_a: str, run_b: str, *, thresholds: Thresh
                   baseline_id=a.run_id, baseline_label=a.run_id, previous=rows_a if paired else None,
                   previous_label=a.run_id, state=b.state, expected_modules=b.modules, expected_keys=b.models,
                   thresholds=thresholds, module_keys=b.module_models)
-    return with_telemetry(rep, history.telemetry(b.run_id))
+    return with_fingerprints(history, with_telemetry(rep, history.telemetry(b.run_id)), rows_b, {a.run_id: rows_a})

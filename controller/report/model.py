@@ -142,6 +142,16 @@ class Comparison(_Frozen):
     text: str
 
 
+class EnvDifference(_Frozen):
+    """A module whose environment fingerprint differs from the one most modules of the run share."""
+
+    module: str
+    digest: str
+    differences: tuple[str, ...]  # e.g. "driver 3.1.0-sim (fleet 3.0.0-sim)"
+    fleet_modules: int  # modules with a fingerprint
+    majority_modules: int  # of those, in the fleet's environment
+
+
 TelemetryStatus = Literal["explained", "nothing unusual", "no telemetry"]
 
 
@@ -211,6 +221,10 @@ class Report:
     capacities: tuple[Capacity, ...] = ()
     # change points across the release history of the run's model keys (None: not looked at)
     history: HistorySection | None = None
+    # modules whose environment differs from the fleet's majority, and the warnings of environments that changed
+    # since what the run is compared with (controller.report.environment)
+    environment: tuple[EnvDifference, ...] = ()
+    environment_changes: tuple[str, ...] = ()
     # modules (or model keys of a module) whose energy per token is out of line with the fleet's
     energy_outliers: tuple[Outlier, ...] = ()
 

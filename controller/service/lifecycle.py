@@ -243,7 +243,8 @@ def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float
             "pass", f"PASS {info.run_id}: every module finished")
     else:
         th = Thresholds(tolerance=tolerance) if tolerance is not None else None
-        rep = report_call(lambda: build_report(h, info.run_id, baseline=baseline, thresholds=th))
+        rep = report_call(lambda: build_report(h, info.run_id, baseline=baseline, thresholds=th,
+                                               same_environment=s.settings.baseline_same_environment))
         verdict, line, findings = str(rep.verdict), verdict_line(rep), findings_json(rep)
         if failed and verdict == "pass":
             verdict, line = "failed", f"some modules {state}; {line}"

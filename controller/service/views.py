@@ -114,7 +114,8 @@ def report(s: Session, run: str = "latest", baseline: str | None = None, *, tole
 
     h = s.read_history()
     return report_call(lambda: build_report(h, run, baseline, thresholds=Thresholds(tolerance=tolerance),
-                                            with_history=with_history))
+                                            with_history=with_history,
+                                            same_environment=s.settings.baseline_same_environment))
 
 
 def trend(s: Session, query: TrendQuery) -> TrendResult:

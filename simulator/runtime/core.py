@@ -38,7 +38,9 @@ ENV_DEVICE = "M1000_SIM_DEVICE"
 ENV_DEVICE_DIR = "M1000_SIM_DEVICE_DIR"
 # condition -> default factor on the module's speed (and its SM clock); None: the speed is unchanged
 DEVICE_CONDITIONS: dict[str, float | None] = {"throttle": 0.82, "lowclock": 0.85, "hot": None, "noquery": None,
-                                              "hang": None, "fail": None}
+                                              "nojson": None, "hang": None, "fail": None}
+# the driver version the simulated device tool reports (default 3.0.0-sim): one module's can differ
+ENV_DRIVER = "M1000_SIM_DRIVER"
 ENV_BENCH_SKEW = "M1000_SIM_BENCH_SKEW"
 # fault bench-skew: the benchmark reports every measured time (TTFT, TPOT, step and frame times)
 # times this factor, the throughputs from those times; the server is unchanged

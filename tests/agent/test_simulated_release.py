@@ -9,6 +9,8 @@ most twice, in a separate run); each figure must be within 3 % in at least one m
 from __future__ import annotations
 
 import json
+import os
+import platform
 import re
 import subprocess
 import sys
@@ -19,7 +21,9 @@ import pytest
 import simulator
 from agent.store import RunStore
 from agent.tables import parse_seed
+from contract.fingerprint import EnvFingerprint
 from contract.records import METRICS, MODEL_KEYS
+from contract.version import agent_version
 from simulator.fit import TIMINGS_MS
 from simulator.ports import free_port
 from tests.support.procs import processes_under
@@ -134,3 +138,23 @@ def test_simulator_faults_fail_their_keys_and_leave_nothing(sim):
     assert err["qwen35_fq"]["step"] == "benchmark" and "timed out after 25 s" in err["qwen35_fq"]["message"]
     assert err["qwen36_fq"]["step"] == "parse" and re.search(r"\.out:\d+: ", err["qwen36_fq"]["message"])
     assert out["progress"]["state"] == "done"
+
+
+def test_the_run_records_its_environment_fingerprint_and_stamps_every_row(sim):
+    """The simulated release's setup_env.sh versions and the simulated device's driver (one changed by its knob)
+    make the run's fingerprint; each row carries its digest."""
+    built, base = sim
+    env = {**os.environ, "PATH": f"{simulator.DEVICE_TOOL_DIR}{os.pathsep}{os.environ['PATH']}",
+           simulator.ENV_DRIVER: "3.1.0-sim"}
+    cmd = [*FLEET_AGENT, "run", str(built.path), "--models", "qwen3", "--model-root", str(base / "models"),
+           "--workdir", str(base / "work-fp"), "--run-id", "fp", "--module", "sim-1", "--server-port",
+           str(free_port()), "--format", "json"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2], env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    fp = EnvFingerprint.model_validate(out["progress"]["fingerprint"])
+    assert (fp.driver, fp.firmware, fp.musa, fp.torch_musa, fp.triton, fp.tilelang) == (
+        "3.1.0-sim", "4.2.0-sim", "4.0.0-sim", "2.1.0-sim", "3.1.0-sim", "0.1.6-sim")
+    assert fp.release == "1.4.1" and fp.kernel == platform.release() and fp.agent == agent_version()
+    rows = RunStore(base / "work-fp").rows("fp")
+    assert rows and {r.env_digest for r in rows} == {fp.digest()}

@@ -15,7 +15,6 @@ from agent.store import RunStore
 from agent.tables import parse_seed
 from contract.records import ResultRow, RunProgress, RunState
 from controller.history import ROW_FIELDS, History, row_to_db
-from controller.history.schema import _ADDED_ROW_FIELDS
 from controller.report import build_report
 from controller.report.render import to_json, to_markdown, verdict_line
 from controller.report.render.html import to_html
@@ -60,15 +59,13 @@ def test_store_keeps_probe_rows_beside_release_rows(tmp_path: Path, seed_text: s
 
 def test_history_keys_rows_by_source_and_migrates_an_old_history(tmp_path: Path, seed_text: str) -> None:
     path = tmp_path / "old.sqlite"
-    newer = {"source", *(c for c, _ in _ADDED_ROW_FIELDS)}  # a history from before the source predates energy too
-    old_fields = [f for f in ROW_FIELDS if f not in newer]
+    old_fields = list(ROW_FIELDS[:ROW_FIELDS.index("source")])  # the fields before "source" came
     conn = sqlite3.connect(path)
     cols = ", ".join(f'"{f}"' for f in old_fields)
     conn.executescript(f"CREATE TABLE rows ({cols}, PRIMARY KEY (run_id, module, model_key, profile));"
                        " CREATE INDEX rows_module ON rows (module, model_key);")
     row = _run_rows(seed_text, "m1", skewed=False)[0]
-    conn.execute(f"INSERT INTO rows VALUES ({','.join('?' * len(old_fields))})",
-                 [v for f, v in zip(ROW_FIELDS, row_to_db(row), strict=True) if f not in newer])
+    conn.execute(f"INSERT INTO rows VALUES ({','.join('?' * len(old_fields))})", row_to_db(row)[:len(old_fields)])
     conn.commit()
     conn.close()
     h = History(path)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from contract.records import EnergyWindow, ResultRow
 from controller.history import ROW_FIELDS, History, row_to_db
-from controller.history.schema import _ADDED_ROW_FIELDS
+
+ENERGY_COLUMNS = ("energy_j", "j_per_token", "tokens_per_j", "avg_power_w", "idle_power_w", "energy_above_idle_j",
+                  "energy")
 
 ENERGY = EnergyWindow(source="samples", start=10.0, end=20.0, window_s=10.0, samples=11, period_s=1.0,
                       coverage=1.0, max_gap_s=1.0, output_tokens=250, idle_samples=5)
@@ -32,7 +34,7 @@ def test_energy_figures_round_trip_through_the_history(tmp_path: Path) -> None:
 
 def test_an_older_history_gains_the_energy_columns_once(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite"
-    added = {c for c, _ in _ADDED_ROW_FIELDS}
+    added = set(ENERGY_COLUMNS)
     old = [f for f in ROW_FIELDS if f not in added]
     conn = sqlite3.connect(path)
     conn.executescript(f"CREATE TABLE rows ({', '.join(repr(f) for f in old)}, "
@@ -46,7 +48,7 @@ def test_an_older_history_gains_the_energy_columns_once(tmp_path: Path) -> None:
     h = History(path)
     try:
         cols = [r[1] for r in h.conn.execute("PRAGMA table_info(rows)")]
-        assert cols[-len(_ADDED_ROW_FIELDS):] == [c for c, _ in _ADDED_ROW_FIELDS]
+        assert cols[-len(ENERGY_COLUMNS):] == list(ENERGY_COLUMNS)
         assert h.rows("r1") == [bare]  # the old row: no energy
         assert h.upsert_rows([ROW.model_copy(update={"profile": "250:250"})]) == 1
         assert h.rows("r1")[1].energy == ENERGY and h.rows("r1")[1].j_per_token == 2.0

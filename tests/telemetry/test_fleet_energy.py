@@ -36,7 +36,7 @@ def test_a_hot_module_is_named_for_its_energy_per_token(tmp_path: Path) -> None:
         # at this time scale a key's benchmark lasts ~40 s: samples every 0.5 s (~80 a window; at 0.1 s five
         # samplers on two loaded cores stalled past 2.5 periods now and then, and the gap rule dropped the window)
         with simulated_fleet(names, tmp_path, settings, noise=0.02, seed=7, slow={}, device={hot: "hot"},
-                             agent_env={"FLEET_TELEMETRY_PERIOD": "0.5"}):
+                             env={n: {"FLEET_TELEMETRY_PERIOD": "0.5"} for n in names}):
             launched = service.validate(st, service.ValidateRequest(release=rel.path, models=("qwen3",)))
             service.follow(st, launched.run_id, timeout=300)
             service.judge(st, launched.run_id)

@@ -26,15 +26,21 @@ INVALID = (FIX / "mthreads" / "invalid-field.txt").read_text()
 FAST = TelemetryConfig(period_s=0.02, timeout_s=1.0)
 
 
-class FakeTool:
-    """Answers like a device tool: the H200's row for a query, given text for -q; refuses names."""
+NO_JSON = "mthreads-gmi: unrecognized option '--json'"
 
-    def __init__(self, row: str = H200_ROW, q: str = "", refuse: Sequence[str] = ()) -> None:
-        self.row, self.q, self.refuse = row, q, set(refuse)
+
+class FakeTool:
+    """Answers like a device tool: given text for --json (default: refused), the H200's row for a query,
+    given text for -q; refuses names."""
+
+    def __init__(self, row: str = H200_ROW, q: str = "", refuse: Sequence[str] = (), json: str | None = None) -> None:
+        self.row, self.q, self.refuse, self.json = row, q, set(refuse), json
         self.calls: list[list[str]] = []
 
     def __call__(self, argv: Sequence[str], timeout: float, stop: threading.Event) -> ToolResult:
         self.calls.append(list(argv))
+        if "--json" in argv:
+            return ToolResult("failed", 2, "", NO_JSON) if self.json is None else ToolResult("ok", 0, self.json)
         if argv[1] == "-q":
             return ToolResult("ok", 0, self.q)
         names = argv[1].split("=", 1)[1].split(",")
@@ -72,8 +78,11 @@ def test_samples_carry_run_step_and_key(tmp_path: Path) -> None:
     wait_until(lambda: s.samples >= n + 3)
     s.stop()
     got = list(read_samples(tmp_path / SAMPLES_FILE))
-    assert len(got) == s.samples and events == []
-    assert tool.calls[0][0] == "/usr/bin/mthreads-gmi"  # mthreads-gmi first
+    assert len(got) == s.samples and events == [(
+        "info", f"mthreads-gmi does not answer '--query --json' (exit code 2: {NO_JSON}); "
+                "reading its --query-gpu CSV and -q")]
+    assert tool.calls[0] == ["/usr/bin/mthreads-gmi", "--query", "--json"]  # mthreads-gmi first, JSON first
+    assert sum(1 for c in tool.calls if "--json" in c) == 1  # refused once: not asked again
     assert {(x.run_id, x.module, x.attempt, x.gpu) for x in got} == {("r1", "m1", 2, 0)}
     assert got[0].step == "precompile" and got[0].model_key is None
     assert got[-1].step == "benchmark" and got[-1].model_key == "qwen3"
@@ -98,7 +107,7 @@ def test_refused_names_are_respelled_then_dropped_and_q_fills_in(tmp_path: Path)
     messages = [m for _, m in events]
     assert any("does not offer clock_event_reasons" in m for m in messages)
     assert any("read from 'mthreads-gmi -q' every 3 samples" in m for m in messages)
-    assert len(messages) == len(set(messages)) == 2  # each once
+    assert len(messages) == len(set(messages)) == 3  # each once (the third: --json refused)
     q_calls = sum(1 for c in tool.calls if c[1] == "-q")
     assert 2 <= q_calls <= s.samples // 3 + 1
 
@@ -135,7 +144,8 @@ def test_timeouts_and_failures_are_noted_once_and_backed_off(tmp_path: Path) -> 
     s.start()
     wait_until(lambda: s.samples >= 2)
     s.stop()
-    assert [st for st, _ in events] == ["timeout", "failed"]
+    # the failures keep --json (a broken tool fails the CSV too); CSV is taken once it answers where JSON did not
+    assert [st for st, _ in events] == ["timeout", "failed", "info"]
     assert "did not answer within 5 s (killed)" in events[0][1] and "exited with code 9: GPU is lost" in events[1][1]
 
 

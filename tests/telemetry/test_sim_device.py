@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig, read_samples, run_tool
+from agent.telemetry.gmi_json import parse_json
 from agent.telemetry.parse import parse_csv, parse_q
 from agent.telemetry.plan import QueryPlan
-from simulator import DEVICE_TOOL_DIR, ENV_DEVICE, ENV_DEVICE_DIR, SpecError, parse_device
+from simulator import DEVICE_TOOL_DIR, ENV_DEVICE, ENV_DEVICE_DIR, ENV_DRIVER, SpecError, parse_device
 from simulator.runtime.core import Knobs
 
 TOOL = str(DEVICE_TOOL_DIR / "mthreads-gmi")
@@ -125,6 +126,56 @@ def test_device_knob_slows_the_module_too() -> None:
     assert k.speed.factor("qwen3", "decode") == pytest.approx(0.89 * 0.9)
     assert k.speed.factor("qwen3", "accept") == 1.0  # accept rates are not a matter of clocks
     assert Knobs().with_env({ENV_DEVICE: "hot"}).speed.factor("qwen3", "decode") == 1.0
+
+
+def gmi(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([TOOL, *args], capture_output=True, text=True, env={"PATH": os.environ["PATH"], **env},
+                          timeout=10)
+
+
+@pytest.mark.parametrize("condition", ["", "throttle:0.85", "hot", "lowclock:0.5"])
+@pytest.mark.parametrize("phase", ["idle", "prefill", "decode"])
+def test_its_json_through_the_real_parser_says_what_its_csv_says(server, phase: str, condition: str) -> None:  # type: ignore[no-untyped-def]
+    env = {**server(phase), ENV_DEVICE: condition}
+    for flags in (("--query", "--json"), ("-q", "--json")):
+        res = gmi(env, *flags)
+        assert res.returncode == 0, res.stderr
+        assert '"Power Draw ": "' in res.stdout  # the published spelling, trailing space and all
+        got = parse_json(res.stdout)
+        (j,) = got.readings
+        c = reading(env)
+        assert (j.gpu, j.name, j.uuid) == (c.gpu, c.name, c.uuid)
+        assert dict(j.values) == dict(c.values) and not j.absent
+        assert got.driver == "3.0.0-sim" and dict(got.firmware) == {0: "4.2.0-sim"}
+
+
+def test_the_driver_knob() -> None:
+    assert parse_json(gmi({ENV_DRIVER: "3.1.0-sim"}, "--query", "--json").stdout).driver == "3.1.0-sim"
+    assert "Driver Version                          : 3.1.0-sim" in gmi({ENV_DRIVER: "3.1.0-sim"}, "-q").stdout
+    bad = gmi({ENV_DRIVER: '3.1"; echo'}, "--query", "--json")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr == "M1000_SIM_DRIVER: only letters, digits, '.', '_', '+', '-'\n"
+
+
+@pytest.mark.parametrize("condition", ["nojson", "noquery"])
+def test_an_older_tool_refuses_json(condition: str) -> None:
+    res = gmi({ENV_DEVICE: condition}, "--query", "--json")
+    assert (res.returncode, res.stdout, res.stderr) == (2, "", "mthreads-gmi: unrecognized option '--json'\n")
+    if condition == "nojson":
+        assert reading({ENV_DEVICE: condition}).values["power_w"] == 18  # its CSV as before
+
+
+def test_sampler_speaks_json_to_it(tmp_path: Path, server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    for k, v in {**server("decode"), ENV_DRIVER: "3.1.0-sim"}.items():
+        monkeypatch.setenv(k, v)
+    s = Sampler(TelemetryConfig(period_s=0.05, tool=TOOL), tmp_path / SAMPLES_FILE, run_id="r", module="m").start()
+    end = time.monotonic() + 10
+    while s.samples < 2 and time.monotonic() < end:
+        time.sleep(0.02)
+    s.stop()
+    last = list(read_samples(tmp_path / SAMPLES_FILE))[-1]
+    assert s.mode == "json" and s.notes == [] and s.driver == "3.1.0-sim"
+    assert last.power_w == 52 and last.sm_clock_mhz == 1800 and last.clock_event_reasons == 0
 
 
 @pytest.mark.parametrize(("condition", "phase", "watts"), [

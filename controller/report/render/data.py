@@ -49,6 +49,8 @@ def to_dict(r: Report) -> dict[str, Any]:
         **findings(r),
         "energy_outliers": [x.model_dump(mode="json") for x in r.energy_outliers],
         "outlier_telemetry": [x.model_dump(mode="json") for x in r.outlier_telemetry],
+        "environment": [x.model_dump(mode="json") for x in r.environment],
+        "environment_changes": list(r.environment_changes),
         "changes": [x.model_dump(mode="json") for x in r.changes],
         "disagreements": [x.model_dump(mode="json") for x in r.disagreements], "probe_checked": r.probe_checked,
         "capacities": [x.model_dump(mode="json") for x in r.capacities],

@@ -27,7 +27,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from controller.report.model import FLEET, Report, TrendSeries
 from controller.report.render.numbers import num, pct
-from controller.report.render.text import NO_INTERVAL, energy_text, probe_text, telemetry_line, verdict_line
+from controller.report.render.text import NO_INTERVAL, energy_text, probe_text, telemetry_cell, verdict_line
 
 _COLORS = {"pass": "#1a7f37", "regressed": "#cf222e", "incomplete": "#9a6700", "failed": "#82071e"}
 _SERIES = (("no prefix", "#0969da"), ("shared prefix", "#bc4c00"))
@@ -232,7 +232,7 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 <td class="num">{{ o.cells }}</td>
 <td>{% for w in o.worst %}{{ w.model_key }} {{ w.profile }} {{ w.metric }} {{ num(w.value) }}
 (fleet {{ num(w.fleet_median) }}){% if not loop.last %}; {% endif %}{% endfor %}</td>
-<td{% if t and t.status == "explained" %} class="bad"{% endif %}>{{ telemetry_line(t) if t else "" }}</td></tr>
+<td{% if t and t.status == "explained" %} class="bad"{% endif %}>{{ telemetry_cell(r, o) }}</td></tr>
 {% endfor %}</table>
 {% for t in r.outlier_telemetry if t.compared %}<details><summary>device telemetry of {{ t.module }}
 ({{ t.status }})</summary><table><tr><th>figure</th><th>module</th><th>fleet median</th><th>unit</th><th>keys</th></tr>
@@ -303,7 +303,7 @@ def to_html(r: Report) -> str:
     return tpl.render(
         r=r, line=verdict_line(r), probe_line=probe_text(r), energy_line=energy_text(r),
         color=_COLORS.get(r.verdict, "#59636e"), num=num,
-        pct=pct, telemetry_line=telemetry_line, FLEET=FLEET, no_interval=NO_INTERVAL,
+        pct=pct, telemetry_cell=telemetry_cell, FLEET=FLEET, no_interval=NO_INTERVAL,
         decode_svg=curve_plot(r.summary, "decode_tps", "decode tok/s") if len(r.summary) else "",
         ttft_svg=curve_plot(r.summary, "ttft_ms", "TTFT ms") if len(r.summary) else "",
         decode_missing=not_plotted_line(r.summary, "decode_tps", bool(r.changes)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from controller.report.environment import environment_text
 from controller.report.model import FLEET, PRIMARY_METRICS, Outlier, OutlierTelemetry, Regression, Report
 from controller.report.render.numbers import num, pct
 
@@ -192,9 +193,10 @@ def _factor_ci(o: Outlier) -> str:
 
 
 def telemetry_cell(r: Report, o: Outlier) -> str:
-    """The outlier's device telemetry in one line (blank: none attached)."""
+    """The outlier's device telemetry in one line (blank: none attached), and its environment where it is not the
+    fleet's."""
     t = r.telemetry_of(o)
-    return "" if t is None else telemetry_line(t)
+    return "; ".join(x for x in ("" if t is None else telemetry_line(t), environment_text(r, o.module)) if x)
 
 
 def _md_telemetry(r: Report) -> list[str]:

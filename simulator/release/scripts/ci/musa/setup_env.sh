@@ -21,4 +21,7 @@ export TILELANG_WORKFLOW_FILE="$_m1000_here/tilelang_workflow.json"
 export TILELANG_CACHE_DIR="${TILELANG_CACHE_DIR:-$_m1000_root/.tilelang_cache}"
 export MUSA_VISIBLE_DEVICES="${MUSA_VISIBLE_DEVICES:-0}"
 export SGLANG_TL_ENABLE=1
+# the versions of the stack a real release runs on (its Python has no such packages: the agent's environment
+# fingerprint reads these instead)
+export MUSA_VERSION="4.0.0-sim" TORCH_MUSA_VERSION="2.1.0-sim" TRITON_VERSION="3.1.0-sim" TILELANG_VERSION="0.1.6-sim"
 unset _m1000_here _m1000_root
