@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent import steps
+from agent import jit_watch, steps
 from agent.errors import Cancelled, StepFailed
 from agent.executor import ProcResult, utc_stamp
 from agent.health import port_open, probe
@@ -119,6 +119,7 @@ def benchmark(run: Run, top: Path, env: dict[str, str], key: str, kenv: dict[str
 
     run.event("benchmark", "start", key)
     window = time.time()
+    watch = jit_watch.Watch(plan.env, window)
     try:
         res = run.ex.run(plan.argv, env=plan.env, cwd=plan.cwd, log_path=log_path, timeout=plan.timeout,
                           cancel=run.cancel, raw_stdout=out_path, watch=server_gone)
@@ -127,6 +128,9 @@ def benchmark(run: Run, top: Path, env: dict[str, str], key: str, kenv: dict[str
     window_end = time.time()
     if res.outcome == "cancelled":
         raise Cancelled("benchmark", key)
+    jit = watch.stop()
+    if jit.kernels:
+        append_log(log_path, [jit.one_line()])
     text = out_path.read_text(encoding="utf-8", errors="replace") if out_path.exists() else ""
     err = None if res.ok else proc_error("benchmark", key, res)
     if err is not None and res.outcome != "aborted" and not server.alive():
@@ -137,8 +141,10 @@ def benchmark(run: Run, top: Path, env: dict[str, str], key: str, kenv: dict[str
         rows = partial_rows(text, out_path.name)  # keep what parsed cleanly; the key still fails
         if err is None:
             err = StepError(step="parse", model_key=key, message=str(exc), stderr_tail=res.stderr_tail[-2000:])
+    rows = jit_watch.annotate(rows, jit)
+    said = f"{len(rows)} rows" + (f"; {jit.one_line()}" if jit.kernels else "")
     run.event("benchmark", "ok" if err is None else "failed", key, duration_s=res.duration_s,
-               exit_code=res.exit_code, message=f"{len(rows)} rows" if err is None else err.message)
+               exit_code=res.exit_code, message=said if err is None else err.message)
     if err is None and run.cfg.probe:
         rows = cross_probe(run, key, rows, server, log_path)
         if run.cfg.probe_sweep_slo:

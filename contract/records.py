@@ -185,6 +185,12 @@ class ResultRow(Frozen):
     source: RowSource = "release"
     # digest of the environment it was measured in (contract.fingerprint; the record: RunProgress.fingerprint)
     env_digest: str | None = None
+    # TileLang kernels compiled while the key's benchmark measured (agent.jit_watch; release rows only): how many
+    # kernel libraries appeared in the release's cache, their cache-relative paths ("; "-joined), and when the first
+    # appeared (seconds into the benchmark step). Not 0: the row's figures may include compile time
+    jit_kernels: int = 0
+    jit_kernel_names: str = ""
+    jit_first_s: float | None = None
     # energy over the key's benchmark window (agent.telemetry.energy; release rows only; None: not measured, or
     # dropped, ``energy.note`` says why). Every release row of one key shares the window: the release's benchmark
     # runs all its profiles in one process, so the figures are the key's, repeated on each of its rows

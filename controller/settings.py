@@ -32,6 +32,9 @@ class ControllerSettings(BrokerSettings):
     metrics_host: str = Field(default="127.0.0.1", description="bind address of `fleetctl serve` /metrics")
     metrics_port: int = Field(default=9401, ge=0, le=65535, description="port of `fleetctl serve` /metrics")
     failures_for_bad: int = Field(default=3, ge=1, description="consecutive failed runs that make a module bad")
+    golden_tolerance: float = Field(default=0.03, gt=0, lt=1,
+                                    description="a golden check's drift that makes a module bad (0.03 = 3 % worse "
+                                                "than its own golden history)")
     failures_cooldown: float = Field(
         default=900.0, gt=0, description="a module bad by failed runs takes work again this long after the last "
                                          "one ended, on trial (or at once: fleetctl devices reset), s")

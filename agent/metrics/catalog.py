@@ -50,6 +50,9 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(f"{PREFIX}_result_release_benchmark_disagreements", "gauge", ("release", "model_key"), "count",
                "Latest result rows of a model key whose figures the agent's probe contradicts (flag "
                "release_benchmark_disagrees)"),
+    MetricSpec(f"{PREFIX}_result_jit_kernels", "gauge", ("release", "model_key"), "count",
+               "TileLang kernels compiled while the latest benchmark of a model key measured (0: none; not 0: its "
+               "figures include compile time)"),
     MetricSpec(f"{PREFIX}_result_capacity_concurrency", "gauge", _R, "count",
                "Highest concurrency at which the probe's SLO sweep met its SLO (0: none did), latest per profile"),
     MetricSpec(f"{PREFIX}_result_capacity_output_tokens_per_second", "gauge", _R, "tokens_per_second",

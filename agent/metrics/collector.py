@@ -147,7 +147,8 @@ class AgentCollector(Collector):
                 release_seen[release] = max(release_seen.get(release, 0.0), rf.order)
         keep = set(sorted(release_seen, key=lambda r: release_seen[r], reverse=True)[: self.keep_releases])
         fams = {name: self._family(name) for _, name, _ in RESULT_FIELDS}
-        per_key: dict[tuple[str, str], list[Any]] = {}  # (release, key) -> [rows, correct, answered, ts, disagree]
+        per_key: dict[tuple[str, str], list[Any]] = {}  # (release, key) -> [rows, correct, answered, ts, disagree,
+        # jit kernels]
         for (release, key, profile), (order, row) in sorted(latest.items()):
             if release not in keep:
                 continue
@@ -155,9 +156,10 @@ class AgentCollector(Collector):
                 v = getattr(row, attr)
                 if v is not None:
                     fams[name].add_metric((release, key, profile), float(v) * mult)
-            agg = per_key.setdefault((release, key), [0, 0, 0, 0.0, 0])
+            agg = per_key.setdefault((release, key), [0, 0, 0, 0.0, 0, 0])
             agg[0] += 1
             agg[4] += int(DISAGREES in row.flags)
+            agg[5] = max(agg[5], row.jit_kernels)  # every release row of the key carries its benchmark's count
             if row.correct is not None:
                 agg[1] += int(row.correct)
                 agg[2] += 1
@@ -167,13 +169,15 @@ class AgentCollector(Collector):
         nrows = self._family(f"{PREFIX}_result_rows")
         ts = self._family(f"{PREFIX}_result_timestamp_seconds")
         disagree = self._family(f"{PREFIX}_result_release_benchmark_disagreements")
-        for (release, key), (n, correct, answered, order, flagged) in sorted(per_key.items()):
+        jit = self._family(f"{PREFIX}_result_jit_kernels")
+        for (release, key), (n, correct, answered, order, flagged, kernels) in sorted(per_key.items()):
             nrows.add_metric((release, key), n)
             ts.add_metric((release, key), order)
             disagree.add_metric((release, key), flagged)
+            jit.add_metric((release, key), kernels)
             if answered:
                 acc.add_metric((release, key), correct / answered)
-        yield from (acc, nrows, ts, disagree)
+        yield from (acc, nrows, ts, disagree, jit)
         yield from self._capacity_metrics(runs, keep)
 
     def _capacity_metrics(self, runs: list[RunFiles], keep: set[str]) -> Iterator[Metric]:

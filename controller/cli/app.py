@@ -97,7 +97,8 @@ def build_app(inv: Invocation) -> typer.Typer:
     report_cli.register(app, lambda: inv.session().read_history(), lambda: inv.session().history(),
                         lambda: inv.session().settings.baseline_same_environment)
     trend_cli.register(app, lambda: inv.session().read_history())
-    deploy_cli.register(app, devices_app, lambda: inv.session().inventory(), lambda: inv.session().settings)
+    deploy_cli.register(app, devices_app, lambda: inv.session().inventory(), lambda: inv.session().settings,
+                        inv.session)
     metrics_cli.register(app, lambda: inv.session().inventory())
     return app
 

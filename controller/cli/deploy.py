@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from controller.cli.output import fail, new_app
+from controller.cli.output import Output, fail, new_app, output_option
 from controller.command import fleetctl
 from controller.remote import acl
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # paramiko and fabric load only when a command of this file r
     from contract.settings import BrokerSettings
     from controller.inventory import Inventory
     from controller.remote import deploy as dep
+    from controller.service import Session
     from controller.settings import ControllerSettings
 
 
@@ -70,7 +71,7 @@ def deploy_table(results: dict[str, dep.DeployResult]) -> Table:
 
 
 def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable[[], Inventory],
-             get_settings: Callable[[], ControllerSettings]) -> None:
+             get_settings: Callable[[], ControllerSettings], get_session: Callable[[], Session]) -> None:
     """Add ``deploy`` and ``push`` to ``app`` and ``check`` to the ``devices`` group."""
 
     @app.command()
@@ -213,9 +214,21 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
         known_hosts: Path | None = typer.Option(None, "--known-hosts", help="host keys of the modules"),
         identity: Path | None = typer.Option(None, "--identity", help="SSH private key"),
+        golden: str | None = typer.Option(None, "--golden", help="instead: validate this known-good release (path "
+                                          "or URL) and judge each module against its own golden history"),
+        models: str = typer.Option("qwen3", "--models", "-m", help="--golden: the model keys of the short check"),
+        tolerance: float | None = typer.Option(None, "--tolerance", help="--golden: the drift that makes a module "
+                                               "bad, a fraction (default: golden_tolerance, 0.03)"),
+        output: Output = output_option(),
     ) -> None:
-        """SSH reachability, Python version, free disk and agent version of each module."""
+        """SSH reachability, Python version, free disk and agent version of each module; with --golden, a health
+        check: a module worse than its own golden history goes bad until `fleetctl devices reset`."""
         from rich.table import Table
+
+        if golden is not None:
+            from controller.cli.golden import golden_check
+
+            raise typer.Exit(golden_check(get_session(), golden, devices, models, tolerance, output))
 
         from controller.inventory import InventoryError
         from controller.remote import deploy as dep

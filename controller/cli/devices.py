@@ -43,14 +43,16 @@ def shown_skew(skew: float | None) -> str:
 
 
 def devices_reset(ctx: typer.Context, module: str = typer.Argument(..., help="module name")) -> None:
-    """Clear a module's failed runs in a row: a module bad by failed runs takes work again now (recorded in
-    the history). Without it, it does once failures_cooldown has passed since the last one, on trial."""
+    """Clear a module's failed runs in a row and a failed golden check: a module bad by either takes work again
+    now (recorded in the history). Without it, one bad by failed runs does once failures_cooldown has passed since
+    the last one, on trial; one that failed its golden check stays bad."""
     from controller import service
 
     s = session(ctx)
+    drift = s.history().golden_drift(module) if s.has_history() else None
     n = service.reset_module(s, module)
-    stdout().print(f"{module}: {n} failed run(s) in a row cleared (recorded in {s.history_path})",
-                   highlight=False, markup=False)
+    stdout().print(f"{module}: {n} failed run(s) in a row cleared" + (", its failed golden check too" if drift else "")
+                   + f" (recorded in {s.history_path})", highlight=False, markup=False)
 
 
 def describe_module(ctx: typer.Context, name: str = typer.Argument(..., help="module name"),

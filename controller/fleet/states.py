@@ -40,7 +40,8 @@ class ModuleStatus:
 
 def derive_state(beat: Beat | None, now: float, *, offline_after: float, consecutive_failures: int = 0,
                  failures_for_bad: int = 3, lost_after: float | None = None,
-                 streak: FailureStreak | None = None, failures_cooldown: float | None = None) -> tuple[str, str]:
+                 streak: FailureStreak | None = None, failures_cooldown: float | None = None,
+                 drift: str | None = None) -> tuple[str, str]:
     """``unreachable``: no heartbeat for ``offline_after`` (its run goes on); ``offline``: for ``lost_after``.
 
     The heartbeat's age is ``now - beat.at`` (when the broker took it), never the agent's own ``ts``.
@@ -58,6 +59,8 @@ def derive_state(beat: Beat | None, now: float, *, offline_after: float, consecu
         return "unreachable", f"no heartbeat for {age:.0f} s" + (f", run {hb.run_id} goes on" if hb.run_id else "")
     if not hb.healthy:
         return "bad", hb.detail or "agent reports itself unhealthy"
+    if drift is not None:  # a failed golden check: no cooldown, a person looks first
+        return "bad", f"golden check: {drift}; takes work again after `fleetctl devices reset {hb.module}`"
     streak = streak if streak is not None else FailureStreak(consecutive_failures)
     trial = ""
     if streak.count >= failures_for_bad:
@@ -174,7 +177,8 @@ class ModuleStates:
             streak = self.failure_streak(m.name, skew=skew or 0.0)
             state, reason = derive_state(beat, now, offline_after=self.settings.offline_after,
                                          failures_for_bad=self.failures_for_bad, lost_after=self.settings.lost_after,
-                                         streak=streak, failures_cooldown=self.failures_cooldown)
+                                         streak=streak, failures_cooldown=self.failures_cooldown,
+                                         drift=self.history.golden_drift(m.name))
             notes = [reason, skew_warning(skew, self.clock_skew_warn), conflict_note(conflicts.get(m.name), now)]
             out[m.name] = ModuleStatus(m.name, state, "; ".join(n for n in notes if n), beat.hb if beat else None,
                                        (now - beat.at) if beat else None, skew)

@@ -11,6 +11,7 @@ telemetry), :mod:`~controller.history.outbox` (webhook outbox) and
 from controller.history.queries import DatabaseError
 from controller.history.records import (
     CHANGE_POINT_EVENT,
+    GOLDEN_DRIFT_EVENT,
     RESET_EVENT,
     VERDICT_EVENT,
     HistoryError,
@@ -23,5 +24,5 @@ from controller.history.store import History
 
 __all__ = [
     "DatabaseError", "History", "HistoryError", "OutboxEvent", "RESET_EVENT", "ROW_FIELDS", "RunInfo",
-    "CHANGE_POINT_EVENT", "VERDICT_EVENT", "row_from_db", "row_to_db", "url_digest",
+    "CHANGE_POINT_EVENT", "GOLDEN_DRIFT_EVENT", "VERDICT_EVENT", "row_from_db", "row_to_db", "url_digest",
 ]

@@ -1,7 +1,7 @@
 """The run history's records as callers get them: runs, webhook events, and the history's error.
 
 The history's one error root (:class:`HistoryError`) and the names of the events it keeps
-(:data:`VERDICT_EVENT`, :data:`CHANGE_POINT_EVENT`, :data:`RESET_EVENT`) live here too.
+(:data:`VERDICT_EVENT`, :data:`CHANGE_POINT_EVENT`, :data:`RESET_EVENT`, :data:`GOLDEN_DRIFT_EVENT`) live here too.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from controller.errors import FleetctlError
 VERDICT_EVENT = "run.verdict"
 CHANGE_POINT_EVENT = "trend.change_point"  # a run made new change points across the release history detectable
 RESET_EVENT = "failures reset"  # the module event of `fleetctl devices reset` (the module's failed runs cleared)
+GOLDEN_DRIFT_EVENT = "golden drift"  # the module event of a golden check it failed: bad until the next reset
 
 
 class OutboxEvent(BaseModel):

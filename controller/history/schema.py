@@ -19,6 +19,9 @@ ROW_FIELDS: tuple[str, ...] = tuple(ResultRow.model_fields)
 _ROWS_KEY = "run_id, module, model_key, profile, source"  # a probe row sits beside the release's row
 _JSON_FIELDS = {"extra", "flags", "energy"}
 _BOOL_FIELDS = {"correct"}
+# fields whose default is not None: a NULL (a column added to an older history) reads as the default
+_NOT_NULL_DEFAULTS = frozenset(f for f, info in ResultRow.model_fields.items()
+                               if not info.is_required() and info.default is not None and info.default_factory is None)
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS runs (
@@ -138,6 +141,9 @@ def row_from_db(values: sqlite3.Row | tuple[Any, ...]) -> ResultRow:
     for f in _BOOL_FIELDS:
         if d[f] is not None:
             d[f] = bool(d[f])
+    for f in _NOT_NULL_DEFAULTS:
+        if d[f] is None:
+            del d[f]
     return ResultRow.model_validate(d)
 
 

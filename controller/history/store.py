@@ -21,7 +21,7 @@ from contract.records import ResultRow, RunProgress, TelemetrySummary
 from controller.command import fleetctl
 from controller.history.outbox import WebhookOutbox
 from controller.history.queries import HistoryQueries
-from controller.history.records import RESET_EVENT, VERDICT_EVENT, HistoryError, RunInfo
+from controller.history.records import GOLDEN_DRIFT_EVENT, RESET_EVENT, VERDICT_EVENT, HistoryError, RunInfo
 from controller.history.schema import ROW_FIELDS, connect, row_from_db, row_to_db
 
 # rows by column name: a history whose columns were added in another order (schema._add_row_columns) reads the same
@@ -184,6 +184,14 @@ class History(HistoryQueries, WebhookOutbox):
         (ts,) = self.conn.execute("SELECT MAX(ts) FROM events WHERE run_id='' AND module=? AND message LIKE ?",
                                   (module, f"{RESET_EVENT}%")).fetchone()
         return None if ts is None else float(ts)
+
+    def golden_drift(self, module: str) -> str | None:
+        """The module's newest failed golden check since its last reset (``fleetctl devices reset``), or None."""
+        reset = self.last_module_reset(module)
+        row = self.conn.execute("SELECT message FROM events WHERE run_id='' AND module=? AND message LIKE ? AND ts > ?"
+                                " ORDER BY ts DESC LIMIT 1", (module, f"{GOLDEN_DRIFT_EVENT}%",
+                                                              -1.0 if reset is None else reset)).fetchone()
+        return None if row is None else str(row[0])[len(GOLDEN_DRIFT_EVENT) + 2:]
 
     def events(self, run_id: str) -> list[tuple[str, float, str]]:
         cur = self.conn.execute("SELECT module, ts, message FROM events WHERE run_id=? ORDER BY ts", (run_id,))

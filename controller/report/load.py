@@ -169,6 +169,11 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     rep = analyse(rows, run_id=run.run_id, release=run.release, baseline=base, baseline_id=base_id,
                   previous=prev, state=run.state, expected_modules=run.modules, expected_keys=run.models,
                   thresholds=thresholds, module_keys=run.module_models)
+    drifted = [(m, d) for m in run.modules if (d := history.golden_drift(m))]
+    if drifted:  # the module drifted, not (necessarily) the release: said before any finding is read
+        rep = replace(rep, notes=(*rep.notes, *(f"module {m} failed its golden check since its last reset ({d}): "
+                                               "its figures say more about the module than about the release"
+                                               for m, d in drifted)))
     if with_history:
         from controller.report.trend import history_section
 

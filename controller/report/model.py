@@ -152,6 +152,16 @@ class EnvDifference(_Frozen):
     majority_modules: int  # of those, in the fleet's environment
 
 
+class JitCompiled(_Frozen):
+    """A model key whose benchmark compiled TileLang kernels while it measured (rows' ``jit_kernels``): its figures
+    include compile time. ``kernels``: summed over its modules (each module's largest count of the run)."""
+
+    model_key: str
+    kernels: int
+    modules: tuple[str, ...]
+    names: tuple[str, ...] = ()  # kernel libraries, as the rows name them
+
+
 TelemetryStatus = Literal["explained", "nothing unusual", "no telemetry"]
 
 
@@ -225,6 +235,8 @@ class Report:
     # since what the run is compared with (controller.report.environment)
     environment: tuple[EnvDifference, ...] = ()
     environment_changes: tuple[str, ...] = ()
+    # model keys whose benchmark compiled kernels while it measured (controller.report.jit)
+    jit_compiled: tuple[JitCompiled, ...] = ()
     # modules (or model keys of a module) whose energy per token is out of line with the fleet's
     energy_outliers: tuple[Outlier, ...] = ()
 

@@ -99,9 +99,6 @@ def planted_series(seed: int, *, n: int = 30, shift: float = 0.0, at: int | None
     return x, where
 
 
-ABBA = ("A", "B", "B", "A")  # one round of a paired comparison, in run order
-
-
 def paired_fleet(reference: pd.DataFrame, *, modules: int = 4, rounds: int = 1, noise: float = 0.02,
                  drift: float = 0.03, trend: float = 0.01, regress: Mapping[tuple[str, str], float] | None = None,
                  seed: int = 0) -> tuple[pd.DataFrame, list[tuple[str, str, int]]]:
@@ -110,6 +107,8 @@ def paired_fleet(reference: pd.DataFrame, *, modules: int = 4, rounds: int = 1, 
     deviation ``drift``, and within a round a steady trend of ``trend`` per run (a factor ``(1 + trend)`` each run:
     linear in log units). Returns the rows and the runs
     as (run_id, arm, round), in run order."""
+    from controller.report.analysis.paired import ABBA
+
     rng = np.random.default_rng(seed)
     names = [f"m{i:02d}" for i in range(modules)]
     frames, runs = [], []

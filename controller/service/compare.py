@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from controller.report.model import PairedReport, PairedRun
 
 MAX_ROUNDS = 20
-ABBA = ("A", "B", "B", "A")  # one round, in run order (as controller.report.synth.ABBA)
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,8 @@ class Slot:
 def plan_rounds(rounds: int) -> tuple[Slot, ...]:
     """The run order of a paired comparison: ``rounds`` rounds of A B B A (a drift linear in time within a round
     cancels in the difference of the arms' means)."""
+    from controller.report.analysis.paired import ABBA
+
     if not 1 <= rounds <= MAX_ROUNDS:
         raise BadRequest(f"--rounds {rounds}: give 1 to {MAX_ROUNDS}")
     return tuple(Slot(arm, r, r * len(ABBA) + i) for r in range(rounds) for i, arm in enumerate(ABBA))

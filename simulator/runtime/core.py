@@ -22,7 +22,7 @@ MODEL_KEYS = ("qwen3", "qwen35", "qwen35_mtp", "qwen35_fq", "qwen35_fq_mtp", "qw
 SPEED_METRICS = ("prefill", "decode", "accept", "vision", "all")
 # "all" is every throughput metric; accept rates change only when named explicitly.
 _ALL_METRICS = ("prefill", "decode", "vision")
-FAULT_NAMES = ("start-fail", "crash", "hang", "bad-table", "no-table", "bench-skew")
+FAULT_NAMES = ("start-fail", "crash", "hang", "bad-table", "no-table", "bench-skew", "lazy-jit")
 VOCAB_SIZE = 151936
 # the generation request (1-based, warm-ups included) during which crash / hang strike
 FAULT_AT_REQUEST = 3
@@ -45,6 +45,11 @@ ENV_BENCH_SKEW = "M1000_SIM_BENCH_SKEW"
 # fault bench-skew: the benchmark reports every measured time (TTFT, TPOT, step and frame times)
 # times this factor, the throughputs from those times; the server is unchanged
 BENCH_SKEW = 0.8
+# fault lazy-jit: the key's server compiles a TileLang kernel on the first request of each prefill shape bucket (the
+# next power of two of its new tokens, at least LAZY_JIT_MIN_BUCKET) that its cache lacks, written under
+# $TILELANG_CACHE_DIR/<model dir>/jit/, this much module time added to that request's TTFT (~11 s seen elsewhere)
+LAZY_JIT_MS = 11000.0
+LAZY_JIT_MIN_BUCKET = 32
 
 
 class SimError(Exception):

@@ -165,6 +165,8 @@ class State:
         self.cache = PrefixCache(cfg.max_total_tokens)
         self.device = device or DevicePhase(None)
         self.sched = core_device(cfg, setup)
+        self.jit_dir = ""  # fault lazy-jit: where this server's kernels compiled on demand go ("": precompiled)
+        self.jit_done: set[int] = set()
 
     def next_request(self) -> int:
         with self.lock:
@@ -469,7 +471,8 @@ class Handler(HTTPHandler):
         for offset, count in plan.emits:
             steps.append((offset - prev, count))
             prev = offset
-        job = device.Job(t0 * 1000.0 * knobs.time_scale, plan.ttft_ms, steps, new=max(len(ids) - cached, 1),
+        ttft_ms = plan.ttft_ms + _jit_compile(st, len(ids) - cached)  # fault lazy-jit: a compile first
+        job = device.Job(t0 * 1000.0 * knobs.time_scale, ttft_ms, steps, new=max(len(ids) - cached, 1),
                          kv=total)
         with st.lock:
             st.sched.submit(job)
@@ -543,6 +546,33 @@ class Handler(HTTPHandler):
             elif fault and i - 1 >= strike_at:
                 self._strike(fault)
         ctx.end(sent)
+
+
+def jit_bucket(new_tokens: int) -> int:
+    """The prefill shape bucket a kernel is compiled for: the next power of two, at least LAZY_JIT_MIN_BUCKET."""
+    return max(core.LAZY_JIT_MIN_BUCKET, 1 << (max(new_tokens, 1) - 1).bit_length())
+
+
+def _jit_compile(st: State, new_tokens: int) -> float:
+    """Fault lazy-jit: module ms this request spends compiling its bucket's kernel (0: compiled already, or no
+    fault); the kernel file is written to the cache as the compile starts."""
+    if not st.jit_dir:
+        return 0.0
+    bucket = jit_bucket(new_tokens)
+    with st.lock:
+        if bucket in st.jit_done:
+            return 0.0
+        st.jit_done.add(bucket)
+    path = os.path.join(st.jit_dir, f"prefill_n{bucket}.cubin.json")
+    if os.path.exists(path):  # compiled by an earlier server of this release: cached
+        return 0.0
+    os.makedirs(st.jit_dir, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(jsonc.dumps({"kernel": "prefill", "bucket": bucket, "model": st.setup.data["model_dir"]}) + "\n")
+    os.replace(tmp, path)
+    print(f"{PROG}: compiling TileLang kernel prefill_n{bucket} (not precompiled)", file=sys.stderr, flush=True)
+    return core.LAZY_JIT_MS
 
 
 def _sleep_until(deadline: float) -> None:
@@ -780,6 +810,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = configure(args, env, model, knobs)
         setup = model.setup(cfg.key)
         state = State(cfg, setup, core.faults_for(knobs.faults, cfg.key), DevicePhase(env.get(core.ENV_DEVICE_DIR)))
+        if "lazy-jit" in state.faults:
+            cache = env.get("TILELANG_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".tilelang", "cache")
+            state.jit_dir = os.path.join(cache, setup.data["model_dir"], "jit")
         server = _bind(cfg, state)
     except UsageError as exc:
         print(USAGE, file=sys.stderr)

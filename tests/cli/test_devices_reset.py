@@ -58,3 +58,26 @@ def test_reset_of_an_unknown_module_is_one_line(env: Path, capsys: pytest.Captur
     code, _, err = run_main(capsys, "devices", "reset", "m9")
     assert code == 2
     assert one_line(err) == f"fleetctl: error: no module 'm9' in {env / 'inv.toml'}"
+
+
+def test_a_failed_golden_check_makes_a_module_bad_until_reset_with_no_cooldown(env: Path,
+                                                                               capsys: pytest.CaptureFixture[str]):
+    from controller.history import GOLDEN_DRIFT_EVENT
+
+    failed_runs(env, 0)  # the history, no runs
+    h = History(env / "history.sqlite")
+    h.add_module_event("m1", f"{RESET_EVENT}: 0 failed run(s) in a row cleared")
+    time.sleep(0.01)
+    h.add_module_event("m1", f"{GOLDEN_DRIFT_EVENT}: m1 drifted: qwen3 decode_tps -9.8% against its own golden "
+                             "history (2 earlier checks), beyond 3% (run g-3)")
+    h.close()
+    beat(env)
+    d = devices(capsys)["m1"]
+    assert d["state"] == "bad"
+    assert d["reason"] == ("golden check: m1 drifted: qwen3 decode_tps -9.8% against its own golden history (2 "
+                           "earlier checks), beyond 3% (run g-3); takes work again after `fleetctl devices reset m1`")
+    code, out, _ = run_main(capsys, "devices", "reset", "m1")
+    assert code == 0 and out.strip() == (f"m1: 0 failed run(s) in a row cleared, its failed golden check too "
+                                         f"(recorded in {env / 'history.sqlite'})")
+    assert devices(capsys)["m1"]["state"] == "idle"
+    assert History(env / "history.sqlite").golden_drift("m1") is None

@@ -321,3 +321,15 @@ def test_fleet_agent_exporter_command_serves_and_stops_on_sigterm(tmp_path: Path
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_kernels_compiled_while_measuring_per_key(tmp_path: Path, seed_text: str) -> None:
+    """The latest benchmark of a key that compiled kernels says how many; the precompiled keys say 0."""
+    w = RunWriter(tmp_path, "r1", "m-a", "1.4.1")
+    per_key = seed_rows(seed_text, "r1", "m-a", "1.4.1", keys=["qwen3", "qwen35"])
+    w.rows(per_key["qwen3"])
+    w.rows(r.model_copy(update={"jit_kernels": 3, "jit_kernel_names": "a.so; b.so; c.so"}) for r in per_key["qwen35"])
+    w.progress(state=RunState.DONE, step="publish")
+    reg = registry(tmp_path)
+    assert reg.get_sample_value("m1000_result_jit_kernels", {"release": "1.4.1", "model_key": "qwen35"}) == 3
+    assert reg.get_sample_value("m1000_result_jit_kernels", {"release": "1.4.1", "model_key": "qwen3"}) == 0

@@ -65,6 +65,14 @@ def test_faults_parse_and_select_per_key() -> None:
         parse_faults("hang:qwen4")
 
 
+def test_lazy_jit_is_a_fault_of_one_key_and_buckets_are_powers_of_two() -> None:
+    from simulator.runtime.server import jit_bucket
+
+    fs = parse_faults("lazy-jit:qwen35")
+    assert core.faults_for(fs, "qwen35") == {"lazy-jit"} and core.faults_for(fs, "qwen3") == frozenset()
+    assert [jit_bucket(n) for n in (0, 1, 32, 33, 100, 128, 129, 8000)] == [32, 32, 32, 64, 128, 128, 256, 8192]
+
+
 def test_env_knobs_compose_with_baked_ones() -> None:
     baked = core.Knobs(speed=parse_speed("decode=0.5"), noise=0.0, seed=1, time_scale=50,
                        faults=parse_faults("crash:qwen3"))

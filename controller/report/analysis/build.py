@@ -34,6 +34,7 @@ from controller.report.analysis.outliers import (
 from controller.report.analysis.probe import capacities, probe_disagreements, split_sources
 from controller.report.analysis.summary import completeness, summarise
 from controller.report.analysis.verdict import decide, fold
+from controller.report.jit import with_jit
 from controller.report.model import ALL_METRICS, DERIVED, FLEET, Change, Regression, Report, Thresholds
 
 
@@ -110,11 +111,11 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
 
     notes += completeness(cur, names, ref, expected_modules, expected_keys, module_keys)
     verdict = decide(state, len(cur), regressions, notes, expected_modules, expected_keys)
-    return Report(
+    return with_jit(Report(
         run_id=run_id, release=release, baseline_id=baseline_id, previous_ids=prev_ids, verdict=verdict,
         regressions=regressions, outliers=outliers, changes=tuple(changes), notes=tuple(notes),
         modules=tuple(sorted(map(str, cur["module"].unique()))), thresholds=th,
         summary=summarise(cur, rows, ref, ~excluded, spread, cells_all, mid), rows=rows, reference=ref,
         deviation=deviation, disagreements=disagreements, probe_checked=probe_checked, capacities=capacities(probe),
         energy_outliers=energy,
-    )
+    ))

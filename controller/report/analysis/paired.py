@@ -46,6 +46,7 @@ from controller.report.model import (
     Verdict,
 )
 
+ABBA = ("A", "B", "B", "A")  # one round of a paired comparison, in run order
 PAIRED_TOLERANCE = 0.01  # the paired mode's default tolerance (the unpaired verdict's is 5 %)
 POWER = 0.95  # the detection probability the minimum detectable change is stated at
 

@@ -51,6 +51,7 @@ def to_dict(r: Report) -> dict[str, Any]:
         "outlier_telemetry": [x.model_dump(mode="json") for x in r.outlier_telemetry],
         "environment": [x.model_dump(mode="json") for x in r.environment],
         "environment_changes": list(r.environment_changes),
+        "jit_compiled": [x.model_dump(mode="json") for x in r.jit_compiled],
         "changes": [x.model_dump(mode="json") for x in r.changes],
         "disagreements": [x.model_dump(mode="json") for x in r.disagreements], "probe_checked": r.probe_checked,
         "capacities": [x.model_dump(mode="json") for x in r.capacities],

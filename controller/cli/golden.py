@@ -1,0 +1,39 @@
+"""``fleetctl devices check --golden REL``: a short validation of a known-good release on each module, each
+module judged against its own golden history (:mod:`controller.service.golden`); a drifted module goes ``bad``
+until ``fleetctl devices reset MODULE``. This file parses and prints."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from controller.cli.output import Output, emit, stderr, stdout
+
+if TYPE_CHECKING:
+    from controller.service import Session
+
+
+def golden_check(s: Session, release: str, devices: str, models: str, tolerance: float | None,
+                 output: Output) -> int:
+    """Run the golden check; exit 0 when no module drifted, 1 otherwise."""
+    from contract.records import parse_model_keys
+    from controller import service
+    from controller.cli.live import follow, print_launched
+    from controller.command import fleetctl
+    from controller.service.golden import golden_check as check
+
+    err = stderr()
+    req = service.release_request(release, models=parse_model_keys(models), devices=devices)
+
+    def wait(launched: service.Launched) -> None:
+        print_launched(launched, err, len(launched.modules))
+        follow(lambda: service.sync(s, launched.run_id), err, title=f"golden check {launched.run_id}",
+               progress_every=s.settings.progress_interval)
+
+    res = check(s, req, wait, tolerance)
+    recs = [{"module": c.module, "status": c.status, "history": c.history, "line": c.line} for c in res.checks]
+    emit(recs, ["module", "status", "history", "line"], output, title=f"golden check {res.release} ({res.run_id})",
+         document={"run_id": res.run_id, "release": res.release, "drifted": list(res.drifted), "checks": recs})
+    if output == Output.table:
+        for m in res.drifted:
+            stdout().print(f"{m} is bad until {fleetctl('devices', 'reset', m)}", markup=False, highlight=False)
+    return 1 if res.drifted else 0

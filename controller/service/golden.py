@@ -1,0 +1,120 @@
+"""Health checks with a golden release: ``fleetctl devices check --golden REL``.
+
+A golden release is one known to be good. Its short validation (``--models``, default the first model key) runs on
+the chosen modules; each module's figures are compared with **its own** earlier golden checks of the same release
+(the paired machinery of :mod:`controller.report.analysis.paired`: per profile this run against the mean of the
+earlier ones on the same module, the Hodges-Lehmann centre over profiles with its 95 % interval and a signed-rank
+test). A module worse than ``golden_tolerance`` on a primary metric at p < :data:`GOLDEN_ALPHA` **drifted**: an
+event in the history (:data:`controller.history.GOLDEN_DRIFT_EVENT`) makes it ``bad`` with the reason, and it takes
+no work until ``fleetctl devices reset MODULE`` (the reset event after it). A module's first golden check starts
+its golden history. The runs are ordinary runs in the history, their note ``golden check REL``.
+
+Why against the module's own history: the module is what is checked, not the release; a module that is always 4 %
+slower than the fleet is not drifting, one that became 6 % slower than itself is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from controller.history import GOLDEN_DRIFT_EVENT
+from controller.service.lifecycle import validate
+from controller.service.records import Launched, ValidateRequest
+from controller.service.session import BadRequest, Session
+
+GOLDEN_NOTE = "golden check"
+GOLDEN_ALPHA = 0.05
+HISTORY_RUNS = 5  # the module's earlier golden checks its figures are compared with (the newest)
+PRIMARY = ("prefill_tps", "decode_tps", "accept_rate", "vision_fps")  # TTFT and TPOT follow their primaries
+
+
+@dataclass(frozen=True)
+class ModuleCheck:
+    """One module's golden check: ``drifted``, ``ok``, ``first`` (its golden history starts) or ``failed`` (its run
+    failed: said, not judged); ``line`` says what was found."""
+
+    module: str
+    status: str
+    line: str
+    history: int  # earlier golden checks compared with
+
+
+@dataclass(frozen=True)
+class GoldenResult:
+    run_id: str
+    release: str
+    checks: tuple[ModuleCheck, ...]
+
+    @property
+    def drifted(self) -> tuple[str, ...]:
+        return tuple(c.module for c in self.checks if c.status == "drifted")
+
+
+def note_of(version: str) -> str:
+    return f"{GOLDEN_NOTE} {version}"
+
+
+def golden_check(s: Session, req: ValidateRequest, wait: Callable[[Launched], None],
+                 tolerance: float | None = None) -> GoldenResult:
+    """Validate the golden release on the chosen modules, wait, and judge each module against its own history."""
+    tol = s.settings.golden_tolerance if tolerance is None else tolerance
+    if not 0 < tol < 1:
+        raise BadRequest(f"--tolerance {tol}: give a fraction between 0 and 1 (0.03 = 3 %)")
+    launched = validate(s, req)
+    s.history().set_run_note(launched.run_id, note_of(launched.release))
+    wait(launched)
+    return judge_golden(s, launched.run_id, tol)
+
+
+def judge_golden(s: Session, run_id: str, tolerance: float) -> GoldenResult:
+    """Each module of a golden run against its earlier golden checks of the same release; drift recorded."""
+    from controller.fleet import module_failed
+    from controller.report.load import read_rows
+
+    h = s.history()
+    info = h.find_run(run_id)
+    view = s.fleet().view(run_id)
+    earlier = [r for r in h.runs(limit=10_000)
+               if r.note == note_of(info.release) and r.created_at < info.created_at and r.state != "running"]
+    earlier.sort(key=lambda r: r.created_at, reverse=True)
+    rows = read_rows(h, [run_id, *(r.run_id for r in earlier)])
+    checks = []
+    for m in info.modules:
+        p = view.progress.get(m)
+        if p is None or module_failed(p):
+            checks.append(ModuleCheck(m, "failed", f"{m}: the golden run failed there: not judged", 0))
+            continue
+        mine = rows[rows["module"].astype(str) == m] if len(rows) else rows
+        have = set(mine["run_id"].astype(str)) if len(mine) else set()
+        prev = [r.run_id for r in earlier if r.run_id in have][:HISTORY_RUNS]
+        checks.append(_judge_module(mine, m, run_id, prev, tolerance))
+    for c in checks:
+        if c.status == "drifted":
+            h.add_module_event(c.module, f"{GOLDEN_DRIFT_EVENT}: {c.line} (run {run_id})")
+    return GoldenResult(run_id, info.release, tuple(checks))
+
+
+def _judge_module(rows: object, module: str, run_id: str, prev: Sequence[str], tolerance: float) -> ModuleCheck:
+    from controller.report.analysis.paired import paired_compare, paired_thresholds
+    from controller.report.model import PairedRun, ReportError
+
+    if not prev:
+        return ModuleCheck(module, "first", f"{module}: golden history starts with this check", 0)
+    plan = [PairedRun(run_id=r, arm="A", round=0) for r in prev] + [PairedRun(run_id=run_id, arm="B", round=0)]
+    try:
+        rep = paired_compare(rows, plan, release_a="golden history", release_b="this check",  # type: ignore[arg-type]
+                             th=paired_thresholds(tolerance, alpha=GOLDEN_ALPHA))
+    except ReportError as exc:
+        return ModuleCheck(module, "failed", f"{module}: not judged ({exc})", len(prev))
+    worse = [c for c in rep.changes if c.metric in PRIMARY and c.status == "regressed"]
+    n = f"{len(prev)} earlier check{'s' if len(prev) > 1 else ''}"
+    if worse:
+        lead = min(worse, key=lambda c: c.change)
+        ci = f" [{lead.ci_low:+.1%}, {lead.ci_high:+.1%}]" if lead.ci_low is not None and lead.ci_high is not None \
+            else ""
+        return ModuleCheck(module, "drifted", f"{module} drifted: {lead.model_key} {lead.metric} {lead.change:+.1%}"
+                           f"{ci} against its own golden history ({n}), beyond {tolerance:.0%}", len(prev))
+    moved = max((abs(c.change) for c in rep.changes if c.metric in PRIMARY), default=0.0)
+    return ModuleCheck(module, "ok", f"{module}: within {tolerance:.0%} of its golden history ({n}; largest "
+                       f"change {moved:.1%})", len(prev))
