@@ -14,6 +14,7 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from contract.energy import EnergyWindow
 from contract.fingerprint import EnvFingerprint
 
 SCHEMA_VERSION = 1
@@ -113,28 +114,6 @@ def parse_model_keys(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
     if not keys:
         raise UnknownModelKey("no model key given")
     return tuple(keys)
-
-
-class EnergyWindow(Frozen):
-    """How a row's energy figures were reached: the window, the source, and what covered it.
-
-    ``source`` "counter": the device's cumulative energy counter (NVML's total energy), read at the
-    window's edges; "samples": the power samples integrated (trapezoid, clipped to the window).
-    ``note`` is non-empty when the figures were dropped (a counter reset, a gap in the samples, too
-    little coverage, no output tokens), and says why.
-    """
-
-    source: Literal["counter", "samples", ""] = ""
-    start: float  # epoch s
-    end: float
-    window_s: float
-    samples: int = 0  # power samples (or counter readings) inside the window
-    period_s: float | None = None  # median interval between those samples
-    coverage: float = 0.0  # share of the window between the first and the last sample around it
-    max_gap_s: float | None = None  # longest interval between two samples over the window
-    output_tokens: int | None = None
-    idle_samples: int = 0  # samples behind idle_power_w
-    note: str = ""
 
 
 class ResultRow(Frozen):

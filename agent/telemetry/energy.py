@@ -19,7 +19,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from contract.records import DeviceSample, EnergyWindow, ResultRow
+from contract.energy import EnergyWindow
+from contract.records import DeviceSample, ResultRow
 
 Point = tuple[float, float]  # (ts, value)
 

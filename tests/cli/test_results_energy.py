@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from contract.records import EnergyWindow, ResultRow
+from contract.energy import EnergyWindow
+from contract.records import ResultRow
 from controller.history import History
 from tests.support.cli import finished_run, run_main
 

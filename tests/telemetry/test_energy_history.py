@@ -6,7 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from contract.records import EnergyWindow, ResultRow
+from contract.energy import EnergyWindow
+from contract.records import ResultRow
 from controller.history import ROW_FIELDS, History, row_to_db
 
 ENERGY_COLUMNS = ("energy_j", "j_per_token", "tokens_per_j", "avg_power_w", "idle_power_w", "energy_above_idle_j",
