@@ -33,6 +33,7 @@ def serve_and_measure(run: Run, top: Path, env: dict[str, str], key: str,
         free_port(run, key, host, port)
     plan = steps.plan_server(top, key, env, kenv)
     run.event("server", "start", key)
+    started = time.time()  # the module's idle power is measured before this
     t0 = time.monotonic()
     try:
         server = run.ex.start(plan.argv, env=plan.env, cwd=plan.cwd,
@@ -43,7 +44,7 @@ def serve_and_measure(run: Run, top: Path, env: dict[str, str], key: str,
         wait_ready(run, server, key, t0)
         run.event("server", "ok", key, duration_s=time.monotonic() - t0, message="ready")
         run.emit(step="benchmark", model_key=key)
-        return benchmark(run, top, env, key, kenv, server)
+        return benchmark(run, top, env, key, kenv, server, idle_before=started)
     finally:
         run.ex.stop(server)
         run.ex.close(server)
@@ -108,7 +109,7 @@ def wait_ready(run: Run, server: Any, key: str, t0: float) -> None:
         pause = min(run.cfg.poll_interval, pause * 2)
 
 def benchmark(run: Run, top: Path, env: dict[str, str], key: str, kenv: dict[str, str],
-               server: Any) -> tuple[list[ResultRow], StepError | None]:
+               server: Any, idle_before: float | None = None) -> tuple[list[ResultRow], StepError | None]:
     plan = steps.plan_benchmark(top, key, env, kenv, run.cfg.benchmark_timeout)
     log_path = run.store.next_log(run.req.run_id, "benchmark", key)
     out_path = log_path.with_suffix(".out")
@@ -117,12 +118,14 @@ def benchmark(run: Run, top: Path, env: dict[str, str], key: str, kenv: dict[str
         return None if server.alive() else f"server exited during the benchmark (exit {server.exit_code})"
 
     run.event("benchmark", "start", key)
-    watch = jit_watch.Watch(plan.env, time.time())
+    window = time.time()
+    watch = jit_watch.Watch(plan.env, window)
     try:
         res = run.ex.run(plan.argv, env=plan.env, cwd=plan.cwd, log_path=log_path, timeout=plan.timeout,
                           cancel=run.cancel, raw_stdout=out_path, watch=server_gone)
     except OSError as exc:
         raise run._fail("benchmark", time.monotonic(), exc, key) from exc
+    window_end = time.time()
     if res.outcome == "cancelled":
         raise Cancelled("benchmark", key)
     jit = watch.stop()
@@ -146,7 +149,30 @@ def benchmark(run: Run, top: Path, env: dict[str, str], key: str, kenv: dict[str
         rows = cross_probe(run, key, rows, server, log_path)
         if run.cfg.probe_sweep_slo:
             rows = sweep_capacity(run, key, rows, server, log_path)
+    if err is None:
+        rows = key_energy(run, rows, window, window_end, idle_before, log_path)
     return rows, err
+
+
+def key_energy(run: Run, rows: list[ResultRow], start: float, end: float, idle_before: float | None,
+               log_path: Path) -> list[ResultRow]:
+    """The key's release rows with the energy over its benchmark window (the server's start and the warm-up
+    before the benchmark left out), when the module is sampled; a line in the benchmark's log. Never fails."""
+    from agent.telemetry.energy import describe, output_tokens, window_energy, with_energy
+
+    sampler = run.sampler
+    if sampler is None or sampler.thread is None or not end > start:
+        return rows
+    try:
+        samples = sampler.samples_until(end)
+        energy = window_energy(samples, start, end, period_s=run.cfg.telemetry.period_s,
+                               output_tokens=output_tokens(rows), idle_before=idle_before)
+    except Exception as exc:  # the figures are an addition: a failure to make them never fails the key
+        log.warning("energy of the benchmark window failed: %s", exc)
+        append_log(log_path, [f"energy not measured: {type(exc).__name__}: {exc}"])
+        return rows
+    append_log(log_path, [describe(energy)])
+    return with_energy(rows, energy)
 
 def cross_probe(run: Run, key: str, rows: list[ResultRow], server: Any, log_path: Path) -> list[ResultRow]:
     """The agent's own client on some of the key's profiles, while the server still runs: probe

@@ -14,6 +14,7 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from contract.energy import EnergyWindow
 from contract.fingerprint import EnvFingerprint
 
 SCHEMA_VERSION = 1
@@ -169,6 +170,16 @@ class ResultRow(Frozen):
     jit_kernels: int = 0
     jit_kernel_names: str = ""
     jit_first_s: float | None = None
+    # energy over the key's benchmark window (agent.telemetry.energy; release rows only; None: not measured, or
+    # dropped, ``energy.note`` says why). Every release row of one key shares the window: the release's benchmark
+    # runs all its profiles in one process, so the figures are the key's, repeated on each of its rows
+    energy_j: float | None = None  # joules over the window
+    j_per_token: float | None = None  # energy_j / the output tokens of the key's rows
+    tokens_per_j: float | None = None  # 1 / j_per_token
+    avg_power_w: float | None = None  # energy_j / the window's length
+    idle_power_w: float | None = None  # the module's idle power, measured before the key
+    energy_above_idle_j: float | None = None  # energy_j - idle_power_w x the window's length
+    energy: EnergyWindow | None = None  # how the figures were reached (or why they were dropped)
 
     @property
     def identity(self) -> tuple[str, str, str, str, str]:
@@ -184,7 +195,11 @@ METRICS: dict[str, bool] = {
     "accept_rate": True,
     "accept_rate_len": True,
     "vision_fps": True,
+    "j_per_token": False,
+    "tokens_per_j": True,
 }
+# the energy metrics among them (judged with their own tolerance; never make a module a speed outlier)
+ENERGY_METRICS: tuple[str, ...] = ("j_per_token", "tokens_per_j")
 
 
 class RunState(str, enum.Enum):
@@ -440,6 +455,7 @@ class DeviceSample(Frozen):
     memory_total_mib: float | None = None
     clock_event_reasons: int | None = None  # NVML clocks event reasons bitmask (contract.vocab.REASONS)
     ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors
+    energy_mj: float | None = None  # the device's cumulative energy counter (NVML total energy), mJ
 
 
 class FieldStats(Frozen):

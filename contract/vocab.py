@@ -107,6 +107,7 @@ class MetricSpec(NamedTuple):
     type: str  # gauge | counter | histogram | info
     labels: tuple[str, ...]
     unit: str  # seconds | bytes | ratio | tokens_per_second | frames_per_second | celsius | timestamp_seconds | count
+    # | joules | watts | tokens_per_joule
     help: str
 
 

@@ -175,6 +175,16 @@ def release_validation() -> db.Dashboard:
     d = d.with_panel(ts("Decode throughput", TOK_S, q(f"m1000_result_decode_tokens_per_second{{{RKM}}}", leg)))
     d = d.with_panel(ts("Vision frames per second", FPS,
                         q(f"m1000_result_vision_frames_per_second{{{RKM}}}", leg)))
+    d = d.with_panel(ts("Energy per output token", "joule",
+                        q(f"max by (module, model_key) (m1000_result_energy_per_token_joules{{{RKM}}})",
+                          "{{module}} {{model_key}}"),
+                        desc="joules over each key's benchmark window per output token of its rows (the device's "
+                             "energy counter, else its power samples integrated); lower is better"))
+    d = d.with_panel(ts("Average power during the benchmark, idle before it", "watt",
+                        q(f"max by (module, model_key) (m1000_result_average_power_watts{{{RKM}}})",
+                          "{{module}} {{model_key}}"),
+                        q(f"max by (module, model_key) (m1000_result_idle_power_watts{{{RKM}}})",
+                          "idle {{module}} {{model_key}}", ref="B")))
     d = d.with_panel(ts("MTP accept rate (acclen-1)/3", "percentunit",
                         q(f"m1000_result_mtp_accept_ratio{{{RKM}}}", leg)))
     d = d.with_panel(st("GSM8K accuracy", "percentunit",

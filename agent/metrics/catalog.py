@@ -36,6 +36,15 @@ CATALOG: tuple[MetricSpec, ...] = (
                "Share of GSM8K prompts answered correctly in the latest results"),
     MetricSpec(f"{PREFIX}_result_vision_frames_per_second", "gauge", _R, "frames_per_second",
                "Vision frames per second of the latest result"),
+    # energy over the key's benchmark window (agent.telemetry.energy): the same on every profile of a key
+    MetricSpec(f"{PREFIX}_result_energy_per_token_joules", "gauge", _R, "joules",
+               "Energy per output token over the key's benchmark window of the latest result"),
+    MetricSpec(f"{PREFIX}_result_output_tokens_per_joule", "gauge", _R, "tokens_per_joule",
+               "Output tokens per joule over the key's benchmark window of the latest result"),
+    MetricSpec(f"{PREFIX}_result_average_power_watts", "gauge", _R, "watts",
+               "Average power of the module's devices over the key's benchmark window of the latest result"),
+    MetricSpec(f"{PREFIX}_result_idle_power_watts", "gauge", _R, "watts",
+               "Idle power of the module's devices measured before the key of the latest result"),
     MetricSpec(f"{PREFIX}_result_rows", "gauge", ("release", "model_key"), "count",
                "Result rows behind the latest figures of a model key"),
     MetricSpec(f"{PREFIX}_result_release_benchmark_disagreements", "gauge", ("release", "model_key"), "count",
@@ -106,6 +115,10 @@ RESULT_FIELDS: tuple[tuple[str, str, float], ...] = (
     ("accept_rate", f"{PREFIX}_result_mtp_accept_ratio", 1.0),
     ("accept_rate_len", f"{PREFIX}_result_mtp_accept_length_ratio", 1.0),
     ("vision_fps", f"{PREFIX}_result_vision_frames_per_second", 1.0),
+    ("j_per_token", f"{PREFIX}_result_energy_per_token_joules", 1.0),
+    ("tokens_per_j", f"{PREFIX}_result_output_tokens_per_joule", 1.0),
+    ("avg_power_w", f"{PREFIX}_result_average_power_watts", 1.0),
+    ("idle_power_w", f"{PREFIX}_result_idle_power_watts", 1.0),
 )
 
 

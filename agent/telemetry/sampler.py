@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
@@ -29,8 +30,10 @@ from typing import IO, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.procs import REAPER
+from agent.telemetry.energy import GAP_FACTOR
 from agent.telemetry.fields import BY_NAME, FIELDS, NUMERIC
 from agent.telemetry.gmi_json import JSON_FLAGS, NotGmiJson, parse_json
+from agent.telemetry.nvml import nvml_counter
 from agent.telemetry.parse import Reading, invalid_field, parse_csv, parse_q
 from agent.telemetry.plan import TOOLS, QueryPlan, choose_tool
 from agent.telemetry.summary import read_samples, summarize
@@ -108,6 +111,8 @@ def _wait_tool(proc: subprocess.Popen[bytes], t0: float, timeout: float, stop: t
 
 # -- the sampler -------------------------------------------------------------------------------
 EventSink = Callable[[str, str], None]  # (status, message)
+# the devices' cumulative energy counters, mJ per device index (agent.telemetry.nvml; None: none offered)
+CounterReader = Callable[[], dict[int, float]]
 
 
 class Sampler:
@@ -115,7 +120,8 @@ class Sampler:
 
     def __init__(self, config: TelemetryConfig, path: Path, *, run_id: str, module: str, attempt: int = 1,
                  on_event: EventSink | None = None, runner: Runner = run_tool,
-                 which: Callable[[str], str | None] = shutil.which, clock: Callable[[], float] = time.time) -> None:
+                 which: Callable[[str], str | None] = shutil.which, clock: Callable[[], float] = time.time,
+                 counter: CounterReader | None = None) -> None:
         self.cfg = config
         self.path = path
         self.run_id, self.module, self.attempt = run_id, module, attempt
@@ -123,6 +129,8 @@ class Sampler:
         self.runner = runner
         self.which = which
         self.clock = clock
+        self.counter = counter
+        self.last_ts = -math.inf  # time of the latest sample written
         self.doing: tuple[str, str | None] = ("", None)  # (step, model key): replaced whole, read whole
         self.notes: list[str] = []
         self.devices: dict[int, DeviceInfo] = {}
@@ -153,6 +161,8 @@ class Sampler:
             return self
         self.tool = os.path.basename(tool)
         self.plan = QueryPlan.initial(tool)
+        if self.counter is None and self.tool == "nvidia-smi":
+            self.counter = nvml_counter()
         thread = threading.Thread(target=self._run, name=f"telemetry-{self.run_id}", daemon=True)
         try:
             thread.start()
@@ -177,6 +187,19 @@ class Sampler:
             self._thread.join(timeout=5.0)
             if self._thread.is_alive():
                 log.warning("telemetry sampler of %s did not stop in time (left behind)", self.run_id)
+
+    def samples_until(self, ts: float, timeout: float | None = None) -> list[DeviceSample]:
+        """This attempt's samples so far, once one taken at or after ``ts`` is written (waited for at most
+        ``timeout``, default two periods and a call's timeout; not at all when not sampling): what an energy
+        window ending at ``ts`` needs."""
+        wait = 2 * self.cfg.period_s + self.cfg.timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        # a sampler that has not answered for a while (a hanging tool) is not waited for: the gap drops the figure
+        answering = self.last_ts >= ts - GAP_FACTOR * self.cfg.period_s
+        while (answering and self._thread is not None and self._thread.is_alive() and self.last_ts < ts
+               and not self._stop.is_set() and time.monotonic() < deadline):
+            self._stop.wait(min(0.05, self.cfg.period_s / 4))
+        return [s for s in read_samples(self.path) if s.attempt == self.attempt]
 
     def summary(self) -> TelemetrySummary:
         """Summary of every sample of this run in ``path`` (earlier attempts included)."""
@@ -307,18 +330,33 @@ class Sampler:
             return False
         step, key = self.doing
         ts = self.clock()
+        energy = self._read_counter()
         lines = []
         for r in readings:
             if r.gpu not in self.devices or (r.name and not self.devices[r.gpu].name):
                 self.devices[r.gpu] = DeviceInfo(gpu=r.gpu, name=r.name or "", uuid=r.uuid or "")
             s = DeviceSample.model_validate({**r.values, "ts": ts, "gpu": r.gpu, "run_id": self.run_id,
                                              "module": self.module, "attempt": self.attempt, "step": step,
-                                             "model_key": key})
+                                             "model_key": key, "energy_mj": energy.get(r.gpu)})
             lines.append(s.model_dump_json(exclude_none=True) + "\n")
         fh.write("".join(lines))
         fh.flush()
         self.samples += len(readings)
+        self.last_ts = ts
         return True
+
+    def _read_counter(self) -> dict[int, float]:
+        """The energy counters (mJ per device), when the device offers them; a failing read is noted once and
+        the counter left alone for the rest of the run (energy then comes from the power samples)."""
+        if self.counter is None:
+            return {}
+        try:
+            return self.counter()
+        except Exception as exc:  # a counter that cannot be read must not stop the sampling
+            self.counter = None
+            self._note("info", f"energy counter not readable ({type(exc).__name__}: {exc}); energy from the "
+                               "power samples")
+            return {}
 
     def _with_fallback(self, readings: tuple[Reading, ...]) -> tuple[Reading, ...]:
         """Fields the query lacks, from ``-q`` (checked once; then re-read every ``q_every`` samples)."""

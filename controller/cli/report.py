@@ -51,22 +51,23 @@ def _emit(report: Report, fmt: Format, out: Path | None, check: bool) -> None:
         raise typer.Exit(EXIT_NOT_PASS)
 
 
-def _thresholds(tolerance: float) -> Thresholds:
+def _thresholds(tolerance: float, energy_tolerance: float = 0.05) -> Thresholds:
     from controller.report.model import Thresholds
 
-    if not 0 < tolerance < 1:
-        _fail(f"--tolerance must be a fraction between 0 and 1, got {tolerance}")
-    return Thresholds(tolerance=tolerance)
+    for name, v in (("--tolerance", tolerance), ("--energy-tolerance", energy_tolerance)):
+        if not 0 < v < 1:
+            _fail(f"{name} must be a fraction between 0 and 1, got {v}")
+    return Thresholds(tolerance=tolerance, energy_tolerance=energy_tolerance)
 
 
 def _report(build: Callable[[Thresholds], Report], tolerance: float, fmt: Format, out: Path | None,
-            check: bool) -> None:
+            check: bool, energy_tolerance: float = 0.05) -> None:
     """Build a report with ``tolerance`` (a bad run, baseline or history: one line, exit 2) and emit it."""
     from controller.history import HistoryError
     from controller.report.model import ReportError
 
     try:
-        rep = build(_thresholds(tolerance))
+        rep = build(_thresholds(tolerance, energy_tolerance))
     except (ReportError, HistoryError, OSError) as exc:
         _fail(str(exc))
     for warning in rep.environment_changes:  # the figures may differ for that alone: said where a person looks
@@ -94,6 +95,8 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         old_fmt: Format | None = typer.Option(None, "--format", hidden=True, help="old name of --output"),
         out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
         tolerance: float = typer.Option(0.05, help="relative change that counts as a regression"),
+        energy_tolerance: float = typer.Option(0.05, help="relative change of energy per token (J/token, "
+                                                          "tokens/J) that counts as a regression"),
         check: bool = typer.Option(False, "--check", help=f"exit {EXIT_NOT_PASS} unless the verdict is pass"),
     ) -> None:
         """Verdict, regressions, outlier modules and fleet summary of one run (default: the latest)."""
@@ -101,7 +104,8 @@ def register(app: typer.Typer, get_history: Callable[[], History],
 
         html = (old_fmt or fmt) == Format.html  # the HTML report has a "History" section
         _report(lambda th: build_report(get_history(), run, baseline, thresholds=th, with_history=html,
-                                        same_environment=same_environment()), tolerance, old_fmt or fmt, out, check)
+                                        same_environment=same_environment()), tolerance, old_fmt or fmt, out, check,
+                energy_tolerance)
 
     @app.command("compare")
     def compare_cmd(

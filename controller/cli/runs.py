@@ -7,12 +7,16 @@ when the verb runs, so building the command tree stays light.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from controller.cli.invocation import session
 from controller.cli.output import Output, emit, output_option, stderr, stdout
+
+if TYPE_CHECKING:
+    from contract.records import ResultRow
 
 RUN_ARG = "run id, unique prefix or 'latest'"
 
@@ -241,8 +245,10 @@ def results(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run
             pull: bool = typer.Option(False, "--sync", help="pull the newest rows from the broker first (writes)"),
             telemetry: bool = typer.Option(False, "--telemetry", help="device telemetry per module and model key "
                                                                       "instead of the result rows"),
+            energy: bool = typer.Option(False, "--energy", help="energy per module and model key (J/token, "
+                                                                "tokens/J, power, idle) instead of the result rows"),
             ) -> None:
-    """Result rows of a run (or its device telemetry), from the run history."""
+    """Result rows of a run (or its device telemetry, or its energy), from the run history."""
     import json
 
     from controller import service
@@ -252,6 +258,13 @@ def results(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run
     info, rows = service.results(session(ctx), run_id, pull=pull)
     if telemetry:
         _emit_telemetry(session(ctx).history().telemetry(info.run_id), output)
+        return
+    if energy:
+        recs = energy_records(rows)
+        if output != Output.json:  # 4 significant digits: a GPU's J/token is a few mJ, an M1000's a few J
+            recs = [{k: f"{v:.4g}" if isinstance(v, float) else v for k, v in r.items()} for r in recs]
+        emit(recs, ENERGY_COLUMNS, output, title=f"energy of {info.run_id} (one benchmark window per module and "
+                                                 "model key)")
         return
     if output == Output.table:
         recs = []
@@ -269,8 +282,35 @@ def results(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run
     docs = [r.model_dump(mode="json") for r in rows]
     if output == Output.csv:
         for d in docs:
-            d.update(extra=json.dumps(d["extra"]), flags=json.dumps(d["flags"]))
+            d.update(extra=json.dumps(d["extra"]), flags=json.dumps(d["flags"]),
+                     energy=json.dumps(d["energy"]) if d["energy"] else "")
     emit(docs, ROW_FIELDS, output)
+
+
+ENERGY_COLUMNS = ("module", "model_key", "rows", "j_per_token", "tokens_per_j", "avg_power_w", "idle_power_w",
+                  "energy_j", "energy_above_idle_j", "window_s", "source", "coverage", "note")
+
+
+def energy_records(rows: Sequence[ResultRow]) -> list[dict[str, Any]]:
+    """One record per (module, model key): the energy of its benchmark window (every release row of a key
+    carries the same figures), in the rows' order; a key without energy says why where it can."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        if r.source != "release":
+            continue
+        rec = out.get((r.module, r.model_key))
+        if rec is not None:
+            rec["rows"] += 1
+            continue
+        w = r.energy
+        out[r.module, r.model_key] = {
+            "module": r.module, "model_key": r.model_key, "rows": 1, "j_per_token": r.j_per_token,
+            "tokens_per_j": r.tokens_per_j, "avg_power_w": r.avg_power_w, "idle_power_w": r.idle_power_w,
+            "energy_j": r.energy_j, "energy_above_idle_j": r.energy_above_idle_j,
+            "window_s": w.window_s if w else None, "source": w.source if w else "",
+            "coverage": w.coverage if w else None,
+            "note": w.note if w else "not measured (no device telemetry, or rows from before energy)"}
+    return list(out.values())
 
 
 TELEMETRY_TABLE = ("module", "model key", "gpu", "samples", "SM clock p95 / max MHz", "max °C",

@@ -17,7 +17,7 @@ from controller.history.records import HistoryError
 
 ROW_FIELDS: tuple[str, ...] = tuple(ResultRow.model_fields)
 _ROWS_KEY = "run_id, module, model_key, profile, source"  # a probe row sits beside the release's row
-_JSON_FIELDS = {"extra", "flags"}
+_JSON_FIELDS = {"extra", "flags", "energy"}
 _BOOL_FIELDS = {"correct"}
 # fields whose default is not None: a NULL (a column added to an older history) reads as the default
 _NOT_NULL_DEFAULTS = frozenset(f for f, info in ResultRow.model_fields.items()
@@ -128,13 +128,16 @@ CREATE TABLE IF NOT EXISTS webhook_sent (
 
 def row_to_db(row: ResultRow) -> tuple[Any, ...]:
     d = row.model_dump(mode="json")
-    return tuple(json.dumps(d[f]) if f in _JSON_FIELDS else d[f] for f in ROW_FIELDS)
+    return tuple(json.dumps(d[f]) if f in _JSON_FIELDS and d[f] is not None else d[f] for f in ROW_FIELDS)
+
+
+_EMPTY: dict[str, Any] = {"extra": {}, "flags": (), "energy": None}
 
 
 def row_from_db(values: sqlite3.Row | tuple[Any, ...]) -> ResultRow:
     d: dict[str, Any] = dict(zip(ROW_FIELDS, values, strict=True))
     for f in _JSON_FIELDS:
-        d[f] = json.loads(d[f]) if d[f] else ({} if f == "extra" else ())
+        d[f] = json.loads(d[f]) if d[f] else _EMPTY[f]
     for f in _BOOL_FIELDS:
         if d[f] is not None:
             d[f] = bool(d[f])

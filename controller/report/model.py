@@ -13,7 +13,7 @@ from typing import Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from contract.records import METRICS
+from contract.records import ENERGY_METRICS, METRICS
 from contract.vocab import Capacity, Disagreement
 from controller.errors import FleetctlError
 
@@ -22,9 +22,13 @@ Status = Literal["regressed", "improved", "within tolerance", "not significant",
 
 # Metrics computed from another metric of the same row by the benchmark itself; a change of
 # one shows up in its partner, so a regression of both is reported once, under the primary.
-DERIVED: dict[str, str] = {"tpot_ms": "decode_tps", "ttft_ms": "prefill_tps", "accept_rate_len": "accept_rate"}
+DERIVED: dict[str, str] = {"tpot_ms": "decode_tps", "ttft_ms": "prefill_tps", "accept_rate_len": "accept_rate",
+                           "tokens_per_j": "j_per_token"}
 PRIMARY_METRICS: tuple[str, ...] = tuple(m for m in METRICS if m not in DERIVED)
 ALL_METRICS: tuple[str, ...] = tuple(METRICS)
+# the primary metrics that make a module a (speed) outlier; energy makes an energy outlier of its own
+SPEED_PRIMARY: tuple[str, ...] = tuple(m for m in PRIMARY_METRICS if m not in ENERGY_METRICS)
+ENERGY_PRIMARY: tuple[str, ...] = tuple(m for m in PRIMARY_METRICS if m in ENERGY_METRICS)
 FLEET = "*"  # module / profile of a fleet-level or key-level finding
 
 
@@ -49,8 +53,12 @@ class Thresholds(_Frozen):
     z_floor: float = Field(default=0.01, gt=0)  # floor of the robust scale (log units): near-identical modules
     worst_cases: int = Field(default=3, ge=1)
     probe_tolerance: float = Field(default=0.05, gt=0, lt=1)  # release figure vs the agent's probe
+    # the energy metrics' (J/token, tokens/J): a release as fast that burns 10 % more is a regression
+    energy_tolerance: float = Field(default=0.05, gt=0, lt=1)
 
     def tol(self, metric: str) -> float:
+        if metric in ENERGY_METRICS:
+            return self.per_metric.get(metric, self.energy_tolerance)
         return self.per_metric.get(metric, self.tolerance)
 
 
@@ -101,6 +109,9 @@ class Outlier(_Frozen):
     # (docs/adr/0018-intervals-of-findings.md); None below 6 figures
     ci_low: float | None = None
     ci_high: float | None = None
+    # "" a speed outlier (every speed figure); "j_per_token": an energy outlier (factor: the fleet's J/token over
+    # the module's, 0.8 = it spends 25 % more energy per token)
+    metric: str = ""
 
 
 class Change(_Frozen):
@@ -226,6 +237,8 @@ class Report:
     environment_changes: tuple[str, ...] = ()
     # model keys whose benchmark compiled kernels while it measured (controller.report.jit)
     jit_compiled: tuple[JitCompiled, ...] = ()
+    # modules (or model keys of a module) whose energy per token is out of line with the fleet's
+    energy_outliers: tuple[Outlier, ...] = ()
 
     def telemetry_of(self, o: Outlier) -> OutlierTelemetry | None:
         """The outlier's device telemetry (None: none was attached)."""

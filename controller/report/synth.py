@@ -13,9 +13,11 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from contract.records import ResultRow
+from contract.records import METRICS, ResultRow
 
 SPEED_METRICS = ("prefill_tps", "decode_tps", "vision_fps")
+# an M1000 module's power while decoding, W (the simulated mthreads-gmi's decode phase: simulator/device/)
+DECODE_POWER_W = 52.0
 
 
 def rows_frame(rows: Iterable[ResultRow]) -> pd.DataFrame:
@@ -30,12 +32,16 @@ def rows_frame(rows: Iterable[ResultRow]) -> pd.DataFrame:
 def fleet(reference: pd.DataFrame, *, modules: int | Iterable[str] = 6, noise: float = 0.02,
           module_factor: Mapping[str, float] | None = None,
           regress: Mapping[tuple[str, str], float] | None = None,
-          seed: int = 0, run_id: str = "run", release: str = "1.4.2", repeat: int = 1) -> pd.DataFrame:
+          seed: int = 0, run_id: str = "run", release: str = "1.4.2", repeat: int = 1,
+          energy: bool = False, module_power: Mapping[str, float] | None = None) -> pd.DataFrame:
     """Result rows of one simulated run.
 
     ``module_factor``: {module: speed} (0.88 = 12 % slower on every speed figure);
-    ``regress``: {(model_key, metric): fraction} (0.08 = that metric 8 % worse on every module);
-    ``repeat``: copies of the reference per module (to build large frames for benchmarks).
+    ``regress``: {(model_key, metric): fraction} (0.08 = that metric 8 % worse on every module; ``j_per_token``
+    too: 0.10 = 10 % more energy per token);
+    ``repeat``: copies of the reference per module (to build large frames for benchmarks);
+    ``energy``: rows carry J/token (and tokens/J): :data:`DECODE_POWER_W` times the module's power factor
+    (``module_power``: {module: factor}, 1.135 = a hot module's 7 W more) over its decode rate, with noise.
     """
     names = [f"m{i:02d}" for i in range(modules)] if isinstance(modules, int) else list(modules)
     ref = reference.reset_index(drop=True)
@@ -54,9 +60,12 @@ def fleet(reference: pd.DataFrame, *, modules: int | Iterable[str] = 6, noise: f
         df[metric] = v * speed * (1 + noise * rng.standard_normal(len(df)))
     acc = df["accept_rate"].to_numpy(dtype=float)
     df["accept_rate"] = np.clip(acc * (1 + noise * rng.standard_normal(len(df))), 0, 1)
+    if energy:
+        power = DECODE_POWER_W * np.repeat([float((module_power or {}).get(m, 1.0)) for m in names], n)
+        df["j_per_token"] = power / df["decode_tps"].to_numpy(dtype=float) * (1 + noise * rng.standard_normal(len(df)))
     for (key, metric), frac in (regress or {}).items():
         sel = df["model_key"] == key
-        higher = metric != "ttft_ms" and metric != "tpot_ms"
+        higher = METRICS.get(metric, True)
         df.loc[sel, metric] = df.loc[sel, metric] * ((1 - frac) if higher else (1 + frac))
     _derive(df)
     return df
@@ -70,6 +79,8 @@ def _derive(df: pd.DataFrame) -> None:
     df["tpot_ms"] = np.where(has_tpot, 1000.0 / df["decode_tps"].to_numpy(dtype=float), np.nan)
     has_len = df["accept_rate_len"].notna().to_numpy()
     df["accept_rate_len"] = np.where(has_len, (3 * df["accept_rate"].to_numpy(dtype=float) + 1) / 4, np.nan)
+    if "j_per_token" in df.columns:
+        df["tokens_per_j"] = 1.0 / df["j_per_token"].to_numpy(dtype=float)
 
 
 def planted_series(seed: int, *, n: int = 30, shift: float = 0.0, at: int | None = None, noise: float = 0.02,

@@ -31,6 +31,7 @@ GRAFANA_UNITS: dict[str, set[str]] = {
     "frames_per_second": {"suffix: fps"},
     "celsius": {"celsius"},
     "watts": {"watt"},
+    "joules": {"joule"},
     "hertz": {"hertz"},
     "count": {"none", "short"},
 }

@@ -59,6 +59,22 @@ def test_latest_results_in_base_units(tmp_path: Path, seed_text: str) -> None:
     assert vis is not None and vis > 0
 
 
+def test_energy_figures_of_the_latest_results(tmp_path: Path, seed_text: str) -> None:
+    w = RunWriter(tmp_path, "r1", "m-a")
+    rows = seed_rows(seed_text, "r1", "m-a", "1.4.1", keys=["qwen3"])["qwen3"]
+    energy = {"j_per_token": 2.5, "tokens_per_j": 0.4, "avg_power_w": 51.5, "idle_power_w": 21.0}
+    w.rows([r.model_copy(update=energy) for r in rows])
+    w.progress(state=RunState.DONE, step="publish", keys_total=1, keys_done=1, progress=1.0,
+               outcomes=(KeyOutcome(model_key="qwen3", status="passed", rows=len(rows)),))
+    w.state(None, "r1")
+    reg = registry(tmp_path)
+    lbl = {"release": "1.4.1", "model_key": "qwen3", "profile": rows[-1].profile}
+    assert reg.get_sample_value("m1000_result_energy_per_token_joules", lbl) == 2.5
+    assert reg.get_sample_value("m1000_result_output_tokens_per_joule", lbl) == 0.4
+    assert reg.get_sample_value("m1000_result_average_power_watts", lbl) == 51.5
+    assert reg.get_sample_value("m1000_result_idle_power_watts", lbl) == 21.0
+
+
 def test_newer_run_wins_and_old_releases_drop_out(tmp_path: Path, seed_text: str) -> None:
     import os
     import time

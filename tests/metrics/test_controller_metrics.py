@@ -11,6 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from agent.tables import parse_seed
+from contract.records import ResultRow
 from controller.cli.targets import file_sd, register
 from controller.history import History
 from controller.inventory import InventoryError, parse_inventory
@@ -94,6 +95,18 @@ def test_performance_ratio_and_deviation_are_pure() -> None:
     assert performance_ratio("ttft_ms", 0.0, 100.0) is None
     assert performance_ratio("ttft_ms", math.inf, 1.0) is None
     assert deviation([], {}).ratios == {}
+
+
+def test_energy_against_the_baseline_is_a_performance_ratio() -> None:
+    """J/token is lower-better: 10 % more energy per token is a ratio of 1/1.1 and a cell worse than tolerance."""
+    assert performance_ratio("j_per_token", 2.2, 2.0) == pytest.approx(2.0 / 2.2)
+    assert performance_ratio("tokens_per_j", 0.45, 0.5) == pytest.approx(0.9)
+    row = ResultRow(module="m-a", model_key="qwen3", table="sweep", profile="128:128", model="Qwen3",
+                    j_per_token=2.2, tokens_per_j=1 / 2.2)
+    dev = deviation([row], {("qwen3", "128:128"): {"j_per_token": 2.0, "tokens_per_j": 0.5}})
+    assert dev.ratios == {("qwen3", "j_per_token"): pytest.approx(2.0 / 2.2),
+                          ("qwen3", "tokens_per_j"): pytest.approx(1 / 1.1)}
+    assert dev.regressions == 2
 
 
 INV = {

@@ -18,6 +18,8 @@ def test_names_follow_prometheus_conventions() -> None:
             assert s.name.endswith("_bytes"), s.name
         if s.unit == "ratio":
             assert s.name.endswith("_ratio"), s.name
+        if s.unit in ("joules", "watts"):
+            assert s.name.endswith(f"_{s.unit}"), s.name
         assert not {"run_id", "path", "message", "instance"} & set(s.labels), s.name
 
 

@@ -60,3 +60,22 @@ def test_a_hanging_or_missing_tool_neither_slows_nor_fails_the_run(tmp_path, mak
     assert "did not answer within 0.3 s" in ev["hang"][0]["message"]
     assert [e["status"] for e in ev["missing"]] == ["unavailable"]
     assert "absent-gmi not found" in ev["missing"][0]["message"]
+
+
+def test_release_rows_carry_the_energy_of_their_benchmark_window(tmp_path, make_config, make_request):
+    smi = tool(tmp_path / "nvidia-smi", f"echo '{ROW}'\n")  # a constant 84.27 W, 0 % busy
+    cfg = make_config(telemetry=TelemetryConfig(period_s=0.05, tool=smi))
+    assert run_pipeline(make_request(("qwen3",)), cfg).ok
+    rows = RunStore(cfg.workdir).rows("r1")
+    assert rows and all(r.energy is not None for r in rows)
+    w = rows[0].energy
+    assert w is not None and w.source == "samples" and w.note == "" and w.coverage == 1.0
+    tokens = sum(r.measured_output or r.output_tokens or 0 for r in rows)
+    assert w.output_tokens == tokens
+    for r in rows:  # one window per key: every row carries its figures
+        assert r.energy == w and r.avg_power_w == 84.27 and r.idle_power_w == 84.27 and w.idle_samples == 5
+        assert r.energy_j == pytest.approx(84.27 * w.window_s, rel=1e-5)
+        assert r.energy_above_idle_j == pytest.approx(0.0, abs=1e-3)
+        assert r.j_per_token == pytest.approx(84.27 * w.window_s / tokens, rel=1e-5)
+    log = next((cfg.workdir / "runs" / "r1").rglob("*benchmark*qwen3*.log")).read_text()
+    assert "energy over the benchmark window: " in log

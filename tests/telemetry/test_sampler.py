@@ -231,3 +231,33 @@ def test_samples_are_valid_records(tmp_path: Path, fault: str) -> None:
     assert len(s.notes) == 1
     for line in (tmp_path / SAMPLES_FILE).read_text().splitlines() if (tmp_path / SAMPLES_FILE).exists() else []:
         DeviceSample.model_validate_json(line)
+
+
+def test_samples_carry_the_energy_counter_and_a_broken_counter_is_noted_once(tmp_path: Path) -> None:
+    readings = iter([1000.0, 1500.0, 2250.0])
+
+    def counter() -> dict[int, float]:
+        return {0: next(readings)}  # then StopIteration: a counter that cannot be read any more
+
+    s, events = sampler(tmp_path, FakeTool(), counter=counter)
+    s.start()
+    wait_until(lambda: s.samples >= 5)
+    s.stop()
+    got = list(read_samples(tmp_path / SAMPLES_FILE))
+    assert [x.energy_mj for x in got[:4]] == [1000.0, 1500.0, 2250.0, None]
+    assert all(x.energy_mj is None for x in got[3:])
+    noted = [e for e in events if e[1].startswith("energy counter")]
+    assert noted == [("info", "energy counter not readable (StopIteration: ); energy from the power samples")]
+
+
+def test_samples_until_waits_for_a_sample_past_the_window(tmp_path: Path) -> None:
+    s, _ = sampler(tmp_path, FakeTool())
+    s.start()
+    wait_until(lambda: s.samples >= 1)
+    end = time.time()
+    got = s.samples_until(end)
+    s.stop()
+    assert got and max(x.ts for x in got) >= end and all(x.attempt == 2 for x in got)
+    idle, _ = sampler(tmp_path / "off", FakeTool())  # never started: no wait, no samples
+    t0 = time.monotonic()
+    assert idle.samples_until(time.time() + 60) == [] and time.monotonic() - t0 < 0.5

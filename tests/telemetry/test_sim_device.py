@@ -176,3 +176,14 @@ def test_sampler_speaks_json_to_it(tmp_path: Path, server, monkeypatch) -> None:
     last = list(read_samples(tmp_path / SAMPLES_FILE))[-1]
     assert s.mode == "json" and s.notes == [] and s.driver == "3.1.0-sim"
     assert last.power_w == 52 and last.sm_clock_mhz == 1800 and last.clock_event_reasons == 0
+
+
+@pytest.mark.parametrize(("condition", "phase", "watts"), [
+    ("", "prefill", 68), ("", "decode", 52), ("", "idle", 21),
+    ("hot", "prefill", 75), ("hot", "decode", 62), ("hot", "idle", 21),  # +10 W leakage, capped at the 75 W limit
+    ("throttle", "prefill", 68), ("throttle", "decode", 55),  # 14 + 10 static, dynamic x 0.82
+    ("lowclock", "prefill", 59), ("lowclock", "decode", 46),  # 14 static, dynamic x 0.85
+])
+def test_power_is_leakage_by_temperature_plus_dynamic_by_clock(server, condition, phase, watts) -> None:  # type: ignore[no-untyped-def]
+    env = {**server(phase), **({ENV_DEVICE: condition} if condition else {})}
+    assert reading(env).values["power_w"] == watts

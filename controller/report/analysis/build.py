@@ -24,7 +24,13 @@ from controller.report.analysis.compare import (
 from controller.report.analysis.frame import Names, exact_metrics, prepare, take_rows
 from controller.report.analysis.groups import Groups
 from controller.report.analysis.middles import Middles, included_middles
-from controller.report.analysis.outliers import find_outliers, fleet_deviation, outlier_mask, refine_outliers
+from controller.report.analysis.outliers import (
+    energy_outliers,
+    find_outliers,
+    fleet_deviation,
+    outlier_mask,
+    refine_outliers,
+)
 from controller.report.analysis.probe import capacities, probe_disagreements, split_sources
 from controller.report.analysis.summary import completeness, summarise
 from controller.report.analysis.verdict import decide, fold
@@ -61,6 +67,7 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     cells_all = Groups(cur["cell"].to_numpy())  # sorted once, reused by every per-cell median
     devs, spread, fleet_mid = fleet_deviation(cur, th, cells_all)
     outliers, deviation = find_outliers(devs, names, th)
+    energy = energy_outliers(cur, names, th, cells_all)
     # refining takes the outlier modules' rows only: the rest goes before the included rows are taken
     devs = devs.only(np.flatnonzero(np.isin(devs.mod, [names.modules.get_loc(o.module) for o in outliers])))
     excluded = outlier_mask(cur, outliers)
@@ -100,7 +107,7 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
                       if r.module == FLEET and r.profile == FLEET}
         regs += module_compare(dp, names, th, previous_label, fleet_wide)
         regs += correctness(cur, dp["ref_correct"].to_numpy(dtype=float), previous_label)
-    regressions = tuple(fold(regs, outliers))
+    regressions = tuple(fold(regs, outliers, energy))
 
     notes += completeness(cur, names, ref, expected_modules, expected_keys, module_keys)
     verdict = decide(state, len(cur), regressions, notes, expected_modules, expected_keys)
@@ -110,4 +117,5 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         modules=tuple(sorted(map(str, cur["module"].unique()))), thresholds=th,
         summary=summarise(cur, rows, ref, ~excluded, spread, cells_all, mid), rows=rows, reference=ref,
         deviation=deviation, disagreements=disagreements, probe_checked=probe_checked, capacities=capacities(probe),
+        energy_outliers=energy,
     ))

@@ -21,7 +21,15 @@ from controller.report.analysis.groups import Groups, by_code, by_module, packed
 from controller.report.analysis.middles import Middles
 from controller.report.analysis.stats import median_intervals, sign_p
 from controller.report.analysis.verdict import outlier_hits
-from controller.report.model import FLEET, PRIMARY_METRICS, Outlier, Thresholds, WorstCase
+from controller.report.model import (
+    ENERGY_PRIMARY,
+    FLEET,
+    PRIMARY_METRICS,
+    SPEED_PRIMARY,
+    Outlier,
+    Thresholds,
+    WorstCase,
+)
 
 
 class Deviations:
@@ -117,16 +125,18 @@ class Deviations:
                              "mi": self.mi[c], "b": b, "dev": d, "z": d / sc, "scale": sc})
 
 
-def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = None
+def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = None,
+                    among: Iterable[str] = SPEED_PRIMARY
                     ) -> tuple[Deviations, pd.DataFrame, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """Deviations of the primary metrics from the fleet median of their cell, per cell the robust
     spread (1.4826 MAD, log units ~ relative sd) of each primary metric, and per metric the two
     middle badness figures per cell (what :class:`Middles` reuses when no row is left out).
 
     ``dev``: badness minus the fleet median of the cell (log units); ``z``: dev / robust spread
-    (floored at ``z_floor``).
+    (floored at ``z_floor``). ``among``: the primary metrics looked at (default: the speed metrics; the
+    energy metrics make outliers of their own, :func:`energy_outliers`).
     """
-    metrics = present_metrics(cur, PRIMARY_METRICS)
+    metrics = present_metrics(cur, among)
     cols = badness_columns(metrics)
     if not cols:
         return Deviations.of(cur, [], np.zeros((len(cur), 0)), np.zeros((0, 0)),
@@ -289,3 +299,15 @@ def outlier_mask(cur: pd.DataFrame, outliers: Iterable[Outlier]) -> np.ndarray:
             m = m & (cur["model_key"] == o.model_key).to_numpy()
         mask |= m
     return mask
+
+
+def energy_outliers(cur: pd.DataFrame, names: Names, th: Thresholds, groups: Groups | None = None
+                    ) -> tuple[Outlier, ...]:
+    """Modules (then model keys of a module) whose energy per token is out of line with the fleet's, by the
+    same rule as the speed outliers over the energy figures alone: a hot module as fast as the others but
+    spending more joules per token is one. They stay in the fleet's figures (their speed is not in doubt)."""
+    if not present_metrics(cur, ENERGY_PRIMARY):
+        return ()
+    devs, _, _ = fleet_deviation(cur, th, groups, among=ENERGY_PRIMARY)
+    found, _ = find_outliers(devs, names, th)
+    return tuple(o.model_copy(update={"metric": ENERGY_PRIMARY[0]}) for o in found)

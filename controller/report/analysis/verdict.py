@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from contract.records import METRICS
+from contract.records import ENERGY_METRICS, METRICS
 from controller.report.model import DERIVED, FLEET, Outlier, Regression, Status, Thresholds, Verdict
 
 LOWER_MEDIAN_BELOW = 12  # cells with fewer rows: the fleet median is the lower median of the badness
@@ -104,17 +104,21 @@ def answer_flipped(correct: np.ndarray, ref_correct: np.ndarray) -> np.ndarray:
 
 
 # -- one finding per cause, and the verdict --------------------------------------------------------
-def fold(regs: list[Regression], outliers: tuple[Outlier, ...]) -> list[Regression]:
+def fold(regs: list[Regression], outliers: tuple[Outlier, ...],
+         energy_outliers: tuple[Outlier, ...] = ()) -> list[Regression]:
     """One finding per cause: derived metrics into their primary, previous into baseline, module
-    findings into fleet findings or the module's outlier entry."""
+    findings into fleet findings or the module's outlier entry (an energy outlier's: its energy findings)."""
     fleet_kpm = {(r.model_key, r.profile, DERIVED.get(r.metric, r.metric)) for r in regs if r.module == FLEET}
     out_mods = {o.module for o in outliers if o.model_key == FLEET}
     out_mk = {(o.module, o.model_key) for o in outliers}
+    hot_mods = {o.module for o in energy_outliers if o.model_key == FLEET}
+    hot_mk = {(o.module, o.model_key) for o in energy_outliers}
 
     def explained(r: Regression) -> bool:
         metric = DERIVED.get(r.metric, r.metric)
         by_fleet = (r.model_key, FLEET, metric) in fleet_kpm or (r.model_key, r.profile, metric) in fleet_kpm
-        return by_fleet or r.module in out_mods or (r.module, r.model_key) in out_mk
+        by_energy = metric in ENERGY_METRICS and (r.module in hot_mods or (r.module, r.model_key) in hot_mk)
+        return by_fleet or by_energy or r.module in out_mods or (r.module, r.model_key) in out_mk
 
     kept = [r for r in regs if r.module == FLEET or not explained(r)]
     # same finding against both references -> one entry

@@ -47,6 +47,7 @@ def to_dict(r: Report) -> dict[str, Any]:
         "run_id": r.run_id, "release": r.release, "baseline": r.baseline_id, "previous": list(r.previous_ids),
         "verdict": r.verdict, "verdict_line": verdict_line(r), "modules": list(r.modules),
         **findings(r),
+        "energy_outliers": [x.model_dump(mode="json") for x in r.energy_outliers],
         "outlier_telemetry": [x.model_dump(mode="json") for x in r.outlier_telemetry],
         "environment": [x.model_dump(mode="json") for x in r.environment],
         "environment_changes": list(r.environment_changes),

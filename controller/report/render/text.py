@@ -67,6 +67,9 @@ def verdict_line(r: Report) -> str:
         parts.append(f"{len(r.outliers)} outlier(s): " + ", ".join(
             f"{o.module}{'' if o.model_key == FLEET else '[' + o.model_key + ']'} {factor_interval(o)}"
             for o in r.outliers))
+    if r.energy_outliers:
+        parts.append(f"{len(r.energy_outliers)} energy outlier(s): " + ", ".join(energy_outlier_text(o)
+                                                                              for o in r.energy_outliers))
     if r.disagreements:
         where = sorted({f"{d.module}[{d.model_key}]" for d in r.disagreements})
         parts.append(f"release benchmark disagrees with the probe on {len(r.disagreements)} figure(s): "
@@ -74,6 +77,26 @@ def verdict_line(r: Report) -> str:
     if r.verdict in ("incomplete", "failed") and r.notes:
         parts.append(r.notes[-1])
     return f"{head}: " + "; ".join(parts)
+
+
+def energy_outlier_text(o: Outlier) -> str:
+    """``m02 J/token 1.13x the fleet's`` (an energy outlier's factor is the fleet's J/token over its own)."""
+    where = "" if o.model_key == FLEET else f"[{o.model_key}]"
+    return f"{o.module}{where} J/token {1 / o.factor:.2f}x the fleet's"
+
+
+def energy_text(r: Report) -> str:
+    """One sentence about the run's energy figures: how many rows carry them, the energy outliers."""
+    rows = r.rows
+    n = int(rows["j_per_token"].notna().sum()) if "j_per_token" in rows.columns else 0
+    if not n:
+        return "No energy figures in this run (no device telemetry, or every window dropped)."
+    said = (f"{n} row(s) carry energy per token (over each key's benchmark window); energy tolerance "
+            f"{r.thresholds.energy_tolerance:.0%}.")
+    if r.energy_outliers:
+        return said + " Energy outliers (more joules per output token than the fleet): " + ", ".join(
+            energy_outlier_text(o) for o in r.energy_outliers) + "."
+    return said + " No module is out of line."
 
 
 def probe_text(r: Report) -> str:
@@ -124,6 +147,14 @@ def to_markdown(r: Report) -> str:
         out += _md_telemetry(r)
     else:
         out.append("None.")
+    out += ["", "## Energy", ""]
+    out.append(energy_text(r))
+    if r.energy_outliers:
+        out += ["", _md_table(
+            ["module", "model key", "J/token vs fleet", "95% interval", "figures", "worst cases"],
+            [[o.module, o.model_key, f"{1 / o.factor:.2f}x", _factor_ci(o), str(o.cells),
+              "; ".join(f"{w.model_key} {w.profile} {num(w.value)} vs {num(w.fleet_median)} J/token"
+                        for w in o.worst)] for o in r.energy_outliers])]
     out += ["", "## Release benchmark vs probe", "", probe_text(r)]
     if r.disagreements:
         out += ["", _md_table(["module", "model key", "profile", "metric", "release", "probe", "change"],

@@ -1,0 +1,243 @@
+"""Energy over a benchmark window, from the device's samples (pure: samples and a window in, figures out).
+
+Two sources, the counter preferred (docs/adr/0022-energy-per-token.md):
+
+- **counter**: a cumulative energy counter (NVML's total energy, mJ, ``DeviceSample.energy_mj``),
+  read at the window's edges by linear interpolation between the readings around each edge;
+- **samples**: the power samples (W) integrated by the trapezoid rule, clipped to the window
+  (the power at an edge is interpolated between the samples around it).
+
+Nothing is guessed: the samples must reach across the whole window (a sample at or before its
+start and one at or after its end), no two neighbouring samples over it may lie further apart
+than ``gap_factor`` periods, and a counter that goes back (a reset, a driver reload) drops the
+figure. A dropped figure keeps its window and coverage, and says why in ``EnergyWindow.note``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from contract.energy import EnergyWindow
+from contract.records import DeviceSample, ResultRow
+
+Point = tuple[float, float]  # (ts, value)
+
+GAP_FACTOR = 2.5  # two samples further apart than this many periods: a gap
+IDLE_SAMPLES = 5  # idle power: the median of the latest this many idle samples before the key
+IDLE_UTILIZATION = 5.0  # %: a sample at or below this utilisation (or without one) counts as idle
+
+
+@dataclass(frozen=True)
+class Integral:
+    """What one series of points says about a window: the energy (None: dropped), and its evidence."""
+
+    joules: float | None
+    covered_s: float  # length of the window that lies between the first and the last point around it
+    points: int  # points inside the window (edges included)
+    period_s: float | None  # median interval between the points used
+    max_gap_s: float | None  # longest interval between two neighbouring points over the window
+    note: str = ""
+
+
+def _around(points: Sequence[Point], start: float, end: float) -> list[Point]:
+    """The points over [start, end]: the last one at or before ``start``, those inside, the first one at
+    or after ``end`` (sorted by time; equal times keep the later point)."""
+    pts = sorted(points, key=lambda p: p[0])
+    before = [p for p in pts if p[0] <= start]
+    inside = [p for p in pts if start < p[0] < end]
+    after = [p for p in pts if p[0] >= end]
+    return ([before[-1]] if before else []) + inside + ([after[0]] if after else [])
+
+
+def _evidence(used: list[Point], start: float, end: float) -> tuple[float, int, float | None, float | None]:
+    """(covered seconds, points inside, median interval, longest interval) of the points over a window."""
+    if not used:
+        return 0.0, 0, None, None
+    covered = max(0.0, min(end, used[-1][0]) - max(start, used[0][0]))
+    inside = sum(1 for t, _ in used if start <= t <= end)
+    steps = [b[0] - a[0] for a, b in zip(used, used[1:], strict=False)]
+    return covered, inside, (statistics.median(steps) if steps else None), (max(steps) if steps else None)
+
+
+def _at(a: Point, b: Point, t: float) -> float:
+    """The value at ``t`` on the line from ``a`` to ``b``."""
+    if b[0] == a[0]:
+        return b[1]
+    return a[1] + (b[1] - a[1]) * (t - a[0]) / (b[0] - a[0])
+
+
+def _check(used: list[Point], start: float, end: float, period_s: float, gap_factor: float,
+           what: str) -> tuple[tuple[float, int, float | None, float | None], str]:
+    ev = covered, _, _, longest = _evidence(used, start, end)
+    window = end - start
+    if not used or covered < window * (1 - 1e-9) or used[0][0] > start or used[-1][0] < end:
+        share = covered / window if window > 0 else 0.0
+        return ev, f"{what} cover {share:.0%} of the window: figure dropped"
+    if longest is not None and longest > gap_factor * period_s:
+        at = next(a for a, b in zip(used, used[1:], strict=False) if b[0] - a[0] == longest)
+        return ev, (f"a gap of {longest:.3g} s in the {what} (at {at[0]:.3f}; more than {gap_factor:g} x the "
+                    f"{period_s:g} s period): figure dropped")
+    return ev, ""
+
+
+def integrate_power(points: Sequence[Point], start: float, end: float, *, period_s: float,
+                    gap_factor: float = GAP_FACTOR) -> Integral:
+    """Joules over [start, end] from power samples ``(ts, W)``: trapezoids between neighbouring samples,
+    clipped to the window (the power at an edge interpolated between the samples around it)."""
+    if not end > start:
+        raise ValueError(f"energy window [{start}, {end}] is empty")
+    used = _around(points, start, end)
+    (covered, inside, period, longest), note = _check(used, start, end, period_s, gap_factor, "power samples")
+    if note:
+        return Integral(None, covered, inside, period, longest, note)
+    joules = 0.0
+    for a, b in zip(used, used[1:], strict=False):
+        lo, hi = max(a[0], start), min(b[0], end)
+        if hi > lo:
+            joules += (_at(a, b, lo) + _at(a, b, hi)) / 2 * (hi - lo)
+    return Integral(joules, covered, inside, period, longest)
+
+
+def counter_energy(points: Sequence[Point], start: float, end: float, *, period_s: float,
+                   gap_factor: float = GAP_FACTOR) -> Integral:
+    """Joules over [start, end] from a cumulative counter's readings ``(ts, mJ)``: its value interpolated
+    at each edge, the difference. A reading lower than the one before (a reset) drops the figure."""
+    if not end > start:
+        raise ValueError(f"energy window [{start}, {end}] is empty")
+    used = _around(points, start, end)
+    for a, b in zip(used, used[1:], strict=False):
+        if b[1] < a[1]:
+            covered, inside, period, longest = _evidence(used, start, end)
+            return Integral(None, covered, inside, period, longest,
+                            f"the energy counter went back from {a[1]:.0f} to {b[1]:.0f} mJ at {b[0]:.3f} "
+                            "(a reset): figure dropped")
+    (covered, inside, period, longest), note = _check(used, start, end, period_s, gap_factor,
+                                                      "energy counter readings")
+    if note:
+        return Integral(None, covered, inside, period, longest, note)
+    lo = next(i for i in range(len(used) - 1) if used[i + 1][0] >= start)  # the pair around start
+    hi = next(i for i in range(len(used) - 1) if used[i + 1][0] >= end)
+    millijoules = _at(used[hi], used[hi + 1], end) - _at(used[lo], used[lo + 1], start)
+    return Integral(millijoules / 1000.0, covered, inside, period, longest)
+
+
+def idle_power(samples: Iterable[DeviceSample], before: float, *, count: int = IDLE_SAMPLES,
+               utilization: float = IDLE_UTILIZATION) -> tuple[float | None, int]:
+    """The module's idle power before ``before``: per device the median power of its latest ``count`` idle
+    samples (utilisation at most ``utilization`` %, or unknown), summed over the devices; (None, 0) when a
+    device has none."""
+    per_gpu: dict[int, list[DeviceSample]] = {}
+    for s in samples:
+        if s.ts < before and s.power_w is not None and (s.utilization_pct is None or s.utilization_pct <= utilization):
+            per_gpu.setdefault(s.gpu, []).append(s)
+    if not per_gpu:
+        return None, 0
+    total, n = 0.0, 0
+    for found in per_gpu.values():
+        latest = sorted(found, key=lambda s: s.ts)[-count:]
+        total += statistics.median(s.power_w for s in latest if s.power_w is not None)
+        n += len(latest)
+    return total, n
+
+
+@dataclass(frozen=True)
+class Energy:
+    """The figures of one window (every energy figure None when dropped; ``window`` says why)."""
+
+    window: EnergyWindow
+    energy_j: float | None = None
+    j_per_token: float | None = None
+    tokens_per_j: float | None = None
+    avg_power_w: float | None = None
+    idle_power_w: float | None = None
+    energy_above_idle_j: float | None = None
+
+    def row_fields(self) -> dict[str, object]:
+        """What a :class:`~contract.records.ResultRow` takes of it."""
+        return {"energy_j": self.energy_j, "j_per_token": self.j_per_token, "tokens_per_j": self.tokens_per_j,
+                "avg_power_w": self.avg_power_w, "idle_power_w": self.idle_power_w,
+                "energy_above_idle_j": self.energy_above_idle_j, "energy": self.window}
+
+
+def _round(v: float | None, digits: int = 6) -> float | None:
+    return None if v is None else float(f"{v:.{digits}g}")
+
+
+def window_energy(samples: Iterable[DeviceSample], start: float, end: float, *, period_s: float,
+                  output_tokens: int | None, idle_before: float | None = None,
+                  gap_factor: float = GAP_FACTOR) -> Energy:
+    """Energy of the module (every device summed) over [start, end] from a run's samples, per output token.
+
+    Per device the counter is taken when every reading around the window has one, else the power samples;
+    one device's figure dropped drops the module's. ``idle_before``: idle power is measured from the
+    samples before that time (default: ``start``)."""
+    all_samples = list(samples)
+    by_gpu: dict[int, list[DeviceSample]] = {}
+    for s in all_samples:
+        by_gpu.setdefault(s.gpu, []).append(s)
+    window = end - start
+    base = {"start": start, "end": end, "window_s": round(window, 6), "output_tokens": output_tokens}
+    if not by_gpu:
+        return Energy(EnergyWindow(**base, note="no device samples: no energy figure"))  # type: ignore[arg-type]
+    total = 0.0
+    sources: set[str] = set()
+    worst: Integral | None = None
+    note = ""
+    for gpu in sorted(by_gpu):
+        mine = by_gpu[gpu]
+        counter = [(s.ts, s.energy_mj) for s in mine if s.energy_mj is not None]
+        power = [(s.ts, s.power_w) for s in mine if s.power_w is not None]
+        around = _around([(s.ts, 0.0) for s in mine], start, end)
+        use_counter = bool(counter) and len(_around(counter, start, end)) == len(around)
+        got = (counter_energy(counter, start, end, period_s=period_s, gap_factor=gap_factor) if use_counter
+               else integrate_power(power, start, end, period_s=period_s, gap_factor=gap_factor))
+        sources.add("counter" if use_counter else "samples")
+        if worst is None or got.covered_s < worst.covered_s or (got.note and not worst.note):
+            worst = got
+        if got.joules is None:
+            note = got.note + (f" (device {gpu})" if len(by_gpu) > 1 else "")
+            break
+        total += got.joules
+    assert worst is not None
+    idle, idle_n = idle_power(all_samples, start if idle_before is None else idle_before)
+    src = "counter" if sources == {"counter"} else "samples"
+    ew = EnergyWindow(**base, source=src, samples=worst.points, period_s=_round(worst.period_s),  # type: ignore[arg-type]
+                      coverage=round(min(1.0, worst.covered_s / window), 6), max_gap_s=_round(worst.max_gap_s),
+                      idle_samples=idle_n, note=note)
+    if note:
+        return Energy(ew, idle_power_w=_round(idle))
+    per_token = bool(output_tokens) and total > 0
+    if not per_token:
+        ew = ew.model_copy(update={"note": "no output tokens in the window (or no energy): no energy per token"})
+    return Energy(ew, energy_j=_round(total),
+                  j_per_token=_round(total / output_tokens) if per_token and output_tokens else None,
+                  tokens_per_j=_round(output_tokens / total) if per_token and output_tokens else None,
+                  avg_power_w=_round(total / window), idle_power_w=_round(idle),
+                  energy_above_idle_j=None if idle is None else _round(total - idle * window))
+
+
+def output_tokens(rows: Iterable[ResultRow]) -> int:
+    """Output tokens the release's rows of one key report (what its benchmark window generated, warm-ups and
+    repeated first tokens aside): per row the measured output where printed, else the output length."""
+    return sum((r.measured_output if r.measured_output is not None else r.output_tokens) or 0
+               for r in rows if r.source == "release")
+
+
+def with_energy(rows: Sequence[ResultRow], energy: Energy) -> list[ResultRow]:
+    """The rows with the window's energy figures on every release row (probe rows unchanged)."""
+    fields = energy.row_fields()
+    return [r.model_copy(update=fields) if r.source == "release" else r for r in rows]
+
+
+def describe(energy: Energy) -> str:
+    """One line for the benchmark's log."""
+    w = energy.window
+    if energy.energy_j is None:
+        return f"energy over the benchmark window ({w.window_s:.1f} s): {w.note}"
+    per = f", {energy.j_per_token:.4g} J/token" if energy.j_per_token is not None else ""
+    idle = f", idle {energy.idle_power_w:.4g} W" if energy.idle_power_w is not None else ""
+    return (f"energy over the benchmark window: {energy.energy_j:.6g} J in {w.window_s:.1f} s from the {w.source} "
+            f"(coverage {w.coverage:.0%}, period {w.period_s or 0:g} s){per}, average {energy.avg_power_w:.4g} W"
+            f"{idle}")

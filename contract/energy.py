@@ -1,0 +1,35 @@
+"""How a result row's energy figures were reached: the record of one benchmark window (agent.telemetry.energy).
+
+A row carries its figures (``ResultRow.energy_j``, ``j_per_token``, ...) as plain columns, for the analysis; this
+record beside them says where they came from, or why they were dropped (docs/adr/0022-energy-per-token.md).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class EnergyWindow(BaseModel):
+    """How a row's energy figures were reached: the window, the source, and what covered it.
+
+    ``source`` "counter": the device's cumulative energy counter (NVML's total energy), read at the
+    window's edges; "samples": the power samples integrated (trapezoid, clipped to the window).
+    ``note`` is non-empty when the figures were dropped (a counter reset, a gap in the samples, too
+    little coverage, no output tokens), and says why.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: Literal["counter", "samples", ""] = ""
+    start: float  # epoch s
+    end: float
+    window_s: float
+    samples: int = 0  # power samples (or counter readings) inside the window
+    period_s: float | None = None  # median interval between those samples
+    coverage: float = 0.0  # share of the window between the first and the last sample around it
+    max_gap_s: float | None = None  # longest interval between two samples over the window
+    output_tokens: int | None = None
+    idle_samples: int = 0  # samples behind idle_power_w
+    note: str = ""

@@ -1,0 +1,85 @@
+"""Energy through the verdict on synthetic fleets (fast tier): a hot module's J/token named as an energy outlier,
+an injected 10 % energy regression judged as a speed regression is, with its own tolerance."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.report import Thresholds, analyse
+from controller.report.model import FLEET
+from controller.report.render import to_markdown
+from controller.report.synth import DECODE_POWER_W, fleet
+
+SEEDS = range(3)
+HOT = {"m02": (DECODE_POWER_W + 10.0) / DECODE_POWER_W}  # the simulated hot card: 10 W more leakage under load
+
+
+def _names(rep):
+    return [(r.module, r.model_key, r.profile, r.metric) for r in rep.regressions]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_hot_module_is_named_for_its_energy_per_token_and_is_no_speed_outlier(reference, seed):
+    prev = fleet(reference, energy=True, seed=10 + seed, run_id="r0")
+    cur = fleet(reference, energy=True, module_power=HOT, seed=20 + seed, run_id="r1")
+    rep = analyse(cur, run_id="r1", baseline=reference, baseline_id="b", previous=prev)
+    assert rep.outliers == ()  # as fast as the others
+    assert [(o.module, o.model_key, o.metric) for o in rep.energy_outliers] == [("m02", FLEET, "j_per_token")]
+    assert rep.energy_outliers[0].factor == pytest.approx(52 / 62, abs=0.015)  # 19 % more J/token
+    worst = rep.energy_outliers[0].worst[0]
+    assert worst.metric == "j_per_token" and worst.value > worst.fleet_median
+    assert rep.verdict == "pass"  # a module out of line is no release regression
+    text = to_markdown(rep)
+    assert "energy outlier" in text and "m02" in text and "J/token" in text
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_an_energy_regression_is_judged_as_a_speed_regression(reference, seed):
+    prev = fleet(reference, energy=True, seed=30 + seed, run_id="r0")
+    hungry = fleet(reference, energy=True, regress={("qwen3", "j_per_token"): 0.10}, seed=40 + seed, run_id="r1")
+    # J/token is drawn before a regression is applied: here only the speed moves, the energy per token stays
+    slower = fleet(reference, energy=True, regress={("qwen3", "decode_tps"): 0.10}, seed=40 + seed, run_id="r1")
+    assert slower["j_per_token"].equals(hungry["j_per_token"].where(hungry["model_key"] != "qwen3",
+                                                                   slower["j_per_token"]))
+    e = analyse(hungry, run_id="r1", previous=prev)
+    s = analyse(slower, run_id="r1", previous=prev)
+    assert _names(e) == [(FLEET, "qwen3", FLEET, "j_per_token")]
+    assert _names(s) == [(FLEET, "qwen3", FLEET, "decode_tps")]
+    assert e.verdict == s.verdict == "regressed"
+    (re_,), (rs,) = e.regressions, s.regressions
+    assert re_.against == rs.against == "previous" and re_.n == rs.n
+    assert 0.05 < re_.change < 0.15 and -0.15 < rs.change < -0.05  # the same estimator, the same noise
+    assert re_.related and re_.related[0].startswith("tokens_per_j -")  # the derived figure moved with it
+
+
+def test_energy_has_its_own_tolerance(reference):
+    prev = fleet(reference, energy=True, seed=50, run_id="r0")
+    cur = fleet(reference, energy=True, regress={("qwen3", "j_per_token"): 0.10}, seed=51, run_id="r1")
+    loose = analyse(cur, run_id="r1", previous=prev, thresholds=Thresholds(energy_tolerance=0.15))
+    assert loose.regressions == () and loose.verdict == "pass"
+    ch = next(c for c in loose.changes if (c.model_key, c.metric) == ("qwen3", "j_per_token"))
+    assert ch.status == "within tolerance"
+    # the speed tolerance does not loosen energy
+    strict = analyse(cur, run_id="r1", previous=prev, thresholds=Thresholds(tolerance=0.15))
+    assert _names(strict) == [(FLEET, "qwen3", FLEET, "j_per_token")]
+    assert Thresholds(energy_tolerance=0.2).tol("j_per_token") == 0.2 == Thresholds(energy_tolerance=0.2).tol(
+        "tokens_per_j")
+    assert Thresholds(energy_tolerance=0.2).tol("decode_tps") == 0.05
+
+
+def test_rows_without_energy_change_nothing(reference):
+    cur = fleet(reference, seed=60)
+    rep = analyse(cur, run_id="r", baseline=reference, baseline_id="b")
+    assert rep.energy_outliers == () and rep.regressions == () and rep.verdict == "pass"
+
+
+def test_the_html_and_json_reports_name_the_energy_outlier(reference):
+    from controller.report.render.data import to_dict
+    from controller.report.render.html import to_html
+
+    cur = fleet(reference, energy=True, module_power=HOT, seed=70, run_id="r1")
+    rep = analyse(cur, run_id="r1")
+    html = to_html(rep)
+    assert "<h2>Energy</h2>" in html and "<td>m02</td>" in html and "J/token vs fleet" in html
+    d = to_dict(rep)
+    assert [(o["module"], o["metric"]) for o in d["energy_outliers"]] == [("m02", "j_per_token")]
