@@ -87,12 +87,22 @@ def judge_golden(s: Session, run_id: str, tolerance: float) -> GoldenResult:
             continue
         mine = rows[rows["module"].astype(str) == m] if len(rows) else rows
         have = set(mine["run_id"].astype(str)) if len(mine) else set()
-        prev = [r.run_id for r in earlier if r.run_id in have][:HISTORY_RUNS]
+        drifted = drifted_runs(h.module_events(m))  # a check the module failed is not its golden figure
+        prev = [r.run_id for r in earlier if r.run_id in have and r.run_id not in drifted][:HISTORY_RUNS]
         checks.append(_judge_module(mine, m, run_id, prev, tolerance))
     for c in checks:
         if c.status == "drifted":
             h.add_module_event(c.module, f"{GOLDEN_DRIFT_EVENT}: {c.line} (run {run_id})")
     return GoldenResult(run_id, info.release, tuple(checks))
+
+
+def drifted_runs(events: Sequence[tuple[float, str]]) -> set[str]:
+    """The golden runs a module drifted in, from its events (``golden drift: ... (run ID)``) (pure)."""
+    out = set()
+    for _, message in events:
+        if message.startswith(GOLDEN_DRIFT_EVENT) and message.endswith(")") and "(run " in message:
+            out.add(message[message.rindex("(run ") + 5:-1])
+    return out
 
 
 def _judge_module(rows: object, module: str, run_id: str, prev: Sequence[str], tolerance: float) -> ModuleCheck:
@@ -102,8 +112,16 @@ def _judge_module(rows: object, module: str, run_id: str, prev: Sequence[str], t
     if not prev:
         return ModuleCheck(module, "first", f"{module}: golden history starts with this check", 0)
     plan = [PairedRun(run_id=r, arm="A", round=0) for r in prev] + [PairedRun(run_id=run_id, arm="B", round=0)]
+    import numpy as np
+    import pandas as pd
+
+    from controller.report.model import ALL_METRICS
+
+    assert isinstance(rows, pd.DataFrame)
+    # the primary metrics only: a derived one's signed-rank test is a permutation test where figures tie (slow)
+    rows = rows.assign(**{m: np.nan for m in ALL_METRICS if m in rows.columns and m not in PRIMARY})
     try:
-        rep = paired_compare(rows, plan, release_a="golden history", release_b="this check",  # type: ignore[arg-type]
+        rep = paired_compare(rows, plan, release_a="golden history", release_b="this check",
                              th=paired_thresholds(tolerance, alpha=GOLDEN_ALPHA))
     except ReportError as exc:
         return ModuleCheck(module, "failed", f"{module}: not judged ({exc})", len(prev))

@@ -81,3 +81,13 @@ def test_a_failed_golden_check_makes_a_module_bad_until_reset_with_no_cooldown(e
                                          f"(recorded in {env / 'history.sqlite'})")
     assert devices(capsys)["m1"]["state"] == "idle"
     assert History(env / "history.sqlite").golden_drift("m1") is None
+
+
+def test_the_runs_a_module_drifted_in_leave_its_golden_history() -> None:
+    from controller.history import GOLDEN_DRIFT_EVENT
+    from controller.service.golden import drifted_runs
+
+    events = [(1.0, f"{RESET_EVENT}: 0 failed run(s) in a row cleared"),
+              (2.0, f"{GOLDEN_DRIFT_EVENT}: m1 drifted: qwen3 decode_tps -9.8% against its own golden history "
+                    "(2 earlier checks), beyond 3% (run 20261202-130000-ab12)")]
+    assert drifted_runs(events) == {"20261202-130000-ab12"}
