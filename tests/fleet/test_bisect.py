@@ -10,7 +10,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -112,7 +111,8 @@ def test_a_killed_controller_resumes_and_a_lost_module_gives_its_candidate_to_an
         lab.kill(victim.module)  # its candidate's run is lost with it
         resumed = subprocess.Popen([str(exe), "bisect", "--resume", rec.bisect_id, "-o", "json"], env=lab.env(),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.0)
+        owner = lab.settings.data_dir / "bisect" / f"{rec.bisect_id}.owner"
+        wait_for(lambda: owner.exists() and owner.read_text() == str(resumed.pid), 60, "the resumed bisect owning it")
         again = lab.fleetctl("bisect", "--resume", rec.bisect_id)
         assert again.returncode == 2 and "is being run by another fleetctl" in again.stderr, again.stderr
         out, err = resumed.communicate(timeout=400)

@@ -62,9 +62,11 @@ def test_ctrl_c_stops_the_comparison_and_says_the_run_goes_on(tmp_path: Path):
     lab.start()
     try:
         exe = Path(sys.executable).parent / "fleetctl"
+        # SIGINT as a terminal gives it: a test run in the background of a shell inherits SIGINT ignored, and so
+        # would fleetctl (it keeps an ignored SIGINT ignored, as nohup asks)
         proc = subprocess.Popen([str(exe), "compare-releases", str(a.path), str(b.path), "--devices", "all",
                                  "--models", "qwen3"], env=lab.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 60
         runs: list = []
         while not runs and time.monotonic() < deadline:
