@@ -71,7 +71,7 @@ def deploy_table(results: dict[str, dep.DeployResult]) -> Table:
 
 
 def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable[[], Inventory],
-             get_settings: Callable[[], ControllerSettings], get_session: Callable[[], Session]) -> None:
+             get_settings: Callable[[], ControllerSettings], get_session: Callable[[], Session] | None = None) -> None:
     """Add ``deploy`` and ``push`` to ``app`` and ``check`` to the ``devices`` group."""
 
     @app.command()
@@ -228,6 +228,8 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         if golden is not None:
             from controller.cli.golden import golden_check
 
+            if get_session is None:
+                raise _fail("--golden needs the controller's session (fleetctl devices check)")
             raise typer.Exit(golden_check(get_session(), golden, devices, models, tolerance, output))
 
         from controller.inventory import InventoryError
