@@ -81,12 +81,8 @@ def new_bisect_id(now: float | None = None) -> str:
 
 def check_bisect_id(bisect_id: str) -> str:
     if not _ID.match(bisect_id):
-        raise NotFound(f"{bisect_id!r} is not a bisection id (bisect-YYYYMMDD-HHMMSS-xxxx; see {_folder_hint()})")
+        raise NotFound(f"{bisect_id!r} is not a bisection id (bisect-YYYYMMDD-HHMMSS-xxxx; see <data_dir>/bisect/)")
     return bisect_id
-
-
-def _folder_hint() -> str:
-    return "<data_dir>/bisect/"
 
 
 class BisectStore:
