@@ -166,7 +166,8 @@ def key_energy(run: Run, rows: list[ResultRow], start: float, end: float, idle_b
     try:
         samples = sampler.samples_until(end)
         energy = window_energy(samples, start, end, period_s=run.cfg.telemetry.period_s,
-                               output_tokens=output_tokens(rows), idle_before=idle_before)
+                               output_tokens=output_tokens(rows), idle_before=idle_before,
+                               min_samples=run.cfg.telemetry.min_samples)
     except Exception as exc:  # the figures are an addition: a failure to make them never fails the key
         log.warning("energy of the benchmark window failed: %s", exc)
         append_log(log_path, [f"energy not measured: {type(exc).__name__}: {exc}"])

@@ -9,8 +9,9 @@ Two sources, the counter preferred (docs/adr/0022-energy-per-token.md):
 
 Nothing is guessed: the samples must reach across the whole window (a sample at or before its
 start and one at or after its end), no two neighbouring samples over it may lie further apart
-than ``gap_factor`` periods, and a counter that goes back (a reset, a driver reload) drops the
-figure. A dropped figure keeps its window and coverage, and says why in ``EnergyWindow.note``.
+than ``gap_factor`` periods, a window needs ``MIN_SAMPLES`` samples inside it, and a counter that
+goes back (a reset, a driver reload) drops the figure. A dropped figure keeps its window and
+coverage, and says why in ``EnergyWindow.note``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ Point = tuple[float, float]  # (ts, value)
 GAP_FACTOR = 2.5  # two samples further apart than this many periods: a gap
 IDLE_SAMPLES = 5  # idle power: the median of the latest this many idle samples before the key
 IDLE_UTILIZATION = 5.0  # %: a sample at or below this utilisation (or without one) counts as idle
+# a window needs at least this many samples (readings) inside it: the power of a benchmark steps between
+# prefill, decode and idle many times a window, and a figure from a handful of samples is mostly which phase
+# each one hit (a simulated window of 8 samples at 1 s moved J/token by 23 % between two runs of one release)
+MIN_SAMPLES = 20
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,7 @@ def _round(v: float | None, digits: int = 6) -> float | None:
 
 def window_energy(samples: Iterable[DeviceSample], start: float, end: float, *, period_s: float,
                   output_tokens: int | None, idle_before: float | None = None,
-                  gap_factor: float = GAP_FACTOR) -> Energy:
+                  gap_factor: float = GAP_FACTOR, min_samples: int = MIN_SAMPLES) -> Energy:
     """Energy of the module (every device summed) over [start, end] from a run's samples, per output token.
 
     Per device the counter is taken when every reading around the window has one, else the power samples;
@@ -195,6 +200,11 @@ def window_energy(samples: Iterable[DeviceSample], start: float, end: float, *, 
                else integrate_power(power, start, end, period_s=period_s, gap_factor=gap_factor))
         sources.add("counter" if use_counter else "samples")
         if worst is None or got.covered_s < worst.covered_s or (got.note and not worst.note):
+            worst = got
+        if got.joules is not None and got.points < min_samples:
+            got = Integral(None, got.covered_s, got.points, got.period_s, got.max_gap_s,
+                           f"{got.points} samples inside the {window:.3g} s window, fewer than {min_samples}: "
+                           "figure dropped (sample faster, or a longer window)")
             worst = got
         if got.joules is None:
             note = got.note + (f" (device {gpu})" if len(by_gpu) > 1 else "")

@@ -30,7 +30,7 @@ from typing import IO, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.procs import REAPER
-from agent.telemetry.energy import GAP_FACTOR
+from agent.telemetry.energy import GAP_FACTOR, MIN_SAMPLES
 from agent.telemetry.fields import BY_NAME, FIELDS, NUMERIC
 from agent.telemetry.gmi_json import JSON_FLAGS, NotGmiJson, parse_json
 from agent.telemetry.nvml import nvml_counter
@@ -56,6 +56,8 @@ class TelemetryConfig(BaseModel):
     timeout_s: float = Field(default=5.0, gt=0, description="one call of the tool, s; then it is killed")
     q_every: int = Field(default=10, ge=1, description="'-q' fallback for fields the query lacks: every N samples")
     backoff_max_s: float = Field(default=300.0, gt=0, description="longest pause after failing calls, s")
+    min_samples: int = Field(default=MIN_SAMPLES, ge=1, description="samples a benchmark window needs inside it "
+                                                                    "for an energy figure")
 
 
 # -- the process seam ----------------------------------------------------------------------------

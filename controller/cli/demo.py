@@ -489,8 +489,12 @@ def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
         slow[slow_name] = opts.slow
     with service.Session(settings) as s:
         s.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
+        # device samples every 0.25 s: at time scale 50 a key's benchmark window lasts seconds, and an energy
+        # figure needs 20 samples inside its window (agent.telemetry.energy.MIN_SAMPLES)
+        period = {n: {"FLEET_TELEMETRY_PERIOD": "0.25"} for n in names}
         with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed, slow=slow, device=device,
-                             timeout=opts.start_timeout + opts.devices, real=real, engine=opts.engine) as workers:
+                             timeout=opts.start_timeout + opts.devices, real=real, engine=opts.engine,
+                             env=period) as workers:
             # a worker starts in ~1.5 s of CPU
             try:
                 launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models,

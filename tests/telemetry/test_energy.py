@@ -94,6 +94,7 @@ def test_idle_power_is_the_median_of_the_latest_idle_samples_before_the_key() ->
     assert idle_power(two, 8.0) == (31.0, 6)  # devices add up
 
 
+# the arithmetic tests take a 10 s window at 1 s (11 samples) with min_samples=11; the rule has its own test
 def run_samples(power: float, *, mj: bool = False) -> list[DeviceSample]:
     """Idle before 10 s, then ``power`` W from 10 s to 20 s (a sample a second; the counter from 0)."""
     out = [sample(float(t), 20.0, util=0) for t in range(5, 10)]
@@ -102,7 +103,7 @@ def run_samples(power: float, *, mj: bool = False) -> list[DeviceSample]:
 
 
 def test_window_energy_from_the_power_samples() -> None:
-    e = window_energy(run_samples(50.0), 10.0, 20.0, period_s=1.0, output_tokens=250, idle_before=9.5)
+    e = window_energy(run_samples(50.0), 10.0, 20.0, period_s=1.0, min_samples=11, output_tokens=250, idle_before=9.5)
     assert (e.energy_j, e.j_per_token, e.tokens_per_j, e.avg_power_w) == (500.0, 2.0, 0.5, 50.0)
     assert (e.idle_power_w, e.energy_above_idle_j) == (20.0, 300.0)
     w = e.window
@@ -116,13 +117,13 @@ def test_window_energy_from_the_power_samples() -> None:
 def test_window_energy_prefers_the_counter() -> None:
     samples = run_samples(50.0, mj=True)
     samples = [s.model_copy(update={"power_w": 99.0}) if s.ts >= 10 else s for s in samples]  # power disagrees
-    e = window_energy(samples, 10.0, 20.0, period_s=1.0, output_tokens=100)
+    e = window_energy(samples, 10.0, 20.0, period_s=1.0, min_samples=11, output_tokens=100)
     assert e.window.source == "counter" and e.energy_j == 500.0 and e.j_per_token == 5.0
 
 
 def test_a_dropped_window_keeps_its_evidence_and_no_figure() -> None:
     samples = [s for s in run_samples(50.0) if not 12 <= s.ts <= 15]
-    e = window_energy(samples, 10.0, 20.0, period_s=1.0, output_tokens=100)
+    e = window_energy(samples, 10.0, 20.0, period_s=1.0, min_samples=11, output_tokens=100)
     assert e.energy_j is e.j_per_token is e.avg_power_w is e.energy_above_idle_j is None
     assert e.idle_power_w == 20.0 and e.window.max_gap_s == 5.0
     assert e.window.note.startswith("a gap of 5 s in the power samples")
@@ -130,14 +131,14 @@ def test_a_dropped_window_keeps_its_evidence_and_no_figure() -> None:
 
 
 def test_no_output_tokens_keeps_the_energy_but_no_per_token_figure() -> None:
-    e = window_energy(run_samples(50.0), 10.0, 20.0, period_s=1.0, output_tokens=0)
+    e = window_energy(run_samples(50.0), 10.0, 20.0, period_s=1.0, min_samples=11, output_tokens=0)
     assert e.energy_j == 500.0 and e.j_per_token is None and e.tokens_per_j is None
     assert e.window.note == "no output tokens in the window (or no energy): no energy per token"
 
 
 def test_every_device_of_the_module_adds_up() -> None:
     samples = run_samples(50.0) + [s.model_copy(update={"gpu": 1, "power_w": 10.0}) for s in run_samples(50.0)]
-    e = window_energy(samples, 10.0, 20.0, period_s=1.0, output_tokens=300)
+    e = window_energy(samples, 10.0, 20.0, period_s=1.0, min_samples=11, output_tokens=300)
     assert e.energy_j == 600.0 and e.j_per_token == 2.0 and e.idle_power_w == 30.0
 
 
@@ -146,7 +147,7 @@ def test_rows_take_the_figures_and_their_output_tokens() -> None:
             ResultRow(table="sweep", profile="250:250", model="Qwen3", output_tokens=100),
             ResultRow(table="sweep", profile="128:128", model="Qwen3", output_tokens=100, source="probe")]
     assert output_tokens(rows) == 198
-    e = window_energy(run_samples(50.0), 10.0, 20.0, period_s=1.0, output_tokens=output_tokens(rows))
+    e = window_energy(run_samples(50.0), 10.0, 20.0, period_s=1.0, min_samples=11, output_tokens=output_tokens(rows))
     out = with_energy(rows, e)
     assert [r.energy_j for r in out] == [500.0, 500.0, None]
     assert out[0].j_per_token == 2.52525 and out[0].tokens_per_j == 0.396
@@ -193,3 +194,15 @@ def test_the_h200_windows_energy_per_token_from_the_counter() -> None:
     e = window_energy(samples, full["start"], full["end"], period_s=1.0, output_tokens=full["tokens"])
     assert e.window.source == "samples" and e.window.coverage == 1.0 and e.window.note == ""
     assert e.energy_j is not None and abs(e.energy_j / ref.joules - 1) < 0.05
+
+
+def test_a_window_with_too_few_samples_inside_drops_the_figure() -> None:
+    # a benchmark's power steps between prefill, decode and idle: a handful of samples says which phase each hit
+    e = window_energy(run_samples(50.0), 10.0, 20.0, period_s=1.0, output_tokens=250)
+    assert e.energy_j is e.j_per_token is None and e.window.samples == 11
+    assert e.window.note == ("11 samples inside the 10 s window, fewer than 20: figure dropped (sample faster, "
+                             "or a longer window)")
+    counter = window_energy(run_samples(50.0, mj=True), 10.0, 20.0, period_s=1.0, output_tokens=250)
+    assert counter.j_per_token is None and counter.window.note.startswith("11 samples inside")
+    twenty = [sample(10.0 + t / 2, 50.0) for t in range(21)]
+    assert window_energy(twenty, 10.0, 20.0, period_s=0.5, output_tokens=250).j_per_token == 2.0

@@ -64,7 +64,8 @@ def test_a_hanging_or_missing_tool_neither_slows_nor_fails_the_run(tmp_path, mak
 
 def test_release_rows_carry_the_energy_of_their_benchmark_window(tmp_path, make_config, make_request):
     smi = tool(tmp_path / "nvidia-smi", f"echo '{ROW}'\n")  # a constant 84.27 W, 0 % busy
-    cfg = make_config(telemetry=TelemetryConfig(period_s=0.05, tool=smi))
+    # the window lasts ~0.3 s here: a few samples (the 20-sample rule has its own test in test_energy)
+    cfg = make_config(telemetry=TelemetryConfig(period_s=0.05, tool=smi, min_samples=2))
     assert run_pipeline(make_request(("qwen3",)), cfg).ok
     rows = RunStore(cfg.workdir).rows("r1")
     assert rows and all(r.energy is not None for r in rows)
