@@ -47,7 +47,7 @@ def _oracle_rounds(count: int, first_bad: int, k: int, skip: frozenset[int] = fr
 def _bisect(lab, series, *extra: str, timeout: float = 600) -> dict:
     r = lab.fleetctl("bisect", "--good", series[0].version, "--bad", series[-1].version, "--releases",
                      str(series[0].path.parent), "--models", "qwen3", "-o", "json", *extra, timeout=timeout)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, (r.stderr, r.stdout[-3000:])  # the document says why no release was named
     return json.loads(r.stdout)
 
 
@@ -83,7 +83,10 @@ def test_one_module_takes_the_binary_number_of_rounds(tmp_path: Path):
     lab = make_lab(tmp_path / "lab", ("filesystem://", None), 1)
     lab.start()
     try:
-        doc = _bisect(lab, series)
+        # one module, one pair of references: a load spike of this machine during one of them moves every
+        # profile's prefill (a TTFT is ~10 ms of wall time at this scale), and the default targets chased it
+        # (prefill -2.6 % in a clean run); the four-module test checks the default targets
+        doc = _bisect(lab, series, "--metric", "decode_tps")
         assert doc["first_bad"] == series[at].version, (at, doc["line"])
         assert doc["rounds"] == _oracle_rounds(16, at, 1) and doc["rounds"] in (3, 4), (at, doc["line"])
         assert max(e["round"] for e in doc["evidence"]) == doc["rounds"]
@@ -99,7 +102,7 @@ def test_a_killed_controller_resumes_and_a_lost_module_gives_its_candidate_to_an
     store = BisectStore(lab.settings.data_dir)
     exe = Path(sys.executable).parent / "fleetctl"
     cmd = [str(exe), "bisect", "--good", series[0].version, "--bad", series[-1].version, "--releases",
-           str(series[0].path.parent), "--models", "qwen3", "-o", "json"]
+           str(series[0].path.parent), "--models", "qwen3", "--metric", "decode_tps", "-o", "json"]
     try:
         first = subprocess.Popen(cmd, env=lab.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: store.list() and any(r.round == 1 for r in store.list()[0].runs), 180,
