@@ -3,6 +3,7 @@ an injected 10 % energy regression judged as a speed regression is, with its own
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from controller.report import Thresholds, analyse
@@ -83,3 +84,47 @@ def test_the_html_and_json_reports_name_the_energy_outlier(reference):
     assert "<h2>Energy</h2>" in html and "<td>m02</td>" in html and "J/token vs fleet" in html
     d = to_dict(rep)
     assert [(o["module"], o["metric"]) for o in d["energy_outliers"]] == [("m02", "j_per_token")]
+
+
+def _per_window(df, noise: float, seed: int, power: dict[str, float] | None = None):
+    """J/token as the agent gives it: one figure per (module, key) window on every row of the key, with the
+    window's own noise (the simulated benchmark's repeated TTFT requests move a window's prefill work)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = df.copy()
+    for (module, _key), rows in out.groupby(["module", "model_key"]).groups.items():
+        watts = DECODE_POWER_W * (power or {}).get(module, 1.0)
+        decode = out.loc[rows, "decode_tps"].median()
+        out.loc[rows, "j_per_token"] = watts / decode * (1 + noise * rng.standard_normal())
+    out["tokens_per_j"] = 1.0 / out["j_per_token"]
+    return out
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_window_noise_on_identical_modules_names_no_energy_outlier_and_a_hot_one_still_is(reference, seed):
+    # make demo on four identical simulated modules: J/token 0.93x to 1.12x of the fleet's between windows, and
+    # the sign test over a key's dozen rows (one window) called 4 to 6 of them outliers at p < 0.001
+    same = _per_window(fleet(reference, modules=4, energy=True, seed=50 + seed, run_id="r1"), 0.05, seed)
+    rep = analyse(same, run_id="r1", baseline=reference, baseline_id="b")
+    assert rep.energy_outliers == ()
+    hot = _per_window(fleet(reference, modules=4, energy=True, seed=60 + seed, run_id="r1"), 0.05, seed, HOT)
+    rep = analyse(hot, run_id="r1", baseline=reference, baseline_id="b")
+    assert [(o.module, o.model_key) for o in rep.energy_outliers] == [("m02", FLEET)]
+    (o,) = rep.energy_outliers
+    assert o.cells == 7 and o.worst[0].profile == "window" and o.ci_low < o.factor < o.ci_high
+    assert o.factor == pytest.approx(52 / 62, abs=0.05)
+
+
+def test_one_window_far_out_is_a_key_outlier() -> None:
+    import numpy as np
+
+    from controller.report.analysis.energy import energy_outliers
+
+    rows = [{"module": f"m{i}", "model_key": k, "j_per_token": v}
+            for i in range(5) for k, v in (("a", 1.0 + 0.01 * i), ("b", 2.0 - 0.01 * i))]
+    rows[4]["j_per_token"] = 1.5  # m2's window of key "a": 50 % more
+    got = energy_outliers(pd.DataFrame(rows), Thresholds())
+    assert [(o.module, o.model_key, round(1 / o.factor, 2)) for o in got] == [("m2", "a", 1.47)]  # 1.5 / 1.02
+    assert got[0].worst[0].z > 4 and np.isfinite(got[0].p_value)
+    assert energy_outliers(pd.DataFrame(rows[:4]), Thresholds()) == ()  # two modules: no fleet to be out of

@@ -21,11 +21,11 @@ from controller.report.analysis.compare import (
     module_compare,
     reference,
 )
+from controller.report.analysis.energy import energy_outliers
 from controller.report.analysis.frame import Names, exact_metrics, prepare, take_rows
 from controller.report.analysis.groups import Groups
 from controller.report.analysis.middles import Middles, included_middles
 from controller.report.analysis.outliers import (
-    energy_outliers,
     find_outliers,
     fleet_deviation,
     outlier_mask,
@@ -67,7 +67,7 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     cells_all = Groups(cur["cell"].to_numpy())  # sorted once, reused by every per-cell median
     devs, spread, fleet_mid = fleet_deviation(cur, th, cells_all)
     outliers, deviation = find_outliers(devs, names, th)
-    energy = energy_outliers(cur, names, th, cells_all)
+    energy = energy_outliers(cur, th)
     # refining takes the outlier modules' rows only: the rest goes before the included rows are taken
     devs = devs.only(np.flatnonzero(np.isin(devs.mod, [names.modules.get_loc(o.module) for o in outliers])))
     excluded = outlier_mask(cur, outliers)

@@ -22,7 +22,6 @@ from controller.report.analysis.middles import Middles
 from controller.report.analysis.stats import median_intervals, sign_p
 from controller.report.analysis.verdict import outlier_hits
 from controller.report.model import (
-    ENERGY_PRIMARY,
     FLEET,
     PRIMARY_METRICS,
     SPEED_PRIMARY,
@@ -299,15 +298,3 @@ def outlier_mask(cur: pd.DataFrame, outliers: Iterable[Outlier]) -> np.ndarray:
             m = m & (cur["model_key"] == o.model_key).to_numpy()
         mask |= m
     return mask
-
-
-def energy_outliers(cur: pd.DataFrame, names: Names, th: Thresholds, groups: Groups | None = None
-                    ) -> tuple[Outlier, ...]:
-    """Modules (then model keys of a module) whose energy per token is out of line with the fleet's, by the
-    same rule as the speed outliers over the energy figures alone: a hot module as fast as the others but
-    spending more joules per token is one. They stay in the fleet's figures (their speed is not in doubt)."""
-    if not present_metrics(cur, ENERGY_PRIMARY):
-        return ()
-    devs, _, _ = fleet_deviation(cur, th, groups, among=ENERGY_PRIMARY)
-    found, _ = find_outliers(devs, names, th)
-    return tuple(o.model_copy(update={"metric": ENERGY_PRIMARY[0]}) for o in found)

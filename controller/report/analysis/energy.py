@@ -1,0 +1,126 @@
+"""Energy outliers: modules (then model keys of a module) whose energy per token is out of line with the fleet's.
+
+The unit of evidence is the benchmark window: the agent measures one energy figure per (module, model key), and
+every row of the key carries it (``agent.telemetry.energy``). Counted once a row, a key's dozen rows were a
+dozen figures of one measurement, and the speed outliers' sign test over them called window-to-window noise
+(J/token 0.93x to 1.12x of the fleet's on four identical simulated modules, ``make demo``) an outlier at
+p < 0.001. Here:
+
+- a window's figure is the median J/token of its rows (one value where the agent gave it; synthetic fleets may
+  vary it by row);
+- each window's deviation is taken from the median of the *other* modules' windows of the key (log units), and
+  judged by the spread of the other modules' windows of the key, at least the pooled one (:func:`_window_sd`);
+- a module is an outlier when the median of its windows' deviations is past the outlier tolerance and more
+  than :data:`Z` standard errors of that median (1.25 spread / sqrt(windows)); then a (module, key) on the
+  other modules when its one window is past the tolerance and :data:`Z` spreads.
+
+They stay in the fleet's figures (their speed is not in doubt). Pure: a prepared frame in, records out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy.stats import norm
+
+from controller.report.model import ENERGY_PRIMARY, FLEET, Outlier, Thresholds, WorstCase
+
+Z = 4.0  # standard errors: one module in ~16,000 by chance where a fleet has a few dozen modules and windows
+MEDIAN_SE = 1.2533  # the standard error of a median of normal figures is sqrt(pi / 2) that of their mean
+WINDOW = "window"  # a worst case's profile: the whole key's benchmark window
+
+
+def windows(cur: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Modules x model keys: each window's figure (the median of its rows'; NaN where a module has none)."""
+    has = cur[["module", "model_key", metric]].dropna(subset=[metric])
+    has = has[has[metric] > 0]
+    if has.empty:
+        return pd.DataFrame()
+    return has.groupby(["module", "model_key"], observed=True)[metric].median().unstack().sort_index()
+
+
+def energy_outliers(cur: pd.DataFrame, th: Thresholds) -> tuple[Outlier, ...]:
+    """The energy outliers of a prepared frame (module-wide first, then single keys), largest first."""
+    metric = ENERGY_PRIMARY[0]
+    if metric not in cur.columns:
+        return ()
+    w = windows(cur, metric)
+    if len(w) < 3:  # a median of the others needs two of them
+        return ()
+    x = np.log(w.to_numpy(dtype=float))  # J/token: higher is worse, as a badness
+    modules, keys = [str(m) for m in w.index], [str(k) for k in w.columns]
+    found: list[Outlier] = []
+    devs, sds = [], []
+    for i in range(len(x)):
+        others = np.delete(x, i, axis=0)
+        count = np.sum(~np.isnan(others), axis=0)
+        with np.errstate(all="ignore"):
+            mid = np.where(count >= 2, np.nanmedian(np.where(count >= 2, others, 0.0), axis=0), np.nan)
+        devs.append(x[i] - mid)
+        sds.append(_window_sd(others, th.z_floor))
+    for i, module in enumerate(modules):
+        d = devs[i][~np.isnan(devs[i])]
+        if not len(d):
+            continue
+        typ = _cautious_median(d)
+        sd = float(np.median(sds[i][~np.isnan(devs[i])]))
+        se = MEDIAN_SE * sd / math.sqrt(len(d)) if len(d) > 1 else sd
+        if abs(math.exp(typ) - 1) >= th.outlier_tolerance and abs(typ) > Z * se:
+            found.append(_outlier(module, FLEET, typ, se, sds[i], x[i], devs[i], keys, metric, th))
+    named = {o.module for o in found}
+    for i, module in enumerate(modules):
+        if module in named:
+            continue
+        for j, key in enumerate(keys):
+            d = float(devs[i][j])
+            if not math.isnan(d) and abs(math.exp(d) - 1) >= th.outlier_tolerance and abs(d) > Z * sds[i][j]:
+                found.append(_outlier(module, key, d, sds[i][j], sds[i][j:j + 1], x[i, j:j + 1],
+                                      devs[i][j:j + 1], [key], metric, th))
+    found.sort(key=lambda o: abs(math.log(o.factor)), reverse=True)
+    return tuple(found)
+
+
+def _window_sd(others: np.ndarray, floor: float) -> np.ndarray:
+    """Per key, the spread of a module's window deviation from the others' median, from the *other* modules only
+    (a hot module must not widen the spread it is judged by): Shamos's estimator (1.0483 x the median of the
+    pairwise differences) of the key's windows, at least that of every key's pooled (a key of three modules
+    says little; a cell of four modules' MAD is mostly the gap between its middle two), times the deviation's
+    own factor sqrt(1 + pi / (2 n)) for the median of n others. Keys differ: an MTP key's windows spread 6 %
+    where a plain key's spread 2 % (the accept length moves its decode)."""
+    cols = [others[~np.isnan(others[:, j]), j] for j in range(others.shape[1])]
+    diffs = [np.abs(c[:, None] - c[None, :])[np.triu_indices(len(c), 1)] if len(c) >= 2 else np.array([])
+             for c in cols]
+    pairs = np.concatenate(diffs) if diffs else np.array([])
+    pooled = 1.0483 * float(np.median(pairs)) if len(pairs) else floor
+    per_key = np.array([1.0483 * float(np.median(d)) if len(d) else pooled for d in diffs])
+    return np.maximum(np.maximum(per_key, pooled), floor) * math.sqrt(1 + math.pi / (2 * len(others)))
+
+
+def _cautious_median(d: np.ndarray) -> float:
+    """The median, but of an even count the middle figure nearer zero (of two windows, one far out must not
+    make the whole module out of line: it is a key outlier)."""
+    s = np.sort(d)
+    n = len(s)
+    if n % 2:
+        return float(s[n // 2])
+    a, b = float(s[n // 2 - 1]), float(s[n // 2])
+    return a if abs(a) < abs(b) else b
+
+
+def _outlier(module: str, key: str, typ: float, se: float, spread: np.ndarray, x: np.ndarray, dev: np.ndarray,
+             keys: list[str], metric: str, th: Thresholds) -> Outlier:
+    """The record: factor the fleet's J/token over the module's (0.8 = 25 % more energy per token), its
+    windows and their share past :data:`Z` spreads on its side, the z test's p, the worst windows."""
+    side = 1.0 if typ > 0 else -1.0
+    order = [j for j in np.argsort(-side * np.nan_to_num(dev, nan=-side * np.inf)) if not math.isnan(dev[j])]
+    worst = tuple(WorstCase(model_key=keys[j], profile=WINDOW, metric=metric, value=math.exp(float(x[j])),
+                            fleet_median=math.exp(float(x[j] - dev[j])), z=float(dev[j] / spread[j]))
+                  for j in order[:th.worst_cases])
+    n = int(np.sum(~np.isnan(dev)))
+    out = int(np.sum(side * np.nan_to_num(dev) > Z * spread))  # windows past Z spreads of their key
+    lo, hi = typ - 1.96 * se, typ + 1.96 * se
+    return Outlier(module=module, model_key=key, factor=math.exp(-typ), cells=n, share_out=out / max(n, 1),
+                   p_value=float(2 * norm.sf(abs(typ) / se)), worst=worst, ci_low=math.exp(-hi),
+                   ci_high=math.exp(-lo), metric=metric)
