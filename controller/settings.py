@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from contract.settings import BrokerSettings, SettingsError
 from controller.errors import FleetctlError
@@ -35,6 +35,14 @@ class ControllerSettings(BrokerSettings):
     golden_tolerance: float = Field(default=0.03, gt=0, lt=1,
                                     description="a golden check's drift that makes a module bad (0.03 = 3 % worse "
                                                 "than its own golden history)")
+    golden_release: str | None = Field(
+        default=None, description="the known-good release (path or URL) of scheduled golden checks (fleetctl serve)")
+    golden_every_runs: int = Field(default=0, ge=0, description="fleetctl serve runs a golden check on an idle module "
+                                                                 "after this many validations there (0: never)")
+    golden_every_hours: float = Field(default=0.0, ge=0, description="... and this long after its last golden check, "
+                                                                      "hours (0: never)")
+    golden_models: tuple[str, ...] = Field(default=("qwen3",), min_length=1,
+                                           description="the model keys of a scheduled golden check")
     failures_cooldown: float = Field(
         default=900.0, gt=0, description="a module bad by failed runs takes work again this long after the last "
                                          "one ended, on trial (or at once: fleetctl devices reset), s")
@@ -74,6 +82,23 @@ class ControllerSettings(BrokerSettings):
                                description="releases kept staged under <data_dir>/releases (the newest by their last "
                                            "run), and in each module's incoming folder (the last pushed there), "
                                            "besides those of running runs")
+
+    @field_validator("golden_models")
+    @classmethod
+    def _golden_keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from contract.records import UnknownModelKey, parse_model_keys
+
+        try:
+            return parse_model_keys(v)
+        except UnknownModelKey as exc:
+            raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _golden_schedule(self) -> ControllerSettings:
+        if (self.golden_every_runs or self.golden_every_hours) and not self.golden_release:
+            raise ValueError("golden_every_runs or golden_every_hours is set but golden_release is not: name the "
+                             "known-good release the scheduled golden checks validate")
+        return self
 
     @property
     def history_path(self) -> Path:

@@ -51,7 +51,37 @@ def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
             continue
         if on_verdict is not None:
             on_verdict(j)
+        golden(s, run_id, warn)
     return done
+
+
+def golden(s: Session, run_id: str, warn: Callable[[str], None]) -> None:
+    """A golden check that just ended (scheduled, or one a ``fleetctl devices check --golden`` no longer
+    follows) judged against each module's golden history; a drift is recorded once whoever judges it."""
+    from controller.service.golden import judge_golden
+    from controller.service.golden_schedule import is_golden
+
+    try:
+        if not is_golden(s.history().find_run(run_id)):
+            return
+        res = judge_golden(s, run_id, s.settings.golden_tolerance)
+    except Exception as exc:  # the check's run is in the history; judging it again is a devices check away
+        warn(f"golden check {run_id} ended, but it could not be judged: {exc}")
+        return
+    for c in res.checks:
+        if c.status in ("drifted", "failed"):
+            warn(f"golden check {run_id}: {c.line}")
+
+
+def schedule_golden(s: Session, warn: Callable[[str], None]) -> None:
+    """Dispatch the golden checks due (settings ``golden_*``; :mod:`controller.service.golden_schedule`)."""
+    from controller.service.golden_schedule import run_due
+
+    try:
+        for d, what in run_due(s, time.time()):
+            warn(f"golden check on {d.module} ({d.why}): {what}")
+    except Exception as exc:  # the broker or the history away: the next pass tries again
+        warn(f"golden checks not scheduled: {exc}")
 
 
 @dataclass
@@ -216,6 +246,7 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
     if once:
         for run_id in sync_all(s, warn, on_verdict):
             console.print(f"run {run_id} finished")
+        schedule_golden(s, warn)
         if notifier and hooks:
             notifier.drain()
             notifier.wait(timeout=600)
@@ -235,6 +266,7 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
         while not stop.is_set():
             for run_id in sync_all(s, warn, on_verdict):
                 console.print(f"run {run_id} finished")
+            schedule_golden(s, warn)
             if notifier:
                 try:
                     notifier.drain()  # verdicts an attached fleetctl recorded meanwhile
