@@ -39,10 +39,15 @@ def due(runs: Sequence[RunInfo], states: Mapping[str, str], now: float, *, every
     if every_runs <= 0 and every_hours <= 0:
         return []
     out: list[Due] = []
+    by_module: dict[str, list[RunInfo]] = {m: [] for m in states}
+    for r in sorted(runs, key=lambda r: r.created_at):  # one pass over the runs, not one per module
+        for m in r.modules:
+            if m in by_module:
+                by_module[m].append(r)
     for module in sorted(states):
         if states[module] != "idle":
             continue
-        mine = sorted((r for r in runs if module in r.modules), key=lambda r: r.created_at)
+        mine = by_module[module]
         if any(r.state == "running" for r in mine):
             continue  # its own work (or a check) in flight: a check never goes ahead of it
         checks = [r for r in mine if is_golden(r)]
