@@ -27,7 +27,8 @@ def serve(
     new_token: bool = typer.Option(False, "--new-token", help="print a fresh random token; with --tokens FILE, "
                                                                "also add it to FILE (created or rewritten mode 0600)"),
 ) -> None:
-    """Controller service: history kept in step with the broker, verdicts, /metrics, HTTP API, webhooks."""
+    """Controller service: history kept in step with the broker, verdicts, /metrics, HTTP API, webhooks,
+    scheduled golden checks (settings golden_*)."""
     if new_token:
         from controller.serve.tokens import add_token
         from controller.serve.tokens import new_token as make_token

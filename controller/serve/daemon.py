@@ -1,6 +1,6 @@
 """``fleetctl serve``: keeps the run history in step with the broker while no CLI is attached,
 judges finished runs, serves the controller's /metrics and, when configured, the HTTP API
-(``api_port``) and the webhooks (``webhook_urls``)."""
+(``api_port``), the webhooks (``webhook_urls``) and scheduled golden checks (``golden_*``)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from controller.service.webhooks import Webhooks
 
 log = logging.getLogger("fleet.serve")
+GOLDEN_EVERY_S = 30.0  # how often a serve pass looks for modules due a scheduled golden check (a history read)
 
 
 def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
@@ -263,10 +264,13 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
                   + (f", API on http://{settings.api_host}:{settings.api_port}/api/v1" if api else "")
                   + (f", webhooks to {len(hooks.urls)} URL(s)" if hooks else ""), highlight=False)
     try:
+        golden_at = 0.0
         while not stop.is_set():
             for run_id in sync_all(s, warn, on_verdict):
                 console.print(f"run {run_id} finished")
-            schedule_golden(s, warn)
+            if time.monotonic() - golden_at >= GOLDEN_EVERY_S:  # a check is due in hours, not seconds
+                golden_at = time.monotonic()
+                schedule_golden(s, warn)
             if notifier:
                 try:
                     notifier.drain()  # verdicts an attached fleetctl recorded meanwhile
