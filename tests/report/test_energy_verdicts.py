@@ -48,7 +48,8 @@ def test_an_energy_regression_is_judged_as_a_speed_regression(reference, seed):
     assert _names(s) == [(FLEET, "qwen3", FLEET, "decode_tps")]
     assert e.verdict == s.verdict == "regressed"
     (re_,), (rs,) = e.regressions, s.regressions
-    assert re_.against == rs.against == "previous" and re_.n == rs.n
+    assert re_.against == rs.against == "previous"
+    assert (re_.n, rs.n) == (6, 11)  # energy over the 6 modules' windows, speed over the 11 profiles
     assert 0.05 < re_.change < 0.15 and -0.15 < rs.change < -0.05  # the same estimator, the same noise
     assert re_.related and re_.related[0].startswith("tokens_per_j -")  # the derived figure moved with it
 
@@ -128,3 +129,22 @@ def test_one_window_far_out_is_a_key_outlier() -> None:
     assert [(o.module, o.model_key, round(1 / o.factor, 2)) for o in got] == [("m2", "a", 1.47)]  # 1.5 / 1.02
     assert got[0].worst[0].z > 4 and np.isfinite(got[0].p_value)
     assert energy_outliers(pd.DataFrame(rows[:4]), Thresholds()) == ()  # two modules: no fleet to be out of
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_two_runs_of_one_release_with_window_noise_name_no_energy_regression(reference, seed):
+    # a key's rows all carry one window's J/token: tested over its profiles (and a module's window against its
+    # previous one), two runs of one release at 5 % window noise were "regressed" on J/token 10 times in 10
+    prev = _per_window(fleet(reference, modules=4, energy=True, seed=100 + seed, run_id="r0"), 0.05, 100 + seed)
+    cur = _per_window(fleet(reference, modules=4, energy=True, seed=200 + seed, run_id="r1"), 0.05, 200 + seed)
+    rep = analyse(cur, run_id="r1", baseline=reference, baseline_id="b", previous=prev)
+    assert [r for r in rep.regressions if r.metric in ("j_per_token", "tokens_per_j")] == []
+
+
+def test_a_fleet_wide_energy_rise_over_the_windows_is_still_named(reference):
+    prev = _per_window(fleet(reference, modules=6, energy=True, seed=300, run_id="r0"), 0.02, 300)
+    cur = _per_window(fleet(reference, modules=6, energy=True, seed=301, run_id="r1"), 0.02, 301,
+                      {f"m{i:02d}": 1.10 for i in range(6)})
+    rep = analyse(cur, run_id="r1", previous=prev)
+    named = [(r.module, r.model_key, r.metric, r.n) for r in rep.regressions if r.metric == "j_per_token"]
+    assert named == [(FLEET, k, "j_per_token", 6) for k in sorted(set(cur["model_key"]))]

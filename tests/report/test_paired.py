@@ -103,3 +103,32 @@ def test_minimum_detectable_change_is_the_power_calculation_at_alpha() -> None:
     # 6 profiles: the exact one-sided signed-rank test cannot reach p < 0.01 (2^-6 = 0.0156)
     assert minimum_detectable_change("decode_tps", 0.003, 6, th) is None
     assert minimum_detectable_change("decode_tps", 0.003, 7, th) is not None
+
+
+def _with_windows(rows: pd.DataFrame, noise: float, seed: int, b_factor: float = 1.0) -> pd.DataFrame:
+    """J/token as the agent gives it: one figure per run, module and key (its benchmark window) on every row of
+    the key, with the window's own noise; release B's windows ``b_factor`` times A's."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = rows.copy()
+    for (_run, _module, _key), at in out.groupby(["run_id", "module", "model_key"]).groups.items():
+        b = str(_run) in B_RUNS
+        out.loc[at, "j_per_token"] = 2.0 * (b_factor if b else 1.0) * (1 + noise * rng.standard_normal())
+    return out
+
+
+B_RUNS: set[str] = set()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_energy_is_judged_over_the_windows_not_the_profiles(reference: pd.DataFrame, seed: int) -> None:
+    # a key's dozen rows carry one window's J/token: tested over the profiles, window noise alone (10 %) made
+    # "regressed" findings on J/token between two runs of one release
+    rows, runs = paired_fleet(reference, modules=4, rounds=1, seed=20 + seed)
+    B_RUNS.clear()
+    B_RUNS.update(r for r, arm, _ in runs if arm == "B")
+    same = _compare(_with_windows(rows, 0.10, seed), runs)
+    assert [r for r in same.regressions if r.metric == "j_per_token"] == []
+    hungry = _compare(_with_windows(rows, 0.01, seed, b_factor=1.2), runs)
+    assert {r.model_key for r in hungry.regressions if r.metric == "j_per_token"} == set(reference["model_key"])

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from contract.records import ENERGY_METRICS
 from controller.report.analysis.frame import B, prepare, present_metrics, relative_change
 from controller.report.analysis.stats import hodges_lehmann_groups, wilcoxon_groups
 from controller.report.analysis.verdict import key_status, threshold
@@ -118,8 +119,11 @@ def paired_compare(rows: pd.DataFrame, runs: Iterable[PairedRun], *, release_a: 
     sizes = np.bincount(at, minlength=len(index))
     sd = cells.groupby(at)["t"].std(ddof=1).reindex(range(len(index))).to_numpy(dtype=float)
     pairs = cells.groupby(at)["pairs"].max().reindex(range(len(index))).to_numpy()
+    windows = _window_tests(long)
     changes: list[PairedChange] = []
     for i, (key, metric) in enumerate(index):
+        if metric in ENERGY_METRICS:  # one window per (round, module): tested over the pairs, not the profiles
+            p[i] = windows.get((str(key), str(metric)), 1.0)
         ch = float(relative_change(metric, centre[i]))
         a_lo, a_hi = (None, None) if np.isnan(lo[i]) else sorted(float(relative_change(metric, x))
                                                                    for x in (lo[i], hi[i]))
@@ -127,7 +131,7 @@ def paired_compare(rows: pd.DataFrame, runs: Iterable[PairedRun], *, release_a: 
         changes.append(PairedChange(
             model_key=str(key), metric=str(metric), change=ch, ci_low=a_lo, ci_high=a_hi, p_value=float(p[i]),
             profiles=int(sizes[i]), pairs=int(pairs[i]), noise=float(np.expm1(noise.get((key, metric), math.nan))),
-            mdc=minimum_detectable_change(str(metric), se, int(sizes[i]), th),
+            mdc=None if metric in ENERGY_METRICS else minimum_detectable_change(str(metric), se, int(sizes[i]), th),
             status=key_status(str(metric), ch, float(p[i]), th)))
     regs = _fold([c for c in changes if c.status == "regressed"])
     verdict: Verdict = "regressed" if regs else ("incomplete" if notes else "pass")
@@ -135,6 +139,27 @@ def paired_compare(rows: pd.DataFrame, runs: Iterable[PairedRun], *, release_a: 
     return PairedReport(release_a=release_a, release_b=release_b, rounds=rounds, modules=modules,
                         tolerance=th.tolerance, changes=tuple(changes), regressions=tuple(regs), verdict=verdict,
                         notes=tuple(notes))
+
+
+def _window_tests(long: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """Per (key, energy metric): the one-sided p-value (in the median's direction) of a t-test over the (round,
+    module) pairs' window differences (each pair's median over the profiles: a key's rows carry one window's
+    figure). Fewer than 3 pairs: 1.0, no test."""
+    from scipy.stats import ttest_1samp
+
+    out: dict[tuple[str, str], float] = {}
+    energy = long[long["metric"].isin(ENERGY_METRICS)]
+    per = energy.groupby(["model_key", "metric", "round", "module"], sort=True)["d"].median()
+    for (key, metric), v in per.groupby(level=[0, 1]):
+        x = v.to_numpy(dtype=float)
+        if len(x) < 3:
+            out[(str(key), str(metric))] = 1.0
+        elif float(np.std(x)) == 0.0:
+            out[(str(key), str(metric))] = 0.0 if float(x[0]) != 0.0 else 1.0
+        else:
+            side = "greater" if float(np.median(x)) > 0 else "less"  # as the signed-rank test: the median's way
+            out[(str(key), str(metric))] = float(ttest_1samp(x, 0.0, alternative=side).pvalue)
+    return out
 
 
 def minimum_detectable_change(metric: str, se: float, profiles: int, th: Thresholds,
