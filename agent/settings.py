@@ -41,6 +41,8 @@ class AgentSettings(BrokerSettings):
         description="folders a run's tarball may be read from, besides the module's own release cache "
                     "(<workdir>/incoming, <workdir>/releases); empty: <data_dir>/releases (local transport)")
     telemetry_period: float = Field(default=1.0, ge=0, description="device telemetry period during runs, s (0: off)")
+    telemetry_min_samples: int = Field(default=20, ge=1, description="device samples a key's benchmark window "
+                                                                     "needs inside it for an energy figure")
     telemetry_tool: str | None = Field(default=None, description="device tool (default: mthreads-gmi, else "
                                                                  "nvidia-smi, whichever is on PATH)")
     final_state_replicas: int | None = Field(
