@@ -1,8 +1,8 @@
 """The probe against a simulated server that caches prefixes and batches (issue 29; real processes, slow).
 
-One ``python -m simulator serve`` process per module at time scale 50 (the demo's): two consecutive probe
-runs measure the same cold TTFT; every chunk is one token (the server's 5 ms merge made ~6 tokens a chunk at
-this scale) and a setup without speculative decoding reports no accept length.
+One ``python -m simulator serve`` process per module at time scale 50 (the demo's; 10 for the cold-TTFT
+comparison): two consecutive probe runs measure the same cold TTFT; every chunk is one token (the server's 5 ms
+merge made ~6 tokens a chunk at this scale) and a setup without speculative decoding reports no accept length.
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ pytestmark = pytest.mark.slow
 SCALE = 50.0
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
+def _serve(scale: float) -> Iterator[str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("M1000_SIM_")}
     proc = subprocess.Popen([sys.executable, "-m", "simulator", "serve", "qwen3", "--port", str(port),
-                             "--time-scale", str(SCALE)], env=env, start_new_session=True,
+                             "--time-scale", str(scale)], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
 
@@ -50,13 +49,25 @@ def server() -> Iterator[str]:
         proc.wait(20)
 
 
-def test_two_consecutive_probe_runs_measure_the_same_cold_ttft(server: str) -> None:
-    cfg = ProbeConfig(base_url=server, profiles=("128:128",), requests=3, warmup=0)
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    yield from _serve(SCALE)
+
+
+@pytest.fixture(scope="module")
+def server10() -> Iterator[str]:
+    """Time scale 10: a TTFT is ~200 ms of wall time. At 50 (~40 ms) a loaded machine's 1 ms of jitter was
+    2.5 % of it, and the 3 % comparison failed in two clean runs of make test."""
+    yield from _serve(10.0)
+
+
+def test_two_consecutive_probe_runs_measure_the_same_cold_ttft(server10: str) -> None:
+    cfg = ProbeConfig(base_url=server10, profiles=("128:128",), requests=3, warmup=0)
     first, second = run_probe(cfg), run_probe(cfg)
     a, b = first.results[0], second.results[0]
     assert (a.ok, b.ok) == (3, 3)
     assert a.cached_tokens == 0 and b.cached_tokens == 0
-    # within 3 % of the reference at time scale 50 (1 ms of wall time is 50 ms here), as the other slow probe tests
+    # within 3 % of the reference at time scale 10 (1 ms of wall time is 10 ms here)
     assert b.ttft_ms.p50 == pytest.approx(1981.228, rel=0.03) and a.ttft_ms.p50 == pytest.approx(1981.228, rel=0.03)
     assert b.ttft_ms.p50 == pytest.approx(a.ttft_ms.p50, rel=0.03)  # a cache would make the second one faster
     assert b.tpot_ms.p50 == pytest.approx(40.765, rel=0.03)
