@@ -28,7 +28,13 @@ from controller.report.analysis.frame import (
 )
 from controller.report.analysis.groups import Groups
 from controller.report.analysis.middles import Middles
-from controller.report.analysis.stats import hodges_lehmann_groups, median_intervals, sign_p, wilcoxon_groups
+from controller.report.analysis.stats import (
+    hodges_lehmann_groups,
+    median_intervals,
+    sign_p,
+    wilcoxon_groups,
+    window_t_p,
+)
 from controller.report.analysis.verdict import (
     LOWER_MEDIAN_BELOW,
     TRIM_UP_TO,
@@ -216,22 +222,13 @@ def _energy_key_tests(d: pd.DataFrame, metrics: list[str], names: Names
     module's median over its profiles: one window, one figure) and how many windows. A key's dozen rows of one
     window are not a dozen figures: tested over its profiles, two runs of one release on identical simulated
     modules (5 % window noise) came out "regressed" on J/token 10 times in 10."""
-    from scipy.stats import ttest_1samp
-
     out: dict[tuple[str, str], tuple[float, int]] = {}
     g = d["modkey"].to_numpy()
     for m in metrics:
         per = d[f"d_{m}"].groupby(g).median().dropna()  # per (module, key): its window's change
         for code, v in per.groupby(per.index.to_numpy() % names.nk):
-            key = str(names.keys[int(code)])
             x = v.to_numpy(dtype=float)
-            if len(x) < 3:
-                out[(key, m)] = (1.0, len(x))
-            elif float(np.std(x)) == 0.0:  # identical windows (no noise): any change is the whole fleet's
-                out[(key, m)] = (0.0 if float(x[0]) != 0.0 else 1.0, len(x))
-            else:
-                side = "greater" if float(np.median(x)) > 0 else "less"  # as the signed-rank test: the median's way
-                out[(key, m)] = (float(ttest_1samp(x, 0.0, alternative=side).pvalue), len(x))
+            out[(str(names.keys[int(code)]), m)] = (window_t_p(x), len(x))
     return out
 
 

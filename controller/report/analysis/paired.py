@@ -34,7 +34,7 @@ import pandas as pd
 
 from contract.records import ENERGY_METRICS
 from controller.report.analysis.frame import B, prepare, present_metrics, relative_change
-from controller.report.analysis.stats import hodges_lehmann_groups, wilcoxon_groups
+from controller.report.analysis.stats import hodges_lehmann_groups, wilcoxon_groups, window_t_p
 from controller.report.analysis.verdict import key_status, threshold
 from controller.report.model import (
     ALL_METRICS,
@@ -145,21 +145,10 @@ def _window_tests(long: pd.DataFrame) -> dict[tuple[str, str], float]:
     """Per (key, energy metric): the one-sided p-value (in the median's direction) of a t-test over the (round,
     module) pairs' window differences (each pair's median over the profiles: a key's rows carry one window's
     figure). Fewer than 3 pairs: 1.0, no test."""
-    from scipy.stats import ttest_1samp
-
-    out: dict[tuple[str, str], float] = {}
     energy = long[long["metric"].isin(ENERGY_METRICS)]
     per = energy.groupby(["model_key", "metric", "round", "module"], sort=True)["d"].median()
-    for (key, metric), v in per.groupby(level=[0, 1]):
-        x = v.to_numpy(dtype=float)
-        if len(x) < 3:
-            out[(str(key), str(metric))] = 1.0
-        elif float(np.std(x)) == 0.0:
-            out[(str(key), str(metric))] = 0.0 if float(x[0]) != 0.0 else 1.0
-        else:
-            side = "greater" if float(np.median(x)) > 0 else "less"  # as the signed-rank test: the median's way
-            out[(str(key), str(metric))] = float(ttest_1samp(x, 0.0, alternative=side).pvalue)
-    return out
+    return {(str(key), str(metric)): window_t_p(v.to_numpy(dtype=float))
+            for (key, metric), v in per.groupby(level=[0, 1])}
 
 
 def minimum_detectable_change(metric: str, se: float, profiles: int, th: Thresholds,

@@ -164,3 +164,17 @@ def hodges_lehmann_groups(values: np.ndarray, groups: np.ndarray, count: int, le
         if k:
             lo[i], hi[i] = w[k - 1], w[len(w) - k]
     return centre, lo, hi
+
+
+def window_t_p(x: np.ndarray) -> float:
+    """One-sided p-value (in the median's direction, as the signed-rank tests) of a one-sample t-test of the
+    windows' changes ``x`` against zero: energy, one figure per benchmark window (fewer than 3 windows: 1.0, no
+    test; identical windows: 0.0 for a change, 1.0 for none)."""
+    from scipy.stats import ttest_1samp
+
+    if len(x) < 3:
+        return 1.0
+    if float(np.std(x)) == 0.0:
+        return 0.0 if float(x[0]) != 0.0 else 1.0
+    side = "greater" if float(np.median(x)) > 0 else "less"
+    return float(ttest_1samp(x, 0.0, alternative=side).pvalue)
