@@ -4,6 +4,8 @@
    module queue, consumed by a real ``fleet-agent`` worker: solo pool, late acks,
    prefetch 1), enqueue -> task start on the agent; next to a bare Celery round trip
    (default Celery app and worker, same broker, send -> result) in the same run.
+   Priorities: the send before priorities ("unprioritised": kombu's first list, no headers) next to
+   ``normal`` and ``low`` sends, interleaved job by job on one worker.
 2. Fleet scaling: wall time of one validation (simulated release, demo time scale) on
    1 module and on 16 simulated modules, workers already running.
 
@@ -99,7 +101,19 @@ def bare_round_trips(base: Path, settings: ControllerSettings, jobs: int) -> lis
 def fleet_dispatch(base: Path, settings: ControllerSettings, jobs: int,
                    worker_env: dict[str, str] | None = None) -> tuple[list[float], list[float]]:
     """Enqueue -> start on the agent, and full round trips, through the fleet's path."""
+    arms = fleet_dispatch_arms(base, settings, jobs, ("normal",), worker_env)
+    return arms["normal"]
+
+
+def fleet_dispatch_arms(base: Path, settings: ControllerSettings, jobs: int, arms: tuple[str, ...],
+                        worker_env: dict[str, str] | None = None) -> dict[str, tuple[list[float], list[float]]]:
+    """:func:`fleet_dispatch` for several ways of sending, interleaved job by job on one worker (the machine's
+    noise falls on every arm alike): a priority name (``Fleet.send(priority=...)``), or ``unprioritised``:
+    the send before priorities (no priority property, no headers: kombu's first list)."""
     import uuid
+
+    from contract.celery_app import queue_name
+    from controller.fleet.dispatch import args_label
 
     base.mkdir(parents=True, exist_ok=True)
     (base / "inventory.toml").write_text(inventory_toml(["bench-01"], base, None))
@@ -108,18 +122,25 @@ def fleet_dispatch(base: Path, settings: ControllerSettings, jobs: int,
         wait_for_heartbeats(settings, [w], 60)
         fleet = Fleet(settings, History(base / "history.sqlite"))
         app = fleet.app
-        # task ids end in the module's name, as the fleet's runs do (its ACL user may write those results only)
-        app.AsyncResult(fleet.send("bench-01", NOOP_TASK, [time.time()], task_id=f"bench-01:{uuid.uuid4()}")).get(
-            timeout=60)  # warm up
-        starts, trips = [], []
-        for _ in range(jobs):
+
+        def send(arm: str, args: list[object]) -> str:
+            tid = f"bench-01:{uuid.uuid4()}"  # ids end in the module's name, as runs do (its ACL user's results)
+            if arm != "unprioritised":
+                return fleet.send("bench-01", NOOP_TASK, args, task_id=tid, priority=arm)
+            return str(app.send_task(NOOP_TASK, args=args, queue=queue_name("bench-01"), task_id=tid,
+                                     argsrepr=args_label(args), kwargsrepr="{}").id)
+
+        for arm in arms:  # warm up
+            app.AsyncResult(send(arm, [time.time()])).get(timeout=60)
+        out: dict[str, tuple[list[float], list[float]]] = {a: ([], []) for a in arms}
+        for i in range(jobs * len(arms)):
+            arm = arms[i % len(arms)]
             t0 = time.perf_counter()
             sent = time.time()
-            tid = fleet.send("bench-01", NOOP_TASK, [sent], task_id=f"bench-01:{uuid.uuid4()}")
-            res = app.AsyncResult(tid).get(timeout=30, interval=0.005)
-            trips.append(time.perf_counter() - t0)
-            starts.append(res["started_at"] - sent)
-        return starts, trips
+            res = app.AsyncResult(send(arm, [sent])).get(timeout=30, interval=0.005)
+            out[arm][1].append(time.perf_counter() - t0)
+            out[arm][0].append(res["started_at"] - sent)
+        return out
     finally:
         stop_workers([w], grace=10)
 
@@ -224,6 +245,13 @@ def main() -> None:
                   f"fleet round trip p50 {statistics.median(trips) * 1e3:7.2f} ms | "
                   f"bare Celery round trip p50 {b50 * 1e3:7.2f} ms  p99 {b99 * 1e3:7.2f} ms | "
                   f"ratio p50 {p50 / b50:4.2f}")
+            arms = fleet_dispatch_arms(tmp / f"p-{b}", s, args.jobs, ("unprioritised", "normal", "low"))
+            u50 = pct(arms["unprioritised"][0], 0.5)
+            print(f"  {b:8s} priorities, interleaved: enqueue->start p50 "
+                  + ", ".join(f"{a} {pct(st, 0.5) * 1e3:6.2f} ms (p99 {pct(st, 0.99) * 1e3:6.2f})"
+                              for a, (st, _) in arms.items())
+                  + f" | ratio p50 normal/unprioritised {pct(arms['normal'][0], 0.5) / u50:4.2f}, "
+                  f"low/unprioritised {pct(arms['low'][0], 0.5) / u50:4.2f}")
             if b == "redis" and not args.skip_secure:
                 sstarts, strips = secure_dispatch(tmp / "d-secure", args.jobs)
                 s50, s99 = pct(sstarts, 0.5), pct(sstarts, 0.99)

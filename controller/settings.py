@@ -43,6 +43,9 @@ class ControllerSettings(BrokerSettings):
                                                                       "hours (0: never)")
     golden_models: tuple[str, ...] = Field(default=("qwen3",), min_length=1,
                                            description="the model keys of a scheduled golden check")
+    raise_after: float = Field(default=3600.0, ge=0, description="fleetctl serve raises a run waiting on a module's "
+                                                                "queue this long a priority level (up to high; again "
+                                                                "after as long again), s (0: never)")
     failures_cooldown: float = Field(
         default=900.0, gt=0, description="a module bad by failed runs takes work again this long after the last "
                                          "one ended, on trial (or at once: fleetctl devices reset), s")

@@ -128,7 +128,17 @@ def fleet_overview() -> db.Dashboard:
     d = d.with_panel(tb("State per module", "none",
                         q(f"max by (module, state) (m1000_fleet_module_state{{{M}}}) == 1", instant=True),
                         desc="idle, busy, unreachable (run goes on), offline or bad, as the controller sees each module"))
-    d = d.with_panel(ts("Queue lengths", "none", q("m1000_fleet_queue_length", "{{queue}}")))
+    d = d.with_row(db.Row("Queue"))
+    d = d.with_panel(ts("Runs waiting by priority", "none",
+                        q("sum by (priority) (m1000_fleet_queue_length)", "{{priority}}"),
+                        desc="runs waiting on the modules' queues; a module that frees up starts the highest first"))
+    d = d.with_panel(ts("Queue lengths", "none", q("sum by (queue) (m1000_fleet_queue_length)", "{{queue}}")))
+    d = d.with_panel(ts("Wait from dispatch to start (p50, p90)", "s",
+                        q("histogram_quantile(0.5, sum by (le, priority) (m1000_fleet_run_wait_seconds_bucket))",
+                          "p50 {{priority}}"),
+                        q("histogram_quantile(0.9, sum by (le, priority) (m1000_fleet_run_wait_seconds_bucket))",
+                          "p90 {{priority}}", ref="B"),
+                        desc="every module's part of a run in the history, by the priority it was dispatched at"))
     d = d.with_row(db.Row("Current run"))
     d = d.with_panel(bg("Run progress per module", "percentunit",
                         q(f"m1000_run_progress_ratio{{{M}}}", "{{module}}", instant=True), lo=0, hi=1))

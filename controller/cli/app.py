@@ -89,6 +89,7 @@ def build_app(inv: Invocation) -> typer.Typer:
     devices_app.callback()(devices_cli.devices)
     devices_app.command("reset")(devices_cli.devices_reset)
     app.add_typer(devices_app, name="devices")
+    app.command("queue")(devices_cli.queue)
     describe_app = new_app(add_completion=False, no_args_is_help=True,
                            help="Everything about one run or one module (read-only).")
     describe_app.command("run")(runs_cli.describe_run)

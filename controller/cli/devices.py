@@ -79,3 +79,25 @@ def describe_module(ctx: typer.Context, name: str = typer.Argument(..., help="mo
         out.print(f"{'workdir:':15} {d.module.workdir}", highlight=False)
     emit(recent, ["run_id", "release", "created", "state", "rows", "error"], output, document=doc,
          title="recent runs")
+
+
+QUEUE_COLUMNS = ("module", "position", "run_id", "priority", "asked", "waited", "behind")
+
+
+def queue(ctx: typer.Context,
+          select_: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
+          output: Output = output_option()) -> None:
+    """Runs waiting on each module's queue, in the order the module takes them (highest priority first, then
+    the order sent), how long each has waited and behind what; then how long runs waited, by priority."""
+    from controller.service.queue import queue as read_queue
+    from controller.service.queue import queue_document, queue_records, waits_line
+
+    v = read_queue(session(ctx), select_)
+    if output != Output.table:
+        emit(queue_records(v), QUEUE_COLUMNS, output, document=queue_document(v))
+        return
+    if v.runs:
+        emit(queue_records(v), QUEUE_COLUMNS, output, title="waiting")
+    else:
+        stdout().print(f"nothing waits on {len(v.depths)} module(s)", highlight=False)
+    stdout().print(waits_line(v.waits), markup=False, highlight=False, soft_wrap=True)

@@ -32,6 +32,8 @@ def validate(
     run_id: str | None = typer.Option(None, "--run-id", help="run id (default: generated)"),
     resume: bool = typer.Option(False, "--resume", help="--run-id names an existing run: resume it"),
     sha256: str | None = typer.Option(None, "--sha256", help="what the release must hash to (checked first)"),
+    priority: str = typer.Option("normal", "--priority", "-p", help="urgent, high, normal or low: a module that "
+                                 "frees up starts the highest waiting run first (a run waiting long is raised)"),
 ) -> int:
     """Validate a release on the chosen modules; ends with a verdict."""
     from contract.records import parse_model_keys
@@ -40,7 +42,7 @@ def validate(
 
     s = session(ctx)
     req = service.release_request(release, sha256=sha256, models=parse_model_keys(models), devices=devices,
-                                  baseline=baseline, run_id=run_id, resume=resume)
+                                  baseline=baseline, run_id=run_id, resume=resume, priority=priority)
     launched = service.validate(s, req)
     print_launched(launched, stderr(), len(launched.modules))
     if detach:

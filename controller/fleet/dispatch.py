@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from contract.priority import DEFAULT, LEVELS, check_priority
 from contract.records import RunProgress, RunRequest
 from contract.vocab import BadInput, check_run_id
 from controller.fleet.errors import BrokerUnavailable, FleetError, RunIdInUse, error_line
@@ -37,16 +38,21 @@ class Dispatch:
         def statuses(self, modules: Sequence[Module], now: float | None = None) -> dict[str, ModuleStatus]: ...
 
     def send(self, module: str, task: str, args: list[object], task_id: str | None = None, *,
-             ignore_result: bool = False) -> str:
+             ignore_result: bool = False, priority: str = DEFAULT) -> str:
         """Publish one task on a module's queue (the only place the controller enqueues).
 
         ``ignore_result``: Celery keeps no result of it (a run's state travels in the KV records), so the
-        controller does not subscribe to one result channel per dispatched module.
+        controller does not subscribe to one result channel per dispatched module. ``priority``: the module
+        takes a higher one first when it frees up (:mod:`contract.priority`); the message says when it was
+        sent and what it asked for (:mod:`controller.fleet.queues` raises it after a long wait).
         """
         from contract.celery_app import queue_name
+        from controller.fleet.queues import ASKED, SENT_AT
 
         try:
             res = self.app.send_task(task, args=args, queue=queue_name(module), task_id=task_id,
+                                     priority=LEVELS[check_priority(priority)],
+                                     headers={SENT_AT: time.time(), ASKED: priority},
                                      ignore_result=ignore_result, argsrepr=args_label(args), kwargsrepr="{}",
                                      retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2,
                                                                "interval_step": 0.5, "interval_max": 2})
@@ -78,8 +84,9 @@ class Dispatch:
     def dispatch(self, *, run_id: str, modules: Sequence[Module], tarballs: Mapping[str, str], sha256: str,
                  release: str, models: Sequence[str], tarball_label: str = "",
                  statuses: Mapping[str, ModuleStatus] | None = None, resume: bool = False,
-                 module_models: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
-        """Record the run and enqueue it on every module that can take it.
+                 module_models: Mapping[str, Sequence[str]] | None = None,
+                 priority: str = DEFAULT) -> dict[str, str]:
+        """Record the run and enqueue it, at ``priority``, on every module that can take it.
 
         Returns module -> "queued" or the reason it was not (offline, bad, no release):
         those modules are recorded as failed at once, not after an hour. A run id must match the
@@ -93,6 +100,7 @@ class Dispatch:
         own = {m: keys for m, keys in own.items() if keys != tuple(models)}
         self.history.create_run(run_id, release=release, tarball=tarball_label, sha256=sha256,
                                 models=models, modules=[m.name for m in modules], module_models=own)
+        self.history.set_dispatched(run_id, priority, time.time())
         out: dict[str, str] = {}
         from contract.celery_app import RUN_TASK, task_id
 
@@ -126,7 +134,8 @@ class Dispatch:
         payloads: list[tuple[str, list[object]]] = [(r.module, [r.model_dump(mode="json")]) for r in requests]
         for name, args in payloads:
             try:
-                self.send(name, RUN_TASK, args, task_id=task_id(name, run_id), ignore_result=True)
+                self.send(name, RUN_TASK, args, task_id=task_id(name, run_id), ignore_result=True,
+                          priority=priority)
                 out[name] = "queued"
             except BrokerUnavailable as exc:
                 self._record_failure(run_id, name, release, "dispatch", str(exc), len(own.get(name, models)))

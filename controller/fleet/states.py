@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from contract.kv import KV, Beat
+    from controller.fleet.queues import Raise, Waiting
 
 log = logging.getLogger("fleet.controller")
 
@@ -185,17 +186,41 @@ class ModuleStates:
         return out
 
     def queue_lengths(self, modules: Sequence[Module]) -> dict[str, int]:
-        out: dict[str, int] = {}
+        """queue -> messages waiting, every priority (:meth:`queue_depths` summed)."""
+        return {q: sum(by.values()) for q, by in self.queue_depths(modules).items()}
+
+    def queue_depths(self, modules: Sequence[Module]) -> dict[str, dict[str, int]]:
+        """queue -> priority -> messages waiting (:mod:`controller.fleet.queues`); {} when the broker cannot say."""
+        from controller.fleet.queues import depths
+
+        queues = [m.queue for m in modules]
         try:
-            with self.app.connection_for_read() as conn, conn.channel() as ch:
-                for m in modules:
-                    try:
-                        out[m.queue] = int(ch.queue_declare(queue=m.queue, passive=True).message_count)
-                    except Exception:
-                        out[m.queue] = 0
+            return depths(self.waiting(modules), queues)
         except Exception as exc:
             log.warning("cannot read queue lengths: %s", exc)
-        return out
+            return {}
+
+    def waiting(self, modules: Sequence[Module]) -> list[Waiting]:
+        """What waits on these modules' queues, in the order each module takes it (the broker's errors raise)."""
+        from controller.fleet.queues import read_waiting
+
+        with self.app.connection_for_read() as conn:
+            return read_waiting(conn.default_channel, [m.queue for m in modules])
+
+    def raise_waiting(self, modules: Sequence[Module], raise_after: float, now: float | None = None) -> list[Raise]:
+        """Raise the runs that waited ``raise_after`` on these modules' queues a level per wait (the starvation
+        bound, :func:`controller.fleet.queues.plan_raises`); the raises made (not those the agent took first)."""
+        from controller.fleet.queues import move, plan_raises, read_waiting
+
+        done: list[Raise] = []
+        with self.app.connection_for_write() as conn:
+            ch = conn.default_channel
+            for r in plan_raises(read_waiting(ch, [m.queue for m in modules]), time.time() if now is None else now,
+                                 raise_after):
+                if move(ch, r):
+                    log.info("raised a run waiting on %s from %s to %s", r.message.queue, r.message.level, r.to)
+                    done.append(r)
+        return done
 
 
 def read_beats(settings: BrokerSettings, modules: Iterable[str]) -> dict[str, Beat | None]:

@@ -49,6 +49,21 @@ class HistoryQueries:
         cur = self.conn.execute("SELECT run_id FROM runs WHERE kind='run' AND state='running'")
         return [r[0] for r in cur.fetchall()]
 
+    def waits(self, run_id: str | None = None) -> list[tuple[str, str, str, float]]:
+        """(run id, module, priority, seconds it waited): from its last dispatch (``runs.dispatched_at``, else
+        ``created_at``) to the module's start (``started_at`` of its progress, the module's clock), of every part
+        a module started (of ``run_id`` only, when given), oldest run first. A start before the last dispatch
+        (an earlier delivery's, before a resume) is no wait of that dispatch: left out."""
+        where = " AND m.run_id=?" if run_id is not None else ""
+        cur = self.conn.execute(
+            "SELECT m.run_id, m.module, r.priority, s - d FROM (SELECT run_id, module,"
+            " json_extract(progress, '$.started_at') AS s FROM module_runs) m"
+            " JOIN (SELECT run_id, priority, created_at, COALESCE(dispatched_at, created_at) AS d FROM runs"
+            "       WHERE kind='run') r ON r.run_id = m.run_id"
+            f" WHERE s IS NOT NULL AND s >= d{where} ORDER BY r.created_at, m.module",
+            (run_id,) if run_id is not None else ())
+        return [(a, b, c, float(w)) for a, b, c, w in cur.fetchall()]
+
     # -- metrics --------------------------------------------------------------------------
     def verdict_counts(self) -> list[tuple[Any, int]]:
         """(verdict, or 'none' when not judged; how many runs of kind 'run')."""

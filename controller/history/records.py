@@ -67,6 +67,8 @@ class RunInfo(BaseModel):
     # the modules asked for only some of ``models`` (``fleetctl retry --failed-only``: the keys that did not pass
     # there), and those keys; every other module was asked for all of ``models``
     module_models: dict[str, tuple[str, ...]] = {}
+    priority: str = "normal"  # what it was dispatched at (contract.priority), the last time it was
+    dispatched_at: float | None = None  # when it was last dispatched (a resume too); None: at created_at
 
     def models_of(self, module: str) -> tuple[str, ...]:
         """The model keys ``module`` was asked for in this run."""

@@ -205,4 +205,8 @@ def connect(path: Path) -> sqlite3.Connection:
     _add_run_column(conn, "module_models", "TEXT NOT NULL DEFAULT '{}'")
     # '': every event of such an outbox is a verdict (the run's summary is its whole body)
     _add_run_column(conn, "payload", "TEXT NOT NULL DEFAULT ''", table="webhook_outbox")
+    # 'normal' and NULL: such a run was sent before priorities, at the one level there was; its wait counts
+    # from its created_at
+    _add_run_column(conn, "priority", "TEXT NOT NULL DEFAULT 'normal'")
+    _add_run_column(conn, "dispatched_at", "REAL")
     return conn

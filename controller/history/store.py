@@ -67,6 +67,11 @@ class History(HistoryQueries, WebhookOutbox):
                  json.dumps(list(modules)), kind, state, note, json.dumps(own)),
             )
 
+    def set_dispatched(self, run_id: str, priority: str, at: float) -> None:
+        """The run was (again) sent to its modules at ``priority``: its modules' waits count from ``at``."""
+        with self.tx() as c:
+            c.execute("UPDATE runs SET priority=?, dispatched_at=? WHERE run_id=?", (priority, at, run_id))
+
     def set_run_note(self, run_id: str, note: str) -> None:
         """The run's note (e.g. the comparison a run of ``fleetctl compare-releases`` belongs to)."""
         with self.tx() as c:

@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from contract.priority import Priority
 from contract.records import parse_model_keys
 from controller import service
 from controller.errors import http_status_of
@@ -82,6 +83,8 @@ class RunCreate(_Model):
                                  description="baseline: release, release@vN or a run id")
     run_id: str | None = Field(None, min_length=1, max_length=MAX_NAME, description="run id (default: generated)")
     resume: bool = Field(False, description="run_id names an existing run: resume it")
+    priority: Priority = Field("normal", description="urgent, high, normal or low: a module that frees up starts "
+                                                     "the highest first; a run waiting long is raised a level")
 
 
 class RunCreated(_Model):
@@ -289,7 +292,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
         def launch() -> service.Launched:
             req = service.release_request(body.release, sha256=body.sha256, models=parse_model_keys(body.models),
                                           devices=body.devices, baseline=body.baseline, run_id=body.run_id,
-                                          resume=body.resume)
+                                          resume=body.resume, priority=body.priority)
             return service.validate(session(), req)
 
         models = body.models if isinstance(body.models, str) else ",".join(body.models)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from controller.service.webhooks import Webhooks
 
 log = logging.getLogger("fleet.serve")
+RAISE_EVERY_S = 5.0  # how often a serve pass looks for runs waiting past raise_after (one read of the queues)
 GOLDEN_EVERY_S = 30.0  # how often a serve pass looks for modules due a scheduled golden check (a history read)
 
 
@@ -83,6 +84,18 @@ def schedule_golden(s: Session, warn: Callable[[str], None]) -> None:
             warn(f"golden check on {d.module} ({d.why}): {what}")
     except Exception as exc:  # the broker or the history away: the next pass tries again
         warn(f"golden checks not scheduled: {exc}")
+
+
+def raise_starving(s: Session, warn: Callable[[str], None]) -> None:
+    """Raise the runs that waited ``raise_after`` on a module's queue a level (the starvation bound)."""
+    if s.settings.raise_after <= 0:
+        return
+    try:
+        for r in s.fleet().raise_waiting(list(s.inventory().modules), s.settings.raise_after):
+            waited = time.time() - (r.message.sent_at or time.time())
+            warn(f"a run waiting {waited / 60:.0f} min on {r.message.queue} raised from {r.message.level} to {r.to}")
+    except Exception as exc:  # the broker away: the next pass tries again
+        warn(f"waiting runs not raised: {exc}")
 
 
 @dataclass
@@ -170,8 +183,8 @@ def _start_metrics(s: Session) -> Any:
         return {name: ModuleReading(status.state, status.skew)
                 for name, status in fleet.statuses(list(inv.modules)).items()}
 
-    def queues() -> dict[str, int]:
-        return fleet.queue_lengths(list(inv.modules))
+    def queues() -> dict[str, dict[str, int]]:
+        return fleet.queue_depths(list(inv.modules))
 
     registry = CollectorRegistry()
     registry.register(ControllerCollector(history, states, queues))
@@ -248,6 +261,7 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
         for run_id in sync_all(s, warn, on_verdict):
             console.print(f"run {run_id} finished")
         schedule_golden(s, warn)
+        raise_starving(s, warn)
         if notifier and hooks:
             notifier.drain()
             notifier.wait(timeout=600)
@@ -264,13 +278,16 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
                   + (f", API on http://{settings.api_host}:{settings.api_port}/api/v1" if api else "")
                   + (f", webhooks to {len(hooks.urls)} URL(s)" if hooks else ""), highlight=False)
     try:
-        golden_at = 0.0
+        golden_at = raised_at = 0.0
         while not stop.is_set():
             for run_id in sync_all(s, warn, on_verdict):
                 console.print(f"run {run_id} finished")
             if time.monotonic() - golden_at >= GOLDEN_EVERY_S:  # a check is due in hours, not seconds
                 golden_at = time.monotonic()
                 schedule_golden(s, warn)
+            if time.monotonic() - raised_at >= RAISE_EVERY_S:
+                raised_at = time.monotonic()
+                raise_starving(s, warn)
             if notifier:
                 try:
                     notifier.drain()  # verdicts an attached fleetctl recorded meanwhile

@@ -25,11 +25,13 @@ import logging
 import math
 import statistics
 import threading
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import NamedTuple
 
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from contract.records import METRICS, ResultRow
 from contract.vocab import MetricSpec, label_value
@@ -48,7 +50,11 @@ CATALOG: tuple[MetricSpec, ...] = (
                " broker's)"),
     MetricSpec("m1000_fleet_runs", "gauge", ("verdict",), "count",
                "Runs in the history by verdict ('none' while running)"),
-    MetricSpec("m1000_fleet_queue_length", "gauge", ("queue",), "count", "Messages waiting in a broker queue"),
+    MetricSpec("m1000_fleet_queue_length", "gauge", ("queue", "priority"), "count",
+               "Messages waiting in a broker queue, by priority (urgent, high, normal, low)"),
+    MetricSpec("m1000_fleet_run_wait_seconds", "histogram", ("priority",), "seconds",
+               "How long each module's part of a run waited on its queue, from the run's dispatch to the module's"
+               " start (the module's clock), by the priority it was dispatched at; every part in the history"),
     MetricSpec("m1000_fleet_baseline_ratio", "gauge", ("module", "release", "model_key", "metric"), "ratio",
                "Performance against the baseline of the module's latest run (geometric mean over profiles;"
                " below 1 is worse)"),
@@ -81,6 +87,15 @@ _BASELINE_FIELDS: tuple[tuple[str, str, float], ...] = (
     ("decode_tps", "m1000_baseline_decode_tokens_per_second", 1.0),
     ("vision_fps", "m1000_baseline_vision_frames_per_second", 1.0),
 )
+
+
+WAIT_BUCKETS: tuple[float, ...] = (1, 10, 60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400)  # 1 s .. 1 day
+
+
+def wait_buckets(waits: Iterable[float]) -> list[tuple[str, float]]:
+    """Cumulative histogram buckets of ``waits`` (seconds) over :data:`WAIT_BUCKETS`, ``+Inf`` last (pure)."""
+    ws = sorted(waits)
+    return [(floatToGoString(b), float(bisect_right(ws, b))) for b in WAIT_BUCKETS] + [("+Inf", float(len(ws)))]
 
 
 class ModuleReading(NamedTuple):
@@ -156,15 +171,15 @@ def trend_counts(history: History) -> dict[tuple[str, str, str], int]:
 
 class ControllerCollector(Collector):
     """Collector of the controller's series; ``states()`` gives module -> idle|busy|offline|bad (or a
-    :class:`ModuleReading`, with the module's clock skew), ``queue_lengths()`` queue -> length. Safe to call
-    from the HTTP server's thread."""
+    :class:`ModuleReading`, with the module's clock skew), ``queue_depths()`` queue -> priority -> messages
+    waiting. Safe to call from the HTTP server's thread."""
 
     def __init__(self, history: History, states: Callable[[], Mapping[str, str | ModuleReading]],
-                 queue_lengths: Callable[[], Mapping[str, int]], *, tolerance: float = 0.05,
+                 queue_depths: Callable[[], Mapping[str, Mapping[str, int]]], *, tolerance: float = 0.05,
                  recent_runs: int = RECENT_RUNS) -> None:
         self.history = history
         self.states = states
-        self.queue_lengths = queue_lengths
+        self.queue_depths = queue_depths
         self.tolerance = tolerance
         self.recent_runs = recent_runs
         self._lock = threading.Lock()
@@ -214,13 +229,14 @@ class ControllerCollector(Collector):
 
     def _queue_metrics(self) -> Iterator[Metric]:
         try:
-            queues = dict(self.queue_lengths())
+            queues = dict(self.queue_depths())
         except Exception as exc:  # a broker outage must not break the scrape
             log.warning("queue lengths unavailable: %s", exc)
             return
         fam = self._family("m1000_fleet_queue_length")
-        for q, n in sorted(queues.items()):
-            fam.add_metric((label_value(q),), n)
+        for q, by in sorted(queues.items()):
+            for priority, n in by.items():
+                fam.add_metric((label_value(q), label_value(priority)), n)
         yield fam
 
     def _history_metrics(self) -> Iterator[Metric]:
@@ -248,6 +264,18 @@ class ControllerCollector(Collector):
         yield from (ratio, regs, stamp)
         yield from self._baseline_metrics(used_baselines)
         yield self._trend_metric()
+        yield self._wait_metric()
+
+    def _wait_metric(self) -> Metric:
+        """The waits of every module's part of a run in the history, by the priority it was dispatched at."""
+        waits: dict[str, list[float]] = {}
+        for _, _, priority, w in self.history.waits():
+            waits.setdefault(priority, []).append(w)
+        spec = SPECS["m1000_fleet_run_wait_seconds"]
+        fam = HistogramMetricFamily(spec.name, spec.help, labels=spec.labels)
+        for priority, ws in sorted(waits.items()):
+            fam.add_metric((label_value(priority),), wait_buckets(ws), sum(ws))
+        return fam
 
     def _trend_metric(self) -> Metric:
         """Change points in force per (model key, metric, scope), 0 for every series without one."""

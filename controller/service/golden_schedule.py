@@ -80,7 +80,8 @@ def run_due(s: Session, now: float) -> list[tuple[Due, str]]:
     out: list[tuple[Due, str]] = []
     for d in todo:
         try:
-            launched = validate(s, release_request(st.golden_release, models=st.golden_models, devices=d.module))
+            launched = validate(s, release_request(st.golden_release, models=st.golden_models, devices=d.module,
+                                                     priority="low"))
         except Exception as exc:  # one module's trouble (or a bad golden_release) does not stop the others
             out.append((d, f"not dispatched: {exc}"))
             continue

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from contract.priority import check_priority
 from contract.records import MODEL_KEYS, RunProgress, RunState, parse_model_keys
 from controller.command import fleetctl
 from controller.fleet import (
@@ -84,6 +85,10 @@ def prepare(s: Session, req: ValidateRequest) -> tuple[str, list[Module], RunInf
             raise BadRelease(f"{clip(str(req.release))}: no such release tarball")
         version = release_version(req.release)
     parse_model_keys(list(req.models))
+    try:
+        check_priority(req.priority)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
     mods = s.inventory().select(req.devices)
     if req.baseline:
         check_baseline(s, req.baseline)
@@ -138,7 +143,7 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     own = existing.module_models if existing is not None else req.module_models
     result = fleet.dispatch(run_id=rid, modules=mods, tarballs=paths, sha256=sha, release=version, models=models,
                             tarball_label=str(release.resolve()), statuses=statuses,
-                            resume=existing is not None, module_models=own)
+                            resume=existing is not None, module_models=own, priority=req.priority)
     result.update(errors)
     prune_releases(s)
     return Launched(rid, version, sha, tuple(models), dict(result), resumed=existing is not None)
@@ -171,7 +176,7 @@ def retry(s: Session, run: str, *, failed_only: bool = False, run_id: str | None
     if not info.tarball:
         raise BadRequest(f"run {info.run_id} has no release path recorded")
     return validate(s, ValidateRequest(release=Path(info.tarball), models=models, devices=devices, run_id=run_id,
-                                       module_models=own))
+                                       module_models=own, priority=info.priority))
 
 
 def retried_keys(asked: tuple[str, ...], p: RunProgress | None) -> tuple[str, ...]:

@@ -39,11 +39,12 @@ class ValidateRequest:
     url: str | None = None
     sha256: str | None = None
     module_models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    priority: str = "normal"  # contract.priority: which waiting run a module that frees up starts first
 
 
 def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS), devices: str = "all",
                     baseline: str | None = None, run_id: str | None = None, resume: bool = False,
-                    sha256: str | None = None) -> ValidateRequest:
+                    sha256: str | None = None, priority: str = "normal") -> ValidateRequest:
     """A request for the release as a person or a CI job typed it: an http/https URL (downloaded
     by the controller) or a path as the controller sees it."""
     from controller.service.release_url import is_url
@@ -58,7 +59,8 @@ def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS)
 
             raise BadRequest(f"release {release!r}: {e}") from e
     return ValidateRequest(release=path, url=url, models=models,
-                           devices=devices, baseline=baseline, run_id=run_id, resume=resume, sha256=sha256)
+                           devices=devices, baseline=baseline, run_id=run_id, resume=resume, sha256=sha256,
+                           priority=priority)
 
 
 @dataclass(frozen=True)

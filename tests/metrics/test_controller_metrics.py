@@ -35,7 +35,7 @@ def history(tmp_path: Path, seed_text: str) -> History:
 
 def collector(h: History, **kw: object) -> ControllerCollector:
     return ControllerCollector(h, lambda: {"m-a": "busy", "m-b": "idle", "m-c": "offline"},
-                               lambda: {"module.m-a": 1, "module.m-b": 0}, **kw)  # type: ignore[arg-type]
+                               lambda: {"module.m-a": {"urgent": 0, "low": 1}, "module.m-b": {"low": 0}}, **kw)  # type: ignore[arg-type]
 
 
 def sample(c: ControllerCollector, name: str, labels: dict[str, str]) -> float | None:
@@ -52,7 +52,8 @@ def test_states_queues_and_verdicts(history: History) -> None:
     assert sample(c, "m1000_fleet_modules", {"state": "bad"}) == 0
     assert sample(c, "m1000_fleet_module_state", {"module": "m-c", "state": "offline"}) == 1
     assert sample(c, "m1000_fleet_module_state", {"module": "m-c", "state": "idle"}) == 0
-    assert sample(c, "m1000_fleet_queue_length", {"queue": "module.m-a"}) == 1
+    assert sample(c, "m1000_fleet_queue_length", {"queue": "module.m-a", "priority": "low"}) == 1
+    assert sample(c, "m1000_fleet_queue_length", {"queue": "module.m-a", "priority": "urgent"}) == 0
     assert sample(c, "m1000_fleet_runs", {"verdict": "regression"}) == 1
     assert sample(c, "m1000_fleet_runs", {"verdict": "none"}) == 1
     assert sample(c, "m1000_fleet_history_up", {}) == 1
@@ -167,3 +168,39 @@ def test_change_points_in_force_per_key_metric_and_scope(tmp_path: Path, seed_te
         assert sample(c, "m1000_trend_change_points", {**labels, "metric": "prefill_tps"}) == 0
     finally:
         h.close()
+
+
+def test_wait_histogram_is_the_waits_the_history_recorded(tmp_path: Path) -> None:
+    """Each module's wait is its start minus the run's last dispatch; the histogram counts exactly those."""
+    from contract.records import RunProgress, RunState
+
+    h = History(tmp_path / "waits.sqlite")
+    plan = {"r-low": ("low", 1000.0, {"m-a": 1030.0, "m-b": 4000.0}),  # 30 s and 50 min
+            "r-urgent": ("urgent", 2000.0, {"m-a": 2000.5}),
+            "r-old": ("normal", None, {"m-a": 500.0})}  # dispatched before priorities: from created_at
+    for run_id, (priority, at, starts) in plan.items():
+        h.create_run(run_id, release="1.4.1", modules=list(starts))
+        if at is not None:
+            h.set_dispatched(run_id, priority, at)
+        for m, started in starts.items():
+            h.upsert_progress(RunProgress(run_id=run_id, module=m, release="1.4.1", state=RunState.BENCHMARKING,
+                                          started_at=started, updated_at=started))
+    created = h.find_run("r-old").created_at
+    h.upsert_progress(RunProgress(run_id="r-old", module="m-a", release="1.4.1", state=RunState.BENCHMARKING,
+                                  started_at=created + 7.0, updated_at=created + 8.0))
+    h.create_run("r-queued", modules=["m-a"])  # not started: no wait yet
+    h.set_dispatched("r-queued", "low", 3000.0)
+    h.upsert_progress(RunProgress(run_id="r-queued", module="m-a", release="", step="queued", updated_at=3000.0))
+    waits = {(r, m): (p, round(w, 3)) for r, m, p, w in h.waits()}
+    assert waits == {("r-low", "m-a"): ("low", 30.0), ("r-low", "m-b"): ("low", 3000.0),
+                     ("r-urgent", "m-a"): ("urgent", 0.5), ("r-old", "m-a"): ("normal", 7.0)}
+    assert h.waits("r-urgent") == [("r-urgent", "m-a", "urgent", 0.5)]
+    c = ControllerCollector(h, lambda: {}, lambda: {})
+    assert sample(c, "m1000_fleet_run_wait_seconds_count", {"priority": "low"}) == 2
+    assert sample(c, "m1000_fleet_run_wait_seconds_sum", {"priority": "low"}) == 3030.0
+    assert sample(c, "m1000_fleet_run_wait_seconds_bucket", {"priority": "low", "le": "60.0"}) == 1
+    assert sample(c, "m1000_fleet_run_wait_seconds_bucket", {"priority": "low", "le": "3600.0"}) == 2
+    assert sample(c, "m1000_fleet_run_wait_seconds_bucket", {"priority": "urgent", "le": "1.0"}) == 1
+    assert sample(c, "m1000_fleet_run_wait_seconds_bucket", {"priority": "normal", "le": "1.0"}) == 0
+    assert sample(c, "m1000_fleet_run_wait_seconds_bucket", {"priority": "normal", "le": "10.0"}) == 1
+    h.close()

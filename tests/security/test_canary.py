@@ -99,7 +99,7 @@ def test_canary_password_is_nowhere(tmp_path):
         reg = CollectorRegistry()
         inv = list(st.inventory().modules)
         reg.register(ControllerCollector(st.history(), lambda: {k: v.state for k, v in fleet.statuses(inv).items()},
-                                         lambda: fleet.queue_lengths(inv)))
+                                         lambda: fleet.queue_depths(inv)))
         exposition += generate_latest(reg).decode()
         assert "fleet_" in exposition or "m1000" in exposition
         assert canary not in exposition

@@ -1,0 +1,108 @@
+"""What waits in the lab (``fleetctl queue``): each module's waiting runs in the order it will take them, with
+their priority, how long they have waited and what the module runs meanwhile; and how long runs waited, by
+priority, over the history (the same waits as the ``m1000_fleet_run_wait_seconds`` histogram)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from contract.priority import LEVELS
+from controller.service.session import Session, broker_call
+
+
+@dataclass(frozen=True)
+class QueuedRun:
+    module: str
+    position: int  # 1: the next the module takes
+    run_id: str
+    priority: str  # its level now (raised from ``asked`` after a long wait)
+    asked: str
+    waited_s: float | None
+    behind: str | None  # the run the module is running now (its heartbeat), None when idle
+
+
+@dataclass(frozen=True)
+class WaitStats:
+    priority: str
+    n: int
+    p50_s: float
+    p90_s: float
+    max_s: float
+
+
+@dataclass(frozen=True)
+class QueueView:
+    runs: tuple[QueuedRun, ...]
+    depths: Mapping[str, Mapping[str, int]]  # module -> priority -> runs waiting
+    waits: tuple[WaitStats, ...]  # by priority, over the history's recent parts
+
+
+def wait_stats(waits: Iterable[tuple[str, float]]) -> tuple[WaitStats, ...]:
+    """(priority, seconds) -> per priority, in LEVELS order: count, median, 90th percentile, longest (pure)."""
+    by: dict[str, list[float]] = {}
+    for p, w in waits:
+        by.setdefault(p, []).append(w)
+    out = []
+    for p in sorted(by, key=lambda p: list(LEVELS).index(p) if p in LEVELS else len(LEVELS)):
+        ws = sorted(by[p])
+        p90 = statistics.quantiles(ws, n=10, method="inclusive")[-1] if len(ws) > 1 else ws[0]
+        out.append(WaitStats(p, len(ws), statistics.median(ws), p90, ws[-1]))
+    return tuple(out)
+
+
+def queue(s: Session, selector: str = "all", *, recent: int = 1000, now: float | None = None) -> QueueView:
+    mods = s.inventory().select(selector)
+    fleet = s.broker(read=True)
+    waiting = broker_call(s, lambda: fleet.waiting(mods))
+    statuses = broker_call(s, lambda: fleet.statuses(mods))
+    running = {m: (st.heartbeat.run_id if st.heartbeat else None) for m, st in statuses.items()}
+    by_queue = {m.queue: m.name for m in mods}
+    now = time.time() if now is None else now
+    runs: list[QueuedRun] = []
+    depths: dict[str, dict[str, int]] = {m.name: dict.fromkeys(LEVELS, 0) for m in mods}
+    for w in waiting:
+        module = by_queue[w.queue]
+        depths[module][w.level] += 1
+        position = sum(1 for r in runs if r.module == module) + 1
+        runs.append(QueuedRun(module, position, w.run_id, w.level, w.asked or w.level,
+                              None if w.sent_at is None else max(0.0, now - w.sent_at), running.get(module)))
+    names = {m.name for m in mods}
+    waits = s.history().waits()[-recent:] if s.has_history() else []
+    return QueueView(tuple(runs), depths, wait_stats((p, w) for _, m, p, w in waits if m in names))
+
+
+def shown_duration(seconds: float | None) -> str:
+    """``45 s``, ``12 min``, ``1 h 12 min``, ``2 d 3 h`` (pure)."""
+    if seconds is None:
+        return ""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+def queue_records(v: QueueView) -> list[dict[str, object]]:
+    return [{"module": r.module, "position": r.position, "run_id": r.run_id, "priority": r.priority,
+             "asked": r.asked, "waited": shown_duration(r.waited_s), "waited_s": r.waited_s,
+             "behind": r.behind or ""} for r in v.runs]
+
+
+def queue_document(v: QueueView) -> dict[str, object]:
+    return {"runs": queue_records(v), "depths": {m: dict(d) for m, d in v.depths.items()},
+            "waits": [{"priority": w.priority, "n": w.n, "p50_s": w.p50_s, "p90_s": w.p90_s, "max_s": w.max_s}
+                      for w in v.waits]}
+
+
+def waits_line(stats: Sequence[WaitStats]) -> str:
+    if not stats:
+        return "waited: no run has started yet"
+    return "waited (dispatch to start): " + "; ".join(
+        f"{w.priority} median {shown_duration(w.p50_s)}, p90 {shown_duration(w.p90_s)}, longest "
+        f"{shown_duration(w.max_s)} (n={w.n})" for w in stats)

@@ -1,0 +1,80 @@
+"""Priorities on a module's queue, on real workers and both brokers (a real redis-server, the embedded one).
+
+A module runs one thing at a time: what waits behind a busy module starts by priority (highest first, then
+the order it was sent in), and a run waiting past ``raise_after`` is raised a level by the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from contract.records import RunState
+from tests.support.lab import broker  # noqa: F401 - the fixture, registered by name
+from tests.support.reliability import KEYS
+
+pytestmark = pytest.mark.slow
+
+
+def _started(b, run_ids: list[str]) -> list[str]:
+    """``run_ids`` in the order sim-01 started them (their progress's ``started_at``, the module's clock)."""
+    views = {r: b.finished(r, 120) for r in run_ids}
+    for r, v in views.items():
+        assert v.progress["sim-01"].state == RunState.DONE, (r, v.progress["sim-01"])
+    order = sorted(run_ids, key=lambda r: views[r].progress["sim-01"].started_at)
+    b.check_run(order[-1], 60)  # the invariants: rows, benchmarks once, no process left, the module idle
+    return order
+
+
+def test_an_urgent_run_behind_three_low_ones_starts_next(bench_factory, broker, release):  # noqa: F811
+    b = bench_factory(broker)
+    b.lab.start()
+    busy = b.validate(release)
+    b.on_key(busy, "sim-01", KEYS[0])  # the module is busy: what follows waits on its queue
+    lows = [b.validate(release, "sim-01", ("qwen3",), "--priority", "low") for _ in range(3)]
+    urgent = b.validate(release, "sim-01", ("qwen3",), "--priority", "urgent")
+    depth = b.fleet.queue_depths(b.lab.state().inventory().modules)["module.sim-01"]
+    assert depth == {"urgent": 1, "high": 0, "normal": 0, "low": 3}
+    r = b.lab.fleetctl("queue", "-o", "json")  # what a person sees: the order the module takes them
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [(q["run_id"], q["priority"], q["position"], q["behind"]) for q in doc["runs"]] == [
+        (urgent, "urgent", 1, busy), *((low, "low", i + 2, busy) for i, low in enumerate(lows))]
+    assert all(0 <= q["waited_s"] < 60 for q in doc["runs"])
+    assert _started(b, [busy, *lows, urgent]) == [busy, urgent, *lows]
+    assert b.history.find_run(urgent).priority == "urgent" and b.history.find_run(lows[0]).priority == "low"
+    assert b.fleet.queue_depths(b.lab.state().inventory().modules)["module.sim-01"] == {
+        "urgent": 0, "high": 0, "normal": 0, "low": 0}
+    waits = {(r, m): (p, w) for r, m, p, w in b.history.waits()}  # what the wait histogram counts
+    assert {r: waits[(r, "sim-01")][0] for r in (busy, urgent, *lows)} == {
+        busy: "normal", urgent: "urgent", **dict.fromkeys(lows, "low")}
+    assert waits[(urgent, "sim-01")][1] < min(waits[(low, "sim-01")][1] for low in lows)
+    r = b.lab.fleetctl("queue")
+    assert r.returncode == 0 and "nothing waits on 1 module(s)" in r.stdout, r.stdout + r.stderr
+    assert "urgent median" in r.stdout and "low median" in r.stdout and "(n=3)" in r.stdout
+
+
+def test_a_low_run_waiting_past_raise_after_goes_ahead_of_later_normal_ones(bench_factory, broker, release):  # noqa: F811
+    b = bench_factory(broker)
+    b.lab.start()
+    busy = b.validate(release)
+    b.on_key(busy, "sim-01", KEYS[0])
+    t0 = time.time()
+    low = b.validate(release, "sim-01", ("qwen3",), "--priority", "low")
+    t1 = time.time()  # the low run was sent in [t0, t1]
+    time.sleep(3.0)
+    t2 = time.time()  # ... the normal ones after t2
+    normals = [b.validate(release, "sim-01", ("qwen3",)) for _ in range(2)]
+    mods = b.lab.state().inventory().modules
+    assert b.fleet.raise_waiting(mods, raise_after=3600) == []  # nothing waited that long
+    # seen at t2: the low run waited one raise_after (between 1.5 (t2-t1)/(t2-t0) and 1.5 of them), no normal one
+    wait = (t2 - t0) / 1.5
+    assert (t2 - t1) / wait >= 1.0, "a validate took too long for the test's timing"
+    raised = b.fleet.raise_waiting(mods, raise_after=wait, now=t2)
+    assert [(r.message.level, r.to) for r in raised] == [("low", "normal")]
+    assert b.fleet.queue_depths(mods)["module.sim-01"] == {"urgent": 0, "high": 0, "normal": 3, "low": 0}
+    # it waited longest, so it goes first of its new level
+    assert _started(b, [busy, low, *normals]) == [busy, low, *normals]
+    assert b.benchmark_starts("sim-01", low) == {"qwen3": 1}
