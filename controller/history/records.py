@@ -67,6 +67,9 @@ class RunInfo(BaseModel):
     # the modules asked for only some of ``models`` (``fleetctl retry --failed-only``: the keys that did not pass
     # there), and those keys; every other module was asked for all of ``models``
     module_models: dict[str, tuple[str, ...]] = {}
+    # who started it: the API token's user, or the CLI's identity (controller.identity); '' when not known (a run
+    # from before runs recorded it, a baseline)
+    started_by: str = ""
 
     def models_of(self, module: str) -> tuple[str, ...]:
         """The model keys ``module`` was asked for in this run."""

@@ -67,6 +67,11 @@ class History(HistoryQueries, WebhookOutbox):
                  json.dumps(list(modules)), kind, state, note, json.dumps(own)),
             )
 
+    def set_started_by(self, run_id: str, user: str) -> None:
+        """Who started the run, recorded once: a resumed run keeps the user who started it."""
+        with self.tx() as c:
+            c.execute("UPDATE runs SET started_by=? WHERE run_id=? AND started_by=''", (user, run_id))
+
     def set_run_note(self, run_id: str, note: str) -> None:
         """The run's note (e.g. the comparison a run of ``fleetctl compare-releases`` belongs to)."""
         with self.tx() as c:
