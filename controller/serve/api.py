@@ -38,7 +38,7 @@ from contract.records import parse_model_keys
 from controller import service
 from controller.errors import http_status_of
 from controller.serve import links
-from controller.serve.access import RoleCheck, may_act_on, refusal, undeclared
+from controller.serve.access import RoleCheck, may_act_on, publish, refusal, undeclared
 from controller.serve.tokens import Identity, Role, Tokens
 from controller.service import Judgement, Session
 from controller.service.release_url import MAX_SHOWN, clip
@@ -416,6 +416,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
     missing = undeclared(app.routes, _protected)
     if missing:  # a route every token could call by omission: refused before the app serves anything
         raise RuntimeError(f"API routes without a declared role: {', '.join(missing)}")
+    publish(app.routes)
     return app
 
 

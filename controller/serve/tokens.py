@@ -144,8 +144,8 @@ def _make_it(path: Path) -> str:
 
 
 def upgrade_hint(path: Path) -> str:
-    return (f"{path}: API tokens file of the old flat format (v1): each token is read as role admin, users "
-            f"token-1... ; to give tokens users and roles, add one with "
+    return (f"{path}: API tokens file of the old flat format (v1): each token is read as role admin (users "
+            f"token-1, token-2, ...); to give tokens users and roles, add one with "
             f"`{fleetctl('serve', '--new-token', '--tokens', str(path), '--user', 'NAME', '--role', 'ROLE')}` "
             f"(the file is rewritten as v2, its tokens kept as token-N admin) or write it by hand "
             f"(first line {V2_HEADER!r}, then USER ROLE TOKEN a line)")

@@ -121,6 +121,9 @@ def test_the_routes_declare_these_roles(app_client):
         ("GET", f"{PREFIX}/trend"): ("read", None),
         ("GET", f"{PREFIX}/devices"): ("read", None),
     }
+    ops = app.openapi()["paths"]  # and what the schema tells clients
+    assert {(m.upper(), p): (op["x-role"], op.get("x-role-others")) for p, o in ops.items() for m, op in o.items()} \
+        == {k: (role, others.value if others else None) for k, (role, others) in got.items()}
 
 
 def test_a_route_without_a_role_is_refused_at_start(controller):
