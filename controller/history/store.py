@@ -176,6 +176,13 @@ class History(HistoryQueries, WebhookOutbox):
             c.execute("INSERT INTO events (run_id, module, ts, message) VALUES (?,?,?,?)",
                       (run_id, module, time.time(), message))
 
+    def add_events(self, run_id: str, modules: Iterable[str], message: str) -> None:
+        """The same event of each of ``modules`` of the run, in one transaction (a cancel of a whole fleet)."""
+        now = time.time()
+        with self.tx() as c:
+            c.executemany("INSERT INTO events (run_id, module, ts, message) VALUES (?,?,?,?)",
+                          [(run_id, m, now, message) for m in modules])
+
     def add_module_event(self, module: str, message: str) -> None:
         """An event about a module, not a run (run id ''): e.g. its failed runs reset by ``fleetctl devices reset``."""
         self.add_event("", module, message)

@@ -305,7 +305,5 @@ def cancel(s: Session, run: str, devices: str | None = None, *, user: str = "") 
     fleet = s.broker()
     who = user or s.user
     broker_call(s, lambda: fleet.cancel(info.run_id, None if not devices else names, reason=f"cancelled by {who}"))
-    h = s.history()
-    for name in names:
-        h.add_event(info.run_id, name, f"cancel requested by {who}")
+    s.history().add_events(info.run_id, names, f"cancel requested by {who}")
     return info.run_id, names
