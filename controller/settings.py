@@ -56,7 +56,8 @@ class ControllerSettings(BrokerSettings):
                                         "per module state or step change and a progress line this often, s")
     api_host: str = Field(default="127.0.0.1", description="bind address of the HTTP API of `fleetctl serve`")
     api_port: int = Field(default=0, ge=0, le=65535, description="port of the HTTP API of `fleetctl serve` (0: off)")
-    api_tokens_file: Path | None = Field(default=None, description="bearer tokens of the HTTP API, one a line (0600)")
+    api_tokens_file: Path | None = Field(default=None,
+                                         description="bearer tokens of the HTTP API: USER ROLE TOKEN a line (0600)")
     api_max_body_bytes: int = Field(default=64 * 1024, ge=1024,
                                     description="largest request body the HTTP API reads, bytes (413 beyond it, "
                                                 "refused before it is read)")

@@ -20,23 +20,32 @@ def serve(
     once: bool = typer.Option(False, "--once", help="sync every running run once and exit"),
     api_port: int | None = typer.Option(None, "--api-port", help="serve the HTTP API on this port (api_port)"),
     api_host: str | None = typer.Option(None, "--api-host", help="bind address of the HTTP API (api_host)"),
-    tokens: Path | None = typer.Option(None, "--tokens", help="bearer tokens of the API, one a line, mode 0600 "
-                                                               "(with --new-token: the file the token is added to)"),
+    tokens: Path | None = typer.Option(None, "--tokens", help="bearer tokens of the API: USER ROLE TOKEN a line, "
+                                                               "mode 0600 (with --new-token: the file added to)"),
     webhook: list[str] = typer.Option([], "--webhook", help="POST each verdict to this URL (repeatable)"),
     webhook_secret: Path | None = typer.Option(None, "--webhook-secret-file", help="HMAC key of the webhooks"),
     new_token: bool = typer.Option(False, "--new-token", help="print a fresh random token; with --tokens FILE, "
                                                                "also add it to FILE (created or rewritten mode 0600)"),
+    user: str | None = typer.Option(None, "--user", help="with --new-token --tokens: whose token it is (default: "
+                                                         "$FLEET_USER, else the OS user)"),
+    role: str | None = typer.Option(None, "--role", help="with --new-token --tokens: read, trigger (start runs, "
+                                                         "cancel its own; the default) or admin (also others' work)"),
 ) -> None:
     """Controller service: history kept in step with the broker, verdicts, /metrics, HTTP API, webhooks,
     scheduled golden checks (settings golden_*)."""
+    if (user is not None or role is not None) and not (new_token and tokens is not None):
+        raise typer.BadParameter("--user and --role name the owner of a token added with --new-token --tokens FILE")
     if new_token:
-        from controller.serve.tokens import add_token
+        from controller.identity import local_user
+        from controller.serve.tokens import Identity, add_token, parse_role
         from controller.serve.tokens import new_token as make_token
 
         token = make_token()
         if tokens is not None:
-            count = add_token(tokens, token)
-            sys.stderr.write(f"added a token to {tokens} (mode 0600, {count} token{'s' if count > 1 else ''})\n")
+            who = Identity(user or local_user(), parse_role(role or "trigger"))
+            count = add_token(tokens, token, who)
+            sys.stderr.write(f"added a token of user {who.user}, role {who.role.value}, to {tokens} (mode 0600, "
+                             f"{count} token{'s' if count > 1 else ''})\n")
         print(token)
         return
     from controller.serve.daemon import serve_forever

@@ -69,6 +69,9 @@ class RunInfo(BaseModel):
     module_models: dict[str, tuple[str, ...]] = {}
     priority: str = "normal"  # what it was dispatched at (contract.priority), the last time it was
     dispatched_at: float | None = None  # when it was last dispatched (a resume too); None: at created_at
+    # who started it: the API token's user, or the CLI's identity (controller.identity); '' when not known (a run
+    # from before runs recorded it, a baseline)
+    started_by: str = ""
 
     def models_of(self, module: str) -> tuple[str, ...]:
         """The model keys ``module`` was asked for in this run."""

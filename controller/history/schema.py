@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS runs (
     finished_at REAL,
     note TEXT NOT NULL DEFAULT '',
     verdict_line TEXT,
-    module_models TEXT NOT NULL DEFAULT '{{}}'
+    module_models TEXT NOT NULL DEFAULT '{{}}',
+    started_by TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS module_runs (
     run_id TEXT NOT NULL,
@@ -203,6 +204,8 @@ def connect(path: Path) -> sqlite3.Connection:
     _add_run_column(conn, "verdict_line", "TEXT")
     # '{}': every module of such a run was asked for all of the run's model keys
     _add_run_column(conn, "module_models", "TEXT NOT NULL DEFAULT '{}'")
+    # '': who started such a run is not known (it ran before runs recorded their user)
+    _add_run_column(conn, "started_by", "TEXT NOT NULL DEFAULT ''")
     # '': every event of such an outbox is a verdict (the run's summary is its whole body)
     _add_run_column(conn, "payload", "TEXT NOT NULL DEFAULT ''", table="webhook_outbox")
     # 'normal' and NULL: such a run was sent before priorities, at the one level there was; its wait counts

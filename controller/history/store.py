@@ -72,6 +72,11 @@ class History(HistoryQueries, WebhookOutbox):
         with self.tx() as c:
             c.execute("UPDATE runs SET priority=?, dispatched_at=? WHERE run_id=?", (priority, at, run_id))
 
+    def set_started_by(self, run_id: str, user: str) -> None:
+        """Who started the run, recorded once: a resumed run keeps the user who started it."""
+        with self.tx() as c:
+            c.execute("UPDATE runs SET started_by=? WHERE run_id=? AND started_by=''", (user, run_id))
+
     def set_run_note(self, run_id: str, note: str) -> None:
         """The run's note (e.g. the comparison a run of ``fleetctl compare-releases`` belongs to)."""
         with self.tx() as c:
@@ -175,6 +180,13 @@ class History(HistoryQueries, WebhookOutbox):
         with self.tx() as c:
             c.execute("INSERT INTO events (run_id, module, ts, message) VALUES (?,?,?,?)",
                       (run_id, module, time.time(), message))
+
+    def add_events(self, run_id: str, modules: Iterable[str], message: str) -> None:
+        """The same event of each of ``modules`` of the run, in one transaction (a cancel of a whole fleet)."""
+        now = time.time()
+        with self.tx() as c:
+            c.executemany("INSERT INTO events (run_id, module, ts, message) VALUES (?,?,?,?)",
+                          [(run_id, m, now, message) for m in modules])
 
     def add_module_event(self, module: str, message: str) -> None:
         """An event about a module, not a run (run id ''): e.g. its failed runs reset by ``fleetctl devices reset``."""

@@ -8,7 +8,10 @@ Outside ``/api/v1``: Swagger UI at ``/docs``, from the files ``fastapi-offline``
 are offline; the page needs no token, the calls its "Try it out" makes do: its Authorize button
 keeps one in the page's memory, never stored) and the signed, expiring links to a run's
 HTML report that a bearer-authenticated caller mints (:mod:`controller.serve.links`).
-Errors are ``{"detail": "<one line>"}`` with 400 (bad input), 401 (no or wrong token), 404 (no
+Each token is a named user's, with a role; each route declares the role it needs
+(:mod:`controller.serve.access`), and the runs and cancels a route makes record the token's user.
+Errors are ``{"detail": "<one line>"}`` with 400 (bad input), 401 (no or wrong token), 403 (the token's
+user lacks the route's role; both named), 404 (no
 such run or module), 409 (run id already used), 413 (body too large), 422 (a field out of bounds
 or of the wrong type, named; a release URL that is bad, unreachable or too big, or a sha256
 mismatch), 503 (broker unreachable): each error's own ``http_status`` (:mod:`controller.errors`).
@@ -29,7 +32,6 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from contract.priority import Priority
@@ -37,7 +39,8 @@ from contract.records import parse_model_keys
 from controller import service
 from controller.errors import http_status_of
 from controller.serve import links
-from controller.serve.tokens import Tokens
+from controller.serve.access import RoleCheck, may_act_on, publish, refusal, undeclared
+from controller.serve.tokens import Identity, Role, Tokens
 from controller.service import Judgement, Session
 from controller.service.release_url import MAX_SHOWN, clip
 from controller.settings import ControllerSettings
@@ -109,6 +112,8 @@ class Run(_Model):
     state: str = Field(description="running, done, failed or cancelled")
     verdict: str | None = Field(description="pass, regressed, incomplete, failed; null until judged")
     verdict_line: str | None = Field(None, description="the verdict's one line, as recorded when the run was judged")
+    started_by: str = Field("", description="the user who started it: an API token's user or a fleetctl user "
+                                            "($FLEET_USER, else the OS user); '' when not recorded")
     rows: int | None = Field(None, description="result rows in the history (one run only)")
     module_states: dict[str, dict[str, Any]] | None = Field(
         None, description="module -> its state, step, model key, progress, keys, rows and error (one run only)")
@@ -175,6 +180,7 @@ class ReportFormat(str, Enum):
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": Problem, "description": "bad input"},
     401: {"model": Problem, "description": "no token, or a wrong one"},
+    403: {"model": Problem, "description": "the token's user lacks the role the route needs (both named)"},
     404: {"model": Problem, "description": "no such run"},
     413: {"model": Problem, "description": "request body larger than api_max_body_bytes"},
     422: {"model": Problem, "description": "a field out of bounds or of the wrong type (the field named)"},
@@ -245,7 +251,6 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
                          static_url=f"{DOCS_PATH}/static",
                          swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": False},
                          description="Validate SGLang-MUSA releases on a fleet of M1000 modules (for CI systems).")
-    bearer = HTTPBearer(auto_error=False, description="a token from the controller's API tokens file")
     from controller.serve.guard import Guard
 
     link_secret = links.load_secret(settings.data_dir)
@@ -254,9 +259,10 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
     app.add_middleware(Guard, check_token=tokens.check, protected=_protected,  # type: ignore[arg-type]
                        max_body=settings.api_max_body_bytes)
 
-    def authorized(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        if creds is None or creds.scheme.lower() != "bearer" or not tokens.check(creds.credentials):
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+    # the role each route needs (its token checked again there, to know whose it is): read, trigger, admin
+    reader = RoleCheck(Role.read, tokens)
+    trigger = RoleCheck(Role.trigger, tokens)
+    canceller = RoleCheck(Role.trigger, tokens, others=Role.admin)
 
     def errors(fn: Callable[[], Any], *values: str | None) -> Any:
         try:
@@ -277,27 +283,29 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": validation_line(exc)}, status_code=422)
 
-    deps = [Depends(authorized)]
+    deps = [Depends(reader)]
 
     @app.get("/favicon.ico", include_in_schema=False)
     def favicon() -> Response:  # browsers opening the HTML report ask for it: no icon, no error
         return Response(status_code=204)
 
-    @app.post(f"{PREFIX}/runs", status_code=201, response_model=RunCreated, dependencies=deps,
+    @app.post(f"{PREFIX}/runs", status_code=201, response_model=RunCreated,
               responses={**ERRORS, 409: {"model": Problem, "description": "run id already used"},
                          422: {"model": Problem, "description": "release URL unusable, sha256 mismatch, or a "
                                                               "field out of bounds (named)"}})
-    def create_run(body: RunCreate) -> RunCreated:
+    def create_run(body: RunCreate, who: Identity = Depends(trigger)) -> RunCreated:
         """Validate a release: checks, release made available on each module, dispatch; returns at once."""
         def launch() -> service.Launched:
             req = service.release_request(body.release, sha256=body.sha256, models=parse_model_keys(body.models),
                                           devices=body.devices, baseline=body.baseline, run_id=body.run_id,
-                                          resume=body.resume, priority=body.priority)
+                                          resume=body.resume, priority=body.priority,
+                                          user=who.user)
             return service.validate(session(), req)
 
         models = body.models if isinstance(body.models, str) else ",".join(body.models)
         got: service.Launched = errors(launch, body.release, body.devices, body.baseline, body.run_id, models)
-        log.info("run %s dispatched over HTTP: %d/%d modules queued", got.run_id, got.queued, len(got.modules))
+        log.info("run %s dispatched over HTTP by %s: %d/%d modules queued", got.run_id, who.user, got.queued,
+                 len(got.modules))
         return RunCreated(run_id=got.run_id, release=got.release, sha256=got.sha256, models=list(got.models),
                           modules=dict(got.modules), queued=got.queued, resumed=got.resumed)
 
@@ -361,14 +369,19 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
         return Response(to_html(rep), media_type="text/html; charset=utf-8",
                         headers={"Cache-Control": "private, no-store", "Referrer-Policy": "no-referrer"})
 
-    @app.post(f"{PREFIX}/runs/{{run_id}}/cancel", status_code=202, response_model=Cancelled, dependencies=deps,
-              responses=ERRORS)
-    def cancel_run(run_id: RunId,
+    @app.post(f"{PREFIX}/runs/{{run_id}}/cancel", status_code=202, response_model=Cancelled, responses=ERRORS)
+    def cancel_run(run_id: RunId, who: Identity = Depends(canceller),
                    devices: str | None = Query(None, min_length=1, max_length=MAX_SELECTOR,
                                                description="only these modules: 'all', names, label=value")) \
             -> Cancelled:
-        """Durable cancel of the run (or of the modules ``devices`` selects)."""
-        rid, names = errors(lambda: service.cancel(session(), run_id, devices), run_id, devices)
+        """Durable cancel of the run (or of the modules ``devices`` selects): role trigger for a run the token's
+        user started, admin for another's."""
+        info = errors(lambda: service.find_run(session(), run_id), run_id)
+        if not may_act_on(who, info.started_by):
+            owner = f"user {info.started_by}" if info.started_by else "a user not recorded"
+            raise HTTPException(403, refusal(who, Role.admin, f"cancelling run {info.run_id} (started by {owner})"))
+        rid, names = errors(lambda: service.cancel(session(), info.run_id, devices, user=who.user), devices)
+        log.info("run %s: cancel sent over HTTP by %s", rid, who.user)
         return Cancelled(run_id=rid, modules=names)
 
     @app.get(f"{PREFIX}/trend", response_model=list[TrendRecord], dependencies=deps, responses=ERRORS)
@@ -404,6 +417,10 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
         return [Device(**service.device_dict(d))
                 for d in errors(lambda: service.devices(session(), devices), devices)]
 
+    missing = undeclared(app.routes, _protected)
+    if missing:  # a route every token could call by omission: refused before the app serves anything
+        raise RuntimeError(f"API routes without a declared role: {', '.join(missing)}")
+    publish(app.routes)
     return app
 
 

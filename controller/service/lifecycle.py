@@ -144,6 +144,7 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     result = fleet.dispatch(run_id=rid, modules=mods, tarballs=paths, sha256=sha, release=version, models=models,
                             tarball_label=str(release.resolve()), statuses=statuses,
                             resume=existing is not None, module_models=own, priority=req.priority)
+    h.set_started_by(rid, req.user or s.user)  # the row dispatch made (a resumed run keeps its first user)
     result.update(errors)
     prune_releases(s)
     return Launched(rid, version, sha, tuple(models), dict(result), resumed=existing is not None)
@@ -158,9 +159,10 @@ def resumed_models(existing: RunInfo, asked: tuple[str, ...]) -> tuple[str, ...]
                    f"same models (leave --models out, or give those)")
 
 
-def retry(s: Session, run: str, *, failed_only: bool = False, run_id: str | None = None) -> Launched:
+def retry(s: Session, run: str, *, failed_only: bool = False, run_id: str | None = None, user: str = "") -> Launched:
     """A new run of the same release and model keys on the same modules (``failed_only``: only the
-    modules whose part failed, was cancelled or lost, each with the keys that did not pass there)."""
+    modules whose part failed, was cancelled or lost, each with the keys that did not pass there), started by
+    ``user`` ('' : the session's)."""
     info = find_run(s, run)
     models = info.models
     devices = ",".join(info.modules)
@@ -176,7 +178,7 @@ def retry(s: Session, run: str, *, failed_only: bool = False, run_id: str | None
     if not info.tarball:
         raise BadRequest(f"run {info.run_id} has no release path recorded")
     return validate(s, ValidateRequest(release=Path(info.tarball), models=models, devices=devices, run_id=run_id,
-                                       module_models=own, priority=info.priority))
+                                       module_models=own, priority=info.priority, user=user))
 
 
 def retried_keys(asked: tuple[str, ...], p: RunProgress | None) -> tuple[str, ...]:
@@ -297,13 +299,16 @@ def recorded_judgement(info: RunInfo) -> Judgement | None:
     return Judgement(info.run_id, info.verdict, info.verdict_line, info.state)
 
 
-def cancel(s: Session, run: str, devices: str | None = None) -> tuple[str, list[str]]:
-    """Durable cancel of a run, or of the modules of it that ``devices`` selects: (run id, modules)."""
+def cancel(s: Session, run: str, devices: str | None = None, *, user: str = "") -> tuple[str, list[str]]:
+    """Durable cancel of a run, or of the modules of it that ``devices`` selects: (run id, modules). Who sent it
+    (``user``; '': the session's) is the cancel's reason on the broker and an event of each module in the history."""
     info = find_run(s, run)
     names = list(info.modules)
     if devices:
         known = {m.name: m for m in s.inventory().modules}
         names = [m.name for m in select([known[n] for n in info.modules if n in known], devices)]
     fleet = s.broker()
-    broker_call(s, lambda: fleet.cancel(info.run_id, None if not devices else names))
+    who = user or s.user
+    broker_call(s, lambda: fleet.cancel(info.run_id, None if not devices else names, reason=f"cancelled by {who}"))
+    s.history().add_events(info.run_id, names, f"cancel requested by {who}")
     return info.run_id, names

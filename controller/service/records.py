@@ -28,6 +28,7 @@ class ValidateRequest:
     http/https URL it downloads into ``<data_dir>/releases/<sha256>/`` once every other check
     passed. ``sha256``: what the release must hash to (checked before anything is dispatched).
     ``module_models``: modules to ask for only some of ``models``, and those keys (``retry --failed-only``).
+    ``user``: who asks (recorded as the run's ``started_by``); '' for the session's user.
     """
 
     release: Path | None
@@ -40,11 +41,13 @@ class ValidateRequest:
     sha256: str | None = None
     module_models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     priority: str = "normal"  # contract.priority: which waiting run a module that frees up starts first
+    user: str = ""
 
 
 def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS), devices: str = "all",
                     baseline: str | None = None, run_id: str | None = None, resume: bool = False,
-                    sha256: str | None = None, priority: str = "normal") -> ValidateRequest:
+                    sha256: str | None = None, priority: str = "normal",
+                    user: str = "") -> ValidateRequest:
     """A request for the release as a person or a CI job typed it: an http/https URL (downloaded
     by the controller) or a path as the controller sees it."""
     from controller.service.release_url import is_url
@@ -60,7 +63,7 @@ def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS)
             raise BadRequest(f"release {release!r}: {e}") from e
     return ValidateRequest(release=path, url=url, models=models,
                            devices=devices, baseline=baseline, run_id=run_id, resume=resume, sha256=sha256,
-                           priority=priority)
+                           priority=priority, user=user)
 
 
 @dataclass(frozen=True)

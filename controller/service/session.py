@@ -19,6 +19,7 @@ from controller.command import fleetctl
 from controller.errors import FleetctlError
 from controller.fleet import BrokerUnavailable, Fleet, broker_errors
 from controller.history import History
+from controller.identity import local_user
 from controller.inventory import Inventory, load_inventory
 from controller.settings import ControllerSettings
 
@@ -60,9 +61,13 @@ class UnusableRelease(ServiceError, ValueError):
 # --------------------------------------------------------------------------- session
 @dataclass
 class Session:
-    """Settings, inventory, run history and fleet of one caller, opened lazily, closed together."""
+    """Settings, inventory, run history and fleet of one caller, opened lazily, closed together.
+
+    ``user``: who the caller acts as when an operation is not told (the CLI's identity, :func:`local_user`);
+    the HTTP API, whose sessions serve every token, names the token's user on each operation instead."""
 
     settings: ControllerSettings
+    user: str = field(default_factory=local_user)
     _history: History | None = None
     _inventory: Inventory | None = None
     _fleet: Fleet | None = None

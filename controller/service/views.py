@@ -155,7 +155,7 @@ def run_summary(info: RunInfo, v: RunView | None = None, *, rows: int | None = N
         "run_id": info.run_id, "release": info.release, "sha256": info.sha256, "tarball": info.tarball,
         "models": list(info.models), "modules": list(info.modules), "created_at": info.created_at,
         "finished_at": info.finished_at, "state": info.state, "verdict": info.verdict,
-        "verdict_line": info.verdict_line,
+        "verdict_line": info.verdict_line, "started_by": info.started_by,
     }
     if v is not None:
         d["state"] = v.state() if v.finished else "running"

@@ -469,10 +469,11 @@ def openapi() -> tuple[dict[str, Any], str]:
     """The API's OpenAPI schema and its own URL, from an app built with default settings (no server, no token
     file: the schema depends on neither)."""
     from controller.serve.api import create_app
-    from controller.serve.tokens import MIN_TOKEN_LENGTH, Tokens
+    from controller.serve.tokens import MIN_TOKEN_LENGTH, Identity, Role, Tokens
     from controller.settings import ControllerSettings
 
-    app = create_app(ControllerSettings.model_construct(), Tokens(["x" * MIN_TOKEN_LENGTH]))
+    tokens = Tokens.of(("x" * MIN_TOKEN_LENGTH, Identity("x", Role.read)))
+    app = create_app(ControllerSettings.model_construct(), tokens)
     return app.openapi(), str(app.openapi_url)
 
 
@@ -532,10 +533,16 @@ def _media(content: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def role_of(op: dict[str, Any]) -> str:
+    """The role a route declares (its ``x-role``), and the one another user's work needs where it says."""
+    role = f"role {code(op['x-role'])}" if "x-role" in op else ""
+    return role + (f" (another user's run: {code(op['x-role-others'])})" if "x-role-others" in op else "")
+
+
 def route_section(path: str, method: str, op: dict[str, Any], schemas: dict[str, Any]) -> str:
     out = [f"### `{method.upper()} {path}`", "", f"**{md(op.get('summary', ''))}.** "
            + " ".join(paragraphs(op.get("description")))]
-    auth = "bearer token (`Authorization: Bearer <token>`)" if op.get("security") else "none"
+    auth = f"bearer token (`Authorization: Bearer <token>`), {role_of(op)}" if op.get("security") else "none"
     out += ["", f"Auth: {auth}.", ""]
     params = op.get("parameters", [])
     if params:
@@ -570,7 +577,8 @@ def http_block() -> str:
     schemas = spec.get("components", {}).get("schemas", {})
     routes = [(path, method, op) for path, ops in spec["paths"].items() for method, op in ops.items()]
     overview = [(f"[{code(f'{m.upper()} {p}')}](#{_anchor(f'{m.upper()} {p}')})",
-                 "bearer token" if op.get("security") else "none", first_paragraph(op.get("description")))
+                 f"bearer token, {role_of(op)}" if op.get("security") else "none",
+                 first_paragraph(op.get("description")))
                 for p, m, op in routes]
     overview.append((code(f"GET {schema_url}"), "none", "The OpenAPI schema of these routes."))
     out = [f"{md(spec['info']['title'])}, version {code(spec['info']['version'])}: "

@@ -109,11 +109,11 @@ def test_cancel_and_devices(client):
 def test_broker_down_is_503(tmp_path, controller, monkeypatch):
     from fastapi.testclient import TestClient
 
-    from controller.serve.api import Tokens, create_app
+    from controller.serve.api import Identity, Role, Tokens, create_app
     from tests.support.cli import closed_port
 
     down = controller.model_copy(update={"broker_url": f"redis://127.0.0.1:{closed_port()}/0"})
-    with TestClient(create_app(down, Tokens([TOKEN]))) as c:
+    with TestClient(create_app(down, Tokens.of((TOKEN, Identity("ci", Role.admin))))) as c:
         r = c.get("/api/v1/devices", headers=AUTH)
         assert r.status_code == 503 and "unreachable" in r.json()["detail"]
 
@@ -172,9 +172,9 @@ def test_schemathesis(controller, tmp_path):
     from hypothesis import HealthCheck, given, settings
     from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-    from controller.serve.api import Tokens, create_app
+    from controller.serve.api import Identity, Role, Tokens, create_app
 
-    app = create_app(controller, Tokens([TOKEN]))
+    app = create_app(controller, Tokens.of((TOKEN, Identity("ci", Role.admin))))
     schema = schemathesis.openapi.from_asgi("/api/v1/openapi.json", app)
     for op in schema.get_all_operations():
         operation = op.ok()

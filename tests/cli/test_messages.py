@@ -174,11 +174,12 @@ def test_the_agent_names_its_logs_only_by_the_steps_fleetctl_offers(tmp_path):
 
 
 # `fleetctl serve --new-token > tokens` wrote a file readable by others, which `serve` then refused
-def test_new_token_adds_to_a_tokens_file_that_serve_accepts(env, capsys, on_path):
+def test_new_token_adds_to_a_tokens_file_that_serve_accepts(env, capsys, on_path, monkeypatch):
     import stat
 
-    from controller.serve.tokens import TokenError, Tokens
+    from controller.serve.tokens import Identity, Role, TokenError, Tokens
 
+    monkeypatch.setenv("FLEET_USER", "alice")
     path = env / "tokens"
     path.write_text("# the CI's\n")
     path.chmod(0o644)
@@ -188,19 +189,44 @@ def test_new_token_adds_to_a_tokens_file_that_serve_accepts(env, capsys, on_path
                               f"`fleetctl serve --new-token --tokens {path}` writes it 0600)")
     code, out, err = run_main(capsys, "serve", "--new-token", "--tokens", str(path))
     first = out.strip()
-    assert code == 0 and len(first) == 48 and err == f"added a token to {path} (mode 0600, 1 token)\n"
-    code, out, err = run_main(capsys, "serve", "--new-token", "--tokens", str(path))
+    assert code == 0 and len(first) == 48
+    assert err == f"added a token of user alice, role trigger, to {path} (mode 0600, 1 token)\n"
+    code, out, err = run_main(capsys, "serve", "--new-token", "--tokens", str(path), "--user", "ci", "--role", "read")
     second = out.strip()
-    assert code == 0 and err == f"added a token to {path} (mode 0600, 2 tokens)\n"
+    assert code == 0 and err == f"added a token of user ci, role read, to {path} (mode 0600, 2 tokens)\n"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert path.read_text() == f"# the CI's\n{first}\n{second}\n"
+    assert path.read_text() == f"# m1000-fleet tokens v2\n# the CI's\nalice trigger {first}\nci read {second}\n"
     tokens = Tokens.load(path)
-    assert tokens.check(first) and tokens.check(second)
+    assert tokens.identify(first) == Identity("alice", Role.trigger)
+    assert tokens.identify(second) == Identity("ci", Role.read)
     fresh = env / "new" / "tokens"  # no file, no folder yet
-    code, out, _ = run_main(capsys, "serve", "--new-token", "--tokens", str(fresh))
-    assert code == 0 and Tokens.load(fresh).check(out.strip())
+    code, out, _ = run_main(capsys, "serve", "--new-token", "--tokens", str(fresh), "--role", "admin")
+    assert code == 0 and Tokens.load(fresh).identify(out.strip()) == Identity("alice", Role.admin)
     code, out, err = run_main(capsys, "serve", "--new-token")  # as before: the token only
     assert code == 0 and len(out.strip()) == 48 and err == ""
+    code, _, err = run_main(capsys, "serve", "--new-token", "--tokens", str(fresh), "--role", "root")
+    assert code == 2 and one_line(err) == "fleetctl: error: role 'root': one of read, trigger, admin"
+    code, _, err = run_main(capsys, "serve", "--new-token", "--user", "bob")
+    assert code == 2 and "--user and --role name the owner of a token added with --new-token --tokens FILE" in err
+
+
+# an old flat tokens file (one token a line, every token could do anything) is upgraded in place when a named
+# token is added: its tokens stay admin, as users token-N
+def test_new_token_upgrades_a_flat_tokens_file(env, capsys):
+    from controller.serve.tokens import Identity, Role, Tokens
+
+    path = env / "tokens"
+    old1, old2 = "a" * 32, "b" * 32
+    path.write_text(f"# CI\n{old1}\n\n{old2}\n")
+    path.chmod(0o600)
+    code, out, err = run_main(capsys, "serve", "--new-token", "--tokens", str(path), "--user", "bob")
+    assert code == 0 and err == f"added a token of user bob, role trigger, to {path} (mode 0600, 3 tokens)\n"
+    new = out.strip()
+    assert path.read_text() == (f"# m1000-fleet tokens v2\n# CI\ntoken-1 admin {old1}\n\ntoken-2 admin {old2}\n"
+                                f"bob trigger {new}\n")
+    t = Tokens.load(path)
+    assert [t.identify(x) for x in (old1, old2, new)] == [
+        Identity("token-1", Role.admin), Identity("token-2", Role.admin), Identity("bob", Role.trigger)]
 
 
 # a file with a tarball's name but not a release inside was dispatched to every module, and failed at unpack

@@ -148,3 +148,19 @@ def test_a_recorded_verdict_line_prints_whole_on_one_line_brackets_and_all(env, 
     code, out, _ = run_main(capsys, "status", "r1")
     assert code == 1
     assert f"verdict: regressed - {line}\n" in out
+
+
+def test_a_history_without_started_by_gets_the_column(tmp_path):
+    """A history written before ``runs.started_by``: opened, it has the column ('': not known, which the API takes
+    as another user's run), and the user is then recorded once (a resume keeps the first)."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    History(path).create_run("r0", release="1.4.1", models=["qwen3"], modules=["m1"])
+    with sqlite3.connect(path) as c:
+        c.execute("ALTER TABLE runs DROP COLUMN started_by")
+    h = History(path)
+    assert h.find_run("r0").started_by == ""
+    h.set_started_by("r0", "alice")
+    h.set_started_by("r0", "bob")
+    assert h.find_run("r0").started_by == "alice"

@@ -1,0 +1,88 @@
+"""Which role each route of the HTTP API needs, and the check that enforces it.
+
+Every route under ``/api/v1`` (but the schema) declares a :class:`RoleCheck` among its dependencies: the
+role its caller needs (``read``: look; ``trigger``: start, resume, retry, cancel its own runs; ``admin``:
+act on others' work). :func:`undeclared` lists the routes that declare none, and the app refuses to start
+with any (a new route cannot be reachable by every token by omission). The token itself was checked before
+the body was read (:class:`controller.serve.guard.Guard`, 401); this check runs before the route's query and
+body are validated, so a caller without the role learns nothing from a 422. A refusal is 403 with one line
+naming the role needed and the caller's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from fastapi import Depends, HTTPException
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from controller.serve.guard import UNAUTHORIZED
+from controller.serve.tokens import Identity, Role, Tokens
+
+
+def refusal(who: Identity, needed: Role, what: str = "") -> str:
+    """The one line of a 403 (pure)."""
+    return f"{what or 'this'} needs role {needed.value}; user {who.user} has role {who.role.value}"
+
+
+def may_act_on(who: Identity, owner: str) -> bool:
+    """Whether ``who`` may act on work ``owner`` started (cancel a run): its own with ``trigger``, anyone's with
+    ``admin``. Work of no recorded owner ('': from before runs recorded it) is others' (pure)."""
+    return who.role.allows(Role.admin) or (who.role.allows(Role.trigger) and bool(owner) and owner == who.user)
+
+
+BEARER = HTTPBearer(auto_error=False, description="a token from the controller's API tokens file")
+
+
+@dataclass(frozen=True)
+class RoleCheck:
+    """A route's declared role, as a FastAPI dependency: the caller's :class:`Identity` when its role allows,
+    else 401 (no or a wrong token) or 403. ``others``: the role needed to act on another user's work, where
+    the route does (checked by the route with :func:`may_act_on`; declared here for the docs and the tests)."""
+
+    role: Role
+    tokens: Tokens
+    others: Role | None = None
+
+    def __call__(self, creds: HTTPAuthorizationCredentials | None = Depends(BEARER)) -> Identity:
+        who = None
+        if creds is not None and creds.scheme.lower() == "bearer":
+            who = self.tokens.identify(creds.credentials)
+        if who is None:
+            raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+        if not who.role.allows(self.role):
+            raise HTTPException(403, refusal(who, self.role))
+        return who
+
+
+def declared(route: APIRoute) -> list[RoleCheck]:
+    """The role checks ``route`` declares (in its dependencies, or as a parameter's)."""
+    out: list[RoleCheck] = []
+    stack = list(route.dependant.dependencies)
+    while stack:
+        dep = stack.pop()
+        if isinstance(dep.call, RoleCheck):
+            out.append(dep.call)
+        stack.extend(dep.dependencies)
+    return out
+
+
+def undeclared(routes: Sequence[object], protected: Callable[[str], bool]) -> list[str]:
+    """``METHOD path`` of each protected route that declares no role, or more than one role (pure on the routes)."""
+    bad: list[str] = []
+    for r in routes:
+        if isinstance(r, APIRoute) and protected(r.path) and len({c.role for c in declared(r)}) != 1:
+            bad.extend(f"{m} {r.path}" for m in sorted(r.methods or ()))
+    return bad
+
+
+def publish(routes: Sequence[object]) -> None:
+    """Each route's declared role in the OpenAPI schema: ``x-role`` (and ``x-role-others``: the role acting on
+    another user's work needs), so clients and the reference page read it from the routes themselves."""
+    for r in routes:
+        if isinstance(r, APIRoute):
+            for c in declared(r)[:1]:
+                extra = {"x-role": c.role.value, **({"x-role-others": c.others.value} if c.others else {})}
+                r.openapi_extra = {**(r.openapi_extra or {}), **extra}
