@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import time
 from pathlib import Path
@@ -22,11 +23,12 @@ from celery import Celery
 from agent.errors import BadInput
 from agent.limits import bump_attempts, hard_limit, write_deadline
 from agent.outbox import Publisher, drop_waiting
-from agent.recovery import reap_orphans
+from agent.recovery import reap_orphans, requeue
 from agent.settings import AgentSettings
 from agent.store import RunStore, forget_current, read_json
 from agent.validate import RefusedRequest, refused_progress, validate_request
 from contract.celery_app import NOOP_TASK, RUN_TASK
+from contract.files import write_atomic
 from contract.kv import KV, KVCancelToken
 from contract.oneline import error_line
 from contract.records import RunProgress, RunRequest, RunState, StepError, release_label, request_difference
@@ -143,7 +145,8 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
     write_deadline(run_dir, time.time() + settings.run_time_limit)
     # the run stops itself a little before its soft limit (the hard limit ends the worker: hard_limit)
     deadline = time.monotonic() + settings.run_soft_time_limit - min(30.0, 0.1 * settings.run_soft_time_limit)
-    token = KVCancelToken(kv, req.run_id, req.module, deadline=deadline, stop_file=stop_file(workdir))
+    token = KVCancelToken(kv, req.run_id, req.module, deadline=deadline, stop_file=stop_file(workdir),
+                          honoured=frozenset(_honoured(run_dir)))
     sent_rows = 0  # no rows to publish before the first one (a resumed run's kept rows count: published first)
 
     def on_progress(p: RunProgress) -> None:
@@ -171,6 +174,8 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
             RunStore(workdir).set_state(current_run=req.run_id, last_run=req.run_id)
         pub.final(final)
         return final.model_dump(mode="json")
+    if final.state == RunState.CANCELLED and token.preempted_by:
+        return _preempted(app, req, final, token.preempted_by, workdir, pub)
     if final.state == RunState.CANCELLED and token.lost:
         final = final.model_copy(update={"state": RunState.FAILED, "error": StepError(
             step=final.error.step if final.error else "run", model_key=final.model_key, message=token.reason or "")})
@@ -178,6 +183,32 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
             RunStore(workdir).write_progress(final)
     forget_current(workdir, req.run_id)
     pub.final(final)
+    return final.model_dump(mode="json")
+
+
+def _honoured(run_dir: Path) -> list[str]:
+    """The urgent runs this run already stopped for (``preempted-by``): each preemption is honoured once."""
+    v = read_json(run_dir / "preempted-by")
+    return [str(x) for x in v] if isinstance(v, list) else []
+
+
+def _preempted(app: Celery, req: RunRequest, final: RunProgress, by: str, workdir: Path,
+               pub: Publisher) -> dict[str, Any]:
+    """Stopped for the urgent run ``by``, as for a clean shutdown: interrupted (its attempt given back), put back
+    on the module's queue (behind the urgent run, sent before it) to resume from its passed keys, and the
+    preemption recorded so that the next delivery does not stop for it again."""
+    run_dir = workdir / "runs" / req.run_id
+    bump_attempts(run_dir, -1)
+    final = final.model_copy(update={"state": RunState.INTERRUPTED, "finished_at": None, "error": StepError(
+        step=final.error.step if final.error else "run", model_key=final.model_key,
+        message=f"interrupted: preempted by urgent run {by}; resumes from its passed keys after it")})
+    with contextlib.suppress(OSError):
+        write_atomic(run_dir / "preempted-by", json.dumps([*_honoured(run_dir), by]))
+        RunStore(workdir).write_progress(final)
+    forget_current(workdir, req.run_id)
+    pub.final(final)
+    requeue(app, req)
+    log.warning("run %s preempted by urgent run %s: re-queued to resume", req.run_id, by)
     return final.model_dump(mode="json")
 
 

@@ -43,6 +43,12 @@ PREFIX = "m1000-fleet"
 CANCEL = "cancel"  # m1000-fleet:cancel:<module>:<run>: one module's part of a run
 RUN_CANCEL = "cancel-run"  # m1000-fleet:cancel-run:<run>: the whole run
 
+# A preemption (m1000-fleet:preempt:<module>:<run>): the controller asks the module to stop its part of the run
+# at once, as for a clean shutdown, for an urgent run; the module re-queues it (to resume from its passed keys) and
+# honours each preemption once (the value names the urgent run). Read-only for the module, as its cancel flags.
+PREEMPT = "preempt"
+PREEMPT_TTL = 3600  # a preemption the module never saw (it was between keys and ended) is gone within the hour
+
 # Fixed expiries of the records whose age the reader takes from the broker (what is left of them): the
 # writer and the reader must agree on them, so they are not settings. A heartbeat key outlives any
 # ``lost_after``; a name-conflict record is shown for five minutes (the refused agent exited at once).
@@ -63,6 +69,11 @@ def _key(*parts: str) -> str:
 def ack_key(run_id: str, module: str) -> str:
     """Key of the controller's acknowledgement of ``module``'s final state of ``run_id``."""
     return _key(ACK, module, run_id)
+
+
+def preempt_key(run_id: str, module: str) -> str:
+    """Key of the request that ``module`` stop its part of ``run_id`` for an urgent run (:data:`PREEMPT`)."""
+    return _key(PREEMPT, module, run_id)
 
 
 def cancel_key(run_id: str, module: str | None = None) -> str:
@@ -284,12 +295,24 @@ class KV:
         """A durable cancel flag; ``lost``: the controller gave this module's part up (the agent fails it)."""
         self.put(cancel_key(run_id, module), {"ts": time.time(), "reason": reason, "lost": lost})
 
+    def preempt(self, run_id: str, module: str, by: str) -> None:
+        """Ask ``module`` to stop its part of ``run_id`` for the urgent run ``by`` (it resumes after)."""
+        self.put(preempt_key(run_id, module), {"ts": time.time(), "by": by}, ex=PREEMPT_TTL)
+
+    def preempted_by(self, run_id: str, module: str) -> str | None:
+        """The urgent run a preemption of ``module``'s part of ``run_id`` is for, if any."""
+        v = self.get(preempt_key(run_id, module))
+        return str(v["by"]) if isinstance(v, dict) and isinstance(v.get("by"), str) else None
+
     def cancel_flag(self, run_id: str, module: str) -> CancelFlag | None:
         """The cancel flag of the run (or of this module's part of it), if any."""
-        for v in self.get_many([cancel_key(run_id), cancel_key(run_id, module)]):
-            if isinstance(v, dict):
-                return CancelFlag(str(v.get("reason", "cancelled")), bool(v.get("lost", False)))
-        return None
+        return _cancel_flag(self.get_many([cancel_key(run_id), cancel_key(run_id, module)]))
+
+    def stop_flags(self, run_id: str, module: str) -> tuple[CancelFlag | None, str | None]:
+        """:meth:`cancel_flag` and :meth:`preempted_by` in one read (what a running run asks every second)."""
+        *cancels, pre = self.get_many([cancel_key(run_id), cancel_key(run_id, module), preempt_key(run_id, module)])
+        by = pre.get("by") if isinstance(pre, dict) else None
+        return _cancel_flag(cancels), by if isinstance(by, str) else None
 
     def cancelled(self, run_id: str, module: str) -> str | None:
         """The reason, when the run (or this module's part of it) was cancelled."""
@@ -351,6 +374,13 @@ def _model(cls: Any, value: Any) -> Any:
         return None
 
 
+def _cancel_flag(values: Sequence[Any]) -> CancelFlag | None:
+    for v in values:
+        if isinstance(v, dict):
+            return CancelFlag(str(v.get("reason", "cancelled")), bool(v.get("lost", False)))
+    return None
+
+
 class KVCancelToken:
     """Cancel token for the pipeline: a durable cancel on the backend, or a deadline passed.
 
@@ -360,15 +390,18 @@ class KVCancelToken:
     """
 
     def __init__(self, kv: KV, run_id: str, module: str, *, deadline: float | None = None,
-                 interval: float = 1.0, stop_file: str | os.PathLike[str] | None = None) -> None:
+                 interval: float = 1.0, stop_file: str | os.PathLike[str] | None = None,
+                 honoured: frozenset[str] = frozenset()) -> None:
         self.kv, self.run_id, self.module = kv, run_id, module
         self.deadline = deadline
         self.interval = interval
         self.stop_file = stop_file
+        self.honoured = honoured  # urgent runs this run already stopped for once (its preemptions are done)
         self._checked = 0.0
         self.reason: str | None = None
         self.lost = False  # the controller gave this module's part up
         self.shutdown = False  # the agent is shutting down
+        self.preempted_by: str | None = None  # stopped for this urgent run: interrupted and re-queued
 
     def is_cancelled(self) -> bool:
         if self.reason:
@@ -384,10 +417,13 @@ class KVCancelToken:
                 self.reason = "agent shutting down"
                 return True
             try:
-                flag = self.kv.cancel_flag(self.run_id, self.module)
+                flag, by = self.kv.stop_flags(self.run_id, self.module)
             except Exception as exc:  # broker briefly away: keep running, ask again later
                 log.warning("cannot read cancel flag: %s", exc)
-                flag = None
+                flag, by = None, None
             if flag is not None:
                 self.reason, self.lost = flag.reason, flag.lost
+            elif by is not None and by not in self.honoured:
+                self.preempted_by = by
+                self.reason = f"preempted by urgent run {by}"
         return self.reason is not None

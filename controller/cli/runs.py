@@ -34,6 +34,8 @@ def validate(
     sha256: str | None = typer.Option(None, "--sha256", help="what the release must hash to (checked first)"),
     priority: str = typer.Option("normal", "--priority", "-p", help="urgent, high, normal or low: a module that "
                                  "frees up starts the highest waiting run first (a run waiting long is raised)"),
+    preempt: bool = typer.Option(False, "--preempt", help="with --priority urgent: the modules' running runs stop "
+                                 "for it at once and resume from their passed keys after it"),
 ) -> int:
     """Validate a release on the chosen modules; ends with a verdict."""
     from contract.records import parse_model_keys
@@ -42,7 +44,8 @@ def validate(
 
     s = session(ctx)
     req = service.release_request(release, sha256=sha256, models=parse_model_keys(models), devices=devices,
-                                  baseline=baseline, run_id=run_id, resume=resume, priority=priority)
+                                  baseline=baseline, run_id=run_id, resume=resume, priority=priority,
+                                  preempt=preempt)
     launched = service.validate(s, req)
     print_launched(launched, stderr(), len(launched.modules))
     if detach:

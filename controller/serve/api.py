@@ -88,6 +88,8 @@ class RunCreate(_Model):
     resume: bool = Field(False, description="run_id names an existing run: resume it")
     priority: Priority = Field("normal", description="urgent, high, normal or low: a module that frees up starts "
                                                      "the highest first; a run waiting long is raised a level")
+    preempt: bool = Field(False, description="with priority urgent: the modules' running runs stop for it at once "
+                                             "and resume from their passed keys after it")
 
 
 class RunCreated(_Model):
@@ -298,7 +300,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
         def launch() -> service.Launched:
             req = service.release_request(body.release, sha256=body.sha256, models=parse_model_keys(body.models),
                                           devices=body.devices, baseline=body.baseline, run_id=body.run_id,
-                                          resume=body.resume, priority=body.priority,
+                                          resume=body.resume, priority=body.priority, preempt=body.preempt,
                                           user=who.user)
             return service.validate(session(), req)
 

@@ -9,7 +9,8 @@ write the run history; :func:`find_run` and :func:`view` only read it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 
 from contract.priority import check_priority
@@ -17,6 +18,7 @@ from contract.records import MODEL_KEYS, RunProgress, RunState, parse_model_keys
 from controller.command import fleetctl
 from controller.fleet import (
     BadRelease,
+    ModuleStatus,
     RunIdInUse,
     RunView,
     module_failed,
@@ -89,6 +91,8 @@ def prepare(s: Session, req: ValidateRequest) -> tuple[str, list[Module], RunInf
         check_priority(req.priority)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
+    if req.preempt and req.priority != "urgent":
+        raise BadRequest(f"--preempt stops running runs for an urgent one: give --priority urgent (not {req.priority})")
     mods = s.inventory().select(req.devices)
     if req.baseline:
         check_baseline(s, req.baseline)
@@ -146,8 +150,30 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
                             resume=existing is not None, module_models=own, priority=req.priority)
     h.set_started_by(rid, req.user or s.user)  # the row dispatch made (a resumed run keeps its first user)
     result.update(errors)
+    preempted = preempt_running(s, rid, result, statuses) if req.preempt else {}
     prune_releases(s)
-    return Launched(rid, version, sha, tuple(models), dict(result), resumed=existing is not None)
+    return Launched(rid, version, sha, tuple(models), dict(result), resumed=existing is not None, preempted=preempted)
+
+
+def preempt_running(s: Session, rid: str, queued: Mapping[str, str], statuses: Mapping[str, ModuleStatus]
+                    ) -> dict[str, str]:
+    """Ask each module ``rid`` was queued on to stop the run it is running (by its heartbeat) unless that one is
+    urgent too: it is interrupted as for a clean shutdown and resumes from its passed keys after ``rid``.
+    module -> the run asked to stop."""
+    h, fleet = s.history(), s.fleet()
+    out: dict[str, str] = {}
+    for m, why in queued.items():
+        hb = statuses[m].heartbeat if m in statuses else None
+        running = hb.run_id if hb is not None else None
+        if why != "queued" or not running or running == rid:
+            continue
+        info = h.run(running)
+        if info is not None and info.priority == "urgent":
+            continue  # urgent runs do not preempt each other
+        out[m] = running
+    for m, running in out.items():
+        broker_call(s, partial(fleet.kv.preempt, running, m, rid))
+    return out
 
 
 def resumed_models(existing: RunInfo, asked: tuple[str, ...]) -> tuple[str, ...]:

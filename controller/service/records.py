@@ -42,12 +42,13 @@ class ValidateRequest:
     module_models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     priority: str = "normal"  # contract.priority: which waiting run a module that frees up starts first
     user: str = ""
+    preempt: bool = False  # with priority urgent: the modules' running runs stop for it (and resume after)
 
 
 def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS), devices: str = "all",
                     baseline: str | None = None, run_id: str | None = None, resume: bool = False,
                     sha256: str | None = None, priority: str = "normal",
-                    user: str = "") -> ValidateRequest:
+                    user: str = "", preempt: bool = False) -> ValidateRequest:
     """A request for the release as a person or a CI job typed it: an http/https URL (downloaded
     by the controller) or a path as the controller sees it."""
     from controller.service.release_url import is_url
@@ -63,7 +64,7 @@ def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS)
             raise BadRequest(f"release {release!r}: {e}") from e
     return ValidateRequest(release=path, url=url, models=models,
                            devices=devices, baseline=baseline, run_id=run_id, resume=resume, sha256=sha256,
-                           priority=priority, user=user)
+                           priority=priority, user=user, preempt=preempt)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class Launched:
     models: tuple[str, ...]
     modules: Mapping[str, str]
     resumed: bool = False
+    preempted: Mapping[str, str] = field(default_factory=dict)  # module -> the run it was asked to stop for this
 
     @property
     def queued(self) -> int:

@@ -78,3 +78,24 @@ def test_a_low_run_waiting_past_raise_after_goes_ahead_of_later_normal_ones(benc
     # it waited longest, so it goes first of its new level
     assert _started(b, [busy, low, *normals]) == [busy, low, *normals]
     assert b.benchmark_starts("sim-01", low) == {"qwen3": 1}
+
+
+def test_preempt_interrupts_the_running_run_which_resumes_after_the_urgent_one(bench_factory, broker, release):  # noqa: F811
+    """``--preempt``: the module stops its running run at once (as for a clean shutdown), runs the urgent one, then
+    resumes the stopped run from its passed keys: the key that passed before is not benchmarked again."""
+    b = bench_factory(broker)
+    b.lab.start()
+    busy = b.validate(release)
+    b.on_key(busy, "sim-01", KEYS[1])  # the first key passed, the second is being benchmarked
+    r = b.lab.fleetctl("validate", str(release.path), "--models", "qwen3", "--devices", "sim-01", "--detach",
+                       "--priority", "normal", "--preempt")
+    assert r.returncode != 0 and "--preempt stops running runs for an urgent one: give --priority urgent" in r.stderr
+    urgent = b.validate(release, "sim-01", ("qwen3",), "--priority", "urgent", "--preempt")
+    ends = {x: b.finished(x, 120).progress["sim-01"] for x in (urgent, busy)}
+    b.check_run(busy, 60)
+    # the urgent run ran while the stopped one waited: it started (again) after the urgent one ended
+    assert ends[urgent].state == RunState.DONE and ends[busy].state == RunState.DONE and ends[busy].rows == 26
+    assert ends[urgent].finished_at <= ends[busy].started_at
+    assert b.benchmark_starts("sim-01", busy, "ok") == {KEYS[0]: 1, KEYS[1]: 1}  # each key measured once
+    assert b.benchmark_starts("sim-01", busy)[KEYS[0]] == 1  # the passed key never started again
+    assert json.loads((b.workdir("sim-01") / "runs" / busy / "preempted-by").read_text()) == [urgent]

@@ -15,7 +15,7 @@ import time
 import pytest
 import redis
 
-from contract.kv import cancel_key
+from contract.kv import cancel_key, preempt_key
 from contract.records import RunState
 from controller.remote import acl
 from tests.support.secure import SecureRedis, fleetctl_path, make_secure_lab, task_body, task_envelope
@@ -176,6 +176,12 @@ def test_module_a_cannot_touch_module_b(acl_server):
         assert [kv.cancelled("r2", "sim-01"), kv.cancelled("r3", "sim-01"), kv.cancelled("r9", "sim-01")] == [
             "run-wide", "A's part", None]
         refused(kv.cancelled, "r1", "sim-02")  # asking for B's flag as A: refused by Redis, not answered
+        # what a running run reads every second: its cancel flags and its preemption, in one MGET
+        ctl.set(preempt_key("r3", "sim-01"), json.dumps({"by": "u1"}))
+        ctl.set(preempt_key("r3", "sim-02"), json.dumps({"by": "u1"}))
+        assert kv.stop_flags("r3", "sim-01")[1] == "u1" and kv.stop_flags("r9", "sim-01") == (None, None)
+        refused(kv.preempted_by, "r3", "sim-02")  # B's preemption: not A's to read
+        refused(a.set, preempt_key("r3", "sim-01"), "{}")  # nor to write, its own either
         # the agent's start-up check reads the policy as sim-01 (INFO memory; CONFIG stays refused)
         from contract.eviction import broker_eviction_problem
 

@@ -1,0 +1,30 @@
+"""A preemption on the broker, as the agent's cancel token reads it: once per urgent run, a cancel first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from contract.celery_app import make_app
+from contract.kv import KV, KVCancelToken, preempt_key
+from contract.settings import BrokerSettings
+
+
+def test_a_preemption_stops_a_run_once_per_urgent_run_and_a_cancel_wins(tmp_path: Path) -> None:
+    app = make_app(BrokerSettings(broker_url="filesystem://", data_dir=tmp_path))
+    kv = KV(app)
+    try:
+        assert preempt_key("r1", "m1") == "m1000-fleet:preempt:m1:r1"
+        assert kv.stop_flags("r1", "m1") == (None, None)
+        kv.preempt("r1", "m1", by="u1")
+        assert kv.preempted_by("r1", "m1") == "u1" and kv.preempted_by("r1", "m2") is None
+        t = KVCancelToken(kv, "r1", "m1", interval=0)
+        assert t.is_cancelled() and t.preempted_by == "u1" and t.reason == "preempted by urgent run u1"
+        again = KVCancelToken(kv, "r1", "m1", interval=0, honoured=frozenset({"u1"}))  # the resumed delivery
+        assert not again.is_cancelled() and again.preempted_by is None
+        kv.preempt("r1", "m1", by="u2")  # a later urgent run stops it again
+        assert again.is_cancelled() and again.preempted_by == "u2"
+        kv.cancel("r1", "m1", reason="cancelled by rita")
+        c = KVCancelToken(kv, "r1", "m1", interval=0)
+        assert c.is_cancelled() and c.preempted_by is None and c.reason == "cancelled by rita"
+    finally:
+        app.close()
