@@ -89,7 +89,9 @@ class Dispatch:
         """Record the run and enqueue it, at ``priority``, on every module that can take it.
 
         Returns module -> "queued" or the reason it was not (offline, bad, no release):
-        those modules are recorded as failed at once, not after an hour. A run id must match the
+        those modules are recorded as failed at once, not after an hour. An ``unreachable`` module (no
+        heartbeat for ``offline_after``, not yet ``lost_after``) gets the run queued: it takes it when it is back,
+        and the sync gives its part up as lost at ``lost_after`` (:func:`controller.fleet.collect.liveness`). A run id must match the
         agents' pattern, and may be one already in the history only with ``resume`` (each module
         then keeps the keys that passed). ``module_models``: modules asked for only some of ``models``
         (``retry --failed-only``: the keys that did not pass there), and those keys, in ``models``' order.
@@ -114,7 +116,7 @@ class Dispatch:
             st = statuses[m.name]
             keys = own.get(m.name, tuple(models))
             problem = None
-            if st.state in ("offline", "unreachable"):
+            if st.state == "offline":  # unreachable: queued, taken when it is back (given up at lost_after)
                 problem = f"module {st.state}: {st.reason}"
             elif st.state == "bad":
                 problem = f"module bad: {st.reason}"

@@ -141,7 +141,7 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     except RunIdInUse as exc:
         raise Conflict(str(exc)) from None
     statuses = broker_call(s, lambda: fleet.statuses(mods))
-    usable = [m for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")]
+    usable = [m for m in mods if statuses[m.name].state not in ("offline", "bad")]  # unreachable: queued
     paths, errors = distribute(s, usable, release, sha)
     # a resumed run asks each module for what it asked it before (a module answers a run id only for that request)
     own = existing.module_models if existing is not None else req.module_models

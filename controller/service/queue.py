@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -54,6 +55,8 @@ def wait_stats(waits: Iterable[tuple[str, float]]) -> tuple[WaitStats, ...]:
 
 
 def queue(s: Session, selector: str = "all", *, recent: int = 1000, now: float | None = None) -> QueueView:
+    """What waits on the selected modules (the broker), and the waits of started runs (the history, the runs not
+    ended synced into it first: writes)."""
     mods = s.inventory().select(selector)
     fleet = s.broker(read=True)
     waiting = broker_call(s, lambda: fleet.waiting(mods))
@@ -70,6 +73,10 @@ def queue(s: Session, selector: str = "all", *, recent: int = 1000, now: float |
         runs.append(QueuedRun(module, position, w.run_id, w.level, w.asked or w.level,
                               None if w.sent_at is None else max(0.0, now - w.sent_at), running.get(module)))
     names = {m.name for m in mods}
+    if s.has_history():  # the runs not ended pulled in first: their starts are the newest waits
+        fleet_w = s.fleet()
+        for run_id in s.history().running_runs():
+            broker_call(s, partial(fleet_w.sync, run_id))
     waits = s.history().waits()[-recent:] if s.has_history() else []
     return QueueView(tuple(runs), depths, wait_stats((p, w) for _, m, p, w in waits if m in names))
 

@@ -222,3 +222,22 @@ def test_concurrent_serve_and_watch_on_one_history(bench_factory, redis_broker, 
     assert "Traceback" not in err and "locked" not in err, err
     b.check_run(run_id, 30)
     assert b.history.row_count(run_id) == 11
+
+
+def test_a_run_sent_to_an_unreachable_module_waits_for_it(bench_factory, broker, release):
+    """A module without a heartbeat for offline_after (not yet lost_after) gets the run queued, not failed at
+    dispatch: it takes it when its agent is back."""
+    b = bench_factory(broker, offline_after=2.0, lost_after=60.0)
+    b.lab.start()
+    b.lab.kill("sim-01")
+    wait_for(lambda: b.fleet.statuses(b.lab.state().inventory().modules)["sim-01"].state == "unreachable",
+             10, "the module unreachable")
+    r = b.lab.fleetctl("validate", str(release.path), "--models", KEYS[0], "--devices", "sim-01", "--detach")
+    assert r.returncode == 0 and "1/1 modules queued" in r.stderr, r.stderr
+    run_id = r.stdout.strip().splitlines()[-1]
+    time.sleep(3)
+    p = b.fleet.sync(run_id).progress["sim-01"]
+    assert p is not None and p.state == RunState.PENDING and p.step == "queued", p
+    b.lab.start(["sim-01"])
+    view = b.check_run(run_id, 120)
+    assert view.progress["sim-01"].state == RunState.DONE and b.benchmark_starts("sim-01", run_id) == {KEYS[0]: 1}
