@@ -118,7 +118,11 @@ def status(ctx: typer.Context,
             j = service.judge(s, info.run_id)
             info = service.find_run(s, info.run_id)  # with the verdict just recorded
     if output != Output.table:
+        from controller.service.queue import run_waits
+
         doc = service.run_summary(info, view, judgement=j)
+        doc["waits"] = {w.module: {"waited_s": w.waited_s, "behind": w.behind, "priority": w.priority}
+                        for w in run_waits(s, info.run_id)}
         recs = [{"module": m, **st} for m, st in doc["module_states"].items()]
         emit(recs, ["module", "state", "step", "model_key", "keys_done", "keys_total", "rows"], output, document=doc)
     else:
@@ -126,6 +130,11 @@ def status(ctx: typer.Context,
 
         out = stdout()
         out.print(render(view, title=f"run {info.run_id} ({info.release}, {view.state()})"))
+        from controller.service.queue import run_waits, run_waits_line
+
+        waited = run_waits_line(run_waits(s, info.run_id))
+        if waited:
+            out.print(waited, markup=False, highlight=False, soft_wrap=True)
         if j is not None:
             out.print(f"verdict: [bold]{j.verdict}[/] - {escape(j.line)}", highlight=False, soft_wrap=True)
     return service.exit_code(j.verdict) if j is not None else 0

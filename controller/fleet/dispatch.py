@@ -91,9 +91,9 @@ class Dispatch:
         Returns module -> "queued" or the reason it was not (offline, bad, no release):
         those modules are recorded as failed at once, not after an hour. An ``unreachable`` module (no
         heartbeat for ``offline_after``, not yet ``lost_after``) gets the run queued: it takes it when it is back,
-        and the sync gives its part up as lost at ``lost_after`` (:func:`controller.fleet.collect.liveness`). A run id must match the
-        agents' pattern, and may be one already in the history only with ``resume`` (each module
-        then keeps the keys that passed). ``module_models``: modules asked for only some of ``models``
+        and the sync gives its part up as lost at ``lost_after`` (:func:`controller.fleet.collect.liveness`).
+        A run id must match the agents' pattern, and may be one already in the history only with ``resume`` (each
+        module then keeps the keys that passed). ``module_models``: modules asked for only some of ``models``
         (``retry --failed-only``: the keys that did not pass there), and those keys, in ``models``' order.
         """
         self.check_new_run_id(run_id, resume=resume, modules=[m.name for m in modules])

@@ -64,6 +64,16 @@ class HistoryQueries:
             (run_id,) if run_id is not None else ())
         return [(a, b, c, float(w)) for a, b, c, w in cur.fetchall()]
 
+    def ran_before(self, module: str, since: float, until: float, exclude: str) -> str | None:
+        """The run whose part on ``module`` ended last between ``since`` and ``until`` (the module's clock), other
+        than ``exclude``: what a run dispatched at ``since`` and started at ``until`` waited behind."""
+        row = self.conn.execute(
+            "SELECT run_id FROM module_runs WHERE module=? AND run_id != ?"
+            " AND json_extract(progress, '$.finished_at') BETWEEN ? AND ?"
+            " ORDER BY json_extract(progress, '$.finished_at') DESC LIMIT 1",
+            (module, exclude, since, until)).fetchone()
+        return str(row[0]) if row else None
+
     # -- metrics --------------------------------------------------------------------------
     def verdict_counts(self) -> list[tuple[Any, int]]:
         """(verdict, or 'none' when not judged; how many runs of kind 'run')."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from functools import partial
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from contract.priority import LEVELS
 from controller.service.session import Session, broker_call
@@ -113,3 +113,27 @@ def waits_line(stats: Sequence[WaitStats]) -> str:
     return "waited (dispatch to start): " + "; ".join(
         f"{w.priority} median {shown_duration(w.p50_s)}, p90 {shown_duration(w.p90_s)}, longest "
         f"{shown_duration(w.max_s)} (n={w.n})" for w in stats)
+
+
+@dataclass(frozen=True)
+class RunWait:
+    module: str
+    priority: str
+    waited_s: float
+    behind: str | None  # the run that module ended last before this one started (None: it was idle)
+
+
+def run_waits(s: Session, run_id: str) -> tuple[RunWait, ...]:
+    """How long each module's part of ``run_id`` waited from dispatch to start, and behind which run."""
+    h = s.history()
+    info = h.find_run(run_id)
+    since = info.dispatched_at or info.created_at
+    return tuple(RunWait(m, p, w, h.ran_before(m, since, since + w, run_id)) for _, m, p, w in h.waits(run_id))
+
+
+def run_waits_line(waits: Sequence[RunWait]) -> str:
+    """``waited: sim-01 1 h 12 min behind 'nightly-1203'; sim-02 0 s`` (pure); "" when no module started."""
+    if not waits:
+        return ""
+    return "waited: " + "; ".join(f"{w.module} {shown_duration(w.waited_s)}"
+                                  + (f" behind {w.behind!r}" if w.behind else "") for w in waits)

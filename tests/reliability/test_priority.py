@@ -51,6 +51,10 @@ def test_an_urgent_run_behind_three_low_ones_starts_next(bench_factory, broker, 
     assert {r: waits[(r, "sim-01")][0] for r in (busy, urgent, *lows)} == {
         busy: "normal", urgent: "urgent", **dict.fromkeys(lows, "low")}
     assert waits[(urgent, "sim-01")][1] < min(waits[(low, "sim-01")][1] for low in lows)
+    r = b.lab.fleetctl("status", urgent)  # the run's own wait, and what it waited behind
+    assert "waited: sim-01 " in r.stdout and f"behind {busy!r}" in r.stdout, r.stdout
+    doc = json.loads(b.lab.fleetctl("status", lows[0], "-o", "json").stdout)
+    assert doc["waits"]["sim-01"]["behind"] == urgent and doc["waits"]["sim-01"]["priority"] == "low"
     r = b.lab.fleetctl("queue")
     assert r.returncode == 0 and "nothing waits on 1 module(s)" in r.stdout, r.stdout + r.stderr
     assert "urgent median" in r.stdout and "low median" in r.stdout and "(n=3)" in r.stdout
