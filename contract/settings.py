@@ -189,6 +189,10 @@ class BrokerSettings(EnvSettings):
                               description="no heartbeat for this long: the module's run is lost, s")
     start_timeout: float = Field(default=300.0, gt=0,
                                  description="an idle, live module that has not started a queued run by then: lost, s")
+    queue_deadline: float = Field(
+        default=0.0, ge=0, description="a run still waiting on a module's queue this long after its dispatch is given "
+                                       "up there (its part fails, and a later delivery does not run it), s; 0: it "
+                                       "waits as long as the module is busy")
     collect_timeout: float = Field(
         default=600.0, gt=0, description="a module's final state whose rows (or telemetry summary) have not all "
                                          "reached the controller by then ends its part failed, s")

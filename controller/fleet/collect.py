@@ -32,7 +32,8 @@ def liveness(p: RunProgress | None, beat: Beat | None, now: float, *, dispatched
              settings: BrokerSettings) -> str | None:
     """Why a (run, module) that is not terminal must be given up now, or None (pure).
 
-    The bounds: no heartbeat for ``lost_after``; started more than ``module_deadline`` ago; queued
+    The bounds: no heartbeat for ``lost_after``; started more than ``module_deadline`` ago; queued for
+    ``queue_deadline`` (when set), behind other runs or not; queued
     while the module was alive and idle for ``start_timeout`` (the message never reached it); started,
     and the module alive and idle while the run has not reported for ``start_timeout`` (its end never
     reached the broker). The heartbeat's age is the broker's (``beat.at``); the run's own times were
@@ -47,6 +48,9 @@ def liveness(p: RunProgress | None, beat: Beat | None, now: float, *, dispatched
     if started is not None and now - started > settings.module_deadline:
         return f"deadline passed: running for {now - started:.0f} s (bound {settings.module_deadline:.0f} s)"
     queued = p is None or (p.state == RunState.PENDING and p.started_at is None)
+    if queued and settings.queue_deadline and now - dispatched_at > settings.queue_deadline:
+        return (f"waited {now - dispatched_at:.0f} s on the module's queue without starting "
+                f"(queue_deadline {settings.queue_deadline:g} s)")
     idle = beat is not None and beat.hb.run_id is None and silent <= settings.offline_after
     if queued and idle and now - dispatched_at > settings.start_timeout:
         return f"never started: the module stayed idle for {now - dispatched_at:.0f} s after dispatch"
@@ -174,7 +178,7 @@ class Sync:
                 if failed is not None:
                     known[m] = failed
                 continue  # the module is done running: only its record is awaited, bounded by collect_timeout
-            why = liveness(cur, beat, now, dispatched_at=info.created_at, settings=self.settings)
+            why = liveness(cur, beat, now, dispatched_at=info.dispatched_at or info.created_at, settings=self.settings)
             if why:
                 self.kv.cancel(run_id, m, reason=why, lost=True)  # a later delivery must not run it
                 known[m] = self._record_lost(run_id, m, info.release, cur, why, len(info.models_of(m)), now)

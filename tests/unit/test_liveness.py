@@ -40,3 +40,14 @@ def test_unreachable_module_is_not_judged_idle() -> None:
 def test_queued_and_lost_rules_still_hold() -> None:
     assert liveness(None, hb(T0 + 301), T0 + 302, dispatched_at=T0, settings=S).startswith("never started")
     assert liveness(None, hb(T0 + 100), T0 + 701, dispatched_at=T0, settings=S).startswith("agent lost")
+
+
+def test_a_run_waiting_past_queue_deadline_is_given_up_and_only_then() -> None:
+    busy = hb(T0 + 4000, "other-run")  # the module is alive and busy with another run: the run waits
+    assert liveness(None, busy, T0 + 4001, dispatched_at=T0, settings=S) is None  # no queue_deadline: it waits
+    s = S.model_copy(update={"queue_deadline": 3600.0})
+    assert liveness(None, busy, T0 + 3599, dispatched_at=T0, settings=s) is None
+    assert liveness(None, busy, T0 + 3601, dispatched_at=T0, settings=s) == (
+        "waited 3601 s on the module's queue without starting (queue_deadline 3600 s)")
+    started = prog(RunState.BENCHMARKING, T0 + 10)  # a run that started is not waiting any more
+    assert liveness(started, hb(T0 + 3600, "r"), T0 + 3601, dispatched_at=T0, settings=s) is None
