@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from agent.metrics import CATALOG as AGENT_CATALOG
 from agent.metrics import SystemSample, build_registry, push_once, start_exporter
 from agent.tables import parse_seed
-from contract.records import KeyOutcome, RunState
+from contract.records import KeyOutcome, RunProgress, RunState
 from controller.cli.targets import file_sd
 from controller.history import History
 from controller.inventory import parse_inventory
@@ -163,10 +163,14 @@ def test_prometheus_scrapes_fleet_and_every_expression_has_data(
                         for r in rows)
     history.upsert_rows(r for rows in seed_rows(seed_text, "run-1", "sim-a", "1.4.1").values() for r in rows)
     history.set_run_state("run-1", "done", verdict="regression")
+    history.set_dispatched("run-1", "low", now - 100)  # waited 40 s on sim-a (the wait histogram's panel)
+    history.upsert_progress(RunProgress(run_id="run-1", module="sim-a", release="1.4.1", state=RunState.DONE,
+                                        started_at=now - 60, updated_at=now - 10, finished_at=now - 10))
     states = {"sim-a": "busy", "sim-b": "busy", "fix-c": "bad", "fix-d": "busy", "dead-e": "offline"}
     creg = CollectorRegistry()
     readings = {**states, "sim-a": ModuleReading("busy", 0.4)}  # sim-a's clock measured 0.4 s ahead
-    creg.register(ControllerCollector(history, lambda: readings, lambda: {f"module.{m}": 0 for m in states}))
+    depths = {f"module.{m}": {"normal": 0} for m in states}
+    creg.register(ControllerCollector(history, lambda: readings, lambda: depths))
     cserver = start_exporter(tmp_path, port=0, registry=creg)
     servers.append(cserver)
 
