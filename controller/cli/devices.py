@@ -90,7 +90,8 @@ def describe_module(ctx: typer.Context, name: str = typer.Argument(..., help="mo
             out.print(f"{k + ':':15} {','.join(f'{a}={b}' for a, b in v.items()) if isinstance(v, dict) else v or ''}",
                       highlight=False)
         out.print(f"{'workdir:':15} {d.module.workdir}", highlight=False)
-        out.print(f"{'reserved:':15} {held[0].line() if held else ''}", highlight=False, markup=False)
+        shown = held[0].line().removeprefix("reserved ") if held else ""
+        out.print(f"{'reserved:':15} {shown}", highlight=False, markup=False)
         for ts, msg in events[-5:]:
             out.print(f"{'':15} {time.strftime('%Y-%m-%d %H:%M', time.localtime(ts))} {msg}", highlight=False,
                       markup=False)

@@ -72,7 +72,7 @@ def release(s: Session, selector: str = "all", *, user: str = "", force: bool = 
     theirs = {m: r for m, r in current.items() if r.user != who}
     if not force and theirs and len(mods) == 1:
         (m, r), = theirs.items()
-        raise Conflict(f"{m} is {r.line()}: not yours; release it with --force (role admin)")
+        raise Conflict(f"{m} is {r.line()}: not yours; release it with --force")
     if not mine and len(mods) == 1 and not current:
         raise NotFound(f"{mods[0]} is not reserved")
     def drop() -> None:
