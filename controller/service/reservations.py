@@ -30,8 +30,9 @@ def reservations(s: Session, selector: str = "all", *, now: float | None = None)
 
 
 def refused_for(s: Session, modules: Sequence[str], user: str, now: float | None = None) -> dict[str, str]:
-    """module -> ``reserved by V until HH:MM (reason)`` for each of ``modules`` a user other than ``user`` holds."""
-    fleet = s.broker(read=True)
+    """module -> ``reserved by V until HH:MM (reason)`` for each of ``modules`` a user other than ``user`` holds
+    (one MGET; the callers, about to send work, checked the broker already)."""
+    fleet = s.fleet()
     return others(modules, broker_call(s, lambda: fleet.held(modules, now)), user, now)
 
 
