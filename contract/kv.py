@@ -2,7 +2,8 @@
 
 The one place where agents and the controller exchange state besides the task itself:
 heartbeats, live progress, the rows produced so far, each run's device telemetry
-summary, the durable cancel flag, and the controller's acknowledgement of a run's final state. It
+summary, the durable cancel flag, the controller's acknowledgement of a run's final state, and users'
+reservations of modules (written and read by controllers only). It
 goes through Celery's own result backend (``backend.get/set/delete``), so the embedded
 and the Redis deployments take the same code path. Values are JSON; a value that cannot
 be read (a concurrent writer on the file backend) reads as absent and is read again on
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -61,6 +63,12 @@ CONFLICT_TTL = 300
 # only read it (the module in a fixed place, as for its cancel flags), keeps re-sending that state until then.
 ACK = "ack"
 
+# A user's reservation of a module (m1000-fleet:reserve:<module>): written and read by controllers only (a module's
+# ACL patterns name their kinds, and this is none of them). On Redis the key expires with the reservation, so one
+# made by a controller that is gone still ends; the embedded broker keeps the file, and its reader drops a record
+# whose ``until`` has passed (:mod:`controller.fleet.reservations`).
+RESERVE = "reserve"
+
 
 def _key(*parts: str) -> str:
     return ":".join((PREFIX, *parts))
@@ -74,6 +82,11 @@ def ack_key(run_id: str, module: str) -> str:
 def preempt_key(run_id: str, module: str) -> str:
     """Key of the request that ``module`` stop its part of ``run_id`` for an urgent run (:data:`PREEMPT`)."""
     return _key(PREEMPT, module, run_id)
+
+
+def reservation_key(module: str) -> str:
+    """Key of ``module``'s reservation (one record per module)."""
+    return _key(RESERVE, module)
 
 
 def cancel_key(run_id: str, module: str | None = None) -> str:
@@ -339,6 +352,22 @@ class KV:
         names = list(modules)
         values = self.get_aged([_key("conflict", m) for m in names], CONFLICT_TTL)
         return {m: (v, at) for m, (v, at) in zip(names, values, strict=True) if isinstance(v, dict)}
+
+
+    # -- reservations (controllers only) --------------------------------------------------------
+    def put_reservation(self, module: str, record: dict[str, Any], ttl: float) -> None:
+        """``module``'s reservation, kept ``ttl`` seconds on Redis (its remaining time, rounded up)."""
+        self.put(reservation_key(module), record, ex=max(1, math.ceil(ttl)))
+
+    def reservations(self, modules: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """module -> its reservation record, for those of ``modules`` that have one (one MGET); a record past its
+        ``until`` on the embedded broker is still here: the reader judges it."""
+        names = list(modules)
+        values = self.get_many([reservation_key(m) for m in names]) if names else []
+        return {m: v for m, v in zip(names, values, strict=True) if isinstance(v, dict)}
+
+    def drop_reservation(self, module: str) -> None:
+        self.delete(reservation_key(module))
 
 
 class CancelFlag(NamedTuple):

@@ -74,6 +74,7 @@ def build_app(inv: Invocation) -> typer.Typer:
     from controller.cli import bisect as bisect_cli
     from controller.cli import deploy as deploy_cli
     from controller.cli import report as report_cli
+    from controller.cli import reserve as reserve_cli
     from controller.cli import targets as metrics_cli
     from controller.cli import trend as trend_cli
 
@@ -90,6 +91,9 @@ def build_app(inv: Invocation) -> typer.Typer:
     devices_app.command("reset")(devices_cli.devices_reset)
     app.add_typer(devices_app, name="devices")
     app.command("queue")(devices_cli.queue)
+    app.command("reserve")(reserve_cli.reserve)
+    app.command("reservations")(reserve_cli.reservations)
+    app.command("release")(reserve_cli.release)
     describe_app = new_app(add_completion=False, no_args_is_help=True,
                            help="Everything about one run or one module (read-only).")
     describe_app.command("run")(runs_cli.describe_run)

@@ -10,21 +10,27 @@ import typer
 from controller.cli.invocation import session
 from controller.cli.output import Output, emit, output_option, stdout
 
-DEVICE_COLUMNS = ("module", "host", "labels", "state", "reason", "agent_version", "last_beat", "clock_skew",
-                  "free_disk")
+DEVICE_COLUMNS = ("module", "host", "labels", "state", "reserved", "reason", "agent_version", "last_beat",
+                  "clock_skew", "free_disk")
 
 
 def devices(ctx: typer.Context,
             select_: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
             output: Output = output_option()) -> None:
-    """Modules and their state, from their heartbeats."""
+    """Modules and their state, from their heartbeats, and who reserved them until when."""
     if ctx.invoked_subcommand is not None:
         return
     from controller import service
+    from controller.fleet.reservations import shown_until
+    from controller.service.reservations import reservations
 
+    s = session(ctx)
+    held = {r.module: r for r in reservations(s, select_)}
     recs = []
-    for d in service.devices(session(ctx), select_):
+    for d in service.devices(s, select_):
         rec = service.device_dict(d)
+        r = held.get(d.module.name)
+        rec["reserved"] = f"{r.user} until {shown_until(r.until)}" if r else ""
         age, free = rec["heartbeat_age_s"], rec["free_disk_bytes"]
         rec["last_beat"] = f"{age:.0f} s ago" if age is not None else "never"
         rec["clock_skew"] = shown_skew(rec["clock_skew_s"])
@@ -57,7 +63,8 @@ def devices_reset(ctx: typer.Context, module: str = typer.Argument(..., help="mo
 
 def describe_module(ctx: typer.Context, name: str = typer.Argument(..., help="module name"),
                     output: Output = output_option()) -> None:
-    """A module: inventory entry, state from its heartbeat, its recent runs (read-only)."""
+    """A module: inventory entry, state from its heartbeat, its reservation and who had it, its recent runs
+    (read-only)."""
     import time
 
     from controller import service
@@ -69,7 +76,13 @@ def describe_module(ctx: typer.Context, name: str = typer.Argument(..., help="mo
                "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(info.created_at)),
                "state": p.state.value if p else "queued", "rows": p.rows if p else 0,
                "error": p.error.one_line() if p and p.error else ""} for info, p in d.recent]
-    doc = {**dev, "inventory": d.module.model_dump(mode="json"), "recent_runs": recent}
+    from controller.service.reservations import reservation_dict, reservation_events, reservations
+
+    held = reservations(s, name)
+    events = reservation_events(s, name)  # who had it: its reserve and release events
+    doc = {**dev, "inventory": d.module.model_dump(mode="json"), "recent_runs": recent,
+           "reservation": reservation_dict(held[0]) if held else None,
+           "reservation_events": [{"ts": ts, "message": msg} for ts, msg in events]}
     if output == Output.table:
         out = stdout()
         for k in ("module", "host", "transport", "labels", "state", "reason", "agent_version", "run_id"):
@@ -77,6 +90,11 @@ def describe_module(ctx: typer.Context, name: str = typer.Argument(..., help="mo
             out.print(f"{k + ':':15} {','.join(f'{a}={b}' for a, b in v.items()) if isinstance(v, dict) else v or ''}",
                       highlight=False)
         out.print(f"{'workdir:':15} {d.module.workdir}", highlight=False)
+        shown = held[0].line().removeprefix("reserved ") if held else ""
+        out.print(f"{'reserved:':15} {shown}", highlight=False, markup=False)
+        for ts, msg in events[-5:]:
+            out.print(f"{'':15} {time.strftime('%Y-%m-%d %H:%M', time.localtime(ts))} {msg}", highlight=False,
+                      markup=False)
     emit(recent, ["run_id", "release", "created", "state", "rows", "error"], output, document=doc,
          title="recent runs")
 

@@ -85,7 +85,7 @@ class Dispatch:
                  release: str, models: Sequence[str], tarball_label: str = "",
                  statuses: Mapping[str, ModuleStatus] | None = None, resume: bool = False,
                  module_models: Mapping[str, Sequence[str]] | None = None,
-                 priority: str = DEFAULT) -> dict[str, str]:
+                 priority: str = DEFAULT, refused: Mapping[str, str] | None = None) -> dict[str, str]:
         """Record the run and enqueue it, at ``priority``, on every module that can take it.
 
         Returns module -> "queued" or the reason it was not (offline, bad, no release):
@@ -95,6 +95,7 @@ class Dispatch:
         A run id must match the agents' pattern, and may be one already in the history only with ``resume`` (each
         module then keeps the keys that passed). ``module_models``: modules asked for only some of ``models``
         (``retry --failed-only``: the keys that did not pass there), and those keys, in ``models``' order.
+        ``refused``: module -> why the caller may not use it (reserved by another user): recorded as its refusal.
         """
         self.check_new_run_id(run_id, resume=resume, modules=[m.name for m in modules])
         statuses = statuses if statuses is not None else self.statuses(modules)
@@ -122,6 +123,7 @@ class Dispatch:
                 problem = f"module bad: {st.reason}"
             elif m.name not in tarballs:
                 problem = "release not available on the module"
+            problem = (refused or {}).get(m.name, problem)  # reserved by another user: that is the reason
             if problem:
                 failed.append(failed_progress(run_id, m.name, release, "dispatch", problem, len(keys), now))
                 out[m.name] = problem

@@ -2,7 +2,8 @@
 
 Its parts by job are its bases: :class:`~controller.fleet.states.ModuleStates` (module states),
 :class:`~controller.fleet.dispatch.Dispatch` (sending runs) and
-:class:`~controller.fleet.collect.Sync` (following them); here: opening it, the broker check, cancel.
+:class:`~controller.fleet.collect.Sync` (following them), :class:`~controller.fleet.reservations.Reservations`
+(reading who holds which module); here: opening it, the broker check, cancel.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from contract.settings import BrokerSettings
 from controller.fleet.collect import Sync
 from controller.fleet.dispatch import Dispatch
 from controller.fleet.errors import BrokerUnavailable, EvictingBroker, error_line
+from controller.fleet.reservations import Reservations
 from controller.fleet.states import ModuleStates
 from controller.history import History
 
@@ -24,8 +26,8 @@ if TYPE_CHECKING:
     from contract.kv import KV
 
 
-class Fleet(ModuleStates, Dispatch, Sync):
-    """The broker seam on one run history: module states, dispatch and sync (its bases), cancel."""
+class Fleet(ModuleStates, Dispatch, Sync, Reservations):
+    """The broker seam on one run history: module states, dispatch, sync and reservations (its bases), cancel."""
 
     def __init__(self, settings: BrokerSettings, history: History, *, failures_for_bad: int = 3,
                  failures_cooldown: float | None = 900.0, clock_skew_warn: float = 30.0) -> None:

@@ -142,6 +142,24 @@ class Device(_Model):
     run_id: str | None = Field(description="the run it is busy with, from its last heartbeat")
 
 
+class ReservationOut(_Model):
+    module: str
+    user: str = Field(description="who holds it: an API token's user or a fleetctl user")
+    until: float = Field(description="when it ends, Unix time (it expires by itself)")
+    until_local: str = Field(description="when it ends, HH:MM on the controller's clock")
+    left_s: float = Field(description="seconds left")
+    reason: str
+    id: str = Field(description="shared by the modules one reserve took; kept when its user extends it")
+    since: float = Field(description="when it was made, Unix time")
+
+
+class ReserveBody(_Model):
+    devices: str = Field(..., min_length=1, max_length=MAX_SELECTOR,
+                         description="'all', module names, label=value; comma separated")
+    duration: str = Field(..., min_length=2, max_length=16, description="how long: 30m, 2h, 1d")
+    reason: str = Field("", max_length=MAX_DETAIL, description="why, shown to the others")
+
+
 class ReportLink(_Model):
     run_id: str = Field(description="the run's id ('latest' or a prefix resolved when the link is made)")
     url: str = Field(description="opens the run's HTML report in a browser, no token needed, until expires_at")
@@ -418,6 +436,56 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
         """Modules of the inventory and their state (idle, busy, offline, bad) from their heartbeats."""
         return [Device(**service.device_dict(d))
                 for d in errors(lambda: service.devices(session(), devices), devices)]
+
+    @app.get(f"{PREFIX}/reservations", response_model=list[ReservationOut], dependencies=deps, responses=ERRORS)
+    def list_reservations(devices: str = Query("all", min_length=1, max_length=MAX_SELECTOR,
+                                               description="'all', module names, label=value; comma separated")) \
+            -> list[ReservationOut]:
+        """Modules reserved now: by whom, until when, why (``fleetctl reservations``)."""
+        from controller.service.reservations import reservation_dict, reservations
+
+        return [ReservationOut(**reservation_dict(r)) for r in errors(lambda: reservations(session(), devices),
+                                                                      devices)]
+
+    @app.post(f"{PREFIX}/reservations", status_code=201, response_model=list[ReservationOut],
+              responses={**ERRORS, 409: {"model": Problem, "description": "another user holds one of the modules"}})
+    def create_reservation(body: ReserveBody, who: Identity = Depends(trigger)) -> list[ReservationOut]:
+        """Reserve modules for the token's user (``fleetctl reserve``): no other user's run is sent to them until it
+        ends; the user's own reservations are extended; 409 naming who holds one when another user does."""
+        from controller.fleet.reservations import parse_duration
+        from controller.service.reservations import reservation_dict, reserve
+
+        def make() -> list[Any]:
+            try:
+                seconds = parse_duration(body.duration)
+            except ValueError as exc:
+                raise service.BadRequest(str(exc)) from None
+            return reserve(session(), body.devices, seconds, body.reason, user=who.user)
+
+        got = errors(make, body.devices, body.duration)
+        log.info("%d module(s) reserved over HTTP by %s", len(got), who.user)
+        return [ReservationOut(**reservation_dict(r)) for r in got]
+
+    @app.delete(f"{PREFIX}/reservations/{{module}}", response_model=ReservationOut, responses=ERRORS)
+    def delete_reservation(module: Annotated[str, PathParam(min_length=1, max_length=MAX_NAME)],
+                           who: Identity = Depends(canceller)) -> ReservationOut:
+        """End a module's reservation: role trigger for the token's user's own, admin for another's."""
+        from controller.service.reservations import release, reservation_dict, reservations
+
+        def held() -> Any:
+            if module not in {m.name for m in session().inventory().modules}:
+                raise service.NotFound(f"no module {module!r} in the inventory")
+            found = reservations(session(), module)
+            if not found:
+                raise service.NotFound(f"{module} is not reserved")
+            return found[0]
+
+        r = errors(held, module)
+        if not may_act_on(who, r.user):
+            raise HTTPException(403, refusal(who, Role.admin, f"releasing {module} (reserved by user {r.user})"))
+        errors(lambda: release(session(), module, user=who.user, force=True), module)
+        log.info("%s: reservation of %s released over HTTP by %s", module, r.user, who.user)
+        return ReservationOut(**reservation_dict(r))
 
     missing = undeclared(app.routes, _protected)
     if missing:  # a route every token could call by omission: refused before the app serves anything

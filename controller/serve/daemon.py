@@ -186,8 +186,11 @@ def _start_metrics(s: Session) -> Any:
     def queues() -> dict[str, dict[str, int]]:
         return fleet.queue_depths(list(inv.modules))
 
+    def reserved() -> dict[str, str]:
+        return {m: r.user for m, r in fleet.held([m.name for m in inv.modules]).items()}
+
     registry = CollectorRegistry()
-    registry.register(ControllerCollector(history, states, queues))
+    registry.register(ControllerCollector(history, states, queues, reserved=reserved))
     return start_http_server(settings.metrics_port, addr=settings.metrics_host, registry=registry)
 
 

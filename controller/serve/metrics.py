@@ -3,7 +3,7 @@ change points across the release history.
 
 ``fleetctl serve`` registers a :class:`ControllerCollector` in a registry of its own and
 serves it. Module states and queue lengths come from callables the caller supplies (the
-fleet's heartbeats and broker); the rest is read from the run history (SQLite).
+fleet's heartbeats and broker), and so do the reservations; the rest is read from the run history (SQLite).
 
 Deviation from the baseline, per module, for that module's latest run with rows: for each
 model key and metric, the geometric mean over the profiles both have of the *performance
@@ -48,6 +48,8 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec("m1000_fleet_module_clock_skew_seconds", "gauge", ("module",), "seconds",
                "A module's clock minus the controller's, measured from its last heartbeat (whose age is the"
                " broker's)"),
+    MetricSpec("m1000_fleet_module_reserved", "gauge", ("module", "user"), "count",
+               "1 while a user holds a reservation of the module (fleetctl reserve); absent when none"),
     MetricSpec("m1000_fleet_runs", "gauge", ("verdict",), "count",
                "Runs in the history by verdict ('none' while running)"),
     MetricSpec("m1000_fleet_queue_length", "gauge", ("queue", "priority"), "count",
@@ -172,14 +174,15 @@ def trend_counts(history: History) -> dict[tuple[str, str, str], int]:
 class ControllerCollector(Collector):
     """Collector of the controller's series; ``states()`` gives module -> idle|busy|offline|bad (or a
     :class:`ModuleReading`, with the module's clock skew), ``queue_depths()`` queue -> priority -> messages
-    waiting. Safe to call from the HTTP server's thread."""
+    waiting, ``reserved()`` (optional) module -> the user holding it. Safe to call from the HTTP server's thread."""
 
     def __init__(self, history: History, states: Callable[[], Mapping[str, str | ModuleReading]],
                  queue_depths: Callable[[], Mapping[str, Mapping[str, int]]], *, tolerance: float = 0.05,
-                 recent_runs: int = RECENT_RUNS) -> None:
+                 recent_runs: int = RECENT_RUNS, reserved: Callable[[], Mapping[str, str]] | None = None) -> None:
         self.history = history
         self.states = states
         self.queue_depths = queue_depths
+        self.reserved = reserved
         self.tolerance = tolerance
         self.recent_runs = recent_runs
         self._lock = threading.Lock()
@@ -194,6 +197,7 @@ class ControllerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._state_metrics()
         yield from self._queue_metrics()
+        yield from self._reserved_metrics()
         with self._lock:
             try:
                 fams = list(self._history_metrics())
@@ -237,6 +241,19 @@ class ControllerCollector(Collector):
         for q, by in sorted(queues.items()):
             for priority, n in by.items():
                 fam.add_metric((label_value(q), label_value(priority)), n)
+        yield fam
+
+    def _reserved_metrics(self) -> Iterator[Metric]:
+        if self.reserved is None:
+            return
+        try:
+            held = dict(self.reserved())
+        except Exception as exc:  # a broker outage must not break the scrape
+            log.warning("reservations unavailable: %s", exc)
+            return
+        fam = self._family("m1000_fleet_module_reserved")
+        for module, user in sorted(held.items()):
+            fam.add_metric((label_value(module), label_value(user)), 1.0)
         yield fam
 
     def _history_metrics(self) -> Iterator[Metric]:

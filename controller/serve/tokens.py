@@ -45,7 +45,7 @@ class Role(str, Enum):
 
     read = "read"  # runs, reports, trend, devices
     trigger = "trigger"  # also start, resume, retry runs, and cancel its own
-    admin = "admin"  # also act on others' work: cancel another user's run, reset modules
+    admin = "admin"  # also act on others' work: cancel another user's run, release another's reservation, reset modules
 
     @property
     def rank(self) -> int:

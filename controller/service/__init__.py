@@ -18,7 +18,8 @@ The package, by job: :mod:`~controller.service.session` (Session, the errors),
 :mod:`~controller.service.records` (requests and results), :mod:`~controller.service.lifecycle`
 (validate, retry, sync, view, follow, judge, cancel), :mod:`~controller.service.releases`
 (download, stage, push, prune), :mod:`~controller.service.steplogs` (step logs),
-:mod:`~controller.service.views` (read-only views and JSON summaries), and beside them
+:mod:`~controller.service.views` (read-only views and JSON summaries), :mod:`~controller.service.reservations`
+(who holds which module), and beside them
 :mod:`~controller.service.webhooks` and :mod:`~controller.service.release_url`. Every name
 callers use is re-exported here (``from controller import service; service.validate(...)``).
 """

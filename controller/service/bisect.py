@@ -235,15 +235,19 @@ def run(s: Session, bisect_id: str, wait: Wait, on_round: Callable[[Outcome], No
 
 
 def _usable(s: Session, rec: BisectRecord) -> list[str]:
-    """The bisection's modules the good release ran on, not lost and neither offline, unreachable nor bad now (a
-    busy one takes its candidate when it frees up)."""
+    """The bisection's modules the good release ran on, not lost, neither offline, unreachable nor bad now, and not
+    reserved by another user (a busy one takes its candidate when it frees up)."""
     from controller.fleet import module_failed
 
     good = next(r for r in rec.runs if r.role == "good")
     measured = {m for m, p in _view(s, good).progress.items() if p is not None and not module_failed(p)}
     mods = [m for m in s.inventory().modules if m.name in measured and m.name not in rec.lost]  # a call needs them
     statuses = broker_call(s, lambda: s.broker().statuses(mods))
-    return [m.name for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")]
+    from controller.service.reservations import refused_for
+
+    refused = refused_for(s, [m.name for m in mods], s.user)  # reserved by another user: not probed there
+    return [m.name for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")
+            and m.name not in refused]
 
 
 def follow_runs(s: Session, rec: BisectRecord, runs: Sequence[BisectRun], *, interval: float = 1.0,

@@ -1,11 +1,12 @@
 """Golden checks on a schedule: ``fleetctl serve`` runs one on a module after ``golden_every_runs`` validations
 or ``golden_every_hours`` hours since its last one (settings; ``golden_release`` names the release).
 
-At low priority: a check is only dispatched to a module that is ``idle`` (a heartbeat, no run) and has no run of
-its own in flight, so it never goes ahead of queued work; work dispatched while it runs waits for one short
-validation (``golden_models``, default qwen3). A module that has no golden check yet is due at once under the
-hours rule (its golden history starts), and after N validations under the runs rule. ``serve`` judges the check
-when it ends, as ``fleetctl devices check --golden`` does (:func:`controller.service.golden.judge_golden`).
+At low priority: a check is only dispatched to a module that is ``idle`` (a heartbeat, no run), not reserved by any
+user (``fleetctl reserve``) and has no run of its own in flight, so it never goes ahead of queued work; work
+dispatched while it runs waits for one short validation (``golden_models``, default qwen3). A module that has no
+golden check yet is due at once under the hours rule (its golden history starts), and after N validations under the
+runs rule. ``serve`` judges the check when it ends, as ``fleetctl devices check --golden`` does
+(:func:`controller.service.golden.judge_golden`).
 
 :func:`due` is the planner (pure: runs, states and the clock in, modules out); :func:`run_due` the seam.
 """
@@ -68,12 +69,14 @@ def run_due(s: Session, now: float) -> list[tuple[Due, str]]:
     ``dispatched RUN`` or why not). One that could not be dispatched is tried again on the next pass."""
     from controller.service.lifecycle import validate
     from controller.service.records import release_request
+    from controller.service.reservations import reservations
     from controller.service.views import devices
 
     st = s.settings
     if not st.golden_release or (st.golden_every_runs <= 0 and st.golden_every_hours <= 0):
         return []
-    states = {d.module.name: d.status.state for d in devices(s)}
+    held = {r.module for r in reservations(s)}  # a module a user reserved is theirs: no check goes there
+    states = {d.module.name: "reserved" if d.module.name in held else d.status.state for d in devices(s)}
     h = s.history()
     todo = due(h.runs(limit=RECENT_RUNS), states, now, every_runs=st.golden_every_runs,
                every_hours=st.golden_every_hours)

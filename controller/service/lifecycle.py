@@ -26,6 +26,7 @@ from controller.fleet import (
     newer_progress,
     release_version,
 )
+from controller.fleet.reservations import nothing_left
 from controller.history import History, HistoryError, RunInfo
 from controller.inventory import Module, select
 from controller.service.records import Judgement, Launched, ValidateRequest
@@ -36,6 +37,7 @@ from controller.service.releases import (
     read_release,
     release_problem,
 )
+from controller.service.reservations import refused_for
 from controller.service.session import (
     BadRequest,
     Conflict,
@@ -141,13 +143,18 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     except RunIdInUse as exc:
         raise Conflict(str(exc)) from None
     statuses = broker_call(s, lambda: fleet.statuses(mods))
-    usable = [m for m in mods if statuses[m.name].state not in ("offline", "bad")]  # unreachable: queued
+    refused = refused_for(s, [m.name for m in mods], req.user or s.user)  # held by another user: not sent the run
+    if refused and len(refused) == len(mods):
+        raise Conflict(nothing_left(refused))
+    usable = [m for m in mods if statuses[m.name].state not in ("offline", "bad")  # unreachable: queued
+              and m.name not in refused]
     paths, errors = distribute(s, usable, release, sha)
     # a resumed run asks each module for what it asked it before (a module answers a run id only for that request)
     own = existing.module_models if existing is not None else req.module_models
     result = fleet.dispatch(run_id=rid, modules=mods, tarballs=paths, sha256=sha, release=version, models=models,
                             tarball_label=str(release.resolve()), statuses=statuses,
-                            resume=existing is not None, module_models=own, priority=req.priority)
+                            resume=existing is not None, module_models=own, priority=req.priority,
+                            refused=refused)
     h.set_started_by(rid, req.user or s.user)  # the row dispatch made (a resumed run keeps its first user)
     result.update(errors)
     preempted = preempt_running(s, rid, result, statuses) if req.preempt else {}

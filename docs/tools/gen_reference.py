@@ -536,7 +536,7 @@ def _media(content: dict[str, Any]) -> str:
 def role_of(op: dict[str, Any]) -> str:
     """The role a route declares (its ``x-role``), and the one another user's work needs where it says."""
     role = f"role {code(op['x-role'])}" if "x-role" in op else ""
-    return role + (f" (another user's run: {code(op['x-role-others'])})" if "x-role-others" in op else "")
+    return role + (f" (another user's work: {code(op['x-role-others'])})" if "x-role-others" in op else "")
 
 
 def route_section(path: str, method: str, op: dict[str, Any], schemas: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ from controller.history import History
 from controller.serve.api import PREFIX, Role, Tokens, _protected, create_app
 from controller.serve.tokens import V2_HEADER
 from controller.settings import ControllerSettings
-from tests.support.cli import TARBALL
+from tests.support.cli import INV, TARBALL
 
 USERS = {Role.read: "rita", Role.trigger: "tom", Role.admin: "ada"}
 TOKENS = {role: f"{role.value}-token-0123456789abcdef" for role in Role}
@@ -27,9 +27,10 @@ PUBLIC = {("GET", f"{PREFIX}/openapi.json"), ("HEAD", f"{PREFIX}/openapi.json"),
 # what a walked route is given: each path parameter, a query and a body that it answers at once (a 404, a 400:
 # the walk checks the role, which is checked before the route's parameters are; {} where nothing is said: a
 # caller without the role gets its 403 before the body is looked at)
-PATH_VALUES = {"run_id": "no-such-run"}
+PATH_VALUES = {"run_id": "no-such-run", "module": "no-such-module"}
 QUERIES = {("GET", f"{PREFIX}/trend"): {"models": "no-such-key"}}
-BODIES = {("POST", f"{PREFIX}/runs"): {"release": "/nowhere/" + TARBALL}}
+BODIES = {("POST", f"{PREFIX}/runs"): {"release": "/nowhere/" + TARBALL},
+          ("POST", f"{PREFIX}/reservations"): {"devices": "m01", "duration": "forever"}}
 
 
 def auth(role: Role) -> dict[str, str]:
@@ -101,7 +102,7 @@ def test_every_route_answers_each_role_as_declared(app_client):
                 r = call(client, method, path, role, run_id=OTHERS)
                 assert (r.status_code == 403) == (not role.allows(needed.others)), (method, path, role, r.text)
         seen += 1
-    assert seen == 8  # the routes under /api/v1 but the schema: walked, not skipped
+    assert seen == 11  # the routes under /api/v1 but the schema: walked, not skipped
 
 
 def test_the_routes_declare_these_roles(app_client):
@@ -120,6 +121,9 @@ def test_the_routes_declare_these_roles(app_client):
         ("POST", f"{PREFIX}/runs/{{run_id}}/cancel"): ("trigger", Role.admin),
         ("GET", f"{PREFIX}/trend"): ("read", None),
         ("GET", f"{PREFIX}/devices"): ("read", None),
+        ("GET", f"{PREFIX}/reservations"): ("read", None),
+        ("POST", f"{PREFIX}/reservations"): ("trigger", None),
+        ("DELETE", f"{PREFIX}/reservations/{{module}}"): ("trigger", Role.admin),
     }
     ops = app.openapi()["paths"]  # and what the schema tells clients
     assert {(m.upper(), p): (op["x-role"], op.get("x-role-others")) for p, o in ops.items() for m, op in o.items()} \
@@ -182,3 +186,41 @@ def test_a_run_of_no_recorded_user_is_others_work(app_client, controller):
     assert (r.status_code, r.json()) == (403, {"detail": f"cancelling run {OTHERS} (started by a user not recorded) "
                                                          "needs role admin; user tom has role trigger"})
     assert client.post(f"{PREFIX}/runs/{OTHERS}/cancel", headers=auth(Role.admin)).status_code == 202
+
+
+def test_reservations_are_the_tokens_users_and_others_are_released_by_an_admin(app_client, controller):
+    """tom reserves m1 (trigger); ada's reserve of it is refused naming tom; rita reads it; tom may not release
+    ada's, ada (admin) may release tom's; each reserve and release is an event of the module."""
+    _, client = app_client
+    controller.inventory.write_text(INV + INV.replace("m1", "m2"))  # before the first request reads it
+    r = client.post(f"{PREFIX}/reservations", headers=auth(Role.trigger),
+                    json={"devices": "m1", "duration": "2h", "reason": "flashing"})
+    assert r.status_code == 201, r.text
+    (got,) = r.json()
+    assert (got["module"], got["user"], got["reason"]) == ("m1", "tom", "flashing")
+    assert 7190 < got["left_s"] <= 7200 and got["id"].startswith("res-")
+    r = client.post(f"{PREFIX}/reservations", headers=auth(Role.admin), json={"devices": "m1,m2", "duration": "1h"})
+    assert (r.status_code, r.json()) == (409, {"detail": f"m1 is reserved by tom until {got['until_local']} "
+                                                         "(flashing): not reserved"})
+    r = client.post(f"{PREFIX}/reservations", headers=auth(Role.admin), json={"devices": "m2", "duration": "1h"})
+    assert r.status_code == 201, r.text
+    r = client.get(f"{PREFIX}/reservations", headers=auth(Role.read))
+    assert [(x["module"], x["user"]) for x in r.json()] == [("m1", "tom"), ("m2", "ada")]
+    r = client.post(f"{PREFIX}/reservations", headers=auth(Role.read), json={"devices": "m3", "duration": "1h"})
+    assert r.status_code == 403
+    r = client.delete(f"{PREFIX}/reservations/m2", headers=auth(Role.trigger))
+    assert (r.status_code, r.json()) == (403, {"detail": "releasing m2 (reserved by user ada) needs role admin; "
+                                                         "user tom has role trigger"})
+    assert client.delete(f"{PREFIX}/reservations/m1", headers=auth(Role.admin)).json()["user"] == "tom"
+    assert client.delete(f"{PREFIX}/reservations/m2", headers=auth(Role.admin)).status_code == 200
+    r = client.delete(f"{PREFIX}/reservations/m2", headers=auth(Role.admin))
+    assert (r.status_code, r.json()) == (404, {"detail": "m2 is not reserved"})
+    assert client.get(f"{PREFIX}/reservations", headers=auth(Role.read)).json() == []
+    h = History(controller.history_path)
+    try:
+        assert [m for _, m in h.module_events("m1")] == [
+            f"reserved by tom until {got['until_local']} (flashing) [{got['id']}]", f"released by ada (reserved by "
+                                                                                     f"tom) [{got['id']}]"]
+        assert [m.split(" until")[0][:15] for _, m in h.module_events("m2")] == ["reserved by ada", "released by ada"]
+    finally:
+        h.close()

@@ -1,5 +1,6 @@
 """Golden checks on a schedule, on real workers: with ``golden_every_runs = 1`` a ``fleetctl serve`` pass
-dispatches a golden check to the module that ran a validation (not to the one that ran none), judges it when it
+dispatches a golden check to the module that ran a validation (not to the one that ran none, nor while a user
+holds it reserved), judges it when it
 ends (the module's golden history starts); after the module's device slows down and it runs another validation,
 the next scheduled check finds it drifted and it goes ``bad``."""
 
@@ -56,6 +57,10 @@ def test_serve_schedules_golden_checks_after_validations_and_a_drifted_module_go
         wrong = subprocess.run([exe, "serve", "--once"], env=gone, capture_output=True, text=True, timeout=120)
         assert wrong.returncode == 0 and "golden check on sim-01 (1 validation(s) and no golden check yet): " \
             "not dispatched: " in wrong.stdout + wrong.stderr, wrong.stdout + wrong.stderr
+        r = lab.fleetctl("reserve", "--devices", "sim-01", "--for", "1h", user="carol")
+        assert r.returncode == 0, r.stderr
+        assert "golden check" not in serve_once()  # due, but reserved: no check goes there
+        assert lab.fleetctl("release", user="carol").returncode == 0
         first = scheduled_check("sim-01")  # sim-02 ran no validation: not due
         h = History(lab.settings.history_path)
         assert h.find_run(first).note == "golden check 1.4.1" and h.find_run(first).modules == ("sim-01",)

@@ -204,3 +204,17 @@ def test_wait_histogram_is_the_waits_the_history_recorded(tmp_path: Path) -> Non
     assert sample(c, "m1000_fleet_run_wait_seconds_bucket", {"priority": "normal", "le": "1.0"}) == 0
     assert sample(c, "m1000_fleet_run_wait_seconds_bucket", {"priority": "normal", "le": "10.0"}) == 1
     h.close()
+
+
+def test_a_reserved_module_is_1_with_its_user_and_a_broker_outage_leaves_it_out(history):
+    c = collector(history, reserved=lambda: {"m-a": "ann", "m-b": "bob"})
+    assert sample(c, "m1000_fleet_module_reserved", {"module": "m-a", "user": "ann"}) == 1
+    assert sample(c, "m1000_fleet_module_reserved", {"module": "m-b", "user": "bob"}) == 1
+    assert sample(c, "m1000_fleet_module_reserved", {"module": "m-c", "user": "ann"}) is None
+
+    def boom() -> dict[str, str]:
+        raise ConnectionError("broker down")
+
+    c = collector(history, reserved=boom)
+    assert sample(c, "m1000_fleet_module_reserved", {"module": "m-a", "user": "ann"}) is None
+    assert sample(c, "m1000_fleet_module_state", {"module": "m-a", "state": "busy"}) == 1

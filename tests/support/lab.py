@@ -84,10 +84,12 @@ class Lab:
                     **self.worker_env()})
         return env
 
-    def fleetctl(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    def fleetctl(self, *args: str, timeout: float = 180, user: str | None = None) -> subprocess.CompletedProcess[str]:
+        """``user``: who fleetctl acts as ($FLEET_USER; default: the OS user)."""
         exe = Path(sys.executable).parent / "fleetctl"
         cmd = [str(exe) if exe.exists() else "fleetctl", *args]
-        return subprocess.run(cmd, env=self.env(), capture_output=True, text=True, timeout=timeout)
+        env = self.env() if user is None else {**self.env(), "FLEET_USER": user}
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
     def stop(self) -> None:
         stop_workers(list(self.workers.values()), grace=5)

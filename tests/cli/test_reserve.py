@@ -1,0 +1,70 @@
+"""``fleetctl reserve``, ``reservations``, ``release`` on the embedded broker: who may take and end what, in one
+line each, and every reserve and release an event of the module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from controller.fleet.reservations import shown_until
+from controller.history import History
+from tests.support.cli import one_line, run_main
+
+INV = "".join(f'[[module]]\nname = "{m}"\ntransport = "local"\n' for m in ("m1", "m2"))
+
+
+def as_user(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], user: str,
+            *args: str) -> tuple[int, str, str]:
+    monkeypatch.setenv("FLEET_USER", user)
+    return run_main(capsys, *args)
+
+
+def held(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> list[dict]:  # type: ignore[type-arg]
+    code, out, err = as_user(monkeypatch, capsys, "rita", "reservations", "-o", "json")
+    assert code == 0, err
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+def test_reserve_refuse_renew_and_release(env: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    (env / "inv.toml").write_text(INV)
+    code, out, err = as_user(monkeypatch, capsys, "alice", "reserve", "-d", "m1", "--for", "2h", "--reason", "fw")
+    assert code == 0, err
+    (first,) = held(monkeypatch, capsys)
+    until = shown_until(first["until"])
+    assert out == f"m1: reserved by alice until {until} [{first['id']}]\n"
+    assert (first["user"], first["reason"], 7190 < first["left_s"] <= 7200) == ("alice", "fw", True)
+
+    code, _, err = as_user(monkeypatch, capsys, "bob", "reserve", "-d", "m1,m2", "--for", "1h")
+    assert (code, one_line(err)) == (2, f"fleetctl: error: m1 is reserved by alice until {until} (fw): not reserved")
+    assert [r["module"] for r in held(monkeypatch, capsys)] == ["m1"]  # m2 not taken either: whole or nothing
+    code, _, err = as_user(monkeypatch, capsys, "bob", "release", "-d", "m1")
+    assert (code, one_line(err)) == (2, f"fleetctl: error: m1 is reserved by alice until {until} (fw): not yours; "
+                                        "release it with --force")
+    code, out, _ = as_user(monkeypatch, capsys, "bob", "release")
+    assert (code, out) == (0, "nothing to release: none of the modules selected is reserved by you\n")
+
+    code, _, err = as_user(monkeypatch, capsys, "alice", "reserve", "-d", "m1", "--for", "30m")  # renewed
+    assert code == 0, err
+    (again,) = held(monkeypatch, capsys)
+    assert (again["id"], again["reason"], 1790 < again["left_s"] <= 1800) == (first["id"], "fw", True)
+
+    code, out, err = as_user(monkeypatch, capsys, "bob", "release", "-d", "m1", "--force")
+    assert (code, out) == (0, "m1: released (it was alice's)\n"), err
+    assert held(monkeypatch, capsys) == []
+    code, _, err = as_user(monkeypatch, capsys, "bob", "release", "-d", "m1")
+    assert (code, one_line(err)) == (2, "fleetctl: error: m1 is not reserved")
+    code, _, err = as_user(monkeypatch, capsys, "bob", "reserve", "-d", "m1", "--for", "2")
+    assert (code, one_line(err)) == (2, "fleetctl: error: duration '2': give a number and a unit s, m, h or d "
+                                        "(30m, 2h, 1d)")
+    h = History(env / "history.sqlite")
+    try:
+        assert [m for _, m in h.module_events("m1")] == [
+            f"reserved by alice until {until} (fw) [{first['id']}]",
+            f"reserved by alice until {shown_until(again['until'])} (fw) [{first['id']}]",
+            f"released by bob (reserved by alice) [{first['id']}]"]
+        assert h.module_events("m2") == []
+    finally:
+        h.close()
