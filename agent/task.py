@@ -166,9 +166,7 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
     if final.state == RunState.CANCELLED and token.shutdown:
         # stopped cleanly: state.json keeps naming the run, and the agent re-queues it when it starts again
         bump_attempts(run_dir, -1)  # a clean interrupt is not a failed delivery
-        final = final.model_copy(update={"state": RunState.INTERRUPTED, "finished_at": None, "error": StepError(
-            step=final.error.step if final.error else "run", model_key=final.model_key,
-            message="interrupted: the agent is shutting down; the run resumes from its passed keys")})
+        final = _interrupted(final, "interrupted: the agent is shutting down; the run resumes from its passed keys")
         with contextlib.suppress(OSError):
             RunStore(workdir).write_progress(final)
             RunStore(workdir).set_state(current_run=req.run_id, last_run=req.run_id)
@@ -186,6 +184,12 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
     return final.model_dump(mode="json")
 
 
+def _interrupted(final: RunProgress, message: str) -> RunProgress:
+    """``final`` (the pipeline's cancelled state) as a clean interrupt: not ended, the step it stopped in named."""
+    return final.model_copy(update={"state": RunState.INTERRUPTED, "finished_at": None, "error": StepError(
+        step=final.error.step if final.error else "run", model_key=final.model_key, message=message)})
+
+
 def _honoured(run_dir: Path) -> list[str]:
     """The urgent runs this run already stopped for (``preempted-by``): each preemption is honoured once."""
     v = read_json(run_dir / "preempted-by")
@@ -199,9 +203,7 @@ def _preempted(app: Celery, req: RunRequest, final: RunProgress, by: str, workdi
     preemption recorded so that the next delivery does not stop for it again."""
     run_dir = workdir / "runs" / req.run_id
     bump_attempts(run_dir, -1)
-    final = final.model_copy(update={"state": RunState.INTERRUPTED, "finished_at": None, "error": StepError(
-        step=final.error.step if final.error else "run", model_key=final.model_key,
-        message=f"interrupted: preempted by urgent run {by}; resumes from its passed keys after it")})
+    final = _interrupted(final, f"interrupted: preempted by urgent run {by}; resumes from its passed keys after it")
     with contextlib.suppress(OSError):
         write_atomic(run_dir / "preempted-by", json.dumps([*_honoured(run_dir), by]))
         RunStore(workdir).write_progress(final)

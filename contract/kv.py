@@ -314,8 +314,7 @@ class KV:
 
     def preempted_by(self, run_id: str, module: str) -> str | None:
         """The urgent run a preemption of ``module``'s part of ``run_id`` is for, if any."""
-        v = self.get(preempt_key(run_id, module))
-        return str(v["by"]) if isinstance(v, dict) and isinstance(v.get("by"), str) else None
+        return _preempted_by(self.get(preempt_key(run_id, module)))
 
     def cancel_flag(self, run_id: str, module: str) -> CancelFlag | None:
         """The cancel flag of the run (or of this module's part of it), if any."""
@@ -324,8 +323,7 @@ class KV:
     def stop_flags(self, run_id: str, module: str) -> tuple[CancelFlag | None, str | None]:
         """:meth:`cancel_flag` and :meth:`preempted_by` in one read (what a running run asks every second)."""
         *cancels, pre = self.get_many([cancel_key(run_id), cancel_key(run_id, module), preempt_key(run_id, module)])
-        by = pre.get("by") if isinstance(pre, dict) else None
-        return _cancel_flag(cancels), by if isinstance(by, str) else None
+        return _cancel_flag(cancels), _preempted_by(pre)
 
     def cancelled(self, run_id: str, module: str) -> str | None:
         """The reason, when the run (or this module's part of it) was cancelled."""
@@ -401,6 +399,12 @@ def _model(cls: Any, value: Any) -> Any:
         return cls.model_validate(value)
     except ValidationError:
         return None
+
+
+def _preempted_by(value: Any) -> str | None:
+    """The urgent run a preemption record names (:meth:`KV.preempt`), or None."""
+    by = value.get("by") if isinstance(value, dict) else None
+    return by if isinstance(by, str) else None
 
 
 def _cancel_flag(values: Sequence[Any]) -> CancelFlag | None:

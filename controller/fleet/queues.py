@@ -2,7 +2,7 @@
 
 The one place the controller looks inside the broker's queues (kombu has no API for it). On Redis a queue is
 one list per priority step (kombu's ``module.M``, ``module.M\\x06\\x16<n>``); on the embedded broker one file a
-message, named ``<priority>_<ms>_<uuid>.<queue>.msg`` (:func:`contract.safe_transport.message_name`). Each
+message, named ``<priority>_<ns>_<uuid>.<queue>.msg`` (:func:`contract.safe_transport.message_name`). Each
 message the controller sent carries two headers of its own (:data:`SENT_AT`, :data:`ASKED`): when it was sent
 and the priority it was asked for, so the planner (:func:`plan_raises`, pure) knows how long it waited without
 the history. A raise moves the message to the front of the level above, in one step the agent cannot split: a

@@ -185,10 +185,6 @@ class ModuleStates:
                                        (now - beat.at) if beat else None, skew)
         return out
 
-    def queue_lengths(self, modules: Sequence[Module]) -> dict[str, int]:
-        """queue -> messages waiting, every priority (:meth:`queue_depths` summed)."""
-        return {q: sum(by.values()) for q, by in self.queue_depths(modules).items()}
-
     def queue_depths(self, modules: Sequence[Module]) -> dict[str, dict[str, int]]:
         """queue -> priority -> messages waiting (:mod:`controller.fleet.queues`); {} when the broker cannot say."""
         from controller.fleet.queues import depths

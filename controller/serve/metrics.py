@@ -27,7 +27,7 @@ import statistics
 import threading
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -231,11 +231,18 @@ class ControllerCollector(Collector):
         yield per
         yield skew
 
-    def _queue_metrics(self) -> Iterator[Metric]:
+    @staticmethod
+    def _broker_read(read: Callable[[], Mapping[str, Any]], what: str) -> dict[str, Any] | None:
+        """What ``read`` gives, or None (logged) when the broker cannot say: an outage must not break the scrape."""
         try:
-            queues = dict(self.queue_depths())
-        except Exception as exc:  # a broker outage must not break the scrape
-            log.warning("queue lengths unavailable: %s", exc)
+            return dict(read())
+        except Exception as exc:
+            log.warning("%s unavailable: %s", what, exc)
+            return None
+
+    def _queue_metrics(self) -> Iterator[Metric]:
+        queues = self._broker_read(self.queue_depths, "queue lengths")
+        if queues is None:
             return
         fam = self._family("m1000_fleet_queue_length")
         for q, by in sorted(queues.items()):
@@ -244,12 +251,8 @@ class ControllerCollector(Collector):
         yield fam
 
     def _reserved_metrics(self) -> Iterator[Metric]:
-        if self.reserved is None:
-            return
-        try:
-            held = dict(self.reserved())
-        except Exception as exc:  # a broker outage must not break the scrape
-            log.warning("reservations unavailable: %s", exc)
+        held = self._broker_read(self.reserved, "reservations") if self.reserved is not None else None
+        if held is None:
             return
         fam = self._family("m1000_fleet_module_reserved")
         for module, user in sorted(held.items()):

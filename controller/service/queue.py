@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 from contract.priority import LEVELS
+from controller.fleet.queues import depths
 from controller.service.session import Session, broker_call
 
 
@@ -58,27 +60,26 @@ def queue(s: Session, selector: str = "all", *, recent: int = 1000, now: float |
     """What waits on the selected modules (the broker), and the waits of started runs (the history, the runs not
     ended synced into it first: writes)."""
     mods = s.inventory().select(selector)
-    fleet = s.broker(read=True)
+    fleet = s.broker()
     waiting = broker_call(s, lambda: fleet.waiting(mods))
     statuses = broker_call(s, lambda: fleet.statuses(mods))
     running = {m: (st.heartbeat.run_id if st.heartbeat else None) for m, st in statuses.items()}
     by_queue = {m.queue: m.name for m in mods}
     now = time.time() if now is None else now
+    taken: Counter[str] = Counter()  # module -> its runs listed so far: the next one's position less one
     runs: list[QueuedRun] = []
-    depths: dict[str, dict[str, int]] = {m.name: dict.fromkeys(LEVELS, 0) for m in mods}
-    for w in waiting:
+    for w in waiting:  # each module's in the order it takes them (read_waiting)
         module = by_queue[w.queue]
-        depths[module][w.level] += 1
-        position = sum(1 for r in runs if r.module == module) + 1
-        runs.append(QueuedRun(module, position, w.run_id, w.level, w.asked or w.level,
+        taken[module] += 1
+        runs.append(QueuedRun(module, taken[module], w.run_id, w.level, w.asked or w.level,
                               None if w.sent_at is None else max(0.0, now - w.sent_at), running.get(module)))
     names = {m.name for m in mods}
     if s.has_history():  # the runs not ended pulled in first: their starts are the newest waits
-        fleet_w = s.fleet()
         for run_id in s.history().running_runs():
-            broker_call(s, partial(fleet_w.sync, run_id))
+            broker_call(s, partial(fleet.sync, run_id))
     waits = s.history().waits()[-recent:] if s.has_history() else []
-    return QueueView(tuple(runs), depths, wait_stats((p, w) for _, m, p, w in waits if m in names))
+    by_module = {by_queue[q]: d for q, d in depths(waiting, list(by_queue)).items()}
+    return QueueView(tuple(runs), by_module, wait_stats((p, w) for _, m, p, w in waits if m in names))
 
 
 def shown_duration(seconds: float | None) -> str:
