@@ -139,6 +139,9 @@ def fleet_overview() -> db.Dashboard:
                         q("histogram_quantile(0.9, sum by (le, priority) (m1000_fleet_run_wait_seconds_bucket))",
                           "p90 {{priority}}", ref="B"),
                         desc="every module's part of a run in the history, by the priority it was dispatched at"))
+    d = d.with_panel(tb("Reserved modules", "none",
+                        q(f"max by (module, user) (m1000_fleet_module_reserved{{{M}}}) == 1", instant=True),
+                        desc="modules a user reserved (fleetctl reserve): other users' work waits or goes elsewhere"))
     d = d.with_row(db.Row("Current run"))
     d = d.with_panel(bg("Run progress per module", "percentunit",
                         q(f"m1000_run_progress_ratio{{{M}}}", "{{module}}", instant=True), lo=0, hi=1))

@@ -26,6 +26,7 @@ from controller.report.analysis import analyse
 from controller.report.environment import digests_of, refuse_unless_same, with_environment
 from controller.report.model import Report, ReportError, Thresholds
 from controller.report.telemetry import with_telemetry
+from controller.report.waits import run_waits, run_waits_line
 
 PRIOR_RUNS = 20  # how far back to look for each module's previous run
 CHUNK_ROWS = 50_000  # rows fetched from SQLite at a time (~90 MB of Python objects while a chunk converts)
@@ -178,6 +179,9 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
         from controller.report.trend import history_section
 
         rep = replace(rep, history=history_section(*history_frames(history, run_keys(run, rows)), run.release))
+    waited = run_waits_line(run_waits(history, run.run_id), "waited on the module queues (dispatch to start)")
+    if waited:  # first: the verdict line of an incomplete run names the last note
+        rep = replace(rep, notes=(waited, *rep.notes))
     rep = with_telemetry(rep, history.telemetry(run.run_id))
     refs = {base_id or "the baseline": base, "each module's previous run": prev}
     return with_fingerprints(history, rep, rows, refs, require_same=base_id if same_environment and base_id else None)

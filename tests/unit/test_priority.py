@@ -28,7 +28,8 @@ def test_a_run_is_raised_a_level_per_wait_up_to_high():
     waiting = [_w("low", "low", now - 99), _w("low", "low", now - 100, "a"), _w("low", "low", now - 250, "b"),
                _w("low", "low", now - 900, "c"), _w("normal", "low", now - 150, "d"),  # raised once already
                _w("normal", "normal", now - 100, "e"), _w("high", "high", now - 900), _w("urgent", "urgent", now),
-               _w("low", "", now - 900), _w("low", "low", None)]  # another sender's message: never moved
+               _w("low", "", now - 900), _w("low", "low", None),  # another sender's message: never moved
+               _w("low", "normal", now - 900)]  # put below what it asked by a module holding it (agent.hold): stays
     assert plan_raises(waiting, now, after) == [
         Raise(waiting[1], "normal"), Raise(waiting[2], "high"), Raise(waiting[3], "high"), Raise(waiting[5], "high")]
     assert plan_raises(waiting, now, 0) == []
@@ -79,7 +80,8 @@ def test_the_embedded_broker_hands_out_the_highest_priority_first(tmp_path):
 
 
 def test_wait_figures_and_durations():
-    from controller.service.queue import WaitStats, shown_duration, wait_stats, waits_line
+    from controller.report.waits import shown_duration
+    from controller.service.queue import WaitStats, wait_stats, waits_line
 
     stats = wait_stats([("low", 10.0), ("urgent", 1.0), ("low", 30.0), ("low", 20.0), ("mystery", 5.0)])
     assert stats == (WaitStats("urgent", 1, 1.0, 1.0, 1.0), WaitStats("low", 3, 20.0, 28.0, 30.0),
