@@ -127,7 +127,8 @@ def fleet_overview() -> db.Dashboard:
     d = d.with_panel(st("Active runs", "none", q(f"sum(m1000_run_active{{{M}}})", "active", instant=True)))
     d = d.with_panel(tb("State per module", "none",
                         q(f"max by (module, state) (m1000_fleet_module_state{{{M}}}) == 1", instant=True),
-                        desc="idle, busy, unreachable (run goes on), offline or bad, as the controller sees each module"))
+                        desc="idle, busy, unreachable (run goes on), offline or bad, as the controller sees each "
+                             "module"))
     d = d.with_row(db.Row("Queue"))
     d = d.with_panel(ts("Runs waiting by priority", "none",
                         q("sum by (priority) (m1000_fleet_queue_length)", "{{priority}}"),
