@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,21 +55,22 @@ class Raise:
     to: str
 
 
-def plan_raises(waiting: Iterable[Waiting], now: float, raise_after: float) -> list[Raise]:
+def plan_raises(waiting: Iterable[Waiting], now: float, raise_after: float,
+                holders: Mapping[str, str] | None = None) -> list[Raise]:
     """The messages to raise (pure): one that waited ``raise_after`` since it was sent is one level above what it
-    was asked for, two such waits two levels, up to ``high`` (:func:`contract.priority.raised`). Only upward; a
-    message without the controller's headers (another sender's) stays, and so does one below what it asked for (a
-    module put it back there while another user's reservation holds it: :mod:`agent.hold`). ``raise_after`` <= 0:
-    none."""
+    was asked for, two such waits two levels, up to ``high`` (:func:`contract.priority.raised`); ``raise_after``
+    <= 0: none is raised past what it asked for. Only upward; a message without the controller's headers (another
+    sender's) stays. ``holders``: queue -> the user whose reservation holds its module: a message of another user
+    there stays where it is (its module put it back at ``low``, :mod:`agent.hold`), and goes back up to what it
+    asked for once the reservation has ended."""
     out: list[Raise] = []
-    if raise_after <= 0:
-        return out
     order = list(LEVELS)
+    holders = holders or {}
     for w in waiting:
-        if w.sent_at is None or w.asked not in LEVELS or order.index(w.level) > order.index(w.asked):
+        if w.sent_at is None or w.asked not in LEVELS or holders.get(w.queue, w.user) != w.user:
             continue
         target = w.asked
-        for _ in range(int(max(0.0, now - w.sent_at) // raise_after)):
+        for _ in range(int(max(0.0, now - w.sent_at) // raise_after) if raise_after > 0 else 0):
             up = raised(target)
             if up is None:
                 break

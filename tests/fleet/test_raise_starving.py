@@ -43,3 +43,24 @@ def test_raise_after_0_moves_nothing(tmp_path: Path) -> None:
         said: list[str] = []
         raise_starving(s, said.append)
         assert said == [] and [w.level for w in fleet.waiting(list(s.inventory().modules))] == ["low"]
+
+
+def test_a_run_held_for_a_reservation_stays_low_until_it_ends_then_goes_back_up(tmp_path: Path) -> None:
+    from contract.celery_app import queue_name
+    from contract.priority import ASKED, LEVELS, SENT_AT, USER
+    from controller.service.reservations import release, reserve
+
+    with _session(tmp_path, 3600) as s:
+        fleet = s.fleet()
+        mods = list(s.inventory().modules)
+        reserve(s, "sim-01", 3600, user="ann")
+        # what agent.hold does with bob's normal run on ann's module: back on the queue at low, its headers kept
+        fleet.app.send_task(RUN_TASK, args=[{}], queue=queue_name("sim-01"), task_id=task_id("sim-01", "bobs"),
+                            priority=LEVELS["low"], headers={SENT_AT: time.time(), ASKED: "normal", USER: "bob"})
+        said: list[str] = []
+        raise_starving(s, said.append)
+        assert said == [] and [(w.level, w.asked) for w in fleet.waiting(mods)] == [("low", "normal")]
+        release(s, "sim-01", user="ann")
+        raise_starving(s, said.append)
+        assert said == ["a run waiting 0 min on module.sim-01 raised from low to normal"]
+        assert [(w.level, w.user) for w in fleet.waiting(mods)] == [("normal", "bob")]

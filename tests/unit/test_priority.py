@@ -28,11 +28,19 @@ def test_a_run_is_raised_a_level_per_wait_up_to_high():
     waiting = [_w("low", "low", now - 99), _w("low", "low", now - 100, "a"), _w("low", "low", now - 250, "b"),
                _w("low", "low", now - 900, "c"), _w("normal", "low", now - 150, "d"),  # raised once already
                _w("normal", "normal", now - 100, "e"), _w("high", "high", now - 900), _w("urgent", "urgent", now),
-               _w("low", "", now - 900), _w("low", "low", None),  # another sender's message: never moved
-               _w("low", "normal", now - 900)]  # put below what it asked by a module holding it (agent.hold): stays
+               _w("low", "", now - 900), _w("low", "low", None)]  # another sender's message: never moved
     assert plan_raises(waiting, now, after) == [
         Raise(waiting[1], "normal"), Raise(waiting[2], "high"), Raise(waiting[3], "high"), Raise(waiting[5], "high")]
     assert plan_raises(waiting, now, 0) == []
+
+
+def test_a_held_run_stays_while_the_reservation_lasts_and_goes_back_up_after():
+    now = 10_000.0
+    bobs = Waiting("module.a", "low", "urgent", now - 10, "h", "module.a:r1", user="bob")  # put at low by agent.hold
+    anns = Waiting("module.a", "normal", "low", now - 900, "h2", "module.a:r2", user="ann")
+    assert plan_raises([bobs, anns], now, 100, {"module.a": "ann"}) == [Raise(anns, "high")]  # the holder's: raised
+    assert plan_raises([bobs, anns], now, 100, {"module.b": "ann"}) == [Raise(bobs, "urgent"), Raise(anns, "high")]
+    assert plan_raises([bobs], now, 0) == [Raise(bobs, "urgent")]  # back to what it asked, raises off or not
 
 
 def test_depths_count_every_level_of_every_queue():
