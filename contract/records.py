@@ -25,6 +25,8 @@ SPEC_ARGS = (
 )
 
 TableKind = Literal["sweep", "mtp", "vision"]
+# a run's TileLang kernels: compiled by its precompile, cached here by an earlier run (skipped), or fetched (shared)
+PrecompileSource = Literal["compiled", "cached", "fetched"]
 RowSource = Literal["release", "probe"]  # who measured the row: the release's benchmark or the agent's probe
 
 # A run id: it names folders on every module and keys on the broker, so it is strict
@@ -180,6 +182,13 @@ class ResultRow(Frozen):
     idle_power_w: float | None = None  # the module's idle power, measured before the key
     energy_above_idle_j: float | None = None  # energy_j - idle_power_w x the window's length
     energy: EnergyWindow | None = None  # how the figures were reached (or why they were dropped)
+    # start-up costs, wall s (agent.startup says what each is; release rows only; None: not measured). The run's
+    # precompile: ``precompile_s`` compiled, ``precompile_fetch_s`` fetched, neither cached (never a faster compile)
+    server_ready_s: float | None = None
+    warmup_s: float | None = None
+    precompile_s: float | None = None
+    precompile_fetch_s: float | None = None
+    precompile_source: PrecompileSource | None = None
 
     @property
     def identity(self) -> tuple[str, str, str, str, str]:
@@ -197,9 +206,14 @@ METRICS: dict[str, bool] = {
     "vision_fps": True,
     "j_per_token": False,
     "tokens_per_j": True,
+    **{m: False for m in ("server_ready_s", "warmup_s", "precompile_s", "precompile_fetch_s")},
 }
 # the energy metrics among them (judged with their own tolerance; never make a module a speed outlier)
 ENERGY_METRICS: tuple[str, ...] = ("j_per_token", "tokens_per_j")
+# the start-up costs among them (their own tolerance, docs/adr/0029); with energy, the metrics of which a (module,
+# key) has one figure, repeated on its rows (WINDOW_METRICS): tested over the modules, never make a speed outlier
+STARTUP_METRICS: tuple[str, ...] = ("server_ready_s", "warmup_s", "precompile_s", "precompile_fetch_s")
+WINDOW_METRICS: tuple[str, ...] = ENERGY_METRICS + STARTUP_METRICS
 
 
 class RunState(str, enum.Enum):
@@ -397,6 +411,8 @@ class RunProgress(Frozen):
     updated_at: float = 0.0
     finished_at: float | None = None
     precompile_cached: bool | None = None
+    precompile_source: PrecompileSource | None = None
+    precompile_s: float | None = None
     rows: int = 0
     attempt: int = 1
     error: StepError | None = None
