@@ -67,15 +67,22 @@ def main() -> None:
                     figures[label].append(got)
                     print(f"round {r} {label:2} sim-{i + 1}: " + ", ".join(f"{f} {got[f]:.3f}" for f in FIGURES),
                           flush=True)
+        m = args.modules
         for f in FIGURES:
             a1, a2, bb = ([x[f] for x in figures[k]] for k in ("A", "A2", "B"))
             rsd = statistics.stdev(a1 + a2) / statistics.mean(a1 + a2)
-            pair = max(abs(y / x - 1) for x, y in zip(a1, a2, strict=True))
+            pairs = [y / x - 1 for x, y in zip(a1, a2, strict=True)]
+            # per round, the fleet's change: the median over the modules of each module's change (as the verdict's
+            # t-test sees it), same release (A again / A) and the slower one (B / A again)
+            same = [statistics.median(pairs[r * m:(r + 1) * m]) for r in range(args.rounds)]
+            slow = [statistics.median([y / x - 1 for x, y in zip(a2[r * m:(r + 1) * m], bb[r * m:(r + 1) * m],
+                                                                  strict=True)]) for r in range(args.rounds)]
             print(f"{f}: A median {statistics.median(a1):.3f} s, A again {statistics.median(a2):.3f} s, "
-                  f"B {statistics.median(bb):.3f} s; across modules and runs of A: rsd {rsd:.1%}, a module's "
-                  f"largest |change| between A's runs {pair:.1%}; "
-                  f"B / A {statistics.median(bb) / statistics.median(a1):.3f}")
-
+                  f"B {statistics.median(bb):.3f} s; across modules and runs of A: rsd {rsd:.1%}; a module's "
+                  f"|change| between A's runs: median {statistics.median(abs(x) for x in pairs):.1%}, largest "
+                  f"{max(abs(x) for x in pairs):.1%}; the fleet's change A again / A per round: "
+                  + ", ".join(f"{x:+.1%}" for x in same) + "; B / A again per round: "
+                  + ", ".join(f"{x:+.1%}" for x in slow))
 
 if __name__ == "__main__":
     main()

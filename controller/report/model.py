@@ -60,6 +60,8 @@ class Thresholds(_Frozen):
     # the start-up costs' (server ready, first request, precompile): noisier than throughput, a load from disk and
     # a compile (docs/adr/0029-start-up-costs-judged.md)
     startup_tolerance: float = Field(default=STARTUP_TOLERANCE, gt=0, lt=1)
+    # a start-up cost that moved less than this (seconds) is within tolerance: the agent's ready-poll resolution
+    startup_floor_s: float = Field(default=0.05, ge=0)
 
     def tol(self, metric: str) -> float:
         if metric in ENERGY_METRICS:

@@ -62,6 +62,9 @@ def test_a_server_40_percent_slower_to_be_ready_is_named_regressed_and_nothing_e
     value = ready["qwen35"].value
     assert line == f"qwen35 server ready {value:.3g} s, {(reg.change or 0) * 100:+.0f} % vs previous: regressed"
     assert line in to_markdown(rep)
+    from controller.report.render.html import to_html
+
+    assert f"<li>{line}</li>" in to_html(rep)
 
 
 def test_start_up_noise_within_the_tolerance_is_no_regression(reference):
@@ -119,3 +122,20 @@ def test_without_a_reference_the_fleet_median_is_said_and_rows_without_figures_s
     c = Change(model_key="qwen35", metric="server_ready_s", against="baseline", baseline=153.6, value=212.0,
                change=0.38, p_value=0.001, n=8, status="regressed")
     assert startup_line(c) == "qwen35 server ready 212 s, +38 % vs baseline: regressed"
+
+
+def test_a_start_up_change_below_the_floor_is_within_tolerance(reference):
+    """A first request of 3 ms that takes 30 % longer on every module moved 1 ms: timer noise, not a slower release;
+    the same 30 % of a 3 s first request is named."""
+    prev = _with_startup(fleet(reference, seed=21, run_id="r0"), seed=22, noise=0.01)
+    cur = _with_startup(fleet(reference, seed=23, run_id="r1"), seed=24, noise=0.01)
+    for frame, scale in ((prev, 0.001), (cur, 0.0013)):
+        frame.loc[frame["model_key"] == "qwen3", "warmup_s"] *= scale
+    rep = analyse(cur, run_id="r1", previous=prev)
+    ch = next(c for c in rep.changes if (c.model_key, c.metric) == ("qwen3", "warmup_s"))
+    assert ch.status == "within tolerance" and 0.25 < (ch.change or 0) < 0.35 and rep.regressions == ()
+    no_floor = analyse(cur, run_id="r1", previous=prev, thresholds=Thresholds(startup_floor_s=0.0))
+    assert _names(no_floor) == [(FLEET, "qwen3", FLEET, "warmup_s")]
+    for frame in (prev, cur):
+        frame.loc[frame["model_key"] == "qwen3", "warmup_s"] *= 1000.0
+    assert _names(analyse(cur, run_id="r1", previous=prev)) == [(FLEET, "qwen3", FLEET, "warmup_s")]

@@ -188,7 +188,7 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
         if m in WINDOW_METRICS:  # one window (or start) per module: tested over the modules, not the profiles
             p, n = windows.get((str(key), m), (1.0, 0))
         lo, hi = _change_bounds(m, float(d_lo[i]), float(d_hi[i]))
-        status = key_status(m, ch, p, th)
+        status = key_status(m, ch, p, th, base)
         changes.append(Change(model_key=str(key), metric=m, against=against, baseline=base, value=base * (1 + ch),
                               change=ch, p_value=p, n=n, status=status, ci_low=lo, ci_high=hi))
         if status == "regressed":

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from contract.records import ENERGY_METRICS, METRICS
+from contract.records import ENERGY_METRICS, METRICS, STARTUP_METRICS
 from controller.report.model import DERIVED, FLEET, Outlier, Regression, Status, Thresholds, Verdict
 
 LOWER_MEDIAN_BELOW = 12  # cells with fewer rows: the fleet median is the lower median of the badness
@@ -64,8 +64,13 @@ def threshold(metric: str, tol: float) -> float:
 
 
 # -- the rules ------------------------------------------------------------------------------------
-def key_status(metric: str, change: float, p: float, th: Thresholds) -> Status:
-    """One model key, fleet-wide: ``change`` the centre over profiles, ``p`` the Wilcoxon test's."""
+def key_status(metric: str, change: float, p: float, th: Thresholds, base: float | None = None) -> Status:
+    """One model key, fleet-wide: ``change`` the centre over profiles, ``p`` the Wilcoxon test's (the t-test's over
+    the modules' starts or windows). A start-up cost that moved less than ``startup_floor_s`` from ``base`` (its
+    reference, seconds) is within tolerance whatever the fraction: a millisecond's first request 20 % longer is
+    timer noise, not a slower release (docs/adr/0029-start-up-costs-judged.md)."""
+    if metric in STARTUP_METRICS and base is not None and abs(base * change) < th.startup_floor_s:
+        return "within tolerance"
     tol = th.tol(metric)
     if worse(metric, change, tol):
         return "regressed" if p < th.alpha else "not significant"
