@@ -257,8 +257,8 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 (fleet {{ num(w.fleet_median) }}){% if not loop.last %}; {% endif %}{% endfor %}</td></tr>
 {% endfor %}</table>{% endif %}
 <h2>Start-up costs</h2>
-{% if startup %}<ul>{% for x in startup %}<li>{{ x }}</li>{% endfor %}</ul>{% else %}<p class="muted">No start-up figures
-in this run.</p>{% endif %}
+{% if startup %}<ul>{% for x in startup %}<li>{{ x }}</li>{% endfor %}</ul>
+{% else %}<p class="muted">No start-up figures in this run.</p>{% endif %}
 <h2>Release benchmark vs probe</h2>
 <p{% if not r.disagreements %} class="muted"{% endif %}>{{ probe_line }}</p>
 {% if r.disagreements %}<table><tr><th>module</th><th>model key</th><th>profile</th><th>metric</th><th>release</th>
