@@ -65,7 +65,7 @@ class AgentConfig(BaseModel):
                                          min_samples=settings.telemetry_min_samples),
             "probe": settings.probe, "probe_requests": settings.probe_requests,
             "probe_tolerance": settings.probe_tolerance, "probe_sweep_slo": settings.probe_sweep_slo,
-            "probe_sweep_budget": settings.probe_sweep_budget,
+            "probe_sweep_budget": settings.probe_sweep_budget, "warmup_request": settings.warmup_request,
             "probe_profiles": tuple(p.strip() for p in settings.probe_profiles.split(",") if p.strip()),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -25,8 +25,7 @@ SPEC_ARGS = (
 )
 
 TableKind = Literal["sweep", "mtp", "vision"]
-# a run's TileLang kernels: compiled by its precompile, cached here by an earlier run (skipped), or fetched (shared)
-PrecompileSource = Literal["compiled", "cached", "fetched"]
+PrecompileSource = Literal["compiled", "cached", "fetched"]  # a run's kernels: compiled, an earlier run's, a fleet's
 RowSource = Literal["release", "probe"]  # who measured the row: the release's benchmark or the agent's probe
 
 # A run id: it names folders on every module and keys on the broker, so it is strict
@@ -182,8 +181,7 @@ class ResultRow(Frozen):
     idle_power_w: float | None = None  # the module's idle power, measured before the key
     energy_above_idle_j: float | None = None  # energy_j - idle_power_w x the window's length
     energy: EnergyWindow | None = None  # how the figures were reached (or why they were dropped)
-    # start-up costs, wall s (agent.startup says what each is; release rows only; None: not measured). The run's
-    # precompile: ``precompile_s`` compiled, ``precompile_fetch_s`` fetched, neither cached (never a faster compile)
+    # start-up costs, wall s (release rows; agent.startup says what each is, and why a precompile has two columns)
     server_ready_s: float | None = None
     warmup_s: float | None = None
     precompile_s: float | None = None
@@ -210,8 +208,7 @@ METRICS: dict[str, bool] = {
 }
 # the energy metrics among them (judged with their own tolerance; never make a module a speed outlier)
 ENERGY_METRICS: tuple[str, ...] = ("j_per_token", "tokens_per_j")
-# the start-up costs among them (their own tolerance, docs/adr/0029); with energy, the metrics of which a (module,
-# key) has one figure, repeated on its rows (WINDOW_METRICS): tested over the modules, never make a speed outlier
+# start-up costs (own tolerance, ADR 0029); with energy one figure per (module, key): tested over modules (WINDOW)
 STARTUP_METRICS: tuple[str, ...] = ("server_ready_s", "warmup_s", "precompile_s", "precompile_fetch_s")
 WINDOW_METRICS: tuple[str, ...] = ENERGY_METRICS + STARTUP_METRICS
 

@@ -30,3 +30,13 @@ def test_a_fetched_or_cached_precompile_is_never_a_compile(source: str | None, c
                           precompile_s=4.5)
     assert (rel.precompile_s, rel.precompile_fetch_s, rel.precompile_source, rel.warmup_s) == (
         compiled, fetched, source, None)
+
+
+def test_the_warm_up_request_is_a_setting_of_the_agent(tmp_path) -> None:
+    from agent.config import AgentConfig
+    from agent.settings import AgentSettings
+
+    on = AgentSettings(module="m1", workdir=tmp_path / "work", data_dir=tmp_path / "fleet")
+    off = AgentSettings(module="m1", workdir=tmp_path / "work", data_dir=tmp_path / "fleet", warmup_request=False)
+    assert (AgentConfig.from_settings(on).warmup_request, AgentConfig.from_settings(off).warmup_request) == (
+        True, False)
