@@ -416,15 +416,17 @@ class Run:
             self.agent_log("precompile", None, [msg])
             self.event("precompile", "skipped", message=msg)
             self.steps_done += 1
-            self.note(precompile_cached=True)  # written with the first key's server start, next
+            self.note(precompile_cached=True, precompile_source="cached")  # written with the next emit
             return
         t0 = time.monotonic()
         self._run_step(steps.plan_precompile(top, env, self.cfg.precompile_timeout), RunState.PRECOMPILING)
-        info = {"sha256": self.req.sha256, "folders": self._all_folders(), "duration_s": time.monotonic() - t0,
+        took = time.monotonic() - t0
+        info = {"sha256": self.req.sha256, "folders": self._all_folders(), "duration_s": took,
                 "run_id": self.req.run_id, "ts": time.time()}
         write_atomic(marker, json.dumps(info) + "\n")
         self.steps_done += 1
-        self.note(precompile_cached=False)  # written with the first key's server start, next
+        # its wall time, judged as a start-up cost (agent.startup); written with the first key's server start, next
+        self.note(precompile_cached=False, precompile_source="compiled", precompile_s=round(took, 3))
 
     def _run_step(self, plan: steps.StepPlan, state: RunState, *, log_path: Path | None = None,
                   raw: Path | None = None) -> ProcResult:

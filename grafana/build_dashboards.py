@@ -199,6 +199,19 @@ def release_validation() -> db.Dashboard:
                           "{{module}} {{model_key}}"),
                         q(f"max by (module, model_key) (m1000_result_idle_power_watts{{{RKM}}})",
                           "idle {{module}} {{model_key}}", ref="B")))
+    d = d.with_panel(ts("Start-up: server ready, first request, precompile", "s",
+                        q(f"max by (module, model_key) (m1000_result_server_ready_seconds{{{RKM}}})",
+                          "ready {{module}} {{model_key}}"),
+                        q(f"max by (module, model_key) (m1000_result_first_request_seconds{{{RKM}}})",
+                          "first request {{module}} {{model_key}}", ref="B"),
+                        q(f"max by (module) (m1000_result_precompile_seconds{{{R}, {M}}})",
+                          "precompile {{module}}", ref="C"),
+                        q(f"max by (module) (m1000_result_precompile_fetch_seconds{{{R}, {M}}})",
+                          "precompile fetched {{module}}", ref="D"),
+                        desc="the release's start-up costs: each key's server start until /health answered 200, "
+                             "its first request once ready (warm-up), the module's precompile (compiled, or a "
+                             "shared cache fetched; none when cached); lower is better, judged with the start-up "
+                             "tolerance"))
     d = d.with_panel(ts("MTP accept rate (acclen-1)/3", "percentunit",
                         q(f"m1000_result_mtp_accept_ratio{{{RKM}}}", leg)))
     d = d.with_panel(st("GSM8K accuracy", "percentunit",
