@@ -120,7 +120,7 @@ def status(ctx: typer.Context,
         if j is None:
             j = service.judge(s, info.run_id)
             info = service.find_run(s, info.run_id)  # with the verdict just recorded
-    from controller.report.waits import run_waits
+    from controller.history.waits import run_waits
     from controller.service.queue import reservation_waits
 
     held = {} if view.finished else reservation_waits(s, info, view)
@@ -136,7 +136,7 @@ def status(ctx: typer.Context,
 
         out = stdout()
         out.print(render(view, title=f"run {info.run_id} ({info.release}, {view.state()})"))
-        from controller.report.waits import run_waits_line
+        from controller.history.waits import run_waits_line
         from controller.service.queue import reservation_waits_line
 
         for line in (run_waits_line(run_waits(s.history(), info.run_id)), reservation_waits_line(held)):

@@ -22,11 +22,11 @@ from contract.fingerprint import EnvFingerprint
 from contract.records import ResultRow
 from controller.command import fleetctl
 from controller.history import ROW_FIELDS, History, HistoryError, RunInfo
+from controller.history.waits import run_waits, run_waits_line
 from controller.report.analysis import analyse
 from controller.report.environment import digests_of, refuse_unless_same, with_environment
 from controller.report.model import Report, ReportError, Thresholds
 from controller.report.telemetry import with_telemetry
-from controller.report.waits import run_waits, run_waits_line
 
 PRIOR_RUNS = 20  # how far back to look for each module's previous run
 CHUNK_ROWS = 50_000  # rows fetched from SQLite at a time (~90 MB of Python objects while a chunk converts)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from contract.priority import LEVELS
 from controller.fleet.queues import depths
-from controller.report.waits import shown_duration
+from controller.history.waits import shown_duration
 from controller.service.session import Session, broker_call
 
 if TYPE_CHECKING:

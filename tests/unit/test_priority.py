@@ -88,7 +88,7 @@ def test_the_embedded_broker_hands_out_the_highest_priority_first(tmp_path):
 
 
 def test_wait_figures_and_durations():
-    from controller.report.waits import shown_duration
+    from controller.history.waits import shown_duration
     from controller.service.queue import WaitStats, wait_stats, waits_line
 
     stats = wait_stats([("low", 10.0), ("urgent", 1.0), ("low", 30.0), ("low", 20.0), ("mystery", 5.0)])

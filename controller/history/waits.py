@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from controller.history import History
+    from controller.history.store import History
 
 
 def shown_duration(seconds: float | None) -> str:
