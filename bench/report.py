@@ -116,6 +116,7 @@ def main() -> int:
     ap.add_argument("--rounds", default="1,2,3", help="--paired-power: comma-separated round counts")
     ap.add_argument("--scale", default="", help="comma-separated row counts: one fresh process per size")
     ap.add_argument("--history", default="", help="comma-separated row counts: read from a SQLite history")
+    ap.add_argument("--formats", action="store_true", help="--db's run of --rows rows in each column format")
     ap.add_argument("--db", default="/tmp/bench-report-history.sqlite", help="the --history database (reused)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a --scale child: JSON out
     ap.add_argument("--read", default="", help=argparse.SUPPRESS)  # a --history child: 'columns', 'sqlite', 'floor'
@@ -125,6 +126,8 @@ def main() -> int:
         return scale([int(x) for x in args.scale.split(",")], args.repeat)
     if args.read:
         return read_child(Path(args.db), args.rows, args.read)
+    if args.formats:
+        return formats(Path(args.db), args.rows, args.repeat)
     if args.history:
         return history_table(Path(args.db), [int(x) for x in args.history.split(",")])
     ref = rows_frame([r for rows in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rows])
@@ -361,6 +364,51 @@ def history_table(db: Path, sizes: list[int], trend_runs: int = 100, trend_rows:
         print(f"{label}: {statistics.median(r[0] for r in runs):.2f} s [{min(r[0] for r in runs):.2f}-"
               f"{max(r[0] for r in runs):.2f}], peak RSS {max(r[1] for r in runs):,.0f} MiB", flush=True)
     return 0 if ok else 1
+
+
+def formats(db: Path, rows: int, repeat: int) -> int:
+    """The column file's format chosen by measurement (ADR 0028): a run's rows written and read back into the
+    report's frame (text as sorted categoricals) as Parquet and as Arrow IPC, each compression; interleaved."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    from controller.history import History
+    from controller.history.columns import TEXT_FIELDS, frame
+
+    h = History(db)
+    table = h._run_table(_run_id(rows))  # the run's rows as the history keeps them column-wise
+    h.close()
+    folder = db.with_name(db.name + ".formats")
+    folder.mkdir(exist_ok=True)
+
+    def ipc_write(path: Path, compression: str | None) -> None:
+        with pa.OSFile(str(path), "wb") as sink, ipc.new_file(
+                sink, table.schema, options=ipc.IpcWriteOptions(compression=compression)) as w:
+            w.write_table(table, max_chunksize=table.num_rows)
+
+    def ipc_read(path: Path) -> object:
+        return frame([ipc.open_file(pa.py_buffer(path.read_bytes())).read_all()])
+
+    def pq_read(path: Path) -> object:
+        return frame([pq.read_table(path, read_dictionary=list(TEXT_FIELDS)).cast(table.schema)])
+
+    cands: dict[str, tuple[Callable[[Path], object], Callable[[Path], object]]] = {
+        "parquet snappy": (lambda p: pq.write_table(table, p), pq_read),
+        "parquet zstd": (lambda p: pq.write_table(table, p, compression="zstd"), pq_read),
+        "arrow ipc uncompressed": (lambda p: ipc_write(p, None), ipc_read),
+        "arrow ipc lz4": (lambda p: ipc_write(p, "lz4"), ipc_read),
+        "arrow ipc zstd": (lambda p: ipc_write(p, "zstd"), ipc_read),
+    }
+    paths = {k: folder / k.replace(" ", "_") for k in cands}
+    writes = interleaved({k: (lambda k=k: cands[k][0](paths[k])) for k in cands}, repeat)  # type: ignore[misc]
+    reads = interleaved({k: (lambda k=k: cands[k][1](paths[k])) for k in cands}, repeat)  # type: ignore[misc]
+    print(f"{table.num_rows:,} rows, {repeat} interleaved rounds (median [min-max]); read = file to the report's frame")
+    print("| format | size | write | read |")
+    print("| --- | ---: | ---: | ---: |")
+    for k in cands:
+        print(f"| {k} | {paths[k].stat().st_size / 2**20:.1f} MiB | {spread(writes[k])} | {spread(reads[k])} |")
+    return 0
 
 
 def _cli_imports() -> tuple[float, float, int]:

@@ -82,7 +82,23 @@ def table_from_values(batches: Iterable[Sequence[tuple[Any, ...]]], where: str) 
                 raise HistoryError(f"{where}: column {field.name!r} holds a value of another type: {exc}") from exc
             arrays.append(arr.dictionary_encode() if KINDS[field.name] == "str" else arr)
         out.append(pa.RecordBatch.from_arrays(arrays, schema=sch))
-    return pa.Table.from_batches(out, schema=sch).unify_dictionaries().combine_chunks()
+    table = pa.Table.from_batches(out, schema=sch).unify_dictionaries().combine_chunks()
+    return pa.table([_sorted_dictionary(table.column(i)) if KINDS[f] == "str" else table.column(i)
+                     for i, f in enumerate(ROW_FIELDS)], schema=sch)
+
+
+def _sorted_dictionary(col: pa.ChunkedArray) -> pa.Array:
+    """A dictionary column with its dictionary sorted (the frame's categories come sorted, as the analysis
+    wants them, without a pass over the rows when read)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    order = pc.array_sort_indices(arr.dictionary).to_numpy()
+    rank = np.empty(len(order), dtype=np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
+    return pa.DictionaryArray.from_arrays(pc.take(pa.array(rank), arr.indices), arr.dictionary.take(pa.array(order)))
 
 
 def write(folder: Path, name: str, table: pa.Table) -> ColumnFile:
@@ -143,13 +159,15 @@ def frame(tables: Sequence[pa.Table], model_keys: Sequence[str] | None = None) -
     a NULL as float, NaN for NULL). Only the rows of ``model_keys``, when given."""
     import pandas as pd
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     table = pa.concat_tables(tables).unify_dictionaries() if len(tables) != 1 else tables[0]
     if model_keys is not None:
+        import pyarrow.compute as pc
+
         table = table.filter(pc.is_in(table.column("model_key").cast(pa.string()),
                                       value_set=pa.array(list(model_keys), type=pa.string())))
-    df = table.to_pandas(split_blocks=True, self_destruct=len(tables) != 1)
+    del tables  # the caller's list: each table goes as it is converted (self_destruct)
+    df = table.to_pandas(split_blocks=True, self_destruct=True)
     for c in TEXT_FIELDS:
         cats = df[c].cat.categories
         if not len(cats):  # all NULL: categories of text still, as pandas gives text
