@@ -117,6 +117,7 @@ def main() -> int:
     ap.add_argument("--scale", default="", help="comma-separated row counts: one fresh process per size")
     ap.add_argument("--history", default="", help="comma-separated row counts: read from a SQLite history")
     ap.add_argument("--formats", action="store_true", help="--db's run of --rows rows in each column format")
+    ap.add_argument("--trend-read", action="store_true", help=argparse.SUPPRESS)  # a --history child
     ap.add_argument("--db", default="/tmp/bench-report-history.sqlite", help="the --history database (reused)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a --scale child: JSON out
     ap.add_argument("--read", default="", help=argparse.SUPPRESS)  # a --history child: 'columns', 'sqlite', 'floor'
@@ -126,6 +127,8 @@ def main() -> int:
         return scale([int(x) for x in args.scale.split(",")], args.repeat)
     if args.read:
         return read_child(Path(args.db), args.rows, args.read)
+    if args.trend_read:
+        return trend_read(Path(args.db))
     if args.formats:
         return formats(Path(args.db), args.rows, args.repeat)
     if args.history:
@@ -305,16 +308,26 @@ def read_child(db: Path, rows: int, how: str) -> int:
     return 0
 
 
-def _cli(*args: str) -> tuple[float, float, int]:
-    """``fleetctl ARGS`` as a fresh process: (wall seconds, its peak RSS in MiB, exit code)."""
-    import os
+def _timed_process(argv: list[str], timeout: float = 600) -> tuple[float, float, int]:
+    """``argv`` as a fresh process: (wall seconds, its peak RSS in MiB, exit code; 124 when killed at ``timeout``).
+    The peak is GNU time's (``ru_maxrss`` of a forked child would count this process's pages from before its
+    exec)."""
+    import tempfile
 
-    t = time.perf_counter()
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("fleetctl")), *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return time.perf_counter() - t, usage.ru_maxrss / 1024, proc.returncode
+    with tempfile.NamedTemporaryFile("r") as rss:
+        t = time.perf_counter()
+        try:
+            code = subprocess.run(["/usr/bin/time", "-q", "-f", "%M", "-o", rss.name, *argv], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return time.perf_counter() - t, float("nan"), 124
+        wall = time.perf_counter() - t
+        return wall, int(rss.read().split()[-1]) / 1024, code
+
+
+def _cli(*args: str, timeout: float = 600) -> tuple[float, float, int]:
+    """``fleetctl ARGS`` as a fresh process (process start and imports included)."""
+    return _timed_process([str(Path(sys.executable).with_name("fleetctl")), *args], timeout)
 
 
 def history_table(db: Path, sizes: list[int], trend_runs: int = 100, trend_rows: int = 10_000) -> int:
@@ -358,11 +371,12 @@ def history_table(db: Path, sizes: list[int], trend_runs: int = 100, trend_rows:
     trend_db = db.with_name(db.stem + "-trend" + db.suffix)
     fill_history(trend_db, ref, [trend_rows], runs=trend_runs, prefix="trend")
     print(f"\na trend over {trend_runs} runs of {trend_rows:,} rows (each its own release), a fresh process each:")
-    for label, args in (("fleetctl trend", ("trend",)), ("fleetctl trend -m qwen3", ("trend", "-m", "qwen3"))):
-        runs = [_cli("--history", str(trend_db), *args) for _ in range(3)]
-        ok &= all(r[2] == 0 for r in runs)
-        print(f"{label}: {statistics.median(r[0] for r in runs):.2f} s [{min(r[0] for r in runs):.2f}-"
-              f"{max(r[0] for r in runs):.2f}], peak RSS {max(r[1] for r in runs):,.0f} MiB", flush=True)
+    read_argv = [sys.executable, __file__, "--trend-read", "--db", str(trend_db)]
+    print("the trend's read alone (history_frames, in-process, imports excluded): "
+          + subprocess.run(read_argv, capture_output=True, text=True, check=True).stdout.strip(), flush=True)
+    wall, rss, code = _cli("--history", str(trend_db), "trend", "-m", "qwen3", "--metric", "decode_tps", timeout=60)
+    print("fleetctl trend -m qwen3 --metric decode_tps (read + change points): "
+          + ("> 60 s (killed)" if code == 124 else f"{wall:.2f} s, peak RSS {rss:,.0f} MiB, exit {code}"), flush=True)
     return 0 if ok else 1
 
 
@@ -411,13 +425,23 @@ def formats(db: Path, rows: int, repeat: int) -> int:
     return 0
 
 
-def _cli_imports() -> tuple[float, float, int]:
-    import os
+def trend_read(db: Path) -> int:
+    """The rows of every run as ``fleetctl trend`` reads them (3 times; the first one cold): times out."""
+    from controller.history import History
+    from controller.report.load import history_frames
 
-    t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", "import controller.report.load, scipy.stats"])
-    _, status, usage = os.wait4(proc.pid, 0)
-    return time.perf_counter() - t, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+    h = History(db)
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        rows, runs = history_frames(h)
+        times.append(time.perf_counter() - t)
+    print(f"{len(rows):,} rows of {len(runs)} runs read in {' / '.join(f'{x:.2f} s' for x in times)}")
+    return 0
+
+
+def _cli_imports() -> tuple[float, float, int]:
+    return _timed_process([sys.executable, "-c", "import controller.report.load, scipy.stats"])
 
 
 POWER_SIZES = (0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.10, 0.12)  # decode regressions of the detection curve
