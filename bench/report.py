@@ -341,6 +341,7 @@ def history_table(db: Path, sizes: list[int], trend_runs: int = 100, trend_rows:
           "| read + report: now / floor | frame | peak RSS now (after read) / floor | peak / frame |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     ok, base = True, 0.0
+    goals: list[tuple[str, bool, str]] = []
     for n in sizes:
         got = {}
         for how in ("columns", "sqlite", "floor"):  # side by side, each in its own process
@@ -349,6 +350,8 @@ def history_table(db: Path, sizes: list[int], trend_runs: int = 100, trend_rows:
             got[how] = json.loads(out.strip().splitlines()[-1])
         a, b, f = got["columns"], got["sqlite"], got["floor"]
         ok &= a["verdict"] == b["verdict"] == f["verdict"]
+        goals.append((f"read of {n:,} rows <= 2x the floor", a["read"] <= 2 * f["read"],
+                      f"{a['read']:.3f} s, {a['read'] / f['read']:.2f}x"))
         base = a["base_rss_mib"]
         print(f"| {a['rows']:,} | {a['read']:.3f} s | {b['read']:.2f} s | {f['read']:.3f} s | "
               f"{a['read'] / f['read']:.2f}x | {a['read'] + a['report']:.2f} s / {f['read'] + f['report']:.2f} s "
@@ -368,6 +371,9 @@ def history_table(db: Path, sizes: list[int], trend_runs: int = 100, trend_rows:
         wall = statistics.median(r[0] for r in runs)
         print(f"| {n:,} | {wall:.2f} s [{min(r[0] for r in runs):.2f}-{max(r[0] for r in runs):.2f}] | "
               f"{max(r[1] for r in runs):,.0f} MiB |", flush=True)
+        if n == 1_000_000:
+            goals.append(("fleetctl report of 1,000,000 rows <= 1 s end to end", wall <= 1.0,
+                          f"{wall:.2f} s, of which the imports alone {imports:.2f} s"))
     trend_db = db.with_name(db.stem + "-trend" + db.suffix)
     fill_history(trend_db, ref, [trend_rows], runs=trend_runs, prefix="trend")
     print(f"\na trend over {trend_runs} runs of {trend_rows:,} rows (each its own release), a fresh process each:")
@@ -377,6 +383,12 @@ def history_table(db: Path, sizes: list[int], trend_runs: int = 100, trend_rows:
     wall, rss, code = _cli("--history", str(trend_db), "trend", "-m", "qwen3", "--metric", "decode_tps", timeout=60)
     print("fleetctl trend -m qwen3 --metric decode_tps (read + change points): "
           + ("> 60 s (killed)" if code == 124 else f"{wall:.2f} s, peak RSS {rss:,.0f} MiB, exit {code}"), flush=True)
+    goals.append((f"a trend over {trend_runs} runs of {trend_rows:,} rows <= 1 s", code == 0 and wall <= 1.0,
+                  "> 60 s" if code == 124 else f"{wall:.2f} s"))
+    print()
+    for what, met, figure in goals:
+        print(f"goal: {what}: {'met' if met else 'NOT met'} ({figure})")
+    ok &= all(met for _, met, _ in goals)
     return 0 if ok else 1
 
 
