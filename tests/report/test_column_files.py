@@ -143,7 +143,8 @@ def test_migrate_a_history_written_before_column_files(history: History, tmp_pat
     """A history as today's code on main leaves it (no generations, files or triggers): migrated, every row and
     every verdict the same; a second migration writes nothing."""
     history.conn.executescript("DROP TRIGGER rows_generation_insert; DROP TRIGGER rows_generation_delete;"
-                               " DROP TRIGGER rows_generation_update; DROP TABLE row_generations; DROP TABLE row_files;")
+                               " DROP TRIGGER rows_generation_update;"
+                               " DROP TABLE row_generations; DROP TABLE row_files;")
     history.close()
     h = History(tmp_path / "history.sqlite")
     runs = ["baseline:1.4.1:v1", "run-a", "run-b"]
