@@ -226,10 +226,8 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
         data = [row_to_db(r) for r in rows]
         if not data:
             return 0
-        with self.tx() as c:
-            before = c.total_changes
-            c.executemany(_INSERT_ROW, data)
-            return c.total_changes - before
+        with self.tx() as c:  # rowcount: the rows' own changes (total_changes would count the triggers' too)
+            return c.executemany(_INSERT_ROW, data).rowcount
 
     def replace_rows(self, run_id: str, module: str, rows: Iterable[ResultRow]) -> int:
         """The module's rows of the run become exactly ``rows`` (rows of superseded attempts go), atomically."""
