@@ -117,6 +117,7 @@ def main() -> int:
     ap.add_argument("--scale", default="", help="comma-separated row counts: one fresh process per size")
     ap.add_argument("--history", default="", help="comma-separated row counts: read from a SQLite history")
     ap.add_argument("--formats", action="store_true", help="--db's run of --rows rows in each column format")
+    ap.add_argument("--trigger-cost", type=int, default=0, help="modules written with and without the triggers")
     ap.add_argument("--trend-read", action="store_true", help=argparse.SUPPRESS)  # a --history child
     ap.add_argument("--db", default="/tmp/bench-report-history.sqlite", help="the --history database (reused)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a --scale child: JSON out
@@ -127,6 +128,8 @@ def main() -> int:
         return scale([int(x) for x in args.scale.split(",")], args.repeat)
     if args.read:
         return read_child(Path(args.db), args.rows, args.read)
+    if args.trigger_cost:
+        return trigger_cost(args.trigger_cost, args.repeat)
     if args.trend_read:
         return trend_read(Path(args.db))
     if args.formats:
@@ -449,6 +452,38 @@ def trend_read(db: Path) -> int:
         rows, runs = history_frames(h)
         times.append(time.perf_counter() - t)
     print(f"{len(rows):,} rows of {len(runs)} runs read in {' / '.join(f'{x:.2f} s' for x in times)}")
+    return 0
+
+
+def trigger_cost(modules: int, repeat: int) -> int:
+    """What the row-generation triggers (ADR 0028) add to writing rows: ``modules`` x the seed's rows inserted with
+    ``executemany`` (50 modules a transaction) into a fresh history with and without the triggers, interleaved."""
+    import tempfile
+
+    from controller.history import ROW_FIELDS, History
+
+    ref = rows_frame([r for rs in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rs])
+    df = fleet(ref, modules=[f"m{i:05d}" for i in range(modules)], seed=1, run_id="w")
+    data = list(df.astype({"correct": object}).where(df.notna(), None)[list(ROW_FIELDS)]
+                .itertuples(index=False, name=None))
+    sql = f"INSERT OR REPLACE INTO rows VALUES ({','.join('?' * len(ROW_FIELDS))})"
+    batch = len(ref) * 50
+
+    def write(triggers: bool) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            h = History(Path(d) / "h.sqlite")
+            if not triggers:
+                h.conn.executescript("DROP TRIGGER rows_generation_insert; DROP TRIGGER rows_generation_delete;"
+                                     " DROP TRIGGER rows_generation_update;")
+            for i in range(0, len(data), batch):
+                with h.tx() as c:
+                    c.executemany(sql, data[i:i + batch])
+            h.close()
+
+    times = interleaved({"with triggers": lambda: write(True), "without": lambda: write(False)}, repeat)
+    w, wo = statistics.median(times["with triggers"]), statistics.median(times["without"])
+    print(f"{len(data):,} rows written, {repeat} interleaved rounds: with the triggers {spread(times['with triggers'])}"
+          f", without {spread(times['without'])}: {w / wo:.2f}x ({(w - wo) / len(data) * 1e6:.1f} µs a row)")
     return 0
 
 
