@@ -177,6 +177,11 @@ def frame(tables: Sequence[pa.Table], model_keys: Sequence[str] | None = None) -
     return df
 
 
+def modules(table: pa.Table) -> list[str]:
+    """The modules with rows in a table of rows, sorted."""
+    return sorted({str(m) for m in table.column("module").unique().to_pylist() if m is not None})
+
+
 def remove_others(folder: Path, run_id: str, keep: str) -> None:
     """The run's files of other generations (superseded), best effort: a reader that has one open keeps it."""
     prefix = file_name(run_id, 0).rsplit("-g", 1)[0] + "-g"

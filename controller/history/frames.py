@@ -12,6 +12,7 @@ SQLite, and the next one carries on).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -91,7 +92,8 @@ class ColumnReads:
         if folder is None or gen is None:
             return False
         try:
-            self._record_file(run_id, gen, columns.write(folder, columns.file_name(run_id, gen), table))
+            self._record_file(run_id, gen, columns.write(folder, columns.file_name(run_id, gen), table),
+                              columns.modules(table))
         except OSError:
             return False
         return True
@@ -108,14 +110,14 @@ class ColumnReads:
         table = columns.table_from_values(batches(), f"{self.path}: rows of run {run_id}")
         return table, before if self._generation(run_id) == before else None
 
-    def _record_file(self, run_id: str, gen: int, rec: ColumnFile) -> None:
-        """Record a written file (a record of a later generation is never replaced by an earlier one), then
-        remove the run's superseded files."""
+    def _record_file(self, run_id: str, gen: int, rec: ColumnFile, modules: list[str]) -> None:
+        """Record a written file and the modules with rows in it (a record of a later generation is never replaced
+        by an earlier one), then remove the run's superseded files."""
         self.conn.execute(
-            "INSERT INTO row_files (run_id, gen, name, rows, size, sha256) VALUES (?,?,?,?,?,?)"
+            "INSERT INTO row_files (run_id, gen, name, rows, size, sha256, modules) VALUES (?,?,?,?,?,?,?)"
             " ON CONFLICT (run_id) DO UPDATE SET gen=excluded.gen, name=excluded.name, rows=excluded.rows,"
-            " size=excluded.size, sha256=excluded.sha256 WHERE excluded.gen >= row_files.gen",
-            (run_id, gen, rec.name, rec.rows, rec.size, rec.sha256))
+            " size=excluded.size, sha256=excluded.sha256, modules=excluded.modules WHERE excluded.gen >= row_files.gen",
+            (run_id, gen, rec.name, rec.rows, rec.size, rec.sha256, json.dumps(modules)))
         folder = self.columns_folder
         if folder is not None and self._current_file(run_id)[0] == rec:
             columns.remove_others(folder, run_id, rec.name)

@@ -231,3 +231,19 @@ def test_a_migration_killed_part_way_leaves_no_run_taken_for_whole_and_the_next_
     for run_id in runs:
         pd.testing.assert_frame_equal(read_rows(h, [run_id]), _old_read(h, run_id), check_exact=True)
     h.close()
+
+
+def test_modules_with_rows_come_from_the_file_record_while_it_is_current(history: History) -> None:
+    """The previous-run lookup's modules: recorded with a current file (no scan of rows), from the rows once a
+    module's rows went (the generation moved); the same pairs either way."""
+    def pairs() -> list[tuple[str, str]]:
+        return sorted(map(tuple, history.modules_of_rows(["run-a", "run-b"]).to_numpy().tolist()))
+
+    from_rows = pairs()
+    assert from_rows == [(r, m) for r in ("run-a", "run-b") for m in MODULES]
+    read_rows(history, ["run-a", "run-b"])
+    recorded = dict(history.conn.execute("SELECT run_id, modules FROM row_files").fetchall())
+    assert recorded == {r: '["' + '", "'.join(MODULES) + '"]' for r in ("run-a", "run-b")}
+    assert pairs() == from_rows
+    history.replace_rows("run-b", "m06", [])  # m06's rows of run-b go: the record is stale
+    assert pairs() == [(r, m) for r in ("run-a", "run-b") for m in MODULES if (r, m) != ("run-b", "m06")]
