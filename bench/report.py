@@ -16,11 +16,13 @@ machine slows both alike) and the ratio to the bare groupby; exits 1 when the go
 the report's time, the bare groupby's, their ratio and the process's peak RSS (a table for the
 README).
 
-``--history 10000,100000,1000000 [--db PATH]`` instead stores runs of those sizes in a SQLite run
-history (built once, kept at ``--db``) and, for each size, in fresh processes: reads the run the way
-the report did before (one ``read_sql_query``) and the way it does now (chunks of
-``load.CHUNK_ROWS``, text as categoricals), each followed by the report over what was read; prints
-read time, report time and the process's peak RSS for both, side by side.
+``--history 10000,1000000,3000000 [--db PATH]`` instead stores runs of those sizes in a run history
+(built once, kept at ``--db``, then ``history migrate``) and, for each size, in fresh processes: reads the
+run the way the report does now (its column file, ADR 0028), the way it did before (``read_sql_query`` in
+chunks, text made categoricals) and the floor (a bare ``pd.read_parquet`` of the same rows), each followed by
+the report over what was read; prints read and end-to-end times side by side, the frame and the peak RSS;
+then ``fleetctl report`` of each size as a fresh process (imports included), and ``fleetctl trend`` over
+100 runs of 10,000 rows.
 
 ``--power N`` instead measures the verdicts' error rates on N seeds of the acceptance scenario
 (6 modules, 2 % noise, one module 0.88x), in one process per core: false regressions and false
@@ -114,15 +116,24 @@ def main() -> int:
     ap.add_argument("--rounds", default="1,2,3", help="--paired-power: comma-separated round counts")
     ap.add_argument("--scale", default="", help="comma-separated row counts: one fresh process per size")
     ap.add_argument("--history", default="", help="comma-separated row counts: read from a SQLite history")
+    ap.add_argument("--formats", action="store_true", help="--db's run of --rows rows in each column format")
+    ap.add_argument("--trigger-cost", type=int, default=0, help="modules written with and without the triggers")
+    ap.add_argument("--trend-read", action="store_true", help=argparse.SUPPRESS)  # a --history child
     ap.add_argument("--db", default="/tmp/bench-report-history.sqlite", help="the --history database (reused)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a --scale child: JSON out
-    ap.add_argument("--read", default="", help=argparse.SUPPRESS)  # a --history child: 'one' or 'chunked'
+    ap.add_argument("--read", default="", help=argparse.SUPPRESS)  # a --history child: 'columns', 'sqlite', 'floor'
     args = ap.parse_args()
 
     if args.scale:
         return scale([int(x) for x in args.scale.split(",")], args.repeat)
     if args.read:
         return read_child(Path(args.db), args.rows, args.read)
+    if args.trigger_cost:
+        return trigger_cost(args.trigger_cost, args.repeat)
+    if args.trend_read:
+        return trend_read(Path(args.db))
+    if args.formats:
+        return formats(Path(args.db), args.rows, args.repeat)
     if args.history:
         return history_table(Path(args.db), [int(x) for x in args.history.split(",")])
     ref = rows_frame([r for rows in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rows])
@@ -216,86 +227,268 @@ def _run_id(rows: int) -> str:
     return f"bench-{rows}"
 
 
-def fill_history(db: Path, ref, sizes: list[int]) -> None:  # type: ignore[no-untyped-def]
-    """A run of each size in ``db`` (rows written straight with executemany: pydantic records of
-    10 M rows would take longer than the reads measured)."""
+def fill_history(db: Path, ref, sizes: list[int], runs: int = 1, prefix: str = "bench") -> None:  # type: ignore[no-untyped-def]
+    """``runs`` ended runs of each size in ``db`` (rows written straight with executemany: pydantic records of
+    10 M rows would take longer than the reads measured); with ``runs`` > 1 each run is of its own release
+    (a trend's series)."""
     from controller.history import ROW_FIELDS, History
 
     h = History(db)
     try:
         for n in sizes:
-            run_id = _run_id(n)
-            if h.conn.execute("SELECT 1 FROM rows WHERE run_id=? LIMIT 1", (run_id,)).fetchone():
-                continue
-            modules = max(6, round(n / len(ref)))
-            t = time.perf_counter()
-            step = 10_000  # modules per batch: bounded memory while filling
-            for first in range(0, modules, step):
-                names = [f"m{i:05d}" for i in range(first, min(modules, first + step))]
-                df = fleet(ref, modules=names, module_factor={"m00003": 0.88},
-                           regress={("qwen3", "decode_tps"): 0.08}, seed=first, run_id=run_id)
-                df = df.astype({"correct": object}).where(df.notna(), None)
-                with h.tx() as c:
-                    c.executemany(f"INSERT OR REPLACE INTO rows VALUES ({','.join('?' * len(ROW_FIELDS))})",
-                                  df[list(ROW_FIELDS)].itertuples(index=False, name=None))
-            print(f"stored {run_id}: {modules * len(ref):,} rows in {time.perf_counter() - t:.0f} s", flush=True)
+            for k in range(runs):
+                run_id = _run_id(n) if runs == 1 else f"{prefix}-{n}-{k:03d}"
+                h.create_run(run_id, release="1.4.2" if runs == 1 else f"1.{k}.0", state="done")
+                if h.conn.execute("SELECT 1 FROM rows WHERE run_id=? LIMIT 1", (run_id,)).fetchone():
+                    continue
+                modules = max(6, round(n / len(ref)))
+                t = time.perf_counter()
+                step = 10_000  # modules per batch: bounded memory while filling
+                for first in range(0, modules, step):
+                    names = [f"m{i:05d}" for i in range(first, min(modules, first + step))]
+                    df = fleet(ref, modules=names, module_factor={"m00003": 0.88},
+                               regress={("qwen3", "decode_tps"): 0.08}, seed=first + 1000 * k, run_id=run_id)
+                    df = df.astype({"correct": object}).where(df.notna(), None)
+                    with h.tx() as c:
+                        c.executemany(f"INSERT OR REPLACE INTO rows VALUES ({','.join('?' * len(ROW_FIELDS))})",
+                                      df[list(ROW_FIELDS)].itertuples(index=False, name=None))
+                if runs == 1 or k == runs - 1:
+                    print(f"stored {run_id}: {modules * len(ref):,} rows in {time.perf_counter() - t:.0f} s",
+                          flush=True)
+        t = time.perf_counter()
+        done = h.migrate_columns()
+        print(f"fleetctl history migrate: {done.written} run(s) written, {done.current} current "
+              f"in {time.perf_counter() - t:.1f} s", flush=True)
     finally:
         h.close()
 
 
+def _parquet_floor(db: Path, run_id: str) -> Path:
+    """The run's rows as a plain Parquet file (pyarrow's defaults), for the floor: a bare read of the same rows."""
+    from controller.history import History
+
+    out = db.with_name(f"{db.name}.floor-{run_id}.parquet")
+    if not out.exists():
+        h = History(db)
+        h.row_frame([run_id]).to_parquet(out)  # the same rows the report reads
+        h.close()
+    return out
+
+
 def read_child(db: Path, rows: int, how: str) -> int:
-    """Read one run (``how``: 'one' read_sql_query, or 'chunked'), then the report over it: JSON out."""
+    """Read one run (``how``: 'columns', the history as the report reads it now; 'sqlite', as it read it before
+    (``read_sql_query`` in chunks, text made categoricals); 'floor', a bare ``pd.read_parquet`` of the same
+    rows), then the report over it: JSON out."""
     import pandas as pd
     from scipy import stats  # noqa: F401  (imported by the first report: not part of its time)
 
     from controller.history import ROW_FIELDS, History
-    from controller.report.load import read_rows
+    from controller.report.load import _compact, concat_compact, read_rows
 
     ref = rows_frame([r for rs in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rs])
+    run_id = _run_id(rows)
+    floor = _parquet_floor(db, run_id) if how == "floor" else None
     base_rss = peak_rss_mib()
     h = History(db)
     t = time.perf_counter()
-    if how == "one":
+    if how == "sqlite":
         cols = ", ".join(f'"{f}"' for f in ROW_FIELDS)
-        cur = pd.read_sql_query(f"SELECT {cols} FROM rows WHERE run_id=?", h.conn, params=[_run_id(rows)])
+        chunks = pd.read_sql_query(f"SELECT {cols} FROM rows WHERE run_id=?", h.conn, params=[run_id],
+                                   chunksize=50_000)
+        cur = concat_compact((_compact(c) for c in chunks if len(c)), ROW_FIELDS)
+    elif how == "floor":
+        cur = pd.read_parquet(floor)
     else:
-        cur = read_rows(h, [_run_id(rows)])
+        cur = read_rows(h, [run_id])
     read_s = time.perf_counter() - t
     read_rss = peak_rss_mib()
     t = time.perf_counter()
-    rep = analyse(cur, run_id=_run_id(rows), baseline=ref, baseline_id="b")
+    rep = analyse(cur, run_id=run_id, baseline=ref, baseline_id="b")
     report_s = time.perf_counter() - t
     print(json.dumps({"rows": len(cur), "read": read_s, "report": report_s, "base_rss_mib": base_rss,
                       "frame_mib": float(cur.memory_usage(deep=True).sum()) / 2**20, "read_rss_mib": read_rss,
-                      "peak_rss_mib": peak_rss_mib(),
-                      "verdict": rep.verdict}))
+                      "peak_rss_mib": peak_rss_mib(), "verdict": rep.verdict}))
     return 0
 
 
-def history_table(db: Path, sizes: list[int]) -> int:
+def _timed_process(argv: list[str], timeout: float = 600) -> tuple[float, float, int]:
+    """``argv`` as a fresh process: (wall seconds, its peak RSS in MiB, exit code; 124 when killed at ``timeout``).
+    The peak is GNU time's (``ru_maxrss`` of a forked child would count this process's pages from before its
+    exec)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r") as rss:
+        t = time.perf_counter()
+        try:
+            code = subprocess.run(["/usr/bin/time", "-q", "-f", "%M", "-o", rss.name, *argv], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return time.perf_counter() - t, float("nan"), 124
+        wall = time.perf_counter() - t
+        return wall, int(rss.read().split()[-1]) / 1024, code
+
+
+def _cli(*args: str, timeout: float = 600) -> tuple[float, float, int]:
+    """``fleetctl ARGS`` as a fresh process (process start and imports included)."""
+    return _timed_process([str(Path(sys.executable).with_name("fleetctl")), *args], timeout)
+
+
+def history_table(db: Path, sizes: list[int], trend_runs: int = 100, trend_rows: int = 10_000) -> int:
+    """Each size read and reported in fresh processes: the history now, before (SQLite), and the floor; then
+    ``fleetctl report`` end to end (process start and imports included), and a trend over ``trend_runs`` runs."""
     ref = rows_frame([r for rs in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rs])
     fill_history(db, ref, sizes)
-    print(f"{db}: {db.stat().st_size / 2**20:,.0f} MiB. Peak RSS of a fresh process per cell "
-          "(in brackets: after the read, before the report).")
-    print("| rows | read: one read_sql_query | read: chunks, categoricals | report after it (one / chunks) | "
-          "frame (one / chunks) | peak RSS (one / chunks) | ratio of peaks |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(f"{db}: {db.stat().st_size / 2**20:,.0f} MiB. A fresh process per cell; peak RSS of the process "
+          "(in brackets: after the read, before the report)")
+    print("| rows | read: now (column file) | read: before (SQLite, chunks) | floor: pd.read_parquet | now / floor "
+          "| read + report: now / floor | frame | peak RSS now (after read) / floor | peak / frame |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     ok, base = True, 0.0
+    goals: list[tuple[str, bool, str]] = []
     for n in sizes:
         got = {}
-        for how in ("one", "chunked"):  # side by side, each in its own process
+        for how in ("columns", "sqlite", "floor"):  # side by side, each in its own process
             out = subprocess.run([sys.executable, __file__, "--read", how, "--rows", str(n), "--db", str(db)],
                                  capture_output=True, text=True, check=True).stdout
             got[how] = json.loads(out.strip().splitlines()[-1])
-        a, b = got["one"], got["chunked"]
-        ok &= a["verdict"] == b["verdict"]
-        base = b["base_rss_mib"]
-        print(f"| {b['rows']:,} | {a['read']:.2f} s | {b['read']:.2f} s | {a['report']:.2f} s / {b['report']:.2f} s "
-              f"| {a['frame_mib']:,.0f} / {b['frame_mib']:,.0f} MiB | {a['peak_rss_mib']:,.0f} "
-              f"({a['read_rss_mib']:,.0f}) / {b['peak_rss_mib']:,.0f} ({b['read_rss_mib']:,.0f}) MiB "
-              f"| {b['peak_rss_mib'] / a['peak_rss_mib']:.2f} |", flush=True)
+        a, b, f = got["columns"], got["sqlite"], got["floor"]
+        ok &= a["verdict"] == b["verdict"] == f["verdict"]
+        goals.append((f"read of {n:,} rows <= 2x the floor", a["read"] <= 2 * f["read"],
+                      f"{a['read']:.3f} s, {a['read'] / f['read']:.2f}x"))
+        base = a["base_rss_mib"]
+        print(f"| {a['rows']:,} | {a['read']:.3f} s | {b['read']:.2f} s | {f['read']:.3f} s | "
+              f"{a['read'] / f['read']:.2f}x | {a['read'] + a['report']:.2f} s / {f['read'] + f['report']:.2f} s "
+              f"({(a['read'] + a['report']) / (f['read'] + f['report']):.2f}x) | {a['frame_mib']:,.0f} MiB | "
+              f"{a['peak_rss_mib']:,.0f} ({a['read_rss_mib']:,.0f}) / {f['peak_rss_mib']:,.0f} MiB | "
+              f"{(a['peak_rss_mib'] - base) / a['frame_mib']:.1f}x above the interpreter "
+              f"({a['peak_rss_mib'] / a['frame_mib']:.1f}x whole) |", flush=True)
     print(f"(the interpreter with the report's imports, before any read: {base:,.0f} MiB)")
+    imports, _, _ = _cli_imports()
+    print(f"\n`fleetctl report RUN` end to end, a fresh process each (3 in a row, median); the report's imports "
+          f"alone (python -c 'import controller.report.load, scipy.stats'): {imports:.2f} s")
+    print("| rows | fleetctl report | peak RSS |")
+    print("| ---: | ---: | ---: |")
+    for n in sizes:
+        runs = [_cli("--history", str(db), "report", _run_id(n)) for _ in range(3)]
+        ok &= all(r[2] == 0 for r in runs)
+        wall = statistics.median(r[0] for r in runs)
+        print(f"| {n:,} | {wall:.2f} s [{min(r[0] for r in runs):.2f}-{max(r[0] for r in runs):.2f}] | "
+              f"{max(r[1] for r in runs):,.0f} MiB |", flush=True)
+        if n == 1_000_000:
+            goals.append(("fleetctl report of 1,000,000 rows <= 1 s end to end", wall <= 1.0,
+                          f"{wall:.2f} s, of which the imports alone {imports:.2f} s"))
+    trend_db = db.with_name(db.stem + "-trend" + db.suffix)
+    fill_history(trend_db, ref, [trend_rows], runs=trend_runs, prefix="trend")
+    print(f"\na trend over {trend_runs} runs of {trend_rows:,} rows (each its own release), a fresh process each:")
+    read_argv = [sys.executable, __file__, "--trend-read", "--db", str(trend_db)]
+    print("the trend's read alone (history_frames, in-process, imports excluded): "
+          + subprocess.run(read_argv, capture_output=True, text=True, check=True).stdout.strip(), flush=True)
+    wall, rss, code = _cli("--history", str(trend_db), "trend", "-m", "qwen3", "--metric", "decode_tps", timeout=60)
+    print("fleetctl trend -m qwen3 --metric decode_tps (read + change points): "
+          + ("> 60 s (killed)" if code == 124 else f"{wall:.2f} s, peak RSS {rss:,.0f} MiB, exit {code}"), flush=True)
+    goals.append((f"a trend over {trend_runs} runs of {trend_rows:,} rows <= 1 s", code == 0 and wall <= 1.0,
+                  "> 60 s" if code == 124 else f"{wall:.2f} s"))
+    print()
+    for what, met, figure in goals:
+        print(f"goal: {what}: {'met' if met else 'NOT met'} ({figure})")
+    ok &= all(met for _, met, _ in goals)
     return 0 if ok else 1
+
+
+def formats(db: Path, rows: int, repeat: int) -> int:
+    """The column file's format chosen by measurement (ADR 0028): a run's rows written and read back into the
+    report's frame (text as sorted categoricals) as Parquet and as Arrow IPC, each compression; interleaved."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    from controller.history import History
+    from controller.history.columns import TEXT_FIELDS, frame
+
+    h = History(db)
+    table = h._run_table(_run_id(rows))  # the run's rows as the history keeps them column-wise
+    h.close()
+    folder = db.with_name(db.name + ".formats")
+    folder.mkdir(exist_ok=True)
+
+    def ipc_write(path: Path, compression: str | None) -> None:
+        with pa.OSFile(str(path), "wb") as sink, ipc.new_file(
+                sink, table.schema, options=ipc.IpcWriteOptions(compression=compression)) as w:
+            w.write_table(table, max_chunksize=table.num_rows)
+
+    def ipc_read(path: Path) -> object:
+        return frame([ipc.open_file(pa.py_buffer(path.read_bytes())).read_all()])
+
+    def pq_read(path: Path) -> object:
+        return frame([pq.read_table(path, read_dictionary=list(TEXT_FIELDS)).cast(table.schema)])
+
+    cands: dict[str, tuple[Callable[[Path], object], Callable[[Path], object]]] = {
+        "parquet snappy": (lambda p: pq.write_table(table, p), pq_read),
+        "parquet zstd": (lambda p: pq.write_table(table, p, compression="zstd"), pq_read),
+        "arrow ipc uncompressed": (lambda p: ipc_write(p, None), ipc_read),
+        "arrow ipc lz4": (lambda p: ipc_write(p, "lz4"), ipc_read),
+        "arrow ipc zstd": (lambda p: ipc_write(p, "zstd"), ipc_read),
+    }
+    paths = {k: folder / k.replace(" ", "_") for k in cands}
+    writes = interleaved({k: (lambda k=k: cands[k][0](paths[k])) for k in cands}, repeat)  # type: ignore[misc]
+    reads = interleaved({k: (lambda k=k: cands[k][1](paths[k])) for k in cands}, repeat)  # type: ignore[misc]
+    print(f"{table.num_rows:,} rows, {repeat} interleaved rounds (median [min-max]); read = file to the report's frame")
+    print("| format | size | write | read |")
+    print("| --- | ---: | ---: | ---: |")
+    for k in cands:
+        print(f"| {k} | {paths[k].stat().st_size / 2**20:.1f} MiB | {spread(writes[k])} | {spread(reads[k])} |")
+    return 0
+
+
+def trend_read(db: Path) -> int:
+    """The rows of every run as ``fleetctl trend`` reads them (3 times; the first one cold): times out."""
+    from controller.history import History
+    from controller.report.load import history_frames
+
+    h = History(db)
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        rows, runs = history_frames(h)
+        times.append(time.perf_counter() - t)
+    print(f"{len(rows):,} rows of {len(runs)} runs read in {' / '.join(f'{x:.2f} s' for x in times)}")
+    return 0
+
+
+def trigger_cost(modules: int, repeat: int) -> int:
+    """What the row-generation triggers (ADR 0028) add to writing rows: ``modules`` x the seed's rows inserted with
+    ``executemany`` (50 modules a transaction) into a fresh history with and without the triggers, interleaved."""
+    import tempfile
+
+    from controller.history import ROW_FIELDS, History
+
+    ref = rows_frame([r for rs in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rs])
+    df = fleet(ref, modules=[f"m{i:05d}" for i in range(modules)], seed=1, run_id="w")
+    data = list(df.astype({"correct": object}).where(df.notna(), None)[list(ROW_FIELDS)]
+                .itertuples(index=False, name=None))
+    sql = f"INSERT OR REPLACE INTO rows VALUES ({','.join('?' * len(ROW_FIELDS))})"
+    batch = len(ref) * 50
+
+    def write(triggers: bool) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            h = History(Path(d) / "h.sqlite")
+            if not triggers:
+                h.conn.executescript("DROP TRIGGER rows_generation_insert; DROP TRIGGER rows_generation_delete;"
+                                     " DROP TRIGGER rows_generation_update;")
+            for i in range(0, len(data), batch):
+                with h.tx() as c:
+                    c.executemany(sql, data[i:i + batch])
+            h.close()
+
+    times = interleaved({"with triggers": lambda: write(True), "without": lambda: write(False)}, repeat)
+    w, wo = statistics.median(times["with triggers"]), statistics.median(times["without"])
+    print(f"{len(data):,} rows written, {repeat} interleaved rounds: with the triggers {spread(times['with triggers'])}"
+          f", without {spread(times['without'])}: {w / wo:.2f}x ({(w - wo) / len(data) * 1e6:.1f} µs a row)")
+    return 0
+
+
+def _cli_imports() -> tuple[float, float, int]:
+    return _timed_process([sys.executable, "-c", "import controller.report.load, scipy.stats"])
 
 
 POWER_SIZES = (0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.10, 0.12)  # decode regressions of the detection curve

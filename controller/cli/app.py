@@ -73,6 +73,7 @@ def build_app(inv: Invocation) -> typer.Typer:
     from the context (those of report, deploy and targets through the functions handed to them)."""
     from controller.cli import bisect as bisect_cli
     from controller.cli import deploy as deploy_cli
+    from controller.cli import history as history_cli
     from controller.cli import report as report_cli
     from controller.cli import reserve as reserve_cli
     from controller.cli import targets as metrics_cli
@@ -99,6 +100,9 @@ def build_app(inv: Invocation) -> typer.Typer:
     describe_app.command("run")(runs_cli.describe_run)
     describe_app.command("module")(devices_cli.describe_module)
     app.add_typer(describe_app, name="describe")
+    history_app = new_app(add_completion=False, no_args_is_help=True, help="The run history's storage.")
+    history_app.command("migrate")(history_cli.migrate)
+    app.add_typer(history_app, name="history")
     report_cli.register(app, lambda: inv.session().read_history(), lambda: inv.session().history(),
                         lambda: inv.session().settings.baseline_same_environment)
     trend_cli.register(app, lambda: inv.session().read_history())

@@ -1,10 +1,14 @@
-"""Run history: SQLite on the controller (the only package of the controller that touches the database).
+"""Run history: SQLite on the controller, with column files of ended runs' rows beside it (the only package of the
+controller that touches the database).
 
 Parts: :mod:`~controller.history.schema` (tables, migrations, a row's columns),
 :mod:`~controller.history.records` (what callers get back, the history's error),
 :mod:`~controller.history.store` (:class:`History`: runs, progress, events, rows, baselines,
-telemetry), :mod:`~controller.history.outbox` (webhook outbox) and
-:mod:`~controller.history.queries` (the aggregate reads of the fleet, the metrics and the reports).
+telemetry), :mod:`~controller.history.outbox` (webhook outbox),
+:mod:`~controller.history.queries` (the aggregate reads of the fleet, the metrics and the reports),
+:mod:`~controller.history.frames` (a run's rows read column-wise into the report's frame, from the run's column
+file when it is current, else from SQLite; ``fleetctl history migrate``) and :mod:`~controller.history.columns`
+(the column files' format, atomic write and checked read, no SQL).
 ``tests/unit/test_sql_boundary.py`` fails when SQL runs anywhere else in ``controller/``.
 """
 

@@ -8,19 +8,13 @@ package only. pandas is imported by the report's reads alone, when they are call
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
-
-from controller.history.schema import ROW_FIELDS
 
 if TYPE_CHECKING:
     import pandas as pd
 
 DatabaseError = sqlite3.Error  # what a read of a history that cannot be read raises (metrics: history down)
-
-
-def _cols() -> str:
-    return ", ".join(f'"{f}"' for f in ROW_FIELDS)
 
 
 class HistoryQueries:
@@ -92,20 +86,6 @@ class HistoryQueries:
         return int(n)
 
     # -- reports (pandas) --------------------------------------------------------------------
-    def row_chunks(self, run_ids: Sequence[str], chunk_rows: int,
-                   model_keys: Sequence[str] | None = None) -> Iterator[pd.DataFrame]:
-        """Every stored row of the given runs (of ``model_keys`` only, when given), one column per ResultRow
-        field, ``chunk_rows`` at a time."""
-        import pandas as pd
-
-        marks = ",".join("?" * len(run_ids))
-        where, params = f"run_id IN ({marks})", list(run_ids)
-        if model_keys is not None:
-            where += f" AND model_key IN ({','.join('?' * len(model_keys))})"
-            params += list(model_keys)
-        return pd.read_sql_query(f"SELECT {_cols()} FROM rows WHERE {where}", self.conn,
-                                 params=params, chunksize=chunk_rows)
-
     def runs_before(self, created_at: float, run_id: str, limit: int) -> pd.DataFrame:
         """(run_id, created_at) of the newest ``limit`` runs (kind 'run') created before ``created_at``,
         ``run_id`` left out; newest first."""
@@ -116,9 +96,20 @@ class HistoryQueries:
             " ORDER BY created_at DESC LIMIT ?", self.conn, params=[created_at, run_id, limit])
 
     def modules_of_rows(self, run_ids: Sequence[str]) -> pd.DataFrame:
-        """(run_id, module) for each module that has rows in one of the given runs."""
+        """(run_id, module) for each module that has rows in one of the given runs: from the modules recorded with a
+        run's column file made at the run's generation (no scan of its rows), else from the rows."""
+        import json
+
         import pandas as pd
 
         marks = ",".join("?" * len(run_ids))
-        return pd.read_sql_query(f"SELECT run_id, module FROM rows WHERE run_id IN ({marks}) GROUP BY run_id, module",
-                                 self.conn, params=list(run_ids))
+        recorded = dict(self.conn.execute(
+            "SELECT f.run_id, f.modules FROM row_files f LEFT JOIN row_generations g ON g.run_id = f.run_id"
+            f" WHERE f.run_id IN ({marks}) AND f.gen = COALESCE(g.gen, 0) AND f.modules IS NOT NULL",
+            list(run_ids)).fetchall())
+        pairs = [(r, m) for r, mods in recorded.items() for m in json.loads(mods)]
+        rest = [r for r in run_ids if r not in recorded]
+        if rest:
+            pairs += self.conn.execute(f"SELECT run_id, module FROM rows WHERE run_id IN ({','.join('?' * len(rest))})"
+                                       " GROUP BY run_id, module", rest).fetchall()
+        return pd.DataFrame(pairs, columns=["run_id", "module"])

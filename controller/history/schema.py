@@ -127,6 +127,41 @@ CREATE TABLE IF NOT EXISTS webhook_sent (
 """
 
 
+# column files (controller.history.frames): a trigger counts every change of a run's rows (its generation), whoever
+# writes them; a run's column file is recorded with the generation it was made from and read only at that one,
+# with the modules that have rows in it (JSON: what the report's previous-run lookup asks, without a scan of rows;
+# NULL: not recorded)
+_COLUMNS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS row_generations (
+    run_id TEXT PRIMARY KEY,
+    gen INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS row_files (
+    run_id TEXT PRIMARY KEY,
+    gen INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    rows INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    modules TEXT
+);
+CREATE TRIGGER IF NOT EXISTS rows_generation_insert AFTER INSERT ON rows BEGIN
+    INSERT INTO row_generations (run_id, gen) VALUES (NEW.run_id, 1)
+        ON CONFLICT (run_id) DO UPDATE SET gen = gen + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS rows_generation_delete AFTER DELETE ON rows BEGIN
+    INSERT INTO row_generations (run_id, gen) VALUES (OLD.run_id, 1)
+        ON CONFLICT (run_id) DO UPDATE SET gen = gen + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS rows_generation_update AFTER UPDATE ON rows BEGIN
+    INSERT INTO row_generations (run_id, gen) VALUES (OLD.run_id, 1)
+        ON CONFLICT (run_id) DO UPDATE SET gen = gen + 1;
+    INSERT INTO row_generations (run_id, gen) VALUES (NEW.run_id, 1)
+        ON CONFLICT (run_id) DO UPDATE SET gen = gen + 1;
+END;
+"""
+
+
 def row_to_db(row: ResultRow) -> tuple[Any, ...]:
     d = row.model_dump(mode="json")
     return tuple(json.dumps(d[f]) if f in _JSON_FIELDS and d[f] is not None else d[f] for f in ROW_FIELDS)
@@ -200,6 +235,9 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.executescript(_OUTBOX_SCHEMA)
     _key_rows_by_source(conn)
     _add_row_columns(conn)
+    conn.executescript(_COLUMNS_SCHEMA)  # after the rows table's own migrations (a rebuild drops its triggers)
+    # NULL: the modules of such a file were not recorded; they are read from its rows
+    _add_run_column(conn, "modules", "TEXT", table="row_files")
     # NULL: such a run is judged again the next time its verdict is asked for, and its line recorded then
     _add_run_column(conn, "verdict_line", "TEXT")
     # '{}': every module of such a run was asked for all of the run's model keys

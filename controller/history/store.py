@@ -19,6 +19,7 @@ from typing import Any
 from contract.fingerprint import EnvFingerprint
 from contract.records import ResultRow, RunProgress, TelemetrySummary
 from controller.command import fleetctl
+from controller.history.frames import ColumnReads
 from controller.history.outbox import WebhookOutbox
 from controller.history.queries import HistoryQueries
 from controller.history.records import GOLDEN_DRIFT_EVENT, RESET_EVENT, VERDICT_EVENT, HistoryError, RunInfo
@@ -29,9 +30,10 @@ _ROW_COLUMNS = ", ".join(f'"{f}"' for f in ROW_FIELDS)
 _INSERT_ROW = f"INSERT OR REPLACE INTO rows ({_ROW_COLUMNS}) VALUES ({','.join('?' * len(ROW_FIELDS))})"
 
 
-class History(HistoryQueries, WebhookOutbox):
+class History(HistoryQueries, ColumnReads, WebhookOutbox):
     """One run history file: its runs, their modules' progress and the events about them, result rows,
-    baselines and device telemetry (the webhook outbox and the aggregate reads are its bases)."""
+    baselines and device telemetry (the webhook outbox, the aggregate reads and the column-wise reads of rows
+    are its bases)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser()
@@ -224,10 +226,8 @@ class History(HistoryQueries, WebhookOutbox):
         data = [row_to_db(r) for r in rows]
         if not data:
             return 0
-        with self.tx() as c:
-            before = c.total_changes
-            c.executemany(_INSERT_ROW, data)
-            return c.total_changes - before
+        with self.tx() as c:  # rowcount: the rows' own changes (total_changes would count the triggers' too)
+            return c.executemany(_INSERT_ROW, data).rowcount
 
     def replace_rows(self, run_id: str, module: str, rows: Iterable[ResultRow]) -> int:
         """The module's rows of the run become exactly ``rows`` (rows of superseded attempts go), atomically."""

@@ -1,10 +1,9 @@
-"""The report's one I/O seam with the run history: SQL reads into pandas, one query per frame.
+"""The report's one I/O seam with the run history: its reads into pandas frames.
 
-Rows are read in chunks (``CHUNK_ROWS``) and each chunk is made compact before the next is
-fetched: text columns become categoricals (a module name is stored once, each row keeps a
-small code), numbers stay numbers. The whole run is never held as Python objects at once:
-reading takes the final frame (~160 bytes a row) plus one chunk's conversion, not several
-times the frame (``bench/report.py --history``).
+A run's rows come column-wise (:meth:`controller.history.History.row_frame`: the run's column file, or
+SQLite while the run is running), text as categoricals (a module name stored once, each row a small code),
+numbers as numbers; no Python object per row (``bench/report.py --history``, ADR 0028).
+:func:`as_read` gives a frame built in memory (a synthetic fleet) the same form.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from controller.report.model import Report, ReportError, Thresholds
 from controller.report.telemetry import with_telemetry
 
 PRIOR_RUNS = 20  # how far back to look for each module's previous run
-CHUNK_ROWS = 50_000  # rows fetched from SQLite at a time (~90 MB of Python objects while a chunk converts)
 
 
 def _is_number(annotation: object) -> bool:
@@ -87,14 +85,12 @@ def as_read(frame: pd.DataFrame) -> pd.DataFrame:
     return concat_compact([_compact(frame)], list(frame.columns))
 
 
-def read_rows(history: History, run_ids: Sequence[str], *, chunk_rows: int = CHUNK_ROWS,
-              model_keys: Sequence[str] | None = None) -> pd.DataFrame:
+def read_rows(history: History, run_ids: Sequence[str], *, model_keys: Sequence[str] | None = None) -> pd.DataFrame:
     """Every stored row of the given runs (of ``model_keys`` only, when given; one column per ResultRow
-    field; text as categoricals), fetched ``chunk_rows`` at a time."""
+    field; text as categoricals)."""
     if not run_ids or (model_keys is not None and not model_keys):
         return pd.DataFrame(columns=list(ROW_FIELDS))
-    chunks = history.row_chunks(run_ids, chunk_rows, model_keys)
-    return concat_compact((_compact(c) for c in chunks if len(c)), ROW_FIELDS)
+    return history.row_frame(run_ids, model_keys)
 
 
 def history_frames(history: History, model_keys: Sequence[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:

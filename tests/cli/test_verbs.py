@@ -37,6 +37,7 @@ EXIT_CODES = [
     (["devices"], 0),
     (["devices", "-d", "m9"], 2),
     (["baseline", "list"], 0),
+    (["history", "migrate"], 0),
     (["cancel", "nope"], 2),
     (["cancel", "run-b"], 0),
     (["logs", "nope"], 2),
@@ -54,6 +55,14 @@ def test_exit_codes(filled, capsys, args, code):
     assert got == code, err
     if code == 2 and args[0] not in ("no-such-verb",) and "--no-such-option" not in args and "yaml" not in args:
         assert one_line(err).startswith("fleetctl: error: "), err
+
+
+def test_history_migrate_writes_each_ended_run_once(filled, capsys):
+    """The filled history's baseline, run-a and run-b get their column files; a second migration writes none."""
+    code, out, _ = run_main(capsys, "history", "migrate", "-o", "json")
+    assert code == 0 and json.loads(out) == {"written": 3, "current": 0, "running": 0, "abandoned": 0}
+    code, out, _ = run_main(capsys, "history", "migrate")
+    assert code == 0 and out.startswith("0 run(s) written, 3 already current, 0 not ended"), out
 
 
 LISTING = [["runs"], ["results", "run-b"], ["devices"], ["describe", "run", "run-b"], ["describe", "module", "m1"],

@@ -1,0 +1,142 @@
+"""The run history's column-wise reads: a run's rows into the report's pandas frame, from its column file when
+that file is current, else from SQLite (and then the file is written, once the run has ended).
+
+SQLite stays the record. A trigger on ``rows`` counts every change of a run's rows (``row_generations``); a
+column file is recorded in ``row_files`` with the generation it was made from, its rows, size and sha256. A
+file is read only when its generation is the run's and its bytes match: a stale, torn or damaged file is
+never taken for the run's rows, whichever process (or older version of fleetctl) wrote the rows. A running
+run is read from SQLite and gets no file. ``fleetctl history migrate`` writes the files of every ended run
+that lacks a current one (idempotent; a migration killed part way leaves runs without a file, read from
+SQLite, and the next one carries on).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from controller.history import columns
+from controller.history.columns import ColumnFile
+from controller.history.schema import ROW_FIELDS
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+
+_COLS = ", ".join(f'"{f}"' for f in ROW_FIELDS)
+
+
+@dataclass(frozen=True)
+class Migrated:
+    """What ``fleetctl history migrate`` did: runs whose column file it wrote, runs that had a current one,
+    runs still running (read from SQLite until they end), and temporary files of killed writers removed."""
+
+    written: int
+    current: int
+    running: int
+    abandoned: int
+
+
+class ColumnReads:
+    """The column-wise reads, a base of :class:`controller.history.History`."""
+
+    conn: sqlite3.Connection
+    path: Path
+
+    @property
+    def columns_folder(self) -> Path | None:
+        """Where the column files live (None for a history in memory: its runs are read from SQLite)."""
+        return None if str(self.path) == ":memory:" else self.path.with_name(self.path.name + ".columns")
+
+    def row_frame(self, run_ids: Sequence[str], model_keys: Sequence[str] | None = None) -> pd.DataFrame:
+        """Every stored row of the given runs (of ``model_keys`` only, when given), one column per ResultRow
+        field, text as categoricals (sorted categories), numbers as numbers: the same frame whichever store
+        the rows come from."""
+        return columns.frame([self._run_table(r) for r in dict.fromkeys(run_ids)], model_keys)
+
+    def _generation(self, run_id: str) -> int:
+        row = self.conn.execute("SELECT gen FROM row_generations WHERE run_id=?", (run_id,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def _current_file(self, run_id: str) -> tuple[ColumnFile | None, int, bool]:
+        """(the run's recorded file if made at the run's generation, the generation, whether the run has ended)."""
+        row = self.conn.execute(
+            "SELECT f.name, f.rows, f.size, f.sha256, f.gen, COALESCE(g.gen, 0), r.state"
+            " FROM (SELECT ? AS run_id) x LEFT JOIN row_files f ON f.run_id = x.run_id"
+            " LEFT JOIN row_generations g ON g.run_id = x.run_id LEFT JOIN runs r ON r.run_id = x.run_id",
+            (run_id,)).fetchone()
+        name, rows, size, digest, made_at, gen, state = row
+        rec = ColumnFile(name, int(rows), int(size), digest) if name is not None and made_at == gen else None
+        return rec, int(gen), state is not None and state != "running"
+
+    def _run_table(self, run_id: str) -> pa.Table:
+        folder = self.columns_folder
+        rec, _, ended = self._current_file(run_id)
+        if folder is not None and rec is not None:
+            table = columns.read(folder, rec)
+            if table is not None:
+                return table
+        table, gen = self._table_from_sqlite(run_id)
+        if ended:
+            self._keep(run_id, gen, table)
+        return table
+
+    def _keep(self, run_id: str, gen: int | None, table: pa.Table) -> bool:
+        """Write and record the ended run's column file; False when it was not (rows changed while they were read,
+        a history in memory, a folder not writable: the rows were read all the same)."""
+        folder = self.columns_folder
+        if folder is None or gen is None:
+            return False
+        try:
+            self._record_file(run_id, gen, columns.write(folder, columns.file_name(run_id, gen), table),
+                              columns.modules(table))
+        except OSError:
+            return False
+        return True
+
+    def _table_from_sqlite(self, run_id: str) -> tuple[pa.Table, int | None]:
+        """The run's rows from SQLite, and the generation they are of (None when rows changed while read)."""
+        before = self._generation(run_id)
+        cur = self.conn.execute(f"SELECT {_COLS} FROM rows WHERE run_id=?", (run_id,))
+
+        def batches() -> Iterator[list[tuple[object, ...]]]:
+            while rows := cur.fetchmany(columns.BATCH_ROWS):
+                yield rows
+
+        table = columns.table_from_values(batches(), f"{self.path}: rows of run {run_id}")
+        return table, before if self._generation(run_id) == before else None
+
+    def _record_file(self, run_id: str, gen: int, rec: ColumnFile, modules: list[str]) -> None:
+        """Record a written file and the modules with rows in it (a record of a later generation is never replaced
+        by an earlier one), then remove the run's superseded files."""
+        self.conn.execute(
+            "INSERT INTO row_files (run_id, gen, name, rows, size, sha256, modules) VALUES (?,?,?,?,?,?,?)"
+            " ON CONFLICT (run_id) DO UPDATE SET gen=excluded.gen, name=excluded.name, rows=excluded.rows,"
+            " size=excluded.size, sha256=excluded.sha256, modules=excluded.modules WHERE excluded.gen >= row_files.gen",
+            (run_id, gen, rec.name, rec.rows, rec.size, rec.sha256, json.dumps(modules)))
+        folder = self.columns_folder
+        if folder is not None and self._current_file(run_id)[0] == rec:
+            columns.remove_others(folder, run_id, rec.name)
+
+    def migrate_columns(self) -> Migrated:
+        """A column file for every ended run with rows that lacks a current one (``fleetctl history migrate``)."""
+        folder = self.columns_folder
+        if folder is None:
+            return Migrated(0, 0, 0, 0)
+        abandoned = columns.remove_abandoned(folder)
+        runs = [r for (r,) in self.conn.execute("SELECT DISTINCT run_id FROM rows ORDER BY run_id").fetchall()]
+        written = current = running = 0
+        for run_id in runs:
+            rec, _, ended = self._current_file(run_id)
+            if rec is not None and columns.read(folder, rec) is not None:
+                current += 1
+            elif not ended:
+                running += 1
+            else:
+                table, gen = self._table_from_sqlite(run_id)
+                written += self._keep(run_id, gen, table)
+        return Migrated(written, current, running, abandoned)

@@ -1,0 +1,249 @@
+"""A run's rows read column-wise (controller.history.frames): from its column file or from SQLite, the same frame
+as the report read before (one ``read_sql_query``, text made categoricals) and the same report; a stale, torn or
+damaged file never taken for the run's rows; ``migrate_columns`` of a history written before column files."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from contract.records import ResultRow
+from controller.history import ROW_FIELDS, History
+from controller.history.columns import TMP_MARK, file_name
+from controller.report import analyse, build_report
+from controller.report.load import _compact, concat_compact, read_rows
+from controller.report.render import rows_with_baseline, to_json, to_markdown
+from controller.report.synth import fleet
+from tests.support.frames import frame_to_rows
+
+MODULES = [f"m{i:02d}" for i in range(7)]
+RUNS = (("run-a", 1, {}), ("run-b", 2, {("qwen3", "decode_tps"): 0.08}))
+
+
+def _fill(h: History, reference: pd.DataFrame, seed_rows: list[ResultRow]) -> None:
+    h.add_baseline("1.4.1", seed_rows, "seed")
+    for run_id, seed, regress in RUNS:
+        h.create_run(run_id, release="1.4.2", modules=MODULES)
+        h.upsert_rows(frame_to_rows(fleet(reference, modules=MODULES, module_factor={"m03": 0.88}, regress=regress,
+                                          seed=seed, run_id=run_id)))
+        h.set_run_state(run_id, "done")
+
+
+@pytest.fixture(scope="module")
+def template(reference: pd.DataFrame, seed_rows: list[ResultRow], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A history of a baseline and two ended runs (7 modules x 92 rows), no column file yet."""
+    path = tmp_path_factory.mktemp("template") / "history.sqlite"
+    h = History(path)
+    _fill(h, reference, seed_rows)
+    h.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    h.close()
+    return path
+
+
+@pytest.fixture
+def history(template: Path, tmp_path: Path):
+    shutil.copyfile(template, tmp_path / "history.sqlite")
+    h = History(tmp_path / "history.sqlite")
+    yield h
+    h.close()
+
+
+def _old_read(h: History, run_id: str) -> pd.DataFrame:
+    """The frame as the report read it before column files: one ``read_sql_query``, text made categoricals."""
+    cols = ", ".join(f'"{f}"' for f in ROW_FIELDS)
+    raw = pd.read_sql_query(f"SELECT {cols} FROM rows WHERE run_id IN (?)", h.conn, params=[run_id])
+    return concat_compact([_compact(raw)], ROW_FIELDS)
+
+
+def _files(h: History) -> list[str]:
+    folder = h.columns_folder
+    assert folder is not None
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def test_first_read_of_an_ended_run_writes_its_file_and_both_reads_equal_the_old_one(history: History) -> None:
+    old = _old_read(history, "run-b")
+    assert _files(history) == []
+    from_sqlite = read_rows(history, ["run-b"])
+    (gen,) = history.conn.execute("SELECT gen FROM row_generations WHERE run_id='run-b'").fetchone()
+    assert gen == 7 * 92 and _files(history) == [file_name("run-b", gen)]
+    from_file = read_rows(history, ["run-b"])
+    pd.testing.assert_frame_equal(from_sqlite, old, check_exact=True)
+    pd.testing.assert_frame_equal(from_file, old, check_exact=True)
+    text = [c for c in old.columns if isinstance(old[c].dtype, pd.CategoricalDtype)]
+    assert {"module", "model_key", "profile", "flags", "prediction"} <= set(text)
+    assert all(from_file[c].cat.categories.is_monotonic_increasing for c in text)
+
+
+def test_report_from_column_files_equals_report_from_the_old_read(history: History) -> None:
+    old = analyse(_old_read(history, "run-b"), run_id="run-b", baseline=_old_read(history, "baseline:1.4.1:v1"),
+                  previous=_old_read(history, "run-a"))
+    for _ in range(2):  # the first read from SQLite (writing the files), the second from the files
+        got = analyse(read_rows(history, ["run-b"]), run_id="run-b", baseline=read_rows(history, ["baseline:1.4.1:v1"]),
+                      previous=read_rows(history, ["run-a"]))
+        assert got.verdict == "regressed" and [o.module for o in got.outliers] == ["m03"]
+        assert to_json(got) == to_json(old)
+        assert to_markdown(got) == to_markdown(old)
+        pd.testing.assert_frame_equal(got.summary, old.summary, check_exact=True)
+        assert rows_with_baseline(got).to_csv(index=False) == rows_with_baseline(old).to_csv(index=False)
+    assert len(_files(history)) == 3
+
+
+def test_several_runs_and_model_keys_read_as_one_frame(history: History, reference: pd.DataFrame) -> None:
+    read_rows(history, ["run-a", "run-b"])  # both files written
+    got = read_rows(history, ["run-a", "run-b"], model_keys=["qwen3"])
+    old = pd.concat([_old_read(history, r) for r in ("run-a", "run-b")])
+    old = old[old["model_key"] == "qwen3"]
+    assert len(got) == len(old) == 2 * len(MODULES) * int((reference["model_key"] == "qwen3").sum())
+    assert sorted(got["module"].cat.categories) == list(got["module"].cat.categories) == MODULES
+    for c in ("run_id", "module", "profile", "decode_tps", "ttft_ms"):
+        assert sorted(map(str, got[c])) == sorted(map(str, old[c])), c
+
+
+def test_a_running_run_is_read_from_sqlite_and_gets_no_file(history: History) -> None:
+    history.set_run_state("run-b", "running")
+    pd.testing.assert_frame_equal(read_rows(history, ["run-b"]), _old_read(history, "run-b"), check_exact=True)
+    assert _files(history) == []
+
+
+def test_rows_changed_after_the_file_was_written_are_read_from_sqlite(history: History) -> None:
+    read_rows(history, ["run-b"])
+    first = _files(history)
+    row = history.rows("run-b", "m00")[0]
+    history.upsert_rows([row.model_copy(update={"decode_tps": 1.0})])  # a late rewrite of one row
+    got = read_rows(history, ["run-b"])
+    assert float(got[(got["module"] == "m00") & (got["model_key"] == row.model_key)
+                      & (got["profile"] == row.profile)]["decode_tps"].iloc[0]) == 1.0
+    pd.testing.assert_frame_equal(got, _old_read(history, "run-b"), check_exact=True)
+    (gen,) = history.conn.execute("SELECT gen FROM row_generations WHERE run_id='run-b'").fetchone()
+    assert first == [file_name("run-b", gen - 1)] and _files(history) == [file_name("run-b", gen)]  # replaced
+
+
+@pytest.mark.parametrize("damage", ["truncated", "byte flipped", "removed"])
+def test_a_torn_or_damaged_file_is_never_taken_for_the_rows(history: History, damage: str) -> None:
+    read_rows(history, ["run-b"])
+    folder = history.columns_folder
+    assert folder is not None
+    (path,) = folder.iterdir()
+    data = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "byte flipped":
+        path.write_bytes(data[:1000] + bytes([data[1000] ^ 0xFF]) + data[1001:])
+    else:
+        path.unlink()
+    pd.testing.assert_frame_equal(read_rows(history, ["run-b"]), _old_read(history, "run-b"), check_exact=True)
+    assert path.read_bytes() == data  # written again, whole
+
+
+def test_migrate_a_history_written_before_column_files(history: History, tmp_path: Path) -> None:
+    """A history as today's code on main leaves it (no generations, files or triggers): migrated, every row and
+    every verdict the same; a second migration writes nothing."""
+    history.conn.executescript("DROP TRIGGER rows_generation_insert; DROP TRIGGER rows_generation_delete;"
+                               " DROP TRIGGER rows_generation_update;"
+                               " DROP TABLE row_generations; DROP TABLE row_files;")
+    history.close()
+    h = History(tmp_path / "history.sqlite")
+    runs = ["baseline:1.4.1:v1", "run-a", "run-b"]
+    before = {r: _old_read(h, r) for r in runs}
+    verdict = to_json(build_report(h, "run-b"))  # against the baseline and run-a
+    shutil.rmtree(tmp_path / "history.sqlite.columns")  # the reports wrote files: start the migration from none
+    done = h.migrate_columns()
+    assert (done.written, done.current, done.running, done.abandoned) == (3, 0, 0, 0)
+    assert len(_files(h)) == 3
+    for r in runs:
+        pd.testing.assert_frame_equal(read_rows(h, [r]), before[r], check_exact=True)
+    assert to_json(build_report(h, "run-b")) == verdict
+    again = h.migrate_columns()
+    assert (again.written, again.current, again.running) == (0, 3, 0)
+    h.close()
+
+
+def test_migrate_removes_a_temporary_file_of_a_killed_writer_and_never_reads_it(history: History) -> None:
+    folder = history.columns_folder
+    assert folder is not None
+    folder.mkdir()
+    dead = folder / f"{file_name('run-b', 644)}{TMP_MARK}999999999"  # no such process
+    dead.write_bytes(b"half a file")
+    done = history.migrate_columns()
+    assert (done.written, done.abandoned) == (3, 1) and not dead.exists()
+    pd.testing.assert_frame_equal(read_rows(history, ["run-b"]), _old_read(history, "run-b"), check_exact=True)
+
+
+def test_a_history_in_memory_reads_its_rows_from_sqlite(reference: pd.DataFrame, seed_rows: list[ResultRow]) -> None:
+    h = History(":memory:")
+    _fill(h, reference, seed_rows)
+    assert h.columns_folder is None and not Path(":memory:.columns").exists()
+    pd.testing.assert_frame_equal(read_rows(h, ["run-b"]), _old_read(h, "run-b"), check_exact=True)
+    assert h.migrate_columns().written == 0
+    h.close()
+
+
+@pytest.mark.slow
+def test_a_migration_killed_part_way_leaves_no_run_taken_for_whole_and_the_next_finishes(
+        reference: pd.DataFrame, tmp_path: Path) -> None:
+    """``fleetctl history migrate`` in a real process, SIGKILLed once some files are written: every recorded file
+    is whole, the runs without one read from SQLite; the next migration writes the rest; every row compared."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "history.sqlite"
+    h = History(path)
+    runs = [f"run-{i:03d}" for i in range(80)]
+    for i, run_id in enumerate(runs):
+        h.create_run(run_id, release="1.4.2", modules=MODULES, state="done")
+        h.upsert_rows(frame_to_rows(fleet(reference, modules=MODULES, seed=i, run_id=run_id)))
+    h.close()
+    env = {**os.environ, "FLEET_HISTORY": str(path)}
+    proc = subprocess.Popen([sys.executable, "-m", "controller", "history", "migrate"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    folder = tmp_path / "history.sqlite.columns"
+    deadline = time.monotonic() + 60
+    while not (folder.is_dir() and len(list(folder.glob("*.arrow"))) >= 5):
+        assert proc.poll() is None and time.monotonic() < deadline, "the migration ended before it was killed"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    h = History(path)
+    recorded = h.conn.execute("SELECT COUNT(*) FROM row_files").fetchone()[0]
+    assert 5 <= recorded < len(runs)
+    for run_id in runs:  # whatever the kill left: every run reads whole (its file, or SQLite)
+        assert len(read_rows(h, [run_id])) == len(MODULES) * len(reference)
+    shutil.rmtree(folder)  # and once more from the state the kill left, files and all
+    h.close()
+    proc = subprocess.Popen([sys.executable, "-m", "controller", "history", "migrate"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not (folder.is_dir() and len(list(folder.glob("*.arrow"))) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, "the migration ended before it was killed"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    h = History(path)
+    done = h.migrate_columns()
+    assert done.written + done.current == len(runs) and done.running == 0 and done.written > 0
+    assert len(list(folder.glob("*.arrow"))) == len(runs) and not list(folder.glob(f"*{TMP_MARK}*"))
+    for run_id in runs:
+        pd.testing.assert_frame_equal(read_rows(h, [run_id]), _old_read(h, run_id), check_exact=True)
+    h.close()
+
+
+def test_modules_with_rows_come_from_the_file_record_while_it_is_current(history: History) -> None:
+    """The previous-run lookup's modules: recorded with a current file (no scan of rows), from the rows once a
+    module's rows went (the generation moved); the same pairs either way."""
+    def pairs() -> list[tuple[str, str]]:
+        return sorted(map(tuple, history.modules_of_rows(["run-a", "run-b"]).to_numpy().tolist()))
+
+    from_rows = pairs()
+    assert from_rows == [(r, m) for r in ("run-a", "run-b") for m in MODULES]
+    read_rows(history, ["run-a", "run-b"])
+    recorded = dict(history.conn.execute("SELECT run_id, modules FROM row_files").fetchall())
+    assert recorded == {r: '["' + '", "'.join(MODULES) + '"]' for r in ("run-a", "run-b")}
+    assert pairs() == from_rows
+    history.replace_rows("run-b", "m06", [])  # m06's rows of run-b go: the record is stale
+    assert pairs() == [(r, m) for r in ("run-a", "run-b") for m in MODULES if (r, m) != ("run-b", "m06")]
