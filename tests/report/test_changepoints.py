@@ -210,3 +210,20 @@ def test_a_fleet_wide_shift_is_one_finding_that_names_the_modules_that_moved_wit
         assert table.stdout.splitlines()[1].endswith(',"m00, m01, m02"')
     finally:
         h.close()
+
+
+def test_the_side_medians_equal_the_medians_of_each_values_neighbours() -> None:
+    """hampel's vectorised medians (whole windows at once, the short ones at the ends apart) equal the plain ones."""
+    import numpy as np
+
+    from controller.report.analysis.changepoints import _side_medians
+
+    rng = np.random.default_rng(7)
+    for n in (3, 5, 7, 8, 20, 101):
+        for h in (1, 2, 3):
+            if n < 2 * h + 1:
+                continue
+            x = rng.normal(size=n)
+            before, after = _side_medians(x, h)
+            assert before.tolist() == [float(np.median(x[max(0, i - h):i])) for i in range(1, n - 1)], (n, h)
+            assert after.tolist() == [float(np.median(x[i + 1:i + 1 + h])) for i in range(1, n - 1)], (n, h)

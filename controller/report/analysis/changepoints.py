@@ -117,21 +117,26 @@ class _Test:
 
 
 def _welch(a: np.ndarray, b: np.ndarray) -> _Test:
-    from scipy import stats  # heavy import: only when a series is analysed
+    return _welch_of(float(a.mean()), float(a.var(ddof=1)), len(a), float(b.mean()), float(b.var(ddof=1)), len(b))
 
-    ma, mb = float(a.mean()), float(b.mean())
-    va, vb = float(a.var(ddof=1)), float(b.var(ddof=1))
-    se2 = va / len(a) + vb / len(b)
+
+def _welch_of(ma: float, va: float, na: int, mb: float, vb: float, nb: int) -> _Test:
+    """Welch's test from each side's mean, variance (ddof 1) and size."""
+    # Student's t straight from scipy.special (what scipy.stats.t's sf and ppf compute, without the distribution
+    # object's argument checks: ~100x faster a call, and pruning makes thousands of calls over a long history)
+    from scipy.special import stdtr, stdtrit
+
+    se2 = va / na + vb / nb
     diff = mb - ma
     scale = abs(ma) if ma else 1.0
     if se2 <= (1e-12 * scale) ** 2:  # both sides constant
         p = 0.0 if abs(diff) > 1e-12 * scale else 1.0
         half = 0.0
     else:
-        df = se2**2 / ((va / len(a)) ** 2 / (len(a) - 1) + (vb / len(b)) ** 2 / (len(b) - 1))
+        df = se2**2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
         t = diff / math.sqrt(se2)
-        p = float(2 * stats.t.sf(abs(t), df))
-        half = float(stats.t.ppf(0.975, df)) * math.sqrt(se2)
+        p = float(2 * stdtr(df, -abs(t)))
+        half = float(stdtrit(df, 0.975)) * math.sqrt(se2)
     size = diff / scale
     return _Test(size=size, ci_low=(diff - half) / scale, ci_high=(diff + half) / scale,
                  p_value=p, before=ma, after=mb)
@@ -178,6 +183,30 @@ def _stretch(n: int, cps: list[int], i: int) -> tuple[int, int]:
     return (cps[i - 1] if i > 0 else 0), (cps[i + 1] if i + 1 < len(cps) else n)
 
 
+class _Sums:
+    """Prefix sums of a series (centred on its mean): the mean and variance of any stretch in O(1), for the
+    screening of candidates (the tests reported are computed again from the values: :func:`_judge`)."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.shift = float(x.mean())
+        c = x - self.shift
+        self.s1: list[float] = np.concatenate(([0.0], np.cumsum(c))).tolist()
+        self.s2: list[float] = np.concatenate(([0.0], np.cumsum(c * c))).tolist()
+
+    def mean_var(self, lo: int, hi: int) -> tuple[float, float]:
+        n = hi - lo
+        a, q = self.s1[hi] - self.s1[lo], self.s2[hi] - self.s2[lo]
+        return self.shift + a / n, max(0.0, (q - a * a / n) / (n - 1)) if n > 1 else 0.0
+
+    def judge(self, lo: int, k: int, hi: int, s: DetectorSettings) -> _Test:
+        """:func:`_judge` of the split at ``k`` of ``lo .. hi``, from the sums."""
+        (ma, va), (mb, vb) = self.mean_var(lo, k), self.mean_var(k, hi)
+        if min(k - lo, hi - k) < s.min_segment:
+            size = mb / ma - 1 if ma else 0.0
+            return _Test(size=size, ci_low=size, ci_high=size, p_value=1.0, before=ma, after=mb)
+        return _welch_of(ma, va, k - lo, mb, vb, hi - k)
+
+
 def _judge(x: np.ndarray, cps: list[int], i: int, s: DetectorSettings) -> _Test:
     """Welch's test of change point ``i`` against its neighbours (a change point closer than ``min_segment``
     to a neighbour fails: p 1)."""
@@ -215,16 +244,30 @@ def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings 
     s = settings or DetectorSettings()
     x = _as_series(values)
     cps = sorted(set(candidates))
+    if not cps:
+        return ()
+    # each test depends on its stretch only (the change point and its neighbours): a drop changes two of them, so
+    # the others are taken from here, not computed again (a long series has dozens of candidates)
+    screened: dict[tuple[int, int, int], _Test] = {}
+    permuted: dict[tuple[int, int, int], float] = {}
+    sums = _Sums(x)
+
+    def stretch(i: int) -> tuple[int, int, int]:
+        lo, hi = _stretch(len(x), cps, i)
+        return lo, cps[i], hi
+
     while cps:
         # screen: Welch's p of each against its neighbours (cheap, and never above the permutation test's)
-        tests = [_judge(x, cps, i, s) for i in range(len(cps))]
+        keys = [stretch(i) for i in range(len(cps))]
+        tests = [screened[k] if k in screened else screened.setdefault(k, sums.judge(*k, s)) for k in keys]
         weakest = _weakest(tests, s)
         if weakest is not None:
             del cps[weakest]
             continue
         # the test: the permutation p of each stretch (seeded shuffles)
-        tests = [replace(t, p_value=_permutation_p(x[lo:hi], cps[i] - lo, s.min_segment, s.permutations))
-                 for i, t in enumerate(tests) for lo, hi in [_stretch(len(x), cps, i)]]
+        tests = [replace(t, p_value=permuted[k] if k in permuted else permuted.setdefault(
+                     k, _permutation_p(x[k[0]:k[2]], k[1] - k[0], s.min_segment, s.permutations)))
+                 for t, k in zip(tests, keys, strict=True)]
         weakest = _weakest(tests, s)
         if weakest is None:
             break
@@ -233,7 +276,8 @@ def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings 
         return ()
     last = float(x[cps[-1]:].mean())
     out = []
-    for i, t in enumerate(tests):
+    for i, screened_test in enumerate(tests):
+        t = replace(_judge(x, cps, i, s), p_value=screened_test.p_value)  # from the values (the sums only screen)
         end = last / t.before - 1 if t.before else 0.0
         in_force = math.copysign(1, end) == math.copysign(1, t.size) and abs(end) >= s.min_magnitude
         lo, hi = _stretch(len(x), cps, i)
@@ -265,9 +309,7 @@ def hampel(values: Values, sigmas: float = DEFAULT_OUTLIER_SIGMAS) -> tuple[np.n
     n = len(x)
     if sigmas <= 0 or n < 2 * h + 1:
         return x, ()
-    inner = range(1, n - 1)
-    before = np.array([np.median(x[max(0, i - h):i]) for i in inner])
-    after = np.array([np.median(x[i + 1:i + 1 + h]) for i in inner])
+    before, after = _side_medians(x, h)
     mid = x[1:n - 1]
     scale = 1.4826 * float(np.median(np.abs(mid - (before + after) / 2))) / RESIDUAL_SPREAD
     scale = max(scale, 1e-9 * float(np.median(np.abs(x))), 1e-300)
@@ -276,6 +318,22 @@ def hampel(values: Values, sigmas: float = DEFAULT_OUTLIER_SIGMAS) -> tuple[np.n
     clean = x.copy()
     clean[out] = (before[far] + after[far]) / 2
     return clean, tuple(int(i) for i in out)
+
+
+def _side_medians(x: np.ndarray, h: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each inner value ``i`` (1 .. n-2): the median of the (up to) ``h`` values before it and of those after
+    it; whole windows in one vectorised median, the few shorter ones at the ends one by one (``n >= 2h + 1``)."""
+    n = len(x)
+    full = np.median(np.lib.stride_tricks.sliding_window_view(x, h), axis=1)  # full[j]: median of x[j:j+h]
+    before = np.empty(n - 2)
+    after = np.empty(n - 2)
+    before[h - 1:] = full[:n - 1 - h]  # i = h .. n-2: x[i-h:i]
+    after[:n - 1 - h] = full[2:n - h + 1]  # i = 1 .. n-1-h: x[i+1:i+1+h]
+    for i in range(1, h):
+        before[i - 1] = np.median(x[:i])
+    for i in range(n - h, n - 1):
+        after[i - 1] = np.median(x[i + 1:])
+    return before, after
 
 
 def analyse_series(values: Values, settings: DetectorSettings | None = None) -> Detection:
