@@ -26,6 +26,7 @@ from agent import env_probe, model_key, steps
 from agent.config import AgentConfig
 from agent.errors import BadInput, Cancelled, StepFailed
 from agent.executor import CancelToken, EventCancelToken, Executor, ProcResult, utc_stamp
+from agent.kernel_cache import RunCache
 from agent.model_key import proc_error
 from agent.procs import Left
 from agent.state import RunMachine
@@ -282,9 +283,10 @@ class Run:
         self._run_step(steps.plan_generate(top, pre_env, self.cfg.generate_timeout), RunState.GENERATING)
         self.steps_done += 1
         env = self._environment(top, pre_env, cache)
-        self._precompile(top, env)
+        # before the precompile: the shared kernel cache is keyed by it
         self.fingerprint = env_probe.probe_run(self, top, env)  # never fails: a failed probe says "unknown"
         self.note(fingerprint=self.fingerprint)  # written with the first key's start, next
+        self._precompile(top, env)
         return top, env
 
     def _begin(self, state: RunState, step: str) -> float:
@@ -419,12 +421,20 @@ class Run:
             self.note(precompile_cached=True)  # written with the first key's server start, next
             return
         t0 = time.monotonic()
-        self._run_step(steps.plan_precompile(top, env, self.cfg.precompile_timeout), RunState.PRECOMPILING)
-        info = {"sha256": self.req.sha256, "folders": self._all_folders(), "duration_s": time.monotonic() - t0,
-                "run_id": self.req.run_id, "ts": time.time()}
+        shared = RunCache.of(self, self._all_folders())  # None: the fleet's kernel cache is off
+        use = shared.fetch() if shared is not None else None  # None: compile (an event says why)
+        if use is None:
+            self._run_step(steps.plan_precompile(top, env, self.cfg.precompile_timeout), RunState.PRECOMPILING)
+        else:
+            self.to(RunState.PRECOMPILING, "precompile")
+        took = time.monotonic() - t0
+        info = {"sha256": self.req.sha256, "folders": self._all_folders(), "duration_s": took,
+                "run_id": self.req.run_id, "ts": time.time(), "fetched": use.archive if use else None}
         write_atomic(marker, json.dumps(info) + "\n")
+        if shared is not None and use is None:
+            use = shared.publish(took)
         self.steps_done += 1
-        self.note(precompile_cached=False)  # written with the first key's server start, next
+        self.note(precompile_cached=False, kernel_cache=use)  # written with the first key's server start, next
 
     def _run_step(self, plan: steps.StepPlan, state: RunState, *, log_path: Path | None = None,
                   raw: Path | None = None) -> ProcResult:

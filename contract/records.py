@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contract.energy import EnergyWindow
 from contract.fingerprint import EnvFingerprint
+from contract.kernel_cache import KernelCacheUse
 
 SCHEMA_VERSION = 1
 
@@ -397,6 +398,8 @@ class RunProgress(Frozen):
     updated_at: float = 0.0
     finished_at: float | None = None
     precompile_cached: bool | None = None
+    # the fleet's kernel cache: this module fetched a compiled cache, or compiled (and published) its own
+    kernel_cache: KernelCacheUse | None = None
     rows: int = 0
     attempt: int = 1
     error: StepError | None = None
