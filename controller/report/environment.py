@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from contract.fingerprint import EnvFingerprint, differences, majority
+from contract.records import RunProgress
 from controller.report.model import FLEET, EnvDifference, Report, ReportError
 
 
@@ -108,3 +109,19 @@ def environment_text(report: Report, module: str) -> str:
         return ""
     d = next((x for x in report.environment if x.module == module), None)
     return "" if d is None else f"other environment than the fleet: {'; '.join(d.differences)}"
+
+
+def kernel_cache_note(progress: Mapping[str, RunProgress]) -> str | None:
+    """Which modules compiled the release's kernels and which fetched them from the fleet's kernel cache (None:
+    no module of the run used the shared cache)."""
+    used = {m: p.kernel_cache for m, p in progress.items() if p.kernel_cache is not None}
+    if not used:
+        return None
+    compiled = sorted(m for m, u in used.items() if u.action == "compiled")
+    fetched = sorted(m for m, u in used.items() if u.action == "fetched")
+    published = sorted(m for m in compiled if used[m].published)
+    parts = [f"compiled on {', '.join(compiled) or 'no module'}" + (f" (published by {', '.join(published)})"
+                                                                      if published else "")]
+    if fetched:
+        parts.append(f"fetched on {', '.join(fetched)}")
+    return "kernel cache: " + "; ".join(parts)
