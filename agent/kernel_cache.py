@@ -1,15 +1,15 @@
 """The fleet-wide kernel cache on the agent: fetch a trusted compiled TileLang cache instead of compiling, publish
-one after compiling (records and layout: :mod:`contract.kernel_cache`; why: docs/adr/0030-fleet-kernel-cache.md).
+one after compiling (records and layout: :mod:`contract.kernel_store`; why: docs/adr/0030-fleet-kernel-cache.md).
 
 An archive is an uncompressed tar made the same way on every module (members sorted, owner, mode and time
-fixed) whose first member, :data:`~contract.kernel_cache.MANIFEST`, lists every other member's sha256 and size: two
+fixed) whose first member, :data:`~contract.kernel_store.MANIFEST`, lists every other member's sha256 and size: two
 modules that compiled the same kernels publish byte-identical archives, and the archive's own sha256 is its name.
 Fetching checks, before a byte lands in the module's cache, the archive's sha256 against the trusted one, then
 while unpacking every member against the manifest (a regular file, a plain relative path, its size and sha256,
 no member twice, none missing), into a staging folder moved into place only when all passed.
 
 :class:`RunCache` is the pipeline's one seam with the store (a folder: ``<data_dir>/kernel-cache`` next to the
-staged releases, or a shared mount); everything it decides comes from :func:`contract.kernel_cache.decide`.
+staged releases, or a shared mount); everything it decides comes from :func:`contract.kernel_store.decide`.
 Nothing here fails a run: a store that cannot be read or written, or an archive refused, means compiling.
 """
 
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.errors import BadInput
 from contract.files import write_atomic
-from contract.kernel_cache import (
+from contract.kernel_store import (
     KEY_FILE,
     MANIFEST,
     CacheKey,
@@ -214,7 +214,7 @@ def _extract(archive: Path, stage: Path, max_members: int) -> list[str]:
 
 # --------------------------------------------------------------------------- the store
 class Store:
-    """The store's files for one key (layout: :mod:`contract.kernel_cache`)."""
+    """The store's files for one key (layout: :mod:`contract.kernel_store`)."""
 
     def __init__(self, root: Path, key: CacheKey) -> None:
         self.root, self.key, self.folder = root, key, key.folder(root)

@@ -60,16 +60,10 @@ class AgentSettings(BrokerSettings):
     kernel_cache: bool = Field(default=False, description="share compiled TileLang kernels with the fleet: fetch a "
                                "trusted archive instead of compiling, publish one after compiling "
                                "(docs/howto/kernel-cache.md)")
-    kernel_cache_dir: Path | None = Field(default=None, description="the shared kernel cache's store; default "
-                                          "<data_dir>/kernel-cache (next to the staged releases)")
     kernel_cache_trust_first: bool = Field(default=False, description="trust an archive the first module compiled "
                                            "(else only one two modules compiled identically)")
     device_class: str = Field(default="M1000", min_length=1, max_length=64,
                               description="this module's device class: kernel caches are shared within a class")
-
-    def kernel_cache_root(self) -> Path:
-        """The shared kernel cache's store (``kernel_cache_dir``, else ``<data_dir>/kernel-cache``)."""
-        return (self.kernel_cache_dir or self.data_dir / "kernel-cache").expanduser()
 
     def replicas_to_wait(self) -> int:
         """Replicas a final state waits for (``final_state_replicas``, else 1 with Sentinel, 0 without)."""

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contract.energy import EnergyWindow
 from contract.fingerprint import EnvFingerprint
-from contract.kernel_cache import KernelCacheUse
+from contract.kernel_store import KernelCacheUse
 
 SCHEMA_VERSION = 1
 

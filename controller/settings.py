@@ -87,9 +87,6 @@ class ControllerSettings(BrokerSettings):
                                            "run), and in each module's incoming folder (the last pushed there), "
                                            "besides those of running runs")
 
-    kernel_cache_dir: Path | None = Field(default=None, description="the fleet's kernel cache store (`fleetctl "
-                                          "cache`); default <data_dir>/kernel-cache, where local agents publish")
-
     @field_validator("golden_models")
     @classmethod
     def _golden_keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
@@ -106,10 +103,6 @@ class ControllerSettings(BrokerSettings):
             raise ValueError("golden_every_runs or golden_every_hours is set but golden_release is not: name the "
                              "known-good release the scheduled golden checks validate")
         return self
-
-    @property
-    def kernel_cache_root(self) -> Path:
-        return (self.kernel_cache_dir or self.data_dir / "kernel-cache").expanduser()
 
     @property
     def history_path(self) -> Path:

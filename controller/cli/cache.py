@@ -22,7 +22,7 @@ def cache_ls(ctx: typer.Context, output: Output = output_option()) -> None:
     s = session(ctx)
     recs = [e.as_dict() for e in cache_entries(s)]
     if output == Output.table and not recs:
-        stdout().print(f"no kernel cache in {s.settings.kernel_cache_root}", highlight=False, markup=False)
+        stdout().print(f"no kernel cache in {s.settings.kernel_cache_root()}", highlight=False, markup=False)
         return
     if output != Output.json:
         for r in recs:

@@ -1,6 +1,6 @@
 """The fleet's kernel cache store, as the controller sees it: what is there (``fleetctl cache ls``) and pruning it
 (``fleetctl cache prune``). The agents write it (:mod:`agent.kernel_cache`); the layout and the records are
-:mod:`contract.kernel_cache`'s. Pure reading and deleting of one folder: no broker, no history written."""
+:mod:`contract.kernel_store`'s. Pure reading and deleting of one folder: no broker, no history written."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from contract.kernel_cache import (
+from contract.kernel_store import (
     DIGEST,
     KEY_DIGEST,
     RELEASE_DIR,
@@ -72,7 +72,7 @@ def _dirs(folder: Path, ok: Any) -> list[Path]:
 
 
 def cache_entries(s: Session) -> list[CacheEntry]:
-    return entries(s.settings.kernel_cache_root)
+    return entries(s.settings.kernel_cache_root())
 
 
 def prune(root: Path, keep: set[str]) -> list[Path]:
@@ -87,4 +87,4 @@ def prune_cache(s: Session, *, everything: bool = False) -> list[Path]:
     """``fleetctl cache prune``: the caches of releases no run may still use (those the staged releases keep:
     running runs' and the ``keep_releases`` newest), or every cache with ``everything``."""
     keep = set() if everything else {sha[:16] for sha in releases_in_use(s)}
-    return prune(s.settings.kernel_cache_root, keep)
+    return prune(s.settings.kernel_cache_root(), keep)

@@ -14,7 +14,7 @@ import pytest
 
 from agent.kernel_cache import RefusedArchive, Store, build_archive, unpack_archive
 from contract.fingerprint import EnvFingerprint
-from contract.kernel_cache import MANIFEST, Publication, cache_key, decide, read_publications
+from contract.kernel_store import MANIFEST, Publication, cache_key, decide, read_publications
 
 SHA = "ab" * 32
 FP = EnvFingerprint(driver="3.0.0", musa="4.0.0", torch_musa="2.1.0", triton="3.1.0", tilelang="0.1.6",

@@ -18,7 +18,7 @@ import pytest
 
 import simulator
 from agent.store import RunStore
-from contract.kernel_cache import read_fetches, read_publications
+from contract.kernel_store import read_fetches, read_publications
 from simulator.cheap import cheap_module_env
 from simulator.ports import free_port
 from tests.support.procs import processes_under
@@ -39,7 +39,7 @@ def fleet(tmp_path_factory):
     assert not strays, [p.cmdline() for p in strays]
 
 
-def _run(fleet, module: str, *, driver: str = "3.0.0-sim") -> dict:
+def _run(fleet, module: str, *, driver: str = "3.0.0-sim", summary: list[str] | None = None) -> dict:
     built, base = fleet
     env = {**os.environ, **cheap_module_env(time_scale=50.0, telemetry_period=1.0), "FLEET_PROBE": "false",
            "FLEET_KERNEL_CACHE": "true", "FLEET_KERNEL_CACHE_DIR": str(base / "store"),
@@ -49,6 +49,8 @@ def _run(fleet, module: str, *, driver: str = "3.0.0-sim") -> dict:
            "--server-port", str(free_port()), "--format", "json"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
+    if summary is not None:
+        summary.append(res.stderr)
     return json.loads(res.stdout)["progress"]
 
 
@@ -74,7 +76,10 @@ def test_two_compile_the_third_fetches_another_driver_compiles_a_corrupt_archive
     assert second["kernel_cache"]["archive"] == digest  # compiled independently, byte-identical
     assert second["kernel_cache"]["why"].startswith(f"cache {digest[:12]} compiled by 1 module(s) (m1); 2 needed")
 
-    third = _run(fleet, "m3")
+    said: list[str] = []
+    third = _run(fleet, "m3", summary=said)
+    assert f"run r1 on m3: done, {third['rows']} rows, precompile fetched {digest[:12]} from the fleet's kernel " \
+           "cache" in said[0]
     assert third["kernel_cache"] == {"action": "fetched", "archive": digest, "key": first["kernel_cache"]["key"],
                                      "published": False, "why": ""}
     assert not _compiled(base, "m3") and _compiled(base, "m1") and _compiled(base, "m2")

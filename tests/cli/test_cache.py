@@ -7,7 +7,7 @@ import json
 
 from agent.kernel_cache import Store
 from contract.fingerprint import EnvFingerprint
-from contract.kernel_cache import Fetch, cache_key
+from contract.kernel_store import Fetch, cache_key
 from controller.history import History
 from tests.support.cli import finished_run, run_main
 

@@ -161,7 +161,7 @@ def test_a_baseline_without_fingerprints_is_refused_only_with_the_setting(histor
 
 
 def test_the_report_names_the_modules_that_compiled_and_fetched_the_kernels(history: History, reference) -> None:
-    from contract.kernel_cache import KernelCacheUse
+    from contract.kernel_store import KernelCacheUse
 
     _store(history, reference, "run-1", dict.fromkeys(MODULES, FP))
     assert not [n for n in build_report(history, "run-1", previous=False).notes if n.startswith("kernel cache")]
