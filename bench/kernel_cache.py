@@ -97,23 +97,33 @@ def both(arms: dict[str, dict[str, Any]], names: dict[str, list[str]], run_id: s
 
 
 def precompile_s(base: Path, module: str, run_id: str) -> tuple[str, float]:
-    """(how the module's precompile went, its seconds) from the run's events on the module."""
+    """(how the module's precompile went, its seconds) from the run's events on the module: the precompile's
+    ``ok`` or the kernel cache's ``fetched`` event (fetch, verify, unpack), else the local cache's ``skipped``."""
     import json
 
     path = base / "modules" / module / "work" / "runs" / run_id / "events.jsonl"
-    start = None
     for line in path.read_text(encoding="utf-8").splitlines():
         ev = json.loads(line)
-        if ev["step"] == "environment" and ev["status"] == "ok":
-            start = ev["ts"]
         if ev["step"] == "precompile" and ev["status"] in ("ok", "skipped", "fetched"):
-            return ev["status"], ev["ts"] - (start or ev["ts"])
+            return ev["status"], ev["duration_s"] or 0.0
     return "-", float("nan")
 
 
 def figures(rows: list[Any], module: str) -> dict[tuple[str, str, str], float]:
     return {(r.model_key, r.profile, m): getattr(r, m) for r in rows if r.module == module and r.source == "release"
             for m in METRICS if getattr(r, m)}
+
+
+def spread(rows: list[Any], modules: list[str]) -> float:
+    """The noise of one run: the largest relative difference of a module's figure from the median of that figure
+    over the run's modules (the same release on identical simulated modules)."""
+    per = [figures(rows, m) for m in modules]
+    worst = 0.0
+    for k in set().union(*per):
+        vals = [f[k] for f in per if k in f]
+        mid = statistics.median(vals)
+        worst = max(worst, *(abs(v / mid - 1) for v in vals))
+    return worst
 
 
 def compare(off: list[Any], on: list[Any], mod_off: str, mod_on: str) -> tuple[int, float, str]:
@@ -193,13 +203,18 @@ def main() -> int:
         (fetched if use and use.action == "fetched" else compiled).append(on_m)
         n, worst, which = compare(full["off"]["rows"], full["on"]["rows"], off_m, on_m)
         (noise if i < 2 else shared).append(worst)
-        lines.append(f"| {on_m} | {s_off:.1f} ({how_off}) | {how_on} | {s_on:.1f} | {shown} | {n} | "
+        lines.append(f"| {on_m} | {s_off:.2f} ({how_off}) | {how_on} | {s_on:.2f} | {shown} | {n} | "
                      f"{worst:.1%} ({which}) |")
+    noise_off = spread(full["off"]["rows"], names["off"])
+    noise_on = spread(full["on"]["rows"], names["on"])
     lines += ["", f"compiled (canary, local cache in the full run): {', '.join(compiled)}; fetched: "
                   f"{', '.join(fetched)}",
-              f"largest relative difference of a module's figures, with vs without: canary modules (both compiled "
-              f"the same way: the noise) {max(noise):.1%}, modules that fetched {max(shared):.1%} (median "
+              f"largest relative difference of a module's figures, with vs without: canary modules (the same path "
+              f"in both fleets) {max(noise):.1%}, modules that fetched {max(shared):.1%} (median "
               f"{statistics.median(shared):.1%})",
+              f"noise of one run (a module's figure against the median of the run's {args.modules} modules, "
+              f"largest): without the cache {noise_off:.1%}, with it {noise_on:.1%}; fetched modules within it: "
+              f"{'yes' if max(shared) <= max(noise_off, noise_on) else 'no'}",
               f"full validation with the cache / without: {ratio:.2f} (acceptance: <= 0.70)"]
     print("\n".join(lines))
     if tmp is not None:
