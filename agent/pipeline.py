@@ -283,11 +283,16 @@ class Run:
         self._run_step(steps.plan_generate(top, pre_env, self.cfg.generate_timeout), RunState.GENERATING)
         self.steps_done += 1
         env = self._environment(top, pre_env, cache)
-        # before the precompile: the shared kernel cache is keyed by it
+        if self.cfg.kernel_cache is not None:  # the fleet's kernel cache is keyed by the fingerprint: probed first
+            self._fingerprint(top, env)
+        self._precompile(top, env)
+        if self.fingerprint is None:
+            self._fingerprint(top, env)
+        return top, env
+
+    def _fingerprint(self, top: Path, env: dict[str, str]) -> None:
         self.fingerprint = env_probe.probe_run(self, top, env)  # never fails: a failed probe says "unknown"
         self.note(fingerprint=self.fingerprint)  # written with the first key's start, next
-        self._precompile(top, env)
-        return top, env
 
     def _begin(self, state: RunState, step: str) -> float:
         self.check(step)()
