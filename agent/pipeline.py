@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent import env_probe, model_key, steps
 from agent.config import AgentConfig
@@ -49,9 +49,6 @@ from contract.records import (
     TelemetrySummary,
     release_difference,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["AgentConfig", "CancelToken", "EventCancelToken", "RunResult", "run_pipeline"]
 
