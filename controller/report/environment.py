@@ -112,16 +112,17 @@ def environment_text(report: Report, module: str) -> str:
 
 
 def kernel_cache_note(progress: Mapping[str, RunProgress]) -> str | None:
-    """Which modules compiled the release's kernels and which fetched them from the fleet's kernel cache (None:
-    no module of the run used the shared cache)."""
+    """Which modules compiled the release's kernels, which fetched them from the fleet's kernel cache and which had
+    them cached from an earlier run (None: no module of the run used the shared cache)."""
     used = {m: p.kernel_cache for m, p in progress.items() if p.kernel_cache is not None}
     if not used:
         return None
     compiled = sorted(m for m, u in used.items() if u.action == "compiled")
-    fetched = sorted(m for m, u in used.items() if u.action == "fetched")
     published = sorted(m for m in compiled if used[m].published)
-    parts = [f"compiled on {', '.join(compiled) or 'no module'}" + (f" (published by {', '.join(published)})"
-                                                                      if published else "")]
-    if fetched:
-        parts.append(f"fetched on {', '.join(fetched)}")
+    fetched = sorted(m for m, u in used.items() if u.action == "fetched")
+    before = sorted(m for m, p in progress.items() if p.kernel_cache is None and p.precompile_cached)
+    parts = [f"compiled on {', '.join(compiled)}" + (f" (published by {', '.join(published)})" if published else "")
+             ] if compiled else []
+    parts += [f"fetched on {', '.join(fetched)}"] if fetched else []
+    parts += [f"cached by an earlier run on {', '.join(before)}"] if before else []
     return "kernel cache: " + "; ".join(parts)

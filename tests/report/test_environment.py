@@ -175,3 +175,7 @@ def test_the_report_names_the_modules_that_compiled_and_fetched_the_kernels(hist
     assert rep.notes[0] == ("kernel cache: compiled on m00, m01, m05 (published by m00, m01); fetched on m02, m03, "
                             "m04")
     assert "- kernel cache: compiled on m00, m01, m05" in to_markdown(rep)
+    history.upsert_progress_many([RunProgress(run_id="run-1", module=m, updated_at=time.time() + 1, fingerprint=FP,
+                                              precompile_cached=True) for m in ("m00", "m01")])
+    assert build_report(history, "run-1", previous=False).notes[0] == (
+        "kernel cache: compiled on m05; fetched on m02, m03, m04; cached by an earlier run on m00, m01")
