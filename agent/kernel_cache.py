@@ -191,7 +191,7 @@ def _extract(archive: Path, stage: Path, max_members: int) -> list[str]:
             manifest = _manifest(tar, next(members, None))
             if len(manifest) > max_members:
                 raise RefusedArchive(f"{len(manifest)} members, more than {max_members}")
-            seen: list[str] = []
+            seen: dict[str, None] = {}  # in order, looked up in O(1)
             for m in members:
                 if not m.isreg() or not _safe_name(m.name) or m.name not in manifest or m.name in seen:
                     what = "not a regular file" if not m.isreg() else "not in the manifest, twice, or unsafe"
@@ -203,13 +203,13 @@ def _extract(archive: Path, stage: Path, max_members: int) -> list[str]:
                 src = tar.extractfile(m)
                 if src is None or _copy_checked(src, stage / m.name, size) != sha:
                     raise RefusedArchive(f"member {m.name}: its sha256 is not the manifest's")
-                seen.append(m.name)
+                seen[m.name] = None
     except (tarfile.TarError, EOFError) as exc:
         raise RefusedArchive(f"not a readable tar: {exc}") from None
     missing = sorted(set(manifest) - set(seen))
     if missing:
         raise RefusedArchive(f"{len(missing)} member(s) of the manifest missing, first {missing[0]}")
-    return seen
+    return list(seen)
 
 
 # --------------------------------------------------------------------------- the store
