@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
@@ -220,3 +221,16 @@ def release_keys(root: Path, release_sha256: str) -> list[CacheKey]:
     except OSError:
         return []
     return [k for k in (read_key(d) for d in folders) if k is not None]
+
+
+def prune(root: Path, keep: set[str]) -> list[Path]:
+    """Remove the store's release folders whose release (sha256[:16]) is not in ``keep``; the folders removed.
+    Anything else in ``root`` (a name that is not a release's) stays."""
+    try:
+        found = sorted(d for d in root.iterdir() if d.is_dir() and not d.is_symlink() and RELEASE_DIR.fullmatch(d.name))
+    except OSError:
+        return []
+    gone = [d for d in found if d.name not in keep]
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+    return gone

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from contract.kernel_store import (
     DIGEST,
     KEY_DIGEST,
     RELEASE_DIR,
+    prune,
     read_fetches,
     read_key,
     read_publications,
@@ -73,14 +73,6 @@ def _dirs(folder: Path, ok: Any) -> list[Path]:
 
 def cache_entries(s: Session) -> list[CacheEntry]:
     return entries(s.settings.kernel_cache_root())
-
-
-def prune(root: Path, keep: set[str]) -> list[Path]:
-    """Remove the store's release folders whose release (sha256[:16]) is not in ``keep``; the folders removed."""
-    gone = [d for d in _dirs(root, RELEASE_DIR.fullmatch) if d.name not in keep]
-    for d in gone:
-        shutil.rmtree(d, ignore_errors=True)
-    return gone
 
 
 def prune_cache(s: Session, *, everything: bool = False) -> list[Path]:

@@ -69,3 +69,20 @@ def test_cache_prune_keeps_the_releases_runs_may_use(env, capsys, monkeypatch):
     code, out, _ = run_main(capsys, "cache", "prune", "--all")
     assert out.strip().startswith("removed the kernel caches of 2 release(s)")
     assert list((env / "fleet" / "kernel-cache").iterdir()) == []
+
+
+def test_pruning_the_staged_releases_prunes_their_kernel_caches(env, monkeypatch):
+    from controller.service import Session, prune_releases
+
+    monkeypatch.setenv("FLEET_CONTROLLER_KEEP_RELEASES", "1")
+    h = History(env / "history.sqlite")
+    finished_run(h, "r-old", modules=["m1"], state="done", sha256=digest("old"))
+    finished_run(h, "r-new", modules=["m1"], state="done", sha256=digest("new"))
+    h.close()
+    for name in ("old", "new"):
+        _publish(env, name, ["m1"])
+    (env / "fleet" / "kernel-cache" / "notes").mkdir()
+    with Session.load() as s:
+        prune_releases(s)
+    left = sorted(p.name for p in (env / "fleet" / "kernel-cache").iterdir())
+    assert left == sorted([digest("new")[:16], "notes"])
