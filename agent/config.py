@@ -36,6 +36,8 @@ class AgentConfig(BaseModel):
     stop_grace: float = Field(default=15.0, gt=0, description="SIGTERM to SIGKILL of a process group, s")
     port_free_timeout: float = Field(default=30.0, gt=0, description="wait for the port to be free again, s")
     poll_interval: float = Field(default=0.5, gt=0, description="cancel / readiness polling period, s")
+    warmup_request: bool = Field(default=True, description="time one short request once a key's server is ready "
+                                 "(its first-request time, a judged start-up cost)")
     key_env: dict[str, dict[str, str]] = Field(default_factory=dict, description="extra env per model key")
     base_env: dict[str, str] | None = Field(default=None, description="scripts' base env (default: the agent's)")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="device sampling during runs")
@@ -66,7 +68,7 @@ class AgentConfig(BaseModel):
                                          min_samples=settings.telemetry_min_samples),
             "probe": settings.probe, "probe_requests": settings.probe_requests,
             "probe_tolerance": settings.probe_tolerance, "probe_sweep_slo": settings.probe_sweep_slo,
-            "probe_sweep_budget": settings.probe_sweep_budget,
+            "probe_sweep_budget": settings.probe_sweep_budget, "warmup_request": settings.warmup_request,
             "probe_profiles": tuple(p.strip() for p in settings.probe_profiles.split(",") if p.strip()),
             "kernel_cache": KernelCacheConfig(root=settings.kernel_cache_root(),
                                               trust_first=settings.kernel_cache_trust_first,

@@ -420,7 +420,7 @@ class Run:
             self.agent_log("precompile", None, [msg])
             self.event("precompile", "skipped", message=msg)
             self.steps_done += 1
-            self.note(precompile_cached=True)  # written with the first key's server start, next
+            self.note(precompile_cached=True, precompile_source="cached")  # written with the next emit
             return
         t0 = time.monotonic()
         shared = RunCache.of(self, self._all_folders())  # None: the fleet's kernel cache is off
@@ -436,7 +436,9 @@ class Run:
         if shared is not None and use is None:
             use = shared.publish(took)
         self.steps_done += 1
-        self.note(precompile_cached=False, kernel_cache=use)  # written with the first key's server start, next
+        # its wall time, judged as a start-up cost (agent.startup); written with the first key's server start, next
+        self.note(precompile_cached=False, precompile_source=use.action if use else "compiled",
+                  precompile_s=round(took, 3), kernel_cache=use)
 
     def _run_step(self, plan: steps.StepPlan, state: RunState, *, log_path: Path | None = None,
                   raw: Path | None = None) -> ProcResult:

@@ -10,11 +10,14 @@ its passed keys, or ends it when its limit or its deliveries are spent (:func:`r
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from celery import Celery
 
@@ -24,7 +27,9 @@ from agent.outbox import Publisher
 from agent.settings import AgentSettings
 from agent.store import RunStore, forget_current, read_json
 from contract.celery_app import RUN_TASK, queue_name
+from contract.files import write_atomic
 from contract.kv import KV
+from contract.priority import HEADERS
 from contract.records import RunProgress, RunRequest, RunState, StepError, is_run_id
 
 log = logging.getLogger("fleet.agent")
@@ -56,13 +61,35 @@ def reap_orphans(workdir: Path, grace: float = 5.0) -> list[int]:
     return killed
 
 
-def requeue(app: Celery, req: RunRequest) -> None:
-    """Put ``req`` back on this module's own queue: it resumes when the module takes work again."""
+def requeue(app: Celery, req: RunRequest, headers: Mapping[str, Any] | None = None, *, priority: int = 0,
+            task_id: str | None = None) -> None:
+    """Put ``req`` back on this module's own queue: it resumes when the module takes work again.
+
+    ``headers``: the controller's headers the run was sent with (:data:`contract.priority.HEADERS`: the delivery's,
+    or those it kept, :func:`sent_headers`), so that it keeps its user (a reservation holds it back) and its wait
+    and asked priority (``fleetctl queue``). ``priority``: the broker's number, 0 (taken first: a run resumed after
+    a restart or a preemption) unless given.
+    """
+    headers = headers or {}
     app.send_task(RUN_TASK, args=[req.model_dump(mode="json")], queue=queue_name(req.module), ignore_result=True,
-                  task_id=f"{req.run_id}.r{secrets.token_hex(3)}.{req.module}",  # ends in .<module> (ACL)
+                  task_id=task_id or f"{req.run_id}.r{secrets.token_hex(3)}.{req.module}",  # ends in .<module> (ACL)
+                  priority=priority, headers={k: v for k, v in headers.items() if k in HEADERS},
                   retry=True, retry_policy={"max_retries": 10, "interval_start": 0.5, "interval_step": 1,
                                             "interval_max": 5})
     log.info("run %s re-queued on %s", req.run_id, queue_name(req.module))
+
+
+def keep_headers(run_dir: Path, headers: Mapping[str, Any]) -> None:
+    """Keep the controller's headers of a run's delivery (``sent.json``): a re-queue after a restart sends them."""
+    kept = {k: headers[k] for k in HEADERS if headers.get(k) is not None}
+    with contextlib.suppress(OSError):
+        write_atomic(run_dir / "sent.json", json.dumps(kept))
+
+
+def sent_headers(run_dir: Path) -> dict[str, Any]:
+    """The headers :func:`keep_headers` kept for the run (empty when none were)."""
+    v = read_json(run_dir / "sent.json")
+    return {k: v[k] for k in HEADERS if k in v} if isinstance(v, dict) else {}
 
 
 def recover(app: Celery, settings: AgentSettings) -> list[str]:
@@ -129,6 +156,6 @@ def _recover_one(app: Celery, settings: AgentSettings, store: RunStore, run_id: 
     with contextlib.suppress(OSError):
         store.write_progress(interrupted)
     pub.final(interrupted)
-    requeue(app, req)
+    requeue(app, req, sent_headers(store.run_dir(run_id)))
     log.warning("run %s left by an earlier agent: re-queued to resume", run_id)
     return True

@@ -87,3 +87,5 @@ class AgentSettings(BrokerSettings):
                                  "probe's SLO sweep per key: the capacity at SLO of the first probed profile; empty: "
                                  "off")
     probe_sweep_budget: float = Field(default=300.0, gt=0, description="wall seconds of one key's SLO sweep, at most")
+    warmup_request: bool = Field(default=True, description="time one short request once a key's server is ready "
+                                 "(the first-request time, a judged start-up cost)")

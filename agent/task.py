@@ -15,6 +15,7 @@ import errno
 import json
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +24,30 @@ from celery import Celery
 from agent.errors import BadInput
 from agent.limits import bump_attempts, hard_limit, write_deadline
 from agent.outbox import Publisher, drop_waiting
-from agent.recovery import reap_orphans, requeue
+from agent.recovery import keep_headers, reap_orphans, requeue, sent_headers
 from agent.settings import AgentSettings
 from agent.store import RunStore, forget_current, read_json
 from agent.validate import RefusedRequest, refused_progress, validate_request
-from contract.celery_app import NOOP_TASK, RUN_TASK
+from contract.celery_app import NOOP_TASK, RUN_TASK, task_id
 from contract.files import write_atomic
 from contract.kv import KV, KVCancelToken
 from contract.oneline import error_line
+from contract.priority import HEADERS, LEVELS
 from contract.records import RunProgress, RunRequest, RunState, StepError, release_label, request_difference
 
 log = logging.getLogger("fleet.agent")
 
 
-def execute_run(app: Celery, settings: AgentSettings, payload: dict[str, Any]) -> dict[str, Any]:
+def execute_run(app: Celery, settings: AgentSettings, payload: dict[str, Any],
+                headers: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The body of the run task (plain function, so tests can call it without a worker).
 
-    Every path ends in a terminal state with a reason, published through the outbox; the only
-    exception is a clean interrupt (the agent shutting down), which re-queues the run.
+    Every path ends in a terminal state with a reason, published through the outbox; the exceptions are a clean
+    interrupt (the agent shutting down, or a preemption), which re-queues the run, and a run another user's
+    reservation of the module holds back (:mod:`agent.hold`), put back on the queue untouched. ``headers``: the
+    controller's headers of the message (:data:`contract.priority.HEADERS`).
     """
+    headers = dict(headers or {})
     kv = KV(app)
     workdir = settings.workdir.expanduser()
     try:
@@ -56,7 +62,7 @@ def execute_run(app: Celery, settings: AgentSettings, payload: dict[str, Any]) -
     pub = Publisher(kv, workdir, req.run_id, req.module, replicas=settings.replicas_to_wait(),
                     wait_s=settings.final_state_wait)
     try:
-        return _execute(app, settings, req, kv, pub)
+        return _execute(app, settings, req, kv, pub, headers)
     except Exception as exc:  # a full disk, a bug: the run still ends, with the reason
         log.exception("run %s ended by an error of the agent", req.run_id)
         message = f"agent error: {type(exc).__name__}: {exc}"
@@ -105,14 +111,26 @@ def refuse_other_request(req: RunRequest, pub: Publisher, why: str) -> dict[str,
     return p.model_dump(mode="json")
 
 
-def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub: Publisher) -> dict[str, Any]:
+def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub: Publisher,
+             headers: dict[str, Any]) -> dict[str, Any]:
+    from agent import hold
     from agent.pipeline import AgentConfig, run_pipeline
 
     workdir = settings.workdir.expanduser()
     run_dir = workdir / "runs" / req.run_id
+    held = hold.held_back(kv, req.run_id, req.module, headers, time.time())
+    if held is not None:  # another user's reservation: back on the queue, behind the holder's work, untouched
+        requeue(app, req, headers, priority=LEVELS["low"], task_id=task_id(req.module, req.run_id))
+        log.info("run %s waits: %s", req.run_id, held.line())
+        hold.linger(kv, req.run_id, req.module, headers, stop=stop_file(workdir).exists)
+        return {"run_id": req.run_id, "held": held.line()}
     other = recorded_difference(RunStore(workdir), req)
     if other is not None:  # before anything of this run id is touched here: its files, its outbox entry
         return refuse_other_request(req, pub, other)
+    if headers:
+        keep_headers(run_dir, headers)
+    else:  # a run re-queued by an agent that kept no headers: those of its first delivery
+        headers = sent_headers(run_dir)
     # the servers of a run whose worker was killed: the port must be free before this run. Only a run that did not end
     # leaves any (state.json still names it; a run that ends stopped what it started), and the scan reads
     # every process of the machine: skipped otherwise
@@ -173,7 +191,7 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
         pub.final(final)
         return final.model_dump(mode="json")
     if final.state == RunState.CANCELLED and token.preempted_by:
-        return _preempted(app, req, final, token.preempted_by, workdir, pub)
+        return _preempted(app, req, final, token.preempted_by, workdir, pub, headers)
     if final.state == RunState.CANCELLED and token.lost:
         final = final.model_copy(update={"state": RunState.FAILED, "error": StepError(
             step=final.error.step if final.error else "run", model_key=final.model_key, message=token.reason or "")})
@@ -197,7 +215,7 @@ def _honoured(run_dir: Path) -> list[str]:
 
 
 def _preempted(app: Celery, req: RunRequest, final: RunProgress, by: str, workdir: Path,
-               pub: Publisher) -> dict[str, Any]:
+               pub: Publisher, headers: Mapping[str, Any]) -> dict[str, Any]:
     """Stopped for the urgent run ``by``, as for a clean shutdown: interrupted (its attempt given back), put back
     on the module's queue (behind the urgent run, sent before it) to resume from its passed keys, and the
     preemption recorded so that the next delivery does not stop for it again."""
@@ -209,7 +227,7 @@ def _preempted(app: Celery, req: RunRequest, final: RunProgress, by: str, workdi
         RunStore(workdir).write_progress(final)
     forget_current(workdir, req.run_id)
     pub.final(final)
-    requeue(app, req)
+    requeue(app, req, headers)
     log.warning("run %s preempted by urgent run %s: re-queued to resume", req.run_id, by)
     return final.model_dump(mode="json")
 
@@ -224,7 +242,7 @@ def register_tasks(app: Celery, settings: AgentSettings | None) -> None:
         if settings is None:
             raise RuntimeError("run task reached a process without agent settings")
         with hard_limit(settings.run_time_limit):
-            return execute_run(self.app, settings, payload)
+            return execute_run(self.app, settings, payload, {k: self.request.get(k) for k in HEADERS})
 
     @app.task(name=NOOP_TASK, bind=True, acks_late=True)  # type: ignore[untyped-decorator]  # celery has no type hints
     def noop(self: Any, sent_at: float) -> dict[str, float]:

@@ -63,10 +63,10 @@ CONFLICT_TTL = 300
 # only read it (the module in a fixed place, as for its cancel flags), keeps re-sending that state until then.
 ACK = "ack"
 
-# A user's reservation of a module (m1000-fleet:reserve:<module>): written and read by controllers only (a module's
-# ACL patterns name their kinds, and this is none of them). On Redis the key expires with the reservation, so one
-# made by a controller that is gone still ends; the embedded broker keeps the file, and its reader drops a record
-# whose ``until`` has passed (:mod:`controller.fleet.reservations`).
+# A user's reservation of a module (m1000-fleet:reserve:<module>): written by controllers, read-only for its module
+# (which holds other users' work queued there until it ends: agent.hold). On Redis the key expires with the
+# reservation, so one made by a controller that is gone still ends; the embedded broker keeps the file, and its
+# readers drop a record whose ``until`` has passed (:mod:`controller.fleet.reservations`, :func:`held_for_other`).
 RESERVE = "reserve"
 
 
@@ -366,6 +366,24 @@ class KV:
 
     def drop_reservation(self, module: str) -> None:
         self.delete(reservation_key(module))
+
+    def reservation_and_cancel(self, run_id: str, module: str) -> tuple[Any, CancelFlag | None]:
+        """``module``'s reservation record (raw) and the cancel flag of its part of ``run_id``, in one read (what
+        a run's delivery asks before it starts: :mod:`agent.hold`)."""
+        res, *cancels = self.get_many([reservation_key(module), cancel_key(run_id), cancel_key(run_id, module)])
+        return res, _cancel_flag(cancels)
+
+
+def held_for_other(value: Any, user: str, now: float) -> tuple[str, float] | None:
+    """(who, until) when the reservation record ``value`` is in force at ``now`` and held by a user other than
+    ``user``; None otherwise (no record, an unreadable one, one past its ``until``, or ``user``'s own)."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        who, until = str(value["user"]), float(value["until"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (who, until) if until > now and who != user else None
 
 
 class CancelFlag(NamedTuple):

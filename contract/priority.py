@@ -21,6 +21,14 @@ LEVELS: dict[str, int] = {"urgent": 0, "high": 3, "normal": 6, "low": 9}
 NAMES: dict[int, str] = {n: name for name, n in LEVELS.items()}
 DEFAULT: Priority = "normal"
 
+# The controller's own message headers on a run's message (read by the controller's queue views and by the agent,
+# which keeps them when it puts a run back on its queue): when it was sent (the controller's clock, seconds), the
+# priority it was asked for (a name of LEVELS), and who started the run (a module another user reserved holds it).
+SENT_AT = "fleet-sent-at"
+ASKED = "fleet-priority"
+USER = "fleet-user"
+HEADERS = (SENT_AT, ASKED, USER)
+
 
 def check_priority(name: str) -> Priority:
     """``name`` as a priority; ValueError naming the allowed ones otherwise."""

@@ -26,6 +26,7 @@ SPEC_ARGS = (
 )
 
 TableKind = Literal["sweep", "mtp", "vision"]
+PrecompileSource = Literal["compiled", "cached", "fetched"]  # a run's kernels: compiled, an earlier run's, a fleet's
 RowSource = Literal["release", "probe"]  # who measured the row: the release's benchmark or the agent's probe
 
 # A run id: it names folders on every module and keys on the broker, so it is strict
@@ -181,6 +182,12 @@ class ResultRow(Frozen):
     idle_power_w: float | None = None  # the module's idle power, measured before the key
     energy_above_idle_j: float | None = None  # energy_j - idle_power_w x the window's length
     energy: EnergyWindow | None = None  # how the figures were reached (or why they were dropped)
+    # start-up costs, wall s (release rows; agent.startup says what each is, and why a precompile has two columns)
+    server_ready_s: float | None = None
+    warmup_s: float | None = None
+    precompile_s: float | None = None
+    precompile_fetch_s: float | None = None
+    precompile_source: PrecompileSource | None = None
 
     @property
     def identity(self) -> tuple[str, str, str, str, str]:
@@ -198,9 +205,13 @@ METRICS: dict[str, bool] = {
     "vision_fps": True,
     "j_per_token": False,
     "tokens_per_j": True,
+    **{m: False for m in ("server_ready_s", "warmup_s", "precompile_s", "precompile_fetch_s")},
 }
 # the energy metrics among them (judged with their own tolerance; never make a module a speed outlier)
 ENERGY_METRICS: tuple[str, ...] = ("j_per_token", "tokens_per_j")
+# start-up costs (own tolerance, ADR 0029); with energy one figure per (module, key): tested over modules (WINDOW)
+STARTUP_METRICS: tuple[str, ...] = ("server_ready_s", "warmup_s", "precompile_s", "precompile_fetch_s")
+WINDOW_METRICS: tuple[str, ...] = ENERGY_METRICS + STARTUP_METRICS
 
 
 class RunState(str, enum.Enum):
@@ -398,8 +409,9 @@ class RunProgress(Frozen):
     updated_at: float = 0.0
     finished_at: float | None = None
     precompile_cached: bool | None = None
-    # the fleet's kernel cache: this module fetched a compiled cache, or compiled (and published) its own
-    kernel_cache: KernelCacheUse | None = None
+    precompile_source: PrecompileSource | None = None
+    precompile_s: float | None = None
+    kernel_cache: KernelCacheUse | None = None  # the fleet's kernel cache: fetched, or compiled (and published)
     rows: int = 0
     attempt: int = 1
     error: StepError | None = None

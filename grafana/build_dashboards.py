@@ -127,7 +127,8 @@ def fleet_overview() -> db.Dashboard:
     d = d.with_panel(st("Active runs", "none", q(f"sum(m1000_run_active{{{M}}})", "active", instant=True)))
     d = d.with_panel(tb("State per module", "none",
                         q(f"max by (module, state) (m1000_fleet_module_state{{{M}}}) == 1", instant=True),
-                        desc="idle, busy, unreachable (run goes on), offline or bad, as the controller sees each module"))
+                        desc="idle, busy, unreachable (run goes on), offline or bad, as the controller sees each "
+                             "module"))
     d = d.with_row(db.Row("Queue"))
     d = d.with_panel(ts("Runs waiting by priority", "none",
                         q("sum by (priority) (m1000_fleet_queue_length)", "{{priority}}"),
@@ -139,6 +140,9 @@ def fleet_overview() -> db.Dashboard:
                         q("histogram_quantile(0.9, sum by (le, priority) (m1000_fleet_run_wait_seconds_bucket))",
                           "p90 {{priority}}", ref="B"),
                         desc="every module's part of a run in the history, by the priority it was dispatched at"))
+    d = d.with_panel(tb("Reserved modules", "none",
+                        q(f"max by (module, user) (m1000_fleet_module_reserved{{{M}}}) == 1", instant=True),
+                        desc="modules a user reserved (fleetctl reserve): other users' work waits or goes elsewhere"))
     d = d.with_row(db.Row("Current run"))
     d = d.with_panel(bg("Run progress per module", "percentunit",
                         q(f"m1000_run_progress_ratio{{{M}}}", "{{module}}", instant=True), lo=0, hi=1))
@@ -195,6 +199,19 @@ def release_validation() -> db.Dashboard:
                           "{{module}} {{model_key}}"),
                         q(f"max by (module, model_key) (m1000_result_idle_power_watts{{{RKM}}})",
                           "idle {{module}} {{model_key}}", ref="B")))
+    d = d.with_panel(ts("Start-up: server ready, first request, precompile", "s",
+                        q(f"max by (module, model_key) (m1000_result_server_ready_seconds{{{RKM}}})",
+                          "ready {{module}} {{model_key}}"),
+                        q(f"max by (module, model_key) (m1000_result_first_request_seconds{{{RKM}}})",
+                          "first request {{module}} {{model_key}}", ref="B"),
+                        q(f"max by (module) (m1000_result_precompile_seconds{{{R}, {M}}})",
+                          "precompile {{module}}", ref="C"),
+                        q(f"max by (module) (m1000_result_precompile_fetch_seconds{{{R}, {M}}})",
+                          "precompile fetched {{module}}", ref="D"),
+                        desc="the release's start-up costs: each key's server start until /health answered 200, "
+                             "its first request once ready (warm-up), the module's precompile (compiled, or a "
+                             "shared cache fetched; none when cached); lower is better, judged with the start-up "
+                             "tolerance"))
     d = d.with_panel(ts("MTP accept rate (acclen-1)/3", "percentunit",
                         q(f"m1000_result_mtp_accept_ratio{{{RKM}}}", leg)))
     d = d.with_panel(st("GSM8K accuracy", "percentunit",

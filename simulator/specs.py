@@ -13,6 +13,7 @@ REPORT_METRICS: dict[str, tuple[str, bool]] = {
     "decode_tps": ("decode", False), "tpot_ms": ("decode", True),
     "accept_rate": ("accept", False), "accept_rate_len": ("accept", False),
     "vision_fps": ("vision", False),
+    "server_ready_s": ("load", True),
 }
 
 

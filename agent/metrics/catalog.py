@@ -53,6 +53,15 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(f"{PREFIX}_result_jit_kernels", "gauge", ("release", "model_key"), "count",
                "TileLang kernels compiled while the latest benchmark of a model key measured (0: none; not 0: its "
                "figures include compile time)"),
+    # the release's start-up costs (agent.startup): the same on every profile of a key, the precompile's on every key
+    MetricSpec(f"{PREFIX}_result_server_ready_seconds", "gauge", ("release", "model_key"), "seconds",
+               "Server start until /health answered 200, of the latest result of a model key"),
+    MetricSpec(f"{PREFIX}_result_first_request_seconds", "gauge", ("release", "model_key"), "seconds",
+               "First request after the server was ready (warm-up), of the latest result of a model key"),
+    MetricSpec(f"{PREFIX}_result_precompile_seconds", "gauge", ("release",), "seconds",
+               "Precompile of the TileLang kernels, of the latest run of a release that compiled them"),
+    MetricSpec(f"{PREFIX}_result_precompile_fetch_seconds", "gauge", ("release",), "seconds",
+               "Fetch of a kernel cache another module compiled, of the latest run of a release that fetched one"),
     MetricSpec(f"{PREFIX}_result_capacity_concurrency", "gauge", _R, "count",
                "Highest concurrency at which the probe's SLO sweep met its SLO (0: none did), latest per profile"),
     MetricSpec(f"{PREFIX}_result_capacity_output_tokens_per_second", "gauge", _R, "tokens_per_second",

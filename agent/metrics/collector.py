@@ -148,7 +148,8 @@ class AgentCollector(Collector):
         keep = set(sorted(release_seen, key=lambda r: release_seen[r], reverse=True)[: self.keep_releases])
         fams = {name: self._family(name) for _, name, _ in RESULT_FIELDS}
         per_key: dict[tuple[str, str], list[Any]] = {}  # (release, key) -> [rows, correct, answered, ts, disagree,
-        # jit kernels]
+        # jit kernels, server ready s, first request s]
+        precompile: dict[tuple[str, str], tuple[float, float]] = {}  # (release, column) -> (order, seconds)
         for (release, key, profile), (order, row) in sorted(latest.items()):
             if release not in keep:
                 continue
@@ -156,10 +157,15 @@ class AgentCollector(Collector):
                 v = getattr(row, attr)
                 if v is not None:
                     fams[name].add_metric((release, key, profile), float(v) * mult)
-            agg = per_key.setdefault((release, key), [0, 0, 0, 0.0, 0, 0])
+            agg = per_key.setdefault((release, key), [0, 0, 0, 0.0, 0, 0, None, None])
             agg[0] += 1
             agg[4] += int(DISAGREES in row.flags)
             agg[5] = max(agg[5], row.jit_kernels)  # every release row of the key carries its benchmark's count
+            if row.server_ready_s is not None:  # so do its start-up costs
+                agg[6], agg[7] = row.server_ready_s, row.warmup_s
+            for column, v in (("precompile_s", row.precompile_s), ("precompile_fetch_s", row.precompile_fetch_s)):
+                if v is not None and order >= precompile.get((release, column), (-1.0, 0.0))[0]:
+                    precompile[(release, column)] = (order, v)
             if row.correct is not None:
                 agg[1] += int(row.correct)
                 agg[2] += 1
@@ -170,14 +176,24 @@ class AgentCollector(Collector):
         ts = self._family(f"{PREFIX}_result_timestamp_seconds")
         disagree = self._family(f"{PREFIX}_result_release_benchmark_disagreements")
         jit = self._family(f"{PREFIX}_result_jit_kernels")
-        for (release, key), (n, correct, answered, order, flagged, kernels) in sorted(per_key.items()):
+        ready = self._family(f"{PREFIX}_result_server_ready_seconds")
+        first = self._family(f"{PREFIX}_result_first_request_seconds")
+        for (release, key), (n, correct, answered, order, flagged, kernels, up, warm) in sorted(per_key.items()):
             nrows.add_metric((release, key), n)
             ts.add_metric((release, key), order)
             disagree.add_metric((release, key), flagged)
             jit.add_metric((release, key), kernels)
+            if up is not None:
+                ready.add_metric((release, key), up)
+            if warm is not None:
+                first.add_metric((release, key), warm)
             if answered:
                 acc.add_metric((release, key), correct / answered)
-        yield from (acc, nrows, ts, disagree, jit)
+        compiled = self._family(f"{PREFIX}_result_precompile_seconds")
+        fetched = self._family(f"{PREFIX}_result_precompile_fetch_seconds")
+        for (release, column), (_, v) in sorted(precompile.items()):
+            (compiled if column == "precompile_s" else fetched).add_metric((release,), v)
+        yield from (acc, nrows, ts, disagree, jit, ready, first, compiled, fetched)
         yield from self._capacity_metrics(runs, keep)
 
     def _capacity_metrics(self, runs: list[RunFiles], keep: set[str]) -> Iterator[Metric]:

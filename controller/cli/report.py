@@ -51,23 +51,28 @@ def _emit(report: Report, fmt: Format, out: Path | None, check: bool) -> None:
         raise typer.Exit(EXIT_NOT_PASS)
 
 
-def _thresholds(tolerance: float, energy_tolerance: float = 0.05) -> Thresholds:
+STARTUP_TOLERANCE = 0.15  # controller.report.model.STARTUP_TOLERANCE (not imported here: the CLI starts lean)
+
+
+def _thresholds(tolerance: float, energy_tolerance: float = 0.05,
+                startup_tolerance: float = STARTUP_TOLERANCE) -> Thresholds:
     from controller.report.model import Thresholds
 
-    for name, v in (("--tolerance", tolerance), ("--energy-tolerance", energy_tolerance)):
+    for name, v in (("--tolerance", tolerance), ("--energy-tolerance", energy_tolerance),
+                    ("--startup-tolerance", startup_tolerance)):
         if not 0 < v < 1:
             _fail(f"{name} must be a fraction between 0 and 1, got {v}")
-    return Thresholds(tolerance=tolerance, energy_tolerance=energy_tolerance)
+    return Thresholds(tolerance=tolerance, energy_tolerance=energy_tolerance, startup_tolerance=startup_tolerance)
 
 
 def _report(build: Callable[[Thresholds], Report], tolerance: float, fmt: Format, out: Path | None,
-            check: bool, energy_tolerance: float = 0.05) -> None:
+            check: bool, energy_tolerance: float = 0.05, startup_tolerance: float = STARTUP_TOLERANCE) -> None:
     """Build a report with ``tolerance`` (a bad run, baseline or history: one line, exit 2) and emit it."""
     from controller.history import HistoryError
     from controller.report.model import ReportError
 
     try:
-        rep = build(_thresholds(tolerance, energy_tolerance))
+        rep = build(_thresholds(tolerance, energy_tolerance, startup_tolerance))
     except (ReportError, HistoryError, OSError) as exc:
         _fail(str(exc))
     for warning in rep.environment_changes:  # the figures may differ for that alone: said where a person looks
@@ -97,6 +102,8 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         tolerance: float = typer.Option(0.05, help="relative change that counts as a regression"),
         energy_tolerance: float = typer.Option(0.05, help="relative change of energy per token (J/token, "
                                                           "tokens/J) that counts as a regression"),
+        startup_tolerance: float = typer.Option(STARTUP_TOLERANCE, help="relative change of a start-up cost (server "
+                                                "ready, first request, precompile) that counts as a regression"),
         check: bool = typer.Option(False, "--check", help=f"exit {EXIT_NOT_PASS} unless the verdict is pass"),
     ) -> None:
         """Verdict, regressions, outlier modules and fleet summary of one run (default: the latest)."""
@@ -105,7 +112,7 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         html = (old_fmt or fmt) == Format.html  # the HTML report has a "History" section
         _report(lambda th: build_report(get_history(), run, baseline, thresholds=th, with_history=html,
                                         same_environment=same_environment()), tolerance, old_fmt or fmt, out, check,
-                energy_tolerance)
+                energy_tolerance, startup_tolerance)
 
     @app.command("compare")
     def compare_cmd(

@@ -38,7 +38,7 @@ def reservations(ctx: typer.Context,
                                              help="'all', names, label=value; comma separated"),
                  output: Output = output_option()) -> None:
     """Modules reserved now: by whom, until when, why."""
-    from controller.service.queue import shown_duration
+    from controller.history.waits import shown_duration
     from controller.service.reservations import reservation_dict
     from controller.service.reservations import reservations as read
 

@@ -36,6 +36,9 @@ def validate(
                                  "frees up starts the highest waiting run first (a run waiting long is raised)"),
     preempt: bool = typer.Option(False, "--preempt", help="with --priority urgent: the modules' running runs stop "
                                  "for it at once and resume from their passed keys after it"),
+    on_reserved: str = typer.Option(
+        "skip", "--on-reserved", help="a selected module another user reserved: skip it (the run waits there only "
+        "when every selected module is reserved) or wait there until the reservation ends"),
 ) -> int:
     """Validate a release on the chosen modules; ends with a verdict."""
     from contract.records import parse_model_keys
@@ -45,7 +48,7 @@ def validate(
     s = session(ctx)
     req = service.release_request(release, sha256=sha256, models=parse_model_keys(models), devices=devices,
                                   baseline=baseline, run_id=run_id, resume=resume, priority=priority,
-                                  preempt=preempt)
+                                  preempt=preempt, on_reserved=on_reserved)  # type: ignore[arg-type]  # checked by the service
     launched = service.validate(s, req)
     print_launched(launched, stderr(), len(launched.modules))
     if detach:
@@ -117,12 +120,15 @@ def status(ctx: typer.Context,
         if j is None:
             j = service.judge(s, info.run_id)
             info = service.find_run(s, info.run_id)  # with the verdict just recorded
-    if output != Output.table:
-        from controller.service.queue import run_waits
+    from controller.history.waits import run_waits
+    from controller.service.queue import reservation_waits
 
+    held = {} if view.finished else reservation_waits(s, info, view)
+    if output != Output.table:
         doc = service.run_summary(info, view, judgement=j)
         doc["waits"] = {w.module: {"waited_s": w.waited_s, "behind": w.behind, "priority": w.priority}
-                        for w in run_waits(s, info.run_id)}
+                        for w in run_waits(s.history(), info.run_id)}
+        doc["reserved"] = held
         recs = [{"module": m, **st} for m, st in doc["module_states"].items()]
         emit(recs, ["module", "state", "step", "model_key", "keys_done", "keys_total", "rows"], output, document=doc)
     else:
@@ -130,11 +136,12 @@ def status(ctx: typer.Context,
 
         out = stdout()
         out.print(render(view, title=f"run {info.run_id} ({info.release}, {view.state()})"))
-        from controller.service.queue import run_waits, run_waits_line
+        from controller.history.waits import run_waits_line
+        from controller.service.queue import reservation_waits_line
 
-        waited = run_waits_line(run_waits(s, info.run_id))
-        if waited:
-            out.print(waited, markup=False, highlight=False, soft_wrap=True)
+        for line in (run_waits_line(run_waits(s.history(), info.run_id)), reservation_waits_line(held)):
+            if line:
+                out.print(line, markup=False, highlight=False, soft_wrap=True)
         if j is not None:
             out.print(f"verdict: [bold]{j.verdict}[/] - {escape(j.line)}", highlight=False, soft_wrap=True)
     return service.exit_code(j.verdict) if j is not None else 0

@@ -38,21 +38,22 @@ class Dispatch:
         def statuses(self, modules: Sequence[Module], now: float | None = None) -> dict[str, ModuleStatus]: ...
 
     def send(self, module: str, task: str, args: list[object], task_id: str | None = None, *,
-             ignore_result: bool = False, priority: str = DEFAULT) -> str:
+             ignore_result: bool = False, priority: str = DEFAULT, user: str = "") -> str:
         """Publish one task on a module's queue (the only place the controller enqueues).
 
         ``ignore_result``: Celery keeps no result of it (a run's state travels in the KV records), so the
         controller does not subscribe to one result channel per dispatched module. ``priority``: the module
         takes a higher one first when it frees up (:mod:`contract.priority`); the message says when it was
-        sent and what it asked for (:mod:`controller.fleet.queues` raises it after a long wait).
+        sent and what it asked for (:mod:`controller.fleet.queues` raises it after a long wait), and who started
+        it (``user``: a module another user reserved holds it until the reservation ends, :mod:`agent.hold`).
         """
         from contract.celery_app import queue_name
-        from controller.fleet.queues import ASKED, SENT_AT
+        from contract.priority import ASKED, SENT_AT, USER
 
         try:
             res = self.app.send_task(task, args=args, queue=queue_name(module), task_id=task_id,
                                      priority=LEVELS[check_priority(priority)],
-                                     headers={SENT_AT: time.time(), ASKED: priority},
+                                     headers={SENT_AT: time.time(), ASKED: priority, USER: user},
                                      ignore_result=ignore_result, argsrepr=args_label(args), kwargsrepr="{}",
                                      retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2,
                                                                "interval_step": 0.5, "interval_max": 2})
@@ -85,7 +86,7 @@ class Dispatch:
                  release: str, models: Sequence[str], tarball_label: str = "",
                  statuses: Mapping[str, ModuleStatus] | None = None, resume: bool = False,
                  module_models: Mapping[str, Sequence[str]] | None = None,
-                 priority: str = DEFAULT, refused: Mapping[str, str] | None = None) -> dict[str, str]:
+                 priority: str = DEFAULT, refused: Mapping[str, str] | None = None, user: str = "") -> dict[str, str]:
         """Record the run and enqueue it, at ``priority``, on every module that can take it.
 
         Returns module -> "queued" or the reason it was not (offline, bad, no release):
@@ -96,6 +97,7 @@ class Dispatch:
         module then keeps the keys that passed). ``module_models``: modules asked for only some of ``models``
         (``retry --failed-only``: the keys that did not pass there), and those keys, in ``models``' order.
         ``refused``: module -> why the caller may not use it (reserved by another user): recorded as its refusal.
+        ``user``: who started the run (on each message: a module another user reserved holds it until then).
         """
         self.check_new_run_id(run_id, resume=resume, modules=[m.name for m in modules])
         statuses = statuses if statuses is not None else self.statuses(modules)
@@ -139,7 +141,7 @@ class Dispatch:
         for name, args in payloads:
             try:
                 self.send(name, RUN_TASK, args, task_id=task_id(name, run_id), ignore_result=True,
-                          priority=priority)
+                          priority=priority, user=user)
                 out[name] = "queued"
             except BrokerUnavailable as exc:
                 self._record_failure(run_id, name, release, "dispatch", str(exc), len(own.get(name, models)))

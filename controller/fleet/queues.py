@@ -1,13 +1,13 @@
 """What waits on the modules' queues, by priority, and the raise of runs that waited too long.
 
-The one place the controller looks inside the broker's queues (kombu has no API for it). On Redis a queue is
-one list per priority step (kombu's ``module.M``, ``module.M\\x06\\x16<n>``); on the embedded broker one file a
-message, named ``<priority>_<ns>_<uuid>.<queue>.msg`` (:func:`contract.safe_transport.message_name`). Each
-message the controller sent carries two headers of its own (:data:`SENT_AT`, :data:`ASKED`): when it was sent
-and the priority it was asked for, so the planner (:func:`plan_raises`, pure) knows how long it waited without
-the history. A raise moves the message to the front of the level above, in one step the agent cannot split: a
-Lua script on Redis (LREM, then RPUSH only if the LREM took it), a rename on the filesystem; a message the
-agent took meanwhile is not moved.
+The one place the controller looks inside the broker's queues (kombu has no API for it). On Redis a queue is one
+list per priority step (kombu's ``module.M``, ``module.M\\x06\\x16<n>``); on the embedded broker one file a
+message, named ``<priority>_<ns>_<uuid>.<queue>.msg`` (:func:`contract.safe_transport.message_name`). Each message
+the controller sent carries headers of its own (:data:`contract.priority.HEADERS`): when it was sent and the
+priority it was asked for, so the planner (:func:`plan_raises`, pure) knows how long it waited without the history
+(and who started it: a module another user reserved holds it back, :mod:`agent.hold`). A raise moves the message to
+the front of the level above, in one step the agent cannot split: a Lua script on Redis (LREM, then RPUSH only if
+the LREM took it), a rename on the filesystem; a message the agent took meanwhile is not moved.
 """
 
 from __future__ import annotations
@@ -15,16 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contract.priority import LEVELS, level_of, raised
+from contract.priority import ASKED, LEVELS, SENT_AT, USER, level_of, raised
 
 log = logging.getLogger("fleet.controller")
-
-SENT_AT = "fleet-sent-at"  # message header: when the controller sent it (its clock, seconds)
-ASKED = "fleet-priority"  # message header: the priority it was sent with (a name of contract.priority.LEVELS)
 
 # LREM the exact item; RPUSH it (rewritten) onto the higher list only if the LREM found it (not popped meanwhile)
 _MOVE = ("if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then redis.call('RPUSH', KEYS[2], ARGV[2]) return 1 end "
@@ -45,6 +42,7 @@ class Waiting:
     sent_at: float | None
     handle: str  # the Redis item or the message file's name: what a move takes out
     task_id: str = ""  # Celery's (``<module>:<run id>`` for a run: contract.celery_app.task_id)
+    user: str = ""  # who started the run (the message's header; "" when it has none)
 
     @property
     def run_id(self) -> str:
@@ -57,19 +55,22 @@ class Raise:
     to: str
 
 
-def plan_raises(waiting: Iterable[Waiting], now: float, raise_after: float) -> list[Raise]:
+def plan_raises(waiting: Iterable[Waiting], now: float, raise_after: float,
+                holders: Mapping[str, str] | None = None) -> list[Raise]:
     """The messages to raise (pure): one that waited ``raise_after`` since it was sent is one level above what it
-    was asked for, two such waits two levels, up to ``high`` (:func:`contract.priority.raised`). Only upward; a
-    message without the controller's headers (another sender's) stays. ``raise_after`` <= 0: none."""
+    was asked for, two such waits two levels, up to ``high`` (:func:`contract.priority.raised`); ``raise_after``
+    <= 0: none is raised past what it asked for. Only upward; a message without the controller's headers (another
+    sender's) stays. ``holders``: queue -> the user whose reservation holds its module: a message of another user
+    there stays where it is (its module put it back at ``low``, :mod:`agent.hold`), and goes back up to what it
+    asked for once the reservation has ended."""
     out: list[Raise] = []
-    if raise_after <= 0:
-        return out
     order = list(LEVELS)
+    holders = holders or {}
     for w in waiting:
-        if w.sent_at is None or w.asked not in LEVELS:
+        if w.sent_at is None or w.asked not in LEVELS or holders.get(w.queue, w.user) != w.user:
             continue
         target = w.asked
-        for _ in range(int(max(0.0, now - w.sent_at) // raise_after)):
+        for _ in range(int(max(0.0, now - w.sent_at) // raise_after) if raise_after > 0 else 0):
             up = raised(target)
             if up is None:
                 break
@@ -124,14 +125,14 @@ def _redis_key(channel: Any, queue: str, number: int) -> str:
     return f"{queue}{channel.sep}{number}" if number else queue
 
 
-def _headers(message: Any) -> tuple[str, float | None, str]:
-    """(priority asked for, when sent, task id) from a message's headers; "", None, "" where absent."""
+def _headers(message: Any) -> tuple[str, float | None, str, str]:
+    """(priority asked for, when sent, task id, user) from a message's headers; "", None, "", "" where absent."""
     h = message.get("headers") if isinstance(message, dict) else None
     h = h if isinstance(h, dict) else {}
-    asked, sent, tid = h.get(ASKED), h.get(SENT_AT), h.get("id")
+    asked, sent, tid, user = h.get(ASKED), h.get(SENT_AT), h.get("id"), h.get(USER)
     return (asked if isinstance(asked, str) else "",
             float(sent) if isinstance(sent, int | float) and not isinstance(sent, bool) else None,
-            tid if isinstance(tid, str) else "")
+            tid if isinstance(tid, str) else "", user if isinstance(user, str) else "")
 
 
 def _redis_waiting(channel: Any, queues: Sequence[str]) -> list[Waiting]:
@@ -144,10 +145,10 @@ def _redis_waiting(channel: Any, queues: Sequence[str]) -> list[Waiting]:
         for raw in reversed(items):  # LPUSH in, BRPOP from the right: the oldest is last
             text = raw.decode() if isinstance(raw, bytes) else str(raw)
             try:
-                asked, sent, tid = _headers(json.loads(text))
+                asked, sent, tid, user = _headers(json.loads(text))
             except ValueError:
-                asked, sent, tid = "", None, ""
-            out.append(Waiting(q, level_of(n), asked, sent, text, tid))
+                asked, sent, tid, user = "", None, "", ""
+            out.append(Waiting(q, level_of(n), asked, sent, text, tid, user))
     return out
 
 
@@ -163,8 +164,8 @@ def _files_waiting(channel: Any, queues: Sequence[str]) -> list[Waiting]:
             continue
         try:
             with open(os.path.join(folder, name), encoding="utf-8") as fh:
-                asked, sent, tid = _headers(json.load(fh))
+                asked, sent, tid, user = _headers(json.load(fh))
         except (OSError, ValueError):  # taken meanwhile, or not a message
             continue
-        out.append(Waiting(q, level_of(name_priority(name)), asked, sent, name, tid))
+        out.append(Waiting(q, level_of(name_priority(name)), asked, sent, name, tid, user))
     return out

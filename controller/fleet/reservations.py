@@ -13,10 +13,14 @@ import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from contract.kv import KV
+
+#: what a validation does with a selected module another user reserved (``fleetctl validate --on-reserved``)
+OnReserved = Literal["skip", "wait"]
+ON_RESERVED: tuple[OnReserved, ...] = ("skip", "wait")
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_DURATION = 30 * 86400  # a reservation longer than a month is a mistake (a lab is shared)
@@ -88,11 +92,16 @@ def others(modules: Iterable[str], reservations: Mapping[str, Reservation], user
     return {m: r.line(now) for m in modules if (r := reservations.get(m)) is not None and r.user != user}
 
 
-def nothing_left(refused: Mapping[str, str]) -> str:
-    """The one line of a validation whose every module another user holds (pure)."""
-    first, reason = next(iter(refused.items()))
-    more = f" and {len(refused) - 1} more module(s)" if len(refused) > 1 else ""
-    return f"every module selected is reserved by another user: {first} {reason}{more} (see: fleetctl reservations)"
+def split_reserved(held: Mapping[str, str], selected: int, mode: OnReserved) -> tuple[dict[str, str], dict[str, str]]:
+    """(refused, waiting): of the ``selected`` modules, those another user holds (``held``: module -> why, from
+    :func:`others`) left out of the run, and those the run is queued on to wait for the reservation's end (pure).
+
+    ``skip`` leaves them out while any selected module is free of other users' reservations, and waits on them
+    when none is (the work waits rather than fails: the queue deadline ends it); ``wait`` queues on them all.
+    """
+    if mode == "wait" or len(held) >= selected:
+        return {}, dict(held)
+    return dict(held), {}
 
 
 def plan_reserve(modules: Sequence[str], current: Mapping[str, Reservation], user: str, now: float, seconds: float,

@@ -203,16 +203,19 @@ class ModuleStates:
         with self.app.connection_for_read() as conn:
             return read_waiting(conn.default_channel, [m.queue for m in modules])
 
-    def raise_waiting(self, modules: Sequence[Module], raise_after: float, now: float | None = None) -> list[Raise]:
+    def raise_waiting(self, modules: Sequence[Module], raise_after: float, now: float | None = None,
+                      holders: Mapping[str, str] | None = None) -> list[Raise]:
         """Raise the runs that waited ``raise_after`` on these modules' queues a level per wait (the starvation
-        bound, :func:`controller.fleet.queues.plan_raises`); the raises made (not those the agent took first)."""
+        bound, :func:`controller.fleet.queues.plan_raises`), and put back up to what they asked for the runs a
+        module held at ``low`` for another user's reservation that has ended (``holders``: queue -> the user whose
+        reservation holds its module now); the raises made (not those the agent took first)."""
         from controller.fleet.queues import move, plan_raises, read_waiting
 
+        now = time.time() if now is None else now
         done: list[Raise] = []
         with self.app.connection_for_write() as conn:
             ch = conn.default_channel
-            for r in plan_raises(read_waiting(ch, [m.queue for m in modules]), time.time() if now is None else now,
-                                 raise_after):
+            for r in plan_raises(read_waiting(ch, [m.queue for m in modules]), now, raise_after, holders):
                 if move(ch, r):
                     log.info("raised a run waiting on %s from %s to %s", r.message.queue, r.message.level, r.to)
                     done.append(r)

@@ -20,6 +20,7 @@ key / channel                                  module ``M``            controlle
 ``m1000-fleet:cancel-run:<run>``               read only (MGET)        SETEX
 ``m1000-fleet:ack:M:<run>``                    read only, own only     SETEX
 ``m1000-fleet:preempt:M:<run>``                read only, own only     SETEX
+``m1000-fleet:reserve:M``                      read only, own only     SET EX, MGET, DEL
 ``m1000-fleet:{lease,conflict}:M``             read/write, own only    all (conflict: PTTL)
 =============================================  ======================  ==================
 
@@ -131,11 +132,12 @@ def module_channel_patterns(module: str) -> list[str]:
 
 def module_read_only_patterns(module: str) -> list[str]:
     """Keys ``module`` may only read: its own per-module cancel flags and the run-wide ones, and the
-    controller's acknowledgements of its own final states and its preemptions."""
-    from contract.kv import ack_key, cancel_key, preempt_key
+    controller's acknowledgements of its own final states, its preemptions and its reservation (another user's work
+    waits there until it ends: :mod:`agent.hold`)."""
+    from contract.kv import ack_key, cancel_key, preempt_key, reservation_key
 
     m = _check_name(module)
-    return [cancel_key("*", m), cancel_key("*"), ack_key("*", m), preempt_key("*", m)]
+    return [cancel_key("*", m), cancel_key("*"), ack_key("*", m), preempt_key("*", m), reservation_key(m)]
 
 
 def module_rule(module: str, password: str) -> str:

@@ -22,6 +22,7 @@ from contract.fingerprint import EnvFingerprint
 from contract.records import ResultRow
 from controller.command import fleetctl
 from controller.history import ROW_FIELDS, History, HistoryError, RunInfo
+from controller.history.waits import run_waits, run_waits_line
 from controller.report.analysis import analyse
 from controller.report.environment import digests_of, kernel_cache_note, refuse_unless_same, with_environment
 from controller.report.model import Report, ReportError, Thresholds
@@ -178,6 +179,9 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
         from controller.report.trend import history_section
 
         rep = replace(rep, history=history_section(*history_frames(history, run_keys(run, rows)), run.release))
+    waited = run_waits_line(run_waits(history, run.run_id), "waited on the module queues (dispatch to start)")
+    if waited:  # first: the verdict line of an incomplete run names the last note
+        rep = replace(rep, notes=(waited, *rep.notes))
     rep = with_telemetry(rep, history.telemetry(run.run_id))
     shared = kernel_cache_note(history.progress(run.run_id))
     if shared:  # first: a failed or incomplete run's one-line summary takes the last note

@@ -13,7 +13,7 @@ from typing import Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from contract.records import ENERGY_METRICS, METRICS
+from contract.records import ENERGY_METRICS, METRICS, STARTUP_METRICS, WINDOW_METRICS
 from contract.vocab import Capacity, Disagreement
 from controller.errors import FleetctlError
 
@@ -26,10 +26,12 @@ DERIVED: dict[str, str] = {"tpot_ms": "decode_tps", "ttft_ms": "prefill_tps", "a
                            "tokens_per_j": "j_per_token"}
 PRIMARY_METRICS: tuple[str, ...] = tuple(m for m in METRICS if m not in DERIVED)
 ALL_METRICS: tuple[str, ...] = tuple(METRICS)
-# the primary metrics that make a module a (speed) outlier; energy makes an energy outlier of its own
-SPEED_PRIMARY: tuple[str, ...] = tuple(m for m in PRIMARY_METRICS if m not in ENERGY_METRICS)
+# the primary metrics that make a module a (speed) outlier; energy makes an energy outlier of its own, a module's
+# start-up costs none (one start a key: judged fleet-wide over the modules' starts)
+SPEED_PRIMARY: tuple[str, ...] = tuple(m for m in PRIMARY_METRICS if m not in WINDOW_METRICS)
 ENERGY_PRIMARY: tuple[str, ...] = tuple(m for m in PRIMARY_METRICS if m in ENERGY_METRICS)
 FLEET = "*"  # module / profile of a fleet-level or key-level finding
+STARTUP_TOLERANCE = 0.15  # default of Thresholds.startup_tolerance (docs/adr/0029-start-up-costs-judged.md)
 
 
 class ReportError(FleetctlError, RuntimeError):
@@ -55,10 +57,17 @@ class Thresholds(_Frozen):
     probe_tolerance: float = Field(default=0.05, gt=0, lt=1)  # release figure vs the agent's probe
     # the energy metrics' (J/token, tokens/J): a release as fast that burns 10 % more is a regression
     energy_tolerance: float = Field(default=0.05, gt=0, lt=1)
+    # the start-up costs' (server ready, first request, precompile): noisier than throughput, a load from disk and
+    # a compile (docs/adr/0029-start-up-costs-judged.md)
+    startup_tolerance: float = Field(default=STARTUP_TOLERANCE, gt=0, lt=1)
+    # a start-up cost that moved less than this (seconds) is within tolerance: the agent's ready-poll resolution
+    startup_floor_s: float = Field(default=0.05, ge=0)
 
     def tol(self, metric: str) -> float:
         if metric in ENERGY_METRICS:
             return self.per_metric.get(metric, self.energy_tolerance)
+        if metric in STARTUP_METRICS:
+            return self.per_metric.get(metric, self.startup_tolerance)
         return self.per_metric.get(metric, self.tolerance)
 
 

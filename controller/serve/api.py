@@ -38,6 +38,7 @@ from contract.priority import Priority
 from contract.records import parse_model_keys
 from controller import service
 from controller.errors import http_status_of
+from controller.fleet.reservations import OnReserved
 from controller.serve import links
 from controller.serve.access import RoleCheck, may_act_on, publish, refusal, undeclared
 from controller.serve.tokens import Identity, Role, Tokens
@@ -90,6 +91,8 @@ class RunCreate(_Model):
                                                      "the highest first; a run waiting long is raised a level")
     preempt: bool = Field(False, description="with priority urgent: the modules' running runs stop for it at once "
                                              "and resume from their passed keys after it")
+    on_reserved: OnReserved = Field("skip", description="a selected module another user reserved: skip it (the run "
+                                    "waits there only when every selected module is reserved) or wait there")
 
 
 class RunCreated(_Model):
@@ -319,6 +322,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
             req = service.release_request(body.release, sha256=body.sha256, models=parse_model_keys(body.models),
                                           devices=body.devices, baseline=body.baseline, run_id=body.run_id,
                                           resume=body.resume, priority=body.priority, preempt=body.preempt,
+                                          on_reserved=body.on_reserved,
                                           user=who.user)
             return service.validate(session(), req)
 

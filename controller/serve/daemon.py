@@ -87,11 +87,13 @@ def schedule_golden(s: Session, warn: Callable[[str], None]) -> None:
 
 
 def raise_starving(s: Session, warn: Callable[[str], None]) -> None:
-    """Raise the runs that waited ``raise_after`` on a module's queue a level (the starvation bound)."""
-    if s.settings.raise_after <= 0:
-        return
+    """Raise the runs that waited ``raise_after`` on a module's queue a level (the starvation bound; 0: none), and
+    put the runs a module held back for a reservation that has ended back up to the priority they asked for."""
     try:
-        for r in s.fleet().raise_waiting(list(s.inventory().modules), s.settings.raise_after):
+        fleet, mods = s.fleet(), list(s.inventory().modules)
+        held = fleet.held([m.name for m in mods])  # one read
+        holders = {m.queue: held[m.name].user for m in mods if m.name in held}
+        for r in fleet.raise_waiting(mods, s.settings.raise_after, holders=holders):
             waited = time.time() - (r.message.sent_at or time.time())
             warn(f"a run waiting {waited / 60:.0f} min on {r.message.queue} raised from {r.message.level} to {r.to}")
     except Exception as exc:  # the broker away: the next pass tries again

@@ -33,7 +33,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFam
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from contract.records import METRICS, ResultRow
+from contract.records import METRICS, STARTUP_METRICS, ResultRow
 from contract.vocab import MetricSpec, label_value
 from controller.history import DatabaseError, History, RunInfo
 
@@ -62,7 +62,7 @@ CATALOG: tuple[MetricSpec, ...] = (
                " below 1 is worse)"),
     MetricSpec("m1000_fleet_baseline_regressions", "gauge", ("module", "release"), "count",
                "Cells (model key, profile, metric) of the module's latest run worse than the baseline by more"
-               " than the tolerance"),
+               " than the tolerance (a start-up cost: one cell a model key, past the start-up tolerance)"),
     MetricSpec("m1000_fleet_latest_run_timestamp_seconds", "gauge", ("module", "release"), "timestamp_seconds",
                "Creation time of the module's latest run with results"),
     MetricSpec("m1000_fleet_history_up", "gauge", (), "count", "1 when the run history could be read"),
@@ -132,10 +132,13 @@ def baseline_figures(rows: Iterable[ResultRow]) -> dict[tuple[str, str], dict[st
 
 
 def deviation(rows: Iterable[ResultRow], base: Mapping[tuple[str, str], Mapping[str, float]],
-              tolerance: float = 0.05) -> Deviation:
-    """Pure: per (model key, metric) geometric mean performance ratio, and the cells worse than tolerance."""
+              tolerance: float = 0.05, startup_tolerance: float = 0.15) -> Deviation:
+    """Pure: per (model key, metric) geometric mean performance ratio, and the cells worse than tolerance. A start-up
+    cost (one start a key, on each of its rows) is one cell per key, worse than ``startup_tolerance``
+    (docs/adr/0029-start-up-costs-judged.md)."""
     logs: dict[tuple[str, str], list[float]] = {}
     regressions = 0
+    starts: set[tuple[str, str]] = set()  # (model key, start-up metric) counted
     for r in rows:
         ref = base.get((r.model_key, r.profile))
         if not ref:
@@ -145,7 +148,11 @@ def deviation(rows: Iterable[ResultRow], base: Mapping[tuple[str, str], Mapping[
             if ratio is None:
                 continue
             logs.setdefault((r.model_key, m), []).append(math.log(ratio))
-            if ratio < 1.0 - tolerance:
+            if m in STARTUP_METRICS:
+                if (r.model_key, m) not in starts and ratio < 1.0 / (1.0 + startup_tolerance):
+                    starts.add((r.model_key, m))
+                    regressions += 1
+            elif ratio < 1.0 - tolerance:
                 regressions += 1
     return Deviation({k: math.exp(sum(v) / len(v)) for k, v in logs.items()}, regressions)
 

@@ -26,7 +26,7 @@ from controller.fleet import (
     newer_progress,
     release_version,
 )
-from controller.fleet.reservations import nothing_left
+from controller.fleet.reservations import ON_RESERVED, split_reserved
 from controller.history import History, HistoryError, RunInfo
 from controller.inventory import Module, select
 from controller.service.records import Judgement, Launched, ValidateRequest
@@ -93,6 +93,8 @@ def prepare(s: Session, req: ValidateRequest) -> tuple[str, list[Module], RunInf
         check_priority(req.priority)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
+    if req.on_reserved not in ON_RESERVED:
+        raise BadRequest(f"--on-reserved {req.on_reserved!r}: use one of {', '.join(ON_RESERVED)}")
     if req.preempt and req.priority != "urgent":
         raise BadRequest(f"--preempt stops running runs for an urgent one: give --priority urgent (not {req.priority})")
     mods = s.inventory().select(req.devices)
@@ -143,9 +145,9 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     except RunIdInUse as exc:
         raise Conflict(str(exc)) from None
     statuses = broker_call(s, lambda: fleet.statuses(mods))
-    refused = refused_for(s, [m.name for m in mods], req.user or s.user)  # held by another user: not sent the run
-    if refused and len(refused) == len(mods):
-        raise Conflict(nothing_left(refused))
+    # reserved by another user: left out, or queued there to wait for the reservation's end (the agent holds it)
+    refused, waiting = split_reserved(refused_for(s, [m.name for m in mods], req.user or s.user), len(mods),
+                                      req.on_reserved)
     usable = [m for m in mods if statuses[m.name].state not in ("offline", "bad")  # unreachable: queued
               and m.name not in refused]
     paths, errors = distribute(s, usable, release, sha)
@@ -154,12 +156,13 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     result = fleet.dispatch(run_id=rid, modules=mods, tarballs=paths, sha256=sha, release=version, models=models,
                             tarball_label=str(release.resolve()), statuses=statuses,
                             resume=existing is not None, module_models=own, priority=req.priority,
-                            refused=refused)
+                            refused=refused, user=req.user or s.user)
     h.set_started_by(rid, req.user or s.user)  # the row dispatch made (a resumed run keeps its first user)
     result.update(errors)
     preempted = preempt_running(s, rid, result, statuses) if req.preempt else {}
     prune_releases(s)
-    return Launched(rid, version, sha, tuple(models), dict(result), resumed=existing is not None, preempted=preempted)
+    return Launched(rid, version, sha, tuple(models), dict(result), resumed=existing is not None, preempted=preempted,
+                    waiting={m: why for m, why in waiting.items() if result.get(m) == "queued"})
 
 
 def preempt_running(s: Session, rid: str, queued: Mapping[str, str], statuses: Mapping[str, ModuleStatus]

@@ -10,10 +10,16 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 from contract.priority import LEVELS
 from controller.fleet.queues import depths
+from controller.history.waits import shown_duration
 from controller.service.session import Session, broker_call
+
+if TYPE_CHECKING:
+    from controller.fleet import RunView
+    from controller.history import RunInfo
 
 
 @dataclass(frozen=True)
@@ -24,7 +30,7 @@ class QueuedRun:
     priority: str  # its level now (raised from ``asked`` after a long wait)
     asked: str
     waited_s: float | None
-    behind: str | None  # the run the module is running now (its heartbeat), None when idle
+    behind: str | None  # another user's reservation holding it back, else the run the module runs now, None: idle
 
 
 @dataclass(frozen=True)
@@ -61,18 +67,21 @@ def queue(s: Session, selector: str = "all", *, recent: int = 1000, now: float |
     ended synced into it first: writes)."""
     mods = s.inventory().select(selector)
     fleet = s.broker()
+    now = time.time() if now is None else now
     waiting = broker_call(s, lambda: fleet.waiting(mods))
     statuses = broker_call(s, lambda: fleet.statuses(mods))
     running = {m: (st.heartbeat.run_id if st.heartbeat else None) for m, st in statuses.items()}
+    reserved = broker_call(s, lambda: fleet.held([m.name for m in mods], now))
     by_queue = {m.queue: m.name for m in mods}
-    now = time.time() if now is None else now
     taken: Counter[str] = Counter()  # module -> its runs listed so far: the next one's position less one
     runs: list[QueuedRun] = []
     for w in waiting:  # each module's in the order it takes them (read_waiting)
         module = by_queue[w.queue]
         taken[module] += 1
+        r = reserved.get(module)  # another user's reservation holds the run back (agent.hold): that is the wait
+        behind = r.line(now) if r is not None and r.user != w.user else running.get(module)
         runs.append(QueuedRun(module, taken[module], w.run_id, w.level, w.asked or w.level,
-                              None if w.sent_at is None else max(0.0, now - w.sent_at), running.get(module)))
+                              None if w.sent_at is None else max(0.0, now - w.sent_at), behind))
     names = {m.name for m in mods}
     if s.has_history():  # the runs not ended pulled in first: their starts are the newest waits
         for run_id in s.history().running_runs():
@@ -80,20 +89,6 @@ def queue(s: Session, selector: str = "all", *, recent: int = 1000, now: float |
     waits = s.history().waits()[-recent:] if s.has_history() else []
     by_module = {by_queue[q]: d for q, d in depths(waiting, list(by_queue)).items()}
     return QueueView(tuple(runs), by_module, wait_stats((p, w) for _, m, p, w in waits if m in names))
-
-
-def shown_duration(seconds: float | None) -> str:
-    """``45 s``, ``12 min``, ``1 h 12 min``, ``2 d 3 h`` (pure)."""
-    if seconds is None:
-        return ""
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min"
-    if s < 86400:
-        return f"{s // 3600} h {s % 3600 // 60} min"
-    return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
 def queue_records(v: QueueView) -> list[dict[str, object]]:
@@ -116,25 +111,17 @@ def waits_line(stats: Sequence[WaitStats]) -> str:
         f"{shown_duration(w.max_s)} (n={w.n})" for w in stats)
 
 
-@dataclass(frozen=True)
-class RunWait:
-    module: str
-    priority: str
-    waited_s: float
-    behind: str | None  # the run that module ended last before this one started (None: it was idle)
+def reservation_waits(s: Session, info: RunInfo, view: RunView, now: float | None = None) -> dict[str, str]:
+    """module -> ``reserved by V until HH:MM (reason)`` for each module where ``info``'s part has not started and
+    a user other than the run's holds the module: the run waits there until the reservation ends (agent.hold)."""
+    waiting = [m for m, p in view.progress.items() if p is None or (p.step == "queued" and not p.state.terminal)]
+    if not waiting:
+        return {}
+    fleet = s.fleet()
+    held = broker_call(s, lambda: fleet.held(waiting, now))
+    return {m: r.line(now) for m, r in held.items() if r.user != info.started_by}
 
 
-def run_waits(s: Session, run_id: str) -> tuple[RunWait, ...]:
-    """How long each module's part of ``run_id`` waited from dispatch to start, and behind which run."""
-    h = s.history()
-    info = h.find_run(run_id)
-    since = info.dispatched_at or info.created_at
-    return tuple(RunWait(m, p, w, h.ran_before(m, since, since + w, run_id)) for _, m, p, w in h.waits(run_id))
-
-
-def run_waits_line(waits: Sequence[RunWait]) -> str:
-    """``waited: sim-01 1 h 12 min behind 'nightly-1203'; sim-02 0 s`` (pure); "" when no module started."""
-    if not waits:
-        return ""
-    return "waited: " + "; ".join(f"{w.module} {shown_duration(w.waited_s)}"
-                                  + (f" behind {w.behind!r}" if w.behind else "") for w in waits)
+def reservation_waits_line(waits: Mapping[str, str]) -> str:
+    """``waits for a reservation: sim-01 reserved by ann until 15:00`` (pure); "" when none."""
+    return ("waits for a reservation: " + "; ".join(f"{m} {why}" for m, why in waits.items())) if waits else ""

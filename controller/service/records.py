@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from contract.records import MODEL_KEYS, RunProgress
 from controller.fleet import ModuleStatus, RunView
+from controller.fleet.reservations import OnReserved
 from controller.history import RunInfo
 from controller.inventory import Module
 
@@ -29,6 +30,9 @@ class ValidateRequest:
     passed. ``sha256``: what the release must hash to (checked before anything is dispatched).
     ``module_models``: modules to ask for only some of ``models``, and those keys (``retry --failed-only``).
     ``user``: who asks (recorded as the run's ``started_by``); '' for the session's user.
+    ``on_reserved``: what a selected module another user reserved gets: ``skip`` leaves it out (the run waits on
+    it only when every selected module is reserved), ``wait`` queues the run there too, to start when the
+    reservation ends (the agent holds it: :mod:`agent.hold`).
     """
 
     release: Path | None
@@ -43,12 +47,13 @@ class ValidateRequest:
     priority: str = "normal"  # contract.priority: which waiting run a module that frees up starts first
     user: str = ""
     preempt: bool = False  # with priority urgent: the modules' running runs stop for it (and resume after)
+    on_reserved: OnReserved = "skip"
 
 
 def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS), devices: str = "all",
                     baseline: str | None = None, run_id: str | None = None, resume: bool = False,
                     sha256: str | None = None, priority: str = "normal",
-                    user: str = "", preempt: bool = False) -> ValidateRequest:
+                    user: str = "", preempt: bool = False, on_reserved: OnReserved = "skip") -> ValidateRequest:
     """A request for the release as a person or a CI job typed it: an http/https URL (downloaded
     by the controller) or a path as the controller sees it."""
     from controller.service.release_url import is_url
@@ -64,7 +69,7 @@ def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS)
             raise BadRequest(f"release {release!r}: {e}") from e
     return ValidateRequest(release=path, url=url, models=models,
                            devices=devices, baseline=baseline, run_id=run_id, resume=resume, sha256=sha256,
-                           priority=priority, user=user, preempt=preempt)
+                           priority=priority, user=user, preempt=preempt, on_reserved=on_reserved)
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class Launched:
     modules: Mapping[str, str]
     resumed: bool = False
     preempted: Mapping[str, str] = field(default_factory=dict)  # module -> the run it was asked to stop for this
+    waiting: Mapping[str, str] = field(default_factory=dict)  # module -> the reservation its queued run waits for
 
     @property
     def queued(self) -> int:

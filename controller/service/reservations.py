@@ -3,8 +3,9 @@
 of the module in the run history (``fleetctl describe module`` shows who had it).
 
 Enforced where work is sent: :func:`refused_for` is what :func:`controller.service.lifecycle.validate` (hence retry,
-golden checks and bisection probes) leaves out, and the golden schedule and bisection do not pick a module another
-user holds. Nothing here waits for a reservation to end (issue 32 item 5).
+golden checks and bisection probes) leaves out or queues to wait (``--on-reserved``), and the golden schedule and
+bisection do not pick a module another user holds; and on the module, which holds back another user's run queued
+there until the reservation ends (:mod:`agent.hold`).
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ else:
     from .record import NamedTuple
 
 MODEL_KEYS = ("qwen3", "qwen35", "qwen35_mtp", "qwen35_fq", "qwen35_fq_mtp", "qwen36_fq", "qwen3vl")
-SPEED_METRICS = ("prefill", "decode", "accept", "vision", "all")
-# "all" is every throughput metric; accept rates change only when named explicitly.
+SPEED_METRICS = ("prefill", "decode", "accept", "vision", "load", "all")
+# "all" is every throughput metric; accept rates, and "load" (the server's model load: its start until ready takes
+# 1 / factor as long), change only when named explicitly.
 _ALL_METRICS = ("prefill", "decode", "vision")
 FAULT_NAMES = ("start-fail", "crash", "hang", "bad-table", "no-table", "bench-skew", "lazy-jit")
 VOCAB_SIZE = 151936

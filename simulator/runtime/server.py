@@ -787,7 +787,7 @@ def _load(state: State, env: dict[str, str] | Any, model: core.Model) -> None:
         time.sleep(timings["server_load"] / 4 / 1000 / scale)
         raise core.SimError("fault start-fail: failed to initialise the model on the device "
                             "(MUSA error: out of memory)")
-    delay = timings["server_load"]
+    delay = timings["server_load"] / cfg.knobs.speed.factor(cfg.key, "load")  # speed load=F: 1/F as long
     cache_dir = env.get("TILELANG_CACHE_DIR", "")
     dir_name = state.setup.data["model_dir"]
     marker = os.path.join(cache_dir, dir_name, "kernels.json") if cache_dir else ""

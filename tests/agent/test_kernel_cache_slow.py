@@ -83,6 +83,8 @@ def test_two_compile_the_third_fetches_another_driver_compiles_a_corrupt_archive
     assert third["kernel_cache"] == {"action": "fetched", "archive": digest, "key": first["kernel_cache"]["key"],
                                      "published": False, "why": ""}
     assert not _compiled(base, "m3") and _compiled(base, "m1") and _compiled(base, "m2")
+    assert (third["precompile_source"], first["precompile_source"]) == ("fetched", "compiled")
+    assert third["precompile_s"] < 1.0 < first["precompile_s"] * 3  # a fetch of 9 files; a compile of 0.36 s
     assert [s for s, _ in _precompile(base, "m3")] == ["fetched"]
     assert "compiled by m1, m2" in _precompile(base, "m3")[0][1]
     sha16 = built.sha256[:16]

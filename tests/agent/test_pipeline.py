@@ -104,6 +104,33 @@ def test_second_run_skips_precompile(make_config, make_request, release):
     assert third.ok and third.progress.precompile_cached is False
 
 
+def test_start_up_costs_on_every_release_row_compiled_then_cached(make_config, make_request):
+    cfg = make_config(env={"FAKE_PRECOMPILE_SLEEP": "0.4", "FAKE_WARMUP_SLEEP": "0.3"})
+    first = run_pipeline(make_request(("qwen3", "qwen35_mtp"), run_id="a"), cfg)
+    second = run_pipeline(make_request(("qwen3", "qwen35_mtp"), run_id="b"), cfg)
+    assert first.ok and second.ok
+    p1, p2 = first.progress, second.progress
+    assert (p1.precompile_source, p2.precompile_source, p2.precompile_s) == ("compiled", "cached", None)
+    assert p1.precompile_s is not None and 0.4 <= p1.precompile_s < 5.0
+    store = RunStore(cfg.workdir)
+    for result in (first, second):
+        rows = [r for r in result.rows if r.source == "release"]
+        assert rows and all(r.server_ready_s is not None and 0.0 < r.server_ready_s < 10.0 for r in rows)
+        assert all(r.warmup_s is not None and 0.3 <= r.warmup_s < 5.0 for r in rows)
+        # one start per key: every row of a key carries the same figures
+        assert len({(r.model_key, r.server_ready_s, r.warmup_s) for r in rows}) == 2
+        said = [e["message"] for e in store.events(result.progress.run_id) if e["step"] == "server"
+                and e["status"] == "ok"]
+        ready = {r.model_key: r for r in rows}
+        assert said == [f"ready in {ready[k].server_ready_s:.3f} s, first request {ready[k].warmup_s:.3f} s"
+                        for k in ("qwen3", "qwen35_mtp")]
+    pre = [{(r.precompile_source, r.precompile_s, r.precompile_fetch_s) for r in x.rows if r.source == "release"}
+           for x in (first, second)]
+    compiled, cached = pre
+    assert compiled == {("compiled", p1.precompile_s, None)}
+    assert cached == {("cached", None, None)}  # a skipped precompile is no compile: no figure to judge
+
+
 def test_each_key_fault_is_its_own_error_and_the_others_run(make_config, make_request):
     faults = {
         "qwen3": {"FAKE_SERVER_MODE": "start-fail"},

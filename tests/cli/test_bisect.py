@@ -52,7 +52,8 @@ def test_ends_out_of_order_or_unknown_are_refused(folder: Path, good: str, bad: 
 
 @pytest.mark.parametrize(("args", "says"), [
     (["--metric", "speed"], "--metric 'speed': not a metric (known: prefill_tps, ttft_ms, decode_tps, tpot_ms, "
-                            "accept_rate, accept_rate_len, vision_fps, j_per_token, tokens_per_j)"),
+                            "accept_rate, accept_rate_len, vision_fps, j_per_token, tokens_per_j, "
+                            "server_ready_s, warmup_s, precompile_s, precompile_fetch_s)"),
     (["--tolerance", "1.5"], "--tolerance 1.5: give a fraction between 0 and 1 (0.01 = 1 %)"),
     (["--devices", "nope"], None),
     (["--models", "qwen9"], None),

@@ -14,8 +14,9 @@ from tests.support.cli import one_line, run_main
 @pytest.mark.parametrize(("args", "says"), [
     (["--regress", "qwen3:decode_tps:0.5x"], "regression 'qwen3:decode_tps:0.5x': fraction '0.5x' is not a number"),
     (["--regress", "qwen3:latency:0.08"],
-     "regression 'qwen3:latency:0.08': unknown metric 'latency' (known: prefill, decode, accept, vision, all, or as "
-     "the reports name them: prefill_tps, ttft_ms, decode_tps, tpot_ms, accept_rate, accept_rate_len, vision_fps)"),
+     "regression 'qwen3:latency:0.08': unknown metric 'latency' (known: prefill, decode, accept, vision, load, all, "
+     "or as the reports name them: prefill_tps, ttft_ms, decode_tps, tpot_ms, accept_rate, accept_rate_len, "
+     "vision_fps, server_ready_s)"),
     (["--regress", "qwen3:decode"], "regression 'qwen3:decode': expected MODEL_KEY:METRIC:FRACTION, e.g. "
                                     "qwen3:decode_tps:0.08"),
     (["--slow", "0.5"], "--slow 0.5: expected a factor above 1 (1.12: one module 12 % slower)"),

@@ -38,7 +38,9 @@ def test_a_canary_compiles_and_the_fleet_fetches(tmp_path: Path):
         assert {m: (p.kernel_cache.action if p.kernel_cache else None, p.precompile_cached)
                 for m, p in prog.items()} == {"sim-01": (None, True), "sim-02": (None, True),
                                               "sim-03": ("fetched", False)}
-        assert len({r.model_key for r in h.rows(full.run_id, "sim-03")}) == 1
+        fetched_rows = h.rows(full.run_id, "sim-03")
+        assert {(r.precompile_source, r.precompile_s) for r in fetched_rows} == {("fetched", None)}
+        assert all(r.precompile_fetch_s is not None and r.precompile_fetch_s < 1.0 for r in fetched_rows)
         notes = json.loads(lab.fleetctl("report", full.run_id, "-o", "json").stdout)["notes"]
         assert notes[0] == "kernel cache: fetched on sim-03; cached by an earlier run on sim-01, sim-02"
         notes = json.loads(lab.fleetctl("report", canary.run_id, "-o", "json").stdout)["notes"]

@@ -75,6 +75,27 @@ def test_energy_figures_of_the_latest_results(tmp_path: Path, seed_text: str) ->
     assert reg.get_sample_value("m1000_result_idle_power_watts", lbl) == 21.0
 
 
+def test_start_up_costs_of_the_latest_results(tmp_path: Path, seed_text: str) -> None:
+    w = RunWriter(tmp_path, "r1", "m-a")
+    q3 = seed_rows(seed_text, "r1", "m-a", "1.4.1", keys=["qwen3"])["qwen3"]
+    q35 = seed_rows(seed_text, "r1", "m-a", "1.4.1", keys=["qwen35"])["qwen35"]
+    pre = {"precompile_source": "compiled", "precompile_s": 71.5}
+    w.rows([r.model_copy(update={"server_ready_s": 212.0, "warmup_s": 3.25, **pre}) for r in q3]
+           + [r.model_copy(update={"server_ready_s": 190.5, "warmup_s": None, **pre}) for r in q35])
+    w.progress(state=RunState.DONE, step="publish", keys_total=2, keys_done=2, progress=1.0,
+               outcomes=(KeyOutcome(model_key="qwen3", status="passed", rows=len(q3)),
+                         KeyOutcome(model_key="qwen35", status="passed", rows=len(q35))))
+    w.state(None, "r1")
+    reg = registry(tmp_path)
+    k3, k35 = {"release": "1.4.1", "model_key": "qwen3"}, {"release": "1.4.1", "model_key": "qwen35"}
+    assert reg.get_sample_value("m1000_result_server_ready_seconds", k3) == 212.0
+    assert reg.get_sample_value("m1000_result_server_ready_seconds", k35) == 190.5
+    assert reg.get_sample_value("m1000_result_first_request_seconds", k3) == 3.25
+    assert reg.get_sample_value("m1000_result_first_request_seconds", k35) is None  # not answered: absent
+    assert reg.get_sample_value("m1000_result_precompile_seconds", {"release": "1.4.1"}) == 71.5
+    assert reg.get_sample_value("m1000_result_precompile_fetch_seconds", {"release": "1.4.1"}) is None
+
+
 def test_newer_run_wins_and_old_releases_drop_out(tmp_path: Path, seed_text: str) -> None:
     import os
     import time

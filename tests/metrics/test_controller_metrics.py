@@ -110,6 +110,18 @@ def test_energy_against_the_baseline_is_a_performance_ratio() -> None:
     assert dev.regressions == 2
 
 
+def test_a_slow_start_against_the_baseline_is_one_cell_past_its_own_tolerance() -> None:
+    """A key's server ready time is on each of its rows: 40 % longer is one cell worse, not one per profile; 10 %
+    longer is within the start-up tolerance (15 %)."""
+    rows = [ResultRow(module="m-a", model_key=k, table="sweep", profile=p, model="M", server_ready_s=s)
+            for k, s in (("qwen3", 280.0), ("qwen35", 220.0)) for p in ("128:128", "256:128")]
+    base = {(k, p): {"server_ready_s": 200.0} for k in ("qwen3", "qwen35") for p in ("128:128", "256:128")}
+    dev = deviation(rows, base)
+    assert dev.ratios == {("qwen3", "server_ready_s"): pytest.approx(200 / 280),
+                          ("qwen35", "server_ready_s"): pytest.approx(200 / 220)}
+    assert dev.regressions == 1
+
+
 INV = {
     "defaults": {"labels": {"rack": "a"}},
     "module": [

@@ -10,7 +10,9 @@ other value compared equal to the bit before the files were written; and when re
 (docs/adr/0021-environment-fingerprint.md): the keys ``environment`` and ``environment_changes``, empty, added
 after ``outlier_telemetry``, nothing else touched; and again when energy came (docs/adr/0022-energy-per-token.md):
 only an outlier's ``metric`` (""), ``energy_outliers`` ([]) and the thresholds' ``energy_tolerance`` were added
-(and ``jit_compiled``, [], which docs/adr/0023 had added to the JSON), every other value compared equal):
+(and ``jit_compiled``, [], which docs/adr/0023 had added to the JSON), every other value compared equal; and when
+start-up costs came (docs/adr/0029-start-up-costs-judged.md): only the thresholds' ``startup_tolerance`` and
+``startup_floor_s``):
 a 12-module fleet with two slow modules, a key slower on one module, invalid-flagged, missing
 and zero figures, flipped answers and a module/key pair missing, against the baseline and a
 previous run of 10 modules, rows shuffled; a 40-module fleet with a module/key outlier; and one

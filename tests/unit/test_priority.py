@@ -34,6 +34,15 @@ def test_a_run_is_raised_a_level_per_wait_up_to_high():
     assert plan_raises(waiting, now, 0) == []
 
 
+def test_a_held_run_stays_while_the_reservation_lasts_and_goes_back_up_after():
+    now = 10_000.0
+    bobs = Waiting("module.a", "low", "urgent", now - 10, "h", "module.a:r1", user="bob")  # put at low by agent.hold
+    anns = Waiting("module.a", "normal", "low", now - 900, "h2", "module.a:r2", user="ann")
+    assert plan_raises([bobs, anns], now, 100, {"module.a": "ann"}) == [Raise(anns, "high")]  # the holder's: raised
+    assert plan_raises([bobs, anns], now, 100, {"module.b": "ann"}) == [Raise(bobs, "urgent"), Raise(anns, "high")]
+    assert plan_raises([bobs], now, 0) == [Raise(bobs, "urgent")]  # back to what it asked, raises off or not
+
+
 def test_depths_count_every_level_of_every_queue():
     ws = [_w("low", "low", 1.0), _w("low", "low", 2.0), _w("urgent", "urgent", 3.0),
           Waiting("module.z", "low", "low", 1.0, "x")]
@@ -79,7 +88,8 @@ def test_the_embedded_broker_hands_out_the_highest_priority_first(tmp_path):
 
 
 def test_wait_figures_and_durations():
-    from controller.service.queue import WaitStats, shown_duration, wait_stats, waits_line
+    from controller.history.waits import shown_duration
+    from controller.service.queue import WaitStats, wait_stats, waits_line
 
     stats = wait_stats([("low", 10.0), ("urgent", 1.0), ("low", 30.0), ("low", 20.0), ("mystery", 5.0)])
     assert stats == (WaitStats("urgent", 1, 1.0, 1.0, 1.0), WaitStats("low", 3, 20.0, 28.0, 30.0),

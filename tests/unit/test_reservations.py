@@ -1,5 +1,6 @@
 """Reservations' pure parts (issue 32 item 2): durations, the records read back, which modules another user
-holds and why (what dispatch records as their refusal), a reserve's plan, and that no module's ACL reaches them."""
+holds and why (what dispatch records as their refusal), a reserve's plan, and that a module's ACL reaches only its own
+reservation, read-only."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from contract.kv import reservation_key
 from controller.fleet.reservations import (
     Reservation,
     held,
-    nothing_left,
     others,
     parse_duration,
     plan_reserve,
     shown_until,
+    split_reserved,
     taken_line,
 )
 
@@ -69,11 +70,12 @@ def test_only_modules_another_user_holds_are_refused_with_who_and_until_when() -
     assert others(["sim-01", "sim-02", "sim-03"], res, "carl", NOW) == {
         "sim-01": "reserved by ann until 23:13 (flash fw)", "sim-03": "reserved by bob until 22:23"}
     assert others(["sim-02"], res, "carl", NOW) == {}
-    assert nothing_left({"sim-01": "reserved by ann until 23:13 (flash fw)"}) == (
-        "every module selected is reserved by another user: sim-01 reserved by ann until 23:13 (flash fw) "
-        "(see: fleetctl reservations)")
-    assert nothing_left({"a": "reserved by ann until 23:13", "b": "x", "c": "y"}).endswith(
-        "a reserved by ann until 23:13 and 2 more module(s) (see: fleetctl reservations)")
+    held = {"sim-01": "reserved by ann until 23:13"}
+    # skip: left out while another selected module is free; waited on when none is; wait: always waited on
+    assert split_reserved(held, 3, "skip") == (held, {})
+    assert split_reserved(held, 1, "skip") == ({}, held)
+    assert split_reserved(held, 3, "wait") == ({}, held)
+    assert split_reserved({}, 3, "skip") == ({}, {})
 
 
 def test_an_end_more_than_a_day_away_shows_its_date() -> None:
@@ -99,12 +101,16 @@ def _redis_glob(pattern: str) -> str:
     return pattern.replace("[^", "[!")  # Redis negates a class with ^, fnmatch with !
 
 
-def test_no_module_may_read_or_write_a_reservation() -> None:
-    """The controllers' own records: a module's ACL patterns (read-write and read-only) reach no reservation."""
+def test_a_module_reads_only_its_own_reservation() -> None:
+    """A module reads its own reservation (it holds another user's work while it lasts), read-only; it reaches no
+    other module's."""
     from controller.remote.acl import module_key_patterns, module_read_only_patterns
 
     for module in ("sim-01", "reserve", "m"):
-        pats = module_key_patterns(module) + module_read_only_patterns(module)
-        for key in (reservation_key(module), reservation_key("sim-02")):
-            assert not [p for p in pats if fnmatch.fnmatchcase(key, _redis_glob(p))], (module, key)
+        for pats, key, reached in ((module_key_patterns(module), reservation_key(module), False),
+                                   (module_read_only_patterns(module), reservation_key(module), True),
+                                   (module_key_patterns(module) + module_read_only_patterns(module),
+                                    reservation_key("sim-02"), False)):
+            hits = [p for p in pats if fnmatch.fnmatchcase(key, _redis_glob(p))]
+            assert bool(hits) is reached, (module, key, hits)
     assert reservation_key("sim-01") == "m1000-fleet:reserve:sim-01"

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from contract.records import ENERGY_METRICS
+from contract.records import ENERGY_METRICS, WINDOW_METRICS
 from controller.report.analysis.frame import (
     SIGN,
     B,
@@ -182,18 +182,19 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
     key_d, d_lo, d_hi = hodges_lehmann_groups(cells["t"].to_numpy(dtype=float), at, len(index))
     (key_ref,) = Groups(at).median([cells["ref"].to_numpy(dtype=float)]).T
     key_n, key_p = np.bincount(at, minlength=len(index)), wilcoxon_groups(cells, index, "t")
-    windows = _energy_key_tests(d, [m for m in metrics if m in ENERGY_METRICS], names)
+    windows = _window_key_tests(d, [m for m in metrics if m in WINDOW_METRICS], names)
     for i, (key, m) in enumerate(index):  # keys x metrics
         ch, p, base, n = float(relative_change(m, key_d[i])), float(key_p[i]), float(key_ref[i]), int(key_n[i])
-        if m in ENERGY_METRICS:  # one window per module: tested over the modules, not the profiles
+        if m in WINDOW_METRICS:  # one window (or start) per module: tested over the modules, not the profiles
             p, n = windows.get((str(key), m), (1.0, 0))
         lo, hi = _change_bounds(m, float(d_lo[i]), float(d_hi[i]))
-        status = key_status(m, ch, p, th)
+        status = key_status(m, ch, p, th, base)
         changes.append(Change(model_key=str(key), metric=m, against=against, baseline=base, value=base * (1 + ch),
                               change=ch, p_value=p, n=n, status=status, ci_low=lo, ci_high=hi))
         if status == "regressed":
             key_regressed.add((str(key), m))
             what = (f"t-test over {n} modules' benchmark windows" if m in ENERGY_METRICS else
+                    f"t-test over {n} modules' starts" if m in WINDOW_METRICS else
                     f"centre over {n} profiles of the fleet trimmed mean")
             regs.append(Regression(module=FLEET, model_key=str(key), profile=FLEET, metric=m, baseline=base,
                                    value=base * (1 + ch), change=ch, against=against, p_value=p, n=n,
@@ -202,7 +203,7 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
     cells["change"] = _change_vec(cells)
     cells["p"] = sign_p(cells["worse"], cells["n"])
     hit, tested = profile_regressed(cells, th)
-    hit &= ~cells["metric"].isin(ENERGY_METRICS).to_numpy()  # a profile has no energy figure of its own
+    hit &= ~cells["metric"].isin(WINDOW_METRICS).to_numpy()  # a profile has no energy or start figure of its own
     found = cells[hit]
     found = found[[(str(k), str(m)) not in key_regressed for k, m in zip(found["model_key"], found["metric"],
                                                                           strict=True)]]
@@ -216,12 +217,12 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
     return changes, regs, cells
 
 
-def _energy_key_tests(d: pd.DataFrame, metrics: list[str], names: Names
+def _window_key_tests(d: pd.DataFrame, metrics: list[str], names: Names
                       ) -> dict[tuple[str, str], tuple[float, int]]:
-    """Per (key, energy metric): the one-sided p-value of a one-sample t-test over the modules' window changes (each
-    module's median over its profiles: one window, one figure) and how many windows. A key's dozen rows of one
-    window are not a dozen figures: tested over its profiles, two runs of one release on identical simulated
-    modules (5 % window noise) came out "regressed" on J/token 10 times in 10."""
+    """Per (key, energy or start-up metric): the one-sided p-value of a one-sample t-test over the modules' window
+    changes (each module's median over its profiles: one window, one start, one figure) and how many windows. A
+    key's dozen rows of one window are not a dozen figures: tested over its profiles, two runs of one release on
+    identical simulated modules (5 % window noise) came out "regressed" on J/token 10 times in 10."""
     out: dict[tuple[str, str], tuple[float, int]] = {}
     g = d["modkey"].to_numpy()
     for m in metrics:
@@ -272,9 +273,9 @@ def module_compare(d: pd.DataFrame, names: Names, th: Thresholds, against: str =
 
     ``explained``: (key, metric) pairs a fleet-wide finding already covers; not repeated per module.
     """
-    # not energy: one window against one window is no test (a module's energy out of line with the fleet's is an
-    # energy outlier; the fleet's change a key-level finding over the modules' windows)
-    metrics = [m for m in ALL_METRICS if has_value(d, f"d_{m}") and m not in ENERGY_METRICS]
+    # not energy nor start-up costs: one window (one start) against one is no test (a module's energy out of line
+    # with the fleet's is an energy outlier; the fleet's change a key-level finding over the modules' windows)
+    metrics = [m for m in ALL_METRICS if has_value(d, f"d_{m}") and m not in WINDOW_METRICS]
     if not metrics:
         return []
     dcols = [f"d_{m}" for m in metrics]

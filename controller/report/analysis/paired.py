@@ -32,7 +32,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from contract.records import ENERGY_METRICS
+from contract.records import WINDOW_METRICS
 from controller.report.analysis.frame import B, prepare, present_metrics, relative_change
 from controller.report.analysis.stats import hodges_lehmann_groups, wilcoxon_groups, window_t_p
 from controller.report.analysis.verdict import key_status, threshold
@@ -122,7 +122,7 @@ def paired_compare(rows: pd.DataFrame, runs: Iterable[PairedRun], *, release_a: 
     windows = _window_tests(long)
     changes: list[PairedChange] = []
     for i, (key, metric) in enumerate(index):
-        if metric in ENERGY_METRICS:  # one window per (round, module): tested over the pairs, not the profiles
+        if metric in WINDOW_METRICS:  # one window per (round, module): tested over the pairs, not the profiles
             p[i] = windows.get((str(key), str(metric)), 1.0)
         ch = float(relative_change(metric, centre[i]))
         a_lo, a_hi = (None, None) if np.isnan(lo[i]) else sorted(float(relative_change(metric, x))
@@ -131,7 +131,7 @@ def paired_compare(rows: pd.DataFrame, runs: Iterable[PairedRun], *, release_a: 
         changes.append(PairedChange(
             model_key=str(key), metric=str(metric), change=ch, ci_low=a_lo, ci_high=a_hi, p_value=float(p[i]),
             profiles=int(sizes[i]), pairs=int(pairs[i]), noise=float(np.expm1(noise.get((key, metric), math.nan))),
-            mdc=None if metric in ENERGY_METRICS else minimum_detectable_change(str(metric), se, int(sizes[i]), th),
+            mdc=None if metric in WINDOW_METRICS else minimum_detectable_change(str(metric), se, int(sizes[i]), th),
             status=key_status(str(metric), ch, float(p[i]), th)))
     regs = _fold([c for c in changes if c.status == "regressed"])
     verdict: Verdict = "regressed" if regs else ("incomplete" if notes else "pass")
@@ -142,10 +142,10 @@ def paired_compare(rows: pd.DataFrame, runs: Iterable[PairedRun], *, release_a: 
 
 
 def _window_tests(long: pd.DataFrame) -> dict[tuple[str, str], float]:
-    """Per (key, energy metric): the one-sided p-value (in the median's direction) of a t-test over the (round,
-    module) pairs' window differences (each pair's median over the profiles: a key's rows carry one window's
+    """Per (key, energy or start-up metric): the one-sided p-value (in the median's direction) of a t-test over the
+    (round, module) pairs' window differences (each pair's median over the profiles: a key's rows carry one window's
     figure). Fewer than 3 pairs: 1.0, no test."""
-    energy = long[long["metric"].isin(ENERGY_METRICS)]
+    energy = long[long["metric"].isin(WINDOW_METRICS)]
     per = energy.groupby(["model_key", "metric", "round", "module"], sort=True)["d"].median()
     return {(str(key), str(metric)): window_t_p(v.to_numpy(dtype=float))
             for (key, metric), v in per.groupby(level=[0, 1])}

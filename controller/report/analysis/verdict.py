@@ -40,9 +40,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from contract.records import ENERGY_METRICS, METRICS
+from contract.records import ENERGY_METRICS, METRICS, STARTUP_METRICS
 from controller.report.model import DERIVED, FLEET, Outlier, Regression, Status, Thresholds, Verdict
 
+PRECOMPILE_METRICS = ("precompile_s", "precompile_fetch_s")  # the run's figure, on every key's rows
 LOWER_MEDIAN_BELOW = 12  # cells with fewer rows: the fleet median is the lower median of the badness
 TRIM_UP_TO = 1024  # cells of more rows: the key-level figure takes their median, not their trimmed mean (ADR 0016)
 
@@ -64,8 +65,13 @@ def threshold(metric: str, tol: float) -> float:
 
 
 # -- the rules ------------------------------------------------------------------------------------
-def key_status(metric: str, change: float, p: float, th: Thresholds) -> Status:
-    """One model key, fleet-wide: ``change`` the centre over profiles, ``p`` the Wilcoxon test's."""
+def key_status(metric: str, change: float, p: float, th: Thresholds, base: float | None = None) -> Status:
+    """One model key, fleet-wide: ``change`` the centre over profiles, ``p`` the Wilcoxon test's (the t-test's over
+    the modules' starts or windows). A start-up cost that moved less than ``startup_floor_s`` from ``base`` (its
+    reference, seconds) is within tolerance whatever the fraction: a millisecond's first request 20 % longer is
+    timer noise, not a slower release (docs/adr/0029-start-up-costs-judged.md)."""
+    if metric in STARTUP_METRICS and base is not None and abs(base * change) < th.startup_floor_s:
+        return "within tolerance"
     tol = th.tol(metric)
     if worse(metric, change, tol):
         return "regressed" if p < th.alpha else "not significant"
@@ -146,8 +152,28 @@ def fold(regs: list[Regression], outliers: tuple[Outlier, ...],
             p = result[pid]
             result[pid] = p.model_copy(update={"related": (*p.related, f"{r.metric} {r.change:+.1%}")})
     order = {"correct": 1}
-    return sorted(result.values(), key=lambda r: (r.module != FLEET, r.model_key, order.get(r.metric, 0),
-                                                  r.profile, r.metric, r.module))
+    return sorted(_one_precompile(list(result.values())), key=lambda r: (
+        r.module != FLEET, r.model_key, order.get(r.metric, 0), r.profile, r.metric, r.module))
+
+
+def _one_precompile(regs: list[Regression]) -> list[Regression]:
+    """A precompile's finding once: its figure is the run's, on every key's rows, so each key found the same
+    change; kept is the first key's, its model key ``*``, the keys named in its detail."""
+    out: list[Regression] = []
+    seen: dict[tuple[str, str, str], int] = {}
+    for r in regs:
+        if r.metric not in PRECOMPILE_METRICS:
+            out.append(r)
+            continue
+        ident = (r.module, r.metric, r.against)
+        if ident in seen:
+            i = seen[ident]
+            out[i] = out[i].model_copy(update={"detail": f"{out[i].detail}, {r.model_key}"})
+            continue
+        seen[ident] = len(out)
+        out.append(r.model_copy(update={"model_key": FLEET, "detail": f"{r.detail}; the run's, on the rows of "
+                                                                         f"{r.model_key}"}))
+    return out
 
 
 def decide(state: str, n_rows: int, regressions: tuple[Regression, ...], notes: list[str],

@@ -27,7 +27,14 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from controller.report.model import FLEET, Report, TrendSeries
 from controller.report.render.numbers import num, pct
-from controller.report.render.text import NO_INTERVAL, energy_text, probe_text, telemetry_cell, verdict_line
+from controller.report.render.text import (
+    NO_INTERVAL,
+    energy_text,
+    probe_text,
+    startup_lines,
+    telemetry_cell,
+    verdict_line,
+)
 
 _COLORS = {"pass": "#1a7f37", "regressed": "#cf222e", "incomplete": "#9a6700", "failed": "#82071e"}
 _SERIES = (("no prefix", "#0969da"), ("shared prefix", "#bc4c00"))
@@ -249,6 +256,9 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 <td>{% for w in o.worst %}{{ w.model_key }} {{ w.profile }} {{ num(w.value) }} J/token
 (fleet {{ num(w.fleet_median) }}){% if not loop.last %}; {% endif %}{% endfor %}</td></tr>
 {% endfor %}</table>{% endif %}
+<h2>Start-up costs</h2>
+{% if startup %}<ul>{% for x in startup %}<li>{{ x }}</li>{% endfor %}</ul>
+{% else %}<p class="muted">No start-up figures in this run.</p>{% endif %}
 <h2>Release benchmark vs probe</h2>
 <p{% if not r.disagreements %} class="muted"{% endif %}>{{ probe_line }}</p>
 {% if r.disagreements %}<table><tr><th>module</th><th>model key</th><th>profile</th><th>metric</th><th>release</th>
@@ -301,7 +311,7 @@ def to_html(r: Report) -> str:
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     tpl = env.from_string(_TEMPLATE)
     return tpl.render(
-        r=r, line=verdict_line(r), probe_line=probe_text(r), energy_line=energy_text(r),
+        r=r, line=verdict_line(r), probe_line=probe_text(r), energy_line=energy_text(r), startup=startup_lines(r),
         color=_COLORS.get(r.verdict, "#59636e"), num=num,
         pct=pct, telemetry_cell=telemetry_cell, FLEET=FLEET, no_interval=NO_INTERVAL,
         decode_svg=curve_plot(r.summary, "decode_tps", "decode tok/s") if len(r.summary) else "",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from contract.records import STARTUP_METRICS
 from controller.report.environment import environment_text
-from controller.report.model import FLEET, PRIMARY_METRICS, Outlier, OutlierTelemetry, Regression, Report
+from controller.report.model import FLEET, PRIMARY_METRICS, Change, Outlier, OutlierTelemetry, Regression, Report
 from controller.report.render.numbers import num, pct
 
 NO_INTERVAL = "no interval (n < 6)"  # fewer than 6 modules, profiles or figures: no 95 % interval of a median
@@ -99,6 +100,47 @@ def energy_text(r: Report) -> str:
     return said + " No module is out of line."
 
 
+# the start-up costs as the report names them; the precompile's are the module's, the same on every key's rows
+STARTUP_NAMES: dict[str, str] = {"server_ready_s": "server ready", "warmup_s": "first request",
+                                 "precompile_s": "precompile (compiled)", "precompile_fetch_s": "precompile (fetched)"}
+_PRECOMPILE = ("precompile_s", "precompile_fetch_s")
+
+
+def startup_line(c: Change) -> str:
+    """One start-up cost against a reference, e.g. ``qwen35 server ready 212 s, +38 % vs baseline: regressed``
+    (a precompile's without its key: it is the module's, once a run)."""
+    who = "" if c.metric in _PRECOMPILE else f"{c.model_key} "
+    value = "?" if c.value is None else f"{c.value:.3g} s"
+    change = "" if c.change is None else f", {c.change * 100:+.0f} %"
+    return f"{who}{STARTUP_NAMES[c.metric]} {value}{change} vs {c.against}: {c.status}"
+
+
+def startup_lines(r: Report) -> list[str]:
+    """The run's start-up costs: each against its references (:func:`startup_line`), else the fleet's median with
+    no reference; a precompile's once (its figure is on every key's rows)."""
+    lines: list[str] = []
+    judged: set[tuple[str, str]] = set()
+    said: set[tuple[str, str]] = set()
+    for c in r.changes:
+        if c.metric not in STARTUP_METRICS or (c.metric in _PRECOMPILE and (c.metric, c.against) in said):
+            continue
+        said.add((c.metric, c.against))
+        judged.add((c.model_key, c.metric))
+        lines.append(startup_line(c))
+    rows = r.rows
+    for m in STARTUP_METRICS:
+        if m not in rows.columns:
+            continue
+        has = rows[rows[m].notna()]
+        for key, v in has.groupby("model_key", observed=True)[m].median().items():
+            if (str(key), m) in judged or (m in _PRECOMPILE and any(j[1] == m for j in judged)):
+                continue
+            judged.add((str(key), m))
+            who = "" if m in _PRECOMPILE else f"{key} "
+            lines.append(f"{who}{STARTUP_NAMES[m]} {float(v):.3g} s (fleet median): no reference")
+    return lines
+
+
 def probe_text(r: Report) -> str:
     """One sentence about the cross-check with the agent's probe (when nothing disagrees)."""
     if r.disagreements:
@@ -155,6 +197,10 @@ def to_markdown(r: Report) -> str:
             [[o.module, o.model_key, f"{1 / o.factor:.2f}x", _factor_ci(o), str(o.cells),
               "; ".join(f"{w.model_key} {w.profile} {num(w.value)} vs {num(w.fleet_median)} J/token"
                         for w in o.worst)] for o in r.energy_outliers])]
+    start = startup_lines(r)
+    out += ["", "## Start-up costs", ""]
+    out += [f"- {x}" for x in start] if start else ["No start-up figures in this run."]
+    out += ["", f"Start-up tolerance {r.thresholds.startup_tolerance:.0%}, tested over the modules' starts."]
     out += ["", "## Release benchmark vs probe", "", probe_text(r)]
     if r.disagreements:
         out += ["", _md_table(["module", "model key", "profile", "metric", "release", "probe", "change"],

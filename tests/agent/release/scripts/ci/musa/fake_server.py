@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 mode = os.environ.get("FAKE_SERVER_MODE", "")
 record = os.environ.get("FAKE_RECORD_DIR")
@@ -33,6 +34,18 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_response(200 if ok else 503)
         self.end_headers()
         self.wfile.write(b"ok" if ok else b"starting")
+
+    def do_POST(self):  # the agent's first request after ready (FAKE_WARMUP_SLEEP: how long it takes)
+        if self.path != "/v1/completions":
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        time.sleep(float(os.environ.get("FAKE_WARMUP_SLEEP", "0")))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"choices": [{"text": "!"}]}')
 
     def log_message(self, *a):
         pass

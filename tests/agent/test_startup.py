@@ -1,0 +1,42 @@
+"""The release's start-up costs on a key's rows (agent.startup, pure; fast tier)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.startup import with_startup
+from contract.records import ResultRow
+
+
+def _rows() -> list[ResultRow]:
+    release = ResultRow(table="sweep", profile="128:128", model="m", model_key="qwen35", decode_tps=50.0)
+    probe = release.model_copy(update={"source": "probe"})
+    return [release, probe]
+
+
+def test_a_compiled_precompile_is_a_compile_on_every_release_row() -> None:
+    rel, probe = with_startup(_rows(), server_ready_s=212.00049, warmup_s=3.2504, precompile_source="compiled",
+                              precompile_s=71.4996)
+    assert (rel.server_ready_s, rel.warmup_s, rel.precompile_s, rel.precompile_fetch_s, rel.precompile_source) == (
+        212.0, 3.25, 71.5, None, "compiled")
+    assert probe == _rows()[1]  # the probe's rows carry none: they are not the release's figures
+
+
+@pytest.mark.parametrize(("source", "compiled", "fetched"), [("fetched", None, 4.5), ("cached", None, None),
+                                                              (None, None, None)])
+def test_a_fetched_or_cached_precompile_is_never_a_compile(source: str | None, compiled: float | None,
+                                                           fetched: float | None) -> None:
+    rel, _ = with_startup(_rows(), server_ready_s=1.5, warmup_s=None, precompile_source=source,  # type: ignore[arg-type]
+                          precompile_s=4.5)
+    assert (rel.precompile_s, rel.precompile_fetch_s, rel.precompile_source, rel.warmup_s) == (
+        compiled, fetched, source, None)
+
+
+def test_the_warm_up_request_is_a_setting_of_the_agent(tmp_path) -> None:
+    from agent.config import AgentConfig
+    from agent.settings import AgentSettings
+
+    on = AgentSettings(module="m1", workdir=tmp_path / "work", data_dir=tmp_path / "fleet")
+    off = AgentSettings(module="m1", workdir=tmp_path / "work", data_dir=tmp_path / "fleet", warmup_request=False)
+    assert (AgentConfig.from_settings(on).warmup_request, AgentConfig.from_settings(off).warmup_request) == (
+        True, False)
