@@ -110,8 +110,9 @@ def precompile_s(base: Path, module: str, run_id: str) -> tuple[str, float]:
 
 
 def figures(rows: list[Any], module: str) -> dict[tuple[str, str, str], float]:
+    """A module's figures; the precompile's own (compiled vs fetched: what the cache changes on purpose) left out."""
     return {(r.model_key, r.profile, m): getattr(r, m) for r in rows if r.module == module and r.source == "release"
-            for m in METRICS if getattr(r, m)}
+            for m in METRICS if m not in ("precompile_s", "precompile_fetch_s") and getattr(r, m)}
 
 
 def spread(rows: list[Any], modules: list[str]) -> float:
