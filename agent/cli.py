@@ -175,6 +175,8 @@ def _print(progress: RunProgress, rows: list[ResultRow], fmt: OutputFormat, err:
 
 def _summary(p: RunProgress, out: Console) -> None:
     cached = {True: "cached (skipped)", False: "ran", None: "-"}[p.precompile_cached]
+    if p.kernel_cache is not None and p.kernel_cache.action == "fetched":
+        cached = f"fetched {p.kernel_cache.archive[:12]} (fleet kernel cache)"
     out.print(f"run {p.run_id} on {p.module}: {p.state.value}, {p.rows} rows, precompile {cached}", highlight=False)
     if p.error is not None:
         out.print(f"  error: {p.error.one_line()}", highlight=False)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent.kernel_cache import KernelCacheConfig
 from agent.telemetry import TelemetryConfig
 
 if TYPE_CHECKING:
@@ -49,6 +50,8 @@ class AgentConfig(BaseModel):
     probe_timeout: float = Field(default=600.0, gt=0, description="one probe request, wall s")
     probe_sweep_slo: str = Field(default="", description="SLO of the per-key SLO sweep (empty: no sweep)")
     probe_sweep_budget: float = Field(default=300.0, gt=0, description="one key's SLO sweep, wall s")
+    kernel_cache: KernelCacheConfig | None = Field(default=None, description="the fleet's shared kernel cache "
+                                                   "(None: off)")
 
     @classmethod
     def from_settings(cls, settings: AgentSettings, **overrides: Any) -> AgentConfig:
@@ -67,6 +70,9 @@ class AgentConfig(BaseModel):
             "probe_tolerance": settings.probe_tolerance, "probe_sweep_slo": settings.probe_sweep_slo,
             "probe_sweep_budget": settings.probe_sweep_budget, "warmup_request": settings.warmup_request,
             "probe_profiles": tuple(p.strip() for p in settings.probe_profiles.split(",") if p.strip()),
+            "kernel_cache": KernelCacheConfig(root=settings.kernel_cache_root(),
+                                              trust_first=settings.kernel_cache_trust_first,
+                                              device_class=settings.device_class) if settings.kernel_cache else None,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

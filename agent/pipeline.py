@@ -20,12 +20,13 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent import env_probe, model_key, steps
 from agent.config import AgentConfig
 from agent.errors import BadInput, Cancelled, StepFailed
 from agent.executor import CancelToken, EventCancelToken, Executor, ProcResult, utc_stamp
+from agent.kernel_cache import RunCache
 from agent.model_key import proc_error
 from agent.procs import Left
 from agent.state import RunMachine
@@ -48,9 +49,6 @@ from contract.records import (
     TelemetrySummary,
     release_difference,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["AgentConfig", "CancelToken", "EventCancelToken", "RunResult", "run_pipeline"]
 
@@ -282,10 +280,16 @@ class Run:
         self._run_step(steps.plan_generate(top, pre_env, self.cfg.generate_timeout), RunState.GENERATING)
         self.steps_done += 1
         env = self._environment(top, pre_env, cache)
+        if self.cfg.kernel_cache is not None:  # the fleet's kernel cache is keyed by the fingerprint: probed first
+            self._fingerprint(top, env)
         self._precompile(top, env)
+        if self.fingerprint is None:
+            self._fingerprint(top, env)
+        return top, env
+
+    def _fingerprint(self, top: Path, env: dict[str, str]) -> None:
         self.fingerprint = env_probe.probe_run(self, top, env)  # never fails: a failed probe says "unknown"
         self.note(fingerprint=self.fingerprint)  # written with the first key's start, next
-        return top, env
 
     def _begin(self, state: RunState, step: str) -> float:
         self.check(step)()
@@ -419,14 +423,22 @@ class Run:
             self.note(precompile_cached=True, precompile_source="cached")  # written with the next emit
             return
         t0 = time.monotonic()
-        self._run_step(steps.plan_precompile(top, env, self.cfg.precompile_timeout), RunState.PRECOMPILING)
+        shared = RunCache.of(self, self._all_folders())  # None: the fleet's kernel cache is off
+        use = shared.fetch() if shared is not None else None  # None: compile (an event says why)
+        if use is None:
+            self._run_step(steps.plan_precompile(top, env, self.cfg.precompile_timeout), RunState.PRECOMPILING)
+        else:
+            self.to(RunState.PRECOMPILING, "precompile")
         took = time.monotonic() - t0
         info = {"sha256": self.req.sha256, "folders": self._all_folders(), "duration_s": took,
-                "run_id": self.req.run_id, "ts": time.time()}
+                "run_id": self.req.run_id, "ts": time.time(), "fetched": use.archive if use else None}
         write_atomic(marker, json.dumps(info) + "\n")
+        if shared is not None and use is None:
+            use = shared.publish(took)
         self.steps_done += 1
         # its wall time, judged as a start-up cost (agent.startup); written with the first key's server start, next
-        self.note(precompile_cached=False, precompile_source="compiled", precompile_s=round(took, 3))
+        self.note(precompile_cached=False, precompile_source=use.action if use else "compiled",
+                  precompile_s=round(took, 3), kernel_cache=use)
 
     def _run_step(self, plan: steps.StepPlan, state: RunState, *, log_path: Path | None = None,
                   raw: Path | None = None) -> ProcResult:

@@ -57,6 +57,14 @@ class AgentSettings(BrokerSettings):
                                         "telemetry, state) this often at first, then every tenth of its age (at "
                                         "most hourly) until result_expires, s")
 
+    kernel_cache: bool = Field(default=False, description="share compiled TileLang kernels with the fleet: fetch a "
+                               "trusted archive instead of compiling, publish one after compiling "
+                               "(docs/howto/kernel-cache.md)")
+    kernel_cache_trust_first: bool = Field(default=False, description="trust an archive the first module compiled "
+                                           "(else only one two modules compiled identically)")
+    device_class: str = Field(default="M1000", min_length=1, max_length=64,
+                              description="this module's device class: kernel caches are shared within a class")
+
     def replicas_to_wait(self) -> int:
         """Replicas a final state waits for (``final_state_replicas``, else 1 with Sentinel, 0 without)."""
         if self.final_state_replicas is not None:

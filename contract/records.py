@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contract.energy import EnergyWindow
 from contract.fingerprint import EnvFingerprint
+from contract.kernel_store import KernelCacheUse
 
 SCHEMA_VERSION = 1
 
@@ -410,6 +411,7 @@ class RunProgress(Frozen):
     precompile_cached: bool | None = None
     precompile_source: PrecompileSource | None = None
     precompile_s: float | None = None
+    kernel_cache: KernelCacheUse | None = None  # the fleet's kernel cache: fetched, or compiled (and published)
     rows: int = 0
     attempt: int = 1
     error: StepError | None = None

@@ -178,6 +178,9 @@ class BrokerSettings(EnvSettings):
     broker_tls_cert_file: Path | None = Field(default=None, description="client certificate for the broker (TLS)")
     broker_tls_key_file: Path | None = Field(default=None, description="key of broker_tls_cert_file (mode 0600)")
     data_dir: Path = Field(default=DEFAULT_HOME, description="embedded broker and result folders")
+    kernel_cache_dir: Path | None = Field(default=None, description="the fleet's kernel cache store, where agents "
+                                          "publish and fetch compiled kernels and `fleetctl cache` looks; default "
+                                          "<data_dir>/kernel-cache (next to the staged releases)")
     run_soft_time_limit: float = Field(
         default=4 * 3600.0, gt=0,
         description="soft time limit of one run on one module, s (the agent ends the run cleanly 30 s before it, "
@@ -262,6 +265,10 @@ class BrokerSettings(EnvSettings):
             if scheme == "sentinel" and (parts.scheme != "sentinel" or not parts.hostname):
                 raise ValueError(f"{redact_url(chunk)!r}: every server of a sentinel broker_url is sentinel://host:port")
         return v
+
+    def kernel_cache_root(self) -> Path:
+        """The fleet's kernel cache store (``kernel_cache_dir``, else ``<data_dir>/kernel-cache``)."""
+        return (self.kernel_cache_dir or self.data_dir / "kernel-cache").expanduser()
 
     @property
     def module_deadline(self) -> float:

@@ -72,6 +72,7 @@ def build_app(inv: Invocation) -> typer.Typer:
     """The command tree of one invocation: the verbs of every group, which get the invocation's session
     from the context (those of report, deploy and targets through the functions handed to them)."""
     from controller.cli import bisect as bisect_cli
+    from controller.cli import cache as cache_cli
     from controller.cli import deploy as deploy_cli
     from controller.cli import history as history_cli
     from controller.cli import report as report_cli
@@ -103,6 +104,12 @@ def build_app(inv: Invocation) -> typer.Typer:
     history_app = new_app(add_completion=False, no_args_is_help=True, help="The run history's storage.")
     history_app.command("migrate")(history_cli.migrate)
     app.add_typer(history_app, name="history")
+    cache_app = new_app(add_completion=False, no_args_is_help=True,
+                        help="The fleet's kernel cache: compiled TileLang kernels modules share (docs/howto/"
+                             "kernel-cache.md).")
+    cache_app.command("ls")(cache_cli.cache_ls)
+    cache_app.command("prune")(cache_cli.cache_prune)
+    app.add_typer(cache_app, name="cache")
     report_cli.register(app, lambda: inv.session().read_history(), lambda: inv.session().history(),
                         lambda: inv.session().settings.baseline_same_environment)
     trend_cli.register(app, lambda: inv.session().read_history())

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from contract.fingerprint import EnvFingerprint, differences, majority
+from contract.records import RunProgress
 from controller.report.model import FLEET, EnvDifference, Report, ReportError
 
 
@@ -108,3 +109,20 @@ def environment_text(report: Report, module: str) -> str:
         return ""
     d = next((x for x in report.environment if x.module == module), None)
     return "" if d is None else f"other environment than the fleet: {'; '.join(d.differences)}"
+
+
+def kernel_cache_note(progress: Mapping[str, RunProgress]) -> str | None:
+    """Which modules compiled the release's kernels, which fetched them from the fleet's kernel cache and which had
+    them cached from an earlier run (None: no module of the run used the shared cache)."""
+    used = {m: p.kernel_cache for m, p in progress.items() if p.kernel_cache is not None}
+    if not used:
+        return None
+    compiled = sorted(m for m, u in used.items() if u.action == "compiled")
+    published = sorted(m for m in compiled if used[m].published)
+    fetched = sorted(m for m, u in used.items() if u.action == "fetched")
+    before = sorted(m for m, p in progress.items() if p.kernel_cache is None and p.precompile_cached)
+    parts = [f"compiled on {', '.join(compiled)}" + (f" (published by {', '.join(published)})" if published else "")
+             ] if compiled else []
+    parts += [f"fetched on {', '.join(fetched)}"] if fetched else []
+    parts += [f"cached by an earlier run on {', '.join(before)}"] if before else []
+    return "kernel cache: " + "; ".join(parts)

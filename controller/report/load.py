@@ -23,7 +23,7 @@ from controller.command import fleetctl
 from controller.history import ROW_FIELDS, History, HistoryError, RunInfo
 from controller.history.waits import run_waits, run_waits_line
 from controller.report.analysis import analyse
-from controller.report.environment import digests_of, refuse_unless_same, with_environment
+from controller.report.environment import digests_of, kernel_cache_note, refuse_unless_same, with_environment
 from controller.report.model import Report, ReportError, Thresholds
 from controller.report.telemetry import with_telemetry
 
@@ -179,6 +179,9 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     if waited:  # first: the verdict line of an incomplete run names the last note
         rep = replace(rep, notes=(waited, *rep.notes))
     rep = with_telemetry(rep, history.telemetry(run.run_id))
+    shared = kernel_cache_note(history.progress(run.run_id))
+    if shared:  # first: a failed or incomplete run's one-line summary takes the last note
+        rep = replace(rep, notes=(shared, *rep.notes))
     refs = {base_id or "the baseline": base, "each module's previous run": prev}
     return with_fingerprints(history, rep, rows, refs, require_same=base_id if same_environment and base_id else None)
 

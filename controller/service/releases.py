@@ -17,6 +17,7 @@ import zlib
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from contract.kernel_store import prune as prune_kernel_caches
 from contract.layout import WORKFLOW_DIR, LayoutScan
 from contract.oneline import error_line
 from controller.inventory import Module
@@ -93,11 +94,15 @@ def releases_in_use(s: Session) -> set[str]:
 def prune_releases(s: Session) -> list[Path]:
     """Remove the releases staged under ``<data_dir>/releases/<sha256>/`` (local transport, URL
     downloads) that no running run uses and that are not among the ``keep_releases`` newest; the
-    folders removed. Anything else there (a download in progress, a name not a sha256) stays."""
+    folders removed. Anything else there (a download in progress, a name not a sha256) stays. The fleet's kernel
+    caches of the releases not kept go too (:func:`contract.kernel_store.prune`)."""
     root = s.settings.data_dir.expanduser() / "releases"
+    keep = releases_in_use(s)
+    gone_caches = prune_kernel_caches(s.settings.kernel_cache_root(), {sha[:16] for sha in keep})
+    if gone_caches:
+        log.info("kernel caches of %d release(s) removed: %s", len(gone_caches), ", ".join(d.name for d in gone_caches))
     if not root.is_dir():
         return []
-    keep = releases_in_use(s)
     gone = [d for d in sorted(root.iterdir())
             if d.is_dir() and not d.is_symlink() and SHA256_NAME.fullmatch(d.name) and d.name not in keep]
     for d in gone:

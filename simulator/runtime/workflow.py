@@ -71,7 +71,18 @@ def load_workflow(env: dict[str, str] | Any) -> dict[str, Any]:
     return wf
 
 
+def cached_kernels(target: str) -> bool:
+    """Every kernel of a model, and its ``kernels.json``, is in the cache folder ``target`` already."""
+    return all(os.path.isfile(os.path.join(target, f"{k}.cubin.json")) for k in KERNELS) and \
+        os.path.isfile(os.path.join(target, "kernels.json"))
+
+
 def precompile(env: dict[str, str] | Any, model: core.Model, out: Any = sys.stdout) -> list[str]:
+    """Compile each model's kernels into ``$TILELANG_CACHE_DIR/<model dir>/``; the models compiled.
+
+    As TileLang does, a kernel whose cache entry exists is not compiled again: a model whose kernels are all
+    cached costs only the start-up (``precompile_base``). What is written depends only on the model's identity
+    and the kernels (no path, no time): two modules compiling the same release write byte-identical caches."""
     wf = load_workflow(env)
     knobs = load_knobs(env)
     cache = env["TILELANG_CACHE_DIR"]
@@ -88,17 +99,20 @@ def precompile(env: dict[str, str] | Any, model: core.Model, out: Any = sys.stdo
         entry = model.identify(ident)
         if entry is None:
             raise core.SimError(f"{env['TILELANG_WORKFLOW_FILE']}: {ident} is not a model this release supports")
+        target = os.path.join(cache, model.setup(entry["key"] or entry["mtp_key"]).data["model_dir"])
+        if cached_kernels(target):
+            print(f"[precompile] {ident}: {len(KERNELS)} TileLang kernels cached in {target}", file=out, flush=True)
+            continue
         print(f"[precompile] {ident}: compiling {len(KERNELS)} TileLang kernels", file=out, flush=True)
         time.sleep(t["precompile_per_model"] / 1000 / scale)
-        target = os.path.join(cache, model.setup(entry["key"] or entry["mtp_key"]).data["model_dir"])
         os.makedirs(target, exist_ok=True)
         for k in KERNELS:
             digest = core.hash_new("sha256", f"{ident}:{k}".encode()).hexdigest()
             write_atomic(os.path.join(target, f"{k}.cubin.json"), jsonc.dumps({"kernel": k, "digest": digest}) + "\n")
         write_atomic(os.path.join(target, "kernels.json"),
-                     jsonc.dumps({"model": ident, "path": m["path"], "kernels": list(KERNELS)}, indent=2) + "\n")
+                     jsonc.dumps({"model": ident, "kernels": list(KERNELS)}, indent=2) + "\n")
         done.append(ident)
-    print(f"[precompile] done: {len(done)} model(s) in {cache}", file=out, flush=True)
+    print(f"[precompile] done: {len(done)} model(s) compiled in {cache}", file=out, flush=True)
     return done
 
 

@@ -158,3 +158,24 @@ def test_a_baseline_without_fingerprints_is_refused_only_with_the_setting(histor
     assert build_report(history, "run-1", "seed", previous=False).environment_changes == ()
     with pytest.raises(EnvironmentRefused, match=r"^baseline baseline:seed:v1 has no environment fingerprint and "):
         build_report(history, "run-1", "seed", same_environment=True, previous=False)
+
+
+def test_the_report_names_the_modules_that_compiled_and_fetched_the_kernels(history: History, reference) -> None:
+    from contract.kernel_store import KernelCacheUse
+
+    _store(history, reference, "run-1", dict.fromkeys(MODULES, FP))
+    assert not [n for n in build_report(history, "run-1", previous=False).notes if n.startswith("kernel cache")]
+    uses = {"m00": KernelCacheUse(action="compiled", archive="a" * 64, published=True),
+            "m01": KernelCacheUse(action="compiled", archive="a" * 64, published=True),
+            "m05": KernelCacheUse(action="compiled", why="driver unknown"),
+            **{m: KernelCacheUse(action="fetched", archive="a" * 64) for m in ("m02", "m03", "m04")}}
+    history.upsert_progress_many(RunProgress(run_id="run-1", module=m, updated_at=time.time(), fingerprint=FP,
+                                             kernel_cache=u) for m, u in uses.items())
+    rep = build_report(history, "run-1", previous=False)
+    assert rep.notes[0] == ("kernel cache: compiled on m00, m01, m05 (published by m00, m01); fetched on m02, m03, "
+                            "m04")
+    assert "- kernel cache: compiled on m00, m01, m05" in to_markdown(rep)
+    history.upsert_progress_many([RunProgress(run_id="run-1", module=m, updated_at=time.time() + 1, fingerprint=FP,
+                                              precompile_cached=True) for m in ("m00", "m01")])
+    assert build_report(history, "run-1", previous=False).notes[0] == (
+        "kernel cache: compiled on m05; fetched on m02, m03, m04; cached by an earlier run on m00, m01")

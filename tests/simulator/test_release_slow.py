@@ -431,3 +431,23 @@ def test_precompile_honours_preset_cache_dir(fresh: Release, tmp_path: Path) -> 
     kernels = json.loads((cache / "Qwen3.5-35B-A3B-GPTQ-Int4" / "kernels.json").read_text())
     assert kernels["model"] == "Qwen3.5-35B-A3B-GPTQ-Int4"
     assert os.listdir(cache) == ["Qwen3.5-35B-A3B-GPTQ-Int4"]
+
+
+def test_precompile_writes_the_same_cache_anywhere_and_skips_kernels_already_cached(fresh: Release,
+                                                                                   tmp_path: Path) -> None:
+    """As TileLang's cache: the same release compiles to the same bytes (no path, no time in them), and a model
+    whose kernels are cached is not compiled again (only the start-up is paid)."""
+    assert _generate(fresh, {"model_paths": [str(fresh.models["qwen3"])]}).returncode == 0
+    caches = [tmp_path / "a", tmp_path / "b"]
+    for cache in [*caches, caches[0]]:
+        fresh.base_env["TILELANG_CACHE_DIR"] = str(cache)
+        out = subprocess.run([fresh.script("precompile_tilelang_kernels.sh")], env=fresh.setup_env(),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+    assert "Qwen3-30B-A3B-GPTQ-Int4: 8 TileLang kernels cached in" in out.stdout
+    assert "[precompile] done: 0 model(s) compiled in" in out.stdout
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    assert files(caches[0]) == files(caches[1]) and len(files(caches[0])) == 9

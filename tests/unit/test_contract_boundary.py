@@ -29,7 +29,7 @@ ALLOWED_AGENT_IMPORTS: dict[tuple[str, str, str], str] = {
     ("controller/cli/report.py", "agent.tables", "parse_seed"): "as TableError",
 }
 CONTRACT_MODULES = {"records", "kv", "celery_app", "safe_transport", "settings", "oneline", "digest", "eviction",
-                    "vocab", "files", "redact", "version", "layout", "fingerprint", "energy",
+                    "vocab", "files", "redact", "version", "layout", "fingerprint", "energy", "kernel_store",
                     "priority"}  # priority: the broker order both sides keep (lower number first)
 # what contract/ may import besides the standard library: the agent's own dependencies
 CONTRACT_THIRD_PARTY = {"pydantic", "pydantic_settings", "celery", "kombu", "redis"}
