@@ -108,10 +108,14 @@ def _scale(r: ResultRow, s: float) -> ResultRow:
 
 
 def finished_run(workdir: Path, seed_text: str, run_id: str, module: str, release: str = "1.4.1",
-                 state: RunState = RunState.DONE, scale: float = 1.0) -> RunWriter:
-    """A whole run written at once: events per step, every key's rows, final progress."""
+                 state: RunState = RunState.DONE, scale: float = 1.0, fetched_s: float | None = None) -> RunWriter:
+    """A whole run written at once: events per step, every key's rows, final progress. ``fetched_s``: its
+    precompile was fetched from the fleet's kernel cache in that time (on every row, as the agent writes it)."""
     w = RunWriter(workdir, run_id, module, release)
     per_key = seed_rows(seed_text, run_id, module, release, scale=scale)
+    if fetched_s is not None:
+        per_key = {k: [r.model_copy(update={"precompile_source": "fetched", "precompile_fetch_s": fetched_s})
+                       for r in rows] for k, rows in per_key.items()}
     for step, d in (("fetch", 0.5), ("unpack", 2.0), ("configure", 0.1), ("generate", 1.0),
                     ("environment", 0.3), ("precompile", 40.0)):
         w.event(step, "start")

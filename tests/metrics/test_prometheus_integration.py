@@ -130,8 +130,9 @@ def test_prometheus_scrapes_fleet_and_every_expression_has_data(
     for w in work.values():
         w.mkdir(parents=True)
 
-    # fixtures: fix-c failed, stale heartbeat, GPU, low disk; fix-d stuck
-    fc = finished_run(work["fix-c"], seed_text, "c-1", "fix-c", release="1.4.1", state=RunState.FAILED)
+    # fixtures: fix-c failed, stale heartbeat, GPU, low disk, its precompile fetched from the fleet's kernel cache
+    # (real fetches: tests/fleet/test_kernel_cache_fleet.py); fix-d stuck
+    fc = finished_run(work["fix-c"], seed_text, "c-1", "fix-c", release="1.4.1", state=RunState.FAILED, fetched_s=0.04)
     fc.event("precompile", "failed", 12.0, exit_code=1, message="kernel build failed")
     fc.progress(state=RunState.FAILED, step="precompile", keys_total=2, finished_at=now,
                 outcomes=(KeyOutcome(model_key="qwen3", status="failed"),
