@@ -23,7 +23,6 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy.stats import norm
 
 from controller.report.model import ENERGY_PRIMARY, FLEET, Outlier, Thresholds, WorstCase
 
@@ -120,7 +119,9 @@ def _outlier(module: str, key: str, typ: float, se: float, spread: np.ndarray, x
                   for j in order[:th.worst_cases])
     n = int(np.sum(~np.isnan(dev)))
     out = int(np.sum(side * np.nan_to_num(dev) > Z * spread))  # windows past Z spreads of their key
+    from controller.report.analysis.nulls import norm_sf  # scipy.special: only when a report is built
+
     lo, hi = typ - 1.96 * se, typ + 1.96 * se
     return Outlier(module=module, model_key=key, factor=math.exp(-typ), cells=n, share_out=out / max(n, 1),
-                   p_value=float(2 * norm.sf(abs(typ) / se)), worst=worst, ci_low=math.exp(-hi),
+                   p_value=float(2 * norm_sf(abs(typ) / se)), worst=worst, ci_low=math.exp(-hi),
                    ci_high=math.exp(-lo), metric=metric)

@@ -1,7 +1,8 @@
-"""The statistical tests of a report: one-sided sign tests and Wilcoxon signed-rank tests (scipy), and the
+"""The statistical tests of a report: one-sided sign tests and Wilcoxon signed-rank tests, and the
 estimates that go with them (the median's and the Hodges-Lehmann centre's distribution-free intervals).
 
-Both are vectorised over many groups at once; scipy loads only when a report is built.
+Both are vectorised over many groups at once. Their null distributions are :mod:`.nulls` (``scipy.special``,
+the same numbers as ``scipy.stats`` without its 0.7 s import); they load only when a report is built.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import pandas as pd
 
 
 def sign_p(k: Any, n: Any) -> Any:
-    """One-sided sign test: probability of >= k of n in one direction by chance (scipy binom)."""
-    from scipy import stats  # heavy import: only when a report is built
+    """One-sided sign test: probability of >= k of n in one direction by chance (the binomial's tail)."""
+    from controller.report.analysis.nulls import binom_sf  # scipy.special: only when a report is built
 
     k = np.asarray(k, dtype=float)
     n = np.asarray(n, dtype=float)
@@ -30,9 +31,9 @@ def sign_p(k: Any, n: Any) -> Any:
                 pairs = np.flatnonzero(np.bincount(code))
                 table = np.zeros(int(pairs[-1]) + 1)
                 kp, np_ = (pairs // width).astype(float), (pairs % width).astype(float)
-                table[pairs] = np.where(np_ > 0, stats.binom.sf(kp - 1, np_, 0.5), 1.0)
+                table[pairs] = np.where(np_ > 0, binom_sf(kp - 1, np_, 0.5), 1.0)
                 return np.take(table, code)
-    return np.where(n > 0, stats.binom.sf(k - 1, n, 0.5), 1.0)
+    return np.where(n > 0, binom_sf(k - 1, n, 0.5), 1.0)
 
 
 def wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex, column: str = "d") -> np.ndarray:
@@ -65,7 +66,7 @@ def _signed_rank_p(v: np.ndarray) -> np.ndarray:
     scipy's default (exact up to 50 values); rows with them: the normal approximation with the tie correction,
     where scipy's default is a permutation test (~1 s a row: a key's energy figure, the same on every profile,
     made a followed bisection spend most of a core in it)."""
-    from scipy import stats
+    from controller.report.analysis.nulls import wilcoxon_p
 
     mag = np.sort(np.abs(v), axis=1)
     tied = (mag[:, 0] <= 1e-12) | (np.diff(mag, axis=1) <= 1e-12 * np.maximum(mag[:, 1:], 1e-300)).any(axis=1)
@@ -73,8 +74,8 @@ def _signed_rank_p(v: np.ndarray) -> np.ndarray:
     for rows, method in ((~tied, "auto"), (tied, "approx")):
         if rows.any():
             w = v[rows]
-            up = stats.wilcoxon(w, axis=1, zero_method="zsplit", alternative="greater", method=method).pvalue
-            down = stats.wilcoxon(w, axis=1, zero_method="zsplit", alternative="less", method=method).pvalue
+            up = wilcoxon_p(w, "greater", exact=method == "auto")
+            down = wilcoxon_p(w, "less", exact=method == "auto")
             out[rows] = np.where(np.median(w, axis=1) >= 0, up, down)
     return out
 
@@ -83,14 +84,14 @@ def median_interval_ranks(n: Any, level: float = 0.95) -> np.ndarray:
     """Per group size n: the 1-based rank k whose order statistics [x_(k), x_(n+1-k)] are a distribution-free
     interval of the median with coverage >= ``level`` (a sign test inverted: the largest k with
     P(Binomial(n, 1/2) < k) <= (1 - level) / 2); 0 where no such interval exists (n < 6 at 95 %)."""
-    from scipy import stats
+    from controller.report.analysis.nulls import binom_cdf
 
     n = np.asarray(n, dtype=np.int64)
     out = np.zeros(len(n), dtype=np.int64)
     for size in sorted(set(n.tolist())):
         if size < 1:
             continue
-        cdf = stats.binom.cdf(np.arange(size), size, 0.5)  # P(X <= j), j = 0..n-1
+        cdf = binom_cdf(np.arange(size), size, 0.5)  # P(X <= j), j = 0..n-1
         ok = np.flatnonzero(cdf <= (1 - level) / 2)  # P(X < k) = cdf[k - 1] <= alpha / 2
         out[n == size] = int(ok[-1]) + 1 if len(ok) else 0
     return out
@@ -119,14 +120,14 @@ def signed_rank_k(n: int, level: float = 0.95) -> int:
     """The 1-based rank k of the sorted Walsh averages whose [W_(k), W_(N+1-k)] (N = n (n + 1) / 2) is the
     signed-rank test's interval of the centre with coverage >= ``level``: the largest k with P(T < k) <=
     (1 - level) / 2 under the null (exact up to n = 200, the normal approximation above); 0 where none (n < 6)."""
-    from scipy import stats
+    from controller.report.analysis.nulls import norm_ppf
 
     if n < 1:
         return 0
     alpha = (1 - level) / 2
     if n > _EXACT_UP_TO:
         mean, sd = n * (n + 1) / 4, math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
-        return max(0, int(math.floor(mean - stats.norm.ppf(1 - alpha) * sd + 0.5)))
+        return max(0, int(math.floor(mean - norm_ppf(1 - alpha) * sd + 0.5)))
     counts = np.zeros(n * (n + 1) // 2 + 1)
     counts[0] = 1.0
     for r in range(1, n + 1):  # the number of rank subsets of each sum
@@ -170,11 +171,11 @@ def window_t_p(x: np.ndarray) -> float:
     """One-sided p-value (in the median's direction, as the signed-rank tests) of a one-sample t-test of the
     windows' changes ``x`` against zero: energy, one figure per benchmark window (fewer than 3 windows: 1.0, no
     test; identical windows: 0.0 for a change, 1.0 for none)."""
-    from scipy.stats import ttest_1samp
+    from controller.report.analysis.nulls import ttest_1samp_p
 
     if len(x) < 3:
         return 1.0
     if float(np.std(x)) == 0.0:
         return 0.0 if float(x[0]) != 0.0 else 1.0
     side = "greater" if float(np.median(x)) > 0 else "less"
-    return float(ttest_1samp(x, 0.0, alternative=side).pvalue)
+    return ttest_1samp_p(x, side)
