@@ -169,6 +169,8 @@ def frame(tables: Sequence[pa.Table], model_keys: Sequence[str] | None = None) -
     del tables  # the caller's list: each table goes as it is converted (self_destruct)
     df = table.to_pandas(split_blocks=True, self_destruct=True)
     for c in TEXT_FIELDS:
+        if c not in df.columns:  # a table of some of the fields (``row_frame``'s ``only``)
+            continue
         cats = df[c].cat.categories
         if not len(cats):  # all NULL: categories of text still, as pandas gives text
             df[c] = df[c].cat.set_categories(pd.Index([], dtype=object).astype(str))

@@ -85,21 +85,28 @@ def as_read(frame: pd.DataFrame) -> pd.DataFrame:
     return concat_compact([_compact(frame)], list(frame.columns))
 
 
-def read_rows(history: History, run_ids: Sequence[str], *, model_keys: Sequence[str] | None = None) -> pd.DataFrame:
+def read_rows(history: History, run_ids: Sequence[str], *, model_keys: Sequence[str] | None = None,
+              only: Sequence[str] | None = None) -> pd.DataFrame:
     """Every stored row of the given runs (of ``model_keys`` only, when given; one column per ResultRow
-    field; text as categoricals)."""
+    field, or per field of ``only``; text as categoricals)."""
     if not run_ids or (model_keys is not None and not model_keys):
-        return pd.DataFrame(columns=list(ROW_FIELDS))
-    return history.row_frame(run_ids, model_keys)
+        return pd.DataFrame(columns=list(ROW_FIELDS if only is None else only))
+    return history.row_frame(run_ids, model_keys, only)
 
 
-def history_frames(history: History, model_keys: Sequence[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+SERIES_FIELDS = ("run_id", "module", "model_key", "profile", "source")  # what a trend's series are built on
+
+
+def history_frames(history: History, model_keys: Sequence[str] | None = None, *,
+                   metrics: Sequence[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """What the change points over the history are computed from (:mod:`controller.report.trend`): the rows of
-    every run (of ``model_keys`` only, when given) and the runs' (run_id, release, created_at)."""
+    every run (of ``model_keys`` only, when given) and the runs' (run_id, release, created_at). ``metrics``: the
+    rows' series fields and those metrics only (``fleetctl trend --metric``: 6 columns converted, not 48)."""
     runs = history.runs(limit=1_000_000)
     frame = pd.DataFrame([{"run_id": r.run_id, "release": r.release, "created_at": r.created_at} for r in runs],
                          columns=["run_id", "release", "created_at"])
-    return read_rows(history, list(frame["run_id"]), model_keys=model_keys), frame
+    only = None if metrics is None else [*SERIES_FIELDS, *(m for m in metrics if m not in SERIES_FIELDS)]
+    return read_rows(history, list(frame["run_id"]), model_keys=model_keys, only=only), frame
 
 
 def run_keys(run: RunInfo, rows: pd.DataFrame) -> list[str]:

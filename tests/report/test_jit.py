@@ -69,6 +69,10 @@ def test_counts_add_up_over_modules_and_probe_rows_and_old_rows_count_none() -> 
     assert jit_note(found) == ("kernels compiled while measuring: qwen35 — 4 (m1, m2), qwen3vl — 2 (m3), "
                                "the figures include compile time")
     assert jit_compiled(frame.drop(columns=["jit_kernels", "jit_kernel_names"])) == ()
+    # text as the history reads it (categoricals, compared on their codes), and a category of no row: the same
+    as_read = frame.astype({"source": pd.CategoricalDtype(["probe", "release", "stale"]), "module": "category"})
+    assert jit_compiled(as_read) == found
+    assert jit_compiled(as_read.assign(source=pd.Categorical(["probe"] * 6, categories=["probe"]))) == ()
     assert jit_compiled(frame.assign(jit_kernels=0)) == () and jit_note(()) == ""
 
 

@@ -30,7 +30,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Union
+from functools import cache
+from typing import Any, Union
 
 import numpy as np
 
@@ -120,12 +121,20 @@ def _welch(a: np.ndarray, b: np.ndarray) -> _Test:
     return _welch_of(float(a.mean()), float(a.var(ddof=1)), len(a), float(b.mean()), float(b.var(ddof=1)), len(b))
 
 
-def _welch_of(ma: float, va: float, na: int, mb: float, vb: float, nb: int) -> _Test:
-    """Welch's test from each side's mean, variance (ddof 1) and size."""
+@cache
+def _student() -> tuple[Any, Any]:
     # Student's t straight from scipy.special (what scipy.stats.t's sf and ppf compute, without the distribution
-    # object's argument checks: ~100x faster a call, and pruning makes thousands of calls over a long history)
+    # object's argument checks: ~100x faster a call, and pruning makes thousands of calls over a long history);
+    # loaded at the first test, once (an import statement a call cost more than the test's arithmetic)
     from scipy.special import stdtr, stdtrit
 
+    return stdtr, stdtrit
+
+
+def _welch_of(ma: float, va: float, na: int, mb: float, vb: float, nb: int, *, interval: bool = True) -> _Test:
+    """Welch's test from each side's mean, variance (ddof 1) and size; without ``interval``, no 95 % interval
+    (NaN: the screening of candidates reads the p-value and the size only, and the inverse t is the dearest part)."""
+    stdtr, stdtrit = _student()
     se2 = va / na + vb / nb
     diff = mb - ma
     scale = abs(ma) if ma else 1.0
@@ -136,7 +145,7 @@ def _welch_of(ma: float, va: float, na: int, mb: float, vb: float, nb: int) -> _
         df = se2**2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
         t = diff / math.sqrt(se2)
         p = float(2 * stdtr(df, -abs(t)))
-        half = float(stdtrit(df, 0.975)) * math.sqrt(se2)
+        half = float(stdtrit(df, 0.975)) * math.sqrt(se2) if interval else math.nan
     size = diff / scale
     return _Test(size=size, ci_low=(diff - half) / scale, ci_high=(diff + half) / scale,
                  p_value=p, before=ma, after=mb)
@@ -204,7 +213,7 @@ class _Sums:
         if min(k - lo, hi - k) < s.min_segment:
             size = mb / ma - 1 if ma else 0.0
             return _Test(size=size, ci_low=size, ci_high=size, p_value=1.0, before=ma, after=mb)
-        return _welch_of(ma, va, k - lo, mb, vb, hi - k)
+        return _welch_of(ma, va, k - lo, mb, vb, hi - k, interval=False)
 
 
 def _judge(x: np.ndarray, cps: list[int], i: int, s: DetectorSettings) -> _Test:
@@ -224,8 +233,16 @@ def _passes(t: _Test, s: DetectorSettings) -> bool:
 
 
 def _weakest(tests: list[_Test], s: DetectorSettings) -> int | None:
-    failing = [i for i, t in enumerate(tests) if not _passes(t, s)]
-    return max(failing, key=lambda i: (tests[i].p_value, -abs(tests[i].size))) if failing else None
+    """The failing test of the largest p (then the smallest size), the first of equals; None when all pass."""
+    worst: tuple[float, float] | None = None
+    at = None
+    for i, t in enumerate(tests):
+        if t.p_value <= s.max_pvalue and abs(t.size) >= s.min_magnitude:
+            continue
+        rank = (t.p_value, -abs(t.size))
+        if worst is None or rank > worst:
+            worst, at = rank, i
+    return at
 
 
 def locate(values: Values, settings: DetectorSettings | None = None) -> list[int]:
@@ -256,13 +273,26 @@ def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings 
         lo, hi = _stretch(len(x), cps, i)
         return lo, cps[i], hi
 
+    def screen(k: tuple[int, int, int]) -> _Test:
+        return screened[k] if k in screened else screened.setdefault(k, sums.judge(*k, s))
+
+    # screen: Welch's p of each against its neighbours (cheap, and never above the permutation test's); a drop
+    # changes the stretches of its two neighbours only: those two are taken again, the rest kept
+    keys = [stretch(i) for i in range(len(cps))]
+    screens = [screen(k) for k in keys]
+
+    def drop(i: int) -> None:
+        del cps[i], keys[i], screens[i]
+        for j in (i - 1, i):
+            if 0 <= j < len(cps):
+                keys[j] = stretch(j)
+                screens[j] = screen(keys[j])
+
     while cps:
-        # screen: Welch's p of each against its neighbours (cheap, and never above the permutation test's)
-        keys = [stretch(i) for i in range(len(cps))]
-        tests = [screened[k] if k in screened else screened.setdefault(k, sums.judge(*k, s)) for k in keys]
+        tests = screens
         weakest = _weakest(tests, s)
         if weakest is not None:
-            del cps[weakest]
+            drop(weakest)
             continue
         # the test: the permutation p of each stretch (seeded shuffles)
         tests = [replace(t, p_value=permuted[k] if k in permuted else permuted.setdefault(
@@ -271,7 +301,7 @@ def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings 
         weakest = _weakest(tests, s)
         if weakest is None:
             break
-        del cps[weakest]
+        drop(weakest)
     if not cps:
         return ()
     last = float(x[cps[-1]:].mean())

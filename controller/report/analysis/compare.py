@@ -102,13 +102,18 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame) -> pd.DataFrame:
         index, pv = index[~dup], pv[~dup]
     pos = index.get_indexer(mine)
     found = pos >= 0
-    take = np.where(found, pos, 0)  # a valid index everywhere; masked by ``found``
+    every = bool(found.all())
+    at = None if every else np.flatnonzero(found)  # the rows with a previous figure, where some lack one
 
     def lookup(col: str) -> np.ndarray:
         values = pv[col].to_numpy(dtype=float, na_value=np.nan)
         if not len(values):  # no previous figure at all (e.g. the previous run failed before any row)
             return np.full(len(mine), np.nan)
-        return np.where(found, values[take], np.nan)
+        if at is None:
+            return values[pos]
+        out = np.full(len(mine), np.nan)  # gathered only where found (a previous run of a few of the modules)
+        out[at] = values[pos[at]]
+        return out
 
     out: dict[str, np.ndarray] = {c: cur[c].to_numpy() for c in ("mod", "key", "modkey", "cell")}
     for m in ALL_METRICS:
