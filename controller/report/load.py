@@ -109,6 +109,17 @@ def history_frames(history: History, model_keys: Sequence[str] | None = None, *,
     return read_rows(history, list(frame["run_id"]), model_keys=model_keys, only=only), frame
 
 
+def distinct_sorted(col: pd.Series) -> list[Any]:
+    """``sorted(set(col))``; of a categorical without missing values, from its codes (the categories with rows: no
+    value made per row, 0.08 s of a 1 M-row report)."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = np.asarray(col.array.codes)
+        cats = col.cat.categories
+        if len(codes) and int(codes.min()) >= 0:
+            return sorted(cats[np.bincount(codes, minlength=len(cats)) > 0].tolist())
+    return sorted(set(col))
+
+
 def run_keys(run: RunInfo, rows: pd.DataFrame) -> list[str]:
     """The model keys of a run: those of its rows, else those it was asked for."""
     return sorted({str(k) for k in rows["model_key"]}) if len(rows) else list(run.models)
@@ -168,7 +179,7 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     rows = read_rows(history, [run.run_id])
     base_id = resolve_baseline(history, baseline, run.release)
     base = read_rows(history, [base_id]) if base_id else None
-    modules = sorted(set(rows["module"])) if len(rows) else list(run.modules)
+    modules = distinct_sorted(rows["module"]) if len(rows) else list(run.modules)
     prev = previous_rows(history, run, modules) if previous else None
     rep = analyse(rows, run_id=run.run_id, release=run.release, baseline=base, baseline_id=base_id,
                   previous=prev, state=run.state, expected_modules=run.modules, expected_keys=run.models,

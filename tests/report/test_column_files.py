@@ -247,3 +247,12 @@ def test_modules_with_rows_come_from_the_file_record_while_it_is_current(history
     assert pairs() == from_rows
     history.replace_rows("run-b", "m06", [])  # m06's rows of run-b go: the record is stale
     assert pairs() == [(r, m) for r in ("run-a", "run-b") for m in MODULES if (r, m) != ("run-b", "m06")]
+
+
+def test_distinct_sorted_of_a_categorical_equals_the_sorted_set_of_its_values() -> None:
+    from controller.report.load import distinct_sorted
+
+    col = pd.Series(pd.Categorical(["m2", "m0", "m2", "m10"], categories=["m0", "m1", "m10", "m2"]))
+    assert distinct_sorted(col) == sorted(set(col)) == ["m0", "m10", "m2"]  # m1: a category of no row
+    assert distinct_sorted(pd.Series(["b", "a", "b"])) == ["a", "b"]
+    assert distinct_sorted(pd.Series(pd.Categorical([], categories=["a"]))) == []
