@@ -16,6 +16,10 @@ machine slows both alike) and the ratio to the bare groupby; exits 1 when the go
 the report's time, the bare groupby's, their ratio and the process's peak RSS (a table for the
 README).
 
+``--history 10000,1000000 --side-by-side TREE [--repeat N]`` instead runs ``fleetctl report`` of each size and
+``fleetctl trend`` over 100 runs, as fresh processes, of the code in TREE (a checkout of the commit before) and of
+this tree, interleaved, and compares their outputs byte for byte (the histories: built by ``--history`` first).
+
 ``--history 10000,1000000,3000000 [--db PATH]`` instead stores runs of those sizes in a run history
 (built once, kept at ``--db``, then ``history migrate``) and, for each size, in fresh processes: reads the
 run the way the report does now (its column file, ADR 0028), the way it did before (``read_sql_query`` in
@@ -120,6 +124,9 @@ def main() -> int:
     ap.add_argument("--trigger-cost", type=int, default=0, help="modules written with and without the triggers")
     ap.add_argument("--trend-read", action="store_true", help=argparse.SUPPRESS)  # a --history child
     ap.add_argument("--db", default="/tmp/bench-report-history.sqlite", help="the --history database (reused)")
+    ap.add_argument("--side-by-side", default="", metavar="TREE",
+                    help="with --history: fleetctl report and trend of this checkout (the code before) and of this "
+                         "one, interleaved (--repeat rounds), on the histories --history built")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a --scale child: JSON out
     ap.add_argument("--read", default="", help=argparse.SUPPRESS)  # a --history child: 'columns', 'sqlite', 'floor'
     args = ap.parse_args()
@@ -134,6 +141,9 @@ def main() -> int:
         return trend_read(Path(args.db))
     if args.formats:
         return formats(Path(args.db), args.rows, args.repeat)
+    if args.history and args.side_by_side:
+        return side_by_side(Path(args.db), [int(x) for x in args.history.split(",")], Path(args.side_by_side),
+                            args.repeat)
     if args.history:
         return history_table(Path(args.db), [int(x) for x in args.history.split(",")])
     ref = rows_frame([r for rows in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rows])
@@ -182,7 +192,6 @@ def one(ref, rows: int, repeat: int) -> int:  # type: ignore[no-untyped-def]
     import tracemalloc
 
     import controller.report.analysis.nulls  # noqa: F401  (scipy.special: imported by the first report, not timed)
-
     from controller.report.load import as_read
 
     modules = max(6, round(rows / len(ref)))
@@ -280,8 +289,8 @@ def read_child(db: Path, rows: int, how: str) -> int:
     (``read_sql_query`` in chunks, text made categoricals); 'floor', a bare ``pd.read_parquet`` of the same
     rows), then the report over it: JSON out."""
     import pandas as pd
-    import controller.report.analysis.nulls  # noqa: F401  (scipy.special: imported by the first report, not timed)
 
+    import controller.report.analysis.nulls  # noqa: F401  (scipy.special: imported by the first report, not timed)
     from controller.history import ROW_FIELDS, History
     from controller.report.load import _compact, concat_compact, read_rows
 
@@ -396,6 +405,58 @@ def history_table(db: Path, sizes: list[int], trend_runs: int = 100, trend_rows:
         print(f"goal: {what}: {'met' if met else 'NOT met'} ({figure})")
     ok &= all(met for _, met, _ in goals)
     return 0 if ok else 1
+
+
+def side_by_side(db: Path, sizes: list[int], before: Path, repeat: int) -> int:
+    """``fleetctl report`` of each size and ``fleetctl trend`` over 100 runs as fresh processes, of the code in
+    ``before`` (a checkout of the commit before, found first on PYTHONPATH) and of this tree, interleaved round by
+    round (a busy machine slows both alike), with their outputs compared byte for byte; exits 1 on a difference."""
+    import os
+
+    trend_db = db.with_name(db.stem + "-trend" + db.suffix)
+    if not db.exists() or not trend_db.exists():
+        raise SystemExit(f"{db} and {trend_db}: build them first (bench/report.py --history ... --db {db})")
+    cmds = {f"fleetctl report of {n:,} rows": ["--history", str(db), "report", _run_id(n), "-o", "json"]
+            for n in sizes}
+    cmds["fleetctl trend -m qwen3 --metric decode_tps (100 runs x 10 k rows)"] = [
+        "--history", str(trend_db), "trend", "-m", "qwen3", "--metric", "decode_tps", "-o", "json"]
+    code = "import sys; from controller.cli.app import main; sys.argv[0] = 'fleetctl'; sys.exit(main())"
+    trees = {"before": before.resolve(), "now": ROOT}
+
+    def run(tree: Path, args: list[str]) -> tuple[float, float, bytes]:
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        with __import__("tempfile").NamedTemporaryFile("r") as rss:
+            t = time.perf_counter()
+            out = subprocess.run(["/usr/bin/time", "-q", "-f", "%M", "-o", rss.name, sys.executable, "-c", code,
+                                  *args], capture_output=True, env=env, cwd=tree,  # cwd: first on sys.path
+                                 check=True).stdout
+            return time.perf_counter() - t, int(rss.read().split()[-1]) / 1024, out
+
+    print(f"before: {trees['before']} (git {_head(trees['before'])}); now: {ROOT} (git {_head(ROOT)}); "
+          f"{repeat} interleaved rounds after one untimed, fresh processes, median [min-max]")
+    print("| command | before | now | now / before | peak RSS before / now | output |")
+    print("| --- | ---: | ---: | ---: | ---: | --- |")
+    ok = True
+    for what, args in cmds.items():
+        for tree in trees.values():
+            run(tree, args)  # untimed: bytecode written, files in the page cache
+        got: dict[str, list[tuple[float, float, bytes]]] = {k: [] for k in trees}
+        for _ in range(repeat):
+            for k, tree in trees.items():
+                got[k].append(run(tree, args))
+        same = len({r[2] for rs in got.values() for r in rs}) == 1
+        ok &= same
+        wall = {k: [r[0] for r in rs] for k, rs in got.items()}
+        med = {k: statistics.median(v) for k, v in wall.items()}
+        print(f"| {what} | {spread(wall['before']).strip()} | {spread(wall['now']).strip()} | "
+              f"{med['now'] / med['before']:.2f}x | {max(r[1] for r in got['before']):,.0f} / "
+              f"{max(r[1] for r in got['now']):,.0f} MiB | {'identical' if same else 'DIFFERENT'} |", flush=True)
+    return 0 if ok else 1
+
+
+def _head(tree: Path) -> str:
+    return subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
 
 
 def formats(db: Path, rows: int, repeat: int) -> int:
