@@ -423,33 +423,40 @@ def side_by_side(db: Path, sizes: list[int], before: Path, repeat: int) -> int:
     code = "import sys; from controller.cli.app import main; sys.argv[0] = 'fleetctl'; sys.exit(main())"
     trees = {"before": before.resolve(), "now": ROOT}
 
-    def run(tree: Path, args: list[str]) -> tuple[float, float, bytes]:
+    def run(tree: Path, args: list[str]) -> tuple[float, float, bytes, float]:
+        """(wall s, peak RSS MiB, stdout, CPU s: user + system, which other sessions' load does not stretch)."""
         env = {**os.environ, "PYTHONPATH": str(tree)}
         with __import__("tempfile").NamedTemporaryFile("r") as rss:
             t = time.perf_counter()
-            out = subprocess.run(["/usr/bin/time", "-q", "-f", "%M", "-o", rss.name, sys.executable, "-c", code,
+            out = subprocess.run(["/usr/bin/time", "-q", "-f", "%M %U %S", "-o", rss.name, sys.executable, "-c", code,
                                   *args], capture_output=True, env=env, cwd=tree,  # cwd: first on sys.path
                                  check=True).stdout
-            return time.perf_counter() - t, int(rss.read().split()[-1]) / 1024, out
+            wall = time.perf_counter() - t
+            peak, user, system = rss.read().split()[-3:]
+            return wall, int(peak) / 1024, out, float(user) + float(system)
 
     print(f"before: {trees['before']} (git {_head(trees['before'])}); now: {ROOT} (git {_head(ROOT)}); "
           f"{repeat} interleaved rounds after one untimed, fresh processes, median [min-max]")
-    print("| command | before | now | now / before | peak RSS before / now | output |")
-    print("| --- | ---: | ---: | ---: | ---: | --- |")
+    print("| command | wall: before | now | now / before | CPU (user + sys): before | now | now / before "
+          "| peak RSS before / now | output |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     ok = True
     for what, args in cmds.items():
         for tree in trees.values():
             run(tree, args)  # untimed: bytecode written, files in the page cache
-        got: dict[str, list[tuple[float, float, bytes]]] = {k: [] for k in trees}
+        got: dict[str, list[tuple[float, float, bytes, float]]] = {k: [] for k in trees}
         for _ in range(repeat):
             for k, tree in trees.items():
                 got[k].append(run(tree, args))
         same = len({r[2] for rs in got.values() for r in rs}) == 1
         ok &= same
         wall = {k: [r[0] for r in rs] for k, rs in got.items()}
+        cpu = {k: [r[3] for r in rs] for k, rs in got.items()}
         med = {k: statistics.median(v) for k, v in wall.items()}
+        cmed = {k: statistics.median(v) for k, v in cpu.items()}
         print(f"| {what} | {spread(wall['before']).strip()} | {spread(wall['now']).strip()} | "
-              f"{med['now'] / med['before']:.2f}x | {max(r[1] for r in got['before']):,.0f} / "
+              f"{med['now'] / med['before']:.2f}x | {spread(cpu['before']).strip()} | {spread(cpu['now']).strip()} | "
+              f"{cmed['now'] / cmed['before']:.2f}x | {max(r[1] for r in got['before']):,.0f} / "
               f"{max(r[1] for r in got['now']):,.0f} MiB | {'identical' if same else 'DIFFERENT'} |", flush=True)
     return 0 if ok else 1
 
