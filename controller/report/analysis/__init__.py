@@ -1,7 +1,8 @@
 """The analysis behind a report: pure pandas, frames of result rows in, a :class:`Report` out.
 
 One module per job: :mod:`.frame` (the rows encoded: codes, badness), :mod:`.groups` and
-:mod:`.middles` (per-cell reductions, sorted once), :mod:`.stats` (sign and Wilcoxon tests),
+:mod:`.middles` (per-cell reductions, sorted once), :mod:`.stats` (sign and Wilcoxon tests; their null
+distributions from ``scipy.special`` in :mod:`.nulls`),
 :mod:`.outliers`, :mod:`.compare` (against the baseline / previous run), :mod:`.probe` (the
 release against the agent's probe), :mod:`.summary`, :mod:`.verdict` (the regression policy,
 in one file of plain code), :mod:`.build` (:func:`analyse`: the steps in order) and :mod:`.paired`
