@@ -13,8 +13,7 @@ SQLite, and the next one carries on).
 from __future__ import annotations
 
 import json
-import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +25,8 @@ from controller.history.schema import ROW_FIELDS
 if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
+
+    from controller.history.db import Database
 
 _COLS = ", ".join(f'"{f}"' for f in ROW_FIELDS)
 
@@ -44,13 +45,15 @@ class Migrated:
 class ColumnReads:
     """The column-wise reads, a base of :class:`controller.history.History`."""
 
-    conn: sqlite3.Connection
-    path: Path
+    db: Database
+    path: Path | str
 
     @property
     def columns_folder(self) -> Path | None:
         """Where the column files live (None for a history in memory: its runs are read from SQLite)."""
-        return None if str(self.path) == ":memory:" else self.path.with_name(self.path.name + ".columns")
+        if not isinstance(self.path, Path) or str(self.path) == ":memory:":
+            return None
+        return self.path.with_name(self.path.name + ".columns")
 
     def row_frame(self, run_ids: Sequence[str], model_keys: Sequence[str] | None = None) -> pd.DataFrame:
         """Every stored row of the given runs (of ``model_keys`` only, when given), one column per ResultRow
@@ -59,14 +62,14 @@ class ColumnReads:
         return columns.frame([self._run_table(r) for r in dict.fromkeys(run_ids)], model_keys)
 
     def _generation(self, run_id: str) -> int:
-        row = self.conn.execute("SELECT gen FROM row_generations WHERE run_id=?", (run_id,)).fetchone()
+        row = self.db.execute("SELECT gen FROM row_generations WHERE run_id=?", (run_id,)).fetchone()
         return int(row[0]) if row else 0
 
     def _current_file(self, run_id: str) -> tuple[ColumnFile | None, int, bool]:
         """(the run's recorded file if made at the run's generation, the generation, whether the run has ended)."""
-        row = self.conn.execute(
+        row = self.db.execute(
             "SELECT f.name, f.rows, f.size, f.sha256, f.gen, COALESCE(g.gen, 0), r.state"
-            " FROM (SELECT ? AS run_id) x LEFT JOIN row_files f ON f.run_id = x.run_id"
+            " FROM (SELECT CAST(? AS TEXT) AS run_id) x LEFT JOIN row_files f ON f.run_id = x.run_id"
             " LEFT JOIN row_generations g ON g.run_id = x.run_id LEFT JOIN runs r ON r.run_id = x.run_id",
             (run_id,)).fetchone()
         name, rows, size, digest, made_at, gen, state = row
@@ -101,19 +104,14 @@ class ColumnReads:
     def _table_from_sqlite(self, run_id: str) -> tuple[pa.Table, int | None]:
         """The run's rows from SQLite, and the generation they are of (None when rows changed while read)."""
         before = self._generation(run_id)
-        cur = self.conn.execute(f"SELECT {_COLS} FROM rows WHERE run_id=?", (run_id,))
-
-        def batches() -> Iterator[list[tuple[object, ...]]]:
-            while rows := cur.fetchmany(columns.BATCH_ROWS):
-                yield rows
-
-        table = columns.table_from_values(batches(), f"{self.path}: rows of run {run_id}")
+        batches = self.db.batches(f"SELECT {_COLS} FROM rows WHERE run_id=?", (run_id,), columns.BATCH_ROWS)
+        table = columns.table_from_values(batches, f"{self.path}: rows of run {run_id}")
         return table, before if self._generation(run_id) == before else None
 
     def _record_file(self, run_id: str, gen: int, rec: ColumnFile, modules: list[str]) -> None:
         """Record a written file and the modules with rows in it (a record of a later generation is never replaced
         by an earlier one), then remove the run's superseded files."""
-        self.conn.execute(
+        self.db.execute(
             "INSERT INTO row_files (run_id, gen, name, rows, size, sha256, modules) VALUES (?,?,?,?,?,?,?)"
             " ON CONFLICT (run_id) DO UPDATE SET gen=excluded.gen, name=excluded.name, rows=excluded.rows,"
             " size=excluded.size, sha256=excluded.sha256, modules=excluded.modules WHERE excluded.gen >= row_files.gen",
@@ -128,7 +126,7 @@ class ColumnReads:
         if folder is None:
             return Migrated(0, 0, 0, 0)
         abandoned = columns.remove_abandoned(folder)
-        runs = [r for (r,) in self.conn.execute("SELECT DISTINCT run_id FROM rows ORDER BY run_id").fetchall()]
+        runs = [r for (r,) in self.db.execute("SELECT DISTINCT run_id FROM rows ORDER BY run_id").fetchall()]
         written = current = running = 0
         for run_id in runs:
             rec, _, ended = self._current_file(run_id)
