@@ -9,13 +9,13 @@ migrates it); a ``postgresql://`` URL is a PostgreSQL database shared by several
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
+from contract.redact import redact_url
 from controller.history.records import HistoryError
 
 URL_SCHEMES = ("postgresql://", "postgres://")
@@ -42,9 +42,6 @@ def is_url(location: str | Path) -> bool:
     return isinstance(location, str) and location.startswith(URL_SCHEMES)
 
 
-def redacted(url: str) -> str:
-    """The URL with its password replaced by ``***`` (what messages and logs show)."""
-    return re.sub(r"^(\w+://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
 class Database:
@@ -134,7 +131,7 @@ class PostgresDatabase(Database):
 
         from controller.history.pg import migrate
 
-        self.where = redacted(url)
+        self.where = redact_url(url)
         try:
             self.raw = psycopg.connect(url, autocommit=True, connect_timeout=30)
         except psycopg.Error as exc:
