@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from controller.history import columns
 from controller.history.columns import ColumnFile
@@ -29,6 +29,43 @@ if TYPE_CHECKING:
     from controller.history.db import Database
 
 _COLS = ", ".join(f'"{f}"' for f in ROW_FIELDS)
+
+
+class ColumnStore(Protocol):
+    """Where column files are kept: written, read checked against their record, superseded ones removed."""
+
+    def write(self, run_id: str, name: str, table: pa.Table) -> ColumnFile: ...
+    def read(self, rec: ColumnFile) -> pa.Table | None: ...
+    def remove_others(self, run_id: str, keep: ColumnFile) -> None: ...
+    def remove_abandoned(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class TableFiles:
+    """A PostgreSQL history's column files: their bytes in ``row_file_data``, keyed by name and sha256 (two
+    controllers writing the same run's file at once each keep their own bytes; the record names one). A file is
+    written in one statement: never seen half written, so none is ever abandoned."""
+
+    db: Database
+
+    def write(self, run_id: str, name: str, table: pa.Table) -> ColumnFile:
+        data = columns.encode(table)
+        rec = columns.record_of(name, table, data)
+        self.db.execute("INSERT INTO row_file_data (run_id, name, sha256, data) VALUES (?,?,?,?)"
+                        " ON CONFLICT DO NOTHING", (run_id, name, rec.sha256, data))
+        return rec
+
+    def read(self, rec: ColumnFile) -> pa.Table | None:
+        row = self.db.execute("SELECT data FROM row_file_data WHERE name=? AND sha256=?",
+                              (rec.name, rec.sha256)).fetchone()
+        return None if row is None else columns.decode(bytes(row[0]), rec)
+
+    def remove_others(self, run_id: str, keep: ColumnFile) -> None:
+        self.db.execute("DELETE FROM row_file_data WHERE run_id=? AND NOT (name=? AND sha256=?)",
+                        (run_id, keep.name, keep.sha256))
+
+    def remove_abandoned(self) -> int:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -47,6 +84,15 @@ class ColumnReads:
 
     db: Database
     path: Path | str
+
+    @property
+    def column_store(self) -> ColumnStore | None:
+        """Where the ended runs' column files are kept: a folder beside a SQLite file, the ``row_file_data`` table
+        of a PostgreSQL database (shared by every controller of it); None for a history in memory."""
+        if self.db.engine == "postgresql":
+            return TableFiles(self.db)
+        folder = self.columns_folder
+        return None if folder is None else columns.Folder(folder)
 
     @property
     def columns_folder(self) -> Path | None:
@@ -77,10 +123,10 @@ class ColumnReads:
         return rec, int(gen), state is not None and state != "running"
 
     def _run_table(self, run_id: str) -> pa.Table:
-        folder = self.columns_folder
+        store = self.column_store
         rec, _, ended = self._current_file(run_id)
-        if folder is not None and rec is not None:
-            table = columns.read(folder, rec)
+        if store is not None and rec is not None:
+            table = store.read(rec)
             if table is not None:
                 return table
         table, gen = self._table_from_sqlite(run_id)
@@ -91,11 +137,11 @@ class ColumnReads:
     def _keep(self, run_id: str, gen: int | None, table: pa.Table) -> bool:
         """Write and record the ended run's column file; False when it was not (rows changed while they were read,
         a history in memory, a folder not writable: the rows were read all the same)."""
-        folder = self.columns_folder
-        if folder is None or gen is None:
+        store = self.column_store
+        if store is None or gen is None:
             return False
         try:
-            self._record_file(run_id, gen, columns.write(folder, columns.file_name(run_id, gen), table),
+            self._record_file(run_id, gen, store.write(run_id, columns.file_name(run_id, gen), table),
                               columns.modules(table))
         except OSError:
             return False
@@ -116,21 +162,21 @@ class ColumnReads:
             " ON CONFLICT (run_id) DO UPDATE SET gen=excluded.gen, name=excluded.name, rows=excluded.rows,"
             " size=excluded.size, sha256=excluded.sha256, modules=excluded.modules WHERE excluded.gen >= row_files.gen",
             (run_id, gen, rec.name, rec.rows, rec.size, rec.sha256, json.dumps(modules)))
-        folder = self.columns_folder
-        if folder is not None and self._current_file(run_id)[0] == rec:
-            columns.remove_others(folder, run_id, rec.name)
+        store = self.column_store
+        if store is not None and self._current_file(run_id)[0] == rec:
+            store.remove_others(run_id, rec)
 
     def migrate_columns(self) -> Migrated:
         """A column file for every ended run with rows that lacks a current one (``fleetctl history migrate``)."""
-        folder = self.columns_folder
-        if folder is None:
+        store = self.column_store
+        if store is None:
             return Migrated(0, 0, 0, 0)
-        abandoned = columns.remove_abandoned(folder)
+        abandoned = store.remove_abandoned()
         runs = [r for (r,) in self.db.execute("SELECT DISTINCT run_id FROM rows ORDER BY run_id").fetchall()]
         written = current = running = 0
         for run_id in runs:
             rec, _, ended = self._current_file(run_id)
-            if rec is not None and columns.read(folder, rec) is not None:
+            if rec is not None and store.read(rec) is not None:
                 current += 1
             elif not ended:
                 running += 1

@@ -156,8 +156,21 @@ CREATE TRIGGER rows_generation AFTER INSERT OR UPDATE OR DELETE ON rows
 """
 
 
+# the column files' bytes (controller.history.frames.TableFiles): every controller of the database reads the one
+# a controller wrote, checked against its record in row_files as a file beside a SQLite history is
+_V2 = """
+CREATE TABLE row_file_data (
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    data BYTEA NOT NULL,
+    PRIMARY KEY (name, sha256)
+);
+CREATE INDEX row_file_data_run ON row_file_data (run_id);
+"""
+
 # (version, DDL): append a new version for a change; never edit one that has shipped
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _v1()),)
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _v1()), (2, _V2))
 
 
 def applied(db: PostgresDatabase) -> int:

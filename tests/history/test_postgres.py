@@ -1,0 +1,99 @@
+"""What only a PostgreSQL history has: its versioned migrations, a generation per transaction, and the column files
+kept in the database (shared by every controller of it, checked as files beside a SQLite history are)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from contract.records import ResultRow
+from controller.history import History
+from controller.history.columns import file_name
+from controller.history.pg import MIGRATIONS
+from tests.support.postgres_server import PostgresServer
+
+pytestmark = pytest.mark.slow
+
+
+def _rows(run: str, n: int) -> list[ResultRow]:
+    return [ResultRow(run_id=run, module=f"m{i % 3}", release="1.0", model_key="qwen3", table="sweep",
+                      profile=f"{i}:128", model="Qwen3", decode_tps=float(i), prefill_len=i, correct=i % 2 == 0)
+            for i in range(n)]
+
+
+def _ended(url: str, run: str, n: int) -> History:
+    h = History(url)
+    h.create_run(run)
+    h.upsert_rows(_rows(run, n))
+    h.set_run_state(run, "done", "pass")
+    return h
+
+
+def _stored(h: History) -> list[tuple[str, str]]:
+    return [(str(r), str(n)) for r, n in h.db.execute("SELECT run_id, name FROM row_file_data ORDER BY name")]
+
+
+def test_migrations_are_versioned_and_applied_once(pg_server: PostgresServer) -> None:
+    url = pg_server.fresh_database()
+    History(url).close()
+    h = History(url)  # opened again: nothing applied twice
+    assert [v for (v,) in h.db.execute("SELECT version FROM schema_version ORDER BY version")] == [
+        v for v, _ in MIGRATIONS] == [1, 2]
+    # a database left at version 1 (by an older fleetctl) gains version 2 when next opened
+    h.db.executescript("DROP TABLE row_file_data; DELETE FROM schema_version WHERE version = 2")
+    h.close()
+    h = History(url)
+    assert [v for (v,) in h.db.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2]
+    assert h.db.execute("SELECT COUNT(*) FROM row_file_data").fetchone() == (0,)
+    h.close()
+
+
+def test_a_generation_counts_the_transactions_that_changed_a_run_s_rows(pg_server: PostgresServer) -> None:
+    h = _ended(pg_server.fresh_database(), "r1", 30)  # 30 rows in one transaction
+    gen = lambda: h.db.execute("SELECT gen FROM row_generations WHERE run_id='r1'").fetchone()[0]  # noqa: E731
+    assert gen() == 1
+    h.replace_rows("r1", "m0", _rows("r1", 3)[:1])  # a delete and an insert, one transaction
+    assert gen() == 2
+    h.upsert_rows(_rows("r1", 2))
+    assert gen() == 3
+    h.close()
+
+
+def test_an_ended_run_s_column_file_is_kept_in_the_database_and_read_by_another_controller(
+        pg_server: PostgresServer) -> None:
+    url = pg_server.fresh_database()
+    a = _ended(url, "r1", 60)
+    first = a.row_frame(["r1"])  # from the rows; the file written
+    assert _stored(a) == [("r1", file_name("r1", 1))]
+    b = History(url)  # another controller
+    pd.testing.assert_frame_equal(b.row_frame(["r1"]), first, check_exact=True)
+    assert _stored(b) == [("r1", file_name("r1", 1))]  # read, not written again
+    # rows changed: the file is stale, the rows are read, the new file replaces it
+    a.upsert_rows([_rows("r1", 1)[0].model_copy(update={"decode_tps": 99.0})])
+    got = b.row_frame(["r1"])
+    assert float(got[got["profile"] == "0:128"]["decode_tps"].iloc[0]) == 99.0
+    assert _stored(b) == [("r1", file_name("r1", 2))]
+    a.close()
+    b.close()
+
+
+def test_a_damaged_file_in_the_database_is_never_taken_for_the_run_s_rows(pg_server: PostgresServer) -> None:
+    h = _ended(pg_server.fresh_database(), "r1", 60)
+    want = h.row_frame(["r1"])
+    h.db.execute("UPDATE row_file_data SET data = substring(data from 1 for 100)")  # torn
+    pd.testing.assert_frame_equal(h.row_frame(["r1"]), want, check_exact=True)
+    h.db.execute("UPDATE row_file_data SET data = overlay(data placing '\\x00'::bytea from 200)")  # a byte changed
+    pd.testing.assert_frame_equal(h.row_frame(["r1"]), want, check_exact=True)
+    h.close()
+
+
+def test_migrate_writes_the_files_of_ended_runs_once(pg_server: PostgresServer) -> None:
+    url = pg_server.fresh_database()
+    h = _ended(url, "r1", 10)
+    h.create_run("r2")
+    h.upsert_rows(_rows("r2", 5))  # still running: read from its rows until it ends
+    first = h.migrate_columns()
+    assert (first.written, first.current, first.running, first.abandoned) == (1, 0, 1, 0)
+    again = h.migrate_columns()
+    assert (again.written, again.current, again.running) == (0, 1, 1)
+    h.close()
