@@ -139,15 +139,21 @@ CREATE TABLE row_files (
     sha256 TEXT NOT NULL,
     modules TEXT
 );
-CREATE FUNCTION history_bump_generation(changed TEXT) RETURNS void LANGUAGE sql AS $$
-    INSERT INTO row_generations (run_id, gen, tx) VALUES (changed, 1, txid_current())
-        ON CONFLICT (run_id) DO UPDATE SET gen = row_generations.gen + 1, tx = excluded.tx
-        WHERE row_generations.tx IS DISTINCT FROM excluded.tx
-$$;
 CREATE FUNCTION history_rows_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    tx BIGINT := txid_current();
+    changed TEXT;
 BEGIN
-    IF TG_OP <> 'INSERT' THEN PERFORM history_bump_generation(OLD.run_id); END IF;
-    IF TG_OP <> 'DELETE' THEN PERFORM history_bump_generation(NEW.run_id); END IF;
+    FOREACH changed IN ARRAY CASE TG_OP WHEN 'INSERT' THEN ARRAY[NEW.run_id] WHEN 'DELETE' THEN ARRAY[OLD.run_id]
+                                       ELSE ARRAY[OLD.run_id, NEW.run_id] END LOOP
+        -- the run this transaction bumped last (a setting local to it): its next rows need no look at the table
+        IF current_setting('history.bumped', true) IS DISTINCT FROM tx || ':' || changed THEN
+            INSERT INTO row_generations (run_id, gen, tx) VALUES (changed, 1, tx)
+                ON CONFLICT (run_id) DO UPDATE SET gen = row_generations.gen + 1, tx = excluded.tx
+                WHERE row_generations.tx IS DISTINCT FROM excluded.tx;
+            PERFORM set_config('history.bumped', tx || ':' || changed, true);
+        END IF;
+    END LOOP;
     RETURN NULL;
 END
 $$;

@@ -80,10 +80,21 @@ class PostgresServer:
 
 @contextlib.contextmanager
 def running_postgres() -> Iterator[PostgresServer]:
-    """A server of its own (skips, saying why, where none can be started)."""
+    """A server of the tests' own (skips, saying why, where none can be started)."""
     why = missing()
     if why:
         pytest.skip(why)
+    with postgres_server() as server:
+        yield server
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[PostgresServer]:
+    """A server of its own, stopped and removed at the end (a bench's too: ``fresh_database()`` gives the URL of a
+    new empty database, ``History(url)`` makes its tables). RuntimeError, saying why, where none can be started."""
+    why = missing()
+    if why:
+        raise RuntimeError(why)
     top = Path(tempfile.mkdtemp(prefix="m1000-pg-"))
     top.chmod(0o755)
     server = PostgresServer(top, free_port())
