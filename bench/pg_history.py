@@ -15,13 +15,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from agent.tables import parse_seed  # noqa: E402
-from controller.history import ROW_FIELDS, History  # noqa: E402
-from controller.report.synth import fleet, rows_frame  # noqa: E402
-from tests.conftest import _seed_path  # noqa: E402
-from tests.support.postgres_server import postgres_server  # noqa: E402
+from agent.tables import parse_seed
+from controller.history import ROW_FIELDS, History
+from controller.report.synth import fleet, rows_frame
+from tests.conftest import _seed_path
+from tests.support.postgres_server import postgres_server
 
 
 def values(ref, rows: int, run_id: str) -> list[tuple]:  # type: ignore[no-untyped-def]

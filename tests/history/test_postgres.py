@@ -97,3 +97,30 @@ def test_migrate_writes_the_files_of_ended_runs_once(pg_server: PostgresServer) 
     again = h.migrate_columns()
     assert (again.written, again.current, again.running) == (0, 1, 1)
     h.close()
+
+
+def test_fleetctl_takes_a_postgresql_url_as_its_history(pg_server: PostgresServer, tmp_path) -> None:
+    """``fleetctl --history postgresql://...`` in a real process: the same verbs, the URL shown without its user."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    url = pg_server.fresh_database()
+    _ended(url, "r1", 12).close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")} | {"FLEET_DATA_DIR": str(tmp_path)}
+
+    def fleetctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "controller", "--history", url, *args], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+
+    done = fleetctl("history", "migrate", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"written": 1, "current": 0, "running": 0, "abandoned": 0}
+    again = fleetctl("history", "migrate")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip().endswith(f"({url.replace('postgres@', '***@')})")
+    results = fleetctl("results", "r1", "--format", "json")
+    assert results.returncode == 0, results.stderr
+    assert sorted(r["profile"] for r in json.loads(results.stdout)) == sorted(f"{i}:128" for i in range(12))
+    assert not list(tmp_path.glob("*.sqlite"))  # no SQLite file made beside
