@@ -67,6 +67,10 @@ class Database:
         """The result a batch at a time, never all of it in memory at once."""
         raise NotImplementedError
 
+    def blob(self, sql: str, params: Sequence[Any] = ()) -> bytes | None:
+        """The one binary value a query selects (None: no row)."""
+        raise NotImplementedError
+
     @contextmanager
     def tx(self) -> Iterator[Database]:
         raise NotImplementedError
@@ -99,6 +103,10 @@ class SqliteDatabase(Database):
         cur = self.raw.execute(sql, params)
         while rows := cur.fetchmany(size):
             yield rows
+
+    def blob(self, sql: str, params: Sequence[Any] = ()) -> bytes | None:
+        row = self.raw.execute(sql, params).fetchone()
+        return None if row is None else bytes(row[0])
 
     @contextmanager
     def tx(self) -> Iterator[Database]:
@@ -157,6 +165,12 @@ class PostgresDatabase(Database):
             cur.execute(_pg_sql(sql), params)  # type: ignore[call-overload]
             while rows := cur.fetchmany(size):
                 yield rows
+
+    def blob(self, sql: str, params: Sequence[Any] = ()) -> bytes | None:
+        # in binary: bytea's text form is hex, twice the bytes on the wire and a decode (a 1 M-row run's column
+        # file read 0.67 s so, against SQLite's 0.15 s)
+        row = self.raw.execute(_pg_sql(sql), params, binary=True).fetchone()  # type: ignore[call-overload]
+        return None if row is None else bytes(row[0])
 
     @contextmanager
     def tx(self) -> Iterator[Database]:

@@ -56,9 +56,8 @@ class TableFiles:
         return rec
 
     def read(self, rec: ColumnFile) -> pa.Table | None:
-        row = self.db.execute("SELECT data FROM row_file_data WHERE name=? AND sha256=?",
-                              (rec.name, rec.sha256)).fetchone()
-        return None if row is None else columns.decode(bytes(row[0]), rec)
+        data = self.db.blob("SELECT data FROM row_file_data WHERE name=? AND sha256=?", (rec.name, rec.sha256))
+        return None if data is None else columns.decode(data, rec)
 
     def remove_others(self, run_id: str, keep: ColumnFile) -> None:
         self.db.execute("DELETE FROM row_file_data WHERE run_id=? AND NOT (name=? AND sha256=?)",
