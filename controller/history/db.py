@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from contract.redact import redact_url
-from controller.history.records import HistoryError
+from controller.history.records import HistoryUnavailable
 
 URL_SCHEMES = ("postgresql://", "postgres://")
 # every write transaction of a PostgreSQL history takes this lock: writers take turns, as SQLite's BEGIN IMMEDIATE
@@ -140,21 +140,32 @@ class PostgresDatabase(Database):
         from controller.history.pg import migrate
 
         self.where = redact_url(url)
+        self._down: type[Exception] = psycopg.OperationalError  # the server gone or unreachable
         try:
             self.raw = psycopg.connect(url, autocommit=True, connect_timeout=30)
         except psycopg.Error as exc:
-            raise HistoryError(f"{self.where}: cannot open run history: {exc}".strip()) from exc
+            raise HistoryUnavailable(f"{self.where}: cannot open run history: {exc}".strip()) from exc
         for name in ("json", "jsonb"):  # JSON columns read as their text, as SQLite gives them
             self.raw.adapters.register_loader(name, TextLoader)
         migrate(self)
 
+    @contextmanager
+    def _reached(self) -> Iterator[None]:
+        """psycopg's error of a server gone as the history's own (what /metrics counts as the history down)."""
+        try:
+            yield
+        except self._down as exc:
+            raise HistoryUnavailable(f"{self.where}: run history unreachable: {exc}".strip()) from exc
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
-        return self.raw.execute(_pg_sql(sql), params)  # type: ignore[call-overload]
+        with self._reached():
+            return self.raw.execute(_pg_sql(sql), params)  # type: ignore[no-any-return]
 
     def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> Cursor:
-        cur = self.raw.cursor()
-        cur.executemany(_pg_sql(sql), params)  # type: ignore[call-overload]
-        return cur
+        with self._reached():
+            cur = self.raw.cursor()
+            cur.executemany(_pg_sql(sql), params)
+            return cur  # type: ignore[no-any-return]
 
     def executescript(self, sql: str) -> None:
         self.raw.execute(sql)  # type: ignore[call-overload]  # the history's own DDL, no parameters
@@ -174,7 +185,7 @@ class PostgresDatabase(Database):
 
     @contextmanager
     def tx(self) -> Iterator[Database]:
-        with self.raw.transaction():
+        with self._reached(), self.raw.transaction():
             self.raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
             yield self
 

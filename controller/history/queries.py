@@ -11,12 +11,16 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from controller.history.records import HistoryUnavailable
+
 if TYPE_CHECKING:
     import pandas as pd
 
     from controller.history.db import Database
 
-DatabaseError = sqlite3.Error  # what a read of a history that cannot be read raises (metrics: history down)
+# what a read of a history that cannot be read raises (metrics: history down): SQLite's errors, and a PostgreSQL
+# history's server gone (controller.history.db translates psycopg's)
+DatabaseError: tuple[type[Exception], ...] = (sqlite3.Error, HistoryUnavailable)
 
 
 class HistoryQueries:

@@ -124,3 +124,19 @@ def test_fleetctl_takes_a_postgresql_url_as_its_history(pg_server: PostgresServe
     assert results.returncode == 0, results.stderr
     assert sorted(r["profile"] for r in json.loads(results.stdout)) == sorted(f"{i}:128" for i in range(12))
     assert not list(tmp_path.glob("*.sqlite"))  # no SQLite file made beside
+
+
+def test_a_server_gone_is_the_history_unavailable(pg_server: PostgresServer) -> None:
+    """psycopg's error of a dropped connection reaches callers as HistoryUnavailable (HTTP 503), which /metrics
+    counts as the history down (DatabaseError); a server that cannot be reached at all, the same."""
+    from controller.history import DatabaseError, HistoryUnavailable
+
+    url = pg_server.fresh_database()
+    h = History(url)
+    pg_server.admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{url.rsplit('/', 1)[1]}'")
+    with pytest.raises(HistoryUnavailable, match=r"^postgresql://\*\*\*@127\.0\.0\.1:\d+/t\w+: run history unreachable"
+                       ) as err:
+        h.runs()
+    assert isinstance(err.value, DatabaseError) and err.value.http_status == 503
+    with pytest.raises(HistoryUnavailable, match="cannot open run history"):
+        History(f"postgresql://postgres@127.0.0.1:{pg_server.port}/no_such_database")
