@@ -8,6 +8,10 @@ never taken for the run's rows, whichever process (or older version of fleetctl)
 run is read from SQLite and gets no file. ``fleetctl history migrate`` writes the files of every ended run
 that lacks a current one (idempotent; a migration killed part way leaves runs without a file, read from
 SQLite, and the next one carries on).
+
+A PostgreSQL history is read the same way (ADR 0031): its trigger counts the transactions that changed a run's
+rows, and its column files' bytes live in the database (:class:`TableFiles`), so every controller of it reads the
+file one of them wrote, under the same checks.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class WebhookOutbox:
             return []
         floor = max(time.time() - max_age, min(targets.values()))
         cur = self.db.execute("SELECT run_id, event, verdict, line, state, created_at, payload FROM webhook_outbox"
-                                " WHERE created_at >= ? ORDER BY created_at LIMIT ?", (floor, limit * 4))
+                              " WHERE created_at >= ? ORDER BY created_at LIMIT ?", (floor, limit * 4))
         out: list[OutboxEvent] = []
         for run_id, event, verdict, line, state, created, payload in cur.fetchall():
             done = {r[0] for r in self.db.execute(
@@ -93,4 +93,4 @@ class WebhookOutbox:
     def webhook_outcomes(self, run_id: str) -> dict[str, str]:
         """url sha256 -> delivered / given_up, for the run's verdict event."""
         return dict(self.db.execute("SELECT url_sha256, outcome FROM webhook_sent WHERE run_id=? AND event=?",
-                                      (run_id, VERDICT_EVENT)))
+                                    (run_id, VERDICT_EVENT)))

@@ -88,7 +88,7 @@ class HistoryQueries:
     def stored_row_count(self, run_id: str, module: str) -> int:
         """Every row of the module's part of a run, of any source."""
         (n,) = self.db.execute("SELECT COUNT(*) FROM rows WHERE run_id=? AND module=?",
-                                 (run_id, module)).fetchone()
+                               (run_id, module)).fetchone()
         return int(n)
 
     # -- reports (pandas) --------------------------------------------------------------------
@@ -118,5 +118,5 @@ class HistoryQueries:
         rest = [r for r in run_ids if r not in recorded]
         if rest:
             pairs += self.db.execute(f"SELECT run_id, module FROM rows WHERE run_id IN ({','.join('?' * len(rest))})"
-                                       " GROUP BY run_id, module", rest).fetchall()
+                                     " GROUP BY run_id, module", rest).fetchall()
         return pd.DataFrame(pairs, columns=["run_id", "module"])

@@ -128,7 +128,7 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
         if exact:
             return exact
         cur = self.db.execute("SELECT * FROM runs WHERE run_id LIKE ? ORDER BY created_at DESC",
-                                (prefix.replace("%", "") + "%",))
+                              (prefix.replace("%", "") + "%",))
         found = cur.fetchall()
         if len(found) == 1:
             return self._run_info(cur, found[0])
@@ -138,14 +138,14 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
 
     def runs(self, limit: int = 50, kind: str = "run") -> list[RunInfo]:
         cur = self.db.execute("SELECT * FROM runs WHERE kind=? ORDER BY created_at DESC LIMIT ?",
-                                (kind, limit))
+                              (kind, limit))
         return [self._run_info(cur, r) for r in cur.fetchall()]
 
     def releases_in_use(self, newest: int) -> set[str]:
         """sha256 of the releases of running runs and of the ``newest`` releases by their last run."""
         running = self.db.execute("SELECT DISTINCT sha256 FROM runs WHERE state='running' AND sha256 != ''")
         recent = self.db.execute("SELECT sha256 FROM runs WHERE sha256 != '' GROUP BY sha256 "
-                                   "ORDER BY MAX(created_at) DESC LIMIT ?", (newest,))
+                                 "ORDER BY MAX(created_at) DESC LIMIT ?", (newest,))
         return {r[0] for r in running.fetchall()} | {r[0] for r in recent.fetchall()}
 
     @staticmethod
@@ -206,14 +206,14 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
     def last_module_reset(self, module: str) -> float | None:
         """When the module's failed runs were last reset (``fleetctl devices reset``), or None."""
         (ts,) = self.db.execute("SELECT MAX(ts) FROM events WHERE run_id='' AND module=? AND message LIKE ?",
-                                  (module, f"{RESET_EVENT}%")).fetchone()
+                                (module, f"{RESET_EVENT}%")).fetchone()
         return None if ts is None else float(ts)
 
     def golden_drift(self, module: str) -> str | None:
         """The module's newest failed golden check since its last reset (``fleetctl devices reset``), or None."""
         reset = self.last_module_reset(module)
         row = self.db.execute("SELECT message FROM events WHERE run_id='' AND module=? AND message LIKE ? AND ts > ?"
-                                " ORDER BY ts DESC LIMIT 1", (module, f"{GOLDEN_DRIFT_EVENT}%",
+                              " ORDER BY ts DESC LIMIT 1", (module, f"{GOLDEN_DRIFT_EVENT}%",
                                                               -1.0 if reset is None else reset)).fetchone()
         return None if row is None else str(row[0])[len(GOLDEN_DRIFT_EVENT) + 2:]
 
@@ -223,7 +223,7 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
 
     def progress(self, run_id: str) -> dict[str, RunProgress]:
         cur = self.db.execute("SELECT module, progress FROM module_runs WHERE run_id=? ORDER BY module",
-                                (run_id,))
+                              (run_id,))
         return {m: RunProgress.model_validate_json(p) for m, p in cur.fetchall()}
 
     # -- rows ---------------------------------------------------------------------------
@@ -268,7 +268,7 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
     def row_count(self, run_id: str) -> int:
         """The release's rows of a run (the probe's rows beside them are not counted)."""
         return int(self.db.execute("SELECT COUNT(*) FROM rows WHERE run_id=? AND source='release'",
-                                     (run_id,)).fetchone()[0])
+                                   (run_id,)).fetchone()[0])
 
     # -- baselines ----------------------------------------------------------------------
     def add_baseline(self, release: str, rows: Iterable[ResultRow], source: str) -> tuple[int, str]:
@@ -305,7 +305,7 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
 
     def baselines(self) -> list[dict[str, Any]]:
         cur = self.db.execute("SELECT release, version, run_id, source, created_at FROM baselines"
-                                " ORDER BY release, version")
+                              " ORDER BY release, version")
         cols = [c[0] for c in cur.description]
         return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
@@ -334,7 +334,7 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
             return {}
         marks = ",".join("?" * len(wanted))
         cur = self.db.execute(f"SELECT digest, MIN(record) FROM fingerprints WHERE digest IN ({marks})"
-                                " GROUP BY digest", wanted)
+                              " GROUP BY digest", wanted)
         return {d: EnvFingerprint.model_validate_json(raw) for d, raw in cur.fetchall()}
 
 
