@@ -140,3 +140,39 @@ def test_a_server_gone_is_the_history_unavailable(pg_server: PostgresServer) -> 
     assert isinstance(err.value, DatabaseError) and err.value.http_status == 503
     with pytest.raises(HistoryUnavailable, match="cannot open run history"):
         History(f"postgresql://postgres@127.0.0.1:{pg_server.port}/no_such_database")
+
+
+_WRITER = """
+import sys
+from controller.history import History
+from contract.records import ResultRow
+h = History(sys.argv[1])
+row = ResultRow(run_id="r1", module="m1", model_key="qwen3", table="sweep", profile="1:1", model="Qwen3")
+for i in range(5):
+    h.add_baseline("1.0", [], f"writer {sys.argv[2]}")
+    h.create_run("r1")
+    h.upsert_rows([row])
+    h.set_run_state("r1", "done", "pass")
+h.close()
+"""
+
+
+def test_writers_in_several_processes_take_turns(pg_server: PostgresServer) -> None:
+    """Four processes writing at once: each baseline version given once (a read-then-write step, safe because
+    writers take turns), the same run, row and verdict event stored once."""
+    import subprocess
+    import sys
+
+    url = pg_server.fresh_database()
+    History(url).close()  # the tables made once, before the writers start
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, url, str(n)], stderr=subprocess.PIPE, text=True)
+             for n in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    h = History(url)
+    assert [b["version"] for b in h.baselines()] == list(range(1, 21))
+    assert sorted({b["source"] for b in h.baselines()}) == [f"writer {n}" for n in range(4)]
+    assert [r.run_id for r in h.runs()] == ["r1"] and h.row_count("r1") == 1
+    assert h.db.execute("SELECT COUNT(*) FROM webhook_outbox WHERE run_id='r1'").fetchone() == (1,)
+    h.close()
