@@ -12,7 +12,15 @@ import pytest
 
 from contract.fingerprint import EnvFingerprint
 from contract.records import ResultRow, RunProgress, RunState, TelemetrySummary
-from controller.history import GOLDEN_DRIFT_EVENT, RESET_EVENT, VERDICT_EVENT, History, HistoryError, url_digest
+from controller.history import (
+    GOLDEN_DRIFT_EVENT,
+    RESET_EVENT,
+    VERDICT_EVENT,
+    History,
+    HistoryError,
+    row_to_db,
+    url_digest,
+)
 
 
 def _row(run: str, module: str, key: str, profile: str, tps: float, **more: object) -> ResultRow:
@@ -126,9 +134,12 @@ def test_rows_upserted_replaced_and_counted(history: History) -> None:
     assert sorted(history.modules_with_rows("r1")) == ["m1", "m2"]
     assert history.replace_rows("r1", "m1", [rows[1], _row("r1", "m9", "k", "p", 0.0)]) == 1
     assert history.rows("r1", "m1") == [rows[1]]
+    late = rows[0].model_copy(update={"decode_tps": 5.0})  # a bulk load of stored values: the last of a key wins
+    assert history.upsert_row_values([row_to_db(rows[0]), row_to_db(late)]) == 1
+    assert history.rows("r1", "m1") == [rows[1], late]
     frame = history.row_frame(["r1"])
     assert sorted(zip(frame["module"], frame["profile"], frame["decode_tps"], strict=True)) == [
-        ("m1", "p1", 1.0), ("m2", "p1", 3.0), ("m2", "p1", 3.0)]
+        ("m1", "p1", 1.0), ("m1", "p2", 5.0), ("m2", "p1", 3.0), ("m2", "p1", 3.0)]
     assert sorted(map(tuple, history.modules_of_rows(["r1", "r0"]).values.tolist())) == [("r1", "m1"), ("r1", "m2")]
 
 
