@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
+from contract.redact import redact_url
 from contract.settings import BrokerSettings, SettingsError
 from controller.errors import FleetctlError
 
@@ -24,7 +25,9 @@ class ControllerSettings(BrokerSettings):
                                            for name in ("metrics_host", "metrics_port", "keep_releases")}
 
     inventory: Path = Field(default=Path("inventory.toml"), description="the lab's inventory (TOML)")
-    history: Path | None = Field(default=None, description="run history (SQLite); default <data_dir>/history.sqlite")
+    history: str | None = Field(
+        default=None, description="run history: a SQLite file (default <data_dir>/history.sqlite), or a PostgreSQL "
+                                  "database several controllers share (postgresql://user@host:port/db)")
     known_hosts: Path = Field(default=Path.home() / ".ssh" / "known_hosts", description="SSH host keys of modules")
     ssh_key: Path | None = Field(default=None, description="SSH private key for modules (default: agent/ssh config)")
     ssh_key_passphrase_file: Path | None = Field(
@@ -87,6 +90,12 @@ class ControllerSettings(BrokerSettings):
                                            "run), and in each module's incoming folder (the last pushed there), "
                                            "besides those of running runs")
 
+    @field_validator("history", mode="before")
+    @classmethod
+    def _history_text(cls, v: object) -> object:
+        """A path given as one (``Path``, from code and tests) is the file's name."""
+        return str(v) if isinstance(v, Path) else v
+
     @field_validator("golden_models")
     @classmethod
     def _golden_keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
@@ -105,5 +114,14 @@ class ControllerSettings(BrokerSettings):
         return self
 
     @property
-    def history_path(self) -> Path:
-        return (self.history or self.data_dir / "history.sqlite").expanduser()
+    def history_location(self) -> Path | str:
+        """What the run history is opened from: its SQLite file, or its PostgreSQL URL (password and all)."""
+        if self.history and self.history.startswith(("postgresql://", "postgres://")):
+            return self.history
+        return Path(self.history or self.data_dir / "history.sqlite").expanduser()
+
+    @property
+    def history_path(self) -> Path | str:
+        """The run history as messages name it: its SQLite file, or its PostgreSQL URL without the credentials."""
+        where = self.history_location
+        return redact_url(where) if isinstance(where, str) else where

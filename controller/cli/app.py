@@ -45,7 +45,8 @@ def _root(
                                        help="TOML config file (sections [fleet] and [controller]); default "
                                             "./fleet.toml when the current folder holds one"),
     inventory: Path | None = typer.Option(None, "--inventory", "-i", help="inventory TOML (default from config)"),
-    history: Path | None = typer.Option(None, "--history", help="run history SQLite file"),
+    history: str | None = typer.Option(None, "--history",
+                                       help="run history: a SQLite file, or a PostgreSQL URL (postgresql://...)"),
 ) -> None:
     """Validate SGLang-MUSA releases on a fleet of M1000 modules."""
     inv = ctx.obj

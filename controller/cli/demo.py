@@ -470,7 +470,7 @@ def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
     base = _fresh_dir(opts.out_dir, err)
     settings = ControllerSettings(
         broker_url="filesystem://", data_dir=base / "fleet", inventory=base / "inventory.toml",
-        history=base / "history.sqlite", heartbeat_interval=opts.heartbeat_interval,
+        history=str(base / "history.sqlite"), heartbeat_interval=opts.heartbeat_interval,
         offline_after=max(10.0, 10 * opts.heartbeat_interval))
     names = module_names(opts.devices)
     real = tuple(real_names(opts.real))

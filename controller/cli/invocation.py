@@ -18,7 +18,7 @@ class Invocation:
 
     config: Path | None = None
     inventory: Path | None = None
-    history: Path | None = None
+    history: str | None = None
     _session: Session | None = field(default=None, repr=False)
 
     def session(self) -> Session:

@@ -19,6 +19,7 @@ from controller.history.records import (
     RESET_EVENT,
     VERDICT_EVENT,
     HistoryError,
+    HistoryUnavailable,
     OutboxEvent,
     RunInfo,
     url_digest,
@@ -27,6 +28,7 @@ from controller.history.schema import ROW_FIELDS, row_from_db, row_to_db
 from controller.history.store import History
 
 __all__ = [
-    "DatabaseError", "History", "HistoryError", "OutboxEvent", "RESET_EVENT", "ROW_FIELDS", "RunInfo",
+    "DatabaseError", "History", "HistoryError", "HistoryUnavailable", "OutboxEvent", "RESET_EVENT", "ROW_FIELDS",
+    "RunInfo",
     "CHANGE_POINT_EVENT", "GOLDEN_DRIFT_EVENT", "VERDICT_EVENT", "row_from_db", "row_to_db", "url_digest",
 ]

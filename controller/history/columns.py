@@ -101,20 +101,47 @@ def _sorted_dictionary(col: pa.ChunkedArray) -> pa.Array:
     return pa.DictionaryArray.from_arrays(pc.take(pa.array(rank), arr.indices), arr.dictionary.take(pa.array(order)))
 
 
-def write(folder: Path, name: str, table: pa.Table) -> ColumnFile:
-    """``table`` as ``folder/name``, atomically: written under a temporary name, fsynced, renamed, the folder
-    fsynced. Returns what the history records of it."""
+def encode(table: pa.Table) -> bytes:
+    """The bytes of a column file of ``table`` (Arrow IPC file format, lz4)."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, table.schema, options=ipc.IpcWriteOptions(compression="lz4")) as writer:
+        writer.write_table(table, max_chunksize=max(table.num_rows, 1))
+    return bytes(sink.getvalue())
+
+
+def record_of(name: str, table: pa.Table, data: bytes) -> ColumnFile:
+    return ColumnFile(name=name, rows=table.num_rows, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+
+def decode(data: bytes, rec: ColumnFile) -> pa.Table | None:
+    """The table in a column file's bytes, or None when they are of another size or digest than recorded, or do
+    not hold the recorded rows in the recorded columns."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    if len(data) != rec.size or hashlib.sha256(data).hexdigest() != rec.sha256:
+        return None
+    try:
+        table = ipc.open_file(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, OSError):
+        return None
+    if table.num_rows != rec.rows or not table.schema.equals(schema()):
+        return None
+    return table
+
+
+def write(folder: Path, name: str, table: pa.Table) -> ColumnFile:
+    """``table`` as ``folder/name``, atomically: written under a temporary name, fsynced, renamed, the folder
+    fsynced. Returns what the history records of it."""
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / name
     tmp = folder / f"{name}{TMP_MARK}{os.getpid()}"
+    data = encode(table)
     try:
-        with pa.OSFile(str(tmp), "wb") as sink, \
-                ipc.new_file(sink, table.schema, options=ipc.IpcWriteOptions(compression="lz4")) as writer:
-            writer.write_table(table, max_chunksize=max(table.num_rows, 1))
-        data = tmp.read_bytes()
+        tmp.write_bytes(data)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -129,28 +156,17 @@ def write(folder: Path, name: str, table: pa.Table) -> ColumnFile:
         os.fsync(dfd)
     finally:
         os.close(dfd)
-    return ColumnFile(name=name, rows=table.num_rows, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    return record_of(name, table, data)
 
 
 def read(folder: Path, rec: ColumnFile) -> pa.Table | None:
     """The table in the recorded file, or None when the file is missing, of another size or digest, or does
     not hold the recorded rows in the recorded columns (the caller reads SQLite instead)."""
-    import pyarrow as pa
-    import pyarrow.ipc as ipc
-
     try:
         data = (folder / rec.name).read_bytes()
     except OSError:
         return None
-    if len(data) != rec.size or hashlib.sha256(data).hexdigest() != rec.sha256:
-        return None
-    try:
-        table = ipc.open_file(pa.py_buffer(data)).read_all()
-    except (pa.ArrowInvalid, OSError):
-        return None
-    if table.num_rows != rec.rows or not table.schema.equals(schema()):
-        return None
-    return table
+    return decode(data, rec)
 
 
 def frame(tables: Sequence[pa.Table], model_keys: Sequence[str] | None = None) -> pd.DataFrame:
@@ -203,3 +219,23 @@ def remove_abandoned(folder: Path) -> int:
                 p.unlink()
                 gone += 1
     return gone
+
+
+@dataclass(frozen=True)
+class Folder:
+    """Where a SQLite history keeps its column files: a folder beside it (the other store, a PostgreSQL history's
+    table, is :class:`controller.history.frames.TableFiles`)."""
+
+    path: Path
+
+    def write(self, run_id: str, name: str, table: pa.Table) -> ColumnFile:
+        return write(self.path, name, table)
+
+    def read(self, rec: ColumnFile) -> pa.Table | None:
+        return read(self.path, rec)
+
+    def remove_others(self, run_id: str, keep: ColumnFile) -> None:
+        remove_others(self.path, run_id, keep.name)
+
+    def remove_abandoned(self) -> int:
+        return remove_abandoned(self.path)

@@ -8,16 +8,19 @@ never taken for the run's rows, whichever process (or older version of fleetctl)
 run is read from SQLite and gets no file. ``fleetctl history migrate`` writes the files of every ended run
 that lacks a current one (idempotent; a migration killed part way leaves runs without a file, read from
 SQLite, and the next one carries on).
+
+A PostgreSQL history is read the same way (ADR 0031): its trigger counts the transactions that changed a run's
+rows, and its column files' bytes live in the database (:class:`TableFiles`), so every controller of it reads the
+file one of them wrote, under the same checks.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from controller.history import columns
 from controller.history.columns import ColumnFile
@@ -27,7 +30,45 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
+    from controller.history.db import Database
+
 _COLS = ", ".join(f'"{f}"' for f in ROW_FIELDS)
+
+
+class ColumnStore(Protocol):
+    """Where column files are kept: written, read checked against their record, superseded ones removed."""
+
+    def write(self, run_id: str, name: str, table: pa.Table) -> ColumnFile: ...
+    def read(self, rec: ColumnFile) -> pa.Table | None: ...
+    def remove_others(self, run_id: str, keep: ColumnFile) -> None: ...
+    def remove_abandoned(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class TableFiles:
+    """A PostgreSQL history's column files: their bytes in ``row_file_data``, keyed by name and sha256 (two
+    controllers writing the same run's file at once each keep their own bytes; the record names one). A file is
+    written in one statement: never seen half written, so none is ever abandoned."""
+
+    db: Database
+
+    def write(self, run_id: str, name: str, table: pa.Table) -> ColumnFile:
+        data = columns.encode(table)
+        rec = columns.record_of(name, table, data)
+        self.db.execute("INSERT INTO row_file_data (run_id, name, sha256, data) VALUES (?,?,?,?)"
+                        " ON CONFLICT DO NOTHING", (run_id, name, rec.sha256, data))
+        return rec
+
+    def read(self, rec: ColumnFile) -> pa.Table | None:
+        data = self.db.blob("SELECT data FROM row_file_data WHERE name=? AND sha256=?", (rec.name, rec.sha256))
+        return None if data is None else columns.decode(data, rec)
+
+    def remove_others(self, run_id: str, keep: ColumnFile) -> None:
+        self.db.execute("DELETE FROM row_file_data WHERE run_id=? AND NOT (name=? AND sha256=?)",
+                        (run_id, keep.name, keep.sha256))
+
+    def remove_abandoned(self) -> int:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -44,13 +85,24 @@ class Migrated:
 class ColumnReads:
     """The column-wise reads, a base of :class:`controller.history.History`."""
 
-    conn: sqlite3.Connection
-    path: Path
+    db: Database
+    path: Path | str
+
+    @property
+    def column_store(self) -> ColumnStore | None:
+        """Where the ended runs' column files are kept: a folder beside a SQLite file, the ``row_file_data`` table
+        of a PostgreSQL database (shared by every controller of it); None for a history in memory."""
+        if self.db.engine == "postgresql":
+            return TableFiles(self.db)
+        folder = self.columns_folder
+        return None if folder is None else columns.Folder(folder)
 
     @property
     def columns_folder(self) -> Path | None:
         """Where the column files live (None for a history in memory: its runs are read from SQLite)."""
-        return None if str(self.path) == ":memory:" else self.path.with_name(self.path.name + ".columns")
+        if not isinstance(self.path, Path) or str(self.path) == ":memory:":
+            return None
+        return self.path.with_name(self.path.name + ".columns")
 
     def row_frame(self, run_ids: Sequence[str], model_keys: Sequence[str] | None = None,
                   only: Sequence[str] | None = None) -> pd.DataFrame:
@@ -61,14 +113,14 @@ class ColumnReads:
         return columns.frame(tables if only is None else [t.select(list(only)) for t in tables], model_keys)
 
     def _generation(self, run_id: str) -> int:
-        row = self.conn.execute("SELECT gen FROM row_generations WHERE run_id=?", (run_id,)).fetchone()
+        row = self.db.execute("SELECT gen FROM row_generations WHERE run_id=?", (run_id,)).fetchone()
         return int(row[0]) if row else 0
 
     def _current_file(self, run_id: str) -> tuple[ColumnFile | None, int, bool]:
         """(the run's recorded file if made at the run's generation, the generation, whether the run has ended)."""
-        row = self.conn.execute(
+        row = self.db.execute(
             "SELECT f.name, f.rows, f.size, f.sha256, f.gen, COALESCE(g.gen, 0), r.state"
-            " FROM (SELECT ? AS run_id) x LEFT JOIN row_files f ON f.run_id = x.run_id"
+            " FROM (SELECT CAST(? AS TEXT) AS run_id) x LEFT JOIN row_files f ON f.run_id = x.run_id"
             " LEFT JOIN row_generations g ON g.run_id = x.run_id LEFT JOIN runs r ON r.run_id = x.run_id",
             (run_id,)).fetchone()
         name, rows, size, digest, made_at, gen, state = row
@@ -76,10 +128,10 @@ class ColumnReads:
         return rec, int(gen), state is not None and state != "running"
 
     def _run_table(self, run_id: str) -> pa.Table:
-        folder = self.columns_folder
+        store = self.column_store
         rec, _, ended = self._current_file(run_id)
-        if folder is not None and rec is not None:
-            table = columns.read(folder, rec)
+        if store is not None and rec is not None:
+            table = store.read(rec)
             if table is not None:
                 return table
         table, gen = self._table_from_sqlite(run_id)
@@ -90,11 +142,11 @@ class ColumnReads:
     def _keep(self, run_id: str, gen: int | None, table: pa.Table) -> bool:
         """Write and record the ended run's column file; False when it was not (rows changed while they were read,
         a history in memory, a folder not writable: the rows were read all the same)."""
-        folder = self.columns_folder
-        if folder is None or gen is None:
+        store = self.column_store
+        if store is None or gen is None:
             return False
         try:
-            self._record_file(run_id, gen, columns.write(folder, columns.file_name(run_id, gen), table),
+            self._record_file(run_id, gen, store.write(run_id, columns.file_name(run_id, gen), table),
                               columns.modules(table))
         except OSError:
             return False
@@ -103,38 +155,33 @@ class ColumnReads:
     def _table_from_sqlite(self, run_id: str) -> tuple[pa.Table, int | None]:
         """The run's rows from SQLite, and the generation they are of (None when rows changed while read)."""
         before = self._generation(run_id)
-        cur = self.conn.execute(f"SELECT {_COLS} FROM rows WHERE run_id=?", (run_id,))
-
-        def batches() -> Iterator[list[tuple[object, ...]]]:
-            while rows := cur.fetchmany(columns.BATCH_ROWS):
-                yield rows
-
-        table = columns.table_from_values(batches(), f"{self.path}: rows of run {run_id}")
+        batches = self.db.batches(f"SELECT {_COLS} FROM rows WHERE run_id=?", (run_id,), columns.BATCH_ROWS)
+        table = columns.table_from_values(batches, f"{self.path}: rows of run {run_id}")
         return table, before if self._generation(run_id) == before else None
 
     def _record_file(self, run_id: str, gen: int, rec: ColumnFile, modules: list[str]) -> None:
         """Record a written file and the modules with rows in it (a record of a later generation is never replaced
         by an earlier one), then remove the run's superseded files."""
-        self.conn.execute(
+        self.db.execute(
             "INSERT INTO row_files (run_id, gen, name, rows, size, sha256, modules) VALUES (?,?,?,?,?,?,?)"
             " ON CONFLICT (run_id) DO UPDATE SET gen=excluded.gen, name=excluded.name, rows=excluded.rows,"
             " size=excluded.size, sha256=excluded.sha256, modules=excluded.modules WHERE excluded.gen >= row_files.gen",
             (run_id, gen, rec.name, rec.rows, rec.size, rec.sha256, json.dumps(modules)))
-        folder = self.columns_folder
-        if folder is not None and self._current_file(run_id)[0] == rec:
-            columns.remove_others(folder, run_id, rec.name)
+        store = self.column_store
+        if store is not None and self._current_file(run_id)[0] == rec:
+            store.remove_others(run_id, rec)
 
     def migrate_columns(self) -> Migrated:
         """A column file for every ended run with rows that lacks a current one (``fleetctl history migrate``)."""
-        folder = self.columns_folder
-        if folder is None:
+        store = self.column_store
+        if store is None:
             return Migrated(0, 0, 0, 0)
-        abandoned = columns.remove_abandoned(folder)
-        runs = [r for (r,) in self.conn.execute("SELECT DISTINCT run_id FROM rows ORDER BY run_id").fetchall()]
+        abandoned = store.remove_abandoned()
+        runs = [r for (r,) in self.db.execute("SELECT DISTINCT run_id FROM rows ORDER BY run_id").fetchall()]
         written = current = running = 0
         for run_id in runs:
             rec, _, ended = self._current_file(run_id)
-            if rec is not None and columns.read(folder, rec) is not None:
+            if rec is not None and store.read(rec) is not None:
                 current += 1
             elif not ended:
                 running += 1

@@ -11,36 +11,42 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from controller.history.records import HistoryUnavailable
+
 if TYPE_CHECKING:
     import pandas as pd
 
-DatabaseError = sqlite3.Error  # what a read of a history that cannot be read raises (metrics: history down)
+    from controller.history.db import Database
+
+# what a read of a history that cannot be read raises (metrics: history down): SQLite's errors, and a PostgreSQL
+# history's server gone (controller.history.db translates psycopg's)
+DatabaseError: tuple[type[Exception], ...] = (sqlite3.Error, HistoryUnavailable)
 
 
 class HistoryQueries:
     """The aggregate reads, a base of :class:`controller.history.History`."""
 
-    conn: sqlite3.Connection
+    db: Database
 
     # -- the fleet ----------------------------------------------------------------------
     def module_parts(self, module: str, limit: int) -> list[tuple[str, float | None]]:
         """(progress JSON, the run's created_at) of the module's parts of runs it was sent (``attempt`` not 0),
         newest first, at most ``limit``."""
-        cur = self.conn.execute(
+        cur = self.db.execute(
             "SELECT m.progress, r.created_at FROM module_runs m LEFT JOIN runs r ON r.run_id = m.run_id"
-            " WHERE m.module=? AND COALESCE(json_extract(m.progress, '$.attempt'), 1) != 0"
+            " WHERE m.module=? AND COALESCE(CAST(m.progress ->> 'attempt' AS INTEGER), 1) != 0"
             " ORDER BY m.updated_at DESC LIMIT ?", (module, limit))
         return cur.fetchall()
 
     def release_row_count(self, run_id: str, module: str) -> int:
         """The release's rows of the module's part of a run (the probe's rows beside them are not counted)."""
-        return int(self.conn.execute(
+        return int(self.db.execute(
             "SELECT COUNT(*) FROM rows WHERE run_id=? AND module=? AND source='release'",
             (run_id, module)).fetchone()[0])
 
     def running_runs(self) -> list[str]:
         """Run ids of the runs (kind 'run') not ended."""
-        cur = self.conn.execute("SELECT run_id FROM runs WHERE kind='run' AND state='running'")
+        cur = self.db.execute("SELECT run_id FROM runs WHERE kind='run' AND state='running'")
         return [r[0] for r in cur.fetchall()]
 
     def waits(self, run_id: str | None = None) -> list[tuple[str, str, str, float]]:
@@ -49,9 +55,9 @@ class HistoryQueries:
         a module started (of ``run_id`` only, when given), oldest run first. A start before the last dispatch
         (an earlier delivery's, before a resume) is no wait of that dispatch: left out."""
         where = " AND m.run_id=?" if run_id is not None else ""
-        cur = self.conn.execute(
+        cur = self.db.execute(
             "SELECT m.run_id, m.module, r.priority, s - d FROM (SELECT run_id, module,"
-            " json_extract(progress, '$.started_at') AS s FROM module_runs) m"
+            " CAST(progress ->> 'started_at' AS DOUBLE PRECISION) AS s FROM module_runs) m"
             " JOIN (SELECT run_id, priority, created_at, COALESCE(dispatched_at, created_at) AS d FROM runs"
             "       WHERE kind='run') r ON r.run_id = m.run_id"
             f" WHERE s IS NOT NULL AND s >= d{where} ORDER BY r.created_at, m.module",
@@ -61,28 +67,28 @@ class HistoryQueries:
     def ran_before(self, module: str, since: float, until: float, exclude: str) -> str | None:
         """The run whose part on ``module`` ended last between ``since`` and ``until`` (the module's clock), other
         than ``exclude``: what a run dispatched at ``since`` and started at ``until`` waited behind."""
-        row = self.conn.execute(
+        row = self.db.execute(
             "SELECT run_id FROM module_runs WHERE module=? AND run_id != ?"
-            " AND json_extract(progress, '$.finished_at') BETWEEN ? AND ?"
-            " ORDER BY json_extract(progress, '$.finished_at') DESC LIMIT 1",
+            " AND CAST(progress ->> 'finished_at' AS DOUBLE PRECISION) BETWEEN ? AND ?"
+            " ORDER BY CAST(progress ->> 'finished_at' AS DOUBLE PRECISION) DESC LIMIT 1",
             (module, exclude, since, until)).fetchone()
         return str(row[0]) if row else None
 
     # -- metrics --------------------------------------------------------------------------
     def verdict_counts(self) -> list[tuple[Any, int]]:
         """(verdict, or 'none' when not judged; how many runs of kind 'run')."""
-        cur = self.conn.execute("SELECT COALESCE(verdict, 'none'), COUNT(*) FROM runs WHERE kind='run' GROUP BY 1")
+        cur = self.db.execute("SELECT COALESCE(verdict, 'none'), COUNT(*) FROM runs WHERE kind='run' GROUP BY 1")
         return cur.fetchall()
 
     def modules_with_rows(self, run_id: str) -> list[Any]:
         """The modules that have rows (of any source) in a run."""
-        mods = self.conn.execute("SELECT DISTINCT module FROM rows WHERE run_id=?", (run_id,))
+        mods = self.db.execute("SELECT DISTINCT module FROM rows WHERE run_id=?", (run_id,))
         return [module for (module,) in mods.fetchall()]
 
     def stored_row_count(self, run_id: str, module: str) -> int:
         """Every row of the module's part of a run, of any source."""
-        (n,) = self.conn.execute("SELECT COUNT(*) FROM rows WHERE run_id=? AND module=?",
-                                 (run_id, module)).fetchone()
+        (n,) = self.db.execute("SELECT COUNT(*) FROM rows WHERE run_id=? AND module=?",
+                               (run_id, module)).fetchone()
         return int(n)
 
     # -- reports (pandas) --------------------------------------------------------------------
@@ -91,9 +97,10 @@ class HistoryQueries:
         ``run_id`` left out; newest first."""
         import pandas as pd
 
-        return pd.read_sql_query(
+        cur = self.db.execute(
             "SELECT run_id, created_at FROM runs WHERE kind='run' AND created_at < ? AND run_id != ?"
-            " ORDER BY created_at DESC LIMIT ?", self.conn, params=[created_at, run_id, limit])
+            " ORDER BY created_at DESC LIMIT ?", (created_at, run_id, limit))
+        return pd.DataFrame(cur.fetchall(), columns=["run_id", "created_at"])
 
     def modules_of_rows(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """(run_id, module) for each module that has rows in one of the given runs: from the modules recorded with a
@@ -103,13 +110,13 @@ class HistoryQueries:
         import pandas as pd
 
         marks = ",".join("?" * len(run_ids))
-        recorded = dict(self.conn.execute(
+        recorded = dict(self.db.execute(
             "SELECT f.run_id, f.modules FROM row_files f LEFT JOIN row_generations g ON g.run_id = f.run_id"
             f" WHERE f.run_id IN ({marks}) AND f.gen = COALESCE(g.gen, 0) AND f.modules IS NOT NULL",
             list(run_ids)).fetchall())
         pairs = [(r, m) for r, mods in recorded.items() for m in json.loads(mods)]
         rest = [r for r in run_ids if r not in recorded]
         if rest:
-            pairs += self.conn.execute(f"SELECT run_id, module FROM rows WHERE run_id IN ({','.join('?' * len(rest))})"
-                                       " GROUP BY run_id, module", rest).fetchall()
+            pairs += self.db.execute(f"SELECT run_id, module FROM rows WHERE run_id IN ({','.join('?' * len(rest))})"
+                                     " GROUP BY run_id, module", rest).fetchall()
         return pd.DataFrame(pairs, columns=["run_id", "module"])

@@ -48,6 +48,12 @@ class HistoryError(FleetctlError, RuntimeError):
     http_status = 404  # no such run or baseline in the history
 
 
+class HistoryUnavailable(HistoryError, ConnectionError):
+    """A PostgreSQL history's server cannot be reached, or dropped the connection (HTTP 503)."""
+
+    http_status = 503
+
+
 class RunInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
 

@@ -1,4 +1,4 @@
-"""The run history's tables: their schema, its migrations, and how a result row is stored in one.
+"""The run history's tables in SQLite: their schema, its migrations, and how a result row is stored in one.
 
 Rows are stored one column per ``ResultRow`` field, so reports read them straight into
 pandas (``pd.read_sql_query``). :func:`connect` opens a history file with the schema created
@@ -124,6 +124,14 @@ CREATE TABLE IF NOT EXISTS webhook_sent (
     at REAL NOT NULL,
     PRIMARY KEY (run_id, event, url_sha256)
 );
+CREATE TABLE IF NOT EXISTS webhook_claims (
+    run_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    url_sha256 TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    until REAL NOT NULL,
+    PRIMARY KEY (run_id, event, url_sha256)
+);
 """
 
 
@@ -163,8 +171,11 @@ END;
 
 
 def row_to_db(row: ResultRow) -> tuple[Any, ...]:
+    """A row's values in ``ROW_FIELDS`` order: JSON fields as text, booleans as 0/1 (as SQLite keeps them; a
+    PostgreSQL history's column is an integer too)."""
     d = row.model_dump(mode="json")
-    return tuple(json.dumps(d[f]) if f in _JSON_FIELDS and d[f] is not None else d[f] for f in ROW_FIELDS)
+    return tuple(json.dumps(d[f]) if f in _JSON_FIELDS and d[f] is not None
+                 else int(d[f]) if f in _BOOL_FIELDS and d[f] is not None else d[f] for f in ROW_FIELDS)
 
 
 _EMPTY: dict[str, Any] = {"extra": {}, "flags": (), "energy": None}

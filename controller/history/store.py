@@ -1,5 +1,5 @@
-"""The run history's store: one SQLite file of runs, module progress, events, rows, baselines, telemetry and
-environment fingerprints.
+"""The run history's store: runs, module progress, events, rows, baselines, telemetry and environment
+fingerprints, in one SQLite file or one PostgreSQL database (:mod:`~controller.history.db`: the same queries).
 
 Writes are idempotent: the same row, progress or run recorded twice is stored once. Baselines
 are versioned per release; each baseline version's rows are kept under the pseudo run id
@@ -9,7 +9,6 @@ are versioned per release; each baseline version's rows are kept under the pseud
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -19,39 +18,44 @@ from typing import Any
 from contract.fingerprint import EnvFingerprint
 from contract.records import ResultRow, RunProgress, TelemetrySummary
 from controller.command import fleetctl
+from controller.history.db import Cursor, Database, connect, is_url
 from controller.history.frames import ColumnReads
 from controller.history.outbox import WebhookOutbox
 from controller.history.queries import HistoryQueries
 from controller.history.records import GOLDEN_DRIFT_EVENT, RESET_EVENT, VERDICT_EVENT, HistoryError, RunInfo
-from controller.history.schema import ROW_FIELDS, connect, row_from_db, row_to_db
+from controller.history.schema import ROW_FIELDS, row_from_db, row_to_db
 
 # rows by column name: a history whose columns were added in another order (schema._add_row_columns) reads the same
 _ROW_COLUMNS = ", ".join(f'"{f}"' for f in ROW_FIELDS)
-_INSERT_ROW = f"INSERT OR REPLACE INTO rows ({_ROW_COLUMNS}) VALUES ({','.join('?' * len(ROW_FIELDS))})"
+_ROWS_KEY = ("run_id", "module", "model_key", "profile", "source")
+_INSERT_ROW = (f"INSERT INTO rows ({_ROW_COLUMNS}) VALUES ({','.join('?' * len(ROW_FIELDS))})"
+               f" ON CONFLICT ({', '.join(_ROWS_KEY)}) DO UPDATE SET "
+               + ", ".join(f'"{f}"=excluded."{f}"' for f in ROW_FIELDS if f not in _ROWS_KEY))
 
 
 class History(HistoryQueries, ColumnReads, WebhookOutbox):
-    """One run history file: its runs, their modules' progress and the events about them, result rows,
-    baselines and device telemetry (the webhook outbox, the aggregate reads and the column-wise reads of rows
-    are its bases)."""
+    """One run history (a SQLite file, or a PostgreSQL database given by its URL): its runs, their modules'
+    progress and the events about them, result rows, baselines and device telemetry (the webhook outbox, the
+    aggregate reads and the column-wise reads of rows are its bases).
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = connect(self.path)
+    ``path``: the SQLite file, or the database's URL without its password (what messages name); ``db``: the
+    database seam every query goes through; ``conn``: the engine's own connection under it (sqlite3's, psycopg's)."""
+
+    path: Path | str
+
+    def __init__(self, location: str | Path) -> None:
+        self.db: Database = connect(location)
+        self.conn: Any = self.db.raw
+        self.path = self.db.where if is_url(location) else Path(location).expanduser()
 
     def close(self) -> None:
-        self.conn.close()
+        self.db.close()
 
     @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+    def tx(self) -> Iterator[Database]:
+        """A write transaction (writers take turns, on either engine)."""
+        with self.db.tx() as c:
+            yield c
 
     # -- runs ---------------------------------------------------------------------------
     def create_run(self, run_id: str, *, release: str = "", tarball: str = "", sha256: str = "",
@@ -63,8 +67,8 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
         own = {m: list(keys) for m, keys in (module_models or {}).items()}
         with self.tx() as c:
             c.execute(
-                "INSERT OR IGNORE INTO runs (run_id, created_at, release, tarball, sha256, models, modules,"
-                " kind, state, note, module_models) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO runs (run_id, created_at, release, tarball, sha256, models, modules,"
+                " kind, state, note, module_models) VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
                 (run_id, time.time(), release, tarball, sha256, json.dumps(list(models)),
                  json.dumps(list(modules)), kind, state, note, json.dumps(own)),
             )
@@ -103,12 +107,12 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
                 (state, verdict, finished, state, recorded if verdict is not None else None, run_id),
             )
             if verdict is not None and state != "running":
-                c.execute("INSERT OR IGNORE INTO webhook_outbox (run_id, event, verdict, line, state, created_at,"
-                          " payload) SELECT run_id, ?, ?, ?, ?, ?, ? FROM runs WHERE run_id=?",
+                c.execute("INSERT INTO webhook_outbox (run_id, event, verdict, line, state, created_at, payload)"
+                          " SELECT run_id, ?, ?, ?, ?, ?, ? FROM runs WHERE run_id=? ON CONFLICT DO NOTHING",
                           (VERDICT_EVENT, verdict, recorded, state, now, findings or "", run_id))
 
     def run(self, run_id: str) -> RunInfo | None:
-        cur = self.conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,))
+        cur = self.db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,))
         r = cur.fetchone()
         return self._run_info(cur, r) if r else None
 
@@ -123,8 +127,8 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
         exact = self.run(prefix)
         if exact:
             return exact
-        cur = self.conn.execute("SELECT * FROM runs WHERE run_id LIKE ? ORDER BY created_at DESC",
-                                (prefix.replace("%", "") + "%",))
+        cur = self.db.execute("SELECT * FROM runs WHERE run_id LIKE ? ORDER BY created_at DESC",
+                              (prefix.replace("%", "") + "%",))
         found = cur.fetchall()
         if len(found) == 1:
             return self._run_info(cur, found[0])
@@ -133,19 +137,19 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
         raise HistoryError(f"run id {prefix!r} is ambiguous ({len(found)} runs)")
 
     def runs(self, limit: int = 50, kind: str = "run") -> list[RunInfo]:
-        cur = self.conn.execute("SELECT * FROM runs WHERE kind=? ORDER BY created_at DESC LIMIT ?",
-                                (kind, limit))
+        cur = self.db.execute("SELECT * FROM runs WHERE kind=? ORDER BY created_at DESC LIMIT ?",
+                              (kind, limit))
         return [self._run_info(cur, r) for r in cur.fetchall()]
 
     def releases_in_use(self, newest: int) -> set[str]:
         """sha256 of the releases of running runs and of the ``newest`` releases by their last run."""
-        running = self.conn.execute("SELECT DISTINCT sha256 FROM runs WHERE state='running' AND sha256 != ''")
-        recent = self.conn.execute("SELECT sha256 FROM runs WHERE sha256 != '' GROUP BY sha256 "
-                                   "ORDER BY MAX(created_at) DESC LIMIT ?", (newest,))
+        running = self.db.execute("SELECT DISTINCT sha256 FROM runs WHERE state='running' AND sha256 != ''")
+        recent = self.db.execute("SELECT sha256 FROM runs WHERE sha256 != '' GROUP BY sha256 "
+                                 "ORDER BY MAX(created_at) DESC LIMIT ?", (newest,))
         return {r[0] for r in running.fetchall()} | {r[0] for r in recent.fetchall()}
 
     @staticmethod
-    def _run_info(cur: sqlite3.Cursor, r: tuple[Any, ...]) -> RunInfo:
+    def _run_info(cur: Cursor, r: tuple[Any, ...]) -> RunInfo:
         d = dict(zip([c[0] for c in cur.description], r, strict=True))
         d["models"] = tuple(json.loads(d["models"]))
         d["modules"] = tuple(json.loads(d["modules"]))
@@ -168,7 +172,8 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
         prints = [(p.run_id, p.module, p.fingerprint.digest(), p.fingerprint.model_dump_json()) for p in progress
                   if p.fingerprint is not None]
         with self.tx() as c:
-            c.executemany("INSERT OR REPLACE INTO fingerprints (run_id, module, digest, record) VALUES (?,?,?,?)",
+            c.executemany("INSERT INTO fingerprints (run_id, module, digest, record) VALUES (?,?,?,?)"
+                          " ON CONFLICT (run_id, module) DO UPDATE SET digest=excluded.digest, record=excluded.record",
                           prints)
             c.executemany(
                 "INSERT INTO module_runs (run_id, module, state, updated_at, progress) VALUES (?,?,?,?,?)"
@@ -195,43 +200,53 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
         self.add_event("", module, message)
 
     def module_events(self, module: str) -> list[tuple[float, str]]:
-        cur = self.conn.execute("SELECT ts, message FROM events WHERE run_id='' AND module=? ORDER BY ts", (module,))
+        cur = self.db.execute("SELECT ts, message FROM events WHERE run_id='' AND module=? ORDER BY ts", (module,))
         return [(float(t), str(msg)) for t, msg in cur.fetchall()]
 
     def last_module_reset(self, module: str) -> float | None:
         """When the module's failed runs were last reset (``fleetctl devices reset``), or None."""
-        (ts,) = self.conn.execute("SELECT MAX(ts) FROM events WHERE run_id='' AND module=? AND message LIKE ?",
-                                  (module, f"{RESET_EVENT}%")).fetchone()
+        (ts,) = self.db.execute("SELECT MAX(ts) FROM events WHERE run_id='' AND module=? AND message LIKE ?",
+                                (module, f"{RESET_EVENT}%")).fetchone()
         return None if ts is None else float(ts)
 
     def golden_drift(self, module: str) -> str | None:
         """The module's newest failed golden check since its last reset (``fleetctl devices reset``), or None."""
         reset = self.last_module_reset(module)
-        row = self.conn.execute("SELECT message FROM events WHERE run_id='' AND module=? AND message LIKE ? AND ts > ?"
-                                " ORDER BY ts DESC LIMIT 1", (module, f"{GOLDEN_DRIFT_EVENT}%",
+        row = self.db.execute("SELECT message FROM events WHERE run_id='' AND module=? AND message LIKE ? AND ts > ?"
+                              " ORDER BY ts DESC LIMIT 1", (module, f"{GOLDEN_DRIFT_EVENT}%",
                                                               -1.0 if reset is None else reset)).fetchone()
         return None if row is None else str(row[0])[len(GOLDEN_DRIFT_EVENT) + 2:]
 
     def events(self, run_id: str) -> list[tuple[str, float, str]]:
-        cur = self.conn.execute("SELECT module, ts, message FROM events WHERE run_id=? ORDER BY ts", (run_id,))
+        cur = self.db.execute("SELECT module, ts, message FROM events WHERE run_id=? ORDER BY ts", (run_id,))
         return [(str(m), float(t), str(msg)) for m, t, msg in cur.fetchall()]
 
     def progress(self, run_id: str) -> dict[str, RunProgress]:
-        cur = self.conn.execute("SELECT module, progress FROM module_runs WHERE run_id=? ORDER BY module",
-                                (run_id,))
+        cur = self.db.execute("SELECT module, progress FROM module_runs WHERE run_id=? ORDER BY module",
+                              (run_id,))
         return {m: RunProgress.model_validate_json(p) for m, p in cur.fetchall()}
 
     # -- rows ---------------------------------------------------------------------------
     def upsert_rows(self, rows: Iterable[ResultRow]) -> int:
-        data = [row_to_db(r) for r in rows]
+        data = list(_last_of_each_key(row_to_db(r) for r in rows))
         if not data:
             return 0
         with self.tx() as c:  # rowcount: the rows' own changes (total_changes would count the triggers' too)
             return c.executemany(_INSERT_ROW, data).rowcount
 
+    def upsert_row_values(self, values: Iterable[tuple[Any, ...]]) -> int:
+        """Rows given as their stored values (``ROW_FIELDS`` order, as :func:`row_to_db` gives them: JSON fields
+        as text, booleans as 0/1), in one transaction, without a ``ResultRow`` each: a bulk load (the benches'
+        millions of rows). The last of each key wins, as in :meth:`upsert_rows`."""
+        data = list(_last_of_each_key(values))
+        if not data:
+            return 0
+        with self.tx() as c:
+            return c.executemany(_INSERT_ROW, data).rowcount
+
     def replace_rows(self, run_id: str, module: str, rows: Iterable[ResultRow]) -> int:
         """The module's rows of the run become exactly ``rows`` (rows of superseded attempts go), atomically."""
-        data = [row_to_db(r) for r in rows if r.run_id == run_id and r.module == module]
+        data = list(_last_of_each_key(row_to_db(r) for r in rows if r.run_id == run_id and r.module == module))
         with self.tx() as c:
             c.execute("DELETE FROM rows WHERE run_id=? AND module=?", (run_id, module))
             c.executemany(_INSERT_ROW, data)
@@ -247,13 +262,13 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
         if module:
             q += " AND module=?"
             args += (module,)
-        q += " ORDER BY module, model_key, rowid"
-        return [row_from_db(r) for r in self.conn.execute(q, args).fetchall()]
+        q += f" ORDER BY module, model_key, {self.db.insert_order}"
+        return [row_from_db(r) for r in self.db.execute(q, args).fetchall()]
 
     def row_count(self, run_id: str) -> int:
         """The release's rows of a run (the probe's rows beside them are not counted)."""
-        return int(self.conn.execute("SELECT COUNT(*) FROM rows WHERE run_id=? AND source='release'",
-                                     (run_id,)).fetchone()[0])
+        return int(self.db.execute("SELECT COUNT(*) FROM rows WHERE run_id=? AND source='release'",
+                                   (run_id,)).fetchone()[0])
 
     # -- baselines ----------------------------------------------------------------------
     def add_baseline(self, release: str, rows: Iterable[ResultRow], source: str) -> tuple[int, str]:
@@ -265,8 +280,9 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
             run_id = f"baseline:{release}:v{version}"
             c.execute("INSERT INTO baselines (release, version, run_id, source, created_at) VALUES (?,?,?,?,?)",
                       (release, version, run_id, source, time.time()))
-            c.execute("INSERT OR IGNORE INTO runs (run_id, created_at, release, kind, state, note)"
-                      " VALUES (?,?,?,?,?,?)", (run_id, time.time(), release, "baseline", "done", source))
+            c.execute("INSERT INTO runs (run_id, created_at, release, kind, state, note)"
+                      " VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                      (run_id, time.time(), release, "baseline", "done", source))
         self.upsert_rows(r.model_copy(update={"run_id": run_id, "release": release}) for r in rows)
         return version, run_id
 
@@ -284,30 +300,31 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
                 q += " AND version=?"
                 args += (int(ver),)
         q += " ORDER BY created_at DESC, version DESC LIMIT 1"
-        r = self.conn.execute(q, args).fetchone()
+        r = self.db.execute(q, args).fetchone()
         return str(r[0]) if r else None
 
     def baselines(self) -> list[dict[str, Any]]:
-        cur = self.conn.execute("SELECT release, version, run_id, source, created_at FROM baselines"
-                                " ORDER BY release, version")
+        cur = self.db.execute("SELECT release, version, run_id, source, created_at FROM baselines"
+                              " ORDER BY release, version")
         cols = [c[0] for c in cur.description]
         return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
     # -- device telemetry -----------------------------------------------------------------
     def upsert_telemetry(self, summary: TelemetrySummary) -> None:
         with self.tx() as c:
-            c.execute("INSERT OR REPLACE INTO telemetry (run_id, module, summary) VALUES (?,?,?)",
+            c.execute("INSERT INTO telemetry (run_id, module, summary) VALUES (?,?,?)"
+                      " ON CONFLICT (run_id, module) DO UPDATE SET summary=excluded.summary",
                       (summary.run_id, summary.module, summary.model_dump_json()))
 
     def telemetry(self, run_id: str) -> dict[str, TelemetrySummary]:
         """module -> the device telemetry summary of its part of ``run_id`` (modules without one left out)."""
-        cur = self.conn.execute("SELECT module, summary FROM telemetry WHERE run_id=? ORDER BY module", (run_id,))
+        cur = self.db.execute("SELECT module, summary FROM telemetry WHERE run_id=? ORDER BY module", (run_id,))
         return {m: TelemetrySummary.model_validate_json(raw) for m, raw in cur.fetchall()}
 
     # -- environment fingerprints -------------------------------------------------------------
     def fingerprints(self, run_id: str) -> dict[str, EnvFingerprint]:
         """module -> the environment it measured ``run_id`` in (modules that sent none left out)."""
-        cur = self.conn.execute("SELECT module, record FROM fingerprints WHERE run_id=? ORDER BY module", (run_id,))
+        cur = self.db.execute("SELECT module, record FROM fingerprints WHERE run_id=? ORDER BY module", (run_id,))
         return {m: EnvFingerprint.model_validate_json(raw) for m, raw in cur.fetchall()}
 
     def fingerprints_by_digest(self, digests: Iterable[str]) -> dict[str, EnvFingerprint]:
@@ -316,6 +333,14 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
         if not wanted:
             return {}
         marks = ",".join("?" * len(wanted))
-        cur = self.conn.execute(f"SELECT digest, record FROM fingerprints WHERE digest IN ({marks}) GROUP BY digest",
-                                wanted)
+        cur = self.db.execute(f"SELECT digest, MIN(record) FROM fingerprints WHERE digest IN ({marks})"
+                              " GROUP BY digest", wanted)
         return {d: EnvFingerprint.model_validate_json(raw) for d, raw in cur.fetchall()}
+
+
+_KEY_AT = tuple(ROW_FIELDS.index(k) for k in _ROWS_KEY)
+
+
+def _last_of_each_key(values: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    """Rows' values with one per key, the last given (as a replace of each in turn would leave them)."""
+    return iter({tuple(v[i] for i in _KEY_AT): v for v in values}.values())

@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -109,18 +110,29 @@ class Notifier:
     :meth:`drain` sends what a URL has not had yet (events queued after the URL was first configured
     here, at most ``max_age`` old), and records each delivery's outcome when it is known. Events in
     flight when the service stops are sent again at the next start (``X-Fleet-Delivery`` stays the
-    same: a receiver may de-duplicate on it)."""
+    same: a receiver may de-duplicate on it).
+
+    Several services on one history (a shared PostgreSQL one) each claim an event's URL before sending to it
+    (:meth:`History.claim_webhooks`): one sends it. A claim is the service's host and data folder (``holder``): the
+    same service started again takes its claims up at once; another one waits until the claim of a service that
+    died mid-delivery runs out, ``lease`` s (by default twice the longest a delivery may retry)."""
 
     s: Session
     hooks: Webhooks
     max_age: float = 7 * 86400.0
     inflight: dict[tuple[str, str, str], Future[bool]] = field(default_factory=dict)
+    holder: str = ""
+    lease: float | None = None
 
     def __post_init__(self) -> None:
         from controller.history import url_digest
 
         self.by_digest = {url_digest(u): u for u in self.hooks.urls}
         self.targets = self.s.history().webhook_targets(self.hooks.urls)
+        if not self.holder:
+            self.holder = f"{socket.gethostname()}:{self.s.settings.data_dir.expanduser().resolve()}"
+        if self.lease is None:
+            self.lease = 2 * self.hooks.attempts * (self.hooks.timeout + self.hooks.max_backoff)
 
     def verdict(self, j: Judgement) -> None:  # a verdict this service reached: already in the outbox
         self.drain()
@@ -134,6 +146,8 @@ class Notifier:
         started = 0
         for ev in h.pending_webhooks(self.targets, max_age=self.max_age):
             digests = [d for d in ev.urls if (ev.run_id, ev.event, d) not in self.inflight]
+            if digests:  # another service sending it (a shared history) holds its claim: not sent here
+                digests = h.claim_webhooks(ev.run_id, ev.event, digests, self.holder, self.lease or 0.0)
             if not digests:
                 continue
             payload = summary_of(self.s, Judgement(ev.run_id, ev.verdict, ev.line, ev.state))

@@ -75,7 +75,7 @@ class Session:
 
     @classmethod
     def load(cls, config: Path | None = None, *, inventory: Path | None = None,
-             history: Path | None = None) -> Session:
+             history: str | Path | None = None) -> Session:
         """A session on the settings of ``config`` (else ``FLEET_CONFIG``), ``FLEET_*`` and overrides."""
         return cls(load_settings(ControllerSettings, config, inventory=inventory, history=history))
 
@@ -93,18 +93,20 @@ class Session:
         self._history = self._fleet = None
 
     @property
-    def history_path(self) -> Path:
+    def history_path(self) -> Path | str:
+        """The run history as messages name it (a PostgreSQL URL without its credentials)."""
         return self.settings.history_path
 
     def history(self) -> History:
         """The run history, created when absent (for operations that write it)."""
         if self._history is None:
-            self._history = History(self.history_path)
+            self._history = History(self.settings.history_location)
             self._closers.append(self._history.close)
         return self._history
 
     def has_history(self) -> bool:
-        return self._history is not None or self.history_path.exists()
+        where = self.settings.history_location  # a PostgreSQL database is there (its tables made when first opened)
+        return self._history is not None or isinstance(where, str) or where.exists()
 
     def read_history(self) -> History:
         """The run history for reading: never creates one (NotFound when there is none yet)."""

@@ -66,6 +66,23 @@ def test_notifier_resends_what_was_in_flight_with_the_same_delivery_id(controlle
     assert receiver.got[0][0][DELIVERY_HEADER.lower()] == receiver.got[1][0][DELIVERY_HEADER.lower()]
 
 
+def test_two_services_on_one_history_send_an_event_once(controller, receiver):
+    """Two services (other hosts or data folders) draining one history: the one that claims an event's URL sends
+    it; the other sends nothing, while the delivery is in flight nor after it is recorded."""
+    with Session(controller) as s:
+        hooks = Webhooks([receiver.url], b"0123456789abcdef-secret")
+        try:
+            Notifier(s, hooks)  # registers the URL
+            s.history().set_run_state("run-b", "done", verdict="regressed", line="REGRESSED run-b")
+            a, b = Notifier(s, hooks, holder="host-a:/srv/fleet"), Notifier(s, hooks, holder="host-b:/srv/fleet")
+            assert (a.drain(), b.drain()) == (1, 0)
+            a.wait(timeout=10)
+            assert (a.drain(), b.drain()) == (0, 0)
+        finally:
+            hooks.close(wait=True)
+    assert len(receiver.got) == 1
+
+
 def test_a_verdict_event_carries_its_findings_with_their_intervals(controller, receiver, tmp_path,
                                                                   reference):  # noqa: F811 - the fixture
     """The webhook body carries the verdict's regressions and outliers, each with its 95 % interval

@@ -77,7 +77,8 @@ class Lab:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
         env.update({"FLEET_BROKER_URL": self.settings.broker_url, "FLEET_DATA_DIR": str(self.settings.data_dir),
-                    "FLEET_INVENTORY": str(self.settings.inventory), "FLEET_HISTORY": str(self.settings.history_path),
+                    "FLEET_INVENTORY": str(self.settings.inventory),
+                    "FLEET_HISTORY": str(self.settings.history_location),
                     "FLEET_HEARTBEAT_INTERVAL": str(self.settings.heartbeat_interval),
                     "FLEET_OFFLINE_AFTER": str(self.settings.offline_after), "FLEET_METRICS_PORT": "0",
                     "FLEET_CONTROLLER_METRICS_PORT": "0",

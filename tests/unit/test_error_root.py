@@ -43,6 +43,7 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "controller.fleet.errors.RunIdInUse": (2, 400),
     "controller.fleet.errors.EvictingBroker": (2, 503),
     "controller.history.records.HistoryError": (2, 404),
+    "controller.history.records.HistoryUnavailable": (2, 503),
     "controller.inventory.InventoryError": (2, 400),
     "controller.remote.acl.AclError": (2, 400),
     "controller.remote.deploy.model.DeployError": (2, 400),

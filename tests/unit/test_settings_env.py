@@ -63,7 +63,15 @@ def test_a_file_shared_by_both_programs_serves_each(tmp_path: Path, clean_env: p
     cfg.write_text(SHARED)
     a, c = load_settings(AgentSettings, cfg), load_settings(ControllerSettings, cfg)
     assert (a.module, a.heartbeat_interval) == ("m-a01", 7.0)
-    assert (c.history, c.heartbeat_interval) == (Path("/srv/h.sqlite"), 7.0)
+    assert (c.history_path, c.heartbeat_interval) == (Path("/srv/h.sqlite"), 7.0)
+
+
+def test_a_postgresql_url_names_a_shared_history_shown_without_its_credentials(clean_env: pytest.MonkeyPatch) -> None:
+    c = ControllerSettings(history="postgresql://fleet:s3cret@db.lab:5432/runs")
+    assert c.history_location == "postgresql://fleet:s3cret@db.lab:5432/runs"  # what the history is opened from
+    assert c.history_path == "postgresql://***@db.lab:5432/runs"  # what messages name
+    assert ControllerSettings(history=Path("~/h.sqlite")).history_location == Path.home() / "h.sqlite"
+    assert ControllerSettings(data_dir=Path("/srv/fleet")).history_location == Path("/srv/fleet/history.sqlite")
 
 
 @pytest.mark.parametrize(("text", "says"), [

@@ -1,8 +1,8 @@
 """SQL runs in ``controller/history/`` only: no other controller module executes a statement or imports sqlite3.
 
 Walks the sources with ``ast`` (nothing imported): outside the history package a call of ``.execute(``,
-``.executemany(``, ``.executescript(``, of any ``read_sql*`` (pandas), or an import of ``sqlite3`` fails
-the test, naming the file and line. The history's methods are where a new query goes.
+``.executemany(``, ``.executescript(``, of any ``read_sql*`` (pandas), or an import of ``sqlite3`` or ``psycopg``
+(the PostgreSQL driver) fails the test, naming the file and line. The history's methods are where a new query goes.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONTROLLER = ROOT / "controller"
 HISTORY = CONTROLLER / "history"
 SQL_CALLS = {"execute", "executemany", "executescript"}
+DRIVERS = {"sqlite3", "psycopg"}
 
 
 def _called(node: ast.Call) -> str | None:
@@ -34,8 +35,8 @@ def sql_outside_history() -> list[str]:
                     found.append(f"{where}:{node.lineno}: calls {name}()")
             elif isinstance(node, ast.Import):
                 found += [f"{where}:{node.lineno}: imports {a.name}" for a in node.names
-                          if a.name.split(".")[0] == "sqlite3"]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sqlite3":
+                          if a.name.split(".")[0] in DRIVERS]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in DRIVERS:
                 found.append(f"{where}:{node.lineno}: imports from {node.module}")
     return found
 
@@ -48,5 +49,5 @@ def test_sql_runs_in_the_history_package_only() -> None:
 def test_the_walk_sees_the_history_s_own_sql() -> None:
     """The check is not vacuous: the history package itself does all of these."""
     text = "\n".join(p.read_text(encoding="utf-8") for p in HISTORY.rglob("*.py"))
-    for needle in ("import sqlite3", ".execute(", ".executemany(", ".executescript(", "read_sql_query("):
+    for needle in ("import sqlite3", "import psycopg", ".execute(", ".executemany(", ".executescript("):
         assert needle in text
