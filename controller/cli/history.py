@@ -19,5 +19,5 @@ def migrate(ctx: typer.Context, output: Output = output_option()) -> None:
         emit([rec], list(rec), output, document=rec)
         return
     stdout().print(f"{done.written} run(s) written, {done.current} already current, {done.running} not ended "
-                   f"(read from SQLite until they end); {done.abandoned} abandoned temporary file(s) removed "
-                   f"({s.history_path})", highlight=False, markup=False)
+                   f"(read from the history's tables until they end); {done.abandoned} abandoned temporary "
+                   f"file(s) removed ({s.history_path})", highlight=False, markup=False)
