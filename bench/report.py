@@ -20,13 +20,14 @@ README).
 ``fleetctl trend`` over 100 runs, as fresh processes, of the code in TREE (a checkout of the commit before) and of
 this tree, interleaved, and compares their outputs byte for byte (the histories: built by ``--history`` first).
 
-``--history 10000,1000000,3000000 [--db PATH]`` instead stores runs of those sizes in a run history
+``--history 10000,1000000,3000000 [--db PATH] [--postgresql]`` instead stores runs of those sizes in a run history
 (built once, kept at ``--db``, then ``history migrate``) and, for each size, in fresh processes: reads the
 run the way the report does now (its column file, ADR 0028), the way it did before (``read_sql_query`` in
 chunks, text made categoricals) and the floor (a bare ``pd.read_parquet`` of the same rows), each followed by
 the report over what was read; prints read and end-to-end times side by side, the frame and the peak RSS;
 then ``fleetctl report`` of each size as a fresh process (imports included), and ``fleetctl trend`` over
-100 runs of 10,000 rows.
+100 runs of 10,000 rows. ``--postgresql`` also stores the runs in a PostgreSQL history (a server of the script's
+own, tests/support/postgres_server.py) and reads and reports them from there, side by side.
 
 ``--power N`` instead measures the verdicts' error rates on N seeds of the acceptance scenario
 (6 modules, 2 % noise, one module 0.88x), in one process per core: false regressions and false
@@ -124,6 +125,8 @@ def main() -> int:
     ap.add_argument("--trigger-cost", type=int, default=0, help="modules written with and without the triggers")
     ap.add_argument("--trend-read", action="store_true", help=argparse.SUPPRESS)  # a --history child
     ap.add_argument("--db", default="/tmp/bench-report-history.sqlite", help="the --history database (reused)")
+    ap.add_argument("--postgresql", action="store_true",
+                    help="--history: the same runs in a PostgreSQL history too (a server of this script's own)")
     ap.add_argument("--side-by-side", default="", metavar="TREE",
                     help="with --history: fleetctl report and trend of this checkout (the code before) and of this "
                          "one, interleaved (--repeat rounds), on the histories --history built")
@@ -134,7 +137,7 @@ def main() -> int:
     if args.scale:
         return scale([int(x) for x in args.scale.split(",")], args.repeat)
     if args.read:
-        return read_child(Path(args.db), args.rows, args.read)
+        return read_child(args.db, args.rows, args.read)
     if args.trigger_cost:
         return trigger_cost(args.trigger_cost, args.repeat)
     if args.trend_read:
@@ -144,6 +147,11 @@ def main() -> int:
     if args.history and args.side_by_side:
         return side_by_side(Path(args.db), [int(x) for x in args.history.split(",")], Path(args.side_by_side),
                             args.repeat)
+    if args.history and args.postgresql:
+        from tests.support.postgres_server import postgres_server  # Debian's postgresql 15, a server of our own
+
+        with postgres_server() as pg:
+            return history_table(Path(args.db), [int(x) for x in args.history.split(",")], pg.fresh_database())
     if args.history:
         return history_table(Path(args.db), [int(x) for x in args.history.split(",")])
     ref = rows_frame([r for rows in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rows])
@@ -236,11 +244,23 @@ def _run_id(rows: int) -> str:
     return f"bench-{rows}"
 
 
-def fill_history(db: Path, ref, sizes: list[int], runs: int = 1, prefix: str = "bench") -> None:  # type: ignore[no-untyped-def]
-    """``runs`` ended runs of each size in ``db`` (rows written straight with executemany: pydantic records of
-    10 M rows would take longer than the reads measured); with ``runs`` > 1 each run is of its own release
-    (a trend's series)."""
-    from controller.history import ROW_FIELDS, History
+def _stored_values(df) -> list[tuple[Any, ...]]:  # type: ignore[no-untyped-def]
+    """A synthetic frame's rows as the history stores them, whichever its engine (``History.upsert_row_values``):
+    NaN as NULL, ``correct`` as 0/1."""
+    import pandas as pd
+
+    from controller.history import ROW_FIELDS
+
+    df = df[list(ROW_FIELDS)].astype(object).where(df[list(ROW_FIELDS)].notna(), None)
+    df["correct"] = pd.Series([None if c is None else int(c) for c in df["correct"]], index=df.index, dtype=object)
+    return list(df.itertuples(index=False, name=None))
+
+
+def fill_history(db: str | Path, ref, sizes: list[int], runs: int = 1, prefix: str = "bench") -> None:  # type: ignore[no-untyped-def]
+    """``runs`` ended runs of each size in the history at ``db`` (a SQLite path or a PostgreSQL URL: rows written as
+    stored values, ``History.upsert_row_values``; pydantic records of 10 M rows would take longer than the reads
+    measured); with ``runs`` > 1 each run is of its own release (a trend's series)."""
+    from controller.history import History
 
     h = History(db)
     try:
@@ -248,7 +268,7 @@ def fill_history(db: Path, ref, sizes: list[int], runs: int = 1, prefix: str = "
             for k in range(runs):
                 run_id = _run_id(n) if runs == 1 else f"{prefix}-{n}-{k:03d}"
                 h.create_run(run_id, release="1.4.2" if runs == 1 else f"1.{k}.0", state="done")
-                if h.conn.execute("SELECT 1 FROM rows WHERE run_id=? LIMIT 1", (run_id,)).fetchone():
+                if h.row_count(run_id):
                     continue
                 modules = max(6, round(n / len(ref)))
                 t = time.perf_counter()
@@ -257,10 +277,7 @@ def fill_history(db: Path, ref, sizes: list[int], runs: int = 1, prefix: str = "
                     names = [f"m{i:05d}" for i in range(first, min(modules, first + step))]
                     df = fleet(ref, modules=names, module_factor={"m00003": 0.88},
                                regress={("qwen3", "decode_tps"): 0.08}, seed=first + 1000 * k, run_id=run_id)
-                    df = df.astype({"correct": object}).where(df.notna(), None)
-                    with h.tx() as c:
-                        c.executemany(f"INSERT OR REPLACE INTO rows VALUES ({','.join('?' * len(ROW_FIELDS))})",
-                                      df[list(ROW_FIELDS)].itertuples(index=False, name=None))
+                    h.upsert_row_values(_stored_values(df))
                 if runs == 1 or k == runs - 1:
                     print(f"stored {run_id}: {modules * len(ref):,} rows in {time.perf_counter() - t:.0f} s",
                           flush=True)
@@ -284,7 +301,7 @@ def _parquet_floor(db: Path, run_id: str) -> Path:
     return out
 
 
-def read_child(db: Path, rows: int, how: str) -> int:
+def read_child(db: str, rows: int, how: str) -> int:
     """Read one run (``how``: 'columns', the history as the report reads it now; 'sqlite', as it read it before
     (``read_sql_query`` in chunks, text made categoricals); 'floor', a bare ``pd.read_parquet`` of the same
     rows), then the report over it: JSON out."""
@@ -296,7 +313,7 @@ def read_child(db: Path, rows: int, how: str) -> int:
 
     ref = rows_frame([r for rs in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rs])
     run_id = _run_id(rows)
-    floor = _parquet_floor(db, run_id) if how == "floor" else None
+    floor = _parquet_floor(Path(db), run_id) if how == "floor" else None
     base_rss = peak_rss_mib()
     h = History(db)
     t = time.perf_counter()
@@ -342,11 +359,17 @@ def _cli(*args: str, timeout: float = 600) -> tuple[float, float, int]:
     return _timed_process([str(Path(sys.executable).with_name("fleetctl")), *args], timeout)
 
 
-def history_table(db: Path, sizes: list[int], trend_runs: int = 100, trend_rows: int = 10_000) -> int:
-    """Each size read and reported in fresh processes: the history now, before (SQLite), and the floor; then
-    ``fleetctl report`` end to end (process start and imports included), and a trend over ``trend_runs`` runs."""
+def history_table(db: Path, sizes: list[int], pg: str | None = None, trend_runs: int = 100,
+                  trend_rows: int = 10_000) -> int:
+    """Each size read and reported in fresh processes: the history now, before (SQLite), and the floor; on
+    PostgreSQL too when ``pg`` (a database's URL) is given; then ``fleetctl report`` end to end (process start
+    and imports included) on each engine, and a trend over ``trend_runs`` runs (SQLite)."""
     ref = rows_frame([r for rs in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rs])
     fill_history(db, ref, sizes)
+    histories = {"SQLite": str(db)}
+    if pg:
+        fill_history(pg, ref, sizes)
+        histories["PostgreSQL"] = pg
     print(f"{db}: {db.stat().st_size / 2**20:,.0f} MiB. A fresh process per cell; peak RSS of the process "
           "(in brackets: after the read, before the report)")
     print("| rows | read: now (column file) | read: before (SQLite, chunks) | floor: pd.read_parquet | now / floor "
@@ -354,13 +377,23 @@ def history_table(db: Path, sizes: list[int], trend_runs: int = 100, trend_rows:
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     ok, base = True, 0.0
     goals: list[tuple[str, bool, str]] = []
+    on_pg: dict[int, dict[str, Any]] = {}
+    floors: dict[int, float] = {}
     for n in sizes:
         got = {}
-        for how in ("columns", "sqlite", "floor"):  # side by side, each in its own process
-            out = subprocess.run([sys.executable, __file__, "--read", how, "--rows", str(n), "--db", str(db)],
-                                 capture_output=True, text=True, check=True).stdout
+        reads = [("columns", str(db)), ("sqlite", str(db)), ("floor", str(db))] + ([("pg", pg)] if pg else [])
+        for how, where in reads:  # side by side, each in its own process
+            out = subprocess.run([sys.executable, __file__, "--read", "columns" if how == "pg" else how,
+                                  "--rows", str(n), "--db", where], capture_output=True, text=True, check=True).stdout
             got[how] = json.loads(out.strip().splitlines()[-1])
+        if pg:
+            p, fl = got["pg"], got["floor"]
+            on_pg[n] = p
+            ok &= p["verdict"] == fl["verdict"]
+            goals.append((f"read of {n:,} rows from PostgreSQL <= 2x the floor", p["read"] <= 2 * fl["read"],
+                          f"{p['read']:.3f} s, {p['read'] / fl['read']:.2f}x"))
         a, b, f = got["columns"], got["sqlite"], got["floor"]
+        floors[n] = f["read"]
         ok &= a["verdict"] == b["verdict"] == f["verdict"]
         goals.append((f"read of {n:,} rows <= 2x the floor", a["read"] <= 2 * f["read"],
                       f"{a['read']:.3f} s, {a['read'] / f['read']:.2f}x"))
@@ -372,23 +405,35 @@ def history_table(db: Path, sizes: list[int], trend_runs: int = 100, trend_rows:
               f"{(a['peak_rss_mib'] - base) / a['frame_mib']:.1f}x above the interpreter "
               f"({a['peak_rss_mib'] / a['frame_mib']:.1f}x whole) |", flush=True)
     print(f"(the interpreter with the report's imports, before any read: {base:,.0f} MiB)")
+    if pg:
+        print("\nthe same runs in a PostgreSQL history (a server of this script's own, fsync off; column files kept in"
+              " the database, ADR 0031), read as the report reads them, in fresh processes:")
+        print("| rows | read: PostgreSQL | floor: pd.read_parquet | PostgreSQL / floor | read + report | peak RSS "
+              "(after read) | peak / frame |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for n, a in on_pg.items():
+            print(f"| {a['rows']:,} | {a['read']:.3f} s | {floors[n]:.3f} s | {a['read'] / floors[n]:.2f}x | "
+                  f"{a['read'] + a['report']:.2f} s | {a['peak_rss_mib']:,.0f} ({a['read_rss_mib']:,.0f}) MiB | "
+                  f"{(a['peak_rss_mib'] - a['base_rss_mib']) / a['frame_mib']:.1f}x above the interpreter |",
+                  flush=True)
     imports, _, _ = _cli_imports()
     floor_imports = statistics.median(_timed_process([sys.executable, "-c", "import pandas, pyarrow"])[0]
                                       for _ in range(3))
     print(f"\n`fleetctl report RUN` end to end, a fresh process each (3 in a row, median); the report's imports "
           f"alone (python -c '{REPORT_IMPORTS}'): {imports:.2f} s; python + pandas + pyarrow alone: "
           f"{floor_imports:.2f} s")
-    print("| rows | fleetctl report | peak RSS |")
-    print("| ---: | ---: | ---: |")
+    print("| rows | history | fleetctl report | peak RSS |")
+    print("| ---: | --- | ---: | ---: |")
     for n in sizes:
-        runs = [_cli("--history", str(db), "report", _run_id(n)) for _ in range(3)]
-        ok &= all(r[2] == 0 for r in runs)
-        wall = statistics.median(r[0] for r in runs)
-        print(f"| {n:,} | {wall:.2f} s [{min(r[0] for r in runs):.2f}-{max(r[0] for r in runs):.2f}] | "
-              f"{max(r[1] for r in runs):,.0f} MiB |", flush=True)
-        if n == 1_000_000:
-            goals.append(("fleetctl report of 1,000,000 rows <= 1 s end to end", wall <= 1.0,
-                          f"{wall:.2f} s, of which the imports alone {imports:.2f} s"))
+        for engine, where in histories.items():
+            runs = [_cli("--history", where, "report", _run_id(n)) for _ in range(3)]
+            ok &= all(r[2] == 0 for r in runs)
+            wall = statistics.median(r[0] for r in runs)
+            print(f"| {n:,} | {engine} | {wall:.2f} s [{min(r[0] for r in runs):.2f}-{max(r[0] for r in runs):.2f}] | "
+                  f"{max(r[1] for r in runs):,.0f} MiB |", flush=True)
+            if n == 1_000_000:
+                goals.append((f"fleetctl report of 1,000,000 rows <= 1 s end to end ({engine})", wall <= 1.0,
+                              f"{wall:.2f} s, of which the imports alone {imports:.2f} s"))
     trend_db = db.with_name(db.stem + "-trend" + db.suffix)
     fill_history(trend_db, ref, [trend_rows], runs=trend_runs, prefix="trend")
     print(f"\na trend over {trend_runs} runs of {trend_rows:,} rows (each its own release), a fresh process each:")
