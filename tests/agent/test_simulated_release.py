@@ -125,17 +125,19 @@ def test_second_run_skips_precompile_visibly(sim):
 
 def test_simulator_faults_fail_their_keys_and_leave_nothing(sim):
     built, base = sim
-    faulty = simulator.build_release(base / "dist-faulty", noise=0.0, time_scale=50.0, version="1.4.1-faulty",
+    # time scale 200: no figure is checked here, and qwen36_fq's whole benchmark (its table is the fault) then
+    # takes a few seconds, well inside the benchmark timeout the hang waits out
+    faulty = simulator.build_release(base / "dist-faulty", noise=0.0, time_scale=200.0, version="1.4.1-faulty",
                                      faults="start-fail:qwen3,crash:qwen35,hang:qwen35_fq,bad-table:qwen36_fq")
     code, out = _agent(faulty.path, "qwen3,qwen35,qwen35_fq,qwen36_fq", base / "models",
-                       base / "work-faulty", "faulty", "--benchmark-timeout", "25", "--ready-timeout", "30")
+                       base / "work-faulty", "faulty", "--benchmark-timeout", "10", "--ready-timeout", "30")
     assert code == 1
     outcomes = {o["model_key"]: o for o in out["progress"]["outcomes"]}
     assert {k: o["status"] for k, o in outcomes.items()} == dict.fromkeys(outcomes, "failed")
     err = {k: o["error"] for k, o in outcomes.items()}
     assert err["qwen3"]["step"] == "server" and "exited before it was ready" in err["qwen3"]["message"]
     assert err["qwen35"]["step"] == "benchmark" and "server exited during the benchmark" in err["qwen35"]["message"]
-    assert err["qwen35_fq"]["step"] == "benchmark" and "timed out after 25 s" in err["qwen35_fq"]["message"]
+    assert err["qwen35_fq"]["step"] == "benchmark" and "timed out after 10 s" in err["qwen35_fq"]["message"]
     assert err["qwen36_fq"]["step"] == "parse" and re.search(r"\.out:\d+: ", err["qwen36_fq"]["message"])
     assert out["progress"]["state"] == "done"
 
