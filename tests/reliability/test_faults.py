@@ -178,7 +178,7 @@ def test_hostile_run_ids_are_refused_by_the_controller(bench_factory, redis_brok
     assert b.history.runs() == []
 
 
-def test_second_agent_with_a_name_in_use(bench_factory, redis_broker, release, tmp_path):
+def test_second_agent_with_a_name_in_use(bench_factory, redis_broker, quick_release, tmp_path):
     """A second agent started with a module name a live agent holds refuses to start; `fleetctl devices`
     shows the conflict; the first agent goes on serving."""
     from controller.cli.demo import start_worker
@@ -190,17 +190,17 @@ def test_second_agent_with_a_name_in_use(bench_factory, redis_broker, release, t
     assert "held by a live agent" in twin.log.read_text()
     d = b.lab.fleetctl("devices")
     assert "name conflict" in d.stdout + d.stderr, d.stdout
-    run_id = b.validate(release, models=("qwen3",))
+    run_id = b.validate(quick_release, models=("qwen3",))  # the live agent still takes work
     view = b.check_run(run_id, 60)
     assert view.progress["sim-01"].state == RunState.DONE
 
 
-def test_reused_run_id_is_refused(bench_factory, redis_broker, release):
+def test_reused_run_id_is_refused(bench_factory, redis_broker, quick_release):
     b = bench_factory(redis_broker)
     b.lab.start()
-    run_id = b.validate(release, "sim-01", ("qwen3",))
+    run_id = b.validate(quick_release, "sim-01", ("qwen3",))
     b.check_run(run_id, 60)
-    again = b.lab.fleetctl("validate", str(release.path), "--models", "qwen3", "--devices", "sim-01",
+    again = b.lab.fleetctl("validate", str(quick_release.path), "--models", "qwen3", "--devices", "sim-01",
                            "--run-id", run_id, "--detach")
     assert again.returncode == 2 and "already" in again.stderr
 
@@ -224,7 +224,7 @@ def test_concurrent_serve_and_watch_on_one_history(bench_factory, redis_broker, 
     assert b.history.row_count(run_id) == 11
 
 
-def test_a_run_sent_to_an_unreachable_module_waits_for_it(bench_factory, broker, release):
+def test_a_run_sent_to_an_unreachable_module_waits_for_it(bench_factory, broker, quick_release):
     """A module without a heartbeat for offline_after (not yet lost_after) gets the run queued, not failed at
     dispatch: it takes it when its agent is back."""
     b = bench_factory(broker, offline_after=2.0, lost_after=60.0)
@@ -232,7 +232,7 @@ def test_a_run_sent_to_an_unreachable_module_waits_for_it(bench_factory, broker,
     b.lab.kill("sim-01")
     wait_for(lambda: b.fleet.statuses(b.lab.state().inventory().modules)["sim-01"].state == "unreachable",
              10, "the module unreachable")
-    r = b.lab.fleetctl("validate", str(release.path), "--models", KEYS[0], "--devices", "sim-01", "--detach")
+    r = b.lab.fleetctl("validate", str(quick_release.path), "--models", KEYS[0], "--devices", "sim-01", "--detach")
     assert r.returncode == 0 and "1/1 modules queued" in r.stderr, r.stderr
     run_id = r.stdout.strip().splitlines()[-1]
     time.sleep(3)
