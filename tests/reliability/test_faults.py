@@ -13,7 +13,7 @@ import pytest
 
 from agent.store import RunStore
 from contract.records import RunState
-from tests.support.reliability import KEYS
+from tests.support.reliability import KEYS, QUICK_ENV
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def test_worker_sigkill_and_restart(bench_factory, broker, release, down_for):
         wait_for(lambda: b.fleet.statuses(b.lab.state().inventory().modules)["sim-01"].state == "unreachable",
                  10, "the module unreachable")
         assert b.fleet.sync(run_id).progress["sim-01"].state == RunState.BENCHMARKING  # not lost: its run goes on
-    b.lab.start(["sim-01"])
+    b.lab.start(["sim-01"], sim_env={"sim-01": QUICK_ENV})  # the resumed run at time scale 1000
     wait_for(lambda: b.fleet.sync(run_id).progress["sim-01"].state in (RunState.INTERRUPTED, RunState.FETCHING,
                                                                       RunState.BENCHMARKING, RunState.DONE)
              and b.fleet.sync(run_id).progress["sim-01"].attempt == 2, 30, "the run resumed")
@@ -61,7 +61,7 @@ def test_sigterm_mid_run_interrupts_cleanly_and_resumes(bench_factory, broker, r
     assert "interrupted" in p.error.message and [o.status for o in p.outcomes][0] == "passed"
     from tests.support.procs import leftovers
     assert leftovers(b.lab) == []  # nothing of the run outlives the agent
-    b.lab.start(sim_env={"sim-01": {"FLEET_STOP_GRACE": "3"}})
+    b.lab.start(sim_env={"sim-01": {"FLEET_STOP_GRACE": "3", **QUICK_ENV}})  # the resumed run at time scale 1000
     view = b.check_run(run_id, 120)
     assert view.progress["sim-01"].state == RunState.DONE
     assert view.progress["sim-01"].attempt == 1  # a clean interrupt is not a failed delivery
