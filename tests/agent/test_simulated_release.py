@@ -34,10 +34,12 @@ TOLERANCE = 0.03
 
 
 def _agent(tarball: Path, models: str, root: Path, work: Path, run_id: str, *extra: str,
-           timeout: float = 600) -> tuple[int, dict]:
+           timeout: float = 600, env: dict[str, str] | None = None) -> tuple[int, dict]:
+    """``env``: more variables of the module (e.g. :func:`simulator.cheap.cheap_module_env`'s)."""
     cmd = [*FLEET_AGENT, "run", str(tarball), "--models", models, "--model-root", str(root), "--workdir", str(work),
            "--run-id", run_id, "--module", "sim-1", "--server-port", str(free_port()), "--format", "json", *extra]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).parents[2])
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).parents[2],
+                         env={**os.environ, **(env or {})})
     assert res.stdout.strip(), res.stderr[-3000:]
     return res.returncode, json.loads(res.stdout)
 
@@ -96,8 +98,10 @@ def test_all_seven_keys_match_the_seed(sim, seed_text):
 def test_second_run_skips_precompile_visibly(sim):
     built, base = sim
     work = base / "work-twice"
-    first_code, first = _agent(built.path, "qwen3", base / "models", work, "once")
-    code, second = _agent(built.path, "qwen3", base / "models", work, "twice")
+    # the precompile is what is checked: the benchmark of a cheap module (one profile, one request, 8 tokens)
+    cheap = {"BENCH_PROFILE_SET": "scale", "BENCH_REPEATS": "1", "BENCH_OUTPUT_LEN": "8"}
+    first_code, first = _agent(built.path, "qwen3", base / "models", work, "once", env=cheap)
+    code, second = _agent(built.path, "qwen3", base / "models", work, "twice", env=cheap)
     assert first_code == 0 and code == 0
     assert first["progress"]["precompile_cached"] is False and second["progress"]["precompile_cached"] is True
     store = RunStore(work)
@@ -125,17 +129,19 @@ def test_second_run_skips_precompile_visibly(sim):
 
 def test_simulator_faults_fail_their_keys_and_leave_nothing(sim):
     built, base = sim
-    faulty = simulator.build_release(base / "dist-faulty", noise=0.0, time_scale=50.0, version="1.4.1-faulty",
+    # time scale 200: no figure is checked here, and qwen36_fq's whole benchmark (its table is the fault) then
+    # takes a few seconds, well inside the benchmark timeout the hang waits out
+    faulty = simulator.build_release(base / "dist-faulty", noise=0.0, time_scale=200.0, version="1.4.1-faulty",
                                      faults="start-fail:qwen3,crash:qwen35,hang:qwen35_fq,bad-table:qwen36_fq")
     code, out = _agent(faulty.path, "qwen3,qwen35,qwen35_fq,qwen36_fq", base / "models",
-                       base / "work-faulty", "faulty", "--benchmark-timeout", "25", "--ready-timeout", "30")
+                       base / "work-faulty", "faulty", "--benchmark-timeout", "10", "--ready-timeout", "30")
     assert code == 1
     outcomes = {o["model_key"]: o for o in out["progress"]["outcomes"]}
     assert {k: o["status"] for k, o in outcomes.items()} == dict.fromkeys(outcomes, "failed")
     err = {k: o["error"] for k, o in outcomes.items()}
     assert err["qwen3"]["step"] == "server" and "exited before it was ready" in err["qwen3"]["message"]
     assert err["qwen35"]["step"] == "benchmark" and "server exited during the benchmark" in err["qwen35"]["message"]
-    assert err["qwen35_fq"]["step"] == "benchmark" and "timed out after 25 s" in err["qwen35_fq"]["message"]
+    assert err["qwen35_fq"]["step"] == "benchmark" and "timed out after 10 s" in err["qwen35_fq"]["message"]
     assert err["qwen36_fq"]["step"] == "parse" and re.search(r"\.out:\d+: ", err["qwen36_fq"]["message"])
     assert out["progress"]["state"] == "done"
 
@@ -143,7 +149,9 @@ def test_simulator_faults_fail_their_keys_and_leave_nothing(sim):
 def test_the_run_records_its_environment_fingerprint_and_stamps_every_row(sim):
     """The simulated release's setup_env.sh versions and the simulated device's driver (one changed by its knob)
     make the run's fingerprint; each row carries its digest."""
-    built, base = sim
+    _, base = sim
+    # the same release at time scale 1000: the fingerprint and the rows' digests are checked, not their figures
+    built = simulator.build_release(base / "dist-quick", noise=0.0, time_scale=1000.0)
     env = {**os.environ, "PATH": f"{simulator.DEVICE_TOOL_DIR}{os.pathsep}{os.environ['PATH']}",
            simulator.ENV_DRIVER: "3.1.0-sim"}
     cmd = [*FLEET_AGENT, "run", str(built.path), "--models", "qwen3", "--model-root", str(base / "models"),

@@ -103,7 +103,9 @@ def test_cancel_mid_run_leaves_no_process(shared_lab, slow_release):
 
 def test_agent_killed_mid_run_is_failed_within_seconds(lab_factory, slow_release):
     lab = lab_factory(2, offline_after=3.0, lost_after=6.0)
-    lab.start()
+    # sim-01, the module that is not killed, runs the same release at time scale 1000 (its module's setting): it
+    # only has to end done with every row; the run's end waits on it, and at 20 its key took ~20 s
+    lab.start(sim_env={"sim-01": {"M1000_SIM_TIME_SCALE": "1000"}})
     h = History(lab.settings.history_path)
     fleet = Fleet(lab.settings, h)
     r = lab.fleetctl("validate", str(slow_release.path), "--models", "qwen35_mtp", "--detach")

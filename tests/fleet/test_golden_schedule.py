@@ -25,6 +25,8 @@ def test_serve_schedules_golden_checks_after_validations_and_a_drifted_module_go
     from simulator import build_release
 
     rel = build_release(tmp_path / "rel", version="1.4.1", time_scale=50.0, noise=0.01, seed=7)
+    # the validations only make a check due (any release counts, their figures are not judged): time scale 1000
+    quick = build_release(tmp_path / "quick", version="1.4.2", time_scale=1000.0, noise=0.01, seed=7)
     lab = make_lab(tmp_path / "lab", ("filesystem://", None), 2)
     lab.start()
     env = {**lab.env(), "FLEET_GOLDEN_RELEASE": str(rel.path), "FLEET_GOLDEN_EVERY_RUNS": "1"}
@@ -48,7 +50,7 @@ def test_serve_schedules_golden_checks_after_validations_and_a_drifted_module_go
         return run_id
 
     def validate() -> None:
-        r = lab.fleetctl("validate", str(rel.path), "--models", "qwen3", "--devices", "sim-01", timeout=300)
+        r = lab.fleetctl("validate", str(quick.path), "--models", "qwen3", "--devices", "sim-01", timeout=300)
         assert r.returncode in (0, 1) and "sim-01: done, ok" in r.stderr, r.stderr  # 1: its verdict (no baseline)
 
     try:

@@ -29,10 +29,13 @@ def test_a_serve_pass_raises_a_starving_run_and_says_so(tmp_path: Path) -> None:
         raise_starving(s, said.append)
         assert said == [] and [w.level for w in fleet.waiting(mods)] == ["low"]  # not waited long enough yet
         time.sleep(0.35)
+        fleet.send("sim-01", RUN_TASK, [{}], task_id=task_id("sim-01", "later-1"), user="bob")  # normal, sent now
         raise_starving(s, said.append)
         assert said == ["a run waiting 0 min on module.sim-01 raised from low to normal"]
-        (w,) = fleet.waiting(mods)
+        # it keeps its place in time: first of its new level, ahead of the normal run sent after it
+        w, later = fleet.waiting(mods)
         assert (w.level, w.asked, w.run_id, w.user) == ("normal", "low", "nightly-1", "ann")
+        assert (later.level, later.asked, later.run_id) == ("normal", "normal", "later-1")
 
 
 def test_raise_after_0_moves_nothing(tmp_path: Path) -> None:

@@ -27,6 +27,15 @@ def release(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
+def quick_release(tmp_path_factory: pytest.TempPathFactory):
+    """The same release at time scale 1000 (a key in about a second), its own version (another tarball, another
+    digest): for the runs whose order or end is asserted, not their figures nor a fault in their middle."""
+    from simulator import build_release
+
+    return build_release(tmp_path_factory.mktemp("quick"), version="1.4.2", time_scale=1000.0, noise=0.0, seed=3)
+
+
+@pytest.fixture(scope="module")
 def redis_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, RedisServer]]:
     """A redis-server of this test module (for the faults that need a server to kill or stop)."""
     with running_redis(tmp_path_factory) as server:

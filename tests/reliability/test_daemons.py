@@ -20,7 +20,7 @@ import pytest
 
 from contract.records import RunState
 from simulator.build import BuiltRelease
-from tests.support.reliability import KEYS
+from tests.support.reliability import KEYS, QUICK_ENV
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -91,11 +91,14 @@ def record(tmp_path: Path):
 
 
 def test_a_daemon_of_the_release_ends_with_its_key_and_after_a_killed_agent(bench_factory, redis_broker, release,
-                                                                             tmp_path, record):
+                                                                             quick_release, tmp_path, record):
+    # the first run at time scale 1000 (its keys' ends are what it checks); the second at 50: time to kill the agent
+    # while qwen3's daemon waits
+    quick = daemon_release(quick_release, tmp_path / "dist-quick", record)
     rel = daemon_release(release, tmp_path / "dist", record)
     b = bench_factory(redis_broker)
     b.lab.start()
-    first = b.validate(rel)
+    first = b.validate(quick)
     view = b.check_run(first, 120)
     assert [o.status for o in view.progress["sim-01"].outcomes] == ["passed", "passed"], view.progress["sim-01"]
     assert len(squatters(record)) == 1 and not any(alive(p) for p in squatters(record))
@@ -107,7 +110,7 @@ def test_a_daemon_of_the_release_ends_with_its_key_and_after_a_killed_agent(benc
     b.lab.kill("sim-01")
     (daemon,) = set(squatters(record)) - set(squatters_before)
     assert alive(daemon)  # re-parented to init with the agent gone, and no mark to find it by
-    b.lab.start(["sim-01"])
+    b.lab.start(["sim-01"], sim_env={"sim-01": QUICK_ENV})  # the resumed run at time scale 1000
     view = b.check_run(second, 120)
     assert view.progress["sim-01"].state == RunState.DONE
     assert all(o.status == "passed" for o in view.progress["sim-01"].outcomes), view.progress["sim-01"]

@@ -13,7 +13,7 @@ import pytest
 
 from agent.store import RunStore
 from contract.records import RunState
-from tests.support.reliability import KEYS
+from tests.support.reliability import KEYS, QUICK_ENV
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def test_worker_sigkill_and_restart(bench_factory, broker, release, down_for):
         wait_for(lambda: b.fleet.statuses(b.lab.state().inventory().modules)["sim-01"].state == "unreachable",
                  10, "the module unreachable")
         assert b.fleet.sync(run_id).progress["sim-01"].state == RunState.BENCHMARKING  # not lost: its run goes on
-    b.lab.start(["sim-01"])
+    b.lab.start(["sim-01"], sim_env={"sim-01": QUICK_ENV})  # the resumed run at time scale 1000
     wait_for(lambda: b.fleet.sync(run_id).progress["sim-01"].state in (RunState.INTERRUPTED, RunState.FETCHING,
                                                                       RunState.BENCHMARKING, RunState.DONE)
              and b.fleet.sync(run_id).progress["sim-01"].attempt == 2, 30, "the run resumed")
@@ -61,7 +61,7 @@ def test_sigterm_mid_run_interrupts_cleanly_and_resumes(bench_factory, broker, r
     assert "interrupted" in p.error.message and [o.status for o in p.outcomes][0] == "passed"
     from tests.support.procs import leftovers
     assert leftovers(b.lab) == []  # nothing of the run outlives the agent
-    b.lab.start(sim_env={"sim-01": {"FLEET_STOP_GRACE": "3"}})
+    b.lab.start(sim_env={"sim-01": {"FLEET_STOP_GRACE": "3", **QUICK_ENV}})  # the resumed run at time scale 1000
     view = b.check_run(run_id, 120)
     assert view.progress["sim-01"].state == RunState.DONE
     assert view.progress["sim-01"].attempt == 1  # a clean interrupt is not a failed delivery
@@ -178,7 +178,7 @@ def test_hostile_run_ids_are_refused_by_the_controller(bench_factory, redis_brok
     assert b.history.runs() == []
 
 
-def test_second_agent_with_a_name_in_use(bench_factory, redis_broker, release, tmp_path):
+def test_second_agent_with_a_name_in_use(bench_factory, redis_broker, quick_release, tmp_path):
     """A second agent started with a module name a live agent holds refuses to start; `fleetctl devices`
     shows the conflict; the first agent goes on serving."""
     from controller.cli.demo import start_worker
@@ -190,17 +190,17 @@ def test_second_agent_with_a_name_in_use(bench_factory, redis_broker, release, t
     assert "held by a live agent" in twin.log.read_text()
     d = b.lab.fleetctl("devices")
     assert "name conflict" in d.stdout + d.stderr, d.stdout
-    run_id = b.validate(release, models=("qwen3",))
+    run_id = b.validate(quick_release, models=("qwen3",))  # the live agent still takes work
     view = b.check_run(run_id, 60)
     assert view.progress["sim-01"].state == RunState.DONE
 
 
-def test_reused_run_id_is_refused(bench_factory, redis_broker, release):
+def test_reused_run_id_is_refused(bench_factory, redis_broker, quick_release):
     b = bench_factory(redis_broker)
     b.lab.start()
-    run_id = b.validate(release, "sim-01", ("qwen3",))
+    run_id = b.validate(quick_release, "sim-01", ("qwen3",))
     b.check_run(run_id, 60)
-    again = b.lab.fleetctl("validate", str(release.path), "--models", "qwen3", "--devices", "sim-01",
+    again = b.lab.fleetctl("validate", str(quick_release.path), "--models", "qwen3", "--devices", "sim-01",
                            "--run-id", run_id, "--detach")
     assert again.returncode == 2 and "already" in again.stderr
 
@@ -224,7 +224,7 @@ def test_concurrent_serve_and_watch_on_one_history(bench_factory, redis_broker, 
     assert b.history.row_count(run_id) == 11
 
 
-def test_a_run_sent_to_an_unreachable_module_waits_for_it(bench_factory, broker, release):
+def test_a_run_sent_to_an_unreachable_module_waits_for_it(bench_factory, broker, quick_release):
     """A module without a heartbeat for offline_after (not yet lost_after) gets the run queued, not failed at
     dispatch: it takes it when its agent is back."""
     b = bench_factory(broker, offline_after=2.0, lost_after=60.0)
@@ -232,7 +232,7 @@ def test_a_run_sent_to_an_unreachable_module_waits_for_it(bench_factory, broker,
     b.lab.kill("sim-01")
     wait_for(lambda: b.fleet.statuses(b.lab.state().inventory().modules)["sim-01"].state == "unreachable",
              10, "the module unreachable")
-    r = b.lab.fleetctl("validate", str(release.path), "--models", KEYS[0], "--devices", "sim-01", "--detach")
+    r = b.lab.fleetctl("validate", str(quick_release.path), "--models", KEYS[0], "--devices", "sim-01", "--detach")
     assert r.returncode == 0 and "1/1 modules queued" in r.stderr, r.stderr
     run_id = r.stdout.strip().splitlines()[-1]
     time.sleep(3)

@@ -25,6 +25,7 @@ from contract.records import RunState
 from tests.ssh.netns import LOCK
 from tests.support.redis_server import REDIS, RedisServer, running_redis
 from tests.support.reliability import KEYS
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.netns]
 
@@ -169,12 +170,16 @@ def test_lossy_slow_link_keeps_finished_at_telemetry_and_rows(bench_factory, los
     server, proxy = lossy_link
     b = bench_factory((server.url, server), offline_after=30.0, lost_after=300.0)
     db = b.lab.settings.broker_url.rsplit("/", 1)[1]
+    # the module's simulated time at 200 (its benchmarks in ~4 s, not ~15 s): what crawls is the link, not the run
     b.lab.start(sim_env={"sim-01": {"FLEET_BROKER_URL": f"redis://{HOST_IP}:{proxy.port}/{db}",
-                                    "FLEET_FINAL_RESEND_INTERVAL": "2"}},
+                                    "FLEET_FINAL_RESEND_INTERVAL": "2", "M1000_SIM_TIME_SCALE": "200"}},
                 argv_prefix=("ip", "netns", "exec", NS))
     t0 = time.monotonic()
     run_id = b.validate(release)
-    b.on_key(run_id, "sim-01", KEYS[1], timeout=240)
+    # followed closely from its last key on (any step of it: at this speed its benchmark may pass between two
+    # writes that crawl over the link)
+    wait_for(lambda: (p := b.fleet.sync(run_id).progress.get("sim-01")) is not None
+             and (p.model_key == KEYS[1] or p.state.terminal), 240, f"sim-01 on {KEYS[1]}", interval=0.1)
     seen: list[str] = []
     end = time.monotonic() + 240
     while time.monotonic() < end:  # sync often: a terminal state published before the final one is seen

@@ -2,6 +2,10 @@
 
 A module runs one thing at a time: what waits behind a busy module starts by priority (highest first, then
 the order it was sent in), and a run waiting past ``raise_after`` is raised a level by the controller.
+
+The busy run is the reliability suite's release (time scale 50: a key takes seconds, time to queue the others
+behind it); the runs queued behind it validate ``quick_release`` (the same release at time scale 1000: one key
+in about a second), as their order, not their figures, is what is asserted.
 """
 
 from __future__ import annotations
@@ -28,13 +32,13 @@ def _started(b, run_ids: list[str]) -> list[str]:
     return order
 
 
-def test_an_urgent_run_behind_three_low_ones_starts_next(bench_factory, broker, release):  # noqa: F811
+def test_an_urgent_run_behind_three_low_ones_starts_next(bench_factory, broker, release, quick_release):  # noqa: F811
     b = bench_factory(broker)
     b.lab.start()
     busy = b.validate(release)
     b.on_key(busy, "sim-01", KEYS[0])  # the module is busy: what follows waits on its queue
-    lows = [b.validate(release, "sim-01", ("qwen3",), "--priority", "low") for _ in range(3)]
-    urgent = b.validate(release, "sim-01", ("qwen3",), "--priority", "urgent")
+    lows = [b.validate(quick_release, "sim-01", ("qwen3",), "--priority", "low") for _ in range(3)]
+    urgent = b.validate(quick_release, "sim-01", ("qwen3",), "--priority", "urgent")
     depth = b.fleet.queue_depths(b.lab.state().inventory().modules)["module.sim-01"]
     assert depth == {"urgent": 1, "high": 0, "normal": 0, "low": 3}
     r = b.lab.fleetctl("queue", "-o", "json")  # what a person sees: the order the module takes them
@@ -60,17 +64,22 @@ def test_an_urgent_run_behind_three_low_ones_starts_next(bench_factory, broker, 
     assert "urgent median" in r.stdout and "low median" in r.stdout and "(n=3)" in r.stdout
 
 
-def test_a_low_run_waiting_past_raise_after_goes_ahead_of_later_normal_ones(bench_factory, broker, release):  # noqa: F811
-    b = bench_factory(broker)
+@pytest.mark.redis
+def test_a_low_run_waiting_past_raise_after_goes_ahead_of_later_normal_ones(bench_factory, redis_broker, release,
+                                                                            quick_release):
+    """On a real redis-server only: the raise on the embedded broker's message files (a rename that keeps the
+    message's place in time, so it goes first of its new level) is tests/fleet/test_raise_starving.py's, and the
+    embedded broker's workers taking messages by level is test_an_urgent_run_behind_three_low_ones_starts_next's."""
+    b = bench_factory(redis_broker)
     b.lab.start()
     busy = b.validate(release)
     b.on_key(busy, "sim-01", KEYS[0])
     t0 = time.time()
-    low = b.validate(release, "sim-01", ("qwen3",), "--priority", "low")
+    low = b.validate(quick_release, "sim-01", ("qwen3",), "--priority", "low")
     t1 = time.time()  # the low run was sent in [t0, t1]
     time.sleep(3.0)
     t2 = time.time()  # ... the normal ones after t2
-    normals = [b.validate(release, "sim-01", ("qwen3",)) for _ in range(2)]
+    normals = [b.validate(quick_release, "sim-01", ("qwen3",)) for _ in range(2)]
     mods = b.lab.state().inventory().modules
     assert b.fleet.raise_waiting(mods, raise_after=3600) == []  # nothing waited that long
     # seen at t2: the low run waited one raise_after (between 1.5 (t2-t1)/(t2-t0) and 1.5 of them), no normal one
@@ -84,7 +93,8 @@ def test_a_low_run_waiting_past_raise_after_goes_ahead_of_later_normal_ones(benc
     assert b.benchmark_starts("sim-01", low) == {"qwen3": 1}
 
 
-def test_preempt_interrupts_the_running_run_which_resumes_after_the_urgent_one(bench_factory, broker, release):  # noqa: F811
+def test_preempt_interrupts_the_running_run_which_resumes_after_the_urgent_one(bench_factory, broker, release,  # noqa: F811
+                                                                               quick_release):
     """``--preempt``: the module stops its running run at once (as for a clean shutdown), runs the urgent one, then
     resumes the stopped run from its passed keys: the key that passed before is not benchmarked again."""
     b = bench_factory(broker)
@@ -94,7 +104,7 @@ def test_preempt_interrupts_the_running_run_which_resumes_after_the_urgent_one(b
     r = b.lab.fleetctl("validate", str(release.path), "--models", "qwen3", "--devices", "sim-01", "--detach",
                        "--priority", "normal", "--preempt")
     assert r.returncode != 0 and "--preempt stops running runs for an urgent one: give --priority urgent" in r.stderr
-    urgent = b.validate(release, "sim-01", ("qwen3",), "--priority", "urgent", "--preempt")
+    urgent = b.validate(quick_release, "sim-01", ("qwen3",), "--priority", "urgent", "--preempt")
     ends = {x: b.finished(x, 120).progress["sim-01"] for x in (urgent, busy)}
     b.check_run(busy, 60)
     # the urgent run ran while the stopped one waited: it started (again) after the urgent one ended

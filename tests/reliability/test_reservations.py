@@ -31,7 +31,9 @@ def _validate(b, release, devices: str, user: str) -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
-def test_a_reservation_keeps_other_users_off_its_module_and_expires_on_time(bench_factory, broker, release):  # noqa: F811
+def test_a_reservation_keeps_other_users_off_its_module_and_expires_on_time(bench_factory, broker,  # noqa: F811
+                                                                           quick_release):
+    """Where each run goes and when is asserted, not its figures: quick_release (time scale 1000)."""
     b = bench_factory(broker, 2)
     b.lab.start()
     r = b.lab.fleetctl("reserve", "--devices", "sim-01", "--for", "1h", "--reason", "flashing fw", user="alice")
@@ -44,9 +46,9 @@ def test_a_reservation_keeps_other_users_off_its_module_and_expires_on_time(benc
     r = b.lab.fleetctl("reserve", "--devices", "sim-01,sim-02", "--for", "1h", user="bob")
     assert (r.returncode, r.stderr) == (2, f"fleetctl: error: sim-01 is {line}: not reserved\n")
 
-    theirs = _validate(b, release, "all", "bob")
-    mine = _validate(b, release, "sim-01", "alice")
-    r = b.lab.fleetctl("validate", str(release.path), "--models", "qwen3", "--devices", "sim-01", "--detach",
+    theirs = _validate(b, quick_release, "all", "bob")
+    mine = _validate(b, quick_release, "sim-01", "alice")
+    r = b.lab.fleetctl("validate", str(quick_release.path), "--models", "qwen3", "--devices", "sim-01", "--detach",
                        user="bob")
     assert r.returncode == 0, r.stderr
     assert f"sim-01: queued, waits until the reservation ends: {line}" in r.stderr
