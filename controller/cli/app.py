@@ -104,6 +104,7 @@ def build_app(inv: Invocation) -> typer.Typer:
     app.add_typer(describe_app, name="describe")
     history_app = new_app(add_completion=False, no_args_is_help=True, help="The run history's storage.")
     history_app.command("migrate")(history_cli.migrate)
+    history_app.command("copy")(history_cli.copy)
     app.add_typer(history_app, name="history")
     cache_app = new_app(add_completion=False, no_args_is_help=True,
                         help="The fleet's kernel cache: compiled TileLang kernels modules share (docs/howto/"

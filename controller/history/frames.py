@@ -74,7 +74,8 @@ class TableFiles:
 @dataclass(frozen=True)
 class Migrated:
     """What ``fleetctl history migrate`` did: runs whose column file it wrote, runs that had a current one,
-    runs still running (read from the history's tables until they end), and temporary files of killed writers removed."""
+    runs still running (read from the history's tables until they end), and temporary files of killed writers
+    removed."""
 
     written: int
     current: int
