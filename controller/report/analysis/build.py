@@ -19,10 +19,11 @@ from controller.report.analysis.compare import (
     diff_to_reference,
     fleet_compare,
     module_compare,
+    previous_match,
     reference,
 )
 from controller.report.analysis.energy import energy_outliers
-from controller.report.analysis.frame import Names, exact_metrics, prepare, take_rows
+from controller.report.analysis.frame import Names, badness_columns, exact_metrics, prepare, take_rows
 from controller.report.analysis.groups import Groups
 from controller.report.analysis.middles import Middles, included_middles
 from controller.report.analysis.outliers import (
@@ -75,7 +76,11 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     # the included rows without their figures (the comparisons take badness only); which
     # metrics have a figure <= 0 among them is taken first
     exact = exact_metrics(cur, ~excluded if some_excluded else None)
-    inc = take_rows(cur, ~excluded, [c for c in cur.columns if c not in ALL_METRICS]) if some_excluded else cur
+    # without a baseline the included rows are only grouped by cell and partitioned (their badness): only those
+    # columns are taken (a baseline's comparison reads the ids, codes and answers too)
+    kept = ([c for c in cur.columns if c not in ALL_METRICS] if ref is not None else
+            ["cell", *badness_columns(ALL_METRICS)])
+    inc = take_rows(cur, ~excluded, kept) if some_excluded else cur
     cells_inc = Groups(inc["cell"].to_numpy()) if some_excluded else cells_all
     # nothing left out: the fleet's middles of the primary metrics are those of the included rows
     mid = (Middles(inc, cells_inc, exact, included_middles(cur, cells_all, fleet_mid, excluded, cells_inc))
@@ -98,15 +103,23 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     prev_ids: tuple[str, ...] = ()
     if prev is not None and len(inc):
         prev_ids = tuple(sorted(map(str, previous["run_id"].unique()))) if previous is not None else ()
-        dp = diff_to_previous(cur, prev)
-        ch, rg, _ = fleet_compare(take_rows(dp, ~excluded) if some_excluded else dp, names, previous_label, th,
-                                  groups=cells_inc)
+        match = previous_match(cur, prev)
+        # the fleet's comparison: the included rows' differences, taken from cur's rows (not all, then a copy)
+        dp = diff_to_previous(cur, prev, np.flatnonzero(~excluded) if some_excluded else None, match)
+        ch, rg, _ = fleet_compare(dp, names, previous_label, th, groups=cells_inc)
         changes += ch
         regs += rg
         fleet_wide = {(r.model_key, DERIVED.get(r.metric, r.metric)) for r in regs
                       if r.module == FLEET and r.profile == FLEET}
+        # each module against its previous run: the rows with a previous figure only (one without adds nothing
+        # to a module's median or counts; a previous run of a few of the modules leaves most rows without)
+        found = np.flatnonzero(match[0] >= 0)
+        if some_excluded or len(found) < len(cur):
+            dp = diff_to_previous(cur, prev, found if len(found) < len(cur) else None, match)
         regs += module_compare(dp, names, th, previous_label, fleet_wide)
-        regs += correctness(cur, dp["ref_correct"].to_numpy(dtype=float), previous_label)
+        answers = np.full(len(cur), np.nan)  # the previous run's answer per row of cur
+        answers[found] = dp["ref_correct"].to_numpy(dtype=float)
+        regs += correctness(cur, answers, previous_label)
     regressions = tuple(fold(regs, outliers, energy))
 
     notes += completeness(cur, names, ref, expected_modules, expected_keys, module_keys)

@@ -25,6 +25,7 @@ from controller.report.analysis.frame import (
     float_columns,
     has_value,
     relative_change,
+    take_rows,
 )
 from controller.report.analysis.groups import Groups
 from controller.report.analysis.middles import Middles
@@ -90,8 +91,12 @@ def _ident(df: pd.DataFrame, cats: dict[str, pd.Index]) -> np.ndarray:
     return np.where(np.min(codes, axis=0) < 0, -1, ident)
 
 
-def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame) -> pd.DataFrame:
-    """Per row of cur: ``d_<m>`` = badness minus the same module's previous figure (``r_<m>``)."""
+PreviousMatch = tuple[np.ndarray, pd.DataFrame]  # per row of cur: its row among prev's figures (-1: none); those
+
+
+def previous_match(cur: pd.DataFrame, prev: pd.DataFrame) -> PreviousMatch:
+    """Each row of cur's row (position) among the same module's previous figures (badness and ``correct``, one row
+    per module/key/profile: the last), -1 where the previous run has none; and those figures."""
     cats = {c: cur[c].cat.categories for c in ("module", *K)}
     mine, theirs = _ident(cur, cats), _ident(prev, cats)
     keep = theirs >= 0
@@ -100,7 +105,16 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame) -> pd.DataFrame:
     if not index.is_unique:
         dup = index.duplicated(keep="last")
         index, pv = index[~dup], pv[~dup]
-    pos = index.get_indexer(mine)
+    return index.get_indexer(mine), pv
+
+
+def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame, rows: np.ndarray | None = None,
+                     match: PreviousMatch | None = None) -> pd.DataFrame:
+    """Per row of cur (of ``rows``, positions in cur, in order; None: every row): ``d_<m>`` = badness minus the
+    same module's previous figure (``r_<m>``). ``match``: :func:`previous_match` of the same frames, taken once."""
+    pos, pv = match if match is not None else previous_match(cur, prev)
+    if rows is not None:
+        pos = pos[rows]
     found = pos >= 0
     every = bool(found.all())
     at = None if every else np.flatnonzero(found)  # the rows with a previous figure, where some lack one
@@ -108,20 +122,24 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame) -> pd.DataFrame:
     def lookup(col: str) -> np.ndarray:
         values = pv[col].to_numpy(dtype=float, na_value=np.nan)
         if not len(values):  # no previous figure at all (e.g. the previous run failed before any row)
-            return np.full(len(mine), np.nan)
+            return np.full(len(pos), np.nan)
         if at is None:
             return values[pos]
-        out = np.full(len(mine), np.nan)  # gathered only where found (a previous run of a few of the modules)
+        out = np.full(len(pos), np.nan)  # gathered only where found (a previous run of a few of the modules)
         out[at] = values[pos[at]]
         return out
 
-    out: dict[str, np.ndarray] = {c: cur[c].to_numpy() for c in ("mod", "key", "modkey", "cell")}
+    def mine(c: str) -> np.ndarray:
+        v = cur[c].to_numpy()
+        return v if rows is None else v[rows]
+
+    out: dict[str, np.ndarray] = {c: mine(c) for c in ("mod", "key", "modkey", "cell")}
     for m in ALL_METRICS:
         pb = lookup(B[m])
-        out[f"d_{m}"] = cur[B[m]].to_numpy() - pb
+        out[f"d_{m}"] = mine(B[m]) - pb
         out[f"r_{m}"] = pb
     out["ref_correct"] = lookup("correct")
-    return pd.DataFrame(out, index=cur.index, copy=False)
+    return pd.DataFrame(out, index=cur.index if rows is None else cur.index[rows], copy=False)
 
 
 def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
@@ -272,6 +290,19 @@ def _change_vec(cells: pd.DataFrame) -> np.ndarray:
     return np.expm1(sign * cells["d"].to_numpy(dtype=float))
 
 
+def _with_figures(d: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
+    """The rows of ``d`` with a figure (not NaN) in any of ``cols``, with ``modkey`` and those columns: where a
+    previous run had a few of the modules, most rows have none. A row without one adds nothing to a median or a
+    count, and a module/key none of whose rows has one is no finding (n = 0: p = 1); the groupbys then run over
+    those rows only, not the run's every row."""
+    live = np.zeros(len(d), dtype=bool)
+    for c in cols:
+        live |= ~np.isnan(d[c].to_numpy(dtype=float, na_value=np.nan))
+    if bool(live.all()):
+        return d
+    return take_rows(d, live, ["modkey", *cols])
+
+
 def module_compare(d: pd.DataFrame, names: Names, th: Thresholds, against: str = "previous",
                    explained: Iterable[tuple[str, str]] = ()) -> list[Regression]:
     """Per (module, key, metric) against that module's previous run: median over profiles + sign test.
@@ -284,6 +315,7 @@ def module_compare(d: pd.DataFrame, names: Names, th: Thresholds, against: str =
     if not metrics:
         return []
     dcols = [f"d_{m}" for m in metrics]
+    d = _with_figures(d, [*dcols, *(f"r_{m}" for m in metrics)])
     g = d["modkey"].to_numpy()
     med = d[dcols].groupby(g).median()
     pos = (d[dcols] > 0).groupby(g).sum()
