@@ -24,6 +24,7 @@ from controller.report.analysis.frame import (
     cell_table,
     float_columns,
     has_value,
+    no_figures,
     relative_change,
     take_rows,
 )
@@ -119,10 +120,12 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame, rows: np.ndarray | N
     every = bool(found.all())
     at = None if every else np.flatnonzero(found)  # the rows with a previous figure, where some lack one
 
+    blank = no_figures(len(pos))  # shared by every column without a figure (see prepare)
+
     def lookup(col: str) -> np.ndarray:
         values = pv[col].to_numpy(dtype=float, na_value=np.nan)
-        if not len(values):  # no previous figure at all (e.g. the previous run failed before any row)
-            return np.full(len(pos), np.nan)
+        if not len(values) or bool(np.isnan(values).all()):  # no previous figure (of this metric) at all
+            return blank
         if at is None:
             return values[pos]
         out = np.full(len(pos), np.nan)  # gathered only where found (a previous run of a few of the modules)
@@ -136,7 +139,15 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame, rows: np.ndarray | N
     out: dict[str, np.ndarray] = {c: mine(c) for c in ("mod", "key", "modkey", "cell")}
     for m in ALL_METRICS:
         pb = lookup(B[m])
-        out[f"d_{m}"] = mine(B[m]) - pb
+        if pb is blank:  # no difference without a previous figure
+            d = blank
+        elif at is None:
+            d = mine(B[m]) - pb
+        else:  # a difference only where there is a previous figure: cur's badness there, not all of it
+            d = np.full(len(pos), np.nan)
+            b = cur[B[m]].to_numpy()
+            d[at] = b[at if rows is None else rows[at]] - pb[at]
+        out[f"d_{m}"] = d
         out[f"r_{m}"] = pb
     out["ref_correct"] = lookup("correct")
     return pd.DataFrame(out, index=cur.index if rows is None else cur.index[rows], copy=False)
