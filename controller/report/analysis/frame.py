@@ -183,25 +183,32 @@ def cell_table(cur: pd.DataFrame) -> pd.DataFrame:
 def take_rows(frame: pd.DataFrame, keep: np.ndarray, columns: Iterable[str] | None = None) -> pd.DataFrame:
     """``frame[keep]`` (a boolean mask; only ``columns``, all by default) column by column: no copy
     of the whole frame into one block first. A few rows left out (an outlier module): the kept
-    runs are copied as they lie (one slice each), not gathered row by row."""
+    runs are copied as they lie (one slice each), not gathered row by row. Float columns without a
+    figure give one shared all-NaN column (:func:`no_figures`), not a copy each."""
     cols = list(frame.columns if columns is None else columns)
     drop = np.flatnonzero(~keep)
     if len(drop) * 64 < len(keep):
         runs = list(zip(np.concatenate(([0], drop + 1)).tolist(), [*drop.tolist(), len(keep)], strict=True))
 
-        def cut(v: np.ndarray) -> np.ndarray:
+        def take(v: np.ndarray) -> np.ndarray:
             return np.concatenate([v[a:b] for a, b in runs])
+    else:
+        at = np.flatnonzero(keep)
 
-        def column(c: str) -> Any:
-            if isinstance(frame[c].dtype, pd.CategoricalDtype):
-                return pd.Categorical.from_codes(cut(frame[c].array.codes), dtype=frame[c].dtype)
-            return cut(frame[c].to_numpy())
+        def take(v: np.ndarray) -> np.ndarray:
+            return v[at]
+    blank: list[np.ndarray] = []
 
-        return pd.DataFrame({c: column(c) for c in cols}, index=pd.Index(cut(frame.index.to_numpy())), copy=False)
-    at = np.flatnonzero(keep)
-    return pd.DataFrame({c: frame[c].array.take(at) if isinstance(frame[c].dtype, pd.CategoricalDtype)
-                         else frame[c].to_numpy()[at] for c in cols},
-                        index=frame.index[at], copy=False)
+    def column(c: str) -> Any:
+        if isinstance(frame[c].dtype, pd.CategoricalDtype):
+            return pd.Categorical.from_codes(take(frame[c].array.codes), dtype=frame[c].dtype)
+        v = frame[c].to_numpy()
+        if v.dtype.kind == "f" and _all_nan(v):
+            blank[:] = blank or [no_figures(len(keep) - len(drop))]
+            return blank[0]
+        return take(v)
+
+    return pd.DataFrame({c: column(c) for c in cols}, index=pd.Index(take(frame.index.to_numpy())), copy=False)
 
 
 def exact_metrics(cur: pd.DataFrame, keep: np.ndarray | None) -> pd.Series:
