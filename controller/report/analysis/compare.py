@@ -20,6 +20,7 @@ from controller.report.analysis.frame import (
     B,
     K,
     Names,
+    all_nan,
     badness_columns,
     cell_table,
     float_columns,
@@ -78,8 +79,10 @@ def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> tuple[pd.DataFram
         def spread(per_cell: np.ndarray) -> np.ndarray:
             return np.take(per_cell, rows)
     out: dict[str, np.ndarray] = {c: cur[c].to_numpy() for c in ("mod", "key", "modkey", "cell")}
+    blank = no_figures(len(cell))  # every difference without a figure on either side (see prepare)
     for m in ALL_METRICS:
-        out[f"d_{m}"] = cur[B[m]].to_numpy() - spread(r[f"r_{m}"].to_numpy())
+        b, ref_b = cur[B[m]].to_numpy(), r[f"r_{m}"].to_numpy()
+        out[f"d_{m}"] = blank if all_nan(b) or bool(np.isnan(ref_b).all()) else b - spread(ref_b)
     return pd.DataFrame(out, index=cur.index, copy=False), r
 
 

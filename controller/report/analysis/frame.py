@@ -107,7 +107,7 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(invalid="ignore", divide="ignore"):
         for m in ALL_METRICS:
             v = _numeric(col(m)) if m in df.columns else blank
-            if v is blank or _all_nan(v):  # no figure (a metric the run does not measure): no badness either
+            if v is blank or all_nan(v):  # no figure (a metric the run does not measure): no badness either
                 cols[m] = cols[B[m]] = blank
                 continue
             bad = invalid(m)
@@ -135,7 +135,8 @@ def no_figures(n: int) -> np.ndarray:
     return blank
 
 
-def _all_nan(v: np.ndarray) -> bool:
+def all_nan(v: np.ndarray) -> bool:
+    """Whether a float column has no figure (its first rows looked at first)."""
     return bool(np.isnan(v[:4096]).all()) and bool(np.isnan(v).all())
 
 
@@ -203,7 +204,7 @@ def take_rows(frame: pd.DataFrame, keep: np.ndarray, columns: Iterable[str] | No
         if isinstance(frame[c].dtype, pd.CategoricalDtype):
             return pd.Categorical.from_codes(take(frame[c].array.codes), dtype=frame[c].dtype)
         v = frame[c].to_numpy()
-        if v.dtype.kind == "f" and _all_nan(v):
+        if v.dtype.kind == "f" and all_nan(v):
             blank[:] = blank or [no_figures(len(keep) - len(drop))]
             return blank[0]
         return take(v)
