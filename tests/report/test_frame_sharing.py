@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 from controller.report.analysis.build import analyse
-from controller.report.analysis.compare import diff_to_previous, module_compare, previous_match
+from controller.report.analysis.compare import diff_to_previous, diff_to_reference, module_compare, previous_match
+from controller.report.analysis.compare import reference as reference_cells
 from controller.report.analysis.frame import Names, prepare, take_rows
 from controller.report.model import Thresholds
 from controller.report.synth import fleet
@@ -59,3 +60,13 @@ def test_a_report_against_a_previous_run_of_some_modules(reference: pd.DataFrame
     assert sorted({(r.module, r.model_key, r.metric) for r in rep.regressions}) == sorted(
         [("*", k, m) for k in keys for m in ("decode_tps", "prefill_tps")] + [("*", "qwen3vl", "vision_fps")])
     assert len(rep.changes) == 33
+
+
+def test_differences_to_the_baseline_without_a_figure_share_one_array(reference: pd.DataFrame) -> None:
+    cur = prepare(fleet(reference, modules=3, seed=6, run_id="b"))
+    d, ref = diff_to_reference(cur, reference_cells(prepare(reference)))
+    assert np.shares_memory(d["d_j_per_token"].to_numpy(), d["d_warmup_s"].to_numpy())
+    assert np.isnan(d["d_j_per_token"].to_numpy()).all()
+    expected = cur["b_decode_tps"].to_numpy() - ref["r_decode_tps"].reindex(cur["cell"].to_numpy()).to_numpy()
+    np.testing.assert_array_equal(d["d_decode_tps"].to_numpy(), expected)
+    assert not np.isnan(expected).all()
