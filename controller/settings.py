@@ -116,9 +116,10 @@ class ControllerSettings(BrokerSettings):
     @property
     def history_location(self) -> Path | str:
         """What the run history is opened from: its SQLite file, or its PostgreSQL URL (password and all)."""
-        if self.history and self.history.startswith(("postgresql://", "postgres://")):
-            return self.history
-        return Path(self.history or self.data_dir / "history.sqlite").expanduser()
+        where = self.history  # a Path too: model_copy(update=...) does not run the validators
+        if isinstance(where, str) and where.startswith(("postgresql://", "postgres://")):
+            return where
+        return Path(where or self.data_dir / "history.sqlite").expanduser()
 
     @property
     def history_path(self) -> Path | str:

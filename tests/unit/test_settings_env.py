@@ -72,6 +72,9 @@ def test_a_postgresql_url_names_a_shared_history_shown_without_its_credentials(c
     assert c.history_path == "postgresql://***@db.lab:5432/runs"  # what messages name
     assert ControllerSettings(history=Path("~/h.sqlite")).history_location == Path.home() / "h.sqlite"
     assert ControllerSettings(data_dir=Path("/srv/fleet")).history_location == Path("/srv/fleet/history.sqlite")
+    # model_copy(update=...) runs no validator: a Path given so is still the file (as code and tests copy settings)
+    copied = ControllerSettings().model_copy(update={"history": Path("/srv/b.sqlite")})
+    assert (copied.history_location, copied.history_path) == (Path("/srv/b.sqlite"), Path("/srv/b.sqlite"))
 
 
 @pytest.mark.parametrize(("text", "says"), [
