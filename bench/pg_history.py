@@ -15,20 +15,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pandas as pd
+from report import stored_values  # bench/report.py, this script's folder: how its histories are filled
 
 from agent.tables import parse_seed
-from controller.history import ROW_FIELDS, History
+from controller.history import History
 from controller.report.synth import fleet, rows_frame
 from tests.conftest import _seed_path
 from tests.support.postgres_server import postgres_server
 
 
 def values(ref, rows: int, run_id: str) -> list[tuple]:  # type: ignore[no-untyped-def]
-    df = fleet(ref, modules=[f"m{i:05d}" for i in range(max(6, round(rows / len(ref))))], seed=1, run_id=run_id)
-    df = df[list(ROW_FIELDS)].astype(object).where(df[list(ROW_FIELDS)].notna(), None)  # NaN as NULL on both
-    df["correct"] = pd.Series([None if c is None else int(c) for c in df["correct"]], index=df.index, dtype=object)
-    return list(df[list(ROW_FIELDS)].itertuples(index=False, name=None))
+    """A synthetic run's rows as either engine stores them (NaN as NULL, ``correct`` as 0/1)."""
+    return stored_values(fleet(ref, modules=[f"m{i:05d}" for i in range(max(6, round(rows / len(ref))))], seed=1,
+                               run_id=run_id))
 
 
 def measure(where: str | Path, data: list[tuple], run_id: str) -> dict[str, float]:

@@ -244,7 +244,7 @@ def _run_id(rows: int) -> str:
     return f"bench-{rows}"
 
 
-def _stored_values(df) -> list[tuple[Any, ...]]:  # type: ignore[no-untyped-def]
+def stored_values(df) -> list[tuple[Any, ...]]:  # type: ignore[no-untyped-def]
     """A synthetic frame's rows as the history stores them, whichever its engine (``History.upsert_row_values``):
     NaN as NULL, ``correct`` as 0/1."""
     import pandas as pd
@@ -277,7 +277,7 @@ def fill_history(db: str | Path, ref, sizes: list[int], runs: int = 1, prefix: s
                     names = [f"m{i:05d}" for i in range(first, min(modules, first + step))]
                     df = fleet(ref, modules=names, module_factor={"m00003": 0.88},
                                regress={("qwen3", "decode_tps"): 0.08}, seed=first + 1000 * k, run_id=run_id)
-                    h.upsert_row_values(_stored_values(df))
+                    h.upsert_row_values(stored_values(df))
                 if runs == 1 or k == runs - 1:
                     print(f"stored {run_id}: {modules * len(ref):,} rows in {time.perf_counter() - t:.0f} s",
                           flush=True)

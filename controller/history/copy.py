@@ -45,17 +45,14 @@ def _columns(db: Database, table: str) -> list[str]:
 
 
 def _copy_rows(src: Database, dst: Database, table: str, where: str, params: tuple[Any, ...],
-               shared: list[str]) -> int:
+               shared: list[str]) -> None:
     """The source's ``table`` rows matching ``where`` inserted into the destination (``shared``: the columns both
     have), a batch at a time; a row whose key the destination holds is left as it is."""
     cols = ", ".join(f'"{c}"' for c in shared)
     insert = f"INSERT INTO {table} ({cols}) VALUES ({','.join('?' * len(shared))}) ON CONFLICT DO NOTHING"
     order = f" ORDER BY {src.insert_order}" if table == "rows" else ""  # a run's rows are read in insertion order
-    n = 0
     for batch in src.batches(f"SELECT {cols} FROM {table} WHERE {where}{order}", params, BATCH):
         dst.executemany(insert, batch)
-        n += len(batch)
-    return n
 
 
 def copy_history(src: Database, dst: Database, progress: Callable[[str], None] | None = None) -> CopyDone:

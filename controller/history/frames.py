@@ -135,7 +135,7 @@ class ColumnReads:
             table = store.read(rec)
             if table is not None:
                 return table
-        table, gen = self._table_from_sqlite(run_id)
+        table, gen = self._table_from_rows(run_id)
         if ended:
             self._keep(run_id, gen, table)
         return table
@@ -153,8 +153,9 @@ class ColumnReads:
             return False
         return True
 
-    def _table_from_sqlite(self, run_id: str) -> tuple[pa.Table, int | None]:
-        """The run's rows from SQLite, and the generation they are of (None when rows changed while read)."""
+    def _table_from_rows(self, run_id: str) -> tuple[pa.Table, int | None]:
+        """The run's rows from the history's rows table (either engine), and the generation they are of (None when
+        rows changed while read)."""
         before = self._generation(run_id)
         batches = self.db.batches(f"SELECT {_COLS} FROM rows WHERE run_id=?", (run_id,), columns.BATCH_ROWS)
         table = columns.table_from_values(batches, f"{self.path}: rows of run {run_id}")
@@ -187,6 +188,6 @@ class ColumnReads:
             elif not ended:
                 running += 1
             else:
-                table, gen = self._table_from_sqlite(run_id)
+                table, gen = self._table_from_rows(run_id)
                 written += self._keep(run_id, gen, table)
         return Migrated(written, current, running, abandoned)
