@@ -214,7 +214,8 @@ def test_a_migration_killed_part_way_leaves_no_run_taken_for_whole_and_the_next_
     proc.wait(timeout=30)
     h = History(path)
     recorded = h.conn.execute("SELECT COUNT(*) FROM row_files").fetchone()[0]
-    assert 5 <= recorded < len(runs)
+    # a file is renamed into place, then recorded: the kill may fall between the 5th file and its record
+    assert 4 <= recorded < len(runs)
     for run_id in runs:  # whatever the kill left: every run reads whole (its file, or SQLite)
         assert len(read_rows(h, [run_id])) == len(MODULES) * len(reference)
     shutil.rmtree(folder)  # and once more from the state the kill left, files and all
