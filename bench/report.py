@@ -422,18 +422,27 @@ def history_table(db: Path, sizes: list[int], pg: str | None = None, trend_runs:
     print(f"\n`fleetctl report RUN` end to end, a fresh process each (3 in a row, median); the report's imports "
           f"alone (python -c '{REPORT_IMPORTS}'): {imports:.2f} s; python + pandas + pyarrow alone: "
           f"{floor_imports:.2f} s")
-    print("| rows | history | fleetctl report | peak RSS |")
-    print("| ---: | --- | ---: | ---: |")
+    print("the floor end to end: a fresh process of python, pandas and pyarrow reading the same rows from Parquet "
+          f"and taking a bare groupby median (`python -c '{FLOOR_SCRIPT}' FILE`), interleaved with the reports")
+    print("| rows | history | fleetctl report | floor end to end | report / floor | peak RSS: report / floor |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: |")
     for n in sizes:
+        floor_argv = [sys.executable, "-c", FLOOR_SCRIPT, str(_parquet_floor(db, _run_id(n)))]
         for engine, where in histories.items():
-            runs = [_cli("--history", where, "report", _run_id(n)) for _ in range(3)]
-            ok &= all(r[2] == 0 for r in runs)
-            wall = statistics.median(r[0] for r in runs)
+            runs, bare = [], []
+            for _ in range(3):
+                runs.append(_cli("--history", where, "report", _run_id(n)))
+                bare.append(_timed_process(floor_argv))
+            ok &= all(r[2] == 0 for r in runs + bare)
+            wall, fl = statistics.median(r[0] for r in runs), statistics.median(r[0] for r in bare)
             print(f"| {n:,} | {engine} | {wall:.2f} s [{min(r[0] for r in runs):.2f}-{max(r[0] for r in runs):.2f}] | "
-                  f"{max(r[1] for r in runs):,.0f} MiB |", flush=True)
+                  f"{fl:.2f} s [{min(r[0] for r in bare):.2f}-{max(r[0] for r in bare):.2f}] | {wall / fl:.2f}x | "
+                  f"{max(r[1] for r in runs):,.0f} / {max(r[1] for r in bare):,.0f} MiB |", flush=True)
             if n == 1_000_000:
                 goals.append((f"fleetctl report of 1,000,000 rows <= 1 s end to end ({engine})", wall <= 1.0,
                               f"{wall:.2f} s, of which the imports alone {imports:.2f} s"))
+                goals.append((f"fleetctl report of 1,000,000 rows <= 2x the floor end to end ({engine})",
+                              wall <= 2 * fl, f"{wall:.2f} s, {wall / fl:.2f}x the floor's {fl:.2f} s"))
     trend_db = db.with_name(db.stem + "-trend" + db.suffix)
     fill_history(trend_db, ref, [trend_rows], runs=trend_runs, prefix="trend")
     print(f"\na trend over {trend_runs} runs of {trend_rows:,} rows (each its own release), a fresh process each:")
@@ -605,6 +614,11 @@ def trigger_cost(modules: int, repeat: int) -> int:
 
 # what fleetctl report imports before it reads (the null distributions' scipy.special among them; no scipy.stats)
 REPORT_IMPORTS = "import controller.cli.app, controller.report.load, controller.report.analysis.nulls"
+
+
+# the floor of a report end to end: python, pandas and pyarrow, a bare read of the rows and a bare groupby
+FLOOR_SCRIPT = ("import sys, pandas as pd; df = pd.read_parquet(sys.argv[1]); "
+                f"df.groupby(['model_key', 'profile'], observed=True)[{list(METRICS)!r}].median()")
 
 
 def _cli_imports() -> tuple[float, float, int]:

@@ -1,0 +1,149 @@
+"""Benchmark: a report and a trend as a fresh ``fleetctl`` process and through a running ``fleetctl serve``,
+side by side, on the histories ``bench/report.py --history`` built.
+
+A fresh process pays python's start and the imports (pandas alone ~0.6 s on this machine) before it reads a
+row; the service pays them once, at its start, and each request then pays the read and the analysis only. This
+script measures both on the same history in one run, interleaved (``--repeat`` rounds after one untimed
+round), and checks that they give the same bytes: the report's Markdown (``fleetctl report RUN`` and ``GET
+/runs/RUN/report?format=md``) and the trend's records (``fleetctl trend -o json`` and ``GET /trend``).
+
+    .venv/bin/python bench/report.py --history 10000,1000000 --db /tmp/b/b.sqlite   # builds both histories
+    .venv/bin/python bench/report_served.py --db /tmp/b/b.sqlite --rows 10000,1000000
+
+The service runs in a folder of its own (an inventory of one local module, a read token), its /metrics on a free
+port, its sync every hour (nothing runs on these histories).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import record  # bench/record.py, this script's folder
+
+FLEETCTL = str(Path(sys.executable).with_name("fleetctl"))
+TREND = ("trend", "-m", "qwen3", "--metric", "decode_tps")  # as bench/report.py --history times it
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Service:
+    """``fleetctl serve`` on ``history`` with its API on a free port and a read token of its own."""
+
+    def __init__(self, history: Path, folder: Path) -> None:
+        (folder / "inventory.toml").write_text(
+            '[[module]]\nname = "bench-01"\nhost = "127.0.0.1"\ntransport = "local"\n'
+            f'model_root = "{folder}/models"\nworkdir = "{folder}/work"\n')
+        tokens = folder / "tokens"
+        self.env = {**os.environ, "FLEET_HISTORY": str(history), "FLEET_CONTROLLER_METRICS_PORT": str(_free_port())}
+        subprocess.run([FLEETCTL, "serve", "--new-token", "--tokens", str(tokens), "--role", "read", "--user", "bench"],
+                       cwd=folder, env=self.env, check=True, capture_output=True)
+        self.token = next(ln.split()[2] for ln in tokens.read_text().splitlines() if ln.startswith("bench "))
+        self.port = _free_port()
+        self.api = f"http://127.0.0.1:{self.port}/api/v1"
+        self.proc = subprocess.Popen([FLEETCTL, "serve", "--interval", "3600", "--api-port", str(self.port),
+                                      "--tokens", str(tokens)], cwd=folder, env=self.env, start_new_session=True,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"fleetctl serve did not start: {self.proc.stderr.read().decode()[-2000:]}"
+                                     if self.proc.stderr else "fleetctl serve did not start") from None
+                time.sleep(0.1)
+
+    def get(self, path: str) -> tuple[float, bytes]:
+        """(wall seconds, body) of one GET."""
+        req = urllib.request.Request(self.api + path, headers={"Authorization": f"Bearer {self.token}"})
+        t = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            body = resp.read()
+        return time.perf_counter() - t, body
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def _fresh(history: Path, *args: str) -> tuple[float, bytes]:
+    """(wall seconds, stdout) of ``fleetctl --history HISTORY ARGS`` as a fresh process."""
+    t = time.perf_counter()
+    out = subprocess.run([FLEETCTL, "--history", str(history), *args], capture_output=True, check=True).stdout
+    return time.perf_counter() - t, out
+
+
+def _spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.3f} s [{min(xs):.3f}-{max(xs):.3f}]"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--db", required=True, help="the history bench/report.py --history built (and its -trend one)")
+    ap.add_argument("--rows", default="10000,1000000", help="comma-separated sizes: the runs bench-N")
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    db = Path(args.db)
+    trend_db = db.with_name(db.stem + "-trend" + db.suffix)
+    cases: list[tuple[str, Path, tuple[str, ...], str]] = [
+        (f"report of {int(n):,} rows (md)", db, ("report", f"bench-{int(n)}"), f"/runs/bench-{int(n)}/report?format=md")
+        for n in args.rows.split(",")]
+    if trend_db.exists():
+        cases.append(("trend -m qwen3 --metric decode_tps (100 runs x 10 k rows)", trend_db, (*TREND, "-o", "json"),
+                      "/trend?models=qwen3&metric=decode_tps"))
+    services: dict[Path, Service] = {}
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            t = time.perf_counter()
+            for i, history in enumerate(sorted({c[1] for c in cases})):
+                (Path(tmp) / str(i)).mkdir()
+                services[history] = Service(history, Path(tmp) / str(i))
+            print(f"{len(services)} service(s) started in {time.perf_counter() - t:.1f} s; {args.repeat} interleaved "
+                  "rounds after one untimed round (the service's first request pays its imports), median [min-max]")
+            print("| what | fresh fleetctl process | through fleetctl serve | served / fresh | same output |")
+            print("| --- | ---: | ---: | ---: | --- |")
+            for what, history, argv, path in cases:
+                svc = services[history]
+                first, _ = svc.get(path)
+                fresh: list[float] = []
+                served: list[float] = []
+                same = True
+                for _ in range(args.repeat):
+                    wf, out = _fresh(history, *argv)
+                    ws, body = svc.get(path)
+                    fresh.append(wf)
+                    served.append(ws)
+                    same &= (out == body) if "report" in argv else json.loads(out) == json.loads(body)
+                ok &= same
+                print(f"| {what} | {_spread(fresh)} | {_spread(served)} (first {first:.2f} s) | "
+                      f"{statistics.median(served) / statistics.median(fresh):.2f}x | {'yes' if same else 'NO'} |",
+                      flush=True)
+        finally:
+            for svc in services.values():
+                svc.stop()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(record.main(main, __file__))
