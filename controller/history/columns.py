@@ -193,6 +193,10 @@ def frame(tables: Sequence[pa.Table], model_keys: Sequence[str] | None = None) -
                                       value_set=pa.array(list(model_keys), type=pa.string())))
     del tables  # the caller's list: each table goes as it is converted (self_destruct)
     df = table.to_pandas(split_blocks=True, self_destruct=True)
+    del table
+    # the Arrow buffers freed by the conversion back to the system: pyarrow's allocator keeps them otherwise, for
+    # the process's life (1 M rows: 90 MiB of a report's peak, bench/report.py --history)
+    pa.default_memory_pool().release_unused()
     for c in TEXT_FIELDS:
         if c not in df.columns:  # a table of some of the fields (``row_frame``'s ``only``)
             continue
