@@ -1,7 +1,8 @@
 """Change points over the run history: one series per (model key, profile, metric), fleet-wide and per module.
 
 Pure pandas over a rows frame (:func:`controller.report.load.read_rows`) and the runs' (release, created_at);
-the detector is :mod:`controller.report.analysis.changepoints`.
+the detector is :mod:`controller.report.analysis.changepoints` (every series at once:
+:mod:`controller.report.analysis.changepoints_batch`).
 
 * **release order**: when every release's name parses as a version (``packaging.version``), by version,
   ties (``1.4`` and ``1.4.0``) by the earliest start of a run of each; otherwise (one nightly name that does
@@ -28,7 +29,8 @@ from packaging.version import InvalidVersion, Version
 
 from contract.records import METRICS
 from controller.errors import FleetctlError
-from controller.report.analysis.changepoints import ChangePoint, DetectorSettings, SeriesError, analyse_series
+from controller.report.analysis.changepoints import ChangePoint, DetectorSettings, SeriesError
+from controller.report.analysis.changepoints_batch import analyse_many
 from controller.report.model import DERIVED, FLEET, HistorySection, TrendSeries
 
 # at the default max_pvalue no change point can be named in a series of fewer releases (ADR 0017)
@@ -100,11 +102,17 @@ def changes(rows: pd.DataFrame, runs: pd.DataFrame, settings: DetectorSettings |
     if not modules:
         vals = vals[vals["module"] == FLEET]
     vals = vals[vals["release"].isin(rank)].assign(rank=lambda d: d["release"].map(rank)).sort_values("rank")
+    groups = list(vals.groupby(["model_key", "profile", "metric", "module"], sort=True))
+    series = [g["value"].to_numpy(dtype=float) for _, g in groups]
     out = []
-    for (key, profile, metric, module), g in vals.groupby(["model_key", "profile", "metric", "module"], sort=True):
-        x = g["value"].to_numpy(dtype=float)
+    # every series at once (analyse_series of each, the same to the bit: a history's hundreds of series are
+    # mostly of one length, analysed as one array)
+    for ((key, profile, metric, module), g), x, found in zip(groups, series, analyse_many(series, settings),
+                                                               strict=True):
+        if not found.change_points:
+            continue
         rels = list(g["release"])
-        for cp in analyse_series(x, settings).change_points:
+        for cp in found.change_points:
             out.append(SeriesChange(model_key=str(key), profile=str(profile), metric=str(metric), module=str(module),
                                     release=rels[cp.index], previous=rels[cp.index - 1], change=cp,
                                     values=tuple(float(v) for v in x)))

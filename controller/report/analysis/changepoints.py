@@ -131,9 +131,9 @@ def _student() -> tuple[Any, Any]:
     return stdtr, stdtrit
 
 
-def _welch_of(ma: float, va: float, na: int, mb: float, vb: float, nb: int, *, interval: bool = True) -> _Test:
-    """Welch's test from each side's mean, variance (ddof 1) and size; without ``interval``, no 95 % interval
-    (NaN: the screening of candidates reads the p-value and the size only, and the inverse t is the dearest part)."""
+def _welch_of(ma: float, va: float, na: int, mb: float, vb: float, nb: int) -> _Test:
+    """Welch's test from each side's mean, variance (ddof 1) and size, with the 95 % interval (the screening of
+    candidates, which reads the p-value and the size only, is :func:`_screen_of`)."""
     stdtr, stdtrit = _student()
     se2 = va / na + vb / nb
     diff = mb - ma
@@ -145,7 +145,7 @@ def _welch_of(ma: float, va: float, na: int, mb: float, vb: float, nb: int, *, i
         df = se2**2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
         t = diff / math.sqrt(se2)
         p = float(2 * stdtr(df, -abs(t)))
-        half = float(stdtrit(df, 0.975)) * math.sqrt(se2) if interval else math.nan
+        half = float(stdtrit(df, 0.975)) * math.sqrt(se2)
     size = diff / scale
     return _Test(size=size, ci_low=(diff - half) / scale, ci_high=(diff + half) / scale,
                  p_value=p, before=ma, after=mb)
@@ -172,11 +172,44 @@ def _permutation_p(x: np.ndarray, k: int, m: int, permutations: int) -> float:
     """How often a shuffle of ``x`` has a split (any, at least ``m`` a side) that reduces the squared error as
     much as the split at ``k`` does: the p-value of "no change in ``x``" (E-divisive's permutation test, on the
     squared-error cost). The shuffles are seeded: the same series gives the same p-value."""
-    observed = _gains(x, m)[k - m]
-    rng = np.random.default_rng(PERMUTATION_SEED)
-    shuffled = rng.permuted(np.broadcast_to(x, (permutations, len(x))), axis=1)
-    beaten = int((_gains(shuffled, m).max(axis=1) >= observed * (1 - 1e-12)).sum())
+    beaten, _ = permutation_count(x, k, m, Shuffles(len(x), permutations))
     return (1 + beaten) / (1 + permutations)
+
+
+class Shuffles:
+    """The seeded shuffles of the permutation test for stretches of ``n`` values, as indices (row ``i``: the
+    ``i``-th shuffle), drawn as they are asked for: the generator's draws depend on the shape only, and it shuffles
+    row after row, so ``x[rows(0, p)]`` is the shuffles of ``x`` itself, drawn in one piece or in several."""
+
+    def __init__(self, n: int, permutations: int) -> None:
+        self.n, self.permutations = n, permutations
+        self._rng = np.random.default_rng(PERMUTATION_SEED)
+        self._rows = np.empty((0, n), dtype=np.intp)
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        if stop > len(self._rows):
+            more = self._rng.permuted(np.broadcast_to(np.arange(self.n), (stop - len(self._rows), self.n)), axis=1)
+            self._rows = np.concatenate((self._rows, more))
+        return self._rows[start:stop]
+
+
+FIRST_SHUFFLES = 128  # a count that may stop early takes this many shuffles first, then twice as many each time
+
+
+def permutation_count(x: np.ndarray, k: int, m: int, shuffles: Shuffles, *, beaten: int = 0, done: int = 0,
+                      stop: int | None = None) -> tuple[int, int]:
+    """Of the shuffles from ``done`` on (``beaten`` of the ones before beat the split): how many shuffles of ``x``
+    beat the split at ``k`` (:func:`_permutation_p`), and how many were looked at: all, or, with ``stop``, as soon
+    as ``stop`` beat it (in rounds of :data:`FIRST_SHUFFLES`, doubling: the p-value is then known to be above
+    ``stop / (1 + permutations)``, and a stretch without a change gets there in a few hundred)."""
+    observed = _gains(x, m)[k - m] * (1 - 1e-12)
+    total = shuffles.permutations
+    chunk = FIRST_SHUFFLES if stop is not None else total
+    while done < total and (stop is None or beaten < stop):
+        upto = min(total, done + chunk)
+        beaten += int((_gains(x[shuffles.rows(done, upto)], m).max(axis=1) >= observed).sum())
+        done, chunk = upto, chunk * 2
+    return beaten, done
 
 
 def _search(x: np.ndarray, lo: int, hi: int, s: DetectorSettings, found: list[int]) -> None:
@@ -213,7 +246,27 @@ class _Sums:
         if min(k - lo, hi - k) < s.min_segment:
             size = mb / ma - 1 if ma else 0.0
             return _Test(size=size, ci_low=size, ci_high=size, p_value=1.0, before=ma, after=mb)
-        return _welch_of(ma, va, k - lo, mb, vb, hi - k, interval=False)
+        p, size = _screen_of(ma, va, k - lo, mb, vb, hi - k)
+        return _Test(size=size, ci_low=math.nan, ci_high=math.nan, p_value=p, before=ma, after=mb)
+
+
+def _screen_of(ma: float, va: float, na: int, mb: float, vb: float, nb: int) -> tuple[float, float]:
+    """Welch's p and the size for the screening of candidates, as :func:`_welch_of` computes them but squares as
+    products (``x * x``, correctly rounded; ``x ** 2`` of a float is the C library's ``pow``, which is not always):
+    :mod:`controller.report.analysis.changepoints_batch` computes the same screens over many series at once with
+    numpy's elementwise arithmetic and must come to the same bits."""
+    stdtr, _ = _student()
+    se2 = va / na + vb / nb
+    diff = mb - ma
+    scale = abs(ma) if ma else 1.0
+    tiny = 1e-12 * scale
+    if se2 <= tiny * tiny:  # both sides constant
+        p = 0.0 if abs(diff) > tiny else 1.0
+    else:
+        wa, wb = va / na, vb / nb
+        df = se2 * se2 / (wa * wa / (na - 1) + wb * wb / (nb - 1))
+        p = float(2 * stdtr(df, -abs(diff / math.sqrt(se2))))
+    return p, diff / scale
 
 
 def _judge(x: np.ndarray, cps: list[int], i: int, s: DetectorSettings) -> _Test:
@@ -302,12 +355,19 @@ def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings 
         if weakest is None:
             break
         drop(weakest)
+    return _reported(x, cps, [t.p_value for t in tests] if cps else [], s)
+
+
+def _reported(x: np.ndarray, cps: list[int], p_values: Sequence[float], s: DetectorSettings) -> \
+        tuple[ChangePoint, ...]:
+    """The change points ``cps`` that passed, with their permutation p-values: each one's size, interval and
+    levels from the values (the sums only screen), and whether it is still in force."""
     if not cps:
         return ()
     last = float(x[cps[-1]:].mean())
     out = []
-    for i, screened_test in enumerate(tests):
-        t = replace(_judge(x, cps, i, s), p_value=screened_test.p_value)  # from the values (the sums only screen)
+    for i, p in enumerate(p_values):
+        t = replace(_judge(x, cps, i, s), p_value=p)
         end = last / t.before - 1 if t.before else 0.0
         in_force = math.copysign(1, end) == math.copysign(1, t.size) and abs(end) >= s.min_magnitude
         lo, hi = _stretch(len(x), cps, i)

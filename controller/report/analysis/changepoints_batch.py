@@ -1,0 +1,313 @@
+"""Change points of many series at once: :func:`analyse_many`, the same Detections as
+:func:`~controller.report.analysis.changepoints.analyse_series` of each, to the bit, in a fraction of the time.
+
+A trend over a history analyses one series per (model key, profile, metric, scope): 1,210 series of 100 releases
+for one model and metric over 100 runs of 10,000 rows. One at a time, the detector's Python steps (a Hampel
+median, a split, a screen, a shuffle) dominate: ~85,000 screens, ~32,000 splits, 105 permutation tests of 1,999
+shuffles. Here the series of one length are one 2-D array and each step runs on all of them together:
+
+* **outliers**: the Hampel filter of every row at once (numpy's medians along an axis: each row's medians);
+* **search**: binary segmentation level by level, the segments of one length (of any series) one array;
+* **pruning**: the screens of every series in lock step, one drop per series a round (the weakest failing
+  screen, then its two neighbours screened again, every series' screens one array). The few series whose
+  screens all pass go on alone (:class:`_Finish`), their permutation tests counted only as far as a decision
+  needs, on shuffles drawn once per stretch length for every series.
+
+The arithmetic that decides (means, prefix sums, the screens' Welch p, the gains, the medians) is the per-series
+code's, operation by operation: numpy's elementwise float operations round as Python's do, and the screens'
+squares are products in both (``changepoints._screen_of``). What is reported (sizes, intervals, levels, in
+force, p-values) is computed by the per-series code. ``tests/report/test_changepoints_batch.py`` holds the two
+equal, to the bit, on random series.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from controller.report.analysis.changepoints import (
+    HAMPEL_HALF_WINDOW,
+    RESIDUAL_SPREAD,
+    ChangePoint,
+    Detection,
+    DetectorSettings,
+    Shuffles,
+    Values,
+    _as_series,
+    _reported,
+    _stretch,
+    _student,
+    _Sums,
+    _weakest,
+    permutation_count,
+)
+
+
+def analyse_many(series: Sequence[Values], settings: DetectorSettings | None = None) -> list[Detection]:
+    """:func:`~controller.report.analysis.changepoints.analyse_series` of each series, in order (a bad series:
+    the same :class:`~controller.report.analysis.changepoints.SeriesError`, the first in order)."""
+    s = settings or DetectorSettings()
+    xs = [_as_series(v) for v in series]
+    out: list[Detection | None] = [None] * len(xs)
+    by_length: dict[int, list[int]] = {}
+    for i, x in enumerate(xs):
+        by_length.setdefault(len(x), []).append(i)
+    for n, idx in by_length.items():
+        x = np.array([xs[i] for i in idx], dtype=float).reshape(len(idx), n)
+        for i, d in zip(idx, _analyse_rows(x, s), strict=True):
+            out[i] = d
+    return [d for d in out if d is not None]
+
+
+def _analyse_rows(x: np.ndarray, s: DetectorSettings) -> list[Detection]:
+    clean, outliers = hampel_rows(x, s.outlier_sigmas)
+    cps = prune_rows(clean, locate_rows(clean, s.min_segment), s)
+    return [Detection(change_points=c, outliers=o) for c, o in zip(cps, outliers, strict=True)]
+
+
+# --------------------------------------------------------------------------- outliers
+def hampel_rows(x: np.ndarray, sigmas: float) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+    """:func:`~controller.report.analysis.changepoints.hampel` of each row of ``x``."""
+    rows, n = x.shape
+    h = HAMPEL_HALF_WINDOW
+    if sigmas <= 0 or n < 2 * h + 1:
+        return x, [()] * rows
+    full = np.median(np.lib.stride_tricks.sliding_window_view(x, h, axis=1), axis=2)
+    before = np.empty((rows, n - 2))
+    after = np.empty((rows, n - 2))
+    before[:, h - 1:] = full[:, :n - 1 - h]
+    after[:, :n - 1 - h] = full[:, 2:n - h + 1]
+    for i in range(1, h):
+        before[:, i - 1] = np.median(x[:, :i], axis=1)
+    for i in range(n - h, n - 1):
+        after[:, i - 1] = np.median(x[:, i + 1:], axis=1)
+    mid = x[:, 1:n - 1]
+    scale = 1.4826 * np.median(np.abs(mid - (before + after) / 2), axis=1) / RESIDUAL_SPREAD
+    floor = 1e-9 * np.median(np.abs(x), axis=1)
+    scale = np.where(floor > scale, floor, scale)  # max(scale, floor, 1e-300): the first of equals, as max() takes
+    scale = np.where(scale < 1e-300, 1e-300, scale)[:, None]
+    far = (np.abs(mid - before) > sigmas * scale) & (np.abs(mid - after) > sigmas * scale)
+    clean = x.copy()
+    r, c = np.nonzero(far)
+    clean[r, c + 1] = (before[r, c] + after[r, c]) / 2
+    outliers: list[tuple[int, ...]] = [()] * rows
+    for row in np.flatnonzero(far.any(axis=1)).tolist():
+        outliers[row] = tuple(int(i) + 1 for i in np.flatnonzero(far[row]))
+    return clean, outliers
+
+
+# --------------------------------------------------------------------------- search
+def locate_rows(x: np.ndarray, m: int) -> list[list[int]]:
+    """:func:`~controller.report.analysis.changepoints.locate` of each row of ``x``: every split of the binary
+    segmentation, sorted."""
+    rows, n = x.shape
+    found: list[list[int]] = [[] for _ in range(rows)]
+    seg_row = np.arange(rows)
+    seg_lo = np.zeros(rows, dtype=np.intp)
+    seg_hi = np.full(rows, n, dtype=np.intp)
+    while True:
+        keep = seg_hi - seg_lo >= 2 * m
+        seg_row, seg_lo, seg_hi = seg_row[keep], seg_lo[keep], seg_hi[keep]
+        if not len(seg_row):
+            break
+        at = seg_lo + m + _best_splits(x, seg_row, seg_lo, seg_hi, m)
+        for r, k in zip(seg_row.tolist(), at.tolist(), strict=True):
+            found[r].append(k)
+        seg_row = np.concatenate((seg_row, seg_row))
+        seg_lo, seg_hi = np.concatenate((seg_lo, at)), np.concatenate((at, seg_hi))
+    return [sorted(f) for f in found]
+
+
+def _best_splits(x: np.ndarray, row: np.ndarray, lo: np.ndarray, hi: np.ndarray, m: int) -> np.ndarray:
+    """For each segment ``x[row, lo:hi]``: the offset from ``m`` of its best split (``_best_split`` - m), the
+    segments of one length together (a cumulative sum of a zero-padded row would be the same, but short segments
+    padded to the longest cost more than the calls saved)."""
+    length = hi - lo
+    out = np.empty(len(row), dtype=np.intp)
+    for n in np.unique(length).tolist():
+        sel = np.flatnonzero(length == n)
+        seg = x[row[sel, None], lo[sel, None] + np.arange(n)]
+        k = np.arange(m, n - m + 1)
+        c = np.cumsum(seg, axis=-1)
+        left = c[..., k - 1] / k
+        right = (c[..., -1:] - c[..., k - 1]) / (n - k)
+        out[sel] = np.argmax(k * (n - k) / n * (left - right) ** 2, axis=1)
+    return out
+
+
+# --------------------------------------------------------------------------- pruning
+def prune_rows(x: np.ndarray, candidates: list[list[int]], s: DetectorSettings) -> list[tuple[ChangePoint, ...]]:
+    """:func:`~controller.report.analysis.changepoints.prune` of each row of ``x`` with its candidates (distinct,
+    sorted: :func:`locate_rows`'): the screens of every series in lock step, one drop per series and round; a
+    series whose screens all pass goes on alone (:class:`_Finish`)."""
+    rows, n = x.shape
+    out: list[tuple[ChangePoint, ...]] = [()] * rows
+    width = max((len(c) for c in candidates), default=0) + 2
+    if width == 2:
+        return out
+    # column 0: the series' start, 1 .. K: its candidates, K + 1: its end (K: its number of candidates); a
+    # candidate dropped is taken out of the links (prev / nxt: the neighbouring columns still in)
+    pos = np.full((rows, width), n, dtype=np.intp)
+    pos[:, 0] = 0
+    alive = np.zeros((rows, width), dtype=bool)
+    for r, c in enumerate(candidates):
+        pos[r, 1:len(c) + 1] = c
+        alive[r, 1:len(c) + 1] = True
+    cols = np.arange(width)
+    prev = np.broadcast_to(cols - 1, (rows, width)).copy()
+    nxt = np.broadcast_to(cols + 1, (rows, width)).copy()
+    sums = _RowSums(x)
+    p = np.full((rows, width), np.nan)
+    size = np.full((rows, width), np.nan)
+    r0, c0 = np.nonzero(alive)
+    p[r0, c0], size[r0, c0] = sums.screen(r0, pos[r0, prev[r0, c0]], pos[r0, c0], pos[r0, nxt[r0, c0]], s)
+    finish = _Finish(x, s)
+    active = np.flatnonzero(alive.any(axis=1))
+    while len(active):
+        passes = (p[active] <= s.max_pvalue) & (np.abs(size[active]) >= s.min_magnitude)
+        fail = alive[active] & ~passes
+        has = fail.any(axis=1)
+        for r in active[~has].tolist():  # every screen passes: the permutation tests
+            out[r] = finish.prune(r, tuple(pos[r, alive[r]].tolist()))
+        active, fail = active[has], fail[has]
+        if not len(active):
+            break
+        # the weakest failing screen of each series: the largest p, then the smallest size, the first of equals
+        fp = np.where(fail, p[active], -np.inf)
+        top = fail & (fp == fp.max(axis=1, keepdims=True))
+        fz = np.where(top, -np.abs(size[active]), -np.inf)
+        top &= fz == fz.max(axis=1, keepdims=True)
+        r1, c1 = active, np.argmax(top, axis=1)
+        _drop(r1, c1, alive, prev, nxt)
+        again = np.concatenate((np.stack((r1, prev[r1, c1])), np.stack((r1, nxt[r1, c1]))), axis=1)
+        r2, c2 = again[:, alive[again[0], again[1]]]
+        if len(r2):
+            p[r2, c2], size[r2, c2] = sums.screen(r2, pos[r2, prev[r2, c2]], pos[r2, c2], pos[r2, nxt[r2, c2]], s)
+        active = active[alive[active].any(axis=1)]
+    return out
+
+
+def _drop(r: np.ndarray, c: np.ndarray, alive: np.ndarray, prev: np.ndarray, nxt: np.ndarray) -> None:
+    """Take candidate ``c`` of each row ``r`` (one a row) out of the links."""
+    alive[r, c] = False
+    before, after = prev[r, c], nxt[r, c]
+    nxt[r, before] = after
+    prev[r, after] = before
+
+
+EXPLORE = 3  # the most candidates left for which every choice of the weakest failing test is followed
+
+
+class _Finish:
+    """``changepoints.prune`` of one series from a set of candidates on, the permutation tests counted only as far
+    as a decision needs (``changepoints.permutation_count``): a test whose p-value is above ``max_pvalue`` fails
+    whatever it is, so its count stops there. Only where two tests fail at once does the larger p matter (that
+    one is dropped): with at most :data:`EXPLORE` candidates left, each choice is followed, and when all end in
+    the same change points (a stretch without a change: none), that is the result, whichever p was larger; else
+    (or with more candidates) those counts are finished. The p-values reported are whole counts (they passed)."""
+
+    def __init__(self, x: np.ndarray, s: DetectorSettings) -> None:
+        self.x, self.s = x, s
+        self.shuffles: dict[int, Shuffles] = {}  # by stretch length, for every series (the same draws)
+        self.counts: dict[tuple[int, int, int, int], tuple[int, int]] = {}  # (row, lo, k, hi): beaten, looked at
+        self.sums: dict[int, _Sums] = {}
+        self.ends: dict[tuple[int, tuple[int, ...]], tuple[ChangePoint, ...]] = {}
+        # the fewest shuffles that beat a split for its p-value to be above max_pvalue
+        self.stop = next(b for b in range(s.permutations + 2) if (1 + b) / (1 + s.permutations) > s.max_pvalue)
+
+    def prune(self, r: int, cps: tuple[int, ...]) -> tuple[ChangePoint, ...]:
+        """``changepoints.prune`` of row ``r`` with candidates ``cps`` (sorted)."""
+        if (r, cps) not in self.ends:
+            self.ends[r, cps] = self._prune(r, list(cps))
+        return self.ends[r, cps]
+
+    def _prune(self, r: int, cps: list[int]) -> tuple[ChangePoint, ...]:
+        s, n = self.s, self.x.shape[1]
+        if r not in self.sums:
+            self.sums[r] = _Sums(self.x[r])
+        while cps:
+            keys = [(r, lo, cps[i], hi) for i, (lo, hi) in enumerate(_stretch(n, cps, i) for i in range(len(cps)))]
+            screens = [self.sums[r].judge(lo, k, hi, s) for _, lo, k, hi in keys]
+            weakest = _weakest(screens, s)
+            if weakest is not None:
+                del cps[weakest]
+                continue
+            failing = [i for i, (key, t) in enumerate(zip(keys, screens, strict=True))
+                       if abs(t.size) < s.min_magnitude or not self._p(key, whole=False) <= s.max_pvalue]
+            if not failing:
+                return _reported(self.x[r], cps, [self._p(k, whole=True) for k in keys], s)
+            if len(failing) == 1:
+                del cps[failing[0]]
+                continue
+            ends = None
+            if len(cps) <= EXPLORE:
+                ends = [self.prune(r, tuple(c for j, c in enumerate(cps) if j != i)) for i in failing]
+                if all(e == ends[0] for e in ends):
+                    return ends[0]
+            # the passing ones are whole counts already
+            weakest = _weakest([replace(t, p_value=self._p(k, whole=True)) for k, t in zip(keys, screens, strict=True)],
+                               s)
+            assert weakest is not None, (r, cps)
+            if ends is not None:
+                return ends[failing.index(weakest)]
+            del cps[weakest]
+        return ()
+
+    def _p(self, key: tuple[int, int, int, int], *, whole: bool) -> float:
+        """The permutation p of the stretch ``key``; not ``whole``: inf where it is known to be above
+        ``max_pvalue`` before every shuffle is looked at."""
+        total = self.s.permutations
+        beaten, done = self.counts.get(key, (0, 0))
+        if done < total and (whole or beaten < self.stop):
+            r, lo, k, hi = key
+            if hi - lo not in self.shuffles:
+                self.shuffles[hi - lo] = Shuffles(hi - lo, total)
+            beaten, done = self.counts[key] = permutation_count(
+                self.x[r, lo:hi], k - lo, self.s.min_segment, self.shuffles[hi - lo], beaten=beaten, done=done,
+                stop=None if whole else self.stop)
+        return (1 + beaten) / (1 + total) if done == total else math.inf
+
+
+class _RowSums:
+    """``changepoints._Sums`` of each row: the centred prefix sums, and the screens from them."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        rows, n = x.shape
+        self.shift = np.array([float(row.mean()) for row in x])  # a 1-D mean each: numpy's pairwise sum of a row
+        c = x - self.shift[:, None]
+        self.s1 = np.zeros((rows, n + 1))
+        self.s2 = np.zeros((rows, n + 1))
+        np.cumsum(c, axis=1, out=self.s1[:, 1:])
+        np.cumsum(c * c, axis=1, out=self.s2[:, 1:])
+
+    def mean_var(self, r: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = hi - lo
+        a = self.s1[r, hi] - self.s1[r, lo]
+        q = self.s2[r, hi] - self.s2[r, lo]
+        v = (q - a * a / n) / (n - 1)
+        return self.shift[r] + a / n, np.where(n > 1, np.where(v > 0.0, v, 0.0), 0.0)
+
+    def screen(self, r: np.ndarray, lo: np.ndarray, k: np.ndarray, hi: np.ndarray,
+               s: DetectorSettings) -> tuple[np.ndarray, np.ndarray]:
+        """The screen's (p, size) of the split at ``k`` of ``lo .. hi`` of each row ``r``: ``_Sums.judge``."""
+        stdtr, _ = _student()
+        with np.errstate(all="ignore"):
+            (ma, va), (mb, vb) = self.mean_var(r, lo, k), self.mean_var(r, k, hi)
+            na, nb = k - lo, hi - k
+            se2 = va / na + vb / nb
+            diff = mb - ma
+            scale = np.where(ma != 0, np.abs(ma), 1.0)
+            tiny = 1e-12 * scale
+            wa, wb = va / na, vb / nb
+            df = se2 * se2 / (wa * wa / (na - 1) + wb * wb / (nb - 1))
+            welch = 2 * stdtr(df, -np.abs(diff / np.sqrt(se2)))
+            p = np.where(se2 <= tiny * tiny, np.where(np.abs(diff) > tiny, 0.0, 1.0), welch)
+            size = diff / scale
+            short = np.minimum(na, nb) < s.min_segment
+            if short.any():
+                p = np.where(short, 1.0, p)
+                size = np.where(short, np.where(ma != 0, mb / ma - 1, 0.0), size)
+        return p, size
