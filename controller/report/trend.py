@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from packaging.version import InvalidVersion, Version
 
@@ -97,26 +98,66 @@ def changes(rows: pd.DataFrame, runs: pd.DataFrame, settings: DetectorSettings |
             metrics: Sequence[str] = tuple(METRICS), modules: bool = True) -> list[SeriesChange]:
     """Every change point of every series (fleet-wide, and per module when ``modules``)."""
     order = release_order(runs)
-    rank = {r: i for i, r in enumerate(order)}
-    vals = release_values(rows, runs, [m for m in metrics if m in rows.columns])
-    if not modules:
-        vals = vals[vals["module"] == FLEET]
-    vals = vals[vals["release"].isin(rank)].assign(rank=lambda d: d["release"].map(rank)).sort_values("rank")
-    groups = list(vals.groupby(["model_key", "profile", "metric", "module"], sort=True))
-    series = [g["value"].to_numpy(dtype=float) for _, g in groups]
+    found = _release_series(rows, runs, [m for m in metrics if m in rows.columns], order, modules=modules)
     out = []
-    # every series at once (analyse_series of each, the same to the bit: a history's hundreds of series are
-    # mostly of one length, analysed as one array)
-    for ((key, profile, metric, module), g), x, found in zip(groups, series, analyse_many(series, settings),
+    # every series at once (analyse_series of each, the same to the bit): a history's hundreds of series are
+    # mostly of one length, analysed as one array
+    for ((key, profile, metric, module), ranks, x), got in zip(found, analyse_many([f[2] for f in found], settings),
                                                                strict=True):
-        if not found.change_points:
-            continue
-        rels = list(g["release"])
-        for cp in found.change_points:
-            out.append(SeriesChange(model_key=str(key), profile=str(profile), metric=str(metric), module=str(module),
-                                    release=rels[cp.index], previous=rels[cp.index - 1], change=cp,
+        for cp in got.change_points:
+            out.append(SeriesChange(model_key=key, profile=profile, metric=metric, module=module,
+                                    release=order[ranks[cp.index]], previous=order[ranks[cp.index - 1]], change=cp,
                                     values=tuple(float(v) for v in x)))
     return out
+
+
+def _text_codes(col: pd.Series, extra: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """``col`` as text (``astype(str)``) and ``extra``: the distinct texts, sorted, and each row's index into them
+    (-1: missing). From the column's distinct values: no text made per row (a categorical: from its codes)."""
+    codes, uniques = pd.factorize(col)
+    texts = np.asarray(pd.Index(uniques).astype(str), dtype=object)
+    distinct, inverse = np.unique(np.concatenate((texts, np.asarray(extra, dtype=object))).astype(str),
+                                  return_inverse=True)
+    return distinct, np.where(codes >= 0, inverse[:len(texts)][codes], -1)
+
+
+def _release_series(rows: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[str], order: Sequence[str], *,
+                    modules: bool) -> list[tuple[tuple[str, str, str, str], np.ndarray, np.ndarray]]:
+    """:func:`release_values` of the releases in ``order`` as series: ((model key, profile, metric, module), the
+    releases' indices into ``order``, the values), sorted by the key as text, each in release order. The same
+    medians over the same groups (pandas' group median, by integer codes of the texts, not the texts)."""
+    if "source" in rows:
+        sources, source = _text_codes(rows["source"])
+        rows = rows[source == int(np.searchsorted(sources, "release"))] if "release" in sources else rows.iloc[:0]
+    rel = runs.set_index("run_id")["release"].astype(str)
+    run_texts, run = _text_codes(rows["run_id"])
+    where = {r: i for i, r in enumerate(order)}
+    run_rank = np.array([where.get(r, -1) if isinstance(r, str) else -1
+                         for r in pd.Series(run_texts, dtype=object).map(rel)] + [-1], dtype=np.int64)
+    keys, key = _text_codes(rows["model_key"])
+    profiles, profile = _text_codes(rows["profile"])
+    module_names, module = _text_codes(rows["module"], [FLEET])
+    fleet = int(np.searchsorted(module_names, FLEET))
+    names = np.array(sorted(metrics), dtype=object)
+    parts = []
+    for m in metrics:
+        d = pd.DataFrame({"k": key, "p": profile, "m": int(np.searchsorted(names, m)), "run": run,
+                          "r": run_rank[run], "mod": module, "value": rows[m].to_numpy(dtype=float, na_value=np.nan)})
+        parts.append(d[(d["k"] >= 0) & (d["p"] >= 0) & (d["run"] >= 0) & (d["r"] >= 0) & (d["mod"] >= 0)
+                       & d["value"].notna()])
+    if not parts:
+        return []
+    long = pd.concat(parts, ignore_index=True)
+    per_run = long.groupby(["k", "p", "m", "run", "r"])["value"].median().reset_index().assign(mod=fleet)
+    per = pd.concat([per_run, long] if modules else [per_run], ignore_index=True)
+    vals = per.groupby(["k", "p", "m", "mod", "r"], sort=True)["value"].median().reset_index()
+    if vals.empty:
+        return []
+    ids = vals[["k", "p", "m", "mod"]].to_numpy()
+    starts = np.flatnonzero(np.r_[True, (ids[1:] != ids[:-1]).any(axis=1)]).tolist()
+    ranks, values = vals["r"].to_numpy(), vals["value"].to_numpy()
+    return [((str(keys[ids[a, 0]]), str(profiles[ids[a, 1]]), str(names[ids[a, 2]]), str(module_names[ids[a, 3]])),
+             ranks[a:b], values[a:b]) for a, b in zip(starts, [*starts[1:], len(vals)], strict=True)]
 
 
 def findings(found: Sequence[SeriesChange]) -> list[Finding]:
