@@ -122,19 +122,28 @@ def locate_rows(x: np.ndarray, m: int) -> list[list[int]]:
 
 
 def _best_splits(x: np.ndarray, row: np.ndarray, lo: np.ndarray, hi: np.ndarray, m: int) -> np.ndarray:
-    """For each segment ``x[row, lo:hi]``: the offset from ``m`` of its best split (``_best_split`` - m), the
-    segments of one length together (a cumulative sum of a zero-padded row would be the same, but short segments
-    padded to the longest cost more than the calls saved)."""
+    """For each segment ``x[row, lo:hi]``: the offset from ``m`` of its best split (``_best_split`` - m). The
+    segments of lengths within a factor of two are one array, each a row zero-padded to the longest: a row's
+    cumulative sums are its segment's own, and each row's gains are masked to its own splits."""
     length = hi - lo
     out = np.empty(len(row), dtype=np.intp)
-    for n in np.unique(length).tolist():
-        sel = np.flatnonzero(length == n)
-        seg = x[row[sel, None], lo[sel, None] + np.arange(n)]
-        k = np.arange(m, n - m + 1)
-        c = np.cumsum(seg, axis=-1)
-        left = c[..., k - 1] / k
-        right = (c[..., -1:] - c[..., k - 1]) / (n - k)
-        out[sel] = np.argmax(k * (n - k) / n * (left - right) ** 2, axis=1)
+    band = np.log2(length).astype(int)
+    for b in np.unique(band).tolist():
+        sel = np.flatnonzero(band == b)
+        n = length[sel, None]
+        width = int(n.max())
+        at = lo[sel, None] + np.arange(width)
+        seg = np.where(at < hi[sel, None], x[row[sel, None], np.minimum(at, x.shape[1] - 1)], 0.0)
+        k = np.arange(m, width - m + 1)
+        c = np.cumsum(seg, axis=1)
+        before = c[:, m - 1:width - m]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gain = before / k
+            gain -= (np.take_along_axis(c, n - 1, axis=1) - before) / (n - k)
+            np.square(gain, out=gain)
+            gain = k * (n - k) / n * gain
+        gain[k > n - m] = -np.inf
+        out[sel] = np.argmax(gain, axis=1)
     return out
 
 
