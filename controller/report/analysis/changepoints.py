@@ -202,17 +202,18 @@ FIRST_SHUFFLES = 128  # a count that may stop early looks at this many shuffles 
 
 
 def permutation_count(x: np.ndarray, k: int, m: int, shuffles: Shuffles, *, beaten: int = 0, done: int = 0,
-                      stop: int | None = None) -> tuple[int, int]:
+                      stop: int | None = None, upto: int | None = None) -> tuple[int, int]:
     """Of the shuffles from ``done`` on (``beaten`` of the ones before beat the split): how many shuffles of ``x``
     beat the split at ``k`` (:func:`_permutation_p`), and how many were looked at: all, or, with ``stop``, as soon
-    as ``stop`` beat it (looking at :data:`FIRST_SHUFFLES`, then twice as many each round: the p-value is then known to be above
-    ``stop / (1 + permutations)``, and a stretch without a change gets there in a few hundred)."""
+    as ``stop`` beat it (looking at :data:`FIRST_SHUFFLES`, then at twice as many each round: the p-value is then
+    known to be above ``stop / (1 + permutations)``, and a stretch without a change gets there in a few hundred);
+    ``upto``: at most that many looked at."""
     observed = _gains(x, m)[k - m] * (1 - 1e-12)
-    total = shuffles.permutations
-    while done < total and (stop is None or beaten < stop):
-        upto = total if stop is None else min(total, max(FIRST_SHUFFLES, 2 * done))
-        beaten += int((_gains(x[shuffles.rows(done, upto)], m).max(axis=1) >= observed).sum())
-        done = upto
+    end = shuffles.permutations if upto is None else min(shuffles.permutations, upto)
+    while done < end and (stop is None or beaten < stop):
+        to = end if stop is None else min(end, max(FIRST_SHUFFLES, 2 * done))
+        beaten += int((_gains(x[shuffles.rows(done, to)], m).max(axis=1) >= observed).sum())
+        done = to
     return beaten, done
 
 

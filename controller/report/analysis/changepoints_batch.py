@@ -22,7 +22,6 @@ equal, to the bit, on random series.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -207,16 +206,19 @@ def _drop(r: np.ndarray, c: np.ndarray, alive: np.ndarray, prev: np.ndarray, nxt
     prev[r, after] = before
 
 
-EXPLORE = 3  # the most candidates left for which every choice of the weakest failing test is followed
+EXPLORE = 4  # the most candidates left for which every choice of the weakest failing test is followed
+FIRST_LOOK = 512  # the shuffles a test's count looks at before it is followed or finished (of 1,999 by default)
 
 
 class _Finish:
     """``changepoints.prune`` of one series from a set of candidates on, the permutation tests counted only as far
-    as a decision needs (``changepoints.permutation_count``): a test whose p-value is above ``max_pvalue`` fails
-    whatever it is, so its count stops there. Only where two tests fail at once does the larger p matter (that
-    one is dropped): with at most :data:`EXPLORE` candidates left, each choice is followed, and when all end in
-    the same change points (a stretch without a change: none), that is the result, whichever p was larger; else
-    (or with more candidates) those counts are finished. The p-values reported are whole counts (they passed)."""
+    as a decision needs (``changepoints.permutation_count``). The algorithm drops the weakest failing test (the
+    largest p, then the smallest size) and goes on without it: once any test is known to fail (its count has
+    passed ``max_pvalue``: the rest of it cannot bring it back), the result is that of the candidates without one
+    of the tests that fail or may fail. With at most :data:`EXPLORE` candidates, each of those choices is followed
+    (the same steps, on fewer candidates); when all end in the same change points (where there is no change:
+    none), that is the result, whichever test was the weakest; else, or with more candidates, the counts are
+    finished and the weakest is dropped, as the per-series code does. The p-values reported are whole counts."""
 
     def __init__(self, x: np.ndarray, s: DetectorSettings) -> None:
         self.x, self.s = x, s
@@ -244,40 +246,58 @@ class _Finish:
             if weakest is not None:
                 del cps[weakest]
                 continue
-            failing = [i for i, (key, t) in enumerate(zip(keys, screens, strict=True))
-                       if abs(t.size) < s.min_magnitude or not self._p(key, whole=False) <= s.max_pvalue]
-            if not failing:
-                return _reported(self.x[r], cps, [self._p(k, whole=True) for k in keys], s)
-            if len(failing) == 1:
-                del cps[failing[0]]
-                continue
+            # the permutation tests: failing (too small, or enough shuffles beat it), or not known yet
+            small = [abs(t.size) < s.min_magnitude for t in screens]
+            counts = [(0, 0) if small[i] else self._count(key, FIRST_LOOK) for i, key in enumerate(keys)]
+            fails = [i for i, (beaten, _) in enumerate(counts) if small[i] or beaten >= self.stop]
+            maybe = sorted(fails + [i for i, (beaten, done) in enumerate(counts)
+                                    if not small[i] and beaten < self.stop and done < s.permutations])
             ends = None
-            if len(cps) <= EXPLORE:
-                ends = [self.prune(r, tuple(c for j, c in enumerate(cps) if j != i)) for i in failing]
+            if fails and len(maybe) > 1 and len(cps) <= EXPLORE:
+                ends = [self.prune(r, tuple(c for j, c in enumerate(cps) if j != i)) for i in maybe]
                 if all(e == ends[0] for e in ends):
                     return ends[0]
-            # the passing ones are whole counts already
-            weakest = _weakest([replace(t, p_value=self._p(k, whole=True)) for k, t in zip(keys, screens, strict=True)],
-                               s)
-            assert weakest is not None, (r, cps)
+            counts = [c if small[i] else self._count(keys[i], None) for i, c in enumerate(counts)]
+            failing = [i for i, (beaten, _) in enumerate(counts) if small[i] or beaten >= self.stop]
+            if not failing:
+                return _reported(self.x[r], cps, [self._p(k) for k in keys], s)
+            if len(failing) == 1:
+                weakest = failing[0]
+            else:
+                for i in failing:
+                    self._count(keys[i], None)
+                weakest = _weakest([replace(t, p_value=self._p(k)) for k, t in zip(keys, screens, strict=True)], s)
+                assert weakest is not None, (r, cps)
             if ends is not None:
-                return ends[failing.index(weakest)]
+                return ends[maybe.index(weakest)]
             del cps[weakest]
         return ()
 
-    def _p(self, key: tuple[int, int, int, int], *, whole: bool) -> float:
-        """The permutation p of the stretch ``key``; not ``whole``: inf where it is known to be above
-        ``max_pvalue`` before every shuffle is looked at."""
+    def _count(self, key: tuple[int, int, int, int], upto: int | None) -> tuple[int, int]:
+        """The count of the stretch ``key`` (beaten, looked at), looked at up to ``upto`` shuffles (None: all) or
+        until its p-value is known to be above ``max_pvalue``."""
+        beaten, done = self.counts.get(key, (0, 0))
+        end = self.s.permutations if upto is None else min(upto, self.s.permutations)
+        if done < end and beaten < self.stop:
+            r, lo, k, hi = key
+            if hi - lo not in self.shuffles:
+                self.shuffles[hi - lo] = Shuffles(hi - lo, self.s.permutations)
+            beaten, done = self.counts[key] = permutation_count(
+                self.x[r, lo:hi], k - lo, self.s.min_segment, self.shuffles[hi - lo], beaten=beaten, done=done,
+                stop=self.stop, upto=end)
+        return beaten, done
+
+    def _p(self, key: tuple[int, int, int, int]) -> float:
+        """The permutation p of the stretch ``key``, every shuffle looked at."""
+        r, lo, k, hi = key
         total = self.s.permutations
         beaten, done = self.counts.get(key, (0, 0))
-        if done < total and (whole or beaten < self.stop):
-            r, lo, k, hi = key
+        if done < total:
             if hi - lo not in self.shuffles:
                 self.shuffles[hi - lo] = Shuffles(hi - lo, total)
             beaten, done = self.counts[key] = permutation_count(
-                self.x[r, lo:hi], k - lo, self.s.min_segment, self.shuffles[hi - lo], beaten=beaten, done=done,
-                stop=None if whole else self.stop)
-        return (1 + beaten) / (1 + total) if done == total else math.inf
+                self.x[r, lo:hi], k - lo, self.s.min_segment, self.shuffles[hi - lo], beaten=beaten, done=done)
+        return (1 + beaten) / (1 + total)
 
 
 class _RowSums:
