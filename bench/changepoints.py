@@ -23,7 +23,12 @@ only in where they look:
   (``uv pip install ruptures`` into a scratch venv; it is not a dependency of the project);
 * ``pelt+binseg``: the union of both candidate sets.
 
-Usage: .venv/bin/python bench/changepoints.py [--seeds 200] [--null-seeds 1000] [--n 30]
+``--batch 1210 --n 100 [--repeat 5]`` instead times the analysis of that many series as a trend over a history
+has them (one per model key, profile, metric and scope; 1 in 10 with a planted shift of 3-20 % up or down; 2 %
+noise, two outliers each): ``analyse_series`` of each, one at a time, against ``changepoints_batch.analyse_many``
+of all, interleaved round by round, and compares their Detections (exits 1 on a difference).
+
+Usage: .venv/bin/python bench/changepoints.py [--seeds 200] [--null-seeds 1000] [--n 30] [--batch N [--repeat R]]
 """
 
 from __future__ import annotations
@@ -92,6 +97,37 @@ def oracle_table(seeds: int, n: int, s: DetectorSettings) -> None:
         print(f"| {shift:.0%} | " + " | ".join(cells) + " |")
 
 
+def batch(count: int, n: int, repeat: int, s: DetectorSettings) -> int:
+    """``analyse_series`` of each of ``count`` series against ``analyse_many`` of all, interleaved, compared."""
+    from controller.report.analysis.changepoints import analyse_series
+    from controller.report.analysis.changepoints_batch import analyse_many
+
+    sizes = (0.03, 0.05, 0.07, 0.10, 0.15, 0.20)
+    series = [planted_series(seed, n=n, noise=0.02, shift=0.0 if seed % 10 else
+                             sizes[seed // 10 % 6] * (-1) ** (seed // 10))[0] for seed in range(count)]
+    print(f"settings: {s}; {count} series of {n} releases, 1 in 10 with a shift of 3-20 %, 2 % noise, 2 outliers")
+    analyse_many(series[:10], s)  # imports and scipy loaded, untimed
+    times: dict[str, list[float]] = {"one at a time": [], "all at once": []}
+    same = True
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        one = [analyse_series(x, s) for x in series]
+        t1 = time.perf_counter()
+        many = analyse_many(series, s)
+        t2 = time.perf_counter()
+        times["one at a time"].append(t1 - t0)
+        times["all at once"].append(t2 - t1)
+        same &= one == many
+    found = sum(len(d.change_points) for d in one)
+    print(f"{found} change points, {sum(len(d.outliers) for d in one)} outliers; {repeat} interleaved rounds, "
+          "median [min-max]")
+    for name, ts in times.items():
+        print(f"| {name} | {np.median(ts):.3f} s [{min(ts):.3f}-{max(ts):.3f}] |")
+    print(f"all at once / one at a time: {np.median(times['all at once']) / np.median(times['one at a time']):.3f}x; "
+          f"Detections {'identical' if same else 'DIFFERENT'}")
+    return 0 if same else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=200, help="seeds per (shift, noise) cell")
@@ -100,9 +136,14 @@ def main() -> int:
     ap.add_argument("--max-pvalue", type=float, default=None, help="the detector's setting (default: its default)")
     ap.add_argument("--min-magnitude", type=float, default=None, help="the detector's setting (default: its default)")
     ap.add_argument("--permutations", type=int, default=None, help="the detector's setting (default: its default)")
+    ap.add_argument("--batch", type=int, default=0, help="time the analysis of this many series, one by one and "
+                    "all at once")
+    ap.add_argument("--repeat", type=int, default=5, help="--batch: rounds")
     a = ap.parse_args()
     given = {"max_pvalue": a.max_pvalue, "min_magnitude": a.min_magnitude, "permutations": a.permutations}
     s = DetectorSettings(**{k: v for k, v in given.items() if v is not None})
+    if a.batch:
+        return batch(a.batch, a.n, a.repeat, s)
     print(f"settings: {s}; {a.n} releases, 2 outliers of ±15 %, shift planted in the middle half")
     oracle_table(a.seeds, a.n, s)
     for name, loc in candidates().items():
