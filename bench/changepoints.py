@@ -23,12 +23,14 @@ only in where they look:
   (``uv pip install ruptures`` into a scratch venv; it is not a dependency of the project);
 * ``pelt+binseg``: the union of both candidate sets.
 
-``--batch 1210 --n 100 [--repeat 5]`` instead times the analysis of that many series as a trend over a history
-has them (one per model key, profile, metric and scope; 1 in 10 with a planted shift of 3-20 % up or down; 2 %
-noise, two outliers each): ``analyse_series`` of each, one at a time, against ``changepoints_batch.analyse_many``
-of all, interleaved round by round, and compares their Detections (exits 1 on a difference).
+``--batch 1210 --n 100 [--repeat 5] [--shift-every 10]`` instead times the analysis of that many series as a
+trend over a history has them (one per model key, profile, metric and scope; 1 in 10, or 1 in ``--shift-every``,
+with a planted shift of 3-20 % up or down; 2 % noise, two outliers each): ``analyse_series`` of each, one at a
+time, against ``changepoints_batch.analyse_many`` of all, interleaved round by round, and compares their
+Detections (exits 1 on a difference).
 
-Usage: .venv/bin/python bench/changepoints.py [--seeds 200] [--null-seeds 1000] [--n 30] [--batch N [--repeat R]]
+Usage: .venv/bin/python bench/changepoints.py [--seeds 200] [--null-seeds 1000] [--n 30]
+       [--batch N [--repeat R] [--shift-every K]]
 """
 
 from __future__ import annotations
@@ -97,15 +99,16 @@ def oracle_table(seeds: int, n: int, s: DetectorSettings) -> None:
         print(f"| {shift:.0%} | " + " | ".join(cells) + " |")
 
 
-def batch(count: int, n: int, repeat: int, s: DetectorSettings) -> int:
+def batch(count: int, n: int, repeat: int, every: int, s: DetectorSettings) -> int:
     """``analyse_series`` of each of ``count`` series against ``analyse_many`` of all, interleaved, compared."""
     from controller.report.analysis.changepoints import analyse_series
     from controller.report.analysis.changepoints_batch import analyse_many
 
     sizes = (0.03, 0.05, 0.07, 0.10, 0.15, 0.20)
-    series = [planted_series(seed, n=n, noise=0.02, shift=0.0 if seed % 10 else
-                             sizes[seed // 10 % 6] * (-1) ** (seed // 10))[0] for seed in range(count)]
-    print(f"settings: {s}; {count} series of {n} releases, 1 in 10 with a shift of 3-20 %, 2 % noise, 2 outliers")
+    series = [planted_series(seed, n=n, noise=0.02, shift=0.0 if seed % every else
+                             sizes[seed // every % 6] * (-1) ** (seed // every))[0] for seed in range(count)]
+    print(f"settings: {s}; {count} series of {n} releases, 1 in {every} with a shift of 3-20 %, 2 % noise, "
+          "2 outliers")
     analyse_many(series[:10], s)  # imports and scipy loaded, untimed
     times: dict[str, list[float]] = {"one at a time": [], "all at once": []}
     same = True
@@ -139,11 +142,12 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=0, help="time the analysis of this many series, one by one and "
                     "all at once")
     ap.add_argument("--repeat", type=int, default=5, help="--batch: rounds")
+    ap.add_argument("--shift-every", type=int, default=10, help="--batch: 1 series in this many has a shift")
     a = ap.parse_args()
     given = {"max_pvalue": a.max_pvalue, "min_magnitude": a.min_magnitude, "permutations": a.permutations}
     s = DetectorSettings(**{k: v for k, v in given.items() if v is not None})
     if a.batch:
-        return batch(a.batch, a.n, a.repeat, s)
+        return batch(a.batch, a.n, a.repeat, a.shift_every, s)
     print(f"settings: {s}; {a.n} releases, 2 outliers of ±15 %, shift planted in the middle half")
     oracle_table(a.seeds, a.n, s)
     for name, loc in candidates().items():
