@@ -207,6 +207,7 @@ def _drop(r: np.ndarray, c: np.ndarray, alive: np.ndarray, prev: np.ndarray, nxt
 
 
 EXPLORE = 4  # the most candidates left for which every choice of the weakest failing test is followed
+SHUFFLES_KEPT = 8_000_000  # indices of shuffles kept at most (64 MB): past it, those kept are let go
 FIRST_LOOK = 512  # the shuffles a test's count looks at before it is followed or finished (of 1,999 by default)
 
 
@@ -280,10 +281,8 @@ class _Finish:
         end = self.s.permutations if upto is None else min(upto, self.s.permutations)
         if done < end and beaten < self.stop:
             r, lo, k, hi = key
-            if hi - lo not in self.shuffles:
-                self.shuffles[hi - lo] = Shuffles(hi - lo, self.s.permutations)
             beaten, done = self.counts[key] = permutation_count(
-                self.x[r, lo:hi], k - lo, self.s.min_segment, self.shuffles[hi - lo], beaten=beaten, done=done,
+                self.x[r, lo:hi], k - lo, self.s.min_segment, self._shuffles(hi - lo), beaten=beaten, done=done,
                 stop=self.stop, upto=end)
         return beaten, done
 
@@ -293,11 +292,18 @@ class _Finish:
         total = self.s.permutations
         beaten, done = self.counts.get(key, (0, 0))
         if done < total:
-            if hi - lo not in self.shuffles:
-                self.shuffles[hi - lo] = Shuffles(hi - lo, total)
             beaten, done = self.counts[key] = permutation_count(
-                self.x[r, lo:hi], k - lo, self.s.min_segment, self.shuffles[hi - lo], beaten=beaten, done=done)
+                self.x[r, lo:hi], k - lo, self.s.min_segment, self._shuffles(hi - lo), beaten=beaten, done=done)
         return (1 + beaten) / (1 + total)
+
+    def _shuffles(self, n: int) -> Shuffles:
+        """The shuffles of stretches of ``n`` values, kept for every series; all let go past
+        :data:`SHUFFLES_KEPT` indices (drawn again if asked for: the same draws)."""
+        if n not in self.shuffles:
+            if (sum(self.shuffles) + n) * self.s.permutations > SHUFFLES_KEPT:
+                self.shuffles.clear()
+            self.shuffles[n] = Shuffles(n, self.s.permutations)
+        return self.shuffles[n]
 
 
 class _RowSums:
