@@ -7,7 +7,8 @@ median, a split, a screen, a shuffle) dominate: ~85,000 screens, ~32,000 splits,
 shuffles. Here the series of one length are one 2-D array and each step runs on all of them together:
 
 * **outliers**: the Hampel filter of every row at once (numpy's medians along an axis: each row's medians);
-* **search**: binary segmentation level by level, the segments of one length (of any series) one array;
+* **search**: binary segmentation level by level, the segments (of any series) of lengths within a factor of two
+  one zero-padded array;
 * **pruning**: the screens of every series in lock step, one drop per series a round (the weakest failing
   screen, then its two neighbours screened again, every series' screens one array). The few series whose
   screens all pass go on alone (:class:`_Finish`), their permutation tests counted only as far as a decision
