@@ -139,15 +139,18 @@ def _release_series(rows: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[st
     module_names, module = _text_codes(rows["module"], [FLEET])
     fleet = int(np.searchsorted(module_names, FLEET))
     names = np.array(sorted(metrics), dtype=object)
-    parts = []
-    for m in metrics:
-        d = pd.DataFrame({"k": key, "p": profile, "m": int(np.searchsorted(names, m)), "run": run,
-                          "r": run_rank[run], "mod": module, "value": rows[m].to_numpy(dtype=float, na_value=np.nan)})
-        parts.append(d[(d["k"] >= 0) & (d["p"] >= 0) & (d["run"] >= 0) & (d["r"] >= 0) & (d["mod"] >= 0)
-                       & d["value"].notna()])
-    if not parts:
+    rank = run_rank[run]
+    ok = (key >= 0) & (profile >= 0) & (rank >= 0) & (module >= 0)
+    # the rows of each metric with a value, one metric after the other (as melt stacks them): small integer codes
+    values = [rows[m].to_numpy(dtype=float, na_value=np.nan) for m in metrics]
+    keep = [np.flatnonzero(ok & ~np.isnan(v)) for v in values]
+    if not sum(len(i) for i in keep):
         return []
-    long = pd.concat(parts, ignore_index=True)
+    cols = {"k": key, "p": profile, "run": run, "r": rank, "mod": module}
+    long = pd.DataFrame({**{c: np.concatenate([a[i] for i in keep]).astype(np.int32) for c, a in cols.items()},
+                         "m": np.concatenate([np.full(len(i), np.searchsorted(names, m), dtype=np.int32)
+                                              for m, i in zip(metrics, keep, strict=True)]),
+                         "value": np.concatenate([v[i] for v, i in zip(values, keep, strict=True)])})
     per_run = long.groupby(["k", "p", "m", "run", "r"])["value"].median().reset_index().assign(mod=fleet)
     per = pd.concat([per_run, long] if modules else [per_run], ignore_index=True)
     vals = per.groupby(["k", "p", "m", "mod", "r"], sort=True)["value"].median().reset_index()

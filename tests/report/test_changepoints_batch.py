@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from controller.report.analysis import changepoints_batch
 from controller.report.analysis.changepoints import (
     PERMUTATION_SEED,
     DetectorSettings,
@@ -47,7 +48,8 @@ def _same(series: list[np.ndarray], s: DetectorSettings) -> list:
     return one
 
 
-def test_many_random_series_of_mixed_lengths_give_each_ones_detection() -> None:
+def test_many_random_series_of_mixed_lengths_give_each_ones_detection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(changepoints_batch, "ROWS", 4)  # a length's series a few at a time too, as a long history's
     found = _same([_series(seed) for seed in range(70)], DetectorSettings())
     assert sum(len(d.change_points) for d in found) == 28
     assert sum(len(d.outliers) for d in found) == 185

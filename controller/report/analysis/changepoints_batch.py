@@ -55,16 +55,22 @@ def analyse_many(series: Sequence[Values], settings: DetectorSettings | None = N
     by_length: dict[int, list[int]] = {}
     for i, x in enumerate(xs):
         by_length.setdefault(len(x), []).append(i)
-    for n, idx in by_length.items():
-        x = np.array([xs[i] for i in idx], dtype=float).reshape(len(idx), n)
-        for i, d in zip(idx, _analyse_rows(x, s), strict=True):
-            out[i] = d
+    shuffles: dict[int, Shuffles] = {}  # by stretch length, for every series (the same draws)
+    for n, same_length in by_length.items():
+        for at in range(0, len(same_length), ROWS):  # a bounded array at a time (a history of every metric: 10^5)
+            idx = same_length[at:at + ROWS]
+            x = np.array([xs[i] for i in idx], dtype=float).reshape(len(idx), n)
+            for i, d in zip(idx, _analyse_rows(x, s, shuffles), strict=True):
+                out[i] = d
     return [d for d in out if d is not None]
 
 
-def _analyse_rows(x: np.ndarray, s: DetectorSettings) -> list[Detection]:
+ROWS = 4096  # series of one length analysed as one array at most
+
+
+def _analyse_rows(x: np.ndarray, s: DetectorSettings, shuffles: dict[int, Shuffles]) -> list[Detection]:
     clean, outliers = hampel_rows(x, s.outlier_sigmas)
-    cps = prune_rows(clean, locate_rows(clean, s.min_segment), s)
+    cps = prune_rows(clean, locate_rows(clean, s.min_segment), s, shuffles)
     return [Detection(change_points=c, outliers=o) for c, o in zip(cps, outliers, strict=True)]
 
 
@@ -148,10 +154,12 @@ def _best_splits(x: np.ndarray, row: np.ndarray, lo: np.ndarray, hi: np.ndarray,
 
 
 # --------------------------------------------------------------------------- pruning
-def prune_rows(x: np.ndarray, candidates: list[list[int]], s: DetectorSettings) -> list[tuple[ChangePoint, ...]]:
+def prune_rows(x: np.ndarray, candidates: list[list[int]], s: DetectorSettings,
+               shuffles: dict[int, Shuffles] | None = None) -> list[tuple[ChangePoint, ...]]:
     """:func:`~controller.report.analysis.changepoints.prune` of each row of ``x`` with its candidates (distinct,
     sorted: :func:`locate_rows`'): the screens of every series in lock step, one drop per series and round; a
-    series whose screens all pass goes on alone (:class:`_Finish`)."""
+    series whose screens all pass goes on alone (:class:`_Finish`). ``shuffles``: the permutation tests' shuffles
+    by stretch length, kept from one call to the next."""
     rows, n = x.shape
     out: list[tuple[ChangePoint, ...]] = [()] * rows
     width = max((len(c) for c in candidates), default=0) + 2
@@ -173,7 +181,7 @@ def prune_rows(x: np.ndarray, candidates: list[list[int]], s: DetectorSettings) 
     size = np.full((rows, width), np.nan)
     r0, c0 = np.nonzero(alive)
     p[r0, c0], size[r0, c0] = sums.screen(r0, pos[r0, prev[r0, c0]], pos[r0, c0], pos[r0, nxt[r0, c0]], s)
-    finish = _Finish(x, s)
+    finish = _Finish(x, s, {} if shuffles is None else shuffles)
     active = np.flatnonzero(alive.any(axis=1))
     while len(active):
         passes = (p[active] <= s.max_pvalue) & (np.abs(size[active]) >= s.min_magnitude)
@@ -222,9 +230,9 @@ class _Finish:
     none), that is the result, whichever test was the weakest; else, or with more candidates, the counts are
     finished and the weakest is dropped, as the per-series code does. The p-values reported are whole counts."""
 
-    def __init__(self, x: np.ndarray, s: DetectorSettings) -> None:
+    def __init__(self, x: np.ndarray, s: DetectorSettings, shuffles: dict[int, Shuffles]) -> None:
         self.x, self.s = x, s
-        self.shuffles: dict[int, Shuffles] = {}  # by stretch length, for every series (the same draws)
+        self.shuffles = shuffles  # by stretch length, for every series (the same draws)
         self.counts: dict[tuple[int, int, int, int], tuple[int, int]] = {}  # (row, lo, k, hi): beaten, looked at
         self.sums: dict[int, _Sums] = {}
         self.ends: dict[tuple[int, tuple[int, ...]], tuple[ChangePoint, ...]] = {}
