@@ -87,12 +87,23 @@ def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> tuple[pd.DataFram
 
 
 def _ident(df: pd.DataFrame, cats: dict[str, pd.Index]) -> np.ndarray:
-    """One int64 per (module, key, profile), comparable between frames sharing ``cats``."""
-    codes = [df[c].cat.set_categories(cats[c]).cat.codes.to_numpy().astype(np.int64) for c in ("module", *K)]
-    ident = codes[0]
+    """One int64 per (module, key, profile), comparable between frames sharing ``cats``. A column whose
+    categories already are ``cats`` (the run's own frame) keeps its codes: no recoding of a million rows."""
+
+    def codes_of(c: str) -> np.ndarray:
+        col = df[c]
+        same = col.cat.categories.equals(cats[c])
+        return (col if same else col.cat.set_categories(cats[c])).cat.codes.to_numpy().astype(np.int64)
+
+    codes = [codes_of(c) for c in ("module", *K)]
+    ident = codes[0].copy()
     for c, code in zip(K, codes[1:], strict=True):
-        ident = ident * (len(cats[c]) + 1) + code
-    return np.where(np.min(codes, axis=0) < 0, -1, ident)
+        ident *= len(cats[c]) + 1
+        ident += code
+    missing = [code < 0 for code in codes if len(code) and int(code.min()) < 0]  # a value outside ``cats``
+    if missing:
+        ident[np.logical_or.reduce(missing)] = -1
+    return ident
 
 
 PreviousMatch = tuple[np.ndarray, pd.DataFrame]  # per row of cur: its row among prev's figures (-1: none); those

@@ -17,7 +17,14 @@ import numpy as np
 import pandas as pd
 
 from controller.report.analysis.frame import SIGN, B, Names, badness_columns, float_columns, present_metrics, take_rows
-from controller.report.analysis.groups import Groups, by_code, by_module, packed_bincount, row_counts, run_medians
+from controller.report.analysis.groups import (
+    Groups,
+    by_code,
+    by_module,
+    medians_of_runs,
+    row_counts,
+    run_medians,
+)
 from controller.report.analysis.middles import Middles
 from controller.report.analysis.stats import median_intervals, sign_p
 from controller.report.analysis.verdict import outlier_hits
@@ -83,30 +90,49 @@ class Deviations:
         """Outlier statistics per (module, key) and per module (None: fewer than 3 modules have a
         figure; a median of two says nothing about which one is out of line).
 
-        Counts are taken per row and added up per module/key (one bincount each), a module's as
-        the sum of its keys'. For the medians the entries are flattened with the rows in module
-        order (each module's rows keep their cell order): every group is then one run of
-        entries (see ``run_medians``); a median does not depend on the order of its values."""
+        The rows are put in (module, key) order once (stable: a module's rows keep their cell order):
+        every module/key and every module is then one run of rows, and of entries once the rows'
+        figures are flattened (row-major, NaN left out). Counts are per-row counts added up per run
+        (whole numbers: exact), a module's as the sum of its keys'; medians partition each run (see
+        :func:`medians_of_runs`); a median does not depend on the order of its values."""
         with np.errstate(invalid="ignore"):
-            per_row = row_counts(~np.isnan(self.dev))
-            pos, neg = row_counts(self.dev > 0.0), row_counts(self.dev < 0.0)
             zpos, zneg = self._z_counts()
-        size = int(self.modkey.max()) + 1
-        counts = packed_bincount(self.modkey, [per_row, pos, neg, zpos, zneg], size, len(self.metrics))
-        by_mod = by_module(self.mod)
-        dev = self.dev if by_mod is None else np.take(self.dev, by_mod, axis=0)
-        mod, modkey = ((self.mod, self.modkey) if by_mod is None else
-                       (np.take(self.mod, by_mod), np.take(self.modkey, by_mod)))
-        per_row = (per_row if by_mod is None else np.take(per_row, by_mod)).astype(np.intp)
-        d = dev[~np.isnan(dev)]  # row-major: each row's metrics in turn
-        del dev
-        by_key = _outlier_stats(counts, _group_medians(d, np.repeat(modkey, per_row)))
-        mods = np.zeros((-(-size // self.nk) * self.nk, counts.shape[1]))
-        mods[:size] = counts
-        mod_counts = mods.reshape(-1, self.nk, counts.shape[1]).sum(axis=1)  # whole numbers: exact
+        perm = self._by_module_key()
+        dev = self.dev if perm is None else np.take(self.dev, perm, axis=0)
+        modkey = self.modkey if perm is None else np.take(self.modkey, perm)
+        with np.errstate(invalid="ignore"):
+            ok = ~np.isnan(dev)
+            per_row = row_counts(ok)
+            cols = [per_row, row_counts(dev > 0.0), row_counts(dev < 0.0),
+                    zpos if perm is None else np.take(zpos, perm), zneg if perm is None else np.take(zneg, perm)]
+        d = dev[ok]  # row-major: each row's metrics in turn, each module/key's rows one run
+        del dev, ok
+        first = np.flatnonzero(np.concatenate(([True], modkey[1:] != modkey[:-1])))  # each module/key's first row
+        ids = modkey[first]
+        runs = np.column_stack([np.add.reduceat(c, first) for c in cols])  # per module/key: whole numbers, exact
+        at = np.concatenate(([0], np.cumsum(per_row, dtype=np.int64)[:-1]))[first]  # its first entry
+        size = int(ids[-1]) + 1
+        counts = np.zeros((size, runs.shape[1]))
+        counts[ids] = runs
+        by_key = _outlier_stats(counts, _run_medians(d, at, ids, runs[:, 0]))
+        mod_of = ids // self.nk
+        mfirst = np.flatnonzero(np.concatenate(([True], mod_of[1:] != mod_of[:-1])))  # each module's first key
+        mruns = np.add.reduceat(runs, mfirst, axis=0)  # whole numbers: exact
+        mod_counts = np.zeros((-(-size // self.nk), runs.shape[1]))
+        mod_counts[mod_of[mfirst]] = mruns
         if np.count_nonzero(mod_counts[:, 0]) < 3:
             return by_key, None
-        return by_key, _outlier_stats(mod_counts, _group_medians(d, np.repeat(mod, per_row)))
+        return by_key, _outlier_stats(mod_counts, _run_medians(d, at[mfirst], mod_of[mfirst], mruns[:, 0]))
+
+    def _by_module_key(self) -> np.ndarray | None:
+        """Rows (in cell order) put in (module, key) order, stable (None when they already are): by module alone
+        where the cells come in key order (each module's rows then do too), else by module/key code."""
+        g = self.groups
+        if g is not None and g.order is None and len(g):
+            keys = self.modkey[g.starts] % self.nk  # the key of each cell's run of rows
+            if len(keys) < 2 or bool((keys[1:] >= keys[:-1]).all()):
+                return by_module(self.mod)
+        return by_module(self.modkey)
 
     def entries(self, rows: np.ndarray, dev: np.ndarray | None = None) -> pd.DataFrame:
         """The (row, metric) entries with a deviation of the given rows (cell-order positions, in
@@ -170,6 +196,17 @@ def _entry_counts(g: np.ndarray, dev: np.ndarray, z: np.ndarray) -> np.ndarray:
 
     sign, out = below_above(dev, 0.0, 0.0), below_above(z, -3.0, 3.0)
     return np.column_stack([sign.sum(axis=1), sign[:, 2], sign[:, 0], out[:, 2], out[:, 0]])
+
+
+def _run_medians(d: np.ndarray, at: np.ndarray, ids: np.ndarray, sizes: np.ndarray) -> pd.Series:
+    """Median per code ``ids`` (increasing) of the entries ``d[at[i]:at[i] + sizes[i]]`` (no NaN; runs in
+    order, covering ``d``); codes without an entry are left out."""
+    has = sizes > 0
+    at, ids = (at, ids) if bool(has.all()) else (at[has], ids[has])
+    runs = medians_of_runs(d, at, ids) if len(d) else (ids, np.zeros(0))
+    if runs is not None:
+        return pd.Series(runs[1], index=runs[0])
+    return _group_medians(d, np.repeat(ids, sizes[has].astype(np.int64)))
 
 
 def _group_medians(dev: np.ndarray, g: np.ndarray) -> pd.Series:
