@@ -54,13 +54,29 @@ def _numeric(col: pd.Series) -> np.ndarray:
     return pd.to_numeric(col, errors="coerce").astype(float).to_numpy()
 
 
-def _in_order(v: Any, order: np.ndarray | None) -> Any:
-    """A column (array or Categorical) with its rows in ``order`` (None: as it is)."""
+def _reordering(order: np.ndarray | None, sizes: np.ndarray) -> Callable[[Any], Any]:
+    """A column (array or Categorical) with its rows in ``order`` (None: as it is). Where every cell has
+    as many rows and the rows came module by module, each with every cell in cell order (a run as
+    the history stores it), ``order`` is the transpose of a (rows per cell, cells) grid: a copy of
+    the transposed column (~2 ms a million floats), not a gather (~4 ms, itself ~20 % faster than
+    ``np.take`` with numpy 2.4)."""
     if order is None:
-        return v
-    if isinstance(v, pd.Categorical):
-        return pd.Categorical.from_codes(np.take(v.codes, order), dtype=v.dtype)
-    return np.take(v, order)  # ~20 % faster than ``v[order]``
+        return lambda v: v
+    cells = len(sizes)
+    per = len(order) // cells if cells else 0
+    grid = (cells > 1 and per * cells == len(order) and bool((sizes == per).all())
+            and bool((order.reshape(cells, per) == np.arange(0, len(order), cells)
+                      + np.arange(cells)[:, None]).all()))
+
+    def rows(v: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(v.reshape(per, cells).T).reshape(-1) if grid else v[order]
+
+    def reorder(v: Any) -> Any:
+        if isinstance(v, pd.Categorical):
+            return pd.Categorical.from_codes(rows(np.asarray(v.codes)), dtype=v.dtype)
+        return rows(v)
+
+    return reorder
 
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
@@ -100,8 +116,9 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
             return pd.Categorical.from_codes(np.repeat(np.take(v.codes, firsts), sizes), dtype=v.dtype)
         return np.repeat(np.take(v, firsts), sizes)
 
-    cols: dict[str, Any] = {c: by_cell(v) if c in K else _in_order(v, order) for c, v in ids.items()}
-    cols["correct"] = _in_order(_numeric(col("correct")), order)
+    in_order = _reordering(order, sizes)
+    cols: dict[str, Any] = {c: by_cell(v) if c in K else in_order(v) for c, v in ids.items()}
+    cols["correct"] = in_order(_numeric(col("correct")))
     invalid = _invalid(col("flags"))
     blank = no_figures(n)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -113,14 +130,14 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
             bad = invalid(m)
             if bad is not None:
                 v = np.where(bad, np.nan, v)
-            v = _in_order(v, order)
+            v = in_order(v)
             cols[m] = v
             b = np.log(v)  # then the sign (an exact flip) and NaN where there is no badness, in place
             if SIGN[m] < 0:
                 np.negative(b, out=b)
             b[~(v > 0)] = np.nan
             cols[B[m]] = b
-    cols["mod"], cols["key"] = _in_order(mod, order), by_cell(key)
+    cols["mod"], cols["key"] = in_order(mod), by_cell(key)
     cols["cell"] = by_cell(cell)
     cols["modkey"] = cols["mod"] * code(nk) + cols["key"]
     index = pd.RangeIndex(n) if order is None else pd.Index(order)

@@ -170,14 +170,16 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = N
     g = groups or Groups(cell)
     bs = float_columns(cur, cols)  # contiguous columns: medians partition them without a copy first
     lo, hi = g.middles(bs)
-    if g.order is None:  # rows in cell order: each cell's median repeated over its rows (no gather)
-        devs = [b - np.repeat(med, g.ends - g.starts) for b, med in zip(bs, ((lo + hi) / 2).T, strict=True)]
-    else:
-        med = by_code(g, (lo + hi) / 2)  # as Groups.median
-        devs = [b - np.take(med[:, j], cell) for j, b in enumerate(bs)]
-    spread_np = 1.4826 * g.median([np.abs(d) for d in devs])
-    dev = np.column_stack(devs)
-    del bs, devs
+    mid = (lo + hi) / 2  # as Groups.median
+    med = mid if g.order is None else by_code(g, mid)
+    dev = np.empty((len(cell), len(bs)))
+    spread_np = np.empty((len(g), len(bs)))
+    for j, b in enumerate(bs):  # one metric at a time: its deviations, then their absolute values in place
+        # rows in cell order: each cell's median repeated over its rows (no gather)
+        d = b - (np.repeat(med[:, j], g.ends - g.starts) if g.order is None else np.take(med[:, j], cell))
+        dev[:, j] = d
+        spread_np[:, j] = 1.4826 * g.median([np.abs(d, out=d)])[:, 0]
+    del bs
     spread = pd.DataFrame(spread_np, index=g.present, columns=cols)
     scale = np.maximum(by_code(g, spread_np), th.z_floor)  # per (cell code, metric)
     return (Deviations.of(cur, metrics, dev, scale, g), spread.rename(columns={B[m]: m for m in metrics}),

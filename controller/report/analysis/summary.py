@@ -39,7 +39,7 @@ def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, i
     inc = pd.DataFrame(index=gi.present)
     for m, v in zip(metrics, vals, strict=True):
         inc[m] = mid.figure(m) if mid is not None and mid.exact[m] else gi.median([v[included]])[:, 0]
-    inc_mn, inc_mx = gi.extremes([v[included] for v in vals])
+    inc_mn, inc_mx = included_extremes(g, gi, vals, (mn, mx), included)
     inc_min = pd.DataFrame(inc_mn, index=gi.present, columns=metrics)
     inc_max = pd.DataFrame(inc_mx, index=gi.present, columns=metrics)
     ids = cell_table(cur)
@@ -60,6 +60,37 @@ def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, i
     s = pd.concat(parts).join(first).reset_index(drop=True)  # one join of each cell's shape, not one per metric
     s["table"] = s["table"].astype(str)
     return s[s["count"] > 0].reset_index(drop=True)
+
+
+def included_extremes(g: Groups, gi: Groups, vals: list[np.ndarray], extremes: tuple[np.ndarray, np.ndarray],
+                      included: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Min and max per (cell of ``gi``, column) of the included rows, from those of every row (``extremes``, per cell
+    of ``g``) where few rows are left out (an outlier module): a cell's extreme is taken again only where a row left
+    out equals it; no copy of the included rows. Where an extreme is zero (0.0 and -0.0 are equal but print apart),
+    or the rows are not in cell order: taken over the included rows, as they are."""
+    mn, mx = extremes
+    drop = np.flatnonzero(~included)
+    if (g.order is not None or gi.order is not None or len(drop) * 64 >= len(included)
+            or bool((mn == 0).any()) or bool((mx == 0).any())):
+        return gi.extremes([v[included] for v in vals])
+    at = np.searchsorted(g.present, gi.present)  # gi's cells among g's
+    lo, hi = mn[at], mx[at]
+    cells = np.unique(g.codes[drop])
+    for i, k in zip(np.searchsorted(g.present, cells).tolist(), np.searchsorted(gi.present, cells).tolist(),
+                    strict=True):
+        if k >= len(gi) or gi.present[k] != g.present[i]:
+            continue  # every row of the cell left out
+        s, e = int(g.starts[i]), int(g.ends[i])
+        keep = included[s:e]
+        for j, v in enumerate(vals):
+            seg = v[s:e]
+            gone = seg[~keep]
+            if bool((gone == mn[i, j]).any()) or bool((gone == mx[i, j]).any()):
+                rest = seg[keep]
+                lo[k, j], hi[k, j] = np.fmin.reduce(rest), np.fmax.reduce(rest)
+    if bool((lo == 0).any()) or bool((hi == 0).any()):
+        return gi.extremes([v[included] for v in vals])
+    return lo, hi
 
 
 def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expected_modules: Iterable[str],
