@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -275,7 +276,7 @@ def packed_bincount(codes: np.ndarray, weights: list[np.ndarray], size: int, mos
     return np.column_stack([c for _, c in sorted(cols, key=lambda ic: ic[0])])
 
 
-_WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_WORDS: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def row_counts(mask: np.ndarray) -> np.ndarray:
@@ -287,8 +288,8 @@ def row_counts(mask: np.ndarray) -> np.ndarray:
     word = _WORDS.get(width)
     if word is not None and mask.flags.c_contiguous:
         w = mask.view(np.uint8).view(word).reshape(rows)
-        ones = word(int.from_bytes(b"\x01" * width, "little"))
-        return np.right_shift(w * ones, word(8 * (width - 1))).astype(np.float64)
+        ones = np.asarray(int.from_bytes(b"\x01" * width, "little"), dtype=word)
+        return np.right_shift(w * ones, np.asarray(8 * (width - 1), dtype=word)).astype(np.float64)
     if width == 1:
         return mask[:, 0].astype(np.float64)
     return (mask.view(np.uint8) @ np.ones(width, np.uint8)).astype(np.float64)

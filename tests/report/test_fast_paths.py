@@ -1,0 +1,102 @@
+"""The analysis' shortcuts over a million rows equal, to the bit, the plain computation they stand for.
+
+Outlier statistics over (module, key) runs against the same statistics of the long (row, metric) entries;
+per-row flag counts read as words against a product with ones; the rows' cell order by a transposed copy
+against a gather; the included rows' extremes from every row's against those of the included rows taken
+apart; medians of runs with zeros of both signs against pandas.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from controller.report.analysis.frame import _reordering, prepare
+from controller.report.analysis.groups import Groups, medians_of_runs, row_counts
+from controller.report.analysis.outliers import _frame_stats, fleet_deviation
+from controller.report.analysis.summary import included_extremes
+from controller.report.model import Thresholds
+from controller.report.synth import fleet
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4, 5, 8])
+def test_row_counts_read_each_row_as_a_word(width: int) -> None:
+    mask = np.random.default_rng(width).random((1001, width)) < 0.5
+    want = (mask.view(np.uint8) @ np.ones(width, np.uint8)).astype(np.float64)
+    assert row_counts(mask).tobytes() == want.tobytes()
+    assert row_counts(mask[::3]).tobytes() == want[::3].tobytes()  # rows not contiguous: the product
+    assert row_counts(np.array([[True, False, True, True]])).tolist() == [3.0]
+    assert row_counts(np.ones((2, 8), dtype=bool)).tolist() == [8.0, 8.0]
+
+
+def test_medians_of_runs_with_zeros_of_both_signs_equal_pandas() -> None:
+    """A run of even length whose middles are 0.0 and -0.0: +0.0, whichever zero the partition lands on."""
+    values = np.array([-0.0, 0.0, 1.0, -1.0, 0.0, -0.0, -0.0, 0.0, 2.0, -2.0, 5.0, -0.0, 3.0])
+    starts, ids = np.array([0, 4, 8]), np.array([2, 5, 9])
+    got = medians_of_runs(values, starts, ids)
+    assert got is not None
+    want = pd.Series(values).groupby(np.repeat(ids, [4, 4, 5])).median() + 0.0
+    assert got[0].tolist() == [2, 5, 9]
+    assert got[1].tobytes() == want.to_numpy().tobytes()
+    assert got[1].tolist() == [0.0, 0.0, 2.0] and not np.signbit(got[1]).any()
+    assert medians_of_runs(values, starts, ids, max_sizes=1) is None  # lengths 4 and 5
+
+
+@pytest.mark.parametrize("rows", ["by module and key", "shuffled"])
+def test_outlier_stats_over_runs_equal_those_of_the_entries(reference: pd.DataFrame, rows: str) -> None:
+    """Counts and medians per module/key and per module, from (module, key) runs, equal those of the long
+    entries (one bincount and a groupby median each). Rows by module and key give cells in key order (the rows
+    are put in module order alone); shuffled rows give cells out of key order (sorted by module/key code)."""
+    frame = fleet(reference, modules=7, module_factor={"m02": 0.85}, seed=4, run_id="b")
+    frame.loc[frame.index % 11 == 0, "decode_tps"] = np.nan
+    frame = (frame.sort_values(["module", "model_key", "profile"]) if rows == "by module and key" else
+             frame.sample(frac=1.0, random_state=3)).reset_index(drop=True)
+    cur = prepare(frame)
+    dv = fleet_deviation(cur, Thresholds(), Groups(cur["cell"].to_numpy()))[0]
+    keys = dv.modkey[Groups(dv.cell).starts] % dv.nk
+    assert bool((np.diff(keys) >= 0).all()) == (rows == "by module and key")
+    by_key, by_mod = dv.stats()
+    long = dv.entries(np.arange(len(dv.dev)))
+    for got, want in ((by_key, _frame_stats(long, "modkey")), (by_mod, _frame_stats(long, "mod"))):
+        assert got is not None
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
+        assert got.to_numpy().tobytes() == want.to_numpy().tobytes()
+    assert by_mod is not None and by_mod["cells"].sum() == np.count_nonzero(~np.isnan(dv.dev))
+
+
+@pytest.mark.parametrize("cells,per,grid", [(5, 4, True), (5, 4, False), (1, 6, True)])
+def test_cell_order_by_a_transposed_copy_equals_the_gather(cells: int, per: int, grid: bool) -> None:
+    """Rows module by module, every cell in each: the transpose; any other order: the gather."""
+    n = cells * per
+    order = np.arange(n).reshape(per, cells).T.reshape(-1)
+    if not grid:
+        order = order[::-1].copy()
+    sizes = np.full(cells, per)
+    v = np.random.default_rng(0).random(n)
+    codes = pd.Categorical.from_codes(np.arange(n) % 3, categories=["a", "b", "c"])
+    reorder = _reordering(order, sizes)
+    assert reorder(v).tobytes() == v[order].tobytes()
+    assert reorder(codes).codes.tolist() == codes.codes[order].tolist()
+    assert _reordering(None, sizes)(v) is v
+
+
+@pytest.mark.parametrize("case", ["slow module", "zero figure", "whole cell left out", "none left out"])
+def test_included_extremes_from_every_rows_equal_those_of_the_included_rows(reference: pd.DataFrame,
+                                                                              case: str) -> None:
+    """A slow module left out holds most cells' minimum throughput (those cells are taken again); a zero
+    figure (0.0 and -0.0 are equal) and a cell whose every row is left out take the included rows apart."""
+    frame = fleet(reference, modules=9, module_factor={"m04": 0.8}, seed=6, run_id="b")
+    if case == "zero figure":
+        frame.loc[frame.index[:3], "prefill_tps"] = [0.0, -0.0, 0.0]
+    cur = prepare(frame)
+    mods = cur["module"].to_numpy().astype(str)
+    out = {"slow module": mods == "m04", "zero figure": mods == "m04", "none left out": np.zeros(len(cur), bool),
+           "whole cell left out": (mods == "m04") | (cur["cell"].to_numpy() == 0)}[case]
+    g, gi = Groups(cur["cell"].to_numpy()), Groups(cur["cell"].to_numpy()[~out])
+    vals = [cur[m].to_numpy(dtype=float) for m in ("prefill_tps", "decode_tps", "ttft_ms", "vision_fps")]
+    lo, hi = included_extremes(g, gi, vals, g.extremes(vals), ~out)
+    want_lo, want_hi = gi.extremes([v[~out] for v in vals])
+    assert lo.tobytes() == want_lo.tobytes() and hi.tobytes() == want_hi.tobytes()
+    if case == "slow module":
+        assert (lo[:, 1] > g.extremes(vals)[0][:, 1]).sum() > len(gi) // 2  # the minimum moved: taken again
