@@ -76,16 +76,16 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     # the included rows without their figures (the comparisons take badness only); which
     # metrics have a figure <= 0 among them is taken first
     exact = exact_metrics(cur, ~excluded if some_excluded else None)
-    # without a baseline the included rows are only grouped by cell and partitioned (their badness): only those
-    # columns are taken (a baseline's comparison reads the ids, codes and answers too)
+    cells_inc = Groups(cur["cell"].to_numpy()[~excluded]) if some_excluded else cells_all
+    # the included rows' middles of the primary metrics, from the fleet's (nothing left out: the fleet's)
+    known = included_middles(cur, cells_all, fleet_mid, excluded, cells_inc) if some_excluded else fleet_mid
+    # without a baseline the included rows are only partitioned (the badness of the metrics whose middles are not
+    # known yet): only those columns are taken (a baseline's comparison reads every badness, the ids, codes and
+    # answers too)
     kept = ([c for c in cur.columns if c not in ALL_METRICS] if ref is not None else
-            ["cell", *badness_columns(ALL_METRICS)])
+            ["cell", *badness_columns(m for m in ALL_METRICS if m not in known)])
     inc = take_rows(cur, ~excluded, kept) if some_excluded else cur
-    cells_inc = Groups(inc["cell"].to_numpy()) if some_excluded else cells_all
-    # nothing left out: the fleet's middles of the primary metrics are those of the included rows
-    mid = (Middles(inc, cells_inc, exact, included_middles(cur, cells_all, fleet_mid, excluded, cells_inc))
-           if some_excluded else
-           Middles(inc, cells_inc, exact, fleet_mid) if not excluded.any() else None)
+    mid = Middles(inc, cells_inc, exact, known) if some_excluded or not excluded.any() else None
     if some_excluded:
         outliers, deviation = refine_outliers(cur, devs, names, outliers, excluded, deviation, th, inc, mid)
     del devs  # not needed past the outliers: its memory goes before the comparisons take theirs
