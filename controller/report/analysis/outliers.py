@@ -11,7 +11,7 @@ the fleet without them (:func:`refine_outliers`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -97,15 +97,15 @@ class Deviations:
         :func:`medians_of_runs`); a median does not depend on the order of its values."""
         with np.errstate(invalid="ignore"):
             zpos, zneg = self._z_counts()
-        perm = self._by_module_key()
-        dev = self.dev if perm is None else np.take(self.dev, perm, axis=0)
-        modkey = self.modkey if perm is None else np.take(self.modkey, perm)
+        reorder = self._module_key_order()
+        dev, modkey = reorder(self.dev), reorder(self.modkey)
         with np.errstate(invalid="ignore"):
             ok = ~np.isnan(dev)
             per_row = row_counts(ok)
             cols = [per_row, row_counts(dev > 0.0), row_counts(dev < 0.0),
-                    zpos if perm is None else np.take(zpos, perm), zneg if perm is None else np.take(zneg, perm)]
-        d = dev[ok]  # row-major: each row's metrics in turn, each module/key's rows one run
+                    reorder(zpos), reorder(zneg)]
+        d = np.compress(ok.reshape(-1), dev.reshape(-1))  # row-major: each row's metrics in turn, each module/key's
+        # rows one run
         del dev, ok
         first = np.flatnonzero(np.concatenate(([True], modkey[1:] != modkey[:-1])))  # each module/key's first row
         ids = modkey[first]
@@ -124,15 +124,30 @@ class Deviations:
             return by_key, None
         return by_key, _outlier_stats(mod_counts, _run_medians(d, at[mfirst], mod_of[mfirst], mruns[:, 0]))
 
-    def _by_module_key(self) -> np.ndarray | None:
-        """Rows (in cell order) put in (module, key) order, stable (None when they already are): by module alone
-        where the cells come in key order (each module's rows then do too), else by module/key code."""
-        g = self.groups
+    def _module_key_order(self) -> Callable[[np.ndarray], np.ndarray]:
+        """Rows (in cell order) put in (module, key) order, stable: by module alone where the cells come in key
+        order (each module's rows then do too), else by module/key code. Where every cell has the same modules in
+        the same (increasing) order, a module's rows are every cell's row at its place: the transpose of a
+        (cells, modules) grid, one copy, not a sort and a gather."""
+        g, n = self.groups, len(self.mod)
+        perm: np.ndarray | None
         if g is not None and g.order is None and len(g):
             keys = self.modkey[g.starts] % self.nk  # the key of each cell's run of rows
             if len(keys) < 2 or bool((keys[1:] >= keys[:-1]).all()):
-                return by_module(self.mod)
-        return by_module(self.modkey)
+                cells, per = len(g), n // len(g)
+                if cells > 1 and per > 1 and bool((g.ends - g.starts == per).all()):
+                    grid = self.mod.reshape(cells, per)
+                    if bool((grid[0, 1:] > grid[0, :-1]).all()) and bool((grid == grid[0]).all()):
+                        return _grid_transpose(cells, per)
+                perm = by_module(self.mod)
+            else:
+                perm = by_module(self.modkey)
+        else:
+            perm = by_module(self.modkey)
+        if perm is None:
+            return lambda v: v
+        return lambda v: v[perm] if v.ndim == 1 else np.take(v, perm, axis=0)  # numpy 2.4: v[perm] the faster
+
 
     def entries(self, rows: np.ndarray, dev: np.ndarray | None = None) -> pd.DataFrame:
         """The (row, metric) entries with a deviation of the given rows (cell-order positions, in
@@ -148,6 +163,21 @@ class Deviations:
             b[c == j] = col[at[c == j]]
         return pd.DataFrame({"mod": self.mod[at], "modkey": self.modkey[at], "cell": self.cell[at],
                              "mi": self.mi[c], "b": b, "dev": d, "z": d / sc, "scale": sc})
+
+
+def _grid_transpose(rows: int, cols: int) -> Callable[[np.ndarray], np.ndarray]:
+    """The rows of a (rows x cols) grid, laid out row by row, put column by column: a column by a transposed
+    copy (~2 ms a million floats); rows of several values (a rows x metrics array) by a gather of whole rows
+    (a transposed copy of rows of 4 floats moves 4 at a time: 4x slower)."""
+    perm: list[np.ndarray] = []
+
+    def reorder(v: np.ndarray) -> np.ndarray:
+        if v.ndim == 1:
+            return np.ascontiguousarray(v.reshape(rows, cols).T).reshape(-1)
+        perm[:] = perm or [np.arange(rows * cols).reshape(rows, cols).T.reshape(-1)]
+        return np.take(v, perm[0], axis=0)
+
+    return reorder
 
 
 def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = None,
