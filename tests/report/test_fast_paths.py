@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from controller.report.analysis.frame import _reordering, prepare
+from controller.report.analysis.frame import _reordering, positions_taker, prepare
 from controller.report.analysis.groups import Groups, medians_of_runs, row_counts
 from controller.report.analysis.outliers import _frame_stats, fleet_deviation
 from controller.report.analysis.summary import included_extremes
@@ -102,3 +102,17 @@ def test_included_extremes_from_every_rows_equal_those_of_the_included_rows(refe
     assert lo.tobytes() == want_lo.tobytes() and hi.tobytes() == want_hi.tobytes()
     if case == "slow module":
         assert (lo[:, 1] > g.extremes(vals)[0][:, 1]).sum() > len(gi) // 2  # the minimum moved: taken again
+
+
+@pytest.mark.parametrize("missing", ["none", "first and last", "one in 100", "most", "every row"])
+def test_positions_taker_equals_the_gather(missing: str) -> None:
+    """The kept runs copied as slices (few rows missing) or gathered (many) give ``v[rows]``; None gives v."""
+    n = 1000
+    v = np.random.default_rng(2).random(n)
+    gone = {"none": [], "first and last": [0, n - 1], "one in 100": list(range(5, n, 100)),
+            "most": list(range(0, n, 2)), "every row": list(range(n))}[missing]
+    rows = np.setdiff1d(np.arange(n), gone)
+    got = positions_taker(rows, n)(v)
+    assert got.tobytes() == v[rows].tobytes() and len(got) == n - len(gone)
+    assert not np.shares_memory(got, v)
+    assert positions_taker(None, n)(v) is v

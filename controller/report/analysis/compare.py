@@ -26,6 +26,7 @@ from controller.report.analysis.frame import (
     float_columns,
     has_value,
     no_figures,
+    positions_taker,
     relative_change,
     take_rows,
 )
@@ -128,8 +129,8 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame, rows: np.ndarray | N
     """Per row of cur (of ``rows``, positions in cur, in order; None: every row): ``d_<m>`` = badness minus the
     same module's previous figure (``r_<m>``). ``match``: :func:`previous_match` of the same frames, taken once."""
     pos, pv = match if match is not None else previous_match(cur, prev)
-    if rows is not None:
-        pos = pos[rows]
+    take = positions_taker(rows, len(cur))
+    pos = take(pos)
     found = pos >= 0
     every = bool(found.all())
     at = None if every else np.flatnonzero(found)  # the rows with a previous figure, where some lack one
@@ -147,8 +148,7 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame, rows: np.ndarray | N
         return out
 
     def mine(c: str) -> np.ndarray:
-        v = cur[c].to_numpy()
-        return v if rows is None else v[rows]
+        return take(cur[c].to_numpy())
 
     out: dict[str, np.ndarray] = {c: mine(c) for c in ("mod", "key", "modkey", "cell")}
     for m in ALL_METRICS:
