@@ -1,6 +1,7 @@
 """The analysis' shortcuts over a million rows equal, to the bit, the plain computation they stand for.
 
-Outlier statistics over (module, key) runs against the same statistics of the long (row, metric) entries;
+Outlier statistics over (module, key) runs against the same statistics of the long (row, metric) entries; the
+fleet's comparison with a previous run of a few modules over those rows against that over every row;
 per-row flag counts read as words against a product with ones; the rows' cell order by a transposed copy
 against a gather; the included rows' extremes from every row's against those of the included rows taken
 apart; medians of runs with zeros of both signs against pandas.
@@ -12,7 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from controller.report.analysis.frame import _reordering, positions_taker, prepare
+from controller.report.analysis.compare import diff_to_previous, fleet_compare, previous_match
+from controller.report.analysis.frame import Names, _reordering, positions_taker, prepare
 from controller.report.analysis.groups import Groups, medians_of_runs, row_counts
 from controller.report.analysis.outliers import _frame_stats, fleet_deviation
 from controller.report.analysis.summary import included_extremes
@@ -116,3 +118,25 @@ def test_positions_taker_equals_the_gather(missing: str) -> None:
     assert got.tobytes() == v[rows].tobytes() and len(got) == n - len(gone)
     assert not np.shares_memory(got, v)
     assert positions_taker(None, n)(v) is v
+
+
+@pytest.mark.parametrize("previous", [["m01"], ["m01", "m06"], ["m00", "m01", "m03", "m06"]])
+def test_fleet_comparison_over_the_rows_with_a_previous_figure_equals_that_over_every_row(
+        reference: pd.DataFrame, previous: list[str]) -> None:
+    """A previous run of a few modules: the fleet's comparison over those rows only (the others counted as rows
+    of their cells, and as zeros in the references' sums) equals the comparison over every row, to the bit:
+    cells (a cell of 14 rows, 2 or 4 of them with a difference, takes the median, not a small fleet's lower
+    median), changes and regressions."""
+    cur = prepare(fleet(reference, modules=14, seed=4, run_id="b"))  # 14 rows a cell: its median (12 or more)
+    prev_rows = fleet(reference, modules=previous, module_factor={"m01": 1.25}, seed=5, run_id="a")
+    prev_rows.loc[prev_rows.index % 5 == 0, "decode_tps"] = np.nan  # some previous figures missing
+    prev = prepare(prev_rows)
+    match = previous_match(cur, prev)
+    names, th = Names(cur), Thresholds()
+    groups = Groups(cur["cell"].to_numpy())
+    live = np.flatnonzero(match[0] >= 0)
+    dense = fleet_compare(diff_to_previous(cur, prev, None, match), names, "previous", th, groups=groups)
+    sparse = fleet_compare(diff_to_previous(cur, prev, live, match), names, "previous", th, among=(groups, live))
+    assert sparse[0] == dense[0] and sparse[1] == dense[1] and len(dense[0])
+    pd.testing.assert_frame_equal(sparse[2], dense[2], check_exact=True)
+    assert sparse[2]["ref"].to_numpy().tobytes() == dense[2]["ref"].to_numpy().tobytes()

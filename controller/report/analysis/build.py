@@ -104,9 +104,17 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     if prev is not None and len(inc):
         prev_ids = tuple(sorted(map(str, previous["run_id"].unique()))) if previous is not None else ()
         match = previous_match(cur, prev)
-        # the fleet's comparison: the included rows' differences, taken from cur's rows (not all, then a copy)
-        dp = diff_to_previous(cur, prev, np.flatnonzero(~excluded) if some_excluded else None, match)
-        ch, rg, _ = fleet_compare(dp, names, previous_label, th, groups=cells_inc)
+        # the fleet's comparison: the included rows' differences, taken from cur's rows (not all, then a copy);
+        # where few of them have a previous figure (a previous run of a few of the modules), those rows only, the
+        # others counted as rows of their cells without a figure
+        inc_rows = np.flatnonzero(~excluded) if some_excluded else None
+        live = np.flatnonzero(match[0][inc_rows] >= 0) if inc_rows is not None else np.flatnonzero(match[0] >= 0)
+        if cells_inc.order is None and len(live) * 4 < len(cells_inc.codes):
+            dp = diff_to_previous(cur, prev, live if inc_rows is None else inc_rows[live], match)
+            ch, rg, _ = fleet_compare(dp, names, previous_label, th, among=(cells_inc, live))
+        else:
+            dp = diff_to_previous(cur, prev, inc_rows, match)
+            ch, rg, _ = fleet_compare(dp, names, previous_label, th, groups=cells_inc)
         changes += ch
         regs += rg
         fleet_wide = {(r.model_key, DERIVED.get(r.metric, r.metric)) for r in regs

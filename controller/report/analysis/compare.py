@@ -167,15 +167,22 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame, rows: np.ndarray | N
     return pd.DataFrame(out, index=cur.index if rows is None else cur.index[rows], copy=False)
 
 
+Among = tuple[Groups, np.ndarray]  # every row's groups (rows in cell order), and the positions among them of d's rows
+
+
 def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
-           ref_cells: pd.DataFrame | None, groups: Groups | None = None, mid: Middles | None = None
-           ) -> pd.DataFrame:
+           ref_cells: pd.DataFrame | None, groups: Groups | None = None, mid: Middles | None = None,
+           among: Among | None = None) -> pd.DataFrame:
     """Per (key, profile, metric): fleet median of d, modules, modules worse *beyond tolerance*,
     reference (``ref_cells`` per cell code, else the geometric mean of the rows' ``r_<m>``);
-    long and small."""
+    long and small. ``among``: d holds only some rows of a cell's (those with a difference); the others count
+    as rows of the cell (a small fleet's lower median, the trimmed mean up to TRIM_UP_TO rows) and as zeros in
+    the sum of the references, added in the same order as over every row (a different order of additions can
+    move the last bit)."""
     dcols, rcols = [f"d_{m}" for m in metrics], [f"r_{m}" for m in metrics]
     cell = d["cell"].to_numpy()
     g = groups or Groups(cell)
+    every = np.searchsorted(among[0].present, g.present) if among is not None else None  # g's cells among every row's
     dv = float_columns(d, dcols)
     if mid is not None and ref_cells is not None:  # d = badness - the cell's reference: shift the middles
         r = ref_cells[rcols].reindex(g.present).to_numpy()
@@ -184,17 +191,18 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
         lo, hi = g.middles(dv)
     # the lower median of the badness: with an even count the less bad of the middle two, so
     # that half of a small fleet is not a fleet-wide regression
-    n_rows = g.ends - g.starts
+    n_rows = g.ends - g.starts if among is None or every is None else (among[0].ends - among[0].starts)[every]
     few = (n_rows < LOWER_MEDIAN_BELOW)[:, None]  # small fleets: the median of an even count matters
     med = pd.DataFrame(np.where(few, lo, (lo + hi) / 2), index=g.present, columns=dcols)
     # the key-level figure's cells: the trimmed mean; a cell of more than TRIM_UP_TO modules keeps its median
-    trimmed = g.trimmed_means(dv, LOWER_MEDIAN_BELOW, TRIM_UP_TO)
+    trimmed = g.trimmed_means(dv, LOWER_MEDIAN_BELOW, TRIM_UP_TO, None if among is None else n_rows)
     trim = pd.DataFrame(np.where((n_rows > TRIM_UP_TO)[:, None], med.to_numpy(), trimmed), index=g.present,
                         columns=dcols)
     if ref_cells is not None:
         med = med.join(ref_cells[rcols])
     else:
-        total, count = g.sums(float_columns(d, rcols))
+        total, count = (g.sums(float_columns(d, rcols)) if among is None or every is None else
+                        _sums_among(among, every, float_columns(d, rcols)))
         with np.errstate(invalid="ignore", divide="ignore"):
             med = med.join(pd.DataFrame(total / count, index=g.present, columns=rcols))
     thr = np.array([threshold(m, th.tol(m)) for m in metrics])
@@ -212,14 +220,33 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
     return cells[cells["n"] > 0].dropna(subset=["d"]).reset_index()
 
 
+def _sums_among(among: Among, every: np.ndarray, cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`Groups.sums` over every row of ``among`` (its rows in cell order), where only the rows at its
+    positions have a value (the others NaN): per column, zeros with those values in place, added per cell as
+    Groups.sums adds them (pairwise, in row order), and the count of values; per cell of ``every``."""
+    full, at = among
+    cell_of = np.repeat(np.arange(len(full)), full.ends - full.starts)[at]
+    total = np.zeros((len(every), len(cols)))
+    count = np.zeros((len(every), len(cols)), dtype=np.int64)
+    if len(full):
+        for j, v in enumerate(cols):
+            ok = ~np.isnan(v)
+            z = np.zeros(len(full.codes))
+            z[at[ok]] = v[ok]
+            total[:, j] = np.add.reduceat(z, full.starts)[every]
+            count[:, j] = np.bincount(cell_of[ok], minlength=len(full))[every]
+    return total, count
+
+
 def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
-                  ref_cells: pd.DataFrame | None = None, groups: Groups | None = None, mid: Middles | None = None
-                  ) -> tuple[list[Change], list[Regression], pd.DataFrame]:
-    """Key-level changes (all of them) and the regressions among them, plus single-profile ones."""
+                  ref_cells: pd.DataFrame | None = None, groups: Groups | None = None, mid: Middles | None = None,
+                  among: Among | None = None) -> tuple[list[Change], list[Regression], pd.DataFrame]:
+    """Key-level changes (all of them) and the regressions among them, plus single-profile ones. ``among``: d
+    holds some of the rows only, those with a difference (see :func:`_cells`)."""
     metrics = [m for m in ALL_METRICS if has_value(d, f"d_{m}")]
     if not metrics:
         return [], [], pd.DataFrame()
-    cells = _cells(d, metrics, names, th, ref_cells, groups, mid)
+    cells = _cells(d, metrics, names, th, ref_cells, groups, mid, among)
     changes: list[Change] = []
     regs: list[Regression] = []
     key_regressed: set[tuple[str, str]] = set()

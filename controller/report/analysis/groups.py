@@ -121,20 +121,24 @@ class Groups:
         lo, hi = self.middles(values)
         return (lo + hi) / 2
 
-    def trimmed_means(self, values: Columns, lower_below: int, up_to: int) -> np.ndarray:
+    def trimmed_means(self, values: Columns, lower_below: int, up_to: int, rows: np.ndarray | None = None
+                      ) -> np.ndarray:
         """The trimmed mean per (group, column), NaN skipped: of a group's n values sorted, the mean of ranks
         t .. n-1-t (0-based), t = max(1, n // 4): the interquartile mean (3 of 5 values; the median of 3).
         Where n <= 2, or n is even and below ``lower_below``, the lower middle value alone (the lower median:
         half of a small fleet moves no fleet figure). Groups of more than ``up_to`` rows: NaN (the caller takes
-        their median). One sort by (group, value) per column, of the rows of the groups it computes."""
+        their median; ``rows``: each group's rows counted for that, where the values are those of some of them, the
+        others without a figure). One sort by (group, value) per column, of the rows of the groups it computes."""
         cols = list(values.T) if isinstance(values, np.ndarray) and values.ndim == 2 else list(values)
         out = np.full((len(self), len(cols)), np.nan)
         sizes = self.ends - self.starts
-        small = np.flatnonzero(sizes <= up_to)
+        small = np.flatnonzero((sizes if rows is None else rows) <= up_to)
         if not len(small):
             return out
-        rows = np.repeat(sizes <= up_to, sizes)  # the rows of those groups, in group order
-        idx = np.flatnonzero(rows) if self.order is None else self.order[rows]
+        taken = np.zeros(len(self), dtype=bool)
+        taken[small] = True
+        mask = np.repeat(taken, sizes)  # the rows of those groups, in group order
+        idx = np.flatnonzero(mask) if self.order is None else self.order[mask]
         gid = np.repeat(np.arange(len(small)), sizes[small])
         for j, col in enumerate(cols):
             v = np.asarray(col, dtype=float)[idx]
