@@ -249,9 +249,13 @@ def take_rows(frame: pd.DataFrame, keep: np.ndarray, columns: Iterable[str] | No
 def exact_metrics(cur: pd.DataFrame, keep: np.ndarray | None) -> pd.Series:
     """Per metric: whether every figure of the kept rows has a badness (a figure <= 0 has none,
     see prepare); where one lacks it, its cell's figure median is taken directly (see summarise)."""
-    with np.errstate(invalid="ignore"):
-        return pd.Series([not bool(np.logical_and(cur[m].to_numpy() <= 0, True if keep is None else keep).any())
-                          for m in ALL_METRICS], index=list(ALL_METRICS))
+    def exact(v: np.ndarray) -> bool:
+        if all_nan(v):  # no figure (a metric not run): none <= 0
+            return True
+        with np.errstate(invalid="ignore"):
+            return not bool(np.logical_and(v <= 0, True if keep is None else keep).any())
+
+    return pd.Series([exact(cur[m].to_numpy()) for m in ALL_METRICS], index=list(ALL_METRICS))
 
 
 def badness_columns(metrics: Iterable[str]) -> list[str]:
