@@ -87,14 +87,16 @@ def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> tuple[pd.DataFram
     return pd.DataFrame(out, index=cur.index, copy=False), r
 
 
-def _ident(df: pd.DataFrame, cats: dict[str, pd.Index]) -> np.ndarray:
-    """One int64 per (module, key, profile), comparable between frames sharing ``cats``. A column whose
-    categories already are ``cats`` (the run's own frame) keeps its codes: no recoding of a million rows."""
+def _ident(df: pd.DataFrame, cats: dict[str, pd.Index], rows: np.ndarray | None = None) -> np.ndarray:
+    """One int64 per (module, key, profile) (of ``rows`` only, positions; None: every row), comparable between
+    frames sharing ``cats``. A column whose categories already are ``cats`` (the run's own frame) keeps its codes:
+    no recoding of a million rows."""
 
     def codes_of(c: str) -> np.ndarray:
         col = df[c]
         same = col.cat.categories.equals(cats[c])
-        return (col if same else col.cat.set_categories(cats[c])).cat.codes.to_numpy().astype(np.int64)
+        codes = (col if same else col.cat.set_categories(cats[c])).cat.codes.to_numpy()
+        return (codes if rows is None else codes[rows]).astype(np.int64)
 
     codes = [codes_of(c) for c in ("module", *K)]
     ident = codes[0].copy()
@@ -114,14 +116,23 @@ def previous_match(cur: pd.DataFrame, prev: pd.DataFrame) -> PreviousMatch:
     """Each row of cur's row (position) among the same module's previous figures (badness and ``correct``, one row
     per module/key/profile: the last), -1 where the previous run has none; and those figures."""
     cats = {c: cur[c].cat.categories for c in ("module", *K)}
-    mine, theirs = _ident(cur, cats), _ident(prev, cats)
+    theirs = _ident(prev, cats)
     keep = theirs >= 0
     index = pd.Index(theirs[keep])
     pv = prev.loc[keep, [*badness_columns(ALL_METRICS), "correct"]]
     if not index.is_unique:
         dup = index.duplicated(keep="last")
         index, pv = index[~dup], pv[~dup]
-    return index.get_indexer(mine), pv
+    # only cur's rows of a module the previous run has are looked up (a previous run of a few of the modules:
+    # a few thousand rows, not a million); the others have no previous figure
+    span = (len(cats["model_key"]) + 1) * (len(cats["profile"]) + 1)  # ident = module code * span + ...
+    has = np.zeros(len(cats["module"]) + 1, dtype=bool)
+    has[np.unique(index.to_numpy() // span)] = True
+    codes = cur["module"].cat.codes.to_numpy()
+    rows = np.flatnonzero(has[np.where(codes >= 0, codes, len(cats["module"]))])
+    out = np.full(len(cur), -1, dtype=np.intp)
+    out[rows] = index.get_indexer(_ident(cur, cats, rows))
+    return out, pv
 
 
 def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame, rows: np.ndarray | None = None,
