@@ -203,3 +203,18 @@ def test_a_report_frame_is_the_same_on_both_engines(location: str | Path, tmp_pa
         frames.append(h.row_frame(["run-x"]).sort_values(["module", "model_key", "profile"], ignore_index=True))
         h.close()
     pd.testing.assert_frame_equal(frames[0], frames[1], check_exact=True)
+
+
+def test_a_read_of_some_fields_from_the_column_file_is_those_columns_of_the_whole(history: History) -> None:
+    """The trend's read (6 fields of 48, decompressed alone) from the ended run's column file, on either store."""
+    history.create_run("r1", modules=["m1", "m2"])
+    history.upsert_rows([_row("r1", m, k, p, 10.0 + i) for i, (m, k, p) in enumerate(
+        (m, k, p) for m in ("m2", "m1") for k in ("b", "a") for p in ("128:128", "64:64"))])
+    history.set_run_state("r1", "done", "pass")
+    whole = history.row_frame(["r1"])  # from the rows table: the column file written
+    assert history.db.execute("SELECT run_id FROM row_files").fetchall() == [("r1",)]
+    fields = ["decode_tps", "module", "run_id", "profile", "model_key"]
+    part = history.row_frame(["r1"], ["a"], only=fields)
+    assert list(part.columns) == fields and sorted(part["decode_tps"]) == [12.0, 13.0, 16.0, 17.0]
+    pd.testing.assert_frame_equal(part, whole.loc[whole["model_key"] == "a", fields].reset_index(drop=True),
+                                  check_exact=True, check_categorical=False)
