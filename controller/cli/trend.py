@@ -98,17 +98,15 @@ def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
 
 def _history_trend(history: History, models: str, profile: str | None, metric: str | None, devices: str,
                    settings: DetectorSettings, output: Output) -> None:
-    from contract.records import METRICS, parse_model_keys
-    from controller.report.load import history_frames
+    from contract.records import parse_model_keys
+    from controller.report.load import trend_frames
     from controller.report.trend import MIN_RELEASES, TrendQuery, trend_records
 
     query = TrendQuery(models=None if models == "all" else tuple(parse_model_keys(models)), profile=profile,
                        metric=metric, settings=settings,
                        devices=None if devices == "all" else frozenset(d.strip() for d in devices.split(",")
                                                                        if d.strip()))
-    # the series' fields and the metrics asked for only (the other columns of every run are never converted)
-    got = trend_records(*history_frames(history, query.models, metrics=[metric] if metric else list(METRICS)),
-                        query)
+    got = trend_records(*trend_frames(history, query), query)
     recs = got.records
     if not recs and output == Output.table:
         n = got.releases

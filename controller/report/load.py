@@ -18,7 +18,7 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from contract.fingerprint import EnvFingerprint
-from contract.records import ResultRow
+from contract.records import METRICS, ResultRow
 from controller.command import fleetctl
 from controller.history import ROW_FIELDS, History, HistoryError, RunInfo
 from controller.history.waits import run_waits, run_waits_line
@@ -26,6 +26,9 @@ from controller.report.analysis import analyse
 from controller.report.environment import digests_of, kernel_cache_note, refuse_unless_same, with_environment
 from controller.report.model import Report, ReportError, Thresholds
 from controller.report.telemetry import with_telemetry
+
+if typing.TYPE_CHECKING:
+    from controller.report.trend import TrendQuery
 
 PRIOR_RUNS = 20  # how far back to look for each module's previous run
 
@@ -100,13 +103,20 @@ SERIES_FIELDS = ("run_id", "module", "model_key", "profile", "source")  # what a
 def history_frames(history: History, model_keys: Sequence[str] | None = None, *,
                    metrics: Sequence[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """What the change points over the history are computed from (:mod:`controller.report.trend`): the rows of
-    every run (of ``model_keys`` only, when given) and the runs' (run_id, release, created_at). ``metrics``: the
-    rows' series fields and those metrics only (``fleetctl trend --metric``: 6 columns converted, not 48)."""
+    every run (of ``model_keys`` only, when given), their series fields and ``metrics`` only (default: every
+    metric; ``fleetctl trend --metric``: 6 columns read of 48, the others never decompressed), and the runs'
+    (run_id, release, created_at)."""
     runs = history.runs(limit=1_000_000)
     frame = pd.DataFrame([{"run_id": r.run_id, "release": r.release, "created_at": r.created_at} for r in runs],
                          columns=["run_id", "release", "created_at"])
-    only = None if metrics is None else [*SERIES_FIELDS, *(m for m in metrics if m not in SERIES_FIELDS)]
+    only = [*SERIES_FIELDS, *(m for m in (METRICS if metrics is None else metrics) if m not in SERIES_FIELDS)]
     return read_rows(history, list(frame["run_id"]), model_keys=model_keys, only=only), frame
+
+
+def trend_frames(history: History, query: TrendQuery) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What :func:`controller.report.trend.trend_records` reads for ``query`` (``fleetctl trend``, ``GET /trend``):
+    the rows of its model keys, the series' fields and its metric (every metric, without one) only."""
+    return history_frames(history, query.models, metrics=[query.metric] if query.metric else None)
 
 
 def distinct_sorted(col: pd.Series) -> list[Any]:

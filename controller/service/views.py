@@ -121,11 +121,10 @@ def report(s: Session, run: str = "latest", baseline: str | None = None, *, tole
 def trend(s: Session, query: TrendQuery) -> TrendResult:
     """The change points across the release history that ``query`` asks for: the records of ``fleetctl trend
     -o json`` (never writes)."""
-    from controller.report.load import history_frames
+    from controller.report.load import trend_frames
     from controller.report.trend import trend_records
 
-    h = s.read_history()
-    return trend_records(*history_frames(h, query.models), query)
+    return trend_records(*trend_frames(s.read_history(), query), query)
 
 
 def version() -> dict[str, str]:

@@ -54,20 +54,24 @@ def test_history_section_reads_only_the_runs_keys(reference, tmp_path):
 
 
 def test_history_frames_of_some_metrics_are_those_columns_of_the_whole_read(reference, tmp_path):
-    """``metrics``: the series' fields and those metrics only (column files and SQLite alike), the same values as
-    the whole read's columns; the trend's records over them are the same records."""
-    from controller.report.load import SERIES_FIELDS
+    """``metrics``: the series' fields and those metrics only (default: every metric; column files and SQLite
+    alike), the same values as the whole read's columns; the trend's records over them are the same records."""
+    from contract.records import METRICS
+    from controller.report.load import SERIES_FIELDS, read_rows
     from controller.report.trend import TrendQuery, trend_records
 
     h = release_history(tmp_path / "history.sqlite", reference, regress={("qwen3", "decode_tps"): 0.10})
     try:
-        whole, runs = history_frames(h, ["qwen3"])
+        every, runs = history_frames(h, ["qwen3"])
+        whole = read_rows(h, list(runs["run_id"]), model_keys=["qwen3"])
         some, runs2 = history_frames(h, ["qwen3"], metrics=["decode_tps"])
-        assert list(some.columns) == [*SERIES_FIELDS, "decode_tps"] and len(whole.columns) > 40
-        assert some.equals(whole[list(some.columns)]) and runs2.equals(runs)
-        query = TrendQuery(models=("qwen3",), metric="decode_tps")
-        got, want = trend_records(some, runs, query), trend_records(whole, runs, query)
-        assert got == want and [r["release"] for r in got.records] == ["1.6.0"]
+        assert list(every.columns) == [*SERIES_FIELDS, *METRICS] and len(whole.columns) > 40
+        assert list(some.columns) == [*SERIES_FIELDS, "decode_tps"]
+        assert every.equals(whole[list(every.columns)]) and some.equals(whole[list(some.columns)])
+        assert runs2.equals(runs)
+        for query in (TrendQuery(models=("qwen3",), metric="decode_tps"), TrendQuery(models=("qwen3",))):
+            got, want = trend_records(some if query.metric else every, runs, query), trend_records(whole, runs, query)
+            assert got == want and "1.6.0" in [r["release"] for r in got.records]
         assert list(history_frames(h, ["nokey"], metrics=["ttft_ms"])[0].columns) == [*SERIES_FIELDS, "ttft_ms"]
     finally:
         h.close()
