@@ -10,6 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from controller.cli import trend as trend_cli
+from controller.errors import FleetctlError
 from controller.settings import ControllerSettings
 from tests.support.frames import reference  # noqa: F401 - the fixture, registered by name
 from tests.support.http_servers import AUTH, TOKEN, write_tokens
@@ -53,13 +54,27 @@ def test_trend_endpoint_returns_the_records_of_the_cli(trended):
 
 def test_trend_endpoint_filters_as_the_cli_does(trended):
     client, h = trended
-    params = {"models": "qwen3", "profile": "1024:1024", "min_magnitude": "0.2", "max_pvalue": "0.01"}
+    params = {"models": "qwen3", "profile": "1000:1000", "min_magnitude": "0.2", "max_pvalue": "0.01"}
     got = client.get("/api/v1/trend", headers=AUTH, params=params)
     assert got.status_code == 200, got.text
-    assert got.json() == _cli(h, "--models", "qwen3", "--profile", "1024:1024", "--min-magnitude", "0.2",
+    assert got.json() == _cli(h, "--models", "qwen3", "--profile", "1000:1000", "--min-magnitude", "0.2",
                               "--max-pvalue", "0.01") == []
     unknown = client.get("/api/v1/trend", headers=AUTH, params={"models": "nope"})
     assert unknown.status_code == 400 and "nope" in unknown.json()["detail"]
+
+
+def test_a_profile_without_rows_is_named_not_taken_for_no_change(trended):
+    client, h = trended
+    said = "profile '1024:1024': no rows of it in the history of qwen3 (profiles: 1000:1000, 128:128, "
+    got = client.get("/api/v1/trend", headers=AUTH, params={"models": "qwen3", "profile": "1024:1024"})
+    assert got.status_code == 400 and got.json()["detail"].startswith(said)
+    app = typer.Typer()
+    trend_cli.register(app, lambda: h)
+    app.command("noop")(lambda: None)
+    res = CliRunner().invoke(app, ["trend", "--models", "qwen3", "--profile", "1024:1024"])
+    # fleetctl's main prints a FleetctlError as "fleetctl: error: ..." and exits 2 (tests/cli: the error root)
+    assert isinstance(res.exception, FleetctlError) and str(res.exception).startswith(said)
+    assert "no change points" not in res.output
 
 
 def test_trend_endpoint_bad_input_is_one_line(trended):
