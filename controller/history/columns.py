@@ -131,9 +131,12 @@ def decode(data: bytes, rec: ColumnFile, only: Sequence[str] | None = None) -> p
         raise ValueError(f"not a field of the rows: {[f for f in only or () if full.get_field_index(f) < 0]}")
     try:
         buf = pa.py_buffer(data)
-        if not ipc.open_file(buf).schema.equals(full):  # (a reader of some fields has a schema of those)
+        reader = ipc.open_file(buf)
+        if not reader.schema.equals(full):
             return None
-        table = ipc.open_file(buf, options=ipc.IpcReadOptions(included_fields=fields)).read_all()
+        if fields is not None:  # a reader of some fields (its schema is of those: the whole one is checked above)
+            reader = ipc.open_file(buf, options=ipc.IpcReadOptions(included_fields=fields))
+        table = reader.read_all()
     except (pa.ArrowInvalid, OSError):
         return None
     if table.num_rows != rec.rows:

@@ -236,12 +236,12 @@ def trend_records(rows: pd.DataFrame, runs: pd.DataFrame, query: TrendQuery) -> 
     if query.models is not None:
         rows = rows[rows["model_key"].astype(str).isin(query.models)]
     if query.profile is not None:
-        known = sorted({str(p) for p in rows["profile"].unique()})
-        rows = rows[rows["profile"].astype(str) == query.profile]
-        if known and rows.empty:  # said, not "no change points": there is no series to look at
+        of_profile = rows[rows["profile"].astype(str) == query.profile]
+        if of_profile.empty and len(rows):  # said, not "no change points": there is no series to look at
             raise ReportError(f"profile {query.profile!r}: no rows of it in the history"
                               f"{' of ' + ', '.join(query.models) if query.models else ''} (profiles: "
-                              f"{', '.join(known)})")
+                              f"{', '.join(sorted({str(p) for p in rows['profile'].unique()}))})")
+        rows = of_profile
     found = changes(rows, runs, query.settings, metrics=[query.metric] if query.metric else tuple(METRICS))
     if query.devices is not None:
         found = [c for c in found if c.module == FLEET or c.module in query.devices]
