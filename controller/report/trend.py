@@ -80,18 +80,18 @@ def release_order(runs: pd.DataFrame) -> list[str]:
 
 
 def release_values(rows: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
-    """One value per (model key, profile, metric, module or '*', release): long frame ``value``."""
-    rel = runs.set_index("run_id")["release"].astype(str)
-    df = rows[rows["source"].astype(str) == "release"] if "source" in rows else rows
-    df = df.assign(release=df["run_id"].astype(str).map(rel)).dropna(subset=["release"])
-    keys = ["model_key", "profile", "run_id", "release"]
-    long = df.melt(id_vars=[*keys, "module"], value_vars=list(metrics), var_name="metric").dropna(subset=["value"])
-    long = long.astype({c: str for c in ("model_key", "profile", "run_id", "release", "module")})
-    by = ["model_key", "profile", "metric", "run_id", "release"]
-    fleet = long.groupby(by, observed=True)["value"].median().reset_index().assign(module=FLEET)
-    per = pd.concat([fleet, long], ignore_index=True)
-    return per.groupby(["model_key", "profile", "metric", "module", "release"], observed=True)["value"] \
-        .median().reset_index()
+    """One value per (model key, profile, metric, module or '*', release): long frame ``value``, sorted by the
+    key and the release as text. Every release a run has (a run without one: release ``''``), not only those of
+    :func:`release_order`: :func:`_release_series` over them, as rows."""
+    order = sorted(set(runs["release"].astype(str)))
+    found = _release_series(rows, runs, metrics, order, modules=True)
+    lengths = [len(ranks) for _, ranks, _ in found]
+    keys = [np.repeat(np.array([k[i] for k, _, _ in found], dtype=object), lengths) for i in range(4)]
+    ranks = np.concatenate([r for _, r, _ in found]) if found else np.zeros(0, dtype=np.int64)
+    return pd.DataFrame({"model_key": keys[0], "profile": keys[1], "metric": keys[2], "module": keys[3],
+                         "release": np.array(order, dtype=object)[ranks],
+                         "value": np.concatenate([x for _, _, x in found]) if found else np.zeros(0)}) \
+        .astype(dict.fromkeys(("model_key", "profile", "metric", "module", "release"), str))  # empty: str too
 
 
 def changes(rows: pd.DataFrame, runs: pd.DataFrame, settings: DetectorSettings | None = None, *,
@@ -275,14 +275,14 @@ def history_section(rows: pd.DataFrame, runs: pd.DataFrame, release: str,
     shown = [cs for cs in by_series.values() if any(c.change.in_force or c.release == release for c in cs)]
     shown.sort(key=lambda cs: (cs[0].module != FLEET, cs[0].model_key, cs[0].metric in DERIVED, cs[0].profile,
                                cs[0].metric, cs[0].module))
-    rank = {r: i for i, r in enumerate(order)}
-    vals = release_values(rows, runs, [m for m in METRICS if m in rows.columns])
+    # each series' releases: those of its values (c.values), in release order
+    releases = {k: tuple(order[r] for r in ranks)
+                for k, ranks, _ in _release_series(rows, runs, [m for m in METRICS if m in rows.columns], order,
+                                                   modules=True)}
     series = []
     for cs in shown[:max_charts]:
         c = cs[0]
-        g = vals[(vals["model_key"] == c.model_key) & (vals["profile"] == c.profile) & (vals["metric"] == c.metric)
-                 & (vals["module"] == c.module) & vals["release"].isin(rank)]
-        rels = tuple(sorted(g["release"], key=rank.__getitem__))
+        rels = releases[(c.model_key, c.profile, c.metric, c.module)]
         series.append(TrendSeries(model_key=c.model_key, profile=c.profile, metric=c.metric, scope=scope_of(c.module),
                                   releases=rels, values=c.values, marks=tuple(x.change.index for x in cs),
                                   sizes=tuple(x.change.size for x in cs), in_force=tuple(x.change.in_force for x in cs),
