@@ -122,7 +122,8 @@ def _welch(a: np.ndarray, b: np.ndarray) -> _Test:
 
 
 @cache
-def _student() -> tuple[Any, Any]:
+def student_t() -> tuple[Any, Any]:
+    """scipy.special's ``stdtr`` and ``stdtrit``: Student's t distribution function and its inverse."""
     # Student's t straight from scipy.special (what scipy.stats.t's sf and ppf compute, without the distribution
     # object's argument checks: ~100x faster a call, and pruning makes thousands of calls over a long history);
     # loaded at the first test, once (an import statement a call cost more than the test's arithmetic)
@@ -134,7 +135,7 @@ def _student() -> tuple[Any, Any]:
 def _welch_of(ma: float, va: float, na: int, mb: float, vb: float, nb: int) -> _Test:
     """Welch's test from each side's mean, variance (ddof 1) and size, with the 95 % interval (the screening of
     candidates, which reads the p-value and the size only, is :func:`_screen_of`)."""
-    stdtr, stdtrit = _student()
+    stdtr, stdtrit = student_t()
     se2 = va / na + vb / nb
     diff = mb - ma
     scale = abs(ma) if ma else 1.0
@@ -226,11 +227,13 @@ def _search(x: np.ndarray, lo: int, hi: int, s: DetectorSettings, found: list[in
     _search(x, lo + k, hi, s, found)
 
 
-def _stretch(n: int, cps: list[int], i: int) -> tuple[int, int]:
+def stretch_bounds(n: int, cps: list[int], i: int) -> tuple[int, int]:
+    """The stretch change point ``i`` of ``cps`` is judged over: from the one before it (else 0) to the one after
+    it (else ``n``)."""
     return (cps[i - 1] if i > 0 else 0), (cps[i + 1] if i + 1 < len(cps) else n)
 
 
-class _Sums:
+class Sums:
     """Prefix sums of a series (centred on its mean): the mean and variance of any stretch in O(1), for the
     screening of candidates (the tests reported are computed again from the values: :func:`_judge`)."""
 
@@ -260,7 +263,7 @@ def _screen_of(ma: float, va: float, na: int, mb: float, vb: float, nb: int) -> 
     products (``x * x``, correctly rounded; ``x ** 2`` of a float is the C library's ``pow``, which is not always):
     :mod:`controller.report.analysis.changepoints_batch` computes the same screens over many series at once with
     numpy's elementwise arithmetic and must come to the same bits."""
-    stdtr, _ = _student()
+    stdtr, _ = student_t()
     se2 = va / na + vb / nb
     diff = mb - ma
     scale = abs(ma) if ma else 1.0
@@ -277,7 +280,7 @@ def _screen_of(ma: float, va: float, na: int, mb: float, vb: float, nb: int) -> 
 def _judge(x: np.ndarray, cps: list[int], i: int, s: DetectorSettings) -> _Test:
     """Welch's test of change point ``i`` against its neighbours (a change point closer than ``min_segment``
     to a neighbour fails: p 1)."""
-    lo, hi = _stretch(len(x), cps, i)
+    lo, hi = stretch_bounds(len(x), cps, i)
     a, b = x[lo:cps[i]], x[cps[i]:hi]
     if min(len(a), len(b)) < s.min_segment:
         ma, mb = float(a.mean()), float(b.mean())
@@ -290,7 +293,7 @@ def _passes(t: _Test, s: DetectorSettings) -> bool:
     return t.p_value <= s.max_pvalue and abs(t.size) >= s.min_magnitude
 
 
-def _weakest(tests: list[_Test], s: DetectorSettings) -> int | None:
+def weakest_failing(tests: list[_Test], s: DetectorSettings) -> int | None:
     """The failing test of the largest p (then the smallest size), the first of equals; None when all pass."""
     worst: tuple[float, float] | None = None
     at = None
@@ -307,7 +310,7 @@ def locate(values: Values, settings: DetectorSettings | None = None) -> list[int
     """Candidate change points (indices of the first value after each) before pruning: the search alone
     (every split of the binary segmentation)."""
     s = settings or DetectorSettings()
-    x = _as_series(values)
+    x = as_series(values)
     found: list[int] = []
     _search(x, 0, len(x), s, found)
     return sorted(found)
@@ -317,7 +320,7 @@ def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings 
         tuple[ChangePoint, ...]:
     """The candidates that pass against their neighbours (the weakest failing one dropped at a time)."""
     s = settings or DetectorSettings()
-    x = _as_series(values)
+    x = as_series(values)
     cps = sorted(set(candidates))
     if not cps:
         return ()
@@ -325,10 +328,10 @@ def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings 
     # the others are taken from here, not computed again (a long series has dozens of candidates)
     screened: dict[tuple[int, int, int], _Test] = {}
     permuted: dict[tuple[int, int, int], float] = {}
-    sums = _Sums(x)
+    sums = Sums(x)
 
     def stretch(i: int) -> tuple[int, int, int]:
-        lo, hi = _stretch(len(x), cps, i)
+        lo, hi = stretch_bounds(len(x), cps, i)
         return lo, cps[i], hi
 
     def screen(k: tuple[int, int, int]) -> _Test:
@@ -348,7 +351,7 @@ def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings 
 
     while cps:
         tests = screens
-        weakest = _weakest(tests, s)
+        weakest = weakest_failing(tests, s)
         if weakest is not None:
             drop(weakest)
             continue
@@ -356,14 +359,14 @@ def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings 
         tests = [replace(t, p_value=permuted[k] if k in permuted else permuted.setdefault(
                      k, _permutation_p(x[k[0]:k[2]], k[1] - k[0], s.min_segment, s.permutations)))
                  for t, k in zip(tests, keys, strict=True)]
-        weakest = _weakest(tests, s)
+        weakest = weakest_failing(tests, s)
         if weakest is None:
             break
         drop(weakest)
-    return _reported(x, cps, [t.p_value for t in tests] if cps else [], s)
+    return reported(x, cps, [t.p_value for t in tests] if cps else [], s)
 
 
-def _reported(x: np.ndarray, cps: list[int], p_values: Sequence[float], s: DetectorSettings) -> \
+def reported(x: np.ndarray, cps: list[int], p_values: Sequence[float], s: DetectorSettings) -> \
         tuple[ChangePoint, ...]:
     """The change points ``cps`` that passed, with their permutation p-values: each one's size, interval and
     levels from the values (the sums only screen), and whether it is still in force."""
@@ -375,14 +378,15 @@ def _reported(x: np.ndarray, cps: list[int], p_values: Sequence[float], s: Detec
         t = replace(_judge(x, cps, i, s), p_value=p)
         end = last / t.before - 1 if t.before else 0.0
         in_force = math.copysign(1, end) == math.copysign(1, t.size) and abs(end) >= s.min_magnitude
-        lo, hi = _stretch(len(x), cps, i)
+        lo, hi = stretch_bounds(len(x), cps, i)
         out.append(ChangePoint(index=cps[i], size=t.size, ci_low=t.ci_low, ci_high=t.ci_high, p_value=t.p_value,
                                before=t.before, after=t.after, n_before=cps[i] - lo, n_after=hi - cps[i],
                                in_force=in_force))
     return tuple(out)
 
 
-def _as_series(values: Values) -> np.ndarray:
+def as_series(values: Values) -> np.ndarray:
+    """``values`` as a 1-D float array (not one-dimensional, or a value not finite: :class:`SeriesError`)."""
     x = np.asarray(values, dtype=float)
     if x.ndim != 1:
         raise SeriesError(f"a series is one-dimensional, got shape {x.shape}")
@@ -399,7 +403,7 @@ def hampel(values: Values, sigmas: float = DEFAULT_OUTLIER_SIGMAS) -> tuple[np.n
     outlier); it is replaced by the mean of those two medians. The scale: 1.4826 times the median absolute
     residual of the values from those means, over :data:`RESIDUAL_SPREAD`. The first and last values are kept
     as they are (next to them, the values on their side, fewer than three, stand for the median)."""
-    x = _as_series(values)
+    x = as_series(values)
     h = HAMPEL_HALF_WINDOW
     n = len(x)
     if sigmas <= 0 or n < 2 * h + 1:

@@ -35,14 +35,14 @@ from controller.report.analysis.changepoints import (
     Detection,
     DetectorSettings,
     Shuffles,
+    Sums,
     Values,
-    _as_series,
-    _reported,
-    _stretch,
-    _student,
-    _Sums,
-    _weakest,
+    as_series,
     permutation_count,
+    reported,
+    stretch_bounds,
+    student_t,
+    weakest_failing,
 )
 
 
@@ -50,7 +50,7 @@ def analyse_many(series: Sequence[Values], settings: DetectorSettings | None = N
     """:func:`~controller.report.analysis.changepoints.analyse_series` of each series, in order (a bad series:
     the same :class:`~controller.report.analysis.changepoints.SeriesError`, the first in order)."""
     s = settings or DetectorSettings()
-    xs = [_as_series(v) for v in series]
+    xs = [as_series(v) for v in series]
     out: list[Detection | None] = [None] * len(xs)
     by_length: dict[int, list[int]] = {}
     for i, x in enumerate(xs):
@@ -234,7 +234,7 @@ class _Finish:
         self.x, self.s = x, s
         self.shuffles = shuffles  # by stretch length, for every series (the same draws)
         self.counts: dict[tuple[int, int, int, int], tuple[int, int]] = {}  # (row, lo, k, hi): beaten, looked at
-        self.sums: dict[int, _Sums] = {}
+        self.sums: dict[int, Sums] = {}
         self.ends: dict[tuple[int, tuple[int, ...]], tuple[ChangePoint, ...]] = {}
         # the fewest shuffles that beat a split for its p-value to be above max_pvalue
         self.stop = next(b for b in range(s.permutations + 2) if (1 + b) / (1 + s.permutations) > s.max_pvalue)
@@ -248,11 +248,12 @@ class _Finish:
     def _prune(self, r: int, cps: list[int]) -> tuple[ChangePoint, ...]:
         s, n = self.s, self.x.shape[1]
         if r not in self.sums:
-            self.sums[r] = _Sums(self.x[r])
+            self.sums[r] = Sums(self.x[r])
         while cps:
-            keys = [(r, lo, cps[i], hi) for i, (lo, hi) in enumerate(_stretch(n, cps, i) for i in range(len(cps)))]
+            keys = [(r, lo, cps[i], hi)
+                    for i, (lo, hi) in enumerate(stretch_bounds(n, cps, i) for i in range(len(cps)))]
             screens = [self.sums[r].judge(lo, k, hi, s) for _, lo, k, hi in keys]
-            weakest = _weakest(screens, s)
+            weakest = weakest_failing(screens, s)
             if weakest is not None:
                 del cps[weakest]
                 continue
@@ -270,13 +271,14 @@ class _Finish:
             counts = [c if small[i] else self._count(keys[i], None) for i, c in enumerate(counts)]
             failing = [i for i, (beaten, _) in enumerate(counts) if small[i] or beaten >= self.stop]
             if not failing:
-                return _reported(self.x[r], cps, [self._p(k) for k in keys], s)
+                return reported(self.x[r], cps, [self._p(k) for k in keys], s)
             if len(failing) == 1:
                 weakest = failing[0]
             else:
                 for i in failing:
                     self._count(keys[i], None)
-                weakest = _weakest([replace(t, p_value=self._p(k)) for k, t in zip(keys, screens, strict=True)], s)
+                weakest = weakest_failing([replace(t, p_value=self._p(k))
+                                           for k, t in zip(keys, screens, strict=True)], s)
                 assert weakest is not None, (r, cps)
             if ends is not None:
                 return ends[maybe.index(weakest)]
@@ -316,7 +318,7 @@ class _Finish:
 
 
 class _RowSums:
-    """``changepoints._Sums`` of each row: the centred prefix sums, and the screens from them."""
+    """``changepoints.Sums`` of each row: the centred prefix sums, and the screens from them."""
 
     def __init__(self, x: np.ndarray) -> None:
         rows, n = x.shape
@@ -336,8 +338,8 @@ class _RowSums:
 
     def screen(self, r: np.ndarray, lo: np.ndarray, k: np.ndarray, hi: np.ndarray,
                s: DetectorSettings) -> tuple[np.ndarray, np.ndarray]:
-        """The screen's (p, size) of the split at ``k`` of ``lo .. hi`` of each row ``r``: ``_Sums.judge``."""
-        stdtr, _ = _student()
+        """The screen's (p, size) of the split at ``k`` of ``lo .. hi`` of each row ``r``: ``Sums.judge``."""
+        stdtr, _ = student_t()
         with np.errstate(all="ignore"):
             (ma, va), (mb, vb) = self.mean_var(r, lo, k), self.mean_var(r, k, hi)
             na, nb = k - lo, hi - k
