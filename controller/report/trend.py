@@ -83,7 +83,7 @@ def release_values(rows: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[str
     """One value per (model key, profile, metric, module or '*', release): long frame ``value``, sorted by the
     key and the release as text. Every release a run has (a run without one: release ``''``), not only those of
     :func:`release_order`: :func:`_release_series` over them, as rows."""
-    order = sorted(set(runs["release"].astype(str)))
+    order = sorted(set(runs["release"].astype(str).dropna()))  # (a missing release: left out, as _release_series does)
     found = _release_series(rows, runs, metrics, order, modules=True)
     lengths = [len(ranks) for _, ranks, _ in found]
     keys = [np.repeat(np.array([k[i] for k, _, _ in found], dtype=object), lengths) for i in range(4)]

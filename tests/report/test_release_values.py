@@ -80,6 +80,28 @@ def test_release_values_keeps_the_runs_without_a_release_and_drops_rows_of_unkno
     assert set(got["release"]) <= {"", "1.0.0"}
 
 
+@pytest.mark.parametrize("column", ["module", "model_key", "profile", "run_id", "source"])
+def test_release_values_leaves_out_rows_with_a_missing_key_as_before(column):
+    """A row with a missing key is in no series. One difference: the former computation took a row without a
+    module into its fleet medians (the change points' series never did); the store's rows always have one
+    (``module`` is of the rows' primary key, a str in every ResultRow)."""
+    for categorical in (False, True):
+        rows, runs = random_history(2, categorical=categorical)
+        rows = rows.astype({column: object})
+        rows.loc[rows.index[::7], column] = np.nan
+        if column == "module":
+            got = release_values(rows, runs, METRIC_NAMES)
+            assert not got.equals(reference_release_values(rows, runs, METRIC_NAMES))
+            pd.testing.assert_frame_equal(got, reference_release_values(rows.dropna(subset=["module"]), runs,
+                                                                        METRIC_NAMES), check_exact=True)
+        else:
+            check(rows, runs, METRIC_NAMES)
+    rows, runs = random_history(4)
+    runs = runs.astype({"release": object})
+    runs.loc[0, "release"] = np.nan
+    check(rows, runs, METRIC_NAMES)
+
+
 def test_release_values_of_empty_frames():
     rows, runs = random_history(1)
     check(rows.iloc[:0], runs, METRIC_NAMES)
