@@ -1,11 +1,14 @@
-"""Benchmark: a report and a trend as a fresh ``fleetctl`` process and through a running ``fleetctl serve``,
-side by side, on the histories ``bench/report.py --history`` built.
+"""Benchmark: a report and a trend as a fresh ``fleetctl`` process reading the history, through a running
+``fleetctl serve`` (a bare HTTP GET), and as ``fleetctl ... --service URL`` (a fresh process asking the service:
+what a user types), side by side, on the histories ``bench/report.py --history`` built.
 
 A fresh process pays python's start and the imports (pandas alone ~0.6 s on this machine) before it reads a
-row; the service pays them once, at its start, and each request then pays the read and the analysis only. This
-script measures both on the same history in one run, interleaved (``--repeat`` rounds after one untimed
-round), and checks that they give the same bytes: the report's Markdown (``fleetctl report RUN`` and ``GET
-/runs/RUN/report?format=md``) and the trend's records (``fleetctl trend -o json`` and ``GET /trend``).
+row; the service pays them once, at its start, keeps the frames of ended runs decoded and each report's analysis
+(keyed by every input, ADR 0034), so a request pays what is left. ``--service`` adds python's start and the CLI's
+(no pandas). This script measures the three on the same history in one run, interleaved (``--repeat`` rounds
+after one untimed round), and checks that they give the same bytes: the report's Markdown and the trend's
+records. The report is timed twice: with the same options each round (its analysis recalled), and with another
+``--tolerance`` each round (the frames kept, the analysis made each time).
 
     .venv/bin/python bench/report.py --history 10000,1000000 --db /tmp/b/b.sqlite   # builds both histories
     .venv/bin/python bench/report_served.py --db /tmp/b/b.sqlite --rows 10000,1000000
@@ -93,6 +96,14 @@ def _fresh(history: Path, *args: str) -> tuple[float, bytes]:
     return time.perf_counter() - t, out
 
 
+def _client(svc: Service, *args: str) -> tuple[float, bytes]:
+    """(wall seconds, stdout) of ``fleetctl ARGS --service URL`` as a fresh process."""
+    env = {**os.environ, "FLEET_TOKEN": svc.token}
+    t = time.perf_counter()
+    out = subprocess.run([FLEETCTL, *args, "--service", svc.api], capture_output=True, check=True, env=env).stdout
+    return time.perf_counter() - t, out
+
+
 def _spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3f} s [{min(xs):.3f}-{max(xs):.3f}]"
 
@@ -105,12 +116,17 @@ def main() -> int:
     args = ap.parse_args()
     db = Path(args.db)
     trend_db = db.with_name(db.stem + "-trend" + db.suffix)
-    cases: list[tuple[str, Path, tuple[str, ...], str]] = [
-        (f"report of {int(n):,} rows (md)", db, ("report", f"bench-{int(n)}"), f"/runs/bench-{int(n)}/report?format=md")
-        for n in args.rows.split(",")]
+    cases: list[tuple[str, Path, tuple[str, ...], str]] = []
+    for n in (int(x) for x in args.rows.split(",")):
+        cases.append((f"report of {n:,} rows (md)", db, ("report", f"bench-{n}"), f"/runs/bench-{n}/report?format=md"))
+        cases.append((f"report of {n:,} rows, another --tolerance each round", db,
+                      ("report", f"bench-{n}", "--tolerance", "{tol}"),
+                      f"/runs/bench-{n}/report?format=md&tolerance={{tol}}"))
     if trend_db.exists():
         cases.append(("trend -m qwen3 --metric decode_tps (100 runs x 10 k rows)", trend_db, (*TREND, "-o", "json"),
                       "/trend?models=qwen3&metric=decode_tps"))
+    # 0.050001, 0.050002, ...: never the same twice (no analysis recalled), the same report as at 0.05
+    tolerances = iter(f"{0.05 + i * 1e-6:.6f}" for i in range(1, 100_000))
     services: dict[Path, Service] = {}
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,23 +137,31 @@ def main() -> int:
                 services[history] = Service(history, Path(tmp) / str(i))
             print(f"{len(services)} service(s) started in {time.perf_counter() - t:.1f} s; {args.repeat} interleaved "
                   "rounds after one untimed round (the service's first request pays its imports), median [min-max]")
-            print("| what | fresh fleetctl process | through fleetctl serve | served / fresh | same output |")
-            print("| --- | ---: | ---: | ---: | --- |")
+            print("| what | fresh fleetctl process | through fleetctl serve (GET) | fleetctl --service | "
+                  "--service / fresh | same output |")
+            print("| --- | ---: | ---: | ---: | ---: | --- |")
             for what, history, argv, path in cases:
                 svc = services[history]
-                first, _ = svc.get(path)
+                first, _ = svc.get(path.format(tol=next(tolerances)))
                 fresh: list[float] = []
                 served: list[float] = []
+                client: list[float] = []
                 same = True
                 for _ in range(args.repeat):
-                    wf, out = _fresh(history, *argv)
-                    ws, body = svc.get(path)
+                    tol = [next(tolerances), next(tolerances)]  # one each: neither recalls an analysis
+                    wf, out = _fresh(history, *(a.format(tol=tol[0]) for a in argv))
+                    ws, body = svc.get(path.format(tol=tol[0]))
+                    wc, said = _client(svc, *(a.format(tol=tol[1]) for a in argv))
                     fresh.append(wf)
                     served.append(ws)
-                    same &= (out == body) if "report" in argv else json.loads(out) == json.loads(body)
+                    client.append(wc)
+                    if "report" in argv:
+                        same &= out == body == said
+                    else:
+                        same &= json.loads(out) == json.loads(body) == json.loads(said)
                 ok &= same
-                print(f"| {what} | {_spread(fresh)} | {_spread(served)} (first {first:.2f} s) | "
-                      f"{statistics.median(served) / statistics.median(fresh):.2f}x | {'yes' if same else 'NO'} |",
+                print(f"| {what} | {_spread(fresh)} | {_spread(served)} (first {first:.2f} s) | {_spread(client)} | "
+                      f"{statistics.median(client) / statistics.median(fresh):.2f}x | {'yes' if same else 'NO'} |",
                       flush=True)
         finally:
             for svc in services.values():

@@ -113,8 +113,8 @@ def build_app(inv: Invocation) -> typer.Typer:
     cache_app.command("prune")(cache_cli.cache_prune)
     app.add_typer(cache_app, name="cache")
     report_cli.register(app, lambda: inv.session().read_history(), lambda: inv.session().history(),
-                        lambda: inv.session().settings.baseline_same_environment)
-    trend_cli.register(app, lambda: inv.session().read_history())
+                        lambda: inv.session().settings.baseline_same_environment, lambda: inv.history is not None)
+    trend_cli.register(app, lambda: inv.session().read_history(), lambda: inv.history is not None)
     deploy_cli.register(app, devices_app, lambda: inv.session().inventory(), lambda: inv.session().settings,
                         inv.session)
     metrics_cli.register(app, lambda: inv.session().inventory())

@@ -7,6 +7,7 @@ code 2; ``--check`` exits 1 unless the verdict is pass.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from enum import Enum
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from controller.cli.output import EXIT_ERROR, EXIT_FAILED, Output, emit, fail, new_app, output_option
+from controller.cli.served import SERVICE_HELP, use_service
 from controller.command import fleetctl
 
 if TYPE_CHECKING:  # pandas, scipy and matplotlib load only when a report command runs
@@ -80,20 +82,60 @@ def _report(build: Callable[[Thresholds], Report], tolerance: float, fmt: Format
     _emit(rep, fmt, out, check)
 
 
+def _served_report(service: str, run: str, baseline: str | None, fmt: Format, out: Path | None, check: bool,
+                   tolerances: dict[str, float]) -> None:
+    """``fleetctl report --service``: the report a running ``fleetctl serve`` makes, printed or written as
+    ``fleetctl report`` does (:mod:`controller.cli.served`)."""
+    from urllib.parse import quote
+
+    from contract.files import write_atomic
+    from controller.cli import served
+
+    if fmt is Format.csv:
+        _fail("--output csv with --service: not served (it is several tables and a Parquet file); "
+              "read the history here instead (--history)")
+    for name, v in tolerances.items():
+        if not 0 < v < 1:
+            _fail(f"--{name.replace('_', '-')} must be a fraction between 0 and 1, got {v}")
+    got = served.get(service, f"/runs/{quote(run, safe='')}/report",
+                     {"format": fmt.value, "baseline": baseline, **tolerances})
+    for warning in got.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    if out is None and fmt in (Format.md, Format.json):
+        sys.stdout.buffer.write(got.body + (b"\n" if fmt is Format.json else b""))
+        sys.stdout.flush()
+    else:
+        target = out or Path(f"report-{got.run_id.replace(':', '_').replace('/', '_')}")
+        path = target / f"report.{fmt.value}"
+        mask = os.umask(0)
+        os.umask(mask)
+        try:
+            write_atomic(path, got.body.decode("utf-8"), mode=0o666 & ~mask)
+        except OSError as exc:
+            _fail(f"{path}: cannot be written ({exc.strerror or exc})")
+        typer.echo(f"wrote {path.resolve()}", err=True)
+        typer.echo(got.verdict_line)
+    if check and got.verdict != "pass":
+        raise typer.Exit(EXIT_NOT_PASS)
+
+
 FORMAT_HELP = "md, html, csv (+parquet) or json"
 OUT_HELP = "folder to write into (default: md/json to stdout, html/csv into ./report-RUN/)"
 
 
 def register(app: typer.Typer, get_history: Callable[[], History],
              get_writable_history: Callable[[], History] | None = None,
-             same_environment: Callable[[], bool] = lambda: False) -> None:
+             same_environment: Callable[[], bool] = lambda: False,
+             history_given: Callable[[], bool] = lambda: False) -> None:
     """Add ``report``, ``compare`` and the ``baseline`` group to ``app``. ``get_history`` opens the
     history for reading; ``get_writable_history`` (default the same) for ``baseline import/set``;
-    ``same_environment``: whether a baseline must share the run's environment (the setting)."""
+    ``same_environment``: whether a baseline must share the run's environment (the setting);
+    ``history_given``: whether ``--history`` named one (it wins over ``FLEET_SERVICE``)."""
     writable = get_writable_history or get_history
 
     @app.command("report")
     def report_cmd(
+        ctx: typer.Context,
         run: str = typer.Argument("latest", help="run id, unique prefix or 'latest' (the default)"),
         baseline: str | None = typer.Option(None, "--baseline", "-b", help="'1.4.1', '1.4.1@v2' or a run id"),
         fmt: Format = typer.Option(Format.md, "--output", "-o", help=FORMAT_HELP),
@@ -105,8 +147,15 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         startup_tolerance: float = typer.Option(STARTUP_TOLERANCE, help="relative change of a start-up cost (server "
                                                 "ready, first request, precompile) that counts as a regression"),
         check: bool = typer.Option(False, "--check", help=f"exit {EXIT_NOT_PASS} unless the verdict is pass"),
+        service: str | None = typer.Option(None, "--service", envvar="FLEET_SERVICE", help=SERVICE_HELP),
     ) -> None:
         """Verdict, regressions, outlier modules and fleet summary of one run (default: the latest)."""
+        remote = use_service(ctx, service, history_given())
+        if remote is not None:
+            _served_report(remote, run, baseline, old_fmt or fmt, out, check,
+                           {"tolerance": tolerance, "energy_tolerance": energy_tolerance,
+                            "startup_tolerance": startup_tolerance})
+            return
         from controller.report.load import build_report
 
         html = (old_fmt or fmt) == Format.html  # the HTML report has a "History" section

@@ -7,6 +7,7 @@ history for reading. The work is :mod:`controller.report.trend` and
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from controller.cli.output import Output, emit, fail, output_option, stdout
+from controller.cli.served import SERVICE_HELP, use_service
 
 if TYPE_CHECKING:
     from controller.history import History
@@ -63,11 +65,14 @@ def from_csv(path: Path, column: str, order_by: str | None, settings: DetectorSe
     return recs, [float(v) for v in values]
 
 
-def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
-    """Add ``trend`` to ``app``; ``get_history`` opens the run history for reading."""
+def register(app: typer.Typer, get_history: Callable[[], History],
+             history_given: Callable[[], bool] = lambda: False) -> None:
+    """Add ``trend`` to ``app``; ``get_history`` opens the run history for reading; ``history_given``: whether
+    ``--history`` named one (it wins over ``FLEET_SERVICE``)."""
 
     @app.command("trend")
     def trend_cmd(
+        ctx: typer.Context,
         models: str = typer.Option("all", "--models", "-m", help="model keys, comma separated, or 'all'"),
         profile: str | None = typer.Option(None, "--profile", help="only this profile"),
         metric: str | None = typer.Option(None, "--metric", help="only this metric (e.g. decode_tps)"),
@@ -79,8 +84,18 @@ def register(app: typer.Typer, get_history: Callable[[], History]) -> None:
         column: str | None = typer.Option(None, "--column", help="with --from-csv: the column of values"),
         order_by: str | None = typer.Option(None, "--order-by", help="with --from-csv: sort the rows by this column"),
         output: Output = output_option(),
+        service: str | None = typer.Option(None, "--service", envvar="FLEET_SERVICE", help=SERVICE_HELP),
     ) -> None:
         """Change points across the releases in the run history (or of one CSV column): table and sparklines."""
+        remote = None if from_csv_file is not None else use_service(ctx, service, history_given())
+        if remote is not None:
+            from controller.cli import served
+
+            got = served.get(remote, "/trend", {"models": models, "profile": profile, "metric": metric,
+                                                "devices": devices, "min_magnitude": min_magnitude,
+                                                "max_pvalue": max_pvalue})
+            _print_trend(json.loads(got.body), got.releases, output)
+            return
         from controller.report.trend import settings_of  # pandas: only when the command runs
 
         settings = settings_of(min_magnitude, max_pvalue)
@@ -100,16 +115,23 @@ def _history_trend(history: History, models: str, profile: str | None, metric: s
                    settings: DetectorSettings, output: Output) -> None:
     from contract.records import parse_model_keys
     from controller.report.load import trend_frames
-    from controller.report.trend import MIN_RELEASES, TrendQuery, trend_records
+    from controller.report.trend import TrendQuery, trend_records
 
     query = TrendQuery(models=None if models == "all" else tuple(parse_model_keys(models)), profile=profile,
                        metric=metric, settings=settings,
                        devices=None if devices == "all" else frozenset(d.strip() for d in devices.split(",")
                                                                        if d.strip()))
     got = trend_records(*trend_frames(history, query), query)
-    recs = got.records
+    _print_trend(got.records, got.releases, output)
+
+
+MIN_RELEASES = 12  # controller.report.trend.MIN_RELEASES (not imported here: a served trend has no pandas)
+
+
+def _print_trend(recs: list[dict[str, Any]], releases: int, output: Output) -> None:
+    """The records of a trend (``releases``: how many the history holds) as ``fleetctl trend`` prints them."""
     if not recs and output == Output.table:
-        n = got.releases
+        n = releases
         short = (f" (at the default --max-pvalue none can be named under {MIN_RELEASES}: docs/howto/trends.md)"
                  if n < MIN_RELEASES else "")
         stdout().print(f"no change points over {n} release{'' if n == 1 else 's'}{short}", highlight=False)

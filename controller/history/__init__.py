@@ -13,6 +13,7 @@ file when it is current, else from SQLite; ``fleetctl history migrate``) and :mo
 """
 
 from controller.history.copy import CopyDone, copy_history
+from controller.history.frames import FrameCache
 from controller.history.queries import DatabaseError
 from controller.history.records import (
     CHANGE_POINT_EVENT,
@@ -29,8 +30,8 @@ from controller.history.schema import ROW_FIELDS, row_from_db, row_to_db
 from controller.history.store import History
 
 __all__ = [
-    "CopyDone", "DatabaseError", "History", "HistoryError", "HistoryUnavailable", "OutboxEvent", "RESET_EVENT",
-    "ROW_FIELDS", "RunInfo",
+    "CopyDone", "DatabaseError", "FrameCache", "History", "HistoryError", "HistoryUnavailable", "OutboxEvent",
+    "RESET_EVENT", "ROW_FIELDS", "RunInfo",
     "CHANGE_POINT_EVENT", "GOLDEN_DRIFT_EVENT", "VERDICT_EVENT", "copy_history", "row_from_db", "row_to_db",
     "url_digest",
 ]

@@ -12,12 +12,18 @@ SQLite, and the next one carries on).
 A PostgreSQL history is read the same way (ADR 0031): its trigger counts the transactions that changed a run's
 rows, and its column files' bytes live in the database (:class:`TableFiles`), so every controller of it reads the
 file one of them wrote, under the same checks.
+
+A long-lived process (``fleetctl serve``) keeps the frames it made in a :class:`FrameCache`, keyed by the records
+of the files they came from: a file's bytes never change under its record (name, rows, size, sha256), so a kept
+frame is the one its files would give again, and a run whose rows changed has another record, another key.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -71,6 +77,62 @@ class TableFiles:
         return 0
 
 
+class FrameCache:
+    """Frames of runs read from their column files, for the life of a process, at most ``max_bytes`` of them (the
+    least recently used go first; a frame larger than that is not kept). Keys are made by
+    :meth:`ColumnReads.row_frame` from the files' records. Safe across threads (the API's workers and the sync
+    loop share one); a frame is handed out as a shallow copy, and pandas' copy-on-write keeps a caller's change
+    to it off the kept one."""
+
+    RESULTS = 32  # what is kept of what was computed from kept frames alone (a report's analysis), at most
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = self.hits = self.misses = self.recalled = 0
+        self._frames: OrderedDict[Hashable, tuple[pd.DataFrame, int]] = OrderedDict()
+        self._results: OrderedDict[Hashable, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def recall(self, key: Hashable) -> object | None:
+        """What :meth:`remember` kept under ``key`` (None: nothing). The caller's key names every input of it."""
+        with self._lock:
+            got = self._results.get(key)
+            if got is not None:
+                self._results.move_to_end(key)
+                self.recalled += 1
+            return got
+
+    def remember(self, key: Hashable, value: object) -> None:
+        """Keep ``value``, a pure function of the frames ``key`` names (immutable: it is handed to every caller)."""
+        with self._lock:
+            self._results[key] = value
+            self._results.move_to_end(key)
+            while len(self._results) > self.RESULTS:
+                self._results.popitem(last=False)
+
+    def get(self, key: Hashable) -> pd.DataFrame | None:
+        with self._lock:
+            got = self._frames.get(key)
+            if got is None:
+                self.misses += 1
+                return None
+            self._frames.move_to_end(key)
+            self.hits += 1
+        return got[0].copy(deep=False)
+
+    def put(self, key: Hashable, frame: pd.DataFrame) -> None:
+        size = int(frame.memory_usage(index=True, deep=False).sum())
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._frames.pop(key, None)
+            self.bytes += size - (old[1] if old else 0)
+            self._frames[key] = (frame.copy(deep=False), size)
+            while self.bytes > self.max_bytes:
+                _, (_, gone) = self._frames.popitem(last=False)
+                self.bytes -= gone
+
+
 @dataclass(frozen=True)
 class Migrated:
     """What ``fleetctl history migrate`` did: runs whose column file it wrote, runs that had a current one,
@@ -88,6 +150,7 @@ class ColumnReads:
 
     db: Database
     path: Path | str
+    frames: FrameCache | None = None  # a long-lived process's (fleetctl serve): frames of column files kept
 
     @property
     def column_store(self) -> ColumnStore | None:
@@ -110,8 +173,32 @@ class ColumnReads:
         """Every stored row of the given runs (of ``model_keys`` only, when given), one column per ResultRow
         field (the fields ``only``, when given: a trend over 100 runs converts 6 columns, not 48), text as
         categoricals (sorted categories), numbers as numbers: the same frame whichever store the rows come from."""
-        tables = [self._run_table(r, only) for r in dict.fromkeys(run_ids)]
-        return columns.frame(tables, model_keys)
+        ids = list(dict.fromkeys(run_ids))
+        cache = self.frames
+        key = None if cache is None else self.frame_key(ids, model_keys, only)
+        if cache is not None and key is not None and (kept := cache.get(key)) is not None:
+            return kept
+        frame = columns.frame([self._run_table(r, only) for r in ids], model_keys)
+        # kept only when every file read is still the one the key names (a damaged file read from SQLite and
+        # rewritten, or a run whose rows changed meanwhile, has another record)
+        if cache is not None and key is not None and self.frame_key(ids, model_keys, only) == key:
+            cache.put(key, frame)
+        return frame
+
+    def frame_key(self, run_ids: Sequence[str], model_keys: Sequence[str] | None = None,
+                  only: Sequence[str] | None = None) -> Hashable | None:
+        """What a kept frame of these runs is found by: the current files' records (None without a column store
+        or when a run has no current file: a running run, rows not yet in a file)."""
+        if self.column_store is None:
+            return None
+        recs = []
+        for run_id in run_ids:
+            rec = self._current_file(run_id)[0]
+            if rec is None:
+                return None
+            recs.append(rec)
+        return (str(self.path), tuple(recs), None if model_keys is None else tuple(model_keys),
+                None if only is None else tuple(only))
 
     def _generation(self, run_id: str) -> int:
         row = self.db.execute("SELECT gen FROM row_generations WHERE run_id=?", (run_id,)).fetchone()

@@ -19,7 +19,7 @@ from contract.fingerprint import EnvFingerprint
 from contract.records import ResultRow, RunProgress, TelemetrySummary
 from controller.command import fleetctl
 from controller.history.db import Cursor, Database, connect, is_url
-from controller.history.frames import ColumnReads
+from controller.history.frames import ColumnReads, FrameCache
 from controller.history.outbox import WebhookOutbox
 from controller.history.queries import HistoryQueries
 from controller.history.records import GOLDEN_DRIFT_EVENT, RESET_EVENT, VERDICT_EVENT, HistoryError, RunInfo
@@ -43,7 +43,8 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
 
     path: Path | str
 
-    def __init__(self, location: str | Path) -> None:
+    def __init__(self, location: str | Path, *, frames: FrameCache | None = None) -> None:
+        self.frames = frames
         self.db: Database = connect(location)
         self.conn: Any = self.db.raw
         self.path = self.db.where if is_url(location) else Path(location).expanduser()

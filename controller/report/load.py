@@ -9,8 +9,8 @@ numbers as numbers; no Python object per row (``bench/report.py --history``, ADR
 from __future__ import annotations
 
 import typing
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -135,16 +135,22 @@ def run_keys(run: RunInfo, rows: pd.DataFrame) -> list[str]:
     return sorted({str(k) for k in rows["model_key"]}) if len(rows) else list(run.models)
 
 
-def previous_rows(history: History, run: RunInfo, modules: Sequence[str]) -> pd.DataFrame:
-    """For each module, its rows from the newest earlier run (kind 'run') that has any."""
+def previous_pick(history: History, run: RunInfo, modules: Sequence[str]) -> pd.DataFrame | None:
+    """(run_id, module): for each module, the newest earlier run (kind 'run') with rows of it (None: none)."""
     prior = history.runs_before(run.created_at, run.run_id, PRIOR_RUNS)
     if prior.empty or not modules:
-        return pd.DataFrame(columns=list(ROW_FIELDS))
+        return None
     have = history.modules_of_rows(list(prior["run_id"]))
     have = have[have["module"].isin(list(modules))].merge(prior, on="run_id")
-    newest = have.sort_values("created_at", ascending=False).drop_duplicates("module")
-    rows = read_rows(history, sorted(set(newest["run_id"])))
-    return rows.merge(newest[["run_id", "module"]], on=["run_id", "module"])
+    return have.sort_values("created_at", ascending=False).drop_duplicates("module")[["run_id", "module"]]
+
+
+def previous_rows(history: History, pick: pd.DataFrame | None) -> pd.DataFrame:
+    """The rows of each module's previous run (:func:`previous_pick`; None: no rows)."""
+    if pick is None:
+        return pd.DataFrame(columns=list(ROW_FIELDS))
+    rows = read_rows(history, sorted(set(pick["run_id"])))
+    return rows.merge(pick, on=["run_id", "module"])
 
 
 def resolve_baseline(history: History, spec: str | None, release: str) -> str | None:
@@ -163,8 +169,13 @@ def with_fingerprints(history: History, rep: Report, rows: pd.DataFrame, referen
     """The report with the environments its rows were measured in (:mod:`controller.report.environment`): modules
     off the fleet's, and a warning per reference (label -> its rows) measured in another one. ``require_same``:
     the label of the baseline whose environment every module must share (else :class:`EnvironmentRefused`)."""
-    current = digests_of(rows)
-    refs = {label: digests_of(frame) for label, frame in references.items()}
+    return _with_digests(history, rep, digests_of(rows), {label: digests_of(f) for label, f in references.items()},
+                         require_same=require_same)
+
+
+def _with_digests(history: History, rep: Report, current: Mapping[str, str], refs: Mapping[str, Mapping[str, str]],
+                  *, require_same: str | None = None) -> Report:
+    """:func:`with_fingerprints` of the rows' environment digests (:func:`digests_of`)."""
     prints = history.fingerprints_by_digest({*current.values(), *(d for r in refs.values() for d in r.values())})
     if require_same is not None:
         refuse_unless_same(current, refs.get(require_same, {}), prints, require_same)
@@ -181,19 +192,29 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     """The report of one run: against its baseline, each module's previous run and the fleet; with
     ``with_history``, the change points of its model keys across the release history (the HTML report's
     "History" section: the series built once, for the run's keys only). ``same_environment``: refuse a
-    baseline measured in another environment (``ControllerSettings.baseline_same_environment``)."""
+    baseline measured in another environment (``ControllerSettings.baseline_same_environment``).
+
+    A history with kept frames (``fleetctl serve``) keeps the analysis too, under :func:`_analysis_key`: what it
+    is a function of (the run's record, the column files of its rows, its baseline's and its modules' previous
+    runs', the thresholds). The rest (notes, telemetry, environments, the History section) is read each time."""
     try:
         run = history.find_run(run_id)
     except HistoryError as exc:
         raise ReportError(str(exc)) from exc
-    rows = read_rows(history, [run.run_id])
     base_id = resolve_baseline(history, baseline, run.release)
-    base = read_rows(history, [base_id]) if base_id else None
-    modules = distinct_sorted(rows["module"]) if len(rows) else list(run.modules)
-    prev = previous_rows(history, run, modules) if previous else None
-    rep = analyse(rows, run_id=run.run_id, release=run.release, baseline=base, baseline_id=base_id,
-                  previous=prev, state=run.state, expected_modules=run.modules, expected_keys=run.models,
-                  thresholds=thresholds, module_keys=run.module_models)
+    th = thresholds or Thresholds()
+    cache = history.frames
+    key, pick = _analysis_key(history, run, base_id, previous, th) if cache is not None else (None, None)
+    made = cache.recall(key) if cache is not None and key is not None else None
+    if not isinstance(made, _Analysed):
+        def plain_pick(rows: pd.DataFrame) -> pd.DataFrame | None:
+            return previous_pick(history, run, distinct_sorted(rows["module"]) if len(rows) else list(run.modules))
+
+        made = _analyse_run(history, run, base_id, th, previous, plain_pick if key is None else lambda _: pick)
+        # kept only when its inputs are still those the key names (no file rewritten, no rows changed meanwhile)
+        if cache is not None and key is not None and _analysis_key(history, run, base_id, previous, th)[0] == key:
+            cache.remember(key, made)
+    rep = made.report
     drifted = [(m, d) for m in run.modules if (d := history.golden_drift(m))]
     if drifted:  # the module drifted, not (necessarily) the release: said before any finding is read
         rep = replace(rep, notes=(*rep.notes, *(f"module {m} failed its golden check since its last reset ({d}): "
@@ -202,7 +223,7 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     if with_history:
         from controller.report.trend import history_section
 
-        rep = replace(rep, history=history_section(*history_frames(history, run_keys(run, rows)), run.release))
+        rep = replace(rep, history=history_section(*history_frames(history, made.keys), run.release))
     waited = run_waits_line(run_waits(history, run.run_id), "waited on the module queues (dispatch to start)")
     if waited:  # first: the verdict line of an incomplete run names the last note
         rep = replace(rep, notes=(waited, *rep.notes))
@@ -210,8 +231,55 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     shared = kernel_cache_note(history.progress(run.run_id))
     if shared:  # first: a failed or incomplete run's one-line summary takes the last note
         rep = replace(rep, notes=(shared, *rep.notes))
+    return _with_digests(history, rep, made.current, made.references,
+                         require_same=base_id if same_environment and base_id else None)
+
+
+@dataclass(frozen=True)
+class _Analysed:
+    """What a report makes of the rows alone (the run's, its baseline's, its modules' previous runs'): the
+    analysis, the run's model keys, and the environment digests of the run's rows and of each reference's."""
+
+    report: Report
+    keys: list[str]
+    current: dict[str, str]
+    references: dict[str, dict[str, str]]
+
+
+def _analyse_run(history: History, run: RunInfo, base_id: str | None, thresholds: Thresholds, previous: bool,
+                 pick: Callable[[pd.DataFrame], pd.DataFrame | None]) -> _Analysed:
+    """Read the rows and analyse them; with ``previous``, against each module's previous run, which ``pick`` gives
+    of the run's rows (:func:`previous_pick`)."""
+    rows = read_rows(history, [run.run_id])
+    base = read_rows(history, [base_id]) if base_id else None
+    prev = previous_rows(history, pick(rows)) if previous else None
+    rep = analyse(rows, run_id=run.run_id, release=run.release, baseline=base, baseline_id=base_id,
+                  previous=prev, state=run.state, expected_modules=run.modules, expected_keys=run.models,
+                  thresholds=thresholds, module_keys=run.module_models)
     refs = {base_id or "the baseline": base, "each module's previous run": prev}
-    return with_fingerprints(history, rep, rows, refs, require_same=base_id if same_environment and base_id else None)
+    return _Analysed(rep, run_keys(run, rows), digests_of(rows), {label: digests_of(f) for label, f in refs.items()})
+
+
+def _analysis_key(history: History, run: RunInfo, base_id: str | None, previous: bool,
+                  thresholds: Thresholds) -> tuple[Hashable | None, pd.DataFrame | None]:
+    """What a run's analysis is a function of, when every input is in a current column file (None otherwise: a
+    running run, rows not yet in a file): the run's record (state, modules, model keys), the files of its rows,
+    of its baseline's and of each module's previous run, which run that is for each module, and the thresholds.
+    With it, that pick of previous runs (None: none), for :func:`_analyse_run` to read."""
+    own = history.frame_key([run.run_id])
+    base = history.frame_key([base_id]) if base_id else ()
+    if own is None or base is None:
+        return None, None
+    pick, prev = None, None
+    if previous:
+        modules = sorted(set(history.modules_of_rows([run.run_id])["module"])) or list(run.modules)
+        pick = previous_pick(history, run, modules)
+        if pick is not None:
+            files = history.frame_key(sorted(set(pick["run_id"])))
+            if files is None:
+                return None, None
+            prev = (files, tuple(sorted(zip(pick["run_id"], pick["module"], strict=True))))
+    return ("analysis", repr(run), base_id, own, base, prev, thresholds.model_dump_json()), pick
 
 
 def compare_runs(history: History, run_a: str, run_b: str, *, thresholds: Thresholds | None = None) -> Report:

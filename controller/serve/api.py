@@ -20,6 +20,7 @@ A user's value is never said back or logged beyond ~200 characters.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -39,9 +40,18 @@ from contract.records import parse_model_keys
 from controller import service
 from controller.errors import http_status_of
 from controller.fleet.reservations import OnReserved
+from controller.history import FrameCache
 from controller.serve import links
 from controller.serve.access import RoleCheck, may_act_on, publish, refusal, undeclared
 from controller.serve.tokens import Identity, Role, Tokens
+from controller.serve.wire import (
+    PREFIX,
+    RELEASES_HEADER,
+    RUN_HEADER,
+    VERDICT_HEADER,
+    VERDICT_LINE_HEADER,
+    WARNINGS_HEADER,
+)
 from controller.service import Judgement, Session
 from controller.service.release_url import MAX_SHOWN, clip
 from controller.settings import ControllerSettings
@@ -51,7 +61,6 @@ DEFAULT_MAX_PVALUE = 0.002
 
 log = logging.getLogger("fleet.api")
 
-PREFIX = "/api/v1"
 DOCS_PATH = "/docs"  # Swagger UI (no token), its files under /docs/static
 # field bounds: a release is a path (PATH_MAX) or a URL (a signed one is a few KiB); a run id is 1-128 characters
 MAX_RELEASE = 4096
@@ -245,8 +254,9 @@ def _protected(path: str) -> bool:
 
 
 # --------------------------------------------------------------------------- the app
-def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
-    """The API over the service, one session per worker thread (SQLite connections are per thread)."""
+def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache | None = None) -> FastAPI:
+    """The API over the service, one session per worker thread (SQLite connections are per thread); ``frames``:
+    the run frames they share with the rest of ``fleetctl serve`` (:class:`controller.history.FrameCache`)."""
     local = threading.local()
     sessions: list[Session] = []
     lock = threading.Lock()
@@ -254,7 +264,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
     def session() -> Session:
         s: Session | None = getattr(local, "session", None)
         if s is None:
-            s = local.session = Session(settings)
+            s = local.session = Session(settings, frames=frames)
             with lock:
                 sessions.append(s)
         return s
@@ -355,22 +365,36 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
                                                 description="baseline: release, release@vN or a run id (default: "
                                                             "the newest of the run's release, else of any)"),
                    tolerance: float = Query(0.05, gt=0, lt=1,
-                                            description="relative change that counts as a regression")) -> Response:
-        """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows)."""
+                                            description="relative change that counts as a regression"),
+                   energy_tolerance: float = Query(0.05, gt=0, lt=1,
+                                                   description="relative change of energy per token that counts as "
+                                                               "a regression"),
+                   startup_tolerance: float | None = Query(None, gt=0, lt=1,
+                                                           description="relative change of a start-up cost that "
+                                                                       "counts as a regression (default 0.15)")) \
+            -> Response:
+        """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows). What
+        ``fleetctl report --service`` prints besides the body comes in headers (:mod:`controller.serve.wire`):
+        the run, the verdict, the verdict line and the environment changes it warns of."""
         html = format is ReportFormat.html
-        rep = errors(lambda: service.report(session(), run_id, baseline, tolerance=tolerance, with_history=html),
-                     run_id, baseline)
-        from controller.report.render import rows_with_baseline, to_json, to_markdown
+        rep = errors(lambda: service.report(session(), run_id, baseline, tolerance=tolerance,
+                                            energy_tolerance=energy_tolerance, startup_tolerance=startup_tolerance,
+                                            with_history=html), run_id, baseline)
+        from controller.report.render import rows_with_baseline, to_json, to_markdown, verdict_line
 
+        headers = {RUN_HEADER: json.dumps(rep.run_id), VERDICT_HEADER: rep.verdict,
+                   VERDICT_LINE_HEADER: json.dumps(verdict_line(rep)),
+                   WARNINGS_HEADER: json.dumps(list(rep.environment_changes))}
         if format is ReportFormat.json:
-            return Response(to_json(rep), media_type="application/json")
+            return Response(to_json(rep), media_type="application/json", headers=headers)
         if format is ReportFormat.md:
-            return Response(to_markdown(rep), media_type="text/markdown; charset=utf-8")
+            return Response(to_markdown(rep), media_type="text/markdown; charset=utf-8", headers=headers)
         if format is ReportFormat.html:
             from controller.report.render.html import to_html
 
-            return Response(to_html(rep), media_type="text/html; charset=utf-8")
-        return Response(rows_with_baseline(rep).to_csv(index=False), media_type="text/csv; charset=utf-8")
+            return Response(to_html(rep), media_type="text/html; charset=utf-8", headers=headers)
+        return Response(rows_with_baseline(rep).to_csv(index=False), media_type="text/csv; charset=utf-8",
+                        headers=headers)
 
     @app.post(f"{PREFIX}/runs/{{run_id}}/report/link", status_code=201, response_model=ReportLink, dependencies=deps,
               responses=ERRORS)
@@ -409,7 +433,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
         return Cancelled(run_id=rid, modules=names)
 
     @app.get(f"{PREFIX}/trend", response_model=list[TrendRecord], dependencies=deps, responses=ERRORS)
-    def get_trend(models: str = Query("all", min_length=1, max_length=MAX_SELECTOR,
+    def get_trend(response: Response,
+                  models: str = Query("all", min_length=1, max_length=MAX_SELECTOR,
                                       description="model keys, comma separated, or 'all'"),
                   profile: str | None = Query(None, min_length=1, max_length=MAX_NAME, description="only this profile"),
                   metric: str | None = Query(None, min_length=1, max_length=MAX_NAME,
@@ -421,7 +446,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
                                                description="smallest relative change reported"),
                   max_pvalue: float = Query(DEFAULT_MAX_PVALUE, gt=0, le=1,
                                             description="largest p-value of a change point")) -> list[TrendRecord]:
-        """Change points across the releases in the run history: the records of ``fleetctl trend -o json``."""
+        """Change points across the releases in the run history: the records of ``fleetctl trend -o json`` (how
+        many releases the history holds in the header ``X-Fleet-Releases``)."""
         def query() -> Any:
             from controller.report.trend import TrendQuery, settings_of
 
@@ -431,6 +457,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens) -> FastAPI:
                 devices=names, settings=settings_of(min_magnitude, max_pvalue)))
 
         got = errors(query, models, profile, metric, devices)
+        response.headers[RELEASES_HEADER] = str(got.releases)
         return [TrendRecord(**r) for r in got.records]
 
     @app.get(f"{PREFIX}/devices", response_model=list[Device], dependencies=deps, responses=ERRORS)

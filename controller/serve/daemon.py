@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from controller import service
+from controller.history import FrameCache
 from controller.service import Judgement, Session
 from controller.settings import ConfigError
 
@@ -192,7 +193,7 @@ def _start_metrics(s: Session) -> Any:
     from controller.serve.metrics import ControllerCollector, ModuleReading
 
     # its own session: the collector runs in the HTTP server's thread
-    own = Session(settings)
+    own = Session(settings, frames=s.frames)
     history, fleet, inv = own.history(), own.fleet(), s.inventory()
 
     def states() -> dict[str, ModuleReading]:
@@ -235,7 +236,7 @@ def start_api(s: Session, timeout: float = 15.0) -> ApiServer | None:
     from controller.serve.api import Tokens, create_app
     from controller.serve.guard import log_config, protocol_class
 
-    app = create_app(settings, Tokens.load(settings.api_tokens_file))
+    app = create_app(settings, Tokens.load(settings.api_tokens_file), s.frames)
     # h11 (headers of 16 KiB at most), with read deadlines: a slow or idle client is closed, never held
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning",
                             access_log=False, lifespan="on", log_config=log_config(),
@@ -267,6 +268,10 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
     def warn(m: str) -> None:
         console.print(m, highlight=False)
 
+    if s.frames is None and s.settings.frame_cache_mib:
+        # shared by the sync loop (the verdict at a run's end reads its rows first), the API and /metrics: a
+        # report asked for after the run's end finds its frames decoded (ADR 0034)
+        s.keep_frames(FrameCache(s.settings.frame_cache_mib * 1024 * 1024))
     try:  # an evicting broker is refused (EvictingBroker); one away now is synced once it is back
         s.fleet().check_broker()
     except service.BrokerUnavailable as exc:

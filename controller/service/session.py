@@ -18,7 +18,7 @@ from contract.settings import load_settings
 from controller.command import fleetctl
 from controller.errors import FleetctlError
 from controller.fleet import BrokerUnavailable, Fleet, broker_errors
-from controller.history import History
+from controller.history import FrameCache, History
 from controller.identity import local_user
 from controller.inventory import Inventory, load_inventory
 from controller.settings import ControllerSettings
@@ -68,6 +68,7 @@ class Session:
 
     settings: ControllerSettings
     user: str = field(default_factory=local_user)
+    frames: FrameCache | None = None  # fleetctl serve's, shared by its sessions: run frames kept decoded
     _history: History | None = None
     _inventory: Inventory | None = None
     _fleet: Fleet | None = None
@@ -100,9 +101,15 @@ class Session:
     def history(self) -> History:
         """The run history, created when absent (for operations that write it)."""
         if self._history is None:
-            self._history = History(self.settings.history_location)
+            self._history = History(self.settings.history_location, frames=self.frames)
             self._closers.append(self._history.close)
         return self._history
+
+    def keep_frames(self, frames: FrameCache) -> None:
+        """Keep the run frames this session's history reads in ``frames`` (``fleetctl serve``'s, shared)."""
+        self.frames = frames
+        if self._history is not None:
+            self._history.frames = frames
 
     def has_history(self) -> bool:
         where = self.settings.history_location  # a PostgreSQL database is there (its tables made when first opened)

@@ -106,6 +106,7 @@ def describe_module(s: Session, name: str, *, recent: int = 10) -> ModuleDetail:
 
 
 def report(s: Session, run: str = "latest", baseline: str | None = None, *, tolerance: float = 0.05,
+           energy_tolerance: float = 0.05, startup_tolerance: float | None = None,
            with_history: bool = False) -> Report:
     """The report of a run (pandas): verdict, regressions, outliers (never writes); ``with_history``: the
     change points of its model keys across the release history too (the HTML report's "History")."""
@@ -113,7 +114,10 @@ def report(s: Session, run: str = "latest", baseline: str | None = None, *, tole
     from controller.report.model import Thresholds
 
     h = s.read_history()
-    return report_call(lambda: build_report(h, run, baseline, thresholds=Thresholds(tolerance=tolerance),
+    limits = {"tolerance": tolerance, "energy_tolerance": energy_tolerance}
+    if startup_tolerance is not None:  # else Thresholds' default
+        limits["startup_tolerance"] = startup_tolerance
+    return report_call(lambda: build_report(h, run, baseline, thresholds=Thresholds.model_validate(limits),
                                             with_history=with_history,
                                             same_environment=s.settings.baseline_same_environment))
 

@@ -76,6 +76,21 @@ def test_report_in_every_format(client):
     assert client.get("/api/v1/runs/run-b/report?format=pdf", headers=AUTH).status_code == 422
 
 
+def test_report_headers_say_what_fleetctl_report_prints_besides_the_body(client):
+    j = client.get("/api/v1/runs/run-b/report", headers=AUTH)
+    for fmt in ("json", "md", "html", "csv"):
+        r = client.get(f"/api/v1/runs/latest/report?format={fmt}", headers=AUTH)
+        assert (r.headers["X-Fleet-Verdict"], json.loads(r.headers["X-Fleet-Run"])) == ("regressed", "run-b")
+        assert json.loads(r.headers["X-Fleet-Verdict-Line"]) == j.json()["verdict_line"]
+        assert json.loads(r.headers["X-Fleet-Warnings"]) == []
+    lenient = client.get("/api/v1/runs/run-b/report?tolerance=0.5&energy_tolerance=0.5&startup_tolerance=0.5",
+                         headers=AUTH)
+    assert lenient.headers["X-Fleet-Verdict"] == lenient.json()["verdict"] == "pass"
+    for bad in ("energy_tolerance=1.5", "startup_tolerance=0", "tolerance=1"):
+        r = client.get(f"/api/v1/runs/run-b/report?{bad}", headers=AUTH)
+        assert r.status_code == 422 and bad.split("=")[0] in r.json()["detail"]
+
+
 def test_create_run_errors_and_dispatch(client, controller):
     post = lambda **body: client.post("/api/v1/runs", headers=AUTH, json=body)  # noqa: E731
     r = post(release="/nope/" + TARBALL)

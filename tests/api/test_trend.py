@@ -98,3 +98,14 @@ def test_trend_endpoint_is_in_the_schema(trended):
     doc = client.get("/api/v1/openapi.json").json()
     params = {p["name"] for p in doc["paths"]["/api/v1/trend"]["get"]["parameters"]}
     assert params == {"models", "profile", "metric", "devices", "min_magnitude", "max_pvalue"}
+
+
+def test_trend_endpoint_says_how_many_releases_the_history_holds(trended):
+    from controller.cli.trend import MIN_RELEASES
+    from controller.report import trend
+
+    client, h = trended
+    got = client.get("/api/v1/trend", headers=AUTH, params={"metric": "decode_tps"})
+    releases = len({r.release for r in h.runs(limit=1000) if r.release})
+    assert int(got.headers["X-Fleet-Releases"]) == releases > 1
+    assert MIN_RELEASES == trend.MIN_RELEASES  # the CLI's copy (a served trend prints without pandas)

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from contract.records import ResultRow
-from controller.history import ROW_FIELDS, History
+from controller.history import GOLDEN_DRIFT_EVENT, ROW_FIELDS, FrameCache, History
 from controller.history.columns import TMP_MARK, file_name
-from controller.report import analyse, build_report
+from controller.report import Thresholds, analyse, build_report
 from controller.report.load import _compact, concat_compact, read_rows
 from controller.report.render import rows_with_baseline, to_json, to_markdown
 from controller.report.synth import fleet
@@ -286,3 +286,134 @@ def test_distinct_sorted_of_a_categorical_equals_the_sorted_set_of_its_values() 
     assert distinct_sorted(col) == sorted(set(col)) == ["m0", "m10", "m2"]  # m1: a category of no row
     assert distinct_sorted(pd.Series(["b", "a", "b"])) == ["a", "b"]
     assert distinct_sorted(pd.Series(pd.Categorical([], categories=["a"]))) == []
+
+
+# --------------------------------------------------------------------------- frames kept (fleetctl serve)
+def _kept(history: History, max_bytes: int = 1 << 30) -> FrameCache:
+    history.frames = FrameCache(max_bytes)
+    return history.frames
+
+
+def test_a_kept_frame_is_the_frame_its_files_give_and_a_change_to_it_never_reaches_the_kept_one(
+        history: History) -> None:
+    cache = _kept(history)
+    first = read_rows(history, ["run-b"])  # from SQLite, the file written: not kept (no file when it began)
+    assert (cache.hits, cache.misses, cache.bytes) == (0, 0, 0)
+    second = read_rows(history, ["run-b"])  # from the file: kept
+    assert (cache.hits, cache.misses) == (0, 1) and cache.bytes > 0
+    third = read_rows(history, ["run-b"])
+    assert (cache.hits, cache.misses) == (1, 1)
+    for got in (second, third):
+        pd.testing.assert_frame_equal(got, first, check_exact=True)
+    third["decode_tps"] = -1.0  # a caller's change (copy-on-write): not the kept frame's
+    third.loc[0, "ttft_ms"] = -1.0
+    pd.testing.assert_frame_equal(read_rows(history, ["run-b"]), first, check_exact=True)
+
+
+def test_a_kept_frame_is_keyed_by_the_runs_files_the_fields_and_the_model_keys(history: History) -> None:
+    cache = _kept(history)
+    read_rows(history, ["run-a", "run-b"])  # the files written
+    asks = [dict(run_ids=["run-a", "run-b"]), dict(run_ids=["run-b"]), dict(run_ids=["run-b"], only=FIELDS),
+            dict(run_ids=["run-b"], only=FIELDS[::-1]), dict(run_ids=["run-b"], model_keys=["qwen3"])]
+    for ask in asks:
+        read_rows(history, **ask)  # type: ignore[arg-type]
+    assert (cache.hits, cache.misses) == (0, len(asks))
+    for ask in asks:
+        got = read_rows(history, **ask)  # type: ignore[arg-type]
+        assert list(got.columns) == list(ask.get("only", ROW_FIELDS))
+        assert set(got["run_id"]) == set(ask["run_ids"])
+    assert (cache.hits, cache.misses) == (len(asks), len(asks))
+
+
+def test_rows_changed_after_a_frame_was_kept_are_read_again(history: History) -> None:
+    cache = _kept(history)
+    read_rows(history, ["run-b"])
+    read_rows(history, ["run-b"])  # kept
+    row = history.rows("run-b", "m00")[0]
+    history.upsert_rows([row.model_copy(update={"decode_tps": 1.0})])  # a late rewrite: another generation
+    got = read_rows(history, ["run-b"])  # from SQLite (the file written again), never the kept frame
+    pd.testing.assert_frame_equal(got, _old_read(history, "run-b"), check_exact=True)
+    assert (cache.hits, cache.misses) == (0, 1)
+    again = read_rows(history, ["run-b"])  # the new file's frame: kept under its own record
+    assert (cache.hits, cache.misses) == (0, 2)
+    pd.testing.assert_frame_equal(again, got, check_exact=True)
+
+
+def test_a_running_run_is_never_kept(history: History) -> None:
+    cache = _kept(history)
+    history.set_run_state("run-b", "running")
+    for _ in range(2):
+        read_rows(history, ["run-b"])
+    assert (cache.hits, cache.misses, cache.bytes) == (0, 0, 0)
+
+
+def test_kept_frames_stay_within_their_bytes_the_least_recently_used_going_first(history: History) -> None:
+    read_rows(history, ["run-a", "run-b"])
+    one = int(read_rows(history, ["run-a"]).memory_usage(index=True, deep=False).sum())
+    every_key = sorted(set(read_rows(history, ["run-a"])["model_key"]))  # the same rows, under another key
+    cache = _kept(history, max_bytes=int(one * 2.5))  # room for two frames of one run
+    for run, keys in (("run-a", None), ("run-b", None), ("run-a", None), ("run-a", every_key), ("run-b", None)):
+        read_rows(history, [run], model_keys=keys)
+        assert cache.bytes <= cache.max_bytes
+    # run-a was used after run-b, so run-b went when the third frame came; run-a went when run-b came back
+    assert (cache.hits, cache.misses) == (1, 4)
+    read_rows(history, ["run-a"], model_keys=every_key)
+    read_rows(history, ["run-a"])
+    assert (cache.hits, cache.misses) == (2, 5)
+    small = _kept(history, max_bytes=one // 2)  # a frame larger than the whole cache is not kept
+    read_rows(history, ["run-a"])
+    assert small.bytes == 0
+
+
+def _report_text(history: History, run: str = "run-b", **kw: object) -> tuple[str, str]:
+    rep = build_report(history, run, **kw)  # type: ignore[arg-type]
+    return to_json(rep), to_markdown(rep)
+
+
+def test_a_kept_analysis_gives_the_report_made_without_one_and_what_is_read_fresh_stays_fresh(
+        history: History) -> None:
+    plain = _report_text(history)  # no cache: the files written
+    lenient = _report_text(history, thresholds=Thresholds(tolerance=0.5))
+    cache = _kept(history)
+    assert _report_text(history) == plain and cache.recalled == 0
+    assert _report_text(history) == plain and cache.recalled == 1
+    assert _report_text(history, thresholds=Thresholds(tolerance=0.5)) == lenient and cache.recalled == 1
+    assert _report_text(history, thresholds=Thresholds(tolerance=0.5)) == lenient and cache.recalled == 2
+    assert '"verdict": "regressed"' in plain[0] and '"verdict": "pass"' in lenient[0]
+    # notes read each time: a module's golden drift recorded after the analysis was kept
+    history.add_module_event("m01", f"{GOLDEN_DRIFT_EVENT}: decode 5 % worse")
+    drifted = _report_text(history)
+    assert cache.recalled == 3 and "module m01 failed its golden check" in drifted[1]
+    history.frames = None
+    assert _report_text(history) == drifted
+
+
+def test_a_kept_analysis_is_never_given_for_changed_inputs(history: History) -> None:
+    _report_text(history)  # the files written
+    cache = _kept(history)
+    _report_text(history)
+    # the previous run's rows change: its file's record changes, and so does the key
+    row = history.rows("run-a", "m00")[0]
+    history.upsert_rows([row.model_copy(update={"decode_tps": row.decode_tps * 3})])
+    _report_text(history)  # run-a read from SQLite (its file written again): nothing kept, nothing recalled
+    got = _report_text(history)
+    assert cache.recalled == 0
+    history.frames = None
+    assert got == _report_text(history)
+    # the run's own record changes (its state)
+    history.frames = cache
+    history.set_run_state("run-b", "failed")
+    failed = _report_text(history)
+    assert cache.recalled == 0 and '"verdict": "failed"' in failed[0]
+    history.frames = None
+    assert failed == _report_text(history)
+    # a running run gaining rows: read from SQLite (no current file), never kept
+    history.frames = cache
+    history.set_run_state("run-b", "running")
+    row = history.rows("run-b", "m00")[0]
+    for factor in (2, 3):
+        history.upsert_rows([row.model_copy(update={"decode_tps": row.decode_tps * factor})])
+        got = _report_text(history)
+        assert cache.recalled == 0 and history.frame_key(["run-b"]) is None
+    history.frames = None
+    assert got == _report_text(history)

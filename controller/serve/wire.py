@@ -1,0 +1,13 @@
+"""What the HTTP API says besides a body, for ``fleetctl report --service`` and ``fleetctl trend --service``
+(:mod:`controller.cli.served`): header names both sides import (no dependency: the CLI's client stays lean).
+
+Values are ASCII: a text is a JSON string (``json.dumps``, non-ASCII escaped), a list a JSON list."""
+
+from __future__ import annotations
+
+PREFIX = "/api/v1"
+RUN_HEADER = "X-Fleet-Run"  # the run a report is of, 'latest' or a prefix resolved (a JSON string)
+VERDICT_HEADER = "X-Fleet-Verdict"  # pass, regressed, incomplete, failed
+VERDICT_LINE_HEADER = "X-Fleet-Verdict-Line"  # the report's one-line verdict (a JSON string)
+WARNINGS_HEADER = "X-Fleet-Warnings"  # the environment changes fleetctl report warns of (a JSON list of strings)
+RELEASES_HEADER = "X-Fleet-Releases"  # a trend: how many releases the history holds (its "no change points" line)
