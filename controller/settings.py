@@ -70,9 +70,10 @@ class ControllerSettings(BrokerSettings):
     api_body_timeout: float = Field(default=30.0, gt=0, description="a request's whole body must arrive within this, s")
     api_keepalive_timeout: float = Field(default=5.0, gt=0,
                                          description="an idle keep-alive connection of the HTTP API is closed after, s")
-    frame_cache_mib: int = Field(default=512, ge=0,
-                                 description="run frames `fleetctl serve` keeps decoded for its reports and trends, "
-                                             "MiB (0: none; a 1 M-row run takes ~250 MiB)")
+    frame_cache_mib: int = Field(default=1024, ge=0,
+                                 description="run frames and report analyses `fleetctl serve` keeps for its reports "
+                                             "and trends, MiB (0: none; a 1 M-row run's frame and its report's "
+                                             "analysis count ~500 MiB)")
     webhook_urls: tuple[str, ...] = Field(default=(), description="POST each run's verdict here (JSON, signed)")
     webhook_secret_file: Path | None = Field(default=None, description="HMAC-SHA256 key of the webhooks (0600)")
     release_download_max_bytes: int = Field(default=8 * 1024**3, gt=0,

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from controller.history import columns
 from controller.history.columns import ColumnFile
@@ -78,59 +78,65 @@ class TableFiles:
 
 
 class FrameCache:
-    """Frames of runs read from their column files, for the life of a process, at most ``max_bytes`` of them (the
-    least recently used go first; a frame larger than that is not kept). Keys are made by
-    :meth:`ColumnReads.row_frame` from the files' records. Safe across threads (the API's workers and the sync
-    loop share one); a frame is handed out as a shallow copy, and pandas' copy-on-write keeps a caller's change
-    to it off the kept one."""
-
-    RESULTS = 32  # what is kept of what was computed from kept frames alone (a report's analysis), at most
+    """Frames of runs read from their column files, and what was computed from such frames alone (a report's
+    analysis), for the life of a process: at most ``max_bytes`` of them together, the least recently used going
+    first (one larger than that is not kept). Frame keys are made by :meth:`ColumnReads.row_frame` from the
+    files' records; a computation's key names every input of it. Safe across threads (the API's workers and the
+    sync loop share one). A frame is handed out as a shallow copy (pandas' copy-on-write keeps a caller's change
+    to it off the kept one); a computation's value as it is (it must be immutable)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = self.hits = self.misses = self.recalled = 0
-        self._frames: OrderedDict[Hashable, tuple[pd.DataFrame, int]] = OrderedDict()
-        self._results: OrderedDict[Hashable, object] = OrderedDict()
+        self._kept: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def recall(self, key: Hashable) -> object | None:
-        """What :meth:`remember` kept under ``key`` (None: nothing). The caller's key names every input of it."""
-        with self._lock:
-            got = self._results.get(key)
-            if got is not None:
-                self._results.move_to_end(key)
-                self.recalled += 1
-            return got
-
-    def remember(self, key: Hashable, value: object) -> None:
-        """Keep ``value``, a pure function of the frames ``key`` names (immutable: it is handed to every caller)."""
-        with self._lock:
-            self._results[key] = value
-            self._results.move_to_end(key)
-            while len(self._results) > self.RESULTS:
-                self._results.popitem(last=False)
-
     def get(self, key: Hashable) -> pd.DataFrame | None:
-        with self._lock:
-            got = self._frames.get(key)
-            if got is None:
-                self.misses += 1
-                return None
-            self._frames.move_to_end(key)
-            self.hits += 1
-        return got[0].copy(deep=False)
+        """The frame kept under ``key`` (a shallow copy), or None."""
+        got = self._take(key)
+        if got is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return cast("pd.DataFrame", got).copy(deep=False)
 
     def put(self, key: Hashable, frame: pd.DataFrame) -> None:
-        size = int(frame.memory_usage(index=True, deep=False).sum())
+        self._keep(key, frame.copy(deep=False), frame_bytes(frame))
+
+    def recall(self, key: Hashable) -> object | None:
+        """What :meth:`remember` kept under ``key`` (None: nothing)."""
+        got = self._take(key)
+        if got is not None:
+            self.recalled += 1
+        return got
+
+    def remember(self, key: Hashable, value: object, size: int) -> None:
+        """Keep ``value``, a pure function of the inputs ``key`` names, which holds ``size`` bytes of its own."""
+        self._keep(key, value, size)
+
+    def _take(self, key: Hashable) -> object | None:
+        with self._lock:
+            got = self._kept.get(key)
+            if got is None:
+                return None
+            self._kept.move_to_end(key)
+            return got[0]
+
+    def _keep(self, key: Hashable, value: object, size: int) -> None:
         if size > self.max_bytes:
             return
         with self._lock:
-            old = self._frames.pop(key, None)
+            old = self._kept.pop(key, None)
             self.bytes += size - (old[1] if old else 0)
-            self._frames[key] = (frame.copy(deep=False), size)
+            self._kept[key] = (value, size)
             while self.bytes > self.max_bytes:
-                _, (_, gone) = self._frames.popitem(last=False)
+                _, (_, gone) = self._kept.popitem(last=False)
                 self.bytes -= gone
+
+
+def frame_bytes(frame: pd.DataFrame | None) -> int:
+    """The bytes a frame's columns hold (text as categoricals: their codes and categories)."""
+    return 0 if frame is None else int(frame.memory_usage(index=True, deep=False).sum())
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from contract.fingerprint import EnvFingerprint
 from contract.records import METRICS, ResultRow
 from controller.command import fleetctl
 from controller.history import ROW_FIELDS, History, HistoryError, RunInfo
+from controller.history.frames import frame_bytes
 from controller.history.waits import run_waits, run_waits_line
 from controller.report.analysis import analyse
 from controller.report.environment import digests_of, kernel_cache_note, refuse_unless_same, with_environment
@@ -213,7 +214,7 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
         made = _analyse_run(history, run, base_id, th, previous, plain_pick if key is None else lambda _: pick)
         # kept only when its inputs are still those the key names (no file rewritten, no rows changed meanwhile)
         if cache is not None and key is not None and _analysis_key(history, run, base_id, previous, th)[0] == key:
-            cache.remember(key, made)
+            cache.remember(key, made, made.size)
     rep = made.report
     drifted = [(m, d) for m in run.modules if (d := history.golden_drift(m))]
     if drifted:  # the module drifted, not (necessarily) the release: said before any finding is read
@@ -244,6 +245,12 @@ class _Analysed:
     keys: list[str]
     current: dict[str, str]
     references: dict[str, dict[str, str]]
+
+    @property
+    def size(self) -> int:
+        """The bytes of its frames (counted whole, though the run's rows may be a kept frame's)."""
+        r = self.report
+        return sum(frame_bytes(f) for f in (r.rows, r.summary, r.reference, r.deviation))
 
 
 def _analyse_run(history: History, run: RunInfo, base_id: str | None, thresholds: Thresholds, previous: bool,

@@ -417,3 +417,16 @@ def test_a_kept_analysis_is_never_given_for_changed_inputs(history: History) -> 
         assert cache.recalled == 0 and history.frame_key(["run-b"]) is None
     history.frames = None
     assert got == _report_text(history)
+
+
+def test_kept_analyses_count_in_the_same_bytes_as_the_frames(history: History) -> None:
+    _report_text(history)  # the files written
+    one = int(read_rows(history, ["run-b"]).memory_usage(index=True, deep=False).sum())
+    cache = _kept(history, max_bytes=one * 4)  # the analysis (the run's rows, its summary...) fits, frames go
+    for _ in range(2):
+        _report_text(history)
+    assert cache.recalled == 1 and cache.bytes <= cache.max_bytes
+    tight = _kept(history, max_bytes=one // 2)  # the analysis holds the run's rows: larger than this, not kept
+    for _ in range(2):
+        _report_text(history)
+    assert tight.recalled == 0 and tight.bytes <= tight.max_bytes
