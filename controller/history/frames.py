@@ -185,9 +185,9 @@ class ColumnReads:
         if cache is not None and key is not None and (kept := cache.get(key)) is not None:
             return kept
         frame = columns.frame([self._run_table(r, only) for r in ids], model_keys)
-        # kept only when every file read is still the one the key names (a damaged file read from SQLite and
-        # rewritten, or a run whose rows changed meanwhile, has another record)
-        if cache is not None and key is not None and self.frame_key(ids, model_keys, only) == key:
+        if cache is not None and key is not None:
+            # rows that changed while they were read were read under another record than the key's: that record
+            # is no longer current, so no later key names it, and what is kept under it is never found
             cache.put(key, frame)
         return frame
 
