@@ -36,8 +36,8 @@ from controller.serve.wire import (
 TOKEN_ENV = "FLEET_TOKEN"
 TOKEN_FILE_ENV = "FLEET_TOKEN_FILE"
 TIMEOUT = 300.0  # s: the first report of a run of millions of rows, read from the history's rows, takes a minute
-SERVICE_HELP = ("a running `fleetctl serve` to ask (http://HOST:PORT; env FLEET_SERVICE; token from FLEET_TOKEN "
-                "or FLEET_TOKEN_FILE): its frames are decoded, no pandas here")
+SERVICE_HELP = ("ask a running `fleetctl serve` instead of reading the history here (http://HOST:PORT; its token "
+                "from FLEET_TOKEN or FLEET_TOKEN_FILE)")
 
 __all__ = ["SERVICE_HELP", "Answer", "api_root", "get", "token", "use_service"]
 

@@ -374,8 +374,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
                                                                        "counts as a regression (default 0.15)")) \
             -> Response:
         """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows). What
-        ``fleetctl report --service`` prints besides the body comes in headers (:mod:`controller.serve.wire`):
-        the run, the verdict, the verdict line and the environment changes it warns of."""
+        ``fleetctl report --service`` prints besides the body comes in the headers ``X-Fleet-Run`` and
+        ``X-Fleet-Verdict-Line`` (JSON strings), ``X-Fleet-Verdict`` and ``X-Fleet-Warnings`` (a JSON list)."""
         html = format is ReportFormat.html
         rep = errors(lambda: service.report(session(), run_id, baseline, tolerance=tolerance,
                                             energy_tolerance=energy_tolerance, startup_tolerance=startup_tolerance,
