@@ -11,7 +11,10 @@ records. The report is timed twice: with the same options each round (its analys
 ``--tolerance`` each round (the frames kept, the analysis made each time).
 
     .venv/bin/python bench/report.py --history 10000,1000000 --db /tmp/b/b.sqlite   # builds both histories
-    .venv/bin/python bench/report_served.py --db /tmp/b/b.sqlite --rows 10000,1000000
+    .venv/bin/python bench/report_served.py --db /tmp/b/b.sqlite --rows 10000,1000000 [--postgresql]
+
+``--postgresql`` also copies the history into a PostgreSQL server of the script's own
+(tests/support/postgres_server.py, ``fleetctl history copy``) and times the reports there too.
 
 The service runs in a folder of its own (an inventory of one local module, a read token), its /metrics on a free
 port, its sync every hour (nothing runs on these histories).
@@ -47,7 +50,7 @@ def _free_port() -> int:
 class Service:
     """``fleetctl serve`` on ``history`` with its API on a free port and a read token of its own."""
 
-    def __init__(self, history: Path, folder: Path) -> None:
+    def __init__(self, history: Path | str, folder: Path) -> None:
         (folder / "inventory.toml").write_text(
             '[[module]]\nname = "bench-01"\nhost = "127.0.0.1"\ntransport = "local"\n'
             f'model_root = "{folder}/models"\nworkdir = "{folder}/work"\n')
@@ -89,7 +92,7 @@ class Service:
             self.proc.wait()
 
 
-def _fresh(history: Path, *args: str) -> tuple[float, bytes]:
+def _fresh(history: Path | str, *args: str) -> tuple[float, bytes]:
     """(wall seconds, stdout) of ``fleetctl --history HISTORY ARGS`` as a fresh process."""
     t = time.perf_counter()
     out = subprocess.run([FLEETCTL, "--history", str(history), *args], capture_output=True, check=True).stdout
@@ -113,26 +116,44 @@ def main() -> int:
     ap.add_argument("--db", required=True, help="the history bench/report.py --history built (and its -trend one)")
     ap.add_argument("--rows", default="10000,1000000", help="comma-separated sizes: the runs bench-N")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--postgresql", action="store_true", help="the reports from a PostgreSQL copy of the history too")
     args = ap.parse_args()
+    if args.postgresql:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.support.postgres_server import postgres_server  # Debian's postgresql 15, a server of our own
+
+        with postgres_server() as pg:
+            url = pg.fresh_database()
+            t = time.perf_counter()
+            subprocess.run([FLEETCTL, "--history", args.db, "history", "copy", "--to", url], check=True,
+                           capture_output=True)
+            print(f"history copied into PostgreSQL in {time.perf_counter() - t:.1f} s")
+            return _bench(args, url)
+    return _bench(args, None)
+
+
+def _bench(args: argparse.Namespace, pg_url: str | None) -> int:
     db = Path(args.db)
     trend_db = db.with_name(db.stem + "-trend" + db.suffix)
-    cases: list[tuple[str, Path, tuple[str, ...], str]] = []
-    for n in (int(x) for x in args.rows.split(",")):
-        cases.append((f"report of {n:,} rows (md)", db, ("report", f"bench-{n}"), f"/runs/bench-{n}/report?format=md"))
-        cases.append((f"report of {n:,} rows, another --tolerance each round", db,
-                      ("report", f"bench-{n}", "--tolerance", "{tol}"),
-                      f"/runs/bench-{n}/report?format=md&tolerance={{tol}}"))
+    cases: list[tuple[str, Path | str, tuple[str, ...], str]] = []
+    for engine, history in (("SQLite", db), *((("PostgreSQL", pg_url),) if pg_url else ())):
+        for n in (int(x) for x in args.rows.split(",")):
+            cases.append((f"report of {n:,} rows (md), {engine}", history, ("report", f"bench-{n}"),
+                          f"/runs/bench-{n}/report?format=md"))
+            cases.append((f"report of {n:,} rows, another --tolerance each round, {engine}", history,
+                          ("report", f"bench-{n}", "--tolerance", "{tol}"),
+                          f"/runs/bench-{n}/report?format=md&tolerance={{tol}}"))
     if trend_db.exists():
         cases.append(("trend -m qwen3 --metric decode_tps (100 runs x 10 k rows)", trend_db, (*TREND, "-o", "json"),
                       "/trend?models=qwen3&metric=decode_tps"))
     # 0.050001, 0.050002, ...: never the same twice (no analysis recalled), the same report as at 0.05
     tolerances = iter(f"{0.05 + i * 1e-6:.6f}" for i in range(1, 100_000))
-    services: dict[Path, Service] = {}
+    services: dict[Path | str, Service] = {}
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         try:
             t = time.perf_counter()
-            for i, history in enumerate(sorted({c[1] for c in cases})):
+            for i, history in enumerate(dict.fromkeys(c[1] for c in cases)):
                 (Path(tmp) / str(i)).mkdir()
                 services[history] = Service(history, Path(tmp) / str(i))
             print(f"{len(services)} service(s) started in {time.perf_counter() - t:.1f} s; {args.repeat} interleaved "
