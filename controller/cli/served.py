@@ -24,14 +24,7 @@ from typing import Any
 import typer
 
 from controller.cli.output import fail
-from controller.serve.wire import (
-    PREFIX,
-    RELEASES_HEADER,
-    RUN_HEADER,
-    VERDICT_HEADER,
-    VERDICT_LINE_HEADER,
-    WARNINGS_HEADER,
-)
+from controller.serve import wire
 
 TOKEN_ENV = "FLEET_TOKEN"
 TOKEN_FILE_ENV = "FLEET_TOKEN_FILE"
@@ -59,23 +52,23 @@ class Answer:
 
     @property
     def run_id(self) -> str:
-        return self.text_header(RUN_HEADER)
+        return self.text_header(wire.RUN_HEADER)
 
     @property
     def verdict(self) -> str:
-        return str(self.headers.get(VERDICT_HEADER, ""))
+        return str(self.headers.get(wire.VERDICT_HEADER, ""))
 
     @property
     def verdict_line(self) -> str:
-        return self.text_header(VERDICT_LINE_HEADER)
+        return self.text_header(wire.VERDICT_LINE_HEADER)
 
     @property
     def warnings(self) -> list[str]:
-        return self.list_header(WARNINGS_HEADER)
+        return self.list_header(wire.WARNINGS_HEADER)
 
     @property
     def releases(self) -> int:
-        return int(self.headers.get(RELEASES_HEADER) or 0)
+        return int(self.headers.get(wire.RELEASES_HEADER) or 0)
 
 
 def use_service(ctx: typer.Context, service: str | None, history_given: bool) -> str | None:
@@ -104,8 +97,8 @@ def api_root(url: str) -> str:
     if not ok:
         raise fail(f"--service {url!r}: not the http(s) URL of a fleetctl serve (e.g. http://controller:8080)")
     path = parsed.path.rstrip("/")
-    if not path.endswith(PREFIX):
-        path += PREFIX
+    if not path.endswith(wire.PREFIX):
+        path += wire.PREFIX
     return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
 
 
