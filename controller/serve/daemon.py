@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import queue
 import signal
 import socket
 import threading
@@ -59,27 +60,46 @@ def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
     return done
 
 
-def prepare_reports(s: Session, run_ids: list[str]) -> threading.Thread | None:
-    """The reports of runs that just ended, made in a thread of their own (a session of its own, the frames
-    shared), so the first ``fleetctl report --service`` after a run's end is answered from kept frames and a kept
-    analysis (ADR 0034). Twice: the first read of an ended run comes from the history's rows (~15 s per million
-    rows) and writes its column file; the second reads that file, and what it makes is kept (only what came from
-    a current file is). None when frames are not kept."""
-    if s.frames is None or not run_ids:
-        return None
+class ReportPreparer:
+    """Prepares the reports of runs that just ended, so the first ``fleetctl report --service`` after a run's end
+    is answered from kept frames and a kept analysis (ADR 0034): one run at a time in one thread of its own (a
+    session of its own, the frames shared; a daemon thread: a service told to stop does not wait for it). Each
+    report is made twice: the first read of an ended run comes from the history's rows (~15 s per million rows)
+    and writes its column file; the second reads that file, and what it makes is kept (only what came from a
+    current file is)."""
 
-    def work() -> None:
-        with Session(s.settings, frames=s.frames) as own:
-            for run_id in run_ids:
+    def __init__(self, s: Session) -> None:
+        self.session = s
+        self.runs: queue.Queue[str] = queue.Queue()
+        self.thread: threading.Thread | None = None
+
+    def add(self, run_ids: list[str]) -> None:
+        if self.session.frames is None or not run_ids:
+            return
+        for run_id in run_ids:
+            self.runs.put(run_id)
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._work, name="prepare-reports", daemon=True)
+            self.thread.start()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether every run added was prepared (or failed to be) within ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while self.runs.unfinished_tasks and time.monotonic() < end:
+            time.sleep(0.05)
+        return not self.runs.unfinished_tasks
+
+    def _work(self) -> None:
+        with Session(self.session.settings, frames=self.session.frames) as own:
+            while True:
+                run_id = self.runs.get()
                 try:
                     for _ in range(2):
                         service.report(own, run_id)
                 except Exception as exc:  # a report that cannot be made is said when it is asked for
                     log.info("report of run %s not prepared: %s", run_id, exc)
-
-    thread = threading.Thread(target=work, name="prepare-reports", daemon=True)
-    thread.start()
-    return thread
+                finally:
+                    self.runs.task_done()
 
 
 def golden(s: Session, run_id: str, warn: Callable[[str], None]) -> None:
@@ -324,13 +344,14 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
                   + (f", /metrics on {settings.metrics_host}:{settings.metrics_port}" if server else "")
                   + (f", API on http://{settings.api_host}:{settings.api_port}/api/v1" if api else "")
                   + (f", webhooks to {len(hooks.urls)} URL(s)" if hooks else ""), highlight=False)
+    preparer = ReportPreparer(s)
     try:
         golden_at = raised_at = 0.0
         while not stop.is_set():
             finished = sync_all(s, warn, on_verdict)
             for run_id in finished:
                 console.print(f"run {run_id} finished")
-            prepare_reports(s, finished)
+            preparer.add(finished)
             if time.monotonic() - golden_at >= GOLDEN_EVERY_S:  # a check is due in hours, not seconds
                 golden_at = time.monotonic()
                 schedule_golden(s, warn)

@@ -245,16 +245,20 @@ def test_the_server_log_clips_every_line():
 
 def test_the_reports_of_runs_that_just_ended_are_prepared_in_a_thread(controller):
     from controller.history import FrameCache
-    from controller.serve.daemon import prepare_reports
+    from controller.serve.daemon import ReportPreparer
     from controller.service import Session, report
 
     frames = FrameCache(1 << 30)
     with Session(controller, frames=frames) as s:
         assert s.history().frame_key(["run-b"]) is None  # no column file yet: the rows table only
-        thread = prepare_reports(s, ["run-b", "no-such-run"])  # one that cannot be made: left for when asked
-        assert thread is not None
-        thread.join(timeout=60)
-        assert not thread.is_alive() and s.history().frame_key(["run-b"]) is not None
+        preparer = ReportPreparer(s)
+        preparer.add(["no-such-run", "run-b"])  # one that cannot be made: left for when it is asked for
+        assert preparer.wait(timeout=60) and s.history().frame_key(["run-b"]) is not None
         recalled = frames.recalled
         assert report(s, "run-b").verdict == "regressed" and frames.recalled == recalled + 1
-        assert prepare_reports(Session(controller), ["run-b"]) is None  # no frames kept: nothing to prepare
+        thread = preparer.thread
+        preparer.add(["run-a"])  # the same thread, one run at a time
+        assert preparer.wait(timeout=60) and preparer.thread is thread and thread is not None and thread.daemon
+    idle = ReportPreparer(Session(controller))  # no frames kept: nothing to prepare, no thread
+    idle.add(["run-b"])
+    assert idle.thread is None and idle.wait(timeout=0)
