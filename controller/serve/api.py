@@ -20,7 +20,6 @@ A user's value is never said back or logged beyond ~200 characters.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -44,14 +43,7 @@ from controller.history import FrameCache
 from controller.serve import links
 from controller.serve.access import RoleCheck, may_act_on, publish, refusal, undeclared
 from controller.serve.tokens import Identity, Role, Tokens
-from controller.serve.wire import (
-    PREFIX,
-    RELEASES_HEADER,
-    RUN_HEADER,
-    VERDICT_HEADER,
-    VERDICT_LINE_HEADER,
-    WARNINGS_HEADER,
-)
+from controller.serve.wire import PREFIX, RELEASES_HEADER, report_headers
 from controller.service import Judgement, Session
 from controller.service.release_url import MAX_SHOWN, clip
 from controller.settings import ControllerSettings
@@ -366,25 +358,21 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
                                                             "the newest of the run's release, else of any)"),
                    tolerance: float = Query(0.05, gt=0, lt=1,
                                             description="relative change that counts as a regression"),
-                   energy_tolerance: float = Query(0.05, gt=0, lt=1,
-                                                   description="relative change of energy per token that counts as "
-                                                               "a regression"),
-                   startup_tolerance: float | None = Query(None, gt=0, lt=1,
-                                                           description="relative change of a start-up cost that "
-                                                                       "counts as a regression (default 0.15)")) \
+                   energy_tolerance: float = Query(0.05, gt=0, lt=1, description="the same, of energy per token "
+                                                                                  "(J/token, tokens/J)"),
+                   startup_tolerance: float | None = Query(None, gt=0, lt=1, description="the same, of a start-up "
+                                                                                           "cost (server ready, first "
+                                                                                           "request; default 0.15)")) \
             -> Response:
-        """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows). What
-        ``fleetctl report --service`` prints besides the body comes in the headers ``X-Fleet-Run`` and
-        ``X-Fleet-Verdict-Line`` (JSON strings), ``X-Fleet-Verdict`` and ``X-Fleet-Warnings`` (a JSON list)."""
+        """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows). Headers
+        ``X-Fleet-Run``, ``-Verdict-Line`` (JSON strings), ``-Verdict``, ``-Warnings`` (a JSON list) carry the rest."""
         html = format is ReportFormat.html
         rep = errors(lambda: service.report(session(), run_id, baseline, tolerance=tolerance,
                                             energy_tolerance=energy_tolerance, startup_tolerance=startup_tolerance,
                                             with_history=html), run_id, baseline)
         from controller.report.render import rows_with_baseline, to_json, to_markdown, verdict_line
 
-        headers = {RUN_HEADER: json.dumps(rep.run_id), VERDICT_HEADER: rep.verdict,
-                   VERDICT_LINE_HEADER: json.dumps(verdict_line(rep)),
-                   WARNINGS_HEADER: json.dumps(list(rep.environment_changes))}
+        headers = report_headers(rep.run_id, rep.verdict, verdict_line(rep), rep.environment_changes)
         if format is ReportFormat.json:
             return Response(to_json(rep), media_type="application/json", headers=headers)
         if format is ReportFormat.md:

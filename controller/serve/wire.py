@@ -5,9 +5,18 @@ Values are ASCII: a text is a JSON string (``json.dumps``, non-ASCII escaped), a
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+
 PREFIX = "/api/v1"
 RUN_HEADER = "X-Fleet-Run"  # the run a report is of, 'latest' or a prefix resolved (a JSON string)
 VERDICT_HEADER = "X-Fleet-Verdict"  # pass, regressed, incomplete, failed
 VERDICT_LINE_HEADER = "X-Fleet-Verdict-Line"  # the report's one-line verdict (a JSON string)
 WARNINGS_HEADER = "X-Fleet-Warnings"  # the environment changes fleetctl report warns of (a JSON list of strings)
 RELEASES_HEADER = "X-Fleet-Releases"  # a trend: how many releases the history holds (its "no change points" line)
+
+
+def report_headers(run_id: str, verdict: str, line: str, warnings: Sequence[str]) -> dict[str, str]:
+    """The headers of a report's response."""
+    return {RUN_HEADER: json.dumps(run_id), VERDICT_HEADER: verdict, VERDICT_LINE_HEADER: json.dumps(line),
+            WARNINGS_HEADER: json.dumps(list(warnings))}

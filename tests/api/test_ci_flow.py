@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from controller.cli.demo import reference_rows
 from controller.service import Session
 from simulator.ports import free_port
 from tests.browser import chromium_page
-from tests.support.http_servers import TOKEN, Receiver, ReleaseServer, write_tokens
+from tests.support.http_servers import TOKEN, Receiver, ReleaseServer, wait_port, write_tokens
 from tests.support.lab import make_lab
 
 pytestmark = pytest.mark.slow
@@ -52,19 +51,6 @@ rep = call("GET", "/runs/" + run["run_id"] + "/report?format=json")
 print("verdict", r["verdict"], rep["verdict_line"])
 sys.exit(0 if r["verdict"] == "pass" else 1)
 """
-
-
-def wait_port(port: int, proc: subprocess.Popen[str], timeout: float = 60) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise AssertionError(f"fleetctl serve exited: {proc.stderr.read() if proc.stderr else ''}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError("the API did not listen in time")
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,9 @@ import pytest
 
 from contract.records import ResultRow
 from simulator.ports import free_port
-from tests.api.test_ci_flow import wait_port
 from tests.support.cli import INV, closed_port, fill
 from tests.support.frames import reference, seed_rows  # noqa: F401 - fixtures, registered by name
-from tests.support.http_servers import TOKEN, write_tokens
+from tests.support.http_servers import TOKEN, wait_port, write_tokens
 from tests.support.trend import release_history
 
 pytestmark = pytest.mark.slow

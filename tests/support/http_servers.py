@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -98,3 +101,17 @@ class ReleaseServer(ThreadedServer):
                 self.wfile.write(data)
 
         self.url = self.serve(H)
+
+
+def wait_port(port: int, proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Until ``proc`` (a ``fleetctl serve``) listens on ``port`` on loopback; AssertionError if it exits first."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"fleetctl serve exited: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("the API did not listen in time")
