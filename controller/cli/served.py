@@ -103,7 +103,7 @@ def api_root(url: str) -> str:
 
 
 def token(env: Mapping[str, str] = os.environ) -> str:
-    """The API token: ``FLEET_TOKEN``, else the first line of the file ``FLEET_TOKEN_FILE`` names."""
+    """The API token: ``FLEET_TOKEN``, else the token alone in the file ``FLEET_TOKEN_FILE`` names."""
     if env.get(TOKEN_ENV, "").strip():
         return env[TOKEN_ENV].strip()
     where = env.get(TOKEN_FILE_ENV, "").strip()
@@ -125,7 +125,8 @@ def _detail(body: bytes) -> str:
     except ValueError:
         got = None
     detail = got.get("detail") if isinstance(got, dict) else None
-    return str(detail) if detail else body.decode("utf-8", "replace").strip()[:200] or "no detail"
+    text = str(detail) if detail else body.decode("utf-8", "replace")[:200]
+    return " ".join(text.split()) or "no detail"  # one line, whatever a proxy in between answered
 
 
 def get(service: str, path: str, params: Mapping[str, Any]) -> Answer:

@@ -145,3 +145,22 @@ def test_every_failure_is_one_line_and_exit_2(lab: Lab, tmp_path: Path) -> None:
     from_file = fleetctl(lab, "report", "run-b", "--service", url, FLEET_TOKEN="",
                          FLEET_TOKEN_FILE=str(tmp_path / "token"))
     assert from_file.returncode == 0 and from_file.stdout.startswith("# Fleet report run-b")
+
+
+def test_a_proxy_answering_a_page_of_html_is_one_line(lab: Lab) -> None:
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.support.http_servers import ThreadedServer
+
+    class Gateway(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(502)
+            self.end_headers()
+            self.wfile.write(b"<html>\n<body>\n<h1>502 Bad Gateway</h1>\n</body>\n</html>\n")
+
+    proxy = ThreadedServer()
+    try:
+        got = fleetctl(lab, "report", "run-b", "--service", proxy.serve(Gateway))
+    finally:
+        proxy.close()
+    assert got.returncode == 2 and got.stderr.count("\n") == 1 and "502 Bad Gateway" in got.stderr, got.stderr
