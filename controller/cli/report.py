@@ -45,7 +45,7 @@ def _emit(report: Report, fmt: Format, out: Path | None, check: bool) -> None:
     if out is None and fmt in (Format.md, Format.json):
         sys.stdout.write(to_markdown(report) if fmt is Format.md else to_json(report) + "\n")
     else:
-        target = out or Path(f"report-{report.run_id.replace(':', '_').replace('/', '_')}")  # ./report-<run>/
+        target = out or _default_out(report.run_id)
         for path in write_report(report, fmt.value, target):
             typer.echo(f"wrote {path.resolve()}", err=True)
         typer.echo(verdict_line(report))
@@ -56,14 +56,24 @@ def _emit(report: Report, fmt: Format, out: Path | None, check: bool) -> None:
 STARTUP_TOLERANCE = 0.15  # controller.report.model.STARTUP_TOLERANCE (not imported here: the CLI starts lean)
 
 
+def _default_out(run_id: str) -> Path:
+    """./report-<run>/, where html and csv go without ``--out``."""
+    return Path(f"report-{run_id.replace(':', '_').replace('/', '_')}")
+
+
+def _check_fractions(options: dict[str, float]) -> None:
+    """Each option (``--name``: value) a fraction between 0 and 1, else one line naming it."""
+    for name, v in options.items():
+        if not 0 < v < 1:
+            _fail(f"{name} must be a fraction between 0 and 1, got {v}")
+
+
 def _thresholds(tolerance: float, energy_tolerance: float = 0.05,
                 startup_tolerance: float = STARTUP_TOLERANCE) -> Thresholds:
     from controller.report.model import Thresholds
 
-    for name, v in (("--tolerance", tolerance), ("--energy-tolerance", energy_tolerance),
-                    ("--startup-tolerance", startup_tolerance)):
-        if not 0 < v < 1:
-            _fail(f"{name} must be a fraction between 0 and 1, got {v}")
+    _check_fractions({"--tolerance": tolerance, "--energy-tolerance": energy_tolerance,
+                      "--startup-tolerance": startup_tolerance})
     return Thresholds(tolerance=tolerance, energy_tolerance=energy_tolerance, startup_tolerance=startup_tolerance)
 
 
@@ -94,9 +104,7 @@ def _served_report(service: str, run: str, baseline: str | None, fmt: Format, ou
     if fmt is Format.csv:
         _fail("--output csv with --service: not served (it is several tables and a Parquet file); "
               "read the history here instead (--history)")
-    for name, v in tolerances.items():
-        if not 0 < v < 1:
-            _fail(f"--{name.replace('_', '-')} must be a fraction between 0 and 1, got {v}")
+    _check_fractions({f"--{name.replace('_', '-')}": v for name, v in tolerances.items()})
     got = served.get(service, f"/runs/{quote(run, safe='')}/report",
                      {"format": fmt.value, "baseline": baseline, **tolerances})
     for warning in got.warnings:
@@ -105,8 +113,7 @@ def _served_report(service: str, run: str, baseline: str | None, fmt: Format, ou
         sys.stdout.buffer.write(got.body + (b"\n" if fmt is Format.json else b""))
         sys.stdout.flush()
     else:
-        target = out or Path(f"report-{got.run_id.replace(':', '_').replace('/', '_')}")
-        path = target / f"report.{fmt.value}"
+        path = (out or _default_out(got.run_id)) / f"report.{fmt.value}"
         mask = os.umask(0)
         os.umask(mask)
         try:
