@@ -6,7 +6,14 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-slow install engine engine-venv llama llama-bg lint lock system-deps clean bench docs reference
+# Bytecode for the project's own code, its tests and every process they start, whatever the caller's environment
+# says (PYTHONDONTWRITEBYTECODE=1 on the developers' machines and in CI): without it each pytest run rewrites the
+# asserts of every test module again (55 s of a cold collection) and every process a test starts compiles what it
+# imports. Written under build/ (mirrored paths), never beside the sources.
+unexport PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX := $(CURDIR)/build/pycache
+
+.PHONY: demo test test-fast tier-fast tier-slow tier-llama tier-alone install engine engine-venv llama llama-bg lint lock system-deps clean bench docs reference
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -81,24 +88,54 @@ docs: $(DOCS_STAMP) install
 reference: install
 	$(BIN)/python docs/tools/gen_reference.py
 
-## make test: install everything, then run every tier (fast first, slow real-service tiers after).
-## llama-server builds in the background at the lowest priority (llama-bg) while lint, the docs and the tiers run (they
-## leave a core idle much of the time); then make waits for the build (a failed one is tried again in the foreground)
-## and runs the tests that need it last (marker llama): a build still running is waited for here, not inside a test's
-## 300 s timeout (a fresh machine under load took an hour to build it, and every llama test timed out waiting).
-test: install engine-venv system-deps llama-bg lint docs
-	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
-	$(BIN)/python -m pytest -m "slow and not llama" -q -p no:cacheprovider --durations=25
-	@while kill -0 $$(cat build/llama-build.pid) 2>/dev/null; do sleep 5; done; \
-	$(LLAMA) build --jobs $$(nproc) 2>&1 | tail -1
-	$(BIN)/python -m pytest -m "llama" -q -p no:cacheprovider --durations=10
+## make test: install everything, then every check, timed (build/test-times.txt; the summary ends the log):
+## 1. lint, the docs and the fast tier at once (make -j3 -O: each one's output whole when it ends), the fast tier
+##    on every core (pytest-xdist), each of its tests held to a budget (tests/support/budget.py);
+## 2. the slow tier on SLOW_WORKERS workers (most of its time is spent waiting on real processes, so twice the
+##    cores), each test module whole on one worker (--dist loadgroup; tests/conftest.py groups them), the tests of
+##    network namespaces on one worker; beside it, the llama tier: it waits for llama-server's build (started in
+##    the background at the lowest priority by llama-bg; a failed one is tried again in the foreground) and runs
+##    the tests that need it (marker llama) on two workers;
+## 3. the tests marked `alone` (they measure this machine's own time or load), one at a time with nothing beside.
+## Bytecode is written for the project, its tests and every process they start (below), whatever the caller's
+## PYTHONDONTWRITEBYTECODE says.
+test: install engine-venv system-deps llama-bg
+	@rm -f $(TIMES)
+	@$(MAKE) --no-print-directory -j3 -O lint docs tier-fast
+	@$(MAKE) --no-print-directory -j2 -O tier-slow tier-llama
+	@$(MAKE) --no-print-directory tier-alone
+	@echo "== make test: every tier passed"; cat $(TIMES)
+
+# A tier's command, timed: its wall time is printed and kept in $(TIMES) (what make test prints at its end).
+TIMES := build/test-times.txt
+timed = t0=$$(date +%s); $(2); rc=$$?; t=$$(( $$(date +%s) - t0 )); mkdir -p build; \
+	echo "== $(1): $$t s wall, exit $$rc" | tee -a $(TIMES); exit $$rc
+
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+FAST_WORKERS ?= $(NPROC)
+SLOW_WORKERS ?= $(shell echo $$(( $(NPROC) * 2 )))
+
+tier-fast: install
+	@$(call timed,fast tier,$(PYTEST) -m "not slow" -n $(FAST_WORKERS))
+
+tier-slow: install
+	@$(call timed,slow tier,$(PYTEST) -m "slow and not llama and not alone" -n $(SLOW_WORKERS) --dist loadgroup)
+
+tier-llama: install
+	@$(call timed,llama tier,while kill -0 $$(cat build/llama-build.pid 2>/dev/null) 2>/dev/null; do sleep 5; done; \
+		$(LLAMA) build --jobs $$(nproc) 2>&1 | tail -1; \
+		$(PYTEST) -m "llama and not alone" -n 2 --dist loadgroup)
+
+tier-alone: install
+	@$(call timed,alone tier,$(PYTEST) -m "alone")
 
 llama-bg: install
 	@mkdir -p build && $(LLAMA) fetch
 	@nice -n 19 $(LLAMA) build --jobs $$(nproc) > $(LLAMA_LOG) 2>&1 & echo $$! > build/llama-build.pid
 
-test-fast: install
-	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
+## make test-fast: the fast tier alone (lint and the docs not included).
+test-fast: tier-fast
 
 ## make lint (part of make test): ruff, mypy over the packages, strict where both sides meet (contract, agent).
 lint: install

@@ -28,9 +28,28 @@ def _seed_path() -> Path:
     raise FileNotFoundError("reference document not found: set M1000_SEED")
 
 
+pytest_plugins = ["tests.support.budget"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that need llama-server run last: ``make test`` builds it in the background meanwhile."""
+    """Tests that need llama-server run last: ``make test`` builds it in the background meanwhile.
+
+    Under ``pytest -n N --dist loadgroup`` (``make test``'s slow tiers) every slow test module runs whole on one
+    worker, so a module's fixtures (its redis-server, lab, release, real-engine run) are made once; the SSH tier
+    (tests/ssh) is one group: its lab of network namespaces is one per session and holds the machine's lock
+    (tests/ssh/netns.py) while it stands."""
     items.sort(key=lambda item: item.get_closest_marker("llama") is not None)
+    if not getattr(config.option, "loadgroup", False):  # xdist sets it in each worker under --dist loadgroup
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        path = item.nodeid.split("::", 1)[0]
+        if path.startswith("tests/ssh/"):
+            item.add_marker(pytest.mark.xdist_group("tests/ssh"))
+        elif item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group(path))
 
 
 @pytest.fixture(scope="session")

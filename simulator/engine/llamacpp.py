@@ -167,8 +167,7 @@ def build(pin: Pin, p: Paths, *, jobs: int, cuda: bool = False, log=sys.stderr) 
             raise LlamaBuildError(f"{tool} not found: install it (Debian: apt-get install cmake ninja-build)")
     src = unpack(pin, p)
     t0 = time.monotonic()
-    busy = building_marker(p)
-    busy.write_text(f"{os.getpid()}\n", encoding="utf-8")  # tests wait for a build in progress (wait_built)
+    busy = claim_build(p, log)
     try:
         for argv in (configure_argv(src, p.build, cuda=cuda), build_argv(p.build, jobs)):
             print(f"[llama.cpp] {' '.join(argv)}", file=log, flush=True)
@@ -192,14 +191,46 @@ def building_marker(p: Paths) -> Path:
     return p.stamp.with_suffix(".building")
 
 
+def marker_pid(marker: Path) -> int | None:
+    """The pid a build marker names, or None where there is no marker or it holds no number."""
+    try:
+        return int(marker.read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
 def build_in_progress(p: Paths) -> bool:
     """A build of this source is running now (its marker names a live process)."""
-    try:
-        pid = int(building_marker(p).read_text(encoding="utf-8").strip())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
-        return False
-    return True
+    pid = marker_pid(building_marker(p))
+    return pid is not None and pid_alive(pid)
+
+
+def claim_build(p: Paths, log) -> Path:  # type: ignore[no-untyped-def]
+    """The build marker written with this process's pid (tests wait for a build in progress: wait_built).
+
+    A marker naming a live process is another build of this source: refused, never two ninjas in one folder.
+    A marker left by a build that was killed (``make test`` stopped mid-build) is named and replaced; ninja
+    keeps the objects that build finished and redoes any whose command it never logged as done."""
+    marker = building_marker(p)
+    if marker.exists():
+        pid = marker_pid(marker)
+        if pid is not None and pid != os.getpid() and pid_alive(pid):
+            raise LlamaBuildError(f"{marker}: a build of this source is running (pid {pid}): wait for it to end")
+        left = f"pid {pid}, which is gone" if pid is not None else "a process it does not name"
+        print(f"[llama.cpp] a build left by {left}: starting again ({marker} replaced)", file=log, flush=True)
+    p.stamp.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"{os.getpid()}\n", encoding="utf-8")
+    return marker
 
 
 def wait_built(timeout: float, env: dict[str, str] | None = None, lock: Path = LOCK) -> Paths | None:

@@ -180,6 +180,7 @@ def test_webhook_gives_up_without_blocking(tmp_path):
     hooks.close()
 
 
+@pytest.mark.slow  # every operation of the schema, 8 examples each: ~4 s, over the fast tier's budget
 def test_schemathesis(controller, tmp_path):
     """Every operation against its schema: no server error, documented status codes and bodies.
     (Not "schema-valid data accepted": a release path that does not exist is schema-valid and a 400.)"""

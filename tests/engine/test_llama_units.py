@@ -8,8 +8,11 @@ SSE bytes of a completion, an MTP completion, a chat with an image, each twice (
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -32,7 +35,16 @@ from simulator.engine.llama_release import DEFAULT_MTP, parse_sizes
 from simulator.engine.llama_runtime.bench import accept_rates, encode_ms, log_stamp_us, measure, spec_counters
 from simulator.engine.llama_runtime.common import EngineError, gguf_metadata
 from simulator.engine.llama_runtime.serve import mtp_options, speculative_args
-from simulator.engine.llamacpp import LlamaBuildError, build_argv, configure_argv, paths, read_pin
+from simulator.engine.llamacpp import (
+    LlamaBuildError,
+    build_argv,
+    build_in_progress,
+    building_marker,
+    claim_build,
+    configure_argv,
+    paths,
+    read_pin,
+)
 from tests.support.engine import FIXTURES, REPO
 
 SEED_NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
@@ -89,6 +101,46 @@ def test_configure_fetches_nothing_and_builds_only_the_server(tmp_path):
                                              "-j", "2"]
     cuda = configure_argv(tmp_path / "src", tmp_path / "b", cuda=True)
     assert "-DGGML_CUDA=ON" in cuda and "-DCMAKE_CUDA_ARCHITECTURES=90" in cuda
+
+
+def _gone_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_build_marker_left_by_a_killed_build_is_named_and_replaced(tmp_path):
+    p = paths(read_pin((REPO / "requirements-llama.lock").read_text()), tmp_path)
+    marker = building_marker(p)
+    marker.parent.mkdir(parents=True)
+    dead = _gone_pid()
+    marker.write_text(f"{dead}\n")
+    assert not build_in_progress(p)
+    log = io.StringIO()
+    assert claim_build(p, log) == marker
+    assert log.getvalue() == (f"[llama.cpp] a build left by pid {dead}, which is gone: starting again "
+                              f"({marker} replaced)\n")
+    assert marker.read_text() == f"{os.getpid()}\n" and build_in_progress(p)
+
+
+def test_a_build_marker_of_a_live_build_is_not_taken_over(tmp_path):
+    p = paths(read_pin((REPO / "requirements-llama.lock").read_text()), tmp_path)
+    marker = building_marker(p)
+    marker.parent.mkdir(parents=True)
+    with subprocess.Popen(["sleep", "30"]) as other:
+        try:
+            marker.write_text(f"{other.pid}\n")
+            with pytest.raises(LlamaBuildError, match=f"a build of this source is running \\(pid {other.pid}\\)"):
+                claim_build(p, io.StringIO())
+            assert marker.read_text() == f"{other.pid}\n"
+        finally:
+            other.kill()
+
+
+def test_a_fresh_build_claims_the_marker_silently(tmp_path):
+    p = paths(read_pin((REPO / "requirements-llama.lock").read_text()), tmp_path)
+    log = io.StringIO()
+    assert claim_build(p, log).read_text() == f"{os.getpid()}\n" and log.getvalue() == ""
 
 
 # ----- the models: a word-level vocabulary ---------------------------------------------------------------------

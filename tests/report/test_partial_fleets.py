@@ -56,6 +56,7 @@ def subsets(draw: st.DrawFn, reference: pd.DataFrame) -> tuple[pd.DataFrame, lis
     return cur, modules, expected_keys, prev, draw(st.booleans())
 
 
+@pytest.mark.slow  # 30 reports rendered as HTML (matplotlib): ~17 s, over the fast tier's budget
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                                    HealthCheck.function_scoped_fixture])
 @given(data=st.data())
