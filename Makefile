@@ -100,9 +100,9 @@ reference: install
 ## Bytecode is written for the project, its tests and every process they start (below), whatever the caller's
 ## PYTHONDONTWRITEBYTECODE says.
 test: install engine-venv system-deps llama-bg
-	@rm -f $(TIMES)
-	@$(MAKE) --no-print-directory -j3 -O lint docs tier-fast
-	@$(MAKE) --no-print-directory -j2 -O tier-slow tier-llama
+	@mkdir -p build && rm -f $(TIMES)
+	@$(call timed,lint + docs + fast tier (at once),$(MAKE) --no-print-directory -j3 -O lint docs tier-fast)
+	@$(call timed,slow tier + llama tier (at once),$(MAKE) --no-print-directory -j2 -O tier-slow tier-llama)
 	@$(MAKE) --no-print-directory tier-alone
 	@echo "== make test: every tier passed"; cat $(TIMES)
 

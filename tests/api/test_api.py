@@ -57,6 +57,7 @@ def test_a_run_carries_its_recorded_verdict_line(client, controller):
     assert (one["verdict"], one["verdict_line"]) == ("pass", "PASS run-a (1.4.1 vs baseline:1.4.1:v1)")
 
 
+@pytest.mark.slow  # HTML reports drawn by matplotlib: over the fast tier's 2 s budget
 def test_report_in_every_format(client):
     j = client.get("/api/v1/runs/run-b/report", headers=AUTH)
     assert j.status_code == 200 and j.headers["content-type"] == "application/json"
@@ -76,6 +77,7 @@ def test_report_in_every_format(client):
     assert client.get("/api/v1/runs/run-b/report?format=pdf", headers=AUTH).status_code == 422
 
 
+@pytest.mark.slow  # HTML reports drawn by matplotlib: over the fast tier's 2 s budget
 def test_report_headers_say_what_fleetctl_report_prints_besides_the_body(client):
     j = client.get("/api/v1/runs/run-b/report", headers=AUTH)
     for fmt in ("json", "md", "html", "csv"):

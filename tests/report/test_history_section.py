@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from controller.report.load import build_report, history_frames
 from controller.report.render.html import to_html
 from controller.report.trend import MIN_RELEASES, history_section
 from tests.support.trend import release_history
 
 
+@pytest.mark.slow  # HTML reports drawn by matplotlib: over the fast tier's 2 s budget
 def test_history_section_draws_the_moved_series_with_its_change_point(reference, tmp_path):
     h = release_history(tmp_path / "history.sqlite", reference, regress={("qwen3", "decode_tps"): 0.10})
     try:
