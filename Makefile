@@ -9,9 +9,11 @@ STAMP := $(VENV)/.installed
 # Bytecode for the project's own code, its tests and every process they start, whatever the caller's environment
 # says (PYTHONDONTWRITEBYTECODE=1 on the developers' machines and in CI): without it each pytest run rewrites the
 # asserts of every test module again (55 s of a cold collection) and every process a test starts compiles what it
-# imports. Written under build/ (mirrored paths), never beside the sources.
+# imports. Written where Python reads it by default, __pycache__ beside each source (git ignores them), not under a
+# PYTHONPYCACHEPREFIX: a prefix hides the .pyc files uv wrote into the venvs at install and those the simulated
+# release ships beside its runtime, and each process would compile them all again into the prefix.
 unexport PYTHONDONTWRITEBYTECODE
-export PYTHONPYCACHEPREFIX := $(CURDIR)/build/pycache
+unexport PYTHONPYCACHEPREFIX
 
 .PHONY: demo test test-fast tier-fast tier-slow tier-llama tier-alone install engine engine-venv llama llama-bg lint lock system-deps clean bench docs reference
 
@@ -101,6 +103,7 @@ reference: install
 ## PYTHONDONTWRITEBYTECODE says.
 test: install engine-venv system-deps llama-bg
 	@mkdir -p build && rm -f $(TIMES)
+	@$(BIN)/python -m compileall -q -j 0 agent contract controller simulator docs/tools bench
 	@$(call timed,lint + docs + fast tier (at once),$(MAKE) --no-print-directory -j3 -O lint docs tier-fast)
 	@$(call timed,slow tier + llama tier (at once),$(MAKE) --no-print-directory -j2 -O tier-slow tier-llama)
 	@$(MAKE) --no-print-directory tier-alone

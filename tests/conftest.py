@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.support.redis_server import shared_redis  # noqa: F401 - the fixture, registered by name
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # No per-example deadline: on a loaded 2-core machine (make test builds llama.cpp beside the fast tier) one

@@ -24,6 +24,8 @@ class RedisServer:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     bind: tuple[str, ...] = ("127.0.0.1",)
+    databases: int = 16
+    shared: bool = False  # the session's shared_redis: labs empty the database they take
 
     @property
     def url(self) -> str:
@@ -34,7 +36,7 @@ class RedisServer:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [REDIS, "--port", str(self.port), "--bind", *self.bind, "--dir", str(self.dir), "--appendonly", "yes",
-             "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
+             "--appendfsync", "everysec", "--save", "", "--daemonize", "no", "--databases", str(self.databases),
              # protected mode refuses clients off loopback without a password: the veth test host is one
              "--protected-mode", "yes" if self.bind == ("127.0.0.1",) else "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -65,13 +67,27 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def running_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+def running_redis(tmp_path_factory: pytest.TempPathFactory, databases: int = 16) -> Iterator[RedisServer]:
     """A redis-server of its own for a test module (skips, saying why, where none is installed)."""
     if not REDIS:
         pytest.skip("redis-server not installed (make test installs Debian's redis-server)")
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server = RedisServer(tmp_path_factory.mktemp("redis"), databases=databases)
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+LAB_DATABASES = 64
+
+
+@pytest.fixture(scope="session")
+def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for every lab of the session (of each xdist worker), each lab in a database of its own,
+    emptied when the lab takes it (``tests.support.lab.make_lab``). Labs only use their broker; a test that faults
+    its Redis (kills, fills, restarts it) or counts the commands it receives starts one of its own
+    (``running_redis``)."""
+    with running_redis(tmp_path_factory, databases=LAB_DATABASES) as server:
+        server.shared = True
+        yield server
