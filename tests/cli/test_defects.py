@@ -52,6 +52,7 @@ def _without_extras(env: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           cwd=env)
 
 
+@pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core
 def test_without_controller_extras(env):
     r = _without_extras(env, "--help")
     assert r.returncode == 0 and "validate" in r.stdout and "deploy" in r.stdout, r.stderr

@@ -136,6 +136,7 @@ def test_a_fresh_lab_hint_from_the_venv_fleetctl(tmp_path):
                         f"(`{exe} validate TARBALL`)\n")
 
 
+@pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core
 def test_report_html_without_out_says_where_it_wrote(filled, capsys):
     code, out, err = run_main(capsys, "report", "run-b", "-o", "html")
     where = filled.parent / "report-run-b" / "report.html"

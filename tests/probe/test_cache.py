@@ -35,7 +35,9 @@ def test_two_consecutive_runs_find_nothing_cached_and_measure_the_same_ttft():
     assert a.cache == b.cache == "cold"
     assert b.ttft_ms.p50 == pytest.approx(a.ttft_ms.p50, rel=0.5)  # 128 x 0.4 ms of prefill both times
     assert min(a.ttft_ms.p50, b.ttft_ms.p50) >= 128 * 0.4 * 0.9
-    assert len({tuple(p[:1]) for p in srv.prompts}) == 6  # no two prompts share even their first token
+    # no two prompts share even their first two tokens (ids drawn from 29,000: two prompts of six share the first
+    # one by chance once in ~2,000 runs, which make test met; the first two, once in ~60 million)
+    assert len({tuple(p[:2]) for p in srv.prompts}) == 6
 
 
 def test_the_same_salt_gives_the_same_prompts_and_a_warm_cache():

@@ -92,6 +92,7 @@ def _history(tmp_path: Path, seed_text: str, skewed_module: str | None) -> Histo
     return h
 
 
+@pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core
 def test_report_lists_disagreements_and_keeps_probe_rows_out_of_the_verdict(tmp_path: Path, seed_text: str):
     h = _history(tmp_path, seed_text, "m2")
     try:

@@ -370,6 +370,7 @@ def _report_text(history: History, run: str = "run-b", **kw: object) -> tuple[st
     return to_json(rep), to_markdown(rep)
 
 
+@pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core
 def test_a_kept_analysis_gives_the_report_made_without_one_and_what_is_read_fresh_stays_fresh(
         history: History) -> None:
     plain = _report_text(history)  # no cache: the files written
@@ -388,6 +389,7 @@ def test_a_kept_analysis_gives_the_report_made_without_one_and_what_is_read_fres
     assert _report_text(history) == drifted
 
 
+@pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core
 def test_a_kept_analysis_is_never_given_for_changed_inputs(history: History) -> None:
     _report_text(history)  # the files written
     cache = _kept(history)

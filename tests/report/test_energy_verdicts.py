@@ -75,6 +75,7 @@ def test_rows_without_energy_change_nothing(reference):
     assert rep.energy_outliers == () and rep.regressions == () and rep.verdict == "pass"
 
 
+@pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core
 def test_the_html_and_json_reports_name_the_energy_outlier(reference):
     from controller.report.render.data import to_dict
     from controller.report.render.html import to_html

@@ -43,6 +43,7 @@ def svgs(html: str) -> list[str]:
     return re.findall(r"<svg.*?</svg>", html, flags=re.S)
 
 
+@pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core
 def test_every_figure_text_is_text_of_at_least_8_5_pt(report):
     figures = svgs(to_html(report))
     assert len(figures) == 3
@@ -104,6 +105,7 @@ def test_plot_draws_the_band_of_fleet_min_max_not_of_all_modules():
     assert BAND_LABEL == "band: min–max of the modules in the median (outlier modules left out)"
 
 
+@pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core
 def test_keys_without_a_context_sweep_are_named_under_the_plots(report):
     assert not_plotted(report.summary, "decode_tps") == {"qwen35_fq_mtp": ("mtp",), "qwen35_mtp": ("mtp",)}
     assert not_plotted(report.summary, "ttft_ms") == {"qwen35_fq_mtp": ("mtp",), "qwen35_mtp": ("mtp",)}

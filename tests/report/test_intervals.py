@@ -127,6 +127,7 @@ def test_json_carries_the_interval_of_every_regression_and_outlier(reference):
                                               "outliers": to_dict(rep)["outliers"]}
 
 
+@pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core
 def test_html_shows_the_intervals(reference):
     from controller.report.render.html import to_html
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from controller.cli.report import STARTUP_TOLERANCE as CLI_STARTUP_TOLERANCE
 from controller.report import Thresholds, analyse
@@ -47,6 +48,7 @@ def _names(rep):
     return [(r.module, r.model_key, r.profile, r.metric) for r in rep.regressions]
 
 
+@pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core
 def test_a_server_40_percent_slower_to_be_ready_is_named_regressed_and_nothing_else(reference):
     prev = _with_startup(fleet(reference, seed=1, run_id="r0"), seed=2)
     cur = _with_startup(fleet(reference, seed=3, run_id="r1"), seed=4, slower={"qwen35": 1.4})

@@ -21,6 +21,7 @@ values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.tu
 LAYOUTS = ({}, {"indent": 2}, {"separators": (",", ":")}, {"indent": 0}, {"indent": 1, "separators": (",", ":")})
 
 
+@pytest.mark.slow  # 300 examples of nested JSON: 1.4-2.8 s, over the fast tier's budget of 2 s CPU
 @settings(max_examples=300, deadline=None)
 @given(values)
 def test_dumps_and_loads_are_json_s(value: object) -> None:

@@ -87,6 +87,7 @@ def test_key_level_outlier_memory_before_the_servers_and_no_telemetry() -> None:
     assert m01.status == "no telemetry" and "mthreads-gmi or nvidia-smi not found" in m01.note
 
 
+@pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core
 def test_report_from_history_names_and_explains(tmp_path: Path, reference) -> None:  # type: ignore[no-untyped-def]
     h = History(tmp_path / "history.sqlite")
     try:
