@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 unexport PYTHONDONTWRITEBYTECODE
 unexport PYTHONPYCACHEPREFIX
 
-.PHONY: demo test test-fast tier-fast tier-slow tier-llama tier-alone install engine engine-venv llama llama-bg lint lock system-deps clean bench docs reference
+.PHONY: demo test test-fast test-durations tier-fast tier-slow tier-llama tier-alone install engine engine-venv llama llama-bg lint lock system-deps clean bench docs reference
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -90,15 +90,16 @@ docs: $(DOCS_STAMP) install
 reference: install
 	$(BIN)/python docs/tools/gen_reference.py
 
-## make test: install everything, then every check, timed (build/test-times.txt; the summary ends the log):
+## make test: install everything, then every check, each phase timed (build/test-times.txt; the summary ends the log):
 ## 1. lint, the docs and the fast tier at once (make -j3 -O: each one's output whole when it ends), the fast tier
 ##    on every core (pytest-xdist), each of its tests held to a budget (tests/support/budget.py);
 ## 2. the slow tier on SLOW_WORKERS workers (most of its time is spent waiting on real processes, so twice the
-##    cores), each test module whole on one worker (--dist loadgroup; tests/conftest.py groups them), the tests of
-##    network namespaces on one worker; beside it, the llama tier: it waits for llama-server's build (started in
-##    the background at the lowest priority by llama-bg; a failed one is tried again in the foreground) and runs
-##    the tests that need it (marker llama) on two workers;
-## 3. the tests marked `alone` (they measure this machine's own time or load), one at a time with nothing beside.
+##    cores), each test module whole on one worker and the longest modules first (--dist loadgroup; tests/conftest.py
+##    groups and orders them by tests/durations.json), tests/ssh one group; beside it, the llama tier: it waits for
+##    llama-server's build (started in the background at the lowest priority by llama-bg; a failed one is tried
+##    again in the foreground) and runs the tests that need it (marker llama) on two workers;
+## 3. the tests marked `alone` (their timing margins do not hold on a saturated machine), one after another with
+##    nothing beside them.
 ## Bytecode is written for the project, its tests and every process they start (below), whatever the caller's
 ## PYTHONDONTWRITEBYTECODE says.
 test: install engine-venv system-deps llama-bg
@@ -123,7 +124,8 @@ tier-fast: install
 	@$(call timed,fast tier,$(PYTEST) -m "not slow" -n $(FAST_WORKERS))
 
 tier-slow: install
-	@$(call timed,slow tier,$(PYTEST) -m "slow and not llama and not alone" -n $(SLOW_WORKERS) --dist loadgroup)
+	@$(call timed,slow tier,$(PYTEST) -m "slow and not llama and not alone" -n $(SLOW_WORKERS) --dist loadgroup \
+		--no-loadscope-reorder --durations-out build/slow-durations.json)
 
 tier-llama: install
 	@$(call timed,llama tier,while kill -0 $$(cat build/llama-build.pid 2>/dev/null) 2>/dev/null; do sleep 5; done; \
@@ -139,6 +141,11 @@ llama-bg: install
 
 ## make test-fast: the fast tier alone (lint and the docs not included).
 test-fast: tier-fast
+
+## make test-durations: the slow tier's order from the last make test's timings (tests/conftest.py hands the
+## longest test modules out first; commit tests/durations.json when modules were added or grew).
+test-durations:
+	cp build/slow-durations.json tests/durations.json
 
 ## make lint (part of make test): ruff, mypy over the packages, strict where both sides meet (contract, agent).
 lint: install

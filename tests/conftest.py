@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -44,14 +45,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("llama") is not None)
     if not getattr(config.option, "loadgroup", False):  # xdist sets it in each worker under --dist loadgroup
         return
+    group: dict[str, str] = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
         path = item.nodeid.split("::", 1)[0]
-        if path.startswith("tests/ssh/"):
-            item.add_marker(pytest.mark.xdist_group("tests/ssh"))
-        elif item.get_closest_marker("slow") is not None:
-            item.add_marker(pytest.mark.xdist_group(path))
+        group[item.nodeid] = "tests/ssh" if path.startswith("tests/ssh/") else path
+        if item.get_closest_marker("slow") is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group[item.nodeid]))
+    # longest groups first (make test passes --no-loadscope-reorder): handed out in collection order, a 90 s test
+    # module met last keeps one worker busy while the others idle. A group not yet timed counts as the longest.
+    took = _durations()
+    items.sort(key=lambda item: -took.get(group[item.nodeid], float("inf")))
+
+
+def _durations() -> dict[str, float]:
+    """Each slow group's wall seconds in a recent make test (tests/durations.json; make test-durations rewrites it
+    from build/slow-durations.json)."""
+    try:
+        raw = json.loads((ROOT / "tests" / "durations.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,11 @@ network namespace of its own, the host side of its veth pair set down), and its 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.netns]
 
 NS, HOST_IF, NS_IF = f"f8rel{os.getpid() % 10000}", "f8relh", "f8reln"
 HOST_IP, NS_IP = "10.231.8.1", "10.231.8.2"
+LOCK = Path(tempfile.gettempdir()) / "m1000-fleet-partition.lock"
 
 
 def _ip(*args: str, check: bool = True) -> None:
@@ -52,26 +55,32 @@ def link(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     why = _capability()
     if why:
         pytest.skip(why)
-    _ip("netns", "del", NS, check=False)
-    _ip("link", "del", HOST_IF, check=False)
-    _ip("netns", "add", NS)
+    lock = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o600)  # this link's fixed names: one on the machine at a time
+    fcntl.flock(lock, fcntl.LOCK_EX)
     try:
-        _ip("link", "add", HOST_IF, "type", "veth", "peer", "name", NS_IF)
-        _ip("link", "set", NS_IF, "netns", NS)
-        _ip("addr", "add", f"{HOST_IP}/24", "dev", HOST_IF)
-        _ip("link", "set", HOST_IF, "up")
-        _ip("netns", "exec", NS, "ip", "addr", "add", f"{NS_IP}/24", "dev", NS_IF)
-        _ip("netns", "exec", NS, "ip", "link", "set", NS_IF, "up")
-        _ip("netns", "exec", NS, "ip", "link", "set", "lo", "up")
-        server = RedisServer(tmp_path_factory.mktemp("redis"), bind=("127.0.0.1", HOST_IP))
-        server.start()
-        try:
-            yield server
-        finally:
-            server.stop()
-    finally:
-        _ip("link", "del", HOST_IF, check=False)
         _ip("netns", "del", NS, check=False)
+        _ip("link", "del", HOST_IF, check=False)
+        _ip("netns", "add", NS)
+        try:
+            _ip("link", "add", HOST_IF, "type", "veth", "peer", "name", NS_IF)
+            _ip("link", "set", NS_IF, "netns", NS)
+            _ip("addr", "add", f"{HOST_IP}/24", "dev", HOST_IF)
+            _ip("link", "set", HOST_IF, "up")
+            _ip("netns", "exec", NS, "ip", "addr", "add", f"{NS_IP}/24", "dev", NS_IF)
+            _ip("netns", "exec", NS, "ip", "link", "set", NS_IF, "up")
+            _ip("netns", "exec", NS, "ip", "link", "set", "lo", "up")
+            server = RedisServer(tmp_path_factory.mktemp("redis"), bind=("127.0.0.1", HOST_IP))
+            server.start()
+            try:
+                yield server
+            finally:
+                server.stop()
+        finally:
+            _ip("link", "del", HOST_IF, check=False)
+            _ip("netns", "del", NS, check=False)
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        os.close(lock)
 
 
 @contextlib.contextmanager
@@ -90,6 +99,10 @@ def start_in_namespace(b, server: RedisServer) -> None:
                 argv_prefix=("ip", "netns", "exec", NS))
 
 
+# alone: heartbeats every 0.5 s against offline_after 2 s and lost_after 8 s; with both cores saturated by the
+# slow tier's other workers the agent, back after a 5 s gap, was judged lost, and another run never reached its
+# second key in 90 s
+@pytest.mark.alone
 @pytest.mark.parametrize("down,expect", [(1.0, "blip"), (5.0, "unreachable"), (12.0, "lost")])
 def test_partition_agent_from_broker(bench_factory, link, release, down, expect):
     """The module's link to the broker goes down: a blip and a gap longer than offline_after cost nothing

@@ -10,16 +10,19 @@ at most ``WALL_FACTOR`` times the budget.
 
 from __future__ import annotations
 
+import json
 import resource
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 KEY = "budget_cost_s"
 DEFAULT_BUDGET = 2.0
 WALL_FACTOR = 5
+TOP = 15
 
 
 def _cpu_s() -> float:
@@ -35,7 +38,16 @@ class Over:
     wall_s: float
 
 
+def group_of(nodeid: str) -> str:
+    """The xdist group a test ran in under ``--dist loadgroup`` (its ``@name`` suffix), else its file."""
+    path, _, rest = nodeid.partition("::")
+    return rest.rsplit("@", 1)[1] if "@" in rest else path
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--durations-out", default="", metavar="PATH",
+                     help="write each test group's (file's) summed wall seconds there as JSON, for "
+                          "tests/durations.json (the slow tier's order: longest first)")
     parser.addoption("--budget", type=float, default=DEFAULT_BUDGET,
                      help="CPU seconds each test not marked slow may cost (setup + call + teardown, its child "
                           f"processes included; wall time at most {WALL_FACTOR}x that); 0 turns the check off "
@@ -66,25 +78,42 @@ class BudgetCheck:
     """Collects each fast test's cost from its teardown report (in the controller under xdist) and fails the
     session naming every test over the budget."""
 
-    def __init__(self, budget: float) -> None:
+    def __init__(self, budget: float, durations_out: str = "") -> None:
         self.budget = budget
+        self.durations_out = durations_out
         self.over: list[Over] = []
+        self.costs: list[Over] = []  # every test's, slow ones too: the summary names the costliest
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "teardown" or "slow" in report.keywords:
+        if report.when != "teardown":
             return
         for key, value in report.user_properties:
             if key == KEY and value is not None:
                 cost, wall = float(value[0]), float(value[1])
+                self.costs.append(Over(report.nodeid, cost, wall))
+                if "slow" in report.keywords or not self.budget:
+                    continue
                 if cost > self.budget or wall > WALL_FACTOR * self.budget:
                     self.over.append(Over(report.nodeid, cost, wall))
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.durations_out and self.costs:
+            groups: dict[str, float] = {}
+            for c in self.costs:
+                groups[group_of(c.nodeid)] = groups.get(group_of(c.nodeid), 0.0) + c.wall_s
+            out = Path(self.durations_out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({g: round(t, 1) for g, t in sorted(groups.items())}, indent=1) + "\n")
         if self.over and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if len(self.costs) > 1:
+            total = sum(c.cost_s for c in self.costs)
+            terminalreporter.section(f"most CPU ({total:.0f} s of CPU in all, child processes included)", sep="=")
+            for c in sorted(self.costs, key=lambda c: -c.cost_s)[:TOP]:
+                terminalreporter.line(f"{c.cost_s:7.2f} s CPU {c.wall_s:7.2f} s wall  {c.nodeid}")
         if not self.over:
             return
         terminalreporter.section("fast-test budget", sep="=", red=True, bold=True)
@@ -97,5 +126,6 @@ class BudgetCheck:
 def pytest_configure(config: pytest.Config) -> None:
     budget = config.getoption("--budget")
     # under xdist the workers measure and the controller judges (workers have workerinput)
-    if budget and not hasattr(config, "workerinput"):
-        config.pluginmanager.register(BudgetCheck(budget), "m1000-budget-check")
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(BudgetCheck(budget, config.getoption("--durations-out")),
+                                      "m1000-budget-check")
