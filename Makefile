@@ -94,8 +94,8 @@ reference: install
 ## 1. lint, the docs and the fast tier at once (make -j3 -O: each one's output whole when it ends), the fast tier
 ##    on every core (pytest-xdist), each of its tests held to a budget (tests/support/budget.py);
 ## 2. the slow tier on SLOW_WORKERS workers (most of its time is spent waiting on real processes, so twice the
-##    cores), each test module whole on one worker and the longest modules first (--dist loadgroup; tests/conftest.py
-##    groups and orders them by tests/durations.json), tests/ssh one group; beside it, the llama tier: it waits for
+##    cores), each test module whole on one worker and the longest modules first (--dist loadfile; tests/conftest.py
+##    orders them by tests/durations.json); beside it, the llama tier: it waits for
 ##    llama-server's build (started in the background at the lowest priority by llama-bg; a failed one is tried
 ##    again in the foreground) and runs the tests that need it (marker llama) on two workers;
 ## 3. the tests marked `alone` (their timing margins do not hold on a saturated machine), one after another with
@@ -124,13 +124,13 @@ tier-fast: install
 	@$(call timed,fast tier,$(PYTEST) -m "not slow" -n $(FAST_WORKERS))
 
 tier-slow: install
-	@$(call timed,slow tier,$(PYTEST) -m "slow and not llama and not alone" -n $(SLOW_WORKERS) --dist loadgroup \
+	@$(call timed,slow tier,$(PYTEST) -m "slow and not llama and not alone" -n $(SLOW_WORKERS) --dist loadfile \
 		--no-loadscope-reorder --durations-out build/slow-durations.json)
 
 tier-llama: install
 	@$(call timed,llama tier,while kill -0 $$(cat build/llama-build.pid 2>/dev/null) 2>/dev/null; do sleep 5; done; \
 		$(LLAMA) build --jobs $$(nproc) 2>&1 | tail -1; \
-		$(PYTEST) -m "llama and not alone" -n 2 --dist loadgroup)
+		$(PYTEST) -m "llama and not alone" -n 2 --dist loadfile)
 
 tier-alone: install
 	@$(call timed,alone tier,$(PYTEST) -m "alone")

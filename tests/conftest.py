@@ -34,32 +34,19 @@ def _seed_path() -> Path:
 pytest_plugins = ["tests.support.budget"]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that need llama-server run last: ``make test`` builds it in the background meanwhile.
-
-    Under ``pytest -n N --dist loadgroup`` (``make test``'s slow tiers) every slow test module runs whole on one
-    worker, so a module's fixtures (its redis-server, lab, release, real-engine run) are made once; the SSH tier
-    (tests/ssh) is one group: its lab of network namespaces is one per session and holds the machine's lock
-    (tests/ssh/netns.py) while it stands."""
-    items.sort(key=lambda item: item.get_closest_marker("llama") is not None)
-    if not getattr(config.option, "loadgroup", False):  # xdist sets it in each worker under --dist loadgroup
-        return
-    group: dict[str, str] = {}
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        group[item.nodeid] = "tests/ssh" if path.startswith("tests/ssh/") else path
-        if item.get_closest_marker("slow") is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group[item.nodeid]))
-    # longest groups first (make test passes --no-loadscope-reorder): handed out in collection order, a 90 s test
-    # module met last keeps one worker busy while the others idle. A group not yet timed counts as the longest.
+    """Tests that need llama-server run last: ``make test`` builds it in the background meanwhile. Test modules
+    in the order of their time in a recent slow tier, longest first (tests/durations.json; a module not timed yet
+    counts as the longest): ``pytest -n N --dist loadfile --no-loadscope-reorder`` (make test's slow tier) hands
+    whole modules out in this order, and a 90 s module met last keeps one worker busy while the others idle."""
     took = _durations()
-    items.sort(key=lambda item: -took.get(group[item.nodeid], float("inf")))
+    items.sort(key=lambda item: (item.get_closest_marker("llama") is not None,
+                                 -took.get(item.nodeid.split("::", 1)[0], float("inf"))))
 
 
 def _durations() -> dict[str, float]:
-    """Each slow group's wall seconds in a recent make test (tests/durations.json; make test-durations rewrites it
-    from build/slow-durations.json)."""
+    """Each test module's wall seconds in a recent slow tier (tests/durations.json; ``make test-durations``
+    rewrites it from build/slow-durations.json)."""
     try:
         raw = json.loads((ROOT / "tests" / "durations.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -51,6 +51,9 @@ def _bisect(lab, series, *extra: str, timeout: float = 600) -> dict:
     return json.loads(r.stdout)
 
 
+# alone: its targets are every metric that moved, and with both cores saturated by the slow tier's other workers the
+# start-up figures (precompile_s, server_ready_s) moved too
+@pytest.mark.alone
 def test_four_modules_name_the_planted_release_in_two_rounds_and_skip_one_that_cannot_run(tmp_path: Path):
     at = random.choice([i for i in range(1, 16) if i not in (3, 4)])  # 3 cannot start: 4 would be one of 3, 4
     series = _series(tmp_path, at, broken=(3,))

@@ -1,11 +1,15 @@
-"""The fast tier's time budget: each test not marked ``slow`` may cost at most ``--budget`` seconds
-(2 by default), or the session fails naming it.
+"""The fast tier's time budget, and what each test cost.
 
+Each test not marked ``slow`` may cost at most ``--budget`` seconds (2 by default), or the session fails naming it.
 A test's cost is the CPU time of its setup, call and teardown, measured where it runs (an xdist worker or the one
 process): the process's own user and system time plus that of the child processes it waited for. ``make test`` runs
 lint, the docs and two workers on two cores at once, which stretches wall times by 1.5-2.5x at random; CPU time
-stays what the test costs. A test that mostly waits (sleeps, a slow server) is caught by its wall time instead:
-at most ``WALL_FACTOR`` times the budget.
+stays nearer what the test costs. A test that mostly waits (sleeps, a slow server) is caught by its wall time
+instead: at most ``WALL_FACTOR`` times the budget.
+
+With ``--durations`` the summary also names the tests that cost the most CPU (slow ones too), and
+``--durations-out PATH`` writes each test module's summed wall seconds as JSON: ``tests/durations.json``, by
+which ``tests/conftest.py`` orders the slow tier's modules, longest first.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ KEY = "budget_cost_s"
 DEFAULT_BUDGET = 2.0
 WALL_FACTOR = 5
 TOP = 15
+_START = pytest.StashKey[tuple[float, float, int]]()
 
 
 def _cpu_s() -> float:
@@ -38,15 +43,9 @@ class Over:
     wall_s: float
 
 
-def group_of(nodeid: str) -> str:
-    """The xdist group a test ran in under ``--dist loadgroup`` (its ``@name`` suffix), else its file."""
-    path, _, rest = nodeid.partition("::")
-    return rest.rsplit("@", 1)[1] if "@" in rest else path
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--durations-out", default="", metavar="PATH",
-                     help="write each test group's (file's) summed wall seconds there as JSON, for "
+                     help="write each test module's summed wall seconds there as JSON, for "
                           "tests/durations.json (the slow tier's order: longest first)")
     parser.addoption("--budget", type=float, default=DEFAULT_BUDGET,
                      help="CPU seconds each test not marked slow may cost (setup + call + teardown, its child "
@@ -63,9 +62,6 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
     yield
 
 
-_START = pytest.StashKey[tuple[float, float, int]]()
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
     if call.when == "teardown" and _START in item.stash:
@@ -78,9 +74,10 @@ class BudgetCheck:
     """Collects each fast test's cost from its teardown report (in the controller under xdist) and fails the
     session naming every test over the budget."""
 
-    def __init__(self, budget: float, durations_out: str = "") -> None:
+    def __init__(self, budget: float, durations_out: str = "", top: bool = False) -> None:
         self.budget = budget
         self.durations_out = durations_out
+        self.top = top
         self.over: list[Over] = []
         self.costs: list[Over] = []  # every test's, slow ones too: the summary names the costliest
 
@@ -101,7 +98,8 @@ class BudgetCheck:
         if self.durations_out and self.costs:
             groups: dict[str, float] = {}
             for c in self.costs:
-                groups[group_of(c.nodeid)] = groups.get(group_of(c.nodeid), 0.0) + c.wall_s
+                path = c.nodeid.split("::", 1)[0]
+                groups[path] = groups.get(path, 0.0) + c.wall_s
             out = Path(self.durations_out)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({g: round(t, 1) for g, t in sorted(groups.items())}, indent=1) + "\n")
@@ -109,7 +107,7 @@ class BudgetCheck:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        if len(self.costs) > 1:
+        if self.top and len(self.costs) > 1:
             total = sum(c.cost_s for c in self.costs)
             terminalreporter.section(f"most CPU ({total:.0f} s of CPU in all, child processes included)", sep="=")
             for c in sorted(self.costs, key=lambda c: -c.cost_s)[:TOP]:
@@ -127,5 +125,5 @@ def pytest_configure(config: pytest.Config) -> None:
     budget = config.getoption("--budget")
     # under xdist the workers measure and the controller judges (workers have workerinput)
     if not hasattr(config, "workerinput"):
-        config.pluginmanager.register(BudgetCheck(budget, config.getoption("--durations-out")),
-                                      "m1000-budget-check")
+        check = BudgetCheck(budget, config.getoption("--durations-out"), config.getoption("durations") is not None)
+        config.pluginmanager.register(check, "m1000-budget-check")
