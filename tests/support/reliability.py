@@ -40,10 +40,14 @@ class Bench:
         return r.stdout.strip().splitlines()[-1]
 
     def on_key(self, run_id: str, module: str, key: str, timeout: float = 90) -> None:
-        """Wait until ``module`` benchmarks ``key`` (the keys before it passed)."""
+        """Wait until ``module`` benchmarks ``key`` (the keys before it passed): the controller sees the step, and
+        the module's own events say the benchmark started (the step is published just before that line is
+        written: a test that kills the agent in between, on a loaded machine, found one start fewer)."""
         wait_for(lambda: (p := self.fleet.sync(run_id).progress.get(module)) is not None
                  and p.state == RunState.BENCHMARKING and p.model_key == key and p.step == "benchmark",
                  timeout, f"{module} benchmarking {key}", interval=0.1)
+        wait_for(lambda: self.benchmark_starts(module, run_id)[key] >= 1, 30,
+                 f"{module}'s own record of benchmarking {key}", interval=0.1)
 
     def benchmark_starts(self, name: str, run_id: str, status: str = "start") -> collections.Counter[str]:
         """Benchmarks per key from the module's own events (``status="ok"``: those that succeeded)."""
