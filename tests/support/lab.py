@@ -1,5 +1,6 @@
 """A simulated lab: inventory, controller settings and real ``fleet-agent`` workers on one broker
-(embedded or a redis-server of the test module's own, the ``broker`` fixture's two params)."""
+(embedded, or the session's shared redis-server in a database of the lab's own: the ``broker`` fixture's two
+params)."""
 
 from __future__ import annotations
 
