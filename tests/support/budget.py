@@ -80,6 +80,7 @@ class BudgetCheck:
         self.top = top
         self.over: list[Over] = []
         self.costs: list[Over] = []  # every test's, slow ones too: the summary names the costliest
+        self.unwritten = ""
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "teardown":
@@ -101,12 +102,17 @@ class BudgetCheck:
                 path = c.nodeid.split("::", 1)[0]
                 groups[path] = groups.get(path, 0.0) + c.wall_s
             out = Path(self.durations_out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({g: round(t, 1) for g, t in sorted(groups.items())}, indent=1) + "\n")
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps({g: round(t, 1) for g, t in sorted(groups.items())}, indent=1) + "\n")
+            except OSError as exc:  # the tests' outcome stands; the summary says what was not written
+                self.unwritten = f"--durations-out {out}: not written: {exc.strerror or exc}"
         if self.over and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.unwritten:
+            terminalreporter.write_line(self.unwritten, yellow=True)
         if self.top and len(self.costs) > 1:
             total = sum(c.cost_s for c in self.costs)
             terminalreporter.section(f"most CPU ({total:.0f} s of CPU in all, child processes included)", sep="=")
