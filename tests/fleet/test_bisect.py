@@ -134,6 +134,9 @@ def test_a_killed_controller_resumes_and_a_lost_module_gives_its_candidate_to_an
         lab.stop()
 
 
+# alone: once in six parallel slow tiers (both cores saturated) its run was not shown cancelled within 60 s of the
+# bisection's cancel; alone and under a 3-process CPU load it passes in 9-20 s. Not understood yet: see issue 44's note
+@pytest.mark.alone
 def test_cancel_stops_the_bisection_and_its_runs(tmp_path: Path):
     series = _series(tmp_path, 5, count=8)
     lab = make_lab(tmp_path / "lab", ("filesystem://", None), 2)
