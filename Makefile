@@ -103,7 +103,7 @@ reference: install
 ## Bytecode is written for the project, its tests and every process they start (below), whatever the caller's
 ## PYTHONDONTWRITEBYTECODE says.
 test: install engine-venv system-deps llama-bg
-	@mkdir -p build && rm -f $(TIMES)
+	@rm -f $(TIMES)
 	@$(BIN)/python -m compileall -q -j 0 agent contract controller simulator docs/tools bench
 	@$(call timed,lint + docs + fast tier (at once),$(MAKE) --no-print-directory -j3 -O lint docs tier-fast)
 	@$(call timed,slow tier + llama tier (at once),$(MAKE) --no-print-directory -j2 -O tier-slow tier-llama)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -39,19 +38,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     in the order of their time in a recent slow tier, longest first (tests/durations.json; a module not timed yet
     counts as the longest): ``pytest -n N --dist loadfile --no-loadscope-reorder`` (make test's slow tier) hands
     whole modules out in this order, and a 90 s module met last keeps one worker busy while the others idle."""
-    took = _durations()
+    from tests.support.budget import load_durations, module_of  # imported as a plugin first (pytest_plugins)
+
+    took = load_durations(ROOT / "tests" / "durations.json")  # make test-durations writes it
     items.sort(key=lambda item: (item.get_closest_marker("llama") is not None,
-                                 -took.get(item.nodeid.split("::", 1)[0], float("inf"))))
-
-
-def _durations() -> dict[str, float]:
-    """Each test module's wall seconds in a recent slow tier (tests/durations.json; ``make test-durations``
-    rewrites it from build/slow-durations.json)."""
-    try:
-        raw = json.loads((ROOT / "tests" / "durations.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {str(k): float(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+                                 -took.get(module_of(item.nodeid), float("inf"))))
 
 
 @pytest.fixture(scope="session")

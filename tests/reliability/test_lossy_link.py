@@ -7,23 +7,21 @@ Real namespace, real redis-server, real agent; ends with the suite's invariants.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import queue
 import random
 import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from agent.store import RunStore
 from contract.records import RunState
+from tests.support.locks import machine_lock
 from tests.support.redis_server import REDIS, RedisServer, running_redis
 from tests.support.reliability import KEYS
 from tests.support.wait import wait_for
@@ -33,8 +31,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.netns]
 NS, HOST_IF, NS_IF = f"f25ll{os.getpid() % 10000}", "f25llh", "f25lln"
 HOST_IP, NS_IP = "10.231.25.1", "10.231.25.2"
 LOSS = 0.2
-# its own lock, not the SSH lab's: the lab holds that one for a whole session (on another xdist worker)
-LOCK = Path(tempfile.gettempdir()) / "m1000-fleet-lossy-link.lock"
 DELAY = (0.15, 0.30)  # seconds, each way
 
 
@@ -135,9 +131,7 @@ def lossy_link(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Redis
     why = _capability()
     if why:
         pytest.skip(why)
-    lock = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o600)  # this link's fixed names: one on the machine at a time
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
+    with machine_lock("lossy-link"):  # this link's fixed names: one on the machine at a time
         _run("ip", "netns", "del", NS, check=False)
         _run("ip", "link", "del", HOST_IF, check=False)
         _run("ip", "netns", "add", NS)
@@ -161,9 +155,6 @@ def lossy_link(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Redis
         finally:
             _run("ip", "link", "del", HOST_IF, check=False)
             _run("ip", "netns", "del", NS, check=False)
-    finally:
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        os.close(lock)
 
 
 def test_lossy_slow_link_keeps_finished_at_telemetry_and_rows(bench_factory, lossy_link, release):

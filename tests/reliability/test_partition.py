@@ -5,11 +5,9 @@ network namespace of its own, the host side of its veth pair set down), and its 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +16,7 @@ import pytest
 
 from agent.store import RunStore
 from contract.records import RunState
+from tests.support.locks import machine_lock
 from tests.support.redis_server import REDIS, RedisServer
 from tests.support.reliability import KEYS
 from tests.support.wait import wait_for
@@ -26,7 +25,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.netns]
 
 NS, HOST_IF, NS_IF = f"f8rel{os.getpid() % 10000}", "f8relh", "f8reln"
 HOST_IP, NS_IP = "10.231.8.1", "10.231.8.2"
-LOCK = Path(tempfile.gettempdir()) / "m1000-fleet-partition.lock"
 
 
 def _ip(*args: str, check: bool = True) -> None:
@@ -55,9 +53,7 @@ def link(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     why = _capability()
     if why:
         pytest.skip(why)
-    lock = os.open(LOCK, os.O_CREAT | os.O_RDWR, 0o600)  # this link's fixed names: one on the machine at a time
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
+    with machine_lock("partition"):  # this link's fixed names: one on the machine at a time
         _ip("netns", "del", NS, check=False)
         _ip("link", "del", HOST_IF, check=False)
         _ip("netns", "add", NS)
@@ -78,9 +74,6 @@ def link(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
         finally:
             _ip("link", "del", HOST_IF, check=False)
             _ip("netns", "del", NS, check=False)
-    finally:
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        os.close(lock)
 
 
 @contextlib.contextmanager

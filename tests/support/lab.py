@@ -20,10 +20,9 @@ import redis
 from controller.cli.demo import Worker, inventory_toml, start_worker, stop_workers, wait_for_heartbeats
 from controller.service import Session
 from controller.settings import ControllerSettings
-from tests.support.redis_server import LAB_DATABASES, RedisServer
+from tests.support.redis_server import DATABASES, RedisServer
 
-_REDIS_DB = itertools.cycle(range(16))  # a server of the test module's own
-_SHARED_DB = itertools.cycle(range(1, LAB_DATABASES))  # the session's shared_redis (database 0 unused)
+_REDIS_DB = itertools.cycle(range(1, DATABASES))  # database 0 left to whoever uses the server directly
 
 
 @pytest.fixture(scope="module", params=["embedded", pytest.param("redis", marks=pytest.mark.redis)])
@@ -105,13 +104,11 @@ def make_lab(base: Path, broker: tuple[str, RedisServer | None], n: int, extra: 
     """A lab of ``n`` modules (plus ``extra`` names in the inventory that never get a worker)."""
     names = [f"sim-{i + 1:02d}" for i in range(n)]
     url = broker[0]
-    if broker[1] is not None:  # every lab its own Redis database, empty: labs reuse module names
-        server = broker[1]
-        db = next(_SHARED_DB) if server.shared else next(_REDIS_DB)
-        url = f"redis://127.0.0.1:{server.port}/{db}"
-        if server.shared:  # an earlier module's lab used it
-            with redis.Redis(port=server.port, db=db) as client:
-                client.flushdb()
+    if broker[1] is not None:  # every lab its own Redis database, emptied: labs reuse module names, and an
+        db = next(_REDIS_DB)  # earlier module's lab may have used it on the session's shared server
+        url = f"redis://127.0.0.1:{broker[1].port}/{db}"
+        with redis.Redis(port=broker[1].port, db=db) as client:
+            client.flushdb()
     settings = ControllerSettings(
         broker_url=url, data_dir=base / "fleet", inventory=base / "inventory.toml",
         history=base / "history.sqlite", **{"heartbeat_interval": 0.5, "offline_after": 4.0, **overrides})

@@ -16,6 +16,8 @@ import pytest
 from simulator.ports import free_port
 
 REDIS = shutil.which("redis-server")
+# a lab takes a database of its own (tests.support.lab.make_lab): a session's shared server goes through dozens
+DATABASES = 64
 
 
 @dataclass
@@ -24,8 +26,6 @@ class RedisServer:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     bind: tuple[str, ...] = ("127.0.0.1",)
-    databases: int = 16
-    shared: bool = False  # the session's shared_redis: labs empty the database they take
 
     @property
     def url(self) -> str:
@@ -36,7 +36,8 @@ class RedisServer:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [REDIS, "--port", str(self.port), "--bind", *self.bind, "--dir", str(self.dir), "--appendonly", "yes",
-             "--appendfsync", "everysec", "--save", "", "--daemonize", "no", "--databases", str(self.databases),
+             "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
+             "--databases", str(DATABASES),
              # protected mode refuses clients off loopback without a password: the veth test host is one
              "--protected-mode", "yes" if self.bind == ("127.0.0.1",) else "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -67,19 +68,17 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def running_redis(tmp_path_factory: pytest.TempPathFactory, databases: int = 16) -> Iterator[RedisServer]:
+def running_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A redis-server of its own for a test module (skips, saying why, where none is installed)."""
     if not REDIS:
         pytest.skip("redis-server not installed (make test installs Debian's redis-server)")
-    server = RedisServer(tmp_path_factory.mktemp("redis"), databases=databases)
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
     server.start()
     try:
         yield server
     finally:
         server.stop()
 
-
-LAB_DATABASES = 64
 
 
 @pytest.fixture(scope="session")
@@ -88,6 +87,5 @@ def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     emptied when the lab takes it (``tests.support.lab.make_lab``). Labs only use their broker; a test that faults
     its Redis (kills, fills, restarts it) or counts the commands it receives starts one of its own
     (``running_redis``)."""
-    with running_redis(tmp_path_factory, databases=LAB_DATABASES) as server:
-        server.shared = True
+    with running_redis(tmp_path_factory) as server:
         yield server
