@@ -21,7 +21,7 @@ from contract.fingerprint import EnvFingerprint
 from contract.records import METRICS, ResultRow
 from controller.command import fleetctl
 from controller.fleet.runs import refused_parts
-from controller.history import ROW_FIELDS, History, HistoryError, RunInfo
+from controller.history import GOLDEN_NOTE, ROW_FIELDS, History, HistoryError, RunInfo
 from controller.history.frames import frame_bytes
 from controller.history.waits import run_waits, run_waits_line
 from controller.report.analysis import analyse
@@ -138,8 +138,11 @@ def run_keys(run: RunInfo, rows: pd.DataFrame) -> list[str]:
 
 
 def previous_pick(history: History, run: RunInfo, modules: Sequence[str]) -> pd.DataFrame | None:
-    """(run_id, module): for each module, the newest earlier run (kind 'run') with rows of it (None: none)."""
-    prior = history.runs_before(run.created_at, run.run_id, PRIOR_RUNS)
+    """(run_id, module): for each module, the newest earlier run (kind 'run') with rows of it (None: none). A golden
+    check is never another run's previous run (a nightly is compared with yesterday's nightly, not with the golden
+    release a scheduled check last ran there); a golden check's is the module's earlier check of its release."""
+    golden = run.note if run.note.startswith(GOLDEN_NOTE + " ") else None
+    prior = history.runs_before(run.created_at, run.run_id, PRIOR_RUNS, note=golden)
     if prior.empty or not modules:
         return None
     have = history.modules_of_rows(list(prior["run_id"]))
