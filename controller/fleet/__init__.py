@@ -15,7 +15,17 @@ caught, not when a verb that only reads the history imports this package.
 from controller.fleet.collect import COLLECT_STEP, is_collecting, liveness, record_gap
 from controller.fleet.dispatch import args_label, run_id_in_use
 from controller.fleet.errors import BadRelease, BrokerUnavailable, EvictingBroker, FleetError, RunIdInUse, broker_errors
-from controller.fleet.runs import RunView, failed_progress, module_failed, new_run_id, newer_progress, release_version
+from controller.fleet.runs import (
+    REFUSED_STEP,
+    RunView,
+    failed_progress,
+    module_failed,
+    new_run_id,
+    newer_progress,
+    refusal,
+    refused_parts,
+    release_version,
+)
 from controller.fleet.seam import Fleet
 from controller.fleet.states import (
     FailureStreak,
@@ -28,9 +38,10 @@ from controller.fleet.states import (
 )
 
 __all__ = [
-    "COLLECT_STEP", "BadRelease", "BrokerUnavailable", "EvictingBroker", "FailureStreak", "Fleet", "FleetError",
+    "COLLECT_STEP", "REFUSED_STEP", "BadRelease", "BrokerUnavailable", "EvictingBroker", "FailureStreak", "Fleet",
+    "FleetError",
     "ModuleStatus", "RunIdInUse", "RunView", "args_label", "broker_errors", "conflict_note", "derive_state",
     "failed_progress", "is_collecting", "liveness", "module_failed", "new_run_id", "newer_progress", "read_beats",
     "read_heartbeats",
-    "record_gap", "release_version", "run_id_in_use", "skew_warning",
+    "record_gap", "refusal", "refused_parts", "release_version", "run_id_in_use", "skew_warning",
 ]

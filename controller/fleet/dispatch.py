@@ -1,7 +1,9 @@
 """Dispatch a run: check its run id, record it, and enqueue it on every module that can take it.
 
-The only place the controller enqueues (:meth:`Dispatch.send`). A module offline, bad or
-without the release is recorded failed at once (a refusal, ``attempt`` 0), not after an hour.
+The only place the controller enqueues (:meth:`Dispatch.send`). A module offline, bad, reserved by another user or
+without the release is recorded failed at once (``attempt`` 0), not after an hour: the first three refused (step
+:data:`~controller.fleet.runs.REFUSED_STEP`: the run is judged on the modules that ran), the last failed at
+``dispatch``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from contract.priority import DEFAULT, LEVELS, check_priority
 from contract.records import RunProgress, RunRequest
 from contract.vocab import BadInput, check_run_id
 from controller.fleet.errors import BrokerUnavailable, FleetError, RunIdInUse, error_line
-from controller.fleet.runs import failed_progress
+from controller.fleet.runs import REFUSED_STEP, failed_progress
 from controller.fleet.states import ModuleStatus
 from controller.inventory import Module
 
@@ -118,16 +120,10 @@ class Dispatch:
         for m in modules:
             st = statuses[m.name]
             keys = own.get(m.name, tuple(models))
-            problem = None
-            if st.state == "offline":  # unreachable: queued, taken when it is back (given up at lost_after)
-                problem = f"module {st.state}: {st.reason}"
-            elif st.state == "bad":
-                problem = f"module bad: {st.reason}"
-            elif m.name not in tarballs:
-                problem = "release not available on the module"
-            problem = (refused or {}).get(m.name, problem)  # reserved by another user: that is the reason
-            if problem:
-                failed.append(failed_progress(run_id, m.name, release, "dispatch", problem, len(keys), now))
+            found = unsent(st, (refused or {}).get(m.name), m.name in tarballs)
+            if found is not None:
+                step, problem = found
+                failed.append(failed_progress(run_id, m.name, release, step, problem, len(keys), now))
                 out[m.name] = problem
                 continue
             requests.append(RunRequest(run_id=run_id, module=m.name, tarball=tarballs[m.name], sha256=sha256,
@@ -153,6 +149,19 @@ class Dispatch:
         p = failed_progress(run_id, module, release, step, message, keys, time.time())
         self.history.upsert_progress(p)
         return p
+
+
+def unsent(status: ModuleStatus, reserved: str | None, has_release: bool) -> tuple[str, str] | None:
+    """(step, why) when a module's part of a run is not sent, None when it is (pure): refused (``reserved``: why
+    another user's reservation keeps it; offline; bad), or failed at ``dispatch`` (its release push failed). An
+    ``unreachable`` module is sent the run: it takes it when it is back (given up at ``lost_after``)."""
+    if reserved is not None:
+        return REFUSED_STEP, reserved
+    if status.state in ("offline", "bad"):
+        return REFUSED_STEP, f"module {status.state}: {status.reason}"
+    if not has_release:
+        return "dispatch", "release not available on the module"
+    return None
 
 
 def run_id_in_use(run_id: str, found: Mapping[str, RunProgress], history: object, shown: int = 4) -> str:

@@ -18,6 +18,7 @@ from controller.history.queries import DatabaseError
 from controller.history.records import (
     CHANGE_POINT_EVENT,
     GOLDEN_DRIFT_EVENT,
+    GOLDEN_NOTE,
     RESET_EVENT,
     VERDICT_EVENT,
     HistoryError,
@@ -32,6 +33,6 @@ from controller.history.store import History
 __all__ = [
     "CopyDone", "DatabaseError", "FrameCache", "History", "HistoryError", "HistoryUnavailable", "OutboxEvent",
     "RESET_EVENT", "ROW_FIELDS", "RunInfo",
-    "CHANGE_POINT_EVENT", "GOLDEN_DRIFT_EVENT", "VERDICT_EVENT", "copy_history", "row_from_db", "row_to_db",
-    "url_digest",
+    "CHANGE_POINT_EVENT", "GOLDEN_DRIFT_EVENT", "GOLDEN_NOTE", "VERDICT_EVENT", "copy_history", "row_from_db",
+    "row_to_db", "url_digest",
 ]

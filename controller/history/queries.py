@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from controller.history.records import HistoryUnavailable
+from controller.history.records import GOLDEN_NOTE, HistoryUnavailable
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -92,14 +92,17 @@ class HistoryQueries:
         return int(n)
 
     # -- reports (pandas) --------------------------------------------------------------------
-    def runs_before(self, created_at: float, run_id: str, limit: int) -> pd.DataFrame:
+    def runs_before(self, created_at: float, run_id: str, limit: int, *, note: str | None = None) -> pd.DataFrame:
         """(run_id, created_at) of the newest ``limit`` runs (kind 'run') created before ``created_at``,
-        ``run_id`` left out; newest first."""
+        ``run_id`` left out; newest first. Those of ``note`` only (a golden check's: the earlier checks of its
+        release); without one, every run but the golden checks (their note starts with :data:`GOLDEN_NOTE`)."""
         import pandas as pd
 
+        golden = GOLDEN_NOTE + " "
+        which, arg = ("note = ?", note) if note is not None else (f"substr(note, 1, {len(golden)}) <> ?", golden)
         cur = self.db.execute(
-            "SELECT run_id, created_at FROM runs WHERE kind='run' AND created_at < ? AND run_id != ?"
-            " ORDER BY created_at DESC LIMIT ?", (created_at, run_id, limit))
+            f"SELECT run_id, created_at FROM runs WHERE kind='run' AND created_at < ? AND run_id != ? AND {which}"
+            " ORDER BY created_at DESC LIMIT ?", (created_at, run_id, arg, limit))
         return pd.DataFrame(cur.fetchall(), columns=["run_id", "created_at"])
 
     def modules_of_rows(self, run_ids: Sequence[str]) -> pd.DataFrame:

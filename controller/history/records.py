@@ -16,6 +16,7 @@ VERDICT_EVENT = "run.verdict"
 CHANGE_POINT_EVENT = "trend.change_point"  # a run made new change points across the release history detectable
 RESET_EVENT = "failures reset"  # the module event of `fleetctl devices reset` (the module's failed runs cleared)
 GOLDEN_DRIFT_EVENT = "golden drift"  # the module event of a golden check it failed: bad until the next reset
+GOLDEN_NOTE = "golden check"  # how a golden check's run note starts (``golden check REL``): never a previous run
 
 
 class OutboxEvent(BaseModel):

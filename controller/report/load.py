@@ -20,7 +20,8 @@ from pandas.api.types import union_categoricals
 from contract.fingerprint import EnvFingerprint
 from contract.records import METRICS, ResultRow
 from controller.command import fleetctl
-from controller.history import ROW_FIELDS, History, HistoryError, RunInfo
+from controller.fleet.runs import refused_parts
+from controller.history import GOLDEN_NOTE, ROW_FIELDS, History, HistoryError, RunInfo
 from controller.history.frames import frame_bytes
 from controller.history.waits import run_waits, run_waits_line
 from controller.report.analysis import analyse
@@ -137,8 +138,11 @@ def run_keys(run: RunInfo, rows: pd.DataFrame) -> list[str]:
 
 
 def previous_pick(history: History, run: RunInfo, modules: Sequence[str]) -> pd.DataFrame | None:
-    """(run_id, module): for each module, the newest earlier run (kind 'run') with rows of it (None: none)."""
-    prior = history.runs_before(run.created_at, run.run_id, PRIOR_RUNS)
+    """(run_id, module): for each module, the newest earlier run (kind 'run') with rows of it (None: none). A golden
+    check is never another run's previous run (a nightly is compared with yesterday's nightly, not with the golden
+    release a scheduled check last ran there); a golden check's is the module's earlier check of its release."""
+    golden = run.note if run.note.startswith(GOLDEN_NOTE + " ") else None
+    prior = history.runs_before(run.created_at, run.run_id, PRIOR_RUNS, note=golden)
     if prior.empty or not modules:
         return None
     have = history.modules_of_rows(list(prior["run_id"]))
@@ -205,20 +209,24 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
         raise ReportError(str(exc)) from exc
     base_id = resolve_baseline(history, baseline, run.release)
     th = thresholds or Thresholds()
+    progress = history.progress(run.run_id)
+    refused = refused_parts(progress)
     cache = history.frames
-    key, pick = _analysis_key(history, run, base_id, previous, th) if cache is not None else (None, None)
+    key, pick = _analysis_key(history, run, base_id, previous, th, refused) if cache is not None else (None, None)
     made = cache.recall(key) if cache is not None and key is not None else None
     if not isinstance(made, _Analysed):
         def plain_pick(rows: pd.DataFrame) -> pd.DataFrame | None:
             return previous_pick(history, run, distinct_sorted(rows["module"]) if len(rows) else list(run.modules))
 
-        made = _analyse_run(history, run, base_id, th, previous, plain_pick if key is None else lambda _: pick)
+        made = _analyse_run(history, run, base_id, th, previous, plain_pick if key is None else lambda _: pick,
+                            refused)
         if cache is not None and key is not None:
             # rows that changed while they were read were read under another record than the key's: that record
             # is no longer current, so no later key names it, and what is kept under it is never recalled
             cache.remember(key, made, made.size)
     rep = made.report
-    drifted = [(m, d) for m in run.modules if (d := history.golden_drift(m))]
+    # a module refused at dispatch has no figures here (bad by its drift, say): its refusal says why already
+    drifted = [(m, d) for m in run.modules if m not in refused and (d := history.golden_drift(m))]
     if drifted:  # the module drifted, not (necessarily) the release: said before any finding is read
         rep = replace(rep, notes=(*rep.notes, *(f"module {m} failed its golden check since its last reset ({d}): "
                                                "its figures say more about the module than about the release"
@@ -231,7 +239,7 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     if waited:  # first: the verdict line of an incomplete run names the last note
         rep = replace(rep, notes=(waited, *rep.notes))
     rep = with_telemetry(rep, history.telemetry(run.run_id))
-    shared = kernel_cache_note(history.progress(run.run_id))
+    shared = kernel_cache_note(progress)
     if shared:  # first: a failed or incomplete run's one-line summary takes the last note
         rep = replace(rep, notes=(shared, *rep.notes))
     return _with_digests(history, rep, made.current, made.references,
@@ -256,24 +264,25 @@ class _Analysed:
 
 
 def _analyse_run(history: History, run: RunInfo, base_id: str | None, thresholds: Thresholds, previous: bool,
-                 pick: Callable[[pd.DataFrame], pd.DataFrame | None]) -> _Analysed:
+                 pick: Callable[[pd.DataFrame], pd.DataFrame | None], refused: Mapping[str, str]) -> _Analysed:
     """Read the rows and analyse them; with ``previous``, against each module's previous run, which ``pick`` gives
-    of the run's rows (:func:`previous_pick`)."""
+    of the run's rows (:func:`previous_pick`); ``refused``: the modules refused at dispatch, and why."""
     rows = read_rows(history, [run.run_id])
     base = read_rows(history, [base_id]) if base_id else None
     prev = previous_rows(history, pick(rows)) if previous else None
     rep = analyse(rows, run_id=run.run_id, release=run.release, baseline=base, baseline_id=base_id,
                   previous=prev, state=run.state, expected_modules=run.modules, expected_keys=run.models,
-                  thresholds=thresholds, module_keys=run.module_models)
+                  thresholds=thresholds, module_keys=run.module_models, refused=refused)
     refs = {base_id or "the baseline": base, "each module's previous run": prev}
     return _Analysed(rep, run_keys(run, rows), digests_of(rows), {label: digests_of(f) for label, f in refs.items()})
 
 
 def _analysis_key(history: History, run: RunInfo, base_id: str | None, previous: bool,
-                  thresholds: Thresholds) -> tuple[Hashable | None, pd.DataFrame | None]:
+                  thresholds: Thresholds, refused: Mapping[str, str]) -> tuple[Hashable | None, pd.DataFrame | None]:
     """What a run's analysis is a function of, when every input is in a current column file (None otherwise: a
     running run, rows not yet in a file): the run's record (state, modules, model keys), the files of its rows,
-    of its baseline's and of each module's previous run, which run that is for each module, and the thresholds.
+    of its baseline's and of each module's previous run, which run that is for each module, the thresholds and
+    the modules refused at dispatch.
     With it, that pick of previous runs (None: none), for :func:`_analyse_run` to read."""
     own = history.frame_key([run.run_id])
     base = history.frame_key([base_id]) if base_id else ()
@@ -288,7 +297,8 @@ def _analysis_key(history: History, run: RunInfo, base_id: str | None, previous:
             if files is None:
                 return None, None
             prev = (files, tuple(sorted(zip(pick["run_id"], pick["module"], strict=True))))
-    return ("analysis", repr(run), base_id, own, base, prev, thresholds.model_dump_json()), pick
+    return ("analysis", repr(run), base_id, own, base, prev, thresholds.model_dump_json(),
+            tuple(sorted(refused.items()))), pick
 
 
 def compare_runs(history: History, run_a: str, run_b: str, *, thresholds: Thresholds | None = None) -> Report:
@@ -305,5 +315,5 @@ def compare_runs(history: History, run_a: str, run_b: str, *, thresholds: Thresh
     rep = analyse(rows_b, run_id=b.run_id, release=b.release, baseline=None if paired else rows_a,
                   baseline_id=a.run_id, baseline_label=a.run_id, previous=rows_a if paired else None,
                   previous_label=a.run_id, state=b.state, expected_modules=b.modules, expected_keys=b.models,
-                  thresholds=thresholds, module_keys=b.module_models)
+                  thresholds=thresholds, module_keys=b.module_models, refused=refused_parts(history.progress(b.run_id)))
     return with_fingerprints(history, with_telemetry(rep, history.telemetry(b.run_id)), rows_b, {a.run_id: rows_a})

@@ -248,6 +248,9 @@ class Report:
     jit_compiled: tuple[JitCompiled, ...] = ()
     # modules (or model keys of a module) whose energy per token is out of line with the fleet's
     energy_outliers: tuple[Outlier, ...] = ()
+    # (module, why) for each module of the run refused at dispatch (reserved by another user, offline, bad): the run
+    # is judged on the modules that ran (controller.fleet.refused_parts)
+    refused: tuple[tuple[str, str], ...] = ()
 
     def telemetry_of(self, o: Outlier) -> OutlierTelemetry | None:
         """The outlier's device telemetry (None: none was attached)."""

@@ -7,7 +7,9 @@ earlier ones on the same module, the Hodges-Lehmann centre over profiles with it
 test). A module worse than ``golden_tolerance`` on a primary metric at p < :data:`GOLDEN_ALPHA` **drifted**: an
 event in the history (:data:`controller.history.GOLDEN_DRIFT_EVENT`) makes it ``bad`` with the reason, and it takes
 no work until ``fleetctl devices reset MODULE`` (the reset event after it). A module's first golden check starts
-its golden history. The runs are ordinary runs in the history, their note ``golden check REL``.
+its golden history. The runs are ordinary runs in the history, their note ``golden check REL``
+(:data:`controller.history.GOLDEN_NOTE`): never the previous run of another run, and a golden check's previous runs
+are the earlier checks of its release (:func:`controller.report.load.previous_pick`).
 
 Why against the module's own history: the module is what is checked, not the release; a module that is always 4 %
 slower than the fleet is not drifting, one that became 6 % slower than itself is.
@@ -18,12 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from controller.history import GOLDEN_DRIFT_EVENT
+from controller.history import GOLDEN_DRIFT_EVENT, GOLDEN_NOTE
 from controller.service.lifecycle import validate
 from controller.service.records import Launched, ValidateRequest
 from controller.service.session import BadRequest, Session
 
-GOLDEN_NOTE = "golden check"
 GOLDEN_ALPHA = 0.05
 HISTORY_RUNS = 5  # the module's earlier golden checks its figures are compared with (the newest)
 PRIMARY = ("prefill_tps", "decode_tps", "accept_rate", "vision_fps")  # TTFT and TPOT follow their primaries

@@ -24,9 +24,11 @@ from controller.fleet import (
     module_failed,
     new_run_id,
     newer_progress,
+    refused_parts,
     release_version,
 )
 from controller.fleet.reservations import ON_RESERVED, split_reserved
+from controller.fleet.runs import refused_note
 from controller.history import History, HistoryError, RunInfo
 from controller.inventory import Module, select
 from controller.service.records import Judgement, Launched, ValidateRequest
@@ -282,8 +284,10 @@ def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float
         from controller.report.model import Thresholds
         from controller.report.render import findings_json, verdict_line
     except ModuleNotFoundError:  # no controller extras (pandas): the modules' states alone
+        refused = refused_parts(v.progress)
         verdict, line = (state, f"{state.upper()} {info.run_id}: some modules {state}") if failed else (
-            "pass", f"PASS {info.run_id}: every module finished")
+            ("incomplete", f"INCOMPLETE {info.run_id}: {refused_note(refused, len(v.progress) - len(refused))}")
+            if refused else ("pass", f"PASS {info.run_id}: every module finished"))
     else:
         th = Thresholds(tolerance=tolerance) if tolerance is not None else None
         rep = report_call(lambda: build_report(h, info.run_id, baseline=baseline, thresholds=th,

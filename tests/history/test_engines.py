@@ -172,6 +172,22 @@ def test_telemetry_and_runs_before(history: History) -> None:
     assert list(before["run_id"]) == ["r1", "r0"] and before["created_at"].dtype == "float64"
 
 
+def test_golden_checks_are_no_other_runs_previous_run(history: History) -> None:
+    """Issue 46 item 6: the runs a report takes each module's previous run from leave the golden checks out; a
+    golden check's are the earlier checks of its release (the same note), on both engines alike."""
+    notes = {"n1": "", "g1": "golden check 1.4.1", "c1": "compare 1.4.1..1.4.2: round 1, A", "g2": "golden check 1.4.0",
+             "g3": "golden check 1.4.1", "n2": ""}
+    for run_id, note in notes.items():
+        history.create_run(run_id, release="1.4.2")
+        history.set_run_note(run_id, note)
+        time.sleep(0.002)
+    last = history.run("n2")
+    assert last is not None
+    assert list(history.runs_before(last.created_at + 1, "n2", 10)["run_id"]) == ["c1", "n1"]
+    assert list(history.runs_before(last.created_at + 1, "g3", 10, note="golden check 1.4.1")["run_id"]) == ["g1"]
+    assert list(history.runs_before(last.created_at + 1, "n2", 1)["run_id"]) == ["c1"]  # the limit after the filter
+
+
 def test_webhooks_are_claimed_by_one_sender_and_marked(history: History) -> None:
     history.create_run("r1")
     history.set_run_state("r1", "done", "fail")

@@ -60,7 +60,7 @@ def test_a_reservation_keeps_other_users_off_its_module_and_expires_on_time(benc
     v = b.finished(theirs, 120)
     refused = v.progress["sim-01"]
     assert (refused.state, refused.attempt, refused.error.step, refused.error.message) == (
-        RunState.FAILED, 0, "dispatch", line)
+        RunState.FAILED, 0, "refused", line)
     assert v.progress["sim-02"].state == RunState.DONE
     assert b.benchmark_starts("sim-01", theirs) == {}
     v = b.finished(mine, 120)  # alice's run went ahead of bob's, queued on her module before it

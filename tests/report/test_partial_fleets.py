@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contract.records import RunProgress, RunState
 from controller.history import History
 from controller.report import analyse, build_report
 from controller.report.render import to_json, to_markdown, verdict_line
@@ -142,5 +143,46 @@ def test_a_retried_run_is_complete_with_the_keys_each_module_was_asked_for(refer
         h.replace_rows("r2", "m01", [])
         rep = build_report(h, "r2")
         assert f"no results for 1 module/key pair(s): m01/{keys[0]}" in rep.notes
+    finally:
+        h.close()
+
+
+def test_modules_refused_at_dispatch_make_the_run_incomplete_and_are_named(reference: pd.DataFrame,
+                                                                           tmp_path) -> None:
+    """Issue 46 item 5, through the run history as ``validate`` records it: one module reserved by another user and
+    one bad, refused at dispatch; the two that ran passed: INCOMPLETE (not FAILED), judged on those two, the line
+    naming each refused module and why; every module refused: FAILED, with the same reasons."""
+    from controller.fleet import REFUSED_STEP, RunView, failed_progress
+
+    h = History(tmp_path / "history.sqlite")
+    why = {"m01": "reserved by alice until 15:00 (flashing fw)", "m03": "module bad: agent reports itself unhealthy"}
+    try:
+        h.create_run("r1", release="1.4.2", models=["qwen3"], modules=["m00", "m01", "m02", "m03"])
+        h.upsert_progress_many([failed_progress("r1", m, "1.4.2", REFUSED_STEP, w, 1, 1.0) for m, w in why.items()])
+        df = fleet(reference, modules=["m00", "m02"], seed=2, run_id="r1")
+        h.upsert_rows(frame_to_rows(df[df["model_key"] == "qwen3"]))
+        done = {m: RunProgress(run_id="r1", module=m, state=RunState.DONE) for m in ("m00", "m02")}
+        h.upsert_progress_many(done.values())
+        state = RunView("r1", ("m00", "m01", "m02", "m03"), h.progress("r1")).state()
+        assert state == "done"
+        h.set_run_state("r1", state)
+        rep = build_report(h, "r1")
+        line = verdict_line(rep)
+        assert (rep.verdict, rep.modules) == ("incomplete", ("m00", "m02")), line
+        assert line.startswith("INCOMPLETE r1 (1.4.2 vs no baseline): no regression; refused"), line
+        assert line.endswith(": no regression; refused at dispatch: m01 reserved by alice until 15:00 (flashing fw); "
+                             "m03 module bad: agent reports itself unhealthy; judged on the 2 module(s) that ran"), line
+        assert not any(n.startswith("no results for") for n in rep.notes), rep.notes
+        assert json.loads(to_json(rep))["refused"] == why
+
+        h.create_run("r2", release="1.4.2", models=["qwen3"], modules=["m01", "m03"])
+        h.upsert_progress_many([failed_progress("r2", m, "1.4.2", REFUSED_STEP, w, 1, 1.0) for m, w in why.items()])
+        state = RunView("r2", ("m01", "m03"), h.progress("r2")).state()
+        assert state == "failed"
+        h.set_run_state("r2", state)
+        rep = build_report(h, "r2")
+        assert rep.verdict == "failed"
+        assert verdict_line(rep).endswith("refused at dispatch: m01 reserved by alice until 15:00 (flashing fw); "
+                                          "m03 module bad: agent reports itself unhealthy; no module ran")
     finally:
         h.close()

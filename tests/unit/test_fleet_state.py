@@ -4,7 +4,18 @@ from agent.settings import AgentSettings
 from contract.kv import Beat
 from contract.records import Heartbeat, KeyOutcome, RunProgress, RunState, UnknownModelKey, parse_model_keys
 from contract.settings import BrokerSettings, SettingsError, load_settings
-from controller.fleet import BadRelease, RunView, derive_state, release_version
+from controller.fleet import (
+    REFUSED_STEP,
+    BadRelease,
+    ModuleStatus,
+    RunView,
+    derive_state,
+    failed_progress,
+    module_failed,
+    refused_parts,
+    release_version,
+)
+from controller.fleet.dispatch import unsent
 
 
 def hb(ts, **kw):
@@ -99,3 +110,30 @@ def test_upsert_progress_many_keeps_the_newest_in_one_transaction(tmp_path):
     got = h.progress("r1")
     assert got["a"].step == "unpack" and got["b"].step == "queued"
     h.close()
+
+
+def test_a_run_with_parts_refused_at_dispatch_is_done_unless_every_part_was():
+    """Issue 46 item 5: a part refused at dispatch (offline, bad, reserved) leaves the run judged on the modules that
+    ran; every part refused, or a part that failed at ``dispatch`` (no release there), fails it."""
+    done = RunProgress(run_id="r", module="a", state=RunState.DONE)
+    held = failed_progress("r", "b", "1.4.1", REFUSED_STEP, "reserved by alice until 15:00 (fw)", 1, 1.0)
+    bad = failed_progress("r", "c", "1.4.1", REFUSED_STEP, "module bad: agent reports itself unhealthy", 1, 1.0)
+    no_release = failed_progress("r", "d", "1.4.1", "dispatch", "release not available on the module", 1, 1.0)
+    assert refused_parts({"a": done, "b": held, "c": bad, "d": no_release, "e": None}) == {
+        "b": "reserved by alice until 15:00 (fw)", "c": "module bad: agent reports itself unhealthy"}
+    assert RunView("r", ("a", "b", "c"), {"a": done, "b": held, "c": bad}).state() == "done"
+    assert RunView("r", ("b", "c"), {"b": held, "c": bad}).state() == "failed"
+    assert RunView("r", ("a", "b", "d"), {"a": done, "b": held, "d": no_release}).state() == "failed"
+    assert module_failed(held)  # still a part that did not pass: `retry --failed-only` sends it again
+
+
+@pytest.mark.parametrize(("state", "reserved", "has_release", "expected"), [
+    ("idle", None, True, None),
+    ("unreachable", None, True, None),  # queued: taken when it is back
+    ("idle", "reserved by alice until 15:00", False, (REFUSED_STEP, "reserved by alice until 15:00")),
+    ("offline", None, False, (REFUSED_STEP, "module offline: no heartbeat ever")),
+    ("bad", None, True, (REFUSED_STEP, "module bad: no heartbeat ever")),
+    ("idle", None, False, ("dispatch", "release not available on the module")),
+])
+def test_why_a_part_is_not_sent(state, reserved, has_release, expected):
+    assert unsent(ModuleStatus("m", state, "no heartbeat ever"), reserved, has_release) == expected

@@ -43,12 +43,13 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
             baseline_id: str | None = None, baseline_label: str = "baseline", previous: pd.DataFrame | None = None,
             previous_label: str = "previous", state: str = "done", expected_modules: Iterable[str] = (),
             expected_keys: Iterable[str] = (), thresholds: Thresholds | None = None,
-            module_keys: Mapping[str, Iterable[str]] | None = None) -> Report:
+            module_keys: Mapping[str, Iterable[str]] | None = None, refused: Mapping[str, str] | None = None) -> Report:
     """Build a report from frames of result rows (one column per ``ResultRow`` field).
 
     Rows the agent's probe measured (``source == "probe"``) never enter the figures: they are
     only compared with the release's rows of the same module, key and profile. ``module_keys``: the modules
-    asked for only some of ``expected_keys`` (``retry --failed-only``), and those keys."""
+    asked for only some of ``expected_keys`` (``retry --failed-only``), and those keys. ``refused``: module -> why,
+    the modules refused at dispatch (the run is judged on the others, and incomplete)."""
     th = thresholds or Thresholds()
     rows, probe = split_sources(rows)
     assert rows is not None
@@ -130,13 +131,14 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         regs += correctness(cur, answers, previous_label)
     regressions = tuple(fold(regs, outliers, energy))
 
-    notes += completeness(cur, names, ref, expected_modules, expected_keys, module_keys)
-    verdict = decide(state, len(cur), regressions, notes, expected_modules, expected_keys)
+    refused = dict(refused or {})
+    notes += completeness(cur, names, ref, expected_modules, expected_keys, module_keys, refused)
+    verdict = decide(state, len(cur), regressions, notes, expected_modules, expected_keys, refused)
     return with_jit(Report(
         run_id=run_id, release=release, baseline_id=baseline_id, previous_ids=prev_ids, verdict=verdict,
         regressions=regressions, outliers=outliers, changes=tuple(changes), notes=tuple(notes),
         modules=tuple(sorted(map(str, cur["module"].unique()))), thresholds=th,
         summary=summarise(cur, rows, ref, ~excluded, spread, cells_all, mid), rows=rows, reference=ref,
         deviation=deviation, disagreements=disagreements, probe_checked=probe_checked, capacities=capacities(probe),
-        energy_outliers=energy,
+        energy_outliers=energy, refused=tuple(refused.items()),
     ))

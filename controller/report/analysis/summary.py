@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from controller.fleet.runs import refused_note
 from controller.report.analysis.frame import SHAPE, K, Names, cell_table, first_rows, float_columns, present_metrics
 from controller.report.analysis.groups import Groups
 from controller.report.analysis.middles import Middles
@@ -96,10 +97,14 @@ def included_extremes(g: Groups, gi: Groups, vals: list[np.ndarray], extremes: t
 
 
 def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expected_modules: Iterable[str],
-                 expected_keys: Iterable[str], module_keys: Mapping[str, Iterable[str]] | None = None) -> list[str]:
-    """What is missing from the run: module/key pairs without a row (``module_keys``: modules asked for only some
-    of ``expected_keys``, and those), and module/key pairs with fewer profiles than the reference."""
+                 expected_keys: Iterable[str], module_keys: Mapping[str, Iterable[str]] | None = None,
+                 refused: Mapping[str, str] | None = None) -> list[str]:
+    """What is missing from the run: the modules refused at dispatch (``refused``: module -> why, one note naming
+    them, last), module/key pairs without a row among the others (``module_keys``: modules asked for only some of
+    ``expected_keys``, and those), and module/key pairs with fewer profiles than the reference."""
     notes: list[str] = []
+    refused = refused or {}
+    expected_modules = [m for m in expected_modules if m not in refused]
     mk = cur["modkey"].to_numpy()
     # one count per module/key code, whether or not the last codes have rows (a module that lacks the last key)
     counts = np.bincount(mk, minlength=len(names.modules) * names.nk)
@@ -129,4 +134,6 @@ def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expe
             notes.append(f"{module}/{key}: {counts[codes[i]]} of {int(wants[i])} profiles")
         if len(short) > 8:
             notes.append(f"... {len(short) - 8} more module/key pairs with missing profiles")
+    if refused:
+        notes.append(refused_note(refused, len(expected_modules)))
     return notes

@@ -177,13 +177,14 @@ def _one_precompile(regs: list[Regression]) -> list[Regression]:
 
 
 def decide(state: str, n_rows: int, regressions: tuple[Regression, ...], notes: list[str],
-           expected_modules: Iterable[str], expected_keys: Iterable[str]) -> Verdict:
+           expected_modules: Iterable[str], expected_keys: Iterable[str], refused: Iterable[str] = ()) -> Verdict:
     """The verdict: failed (the run failed, or no row), regressed (any finding left after folding),
-    incomplete (still running, cancelled, or results missing), else pass."""
+    incomplete (still running, cancelled, results missing, or ``refused``: modules refused at dispatch, the run
+    judged on those that ran), else pass."""
     if state == "failed" or n_rows == 0:
         return "failed"
     if regressions:
         return "regressed"
-    incomplete = state in ("running", "cancelled") or any(
+    incomplete = bool(list(refused)) or state in ("running", "cancelled") or any(
         n.startswith("no results") or " of " in n and "profiles" in n for n in notes)
     return "incomplete" if incomplete else "pass"

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 
 from contract.records import STARTUP_METRICS
+from controller.fleet.runs import REFUSED_NOTE
 from controller.report.environment import environment_text
 from controller.report.model import FLEET, PRIMARY_METRICS, Change, Outlier, OutlierTelemetry, Regression, Report
 from controller.report.render.numbers import num, pct
@@ -75,7 +76,10 @@ def verdict_line(r: Report) -> str:
         where = sorted({f"{d.module}[{d.model_key}]" for d in r.disagreements})
         parts.append(f"release benchmark disagrees with the probe on {len(r.disagreements)} figure(s): "
                      + ", ".join(where))
-    if r.verdict in ("incomplete", "failed") and r.notes:
+    refused = next((n for n in r.notes if n.startswith(REFUSED_NOTE)), None)
+    if refused:  # the modules the run was not judged on, each with why, whatever the verdict
+        parts.append(refused)
+    if r.verdict in ("incomplete", "failed") and r.notes and r.notes[-1] != refused:
         parts.append(r.notes[-1])
     return f"{head}: " + "; ".join(parts)
 
