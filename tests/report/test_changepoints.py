@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import typer
@@ -153,16 +154,81 @@ def test_the_commands_defaults_are_the_detectors():
     assert (defaults["min_magnitude"], defaults["max_pvalue"]) == (s.min_magnitude, s.max_pvalue)
 
 
-def test_short_series_name_no_change_point():
-    """The permutation test's floor (ADR 0017): a 20 % step in 11 releases is not named, in 12 (6 and 6) it is;
-    3 releases after a step are not enough in 20 releases, and are in 25."""
+def test_a_step_is_named_once_each_side_has_three_releases():
+    """A 20 % step in little noise is named with 3 releases on each side, in a history of any length (the
+    permutation test of ADR 0017 could not name one under 12 releases, nor with 3 after it under 25)."""
     def step(n: int, at: int):
         return [100.0 + 0.1 * (i % 3) if i < at else 80.0 + 0.1 * (i % 3) for i in range(n)]
 
-    assert detect(step(11, 5)) == () and detect(step(11, 6)) == ()
-    assert [c.index for c in detect(step(12, 6))] == [6]
-    assert detect(step(20, 17)) == ()
-    assert [c.index for c in detect(step(25, 22))] == [22]
+    assert [c.index for c in detect(step(6, 3))] == [3]
+    assert detect(step(6, 2)) == () and detect(step(5, 3)) == ()  # 2 releases on one side: never
+    for n in (11, 12, 20, 25, 60):
+        assert [c.index for c in detect(step(n, n - 3))] == [n - 3], n
+
+
+def test_a_clean_step_is_found_at_every_length_and_position():
+    """Issue 46: a -8 % step in 1 % noise, at least 3 releases on each side, is found (within one release) at every
+    history length from 12 to 40 and every position (the permutation test missed it 5 releases from the end of 15
+    and found it 4 or 6 from the end). Every series at once (the batch path, equal to the per-series one)."""
+    from controller.report.analysis.changepoints_batch import analyse_many
+
+    series, planted = [], []
+    for n in range(12, 41):
+        for at in range(3, n - 2):
+            x = 100 * (1 + 0.01 * np.random.default_rng(1000 * n + at).standard_normal(n))
+            x[at:] *= 0.92
+            series.append(x)
+            planted.append(at)
+    assert len(series) == 609
+    for x, at, d in zip(series, planted, analyse_many(series), strict=True):
+        assert any(c.kind == "step" and abs(c.index - at) <= 1 and c.size < 0 for c in d.change_points), \
+            (len(x), at, d.change_points)
+
+
+@pytest.mark.parametrize("max_pvalue", [0.002, 1e-4, 1e-8])
+def test_the_smallest_step_found_shrinks_with_more_releases_on_either_side(max_pvalue):
+    """Detectability is monotone: the smallest step the test names (the values on their levels) shrinks as
+    either side grows, for histories up to 100 releases (past ~110 releases with 3 after a step, the test's
+    factor, the number of splits, grows faster than the t-test's power: ADR 0039)."""
+    from controller.report.analysis.changepoints import smallest_step
+
+    s = DetectorSettings(max_pvalue=max_pvalue, min_magnitude=0.0)
+    for before in range(3, 97):
+        for after in range(3, 101 - before):
+            here = smallest_step(before + after, after, 0.01, s)
+            assert here is not None
+            assert smallest_step(before + after + 1, after + 1, 0.01, s) < here, (before, after)
+            assert smallest_step(before + after + 1, after, 0.01, s) < here, (before, after)
+
+
+def test_a_max_pvalue_far_below_the_old_resolution_is_honoured():
+    """--max-pvalue 0.0001 (the permutation test's p could not go under 1/2000: it silently found nothing) finds
+    a 38 % jump in 15 releases with p under it, and a p asked smaller than the step's is none."""
+    x = [100.0 + (i % 3) * 0.5 for i in range(15)]
+    x = [v * (1.38 if i >= 10 else 1) for i, v in enumerate(x)]
+    (cp,) = detect(x, DetectorSettings(max_pvalue=1e-4))
+    assert cp.index == 10 and cp.p_value <= 1e-4
+    assert detect(x, DetectorSettings(max_pvalue=cp.p_value / 2)) == ()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_steady_drift_is_one_drift_not_a_staircase(seed):
+    """Issue 46: +0.5 % a release over 40 releases with 1 % noise was three steps (+4.9 %, +4.8 %, +5.7 %)."""
+    rng = np.random.default_rng(seed)
+    x = 100 * 1.005 ** np.arange(40) * (1 + 0.01 * rng.standard_normal(40))
+    (d,) = detect(x)
+    assert d.kind == "drift" and d.end - d.index >= 28 and d.in_force
+    assert 0.004 < d.slope_low < d.slope < d.slope_high < 0.0075
+    assert d.size == pytest.approx(d.slope * (d.end - d.index + 1))
+
+
+def test_a_step_with_an_outlier_beside_it_is_a_step():
+    """An outlier next to a step is replaced half-way (the mean of the levels either side): left out of the drift's
+    fit, it does not make the step a ramp."""
+    x, at = planted_series(0, shift=-0.2, noise=0.01)
+    d = analyse_series(x)
+    assert at - 1 in d.outliers
+    assert [(c.kind, c.index) for c in d.change_points] == [("step", at)]
 
 
 def test_trend_without_a_change_says_over_how_many_releases(reference, tmp_path):
