@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -96,6 +97,10 @@ def test_trend_names_the_release_of_a_planted_regression(reference, tmp_path):
         assert (r["release"], r["scope"], r["in_force"]) == ("1.6.0", "fleet", "yes")
         assert -0.13 < r["size_value"] < -0.07
         assert len(r["moved_with"]) == len(set(reference.loc[reference["model_key"] == "qwen3", "profile"])) - 1
+        strict = CliRunner().invoke(_app(h), ["trend", "--metric", "decode_tps", "--devices", "none", "--max-pvalue",
+                                              "0.0001", "-o", "json"])  # issue 46: was silently empty under 1/2000
+        assert [(x["release"], x["kind"]) for x in json.loads(strict.stdout)] == [("1.6.0", "step")]
+        assert json.loads(strict.stdout)[0]["p_value"] <= 0.0001
     finally:
         h.close()
 
@@ -128,6 +133,32 @@ def test_trend_from_csv_finds_the_step_and_bad_input_is_one_line(tmp_path: Path)
         assert needle in str(bad.exception)
     missing = CliRunner().invoke(app, ["trend", "--from-csv", str(tmp_path / "none.csv"), "--column", "v"])
     assert isinstance(missing.exception, TrendError) and "none.csv" in str(missing.exception)
+
+
+@pytest.mark.parametrize("text", ["v\n1\n2\n\n4\n5\n", "n,v\n1,1\n2,2\n3,\n4,4\n5,5\n"])
+def test_a_blank_in_a_csv_is_refused_naming_its_line_or_left_out_when_asked(tmp_path: Path, text: str):
+    """Issue 46: a one-column CSV with a blank was silently shorter (every later index moved); with two columns the
+    blank was "np.float64(nan) is not a number"."""
+    f = tmp_path / "s.csv"
+    f.write_text(text + "\n\n")  # blank lines at the end are not rows
+    app = _app(History(tmp_path / "h.sqlite"))
+    bad = CliRunner().invoke(app, ["trend", "--from-csv", str(f), "--column", "v"])
+    assert isinstance(bad.exception, TrendError)
+    line = 4  # the header is line 1
+    assert str(bad.exception) == (f"{f}: line {line}, column 'v': blank (1 row with a blank; --skip-blanks leaves "
+                                  "them out)")
+    ok = CliRunner().invoke(app, ["trend", "--from-csv", str(f), "--column", "v", "--skip-blanks"])
+    assert ok.exit_code == 0, ok.output
+    assert f"1 row with a blank left out (line {line})" in ok.stderr
+    assert ok.stdout.strip() == "no change points in 4 values of 'v'; no change point can be named under 6 releases"
+
+
+def test_a_csv_value_that_is_not_a_number_is_named_with_its_line(tmp_path: Path):
+    f = tmp_path / "s.csv"
+    f.write_text("n,v\n1,1\n2,abc\n")
+    bad = CliRunner().invoke(_app(History(tmp_path / "h.sqlite")), ["trend", "--from-csv", str(f), "--column", "v"])
+    assert isinstance(bad.exception, TrendError)
+    assert str(bad.exception) == f"{f}: line 3, column 'v': 'abc' is not a number"
 
 
 def test_candidates_closer_than_a_segment_are_pruned_to_the_real_one():
@@ -236,7 +267,14 @@ def test_trend_without_a_change_says_over_how_many_releases(reference, tmp_path)
     try:
         res = CliRunner().invoke(_app(h), ["trend", "--metric", "decode_tps"])
         assert res.exit_code == 0, res.output
-        assert res.stdout.strip() == "no change points over 12 releases"
+        assert res.stdout.strip().startswith("no change points over 12 releases; the smallest step it could find "
+                                             "here: 3.0% in the middle, 3.0% 3 releases from the end (noise ")
+        fine = CliRunner().invoke(_app(h), ["trend", "--metric", "decode_tps", "--min-magnitude", "0.001"])
+        got = re.search(r"here: ([\d.]+)% in the middle, ([\d.]+)% 3 releases from the end \(noise ([\d.]+)%, "
+                        r"median of (\d+) series; none under --min-magnitude 0.1%\)", fine.stdout)
+        assert got, fine.stdout
+        middle, fresh, noise = (float(got[i]) for i in (1, 2, 3))
+        assert 0.1 < middle < fresh < 10 * noise and int(got[4]) == 11  # decode_tps: one fleet series a profile
         ref = reference[reference["model_key"] == "qwen3"]
         h.create_run("run-x", release="2.0.0", models=["qwen3"], modules=["m00"])
         h.upsert_rows(frame_to_rows(fleet(ref, modules=["m00"], noise=0.01, seed=99, run_id="run-x",
@@ -249,7 +287,7 @@ def test_trend_without_a_change_says_over_how_many_releases(reference, tmp_path)
         h.close()
 
 
-def test_trend_over_one_release_says_none_can_be_named_under_twelve(reference, tmp_path):
+def test_trend_over_one_release_says_none_can_be_named_under_six(reference, tmp_path):
     h = History(tmp_path / "history.sqlite")
     try:
         ref = reference[reference["model_key"] == "qwen3"]
@@ -258,8 +296,7 @@ def test_trend_over_one_release_says_none_can_be_named_under_twelve(reference, t
         h.set_run_state("run-0", "done")
         res = CliRunner().invoke(_app(h), ["trend"])
         assert res.exit_code == 0, res.output
-        assert res.stdout.strip() == ("no change points over 1 release (at the default --max-pvalue none can be "
-                                      "named under 12: docs/howto/trends.md)")
+        assert res.stdout.strip() == "no change points over 1 release (none can be named under 6: docs/howto/trends.md)"
     finally:
         h.close()
 
