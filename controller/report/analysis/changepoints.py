@@ -367,7 +367,7 @@ def drift_runs(x: np.ndarray, cps: list[int], steps: Sequence[ChangePoint], s: D
         lo = cps[i - 1] if i > 0 else 0
         hi = cps[j] if j < len(cps) else n
         y, w = x[lo:hi], keep[lo:hi]
-        ramp = best_ramp(y, s.min_segment + 1, w)
+        ramp = best_ramp(y, s.min_segment + 1, w, (cps[i] - lo, cps[j - 1] - lo))
         if ramp is not None:
             bounds = [0, *(c - lo for c in cps[i:j]), hi - lo]
             staircase = sum(_weighted_ss(y[a:b], w[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
@@ -426,11 +426,28 @@ class Ramp:
                            slope_low=low / releases, slope_high=high / releases)
 
 
-def best_ramp(y: np.ndarray, shortest: int, weights: np.ndarray | None = None) -> Ramp | None:
+RAMP_PLACES = 1 << 18  # (start, end) pairs of a ramp tried as one array at most
+
+
+def _ramp_places(n: int, shortest: int, first: int, last: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every ramp's (start ``a``, end ``b``) in a stretch of ``n`` that spans ``first`` .. ``last`` (``a < first``,
+    ``b >= last``) and is ``shortest`` or longer, as arrays: in one pair when there are at most
+    :data:`RAMP_PLACES`, else a pair per start (a long CSV series)."""
+    starts, ends = np.arange(0, first), np.arange(last, n)
+    if len(starts) * len(ends) <= RAMP_PLACES:
+        a, b = (g.ravel() for g in np.meshgrid(starts, ends, indexing="ij"))
+        keep = b - a >= shortest
+        return [(a[keep], b[keep])]
+    return [(np.full(len(e), a0), e) for a0 in starts.tolist() if len(e := ends[ends - a0 >= shortest])]
+
+
+def best_ramp(y: np.ndarray, shortest: int, weights: np.ndarray | None = None, span: tuple[int, int] | None = None) \
+        -> Ramp | None:
     """The ramp (:class:`Ramp`) of least squared error over ``y``, of ``shortest`` releases or more (``b - a``),
-    by least squares on the ramp's shape for every (a, b): from prefix sums, one length at a time (O(n^2)).
+    by least squares on the ramp's shape for every (a, b): from prefix sums, every place at once (O(n^2)).
     ``weights``: 1 for a value, 0 for one left out (an outlier replaced by :func:`hampel`: its replacement, the
-    mean of the levels either side, would sit half-way at a step and look like a ramp)."""
+    mean of the levels either side, would sit half-way at a step and look like a ramp). ``span``: (first, last),
+    the ramps that start before value ``first`` and end at ``last`` or after (the steps the ramp stands for)."""
     n = len(y)
     w = np.ones(n) if weights is None else weights
     m = float(w.sum())
@@ -446,9 +463,11 @@ def best_ramp(y: np.ndarray, shortest: int, weights: np.ndarray | None = None) -
     c1, ct, w0, wt, wtt = prefix(yc), prefix(t * yc), prefix(w), prefix(w * t), prefix(w * t * t)
     syy = float(yc @ (y - mean))
     best: tuple[float, int, int, float, float, float] | None = None
-    for length in range(shortest, n):
-        a = np.arange(0, n - length)
-        b = a + length
+    first, last = span if span is not None else (n, 0)
+    for a, b in _ramp_places(n, shortest, first, last):
+        if not len(a):
+            continue
+        length = b - a
         # the ramp's shape r: 0 up to a, (t - a) / length between, 1 from b on; its sums with the weights and
         # with the centred values
         s0, s1, s2 = w0[b] - w0[a + 1], wt[b] - wt[a + 1], wtt[b] - wtt[a + 1]
