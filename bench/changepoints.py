@@ -13,6 +13,7 @@ own; default: the permutation test of ADR 0017 / 0032). Printed per detector:
 * **detection**: ``planted_series`` (``--n`` releases, 2 outliers of ±15 %, a shift of 2-20 % in the middle half):
   found within one release in its direction, found anywhere, more than one change point; false positives over
   ``--null-seeds`` no-shift seeds per noise level;
+* **short histories**: false positives and a 10 % step in the middle, 6 to 20 releases;
 * **cost**: the analysis of ``--batch`` series of ``--batch-n`` releases as a trend over a history has them (one
   in 10 shifted by 3-20 %, 2 % noise, two outliers each) by the batch path (``changepoints_batch.analyse_many``,
   what ``trend.changes``, ``new_changes`` and the judging of a run use), both detectors interleaved round by round,
@@ -20,7 +21,7 @@ own; default: the permutation test of ADR 0017 / 0032). Printed per detector:
   Detections (exits 1 on a difference).
 
 Usage: .venv/bin/python bench/changepoints.py [--before 71487cd] [--seeds 200] [--null-seeds 1000] [--n 30]
-       [--batch 1210] [--batch-n 100] [--repeat 5]
+       [--batch 1210] [--batch-n 100] [--repeat 5] [--sections holes,drift,strict,cost,detection,short]
 """
 
 from __future__ import annotations
@@ -188,6 +189,26 @@ def detection(detectors: Sequence[Detector], seeds: int, null_seeds: int, n: int
               f"; {time.perf_counter() - t0:.1f} s")
 
 
+def short(detectors: Sequence[Detector], null_seeds: int, seeds: int) -> None:
+    print(f"\n## short histories: false positives over {null_seeds} no-shift seeds (2 outliers of ±15 %), and a 10 %"
+          f" step in the middle found within one release ({seeds} seeds), by length and noise\n")
+    print("| detector | length | " + " | ".join(f"false, noise {nz:.0%} | 10 % found" for nz in NOISES) + " |")
+    print("| --- | ---: |" + " ---: | ---: |" * len(NOISES))
+    for d in detectors:
+        for n in (6, 8, 10, 12, 16, 20):
+            cells = []
+            for nz in NOISES:
+                fp = sum(bool(det.change_points) for det in d.many(
+                    [planted_series(10**6 + seed, n=n, noise=nz, outliers=2 if n >= 8 else 0)[0]
+                     for seed in range(null_seeds)]))
+                planted = [planted_series(seed, n=n, noise=nz, shift=-0.10, at=n // 2, outliers=0)
+                           for seed in range(seeds)]
+                hit = sum(_found(det.change_points, at, -1) for det, (_, at) in
+                          zip(d.many([x for x, _ in planted]), planted, strict=True))
+                cells.append(f"{fp} | {hit / seeds:.0%}")
+            print(f"| {d.name} | {n} | " + " | ".join(cells) + " |")
+
+
 def cost(detectors: Sequence[Detector], count: int, n: int, repeat: int) -> int:
     print(f"\n## cost: {count} series of {n} releases (1 in 10 shifted by 3-20 %, 2 % noise, 2 outliers), the batch "
           f"path, {repeat} interleaved rounds, median [min-max]\n")
@@ -229,16 +250,27 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1210, help="series of the cost measurement")
     ap.add_argument("--batch-n", type=int, default=100, help="releases per series of the cost measurement")
     ap.add_argument("--repeat", type=int, default=5, help="rounds of the cost measurement")
+    ap.add_argument("--sections", default="holes,drift,strict,cost,detection,short",
+                    help="which to run, comma separated")
     a = ap.parse_args()
+    run = set(a.sections.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         before_cp, before_batch = load_before(a.before, Path(tmp))
         detectors = [Detector("now", now_cp, now_batch), Detector(f"before ({a.before})", before_cp, before_batch)]
         print(f"today's settings: {now_cp.DetectorSettings()}\nbefore: {before_cp.DetectorSettings()}")
-        holes(detectors)
-        drift(detectors, a.drift_seeds, a.seeds // 2)
-        strict_p(detectors)
-        rc = cost(detectors, a.batch, a.batch_n, a.repeat)
-        detection(detectors, a.seeds, a.null_seeds, a.n)
+        rc = 0
+        if "holes" in run:
+            holes(detectors)
+        if "drift" in run:
+            drift(detectors, a.drift_seeds, a.seeds // 2)
+        if "strict" in run:
+            strict_p(detectors)
+        if "cost" in run:
+            rc = cost(detectors, a.batch, a.batch_n, a.repeat)
+        if "detection" in run:
+            detection(detectors, a.seeds, a.null_seeds, a.n)
+        if "short" in run:
+            short(detectors, a.null_seeds, a.seeds)
     return rc
 
 

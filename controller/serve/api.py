@@ -445,7 +445,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
                   max_pvalue: float = Query(DEFAULT_MAX_PVALUE, gt=0, le=1,
                                             description="largest p-value of a change point")) -> list[TrendRecord]:
         """Change points across the releases in the run history: the records of ``fleetctl trend -o json`` (how
-        many releases the history holds in the header ``X-Fleet-Releases``)."""
+        many releases the history holds in the header ``X-Fleet-Releases``; with none, the smallest step it could
+        have found in ``X-Fleet-Reach``)."""
         def query() -> Any:
             from controller.report.trend import TrendQuery, settings_of
 
