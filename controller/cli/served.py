@@ -70,6 +70,10 @@ class Answer:
     def releases(self) -> int:
         return int(self.headers.get(wire.RELEASES_HEADER) or 0)
 
+    @property
+    def reach(self) -> str | None:
+        return self.text_header(wire.REACH_HEADER) or None
+
 
 def use_service(ctx: typer.Context, service: str | None, history_given: bool) -> str | None:
     """The service a command asks: ``--service`` (an error with ``--history`` on the command line too), or

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from controller.cli.output import Output, emit, fail, output_option, stdout
+from controller.cli.output import Output, emit, fail, output_option, stderr, stdout
 from controller.cli.served import SERVICE_HELP, use_service
 
 if TYPE_CHECKING:
     from controller.history import History
     from controller.report.analysis.changepoints import DetectorSettings
 
-COLUMNS = ["release", "model_key", "profile", "metric", "scope", "size", "ci", "p", "in_force"]
+COLUMNS = ["release", "model_key", "profile", "metric", "scope", "size", "ci", "p", "in_force", "drift"]
 SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -35,34 +35,49 @@ def sparkline(values: Sequence[float], mark: int | None = None) -> str:
     return "".join(cells)
 
 
-def from_csv(path: Path, column: str, order_by: str | None, settings: DetectorSettings) -> \
-        tuple[list[dict[str, Any]], list[float]]:
-    """The change points of one column of a CSV file (rows in file order, or sorted by ``order_by``)."""
+def from_csv(path: Path, column: str, order_by: str | None, settings: DetectorSettings, *,
+             skip_blanks: bool = False) -> tuple[list[dict[str, Any]], list[float], list[int]]:
+    """The change points of one column of a CSV file (rows in file order, or sorted by ``order_by``), its values,
+    and the file lines of the rows left out for a blank (only with ``skip_blanks``; without it a blank is refused,
+    naming its line: a series silently shorter would move every later value's index)."""
     import pandas as pd
 
     from controller.report.analysis.changepoints import SeriesError, analyse_series
     from controller.report.trend import TrendError, record
 
-    try:
-        df = pd.read_csv(path)
+    try:  # every cell as its text, a blank line a row of blanks: what is blank is seen, not dropped or NaN
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False).fillna("")
     except (OSError, ValueError) as exc:
         raise TrendError(f"{path}: cannot be read as CSV ({exc})") from exc
     for c in (column, order_by):
         if c is not None and c not in df.columns:
             raise TrendError(f"{path}: no column {c!r} (columns: {', '.join(map(str, df.columns))})")
+    df.index = pd.RangeIndex(2, len(df) + 2)  # each row's line in the file (the header is line 1)
+    filled = (df != "").any(axis=1).to_numpy()
+    df = df.iloc[:len(filled) - int(filled[::-1].argmax())] if filled.any() else df.iloc[:0]  # blank lines at the end
+    used = [c for c in (column, order_by) if c is not None]
+    blank = (df[used].apply(lambda col: col.str.strip()) == "").any(axis=1)
+    if blank.any() and not skip_blanks:
+        line = int(blank.idxmax())
+        which = next(c for c in used if not df.at[line, c].strip())
+        raise TrendError(f"{path}: line {line}, column {which!r}: blank ({int(blank.sum())} row"
+                         f"{'s' if blank.sum() > 1 else ''} with a blank; --skip-blanks leaves them out)")
+    skipped = [int(i) for i in df.index[blank]]
+    df = df[~blank]
     if order_by:
-        df = df.sort_values(order_by, kind="stable")
+        key = pd.to_numeric(df[order_by], errors="coerce")
+        df = df.iloc[(key if key.notna().all() else df[order_by]).argsort(kind="stable")]
     values = pd.to_numeric(df[column], errors="coerce")
     if values.isna().any():
-        bad = int(values.isna().to_numpy().argmax())
-        raise TrendError(f"{path}: column {column!r}, data row {bad + 1}: {df[column].iloc[bad]!r} is not a number")
+        line = int(values.index[values.isna().to_numpy().argmax()])
+        raise TrendError(f"{path}: line {line}, column {column!r}: {df.at[line, column]!r} is not a number")
     labels = [str(v) for v in (df[order_by] if order_by else pd.Series(range(len(df))))]
     try:
         found = analyse_series(values.to_numpy(dtype=float), settings).change_points
     except SeriesError as exc:
         raise TrendError(f"{path}: column {column!r}: {exc}") from exc
-    recs = [record(labels[cp.index], "", "", column, "csv", cp) for cp in found]
-    return recs, [float(v) for v in values]
+    recs = [record(labels[cp.index], "", "", column, "csv", cp, labels[cp.end]) for cp in found]
+    return recs, [float(v) for v in values], skipped
 
 
 def register(app: typer.Typer, get_history: Callable[[], History],
@@ -83,6 +98,8 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         from_csv_file: Path | None = typer.Option(None, "--from-csv", help="a CSV file instead of the history"),
         column: str | None = typer.Option(None, "--column", help="with --from-csv: the column of values"),
         order_by: str | None = typer.Option(None, "--order-by", help="with --from-csv: sort the rows by this column"),
+        skip_blanks: bool = typer.Option(False, "--skip-blanks", help="with --from-csv: leave out the rows with a "
+                                         "blank value (said on stderr); without it a blank is refused"),
         output: Output = output_option(),
         service: str | None = typer.Option(None, "--service", envvar="FLEET_SERVICE", help=SERVICE_HELP),
     ) -> None:
@@ -94,7 +111,7 @@ def register(app: typer.Typer, get_history: Callable[[], History],
             got = served.get(remote, "/trend", {"models": models, "profile": profile, "metric": metric,
                                                 "devices": devices, "min_magnitude": min_magnitude,
                                                 "max_pvalue": max_pvalue})
-            _print_trend(json.loads(got.body), got.releases, output)
+            _print_trend(json.loads(got.body), got.releases, output, got.reach)
             return
         from controller.report.trend import settings_of  # pandas: only when the command runs
 
@@ -102,7 +119,16 @@ def register(app: typer.Typer, get_history: Callable[[], History],
         if from_csv_file is not None:
             if not column:
                 raise fail("--from-csv needs --column")
-            recs, values = from_csv(from_csv_file, column, order_by, settings)
+            recs, values, skipped = from_csv(from_csv_file, column, order_by, settings, skip_blanks=skip_blanks)
+            if skipped:
+                stderr().print(f"{len(skipped)} row{'s' if len(skipped) > 1 else ''} with a blank left out (line"
+                               f"{'s' if len(skipped) > 1 else ''} {', '.join(map(str, skipped[:10]))}"
+                               f"{', ...' if len(skipped) > 10 else ''})", highlight=False)
+            if not recs:
+                _say_none(f"no change points in {len(values)} values of {column!r}", _csv_reach(values, settings),
+                          output)
+                if output == Output.table:
+                    return
             emit(recs, COLUMNS, output)
             if output == Output.table:
                 marks = [r["index"] for r in recs]
@@ -122,20 +148,38 @@ def _history_trend(history: History, models: str, profile: str | None, metric: s
                        devices=None if devices == "all" else frozenset(d.strip() for d in devices.split(",")
                                                                        if d.strip()))
     got = trend_records(*trend_frames(history, query), query)
-    _print_trend(got.records, got.releases, output)
+    _print_trend(got.records, got.releases, output, got.reach.line() if got.reach is not None else None)
 
 
-MIN_RELEASES = 12  # controller.report.trend.MIN_RELEASES (not imported here: a served trend has no pandas)
+MIN_RELEASES = 6  # controller.report.trend.MIN_RELEASES (not imported here: a served trend has no pandas)
 
 
-def _print_trend(recs: list[dict[str, Any]], releases: int, output: Output) -> None:
-    """The records of a trend (``releases``: how many the history holds) as ``fleetctl trend`` prints them."""
-    if not recs and output == Output.table:
+def _csv_reach(values: list[float], settings: DetectorSettings) -> str | None:
+    import numpy as np
+
+    from controller.report.trend import reach_of
+
+    got = reach_of([np.asarray(values, dtype=float)], settings) if values else None
+    return got.line().replace(" (noise", " (its noise").replace(", median of 1 series", "") if got else None
+
+
+def _say_none(head: str, reach: str | None, output: Output) -> None:
+    """The line of an empty result, with what could have been found: on stdout for a table, else on stderr (the
+    JSON or CSV on stdout stays empty)."""
+    line = f"{head}; {reach}" if reach else head
+    (stdout() if output == Output.table else stderr()).print(line, highlight=False)
+
+
+def _print_trend(recs: list[dict[str, Any]], releases: int, output: Output, reach: str | None = None) -> None:
+    """The records of a trend (``releases``: how many the history holds; ``reach``: with none, what could have
+    been found) as ``fleetctl trend`` prints them."""
+    if not recs:
         n = releases
-        short = (f" (at the default --max-pvalue none can be named under {MIN_RELEASES}: docs/howto/trends.md)"
-                 if n < MIN_RELEASES else "")
-        stdout().print(f"no change points over {n} release{'' if n == 1 else 's'}{short}", highlight=False)
-        return
+        short = (f" (none can be named under {MIN_RELEASES}: docs/howto/trends.md)" if n < MIN_RELEASES else "")
+        _say_none(f"no change points over {n} release{'' if n == 1 else 's'}{short}",
+                  reach if n >= MIN_RELEASES else None, output)
+        if output == Output.table:
+            return
     shown = recs if output == Output.json else [{**r, "modules_moved": ", ".join(r["modules_moved"])} for r in recs]
     emit(shown, [*COLUMNS, "moved", "modules_moved"], output)  # JSON: every field, "moved_with" each series
     if output == Output.table:

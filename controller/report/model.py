@@ -188,7 +188,7 @@ class OutlierTelemetry(_Frozen):
 class TrendSeries(_Frozen):
     """One series of the report's "History" section: its values in release order and its change points
     (``marks``: the index of each one's first release, with its size, whether it is in force, whether it is
-    at the run's release)."""
+    at the run's release; ``ends``: where a drift reached its new level)."""
 
     model_key: str
     profile: str
@@ -200,6 +200,7 @@ class TrendSeries(_Frozen):
     sizes: tuple[float, ...]
     in_force: tuple[bool, ...]
     at_release: tuple[bool, ...]
+    ends: tuple[int, ...] = ()  # each one's first release at the new level (a drift's; a step's: its mark)
 
 
 class HistorySection(_Frozen):

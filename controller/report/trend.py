@@ -30,12 +30,18 @@ from packaging.version import InvalidVersion, Version
 
 from contract.records import METRICS
 from controller.errors import FleetctlError
-from controller.report.analysis.changepoints import ChangePoint, DetectorSettings, SeriesError
+from controller.report.analysis.changepoints import (
+    DEFAULT_MIN_SEGMENT,
+    ChangePoint,
+    DetectorSettings,
+    SeriesError,
+    reach,
+)
 from controller.report.analysis.changepoints_batch import analyse_many
 from controller.report.model import DERIVED, FLEET, HistorySection, ReportError, TrendSeries
 
-# at the default max_pvalue no change point can be named in a series of fewer releases (ADR 0017)
-MIN_RELEASES = 12
+# no change point can be named in a series of fewer releases: min_segment on each side of it (ADR 0039)
+MIN_RELEASES = 2 * DEFAULT_MIN_SEGMENT
 MAX_CHARTS = 24  # the report's "History" section draws at most this many series (the rest are counted)
 
 
@@ -46,7 +52,8 @@ class TrendError(FleetctlError, ValueError):
 @dataclass(frozen=True)
 class SeriesChange:
     """One change point of one series: (model key, profile, metric) fleet-wide (``module`` ``'*'``) or on one
-    module; ``release``: the first release of the new level, ``previous``: the release before it."""
+    module; ``release``: the first release of the new level (a drift: the first it moved), ``previous``: the
+    release before it; ``until``: a drift's first release at the new level (a step: ``release``)."""
 
     model_key: str
     profile: str
@@ -56,6 +63,7 @@ class SeriesChange:
     previous: str
     change: ChangePoint
     values: tuple[float, ...]  # the series, in release order (for a plot)
+    until: str = ""
 
 
 @dataclass(frozen=True)
@@ -107,7 +115,7 @@ def changes(rows: pd.DataFrame, runs: pd.DataFrame, settings: DetectorSettings |
         for cp in got.change_points:
             out.append(SeriesChange(model_key=key, profile=profile, metric=metric, module=module,
                                     release=order[ranks[cp.index]], previous=order[ranks[cp.index - 1]], change=cp,
-                                    values=tuple(float(v) for v in x)))
+                                    values=tuple(float(v) for v in x), until=order[ranks[cp.end]]))
     return out
 
 
@@ -193,12 +201,27 @@ def settings_of(min_magnitude: float, max_pvalue: float) -> DetectorSettings:
         raise TrendError(str(exc)) from exc
 
 
-def record(release: str, key: str, profile: str, metric: str, scope: str, cp: ChangePoint) -> dict[str, Any]:
-    """One change point as a record (a row of ``fleetctl trend``'s table, an item of its JSON and the API's)."""
+def record(release: str, key: str, profile: str, metric: str, scope: str, cp: ChangePoint,
+           until: str | None = None) -> dict[str, Any]:
+    """One change point as a record (a row of ``fleetctl trend``'s table, an item of its JSON and the API's);
+    ``until``: a drift's first release at the new level (a step: ``release``)."""
+    drift = cp.kind == "drift"
     return {"release": release, "model_key": key, "profile": profile, "metric": metric, "scope": scope,
             "size": f"{cp.size:+.1%}", "ci": f"[{cp.ci_low:+.1%}, {cp.ci_high:+.1%}]", "p": f"{cp.p_value:.3g}",
-            "in_force": "yes" if cp.in_force else "no", "size_value": cp.size, "ci_low": cp.ci_low,
-            "ci_high": cp.ci_high, "p_value": cp.p_value, "index": cp.index}
+            "in_force": "yes" if cp.in_force else "no",
+            "drift": f"{cp.slope:+.2%}/release [{cp.slope_low:+.2%}, {cp.slope_high:+.2%}] to {until}" if drift else "",
+            "size_value": cp.size, "ci_low": cp.ci_low, "ci_high": cp.ci_high, "p_value": cp.p_value,
+            "index": cp.index, "kind": cp.kind, "until": release if until is None else until, "end": cp.end,
+            "slope_value": cp.slope if drift else None, "slope_low": cp.slope_low if drift else None,
+            "slope_high": cp.slope_high if drift else None}
+
+
+def describe(c: SeriesChange) -> str:
+    """A change in a line: ``-8.1 % at 1.6.0``, or ``drift +20.4 % (+0.55 %/release) from 1.1.0 to 1.39.0``."""
+    cp = c.change
+    if cp.kind == "drift":
+        return f"drift {cp.size:+.1%} ({cp.slope:+.2%}/release) from {c.release} to {c.until}"
+    return f"{cp.size:+.1%} at {c.release}"
 
 
 def scope_of(module: str) -> str:
@@ -223,11 +246,55 @@ class TrendQuery:
 
 @dataclass(frozen=True)
 class TrendResult:
-    """The records of a query, and how many releases the history holds (for the "no change points" line)."""
+    """The records of a query, and how many releases the history holds (for the "no change points" line); with
+    no records, ``reach``: what the fleet series could have shown (:func:`reach_of`), else None."""
 
     records: list[dict[str, Any]]
     releases: int
+    reach: HistoryReach | None = None
 
+
+@dataclass(frozen=True)
+class HistoryReach:
+    """The smallest relative step the detector names over ``series`` series (their median): in the middle of
+    the history and with ``min_segment`` releases after it (None: a series too short for one), at their noise
+    (median relative noise)."""
+
+    series: int
+    releases: int
+    noise: float
+    middle: float | None
+    fresh: float | None
+    min_magnitude: float = 0.0
+
+    def line(self) -> str:
+        """``the smallest step it could find here: 2.1 % in the middle, 3.4 % 3 releases from the end (noise 1.0
+        %, median of 12 series)``, or why none."""
+        if self.middle is None or self.fresh is None:
+            return f"no change point can be named under {MIN_RELEASES} releases"
+        return (f"the smallest step it could find here: {self.middle:.1%} in the middle, {self.fresh:.1%} "
+                f"{DEFAULT_MIN_SEGMENT} releases from the end (noise {self.noise:.1%}, median of {self.series} "
+                f"series; none under --min-magnitude {self.min_magnitude:.1%})")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"series": self.series, "releases": self.releases, "noise": self.noise, "middle": self.middle,
+                "fresh": self.fresh, "min_magnitude": self.min_magnitude}
+
+
+def reach_of(series: Sequence[np.ndarray], settings: DetectorSettings) -> HistoryReach | None:
+    """:class:`HistoryReach` of ``series`` (each at its own length and noise, then the medians of those long enough
+    for a step); None for none."""
+    got = [reach(x, settings) for x in series if len(x) >= 3]
+    if not got:
+        return None
+
+    def median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]  # a series too short for any: left out
+        return float(np.median(known)) if known else None
+
+    return HistoryReach(series=len(got), releases=max(r.n for r in got),
+                        noise=float(np.nanmedian([r.noise for r in got])), middle=median([r.middle for r in got]),
+                        fresh=median([r.fresh for r in got]), min_magnitude=settings.min_magnitude)
 
 def trend_records(rows: pd.DataFrame, runs: pd.DataFrame, query: TrendQuery) -> TrendResult:
     """The findings of ``query`` over ``rows`` (:func:`controller.report.load.history_frames`) as records, the
@@ -248,7 +315,7 @@ def trend_records(rows: pd.DataFrame, runs: pd.DataFrame, query: TrendQuery) -> 
     recs = []
     for f in findings(found):
         c = f.lead
-        rec = record(c.release, c.model_key, c.profile, c.metric, scope_of(c.module), c.change)
+        rec = record(c.release, c.model_key, c.profile, c.metric, scope_of(c.module), c.change, c.until)
         rec["moved_with"] = [f"{m.profile} {m.metric} {m.change.size:+.1%}" for m in f.moved[1:]]
         counts: dict[str, int] = {}
         for m in f.moved[1:]:
@@ -257,7 +324,12 @@ def trend_records(rows: pd.DataFrame, runs: pd.DataFrame, query: TrendQuery) -> 
         rec["values"] = list(c.values)
         rec["modules_moved"] = list(f.modules)  # a fleet finding: the modules that moved with it
         recs.append(rec)
-    return TrendResult(recs, len(set(runs["release"].astype(str)) - {""}))
+    releases = len(set(runs["release"].astype(str)) - {""})
+    if recs:
+        return TrendResult(recs, releases)
+    metrics = [m for m in ([query.metric] if query.metric else METRICS) if m in rows.columns]
+    fleet = _release_series(rows, runs, metrics, release_order(runs), modules=False) if len(rows) else []
+    return TrendResult(recs, releases, reach_of([x for _, _, x in fleet], query.settings))
 
 
 # --------------------------------------------------------------------------- the report's "History" section
@@ -285,6 +357,7 @@ def history_section(rows: pd.DataFrame, runs: pd.DataFrame, release: str,
         rels = releases[(c.model_key, c.profile, c.metric, c.module)]
         series.append(TrendSeries(model_key=c.model_key, profile=c.profile, metric=c.metric, scope=scope_of(c.module),
                                   releases=rels, values=c.values, marks=tuple(x.change.index for x in cs),
+                                  ends=tuple(x.change.end for x in cs),
                                   sizes=tuple(x.change.size for x in cs), in_force=tuple(x.change.in_force for x in cs),
                                   at_release=tuple(x.release == release for x in cs)))
     return HistorySection(releases=len(order), needed=MIN_RELEASES, series=tuple(series),
@@ -312,5 +385,5 @@ def new_changes(rows: pd.DataFrame, runs: pd.DataFrame, run_id: str,
 
 def change_payload(c: SeriesChange) -> dict[str, Any]:
     """One change point in a webhook body (the record's fields, and the release before it)."""
-    rec = record(c.release, c.model_key, c.profile, c.metric, scope_of(c.module), c.change)
+    rec = record(c.release, c.model_key, c.profile, c.metric, scope_of(c.module), c.change, c.until)
     return {**rec, "previous": c.previous}

@@ -20,6 +20,7 @@ A user's value is never said back or logged beyond ~200 characters.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -43,7 +44,7 @@ from controller.history import FrameCache
 from controller.serve import links
 from controller.serve.access import RoleCheck, may_act_on, publish, refusal, undeclared
 from controller.serve.tokens import Identity, Role, Tokens
-from controller.serve.wire import PREFIX, RELEASES_HEADER, report_headers
+from controller.serve.wire import PREFIX, REACH_HEADER, RELEASES_HEADER, report_headers
 from controller.service import Judgement, Session
 from controller.service.release_url import MAX_SHOWN, clip
 from controller.settings import ControllerSettings
@@ -180,13 +181,22 @@ class TrendRecord(_Model):
     scope: str = Field(description="'fleet' (the fleet median of each run) or a module")
     size: str = Field(description="relative change of the level, as text (e.g. -8.1%)")
     ci: str = Field(description="its 95 % interval, as text")
-    p: str = Field(description="p-value of the permutation test, as text")
+    p: str = Field(description="p-value of the test (the split's t-test times the splits of its stretch), as text")
     in_force: str = Field(description="yes: the series still ends at the new level")
+    drift: str = Field("", description="a drift: its slope per release, the slope's 95 % interval and the first "
+                                       "release at the new level, as text ('' for a step)")
     size_value: float = Field(description="relative change of the level (-0.081: 8.1 % lower)")
     ci_low: float
     ci_high: float
     p_value: float
     index: int = Field(description="position of the release in the series (release order)")
+    kind: str = Field("step", description="'step' (the level moved at one release) or 'drift' (it moved steadily "
+                                          "over several: from 'release' to 'until')")
+    until: str = Field("", description="the first release at the new level (a step: 'release')")
+    end: int = Field(-1, description="position of 'until' in the series")
+    slope_value: float | None = Field(None, description="a drift: relative change per release (0.005: +0.5 %)")
+    slope_low: float | None = None
+    slope_high: float | None = None
     moved_with: list[str] = Field(description="the other series of the finding: 'profile metric size'")
     moved: str = Field(description="the other series of the finding, counted per metric")
     values: list[float] = Field(description="the lead series, one value per release in release order")
@@ -435,7 +445,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
                   max_pvalue: float = Query(DEFAULT_MAX_PVALUE, gt=0, le=1,
                                             description="largest p-value of a change point")) -> list[TrendRecord]:
         """Change points across the releases in the run history: the records of ``fleetctl trend -o json`` (how
-        many releases the history holds in the header ``X-Fleet-Releases``)."""
+        many releases the history holds in the header ``X-Fleet-Releases``; with none, the smallest step it could
+        have found in ``X-Fleet-Reach``)."""
         def query() -> Any:
             from controller.report.trend import TrendQuery, settings_of
 
@@ -446,6 +457,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
 
         got = errors(query, models, profile, metric, devices)
         response.headers[RELEASES_HEADER] = str(got.releases)
+        if got.reach is not None:
+            response.headers[REACH_HEADER] = json.dumps(got.reach.line())
         return [TrendRecord(**r) for r in got.records]
 
     @app.get(f"{PREFIX}/devices", response_model=list[Device], dependencies=deps, responses=ERRORS)

@@ -14,6 +14,7 @@ VERDICT_HEADER = "X-Fleet-Verdict"  # pass, regressed, incomplete, failed
 VERDICT_LINE_HEADER = "X-Fleet-Verdict-Line"  # the report's one-line verdict (a JSON string)
 WARNINGS_HEADER = "X-Fleet-Warnings"  # the environment changes fleetctl report warns of (a JSON list of strings)
 RELEASES_HEADER = "X-Fleet-Releases"  # a trend: how many releases the history holds (its "no change points" line)
+REACH_HEADER = "X-Fleet-Reach"  # a trend with none: the smallest step it could have found (a JSON string)
 
 
 def report_headers(run_id: str, verdict: str, line: str, warnings: Sequence[str]) -> dict[str, str]:

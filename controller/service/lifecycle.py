@@ -311,7 +311,7 @@ def queue_change_points(h: History, info: RunInfo, verdict: str, state: str) -> 
     from controller.history import CHANGE_POINT_EVENT
     from controller.report.load import history_frames, read_rows, run_keys
     from controller.report.model import ReportError
-    from controller.report.trend import change_payload, new_changes, scope_of
+    from controller.report.trend import change_payload, describe, new_changes, scope_of
 
     try:
         rows, runs = history_frames(h, run_keys(info, read_rows(h, [info.run_id])))
@@ -322,8 +322,7 @@ def queue_change_points(h: History, info: RunInfo, verdict: str, state: str) -> 
         return 0
     lead = max(found, key=lambda c: abs(c.change.size))
     line = (f"{len(found)} new change point{'s' if len(found) > 1 else ''} with run {info.run_id} ({info.release}): "
-            f"{lead.model_key} {lead.profile} {lead.metric} {lead.change.size:+.1%} at {lead.release} "
-            f"({scope_of(lead.module)})")
+            f"{lead.model_key} {lead.profile} {lead.metric} {describe(lead)} ({scope_of(lead.module)})")
     h.queue_webhook(info.run_id, CHANGE_POINT_EVENT, verdict, line, state,
                     json.dumps({"change_points": [change_payload(c) for c in found]}))
     return len(found)

@@ -20,14 +20,14 @@ SLOWER = {"regress": {("qwen3", "decode_tps"): 0.10}}
 def test_a_run_that_makes_a_change_point_detectable_sends_it_once(tmp_path: Path, reference, receiver):  # noqa: F811
     settings = with_hooks(ControllerSettings(broker_url="filesystem://", data_dir=tmp_path / "fleet",
                                              history=tmp_path / "history.sqlite"), tmp_path, receiver.url)
-    h = release_history(settings.history_path, reference, releases=11, **SLOWER)
+    h = release_history(settings.history_path, reference, releases=8, **SLOWER)  # the change at 1.6.0
     try:
         serve_once(settings)  # the URL is registered
-        assert queue_change_points(h, h.find_run("run-10"), "pass", "done") == 0  # 11 releases: too few yet
-        add_release(h, reference, 11, **SLOWER)
-        assert queue_change_points(h, h.find_run("run-11"), "pass", "done") >= 1  # the 12th release names it
-        add_release(h, reference, 12, **SLOWER)
-        assert queue_change_points(h, h.find_run("run-12"), "pass", "done") == 0  # named once, not again
+        assert queue_change_points(h, h.find_run("run-7"), "pass", "done") == 0  # 2 releases after it: too few yet
+        add_release(h, reference, 8, **SLOWER)
+        assert queue_change_points(h, h.find_run("run-8"), "pass", "done") >= 1  # the third release after names it
+        add_release(h, reference, 9, **SLOWER)
+        assert queue_change_points(h, h.find_run("run-9"), "pass", "done") == 0  # named once, not again
     finally:
         h.close()
     serve_once(settings)
@@ -36,12 +36,12 @@ def test_a_run_that_makes_a_change_point_detectable_sends_it_once(tmp_path: Path
     assert headers[EVENT_HEADER.lower()] == CHANGE_POINT_EVENT == "trend.change_point"
     assert verify(b"a-shared-webhook-secret-0123456789", body, headers[SIGNATURE_HEADER.lower()])
     doc = receiver.json()
-    assert (doc["event"], doc["run_id"], doc["release"]) == ("trend.change_point", "run-11", "1.11.0")
+    assert (doc["event"], doc["run_id"], doc["release"]) == ("trend.change_point", "run-8", "1.8.0")
     cps = doc["change_points"]
     assert {(c["release"], c["previous"], c["model_key"], c["in_force"]) for c in cps} == {
         ("1.6.0", "1.5.0", "qwen3", "yes")}
     assert {c["metric"] for c in cps} <= {"decode_tps", "tpot_ms"} and "fleet" in {c["scope"] for c in cps}
     assert all(-0.13 < c["size_value"] < -0.07 for c in cps if c["metric"] == "decode_tps")
-    assert doc["line"].startswith(f"{len(cps)} new change points with run run-11 (1.11.0): qwen3 ")
+    assert doc["line"].startswith(f"{len(cps)} new change points with run run-8 (1.8.0): qwen3 ")
     serve_once(settings)
     assert len(receiver.got) == 1  # delivered once

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import typer
@@ -95,6 +97,10 @@ def test_trend_names_the_release_of_a_planted_regression(reference, tmp_path):
         assert (r["release"], r["scope"], r["in_force"]) == ("1.6.0", "fleet", "yes")
         assert -0.13 < r["size_value"] < -0.07
         assert len(r["moved_with"]) == len(set(reference.loc[reference["model_key"] == "qwen3", "profile"])) - 1
+        strict = CliRunner().invoke(_app(h), ["trend", "--metric", "decode_tps", "--devices", "none", "--max-pvalue",
+                                              "0.0001", "-o", "json"])  # issue 46: was silently empty under 1/2000
+        assert [(x["release"], x["kind"]) for x in json.loads(strict.stdout)] == [("1.6.0", "step")]
+        assert json.loads(strict.stdout)[0]["p_value"] <= 0.0001
     finally:
         h.close()
 
@@ -129,6 +135,32 @@ def test_trend_from_csv_finds_the_step_and_bad_input_is_one_line(tmp_path: Path)
     assert isinstance(missing.exception, TrendError) and "none.csv" in str(missing.exception)
 
 
+@pytest.mark.parametrize("text", ["v\n1\n2\n\n4\n5\n", "n,v\n1,1\n2,2\n3,\n4,4\n5,5\n"])
+def test_a_blank_in_a_csv_is_refused_naming_its_line_or_left_out_when_asked(tmp_path: Path, text: str):
+    """Issue 46: a one-column CSV with a blank was silently shorter (every later index moved); with two columns the
+    blank was "np.float64(nan) is not a number"."""
+    f = tmp_path / "s.csv"
+    f.write_text(text + "\n\n")  # blank lines at the end are not rows
+    app = _app(History(tmp_path / "h.sqlite"))
+    bad = CliRunner().invoke(app, ["trend", "--from-csv", str(f), "--column", "v"])
+    assert isinstance(bad.exception, TrendError)
+    line = 4  # the header is line 1
+    assert str(bad.exception) == (f"{f}: line {line}, column 'v': blank (1 row with a blank; --skip-blanks leaves "
+                                  "them out)")
+    ok = CliRunner().invoke(app, ["trend", "--from-csv", str(f), "--column", "v", "--skip-blanks"])
+    assert ok.exit_code == 0, ok.output
+    assert f"1 row with a blank left out (line {line})" in ok.stderr
+    assert ok.stdout.strip() == "no change points in 4 values of 'v'; no change point can be named under 6 releases"
+
+
+def test_a_csv_value_that_is_not_a_number_is_named_with_its_line(tmp_path: Path):
+    f = tmp_path / "s.csv"
+    f.write_text("n,v\n1,1\n2,abc\n")
+    bad = CliRunner().invoke(_app(History(tmp_path / "h.sqlite")), ["trend", "--from-csv", str(f), "--column", "v"])
+    assert isinstance(bad.exception, TrendError)
+    assert str(bad.exception) == f"{f}: line 3, column 'v': 'abc' is not a number"
+
+
 def test_candidates_closer_than_a_segment_are_pruned_to_the_real_one():
     from controller.report.analysis.changepoints import prune
 
@@ -153,16 +185,81 @@ def test_the_commands_defaults_are_the_detectors():
     assert (defaults["min_magnitude"], defaults["max_pvalue"]) == (s.min_magnitude, s.max_pvalue)
 
 
-def test_short_series_name_no_change_point():
-    """The permutation test's floor (ADR 0017): a 20 % step in 11 releases is not named, in 12 (6 and 6) it is;
-    3 releases after a step are not enough in 20 releases, and are in 25."""
+def test_a_step_is_named_once_each_side_has_three_releases():
+    """A 20 % step in little noise is named with 3 releases on each side, in a history of any length (the
+    permutation test of ADR 0017 could not name one under 12 releases, nor with 3 after it under 25)."""
     def step(n: int, at: int):
         return [100.0 + 0.1 * (i % 3) if i < at else 80.0 + 0.1 * (i % 3) for i in range(n)]
 
-    assert detect(step(11, 5)) == () and detect(step(11, 6)) == ()
-    assert [c.index for c in detect(step(12, 6))] == [6]
-    assert detect(step(20, 17)) == ()
-    assert [c.index for c in detect(step(25, 22))] == [22]
+    assert [c.index for c in detect(step(6, 3))] == [3]
+    assert detect(step(6, 2)) == () and detect(step(5, 3)) == ()  # 2 releases on one side: never
+    for n in (11, 12, 20, 25, 60):
+        assert [c.index for c in detect(step(n, n - 3))] == [n - 3], n
+
+
+def test_a_clean_step_is_found_at_every_length_and_position():
+    """Issue 46: a -8 % step in 1 % noise, at least 3 releases on each side, is found (within one release) at every
+    history length from 12 to 40 and every position (the permutation test missed it 5 releases from the end of 15
+    and found it 4 or 6 from the end). Every series at once (the batch path, equal to the per-series one)."""
+    from controller.report.analysis.changepoints_batch import analyse_many
+
+    series, planted = [], []
+    for n in range(12, 41):
+        for at in range(3, n - 2):
+            x = 100 * (1 + 0.01 * np.random.default_rng(1000 * n + at).standard_normal(n))
+            x[at:] *= 0.92
+            series.append(x)
+            planted.append(at)
+    assert len(series) == 609
+    for x, at, d in zip(series, planted, analyse_many(series), strict=True):
+        assert any(c.kind == "step" and abs(c.index - at) <= 1 and c.size < 0 for c in d.change_points), \
+            (len(x), at, d.change_points)
+
+
+@pytest.mark.parametrize("max_pvalue", [0.002, 1e-4, 1e-8])
+def test_the_smallest_step_found_shrinks_with_more_releases_on_either_side(max_pvalue):
+    """Detectability is monotone: the smallest step the test names (the values on their levels) shrinks as
+    either side grows, for histories up to 100 releases (past ~110 releases with 3 after a step, the test's
+    factor, the number of splits, grows faster than the t-test's power: ADR 0039)."""
+    from controller.report.analysis.changepoints import smallest_step
+
+    s = DetectorSettings(max_pvalue=max_pvalue, min_magnitude=0.0)
+    for before in range(3, 97):
+        for after in range(3, 101 - before):
+            here = smallest_step(before + after, after, 0.01, s)
+            assert here is not None
+            assert smallest_step(before + after + 1, after + 1, 0.01, s) < here, (before, after)
+            assert smallest_step(before + after + 1, after, 0.01, s) < here, (before, after)
+
+
+def test_a_max_pvalue_far_below_the_old_resolution_is_honoured():
+    """--max-pvalue 0.0001 (the permutation test's p could not go under 1/2000: it silently found nothing) finds
+    a 38 % jump in 15 releases with p under it, and a p asked smaller than the step's is none."""
+    x = [100.0 + (i % 3) * 0.5 for i in range(15)]
+    x = [v * (1.38 if i >= 10 else 1) for i, v in enumerate(x)]
+    (cp,) = detect(x, DetectorSettings(max_pvalue=1e-4))
+    assert cp.index == 10 and cp.p_value <= 1e-4
+    assert detect(x, DetectorSettings(max_pvalue=cp.p_value / 2)) == ()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_steady_drift_is_one_drift_not_a_staircase(seed):
+    """Issue 46: +0.5 % a release over 40 releases with 1 % noise was three steps (+4.9 %, +4.8 %, +5.7 %)."""
+    rng = np.random.default_rng(seed)
+    x = 100 * 1.005 ** np.arange(40) * (1 + 0.01 * rng.standard_normal(40))
+    (d,) = detect(x)
+    assert d.kind == "drift" and d.end - d.index >= 28 and d.in_force
+    assert 0.004 < d.slope_low < d.slope < d.slope_high < 0.0075
+    assert d.size == pytest.approx(d.slope * (d.end - d.index + 1))
+
+
+def test_a_step_with_an_outlier_beside_it_is_a_step():
+    """An outlier next to a step is replaced half-way (the mean of the levels either side): left out of the drift's
+    fit, it does not make the step a ramp."""
+    x, at = planted_series(0, shift=-0.2, noise=0.01)
+    d = analyse_series(x)
+    assert at - 1 in d.outliers
+    assert [(c.kind, c.index) for c in d.change_points] == [("step", at)]
 
 
 def test_trend_without_a_change_says_over_how_many_releases(reference, tmp_path):
@@ -170,7 +267,14 @@ def test_trend_without_a_change_says_over_how_many_releases(reference, tmp_path)
     try:
         res = CliRunner().invoke(_app(h), ["trend", "--metric", "decode_tps"])
         assert res.exit_code == 0, res.output
-        assert res.stdout.strip() == "no change points over 12 releases"
+        assert res.stdout.strip().startswith("no change points over 12 releases; the smallest step it could find "
+                                             "here: 3.0% in the middle, 3.0% 3 releases from the end (noise ")
+        fine = CliRunner().invoke(_app(h), ["trend", "--metric", "decode_tps", "--min-magnitude", "0.001"])
+        got = re.search(r"here: ([\d.]+)% in the middle, ([\d.]+)% 3 releases from the end \(noise ([\d.]+)%, "
+                        r"median of (\d+) series; none under --min-magnitude 0.1%\)", fine.stdout)
+        assert got, fine.stdout
+        middle, fresh, noise = (float(got[i]) for i in (1, 2, 3))
+        assert 0.1 < middle < fresh < 10 * noise and int(got[4]) == 11  # decode_tps: one fleet series a profile
         ref = reference[reference["model_key"] == "qwen3"]
         h.create_run("run-x", release="2.0.0", models=["qwen3"], modules=["m00"])
         h.upsert_rows(frame_to_rows(fleet(ref, modules=["m00"], noise=0.01, seed=99, run_id="run-x",
@@ -183,7 +287,7 @@ def test_trend_without_a_change_says_over_how_many_releases(reference, tmp_path)
         h.close()
 
 
-def test_trend_over_one_release_says_none_can_be_named_under_twelve(reference, tmp_path):
+def test_trend_over_one_release_says_none_can_be_named_under_six(reference, tmp_path):
     h = History(tmp_path / "history.sqlite")
     try:
         ref = reference[reference["model_key"] == "qwen3"]
@@ -192,8 +296,7 @@ def test_trend_over_one_release_says_none_can_be_named_under_twelve(reference, t
         h.set_run_state("run-0", "done")
         res = CliRunner().invoke(_app(h), ["trend"])
         assert res.exit_code == 0, res.output
-        assert res.stdout.strip() == ("no change points over 1 release (at the default --max-pvalue none can be "
-                                      "named under 12: docs/howto/trends.md)")
+        assert res.stdout.strip() == "no change points over 1 release (none can be named under 6: docs/howto/trends.md)"
     finally:
         h.close()
 

@@ -14,10 +14,14 @@ The method (docs/adr/0017-change-point-detector.md, measured by ``bench/changepo
   later) is still a candidate;
 * **pruning**: each candidate is judged against its neighbours only (the values between the candidate
   before it and the one after it, as Apache Otava re-tests its change points), and the weakest one that
-  fails is dropped and the rest judged again, until every one passes: first by Welch's t-test (cheap),
-  then by a permutation test (``p <= max_pvalue``: how often a seeded shuffle of the stretch has a split
-  anywhere that reduces the squared error as much, E-divisive's test on this cost), and ``|size| >=
-  min_magnitude``. A level shift is therefore one change point, whatever follows it;
+  fails is dropped and the rest judged again, until every one passes: ``p <= max_pvalue`` by
+  :func:`stretch_p` (the split's pooled t-test, exact under normal noise, times the number of splits the stretch
+  has: a bound on "any split of a stretch without a change does as well", with no resolution limit and no random
+  draws; docs/adr/0039-change-points-without-holes-and-drifts.md), and ``|size| >= min_magnitude``. A level
+  shift is therefore one change point, whatever follows it;
+* **drifts**: consecutive steps in one direction that one ramp (a level, a straight line over several
+  releases, a level) fits better, by the Bayesian information criterion, are one drift (:func:`drift_runs`): a
+  steady drift is not a staircase; a lone step becomes a drift only if the ramp fits significantly better;
 * **size**: ``mean(after) / mean(before) - 1`` of the two adjacent segments, with the 95 % Welch t
   interval of the difference of their means divided by ``mean(before)`` (the level before taken
   as known: the interval is a little narrow when the segment before is short);
@@ -41,8 +45,6 @@ DEFAULT_MIN_MAGNITUDE = 0.03
 DEFAULT_MAX_PVALUE = 0.002
 DEFAULT_MIN_SEGMENT = 3
 DEFAULT_OUTLIER_SIGMAS = 3.0
-DEFAULT_PERMUTATIONS = 1999
-PERMUTATION_SEED = 20260917  # the shuffles of the permutation test: fixed, so a series' p-value is reproducible
 HAMPEL_HALF_WINDOW = 3  # an outlier is far from the median of the 3 values before it and of the 3 after it
 # the spread of a value's residual from the mean of those two medians, in noise units: sqrt(1 + var(median of 3) / 2)
 RESIDUAL_SPREAD = math.sqrt(1 + 0.4487 / 2)
@@ -58,14 +60,13 @@ class SeriesError(ReportError, ValueError):
 @dataclass(frozen=True)
 class DetectorSettings:
     """``min_magnitude``: the smallest relative change of level reported (0.05 = 5 %); ``max_pvalue``: the
-    largest permutation p-value of a change point; ``min_segment``: the fewest values on
-    either side of one."""
+    largest p-value of a change point (:func:`stretch_p`: any value in (0, 1], honoured exactly); ``min_segment``:
+    the fewest values on either side of one."""
 
     min_magnitude: float = DEFAULT_MIN_MAGNITUDE
     max_pvalue: float = DEFAULT_MAX_PVALUE
     min_segment: int = DEFAULT_MIN_SEGMENT
     outlier_sigmas: float = DEFAULT_OUTLIER_SIGMAS  # 0: no value taken as an outlier
-    permutations: int = DEFAULT_PERMUTATIONS  # shuffles of the permutation test (p-values from 1 / (1 + this))
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_magnitude < 1:
@@ -74,18 +75,19 @@ class DetectorSettings:
             raise SeriesError(f"max_pvalue must be in (0, 1], got {self.max_pvalue}")
         if self.min_segment < 2:
             raise SeriesError(f"min_segment must be at least 2, got {self.min_segment}")
-        if self.permutations < 19:
-            raise SeriesError(f"permutations must be at least 19, got {self.permutations}")
         if self.outlier_sigmas < 0:
             raise SeriesError(f"outlier_sigmas must be 0 (off) or positive, got {self.outlier_sigmas}")
 
 
 @dataclass(frozen=True)
 class ChangePoint:
-    """One change of level. ``index``: the first value after it (the first release of the new level);
-    ``size``: relative change of the level after vs before, ``ci_low``/``ci_high`` its 95 % interval;
-    ``p_value``: the permutation test of the stretch between the change points around it (how often a
-    shuffle of it splits as well, anywhere); ``in_force``: the series still ends at the new level."""
+    """One change of level: a step (``kind`` ``"step"``) or a drift (``"drift"``: the level moved steadily over
+    several releases). ``index``: the first value after a step (the first release of the new level), or the first
+    value a drift moved; ``end``: the first value at the new level (a step: ``index``); ``size``: relative change of
+    the level after vs before, ``ci_low``/``ci_high`` its 95 % interval; ``p_value``: the test of the stretch
+    between the change points around it (:func:`stretch_p`; a drift: the largest of the steps it was found as);
+    ``in_force``: the series still ends at the new level. A drift's ``slope``: its relative change per release
+    (``size`` over ``end - index + 1`` releases), ``slope_low``/``slope_high`` its 95 % interval (a step: 0)."""
 
     index: int
     size: float
@@ -97,6 +99,15 @@ class ChangePoint:
     n_before: int
     n_after: int
     in_force: bool
+    kind: str = "step"
+    end: int = -1  # a step: index (set by __post_init__)
+    slope: float = 0.0
+    slope_low: float = 0.0
+    slope_high: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.end < 0:
+            object.__setattr__(self, "end", self.index)
 
 
 @dataclass(frozen=True)
@@ -174,50 +185,6 @@ def _best_split(x: np.ndarray, m: int) -> int | None:
     return m + int(np.argmax(_gains(x, m)))
 
 
-def _permutation_p(x: np.ndarray, k: int, m: int, permutations: int) -> float:
-    """How often a shuffle of ``x`` has a split (any, at least ``m`` a side) that reduces the squared error as
-    much as the split at ``k`` does: the p-value of "no change in ``x``" (E-divisive's permutation test, on the
-    squared-error cost). The shuffles are seeded: the same series gives the same p-value."""
-    beaten, _ = permutation_count(x, k, m, Shuffles(len(x), permutations))
-    return (1 + beaten) / (1 + permutations)
-
-
-class Shuffles:
-    """The seeded shuffles of the permutation test for stretches of ``n`` values, as indices (row ``i``: the
-    ``i``-th shuffle), drawn as they are asked for: the generator's draws depend on the shape only, and it shuffles
-    row after row, so ``x[rows(0, p)]`` is the shuffles of ``x`` itself, drawn in one piece or in several."""
-
-    def __init__(self, n: int, permutations: int) -> None:
-        self.n, self.permutations = n, permutations
-        self._rng = np.random.default_rng(PERMUTATION_SEED)
-        self._rows = np.empty((0, n), dtype=np.intp)
-
-    def rows(self, start: int, stop: int) -> np.ndarray:
-        if stop > len(self._rows):
-            more = self._rng.permuted(np.broadcast_to(np.arange(self.n), (stop - len(self._rows), self.n)), axis=1)
-            self._rows = np.concatenate((self._rows, more))
-        return self._rows[start:stop]
-
-
-FIRST_SHUFFLES = 128  # a count that may stop early looks at this many shuffles first, then at twice as many each time
-
-
-def permutation_count(x: np.ndarray, k: int, m: int, shuffles: Shuffles, *, beaten: int = 0, done: int = 0,
-                      stop: int | None = None, upto: int | None = None) -> tuple[int, int]:
-    """Of the shuffles from ``done`` on (``beaten`` of the ones before beat the split): how many shuffles of ``x``
-    beat the split at ``k`` (:func:`_permutation_p`), and how many were looked at: all, or, with ``stop``, as soon
-    as ``stop`` beat it (looking at :data:`FIRST_SHUFFLES`, then at twice as many each round: the p-value is then
-    known to be above ``stop / (1 + permutations)``, and a stretch without a change gets there in a few hundred);
-    ``upto``: at most that many looked at."""
-    observed = _gains(x, m)[k - m] * (1 - 1e-12)
-    end = shuffles.permutations if upto is None else min(shuffles.permutations, upto)
-    while done < end and (stop is None or beaten < stop):
-        to = end if stop is None else min(end, max(FIRST_SHUFFLES, 2 * done))
-        beaten += int((_gains(x[shuffles.rows(done, to)], m).max(axis=1) >= observed).sum())
-        done = to
-    return beaten, done
-
-
 def _search(x: np.ndarray, lo: int, hi: int, s: DetectorSettings, found: list[int]) -> None:
     k = _best_split(x[lo:hi], s.min_segment)
     if k is None:
@@ -249,31 +216,39 @@ class Sums:
         return self.shift + a / n, max(0.0, (q - a * a / n) / (n - 1)) if n > 1 else 0.0
 
     def judge(self, lo: int, k: int, hi: int, s: DetectorSettings) -> _Test:
-        """:func:`_judge` of the split at ``k`` of ``lo .. hi``, from the sums."""
+        """The test of the split at ``k`` of ``lo .. hi`` (:func:`stretch_p`) and its size, from the sums (the
+        interval is :func:`_judge`'s)."""
         (ma, va), (mb, vb) = self.mean_var(lo, k), self.mean_var(k, hi)
         if min(k - lo, hi - k) < s.min_segment:
             size = mb / ma - 1 if ma else 0.0
             return _Test(size=size, ci_low=size, ci_high=size, p_value=1.0, before=ma, after=mb)
-        p, size = _screen_of(ma, va, k - lo, mb, vb, hi - k)
+        p, size = stretch_p(ma, va, k - lo, mb, vb, hi - k, hi - lo - 2 * s.min_segment + 1)
         return _Test(size=size, ci_low=math.nan, ci_high=math.nan, p_value=p, before=ma, after=mb)
 
 
-def _screen_of(ma: float, va: float, na: int, mb: float, vb: float, nb: int) -> tuple[float, float]:
-    """Welch's p and the size for the screening of candidates, as :func:`_welch_of` computes them but squares as
-    products (``x * x``, correctly rounded; ``x ** 2`` of a float is the C library's ``pow``, which is not always):
-    :mod:`controller.report.analysis.changepoints_batch` computes the same screens over many series at once with
-    numpy's elementwise arithmetic and must come to the same bits."""
+def stretch_p(ma: float, va: float, na: int, mb: float, vb: float, nb: int, splits: int) -> tuple[float, float]:
+    """The p-value of "no change in the stretch" from its split into ``na`` values (mean ``ma``, variance ``va``,
+    ddof 1) and ``nb`` (``mb``, ``vb``), one of the stretch's ``splits`` possible splits; and the size.
+
+    Under independent normal noise of one variance, the squared-error reduction of any one split over the stretch's
+    sum of squares is Beta(1/2, (n - 2)/2): the split's pooled two-sample t-test (n - 2 degrees of freedom) is
+    exact. The stretch was split where it reduced most, so the p-value is that t-test's times the number of splits
+    it could have been (Bonferroni: the probability that any split of a stretch without a change does as well is at
+    most their sum). No resolution and no random draws: the p-value is a continuous, decreasing function of the
+    step's size over the noise, and of the values on either side (the t-test's; the factor is the stretch's length).
+    Squares are products (``x * x``, correctly rounded; ``x ** 2`` of a float is the C library's ``pow``):
+    :mod:`controller.report.analysis.changepoints_batch` computes the same over many series at once with numpy's
+    elementwise arithmetic and must come to the same bits."""
     stdtr, _ = student_t()
-    se2 = va / na + vb / nb
     diff = mb - ma
     scale = abs(ma) if ma else 1.0
     tiny = 1e-12 * scale
+    df = na + nb - 2
+    se2 = ((na - 1) * va + (nb - 1) * vb) / df * (1 / na + 1 / nb)
     if se2 <= tiny * tiny:  # both sides constant
         p = 0.0 if abs(diff) > tiny else 1.0
     else:
-        wa, wb = va / na, vb / nb
-        df = se2 * se2 / (wa * wa / (na - 1) + wb * wb / (nb - 1))
-        p = float(2 * stdtr(df, -abs(diff / math.sqrt(se2))))
+        p = min(1.0, splits * float(2 * stdtr(df, -abs(diff / math.sqrt(se2)))))
     return p, diff / scale
 
 
@@ -287,10 +262,6 @@ def _judge(x: np.ndarray, cps: list[int], i: int, s: DetectorSettings) -> _Test:
         size = mb / ma - 1 if ma else 0.0
         return _Test(size=size, ci_low=size, ci_high=size, p_value=1.0, before=ma, after=mb)
     return _welch(a, b)
-
-
-def _passes(t: _Test, s: DetectorSettings) -> bool:
-    return t.p_value <= s.max_pvalue and abs(t.size) >= s.min_magnitude
 
 
 def weakest_failing(tests: list[_Test], s: DetectorSettings) -> int | None:
@@ -316,73 +287,206 @@ def locate(values: Values, settings: DetectorSettings | None = None) -> list[int
     return sorted(found)
 
 
-def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings | None = None) -> \
-        tuple[ChangePoint, ...]:
-    """The candidates that pass against their neighbours (the weakest failing one dropped at a time)."""
+def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings | None = None,
+          outliers: Sequence[int] = ()) -> tuple[ChangePoint, ...]:
+    """The candidates that pass against their neighbours (the weakest failing one dropped at a time), then
+    :func:`reported` (``outliers``: the values :func:`hampel` replaced, left out of a drift's fit)."""
     s = settings or DetectorSettings()
     x = as_series(values)
     cps = sorted(set(candidates))
     if not cps:
         return ()
     # each test depends on its stretch only (the change point and its neighbours): a drop changes two of them, so
-    # the others are taken from here, not computed again (a long series has dozens of candidates)
-    screened: dict[tuple[int, int, int], _Test] = {}
-    permuted: dict[tuple[int, int, int], float] = {}
+    # the others are kept, not computed again (a long series has dozens of candidates)
     sums = Sums(x)
 
-    def stretch(i: int) -> tuple[int, int, int]:
+    def test(i: int) -> _Test:
         lo, hi = stretch_bounds(len(x), cps, i)
-        return lo, cps[i], hi
+        return sums.judge(lo, cps[i], hi, s)
 
-    def screen(k: tuple[int, int, int]) -> _Test:
-        return screened[k] if k in screened else screened.setdefault(k, sums.judge(*k, s))
-
-    # screen: Welch's p of each against its neighbours (cheap, and never above the permutation test's); a drop
-    # changes the stretches of its two neighbours only: those two are taken again, the rest kept
-    keys = [stretch(i) for i in range(len(cps))]
-    screens = [screen(k) for k in keys]
-
-    def drop(i: int) -> None:
-        del cps[i], keys[i], screens[i]
-        for j in (i - 1, i):
-            if 0 <= j < len(cps):
-                keys[j] = stretch(j)
-                screens[j] = screen(keys[j])
-
+    tests = [test(i) for i in range(len(cps))]
     while cps:
-        tests = screens
-        weakest = weakest_failing(tests, s)
-        if weakest is not None:
-            drop(weakest)
-            continue
-        # the test: the permutation p of each stretch (seeded shuffles)
-        tests = [replace(t, p_value=permuted[k] if k in permuted else permuted.setdefault(
-                     k, _permutation_p(x[k[0]:k[2]], k[1] - k[0], s.min_segment, s.permutations)))
-                 for t, k in zip(tests, keys, strict=True)]
         weakest = weakest_failing(tests, s)
         if weakest is None:
             break
-        drop(weakest)
-    return reported(x, cps, [t.p_value for t in tests] if cps else [], s)
+        del cps[weakest], tests[weakest]
+        for j in (weakest - 1, weakest):
+            if 0 <= j < len(cps):
+                tests[j] = test(j)
+    return reported(x, cps, [t.p_value for t in tests], s, outliers)
 
 
-def reported(x: np.ndarray, cps: list[int], p_values: Sequence[float], s: DetectorSettings) -> \
-        tuple[ChangePoint, ...]:
-    """The change points ``cps`` that passed, with their permutation p-values: each one's size, interval and
-    levels from the values (the sums only screen), and whether it is still in force."""
+def reported(x: np.ndarray, cps: list[int], p_values: Sequence[float], s: DetectorSettings,
+             outliers: Sequence[int] = ()) -> tuple[ChangePoint, ...]:
+    """The change points ``cps`` that passed, with their p-values: each one's size, interval and levels from the
+    values (the sums only screen), steps in one direction that a drift fits better as one drift
+    (:func:`drift_runs`), and whether each is still in force."""
     if not cps:
         return ()
-    last = float(x[cps[-1]:].mean())
-    out = []
+    steps = []
     for i, p in enumerate(p_values):
         t = replace(_judge(x, cps, i, s), p_value=p)
-        end = last / t.before - 1 if t.before else 0.0
-        in_force = math.copysign(1, end) == math.copysign(1, t.size) and abs(end) >= s.min_magnitude
         lo, hi = stretch_bounds(len(x), cps, i)
-        out.append(ChangePoint(index=cps[i], size=t.size, ci_low=t.ci_low, ci_high=t.ci_high, p_value=t.p_value,
-                               before=t.before, after=t.after, n_before=cps[i] - lo, n_after=hi - cps[i],
-                               in_force=in_force))
-    return tuple(out)
+        steps.append(ChangePoint(index=cps[i], size=t.size, ci_low=t.ci_low, ci_high=t.ci_high, p_value=t.p_value,
+                                 before=t.before, after=t.after, n_before=cps[i] - lo, n_after=hi - cps[i],
+                                 in_force=False))
+    out: list[ChangePoint] = []
+    drifts = dict(drift_runs(x, cps, steps, s, outliers))
+    i = 0
+    while i < len(steps):
+        if i in drifts:
+            out.append(drifts[i][1])
+            i = drifts[i][0]
+        else:
+            out.append(steps[i])
+            i += 1
+    last = out[-1].after if out[-1].kind == "drift" else float(x[out[-1].index:].mean())
+    return tuple(replace(c, in_force=_in_force(c, last, s)) for c in out)
+
+
+def _in_force(c: ChangePoint, last: float, s: DetectorSettings) -> bool:
+    end = last / c.before - 1 if c.before else 0.0
+    return math.copysign(1, end) == math.copysign(1, c.size) and abs(end) >= s.min_magnitude
+
+
+def drift_runs(x: np.ndarray, cps: list[int], steps: Sequence[ChangePoint], s: DetectorSettings,
+               outliers: Sequence[int] = ()) -> list[tuple[int, tuple[int, ChangePoint]]]:
+    """The runs of consecutive steps in one direction (one step or more) that one drift fits better: (the run's
+    first step, (the step after the run, the drift)). Over the stretch from the change point before the run to the
+    one after it, the best ramp (:func:`best_ramp`: a level, a straight line over at least ``min_segment``
+    releases, a level) against the run's staircase, by the Bayesian information criterion (the ramp: 4
+    parameters, two levels and where it starts and ends; the staircase of k steps: 2k + 1). A lone step is a step
+    unless a ramp fits it that much better; a steady drift, which the search cuts into a staircase, is one drift."""
+    n, out, i = len(x), [], 0
+    keep = np.ones(n)
+    keep[list(outliers)] = 0.0
+    while i < len(steps):
+        j = i + 1
+        while j < len(steps) and (steps[j].size > 0) == (steps[i].size > 0):
+            j += 1
+        lo = cps[i - 1] if i > 0 else 0
+        hi = cps[j] if j < len(cps) else n
+        y, w = x[lo:hi], keep[lo:hi]
+        ramp = best_ramp(y, s.min_segment + 1, w, (cps[i] - lo, cps[j - 1] - lo))
+        if ramp is not None:
+            bounds = [0, *(c - lo for c in cps[i:j]), hi - lo]
+            staircase = sum(_weighted_ss(y[a:b], w[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
+            m = ramp.n
+            floor = 1e-24 * m * float(np.mean(y * y))  # a noiseless series: the criterion's logarithm stays finite
+            bic_steps = m * math.log(max(staircase, floor) / m) + (2 * (j - i) + 1) * math.log(m)
+            bic_ramp = m * math.log(max(ramp.ss, floor) / m) + 4 * math.log(m)
+            if bic_ramp < bic_steps and (ramp.delta > 0) == (steps[i].size > 0) and \
+                    (j - i > 1 or _ramp_beats_step(staircase, ramp.ss, m, s.max_pvalue)):
+                out.append((i, (j, ramp.change(lo, max(st.p_value for st in steps[i:j])))))
+        i = j
+    return out
+
+
+def _weighted_ss(y: np.ndarray, w: np.ndarray) -> float:
+    """The sum of squares about the mean of the values of weight 1."""
+    n = float(w.sum())
+    return float((w * (y - (w * y).sum() / n) ** 2).sum()) if n else 0.0
+
+
+def _ramp_beats_step(step_ss: float, ramp_ss: float, n: int, max_pvalue: float) -> bool:
+    """A lone step is a drift only when the ramp's better fit is significant (F-test of its one more parameter,
+    at ``max_pvalue``): a value that sits half-way at a step (a module warming up, an outlier next to it) is not a
+    drift."""
+    from scipy.special import fdtrc
+
+    if ramp_ss <= 0:
+        return step_ss > 0
+    return float(fdtrc(1, n - 4, (step_ss - ramp_ss) / (ramp_ss / (n - 4)))) <= max_pvalue
+
+
+@dataclass(frozen=True)
+class Ramp:
+    """A level ``level`` up to value ``a`` of a stretch, then a straight line to ``level + delta`` at value ``b``,
+    that level after; ``ss``: the residual sum of squares, ``se``: the standard error of ``delta`` (the ramp's
+    place taken as known), ``n``: the stretch's length."""
+
+    level: float
+    delta: float
+    se: float
+    a: int
+    b: int
+    ss: float
+    n: int
+
+    def change(self, lo: int, p_value: float) -> ChangePoint:
+        """The ramp as a drift of a series whose stretch starts at ``lo``."""
+        _, stdtrit = student_t()
+        half = float(stdtrit(self.n - 2, 0.975)) * self.se
+        scale = abs(self.level) if self.level else 1.0
+        size, releases = self.delta / scale, self.b - self.a
+        low, high = (self.delta - half) / scale, (self.delta + half) / scale
+        return ChangePoint(index=lo + self.a + 1, end=lo + self.b, size=size, ci_low=low, ci_high=high,
+                           p_value=p_value, before=self.level, after=self.level + self.delta, n_before=self.a + 1,
+                           n_after=self.n - self.b, in_force=False, kind="drift", slope=size / releases,
+                           slope_low=low / releases, slope_high=high / releases)
+
+
+RAMP_PLACES = 1 << 18  # (start, end) pairs of a ramp tried as one array at most
+
+
+def _ramp_places(n: int, shortest: int, first: int, last: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every ramp's (start ``a``, end ``b``) in a stretch of ``n`` that spans ``first`` .. ``last`` (``a < first``,
+    ``b >= last``) and is ``shortest`` or longer, as arrays: in one pair when there are at most
+    :data:`RAMP_PLACES`, else a pair per start (a long CSV series)."""
+    starts, ends = np.arange(0, first), np.arange(last, n)
+    if len(starts) * len(ends) <= RAMP_PLACES:
+        a, b = (g.ravel() for g in np.meshgrid(starts, ends, indexing="ij"))
+        keep = b - a >= shortest
+        return [(a[keep], b[keep])]
+    return [(np.full(len(e), a0), e) for a0 in starts.tolist() if len(e := ends[ends - a0 >= shortest])]
+
+
+def best_ramp(y: np.ndarray, shortest: int, weights: np.ndarray | None = None, span: tuple[int, int] | None = None) \
+        -> Ramp | None:
+    """The ramp (:class:`Ramp`) of least squared error over ``y``, of ``shortest`` releases or more (``b - a``),
+    by least squares on the ramp's shape for every (a, b): from prefix sums, every place at once (O(n^2)).
+    ``weights``: 1 for a value, 0 for one left out (an outlier replaced by :func:`hampel`: its replacement, the
+    mean of the levels either side, would sit half-way at a step and look like a ramp). ``span``: (first, last),
+    the ramps that start before value ``first`` and end at ``last`` or after (the steps the ramp stands for)."""
+    n = len(y)
+    w = np.ones(n) if weights is None else weights
+    m = float(w.sum())
+    if n < shortest + 2 or m < 4:
+        return None
+    mean = float((w * y).sum() / m)
+    yc = (y - mean) * w
+    t = np.arange(n, dtype=float)
+
+    def prefix(v: np.ndarray) -> np.ndarray:
+        return np.concatenate(([0.0], np.cumsum(v)))
+
+    c1, ct, w0, wt, wtt = prefix(yc), prefix(t * yc), prefix(w), prefix(w * t), prefix(w * t * t)
+    syy = float(yc @ (y - mean))
+    best: tuple[float, int, int, float, float, float] | None = None
+    first, last = span if span is not None else (n, 0)
+    for a, b in _ramp_places(n, shortest, first, last):
+        if not len(a):
+            continue
+        length = b - a
+        # the ramp's shape r: 0 up to a, (t - a) / length between, 1 from b on; its sums with the weights and
+        # with the centred values
+        s0, s1, s2 = w0[b] - w0[a + 1], wt[b] - wt[a + 1], wtt[b] - wtt[a + 1]
+        after = w0[n] - w0[b]
+        sr = (s1 - a * s0) / length + after
+        srr = (s2 - 2 * a * s1 + a * a * s0) / (length * length) + after
+        sry = ((ct[b] - ct[a + 1]) - a * (c1[b] - c1[a + 1])) / length + (c1[n] - c1[b])
+        vrr = srr - sr * sr / m
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ss = np.where(vrr > 1e-9, syy - sry * sry / vrr, np.inf)
+        k = int(np.argmin(ss))
+        if best is None or ss[k] < best[0]:
+            best = (float(ss[k]), int(a[k]), int(b[k]), float(sry[k] / vrr[k]), float(sr[k] / m), float(vrr[k]))
+    if best is None or not math.isfinite(best[0]):
+        return None
+    least, a0, b0, delta, rbar, vrr0 = best
+    least = max(least, 0.0)
+    se = math.sqrt(least / (m - 2) / vrr0)
+    return Ramp(level=mean - delta * rbar, delta=delta, se=se, a=a0, b=b0, ss=least, n=int(m))
 
 
 def as_series(values: Values) -> np.ndarray:
@@ -439,9 +543,53 @@ def analyse_series(values: Values, settings: DetectorSettings | None = None) -> 
     """Outliers set aside, then the change points of what is left (:func:`locate`, :func:`prune`)."""
     s = settings or DetectorSettings()
     clean, outliers = hampel(values, s.outlier_sigmas)
-    return Detection(change_points=prune(clean, locate(clean, s), s), outliers=outliers)
+    return Detection(change_points=prune(clean, locate(clean, s), s, outliers), outliers=outliers)
 
 
 def detect(values: Values, settings: DetectorSettings | None = None) -> tuple[ChangePoint, ...]:
     """The change points of ``values`` (in release order), oldest first; () for a series too short for one."""
     return analyse_series(values, settings).change_points
+
+
+@dataclass(frozen=True)
+class Reach:
+    """What a series of ``n`` values with relative noise ``noise`` lets the test name (:func:`reach`): the smallest
+    relative step in its middle (``middle``) and with ``min_segment`` values after it (``fresh``: a step at the
+    end of the history); None where the series is too short for any (fewer than twice ``min_segment``)."""
+
+    n: int
+    noise: float
+    middle: float | None
+    fresh: float | None
+
+
+def smallest_step(n: int, after: int, noise: float, settings: DetectorSettings | None = None) -> float | None:
+    """The smallest relative step, ``after`` values from the end of a series of ``n`` with relative noise ``noise``,
+    that :func:`stretch_p` passes when the values sit on their two levels' means with that noise (at least
+    ``min_magnitude``); None when ``after`` or ``n - after`` is under ``min_segment``."""
+    s = settings or DetectorSettings()
+    before, m = n - after, s.min_segment
+    if min(before, after) < m:
+        return None
+    _, stdtrit = student_t()
+    splits = n - 2 * m + 1
+    t = float(stdtrit(n - 2, 1 - s.max_pvalue / (2 * splits)))
+    return max(s.min_magnitude, t * noise * math.sqrt(1 / before + 1 / after))
+
+
+def relative_noise(values: Values) -> float:
+    """The series' noise relative to its level: the robust spread of neighbours' differences (a step moves one of
+    them), over the square root of 2, over the median absolute value (outliers replaced first: :func:`hampel`)."""
+    x = hampel(values)[0]
+    if len(x) < 3:
+        return math.nan
+    level = float(np.median(np.abs(x))) or 1.0
+    return 1.4826 * float(np.median(np.abs(np.diff(x)))) / math.sqrt(2) / level
+
+
+def reach(values: Values, settings: DetectorSettings | None = None) -> Reach:
+    """:class:`Reach` of a series at its own noise (:func:`relative_noise`)."""
+    s = settings or DetectorSettings()
+    n, noise = len(as_series(values)), relative_noise(values)
+    return Reach(n=n, noise=noise, middle=smallest_step(n, n // 2, noise, s),
+                 fresh=smallest_step(n, s.min_segment, noise, s))

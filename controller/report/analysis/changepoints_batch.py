@@ -3,28 +3,25 @@
 
 A trend over a history analyses one series per (model key, profile, metric, scope): 1,210 series of 100 releases
 for one model and metric over 100 runs of 10,000 rows. One at a time, the detector's Python steps (a Hampel
-median, a split, a screen, a shuffle) dominate: ~85,000 screens, ~32,000 splits, 105 permutation tests of 1,999
-shuffles. Here the series of one length are one 2-D array and each step runs on all of them together:
+median, a split, a test) dominate: ~85,000 tests and ~32,000 splits. Here the series of one length are one 2-D array
+and each step runs on all of them together:
 
 * **outliers**: the Hampel filter of every row at once (numpy's medians along an axis: each row's medians);
 * **search**: binary segmentation level by level, the segments (of any series) of lengths within a factor of two
   one zero-padded array;
-* **pruning**: the screens of every series in lock step, one drop per series a round (the weakest failing
-  screen, then its two neighbours screened again, every series' screens one array). The few series whose
-  screens all pass go on alone (:class:`_Finish`), their permutation tests counted only as far as a decision
-  needs, on shuffles drawn once per stretch length for every series.
+* **pruning**: the tests of every series in lock step, one drop per series a round (the weakest failing test, then
+  its two neighbours tested again, every series' tests one array). A series whose tests all pass (a few) is
+  reported by the per-series code (sizes, intervals, drifts).
 
-The arithmetic that decides (means, prefix sums, the screens' Welch p, the gains, the medians) is the per-series
-code's, operation by operation: numpy's elementwise float operations round as Python's do, and the screens'
-squares are products in both (``changepoints._screen_of``). What is reported (sizes, intervals, levels, in
-force, p-values) is computed by the per-series code. ``tests/report/test_changepoints_batch.py`` holds the two
-equal, to the bit, on random series.
+The arithmetic that decides (means, prefix sums, the tests' p, the gains, the medians) is the per-series code's,
+operation by operation: numpy's elementwise float operations round as Python's do, and the tests' squares are
+products in both (``changepoints.stretch_p``). ``tests/report/test_changepoints_batch.py`` holds the two equal, to
+the bit, on random series.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 
@@ -34,15 +31,10 @@ from controller.report.analysis.changepoints import (
     ChangePoint,
     Detection,
     DetectorSettings,
-    Shuffles,
-    Sums,
     Values,
     as_series,
-    permutation_count,
     reported,
-    stretch_bounds,
     student_t,
-    weakest_failing,
 )
 
 
@@ -55,12 +47,11 @@ def analyse_many(series: Sequence[Values], settings: DetectorSettings | None = N
     by_length: dict[int, list[int]] = {}
     for i, x in enumerate(xs):
         by_length.setdefault(len(x), []).append(i)
-    shuffles: dict[int, Shuffles] = {}  # by stretch length, for every series (the same draws)
     for n, same_length in by_length.items():
         for at in range(0, len(same_length), ROWS):  # a bounded array at a time (a history of every metric: 10^5)
             idx = same_length[at:at + ROWS]
             x = np.array([xs[i] for i in idx], dtype=float).reshape(len(idx), n)
-            for i, d in zip(idx, _analyse_rows(x, s, shuffles), strict=True):
+            for i, d in zip(idx, _analyse_rows(x, s), strict=True):
                 out[i] = d
     return [d for d in out if d is not None]
 
@@ -68,9 +59,9 @@ def analyse_many(series: Sequence[Values], settings: DetectorSettings | None = N
 ROWS = 4096  # series of one length analysed as one array at most
 
 
-def _analyse_rows(x: np.ndarray, s: DetectorSettings, shuffles: dict[int, Shuffles]) -> list[Detection]:
+def _analyse_rows(x: np.ndarray, s: DetectorSettings) -> list[Detection]:
     clean, outliers = hampel_rows(x, s.outlier_sigmas)
-    cps = prune_rows(clean, locate_rows(clean, s.min_segment), s, shuffles)
+    cps = prune_rows(clean, locate_rows(clean, s.min_segment), s, outliers)
     return [Detection(change_points=c, outliers=o) for c, o in zip(cps, outliers, strict=True)]
 
 
@@ -155,11 +146,10 @@ def _best_splits(x: np.ndarray, row: np.ndarray, lo: np.ndarray, hi: np.ndarray,
 
 # --------------------------------------------------------------------------- pruning
 def prune_rows(x: np.ndarray, candidates: list[list[int]], s: DetectorSettings,
-               shuffles: dict[int, Shuffles] | None = None) -> list[tuple[ChangePoint, ...]]:
+               outliers: Sequence[Sequence[int]] | None = None) -> list[tuple[ChangePoint, ...]]:
     """:func:`~controller.report.analysis.changepoints.prune` of each row of ``x`` with its candidates (distinct,
-    sorted: :func:`locate_rows`'): the screens of every series in lock step, one drop per series and round; a
-    series whose screens all pass goes on alone (:class:`_Finish`). ``shuffles``: the permutation tests' shuffles
-    by stretch length, kept from one call to the next."""
+    sorted: :func:`locate_rows`') and its outliers: the tests of every series in lock step, one drop per series
+    and round; a series whose tests all pass is reported (``changepoints.reported``, per series)."""
     rows, n = x.shape
     out: list[tuple[ChangePoint, ...]] = [()] * rows
     width = max((len(c) for c in candidates), default=0) + 2
@@ -181,14 +171,14 @@ def prune_rows(x: np.ndarray, candidates: list[list[int]], s: DetectorSettings,
     size = np.full((rows, width), np.nan)
     r0, c0 = np.nonzero(alive)
     p[r0, c0], size[r0, c0] = sums.screen(r0, pos[r0, prev[r0, c0]], pos[r0, c0], pos[r0, nxt[r0, c0]], s)
-    finish = _Finish(x, s, {} if shuffles is None else shuffles)
     active = np.flatnonzero(alive.any(axis=1))
     while len(active):
         passes = (p[active] <= s.max_pvalue) & (np.abs(size[active]) >= s.min_magnitude)
         fail = alive[active] & ~passes
         has = fail.any(axis=1)
-        for r in active[~has].tolist():  # every screen passes: the permutation tests
-            out[r] = finish.prune(r, tuple(pos[r, alive[r]].tolist()))
+        for r in active[~has].tolist():  # every test passes
+            out[r] = reported(x[r], pos[r, alive[r]].tolist(), p[r, alive[r]].tolist(), s,
+                              outliers[r] if outliers is not None else ())
         active, fail = active[has], fail[has]
         if not len(active):
             break
@@ -215,108 +205,6 @@ def _drop(r: np.ndarray, c: np.ndarray, alive: np.ndarray, prev: np.ndarray, nxt
     prev[r, after] = before
 
 
-EXPLORE = 4  # the most candidates left for which every choice of the weakest failing test is followed
-SHUFFLES_KEPT = 8_000_000  # indices of shuffles kept at most (64 MB): past it, those kept are let go
-FIRST_LOOK = 512  # the shuffles a test's count looks at before it is followed or finished (of 1,999 by default)
-
-
-class _Finish:
-    """``changepoints.prune`` of one series from a set of candidates on, the permutation tests counted only as far
-    as a decision needs (``changepoints.permutation_count``). The algorithm drops the weakest failing test (the
-    largest p, then the smallest size) and goes on without it: once any test is known to fail (its count has
-    passed ``max_pvalue``: the rest of it cannot bring it back), the result is that of the candidates without one
-    of the tests that fail or may fail. With at most :data:`EXPLORE` candidates, each of those choices is followed
-    (the same steps, on fewer candidates); when all end in the same change points (where there is no change:
-    none), that is the result, whichever test was the weakest; else, or with more candidates, the counts are
-    finished and the weakest is dropped, as the per-series code does. The p-values reported are whole counts."""
-
-    def __init__(self, x: np.ndarray, s: DetectorSettings, shuffles: dict[int, Shuffles]) -> None:
-        self.x, self.s = x, s
-        self.shuffles = shuffles  # by stretch length, for every series (the same draws)
-        self.counts: dict[tuple[int, int, int, int], tuple[int, int]] = {}  # (row, lo, k, hi): beaten, looked at
-        self.sums: dict[int, Sums] = {}
-        self.ends: dict[tuple[int, tuple[int, ...]], tuple[ChangePoint, ...]] = {}
-        # the fewest shuffles that beat a split for its p-value to be above max_pvalue
-        self.stop = next(b for b in range(s.permutations + 2) if (1 + b) / (1 + s.permutations) > s.max_pvalue)
-
-    def prune(self, r: int, cps: tuple[int, ...]) -> tuple[ChangePoint, ...]:
-        """``changepoints.prune`` of row ``r`` with candidates ``cps`` (sorted)."""
-        if (r, cps) not in self.ends:
-            self.ends[r, cps] = self._prune(r, list(cps))
-        return self.ends[r, cps]
-
-    def _prune(self, r: int, cps: list[int]) -> tuple[ChangePoint, ...]:
-        s, n = self.s, self.x.shape[1]
-        if r not in self.sums:
-            self.sums[r] = Sums(self.x[r])
-        while cps:
-            keys = [(r, lo, cps[i], hi)
-                    for i, (lo, hi) in enumerate(stretch_bounds(n, cps, i) for i in range(len(cps)))]
-            screens = [self.sums[r].judge(lo, k, hi, s) for _, lo, k, hi in keys]
-            weakest = weakest_failing(screens, s)
-            if weakest is not None:
-                del cps[weakest]
-                continue
-            # the permutation tests: failing (too small, or enough shuffles beat it), or not known yet
-            small = [abs(t.size) < s.min_magnitude for t in screens]
-            counts = [(0, 0) if small[i] else self._count(key, FIRST_LOOK) for i, key in enumerate(keys)]
-            fails = [i for i, (beaten, _) in enumerate(counts) if small[i] or beaten >= self.stop]
-            maybe = sorted(fails + [i for i, (beaten, done) in enumerate(counts)
-                                    if not small[i] and beaten < self.stop and done < s.permutations])
-            ends = None
-            if fails and len(maybe) > 1 and len(cps) <= EXPLORE:
-                ends = [self.prune(r, tuple(c for j, c in enumerate(cps) if j != i)) for i in maybe]
-                if all(e == ends[0] for e in ends):
-                    return ends[0]
-            counts = [c if small[i] else self._count(keys[i], None) for i, c in enumerate(counts)]
-            failing = [i for i, (beaten, _) in enumerate(counts) if small[i] or beaten >= self.stop]
-            if not failing:
-                return reported(self.x[r], cps, [self._p(k) for k in keys], s)
-            if len(failing) == 1:
-                weakest = failing[0]
-            else:
-                for i in failing:
-                    self._count(keys[i], None)
-                weakest = weakest_failing([replace(t, p_value=self._p(k))
-                                           for k, t in zip(keys, screens, strict=True)], s)
-                assert weakest is not None, (r, cps)
-            if ends is not None:
-                return ends[maybe.index(weakest)]
-            del cps[weakest]
-        return ()
-
-    def _count(self, key: tuple[int, int, int, int], upto: int | None) -> tuple[int, int]:
-        """The count of the stretch ``key`` (beaten, looked at), looked at up to ``upto`` shuffles (None: all) or
-        until its p-value is known to be above ``max_pvalue``."""
-        beaten, done = self.counts.get(key, (0, 0))
-        end = self.s.permutations if upto is None else min(upto, self.s.permutations)
-        if done < end and beaten < self.stop:
-            r, lo, k, hi = key
-            beaten, done = self.counts[key] = permutation_count(
-                self.x[r, lo:hi], k - lo, self.s.min_segment, self._shuffles(hi - lo), beaten=beaten, done=done,
-                stop=self.stop, upto=end)
-        return beaten, done
-
-    def _p(self, key: tuple[int, int, int, int]) -> float:
-        """The permutation p of the stretch ``key``, every shuffle looked at."""
-        r, lo, k, hi = key
-        total = self.s.permutations
-        beaten, done = self.counts.get(key, (0, 0))
-        if done < total:
-            beaten, done = self.counts[key] = permutation_count(
-                self.x[r, lo:hi], k - lo, self.s.min_segment, self._shuffles(hi - lo), beaten=beaten, done=done)
-        return (1 + beaten) / (1 + total)
-
-    def _shuffles(self, n: int) -> Shuffles:
-        """The shuffles of stretches of ``n`` values, kept for every series; all let go past
-        :data:`SHUFFLES_KEPT` indices (drawn again if asked for: the same draws)."""
-        if n not in self.shuffles:
-            if (sum(self.shuffles) + n) * self.s.permutations > SHUFFLES_KEPT:
-                self.shuffles.clear()
-            self.shuffles[n] = Shuffles(n, self.s.permutations)
-        return self.shuffles[n]
-
-
 class _RowSums:
     """``changepoints.Sums`` of each row: the centred prefix sums, and the screens from them."""
 
@@ -338,19 +226,20 @@ class _RowSums:
 
     def screen(self, r: np.ndarray, lo: np.ndarray, k: np.ndarray, hi: np.ndarray,
                s: DetectorSettings) -> tuple[np.ndarray, np.ndarray]:
-        """The screen's (p, size) of the split at ``k`` of ``lo .. hi`` of each row ``r``: ``Sums.judge``."""
+        """The test's (p, size) of the split at ``k`` of ``lo .. hi`` of each row ``r``: ``Sums.judge``
+        (``changepoints.stretch_p``, operation by operation)."""
         stdtr, _ = student_t()
         with np.errstate(all="ignore"):
             (ma, va), (mb, vb) = self.mean_var(r, lo, k), self.mean_var(r, k, hi)
             na, nb = k - lo, hi - k
-            se2 = va / na + vb / nb
             diff = mb - ma
             scale = np.where(ma != 0, np.abs(ma), 1.0)
             tiny = 1e-12 * scale
-            wa, wb = va / na, vb / nb
-            df = se2 * se2 / (wa * wa / (na - 1) + wb * wb / (nb - 1))
-            welch = 2 * stdtr(df, -np.abs(diff / np.sqrt(se2)))
-            p = np.where(se2 <= tiny * tiny, np.where(np.abs(diff) > tiny, 0.0, 1.0), welch)
+            df = na + nb - 2
+            se2 = ((na - 1) * va + (nb - 1) * vb) / df * (1 / na + 1 / nb)
+            splits = hi - lo - 2 * s.min_segment + 1
+            pooled = np.minimum(1.0, splits * (2 * stdtr(df, -np.abs(diff / np.sqrt(se2)))))
+            p = np.where(se2 <= tiny * tiny, np.where(np.abs(diff) > tiny, 0.0, 1.0), pooled)
             size = diff / scale
             short = np.minimum(na, nb) < s.min_segment
             if short.any():

@@ -143,17 +143,23 @@ def curve_plot(summary: pd.DataFrame, metric: str, ylabel: str) -> str:
 
 
 def history_plot(t: TrendSeries) -> str:
-    """One series of the "History" section: its value per release (release order), each change point a dashed
-    line before its first release with its size (red: in force, grey: reverted since)."""
+    """One series of the "History" section: its value per release (release order), each step a dashed line before
+    its first release with its size, each drift a shaded span over the releases it moved (red: in force, grey:
+    reverted since)."""
     fig = Figure(figsize=(4.2, 2.2), layout="constrained")
     ax = fig.subplots()
     x = np.arange(len(t.values))
     ax.plot(x, np.asarray(t.values, dtype=float), marker="o", ms=2.5, lw=1, color="#0969da")
-    for at, size, live in zip(t.marks, t.sizes, t.in_force, strict=True):
+    ends = t.ends or t.marks
+    for at, end, size, live in zip(t.marks, ends, t.sizes, t.in_force, strict=True):
         color = "#cf222e" if live else "#59636e"
-        ax.axvline(at - 0.5, ls="--", lw=1, color=color)
-        ax.annotate(f"{size:+.1%}", (at - 0.5, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
-                    textcoords="offset points", va="top", fontsize=TICK_PT, color=color)
+        if end > at:  # a drift: shaded from the last release before it to the first at the new level
+            ax.axvspan(at - 1, end, color=color, alpha=0.12, lw=0)
+        else:
+            ax.axvline(at - 0.5, ls="--", lw=1, color=color)
+        ax.annotate(f"{size:+.1%}" + (" drift" if end > at else ""), (at - 0.5, 1.0),
+                    xycoords=("data", "axes fraction"), xytext=(3, -3), textcoords="offset points", va="top",
+                    fontsize=TICK_PT, color=color)
     step = max(1, math.ceil(len(x) / 6))
     ticks = list(x[::step])
     ax.set_xticks(ticks, [t.releases[i] for i in ticks], fontsize=TICK_PT, rotation=30, ha="right")
