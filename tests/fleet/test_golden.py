@@ -53,8 +53,10 @@ def test_a_drifted_module_goes_bad_takes_no_work_and_is_reset(tmp_path: Path):
         assert states_of_run["sim-01"]["state"] == "done" and states_of_run["sim-02"]["state"] == "failed"
         assert states_of_run["sim-02"]["rows"] == 0
         r = lab.fleetctl("report", "latest", "-o", "json")
-        notes = json.loads(r.stdout)["notes"]
-        assert any(n.startswith("module sim-02 failed its golden check since its last reset") for n in notes), notes
+        doc = json.loads(r.stdout)  # refused at dispatch, with why: judged on sim-01 (issue 46 item 5)
+        assert doc["verdict"] == "incomplete" and doc["refused"]["sim-02"].startswith(
+            "module bad: golden check: sim-02 drifted: qwen3 decode_tps"), doc["refused"]
+        assert "refused at dispatch: sim-02 module bad: golden check: sim-02 drifted" in doc["verdict_line"]
         r = lab.fleetctl("devices", "reset", "sim-02")
         assert r.returncode == 0 and "its failed golden check too" in r.stdout
         assert states()["sim-02"]["state"] == "idle"
