@@ -55,6 +55,7 @@ def to_dict(r: Report) -> dict[str, Any]:
         "changes": [x.model_dump(mode="json") for x in r.changes],
         "disagreements": [x.model_dump(mode="json") for x in r.disagreements], "probe_checked": r.probe_checked,
         "capacities": [x.model_dump(mode="json") for x in r.capacities],
+        "probe_intervals": [x.model_dump(mode="json") for x in r.probe_intervals],
         "notes": list(r.notes), "thresholds": r.thresholds.model_dump(mode="json"),
         "summary": r.summary.to_dict(orient="records") if len(r.summary) else [],
     })

@@ -206,6 +206,12 @@ def to_markdown(r: Report) -> str:
         out += ["", _md_table(["module", "model key", "profile", "metric", "release", "probe", "change"],
                               [[d.module, d.model_key, d.profile, d.metric, num(d.release), num(d.probe),
                                 pct(d.change)] for d in r.disagreements])]
+    if r.probe_intervals:
+        out += ["", "## Probe intervals", "", "The per-key probe repeated over rounds (probe_repeat): each figure's "
+                "mean over the rounds and its 95 % t interval.", "",
+                _md_table(["module", "model key", "profile", "figure", "mean", "95% interval", "rounds"],
+                          [[x.module, x.model_key, x.profile, x.figure, num((x.low + x.high) / 2),
+                            f"{num(x.low)} to {num(x.high)}", str(x.repeats)] for x in r.probe_intervals])]
     if r.capacities:
         out += ["", "## Capacity at SLO", "", "The highest concurrency at which each module's probe met the SLO "
                 "(figures of that level's steady-state window; levels tried: met or broken).", "",
