@@ -40,8 +40,9 @@ def _run_rows(seed_text: str, module: str, skewed: bool) -> list[ResultRow]:
         rows = [r.model_copy(update={"run_id": "run-1", "module": module, "release": "1.4.2", "model_key": key})
                 for r in seed[key]]
         target = next(r for r in rows if r.profile == "128:128")
-        probes = [probe_row(_probe_result(target, 1.25 if skewed and key == "qwen3" else 1.0), target)]
-        checked, _ = cross_check(rows, probes)
+        result = _probe_result(target, 1.25 if skewed and key == "qwen3" else 1.0)
+        probes = [probe_row(result, target)]
+        checked, _, _ = cross_check(rows, [result])
         out += checked + probes
     return out
 
