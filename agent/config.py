@@ -44,7 +44,8 @@ class AgentConfig(BaseModel):
     probe: bool = Field(default=True, description="cross-check the release's benchmark with the agent's probe")
     probe_profiles: tuple[str, ...] = Field(default=("128:128",), description="sweep profiles the probe runs "
                                             "(those of a key's release rows)")
-    probe_requests: int = Field(default=3, ge=1, description="measured probe requests per profile (median of 3)")
+    probe_requests: int = Field(default=5, ge=1, description="measured probe requests per profile (their median; "
+                                "the spread of all but the first is the cross-check's noise)")
     probe_warmup: int = Field(default=0, ge=0, description="probe warm-up requests (the benchmark warmed the server)")
     probe_tolerance: float = Field(default=0.02, gt=0, lt=1, description="release vs probe, relative: the least "
                                    "band (the measured noise widens it)")

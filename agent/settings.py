@@ -78,8 +78,10 @@ class AgentSettings(BrokerSettings):
         return [Path(os.path.realpath(p.expanduser())) for p in (work / "incoming", work / "releases", *extra)]
     probe: bool = Field(default=True, description="cross-check each key's release benchmark with the agent's probe")
     probe_profiles: str = Field(default="128:128", description="sweep profiles the probe runs, comma separated")
-    probe_requests: int = Field(default=3, ge=1,
-                                description="measured probe requests per profile (their median is the probe's figure)")
+    probe_requests: int = Field(default=5, ge=1,
+                                description="measured probe requests per profile (their median is the probe's figure; "
+                                            "the first kept apart, the others' spread is the noise the cross-check "
+                                            "judges with)")
     probe_tolerance: float = Field(default=0.02, gt=0, lt=1,
                                    description="the least relative difference of release and probe figures that can "
                                                "flag a row release_benchmark_disagrees (above it, the measured noise "

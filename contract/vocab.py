@@ -52,8 +52,8 @@ class Disagreement(Frozen):
 
     def one_line(self) -> str:
         band = "" if self.noise is None or self.why else f", beyond the noise band of +-{self.noise:.1%}"
-        line = (f"{self.model_key} {self.profile} {self.metric}: release {self.release:.4g}, probe {self.probe:.4g} "
-                f"({self.change:+.1%}{band})")
+        where = f"{self.model_key} {self.profile}".strip()
+        line = f"{where} {self.metric}: release {self.release:.4g}, probe {self.probe:.4g} ({self.change:+.1%}{band})"
         return f"{line}: {self.why}" if self.why else line
 
 

@@ -10,12 +10,13 @@ For TTFT and TPOT (the tok/s figures are their inverses and share their relative
 
 - the probe's *first* request (right after the release's benchmark, as the release's first measured request
   comes right after its warm-up) is kept apart; the others are the *usual* requests;
-- the **noise** is the standard error of the difference of two medians: with ``repeat`` >= 2 rounds, from the
-  spread of the probe's per-round medians (a round is what the release's median is: one value of it, sd s;
-  the probe's mean of R rounds, s / sqrt(R)); with one round, from the spread s of the usual requests (the
-  probe's median of n: 1.2533 s / sqrt(n); the release's median of m >= 2 requests: at most s / sqrt(2));
-- the **band** is ``K`` (3) times that noise plus a floor (``tolerance`` of the probe's figure, at least the
-  clock's and transport's resolution): a release figure inside the band agrees;
+- the **noise** is the standard error of the difference of two medians, from the spread s of the usual requests
+  (of every round, with ``repeat`` >= 2): the probe's median of n, 1.2533 s / sqrt(n); the release's median of
+  m >= 2 requests of one round, at most s / sqrt(2), or s over rounds (their drift is in s and a median does not
+  average it away);
+- the **band** is t(0.9995, n - 1) times that noise (two-sided 0.1 % by chance per figure: a run judges some
+  forty) plus a floor (``tolerance`` of the probe's figure, at least the clock's and transport's resolution): a
+  release figure inside the band agrees;
 - a figure outside the band and on the side of the probe's first request is **explained** (not flagged) when
   the first request stands out (beyond the band from the usual ones) and a median of two that includes it
   falls within the band of the release's figure: "the first request after warm-up is 1.7x the others: a
@@ -30,6 +31,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
+from agent.probe.intervals import t9995
 from agent.probe.records import ProfileResult, RequestResult, Stat
 from agent.probe.sweep import SweepResult
 from contract.records import ResultRow
@@ -39,7 +41,6 @@ from contract.vocab import Disagreement as Disagreement
 
 FLAG = "release_benchmark_disagrees"
 DEFAULT_TOLERANCE = 0.02  # the least relative band: below it a difference is not told apart from rounding
-NOISE_K = 3.0  # the band: this many standard errors of the difference (about 1 in 370 by chance, per figure)
 FLOOR_MS = {"ttft_ms": 0.5, "tpot_ms": 0.02}  # clock and transport resolution of one figure (two clients)
 BASE = {"ttft_ms": "ttft_ms", "prefill_tps": "ttft_ms", "tpot_ms": "tpot_ms", "decode_tps": "tpot_ms"}
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # the median of n normal values: sd x 1.2533 / sqrt(n)
@@ -57,17 +58,16 @@ def _values(rs: Iterable[RequestResult], metric: str) -> list[float]:
 def _band(r: ProfileResult, metric: str, centre: float, tolerance: float) -> tuple[float, str]:
     """The half-width of the band around the probe's ``metric`` (ms), and how it was measured."""
     floor = max(FLOOR_MS[metric], tolerance * centre)
-    rounds = r.intervals.get(f"{metric.removesuffix('_ms')}_p50_ms")
-    if rounds is not None and rounds.n >= 2:  # the t interval's half-width back to the spread of round medians
-        from agent.probe.intervals import t975
-
-        sd = rounds.half_width * math.sqrt(rounds.n) / t975(rounds.n - 1)
-        return NOISE_K * sd * math.sqrt(1 + 1 / rounds.n) + floor, f"{rounds.n} rounds"
     usual = _values(r.samples[1:], metric)
-    if len(usual) >= 2:
-        sd = statistics.stdev(usual)
-        return NOISE_K * sd * math.sqrt(_MEDIAN_SE**2 / len(usual) + 0.5) + floor, f"{len(usual)} requests"
-    return floor, "no spread measured"
+    if len(usual) < 2:
+        return floor, "no spread measured"
+    sd = statistics.stdev(usual)
+    # the release's figure: a median of m >= 2 requests of one round (at most sd / sqrt(2)); over rounds, the
+    # spread seen includes their drift, which a median does not average away: sd
+    release = 1.0 if r.repeats > 1 else 0.5
+    se = sd * math.sqrt(_MEDIAN_SE**2 / len(usual) + release)
+    how = f"{r.repeats} rounds, {len(usual)} requests" if r.repeats > 1 else f"{len(usual)} requests"
+    return t9995(len(usual) - 1) * se + floor, how
 
 
 def noise_bands(r: ProfileResult, tolerance: float = DEFAULT_TOLERANCE) -> dict[str, float]:
@@ -149,11 +149,12 @@ def judge(release: ResultRow, r: ProfileResult, tolerance: float = DEFAULT_TOLER
         first = _values(r.samples[:1], base)
         usual = _values(r.samples[1:], base)
         name = base.removesuffix("_ms").upper()
+        where = f"{release.model_key} {release.profile}".strip()
         if first and usual:
             f = first[0] / statistics.median(usual)
             both = b * (1 + f) / 2  # a median of two that includes such a first request
             if abs(first[0] - statistics.median(usual)) > half and abs(a - both) <= half:
-                notes.append(f"{release.model_key} {release.profile} {name}: the first request after warm-up is "
+                notes.append(f"{where} {name}: the first request after warm-up is "
                              f"{f:.2f}x the others (the probe's first, right after the release's benchmark): a "
                              f"median of 2 that includes it is {both / b:.2f}x the probe's, the release's is "
                              f"{a / b:.2f}x; not flagged")

@@ -6,9 +6,10 @@ import math
 import statistics
 
 import pytest
+from scipy import stats
 
 from agent.probe.compare import FLAG, cross_check, probe_row
-from agent.probe.intervals import t_interval
+from agent.probe.intervals import t9995, t_interval
 from agent.probe.records import LoadShape, ProfileResult, RequestResult, Stat
 from contract.records import ResultRow
 
@@ -67,20 +68,22 @@ def test_a_release_figure_beyond_the_measured_noise_is_flagged_and_says_which_mo
     assert [d.metric for d in found] == ["ttft_ms", "prefill_tps"]
     d = found[0]
     assert d.release == 120.0 and d.probe == 100.0 and d.change == pytest.approx(0.2)
-    # band: 3 x sd x sqrt(1.5708 / 4 + 0.5) + max(0.5 ms, 2 % of 100 ms)
+    # band: t(0.9995, 3) x sd x sqrt(1.5708 / 4 + 0.5) + max(0.5 ms, 2 % of 100 ms)
     sd = statistics.stdev([100.5, 99.5, 100.0, 100.2])
-    band = 3 * sd * math.sqrt(math.pi / 2 / 4 + 0.5) + 2.0
-    assert d.noise == pytest.approx(band / 100)
+    band = stats.t.ppf(0.9995, 3) * sd * math.sqrt(math.pi / 2 / 4 + 0.5) + 2.0
+    assert d.noise == pytest.approx(band / 100, rel=1e-4)
     assert "the release moved: its figure is outside every usual probe request (99.5-100.5 ms)" in d.why
     assert f"beyond the noise band of +-{band:.3g} ms (4 requests" in d.why
     assert d.one_line().startswith(f"qwen3 128:128 ttft_ms: release 120, probe 100 (+20.0%): TTFT {20 - band:.3g} ms")
 
 
 def test_within_the_measured_noise_nothing_is_flagged_however_far_from_five_percent():
-    noisy = sampled([100.0, 80.0, 120.0, 100.0, 90.0, 110.0])  # sd 15.8 ms: a band of about +-45 ms
-    rows, found, _ = cross_check([release_row(ttft_ms=130.0, prefill_tps=128 / 130 * 1000)], [noisy])
-    assert found == [] and rows[0].flags == ()  # +30 %: within the noise of both clients
-    quiet = sampled([100.0, 100.1, 99.9, 100.0])
+    noisy = sampled([100.0, 97.0, 103.0, 100.0, 98.0, 102.0])  # sd 2.5 ms: a band of about +-22 ms
+    rows, found, _ = cross_check([release_row(ttft_ms=115.0, prefill_tps=128 / 115 * 1000)], [noisy])
+    assert found == [] and rows[0].flags == ()  # +15 %: within the noise of both clients
+    rows, found, _ = cross_check([release_row(ttft_ms=125.0, prefill_tps=128 / 125 * 1000)], [noisy])
+    assert rows[0].flags == (FLAG,)
+    quiet = sampled([100.0, 100.02, 99.98, 100.0, 100.01, 99.99])
     rows, found, _ = cross_check([release_row(ttft_ms=101.9, prefill_tps=128 / 101.9 * 1000)], [quiet])
     assert found == []  # +1.9 %: under the 2 % floor
     rows, found, _ = cross_check([release_row(ttft_ms=101.9, prefill_tps=128 / 101.9 * 1000)], [quiet],
@@ -102,16 +105,26 @@ def test_a_slow_first_request_in_a_median_of_two_is_explained_not_flagged():
     assert rows[0].flags == (FLAG,)  # the whole figure that slow: no median of two explains it
 
 
-def test_with_rounds_the_noise_is_the_spread_of_their_medians():
-    iv = t_interval([100.0, 110.0, 90.0])  # three rounds' TTFT p50: sd 10 ms
+def test_with_rounds_every_usual_request_of_every_round_is_the_noise_and_drift_is_in_it():
+    iv = t_interval([100.0, 104.0, 96.0])  # three rounds' TTFT p50
     assert iv is not None
-    r = sampled([100.0, 100.0, 100.0], intervals={"ttft_p50_ms": iv}, repeats=3)
-    band = 3 * 10.0 * math.sqrt(1 + 1 / 3) + 2.0  # one release round against the mean of three: 36.6 ms
+    each = [100.0, 99.0, 101.0, 104.0, 103.0, 105.0, 96.0, 95.0, 97.0]  # three rounds of three, drifting
+    r = sampled(each, intervals={"ttft_p50_ms": iv}, repeats=3)
+    usual = each[1:]
+    band = stats.t.ppf(0.9995, 7) * statistics.stdev(usual) * math.sqrt(math.pi / 2 / 8 + 1) + 2.0
     rows, found, _ = cross_check([release_row(ttft_ms=99 + band, prefill_tps=128 / (99 + band) * 1000)], [r])
     assert found == []
     rows, found, _ = cross_check([release_row(ttft_ms=101 + band, prefill_tps=128 / (101 + band) * 1000)], [r])
-    assert found[0].noise == pytest.approx(band / 100, rel=1e-3) and "(3 rounds" in found[0].why
+    assert found[0].noise == pytest.approx(band / 100, rel=1e-3) and "(3 rounds, 8 requests" in found[0].why
     p = probe_row(r, release_row())
     assert p.extra["ttft_p50_ms_ci95"] == f"{iv.low:.6g},{iv.high:.6g}" and p.extra["probe_repeats"] == "3"
     assert float(p.extra["probe_band_ttft_ms"]) == pytest.approx(band / 100, rel=1e-3)
-    assert p.extra["probe_ttft_each_ms"] == "100,100,100" and p.extra["probe_first_byte_each_ms"] == "50,50,50"
+    assert p.extra["probe_ttft_each_ms"].split(",")[:3] == ["100", "99", "101"]
+    assert p.extra["probe_first_byte_each_ms"].split(",")[:2] == ["50", "49.5"]
+
+
+def test_the_bands_t_quantiles_are_students():
+    assert [t9995(df) for df in (1, 3, 10, 30)] == pytest.approx([stats.t.ppf(0.9995, df) for df in (1, 3, 10, 30)],
+                                                                 abs=1e-3)
+    assert [t9995(df) for df in (31, 60, 500)] == pytest.approx([stats.t.ppf(0.9995, df) for df in (31, 60, 500)],
+                                                                rel=2e-3)
