@@ -62,7 +62,8 @@ def test_probe_rows_match_the_seed_and_add_little_to_a_key(sim, seed_text):
     probes = [r for r in result.rows if r.source == "probe"]
     assert len(release) == 11 and result.progress.outcomes[0].rows == 11
     (p,) = probes
-    assert p.profile == "128:128" and p.extra["probe_ok"] == "3" and p.extra["probe_time_scale"] == "50"
+    assert p.profile == "128:128" and p.extra["probe_ok"] == "5" and p.extra["probe_time_scale"] == "50"
+    assert p.extra["probe_prompt"] == "words"  # text: the simulator has no /detokenize, w<id> words
     assert not p.flags and not any(r.flags for r in release)
     seed = {r.profile: r for r in parse_seed(seed_text)["qwen3"]}["128:128"]
     for m in ("ttft_ms", "tpot_ms", "prefill_tps", "decode_tps"):
