@@ -181,9 +181,15 @@ def test_probe_repeat_puts_intervals_in_the_rows_and_fleetctl_report_shows_them(
         history.upsert_rows(res.rows)
     finally:
         history.close()
-    out = subprocess.run([sys.executable, "-m", "controller", "--history", str(tmp_path / "history.sqlite"),
-                          "report", "rounds"], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                         env={k: v for k, v in os.environ.items() if not k.startswith("FLEET_")})
+    def report(fmt: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "controller", "--history", str(tmp_path / "history.sqlite"),
+                               "report", "rounds", "--format", fmt], capture_output=True, text=True, timeout=120,
+                              cwd=ROOT, env={k: v for k, v in os.environ.items() if not k.startswith("FLEET_")})
+
+    doc = json.loads(report("json").stdout)
+    assert {(x["model_key"], x["figure"], x["repeats"]) for x in doc["probe_intervals"]} >= {
+        ("qwen3", "ttft_p50_ms", 3), ("qwen35", "tpot_p50_ms", 2)}
+    out = report("md")
     assert out.returncode == 0, out.stderr
     section = out.stdout.split("## Probe intervals")[1].split("\n## ")[0]
     assert "| sim-1 | qwen3 | 128:128 | ttft_p50_ms |" in section and "| 3 |" in section
