@@ -120,7 +120,8 @@ def test_report_without_disagreement_says_so(tmp_path: Path, seed_text: str) -> 
     try:
         rep = build_report(h, "run-1")
         assert rep.disagreements == () and "disagrees" not in verdict_line(rep)
-        assert "every figure agrees within 5%" in to_markdown(rep)
+        assert "every figure agrees within the noise band the agent measured beside each (rows without one: 5%)" \
+            in to_markdown(rep)
     finally:
         h.close()
 

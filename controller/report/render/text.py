@@ -143,12 +143,14 @@ def startup_lines(r: Report) -> list[str]:
 
 def probe_text(r: Report) -> str:
     """One sentence about the cross-check with the agent's probe (when nothing disagrees)."""
+    within = (f"the noise band the agent measured beside each (rows without one: {r.thresholds.probe_tolerance:.0%})"
+              if r.probe_checked else "")
     if r.disagreements:
-        return (f"{len(r.disagreements)} figure(s) where the release's benchmark and the agent's probe differ by more "
-                f"than {r.thresholds.probe_tolerance:.0%} (change: release / probe - 1).")
+        return (f"{len(r.disagreements)} figure(s) where the release's benchmark and the agent's probe differ beyond "
+                f"{within} (change: release / probe - 1).")
     if r.probe_checked:
-        return (f"None: {r.probe_checked} release row(s) have a probe row beside them; every figure agrees "
-                f"within {r.thresholds.probe_tolerance:.0%}.")
+        return (f"None: {r.probe_checked} release row(s) have a probe row beside them; every figure agrees within "
+                f"{within}.")
     return "No probe rows in this run."
 
 
