@@ -233,8 +233,8 @@ class ProbeApi(str, Enum):
 
 
 class PromptKind(str, Enum):
-    ids = "ids"
     text = "text"
+    ids = "ids"
 
 
 class CacheMode(str, Enum):
@@ -275,7 +275,8 @@ def probe(
     output_len: int = typer.Option(100, "--output-len", help="max_tokens (ignore_eos where the server takes it)"),
     api: ProbeApi = typer.Option(ProbeApi.completions, "--api", help="/v1/completions or /v1/chat/completions"),
     images: int = typer.Option(0, "--images", help="image_url parts per chat request"),
-    prompt: PromptKind = typer.Option(PromptKind.ids, "--prompt", help="completions prompts: token ids or words"),
+    prompt: PromptKind = typer.Option(PromptKind.text, "--prompt", help="completions prompts: text (the server "
+                                      "tokenizes, as bench_serving's clients do) or token ids"),
     slo: str | None = typer.Option(None, "--slo", help="goodput objectives: ttft_ms=..,tpot_ms=..,e2e_ms=.."),
     fmt: ProbeFormat = typer.Option(ProbeFormat.table, "--format", help="table or json on stdout"),
     timeout: float = typer.Option(600.0, "--timeout", help="one request, send to end, s"),
@@ -380,7 +381,8 @@ def _ms(stat: Any, q: str = "p50") -> str:
 def _probe_table(report: Any, out: Console, err: Console) -> None:
     scale = f", time scale {report.time_scale:g}" if report.time_scale != 1 else ""
     fields = "" if report.engine_fields else ", engine-specific fields refused by the server"
-    title = f"probe {report.base_url} {report.model} ({report.api}{scale}, cache {report.cache}{fields}); times in ms"
+    title = (f"probe {report.base_url} {report.model} ({report.api}, prompts as {report.prompt}{scale}, cache "
+             f"{report.cache}{fields}); times in ms")
     table = _table("profile", "load", "ok/sent", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99", "ITL p50",
                   "p99", "E2E p50", "p99", "out tok/s", "req/s", "goodput/s", "tok/chunk", "accept", title=title)
     for r in report.results:

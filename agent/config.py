@@ -44,9 +44,13 @@ class AgentConfig(BaseModel):
     probe: bool = Field(default=True, description="cross-check the release's benchmark with the agent's probe")
     probe_profiles: tuple[str, ...] = Field(default=("128:128",), description="sweep profiles the probe runs "
                                             "(those of a key's release rows)")
-    probe_requests: int = Field(default=3, ge=1, description="measured probe requests per profile (median of 3)")
+    probe_requests: int = Field(default=5, ge=1, description="measured probe requests per profile (their median; "
+                                "the spread of all but the first is the cross-check's noise)")
     probe_warmup: int = Field(default=0, ge=0, description="probe warm-up requests (the benchmark warmed the server)")
-    probe_tolerance: float = Field(default=0.05, gt=0, lt=1, description="release vs probe, relative")
+    probe_tolerance: float = Field(default=0.02, gt=0, lt=1, description="release vs probe, relative: the least "
+                                   "band (the measured noise widens it)")
+    probe_repeat: int = Field(default=1, ge=1, le=20, description="rounds of the per-key probe (a key's "
+                              "PROBE_REPEAT variable overrides it)")
     probe_timeout: float = Field(default=600.0, gt=0, description="one probe request, wall s")
     probe_sweep_slo: str = Field(default="", description="SLO of the per-key SLO sweep (empty: no sweep)")
     probe_sweep_budget: float = Field(default=300.0, gt=0, description="one key's SLO sweep, wall s")
@@ -67,7 +71,8 @@ class AgentConfig(BaseModel):
                                          period_s=settings.telemetry_period or 1.0,
                                          min_samples=settings.telemetry_min_samples),
             "probe": settings.probe, "probe_requests": settings.probe_requests,
-            "probe_tolerance": settings.probe_tolerance, "probe_sweep_slo": settings.probe_sweep_slo,
+            "probe_tolerance": settings.probe_tolerance, "probe_repeat": settings.probe_repeat,
+            "probe_sweep_slo": settings.probe_sweep_slo,
             "probe_sweep_budget": settings.probe_sweep_budget, "warmup_request": settings.warmup_request,
             "probe_profiles": tuple(p.strip() for p in settings.probe_profiles.split(",") if p.strip()),
             "kernel_cache": KernelCacheConfig(root=settings.kernel_cache_root(),
@@ -76,3 +81,17 @@ class AgentConfig(BaseModel):
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+PROBE_REPEAT_VAR = "PROBE_REPEAT"  # a key's variable (MODEL_KEYS env, configured or requested key_env)
+
+
+def key_probe_repeat(kenv: dict[str, str], default: int) -> tuple[int, str | None]:
+    """The rounds of a key's probe: its ``PROBE_REPEAT`` variable, else ``default``; with why a bad value was
+    set aside (the key still runs, with ``default``)."""
+    raw = kenv.get(PROBE_REPEAT_VAR)
+    if raw is None or not raw.strip():
+        return default, None
+    if not raw.strip().isdigit() or not 1 <= int(raw) <= 20:
+        return default, f"{PROBE_REPEAT_VAR}={raw!r}: a whole number from 1 to 20 (the setting's {default} used)"
+    return int(raw), None

@@ -165,7 +165,7 @@ def benchmark(run: Run, top: Path, env: dict[str, str], key: str, kenv: dict[str
     run.event("benchmark", "ok" if err is None else "failed", key, duration_s=res.duration_s,
                exit_code=res.exit_code, message=said if err is None else err.message)
     if err is None and run.cfg.probe:
-        rows = cross_probe(run, key, rows, server, log_path)
+        rows = cross_probe(run, key, rows, server, log_path, kenv)
         if run.cfg.probe_sweep_slo:
             rows = sweep_capacity(run, key, rows, server, log_path)
     if err is None:
@@ -194,21 +194,26 @@ def key_energy(run: Run, rows: list[ResultRow], start: float, end: float, idle_b
     append_log(log_path, [describe(energy)])
     return with_energy(rows, energy)
 
-def cross_probe(run: Run, key: str, rows: list[ResultRow], server: Any, log_path: Path) -> list[ResultRow]:
+def cross_probe(run: Run, key: str, rows: list[ResultRow], server: Any, log_path: Path,
+                kenv: dict[str, str] | None = None) -> list[ResultRow]:
     """The agent's own client on some of the key's profiles, while the server still runs: probe
-    rows beside the release's, release rows flagged where the two disagree (lines appended to the
-    benchmark's log). Never fails the key."""
+    rows beside the release's, release rows flagged where the two disagree beyond the measured noise (lines
+    appended to the benchmark's log). Never fails the key."""
+    from agent.config import key_probe_repeat
     from agent.probe import ProbeConfig, cross_check, probe_row, run_probe
 
     like = {r.profile: r for r in rows if r.table == "sweep"}
     wanted = [p for p in run.cfg.probe_profiles if p in like]
     if not wanted:
         return rows
+    repeat, bad = key_probe_repeat(kenv or {}, run.cfg.probe_repeat)
+    if bad is not None:
+        append_log(log_path, [f"probe: {bad}"])
     run.emit(step="probe", model_key=key)
     run.event("probe", "start", key)
     t0 = time.monotonic()
     cfg = ProbeConfig(base_url=f"http://{run.cfg.server_host}:{run.cfg.server_port}", profiles=tuple(wanted),
-                      requests=run.cfg.probe_requests, warmup=run.cfg.probe_warmup,
+                      requests=run.cfg.probe_requests, warmup=run.cfg.probe_warmup, repeat=repeat,
                       output_len=like[wanted[0]].output_tokens or 100, timeout_s=run.cfg.probe_timeout)
     try:
         report = run_probe(cfg, stop=lambda: run.cancelled() or not server.alive())
@@ -220,21 +225,28 @@ def cross_probe(run: Run, key: str, rows: list[ResultRow], server: Any, log_path
     if run.cancelled():
         raise Cancelled("probe", key)
     tol = run.cfg.probe_tolerance
-    probes = [probe_row(r, like[r.profile], tolerance=tol) for r in report.results if r.profile in like]
-    checked, found = cross_check(rows, probes, tol)
-    lines = [f"probe {report.base_url} model {report.model}, time scale {report.time_scale:g}, engine fields "
-             f"{'sent' if report.engine_fields else 'refused'}"
-             + ("" if report.token_ids else ", token-id prompts refused (sent as words)")]
+    results = [r for r in report.results if r.profile in like]
+    probes = [probe_row(r, like[r.profile], tolerance=tol) for r in results]
+    checked, found, notes = cross_check(rows, results, tol)
+    lines = [f"probe {report.base_url} model {report.model}, time scale {report.time_scale:g}, prompts as "
+             f"{report.prompt}, engine fields {'sent' if report.engine_fields else 'refused'}"
+             + (f", {repeat} rounds" if repeat > 1 else "")]
     for p in probes:
         errs = f", errors {p.extra['probe_errors']}" if "probe_errors" in p.extra else ""
+        each = p.extra.get("probe_ttft_each_ms", "")
         lines.append(f"{p.profile}: TTFT {p.ttft_ms} ms, TPOT {p.tpot_ms} ms ({p.extra.get('probe_ok')}/"
-                     f"{p.extra.get('probe_requests')} ok{errs})")
-    lines += [f"release benchmark disagrees (> {tol:.0%}): {d.one_line()}" for d in found]
+                     f"{p.extra.get('probe_requests')} ok{errs}); each TTFT in ms, first right after the release's "
+                     f"benchmark: {each}")
+        ci = [f"{k.removesuffix('_ci95')} [{v.replace(',', ', ')}]" for k, v in p.extra.items() if k.endswith("_ci95")]
+        if ci:
+            lines.append(f"{p.profile}: 95 % intervals over {p.extra.get('probe_repeats')} rounds: {'; '.join(ci)}")
+    lines += [f"release benchmark disagrees beyond the measured noise: {d.one_line()}" for d in found]
+    lines += [f"release and probe differ, explained: {n}" for n in notes]
     append_log(log_path, lines)
     errors = report.errors
     run.event("probe", "failed" if errors else "ok", key, duration_s=time.monotonic() - t0,
                message=f"{len(probes)} profile(s), {len(found)} disagreement(s)"
-               + (f", errors {errors}" if errors else ""))
+               + (f", {len(notes)} explained" if notes else "") + (f", errors {errors}" if errors else ""))
     return checked + probes
 
 

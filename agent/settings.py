@@ -78,11 +78,18 @@ class AgentSettings(BrokerSettings):
         return [Path(os.path.realpath(p.expanduser())) for p in (work / "incoming", work / "releases", *extra)]
     probe: bool = Field(default=True, description="cross-check each key's release benchmark with the agent's probe")
     probe_profiles: str = Field(default="128:128", description="sweep profiles the probe runs, comma separated")
-    probe_requests: int = Field(default=3, ge=1,
-                                description="measured probe requests per profile (their median is the probe's figure)")
-    probe_tolerance: float = Field(default=0.05, gt=0, lt=1,
-                                   description="relative difference of release and probe figures that flags a row "
-                                               "release_benchmark_disagrees")
+    probe_requests: int = Field(default=5, ge=1,
+                                description="measured probe requests per profile (their median is the probe's figure; "
+                                            "the first kept apart, the others' spread is the noise the cross-check "
+                                            "judges with)")
+    probe_tolerance: float = Field(default=0.02, gt=0, lt=1,
+                                   description="the least relative difference of release and probe figures that can "
+                                               "flag a row release_benchmark_disagrees (above it, the measured noise "
+                                               "decides)")
+    probe_repeat: int = Field(default=1, ge=1, le=20,
+                              description="rounds of the per-key probe: figures pooled, each with its 95 % interval "
+                                          "over the rounds, the noise judged from their spread (a key's PROBE_REPEAT "
+                                          "variable overrides it)")
     probe_sweep_slo: str = Field(default="", description="an SLO (e.g. ttft_p90_ms=4000,tpot_p90_ms=60) turns on the "
                                  "probe's SLO sweep per key: the capacity at SLO of the first probed profile; empty: "
                                  "off")

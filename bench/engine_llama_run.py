@@ -19,13 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import record
@@ -109,6 +112,70 @@ def record_streams(server: str, models: Path, device: str, port: int, dest: Path
     print(f"streams written to {dest}")
 
 
+class NvmlCounter:
+    """NVML's cumulative energy counter of GPU 0 read every 0.1 s in a thread (pynvml), when there is one."""
+
+    def __init__(self) -> None:
+        self.readings: list[tuple[float, float]] = []  # (epoch s, joules)
+        self.why = ""
+        self._stop = threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+        except Exception as exc:  # no pynvml, no driver, no GPU, no counter: said once, the run goes on
+            self.why = f"{type(exc).__name__}: {exc}"
+            self._thread: threading.Thread | None = None
+            return
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                self.readings.append((time.time(), pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000))
+                self._stop.wait(0.1)
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def joules(self, start: float, end: float) -> float | None:
+        """The counter's energy over [start, end], linear between the readings around each edge."""
+        def at(t: float) -> float | None:
+            for (t0, j0), (t1, j1) in zip(self.readings, self.readings[1:], strict=False):
+                if t0 <= t <= t1:
+                    return j0 + (j1 - j0) * (t - t0) / (t1 - t0) if t1 > t0 else j0
+            return None
+
+        a, b = at(start), at(end)
+        return None if a is None or b is None else b - a
+
+
+def energy_lines(rows: list[Any], nvml: NvmlCounter) -> list[str]:
+    """Each key's energy as the agent measured it beside NVML's counter over the same window."""
+    out = ["\n## energy per key: the agent's figure against NVML's counter over its benchmark window"]
+    if nvml.why:
+        return [*out, f"NVML's counter: not read ({nvml.why})"]
+    seen: set[str] = set()
+    for r in rows:
+        if r.source != "release" or r.model_key in seen:
+            continue
+        seen.add(r.model_key)
+        w = r.energy
+        if w is None or r.energy_j is None:
+            out.append(f"{r.model_key:<14} agent: none ({w.note if w is not None else 'no window'})")
+            continue
+        ref = nvml.joules(w.start, w.end)
+        ratio = f"{r.energy_j / ref:.4f}" if ref else "n/a"
+        out.append(f"{r.model_key:<14} window {w.window_s:.2f} s, agent {r.energy_j:.2f} J ({w.source}), NVML "
+                   f"counter {ref if ref is None else round(ref, 2)} J, agent/counter {ratio}")
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -121,6 +188,9 @@ def main() -> int:
     p.add_argument("--port", type=int, default=31788)
     p.add_argument("--out", default="")
     p.add_argument("--streams", default="", help="also record real streams into this file")
+    p.add_argument("--probe-profiles", default="", help="the agent's probe_profiles (default: its own, 128:128)")
+    p.add_argument("--probe-repeat", type=int, default=1, help="the agent's probe_repeat")
+    p.add_argument("--telemetry-period", type=float, default=None, help="the agent's telemetry period, s")
     args = p.parse_args()
     size = args.size or ("tiny" if args.device == "cpu" else "gpu")
     built = installed()
@@ -137,13 +207,24 @@ def main() -> int:
     make_llama_models(root / "models", src.src, size=size)
     made = time.monotonic() - t0
     env = {**os.environ, "M1000_LLAMA_SERVER": server, "M1000_LLAMA_DEVICE": args.device}
+    probe: dict[str, Any] = {"probe_repeat": args.probe_repeat}
+    if args.probe_profiles:
+        probe["probe_profiles"] = tuple(x.strip() for x in args.probe_profiles.split(",") if x.strip())
+    if args.telemetry_period is not None:
+        from agent.telemetry import TelemetryConfig
+
+        probe["telemetry"] = TelemetryConfig(enabled=args.telemetry_period > 0, period_s=args.telemetry_period or 1.0)
     cfg = AgentConfig(module="llama-bench", workdir=root / "work", server_port=args.port, base_env=env,
-                      ready_timeout=600, benchmark_timeout=1800)
+                      ready_timeout=600, benchmark_timeout=1800, **probe)
+    nvml = NvmlCounter()
     req = RunRequest(run_id="llama-bench", module="llama-bench", tarball=str(rel.path), sha256=rel.sha256,
                      release=rel.version, models=tuple(MODEL_KEYS), model_root=str(root / "models"))
     self0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     w0 = time.monotonic()
-    result = run_pipeline(req, cfg)
+    try:
+        result = run_pipeline(req, cfg)
+    finally:
+        nvml.stop()
     wall = time.monotonic() - w0
     self1, kids1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     events = RunStore(root / "work").events(req.run_id)
@@ -165,8 +246,12 @@ def main() -> int:
     print("\n## the agent's probe beside the release (from each key's benchmark log)")
     for log in sorted((root / "work" / "runs" / req.run_id / "logs").glob("*benchmark-*.log")):
         for line in log.read_text(encoding="utf-8").splitlines():
-            if "[agent] probe" in line or "[agent] release benchmark disagrees" in line or "[agent] 128:128" in line:
+            if "[agent] probe" in line or "[agent] release" in line or re.search(r"\[agent\] \d+:\d+: ", line):
                 print(f"{log.name.split('benchmark-')[1].removesuffix('.log'):<14} {line.split('[agent] ', 1)[1]}")
+    print("\n".join(energy_lines(list(result.rows), nvml)))
+    flagged = [r for r in result.rows if r.source == "release" and "release_benchmark_disagrees" in r.flags]
+    print(f"\nrelease rows flagged release_benchmark_disagrees: {len(flagged)}"
+          + "".join(f"\n  {r.model_key} {r.profile}" for r in flagged))
     print("\n## steps (s)")
     child = 0.0
     for e in events:

@@ -47,10 +47,30 @@ class Disagreement(Frozen):
     release: float
     probe: float
     change: float  # release / probe - 1
+    noise: float | None = None  # the band the difference was judged against, relative to the probe's figure
+    why: str = ""  # which of the two moved and by how much beyond the noise
 
     def one_line(self) -> str:
-        return (f"{self.model_key} {self.profile} {self.metric}: release {self.release:.4g}, probe {self.probe:.4g} "
-                f"({self.change:+.1%})")
+        band = "" if self.noise is None or self.why else f", beyond the noise band of +-{self.noise:.1%}"
+        where = f"{self.model_key} {self.profile}".strip()
+        line = f"{where} {self.metric}: release {self.release:.4g}, probe {self.probe:.4g} ({self.change:+.1%}{band})"
+        return f"{line}: {self.why}" if self.why else line
+
+
+class ProbeInterval(Frozen):
+    """One figure of a per-key probe repeated ``repeats`` times (``probe_repeat``): its 95 % t interval."""
+
+    module: str = ""
+    model_key: str = ""
+    profile: str
+    figure: str  # e.g. ttft_p50_ms, tpot_p90_ms, output_tps
+    low: float
+    high: float
+    repeats: int
+
+    def one_line(self) -> str:
+        return (f"{self.model_key} {self.profile} {self.figure}: {(self.low + self.high) / 2:.4g} "
+                f"[{self.low:.4g}, {self.high:.4g}] over {self.repeats} rounds")
 
 
 # --------------------------------------------------------------------------- the probe's SLO sweep

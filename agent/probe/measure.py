@@ -62,6 +62,7 @@ class Exchange:
 
     status: int | None = None
     reads: list[tuple[int, bytes]] = field(default_factory=list)  # body bytes as they arrived (de-chunked)
+    head_ns: int | None = None  # the status line arrived (the answer's first byte)
     end_ns: int = 0  # the body ended (or the exchange failed)
     error: ErrorKind | None = None  # transport failure: timeout, connection, broken_stream
     detail: str = ""
@@ -115,7 +116,8 @@ def _error_message(body: bytes) -> str:
 def interpret(ex: Exchange, *, scale: float = 1.0, tokenizer: Tokenizer | None = None, index: int = 0,
               start_s: float = 0.0) -> RequestResult:
     """The figures of one request, or the kind of error that made it fail (never dropped)."""
-    base: dict[str, Any] = {"index": index, "start_s": start_s}
+    base: dict[str, Any] = {"index": index, "start_s": start_s,
+                            "first_byte_ms": None if ex.head_ns is None else ex.head_ns * scale / 1e6}
     if ex.status is None:
         return _fail(ex.error or "connection", ex.detail or "no HTTP answer", **base)
     if ex.status != 200:

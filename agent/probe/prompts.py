@@ -5,10 +5,14 @@ which the first ``input_len - prefill_len`` are a prefix shared by every request
 profile (warmed first by a request that is not measured, as the seed's tables do) and the
 last ``prefill_len`` are new to each request. ``128:128`` has no shared prefix.
 
-``/v1/completions`` prompts are token ids (exact lengths on sglang and vLLM; ids in
-``[1000, 30000)``, valid in any vocabulary of at least 30000) or, with ``prompt="text"``,
-words; ``/v1/chat/completions`` prompts are words in one text part plus ``images``
-``image_url`` parts (a 1x1 PNG as a data URL). With words the prompt's token count is the
+``/v1/completions`` prompts are drawn as token ids (ids in ``[1000, 30000)``, valid in any vocabulary of at
+least 30000) and sent as **text** by default, as sglang ``bench_serving``'s completions backend and the
+release's own benchmark send them (tokenizing the prompt is part of a client's TTFT): the server's
+``/detokenize`` writes the ids as text where it has one (sglang, vLLM, llama-server), else each id goes as
+the word ``w<id>`` (one token each on word-level vocabularies: the simulator's, the llama.cpp release's
+models). ``prompt="ids"`` sends the ids themselves (the server skips tokenizing). The mode is labelled in
+the results (:data:`PromptMode`). ``/v1/chat/completions`` prompts are words in one text part plus
+``images`` ``image_url`` parts (a 1x1 PNG as a data URL). With text the prompt's token count is the
 server's tokenizer's business: the server's ``usage.prompt_tokens`` is reported.
 
 Prompts are salted per run (cold by default: a server's prefix cache holds nothing of them).
@@ -21,16 +25,18 @@ array``) gets the same prompts as text, each id written as the word ``w<id>``, f
 
 from __future__ import annotations
 
+import json
 import random
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 from agent.probe.records import Api
+from agent.probe.records import PromptKind as PromptKind  # re-exported
+from agent.probe.records import PromptMode as PromptMode
 
 ENGINE_FIELDS = ("ignore_eos", "stream_options")
 PNG_1X1 = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQ"
            "AAAABJRU5ErkJggg==")
 ID_LO, ID_HI = 1000, 30000
-PromptKind = Literal["ids", "text"]
 
 
 class Profile(NamedTuple):
@@ -75,9 +81,8 @@ class Prompts:
     the same seed and salt give the same prompts.
     """
 
-    def __init__(self, seed: int = 0, kind: PromptKind = "ids", salt: str = "") -> None:
+    def __init__(self, seed: int = 0, salt: str = "") -> None:
         self.seed = seed
-        self.kind = kind
         self.salt = salt
 
     def _ids(self, tag: str, n: int) -> list[int]:
@@ -89,13 +94,13 @@ class Prompts:
 
     def prefix(self, p: Profile, api: Api) -> str | list[int]:
         tag = f"p{p.input_len}"
-        return self._ids(tag, p.prefix_len) if api == "completions" and self.kind == "ids" else \
-            self._words(tag, p.prefix_len)
+        return self._ids(tag, p.prefix_len) if api == "completions" else self._words(tag, p.prefix_len)
 
     def prompt(self, p: Profile, api: Api, tag: str) -> str | list[int]:
-        """The whole prompt of one request: the profile's shared prefix, then its own new part."""
+        """The whole prompt of one request: the profile's shared prefix, then its own new part (completions:
+        token ids, written as text by the session unless it sends ids)."""
         pre = self.prefix(p, api) if p.prefix_len else None
-        if api == "completions" and self.kind == "ids":
+        if api == "completions":
             return (pre or []) + self._ids(f"n{p.input_len}:{tag}", p.prefill_len)  # type: ignore[operator]
         new = self._words(f"n{p.input_len}x{tag}", p.prefill_len)
         return f"{pre} {new}" if pre else new
@@ -121,6 +126,20 @@ def body(api: Api, model: str, prompt: str | list[int], max_tokens: int, *, imag
 def ids_as_text(ids: list[int]) -> str:
     """Token ids as a text prompt of as many words (``w<id>``: one token each on word-level vocabularies)."""
     return " ".join(f"w{i}" for i in ids)
+
+
+def detokenized(status: int | None, raw: bytes) -> str | None:
+    """The text of a ``/detokenize`` answer (sglang ``text``, llama-server ``content``, vLLM ``prompt``), or None."""
+    if status != 200:
+        return None
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    text = next((obj[k] for k in ("text", "content", "prompt") if isinstance(obj.get(k), str)), None)
+    return text if text else None
 
 
 def rejects_token_ids(status: int | None, message: str) -> bool:

@@ -14,6 +14,8 @@ ErrorKind = Literal["http_status", "timeout", "connection", "broken_stream", "st
                     "empty_response"]
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 Api = Literal["completions", "chat"]
+PromptKind = Literal["text", "ids"]  # what the configuration asks for
+PromptMode = Literal["text", "words", "ids"]  # what went: detokenized text, ``w<id>`` words, token ids
 Cache = Literal["cold", "warm"]  # cold: prompts new to the server; warm: each sent once before it is measured
 
 
@@ -114,6 +116,7 @@ class RequestResult(Frozen):
     detail: str = ""
     status: int | None = None
     start_s: float = 0.0  # send instant, seconds after the measured phase began
+    first_byte_ms: float | None = None  # send to the answer's status line
     ttft_ms: float | None = None
     e2e_ms: float | None = None
     tpot_ms: float | None = None
@@ -166,9 +169,13 @@ class ProfileResult(Frozen):
     time_scale: float = 1.0
     engine_fields: bool = True  # the engine-specific request fields were sent (the server took them)
     cache: Cache = "cold"
+    prompt: PromptMode = "text"  # how the prompts went: detokenized text, ``w<id>`` words or token ids
     repeats: int = 1  # measured phases pooled in the figures above (``--repeat``)
     # with repeats: each figure's mean over them and its 95 % t interval (ttft_p50_ms, tpot_p90_ms, output_tps, ...)
     intervals: dict[str, Interval] = Field(default_factory=dict)
+    # every measured request in the order sent (phase after phase): send, first byte, first token, each chunk's
+    # gap, end; the first one came right after whatever ran before the probe (the release's benchmark)
+    samples: tuple[RequestResult, ...] = ()
 
 
 class ProbeReport(Frozen):
@@ -179,7 +186,7 @@ class ProbeReport(Frozen):
     api: Api
     time_scale: float = 1.0
     engine_fields: bool = True
-    token_ids: bool = True  # False: the server refused token-id prompts; they went as words (``w<id>``)
+    prompt: PromptMode = "text"  # how the prompts went (ids refused by the server: words)
     speculative: bool | None = None  # the server decodes speculatively (None: it does not say)
     cache: Cache = "cold"
     results: tuple[ProfileResult, ...] = ()

@@ -40,8 +40,10 @@ from agent.probe.measure import Exchange, Tokenizer, interpret, summarise
 from agent.probe.prompts import (
     Profile,
     PromptKind,
+    PromptMode,
     Prompts,
     body,
+    detokenized,
     ids_as_text,
     parse_profiles,
     rejects_engine_fields,
@@ -77,7 +79,9 @@ class ProbeConfig(Frozen):
     warmup: int = Field(default=1, ge=0, description="requests before the measured ones, not counted")
     output_len: int = Field(default=100, ge=1)
     images: int = Field(default=0, ge=0, description="image_url parts per chat request")
-    prompt: PromptKind = "ids"
+    prompt: PromptKind = Field(default="text", description="completions prompts: text (the server's /detokenize "
+                               "of random ids, else w<id> words; the server tokenizes, as a client's would) or "
+                               "token ids")
     slo: SLO | None = None
     timeout_s: float = Field(default=600.0, gt=0, description="one request, send to end, wall seconds")
     time_scale: float | None = Field(default=None, gt=0, description="None: the simulated server says, else 1")
@@ -180,18 +184,45 @@ class _Session:
         self.progress = progress
         self.stop = stop or (lambda: False)
         self.engine = cfg.engine_fields
-        self.token_ids = True  # False once the server refused a prompt of token ids (sent as words since)
+        self.mode: PromptMode = "ids" if cfg.prompt == "ids" else "words"  # text: once /detokenize answered
         self.salt = cfg.salt if cfg.salt is not None else os.urandom(4).hex()
-        self.prompts = Prompts(cfg.seed, cfg.prompt, self.salt)
+        self.prompts = Prompts(cfg.seed, self.salt)
         self.path = "/v1/completions" if cfg.api == "completions" else "/v1/chat/completions"
         self.done = 0
         self.planned = 0
 
+    async def detokenize(self, ids: list[int]) -> str | None:
+        """The server's text of ``ids`` (``/detokenize``; not measured), or None when it has no such endpoint."""
+        data = json.dumps({"model": self.model, "tokens": ids}, separators=(",", ":")).encode()
+        ex = await self.t.request("POST", "/detokenize", data, headers={"Content-Type": "application/json"},
+                                  timeout=min(60.0, self.cfg.timeout_s))
+        return detokenized(ex.status, b"".join(d for _, d in ex.reads))
+
+    async def choose_mode(self) -> None:
+        """Text prompts: the server's own text of the ids where it detokenizes, else ``w<id>`` words."""
+        if self.cfg.prompt == "text" and self.cfg.api == "completions":
+            probe = self.prompts.prefix(Profile("mode", 1, 9), "completions")
+            self.mode = "text" if isinstance(probe, list) and await self.detokenize(probe) is not None else "words"
+
+    async def as_sent(self, prompt: str | list[int]) -> str | list[int]:
+        if not isinstance(prompt, list) or self.mode == "ids":
+            return prompt
+        if self.mode == "text":
+            text = await self.detokenize(prompt)
+            if text is not None:
+                return text
+            self.mode = "words"  # it answered before: remembered for the rest of the run
+        return ids_as_text(prompt)
+
     async def send(self, prompt: str | list[int], max_tokens: int) -> Exchange:
+        return await self.send_as(await self.as_sent(prompt), max_tokens)
+
+    async def send_as(self, prompt: str | list[int], max_tokens: int) -> Exchange:
+        """One request of a prompt as it goes on the wire (token ids refused by the server: sent as words)."""
         for _ in (0, 1, 2):
             engine = self.engine
             ids = isinstance(prompt, list)
-            sent = prompt if self.token_ids or not isinstance(prompt, list) else ids_as_text(prompt)
+            sent = prompt if self.mode == "ids" or not isinstance(prompt, list) else ids_as_text(prompt)
             data = json.dumps(body(self.cfg.api, self.model, sent, max_tokens, images=self.cfg.images,
                                    engine_fields=engine), separators=(",", ":")).encode()
             ex = await self.t.request("POST", self.path, data, headers={"Content-Type": "application/json",
@@ -203,8 +234,8 @@ class _Session:
             if engine and rejects_engine_fields(ex.status, said):
                 self.engine = False  # remembered for the rest of the run
                 continue
-            if ids and self.token_ids and self.cfg.api == "completions" and rejects_token_ids(ex.status, said):
-                self.token_ids = False  # remembered for the rest of the run
+            if ids and self.mode == "ids" and self.cfg.api == "completions" and rejects_token_ids(ex.status, said):
+                self.mode = "words"  # remembered for the rest of the run
                 continue
             return ex
         return ex
@@ -215,11 +246,11 @@ class _Session:
             self.progress(what, self.done, self.planned)
 
     async def one(self, p: Profile, tag: str, index: int, phase_t0: int) -> RequestResult:
-        prompt = self.prompts.prompt(p, self.cfg.api, tag)
+        prompt = await self.as_sent(self.prompts.prompt(p, self.cfg.api, tag))  # written as text before the clock
         if self.cfg.cache == "warm":
-            await self.send(prompt, 1)  # the whole prompt cached before it is measured
+            await self.send_as(prompt, 1)  # the whole prompt cached before it is measured
         start_s = (time.monotonic_ns() - phase_t0) / 1e9 * self.scale
-        ex = await self.send(prompt, self.cfg.output_len)
+        ex = await self.send_as(prompt, self.cfg.output_len)
         return interpret(ex, scale=self.scale, tokenizer=self.tokenizer, index=index, start_s=start_s)
 
     async def profile(self, p: Profile, load: LoadShape, li: int) -> ProfileResult:
@@ -238,6 +269,7 @@ class _Session:
             phases.append(await self.measure(p, load, f"{li}x{k}" if k else li, self.cfg.requests))
         pooled = [r for measured, _ in phases for r in measured]
         out = self._summary(p, load, pooled, sum(d for _, d in phases))
+        out = out.model_copy(update={"samples": tuple(pooled), "prompt": self.mode})
         if len(phases) < 2:
             return out
         each = [self._summary(p, load, measured, d) for measured, d in phases]
@@ -301,6 +333,7 @@ async def probe_async(cfg: ProbeConfig, *, tokenizer: Tokenizer | None = None, p
         if server.sent is not None:
             undo = sim_priority()
         s = _Session(cfg, t, server, tokenizer, progress, stop)
+        await s.choose_mode()
         s.planned = len(profiles) * len(cfg.loads) * (cfg.requests * cfg.repeat + cfg.warmup)
         results: list[ProfileResult] = []
         try:
@@ -310,7 +343,7 @@ async def probe_async(cfg: ProbeConfig, *, tokenizer: Tokenizer | None = None, p
         except _Stopped:
             pass
         return ProbeReport(base_url=t.base_url, model=s.model, api=cfg.api, time_scale=s.scale,
-                           engine_fields=s.engine, token_ids=s.token_ids, speculative=s.speculative, cache=cfg.cache,
+                           engine_fields=s.engine, prompt=s.mode, speculative=s.speculative, cache=cfg.cache,
                            results=tuple(results))
     finally:
         undo()
@@ -334,6 +367,7 @@ async def sweep_async(cfg: ProbeConfig, sweep: SweepConfig, *, tokenizer: Tokeni
         deadline = began + sweep.budget_s
         s = _Session(cfg, t, server, tokenizer, progress,
                      lambda: (stop is not None and stop()) or time.monotonic() > deadline)
+        await s.choose_mode()
         if p.prefix_len:
             await s.send(s.prompts.prefix(p, cfg.api), 1)  # warm the shared prefix
         while True:

@@ -136,6 +136,7 @@ class Transport:
             try:
                 conn.writer.write(raw)
                 status_line = await conn.reader.readuntil(b"\r\n")
+                ex.head_ns = time.monotonic_ns() - t0  # the answer's first byte
                 break
             except asyncio.CancelledError:
                 conn.close()

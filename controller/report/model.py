@@ -14,7 +14,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from contract.records import ENERGY_METRICS, METRICS, STARTUP_METRICS, WINDOW_METRICS
-from contract.vocab import Capacity, Disagreement
+from contract.vocab import Capacity, Disagreement, ProbeInterval
 from controller.errors import FleetctlError
 
 Verdict = Literal["pass", "regressed", "incomplete", "failed"]
@@ -239,6 +239,8 @@ class Report:
     probe_checked: int = 0  # release rows that have a probe row beside them
     # the capacity at SLO each module's probe measured (SLO sweep rows: agent.probe.sweep)
     capacities: tuple[Capacity, ...] = ()
+    # the 95 % intervals of the per-key probes repeated over rounds (probe_repeat)
+    probe_intervals: tuple[ProbeInterval, ...] = ()
     # change points across the release history of the run's model keys (None: not looked at)
     history: HistorySection | None = None
     # modules whose environment differs from the fleet's majority, and the warnings of environments that changed

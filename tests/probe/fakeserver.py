@@ -41,6 +41,7 @@ class FakeServer:
     usage: bool = True
     prefix_cache: bool = False
     prefill_s: float = 0.0002  # per uncached prompt token (prefix_cache)
+    detokenize: bool = False  # answer /detokenize (ids as words ``d<id>``); else 404
     replay: list[bytes] | None = None  # data payloads of a recorded stream, sent in place of the made-up one
     prompts: list[list[Any]] = field(default_factory=list)  # every generation's prompt (prefix_cache)
     seen: list[Seen] = field(default_factory=list)
@@ -99,6 +100,10 @@ class FakeServer:
             if self.sim_scale is None:
                 return self._json(writer, 404, {"detail": "Not Found"})
             return self._json(writer, 200, {"m1000_sim": {"time_scale": self.sim_scale}})
+        if path == "/detokenize":
+            if not self.detokenize:
+                return self._json(writer, 404, {"detail": "Not Found"})
+            return self._json(writer, 200, {"text": " ".join(f"d{i}" for i in body["tokens"])})
         if path == "/v1/models":
             return self._json(writer, 200, {"data": [{"id": "fake-model"}]})
         if self.reject_engine_fields and ("ignore_eos" in body or "stream_options" in body):

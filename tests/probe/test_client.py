@@ -93,9 +93,10 @@ def test_the_send_instant_header_and_the_base_url_forms():
 def test_prefix_warmed_first_warmup_excluded_and_requests_measured_in_order():
     async def go() -> None:
         async with FakeServer() as srv:
-            cfg = ProbeConfig(base_url=srv.url, profiles=("4:10",), requests=3, warmup=1, output_len=3)
+            cfg = ProbeConfig(base_url=srv.url, profiles=("4:10",), requests=3, warmup=1, output_len=3, prompt="ids")
             rep = await probe_async(cfg)
             gens = srv.generations
+            assert rep.prompt == "ids" and rep.results[0].prompt == "ids"
             assert len(gens) == 1 + 1 + 3  # prefix warm, warm-up, measured
             prefix = gens[0].body["prompt"]
             assert len(prefix) == 6 and gens[0].body["max_tokens"] == 1
@@ -108,6 +109,34 @@ def test_prefix_warmed_first_warmup_excluded_and_requests_measured_in_order():
             assert r.output_tokens == 9 and r.input_tokens == 10
             assert rep.model == "fake-model" and rep.time_scale == 1.0
             assert "x-sim-sent-ns" not in gens[0].headers
+    run(go())
+
+
+def test_text_by_default_the_servers_own_detokenized_text_else_words_and_the_mode_labelled():
+    async def go() -> None:
+        async with FakeServer(detokenize=True) as srv:
+            rep = await probe_async(ProbeConfig(base_url=srv.url, profiles=("4:10",), requests=3, warmup=0,
+                                                output_len=3))
+            detok = [s for s in srv.seen if s.path == "/detokenize"]
+            gens = srv.generations
+            assert rep.prompt == "text" and rep.results[0].prompt == "text"
+            prompts = [g.body["prompt"] for g in gens]
+            assert all(isinstance(p, str) for p in prompts)  # text on the wire: the server tokenizes
+            assert all(len(p.split()) == 10 and p.split()[0].startswith("d") for p in prompts[1:])
+            assert prompts[1].split()[:6] == prompts[0].split()  # the shared prefix, as text
+            assert len(detok) == 1 + 1 + 3  # the mode check, then one per prompt (before its clock starts)
+            assert detok[-1].body["tokens"] == [int(w[1:]) for w in prompts[-1].split()]
+            (r,) = rep.results
+            assert r.input_tokens == 10 and r.ok == 3
+            assert len(r.samples) == 3 and all(x.first_byte_ms is not None for x in r.samples)
+            assert all(0 < x.first_byte_ms <= x.ttft_ms <= x.e2e_ms for x in r.samples)  # type: ignore[operator]
+        async with FakeServer() as srv:  # no /detokenize (the simulator): one token per word, w<id>
+            rep = await probe_async(ProbeConfig(base_url=srv.url, profiles=("4:4",), requests=1, warmup=0,
+                                                output_len=3))
+            (g,) = srv.generations
+            assert rep.prompt == "words" and all(w.startswith("w") and w[1:].isdigit()
+                                                 for w in g.body["prompt"].split())
+            assert len(g.body["prompt"].split()) == 4
     run(go())
 
 

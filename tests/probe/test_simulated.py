@@ -62,7 +62,8 @@ def test_probe_rows_match_the_seed_and_add_little_to_a_key(sim, seed_text):
     probes = [r for r in result.rows if r.source == "probe"]
     assert len(release) == 11 and result.progress.outcomes[0].rows == 11
     (p,) = probes
-    assert p.profile == "128:128" and p.extra["probe_ok"] == "3" and p.extra["probe_time_scale"] == "50"
+    assert p.profile == "128:128" and p.extra["probe_ok"] == "5" and p.extra["probe_time_scale"] == "50"
+    assert p.extra["probe_prompt"] == "words"  # text: the simulator has no /detokenize, w<id> words
     assert not p.flags and not any(r.flags for r in release)
     seed = {r.profile: r for r in parse_seed(seed_text)["qwen3"]}["128:128"]
     for m in ("ttft_ms", "tpot_ms", "prefill_tps", "decode_tps"):
@@ -155,3 +156,41 @@ def test_bench_skew_is_flagged_in_fleetctl_report_and_nothing_is_without_it(tmp_
         "ttft_ms", "tpot_ms"))
     clean_doc = json.loads(report("clean-5", "json").stdout)
     assert clean_doc["disagreements"] == [] and clean_doc["probe_checked"] == 2
+
+
+def test_probe_repeat_puts_intervals_in_the_rows_and_fleetctl_report_shows_them(tmp_path):
+    """``probe_repeat`` (setting) and a key's ``PROBE_REPEAT`` (which wins): the per-key probe in rounds, each
+    figure's 95 % interval in the probe row, and the report's **Probe intervals** section lists them."""
+    built = simulator.build_release(tmp_path / "dist", noise=0.01, time_scale=50.0)
+    keys = ("qwen3", "qwen35")
+    key_env = {"qwen3": {"BENCH_PROFILES": "128:128", "PROBE_REPEAT": "3"},
+               "qwen35": {"BENCH_PROFILES": "128:128", "PROBE_REPEAT": "many"}}
+    res, cfg = validate(tmp_path, built, keys, "rounds", key_env=key_env, probe_repeat=2)
+    assert res.ok, res.progress.error
+    probes = {r.model_key: r for r in res.rows if r.source == "probe"}
+    assert probes["qwen3"].extra["probe_repeats"] == "3" and probes["qwen35"].extra["probe_repeats"] == "2"
+    low, high = (float(x) for x in probes["qwen3"].extra["ttft_p50_ms_ci95"].split(","))
+    assert low < probes["qwen3"].ttft_ms < high  # type: ignore[operator]
+    assert probes["qwen3"].extra["probe_prompt"] == "words"  # the simulator has no /detokenize: w<id> text
+    assert len(probes["qwen3"].extra["probe_ttft_each_ms"].split(",")) == 3 * cfg.probe_requests
+    log = next(RunStore(cfg.workdir).logs_dir("rounds").glob("*-benchmark-qwen35.log")).read_text()
+    assert "probe: PROBE_REPEAT='many': a whole number from 1 to 20 (the setting's 2 used)" in log
+    history = History(tmp_path / "history.sqlite")
+    try:
+        history.create_run("rounds", release=built.version, models=keys, modules=("sim-1",), state="done")
+        history.upsert_rows(res.rows)
+    finally:
+        history.close()
+    def report(fmt: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "controller", "--history", str(tmp_path / "history.sqlite"),
+                               "report", "rounds", "--format", fmt], capture_output=True, text=True, timeout=120,
+                              cwd=ROOT, env={k: v for k, v in os.environ.items() if not k.startswith("FLEET_")})
+
+    doc = json.loads(report("json").stdout)
+    assert {(x["model_key"], x["figure"], x["repeats"]) for x in doc["probe_intervals"]} >= {
+        ("qwen3", "ttft_p50_ms", 3), ("qwen35", "tpot_p50_ms", 2)}
+    out = report("md")
+    assert out.returncode == 0, out.stderr
+    section = out.stdout.split("## Probe intervals")[1].split("\n## ")[0]
+    assert "| sim-1 | qwen3 | 128:128 | ttft_p50_ms |" in section and "| 3 |" in section
+    assert "| sim-1 | qwen35 | 128:128 | tpot_p50_ms |" in section and "| 2 |" in section

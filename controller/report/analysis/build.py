@@ -32,7 +32,7 @@ from controller.report.analysis.outliers import (
     outlier_mask,
     refine_outliers,
 )
-from controller.report.analysis.probe import capacities, probe_disagreements, split_sources
+from controller.report.analysis.probe import capacities, probe_disagreements, probe_intervals, split_sources
 from controller.report.analysis.summary import completeness, summarise
 from controller.report.analysis.verdict import decide, fold
 from controller.report.jit import with_jit
@@ -140,5 +140,6 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         modules=tuple(sorted(map(str, cur["module"].unique()))), thresholds=th,
         summary=summarise(cur, rows, ref, ~excluded, spread, cells_all, mid), rows=rows, reference=ref,
         deviation=deviation, disagreements=disagreements, probe_checked=probe_checked, capacities=capacities(probe),
+        probe_intervals=probe_intervals(probe),
         energy_outliers=energy, refused=tuple(refused.items()),
     ))

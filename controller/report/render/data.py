@@ -55,6 +55,8 @@ def to_dict(r: Report) -> dict[str, Any]:
         "changes": [x.model_dump(mode="json") for x in r.changes],
         "disagreements": [x.model_dump(mode="json") for x in r.disagreements], "probe_checked": r.probe_checked,
         "capacities": [x.model_dump(mode="json") for x in r.capacities],
+        # only where a probe ran in rounds (probe_repeat): a report's keys stay what they were otherwise
+        **({"probe_intervals": [x.model_dump(mode="json") for x in r.probe_intervals]} if r.probe_intervals else {}),
         "refused": dict(r.refused), "notes": list(r.notes), "thresholds": r.thresholds.model_dump(mode="json"),
         "summary": r.summary.to_dict(orient="records") if len(r.summary) else [],
     })

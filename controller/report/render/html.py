@@ -273,6 +273,15 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 <td>{{ d.metric }}</td><td class="num">{{ num(d.release) }}</td><td class="num">{{ num(d.probe) }}</td>
 <td class="num bad">{{ pct(d.change) }}</td></tr>
 {% endfor %}</table>{% endif %}
+{% if r.probe_intervals %}<h2>Probe intervals</h2>
+<p>The per-key probe repeated over rounds (probe_repeat): each figure's mean over the rounds and its 95 % t
+interval.</p>
+<table><tr><th>module</th><th>model key</th><th>profile</th><th>figure</th><th>mean</th><th>95% interval</th>
+<th>rounds</th></tr>
+{% for x in r.probe_intervals %}<tr><td>{{ x.module }}</td><td>{{ x.model_key }}</td><td>{{ x.profile }}</td>
+<td>{{ x.figure }}</td><td class="num">{{ num((x.low + x.high) / 2) }}</td>
+<td class="num">{{ num(x.low) }} to {{ num(x.high) }}</td><td class="num">{{ x.repeats }}</td></tr>
+{% endfor %}</table>{% endif %}
 {% if r.capacities %}<h2>Capacity at SLO</h2>
 <p>The highest concurrency at which each module's probe met the SLO (figures of that level's steady-state window).</p>
 <table><tr><th>module</th><th>model key</th><th>profile</th><th>SLO</th><th>concurrency</th><th>output tok/s</th>

@@ -147,12 +147,14 @@ def startup_lines(r: Report) -> list[str]:
 
 def probe_text(r: Report) -> str:
     """One sentence about the cross-check with the agent's probe (when nothing disagrees)."""
+    within = (f"the noise band the agent measured beside each (rows without one: {r.thresholds.probe_tolerance:.0%})"
+              if r.probe_checked else "")
     if r.disagreements:
-        return (f"{len(r.disagreements)} figure(s) where the release's benchmark and the agent's probe differ by more "
-                f"than {r.thresholds.probe_tolerance:.0%} (change: release / probe - 1).")
+        return (f"{len(r.disagreements)} figure(s) where the release's benchmark and the agent's probe differ beyond "
+                f"{within} (change: release / probe - 1).")
     if r.probe_checked:
-        return (f"None: {r.probe_checked} release row(s) have a probe row beside them; every figure agrees "
-                f"within {r.thresholds.probe_tolerance:.0%}.")
+        return (f"None: {r.probe_checked} release row(s) have a probe row beside them; every figure agrees within "
+                f"{within}.")
     return "No probe rows in this run."
 
 
@@ -210,6 +212,12 @@ def to_markdown(r: Report) -> str:
         out += ["", _md_table(["module", "model key", "profile", "metric", "release", "probe", "change"],
                               [[d.module, d.model_key, d.profile, d.metric, num(d.release), num(d.probe),
                                 pct(d.change)] for d in r.disagreements])]
+    if r.probe_intervals:
+        out += ["", "## Probe intervals", "", "The per-key probe repeated over rounds (probe_repeat): each figure's "
+                "mean over the rounds and its 95 % t interval.", "",
+                _md_table(["module", "model key", "profile", "figure", "mean", "95% interval", "rounds"],
+                          [[x.module, x.model_key, x.profile, x.figure, num((x.low + x.high) / 2),
+                            f"{num(x.low)} to {num(x.high)}", str(x.repeats)] for x in r.probe_intervals])]
     if r.capacities:
         out += ["", "## Capacity at SLO", "", "The highest concurrency at which each module's probe met the SLO "
                 "(figures of that level's steady-state window; levels tried: met or broken).", "",
