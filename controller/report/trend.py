@@ -368,8 +368,8 @@ def history_section(rows: pd.DataFrame, runs: pd.DataFrame, release: str,
 def new_changes(rows: pd.DataFrame, runs: pd.DataFrame, run_id: str,
                 settings: DetectorSettings | None = None) -> list[SeriesChange]:
     """The change points of ``rows`` over the history with ``run_id`` that the history without it does not
-    have (same series, same release): what the run made detectable. A level shift is named by the run that
-    first makes it significant, not by every run after it."""
+    have (same series, same release; a drift: a change of the same series over any of its releases): what the run
+    made detectable. A level shift is named by the run that first makes it significant, not by every run after it."""
     found = changes(rows, runs, settings)
     if not found:
         return []
@@ -378,9 +378,26 @@ def new_changes(rows: pd.DataFrame, runs: pd.DataFrame, run_id: str,
     wanted = {f"{k}\0{p}" for k, p, _ in series}
     before_rows = rows[(rows["run_id"].astype(str) != run_id) & key.isin(wanted)]
     before_runs = runs[runs["run_id"].astype(str) != run_id]
-    old = {(c.model_key, c.profile, c.metric, c.module, c.release)
-           for c in changes(before_rows, before_runs, settings, metrics=sorted({m for _, _, m in series}))}
-    return [c for c in found if (c.model_key, c.profile, c.metric, c.module, c.release) not in old]
+    earlier = changes(before_rows, before_runs, settings, metrics=sorted({m for _, _, m in series}))
+    old = {(c.model_key, c.profile, c.metric, c.module, c.release) for c in earlier}
+    rank = {r: i for i, r in enumerate(release_order(runs))}
+    spans: dict[tuple[str, str, str, str], list[tuple[int, int]]] = {}
+    for c in earlier:
+        spans.setdefault((c.model_key, c.profile, c.metric, c.module), []).append(
+            (rank.get(c.release, -1), rank.get(c.until or c.release, -1)))
+
+    def known(c: SeriesChange) -> bool:
+        # a drift's first and last releases are estimates that move as the history grows (and a drift may first
+        # have been named as a step inside it): one that overlaps a change the history without the run had is that
+        # change, not a new one
+        if (c.model_key, c.profile, c.metric, c.module, c.release) in old:
+            return True
+        if c.change.kind != "drift":
+            return False
+        lo, hi = rank[c.release], rank[c.until]
+        return any(a <= hi and b >= lo for a, b in spans.get((c.model_key, c.profile, c.metric, c.module), ()))
+
+    return [c for c in found if not known(c)]
 
 
 def change_payload(c: SeriesChange) -> dict[str, Any]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from controller.history import CHANGE_POINT_EVENT
 from controller.service.lifecycle import queue_change_points
 from controller.service.webhooks import EVENT_HEADER, SIGNATURE_HEADER, verify
@@ -45,3 +47,30 @@ def test_a_run_that_makes_a_change_point_detectable_sends_it_once(tmp_path: Path
     assert doc["line"].startswith(f"{len(cps)} new change points with run run-8 (1.8.0): qwen3 ")
     serve_once(settings)
     assert len(receiver.got) == 1  # delivered once
+
+
+@pytest.mark.slow
+def test_a_growing_drift_is_sent_once_not_at_every_run(tmp_path: Path, reference):  # noqa: F811
+    """decode_tps 1 % slower a release from 1.4.0 on: the runs after the one that names it find the drift again
+    with its start and end moved (estimates, as the history grows) or find it first as a step: each overlaps what
+    the history without the run had, so it is not sent again."""
+    from controller.report.load import history_frames, read_rows, run_keys
+    from controller.report.trend import new_changes
+
+    h = release_history(tmp_path / "history.sqlite", reference, releases=0)
+    sent: dict[str, list[tuple[int, str, str, str]]] = {}  # per profile: (run, kind, release, until)
+    try:
+        for i in range(22):
+            add_release(h, reference, i, regress={("qwen3", "decode_tps"): 0.01 * max(0, i - 3)})
+            info = h.find_run(f"run-{i}")
+            rows, runs = history_frames(h, run_keys(info, read_rows(h, [info.run_id])))
+            for c in new_changes(rows, runs, info.run_id):
+                if c.module == "*" and c.metric == "decode_tps":
+                    sent.setdefault(c.profile, []).append((i, c.change.kind, c.release, c.until))
+    finally:
+        h.close()
+    profiles = set(reference.loc[reference["model_key"] == "qwen3", "profile"])
+    assert set(sent) == profiles, sent  # every profile's series drifted, and each was named
+    for profile, events in sent.items():
+        assert len(events) == 1 or [e[1] for e in events] == ["step", "drift"], (profile, events)  # the drift it grew
+        assert events[-1][0] <= 13, (profile, events)  # into at most; none sent in the last 8 runs

@@ -61,6 +61,12 @@ def test_trend_endpoint_filters_as_the_cli_does(trended):
                               "--max-pvalue", "0.01") == []
     unknown = client.get("/api/v1/trend", headers=AUTH, params={"models": "nope"})
     assert unknown.status_code == 400 and "nope" in unknown.json()["detail"]
+    # none found: the smallest step it could have found, in a header (the CLI prints it after "no change points")
+    reach = json.loads(got.headers["X-Fleet-Reach"])
+    assert reach.startswith("the smallest step it could find here: 20.0% in the middle, 20.0% 3 releases from the "
+                            "end (noise ") and reach.endswith("none under --min-magnitude 20.0%)")
+    found = client.get("/api/v1/trend", headers=AUTH, params={"metric": "decode_tps", "devices": "none"})
+    assert "X-Fleet-Reach" not in found.headers
 
 
 def test_a_profile_without_rows_is_named_not_taken_for_no_change(trended):

@@ -78,3 +78,26 @@ def test_history_frames_of_some_metrics_are_those_columns_of_the_whole_read(refe
         assert list(history_frames(h, ["nokey"], metrics=["ttft_ms"])[0].columns) == [*SERIES_FIELDS, "ttft_ms"]
     finally:
         h.close()
+
+
+@pytest.mark.slow  # HTML reports drawn by matplotlib
+def test_history_section_draws_a_drift_as_one_span(reference, tmp_path):
+    """decode_tps 1.5 % slower a release from 1.3.0 on: the fleet series' change is one drift, drawn as a span
+    from its first release to its last with its whole size, not a staircase of dashed lines."""
+    from tests.support.trend import add_release
+
+    h = release_history(tmp_path / "history.sqlite", reference, releases=0)
+    try:
+        for i in range(16):
+            add_release(h, reference, i, regress={("qwen3", "decode_tps"): 0.015 * max(0, i - 2)})
+        rep = build_report(h, "run-15", with_history=True)
+        assert rep.history is not None
+        drifts = [s for s in rep.history.series if s.scope == "fleet" and s.metric == "decode_tps"
+                  and any(end > at for at, end in zip(s.marks, s.ends, strict=True))]
+        assert drifts, rep.history.series
+        s = drifts[0]
+        assert len(s.marks) == 1 and s.ends[0] - s.marks[0] >= 8
+        body = to_html(rep).split("<h2>History</h2>", 1)[1]
+        assert re.search(r"-1\d\.\d% drift", body)
+    finally:
+        h.close()

@@ -289,7 +289,9 @@ def locate(values: Values, settings: DetectorSettings | None = None) -> list[int
 
 def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings | None = None,
           outliers: Sequence[int] = ()) -> tuple[ChangePoint, ...]:
-    """The candidates that pass against their neighbours (the weakest failing one dropped at a time), then
+    """The candidates that pass against their neighbours (the weakest failing one dropped at a time; when none is
+    left, the series' best split, judged over the whole series: the order of the drops must not lose a change that
+    one split shows, as in a steady drift cut into candidates that each fail against their neighbours), then
     :func:`reported` (``outliers``: the values :func:`hampel` replaced, left out of a drift's fit)."""
     s = settings or DetectorSettings()
     x = as_series(values)
@@ -313,6 +315,11 @@ def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings 
         for j in (weakest - 1, weakest):
             if 0 <= j < len(cps):
                 tests[j] = test(j)
+    if not cps:  # every candidate dropped: the series' best split alone, judged over the whole series
+        cps = [k for k in (_best_split(x, s.min_segment),) if k is not None]
+        tests = [sums.judge(0, k, len(x), s) for k in cps]
+        if weakest_failing(tests, s) is not None:
+            return ()
     return reported(x, cps, [t.p_value for t in tests], s, outliers)
 
 
@@ -504,7 +511,8 @@ def hampel(values: Values, sigmas: float = DEFAULT_OUTLIER_SIGMAS) -> tuple[np.n
     """The series with its outliers replaced, and the outliers' indices. An outlier is a value further than
     ``sigmas`` robust standard deviations from both the median of the ``HAMPEL_HALF_WINDOW`` values before it
     and that of the ones after it (the first step of a new level is near the values after it: not an
-    outlier); it is replaced by the mean of those two medians. The scale: 1.4826 times the median absolute
+    outlier), and from the mean of the two (a value of a steady drift is near it: not an outlier); it is replaced
+    by the mean of those two medians. The scale: 1.4826 times the median absolute
     residual of the values from those means, over :data:`RESIDUAL_SPREAD`. The first and last values are kept
     as they are (next to them, the values on their side, fewer than three, stand for the median)."""
     x = as_series(values)
@@ -516,7 +524,10 @@ def hampel(values: Values, sigmas: float = DEFAULT_OUTLIER_SIGMAS) -> tuple[np.n
     mid = x[1:n - 1]
     scale = 1.4826 * float(np.median(np.abs(mid - (before + after) / 2))) / RESIDUAL_SPREAD
     scale = max(scale, 1e-9 * float(np.median(np.abs(x))), 1e-300)
-    far = (np.abs(mid - before) > sigmas * scale) & (np.abs(mid - after) > sigmas * scale)
+    # far from both sides (the first value of a new level is near the side after it) and from the line between them
+    # (a value in a steady drift is near the mean of the two)
+    far = (np.abs(mid - before) > sigmas * scale) & (np.abs(mid - after) > sigmas * scale) & \
+        (np.abs(mid - (before + after) / 2) > sigmas * scale)
     out = np.flatnonzero(far) + 1
     clean = x.copy()
     clean[out] = (before[far] + after[far]) / 2

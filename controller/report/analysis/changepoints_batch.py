@@ -86,7 +86,10 @@ def hampel_rows(x: np.ndarray, sigmas: float) -> tuple[np.ndarray, list[tuple[in
     floor = 1e-9 * np.median(np.abs(x), axis=1)
     scale = np.where(floor > scale, floor, scale)  # max(scale, floor, 1e-300): the first of equals, as max() takes
     scale = np.where(scale < 1e-300, 1e-300, scale)[:, None]
-    far = (np.abs(mid - before) > sigmas * scale) & (np.abs(mid - after) > sigmas * scale)
+    # far from both sides (the first value of a new level is near the side after it) and from the line between them
+    # (a value in a steady drift is near the mean of the two)
+    far = (np.abs(mid - before) > sigmas * scale) & (np.abs(mid - after) > sigmas * scale) & \
+        (np.abs(mid - (before + after) / 2) > sigmas * scale)
     clean = x.copy()
     r, c = np.nonzero(far)
     clean[r, c + 1] = (before[r, c] + after[r, c]) / 2
@@ -194,6 +197,15 @@ def prune_rows(x: np.ndarray, candidates: list[list[int]], s: DetectorSettings,
         if len(r2):
             p[r2, c2], size[r2, c2] = sums.screen(r2, pos[r2, prev[r2, c2]], pos[r2, c2], pos[r2, nxt[r2, c2]], s)
         active = active[alive[active].any(axis=1)]
+    # every candidate dropped: the series' best split alone, judged over the whole series (changepoints.prune)
+    emptied = np.array([r for r, c in enumerate(candidates) if c and not out[r]], dtype=np.intp)
+    if len(emptied):
+        k = _best_splits(x, emptied, np.zeros(len(emptied), dtype=np.intp), np.full(len(emptied), n, dtype=np.intp),
+                         s.min_segment) + s.min_segment
+        p1, size1 = sums.screen(emptied, np.zeros(len(emptied), dtype=np.intp), k, np.full(len(emptied), n), s)
+        passes = (p1 <= s.max_pvalue) & (np.abs(size1) >= s.min_magnitude)
+        for r, at, pv in zip(emptied[passes].tolist(), k[passes].tolist(), p1[passes].tolist(), strict=True):
+            out[r] = reported(x[r], [at], [pv], s, outliers[r] if outliers is not None else ())
     return out
 
 
