@@ -44,8 +44,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
+from bench import record  # noqa: E402 - bench/record.py (importable from the tests too)
 from contract.records import ENERGY_METRICS, MODEL_KEYS, STARTUP_METRICS  # noqa: E402
 
 PLANTED_METRICS = ("decode_tps", "tpot_ms")  # a decode regression moves TPOT with it: the same change
@@ -238,6 +237,37 @@ def run_fleet(runs: Sequence[tuple[float, int]], opts: Options, base: Path, repo
             shutil.rmtree(base / "release", ignore_errors=True)
 
 
+def in_process(runs: Sequence[tuple[float, int]], opts: Options, report: Any) -> None:
+    """The same plan without the real path, as ``bench/report.py --power`` measures: the reference tables' rows
+    times 1 + noise per figure (``controller.report.synth.fleet``), the planted change an exact factor, the same
+    report, sorting and summary."""
+    from agent.tables import parse_seed
+    from controller.report import analyse
+    from controller.report.synth import fleet, rows_frame
+    from simulator.fit import REFERENCE
+
+    ref = rows_frame([r for rows in parse_seed(REFERENCE.read_text(encoding="utf-8")).values() for r in rows])
+    for size, seed in runs:
+        t0 = time.monotonic()
+        key = opts.keys[seed % len(opts.keys)]
+        cur = fleet(ref[ref["model_key"] == key], modules=[f"sim-{i + 1:02d}" for i in range(opts.modules)],
+                    noise=opts.noise, regress={(key, "decode_tps"): size} if size else None, seed=seed)
+        rep = analyse(cur, baseline=ref[ref["model_key"] == key])
+        report(classify(rep, size, key, seed, rep.verdict, time.monotonic() - t0))
+
+
+def lower_medians_everywhere() -> None:
+    """The key-level estimator before ADR 0042: every even cell below 12 modules takes its lower median."""
+    from controller.report.analysis.groups import Groups
+
+    plain = Groups.trimmed_means
+
+    def before(self: Groups, values: Any, lower_below: int, up_to: int, rows: Any = None, split: Any = None) -> Any:
+        return plain(self, values, lower_below, up_to, rows)
+
+    Groups.trimmed_means = before  # type: ignore[method-assign]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--none", type=int, default=200, help="runs without a change")
@@ -250,15 +280,23 @@ def main() -> int:
                     help="device sample period in s (default: 12.5 / time scale, the demo's 0.25 s at 50)")
     ap.add_argument("--keys", default="all", help="model keys the runs rotate through")
     ap.add_argument("--fleets", type=int, default=1, help="fleets running at once (each its own workers)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="the same plan on synthetic rows (the change an exact factor), not the real path")
+    ap.add_argument("--before", action="store_true",
+                    help="judge with the key-level estimator before ADR 0042 (lower medians of even small cells)")
     args = ap.parse_args()
+    if args.before:
+        lower_medians_everywhere()
     keys = tuple(MODEL_KEYS) if args.keys == "all" else tuple(k.strip() for k in args.keys.split(","))
     opts = Options(modules=args.modules, noise=args.noise, time_scale=args.time_scale, keys=keys,
                    telemetry_period=args.telemetry_period or 12.5 / args.time_scale)
     runs = plan(args.none, args.planted, [float(s) for s in args.sizes.split(",") if s.strip()])
-    print(f"{len(runs)} runs through the real path: {opts.modules} simulated modules x {args.fleets} fleet(s), "
+    print(f"{len(runs)} runs {'in process, synthetic rows' if args.in_process else 'through the real path'}: "
+          f"{opts.modules} simulated modules x {args.fleets} fleet(s), "
           f"noise {opts.noise:g}, time scale {opts.time_scale:g}, device samples every {opts.telemetry_period:g} s, "
           f"one key a run (rotating over {len(keys)}), a run history of its own per run, judged against the reference "
-          f"tables; load average {os.getloadavg()[0]:.1f}", flush=True)
+          f"tables{'; the estimator before ADR 0042' if args.before else ''}; load average {os.getloadavg()[0]:.1f}",
+          flush=True)
     got: list[Outcome] = []
     lock = threading.Lock()
 
@@ -269,6 +307,9 @@ def main() -> int:
 
     t0 = time.monotonic()
     errors: list[BaseException] = []
+    if args.in_process:
+        in_process(runs, opts, report)
+        args.fleets = 0
     with tempfile.TemporaryDirectory(prefix="bench-demo-power-") as tmp:
         def fleet(i: int) -> None:
             try:
