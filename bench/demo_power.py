@@ -12,7 +12,10 @@ To fit hundreds of runs in about half an hour on 2 cores, the workers start once
 the other (a worker starts in ~1.5 s of CPU): each module gets ``M1000_SIM_MODULE_SEED`` (its seed mixed with each
 release's, so every run draws new noise and the modules differ), and the modules run at ``--time-scale`` (100:
 twice the demo's) with device samples every ``--telemetry-period`` (0.125 s: the demo's 0.25 s at 50, so a key's
-benchmark window holds as many samples and energy per token is judged as in the demo).
+benchmark window holds as many samples and energy per token is judged as in the demo); two fleets at once
+(``--fleets``). ``--in-process`` runs the same plan on synthetic rows instead (``controller.report.synth.fleet``,
+the change an exact factor, as ``bench/report.py --power``); ``--before`` judges with the key-level estimator before
+ADR 0042.
 
 Prints one line per run, then per planted size (0, and the decode regressions of ``--sizes``): runs, detection
 (the planted key's decode named at key level), runs with a false speed regression (any regression other than the
@@ -23,7 +26,7 @@ with its 95 % Wilson interval (scipy). Goals (issue 46): 0 false regressions, at
 outlier, detection 100 % from 6 %, coverage at least 93 %; exits 1 when one is missed.
 
 Usage: nice -n 10 .venv/bin/python bench/demo_power.py [--none 200] [--planted 100] [--sizes 0.06,0.08]
-       [--modules 4] [--time-scale 100] [--fleets 1]
+       [--modules 4] [--time-scale 100] [--fleets 2] [--in-process] [--before]
 """
 
 from __future__ import annotations
@@ -279,7 +282,7 @@ def main() -> int:
     ap.add_argument("--telemetry-period", type=float, default=None,
                     help="device sample period in s (default: 12.5 / time scale, the demo's 0.25 s at 50)")
     ap.add_argument("--keys", default="all", help="model keys the runs rotate through")
-    ap.add_argument("--fleets", type=int, default=1, help="fleets running at once (each its own workers)")
+    ap.add_argument("--fleets", type=int, default=2, help="fleets running at once (each its own workers)")
     ap.add_argument("--in-process", action="store_true",
                     help="the same plan on synthetic rows (the change an exact factor), not the real path")
     ap.add_argument("--before", action="store_true",

@@ -68,7 +68,8 @@ def test_runs_are_interleaved_across_sizes_with_seeds_of_their_own() -> None:
 def test_a_small_bench_goes_through_the_real_path_and_reports_every_figure(tmp_path: Path) -> None:
     env = {**os.environ, "BENCH_RECORD": "0", "TMPDIR": str(tmp_path)}
     res = subprocess.run([sys.executable, str(ROOT / "bench" / "demo_power.py"), "--none", "2", "--planted", "1",
-                          "--sizes", "0.06"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+                          "--sizes", "0.06", "--fleets", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=280)
     out = res.stdout + res.stderr
     assert res.returncode in (0, 1), out
     assert len([line for line in out.splitlines() if " run size " in line]) == 3, out
