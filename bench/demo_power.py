@@ -294,12 +294,14 @@ def main() -> int:
     opts = Options(modules=args.modules, noise=args.noise, time_scale=args.time_scale, keys=keys,
                    telemetry_period=args.telemetry_period or 12.5 / args.time_scale)
     runs = plan(args.none, args.planted, [float(s) for s in args.sizes.split(",") if s.strip()])
-    print(f"{len(runs)} runs {'in process, synthetic rows' if args.in_process else 'through the real path'}: "
-          f"{opts.modules} simulated modules x {args.fleets} fleet(s), "
-          f"noise {opts.noise:g}, time scale {opts.time_scale:g}, device samples every {opts.telemetry_period:g} s, "
-          f"one key a run (rotating over {len(keys)}), a run history of its own per run, judged against the reference "
-          f"tables{'; the estimator before ADR 0042' if args.before else ''}; load average {os.getloadavg()[0]:.1f}",
-          flush=True)
+    how = (f"in process: synthetic rows of {opts.modules} modules, noise {opts.noise:g} per figure, the change an "
+           f"exact factor, one key a run (rotating over {len(keys)}), judged against the reference tables"
+           if args.in_process else
+           f"through the real path: {opts.modules} simulated modules x {args.fleets} fleet(s), noise {opts.noise:g},"
+           f" time scale {opts.time_scale:g}, device samples every {opts.telemetry_period:g} s, one key "
+           f"a run (rotating over {len(keys)}), a run history of its own per run, judged against the reference tables")
+    print(f"{len(runs)} runs {how}{'; the estimator before ADR 0042' if args.before else ''}; load average "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
     got: list[Outcome] = []
     lock = threading.Lock()
 
