@@ -135,9 +135,10 @@ def test_a_small_even_cell_takes_its_lower_median_only_where_its_middle_two_spli
 
 def test_four_identical_modules_read_a_planted_change_without_the_lower_medians_offset(reference: pd.DataFrame
                                                                                        ) -> None:
-    """4 modules at 1 % noise, a 6 % decode regression on one key: the lower median of each cell read it 0.32 %
-    too small in the mean of 70 seeds (the interval held it in 43; these 6 seeds: 0.32 %); the trimmed mean of
-    agreeing middles reads it within 0.1 % (+0.03 % over 70 seeds, 66 covered; these 6: +0.02 %; ADR 0042)."""
+    """4 modules at 1 % noise, a 6 % decode regression on one key: the lower median of each cell read it 0.30 %
+    too small over 100 seeds (the interval held it in 63: ``bench/demo_power.py --in-process --before``; these 6
+    seeds: 0.32 %); the trimmed mean of agreeing middles reads it within 0.1 % (+0.02 %, 95 held; these 6: +0.02 %;
+    ADR 0042)."""
     keys = sorted(set(reference["model_key"]))
     errors = []
     for seed in range(6):

@@ -209,7 +209,7 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
     # small even cell takes its lower median only where its middle two modules differ by more than the tolerance
     # (a split fleet: half of it moves no key figure); where they agree, the trimmed mean: the lower median of a
     # fleet of 4 at 1 % noise read every change 0.3 % better than it was (a planted -6 % as -5.7 %), the same way
-    # on every profile, which the interval over profiles cannot see (it held the change in 61 % of seeds; ADR 0042)
+    # on every profile, which the interval over profiles cannot see (it held the change in 60-67 % of runs; ADR 0042)
     thr = np.array([threshold(m, th.tol(m)) for m in metrics])
     with np.errstate(invalid="ignore"):
         split = ~(hi - lo <= thr[None, :])
