@@ -54,7 +54,7 @@ from contract.records import METRICS  # noqa: E402
 from controller.report import analyse  # noqa: E402
 from controller.report.analysis.frame import SIGN, relative_change  # noqa: E402
 from controller.report.analysis.stats import median_interval_ranks, signed_rank_k  # noqa: E402
-from controller.report.analysis.verdict import LOWER_MEDIAN_BELOW, key_status  # noqa: E402
+from controller.report.analysis.verdict import LOWER_MEDIAN_BELOW, key_status, threshold  # noqa: E402
 from controller.report.model import FLEET, Thresholds  # noqa: E402
 from controller.report.synth import fleet, rows_frame  # noqa: E402
 
@@ -86,12 +86,15 @@ def trimmed(x: np.ndarray, k: int) -> float:
     return float(s[k:len(s) - k].mean())
 
 
-def report_trimmed(x: np.ndarray) -> float:
-    """The report's cell figure (``Groups.trimmed_means``), written out plainly."""
+def report_trimmed(x: np.ndarray, metric: str = "decode_tps") -> float:
+    """The report's cell figure (``Groups.trimmed_means``), written out plainly: an even small cell's lower median
+    only where its middle two differ by more than the metric's tolerance (ADR 0042)."""
     n = len(x)
-    if n <= 2 or (n % 2 == 0 and n < LOWER_MEDIAN_BELOW):
-        return float(np.sort(x)[(n - 1) // 2])
-    return trimmed(x, max(1, n // 4))
+    s = np.sort(x)
+    split = n > 0 and s[n // 2] - s[(n - 1) // 2] > threshold(metric, TH.tol(metric))
+    if n == 1 or ((n == 2 or (n % 2 == 0 and n < LOWER_MEDIAN_BELOW)) and split):
+        return float(s[(n - 1) // 2])
+    return trimmed(x, 0 if n <= 2 else max(1, n // 4))
 
 
 CELL: dict[str, Callable[[np.ndarray], float]] = {
@@ -198,7 +201,8 @@ def case(args: tuple[str, int, float]) -> dict[str, Any]:
             cells = [x for x in cells if len(x)]
             if len(cells) < 1:
                 continue
-            per_cell = {name: np.array([CELL[name](x) for x in cells]) for name in {cn for cn, _ in CANDIDATES}}
+            cell_of = {**CELL, "trimmed": lambda x, m=metric: report_trimmed(x, m)}
+            per_cell = {name: np.array([cell_of[name](x) for x in cells]) for name in {cn for cn, _ in CANDIDATES}}
             p_of = {name: wilcoxon_p(c) for name, c in per_cell.items()}
             for cname, kname in CANDIDATES:
                 c, p = per_cell[cname], p_of[cname]

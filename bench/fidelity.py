@@ -3,7 +3,9 @@
 Builds the simulated release at noise 0 (``--time-scale``, default 50: the demo's), runs ``fleet-agent run`` of
 every model key on it (real processes, the release's own server and benchmark, HTTP streaming), and compares
 every figure of the release's tables with the reference document's (``simulator/data/reference_tables.txt``):
-per key, the figures compared and the worst relative deviation, then the worst of all. The simulator paces
+per key, the figures compared and the worst relative deviation, then the worst of all, and the signed mean deviation
+of decode and prefill throughput per key (the offset a fleet of such modules shares against the reference, which
+a verdict would read as a change; ADR 0042). The simulator paces
 tokens in wall time and its benchmark measures them, so load on a shared machine can only make a figure look
 slower: a key with a figure beyond the goal is measured again (at most ``--retries`` times, a separate run each,
 as ``tests/agent/test_simulated_release.py`` does) and each figure keeps its best measurement; the first
@@ -45,15 +47,19 @@ def run_keys(tarball: Path, keys: list[str], base: Path, run_id: str) -> list[di
     return [r for r in json.loads(res.stdout)["rows"] if r["source"] == "release"]
 
 
-def deviations(rows: list[dict], seed: dict) -> dict[Figure, float]:
+def deviations(rows: list[dict], seed: dict, signed: bool = False) -> dict[Figure, float]:
     want = {(r.model_key, r.profile): r for rs in seed.values() for r in rs}
     out = {}
     for row in rows:
         ref = want[(row["model_key"], row["profile"])]
         for m in METRICS:
             if row[m] is not None and getattr(ref, m):
-                out[(row["model_key"], row["profile"], m)] = abs(row[m] / getattr(ref, m) - 1)
+                d = row[m] / getattr(ref, m) - 1
+                out[(row["model_key"], row["profile"], m)] = d if signed else abs(d)
     return out
+
+
+OFFSET_METRICS = ("decode_tps", "prefill_tps")  # a shared offset of these reads as a change against the reference
 
 
 def main() -> int:
@@ -69,7 +75,8 @@ def main() -> int:
         base = Path(tmp)
         built = simulator.build_release(base / "dist", noise=0.0, time_scale=args.time_scale)
         simulator.make_models(base / "models")
-        first = deviations(run_keys(built.path, keys, base, "fidelity"), seed)
+        rows = run_keys(built.path, keys, base, "fidelity")
+        first, signed = deviations(rows, seed), deviations(rows, seed, signed=True)
         best = dict(first)
         for attempt in range(args.retries):
             off = sorted({k for (k, _, _), d in best.items() if d > args.goal})
@@ -88,6 +95,15 @@ def main() -> int:
         worst = max(mine, key=mine.__getitem__)
         worst_first = max(d for f, d in first.items() if f[0] == key)
         print(f"{key:14s} {len(mine):7d} {worst_first:17.2%} {mine[worst]:20.2%}   {worst[1]} {worst[2]}")
+    print("the offset a fleet of such modules shares against the reference (first run; mean signed deviation over "
+          "the key's profiles, and its range), which a verdict would read as a change:")
+    for key in keys:
+        parts = []
+        for m in OFFSET_METRICS:
+            ds = [d for (k, _, mm), d in signed.items() if k == key and mm == m]
+            if ds:
+                parts.append(f"{m} {sum(ds) / len(ds):+.3%} [{min(ds):+.2%}, {max(ds):+.2%}]")
+        print(f"  {key:14s} {'; '.join(parts)}")
     worst = max(best, key=best.__getitem__)
     met = best[worst] <= args.goal and all(any(f[0] == k for f in best) for k in keys)
     print(f"all {len(best)} figures of {len(keys)} keys: worst {best[worst]:.2%} ({' '.join(worst)}; first run: worst "

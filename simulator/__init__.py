@@ -23,6 +23,7 @@ from simulator.runtime.core import (
     ENV_DEVICE_DIR,
     ENV_DRIVER,
     ENV_FAULT,
+    ENV_MODULE_SEED,
     ENV_NOISE,
     ENV_SEED,
     ENV_SPEED,
@@ -43,8 +44,8 @@ DEVICE_TOOL_DIR = Path(__file__).resolve().parent / "device"
 
 __all__ = [
     "DEVICE_CONDITIONS", "DEVICE_TOOL_DIR", "ENV_DEVICE", "ENV_DEVICE_DIR", "ENV_DRIVER",
-    "ENV_FAULT", "ENV_NOISE", "ENV_SEED", "ENV_SPEED", "ENV_TIME_SCALE", "FAULT_NAMES", "REPORT_METRICS",
-    "SPEED_METRICS",
+    "ENV_FAULT", "ENV_MODULE_SEED", "ENV_NOISE", "ENV_SEED", "ENV_SPEED", "ENV_TIME_SCALE", "FAULT_NAMES",
+    "REPORT_METRICS", "SPEED_METRICS",
     "BuildError", "BuiltRelease", "Fault", "SimError", "Speed", "SpecError",
     "build_release", "make_models", "parse_device", "parse_faults", "parse_speed", "regress_spec", "slow_factor",
     "tarball_name",

@@ -31,6 +31,10 @@ FAULT_AT_REQUEST = 3
 ENV_SPEED = "M1000_SIM_SPEED"
 ENV_NOISE = "M1000_SIM_NOISE"
 ENV_SEED = "M1000_SIM_SEED"
+# a module's own seed, mixed with the release's (not overriding it): each release's run on the module draws
+# noise of its own, while the modules of one run still differ (a fleet kept running across many releases)
+ENV_MODULE_SEED = "M1000_SIM_MODULE_SEED"
+MODULE_SEED_MIX = 1_000_003  # seed = release seed * this + module seed
 ENV_TIME_SCALE = "M1000_SIM_TIME_SCALE"
 ENV_FAULT = "M1000_SIM_FAULT"
 # the simulated module's device (simulator/device/mthreads-gmi): its condition, and the folder where the
@@ -186,7 +190,8 @@ class Knobs(NamedTuple):
         )
 
     def with_env(self, env: dict[str, str] | Any) -> Knobs:
-        """Module knobs: speed multiplies, faults add up, noise / seed / time scale override."""
+        """Module knobs: speed multiplies, faults add up, noise / seed / time scale override; a module seed
+        (``M1000_SIM_MODULE_SEED``) mixes with the seed."""
         speed, noise, seed, scale, faults = self.speed, self.noise, self.seed, self.time_scale, self.faults
         if env.get(ENV_SPEED, "").strip():
             speed = speed.compose(parse_speed(env[ENV_SPEED], ENV_SPEED))
@@ -194,6 +199,8 @@ class Knobs(NamedTuple):
             noise = parse_noise(env[ENV_NOISE], ENV_NOISE)
         if env.get(ENV_SEED, "").strip():
             seed = parse_seed_value(env[ENV_SEED], ENV_SEED)
+        if env.get(ENV_MODULE_SEED, "").strip():
+            seed = seed * MODULE_SEED_MIX + parse_seed_value(env[ENV_MODULE_SEED], ENV_MODULE_SEED)
         if env.get(ENV_TIME_SCALE, "").strip():
             scale = parse_time_scale(env[ENV_TIME_SCALE], ENV_TIME_SCALE)
         if env.get(ENV_FAULT, "").strip():

@@ -88,6 +88,18 @@ def test_env_knobs_compose_with_baked_ones() -> None:
         baked.with_env({"M1000_SIM_NOISE": "2"})
 
 
+def test_a_module_seed_mixes_with_the_release_seed() -> None:
+    """``M1000_SIM_MODULE_SEED``: each release draws new noise on a module kept running, the modules still differ;
+    an empty ``M1000_SIM_SEED`` overrides nothing."""
+    seeds = {(r, m): core.Knobs(seed=r).with_env({"M1000_SIM_SEED": "", "M1000_SIM_MODULE_SEED": str(m)}).seed
+             for r in (0, 1, 2) for m in (1, 2)}
+    assert seeds[(1, 2)] == 1 * core.MODULE_SEED_MIX + 2
+    assert len(set(seeds.values())) == len(seeds)
+    assert core.Knobs(seed=5).with_env({"M1000_SIM_SEED": "3"}).seed == 3  # the module seed alone still overrides
+    with pytest.raises(SpecError, match="M1000_SIM_MODULE_SEED"):
+        core.Knobs().with_env({"M1000_SIM_MODULE_SEED": "one"})
+
+
 def test_regress_spec() -> None:
     assert regress_spec("qwen3:decode:0.08") == "qwen3:decode=0.92"
     assert regress_spec("qwen35_mtp:accept:0.1") == "qwen35_mtp:accept=0.9"

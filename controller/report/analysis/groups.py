@@ -123,12 +123,14 @@ class Groups:
         lo, hi = self.middles(values)
         return (lo + hi) / 2
 
-    def trimmed_means(self, values: Columns, lower_below: int, up_to: int, rows: np.ndarray | None = None
-                      ) -> np.ndarray:
+    def trimmed_means(self, values: Columns, lower_below: int, up_to: int, rows: np.ndarray | None = None,
+                      split: np.ndarray | None = None) -> np.ndarray:
         """The trimmed mean per (group, column), NaN skipped: of a group's n values sorted, the mean of ranks
         t .. n-1-t (0-based), t = max(1, n // 4): the interquartile mean (3 of 5 values; the median of 3).
         Where n <= 2, or n is even and below ``lower_below``, the lower middle value alone (the lower median:
-        half of a small fleet moves no fleet figure). Groups of more than ``up_to`` rows: NaN (the caller takes
+        half of a small fleet moves no fleet figure). ``split`` (per group and column, in the order of the
+        groups): only where it is true does that lower median apply; elsewhere such a group takes the trimmed
+        mean too (both values of 2; the middle two of 4). Groups of more than ``up_to`` rows: NaN (the caller takes
         their median; ``rows``: each group's rows counted for that, where the values are those of some of them, the
         others without a figure). One sort by (group, value) per column, of the rows of the groups it computes."""
         cols = list(values.T) if isinstance(values, np.ndarray) and values.ndim == 2 else list(values)
@@ -154,8 +156,11 @@ class Groups:
             n = np.bincount(g, minlength=len(small))
             rank = np.arange(len(v)) - (np.cumsum(n) - n)[g]
             lower = (n <= 2) | ((n % 2 == 0) & (n < lower_below))
-            first = np.where(lower, (n - 1) // 2, np.maximum(1, n // 4))
-            last = np.where(lower, (n - 1) // 2, n - 1 - np.maximum(1, n // 4))
+            if split is not None:
+                lower &= np.asarray(split, dtype=bool).reshape(len(self), -1)[small, j]
+            t = np.where(n <= 2, 0, np.maximum(1, n // 4))
+            first = np.where(lower, (n - 1) // 2, t)
+            last = np.where(lower, (n - 1) // 2, n - 1 - t)
             keep = (rank >= first[g]) & (rank <= last[g])
             total = np.bincount(g[keep], weights=v[keep], minlength=len(small))
             count = np.bincount(g[keep], minlength=len(small))

@@ -15,7 +15,8 @@ real regression:
   not a regression;
 * **one model key, fleet-wide** (against the baseline or the previous run): per profile the fleet's trimmed
   mean of the change (the interquartile mean of the modules, at least the best and the worst left out; with 2
-  modules, or an even count below 12, the lower median as below), then the Hodges-Lehmann centre of those over
+  modules, or an even count below 12, the lower median as below where the middle two differ by more than the
+  tolerance, the trimmed mean where they agree: ADR 0042), then the Hodges-Lehmann centre of those over
   the key's profiles (ADR 0016: a 6 % change named in every seed where the median of medians missed 3 in
   1,000); worse than the metric's tolerance and ``p < alpha`` by a Wilcoxon signed-rank test across profiles:
   regressed (:func:`key_status`);
