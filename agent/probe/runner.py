@@ -15,11 +15,8 @@ and they stay off for the rest of the run.
 
 A server whose ``/get_server_info`` carries ``m1000_sim`` is the simulator: it runs
 ``time_scale`` times faster than a module, so wall times are multiplied back by that
-factor, the send instant goes to it in ``X-Sim-Sent-Ns`` (where its clock starts, as for
-the release's own benchmark there), and the probe's thread takes, while it measures, the
-scheduling priority the simulated release's processes take (docs/concepts/simulator.md "Timing fidelity on a
-busy machine": a wake-up late by 1 ms of wall time is N ms of module time). Any other
-server: factor 1, no such header, no priority change.
+factor; it is sent what any other server is sent (it starts its clock when the request reaches
+its machine's kernel: docs/adr/0038). Any other server: factor 1.
 """
 
 from __future__ import annotations
@@ -61,7 +58,6 @@ from agent.probe.sweep import (
 from agent.probe.transport import Transport
 from contract.records import Frozen
 
-SIM_SENT_HEADER = "X-Sim-Sent-Ns"
 Progress = Callable[[str, int, int], None]  # (what, requests done, requests planned)
 
 
@@ -105,13 +101,11 @@ class Server(NamedTuple):
 
     model: str
     scale: float
-    sent: str | None  # the send-instant header (the simulator's)
     speculative: bool | None  # sglang's /get_server_info speculative_algorithm (None: not said)
 
 
 async def discover(t: Transport, model: str | None, scale: float | None) -> Server:
-    """The model, time scale, send-instant header and speculative decoding of the server behind ``t``."""
-    sent = None
+    """The model, time scale and speculative decoding of the server behind ``t``."""
     speculative = None
     status, raw = await t.get("/get_server_info")
     info = None
@@ -124,7 +118,7 @@ async def discover(t: Transport, model: str | None, scale: float | None) -> Serv
         scale = 1.0
         sim = info.get("m1000_sim") if isinstance(info, dict) else None
         if isinstance(sim, dict) and isinstance(sim.get("time_scale"), (int, float)) and sim["time_scale"] > 0:
-            scale, sent = float(sim["time_scale"]), SIM_SENT_HEADER
+            scale = float(sim["time_scale"])
     if model is None:
         status, raw = await t.get("/v1/models")
         if status is None:
@@ -134,35 +128,7 @@ async def discover(t: Transport, model: str | None, scale: float | None) -> Serv
             model = str(data[0]["id"])
         except (ValueError, AttributeError, IndexError, KeyError, TypeError):
             raise ProbeError(f"{t.base_url}/v1/models names no model (HTTP {status}); give the model") from None
-    return Server(model, scale, sent, speculative)
-
-
-def sim_priority() -> Callable[[], None]:
-    """This thread at the simulated release's priority (``M1000_SIM_PRIORITY``: ``rt``, the default,
-    lowest real-time round-robin level; ``nice`` -10; ``off``), best effort; returns the undo."""
-    mode = (os.environ.get("M1000_SIM_PRIORITY") or "rt").strip().lower()
-    if mode == "rt" and hasattr(os, "sched_setscheduler"):
-        try:
-            policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
-            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
-        except OSError:  # no permission (not root, no CAP_SYS_NICE): try nice
-            mode = "nice"
-        else:
-            return lambda: _quietly(os.sched_setscheduler, 0, policy, param)
-    if mode == "nice" and hasattr(os, "setpriority"):
-        try:
-            old = os.getpriority(os.PRIO_PROCESS, 0)
-            if old > -10:
-                os.setpriority(os.PRIO_PROCESS, 0, -10)
-                return lambda: _quietly(os.setpriority, os.PRIO_PROCESS, 0, old)
-        except OSError:
-            pass
-    return lambda: None
-
-
-def _quietly(fn: Callable[..., Any], *args: Any) -> None:
-    with contextlib.suppress(OSError):
-        fn(*args)
+    return Server(model, scale, speculative)
 
 
 class _Session:
@@ -174,7 +140,6 @@ class _Session:
         self.t = t
         self.model = server.model
         self.scale = server.scale
-        self.sent = server.sent
         self.speculative = cfg.speculative if cfg.speculative is not None else server.speculative
         self.tokenizer = tokenizer
         self.progress = progress
@@ -196,7 +161,7 @@ class _Session:
                                    engine_fields=engine), separators=(",", ":")).encode()
             ex = await self.t.request("POST", self.path, data, headers={"Content-Type": "application/json",
                                                                         "Accept": "text/event-stream"},
-                                      timeout=self.cfg.timeout_s, sent_header=self.sent)
+                                      timeout=self.cfg.timeout_s)
             if ex.status is None or ex.status == 200:
                 return ex
             said = b"".join(d for _, d in ex.reads).decode("utf-8", "replace")
@@ -295,11 +260,8 @@ async def probe_async(cfg: ProbeConfig, *, tokenizer: Tokenizer | None = None, p
     profiles = parse_profiles(cfg.profiles)
     width = max((ld.concurrency or 64 for ld in cfg.loads), default=1)
     t = Transport(cfg.base_url, max_idle=max(64, width))
-    undo: Callable[[], None] = lambda: None  # noqa: E731
     try:
         server = await discover(t, cfg.model, cfg.time_scale)
-        if server.sent is not None:
-            undo = sim_priority()
         s = _Session(cfg, t, server, tokenizer, progress, stop)
         s.planned = len(profiles) * len(cfg.loads) * (cfg.requests * cfg.repeat + cfg.warmup)
         results: list[ProfileResult] = []
@@ -313,7 +275,6 @@ async def probe_async(cfg: ProbeConfig, *, tokenizer: Tokenizer | None = None, p
                            engine_fields=s.engine, token_ids=s.token_ids, speculative=s.speculative, cache=cfg.cache,
                            results=tuple(results))
     finally:
-        undo()
         await t.aclose()
 
 
@@ -323,14 +284,11 @@ async def sweep_async(cfg: ProbeConfig, sweep: SweepConfig, *, tokenizer: Tokeni
     until it says why it stops; the budget is wall seconds from the first request."""
     (p, *_) = parse_profiles(cfg.profiles)
     t = Transport(cfg.base_url, max_idle=max(64, sweep.max_concurrency))
-    undo: Callable[[], None] = lambda: None  # noqa: E731
     began = time.monotonic()
     levels: list[Level] = []
     reason: StopReason = "max_load"
     try:
         server = await discover(t, cfg.model, cfg.time_scale)
-        if server.sent is not None:
-            undo = sim_priority()
         deadline = began + sweep.budget_s
         s = _Session(cfg, t, server, tokenizer, progress,
                      lambda: (stop is not None and stop()) or time.monotonic() > deadline)
@@ -351,7 +309,6 @@ async def sweep_async(cfg: ProbeConfig, sweep: SweepConfig, *, tokenizer: Tokeni
                 break
             levels.append(level(measured, nxt, sweep.slo, time.monotonic() - t_level))
     finally:
-        undo()
         await t.aclose()
     return SweepResult(profile=p.name, slo=sweep.slo, levels=tuple(levels), capacity=capacity(levels), stop=reason,
                        wall_s=time.monotonic() - began)

@@ -26,7 +26,6 @@ else:
     from .record import NamedTuple
 
 PROG = "run_tilelang_benchmark.sh"
-SENT_HEADER = "X-Sim-Sent-Ns"
 SPREAD = 0.01  # two TTFT measurements this close (relative) are taken as undisturbed
 VISION_SPREAD = 0.004  # fps comes from a difference of two TTFTs: agree more closely
 _ANSWER = r"####\s*(-?[\d,]*\.?\d+)"  # a GSM8K answer in a completion (compiled by the MTP keys only)
@@ -218,7 +217,7 @@ class Client:
         t_start = time.monotonic_ns()
         data = jsonc.dumps(body, separators=(",", ":")).encode()
         status, fields = self._send("POST", path, data, None,
-                                    {"Content-Type": "application/json", SENT_HEADER: str(t_start)})
+                                    {"Content-Type": "application/json"})
         if status != 200:
             raw = b"".join(self._chunks(fields)).decode("utf-8", "replace")
             self._finish(fields)
