@@ -33,6 +33,7 @@ class Output:
     latency: float
     itl: tuple[float, ...]
     output_len: int
+    server_ttft_ms: float | None = None  # a simulated server's own TTFT (its usage chunk's m1000_sim), else None
 
     @property
     def tpot(self) -> float:
@@ -60,6 +61,7 @@ async def request(base_url: str, model: str, prompt: str, output_len: int) -> Ou
     itl: list[float] = []
     ttft = 0.0
     n = output_len
+    server = None
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
         st = time.perf_counter()
         latest = st
@@ -83,7 +85,8 @@ async def request(base_url: str, model: str, prompt: str, output_len: int) -> Ou
                         itl.append(now - latest)
                     latest = now
                 n = (data.get("usage") or {}).get("completion_tokens", n)
-    return Output(ttft, latency, tuple(itl), n)
+                server = (data.get("m1000_sim") or {}).get("ttft_ms", server)  # not bench_serving's: read only
+    return Output(ttft, latency, tuple(itl), n, server)
 
 
 async def run(base_url: str, model: str, input_len: int, output_len: int, requests: int, tag: str) -> list[Output]:
@@ -93,7 +96,8 @@ async def run(base_url: str, model: str, input_len: int, output_len: int, reques
 
 
 def measure(base_url: str, model: str, input_len: int, output_len: int, requests: int, tag: str,
-            scale: float = 1.0) -> list[tuple[float, float]]:
-    """(TTFT ms, TPOT ms) of each request, times ``scale``."""
+            scale: float = 1.0) -> list[tuple[float, float, float]]:
+    """(TTFT ms, TPOT ms, the server's own TTFT ms or NaN) of each request, the client's times ``scale``."""
     outs = asyncio.run(run(base_url, model, input_len, output_len, requests, tag))
-    return [(o.ttft * 1000 * scale, o.tpot * 1000 * scale) for o in outs]
+    return [(o.ttft * 1000 * scale, o.tpot * 1000 * scale,
+             float("nan") if o.server_ttft_ms is None else o.server_ttft_ms) for o in outs]

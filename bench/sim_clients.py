@@ -8,8 +8,9 @@ private header, no scheduling priority, a connection per request) in interleaved
 probe, ...), ``--requests`` cold requests each per round; with ``--rt`` a third, the probe with its thread at
 SCHED_RR (the trick it played before ADR 0038), shown and not judged. Per client and profile: the median over
 its rounds of each round's median TTFT and TPOT (module ms: wall times the scale) against the reference
-document's figure; the plain client's over the probe's. Goal: every median of the probe and the plain client
-within 1 % of the reference (``--goal``); exits 1 otherwise.
+document's figure; the plain client's over the probe's; the server's own TTFT (from the request's arrival in its
+kernel to its first chunk written, which its usage chunk says) and what the plain client added to it. Goal: every
+median of the probe and the plain client within 1 % of the reference (``--goal``); exits 1 otherwise.
 
 Usage: .venv/bin/python bench/sim_clients.py [--scale 50] [--requests 5] [--rounds 2] [--hogs N] [--rt]
 """
@@ -73,15 +74,15 @@ def hogs(n: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True) for _ in range(n)]
 
 
-def probe_round(url: str, profile: str, requests: int) -> list[tuple[float, float]]:
+def probe_round(url: str, profile: str, requests: int) -> list[tuple[float, float, float]]:
     """The probe's (TTFT p50, TPOT p50) of one round (warm-up 0, cold prompts)."""
     (res,) = run_probe(ProbeConfig(base_url=url, profiles=(profile,), requests=requests, warmup=0)).results
     if res.ok != requests or res.ttft_ms is None or res.tpot_ms is None:
         raise SystemExit(f"probe {profile}: {res.ok} of {requests} requests ok ({res.error_details})")
-    return [(res.ttft_ms.p50, res.tpot_ms.p50)]
+    return [(res.ttft_ms.p50, res.tpot_ms.p50, float("nan"))]
 
 
-def probe_rt_round(url: str, profile: str, requests: int) -> list[tuple[float, float]]:
+def probe_rt_round(url: str, profile: str, requests: int) -> list[tuple[float, float, float]]:
     """As :func:`probe_round` with this thread at the lowest real-time round-robin priority while it measures (the
     trick the probe played on a simulated server before ADR 0038; here for the comparison only)."""
     policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
@@ -95,21 +96,21 @@ def probe_rt_round(url: str, profile: str, requests: int) -> list[tuple[float, f
         os.sched_setscheduler(0, policy, param)
 
 
-def plain_round(url: str, profile: str, requests: int, scale: float, tag: str) -> list[tuple[float, float]]:
+def plain_round(url: str, profile: str, requests: int, scale: float, tag: str) -> list[tuple[float, float, float]]:
     """The plain client's (TTFT p50, TPOT p50) of one round, as bench_serving's median TTFT and TPOT."""
     n_in = int(profile.split(":")[1])  # prefill_len:input_len, as the reference's Profile column
     got = plain_client.measure(url, plain_client.first_model(url), n_in, OUTPUT, requests, tag, scale)
-    return [(median(got, 0), median(got, 1))]
+    return [(median(got, 0), median(got, 1), median(got, 2))]
 
 
 def compare(url: str, scale: float, requests: int, rounds: int,
-            rt: bool) -> dict[str, dict[str, list[tuple[float, float]]]]:
+            rt: bool) -> dict[str, dict[str, list[tuple[float, float, float]]]]:
     """Per profile, per client: each round's (TTFT p50, TPOT p50), the clients' order reversed every other round."""
-    out: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    out: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
     salt = os.urandom(3).hex()
     clients = ("probe", "plain", "probe-rt") if rt else ("probe", "plain")
     for profile in PROFILES:
-        got: dict[str, list[tuple[float, float]]] = {c: [] for c in clients}
+        got: dict[str, list[tuple[float, float, float]]] = {c: [] for c in clients}
         for k in range(rounds):
             for client in clients if k % 2 == 0 else clients[::-1]:
                 if client == "probe":
@@ -122,11 +123,17 @@ def compare(url: str, scale: float, requests: int, rounds: int,
     return out
 
 
-def median(values: list[tuple[float, float]], i: int) -> float:
+def median(values: list[tuple[float, float, float]], i: int) -> float:
     return statistics.median(v[i] for v in values)
 
 
-def report(results: dict[str, dict[str, list[tuple[float, float]]]], ref: dict[str, tuple[float, float]],
+def server_ttft(got: dict[str, list[tuple[float, float, float]]]) -> float:
+    """The server's own TTFT (module ms from the request's arrival to its first chunk written; its usage chunk
+    says it), median over the rounds of the plain client, which reads it."""
+    return median(got["plain"], 2)
+
+
+def report(results: dict[str, dict[str, list[tuple[float, float, float]]]], ref: dict[str, tuple[float, float]],
            goal: float) -> float:
     """Prints the table; returns the worst |deviation| of a client's median from the reference."""
     worst = 0.0
@@ -143,6 +150,8 @@ def report(results: dict[str, dict[str, list[tuple[float, float]]]], ref: dict[s
                   f"{each} | {len(vals)} |")
         pt, pp = median(got["probe"], 0), median(got["probe"], 1)
         qt, qp = median(got["plain"], 0), median(got["plain"], 1)
+        st = server_ttft(got)
+        print(f"| {profile} | server's own | {st:.1f} | {st / rt - 1:+.2%} | | | plain's own time {qt - st:.1f} ms | |")
         print(f"| {profile} | reference | {rt:g} | plain/probe {qt / pt - 1:+.2%} | {rp:g} | "
               f"plain/probe {qp / pp - 1:+.2%} | | |")
     print(f"worst |median - reference| {worst:.2%}; goal within {goal:.0%}: {'met' if worst <= goal else 'NOT met'}")

@@ -544,6 +544,7 @@ class Handler(HTTPHandler):
             ctx.send(pieces[sent:sent + count], sent + count, plan.finish if done else None)
             sent += count
             if i == 0:
+                ctx.ttft_ms = time.monotonic() * 1000.0 * self.state.cfg.knobs.time_scale - job.arrival
                 self.state.device.set("decode")
                 if fault and not plan.emits:
                     self._strike(fault)
@@ -601,6 +602,7 @@ class _Stream:
         self.created = int(time.time())
         self.object = "chat.completion.chunk" if chat else "text_completion"
         self.first = True
+        self.ttft_ms: float | None = None  # module ms from the request's arrival to its first chunk written
 
     def usage(self, n: int) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n,
@@ -637,6 +639,8 @@ class _Stream:
         if self.include_usage:
             obj = {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
                    "choices": [], "usage": self.usage(n)}
+            if self.ttft_ms is not None:  # what this server did, for a client that wants to know where time went
+                obj["m1000_sim"] = {"ttft_ms": round(self.ttft_ms, 3)}
             self._chunk(b"data: " + jsonc.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
         self._chunk(b"data: [DONE]\n\n")
         self.h.wfile.write(b"0\r\n\r\n")
