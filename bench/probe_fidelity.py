@@ -51,12 +51,13 @@ def _one_token_hit(url: str, n: int, k: int) -> tuple[float, float, int]:
     import asyncio
 
     from agent.probe.measure import interpret
-    from agent.probe.runner import discover
+    from agent.probe.runner import discover, sim_priority
     from agent.probe.transport import Transport
 
     async def go() -> tuple[float, float, int]:
         t = Transport(url)
         server = await discover(t, None, None)
+        undo = sim_priority()  # as the probe measures a simulated server
         first = 1000 + 7 * k
         for prompt, max_tokens in (([first, 29999 - k], 1), ([first] + [2000 + (i * 31 + k) % 20000
                                                                           for i in range(n - 1)], 100)):
@@ -64,6 +65,7 @@ def _one_token_hit(url: str, n: int, k: int) -> tuple[float, float, int]:
                                "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
             ex = await t.request("POST", "/v1/completions", body, headers={"Content-Type": "application/json"},
                                  timeout=600)
+        undo()
         await t.aclose()
         r = interpret(ex, scale=server.scale)
         return r.ttft_ms or 0.0, r.tpot_ms or 0.0, r.cached_tokens or 0

@@ -3,16 +3,19 @@
 One simulated qwen3 server (``python -m simulator serve``, time scale ``--scale``, default 50: the demo's), the
 machine's cores kept busy by ``--hogs`` CPU hogs (busy loops at the default priority; default one per core), then
 for each profile of the reference's sweep table (128:128, 500:500, 2000:2000; 100 output tokens) the project's
-probe and a plain client written from sglang ``bench_serving``'s definitions (``bench/plain_client.py``: no
-private header, no scheduling priority, a connection per request) in interleaved rounds (probe, plain, plain,
-probe, ...), ``--requests`` cold requests each per round; with ``--rt`` a third, the probe with its thread at
-SCHED_RR (the trick it played before ADR 0038), shown and not judged. Per client and profile: the median over
+probe (as the agent runs it: on a simulated server its thread takes the simulated release's priority) and a
+plain client written from sglang ``bench_serving``'s definitions (``bench/plain_client.py``: no private header, no
+scheduling priority, a connection per request) in interleaved rounds (probe, plain, plain, probe, ...),
+``--requests`` cold requests each per round; with ``--no-priority`` a third, the probe without that priority
+(``probe-nopri``), shown and not judged. The runs of 2026-12-06 15:09-15:12 (``_scale50``, ``_scale5``, ``_scale1``)
+were made before ADR 0038 kept the priority: their ``probe`` is the probe without it, their ``probe-rt`` the probe
+with it. Per client and profile: the median over
 its rounds of each round's median TTFT and TPOT (module ms: wall times the scale) against the reference
 document's figure; the plain client's over the probe's; the server's own TTFT (from the request's arrival in its
 kernel to its first chunk written, which its usage chunk says) and what the plain client added to it. Goal: every
 median of the probe and the plain client within 1 % of the reference (``--goal``); exits 1 otherwise.
 
-Usage: .venv/bin/python bench/sim_clients.py [--scale 50] [--requests 5] [--rounds 2] [--hogs N] [--rt]
+Usage: .venv/bin/python bench/sim_clients.py [--scale 50] [--requests 5] [--rounds 2] [--hogs N] [--no-priority]
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ PROFILES = ("128:128", "500:500", "2000:2000")
 OUTPUT = 100  # output tokens per request: the reference's, and the probe's default
 GOAL = 0.01
 HOG = "while True: pass"
-JUDGED = ("probe", "plain")  # the two clients the goal is about (probe-rt is shown beside them)
+JUDGED = ("probe", "plain")  # the two clients the goal is about (probe-nopri is shown beside them)
 
 
 def reference() -> dict[str, tuple[float, float]]:
@@ -82,18 +85,18 @@ def probe_round(url: str, profile: str, requests: int) -> list[tuple[float, floa
     return [(res.ttft_ms.p50, res.tpot_ms.p50, float("nan"))]
 
 
-def probe_rt_round(url: str, profile: str, requests: int) -> list[tuple[float, float, float]]:
-    """As :func:`probe_round` with this thread at the lowest real-time round-robin priority while it measures (the
-    trick the probe played on a simulated server before ADR 0038; here for the comparison only)."""
-    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
-    try:
-        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
-    except OSError as exc:
-        raise SystemExit(f"probe-rt: cannot take SCHED_RR ({exc}); run as root or without --rt") from None
+def probe_plain_round(url: str, profile: str, requests: int) -> list[tuple[float, float, float]]:
+    """As :func:`probe_round` with the probe's priority off (``M1000_SIM_PRIORITY=off``): the probe as a plain
+    client (for the comparison only; the agent's probe takes the simulated release's priority, ADR 0038)."""
+    old = os.environ.get("M1000_SIM_PRIORITY")
+    os.environ["M1000_SIM_PRIORITY"] = "off"
     try:
         return probe_round(url, profile, requests)
     finally:
-        os.sched_setscheduler(0, policy, param)
+        if old is None:
+            del os.environ["M1000_SIM_PRIORITY"]
+        else:
+            os.environ["M1000_SIM_PRIORITY"] = old
 
 
 def plain_round(url: str, profile: str, requests: int, scale: float, tag: str) -> list[tuple[float, float, float]]:
@@ -104,19 +107,19 @@ def plain_round(url: str, profile: str, requests: int, scale: float, tag: str) -
 
 
 def compare(url: str, scale: float, requests: int, rounds: int,
-            rt: bool) -> dict[str, dict[str, list[tuple[float, float, float]]]]:
+            plain_probe: bool) -> dict[str, dict[str, list[tuple[float, float, float]]]]:
     """Per profile, per client: each round's (TTFT p50, TPOT p50), the clients' order reversed every other round."""
     out: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
     salt = os.urandom(3).hex()
-    clients = ("probe", "plain", "probe-rt") if rt else ("probe", "plain")
+    clients = ("probe", "plain", "probe-nopri") if plain_probe else ("probe", "plain")
     for profile in PROFILES:
         got: dict[str, list[tuple[float, float, float]]] = {c: [] for c in clients}
         for k in range(rounds):
             for client in clients if k % 2 == 0 else clients[::-1]:
                 if client == "probe":
                     got[client] += probe_round(url, profile, requests)
-                elif client == "probe-rt":
-                    got[client] += probe_rt_round(url, profile, requests)
+                elif client == "probe-nopri":
+                    got[client] += probe_plain_round(url, profile, requests)
                 else:
                     got[client] += plain_round(url, profile, requests, scale, f"{salt}p{profile}k{k}")
         out[profile] = got
@@ -165,7 +168,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--hogs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--goal", type=float, default=GOAL)
-    ap.add_argument("--rt", action="store_true", help="a third client: the probe at SCHED_RR (not judged)")
+    ap.add_argument("--no-priority", action="store_true",
+                    help="a third client: the probe without its priority (M1000_SIM_PRIORITY=off; not judged)")
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -176,7 +180,7 @@ def main() -> int:
         load = hogs(args.hogs)
         print(f"simulated qwen3 at time scale {args.scale:g}; {args.hogs} CPU hog(s); {args.rounds} interleaved "
               f"rounds of {args.requests} requests per client and profile; medians in module ms", flush=True)
-        worst = report(compare(url, args.scale, args.requests, args.rounds, args.rt), reference(), args.goal)
+        worst = report(compare(url, args.scale, args.requests, args.rounds, args.no_priority), reference(), args.goal)
         print(f"load avg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         for p in load:

@@ -36,7 +36,7 @@ from agent.probe import ProbeConfig  # noqa: E402
 from agent.probe.measure import percentile  # noqa: E402
 from agent.probe.prompts import parse_profile  # noqa: E402
 from agent.probe.records import LoadShape  # noqa: E402
-from agent.probe.runner import _Session, discover, run_sweep  # noqa: E402
+from agent.probe.runner import _Session, discover, run_sweep, sim_priority  # noqa: E402
 from agent.probe.sweep import SweepConfig, SweepSLO, level, requests_for  # noqa: E402
 from agent.probe.transport import Transport  # noqa: E402
 from simulator.ports import free_port  # noqa: E402
@@ -50,11 +50,13 @@ async def phases(url: str, c: int, output_len: int, prompt: str) -> str:
     cfg = ProbeConfig(base_url=url, profiles=("128:128",), output_len=output_len, prompt=prompt)  # type: ignore[arg-type]
     t = Transport(url, max_idle=64)
     server = await discover(t, None, None)
+    undo = sim_priority()
     try:
         s = _Session(cfg, t, server, None, None, None)
         reqs, duration = await s.measure(parse_profile("128:128"), LoadShape(kind="concurrency", value=c), c,
                                          requests_for(c, c))
     finally:
+        undo()
         await t.aclose()
     reqs.sort(key=lambda r: r.index)
     parts = {"ramp-up": reqs[:c], "window": reqs[c:-c], "drain": reqs[-c:]}

@@ -183,3 +183,21 @@ def test_load_shape_parsing():
     with pytest.raises(ValueError):
         load_shapes("2", 1.0)
 
+
+def test_the_simulated_release_priority_is_taken_and_given_back(monkeypatch):
+    import os
+
+    from agent.probe.runner import sim_priority
+
+    before = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+    monkeypatch.setenv("M1000_SIM_PRIORITY", "off")
+    sim_priority()()
+    assert (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)) == before
+    monkeypatch.setenv("M1000_SIM_PRIORITY", "rt")
+    undo = sim_priority()
+    try:
+        if os.geteuid() == 0:  # with permission: real-time round robin while the probe measures
+            assert os.sched_getscheduler(0) == os.SCHED_RR
+    finally:
+        undo()
+    assert (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)) == before

@@ -1,6 +1,7 @@
-"""Issue 45's acceptance on this CPU: two independent clients, the project's probe and a plain client written from
-sglang ``bench_serving``'s definitions (``bench/plain_client.py``: no private header, no scheduling priority), agree
-with the reference document within 1 % against the simulated module while both cores are busy with CPU hogs.
+"""Issue 45's acceptance on this CPU: two independent clients, the project's probe (as the agent runs it) and a plain
+client written from sglang ``bench_serving``'s definitions (``bench/plain_client.py``: no private header, no
+scheduling priority), agree with the reference document within 1 % against the simulated module while both cores
+are busy with CPU hogs; the server's own TTFT (its usage chunk's ``m1000_sim``) within 0.5 %.
 
 Time scale 2: a client's own time counts 2 times (``bench/sim_clients.py``: at 50, +3 to +8 % TTFT for the plain
 client on a loaded machine, its own wall time times 50, while the simulated server's own TTFT stays on the
