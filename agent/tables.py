@@ -5,7 +5,9 @@ no-prefix / shared-prefix sweep table, the MTP GSM8K table, the VL vision table)
 the ways such text gets mangled: CRLF, runs of spaces instead of tabs, reordered
 columns, unknown extra columns (kept in ``extra``), missing optional columns. A table
 that cannot be read raises :class:`TableError` naming the line. Rows whose figures break
-the relations the seed obeys are kept but flagged.
+the relations the seed obeys are kept but flagged, and so are figures no benchmark can
+measure (``<metric>_invalid_zero``, ``_negative``, ``_inf``, ``_nan``: the report leaves
+such a figure out) and a profile a table has twice (``duplicate_row`` on the later row).
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ _REQUIRED: dict[TableKind, tuple[str, ...]] = {
     "mtp": ("model", "prompt_index"),
     "vision": ("model", "input_tokens", "vision_fps"),
 }
-_METRIC_FIELDS = ("prefill_tps", "ttft_ms", "decode_tps", "tpot_ms", "vision_fps", "accept_rate")
+_METRIC_FIELDS = ("prefill_tps", "ttft_ms", "decode_tps", "tpot_ms", "vision_fps", "accept_rate", "accept_rate_len")
+_ZERO_ALLOWED = frozenset({"accept_rate"})  # (acclen-1)/(4-1) is 0 when no draft token was accepted
+DUPLICATE = "duplicate_row"  # the row's profile came earlier in the same table
 
 # Relative tolerance of the relation checks; the seed's own rows agree to < 0.1 %.
 RELATION_TOLERANCE = 0.03
@@ -153,10 +157,23 @@ def check_relations(row: ResultRow, tolerance: float = RELATION_TOLERANCE) -> tu
         if abs(row.tpot_ms - expect) > tolerance * expect + 0.01:
             flags.append("tpot_vs_decode")
     for name in _METRIC_FIELDS:
-        v = getattr(row, name)
-        if v is not None and (v != v or v < 0):  # NaN or negative
-            flags.append(f"{name}_invalid")
+        why = figure_problem(getattr(row, name), zero_ok=name in _ZERO_ALLOWED)
+        if why:
+            flags.append(f"{name}_invalid_{why}")
     return tuple(flags)
+
+
+def figure_problem(v: float | None, zero_ok: bool = False) -> str:
+    """Why a measured figure cannot be (``nan``, ``inf``, ``negative``, ``zero``), or ``""``."""
+    if v is None:
+        return ""
+    if v != v:
+        return "nan"
+    if v in (float("inf"), float("-inf")):
+        return "inf"
+    if v < 0:
+        return "negative"
+    return "zero" if v == 0 and not zero_ok else ""
 
 
 def _row(kind: TableKind, fields: list[tuple[str, float] | None], headers: list[str], cells: list[str],
@@ -227,6 +244,7 @@ def parse_tables(text: str, source: str = "") -> list[Table]:
         if missing:
             raise TableError(f"{kind} table header lacks column {missing[0]!r}", header_no, source)
         rows: list[ResultRow] = []
+        seen: set[str] = set()
         i += 1
         while i < len(lines) and lines[i].strip():
             if _is_header(lines[i]) or _is_trailer(lines[i], len(headers)):
@@ -240,7 +258,11 @@ def parse_tables(text: str, source: str = "") -> list[Table]:
                 raise TableError(
                     f"row has {len(cells)} cells, header has {len(headers)}", i + 1, source
                 )
-            rows.append(_row(kind, specs, headers, cells, i + 1, source))
+            row = _row(kind, specs, headers, cells, i + 1, source)
+            if row.profile in seen:
+                row = row.model_copy(update={"flags": (*row.flags, DUPLICATE)})
+            seen.add(row.profile)
+            rows.append(row)
             i += 1
         if not rows:
             raise TableError("table header with no rows", header_no, source)

@@ -12,9 +12,10 @@ rule), its vocabulary the words of AIPerf's own prompt corpus, so its synthetic 
 for. The tokenizer is read from its absolute path: nothing is fetched at run time (the bench ran on a machine
 without network). One dataset entry per request: AIPerf's default reuses its entries, so the warm-up's prompt
 came again and found itself in the simulated server's prefix cache (-40 % TTFT at 2000 tokens). AIPerf measures
-wall time; its figures are multiplied by the server's time scale (the probe does the same itself). It does not
-send the send instant the simulated server anchors its clock to (the probe does), so its TTFT includes its own
-request transport. Why AIPerf: docs/adr/0015-measurement-choices.md.
+wall time; its figures are multiplied by the server's time scale (the probe does the same itself). The simulated
+server starts every request's clock when it reaches its kernel (docs/adr/0038), so both clients' TTFT include
+their own time before the send and after the first chunk, times the scale. Why AIPerf:
+docs/adr/0015-measurement-choices.md.
 
 Usage: .venv/bin/python bench/crosscheck.py [--time-scale 10] [--requests 5] [--rounds 2] [--venv DIR]
 """

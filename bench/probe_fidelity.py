@@ -64,7 +64,7 @@ def _one_token_hit(url: str, n: int, k: int) -> tuple[float, float, int]:
             body = json.dumps({"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                                "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
             ex = await t.request("POST", "/v1/completions", body, headers={"Content-Type": "application/json"},
-                                 timeout=600, sent_header=server.sent)
+                                 timeout=600)
         undo()
         await t.aclose()
         r = interpret(ex, scale=server.scale)

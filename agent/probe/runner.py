@@ -15,11 +15,11 @@ and they stay off for the rest of the run.
 
 A server whose ``/get_server_info`` carries ``m1000_sim`` is the simulator: it runs
 ``time_scale`` times faster than a module, so wall times are multiplied back by that
-factor, the send instant goes to it in ``X-Sim-Sent-Ns`` (where its clock starts, as for
-the release's own benchmark there), and the probe's thread takes, while it measures, the
-scheduling priority the simulated release's processes take (docs/concepts/simulator.md "Timing fidelity on a
-busy machine": a wake-up late by 1 ms of wall time is N ms of module time). Any other
-server: factor 1, no such header, no priority change.
+factor; it is sent what any server is sent (it starts a request's clock when the request reaches its kernel,
+for every client: docs/adr/0038), and the probe's thread takes, while it measures, the scheduling priority the
+simulated release's processes take, so that the probe and the release's benchmark pay their own time alike
+(docs/concepts/simulator.md "Timing fidelity on a busy machine": a wake-up late by 1 ms of wall time is N ms of
+module time). Any other server: factor 1, no priority change.
 """
 
 from __future__ import annotations
@@ -63,7 +63,6 @@ from agent.probe.sweep import (
 from agent.probe.transport import Transport
 from contract.records import Frozen
 
-SIM_SENT_HEADER = "X-Sim-Sent-Ns"
 Progress = Callable[[str, int, int], None]  # (what, requests done, requests planned)
 
 
@@ -109,13 +108,13 @@ class Server(NamedTuple):
 
     model: str
     scale: float
-    sent: str | None  # the send-instant header (the simulator's)
+    simulated: bool  # the simulator (its /get_server_info has m1000_sim)
     speculative: bool | None  # sglang's /get_server_info speculative_algorithm (None: not said)
 
 
 async def discover(t: Transport, model: str | None, scale: float | None) -> Server:
-    """The model, time scale, send-instant header and speculative decoding of the server behind ``t``."""
-    sent = None
+    """The model, time scale, whether simulated and speculative decoding of the server behind ``t``."""
+    simulated = False
     speculative = None
     status, raw = await t.get("/get_server_info")
     info = None
@@ -128,7 +127,7 @@ async def discover(t: Transport, model: str | None, scale: float | None) -> Serv
         scale = 1.0
         sim = info.get("m1000_sim") if isinstance(info, dict) else None
         if isinstance(sim, dict) and isinstance(sim.get("time_scale"), (int, float)) and sim["time_scale"] > 0:
-            scale, sent = float(sim["time_scale"]), SIM_SENT_HEADER
+            scale, simulated = float(sim["time_scale"]), True
     if model is None:
         status, raw = await t.get("/v1/models")
         if status is None:
@@ -138,7 +137,7 @@ async def discover(t: Transport, model: str | None, scale: float | None) -> Serv
             model = str(data[0]["id"])
         except (ValueError, AttributeError, IndexError, KeyError, TypeError):
             raise ProbeError(f"{t.base_url}/v1/models names no model (HTTP {status}); give the model") from None
-    return Server(model, scale, sent, speculative)
+    return Server(model, scale, simulated, speculative)
 
 
 def sim_priority() -> Callable[[], None]:
@@ -178,7 +177,6 @@ class _Session:
         self.t = t
         self.model = server.model
         self.scale = server.scale
-        self.sent = server.sent
         self.speculative = cfg.speculative if cfg.speculative is not None else server.speculative
         self.tokenizer = tokenizer
         self.progress = progress
@@ -227,7 +225,7 @@ class _Session:
                                    engine_fields=engine), separators=(",", ":")).encode()
             ex = await self.t.request("POST", self.path, data, headers={"Content-Type": "application/json",
                                                                         "Accept": "text/event-stream"},
-                                      timeout=self.cfg.timeout_s, sent_header=self.sent)
+                                      timeout=self.cfg.timeout_s)
             if ex.status is None or ex.status == 200:
                 return ex
             said = b"".join(d for _, d in ex.reads).decode("utf-8", "replace")
@@ -330,7 +328,7 @@ async def probe_async(cfg: ProbeConfig, *, tokenizer: Tokenizer | None = None, p
     undo: Callable[[], None] = lambda: None  # noqa: E731
     try:
         server = await discover(t, cfg.model, cfg.time_scale)
-        if server.sent is not None:
+        if server.simulated:
             undo = sim_priority()
         s = _Session(cfg, t, server, tokenizer, progress, stop)
         await s.choose_mode()
@@ -362,7 +360,7 @@ async def sweep_async(cfg: ProbeConfig, sweep: SweepConfig, *, tokenizer: Tokeni
     reason: StopReason = "max_load"
     try:
         server = await discover(t, cfg.model, cfg.time_scale)
-        if server.sent is not None:
+        if server.simulated:
             undo = sim_priority()
         deadline = began + sweep.budget_s
         s = _Session(cfg, t, server, tokenizer, progress,

@@ -7,8 +7,7 @@ dependency (Python 3.10, aarch64). It speaks what the probe needs: keep-alive co
 (a pool), ``Content-Length``, chunked and close-delimited bodies, TLS for ``https://``, a
 deadline per request. Every read of the body is stamped with ``time.monotonic_ns()`` as
 it arrives; the clock starts when the request is handed to the transport (before a
-connection is taken or opened), and that instant can go to the server in a header
-(``sent_header``: the simulated server starts its clock there).
+connection is taken or opened).
 Decision record: docs/adr/0006-the-probes-own-http-client.md (h11, httpx, aiohttp measured beside it).
 """
 
@@ -85,13 +84,10 @@ class Transport:
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
     async def request(self, method: str, path: str, body: bytes = b"", *, headers: dict[str, str] | None = None,
-                      timeout: float = 600.0, sent_header: str | None = None) -> Exchange:
+                      timeout: float = 600.0) -> Exchange:
         """One exchange; never raises for what the server or the network does (see ``Exchange.error``)."""
         t0 = time.monotonic_ns()
-        hdrs = dict(headers or {})
-        if sent_header:
-            hdrs[sent_header] = str(t0)
-        raw = self._head(method, path, body, hdrs) + body
+        raw = self._head(method, path, body, dict(headers or {})) + body
         ex = Exchange()
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()

@@ -26,7 +26,6 @@ else:
     from .record import NamedTuple
 
 PROG = "run_tilelang_benchmark.sh"
-SENT_HEADER = "X-Sim-Sent-Ns"
 SPREAD = 0.01  # two TTFT measurements this close (relative) are taken as undisturbed
 VISION_SPREAD = 0.004  # fps comes from a difference of two TTFTs: agree more closely
 _ANSWER = r"####\s*(-?[\d,]*\.?\d+)"  # a GSM8K answer in a completion (compiled by the MTP keys only)
@@ -218,7 +217,7 @@ class Client:
         t_start = time.monotonic_ns()
         data = jsonc.dumps(body, separators=(",", ":")).encode()
         status, fields = self._send("POST", path, data, None,
-                                    {"Content-Type": "application/json", SENT_HEADER: str(t_start)})
+                                    {"Content-Type": "application/json"})
         if status != 200:
             raw = b"".join(self._chunks(fields)).decode("utf-8", "replace")
             self._finish(fields)
@@ -493,7 +492,8 @@ class Bench(NamedTuple):
             self.run_vision(client, out, inp, warmed=False)
 
     def render(self, rows: list[Row], faults: frozenset[str]) -> str:
-        """The seed's table text for ``rows``; ``bad-table`` breaks one row on purpose."""
+        """The seed's table text for ``rows``; ``bad-table`` breaks one row on purpose, ``no-decode`` leaves the
+        Decode(tps) column out (a release whose benchmark dropped a metric)."""
         parts: list[str] = []
         broken = "bad-table" not in faults
         for t in self.kc["tables"]:
@@ -503,9 +503,10 @@ class Bench(NamedTuple):
             title = t["title"] or ("" if parts else self.kc["tables"][0]["title"])  # alone: say whose it is
             if title:
                 parts.append(title + "\n\n")
-            lines = ["\t".join(t["columns"])]
+            columns = [c for c in t["columns"] if c != "Decode(tps)" or "no-decode" not in faults]
+            lines = ["\t".join(columns)]
             for r in mine:
-                cells = [r.cells[c] for c in t["columns"]]
+                cells = [r.cells[c] for c in columns]
                 if not broken and len(lines) == 3:
                     cells = cells[:-2]
                     broken = True

@@ -23,7 +23,7 @@ SPEED_METRICS = ("prefill", "decode", "accept", "vision", "load", "all")
 # "all" is every throughput metric; accept rates, and "load" (the server's model load: its start until ready takes
 # 1 / factor as long), change only when named explicitly.
 _ALL_METRICS = ("prefill", "decode", "vision")
-FAULT_NAMES = ("start-fail", "crash", "hang", "bad-table", "no-table", "bench-skew", "lazy-jit")
+FAULT_NAMES = ("start-fail", "crash", "hang", "bad-table", "no-table", "bench-skew", "lazy-jit", "no-decode")
 VOCAB_SIZE = 151936
 # the generation request (1-based, warm-ups included) during which crash / hang strike
 FAULT_AT_REQUEST = 3

@@ -14,6 +14,7 @@ from __future__ import annotations
 import _socket
 import _thread
 import io
+from _struct import unpack_from
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -23,18 +24,43 @@ else:
     Socket = _socket.socket
 
 
+SO_TIMESTAMPNS = 35  # Linux's SO_TIMESTAMPNS_OLD (asm-generic/socket.h; not in _socket): the kernel's receive time
+SCM_TIMESTAMPNS = SO_TIMESTAMPNS  # its control message: a struct timespec of CLOCK_REALTIME
+_TIMESPEC = 16  # bytes of a struct timespec (two longs, 64-bit Linux)
+_ANC = 64  # ancillary buffer: one timestamp message (CMSG_SPACE(16) = 32) with room
+
+
+def receive_stamps(sock: Socket) -> bool:
+    """Ask the kernel for the receive time of what ``sock`` reads (Linux; a listening socket's connections inherit
+    it). False where the kernel refuses: the reader then has no stamp."""
+    try:
+        sock.setsockopt(_socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        return True
+    except OSError:
+        return False
+
+
 class _Reader(io.RawIOBase):
-    """A connection's reading half as a raw stream (``socket.SocketIO`` for ``"rb"``), to be buffered."""
+    """A connection's reading half as a raw stream (``socket.SocketIO`` for ``"rb"``), to be buffered.
+
+    ``stamp_ns``: the kernel's receive time (CLOCK_REALTIME ns) of the data the last read returned, when the
+    socket asks for it (:func:`receive_stamps`); 0 otherwise."""
 
     def __init__(self, sock: Socket) -> None:
         super().__init__()
         self._sock = sock
+        self.stamp_ns = 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        return self._sock.recv_into(buffer)
+        n, anc, _, _ = self._sock.recvmsg_into([buffer], _ANC)
+        for level, kind, data in anc:
+            if level == _socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(data) >= _TIMESPEC:
+                sec, nsec = unpack_from("@qq", data)
+                self.stamp_ns = sec * 1_000_000_000 + nsec
+        return n
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -60,7 +86,7 @@ def no_delay(sock: Socket) -> None:
 
 
 def reader(sock: Socket) -> io.BufferedReader:
-    """``sock.makefile("rb")``."""
+    """``sock.makefile("rb")``; its ``raw`` is a :class:`_Reader` (``raw.stamp_ns``)."""
     return io.BufferedReader(_Reader(sock))
 
 
@@ -102,6 +128,7 @@ class Listener:
         try:
             self.socket.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
             self.socket.bind(address)
+            self.stamps = receive_stamps(self.socket)
             self.socket.listen(backlog)
         except OSError:
             self.socket.close()

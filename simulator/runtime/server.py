@@ -27,8 +27,8 @@ else:
     from .record import NamedTuple
 
 PROG = "sglang server"
-ANCHOR_WINDOW_NS = 2_000_000_000
-SENT_HEADER = "X-Sim-Sent-Ns"
+ANCHOR_WINDOW_NS = 2_000_000_000  # a kernel receive time older than this is not believed (a clock step)
+ANCHOR_SLACK_NS = 1_000_000  # nor one later than the read by more (the two clocks' offset is read, not exact)
 
 
 class PrefixCache:
@@ -293,6 +293,7 @@ class HTTPHandler:
             self.send_error(400, f"bad request line {line[:80]!r}")
             return False
         self.command, self.path, version = parts
+        self.arrived_ns = self.rfile.raw.stamp_ns  # type: ignore[attr-defined]  # the request line's, by the kernel
         self.headers = Headers()
         for _ in range(self.max_headers + 1):
             field = self.rfile.readline(self.max_line + 1)
@@ -422,14 +423,17 @@ class Handler(HTTPHandler):
             self.close_connection = True
 
     def _anchor(self, received: int) -> float:
-        """Start of the module-time clock: the client's send time when given and plausible.
+        """Start of the module-time clock (monotonic seconds): when the request's first bytes reached this
+        machine's kernel, when it says and plausibly; else when this thread had read the request's head.
 
-        At time scale N every wall millisecond spent in HTTP and JSON costs N module
-        milliseconds; anchoring at the client's send instant keeps transport out of TTFT.
+        At time scale N every wall millisecond between the client's send and this thread's reading it (the
+        accept, a thread started, the header lines parsed, a wake-up late on a busy machine) would cost N module
+        milliseconds of TTFT; the kernel's receive time has none of them, for any client (docs/adr/0038).
         """
-        sent = self.headers.get(SENT_HEADER)
-        if sent and sent.isdigit() and 0 <= received - int(sent) <= ANCHOR_WINDOW_NS:
-            return int(sent) / 1e9
+        if self.arrived_ns:
+            arrived = self.arrived_ns - (time.time_ns() - time.monotonic_ns())  # CLOCK_REALTIME to monotonic
+            if -ANCHOR_SLACK_NS <= received - arrived <= ANCHOR_WINDOW_NS:
+                return min(arrived, received) / 1e9
         return received / 1e9
 
     def _generate(self, body: dict[str, Any], chat: bool, t0: float) -> None:
@@ -540,6 +544,7 @@ class Handler(HTTPHandler):
             ctx.send(pieces[sent:sent + count], sent + count, plan.finish if done else None)
             sent += count
             if i == 0:
+                ctx.ttft_ms = time.monotonic() * 1000.0 * self.state.cfg.knobs.time_scale - job.arrival
                 self.state.device.set("decode")
                 if fault and not plan.emits:
                     self._strike(fault)
@@ -597,6 +602,7 @@ class _Stream:
         self.created = int(time.time())
         self.object = "chat.completion.chunk" if chat else "text_completion"
         self.first = True
+        self.ttft_ms: float | None = None  # module ms from the request's arrival to its first chunk written
 
     def usage(self, n: int) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n,
@@ -633,6 +639,8 @@ class _Stream:
         if self.include_usage:
             obj = {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
                    "choices": [], "usage": self.usage(n)}
+            if self.ttft_ms is not None:  # what this server did, for a client that wants to know where time went
+                obj["m1000_sim"] = {"ttft_ms": round(self.ttft_ms, 3)}
             self._chunk(b"data: " + jsonc.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
         self._chunk(b"data: [DONE]\n\n")
         self.h.wfile.write(b"0\r\n\r\n")

@@ -157,7 +157,36 @@ def test_rows_breaking_the_seed_relations_are_flagged():
 
 def test_negative_figures_are_flagged():
     text = VISION.replace("\t6.004\tw4a16\n", "\t-1\tw4a16\n", 1)
-    assert "vision_fps_invalid" in parse_rows(text)[0].flags
+    assert "vision_fps_invalid_negative" in parse_rows(text)[0].flags
+
+
+@pytest.mark.parametrize(("cell", "why"), [("0", "zero"), ("0.000", "zero"), ("-24.5", "negative"), ("inf", "inf"),
+                                           ("-inf", "inf"), ("nan", "nan")])
+def test_figures_no_benchmark_measures_are_flagged_by_what_is_wrong(cell, why):
+    rows = _cols(SWEEP)
+    rows[1][rows[0].index("Decode(tps)")] = cell
+    parsed = parse_rows(_join(rows))
+    assert f"decode_tps_invalid_{why}" in parsed[0].flags
+    assert not any("invalid" in f for f in parsed[1].flags)  # the other row is fine
+
+
+def test_an_accept_rate_of_zero_is_a_figure_and_an_accept_length_of_zero_is_not():
+    rows = _cols(MTP)
+    rows[1][rows[0].index("accept rate((acclen-1)/(4-1))")] = "0"  # no draft token accepted: acclen 1
+    rows[1][rows[0].index("accept rate(acclen/4)")] = "0.25"
+    rows[2][rows[0].index("accept rate(acclen/4)")] = "0"
+    first, second = parse_rows(_join(rows))
+    assert not any("accept_rate" in f for f in first.flags)
+    assert "accept_rate_len_invalid_zero" in second.flags
+
+
+def test_a_profile_twice_in_one_table_is_flagged_on_the_later_row_and_kept():
+    rows = _cols(SWEEP)
+    text = _join([*rows, rows[1]])
+    parsed = parse_rows(text)
+    assert [r.flags for r in parsed] == [(), (), ("duplicate_row",)]
+    kept = parse_benchmark(text, "qwen3")  # one row per profile, the last: its flag goes with it
+    assert len(kept) == 2 and "duplicate_row" in next(r for r in kept if r.profile == "128:128").flags
 
 
 def test_benchmark_output_around_the_tables():

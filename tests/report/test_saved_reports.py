@@ -12,8 +12,11 @@ after ``outlier_telemetry``, nothing else touched; and again when energy came (d
 only an outlier's ``metric`` (""), ``energy_outliers`` ([]) and the thresholds' ``energy_tolerance`` were added
 (and ``jit_compiled``, [], which docs/adr/0023 had added to the JSON), every other value compared equal; and when
 start-up costs came (docs/adr/0029-start-up-costs-judged.md): only the thresholds' ``startup_tolerance`` and
-``startup_floor_s``); and when a run was judged on the modules that ran (issue 46 item 5): the key ``refused``, empty,
-after ``capacities`` (taken out before the comparison, the files unchanged):
+``startup_floor_s``); when a run was judged on the modules that ran (issue 46 item 5): the key ``refused``, empty,
+after ``capacities`` (taken out before the comparison, the files unchanged); and when a metric gone became a finding
+(issue 45, docs/adr/0038): only odd-both's, by one finding (m00/qwen35 decode_tps missing: its every figure is flagged
+invalid), the note of the flagged rows and the verdict line naming that finding first; its changes and summary
+compared equal to 1e-12 before it was written):
 a 12-module fleet with two slow modules, a key slower on one module, invalid-flagged, missing
 and zero figures, flipped answers and a module/key pair missing, against the baseline and a
 previous run of 10 modules, rows shuffled; a 40-module fleet with a module/key outlier; and one

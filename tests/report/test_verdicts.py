@@ -13,6 +13,7 @@ import pytest
 
 from controller.report import Thresholds, analyse
 from controller.report.model import FLEET
+from controller.report.render.text import verdict_line
 from controller.report.synth import fleet
 
 SEEDS = range(5)
@@ -130,13 +131,21 @@ def test_module_slow_on_one_key_is_a_key_outlier(reference):
     assert rep.regressions == ()
 
 
-def test_invalid_figures_are_ignored(reference):
+def test_invalid_figures_are_ignored_and_a_key_with_none_left_lacks_the_metric(reference):
     cur = fleet(reference, seed=10)
-    first = cur.index[(cur["model_key"] == "qwen3") & (cur["module"] == "m00")]
-    cur.loc[first, "decode_tps"] = -1.0
-    cur.loc[first, "flags"] = "['decode_tps_invalid']"
+    every = cur.index[(cur["model_key"] == "qwen3") & (cur["module"] == "m00")]
+    some = every[: len(every) // 2]
+    cur.loc[some, "decode_tps"] = -1.0
+    cur.loc[some, "flags"] = "['decode_tps_invalid_negative']"
     rep = analyse(cur, baseline=reference, baseline_id="b")
     assert rep.regressions == () and rep.outliers == ()
+    assert any(n.startswith(f"{len(some)} flagged row(s): m00/qwen3 ") for n in rep.notes), rep.notes
+    cur.loc[every, "decode_tps"] = 0.0  # no figure of m00's qwen3 decode is left: the metric is missing there
+    cur.loc[every, "flags"] = "['decode_tps_invalid_zero']"
+    rep = analyse(cur, baseline=reference, baseline_id="b")
+    assert [(r.module, r.model_key, r.metric, r.value, r.change) for r in rep.regressions] == [
+        ("m00", "qwen3", "decode_tps", None, None)]
+    assert rep.verdict == "regressed" and "m00: qwen3 decode_tps missing (the baseline has it)" in verdict_line(rep)
 
 
 def test_missing_results_make_the_verdict_incomplete(reference):

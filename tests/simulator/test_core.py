@@ -349,6 +349,20 @@ def test_bad_table_fault_breaks_one_row() -> None:
         parse_tables(b.render(rows, frozenset({"bad-table"})))
 
 
+def test_no_decode_fault_leaves_the_decode_column_out() -> None:
+    from agent.tables import parse_tables
+
+    cols = ["Model", "Size", "Input(tokens)", "Decode(tps)", "TPOT(ms)"]
+    cfg = {"keys": {"qwen3": {"tables": [{"kind": "sweep", "title": "T", "columns": cols}]}}}
+    b = bench.Bench(key="qwen3", cfg=cfg, ctx_k=16, draft=4, output_len=100)
+    rows = [bench.Row("sweep", {"Model": "Q", "Size": "s", "Input(tokens)": str(i), "Decode(tps)": "25.0",
+                                "TPOT(ms)": "40.0"}) for i in range(1, 3)]
+    (whole,) = parse_tables(b.render(rows, frozenset()))
+    (dropped,) = parse_tables(b.render(rows, frozenset({"no-decode"})))
+    assert "Decode(tps)" in whole.columns and "Decode(tps)" not in dropped.columns
+    assert [r.decode_tps for r in dropped.rows] == [None, None] and [r.tpot_ms for r in dropped.rows] == [40.0, 40.0]
+
+
 # ---------------------------------------------------------------- properties
 
 from hypothesis import example, given  # noqa: E402

@@ -33,8 +33,8 @@ from controller.report.analysis.outliers import (
     refine_outliers,
 )
 from controller.report.analysis.probe import capacities, probe_disagreements, probe_intervals, split_sources
-from controller.report.analysis.summary import completeness, summarise
-from controller.report.analysis.verdict import decide, fold
+from controller.report.analysis.summary import completeness, flagged_rows, summarise
+from controller.report.analysis.verdict import decide, fold, missing_metrics
 from controller.report.jit import with_jit
 from controller.report.model import ALL_METRICS, DERIVED, FLEET, Change, Regression, Report, Thresholds
 
@@ -101,6 +101,8 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         right = np.full(int(ref_cells.index.max()) + 1, np.nan)  # the reference's answer per cell code
         right[ref_cells.index.to_numpy()] = ref_cells["correct"].to_numpy(dtype=float)
         regs += correctness(inc, np.take(right, inc["cell"].to_numpy()), baseline_label)
+    if ref is not None:
+        regs += missing_metrics(cur, names.cells, ref, names.modkey, baseline_label)
     prev_ids: tuple[str, ...] = ()
     if prev is not None and len(inc):
         prev_ids = tuple(sorted(map(str, previous["run_id"].unique()))) if previous is not None else ()
@@ -132,6 +134,7 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     regressions = tuple(fold(regs, outliers, energy))
 
     refused = dict(refused or {})
+    notes += flagged_rows(rows)  # before what is missing: an incomplete verdict's line names the last note
     notes += completeness(cur, names, ref, expected_modules, expected_keys, module_keys, refused)
     verdict = decide(state, len(cur), regressions, notes, expected_modules, expected_keys, refused)
     return with_jit(Report(

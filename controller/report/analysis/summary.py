@@ -137,3 +137,27 @@ def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expe
     if refused:
         notes.append(refused_note(refused, len(expected_modules)))
     return notes
+
+
+def flag_names(text: str) -> list[str]:
+    """The flags of one row as stored (``["a", "b"]`` JSON, ``['a']``, ``()``): their names."""
+    return [f for f in (x.strip(" '\"") for x in text.strip("[]() ").split(",")) if f]
+
+
+def flagged_rows(rows: pd.DataFrame, most: int = 8) -> list[str]:
+    """A note naming the rows that carry flags (the parser's: a figure no benchmark measures, a profile twice, the
+    seed's relations broken; the agent's: the probe disagrees), the first ``most`` of them with their flags.
+    Distinct flag texts are few: they are read once each, not per row."""
+    if "flags" not in rows.columns or not len(rows):
+        return []
+    col = rows["flags"]
+    cat = col.array if isinstance(col.dtype, pd.CategoricalDtype) else pd.Categorical(col.map(str))
+    names = [flag_names(str(t)) for t in cat.categories]
+    codes = np.asarray(cat.codes)
+    hit = np.flatnonzero(np.isin(codes, [i for i, n in enumerate(names) if n]))
+    if not len(hit):
+        return []
+    shown = [f"{rows['module'].iloc[i]}/{rows['model_key'].iloc[i]} {rows['profile'].iloc[i]}: "
+             f"{', '.join(names[codes[i]])}" for i in hit[:most].tolist()]
+    more = f" and {len(hit) - most} more" if len(hit) > most else ""
+    return [f"{len(hit)} flagged row(s): {'; '.join(shown)}{more}"]

@@ -29,7 +29,10 @@ real regression:
   ``p < alpha`` by a sign test (:func:`module_regressed`); changes a fleet-wide finding or the
   outlier list already explain are folded into those findings (:func:`fold`);
 * MTP: accept rates are metrics like the others (higher is better); a prompt answered correctly
-  by the reference and wrongly now is a regression (:func:`answer_flipped`).
+  by the reference and wrongly now is a regression (:func:`answer_flipped`);
+* **a metric gone**: a table metric the baseline has for a key's profiles and this run's rows of those profiles
+  have no figure of (the column dropped or renamed, or every figure flagged invalid by the parser: 0, negative,
+  inf) is a finding, never a pass (:func:`missing_metrics`; issue 45).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import pandas as pd
 from contract.records import ENERGY_METRICS, METRICS, STARTUP_METRICS
 from controller.report.model import DERIVED, FLEET, Outlier, Regression, Status, Thresholds, Verdict
 
+TABLE_METRICS = tuple(m for m in METRICS if m not in ENERGY_METRICS and m not in STARTUP_METRICS)  # a table's columns
 PRECOMPILE_METRICS = ("precompile_s", "precompile_fetch_s")  # the run's figure, on every key's rows
 LOWER_MEDIAN_BELOW = 12  # cells with fewer rows: the fleet median is the lower median of the badness
 TRIM_UP_TO = 1024  # cells of more rows: the key-level figure takes their median, not their trimmed mean (ADR 0016)
@@ -108,6 +112,57 @@ def outlier_hits(stats: pd.DataFrame, th: Thresholds) -> pd.Series:
 def answer_flipped(correct: np.ndarray, ref_correct: np.ndarray) -> np.ndarray:
     """Per row: an MTP prompt answered wrongly now (0) and rightly in the reference (NaN: not asked)."""
     return (correct == 0.0) & (np.nan_to_num(ref_correct, nan=0.0) >= 0.5)
+
+
+def missing_metrics(cur: pd.DataFrame, cells: pd.DataFrame, ref: pd.DataFrame, modkey_names: Any,
+                    against: str = "baseline") -> list[Regression]:
+    """Findings for table metrics ``ref`` (figures per key/profile, text index) has and ``cur`` (a prepared frame:
+    invalid figures are NaN there) lacks: per (module, key), the rows of the profiles ``ref`` has a figure for, none
+    with a figure. One fleet-wide finding where every module with such rows lacks it, else one per module.
+    ``cells``: (model_key, profile) text per cell code; ``modkey_names(code)``: (module, key) of a module/key code.
+    A finding's ``value`` and ``change`` are None (:func:`is_missing`), ``baseline`` the reference's median."""
+    if not len(cur) or not len(cells):
+        return []
+    r = ref.reindex(pd.MultiIndex.from_frame(cells[["model_key", "profile"]]))
+    cell, modkey = cur["cell"].to_numpy(), cur["modkey"].to_numpy()
+    size = int(modkey.max()) + 1
+    slot = np.zeros(int(cells.index.max()) + 1, dtype=bool)
+    out: list[Regression] = []
+    for m in TABLE_METRICS:
+        had = r[m].to_numpy(dtype=float) if m in r.columns else np.full(len(r), np.nan)
+        if m not in cur.columns or not np.isfinite(had).any():
+            continue
+        slot[:] = False
+        slot[cells.index.to_numpy()] = np.isfinite(had)
+        wanted = slot[cell]
+        rows = np.bincount(modkey[wanted], minlength=size)
+        figures = np.bincount(modkey[wanted & np.isfinite(cur[m].to_numpy())], minlength=size)
+        lacking = np.flatnonzero((rows > 0) & (figures == 0))
+        if not len(lacking):
+            continue
+        per_key: dict[str, list[str]] = {}
+        for code in lacking.tolist():
+            module, key = modkey_names(code)
+            per_key.setdefault(key, []).append(module)
+        with_rows: dict[str, int] = {}
+        for code in np.flatnonzero(rows > 0).tolist():
+            key = modkey_names(code)[1]
+            with_rows[key] = with_rows.get(key, 0) + 1
+        for key, mods in sorted(per_key.items()):
+            base = float(np.nanmedian(had[(cells["model_key"] == key).to_numpy()]))
+            every = len(mods) == with_rows[key] and len(mods) > 1
+            for module in [FLEET] if every else sorted(mods):
+                out.append(Regression(
+                    module=module, model_key=key, profile=FLEET, metric=m, baseline=base, value=None, change=None,
+                    against=against, n=len(mods), modules=tuple(sorted(mods)) if every else (module,),
+                    detail=f"missing: no {m} figure on {len(mods)} module(s); the {against} has it (the column "
+                           "dropped or renamed, or every figure flagged invalid)"))
+    return out
+
+
+def is_missing(r: Regression) -> bool:
+    """A finding of :func:`missing_metrics`: a metric the reference has and the run lacks."""
+    return r.value is None and r.change is None and r.metric in TABLE_METRICS
 
 
 # -- one finding per cause, and the verdict --------------------------------------------------------

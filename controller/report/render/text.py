@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from contract.records import STARTUP_METRICS
 from controller.fleet.runs import REFUSED_NOTE
+from controller.report.analysis.verdict import is_missing
 from controller.report.environment import environment_text
 from controller.report.model import FLEET, PRIMARY_METRICS, Change, Outlier, OutlierTelemetry, Regression, Report
 from controller.report.render.numbers import num, pct
@@ -34,6 +35,8 @@ def regression_line(x: Regression) -> str:
     who = "fleet" if x.module == FLEET else x.module
     if x.metric == "correct":
         return f"{who}: {where}: answer now wrong (was right in {x.against})"
+    if is_missing(x):
+        return f"{who}: {where} {x.metric} missing (the {x.against} has it)"
     ch = f"{x.change:+.1%} {change_interval(x)}" if x.change is not None else "?"
     rel = f" ({', '.join(x.related)})" if x.related else ""
     return f"{who}: {where} {x.metric} {ch} vs {x.against}{rel}"
@@ -65,6 +68,10 @@ def verdict_line(r: Report) -> str:
         parts.append(f"{len(r.regressions)} regression(s): {first}{more}")
     else:
         parts.append("no regression")
+    named = r.regressions[0] if r.regressions and is_missing(r.regressions[0]) else None
+    gone = sorted({f"{x.model_key} {x.metric}" for x in r.regressions if is_missing(x) and x is not named})
+    if gone:  # named whichever finding comes first: a key without a figure it had never goes unnoticed
+        parts.append(f"{'also ' if named else ''}missing metric(s): {', '.join(gone)}")
     if r.outliers:
         parts.append(f"{len(r.outliers)} outlier(s): " + ", ".join(
             f"{o.module}{'' if o.model_key == FLEET else '[' + o.model_key + ']'} {factor_interval(o)}"
