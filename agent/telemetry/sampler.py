@@ -242,10 +242,14 @@ class Sampler:
         if self._thread is None or not self._thread.is_alive() or self.cfg.idle_window_s <= 0:
             return None
         since = self.clock()
+        stale = GAP_FACTOR * self.cfg.period_s + self.cfg.timeout_s  # no sample for this long: not answering
+        if self.last_ts < since - stale:  # a hanging or failing tool is not waited for (nor is a run slowed)
+            return None
         t0 = time.monotonic()
         while True:
             waited = time.monotonic() - t0
-            timed_out = waited >= self.cfg.idle_max_s or self._stop.is_set() or not self._thread.is_alive()
+            timed_out = (waited >= self.cfg.idle_max_s or self._stop.is_set() or not self._thread.is_alive()
+                         or self.last_ts < self.clock() - stale)
             points: dict[int, list[tuple[float, float]]] = {}
             for ts, gpu, watts in list(self._recent):
                 if ts >= since:
