@@ -10,8 +10,8 @@ guess of the window's length:
 so any window at least ``target * floor_s`` long gets at least ``target`` samples (the first
 ``target * floor_s`` seconds at the floor, then ``target * ln(2)`` more samples for every
 doubling of the window, until the period is back at ``base_s``). ``floor_s`` is bounded by the
-tool's cost: its measured median wall time a call over ``tool_share`` (the tool busy at most
-that share of the time), and never under ``min_period_s``.
+tool's cost: the median CPU time of the latest samples (the tool's process and the parsing) over
+``tool_share`` (sampling takes at most that share of one core), and never under ``min_period_s``.
 
 **The idle power** is read in one defined state before each key's benchmark: the server up and
 answering, no request in flight, after a settle. The state is settled when the power samples of
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 FAST_STEPS = frozenset({"idle", "benchmark"})  # the pipeline's steps sampled on the window schedule
 TARGET_MARGIN = 1.5  # the schedule aims at this many times the samples a window needs (a stall costs a few)
 MIN_PERIOD_S = 0.04  # never faster than this, whatever the tool costs
-TOOL_SHARE = 0.2  # the tool may be busy at most this share of the time while a window is sampled fast
+TOOL_SHARE = 0.1  # sampling may take at most this share of one core's CPU while a window is sampled fast
 IDLE_TOLERANCE = 0.05  # idle is settled when its samples over the idle window spread at most 5 % of their median
 IDLE_ABS_W = 1.0  # ... or at most this many watts (a low, quantised power)
 
@@ -67,13 +67,13 @@ def target_samples(min_samples: int, margin: float = TARGET_MARGIN) -> int:
     return max(1, math.ceil(min_samples * margin))
 
 
-def tool_floor(call_s: Sequence[float], *, base_s: float, share: float = TOOL_SHARE,
+def tool_floor(cost_s: Sequence[float], *, base_s: float, share: float = TOOL_SHARE,
                min_period_s: float = MIN_PERIOD_S) -> float:
-    """The fastest period the tool's cost allows: the median wall time of its recent calls over ``share``, at
-    least ``min_period_s``, at most ``base_s`` (no call measured yet: ``min_period_s``)."""
+    """The fastest period the tool's cost allows: the median CPU seconds of the latest samples over ``share``, at
+    least ``min_period_s``, at most ``base_s`` (nothing measured yet: ``min_period_s``)."""
     if not 0 < share <= 1:
         raise ValueError(f"tool share {share}: must be in (0, 1]")
-    cost = statistics.median(call_s) / share if call_s else 0.0
+    cost = statistics.median(cost_s) / share if cost_s else 0.0
     return min(base_s, max(min_period_s, cost))
 
 

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import math
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -73,9 +74,9 @@ class TelemetryConfig(BaseModel):
                                                  "(agent.telemetry.rate: every window of 1.5 x min_samples x the "
                                                  "floor or longer gets 1.5 x min_samples samples)")
     min_period_s: float = Field(default=MIN_PERIOD_S, gt=0, description="the fastest period, s")
-    tool_share: float = Field(default=TOOL_SHARE, gt=0, le=1, description="while sampling fast, the tool may be "
-                                                                         "busy at most this share of the time "
-                                                                         "(its measured cost a call bounds the rate)")
+    tool_share: float = Field(default=TOOL_SHARE, gt=0, le=1, description="while sampling fast, sampling may take "
+                                                                         "at most this share of one core (its "
+                                                                         "measured CPU a sample bounds the rate)")
     idle_window_s: float = Field(default=1.0, ge=0, description="idle power before each key's benchmark: the "
                                                                 "server up and idle, over a settled window this "
                                                                 "long, s (0: the samples before the server starts)")
@@ -133,6 +134,14 @@ def _wait_tool(proc: subprocess.Popen[bytes], t0: float, timeout: float, stop: t
                       duration_s=time.monotonic() - t0)
 
 
+def _cpu_of_sample() -> float:
+    """CPU seconds so far of this thread and of the process's reaped children (a sample's cost is the difference
+    across it: the tool's process, reaped by the sample, and the parsing; a child of another thread reaped
+    meanwhile counts too, which the median over the latest samples leaves out)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.thread_time() + r.ru_utime + r.ru_stime
+
+
 # -- the sampler -------------------------------------------------------------------------------
 EventSink = Callable[[str, str], None]  # (status, message)
 # the devices' cumulative energy counters, mJ per device index (agent.telemetry.nvml; None: none offered)
@@ -173,7 +182,8 @@ class Sampler:
         self._stop = threading.Event()
         self._wake = threading.Event()  # set by tell() when a fast step begins, and by stop()
         self._thread: threading.Thread | None = None
-        self.sample_s: deque[float] = deque(maxlen=20)  # wall seconds of the latest samples (the tool's cost)
+        # CPU seconds of the latest samples: the tool's processes (reaped children) and this thread's parsing
+        self.sample_cpu_s: deque[float] = deque(maxlen=20)
         self.schedules: list[Schedule] = []  # the fast steps' schedules, in order
         self._fast: Schedule | None = None  # the one in force (None: the base period)
         self._recent: deque[tuple[float, int, float]] = deque(maxlen=4096)  # (ts, gpu, W) of the latest samples
@@ -213,7 +223,7 @@ class Sampler:
             return
         self.doing = (step, model_key)
         if self.cfg.fast and step in FAST_STEPS:
-            floor = tool_floor(list(self.sample_s), base_s=self.cfg.period_s, share=self.cfg.tool_share,
+            floor = tool_floor(list(self.sample_cpu_s), base_s=self.cfg.period_s, share=self.cfg.tool_share,
                                min_period_s=min(self.cfg.min_period_s, self.cfg.period_s))
             self._fast = Schedule(since=self.clock(), base_s=self.cfg.period_s, floor_s=floor,
                                   target=target_samples(self.cfg.min_samples))
@@ -317,14 +327,14 @@ class Sampler:
         failures = 0
         next_at = time.monotonic()
         while not self._stop.is_set():
-            t0 = time.monotonic()
+            c0 = _cpu_of_sample()
             ok = self._sample_once(fh)
             if self._gone:
                 return
             now = time.monotonic()
             period = self.period()
             if ok:
-                self.sample_s.append(now - t0)
+                self.sample_cpu_s.append(_cpu_of_sample() - c0)
                 failures = 0
                 next_at += period
                 if next_at < now:  # the tool took longer than a period: skip, do not catch up

@@ -38,8 +38,8 @@ def test_a_schedule_that_cannot_be_kept_is_refused() -> None:
 def test_the_tools_cost_bounds_the_floor() -> None:
     assert target_samples(20) == 30
     assert tool_floor([], base_s=1.0) == 0.04  # nothing measured yet: the fastest
-    assert tool_floor([0.002, 0.003, 0.004], base_s=1.0) == 0.04  # a 3 ms tool: 1.5 % busy at the floor
-    # nvidia-smi at ~40 ms a call: busy at most 20 % of the time -> every 0.2 s
+    assert tool_floor([0.002, 0.003, 0.004], base_s=1.0) == 0.04  # 3 ms of CPU a sample: 7.5 % of a core at the floor
+    # nvidia-smi at ~40 ms of CPU a call, at most 20 % of a core: every 0.2 s
     assert tool_floor([0.038, 0.040, 0.045], base_s=1.0, share=0.2) == pytest.approx(0.2)
     assert tool_floor([3.0], base_s=1.0) == 1.0  # never slower than the base period
     with pytest.raises(ValueError, match="tool share 0"):
