@@ -88,9 +88,10 @@ def compare(log: Path, run_dir: Path, tolerance: float) -> int:
             print(f"| {key} | - | - | none | - | - | NO (no energy record) |")
             bad += 1
             continue
-        edges = [[counter_at(ts, series[d], t) for d in devices] for t in (w.start, w.end)]
-        nvml = None if any(v is None for e in edges for v in e) else \
-            sum(b - a for a, b in zip(edges[0], edges[1], strict=True)) / 1000.0  # type: ignore[operator]
+        nvml: float | None = 0.0
+        for d in devices:
+            a, b = counter_at(ts, series[d], w.start), counter_at(ts, series[d], w.end)
+            nvml = None if a is None or b is None or nvml is None else nvml + (b - a) / 1000.0
         agent = r.energy_j
         ok = agent is not None and nvml is not None and nvml > 0 and abs(agent / nvml - 1) <= tolerance
         bad += not ok
