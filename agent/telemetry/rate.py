@@ -32,6 +32,7 @@ MIN_PERIOD_S = 0.04  # never faster than this, whatever the tool costs
 TOOL_SHARE = 0.1  # sampling may take at most this share of one core's CPU while a window is sampled fast
 IDLE_TOLERANCE = 0.05  # idle is settled when its samples over the idle window spread at most 5 % of their median
 IDLE_ABS_W = 1.0  # ... or at most this many watts (a low, quantised power)
+IDLE_SAMPLES = 5  # ... with at least this many samples in the window (it is made long enough for them)
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class IdleReading:
 
 
 def idle_window(points: Mapping[int, Sequence[tuple[float, float]]], now: float, *, window_s: float,
-                waited_s: float, tolerance: float = IDLE_TOLERANCE, min_samples: int = 5,
+                waited_s: float, tolerance: float = IDLE_TOLERANCE, min_samples: int = IDLE_SAMPLES,
                 timed_out: bool = False) -> IdleReading | None:
     """The idle reading from each device's power points ``(ts, W)`` of the last ``window_s`` before ``now``, when
     they have settled (every device: at least ``min_samples`` points spanning 90 % of the window, spreading at

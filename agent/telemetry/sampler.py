@@ -40,6 +40,7 @@ from agent.telemetry.parse import Reading, invalid_field, parse_csv, parse_q
 from agent.telemetry.plan import TOOLS, QueryPlan, choose_tool
 from agent.telemetry.rate import (
     FAST_STEPS,
+    IDLE_SAMPLES,
     MIN_PERIOD_S,
     TOOL_SHARE,
     IdleReading,
@@ -247,14 +248,18 @@ class Sampler:
 
     def measure_idle(self, cancelled: Callable[[], bool] = lambda: False) -> IdleReading | None:
         """The idle power in the state the run is in now (the caller told the step ``idle``): sampled fast until
-        the last ``idle_window_s`` of samples settle, at most ``idle_max_s``; None when not sampling (or no
-        power sample came)."""
+        the last ``idle_window_s`` of samples settle (a longer window where the tool's cost keeps the sampler
+        slower: :data:`~agent.telemetry.rate.IDLE_SAMPLES` periods of its floor), at most ``idle_max_s``; None when
+        not sampling (or no power sample came)."""
         if self._thread is None or not self._thread.is_alive() or self.cfg.idle_window_s <= 0:
             return None
         since = self.clock()
         stale = GAP_FACTOR * self.cfg.period_s + self.cfg.timeout_s  # no sample for this long: not answering
         if self.last_ts < since - stale:  # a hanging or failing tool is not waited for (nor is a run slowed)
             return None
+        fast = self._fast
+        # the window holds IDLE_SAMPLES samples at the schedule's floor, however costly the tool (nvidia-smi: ~0.26 s)
+        window = max(self.cfg.idle_window_s, IDLE_SAMPLES * (fast.floor_s if fast is not None else self.cfg.period_s))
         t0 = time.monotonic()
         while True:
             waited = time.monotonic() - t0
@@ -264,7 +269,7 @@ class Sampler:
             for ts, gpu, watts in list(self._recent):
                 if ts >= since:
                     points.setdefault(gpu, []).append((ts, watts))
-            got = idle_window(points, self.clock(), window_s=self.cfg.idle_window_s, waited_s=waited,
+            got = idle_window(points, self.clock(), window_s=window, waited_s=waited, min_samples=IDLE_SAMPLES,
                               timed_out=timed_out or cancelled())
             if got is not None or timed_out or cancelled():
                 return got

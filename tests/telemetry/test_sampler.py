@@ -370,3 +370,16 @@ def test_idle_is_not_waited_for_when_the_tool_does_not_answer(tmp_path: Path) ->
     assert s.measure_idle() is None
     s.stop()
     assert time.monotonic() - t0 < 0.5
+
+
+def test_the_idle_window_holds_five_samples_of_a_slow_schedule(tmp_path: Path) -> None:
+    # a floor of 0.1 s (a costly tool, or a longer min_period_s): a 0.1 s idle window would hold one sample,
+    # never "settled"; it is stretched to 5 periods instead of waiting out idle_max_s
+    cfg = TelemetryConfig(period_s=1.0, timeout_s=1.0, min_period_s=0.1, idle_window_s=0.1, idle_max_s=5.0)
+    s, _ = sampler(tmp_path, FakeTool(), cfg)
+    s.start()
+    wait_until(lambda: s.samples >= 1)
+    s.tell("idle", "qwen3")
+    got = s.measure_idle()
+    s.stop()
+    assert got is not None and got.settled and got.samples >= 5 and 0.4 <= got.settle_s < 3.0, got
