@@ -93,7 +93,7 @@ def idle_window(points: Mapping[int, Sequence[tuple[float, float]]], now: float,
                 waited_s: float, tolerance: float = IDLE_TOLERANCE, min_samples: int = IDLE_SAMPLES,
                 timed_out: bool = False) -> IdleReading | None:
     """The idle reading from each device's power points ``(ts, W)`` of the last ``window_s`` before ``now``, when
-    they have settled (every device: at least ``min_samples`` points spanning 90 % of the window, spreading at
+    they have settled (every device: at least ``min_samples`` points spanning 75 % of the window, spreading at
     most ``tolerance`` of their median or :data:`IDLE_ABS_W`); None while not settled, unless ``timed_out``
     (then the last window as it is, ``settled`` False; None only when a device has no point at all)."""
     if not points:
@@ -107,7 +107,7 @@ def idle_window(points: Mapping[int, Sequence[tuple[float, float]]], now: float,
         mid = statistics.median(watts)
         rng = max(watts) - min(watts)
         span = last[-1][0] - last[0][0]
-        if len(last) < min_samples or span < 0.9 * window_s or rng > max(tolerance * mid, IDLE_ABS_W):
+        if len(last) < min_samples or span < 0.75 * window_s or rng > max(tolerance * mid, IDLE_ABS_W):
             settled = False
         total, spread, n = total + mid, spread + rng, n + len(last)
     if not settled and not timed_out:

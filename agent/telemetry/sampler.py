@@ -249,8 +249,8 @@ class Sampler:
     def measure_idle(self, cancelled: Callable[[], bool] = lambda: False) -> IdleReading | None:
         """The idle power in the state the run is in now (the caller told the step ``idle``): sampled fast until
         the last ``idle_window_s`` of samples settle (a longer window where the tool's cost keeps the sampler
-        slower: :data:`~agent.telemetry.rate.IDLE_SAMPLES` periods of its floor), at most ``idle_max_s``; None when
-        not sampling (or no power sample came)."""
+        slower: one more than :data:`~agent.telemetry.rate.IDLE_SAMPLES` periods of its floor), at most
+        ``idle_max_s``; None when not sampling (or no power sample came)."""
         if self._thread is None or not self._thread.is_alive() or self.cfg.idle_window_s <= 0:
             return None
         since = self.clock()
@@ -259,7 +259,8 @@ class Sampler:
             return None
         fast = self._fast
         # the window holds IDLE_SAMPLES samples at the schedule's floor, however costly the tool (nvidia-smi: ~0.26 s)
-        window = max(self.cfg.idle_window_s, IDLE_SAMPLES * (fast.floor_s if fast is not None else self.cfg.period_s))
+        window = max(self.cfg.idle_window_s,
+                     (IDLE_SAMPLES + 1) * (fast.floor_s if fast is not None else self.cfg.period_s))
         t0 = time.monotonic()
         while True:
             waited = time.monotonic() - t0
