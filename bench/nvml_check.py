@@ -1,12 +1,14 @@
 """The agent's energy per key against NVML's counter read by another process (issue 45: within 2 %).
 
 ``record``: reads every device's NVML energy counter (``agent/telemetry/nvml.py``: nvidia-ml-py, else the driver's
-library through ctypes) every ``--period`` s into a JSON-lines file until stopped (SIGTERM / SIGINT) or
-``--seconds``; one line ``{"ts": epoch s, "mj": {"0": mJ, ...}}`` per reading. Start it before the agent's run,
-stop it after.
+library through ctypes) every ``--period`` s (2 ms) and writes each change, when it was seen, into a JSON-lines
+file until stopped (SIGTERM / SIGINT) or ``--seconds``; one line ``{"ts": epoch s, "mj": {"0": mJ, ...}}`` per tick
+(the counter advances in ticks: about every 100 ms on the lent H100). Start it before the agent's run, stop it
+after.
 
 ``compare``: for every key's benchmark window of a run (the rows' ``energy``: start, end, and the agent's joules)
-the same window's energy from that log (the counter interpolated at each edge, devices summed), side by side:
+the same window's energy from that log (the counter interpolated between its ticks at each edge, devices summed),
+side by side:
 agent J, NVML J, ratio, and whether they agree within ``--tolerance`` (2 %). A key without an agent figure is a
 failure too (the acceptance: every key has one at the default settings). Exit 0 only when every key agrees.
 
@@ -45,15 +47,17 @@ def record_counter(path: Path, period: float, seconds: float) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
     end = time.monotonic() + seconds if seconds > 0 else float("inf")
-    n = 0
+    n, reads, last = 0, 0, None
     with path.open("w", encoding="utf-8") as fh:
         while not stop and time.monotonic() < end:
             got = read()
-            fh.write(json.dumps({"ts": time.time(), "mj": {str(k): v for k, v in got.items()}}) + "\n")
-            fh.flush()
-            n += 1
+            reads += 1
+            if got != last:  # a tick: its time is when it was first seen
+                fh.write(json.dumps({"ts": time.time(), "mj": {str(k): v for k, v in got.items()}}) + "\n")
+                fh.flush()
+                n, last = n + 1, got
             time.sleep(period)
-    print(f"{n} readings of NVML's counter ({counter_source()}) every {period:g} s into {path}")
+    print(f"{n} ticks of NVML's counter ({counter_source()}) in {reads} readings every {period:g} s into {path}")
     return 0
 
 
@@ -109,7 +113,7 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("record")
     r.add_argument("log", type=Path)
-    r.add_argument("--period", type=float, default=0.05)
+    r.add_argument("--period", type=float, default=0.002)
     r.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: when signalled)")
     c = sub.add_parser("compare")
     c.add_argument("log", type=Path)
