@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from agent import jit_watch, steps
 from agent.errors import Cancelled, StepFailed
@@ -145,14 +145,13 @@ def measure_idle(run: Run, key: str) -> IdleReading | None:
         return None
 
 
-def window_edge(run: Run, sync: Literal["start", "end"]) -> tuple[float, Edge | None]:
-    """An edge of the benchmark window: the time, and the energy counters where the module has them (the start on a
-    tick of the counter, the end split within its tick: :meth:`agent.telemetry.sampler.Sampler.edge`)."""
+def window_edge(run: Run) -> tuple[float, Edge | None]:
+    """An edge of the benchmark window: the time, and the energy counters read at once where the module has them."""
     sampler = run.sampler
     if sampler is None or sampler.thread is None or sampler.counter is None:
         return time.time(), None
     try:
-        got = sampler.edge(sync)
+        got = sampler.edge()
     except Exception as exc:  # a counter that cannot be read: the power samples then
         log.warning("energy counter not read at the window's edge: %s", exc)
         return time.time(), None
@@ -170,14 +169,14 @@ def benchmark(run: Run, top: Path, env: dict[str, str], key: str, kenv: dict[str
         return None if server.alive() else f"server exited during the benchmark (exit {server.exit_code})"
 
     run.event("benchmark", "start", key)
-    window, opened = window_edge(run, "start")
+    window, opened = window_edge(run)
     watch = jit_watch.Watch(plan.env, window)
     try:
         res = run.ex.run(plan.argv, env=plan.env, cwd=plan.cwd, log_path=log_path, timeout=plan.timeout,
                           cancel=run.cancel, raw_stdout=out_path, watch=server_gone)
     except OSError as exc:
         raise run._fail("benchmark", time.monotonic(), exc, key) from exc
-    window_end, closed = window_edge(run, "end")
+    window_end, closed = window_edge(run)
     if res.outcome == "cancelled":
         raise Cancelled("benchmark", key)
     jit = watch.stop()

@@ -55,8 +55,6 @@ from contract.records import DeviceInfo, DeviceSample, TelemetrySummary
 log = logging.getLogger(__name__)
 
 SAMPLES_FILE = "telemetry.jsonl"
-TICK_WAIT_S = 0.3  # a window's edge waits at most this long for the energy counter's next tick
-TICK_POLL_S = 0.002  # between two readings while waiting (an NVML read itself took 3.8 ms on the lent H100)
 
 
 class TelemetryConfig(BaseModel):
@@ -190,7 +188,6 @@ class Sampler:
         self.schedules: list[Schedule] = []  # the fast steps' schedules, in order
         self._fast: Schedule | None = None  # the one in force (None: the base period)
         self._recent: deque[tuple[float, int, float]] = deque(maxlen=4096)  # (ts, gpu, W) of the latest samples
-        self._tick_s: float | None = None  # the energy counter's tick, learnt at a window's start
 
     # -- what the pipeline calls -------------------------------------------------------------
     def start(self) -> Sampler:
@@ -244,44 +241,10 @@ class Sampler:
                 found = s
         return found
 
-    def edge(self, sync: Literal["", "start", "end"] = "") -> Edge:
-        """The devices' energy counters at a window's edge, read from the caller's thread (not the sampling thread).
-
-        A counter advances in ticks (NVML's about every 100 ms on an H100), so a plain reading is up to a tick old.
-        ``sync="start"``: wait (at most :data:`TICK_WAIT_S` a tick) for two ticks and return the second, its time
-        the moment it was seen: the window opens on a tick, exactly (and the tick's length is learnt).
-        ``sync="end"``: read now, wait for the next tick, and take the counter at now as the line between the two
-        readings over the tick's length (the tick that straddles the end split by time). Without ticks seen (a
-        counter that does not move, or none learnt): the reading as it is."""
-        if self.counter is None:
-            return Edge(ts=self.clock())
-        now, first = self.clock(), self._read_counter()
-        if not first or not sync:
-            return Edge(ts=now, counters=first or None)
-        ticked = self._next_tick(first)
-        if sync == "start":
-            second = self._next_tick(ticked[1]) if ticked else None
-            if ticked is None or second is None:
-                return Edge(ts=now, counters=first)
-            self._tick_s = second[0] - ticked[0]
-            return Edge(ts=second[0], counters=second[1])
-        if ticked is None or self._tick_s is None:
-            return Edge(ts=now, counters=first)
-        t1, after = ticked
-        share = max(0.0, min(1.0, (t1 - now) / self._tick_s))  # of the last tick's energy, spent after the end
-        return Edge(ts=now, counters={k: after[k] - (after[k] - first.get(k, after[k])) * share for k in after})
-
-    def _next_tick(self, last: dict[int, float]) -> tuple[float, dict[int, float]] | None:
-        """(time seen, readings) of the counters' next change after ``last``; None within :data:`TICK_WAIT_S`."""
-        deadline = time.monotonic() + TICK_WAIT_S
-        while time.monotonic() < deadline:
-            got = self._read_counter()
-            if not got:
-                return None
-            if got != last:
-                return self.clock(), got
-            time.sleep(TICK_POLL_S)
-        return None
+    def edge(self) -> Edge:
+        """The devices' energy counters now, read at once (not by the sampling thread): a window's edge."""
+        counters = self._read_counter() if self.counter is not None else None
+        return Edge(ts=self.clock(), counters=counters or None)
 
     def measure_idle(self, cancelled: Callable[[], bool] = lambda: False) -> IdleReading | None:
         """The idle power in the state the run is in now (the caller told the step ``idle``): sampled fast until
