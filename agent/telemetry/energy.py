@@ -11,7 +11,7 @@ Two sources, the counter preferred (docs/adr/0022-energy-per-token.md, 0037-ener
 Nothing is guessed: the samples must reach across the whole window (a sample at or before its
 start and one at or after its end), no two neighbouring samples over it may lie further apart
 than ``gap_factor`` periods (the period in force there: the fast schedule's while the window is
-sampled fast, :class:`agent.telemetry.rate.Schedule`), a window needs ``MIN_SAMPLES`` samples
+sampled fast, :class:`agent.telemetry.rate.Schedule`) and 5 % of the window, a window needs ``MIN_SAMPLES`` samples
 inside it, and a counter that goes back (a reset, a driver reload; NVML's 64-bit millijoule
 counter does not wrap in practice, so a wrap reads as one) drops the figure. A dropped figure
 keeps its window and coverage, and says why in ``EnergyWindow.note``, in one line.
@@ -39,6 +39,7 @@ class Edge:
     counters: dict[int, float] | None = None
 
 GAP_FACTOR = 2.5  # two samples further apart than this many periods: a gap
+GAP_SHARE = 0.05  # ... unless no further apart than this share of the window
 IDLE_SAMPLES = 5  # idle power: the median of the latest this many idle samples before the key
 IDLE_UTILIZATION = 5.0  # %: a sample at or below this utilisation (or without one) counts as idle
 # a window needs at least this many samples (readings) inside it: the power of a benchmark steps between
@@ -98,11 +99,15 @@ def _check(used: list[Point], start: float, end: float, period_s: float, gap_fac
     if not used or covered < window * (1 - 1e-9) or used[0][0] > start or used[-1][0] < end:
         share = covered / window if window > 0 else 0.0
         return ev, f"{what} cover {share:.0%} of the window: figure dropped"
+    # a hole of up to GAP_SHARE of the window is bridged whatever the period (its line moves the figure by at
+    # most ~2 % where the power swings by its mean): a loaded machine's stall of a tenth of a second in a
+    # fast-sampled window of seconds is not a gap; never more than gap_factor base periods
+    bridged = min(GAP_SHARE * window, gap_factor * period_s)
     for a, b in zip(used, used[1:], strict=False):
         allowed = max(_period_at(a[0], period_s, schedule), _period_at(b[0], period_s, schedule))
-        if b[0] - a[0] > gap_factor * allowed:
+        if b[0] - a[0] > max(gap_factor * allowed, bridged):
             return ev, (f"a gap of {b[0] - a[0]:.3g} s in the {what} (at {a[0]:.3f}; more than {gap_factor:g} x "
-                        f"the {allowed:.3g} s period): figure dropped")
+                        f"the {allowed:.3g} s period and {GAP_SHARE:.0%} of the window): figure dropped")
     return ev, ""
 
 

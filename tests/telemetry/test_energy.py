@@ -53,8 +53,8 @@ def test_a_gap_in_the_samples_drops_the_figure() -> None:
     pts = [(0.0, 50.0), (1.0, 50.0), (4.0, 50.0), (5.0, 50.0)]
     got = integrate_power(pts, 0.0, 5.0, period_s=1.0)
     assert got.joules is None and got.max_gap_s == 3.0 and got.covered_s == 5.0
-    assert got.note == ("a gap of 3 s in the power samples (at 1.000; more than 2.5 x the 1 s period): "
-                        "figure dropped")
+    assert got.note == ("a gap of 3 s in the power samples (at 1.000; more than 2.5 x the 1 s period and 5% of the "
+                        "window): figure dropped")
     # 2.5 periods is still no gap
     assert integrate_power([(0.0, 50.0), (2.5, 50.0), (3.0, 50.0)], 0.0, 3.0, period_s=1.0).joules == 150.0
 
@@ -244,7 +244,10 @@ def test_gaps_are_judged_against_the_fast_schedules_period() -> None:
     holed = [p for p in pts if not 0.5 < p[0] < 0.9]  # 0.4 s without a sample, where 0.05 s was kept
     got = integrate_power(holed, 0.0, 2.0, period_s=1.0, schedule=fast)
     assert got.joules is None and got.note == ("a gap of 0.4 s in the power samples (at 0.500; more than 2.5 x the "
-                                               "0.05 s period): figure dropped")
+                                               "0.05 s period and 5% of the window): figure dropped")
+    # a stall of up to 5 % of the window is bridged (0.1 s of 2 s), more than 2.5 fast periods though it is
+    stalled = [p for p in pts if not 0.5 < p[0] < 0.6]
+    assert integrate_power(stalled, 0.0, 2.0, period_s=1.0, schedule=fast).joules == pytest.approx(100.0)
     # at the base period the same hole is no gap; before the schedule began, the base period is the rule
     assert integrate_power(holed, 0.0, 2.0, period_s=1.0).joules == pytest.approx(100.0)
     late = Schedule(since=0.95, base_s=1.0, floor_s=0.05, target=30)
