@@ -23,6 +23,8 @@ from contract.records import ResultRow, StepError
 
 if TYPE_CHECKING:
     from agent.pipeline import Run
+    from agent.telemetry.energy import Edge
+    from agent.telemetry.rate import IdleReading
 
 log = logging.getLogger(__name__)
 READY_RESOLUTION = 0.02  # readiness polling period, at most this share of the time waited so far (50 ms at least)
@@ -48,8 +50,9 @@ def serve_and_measure(run: Run, top: Path, env: dict[str, str], key: str,
         warmup_s = warm_up(run, server_log) if run.cfg.warmup_request else None
         said = f"ready in {ready_s:.3f} s" + ("" if warmup_s is None else f", first request {warmup_s:.3f} s")
         run.event("server", "ok", key, duration_s=ready_s, message=said)
+        idle = measure_idle(run, key)
         run.emit(step="benchmark", model_key=key)
-        rows, err = benchmark(run, top, env, key, kenv, server, idle_before=started)
+        rows, err = benchmark(run, top, env, key, kenv, server, idle_before=started, idle=idle)
         p = run.progress
         return with_startup(rows, server_ready_s=ready_s, warmup_s=warmup_s, precompile_source=p.precompile_source,
                             precompile_s=p.precompile_s), err
@@ -127,8 +130,37 @@ def wait_ready(run: Run, server: Any, key: str, t0: float) -> None:
         # (a 200 s load is polled every poll_interval, a simulated 0.5 s one every 50 ms)
         pause = min(run.cfg.poll_interval, pause * 2, max(0.05, READY_RESOLUTION * (time.monotonic() - t0)))
 
+def measure_idle(run: Run, key: str) -> IdleReading | None:
+    """The module's idle power in one defined state before the key's benchmark: the server up, ready and warmed,
+    no request in flight, once its power has settled (:meth:`agent.telemetry.sampler.Sampler.measure_idle`,
+    sampled fast); None when the module is not sampled or the measurement is off."""
+    sampler = run.sampler
+    if sampler is None or sampler.thread is None or run.cfg.telemetry.idle_window_s <= 0:
+        return None
+    sampler.tell("idle", key)  # the sampler's fast schedule; the run's progress stays at the server's step
+    try:
+        return sampler.measure_idle(cancelled=run.cancelled)
+    except Exception as exc:  # an addition: never fails the key (the samples before the server are used then)
+        log.warning("idle power before %s not measured: %s", key, exc)
+        return None
+
+
+def window_edge(run: Run) -> tuple[float, Edge | None]:
+    """An edge of the benchmark window: the time, and the energy counters read at once where the module has them."""
+    sampler = run.sampler
+    if sampler is None or sampler.thread is None or sampler.counter is None:
+        return time.time(), None
+    try:
+        got = sampler.edge()
+    except Exception as exc:  # a counter that cannot be read: the power samples then
+        log.warning("energy counter not read at the window's edge: %s", exc)
+        return time.time(), None
+    return got.ts, got
+
+
 def benchmark(run: Run, top: Path, env: dict[str, str], key: str, kenv: dict[str, str],
-               server: Any, idle_before: float | None = None) -> tuple[list[ResultRow], StepError | None]:
+               server: Any, idle_before: float | None = None,
+               idle: IdleReading | None = None) -> tuple[list[ResultRow], StepError | None]:
     plan = steps.plan_benchmark(top, key, env, kenv, run.cfg.benchmark_timeout)
     log_path = run.store.next_log(run.req.run_id, "benchmark", key)
     out_path = log_path.with_suffix(".out")
@@ -137,14 +169,14 @@ def benchmark(run: Run, top: Path, env: dict[str, str], key: str, kenv: dict[str
         return None if server.alive() else f"server exited during the benchmark (exit {server.exit_code})"
 
     run.event("benchmark", "start", key)
-    window = time.time()
+    window, opened = window_edge(run)
     watch = jit_watch.Watch(plan.env, window)
     try:
         res = run.ex.run(plan.argv, env=plan.env, cwd=plan.cwd, log_path=log_path, timeout=plan.timeout,
                           cancel=run.cancel, raw_stdout=out_path, watch=server_gone)
     except OSError as exc:
         raise run._fail("benchmark", time.monotonic(), exc, key) from exc
-    window_end = time.time()
+    window_end, closed = window_edge(run)
     if res.outcome == "cancelled":
         raise Cancelled("benchmark", key)
     jit = watch.stop()
@@ -169,14 +201,18 @@ def benchmark(run: Run, top: Path, env: dict[str, str], key: str, kenv: dict[str
         if run.cfg.probe_sweep_slo:
             rows = sweep_capacity(run, key, rows, server, log_path)
     if err is None:
-        rows = key_energy(run, rows, window, window_end, idle_before, log_path)
+        edges = (opened, closed) if opened is not None and closed is not None else None
+        rows = key_energy(run, rows, window, window_end, idle_before, log_path, edges=edges, idle=idle)
     return rows, err
 
 
 def key_energy(run: Run, rows: list[ResultRow], start: float, end: float, idle_before: float | None,
-               log_path: Path) -> list[ResultRow]:
+               log_path: Path, *, edges: tuple[Edge, Edge] | None = None,
+               idle: IdleReading | None = None) -> list[ResultRow]:
     """The key's release rows with the energy over its benchmark window (the server's start and the warm-up
-    before the benchmark left out), when the module is sampled; a line in the benchmark's log. Never fails."""
+    before the benchmark left out), when the module is sampled: the counters' difference between the window's
+    edges where the module has counters, else its power samples (sampled fast while it ran); the idle power
+    measured before it. A line in the benchmark's log. Never fails."""
     from agent.telemetry.energy import describe, output_tokens, window_energy, with_energy
 
     sampler = run.sampler
@@ -186,7 +222,8 @@ def key_energy(run: Run, rows: list[ResultRow], start: float, end: float, idle_b
         samples = sampler.samples_until(end)
         energy = window_energy(samples, start, end, period_s=run.cfg.telemetry.period_s,
                                output_tokens=output_tokens(rows), idle_before=idle_before,
-                               min_samples=run.cfg.telemetry.min_samples)
+                               min_samples=run.cfg.telemetry.min_samples, edges=edges,
+                               schedule=sampler.schedule_at(start), idle=idle)
     except Exception as exc:  # the figures are an addition: a failure to make them never fails the key
         log.warning("energy of the benchmark window failed: %s", exc)
         append_log(log_path, [f"energy not measured: {type(exc).__name__}: {exc}"])

@@ -45,6 +45,12 @@ class AgentSettings(BrokerSettings):
                                                                      "needs inside it for an energy figure")
     telemetry_tool: str | None = Field(default=None, description="device tool (default: mthreads-gmi, else "
                                                                  "nvidia-smi, whichever is on PATH)")
+    telemetry_fast: bool = Field(default=True, description="sample faster while a key's idle power and benchmark "
+                                 "are measured, so that a short window gets telemetry_min_samples (bounded by the "
+                                 "tool's measured cost)")
+    telemetry_idle_window: float = Field(default=1.0, ge=0, description="idle power before each key's benchmark: "
+                                         "the server up and idle, over a settled window this long, s (0: the samples "
+                                         "before the server starts)")
     final_state_replicas: int | None = Field(
         default=None, ge=0, description="Redis replicas that must acknowledge (WAIT) a run's final state and rows "
                                         "before they leave the outbox; default: 1 with a sentinel:// broker_url, "

@@ -79,25 +79,25 @@ def children():
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 def add_event(self, run_id, **kw):
-    marks.append((time.process_time(), children(), kw["step"], kw["status"]))
+    marks.append((time.process_time(), children(), kw["step"], kw["status"], time.monotonic()))
     return real_add(self, run_id, **kw)
 RunStore.add_event = add_event
 import agent.executor
 real_start = agent.executor.Executor.start
 def start(self, argv, **kw):
     name = os.path.basename(argv[-1]) if argv[-1].endswith(".sh") else argv[0]
-    marks.append((time.process_time(), children(), "spawn", name))
+    marks.append((time.process_time(), children(), "spawn", name, time.monotonic()))
     return real_start(self, argv, **kw)
 agent.executor.Executor.start = start
 payload = {"run_id": spec["run_id"], "module": "sim-001", "tarball": spec["tarball"], "sha256": spec["sha256"],
            "release": "bench", "models": spec["models"], "model_root": str(base / "models")}
 app.backend.client.ping()  # the connection is the worker's, made before any run
-t0, c0 = time.process_time(), children()
+t0, c0, w0 = time.process_time(), children(), time.monotonic()
 out = execute_run(app, settings, payload)
-t1, c1 = time.process_time(), children()
+t1, c1, w1 = time.process_time(), children(), time.monotonic()
 if out.get("state") != "done":
     raise SystemExit(f"run ended {out.get('state')}: {out.get('error')}")
-print(json.dumps({"t0": t0, "c0": c0, "t1": t1, "c1": c1, "marks": marks}))
+print(json.dumps({"t0": t0, "c0": c0, "t1": t1, "c1": c1, "w0": w0, "w1": w1, "marks": marks}))
 """
 
 
@@ -121,20 +121,23 @@ def one_run(tree: Path, spec: dict[str, object]) -> dict[str, float]:
     data = json.loads(res.stdout.strip().splitlines()[-1])
     t0, c0, t1, c1, marks = data["t0"], data["c0"], data["t1"], data["c1"], data["marks"]
     seg: dict[str, float] = {}
-    prev, name = t0, "task start"
-    for t, c, step, status in marks:
+    prev, prev_w, name = t0, data["w0"], "task start"
+    for t, c, step, status, w in marks:
         seg[name] = seg.get(name, 0.0) + (t - prev) * 1e3
-        prev, name = t, f"{step} {status}"
+        seg[WALL + name] = seg.get(WALL + name, 0.0) + (w - prev_w) * 1e3
+        prev, prev_w, name = t, w, f"{step} {status}"
         if (step, status) == ("spawn", "precompile_tilelang_kernels.sh") and FIRST_WAIT not in seg:
             seg[FIRST_WAIT] = (t - t0) * 1e3
             # the generate and environment steps' processes, reaped by then (the release's and the agent's snippet)
             seg[FIRST_WAIT_ALL] = (t - t0 + c - c0) * 1e3
     seg[name] = seg.get(name, 0.0) + (t1 - prev) * 1e3
+    seg[WALL + name] = seg.get(WALL + name, 0.0) + (data["w1"] - prev_w) * 1e3
     seg[WHOLE] = (t1 - t0) * 1e3
     seg[WHOLE_ALL] = (t1 - t0 + c1 - c0) * 1e3
     return seg
 
 
+WALL = "wall of "  # a segment's wall time, ms (kept beside its CPU; not printed as a row of its own)
 FIRST_WAIT = "before the first wait"
 FIRST_WAIT_ALL = "before the first wait, with the processes of generate and environment"
 WHOLE = "whole run"
@@ -183,7 +186,7 @@ def main() -> None:
     finally:
         server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    names = list(dict.fromkeys(k for side in ("old", "new") for r in got[side] for k in r))
+    names = list(dict.fromkeys(k for side in ("old", "new") for r in got[side] for k in r if not k.startswith(WALL)))
     names = [n for n in names if n not in TOTALS] + list(TOTALS)
     print(f"agent CPU per run, ms (median (min-max) of {args.rounds} rounds, interleaved; a fresh interpreter per run "
           f"doing a pool child's work; models {args.models}, time scale {args.time_scale:g}); old = {rev[:9]}, "
@@ -195,7 +198,17 @@ def main() -> None:
         w = [r[n] for r in got["new"] if n in r]
         diff = f"{statistics.median(w) - statistics.median(o):+.1f}" if o and w else "-"
         print(f"| {n} | {_cell(o)} | {_cell(w)} | {diff} |")
-
+    # the agent's CPU as a share of one core over two segments: the idle measurement (from the server's "ok" to the
+    # benchmark's start) and the release's benchmark window (from its spawn to its end); its sampler thread included
+    print("\n| agent process CPU, share of one core (wall of the segment) | old | new |")
+    print("| --- | --- | --- |")
+    for n in ("server ok", "spawn run_tilelang_benchmark.sh"):
+        cells = []
+        for side in ("old", "new"):
+            shares = [r[n] / r[WALL + n] * 100 for r in got[side] if n in r and r.get(WALL + n)]
+            walls = [r[WALL + n] / 1e3 for r in got[side] if WALL + n in r]
+            cells.append(f"{_cell(shares)} % ({statistics.median(walls):.2f} s)" if shares else "-")
+        print(f"| from {n} | {cells[0]} | {cells[1]} |")
 
 if __name__ == "__main__":
     raise SystemExit(record.main(main, __file__))

@@ -6,8 +6,14 @@
    CPU, reaped children). Goal: the sampler <= 0.2 % of one core.
 2. Wall time of a whole validation (simulated release, all 7 model keys) with the sampler
    on and off, interleaved. Goal: no measurable difference.
+3. ``--windows 1.4,7,14.6``: a benchmark window sampled on the fast schedule (agent.telemetry.rate) against the
+   base period, side by side, each window length in turn: the samples inside the window, the schedule's floor (from
+   the measured CPU a sample: the tool's process and the parsing), the sampler thread's CPU and the tool's
+   (share of one core over the window). Goal: every window gets the samples an energy figure needs
+   (``min_samples``, 20), at a stated cost.
 
     .venv/bin/python bench/telemetry.py [--seconds 30] [--tool PATH] [--runs 2] [--no-validation]
+                                        [--windows 1.4,7,14.6] [--no-cpu]
 
 ``--tool`` defaults to the simulated module's ``mthreads-gmi`` (``simulator/device/``); on a
 machine with a GPU pass ``--tool nvidia-smi``.
@@ -75,6 +81,31 @@ def cpu_per_hour(seconds: float, tool: str, period: float) -> dict[str, float]:
             "notes": len(s.notes)}
 
 
+def window_cost(window: float, tool: str, fast: bool) -> dict[str, float]:
+    """One benchmark window of ``window`` s, after 2 s at the base period (the tool's cost measured meanwhile)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        s = Sampler(TelemetryConfig(tool=tool, fast=fast), Path(tmp) / SAMPLES_FILE, run_id="bench", module="m-bench")
+        s.tell("server", "qwen3")
+        s.start()
+        assert s.thread is not None, s.notes
+        time.sleep(2.0)
+        c0, s0 = children_cpu(), thread_cpu(s.thread)
+        s.tell("benchmark", "qwen3")  # as the pipeline does, just before the window opens
+        start = time.time()
+        time.sleep(window)
+        end = time.time()
+        c1, s1 = children_cpu(), thread_cpu(s.thread)
+        s.tell("probe", "qwen3")
+        got = s.samples_until(end)
+        s.stop()
+    inside = sum(1 for x in got if start <= x.ts <= end)
+    sched = s.schedule_at(start)
+    return {"inside": inside, "floor": sched.floor_s if sched else s.cfg.period_s,
+            "expected": sched.expected(window) if sched else window / s.cfg.period_s,
+            "sample_ms": statistics.median(s.sample_cpu_s) * 1e3 if s.sample_cpu_s else 0.0,
+            "sampler": (s1 - s0) / window, "tool": (c1 - c0) / window}
+
+
 def validation_wall(runs: int, tool: str) -> dict[str, list[float]]:
     import simulator
     from agent.pipeline import AgentConfig, run_pipeline
@@ -108,8 +139,25 @@ def main() -> int:
     ap.add_argument("--tool", default=str(SIM_TOOL))
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--no-validation", action="store_true")
+    ap.add_argument("--no-cpu", action="store_true", help="skip part 1")
+    ap.add_argument("--windows", default="", help="part 3: benchmark window lengths, s, comma separated")
     a = ap.parse_args()
     tool = a.tool if "/" in a.tool else (shutil.which(a.tool) or a.tool)
+    if a.windows:
+        print(f"== benchmark windows sampled on the fast schedule against the base 1 s period, tool {tool}; "
+              "CPU as a share of one core over the window")
+        print("| window s | sampling | samples inside | schedule's expected | floor s | CPU a sample ms "
+              "(tool + parsing) | sampler thread CPU | tool CPU | energy figure (>= 20) |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for w in (float(x) for x in a.windows.split(",")):
+            for fast in (False, True):
+                r = window_cost(w, tool, fast)
+                print(f"| {w:g} | {'fast' if fast else 'base'} | {r['inside']:.0f} | {r['expected']:.1f} | "
+                      f"{r['floor']:.3g} | {r['sample_ms']:.1f} | {r['sampler'] * 100:.2f} % | "
+                      f"{r['tool'] * 100:.2f} % | "
+                      f"{'yes' if r['inside'] >= 20 else 'no'} |")
+    if a.no_cpu:
+        return 0
     print(f"== sampler CPU, {a.seconds:g} s at a {a.period:g} s period, tool {tool}")
     r = cpu_per_hour(a.seconds, tool, a.period)
     print(f"   {r['samples']:.0f} samples ({r['calls']:.0f} tool calls, {r['lines']:.0f} lines) in "

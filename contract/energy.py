@@ -32,4 +32,9 @@ class EnergyWindow(BaseModel):
     max_gap_s: float | None = None  # longest interval between two samples over the window
     output_tokens: int | None = None
     idle_samples: int = 0  # samples behind idle_power_w
+    # the idle power measured before the benchmark (server up and idle, settled: agent.telemetry.rate); None: read
+    # from the samples before the server started (an older agent, or the idle measurement off)
+    idle_spread_w: float | None = None  # max - min of the idle window's power samples (summed over the devices)
+    idle_settle_s: float | None = None  # seconds from the idle step's start to the end of the window used
+    idle_settled: bool | None = None  # False: the idle power did not settle within idle_max_s (the last window)
     note: str = ""

@@ -1,17 +1,20 @@
 """Energy over a benchmark window, from the device's samples (pure: samples and a window in, figures out).
 
-Two sources, the counter preferred (docs/adr/0022-energy-per-token.md):
+Two sources, the counter preferred (docs/adr/0022-energy-per-token.md, 0037-energy-at-every-window.md):
 
-- **counter**: a cumulative energy counter (NVML's total energy, mJ, ``DeviceSample.energy_mj``),
-  read at the window's edges by linear interpolation between the readings around each edge;
+- **counter**: a cumulative energy counter (NVML's total energy, mJ), read at the window's two edges
+  (:class:`Edge`, as vLLM's ``energy.py`` does: the energy is end minus start, nothing in between is
+  needed); without edge readings, the sampled ``DeviceSample.energy_mj`` interpolated at each edge;
 - **samples**: the power samples (W) integrated by the trapezoid rule, clipped to the window
   (the power at an edge is interpolated between the samples around it).
 
 Nothing is guessed: the samples must reach across the whole window (a sample at or before its
 start and one at or after its end), no two neighbouring samples over it may lie further apart
-than ``gap_factor`` periods, a window needs ``MIN_SAMPLES`` samples inside it, and a counter that
-goes back (a reset, a driver reload) drops the figure. A dropped figure keeps its window and
-coverage, and says why in ``EnergyWindow.note``.
+than ``gap_factor`` periods (the period in force there: the fast schedule's while the window is
+sampled fast, :class:`agent.telemetry.rate.Schedule`) and 5 % of the window, a window needs ``MIN_SAMPLES`` samples
+inside it, and a counter that goes back (a reset, a driver reload; NVML's 64-bit millijoule
+counter does not wrap in practice, so a wrap reads as one) drops the figure. A dropped figure
+keeps its window and coverage, and says why in ``EnergyWindow.note``, in one line.
 """
 
 from __future__ import annotations
@@ -20,12 +23,23 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from agent.telemetry.rate import IdleReading, Schedule
 from contract.energy import EnergyWindow
 from contract.records import DeviceSample, ResultRow
 
 Point = tuple[float, float]  # (ts, value)
 
+
+@dataclass(frozen=True)
+class Edge:
+    """The devices' cumulative energy counters (mJ per device index) read at one edge of a window, and when
+    (``counters`` None: the module offers none)."""
+
+    ts: float
+    counters: dict[int, float] | None = None
+
 GAP_FACTOR = 2.5  # two samples further apart than this many periods: a gap
+GAP_SHARE = 0.05  # ... unless no further apart than this share of the window
 IDLE_SAMPLES = 5  # idle power: the median of the latest this many idle samples before the key
 IDLE_UTILIZATION = 5.0  # %: a sample at or below this utilisation (or without one) counts as idle
 # a window needs at least this many samples (readings) inside it: the power of a benchmark steps between
@@ -73,28 +87,39 @@ def _at(a: Point, b: Point, t: float) -> float:
     return a[1] + (b[1] - a[1]) * (t - a[0]) / (b[0] - a[0])
 
 
+def _period_at(ts: float, period_s: float, schedule: Schedule | None) -> float:
+    """The period the sampler kept at ``ts``: the fast schedule's from its start on, else ``period_s``."""
+    return schedule.period(ts) if schedule is not None and ts >= schedule.since else period_s
+
+
 def _check(used: list[Point], start: float, end: float, period_s: float, gap_factor: float,
-           what: str) -> tuple[tuple[float, int, float | None, float | None], str]:
-    ev = covered, _, _, longest = _evidence(used, start, end)
+           what: str, schedule: Schedule | None = None) -> tuple[tuple[float, int, float | None, float | None], str]:
+    ev = covered, _, _, _ = _evidence(used, start, end)
     window = end - start
     if not used or covered < window * (1 - 1e-9) or used[0][0] > start or used[-1][0] < end:
         share = covered / window if window > 0 else 0.0
         return ev, f"{what} cover {share:.0%} of the window: figure dropped"
-    if longest is not None and longest > gap_factor * period_s:
-        at = next(a for a, b in zip(used, used[1:], strict=False) if b[0] - a[0] == longest)
-        return ev, (f"a gap of {longest:.3g} s in the {what} (at {at[0]:.3f}; more than {gap_factor:g} x the "
-                    f"{period_s:g} s period): figure dropped")
+    # a hole of up to GAP_SHARE of the window is bridged whatever the period (its line moves the figure by at
+    # most ~2 % where the power swings by its mean): a loaded machine's stall of a tenth of a second in a
+    # fast-sampled window of seconds is not a gap; never more than gap_factor base periods
+    bridged = min(GAP_SHARE * window, gap_factor * period_s)
+    for a, b in zip(used, used[1:], strict=False):
+        allowed = max(_period_at(a[0], period_s, schedule), _period_at(b[0], period_s, schedule))
+        if b[0] - a[0] > max(gap_factor * allowed, bridged):
+            return ev, (f"a gap of {b[0] - a[0]:.3g} s in the {what} (at {a[0]:.3f}; more than {gap_factor:g} x "
+                        f"the {allowed:.3g} s period and {GAP_SHARE:.0%} of the window): figure dropped")
     return ev, ""
 
 
 def integrate_power(points: Sequence[Point], start: float, end: float, *, period_s: float,
-                    gap_factor: float = GAP_FACTOR) -> Integral:
+                    gap_factor: float = GAP_FACTOR, schedule: Schedule | None = None) -> Integral:
     """Joules over [start, end] from power samples ``(ts, W)``: trapezoids between neighbouring samples,
     clipped to the window (the power at an edge interpolated between the samples around it)."""
     if not end > start:
         raise ValueError(f"energy window [{start}, {end}] is empty")
     used = _around(points, start, end)
-    (covered, inside, period, longest), note = _check(used, start, end, period_s, gap_factor, "power samples")
+    (covered, inside, period, longest), note = _check(used, start, end, period_s, gap_factor, "power samples",
+                                                      schedule)
     if note:
         return Integral(None, covered, inside, period, longest, note)
     joules = 0.0
@@ -106,7 +131,7 @@ def integrate_power(points: Sequence[Point], start: float, end: float, *, period
 
 
 def counter_energy(points: Sequence[Point], start: float, end: float, *, period_s: float,
-                   gap_factor: float = GAP_FACTOR) -> Integral:
+                   gap_factor: float = GAP_FACTOR, schedule: Schedule | None = None) -> Integral:
     """Joules over [start, end] from a cumulative counter's readings ``(ts, mJ)``: its value interpolated
     at each edge, the difference. A reading lower than the one before (a reset) drops the figure."""
     if not end > start:
@@ -119,13 +144,31 @@ def counter_energy(points: Sequence[Point], start: float, end: float, *, period_
                             f"the energy counter went back from {a[1]:.0f} to {b[1]:.0f} mJ at {b[0]:.3f} "
                             "(a reset): figure dropped")
     (covered, inside, period, longest), note = _check(used, start, end, period_s, gap_factor,
-                                                      "energy counter readings")
+                                                      "energy counter readings", schedule)
     if note:
         return Integral(None, covered, inside, period, longest, note)
     lo = next(i for i in range(len(used) - 1) if used[i + 1][0] >= start)  # the pair around start
     hi = next(i for i in range(len(used) - 1) if used[i + 1][0] >= end)
     millijoules = _at(used[hi], used[hi + 1], end) - _at(used[lo], used[lo + 1], start)
     return Integral(millijoules / 1000.0, covered, inside, period, longest)
+
+
+def edge_energy(opened: Edge, closed: Edge) -> tuple[dict[int, float] | None, str]:
+    """Joules per device between two edge readings of the counters (end minus start); (None, why) when a device
+    is missing at an edge or its counter went back (a reset, or a wrap), in one line."""
+    if not opened.counters or not closed.counters:
+        return None, "no energy counter read at both edges of the window"
+    if set(opened.counters) != set(closed.counters):
+        return None, (f"the energy counters of devices {sorted(opened.counters)} at the window's start but "
+                      f"{sorted(closed.counters)} at its end: figure dropped")
+    out: dict[int, float] = {}
+    for gpu, a in sorted(opened.counters.items()):
+        b = closed.counters[gpu]
+        if b < a:
+            return None, (f"the energy counter of device {gpu} went back from {a:.0f} to {b:.0f} mJ over the window "
+                          "(a reset or a wrap): figure dropped")
+        out[gpu] = (b - a) / 1000.0
+    return out, ""
 
 
 def idle_power(samples: Iterable[DeviceSample], before: float, *, count: int = IDLE_SAMPLES,
@@ -170,20 +213,44 @@ def _round(v: float | None, digits: int = 6) -> float | None:
     return None if v is None else float(f"{v:.{digits}g}")
 
 
+def _idle(idle: IdleReading | None, samples: list[DeviceSample], before: float) -> tuple[float | None, int]:
+    """The idle power and its samples: the measured reading where there is one, else the samples before."""
+    return (idle.power_w, idle.samples) if idle is not None else idle_power(samples, before)
+
+
+def _idle_fields(idle: IdleReading | None) -> dict[str, object]:
+    if idle is None:
+        return {}
+    return {"idle_spread_w": _round(idle.spread_w), "idle_settle_s": idle.settle_s,
+            "idle_settled": idle.settled}
+
+
 def window_energy(samples: Iterable[DeviceSample], start: float, end: float, *, period_s: float,
                   output_tokens: int | None, idle_before: float | None = None,
-                  gap_factor: float = GAP_FACTOR, min_samples: int = MIN_SAMPLES) -> Energy:
+                  gap_factor: float = GAP_FACTOR, min_samples: int = MIN_SAMPLES,
+                  edges: tuple[Edge, Edge] | None = None, schedule: Schedule | None = None,
+                  idle: IdleReading | None = None) -> Energy:
     """Energy of the module (every device summed) over [start, end] from a run's samples, per output token.
 
-    Per device the counter is taken when every reading around the window has one, else the power samples;
-    one device's figure dropped drops the module's. ``idle_before``: idle power is measured from the
-    samples before that time (default: ``start``)."""
+    With ``edges`` (the counters read at the window's start and end) the energy is their difference, exact;
+    else per device the sampled counter when every reading around the window has one, else the power samples
+    (gaps judged against ``schedule``'s period where the window was sampled fast); one device's figure dropped
+    drops the module's. ``idle``: the idle power measured before the benchmark (server up and idle, settled);
+    without it, idle power comes from the samples before ``idle_before`` (default: ``start``)."""
     all_samples = list(samples)
     by_gpu: dict[int, list[DeviceSample]] = {}
     for s in all_samples:
         by_gpu.setdefault(s.gpu, []).append(s)
     window = end - start
     base = {"start": start, "end": end, "window_s": round(window, 6), "output_tokens": output_tokens}
+    if edges is not None and edges[0].counters and edges[1].counters:
+        per_gpu, why = edge_energy(*edges)
+        idle_w, idle_n = _idle(idle, all_samples, start if idle_before is None else idle_before)
+        ew = EnergyWindow(**base, source="counter", samples=2, coverage=1.0 if per_gpu is not None else 0.0,  # type: ignore[arg-type]
+                          idle_samples=idle_n, note=why, **_idle_fields(idle))  # type: ignore[arg-type]
+        if per_gpu is None:
+            return Energy(ew, idle_power_w=_round(idle_w))
+        return _figures(ew, sum(per_gpu.values()), window, output_tokens, idle_w)
     if not by_gpu:
         return Energy(EnergyWindow(**base, note="no device samples: no energy figure"))  # type: ignore[arg-type]
     total = 0.0
@@ -196,8 +263,9 @@ def window_energy(samples: Iterable[DeviceSample], start: float, end: float, *, 
         power = [(s.ts, s.power_w) for s in mine if s.power_w is not None]
         around = _around([(s.ts, 0.0) for s in mine], start, end)
         use_counter = bool(counter) and len(_around(counter, start, end)) == len(around)
-        got = (counter_energy(counter, start, end, period_s=period_s, gap_factor=gap_factor) if use_counter
-               else integrate_power(power, start, end, period_s=period_s, gap_factor=gap_factor))
+        got = (counter_energy(counter, start, end, period_s=period_s, gap_factor=gap_factor, schedule=schedule)
+               if use_counter else
+               integrate_power(power, start, end, period_s=period_s, gap_factor=gap_factor, schedule=schedule))
         sources.add("counter" if use_counter else "samples")
         if worst is None or got.covered_s < worst.covered_s or (got.note and not worst.note):
             worst = got
@@ -211,13 +279,19 @@ def window_energy(samples: Iterable[DeviceSample], start: float, end: float, *, 
             break
         total += got.joules
     assert worst is not None
-    idle, idle_n = idle_power(all_samples, start if idle_before is None else idle_before)
+    idle_w, idle_n = _idle(idle, all_samples, start if idle_before is None else idle_before)
     src = "counter" if sources == {"counter"} else "samples"
     ew = EnergyWindow(**base, source=src, samples=worst.points, period_s=_round(worst.period_s),  # type: ignore[arg-type]
                       coverage=round(min(1.0, worst.covered_s / window), 6), max_gap_s=_round(worst.max_gap_s),
-                      idle_samples=idle_n, note=note)
+                      idle_samples=idle_n, note=note, **_idle_fields(idle))  # type: ignore[arg-type]
     if note:
-        return Energy(ew, idle_power_w=_round(idle))
+        return Energy(ew, idle_power_w=_round(idle_w))
+    return _figures(ew, total, window, output_tokens, idle_w)
+
+
+def _figures(ew: EnergyWindow, total: float, window: float, output_tokens: int | None,
+             idle: float | None) -> Energy:
+    """The figures of a window whose energy stands."""
     per_token = bool(output_tokens) and total > 0
     if not per_token:
         ew = ew.model_copy(update={"note": "no output tokens in the window (or no energy): no energy per token"})
@@ -248,6 +322,10 @@ def describe(energy: Energy) -> str:
         return f"energy over the benchmark window ({w.window_s:.1f} s): {w.note}"
     per = f", {energy.j_per_token:.4g} J/token" if energy.j_per_token is not None else ""
     idle = f", idle {energy.idle_power_w:.4g} W" if energy.idle_power_w is not None else ""
+    if idle and w.idle_spread_w is not None:
+        idle += (f" (spread {w.idle_spread_w:.3g} W over {w.idle_samples} samples, "
+                 + (f"settled after {w.idle_settle_s:.3g} s)" if w.idle_settled else
+                    f"not settled after {w.idle_settle_s:.3g} s)"))
     return (f"energy over the benchmark window: {energy.energy_j:.6g} J in {w.window_s:.1f} s from the {w.source} "
             f"(coverage {w.coverage:.0%}, period {w.period_s or 0:g} s){per}, average {energy.avg_power_w:.4g} W"
             f"{idle}")

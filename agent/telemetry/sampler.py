@@ -17,11 +17,13 @@ import contextlib
 import logging
 import math
 import os
+import resource
 import shutil
 import signal
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +32,23 @@ from typing import IO, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.procs import REAPER
-from agent.telemetry.energy import GAP_FACTOR, MIN_SAMPLES
+from agent.telemetry.energy import GAP_FACTOR, MIN_SAMPLES, Edge
 from agent.telemetry.fields import BY_NAME, FIELDS, NUMERIC
 from agent.telemetry.gmi_json import JSON_FLAGS, NotGmiJson, parse_json
 from agent.telemetry.nvml import nvml_counter
 from agent.telemetry.parse import Reading, invalid_field, parse_csv, parse_q
 from agent.telemetry.plan import TOOLS, QueryPlan, choose_tool
+from agent.telemetry.rate import (
+    FAST_STEPS,
+    IDLE_SAMPLES,
+    MIN_PERIOD_S,
+    TOOL_SHARE,
+    IdleReading,
+    Schedule,
+    idle_window,
+    target_samples,
+    tool_floor,
+)
 from agent.telemetry.summary import read_samples, summarize
 from contract.records import DeviceInfo, DeviceSample, TelemetrySummary
 
@@ -58,6 +71,17 @@ class TelemetryConfig(BaseModel):
     backoff_max_s: float = Field(default=300.0, gt=0, description="longest pause after failing calls, s")
     min_samples: int = Field(default=MIN_SAMPLES, ge=1, description="samples a benchmark window needs inside it "
                                                                     "for an energy figure")
+    fast: bool = Field(default=True, description="sample faster during a key's idle measurement and benchmark "
+                                                 "(agent.telemetry.rate: every window of 1.5 x min_samples x the "
+                                                 "floor or longer gets 1.5 x min_samples samples)")
+    min_period_s: float = Field(default=MIN_PERIOD_S, gt=0, description="the fastest period, s")
+    tool_share: float = Field(default=TOOL_SHARE, gt=0, le=1, description="while sampling fast, sampling may take "
+                                                                         "at most this share of one core (its "
+                                                                         "measured CPU a sample bounds the rate)")
+    idle_window_s: float = Field(default=1.0, ge=0, description="idle power before each key's benchmark: the "
+                                                                "server up and idle, over a settled window this "
+                                                                "long, s (0: the samples before the server starts)")
+    idle_max_s: float = Field(default=30.0, gt=0, description="longest wait for the idle power to settle, s")
 
 
 # -- the process seam ----------------------------------------------------------------------------
@@ -111,6 +135,14 @@ def _wait_tool(proc: subprocess.Popen[bytes], t0: float, timeout: float, stop: t
                       duration_s=time.monotonic() - t0)
 
 
+def _cpu_of_sample() -> float:
+    """CPU seconds so far of this thread and of the process's reaped children (a sample's cost is the difference
+    across it: the tool's process, reaped by the sample, and the parsing; a child of another thread reaped
+    meanwhile counts too, which the median over the latest samples leaves out)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.thread_time() + r.ru_utime + r.ru_stime
+
+
 # -- the sampler -------------------------------------------------------------------------------
 EventSink = Callable[[str, str], None]  # (status, message)
 # the devices' cumulative energy counters, mJ per device index (agent.telemetry.nvml; None: none offered)
@@ -149,7 +181,13 @@ class Sampler:
         self._q_age = 0
         self._gone = False
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by tell() when a fast step begins, and by stop()
         self._thread: threading.Thread | None = None
+        # CPU seconds of the latest samples: the tool's processes (reaped children) and this thread's parsing
+        self.sample_cpu_s: deque[float] = deque(maxlen=20)
+        self.schedules: list[Schedule] = []  # the fast steps' schedules, in order
+        self._fast: Schedule | None = None  # the one in force (None: the base period)
+        self._recent: deque[tuple[float, int, float]] = deque(maxlen=4096)  # (ts, gpu, W) of the latest samples
 
     # -- what the pipeline calls -------------------------------------------------------------
     def start(self) -> Sampler:
@@ -180,11 +218,68 @@ class Sampler:
         return self._thread
 
     def tell(self, step: str, model_key: str | None) -> None:
+        """What the run does now; a step of :data:`~agent.telemetry.rate.FAST_STEPS` starts its fast schedule
+        (the sampling thread woken at once)."""
+        if (step, model_key) == self.doing:
+            return
         self.doing = (step, model_key)
+        if self.cfg.fast and step in FAST_STEPS:
+            floor = tool_floor(list(self.sample_cpu_s), base_s=self.cfg.period_s, share=self.cfg.tool_share,
+                               min_period_s=min(self.cfg.min_period_s, self.cfg.period_s))
+            self._fast = Schedule(since=self.clock(), base_s=self.cfg.period_s, floor_s=floor,
+                                  target=target_samples(self.cfg.min_samples))
+            self.schedules.append(self._fast)
+            self._wake.set()
+        else:
+            self._fast = None
+
+    def schedule_at(self, ts: float) -> Schedule | None:
+        """The fast schedule in force at ``ts`` (None: the base period)."""
+        found = None
+        for s in self.schedules:
+            if s.since <= ts:
+                found = s
+        return found
+
+    def edge(self) -> Edge:
+        """The devices' energy counters now, read at once (not by the sampling thread): a window's edge."""
+        counters = self._read_counter() if self.counter is not None else None
+        return Edge(ts=self.clock(), counters=counters or None)
+
+    def measure_idle(self, cancelled: Callable[[], bool] = lambda: False) -> IdleReading | None:
+        """The idle power in the state the run is in now (the caller told the step ``idle``): sampled fast until
+        the last ``idle_window_s`` of samples settle (a longer window where the tool's cost keeps the sampler
+        slower: one more than :data:`~agent.telemetry.rate.IDLE_SAMPLES` periods of its floor), at most
+        ``idle_max_s``; None when not sampling (or no power sample came)."""
+        if self._thread is None or not self._thread.is_alive() or self.cfg.idle_window_s <= 0:
+            return None
+        since = self.clock()
+        stale = GAP_FACTOR * self.cfg.period_s + self.cfg.timeout_s  # no sample for this long: not answering
+        if self.last_ts < since - stale:  # a hanging or failing tool is not waited for (nor is a run slowed)
+            return None
+        fast = self._fast
+        # the window holds IDLE_SAMPLES samples at the schedule's floor, however costly the tool (nvidia-smi: ~0.26 s)
+        window = max(self.cfg.idle_window_s,
+                     (IDLE_SAMPLES + 1) * (fast.floor_s if fast is not None else self.cfg.period_s))
+        t0 = time.monotonic()
+        while True:
+            waited = time.monotonic() - t0
+            timed_out = (waited >= self.cfg.idle_max_s or self._stop.is_set() or not self._thread.is_alive()
+                         or self.last_ts < self.clock() - stale)
+            points: dict[int, list[tuple[float, float]]] = {}
+            for ts, gpu, watts in list(self._recent):
+                if ts >= since:
+                    points.setdefault(gpu, []).append((ts, watts))
+            got = idle_window(points, self.clock(), window_s=window, waited_s=waited, min_samples=IDLE_SAMPLES,
+                              timed_out=timed_out or cancelled())
+            if got is not None or timed_out or cancelled():
+                return got
+            self._stop.wait(min(0.05, self.cfg.period_s / 4))
 
     def stop(self) -> None:
         """Stop sampling (a call of the tool in flight is killed); returns within a few seconds."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             if self._thread.is_alive():
@@ -229,16 +324,23 @@ class Sampler:
             log.exception("telemetry sampler failed")
             self._note("failed", f"telemetry sampler stopped: {type(exc).__name__}: {exc}")
 
+    def period(self) -> float:
+        """The period in force now: the fast step's schedule, else the base period."""
+        fast = self._fast
+        return fast.period(self.clock()) if fast is not None else self.cfg.period_s
+
     def _loop(self, fh: IO[str]) -> None:
-        period = self.cfg.period_s
         failures = 0
         next_at = time.monotonic()
         while not self._stop.is_set():
+            c0 = _cpu_of_sample()
             ok = self._sample_once(fh)
             if self._gone:
                 return
             now = time.monotonic()
+            period = self.period()
             if ok:
+                self.sample_cpu_s.append(_cpu_of_sample() - c0)
                 failures = 0
                 next_at += period
                 if next_at < now:  # the tool took longer than a period: skip, do not catch up
@@ -246,7 +348,9 @@ class Sampler:
             else:
                 failures += 1
                 next_at = now + min(self.cfg.backoff_max_s, period * 2 ** min(failures, 16))
-            self._stop.wait(max(0.0, next_at - now))
+            if self._wake.wait(max(0.0, next_at - now)):  # a fast step began: sample now, on its schedule
+                self._wake.clear()
+                next_at = time.monotonic()
 
     def _call(self, argv: list[str]) -> ToolResult | None:
         """One call of the tool; None (noted) when it is gone, hangs or the sampler stops."""
@@ -341,6 +445,8 @@ class Sampler:
                                              "module": self.module, "attempt": self.attempt, "step": step,
                                              "model_key": key, "energy_mj": energy.get(r.gpu)})
             lines.append(s.model_dump_json(exclude_none=True) + "\n")
+            if s.power_w is not None:
+                self._recent.append((ts, s.gpu, s.power_w))
         fh.write("".join(lines))
         fh.flush()
         self.samples += len(readings)

@@ -53,8 +53,8 @@ def test_a_gap_in_the_samples_drops_the_figure() -> None:
     pts = [(0.0, 50.0), (1.0, 50.0), (4.0, 50.0), (5.0, 50.0)]
     got = integrate_power(pts, 0.0, 5.0, period_s=1.0)
     assert got.joules is None and got.max_gap_s == 3.0 and got.covered_s == 5.0
-    assert got.note == ("a gap of 3 s in the power samples (at 1.000; more than 2.5 x the 1 s period): "
-                        "figure dropped")
+    assert got.note == ("a gap of 3 s in the power samples (at 1.000; more than 2.5 x the 1 s period and 5% of the "
+                        "window): figure dropped")
     # 2.5 periods is still no gap
     assert integrate_power([(0.0, 50.0), (2.5, 50.0), (3.0, 50.0)], 0.0, 3.0, period_s=1.0).joules == 150.0
 
@@ -206,3 +206,61 @@ def test_a_window_with_too_few_samples_inside_drops_the_figure() -> None:
     assert counter.j_per_token is None and counter.window.note.startswith("11 samples inside")
     twenty = [sample(10.0 + t / 2, 50.0) for t in range(21)]
     assert window_energy(twenty, 10.0, 20.0, period_s=0.5, output_tokens=250).j_per_token == 2.0
+
+
+def test_the_counter_read_at_the_window_edges_needs_nothing_in_between() -> None:
+    from agent.telemetry.energy import Edge, edge_energy
+
+    opened, closed = Edge(10.0, {0: 5_000.0, 1: 1_000.0}), Edge(12.0, {0: 105_000.0, 1: 51_000.0})
+    assert edge_energy(opened, closed) == ({0: 100.0, 1: 50.0}, "")
+    # no power sample at all: the edges alone give the figure, and 2 readings are not "too few samples"
+    got = window_energy([], 10.0, 12.0, period_s=1.0, output_tokens=150, edges=(opened, closed))
+    assert got.energy_j == 150.0 and got.j_per_token == 1.0 and got.avg_power_w == 75.0
+    assert (got.window.source, got.window.samples, got.window.coverage, got.window.note) == ("counter", 2, 1.0, "")
+
+
+def test_a_counter_that_goes_back_between_the_edges_is_refused_in_one_line() -> None:
+    from agent.telemetry.energy import Edge, edge_energy
+
+    got = window_energy([sample(9.0, 50.0, util=0.0)], 10.0, 12.0, period_s=1.0, output_tokens=10,
+                        edges=(Edge(10.0, {0: 9_000.0}), Edge(12.0, {0: 400.0})))
+    assert got.energy_j is None and got.j_per_token is None and got.idle_power_w == 50.0
+    assert got.window.note == ("the energy counter of device 0 went back from 9000 to 400 mJ over the window "
+                               "(a reset or a wrap): figure dropped")
+    assert "\n" not in got.window.note and describe(got).endswith("figure dropped")
+    assert edge_energy(Edge(0.0, {0: 1.0}), Edge(1.0, {0: 2.0, 1: 2.0}))[1] == (
+        "the energy counters of devices [0] at the window's start but [0, 1] at its end: figure dropped")
+    # an edge without counters: the power samples decide (none here)
+    assert window_energy([], 0.0, 1.0, period_s=1.0, output_tokens=1,
+                         edges=(Edge(0.0), Edge(1.0))).window.note == "no device samples: no energy figure"
+
+
+def test_gaps_are_judged_against_the_fast_schedules_period() -> None:
+    from agent.telemetry.rate import Schedule
+
+    fast = Schedule(since=0.0, base_s=1.0, floor_s=0.05, target=30)
+    pts = [(t * 0.05, 50.0) for t in range(0, 41)]  # every 0.05 s over [0, 2]
+    assert integrate_power(pts, 0.0, 2.0, period_s=1.0, schedule=fast).joules == pytest.approx(100.0)
+    holed = [p for p in pts if not 0.5 < p[0] < 0.9]  # 0.4 s without a sample, where 0.05 s was kept
+    got = integrate_power(holed, 0.0, 2.0, period_s=1.0, schedule=fast)
+    assert got.joules is None and got.note == ("a gap of 0.4 s in the power samples (at 0.500; more than 2.5 x the "
+                                               "0.05 s period and 5% of the window): figure dropped")
+    # a stall of up to 5 % of the window is bridged (0.1 s of 2 s), more than 2.5 fast periods though it is
+    stalled = [p for p in pts if not 0.5 < p[0] < 0.6]
+    assert integrate_power(stalled, 0.0, 2.0, period_s=1.0, schedule=fast).joules == pytest.approx(100.0)
+    # at the base period the same hole is no gap; before the schedule began, the base period is the rule
+    assert integrate_power(holed, 0.0, 2.0, period_s=1.0).joules == pytest.approx(100.0)
+    late = Schedule(since=0.95, base_s=1.0, floor_s=0.05, target=30)
+    assert integrate_power(holed, 0.0, 2.0, period_s=1.0, schedule=late).joules == pytest.approx(100.0)
+
+
+def test_the_measured_idle_power_and_its_spread_go_with_the_figures() -> None:
+    from agent.telemetry.rate import IdleReading
+
+    pts = [sample(t / 10, 60.0) for t in range(0, 31)]
+    idle = IdleReading(power_w=21.0, spread_w=0.5, samples=24, settle_s=1.2, settled=True)
+    got = window_energy(pts, 0.5, 2.5, period_s=0.1, output_tokens=60, idle=idle, min_samples=5)
+    assert got.idle_power_w == 21.0 and got.energy_above_idle_j == pytest.approx((60.0 - 21.0) * 2.0)
+    w = got.window
+    assert (w.idle_samples, w.idle_spread_w, w.idle_settle_s, w.idle_settled) == (24, 0.5, 1.2, True)
+    assert "idle 21 W (spread 0.5 W over 24 samples, settled after 1.2 s)" in describe(got)

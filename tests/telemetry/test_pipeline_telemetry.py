@@ -73,8 +73,10 @@ def test_release_rows_carry_the_energy_of_their_benchmark_window(tmp_path, make_
     assert w is not None and w.source == "samples" and w.note == "" and w.coverage == 1.0
     tokens = sum(r.measured_output or r.output_tokens or 0 for r in rows)
     assert w.output_tokens == tokens
+    # idle: measured with the server up, sampled fast over a settled window (the tool's power is constant)
+    assert w.idle_settled is True and w.idle_spread_w == 0.0 and w.idle_samples >= 5 and w.idle_settle_s < 5
     for r in rows:  # one window per key: every row carries its figures
-        assert r.energy == w and r.avg_power_w == 84.27 and r.idle_power_w == 84.27 and w.idle_samples == 5
+        assert r.energy == w and r.avg_power_w == 84.27 and r.idle_power_w == 84.27
         assert r.energy_j == pytest.approx(84.27 * w.window_s, rel=1e-5)
         assert r.energy_above_idle_j == pytest.approx(0.0, abs=1e-3)
         assert r.j_per_token == pytest.approx(84.27 * w.window_s / tokens, rel=1e-5)

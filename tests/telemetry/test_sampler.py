@@ -261,3 +261,125 @@ def test_samples_until_waits_for_a_sample_past_the_window(tmp_path: Path) -> Non
     idle, _ = sampler(tmp_path / "off", FakeTool())  # never started: no wait, no samples
     t0 = time.monotonic()
     assert idle.samples_until(time.time() + 60) == [] and time.monotonic() - t0 < 0.5
+
+
+def test_a_fast_step_samples_at_once_and_faster_and_the_base_period_comes_back_after(tmp_path: Path) -> None:
+    cfg = TelemetryConfig(period_s=0.5, timeout_s=1.0, min_samples=10, min_period_s=0.02)
+    s, _ = sampler(tmp_path, FakeTool(), cfg)
+    s.start()
+    wait_until(lambda: s.samples >= 1)
+    n0 = s.samples
+    t0 = time.time()
+    s.tell("benchmark", "qwen3")
+    time.sleep(0.3)
+    fast = s.samples - n0
+    s.tell("probe", "qwen3")
+    wait_until(lambda: s.period() == 0.5)  # the thread may be asleep for one fast period still
+    n1 = s.samples
+    time.sleep(0.45)
+    slow = s.samples - n1
+    s.stop()
+    sched = s.schedule_at(t0 + 0.1)
+    assert sched is not None and sched.target == 15 and sched.base_s == 0.5 and 0.02 <= sched.floor_s < 0.05
+    assert s.schedule_at(t0 - 1) is None
+    assert fast >= 6, fast  # 15 at 0.02 s; a loaded machine stalls some
+    assert slow <= 2, slow
+    first_fast = min(x.ts for x in read_samples(tmp_path / SAMPLES_FILE) if x.step == "benchmark")
+    assert first_fast - t0 < 0.2  # woken, not left asleep for the rest of a 0.5 s period
+
+
+def test_the_tools_cost_bounds_the_fast_rate(tmp_path: Path) -> None:
+    # a real tool process that burns CPU (a shell loop, tens of ms) and then answers like the H200
+    busy = tmp_path / "busy-smi"
+    from agent.telemetry.fields import FIELDS
+
+    row = ",".join(H200_ROW.split(",")[: len(FIELDS)])
+    busy.write_text("#!/bin/sh\ncase $1 in --query-gpu=*) ;; *) exit 2 ;; esac\n"
+                    f"i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done\necho '{row}'\n")
+    busy.chmod(0o755)
+    cfg = TelemetryConfig(period_s=1.0, timeout_s=5.0, tool_share=0.1, min_period_s=0.02)
+    s, _ = sampler(tmp_path, run_tool, cfg, which=lambda name: str(busy) if name == "nvidia-smi" else None)
+    s.start()
+    wait_until(lambda: len(s.sample_cpu_s) >= 2, timeout=10.0)
+    s.tell("idle", "qwen3")
+    s.stop()
+    cost = sorted(s.sample_cpu_s)[len(s.sample_cpu_s) // 2]
+    assert cost > 0.005, cost  # the loop's CPU is counted (a reaped child's)
+    assert s.schedules[-1].floor_s == pytest.approx(min(1.0, max(0.02, cost / 0.1)), rel=0.5)
+    assert s.schedules[-1].floor_s > 0.05
+
+
+def test_fast_sampling_off_keeps_the_base_period(tmp_path: Path) -> None:
+    s, _ = sampler(tmp_path, FakeTool(), TelemetryConfig(period_s=0.5, fast=False))
+    s.tell("benchmark", "qwen3")
+    assert s.schedules == [] and s.period() == 0.5
+
+
+def test_an_edge_reads_the_counters_at_once(tmp_path: Path) -> None:
+    readings = iter([1000.0, 2500.0])
+    s, _ = sampler(tmp_path, FakeTool(), counter=lambda: {0: next(readings)})
+    t0 = time.time()
+    a, b = s.edge(), s.edge()
+    assert a.counters == {0: 1000.0} and b.counters == {0: 2500.0} and t0 <= a.ts <= b.ts <= time.time()
+    none, _ = sampler(tmp_path / "n", FakeTool())
+    assert none.edge().counters is None
+
+
+def test_idle_is_measured_fast_until_it_settles(tmp_path: Path) -> None:
+    cfg = TelemetryConfig(period_s=1.0, timeout_s=1.0, min_period_s=0.02, idle_window_s=0.2)
+    s, _ = sampler(tmp_path, FakeTool(), cfg)
+    assert s.measure_idle() is None  # not sampling: nothing to wait for
+    s.start()
+    wait_until(lambda: s.samples >= 1)
+    s.tell("idle", "qwen3")
+    t0 = time.monotonic()
+    got = s.measure_idle()
+    took = time.monotonic() - t0
+    s.stop()
+    assert got is not None and got.settled and got.power_w == 84.27 and got.spread_w == 0.0 and got.samples >= 5
+    assert took < 3.0 and got.settle_s <= took + 0.001
+
+
+def test_idle_that_does_not_settle_is_given_up_after_idle_max_s(tmp_path: Path) -> None:
+    rows = iter([H200_ROW.replace("84.27", f"{80 + 30 * (i % 2)}.00") for i in range(10_000)])
+
+    class Wobbly(FakeTool):
+        def __call__(self, argv: Sequence[str], timeout: float, stop: threading.Event) -> ToolResult:
+            self.row = next(rows)
+            return super().__call__(argv, timeout, stop)
+
+    cfg = TelemetryConfig(period_s=1.0, timeout_s=1.0, min_period_s=0.02, idle_window_s=0.1, idle_max_s=0.4)
+    s, _ = sampler(tmp_path, Wobbly(), cfg)
+    s.start()
+    wait_until(lambda: s.samples >= 1)
+    s.tell("idle", "qwen3")
+    got = s.measure_idle()
+    s.stop()
+    assert got is not None and not got.settled and got.spread_w == 30.0 and 0.4 <= got.settle_s < 3.0
+
+
+def test_idle_is_not_waited_for_when_the_tool_does_not_answer(tmp_path: Path) -> None:
+    def hangs(argv: Sequence[str], timeout: float, stop: threading.Event) -> ToolResult:
+        stop.wait(timeout)
+        return ToolResult("timeout")
+
+    s, _ = sampler(tmp_path, hangs, TelemetryConfig(period_s=0.1, timeout_s=0.2, idle_window_s=1.0))
+    s.start()
+    s.tell("idle", "qwen3")
+    t0 = time.monotonic()
+    assert s.measure_idle() is None
+    s.stop()
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_the_idle_window_holds_five_samples_of_a_slow_schedule(tmp_path: Path) -> None:
+    # a floor of 0.1 s (a costly tool, or a longer min_period_s): a 0.1 s idle window would hold one sample,
+    # never "settled"; it is stretched to 5 periods instead of waiting out idle_max_s
+    cfg = TelemetryConfig(period_s=1.0, timeout_s=1.0, min_period_s=0.1, idle_window_s=0.1, idle_max_s=5.0)
+    s, _ = sampler(tmp_path, FakeTool(), cfg)
+    s.start()
+    wait_until(lambda: s.samples >= 1)
+    s.tell("idle", "qwen3")
+    got = s.measure_idle()
+    s.stop()
+    assert got is not None and got.settled and got.samples >= 5 and 0.4 <= got.settle_s < 3.0, got
