@@ -17,9 +17,9 @@ here="$(pwd)"
 out="${OUT:-/tmp/llama-gpu-out}"
 mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$here"/whl/*.whl
-export PYTHONPATH="/tmp/site:$here/repo" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 M1000_LLAMA_CACHE=/tmp/llc BENCH_LABEL="${LABEL:-h200}"
-mkdir -p /tmp/llc/sdist
-cp "$here"/sdist/*.tar.gz /tmp/llc/sdist/
+export PYTHONPATH="/tmp/site:$here/repo" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 M1000_LLAMA_CACHE="${LLC:-/tmp/llc}" BENCH_LABEL="${LABEL:-h200}"
+mkdir -p "${LLC:-/tmp/llc}/sdist"
+cp "$here"/sdist/*.tar.gz "${LLC:-/tmp/llc}/sdist/"
 cd "$here/repo"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0), "transformers", transformers.__version__)'
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -36,17 +36,25 @@ nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw,clocks.s
     > "$out/nvidia-smi-h200.csv" 2>&1 &
 smi=$!
 set +e
+python3 bench/nvml_check.py record /tmp/nvml.jsonl & rec=$!   # NVML's counter read by another process (2 ms)
 python3 bench/engine_llama_run.py --device cuda --server "$server" --size gpu --profiles "128,500,2000;2000@250" \
     --output-len 100 --mtp prompts=15,input=0,output=256 --vision inputs=250/1000/2000,output=50,image=448 \
     --probe-profiles 128:128,500:500,2000:2000 --probe-repeat 3 \
     --out /tmp/llama-run --streams "$out/llama-server-h200-sse.txt" 2>&1 | grep -v -e "^INFO:" -e "Writing"
 rc=${PIPESTATUS[0]}
-python3 bench/probe_agreement.py --device cuda --server "$server" --models /tmp/llama-run/models \
-    --keys qwen3,qwen35 --inputs 128,500,2000 --rounds 5 --requests 5 --output-len 100 2>&1 | tail -80
+kill "$rec" 2>/dev/null; wait "$rec" 2>/dev/null
+python3 bench/nvml_check.py compare /tmp/nvml.jsonl /tmp/llama-run/work/runs/llama-bench 2>&1 | tee "$out/nvml_check.txt"
+rc3=${PIPESTATUS[0]}
+# DEADLINE (epoch s): the agreement bench gets what is left of a call's limit (it saves what it measured on SIGTERM
+# only if it got that far: its rounds are printed as they end)
+left=$(( ${DEADLINE:-$(( $(date +%s) + 600 ))} - $(date +%s) ))
+timeout --signal=TERM "$(( left > 5 ? left : 5 ))" python3 bench/probe_agreement.py --device cuda --server "$server" \
+    --models /tmp/llama-run/models --keys "${AGREE_KEYS:-qwen3,qwen35}" --inputs 128,500,2000 \
+    --rounds "${AGREE_ROUNDS:-5}" --requests 5 --output-len 100 2>&1 | tee "$out/probe_agreement_stdout.txt" | tail -80
 rc2=${PIPESTATUS[0]}
 set -e
 kill "$smi" 2>/dev/null || true
 cp bench/results/engine_llama_run_*.txt bench/results/probe_agreement_*.txt "$out/" 2>/dev/null || true
 cp /tmp/llama-run/work/runs/llama-bench/logs/*server-qwen35_mtp.log "$out/server-qwen35_mtp-h200.log" 2>/dev/null || true
-echo "engine_llama_run exit $rc, probe_agreement exit $rc2"
+echo "engine_llama_run exit $rc, nvml_check exit $rc3, probe_agreement exit $rc2"
 exit $(( rc > rc2 ? rc : rc2 ))
