@@ -39,6 +39,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from controller.report.analysis.ramps import Ramp, best_ramp, ramp_beats_step, weighted_ss
 from controller.report.model import ReportError
 
 DEFAULT_MIN_MAGNITUDE = 0.03
@@ -377,123 +378,30 @@ def drift_runs(x: np.ndarray, cps: list[int], steps: Sequence[ChangePoint], s: D
         ramp = best_ramp(y, s.min_segment + 1, w, (cps[i] - lo, cps[j - 1] - lo))
         if ramp is not None:
             bounds = [0, *(c - lo for c in cps[i:j]), hi - lo]
-            staircase = sum(_weighted_ss(y[a:b], w[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
+            staircase = sum(weighted_ss(y[a:b], w[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
             m = ramp.n
             floor = 1e-24 * m * float(np.mean(y * y))  # a noiseless series: the criterion's logarithm stays finite
             bic_steps = m * math.log(max(staircase, floor) / m) + (2 * (j - i) + 1) * math.log(m)
             bic_ramp = m * math.log(max(ramp.ss, floor) / m) + 4 * math.log(m)
             if bic_ramp < bic_steps and (ramp.delta > 0) == (steps[i].size > 0) and \
-                    (j - i > 1 or _ramp_beats_step(staircase, ramp.ss, m, s.max_pvalue)):
-                out.append((i, (j, ramp.change(lo, max(st.p_value for st in steps[i:j])))))
+                    (j - i > 1 or ramp_beats_step(staircase, ramp.ss, m, s.max_pvalue)):
+                out.append((i, (j, ramp_change(ramp, lo, max(st.p_value for st in steps[i:j])))))
         i = j
     return out
 
 
-def _weighted_ss(y: np.ndarray, w: np.ndarray) -> float:
-    """The sum of squares about the mean of the values of weight 1."""
-    n = float(w.sum())
-    return float((w * (y - (w * y).sum() / n) ** 2).sum()) if n else 0.0
-
-
-def _ramp_beats_step(step_ss: float, ramp_ss: float, n: int, max_pvalue: float) -> bool:
-    """A lone step is a drift only when the ramp's better fit is significant (F-test of its one more parameter,
-    at ``max_pvalue``): a value that sits half-way at a step (a module warming up, an outlier next to it) is not a
-    drift."""
-    from scipy.special import fdtrc
-
-    if ramp_ss <= 0:
-        return step_ss > 0
-    return float(fdtrc(1, n - 4, (step_ss - ramp_ss) / (ramp_ss / (n - 4)))) <= max_pvalue
-
-
-@dataclass(frozen=True)
-class Ramp:
-    """A level ``level`` up to value ``a`` of a stretch, then a straight line to ``level + delta`` at value ``b``,
-    that level after; ``ss``: the residual sum of squares, ``se``: the standard error of ``delta`` (the ramp's
-    place taken as known), ``n``: the stretch's length."""
-
-    level: float
-    delta: float
-    se: float
-    a: int
-    b: int
-    ss: float
-    n: int
-
-    def change(self, lo: int, p_value: float) -> ChangePoint:
-        """The ramp as a drift of a series whose stretch starts at ``lo``."""
-        _, stdtrit = student_t()
-        half = float(stdtrit(self.n - 2, 0.975)) * self.se
-        scale = abs(self.level) if self.level else 1.0
-        size, releases = self.delta / scale, self.b - self.a
-        low, high = (self.delta - half) / scale, (self.delta + half) / scale
-        return ChangePoint(index=lo + self.a + 1, end=lo + self.b, size=size, ci_low=low, ci_high=high,
-                           p_value=p_value, before=self.level, after=self.level + self.delta, n_before=self.a + 1,
-                           n_after=self.n - self.b, in_force=False, kind="drift", slope=size / releases,
-                           slope_low=low / releases, slope_high=high / releases)
-
-
-RAMP_PLACES = 1 << 18  # (start, end) pairs of a ramp tried as one array at most
-
-
-def _ramp_places(n: int, shortest: int, first: int, last: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Every ramp's (start ``a``, end ``b``) in a stretch of ``n`` that spans ``first`` .. ``last`` (``a < first``,
-    ``b >= last``) and is ``shortest`` or longer, as arrays: in one pair when there are at most
-    :data:`RAMP_PLACES`, else a pair per start (a long CSV series)."""
-    starts, ends = np.arange(0, first), np.arange(last, n)
-    if len(starts) * len(ends) <= RAMP_PLACES:
-        a, b = (g.ravel() for g in np.meshgrid(starts, ends, indexing="ij"))
-        keep = b - a >= shortest
-        return [(a[keep], b[keep])]
-    return [(np.full(len(e), a0), e) for a0 in starts.tolist() if len(e := ends[ends - a0 >= shortest])]
-
-
-def best_ramp(y: np.ndarray, shortest: int, weights: np.ndarray | None = None, span: tuple[int, int] | None = None) \
-        -> Ramp | None:
-    """The ramp (:class:`Ramp`) of least squared error over ``y``, of ``shortest`` releases or more (``b - a``),
-    by least squares on the ramp's shape for every (a, b): from prefix sums, every place at once (O(n^2)).
-    ``weights``: 1 for a value, 0 for one left out (an outlier replaced by :func:`hampel`: its replacement, the
-    mean of the levels either side, would sit half-way at a step and look like a ramp). ``span``: (first, last),
-    the ramps that start before value ``first`` and end at ``last`` or after (the steps the ramp stands for)."""
-    n = len(y)
-    w = np.ones(n) if weights is None else weights
-    m = float(w.sum())
-    if n < shortest + 2 or m < 4:
-        return None
-    mean = float((w * y).sum() / m)
-    yc = (y - mean) * w
-    t = np.arange(n, dtype=float)
-
-    def prefix(v: np.ndarray) -> np.ndarray:
-        return np.concatenate(([0.0], np.cumsum(v)))
-
-    c1, ct, w0, wt, wtt = prefix(yc), prefix(t * yc), prefix(w), prefix(w * t), prefix(w * t * t)
-    syy = float(yc @ (y - mean))
-    best: tuple[float, int, int, float, float, float] | None = None
-    first, last = span if span is not None else (n, 0)
-    for a, b in _ramp_places(n, shortest, first, last):
-        if not len(a):
-            continue
-        length = b - a
-        # the ramp's shape r: 0 up to a, (t - a) / length between, 1 from b on; its sums with the weights and
-        # with the centred values
-        s0, s1, s2 = w0[b] - w0[a + 1], wt[b] - wt[a + 1], wtt[b] - wtt[a + 1]
-        after = w0[n] - w0[b]
-        sr = (s1 - a * s0) / length + after
-        srr = (s2 - 2 * a * s1 + a * a * s0) / (length * length) + after
-        sry = ((ct[b] - ct[a + 1]) - a * (c1[b] - c1[a + 1])) / length + (c1[n] - c1[b])
-        vrr = srr - sr * sr / m
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ss = np.where(vrr > 1e-9, syy - sry * sry / vrr, np.inf)
-        k = int(np.argmin(ss))
-        if best is None or ss[k] < best[0]:
-            best = (float(ss[k]), int(a[k]), int(b[k]), float(sry[k] / vrr[k]), float(sr[k] / m), float(vrr[k]))
-    if best is None or not math.isfinite(best[0]):
-        return None
-    least, a0, b0, delta, rbar, vrr0 = best
-    least = max(least, 0.0)
-    se = math.sqrt(least / (m - 2) / vrr0)
-    return Ramp(level=mean - delta * rbar, delta=delta, se=se, a=a0, b=b0, ss=least, n=int(m))
+def ramp_change(ramp: Ramp, lo: int, p_value: float) -> ChangePoint:
+    """A ramp (:class:`~controller.report.analysis.ramps.Ramp`) as a drift of a series whose stretch starts at
+    ``lo``."""
+    _, stdtrit = student_t()
+    half = float(stdtrit(ramp.n - 2, 0.975)) * ramp.se
+    scale = abs(ramp.level) if ramp.level else 1.0
+    size, releases = ramp.delta / scale, ramp.b - ramp.a
+    low, high = (ramp.delta - half) / scale, (ramp.delta + half) / scale
+    return ChangePoint(index=lo + ramp.a + 1, end=lo + ramp.b, size=size, ci_low=low, ci_high=high,
+                       p_value=p_value, before=ramp.level, after=ramp.level + ramp.delta, n_before=ramp.a + 1,
+                       n_after=ramp.n - ramp.b, in_force=False, kind="drift", slope=size / releases,
+                       slope_low=low / releases, slope_high=high / releases)
 
 
 def as_series(values: Values) -> np.ndarray:
