@@ -12,8 +12,8 @@ pooled two-sample t-test of the judged run against its reference (the baseline's
   (the key's, at least every key's of the metric: a key of two modules in each run has 2 degrees of freedom);
 * one profile: the cell's modules of both runs, the variance pooled from the spread of the modules around their
   cell's mean in both runs (the key's cells, at least every cell's of the metric);
-* one module against its previous run: the change of its level, against the pooled spread of the levels (times
-  sqrt 2: two levels).
+* one module against its previous run: the change of its level, against the other modules' changes of level (every
+  key's of the metric; their mean square: the variance of a change with nothing changed).
 
 Each p is one-sided (in the direction of worse) and Bonferroni-adjusted over the metric's keys (a profile: its
 cells): one run judges dozens of cells, and each of them at ``alpha`` would name one by chance in most runs. A
@@ -132,13 +132,17 @@ class RunNoise:
         return None if p is None else min(1.0, p * len(x.groupby(["key", "profile"])))
 
     def module_p(self, module: str, key: str, metric: str) -> float | None:
-        """The one-sided p (worse) of one module's change of level against its previous run's, by the runs' spread
-        of module levels, Bonferroni over the metric's keys."""
+        """The one-sided p (worse) of one module's change of level against its previous run's, by how far the other
+        modules' levels (of every key of the metric) moved from their previous run's: those changes' mean square
+        is the variance of a change with nothing changed (the module's own change is not in it); Bonferroni over
+        the metric's keys."""
         x, y = self._levels(metric)
-        if (key, module) not in x.index or (key, module) not in y.index:
+        d = (x - y).dropna()
+        if (key, module) not in d.index:
             return None
-        var, df = self._level_var(key, metric)
-        p = _t_p(float(x[(key, module)] - y[(key, module)]), var, 2.0, df)
+        rest = d.drop(index=(key, module)).to_numpy()
+        var = float(np.mean(rest**2)) if len(rest) else math.nan
+        p = _t_p(float(d[(key, module)]), var, 1.0, len(rest))
         return None if p is None else min(1.0, p * x.index.get_level_values("key").nunique())
 
 
