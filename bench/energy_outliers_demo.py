@@ -4,7 +4,9 @@ Runs ``fleetctl demo --models KEYS --seed S`` (4 simulated modules, the simulato
 agent's energy windows, the history) for ``--runs`` seeds, keeps each demo's history, and judges every kept history
 with the report of this checkout (``build_report``): how many runs name any module an outlier (energy or speed) of a
 fleet of identical devices, with a Wilson 95 % interval. ``--judge-only DIR``: judge the histories already in DIR
-(``<seed>.sqlite``), e.g. to judge the same demos with another rule. Issue 46 item 1 (ADR 0040).
+(``<seed>.sqlite``), e.g. to judge the same demos with another rule. ``--in-process N``: beside it, N synthetic runs
+of 4 identical modules (5 % window noise, 1, 2 and 7 keys) straight through ``energy_outliers``. Issue 46 item 1
+(ADR 0040).
 
 Usage: .venv/bin/python bench/energy_outliers_demo.py [--runs 100] [--models qwen3] [--keep DIR] [--judge-only DIR]
 """
@@ -60,13 +62,37 @@ def run_demo(seed: int, models: str, keep: Path) -> Path | None:
         return dest
 
 
+def in_process(runs: int, seed: int = 0) -> None:
+    """Runs naming an energy outlier among 4 identical modules, one J/token window per (module, key) at 5 % noise."""
+    import numpy as np
+    import pandas as pd
+
+    from controller.report.analysis.energy import energy_outliers
+    from controller.report.model import Thresholds
+
+    rng = np.random.default_rng(seed)
+    for keys in (1, 2, 7):
+        hit = 0
+        for _ in range(runs):
+            rows = [(f"m{i}", f"k{j}", 2.0 * (1 + j) * math.exp(0.05 * rng.standard_normal()))
+                    for i in range(4) for j in range(keys)]
+            hit += bool(energy_outliers(pd.DataFrame(rows, columns=["module", "model_key", "j_per_token"]),
+                                        Thresholds()))
+        lo, hi = wilson(hit, runs)
+        print(f"in process, 4 identical modules x {keys} key(s), 5 % window noise: runs naming an energy outlier "
+              f"{hit}/{runs} = {hit / runs:.2%} (Wilson 95 % {lo:.2%} to {hi:.2%})", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--models", default="qwen3")
     ap.add_argument("--keep", type=Path, default=None, help="folder to keep each demo's history in")
     ap.add_argument("--judge-only", type=Path, default=None, help="judge the histories in this folder, run none")
+    ap.add_argument("--in-process", type=int, default=0, help="also N synthetic runs straight through the rule")
     args = ap.parse_args()
+    if args.in_process:
+        in_process(args.in_process)
     if args.judge_only:
         paths = sorted(args.judge_only.glob("*.sqlite"), key=lambda p: int(p.stem) if p.stem.isdigit() else 0)
     else:

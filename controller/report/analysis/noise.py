@@ -104,15 +104,15 @@ class RunNoise:
         mine = [side.xs(key, level="key").to_numpy() for side in (x, y) if key in side.index.get_level_values("key")]
         return _wider(_pooled(mine), _pooled(groups))
 
-    def key_p(self, key: str, metric: str) -> float | None:
-        """The one-sided p (worse) of the key's change against the runs' spread of module levels, Bonferroni over the
-        metric's keys; None: no repeat in either run (nothing to weigh it by)."""
+    def key_p(self, key: str, metric: str, sign: float = 1.0) -> float | None:
+        """The one-sided p (worse; ``sign`` -1: better) of the key's change against the runs' spread of module levels,
+        Bonferroni over the metric's keys; None: no repeat in either run (nothing to weigh it by)."""
         x, y = self._levels(metric)
         if key not in x.index.get_level_values("key") or key not in y.index.get_level_values("key"):
             return None
         a, b = x.xs(key, level="key"), y.xs(key, level="key")
         var, df = self._level_var(key, metric)
-        p = _t_p(float(a.mean() - b.mean()), var, 1 / len(a) + 1 / len(b), df)
+        p = _t_p(sign * float(a.mean() - b.mean()), var, 1 / len(a) + 1 / len(b), df)
         return None if p is None else min(1.0, p * x.index.get_level_values("key").nunique())
 
     def profile_p(self, key: str, profile: str, metric: str) -> float | None:
@@ -195,5 +195,5 @@ def weigh(regs: list[Regression], changes: list[Change], noise: RunNoise, agains
 
 def _improved_in_noise(noise: RunNoise, c: Change) -> bool:
     """An improvement the runs' noise does not show (its p in the better direction not below alpha)."""
-    p = noise.key_p(c.model_key, c.metric)
-    return p is not None and 1.0 - p >= noise.th.alpha
+    p = noise.key_p(c.model_key, c.metric, sign=-1.0)  # in the direction of better
+    return p is not None and p >= noise.th.alpha
