@@ -15,7 +15,10 @@ pooled two-sample t-test of the judged run against its reference (the baseline's
 * one module against its previous run: the change of its level, against the other modules' changes of level (every
   key's of the metric; their mean square: the variance of a change with nothing changed).
 
-Each p is one-sided (in the direction of worse) and Bonferroni-adjusted over the metric's keys (a profile: its
+The runs also move as wholes (a loaded machine slows the judged run, not its two modules apart): where the spread of
+every key's (cell's) change of the metric, 1.4826 MAD, is wider than the repeats', it is the noise (a llama.cpp
+prefill cell at -98 % with 2 + 2 modules: 4 repeat spreads out, and inside the spread of the run's 21 cells'
+changes). Each p is one-sided (in the direction of worse) and Bonferroni-adjusted over the metric's keys (a profile: its
 cells): one run judges dozens of cells, and each of them at ``alpha`` would name one by chance in most runs. A
 finding whose p is not below ``alpha`` is no regression: it is said as a change "not significant" (a key's change in
 the report's table). The judged run's outlier modules are left out of both runs' spread. Where neither run has a
@@ -112,7 +115,10 @@ class RunNoise:
             return None
         a, b = x.xs(key, level="key"), y.xs(key, level="key")
         var, df = self._level_var(key, metric)
-        p = _t_p(sign * float(a.mean() - b.mean()), var, 1 / len(a) + 1 / len(b), df)
+        factor = 1 / len(a) + 1 / len(b)
+        changes = (x.groupby(level="key").mean() - y.groupby(level="key").mean()).dropna()  # every key's change
+        var = max(var, _robust_var(changes.to_numpy()) / factor) if math.isfinite(var) else var
+        p = _t_p(sign * float(a.mean() - b.mean()), var, factor, df)
         return None if p is None else min(1.0, p * x.index.get_level_values("key").nunique())
 
     def profile_p(self, key: str, profile: str, metric: str) -> float | None:
@@ -128,7 +134,12 @@ class RunNoise:
         b = y.loc[(y["key"] == key) & (y["profile"] == profile), "b"].to_numpy()
         if not len(a) or not len(b):
             return None
-        p = _t_p(float(a.mean() - b.mean()), var, 1 / len(a) + 1 / len(b), df)
+        factor = 1 / len(a) + 1 / len(b)
+        # the runs as wholes move too (a loaded machine slows one run, not its modules apart): the spread of every
+        # cell's change of the metric (robust: most cells did not change) when it is the wider
+        changes = (x.groupby(["key", "profile"])["b"].mean() - y.groupby(["key", "profile"])["b"].mean()).dropna()
+        var = max(var, _robust_var(changes.to_numpy()) / factor) if math.isfinite(var) else var
+        p = _t_p(float(a.mean() - b.mean()), var, factor, df)
         return None if p is None else min(1.0, p * len(x.groupby(["key", "profile"])))
 
     def module_p(self, module: str, key: str, metric: str) -> float | None:
@@ -144,6 +155,14 @@ class RunNoise:
         var = float(np.mean(rest**2)) if len(rest) else math.nan
         p = _t_p(float(d[(key, module)]), var, 1.0, len(rest))
         return None if p is None else min(1.0, p * x.index.get_level_values("key").nunique())
+
+
+def _robust_var(changes: np.ndarray) -> float:
+    """The variance of changes with nothing changed, from all of them: (1.4826 MAD)^2, robust to the few that did
+    (0 below 3 changes: no estimate)."""
+    if len(changes) < 3:
+        return 0.0
+    return float((1.4826 * np.median(np.abs(changes - np.median(changes)))) ** 2)
 
 
 def _t_p(diff: float, var: float, factor: float, df: int) -> float | None:
