@@ -60,8 +60,9 @@ class Thresholds(_Frozen):
     # the start-up costs' (server ready, first request, precompile): noisier than throughput, a load from disk and
     # a compile (docs/adr/0029-start-up-costs-judged.md)
     startup_tolerance: float = Field(default=STARTUP_TOLERANCE, gt=0, lt=1)
-    # a start-up cost that moved less than this (seconds) is within tolerance: the agent's ready-poll resolution
-    startup_floor_s: float = Field(default=0.05, ge=0)
+    # a start-up cost that moved less than this (seconds) is within tolerance: two figures read at the agent's 50 ms
+    # ready-poll resolution differ by up to 0.1 s with nothing changed (docs/adr/0040-verdicts-beyond-the-runs-noise.md)
+    startup_floor_s: float = Field(default=0.1, ge=0)
 
     def tol(self, metric: str) -> float:
         if metric in ENERGY_METRICS:
@@ -282,11 +283,12 @@ class PairedChange(_Frozen):
     ci_low: float | None  # 95 % interval of change (the signed-rank test's; None below 6 profiles)
     ci_high: float | None
     p_value: float  # one-sided Wilcoxon signed-rank test across profiles
-    profiles: int
+    profiles: int  # 0 for a start-up or energy figure: one per (module, round), not per profile
     pairs: int  # (module, round) pairs behind the figures
     noise: float  # the spread of one pair's difference (relative standard deviation)
     mdc: float | None  # minimum detectable change (magnitude; None: too few profiles for the test at alpha)
     status: Status
+    tolerance: float | None = None  # the metric's tolerance it was judged with (start-up 15 %, energy 5 %, else 1 %)
 
 
 class PairedReport(_Frozen):

@@ -37,7 +37,7 @@ def test_demo_with_a_real_engine_module(tmp_path: Path):
 
 
 @pytest.mark.llama
-def test_demo_with_two_llama_cpp_modules_ends_in_a_verdict_on_all_seven_keys(tmp_path: Path):
+def test_demo_with_two_llama_cpp_modules_passes_an_unchanged_release_on_all_seven_keys(tmp_path: Path):
     from simulator.engine.llamacpp import wait_built
 
     if engine_python() is None or wait_built(2400) is None:
@@ -49,6 +49,10 @@ def test_demo_with_two_llama_cpp_modules_ends_in_a_verdict_on_all_seven_keys(tmp
                         "llama.cpp", "--models", "all", "--time-scale", "1000", "--out", str(out)],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.stdout.count("verdict:") == 2, r.stderr[-3000:]
+    # an unchanged release judged against its own reference run a minute before, on this loaded CPU: a pass (its
+    # findings inside the two runs' own spread are not significant; issue 46: 24 "regressions" down to -95 %)
+    (line,) = [x for x in r.stdout.splitlines() if "(1.4.1-llama vs baseline:1.4.1-llama:v1)" in x]
+    assert line.startswith("verdict: pass - PASS"), line
     assert "real engine: llama-server" in r.stderr, r.stderr[-3000:]
     for name in ("real-01", "real-02"):
         assert r.stderr.count(f"{name}: done, ok, 21 rows") == 2, r.stderr[-3000:]  # 7 keys, both runs

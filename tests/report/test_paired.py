@@ -132,3 +132,24 @@ def test_energy_is_judged_over_the_windows_not_the_profiles(reference: pd.DataFr
     assert [r for r in same.regressions if r.metric == "j_per_token"] == []
     hungry = _compare(_with_windows(rows, 0.01, seed, b_factor=1.2), runs)
     assert {r.model_key for r in hungry.regressions if r.metric == "j_per_token"} == set(reference["model_key"])
+
+
+def test_start_up_figures_show_their_own_tolerance_their_starts_and_their_floor(reference: pd.DataFrame) -> None:
+    """Issue 46: compare-releases printed "+14.7 % within tolerance" beside "tolerance 1.0 %", "profiles 11" of one
+    start per module, and a zero-width interval; a start under the 0.1 s floor never counts."""
+    from controller.report.render.paired import paired_records, paired_verdict_line
+
+    rows, runs = paired_fleet(reference, modules=2, rounds=1, seed=3)
+    b_runs = {r for r, arm, _ in runs if arm == "B"}
+    rows = rows.copy()
+    rows["server_ready_s"] = [1.147 if r in b_runs else 1.0 for r in rows["run_id"]]
+    rows["warmup_s"] = [0.072 if r in b_runs else 0.008 for r in rows["run_id"]]
+    rep = _compare(rows, runs)
+    ready = next(c for c in rep.changes if c.metric == "server_ready_s" and c.model_key == "qwen3")
+    assert ready.status == "within tolerance" and ready.tolerance == 0.15 and abs(ready.change - 0.147) < 1e-9
+    assert ready.profiles == 0 and ready.pairs == 2 and ready.ci_low is None  # 2 starts: too few for an interval
+    warm = next(c for c in rep.changes if c.metric == "warmup_s" and c.model_key == "qwen3")
+    assert abs(warm.change - 8.0) < 1e-9 and warm.status == "within tolerance"  # +800 %, 64 ms: under the floor
+    rec = next(r for r in paired_records(rep) if r["metric"] == "server_ready_s" and r["model_key"] == "qwen3")
+    assert (rec["tolerance"], rec["profiles"], rec["pairs"], rec["interval"]) == ("15.0%", "", 2, "2 starts, too few")
+    assert "tolerance 1.0% (start-up 15.0%)" in paired_verdict_line(rep)

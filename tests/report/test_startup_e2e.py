@@ -71,12 +71,12 @@ def test_a_release_whose_server_starts_40_percent_slower_is_named_regressed_on_s
     assert ready == [(FLEET, "qwen35", FLEET, "previous")], f"{figures}\n{to_markdown(rep)}"
     assert rep.verdict == "regressed"
     reg = next(r for r in rep.regressions if r.metric == "server_ready_s")
-    assert reg.n == 5 and reg.detail == "t-test over 5 modules' starts"
+    assert reg.n == 5 and reg.detail == "t-test over 5 modules' starts (tolerance 15%, floor 0.1 s)", reg.detail
     assert 0.25 < (reg.change or 0) < 0.45  # 1.4x the load, the server's own start (~0.1 s) unchanged
     # only start-up costs moved: the throughput of the same simulated release is the same
     assert {r.metric for r in rep.regressions} <= {"server_ready_s", "warmup_s", "precompile_s"}, to_markdown(rep)
     status = {c.model_key: c.status for c in rep.changes if c.metric == "server_ready_s"}
     assert status == {"qwen3": "within tolerance", "qwen35": "regressed"}
     line = next(x for x in startup_lines(rep) if x.startswith("qwen35 server ready"))
-    assert line.endswith(" % vs previous: regressed") and f"{reg.change * 100:+.0f} %" in line
+    assert line.endswith(" vs previous: regressed") and "] vs previous" in line and f"{reg.change * 100:+.0f} %" in line
     assert line in to_markdown(rep)

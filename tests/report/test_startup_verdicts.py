@@ -56,13 +56,17 @@ def test_a_server_40_percent_slower_to_be_ready_is_named_regressed_and_nothing_e
     assert _names(rep) == [(FLEET, "qwen35", FLEET, "server_ready_s")]
     assert rep.verdict == "regressed" and rep.outliers == ()
     (reg,) = rep.regressions
-    assert (reg.n, reg.against, reg.detail) == (6, "previous", "t-test over 6 modules' starts")
+    assert (reg.n, reg.against) == (6, "previous")
+    assert reg.detail == "t-test over 6 modules' starts (tolerance 15%, floor 0.1 s)"
     assert 0.33 < (reg.change or 0) < 0.47
     ready = {c.model_key: c for c in rep.changes if c.metric == "server_ready_s"}
     assert ready["qwen35"].status == "regressed" and ready["qwen3"].status == "within tolerance"
     line = startup_line(ready["qwen35"])
     value = ready["qwen35"].value
-    assert line == f"qwen35 server ready {value:.3g} s, {(reg.change or 0) * 100:+.0f} % vs previous: regressed"
+    lo, hi = ready["qwen35"].ci_low or 0, ready["qwen35"].ci_high or 0
+    assert 0.25 < lo < (reg.change or 0) < hi < 0.55  # the t-interval over the 6 modules' starts, not zero-width
+    assert line == (f"qwen35 server ready {value:.3g} s, {(reg.change or 0) * 100:+.0f} % [{lo * 100:+.0f} %, "
+                    f"{hi * 100:+.0f} %] vs previous: regressed")
     assert line in to_markdown(rep)
     from controller.report.render.html import to_html
 
@@ -94,8 +98,8 @@ def test_a_cached_or_fetched_precompile_is_not_judged_against_a_compiled_one(ref
     slow["precompile_s"] *= 2.0
     rep = analyse(slow, run_id="r1", previous=prev)
     assert _names(rep) == [(FLEET, FLEET, FLEET, "precompile_s")]  # one finding: the run's precompile
-    assert rep.regressions[0].detail == ("t-test over 6 modules' starts; the run's, on the rows of "
-                                         + ", ".join(_keys(reference)))
+    assert rep.regressions[0].detail == ("t-test over 6 modules' starts (tolerance 15%, floor 0.1 s); the run's, "
+                                         "on the rows of " + ", ".join(_keys(reference)))
     said = [x for x in startup_lines(rep) if x.startswith("precompile")]
     assert len(said) == 1 and said[0].endswith("vs previous: regressed") and ", +10" in said[0]
 
@@ -124,8 +128,11 @@ def test_without_a_reference_the_fleet_median_is_said_and_rows_without_figures_s
     bare = analyse(fleet(reference, seed=19, run_id="r1"), run_id="r1")
     assert startup_lines(bare) == [] and "No start-up figures in this run." in to_markdown(bare)
     c = Change(model_key="qwen35", metric="server_ready_s", against="baseline", baseline=153.6, value=212.0,
-               change=0.38, p_value=0.001, n=8, status="regressed")
-    assert startup_line(c) == "qwen35 server ready 212 s, +38 % vs baseline: regressed"
+               change=0.38, p_value=0.001, n=8, status="regressed", ci_low=0.30, ci_high=0.46)
+    assert startup_line(c) == "qwen35 server ready 212 s, +38 % [+30 %, +46 %] vs baseline: regressed"
+    few = c.model_copy(update={"n": 3, "ci_low": None, "ci_high": None})
+    assert startup_line(few) == "qwen35 server ready 212 s, +38 % [3 starts, too few for an interval] vs baseline: " \
+                                "regressed"
 
 
 def test_a_start_up_change_below_the_floor_is_within_tolerance(reference):
@@ -143,3 +150,24 @@ def test_a_start_up_change_below_the_floor_is_within_tolerance(reference):
     for frame in (prev, cur):
         frame.loc[frame["model_key"] == "qwen3", "warmup_s"] *= 1000.0
     assert _names(analyse(cur, run_id="r1", previous=prev)) == [(FLEET, "qwen3", FLEET, "warmup_s")]
+
+
+def test_a_first_request_from_8_ms_to_72_ms_is_under_the_floor_and_few_starts_make_no_interval(reference):
+    """Issue 46: warm-up 0.008 s -> 0.072 s on four modules read "+800.0 % [+800.0 %, +800.0 %]" REGRESSED. A change
+    under the floor (0.1 s) never counts, whatever the fraction; two modules' starts make no interval."""
+    prev = _with_startup(fleet(reference, seed=21, run_id="r0", modules=4), seed=22, noise=0.0)
+    cur = _with_startup(fleet(reference, seed=23, run_id="r1", modules=4), seed=24, noise=0.0)
+    prev["warmup_s"] = 0.008
+    cur["warmup_s"] = 0.072
+    rep = analyse(cur, run_id="r1", previous=prev)
+    warm = [c for c in rep.changes if c.metric == "warmup_s"]
+    assert warm and {c.status for c in warm} == {"within tolerance"}
+    assert all(abs(c.change - 8.0) < 1e-9 and c.ci_low is None for c in warm)  # identical starts: no interval
+    assert rep.verdict == "pass" and rep.regressions == ()
+    # the same +800 % from 0.1 s is 0.8 s: judged, and named
+    prev["warmup_s"], cur["warmup_s"] = 0.1, 0.9
+    assert {r.metric for r in analyse(cur, run_id="r1", previous=prev).regressions} == {"warmup_s"}
+    two = analyse(cur[cur["module"].isin(["m01", "m02"])], run_id="r1",
+                  previous=prev[prev["module"].isin(["m01", "m02"])])
+    c = next(c for c in two.changes if c.metric == "server_ready_s")
+    assert c.n == 2 and c.ci_low is None and "[2 starts, too few for an interval]" in startup_line(c)

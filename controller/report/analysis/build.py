@@ -26,6 +26,7 @@ from controller.report.analysis.energy import energy_outliers
 from controller.report.analysis.frame import Names, badness_columns, exact_metrics, prepare, take_rows
 from controller.report.analysis.groups import Groups
 from controller.report.analysis.middles import Middles, included_middles
+from controller.report.analysis.noise import NOISE_BELOW, RunNoise, weigh
 from controller.report.analysis.outliers import (
     find_outliers,
     fleet_deviation,
@@ -93,9 +94,15 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
 
     changes: list[Change] = []
     regs: list[Regression] = []
+    # too few modules for an interval: the findings are weighed by the runs' own spread too (.noise)
+    few = len(names.modules) - len({o.module for o in outliers if o.model_key == FLEET}) < NOISE_BELOW
+    judged = cur[~excluded] if few and some_excluded else cur
+    out_of_line = {o.module for o in outliers if o.model_key == FLEET}  # not in the references' spread either
     if ref is not None and len(inc):
         d, ref_cells = diff_to_reference(inc, ref)
         ch, rg, _ = fleet_compare(d, names, baseline_label, th, ref_cells, cells_inc, mid)
+        if few and base is not None:
+            rg, ch = weigh(rg, ch, RunNoise(judged, base, th, out_of_line), baseline_label)
         changes += ch
         regs += rg
         right = np.full(int(ref_cells.index.max()) + 1, np.nan)  # the reference's answer per cell code
@@ -118,6 +125,8 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         else:
             dp = diff_to_previous(cur, prev, inc_rows, match)
             ch, rg, _ = fleet_compare(dp, names, previous_label, th, groups=cells_inc)
+        if few:
+            rg, ch = weigh(rg, ch, RunNoise(judged, prev, th, out_of_line), previous_label)
         changes += ch
         regs += rg
         fleet_wide = {(r.model_key, DERIVED.get(r.metric, r.metric)) for r in regs
@@ -127,7 +136,8 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
         found = np.flatnonzero(match[0] >= 0)
         if some_excluded or len(found) < len(cur):
             dp = diff_to_previous(cur, prev, found if len(found) < len(cur) else None, match)
-        regs += module_compare(dp, names, th, previous_label, fleet_wide)
+        mine = module_compare(dp, names, th, previous_label, fleet_wide)
+        regs += weigh(mine, [], RunNoise(judged, prev, th, out_of_line), previous_label)[0] if few else mine
         answers = np.full(len(cur), np.nan)  # the previous run's answer per row of cur
         answers[found] = dp["ref_correct"].to_numpy(dtype=float)
         regs += correctness(cur, answers, previous_label)

@@ -10,6 +10,7 @@ of it counts as a regression is :mod:`.verdict`'s to say.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -37,6 +38,7 @@ from controller.report.analysis.stats import (
     median_intervals,
     sign_p,
     wilcoxon_groups,
+    window_interval,
     window_t_p,
 )
 from controller.report.analysis.verdict import (
@@ -277,17 +279,22 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
     windows = _window_key_tests(d, [m for m in metrics if m in WINDOW_METRICS], names)
     for i, (key, m) in enumerate(index):  # keys x metrics
         ch, p, base, n = float(relative_change(m, key_d[i])), float(key_p[i]), float(key_ref[i]), int(key_n[i])
-        if m in WINDOW_METRICS:  # one window (or start) per module: tested over the modules, not the profiles
-            p, n = windows.get((str(key), m), (1.0, 0))
         lo, hi = _change_bounds(m, float(d_lo[i]), float(d_hi[i]))
+        if m in WINDOW_METRICS:  # one window (or start) per module: the mean change over the modules' windows, its
+            # t-test and t-interval (none below MIN_WINDOWS_FOR_INTERVAL), not the profiles' (one figure repeated)
+            w = windows.get((str(key), m))
+            p, n = (w.p, w.n) if w is not None else (1.0, 0)
+            if w is not None:
+                ch = float(relative_change(m, w.mean))
+            lo, hi = _change_bounds(m, *w.interval) if w is not None and w.interval else (None, None)
         status = key_status(m, ch, p, th, base)
         changes.append(Change(model_key=str(key), metric=m, against=against, baseline=base, value=base * (1 + ch),
                               change=ch, p_value=p, n=n, status=status, ci_low=lo, ci_high=hi))
         if status == "regressed":
             key_regressed.add((str(key), m))
-            what = (f"t-test over {n} modules' benchmark windows" if m in ENERGY_METRICS else
-                    f"t-test over {n} modules' starts" if m in WINDOW_METRICS else
-                    f"centre over {n} profiles of the fleet trimmed mean")
+            what = (f"t-test over {n} modules' benchmark windows (tolerance {th.tol(m):.0%})" if m in ENERGY_METRICS
+                    else f"t-test over {n} modules' starts (tolerance {th.tol(m):.0%}, floor {th.startup_floor_s:g} s)"
+                    if m in WINDOW_METRICS else f"centre over {n} profiles of the fleet trimmed mean")
             regs.append(Regression(module=FLEET, model_key=str(key), profile=FLEET, metric=m, baseline=base,
                                    value=base * (1 + ch), change=ch, against=against, p_value=p, n=n,
                                    detail=what, ci_low=lo, ci_high=hi))
@@ -309,19 +316,31 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
     return changes, regs, cells
 
 
-def _window_key_tests(d: pd.DataFrame, metrics: list[str], names: Names
-                      ) -> dict[tuple[str, str], tuple[float, int]]:
-    """Per (key, energy or start-up metric): the one-sided p-value of a one-sample t-test over the modules' window
-    changes (each module's median over its profiles: one window, one start, one figure) and how many windows. A
-    key's dozen rows of one window are not a dozen figures: tested over its profiles, two runs of one release on
-    identical simulated modules (5 % window noise) came out "regressed" on J/token 10 times in 10."""
-    out: dict[tuple[str, str], tuple[float, int]] = {}
+@dataclass(frozen=True)
+class WindowTest:
+    """A key's energy or start-up change over its modules' windows (log units): the one-sided t-test's p, how many
+    windows, their mean change, its 95 % t-interval (None: too few windows, or none spread)."""
+
+    p: float
+    n: int
+    mean: float
+    interval: tuple[float, float] | None
+
+
+def _window_key_tests(d: pd.DataFrame, metrics: list[str], names: Names) -> dict[tuple[str, str], WindowTest]:
+    """Per (key, energy or start-up metric): a one-sample t-test over the modules' window changes (each module's
+    median over its profiles: one window, one start, one figure), their mean and its interval. A key's dozen rows of
+    one window are not a dozen figures: tested over its profiles, two runs of one release on identical simulated
+    modules (5 % window noise) came out "regressed" on J/token 10 times in 10, and four modules' starts made a
+    zero-width interval "+800.0 % [+800.0 %, +800.0 %]" (every profile carries the same start)."""
+    out: dict[tuple[str, str], WindowTest] = {}
     g = d["modkey"].to_numpy()
     for m in metrics:
         per = d[f"d_{m}"].groupby(g).median().dropna()  # per (module, key): its window's change
         for code, v in per.groupby(per.index.to_numpy() % names.nk):
             x = v.to_numpy(dtype=float)
-            out[(str(names.keys[int(code)]), m)] = (window_t_p(x), len(x))
+            out[(str(names.keys[int(code)]), m)] = WindowTest(window_t_p(x), len(x), float(np.mean(x)),
+                                                              window_interval(x))
     return out
 
 

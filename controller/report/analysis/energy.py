@@ -9,10 +9,14 @@ p < 0.001. Here:
 - a window's figure is the median J/token of its rows (one value where the agent gave it; synthetic fleets may
   vary it by row);
 - each window's deviation is taken from the median of the *other* modules' windows of the key (log units), and
-  judged by the spread of the other modules' windows of the key, at least the pooled one (:func:`_window_sd`);
-- a module is an outlier when the median of its windows' deviations is past the outlier tolerance and more
-  than :data:`Z` standard errors of that median (1.25 spread / sqrt(windows)); then a (module, key) on the
-  other modules when its one window is past the tolerance and :data:`Z` spreads.
+  judged by the spread of the other modules' windows of the key, at least the pooled one (:func:`_window_sd`),
+  estimated from at least :data:`MIN_KEYS` keys' windows: with one key there is no energy outlier (its few
+  windows are no estimate of the noise: 11 of 100 one-key demos named an identical module one, issue 46);
+- a module is an outlier when the median of its windows' deviations is past the outlier tolerance and its t (the
+  median over 1.25 spread / sqrt(windows), Student's t with the spread's degrees of freedom) has a two-sided p
+  below ``outlier_alpha`` / the modules tested; then a (module, key) on the other modules when its one window is
+  past the tolerance with p below ``outlier_alpha`` / the windows tested (Bonferroni: a z of 4 against an
+  estimated spread named 3 % of runs of 4 identical modules x 7 keys; ADR 0040).
 
 They stay in the fleet's figures (their speed is not in doubt). Pure: a prepared frame in, records out.
 """
@@ -26,7 +30,8 @@ import pandas as pd
 
 from controller.report.model import ENERGY_PRIMARY, FLEET, Outlier, Thresholds, WorstCase
 
-Z = 4.0  # standard errors: one module in ~16,000 by chance where a fleet has a few dozen modules and windows
+Z = 4.0  # spreads: a window this far out counts in an outlier's share of windows out (shown, not the test)
+MIN_KEYS = 2  # the spread a window is judged by comes from at least this many keys' windows
 MEDIAN_SE = 1.2533  # the standard error of a median of normal figures is sqrt(pi / 2) that of their mean
 WINDOW = "window"  # a worst case's profile: the whole key's benchmark window
 
@@ -51,50 +56,74 @@ def energy_outliers(cur: pd.DataFrame, th: Thresholds) -> tuple[Outlier, ...]:
     x = np.log(w.to_numpy(dtype=float))  # J/token: higher is worse, as a badness
     modules, keys = [str(m) for m in w.index], [str(k) for k in w.columns]
     found: list[Outlier] = []
-    devs, sds = [], []
+    devs: list[np.ndarray] = []
+    sds: list[np.ndarray] = []
+    dfs: list[int] = []
+    pools: list[float] = []
     for i in range(len(x)):
         others = np.delete(x, i, axis=0)
         count = np.sum(~np.isnan(others), axis=0)
         with np.errstate(all="ignore"):
             mid = np.where(count >= 2, np.nanmedian(np.where(count >= 2, others, 0.0), axis=0), np.nan)
         devs.append(x[i] - mid)
-        sds.append(_window_sd(others, th.z_floor))
-    for i, module in enumerate(modules):
-        d = devs[i][~np.isnan(devs[i])]
-        if not len(d):
-            continue
+        spread, pooled, df = _window_sd(others, th.z_floor)
+        sds.append(spread)
+        pools.append(pooled)
+        dfs.append(df)
+    # Bonferroni: the modules tested, then the windows tested (one p each, two-sided)
+    tested = [i for i in range(len(x)) if dfs[i] > 0 and bool((~np.isnan(devs[i])).any())]
+    for i in tested:
+        module, d = modules[i], devs[i][~np.isnan(devs[i])]
         typ = _cautious_median(d)
-        sd = float(np.median(sds[i][~np.isnan(devs[i])]))
+        # over several keys the pooled spread (a key's own, from three windows, is noisy: the larger of the two on
+        # every key made the typical spread too wide), over one the key's own
+        sd = pools[i] if len(d) > 1 else float(sds[i][~np.isnan(devs[i])][0])
         se = MEDIAN_SE * sd / math.sqrt(len(d)) if len(d) > 1 else sd
-        if abs(math.exp(typ) - 1) >= th.outlier_tolerance and abs(typ) > Z * se:
-            found.append(_outlier(module, FLEET, typ, se, sds[i], x[i], devs[i], keys, metric, th))
+        if abs(math.exp(typ) - 1) >= th.outlier_tolerance and _t_p(typ / se, dfs[i]) * len(tested) < th.outlier_alpha:
+            found.append(_outlier(module, FLEET, typ, se, sds[i], x[i], devs[i], keys, metric, th, dfs[i]))
     named = {o.module for o in found}
-    for i, module in enumerate(modules):
-        if module in named:
+    cells = sum(int(np.sum(~np.isnan(devs[i]))) for i in tested)
+    for i in tested:
+        if modules[i] in named:
             continue
         for j, key in enumerate(keys):
             d = float(devs[i][j])
-            if not math.isnan(d) and abs(math.exp(d) - 1) >= th.outlier_tolerance and abs(d) > Z * sds[i][j]:
-                found.append(_outlier(module, key, d, sds[i][j], sds[i][j:j + 1], x[i, j:j + 1],
-                                      devs[i][j:j + 1], [key], metric, th))
+            if (not math.isnan(d) and abs(math.exp(d) - 1) >= th.outlier_tolerance
+                    and _t_p(d / sds[i][j], dfs[i]) * cells < th.outlier_alpha):
+                found.append(_outlier(modules[i], key, d, sds[i][j], sds[i][j:j + 1], x[i, j:j + 1],
+                                      devs[i][j:j + 1], [key], metric, th, dfs[i]))
     found.sort(key=lambda o: abs(math.log(o.factor)), reverse=True)
     return tuple(found)
 
 
-def _window_sd(others: np.ndarray, floor: float) -> np.ndarray:
+def _t_p(t: float, df: int) -> float:
+    """Two-sided p of Student's t with ``df`` degrees of freedom: the spread is an estimate from a few windows
+    (a z of 4 against a spread of 21 windows' differences named 3 % of runs of 4 identical modules x 7 keys)."""
+    from controller.report.analysis.nulls import t_sf  # scipy.special: only when a report is built
+
+    return 2 * t_sf(abs(t), df)
+
+
+def _window_sd(others: np.ndarray, floor: float) -> tuple[np.ndarray, float, int]:
     """Per key, the spread of a module's window deviation from the others' median, from the *other* modules only
     (a hot module must not widen the spread it is judged by): Shamos's estimator (1.0483 x the median of the
     pairwise differences) of the key's windows, at least that of every key's pooled (a key of three modules
     says little; a cell of four modules' MAD is mostly the gap between its middle two), times the deviation's
     own factor sqrt(1 + pi / (2 n)) for the median of n others. Keys differ: an MTP key's windows spread 6 %
-    where a plain key's spread 2 % (the accept length moves its decode)."""
+    where a plain key's spread 2 % (the accept length moves its decode). Then the pooled spread alone (times the
+    same factor), and its degrees of freedom (the keys' windows less one each); 0 where fewer than
+    :data:`MIN_KEYS` keys have two windows: one key's few windows are no estimate of the module's energy noise
+    (11 of 100 one-key demos named an identical module an outlier, issue 46), and no window is judged."""
     cols = [others[~np.isnan(others[:, j]), j] for j in range(others.shape[1])]
     diffs = [np.abs(c[:, None] - c[None, :])[np.triu_indices(len(c), 1)] if len(c) >= 2 else np.array([])
              for c in cols]
     pairs = np.concatenate(diffs) if diffs else np.array([])
     pooled = 1.0483 * float(np.median(pairs)) if len(pairs) else floor
     per_key = np.array([1.0483 * float(np.median(d)) if len(d) else pooled for d in diffs])
-    return np.maximum(np.maximum(per_key, pooled), floor) * math.sqrt(1 + math.pi / (2 * len(others)))
+    factor = math.sqrt(1 + math.pi / (2 * len(others)))
+    sd = np.maximum(np.maximum(per_key, pooled), floor) * factor
+    keys = sum(1 for c in cols if len(c) >= 2)
+    return sd, max(pooled, floor) * factor, (sum(len(c) - 1 for c in cols if len(c) >= 2) if keys >= MIN_KEYS else 0)
 
 
 def _cautious_median(d: np.ndarray) -> float:
@@ -109,7 +138,7 @@ def _cautious_median(d: np.ndarray) -> float:
 
 
 def _outlier(module: str, key: str, typ: float, se: float, spread: np.ndarray, x: np.ndarray, dev: np.ndarray,
-             keys: list[str], metric: str, th: Thresholds) -> Outlier:
+             keys: list[str], metric: str, th: Thresholds, df: int) -> Outlier:
     """The record: factor the fleet's J/token over the module's (0.8 = 25 % more energy per token), its
     windows and their share past :data:`Z` spreads on its side, the z test's p, the worst windows."""
     side = 1.0 if typ > 0 else -1.0
@@ -119,9 +148,9 @@ def _outlier(module: str, key: str, typ: float, se: float, spread: np.ndarray, x
                   for j in order[:th.worst_cases])
     n = int(np.sum(~np.isnan(dev)))
     out = int(np.sum(side * np.nan_to_num(dev) > Z * spread))  # windows past Z spreads of their key
-    from controller.report.analysis.nulls import norm_sf  # scipy.special: only when a report is built
+    from controller.report.analysis.nulls import t_ppf  # scipy.special: only when a report is built
 
-    lo, hi = typ - 1.96 * se, typ + 1.96 * se
+    half = t_ppf(0.975, df) * se
+    lo, hi = typ - half, typ + half
     return Outlier(module=module, model_key=key, factor=math.exp(-typ), cells=n, share_out=out / max(n, 1),
-                   p_value=float(2 * norm_sf(abs(typ) / se)), worst=worst, ci_low=math.exp(-hi),
-                   ci_high=math.exp(-lo), metric=metric)
+                   p_value=_t_p(typ / se, df), worst=worst, ci_low=math.exp(-hi), ci_high=math.exp(-lo), metric=metric)

@@ -57,6 +57,18 @@ def norm_ppf(q: float) -> float:
     return float(special.ndtri(q))
 
 
+def t_sf(t: float, df: float) -> float:
+    """``scipy.stats.t.sf(t, df)``: P(T > t) for Student's t with ``df`` degrees of freedom."""
+    return float(special.stdtr(df, -t))
+
+
+def t_ppf(q: float, df: float) -> float:
+    """``scipy.stats.t.ppf(q, df)`` for 0 < q < 1: ``stdtrit(df, q)``."""
+    if not 0 < q < 1:
+        raise ValueError(f"t_ppf: q must lie strictly between 0 and 1, not {q}")
+    return float(special.stdtrit(df, q))
+
+
 def ttest_1samp_p(x: np.ndarray, side: str) -> float:
     """``scipy.stats.ttest_1samp(x, 0.0, alternative=side).pvalue`` of a 1-d float array (``side``: 'greater'
     or 'less'): the mean, the variance as scipy's ``_var`` takes it (ddof 1), Student's t from ``stdtr``."""

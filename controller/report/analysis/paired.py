@@ -33,8 +33,9 @@ import numpy as np
 import pandas as pd
 
 from contract.records import WINDOW_METRICS
-from controller.report.analysis.frame import B, prepare, present_metrics, relative_change
-from controller.report.analysis.stats import hodges_lehmann_groups, wilcoxon_groups, window_t_p
+from controller.report.analysis.compare import WindowTest
+from controller.report.analysis.frame import SIGN, B, prepare, present_metrics, relative_change
+from controller.report.analysis.stats import hodges_lehmann_groups, wilcoxon_groups, window_interval, window_t_p
 from controller.report.analysis.verdict import key_status, threshold
 from controller.report.model import (
     ALL_METRICS,
@@ -60,6 +61,14 @@ def pair_differences(rows: pd.DataFrame, runs: Iterable[PairedRun]) -> tuple[pd.
     """Per (round, module, model_key, profile): ``d_<metric>`` = B's mean badness minus A's, over the rows of the
     release's benchmark of the runs in ``runs``; and notes on what could not be paired (a module or round with
     rows of one release only)."""
+    d, _, notes = _paired(rows, runs)
+    return d, notes
+
+
+def _paired(rows: pd.DataFrame, runs: Iterable[PairedRun]) -> tuple[pd.DataFrame, dict[tuple[str, str], float],
+                                                                    list[str]]:
+    """:func:`pair_differences`, and per (key, metric) release A's figure (the median of its runs' mean figures:
+    what a start-up cost's floor in seconds is taken from)."""
     plan = {r.run_id: r for r in runs}
     if "run_id" not in rows.columns:
         raise ReportError("rows frame lacks column 'run_id'")
@@ -69,7 +78,7 @@ def pair_differences(rows: pd.DataFrame, runs: Iterable[PairedRun]) -> tuple[pd.
         keep &= (df["source"].astype(str) == "release").to_numpy()
     df = df[keep].reset_index(drop=True)
     if not len(df):
-        return pd.DataFrame(), ["no rows of the compared runs"]
+        return pd.DataFrame(), {}, ["no rows of the compared runs"]
     cur = prepare(df)
     run_ids = df["run_id"].astype(str).to_numpy()[cur.index.to_numpy()]
     metrics = present_metrics(cur, ALL_METRICS)
@@ -90,7 +99,9 @@ def pair_differences(rows: pd.DataFrame, runs: Iterable[PairedRun]) -> tuple[pd.
         if len(got) < 2:
             notes.append(f"module {module}, round {rnd}: rows of release {got[0]} only (not paired)")
     d.columns = [*ids, *(f"d_{m}" for m in metrics)]
-    return d, notes
+    level = a.groupby(level="model_key").median()
+    a_level = {(str(k), m): float(np.exp(SIGN[m] * v)) for m in metrics for k, v in level[m].dropna().items()}
+    return d, a_level, notes
 
 
 def paired_compare(rows: pd.DataFrame, runs: Iterable[PairedRun], *, release_a: str, release_b: str,
@@ -98,7 +109,7 @@ def paired_compare(rows: pd.DataFrame, runs: Iterable[PairedRun], *, release_a: 
     """The paired verdict of release B against release A (see the module's docstring)."""
     th = th or paired_thresholds()
     runs = tuple(runs)
-    d, notes = pair_differences(rows, runs)
+    d, a_level, notes = _paired(rows, runs)
     rounds = len({r.round for r in runs})
     if not len(d):
         return PairedReport(release_a=release_a, release_b=release_b, rounds=rounds, modules=(),
@@ -118,21 +129,29 @@ def paired_compare(rows: pd.DataFrame, runs: Iterable[PairedRun], *, release_a: 
     p = wilcoxon_groups(cells, index, "t")
     sizes = np.bincount(at, minlength=len(index))
     sd = cells.groupby(at)["t"].std(ddof=1).reindex(range(len(index))).to_numpy(dtype=float)
-    pairs = cells.groupby(at)["pairs"].max().reindex(range(len(index))).to_numpy()
+    pairs = cells.groupby(at)["pairs"].max().reindex(range(len(index))).to_numpy().copy()
     windows = _window_tests(long)
     changes: list[PairedChange] = []
     for i, (key, metric) in enumerate(index):
-        if metric in WINDOW_METRICS:  # one window per (round, module): tested over the pairs, not the profiles
-            p[i] = windows.get((str(key), str(metric)), 1.0)
-        ch = float(relative_change(metric, centre[i]))
-        a_lo, a_hi = (None, None) if np.isnan(lo[i]) else sorted(float(relative_change(metric, x))
-                                                                   for x in (lo[i], hi[i]))
+        bounds = None if np.isnan(lo[i]) else (float(lo[i]), float(hi[i]))
+        mid, profiles = float(centre[i]), int(sizes[i])
+        if metric in WINDOW_METRICS:  # one window (start) per (round, module): its mean, t-test and t-interval over
+            # the pairs (none below MIN_WINDOWS_FOR_INTERVAL), not the profiles' (one figure on every profile)
+            w = windows.get((str(key), str(metric)))
+            if w is not None:
+                p[i], mid, bounds, pairs[i] = w.p, w.mean, w.interval, w.n
+            else:
+                p[i], bounds = 1.0, None
+            profiles = 0  # a start or a window has no profiles of its own
+        ch = float(relative_change(metric, mid))
+        a_lo, a_hi = (None, None) if bounds is None else sorted(float(relative_change(metric, x)) for x in bounds)
         se = float(sd[i]) / math.sqrt(int(sizes[i])) if sizes[i] > 1 else math.nan
         changes.append(PairedChange(
             model_key=str(key), metric=str(metric), change=ch, ci_low=a_lo, ci_high=a_hi, p_value=float(p[i]),
-            profiles=int(sizes[i]), pairs=int(pairs[i]), noise=float(np.expm1(noise.get((key, metric), math.nan))),
+            profiles=profiles, pairs=int(pairs[i]), noise=float(np.expm1(noise.get((key, metric), math.nan))),
             mdc=None if metric in WINDOW_METRICS else minimum_detectable_change(str(metric), se, int(sizes[i]), th),
-            status=key_status(str(metric), ch, float(p[i]), th)))
+            status=key_status(str(metric), ch, float(p[i]), th, a_level.get((str(key), str(metric)))),
+            tolerance=th.tol(str(metric))))
     regs = _fold([c for c in changes if c.status == "regressed"])
     verdict: Verdict = "regressed" if regs else ("incomplete" if notes else "pass")
     modules = tuple(sorted(set(d["module"].astype(str))))
@@ -141,14 +160,17 @@ def paired_compare(rows: pd.DataFrame, runs: Iterable[PairedRun], *, release_a: 
                         notes=tuple(notes))
 
 
-def _window_tests(long: pd.DataFrame) -> dict[tuple[str, str], float]:
+def _window_tests(long: pd.DataFrame) -> dict[tuple[str, str], WindowTest]:
     """Per (key, energy or start-up metric): the one-sided p-value (in the median's direction) of a t-test over the
     (round, module) pairs' window differences (each pair's median over the profiles: a key's rows carry one window's
-    figure). Fewer than 3 pairs: 1.0, no test."""
+    figure; fewer than 3 pairs: 1.0, no test), their mean and its t-interval."""
     energy = long[long["metric"].isin(WINDOW_METRICS)]
     per = energy.groupby(["model_key", "metric", "round", "module"], sort=True)["d"].median()
-    return {(str(key), str(metric)): window_t_p(v.to_numpy(dtype=float))
-            for (key, metric), v in per.groupby(level=[0, 1])}
+    out: dict[tuple[str, str], WindowTest] = {}
+    for (key, metric), v in per.groupby(level=[0, 1]):
+        x = v.to_numpy(dtype=float)
+        out[(str(key), str(metric))] = WindowTest(window_t_p(x), len(x), float(np.mean(x)), window_interval(x))
+    return out
 
 
 def minimum_detectable_change(metric: str, se: float, profiles: int, th: Thresholds,

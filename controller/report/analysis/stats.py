@@ -179,3 +179,24 @@ def window_t_p(x: np.ndarray) -> float:
         return 0.0 if float(x[0]) != 0.0 else 1.0
     side = "greater" if float(np.median(x)) > 0 else "less"
     return ttest_1samp_p(x, side)
+
+
+MIN_WINDOWS_FOR_INTERVAL = 4  # fewer windows or starts: no interval of their change (ADR 0040)
+
+
+def window_interval(x: np.ndarray, level: float = 0.95) -> tuple[float, float] | None:
+    """The t-interval (``level``, two-sided) of the mean of the windows' changes ``x`` (log units; one per module's
+    window or start, the figures :func:`window_t_p` tests): None below :data:`MIN_WINDOWS_FOR_INTERVAL` windows, and
+    where they do not spread at all (identical figures say nothing of the noise: no zero-width interval)."""
+    from controller.report.analysis.nulls import t_ppf
+
+    x = np.asarray(x, dtype=float)
+    x = x[~np.isnan(x)]
+    if len(x) < MIN_WINDOWS_FOR_INTERVAL:
+        return None
+    sd = float(np.std(x, ddof=1))
+    if sd == 0.0:
+        return None
+    half = t_ppf(0.5 + level / 2, len(x) - 1) * sd / math.sqrt(len(x))
+    mean = float(np.mean(x))
+    return mean - half, mean + half

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from contract.records import STARTUP_METRICS, WINDOW_METRICS
 from controller.report.model import PairedChange, PairedReport
 from controller.report.render.numbers import pct
 
@@ -13,18 +14,40 @@ def mag(x: float) -> str:
     return f"{x:.1%}"
 
 
+def _windows(c: PairedChange) -> str:
+    return "starts" if c.metric in STARTUP_METRICS else "windows"
+
+
 def change_text(c: PairedChange) -> str:
-    """``decode_tps -2.1 % [-2.9 %, -1.5 %] (p 0.0005; detectable from 1.5 %)``."""
-    ci = f" [{pct(c.ci_low)}, {pct(c.ci_high)}]" if c.ci_low is not None else ""
-    mdc = f"detectable from {mag(c.mdc)}" if c.mdc is not None else "too few profiles to detect any change"
+    """``decode_tps -2.1 % [-2.9 %, -1.5 %] (p 0.0005; detectable from 1.5 %)``; a start-up or energy figure's with
+    its own tolerance and how many starts (windows) it was tested over."""
+    window = c.metric in WINDOW_METRICS
+    if c.ci_low is not None and c.ci_high is not None:
+        ci = f" [{pct(c.ci_low)}, {pct(c.ci_high)}]"
+    else:
+        ci = f" [{c.pairs} {_windows(c)}, too few for an interval]" if window else ""
+    if window:
+        mdc = f"tolerance {mag(c.tolerance)}, " if c.tolerance is not None else ""
+        mdc += f"t-test over {c.pairs} {_windows(c)}"
+    else:
+        mdc = f"detectable from {mag(c.mdc)}" if c.mdc is not None else "too few profiles to detect any change"
     return f"{c.metric} {pct(c.change)}{ci} (p {c.p_value:.2g}; {mdc})"
+
+
+def tolerances(rep: PairedReport) -> str:
+    """``tolerance 1.0%``, and the start-up and energy figures' own where the comparison judged any
+    (``tolerance 1.0% (start-up 15.0%, energy 5.0%)``)."""
+    own = {("start-up" if c.metric in STARTUP_METRICS else "energy"): c.tolerance for c in rep.changes
+           if c.metric in WINDOW_METRICS and c.tolerance is not None}
+    extra = ", ".join(f"{k} {mag(v)}" for k, v in sorted(own.items(), reverse=True))
+    return f"tolerance {mag(rep.tolerance)}" + (f" ({extra})" if extra else "")
 
 
 def paired_verdict_line(rep: PairedReport) -> str:
     """One line: the verdict, what was compared, the regressions with their intervals, the smallest change the
     comparison could name."""
     head = (f"{rep.verdict.upper()} {rep.release_b} vs {rep.release_a}: {rep.rounds} round(s) A B B A on "
-            f"{len(rep.modules)} module(s), tolerance {mag(rep.tolerance)}")
+            f"{len(rep.modules)} module(s), {tolerances(rep)}")
     mdcs = [c.mdc for c in rep.changes if c.mdc is not None and c.metric == "decode_tps"]
     floor = f"; decode detectable from {mag(max(mdcs))}" if mdcs else ""
     regs = "; ".join(f"{r.model_key} {change_text(r)}" for r in rep.regressions)
@@ -35,12 +58,16 @@ def paired_verdict_line(rep: PairedReport) -> str:
 def paired_records(rep: PairedReport) -> list[dict[str, Any]]:
     """One record per key-level change (the table's rows and the CSV's)."""
     return [{"model_key": c.model_key, "metric": c.metric, "change": pct(c.change),
-             "interval": f"{pct(c.ci_low)} .. {pct(c.ci_high)}" if c.ci_low is not None else "",
-             "p": f"{c.p_value:.2g}", "detectable": mag(c.mdc) if c.mdc is not None else "", "profiles": c.profiles,
-             "pairs": c.pairs, "status": c.status} for c in rep.changes]
+             "interval": (f"{pct(c.ci_low)} .. {pct(c.ci_high)}" if c.ci_low is not None else
+                         f"{c.pairs} {_windows(c)}, too few" if c.metric in WINDOW_METRICS else ""),
+             "p": f"{c.p_value:.2g}", "detectable": mag(c.mdc) if c.mdc is not None else "",
+             "tolerance": mag(c.tolerance) if c.tolerance is not None else mag(rep.tolerance),
+             "profiles": "" if c.metric in WINDOW_METRICS else c.profiles, "pairs": c.pairs,
+             "status": c.status} for c in rep.changes]
 
 
-PAIRED_COLUMNS = ("model_key", "metric", "change", "interval", "p", "detectable", "profiles", "pairs", "status")
+PAIRED_COLUMNS = ("model_key", "metric", "change", "interval", "p", "detectable", "tolerance", "profiles", "pairs",
+                  "status")
 
 
 def paired_json(rep: PairedReport) -> dict[str, Any]:

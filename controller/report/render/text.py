@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from contract.records import STARTUP_METRICS
+from contract.records import STARTUP_METRICS, WINDOW_METRICS
 from controller.fleet.runs import REFUSED_NOTE
+from controller.report.analysis.stats import MIN_WINDOWS_FOR_INTERVAL
 from controller.report.analysis.verdict import is_missing
 from controller.report.environment import environment_text
 from controller.report.model import FLEET, PRIMARY_METRICS, Change, Outlier, OutlierTelemetry, Regression, Report
@@ -15,10 +16,22 @@ from controller.report.render.numbers import num, pct
 NO_INTERVAL = "no interval (n < 6)"  # fewer than 6 modules, profiles or figures: no 95 % interval of a median
 
 
+def no_interval(x: Regression | Change) -> str:
+    """Why a change has no interval: :data:`NO_INTERVAL`, or of a start-up or energy figure (one per module's start
+    or window) how many there were (``2 starts, too few for an interval``)."""
+    if x.metric not in WINDOW_METRICS:
+        return NO_INTERVAL
+    what = "starts" if x.metric in STARTUP_METRICS else "windows"
+    n = x.n or 0
+    if n < MIN_WINDOWS_FOR_INTERVAL:
+        return f"{n} {what}, too few for an interval"
+    return f"{n} {what}, none apart: no interval"
+
+
 def change_interval(x: Regression) -> str:
-    """A regression's 95 % interval, e.g. ``[-8.7%, -7.8%]`` (:data:`NO_INTERVAL` where there is none)."""
+    """A regression's 95 % interval, e.g. ``[-8.7%, -7.8%]`` (:func:`no_interval` where there is none)."""
     if x.ci_low is None or x.ci_high is None:
-        return f"[{NO_INTERVAL}]"
+        return f"[{no_interval(x)}]"
     return f"[{x.ci_low:+.1%}, {x.ci_high:+.1%}]"
 
 
@@ -123,7 +136,9 @@ def startup_line(c: Change) -> str:
     who = "" if c.metric in _PRECOMPILE else f"{c.model_key} "
     value = "?" if c.value is None else f"{c.value:.3g} s"
     change = "" if c.change is None else f", {c.change * 100:+.0f} %"
-    return f"{who}{STARTUP_NAMES[c.metric]} {value}{change} vs {c.against}: {c.status}"
+    ci = ("" if c.change is None else f" [{no_interval(c)}]" if c.ci_low is None or c.ci_high is None else
+          f" [{c.ci_low * 100:+.0f} %, {c.ci_high * 100:+.0f} %]")
+    return f"{who}{STARTUP_NAMES[c.metric]} {value}{change}{ci} vs {c.against}: {c.status}"
 
 
 def startup_lines(r: Report) -> list[str]:
@@ -184,7 +199,7 @@ def to_markdown(r: Report) -> str:
             ["module", "model key", "profile", "metric", "baseline", "value", "change", "95% interval", "against", "p",
              "detail"],
             [[x.module, x.model_key, x.profile, x.metric, num(x.baseline), num(x.value), pct(x.change),
-              "" if x.change is None else NO_INTERVAL if x.ci_low is None or x.ci_high is None else
+              "" if x.change is None else no_interval(x) if x.ci_low is None or x.ci_high is None else
               f"{pct(x.ci_low)} to {pct(x.ci_high)}",
               x.against,
               "" if x.p_value is None else f"{x.p_value:.2g}",
@@ -213,7 +228,9 @@ def to_markdown(r: Report) -> str:
     start = startup_lines(r)
     out += ["", "## Start-up costs", ""]
     out += [f"- {x}" for x in start] if start else ["No start-up figures in this run."]
-    out += ["", f"Start-up tolerance {r.thresholds.startup_tolerance:.0%}, tested over the modules' starts."]
+    out += ["", f"Start-up tolerance {r.thresholds.startup_tolerance:.0%}; a change under "
+                f"{r.thresholds.startup_floor_s:g} s never counts; tested over the modules' starts (an interval from "
+                f"{MIN_WINDOWS_FOR_INTERVAL} starts)."]
     out += ["", "## Release benchmark vs probe", "", probe_text(r)]
     if r.disagreements:
         out += ["", _md_table(["module", "model key", "profile", "metric", "release", "probe", "change"],
