@@ -115,13 +115,16 @@ def test_the_release_says_random_weight_acceptance_is_meaningless(first_run, lla
     assert "SGLANG_USE_TL_MOE_GROUPED_GEMM=0 recorded: no effect" in server
 
 
-def test_the_probe_measures_every_sweep_key_the_vl_server_with_words(first_run, llama):
+def test_the_probe_measures_every_sweep_key_in_the_servers_own_text(first_run, llama):
+    """The probe sends text (issue 45), llama-server's /detokenize of its token ids: every sweep key, the vision
+    server too (which refuses token-id prompts: what the probe sent before, words in its place)."""
     _, out = first_run
     probes = {r["model_key"]: r for r in out["rows"] if r["source"] == "probe"}
     assert sorted(probes) == ["qwen3", "qwen35", "qwen35_fq", "qwen36_fq", "qwen3vl"]
     assert all(r["extra"]["probe_ok"] == r["extra"]["probe_requests"] for r in probes.values()), probes
+    assert {k: r["extra"]["probe_prompt"] for k, r in probes.items()} == dict.fromkeys(probes, "text")
     log = next((llama[1] / "work" / "runs" / "llama-all" / "logs").glob("*benchmark-qwen3vl.log")).read_text()
-    assert "token-id prompts refused (sent as words)" in log
+    assert "prompts as text" in log and "refused" not in log
 
 
 def test_a_tree_of_drafts_is_refused_by_the_start_script(first_run, llama, llama_server_path):
