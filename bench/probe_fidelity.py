@@ -34,7 +34,8 @@ PROFILES = ("128:128", "500:500", "2000:2000")
 GOAL = 0.01
 
 
-def _ready(url: str, timeout: float = 120) -> None:
+def wait_ready(url: str, timeout: float = 120) -> None:
+    """Until the simulated server at ``url`` answers /health 200 (else exit, naming it)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
@@ -91,7 +92,7 @@ def main() -> int:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         try:
-            _ready(url)
+            wait_ready(url)
             cfg = ProbeConfig(base_url=url, profiles=PROFILES, requests=args.requests, warmup=0)
             for run in ("first", "second"):
                 for r in run_probe(cfg).results:

@@ -26,8 +26,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +33,7 @@ sys.path.append(str(ROOT / "bench"))  # after the project: bench/agent.py is not
 sys.path.insert(0, str(ROOT))
 import plain_client  # noqa: E402 - bench/plain_client.py
 import record  # noqa: E402 - bench/record.py
+from probe_fidelity import wait_ready  # noqa: E402 - bench/probe_fidelity.py (also this module's, for the tests)
 
 from agent.probe import ProbeConfig, run_probe  # noqa: E402
 from agent.tables import parse_seed  # noqa: E402
@@ -58,18 +57,6 @@ def serve(scale: float, port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "simulator", "serve", "qwen3", "--port", str(port),
                              "--time-scale", f"{scale:g}"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def wait_ready(url: str, timeout: float = 120) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise SystemExit(f"no simulated server at {url}")
 
 
 def hogs(n: int) -> list[subprocess.Popen[bytes]]:

@@ -6,10 +6,6 @@ whole, is the control."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +18,7 @@ from controller.report import build_report
 from controller.report.model import FLEET
 from controller.report.render import to_markdown
 from controller.report.render.text import verdict_line
-from simulator.ports import free_port
-from tests.support.procs import processes_under
+from tests.support.agent_run import agent_rows
 
 pytestmark = pytest.mark.slow
 
@@ -33,19 +28,8 @@ KEYS = "qwen3,qwen35"
 
 
 def _validate(tmp: Path, tarball: Path, run_id: str, module: str) -> list[ResultRow]:
-    env = {**os.environ, "BENCH_PROFILES": "128:128,500:500", "BENCH_REPEATS": "1"}
-    cmd = [sys.executable, "-m", "agent.cli", "run", str(tarball), "--models", KEYS, "--model-root",
-           str(tmp / "models"), "--workdir", str(tmp / module), "--run-id", run_id, "--module", module,
-           "--server-port", str(free_port()), "--format", "json"]
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT, env=env)
-    finally:
-        strays = processes_under(tmp)
-        for p in strays:
-            p.kill()
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert not strays
-    return [ResultRow.model_validate(r) for r in json.loads(res.stdout)["rows"]]
+    return agent_rows(tmp, tarball, run_id, module, KEYS,
+                      {"BENCH_PROFILES": "128:128,500:500", "BENCH_REPEATS": "1"}, timeout=180)
 
 
 def test_a_release_whose_benchmark_omits_decode_tps_is_not_pass_and_its_verdict_line_names_it(tmp_path: Path) -> None:

@@ -5,10 +5,6 @@ regressed against each module's previous run, and nothing else of qwen35's or qw
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +16,7 @@ from controller.report import build_report
 from controller.report.model import FLEET
 from controller.report.render import to_markdown
 from controller.report.render.text import startup_lines
-from simulator.ports import free_port
-from tests.support.procs import processes_under
+from tests.support.agent_run import agent_rows
 
 pytestmark = pytest.mark.slow
 
@@ -31,19 +26,8 @@ KEYS = "qwen3,qwen35"
 
 
 def _validate(tmp: Path, tarball: Path, run_id: str, module: str) -> list[ResultRow]:
-    env = {**os.environ, "BENCH_PROFILE_SET": "scale", "BENCH_REPEATS": "1", "BENCH_OUTPUT_LEN": "8"}
-    cmd = [sys.executable, "-m", "agent.cli", "run", str(tarball), "--models", KEYS, "--model-root",
-           str(tmp / "models"), "--workdir", str(tmp / module), "--run-id", run_id, "--module", module,
-           "--server-port", str(free_port()), "--format", "json"]
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
-    finally:
-        strays = processes_under(tmp)
-        for p in strays:
-            p.kill()
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert not strays
-    return [ResultRow.model_validate(r) for r in json.loads(res.stdout)["rows"]]
+    return agent_rows(tmp, tarball, run_id, module, KEYS,
+                      {"BENCH_PROFILE_SET": "scale", "BENCH_REPEATS": "1", "BENCH_OUTPUT_LEN": "8"}, timeout=120)
 
 
 def test_a_release_whose_server_starts_40_percent_slower_is_named_regressed_on_server_ready(tmp_path: Path) -> None:
