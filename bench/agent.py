@@ -217,7 +217,7 @@ def one_round(args: argparse.Namespace, python: Path) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
         base = Path(tmp)
         settings = ControllerSettings(broker_url="filesystem://", data_dir=base / "fleet",
-                                      inventory=base / "inventory.toml", history=base / "history.sqlite")
+                                      inventory=base / "inventory.toml", history=str(base / "history.sqlite"))
         name = "sim-01"
         (base / "inventory.toml").write_text(inventory_toml([name], base, None), encoding="utf-8")
         rel = build_release(base / "release", time_scale=args.time_scale, seed=1)

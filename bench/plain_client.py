@@ -90,7 +90,11 @@ async def request(base_url: str, model: str, prompt: str, output_len: int) -> Ou
 
 
 async def run(base_url: str, model: str, input_len: int, output_len: int, requests: int, tag: str) -> list[Output]:
-    """``requests`` sequential requests (concurrency 1), each with a prompt of its own."""
+    """``requests`` sequential requests (concurrency 1), each with a prompt of its own, after one untimed request
+    (``bench_serving``'s "initial single prompt test run": the first request of a fresh client also pays its
+    imports, its first connection and its first scheduling on a busy machine; 36.9 ms module time of its own at time
+    scale 2 under two hogs, against 1.8-2.3 ms on later rounds, bench/results/ note in the CHANGELOG)."""
+    await request(base_url, model, prompt_text(f"{tag}warm", input_len), 2)
     return [await request(base_url, model, prompt_text(f"{tag}r{i}", input_len), output_len)
             for i in range(requests)]
 

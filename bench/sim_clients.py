@@ -26,6 +26,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,9 +60,25 @@ def serve(scale: float, port: int) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def hogs(n: int) -> list[subprocess.Popen[bytes]]:
-    """``n`` busy loops at the default priority (the load)."""
-    return [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True) for _ in range(n)]
+def hogs(n: int, settle_s: float = 1.0) -> list[subprocess.Popen[bytes]]:
+    """``n`` busy loops at the default priority (the load), returned once each has spun ``settle_s`` of CPU: the
+    first seconds after the hogs start (their interpreters starting, the scheduler placing them) cost a client up to
+    ~37 ms (module ms at time scale 2) of its own on its first round, against 2-3 ms once they spin (measured
+    2026-12-06; the alone tier's 128-token case failed in CI on it)."""
+    procs = [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True) for _ in range(n)]
+    deadline = time.monotonic() + 10 * settle_s + 5
+    while time.monotonic() < deadline and min(_cpu_s(p.pid) for p in procs) < settle_s:
+        time.sleep(0.1)
+    return procs
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (``/proc/PID/stat``), 0 where it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def probe_round(url: str, profile: str, requests: int) -> list[tuple[float, float, float]]:
