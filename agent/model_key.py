@@ -345,6 +345,11 @@ def partial_rows(text: str, source: str) -> list[ResultRow]:
 
 
 def proc_error(step: str, key: str | None, res: ProcResult) -> StepError:
-    msg = res.reason if res.outcome in ("timeout", "aborted") else f"{step} exited with code {res.exit_code}"
     tail = res.stderr_tail or res.stdout_tail
+    if res.outcome in ("timeout", "aborted"):
+        msg = res.reason
+    else:
+        why = steps.failure_cause(tail, res.exit_code)
+        msg = (f"{step} {why}" if why.startswith("killed by ")
+               else f"{step} exited with code {res.exit_code}" + (f": {why}" if why else ""))
     return StepError(step=step, model_key=key, exit_code=res.exit_code, message=msg, stderr_tail=tail[-2000:])

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,6 +182,53 @@ def last_reason(tail: str, limit: int = 300) -> str:
         if line and not line.startswith(("Traceback", "File ", "^")):
             return line if len(line) <= limit else line[: limit - 3] + "..."
     return ""
+
+
+# what a step's last output lines say of why it died, most specific first: (cause, pattern)
+_CAUSES = (
+    ("no space left on device", re.compile(r"no space left on device|ENOSPC|disk quota exceeded|EDQUOT", re.I)),
+    ("out of memory", re.compile(r"out of memory|\bOOM\b|MemoryError|cannot allocate memory|ENOMEM|"
+                                 r"std::bad_alloc|failed to allocate", re.I)),
+    ("too many open files", re.compile(r"too many open files|EMFILE", re.I)),
+    ("permission denied", re.compile(r"permission denied|EACCES|read-only file system|EROFS", re.I)),
+)
+
+
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b:?")
+
+
+def failure_cause(tail: str, exit_code: int | None) -> str:
+    """Why a step's process failed, in a few words, from its exit status and the output it ended with.
+
+    A process killed by a signal says which (``killed by SIGKILL``; the kernel's OOM killer sends that one, so
+    an out-of-memory line beside it is named too); a known cause among its last lines is named by its usual words
+    and the line that said it ("no space left on device: OSError: [Errno 28] No space left on device: '/w/k.so'");
+    else the exception a Python traceback ends with, or "" (a last line that is only progress says nothing).
+    """
+    said = ""
+    lines = [raw.rsplit("\r", 1)[-1].strip() for raw in tail.splitlines()]
+    for line in reversed(lines[-40:]):
+        hit = next((name for name, rx in _CAUSES if rx.search(line)), None)
+        if hit:
+            said = hit if line.rstrip(".!").lower() == hit else f"{hit}: {line}"
+            break
+    if said and len(said) > 300:
+        said = said[:297] + "..."
+    if exit_code is not None and exit_code < 0:
+        try:
+            sig = signal.Signals(-exit_code).name
+        except ValueError:
+            sig = f"signal {-exit_code}"
+        return f"killed by {sig}" + (f" ({said})" if said else "")
+    if exit_code is not None and 128 < exit_code <= 128 + 64 and not said:  # a shell whose child a signal killed
+        try:
+            return f"a process it ran was killed by {signal.Signals(exit_code - 128).name}"
+        except ValueError:
+            pass
+    if said:
+        return said
+    last = last_reason(tail)
+    return last if _EXCEPTION.match(last) else ""
 
 
 def health_url(host: str, port: int) -> str:

@@ -24,13 +24,25 @@ cd "$here/repo"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0), "transformers", transformers.__version__)'
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 stage="${STAGE:-all}"  # build: llama-server only (5-6 min); run: the rest on a warm machine that built it (6-8 min)
+# SERVER: a llama-server built elsewhere (e.g. cross-built with CUDA from pip's nvcc wheels, bench/llama_cuda_cross.sh):
+# no build here; the CUDA libraries it needs (libcudart/libcublas) are looked up on this machine.
+if [ -n "${SERVER:-}" ]; then
+    stage=run
+    if ldd "$SERVER" | grep -q "not found"; then
+        for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+                 $(python3 -c 'import glob,site; print(" ".join(glob.glob(site.getsitepackages()[0]+"/nvidia/*/lib")))'); do
+            [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        done
+    fi
+    ldd "$SERVER" | grep -E "cuda|cublas|not found" || true
+fi
 if [ "$stage" != run ]; then
     t0=$(date +%s)
     python3 -m simulator.engine.llamacpp build --cuda --jobs 16 > "$out/llama_build_cuda.log" 2>&1 || { tail -40 "$out/llama_build_cuda.log"; exit 1; }
     echo "llama-server (CUDA) built in $(( $(date +%s) - t0 )) s (wall, configure + build)"; tail -2 "$out/llama_build_cuda.log"
 fi
 [ "$stage" = build ] && exit 0
-server="$(python3 -m simulator.engine.llamacpp where --cuda)"
+server="${SERVER:-$(python3 -m simulator.engine.llamacpp where --cuda)}"
 "$server" --version 2>&1 | tail -3
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw,clocks.sm,temperature.gpu --format=csv -lms 500 \
     > "$out/nvidia-smi-h200.csv" 2>&1 &

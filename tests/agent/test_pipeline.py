@@ -9,11 +9,13 @@ import time
 
 import pytest
 
+from agent import steps
 from agent.executor import EventCancelToken
 from agent.pipeline import run_pipeline
 from agent.store import RunStore
 from agent.tables import parse_seed
 from contract.records import RunState
+from tests.support.tmpfs import mounted_tmpfs
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftovers")]
 
@@ -199,6 +201,34 @@ def test_release_wide_failures_end_the_run(make_config, make_request):
     err = gen.progress.error
     assert gen.progress.state == RunState.FAILED and (err.step, err.exit_code) == ("generate", 7)
     assert "boom" in err.stderr_tail
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs."""
+    yield from mounted_tmpfs(tmp_path / "disk", "size=1m")
+
+
+def test_a_full_disk_during_precompile_is_named_in_the_failure_line(make_config, make_request, small_disk):
+    """The 1 MiB tmpfs fills for real under the precompile's 4 MiB of kernels: the failure line says why (issue 48
+    item 7), not only "exited with code 1"."""
+    result = run_pipeline(make_request(), make_config(env={"FAKE_PRECOMPILE_OUT": str(small_disk)}))
+    err = result.progress.error
+    assert result.progress.state == RunState.FAILED and err.step == "precompile"
+    assert err.message.startswith("precompile exited with code 1: no space left on device: ")
+    assert "No space left on device" in err.message and "\n" not in err.message
+
+
+def test_failure_causes_from_the_exit_status_and_the_last_lines():
+    cause = steps.failure_cause
+    assert cause("x\nOSError: [Errno 28] No space left on device: '/w/k.so'\n", 1) == \
+        "no space left on device: OSError: [Errno 28] No space left on device: '/w/k.so'"
+    assert cause("loading\ntorch.OutOfMemoryError: CUDA out of memory.\nexiting\n", 1).startswith("out of memory: ")
+    assert cause("Out of memory\n", -9) == "killed by SIGKILL (out of memory)"
+    assert cause("", -11) == "killed by SIGSEGV"
+    assert cause("Killed\n", 137) == "a process it ran was killed by SIGKILL"
+    assert cause("x\nValueError: bad header\n", 1) == "ValueError: bad header"  # else the line that says why
+    assert cause("", 1) == ""
 
 
 def test_precompile_timeout_kills_it_and_leaves_no_marker(make_config, make_request):

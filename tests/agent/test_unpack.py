@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import shutil
-import subprocess
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +23,7 @@ from agent.unpack import (
     unpack,
     verify_sha256,
 )
+from tests.support.tmpfs import mounted_tmpfs
 
 TOP = "rel"
 
@@ -140,30 +138,16 @@ def test_failure_mid_extraction_removes_staging(tmp_path):
     assert list((tmp_path / "releases").iterdir()) == []
 
 
-def _tmpfs(mnt: Path, options: str) -> Iterator[Path]:
-    """A tmpfs mounted on ``mnt`` with ``options`` (needs root and mount), unmounted after."""
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount tmpfs: {res.stderr.decode().strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 @pytest.fixture
 def tiny_fs(tmp_path):
     """A 2 MiB tmpfs."""
-    yield from _tmpfs(tmp_path / "tiny", "size=2m")
+    yield from mounted_tmpfs(tmp_path / "tiny", "size=2m")
 
 
 @pytest.fixture
 def few_inodes_fs(tmp_path):
     """A 64 MiB tmpfs of 200 inodes."""
-    yield from _tmpfs(tmp_path / "few", "size=64m,nr_inodes=200")
+    yield from mounted_tmpfs(tmp_path / "few", "size=64m,nr_inodes=200")
 
 
 class Counting:
