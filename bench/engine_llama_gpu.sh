@@ -19,7 +19,7 @@ mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$here"/whl/*.whl
 export PYTHONPATH="/tmp/site:$here/repo" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 M1000_LLAMA_CACHE="${LLC:-/tmp/llc}" BENCH_LABEL="${LABEL:-h200}"
 mkdir -p "${LLC:-/tmp/llc}/sdist"
-cp "$here"/sdist/*.tar.gz "${LLC:-/tmp/llc}/sdist/"
+[ -n "${SERVER:-}" ] || cp "$here"/sdist/*.tar.gz "${LLC:-/tmp/llc}/sdist/"  # no build with SERVER
 cd "$here/repo"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0), "transformers", transformers.__version__)'
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

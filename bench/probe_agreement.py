@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -57,11 +58,13 @@ CLIENTS = ("release", "probe text", "probe ids", "peer")
 VOCAB = 30_000  # the release's own bound on its word ids (llama_runtime.bench: min(vocab - 40, 30000))
 
 
-def start_server(server: str, model: Path, port: int, device: str, threads: int | None) -> subprocess.Popen[bytes]:
+def start_server(server: str, model: Path, port: int, device: str, threads: int | None,
+                 extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     argv = [server, "-m", str(model / "model.gguf"), "--host", "127.0.0.1", "--port", str(port), "-c", "4096",
             "-np", "1", "--cache-ram", "0", "--metrics", "-ngl", "999" if device == "cuda" else "0"]
     if threads:
         argv += ["-t", str(threads)]
+    argv += extra
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     end = time.monotonic() + 600
     while time.monotonic() < end:
@@ -117,6 +120,8 @@ def main() -> int:
     ap.add_argument("--release-requests", type=int, default=2)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0, help="llama-server -t (0: its default)")
+    ap.add_argument("--server-args", default="", help="more llama-server arguments, e.g. '-lv 4 --log-file F' "
+                    "(the release's vision server logs at trace level: does it slow decoding? issue 45 item 4)")
     args = ap.parse_args()
     server = args.server
     if not server:
@@ -142,7 +147,8 @@ def main() -> int:
     for key in args.keys.split(","):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        proc = start_server(server, Path(args.models) / MODEL_KEYS[key].model_dir, port, args.device, args.threads)
+        proc = start_server(server, Path(args.models) / MODEL_KEYS[key].model_dir, port, args.device, args.threads,
+                            tuple(shlex.split(args.server_args)))
         try:
             with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as r:
                 model = str(json.loads(r.read())["data"][0]["id"])

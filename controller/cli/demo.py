@@ -37,6 +37,7 @@ from controller.settings import ControllerSettings
 from simulator.ports import free_port
 
 MARKER = ".m1000-fleet-demo"
+HISTORY = "history.sqlite"  # and its -wal / -shm: kept by the next demo
 ENGINES = ("transformers", "llama.cpp")  # what a real module of the demo runs (--engine)
 # what stops the demo: Ctrl-C, a CI timeout or cancel (SIGTERM), a closed terminal or SSH session (SIGHUP)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -182,12 +183,15 @@ def _fresh_dir(path: Path, err: Console | None = None, grace: float = 20.0) -> P
                           highlight=False)
             stop_processes(left, grace)
         try:
-            shutil.rmtree(path)
+            for child in path.iterdir():  # all but the history: every demo's runs stay in it (issue 51)
+                if child.name.startswith(HISTORY):
+                    continue
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
         except OSError as exc:
             raise FleetError(f"{path}: cannot clear the earlier demo's folder ({exc.strerror}: {exc.filename}); "
                              "remove it, or choose another --out") from None
-    path.mkdir(parents=True)
-    (path / MARKER).write_text("made by fleetctl demo; removed by the next demo\n")
+    path.mkdir(parents=True, exist_ok=True)
+    (path / MARKER).write_text("made by fleetctl demo; cleared by the next demo but for its history\n")
     return path
 
 
@@ -470,7 +474,7 @@ def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
     base = _fresh_dir(opts.out_dir, err)
     settings = ControllerSettings(
         broker_url="filesystem://", data_dir=base / "fleet", inventory=base / "inventory.toml",
-        history=str(base / "history.sqlite"), heartbeat_interval=opts.heartbeat_interval,
+        history=str(base / HISTORY), heartbeat_interval=opts.heartbeat_interval,
         offline_after=max(10.0, 10 * opts.heartbeat_interval))
     names = module_names(opts.devices)
     real = tuple(real_names(opts.real))
@@ -488,7 +492,12 @@ def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
     elif slow_name and opts.slow:
         slow[slow_name] = opts.slow
     with service.Session(settings) as s:
-        s.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
+        earlier = s.history().runs(limit=10_000)
+        if earlier:
+            err.print(f"demo: the {len(earlier)} earlier demo run(s) in this folder stay in its history "
+                      f"({fleetctl('--history', str(settings.history_path), 'runs')})", highlight=False, markup=False)
+        if not any(b["release"] == rel.version for b in s.history().baselines()):
+            s.history().add_baseline(rel.version, reference_rows(), "simulator reference tables (seed)")
         # device samples every 0.25 s: at time scale 50 a key's benchmark window lasts seconds, and an energy
         # figure needs 20 samples inside its window (agent.telemetry.energy.MIN_SAMPLES)
         period = {n: {"FLEET_TELEMETRY_PERIOD": "0.25"} for n in names}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -35,6 +36,18 @@ def test_demo_command_small(tmp_path: Path):
     assert f"fleetctl --history {out / 'history.sqlite'} report latest)" in " ".join(r.stderr.split()), r.stderr
     survivors = [p for p in psutil.process_iter() if env_has(p, str(out))]
     assert survivors == []
+    # a second demo into the same folder keeps the first one's run (issue 51): runs lists both, compare compares them
+    again = subprocess.run([sys.executable, "-m", "controller", "demo", "--devices", "2", "--models", "qwen3",
+                            "--time-scale", "1000", "--out", str(out)], capture_output=True, text=True, env=env,
+                           timeout=180)
+    assert "verdict:" in again.stdout and "demo: the 1 earlier demo run(s) in this folder stay in its history" in \
+        " ".join(again.stderr.split()), again.stderr
+    fleetctl = [sys.executable, "-m", "controller", "--history", str(out / "history.sqlite")]
+    runs = subprocess.run([*fleetctl, "runs", "-o", "json"], capture_output=True, text=True, env=env, timeout=60)
+    ids = [r["run_id"] for r in json.loads(runs.stdout)]
+    assert len(ids) == 2, runs.stdout
+    cmp = subprocess.run([*fleetctl, "compare", ids[1], ids[0]], capture_output=True, text=True, env=env, timeout=60)
+    assert cmp.returncode in (0, 1) and ids[0] in cmp.stdout + cmp.stderr, cmp.stdout + cmp.stderr
 
 
 @pytest.mark.alone  # 64 workers and their servers on this machine: run with nothing beside (a module failed at load 20)
