@@ -17,6 +17,7 @@ from controller.cli.output import Output, emit, output_option, stderr, stdout
 
 if TYPE_CHECKING:
     from contract.records import ResultRow
+    from controller.service import ValidateRequest
 
 RUN_ARG = "run id, unique prefix or 'latest'"
 
@@ -57,6 +58,20 @@ def validate(
     return follow_and_judge(s, launched.run_id, baseline, stdout(), stderr())
 
 
+def same_release(a: ValidateRequest, b: ValidateRequest) -> bool:
+    """Whether two release requests name one release: one URL, or tarballs of equal bytes (the same file, a copy)."""
+    import filecmp
+
+    if a.url is not None or b.url is not None:
+        return a.url == b.url
+    if a.release is None or b.release is None:
+        return False
+    try:
+        return filecmp.cmp(a.release, b.release, shallow=False)
+    except OSError:  # one is missing: the request's own check says so
+        return False
+
+
 def compare_releases(
     ctx: typer.Context,
     release_a: str = typer.Argument(..., help="release A (the reference): a tarball path or an http/https URL"),
@@ -81,8 +96,12 @@ def compare_releases(
     a = service.release_request(release_a, models=keys, devices=devices)
     b = service.release_request(release_b, models=keys, devices=devices)
     err = stderr()
+    same = same_release(a, b)
 
     def wait(launched: service.Launched, slot: Any) -> None:
+        if same and slot.position == 0:  # said once the request passed its checks
+            err.print("compare-releases: A and B are the same release: this measures the fleet's own A/A noise "
+                      "(every change should lie within the tolerance)", markup=False, highlight=False)
         err.print(f"round {slot.round + 1} of {rounds}, release {slot.arm}:", highlight=False)
         print_launched(launched, err, len(launched.modules))
         try:

@@ -15,6 +15,23 @@ from controller.service.session import BadRequest
 from tests.support.cli import TARBALL, one_line, run_main
 
 
+def test_the_same_release_twice_is_named(tmp_path) -> None:
+    """Issue 51: compare-releases of a tarball with itself (or a copy) says it measures A/A noise."""
+    from controller.cli.runs import same_release
+    from controller.service import ValidateRequest
+
+    one, copy, other = tmp_path / "a.tar.gz", tmp_path / "b.tar.gz", tmp_path / "c.tar.gz"
+    one.write_bytes(b"x" * 100)
+    copy.write_bytes(b"x" * 100)
+    other.write_bytes(b"x" * 99 + b"y")
+    req = lambda p: ValidateRequest(release=p, devices="all")  # noqa: E731
+    assert same_release(req(one), req(one)) and same_release(req(one), req(copy))
+    assert not same_release(req(one), req(other)) and not same_release(req(one), req(tmp_path / "gone.tar.gz"))
+    url = lambda u: ValidateRequest(release=None, url=u, devices="all")  # noqa: E731
+    assert same_release(url("https://x/r.tar.gz"), url("https://x/r.tar.gz"))
+    assert not same_release(url("https://x/r.tar.gz"), req(one))
+
+
 def test_the_plan_is_a_b_b_a_per_round() -> None:
     plan = plan_rounds(2)
     assert "".join(s.arm for s in plan) == "ABBAABBA"
