@@ -10,8 +10,8 @@ import typer
 from controller.cli.invocation import session
 from controller.cli.output import Output, emit, output_option, stdout
 
-CACHE_COLUMNS = ("release", "key", "device_class", "environment", "archive", "size", "compiled_by", "fetched_by",
-                 "trusted")
+CACHE_COLUMNS = ("version", "release", "key", "device_class", "environment", "archive", "size", "compiled_by",
+                 "fetched_by", "trusted")
 
 
 def cache_ls(ctx: typer.Context, output: Output = output_option()) -> None:

@@ -149,6 +149,11 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox):
                                  "ORDER BY MAX(created_at) DESC LIMIT ?", (newest,))
         return {r[0] for r in running.fetchall()} | {r[0] for r in recent.fetchall()}
 
+    def release_versions(self) -> dict[str, str]:
+        """The version of each release run here, by its tarball's sha256 (the newest run's name for it)."""
+        cur = self.db.execute("SELECT sha256, release FROM runs WHERE sha256 != '' ORDER BY created_at")
+        return {str(sha): str(rel) for sha, rel in cur.fetchall()}
+
     @staticmethod
     def _run_info(cur: Cursor, r: tuple[Any, ...]) -> RunInfo:
         d = dict(zip([c[0] for c in cur.description], r, strict=True))

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ class CacheEntry:
     compiled_by: tuple[str, ...]
     fetched_by: tuple[str, ...]
     trusted: bool  # compiled by two modules (a module trusting the first takes it with one)
+    version: str = ""  # the release's version where a run of it is in the history
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -72,7 +73,12 @@ def _dirs(folder: Path, ok: Any) -> list[Path]:
 
 
 def cache_entries(s: Session) -> list[CacheEntry]:
-    return entries(s.settings.kernel_cache_root())
+    """:func:`entries`, each named by its release's version where the history has run it."""
+    found = entries(s.settings.kernel_cache_root())
+    if not found or not s.has_history():  # a read verb: it makes no history
+        return found
+    versions = {sha[:16]: v for sha, v in s.history().release_versions().items()}
+    return [replace(e, version=versions.get(e.release, "")) for e in found]
 
 
 def prune_cache(s: Session, *, everything: bool = False) -> list[Path]:

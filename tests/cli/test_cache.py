@@ -43,9 +43,14 @@ def test_cache_ls_names_who_compiled_and_who_fetched(env, capsys):
     assert a["environment"] == "driver 3.0.0, MUSA 4.0.0, torch_musa 2.1.0, Triton 3.1.0, TileLang 0.1.6"
     assert a["size"] == store.archive(a["archive"]).stat().st_size
     code, out, _ = run_main(capsys, "cache", "ls", "-o", "csv")
-    assert out.splitlines()[0] == "release,key,device_class,environment,archive,size,compiled_by,fetched_by,trusted"
+    assert out.splitlines()[0] == \
+        "version,release,key,device_class,environment,archive,size,compiled_by,fetched_by,trusted"
     assert '"m1,m2","m3,m4",True' in out
     assert not (env / "history.sqlite").exists()  # a read verb
+    # a release the history has run is named by its version (issue 51), not only by its tarball's hash
+    finished_run(History(env / "history.sqlite"), "r-a", modules=["m1"], sha256=digest("a"), release="1.4.2")
+    code, out, _ = run_main(capsys, "cache", "ls", "-o", "json")
+    assert {d["release"]: d["version"] for d in json.loads(out)} == {digest("a")[:16]: "1.4.2", digest("b")[:16]: ""}
 
 
 def test_cache_ls_on_an_empty_store(env, capsys):
