@@ -125,4 +125,6 @@ def kernel_cache_note(progress: Mapping[str, RunProgress]) -> str | None:
              ] if compiled else []
     parts += [f"fetched on {', '.join(fetched)}"] if fetched else []
     parts += [f"cached by an earlier run on {', '.join(before)}"] if before else []
+    # a module that compiled because the store's archive was refused (corrupt, replaced, too large) says why
+    parts += [f"{m} compiled because the store's {used[m].why}" for m in compiled if "refused" in used[m].why]
     return "kernel cache: " + "; ".join(parts)

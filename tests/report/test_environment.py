@@ -179,3 +179,9 @@ def test_the_report_names_the_modules_that_compiled_and_fetched_the_kernels(hist
                                               precompile_cached=True) for m in ("m00", "m01")])
     assert build_report(history, "run-1", previous=False).notes[0] == (
         "kernel cache: compiled on m05; fetched on m02, m03, m04; cached by an earlier run on m00, m01")
+    # a module that compiled because the store's archive was refused says why in the report (issue 51)
+    why = f"archive {'a' * 12} refused: sha256 bbbbbbbbbbbb…, not the trusted aaaaaaaaaaaa… (corrupt or replaced)"
+    history.upsert_progress_many([RunProgress(run_id="run-1", module="m05", updated_at=time.time() + 2,
+                                              fingerprint=FP, kernel_cache=KernelCacheUse(action="compiled", why=why))])
+    assert build_report(history, "run-1", previous=False).notes[0].endswith(
+        f"; m05 compiled because the store's {why}")
