@@ -32,6 +32,15 @@ def test_the_same_release_twice_is_named(tmp_path) -> None:
     assert not same_release(url("https://x/r.tar.gz"), req(one))
 
 
+def test_a_comparison_too_coarse_for_its_tolerance_says_what_would_do() -> None:
+    """Issue 51: a lost module took the detectable change from 1.2 % to 25.9 % and nothing said what to do."""
+    from controller.report.render.paired import more_pairs
+
+    assert more_pairs(1, 0.012, 0.01) == "to detect 1.0%: about --rounds 2, or more modules"
+    assert more_pairs(2, 0.02, 0.01) == "to detect 1.0%: about --rounds 8, or more modules"
+    assert more_pairs(1, 0.259, 0.01) == "to detect 1.0%: more modules (about 34x these, at --rounds 20)"
+
+
 def test_the_plan_is_a_b_b_a_per_round() -> None:
     plan = plan_rounds(2)
     assert "".join(s.arm for s in plan) == "ABBAABBA"

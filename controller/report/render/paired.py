@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from contract.records import STARTUP_METRICS, WINDOW_METRICS
@@ -43,6 +44,16 @@ def tolerances(rep: PairedReport) -> str:
     return f"tolerance {mag(rep.tolerance)}" + (f" ({extra})" if extra else "")
 
 
+def more_pairs(rounds: int, mdc: float, tolerance: float, most: int = 20) -> str:
+    """What would make a change of ``tolerance`` detectable where ``mdc`` is: the detectable change falls with the
+    square root of the pairs, so about ``rounds * (mdc / tolerance)**2`` rounds on these modules; beyond ``most``
+    rounds (compare-releases' limit), more modules."""
+    need = math.ceil(rounds * (mdc / tolerance) ** 2)
+    if need <= most:
+        return f"to detect {mag(tolerance)}: about --rounds {need}, or more modules"
+    return f"to detect {mag(tolerance)}: more modules (about {need / most:.0f}x these, at --rounds {most})"
+
+
 def paired_verdict_line(rep: PairedReport) -> str:
     """One line: the verdict, what was compared, the regressions with their intervals, the smallest change the
     comparison could name."""
@@ -50,6 +61,8 @@ def paired_verdict_line(rep: PairedReport) -> str:
             f"{len(rep.modules)} module(s), {tolerances(rep)}")
     mdcs = [c.mdc for c in rep.changes if c.mdc is not None and c.metric == "decode_tps"]
     floor = f"; decode detectable from {mag(max(mdcs))}" if mdcs else ""
+    if mdcs and max(mdcs) > rep.tolerance and mag(max(mdcs)) != mag(rep.tolerance):  # too coarse for its tolerance
+        floor += f" ({more_pairs(rep.rounds, max(mdcs), rep.tolerance)})"
     regs = "; ".join(f"{r.model_key} {change_text(r)}" for r in rep.regressions)
     notes = "; ".join(rep.notes)
     return head + floor + (f": regressed {regs}" if regs else "") + (f" ({notes})" if notes else "")
