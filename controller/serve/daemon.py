@@ -251,7 +251,12 @@ def _start_metrics(s: Session) -> Any:
 
     registry = CollectorRegistry()
     registry.register(ControllerCollector(history, states, queues, reserved=reserved))
-    return start_http_server(settings.metrics_port, addr=settings.metrics_host, registry=registry)
+    try:
+        return start_http_server(settings.metrics_port, addr=settings.metrics_host, registry=registry)
+    except OSError as exc:  # a busy port: name it and the setting (issue 51), not a traceback
+        raise ConfigError(f"/metrics could not listen on {settings.metrics_host}:{settings.metrics_port} "
+                          f"({exc.strerror or exc}): set metrics_port in [controller] (FLEET_CONTROLLER_METRICS_PORT; "
+                          "0 turns /metrics off)") from None
 
 
 @dataclass

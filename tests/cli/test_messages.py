@@ -270,3 +270,18 @@ def test_clock_skew_never_reads_minus_zero(skew, shown):
     from controller.cli.devices import shown_skew
 
     assert shown_skew(skew) == shown
+
+
+# fleetctl serve on a busy /metrics port printed a traceback naming neither the port nor the setting (issue 51)
+def test_serve_on_a_busy_metrics_port_names_it_and_the_setting(env, capsys, monkeypatch):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        monkeypatch.setenv("FLEET_CONTROLLER_METRICS_PORT", str(port))
+        code, _, err = run_main(capsys, "serve")
+    assert code == 2 and one_line(err) == (
+        f"fleetctl: error: /metrics could not listen on 127.0.0.1:{port} (Address already in use): set metrics_port "
+        "in [controller] (FLEET_CONTROLLER_METRICS_PORT; 0 turns /metrics off)")
