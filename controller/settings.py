@@ -29,7 +29,8 @@ class ControllerSettings(BrokerSettings):
         default=None, description="run history: a SQLite file (default <data_dir>/history.sqlite), or a PostgreSQL "
                                   "database several controllers share (postgresql://user@host:port/db)")
     known_hosts: Path = Field(default=Path.home() / ".ssh" / "known_hosts", description="SSH host keys of modules")
-    ssh_key: Path | None = Field(default=None, description="SSH private key for modules (default: agent/ssh config)")
+    ssh_key: Path | None = Field(default=None, description="SSH private key for modules (default: none, a running "
+                                                            "ssh-agent only; no ~/.ssh/config, no key search)")
     ssh_key_passphrase_file: Path | None = Field(
         default=None, description="file holding the passphrase of ssh_key (mode 0600); else ssh-agent is asked")
     metrics_host: str = Field(default="127.0.0.1", description="bind address of `fleetctl serve` /metrics")
