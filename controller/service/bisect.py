@@ -6,8 +6,9 @@
 2. **Rounds**: with ``k`` usable modules a round dispatches ``k`` candidates at once, one run each on its own
    module (:func:`.bisect_plan.next_probes`); each is called against the good release's run *on the same module*
    (:func:`.bisect_plan.target_call`). A call within noise is measured again (on another module where one is
-   free), a run lost with its module moves to another module (the module is left out from then on), a candidate
-   that cannot run (its server fails, its rows never come) is skipped and said, like ``git bisect skip``.
+   free), a run lost with its module moves to another module (the module is left out from then on) unless the
+   round's other calls put its candidate outside the answer's interval (:func:`.bisect_plan.still_open`); a
+   candidate that cannot run (its server fails, its rows never come) is skipped and said, like ``git bisect skip``.
 3. The answer: the first bad release, or the suspects when skipped candidates stand between the last good and
    the first bad.
 
@@ -34,6 +35,7 @@ from controller.service.bisect_plan import (
     bounds,
     call_of,
     next_probes,
+    still_open,
     target_call,
 )
 from controller.service.bisect_state import (
@@ -221,7 +223,7 @@ def run(s: Session, bisect_id: str, wait: Wait, on_round: Callable[[Outcome], No
                 continue
             if on_round is not None:
                 on_round(out)
-            redo = [*out.homeless, *out.unsure]
+            redo = still_open([*out.homeless, *out.unsure], out.bounds)  # not what this round made irrelevant
             if redo:
                 _dispatch(s, rec, _place(rec, redo, free, out.rounds), role="probe")
                 continue

@@ -67,6 +67,13 @@ def bounds(calls: Sequence[Call | None]) -> Bounds:
                   skipped=tuple(i for i in between if calls[i] == "skip"))
 
 
+def still_open(indices: Sequence[int], b: Bounds | None) -> tuple[int, ...]:
+    """The candidates among ``indices`` whose call can still move the answer: strictly between the last good and
+    the first bad one. A candidate a round's other calls put outside (its module lost, or its call unsure, while a
+    neighbour was called) is not measured again."""
+    return tuple(indices) if b is None else tuple(i for i in indices if b.good < i < b.bad)
+
+
 def next_probes(calls: Sequence[Call | None], k: int) -> tuple[int, ...]:
     """The candidates the next round measures with ``k`` modules: at most ``k``, evenly over the answer's
     ``u + 1`` possibilities (none when the answer is known)."""

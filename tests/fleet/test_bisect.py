@@ -127,8 +127,15 @@ def test_a_killed_controller_resumes_and_a_lost_module_gives_its_candidate_to_an
         assert doc["first_bad"] == series[5].version, doc["line"]
         assert doc["lost"] == [victim.module]
         moved = [e for e in doc["evidence"] if e["release"] == series[victim.index].version]
-        assert [e["outcome"] for e in moved] == ["lost", "measured (again)"]
-        assert moved[1]["module"] != victim.module
+        # measured again elsewhere only where the round's other calls left it open (issue 51: a candidate the same
+        # round made irrelevant is not re-measured); the first bad release is series[5]
+        others = [r.index for r in rec.runs if r.round == 1 and r.module != victim.module]
+        good, bad = max([0, *(i for i in others if i < 5)]), min([len(series) - 1, *(i for i in others if i >= 5)])
+        if good < victim.index < bad:
+            assert [e["outcome"] for e in moved] == ["lost", "measured (again)"]
+            assert moved[1]["module"] != victim.module
+        else:
+            assert [e["outcome"] for e in moved] == ["lost"]
         assert not any(e["module"] == victim.module for e in doc["evidence"] if e["round"] > 1)
     finally:
         lab.stop()

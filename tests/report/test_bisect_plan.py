@@ -14,6 +14,7 @@ from controller.service.bisect_plan import (
     call_of,
     next_probes,
     rounds_needed,
+    still_open,
     target_call,
 )
 
@@ -103,3 +104,13 @@ def test_probes_are_distinct_and_inside_for_every_small_case():
         calls[0], calls[-1] = "good", "bad"
         probes = next_probes(calls, k)
         assert len(probes) == min(k, n - 2) and all(0 < p < n - 1 for p in probes)
+
+
+def test_a_lost_or_unsure_candidate_the_round_made_irrelevant_is_not_measured_again() -> None:
+    """Issue 51: candidate 3's module was lost while candidate 2 was called bad: 3 no longer matters."""
+    calls = ["good", None, "bad", None, None, "bad"]
+    b = bounds(calls)
+    assert still_open([3, 1], b) == (1,)
+    assert still_open([1, 3, 4], bounds(["good", "good", None, None, "bad", "bad"])) == (3,)
+    assert still_open([2, 3], bounds(["good", "good", None, None, "bad", "bad"])) == (2, 3)
+    assert still_open([1, 4], None) == (1, 4)  # no calls yet: nothing to leave out
