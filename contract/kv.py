@@ -175,6 +175,19 @@ class KV:
             return []
         if isinstance(self.backend, FilesystemBackend):
             return [self._file_aged(k) for k in keys]
+        now = time.time()
+        out: list[tuple[Any, float | None]] = []
+        for value, rest in self.get_expiring(keys):
+            at = now - (ttl - rest) if rest is not None and rest <= ttl + 1.0 else None
+            out.append((value, at))
+        return out
+
+    def get_expiring(self, keys: Sequence[str]) -> list[tuple[Any, float | None]]:
+        """(value, seconds it has left before the broker expires it) per key: the broker's clock, not this
+        reader's. Redis: one round trip (MGET and a PTTL per key); None where the key has no expiry or the backend
+        keeps none (the embedded broker: one machine, one clock)."""
+        if not keys:
+            return []
         if not _is_redis(self.backend):
             return [(v, None) for v in self.get_many(keys)]
         pipe = self.backend.client.pipeline(transaction=False)
@@ -182,13 +195,16 @@ class KV:
         for k in keys:
             pipe.pttl(k)
         raw, *left = pipe.execute()
-        now = time.time()
-        out: list[tuple[Any, float | None]] = []
-        for value, ms in zip(raw, left, strict=True):
-            rest = int(ms) / 1000.0 if isinstance(ms, int) else -1.0
-            at = now - (ttl - rest) if 0.0 <= rest <= ttl + 1.0 else None
-            out.append((_load(value), at))
-        return out
+        return [(_load(value), int(ms) / 1000.0 if isinstance(ms, int) and ms >= 0 else None)
+                for value, ms in zip(raw, left, strict=True)]
+
+    def broker_offset(self) -> float | None:
+        """The broker's clock less this machine's, s (Redis ``TIME``; None on the embedded broker: one clock)."""
+        if not _is_redis(self.backend):
+            return None
+        t0 = time.time()
+        sec, usec = self.backend.client.time()
+        return float(sec) + float(usec) / 1e6 - (t0 + time.time()) / 2
 
     def _file_aged(self, key: str) -> tuple[Any, float | None]:
         path = os.fsdecode(self.backend._filename(key.encode()))
@@ -361,8 +377,10 @@ class KV:
         """module -> its reservation record, for those of ``modules`` that have one (one MGET); a record past its
         ``until`` on the embedded broker is still here: the reader judges it."""
         names = list(modules)
-        values = self.get_many([reservation_key(m) for m in names]) if names else []
-        return {m: v for m, v in zip(names, values, strict=True) if isinstance(v, dict)}
+        got = self.get_expiring([reservation_key(m) for m in names])
+        now = time.time()
+        return {m: on_broker_clock(v, left, now) for m, (v, left) in zip(names, got, strict=True)
+                if isinstance(v, dict)}
 
     def drop_reservation(self, module: str) -> None:
         self.delete(reservation_key(module))
@@ -370,8 +388,18 @@ class KV:
     def reservation_and_cancel(self, run_id: str, module: str) -> tuple[Any, CancelFlag | None]:
         """``module``'s reservation record (raw) and the cancel flag of its part of ``run_id``, in one read (what
         a run's delivery asks before it starts: :mod:`agent.hold`)."""
-        res, *cancels = self.get_many([reservation_key(module), cancel_key(run_id), cancel_key(run_id, module)])
-        return res, _cancel_flag(cancels)
+        (res, left), *cancels = self.get_expiring([reservation_key(module), cancel_key(run_id),
+                                                   cancel_key(run_id, module)])
+        return on_broker_clock(res, left, time.time()), _cancel_flag([v for v, _ in cancels])
+
+
+def on_broker_clock(record: Any, left: float | None, now: float) -> Any:
+    """A reservation record whose ``until`` is moved onto the reader's clock from the time its key has left on the
+    broker (``left``; the writer set the key's expiry to the reservation's length): a writer's clock an hour behind
+    neither shortens nor lengthens it (issue 48). Unchanged where the broker keeps no expiry (embedded: one clock)."""
+    if not isinstance(record, dict) or left is None:
+        return record
+    return {**record, "until": now + left}
 
 
 def held_for_other(value: Any, user: str, now: float) -> tuple[str, float] | None:

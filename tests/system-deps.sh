@@ -21,6 +21,7 @@ command -v go >/dev/null || need+=(golang-go)  # tests/metrics/expandenv: provis
 command -v cmake >/dev/null || need+=(cmake)  # make engine / make test: llama-server from the pinned llama.cpp source
 command -v ninja >/dev/null || need+=(ninja-build)
 command -v g++ >/dev/null || need+=(g++)
+command -v faketime >/dev/null || need+=(faketime)  # a controller whose clock is an hour behind (reservations)
 # the shared run history's tests (tests/history): Debian's server, whose programs are not on PATH
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql)
 [ ${#need[@]} -eq 0 ] && exit 0

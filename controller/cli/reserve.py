@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from controller.cli.invocation import session
-from controller.cli.output import Output, emit, fail, output_option, stdout
+from controller.cli.output import Output, emit, fail, output_option, stderr, stdout
 
 RESERVATION_COLUMNS = ("module", "user", "until", "left", "reason", "id")
 
@@ -21,6 +21,7 @@ def reserve(ctx: typer.Context,
     """Reserve modules for yourself: no other user's validation is sent to them until the reservation ends (it
     expires by itself). Refused when another user holds one of them; your own are extended."""
     from controller.fleet.reservations import parse_duration, shown_until
+    from controller.service.reservations import clock_warning
     from controller.service.reservations import reserve as do_reserve
 
     try:
@@ -31,6 +32,9 @@ def reserve(ctx: typer.Context,
     for r in do_reserve(s, select_, seconds, reason, user=s.user):
         stdout().print(f"{r.module}: reserved by {r.user} until {shown_until(r.until)} [{r.id}]", highlight=False,
                        markup=False)
+    warn = clock_warning(s)
+    if warn:
+        stderr().print(f"warning: {warn}", highlight=False, markup=False)
 
 
 def reservations(ctx: typer.Context,

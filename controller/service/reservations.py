@@ -62,6 +62,18 @@ def reserve(s: Session, selector: str, seconds: float, reason: str = "", *, user
     return todo
 
 
+def clock_warning(s: Session) -> str:
+    """A line when this controller's clock is off the broker's by more than ``clock_skew_warn`` ('' otherwise, and
+    on the embedded broker): reservations are judged by the broker's clock, the times this controller shows by its
+    own."""
+    fleet = s.broker(read=True)
+    off = broker_call(s, fleet.kv.broker_offset)
+    if off is None or abs(off) <= s.settings.clock_skew_warn:
+        return ""
+    return (f"this controller's clock is {abs(off):.0f} s {'behind' if off > 0 else 'ahead of'} the broker's: "
+            "reservations end by the broker's clock; the times shown here are this machine's (fix its clock: NTP)")
+
+
 def release(s: Session, selector: str = "all", *, user: str = "", force: bool = False) -> list[Reservation]:
     """End the reservations of the modules ``selector`` picks that ``user`` ('': the session's) holds; with
     ``force``, others' too (the API asks role admin for it). Without ``force``, a module named alone that another

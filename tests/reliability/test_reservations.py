@@ -10,7 +10,11 @@ then runs there, once.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +99,27 @@ def test_a_reservation_keeps_other_users_off_its_module_and_expires_on_time(benc
     events = [e["message"] for e in json.loads(r.stdout)["reservation_events"]]
     assert events == [f"{line} [{held['id']}]", f"reserved by alice until {shown_until(until)} (flashing fw) "
                                                 f"[{held['id']}]"]
+
+
+@pytest.mark.skipif(shutil.which("faketime") is None,
+                    reason="needs faketime (Debian: faketime) to run a controller whose clock is an hour behind")
+def test_a_reservation_by_a_controller_an_hour_behind_keeps_others_off_its_module(bench_factory, shared_redis,
+                                                                                  quick_release):
+    """Issue 48: alice's controller, its clock an hour behind (libfaketime), reserves sim-01 for 30 minutes; bob's
+    (right clock) sees it held for 30 minutes, not over, and his validation of every module leaves sim-01 out.
+    Reservations end by the broker's clock (the key's expiry), not by each reader's; the skewed controller says so."""
+    b = bench_factory((shared_redis.url, shared_redis), 2)
+    b.lab.start()
+    exe = Path(sys.executable).parent / "fleetctl"
+    r = subprocess.run(["faketime", "-f", "-3600s", str(exe), "reserve", "--devices", "sim-01", "--for", "30m"],
+                       env={**b.lab.env(), "FLEET_USER": "alice"}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "warning: this controller's clock is 3600 s behind the broker's" in r.stderr, r.stderr
+    (held,) = json.loads(b.lab.fleetctl("reservations", "-o", "json", user="bob").stdout)
+    assert held["user"] == "alice" and 29 * 60 < held["until"] - time.time() <= 30 * 60 + 1, held
+    theirs = _validate(b, quick_release, "all", "bob")
+    v = b.finished(theirs, 120)
+    refused = v.progress["sim-01"]
+    assert (refused.state, refused.error.step) == (RunState.FAILED, "refused"), refused
+    assert v.progress["sim-02"].state == RunState.DONE
+    assert b.benchmark_starts("sim-01", theirs) == {}

@@ -73,3 +73,15 @@ def test_the_module_lingers_until_the_hold_ends_the_reservation_ends_or_it_stops
     clock = _Clock()
     assert hold.linger(kv, "run-1", "m1", {USER: "bob"}, stop=lambda: False, hold_s=5, poll_s=1, clock=clock,
                        sleep=clock.sleep) == 3  # free at NOW + 3: the worker takes its next message then
+
+
+def test_a_record_is_moved_onto_the_readers_clock_by_the_time_its_key_has_left():
+    """Issue 48: ``until`` as the writer's clock said it (an hour behind) is replaced by the reader's now plus what the
+    broker has left of the key; unchanged where the broker keeps no expiry (the embedded broker: one clock)."""
+    from contract.kv import on_broker_clock
+
+    rec = {"user": "ann", "until": NOW - 1800, "reason": "fw"}  # the writer's clock an hour behind: looks over
+    assert on_broker_clock(rec, 1800.0, NOW) == {"user": "ann", "until": NOW + 1800, "reason": "fw"}
+    assert held_for_other(on_broker_clock(rec, 1800.0, NOW), "bob", NOW) == ("ann", NOW + 1800)
+    assert on_broker_clock(rec, None, NOW) is rec
+    assert on_broker_clock(None, 5.0, NOW) is None
