@@ -281,10 +281,11 @@ def start_api(s: Session, timeout: float = 15.0) -> ApiServer | None:
 
     import uvicorn
 
-    from controller.serve.api import Tokens, create_app
+    from controller.serve.api import create_app
     from controller.serve.guard import log_config, protocol_class
+    from controller.serve.tokens import WatchedTokens
 
-    app = create_app(settings, Tokens.load(settings.api_tokens_file), s.frames)
+    app = create_app(settings, WatchedTokens(settings.api_tokens_file), s.frames)
     # h11 (headers of 16 KiB at most), with read deadlines: a slow or idle client is closed, never held
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning",
                             access_log=False, lifespan="on", log_config=log_config(),

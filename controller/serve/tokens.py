@@ -20,6 +20,7 @@ import logging
 import re
 import secrets
 import stat
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -199,6 +200,52 @@ class Tokens:
 
     def __repr__(self) -> str:  # never print a token
         return f"Tokens({len(self._entries)} tokens)"
+
+
+class WatchedTokens(Tokens):
+    """:class:`Tokens` of a file, read again when the file changes (its inode, size or mtime): a token removed from
+    the file stops working at the next request, with no restart of ``fleetctl serve``. A changed file that cannot be
+    used (unreadable, readable by others, a bad line, no token) fails closed: no token is accepted until it is
+    fixed, and the reason is logged once."""
+
+    def __init__(self, path: Path) -> None:  # a bad file at start is a TokenError, as Tokens.load raises
+        self._path = path
+        self._lock = threading.Lock()
+        self._seen = self._signature()  # before the read: a change while it reads is read at the next request
+        self._entries = Tokens.load(path)._entries
+        self._broken = ""
+
+    def _signature(self) -> tuple[int, int, int] | None:
+        try:
+            st = self._path.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _refresh(self) -> None:
+        sig = self._signature()
+        with self._lock:
+            if sig == self._seen:
+                return
+            self._seen = sig
+            try:
+                self._entries = Tokens.load(self._path)._entries
+            except TokenError as exc:
+                self._entries, why = [], str(exc)
+                if why != self._broken:
+                    log.error("API tokens file changed and cannot be used: %s; no token is accepted until it is "
+                              "fixed", why)
+                self._broken = why
+                return
+            if self._broken:
+                log.warning("API tokens file %s is usable again (%d tokens)", self._path, len(self._entries))
+            else:
+                log.info("API tokens file %s read again (%d tokens)", self._path, len(self._entries))
+            self._broken = ""
+
+    def identify(self, presented: str) -> Identity | None:
+        self._refresh()
+        return super().identify(presented)
 
 
 def new_token() -> str:

@@ -87,3 +87,28 @@ def test_the_old_checks_stay(tmp_path):
     p.chmod(0o640)
     with pytest.raises(TokenError, match="readable by others"):
         Tokens.load(p)
+
+
+def test_a_token_removed_from_the_file_stops_working_without_a_restart(tmp_path, caplog):
+    """Issue 48: fleetctl serve read the file once; a removed token kept working until serve restarted. The file
+    is read again when it changes; a changed file that cannot be used fails closed, said once, until fixed."""
+    import os
+
+    from controller.serve.tokens import WatchedTokens
+
+    p = write(tmp_path / "tokens", f"{V2_HEADER}\nci trigger {A}\nrita read {B}\n")
+    t = WatchedTokens(p)
+    assert t.identify(A) == Identity("ci", Role.trigger) and t.check(B)
+    write(p, f"{V2_HEADER}\nrita read {B}\nada admin {C}\n")  # ci's token revoked, ada's added
+    assert t.identify(A) is None and t.identify(C) == Identity("ada", Role.admin) and t.check(B)
+    with caplog.at_level(logging.ERROR):
+        p.chmod(0o644)  # readable by others: refused, and nothing is accepted meanwhile
+        os.utime(p, ns=(0, 1))  # a change the next request notices (the mode alone leaves size and mtime)
+        assert not t.check(B) and not t.check(C)
+    (said,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]  # once, though asked twice
+    assert said.startswith(f"API tokens file changed and cannot be used: {p}: the API tokens file is readable by "
+                           f"others (chmod 600 {p}; ") and said.endswith("no token is accepted until it is fixed")
+    write(p, f"{V2_HEADER}\nrita read {B}\n")
+    assert t.check(B) and not t.check(C)
+    p.unlink()  # gone: fails closed too
+    assert not t.check(B)
