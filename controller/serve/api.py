@@ -20,6 +20,7 @@ A user's value is never said back or logged beyond ~200 characters.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -304,6 +305,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
                                           resume=body.resume, priority=body.priority, preempt=body.preempt,
                                           on_reserved=body.on_reserved,
                                           user=who.user)
+            req = dataclasses.replace(req, preempt_others=who.role.allows(Role.admin))
             return service.validate(session(), req)
 
         models = body.models if isinstance(body.models, str) else ",".join(body.models)

@@ -52,7 +52,15 @@ from controller.service.records import (
     release_request,
 )
 from controller.service.releases import SHA256_NAME, distribute, download_release, prune_releases, releases_in_use
-from controller.service.session import BadRequest, Conflict, NotFound, ServiceError, Session, UnusableRelease
+from controller.service.session import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    NotFound,
+    ServiceError,
+    Session,
+    UnusableRelease,
+)
 from controller.service.steplogs import logs, parse_log_name
 from controller.service.views import (
     describe_module,
@@ -73,11 +81,12 @@ from controller.service.views import (
 )
 
 __all__ = [
-    "SHA256_NAME", "BadRelease", "BadRequest", "BrokerUnavailable", "Conflict", "Device", "FleetError", "Judgement",
-    "Launched", "LogFile", "ModuleDetail", "NotFound", "RunDetail", "ServiceError", "Session", "UnusableRelease",
-    "ValidateRequest", "cancel", "check_baseline", "check_run_id", "describe_module", "describe_run", "device_dict",
-    "devices", "distribute", "download_release", "errors_of", "exit_code", "find_run", "follow", "judge", "logs",
-    "modules_named", "parse_log_name", "prepare", "progress_dict", "prune_releases", "recorded_judgement",
-    "release_request", "releases_in_use", "report", "reset_module", "results", "resumed_models", "retry",
-    "run_summary", "runs", "sync", "trend", "validate", "version", "view", "with_broker_states",
+    "SHA256_NAME", "BadRelease", "BadRequest", "BrokerUnavailable", "Conflict", "Device", "FleetError", "Forbidden",
+    "Judgement", "Launched", "LogFile", "ModuleDetail", "NotFound", "RunDetail", "ServiceError", "Session",
+    "UnusableRelease", "ValidateRequest", "cancel", "check_baseline", "check_run_id", "describe_module",
+    "describe_run", "device_dict", "devices", "distribute", "download_release", "errors_of", "exit_code",
+    "find_run", "follow", "judge", "logs", "modules_named", "parse_log_name", "prepare", "progress_dict",
+    "prune_releases", "recorded_judgement", "release_request", "releases_in_use", "report", "reset_module",
+    "results", "resumed_models", "retry", "run_summary", "runs", "sync", "trend", "validate", "version", "view",
+    "with_broker_states",
 ]

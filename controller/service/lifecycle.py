@@ -9,7 +9,7 @@ write the run history; :func:`find_run` and :func:`view` only read it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -43,6 +43,7 @@ from controller.service.reservations import refused_for
 from controller.service.session import (
     BadRequest,
     Conflict,
+    Forbidden,
     NotFound,
     Session,
     UnusableRelease,
@@ -152,6 +153,9 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
                                       req.on_reserved)
     usable = [m for m in mods if statuses[m.name].state not in ("offline", "bad")  # unreachable: queued
               and m.name not in refused]
+    victims = preemptable(s, rid, [m.name for m in usable], statuses) if req.preempt else {}
+    if not req.preempt_others:
+        check_preempt(victims, req.user or s.user, reserved_by(s, list(victims), req.user or s.user))
     paths, errors = distribute(s, usable, release, sha)
     # a resumed run asks each module for what it asked it before (a module answers a run id only for that request)
     own = existing.module_models if existing is not None else req.module_models
@@ -161,28 +165,52 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
                             refused=refused, user=req.user or s.user)
     h.set_started_by(rid, req.user or s.user)  # the row dispatch made (a resumed run keeps its first user)
     result.update(errors)
-    preempted = preempt_running(s, rid, result, statuses) if req.preempt else {}
+    preempted = preempt_running(s, rid, result, victims)
     prune_releases(s)
     return Launched(rid, version, sha, tuple(models), dict(result), resumed=existing is not None, preempted=preempted,
                     waiting={m: why for m, why in waiting.items() if result.get(m) == "queued"})
 
 
-def preempt_running(s: Session, rid: str, queued: Mapping[str, str], statuses: Mapping[str, ModuleStatus]
-                    ) -> dict[str, str]:
-    """Ask each module ``rid`` was queued on to stop the run it is running (by its heartbeat) unless that one is
-    urgent too: it is interrupted as for a clean shutdown and resumes from its passed keys after ``rid``.
-    module -> the run asked to stop."""
-    h, fleet = s.history(), s.fleet()
-    out: dict[str, str] = {}
-    for m, why in queued.items():
+def preemptable(s: Session, rid: str, modules: Sequence[str], statuses: Mapping[str, ModuleStatus]
+                ) -> dict[str, RunInfo]:
+    """module -> the run it is running (by its heartbeat) that ``rid`` would preempt there: any but an urgent one
+    (urgent runs do not preempt each other) and ``rid`` itself."""
+    h = s.history()
+    out: dict[str, RunInfo] = {}
+    for m in modules:
         hb = statuses[m].heartbeat if m in statuses else None
         running = hb.run_id if hb is not None else None
-        if why != "queued" or not running or running == rid:
+        if not running or running == rid:
             continue
         info = h.run(running)
-        if info is not None and info.priority == "urgent":
-            continue  # urgent runs do not preempt each other
-        out[m] = running
+        if info is not None and info.priority != "urgent":
+            out[m] = info
+    return out
+
+
+def reserved_by(s: Session, modules: Sequence[str], user: str) -> set[str]:
+    """Those of ``modules`` that ``user`` holds a reservation of."""
+    if not modules:
+        return set()
+    fleet = s.fleet()
+    return {m for m, r in broker_call(s, lambda: fleet.held(modules)).items() if r.user == user}
+
+
+def check_preempt(victims: Mapping[str, RunInfo], user: str, reserved: set[str]) -> None:
+    """Refused (:class:`Forbidden`, naming the run, its user and the module) when ``user`` would preempt another
+    user's run on a module ``user`` has not reserved (pure)."""
+    for m, info in victims.items():
+        if info.started_by and info.started_by != user and m not in reserved:
+            raise Forbidden(f"--preempt would stop run {info.run_id} of user {info.started_by} on {m}: preempting "
+                            f"another user's run needs role admin, or your reservation of {m}")
+
+
+def preempt_running(s: Session, rid: str, queued: Mapping[str, str], victims: Mapping[str, RunInfo]
+                    ) -> dict[str, str]:
+    """Ask each module ``rid`` was queued on to stop the run :func:`preemptable` named there: it is interrupted as
+    for a clean shutdown and resumes from its passed keys after ``rid``. module -> the run asked to stop."""
+    fleet = s.fleet()
+    out = {m: info.run_id for m, info in victims.items() if queued.get(m) == "queued"}
     for m, running in out.items():
         broker_call(s, partial(fleet.kv.preempt, running, m, rid))
     return out

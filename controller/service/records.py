@@ -47,6 +47,7 @@ class ValidateRequest:
     priority: str = "normal"  # contract.priority: which waiting run a module that frees up starts first
     user: str = ""
     preempt: bool = False  # with priority urgent: the modules' running runs stop for it (and resume after)
+    preempt_others: bool = True  # may preempt another user's run (the API: role admin, or a reservation there)
     on_reserved: OnReserved = "skip"
 
 

@@ -51,6 +51,12 @@ class Conflict(ServiceError):
     http_status = 409
 
 
+class Forbidden(ServiceError):
+    """The caller may not do this to another user's work: preempting another user's run (HTTP 403)."""
+
+    http_status = 403
+
+
 class UnusableRelease(ServiceError, ValueError):
     """A release URL that is bad, unreachable, too big, or a release whose sha256 is not the one
     asked for (HTTP 422). Nothing half-downloaded is left."""

@@ -28,3 +28,27 @@ def test_a_preemption_stops_a_run_once_per_urgent_run_and_a_cancel_wins(tmp_path
         assert c.is_cancelled() and c.preempted_by is None and c.reason == "cancelled by rita"
     finally:
         app.close()
+
+
+def test_preempting_another_users_run_needs_admin_or_a_reservation_of_its_module() -> None:
+    """Issue 48: a trigger token could not cancel bob's run (403) but could stop it with --priority urgent
+    --preempt. Without the right to preempt others (the API gives it to admin), another user's run is refused,
+    named; one's own, one of a module one has reserved, or a run whose user is not recorded, are not."""
+    import pytest
+
+    from controller.history import RunInfo
+    from controller.service import Forbidden
+    from controller.service.lifecycle import check_preempt
+
+    def run(rid: str, user: str) -> RunInfo:
+        return RunInfo(run_id=rid, created_at=0.0, release="1.4.1", tarball="t", sha256="s", models=("qwen3",),
+                       modules=("m1", "m2"), kind="run", state="running", verdict=None, finished_at=None, note="",
+                       started_by=user)
+
+    check_preempt({"m1": run("r-ann", "ann"), "m2": run("r-old", "")}, "ann", set())
+    check_preempt({"m1": run("r-bob", "bob")}, "ann", {"m1"})  # ann holds m1: she may
+    with pytest.raises(Forbidden) as exc:
+        check_preempt({"m1": run("r-ann", "ann"), "m2": run("r-bob", "bob")}, "ann", {"m1"})
+    assert str(exc.value) == ("--preempt would stop run r-bob of user bob on m2: preempting another user's run needs "
+                              "role admin, or your reservation of m2")
+    assert exc.value.http_status == 403
