@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +26,7 @@ from agent.outbox import Publisher
 from agent.settings import AgentSettings
 from agent.store import RunStore, forget_current, read_json
 from contract.celery_app import RUN_TASK, queue_name
+from contract.celery_app import task_id as run_task_id
 from contract.files import write_atomic
 from contract.kv import KV
 from contract.priority import HEADERS
@@ -72,7 +72,7 @@ def requeue(app: Celery, req: RunRequest, headers: Mapping[str, Any] | None = No
     """
     headers = headers or {}
     app.send_task(RUN_TASK, args=[req.model_dump(mode="json")], queue=queue_name(req.module), ignore_result=True,
-                  task_id=task_id or f"{req.run_id}.r{secrets.token_hex(3)}.{req.module}",  # ends in .<module> (ACL)
+                  task_id=task_id or run_task_id(req.module, req.run_id),  # <module>:<run>: fleetctl queue names it
                   priority=priority, headers={k: v for k, v in headers.items() if k in HEADERS},
                   retry=True, retry_policy={"max_retries": 10, "interval_start": 0.5, "interval_step": 1,
                                             "interval_max": 5})

@@ -32,7 +32,7 @@ from contract.celery_app import NOOP_TASK, RUN_TASK, task_id
 from contract.files import write_atomic
 from contract.kv import KV, KVCancelToken
 from contract.oneline import error_line
-from contract.priority import HEADERS, LEVELS
+from contract.priority import ASKED, HEADERS, LEVELS
 from contract.records import RunProgress, RunRequest, RunState, StepError, release_label, request_difference
 
 log = logging.getLogger("fleet.agent")
@@ -214,6 +214,14 @@ def _honoured(run_dir: Path) -> list[str]:
     return [str(x) for x in v] if isinstance(v, list) else []
 
 
+def resume_priority(headers: Mapping[str, Any]) -> int:
+    """The broker priority a preempted run goes back on its queue with: the level it was asked for (its message's
+    header), not the front of the queue, so that it resumes after the urgent run and after the runs of higher
+    levels that waited meanwhile, not before them (issue 48); ``normal`` where the message says none."""
+    asked = headers.get(ASKED)
+    return LEVELS[asked] if isinstance(asked, str) and asked in LEVELS else LEVELS["normal"]
+
+
 def _preempted(app: Celery, req: RunRequest, final: RunProgress, by: str, workdir: Path,
                pub: Publisher, headers: Mapping[str, Any]) -> dict[str, Any]:
     """Stopped for the urgent run ``by``, as for a clean shutdown: interrupted (its attempt given back), put back
@@ -227,7 +235,7 @@ def _preempted(app: Celery, req: RunRequest, final: RunProgress, by: str, workdi
         RunStore(workdir).write_progress(final)
     forget_current(workdir, req.run_id)
     pub.final(final)
-    requeue(app, req, headers)
+    requeue(app, req, headers, priority=resume_priority(headers))
     log.warning("run %s preempted by urgent run %s: re-queued to resume", req.run_id, by)
     return final.model_dump(mode="json")
 

@@ -52,3 +52,13 @@ def test_preempting_another_users_run_needs_admin_or_a_reservation_of_its_module
     assert str(exc.value) == ("--preempt would stop run r-bob of user bob on m2: preempting another user's run needs "
                               "role admin, or your reservation of m2")
     assert exc.value.http_status == 403
+
+
+def test_a_preempted_run_goes_back_at_the_level_it_was_asked_for() -> None:
+    """Issue 48: a preempted low run went back at the front (priority 0) and started again before the high and
+    normal runs that had waited longer."""
+    from agent.task import resume_priority
+    from contract.priority import ASKED, LEVELS
+
+    assert resume_priority({ASKED: "low"}) == LEVELS["low"] and resume_priority({ASKED: "high"}) == LEVELS["high"]
+    assert resume_priority({}) == LEVELS["normal"] and resume_priority({ASKED: "bogus"}) == LEVELS["normal"]
