@@ -22,11 +22,12 @@ import logging
 import os
 import posixpath
 import shutil
+import stat
 import tarfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,6 +41,7 @@ from contract.kernel_store import (
     Fetch,
     KernelCacheUse,
     Publication,
+    attested,
     cache_key,
     decide,
     read_fetches,
@@ -68,6 +70,16 @@ class KernelCacheConfig(BaseModel):
     device_class: str = Field(default="M1000", min_length=1, max_length=64)
     max_bytes: int = Field(default=64 << 30, ge=1, description="an archive larger than this is refused, bytes")
     max_members: int = Field(default=200_000, ge=1)
+    fetch_timeout: float = Field(default=600.0, gt=0, description="a fetch (verify and unpack) stopped after, s")
+
+
+class Ledger(Protocol):
+    """Who compiled what, on the broker (:class:`contract.kv.KV`): each module writes its own record only (its ACL),
+    so a module that can write the store cannot make another module trust an archive it alone compiled."""
+
+    def put_attestation(self, cache_key: str, module: str, record: dict[str, Any]) -> None: ...
+
+    def attestations(self, cache_key: str) -> list[tuple[str, Any]]: ...
 
 
 class RefusedArchive(BadInput):
@@ -91,12 +103,27 @@ def _files(src: Path) -> list[tuple[str, Path]]:
     return sorted(out)
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path, stop: Callable[[], str] | None = None) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(CHUNK):
             h.update(block)
+            why = stop() if stop is not None else ""
+            if why:
+                raise RefusedArchive(why)
     return h.hexdigest()
+
+
+def _regular(path: Path) -> int:
+    """The size of ``path`` when it is a regular file itself (not a link to one, nor a device, a pipe or a folder:
+    a link to /dev/zero in place of an archive would be read for ever); :class:`RefusedArchive` otherwise."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        raise RefusedArchive("not in the store") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise RefusedArchive("not a regular file in the store (a link, a device or a folder): refused")
+    return st.st_size
 
 
 def _info(name: str, size: int) -> tarfile.TarInfo:
@@ -160,21 +187,22 @@ def _copy_checked(src: IO[bytes], dest: Path, size: int) -> str:
 
 
 def unpack_archive(archive: Path, digest: str, dest: Path, *, max_bytes: int = 64 << 30,
-                   max_members: int = 200_000) -> int:
+                   max_members: int = 200_000, stop: Callable[[], str] | None = None) -> int:
     """Check ``archive`` is ``digest`` and every member matches its manifest, then move its files into ``dest``
     (merged with what is there); the files placed. :class:`RefusedArchive` (nothing placed) when any check fails,
-    OSError when this machine fails (disk full)."""
-    size = archive.stat().st_size
+    when ``archive`` is not a regular file, or when ``stop`` (asked between blocks) says why to stop (a deadline, a
+    cancel); OSError when this machine fails (disk full)."""
+    size = _regular(archive)
     if size > max_bytes:
         raise RefusedArchive(f"{size} bytes, more than {max_bytes}")
-    got = _sha256(archive)
+    got = _sha256(archive, stop)
     if got != digest:
         raise RefusedArchive(f"sha256 {got[:12]}…, not the trusted {digest[:12]}… (corrupt or replaced)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     stage = dest.parent / f".{dest.name}.fetch-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     try:
-        names = _extract(archive, stage, max_members)
+        names = _extract(archive, stage, max_members, stop)
         for name in names:  # every check passed: into place, file by file (a folder there already is merged)
             target = dest / name
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -184,7 +212,7 @@ def unpack_archive(archive: Path, digest: str, dest: Path, *, max_bytes: int = 6
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def _extract(archive: Path, stage: Path, max_members: int) -> list[str]:
+def _extract(archive: Path, stage: Path, max_members: int, stop: Callable[[], str] | None = None) -> list[str]:
     try:
         with tarfile.open(archive, "r:") as tar:
             members: Iterator[tarfile.TarInfo] = iter(tar)
@@ -204,6 +232,9 @@ def _extract(archive: Path, stage: Path, max_members: int) -> list[str]:
                 if src is None or _copy_checked(src, stage / m.name, size) != sha:
                     raise RefusedArchive(f"member {m.name}: its sha256 is not the manifest's")
                 seen[m.name] = None
+                why = stop() if stop is not None else ""
+                if why:
+                    raise RefusedArchive(why)
     except (tarfile.TarError, EOFError) as exc:
         raise RefusedArchive(f"not a readable tar: {exc}") from None
     missing = sorted(set(manifest) - set(seen))
@@ -271,11 +302,28 @@ def model_configs(folders: Iterable[str]) -> list[str]:
 class RunCache:
     """One run's use of the shared cache: :meth:`fetch` before the precompile, :meth:`publish` after it."""
 
-    def __init__(self, run: Run, cfg: KernelCacheConfig, key: CacheKey) -> None:
-        self.run, self.cfg, self.key = run, cfg, key
+    def __init__(self, run: Run, cfg: KernelCacheConfig, key: CacheKey, ledger: Ledger | None = None) -> None:
+        self.run, self.cfg, self.key, self.ledger = run, cfg, key, ledger
         self.store = Store(cfg.root, key)
         self.dest = run.store.tilelang_cache(run.sha16)
         self.why = ""
+
+    def published(self) -> list[Publication]:
+        """Who compiled what for this key: the broker's attestations (each written by its module only) where there
+        is a broker; the store's own records only without one (``fleet-agent run``: trust then rests on the
+        store's writers)."""
+        if self.ledger is None:
+            return self.store.publications()
+        return attested(self.ledger.attestations(self.key.digest()))
+
+    def _stop(self, deadline: float) -> Callable[[], str]:
+        def why() -> str:
+            if self.run.cancelled():
+                return "the run was cancelled"
+            if time.monotonic() > deadline:
+                return f"the fetch took longer than its {self.cfg.fetch_timeout:g} s"
+            return ""
+        return why
 
     @classmethod
     def of(cls, run: Run, folders: list[str]) -> RunCache | None:
@@ -284,7 +332,7 @@ class RunCache:
             return None
         configs = model_configs(folders)
         key = cache_key(run.req.sha256, configs, cfg.device_class, run.fingerprint)
-        return cls(run, cfg, key)
+        return cls(run, cfg, key, run.ledger)
 
     def _say(self, status: str, msg: str, duration_s: float | None = None) -> None:
         log.info("run %s: kernel cache: %s", self.run.req.run_id, msg)
@@ -299,17 +347,20 @@ class RunCache:
             decision = Decision(action="compile", why="a model folder has no readable config.json")
         else:
             try:
-                decision = decide(self.key, self.store.publications(), trust_first=self.cfg.trust_first,
+                decision = decide(self.key, self.published(), trust_first=self.cfg.trust_first,
                                   elsewhere=self.store.elsewhere())
             except OSError as exc:
                 decision = Decision(action="compile", why=f"the store {self.cfg.root} cannot be read: {exc}")
+            except Exception as exc:  # the broker's attestations unreadable: compile, never fail the run
+                decision = Decision(action="compile", why=f"who compiled what cannot be read from the broker: {exc}")
         if decision.action == "compile":
             self.why = decision.why
             self._say("compile", f"compiling: {decision.why}")
             return None
         try:
             n = unpack_archive(self.store.archive(decision.archive), decision.archive, self.dest,
-                               max_bytes=self.cfg.max_bytes, max_members=self.cfg.max_members)
+                               max_bytes=self.cfg.max_bytes, max_members=self.cfg.max_members,
+                               stop=self._stop(time.monotonic() + self.cfg.fetch_timeout))
         except (BadInput, OSError) as exc:
             self.why = f"archive {decision.archive[:12]} refused: {exc}"
             self._say("refused", f"{self.why}; compiling")
@@ -332,6 +383,13 @@ class RunCache:
         except (BadInput, OSError, ValueError) as exc:
             self._say("unpublished", f"not published: {exc}")
             return KernelCacheUse(action="compiled", key=self.key.digest(), why=self.why)
+        if self.ledger is not None:
+            try:  # the record others trust: the broker's, under this module's own key
+                self.ledger.put_attestation(self.key.digest(), pub.module, pub.model_dump(mode="json"))
+            except Exception as exc:
+                self._say("unpublished", f"archive {pub.archive[:12]} stored, but not attested on the broker "
+                                         f"(no other module will trust it): {exc}")
+                return KernelCacheUse(action="compiled", key=self.key.digest(), why=self.why)
         self._say("published", f"published {pub.archive[:12]} ({pub.members} files, {pub.size} bytes) to "
                                f"{self.store.folder}")
         return KernelCacheUse(action="compiled", archive=pub.archive, key=self.key.digest(), published=True,

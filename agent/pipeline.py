@@ -26,7 +26,7 @@ from agent import env_probe, model_key, steps
 from agent.config import AgentConfig
 from agent.errors import BadInput, Cancelled, StepFailed
 from agent.executor import CancelToken, EventCancelToken, Executor, ProcResult, utc_stamp
-from agent.kernel_cache import RunCache
+from agent.kernel_cache import Ledger, RunCache
 from agent.model_key import proc_error
 from agent.procs import Left
 from agent.state import RunMachine
@@ -70,14 +70,17 @@ class RunResult(Frozen):
 
 
 def run_pipeline(request: RunRequest, config: AgentConfig, *, on_progress: ProgressCallback | None = None,
-                 cancel: CancelToken | None = None, executor: Executor | None = None) -> RunResult:
+                 cancel: CancelToken | None = None, executor: Executor | None = None,
+                 ledger: Ledger | None = None) -> RunResult:
     """Run ``request`` on this module; never raises for a failing step (see the result's progress).
 
     Raises :class:`~agent.errors.BadInput` only when nothing can be recorded: an invalid run id,
     or a run id already used on this module for another release.
     """
     ex = executor or Executor(poll_interval=config.poll_interval, stop_grace=config.stop_grace)
-    return Run(request, config, ex, on_progress, cancel or EventCancelToken()).execute()
+    run = Run(request, config, ex, on_progress, cancel or EventCancelToken())
+    run.ledger = ledger  # who compiled what, on the broker (the kernel cache's trust); None: no broker
+    return run.execute()
 
 
 class Run:
@@ -97,6 +100,7 @@ class Run:
         self.steps_done = 0
         self.sampler: Sampler | None = None
         self.fingerprint: EnvFingerprint | None = None
+        self.ledger: Ledger | None = None
         self.progress = RunProgress(run_id=request.run_id, module=config.module, release=self.release,
                                     keys_total=len(self.outcomes), updated_at=time.time())
 

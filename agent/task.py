@@ -177,7 +177,8 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
         pub.progress(p)
 
     try:
-        result = run_pipeline(req, AgentConfig.from_settings(settings), on_progress=on_progress, cancel=token)
+        result = run_pipeline(req, AgentConfig.from_settings(settings), on_progress=on_progress, cancel=token,
+                              ledger=kv)
     except BadInput as exc:  # nothing could be recorded by the pipeline (e.g. a run id reused for another release)
         return finish(RunState.FAILED, "dispatch", str(exc))
     final = result.progress.model_copy(update={"attempt": attempt})

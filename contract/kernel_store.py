@@ -24,7 +24,7 @@ import re
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -127,6 +127,21 @@ def cache_key(release_sha256: str, model_configs: Iterable[str], device_class: s
 def unknown_fields(key: CacheKey) -> tuple[str, ...]:
     """Fields of the key's environment a probe could not read: such a module neither fetches nor publishes."""
     return tuple(f for f, v in key.environment if v == UNKNOWN)
+
+
+def attested(records: Iterable[tuple[str, Any]]) -> list[Publication]:
+    """The publications the broker attests (pure): each record under the key of the module that wrote it
+    (:func:`contract.kv.attestation_key`), kept only where the record names that same module; a record that is not
+    a publication, or that names another module (written by someone else), is dropped."""
+    out: list[Publication] = []
+    for module, value in records:
+        try:
+            pub = Publication.model_validate(value)
+        except ValueError:
+            continue
+        if pub.module == module:
+            out.append(pub)
+    return out
 
 
 def decide(key: CacheKey, published: Sequence[Publication], *, trust_first: bool = False,

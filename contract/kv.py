@@ -69,6 +69,14 @@ ACK = "ack"
 # readers drop a record whose ``until`` has passed (:mod:`controller.fleet.reservations`, :func:`held_for_other`).
 RESERVE = "reserve"
 
+# Who compiled which kernel cache archive (m1000-fleet:kc:<cache key digest>:<module>): written by that module only
+# (its Redis ACL), read by every module deciding whether to trust an archive of the shared store
+# (:mod:`agent.kernel_cache`): the store's own files can be written by any module, these cannot. Kept as long as a
+# compiled cache is useful.
+ATTEST = "kc"
+ATTEST_INDEX = "kcidx"  # m1000-fleet:kcidx:<cache key digest>: a set of the modules that attested (a hint only)
+ATTEST_TTL = 180 * 86400
+
 
 def _key(*parts: str) -> str:
     return ":".join((PREFIX, *parts))
@@ -82,6 +90,12 @@ def ack_key(run_id: str, module: str) -> str:
 def preempt_key(run_id: str, module: str) -> str:
     """Key of the request that ``module`` stop its part of ``run_id`` for an urgent run (:data:`PREEMPT`)."""
     return _key(PREEMPT, module, run_id)
+
+
+def attestation_key(cache_key: str, module: str) -> str:
+    """Where ``module`` says which archive it compiled for a kernel cache key (the key's digest): only ``module``
+    may write it (its ACL's ``m1000-fleet:kc:*:<module>``), every module may read it."""
+    return _key(ATTEST, cache_key, module)
 
 
 def reservation_key(module: str) -> str:
@@ -384,6 +398,41 @@ class KV:
 
     def drop_reservation(self, module: str) -> None:
         self.delete(reservation_key(module))
+
+    # -- kernel cache attestations (each module its own) -----------------------------------------
+    def put_attestation(self, cache_key: str, module: str, record: dict[str, Any]) -> None:
+        """``module``'s record for ``cache_key``, and (Redis) its name in the key's index, which every module may
+        write: an index entry only says where to look, the record under the module's own key is what counts."""
+        key = attestation_key(cache_key, module)
+        if not _is_redis(self.backend):
+            self.put(key, record, ex=ATTEST_TTL)
+            return
+        idx = _key(ATTEST_INDEX, cache_key)
+        pipe = self.backend.client.pipeline(transaction=False)
+        pipe.set(key, _dump(record), ex=ATTEST_TTL)
+        pipe.sadd(idx, module)
+        pipe.expire(idx, ATTEST_TTL)
+        pipe.execute()
+
+    def attestations(self, cache_key: str) -> list[tuple[str, Any]]:
+        """(module, record) of every module's attestation for ``cache_key``: the module is the key's last part, as
+        the broker's ACL lets only that module write it. Redis: the modules the key's index names (SMEMBERS; a
+        name planted there points at a record only that module could write) and one MGET; the embedded broker:
+        its files of the records' pattern."""
+        prefix = attestation_key(cache_key, "")
+        if isinstance(self.backend, FilesystemBackend):
+            folder = os.path.dirname(os.fsdecode(self.backend._filename(prefix.encode())))
+            try:
+                keys = sorted(n for n in os.listdir(folder) if n.startswith(prefix) and not n.endswith(".tmp"))
+            except OSError:
+                return []
+        elif _is_redis(self.backend):
+            names = self.backend.client.smembers(_key(ATTEST_INDEX, cache_key))
+            keys = sorted(prefix + (n.decode() if isinstance(n, bytes) else str(n)) for n in names)
+        else:
+            return []
+        values = self.get_many(keys) if keys else []
+        return [(k[len(prefix):], v) for k, v in zip(keys, values, strict=True) if ":" not in k[len(prefix):]]
 
     def reservation_and_cancel(self, run_id: str, module: str) -> tuple[Any, CancelFlag | None]:
         """``module``'s reservation record (raw) and the cancel flag of its part of ``run_id``, in one read (what

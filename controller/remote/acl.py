@@ -56,7 +56,7 @@ from controller.errors import FleetctlError
 CONTROLLER_USER = "fleet-controller"
 
 # Kinds of per-module records (``m1000-fleet:<kind>:...:<module>``) a module writes.
-MODULE_WRITE_KINDS = ("hb", "progress", "rows", "telemetry", "lease", "conflict")
+MODULE_WRITE_KINDS = ("hb", "progress", "rows", "telemetry", "lease", "conflict", "kc")
 # Kinds that may also carry the module first (``m1000-fleet:<kind>:<module>:...``).
 MODULE_PREFIX_KINDS: tuple[str, ...] = ()
 
@@ -73,6 +73,8 @@ MODULE_COMMANDS = (
     "eval", "evalsha", "script|load", "script|exists",
     # results and records (Celery's redis backend)
     "get", "mget", "set", "setex", "psetex", "del", "expire", "pexpire", "exists", "publish",
+    # a reservation's time left, by the broker's clock (contract.kv.KV.get_expiring)
+    "pttl",
     # transactions
     "multi", "exec", "discard", "watch", "unwatch",
     # a run's final state waits for the replicas (Sentinel: agent.settings final_state_replicas)
@@ -101,7 +103,7 @@ def password_hash(password: str) -> str:
 def module_key_patterns(module: str) -> list[str]:
     """Keys ``module`` may read and write (its queue, bindings, unacked, results, records)."""
     from contract.celery_app import queue_name, task_id  # celery and the KV layout: only when a rule is written
-    from contract.kv import PREFIX
+    from contract.kv import ATTEST_INDEX, PREFIX
 
     m = _check_name(module)
     q = queue_name(m)
@@ -113,6 +115,7 @@ def module_key_patterns(module: str) -> list[str]:
         pats += [f"{PREFIX}:{kind}:{m}", f"{PREFIX}:{kind}:*:{m}"]
     for kind in MODULE_PREFIX_KINDS:
         pats.append(f"{PREFIX}:{kind}:{m}:*")
+    pats.append(f"{PREFIX}:{ATTEST_INDEX}:*")  # the kernel cache's index of who attested: every module's (a hint)
     return pats
 
 
@@ -134,10 +137,12 @@ def module_read_only_patterns(module: str) -> list[str]:
     """Keys ``module`` may only read: its own per-module cancel flags and the run-wide ones, and the
     controller's acknowledgements of its own final states, its preemptions and its reservation (another user's work
     waits there until it ends: :mod:`agent.hold`)."""
-    from contract.kv import ack_key, cancel_key, preempt_key, reservation_key
+    from contract.kv import ATTEST, PREFIX, ack_key, cancel_key, preempt_key, reservation_key
 
     m = _check_name(module)
-    return [cancel_key("*", m), cancel_key("*"), ack_key("*", m), preempt_key("*", m), reservation_key(m)]
+    # and every module's kernel cache attestations (who compiled what: each writes only its own, read by all)
+    return [cancel_key("*", m), cancel_key("*"), ack_key("*", m), preempt_key("*", m), reservation_key(m),
+            f"{PREFIX}:{ATTEST}:*"]
 
 
 def module_rule(module: str, password: str) -> str:
