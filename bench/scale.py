@@ -1,30 +1,35 @@
-"""Fleet scale on Redis: N cheap simulated modules validate one release; what grows with N.
+"""Fleet scale: the controller and the broker at 1,000 and 10,000 modules (issue 47), not the modules' waiting.
 
-One redis-server (AOF everysec, as deployed). Modules are real ``fleet-agent`` workers running the
-real release's scripts, made cheap (``simulator/cheap.py``: one profile per table, a few requests, time
-scale 0.25: a run of ~190 s of simulated waiting around ~0.6 s of CPU, so that N of them side by side
-measure the fleet, not this machine's CPU). Worker start-up is not in the wall.
-Workers are started once, in batches, and kept: the run on N modules uses the first N, the others
-stay idle (they still heartbeat). For each N, one validation through the controller's seam, as
-``fleetctl validate`` drives it: ``Fleet.statuses`` + ``Fleet.dispatch``, then ``Fleet.sync`` every
-0.5 s and the live view rendered (into a null console) after each pass. Measured per N:
+Default (``--modules 1000,10000``):
 
-- fan-out: dispatch start -> the last module started (its ``started_at``); dispatch CPU
-- wall: dispatch start -> every module terminal, and wall(N)/wall(1)
-- controller CPU: per sync pass (mean, sync + render), per pass per module, whole run per module
-- history: SQLite rows changed per second of the run (``total_changes``), rows in the history
-- module states (``Fleet.statuses``: what ``validate``, ``devices`` and every /metrics scrape of
-  ``fleetctl serve`` compute) over a history holding ``--past-runs`` earlier runs of every module,
-  with the ``module_runs (module, updated_at)`` index and, on a copy of the same history, without it
-- Redis: commands/s during the run, idle commands/s per live module (heartbeats), used memory
-  added by the run per module, peak used memory
-- modules: CPU of one module's run (the worker + every process of the run, waited; the worker is one
-  process since the agent runs Celery's solo pool, two with the earlier prefork pool), PSS of one worker
+1. **A real idle agent first.** One real ``fleet-agent`` (Celery's solo worker, the simulator's module) on a
+   redis-server with the shipped ``deploy/redis/redis.conf.example``: the TCP connections its process holds to
+   Redis (psutil) and the commands Redis takes from it idle over 20 s (INFO commandstats). Measured here: 3
+   connections (kombu's consumer in ``BRPOP`` with a 5 s timeout, the result backend / ``contract.kv`` client
+   writing heartbeat and lease every 5 s, kombu's restore channel idle), 0.60 commands/s.
+2. **Per N, a fresh redis-server on the shipped configuration** (its port and folder set, its ``aclfile`` line
+   dropped: no ACL file on this machine; ``maxclients`` as shipped unless ``--maxclients``). This bench raises its
+   own open-file limit to the hard limit (``ulimit -n`` to what the machine allows; redis-server and the fake agents
+   inherit it); the table names the limit Redis got and its effective ``maxclients``.
+3. **N fake agents, each on connections of its own** (``bench/fake_agents.py``: asyncio processes of at most 12,000
+   connections, as many connections per module as the real agent held, or ``--conns``), sending the real idle
+   agent's commands; what they do and do not do is in that file. Idle for ``--idle`` s: Redis connections, memory,
+   commands/s and CPU (INFO deltas).
+4. **The controller, in this process, as ``fleetctl validate`` drives it:** ``Fleet.statuses`` (module states:
+   ``validate``, ``devices``, each ``/metrics`` scrape), ``Fleet.dispatch`` of one validation to all N, then
+   ``Fleet.sync`` every 0.5 s and the live view rendered into a null console after each pass, until every module
+   ended: CPU per sync pass (and per module), the view's refresh (CPU and wall), dispatch CPU and wall, fan-out
+   (dispatch start -> each fake took its message), Redis commands/s and CPU during the run, rows in the history.
 
-Exits 1 when wall(100)/wall(1) is above 1.05 (when N=1 and N=100 were both measured).
+Every figure is printed side by side per N in one table; ``record.py`` keeps the raw output in ``bench/results/``.
+A 10,000-module run takes ~4-6 min here (2 cores).
 
-Usage: python bench/scale.py [--sizes 1,25,50,100] [--models qwen3] [--time-scale 0.25] [--telemetry-period 10]
-       [--heartbeat 5] [--history-runs 0]
+``--real`` runs the earlier bench instead: real cheap ``fleet-agent`` workers (``--sizes 1,25,50,100``), one
+validation each, wall(N)/wall(1) (goal 1.05), milestones per module; its wall time is ~99.6 % the simulated
+modules' sleep, so it measures the fleet's overhead on a validation, not the controller or the broker.
+
+Usage: python bench/scale.py [--modules 1000,10000] [--conns K] [--maxclients M] [--idle 20] [--hold 5]
+       python bench/scale.py --real [--sizes 1,25,50,100] [--models qwen3] [--time-scale 0.25] [--heartbeat 5]
 """
 
 from __future__ import annotations
@@ -657,6 +662,8 @@ def broker_table(agent: dict[str, Any], runs: list[dict[str, Any]]) -> str:
          lambda r: f"{r['passes']}, {r['run_wall']:.1f} s, {r['run_cpu']:.1f} s"),
         ("run: Redis commands/s (per module)",
          lambda r: f"{r['run_cmds_per_s']:.0f} ({r['run_cmds_per_s'] / r['n']:.2f})"),
+        ("run: Redis commands per module in the run, dispatch to end",
+         lambda r: f"{r['run_cmds_per_s'] * r['run_wall'] / r['n']:.1f}"),
         ("run: Redis CPU, share of one core", lambda r: f"{r['run_redis_cpu'] * 100:.1f} %"),
         ("run: top commands /s", lambda r: r["run_top"]),
         ("run: Redis peak memory above empty", lambda r: f"{r['peak_mem'] / 2**20:.1f} MiB"),
