@@ -50,11 +50,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
-import record  # noqa: E402 - bench/record.py, this script's folder
 import redis  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from agent.validate import stage_local_release  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py (importable from the tests too)
 from contract.files import sha256_file  # noqa: E402
 from controller.cli.demo import Worker, inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.cli.live import render  # noqa: E402
