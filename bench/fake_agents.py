@@ -4,7 +4,7 @@ A real idle ``fleet-agent`` (Celery's solo worker on Redis) holds 3 connections,
 on a real one before each run (CLIENT LIST, MONITOR), and sends on them:
 
 - the consumer: ``BRPOP module.M module.M\\x06\\x163 module.M\\x06\\x166 module.M\\x06\\x169 5``, again as each
-  times out (kombu's Redis transport, ``polling_interval`` 5 s);
+  times out (kombu's Redis transport, ``polling_interval`` 5 s; the fakes take the timeout the real agent sent);
 - the result backend / ``contract.kv`` client: every heartbeat interval ``SET m1000-fleet:hb:M {...} EX 604800``
   and ``SET m1000-fleet:lease:M {...} EX <result_expires>`` (one pipeline);
 - kombu's second channel: at start the restore of unacknowledged messages (``SET unacked_mutex:... NX PX``,
@@ -143,6 +143,7 @@ class Module:
 
     async def consume(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         shared = self.kv is not None and self.kv[0] is r  # one connection in all: writes go between the BRPOPs
+        await asyncio.sleep(random.uniform(0, self.spec["polling"]))  # agents start at different times: no lockstep
         while True:
             async with self.lock if shared else contextlib.nullcontext():
                 w.write(cmd("BRPOP", *self.queues, self.spec["polling"]))

@@ -471,17 +471,35 @@ def real_agent(base: Path) -> dict[str, Any]:
                 i0, t0 = r.info("commandstats"), time.monotonic()
                 time.sleep(20.0)
                 i1, t1 = r.info("commandstats"), time.monotonic()
+            polling = brpop_timeout(broker.port, 12.0)
         finally:
             stop_workers([w], grace=20)
         got = commands(i0, i1)
         got.pop("info", None)  # this bench's own
-        return {"conns": len(conns), "cmds_per_s": sum(got.values()) / (t1 - t0), "commands": top(got, t1 - t0, 8)}
+        return {"conns": len(conns), "cmds_per_s": sum(got.values()) / (t1 - t0), "commands": top(got, t1 - t0, 8),
+                "polling": polling}
     finally:
         broker.stop()
 
 
+def brpop_timeout(port: int, within: float) -> float:
+    """The timeout of the idle agent's ``BRPOP`` (kombu's ``polling_interval``), read off MONITOR; 5 s (kombu's
+    default) when none came ``within`` s."""
+    end = time.monotonic() + within
+    with redis.Redis(port=port, socket_timeout=within) as r, r.monitor() as m:
+        while time.monotonic() < end:
+            try:
+                got = m.next_command()
+            except redis.TimeoutError:
+                break
+            words = got["command"].split(" ")
+            if words[0].upper() == "BRPOP":
+                return float(words[-1])
+    return 5.0
+
+
 def start_fakes(folder: Path, names: list[str], conns: int, port: int, run_id: str, hold: float,
-                settings: ControllerSettings) -> list[tuple[Any, Path]]:
+                settings: ControllerSettings, polling: float = 5.0) -> list[tuple[Any, Path]]:
     """Fake agents (``bench/fake_agents.py``), in processes of at most 12,000 connections each."""
     import json
     import subprocess
@@ -492,7 +510,7 @@ def start_fakes(folder: Path, names: list[str], conns: int, port: int, run_id: s
     rows = [r.model_copy(update={"run_id": run_id, "release": "1.5.0"}).model_dump(mode="json")
             for r in reference_rows() if r.model_key == "qwen3"]
     base = {"host": "127.0.0.1", "port": port, "conns": conns, "heartbeat": settings.heartbeat_interval,
-            "polling": 5, "hold": hold, "run_id": run_id, "expires": int(settings.result_expires), "rows": rows,
+            "polling": polling, "hold": hold, "run_id": run_id, "expires": int(settings.result_expires), "rows": rows,
             "hb": Heartbeat(module="x", agent_version="0.1.0", ts=0.0, free_disk_bytes=75 * 2**30).model_dump(
                 mode="json"),
             "lease": {"host": "fake", "pid": 1, "created": time.time(), "workdir": "/srv/m1000-fleet/work"},
@@ -515,7 +533,7 @@ def start_fakes(folder: Path, names: list[str], conns: int, port: int, run_id: s
     return procs
 
 
-def broker_run(n: int, base: Path, args: argparse.Namespace, conns: int) -> dict[str, Any]:
+def broker_run(n: int, base: Path, args: argparse.Namespace, conns: int, polling: float) -> dict[str, Any]:
     """One validation of ``n`` fake agents through the controller's seam on a fresh redis-server (the shipped
     configuration): what the idle fleet holds and sends, then dispatch, the sync passes and the live view."""
     import json
@@ -537,7 +555,7 @@ def broker_run(n: int, base: Path, args: argparse.Namespace, conns: int) -> dict
                                       heartbeat_interval=5.0, offline_after=30.0)
         run_id = f"scale-{n}"
         t = time.monotonic()
-        procs = start_fakes(folder, names, conns, broker.port, run_id, args.hold, settings)
+        procs = start_fakes(folder, names, conns, broker.port, run_id, args.hold, settings, polling)
         opened = refused = 0
         whys = set()
         for proc, _ in procs:
@@ -670,7 +688,8 @@ def broker_table(agent: dict[str, Any], runs: list[dict[str, Any]]) -> str:
         ("run: state, modules done, rows in the history", lambda r: f"{r['state']}, {r['done']}, {r['rows']}"),
     ]
     out = [f"real idle agent (fleet-agent, solo pool, simulated module): {agent['conns']} TCP connections to Redis "
-           f"(its process, psutil), {agent['cmds_per_s']:.2f} commands/s idle ({agent['commands']} /s)", ""]
+           f"(its process, psutil), {agent['cmds_per_s']:.2f} commands/s idle ({agent['commands']} /s), BRPOP timeout "
+           f"{agent['polling']:g} s (MONITOR); the fakes do the same", ""]
     out.append("| | " + " | ".join(f"N = {r['n']}" for r in runs) + " |")
     out.append("| --- |" + " --- |" * len(runs))
     for label, fn in rows:
@@ -698,7 +717,7 @@ def broker_main(args: argparse.Namespace) -> int:
         print(f"real agent: {agent}", file=sys.stderr, flush=True)
         runs = []
         for n in sizes:
-            runs.append(broker_run(n, base, args, conns))
+            runs.append(broker_run(n, base, args, conns, agent["polling"]))
             print(f"N={n}: {runs[-1]}", file=sys.stderr, flush=True)
         print(f"one redis-server per N, {SHIPPED_CONF.relative_to(ROOT)} ({runs[0]['redis_conf'] if runs else ''}); "
               f"fd limit of this bench and its children raised from {soft} to the hard limit {hard} (ulimit -n; "

@@ -27,7 +27,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
 def fakes(tmp_path: Path, server: RedisServer, names: list[str], conns: int) -> tuple[list, dict]:
     settings = ControllerSettings(broker_url=server.url, data_dir=tmp_path / "fleet", inventory=tmp_path / "inv.toml",
                                   history=tmp_path / "h.sqlite")
-    procs = start_fakes(tmp_path, names, conns, server.port, "run-1", 0.2, settings)
+    procs = start_fakes(tmp_path, names, conns, server.port, "run-1", 0.2, settings, polling=1.0)
     assert len(procs) == 1
     return procs, json.loads(procs[0][0].stdout.readline())
 
