@@ -7,13 +7,16 @@ time, CPU time (user + system, from ``wait4``) and peak RSS per command, and the
 
 * ``python -c pass`` (the interpreter's own floor);
 * ``fleet-agent --help`` (the agent's CLI: same typer/pydantic stack, no controller imports);
-* ``fleetctl --help``, ``fleetctl runs``, ``fleetctl status RUN`` (a running run of 3 modules
-  on the embedded broker, in a scratch history);
+* ``fleetctl --help``, ``fleetctl version``, ``fleetctl runs``, ``fleetctl status RUN`` (a running run
+  of 3 modules on the embedded broker, in a scratch history), ``fleetctl devices`` (3 modules);
+* ``fleetctl runs, ended``: ``runs`` of a history whose runs all ended (the broker is read only for a run
+  the history holds as running);
 * ``fleetctl status ENDED``: an ended run of 3 modules whose verdict was recorded when it was judged
-  (shown as recorded: no report is built again).
+  (shown as recorded: no report is built again, nothing read from the broker).
 
-Goals (issue 18): ``--help`` <= 0.3 s, ``runs`` and ``status`` <= 0.5 s (median wall); exits 1
-when one is missed.
+Goals (issue 18): ``--help`` <= 0.3 s, ``runs`` and ``status`` <= 0.5 s (median wall); (issue 47)
+``version`` and ``runs, ended`` at most 2x the CPU of ``--help`` (the ``x help`` column: each command's
+median CPU over ``--help``'s, same run); exits 1 when one is missed.
 
 Bytecode: an installed package runs from its ``.pyc`` files (pip writes them at install, ``make
 install`` too: ``uv pip sync --compile-bytecode``; Python writes the missing ones on first
@@ -42,6 +45,7 @@ import record  # noqa: E402 - bench/record.py, this script's folder
 
 BIN = Path(sys.executable).parent
 GOALS = {"fleetctl --help": 0.3, "fleetctl runs": 0.5, "fleetctl status": 0.5, "fleetctl status ended": 0.5}
+CPU_GOALS = {"fleetctl version": 2.0, "fleetctl runs, ended": 2.0}  # x the CPU of fleetctl --help (issue 47)
 
 
 def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]:
@@ -84,6 +88,14 @@ def scratch(home: Path) -> tuple[dict[str, str], str, str]:
                                        finished_at=now) for m in ("m0", "m1", "m2"))
     h.set_run_state(ended, "done", verdict="pass", line=f"PASS {ended} (1.4.1 vs baseline:1.4.1:v1)")
     h.close()
+    # a second history holding the ended run only: ``fleetctl runs`` with no run running reads no broker
+    import shutil
+
+    shutil.copy(home / "history.sqlite", home / "ended.sqlite")
+    h = History(home / "ended.sqlite")
+    h.conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+    h.conn.commit()
+    h.close()
     return env, run_id, ended
 
 
@@ -98,9 +110,12 @@ def main() -> int:
             "python -c pass": [sys.executable, "-c", "pass"],
             "fleet-agent --help": [str(BIN / "fleet-agent"), "--help"],
             "fleetctl --help": [str(BIN / "fleetctl"), "--help"],
+            "fleetctl version": [str(BIN / "fleetctl"), "version"],
             "fleetctl runs": [str(BIN / "fleetctl"), "runs"],
+            "fleetctl runs, ended": [str(BIN / "fleetctl"), "--history", str(Path(tmp) / "ended.sqlite"), "runs"],
             "fleetctl status": [str(BIN / "fleetctl"), "status", run_id],
             "fleetctl status ended": [str(BIN / "fleetctl"), "status", ended],
+            "fleetctl devices": [str(BIN / "fleetctl"), "devices"],
         }
         for argv in cmds.values():  # warm the page cache and the .pyc files once
             run_once(argv, env)
@@ -109,9 +124,10 @@ def main() -> int:
             for k, argv in cmds.items():
                 got[k].append(run_once(argv, env))
     floor = statistics.median(w for w, _, _ in got["python -c pass"])
+    help_cpu = statistics.median(c for _, c, _ in got["fleetctl --help"])
     print(f"median [min-max] of {args.rounds} interleaved rounds; fresh process each, .pyc as after an install; "
           f"load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after, {os.cpu_count()} CPUs")
-    print(f"{'command':22s} {'wall s':>22s} {'CPU s':>8s} {'peak RSS':>9s} {'- python':>9s}")
+    print(f"{'command':22s} {'wall s':>22s} {'CPU s':>8s} {'x help':>7s} {'peak RSS':>9s} {'- python':>9s}")
     missed = []
     for k, rows in got.items():
         walls = [w for w, _, _ in rows]
@@ -122,7 +138,13 @@ def main() -> int:
         mark = "" if goal is None else (f"  goal <= {goal} s: " + ("met" if wall <= goal else "NOT met"))
         if goal is not None and wall > goal:
             missed.append(k)
-        print(f"{k:22s} {wall:7.3f} [{min(walls):.3f}-{max(walls):.3f}] {cpu:8.3f} {rss:6.0f} MiB "
+        ratio = cpu / help_cpu
+        cgoal = CPU_GOALS.get(k)
+        if cgoal is not None:
+            mark += f"  goal CPU <= {cgoal:g}x help: " + ("met" if ratio <= cgoal else "NOT met")
+            if ratio > cgoal:
+                missed.append(k)
+        print(f"{k:22s} {wall:7.3f} [{min(walls):.3f}-{max(walls):.3f}] {cpu:8.3f} {ratio:6.2f}x {rss:6.0f} MiB "
               f"{wall - floor:+8.3f}{mark}")
     return 1 if missed else 0
 

@@ -1,35 +1,41 @@
-"""Fleet scale on Redis: N cheap simulated modules validate one release; what grows with N.
+"""Fleet scale: the controller and the broker at 1,000 and 10,000 modules (issue 47), not the modules' waiting.
 
-One redis-server (AOF everysec, as deployed). Modules are real ``fleet-agent`` workers running the
-real release's scripts, made cheap (``simulator/cheap.py``: one profile per table, a few requests, time
-scale 0.25: a run of ~190 s of simulated waiting around ~0.6 s of CPU, so that N of them side by side
-measure the fleet, not this machine's CPU). Worker start-up is not in the wall.
-Workers are started once, in batches, and kept: the run on N modules uses the first N, the others
-stay idle (they still heartbeat). For each N, one validation through the controller's seam, as
-``fleetctl validate`` drives it: ``Fleet.statuses`` + ``Fleet.dispatch``, then ``Fleet.sync`` every
-0.5 s and the live view rendered (into a null console) after each pass. Measured per N:
+Default (``--modules 1000,10000``):
 
-- fan-out: dispatch start -> the last module started (its ``started_at``); dispatch CPU
-- wall: dispatch start -> every module terminal, and wall(N)/wall(1)
-- controller CPU: per sync pass (mean, sync + render), per pass per module, whole run per module
-- history: SQLite rows changed per second of the run (``total_changes``), rows in the history
-- module states (``Fleet.statuses``: what ``validate``, ``devices`` and every /metrics scrape of
-  ``fleetctl serve`` compute) over a history holding ``--past-runs`` earlier runs of every module,
-  with the ``module_runs (module, updated_at)`` index and, on a copy of the same history, without it
-- Redis: commands/s during the run, idle commands/s per live module (heartbeats), used memory
-  added by the run per module, peak used memory
-- modules: CPU of one module's run (the worker + every process of the run, waited; the worker is one
-  process since the agent runs Celery's solo pool, two with the earlier prefork pool), PSS of one worker
+1. **A real idle agent first.** One real ``fleet-agent`` (Celery's solo worker, the simulator's module) on a
+   redis-server with the shipped ``deploy/redis/redis.conf.example``: the TCP connections its process holds to
+   Redis (psutil) and the commands Redis takes from it idle over 20 s (INFO commandstats). Measured here: 3
+   connections (kombu's consumer in ``BRPOP`` with a 5 s timeout, the result backend / ``contract.kv`` client
+   writing heartbeat and lease every 5 s, kombu's restore channel idle), 0.60 commands/s.
+2. **Per N, a fresh redis-server on the shipped configuration** (its port and folder set, its ``aclfile`` line
+   dropped: no ACL file on this machine; ``maxclients`` as shipped unless ``--maxclients``). This bench raises its
+   own open-file limit to the hard limit (``ulimit -n`` to what the machine allows; redis-server and the fake agents
+   inherit it); the table names the limit Redis got and its effective ``maxclients``.
+3. **N fake agents, each on connections of its own** (``bench/fake_agents.py``: asyncio processes of at most 12,000
+   connections, as many connections per module as the real agent held, or ``--conns``), sending the real idle
+   agent's commands; what they do and do not do is in that file. Idle for ``--idle`` s: Redis connections, memory,
+   commands/s and CPU (INFO deltas).
+4. **The controller, in this process, as ``fleetctl validate`` drives it:** ``Fleet.statuses`` (module states:
+   ``validate``, ``devices``, each ``/metrics`` scrape), ``Fleet.dispatch`` of one validation to all N, then
+   ``Fleet.sync`` every 0.5 s and the live view rendered into a null console after each pass, until every module
+   ended: CPU per sync pass (and per module), the view's refresh (CPU and wall), dispatch CPU and wall, fan-out
+   (dispatch start -> each fake took its message), Redis commands/s and CPU during the run, rows in the history.
 
-Exits 1 when wall(100)/wall(1) is above 1.05 (when N=1 and N=100 were both measured).
+Every figure is printed side by side per N in one table; ``record.py`` keeps the raw output in ``bench/results/``.
+The default run took 2.6 min here (2 cores, load 6-8), `--modules 10000 --conns 1 --maxclients 12000` 4.2 min.
 
-Usage: python bench/scale.py [--sizes 1,25,50,100] [--models qwen3] [--time-scale 0.25] [--telemetry-period 10]
-       [--heartbeat 5] [--history-runs 0]
+``--real`` runs the earlier bench instead: real cheap ``fleet-agent`` workers (``--sizes 1,25,50,100``), one
+validation each, wall(N)/wall(1) (goal 1.05), milestones per module; its wall time is ~99.6 % the simulated
+modules' sleep, so it measures the fleet's overhead on a validation, not the controller or the broker.
+
+Usage: python bench/scale.py [--modules 1000,10000] [--conns K] [--maxclients M] [--idle 20] [--hold 5]
+       python bench/scale.py --real [--sizes 1,25,50,100] [--models qwen3] [--time-scale 0.25] [--heartbeat 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import io
 import os
 import re
@@ -44,11 +50,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
-import record  # noqa: E402 - bench/record.py, this script's folder
 import redis  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from agent.validate import stage_local_release  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py (importable from the tests too)
 from contract.files import sha256_file  # noqa: E402
 from controller.cli.demo import Worker, inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.cli.live import render  # noqa: E402
@@ -360,124 +366,380 @@ def redis_capacity(port: int) -> str:
     return ", ".join(f.split("\r")[-1].strip() + " req/s" for f in figures)
 
 
-def fake_modules(settings: ControllerSettings, names: list[str], run_id: str, release: str, go: Any,
-                 done: Any) -> None:
-    """Stand-in for N agents at the broker seam (a process of its own, so its CPU is not the controller's).
+# ------------------------------------------------------------------ the controller and the broker (issue 47)
+SHIPPED_CONF = ROOT / "deploy" / "redis" / "redis.conf.example"
 
-    Every module beats every ``heartbeat_interval``; once ``go`` is set, each takes its run message off
-    its queue, reports benchmarking, then done with the seed's 11 qwen3 rows, through the agents' own
-    ``KV`` records, as a real agent publishes them.
-    """
-    from contract.celery_app import make_app, queue_name
-    from contract.kv import KV
-    from contract.records import Heartbeat, KeyOutcome, RunProgress, RunState
+
+@dataclass
+class Broker:
+    """A redis-server on the shipped configuration, as this machine can run it."""
+
+    proc: Any
+    port: int
+    conf: str  # what was changed from the shipped file, in words
+
+    def info(self, section: str = "everything") -> dict:
+        with redis.Redis(port=self.port) as r:
+            return r.info(section)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+def start_broker(folder: Path, maxclients: int | None) -> Broker:
+    """``deploy/redis/redis.conf.example`` with this machine's port and folder; its ``aclfile`` line dropped (no ACL
+    file here: every client is the default user) and ``bind``/``protected-mode`` kept; ``maxclients`` as the
+    file sets it (Redis's default 10000 where it sets none) unless ``maxclients`` overrides it."""
+    import shutil
+    import subprocess
+
+    from simulator.ports import free_port
+
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    changed = [f"port {port}", f"dir {folder}", "aclfile dropped"]
+    lines = []
+    for line in SHIPPED_CONF.read_text().splitlines():
+        word = line.split(maxsplit=1)[0] if line.strip() and not line.lstrip().startswith("#") else ""
+        if word == "port":
+            line = f"port {port}"
+        elif word == "dir":
+            line = f"dir {folder}"
+        elif word == "aclfile" or word == "maxclients" and maxclients is not None:
+            continue
+        lines.append(line)
+    if maxclients is not None:
+        lines.append(f"maxclients {maxclients}")
+        changed.append(f"maxclients {maxclients}")
+    conf = folder / "redis.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    exe = shutil.which("redis-server")
+    if not exe:
+        raise SystemExit("redis-server not installed (apt-get install redis-server)")
+    proc = subprocess.Popen([exe, str(conf)], stdout=(folder / "redis.log").open("wb"), stderr=subprocess.STDOUT)
+    end = time.monotonic() + 20
+    while True:
+        try:
+            with redis.Redis(port=port) as r:
+                r.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > end or proc.poll() is not None:
+                raise SystemExit(f"redis-server did not start: {(folder / 'redis.log').read_text()[-500:]}") from None
+            time.sleep(0.1)
+    return Broker(proc, port, ", ".join(changed))
+
+
+def fd_limit(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    return -1
+
+
+def commands(i0: dict, i1: dict) -> dict[str, int]:
+    """Calls per command between two INFO commandstats."""
+    out = {k.removeprefix("cmdstat_"): v["calls"] - i0.get(k, {"calls": 0})["calls"]
+           for k, v in i1.items() if k.startswith("cmdstat_")}
+    return {k: v for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v > 0}
+
+
+def top(cmds: dict[str, int], seconds: float, k: int = 5) -> str:
+    return ", ".join(f"{c} {n / seconds:.1f}" for c, n in list(cmds.items())[:k])
+
+
+def real_agent(base: Path) -> dict[str, Any]:
+    """One real idle ``fleet-agent`` (the simulator's module) on the shipped configuration: the TCP connections its
+    process holds to Redis (psutil, once it beat), and the commands Redis took from it over 20 s (INFO
+    commandstats; nothing else talks to this server then but one INFO connection of this bench)."""
+    from simulator.cheap import cheap_module_env
+
+    broker = start_broker(base / "redis-real", None)
+    try:
+        settings = ControllerSettings(broker_url=f"redis://127.0.0.1:{broker.port}/0", data_dir=base / "fleet-real",
+                                      inventory=base / "inventory-real.toml", history=base / "real.sqlite")
+        make_models(base / "modules" / "real-01" / "models", keys=["qwen3"])
+        w = start_worker("real-01", base, settings, sim_env=cheap_module_env(CHEAP_TIME_SCALE))
+        try:
+            wait_for_heartbeats(settings, [w], 120)
+            time.sleep(6.0)  # start-up done (its first beats, kombu's restore)
+            conns = [c for c in psutil.Process(w.proc.pid).net_connections(kind="tcp")
+                     if c.raddr and c.raddr.port == broker.port]
+            with redis.Redis(port=broker.port) as r:
+                i0, t0 = r.info("commandstats"), time.monotonic()
+                time.sleep(20.0)
+                i1, t1 = r.info("commandstats"), time.monotonic()
+            polling = brpop_timeout(broker.port, 12.0)
+        finally:
+            stop_workers([w], grace=20)
+        got = commands(i0, i1)
+        got.pop("info", None)  # this bench's own
+        return {"conns": len(conns), "cmds_per_s": sum(got.values()) / (t1 - t0), "commands": top(got, t1 - t0, 8),
+                "polling": polling}
+    finally:
+        broker.stop()
+
+
+def brpop_timeout(port: int, within: float) -> float:
+    """The timeout of the idle agent's ``BRPOP`` (kombu's ``polling_interval``), read off MONITOR; 5 s (kombu's
+    default) when none came ``within`` s."""
+    end = time.monotonic() + within
+    with redis.Redis(port=port, socket_timeout=within) as r, r.monitor() as m:
+        while time.monotonic() < end:
+            try:
+                got = m.next_command()
+            except redis.TimeoutError:
+                break
+            words = got["command"].split(" ")
+            if words[0].upper() == "BRPOP":
+                return float(words[-1])
+    return 5.0
+
+
+def start_fakes(folder: Path, names: list[str], conns: int, port: int, run_id: str, hold: float,
+                settings: ControllerSettings, polling: float = 5.0) -> list[tuple[Any, Path]]:
+    """Fake agents (``bench/fake_agents.py``), in processes of at most 12,000 connections each."""
+    import json
+    import subprocess
+
+    from contract.records import Heartbeat, RunProgress, RunState
     from controller.cli.demo import reference_rows
 
-    app = make_app(settings)
-    kv = KV(app)
-    client = app.backend.client
-    seed = [r for r in reference_rows() if r.model_key == "qwen3"]
-
-    def beat(run: str | None) -> None:
-        now = time.time()
-        for m in names:
-            kv.put_heartbeat(Heartbeat(module=m, agent_version="fake", ts=now, run_id=run))
-
-    beat(None)
-    last = time.monotonic()
-    while not go.wait(0.2):
-        if time.monotonic() - last >= settings.heartbeat_interval:
-            beat(None)
-            last = time.monotonic()
-    for m in names:
-        client.delete(queue_name(m))  # the run message, taken
-        now = time.time()
-        kv.put_progress(RunProgress(run_id=run_id, module=m, release=release, state=RunState.BENCHMARKING,
-                                    step="benchmark", model_key="qwen3", keys_total=1, started_at=now,
-                                    updated_at=now, progress=0.5))
-    beat(run_id)
-    time.sleep(2.0)
-    for m in names:
-        rows = [r.model_copy(update={"run_id": run_id, "module": m, "release": release}) for r in seed]
-        kv.put_rows(run_id, m, rows)
-        now = time.time()
-        kv.put_progress(RunProgress(run_id=run_id, module=m, release=release, state=RunState.DONE, step="done",
-                                    keys_total=1, keys_done=1, progress=1.0, started_at=now - 2, updated_at=now,
-                                    finished_at=now, rows=len(rows), outcomes=(KeyOutcome(
-                                        model_key="qwen3", status="passed", rows=len(rows)),)))
-    beat(None)
-    done.set()
+    rows = [r.model_copy(update={"run_id": run_id, "release": "1.5.0"}).model_dump(mode="json")
+            for r in reference_rows() if r.model_key == "qwen3"]
+    base = {"host": "127.0.0.1", "port": port, "conns": conns, "heartbeat": settings.heartbeat_interval,
+            "polling": polling, "hold": hold, "run_id": run_id, "expires": int(settings.result_expires), "rows": rows,
+            "hb": Heartbeat(module="x", agent_version="0.1.0", ts=0.0, free_disk_bytes=75 * 2**30).model_dump(
+                mode="json"),
+            "lease": {"host": "fake", "pid": 1, "created": time.time(), "workdir": "/srv/m1000-fleet/work"},
+            "progress_benchmarking": RunProgress(
+                run_id=run_id, module="x", release="1.5.0", state=RunState.BENCHMARKING, step="benchmark",
+                model_key="qwen3", keys_total=1, progress=0.5).model_dump(mode="json", exclude={"telemetry"}),
+            "progress_done": RunProgress(
+                run_id=run_id, module="x", release="1.5.0", state=RunState.DONE, step="done", keys_total=1,
+                keys_done=1, progress=1.0, rows=len(rows),
+                outcomes=({"model_key": "qwen3", "status": "passed", "rows": len(rows)},)).model_dump(
+                mode="json", exclude={"telemetry"})}  # type: ignore[arg-type]  # pydantic validates the tuple
+    per = max(1, 12000 // conns)
+    procs = []
+    for i in range(0, len(names), per):
+        spec = folder / f"fake-{i}.json"
+        spec.write_text(json.dumps({**base, "names": names[i:i + per], "out": str(folder / f"fake-{i}.out.json")}))
+        proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "fake_agents.py"), str(spec)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        procs.append((proc, folder / f"fake-{i}.out.json"))
+    return procs
 
 
-def controller_only(sizes: list[int], base: Path, server: RedisServer, past_runs: int) -> str:
-    """The controller and Redis at N beyond what real workers fit in: agents faked at the broker seam."""
-    import multiprocessing
+def broker_run(n: int, base: Path, args: argparse.Namespace, conns: int, polling: float) -> dict[str, Any]:
+    """One validation of ``n`` fake agents through the controller's seam on a fresh redis-server (the shipped
+    configuration): what the idle fleet holds and sends, then dispatch, the sync passes and the live view."""
+    import json
 
-    lines = ["| N (fake agents) | dispatch CPU s | statuses ms (no index) | sync passes | CPU/pass ms | "
-             "CPU/pass/module ms | controller CPU/module ms | history writes/s | rows | "
-             "Redis KiB/module (data) | Redis cmds/s |"]
-    lines.append("|" + " --- |" * (lines[0].count("|") - 1))
-    ctx = multiprocessing.get_context("spawn")
-    for k, n in enumerate(sizes):
-        folder = base / f"fake-{n}"
-        folder.mkdir(parents=True)
+    folder = base / f"n{n}"
+    folder.mkdir(parents=True)
+    broker = start_broker(folder / "redis", args.maxclients)
+    procs: list[tuple[Any, Path]] = []
+    out: dict[str, Any] = {"n": n, "conns": conns, "redis_conf": broker.conf}
+    try:
+        with redis.Redis(port=broker.port) as r:
+            out["maxclients"] = int(r.config_get("maxclients")["maxclients"])
+        out["redis_fd_limit"] = fd_limit(broker.proc.pid)
+        empty = broker.info()
         names = [f"fake-{i + 1:05d}" for i in range(n)]
         (folder / "inventory.toml").write_text(inventory_toml(names, folder, None))
-        settings = ControllerSettings(broker_url=f"redis://127.0.0.1:{server.port}/{1 + k % 15}",
-                                      data_dir=folder / "fleet", inventory=folder / "inventory.toml",
-                                      history=folder / "history.sqlite", heartbeat_interval=5.0, offline_after=30.0)
+        settings = ControllerSettings(broker_url=f"redis://127.0.0.1:{broker.port}/0", data_dir=folder / "fleet",
+                                      inventory=folder / "inventory.toml", history=folder / "history.sqlite",
+                                      heartbeat_interval=5.0, offline_after=30.0)
+        run_id = f"scale-{n}"
+        t = time.monotonic()
+        procs = start_fakes(folder, names, conns, broker.port, run_id, args.hold, settings, polling)
+        opened = refused = 0
+        whys = set()
+        for proc, _ in procs:
+            line = proc.stdout.readline()
+            if not line:
+                raise SystemExit(f"a fake agent process exited ({proc.poll()})")
+            doc = json.loads(line)
+            opened, refused = opened + doc["open"], refused + doc["refused"]
+            if doc["why"]:
+                whys.add(doc["why"])
+        out.update(opened=opened, refused=refused, refused_why="; ".join(sorted(whys))[:200],
+                   connect_s=time.monotonic() - t)
+        print(f"N={n}: {opened} connections open, {refused} refused ({out['refused_why']}), "
+              f"{out['connect_s']:.1f} s", file=sys.stderr, flush=True)
+        time.sleep(6.0)  # every fake beat once, its first BRPOP waiting
+        # idle: what the idle fleet holds and sends
+        i0, t0 = broker.info(), time.monotonic()
+        time.sleep(args.idle)
+        i1, t1 = broker.info(), time.monotonic()
+        idle_cmds = commands(i0, i1)
+        for own in ("info", "hello", "ping"):  # this bench's INFO connection (the fakes' PINGs were at connect)
+            idle_cmds.pop(own, None)
+        out.update(clients=i1["connected_clients"] - 1, rejected=i1["rejected_connections"],
+                   mem=i1["used_memory"] - empty["used_memory"], mem_clients=i1.get("mem_clients_normal", 0),
+                   rss=i1["used_memory_rss"], idle_cmds_per_s=sum(idle_cmds.values()) / (t1 - t0),
+                   idle_top=top(idle_cmds, t1 - t0),
+                   idle_redis_cpu=(i1["used_cpu_sys"] + i1["used_cpu_user"] - i0["used_cpu_sys"]
+                                   - i0["used_cpu_user"]) / (t1 - t0))
+        # the controller: module states, dispatch, sync passes and the live view, in this process
         history = History(settings.history_path)
-        add_past_runs(history, names, past_runs)
+        add_past_runs(history, names, args.past_runs)
         fleet = Fleet(settings, history)
         mods = list(load_inventory(settings.inventory).modules)
-        go, done = ctx.Event(), ctx.Event()
-        run_id = f"fake-{n}"
-        proc = ctx.Process(target=fake_modules, args=(settings, names, run_id, "1.5.0", go, done))
-        proc.start()
-        from contract.kv import KV
-        while any(hb is None for hb in KV(fleet.app).heartbeats(names[-1:]).values()):
-            time.sleep(0.2)
-        time.sleep(1.0)
-        i0 = redis_info(server.port)
-        st_cpu = statuses_cpu(settings, mods, True)
-        st_noindex = statuses_cpu(settings, mods, False) if n <= 2000 else float("nan")  # quadratic: minutes
-        c0, w0 = time.process_time(), time.monotonic()
-        changes0 = history.conn.total_changes
-        tarball = "/srv/SGLang-MUSA-M1000-M1000_1.5.0_sglang.tar.gz"
-        fleet.dispatch(run_id=run_id, modules=mods, tarballs={m.name: tarball for m in mods},
+        c = time.process_time()
+        states = fleet.statuses(mods)
+        out["statuses_cpu"] = time.process_time() - c
+        out["states"] = dict(collections.Counter(st.state for st in states.values()))
+        i0 = broker.info()
+        w0, c0 = time.time(), time.process_time()
+        fleet.dispatch(run_id=run_id, modules=mods, tarballs={m.name: "/srv/SGLang-MUSA-M1000-M1000_1.5.0_sglang.tar.gz"
+                                                              for m in mods},
                        sha256="0" * 64, release="1.5.0", models=("qwen3",))
-        dispatch_cpu = time.process_time() - c0
-        go.set()
-        console = Console(file=io.StringIO(), width=140, force_terminal=True)
-        pass_cpus = []
+        out["dispatch_cpu"], out["dispatch_wall"] = time.process_time() - c0, time.time() - w0
+        console = Console(file=io.StringIO(), width=160, force_terminal=True)
+        sync_cpu, view_cpu, view_wall = [], [], []
         while True:
             time.sleep(0.5)
             c = time.process_time()
             view = fleet.sync(run_id)
+            c2, w2 = time.process_time(), time.perf_counter()
             console.print(render(view, title=f"run {run_id}"))
             console.file = io.StringIO()
-            pass_cpus.append(time.process_time() - c)
-            if view.finished:
+            sync_cpu.append(c2 - c)
+            view_cpu.append(time.process_time() - c2)
+            view_wall.append(time.perf_counter() - w2)
+            if view.finished or time.time() - w0 > args.timeout:
                 break
-            if time.monotonic() - w0 > 180 or not proc.is_alive() and not done.is_set():
-                raise SystemExit(f"fake run on {n} modules not finished (fake agents alive: {proc.is_alive()})")
-        wall, run_cpu = time.monotonic() - w0, time.process_time() - c0
-        i1 = redis_info(server.port)
-        proc.join(timeout=30)
-        with redis.Redis(port=server.port, db=1 + k % 15) as r:
-            data = sum(r.memory_usage(key) or 0 for key in r.scan_iter(count=1000))
-        if view.state() != "done":
-            raise SystemExit(f"fake run on {n} modules ended {view.state()}: " + "; ".join(
-                f"{m} {p.error.one_line() if p and p.error else p}" for m, p in list(view.progress.items())[:3]))
-        lines.append(f"| {n} | {dispatch_cpu:.2f} | {st_cpu * 1e3:.0f} ({st_noindex * 1e3:.0f}) | {len(pass_cpus)} | "
-                     f"{statistics.mean(pass_cpus) * 1e3:.0f} | {statistics.mean(pass_cpus) * 1e3 / n:.2f} | "
-                     f"{run_cpu * 1e3 / n:.1f} | {(history.conn.total_changes - changes0) / wall:.0f} | "
-                     f"{history.row_count(run_id)} | {data / n / 1024:.1f} | "
-                     f"{(i1['total_commands_processed'] - i0['total_commands_processed']) / wall:.0f} |")
-        print(lines[-1], file=sys.stderr, flush=True)
+        wall = time.time() - w0
+        run_cpu = time.process_time() - c0
+        i1 = broker.info()
+        run_cmds = commands(i0, i1)
+        run_cmds.pop("info", None)
+        out.update(run_wall=wall, run_cpu=run_cpu, passes=len(sync_cpu), sync_cpu=statistics.mean(sync_cpu),
+                   sync_cpu_max=max(sync_cpu), view_cpu=statistics.mean(view_cpu), view_wall=statistics.mean(view_wall),
+                   state=view.state() if view.finished else f"not finished in {args.timeout:.0f} s",
+                   done=sum(1 for p in view.progress.values() if p is not None and p.state.value == "done"),
+                   run_cmds_per_s=sum(run_cmds.values()) / wall, run_top=top(run_cmds, wall),
+                   run_redis_cpu=(i1["used_cpu_sys"] + i1["used_cpu_user"] - i0["used_cpu_sys"]
+                                  - i0["used_cpu_user"]) / wall, peak_mem=i1["used_memory_peak"] - empty["used_memory"],
+                   rows=history.row_count(run_id))
         fleet.close()
         history.close()
-    return "\n".join(lines)
+        for proc, _ in procs:
+            proc.stdin.write("stop\n")
+            proc.stdin.flush()
+        received: list[float] = []
+        for proc, path in procs:
+            proc.wait(timeout=60)
+            received += json.loads(path.read_text())["received"].values()
+        procs = []
+        lag = sorted(x - w0 for x in received)
+        out.update(received=len(lag), fanout_p50=statistics.median(lag) if lag else float("nan"),
+                   fanout_max=lag[-1] if lag else float("nan"))
+        return out
+    finally:
+        for proc, _ in procs:
+            proc.kill()
+            proc.wait()
+        broker.stop()
+
+
+def broker_table(agent: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+    """The figures of every N side by side (one column each)."""
+    rows: list[tuple[str, Any]] = [
+        ("modules (fake agents)", lambda r: f"{r['n']}"),
+        ("module states by Fleet.statuses before dispatch",
+         lambda r: ", ".join(f"{k} {v}" for k, v in r["states"].items())),
+        ("connections per fake agent", lambda r: f"{r['conns']}"),
+        ("Redis maxclients (effective) / its fd limit", lambda r: f"{r['maxclients']} / {r['redis_fd_limit']}"),
+        ("connections open / refused", lambda r: f"{r['opened']} / {r['refused']}"),
+        ("Redis connected_clients (idle) / per module", lambda r: f"{r['clients']} / {r['clients'] / r['n']:.2f}"),
+        ("Redis rejected_connections", lambda r: f"{r['rejected']}"),
+        ("Redis used memory above empty, idle: total / per module",
+         lambda r: f"{r['mem'] / 2**20:.1f} MiB / {r['mem'] / r['n'] / 1024:.1f} KiB"),
+        ("  of it client buffers (mem_clients_normal) per connection",
+         lambda r: f"{r['mem_clients'] / max(1, r['clients']) / 1024:.1f} KiB"),
+        ("Redis RSS, idle", lambda r: f"{r['rss'] / 2**20:.0f} MiB"),
+        ("idle: Redis commands/s (per module)",
+         lambda r: f"{r['idle_cmds_per_s']:.0f} ({r['idle_cmds_per_s'] / r['n']:.2f})"),
+        ("idle: Redis CPU, share of one core", lambda r: f"{r['idle_redis_cpu'] * 100:.1f} %"),
+        ("idle: top commands /s", lambda r: r["idle_top"]),
+        ("controller: Fleet.statuses CPU (ms per module)",
+         lambda r: f"{r['statuses_cpu']:.2f} s ({r['statuses_cpu'] * 1e3 / r['n']:.3f})"),
+        ("controller: dispatch CPU / wall", lambda r: f"{r['dispatch_cpu']:.2f} / {r['dispatch_wall']:.2f} s"),
+        ("fan-out: dispatch start -> module took its message, p50 / last",
+         lambda r: f"{r['fanout_p50']:.2f} / {r['fanout_max']:.2f} s ({r['received']} took one)"),
+        ("controller: sync pass CPU, mean / max", lambda r: f"{r['sync_cpu']:.3f} / {r['sync_cpu_max']:.3f} s"),
+        ("controller: sync pass CPU per module", lambda r: f"{r['sync_cpu'] * 1e3 / r['n']:.3f} ms"),
+        ("controller: live view refresh (render), CPU / wall",
+         lambda r: f"{r['view_cpu']:.3f} / {r['view_wall']:.3f} s"),
+        ("controller: sync passes, run wall, run CPU (dispatch + passes)",
+         lambda r: f"{r['passes']}, {r['run_wall']:.1f} s, {r['run_cpu']:.1f} s"),
+        ("run: Redis commands/s (per module)",
+         lambda r: f"{r['run_cmds_per_s']:.0f} ({r['run_cmds_per_s'] / r['n']:.2f})"),
+        ("run: Redis commands per module in the run, dispatch to end",
+         lambda r: f"{r['run_cmds_per_s'] * r['run_wall'] / r['n']:.1f}"),
+        ("run: Redis CPU, share of one core", lambda r: f"{r['run_redis_cpu'] * 100:.1f} %"),
+        ("run: top commands /s", lambda r: r["run_top"]),
+        ("run: Redis peak memory above empty", lambda r: f"{r['peak_mem'] / 2**20:.1f} MiB"),
+        ("run: state, modules done, rows in the history", lambda r: f"{r['state']}, {r['done']}, {r['rows']}"),
+    ]
+    out = [f"real idle agent (fleet-agent, solo pool, simulated module): {agent['conns']} TCP connections to Redis "
+           f"(its process, psutil), {agent['cmds_per_s']:.2f} commands/s idle ({agent['commands']} /s), BRPOP timeout "
+           f"{agent['polling']:g} s (MONITOR); the fakes do the same", ""]
+    out.append("| | " + " | ".join(f"N = {r['n']}" for r in runs) + " |")
+    out.append("| --- |" + " --- |" * len(runs))
+    for label, fn in rows:
+        cells = []
+        for r in runs:
+            try:
+                cells.append(fn(r))
+            except (KeyError, ZeroDivisionError):
+                cells.append("-")
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def broker_main(args: argparse.Namespace) -> int:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # redis-server inherits it (ulimit -n <hard>)
+    sizes = [int(x) for x in args.modules.split(",") if x]
+    tmp = tempfile.TemporaryDirectory(prefix="fleet-scale-") if not args.keep else None
+    base = Path(args.keep or tmp.name)  # type: ignore[union-attr]
+    try:
+        agent = real_agent(base)
+        conns = args.conns or agent["conns"]
+        print(f"real agent: {agent}", file=sys.stderr, flush=True)
+        runs = []
+        for n in sizes:
+            runs.append(broker_run(n, base, args, conns, agent["polling"]))
+            print(f"N={n}: {runs[-1]}", file=sys.stderr, flush=True)
+        print(f"one redis-server per N, {SHIPPED_CONF.relative_to(ROOT)} ({runs[0]['redis_conf'] if runs else ''}); "
+              f"fd limit of this bench and its children raised from {soft} to the hard limit {hard} (ulimit -n; "
+              f"no higher here); fake agents: bench/fake_agents.py, each with its own connections; controller in "
+              f"this process: Fleet.statuses, Fleet.dispatch, Fleet.sync every 0.5 s + the live view rendered into "
+              f"a null console; history with {args.past_runs} earlier run(s) of every module; each fake holds its "
+              f"run {args.hold:g} s; {os.cpu_count()} cores, load average now "
+              f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        print(broker_table(agent, runs))
+        print(f"\nthis Redis on this machine (redis-benchmark, 50 clients): {redis_capacity_of(base)}")
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return 0
+
+
+def redis_capacity_of(base: Path) -> str:
+    broker = start_broker(base / "redis-capacity", None)
+    try:
+        return redis_capacity(broker.port)
+    finally:
+        broker.stop()
 
 
 def table(results: list[Result]) -> str:
@@ -503,18 +765,33 @@ def table(results: list[Result]) -> str:
     return "\n".join(a) + "\n\n" + "\n".join(b)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="1,25,50,100")
+    ap.add_argument("--modules", default="1000,10000",
+                    help="fake agents (own connections each) per run, comma separated: the controller and the broker")
+    ap.add_argument("--conns", type=int, default=0,
+                    help="connections per fake agent (default: as many as the real agent measured first holds)")
+    ap.add_argument("--maxclients", type=int, default=None,
+                    help="override the shipped redis.conf.example's maxclients (default: as shipped)")
+    ap.add_argument("--idle", type=float, default=20.0, help="idle window measured before the run, s")
+    ap.add_argument("--hold", type=float, default=5.0, help="how long each fake agent holds its run, s")
+    ap.add_argument("--timeout", type=float, default=300.0, help="give a run up after this many s")
+    ap.add_argument("--real", action="store_true",
+                    help="instead: real cheap fleet-agent workers (--sizes), wall(N)/wall(1) (before issue 47)")
+    ap.add_argument("--sizes", default="1,25,50,100", help="with --real: workers per run")
     ap.add_argument("--models", default="qwen3")
     ap.add_argument("--time-scale", type=float, default=CHEAP_TIME_SCALE)
     ap.add_argument("--telemetry-period", type=float, default=CHEAP_TELEMETRY_PERIOD,
                     help="the agents' device telemetry period, s (0: off)")
     ap.add_argument("--heartbeat", type=float, default=5.0, help="agent heartbeat interval, s (production: 5)")
-    ap.add_argument("--fake", default="", help="also N agents faked at the broker seam, e.g. 1000,5000")
-    ap.add_argument("--past-runs", type=int, default=20, help="earlier runs of every module in the history")
+    ap.add_argument("--past-runs", type=int, default=None,
+                    help="earlier runs of every module in the history (default: 1, with --real 20)")
     ap.add_argument("--keep", help="keep everything in this folder (default: a temporary one, removed)")
     args = ap.parse_args()
+    if not args.real:
+        args.past_runs = 1 if args.past_runs is None else args.past_runs
+        return broker_main(args)
+    args.past_runs = 20 if args.past_runs is None else args.past_runs
     sizes = sorted(int(x) for x in args.sizes.split(","))
     models = tuple(args.models.split(","))
     tmp = tempfile.TemporaryDirectory(prefix="fleet-scale-") if not args.keep else None
@@ -557,7 +834,6 @@ def main() -> None:
             results.append(r)
         stop_workers(workers, grace=20)
         workers = []
-        fake = controller_only([int(x) for x in args.fake.split(",") if x], base, server, args.past_runs)
         capacity = redis_capacity(server.port)
         print(f"cheap modules (simulator/cheap.py, time scale {args.time_scale:g}, telemetry every "
               f"{args.telemetry_period:g} s), models {','.join(models)}, heartbeat {args.heartbeat:g} s, Redis "
@@ -566,9 +842,6 @@ def main() -> None:
         print(table(results))
         print(f"\nwhere the time goes: each module's milestones\n{timeline_table(results)}")
         print(budget(results))
-        if args.fake:
-            print(f"\nagents faked at the broker seam (heartbeats, progress, 11 rows each, through contract.kv; "
-                  f"history with {args.past_runs} earlier runs of every module)\n{fake}")
         print(f"\nthis Redis on this machine (redis-benchmark, 50 clients, same server): {capacity}")
     finally:
         stop_workers(workers, grace=20)
@@ -578,7 +851,8 @@ def main() -> None:
     ratio = ratio_at(results, 100)
     if ratio is not None and ratio > GOAL:
         print(f"wall(100)/wall(1) = {ratio:.3f} > {GOAL}: goal not met", file=sys.stderr)
-        raise SystemExit(1)
+        return 1
+    return 0
 
 
 GOAL = 1.05  # wall(100)/wall(1), cheap modules

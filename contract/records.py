@@ -17,8 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from contract.energy import EnergyWindow
 from contract.fingerprint import EnvFingerprint
 from contract.kernel_store import KernelCacheUse
-
-SCHEMA_VERSION = 1
+from contract.version import SCHEMA_VERSION as SCHEMA_VERSION  # re-exported: agent/validate.py
 
 SPEC_ARGS = (
     "--speculative-algorithm NEXTN --speculative-num-steps 3 "

@@ -1,6 +1,9 @@
-"""The installed m1000-fleet version, as the agent reports it (heartbeats, metrics, its log)."""
+"""The installed m1000-fleet version, as the agent reports it (heartbeats, metrics, its log), and the version of
+the records it exchanges. Imports nothing heavy: ``fleetctl version`` reads it without pydantic (issue 47)."""
 
 from __future__ import annotations
+
+SCHEMA_VERSION = 1  # of contract.records (re-exported there)
 
 
 def agent_version() -> str:
@@ -12,3 +15,17 @@ def agent_version() -> str:
         return version("m1000-fleet")
     except Exception:  # not installed as a package, or unreadable metadata
         return "0+unknown"
+
+
+def versions() -> dict[str, str]:
+    """What ``fleetctl version`` shows: the distribution's version ('unknown (not installed)' in a bare checkout),
+    the records' schema version and Python's."""
+    import platform
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        v = dist_version("m1000-fleet")
+    except PackageNotFoundError:
+        v = "unknown (not installed)"
+    return {"fleetctl": v, "record_schema": str(SCHEMA_VERSION), "python": platform.python_version()}

@@ -60,9 +60,9 @@ def _root(
 
 def version(output: Output = output_option()) -> None:
     """Version of fleetctl, of the records it exchanges with agents, and of Python."""
-    from controller import service
+    from contract.version import versions  # not controller.service: no pydantic, broker or history (issue 47)
 
-    v = service.version()
+    v = versions()
     if output == Output.table:
         print(f"fleetctl {v['fleetctl']} (records schema {v['record_schema']}, Python {v['python']})")
         return

@@ -131,14 +131,20 @@ def status(ctx: typer.Context,
 
     s = session(ctx)
     info = service.find_run(s, run_id)
-    view = service.sync(s, info.run_id)
-    j = None
-    if view.finished:  # the verdict recorded when it ended (against the baseline it was judged with), else judged now
-        info = service.find_run(s, info.run_id)  # as the sync left it
-        j = service.recorded_judgement(info)
-        if j is None:
-            j = service.judge(s, info.run_id)
-            info = service.find_run(s, info.run_id)  # with the verdict just recorded
+    j = service.recorded_judgement(info)
+    # a judged run the broker can no longer change is shown from the history: no broker, no Celery (issue 47)
+    settled = service.settled_view(s, info) if j is not None else None
+    if settled is not None:
+        view = settled
+    else:
+        view = service.sync(s, info.run_id)
+        j = None
+        if view.finished:  # the verdict recorded when it ended (against the baseline it was judged with), else now
+            info = service.find_run(s, info.run_id)  # as the sync left it
+            j = service.recorded_judgement(info)
+            if j is None:
+                j = service.judge(s, info.run_id)
+                info = service.find_run(s, info.run_id)  # with the verdict just recorded
     from controller.history.waits import run_waits
     from controller.service.queue import reservation_waits
 
@@ -259,10 +265,13 @@ def runs(ctx: typer.Context,
     (read, not written: `fleetctl status RUN` records it)."""
     import time
 
-    from controller import service
-
     s = session(ctx)
-    items, note = service.with_broker_states(s, service.runs(s, limit, live=False))
+    items = s.history().runs(limit=limit) if s.has_history() else []  # service.runs(live=False), without its imports
+    note = None
+    if any(i.state == "running" for i in items):  # only then the broker, and Celery, are read (issue 47)
+        from controller import service
+
+        items, note = service.with_broker_states(s, items)
     if note:
         stderr().print(f"note: {note}", highlight=False)
     recs = [{**r.model_dump(mode="json"), "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))}

@@ -269,6 +269,23 @@ def sync(s: Session, run_id: str) -> RunView:
     return s.fleet().sync(run_id)
 
 
+def settled_view(s: Session, info: RunInfo, now: float | None = None) -> RunView | None:
+    """The view of an ended run from the history alone when nothing on the broker can change it any more: every
+    module's recorded state is final, and none is a module given up (LOST) young enough for late rows to be taken
+    (:meth:`Fleet.sync`'s rule, ``result_expires``). None otherwise: then :func:`sync` reads the broker. Opens no
+    broker connection and imports no Celery (``fleetctl status`` of a judged run, issue 47)."""
+    if info.state == "running":
+        return None
+    known = s.read_history().progress(info.run_id)
+    now = time.time() if now is None else now
+    late_ok = now - info.created_at < s.settings.result_expires
+    for m in info.modules:
+        p = known.get(m)
+        if p is None or not p.state.terminal or (late_ok and p.state == RunState.LOST):
+            return None
+    return RunView(info.run_id, info.modules, {m: known[m] for m in info.modules})
+
+
 def view(s: Session, run: str, *, live: bool = False) -> RunView:
     """The run's state per module from the history; ``live``: the broker's newer progress of the
     modules not finished yet, read without writing."""

@@ -12,16 +12,18 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract.settings import load_settings
 from controller.command import fleetctl
 from controller.errors import FleetctlError
-from controller.fleet import BrokerUnavailable, Fleet, broker_errors
 from controller.history import FrameCache, History
 from controller.identity import local_user
 from controller.inventory import Inventory, load_inventory
 from controller.settings import ControllerSettings
+
+if TYPE_CHECKING:  # the broker seam is imported when a session first opens it (issue 47: runs of ended runs)
+    from controller.fleet import Fleet
 
 
 def first_steps() -> str:
@@ -139,6 +141,8 @@ class Session:
     def fleet(self) -> Fleet:
         """The broker seam, on the run history (created when absent)."""
         if self._fleet is None:
+            from controller.fleet import Fleet
+
             self._fleet = Fleet(self.settings, self.history(), failures_for_bad=self.settings.failures_for_bad,
                                 failures_cooldown=self.settings.failures_cooldown,
                                 clock_skew_warn=self.settings.clock_skew_warn)
@@ -149,6 +153,8 @@ class Session:
         """The broker seam for reading module states: without a run history file yet, on an empty
         one in memory (the states need the failure counts), so that no file is created."""
         if self._fleet is None and not self.has_history():
+            from controller.fleet import Fleet
+
             empty = History(":memory:")
             self._closers.append(empty.close)
             self._fleet = Fleet(self.settings, empty, failures_for_bad=self.settings.failures_for_bad,
@@ -166,6 +172,8 @@ class Session:
 
 def broker_call(s: Session, fn: Callable[[], Any]) -> Any:
     """Run a broker read; a broker that cannot be reached is one BrokerUnavailable naming it."""
+    from controller.fleet import BrokerUnavailable, broker_errors
+
     try:
         return fn()
     except broker_errors() as exc:  # redis/kombu are imported only when something was raised

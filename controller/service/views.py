@@ -132,17 +132,9 @@ def trend(s: Session, query: TrendQuery) -> TrendResult:
 
 
 def version() -> dict[str, str]:
-    import platform
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
+    from contract.version import versions
 
-    try:
-        v = dist_version("m1000-fleet")
-    except PackageNotFoundError:
-        v = "unknown (not installed)"
-    from contract.records import SCHEMA_VERSION
-
-    return {"fleetctl": v, "record_schema": str(SCHEMA_VERSION), "python": platform.python_version()}
+    return versions()
 
 
 def progress_dict(p: RunProgress | None) -> dict[str, Any]:
