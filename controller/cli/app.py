@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from contract.oneline import error_line
 from controller.cli import devices as devices_cli
@@ -69,6 +70,22 @@ def version(output: Output = output_option()) -> None:
     emit([v], list(v), output, document=v)
 
 
+# ``fleetctl --help`` lists the verbs as a user meets them (issue 51): try it, validate and read a run, the lab's
+# modules and who holds them, then across releases, the lab's stores, setting a lab up, the service; a verb not named
+# here comes after these (a test checks that every verb is named)
+HELP_ORDER = ("demo", "validate", "status", "watch", "runs", "report", "compare", "results", "logs", "cancel",
+              "retry", "devices", "describe", "queue", "reserve", "reservations", "release", "trend",
+              "compare-releases", "bisect", "baseline", "history", "cache", "deploy", "push", "prometheus-targets",
+              "broker", "serve", "version")
+
+
+class _Ordered(TyperGroup):
+    def list_commands(self, ctx: Any) -> list[str]:  # typer's own click Context
+        names = super().list_commands(ctx)
+        rank = {n: i for i, n in enumerate(HELP_ORDER)}
+        return sorted(names, key=lambda n: (rank.get(n, len(rank)), names.index(n)))
+
+
 def build_app(inv: Invocation) -> typer.Typer:
     """The command tree of one invocation: the verbs of every group, which get the invocation's session
     from the context (those of report, deploy and targets through the functions handed to them)."""
@@ -81,7 +98,7 @@ def build_app(inv: Invocation) -> typer.Typer:
     from controller.cli import targets as metrics_cli
     from controller.cli import trend as trend_cli
 
-    app = new_app(no_args_is_help=True, add_completion=True)
+    app = new_app(no_args_is_help=True, add_completion=True, cls=_Ordered)
     app.callback()(_root)
     app.command("compare-releases")(runs_cli.compare_releases)
     app.command("bisect")(bisect_cli.bisect)

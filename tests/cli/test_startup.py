@@ -208,3 +208,18 @@ def test_every_lazy_service_name_resolves_and_none_is_missing():
     assert set(_LAZY) == set(service.__all__)
     for name in service.__all__:
         assert getattr(service, name) is not None, name
+
+
+def test_help_lists_the_verbs_as_a_user_meets_them(capsys):
+    """Issue 51: ``fleetctl --help`` listed bisect and compare-releases before validate. Every verb has its place in
+    HELP_ORDER (a new one must be given one), and --help lists them in that order."""
+    import typer.main
+
+    from controller.cli.app import HELP_ORDER, build_app
+    from controller.cli.invocation import Invocation
+    from tests.support.cli import run_main
+
+    assert set(typer.main.get_group(build_app(Invocation())).commands) == set(HELP_ORDER)
+    code, out, _ = run_main(capsys, "--help")
+    listed = [line.split()[0] for line in out.split("Commands:", 1)[1].splitlines() if line.startswith("  ")]
+    assert code == 0 and listed == list(HELP_ORDER)
