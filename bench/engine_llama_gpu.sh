@@ -60,10 +60,23 @@ rc3=${PIPESTATUS[0]}
 # DEADLINE (epoch s): the agreement bench gets what is left of a call's limit (it saves what it measured on SIGTERM
 # only if it got that far: its rounds are printed as they end)
 left=$(( ${DEADLINE:-$(( $(date +%s) + 600 ))} - $(date +%s) ))
+[ -z "${AGREE_S:-}" ] || [ "$AGREE_S" -ge "$left" ] || left=$AGREE_S  # AGREE_S: at most this long (s)
 timeout --signal=TERM "$(( left > 5 ? left : 5 ))" python3 bench/probe_agreement.py --device cuda --server "$server" \
     --models /tmp/llama-run/models --keys "${AGREE_KEYS:-qwen3,qwen35}" --inputs 128,500,2000 \
     --rounds "${AGREE_ROUNDS:-5}" --requests 5 --output-len 100 2>&1 | tee "$out/probe_agreement_stdout.txt" | tail -80
 rc2=${PIPESTATUS[0]}
+# issue 45 item 4: does the vision server's trace-level log (-lv 4, as the release starts it) slow its decoding?
+# The same qwen3vl server and text prompts with and without it, while the call's time lasts (VL_LOGLEVEL=1)
+if [ "${VL_LOGLEVEL:-0}" = 1 ]; then
+    for args in "" "-lv 4 --log-file /tmp/vl-trace.log"; do
+        left=$(( ${DEADLINE:-$(( $(date +%s) + 600 ))} - $(date +%s) ))
+        [ "$left" -gt 20 ] || break
+        echo "== qwen3vl, llama-server ${args:-at its default log level}"
+        timeout --signal=TERM "$left" python3 bench/probe_agreement.py --device cuda --server "$server" \
+            --models /tmp/llama-run/models --keys qwen3vl --inputs 500 --rounds 2 --requests 5 --output-len 100 \
+            --server-args "$args" 2>&1 | tee -a "$out/vl_loglevel_stdout.txt" | tail -25
+    done
+fi
 set -e
 kill "$smi" 2>/dev/null || true
 cp bench/results/engine_llama_run_*.txt bench/results/probe_agreement_*.txt "$out/" 2>/dev/null || true
