@@ -54,6 +54,7 @@ python3 bench/engine_llama_run.py --device cuda --server "$server" --size gpu --
     --probe-profiles 128:128,500:500,2000:2000 --probe-repeat 3 \
     --out /tmp/llama-run --streams "$out/llama-server-h200-sse.txt" 2>&1 | grep -v -e "^INFO:" -e "Writing"
 rc=${PIPESTATUS[0]}
+cp bench/results/engine_llama_run_*.txt "$out/" 2>/dev/null || true  # at once: a call cut short keeps it
 kill "$rec" 2>/dev/null; wait "$rec" 2>/dev/null
 python3 bench/nvml_check.py compare /tmp/nvml.jsonl /tmp/llama-run/work/runs/llama-bench 2>&1 | tee "$out/nvml_check.txt"
 rc3=${PIPESTATUS[0]}
