@@ -13,21 +13,24 @@ runs' column files written by ``History.migrate_columns`` (what ``fleetctl histo
   the releases on (a change point to find).
 
 Measured, each as a fresh process where a user's command is one (process start and imports included; CPU =
-user + sys of the child, peak RSS its ``ru_maxrss``):
+user + sys of the child, peak RSS GNU time's):
 
 1. ``fleetctl status RUN`` of the unjudged run (it judges it: report, verdict, change-point event) in ``big`` and
    in ``alone``, interleaved round by round (the run set running again between rounds, so each round judges);
    acceptance: big / alone <= 2 for CPU and peak RSS. ``--before TREE`` (a checkout of the code before, e.g.
-   ``git archive HEAD | tar -x -C TREE``) runs the same verb of that code too (``--before-timeout`` s each);
+   ``git archive HEAD | tar -x -C TREE``) runs the same verb of that code too (``--before-timeout`` s each, in
+   TREE: ``python -m controller`` imports the code of its working folder first);
 2. a scrape of ``/metrics`` (``ControllerCollector`` of ``fleetctl serve``, ``prometheus_client.generate_latest``,
    in this process) over ``runs.sqlite``: with no kept findings (the scrape starts their computation in the
    background and answers without waiting for it), while they are computed, once they are kept; acceptance: every
    scrape < 1 s; and the computation itself (the history's findings, once per history change);
 3. ``fleetctl trend`` over ``runs.sqlite``: with the findings kept (what it reads when ``fleetctl serve`` or an
-   earlier trend kept them), and with none kept (computes and keeps them); goal: seconds.
+   earlier trend kept them), and with none kept (computes and keeps them); goal: seconds;
+4. ``fleetctl status`` of the newest run of ``runs.sqlite`` set unjudged, where its release has neighbours (the
+   run-ending path searches the run's own series), now and with ``--before``'s code.
 
 Usage: .venv/bin/python bench/judge_cost.py [--dir /tmp/judge-cost] [--rounds 3] [--runs 10000]
-       [--before TREE] [--only status,metrics,trend]
+       [--before TREE] [--only status,metrics,trend,long]
 """
 
 from __future__ import annotations
@@ -154,21 +157,27 @@ def build_runs(folder: Path, ref: Any, runs: int, modules: int, per_release: int
 
 
 # --------------------------------------------------------------------------- measuring
-def run_once(argv: list[str], env: dict[str, str], timeout: float = 600) -> tuple[float, float, float, int]:
-    """(wall s, CPU s (user + sys), peak RSS MiB, exit code) of ``argv`` as a fresh process; exit 124 when it
-    ran past ``timeout`` (killed)."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    killer = threading.Timer(timeout, proc.kill)
-    killer.start()
-    _, status, usage = os.wait4(proc.pid, 0)
-    killer.cancel()
-    wall = time.perf_counter() - t
-    code = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if code not in (0, 1) and wall < timeout:
-        raise SystemExit(f"{' '.join(argv)}: exit {code}: {err.strip()[-400:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, 124 if wall >= timeout else code
+def run_once(argv: list[str], env: dict[str, str], timeout: float = 600,
+             cwd: Path | None = None) -> tuple[float, float, float, int]:
+    """(wall s, CPU s (user + sys), peak RSS MiB, exit code) of ``argv`` as a fresh process (in ``cwd``: ``python -m``
+    imports the tree it runs in first); exit 124 when it ran past ``timeout`` (killed). The peak is GNU time's (the
+    ``ru_maxrss`` of a forked child counts this process's pages from before its exec: gigabytes after section 2)."""
+    with tempfile.NamedTemporaryFile("r") as rss:
+        t = time.perf_counter()
+        proc = subprocess.Popen(["/usr/bin/time", "-q", "-f", "%M", "-o", rss.name, *argv], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd)
+        killer = threading.Timer(timeout, proc.kill)
+        killer.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        killer.cancel()
+        wall = time.perf_counter() - t
+        code = os.waitstatus_to_exitcode(status)
+        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        if code not in (0, 1) and wall < timeout:
+            raise SystemExit(f"{' '.join(argv)}: exit {code}: {err.strip()[-400:]}")
+        peak = rss.read().split()
+        return (wall, usage.ru_utime + usage.ru_stime, int(peak[-1]) / 1024 if peak else float("nan"),
+                124 if wall >= timeout else code)
 
 
 def env_of(folder: Path, history: Path, tree: Path | None = None) -> dict[str, str]:
@@ -207,7 +216,7 @@ def status_section(folder: Path, rounds: int, before: Path | None, before_timeou
             unjudge(history)
             argv = [sys.executable, "-m", "controller", "status", RUN] if tree is not None else \
                 [str(BIN / "fleetctl"), "status", RUN]
-            one = run_once(argv, env_of(folder, history, tree), before_timeout if tree is not None else 600)
+            one = run_once(argv, env_of(folder, history, tree), before_timeout if tree is not None else 600, cwd=tree)
             if r:
                 got[name].append(one)
     print(f"\n1. fleetctl status of the unjudged {RUN} (judges it), fresh process; median [min-max] of "
@@ -265,13 +274,8 @@ def metrics_section(history: Path) -> bool:
     scrape("kept, again")
     for what, s, has in scrapes:
         print(f"  {what:38s} {s:7.3f} s  trend series in it: {'yes' if has else 'no'}")
-    print(f"  the findings computed in the background and kept in {computed:.1f} s wall (while scraped)")
-    t = time.process_time()
-    h.forget_trend_findings()
-    from controller.report.kept import keep_findings
-
-    keep_findings(h)
-    print(f"  the findings computed and kept, alone: {time.process_time() - t:.1f} s CPU in this process")
+    print(f"  the findings computed in the background and kept in {computed:.1f} s wall (scraped every 0.5 s "
+          "meanwhile)")
     h.close()
     worst = max(s for _, s, _ in scrapes)
     ok = worst < 1.0
@@ -284,15 +288,46 @@ def trend_section(folder: Path, history: Path) -> None:
 
     env = env_of(folder, history)
     argv = [str(BIN / "fleetctl"), "trend", "-o", "json"]
+    kept = [run_once(argv, env) for _ in range(3)]  # kept by the scrapes above (or by the first of these)
+    print("\n3. fleetctl trend -o json over the same history, fresh process")
+    print(f"  kept (median of 3):          {statistics.median(k[0] for k in kept):7.2f} s wall, "
+          f"{statistics.median(k[1] for k in kept):7.2f} s CPU, {statistics.median(k[2] for k in kept):6.0f} MiB")
     h = History(history)
     h.forget_trend_findings()
     h.close()
-    cold = run_once(argv, env)
-    kept = [run_once(argv, env) for _ in range(3)]
-    print("\n3. fleetctl trend -o json over the same history, fresh process")
-    print(f"  none kept (computes, keeps): {cold[0]:7.2f} s wall, {cold[1]:7.2f} s CPU, {cold[2]:6.0f} MiB")
-    print(f"  kept (median of 3):          {statistics.median(k[0] for k in kept):7.2f} s wall, "
-          f"{statistics.median(k[1] for k in kept):7.2f} s CPU, {statistics.median(k[2] for k in kept):6.0f} MiB")
+    cold = run_once(argv, env, timeout=1200)
+    print(f"  none kept (computes, keeps): {cold[0]:7.2f} s wall, {cold[1]:7.2f} s CPU, {cold[2]:6.0f} MiB"
+          f"{'  (killed at 1,200 s)' if cold[3] == 124 else ''}")
+
+
+def long_section(folder: Path, history: Path, before: Path | None, before_timeout: float) -> None:
+    """``fleetctl status`` of the newest run of ``runs.sqlite`` (unjudged: set running first), where its release has
+    neighbours: the run's own series are searched (with it and without it), of its 2 modules and every key."""
+    from controller.history import History
+
+    h = History(history)
+    run = h.runs(limit=1)[0].run_id
+    h.close()
+    cases = {"now": None, **({"before": before} if before is not None else {})}
+    print(f"\n4. fleetctl status of {run} (unjudged) in the history of section 2, fresh process, one round each")
+    for name, tree in cases.items():
+        h = History(history)
+        h.set_run_state(run, "running")
+        h.close()
+        argv = [sys.executable, "-m", "controller", "status", run] if tree is not None else \
+            [str(BIN / "fleetctl"), "status", run]
+        wall, cpu, rss, code = run_once(argv, env_of(folder, history, tree), before_timeout, cwd=tree)
+        print(f"  {name:8s} {wall:7.2f} s wall, {cpu:7.2f} s CPU, {rss:6.0f} MiB"
+              f"{'  (killed at the timeout)' if code == 124 else ''}")
+    if before is not None:
+        scrape = ("import sys, time; from prometheus_client import CollectorRegistry, generate_latest; "
+                  "from controller.history import History; from controller.serve.metrics import ControllerCollector; "
+                  "r = CollectorRegistry(); r.register(ControllerCollector(History(sys.argv[1]), dict, dict)); "
+                  "t = time.perf_counter(); generate_latest(r); print(time.perf_counter() - t)")
+        wall, cpu, rss, code = run_once([sys.executable, "-c", scrape, str(history)], env_of(folder, history, before),
+                                        before_timeout, cwd=before)
+        print(f"  the code before: its first /metrics scrape (process start included) {wall:7.2f} s wall, {cpu:7.2f} s "
+              f"CPU, {rss:6.0f} MiB{'  (killed at the timeout)' if code == 124 else ''}")
 
 
 def main() -> int:
@@ -306,7 +341,7 @@ def main() -> int:
     ap.add_argument("--per-release", type=int, default=10)
     ap.add_argument("--before", type=Path, default=None, help="a checkout of the code before (status only)")
     ap.add_argument("--before-timeout", type=float, default=300)
-    ap.add_argument("--only", default="status,metrics,trend")
+    ap.add_argument("--only", default="status,metrics,trend,long")
     ap.add_argument("--build-only", action="store_true")
     args = ap.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -314,8 +349,8 @@ def main() -> int:
     ref = reference()
     if "status" in only:
         build_status(args.dir, ref, args.small, args.big)
-    runs = build_runs(args.dir, ref, args.runs, args.modules, args.per_release) if only & {"metrics", "trend"} \
-        else None
+    runs = build_runs(args.dir, ref, args.runs, args.modules, args.per_release) \
+        if only & {"metrics", "trend", "long"} else None
     if args.build_only:
         return 0
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs; max RSS of this process so far "
@@ -327,6 +362,8 @@ def main() -> int:
         ok &= metrics_section(runs)
     if runs is not None and "trend" in only:
         trend_section(args.dir, runs)
+    if runs is not None and "long" in only:
+        long_section(args.dir, runs, args.before, args.before_timeout)
     return 0 if ok else 1
 
 
