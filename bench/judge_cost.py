@@ -303,10 +303,16 @@ def trend_section(folder: Path, history: Path) -> None:
 def long_section(folder: Path, history: Path, before: Path | None, before_timeout: float) -> None:
     """``fleetctl status`` of the newest run of ``runs.sqlite`` (unjudged: set running first), where its release has
     neighbours: the run's own series are searched (with it and without it), of its 2 modules and every key."""
+    from contract.records import RunProgress, RunState
     from controller.history import History
 
     h = History(history)
-    run = h.runs(limit=1)[0].run_id
+    info = h.runs(limit=1)[0]
+    run, now = info.run_id, time.time()
+    if not h.progress(run):  # every module done: status judges it (a run without progress is still running)
+        h.upsert_progress_many(RunProgress(run_id=run, module=m, release=info.release, state=RunState.DONE,
+                                           step="done", keys_total=len(info.models), keys_done=len(info.models),
+                                           updated_at=now, started_at=now - 5, finished_at=now) for m in info.modules)
     h.close()
     cases = {"now": None, **({"before": before} if before is not None else {})}
     print(f"\n4. fleetctl status of {run} (unjudged) in the history of section 2, fresh process, one round each")

@@ -154,29 +154,32 @@ def _release_series(rows: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[st
     names = np.array(sorted(metrics), dtype=object)
     rank = run_rank[run]
     ok = (key >= 0) & (profile >= 0) & (rank >= 0) & (module >= 0)
-    # the rows of each metric with a value, one metric after the other (as melt stacks them): small integer codes
-    values = [rows[m].to_numpy(dtype=float, na_value=np.nan) for m in metrics]
-    keep = [np.flatnonzero(ok & ~np.isnan(v)) for v in values]
-    if not sum(len(i) for i in keep):
-        return []
-    cols = {"k": key, "p": profile, "run": run, "r": rank, "mod": module}
-    long = pd.DataFrame({**{c: np.concatenate([a[i] for i in keep]).astype(np.int32) for c, a in cols.items()},
-                         "m": np.concatenate([np.full(len(i), np.searchsorted(names, m), dtype=np.int32)
-                                              for m, i in zip(metrics, keep, strict=True)]),
-                         "value": np.concatenate([v[i] for v, i in zip(values, keep, strict=True)])})
-    per_run = long.groupby(["k", "p", "m", "run", "r"])["value"].median().reset_index().assign(mod=fleet)
+    wanted = None
     if modules and only_modules is not None:
         wanted = np.flatnonzero(np.isin(module_names, np.asarray(sorted(set(only_modules)), dtype=object)))
-        long = long[np.isin(long["mod"].to_numpy(), wanted)]
-    per = pd.concat([per_run, long] if modules else [per_run], ignore_index=True)
-    vals = per.groupby(["k", "p", "m", "mod", "r"], sort=True)["value"].median().reset_index()
-    if vals.empty:
-        return []
-    ids = vals[["k", "p", "m", "mod"]].to_numpy()
-    starts = np.flatnonzero(np.r_[True, (ids[1:] != ids[:-1]).any(axis=1)]).tolist()
-    ranks, values = vals["r"].to_numpy(), vals["value"].to_numpy()
-    return [((str(keys[ids[a, 0]]), str(profiles[ids[a, 1]]), str(names[ids[a, 2]]), str(module_names[ids[a, 3]])),
-             ranks[a:b], values[a:b]) for a, b in zip(starts, [*starts[1:], len(vals)], strict=True)]
+    cols = {"k": key, "p": profile, "run": run, "r": rank, "mod": module}
+    found: list[tuple[tuple[int, int, int, int], np.ndarray, np.ndarray]] = []
+    # one metric at a time (every group is of one metric): the long frame of a 10,000-run history's every metric
+    # held at once was gigabytes; the same medians over the same groups
+    for code, m in enumerate(names):
+        v = rows[m].to_numpy(dtype=float, na_value=np.nan)
+        i = np.flatnonzero(ok & ~np.isnan(v))
+        if not len(i):
+            continue
+        long = pd.DataFrame({**{c: a[i].astype(np.int32) for c, a in cols.items()}, "value": v[i]})
+        per_run = long.groupby(["k", "p", "run", "r"])["value"].median().reset_index().assign(mod=fleet)
+        if wanted is not None:
+            long = long[np.isin(long["mod"].to_numpy(), wanted)]
+        per = pd.concat([per_run, long] if modules else [per_run], ignore_index=True)
+        vals = per.groupby(["k", "p", "mod", "r"], sort=True)["value"].median().reset_index()
+        ids = vals[["k", "p", "mod"]].to_numpy()
+        starts = np.flatnonzero(np.r_[True, (ids[1:] != ids[:-1]).any(axis=1)]).tolist() if len(vals) else []
+        ranks, values = vals["r"].to_numpy(), vals["value"].to_numpy()
+        found += [((int(ids[a, 0]), int(ids[a, 1]), code, int(ids[a, 2])), ranks[a:b], values[a:b])
+                  for a, b in zip(starts, [*starts[1:], len(vals)], strict=True)]
+    found.sort(key=lambda f: f[0])  # by (key, profile, metric, module): the order of the texts (sorted codes)
+    return [((str(keys[k]), str(profiles[p]), str(names[mc]), str(module_names[mod])), r, x)
+            for (k, p, mc, mod), r, x in found]
 
 
 def findings(found: Sequence[SeriesChange]) -> list[Finding]:
