@@ -140,14 +140,14 @@ def register(app: typer.Typer, get_history: Callable[[], History],
 def _history_trend(history: History, models: str, profile: str | None, metric: str | None, devices: str,
                    settings: DetectorSettings, output: Output) -> None:
     from contract.records import parse_model_keys
-    from controller.report.load import trend_frames
-    from controller.report.trend import TrendQuery, trend_records
+    from controller.report.kept import trend_of
+    from controller.report.trend import TrendQuery
 
     query = TrendQuery(models=None if models == "all" else tuple(parse_model_keys(models)), profile=profile,
                        metric=metric, settings=settings,
                        devices=None if devices == "all" else frozenset(d.strip() for d in devices.split(",")
                                                                        if d.strip()))
-    got = trend_records(*trend_frames(history, query), query)
+    got = trend_of(history, query)  # the findings the history keeps (computed and kept if it changed since)
     _print_trend(got.records, got.releases, output, got.reach.line() if got.reach is not None else None)
 
 

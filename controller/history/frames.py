@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
@@ -45,7 +45,8 @@ class ColumnStore(Protocol):
     """Where column files are kept: written, read checked against their record, superseded ones removed."""
 
     def write(self, run_id: str, name: str, table: pa.Table) -> ColumnFile: ...
-    def read(self, rec: ColumnFile, only: Sequence[str] | None = None) -> pa.Table | None: ...
+    def read(self, rec: ColumnFile, only: Sequence[str] | None = None,
+             modules: Collection[str] | None = None) -> pa.Table | None: ...
     def remove_others(self, run_id: str, keep: ColumnFile) -> None: ...
     def remove_abandoned(self) -> int: ...
 
@@ -65,9 +66,10 @@ class TableFiles:
                         " ON CONFLICT DO NOTHING", (run_id, name, rec.sha256, data))
         return rec
 
-    def read(self, rec: ColumnFile, only: Sequence[str] | None = None) -> pa.Table | None:
+    def read(self, rec: ColumnFile, only: Sequence[str] | None = None,
+             modules: Collection[str] | None = None) -> pa.Table | None:
         data = self.db.blob("SELECT data FROM row_file_data WHERE name=? AND sha256=?", (rec.name, rec.sha256))
-        return None if data is None else columns.decode(data, rec, only)
+        return None if data is None else columns.decode(data, rec, only, modules)
 
     def remove_others(self, run_id: str, keep: ColumnFile) -> None:
         self.db.execute("DELETE FROM row_file_data WHERE run_id=? AND NOT (name=? AND sha256=?)",
@@ -175,16 +177,21 @@ class ColumnReads:
         return self.path.with_name(self.path.name + ".columns")
 
     def row_frame(self, run_ids: Sequence[str], model_keys: Sequence[str] | None = None,
-                  only: Sequence[str] | None = None) -> pd.DataFrame:
+                  only: Sequence[str] | None = None, modules: Collection[str] | None = None) -> pd.DataFrame:
         """Every stored row of the given runs (of ``model_keys`` only, when given), one column per ResultRow
         field (the fields ``only``, when given: a trend over 100 runs converts 6 columns, not 48), text as
-        categoricals (sorted categories), numbers as numbers: the same frame whichever store the rows come from."""
+        categoricals (sorted categories), numbers as numbers: the same frame whichever store the rows come from.
+        ``modules``: the rows of those modules only (a column file's other record batches not decompressed: each
+        module's previous run read for a run of 100 modules is not a read of a fleet-wide run of 10,000)."""
         ids = list(dict.fromkeys(run_ids))
+        wanted = None if modules is None else tuple(sorted(set(modules)))
         cache = self.frames
         key = None if cache is None else self.frame_key(ids, model_keys, only)
+        if key is not None and wanted is not None:
+            key = (key, wanted)
         if cache is not None and key is not None and (kept := cache.get(key)) is not None:
             return kept
-        frame = columns.frame([self._run_table(r, only) for r in ids], model_keys)
+        frame = columns.frame([self._run_table(r, only, wanted) for r in ids], model_keys)
         if cache is not None and key is not None:
             # rows that changed while they were read were read under another record than the key's: that record
             # is no longer current, so no later key names it, and what is kept under it is never found
@@ -221,18 +228,25 @@ class ColumnReads:
         rec = ColumnFile(name, int(rows), int(size), digest) if name is not None and made_at == gen else None
         return rec, int(gen), state is not None and state != "running"
 
-    def _run_table(self, run_id: str, only: Sequence[str] | None = None) -> pa.Table:
-        """The run's rows (the fields ``only``, when given): its current column file's, else the rows table's (then
-        the file of an ended run is written, of every field)."""
+    def _run_table(self, run_id: str, only: Sequence[str] | None = None,
+                   modules: Collection[str] | None = None) -> pa.Table:
+        """The run's rows (the fields ``only``, when given; of ``modules`` only, when given): its current column
+        file's, else the rows table's (then the file of an ended run is written, of every field and module)."""
         store = self.column_store
         rec, _, ended = self._current_file(run_id)
         if store is not None and rec is not None:
-            table = store.read(rec, only)
+            table = store.read(rec, only, modules)
             if table is not None:
                 return table
         table, gen = self._table_from_rows(run_id)
         if ended:
             self._keep(run_id, gen, table)
+        if modules is not None:
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            table = table.filter(pc.is_in(table.column("module").cast(pa.string()),
+                                          value_set=pa.array(sorted(set(modules)), type=pa.string())))
         return table if only is None else table.select(list(only))
 
     def _keep(self, run_id: str, gen: int | None, table: pa.Table) -> bool:

@@ -175,8 +175,18 @@ CREATE TABLE row_file_data (
 CREATE INDEX row_file_data_run ON row_file_data (run_id);
 """
 
+# the change points the history keeps of itself (controller.history.trends, ADR 0043)
+_V3 = """
+CREATE TABLE trend_findings (
+    name TEXT PRIMARY KEY,
+    version TEXT NOT NULL,
+    computed_at DOUBLE PRECISION NOT NULL,
+    body TEXT NOT NULL
+);
+"""
+
 # (version, DDL): append a new version for a change; never edit one that has shipped
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _v1()), (2, _V2))
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _v1()), (2, _V2), (3, _V3))
 
 
 def applied(db: PostgresDatabase) -> int:

@@ -232,6 +232,18 @@ def _add_run_column(conn: sqlite3.Connection, column: str, declaration: str, tab
     conn.execute("COMMIT")
 
 
+# the change points the history keeps of itself (controller.history.trends, ADR 0043): one text per name, with the
+# version of the history it was computed at
+_TRENDS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS trend_findings (
+    name TEXT PRIMARY KEY,
+    version TEXT NOT NULL,
+    computed_at REAL NOT NULL,
+    body TEXT NOT NULL
+);
+"""
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """The history at ``path`` (created when absent), in WAL mode, its schema created and migrated."""
     try:
@@ -244,6 +256,7 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.executescript(_TELEMETRY_SCHEMA)
     conn.executescript(_FINGERPRINT_SCHEMA)
     conn.executescript(_OUTBOX_SCHEMA)
+    conn.executescript(_TRENDS_SCHEMA)
     _key_rows_by_source(conn)
     _add_row_columns(conn)
     conn.executescript(_COLUMNS_SCHEMA)  # after the rows table's own migrations (a rebuild drops its triggers)

@@ -24,6 +24,7 @@ from controller.history.outbox import WebhookOutbox
 from controller.history.queries import HistoryQueries
 from controller.history.records import GOLDEN_DRIFT_EVENT, RESET_EVENT, VERDICT_EVENT, HistoryError, RunInfo
 from controller.history.schema import ROW_FIELDS, row_from_db, row_to_db
+from controller.history.trends import TrendFindings
 
 # rows by column name: a history whose columns were added in another order (schema._add_row_columns) reads the same
 _ROW_COLUMNS = ", ".join(f'"{f}"' for f in ROW_FIELDS)
@@ -33,10 +34,10 @@ _INSERT_ROW = (f"INSERT INTO rows ({_ROW_COLUMNS}) VALUES ({','.join('?' * len(R
                + ", ".join(f'"{f}"=excluded."{f}"' for f in ROW_FIELDS if f not in _ROWS_KEY))
 
 
-class History(HistoryQueries, ColumnReads, WebhookOutbox):
+class History(HistoryQueries, ColumnReads, WebhookOutbox, TrendFindings):
     """One run history (a SQLite file, or a PostgreSQL database given by its URL): its runs, their modules'
     progress and the events about them, result rows, baselines and device telemetry (the webhook outbox, the
-    aggregate reads and the column-wise reads of rows are its bases).
+    aggregate reads, the column-wise reads of rows and the kept trend findings are its bases).
 
     ``path``: the SQLite file, or the database's URL without its password (what messages name); ``db``: the
     database seam every query goes through; ``conn``: the engine's own connection under it (sqlite3's, psycopg's)."""

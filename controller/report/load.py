@@ -91,12 +91,12 @@ def as_read(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def read_rows(history: History, run_ids: Sequence[str], *, model_keys: Sequence[str] | None = None,
-              only: Sequence[str] | None = None) -> pd.DataFrame:
-    """Every stored row of the given runs (of ``model_keys`` only, when given; one column per ResultRow
-    field, or per field of ``only``; text as categoricals)."""
+              only: Sequence[str] | None = None, modules: Sequence[str] | None = None) -> pd.DataFrame:
+    """Every stored row of the given runs (of ``model_keys`` only, when given; of ``modules`` only, when given;
+    one column per ResultRow field, or per field of ``only``; text as categoricals)."""
     if not run_ids or (model_keys is not None and not model_keys):
         return pd.DataFrame(columns=list(ROW_FIELDS if only is None else only))
-    return history.row_frame(run_ids, model_keys, only)
+    return history.row_frame(run_ids, model_keys, only, modules)
 
 
 SERIES_FIELDS = ("run_id", "module", "model_key", "profile", "source")  # what a trend's series are built on
@@ -155,7 +155,8 @@ def previous_rows(history: History, pick: pd.DataFrame | None) -> pd.DataFrame:
     """The rows of each module's previous run (:func:`previous_pick`; None: no rows)."""
     if pick is None:
         return pd.DataFrame(columns=list(ROW_FIELDS))
-    rows = read_rows(history, sorted(set(pick["run_id"])))
+    # the picked modules' rows only: a run of 100 modules whose previous run was fleet-wide reads 100 modules' rows
+    rows = read_rows(history, sorted(set(pick["run_id"])), modules=sorted({str(m) for m in pick["module"]}))
     return rows.merge(pick, on=["run_id", "module"])
 
 

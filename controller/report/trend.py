@@ -20,7 +20,7 @@ detectable (its webhook event) are :func:`new_changes`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -103,10 +103,13 @@ def release_values(rows: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[str
 
 
 def changes(rows: pd.DataFrame, runs: pd.DataFrame, settings: DetectorSettings | None = None, *,
-            metrics: Sequence[str] = tuple(METRICS), modules: bool = True) -> list[SeriesChange]:
-    """Every change point of every series (fleet-wide, and per module when ``modules``)."""
+            metrics: Sequence[str] = tuple(METRICS), modules: bool = True,
+            only_modules: Collection[str] | None = None) -> list[SeriesChange]:
+    """Every change point of every series (fleet-wide, and per module when ``modules``: of the modules
+    ``only_modules`` only, when given; the fleet series are over every module all the same)."""
     order = release_order(runs)
-    found = _release_series(rows, runs, [m for m in metrics if m in rows.columns], order, modules=modules)
+    found = _release_series(rows, runs, [m for m in metrics if m in rows.columns], order, modules=modules,
+                            only_modules=only_modules)
     out = []
     # every series at once (analyse_series of each, the same to the bit): a history's hundreds of series are
     # mostly of one length, analysed as one array
@@ -130,10 +133,12 @@ def _text_codes(col: pd.Series, extra: Sequence[str] = ()) -> tuple[np.ndarray, 
 
 
 def _release_series(rows: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[str], order: Sequence[str], *,
-                    modules: bool) -> list[tuple[tuple[str, str, str, str], np.ndarray, np.ndarray]]:
+                    modules: bool, only_modules: Collection[str] | None = None,
+                    ) -> list[tuple[tuple[str, str, str, str], np.ndarray, np.ndarray]]:
     """:func:`release_values` of the releases in ``order`` as series: ((model key, profile, metric, module), the
     releases' indices into ``order``, the values), sorted by the key as text, each in release order. The same
-    medians over the same groups (pandas' group median, by integer codes of the texts, not the texts)."""
+    medians over the same groups (pandas' group median, by integer codes of the texts, not the texts).
+    ``only_modules``: the module series of those modules only (the fleet series: of every module's rows)."""
     if "source" in rows:
         sources, source = _text_codes(rows["source"])
         rows = rows[source == int(np.searchsorted(sources, "release"))] if "release" in sources else rows.iloc[:0]
@@ -149,26 +154,32 @@ def _release_series(rows: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[st
     names = np.array(sorted(metrics), dtype=object)
     rank = run_rank[run]
     ok = (key >= 0) & (profile >= 0) & (rank >= 0) & (module >= 0)
-    # the rows of each metric with a value, one metric after the other (as melt stacks them): small integer codes
-    values = [rows[m].to_numpy(dtype=float, na_value=np.nan) for m in metrics]
-    keep = [np.flatnonzero(ok & ~np.isnan(v)) for v in values]
-    if not sum(len(i) for i in keep):
-        return []
+    wanted = None
+    if modules and only_modules is not None:
+        wanted = np.flatnonzero(np.isin(module_names, np.asarray(sorted(set(only_modules)), dtype=object)))
     cols = {"k": key, "p": profile, "run": run, "r": rank, "mod": module}
-    long = pd.DataFrame({**{c: np.concatenate([a[i] for i in keep]).astype(np.int32) for c, a in cols.items()},
-                         "m": np.concatenate([np.full(len(i), np.searchsorted(names, m), dtype=np.int32)
-                                              for m, i in zip(metrics, keep, strict=True)]),
-                         "value": np.concatenate([v[i] for v, i in zip(values, keep, strict=True)])})
-    per_run = long.groupby(["k", "p", "m", "run", "r"])["value"].median().reset_index().assign(mod=fleet)
-    per = pd.concat([per_run, long] if modules else [per_run], ignore_index=True)
-    vals = per.groupby(["k", "p", "m", "mod", "r"], sort=True)["value"].median().reset_index()
-    if vals.empty:
-        return []
-    ids = vals[["k", "p", "m", "mod"]].to_numpy()
-    starts = np.flatnonzero(np.r_[True, (ids[1:] != ids[:-1]).any(axis=1)]).tolist()
-    ranks, values = vals["r"].to_numpy(), vals["value"].to_numpy()
-    return [((str(keys[ids[a, 0]]), str(profiles[ids[a, 1]]), str(names[ids[a, 2]]), str(module_names[ids[a, 3]])),
-             ranks[a:b], values[a:b]) for a, b in zip(starts, [*starts[1:], len(vals)], strict=True)]
+    found: list[tuple[tuple[int, int, int, int], np.ndarray, np.ndarray]] = []
+    # one metric at a time (every group is of one metric): the long frame of a 10,000-run history's every metric
+    # held at once was gigabytes; the same medians over the same groups
+    for code, m in enumerate(names):
+        v = rows[m].to_numpy(dtype=float, na_value=np.nan)
+        i = np.flatnonzero(ok & ~np.isnan(v))
+        if not len(i):
+            continue
+        long = pd.DataFrame({**{c: a[i].astype(np.int32) for c, a in cols.items()}, "value": v[i]})
+        per_run = long.groupby(["k", "p", "run", "r"])["value"].median().reset_index().assign(mod=fleet)
+        if wanted is not None:
+            long = long[np.isin(long["mod"].to_numpy(), wanted)]
+        per = pd.concat([per_run, long] if modules else [per_run], ignore_index=True)
+        vals = per.groupby(["k", "p", "mod", "r"], sort=True)["value"].median().reset_index()
+        ids = vals[["k", "p", "mod"]].to_numpy()
+        starts = np.flatnonzero(np.r_[True, (ids[1:] != ids[:-1]).any(axis=1)]).tolist() if len(vals) else []
+        ranks, values = vals["r"].to_numpy(), vals["value"].to_numpy()
+        found += [((int(ids[a, 0]), int(ids[a, 1]), code, int(ids[a, 2])), ranks[a:b], values[a:b])
+                  for a, b in zip(starts, [*starts[1:], len(vals)], strict=True)]
+    found.sort(key=lambda f: f[0])  # by (key, profile, metric, module): the order of the texts (sorted codes)
+    return [((str(keys[k]), str(profiles[p]), str(names[mc]), str(module_names[mod])), r, x)
+            for (k, p, mc, mod), r, x in found]
 
 
 def findings(found: Sequence[SeriesChange]) -> list[Finding]:
@@ -305,11 +316,45 @@ def trend_records(rows: pd.DataFrame, runs: pd.DataFrame, query: TrendQuery) -> 
     if query.profile is not None:
         of_profile = rows[rows["profile"].astype(str) == query.profile]
         if of_profile.empty and len(rows):  # said, not "no change points": there is no series to look at
-            raise ReportError(f"profile {query.profile!r}: no rows of it in the history"
-                              f"{' of ' + ', '.join(query.models) if query.models else ''} (profiles: "
-                              f"{', '.join(sorted({str(p) for p in rows['profile'].unique()}))})")
+            raise _no_profile(query, {str(p) for p in rows["profile"].unique()})
         rows = of_profile
     found = changes(rows, runs, query.settings, metrics=[query.metric] if query.metric else tuple(METRICS))
+    recs = _records(found, query)
+    releases = len(set(runs["release"].astype(str)) - {""})
+    if recs:
+        return TrendResult(recs, releases)
+    metrics = [m for m in ([query.metric] if query.metric else METRICS) if m in rows.columns]
+    fleet = _release_series(rows, runs, metrics, release_order(runs), modules=False) if len(rows) else []
+    return TrendResult(recs, releases, reach_of([x for _, _, x in fleet], query.settings))
+
+
+def kept_records(found: Sequence[SeriesChange], profiles: dict[str, Sequence[str]], releases: int,
+                 query: TrendQuery) -> TrendResult | None:
+    """:func:`trend_records` of ``query`` from ``found``, every change point of every series of the history at the
+    detector's default settings (kept: :mod:`controller.report.kept`), without a row read: a series is built from
+    the rows of its own model key and profile alone, so the query's keys, profile and metric select series, not
+    rows. ``profiles``: model key -> its profiles with rows. None when there is no record (the reach of the
+    "no change points" line is read from the rows: :func:`trend_records`) or for other settings."""
+    if query.settings != DetectorSettings():
+        return None
+    if query.profile is not None:
+        have = {p for k, ps in profiles.items() if query.models is None or k in query.models for p in ps}
+        if have and query.profile not in have:
+            raise _no_profile(query, have)
+    picked = [c for c in found if (query.models is None or c.model_key in query.models)
+              and (query.profile is None or c.profile == query.profile)
+              and (query.metric is None or c.metric == query.metric)]
+    recs = _records(picked, query)
+    return TrendResult(recs, releases) if recs else None
+
+
+def _no_profile(query: TrendQuery, profiles: set[str]) -> ReportError:
+    return ReportError(f"profile {query.profile!r}: no rows of it in the history"
+                       f"{' of ' + ', '.join(query.models) if query.models else ''} (profiles: "
+                       f"{', '.join(sorted(profiles))})")
+
+
+def _records(found: Sequence[SeriesChange], query: TrendQuery) -> list[dict[str, Any]]:
     if query.devices is not None:
         found = [c for c in found if c.module == FLEET or c.module in query.devices]
     recs = []
@@ -324,12 +369,7 @@ def trend_records(rows: pd.DataFrame, runs: pd.DataFrame, query: TrendQuery) -> 
         rec["values"] = list(c.values)
         rec["modules_moved"] = list(f.modules)  # a fleet finding: the modules that moved with it
         recs.append(rec)
-    releases = len(set(runs["release"].astype(str)) - {""})
-    if recs:
-        return TrendResult(recs, releases)
-    metrics = [m for m in ([query.metric] if query.metric else METRICS) if m in rows.columns]
-    fleet = _release_series(rows, runs, metrics, release_order(runs), modules=False) if len(rows) else []
-    return TrendResult(recs, releases, reach_of([x for _, _, x in fleet], query.settings))
+    return recs
 
 
 # --------------------------------------------------------------------------- the report's "History" section
@@ -369,8 +409,19 @@ def new_changes(rows: pd.DataFrame, runs: pd.DataFrame, run_id: str,
                 settings: DetectorSettings | None = None) -> list[SeriesChange]:
     """The change points of ``rows`` over the history with ``run_id`` that the history without it does not
     have (same series, same release; a drift: a change of the same series over any of its releases): what the run
-    made detectable. A level shift is named by the run that first makes it significant, not by every run after it."""
-    found = changes(rows, runs, settings)
+    made detectable. A level shift is named by the run that first makes it significant, not by every run after it.
+
+    Only the run's own series are searched (ADR 0043): those of the (model key, profile)s it has rows of, fleet-wide
+    and of its modules; a series the run has no value in is the same with it and without it, so it has no change
+    point the history without the run lacks."""
+    own = rows[rows["run_id"].astype(str) == run_id]
+    if not len(own):
+        return []
+    pairs = set(zip(own["model_key"].astype(str), own["profile"].astype(str), strict=True))
+    key = rows["model_key"].astype(str) + "\0" + rows["profile"].astype(str)
+    rows = rows[key.isin({f"{k}\0{p}" for k, p in pairs})]
+    modules = {str(m) for m in own["module"].unique()}
+    found = changes(rows, runs, settings, only_modules=modules)
     if not found:
         return []
     series = {(c.model_key, c.profile, c.metric) for c in found}
@@ -378,7 +429,8 @@ def new_changes(rows: pd.DataFrame, runs: pd.DataFrame, run_id: str,
     wanted = {f"{k}\0{p}" for k, p, _ in series}
     before_rows = rows[(rows["run_id"].astype(str) != run_id) & key.isin(wanted)]
     before_runs = runs[runs["run_id"].astype(str) != run_id]
-    earlier = changes(before_rows, before_runs, settings, metrics=sorted({m for _, _, m in series}))
+    earlier = changes(before_rows, before_runs, settings, metrics=sorted({m for _, _, m in series}),
+                      only_modules=modules)
     old = {(c.model_key, c.profile, c.metric, c.module, c.release) for c in earlier}
     rank = {r: i for i, r in enumerate(release_order(runs))}
     spans: dict[tuple[str, str, str, str], list[tuple[int, int]]] = {}

@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from controller import service
-from controller.history import FrameCache
+from controller.history import FrameCache, History
 from controller.service import Judgement, Session
 from controller.settings import ConfigError
 
 if TYPE_CHECKING:
-    from controller.history import History
     from controller.service.webhooks import Webhooks
 
 log = logging.getLogger("fleet.serve")
@@ -250,7 +249,8 @@ def _start_metrics(s: Session) -> Any:
         return {m: r.user for m, r in fleet.held([m.name for m in inv.modules]).items()}
 
     registry = CollectorRegistry()
-    registry.register(ControllerCollector(history, states, queues, reserved=reserved))
+    registry.register(ControllerCollector(history, states, queues, reserved=reserved,
+                                          open_history=lambda: History(settings.history_location, frames=s.frames)))
     try:
         return start_http_server(settings.metrics_port, addr=settings.metrics_host, registry=registry)
     except OSError as exc:  # a busy port: name it and the setting (issue 51), not a traceback

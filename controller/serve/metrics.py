@@ -15,8 +15,11 @@ newest baseline of any release. The baseline's own figures are exported too
 draw each module's figures against them.
 
 Change points in force (``m1000_trend_change_points``) are those of ``fleetctl trend`` with the default
-settings over the whole history, counted per (model key, metric, scope): computed again only when a run
-was added or ended since the last scrape (the detector takes seconds over a long history).
+settings over the whole history, counted per (model key, metric, scope), read from the findings the history
+keeps (:mod:`controller.report.kept`, ADR 0043): when the history changed since they were computed, a scrape
+starts their computation in a thread of its own and waits for it at most ``trend_wait`` seconds, then answers with
+the findings kept (of the history before the change, until the computation ends): the search over a long history
+takes minutes, a scrape must answer within Prometheus' timeout.
 """
 
 from __future__ import annotations
@@ -159,23 +162,14 @@ def deviation(rows: Iterable[ResultRow], base: Mapping[tuple[str, str], Mapping[
 
 def trend_counts(history: History) -> dict[tuple[str, str, str], int]:
     """(model key, metric, 'fleet' or 'module') -> change points in force over the history (0: a series
-    without one; every (key, metric) with a value in some release, both scopes)."""
-    from controller.report.load import history_frames
-    from controller.report.model import FLEET
-    from controller.report.trend import changes, release_values
+    without one; every (key, metric) with a value in some release, both scopes), of the history as it is now
+    (the kept findings, computed and kept when the history changed: :mod:`controller.report.kept`)."""
+    from controller.report.kept import current_findings, in_force_counts
 
-    rows, runs = history_frames(history)
-    if not len(rows):
-        return {}
-    metrics = [m for m in METRICS if m in rows.columns]
-    vals = release_values(rows, runs, metrics)
-    out = {(str(k), str(m), scope): 0 for k, m in set(zip(vals["model_key"], vals["metric"], strict=True))
-           for scope in ("fleet", "module")}
-    for c in changes(rows, runs):
-        if c.change.in_force:
-            key = (c.model_key, c.metric, "fleet" if c.module == FLEET else "module")
-            out[key] = out.get(key, 0) + 1
-    return out
+    return in_force_counts(current_findings(history))
+
+
+TREND_WAIT = 0.5  # s a scrape waits for the findings it started computing (then answers with those kept)
 
 
 class ControllerCollector(Collector):
@@ -185,7 +179,8 @@ class ControllerCollector(Collector):
 
     def __init__(self, history: History, states: Callable[[], Mapping[str, str | ModuleReading]],
                  queue_depths: Callable[[], Mapping[str, Mapping[str, int]]], *, tolerance: float = 0.05,
-                 recent_runs: int = RECENT_RUNS, reserved: Callable[[], Mapping[str, str]] | None = None) -> None:
+                 recent_runs: int = RECENT_RUNS, reserved: Callable[[], Mapping[str, str]] | None = None,
+                 trend_wait: float = TREND_WAIT, open_history: Callable[[], History] | None = None) -> None:
         self.history = history
         self.states = states
         self.queue_depths = queue_depths
@@ -194,7 +189,11 @@ class ControllerCollector(Collector):
         self.recent_runs = recent_runs
         self._lock = threading.Lock()
         self._dev_cache: dict[tuple[str, str, int, str], Deviation] = {}
-        self._trend_cache: tuple[tuple[object, ...], dict[tuple[str, str, str], int]] | None = None
+        self.trend_wait = trend_wait
+        # the background computation's own connection (None: this history's, shared with the scrapes)
+        self.open_history = open_history
+        self._trend_cache: tuple[str, dict[tuple[str, str, str], int]] | None = None  # (version, counts)
+        self._trend_thread: threading.Thread | None = None
         self._base_cache: dict[str, dict[tuple[str, str], dict[str, float]]] = {}
 
     def _family(self, name: str) -> GaugeMetricFamily:
@@ -305,15 +304,49 @@ class ControllerCollector(Collector):
         return fam
 
     def _trend_metric(self) -> Metric:
-        """Change points in force per (model key, metric, scope), 0 for every series without one."""
-        runs = self.history.runs(limit=1_000_000)
-        stamp = tuple((r.run_id, r.state) for r in runs)
-        if self._trend_cache is None or self._trend_cache[0] != stamp:
-            self._trend_cache = (stamp, trend_counts(self.history))
+        """Change points in force per (model key, metric, scope), 0 for every series without one: the kept
+        findings, their computation started when the history changed since (see the module's docstring)."""
+        from controller.report.kept import NAME, decode, in_force_counts
+
+        version = self.history.trend_version()
+        if self._trend_cache is None or self._trend_cache[0] != version:
+            got = self.history.trend_findings(NAME)
+            if got is None or got[0] != version:
+                self.start_trend()
+                self._trend_thread.join(self.trend_wait)  # type: ignore[union-attr]  # started
+                got = self.history.trend_findings(NAME)
+            kept = decode(*got) if got is not None and (self._trend_cache is None
+                                                          or self._trend_cache[0] != got[0]) else None
+            if kept is not None:
+                self._trend_cache = (kept.version, in_force_counts(kept))
         fam = self._family("m1000_trend_change_points")
-        for (key, metric, scope), n in sorted(self._trend_cache[1].items()):
+        for (key, metric, scope), n in sorted(self._trend_cache[1].items() if self._trend_cache else ()):
             fam.add_metric((label_value(key), metric, scope), n)
         return fam
+
+    def start_trend(self) -> None:
+        """Start computing and keeping the history's findings in a thread of its own, unless one is at it."""
+        if not self.trend_computing():
+            self._trend_thread = threading.Thread(target=self._compute_trend, name="trend-findings", daemon=True)
+            self._trend_thread.start()
+
+    def trend_computing(self) -> bool:
+        """Whether the history's findings are being computed now."""
+        return self._trend_thread is not None and self._trend_thread.is_alive()
+
+    def _compute_trend(self) -> None:
+        from controller.report.kept import keep_findings
+        from controller.report.model import ReportError
+
+        failures: tuple[type[Exception], ...] = (*DatabaseError, ReportError)
+        h = self.open_history() if self.open_history is not None else self.history
+        try:
+            keep_findings(h)
+        except failures as exc:  # said, and tried again at the next scrape
+            log.warning("change points across the history not computed: %s", exc)
+        finally:
+            if h is not self.history:
+                h.close()
 
     def _latest_runs(self) -> dict[str, RunInfo]:
         """module -> its newest run (of the recent ones) that has rows for it."""

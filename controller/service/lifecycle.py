@@ -350,14 +350,20 @@ def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float
 def queue_change_points(h: History, info: RunInfo, verdict: str, state: str) -> int:
     """Queue the webhook event of the change points across the release history that the run made detectable
     (those of its model keys the history without it does not have: a level shift is named once), when there
-    are any; how many. A history the detector cannot take is left unsaid (the verdict stands)."""
+    are any; how many. A history the detector cannot take is left unsaid (the verdict stands).
+
+    The path that ends a run (ADR 0043): nothing is read or searched while the history holds fewer releases than a
+    change point needs (a run whose release has no neighbour cannot make one), and then only the run's own series
+    (:func:`controller.report.trend.new_changes`), never every series of the history."""
     import json
 
     from controller.history import CHANGE_POINT_EVENT
     from controller.report.load import history_frames, read_rows, run_keys
     from controller.report.model import ReportError
-    from controller.report.trend import change_payload, describe, new_changes, scope_of
+    from controller.report.trend import MIN_RELEASES, change_payload, describe, new_changes, scope_of
 
+    if h.release_count() < MIN_RELEASES:
+        return 0
     try:
         rows, runs = history_frames(h, run_keys(info, read_rows(h, [info.run_id])))
         found = new_changes(rows, runs, info.run_id)

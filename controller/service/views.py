@@ -124,11 +124,10 @@ def report(s: Session, run: str = "latest", baseline: str | None = None, *, tole
 
 def trend(s: Session, query: TrendQuery) -> TrendResult:
     """The change points across the release history that ``query`` asks for: the records of ``fleetctl trend
-    -o json`` (never writes)."""
-    from controller.report.load import trend_frames
-    from controller.report.trend import trend_records
+    -o json``: from the findings the history keeps (computed and kept when it changed since: the only write)."""
+    from controller.report.kept import trend_of
 
-    return trend_records(*trend_frames(s.read_history(), query), query)
+    return trend_of(s.read_history(), query)
 
 
 def version() -> dict[str, str]:

@@ -38,13 +38,15 @@ def test_migrations_are_versioned_and_applied_once(pg_server: PostgresServer) ->
     History(url).close()
     h = History(url)  # opened again: nothing applied twice
     assert [v for (v,) in h.db.execute("SELECT version FROM schema_version ORDER BY version")] == [
-        v for v, _ in MIGRATIONS] == [1, 2]
-    # a database left at version 1 (by an older fleetctl) gains version 2 when next opened
-    h.db.executescript("DROP TABLE row_file_data; DELETE FROM schema_version WHERE version = 2")
+        v for v, _ in MIGRATIONS] == [1, 2, 3]
+    # a database left at version 1 (by an older fleetctl) gains versions 2 and 3 when next opened
+    h.db.executescript("DROP TABLE row_file_data; DROP TABLE trend_findings;"
+                       " DELETE FROM schema_version WHERE version >= 2")
     h.close()
     h = History(url)
-    assert [v for (v,) in h.db.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2]
+    assert [v for (v,) in h.db.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3]
     assert h.db.execute("SELECT COUNT(*) FROM row_file_data").fetchone() == (0,)
+    assert h.trend_findings("changes") is None
     h.close()
 
 

@@ -169,7 +169,7 @@ def test_change_points_in_force_per_key_metric_and_scope(tmp_path: Path, seed_te
     reference = rows_frame([r for rows in parse_seed(seed_text).values() for r in rows])
     h = release_history(tmp_path / "history.sqlite", reference, releases=8, regress={("qwen3", "decode_tps"): 0.10})
     try:
-        c = collector(h)
+        c = collector(h, trend_wait=60)  # each scrape after a change waits for the findings it starts computing
         labels = {"model_key": "qwen3", "metric": "decode_tps", "scope": "fleet"}
         assert sample(c, "m1000_trend_change_points", labels) == 0  # 2 releases after the change: none named yet
         assert sample(c, "m1000_trend_change_points", {**labels, "scope": "module"}) == 0

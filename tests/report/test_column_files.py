@@ -432,3 +432,32 @@ def test_kept_analyses_count_in_the_same_bytes_as_the_frames(history: History) -
     for _ in range(2):
         _report_text(history)
     assert tight.recalled == 0 and tight.bytes <= tight.max_bytes
+
+
+def test_some_modules_of_a_file_are_the_rows_of_those_modules_decompressing_their_batches_only(
+        history: History, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ADR 0043: each module's previous run of a run of a few modules is read without the rest of a fleet-wide run."""
+    import controller.history.columns as columns
+
+    monkeypatch.setattr(columns, "FILE_BATCH_ROWS", 92)  # a batch a module (7 modules x 92 rows): files of 7
+    whole = read_rows(history, ["run-a"])  # written now, from SQLite, in batches of 92 rows
+    some = ["m05", "m01"]
+    expected = whole[whole["module"].astype(str).isin(some)].reset_index(drop=True)
+    decoded: list[int] = []
+    import pyarrow.ipc as ipc
+
+    real = ipc.RecordBatchFileReader.get_batch
+
+    def counted(self: ipc.RecordBatchFileReader, i: int):  # type: ignore[no-untyped-def]
+        got = real(self, i)
+        decoded.append(got.num_columns)
+        return got
+
+    monkeypatch.setattr(ipc.RecordBatchFileReader, "get_batch", counted)
+    got = read_rows(history, ["run-a"], modules=some).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, expected)
+    assert sorted(n for n in decoded if n > 1) == [len(ROW_FIELDS)] * 2  # every field of 2 batches of 7
+    # no file store: SQLite's rows, of those modules too
+    monkeypatch.setattr(History, "column_store", property(lambda _: None))
+    other = read_rows(history, ["run-b"], modules=some)
+    assert sorted(set(other["module"].astype(str))) == sorted(some) and len(other) == 2 * 92
