@@ -8,6 +8,7 @@ history for reading. The work is :mod:`controller.report.trend` and
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,10 +69,12 @@ def from_csv(path: Path, column: str, order_by: str | None, settings: DetectorSe
         key = pd.to_numeric(df[order_by], errors="coerce")
         df = df.iloc[(key if key.notna().all() else df[order_by]).argsort(kind="stable")]
     values = pd.to_numeric(df[column], errors="coerce")
-    if values.isna().any():
-        line = int(values.index[values.isna().to_numpy().argmax()])
-        raise TrendError(f"{path}: line {line}, column {column!r}: {df.at[line, column]!r} is not a number")
-    labels = [str(v) for v in (df[order_by] if order_by else pd.Series(range(len(df))))]
+    bad = ~values.apply(lambda v: math.isfinite(v) if isinstance(v, (int, float)) else False)
+    if bad.any():  # a blank or a word, nan, inf, or a figure beyond a float (1e999): named by its line and text
+        line = int(values.index[bad.to_numpy().argmax()])
+        raise TrendError(f"{path}: line {line}, column {column!r}: {df.at[line, column]!r} is not a finite number")
+    # each row named by --order-by's value, else by its line in the file (what a user finds it by; not 0, 1, ...)
+    labels = [str(v) for v in df[order_by]] if order_by else [f"line {n}" for n in df.index]
     try:
         found = analyse_series(values.to_numpy(dtype=float), settings).change_points
     except SeriesError as exc:

@@ -158,7 +158,20 @@ def test_a_csv_value_that_is_not_a_number_is_named_with_its_line(tmp_path: Path)
     f.write_text("n,v\n1,1\n2,abc\n")
     bad = CliRunner().invoke(_app(History(tmp_path / "h.sqlite")), ["trend", "--from-csv", str(f), "--column", "v"])
     assert isinstance(bad.exception, TrendError)
-    assert str(bad.exception) == f"{f}: line 3, column 'v': 'abc' is not a number"
+    assert str(bad.exception) == f"{f}: line 3, column 'v': 'abc' is not a finite number"
+    f.write_text("n,v\n1,1\n2,2\n3,1e999\n")  # beyond a float: named by its line and text (issue 51), not its index
+    bad = CliRunner().invoke(_app(History(tmp_path / "h.sqlite")), ["trend", "--from-csv", str(f), "--column", "v"])
+    assert str(bad.exception) == f"{f}: line 4, column 'v': '1e999' is not a finite number"
+
+
+def test_csv_rows_without_order_by_are_named_by_their_line(tmp_path: Path):
+    """Issue 51: without --order-by the change was at "release 5" (rows numbered from 0); now "line 7"."""
+    f = tmp_path / "s.csv"
+    f.write_text("v\n" + "10\n" * 5 + "20\n" * 5)
+    res = CliRunner().invoke(_app(History(tmp_path / "h.sqlite")), ["trend", "--from-csv", str(f), "--column", "v",
+                                                                   "-o", "json"])
+    assert res.exit_code == 0, res.output
+    assert [cp["release"] for cp in json.loads(res.stdout)] == ["line 7"]
 
 
 def test_candidates_closer_than_a_segment_are_pruned_to_the_real_one():
