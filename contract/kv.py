@@ -165,6 +165,27 @@ class KV:
                 out.append(None)
         return out
 
+    def get_raw(self, keys: Sequence[str]) -> list[bytes | str | None]:
+        """The stored values of ``keys`` unparsed, in one round trip (MGET): a reader that parses only what
+        changed since it last read compares these."""
+        return list(self.backend.mget([k.encode() for k in keys])) if keys else []
+
+    def taken_at(self, keys: Sequence[str], ttl: int) -> list[float | None]:
+        """When the broker took each of ``keys`` (written with expiry ``ttl``), on this reader's clock, in one
+        round trip; None where the backend cannot tell (:meth:`get_aged`)."""
+        if not keys:
+            return []
+        if isinstance(self.backend, FilesystemBackend):
+            return [self._file_aged(k)[1] for k in keys]
+        if not _is_redis(self.backend):
+            return [None] * len(keys)
+        pipe = self.backend.client.pipeline(transaction=False)
+        for k in keys:
+            pipe.pttl(k)
+        left = pipe.execute()
+        now = time.time()
+        return [_taken_at(ms, ttl, now) for ms in left]
+
     def get_aged(self, keys: Sequence[str], ttl: int) -> list[tuple[Any, float | None]]:
         """(value, when the broker took it on this reader's clock) per key, for keys written with expiry ``ttl``.
 
@@ -185,9 +206,7 @@ class KV:
         now = time.time()
         out: list[tuple[Any, float | None]] = []
         for value, ms in zip(raw, left, strict=True):
-            rest = int(ms) / 1000.0 if isinstance(ms, int) else -1.0
-            at = now - (ttl - rest) if 0.0 <= rest <= ttl + 1.0 else None
-            out.append((_load(value), at))
+            out.append((_load(value), _taken_at(ms, ttl, now)))
         return out
 
     def _file_aged(self, key: str) -> tuple[Any, float | None]:
@@ -221,8 +240,7 @@ class KV:
         names = list(modules)
         out: dict[str, Beat | None] = {}
         for m, (value, at) in zip(names, self.get_aged([_key("hb", m) for m in names], HEARTBEAT_TTL), strict=True):
-            hb: Heartbeat | None = _model(Heartbeat, value)
-            out[m] = None if hb is None else Beat(hb, at, True) if at is not None else Beat(hb, hb.ts, False)
+            out[m] = make_beat(_model(Heartbeat, value), at)
         return out
 
     # -- progress and rows -------------------------------------------------------------------
@@ -274,14 +292,7 @@ class KV:
         return int(pipe.execute()[-1])
 
     def rows(self, run_id: str, module: str) -> list[ResultRow] | None:
-        raw = self.get(_key("rows", run_id, module))
-        if not isinstance(raw, list):
-            return None
-        try:
-            return [ResultRow.model_validate(r) for r in raw]
-        except ValidationError:
-            log.warning("unreadable rows for %s on %s", run_id, module)
-            return None
+        return parse_rows(self.get(_key("rows", run_id, module)), run_id, module)
 
     # -- device telemetry (agent.telemetry) --------------------------------------------------------
     def put_telemetry(self, summary: TelemetrySummary) -> None:
@@ -296,6 +307,12 @@ class KV:
     def put_ack(self, p: RunProgress) -> None:
         """The controller holds ``p`` (a sealed final state) completely: the module may drop it."""
         self.put(ack_key(p.run_id, p.module), {"digest": p.rows_digest, "updated_at": p.updated_at, "ts": time.time()})
+
+    def put_acks(self, ps: Sequence[RunProgress]) -> None:
+        """:meth:`put_ack` of each, in one round trip."""
+        now = time.time()
+        self.put_many({ack_key(p.run_id, p.module): {"digest": p.rows_digest, "updated_at": p.updated_at, "ts": now}
+                       for p in ps})
 
     def acked(self, p: RunProgress) -> bool:
         """Whether the controller acknowledged this very final state (its rows' digest and its time)."""
@@ -348,8 +365,10 @@ class KV:
     def conflicts(self, modules: Iterable[str]) -> dict[str, tuple[dict[str, Any], float | None]]:
         """module -> (its latest name-conflict record, when the broker took it on this reader's clock)."""
         names = list(modules)
-        values = self.get_aged([_key("conflict", m) for m in names], CONFLICT_TTL)
-        return {m: (v, at) for m, (v, at) in zip(names, values, strict=True) if isinstance(v, dict)}
+        values = [_load(raw) for raw in self.get_raw([_key("conflict", m) for m in names])]
+        found = [(m, v) for m, v in zip(names, values, strict=True) if isinstance(v, dict)]
+        ats = self.taken_at([_key("conflict", m) for m, _ in found], CONFLICT_TTL)  # a conflict is rare: no PTTL each
+        return {m: (v, at) for (m, v), at in zip(found, ats, strict=True)}
 
 
     # -- reservations (controllers only) --------------------------------------------------------
@@ -384,6 +403,28 @@ def held_for_other(value: Any, user: str, now: float) -> tuple[str, float] | Non
     except (KeyError, TypeError, ValueError):
         return None
     return (who, until) if until > now and who != user else None
+
+
+def parse_rows(raw: Any, run_id: str, module: str) -> list[ResultRow] | None:
+    """A module's rows of a run as read (JSON loaded); None when there are none or they cannot be read."""
+    if not isinstance(raw, list):
+        return None
+    try:
+        return [ResultRow.model_validate(r) for r in raw]
+    except ValidationError:
+        log.warning("unreadable rows for %s on %s", run_id, module)
+        return None
+
+
+def make_beat(hb: Heartbeat | None, at: float | None) -> Beat | None:
+    """The :class:`Beat` of ``hb`` taken by the broker ``at`` (None: not measured, the agent's ``ts`` stands in)."""
+    return None if hb is None else Beat(hb, at, True) if at is not None else Beat(hb, hb.ts, False)
+
+
+def _taken_at(ms: Any, ttl: int, now: float) -> float | None:
+    """When a key written with expiry ``ttl`` was written, from its PTTL ``ms`` read at ``now`` (None: another)."""
+    rest = int(ms) / 1000.0 if isinstance(ms, int) else -1.0
+    return now - (ttl - rest) if 0.0 <= rest <= ttl + 1.0 else None
 
 
 class CancelFlag(NamedTuple):

@@ -12,14 +12,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, TypeGuard
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from contract.digest import is_sealed, record_digest, rows_digest
-from contract.records import ResultRow, RunProgress, RunState, StepError, TelemetrySummary
+from contract.records import Heartbeat, ResultRow, RunProgress, RunState, StepError, TelemetrySummary
 from contract.settings import BrokerSettings
 from controller.fleet.errors import BrokerUnavailable, FleetError, broker_errors, error_line
 from controller.fleet.runs import RunView, failed_progress
+from controller.fleet.sync_plan import (
+    Take,
+    collecting_progress,
+    foreign_rows,
+    is_collecting,
+    kept_rows,
+    pending_modules,
+    plan_take,
+    rows_failed,
+)
 
 if TYPE_CHECKING:
     from contract.kv import KV, Beat
@@ -61,16 +72,6 @@ def liveness(p: RunProgress | None, beat: Beat | None, now: float, *, dispatched
     return None
 
 
-# A module whose final state reached the controller without all it names (rows, telemetry summary) is
-# "collecting": recorded as still publishing, this step, until its history holds all of it or collect_timeout
-# passes (then its part ends failed: "N of M rows reached the controller"), never done with rows missing.
-COLLECT_STEP = "collecting"
-
-
-def is_collecting(p: RunProgress | None) -> TypeGuard[RunProgress]:
-    return p is not None and p.state == RunState.PUBLISHING and p.step == COLLECT_STEP
-
-
 def record_gap(p: RunProgress, rows: Sequence[ResultRow], telemetry: TelemetrySummary | None) -> str | None:
     """What of the module's final state ``p`` the controller's history lacks, in words; None when it holds all
     of it (pure).
@@ -92,12 +93,80 @@ def record_gap(p: RunProgress, rows: Sequence[ResultRow], telemetry: TelemetrySu
     return "; ".join(missing) or None
 
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Parsed(Generic[T]):
+    """Records parsed by their raw text: a record read again unchanged is not parsed again."""
+
+    by_key: Mapping[str, tuple[Any, T]] = field(default_factory=dict)
+
+    def update(self, raws: Mapping[str, Any], parse: Any) -> tuple[Parsed[T], list[str]]:
+        """The records of ``raws`` (key -> raw text), and the keys whose text changed (parsed now)."""
+        out: dict[str, tuple[Any, T]] = {}
+        changed: list[str] = []
+        for key, raw in raws.items():
+            old = self.by_key.get(key)
+            if old is not None and old[0] == raw:
+                out[key] = old
+            else:
+                out[key] = (raw, parse(raw))
+                changed.append(key)
+        return Parsed(out), changed
+
+    def get(self, key: str) -> T | None:
+        found = self.by_key.get(key)
+        return None if found is None else found[1]
+
+
+@dataclass(frozen=True)
+class PassMemo:
+    """What a run's last sync pass read, parsed (:class:`Parsed`), and the modules it found settled: their broker
+    record and the history's the same objects, equal, with the rows the record names in the history."""
+
+    known: Parsed[RunProgress] = field(default_factory=Parsed)
+    live: Parsed[RunProgress | None] = field(default_factory=Parsed)
+    beats: Parsed[Beat | None] = field(default_factory=Parsed)
+    settled: Mapping[str, tuple[RunProgress, RunProgress]] = field(default_factory=dict)
+
+
+MEMO_RUNS = 16  # the runs whose last pass a Sync remembers (``fleetctl serve`` follows every running run)
+
+
+@dataclass
+class PassWrites:
+    """What one pass writes, gathered and then written at once: one history transaction, one broker pipeline."""
+
+    rows: dict[str, list[ResultRow]] = field(default_factory=dict)
+    telemetry: list[TelemetrySummary] = field(default_factory=list)
+    progress: dict[str, RunProgress] = field(default_factory=dict)
+    forced: dict[str, RunProgress] = field(default_factory=dict)
+    events: list[tuple[str, str]] = field(default_factory=list)
+    acks: list[RunProgress] = field(default_factory=list)
+    cancels: list[tuple[str, str]] = field(default_factory=list)  # module, why (given up: lost)
+
+    def put(self, p: RunProgress, *, force: bool = False) -> None:
+        """``p`` becomes the module's progress (``force``: even over a newer one); the last of a pass wins."""
+        if force or p.module in self.forced:
+            self.progress.pop(p.module, None)
+            self.forced[p.module] = p
+        else:
+            self.progress[p.module] = p
+
+
 class Sync:
-    """The fleet's following side: sync a run from the broker, its view from the history, a wait on it."""
+    """The fleet's following side: sync a run from the broker, its view from the history, a wait on it.
+
+    A pass (:meth:`sync`) reads the run's progress from the history and every pending module's progress and
+    heartbeat from the broker in one MGET (:meth:`_read`), parses only what changed since the last pass, decides in
+    pure functions (:mod:`controller.fleet.sync_plan`, :func:`liveness`), reads the rows and telemetry of the modules
+    it takes in one MGET and writes what it took in one transaction (:class:`PassWrites`)."""
 
     settings: BrokerSettings
     history: History
     kv: KV
+    _sync_memos: dict[str, PassMemo]
 
     if TYPE_CHECKING:
         def beats(self, names: Iterable[str]) -> dict[str, Beat | None]: ...
@@ -114,107 +183,157 @@ class Sync:
             raise BrokerUnavailable(
                 f"broker {self.settings.redacted_broker_url()} unreachable: {error_line(exc)}") from exc
 
+    def _memos(self) -> dict[str, PassMemo]:
+        if "_sync_memos" not in self.__dict__:
+            self._sync_memos = {}
+        return self._sync_memos
+
     def _sync(self, run_id: str, now: float | None = None) -> RunView:
         info = self.history.run(run_id)
         if info is None:
             raise FleetError(f"no run {run_id!r} in {self.history.path}")
         now = time.time() if now is None else now
-        known = self.history.progress(run_id)
+        memo = self._memos().get(run_id, PassMemo())
+        known_parsed, _ = memo.known.update(dict(self.history.progress_json(run_id)), RunProgress.model_validate_json)
+        known: dict[str, RunProgress | None] = {m: known_parsed.get(m) for m in known_parsed.by_key}
         # modules the controller gave up (LOST) are still read: a late state or late rows are accepted
-        late_ok = now - info.created_at < self.settings.result_expires
-        pending = [m for m in info.modules if not (known.get(m) and known[m].state.terminal)
-                   or (late_ok and known[m].state == RunState.LOST)]
-        live = self.kv.progress(run_id, pending) if pending else {}
-        beats = self.beats(pending) if pending else {}
+        pending = pending_modules(info.modules, known, late_ok=now - info.created_at < self.settings.result_expires)
+        live_parsed, beats_parsed = self._read(run_id, pending, memo)
+        live = {m: live_parsed.get(m) for m in pending}
+        beats = {m: beats_parsed.get(m) for m in pending}
+        writes = PassWrites()
+        settled: dict[str, tuple[RunProgress, RunProgress]] = {}
+        takes: dict[str, Take] = {}
         for m in pending:
             p, cur = live.get(m), known.get(m)
-            if p is not None and is_collecting(cur) and not p.state.terminal:
-                p = None  # the broker lost the final state (the module sends it again): nothing newer than it
-            was_lost = cur is not None and cur.state == RunState.LOST
-            beat = beats.get(m)
-            skew = (beat.skew or 0.0) if beat is not None else 0.0
-            if p is not None and p.release and info.release and p.release != info.release:
-                # another release's record under this run id (another controller used it): never this run's result
-                known[m] = self._record_foreign(run_id, m, info.release, p, len(info.models_of(m)), now)
+            before = memo.settled.get(m)
+            if p is not None and cur is not None and before is not None and before[0] is p and before[1] is cur:
+                settled[m] = (p, cur)  # read unchanged, and the history holds it: nothing to take
                 continue
-            if p is not None and cur is not None and was_lost:
-                # the late state's time is the agent's clock, when the module was given up the controller's
-                if not p.state.terminal and p.updated_at - skew <= (cur.finished_at or 0.0):
-                    p = None  # nothing newer than when the module was given up
-                else:
-                    self.history.add_event(run_id, m, f"late {p.state.value} state accepted after the module was "
-                                                      f"marked lost ({cur.error.message if cur.error else ''})")
-            if p is not None:
-                have = self.history.release_row_count(run_id, m)
-                foreign: list[str] = []
-                if p.rows != have or p.state.terminal:
-                    rows = self.kv.rows(run_id, m)
-                    foreign = sorted({r.release or "?" for r in rows or () if r.release != info.release})
-                    if rows is not None and not foreign:
-                        self.history.replace_rows(run_id, m, rows)
-                if foreign and p.state.terminal:  # the rows of another release: none taken, the part failed
-                    reason = (f"the broker's rows of run {run_id} on {m} are of release {', '.join(foreign)}, not "
-                              f"{info.release}: not taken as this run's result (another controller used this run id)")
-                    self.history.add_event(run_id, m, reason)
-                    log.warning("run %s on %s: %s", run_id, m, reason)
-                    if p.state != RunState.FAILED:
-                        p = p.model_copy(update={"state": RunState.FAILED, "updated_at": now,
-                                                 "finished_at": p.finished_at or now,
-                                                 "error": StepError(step="sync", message=reason)})
-                # device telemetry: published with the last progress of a run the module started (a refused request
-                # publishes none: what is there is of another request)
-                if p.state.terminal and not foreign:
-                    summary = self.kv.telemetry(run_id, m) if p.started_at is not None else None
-                    if summary is not None:
-                        self.history.upsert_telemetry(summary)
-                    p = self._complete(run_id, m, p, summary, now)
-                if p != cur:  # an unchanged module costs no write (a pass writes what changed, not N rows)
-                    self.history.upsert_progress(p, force=was_lost)
-                known[m] = cur = p
+            beat = beats.get(m)
+            takes[m] = plan_take(info.release, p, cur, skew=(beat.skew or 0.0) if beat is not None else 0.0)
+        self._take(run_id, info.release, {m: t for m, t in takes.items() if t.progress is not None or t.foreign},
+                   known, live, now, writes, settled, len_models={m: len(info.models_of(m)) for m in takes})
+        events: list[tuple[str, float, str]] | None = None
+        dispatched = info.dispatched_at or info.created_at
+        for m in pending:
+            cur = known.get(m)
             if cur is not None and cur.state.terminal:
                 continue
             if is_collecting(cur):
-                failed = self._collect_bound(run_id, m, cur, now)
+                if events is None:
+                    events = self.history.events(run_id)
+                failed = self._collect_bound(run_id, m, cur, now, writes, _collecting_since(events, m))
                 if failed is not None:
                     known[m] = failed
                 continue  # the module is done running: only its record is awaited, bounded by collect_timeout
-            why = liveness(cur, beat, now, dispatched_at=info.dispatched_at or info.created_at, settings=self.settings)
+            why = liveness(cur, beats.get(m), now, dispatched_at=dispatched, settings=self.settings)
             if why:
-                self.kv.cancel(run_id, m, reason=why, lost=True)  # a later delivery must not run it
-                known[m] = self._record_lost(run_id, m, info.release, cur, why, len(info.models_of(m)), now)
+                writes.cancels.append((m, why))  # a later delivery must not run it
+                known[m] = self._record_lost(run_id, m, info.release, cur, why, len(info.models_of(m)), now, writes)
+        self._write(run_id, writes)
+        memos = self._memos()
+        memos.pop(run_id, None)
+        memos[run_id] = PassMemo(known_parsed, live_parsed, beats_parsed, settled)
+        while len(memos) > MEMO_RUNS:
+            memos.pop(next(iter(memos)))
         view = RunView(run_id, info.modules, {m: known.get(m) for m in info.modules})
         if view.finished and info.state != view.state():
             self.history.set_run_state(run_id, view.state())
         return view
 
-    def _complete(self, run_id: str, module: str, p: RunProgress, summary: TelemetrySummary | None,
-                  now: float) -> RunProgress:
-        """The module's final state ``p`` as the history records it: ``p`` itself once the history holds all it
-        names (then acknowledged to the module, which stops sending it), else the module collecting.
-        ``summary``: the telemetry summary just read from the broker (and recorded)."""
-        if p.telemetry_digest is not None and (summary is None or record_digest(summary) != p.telemetry_digest):
-            summary = self.history.telemetry(run_id).get(module)  # an earlier sync may have recorded it
-        gap = record_gap(p, self.history.rows(run_id, module, source=None), summary)
-        if gap is None:
-            if is_sealed(p):
-                self.kv.put_ack(p)
-            return p
-        if self._collecting_since(run_id, module) is None:
-            self.history.add_event(run_id, module, f"collecting: the module reported {p.state.value}, but {gap}; "
-                                                   "waiting for the module to send the rest")
+    def _read(self, run_id: str, pending: Sequence[str],
+              memo: PassMemo) -> tuple[Parsed[RunProgress | None], Parsed[Beat | None]]:
+        """The pending modules' progress and heartbeats on the broker: one MGET, then the PTTL of the heartbeats that
+        changed since the last pass (an unchanged one was taken when it was first read)."""
+        from contract.kv import HEARTBEAT_TTL, _key, _load, _model, make_beat
+
+        keys = [_key("progress", run_id, m) for m in pending] + [_key("hb", m) for m in pending]
+        raw = self.kv.get_raw(keys) if pending else []
+        n = len(pending)
+        live, _ = memo.live.update(dict(zip(pending, raw[:n], strict=True)),
+                                   lambda r: _model(RunProgress, _load(r)))
+        hb_raw = dict(zip(pending, raw[n:], strict=True))
+        old = memo.beats.by_key
+        changed = [m for m in pending if hb_raw[m] is not None and (m not in old or old[m][0] != hb_raw[m])]
+        ats = dict(zip(changed, self.kv.taken_at([_key("hb", m) for m in changed], HEARTBEAT_TTL), strict=True))
+        beats = Parsed({m: old[m] if m not in ats and m in old and old[m][0] == r
+                        else (r, make_beat(_model(Heartbeat, _load(r)), ats.get(m))) for m, r in hb_raw.items()})
+        return live, beats
+
+    def _take(self, run_id: str, release: str, takes: Mapping[str, Take], known: dict[str, RunProgress | None],
+              live: Mapping[str, RunProgress | None], now: float, writes: PassWrites,
+              settled: dict[str, tuple[RunProgress, RunProgress]], len_models: Mapping[str, int]) -> None:
+        """Take each module's broker record as :func:`plan_take` says: its rows where they differ from the history's
+        or the record is final (one MGET), its telemetry summary, its completeness (:func:`record_gap`)."""
+        from contract.kv import _key, _load, _model, parse_rows
+
+        counts = self.history.release_row_counts(
+            run_id, [m for m, t in takes.items() if t.progress is not None and not t.progress.state.terminal])
+        fetch = [m for m, t in takes.items() if t.progress is not None
+                 and (t.progress.state.terminal or t.progress.rows != counts[m])]
+        raw_rows = dict(zip(fetch, self.kv.get_raw([_key("rows", run_id, m) for m in fetch]), strict=True))
+        summarised = [m for m in fetch if (tp := takes[m].progress) is not None and tp.state.terminal
+                      and tp.started_at is not None]
+        summaries = {m: _model(TelemetrySummary, _load(r)) for m, r in zip(
+            summarised, self.kv.get_raw([_key("telemetry", run_id, m) for m in summarised]), strict=True)}
+        held_summaries: list[TelemetrySummary] | None = None
+        events: list[tuple[str, float, str]] | None = None
+        for m, t in takes.items():
+            cur = known.get(m)
+            if t.foreign:
+                assert t.found is not None
+                known[m] = self._record_foreign(run_id, m, release, t.found, len_models[m], now, writes)
+                continue
+            p = t.progress
+            assert p is not None
+            if t.late:
+                writes.events.append((m, t.late))
+            rows = parse_rows(_load(raw_rows[m]), run_id, m) if m in raw_rows else None
+            foreign = foreign_rows(rows, release)
+            if rows is not None and not foreign:
+                writes.rows[m] = rows
+            if foreign and p.state.terminal:  # the rows of another release: none taken, the part failed
+                p, reason = rows_failed(run_id, m, release, p, foreign, now)
+                writes.events.append((m, reason))
+                log.warning("run %s on %s: %s", run_id, m, reason)
+            if p.state.terminal and not foreign:
+                summary = summaries.get(m)
+                if summary is not None:
+                    writes.telemetry.append(summary)
+                if p.telemetry_digest is not None and (summary is None or record_digest(summary) != p.telemetry_digest):
+                    if held_summaries is None:  # an earlier sync may have recorded it
+                        held_summaries = list(self.history.telemetry(run_id).values())
+                    summary = next((s for s in held_summaries if s.module == m), None)
+                held = (kept_rows(rows, run_id, m) if rows is not None and m in writes.rows
+                        else self.history.rows(run_id, m, source=None))
+                gap = record_gap(p, held, summary)
+                if gap is None:
+                    if is_sealed(p):
+                        writes.acks.append(p)
+                else:
+                    if events is None:
+                        events = self.history.events(run_id)
+                    p = self._collecting(run_id, m, p, gap, held, now, writes, _collecting_since(events, m))
+            if p != cur:  # an unchanged module costs no write (a pass writes what changed, not N rows)
+                writes.put(p, force=t.force)
+            elif cur is not None and m not in raw_rows and live.get(m) is p:
+                settled[m] = (p, cur)  # nothing to write, the rows in step: the next pass skips it unless it changes
+            known[m] = p
+
+    def _collecting(self, run_id: str, module: str, p: RunProgress, gap: str, held: Sequence[ResultRow],
+                    now: float, writes: PassWrites, since: float | None) -> RunProgress:
+        """The module's final state ``p`` lacks ``gap`` in the history: the module collecting (bounded)."""
+        if since is None:
+            writes.events.append((module, f"collecting: the module reported {p.state.value}, but {gap}; "
+                                          "waiting for the module to send the rest"))
             log.warning("run %s on %s: collecting, %s", run_id, module, gap)
-        have = len(self.history.rows(run_id, module))  # the release's rows, as `rows` counts them
-        collecting = p.model_copy(update={"state": RunState.PUBLISHING, "step": COLLECT_STEP, "finished_at": None,
-                                          "rows": have, "error": StepError(step="collect", message=gap)})
-        return self._collect_bound(run_id, module, collecting, now) or collecting
+        collecting = collecting_progress(p, gap, sum(r.source == "release" for r in held))
+        return self._collect_bound(run_id, module, collecting, now, writes, since) or collecting
 
-    def _collecting_since(self, run_id: str, module: str) -> float | None:
-        return next((ts for m, ts, msg in self.history.events(run_id)
-                     if m == module and msg.startswith("collecting:")), None)
-
-    def _collect_bound(self, run_id: str, module: str, cur: RunProgress, now: float) -> RunProgress | None:
+    def _collect_bound(self, run_id: str, module: str, cur: RunProgress, now: float, writes: PassWrites,
+                       since: float | None) -> RunProgress | None:
         """A module collecting for longer than ``collect_timeout``: its part ends failed, with what is missing."""
-        since = self._collecting_since(run_id, module)
         if since is None or now - since <= self.settings.collect_timeout:
             return None
         gap = cur.error.message if cur.error else "its final record is incomplete"
@@ -222,35 +341,47 @@ class Sync:
                                    "finished_at": now, "error": StepError(
                                        step="collect", message=f"{gap} (waited {now - since:.0f} s, bound "
                                                                f"{self.settings.collect_timeout:.0f} s)")})
-        self.history.upsert_progress(p, force=True)
-        self.history.add_event(run_id, module, f"failed: {gap} within {self.settings.collect_timeout:.0f} s")
+        writes.put(p, force=True)
+        writes.events.append((module, f"failed: {gap} within {self.settings.collect_timeout:.0f} s"))
         log.warning("run %s on %s: failed, %s", run_id, module, gap)
         if is_sealed(cur):
-            self.kv.put_ack(cur)  # given up: the module stops sending it (its rows stay on the module)
+            writes.acks.append(cur)  # given up: the module stops sending it (its rows stay on the module)
         return p
 
     def _record_lost(self, run_id: str, module: str, release: str, cur: RunProgress | None, why: str,
-                     keys: int, now: float) -> RunProgress:
+                     keys: int, now: float, writes: PassWrites) -> RunProgress:
         """The controller gives a module's part up: LOST, with the reason (``started_at`` keeps when)."""
         base = cur or RunProgress(run_id=run_id, module=module, release=release, keys_total=keys)
         p = base.model_copy(update={"state": RunState.LOST, "updated_at": now, "finished_at": now,
                                     "error": StepError(step=base.step or "dispatch", message=why)})
-        self.history.upsert_progress(p, force=True)
-        self.history.add_event(run_id, module, f"marked lost: {why}")
+        writes.put(p, force=True)
+        writes.events.append((module, f"marked lost: {why}"))
         log.warning("run %s on %s: %s", run_id, module, why)
         return p
 
     def _record_foreign(self, run_id: str, module: str, release: str, found: RunProgress, keys: int,
-                        now: float) -> RunProgress:
+                        now: float, writes: PassWrites) -> RunProgress:
         """The module's record of ``run_id`` on the broker is of another release: its part failed, nothing taken."""
         why = (f"the broker's record of run {run_id} on {module} is of release {found.release} "
                f"({found.state.value}), not {release}: not taken as this run's result "
                "(another controller used this run id)")
         p = failed_progress(run_id, module, release, "sync", why, keys, now)
-        self.history.upsert_progress(p, force=True)
-        self.history.add_event(run_id, module, why)
+        writes.put(p, force=True)
+        writes.events.append((module, why))
         log.warning("run %s on %s: %s", run_id, module, why)
         return p
+
+    def _write(self, run_id: str, writes: PassWrites) -> None:
+        """What the pass took: cancels of the modules given up first (a later delivery must not run them), then
+        the history in one transaction, then the acknowledgements of the final states it holds whole."""
+        for m, why in writes.cancels:
+            self.kv.cancel(run_id, m, reason=why, lost=True)
+        if writes.rows or writes.telemetry or writes.progress or writes.forced or writes.events:
+            self.history.record_sync(run_id, rows=writes.rows, telemetry=writes.telemetry,
+                                     progress=writes.progress.values(), forced=writes.forced.values(),
+                                     events=writes.events)
+        if writes.acks:
+            self.kv.put_acks(writes.acks)
 
     def view(self, run_id: str) -> RunView:
         info = self.history.run(run_id)
@@ -266,3 +397,7 @@ class Sync:
             if view.finished or (end is not None and time.monotonic() > end):
                 return view
             time.sleep(interval)
+
+
+def _collecting_since(events: Sequence[tuple[str, float, str]], module: str) -> float | None:
+    return next((ts for m, ts, msg in events if m == module and msg.startswith("collecting:")), None)

@@ -44,6 +44,28 @@ class HistoryQueries:
             "SELECT COUNT(*) FROM rows WHERE run_id=? AND module=? AND source='release'",
             (run_id, module)).fetchone()[0])
 
+    def release_row_counts(self, run_id: str, modules: Sequence[str]) -> dict[str, int]:
+        """:meth:`release_row_count` of each of ``modules`` (those without rows: 0), in one query per 500."""
+        out = dict.fromkeys(modules, 0)
+        for i in range(0, len(modules), 500):
+            part = modules[i:i + 500]
+            cur = self.db.execute(
+                f"SELECT module, COUNT(*) FROM rows WHERE run_id=? AND source='release'"
+                f" AND module IN ({','.join('?' * len(part))}) GROUP BY module", (run_id, *part))
+            out.update((str(m), int(n)) for m, n in cur.fetchall())
+        return out
+
+    def recent_parts(self, limit: int) -> list[tuple[str, str, str, float | None]]:
+        """(module, state, progress JSON, the run's created_at) of every module's ``limit`` newest parts of runs it
+        was sent (``attempt`` not 0), by module then newest first: :meth:`module_parts` of every module at once."""
+        cur = self.db.execute(
+            "SELECT module, state, progress, created_at FROM (SELECT m.module, m.state, m.progress, r.created_at,"
+            " ROW_NUMBER() OVER (PARTITION BY m.module ORDER BY m.updated_at DESC) AS k"
+            " FROM module_runs m LEFT JOIN runs r ON r.run_id = m.run_id"
+            " WHERE COALESCE(CAST(m.progress ->> 'attempt' AS INTEGER), 1) != 0) t WHERE k <= ? ORDER BY module, k",
+            (limit,))
+        return cur.fetchall()
+
     def running_runs(self) -> list[str]:
         """Run ids of the runs (kind 'run') not ended."""
         cur = self.db.execute("SELECT run_id FROM runs WHERE kind='run' AND state='running'")
