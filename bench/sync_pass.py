@@ -219,6 +219,15 @@ def measure(n: int, args: argparse.Namespace, server: RedisServer, base: Path, d
         out[label]["final"] = total
         out[label]["final passes"] = k
         out[label]["rows"] = f.history.row_count(f"run-{label}")
+    if args.profile == n:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        fleets["this tree"].statuses(mods)
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(20)
     for _ in range(args.statuses):
         for label, f in fleets.items():
             t, st = cpu(lambda f=f: f.statuses(mods))

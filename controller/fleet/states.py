@@ -91,10 +91,12 @@ class FailureStreak:
 _TERMINAL = frozenset(s.value for s in RunState if s.terminal)
 
 
-def streak_of(parts: Iterable[tuple[str, str, float | None]], reset: float | None, skew: float) -> FailureStreak:
+def streak_of(parts: Iterable[tuple[str, str | None, float | None]], reset: float | None,
+              skew: float) -> FailureStreak:
     """:meth:`ModuleStates.failure_streak` of one module from its newest parts, newest first (state, progress
     JSON, the run's created_at), and its last reset (pure). A part is parsed only where its state alone cannot
-    tell: ended failed or lost, or with the word "failed" in its text (a failed key's outcome)."""
+    tell: ended failed or lost, or with the word "failed" in its text (a failed key's outcome); its JSON may be
+    None elsewhere (:meth:`~controller.history.History.recent_parts`)."""
     n, last = 0, None
     for state, raw, created in parts:
         if reset is not None and created is not None and created <= reset:
@@ -102,7 +104,7 @@ def streak_of(parts: Iterable[tuple[str, str, float | None]], reset: float | Non
         if state not in _TERMINAL:
             continue
         p: RunProgress | None = None
-        if state in (RunState.FAILED.value, RunState.LOST.value) or "failed" in raw:
+        if raw is not None and (state in (RunState.FAILED.value, RunState.LOST.value) or "failed" in raw):
             p = RunProgress.model_validate_json(raw)
             if not module_failed(p):
                 break
@@ -172,7 +174,8 @@ class ModuleStates:
         passed and by ``fleetctl devices reset`` (runs created before it are not read). ``skew``: the module's
         clock against the controller's, for the end times the agent wrote (a LOST end is the controller's).
         """
-        parts = [(RunProgress.model_validate_json(raw).state.value, raw, created)
+        parts: list[tuple[str, str | None, float | None]] = [
+                 (RunProgress.model_validate_json(raw).state.value, raw, created)
                  for raw, created in self.history.module_parts(module, limit)]
         return streak_of(parts, self.history.last_module_reset(module), skew)
 
@@ -189,7 +192,7 @@ class ModuleStates:
         conflicts = self.kv.conflicts(m.name for m in modules)
         now = time.time() if now is None else now
         resets, drifts = self.history.module_marks()
-        parts: dict[str, list[tuple[str, str, float | None]]] = {}
+        parts: dict[str, list[tuple[str, str | None, float | None]]] = {}
         for module, state, raw, created in self.history.recent_parts(10):
             parts.setdefault(module, []).append((state, raw, created))
         out: dict[str, ModuleStatus] = {}
