@@ -236,6 +236,7 @@ def measure(n: int, args: argparse.Namespace, server: RedisServer, base: Path, d
         fleets["this tree"].statuses(mods)
         prof.disable()
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(20)
+    agents.beat(names, None)  # the modules idle and alive, as after a run
     for _ in range(args.statuses):
         for label, f in fleets.items():
             t, st = cpu(lambda f=f: f.statuses(mods))

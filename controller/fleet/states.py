@@ -187,14 +187,13 @@ class ModuleStates:
 
     def statuses(self, modules: Sequence[Module], now: float | None = None) -> dict[str, ModuleStatus]:
         """Every module's state (:func:`derive_state`): the heartbeats and name conflicts in one broker read each,
-        the failed runs in a row, resets and golden checks of all modules in one history query each."""
+        the resets and golden checks of all modules in one history query, their recent parts in one small indexed
+        query each (:func:`streak_of` parses a part only where its state cannot tell)."""
         beats = self.beats(m.name for m in modules)
         conflicts = self.kv.conflicts(m.name for m in modules)
         now = time.time() if now is None else now
         resets, drifts = self.history.module_marks()
-        parts: dict[str, list[tuple[str, str | None, float | None]]] = {}
-        for module, state, raw, created in self.history.recent_parts(10):
-            parts.setdefault(module, []).append((state, raw, created))
+        parts = self.history.recent_parts([m.name for m in modules], 10)
         out: dict[str, ModuleStatus] = {}
         for m in modules:
             beat = beats.get(m.name)

@@ -55,20 +55,17 @@ class HistoryQueries:
             out.update((str(m), int(n)) for m, n in cur.fetchall())
         return out
 
-    def recent_parts(self, limit: int) -> list[tuple[str, str, str | None, float | None]]:
-        """(module, state, progress JSON, the run's created_at) of every module's ``limit`` newest parts of runs it
-        was sent (``attempt`` not 0), by module then newest first: :meth:`module_parts` of every module at once. The
-        progress only where a failure can be read in it (state failed or lost, or the word "failed" in it), else
-        None: most parts passed, and their JSON is most of what the query would carry."""
-        cur = self.db.execute(
-            "SELECT module, state, progress, created_at FROM (SELECT m.module, m.state, CASE WHEN m.state IN"
-            " ('failed', 'lost') OR CAST(m.progress AS TEXT) LIKE '%failed%' THEN m.progress END AS progress,"
-            " r.created_at,"
-            " ROW_NUMBER() OVER (PARTITION BY m.module ORDER BY m.updated_at DESC) AS k"
-            " FROM module_runs m LEFT JOIN runs r ON r.run_id = m.run_id"
-            " WHERE COALESCE(CAST(m.progress ->> 'attempt' AS INTEGER), 1) != 0) t WHERE k <= ? ORDER BY module, k",
-            (limit,))
-        return cur.fetchall()
+    def recent_parts(self, modules: Sequence[str], limit: int) -> dict[str, list[tuple[str, str | None, float | None]]]:
+        """module -> (state, progress JSON, the run's created_at) of its ``limit`` newest parts of runs it was sent
+        (``attempt`` not 0: only a failed part can be one never sent), newest first: :meth:`module_parts` of many
+        modules, each by the ``(module, updated_at)`` index. The progress only where a failure can be read in it
+        (state failed or lost, or the word "failed" in it), else None: most parts passed, and their JSON is most of
+        what the query would carry."""
+        q = ("SELECT m.state, CASE WHEN m.state IN ('failed', 'lost') OR CAST(m.progress AS TEXT) LIKE '%failed%'"
+             " THEN m.progress END, r.created_at FROM module_runs m LEFT JOIN runs r ON r.run_id = m.run_id"
+             " WHERE m.module=? AND (m.state != 'failed'"
+             " OR COALESCE(CAST(m.progress ->> 'attempt' AS INTEGER), 1) != 0) ORDER BY m.updated_at DESC LIMIT ?")
+        return {m: self.db.execute(q, (m, limit)).fetchall() for m in modules}
 
     def running_runs(self) -> list[str]:
         """Run ids of the runs (kind 'run') not ended."""
