@@ -7,8 +7,8 @@ a real agent publishes them through ``contract.kv``. The old implementation (``c
 ``states.py`` and ``controller/cli/live.py`` at ``--base``, read with ``git show``) is imported from a temporary
 folder and runs on the same broker over a history of its own; the two take turns pass by pass. Measured per N:
 
-- steady pass: every module benchmarking; between two passes 10 % of the heartbeats and 10 % of the progress
-  records change (a heartbeat every 5 s, a pass every 0.5 s): CPU per pass, and per module
+- steady pass: every module benchmarking; a pass every 0.5 s, and between two passes 10 % of the heartbeats and
+  10 % of the progress records change (a heartbeat every 5 s): the mean CPU of a pass, and per module
 - final passes: every module done with the seed's 11 qwen3 rows and a sealed final state (the rows and the
   progress taken into the history, the seal acknowledged): the CPU until the run is finished, and the longest pass
 - the live view's refresh (sync pass excluded): rendering the view into a terminal of 140 columns, this tree's
@@ -191,6 +191,7 @@ def measure(n: int, args: argparse.Namespace, server: RedisServer, base: Path, d
     renders: dict[str, list[float]] = {label: [] for label in impls}
     last: dict[str, Any] = dict.fromkeys(impls)
     for _ in range(args.passes):
+        time.sleep(0.5)  # the live view's refresh period: what a pass reads once a heartbeat interval comes due
         agents.step()
         for label, f in fleets.items():
             t, view = cpu(lambda f=f, label=label: f.sync(f"run-{label}"))
@@ -202,7 +203,7 @@ def measure(n: int, args: argparse.Namespace, server: RedisServer, base: Path, d
             console.file = io.StringIO()
             renders[label].append(t)
     for label in impls:
-        out[label]["pass"] = statistics.median(passes[label])
+        out[label]["pass"] = statistics.mean(passes[label])
         out[label]["render"] = statistics.median(renders[label])
     agents.finish()
     if args.profile == n:
@@ -252,7 +253,7 @@ def measure(n: int, args: argparse.Namespace, server: RedisServer, base: Path, d
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1000,10000")
-    ap.add_argument("--passes", type=int, default=10, help="steady passes per implementation and N")
+    ap.add_argument("--passes", type=int, default=20, help="steady passes per implementation and N (0.5 s apart)")
     ap.add_argument("--statuses", type=int, default=3, help="Fleet.statuses calls per implementation and N")
     ap.add_argument("--past-runs", type=int, default=20)
     ap.add_argument("--base", default="", help="the old implementation's revision (default: merge-base with main)")

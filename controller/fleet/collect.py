@@ -123,12 +123,14 @@ class Parsed(Generic[T]):
 @dataclass(frozen=True)
 class PassMemo:
     """What a run's last sync pass read, parsed (:class:`Parsed`), and the modules it found settled: their broker
-    record and the history's the same objects, equal, with the rows the record names in the history."""
+    record and the history's the same objects, equal, with the rows the record names in the history. Heartbeats are
+    read again once a ``heartbeat_interval`` (they change no faster), and before a module is given up."""
 
     known: Parsed[RunProgress] = field(default_factory=Parsed)
     live: Parsed[RunProgress | None] = field(default_factory=Parsed)
     beats: Parsed[Beat | None] = field(default_factory=Parsed)
     settled: Mapping[str, tuple[RunProgress, RunProgress]] = field(default_factory=dict)
+    beats_at: float | None = None  # when every pending module's heartbeat was last read
 
 
 # the final states a pass takes at most (rows read, checked against the seal and written: ~1 ms of CPU each); the
@@ -201,9 +203,14 @@ class Sync:
         known: dict[str, RunProgress | None] = {m: known_parsed.get(m) for m in known_parsed.by_key}
         # modules the controller gave up (LOST) are still read: a late state or late rows are accepted
         pending = pending_modules(info.modules, known, late_ok=now - info.created_at < self.settings.result_expires)
-        live_parsed, beats_parsed = self._read(run_id, pending, memo)
-        live = {m: live_parsed.get(m) for m in pending}
-        beats = {m: beats_parsed.get(m) for m in pending}
+        due = memo.beats_at is None or not 0 <= now - memo.beats_at < self.settings.heartbeat_interval
+        # a module given up is read whole each pass: a late state's time is read through its skew
+        fresh = pending if due else [m for m in pending if m not in memo.beats.by_key
+                                     or ((k := known.get(m)) is not None and k.state == RunState.LOST)]
+        live_parsed, beats_parsed = self._read(run_id, pending, fresh, memo)
+        beats_at = now if due else memo.beats_at
+        live = {m: v[1] for m, v in live_parsed.by_key.items()}
+        beats = {m: v[1] for m, v in beats_parsed.by_key.items()}
         writes = PassWrites()
         settled: dict[str, tuple[RunProgress, RunProgress]] = {}
         takes: dict[str, Take] = {}
@@ -239,13 +246,17 @@ class Sync:
                     known[m] = failed
                 continue  # the module is done running: only its record is awaited, bounded by collect_timeout
             why = liveness(cur, beats.get(m), now, dispatched_at=dispatched, settings=self.settings)
+            if why and m not in fresh:  # judged on a heartbeat read earlier: never given up before a fresh read
+                beats_parsed = self._read_beats([m], beats_parsed)
+                beats[m] = beats_parsed.get(m)
+                why = liveness(cur, beats[m], now, dispatched_at=dispatched, settings=self.settings)
             if why:
                 writes.cancels.append((m, why))  # a later delivery must not run it
                 known[m] = self._record_lost(run_id, m, info.release, cur, why, len(info.models_of(m)), now, writes)
         self._write(run_id, writes)
         memos = self._memos()
         memos.pop(run_id, None)
-        memos[run_id] = PassMemo(known_parsed, live_parsed, beats_parsed, settled)
+        memos[run_id] = PassMemo(known_parsed, live_parsed, beats_parsed, settled, beats_at)
         while len(memos) > MEMO_RUNS:
             memos.pop(next(iter(memos)))
         view = RunView(run_id, info.modules, {m: known.get(m) for m in info.modules})
@@ -253,24 +264,37 @@ class Sync:
             self.history.set_run_state(run_id, view.state())
         return view
 
-    def _read(self, run_id: str, pending: Sequence[str],
+    def _read(self, run_id: str, pending: Sequence[str], fresh: Sequence[str],
               memo: PassMemo) -> tuple[Parsed[RunProgress | None], Parsed[Beat | None]]:
-        """The pending modules' progress and heartbeats on the broker: one MGET, then the PTTL of the heartbeats that
-        changed since the last pass (an unchanged one was taken when it was first read)."""
-        from contract.kv import HEARTBEAT_TTL, _key, _load, _model, make_beat
+        """The pending modules' progress and the ``fresh`` modules' heartbeats on the broker, in one MGET (the other
+        pending modules' heartbeats: as the last pass read them)."""
+        from contract.kv import _key, _load, _model
 
-        keys = [_key("progress", run_id, m) for m in pending] + [_key("hb", m) for m in pending]
-        raw = self.kv.get_raw(keys) if pending else []
+        raw = self.kv.get_raw([_key("progress", run_id, m) for m in pending] + [_key("hb", m) for m in fresh])
         n = len(pending)
         live, _ = memo.live.update(dict(zip(pending, raw[:n], strict=True)),
                                    lambda r: _model(RunProgress, _load(r)))
-        hb_raw = dict(zip(pending, raw[n:], strict=True))
         old = memo.beats.by_key
-        changed = [m for m in pending if hb_raw[m] is not None and (m not in old or old[m][0] != hb_raw[m])]
+        beats = self._parse_beats(dict(zip(fresh, raw[n:], strict=True)), memo.beats)
+        return live, Parsed({m: beats.by_key[m] if m in beats.by_key else old[m] for m in pending})
+
+    def _read_beats(self, names: Sequence[str], old: Parsed[Beat | None]) -> Parsed[Beat | None]:
+        """``old`` with the heartbeats of ``names`` read now."""
+        from contract.kv import _key
+
+        got = self._parse_beats(dict(zip(names, self.kv.get_raw([_key("hb", m) for m in names]), strict=True)), old)
+        return Parsed({**old.by_key, **got.by_key})
+
+    def _parse_beats(self, raws: Mapping[str, Any], old: Parsed[Beat | None]) -> Parsed[Beat | None]:
+        """Heartbeats by their text (``raws``): one whose text is unchanged is the one read before, when the broker
+        took it; the others are taken at what their PTTL says (one round trip)."""
+        from contract.kv import HEARTBEAT_TTL, _key, _load, _model, make_beat
+
+        before = old.by_key
+        changed = [m for m, r in raws.items() if r is not None and (m not in before or before[m][0] != r)]
         ats = dict(zip(changed, self.kv.taken_at([_key("hb", m) for m in changed], HEARTBEAT_TTL), strict=True))
-        beats = Parsed({m: old[m] if m not in ats and m in old and old[m][0] == r
-                        else (r, make_beat(_model(Heartbeat, _load(r)), ats.get(m))) for m, r in hb_raw.items()})
-        return live, beats
+        return Parsed({m: before[m] if m not in ats and m in before and before[m][0] == r
+                       else (r, make_beat(_model(Heartbeat, _load(r)), ats.get(m))) for m, r in raws.items()})
 
     def _take(self, run_id: str, release: str, takes: Mapping[str, Take], known: dict[str, RunProgress | None],
               live: Mapping[str, RunProgress | None], now: float, writes: PassWrites,
