@@ -257,7 +257,7 @@ def main() -> int:
     ap.add_argument("--statuses", type=int, default=3, help="Fleet.statuses calls per implementation and N")
     ap.add_argument("--past-runs", type=int, default=20)
     ap.add_argument("--base", default="", help="the old implementation's revision (default: merge-base with main)")
-    ap.add_argument("--profile", type=int, default=0)
+    ap.add_argument("--profile", type=int, default=0, help="profile this tree alone at N (no old beside it)")
     args = ap.parse_args()
     base_rev = args.base or subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], check=True,
                                            capture_output=True, text=True).stdout.strip()
@@ -266,10 +266,12 @@ def main() -> int:
         base = Path(tmp)
         old_fleet, old_live = old_modules(base_rev, base)
         impls = {"old": (old_fleet, old_live), "this tree": (Fleet, live)}
+        if args.profile:
+            del impls["old"]
         server = RedisServer(base / "redis")
         server.start()
         try:
-            rows = []
+            rows: list[tuple[int, dict[str, dict[str, float]]]] = []
             for k, n in enumerate(int(x) for x in args.sizes.split(",") if x):
                 r = measure(n, args, server, base, 1 + k, impls)
                 rows.append((n, r))
@@ -279,7 +281,7 @@ def main() -> int:
     print("\n| N | | steady pass CPU ms | per module ms | live view refresh ms | final passes CPU s (passes) | "
           "longest final pass s | Fleet.statuses ms | per module ms |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for n, r in rows:
+    for n, r in rows if not args.profile else ():
         o, t = r["old"], r["this tree"]
         for label, x in (("old", o), ("this tree", t)):
             print(f"| {n} | {label} | {x['pass'] * 1e3:.1f} | {x['pass'] * 1e3 / n:.4f} | {x['render'] * 1e3:.1f} | "
