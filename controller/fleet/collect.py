@@ -165,8 +165,9 @@ class Sync:
 
     A pass (:meth:`sync`) reads the run's progress from the history and every pending module's progress from the
     broker in one MGET, with the heartbeats once a ``heartbeat_interval`` (:meth:`_read`), parses only what changed
-    since the last pass, decides in pure functions (:mod:`controller.fleet.sync_plan`, :func:`liveness`), reads the rows and telemetry of the modules
-    it takes in one MGET and writes what it took in one transaction (:class:`PassWrites`)."""
+    since the last pass, decides in pure functions (:mod:`controller.fleet.sync_plan`, :func:`liveness`), reads the
+    rows and telemetry of the modules it takes in one MGET and writes what it took in one transaction
+    (:class:`PassWrites`)."""
 
     settings: BrokerSettings
     history: History
