@@ -19,7 +19,6 @@ the controller's own). :class:`Beat` carries that time and the writer's measured
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -31,7 +30,7 @@ from typing import Any, NamedTuple
 
 from celery import Celery
 from celery.backends.filesystem import FilesystemBackend
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from contract.records import Heartbeat, ResultRow, RunProgress, TelemetrySummary
 
@@ -307,13 +306,12 @@ class KV:
     # -- acknowledged final states -----------------------------------------------------------
     def put_ack(self, p: RunProgress) -> None:
         """The controller holds ``p`` (a sealed final state) completely: the module may drop it."""
-        self.put(ack_key(p.run_id, p.module), {"digest": p.rows_digest, "updated_at": p.updated_at, "ts": time.time()})
+        self.put_acks([p])
 
     def put_acks(self, ps: Sequence[RunProgress]) -> None:
         """:meth:`put_ack` of each, in one round trip."""
-        now = time.time()
-        self.put_many({ack_key(p.run_id, p.module): {"digest": p.rows_digest, "updated_at": p.updated_at, "ts": now}
-                       for p in ps})
+        self.put_many({ack_key(p.run_id, p.module): {"digest": p.rows_digest, "updated_at": p.updated_at,
+                                                     "ts": time.time()} for p in ps})
 
     def acked(self, p: RunProgress) -> bool:
         """Whether the controller acknowledged this very final state (its rows' digest and its time)."""
@@ -415,21 +413,6 @@ def parse_rows(raw: Any, run_id: str, module: str) -> list[ResultRow] | None:
     except ValidationError:
         log.warning("unreadable rows for %s on %s", run_id, module)
         return None
-
-
-@functools.cache
-def _rows_adapter() -> TypeAdapter[list[ResultRow]]:
-    return TypeAdapter(list[ResultRow])
-
-
-def parse_rows_json(raw: bytes | str | None, run_id: str, module: str) -> list[ResultRow] | None:
-    """:func:`parse_rows` of the stored text itself (one pass of pydantic's own JSON parser, no ``json.loads``)."""
-    if raw is None:
-        return None
-    try:
-        return _rows_adapter().validate_json(raw)
-    except ValidationError:  # not a list of rows: as parse_rows reads it (None when it is not a list)
-        return parse_rows(_load(raw), run_id, module)
 
 
 def make_beat(hb: Heartbeat | None, at: float | None) -> Beat | None:

@@ -10,11 +10,14 @@ one silent past its bounds is given up (:func:`liveness`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from pydantic import TypeAdapter, ValidationError
 
 from contract.digest import is_sealed, record_digest, rows_digest
 from contract.records import Heartbeat, ResultRow, RunProgress, RunState, StepError, TelemetrySummary
@@ -302,7 +305,7 @@ class Sync:
               settled: dict[str, tuple[RunProgress, RunProgress]], len_models: Mapping[str, int]) -> None:
         """Take each module's broker record as :func:`plan_take` says: its rows where they differ from the history's
         or the record is final (one MGET), its telemetry summary, its completeness (:func:`record_gap`)."""
-        from contract.kv import _key, _load, _model, parse_rows_json
+        from contract.kv import _key, _load, _model
 
         counts = self.history.release_row_counts(
             run_id, [m for m, t in takes.items() if t.progress is not None and not t.progress.state.terminal])
@@ -433,6 +436,23 @@ class Sync:
             if view.finished or (end is not None and time.monotonic() > end):
                 return view
             time.sleep(interval)
+
+
+@functools.cache
+def _rows_adapter() -> TypeAdapter[list[ResultRow]]:
+    return TypeAdapter(list[ResultRow])
+
+
+def parse_rows_json(raw: bytes | str | None, run_id: str, module: str) -> list[ResultRow] | None:
+    """:func:`contract.kv.parse_rows` of the stored text itself (pydantic's own JSON parser, no ``json.loads``)."""
+    from contract.kv import _load, parse_rows
+
+    if raw is None:
+        return None
+    try:
+        return _rows_adapter().validate_json(raw)
+    except ValidationError:  # not a list of rows: as parse_rows reads it (None when it is not a list)
+        return parse_rows(_load(raw), run_id, module)
 
 
 def _collecting_since(events: Sequence[tuple[str, float, str]], module: str) -> float | None:
