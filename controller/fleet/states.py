@@ -187,13 +187,15 @@ class ModuleStates:
 
     def statuses(self, modules: Sequence[Module], now: float | None = None) -> dict[str, ModuleStatus]:
         """Every module's state (:func:`derive_state`): the heartbeats and name conflicts in one broker read each,
-        the resets and golden checks of all modules in one history query, their recent parts in one small indexed
-        query each (:func:`streak_of` parses a part only where its state cannot tell)."""
+        the resets and golden checks of all modules in one history query, the modules whose newest ended part passed
+        in one more, the others' recent parts in one small indexed query each (:func:`streak_of` parses a part only
+        where its state cannot tell)."""
         beats = self.beats(m.name for m in modules)
         conflicts = self.kv.conflicts(m.name for m in modules)
         now = time.time() if now is None else now
         resets, drifts = self.history.module_marks()
-        parts = self.history.recent_parts([m.name for m in modules], 10)
+        passed = self.history.passed_last()  # most modules: no part to read one by one
+        parts = self.history.recent_parts([m.name for m in modules if m.name not in passed], 10)
         out: dict[str, ModuleStatus] = {}
         for m in modules:
             beat = beats.get(m.name)

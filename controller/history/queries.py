@@ -55,6 +55,20 @@ class HistoryQueries:
             out.update((str(m), int(n)) for m, n in cur.fetchall())
         return out
 
+    def passed_last(self) -> set[str]:
+        """The modules whose newest ended part (done or cancelled, its newest by ``updated_at``) has no failure in
+        it (not the word "failed"): their failed runs in a row are none, whatever came before or runs now. One
+        query for every module, on the ``(module, updated_at)`` index."""
+        cur = self.db.execute(
+            "SELECT m.module, m.state IN ('done', 'cancelled') AND CAST(m.progress AS TEXT) NOT LIKE '%failed%'"
+            " FROM module_runs m JOIN (SELECT module, MAX(updated_at) AS u FROM module_runs"
+            " WHERE state IN ('done', 'failed', 'cancelled', 'lost') GROUP BY module) n"
+            " ON n.module = m.module AND n.u = m.updated_at WHERE m.state IN ('done', 'failed', 'cancelled', 'lost')")
+        clean: dict[str, bool] = {}
+        for module, ok in cur.fetchall():
+            clean[module] = clean.get(module, True) and bool(ok)  # two parts ended at once: both must have passed
+        return {m for m, ok in clean.items() if ok}
+
     def recent_parts(self, modules: Sequence[str], limit: int) -> dict[str, list[tuple[str, str | None, float | None]]]:
         """module -> (state, progress JSON, the run's created_at) of its ``limit`` newest parts of runs it was sent
         (``attempt`` not 0: only a failed part can be one never sent), newest first: :meth:`module_parts` of many

@@ -73,3 +73,27 @@ def test_final_states_beyond_the_bound_wait_for_the_next_pass_and_are_not_lost(c
     assert states == [["done", "done"], ["done"] * 4, ["done"] * 5]
     assert history.run("r1").state == "done" and history.row_count("r1") == 10
     assert not [msg for _, _, msg in history.events("r1") if "lost" in msg]
+
+
+def test_states_count_a_done_run_with_a_failed_key_and_end_the_streak_at_a_pass(ctl):
+    from controller.inventory import Module
+
+    fleet, history = ctl
+    now = time.time()
+
+    def part(run_id: str, m: str, key: str, at: float) -> None:
+        history.create_run(run_id, release="1.4.1", models=["qwen3"], modules=[m])
+        history.upsert_progress(RunProgress(run_id=run_id, module=m, release="1.4.1", state=RunState.DONE,
+                                            keys_total=1, started_at=at - 5, updated_at=at, finished_at=at,
+                                            outcomes=(KeyOutcome(model_key="qwen3", status=key),)))
+
+    for i in range(3):  # m0: three runs in a row with a failed key; m1: the same, then one that passed
+        part(f"f{i}", "m0", "failed", now - 100 + i)
+        part(f"g{i}", "m1", "failed", now - 100 + i)
+    part("p", "m1", "passed", now - 50)
+    for m in ("m0", "m1"):
+        fleet.kv.put_heartbeat(Heartbeat(module=m, agent_version="t", ts=time.time()))
+    st = fleet.statuses([Module(name="m0", transport="local"), Module(name="m1", transport="local")])
+    assert st["m0"].state == "bad" and st["m0"].reason.startswith("3 failed runs in a row")
+    assert (st["m1"].state, st["m1"].reason) == ("idle", "")
+    assert history.passed_last() == {"m1"}
