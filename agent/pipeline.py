@@ -70,22 +70,18 @@ class RunResult(Frozen):
 
 
 def run_pipeline(request: RunRequest, config: AgentConfig, *, on_progress: ProgressCallback | None = None,
-                 cancel: CancelToken | None = None, executor: Executor | None = None,
-                 ledger: Ledger | None = None) -> RunResult:
-    """Run ``request`` on this module; never raises for a failing step (see the result's progress).
-
-    Raises :class:`~agent.errors.BadInput` only when nothing can be recorded: an invalid run id,
-    or a run id already used on this module for another release.
-    """
+                 cancel: CancelToken | None = None, executor: Executor | None = None, ledger: Ledger | None = None
+                 ) -> RunResult:
+    """Run ``request`` on this module; never raises for a failing step (see the result's progress). Raises
+    :class:`~agent.errors.BadInput` only when nothing can be recorded: an invalid run id, or a run id already used
+    on this module for another release; ``ledger``: the kernel cache's attestations on the broker (None: none)."""
     ex = executor or Executor(poll_interval=config.poll_interval, stop_grace=config.stop_grace)
-    run = Run(request, config, ex, on_progress, cancel or EventCancelToken())
-    run.ledger = ledger  # who compiled what, on the broker (the kernel cache's trust); None: no broker
-    return run.execute()
+    return Run(request, config, ex, on_progress, cancel or EventCancelToken(), ledger).execute()
 
 
 class Run:
     def __init__(self, request: RunRequest, config: AgentConfig, executor: Executor,
-                 on_progress: ProgressCallback | None, cancel: CancelToken) -> None:
+                 on_progress: ProgressCallback | None, cancel: CancelToken, ledger: Ledger | None = None) -> None:
         self.req = request
         self.cfg = config
         self.ex = executor
@@ -100,7 +96,7 @@ class Run:
         self.steps_done = 0
         self.sampler: Sampler | None = None
         self.fingerprint: EnvFingerprint | None = None
-        self.ledger: Ledger | None = None
+        self.ledger = ledger  # who compiled what, on the broker (the kernel cache's trust); None: no broker
         self.progress = RunProgress(run_id=request.run_id, module=config.module, release=self.release,
                                     keys_total=len(self.outcomes), updated_at=time.time())
 

@@ -28,9 +28,11 @@ from agent.recovery import keep_headers, reap_orphans, requeue, sent_headers
 from agent.settings import AgentSettings
 from agent.store import RunStore, forget_current, read_json
 from agent.validate import RefusedRequest, refused_progress, validate_request
+from contract.attest import Attestations
+from contract.cancel_token import KVCancelToken
 from contract.celery_app import NOOP_TASK, RUN_TASK, task_id
 from contract.files import write_atomic
-from contract.kv import KV, KVCancelToken
+from contract.kv import KV
 from contract.oneline import error_line
 from contract.priority import ASKED, HEADERS, LEVELS
 from contract.records import RunProgress, RunRequest, RunState, StepError, release_label, request_difference
@@ -178,7 +180,7 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
 
     try:
         result = run_pipeline(req, AgentConfig.from_settings(settings), on_progress=on_progress, cancel=token,
-                              ledger=kv)
+                              ledger=Attestations(kv))
     except BadInput as exc:  # nothing could be recorded by the pipeline (e.g. a run id reused for another release)
         return finish(RunState.FAILED, "dispatch", str(exc))
     final = result.progress.model_copy(update={"attempt": attempt})

@@ -69,14 +69,6 @@ ACK = "ack"
 # readers drop a record whose ``until`` has passed (:mod:`controller.fleet.reservations`, :func:`held_for_other`).
 RESERVE = "reserve"
 
-# Who compiled which kernel cache archive (m1000-fleet:kc:<cache key digest>:<module>): written by that module only
-# (its Redis ACL), read by every module deciding whether to trust an archive of the shared store
-# (:mod:`agent.kernel_cache`): the store's own files can be written by any module, these cannot. Kept as long as a
-# compiled cache is useful.
-ATTEST = "kc"
-ATTEST_INDEX = "kcidx"  # m1000-fleet:kcidx:<cache key digest>: a set of the modules that attested (a hint only)
-ATTEST_TTL = 180 * 86400
-
 
 def _key(*parts: str) -> str:
     return ":".join((PREFIX, *parts))
@@ -90,12 +82,6 @@ def ack_key(run_id: str, module: str) -> str:
 def preempt_key(run_id: str, module: str) -> str:
     """Key of the request that ``module`` stop its part of ``run_id`` for an urgent run (:data:`PREEMPT`)."""
     return _key(PREEMPT, module, run_id)
-
-
-def attestation_key(cache_key: str, module: str) -> str:
-    """Where ``module`` says which archive it compiled for a kernel cache key (the key's digest): only ``module``
-    may write it (its ACL's ``m1000-fleet:kc:*:<module>``), every module may read it."""
-    return _key(ATTEST, cache_key, module)
 
 
 def reservation_key(module: str) -> str:
@@ -179,6 +165,27 @@ class KV:
                 out.append(None)
         return out
 
+    def get_raw(self, keys: Sequence[str]) -> list[bytes | str | None]:
+        """The stored values of ``keys`` unparsed, in one round trip (MGET): a reader that parses only what
+        changed since it last read compares these."""
+        return list(self.backend.mget([k.encode() for k in keys])) if keys else []
+
+    def taken_at(self, keys: Sequence[str], ttl: int) -> list[float | None]:
+        """When the broker took each of ``keys`` (written with expiry ``ttl``), on this reader's clock, in one
+        round trip; None where the backend cannot tell (:meth:`get_aged`)."""
+        if not keys:
+            return []
+        if isinstance(self.backend, FilesystemBackend):
+            return [self._file_aged(k)[1] for k in keys]
+        if not _is_redis(self.backend):
+            return [None] * len(keys)
+        pipe = self.backend.client.pipeline(transaction=False)
+        for k in keys:
+            pipe.pttl(k)
+        left = pipe.execute()
+        now = time.time()
+        return [_taken_at(ms, ttl, now) for ms in left]
+
     def get_aged(self, keys: Sequence[str], ttl: int) -> list[tuple[Any, float | None]]:
         """(value, when the broker took it on this reader's clock) per key, for keys written with expiry ``ttl``.
 
@@ -251,8 +258,7 @@ class KV:
         names = list(modules)
         out: dict[str, Beat | None] = {}
         for m, (value, at) in zip(names, self.get_aged([_key("hb", m) for m in names], HEARTBEAT_TTL), strict=True):
-            hb: Heartbeat | None = _model(Heartbeat, value)
-            out[m] = None if hb is None else Beat(hb, at, True) if at is not None else Beat(hb, hb.ts, False)
+            out[m] = make_beat(_model(Heartbeat, value), at)
         return out
 
     # -- progress and rows -------------------------------------------------------------------
@@ -304,14 +310,7 @@ class KV:
         return int(pipe.execute()[-1])
 
     def rows(self, run_id: str, module: str) -> list[ResultRow] | None:
-        raw = self.get(_key("rows", run_id, module))
-        if not isinstance(raw, list):
-            return None
-        try:
-            return [ResultRow.model_validate(r) for r in raw]
-        except ValidationError:
-            log.warning("unreadable rows for %s on %s", run_id, module)
-            return None
+        return parse_rows(self.get(_key("rows", run_id, module)), run_id, module)
 
     # -- device telemetry (agent.telemetry) --------------------------------------------------------
     def put_telemetry(self, summary: TelemetrySummary) -> None:
@@ -325,7 +324,12 @@ class KV:
     # -- acknowledged final states -----------------------------------------------------------
     def put_ack(self, p: RunProgress) -> None:
         """The controller holds ``p`` (a sealed final state) completely: the module may drop it."""
-        self.put(ack_key(p.run_id, p.module), {"digest": p.rows_digest, "updated_at": p.updated_at, "ts": time.time()})
+        self.put_acks([p])
+
+    def put_acks(self, ps: Sequence[RunProgress]) -> None:
+        """:meth:`put_ack` of each, in one round trip."""
+        self.put_many({ack_key(p.run_id, p.module): {"digest": p.rows_digest, "updated_at": p.updated_at,
+                                                     "ts": time.time()} for p in ps})
 
     def acked(self, p: RunProgress) -> bool:
         """Whether the controller acknowledged this very final state (its rows' digest and its time)."""
@@ -378,8 +382,10 @@ class KV:
     def conflicts(self, modules: Iterable[str]) -> dict[str, tuple[dict[str, Any], float | None]]:
         """module -> (its latest name-conflict record, when the broker took it on this reader's clock)."""
         names = list(modules)
-        values = self.get_aged([_key("conflict", m) for m in names], CONFLICT_TTL)
-        return {m: (v, at) for m, (v, at) in zip(names, values, strict=True) if isinstance(v, dict)}
+        values = [_load(raw) for raw in self.get_raw([_key("conflict", m) for m in names])]
+        found = [(m, v) for m, v in zip(names, values, strict=True) if isinstance(v, dict)]
+        ats = self.taken_at([_key("conflict", m) for m, _ in found], CONFLICT_TTL)  # a conflict is rare: no PTTL each
+        return {m: (v, at) for (m, v), at in zip(found, ats, strict=True)}
 
 
     # -- reservations (controllers only) --------------------------------------------------------
@@ -398,41 +404,6 @@ class KV:
 
     def drop_reservation(self, module: str) -> None:
         self.delete(reservation_key(module))
-
-    # -- kernel cache attestations (each module its own) -----------------------------------------
-    def put_attestation(self, cache_key: str, module: str, record: dict[str, Any]) -> None:
-        """``module``'s record for ``cache_key``, and (Redis) its name in the key's index, which every module may
-        write: an index entry only says where to look, the record under the module's own key is what counts."""
-        key = attestation_key(cache_key, module)
-        if not _is_redis(self.backend):
-            self.put(key, record, ex=ATTEST_TTL)
-            return
-        idx = _key(ATTEST_INDEX, cache_key)
-        pipe = self.backend.client.pipeline(transaction=False)
-        pipe.set(key, _dump(record), ex=ATTEST_TTL)
-        pipe.sadd(idx, module)
-        pipe.expire(idx, ATTEST_TTL)
-        pipe.execute()
-
-    def attestations(self, cache_key: str) -> list[tuple[str, Any]]:
-        """(module, record) of every module's attestation for ``cache_key``: the module is the key's last part, as
-        the broker's ACL lets only that module write it. Redis: the modules the key's index names (SMEMBERS; a
-        name planted there points at a record only that module could write) and one MGET; the embedded broker:
-        its files of the records' pattern."""
-        prefix = attestation_key(cache_key, "")
-        if isinstance(self.backend, FilesystemBackend):
-            folder = os.path.dirname(os.fsdecode(self.backend._filename(prefix.encode())))
-            try:
-                keys = sorted(n for n in os.listdir(folder) if n.startswith(prefix) and not n.endswith(".tmp"))
-            except OSError:
-                return []
-        elif _is_redis(self.backend):
-            names = self.backend.client.smembers(_key(ATTEST_INDEX, cache_key))
-            keys = sorted(prefix + (n.decode() if isinstance(n, bytes) else str(n)) for n in names)
-        else:
-            return []
-        values = self.get_many(keys) if keys else []
-        return [(k[len(prefix):], v) for k, v in zip(keys, values, strict=True) if ":" not in k[len(prefix):]]
 
     def reservation_and_cancel(self, run_id: str, module: str) -> tuple[Any, CancelFlag | None]:
         """``module``'s reservation record (raw) and the cancel flag of its part of ``run_id``, in one read (what
@@ -461,6 +432,28 @@ def held_for_other(value: Any, user: str, now: float) -> tuple[str, float] | Non
     except (KeyError, TypeError, ValueError):
         return None
     return (who, until) if until > now and who != user else None
+
+
+def parse_rows(raw: Any, run_id: str, module: str) -> list[ResultRow] | None:
+    """A module's rows of a run as read (JSON loaded); None when there are none or they cannot be read."""
+    if not isinstance(raw, list):
+        return None
+    try:
+        return [ResultRow.model_validate(r) for r in raw]
+    except ValidationError:
+        log.warning("unreadable rows for %s on %s", run_id, module)
+        return None
+
+
+def make_beat(hb: Heartbeat | None, at: float | None) -> Beat | None:
+    """The :class:`Beat` of ``hb`` taken by the broker ``at`` (None: not measured, the agent's ``ts`` stands in)."""
+    return None if hb is None else Beat(hb, at, True) if at is not None else Beat(hb, hb.ts, False)
+
+
+def _taken_at(ms: Any, ttl: int, now: float) -> float | None:
+    """When a key written with expiry ``ttl`` was written, from its PTTL ``ms`` read at ``now`` (None: another)."""
+    rest = int(ms) / 1000.0 if isinstance(ms, int) else -1.0
+    return now - (ttl - rest) if 0.0 <= rest <= ttl + 1.0 else None
 
 
 class CancelFlag(NamedTuple):
@@ -507,51 +500,3 @@ def _cancel_flag(values: Sequence[Any]) -> CancelFlag | None:
         if isinstance(v, dict):
             return CancelFlag(str(v.get("reason", "cancelled")), bool(v.get("lost", False)))
     return None
-
-
-class KVCancelToken:
-    """Cancel token for the pipeline: a durable cancel on the backend, or a deadline passed.
-
-    Reads the backend at most every ``interval`` seconds however often it is asked.
-    Also ends the run when ``stop_file`` exists: the worker's main process creates it when the
-    agent is shutting down (SIGTERM), and the run is then interrupted, not cancelled.
-    """
-
-    def __init__(self, kv: KV, run_id: str, module: str, *, deadline: float | None = None,
-                 interval: float = 1.0, stop_file: str | os.PathLike[str] | None = None,
-                 honoured: frozenset[str] = frozenset()) -> None:
-        self.kv, self.run_id, self.module = kv, run_id, module
-        self.deadline = deadline
-        self.interval = interval
-        self.stop_file = stop_file
-        self.honoured = honoured  # urgent runs this run already stopped for once (its preemptions are done)
-        self._checked = 0.0
-        self.reason: str | None = None
-        self.lost = False  # the controller gave this module's part up
-        self.shutdown = False  # the agent is shutting down
-        self.preempted_by: str | None = None  # stopped for this urgent run: interrupted and re-queued
-
-    def is_cancelled(self) -> bool:
-        if self.reason:
-            return True
-        now = time.monotonic()
-        if self.deadline is not None and now >= self.deadline:
-            self.reason = "time limit of the run reached"
-            return True
-        if now - self._checked >= self.interval:
-            self._checked = now
-            if self.stop_file is not None and os.path.exists(self.stop_file):
-                self.shutdown = True
-                self.reason = "agent shutting down"
-                return True
-            try:
-                flag, by = self.kv.stop_flags(self.run_id, self.module)
-            except Exception as exc:  # broker briefly away: keep running, ask again later
-                log.warning("cannot read cancel flag: %s", exc)
-                flag, by = None, None
-            if flag is not None:
-                self.reason, self.lost = flag.reason, flag.lost
-            elif by is not None and by not in self.honoured:
-                self.preempted_by = by
-                self.reason = f"preempted by urgent run {by}"
-        return self.reason is not None

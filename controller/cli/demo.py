@@ -183,9 +183,7 @@ def _fresh_dir(path: Path, err: Console | None = None, grace: float = 20.0) -> P
                           highlight=False)
             stop_processes(left, grace)
         try:
-            for child in path.iterdir():  # all but the history: every demo's runs stay in it (issue 51)
-                if child.name.startswith(HISTORY):
-                    continue
+            for child in (c for c in path.iterdir() if not c.name.startswith(HISTORY)):  # every demo's runs stay
                 shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
         except OSError as exc:
             raise FleetError(f"{path}: cannot clear the earlier demo's folder ({exc.strerror}: {exc.filename}); "

@@ -52,18 +52,39 @@ def result_text(p: RunProgress | None) -> Text:
 MAX_ROWS = 60  # more is unreadable live, and a row costs ~0.45 ms of controller CPU per refresh
 
 
-def shown_modules(view: RunView, max_rows: int = MAX_ROWS) -> list[str]:
-    """The modules the live table lists: all of them, or ``max_rows`` with unfinished and failed ones first."""
+def _look(p: RunProgress | None) -> tuple[str, str, str]:
+    return ("queued", "", "") if p is None else (p.state.value, p.step, p.model_key or "")
+
+
+def changed_modules(before: RunView | None, after: RunView) -> frozenset[str]:
+    """The modules whose state, step or model key differ between two refreshes of a view (pure; none without
+    ``before``)."""
+    if before is None:
+        return frozenset()
+    return frozenset(m for m in after.modules if _look(before.progress.get(m)) != _look(after.progress.get(m)))
+
+
+def shown_modules(view: RunView, max_rows: int = MAX_ROWS, changed: frozenset[str] = frozenset()) -> list[str]:
+    """The modules the live table lists: all of them, or ``max_rows``: the failed ones first, then those that
+    ``changed`` since the last refresh, then the unfinished ones (inventory order within each)."""
     if len(view.modules) <= max_rows:
         return list(view.modules)
 
     def rank(m: str) -> int:
         p = view.progress.get(m)
-        return 0 if p is not None and p.state.terminal and module_failed(p) else 1 if p is None or not \
-            p.state.terminal else 2
+        if p is not None and p.state.terminal and module_failed(p):
+            return 0
+        return 1 if m in changed else 2 if p is None or not p.state.terminal else 3
 
     keep = set(sorted(view.modules, key=rank)[:max_rows])  # stable: inventory order within a rank
     return [m for m in view.modules if m in keep]
+
+
+def states_summary(view: RunView, shown: int, changed: int) -> str:
+    """``10000 modules: 9000 benchmarking, 950 done, 50 failed; 60 listed (failed, changed (12), then unfinished
+    first)`` (pure): what the live view says above a table that lists only some of the modules."""
+    return (f"{len(view.modules)} modules: " + summary_line(view).split(": ", 1)[1]
+            + f"; {shown} listed (failed, changed ({changed}), then unfinished first)")
 
 
 @dataclass(frozen=True)
@@ -137,19 +158,27 @@ class Fitted:
     now: float
     title: str = ""
     max_rows: int = MAX_ROWS
+    changed: frozenset[str] = frozenset()
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield table(self.view, self.now, self.title, self.max_rows, options.max_width)
+        t = table(self.view, self.now, self.title, self.max_rows, options.max_width, self.changed)
+        if len(self.view.modules) > self.max_rows:
+            yield Text(states_summary(self.view, t.row_count, len(self.changed)))
+        yield t
 
 
-def render(view: RunView, now: float | None = None, title: str = "", max_rows: int = MAX_ROWS) -> Fitted:
-    """The live table, fitting the width of whatever prints it: a terminal of 80 columns, a log of 200."""
-    return Fitted(view, time.time() if now is None else now, title, max_rows)
+def render(view: RunView, now: float | None = None, title: str = "", max_rows: int = MAX_ROWS,
+           changed: frozenset[str] = frozenset()) -> Fitted:
+    """The live table, fitting the width of whatever prints it: a terminal of 80 columns, a log of 200. Above
+    ``max_rows`` modules: a line of counts per state first, and the table lists the failed modules, those
+    ``changed`` since the last refresh, then the unfinished ones (:func:`shown_modules`)."""
+    return Fitted(view, time.time() if now is None else now, title, max_rows, changed)
 
 
-def table(view: RunView, now: float, title: str = "", max_rows: int = MAX_ROWS, width: int | None = None) -> Table:
+def table(view: RunView, now: float, title: str = "", max_rows: int = MAX_ROWS, width: int | None = None,
+          changed: frozenset[str] = frozenset()) -> Table:
     """The live table for ``width`` columns (None: unbounded) (:func:`table_layout`)."""
-    shown = shown_modules(view, max_rows)
+    shown = shown_modules(view, max_rows, changed)
     cells = _cells(view, shown, now)
     lay = table_layout(cells, width)
     t = Table(title=title or f"run {view.run_id}", expand=False, show_lines=False,
@@ -212,8 +241,8 @@ def follow(sync: Callable[[], RunView], console: Console, *, interval: float = 0
     with Live(render(view, title=title), console=console, refresh_per_second=4, transient=False) as live:
         while not view.finished:
             time.sleep(interval)
-            view = sync()
-            parts: list[RenderableType] = [render(view, title=title)]
+            before, view = view, sync()
+            parts: list[RenderableType] = [render(view, title=title, changed=changed_modules(before, view))]
             if footer:
                 parts.append(footer(view))
             live.update(Group(*parts))
@@ -250,7 +279,7 @@ def change_lines(view: RunView, seen: dict[str, tuple[str, str, str]]) -> list[s
     out = []
     for m in view.modules:
         p = view.progress.get(m)
-        now = ("queued", "", "") if p is None else (p.state.value, p.step, p.model_key or "")
+        now = _look(p)
         if seen.get(m) == now:
             continue
         seen[m] = now

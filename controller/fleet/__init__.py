@@ -12,7 +12,7 @@ Celery, kombu and redis (~0.4 s of imports) load when a Fleet is made or a broke
 caught, not when a verb that only reads the history imports this package.
 """
 
-from controller.fleet.collect import COLLECT_STEP, is_collecting, liveness, record_gap
+from controller.fleet.collect import liveness, record_gap
 from controller.fleet.dispatch import args_label, run_id_in_use
 from controller.fleet.errors import BadRelease, BrokerUnavailable, EvictingBroker, FleetError, RunIdInUse, broker_errors
 from controller.fleet.runs import (
@@ -36,6 +36,7 @@ from controller.fleet.states import (
     read_heartbeats,
     skew_warning,
 )
+from controller.fleet.sync_plan import COLLECT_STEP, is_collecting
 
 __all__ = [
     "COLLECT_STEP", "REFUSED_STEP", "BadRelease", "BrokerUnavailable", "EvictingBroker", "FailureStreak", "Fleet",

@@ -10,16 +10,30 @@ one silent past its bounds is given up (:func:`liveness`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, TypeGuard
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from pydantic import TypeAdapter, ValidationError
 
 from contract.digest import is_sealed, record_digest, rows_digest
-from contract.records import ResultRow, RunProgress, RunState, StepError, TelemetrySummary
+from contract.records import Heartbeat, ResultRow, RunProgress, RunState, StepError, TelemetrySummary
 from contract.settings import BrokerSettings
 from controller.fleet.errors import BrokerUnavailable, FleetError, broker_errors, error_line
 from controller.fleet.runs import RunView, failed_progress
+from controller.fleet.sync_plan import (
+    Take,
+    collecting_progress,
+    foreign_rows,
+    is_collecting,
+    kept_rows,
+    pending_modules,
+    plan_take,
+    rows_failed,
+)
 
 if TYPE_CHECKING:
     from contract.kv import KV, Beat
@@ -61,16 +75,6 @@ def liveness(p: RunProgress | None, beat: Beat | None, now: float, *, dispatched
     return None
 
 
-# A module whose final state reached the controller without all it names (rows, telemetry summary) is
-# "collecting": recorded as still publishing, this step, until its history holds all of it or collect_timeout
-# passes (then its part ends failed: "N of M rows reached the controller"), never done with rows missing.
-COLLECT_STEP = "collecting"
-
-
-def is_collecting(p: RunProgress | None) -> TypeGuard[RunProgress]:
-    return p is not None and p.state == RunState.PUBLISHING and p.step == COLLECT_STEP
-
-
 def record_gap(p: RunProgress, rows: Sequence[ResultRow], telemetry: TelemetrySummary | None) -> str | None:
     """What of the module's final state ``p`` the controller's history lacks, in words; None when it holds all
     of it (pure).
@@ -92,12 +96,86 @@ def record_gap(p: RunProgress, rows: Sequence[ResultRow], telemetry: TelemetrySu
     return "; ".join(missing) or None
 
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Parsed(Generic[T]):
+    """Records parsed by their raw text: a record read again unchanged is not parsed again."""
+
+    by_key: Mapping[str, tuple[Any, T]] = field(default_factory=dict)
+
+    def update(self, raws: Mapping[str, Any], parse: Any) -> tuple[Parsed[T], list[str]]:
+        """The records of ``raws`` (key -> raw text), and the keys whose text changed (parsed now)."""
+        out: dict[str, tuple[Any, T]] = {}
+        changed: list[str] = []
+        for key, raw in raws.items():
+            old = self.by_key.get(key)
+            if old is not None and old[0] == raw:
+                out[key] = old
+            else:
+                out[key] = (raw, parse(raw))
+                changed.append(key)
+        return Parsed(out), changed
+
+    def get(self, key: str) -> T | None:
+        found = self.by_key.get(key)
+        return None if found is None else found[1]
+
+
+@dataclass(frozen=True)
+class PassMemo:
+    """What a run's last sync pass read, parsed (:class:`Parsed`), and the modules it found settled: their broker
+    record and the history's the same objects, equal, with the rows the record names in the history. Heartbeats are
+    read again once a ``heartbeat_interval`` (they change no faster), and before a module is given up."""
+
+    known: Parsed[RunProgress] = field(default_factory=Parsed)
+    live: Parsed[RunProgress | None] = field(default_factory=Parsed)
+    beats: Parsed[Beat | None] = field(default_factory=Parsed)
+    settled: Mapping[str, tuple[RunProgress, RunProgress]] = field(default_factory=dict)
+    beats_at: float | None = None  # when every pending module's heartbeat was last read
+
+
+# the final states a pass takes at most (rows read, checked against the seal and written: ~1 ms of CPU each); the
+# others wait for the next pass, 0.5 s later: a live view refreshes while ten thousand modules end at once
+FINALS_PER_PASS = 250
+MEMO_RUNS = 16  # the runs whose last pass a Sync remembers (``fleetctl serve`` follows every running run)
+
+
+@dataclass
+class PassWrites:
+    """What one pass writes, gathered and then written at once: one history transaction, one broker pipeline."""
+
+    rows: dict[str, list[ResultRow]] = field(default_factory=dict)
+    telemetry: list[TelemetrySummary] = field(default_factory=list)
+    progress: dict[str, RunProgress] = field(default_factory=dict)
+    forced: dict[str, RunProgress] = field(default_factory=dict)
+    events: list[tuple[str, str]] = field(default_factory=list)
+    acks: list[RunProgress] = field(default_factory=list)
+    cancels: list[tuple[str, str]] = field(default_factory=list)  # module, why (given up: lost)
+
+    def put(self, p: RunProgress, *, force: bool = False) -> None:
+        """``p`` becomes the module's progress (``force``: even over a newer one); the last of a pass wins."""
+        if force or p.module in self.forced:
+            self.progress.pop(p.module, None)
+            self.forced[p.module] = p
+        else:
+            self.progress[p.module] = p
+
+
 class Sync:
-    """The fleet's following side: sync a run from the broker, its view from the history, a wait on it."""
+    """The fleet's following side: sync a run from the broker, its view from the history, a wait on it.
+
+    A pass (:meth:`sync`) reads the run's progress from the history and every pending module's progress from the
+    broker in one MGET, with the heartbeats once a ``heartbeat_interval`` (:meth:`_read`), parses only what changed
+    since the last pass, decides in pure functions (:mod:`controller.fleet.sync_plan`, :func:`liveness`), reads the
+    rows and telemetry of the modules it takes in one MGET and writes what it took in one transaction
+    (:class:`PassWrites`)."""
 
     settings: BrokerSettings
     history: History
     kv: KV
+    _sync_memos: dict[str, PassMemo]
 
     if TYPE_CHECKING:
         def beats(self, names: Iterable[str]) -> dict[str, Beat | None]: ...
@@ -114,107 +192,187 @@ class Sync:
             raise BrokerUnavailable(
                 f"broker {self.settings.redacted_broker_url()} unreachable: {error_line(exc)}") from exc
 
+    def _memos(self) -> dict[str, PassMemo]:
+        if "_sync_memos" not in self.__dict__:
+            self._sync_memos = {}
+        return self._sync_memos
+
     def _sync(self, run_id: str, now: float | None = None) -> RunView:
         info = self.history.run(run_id)
         if info is None:
             raise FleetError(f"no run {run_id!r} in {self.history.path}")
         now = time.time() if now is None else now
-        known = self.history.progress(run_id)
+        memo = self._memos().get(run_id, PassMemo())
+        known_parsed, _ = memo.known.update(dict(self.history.progress_json(run_id)), RunProgress.model_validate_json)
+        known: dict[str, RunProgress | None] = {m: known_parsed.get(m) for m in known_parsed.by_key}
         # modules the controller gave up (LOST) are still read: a late state or late rows are accepted
-        late_ok = now - info.created_at < self.settings.result_expires
-        pending = [m for m in info.modules if not (known.get(m) and known[m].state.terminal)
-                   or (late_ok and known[m].state == RunState.LOST)]
-        live = self.kv.progress(run_id, pending) if pending else {}
-        beats = self.beats(pending) if pending else {}
+        pending = pending_modules(info.modules, known, late_ok=now - info.created_at < self.settings.result_expires)
+        due = memo.beats_at is None or not 0 <= now - memo.beats_at < self.settings.heartbeat_interval
+        # a module given up is read whole each pass: a late state's time is read through its skew
+        fresh = pending if due else [m for m in pending if m not in memo.beats.by_key
+                                     or ((k := known.get(m)) is not None and k.state == RunState.LOST)]
+        live_parsed, beats_parsed = self._read(run_id, pending, fresh, memo)
+        beats_at = now if due else memo.beats_at
+        live = {m: v[1] for m, v in live_parsed.by_key.items()}
+        beats = {m: v[1] for m, v in beats_parsed.by_key.items()}
+        writes = PassWrites()
+        settled: dict[str, tuple[RunProgress, RunProgress]] = {}
+        takes: dict[str, Take] = {}
+        deferred: set[str] = set()
+        finals = 0
         for m in pending:
             p, cur = live.get(m), known.get(m)
-            if p is not None and is_collecting(cur) and not p.state.terminal:
-                p = None  # the broker lost the final state (the module sends it again): nothing newer than it
-            was_lost = cur is not None and cur.state == RunState.LOST
-            beat = beats.get(m)
-            skew = (beat.skew or 0.0) if beat is not None else 0.0
-            if p is not None and p.release and info.release and p.release != info.release:
-                # another release's record under this run id (another controller used it): never this run's result
-                known[m] = self._record_foreign(run_id, m, info.release, p, len(info.models_of(m)), now)
+            before = memo.settled.get(m)
+            if p is not None and cur is not None and before is not None and before[0] is p and before[1] is cur:
+                settled[m] = (p, cur)  # read unchanged, and the history holds it: nothing to take
                 continue
-            if p is not None and cur is not None and was_lost:
-                # the late state's time is the agent's clock, when the module was given up the controller's
-                if not p.state.terminal and p.updated_at - skew <= (cur.finished_at or 0.0):
-                    p = None  # nothing newer than when the module was given up
-                else:
-                    self.history.add_event(run_id, m, f"late {p.state.value} state accepted after the module was "
-                                                      f"marked lost ({cur.error.message if cur.error else ''})")
-            if p is not None:
-                have = self.history.release_row_count(run_id, m)
-                foreign: list[str] = []
-                if p.rows != have or p.state.terminal:
-                    rows = self.kv.rows(run_id, m)
-                    foreign = sorted({r.release or "?" for r in rows or () if r.release != info.release})
-                    if rows is not None and not foreign:
-                        self.history.replace_rows(run_id, m, rows)
-                if foreign and p.state.terminal:  # the rows of another release: none taken, the part failed
-                    reason = (f"the broker's rows of run {run_id} on {m} are of release {', '.join(foreign)}, not "
-                              f"{info.release}: not taken as this run's result (another controller used this run id)")
-                    self.history.add_event(run_id, m, reason)
-                    log.warning("run %s on %s: %s", run_id, m, reason)
-                    if p.state != RunState.FAILED:
-                        p = p.model_copy(update={"state": RunState.FAILED, "updated_at": now,
-                                                 "finished_at": p.finished_at or now,
-                                                 "error": StepError(step="sync", message=reason)})
-                # device telemetry: published with the last progress of a run the module started (a refused request
-                # publishes none: what is there is of another request)
-                if p.state.terminal and not foreign:
-                    summary = self.kv.telemetry(run_id, m) if p.started_at is not None else None
-                    if summary is not None:
-                        self.history.upsert_telemetry(summary)
-                    p = self._complete(run_id, m, p, summary, now)
-                if p != cur:  # an unchanged module costs no write (a pass writes what changed, not N rows)
-                    self.history.upsert_progress(p, force=was_lost)
-                known[m] = cur = p
-            if cur is not None and cur.state.terminal:
+            beat = beats.get(m)
+            t = plan_take(info.release, p, cur, skew=(beat.skew or 0.0) if beat is not None else 0.0)
+            if t.progress is not None and t.progress.state.terminal:
+                if finals >= FINALS_PER_PASS:
+                    deferred.add(m)  # its end is here, taken by a next pass (a pass stays short when thousands end)
+                    continue
+                finals += 1
+            takes[m] = t
+        self._take(run_id, info.release, {m: t for m, t in takes.items() if t.progress is not None or t.foreign},
+                   known, live, now, writes, settled, len_models={m: len(info.models_of(m)) for m in takes})
+        events: list[tuple[str, float, str]] | None = None
+        dispatched = info.dispatched_at or info.created_at
+        for m in pending:
+            cur = known.get(m)
+            if cur is not None and cur.state.terminal or m in deferred:
                 continue
             if is_collecting(cur):
-                failed = self._collect_bound(run_id, m, cur, now)
+                if events is None:
+                    events = self.history.events(run_id)
+                failed = self._collect_bound(run_id, m, cur, now, writes, _collecting_since(events, m))
                 if failed is not None:
                     known[m] = failed
                 continue  # the module is done running: only its record is awaited, bounded by collect_timeout
-            why = liveness(cur, beat, now, dispatched_at=info.dispatched_at or info.created_at, settings=self.settings)
+            why = liveness(cur, beats.get(m), now, dispatched_at=dispatched, settings=self.settings)
+            if why and m not in fresh:  # judged on a heartbeat read earlier: never given up before a fresh read
+                beats_parsed = self._read_beats([m], beats_parsed)
+                beats[m] = beats_parsed.get(m)
+                why = liveness(cur, beats[m], now, dispatched_at=dispatched, settings=self.settings)
             if why:
-                self.kv.cancel(run_id, m, reason=why, lost=True)  # a later delivery must not run it
-                known[m] = self._record_lost(run_id, m, info.release, cur, why, len(info.models_of(m)), now)
+                writes.cancels.append((m, why))  # a later delivery must not run it
+                known[m] = self._record_lost(run_id, m, info.release, cur, why, len(info.models_of(m)), now, writes)
+        self._write(run_id, writes)
+        memos = self._memos()
+        memos.pop(run_id, None)
+        memos[run_id] = PassMemo(known_parsed, live_parsed, beats_parsed, settled, beats_at)
+        while len(memos) > MEMO_RUNS:
+            memos.pop(next(iter(memos)))
         view = RunView(run_id, info.modules, {m: known.get(m) for m in info.modules})
         if view.finished and info.state != view.state():
             self.history.set_run_state(run_id, view.state())
         return view
 
-    def _complete(self, run_id: str, module: str, p: RunProgress, summary: TelemetrySummary | None,
-                  now: float) -> RunProgress:
-        """The module's final state ``p`` as the history records it: ``p`` itself once the history holds all it
-        names (then acknowledged to the module, which stops sending it), else the module collecting.
-        ``summary``: the telemetry summary just read from the broker (and recorded)."""
-        if p.telemetry_digest is not None and (summary is None or record_digest(summary) != p.telemetry_digest):
-            summary = self.history.telemetry(run_id).get(module)  # an earlier sync may have recorded it
-        gap = record_gap(p, self.history.rows(run_id, module, source=None), summary)
-        if gap is None:
-            if is_sealed(p):
-                self.kv.put_ack(p)
-            return p
-        if self._collecting_since(run_id, module) is None:
-            self.history.add_event(run_id, module, f"collecting: the module reported {p.state.value}, but {gap}; "
-                                                   "waiting for the module to send the rest")
+    def _read(self, run_id: str, pending: Sequence[str], fresh: Sequence[str],
+              memo: PassMemo) -> tuple[Parsed[RunProgress | None], Parsed[Beat | None]]:
+        """The pending modules' progress and the ``fresh`` modules' heartbeats on the broker, in one MGET (the other
+        pending modules' heartbeats: as the last pass read them)."""
+        from contract.kv import _key, _load, _model
+
+        raw = self.kv.get_raw([_key("progress", run_id, m) for m in pending] + [_key("hb", m) for m in fresh])
+        n = len(pending)
+        live, _ = memo.live.update(dict(zip(pending, raw[:n], strict=True)),
+                                   lambda r: _model(RunProgress, _load(r)))
+        old = memo.beats.by_key
+        beats = self._parse_beats(dict(zip(fresh, raw[n:], strict=True)), memo.beats)
+        return live, Parsed({m: beats.by_key[m] if m in beats.by_key else old[m] for m in pending})
+
+    def _read_beats(self, names: Sequence[str], old: Parsed[Beat | None]) -> Parsed[Beat | None]:
+        """``old`` with the heartbeats of ``names`` read now."""
+        from contract.kv import _key
+
+        got = self._parse_beats(dict(zip(names, self.kv.get_raw([_key("hb", m) for m in names]), strict=True)), old)
+        return Parsed({**old.by_key, **got.by_key})
+
+    def _parse_beats(self, raws: Mapping[str, Any], old: Parsed[Beat | None]) -> Parsed[Beat | None]:
+        """Heartbeats by their text (``raws``): one whose text is unchanged is the one read before, when the broker
+        took it; the others are taken at what their PTTL says (one round trip)."""
+        from contract.kv import HEARTBEAT_TTL, _key, _load, _model, make_beat
+
+        before = old.by_key
+        changed = [m for m, r in raws.items() if r is not None and (m not in before or before[m][0] != r)]
+        ats = dict(zip(changed, self.kv.taken_at([_key("hb", m) for m in changed], HEARTBEAT_TTL), strict=True))
+        return Parsed({m: before[m] if m not in ats and m in before and before[m][0] == r
+                       else (r, make_beat(_model(Heartbeat, _load(r)), ats.get(m))) for m, r in raws.items()})
+
+    def _take(self, run_id: str, release: str, takes: Mapping[str, Take], known: dict[str, RunProgress | None],
+              live: Mapping[str, RunProgress | None], now: float, writes: PassWrites,
+              settled: dict[str, tuple[RunProgress, RunProgress]], len_models: Mapping[str, int]) -> None:
+        """Take each module's broker record as :func:`plan_take` says: its rows where they differ from the history's
+        or the record is final (one MGET), its telemetry summary, its completeness (:func:`record_gap`)."""
+        from contract.kv import _key, _load, _model
+
+        counts = self.history.release_row_counts(
+            run_id, [m for m, t in takes.items() if t.progress is not None and not t.progress.state.terminal])
+        fetch = [m for m, t in takes.items() if t.progress is not None
+                 and (t.progress.state.terminal or t.progress.rows != counts[m])]
+        raw_rows = dict(zip(fetch, self.kv.get_raw([_key("rows", run_id, m) for m in fetch]), strict=True))
+        summarised = [m for m in fetch if (tp := takes[m].progress) is not None and tp.state.terminal
+                      and tp.started_at is not None]
+        summaries = {m: _model(TelemetrySummary, _load(r)) for m, r in zip(
+            summarised, self.kv.get_raw([_key("telemetry", run_id, m) for m in summarised]), strict=True)}
+        held_summaries: list[TelemetrySummary] | None = None
+        events: list[tuple[str, float, str]] | None = None
+        for m, t in takes.items():
+            cur = known.get(m)
+            if t.foreign:
+                assert t.found is not None
+                known[m] = self._record_foreign(run_id, m, release, t.found, len_models[m], now, writes)
+                continue
+            p = t.progress
+            assert p is not None
+            if t.late:
+                writes.events.append((m, t.late))
+            rows = parse_rows_json(raw_rows[m], run_id, m) if m in raw_rows else None
+            foreign = foreign_rows(rows, release)
+            if rows is not None and not foreign:
+                writes.rows[m] = rows
+            if foreign and p.state.terminal:  # the rows of another release: none taken, the part failed
+                p, reason = rows_failed(run_id, m, release, p, foreign, now)
+                writes.events.append((m, reason))
+                log.warning("run %s on %s: %s", run_id, m, reason)
+            if p.state.terminal and not foreign:
+                summary = summaries.get(m)
+                if summary is not None:
+                    writes.telemetry.append(summary)
+                if p.telemetry_digest is not None and (summary is None or record_digest(summary) != p.telemetry_digest):
+                    if held_summaries is None:  # an earlier sync may have recorded it
+                        held_summaries = list(self.history.telemetry(run_id).values())
+                    summary = next((s for s in held_summaries if s.module == m), None)
+                held = (kept_rows(rows, run_id, m) if rows is not None and m in writes.rows
+                        else self.history.rows(run_id, m, source=None))
+                gap = record_gap(p, held, summary)
+                if gap is None:
+                    if is_sealed(p):
+                        writes.acks.append(p)
+                else:
+                    if events is None:
+                        events = self.history.events(run_id)
+                    p = self._collecting(run_id, m, p, gap, held, now, writes, _collecting_since(events, m))
+            if p != cur:  # an unchanged module costs no write (a pass writes what changed, not N rows)
+                writes.put(p, force=t.force)
+            elif cur is not None and m not in raw_rows and live.get(m) is p:
+                settled[m] = (p, cur)  # nothing to write, the rows in step: the next pass skips it unless it changes
+            known[m] = p
+
+    def _collecting(self, run_id: str, module: str, p: RunProgress, gap: str, held: Sequence[ResultRow],
+                    now: float, writes: PassWrites, since: float | None) -> RunProgress:
+        """The module's final state ``p`` lacks ``gap`` in the history: the module collecting (bounded)."""
+        if since is None:
+            writes.events.append((module, f"collecting: the module reported {p.state.value}, but {gap}; "
+                                          "waiting for the module to send the rest"))
             log.warning("run %s on %s: collecting, %s", run_id, module, gap)
-        have = len(self.history.rows(run_id, module))  # the release's rows, as `rows` counts them
-        collecting = p.model_copy(update={"state": RunState.PUBLISHING, "step": COLLECT_STEP, "finished_at": None,
-                                          "rows": have, "error": StepError(step="collect", message=gap)})
-        return self._collect_bound(run_id, module, collecting, now) or collecting
+        collecting = collecting_progress(p, gap, sum(r.source == "release" for r in held))
+        return self._collect_bound(run_id, module, collecting, now, writes, since) or collecting
 
-    def _collecting_since(self, run_id: str, module: str) -> float | None:
-        return next((ts for m, ts, msg in self.history.events(run_id)
-                     if m == module and msg.startswith("collecting:")), None)
-
-    def _collect_bound(self, run_id: str, module: str, cur: RunProgress, now: float) -> RunProgress | None:
+    def _collect_bound(self, run_id: str, module: str, cur: RunProgress, now: float, writes: PassWrites,
+                       since: float | None) -> RunProgress | None:
         """A module collecting for longer than ``collect_timeout``: its part ends failed, with what is missing."""
-        since = self._collecting_since(run_id, module)
         if since is None or now - since <= self.settings.collect_timeout:
             return None
         gap = cur.error.message if cur.error else "its final record is incomplete"
@@ -222,35 +380,47 @@ class Sync:
                                    "finished_at": now, "error": StepError(
                                        step="collect", message=f"{gap} (waited {now - since:.0f} s, bound "
                                                                f"{self.settings.collect_timeout:.0f} s)")})
-        self.history.upsert_progress(p, force=True)
-        self.history.add_event(run_id, module, f"failed: {gap} within {self.settings.collect_timeout:.0f} s")
+        writes.put(p, force=True)
+        writes.events.append((module, f"failed: {gap} within {self.settings.collect_timeout:.0f} s"))
         log.warning("run %s on %s: failed, %s", run_id, module, gap)
         if is_sealed(cur):
-            self.kv.put_ack(cur)  # given up: the module stops sending it (its rows stay on the module)
+            writes.acks.append(cur)  # given up: the module stops sending it (its rows stay on the module)
         return p
 
     def _record_lost(self, run_id: str, module: str, release: str, cur: RunProgress | None, why: str,
-                     keys: int, now: float) -> RunProgress:
+                     keys: int, now: float, writes: PassWrites) -> RunProgress:
         """The controller gives a module's part up: LOST, with the reason (``started_at`` keeps when)."""
         base = cur or RunProgress(run_id=run_id, module=module, release=release, keys_total=keys)
         p = base.model_copy(update={"state": RunState.LOST, "updated_at": now, "finished_at": now,
                                     "error": StepError(step=base.step or "dispatch", message=why)})
-        self.history.upsert_progress(p, force=True)
-        self.history.add_event(run_id, module, f"marked lost: {why}")
+        writes.put(p, force=True)
+        writes.events.append((module, f"marked lost: {why}"))
         log.warning("run %s on %s: %s", run_id, module, why)
         return p
 
     def _record_foreign(self, run_id: str, module: str, release: str, found: RunProgress, keys: int,
-                        now: float) -> RunProgress:
+                        now: float, writes: PassWrites) -> RunProgress:
         """The module's record of ``run_id`` on the broker is of another release: its part failed, nothing taken."""
         why = (f"the broker's record of run {run_id} on {module} is of release {found.release} "
                f"({found.state.value}), not {release}: not taken as this run's result "
                "(another controller used this run id)")
         p = failed_progress(run_id, module, release, "sync", why, keys, now)
-        self.history.upsert_progress(p, force=True)
-        self.history.add_event(run_id, module, why)
+        writes.put(p, force=True)
+        writes.events.append((module, why))
         log.warning("run %s on %s: %s", run_id, module, why)
         return p
+
+    def _write(self, run_id: str, writes: PassWrites) -> None:
+        """What the pass took: cancels of the modules given up first (a later delivery must not run them), then
+        the history in one transaction, then the acknowledgements of the final states it holds whole."""
+        for m, why in writes.cancels:
+            self.kv.cancel(run_id, m, reason=why, lost=True)
+        if writes.rows or writes.telemetry or writes.progress or writes.forced or writes.events:
+            self.history.record_sync(run_id, rows=writes.rows, telemetry=writes.telemetry,
+                                     progress=writes.progress.values(), forced=writes.forced.values(),
+                                     events=writes.events)
+        if writes.acks:
+            self.kv.put_acks(writes.acks)
 
     def view(self, run_id: str) -> RunView:
         info = self.history.run(run_id)
@@ -266,3 +436,24 @@ class Sync:
             if view.finished or (end is not None and time.monotonic() > end):
                 return view
             time.sleep(interval)
+
+
+@functools.cache
+def _rows_adapter() -> TypeAdapter[list[ResultRow]]:
+    return TypeAdapter(list[ResultRow])
+
+
+def parse_rows_json(raw: bytes | str | None, run_id: str, module: str) -> list[ResultRow] | None:
+    """:func:`contract.kv.parse_rows` of the stored text itself (pydantic's own JSON parser, no ``json.loads``)."""
+    from contract.kv import _load, parse_rows
+
+    if raw is None:
+        return None
+    try:
+        return _rows_adapter().validate_json(raw)
+    except ValidationError:  # not a list of rows: as parse_rows reads it (None when it is not a list)
+        return parse_rows(_load(raw), run_id, module)
+
+
+def _collecting_since(events: Sequence[tuple[str, float, str]], module: str) -> float | None:
+    return next((ts for m, ts, msg in events if m == module and msg.startswith("collecting:")), None)

@@ -88,6 +88,35 @@ class FailureStreak:
     last_at: float | None = None
 
 
+_TERMINAL = frozenset(s.value for s in RunState if s.terminal)
+
+
+def streak_of(parts: Iterable[tuple[str, str | None, float | None]], reset: float | None,
+              skew: float) -> FailureStreak:
+    """:meth:`ModuleStates.failure_streak` of one module from its newest parts, newest first (state, progress
+    JSON, the run's created_at), and its last reset (pure). A part is parsed only where its state alone cannot
+    tell: ended failed or lost, or with the word "failed" in its text (a failed key's outcome); its JSON may be
+    None elsewhere (:meth:`~controller.history.History.recent_parts`)."""
+    n, last = 0, None
+    for state, raw, created in parts:
+        if reset is not None and created is not None and created <= reset:
+            break
+        if state not in _TERMINAL:
+            continue
+        p: RunProgress | None = None
+        if raw is not None and (state in (RunState.FAILED.value, RunState.LOST.value) or "failed" in raw):
+            p = RunProgress.model_validate_json(raw)
+            if not module_failed(p):
+                break
+        else:
+            break
+        if last is None:
+            ended = p.finished_at or p.updated_at
+            last = ended if p.state == RunState.LOST else ended - skew
+        n += 1
+    return FailureStreak(n, last)
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
@@ -145,21 +174,10 @@ class ModuleStates:
         passed and by ``fleetctl devices reset`` (runs created before it are not read). ``skew``: the module's
         clock against the controller's, for the end times the agent wrote (a LOST end is the controller's).
         """
-        reset = self.history.last_module_reset(module)
-        n, last = 0, None
-        for raw, created in self.history.module_parts(module, limit):
-            if reset is not None and created is not None and created <= reset:
-                break
-            p = RunProgress.model_validate_json(raw)
-            if not p.state.terminal:
-                continue
-            if not module_failed(p):
-                break
-            if last is None:
-                ended = p.finished_at or p.updated_at
-                last = ended if p.state == RunState.LOST else ended - skew
-            n += 1
-        return FailureStreak(n, last)
+        parts: list[tuple[str, str | None, float | None]] = [
+                 (RunProgress.model_validate_json(raw).state.value, raw, created)
+                 for raw, created in self.history.module_parts(module, limit)]
+        return streak_of(parts, self.history.last_module_reset(module), skew)
 
     def reset_failures(self, module: str) -> int:
         """Clear the module's failed runs in a row (an event in the history); how many there were."""
@@ -168,18 +186,25 @@ class ModuleStates:
         return n
 
     def statuses(self, modules: Sequence[Module], now: float | None = None) -> dict[str, ModuleStatus]:
+        """Every module's state (:func:`derive_state`): the heartbeats and name conflicts in one broker read each,
+        the resets and golden checks of all modules in one history query, the modules whose newest ended part passed
+        in one more, the others' recent parts in one small indexed query each (:func:`streak_of` parses a part only
+        where its state cannot tell)."""
         beats = self.beats(m.name for m in modules)
         conflicts = self.kv.conflicts(m.name for m in modules)
         now = time.time() if now is None else now
+        resets, drifts = self.history.module_marks()
+        passed = self.history.passed_last()  # most modules: no part to read one by one
+        parts = self.history.recent_parts([m.name for m in modules if m.name not in passed], 10)
         out: dict[str, ModuleStatus] = {}
         for m in modules:
             beat = beats.get(m.name)
             skew = beat.skew if beat is not None else None
-            streak = self.failure_streak(m.name, skew=skew or 0.0)
+            streak = streak_of(parts.get(m.name, ()), resets.get(m.name), skew or 0.0)
             state, reason = derive_state(beat, now, offline_after=self.settings.offline_after,
                                          failures_for_bad=self.failures_for_bad, lost_after=self.settings.lost_after,
                                          streak=streak, failures_cooldown=self.failures_cooldown,
-                                         drift=self.history.golden_drift(m.name))
+                                         drift=drifts.get(m.name))
             notes = [reason, skew_warning(skew, self.clock_skew_warn), conflict_note(conflicts.get(m.name), now)]
             out[m.name] = ModuleStatus(m.name, state, "; ".join(n for n in notes if n), beat.hb if beat else None,
                                        (now - beat.at) if beat else None, skew)

@@ -44,6 +44,43 @@ class HistoryQueries:
             "SELECT COUNT(*) FROM rows WHERE run_id=? AND module=? AND source='release'",
             (run_id, module)).fetchone()[0])
 
+    def release_row_counts(self, run_id: str, modules: Sequence[str]) -> dict[str, int]:
+        """:meth:`release_row_count` of each of ``modules`` (those without rows: 0), in one query per 500."""
+        out = dict.fromkeys(modules, 0)
+        for i in range(0, len(modules), 500):
+            part = modules[i:i + 500]
+            cur = self.db.execute(
+                f"SELECT module, COUNT(*) FROM rows WHERE run_id=? AND source='release'"
+                f" AND module IN ({','.join('?' * len(part))}) GROUP BY module", (run_id, *part))
+            out.update((str(m), int(n)) for m, n in cur.fetchall())
+        return out
+
+    def passed_last(self) -> set[str]:
+        """The modules whose newest ended part (done or cancelled, its newest by ``updated_at``) has no failure in
+        it (not the word "failed"): their failed runs in a row are none, whatever came before or runs now. One
+        query for every module, on the ``(module, updated_at)`` index."""
+        cur = self.db.execute(
+            "SELECT m.module, m.state IN ('done', 'cancelled') AND CAST(m.progress AS TEXT) NOT LIKE '%failed%'"
+            " FROM module_runs m JOIN (SELECT module, MAX(updated_at) AS u FROM module_runs"
+            " WHERE state IN ('done', 'failed', 'cancelled', 'lost') GROUP BY module) n"
+            " ON n.module = m.module AND n.u = m.updated_at WHERE m.state IN ('done', 'failed', 'cancelled', 'lost')")
+        clean: dict[str, bool] = {}
+        for module, ok in cur.fetchall():
+            clean[module] = clean.get(module, True) and bool(ok)  # two parts ended at once: both must have passed
+        return {m for m, ok in clean.items() if ok}
+
+    def recent_parts(self, modules: Sequence[str], limit: int) -> dict[str, list[tuple[str, str | None, float | None]]]:
+        """module -> (state, progress JSON, the run's created_at) of its ``limit`` newest parts of runs it was sent
+        (``attempt`` not 0: only a failed part can be one never sent), newest first: :meth:`module_parts` of many
+        modules, each by the ``(module, updated_at)`` index. The progress only where a failure can be read in it
+        (state failed or lost, or the word "failed" in it), else None: most parts passed, and their JSON is most of
+        what the query would carry."""
+        q = ("SELECT m.state, CASE WHEN m.state IN ('failed', 'lost') OR CAST(m.progress AS TEXT) LIKE '%failed%'"
+             " THEN m.progress END, r.created_at FROM module_runs m LEFT JOIN runs r ON r.run_id = m.run_id"
+             " WHERE m.module=? AND (m.state != 'failed'"
+             " OR COALESCE(CAST(m.progress ->> 'attempt' AS INTEGER), 1) != 0) ORDER BY m.updated_at DESC LIMIT ?")
+        return {m: self.db.execute(q, (m, limit)).fetchall() for m in modules}
+
     def running_runs(self) -> list[str]:
         """Run ids of the runs (kind 'run') not ended."""
         cur = self.db.execute("SELECT run_id FROM runs WHERE kind='run' AND state='running'")

@@ -171,23 +171,11 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox, TrendFindings):
 
     def upsert_progress_many(self, progress: Iterable[RunProgress], *, force: bool = False) -> None:
         """:meth:`upsert_progress` of each, in one transaction."""
-        where = "" if force else " WHERE excluded.updated_at >= module_runs.updated_at"
         progress = list(progress)
-        values = [(p.run_id, p.module, p.state.value, p.updated_at, p.model_dump_json()) for p in progress]
-        if not values:
+        if not progress:
             return
-        prints = [(p.run_id, p.module, p.fingerprint.digest(), p.fingerprint.model_dump_json()) for p in progress
-                  if p.fingerprint is not None]
         with self.tx() as c:
-            c.executemany("INSERT INTO fingerprints (run_id, module, digest, record) VALUES (?,?,?,?)"
-                          " ON CONFLICT (run_id, module) DO UPDATE SET digest=excluded.digest, record=excluded.record",
-                          prints)
-            c.executemany(
-                "INSERT INTO module_runs (run_id, module, state, updated_at, progress) VALUES (?,?,?,?,?)"
-                " ON CONFLICT (run_id, module) DO UPDATE SET state=excluded.state,"
-                " updated_at=excluded.updated_at, progress=excluded.progress" + where,
-                values,
-            )
+            _upsert_progress(c, progress, force)
 
     # -- what the controller decided, and why ----------------------------------------------
     def add_event(self, run_id: str, module: str, message: str) -> None:
@@ -216,6 +204,20 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox, TrendFindings):
                                 (module, f"{RESET_EVENT}%")).fetchone()
         return None if ts is None else float(ts)
 
+    def module_marks(self) -> tuple[dict[str, float], dict[str, str]]:
+        """Every module's last reset (:meth:`last_module_reset`) and newest failed golden check since it
+        (:meth:`golden_drift`), module -> each, in one query (modules with none left out)."""
+        cur = self.db.execute("SELECT module, ts, message FROM events WHERE run_id='' AND (message LIKE ? OR"
+                              " message LIKE ?) ORDER BY ts", (f"{RESET_EVENT}%", f"{GOLDEN_DRIFT_EVENT}%"))
+        resets: dict[str, float] = {}
+        drifts: dict[str, tuple[float, str]] = {}
+        for m, ts, msg in cur.fetchall():
+            if str(msg).startswith(RESET_EVENT):
+                resets[m] = max(float(ts), resets.get(m, float(ts)))
+            else:
+                drifts[m] = (float(ts), str(msg)[len(GOLDEN_DRIFT_EVENT) + 2:])
+        return resets, {m: msg for m, (ts, msg) in drifts.items() if ts > resets.get(m, -1.0)}
+
     def golden_drift(self, module: str) -> str | None:
         """The module's newest failed golden check since its last reset (``fleetctl devices reset``), or None."""
         reset = self.last_module_reset(module)
@@ -232,6 +234,33 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox, TrendFindings):
         cur = self.db.execute("SELECT module, progress FROM module_runs WHERE run_id=? ORDER BY module",
                               (run_id,))
         return {m: RunProgress.model_validate_json(p) for m, p in cur.fetchall()}
+
+    def progress_json(self, run_id: str) -> list[tuple[str, str]]:
+        """(module, its progress as stored JSON) of the run: what a sync pass compares with its last reading
+        before it parses any (an unchanged record is not parsed again)."""
+        cur = self.db.execute("SELECT module, progress FROM module_runs WHERE run_id=? ORDER BY module", (run_id,))
+        return [(str(m), str(p)) for m, p in cur.fetchall()]
+
+    def record_sync(self, run_id: str, *, rows: Mapping[str, Iterable[ResultRow]] | None = None,
+                    telemetry: Iterable[TelemetrySummary] = (), progress: Iterable[RunProgress] = (),
+                    forced: Iterable[RunProgress] = (), events: Iterable[tuple[str, str]] = ()) -> None:
+        """What one sync pass of ``run_id`` took, in one transaction: each module's rows become exactly ``rows``
+        (:meth:`replace_rows`), telemetry summaries, progress (:meth:`upsert_progress`; ``forced``: with
+        ``force``) and events (module, message)."""
+        now = time.time()
+        with self.tx() as c:
+            for module, module_rows in (rows or {}).items():
+                data = list(_last_of_each_key(row_to_db(r) for r in module_rows
+                                              if r.run_id == run_id and r.module == module))
+                c.execute("DELETE FROM rows WHERE run_id=? AND module=?", (run_id, module))
+                c.executemany(_INSERT_ROW, data)
+            c.executemany("INSERT INTO telemetry (run_id, module, summary) VALUES (?,?,?)"
+                          " ON CONFLICT (run_id, module) DO UPDATE SET summary=excluded.summary",
+                          [(t.run_id, t.module, t.model_dump_json()) for t in telemetry])
+            for ps, force in ((list(progress), False), (list(forced), True)):
+                _upsert_progress(c, ps, force)
+            c.executemany("INSERT INTO events (run_id, module, ts, message) VALUES (?,?,?,?)",
+                          [(run_id, m, now, msg) for m, msg in events])
 
     # -- rows ---------------------------------------------------------------------------
     def upsert_rows(self, rows: Iterable[ResultRow]) -> int:
@@ -346,6 +375,20 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox, TrendFindings):
 
 
 _KEY_AT = tuple(ROW_FIELDS.index(k) for k in _ROWS_KEY)
+
+
+def _upsert_progress(c: Database, progress: list[RunProgress], force: bool) -> None:
+    """:meth:`History.upsert_progress_many` inside the transaction ``c``."""
+    where = "" if force else " WHERE excluded.updated_at >= module_runs.updated_at"
+    values = [(p.run_id, p.module, p.state.value, p.updated_at, p.model_dump_json()) for p in progress]
+    prints = [(p.run_id, p.module, p.fingerprint.digest(), p.fingerprint.model_dump_json()) for p in progress
+              if p.fingerprint is not None]
+    c.executemany("INSERT INTO fingerprints (run_id, module, digest, record) VALUES (?,?,?,?)"
+                  " ON CONFLICT (run_id, module) DO UPDATE SET digest=excluded.digest, record=excluded.record",
+                  prints)
+    c.executemany("INSERT INTO module_runs (run_id, module, state, updated_at, progress) VALUES (?,?,?,?,?)"
+                  " ON CONFLICT (run_id, module) DO UPDATE SET state=excluded.state,"
+                  " updated_at=excluded.updated_at, progress=excluded.progress" + where, values)
 
 
 def _last_of_each_key(values: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:

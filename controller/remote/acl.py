@@ -102,8 +102,9 @@ def password_hash(password: str) -> str:
 
 def module_key_patterns(module: str) -> list[str]:
     """Keys ``module`` may read and write (its queue, bindings, unacked, results, records)."""
+    from contract.attest import ATTEST_INDEX
     from contract.celery_app import queue_name, task_id  # celery and the KV layout: only when a rule is written
-    from contract.kv import ATTEST_INDEX, PREFIX
+    from contract.kv import PREFIX
 
     m = _check_name(module)
     q = queue_name(m)
@@ -137,7 +138,8 @@ def module_read_only_patterns(module: str) -> list[str]:
     """Keys ``module`` may only read: its own per-module cancel flags and the run-wide ones, and the
     controller's acknowledgements of its own final states, its preemptions and its reservation (another user's work
     waits there until it ends: :mod:`agent.hold`)."""
-    from contract.kv import ATTEST, PREFIX, ack_key, cancel_key, preempt_key, reservation_key
+    from contract.attest import ATTEST
+    from contract.kv import PREFIX, ack_key, cancel_key, preempt_key, reservation_key
 
     m = _check_name(module)
     # and every module's kernel cache attestations (who compiled what: each writes only its own, read by all)

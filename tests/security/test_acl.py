@@ -18,26 +18,9 @@ import redis
 from contract.kv import cancel_key, preempt_key
 from contract.records import RunState
 from controller.remote import acl
-from tests.support.secure import SecureRedis, fleetctl_path, make_secure_lab, task_body, task_envelope
+from tests.support.secure import ADMIN, fleetctl_path, make_secure_lab, pw, start_acl_redis, task_body, task_envelope
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
-
-ADMIN = ("acl-admin", "admin-pw-for-the-test-only")
-
-
-def start_acl_redis(tmp_path, modules: list[str]) -> tuple[SecureRedis, acl.AclFiles]:
-    files = acl.write_acl(tmp_path / "broker", modules)
-    # a test-only admin user, to read the ACL log (no fleet user may)
-    with files.acl.open("a") as fh:
-        fh.write(f"user {ADMIN[0]} on >{ADMIN[1]} ~* &* +@all\n")
-    server = SecureRedis(tmp_path / "redis", aclfile=files.acl)
-    server.start()
-    return server, files
-
-
-def pw(files: acl.AclFiles, user: str) -> str:
-    return (files.passwords / f"{user}.password").read_text().strip()
-
 
 def test_acl_file_shape(tmp_path):
     files = acl.write_acl(tmp_path / "b", ["sim-01", "sim-02"])

@@ -18,12 +18,13 @@ import pytest
 import redis
 
 from agent.kernel_cache import RefusedArchive, Store, build_archive, unpack_archive
+from contract.attest import Attestations, attestation_key
 from contract.celery_app import make_app
 from contract.fingerprint import EnvFingerprint
 from contract.kernel_store import Publication, attested, cache_key, decide
-from contract.kv import KV, attestation_key
+from contract.kv import KV
 from contract.settings import BrokerSettings
-from tests.security.test_acl import pw, start_acl_redis
+from tests.support.secure import pw, start_acl_redis
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -38,7 +39,7 @@ def lab(tmp_path_factory):
     apps = {m: make_app(BrokerSettings(broker_url=f"redis://{m}:{pw(files, m)}@127.0.0.1:{server.port}/2",
                                        data_dir=base / m)) for m in MODULES}
     try:
-        yield base, {m: KV(a) for m, a in apps.items()}
+        yield base, {m: Attestations(KV(a)) for m, a in apps.items()}
     finally:
         for a in apps.values():
             a.close()
@@ -62,7 +63,7 @@ def test_a_module_cannot_make_another_trust_an_archive_it_alone_compiled(lab, tm
         forged = evil.model_copy(update={"module": ghost})
         (store.folder / "compiled" / f"{ghost}.json").write_text(forged.model_dump_json())
         with pytest.raises(redis.exceptions.NoPermissionError):
-            kv["sim-01"].backend.client.set(attestation_key(key.digest(), ghost), forged.model_dump_json())
+            kv["sim-01"].kv.backend.client.set(attestation_key(key.digest(), ghost), forged.model_dump_json())
     # nor can it write under another module's key, or a key of its own that names another module
     with pytest.raises(redis.exceptions.NoPermissionError):
         kv["sim-01"].put_attestation(key.digest(), "sim-02", evil.model_dump(mode="json"))

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from controller.cli.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
+from controller.remote.acl import AclFiles, write_acl
 from controller.settings import ControllerSettings
 from simulator.ports import free_port
 from tests.support.lab import Lab
@@ -272,3 +273,21 @@ def make_tls(folder: Path) -> dict[str, Path]:
         "client_cert": write_cert(c_cert, folder / "client.crt"), "client_key": write_key(c_key, folder / "client.key"),
         "wrong_ca": write_cert(wrong, folder / "wrong-ca.crt"),
     }
+
+
+# one Redis ACL user per module, from `fleetctl broker acl` (tests/security)
+ADMIN = ("acl-admin", "admin-pw-for-the-test-only")
+
+
+def start_acl_redis(tmp_path: Path, modules: list[str]) -> tuple[SecureRedis, AclFiles]:
+    files = write_acl(tmp_path / "broker", modules)
+    # a test-only admin user, to read the ACL log (no fleet user may)
+    with files.acl.open("a") as fh:
+        fh.write(f"user {ADMIN[0]} on >{ADMIN[1]} ~* &* +@all\n")
+    server = SecureRedis(tmp_path / "redis", aclfile=files.acl)
+    server.start()
+    return server, files
+
+
+def pw(files: AclFiles, user: str) -> str:
+    return (files.passwords / f"{user}.password").read_text().strip()

@@ -30,7 +30,8 @@ ALLOWED_AGENT_IMPORTS: dict[tuple[str, str, str], str] = {
 }
 CONTRACT_MODULES = {"records", "kv", "celery_app", "safe_transport", "settings", "oneline", "digest", "eviction",
                     "vocab", "files", "redact", "version", "layout", "fingerprint", "energy", "kernel_store",
-                    "priority"}  # priority: the broker order both sides keep (lower number first)
+                    "priority",  # the broker order both sides keep (lower number first)
+                    "attest", "cancel_token"}  # the kernel cache's attestations, the pipeline's cancel token
 # what contract/ may import besides the standard library: the agent's own dependencies
 CONTRACT_THIRD_PARTY = {"pydantic", "pydantic_settings", "celery", "kombu", "redis"}
 

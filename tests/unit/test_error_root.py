@@ -65,6 +65,7 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "controller.service.bisect_plan.BisectPlanError": (2, 400),
     "controller.service.session.NotFound": (2, 404),
     "controller.service.session.Conflict": (2, 409),
+    "controller.service.session.Forbidden": (2, 403),
     "controller.service.session.UnusableRelease": (2, 422),
     "controller.service.release_url.ReleaseUrlError": (2, 400),
     "controller.settings.ConfigError": (2, 400),

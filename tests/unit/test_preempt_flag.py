@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from contract.cancel_token import KVCancelToken
 from contract.celery_app import make_app
-from contract.kv import KV, KVCancelToken, preempt_key
+from contract.kv import KV, preempt_key
 from contract.settings import BrokerSettings
 
 
