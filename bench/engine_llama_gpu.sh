@@ -58,7 +58,7 @@ set +e
 python3 bench/nvml_check.py record /tmp/nvml.jsonl & rec=$!   # NVML's counter read by another process (2 ms)
 python3 bench/engine_llama_run.py --device cuda --server "$server" --size gpu --profiles "128,500,2000;2000@250" \
     --output-len 100 --mtp prompts=15,input=0,output=256 --vision inputs=250/1000/2000,output=50,image=448 \
-    --probe-profiles 128:128,500:500,2000:2000 --probe-repeat 3 \
+    --probe-profiles 128:128,500:500,2000:2000 --probe-repeat "${PROBE_REPEAT:-3}" \
     --out /tmp/llama-run --streams "$out/llama-server-h200-sse.txt" 2>&1 | grep -v -e "^INFO:" -e "Writing"
 rc=${PIPESTATUS[0]}
 cp bench/results/engine_llama_run_*.txt "$out/" 2>/dev/null || true  # at once: a call cut short keeps it
