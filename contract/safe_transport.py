@@ -89,6 +89,7 @@ class _CheckedReads:
     """The checks shared by the plain and the Sentinel channel (mixed in before kombu's channel)."""
 
     _sync_client: tuple[Any, Any] | None = None  # (the pool it was built on, the client): _create_client
+    _poll_client_id: tuple[Any, int | None] | None = None  # (the BRPOP socket, its CLIENT ID): close
 
     def _brpop_read(self, **options: Any) -> bool:
         try:
@@ -96,6 +97,42 @@ class _CheckedReads:
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
             log.error("dropped an item of a queue that is not a kombu message: %s", str(exc)[:200])
             return True
+
+    def _brpop_start(self, timeout: Any = None) -> Any:
+        self._note_poll_client_id()
+        return super()._brpop_start(timeout)  # type: ignore[misc]
+
+    def _note_poll_client_id(self) -> None:
+        """The server's id of the BRPOP connection (``CLIENT ID``: once per socket, not per poll), for
+        :meth:`close` to unblock it."""
+        conn = self.client.connection  # type: ignore[attr-defined]
+        sock = getattr(conn, "_sock", None)
+        if sock is None or (self._poll_client_id is not None and self._poll_client_id[0] is sock):
+            return
+        self._poll_client_id = (sock, None)
+        try:
+            conn.send_command("CLIENT", "ID")
+            self._poll_client_id = (sock, int(conn.read_response()))
+        except self.connection_errors as exc:  # type: ignore[attr-defined]
+            log.debug("no CLIENT ID for the BRPOP connection: %s", exc)
+            raise
+        except Exception as exc:  # e.g. an ACL without client|id: close() waits for the BRPOP, as kombu's
+            log.debug("no CLIENT ID for the BRPOP connection: %s", exc)
+
+    def close(self) -> None:
+        """kombu's close reads the reply of the BRPOP in flight, which an idle queue sends only at the BRPOP's
+        server-side timeout (``polling_interval``, 5 s): the warm shutdown of an idle agent waited for it. Here
+        the BRPOP is ended first with ``CLIENT UNBLOCK`` (its reply: nil, as at the timeout; a message it had
+        taken already is read and delivered as before), so the close reads it at once."""
+        ident = self._poll_client_id
+        if self._in_poll and not self.closed and ident is not None and ident[1] is not None:  # type: ignore[attr-defined]
+            conn = self.client.connection  # type: ignore[attr-defined]
+            if getattr(conn, "_sock", None) is ident[0]:
+                try:
+                    self._create_client().client_unblock(ident[1])
+                except Exception as exc:  # an ACL without client|unblock, a broker away: kombu's wait
+                    log.debug("CLIENT UNBLOCK of the BRPOP connection: %s", exc)
+        super().close()  # type: ignore[misc]
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         """kombu builds a new ``redis.Redis`` on its pool for every command outside its poll loop (a publish,
