@@ -1,9 +1,10 @@
-"""An idle agent stops within 1.5 s of SIGTERM (issue 47), polling no more often for it.
+"""An idle agent stops within 1.5 s of SIGTERM (issue 47), polling no more often for it, on two Redis connections.
 
 A real redis-server of the test's own (its command counts are this agent's), a real ``agent.worker`` process, a real
 SIGTERM sent just after the agent's BRPOP went out: kombu's close waited for that BRPOP's reply, which an idle queue
 sends at its server-side timeout (``polling_interval``, 5 s), so the stop took up to 5 s more; the agent now ends it
-with ``CLIENT UNBLOCK`` (:mod:`contract.safe_transport`).
+with ``CLIENT UNBLOCK`` (:mod:`contract.safe_transport`). Its connections: its BRPOP and one pool that its broker
+channel and its result backend share (three before: the channel and the backend had a pool each).
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ def brpops(client: object) -> int:
     return int(stats.get("cmdstat_brpop", {}).get("calls", 0))
 
 
+def agent_connections(pid: int, port: int) -> int:
+    import psutil
+
+    return sum(1 for c in psutil.Process(pid).net_connections(kind="tcp") if c.raddr and c.raddr.port == port)
+
+
 def test_an_idle_agent_stops_within_1_5_s_of_sigterm_and_polls_every_5_s(
         tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     import redis
@@ -48,6 +55,7 @@ def test_an_idle_agent_stops_within_1_5_s_of_sigterm_and_polls_every_5_s(
             time.sleep(6.0)
             polled = brpops(client) - before
             assert 1 <= polled <= 2, f"{polled} BRPOPs in {time.monotonic() - t0:.1f} s of idle"
+            assert agent_connections(w.proc.pid, server.port) == 2
             # SIGTERM just after a BRPOP went out: its server-side timeout is ~5 s away
             n = brpops(client)
             while brpops(client) == n and time.monotonic() < end + 10:
