@@ -18,10 +18,14 @@ Sides, each on a redis-server of its own (its command counts are its worker's), 
 * ``bare``: a bare Celery worker, ``celery worker -P solo -c 1`` (the agent's pool), Celery's defaults otherwise
   (gossip, mingle, event heartbeats, its Redis result backend on the same server).
 
+Then (``--run-models``, on each agent side) one validation of those keys on a simulated release at
+``--time-scale``, its connections sampled every 0.1 s: the most it held while it ran (heartbeat thread and run
+thread at once).
+
 Goals: every agent stop within 1.5 s of SIGTERM; the agent's idle commands/s at most bare Celery's (exit 1 when
 missed).
 
-Usage: python bench/broker_idle.py [--window 30] [--stops 3] [--before REV]
+Usage: python bench/broker_idle.py [--window 30] [--stops 3] [--before REV] [--run-models qwen3] [--time-scale 50]
 """
 
 from __future__ import annotations
@@ -158,6 +162,45 @@ def connections(side: Side) -> list[str]:
     return sorted(str(c["cmd"]) for c in side.redis.client().client_list() if c["addr"] in mine)
 
 
+def during_a_run(side: Side, models: str, scale: float) -> tuple[int, list[str], float]:
+    """One validation on ``side``'s (running) agent, its connections sampled every 0.1 s: (the most at once, their
+    last commands then, the run's seconds)."""
+    from agent.validate import stage_local_release
+    from contract.files import sha256_file
+    from contract.records import parse_model_keys
+    from controller.service import Session
+    from simulator import build_release, make_models
+
+    rel = build_release(side.base / "release", time_scale=scale, noise=0.0, seed=1)
+    make_models(side.base / "modules" / "m1" / "models")
+    st = Session(side.settings())
+    try:
+        fleet = st.fleet()
+        st.history()
+        mods = st.inventory().select("all")
+        sha = sha256_file(rel.path)
+        staged = stage_local_release(rel.path, sha, side.settings().data_dir)
+        t0 = time.monotonic()
+        fleet.dispatch(run_id="conns-1", modules=mods, tarballs={m.name: str(staged) for m in mods}, sha256=sha,
+                       release=rel.version, models=parse_model_keys(models))
+        most: list[str] = []
+        while True:
+            now = connections(side)
+            if len(now) > len(most):
+                most = now
+            view = fleet.sync("conns-1")  # what the controller does while it follows a run
+            if view.finished:
+                break
+            if time.monotonic() - t0 > 600:
+                raise SystemExit("the validation did not end within 600 s")
+            time.sleep(0.1)
+        if view.state() != "done":
+            raise SystemExit(f"the validation ended {view.state()}")
+        return len(most), most, time.monotonic() - t0
+    finally:
+        st.close()
+
+
 def checkout(rev: str, into: Path) -> Path:
     into.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
@@ -170,6 +213,9 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=30.0, help="idle seconds counted")
     ap.add_argument("--stops", type=int, default=3)
     ap.add_argument("--before", default="", help="also the agent of this git revision")
+    ap.add_argument("--run-models", default="qwen3", help="keys of the validation whose connections are sampled "
+                    "('': none)")
+    ap.add_argument("--time-scale", type=float, default=50.0)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-broker-idle-"))
     sides: list[Side] = []
@@ -198,6 +244,8 @@ def main() -> int:
         time.sleep(6)
         for s in sides:
             s.after_task_conns = connections(s)
+        runs = {s.name: during_a_run(s, args.run_models, args.time_scale) for s in sides if s.is_agent
+                and args.run_models}
         for i in range(args.stops):
             for s in sides:
                 if i:
@@ -209,6 +257,9 @@ def main() -> int:
         for s in sides:
             print(f"  {s.name:14s} connections idle {len(s.idle_conns)} ({', '.join(s.idle_conns)}), after a task "
                   f"{len(s.after_task_conns)} ({', '.join(s.after_task_conns)})")
+        for name, run in runs.items():
+            print(f"  {name:14s} connections during a validation ({args.run_models}, time scale "
+                  f"{args.time_scale:g}, {run[2]:.0f} s, sampled every 0.1 s): at most {run[0]} ({', '.join(run[1])})")
         for s in sides:
             cmds = ", ".join(f"{k} {v}" for k, v in sorted(s.by_command.items(), key=lambda kv: -kv[1]))
             print(f"  {s.name:14s} idle commands/s {s.cmds_per_s:5.2f} ({cmds}); ratio to bare "
