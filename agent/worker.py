@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 from typing import Any
 
 from agent import malloc, procs
@@ -29,9 +30,10 @@ from agent.outbox import flush_outbox
 from agent.recovery import reap_orphans, recover
 from agent.settings import AgentSettings
 from agent.task import register_tasks, stop_file
-from contract.celery_app import make_app, queue_name
+from contract.celery_app import make_app, queue_name, share_backend_pool
 from contract.eviction import broker_eviction_problem
 from contract.kv import KV
+from contract.safe_transport import unblock_polls
 
 log = logging.getLogger("fleet.agent")
 
@@ -84,6 +86,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
     workdir = settings.workdir.expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
     app = make_app(settings, module=settings.module)
+    share_backend_pool(app)  # the broker's channels and the result backend: one pool (Redis connections per agent)
     problem = broker_eviction_problem(app)  # an unreachable broker raises here as claim_name would
     if problem:
         raise EvictingBroker(problem)
@@ -109,6 +112,9 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
     def _shutting_down(**_: Any) -> None:  # SIGTERM: the run in progress stops cleanly and is re-queued
         with contextlib.suppress(OSError):
             stop_file(workdir).touch()
+        # an idle worker waits in its event loop for the BRPOP's reply (up to polling_interval, 5 s) or the loop's
+        # next timer: its BRPOP is ended now, from a thread (a signal handler must not take a redis pool's lock)
+        threading.Thread(target=unblock_polls, name="fleet-unblock", daemon=True).start()
 
     hb = HeartbeatThread(app, settings, lease)
     hb.start()

@@ -1,21 +1,23 @@
 """Dispatch cost and fleet scaling, measured side by side in one run.
 
-1. Dispatch latency: 200 no-op jobs through the fleet's own path (``Fleet.send`` onto a
-   module queue, consumed by a real ``fleet-agent`` worker: solo pool, late acks,
-   prefetch 1), enqueue -> task start on the agent; next to a bare Celery round trip
-   (default Celery app and worker, same broker, send -> result) in the same run.
+1. Dispatch latency, like for like (Redis): 200 no-op jobs through the fleet's own path (``Fleet.send``
+   onto a module queue, consumed by a real ``fleet-agent`` worker: solo pool, late acks, prefetch 1) and 200
+   through bare Celery (Celery's defaults, its Redis result backend, the same pool, concurrency and prefetch),
+   both workers running on one Redis, interleaved job by job: enqueue -> task start against enqueue -> task
+   start, send -> result against send -> result (goal: the fleet at most 1.2x bare Celery, p50).
    Priorities: the send before priorities ("unprioritised": kombu's first list, no headers) next to
    ``normal`` and ``low`` sends, interleaved job by job on one worker.
 2. Fleet scaling: wall time of one validation (simulated release, demo time scale) on
    1 module and on 16 simulated modules, workers already running.
 
 Usage: python bench/dispatch.py [--broker embedded|redis|both] [--jobs 200] [--modules 16]
-       [--models all] [--time-scale 50] [--skip-scaling] [--skip-dispatch]
+       [--models all] [--time-scale 50] [--skip-scaling] [--skip-dispatch] [--skip-priorities] [--skip-secure]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -24,7 +26,10 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,56 +51,86 @@ def pct(xs: list[float], q: float) -> float:
 BARE_APP = textwrap.dedent("""
     import os, time
     from celery import Celery
-    url = os.environ["BARE_BROKER"]
-    app = Celery("bare", broker=url, backend=os.environ["BARE_BACKEND"])
-    opts = os.environ.get("BARE_TRANSPORT")
-    if opts:
-        import json
-        app.conf.broker_transport_options = json.loads(opts)
+    app = Celery("bare", broker=os.environ["BARE_BROKER"], backend=os.environ["BARE_BROKER"])
     @app.task(name="bare.noop")
     def noop(sent_at):
         return {"sent_at": sent_at, "started_at": time.time()}
 """)
 
 
-def bare_round_trips(base: Path, settings: ControllerSettings, jobs: int) -> list[float]:
-    """A default Celery app and worker on the same broker: send -> result, one at a time."""
-    import json
-
-    from contract.celery_app import make_app
-
-    ours = make_app(settings)
-    (base / "bare").mkdir(exist_ok=True)
-    (base / "bare" / "bare_app.py").write_text(BARE_APP)
-    env = dict(os.environ, PYTHONPATH=str(base / "bare"), BARE_BROKER=str(ours.conf.broker_url),
-               BARE_BACKEND=str(ours.conf.result_backend),
-               BARE_TRANSPORT=json.dumps(ours.conf.broker_transport_options or {}))
-    log = (base / "bare" / "worker.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "bare_app", "worker", "-Q", "bare", "-c", "1",
-                             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
-                            env=env, cwd=base / "bare", stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    import celery.exceptions
+@contextlib.contextmanager
+def bare_worker(base: Path, broker_url: str) -> Iterator[Any]:
+    """A bare Celery worker and client on ``broker_url``: Celery's defaults (its Redis result backend on the same
+    server), with the agent's pool, concurrency and prefetch (solo, 1, 1) so that only the fleet's own path
+    differs. Yields the client app."""
     from celery import Celery
 
-    client = Celery("bare", broker=env["BARE_BROKER"], backend=env["BARE_BACKEND"])
-    client.conf.broker_transport_options = ours.conf.broker_transport_options or {}
-    times: list[float] = []
+    (base / "bare").mkdir(parents=True, exist_ok=True)
+    (base / "bare" / "bare_app.py").write_text(BARE_APP)
+    env = dict(os.environ, PYTHONPATH=str(base / "bare"), BARE_BROKER=broker_url)
+    log = (base / "bare" / "worker.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "bare_app", "worker", "-Q", "bare", "-P", "solo",
+                             "-c", "1", "--prefetch-multiplier", "1", "-l", "WARNING"],
+                            env=env, cwd=base / "bare", stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    client = Celery("bare", broker=broker_url, backend=broker_url)
     try:
         client.send_task("bare.noop", args=[time.time()], queue="bare").get(timeout=60)  # warm up
-        for _ in range(jobs):
-            t0 = time.perf_counter()
-            client.send_task("bare.noop", args=[time.time()], queue="bare").get(timeout=30, interval=0.005)
-            times.append(time.perf_counter() - t0)
-        return times
-    except celery.exceptions.TimeoutError:
-        log.flush()
-        tail = (base / "bare" / "worker.log").read_text(errors="replace").strip().splitlines()[-15:]
-        raise SystemExit(f"bare Celery round trip {len(times) + 1} got no result in 30 s (worker "
-                         f"{'exited ' + str(proc.poll()) if proc.poll() is not None else 'alive'}); its log ends:\n"
-                         + "\n".join(tail)) from None
+        yield client
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=20)
+        log.close()
+
+
+@dataclass
+class Arm:
+    """One side's samples, s: enqueue -> task start (one way) and send -> result (round trip)."""
+
+    one_way: list[float] = field(default_factory=list)
+    round_trip: list[float] = field(default_factory=list)
+
+    def time(self, send: Callable[[float], Any]) -> None:
+        t0 = time.perf_counter()
+        sent = time.time()
+        res = send(sent).get(timeout=30, interval=0.005)
+        self.round_trip.append(time.perf_counter() - t0)
+        self.one_way.append(res["started_at"] - sent)
+
+
+def like_for_like(base: Path, settings: ControllerSettings, jobs: int, seed: int = 1) -> tuple[Arm, Arm]:
+    """The fleet's path (``Fleet.send`` onto a module queue, a real ``fleet-agent`` worker) and bare Celery
+    (:func:`bare_worker`), both running on one broker, interleaved job by job in a random order per pair (the
+    machine's noise falls on both alike): (fleet, bare)."""
+    import random
+    import uuid
+
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "inventory.toml").write_text(inventory_toml(["bench-01"], base, None))
+    w = start_worker("bench-01", base, settings, sim_env={})
+    try:
+        wait_for_heartbeats(settings, [w], 60)
+        fleet = Fleet(settings, History(base / "history.sqlite"))
+        app = fleet.app
+
+        def fleet_send(sent: float) -> Any:
+            # ids end in the module's name, as runs do (its ACL user's results)
+            return app.AsyncResult(fleet.send("bench-01", NOOP_TASK, [sent], task_id=f"bench-01:{uuid.uuid4()}"))
+
+        with bare_worker(base, str(app.conf.broker_url)) as bare_app:
+            def bare_send(sent: float) -> Any:
+                return bare_app.send_task("bare.noop", args=[sent], queue="bare")
+
+            fleet_send(time.time()).get(timeout=60)  # warm up
+            ours, bare = Arm(), Arm()
+            rng = random.Random(seed)
+            for _ in range(jobs):
+                pair = [(ours, fleet_send), (bare, bare_send)]
+                rng.shuffle(pair)
+                for arm, send in pair:
+                    arm.time(send)
+            return ours, bare
+    finally:
+        stop_workers([w], grace=10)
 
 
 def fleet_dispatch(base: Path, settings: ControllerSettings, jobs: int,
@@ -216,6 +251,7 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=50.0)
     ap.add_argument("--skip-scaling", action="store_true")
     ap.add_argument("--skip-dispatch", action="store_true")
+    ap.add_argument("--skip-priorities", action="store_true", help="no priority arms")
     ap.add_argument("--skip-secure", action="store_true", help="no ACL + TLS row next to plain Redis")
     args = ap.parse_args()
     from contract.records import parse_model_keys
@@ -235,23 +271,26 @@ def main() -> None:
                 redis = RedisServer(tmp / "redis")
                 redis.start()
         if not args.skip_dispatch:
-            print(f"dispatch latency, {args.jobs} no-op jobs, one worker (solo pool, concurrency 1, prefetch 1)")
+            print(f"dispatch latency, {args.jobs} no-op jobs each side, one worker each (solo pool, concurrency 1, "
+                  "prefetch 1), interleaved job by job on one broker")
         for b in [] if args.skip_dispatch else brokers:
             s = settings_for(tmp / f"d-{b}", b, redis.url if redis else None)
-            starts, trips = fleet_dispatch(tmp / f"d-{b}", s, args.jobs)
-            bare = bare_round_trips(tmp / f"d-{b}", s, args.jobs)
-            p50, p99, b50, b99 = (pct(starts, 0.5), pct(starts, 0.99), pct(bare, 0.5), pct(bare, 0.99))
-            print(f"  {b:8s} fleet enqueue->start p50 {p50 * 1e3:7.2f} ms  p99 {p99 * 1e3:7.2f} ms | "
-                  f"fleet round trip p50 {statistics.median(trips) * 1e3:7.2f} ms | "
-                  f"bare Celery round trip p50 {b50 * 1e3:7.2f} ms  p99 {b99 * 1e3:7.2f} ms | "
-                  f"ratio p50 {p50 / b50:4.2f}")
-            arms = fleet_dispatch_arms(tmp / f"p-{b}", s, args.jobs, ("unprioritised", "normal", "low"))
-            u50 = pct(arms["unprioritised"][0], 0.5)
-            print(f"  {b:8s} priorities, interleaved: enqueue->start p50 "
-                  + ", ".join(f"{a} {pct(st, 0.5) * 1e3:6.2f} ms (p99 {pct(st, 0.99) * 1e3:6.2f})"
-                              for a, (st, _) in arms.items())
-                  + f" | ratio p50 normal/unprioritised {pct(arms['normal'][0], 0.5) / u50:4.2f}, "
-                  f"low/unprioritised {pct(arms['low'][0], 0.5) / u50:4.2f}")
+            if b == "redis":
+                ours, bare = like_for_like(tmp / f"d-{b}", s, args.jobs)
+                for what, f, c in (("enqueue->start", ours.one_way, bare.one_way),
+                                   ("round trip    ", ours.round_trip, bare.round_trip)):
+                    print(f"  {b:8s} {what} fleet p50 {pct(f, 0.5) * 1e3:6.2f} ms p99 {pct(f, 0.99) * 1e3:6.2f} ms"
+                          f" | bare Celery p50 {pct(c, 0.5) * 1e3:6.2f} ms p99 {pct(c, 0.99) * 1e3:6.2f} ms"
+                          f" | ratio p50 {pct(f, 0.5) / pct(c, 0.5):4.2f} (goal <= 1.2)")
+                p50, trips = pct(ours.one_way, 0.5), ours.round_trip
+            if not args.skip_priorities:
+                arms = fleet_dispatch_arms(tmp / f"p-{b}", s, args.jobs, ("unprioritised", "normal", "low"))
+                u50 = pct(arms["unprioritised"][0], 0.5)
+                print(f"  {b:8s} priorities, interleaved: enqueue->start p50 "
+                      + ", ".join(f"{a} {pct(st, 0.5) * 1e3:6.2f} ms (p99 {pct(st, 0.99) * 1e3:6.2f})"
+                                  for a, (st, _) in arms.items())
+                      + f" | ratio p50 normal/unprioritised {pct(arms['normal'][0], 0.5) / u50:4.2f}, "
+                      f"low/unprioritised {pct(arms['low'][0], 0.5) / u50:4.2f}")
             if b == "redis" and not args.skip_secure:
                 sstarts, strips = secure_dispatch(tmp / "d-secure", args.jobs)
                 s50, s99 = pct(sstarts, 0.5), pct(sstarts, 0.99)

@@ -42,6 +42,7 @@ import fcntl
 import logging
 import os
 import uuid
+import weakref
 from queue import Empty
 from time import monotonic, monotonic_ns, sleep
 from typing import Any
@@ -49,6 +50,8 @@ from typing import Any
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem as kombu_fs
 from kombu.utils.json import dumps
+
+from contract.celery_app import SHARED_POOL_OPTION  # the broker transport option naming the pool
 
 log = logging.getLogger("fleet.agent")
 
@@ -85,10 +88,34 @@ def envelope_problem(message: Any) -> str | None:
     return None
 
 
+# An agent's result backend and its broker channels share one connection pool for the commands outside BRPOP (an
+# ack, a publish, the restore of unacked messages, a heartbeat, a result): the BRPOP connection and one more, where
+# Celery and kombu open one pool each (three connections per idle agent, four once two threads met in the backend's).
+_SHARED_POOLS: dict[str, Any] = {}
+
+
+_POLLING: weakref.WeakSet[Any] = weakref.WeakSet()  # the redis channels of this process that have polled
+
+
+def unblock_polls() -> None:
+    """End every BRPOP this process has in flight (:meth:`_CheckedReads.unblock_poll`): a worker that is told to
+    stop wakes from its event loop's wait at once instead of at the loop's next timer (up to 1 s). Safe from any
+    thread; not from a signal handler (a redis pool's lock)."""
+    for channel in list(_POLLING):
+        channel.unblock_poll()
+
+
+def share_pool(key: str, pool: Any) -> None:
+    """The redis channels whose transport option :data:`SHARED_POOL_OPTION` is ``key`` take ``pool`` (a redis-py
+    connection pool to the same server, database and user) for their commands outside BRPOP."""
+    _SHARED_POOLS[key] = pool
+
+
 class _CheckedReads:
     """The checks shared by the plain and the Sentinel channel (mixed in before kombu's channel)."""
 
     _sync_client: tuple[Any, Any] | None = None  # (the pool it was built on, the client): _create_client
+    _poll_client_id: tuple[Any, int | None] | None = None  # (the BRPOP socket, its CLIENT ID): close
 
     def _brpop_read(self, **options: Any) -> bool:
         try:
@@ -96,6 +123,74 @@ class _CheckedReads:
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
             log.error("dropped an item of a queue that is not a kombu message: %s", str(exc)[:200])
             return True
+
+    def _brpop_start(self, timeout: Any = None) -> Any:
+        self._note_poll_client_id()
+        _POLLING.add(self)
+        return super()._brpop_start(timeout)  # type: ignore[misc]
+
+    def _note_poll_client_id(self) -> None:
+        """The server's id of the BRPOP connection (``CLIENT ID``: once per socket, not per poll), for
+        :meth:`unblock_poll`."""
+        conn = self.client.connection  # type: ignore[attr-defined]
+        sock = getattr(conn, "_sock", None)
+        if sock is None or (self._poll_client_id is not None and self._poll_client_id[0] is sock):
+            return
+        self._poll_client_id = (sock, None)
+        try:
+            conn.send_command("CLIENT", "ID")
+            self._poll_client_id = (sock, int(conn.read_response()))
+        except self.connection_errors as exc:  # type: ignore[attr-defined]
+            log.debug("no CLIENT ID for the BRPOP connection: %s", exc)
+            raise
+        except Exception as exc:  # e.g. an ACL without client|id: close() waits for the BRPOP, as kombu's
+            log.debug("no CLIENT ID for the BRPOP connection: %s", exc)
+
+    def unblock_poll(self) -> None:
+        """End the BRPOP in flight now with ``CLIENT UNBLOCK`` (from another connection): its reply is nil, as at
+        its server-side timeout, or the message it had taken already (read and delivered as before). Nothing
+        where no BRPOP is in flight, its id is not known, or the broker refuses (an ACL without client|unblock)."""
+        ident = self._poll_client_id
+        if not self._in_poll or self.closed or ident is None or ident[1] is None:  # type: ignore[attr-defined]
+            return
+        if getattr(self.client.connection, "_sock", None) is not ident[0]:  # type: ignore[attr-defined]
+            return
+        try:
+            self._create_client().client_unblock(ident[1])
+        except Exception as exc:  # kombu's wait for the BRPOP's timeout
+            log.debug("CLIENT UNBLOCK of the BRPOP connection: %s", exc)
+
+    def close(self) -> None:
+        """kombu's close reads the reply of the BRPOP in flight, which an idle queue sends only at the BRPOP's
+        server-side timeout (``polling_interval``, 5 s): the warm shutdown of an idle agent waited for it. Here
+        the BRPOP is ended first (:meth:`unblock_poll`), so the close reads its reply at once."""
+        self.unblock_poll()
+        _POLLING.discard(self)
+        super().close()  # type: ignore[misc]
+
+    def _shared_pool(self) -> Any:
+        """The pool :func:`share_pool` gave this channel's transport options, if it reaches the same server,
+        database and user as the channel would (else None: the channel's own)."""
+        key = self.connection.client.transport_options.get(SHARED_POOL_OPTION)  # type: ignore[attr-defined]
+        pool = _SHARED_POOLS.get(key) if key else None
+        if pool is None:
+            return None
+        own, theirs = self._connparams(), pool.connection_kwargs  # type: ignore[attr-defined]
+        differ = [k for k in ("host", "port", "path", "db", "username", "password") if own.get(k) != theirs.get(k)]
+        if differ:
+            log.warning("broker channel: not sharing the result backend's connections (%s differ)", ", ".join(differ))
+            return None
+        return pool
+
+    def _get_pool(self, asynchronous: bool = False) -> Any:
+        shared = None if asynchronous else self._shared_pool()
+        return shared if shared is not None else super()._get_pool(asynchronous=asynchronous)  # type: ignore[misc]
+
+    def _disconnect_pools(self) -> None:
+        """kombu's; a shared pool stays connected (its other users go on)."""
+        if self._pool is not None and self._pool in _SHARED_POOLS.values():  # type: ignore[has-type]
+            self._pool = None
+        super()._disconnect_pools()  # type: ignore[misc]
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         """kombu builds a new ``redis.Redis`` on its pool for every command outside its poll loop (a publish,

@@ -9,6 +9,7 @@ Its parts by job are its bases: :class:`~controller.fleet.states.ModuleStates` (
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from contract.kv import KV
+
+log = logging.getLogger(__name__)
 
 
 class Fleet(ModuleStates, Dispatch, Sync, Reservations):
@@ -64,6 +67,21 @@ class Fleet(ModuleStates, Dispatch, Sync, Reservations):
                 f"broker {self.settings.redacted_broker_url()} unreachable: {error_line(exc)}") from exc
         if problem:
             raise EvictingBroker(problem)
+
+    def capacity_problem(self, agents: int) -> str | None:
+        """Why the broker cannot hold ``agents`` agents' connections (its ``maxclients``, which its file-descriptor
+        limit caps), as one line, or None (enough, the embedded broker, not readable:
+        :mod:`controller.fleet.capacity`)."""
+        from contract.celery_app import is_embedded
+        from controller.fleet.capacity import broker_capacity_problem
+
+        if is_embedded(self.settings):
+            return None
+        try:
+            return broker_capacity_problem(self.app, agents)
+        except Exception as exc:  # a broker away is check_broker's to report
+            log.debug("maxclients not checked: %s", error_line(exc))
+            return None
 
     def cancel(self, run_id: str, modules: Iterable[str] | None = None, reason: str = "cancelled by user") -> None:
         if modules is None:

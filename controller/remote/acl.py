@@ -25,7 +25,8 @@ key / channel                                  module ``M``            controlle
 =============================================  ======================  ==================
 
 Commands a module may run are listed one by one (:data:`MODULE_COMMANDS`): no KEYS, SCAN,
-FLUSH*, CONFIG, DEBUG, ACL, MONITOR, CLIENT KILL, SUBSCRIBE. The controller has every
+FLUSH*, CONFIG, DEBUG, ACL, MONITOR, CLIENT KILL or LIST, SUBSCRIBE (CLIENT ID and UNBLOCK: an agent that
+stops ends its own BRPOP at once, :mod:`contract.safe_transport`). The controller has every
 command but the ``@dangerous`` ones. Both may run INFO (``@dangerous``, but read-only): the
 agent and the controller read ``maxmemory`` and ``maxmemory-policy`` from ``INFO memory`` when
 they start and refuse an evicting broker (:mod:`contract.eviction`); CONFIG GET would also
@@ -64,6 +65,9 @@ MODULE_COMMANDS = (
     # connection
     "auth", "hello", "ping", "echo", "select", "quit", "reset", "client|setname", "client|getname",
     "client|id",
+    # a stopping agent ends its own BRPOP at once (contract.safe_transport: close); another module's use of it can
+    # only end a blocked command of someone else early (as its timeout would: a BRPOP polls again, a WAIT counts)
+    "client|unblock",
     # queue (kombu redis transport)
     "brpop", "llen", "lpush", "rpush",
     # bindings

@@ -313,6 +313,16 @@ def webhooks_of(s: Session) -> Webhooks | None:
     return Webhooks(settings.webhook_urls, load_secret(settings.webhook_secret_file))
 
 
+def capacity_warning(s: Session) -> str | None:
+    """The broker's ``maxclients`` against the inventory's agents (:meth:`Fleet.capacity_problem`); None: enough,
+    or nothing to check (no inventory readable)."""
+    try:
+        agents = len(s.inventory().modules)
+    except Exception:  # the sync loop reports an unreadable inventory
+        return None
+    return s.fleet().capacity_problem(agents)
+
+
 def serve_forever(s: Session, *, interval: float, once: bool, console: Console) -> None:
     def warn(m: str) -> None:
         console.print(m, highlight=False)
@@ -325,6 +335,10 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
         s.fleet().check_broker()
     except service.BrokerUnavailable as exc:
         warn(f"{exc}; going on, syncing once it is reachable")
+    else:  # a broker that cannot hold every agent's connections: one line (controller.fleet.capacity)
+        short = capacity_warning(s)
+        if short:
+            warn(f"warning: {short}")
     hooks = webhooks_of(s)
     notifier = Notifier(s, hooks) if hooks else None
     on_verdict = notifier.verdict if notifier else None
