@@ -9,6 +9,13 @@
 # agent's wheels the machine lacks, for its python3; aiohttp and its dependencies for the peer client):
 #   bash repo/bench/engine_llama_gpu.sh        (everything it keeps goes to $OUT, else /tmp/llama-gpu-out)
 # or, within a 10-minute limit a call, on one warm machine: STAGE=build bash ..., then STAGE=run bash ...
+# With a llama-server cross-built on a CPU machine (bench/llama_cuda_cross.sh; ~6 min of device time, no build),
+# from the repository root, carrying .gpu/whl .gpu/bin .gpu/llc-src (ignored by git; the script's header says how
+# to make them):
+#   mkdir -p /tmp/h && ln -sfn "$PWD" /tmp/h/repo && ln -sfn "$PWD/.gpu/whl" /tmp/h/whl && python3 -c "import lzma,
+#   shutil; shutil.copyfileobj(lzma.open('.gpu/bin/llama-server-cuda.xz'), open('/tmp/llama-server-cuda','wb'))" &&
+#   chmod +x /tmp/llama-server-cuda && cd /tmp/h && SERVER=/tmp/llama-server-cuda LLC_SRC=/tmp/h/repo/.gpu/llc-src
+#   LLC=/tmp/llc LABEL=h100 VL_LOGLEVEL=1 DEADLINE=$(( $(date +%s) + 540 )) bash repo/bench/engine_llama_gpu.sh
 # LABEL (default h200) names the card in the files. The report is bench/engine_llama_run.py's and
 # bench/probe_agreement.py's raw files (bench/record.py), the build's log, the streams
 # (tests/fixtures/engine/llama-server-h200-sse.txt) and nvidia-smi's samples during the run.

@@ -8,6 +8,10 @@
 #   GGML_CUDA_NO_VMM=ON  no libcuda.so (the driver) at link time: the wheels carry no stub; the legacy memory pool
 #   GGML_NATIVE=OFF + AVX/AVX2/FMA/F16C  the GPU machine's CPU is not this one's
 # libcudart.so.13 and libcublas*.so.13 are linked dynamically and come from the GPU machine's own toolkit.
+# For bench/engine_llama_gpu.sh's call (64 MiB carried in all): xz -9e the binary into .gpu/bin/llama-server-cuda.xz
+# (73 MB -> 42 MB); copy the source's convert_hf_to_gguf.py, conversion/ and gguf-py/ into .gpu/llc-src; and the
+# agent's wheels for the machine's Python 3.12 into .gpu/whl (pip download --only-binary=:all: --python-version 3.12
+# of requirements-agent.lock's pins, nvidia-ml-py, and aiohttp with its dependencies for bench/plain_client.py).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root/.gpu/bin/llama-server-cuda}"
