@@ -49,18 +49,16 @@ def embedded_folders(data_dir: Path) -> dict[str, Path]:
     }
 
 
-SHARED_POOL_OPTION = "fleet_shared_pool"  # the transport option naming an agent's shared pool (share_backend_pool)
-
-
 def share_backend_pool(app: Celery) -> bool:
     """An agent's broker channels use its result backend's connection pool for everything but BRPOP (one Redis
     connection fewer per agent, :mod:`contract.safe_transport`); call it once, before the worker connects, from the
     thread that uses ``app.backend`` (Celery's backend is per thread). False: nothing to share (not an agent's app,
     the embedded broker, Sentinel)."""
+    from contract.safe_transport import SHARED_POOL_OPTION, share_pool
+
     key = (app.conf.broker_transport_options or {}).get(SHARED_POOL_OPTION)
     if not key:
         return False
-    from contract.safe_transport import share_pool
 
     share_pool(str(key), app.backend.client.connection_pool)
     return True
@@ -136,6 +134,8 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet", *, module: str
             opts = {**opts, "unacked_key": f"unacked:{q}", "unacked_index_key": f"unacked_index:{q}",
                     "unacked_mutex_key": f"unacked_mutex:{q}"}
             if not settings.is_sentinel:  # its broker channels take the result backend's pool (share_backend_pool)
+                from contract.safe_transport import SHARED_POOL_OPTION
+
                 opts[SHARED_POOL_OPTION] = q
         conf["broker_transport_options"] = opts
         conf["redis_socket_timeout"] = 10

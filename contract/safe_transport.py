@@ -51,10 +51,9 @@ from kombu.exceptions import ChannelError
 from kombu.transport import filesystem as kombu_fs
 from kombu.utils.json import dumps
 
-from contract.celery_app import SHARED_POOL_OPTION  # the broker transport option naming the pool
-
 log = logging.getLogger("fleet.agent")
 
+SHARED_POOL_OPTION = "fleet_shared_pool"  # the transport option naming an agent's shared pool (share_pool)
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a run request is a few KiB; the agent refuses more than 64 KiB anyway
 
 
