@@ -98,6 +98,10 @@ def test_one_module_takes_the_binary_number_of_rounds(tmp_path: Path):
         lab.stop()
 
 
+# alone: in two of three clean-clone make tests of 2026-12-06 evening the resumed bisection did not end within the
+# slow tier's 300 s (12.96 s CPU: waiting), beside the other slow modules; alone and under 4 CPU hogs it passed in
+# 21-35 s. Not understood yet (the session's note names it)
+@pytest.mark.alone
 def test_a_killed_controller_resumes_and_a_lost_module_gives_its_candidate_to_another(tmp_path: Path):
     series = _series(tmp_path, 5, count=8)
     lab = make_lab(tmp_path / "lab", ("filesystem://", None), 3, offline_after=2.0, lost_after=5.0)

@@ -93,6 +93,9 @@ def test_a_low_run_waiting_past_raise_after_goes_ahead_of_later_normal_ones(benc
     assert b.benchmark_starts("sim-01", low) == {"qwen3": 1}
 
 
+# alone: once in three clean-clone make tests (2026-12-06) the running run was not seen preempted before its key
+# ended, beside the other slow modules (its started_at was its first attempt's)
+@pytest.mark.alone
 def test_preempt_interrupts_the_running_run_which_resumes_after_the_urgent_one(bench_factory, broker, release,  # noqa: F811
                                                                                quick_release):
     """``--preempt``: the module stops its running run at once (as for a clean shutdown), runs the urgent one, then
