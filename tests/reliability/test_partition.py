@@ -19,6 +19,7 @@ from contract.records import RunState
 from tests.support.locks import machine_lock
 from tests.support.redis_server import REDIS, RedisServer
 from tests.support.reliability import KEYS
+from tests.support.tmpfs import mounted_tmpfs
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.netns]
@@ -130,17 +131,7 @@ def test_partition_agent_from_broker(bench_factory, link, release, down, expect)
 
 @pytest.fixture
 def small_workdir(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    work = tmp_path / "lab0" / "modules" / "sim-01" / "work"
-    work.mkdir(parents=True)
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(work)], capture_output=True, text=True)
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {p.stderr.strip()}")
-    try:
-        yield work
-    finally:
-        subprocess.run(["umount", "-l", str(work)], capture_output=True)
+    yield from mounted_tmpfs(tmp_path / "lab0" / "modules" / "sim-01" / "work", "size=48m")
 
 
 def test_disk_full_while_rows_are_written(bench_factory, redis_broker, release, small_workdir):

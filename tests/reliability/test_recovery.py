@@ -4,7 +4,6 @@ space is free again its next validation runs and passes. Real agent, real mount,
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from contract.records import RunState
+from tests.support.tmpfs import mounted_tmpfs
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -20,17 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis]
 @pytest.fixture
 def small_workdir(tmp_path: Path) -> Iterator[Path]:
     """sim-01's work folder on a 48 MiB tmpfs of its own (as tests/reliability/test_partition.py's)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    work = tmp_path / "lab0" / "modules" / "sim-01" / "work"
-    work.mkdir(parents=True)
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(work)], capture_output=True, text=True)
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {p.stderr.strip()}")
-    try:
-        yield work
-    finally:
-        subprocess.run(["umount", "-l", str(work)], capture_output=True)
+    yield from mounted_tmpfs(tmp_path / "lab0" / "modules" / "sim-01" / "work", "size=48m")
 
 
 def test_bad_for_low_disk_then_space_freed_takes_work_again(bench_factory, redis_broker, release, quick_release,

@@ -12,7 +12,7 @@ import pytest
 
 def mounted_tmpfs(mnt: Path, options: str) -> Iterator[Path]:
     """A tmpfs mounted on ``mnt`` with ``options`` (e.g. ``size=2m``), unmounted after."""
-    mnt.mkdir()
+    mnt.mkdir(parents=True)
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a small tmpfs")
     res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], capture_output=True)
