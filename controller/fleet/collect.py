@@ -26,6 +26,8 @@ from controller.fleet.errors import BrokerUnavailable, FleetError, broker_errors
 from controller.fleet.runs import RunView, failed_progress
 from controller.fleet.sync_plan import (
     Take,
+    beat_read_times,
+    beats_due,
     collecting_progress,
     foreign_rows,
     is_collecting,
@@ -126,14 +128,16 @@ class Parsed(Generic[T]):
 @dataclass(frozen=True)
 class PassMemo:
     """What a run's last sync pass read, parsed (:class:`Parsed`), and the modules it found settled: their broker
-    record and the history's the same objects, equal, with the rows the record names in the history. Heartbeats are
-    read again once a ``heartbeat_interval`` (they change no faster), and before a module is given up."""
+    record and the history's the same objects, equal, with the rows the record names in the history. A module's
+    heartbeat is read again once a ``heartbeat_interval`` (it changes no faster), each module at its own time in the
+    interval (``beats_read``: when each counts as read, :func:`~controller.fleet.sync_plan.beat_read_times`), and
+    before a module is given up."""
 
     known: Parsed[RunProgress] = field(default_factory=Parsed)
     live: Parsed[RunProgress | None] = field(default_factory=Parsed)
     beats: Parsed[Beat | None] = field(default_factory=Parsed)
     settled: Mapping[str, tuple[RunProgress, RunProgress]] = field(default_factory=dict)
-    beats_at: float | None = None  # when every pending module's heartbeat was last read
+    beats_read: Mapping[str, float] = field(default_factory=dict)
 
 
 # the final states a pass takes at most (rows read, checked against the seal and written: ~1 ms of CPU each); the
@@ -207,12 +211,12 @@ class Sync:
         known: dict[str, RunProgress | None] = {m: known_parsed.get(m) for m in known_parsed.by_key}
         # modules the controller gave up (LOST) are still read: a late state or late rows are accepted
         pending = pending_modules(info.modules, known, late_ok=now - info.created_at < self.settings.result_expires)
-        due = memo.beats_at is None or not 0 <= now - memo.beats_at < self.settings.heartbeat_interval
-        # a module given up is read whole each pass: a late state's time is read through its skew
-        fresh = pending if due else [m for m in pending if m not in memo.beats.by_key
-                                     or ((k := known.get(m)) is not None and k.state == RunState.LOST)]
+        interval = self.settings.heartbeat_interval
+        fresh = beats_due(pending, memo.beats_read, now, interval, known)
         live_parsed, beats_parsed = self._read(run_id, pending, fresh, memo)
-        beats_at = now if due else memo.beats_at
+        beats_read = {m: t for m, t in memo.beats_read.items() if m in beats_parsed.by_key}
+        beats_read.update(beat_read_times(fresh, memo.beats_read, now, interval))
+        fresh_set = set(fresh)
         live = {m: v[1] for m, v in live_parsed.by_key.items()}
         beats = {m: v[1] for m, v in beats_parsed.by_key.items()}
         writes = PassWrites()
@@ -250,7 +254,7 @@ class Sync:
                     known[m] = failed
                 continue  # the module is done running: only its record is awaited, bounded by collect_timeout
             why = liveness(cur, beats.get(m), now, dispatched_at=dispatched, settings=self.settings)
-            if why and m not in fresh:  # judged on a heartbeat read earlier: never given up before a fresh read
+            if why and m not in fresh_set:  # judged on a heartbeat read earlier: never given up before a fresh read
                 beats_parsed = self._read_beats([m], beats_parsed)
                 beats[m] = beats_parsed.get(m)
                 why = liveness(cur, beats[m], now, dispatched_at=dispatched, settings=self.settings)
@@ -260,7 +264,7 @@ class Sync:
         self._write(run_id, writes)
         memos = self._memos()
         memos.pop(run_id, None)
-        memos[run_id] = PassMemo(known_parsed, live_parsed, beats_parsed, settled, beats_at)
+        memos[run_id] = PassMemo(known_parsed, live_parsed, beats_parsed, settled, beats_read)
         while len(memos) > MEMO_RUNS:
             memos.pop(next(iter(memos)))
         view = RunView(run_id, info.modules, {m: known.get(m) for m in info.modules})

@@ -7,6 +7,7 @@ its reads and its writes are :class:`controller.fleet.collect.Sync`'s.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeGuard
@@ -32,6 +33,32 @@ def pending_modules(modules: Sequence[str], known: Mapping[str, RunProgress | No
         k = known.get(m)
         if k is None or not k.state.terminal or (late_ok and k.state == RunState.LOST):
             out.append(m)
+    return out
+
+
+def beats_due(pending: Sequence[str], read_at: Mapping[str, float], now: float, interval: float,
+              known: Mapping[str, RunProgress | None]) -> list[str]:
+    """The pending modules whose heartbeat a pass reads again: never read by this follower, read an interval ago or
+    more (or at a time ahead of ``now``: a clock set back), or given up (LOST: a late state's time is read through
+    its skew)."""
+    return [m for m in pending if (t := read_at.get(m)) is None or not 0 <= now - t < interval
+            or ((k := known.get(m)) is not None and k.state == RunState.LOST)]
+
+
+def beat_read_times(fresh: Sequence[str], read_at: Mapping[str, float], now: float,
+                    interval: float) -> dict[str, float]:
+    """When each module of ``fresh`` counts as read, for :func:`beats_due`'s next passes: a follower's first reads
+    are spread over one interval by the module's name (so that ten thousand heartbeats are not all read again in
+    one pass an interval later), and a module read on time keeps its place in the interval."""
+    out = {}
+    for m in fresh:
+        t = read_at.get(m)
+        if t is None:
+            out[m] = now - interval * (zlib.crc32(m.encode()) / 2**32)
+        elif 0 <= now - t < 2 * interval:
+            out[m] = t + interval
+        else:
+            out[m] = now
     return out
 
 

@@ -102,3 +102,30 @@ def test_the_live_view_lists_the_failed_then_the_changed_modules_first() -> None
     shown = shown_modules(after, 5, changed)
     assert shown == ["m00000", "m00001", "m05000", "m09000", "m09999"]  # failed, changed, then unfinished
     assert states_summary(after, 5, len(changed)).startswith("10000 modules: 9998 benchmarking, 1 done, 1 failed;")
+
+
+def test_a_followers_heartbeat_reads_are_spread_over_the_interval_and_each_module_read_once_an_interval() -> None:
+    from controller.fleet.sync_plan import beat_read_times, beats_due
+
+    mods = [f"sim-{i:05d}" for i in range(1000)]
+    read: dict[str, float] = {}
+    counts = {m: 0 for m in mods}
+    per_pass = []
+    for step in range(41):  # 20 s of passes every 0.5 s, heartbeat interval 5 s
+        now = 1000.0 + step * 0.5
+        fresh = beats_due(mods, read, now, 5.0, {})
+        read.update(beat_read_times(fresh, read, now, 5.0))
+        per_pass.append(len(fresh))
+        for m in fresh:
+            counts[m] += 1
+    assert per_pass[0] == 1000  # the first pass reads every one (a one-shot `fleetctl status` needs them all)
+    assert max(per_pass[1:]) <= 160  # later passes about a tenth each, not all of them once an interval
+    assert sum(per_pass[1:11]) == 1000  # the next interval reads each module once
+    assert set(counts.values()) == {5}  # 20 s: the first read and one an interval after
+
+
+def test_a_module_given_up_or_read_ahead_of_now_is_read_again() -> None:
+    from controller.fleet.sync_plan import beats_due
+
+    lost = RunProgress(run_id="r", module="b", release="1", state=RunState.LOST)
+    assert beats_due(["a", "b", "c"], {"a": 99.0, "b": 99.0, "c": 120.0}, 100.0, 5.0, {"b": lost}) == ["b", "c"]
