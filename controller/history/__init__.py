@@ -16,6 +16,7 @@ from controller.history.copy import CopyDone, copy_history
 from controller.history.frames import FrameCache
 from controller.history.queries import DatabaseError
 from controller.history.records import (
+    CHANGE_CHECK_EVENT,
     CHANGE_POINT_EVENT,
     GOLDEN_DRIFT_EVENT,
     GOLDEN_NOTE,
@@ -33,6 +34,6 @@ from controller.history.store import History
 __all__ = [
     "CopyDone", "DatabaseError", "FrameCache", "History", "HistoryError", "HistoryUnavailable", "OutboxEvent",
     "RESET_EVENT", "ROW_FIELDS", "RunInfo",
-    "CHANGE_POINT_EVENT", "GOLDEN_DRIFT_EVENT", "GOLDEN_NOTE", "VERDICT_EVENT", "copy_history", "row_from_db",
-    "row_to_db", "url_digest",
+    "CHANGE_CHECK_EVENT", "CHANGE_POINT_EVENT", "GOLDEN_DRIFT_EVENT", "GOLDEN_NOTE", "VERDICT_EVENT", "copy_history",
+    "row_from_db", "row_to_db", "url_digest",
 ]

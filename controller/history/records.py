@@ -14,6 +14,9 @@ from controller.errors import FleetctlError
 
 VERDICT_EVENT = "run.verdict"
 CHANGE_POINT_EVENT = "trend.change_point"  # a run made new change points across the release history detectable
+# an ended run's search for the change points it made detectable, queued for `fleetctl serve` (never sent: its
+# outcome is a CHANGE_POINT_EVENT, when there is one)
+CHANGE_CHECK_EVENT = "trend.check"
 RESET_EVENT = "failures reset"  # the module event of `fleetctl devices reset` (the module's failed runs cleared)
 GOLDEN_DRIFT_EVENT = "golden drift"  # the module event of a golden check it failed: bad until the next reset
 GOLDEN_NOTE = "golden check"  # how a golden check's run note starts (``golden check REL``): never a previous run

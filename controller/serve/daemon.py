@@ -13,16 +13,16 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from controller import service
-from controller.history import FrameCache, History
+from controller.history import FrameCache, History, OutboxEvent
 from controller.service import Judgement, Session
-from controller.settings import ConfigError
+from controller.settings import ConfigError, ControllerSettings
 
 if TYPE_CHECKING:
     from controller.service.webhooks import Webhooks
@@ -166,6 +166,7 @@ class Notifier:
     inflight: dict[tuple[str, str, str], Future[bool]] = field(default_factory=dict)
     holder: str = ""
     lease: float | None = None
+    checker: ThreadPoolExecutor | None = None
 
     def __post_init__(self) -> None:
         from controller.history import url_digest
@@ -180,9 +181,19 @@ class Notifier:
     def verdict(self, j: Judgement) -> None:  # a verdict this service reached: already in the outbox
         self.drain()
 
+    def _check(self, ev: OutboxEvent, digests: list[str]) -> None:
+        """The change-point search an ended run queued (``trend.check``), in the checker's one thread with a session
+        of its own; its future stands for every target's "delivery" of the check (recorded when it ends), and the
+        ``trend.change_point`` event it may queue is sent by a later :meth:`drain`."""
+        if self.checker is None:
+            self.checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="change-check")
+        fut = self.checker.submit(_change_check, self.s.settings, ev.run_id, ev.verdict, ev.state)
+        for d in digests:
+            self.inflight[(ev.run_id, ev.event, d)] = fut
+
     def drain(self) -> int:
         """Record finished deliveries, send what is pending; how many deliveries were started."""
-        from controller.history import VERDICT_EVENT
+        from controller.history import CHANGE_CHECK_EVENT, VERDICT_EVENT
         from controller.serve.api import summary_of
 
         h = self._record_finished()
@@ -192,6 +203,9 @@ class Notifier:
             if digests:  # another service sending it (a shared history) holds its claim: not sent here
                 digests = h.claim_webhooks(ev.run_id, ev.event, digests, self.holder, self.lease or 0.0)
             if not digests:
+                continue
+            if ev.event == CHANGE_CHECK_EVENT:
+                self._check(ev, digests)
                 continue
             payload = summary_of(self.s, Judgement(ev.run_id, ev.verdict, ev.line, ev.state))
             if ev.payload and ev.event == VERDICT_EVENT:  # the verdict's regressions and outliers, with intervals
@@ -206,6 +220,18 @@ class Notifier:
                 self.inflight[(ev.run_id, ev.event, d)] = fut
             started += len(futures)
         return started
+
+    def settle(self, timeout: float) -> None:
+        """Send and wait until nothing is left to send (a change-point check queues its event when it ends)."""
+        end = time.monotonic() + timeout
+        while self.drain() or self.inflight:
+            self.wait(max(0.0, end - time.monotonic()))
+            if time.monotonic() >= end:
+                break
+
+    def close(self) -> None:
+        if self.checker is not None:
+            self.checker.shutdown(wait=False, cancel_futures=True)
 
     def wait(self, timeout: float) -> None:
         """Until the deliveries in flight are done (or ``timeout``), their outcomes recorded."""
@@ -224,6 +250,19 @@ class Notifier:
                 h.mark_webhook(*key, "delivered" if ok else "given_up")
                 del self.inflight[key]
         return h
+
+
+def _change_check(settings: ControllerSettings, run_id: str, verdict: str, state: str) -> bool:
+    """Run an ended run's change-point search (:func:`controller.service.lifecycle.queue_change_points`) on a
+    session of this thread's own; True once it ran (a run no longer in the history: nothing to search)."""
+    from controller.service.lifecycle import queue_change_points
+
+    with Session(settings) as own:
+        h = own.history()
+        info = h.run(run_id)
+        if info is not None:
+            queue_change_points(h, info, verdict, state)
+    return True
 
 
 def _start_metrics(s: Session) -> Any:
@@ -350,8 +389,8 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
         schedule_golden(s, warn)
         raise_starving(s, warn)
         if notifier and hooks:
-            notifier.drain()
-            notifier.wait(timeout=600)
+            notifier.settle(timeout=600)
+            notifier.close()
             hooks.close(wait=True)
         return
     stop = threading.Event()
@@ -391,4 +430,5 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
             server[0].shutdown()
         if notifier and hooks:
             notifier.wait(timeout=0)  # outcomes known by now are recorded; the others are sent again next time
+            notifier.close()
             hooks.close(wait=False)

@@ -343,8 +343,21 @@ def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float
     h.set_run_state(info.run_id, state, verdict=verdict, line=line if state != "running" else None,
                     findings=findings)
     if rep is not None and state != "running" and info.release:
-        queue_change_points(h, info, verdict, state)
+        queue_change_check(h, info, verdict, line, state)
     return Judgement(info.run_id, verdict, line, state, rep)
+
+
+def queue_change_check(h: History, info: RunInfo, verdict: str, line: str, state: str) -> bool:
+    """Queue the search for the change points the run made detectable (:func:`queue_change_points`) for
+    ``fleetctl serve``, the sender of webhooks, to run in a thread of its own (ADR 0043): the path that ends a run
+    searches nothing. Nothing is queued while the history holds fewer releases than a change point needs."""
+    from controller.history import CHANGE_CHECK_EVENT
+    from controller.report.trend import MIN_RELEASES
+
+    if h.release_count() < MIN_RELEASES:
+        return False
+    h.queue_webhook(info.run_id, CHANGE_CHECK_EVENT, verdict, line, state, "")
+    return True
 
 
 def queue_change_points(h: History, info: RunInfo, verdict: str, state: str) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller.history import CHANGE_POINT_EVENT
-from controller.service.lifecycle import queue_change_points
+from controller.service.lifecycle import queue_change_check, queue_change_points
 from controller.service.webhooks import EVENT_HEADER, SIGNATURE_HEADER, verify
 from controller.settings import ControllerSettings
 from tests.support.frames import reference  # noqa: F401 - the fixture, registered by name
@@ -47,6 +47,26 @@ def test_a_run_that_makes_a_change_point_detectable_sends_it_once(tmp_path: Path
     assert doc["line"].startswith(f"{len(cps)} new change points with run run-8 (1.8.0): qwen3 ")
     serve_once(settings)
     assert len(receiver.got) == 1  # delivered once
+
+
+def test_an_ended_run_queues_its_search_for_serve_which_sends_what_it_finds(tmp_path: Path, reference,  # noqa: F811
+                                                                            receiver):
+    """The path that ends a run (``service.judge``) queues the search (``trend.check``) instead of running it;
+    ``fleetctl serve`` runs it in a thread of its own and sends the ``trend.change_point`` event it queues."""
+    settings = with_hooks(ControllerSettings(broker_url="filesystem://", data_dir=tmp_path / "fleet",
+                                             history=tmp_path / "history.sqlite"), tmp_path, receiver.url)
+    h = release_history(settings.history_path, reference, releases=9, **SLOWER)  # run-8 names the change at 1.6.0
+    try:
+        serve_once(settings)  # the URL is registered
+        assert queue_change_check(h, h.find_run("run-8"), "pass", "PASS run-8", "done")
+        assert not h.pending_webhooks(h.webhook_targets([receiver.url]), max_age=60)[0].payload  # nothing searched
+    finally:
+        h.close()
+    serve_once(settings)  # the check runs, its event is queued and sent
+    assert [headers[EVENT_HEADER.lower()] for headers, _ in receiver.got] == [CHANGE_POINT_EVENT]
+    assert receiver.json()["run_id"] == "run-8" and receiver.json()["change_points"]
+    serve_once(settings)
+    assert len(receiver.got) == 1  # the check is not run nor sent again
 
 
 @pytest.mark.slow
