@@ -75,6 +75,25 @@ def test_final_states_beyond_the_bound_wait_for_the_next_pass_and_are_not_lost(c
     assert not [msg for _, _, msg in history.events("r1") if "lost" in msg]
 
 
+def test_changed_records_beyond_the_parse_bound_wait_for_the_next_pass_unjudged(ctl, monkeypatch):
+    fleet, history = ctl
+    monkeypatch.setattr(collect, "PARSES_PER_PASS", 2)
+    now = time.time()
+    for m in MODULES:
+        fleet.kv.put_heartbeat(Heartbeat(module=m, agent_version="t", ts=now))  # idle: the run ended there
+        fleet.kv.put_rows("r1", m, _rows(m))
+        fleet.kv.put_progress(seal(RunProgress(
+            run_id="r1", module=m, release="1.4.1", state=RunState.DONE, step="done", keys_total=1, keys_done=1,
+            rows=2, started_at=now - 5, updated_at=now, finished_at=now,
+            outcomes=(KeyOutcome(model_key="qwen3", status="passed", rows=2),)), _rows(m)))
+    # an hour on: a module judged before its record is parsed would be "never started" (idle since dispatch)
+    later = now + 3600
+    states = [sorted(p.state.value for p in fleet.sync("r1", now=later).progress.values() if p) for _ in range(3)]
+    assert states == [["done", "done"], ["done"] * 4, ["done"] * 5]
+    assert history.run("r1").state == "done" and history.row_count("r1") == 10
+    assert not [msg for _, _, msg in history.events("r1") if "lost" in msg]
+
+
 def test_states_count_a_done_run_with_a_failed_key_and_end_the_streak_at_a_pass(ctl):
     from controller.inventory import Module
 
