@@ -205,6 +205,8 @@ def measure(n: int, args: argparse.Namespace, server: RedisServer, base: Path, d
     for label in impls:
         out[label]["pass"] = statistics.mean(passes[label])
         out[label]["pass max"] = max(passes[label])  # the pass that reads the heartbeats that came due
+        print(f"N={n} {label}: steady passes CPU ms, in order: "
+              + " ".join(f"{t * 1e3:.0f}" for t in passes[label]), file=sys.stderr, flush=True)
         out[label]["render"] = statistics.median(renders[label])
     agents.finish()
     if args.profile == n:
@@ -217,15 +219,18 @@ def measure(n: int, args: argparse.Namespace, server: RedisServer, base: Path, d
         prof.disable()
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(30)
     for label, f in fleets.items():
-        total, k, most = 0.0, 0, 0.0
+        total, k, most, each = 0.0, 0, 0.0, []
         while True:
             t, view = cpu(lambda f=f, label=label: f.sync(f"run-{label}"))
             total, k, most = total + t, k + 1, max(most, t)
+            each.append(t)
             if view.finished or k > 400:
                 break
         if view.state() != "done":
             raise SystemExit(f"{label}: the run at {n} ended {view.state()}")
         out[label]["final"] = total
+        print(f"N={n} {label}: final passes CPU ms, in order: " + " ".join(f"{t * 1e3:.0f}" for t in each),
+              file=sys.stderr, flush=True)
         out[label]["final passes"] = k
         out[label]["final max"] = most
         out[label]["rows"] = f.history.row_count(f"run-{label}")
