@@ -150,7 +150,8 @@ class PostgresDatabase(Database):
         self._url = url
         self._errors = psycopg.errors
         self.raw = self._open(CONNECT_TIMEOUT)
-        migrate(self)
+        with self._reached():  # its statement_timeout, the server gone mid-way: one line too
+            migrate(self)
 
     def _open(self, timeout: float) -> Any:
         """A new connection (autocommit; JSON read as its text, as SQLite gives it); HistoryUnavailable when none."""

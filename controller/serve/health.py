@@ -25,7 +25,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 
 from contract.oneline import error_line
 from controller.fleet import BrokerUnavailable
-from controller.history import HistoryUnavailable
+from controller.history import HistoryStopped, HistoryUnavailable
 
 PARTS = ("history", "broker")
 NAMES = {"history": "run history", "broker": "broker"}
@@ -34,19 +34,23 @@ HEALTH_PATH = "/health"
 # services on one PostgreSQL history do not come back in step)
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
-OUTAGE = (HistoryUnavailable, BrokerUnavailable)  # what a pass raises when a part is away
+# what a pass raises when a part is away, or when the history's server refuses its statements (its statement_timeout,
+# its disk full): the pass is tried again with backoff either way
+OUTAGE = (HistoryUnavailable, HistoryStopped, BrokerUnavailable)
 
 
 @dataclass(frozen=True)
 class PartState:
     """One part as ``serve`` saw it last: ``since`` (Unix time) it is up or down; ``reason``: why it is down;
-    ``retry_at``: when ``serve`` tries it next (Unix time; None while up)."""
+    ``retry_at``: when ``serve`` tries it next (Unix time; None while up); ``answers``: down, but its server
+    answers (it refused a statement: its statement_timeout, its disk full), so reads may still succeed."""
 
     part: str
     up: bool
     since: float
     reason: str = ""
     retry_at: float | None = None
+    answers: bool = False
 
     def line(self, now: float) -> str:
         """One line for a person (an API error, a log)."""
@@ -56,12 +60,13 @@ class PartState:
         when = time.strftime("%H:%M:%S", time.localtime(self.since))
         retry = f"; fleetctl serve tries again in {max(0, round(self.retry_at - now))} s" \
             if self.retry_at is not None else ""
-        return f"{name} unreachable since {when} ({round(now - self.since)} s): {self.reason}{retry}"
+        what = "failing" if self.answers else "unreachable"
+        return f"{name} {what} since {when} ({round(now - self.since)} s): {self.reason}{retry}"
 
     def as_json(self, now: float) -> dict[str, Any]:
-        return {"up": self.up, "since": self.since, "for_s": round(now - self.since, 1),
-                "reason": self.reason or None, "retry_in_s": None if self.retry_at is None
-                else max(0.0, round(self.retry_at - now, 1))}
+        retry = None if self.retry_at is None else max(0.0, round(self.retry_at - now, 1))
+        return {"up": self.up, "answers": self.up or self.answers, "since": self.since,
+                "for_s": round(now - self.since, 1), "reason": self.reason or None, "retry_in_s": retry}
 
 
 class Health:
@@ -84,12 +89,19 @@ class Health:
     def is_down(self, part: str) -> bool:
         return not self.state(part).up
 
-    def down(self, part: str, reason: str, retry_at: float | None = None) -> bool:
-        """Record ``part`` unreachable (its reason and next try updated); whether it was up until now."""
+    def down(self, part: str, reason: str, retry_at: float | None = None, *, answers: bool = False) -> bool:
+        """Record ``part`` down (its reason and next try updated; ``answers``: its server answers but refused a
+        statement); whether it was up until now."""
         with self._lock:
             cur = self._parts[part]
-            self._parts[part] = PartState(part, False, cur.since if not cur.up else self.clock(), reason, retry_at)
+            self._parts[part] = PartState(part, False, cur.since if not cur.up else self.clock(), reason, retry_at,
+                                          answers)
             return cur.up
+
+    def unreachable(self, part: str) -> bool:
+        """Down, and its server does not answer (what the API's history routes refuse at once)."""
+        st = self.state(part)
+        return not st.up and not st.answers
 
     def up(self, part: str) -> float | None:
         """Record ``part`` reachable; how long it was down (None: it was up)."""
@@ -113,14 +125,14 @@ class Health:
 
 def part_of(exc: BaseException) -> str:
     """Which part an outage is of."""
-    return "history" if isinstance(exc, HistoryUnavailable) else "broker"
+    return "broker" if isinstance(exc, BrokerUnavailable) else "history"
 
 
 def note_outage(health: Health, exc: BaseException, retry_at: float | None = None) -> str:
     """Record what a failed pass says: the part it names is down; a broker outage also says the history answered
     (a pass reads the history first). The part."""
     part = part_of(exc)
-    health.down(part, error_line(exc), retry_at)
+    health.down(part, error_line(exc), retry_at, answers=isinstance(exc, HistoryStopped))
     if part == "broker":
         health.up("history")
     return part
@@ -182,7 +194,8 @@ class DegradedGate:
         self.prefix = prefix
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and self.health.is_down("history") and needs_history(scope["path"], self.prefix):
+        if scope["type"] == "http" and self.health.unreachable("history") and needs_history(scope["path"],
+                                                                                           self.prefix):
             from fastapi.responses import JSONResponse
 
             st = self.health.state("history")
