@@ -30,8 +30,8 @@ from controller.history import HistoryStopped, HistoryUnavailable
 PARTS = ("history", "broker")
 NAMES = {"history": "run history", "broker": "broker"}
 HEALTH_PATH = "/health"
-# the waits between tries of a part that is down: 0.5 s, 1 s, 2 s ... up to 30 s, each +-0.5 s of jitter (several
-# services on one PostgreSQL history do not come back in step)
+# the waits between tries of a part that is down: 0.5 s, 1 s, 2 s ... up to 30 s, each with up to 0.5 s of jitter
+# added (several services on one PostgreSQL history do not come back in step)
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
 # what a pass raises when a part is away, or when the history's server refuses its statements (its statement_timeout,
@@ -156,7 +156,7 @@ def until_reached(attempt: Callable[[], Any], health: Health, stop: threading.Ev
     def sleep(seconds: float) -> None:
         stop.wait(seconds)
 
-    retrying = Retrying(wait=wait_exponential_jitter(initial=BACKOFF_FIRST, max=BACKOFF_MAX, jitter=0.5),
+    retrying = Retrying(wait=wait_exponential_jitter(multiplier=BACKOFF_FIRST, max=BACKOFF_MAX, jitter=0.5),
                         retry=retry_if_exception_type(OUTAGE), stop=lambda _: stop.is_set(),
                         sleep=sleep, before_sleep=before_sleep, reraise=True)
     try:
