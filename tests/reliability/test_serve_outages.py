@@ -1,11 +1,15 @@
-"""The run history's PostgreSQL server SIGKILLed and started again under ``fleetctl serve`` while a validation runs
-(issue 48, item 1's acceptance), with real processes: a PostgreSQL 15 server of the test's own, ``fleetctl serve``
+"""``fleetctl serve`` outlives its run history and its broker (issue 48, item 1).
+
+The run history's PostgreSQL server SIGKILLed and started again under ``fleetctl serve`` while a validation runs
+(the item's acceptance), with real processes: a PostgreSQL 15 server of the test's own, ``fleetctl serve``
 with its API, /metrics and a webhook, an attached ``fleetctl validate`` and a simulated module.
 
 While the server is down: serve stays up, ``/health`` and ``m1000_fleet_serve_part_up`` name the history, the API's
 history routes answer 503 with the history's one line at once, and the attached ``validate`` names the history (not
 the broker). Once it is back: the run's rows (as many as the module stored), one verdict, one webhook event and one
-delivery; the attached ``validate`` ends with the verdict instead of showing its last table.
+delivery; the attached ``validate`` ends with the verdict instead of showing its last table. And the broker's
+redis-server SIGKILLed and started again under ``serve``: ``/health`` names the broker, the history's routes still
+answer, and ``serve`` says when it is back.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from simulator.ports import free_port
 from tests.support.http_servers import TOKEN, Receiver, wait_port, write_tokens
 from tests.support.lab import make_lab
 from tests.support.postgres_server import PostgresServer, running_postgres
+from tests.support.redis_server import RedisServer, running_redis
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -39,6 +44,12 @@ KEYS = "qwen3,qwen35_mtp"
 def pg() -> Iterator[PostgresServer]:
     """A server of this test alone (it is killed)."""
     with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with running_redis(tmp_path_factory) as server:
         yield server
 
 
@@ -164,3 +175,35 @@ def test_postgres_sigkilled_and_restarted_under_serve_mid_run(pg: PostgresServer
         history.close()
         receiver.close()
         lab.stop()
+
+
+def test_redis_sigkilled_and_restarted_under_serve(own_redis: RedisServer, tmp_path: Path) -> None:
+    lab = make_lab(tmp_path / "lab", (own_redis.url, own_redis), 1)  # no agent: serve alone
+    api_port, metrics_port = free_port(), free_port()
+    exe = Path(sys.executable).parent / "fleetctl"
+    env = {**lab.env(), "FLEET_CONTROLLER_METRICS_PORT": str(metrics_port)}
+    with (tmp_path / "serve.log").open("wb") as out:
+        serve = subprocess.Popen([str(exe), "serve", "--interval", "0.3", "--api-port", str(api_port), "--tokens",
+                                  str(write_tokens(tmp_path / "tokens", TOKEN))], env=env, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_port(api_port, serve)  # type: ignore[arg-type]
+        api = f"http://127.0.0.1:{api_port}"
+        assert get(f"{api}/health", token=False)[0] == 200
+        own_redis.kill()
+        wait_for(lambda: get(f"{api}/health", token=False)[0] == 503, 30, "/health degraded")
+        parts = json.loads(get(f"{api}/health", token=False)[1])["parts"]
+        assert parts["history"]["up"] and not parts["broker"]["up"], parts
+        assert "unreachable" in parts["broker"]["reason"] and parts["broker"]["retry_in_s"] is not None, parts
+        assert get(f"{api}/api/v1/runs")[0] == 200  # the history's routes still answer
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            assert 'm1000_fleet_serve_part_up{part="broker"} 0.0' in r.read().decode()
+        time.sleep(2)
+        assert serve.poll() is None
+        own_redis.start()
+        wait_for(lambda: get(f"{api}/health", token=False)[0] == 200, 60, "/health ok again")
+        log = (tmp_path / "serve.log").read_text()
+        assert "broker unreachable since" in log and "broker reachable again after" in log, log
+        assert "Traceback" not in log and serve.poll() is None
+    finally:
+        _kill_group(serve)
