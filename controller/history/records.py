@@ -51,7 +51,7 @@ class HistoryError(FleetctlError, RuntimeError):
 
 class HistoryUnavailable(HistoryError, ConnectionError):
     """A PostgreSQL history's server cannot be reached, or dropped the connection (HTTP 503). The next use of the
-    history connects again (:class:`controller.history.db.PostgresDatabase`)."""
+    history connects again."""
 
     http_status = 503
 

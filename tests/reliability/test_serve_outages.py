@@ -129,8 +129,10 @@ def test_postgres_sigkilled_and_restarted_under_serve_mid_run(pg: PostgresServer
         wait_for(lambda: (p := store.progress(run_id)) is not None and p.state.terminal, 180, "the run's end")
         time.sleep(2)  # serve and validate meet the history away a few more times
         assert serve.poll() is None, (tmp_path / "serve.log").read_text()
+        down_for = time.monotonic() - t0
 
         pg.start()
+        back = time.monotonic()
 
         def judged() -> bool:  # the test's own connection too: its first use after the restart fails, then made again
             try:
@@ -140,7 +142,11 @@ def test_postgres_sigkilled_and_restarted_under_serve_mid_run(pg: PostgresServer
             return r is not None and r.verdict is not None
 
         wait_for(judged, 90, "the verdict")
+        judged_after = time.monotonic() - back
         wait_for(lambda: receiver.got, 60, "the webhook")
+        print(f"history down {down_for:.1f} s; verdict {judged_after:.1f} s and webhook "
+              f"{time.monotonic() - back:.1f} s after the server was back")
+        assert judged_after < 45  # the backoff's longest wait (30.5 s) and a pass
         try:
             code = validate.wait(timeout=60)
         except subprocess.TimeoutExpired:
