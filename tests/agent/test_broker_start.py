@@ -137,3 +137,17 @@ def test_plain_redis_to_a_tls_port(tmp_path: Path, tls_server: SecureRedis) -> N
     line = _one_line(_agent(tmp_path, {"FLEET_BROKER_URL": f"redis://127.0.0.1:{tls_server.port}/0"}),
                      EXIT_UNREACHABLE)
     assert "a TLS-only port spoken to without TLS? then use rediss://" in line, line
+
+
+def test_the_shipped_units_space_their_restarts_out_and_never_give_up() -> None:
+    import configparser
+
+    root = Path(__file__).resolve().parents[2]
+    for path in (root / "deploy" / "systemd" / "fleet-agent.service",
+                 root / "controller" / "remote" / "deploy" / "scripts" / "fleet-agent.service"):
+        unit = configparser.ConfigParser(interpolation=None, strict=False)
+        unit.read_string(path.read_text().replace("{", "").replace("}", ""))
+        svc = unit["Service"]
+        assert svc["Restart"] == "always" and svc["RestartSec"] == "5", path
+        assert int(svc["RestartSteps"]) >= 1 and int(svc["RestartMaxDelaySec"]) >= 60, path
+        assert unit["Unit"]["StartLimitIntervalSec"] == "0", path
