@@ -338,6 +338,15 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
         # shared by the sync loop (the verdict at a run's end reads its rows first), the API and /metrics: a
         # report asked for after the run's end finds its frames decoded (ADR 0034)
         s.keep_frames(FrameCache(s.settings.frame_cache_mib * 1024 * 1024))
+    hooks = webhooks_of(s)
+    stop = threading.Event()
+    health = Health()
+    if not once:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        # a history not up yet (a PostgreSQL server starting with the host) is waited for, with backoff
+        if not until_reached(lambda: s.history().running_runs(), health, stop, warn):
+            return
     try:  # an evicting broker is refused (EvictingBroker); one away now is synced once it is back
         s.fleet().check_broker()
     except service.BrokerUnavailable as exc:
@@ -346,7 +355,6 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
         short = capacity_warning(s)
         if short:
             warn(f"warning: {short}")
-    hooks = webhooks_of(s)
     if once:
         notifier = Notifier(s, hooks) if hooks else None
         on_verdict = notifier.verdict if notifier else None
@@ -361,17 +369,12 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
             notifier.wait(timeout=600)
             hooks.close(wait=True)
         return
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    health = Health()
     notifiers: list[Notifier] = []
 
-    def begin() -> None:  # what needs the history at the start (a PostgreSQL server not up yet is waited for)
-        s.history().running_runs()
+    def begin() -> None:  # the webhooks' targets, and what was recorded while the service was down, go first
         if hooks and not notifiers:
             notifiers.append(Notifier(s, hooks))
-            notifiers[0].drain()  # what was recorded while the service was down goes first
+            notifiers[0].drain()
 
     if not until_reached(begin, health, stop, warn):
         return

@@ -213,3 +213,29 @@ def test_redis_sigkilled_and_restarted_under_serve(own_redis: RedisServer, tmp_p
         assert "Traceback" not in log and serve.poll() is None
     finally:
         _kill_group(serve)
+
+
+def test_serve_started_while_postgres_is_down_waits_for_it(pg: PostgresServer, tmp_path: Path) -> None:
+    """A PostgreSQL server not up yet when serve starts (both started with the host): serve waits, saying so once,
+    then starts its API."""
+    url = pg.fresh_database()
+    pg.stop()
+    lab = make_lab(tmp_path / "lab", ("filesystem://", None), 1)
+    lab.settings = lab.settings.model_copy(update={"history": url})
+    api_port = free_port()
+    exe = Path(sys.executable).parent / "fleetctl"
+    with (tmp_path / "serve.log").open("wb") as out:
+        serve = subprocess.Popen([str(exe), "serve", "--interval", "0.3", "--api-port", str(api_port), "--tokens",
+                                  str(write_tokens(tmp_path / "tokens", TOKEN))], env=lab.env(), stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: "run history unreachable since" in (tmp_path / "serve.log").read_text(), 30, "the wait said")
+        time.sleep(2)
+        assert serve.poll() is None, (tmp_path / "serve.log").read_text()
+        pg.start()
+        wait_port(api_port, serve)  # type: ignore[arg-type]
+        assert get(f"http://127.0.0.1:{api_port}/health", token=False)[0] == 200
+        log = (tmp_path / "serve.log").read_text()
+        assert log.count("run history unreachable since") == 1 and "Traceback" not in log, log
+    finally:
+        _kill_group(serve)
