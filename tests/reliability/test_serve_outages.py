@@ -115,7 +115,7 @@ def test_postgres_sigkilled_and_restarted_under_serve_mid_run(pg: PostgresServer
         assert "run history unreachable" in parts["history"]["reason"], body
         t0 = time.monotonic()
         code, body = get(f"{api}/api/v1/runs/{run_id}")
-        assert code == 503 and time.monotonic() - t0 < 2, body  # at once, not after a connect timeout
+        assert code == 503 and time.monotonic() - t0 < 3, body  # at once, not after a connect timeout (5 s)
         detail = json.loads(body)["detail"]
         assert detail.startswith("run history unreachable since ") and "tries again in" in detail, detail
         assert len(detail.splitlines()) == 1
@@ -146,7 +146,7 @@ def test_postgres_sigkilled_and_restarted_under_serve_mid_run(pg: PostgresServer
         wait_for(lambda: receiver.got, 60, "the webhook")
         print(f"history down {down_for:.1f} s; verdict {judged_after:.1f} s and webhook "
               f"{time.monotonic() - back:.1f} s after the server was back")
-        assert judged_after < 45  # the backoff's longest wait (30.5 s) and a pass
+        assert judged_after < 60  # the backoff's longest wait (30.5 s) and a pass, on a loaded machine
         try:
             code = validate.wait(timeout=60)
         except subprocess.TimeoutExpired:
