@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from contract.redact import redact_url
-from controller.history.records import HistoryStopped, HistoryUnavailable
+from controller.history.records import HistoryFull, HistoryStopped, HistoryUnavailable
 
 URL_SCHEMES = ("postgresql://", "postgres://")
 # every write transaction of a PostgreSQL history takes this lock: writers take turns, as SQLite's BEGIN IMMEDIATE
@@ -185,7 +185,7 @@ class PostgresDatabase(Database):
             raise HistoryStopped(f"{self.where}: run history query stopped by the server: {_line(exc)} (its "
                                  "statement_timeout, or an administrator's cancel)") from exc
         except errors.DiskFull as exc:
-            raise HistoryStopped(f"{self.where}: run history not written, the server's disk is full: "
+            raise HistoryFull(f"{self.where}: run history not written, the server's disk is full: "
                                  f"{_line(exc)}") from exc
         except errors.OperationalError as exc:
             raise HistoryUnavailable(f"{self.where}: run history unreachable: {_line(exc)}") from exc

@@ -64,6 +64,10 @@ class HistoryStopped(HistoryError):
     http_status = 503
 
 
+class HistoryFull(HistoryStopped):
+    """The PostgreSQL server refused a write: its disk is full (HTTP 503). Every write fails until space is freed."""
+
+
 class RunInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
 

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from controller import service
 from controller.history import FrameCache, History
-from controller.serve.health import OUTAGE, Health, until_reached
+from controller.serve.health import OUTAGE, PART_DOWN, Health, until_reached
 from controller.service import Judgement, Session
 from controller.settings import ConfigError
 
@@ -43,7 +43,7 @@ def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
     for run_id in fleet.active_runs():
         try:
             view = service.sync(s, run_id)
-        except OUTAGE:  # the history or the broker away: the whole pass is tried again (serve_forever)
+        except PART_DOWN:  # the history or the broker away: the whole pass is tried again (serve_forever)
             raise
         except Exception as exc:  # one bad run must not stop the service
             warn(f"sync of {run_id} failed: {exc}")
@@ -53,7 +53,7 @@ def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
         done.append(run_id)
         try:
             j = service.judge(s, run_id)
-        except OUTAGE:  # not judged: the history still holds it running, the pass that catches up judges it
+        except PART_DOWN:  # not judged: the history still holds it running, the pass that catches up judges it
             raise
         except Exception as exc:  # a report that cannot be built must not stop the service either
             warn(f"run {run_id} finished, but its verdict could not be reached: {exc}")

@@ -25,7 +25,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 
 from contract.oneline import error_line
 from controller.fleet import BrokerUnavailable
-from controller.history import HistoryStopped, HistoryUnavailable
+from controller.history import HistoryFull, HistoryStopped, HistoryUnavailable
 
 PARTS = ("history", "broker")
 NAMES = {"history": "run history", "broker": "broker"}
@@ -37,6 +37,9 @@ BACKOFF_MAX = 30.0
 # what a pass raises when a part is away, or when the history's server refuses its statements (its statement_timeout,
 # its disk full): the pass is tried again with backoff either way
 OUTAGE = (HistoryUnavailable, HistoryStopped, BrokerUnavailable)
+# what stops every run's sync alike (a part away, the history's disk full): one run's own failure (a statement of its
+# own past the statement_timeout) is said and the others go on
+PART_DOWN = (HistoryUnavailable, HistoryFull, BrokerUnavailable)
 
 
 @dataclass(frozen=True)

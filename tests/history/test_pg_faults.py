@@ -14,7 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from controller.history import History, HistoryStopped, HistoryUnavailable
+from contract.records import ResultRow
+from controller.history import History, HistoryFull, HistoryStopped, HistoryUnavailable
 from tests.support.postgres_server import PostgresServer
 from tests.support.tmpfs import mounted_tmpfs
 
@@ -54,9 +55,9 @@ def test_a_statement_timeout_is_one_line_and_the_next_call_succeeds(pg_server: P
     with psycopg.connect(url) as holder:  # a long transaction holds the runs table
         holder.execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
         line = _one_line_error(_fleetctl(url, tmp_path, "runs"))
-        with pytest.raises(HistoryStopped) as err:
+        with pytest.raises(HistoryStopped) as err:  # not HistoryFull: one statement, not every write
             History(url).runs()
-        assert err.value.http_status == 503
+        assert err.value.http_status == 503 and not isinstance(err.value, HistoryFull)
     assert "run history query stopped by the server: canceling statement due to statement timeout" in line, line
     assert line.startswith("fleetctl: error: postgresql://***@127.0.0.1:"), line
     ok = _fleetctl(url, tmp_path, "runs")
@@ -90,6 +91,10 @@ def test_a_full_disk_is_one_line_and_writes_succeed_once_space_is_freed(pg_serve
                                  "FROM generate_series(1, 16)")
         line = _one_line_error(_fleetctl(url, tmp_path, "baseline", "import", str(seed_path), "--release", "1.4.1"))
         assert "run history not written, the server's disk is full: could not extend file" in line, line
+        row = ResultRow(run_id="r1", module="m1", release="1.0", model_key="qwen3", table="sweep", profile="1:128",
+                        model="Qwen3", decode_tps=1.0)
+        with pytest.raises(HistoryFull):  # the rows table has no page to spare: every write of rows fails so
+            h.upsert_rows([row])
         assert [r.run_id for r in h.runs()] == ["r1"]  # reads go on, on the same connection
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("DROP TABLE filler")
