@@ -169,6 +169,14 @@ def main(config: str | None = None, *, loglevel: str = "INFO") -> None:
     except (NameInUse, EvictingBroker) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    except Exception as exc:  # a broker it cannot start on: one line, a status of its own (agent.broker_start)
+        from agent.broker_start import start_failure
+
+        failure = start_failure(exc, settings.redacted_broker_url())
+        if failure is None:
+            raise
+        print(f"error: {failure.line}", file=sys.stderr)
+        raise SystemExit(failure.code) from None
 
 
 if __name__ == "__main__":

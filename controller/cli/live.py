@@ -26,6 +26,7 @@ from rich.text import Text
 from contract.records import RunProgress, RunState
 from controller.command import fleetctl
 from controller.fleet import BrokerUnavailable, RunView, is_collecting, module_failed
+from controller.history import HistoryUnavailable
 
 if TYPE_CHECKING:
     from controller.service import Launched, Session
@@ -203,24 +204,28 @@ def table(view: RunView, now: float, title: str = "", max_rows: int = MAX_ROWS, 
 
 
 def resilient(sync: Callable[[], RunView], console: Console, *, give_up_after: float = 600.0) -> Callable[[], RunView]:
-    """``sync`` that rides out a broker outage: the last view is shown until the broker is back."""
+    """``sync`` that rides out an outage of the broker or of a PostgreSQL run history (each named as itself): the
+    last view is shown until the part is back (the history's connection is made again at its next use)."""
     last: list[RunView] = []
     down_since: list[float] = []
+    part: list[str] = []
 
     def call() -> RunView:
         try:
             view = sync()
-        except BrokerUnavailable as exc:
+        except (BrokerUnavailable, HistoryUnavailable) as exc:
             if not last:
                 raise
-            if not down_since:
-                down_since.append(time.monotonic())
+            what = "run history" if isinstance(exc, HistoryUnavailable) else "broker"
+            if not down_since or part != [what]:
+                down_since[:] = down_since or [time.monotonic()]
+                part[:] = [what]
                 console.print(f"[yellow]{exc}; retrying[/]", highlight=False)
             elif time.monotonic() - down_since[0] > give_up_after:
                 raise
             return last[0]
         if down_since:
-            console.print("[green]broker reachable again[/]")
+            console.print(f"[green]{part[0] if part else 'broker'} reachable again[/]")
             down_since.clear()
         last[:] = [view]
         return view

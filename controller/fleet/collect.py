@@ -36,6 +36,7 @@ from controller.fleet.sync_plan import (
     plan_take,
     rows_failed,
 )
+from controller.history.records import HistoryUnavailable
 
 if TYPE_CHECKING:
     from contract.kv import KV, Beat
@@ -200,6 +201,8 @@ class Sync:
         """
         try:
             return self._sync(run_id, now)
+        except HistoryUnavailable:  # a ConnectionError too, but the history's: said as such (issue 48)
+            raise
         except broker_errors() as exc:
             raise BrokerUnavailable(
                 f"broker {self.settings.redacted_broker_url()} unreachable: {error_line(exc)}") from exc

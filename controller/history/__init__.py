@@ -23,6 +23,8 @@ from controller.history.records import (
     RESET_EVENT,
     VERDICT_EVENT,
     HistoryError,
+    HistoryFull,
+    HistoryStopped,
     HistoryUnavailable,
     OutboxEvent,
     RunInfo,
@@ -32,8 +34,8 @@ from controller.history.schema import ROW_FIELDS, row_from_db, row_to_db
 from controller.history.store import History
 
 __all__ = [
-    "CopyDone", "DatabaseError", "FrameCache", "History", "HistoryError", "HistoryUnavailable", "OutboxEvent",
-    "RESET_EVENT", "ROW_FIELDS", "RunInfo",
+    "CopyDone", "DatabaseError", "FrameCache", "History", "HistoryError", "HistoryFull", "HistoryStopped",
+    "HistoryUnavailable", "OutboxEvent", "RESET_EVENT", "ROW_FIELDS", "RunInfo",
     "CHANGE_CHECK_EVENT", "CHANGE_POINT_EVENT", "GOLDEN_DRIFT_EVENT", "GOLDEN_NOTE", "VERDICT_EVENT", "copy_history",
     "row_from_db", "row_to_db", "url_digest",
 ]

@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from contract.redact import redact_url
-from controller.history.records import HistoryUnavailable
+from controller.history.records import HistoryFull, HistoryStopped, HistoryUnavailable
 
 URL_SCHEMES = ("postgresql://", "postgres://")
 # every write transaction of a PostgreSQL history takes this lock: writers take turns, as SQLite's BEGIN IMMEDIATE
 # makes them (a baseline's next version, a webhook's claim and a run's generation stay read-then-write safe)
 WRITE_LOCK = 0x6D31303030  # "m1000"
+CONNECT_TIMEOUT = 30.0  # s, the first connection of a PostgreSQL history
+RECONNECT_TIMEOUT = 5.0  # s, each connection made again after the server dropped one (fleetctl serve retries)
 
 
 class Cursor(Protocol):
@@ -122,6 +124,12 @@ class SqliteDatabase(Database):
         self.raw.close()
 
 
+def _line(exc: BaseException) -> str:
+    """psycopg's message in one line (its DETAIL/HINT lines and a server's context dropped)."""
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else type(exc).__name__
+
+
 @lru_cache(maxsize=512)
 def _pg_sql(sql: str) -> str:
     """``?`` placeholders as psycopg's ``%s`` (a literal ``%`` doubled). The history's SQL holds no ``?`` but its
@@ -135,59 +143,90 @@ class PostgresDatabase(Database):
 
     def __init__(self, url: str) -> None:
         import psycopg
-        from psycopg.types.string import TextLoader
 
         from controller.history.pg import migrate
 
         self.where = redact_url(url)
-        self._down: type[Exception] = psycopg.OperationalError  # the server gone or unreachable
+        self._url = url
+        self._errors = psycopg.errors
+        self.raw = self._open(CONNECT_TIMEOUT)
+        with self._reached():  # its statement_timeout, the server gone mid-way: one line too
+            migrate(self)
+
+    def _open(self, timeout: float) -> Any:
+        """A new connection (autocommit; JSON read as its text, as SQLite gives it); HistoryUnavailable when none."""
+        import psycopg
+        from psycopg.types.string import TextLoader
+
         try:
-            self.raw = psycopg.connect(url, autocommit=True, connect_timeout=30)
+            raw = psycopg.connect(self._url, autocommit=True, connect_timeout=max(1, round(timeout)))
         except psycopg.Error as exc:
-            raise HistoryUnavailable(f"{self.where}: cannot open run history: {exc}".strip()) from exc
-        for name in ("json", "jsonb"):  # JSON columns read as their text, as SQLite gives them
-            self.raw.adapters.register_loader(name, TextLoader)
-        migrate(self)
+            raise HistoryUnavailable(f"{self.where}: cannot open run history: {_line(exc)}") from exc
+        for name in ("json", "jsonb"):
+            raw.adapters.register_loader(name, TextLoader)
+        return raw
+
+    def _conn(self) -> Any:
+        """The connection, made again when the server dropped the last one (restarted, killed, a failover): a
+        history outlives its server's restarts; while the server is away each use is one HistoryUnavailable."""
+        if self.raw.broken or self.raw.closed:
+            self.raw = self._open(RECONNECT_TIMEOUT)
+        return self.raw
 
     @contextmanager
     def _reached(self) -> Iterator[None]:
-        """psycopg's error of a server gone as the history's own (what /metrics counts as the history down)."""
+        """psycopg's errors as the history's own, in one line: the server gone (HistoryUnavailable, what /metrics
+        and ``fleetctl serve`` count as the history down), or a statement the server stopped (HistoryStopped: its
+        statement_timeout, its disk full)."""
+        errors = self._errors
         try:
             yield
-        except self._down as exc:
-            raise HistoryUnavailable(f"{self.where}: run history unreachable: {exc}".strip()) from exc
+        except errors.QueryCanceled as exc:
+            raise HistoryStopped(f"{self.where}: run history query stopped by the server: {_line(exc)} (its "
+                                 "statement_timeout, or an administrator's cancel)") from exc
+        except errors.DiskFull as exc:
+            raise HistoryFull(f"{self.where}: run history not written, the server's disk is full: "
+                                 f"{_line(exc)}") from exc
+        except errors.OperationalError as exc:
+            raise HistoryUnavailable(f"{self.where}: run history unreachable: {_line(exc)}") from exc
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         with self._reached():
-            return self.raw.execute(_pg_sql(sql), params)  # type: ignore[no-any-return]
+            return self._conn().execute(_pg_sql(sql), params)  # type: ignore[no-any-return]
 
     def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> Cursor:
         with self._reached():
-            cur = self.raw.cursor()
+            cur = self._conn().cursor()
             cur.executemany(_pg_sql(sql), params)
             return cur  # type: ignore[no-any-return]
 
     def executescript(self, sql: str) -> None:
-        self.raw.execute(sql)  # type: ignore[call-overload]  # the history's own DDL, no parameters
+        with self._reached():
+            self._conn().execute(sql)  # the history's own DDL, no parameters
 
     def batches(self, sql: str, params: Sequence[Any], size: int) -> Iterator[list[tuple[Any, ...]]]:
-        with self.raw.transaction(), self.raw.cursor(name="history_batches") as cur:  # a server-side cursor
-            cur.itersize = size
-            cur.execute(_pg_sql(sql), params)  # type: ignore[call-overload]
-            while rows := cur.fetchmany(size):
-                yield rows
+        with self._reached():
+            conn = self._conn()
+            with conn.transaction(), conn.cursor(name="history_batches") as cur:  # a server-side cursor
+                cur.itersize = size
+                cur.execute(_pg_sql(sql), params)
+                while rows := cur.fetchmany(size):
+                    yield rows
 
     def blob(self, sql: str, params: Sequence[Any] = ()) -> bytes | None:
         # in binary: bytea's text form is hex, twice the bytes on the wire and a decode (a 1 M-row run's column
         # file read 0.67 s so, against SQLite's 0.15 s)
-        row = self.raw.execute(_pg_sql(sql), params, binary=True).fetchone()  # type: ignore[call-overload]
+        with self._reached():
+            row = self._conn().execute(_pg_sql(sql), params, binary=True).fetchone()
         return None if row is None else bytes(row[0])
 
     @contextmanager
     def tx(self) -> Iterator[Database]:
-        with self._reached(), self.raw.transaction():
-            self.raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
-            yield self
+        with self._reached():
+            conn = self._conn()
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+                yield self
 
     def close(self) -> None:
         self.raw.close()

@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from controller.history.records import GOLDEN_NOTE, HistoryUnavailable
+from controller.history.records import GOLDEN_NOTE, HistoryStopped, HistoryUnavailable
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from controller.history.db import Database
 
 # what a read of a history that cannot be read raises (metrics: history down): SQLite's errors, and a PostgreSQL
-# history's server gone (controller.history.db translates psycopg's)
-DatabaseError: tuple[type[Exception], ...] = (sqlite3.Error, HistoryUnavailable)
+# history's server gone, or a statement it stopped (controller.history.db translates psycopg's)
+DatabaseError: tuple[type[Exception], ...] = (sqlite3.Error, HistoryUnavailable, HistoryStopped)
 
 
 class HistoryQueries:

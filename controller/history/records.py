@@ -53,9 +53,22 @@ class HistoryError(FleetctlError, RuntimeError):
 
 
 class HistoryUnavailable(HistoryError, ConnectionError):
-    """A PostgreSQL history's server cannot be reached, or dropped the connection (HTTP 503)."""
+    """A PostgreSQL history's server cannot be reached, or dropped the connection (HTTP 503). The next use of the
+    history connects again."""
 
     http_status = 503
+
+
+class HistoryStopped(HistoryError):
+    """The PostgreSQL server refused or stopped a statement it could reach: its ``statement_timeout`` (or an
+    administrator's cancel), or its disk full (HTTP 503). The connection stays usable; the same call may succeed
+    later."""
+
+    http_status = 503
+
+
+class HistoryFull(HistoryStopped):
+    """The PostgreSQL server refused a write: its disk is full (HTTP 503). Every write fails until space is freed."""
 
 
 class RunInfo(BaseModel):

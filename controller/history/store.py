@@ -47,8 +47,12 @@ class History(HistoryQueries, ColumnReads, WebhookOutbox, TrendFindings):
     def __init__(self, location: str | Path, *, frames: FrameCache | None = None) -> None:
         self.frames = frames
         self.db: Database = connect(location)
-        self.conn: Any = self.db.raw
         self.path = self.db.where if is_url(location) else Path(location).expanduser()
+
+    @property
+    def conn(self) -> Any:
+        """The engine's connection now (a PostgreSQL one is made again after its server dropped the last)."""
+        return self.db.raw
 
     def close(self) -> None:
         self.db.close()

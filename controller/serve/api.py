@@ -14,7 +14,7 @@ Errors are ``{"detail": "<one line>"}`` with 400 (bad input), 401 (no or wrong t
 user lacks the route's role; both named), 404 (no
 such run or module), 409 (run id already used), 413 (body too large), 422 (a field out of bounds
 or of the wrong type, named; a release URL that is bad, unreachable or too big, or a sha256
-mismatch), 503 (broker unreachable): each error's own ``http_status`` (:mod:`controller.errors`).
+mismatch), 503 (broker or run history unreachable): each error's own ``http_status`` (:mod:`controller.errors`).
 A user's value is never said back or logged beyond ~200 characters.
 """
 
@@ -44,6 +44,7 @@ from controller.fleet.reservations import OnReserved
 from controller.history import FrameCache
 from controller.serve import links
 from controller.serve.access import RoleCheck, may_act_on, publish, refusal, undeclared
+from controller.serve.health import Health, add_health
 from controller.serve.tokens import Identity, Role, Tokens
 from controller.serve.trend_record import TrendRecord
 from controller.serve.wire import PREFIX, REACH_HEADER, RELEASES_HEADER, report_headers
@@ -187,7 +188,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": Problem, "description": "no such run"},
     413: {"model": Problem, "description": "request body larger than api_max_body_bytes"},
     422: {"model": Problem, "description": "a field out of bounds or of the wrong type (the field named)"},
-    503: {"model": Problem, "description": "broker unreachable"},
+    503: {"model": Problem, "description": "broker or run history unreachable (which, and since when)"},
 }
 
 
@@ -225,9 +226,11 @@ def _protected(path: str) -> bool:
 
 
 # --------------------------------------------------------------------------- the app
-def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache | None = None) -> FastAPI:
+def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache | None = None,
+               health: Health | None = None) -> FastAPI:
     """The API over the service, one session per worker thread (SQLite connections are per thread); ``frames``:
-    the run frames they share with the rest of ``fleetctl serve`` (:class:`controller.history.FrameCache`)."""
+    the run frames they share with the rest of ``fleetctl serve`` (:class:`controller.history.FrameCache`);
+    ``health``: its parts' states (``GET /health``, 503 at once while the history is down: ADR 0050)."""
     local = threading.local()
     sessions: list[Session] = []
     lock = threading.Lock()
@@ -258,6 +261,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
     from controller.serve.guard import Guard
 
     link_secret = links.load_secret(settings.data_dir)
+    if health is not None:  # its gate inside the token check below (added later: the outer one)
+        add_health(app, health, PREFIX)
 
     # the token and the body's size, checked before the body is read (the dependency below stays, for the schema)
     app.add_middleware(Guard, check_token=tokens.check, protected=_protected,  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from rich.console import Console
 
 from controller import service
 from controller.history import FrameCache, History, OutboxEvent
+from controller.serve.health import OUTAGE, PART_DOWN, Health, until_reached
 from controller.service import Judgement, Session
 from controller.settings import ConfigError, ControllerSettings
 
@@ -42,6 +43,8 @@ def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
     for run_id in fleet.active_runs():
         try:
             view = service.sync(s, run_id)
+        except PART_DOWN:  # the history or the broker away: the whole pass is tried again (serve_forever)
+            raise
         except Exception as exc:  # one bad run must not stop the service
             warn(f"sync of {run_id} failed: {exc}")
             continue
@@ -50,6 +53,8 @@ def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
         done.append(run_id)
         try:
             j = service.judge(s, run_id)
+        except PART_DOWN:  # not judged: the history still holds it running, the pass that catches up judges it
+            raise
         except Exception as exc:  # a report that cannot be built must not stop the service either
             warn(f"run {run_id} finished, but its verdict could not be reached: {exc}")
             continue
@@ -265,7 +270,7 @@ def _change_check(settings: ControllerSettings, run_id: str, verdict: str, state
     return True
 
 
-def _start_metrics(s: Session) -> Any:
+def _start_metrics(s: Session, health: Health | None = None) -> Any:
     settings = s.settings
     if not settings.metrics_port:
         return None
@@ -289,7 +294,9 @@ def _start_metrics(s: Session) -> Any:
 
     registry = CollectorRegistry()
     registry.register(ControllerCollector(history, states, queues, reserved=reserved,
-                                          open_history=lambda: History(settings.history_location, frames=s.frames)))
+                                          open_history=lambda: History(settings.history_location, frames=s.frames),
+                                          parts=(lambda: {p: st.up for p, st in health.states().items()})
+                                          if health is not None else None))
     try:
         return start_http_server(settings.metrics_port, addr=settings.metrics_host, registry=registry)
     except OSError as exc:  # a busy port: name it and the setting (issue 51), not a traceback
@@ -308,7 +315,7 @@ class ApiServer:
         self.thread.join(timeout=15)
 
 
-def start_api(s: Session, timeout: float = 15.0) -> ApiServer | None:
+def start_api(s: Session, timeout: float = 15.0, health: Health | None = None) -> ApiServer | None:
     """The HTTP API (uvicorn, in a thread of this process) when ``api_port`` is set: bodies bounded and
     checked for a token before they are read, read deadlines on every connection (:mod:`controller.serve.guard`)."""
     settings = s.settings
@@ -324,7 +331,7 @@ def start_api(s: Session, timeout: float = 15.0) -> ApiServer | None:
     from controller.serve.guard import log_config, protocol_class
     from controller.serve.tokens import WatchedTokens
 
-    app = create_app(settings, WatchedTokens(settings.api_tokens_file), s.frames)
+    app = create_app(settings, WatchedTokens(settings.api_tokens_file), s.frames, health=health)
     # h11 (headers of 16 KiB at most), with read deadlines: a slow or idle client is closed, never held
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning",
                             access_log=False, lifespan="on", log_config=log_config(),
@@ -370,6 +377,15 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
         # shared by the sync loop (the verdict at a run's end reads its rows first), the API and /metrics: a
         # report asked for after the run's end finds its frames decoded (ADR 0034)
         s.keep_frames(FrameCache(s.settings.frame_cache_mib * 1024 * 1024))
+    hooks = webhooks_of(s)
+    stop = threading.Event()
+    health = Health()
+    if not once:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        # a history not up yet (a PostgreSQL server starting with the host) is waited for, with backoff
+        if not until_reached(lambda: s.history().running_runs(), health, stop, warn):
+            return
     try:  # an evicting broker is refused (EvictingBroker); one away now is synced once it is back
         s.fleet().check_broker()
     except service.BrokerUnavailable as exc:
@@ -378,12 +394,11 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
         short = capacity_warning(s)
         if short:
             warn(f"warning: {short}")
-    hooks = webhooks_of(s)
-    notifier = Notifier(s, hooks) if hooks else None
-    on_verdict = notifier.verdict if notifier else None
-    if notifier:  # what was recorded while the service was down goes first
-        notifier.drain()
     if once:
+        notifier = Notifier(s, hooks) if hooks else None
+        on_verdict = notifier.verdict if notifier else None
+        if notifier:  # what was recorded while the service was down goes first
+            notifier.drain()
         for run_id in sync_all(s, warn, on_verdict):
             console.print(f"run {run_id} finished")
         schedule_golden(s, warn)
@@ -393,35 +408,28 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
             notifier.close()
             hooks.close(wait=True)
         return
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    api = start_api(s)
-    server = _start_metrics(s)
+    notifiers: list[Notifier] = []
+
+    def begin() -> None:  # the webhooks' targets, and what was recorded while the service was down, go first
+        if hooks and not notifiers:
+            notifiers.append(Notifier(s, hooks))
+            notifiers[0].drain()
+
+    if not until_reached(begin, health, stop, warn):
+        return
+    notifier = notifiers[0] if notifiers else None
+    api = start_api(s, health=health)
+    server = _start_metrics(s, health)
     settings = s.settings
     console.print(f"fleetctl serve: history {settings.history_path}, broker {settings.redacted_broker_url()}"
                   + (f", /metrics on {settings.metrics_host}:{settings.metrics_port}" if server else "")
                   + (f", API on http://{settings.api_host}:{settings.api_port}/api/v1" if api else "")
                   + (f", webhooks to {len(hooks.urls)} URL(s)" if hooks else ""), highlight=False)
-    preparer = ReportPreparer(s)
+    loop = ServeLoop(s, warn, console, notifier)
     try:
-        golden_at = raised_at = 0.0
         while not stop.is_set():
-            finished = sync_all(s, warn, on_verdict)
-            for run_id in finished:
-                console.print(f"run {run_id} finished")
-            preparer.add(finished)
-            if time.monotonic() - golden_at >= GOLDEN_EVERY_S:  # a check is due in hours, not seconds
-                golden_at = time.monotonic()
-                schedule_golden(s, warn)
-            if time.monotonic() - raised_at >= RAISE_EVERY_S:
-                raised_at = time.monotonic()
-                raise_starving(s, warn)
-            if notifier:
-                try:
-                    notifier.drain()  # verdicts an attached fleetctl recorded meanwhile
-                except Exception as exc:  # the history briefly locked: next pass
-                    warn(f"webhooks: {exc}")
+            if not until_reached(loop.one_pass, health, stop, warn):
+                break
             stop.wait(interval)
     finally:
         if api:
@@ -429,6 +437,51 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
         if server:
             server[0].shutdown()
         if notifier and hooks:
-            notifier.wait(timeout=0)  # outcomes known by now are recorded; the others are sent again next time
+            with contextlib.suppress(Exception):  # the history away: they are sent again next time
+                notifier.wait(timeout=0)  # outcomes known by now are recorded; the others are sent again next time
             notifier.close()
             hooks.close(wait=False)
+
+
+@dataclass
+class ServeLoop:
+    """One pass of ``fleetctl serve``: sync and judge, the scheduled golden checks, the raise of waiting runs, the
+    webhooks. A pass that meets the history or the broker away raises (:data:`OUTAGE`) and is tried again whole
+    with backoff (:func:`controller.serve.health.until_reached`): the first that succeeds catches up."""
+
+    s: Session
+    warn: Callable[[str], None]
+    console: Console
+    notifier: Notifier | None = None
+    golden_at: float = 0.0
+    raised_at: float = 0.0
+    preparer: ReportPreparer | None = None
+
+    def one_pass(self) -> None:
+        s, warn = self.s, self.warn
+        if self.preparer is None:
+            self.preparer = ReportPreparer(s)
+        if time.monotonic() - self.raised_at >= RAISE_EVERY_S:  # the broker checked even with no run to sync
+            try:
+                s.fleet().check_broker()
+            except OUTAGE:
+                raise
+            except Exception as exc:  # an evicting broker now (its policy changed): said, the service goes on
+                warn(f"broker: {exc}")
+        finished = sync_all(s, warn, self.notifier.verdict if self.notifier else None)
+        for run_id in finished:
+            self.console.print(f"run {run_id} finished")
+        self.preparer.add(finished)
+        if time.monotonic() - self.golden_at >= GOLDEN_EVERY_S:  # a check is due in hours, not seconds
+            self.golden_at = time.monotonic()
+            schedule_golden(s, warn)
+        if time.monotonic() - self.raised_at >= RAISE_EVERY_S:
+            self.raised_at = time.monotonic()
+            raise_starving(s, warn)
+        if self.notifier:
+            try:
+                self.notifier.drain()  # verdicts an attached fleetctl recorded meanwhile
+            except OUTAGE:
+                raise
+            except Exception as exc:  # the history briefly locked: next pass
+                warn(f"webhooks: {exc}")

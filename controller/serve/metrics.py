@@ -69,6 +69,9 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec("m1000_fleet_latest_run_timestamp_seconds", "gauge", ("module", "release"), "timestamp_seconds",
                "Creation time of the module's latest run with results"),
     MetricSpec("m1000_fleet_history_up", "gauge", (), "count", "1 when the run history could be read"),
+    MetricSpec("m1000_fleet_serve_part_up", "gauge", ("part",), "count",
+               "1 while fleetctl serve reaches the part (history, broker) in its passes; 0 while it serves degraded"
+               " without it, trying again with backoff (GET /health says why)"),
     MetricSpec("m1000_trend_change_points", "gauge", ("model_key", "metric", "scope"), "count",
                "Change points across the release history still in force (fleetctl trend), per model key and"
                " metric: scope 'fleet' counts the fleet series (one per profile), 'module' every module's own;"
@@ -180,8 +183,10 @@ class ControllerCollector(Collector):
     def __init__(self, history: History, states: Callable[[], Mapping[str, str | ModuleReading]],
                  queue_depths: Callable[[], Mapping[str, Mapping[str, int]]], *, tolerance: float = 0.05,
                  recent_runs: int = RECENT_RUNS, reserved: Callable[[], Mapping[str, str]] | None = None,
-                 trend_wait: float = TREND_WAIT, open_history: Callable[[], History] | None = None) -> None:
+                 trend_wait: float = TREND_WAIT, open_history: Callable[[], History] | None = None,
+                 parts: Callable[[], Mapping[str, bool]] | None = None) -> None:
         self.history = history
+        self.parts = parts  # fleetctl serve's parts: reached (True) or not (controller.serve.health)
         self.states = states
         self.queue_depths = queue_depths
         self.reserved = reserved
@@ -213,6 +218,11 @@ class ControllerCollector(Collector):
                 fams, up = [], 0.0
         yield from fams
         yield GaugeMetricFamily("m1000_fleet_history_up", SPECS["m1000_fleet_history_up"].help, value=up)
+        if self.parts is not None:
+            fam = self._family("m1000_fleet_serve_part_up")
+            for part, reached in sorted(self.parts().items()):
+                fam.add_metric((part,), 1.0 if reached else 0.0)
+            yield fam
 
     def _state_metrics(self) -> Iterator[Metric]:
         try:

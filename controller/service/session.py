@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from contract.settings import load_settings
 from controller.command import fleetctl
 from controller.errors import FleetctlError
-from controller.history import FrameCache, History
+from controller.history import FrameCache, History, HistoryUnavailable
 from controller.identity import local_user
 from controller.inventory import Inventory, load_inventory
 from controller.settings import ControllerSettings
@@ -176,6 +176,8 @@ def broker_call(s: Session, fn: Callable[[], Any]) -> Any:
 
     try:
         return fn()
+    except HistoryUnavailable:  # a ConnectionError too, but the history's: said as such (issue 48)
+        raise
     except broker_errors() as exc:  # redis/kombu are imported only when something was raised
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise BrokerUnavailable(f"broker {s.settings.redacted_broker_url()} unreachable: {first}") from exc

@@ -172,7 +172,8 @@ def test_prometheus_scrapes_fleet_and_every_expression_has_data(
     readings = {**states, "sim-a": ModuleReading("busy", 0.4)}  # sim-a's clock measured 0.4 s ahead
     depths = {f"module.{m}": {"normal": 0} for m in states}
     creg.register(ControllerCollector(history, lambda: readings, lambda: depths,
-                                      reserved=lambda: {"sim-b": "alice"}))  # sim-b held by alice (fleetctl reserve)
+                                      reserved=lambda: {"sim-b": "alice"},  # sim-b held by alice (fleetctl reserve)
+                                      parts=lambda: {"history": True, "broker": True}))  # as fleetctl serve gives
     cserver = start_exporter(tmp_path, port=0, registry=creg)
     servers.append(cserver)
 

@@ -13,6 +13,7 @@ import itertools
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -73,6 +74,39 @@ class PostgresServer:
         self.admin(f"CREATE DATABASE {name}")
         return self.url(name)
 
+    @property
+    def options(self) -> str:
+        return (f"-p {self.port} -k {self.socket_dir} -h 127.0.0.1 -c fsync=off -c synchronous_commit=off"
+                " -c full_page_writes=off -c max_connections=50")
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the server (again: after :meth:`kill`, once its backends have seen their postmaster die and left
+        its shared memory) and wait until it answers."""
+        deadline = time.monotonic() + timeout
+        while True:
+            r = subprocess.run([*_as_server_user(), str(BIN / "pg_ctl"), "-D", str(self.dir / "data"), "-o",
+                                self.options, "-l", str(self.dir / "log"), "-w", "-t", "60", "start"],
+                               capture_output=True, text=True, timeout=90)
+            if r.returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"postgres did not start: {r.stdout}{r.stderr}")
+            time.sleep(0.2)
+        while True:
+            try:
+                self.admin("SELECT 1")
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def kill(self) -> int:
+        """SIGKILL the postmaster (a crash, the OOM killer), as a fault test does; its pid."""
+        pid = int((self.dir / "data" / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
     def stop(self) -> None:
         subprocess.run([*_as_server_user(), str(BIN / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "immediate",
                         "-w", "stop"], check=False, capture_output=True, timeout=60)
@@ -106,19 +140,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     try:
         subprocess.run([*run, str(BIN / "initdb"), "-D", str(top / "data"), "-U", "postgres", "--auth=trust",
                         "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"], check=True, capture_output=True, timeout=120)
-        opts = (f"-p {server.port} -k {server.socket_dir} -h 127.0.0.1 -c fsync=off -c synchronous_commit=off"
-                " -c full_page_writes=off -c max_connections=50")
-        subprocess.run([*run, str(BIN / "pg_ctl"), "-D", str(top / "data"), "-o", opts, "-l", str(top / "log"),
-                        "-w", "-t", "60", "start"], check=True, capture_output=True, timeout=90)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                server.admin("SELECT 1")
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        server.start(timeout=30)
         yield server
     finally:
         server.stop()
