@@ -37,6 +37,7 @@ from controller.fleet.sync_plan import (
 
 if TYPE_CHECKING:
     from contract.kv import KV, Beat
+    from controller.fleet.power import PowerRecovery
     from controller.history import History
 
 log = logging.getLogger("fleet.controller")
@@ -176,6 +177,7 @@ class Sync:
     history: History
     kv: KV
     _sync_memos: dict[str, PassMemo]
+    power: PowerRecovery | None = None
 
     if TYPE_CHECKING:
         def beats(self, names: Iterable[str]) -> dict[str, Beat | None]: ...
@@ -258,6 +260,8 @@ class Sync:
                 writes.cancels.append((m, why))  # a later delivery must not run it
                 known[m] = self._record_lost(run_id, m, info.release, cur, why, len(info.models_of(m)), now, writes)
         self._write(run_id, writes)
+        if self.power is not None:  # hung modules power-cycled (controller.fleet.power)
+            self.power.after_pass(self.history, run_id, known, {m: b.at if b else None for m, b in beats.items()}, now)
         memos = self._memos()
         memos.pop(run_id, None)
         memos[run_id] = PassMemo(known_parsed, live_parsed, beats_parsed, settled, beats_at)

@@ -24,6 +24,7 @@ from controller.settings import ControllerSettings
 
 if TYPE_CHECKING:  # the broker seam is imported when a session first opens it (issue 47: runs of ended runs)
     from controller.fleet import Fleet
+    from controller.fleet.power import PowerRecovery
 
 
 def first_steps() -> str:
@@ -146,8 +147,24 @@ class Session:
             self._fleet = Fleet(self.settings, self.history(), failures_for_bad=self.settings.failures_for_bad,
                                 failures_cooldown=self.settings.failures_cooldown,
                                 clock_skew_warn=self.settings.clock_skew_warn)
+            self._fleet.power = self.power_recovery()
             self._closers.append(self._fleet.close)
         return self._fleet
+
+    def power_recovery(self) -> PowerRecovery | None:
+        """The recovery policy over the inventory's modules with a PDU outlet (None: none has one, or the policy is
+        off: power_cycles_per_run 0; an inventory that cannot be read: none, its error is the verbs' to say)."""
+        from controller.fleet.power import PowerPolicy, PowerRecovery
+        from controller.inventory import InventoryError
+
+        try:
+            entries = {m.name: m.power for m in self.inventory().modules if m.power is not None}
+        except InventoryError:
+            return None
+        if not entries or self.settings.power_cycles_per_run == 0:
+            return None
+        return PowerRecovery(entries, PowerPolicy(self.settings.cycle_after, self.settings.power_cycles_per_run,
+                                                  self.settings.power_cycles_per_hour))
 
     def read_fleet(self) -> Fleet:
         """The broker seam for reading module states: without a run history file yet, on an empty
