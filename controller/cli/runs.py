@@ -145,6 +145,7 @@ def status(ctx: typer.Context,
             if j is None:
                 j = service.judge(s, info.run_id)
                 info = service.find_run(s, info.run_id)  # with the verdict just recorded
+    from controller.fleet.power import cycle_lines
     from controller.history.waits import run_waits
     from controller.service.queue import reservation_waits
 
@@ -154,6 +155,7 @@ def status(ctx: typer.Context,
         doc["waits"] = {w.module: {"waited_s": w.waited_s, "behind": w.behind, "priority": w.priority}
                         for w in run_waits(s.history(), info.run_id)}
         doc["reserved"] = held
+        doc["power_cycles"] = cycle_lines(s.history().events(info.run_id))
         recs = [{"module": m, **st} for m, st in doc["module_states"].items()]
         emit(recs, ["module", "state", "step", "model_key", "keys_done", "keys_total", "rows"], output, document=doc)
     else:
@@ -164,7 +166,8 @@ def status(ctx: typer.Context,
         from controller.history.waits import run_waits_line
         from controller.service.queue import reservation_waits_line
 
-        for line in (run_waits_line(run_waits(s.history(), info.run_id)), reservation_waits_line(held)):
+        for line in (run_waits_line(run_waits(s.history(), info.run_id)), reservation_waits_line(held),
+                     *cycle_lines(s.history().events(info.run_id))):
             if line:
                 out.print(line, markup=False, highlight=False, soft_wrap=True)
         if j is not None:

@@ -1,0 +1,99 @@
+"""Hung modules power-cycled through a real pdudaemon (its local-command driver: the outlet of
+tests/support/outlet.py, whose "off" kills everything of the module and whose "on" starts its agent again): the
+run resumes from its passed keys and ends done, each key benchmarked to success once; a PDU that does not answer
+marks the module in one line and the run ends within lost_after. Real agent, real broker, real pdudaemon."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from contract.records import RunState
+from controller.fleet.power import cycle_lines
+from tests.support import outlet
+from tests.support.reliability import KEYS
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+POWER = ("power_cycle_after", "heartbeat_interval")
+
+
+@pytest.fixture
+def outlets(tmp_path: Path) -> Iterator[Path]:
+    """The outlets file of the test's PDU; every outlet in it is turned off at the end (nothing of a module left)."""
+    path = tmp_path / "outlets.json"
+    yield path
+    if path.exists():
+        for entry in json.loads(path.read_text()).values():
+            outlet.off(entry)
+
+
+def powered(b, pdudaemon: str, outlets: Path, name: str = "sim-01", port: str = "1") -> dict[str, str]:
+    """``name`` on outlet ``port`` of the PDU: in the inventory, on the outlets file, in the bench's fleet."""
+    inv = b.lab.base / "inventory.toml"
+    text = inv.read_text().replace(f'name = "{name}"\n',
+                                   f'name = "{name}"\npower = {{ pdudaemon = "{pdudaemon}", pdu = "lab-pdu", '
+                                   f'port = "{port}" }}\n')
+    inv.write_text(text)
+    b.fleet.power = b.lab.state().power_recovery()
+    return outlet.wire(outlets, port, b.lab.workers[name].proc.pid, b.workdir(name))
+
+
+def unplug(b, name: str) -> None:
+    """The module's agent is the outlet's now (its "on" starts it again); the lab's process of it is reaped when
+    it dies (a zombie would hold the module's name on this host as a live agent)."""
+    w = b.lab.workers.pop(name)
+    threading.Thread(target=w.proc.wait, daemon=True).start()
+
+
+def test_hung_module_power_cycled_and_its_run_resumes(bench_factory, redis_broker, release, outlets, tmp_path):
+    b = bench_factory(redis_broker, offline_after=2.0, power_cycle_after=5.0, lost_after=60.0)
+    b.lab.start()
+    with outlet.running_pdudaemon(tmp_path / "pdu", outlets) as url:
+        entry = powered(b, url, outlets)
+        run_id = b.validate(release)
+        b.on_key(run_id, "sim-01", KEYS[1])
+        outlet.hang(entry)  # a kernel hang: nothing of the module runs, nothing of it ends
+        unplug(b, "sim-01")
+        view = b.check_run(run_id, 150)
+    assert view.progress["sim-01"].state == RunState.DONE and view.state() == "done"
+    assert view.progress["sim-01"].attempt == 2  # resumed by the agent started again (one delivery more)
+    assert b.benchmark_starts("sim-01", run_id) == {KEYS[0]: 1, KEYS[1]: 2}  # the hung key again, the passed not
+    lines = cycle_lines(b.history.events(run_id))
+    assert len(lines) == 1 and lines[0].startswith("sim-01 power-cycled at "), lines
+    assert lines[0].endswith("; resumed from 1/2 keys"), lines
+    assert "PDU lab-pdu port 1" in (t := " ".join(e[2] for e in b.history.events(run_id))) and "asked by" in t
+    status = b.lab.fleetctl("status", run_id)
+    assert lines[0] in status.stdout, status.stdout
+    report = b.lab.fleetctl("report", run_id, "--format", "md")
+    assert lines[0] in report.stdout, report.stdout + report.stderr
+
+
+def test_pdu_down_marks_the_module_once_and_the_run_ends_in_its_bound(bench_factory, redis_broker, release, outlets):
+    b = bench_factory(redis_broker, offline_after=2.0, power_cycle_after=4.0, lost_after=14.0)
+    b.lab.start()
+    entry = powered(b, f"http://127.0.0.1:{outlet.free_port()}", outlets)  # nothing listens there
+    run_id = b.validate(release)
+    b.on_key(run_id, "sim-01", KEYS[1])
+    outlet.hang(entry)
+    unplug(b, "sim-01")
+    t0 = time.monotonic()
+    view = b.finished(run_id, 14.0 + 30)
+    assert time.monotonic() - t0 < 14.0 + 30
+    assert view.progress["sim-01"].state == RunState.LOST
+    events = [e[2] for e in b.history.events(run_id)]
+    failed = [e for e in events if e.startswith("power-cycle failed")]
+    assert len(failed) == 1 and "pdudaemon did not answer" in failed[0], events  # once, never a loop
+    assert not any(e.startswith("power-cycled") for e in events)
+    devices = b.lab.fleetctl("devices", "--output", "json")
+    (dev,) = [d for d in json.loads(devices.stdout) if d["module"] == "sim-01"]
+    assert dev["reason"].startswith("needs attention: no heartbeat for "), dev
+    assert "\n" not in dev["reason"]
+    with contextlib.suppress(Exception):
+        outlet.off(entry)
