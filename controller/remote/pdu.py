@@ -23,8 +23,7 @@ TIMEOUT = 90.0  # pdudaemon retries a failing driver 5 times 5 s apart before it
 class PowerError(FleetctlError, OSError):
     """The PDU's pdudaemon did not answer, or answered that the request failed (one line: where and why)."""
 
-    exit_code = 1
-    http_status = 502
+    http_status = 502  # the gateway to the PDU failed
 
 
 def request_url(entry: PowerEntry, command: str) -> str:

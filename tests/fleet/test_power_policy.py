@@ -88,3 +88,21 @@ def test_pdudaemon_requests():
     assert request_url(ENTRY, "off") == "http://pdu:16421/power/control/off?hostname=rack-a&port=3"
     with pytest.raises(ValueError, match="expected one of on, off, cycle"):
         request_url(ENTRY, "reset")
+
+
+def test_power_cycles_metric_from_the_history(tmp_path):
+    from prometheus_client import CollectorRegistry
+
+    from controller.history import History
+    from controller.serve.metrics import ControllerCollector
+
+    h = History(tmp_path / "h.sqlite")
+    h.add_module_event("sim-03", "power-cycled: run r1: at 10:12 after no heartbeat for 240 s; ...")
+    h.add_module_event("sim-03", "power-cycled: run r2: at 11:40 after no heartbeat for 250 s; ...")
+    h.add_module_event("sim-04", "needs attention: no heartbeat for 250 s, and its power cycle failed: ...")
+    h.add_module_event("sim-04", "failures reset: 0 failed run(s) in a row cleared")
+    assert h.power_cycle_counts() == {("sim-03", "done"): 2, ("sim-04", "failed"): 1}
+    reg = CollectorRegistry()
+    reg.register(ControllerCollector(h, states=dict, queue_depths=dict))
+    assert reg.get_sample_value("m1000_fleet_power_cycles", {"module": "sim-03", "result": "done"}) == 2
+    assert reg.get_sample_value("m1000_fleet_power_cycles", {"module": "sim-04", "result": "failed"}) == 1
