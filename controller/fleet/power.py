@@ -247,6 +247,24 @@ class HistoryLike(Protocol):
     def add_module_event(self, module: str, message: str) -> None: ...
 
 
+class PassHook(Protocol):
+    """What runs after a sync pass of a run (:meth:`controller.fleet.collect.Sync.sync`): the recovery policy, the
+    kernel logs kept (:mod:`controller.fleet.kernel_logs`)."""
+
+    def after_pass(self, history: HistoryLike, run_id: str, known: Mapping[str, RunProgress | None],
+                   beats_at: Mapping[str, float | None], now: float) -> object: ...
+
+
+def after_pass(hooks: Sequence[PassHook], history: HistoryLike, run_id: str, known: Mapping[str, RunProgress | None],
+               beats_at: Mapping[str, float | None], now: float) -> None:
+    """Each hook after a pass; one that fails is logged, never the pass's failure (its I/O is a PDU's, a module's)."""
+    for hook in hooks:
+        try:
+            hook.after_pass(history, run_id, known, beats_at, now)
+        except Exception as exc:
+            log.warning("run %s: %s after the sync pass failed: %s", run_id, type(hook).__name__, exc)
+
+
 def _ended(p: RunProgress | None) -> bool:
     return p is not None and p.state.terminal
 

@@ -24,7 +24,7 @@ from controller.settings import ControllerSettings
 
 if TYPE_CHECKING:  # the broker seam is imported when a session first opens it (issue 47: runs of ended runs)
     from controller.fleet import Fleet
-    from controller.fleet.power import PowerRecovery
+    from controller.fleet.power import PassHook, PowerRecovery
 
 
 def first_steps() -> str:
@@ -147,7 +147,7 @@ class Session:
             self._fleet = Fleet(self.settings, self.history(), failures_for_bad=self.settings.failures_for_bad,
                                 failures_cooldown=self.settings.failures_cooldown,
                                 clock_skew_warn=self.settings.clock_skew_warn)
-            self._fleet.power = self.power_recovery()
+            self._fleet.pass_hooks = self.pass_hooks()
             self._closers.append(self._fleet.close)
         return self._fleet
 
@@ -165,6 +165,24 @@ class Session:
             return None
         return PowerRecovery(entries, PowerPolicy(self.settings.cycle_after, self.settings.power_cycles_per_run,
                                                   self.settings.power_cycles_per_hour))
+
+    def pass_hooks(self) -> tuple[PassHook, ...]:
+        """What runs after each sync pass: the recovery policy (:meth:`power_recovery`), the kernel logs kept
+        (:mod:`controller.fleet.kernel_logs`); none when the inventory cannot be read (the verbs say why)."""
+        import functools
+
+        from controller.fleet.kernel_logs import KernelLogs
+        from controller.inventory import InventoryError
+        from controller.remote.kernel_log import read_logs
+
+        try:
+            modules = {m.name: m for m in self.inventory().modules}
+        except InventoryError:
+            return ()
+        power = self.power_recovery()
+        logs = KernelLogs(modules, self.settings.data_dir, functools.partial(
+            read_logs, known_hosts=self.settings.known_hosts, identity=self.settings.ssh_key))
+        return (*((power,) if power is not None else ()), logs)
 
     def read_fleet(self) -> Fleet:
         """The broker seam for reading module states: without a run history file yet, on an empty

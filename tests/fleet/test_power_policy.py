@@ -106,3 +106,22 @@ def test_power_cycles_metric_from_the_history(tmp_path):
     reg.register(ControllerCollector(h, states=dict, queue_depths=dict))
     assert reg.get_sample_value("m1000_fleet_power_cycles", {"module": "sim-03", "result": "done"}) == 2
     assert reg.get_sample_value("m1000_fleet_power_cycles", {"module": "sim-04", "result": "failed"}) == 1
+
+
+def test_kernel_logs_kept_when_lost_failed_or_restarted():
+    from contract.records import KeyOutcome, RunProgress, RunState
+    from controller.fleet.kernel_logs import kernel_lines, reason
+
+    now = 10_000.0
+    base = RunProgress(run_id="r1", module="sim-03", release="1.4.1", keys_total=2, updated_at=now - 5)
+    assert reason(base, now) is None  # running, first delivery
+    assert reason(base.model_copy(update={"state": RunState.LOST}), now) == "lost"
+    failed_key = base.model_copy(update={"state": RunState.DONE, "outcomes": (
+        KeyOutcome(model_key="qwen3", status="failed"),)})
+    assert reason(failed_key, now) == "a key failed"
+    assert reason(base.model_copy(update={"attempt": 2}), now) == "its agent started again mid-run"
+    assert reason(base.model_copy(update={"state": RunState.LOST}), now + 7200) is None  # an old run synced again
+    ev = [("sim-03", 1.0, "kernel log kept (lost): /data/module-logs/r1/sim-03"),
+          ("sim-04", 2.0, "kernel log not kept (lost): sim-04: unreachable")]
+    assert kernel_lines(ev, "r1") == ["sim-03: kernel log and agent journal kept (lost): fleetctl logs r1 --module "
+                                      "sim-03 --kernel"]

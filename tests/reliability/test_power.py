@@ -41,7 +41,7 @@ def powered(b, pdudaemon: str, outlets: Path, name: str = "sim-01", port: str = 
                                    f'name = "{name}"\npower = {{ pdudaemon = "{pdudaemon}", pdu = "lab-pdu", '
                                    f'port = "{port}" }}\n')
     inv.write_text(text)
-    b.fleet.power = b.lab.state().power_recovery()
+    b.fleet.pass_hooks = b.lab.state().pass_hooks()  # the recovery policy and the kernel logs, as fleetctl's
     return outlet.wire(outlets, port, b.lab.workers[name].proc.pid, b.workdir(name))
 
 
@@ -71,8 +71,11 @@ def test_hung_module_power_cycled_and_its_run_resumes(bench_factory, redis_broke
     assert "PDU lab-pdu port 1" in (t := " ".join(e[2] for e in b.history.events(run_id))) and "asked by" in t
     status = b.lab.fleetctl("status", run_id)
     assert lines[0] in status.stdout, status.stdout
-    report = b.lab.fleetctl("report", run_id, "--format", "md")
+    report = b.lab.fleetctl("report", run_id)
     assert lines[0] in report.stdout, report.stdout + report.stderr
+    kept = f"sim-01: kernel log and agent journal kept (its agent started again mid-run): fleetctl logs {run_id} " \
+           "--module sim-01 --kernel"
+    assert kept in report.stdout, report.stdout
 
 
 def test_pdu_down_marks_the_module_once_and_the_run_ends_in_its_bound(bench_factory, redis_broker, release, outlets):
@@ -95,5 +98,10 @@ def test_pdu_down_marks_the_module_once_and_the_run_ends_in_its_bound(bench_fact
     (dev,) = [d for d in json.loads(devices.stdout) if d["module"] == "sim-01"]
     assert dev["reason"].startswith("needs attention: no heartbeat for "), dev
     assert "\n" not in dev["reason"]
+    assert any(e.startswith("kernel log kept (lost): ") for e in events), events  # the lost module's kernel log
+    logs = b.lab.fleetctl("logs", run_id, "--module", "sim-01", "--kernel")
+    assert logs.returncode == 0 and "==> kernel.log <==" in logs.stdout and "==> agent.log <==" in logs.stdout, logs
+    kernel = logs.stdout.split("==> kernel.log <==")[1].split("==>")[0]
+    assert kernel.strip() and len(kernel.strip().splitlines()) <= 200  # dmesg's tail, or why it cannot be read
     with contextlib.suppress(Exception):
         outlet.off(entry)
