@@ -17,7 +17,7 @@ from pathlib import Path
 from contract.files import write_atomic
 from contract.records import RunProgress
 from controller.fleet.power import HistoryLike
-from controller.fleet.runs import module_failed
+from controller.fleet.runs import module_failed, refusal
 from controller.inventory import Module
 
 log = logging.getLogger("fleet.controller")
@@ -30,7 +30,7 @@ FRESH = 3600.0  # a part that ended longer ago than this (an old run synced agai
 
 def reason(p: RunProgress | None, now: float) -> str | None:
     """Why the module's kernel log is worth keeping now, or None (pure)."""
-    if p is None or now - p.updated_at > FRESH:
+    if p is None or now - p.updated_at > FRESH or refusal(p) is not None:  # refused at dispatch: it never ran there
         return None
     if p.state.terminal and module_failed(p):
         return p.state.value if not any(o.status == "failed" for o in p.outcomes) else "a key failed"
