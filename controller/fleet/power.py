@@ -214,8 +214,8 @@ class PowerRecovery:
     def _do(self, history: HistoryLike, run_id: str, a: Action, p: RunProgress | None, now: float) -> None:
         entry = self.entries[a.module]
         if a.kind == "back":
-            history.add_event(run_id, a.module, f"{BACK}: its heartbeat {a.seconds:.0f} s after the cycle; the agent "
-                                                "resumes the run from its passed keys")
+            history.add_event(run_id, a.module, f"{BACK}: its heartbeat {a.seconds:.0f} s after pdudaemon's cycle "
+                                                "ended; the agent resumes the run from its passed keys")
             return
         if a.kind == "bound":
             history.add_event(run_id, a.module, f"{BOUND}: {a.why}")

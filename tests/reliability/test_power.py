@@ -105,3 +105,34 @@ def test_pdu_down_marks_the_module_once_and_the_run_ends_in_its_bound(bench_fact
     assert kernel.strip() and len(kernel.strip().splitlines()) <= 200  # dmesg's tail, or why it cannot be read
     with contextlib.suppress(Exception):
         outlet.off(entry)
+
+
+def test_two_modules_on_one_pdu_cycled_one_at_a_time_one_not_back(bench_factory, redis_broker, release, outlets,
+                                                                  tmp_path):
+    """Both hang at once: pdudaemon cycles them one after the other; sim-01 comes back and its run part ends done,
+    sim-02 does not (its outlet's "on" starts nothing) and is given up at lost_after, saying so."""
+    b = bench_factory(redis_broker, n=2, offline_after=2.0, power_cycle_after=4.0, lost_after=30.0)
+    b.lab.start()
+    with outlet.running_pdudaemon(tmp_path / "pdu", outlets) as url:
+        one = powered(b, url, outlets, "sim-01", "1")
+        two = powered(b, url, outlets, "sim-02", "2")
+        table = json.loads(outlets.read_text())
+        table["2"]["argv"] = json.dumps(["true"])  # a module that does not boot again
+        outlets.write_text(json.dumps(table))
+        run_id = b.validate(release, "sim-01,sim-02")
+        b.on_key(run_id, "sim-01", KEYS[1])
+        b.on_key(run_id, "sim-02", KEYS[1])
+        for name, entry in (("sim-01", one), ("sim-02", two)):
+            outlet.hang(entry)
+            unplug(b, name)
+        view = b.finished(run_id, 120)
+    assert view.progress["sim-01"].state == RunState.DONE and view.progress["sim-02"].state == RunState.LOST
+    assert b.benchmark_starts("sim-01", run_id) == {KEYS[0]: 1, KEYS[1]: 2}
+    events = b.history.events(run_id)
+    cycled = {m: ts for m, ts, msg in events if msg.startswith("power-cycled")}
+    assert set(cycled) == {"sim-01", "sim-02"}
+    assert abs(cycled["sim-02"] - cycled["sim-01"]) >= 5.0  # one at a time: pdudaemon's cycle takes its 5 s each
+    lines = sorted(cycle_lines(events))
+    assert lines[0].endswith("; resumed from 1/2 keys"), lines
+    assert lines[1].startswith("sim-02 power-cycled at ") and "; did not come back (marked lost: agent lost: no " \
+        "heartbeat for " in lines[1], lines
