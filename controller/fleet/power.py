@@ -1,8 +1,9 @@
 """Hung modules power-cycled through their PDU, decided apart from doing it (ADR 0048).
 
 The policy, whole: a module of a running run whose part is not ended and whose agent sent no heartbeat for
-``power_cycle_after`` (shorter than ``lost_after``), and whose inventory entry names its PDU outlet, is power-cycled
-once, through pdudaemon: at most ``power_cycles_per_run`` times in a run and ``power_cycles_per_hour`` times an
+``power_cycle_after`` (shorter than ``lost_after``), or none for ``offline_after`` while its part runs past the
+hard time limit (alive, the agent would have ended it: the kernel's alarm), and whose inventory entry names its PDU
+outlet, is power-cycled once, through pdudaemon: at most ``power_cycles_per_run`` times in a run and ``power_cycles_per_hour`` times an
 hour on the module, never while an earlier cycle waits for the module's heartbeat, and never again after its PDU did
 not answer (the module is marked ``needs attention`` in one line until its heartbeat returns or ``fleetctl devices
 reset``). After a cycle the controller waits for its heartbeat: the agent, started again, re-queues the run and it
@@ -50,6 +51,8 @@ class PowerPolicy:
     cycle_after: float
     per_run: int = 1
     per_hour: int = 3
+    offline_after: float | None = None  # with run_time_limit: a part past its hard limit and unreachable is cycled
+    run_time_limit: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class PartPower:
     bounded: bool = False  # this run recorded its bound reached
     hour: int = 0  # its cycles in the last hour, every run
     attention: bool = False  # marked needs attention, no heartbeat since
+    running_for: float | None = None  # since its part started (None: not started)
 
 
 @dataclass(frozen=True)
@@ -87,9 +91,13 @@ def plan_power(parts: Iterable[PartPower], policy: PowerPolicy) -> list[Action]:
         if waiting and p.beat_at is not None and p.cycles and p.beat_at > p.cycles[-1]:
             out.append(Action(p.module, "back", seconds=p.beat_at - p.cycles[-1]))
             continue
-        if p.ended or waiting or p.failed or p.attention or p.silent is None or p.silent <= policy.cycle_after:
+        if p.ended or waiting or p.failed or p.attention or p.silent is None:
             continue
         why = f"no heartbeat for {p.silent:.0f} s"
+        if p.silent <= policy.cycle_after:
+            if not _overdue(p, policy):
+                continue
+            why += f", and running for {p.running_for:.0f} s, past its hard time limit ({policy.run_time_limit:g} s)"
         if len(p.cycles) >= policy.per_run or p.hour >= policy.per_hour:
             if not p.bounded:
                 out.append(Action(p.module, "bound", f"{why}; not power-cycled: {len(p.cycles)} cycle(s) in this run "
@@ -98,6 +106,14 @@ def plan_power(parts: Iterable[PartPower], policy: PowerPolicy) -> list[Action]:
             continue
         out.append(Action(p.module, "cycle", why, p.silent))
     return out
+
+
+def _overdue(p: PartPower, policy: PowerPolicy) -> bool:
+    """Unreachable (silent past ``offline_after``) while its run is past its hard time limit: the agent, alive, would
+    have ended it by now (the kernel's alarm)."""
+    return (policy.offline_after is not None and policy.run_time_limit is not None and p.silent is not None
+            and p.silent > policy.offline_after and p.running_for is not None
+            and p.running_for > policy.run_time_limit)
 
 
 def passed_keys(p: RunProgress | None) -> tuple[int, int]:
@@ -179,7 +195,8 @@ class PowerRecovery:
         if not mods:
             return []
         live = [m for m in mods if not _ended(known.get(m))]
-        silent = [m for m in live if (at := beats_at.get(m)) is not None and now - at > self.policy.cycle_after]
+        quiet = self.policy.cycle_after if self.policy.offline_after is None else self.policy.offline_after
+        silent = [m for m in live if (at := beats_at.get(m)) is not None and now - at > quiet]
         if not silent and self._open.get(run_id) == set():
             return []  # the run's events read once: no cycle waits for a heartbeat, no powered module silent
         events = history.events(run_id)
@@ -209,7 +226,8 @@ class PowerRecovery:
             failed=any(msg.startswith(NOT_DONE) for _, msg in mine),
             bounded=any(msg.startswith(BOUND) for _, msg in mine),
             hour=sum(1 for ts, msg in own if msg.startswith(MODULE_CYCLED) and now - ts < HOUR),
-            attention=attention_of(own, beat_at) is not None)
+            attention=attention_of(own, beat_at) is not None,
+            running_for=None if p is None or p.started_at is None else now - p.started_at)
 
     def _do(self, history: HistoryLike, run_id: str, a: Action, p: RunProgress | None, now: float) -> None:
         entry = self.entries[a.module]

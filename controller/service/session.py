@@ -163,8 +163,9 @@ class Session:
             return None
         if not entries or self.settings.power_cycles_per_run == 0:
             return None
-        return PowerRecovery(entries, PowerPolicy(self.settings.cycle_after, self.settings.power_cycles_per_run,
-                                                  self.settings.power_cycles_per_hour))
+        st = self.settings
+        return PowerRecovery(entries, PowerPolicy(st.cycle_after, st.power_cycles_per_run, st.power_cycles_per_hour,
+                                                  st.offline_after, st.run_time_limit))
 
     def pass_hooks(self) -> tuple[PassHook, ...]:
         """What runs after each sync pass: the recovery policy (:meth:`power_recovery`), the kernel logs kept

@@ -125,3 +125,12 @@ def test_kernel_logs_kept_when_lost_failed_or_restarted():
           ("sim-04", 2.0, "kernel log not kept (lost): sim-04: unreachable")]
     assert kernel_lines(ev, "r1") == ["sim-03: kernel log and agent journal kept (lost): fleetctl logs r1 --module "
                                       "sim-03 --kernel"]
+
+
+def test_unreachable_past_its_hard_time_limit_is_cycled_before_power_cycle_after():
+    policy = PowerPolicy(cycle_after=240.0, offline_after=30.0, run_time_limit=15000.0)
+    assert plan_power([part(silent=60.0, running_for=14000.0)], policy) == []
+    (a,) = plan_power([part(silent=60.0, running_for=15100.0)], policy)
+    assert a.kind == "cycle" and a.why == ("no heartbeat for 60 s, and running for 15100 s, past its hard time "
+                                           "limit (15000 s)")
+    assert plan_power([part(silent=20.0, running_for=15100.0)], policy) == []  # its heartbeat is fresh: alive
