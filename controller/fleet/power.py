@@ -3,14 +3,14 @@
 The policy, whole: a module of a running run whose part is not ended and whose agent sent no heartbeat for
 ``power_cycle_after`` (shorter than ``lost_after``), or none for ``offline_after`` while its part runs past the
 hard time limit (alive, the agent would have ended it: the kernel's alarm), and whose inventory entry names its PDU
-outlet, is power-cycled once, through pdudaemon: at most ``power_cycles_per_run`` times in a run and ``power_cycles_per_hour`` times an
-hour on the module, never while an earlier cycle waits for the module's heartbeat, and never again after its PDU did
-not answer (the module is marked ``needs attention`` in one line until its heartbeat returns or ``fleetctl devices
-reset``). After a cycle the controller waits for its heartbeat: the agent, started again, re-queues the run and it
-resumes from its passed keys (:func:`agent.recovery.recover`, one delivery of ``max_attempts``); a module not back by
-``lost_after`` is given up as before. Every cycle is an event of the run (who asked, when, why, the result) and of
-the module (the hourly bound, ``fleetctl devices``); :func:`cycle_lines` reads them back for the report and
-``fleetctl status``.
+outlet, is power-cycled through pdudaemon: at most ``power_cycles_per_run`` times in a run and
+``power_cycles_per_hour`` times an hour on the module, never while an earlier cycle waits for the module's
+heartbeat, and never again after its PDU did not answer (the module is marked ``needs attention`` in one line until
+its heartbeat returns or ``fleetctl devices reset``). After a cycle the controller waits for its heartbeat: the
+agent, started again, re-queues the run and it resumes from its passed keys (:func:`agent.recovery.recover`, one
+delivery of ``max_attempts``); a module not back by ``lost_after`` is given up as before. Every cycle is an event of
+the run (who asked, when, why, the result) and of the module (the hourly bound, ``fleetctl devices``);
+:func:`cycle_lines` reads them back for the report and ``fleetctl status``.
 
 :func:`plan_power` decides from plain values; :class:`PowerRecovery` reads them, asks pdudaemon
 (:mod:`controller.remote.pdu`) and writes the events.
