@@ -111,7 +111,7 @@ def test_two_modules_on_one_pdu_cycled_one_at_a_time_one_not_back(bench_factory,
                                                                   tmp_path):
     """Both hang at once: pdudaemon cycles them one after the other; sim-01 comes back and its run part ends done,
     sim-02 does not (its outlet's "on" starts nothing) and is given up at lost_after, saying so."""
-    b = bench_factory(redis_broker, n=2, offline_after=2.0, power_cycle_after=4.0, lost_after=30.0)
+    b = bench_factory(redis_broker, n=2, offline_after=2.0, power_cycle_after=4.0, lost_after=45.0)
     b.lab.start()
     with outlet.running_pdudaemon(tmp_path / "pdu", outlets) as url:
         one = powered(b, url, outlets, "sim-01", "1")

@@ -110,7 +110,7 @@ def running_pdudaemon(base: Path, outlets: Path, pdu: str = "lab-pdu") -> Iterat
         proc = subprocess.Popen([str(PDUDAEMON), "--conf", str(base / "pdudaemon.conf")], cwd=ROOT, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        end = time.monotonic() + 20
+        end = time.monotonic() + 60  # its imports (every driver of every PDU) take seconds on a loaded machine
         while True:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
                 break
