@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from contract.records import RunProgress
+from contract.records import RunProgress, RunState
 from controller.inventory import PowerEntry
 
 log = logging.getLogger("fleet.controller")
@@ -39,6 +39,7 @@ BOUND = "power-cycle bound"  # a run event: not cycled, its bound reached
 ATTENTION = "needs attention"  # a module event: its PDU did not answer; until its heartbeat returns or a reset
 MODULE_CYCLED = "power-cycled"  # a module event (the hourly bound)
 HOUR = 3600.0
+MEMO_RUNS = 64
 
 _CYCLED = re.compile(r"^power-cycled at (?P<hhmm>\d\d:\d\d) after no heartbeat for (?P<silent>\d+) s; "
                      r"(?P<passed>\d+)/(?P<total>\d+) keys passed")
@@ -70,6 +71,8 @@ class PartPower:
     hour: int = 0  # its cycles in the last hour, every run
     attention: bool = False  # marked needs attention, no heartbeat since
     running_for: float | None = None  # since its part started (None: not started)
+    reported_at: float | None = None  # when its part last reported (an end after a cycle: the agent was back)
+    lost: bool = False  # its part was given up (LOST)
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,11 @@ def plan_power(parts: Iterable[PartPower], policy: PowerPolicy) -> list[Action]:
     out: list[Action] = []
     for p in parts:
         waiting = len(p.cycles) > len(p.settled)
-        if waiting and p.beat_at is not None and p.cycles and p.beat_at > p.cycles[-1]:
-            out.append(Action(p.module, "back", seconds=p.beat_at - p.cycles[-1]))
+        back_at = p.beat_at if p.beat_at is not None and p.cycles and p.beat_at > p.cycles[-1] else None
+        if back_at is None and p.ended and not p.lost and p.cycles and (p.reported_at or 0.0) > p.cycles[-1]:
+            back_at = p.reported_at  # it ended before its heartbeat was read again: it was back
+        if waiting and back_at is not None:
+            out.append(Action(p.module, "back", seconds=back_at - p.cycles[-1]))
             continue
         if p.ended or waiting or p.failed or p.attention or p.silent is None:
             continue
@@ -202,6 +208,8 @@ class PowerRecovery:
         events = history.events(run_id)
         open_cycles = {m for m in mods if _waiting(events, m)}
         self._open[run_id] = open_cycles
+        while len(self._open) > MEMO_RUNS:  # fleetctl serve follows runs for months
+            self._open.pop(next(iter(self._open)))
         if not silent and not open_cycles:
             return []
         parts = [self._part(history, m, known.get(m), beats_at.get(m), events, now)
@@ -227,7 +235,8 @@ class PowerRecovery:
             bounded=any(msg.startswith(BOUND) for _, msg in mine),
             hour=sum(1 for ts, msg in own if msg.startswith(MODULE_CYCLED) and now - ts < HOUR),
             attention=attention_of(own, beat_at) is not None,
-            running_for=None if p is None or p.started_at is None else now - p.started_at)
+            running_for=None if p is None or p.started_at is None else now - p.started_at,
+            reported_at=None if p is None else p.updated_at, lost=p is not None and p.state == RunState.LOST)
 
     def _do(self, history: HistoryLike, run_id: str, a: Action, p: RunProgress | None, now: float) -> None:
         entry = self.entries[a.module]

@@ -134,3 +134,9 @@ def test_unreachable_past_its_hard_time_limit_is_cycled_before_power_cycle_after
     assert a.kind == "cycle" and a.why == ("no heartbeat for 60 s, and running for 15100 s, past its hard time "
                                            "limit (15000 s)")
     assert plan_power([part(silent=20.0, running_for=15100.0)], policy) == []  # its heartbeat is fresh: alive
+
+
+def test_a_part_that_ended_after_its_cycle_was_back_even_unseen_beating():
+    ended = part(ended=True, silent=300.0, beat_at=1000.0, cycles=(1250.0,), reported_at=1290.0)
+    assert plan_power([ended], POLICY) == [Action("sim-03", "back", seconds=40.0)]
+    assert plan_power([part(ended=True, lost=True, silent=700.0, cycles=(1250.0,), reported_at=1700.0)], POLICY) == []
