@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -17,11 +20,14 @@ import pytest
 from contract.records import RunState
 from controller.fleet.power import cycle_lines
 from tests.support import outlet
+from tests.support.locks import machine_lock
+from tests.support.redis_server import REDIS, RedisServer
 from tests.support.reliability import KEYS
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
-POWER = ("power_cycle_after", "heartbeat_interval")
+NS, BRIDGE = f"f9p{os.getpid() % 10000}", f"f9b{os.getpid() % 10000}"
+HOST_IP, NS_IP = "10.231.9.1", "10.231.9.2"
 
 
 @pytest.fixture
@@ -34,7 +40,33 @@ def outlets(tmp_path: Path) -> Iterator[Path]:
             outlet.off(entry)
 
 
-def powered(b, pdudaemon: str, outlets: Path, name: str = "sim-01", port: str = "1") -> dict[str, str]:
+@pytest.fixture
+def lab_link(tmp_path: Path) -> Iterator[tuple[RedisServer, dict[str, str]]]:
+    """A bridge on this host with a redis-server on it, and sim-01's network namespace joined to it: the outlet's
+    "off" takes the namespace away with everything in it, "on" makes it again and starts the agent there."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or not REDIS:
+        pytest.skip("network namespaces need root, ip (iproute2) and redis-server")
+    with machine_lock("power-netns"):  # this test's fixed names and subnet: one on the machine at a time
+        outlet.netns_down(NS)
+        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+        for args in (("link", "add", BRIDGE, "type", "bridge"), ("addr", "add", f"{HOST_IP}/24", "dev", BRIDGE),
+                     ("link", "set", BRIDGE, "up")):
+            subprocess.run(["ip", *args], capture_output=True, check=True)
+        try:
+            outlet.netns_up(NS, BRIDGE, NS_IP)
+            server = RedisServer(tmp_path / "redis", bind=("127.0.0.1", HOST_IP))
+            server.start()
+            try:
+                yield server, {"netns": NS, "bridge": BRIDGE, "ip": NS_IP}
+            finally:
+                server.stop()
+        finally:
+            outlet.netns_down(NS)
+            subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+
+
+def powered(b, pdudaemon: str, outlets: Path, name: str = "sim-01", port: str = "1",
+            netns: dict[str, str] | None = None) -> dict[str, str]:
     """``name`` on outlet ``port`` of the PDU: in the inventory, on the outlets file, in the bench's fleet."""
     inv = b.lab.base / "inventory.toml"
     text = inv.read_text().replace(f'name = "{name}"\n',
@@ -42,7 +74,7 @@ def powered(b, pdudaemon: str, outlets: Path, name: str = "sim-01", port: str = 
                                    f'port = "{port}" }}\n')
     inv.write_text(text)
     b.fleet.pass_hooks = b.lab.state().pass_hooks()  # the recovery policy and the kernel logs, as fleetctl's
-    return outlet.wire(outlets, port, b.lab.workers[name].proc.pid, b.workdir(name))
+    return outlet.wire(outlets, port, b.lab.workers[name].proc.pid, b.workdir(name), netns)
 
 
 def unplug(b, name: str) -> None:
@@ -52,16 +84,25 @@ def unplug(b, name: str) -> None:
     threading.Thread(target=w.proc.wait, daemon=True).start()
 
 
-def test_hung_module_power_cycled_and_its_run_resumes(bench_factory, redis_broker, release, outlets, tmp_path):
-    b = bench_factory(redis_broker, offline_after=2.0, power_cycle_after=5.0, lost_after=60.0)
-    b.lab.start()
+@pytest.mark.netns
+def test_hung_module_power_cycled_and_its_run_resumes(bench_factory, lab_link, release, outlets, tmp_path):
+    """sim-01's agent in a network namespace of its own, reaching the broker over a veth pair: the power cycle takes
+    the namespace away and makes it again."""
+    server, netns = lab_link
+    b = bench_factory((f"redis://127.0.0.1:{server.port}/0", server), offline_after=2.0, power_cycle_after=5.0,
+                      lost_after=60.0)
+    db = b.lab.settings.broker_url.rsplit("/", 1)[1]
+    b.lab.start(sim_env={"sim-01": {"FLEET_BROKER_URL": f"redis://{HOST_IP}:{server.port}/{db}"}},
+                argv_prefix=("ip", "netns", "exec", NS))
     with outlet.running_pdudaemon(tmp_path / "pdu", outlets) as url:
-        entry = powered(b, url, outlets)
+        entry = powered(b, url, outlets, netns=netns)
         run_id = b.validate(release)
         b.on_key(run_id, "sim-01", KEYS[1])
         outlet.hang(entry)  # a kernel hang: nothing of the module runs, nothing of it ends
         unplug(b, "sim-01")
         view = b.check_run(run_id, 150)
+        agent = Path(entry["pidfile"]).read_text().strip()  # the agent the outlet started, in the namespace it made
+        assert agent in subprocess.run(["ip", "netns", "pids", NS], capture_output=True, text=True).stdout.split()
     assert view.progress["sim-01"].state == RunState.DONE and view.state() == "done"
     assert view.progress["sim-01"].attempt == 2  # resumed by the agent started again (one delivery more)
     assert b.benchmark_starts("sim-01", run_id) == {KEYS[0]: 1, KEYS[1]: 2}  # the hung key again, the passed not

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -51,10 +52,39 @@ def _pid(entry: dict[str, str]) -> int | None:
     return pid if psutil.pid_exists(pid) else None
 
 
+def _ip(*args: str, check: bool = True) -> str:
+    p = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {p.stderr.strip()}")
+    return p.stdout
+
+
+def netns_up(ns: str, bridge: str, ip: str) -> None:
+    """The module's network namespace, joined to ``bridge`` by a veth pair, its address ``ip``/24."""
+    host_if, ns_if = f"{ns}h"[-15:], f"{ns}n"[-15:]
+    _ip("netns", "add", ns)
+    _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+    _ip("link", "set", ns_if, "netns", ns)
+    _ip("link", "set", host_if, "master", bridge)
+    _ip("link", "set", host_if, "up")
+    for args in (("addr", "add", f"{ip}/24", "dev", ns_if), ("link", "set", ns_if, "up"), ("link", "set", "lo", "up")):
+        _ip("netns", "exec", ns, "ip", *args)
+
+
+def netns_down(ns: str) -> None:
+    """Everything in the namespace killed, the namespace (and its veth pair) gone."""
+    for pid in _ip("netns", "pids", ns, check=False).split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+    _ip("netns", "del", ns, check=False)
+
+
 def off(entry: dict[str, str]) -> None:
     for p in _module_processes(entry):
         with contextlib.suppress(psutil.Error):
             p.kill()
+    if entry.get("netns"):
+        netns_down(entry["netns"])
     with contextlib.suppress(OSError):
         Path(entry["pidfile"]).unlink()
 
@@ -62,18 +92,24 @@ def off(entry: dict[str, str]) -> None:
 def on(entry: dict[str, str]) -> None:
     if _pid(entry) is not None:
         return  # on already
+    prefix: list[str] = []
+    if entry.get("netns"):
+        netns_up(entry["netns"], entry["bridge"], entry["ip"])
+        prefix = ["ip", "netns", "exec", entry["netns"]]
     with open(entry["log"], "ab") as fh:
-        proc = subprocess.Popen(json.loads(entry["argv"]), env=json.loads(entry["env"]), cwd=entry["cwd"], stdout=fh,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen([*prefix, *json.loads(entry["argv"])], env=json.loads(entry["env"]), cwd=entry["cwd"],
+                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     Path(entry["pidfile"]).write_text(str(proc.pid))
 
 
-def wire(conf: Path, port: str, pid: int, workdir: Path) -> dict[str, str]:
-    """Record the running agent ``pid`` as the module behind outlet ``port`` of the outlets file ``conf``."""
+def wire(conf: Path, port: str, pid: int, workdir: Path, netns: dict[str, str] | None = None) -> dict[str, str]:
+    """Record the running agent ``pid`` as the module behind outlet ``port`` of the outlets file ``conf``;
+    ``netns``: the module's network namespace (``netns``, ``bridge``, ``ip``), which "off" removes and "on" makes
+    again before the agent starts in it."""
     p = psutil.Process(pid)
     entry = {"argv": json.dumps(p.cmdline()), "env": json.dumps(p.environ()), "cwd": p.cwd(),
              "log": str(workdir.parent / "worker.log"), "pidfile": str(workdir.parent / "outlet.pid"),
-             "workdir": str(workdir)}
+             "workdir": str(workdir), **(netns or {})}
     Path(entry["pidfile"]).write_text(str(pid))
     table = json.loads(conf.read_text()) if conf.exists() else {}
     table[port] = entry
