@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 unexport PYTHONDONTWRITEBYTECODE
 unexport PYTHONPYCACHEPREFIX
 
-.PHONY: demo test test-fast test-durations tier-fast tier-slow tier-llama tier-alone install engine engine-venv llama llama-bg lint lock system-deps clean bench docs reference
+.PHONY: demo test test-fast test-durations tier-fast tier-slow tier-llama tier-alone install engine engine-venv pdudaemon llama llama-bg lint lock system-deps clean bench docs reference
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -60,6 +60,18 @@ llama: install
 
 engine: engine-venv llama
 
+## make pdudaemon: .venv-pdudaemon, the lab's PDU daemon from requirements-pdudaemon.lock (the power tests run it
+## with its local-command driver; without it they skip, saying so).
+PDU_VENV := .venv-pdudaemon
+PDU_STAMP := $(PDU_VENV)/.installed
+
+$(PDU_STAMP): requirements-pdudaemon.lock | $(BIN)/python
+	$(PY) -m venv $(PDU_VENV)
+	$(BIN)/uv pip sync --python $(PDU_VENV)/bin/python -q requirements-pdudaemon.lock
+	touch $(PDU_STAMP)
+
+pdudaemon: $(PDU_STAMP)
+
 ## make demo: a simulated fleet of 4 modules validating a simulated release, embedded broker, no root.
 demo: install
 	$(BIN)/fleetctl demo
@@ -102,7 +114,7 @@ reference: install
 ##    nothing beside them.
 ## Bytecode is written for the project, its tests and every process they start (below), whatever the caller's
 ## PYTHONDONTWRITEBYTECODE says.
-test: install engine-venv system-deps llama-bg
+test: install engine-venv pdudaemon system-deps llama-bg
 	@rm -f $(TIMES)
 	@$(BIN)/python -m compileall -q -j 0 agent contract controller simulator docs/tools bench
 	@$(call timed,lint + docs + fast tier (at once),$(MAKE) --no-print-directory -j3 -O lint docs tier-fast)
@@ -158,6 +170,8 @@ lock: $(BIN)/python
 	$(BIN)/uv pip compile pyproject.toml --python-version 3.10 --generate-hashes -q -o requirements-agent.lock
 	$(BIN)/uv pip compile pyproject.toml --extra engine --python-version 3.11 --find-links $(TORCH_WHEELS) \
 		--override <(echo "torch==2.13.0+cpu") --generate-hashes -q -o requirements-engine.lock
+	$(BIN)/uv pip compile requirements-pdudaemon.in --python-version 3.11 --override requirements-pdudaemon.override \
+		--generate-hashes -q -o requirements-pdudaemon.lock
 
 ## make bench: every bench script, one after the other; bench/record.py keeps each one's raw output in bench/results/.
 bench: install
@@ -165,4 +179,4 @@ bench: install
 	test -z "$$fail" || { echo "below goal:$$fail"; exit 1; }
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) $(DOCS_VENV) docs/_build build *.egg-info
+	rm -rf $(VENV) $(ENGINE_VENV) $(PDU_VENV) $(DOCS_VENV) docs/_build build *.egg-info

@@ -12,6 +12,7 @@ ssh_port = 22
 labels = { rack = "a", board = "evt2" }
 model_paths = { qwen3vl = "/data/Qwen3-VL-8B" }   # per-key override of model_root/<folder>
 env = { SERVER_PORT = "30000" }                     # extra variables for the release's scripts
+power = { pdudaemon = "http://pdu-host:16421", pdu = "rack-a-pdu", port = "3" }  # optional: its PDU outlet
 ```
 """
 
@@ -51,6 +52,47 @@ class InventoryError(FleetctlError, ValueError):
     """Bad inventory or selector; the message names the file, module and field."""
 
 
+_PDU_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+class PowerEntry(BaseModel):
+    """A module's outlet on a PDU that a pdudaemon server drives (``power = {...}`` of a module; ADR 0048)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pdudaemon: str = Field(description="the pdudaemon server's HTTP listener, http://host:port (its "
+                                       "`listener = \"http\"`, port 16421 by default)")
+    pdu: str = Field(description="the PDU's name in that server's configuration (its `pdus` table)")
+    port: str = Field(description="the module's outlet on that PDU (as the PDU's driver numbers them)")
+
+    @field_validator("pdudaemon")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        from urllib.parse import urlsplit
+
+        u = urlsplit(v)
+        if u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/") or u.query or u.username:
+            raise ValueError(f"{v!r} is not http(s)://host:port of a pdudaemon HTTP listener (no path, query or "
+                             "credentials)")
+        return v.rstrip("/")
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _port_number(cls, v: object) -> object:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("pdu", "port")
+    @classmethod
+    def _part(cls, v: str) -> str:
+        if not _PDU_PART.match(v):
+            raise ValueError(f"{v!r}: 1-128 of letters, digits, '.', '_', ':', '-', starting with a letter or digit")
+        return v
+
+    def where(self) -> str:
+        """The outlet in words: ``PDU rack-a-pdu port 3 (pdudaemon http://pdu-host:16421)``."""
+        return f"PDU {self.pdu} port {self.port} (pdudaemon {self.pdudaemon})"
+
+
 class Module(BaseModel):
     """One ``[[module]]`` of the inventory; ``[defaults]`` takes the same keys and applies them to every module
     (``labels``, ``model_paths`` and ``env`` are merged key by key)."""
@@ -75,6 +117,9 @@ class Module(BaseModel):
     transport: str = Field(default="ssh", description="'ssh': the release is pushed over SSH first; 'local': the "
                                                       "worker reads it from a path the controller can see "
                                                       "(simulated modules, same host)")
+
+    power: PowerEntry | None = Field(default=None, description="its outlet: `{ pdudaemon = URL, pdu = NAME, port = "
+                                                                "PORT }` (power-cycled when it hangs mid-run)")
 
     @field_validator("name")
     @classmethod

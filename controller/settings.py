@@ -95,6 +95,16 @@ class ControllerSettings(BrokerSettings):
                                            "run), and in each module's incoming folder (the last pushed there), "
                                            "besides those of running runs")
 
+    power_cycle_after: float | None = Field(
+        default=None, gt=0, description="a module of a running run with a PDU outlet in the inventory and no heartbeat "
+                                        "for this long is power-cycled through pdudaemon (shorter than lost_after; "
+                                        "default: 40 % of lost_after, 240 s of the default 600), s")
+    power_cycles_per_run: int = Field(default=1, ge=0, description="power cycles of one module in one run, at most "
+                                                                   "(each resumed run spends one of max_attempts; "
+                                                                   "0: never)")
+    power_cycles_per_hour: int = Field(default=3, ge=1,
+                                       description="power cycles of one module in an hour, at most, every run")
+
     @field_validator("history", mode="before")
     @classmethod
     def _history_text(cls, v: object) -> object:
@@ -117,6 +127,19 @@ class ControllerSettings(BrokerSettings):
             raise ValueError("golden_every_runs or golden_every_hours is set but golden_release is not: name the "
                              "known-good release the scheduled golden checks validate")
         return self
+
+    @model_validator(mode="after")
+    def _power_bound(self) -> ControllerSettings:
+        if self.power_cycle_after is not None and not self.offline_after < self.power_cycle_after < self.lost_after:
+            raise ValueError(f"power_cycle_after ({self.power_cycle_after:g} s) must be longer than offline_after "
+                             f"({self.offline_after:g} s) and shorter than lost_after ({self.lost_after:g} s): the "
+                             "module must have time to come back before its run is given up")
+        return self
+
+    @property
+    def cycle_after(self) -> float:
+        """:attr:`power_cycle_after`, or its default: 40 % of lost_after (never below offline_after)."""
+        return self.power_cycle_after or max(0.4 * self.lost_after, self.offline_after)
 
     @property
     def history_location(self) -> Path | str:

@@ -109,6 +109,7 @@ def build_app(inv: Invocation) -> typer.Typer:
                           help="Modules of the inventory and their state (idle, busy, unreachable, offline, bad).")
     devices_app.callback()(devices_cli.devices)
     devices_app.command("reset")(devices_cli.devices_reset)
+    devices_app.command("power")(devices_cli.devices_power)
     app.add_typer(devices_app, name="devices")
     app.command("queue")(devices_cli.queue)
     app.command("reserve")(reserve_cli.reserve)

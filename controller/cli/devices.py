@@ -61,6 +61,15 @@ def devices_reset(ctx: typer.Context, module: str = typer.Argument(..., help="mo
                    + f" (recorded in {s.history_path})", highlight=False, markup=False)
 
 
+def devices_power(ctx: typer.Context, module: str = typer.Argument(..., help="module name"),
+                  command: str = typer.Argument(..., help="on, off or cycle (off, pdudaemon's delay, on)")) -> None:
+    """Power a module on, off, or cycle it through its PDU (the inventory's `power` entry, through pdudaemon);
+    refused for a module another user reserved. Recorded in the history."""
+    from controller.service.power import power_module
+
+    stdout().print(power_module(session(ctx), module, command), highlight=False, markup=False)
+
+
 def describe_module(ctx: typer.Context, name: str = typer.Argument(..., help="module name"),
                     output: Output = output_option()) -> None:
     """A module: inventory entry, state from its heartbeat, its reservation and who had it, its recent runs

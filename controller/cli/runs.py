@@ -145,6 +145,7 @@ def status(ctx: typer.Context,
             if j is None:
                 j = service.judge(s, info.run_id)
                 info = service.find_run(s, info.run_id)  # with the verdict just recorded
+    from controller.fleet.power import cycle_lines
     from controller.history.waits import run_waits
     from controller.service.queue import reservation_waits
 
@@ -154,6 +155,7 @@ def status(ctx: typer.Context,
         doc["waits"] = {w.module: {"waited_s": w.waited_s, "behind": w.behind, "priority": w.priority}
                         for w in run_waits(s.history(), info.run_id)}
         doc["reserved"] = held
+        doc["power_cycles"] = cycle_lines(s.history().events(info.run_id))
         recs = [{"module": m, **st} for m, st in doc["module_states"].items()]
         emit(recs, ["module", "state", "step", "model_key", "keys_done", "keys_total", "rows"], output, document=doc)
     else:
@@ -164,7 +166,8 @@ def status(ctx: typer.Context,
         from controller.history.waits import run_waits_line
         from controller.service.queue import reservation_waits_line
 
-        for line in (run_waits_line(run_waits(s.history(), info.run_id)), reservation_waits_line(held)):
+        for line in (run_waits_line(run_waits(s.history(), info.run_id)), reservation_waits_line(held),
+                     *cycle_lines(s.history().events(info.run_id))):
             if line:
                 out.print(line, markup=False, highlight=False, soft_wrap=True)
         if j is not None:
@@ -229,6 +232,9 @@ def logs(
     step: str | None = typer.Option(None, "--step", help="only this step (unpack, precompile, server, benchmark...)"),
     key: str | None = typer.Option(None, "--key", "-k", help="only this model key"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing what is appended until the run ends"),
+    kernel: bool = typer.Option(False, "--kernel", help="instead: the kernel log and agent journal tails the "
+                                                        "controller kept of a module lost, restarted or with a "
+                                                        "failed key"),
 ) -> None:
     """Step logs of a run, read from each module's workdir (local modules) or over SSH."""
     import time
@@ -241,7 +247,7 @@ def logs(
     several = module is None and len(info.modules) > 1
 
     def show() -> None:
-        for f in service.logs(s, info.run_id, module=module, step=step, key=key):
+        for f in service.logs(s, info.run_id, module=module, step=step, key=key, kernel=kernel):
             done = shown.get((f.module, f.name))
             if done is None:
                 sys.stdout.write(f"==> {f.module} {f.name} <==\n" if several else f"==> {f.name} <==\n")
@@ -251,11 +257,12 @@ def logs(
             shown[(f.module, f.name)] = len(f.text)
 
     show()
-    while follow and not service.view(s, info.run_id, live=True).finished:
+    while follow and not kernel and not service.view(s, info.run_id, live=True).finished:
         time.sleep(1.0)
         show()
     if not shown:
-        stderr().print(f"no step logs of run {info.run_id} (yet)" + (f" on {module}" if module else ""))
+        what = "kernel logs kept" if kernel else "step logs"
+        stderr().print(f"no {what} of run {info.run_id} (yet)" + (f" on {module}" if module else ""))
 
 
 def runs(ctx: typer.Context,

@@ -23,6 +23,7 @@ from contract.digest import is_sealed, record_digest, rows_digest
 from contract.records import Heartbeat, ResultRow, RunProgress, RunState, StepError, TelemetrySummary
 from contract.settings import BrokerSettings
 from controller.fleet.errors import BrokerUnavailable, FleetError, broker_errors, error_line
+from controller.fleet.power import after_pass
 from controller.fleet.runs import RunView, failed_progress
 from controller.fleet.sync_plan import (
     Take,
@@ -40,6 +41,7 @@ from controller.history.records import HistoryUnavailable
 
 if TYPE_CHECKING:
     from contract.kv import KV, Beat
+    from controller.fleet.power import PassHook
     from controller.history import History
 
 log = logging.getLogger("fleet.controller")
@@ -189,6 +191,7 @@ class Sync:
     history: History
     kv: KV
     _sync_memos: dict[str, PassMemo]
+    pass_hooks: tuple[PassHook, ...] = ()
 
     if TYPE_CHECKING:
         def beats(self, names: Iterable[str]) -> dict[str, Beat | None]: ...
@@ -275,6 +278,9 @@ class Sync:
                 writes.cancels.append((m, why))  # a later delivery must not run it
                 known[m] = self._record_lost(run_id, m, info.release, cur, why, len(info.models_of(m)), now, writes)
         self._write(run_id, writes)
+        if self.pass_hooks:  # hung modules power-cycled, kernel logs kept (controller.fleet.power, .kernel_logs)
+            after_pass(self.pass_hooks, self.history, run_id, known, {m: b.at if b else None for m, b in beats.items()},
+                       now)
         memos = self._memos()
         memos.pop(run_id, None)
         memos[run_id] = PassMemo(known_parsed, live_parsed, beats_parsed, settled, beats_read)

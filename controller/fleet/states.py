@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from contract.records import Heartbeat, RunProgress, RunState
 from contract.settings import BrokerSettings
+from controller.fleet.power import attention_of
 from controller.fleet.runs import module_failed
 from controller.history import RESET_EVENT, History
 from controller.inventory import Module
@@ -205,7 +206,9 @@ class ModuleStates:
                                          failures_for_bad=self.failures_for_bad, lost_after=self.settings.lost_after,
                                          streak=streak, failures_cooldown=self.failures_cooldown,
                                          drift=drifts.get(m.name))
-            notes = [reason, skew_warning(skew, self.clock_skew_warn), conflict_note(conflicts.get(m.name), now)]
+            attention = attention_of(self.history.module_events(m.name), beat.at if beat else None) if m.power else None
+            notes = [attention or "", reason, skew_warning(skew, self.clock_skew_warn),
+                     conflict_note(conflicts.get(m.name), now)]
             out[m.name] = ModuleStatus(m.name, state, "; ".join(n for n in notes if n), beat.hb if beat else None,
                                        (now - beat.at) if beat else None, skew)
         return out

@@ -55,6 +55,15 @@ class HistoryQueries:
             out.update((str(m), int(n)) for m, n in cur.fetchall())
         return out
 
+    def power_cycle_counts(self) -> dict[tuple[str, str], int]:
+        """(module, result) -> the power cycles the recovery policy asked for (``controller.fleet.power``'s module
+        events): result ``done`` (its PDU answered) or ``failed`` (it did not: the module needed attention)."""
+        cur = self.db.execute(
+            "SELECT module, CASE WHEN message LIKE ? THEN 'done' ELSE 'failed' END AS result, COUNT(*) FROM events"
+            " WHERE run_id='' AND (message LIKE ? OR message LIKE ?) GROUP BY module, result",
+            ("power-cycled%", "power-cycled%", "needs attention%"))
+        return {(str(m), str(r)): int(n) for m, r, n in cur.fetchall()}
+
     def passed_last(self) -> set[str]:
         """The modules whose newest ended part (done or cancelled, its newest by ``updated_at``) has no failure in
         it (not the word "failed"): their failed runs in a row are none, whatever came before or runs now. One

@@ -243,6 +243,13 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     shared = kernel_cache_note(progress)
     if shared:  # first: a failed or incomplete run's one-line summary takes the last note
         rep = replace(rep, notes=(shared, *rep.notes))
+    from controller.fleet.kernel_logs import kernel_lines
+    from controller.fleet.power import cycle_lines
+
+    events = history.events(run.run_id)  # hung modules power-cycled, kernel logs kept (first, as the note above)
+    cycles = cycle_lines(events) + kernel_lines(events, run.run_id)
+    if cycles:
+        rep = replace(rep, notes=(*cycles, *rep.notes))
     return _with_digests(history, rep, made.current, made.references,
                          require_same=base_id if same_environment and base_id else None)
 

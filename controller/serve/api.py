@@ -494,6 +494,9 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
         log.info("%s: reservation of %s released over HTTP by %s", module, r.user, who.user)
         return ReservationOut(**reservation_dict(r))
 
+    from controller.serve.power_route import add_power_route
+
+    add_power_route(app, session, errors, RoleCheck(Role.admin, tokens), ERRORS)
     missing = undeclared(app.routes, _protected)
     if missing:  # a route every token could call by omission: refused before the app serves anything
         raise RuntimeError(f"API routes without a declared role: {', '.join(missing)}")

@@ -55,6 +55,9 @@ CATALOG: tuple[MetricSpec, ...] = (
                "1 while a user holds a reservation of the module (fleetctl reserve); absent when none"),
     MetricSpec("m1000_fleet_runs", "gauge", ("verdict",), "count",
                "Runs in the history by verdict ('none' while running)"),
+    MetricSpec("m1000_fleet_power_cycles", "gauge", ("module", "result"), "count",
+               "Power cycles of a hung module the recovery policy asked of its PDU, in the history, by result (done:"
+               " pdudaemon did it; failed: it did not answer, the module needed attention)"),
     MetricSpec("m1000_fleet_queue_length", "gauge", ("queue", "priority"), "count",
                "Messages waiting in a broker queue, by priority (urgent, high, normal, low)"),
     MetricSpec("m1000_fleet_run_wait_seconds", "histogram", ("priority",), "seconds",
@@ -280,6 +283,10 @@ class ControllerCollector(Collector):
         for verdict, n in sorted(self.history.verdict_counts()):
             runs.add_metric((label_value(str(verdict), "other"),), n)
         yield runs
+        cycles = self._family("m1000_fleet_power_cycles")
+        for (module, result), n in sorted(self.history.power_cycle_counts().items()):
+            cycles.add_metric((label_value(module), result), n)
+        yield cycles
         ratio = self._family("m1000_fleet_baseline_ratio")
         regs = self._family("m1000_fleet_baseline_regressions")
         stamp = self._family("m1000_fleet_latest_run_timestamp_seconds")

@@ -24,6 +24,7 @@ from controller.settings import ControllerSettings
 
 if TYPE_CHECKING:  # the broker seam is imported when a session first opens it (issue 47: runs of ended runs)
     from controller.fleet import Fleet
+    from controller.fleet.power import PassHook, PowerRecovery
 
 
 def first_steps() -> str:
@@ -146,8 +147,43 @@ class Session:
             self._fleet = Fleet(self.settings, self.history(), failures_for_bad=self.settings.failures_for_bad,
                                 failures_cooldown=self.settings.failures_cooldown,
                                 clock_skew_warn=self.settings.clock_skew_warn)
+            self._fleet.pass_hooks = self.pass_hooks()
             self._closers.append(self._fleet.close)
         return self._fleet
+
+    def power_recovery(self) -> PowerRecovery | None:
+        """The recovery policy over the inventory's modules with a PDU outlet (None: none has one, or the policy is
+        off: power_cycles_per_run 0; an inventory that cannot be read: none, its error is the verbs' to say)."""
+        from controller.fleet.power import PowerPolicy, PowerRecovery
+        from controller.inventory import InventoryError
+
+        try:
+            entries = {m.name: m.power for m in self.inventory().modules if m.power is not None}
+        except InventoryError:
+            return None
+        if not entries or self.settings.power_cycles_per_run == 0:
+            return None
+        st = self.settings
+        return PowerRecovery(entries, PowerPolicy(st.cycle_after, st.power_cycles_per_run, st.power_cycles_per_hour,
+                                                  st.offline_after, st.run_time_limit))
+
+    def pass_hooks(self) -> tuple[PassHook, ...]:
+        """What runs after each sync pass: the recovery policy (:meth:`power_recovery`), the kernel logs kept
+        (:mod:`controller.fleet.kernel_logs`); none when the inventory cannot be read (the verbs say why)."""
+        import functools
+
+        from controller.fleet.kernel_logs import KernelLogs
+        from controller.inventory import InventoryError
+        from controller.remote.kernel_log import read_logs
+
+        try:
+            modules = {m.name: m for m in self.inventory().modules}
+        except InventoryError:
+            return ()
+        power = self.power_recovery()
+        logs = KernelLogs(modules, self.settings.data_dir, functools.partial(
+            read_logs, known_hosts=self.settings.known_hosts, identity=self.settings.ssh_key))
+        return (*((power,) if power is not None else ()), logs)
 
     def read_fleet(self) -> Fleet:
         """The broker seam for reading module states: without a run history file yet, on an empty

@@ -16,8 +16,9 @@ from controller.service.session import BadRequest, NotFound, Session
 
 
 def logs(s: Session, run: str, *, module: str | None = None, step: str | None = None,
-         key: str | None = None) -> list[LogFile]:
-    """The step logs a run left on its modules (local modules: their workdir; SSH modules: over SSH)."""
+         key: str | None = None, kernel: bool = False) -> list[LogFile]:
+    """The step logs a run left on its modules (local modules: their workdir; SSH modules: over SSH); ``kernel``:
+    instead, the kernel log and agent journal tails the controller kept (:mod:`controller.fleet.kernel_logs`)."""
     info = find_run(s, run)
     if step is not None and step not in LOG_STEPS:
         raise BadRequest(f"--step {step!r}: no such step (the steps with logs: {', '.join(LOG_STEPS)})")
@@ -26,6 +27,8 @@ def logs(s: Session, run: str, *, module: str | None = None, step: str | None = 
     names = [m for m in info.modules if module is None or m == module]
     if module is not None and not names:
         raise NotFound(f"run {info.run_id} did not run on module {module!r} (modules: {', '.join(info.modules)})")
+    if kernel:
+        return [f for name in names for f in _kept_logs(s, info.run_id, name)]
     known = {m.name: m for m in s.inventory().modules}
     out: list[LogFile] = []
     for name in names:
@@ -35,6 +38,14 @@ def logs(s: Session, run: str, *, module: str | None = None, step: str | None = 
         files = _local_logs(m, info.run_id) if m.transport == "local" else _remote_logs(s, m, info.run_id)
         out += [f for f in files if (step is None or f.step == step) and (key is None or f.model_key == key)]
     return out
+
+
+def _kept_logs(s: Session, run_id: str, module: str) -> list[LogFile]:
+    from controller.fleet.kernel_logs import logs_folder
+
+    folder = logs_folder(s.settings.data_dir, check_run_id(run_id), module)
+    return [LogFile(module, p.name, "kernel", None, str(p), p.read_text(encoding="utf-8", errors="replace"))
+            for p in sorted(folder.glob("*.log"))] if folder.is_dir() else []
 
 
 def parse_log_name(name: str) -> tuple[str, str | None]:

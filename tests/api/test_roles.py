@@ -27,7 +27,7 @@ PUBLIC = {("GET", f"{PREFIX}/openapi.json"), ("HEAD", f"{PREFIX}/openapi.json"),
 # what a walked route is given: each path parameter, a query and a body that it answers at once (a 404, a 400:
 # the walk checks the role, which is checked before the route's parameters are; {} where nothing is said: a
 # caller without the role gets its 403 before the body is looked at)
-PATH_VALUES = {"run_id": "no-such-run", "module": "no-such-module"}
+PATH_VALUES = {"run_id": "no-such-run", "module": "no-such-module", "command": "cycle"}
 QUERIES = {("GET", f"{PREFIX}/trend"): {"models": "no-such-key"}}
 BODIES = {("POST", f"{PREFIX}/runs"): {"release": "/nowhere/" + TARBALL},
           ("POST", f"{PREFIX}/reservations"): {"devices": "m01", "duration": "forever"}}
@@ -102,7 +102,7 @@ def test_every_route_answers_each_role_as_declared(app_client):
                 r = call(client, method, path, role, run_id=OTHERS)
                 assert (r.status_code == 403) == (not role.allows(needed.others)), (method, path, role, r.text)
         seen += 1
-    assert seen == 11  # the routes under /api/v1 but the schema: walked, not skipped
+    assert seen == 12  # the routes under /api/v1 but the schema: walked, not skipped
 
 
 def test_the_routes_declare_these_roles(app_client):
@@ -124,6 +124,7 @@ def test_the_routes_declare_these_roles(app_client):
         ("GET", f"{PREFIX}/reservations"): ("read", None),
         ("POST", f"{PREFIX}/reservations"): ("trigger", None),
         ("DELETE", f"{PREFIX}/reservations/{{module}}"): ("trigger", Role.admin),
+        ("POST", f"{PREFIX}/devices/{{module}}/power/{{command}}"): ("admin", None),
     }
     ops = app.openapi()["paths"]  # and what the schema tells clients
     assert {(m.upper(), p): (op["x-role"], op.get("x-role-others")) for p, o in ops.items() for m, op in o.items()} \

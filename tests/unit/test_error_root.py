@@ -47,6 +47,7 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "controller.inventory.InventoryError": (2, 400),
     "controller.remote.acl.AclError": (2, 400),
     "controller.remote.deploy.model.DeployError": (2, 400),
+    "controller.remote.pdu.PowerError": (2, 502),
     "controller.remote.push.PushError": (2, 400),
     "controller.remote.ssh.SshError": (2, 400),
     "controller.remote.ssh.HostKeyError": (2, 400),

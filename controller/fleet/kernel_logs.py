@@ -1,0 +1,88 @@
+"""The end of a module's kernel log and agent journal kept with the run, when something went wrong there.
+
+When a module's part of a run ends lost or with a failed key, or the module's agent was started again mid-run (a
+power cycle, a crash: its part's ``attempt`` past 1), the controller reads the tail of the module's kernel log (the
+boot before too: where a hang left its trace) and its agent's journal (:mod:`controller.remote.kernel_log`) into
+``<data_dir>/module-logs/<run>/<module>/``, once per run and module (two modules a sync pass at most: the others on
+the next passes), and says so in the run's events (kept, or why not). ``fleetctl logs RUN --module M --kernel``
+shows them; the report names them beside the failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from contract.files import write_atomic
+from contract.records import RunProgress
+from controller.fleet.power import HistoryLike
+from controller.fleet.runs import module_failed, refusal
+from controller.inventory import Module
+
+log = logging.getLogger("fleet.controller")
+
+KERNEL_EVENT = "kernel log"  # a run event: ``kernel log kept (lost): FOLDER`` or ``kernel log not kept (lost): WHY``
+FOLDER = "module-logs"
+PER_PASS = 2  # modules read per sync pass, at most (each an SSH session: a pass stays short when many keys fail)
+FRESH = 3600.0  # a part that ended longer ago than this (an old run synced again): its module's log is of later
+
+
+def reason(p: RunProgress | None, now: float) -> str | None:
+    """Why the module's kernel log is worth keeping now, or None (pure)."""
+    if p is None or now - p.updated_at > FRESH or refusal(p) is not None:  # refused at dispatch: it never ran there
+        return None
+    if p.state.terminal and module_failed(p):
+        return p.state.value if not any(o.status == "failed" for o in p.outcomes) else "a key failed"
+    if p.attempt > 1:
+        return "its agent started again mid-run"
+    return None
+
+
+def logs_folder(data_dir: Path, run_id: str, module: str) -> Path:
+    return Path(data_dir) / FOLDER / run_id / module
+
+
+def kernel_lines(events: Sequence[tuple[str, float, str]], run_id: str) -> list[str]:
+    """The report's lines naming the kernel logs kept for the run (pure)."""
+    return [f"{m}: kernel log and agent journal kept ({msg.split('(', 1)[1].split(')', 1)[0]}): "
+            f"fleetctl logs {run_id} --module {m} --kernel"
+            for m, _, msg in events if msg.startswith(f"{KERNEL_EVENT} kept")]
+
+
+class KernelLogs:
+    """Keeps the logs after a sync pass (:meth:`after_pass`); ``read``: the module's log tails
+    (:func:`controller.remote.kernel_log.read_logs` with the controller's SSH settings)."""
+
+    def __init__(self, modules: Mapping[str, Module], data_dir: Path,
+                 read: Callable[[Module], Mapping[str, str]]) -> None:
+        self.modules = dict(modules)
+        self.data_dir = Path(data_dir)
+        self.read = read
+        self._done: set[tuple[str, str]] = set()
+
+    def after_pass(self, history: HistoryLike, run_id: str, known: Mapping[str, RunProgress | None],
+                   beats_at: Mapping[str, float | None], now: float) -> list[str]:
+        """Keep the logs of the run's modules that call for it and have none kept yet; the modules done."""
+        due = {m: why for m, p in known.items() if (run_id, m) not in self._done and m in self.modules
+               and (why := reason(p, now)) is not None}
+        if not due:
+            return []
+        kept = {m for m, _, msg in history.events(run_id) if msg.startswith(KERNEL_EVENT)}
+        self._done.update((run_id, m) for m in kept)
+        done = []
+        for m, why in [(m, why) for m, why in due.items() if m not in kept][:PER_PASS]:
+            self._done.add((run_id, m))
+            folder = logs_folder(self.data_dir, run_id, m)
+            try:
+                found = self.read(self.modules[m])
+                folder.mkdir(parents=True, exist_ok=True)
+                for name, text in found.items():
+                    write_atomic(folder / f"{name}.log", text)
+            except Exception as exc:  # an unreachable module, its SSH refused, a full disk: said, never retried
+                history.add_event(run_id, m, f"{KERNEL_EVENT} not kept ({why}): {exc}")
+                log.warning("run %s on %s: kernel log not kept: %s", run_id, m, exc)
+                continue
+            history.add_event(run_id, m, f"{KERNEL_EVENT} kept ({why}): {folder}")
+            done.append(m)
+        return done
