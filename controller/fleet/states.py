@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from contract.compat import judge
 from contract.records import Heartbeat, RunProgress, RunState
 from contract.settings import BrokerSettings
 from controller.fleet.runs import module_failed
@@ -205,7 +206,8 @@ class ModuleStates:
                                          failures_for_bad=self.failures_for_bad, lost_after=self.settings.lost_after,
                                          streak=streak, failures_cooldown=self.failures_cooldown,
                                          drift=drifts.get(m.name))
-            notes = [reason, skew_warning(skew, self.clock_skew_warn), conflict_note(conflicts.get(m.name), now)]
+            notes = [reason, skew_warning(skew, self.clock_skew_warn), conflict_note(conflicts.get(m.name), now),
+                     judge(beat.hb.schema_version).note(m.name) if beat is not None else ""]
             out[m.name] = ModuleStatus(m.name, state, "; ".join(n for n in notes if n), beat.hb if beat else None,
                                        (now - beat.at) if beat else None, skew)
         return out
