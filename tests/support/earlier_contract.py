@@ -1,0 +1,50 @@
+"""This repository's agent and controller as they were at the last commit of the previous contract version (ADR 0051),
+unpacked from git (``git archive``) for a lab that mixes versions: run them with ``PYTHONPATH`` on that folder, the
+venv's dependencies shared."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from contract.version import SCHEMA_VERSION
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("agent", "contract", "controller")
+
+
+def previous_contract_commit(version: int = SCHEMA_VERSION) -> str | None:
+    """The commit before the one that set ``SCHEMA_VERSION = <version>`` in contract/version.py (None: git or the
+    history cannot say, a shallow clone say)."""
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "log", "--format=%H", "-S", f"SCHEMA_VERSION = {version}",
+                              "--", "contract/version.py"], capture_output=True, text=True, timeout=60, check=True)
+        first = out.stdout.split()[-1] if out.stdout.split() else None
+        if first is None:
+            return None
+        parent = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{first}^"],
+                                capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parent.stdout.strip() or None
+
+
+def earlier_tree(dest: Path) -> tuple[Path, str]:
+    """(folder holding agent/, contract/ and controller/ of the previous contract version, its commit); the test is
+    skipped, saying why, where this checkout has no such commit."""
+    commit = previous_contract_commit()
+    if commit is None:
+        pytest.skip(f"no commit of contract {SCHEMA_VERSION - 1} in this checkout's history (a shallow clone? "
+                    "`git fetch --unshallow`)")
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit, *PACKAGES],
+                         capture_output=True, timeout=120, check=True).stdout
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+        tf.extractall(dest, filter="data")
+    found = (dest / "contract" / "version.py").read_text(encoding="utf-8")
+    assert f"SCHEMA_VERSION = {SCHEMA_VERSION - 1}" in found, f"{commit}: not contract {SCHEMA_VERSION - 1}"
+    return dest, commit
