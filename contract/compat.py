@@ -71,10 +71,10 @@ class Compat:
             return (f"agent contract {a}, one ahead of the controller's {c}: runs; upgrade the controller "
                     "(the controller goes first: docs/operations/upgrades.md)")
         if self.standing == "refused":
+            works = f"agent contract {a}: this controller (contract {c}) works with agents of {c - 1} to {c + 1}"
             if a is not None and a < c:
-                return f"agent contract {a}, the controller's is {c} (runs {c - 1} or {c}): upgrade it with {deploy}"
-            return (f"agent contract {a}, the controller's is {c} (runs {c - 1} to {c + 1}): upgrade the controller, "
-                    f"or install this controller's agent with {deploy}")
+                return f"{works}; upgrade it with {deploy}"
+            return f"{works}; upgrade the controller, or install its agent with {deploy}"
         return ""
 
 
