@@ -32,7 +32,17 @@ CONTRACT = SCHEMA_VERSION
 # version (:func:`request_for`); none yet: contract 2 changed how records are read, not what a request holds
 REQUEST_FIELDS_ADDED: Mapping[int, tuple[str, ...]] = {}
 
+# fields a record the other side reads gained in a version (version -> record class -> field names): a seal
+# (contract.digest) of an earlier version leaves them out; none yet
+RECORD_FIELDS_ADDED: Mapping[int, Mapping[str, tuple[str, ...]]] = {}
+
 Standing = Literal["current", "behind", "ahead", "refused", "unknown"]
+
+
+def fields_after(record: str, version: int,
+                 added: Mapping[int, Mapping[str, tuple[str, ...]]] = RECORD_FIELDS_ADDED) -> frozenset[str]:
+    """The fields of the record class named ``record`` that versions after ``version`` added."""
+    return frozenset(f for v, by in added.items() if v > version for f in by.get(record, ()))
 
 
 def runs_request(request: int, agent: int = CONTRACT) -> bool:

@@ -104,3 +104,37 @@ def test_records_of_the_previous_version_are_read_and_their_seal_holds() -> None
     assert record_gap(p, rows, p.telemetry) is None
     assert record_gap(p, rows[:1], p.telemetry) is not None  # a row short: counted (the check can fail)
     assert Heartbeat.model_validate(V1["heartbeat"]).schema_version == CONTRACT - 1
+
+
+def test_a_seal_holds_across_a_version_that_adds_fields(monkeypatch) -> None:
+    """A later version adds a column to the rows and a field to the telemetry it holds: an agent of that version
+    answering a request of today's version seals in today's version, and today's controller (which drops the fields
+    it does not know) finds the seal holding; a seal of the later version would not (the rule can fail)."""
+    from pydantic import create_model
+
+    from contract import compat
+    from contract.digest import seal, seal_version
+    from contract.records import FieldStats, KeyTelemetry, TelemetrySummary
+
+    later = CONTRACT + 1
+    monkeypatch.setattr(compat, "RECORD_FIELDS_ADDED", {later: {"ResultRow": ("x",), "KeyTelemetry": ("y",)}})
+    row_later = create_model("ResultRow", __base__=ResultRow, x=(int | None, None))
+    key_later = create_model("KeyTelemetry", __base__=KeyTelemetry, y=(str, ""))
+    rows = [row_later.model_validate({**r, "schema_version": later, "x": 7}) for r in V1["rows"]]
+    tel = V1["progress"]["telemetry"]
+    summary = TelemetrySummary.model_validate(tel).model_copy(update={"keys": (key_later.model_validate(
+        {**tel["keys"][0], "fields": {"power_w": FieldStats(n=1, min=1, mean=1, max=1, p95=1)}, "y": "z"}),)})
+    p = RunProgress.model_validate({k: v for k, v in V1["progress"].items() if k not in ("telemetry",)})
+    p = p.model_copy(update={"schema_version": later, "telemetry": summary})
+
+    sealed = seal(p, rows, CONTRACT)  # the request it answers was of today's version
+    assert sealed.schema_version == CONTRACT and seal_version(sealed) == CONTRACT
+    # today's controller: the rows and the summary as it parsed them (x and y dropped), checked at today's version
+    read_rows = [ResultRow.model_validate(r.model_dump(mode="json")) for r in rows]
+    read_summary = TelemetrySummary.model_validate(summary.model_dump(mode="json"))
+    assert "x" not in read_rows[0].model_dump() and read_summary.keys[0].model_dump().get("y") is None
+    assert record_gap(sealed, read_rows, read_summary) is None
+    # the same agent answering a request of its own version: its seal covers x and y, which today's reader lacks
+    assert record_gap(seal(p, rows, later), read_rows, read_summary) is not None
+    # and a controller of the later version checks today's agent's seal without them
+    assert record_gap(seal(p, read_rows, CONTRACT), rows, summary) is None
