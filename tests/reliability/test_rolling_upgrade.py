@@ -75,33 +75,39 @@ def no_refusal(b: Bench, run_id: str, modules: tuple[str, ...]) -> None:
 
 def test_controller_first_then_agents_one_at_a_time_with_a_run_in_flight(bench_factory, redis_broker, release,
                                                                           quick_release, earlier):
-    """Old agents and today's controller: a validation starts (each module sent its request in its own version);
-    the agents are upgraded one at a time while it runs, and a second validation queued behind it; both finish
-    with every key passed once and no refusal; ``devices`` flags the agents behind until they are upgraded."""
+    """A lab of the previous version starts a validation; the controller is upgraded (today's follows the run and
+    starts a second, sent to the old agents in their version), then the agents one at a time while the first runs.
+    Both runs end with every key passed once and no refusal; ``devices`` flags the agents behind until upgraded."""
     b = bench_factory(redis_broker, 2)
     names = ("sim-01", "sim-02")
     b.lab.start(sim_env={n: STOP for n in names}, argv_prefix=earlier_prefix(earlier))
-    before = devices(b)
+    before = devices(b)  # today's controller beside the old lab: every agent behind, and what to run
     assert {d["contract"] for d in before.values()} == {SCHEMA_VERSION - 1}
     assert all(d["contract_standing"] == "behind" and f"fleetctl deploy --devices {m}" in str(d["reason"])
                for m, d in before.items()), before
     table = b.lab.fleetctl("devices").stdout
     assert f"{SCHEMA_VERSION - 1} (behind)" in table, table
+    r = earlier_fleetctl(b, earlier, "validate", str(release.path), "--models", ",".join(KEYS), "--devices",
+                         ",".join(names), "--detach")
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.strip().splitlines()[-1]
 
-    run_id = b.validate(release, ",".join(names))
+    # the controller upgraded: today's from here on; it follows the run the earlier one started
     b.on_key(run_id, "sim-01", KEYS[1])  # in flight: the first key passed, the second benchmarking
-    second = b.validate(quick_release, ",".join(names), ("qwen3",))  # waits behind it on each module
     upgrade(b, "sim-01")
     mixed = devices(b)
     assert (mixed["sim-01"]["contract"], mixed["sim-02"]["contract"]) == (SCHEMA_VERSION, SCHEMA_VERSION - 1)
     assert mixed["sim-01"]["contract_standing"] == "current" and "fleetctl deploy" not in str(mixed["sim-01"]["reason"])
+    second = b.validate(quick_release, ",".join(names), ("qwen3",))  # waits behind the first on each module
+    # sim-02's old agent runs today's controller's request, sent in its version
+    wait_for(lambda: b.fleet.sync(second).progress["sim-02"].state == RunState.DONE, 90, "sim-02's old agent done")
     upgrade(b, "sim-02")
 
     b.check_run(run_id, 90, modules=names)
     b.check_run(second, 60, modules=names)
-    for r in (run_id, second):
-        no_refusal(b, r, names)
-    # the key the upgrade interrupted ran again under today's agent, from the earlier agent's request
+    for r_id in (run_id, second):
+        no_refusal(b, r_id, names)
+    # the key the upgrade interrupted ran again under today's agent, from the earlier controller's request
     assert b.benchmark_starts("sim-01", run_id) == {KEYS[0]: 1, KEYS[1]: 2}
     assert {d["contract"] for d in devices(b).values()} == {SCHEMA_VERSION}
 
