@@ -98,7 +98,12 @@ def test_controller_first_then_agents_one_at_a_time_with_a_run_in_flight(bench_f
     mixed = devices(b)
     assert (mixed["sim-01"]["contract"], mixed["sim-02"]["contract"]) == (SCHEMA_VERSION, SCHEMA_VERSION - 1)
     assert mixed["sim-01"]["contract_standing"] == "current" and "fleetctl deploy" not in str(mixed["sim-01"]["reason"])
-    second = b.validate(quick_release, ",".join(names), ("qwen3",))  # waits behind the first on each module
+    r = b.lab.fleetctl("validate", str(quick_release.path), "--models", "qwen3", "--devices", ",".join(names),
+                       "--detach")  # waits behind the first on each module
+    assert r.returncode == 0, r.stderr
+    second = r.stdout.strip().splitlines()[-1]
+    assert f"sim-02: queued; agent contract {SCHEMA_VERSION - 1}, one behind" in r.stderr, r.stderr
+    assert "sim-01: queued;" not in r.stderr, r.stderr
     # sim-02's old agent runs today's controller's request, sent in its version
     wait_for(lambda: b.fleet.sync(second).progress["sim-02"].state == RunState.DONE, 90, "sim-02's old agent done")
     upgrade(b, "sim-02")

@@ -67,7 +67,8 @@ def test_validate_refuses_before_the_run_is_created() -> None:
     mods = [Module(name=n, host="h", model_root="/m") for n in ("a", "b", "c", "d")]
     ok = {"a": status("a", CONTRACT), "b": status("b", CONTRACT - 1), "c": status("c", CONTRACT + 1),
           "d": status("d", None)}
-    check_contracts(mods, ok)  # no raise
+    notes = check_contracts(mods, ok)  # no raise; what to upgrade where one version apart
+    assert sorted(notes) == ["b", "c"] and "fleetctl deploy --devices b" in notes["b"]
     with pytest.raises(Conflict, match=r"^d \(contract 0\): cannot run .*fleetctl deploy --devices d`"):
         check_contracts(mods, {**ok, "d": status("d", CONTRACT - 2)})
 
