@@ -88,7 +88,7 @@ def test_a_request_stays_strict_what_is_only_read_is_tolerant() -> None:
         RunRequest.model_validate({**REQUEST, "flavour": "x"})
     p = V1["progress"]
     later = {**p, "schema_version": CONTRACT + 1, "new_field": 1, "telemetry": {**p["telemetry"], "new": 2},
-             "outcomes": [{**p["outcomes"][0], "new": 3}]}
+             "outcomes": [{**o, "new": 3} for o in p["outcomes"]], "error": {**p["error"], "new": 4}}
     assert RunProgress.model_validate(later).model_dump(exclude={"schema_version"}) == \
         RunProgress.model_validate(p).model_dump(exclude={"schema_version"})
     row = {**V1["rows"][0], "new_column": 1.5, "energy": {"start": 1.0, "end": 2.0, "window_s": 1.0, "new": 1}}
@@ -139,3 +139,23 @@ def test_a_seal_holds_across_a_version_that_adds_fields(monkeypatch) -> None:
     assert record_gap(seal(p, rows, later), read_rows, read_summary) is not None
     # and a controller of the later version checks today's agent's seal without them
     assert record_gap(seal(p, read_rows, CONTRACT), rows, summary) is None
+
+
+def test_contract_2_adds_no_field_a_contract_1_reader_would_refuse() -> None:
+    """Contract 1 readers (controllers and agents before ADR 0051) refuse a field they do not know, so contract 2
+    writes exactly contract 1's fields in every record the other side reads. A field added here waits for contract 3
+    (then listed in RECORD_FIELDS_ADDED, and this fixture made again from contract 2's code: make.py beside it)."""
+    from contract.energy import EnergyWindow
+    from contract.fingerprint import EnvFingerprint
+    from contract.kernel_store import KernelCacheUse
+    from contract.records import DeviceInfo, FieldStats, KeyOutcome, KeyTelemetry, StepError, TelemetrySummary
+
+    assert V1["schema_version"] == CONTRACT - 1 == 1, "contract 3: make the fixture from contract 2's code"
+    p, tel = V1["progress"], V1["progress"]["telemetry"]
+    written = {RunProgress: p, ResultRow: V1["rows"][0], Heartbeat: V1["heartbeat"], StepError: p["error"],
+               KeyOutcome: p["outcomes"][1], TelemetrySummary: tel, KeyTelemetry: tel["keys"][0],
+               FieldStats: tel["keys"][0]["fields"]["power_w"], DeviceInfo: tel["devices"][0],
+               EnergyWindow: V1["rows"][0]["energy"], EnvFingerprint: p["fingerprint"],
+               KernelCacheUse: p["kernel_cache"]}
+    for cls, v1 in written.items():
+        assert set(cls.model_fields) == set(v1), f"{cls.__name__}: {set(cls.model_fields) ^ set(v1)}"
