@@ -118,7 +118,7 @@ class Dispatch:
         # each message wakes a module, and on a machine the modules share, the rest of the loop then waits
         # for CPU behind them (100 simulated modules: the last message left ~9 s after the first)
         requests: list[RunRequest] = []
-        versions: dict[str, int] = {}  # module -> the contract version of its request (ADR 0051)
+        payloads: dict[str, dict[str, object]] = {}  # module -> its request in the version it runs (ADR 0051)
         failed: list[RunProgress] = []
         now = time.time()
         for m in modules:
@@ -132,17 +132,22 @@ class Dispatch:
                 failed.append(failed_progress(run_id, m.name, release, step, problem, len(keys), now))
                 out[m.name] = problem
                 continue
-            requests.append(RunRequest(run_id=run_id, module=m.name, tarball=tarballs[m.name], sha256=sha256,
-                                       release=release, models=keys, model_root=m.model_root,
-                                       model_paths=dict(m.model_paths), max_attempts=self.settings.max_attempts,
-                                       key_env={k: dict(m.env) for k in keys} if m.env else {}))
-            versions[m.name] = compat.request or compat.controller
+            req = RunRequest(run_id=run_id, module=m.name, tarball=tarballs[m.name], sha256=sha256, release=release,
+                             models=keys, model_root=m.model_root, model_paths=dict(m.model_paths),
+                             max_attempts=self.settings.max_attempts,
+                             key_env={k: dict(m.env) for k in keys} if m.env else {})
+            try:
+                payloads[m.name] = request_for(req.model_dump(mode="json"), compat.request or compat.controller)
+            except ValueError as exc:  # a field its agent's version could not honour
+                failed.append(failed_progress(run_id, m.name, release, REFUSED_STEP, str(exc), len(keys), now))
+                out[m.name] = str(exc)
+                continue
+            requests.append(req)
         self.history.upsert_progress_many([*failed, *(
             RunProgress(run_id=run_id, module=r.module, release=release, step="queued", keys_total=len(r.models),
                         updated_at=now) for r in requests)])
-        payloads: list[tuple[str, list[object]]] = [
-            (r.module, [request_for(r.model_dump(mode="json"), versions[r.module])]) for r in requests]
-        for name, args in payloads:
+        for name, payload in payloads.items():
+            args: list[object] = [payload]
             try:
                 self.send(name, RUN_TASK, args, task_id=task_id(name, run_id), ignore_result=True,
                           priority=priority, user=user)
