@@ -21,6 +21,15 @@ from contract.records import ResultRow, RunProgress
 log = logging.getLogger("fleet.agent")
 
 
+def _asked_version(workdir: Path, run_id: str) -> int | None:
+    """The contract version of the run's request on this module (None: no readable record of it)."""
+    try:
+        req = RunStore(workdir).request(run_id)
+    except (OSError, ValueError):
+        return None
+    return req.schema_version if req is not None else None
+
+
 def _stored_rows(workdir: Path, run_id: str) -> list[ResultRow]:
     """The run's rows on this module, one per identity, the latest kept (a torn last line is skipped)."""
     try:
@@ -130,8 +139,8 @@ def send_final(kv: KV, workdir: Path, p: RunProgress, replicas: int = 0, wait_s:
     sent, or None when fewer than ``replicas`` replicas acknowledged them in ``wait_s`` (not yet published: a
     failover now could lose them, so the outbox keeps them)."""
     rows = _stored_rows(workdir, p.run_id)
-    if p.state.terminal:
-        p = seal(p, rows)
+    if p.state.terminal:  # sealed in the version of the request it answers: its controller's, or the one before
+        p = seal(p, rows, _asked_version(workdir, p.run_id))
     acked = kv.put_final(p, rows, replicas, wait_s)
     if acked < replicas:
         log.warning("the %s state of run %s reached the broker but %d of %d replica(s) acknowledged it within "

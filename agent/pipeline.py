@@ -47,8 +47,8 @@ from contract.records import (
     RunState,
     StepError,
     TelemetrySummary,
-    release_difference,
 )
+from contract.request_identity import release_difference
 
 __all__ = ["AgentConfig", "CancelToken", "EventCancelToken", "RunResult", "run_pipeline"]
 
@@ -222,7 +222,7 @@ class Run:
     def _prepare(self) -> int:
         """Check the request against an earlier attempt of the same run id; return this attempt's number."""
         self.store.run_dir(self.req.run_id)  # validates the run id
-        # a run id is resumed for the same release only (contract.records.release_difference); a person re-running
+        # a run id is resumed for the same release only (release_difference); a person re-running
         # `fleet-agent run` may change its keys and settings. The worker, which takes requests from any controller,
         # takes a run id it has a record of only for the very same request (agent.task.recorded_difference)
         old = self.store.request(self.req.run_id)

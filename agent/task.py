@@ -2,9 +2,9 @@
 
 A run is de-duplicated by the module's own record of it: a redelivered run that already finished here is answered
 from that record and never benchmarked twice, and only a delivery of the same request (run id, release, model keys
-and settings: :func:`contract.records.request_identity`) is: another request under a run id used here is refused,
-the record left as it is; a run delivered more often than the request allows (the worker died under it again and
-again) is failed, not retried. The task runs in the worker's main thread under the kernel's hard time limit
+and settings: :func:`~contract.request_identity.request_identity`) is: another request under a run id used here is
+refused, the record left as it is; a run delivered more often than the request allows (the worker died under it
+again and again) is failed, not retried. The task runs in the worker's main thread under the kernel's hard time limit
 (:func:`agent.limits.hard_limit`); its states go out through the outbox (:mod:`agent.outbox`).
 """
 
@@ -35,7 +35,8 @@ from contract.files import write_atomic
 from contract.kv import KV
 from contract.oneline import error_line
 from contract.priority import ASKED, HEADERS, LEVELS
-from contract.records import RunProgress, RunRequest, RunState, StepError, release_label, request_difference
+from contract.records import RunProgress, RunRequest, RunState, StepError
+from contract.request_identity import release_label, request_difference
 
 log = logging.getLogger("fleet.agent")
 
@@ -80,7 +81,7 @@ def execute_run(app: Celery, settings: AgentSettings, payload: dict[str, Any],
 
 def recorded_difference(store: RunStore, req: RunRequest) -> str | None:
     """Why this module's record of ``req.run_id`` is of another request (one line), or None: no record, or
-    one of the same request (:func:`contract.records.request_identity`), which may be resumed or answered
+    one of the same request (:func:`contract.request_identity.request_identity`), which may be resumed or answered
     from. A record whose request cannot be read is nobody's to answer from."""
     try:
         recorded = store.request(req.run_id)

@@ -4,7 +4,8 @@ Whoever can write to the broker can put a message on a module's queue: the reque
 treated as hostile until checked. :func:`validate_request` turns the task's argument into
 a :class:`RunRequest` or raises :class:`RefusedRequest` naming the field and why:
 
-- the whole payload is a JSON object of bounded size, ``schema_version`` is this one;
+- the whole payload is a JSON object of bounded size, ``schema_version`` this agent's contract version or the one
+  before (:func:`contract.compat.runs_request`: a controller one version behind is served);
 - ``run_id`` matches :data:`contract.records.RUN_ID_PATTERN`; ``module`` is this agent's;
 - ``models`` are known model keys, bounded in number, no duplicates;
 - ``key_env``: only requested model keys; variable names match :data:`ENV_NAME` and are not
@@ -34,6 +35,7 @@ from pydantic import ValidationError
 
 from agent.errors import BadInput
 from agent.settings import AgentSettings
+from contract.compat import runs_request
 from contract.records import (
     MODEL_KEYS,
     RUN_ID_RULE,
@@ -136,8 +138,11 @@ def validate_request(payload: object, settings: AgentSettings) -> RunRequest:
     if size > MAX_PAYLOAD_BYTES:
         raise refuse("payload", f"{size} bytes, more than {MAX_PAYLOAD_BYTES}")
     version = payload.get("schema_version", SCHEMA_VERSION)
-    if type(version) is not int or version != SCHEMA_VERSION:
-        raise refuse("schema_version", f"{_short(version)} is not {SCHEMA_VERSION}")
+    if type(version) is not int or not runs_request(version):
+        todo = "upgrade this agent (fleetctl deploy)" if type(version) is int and version > SCHEMA_VERSION \
+            else "upgrade the controller"
+        raise refuse("schema_version", f"{_short(version)} is not {SCHEMA_VERSION - 1} or {SCHEMA_VERSION} (this "
+                                       f"agent's contract and the one before): {todo}")
     if run_id is None:
         why = "missing" if raw_run is None else f"{_short(raw_run)} does not match {RUN_ID_RULE}"
         raise refuse("run_id", why)

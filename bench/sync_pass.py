@@ -294,8 +294,8 @@ def main() -> int:
                   f"{x['render'] * 1e3:.1f} | "
                   f"{x['final']:.2f} ({x['final passes']:.0f}) | {x['final max']:.2f} | {x['statuses'] * 1e3:.0f} | "
                   f"{x['statuses'] * 1e3 / n:.4f} |")
-        print(f"| {n} | **old / new** | **{o['pass'] / t['pass']:.1f}x** | | **{o['pass max'] / t['pass max']:.1f}x** | "
-              f"{o['render'] / t['render']:.1f}x | "
+        print(f"| {n} | **old / new** | **{o['pass'] / t['pass']:.1f}x** | | "
+              f"**{o['pass max'] / t['pass max']:.1f}x** | {o['render'] / t['render']:.1f}x | "
               f"{o['final'] / t['final']:.1f}x | {o['final max'] / t['final max']:.1f}x | "
               f"**{o['statuses'] / t['statuses']:.1f}x** | |")
         if o["rows"] != t["rows"] or o["idle"] != t["idle"]:

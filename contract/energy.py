@@ -20,7 +20,7 @@ class EnergyWindow(BaseModel):
     little coverage, no output tokens), and says why.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")  # read by the other side (ADR 0051)
 
     source: Literal["counter", "samples", ""] = ""
     start: float  # epoch s

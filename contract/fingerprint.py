@@ -32,7 +32,7 @@ DIGEST_CHARS = 12
 class EnvFingerprint(BaseModel):
     """What a module's figures were measured with (``"unknown"`` where a probe failed)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")  # read by the other side (ADR 0051)
 
     driver: str = Field(default=UNKNOWN, max_length=200, description="device driver (the device tool's)")
     firmware: str = Field(default=UNKNOWN, max_length=200,

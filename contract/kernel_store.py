@@ -94,11 +94,14 @@ class Fetch(_Frozen):
     at: float = 0.0
 
 
-class KernelCacheUse(_Frozen):
+class KernelCacheUse(BaseModel):
     """How a run's precompile went with the shared cache (on its progress; None: sharing off or the local cache).
 
     ``action``: ``fetched`` (an archive verified and unpacked instead of compiling) or ``compiled`` (this module
-    compiled; ``why`` says why it did not fetch); ``published``: its own compile went to the store."""
+    compiled; ``why`` says why it did not fetch); ``published``: its own compile went to the store. On a run's
+    progress: a field its reader does not know is ignored (ADR 0051)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     action: Literal["compiled", "fetched"]
     archive: str = ""

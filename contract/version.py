@@ -3,7 +3,10 @@ the records it exchanges. Imports nothing heavy: ``fleetctl version`` reads it w
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1  # of contract.records (re-exported there)
+# The contract version: of contract.records (re-exported there), on every record and heartbeat. 2: readers ignore
+# fields they do not know in what they only read, an agent runs requests of its version and the one before
+# (contract.compat, ADR 0051); 1: every field checked, one version only.
+SCHEMA_VERSION = 2
 
 
 def agent_version() -> str:
@@ -28,4 +31,6 @@ def versions() -> dict[str, str]:
         v = dist_version("m1000-fleet")
     except PackageNotFoundError:
         v = "unknown (not installed)"
-    return {"fleetctl": v, "record_schema": str(SCHEMA_VERSION), "python": platform.python_version()}
+    return {"fleetctl": v, "record_schema": str(SCHEMA_VERSION),
+            "works_with_agents": f"contract {SCHEMA_VERSION - 1} to {SCHEMA_VERSION + 1}",
+            "python": platform.python_version()}

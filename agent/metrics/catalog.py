@@ -92,7 +92,8 @@ CATALOG: tuple[MetricSpec, ...] = (
                "Failed pipeline steps, all runs kept in the workdir"),
     # the agent
     MetricSpec(f"{PREFIX}_agent_up", "gauge", (), "count", "1 while the agent's exporter serves"),
-    MetricSpec(f"{PREFIX}_agent_info", "info", ("version", "python"), "count", "Agent version"),
+    MetricSpec(f"{PREFIX}_agent_info", "info", ("version", "contract", "python"), "count",
+               "Agent version, and its contract version (the records' schema_version, ADR 0051)"),
     MetricSpec(f"{PREFIX}_agent_healthy", "gauge", (), "count", "Health the worker reported in its last heartbeat"),
     MetricSpec(f"{PREFIX}_agent_last_heartbeat_timestamp_seconds", "gauge", (), "timestamp_seconds",
                "Time of the worker's last heartbeat (the module's clock)"),

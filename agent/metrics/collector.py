@@ -32,6 +32,7 @@ from agent.metrics.readers import JsonFile, RunFiles, StepStats
 from agent.metrics.system import SystemProbe, SystemSample
 from agent.telemetry.exposition import device_families
 from contract.records import Heartbeat, ResultRow, RunState
+from contract.version import SCHEMA_VERSION
 from contract.version import agent_version as agent_version  # re-exported
 
 log = logging.getLogger(__package__)  # "agent.metrics", as before the package split
@@ -278,7 +279,7 @@ class AgentCollector(Collector):
                 self._errors["heartbeat"] = self._errors.get("heartbeat", 0) + 1
         info = InfoMetricFamily(f"{PREFIX}_agent", SPECS[f"{PREFIX}_agent_info"].help)
         py = f"{sys.version_info.major}.{sys.version_info.minor}"
-        info.add_metric((), {"version": label_value(self.version), "python": py})
+        info.add_metric((), {"version": label_value(self.version), "contract": str(SCHEMA_VERSION), "python": py})
         yield info
         if hb is not None:
             yield self._family(f"{PREFIX}_agent_healthy", value=1.0 if hb.healthy else 0.0)

@@ -60,12 +60,14 @@ def _root(
 
 
 def version(output: Output = output_option()) -> None:
-    """Version of fleetctl, of the records it exchanges with agents, and of Python."""
+    """Version of fleetctl, of the records it exchanges with agents (its contract), the agents' contract versions it
+    works with, and Python's."""
     from contract.version import versions  # not controller.service: no pydantic, broker or history (issue 47)
 
     v = versions()
     if output == Output.table:
-        print(f"fleetctl {v['fleetctl']} (records schema {v['record_schema']}, Python {v['python']})")
+        print(f"fleetctl {v['fleetctl']} (records schema {v['record_schema']}, works with agents of "
+              f"{v['works_with_agents']}, Python {v['python']})")
         return
     emit([v], list(v), output, document=v)
 

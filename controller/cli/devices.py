@@ -10,16 +10,18 @@ import typer
 from controller.cli.invocation import session
 from controller.cli.output import Output, emit, output_option, stdout
 
-DEVICE_COLUMNS = ("module", "host", "labels", "state", "reserved", "reason", "agent_version", "last_beat",
+DEVICE_COLUMNS = ("module", "host", "labels", "state", "reserved", "reason", "agent_version", "contract", "last_beat",
                   "clock_skew", "free_disk")
 
 
 def devices(ctx: typer.Context,
             select_: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
             output: Output = output_option()) -> None:
-    """Modules and their state, from their heartbeats, and who reserved them until when."""
+    """Modules and their state, from their heartbeats, and who reserved them until when; each agent's contract
+    version, flagged when it is not the controller's (behind: upgrade it with ``fleetctl deploy``)."""
     if ctx.invoked_subcommand is not None:
         return
+    from contract.compat import judge
     from controller import service
     from controller.fleet.reservations import shown_until
     from controller.service.reservations import reservations
@@ -35,6 +37,8 @@ def devices(ctx: typer.Context,
         rec["last_beat"] = f"{age:.0f} s ago" if age is not None else "never"
         rec["clock_skew"] = shown_skew(rec["clock_skew_s"])
         rec["free_disk"] = f"{free / 1024**3:.1f} GiB" if free is not None else ""
+        if output == Output.table:  # "1 (behind)": the reason says what to do (ADR 0051); JSON keeps the number
+            rec["contract"] = judge(rec["contract"]).shown()
         recs.append(rec)
     emit(recs, DEVICE_COLUMNS, output)
 

@@ -331,6 +331,8 @@ def print_launched(launched: Launched, err: Console, n_modules: int) -> None:
             err.print(f"  [red]{name}[/]: {why}", highlight=False)
     for name, why in launched.waiting.items():
         err.print(f"  {name}: queued, waits until the reservation ends: {why}", highlight=False, markup=False)
+    for name, note in launched.apart.items():
+        err.print(f"  {name}: queued; {note}", highlight=False, markup=False)
     for name, run in launched.preempted.items():
         err.print(f"  {name}: run {run} stops for it (preempted) and resumes from its passed keys after it",
                   highlight=False, markup=False)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from contract.digest import is_sealed, record_digest, rows_digest
+from contract.digest import is_sealed, record_digest, rows_digest, seal_version
 from contract.records import Heartbeat, ResultRow, RunProgress, RunState, StepError, TelemetrySummary
 from contract.settings import BrokerSettings
 from controller.fleet.errors import BrokerUnavailable, FleetError, broker_errors, error_line
@@ -91,10 +91,11 @@ def record_gap(p: RunProgress, rows: Sequence[ResultRow], telemetry: TelemetrySu
     """
     missing: list[str] = []
     if is_sealed(p):
-        if len(rows) != p.stored_rows or rows_digest(rows) != p.rows_digest:
+        v = seal_version(p)
+        if len(rows) != p.stored_rows or rows_digest(rows, v) != p.rows_digest:
             differ = " (they differ from the module's)" if len(rows) == p.stored_rows else ""
             missing.append(f"{len(rows)} of {p.stored_rows} rows reached the controller{differ}")
-        if p.telemetry_digest is not None and (telemetry is None or record_digest(telemetry) != p.telemetry_digest):
+        if p.telemetry_digest is not None and (telemetry is None or record_digest(telemetry, v) != p.telemetry_digest):
             missing.append("its device telemetry summary has not")
     elif p.finished_at is None:
         missing.append("its final state (with finished_at) has not reached the controller")
@@ -366,7 +367,8 @@ class Sync:
                 summary = summaries.get(m)
                 if summary is not None:
                     writes.telemetry.append(summary)
-                if p.telemetry_digest is not None and (summary is None or record_digest(summary) != p.telemetry_digest):
+                if p.telemetry_digest is not None and (summary is None or record_digest(summary, seal_version(p))
+                                                       != p.telemetry_digest):
                     if held_summaries is None:  # an earlier sync may have recorded it
                         held_summaries = list(self.history.telemetry(run_id).values())
                     summary = next((s for s in held_summaries if s.module == m), None)

@@ -1,9 +1,11 @@
 """Dispatch a run: check its run id, record it, and enqueue it on every module that can take it.
 
-The only place the controller enqueues (:meth:`Dispatch.send`). A module offline, bad, reserved by another user or
-without the release is recorded failed at once (``attempt`` 0), not after an hour: the first three refused (step
-:data:`~controller.fleet.runs.REFUSED_STEP`: the run is judged on the modules that ran), the last failed at
-``dispatch``.
+The only place the controller enqueues (:meth:`Dispatch.send`). Each module is sent its request in the contract
+version it runs (:func:`contract.compat.judge`: its own when it is one behind). A module offline, bad, reserved by
+another user, of a contract version that cannot run the request, or without the release is recorded failed at once
+(``attempt`` 0), not after an hour: the first four refused (step :data:`~controller.fleet.runs.REFUSED_STEP`: the
+run is judged on the modules that ran), the last failed at ``dispatch``. ``fleetctl validate`` refuses a module of
+such a version before the run is created (:func:`controller.service.lifecycle.validate`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from contract.compat import judge, request_for
 from contract.priority import DEFAULT, LEVELS, check_priority
 from contract.records import RunProgress, RunRequest
 from contract.vocab import BadInput, check_run_id
@@ -115,26 +118,36 @@ class Dispatch:
         # each message wakes a module, and on a machine the modules share, the rest of the loop then waits
         # for CPU behind them (100 simulated modules: the last message left ~9 s after the first)
         requests: list[RunRequest] = []
+        payloads: dict[str, dict[str, object]] = {}  # module -> its request in the version it runs (ADR 0051)
         failed: list[RunProgress] = []
         now = time.time()
         for m in modules:
             st = statuses[m.name]
             keys = own.get(m.name, tuple(models))
-            found = unsent(st, (refused or {}).get(m.name), m.name in tarballs)
+            compat = judge(st.heartbeat.schema_version if st.heartbeat is not None else None)
+            found = unsent(st, (refused or {}).get(m.name), m.name in tarballs) or (
+                None if compat.request is not None else (REFUSED_STEP, compat.note(m.name)))
             if found is not None:
                 step, problem = found
                 failed.append(failed_progress(run_id, m.name, release, step, problem, len(keys), now))
                 out[m.name] = problem
                 continue
-            requests.append(RunRequest(run_id=run_id, module=m.name, tarball=tarballs[m.name], sha256=sha256,
-                                       release=release, models=keys, model_root=m.model_root,
-                                       model_paths=dict(m.model_paths), max_attempts=self.settings.max_attempts,
-                                       key_env={k: dict(m.env) for k in keys} if m.env else {}))
+            req = RunRequest(run_id=run_id, module=m.name, tarball=tarballs[m.name], sha256=sha256, release=release,
+                             models=keys, model_root=m.model_root, model_paths=dict(m.model_paths),
+                             max_attempts=self.settings.max_attempts,
+                             key_env={k: dict(m.env) for k in keys} if m.env else {})
+            try:
+                payloads[m.name] = request_for(req.model_dump(mode="json"), compat.request or compat.controller)
+            except ValueError as exc:  # a field its agent's version could not honour
+                failed.append(failed_progress(run_id, m.name, release, REFUSED_STEP, str(exc), len(keys), now))
+                out[m.name] = str(exc)
+                continue
+            requests.append(req)
         self.history.upsert_progress_many([*failed, *(
             RunProgress(run_id=run_id, module=r.module, release=release, step="queued", keys_total=len(r.models),
                         updated_at=now) for r in requests)])
-        payloads: list[tuple[str, list[object]]] = [(r.module, [r.model_dump(mode="json")]) for r in requests]
-        for name, args in payloads:
+        for name, payload in payloads.items():
+            args: list[object] = [payload]
             try:
                 self.send(name, RUN_TASK, args, task_id=task_id(name, run_id), ignore_result=True,
                           priority=priority, user=user)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from contract.compat import judge
 from contract.records import Heartbeat, RunProgress, RunState
 from contract.settings import BrokerSettings
 from controller.fleet.power import attention_of
@@ -208,7 +209,8 @@ class ModuleStates:
                                          drift=drifts.get(m.name))
             attention = attention_of(self.history.module_events(m.name), beat.at if beat else None) if m.power else None
             notes = [attention or "", reason, skew_warning(skew, self.clock_skew_warn),
-                     conflict_note(conflicts.get(m.name), now)]
+                     conflict_note(conflicts.get(m.name), now),
+                     judge(beat.hb.schema_version).note(m.name) if beat is not None else ""]
             out[m.name] = ModuleStatus(m.name, state, "; ".join(n for n in notes if n), beat.hb if beat else None,
                                        (now - beat.at) if beat else None, skew)
         return out

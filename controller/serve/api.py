@@ -140,9 +140,12 @@ class Device(_Model):
     transport: str = Field(description="ssh or local (the inventory's transport)")
     labels: dict[str, str] = Field(description="the inventory's labels")
     state: str = Field(description="idle, busy, unreachable, offline or bad")
-    reason: str = Field(description="why it is in that state, and notes (clock skew, a name conflict); empty when "
-                                    "there is nothing to say")
+    reason: str = Field(description="why it is in that state, and notes (clock skew, a name conflict, a contract "
+                                    "version apart); empty when there is nothing to say")
     agent_version: str | None = Field(description="from its last heartbeat; null when none was seen")
+    contract: int | None = Field(description="its agent's contract version, from its last heartbeat (ADR 0051)")
+    contract_standing: str | None = Field(description="current, behind or ahead (one version: runs), refused (too far "
+                                                      "apart: validate refuses it); null when no heartbeat was seen")
     heartbeat_age_s: float | None = Field(description="age of its last heartbeat by the broker's clock, s")
     clock_skew_s: float | None = Field(description="the module's clock minus the controller's, s (the heartbeat's "
                                                    "age is the broker's)")

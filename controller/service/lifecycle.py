@@ -153,6 +153,7 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
                                       req.on_reserved)
     usable = [m for m in mods if statuses[m.name].state not in ("offline", "bad")  # unreachable: queued
               and m.name not in refused]
+    apart = check_contracts(usable, statuses)  # before the release is pushed and the run is created
     victims = preemptable(s, rid, [m.name for m in usable], statuses) if req.preempt else {}
     if not req.preempt_others:
         check_preempt(victims, req.user or s.user, reserved_by(s, list(victims), req.user or s.user))
@@ -168,7 +169,21 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     preempted = preempt_running(s, rid, result, victims)
     prune_releases(s)
     return Launched(rid, version, sha, tuple(models), dict(result), resumed=existing is not None, preempted=preempted,
-                    waiting={m: why for m, why in waiting.items() if result.get(m) == "queued"})
+                    waiting={m: why for m, why in waiting.items() if result.get(m) == "queued"},
+                    apart={m: note for m, note in apart.items() if result.get(m) == "queued"})
+
+
+def check_contracts(modules: Sequence[Module], statuses: Mapping[str, ModuleStatus]) -> dict[str, str]:
+    """:class:`Conflict`, naming ``fleetctl deploy``, when a module's agent cannot run this controller's requests
+    (its heartbeat's contract version too far from ours, :func:`contract.compat.judge`): refused before the run is
+    created, not a failed run in the history. Else module -> what to upgrade, for those one version apart (pure)."""
+    from contract.compat import judge, refused_line
+
+    found = {m.name: judge(hb.schema_version) for m in modules if (hb := statuses[m.name].heartbeat) is not None}
+    refused = {name: c for name, c in found.items() if not c.runs}
+    if refused:
+        raise Conflict(refused_line(refused))
+    return {name: c.note(name) for name, c in found.items() if c.note(name)}
 
 
 def preemptable(s: Session, rid: str, modules: Sequence[str], statuses: Mapping[str, ModuleStatus]

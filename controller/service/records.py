@@ -85,6 +85,7 @@ class Launched:
     resumed: bool = False
     preempted: Mapping[str, str] = field(default_factory=dict)  # module -> the run it was asked to stop for this
     waiting: Mapping[str, str] = field(default_factory=dict)  # module -> the reservation its queued run waits for
+    apart: Mapping[str, str] = field(default_factory=dict)  # module -> its agent one contract version apart: upgrade
 
     @property
     def queued(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from contract.compat import judge
 from contract.oneline import error_line
 from contract.records import ResultRow, RunProgress
 from controller.fleet import BrokerUnavailable, RunView, newer_progress
@@ -165,7 +166,8 @@ def device_dict(d: Device) -> dict[str, Any]:
     hb = d.status.heartbeat
     return {"module": d.module.name, "host": d.module.host, "transport": d.module.transport,
             "labels": dict(d.module.labels), "state": d.status.state, "reason": d.status.reason,
-            "agent_version": hb.agent_version if hb else None, "heartbeat_age_s": d.status.age,
+            "agent_version": hb.agent_version if hb else None, "contract": hb.schema_version if hb else None,
+            "contract_standing": judge(hb.schema_version).standing if hb else None, "heartbeat_age_s": d.status.age,
             "clock_skew_s": d.status.skew,
             "free_disk_bytes": hb.free_disk_bytes if hb else None, "run_id": hb.run_id if hb else None}
 

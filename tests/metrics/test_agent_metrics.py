@@ -25,7 +25,7 @@ from agent.metrics import (
     push_once,
     start_exporter,
 )
-from contract.records import KeyOutcome, RunState
+from contract.records import SCHEMA_VERSION, KeyOutcome, RunState
 from contract.redact import redact_url
 from tests.metrics.fleetfiles import RunWriter, finished_run, heartbeat, seed_rows
 
@@ -195,6 +195,7 @@ def test_heartbeat_and_agent_info(tmp_path: Path) -> None:
     assert reg.get_sample_value("m1000_agent_healthy") == 0
     infos = [s for m in reg.collect() for s in m.samples if s.name == "m1000_agent_info"]
     assert infos and infos[0].labels["version"] == "9.9.9"
+    assert infos[0].labels["contract"] == str(SCHEMA_VERSION)  # Prometheus finds the modules behind (ADR 0051)
 
 
 def test_module_probe_reads_sysfs_and_leaves_missing_gpu_absent(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.validate import MAX_PAYLOAD_BYTES, stage_local_release
+from contract.version import SCHEMA_VERSION
 from controller.fleet import Fleet
 from controller.history import History
 from tests.support.secure import SecureRedis, make_secure_lab, task_body, task_envelope
@@ -89,7 +90,7 @@ def test_hostile_messages_are_refused_and_the_worker_keeps_serving(hostile_lab, 
          "unregistered task", None),
         ("huge body", task_envelope("sim-01", task_body(good("h-huge", release="x" * (8 * MAX_PAYLOAD_BYTES)))),
          "refused request: payload:", "h-huge"),
-        ("schema version", task_envelope("sim-01", task_body(good("h-schema", schema_version=2))),
+        ("schema version", task_envelope("sim-01", task_body(good("h-schema", schema_version=SCHEMA_VERSION + 1))),
          "refused request: schema_version:", "h-schema"),
         ("run id", task_envelope("sim-01", task_body(good("../../../tmp/x"))), "refused request: run_id:", None),
         ("model key", task_envelope("sim-01", task_body(good("h-model", models=["qwen3", "../x"]))),

@@ -20,7 +20,7 @@ from agent.validate import (
     validate_request,
 )
 from contract.kv import KV
-from contract.records import MODEL_KEYS, RUN_ID_PATTERN, RunRequest, RunState
+from contract.records import MODEL_KEYS, RUN_ID_PATTERN, SCHEMA_VERSION, RunRequest, RunState
 
 SHA = "ab" * 32
 
@@ -82,10 +82,17 @@ def test_not_plain_json(good, settings):
     assert refused(with_(good, release=object()), settings).field == "payload"
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", 1.0, True, None])
+@pytest.mark.parametrize("version", [0, SCHEMA_VERSION - 2, SCHEMA_VERSION + 1, "1", 1.0, True, None])
 def test_schema_version(good, settings, version):
     exc = refused(with_(good, schema_version=version), settings)
     assert exc.field == "schema_version"
+    assert "upgrade" in str(exc)
+
+
+@pytest.mark.parametrize("version", [SCHEMA_VERSION - 1, SCHEMA_VERSION])
+def test_schema_version_of_the_controller_one_behind_runs(good, settings, version):
+    """An agent runs requests of its own contract version and of the one before (ADR 0051)."""
+    assert validate_request(with_(good, schema_version=version), settings).schema_version == version
 
 
 @pytest.mark.parametrize("run_id", ["", "../x", "a/b", ".hidden", "-x", "x" * 129, "a b", "r1\n", "a:b", "r*",

@@ -31,7 +31,8 @@ ALLOWED_AGENT_IMPORTS: dict[tuple[str, str, str], str] = {
 CONTRACT_MODULES = {"records", "kv", "celery_app", "safe_transport", "settings", "oneline", "digest", "eviction",
                     "vocab", "files", "redact", "version", "layout", "fingerprint", "energy", "kernel_store",
                     "priority",  # the broker order both sides keep (lower number first)
-                    "attest", "cancel_token"}  # the kernel cache's attestations, the pipeline's cancel token
+                    "attest", "cancel_token",  # the kernel cache's attestations, the pipeline's cancel token
+                    "compat", "request_identity"}  # the version policy (ADR 0051); what makes two requests one
 # what contract/ may import besides the standard library: the agent's own dependencies
 CONTRACT_THIRD_PARTY = {"pydantic", "pydantic_settings", "celery", "kombu", "redis"}
 

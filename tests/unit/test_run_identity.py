@@ -1,6 +1,6 @@
 """A module answers a run request from its record only when the record is of the same request.
 
-The identity (``contract.records.request_identity``) is pure; the run task's body (``execute_run``) is called
+The identity (``contract.request_identity.request_identity``) is pure; the run task's body (``execute_run``) is called
 directly with the embedded broker's backend (real files, no worker), on a module folder that holds the record
 of a finished run, as the first of two controllers using one run id leaves it.
 """
@@ -23,10 +23,8 @@ from contract.records import (
     RunRequest,
     RunState,
     StepError,
-    release_difference,
-    request_difference,
-    request_identity,
 )
+from contract.request_identity import release_difference, request_difference, request_identity
 
 SHA_141 = "ab12" * 16
 SHA_142 = "cd34" * 16
