@@ -43,6 +43,8 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "controller.fleet.errors.RunIdInUse": (2, 400),
     "controller.fleet.errors.EvictingBroker": (2, 503),
     "controller.history.records.HistoryError": (2, 404),
+    "controller.history.records.HistoryFull": (2, 503),
+    "controller.history.records.HistoryStopped": (2, 503),
     "controller.history.records.HistoryUnavailable": (2, 503),
     "controller.inventory.InventoryError": (2, 400),
     "controller.remote.acl.AclError": (2, 400),
