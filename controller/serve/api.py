@@ -489,6 +489,9 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
         log.info("%s: reservation of %s released over HTTP by %s", module, r.user, who.user)
         return ReservationOut(**reservation_dict(r))
 
+    from controller.serve.pages import mount as mount_pages  # the run browser under /ui (issue 52)
+
+    mount_pages(app, settings, tokens, session, link_secret)
     missing = undeclared(app.routes, _protected)
     if missing:  # a route every token could call by omission: refused before the app serves anything
         raise RuntimeError(f"API routes without a declared role: {', '.join(missing)}")
