@@ -46,7 +46,7 @@ from controller.serve import links
 from controller.serve.access import RoleCheck, may_act_on, publish, refusal, undeclared
 from controller.serve.tokens import Identity, Role, Tokens
 from controller.serve.trend_record import TrendRecord
-from controller.serve.wire import PREFIX, REACH_HEADER, RELEASES_HEADER, report_headers
+from controller.serve.wire import PREFIX, REACH_HEADER, RELEASES_HEADER, report_headers, run_page
 from controller.service import Judgement, Session
 from controller.service.release_url import MAX_SHOWN, clip
 from controller.settings import ControllerSettings
@@ -500,6 +500,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
 
 
 def summary_of(s: Session, j: Judgement) -> dict[str, Any]:
-    """The webhook body of a verdict: the run as the API shows it, with the verdict line."""
+    """The webhook body of a verdict: the run as the API shows it, with the verdict line (and its page)."""
     d = service.describe_run(s, j.run_id, live=False)
-    return {"event": "run.verdict", **service.run_summary(d.info, d.view, rows=d.rows, judgement=j)}
+    page = run_page(s.settings.serve_url, j.run_id)  # the run's page (serve_url set): a person opens it
+    return {"event": "run.verdict", **service.run_summary(d.info, d.view, rows=d.rows, judgement=j),
+            **({"page_url": page} if page else {})}

@@ -42,7 +42,7 @@ def pages(controller: ControllerSettings, tmp_path: Path) -> Iterator:
         yield app, c
 
 
-def as_(client, role: Role):  # noqa: ANN201
+def as_(client, role: Role):
     client.cookies.set(COOKIE, TOKENS[role], domain="lab.test", path=PAGES)
     return client
 

@@ -46,12 +46,7 @@ POLL_MS = 2000
 MAX_FORM = 4096
 LOG_LINES = 200
 
-__all__ = ["PAGES", "mount", "page_url"]
-
-
-def page_url(base: str, run_id: str) -> str:
-    """A run's page under a served base URL (``serve_url``): what ``fleetctl validate`` and the webhooks give."""
-    return f"{base.rstrip('/')}{PAGES}/runs/{quote(run_id, safe='')}"
+__all__ = ["PAGES", "mount"]
 
 
 class PageError(Exception):
@@ -114,7 +109,7 @@ def mount(app: FastAPI, settings: ControllerSettings, tokens: Tokens, session: C
         return RedirectResponse(f"{PAGES}/runs", status_code=303)
 
     @app.get(f"{PAGES}/login", include_in_schema=False)
-    def login_page(next: str = f"{PAGES}/runs") -> HTMLResponse:  # noqa: A002 - the query's name
+    def login_page(next: str = f"{PAGES}/runs") -> HTMLResponse:
         return render("login.html", None, title="Log in", next=safe_next(next))
 
     @app.post(f"{PAGES}/login", include_in_schema=False)
@@ -161,6 +156,18 @@ def mount(app: FastAPI, settings: ControllerSettings, tokens: Tokens, session: C
             cells[f"vd-{rid}"] = {"text": d["verdict"] or "–", "cls": d["verdict"] or ""}
         return JSONResponse({"cells": cells, "done": all(d["state"] != "running" for d in got.values())})
 
+    def key_rows(d: Any) -> list[dict[str, Any]]:
+        """Each (module, model key) of the run: its outcome there ('pending' until the module ran it)."""
+        out = []
+        for m, p in d.view.progress.items():
+            done = {o.model_key: o for o in (p.outcomes if p is not None else ())}
+            for key in d.info.module_models.get(m, d.info.models):
+                o = done.get(key)
+                out.append({"module": m, "model_key": key, "status": str(o.status) if o else "pending",
+                            "rows": o.rows if o else 0, "seconds": f"{o.duration_s:.0f}" if o else "–",
+                            "error": o.error.one_line() if o and o.error else ""})
+        return out
+
     def run_cells(d: Any) -> dict[str, Any]:
         errs = service.errors_of(d.view)
         cells: dict[str, Any] = {"run-state": {"text": d.state, "cls": d.state},
@@ -174,6 +181,12 @@ def mount(app: FastAPI, settings: ControllerSettings, tokens: Tokens, session: C
             cells[f"m-{m}-keys"] = {"text": f"{pd.get('keys_done') or 0}/{pd.get('keys_total') or 0}"}
             cells[f"m-{m}-progress"] = {"text": f"{round((pd.get('progress') or 0) * 100)} %"}
             cells[f"m-{m}-error"] = {"text": "; ".join(errs.get(m, []))}
+        for k in key_rows(d):
+            kid = f"k-{k['module']}-{k['model_key']}"
+            cells[f"{kid}-status"] = {"text": k["status"], "cls": k["status"]}
+            cells[f"{kid}-rows"] = {"text": str(k["rows"])}
+            cells[f"{kid}-s"] = {"text": k["seconds"]}
+            cells[f"{kid}-error"] = {"text": k["error"]}
         return cells
 
     @app.get(f"{PAGES}/runs/{{run_id}}", include_in_schema=False)
@@ -181,13 +194,9 @@ def mount(app: FastAPI, settings: ControllerSettings, tokens: Tokens, session: C
         s = session()
         d = shown(lambda: service.describe_run(s, run_id))
         errs = service.errors_of(d.view)
-        modules = []
-        keys = []
-        for m, p in d.view.progress.items():
-            modules.append((m, {**service.progress_dict(p), "error_line": "; ".join(errs.get(m, []))}))
-            for o in (p.outcomes if p is not None else ()):
-                keys.append({"module": m, "model_key": o.model_key, "status": str(o.status.value), "rows": o.rows,
-                             "duration_s": o.duration_s, "error": o.error.one_line() if o.error else ""})
+        modules = [(m, {**service.progress_dict(p), "error_line": "; ".join(errs.get(m, []))})
+                   for m, p in d.view.progress.items()]
+        keys = key_rows(d)
         events = s.history().events(d.info.run_id)[-50:]
         link = links.make_link(link_secret, d.info.run_id, time.time(), links.DEFAULT_TTL).path
         return render("run.html", who, title=f"Run {d.info.run_id}", run=d.info, state=d.state, rows=d.rows,

@@ -21,8 +21,8 @@ from fastapi.routing import APIRoute
 
 from controller.serve.access import refusal
 from controller.serve.tokens import Identity, Role, Tokens
+from controller.serve.wire import PAGES
 
-PAGES = "/ui"
 COOKIE = "fleet_ui"
 COOKIE_AGE = 12 * 3600  # s: a day's work, then the token is asked for again
 

@@ -82,7 +82,8 @@ class RunsFilter:
 
     def sql(self) -> tuple[str, list[Any]]:
         """The WHERE clause and its parameters (pure)."""
-        where, args = ["kind='run'"], []
+        where: list[str] = ["kind='run'"]
+        args: list[Any] = []
         for col, v in (("release", self.release), ("state", self.state), ("started_by", self.user)):
             if v:
                 where.append(f"{col}=?")
@@ -232,7 +233,12 @@ def module_page(s: Session, name: str, recent: int = 20) -> ModulePage:
         cur = s.history().db.execute("SELECT ts, run_id, message FROM events WHERE module=? ORDER BY ts DESC"
                                      " LIMIT 50", (name,))
         events = [(float(t), str(r), str(m)) for t, r, m in cur.fetchall()]
-    return ModulePage(row, [(i, service.progress_dict(p)) for i, p in d.recent], events)
+    h = s.history() if s.has_history() else None
+    runs = []
+    for i, p in d.recent:  # its telemetry of each run: the history keeps it apart from the progress
+        t = h.telemetry(i.run_id).get(name) if h is not None else None
+        runs.append((i, {**service.progress_dict(p), "telemetry": t.model_dump(mode="json") if t else None}))
+    return ModulePage(row, runs, events)
 
 
 # --------------------------------------------------------------------------- releases
