@@ -46,7 +46,7 @@ from controller.serve import links
 from controller.serve.access import RoleCheck, may_act_on, publish, refusal, undeclared
 from controller.serve.tokens import Identity, Role, Tokens
 from controller.serve.trend_record import TrendRecord
-from controller.serve.wire import PREFIX, REACH_HEADER, RELEASES_HEADER, report_headers, run_page
+from controller.serve.wire import PREFIX, REACH_HEADER, RELEASES_HEADER, page_path, report_headers, run_page
 from controller.service import Judgement, Session
 from controller.service.release_url import MAX_SHOWN, clip
 from controller.settings import ControllerSettings
@@ -382,7 +382,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
         rep = errors(lambda: service.report(session(), run_id, with_history=True), run_id)
         from controller.report.render.html import to_html
 
-        return Response(to_html(rep), media_type="text/html; charset=utf-8",
+        return Response(to_html(rep, page_path(rep.run_id)),
+                        media_type="text/html; charset=utf-8",
                         headers={"Cache-Control": "private, no-store", "Referrer-Policy": "no-referrer"})
 
     @app.post(f"{PREFIX}/runs/{{run_id}}/cancel", status_code=202, response_model=Cancelled, responses=ERRORS)

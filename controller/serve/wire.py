@@ -26,9 +26,14 @@ def report_headers(run_id: str, verdict: str, line: str, warnings: Sequence[str]
 PAGES = "/ui"  # the run browser's pages (controller.serve.pages)
 
 
+def page_path(run_id: str) -> str:
+    """A run's page's path (the run browser, :mod:`controller.serve.pages`)."""
+    from urllib.parse import quote
+
+    return f"{PAGES}/runs/{quote(run_id, safe='')}"
+
+
 def run_page(base: str | None, run_id: str) -> str | None:
     """A run's page under ``fleetctl serve``'s address (the ``serve_url`` setting; None: not set): what
     ``fleetctl validate`` prints and the webhooks carry."""
-    from urllib.parse import quote
-
-    return None if not base else f"{base.rstrip('/')}{PAGES}/runs/{quote(run_id, safe='')}"
+    return None if not base else base.rstrip("/") + page_path(run_id)

@@ -158,3 +158,18 @@ def test_a_page_route_without_a_role_is_refused_at_start():
         return {}
 
     assert undeclared_pages(app.routes) == [f"GET {PAGES}/forgotten"]
+
+
+def test_webhooks_and_validate_name_the_runs_page_when_serve_url_is_set(controller):
+    from controller.serve.api import summary_of
+    from controller.serve.wire import run_page
+    from controller.service import Judgement, Session
+
+    assert run_page(None, "run-a") is None and run_page("http://lab:8080/", "a b") == "http://lab:8080/ui/runs/a%20b"
+    with Session(controller) as s:
+        assert "page_url" not in summary_of(s, Judgement("run-a", "pass", "PASS run-a", "done"))
+    with Session(controller.model_copy(update={"serve_url": "http://lab:8080"})) as s:
+        got = summary_of(s, Judgement("run-a", "pass", "PASS run-a", "done"))
+    assert got["page_url"] == "http://lab:8080/ui/runs/run-a"
+    with pytest.raises(ValueError, match="serve_url"):
+        ControllerSettings(serve_url="lab:8080")

@@ -146,6 +146,7 @@ def test_runs_run_module_release_and_a_run_reaching_its_verdict_live(served, tmp
         page.click("#report")
         page.wait_for_load_state()
         assert page.title() == f"Fleet report {run_id}"
+        assert page.locator("p.page a").get_attribute("href") == f"/ui/runs/{run_id}"  # and back to the page
     assert narrow == [True] * 7
     assert seen.errors == []
     assert {u for u in seen.requested if not u.startswith(url)} == set()  # offline: nothing from elsewhere
