@@ -173,3 +173,18 @@ def test_webhooks_and_validate_name_the_runs_page_when_serve_url_is_set(controll
     assert got["page_url"] == "http://lab:8080/ui/runs/run-a"
     with pytest.raises(ValueError, match="serve_url"):
         ControllerSettings(serve_url="lab:8080")
+
+
+def test_the_releases_read_the_kept_change_points_computed_off_the_page(pages):
+    """No findings kept: the page says they are being computed, a thread computes and keeps them; the next view
+    reads them (kept, current: no note)."""
+    from controller.serve.pages import data
+
+    _, c = pages
+    as_(c, Role.read)
+    first = c.get(f"{PAGES}/releases/1.4.1")
+    assert "being computed" in first.text
+    assert data.KEPT.thread is not None
+    data.KEPT.thread.join(timeout=60)
+    again = c.get(f"{PAGES}/releases/1.4.1")
+    assert "being computed" not in again.text and "No change points across the 1 release(s)" in again.text

@@ -285,7 +285,7 @@ def mount(app: FastAPI, settings: ControllerSettings, tokens: Tokens, session: C
         from controller.service.reservations import reservation_dict, reservations
 
         s = session()
-        q = shown(lambda: queue(s))
+        q = shown(lambda: queue(s, waits=False))  # the waits' stats read the whole history: fleetctl queue
         held = [reservation_dict(r) for r in shown(lambda: reservations(s))]
         return render("queue.html", who, title="Queue", q=q, held=held)
 

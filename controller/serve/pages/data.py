@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,63 +265,88 @@ def releases_page(s: Session, limit: int = 100) -> list[ReleaseRow]:
     names = [str(r[0]) for r in newest]
     marks = ",".join("?" * len(names))
     counts: dict[str, dict[str, int]] = {}
-    for rel, verdict, n in db.execute(f"SELECT release, verdict, COUNT(*) FROM runs WHERE kind='run' AND release IN"
-                                      f" ({marks}) GROUP BY release, verdict", names).fetchall():
-        counts.setdefault(str(rel), {})[verdict or ""] = int(n)
-    last = {str(r[0]): (str(r[1]), r[2]) for r in db.execute(
-        f"SELECT release, run_id, verdict FROM runs r WHERE kind='run' AND release IN ({marks}) AND created_at ="
-        " (SELECT MAX(created_at) FROM runs WHERE kind='run' AND release=r.release)", names).fetchall()}
+    last: dict[str, tuple[str, str | None]] = {}
+    for rel, rid, verdict in db.execute(f"SELECT release, run_id, verdict FROM runs WHERE kind='run' AND release IN"
+                                        f" ({marks}) ORDER BY created_at DESC", names).fetchall():
+        c = counts.setdefault(str(rel), {})
+        c[verdict or ""] = c.get(verdict or "", 0) + 1
+        last.setdefault(str(rel), (str(rid), verdict))
     return [ReleaseRow(str(rel), int(n), counts.get(str(rel), {}), float(t), *last.get(str(rel), ("", None)))
             for rel, n, t in newest]
 
 
 @dataclass
-class _Keeper:
-    """One computation of the history's findings at a time, in a thread (:func:`release_trend`)."""
+class _Kept:
+    """The history's kept findings as the pages read them: decoded once per kept version, and whether they are the
+    history's current ones, checked in a thread at most every :data:`CHECK_EVERY` seconds (the check reads every
+    run: 30-50 ms at 10,000 runs, not on a page's path); when they are not, the same thread computes and keeps
+    them (a minute at 10,000 runs, as ``/metrics`` does)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     thread: threading.Thread | None = None
+    decoded: dict[str, Any] = field(default_factory=dict)  # history location -> (kept version, KeptFindings)
+    current: dict[str, str] = field(default_factory=dict)  # history location -> its version at the last check
+    checked: dict[str, float] = field(default_factory=dict)
 
-    def start(self, settings: Any) -> bool:
+    def findings(self, s: Session) -> tuple[Any, bool]:
+        """(the kept findings or None, whether they may be stale); starts the check when it is due."""
+        from controller.report.kept import NAME, decode
+
+        where = str(s.settings.history_location)
+        h = s.read_history()
+        row = h.db.execute("SELECT version FROM trend_findings WHERE name=?", (NAME,)).fetchone()
+        kept = None
+        if row is not None:
+            got = self.decoded.get(where)
+            if got is None or got[0] != str(row[0]):
+                body = h.trend_findings(NAME)
+                got = (str(row[0]), decode(*body) if body else None)
+                self.decoded[where] = got
+            kept = got[1]
+        if time.monotonic() - self.checked.get(where, -CHECK_EVERY) >= CHECK_EVERY:
+            self.start(s.settings, where)
+        return kept, kept is None or self.current.get(where) != kept.version
+
+    def start(self, settings: Any, where: str) -> None:
         with self.lock:
             if self.thread is not None and self.thread.is_alive():
-                return True
-            self.thread = threading.Thread(target=self._run, args=(settings,), name="pages-findings", daemon=True)
+                return
+            self.checked[where] = time.monotonic()
+            self.thread = threading.Thread(target=self._run, args=(settings, where), name="pages-findings",
+                                           daemon=True)
             self.thread.start()
-            return True
 
-    @staticmethod
-    def _run(settings: Any) -> None:
-        from controller.report.kept import keep_findings
+    def _run(self, settings: Any, where: str) -> None:
+        from controller.report.kept import keep_findings, read_kept
 
         with Session(settings) as s:
-            keep_findings(s.read_history())
+            h = s.read_history()
+            version = h.trend_version()
+            if read_kept(h) is None:  # not of the history's current version (or none): computed and kept
+                version = keep_findings(h).version
+            self.current[where] = version
 
 
-KEEPER = _Keeper()
+CHECK_EVERY = 10.0  # s between two checks that the kept findings are the history's current ones
+KEPT = _Kept()
 
 
 @dataclass(frozen=True)
 class Trend:
     records: list[dict[str, Any]]  # TrendRecord's fields (fleetctl trend -o json)
     releases: int
-    stale: bool  # the findings are of the history before its last change (newer ones being computed)
+    stale: bool  # the findings may be of the history before its last change (newer ones being computed)
     none_kept: bool  # no findings kept yet (being computed)
 
 
 def release_trend(s: Session, models: tuple[str, ...] | None = None) -> Trend:
     """The change points ``fleetctl trend`` names (default settings), from the findings the history keeps; never
-    the search itself on the page's path: when they are not current, a thread computes and keeps them."""
-    from controller.report.kept import read_kept
+    the search itself on the page's path (:class:`_Kept`)."""
     from controller.report.trend import TrendQuery, kept_records
 
     if not s.has_history():
         return Trend([], 0, False, False)
-    h = s.read_history()
-    kept = read_kept(h, current=False)
-    stale = kept is None or kept.version != h.trend_version()
-    if stale:
-        KEEPER.start(s.settings)
+    kept, stale = KEPT.findings(s)
     if kept is None:
         return Trend([], 0, True, True)
     got = kept_records(kept.changes, dict(kept.profiles), kept.releases, TrendQuery(models=models))
