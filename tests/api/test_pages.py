@@ -139,6 +139,8 @@ def test_the_pages_show_the_services_data(pages):
     assert mods.status_code == 200 and "<th scope=\"row\"><a href=\"/ui/modules/m1\">m1</a></th>" in mods.text
     assert "never" in mods.text  # no golden check yet
     assert "offline" in c.get(f"{PAGES}/modules/m1").text  # no heartbeat ever
+    nope = c.get(f"{PAGES}/modules/nope")
+    assert nope.status_code == 404 and "no module &#39;nope&#39;" in nope.text
     rel = c.get(f"{PAGES}/releases")
     assert rel.status_code == 200 and '<a href="/ui/releases/1.4.1">1.4.1</a>' in rel.text
     one = c.get(f"{PAGES}/releases/1.4.1")

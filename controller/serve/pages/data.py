@@ -218,27 +218,39 @@ class ModulePage:
 
 
 def module_page(s: Session, name: str, recent: int = 20) -> ModulePage:
-    """A module's row, its recent runs (:func:`service.describe_module`) and its events: the module's own (resets,
-    golden drifts, reservations) and its runs' (newest 50)."""
+    """A module's row (its state as :func:`service.devices` reads it), its ``recent`` newest runs (its part of
+    each, by the history's ``(module, updated_at)`` index, and its telemetry) and its events: the module's own
+    (resets, golden drifts, reservations) and its runs' (newest 50)."""
+    from contract.records import RunProgress
     from controller.service.reservations import reservation_dict, reservations
 
-    d = service.describe_module(s, name, recent=recent)
-    dd = service.device_dict(service.Device(d.module, d.status))
-    drift = s.history().golden_drift(name) if s.has_history() else None
+    if name not in {m.name for m in s.inventory().modules}:
+        raise service.NotFound(f"no module {name!r} in {s.settings.inventory}")
+    (dev,) = service.devices(s, name)
+    dd = service.device_dict(dev)
     held = reservations(s, name)
-    golden = golden_checks(s).get(name)
+    if not s.has_history():
+        health, why = health_of(dd["state"], dd["reason"], None)
+        return ModulePage(ModuleRow(dd, health, why, reservation_dict(held[0]) if held else None, None, None), [], [])
+    h = s.history()
+    drift = h.golden_drift(name)
     health, why = health_of(dd["state"], dd["reason"], drift)
-    row = ModuleRow(dd, health, why, reservation_dict(held[0]) if held else None, golden, drift)
-    events: list[tuple[float, str, str]] = []
-    if s.has_history():
-        cur = s.history().db.execute("SELECT ts, run_id, message FROM events WHERE module=? ORDER BY ts DESC"
-                                     " LIMIT 50", (name,))
-        events = [(float(t), str(r), str(m)) for t, r, m in cur.fetchall()]
-    h = s.history() if s.has_history() else None
+    row = ModuleRow(dd, health, why, reservation_dict(held[0]) if held else None, golden_checks(s).get(name), drift)
+    parts = h.db.execute("SELECT run_id, progress FROM module_runs WHERE module=? ORDER BY updated_at DESC LIMIT ?",
+                         (name, recent)).fetchall()
+    ids = [str(r) for r, _ in parts]
+    infos = {i.run_id: i for i in _infos(s, f"SELECT * FROM runs WHERE kind='run' AND run_id IN"
+                                            f" ({','.join('?' * len(ids))})", ids)} if ids else {}
     runs = []
-    for i, p in d.recent:  # its telemetry of each run: the history keeps it apart from the progress
-        t = h.telemetry(i.run_id).get(name) if h is not None else None
-        runs.append((i, {**service.progress_dict(p), "telemetry": t.model_dump(mode="json") if t else None}))
+    for rid, progress in parts:
+        if (info := infos.get(str(rid))) is None:
+            continue
+        t = h.telemetry(info.run_id).get(name)  # kept apart from the progress
+        p = service.progress_dict(RunProgress.model_validate_json(progress))
+        runs.append((info, {**p, "telemetry": t.model_dump(mode="json") if t else None}))
+    runs.sort(key=lambda r: r[0].created_at, reverse=True)
+    cur = h.db.execute("SELECT ts, run_id, message FROM events WHERE module=? ORDER BY ts DESC LIMIT 50", (name,))
+    events = [(float(t), str(r), str(m)) for t, r, m in cur.fetchall()]
     return ModulePage(row, runs, events)
 
 
