@@ -45,6 +45,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     lab = make_lab(base / "lab", ("filesystem://", None), 2)
     with Session(lab.settings) as s:
         s.history().add_baseline(release.version, reference_rows(), "simulator reference tables")
+        past_releases(s.history(), lab.names)
     lab.start()
     tokens = base / "tokens"
     tokens.write_text(V2_HEADER + "\n" + "".join(f"{USERS[r]} {r} {t}\n" for r, t in TOKENS.items()))
@@ -67,6 +68,28 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         lab.stop()
         out, err = proc.communicate(timeout=10)
         assert not any(t in out + err for t in TOKENS.values())  # tokens are never logged
+
+
+PAST = [f"1.3.{i}" for i in range(12)]  # earlier releases, one run each: qwen3's decode 10 % slower from 1.3.6 on
+STEP = PAST[6]
+
+
+def past_releases(h, modules: list[str]) -> None:
+    """A run of each of :data:`PAST` on the lab's modules (qwen3 rows of the simulator's reference), judged: the
+    release page's change point, and a runs page with a history."""
+    from controller.report.synth import fleet, rows_frame
+    from tests.support.cli import finished_run
+    from tests.support.frames import frame_to_rows
+
+    ref = rows_frame([r for r in reference_rows() if r.model_key == "qwen3"])
+    for i, rel in enumerate(PAST):
+        rid = f"past-{i:02d}"
+        df = fleet(ref, modules=modules, seed=i, run_id=rid, release=rel, noise=0.01,
+                   regress={("qwen3", "decode_tps"): 0.10} if i >= 6 else None)
+        finished_run(h, rid, modules=modules, state="running", release=rel, models=("qwen3",))
+        h.upsert_rows(frame_to_rows(df))
+        h.set_started_by(rid, "ci")
+        h.set_run_state(rid, "done", verdict="regressed" if i == 6 else "pass")
 
 
 def shoot(page, name: str, tmp: Path) -> None:
@@ -135,6 +158,12 @@ def test_runs_run_module_release_and_a_run_reaching_its_verdict_live(served, tmp
         page.wait_for_url(f"{url}/ui/releases/{served['release'].version}")
         assert run_id in page.inner_text("main") and "Trend per key" in page.inner_text("main")
         narrow.append(fits_a_phone(page))
+        end = time.monotonic() + 90  # the change points: computed and kept off the page's path, then shown
+        while "being computed" in page.goto(f"{url}/ui/releases/{STEP}").text() and time.monotonic() < end:
+            page.wait_for_timeout(1000)
+        main = page.inner_text("main")
+        assert "qwen3" in main and "decode_tps" in main and page.locator("svg.spark").count() >= 1, main
+        narrow.append(fits_a_phone(page))
         shoot(page, "browse-release", tmp_path)
         for path, name in (("/ui/modules", "browse-modules"), ("/ui/releases", "browse-releases"),
                            ("/ui/queue", "browse-queue")):
@@ -147,7 +176,7 @@ def test_runs_run_module_release_and_a_run_reaching_its_verdict_live(served, tmp
         page.wait_for_load_state()
         assert page.title() == f"Fleet report {run_id}"
         assert page.locator("p.page a").get_attribute("href") == f"/ui/runs/{run_id}"  # and back to the page
-    assert narrow == [True] * 7
+    assert narrow == [True] * 8
     assert seen.errors == []
     assert {u for u in seen.requested if not u.startswith(url)} == set()  # offline: nothing from elsewhere
 
