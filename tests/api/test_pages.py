@@ -190,3 +190,34 @@ def test_the_releases_read_the_kept_change_points_computed_off_the_page(pages):
     data.KEPT.thread.join(timeout=60)
     again = c.get(f"{PAGES}/releases/1.4.1")
     assert "being computed" not in again.text and "No change points across the 1 release(s)" in again.text
+
+
+def test_every_page_is_plain_html_in_reading_order(pages):
+    """For a screen reader: a language, a skip link first, the navigation before the one <h1> in <main>, every table
+    with a caption and every header cell scoped; no script or style from elsewhere (the CSP allows none)."""
+    from html.parser import HTMLParser
+
+    class Seen(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            self.tags.append((tag, dict(attrs)))
+
+    _, c = pages
+    as_(c, Role.admin)
+    for path in ("runs", "runs/run-b", "modules", "modules/m1", "releases", "releases/1.4.1", "queue"):
+        r = c.get(f"{PAGES}/{path}")
+        assert r.status_code == 200, path
+        seen = Seen()
+        seen.feed(r.text)
+        names = [t for t, _ in seen.tags]
+        assert seen.tags[0] == ("html", {"lang": "en"}), path
+        first_link = next(a for t, a in seen.tags if t == "a")
+        assert first_link == {"class": "skip", "href": "#main"}, path
+        assert names.index("nav") < names.index("main") < names.index("h1") and names.count("h1") == 1, path
+        assert names.count("table") == names.count("caption"), path
+        assert all(a.get("scope") in ("col", "row") for t, a in seen.tags if t == "th"), path
+        assert all("src" not in a for t, a in seen.tags if t in ("script", "img")), path
+        assert "default-src 'none'" in r.headers["content-security-policy"], path
