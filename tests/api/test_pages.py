@@ -221,3 +221,27 @@ def test_every_page_is_plain_html_in_reading_order(pages):
         assert all(a.get("scope") in ("col", "row") for t, a in seen.tags if t == "th"), path
         assert all("src" not in a for t, a in seen.tags if t in ("script", "img")), path
         assert "default-src 'none'" in r.headers["content-security-policy"], path
+
+
+def test_a_modules_golden_check_and_its_drift_make_it_need_attention(pages, controller):
+    from controller.history.records import GOLDEN_DRIFT_EVENT
+    from controller.serve.pages.data import health_of
+
+    h = History(controller.history_path)
+    try:
+        h.create_run("gold-1", release="1.4.1", models=("qwen3",), modules=("m1",), note="golden check 1.4.1",
+                     state="done")
+        h.add_module_event("m1", f"{GOLDEN_DRIFT_EVENT}: decode_tps 6.1 % below its golden history")
+    finally:
+        h.close()
+    _, c = pages
+    as_(c, Role.read)
+    row = c.get(f"{PAGES}/modules").text.split('href="/ui/modules/m1"', 1)[1].split("</tr>", 1)[0]
+    assert 'href="/ui/runs/gold-1"' in row and "drift" in row
+    assert "needs attention" in row  # no heartbeat (offline) comes first; the drift is said in its own column
+    page = c.get(f"{PAGES}/modules/m1").text
+    assert "gold-1" in page and "drift decode_tps 6.1 % below its golden history" in page
+    assert health_of("idle", "", "decode_tps 6.1 % below") == ("needs attention",
+                                                              "golden check: decode_tps 6.1 % below")
+    assert health_of("bad", "3 failed runs in a row", None) == ("bad", "3 failed runs in a row")
+    assert health_of("idle", "", None) == ("ok", "")

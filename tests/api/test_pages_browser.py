@@ -165,11 +165,19 @@ def test_runs_run_module_release_and_a_run_reaching_its_verdict_live(served, tmp
         assert "qwen3" in main and "decode_tps" in main and page.locator("svg.spark").count() >= 1, main
         narrow.append(fits_a_phone(page))
         shoot(page, "browse-release", tmp_path)
-        for path, name in (("/ui/modules", "browse-modules"), ("/ui/releases", "browse-releases"),
-                           ("/ui/queue", "browse-queue")):
-            assert page.goto(url + path).status == 200
-            narrow.append(fits_a_phone(page))
-            shoot(page, name, tmp_path)
+        got = lab.fleetctl("reserve", "--devices", lab.names[1], "--for", "2h", "--reason", "flashing firmware",
+                           user="ana")
+        assert got.returncode == 0, got.stderr
+        try:
+            for path, name in (("/ui/modules", "browse-modules"), ("/ui/releases", "browse-releases"),
+                               ("/ui/queue", "browse-queue")):
+                assert page.goto(url + path).status == 200
+                if name != "browse-releases":  # who holds it, on the modules and the queue pages
+                    assert f"{lab.names[1]}" in page.inner_text("main") and "ana" in page.inner_text("main")
+                narrow.append(fits_a_phone(page))
+                shoot(page, name, tmp_path)
+        finally:
+            lab.fleetctl("release", "--devices", lab.names[1], user="ana")
         # the report the run's page links to opens (a signed link: no token)
         page.goto(url + f"/ui/runs/{run_id}")
         page.click("#report")
