@@ -106,10 +106,13 @@ def login(page, url: str, role: str) -> None:
     page.wait_for_url(f"{url}/ui/runs")
 
 
-def fits_a_phone(page) -> bool:
-    """Nothing on the page wider than a 390 px window (wide tables scroll in their own region)."""
+def fits_a_phone(page, shot: tuple[str, Path] | None = None) -> bool:
+    """Nothing on the page wider than a 390 px window (wide tables scroll in their own region); ``shot``: (name,
+    tmp dir) of a screenshot at that width."""
     page.set_viewport_size({"width": 390, "height": 800})
     try:
+        if shot is not None:
+            shoot(page, *shot)
         return bool(page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"))
     finally:
         page.set_viewport_size({"width": 1300, "height": 900})
@@ -147,7 +150,7 @@ def test_runs_run_module_release_and_a_run_reaching_its_verdict_live(served, tmp
         for m in lab.names:
             assert page.locator(f"#m-{m}-state").inner_text() == "done"
             assert page.locator(f"#k-{m}-qwen3-status").inner_text() == "passed"  # each key's outcome, live too
-        narrow.append(fits_a_phone(page))
+        narrow.append(fits_a_phone(page, ("browse-run-phone", tmp_path)))
         shoot(page, "browse-run", tmp_path)
         page.click(f"a[href='/ui/modules/{lab.names[0]}']")
         page.wait_for_url(f"{url}/ui/modules/{lab.names[0]}")
