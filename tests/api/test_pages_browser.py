@@ -152,6 +152,9 @@ def test_runs_run_module_release_and_a_run_reaching_its_verdict_live(served, tmp
             assert page.locator(f"#k-{m}-qwen3-status").inner_text() == "passed"  # each key's outcome, live too
         narrow.append(fits_a_phone(page, ("browse-run-phone", tmp_path)))
         shoot(page, "browse-run", tmp_path)
+        page.click(f"a[href='/ui/runs/{run_id}/logs/{lab.names[0]}?key=qwen3']")  # a key's log, read from the module
+        assert page.locator("main pre").count() >= 1 and "-benchmark-qwen3.log" in page.inner_text("main")
+        page.go_back()
         page.click(f"a[href='/ui/modules/{lab.names[0]}']")
         page.wait_for_url(f"{url}/ui/modules/{lab.names[0]}")
         assert run_id in page.inner_text("main") and "idle" in page.inner_text("main")
