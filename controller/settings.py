@@ -60,6 +60,9 @@ class ControllerSettings(BrokerSettings):
                                         "per module state or step change and a progress line this often, s")
     api_host: str = Field(default="127.0.0.1", description="bind address of the HTTP API of `fleetctl serve`")
     api_port: int = Field(default=0, ge=0, le=65535, description="port of the HTTP API of `fleetctl serve` (0: off)")
+    serve_url: str | None = Field(default=None, pattern=r"^https?://[^\s?#]+$", max_length=2048,
+                                  description="where people open `fleetctl serve`'s pages (http://HOST:PORT): "
+                                              "`fleetctl validate` prints a run's page, webhooks carry it")
     api_tokens_file: Path | None = Field(default=None,
                                          description="bearer tokens of the HTTP API: USER ROLE TOKEN a line (0600)")
     api_max_body_bytes: int = Field(default=64 * 1024, ge=1024,

@@ -321,11 +321,14 @@ def summary_line(view: RunView) -> str:
     return f"run {view.run_id}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
 
 
-def print_launched(launched: Launched, err: Console, n_modules: int) -> None:
-    """``run <id>: release ..., N model keys, Q/M modules queued`` and why each other module was not."""
+def print_launched(launched: Launched, err: Console, n_modules: int, page: str | None = None) -> None:
+    """``run <id>: release ..., N model keys, Q/M modules queued`` (``page``: the run's page in ``fleetctl serve``,
+    when ``serve_url`` is set) and why each other module was not."""
     err.print(f"run [bold]{launched.run_id}[/]: release {launched.release} ({launched.sha256[:12]}), "
               f"{len(launched.models)} model keys, {launched.queued}/{n_modules} modules queued"
               + (" (resumed)" if launched.resumed else ""), highlight=False)
+    if page:
+        err.print(f"page: {page}", highlight=False, markup=False, soft_wrap=True)
     for name, why in launched.modules.items():
         if why != "queued":
             err.print(f"  [red]{name}[/]: {why}", highlight=False)

@@ -14,6 +14,7 @@ import typer
 
 from controller.cli.invocation import session
 from controller.cli.output import Output, emit, output_option, stderr, stdout
+from controller.serve.wire import run_page
 
 if TYPE_CHECKING:
     from contract.records import ResultRow
@@ -51,7 +52,7 @@ def validate(
                                   baseline=baseline, run_id=run_id, resume=resume, priority=priority,
                                   preempt=preempt, on_reserved=on_reserved)  # type: ignore[arg-type]  # checked by the service
     launched = service.validate(s, req)
-    print_launched(launched, stderr(), len(launched.modules))
+    print_launched(launched, stderr(), len(launched.modules), run_page(s.settings.serve_url, launched.run_id))
     if detach:
         stdout().print(launched.run_id)
         return 0
@@ -218,7 +219,7 @@ def retry(
     if baseline:
         service.check_baseline(s, baseline)
     launched = service.retry(s, run_id, failed_only=failed_only)
-    print_launched(launched, stderr(), len(launched.modules))
+    print_launched(launched, stderr(), len(launched.modules), run_page(s.settings.serve_url, launched.run_id))
     if detach:
         stdout().print(launched.run_id)
         return 0

@@ -47,7 +47,7 @@ from controller.serve.access import RoleCheck, may_act_on, publish, refusal, und
 from controller.serve.health import Health, add_health
 from controller.serve.tokens import Identity, Role, Tokens
 from controller.serve.trend_record import TrendRecord
-from controller.serve.wire import PREFIX, REACH_HEADER, RELEASES_HEADER, report_headers
+from controller.serve.wire import PREFIX, REACH_HEADER, RELEASES_HEADER, page_path, report_headers, run_page
 from controller.service import Judgement, Session
 from controller.service.release_url import MAX_SHOWN, clip
 from controller.settings import ControllerSettings
@@ -390,7 +390,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
         rep = errors(lambda: service.report(session(), run_id, with_history=True), run_id)
         from controller.report.render.html import to_html
 
-        return Response(to_html(rep), media_type="text/html; charset=utf-8",
+        return Response(to_html(rep, page_path(rep.run_id)),
+                        media_type="text/html; charset=utf-8",
                         headers={"Cache-Control": "private, no-store", "Referrer-Policy": "no-referrer"})
 
     @app.post(f"{PREFIX}/runs/{{run_id}}/cancel", status_code=202, response_model=Cancelled, responses=ERRORS)
@@ -500,6 +501,10 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
     from controller.serve.power_route import add_power_route
 
     add_power_route(app, session, errors, RoleCheck(Role.admin, tokens), ERRORS)
+
+    from controller.serve.pages import mount as mount_pages  # the run browser under /ui (issue 52)
+
+    mount_pages(app, settings, tokens, session, link_secret)
     missing = undeclared(app.routes, _protected)
     if missing:  # a route every token could call by omission: refused before the app serves anything
         raise RuntimeError(f"API routes without a declared role: {', '.join(missing)}")
@@ -508,6 +513,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
 
 
 def summary_of(s: Session, j: Judgement) -> dict[str, Any]:
-    """The webhook body of a verdict: the run as the API shows it, with the verdict line."""
+    """The webhook body of a verdict: the run as the API shows it, with the verdict line (and its page)."""
     d = service.describe_run(s, j.run_id, live=False)
-    return {"event": "run.verdict", **service.run_summary(d.info, d.view, rows=d.rows, judgement=j)}
+    page = run_page(s.settings.serve_url, j.run_id)  # the run's page (serve_url set): a person opens it
+    return {"event": "run.verdict", **service.run_summary(d.info, d.view, rows=d.rows, judgement=j),
+            **({"page_url": page} if page else {})}

@@ -179,9 +179,12 @@ def needs_history(path: str, prefix: str) -> bool:
     """Whether an API path reads or writes the run history (the reservations are the broker's alone; a signed
     link's report is the history's)."""
     from controller.serve.links import LINK_PREFIX
+    from controller.serve.wire import PAGES
 
     if path.startswith(LINK_PREFIX + "/"):
         return True
+    if path.startswith(PAGES + "/"):  # the run browser's pages, but its login and the queue (the broker's)
+        return path.split("/")[2] not in ("login", "logout", "queue")
     return path.startswith(prefix + "/") and path != f"{prefix}/openapi.json" \
         and not path.startswith(f"{prefix}/reservations")
 
@@ -199,13 +202,22 @@ class DegradedGate:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and self.health.unreachable("history") and needs_history(scope["path"],
                                                                                            self.prefix):
-            from fastapi.responses import JSONResponse
+            import html
+
+            from fastapi.responses import HTMLResponse, JSONResponse
+
+            from controller.serve.wire import PAGES
 
             st = self.health.state("history")
             now = self.health.clock()
-            wait = max(1, round((st.retry_at or now) - now))
-            await JSONResponse({"detail": st.line(now)}, status_code=503,
-                               headers={"Retry-After": str(wait)})(scope, receive, send)
+            headers = {"Retry-After": str(max(1, round((st.retry_at or now) - now)))}
+            if scope["path"].startswith(PAGES + "/"):  # a person's page: the line, readable, and a reload later
+                page = (f"<!doctype html><html lang=en><meta charset=utf-8><title>m1000-fleet: degraded</title>"
+                        f"<h1>The run history is unreachable</h1><p>{html.escape(st.line(now))}</p>"
+                        f"<p>This page answers again once it is back: reload it then.</p></html>")
+                await HTMLResponse(page, status_code=503, headers=headers)(scope, receive, send)
+                return
+            await JSONResponse({"detail": st.line(now)}, status_code=503, headers=headers)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 

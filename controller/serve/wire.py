@@ -21,3 +21,19 @@ def report_headers(run_id: str, verdict: str, line: str, warnings: Sequence[str]
     """The headers of a report's response."""
     return {RUN_HEADER: json.dumps(run_id), VERDICT_HEADER: verdict, VERDICT_LINE_HEADER: json.dumps(line),
             WARNINGS_HEADER: json.dumps(list(warnings))}
+
+
+PAGES = "/ui"  # the run browser's pages (controller.serve.pages)
+
+
+def page_path(run_id: str) -> str:
+    """A run's page's path (the run browser, :mod:`controller.serve.pages`)."""
+    from urllib.parse import quote
+
+    return f"{PAGES}/runs/{quote(run_id, safe='')}"
+
+
+def run_page(base: str | None, run_id: str) -> str | None:
+    """A run's page under ``fleetctl serve``'s address (the ``serve_url`` setting; None: not set): what
+    ``fleetctl validate`` prints and the webhooks carry."""
+    return None if not base else base.rstrip("/") + page_path(run_id)

@@ -62,9 +62,10 @@ def wait_stats(waits: Iterable[tuple[str, float]]) -> tuple[WaitStats, ...]:
     return tuple(out)
 
 
-def queue(s: Session, selector: str = "all", *, recent: int = 1000, now: float | None = None) -> QueueView:
+def queue(s: Session, selector: str = "all", *, recent: int = 1000, now: float | None = None,
+          waits: bool = True) -> QueueView:
     """What waits on the selected modules (the broker), and the waits of started runs (the history, the runs not
-    ended synced into it first: writes)."""
+    ended synced into it first: writes; ``waits`` False: neither, the broker read only)."""
     mods = s.inventory().select(selector)
     fleet = s.broker()
     now = time.time() if now is None else now
@@ -83,12 +84,14 @@ def queue(s: Session, selector: str = "all", *, recent: int = 1000, now: float |
         runs.append(QueuedRun(module, taken[module], w.run_id, w.level, w.asked or w.level,
                               None if w.sent_at is None else max(0.0, now - w.sent_at), behind))
     names = {m.name for m in mods}
+    by_module = {by_queue[q]: d for q, d in depths(waiting, list(by_queue)).items()}
+    if not waits:
+        return QueueView(tuple(runs), by_module, ())
     if s.has_history():  # the runs not ended pulled in first: their starts are the newest waits
         for run_id in s.history().running_runs():
             broker_call(s, partial(fleet.sync, run_id))
-    waits = s.history().waits()[-recent:] if s.has_history() else []
-    by_module = {by_queue[q]: d for q, d in depths(waiting, list(by_queue)).items()}
-    return QueueView(tuple(runs), by_module, wait_stats((p, w) for _, m, p, w in waits if m in names))
+    parts = s.history().waits()[-recent:] if s.has_history() else []
+    return QueueView(tuple(runs), by_module, wait_stats((p, w) for _, m, p, w in parts if m in names))
 
 
 def queue_records(v: QueueView) -> list[dict[str, object]]:

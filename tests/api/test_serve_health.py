@@ -51,6 +51,8 @@ def test_history_routes() -> None:
     assert needs_history("/api/v1/runs/x", "/api/v1") and needs_history("/links/runs/x/report.html", "/api/v1")
     assert not needs_history("/api/v1/reservations", "/api/v1")
     assert not needs_history("/api/v1/openapi.json", "/api/v1") and not needs_history("/health", "/api/v1")
+    assert needs_history("/ui/runs", "/api/v1") and needs_history("/ui/runs/r1/live", "/api/v1")
+    assert not needs_history("/ui/login", "/api/v1") and not needs_history("/ui/queue", "/api/v1")
 
 
 def test_until_reached_retries_with_growing_waits_names_each_part_once_and_says_when_back() -> None:
@@ -109,6 +111,10 @@ def test_health_route_and_the_gate() -> None:
     def reservations() -> list[str]:
         return []
 
+    @app.get("/ui/runs")
+    def page() -> str:
+        return "<p>runs</p>"
+
     c = TestClient(app)
     assert c.get("/health").json()["status"] == "ok" and c.get("/api/v1/runs").json() == ["r1"]
     h.down("history", "connection refused", retry_at=h.clock() + 7)
@@ -118,6 +124,9 @@ def test_health_route_and_the_gate() -> None:
     assert r.status_code == 503 and r.json()["detail"].startswith("run history unreachable since ")
     assert 6 <= int(r.headers["Retry-After"]) <= 7
     assert c.get("/api/v1/reservations").status_code == 200  # the broker's alone
+    r = c.get("/ui/runs")  # a person's page: the line in a page, not JSON
+    assert r.status_code == 503 and r.headers["content-type"].startswith("text/html")
+    assert "run history unreachable since " in r.text and "connection refused" in r.text
     h.down("history", "disk full", answers=True)
     assert c.get("/api/v1/runs").status_code == 200  # reads may still succeed: the route tries
     h.up("history")

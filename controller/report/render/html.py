@@ -220,6 +220,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}.bad{color:#cf222e;fon
 </style></head><body>
 <h1>Fleet report {{ r.run_id }}</h1>
 <p class="verdict">{{ line }}</p>
+{% if page_url %}<p class="page"><a href="{{ page_url }}">The run's page</a> (modules, keys, logs, retry)</p>{% endif %}
 <p class="muted">Release {{ r.release or "?" }} &middot; baseline {{ r.baseline_id or "none" }} &middot;
 previous {{ r.previous_ids|join(", ") or "none" }} &middot; {{ r.modules|length }} module(s) &middot;
 tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
@@ -321,12 +322,13 @@ history: no change point can be named under {{ h.needed }} (docs/howto/trends.md
 """
 
 
-def to_html(r: Report) -> str:
-    """The whole report as one HTML document."""
+def to_html(r: Report, page_url: str | None = None) -> str:
+    """The whole report as one HTML document (``page_url``: the run's page in ``fleetctl serve``, linked)."""
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     tpl = env.from_string(_TEMPLATE)
     return tpl.render(
-        r=r, line=verdict_line(r), probe_line=probe_text(r), energy_line=energy_text(r), startup=startup_lines(r),
+        r=r, page_url=page_url, line=verdict_line(r), probe_line=probe_text(r), energy_line=energy_text(r),
+        startup=startup_lines(r),
         color=_COLORS.get(r.verdict, "#59636e"), num=num,
         pct=pct, telemetry_cell=telemetry_cell, FLEET=FLEET, no_interval=NO_INTERVAL,
         decode_svg=curve_plot(r.summary, "decode_tps", "decode tok/s") if len(r.summary) else "",

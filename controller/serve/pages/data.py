@@ -1,0 +1,372 @@
+"""What the run browser's pages show, read through the service layer the API's JSON routes use.
+
+Each function takes a :class:`controller.service.Session` and returns plain records for a template; the queries
+that the service has no verb for (the runs list's filters, the releases' verdict counts, the modules' last golden
+checks) are single indexed or bounded SQL statements over the run history, so a page costs the same whether the
+history holds ten runs or ten thousand (``bench/pages.py``). Nothing here writes, but :func:`release_trend`'s
+findings: when the history changed since they were kept, a thread computes and keeps them (what ``/metrics``
+does) and the page shows those kept meanwhile.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller import service
+from controller.history import RunInfo
+from controller.history.records import GOLDEN_NOTE
+from controller.service import Session
+
+VERDICTS = ("pass", "regressed", "incomplete", "failed")
+STATES = ("running", "done", "failed", "cancelled")
+MAX_LIMIT = 500
+
+
+class FilterError(ValueError):
+    """A filter of the runs page that cannot be used (HTTP 400, the field named)."""
+
+    http_status = 400
+
+
+@dataclass(frozen=True)
+class RunsFilter:
+    """The runs page's filters (each '' for any): parsed from the query by :meth:`parse` (pure)."""
+
+    release: str = ""
+    verdict: str = ""  # a verdict, or 'none' (not judged)
+    state: str = ""
+    module: str = ""
+    user: str = ""
+    since: str = ""  # YYYY-MM-DD, UTC, from that day
+    until: str = ""  # YYYY-MM-DD, UTC, to that day included
+    before: float | None = None  # created before this (the next page)
+    limit: int = 50
+
+    @classmethod
+    def parse(cls, q: dict[str, str]) -> RunsFilter:
+        def text(name: str) -> str:
+            v = q.get(name, "").strip()
+            if len(v) > 200:
+                raise FilterError(f"{name}: longer than 200 characters")
+            return v
+
+        verdict, state = text("verdict"), text("state")
+        if verdict and verdict not in (*VERDICTS, "none"):
+            raise FilterError(f"verdict: {verdict[:40]!r} is none of {', '.join(VERDICTS)}, none")
+        if state and state not in STATES:
+            raise FilterError(f"state: {state[:40]!r} is none of {', '.join(STATES)}")
+        since, until = text("since"), text("until")
+        for name, v in (("since", since), ("until", until)):
+            if v:
+                try:
+                    dt.date.fromisoformat(v)
+                except ValueError:
+                    raise FilterError(f"{name}: {v[:40]!r} is not a date (YYYY-MM-DD)") from None
+        try:
+            limit = int(q.get("limit") or 50)
+            before = float(q["before"]) if q.get("before") else None
+        except ValueError:
+            raise FilterError("limit and before are numbers") from None
+        if not 1 <= limit <= MAX_LIMIT:
+            raise FilterError(f"limit: 1..{MAX_LIMIT}")
+        return cls(text("release"), verdict, state, text("module"), text("user"), since, until, before, limit)
+
+    def query(self) -> dict[str, str]:
+        """The filters as a query (for links that keep them), empty ones left out."""
+        d = {"release": self.release, "verdict": self.verdict, "state": self.state, "module": self.module,
+             "user": self.user, "since": self.since, "until": self.until}
+        return {k: v for k, v in d.items() if v}
+
+    def sql(self) -> tuple[str, list[Any]]:
+        """The WHERE clause and its parameters (pure)."""
+        where: list[str] = ["kind='run'"]
+        args: list[Any] = []
+        for col, v in (("release", self.release), ("state", self.state), ("started_by", self.user)):
+            if v:
+                where.append(f"{col}=?")
+                args.append(v)
+        if self.verdict == "none":
+            where.append("verdict IS NULL")
+        elif self.verdict:
+            where.append("verdict=?")
+            args.append(self.verdict)
+        if self.module:  # the runs' modules are a JSON list of names: the name in quotes, LIKE's wildcards escaped
+            esc = self.module.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_").replace('"', "")
+            where.append("modules LIKE ? ESCAPE '\\'")
+            args.append(f'%"{esc}"%')
+        if self.since:
+            where.append("created_at >= ?")
+            args.append(_day(self.since))
+        if self.until:
+            where.append("created_at < ?")
+            args.append(_day(self.until) + 86400)
+        if self.before is not None:
+            where.append("created_at < ?")
+            args.append(self.before)
+        return " AND ".join(where), args
+
+
+def _day(text: str) -> float:
+    return dt.datetime.combine(dt.date.fromisoformat(text), dt.time(), dt.timezone.utc).timestamp()
+
+
+def _infos(s: Session, sql: str, args: list[Any]) -> list[RunInfo]:
+    h = s.history()
+    cur = h.db.execute(sql, args)
+    return [h._run_info(cur, r) for r in cur.fetchall()]
+
+
+@dataclass(frozen=True)
+class RunsPage:
+    runs: list[RunInfo]
+    releases: list[str]  # for the filter's suggestions, newest first
+    users: list[str]
+    modules: list[str]
+    more: float | None  # the next page's ``before`` (None: no more)
+    note: str | None  # why the running runs' states are the history's (the broker could not be read)
+
+
+def runs_page(s: Session, f: RunsFilter) -> RunsPage:
+    """The runs ``f`` selects, newest first, running ones in the broker's state (:func:`service.with_broker_states`,
+    as ``GET /api/v1/runs``)."""
+    mods = [m.name for m in s.inventory().modules]
+    if not s.has_history():
+        return RunsPage([], [], [], mods, None, None)
+    where, args = f.sql()
+    found = _infos(s, f"SELECT * FROM runs WHERE {where} ORDER BY created_at DESC LIMIT ?", [*args, f.limit + 1])
+    more = found[f.limit - 1].created_at if len(found) > f.limit else None
+    items, note = service.with_broker_states(s, found[:f.limit])
+    db = s.history().db
+    releases = [str(r[0]) for r in db.execute("SELECT release FROM runs WHERE kind='run' AND release != '' GROUP BY"
+                                              " release ORDER BY MAX(created_at) DESC LIMIT 200").fetchall()]
+    users = [str(r[0]) for r in db.execute("SELECT DISTINCT started_by FROM runs WHERE started_by != ''"
+                                           " LIMIT 200").fetchall()]
+    return RunsPage(items, releases, sorted(users), mods, more, note)
+
+
+def live_runs(s: Session, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """run id -> state, verdict and verdict line of those of ``ids`` in the history (the runs page's poll)."""
+    if not ids or not s.has_history():
+        return {}
+    marks = ",".join("?" * len(ids))
+    items, _ = service.with_broker_states(s, _infos(s, f"SELECT * FROM runs WHERE run_id IN ({marks})", ids))
+    return {i.run_id: {"state": i.state, "verdict": i.verdict, "verdict_line": i.verdict_line} for i in items}
+
+
+# --------------------------------------------------------------------------- modules
+@dataclass(frozen=True)
+class ModuleRow:
+    device: dict[str, Any]  # service.device_dict
+    health: str  # ok, needs attention, bad
+    why: str
+    reserved: dict[str, Any] | None  # reservation_dict
+    golden: RunInfo | None  # the newest golden check it took part in
+    drift: str | None  # its failed golden check since its last reset
+
+
+def health_of(state: str, reason: str, drift: str | None) -> tuple[str, str]:
+    """(ok | needs attention | bad, why) of a module (pure): bad as the fleet says; needs attention when it cannot
+    take work now (no heartbeat), failed its golden check, or its state comes with a note (clock skew, a name
+    conflict)."""
+    if state == "bad":
+        return "bad", reason or "bad"
+    if state in ("unreachable", "offline"):
+        return "needs attention", reason or state
+    if drift:
+        return "needs attention", f"golden check: {drift}"
+    if reason:
+        return "needs attention", reason
+    return "ok", ""
+
+
+def golden_checks(s: Session, recent: int = 200) -> dict[str, RunInfo]:
+    """module -> the newest golden check run it was part of (of the ``recent`` newest golden checks)."""
+    if not s.has_history():
+        return {}
+    out: dict[str, RunInfo] = {}
+    for info in _infos(s, "SELECT * FROM runs WHERE note LIKE ? ORDER BY created_at DESC LIMIT ?",
+                       [f"{GOLDEN_NOTE}%", recent]):
+        for m in info.modules:
+            out.setdefault(m, info)
+    return out
+
+
+def modules_page(s: Session) -> list[ModuleRow]:
+    from controller.service.reservations import reservation_dict, reservations
+
+    held = {r.module: reservation_dict(r) for r in reservations(s)}
+    golden = golden_checks(s)
+    drifts = s.history().module_marks()[1] if s.has_history() else {}
+    out = []
+    for d in service.devices(s):
+        dd = service.device_dict(d)
+        health, why = health_of(dd["state"], dd["reason"], drifts.get(dd["module"]))
+        out.append(ModuleRow(dd, health, why, held.get(dd["module"]), golden.get(dd["module"]),
+                             drifts.get(dd["module"])))
+    return out
+
+
+@dataclass(frozen=True)
+class ModulePage:
+    row: ModuleRow
+    runs: list[tuple[RunInfo, dict[str, Any]]]  # (run, its progress there as service.progress_dict)
+    events: list[tuple[float, str, str]]  # (ts, run id or '', message), newest first
+
+
+def module_page(s: Session, name: str, recent: int = 20) -> ModulePage:
+    """A module's row (its state as :func:`service.devices` reads it), its ``recent`` newest runs (its part of
+    each, by the history's ``(module, updated_at)`` index, and its telemetry) and its events: the module's own
+    (resets, golden drifts, reservations) and its runs' (newest 50)."""
+    from contract.records import RunProgress
+    from controller.service.reservations import reservation_dict, reservations
+
+    if name not in {m.name for m in s.inventory().modules}:
+        raise service.NotFound(f"no module {name!r} in {s.settings.inventory}")
+    (dev,) = service.devices(s, name)
+    dd = service.device_dict(dev)
+    held = reservations(s, name)
+    if not s.has_history():
+        health, why = health_of(dd["state"], dd["reason"], None)
+        return ModulePage(ModuleRow(dd, health, why, reservation_dict(held[0]) if held else None, None, None), [], [])
+    h = s.history()
+    drift = h.golden_drift(name)
+    health, why = health_of(dd["state"], dd["reason"], drift)
+    row = ModuleRow(dd, health, why, reservation_dict(held[0]) if held else None, golden_checks(s).get(name), drift)
+    parts = h.db.execute("SELECT run_id, progress FROM module_runs WHERE module=? ORDER BY updated_at DESC LIMIT ?",
+                         (name, recent)).fetchall()
+    ids = [str(r) for r, _ in parts]
+    infos = {i.run_id: i for i in _infos(s, f"SELECT * FROM runs WHERE kind='run' AND run_id IN"
+                                            f" ({','.join('?' * len(ids))})", ids)} if ids else {}
+    runs = []
+    for rid, progress in parts:
+        if (info := infos.get(str(rid))) is None:
+            continue
+        t = h.telemetry(info.run_id).get(name)  # kept apart from the progress
+        p = service.progress_dict(RunProgress.model_validate_json(progress))
+        runs.append((info, {**p, "telemetry": t.model_dump(mode="json") if t else None}))
+    runs.sort(key=lambda r: r[0].created_at, reverse=True)
+    cur = h.db.execute("SELECT ts, run_id, message FROM events WHERE module=? ORDER BY ts DESC LIMIT 50", (name,))
+    events = [(float(t), str(r), str(m)) for t, r, m in cur.fetchall()]
+    return ModulePage(row, runs, events)
+
+
+# --------------------------------------------------------------------------- releases
+@dataclass(frozen=True)
+class ReleaseRow:
+    release: str
+    runs: int
+    verdicts: dict[str, int]  # verdict ('' : not judged) -> runs
+    newest: float
+    newest_run: str
+    newest_verdict: str | None
+
+
+def releases_page(s: Session, limit: int = 100) -> list[ReleaseRow]:
+    """Each release's runs and their verdicts, newest release first (by its newest run)."""
+    if not s.has_history():
+        return []
+    db = s.history().db
+    newest = db.execute("SELECT release, COUNT(*), MAX(created_at) FROM runs WHERE kind='run' AND release != ''"
+                        " GROUP BY release ORDER BY MAX(created_at) DESC LIMIT ?", (limit,)).fetchall()
+    if not newest:
+        return []
+    names = [str(r[0]) for r in newest]
+    marks = ",".join("?" * len(names))
+    counts: dict[str, dict[str, int]] = {}
+    last: dict[str, tuple[str, str | None]] = {}
+    for rel, rid, verdict in db.execute(f"SELECT release, run_id, verdict FROM runs WHERE kind='run' AND release IN"
+                                        f" ({marks}) ORDER BY created_at DESC", names).fetchall():
+        c = counts.setdefault(str(rel), {})
+        c[verdict or ""] = c.get(verdict or "", 0) + 1
+        last.setdefault(str(rel), (str(rid), verdict))
+    return [ReleaseRow(str(rel), int(n), counts.get(str(rel), {}), float(t), *last.get(str(rel), ("", None)))
+            for rel, n, t in newest]
+
+
+@dataclass
+class _Kept:
+    """The history's kept findings as the pages read them: decoded once per kept version, and whether they are the
+    history's current ones, checked in a thread at most every :data:`CHECK_EVERY` seconds (the check reads every
+    run: 30-50 ms at 10,000 runs, not on a page's path); when they are not, the same thread computes and keeps
+    them (a minute at 10,000 runs, as ``/metrics`` does)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    thread: threading.Thread | None = None
+    decoded: dict[str, Any] = field(default_factory=dict)  # history location -> (kept version, KeptFindings)
+    current: dict[str, str] = field(default_factory=dict)  # history location -> its version at the last check
+    checked: dict[str, float] = field(default_factory=dict)
+
+    def findings(self, s: Session) -> tuple[Any, bool]:
+        """(the kept findings or None, whether they may be stale); starts the check when it is due."""
+        from controller.report.kept import NAME, decode
+
+        where = str(s.settings.history_location)
+        h = s.read_history()
+        row = h.db.execute("SELECT version FROM trend_findings WHERE name=?", (NAME,)).fetchone()
+        kept = None
+        if row is not None:
+            got = self.decoded.get(where)
+            if got is None or got[0] != str(row[0]):
+                body = h.trend_findings(NAME)
+                got = (str(row[0]), decode(*body) if body else None)
+                self.decoded[where] = got
+            kept = got[1]
+        if time.monotonic() - self.checked.get(where, -CHECK_EVERY) >= CHECK_EVERY:
+            self.start(s.settings, where)
+        return kept, kept is None or self.current.get(where) != kept.version
+
+    def start(self, settings: Any, where: str) -> None:
+        with self.lock:
+            if self.thread is not None and self.thread.is_alive():
+                return
+            self.checked[where] = time.monotonic()
+            self.thread = threading.Thread(target=self._run, args=(settings, where), name="pages-findings",
+                                           daemon=True)
+            self.thread.start()
+
+    def _run(self, settings: Any, where: str) -> None:
+        from controller.report.kept import keep_findings, read_kept
+
+        with Session(settings) as s:
+            h = s.read_history()
+            version = h.trend_version()
+            if read_kept(h) is None:  # not of the history's current version (or none): computed and kept
+                version = keep_findings(h).version
+            self.current[where] = version
+
+
+CHECK_EVERY = 10.0  # s between two checks that the kept findings are the history's current ones
+KEPT = _Kept()
+
+
+@dataclass(frozen=True)
+class Trend:
+    records: list[dict[str, Any]]  # TrendRecord's fields (fleetctl trend -o json)
+    releases: int
+    stale: bool  # the findings may be of the history before its last change (newer ones being computed)
+    none_kept: bool  # no findings kept yet (being computed)
+
+
+def release_trend(s: Session, models: tuple[str, ...] | None = None) -> Trend:
+    """The change points ``fleetctl trend`` names (default settings), from the findings the history keeps; never
+    the search itself on the page's path (:class:`_Kept`)."""
+    from controller.report.trend import TrendQuery, kept_records
+
+    if not s.has_history():
+        return Trend([], 0, False, False)
+    kept, stale = KEPT.findings(s)
+    if kept is None:
+        return Trend([], 0, True, True)
+    got = kept_records(kept.changes, dict(kept.profiles), kept.releases, TrendQuery(models=models))
+    return Trend(got.records if got else [], kept.releases, stale, False)
+
+
+def release_runs(s: Session, release: str, limit: int = 50) -> list[RunInfo]:
+    if not s.has_history():
+        return []
+    return _infos(s, "SELECT * FROM runs WHERE kind='run' AND release=? ORDER BY created_at DESC LIMIT ?",
+                  [release, limit])
