@@ -166,8 +166,9 @@ def test_the_getting_started_page_run_as_written_ends_in_a_pass_verdict_and_leav
         if REGENERATE and mismatches:
             by_hand = _write_back(mismatches)
             assert not by_hand, "written back but these (edit them by hand):\n\n" + "\n\n".join(by_hand)
-        assert REGENERATE or not mismatches, ("the page shows another output than the command printed (make guide-outputs writes "
-                                "them back):\n\n" + "\n\n".join(m.describe() for m in mismatches))
+        assert REGENERATE or not mismatches, (
+            "the page shows another output than the command printed (make guide-outputs writes them back):\n\n"
+            + "\n\n".join(m.describe() for m in mismatches))
     finally:
         shell.close()
         for p in _started(token, home, shell.proc.pid):

@@ -4,11 +4,12 @@ mismatch is written back into the page in place (``make guide-outputs``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from tests.support.guide import parse_guide, runnable
+from tests.support.guide import Command, parse_guide, runnable
 from tests.support.guide_output import mismatch, normalise, regenerated, rewrite, spans
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,9 +43,12 @@ def test_each_command_carries_the_output_the_page_shows_and_where():
 
 
 @pytest.mark.parametrize(("page", "printed"), [
-    ("run 20261202-032302-f991: release 1.4.2 (715778f93d51)", "run 20261206-212846-5c51: release 1.4.2 (2d340af72a67)"),
-    ("│ sim-01 │ idle  │ 1 s ago   │ -0 s       │ 75.4 GiB  │", "│ sim-01 │ idle  │ 12 s ago   │ 0 s        │ 169.6 GiB  │"),
-    ("| qwen3 | prefill_tps | 76.3 | 75.96 | -0.4% | 0.00049 |", "| qwen3 | prefill_tps | 76.3 | 75.85 | -0.6% | 3.8e-06 |"),
+    ("run 20261202-032302-f991: release 1.4.2 (715778f93d51)",
+     "run 20261206-212846-5c51: release 1.4.2 (2d340af72a67)"),
+    ("│ sim-01 │ idle  │ 1 s ago   │ -0 s       │ 75.4 GiB  │",
+     "│ sim-01 │ idle  │ 12 s ago   │ 0 s        │ 169.6 GiB  │"),
+    ("| qwen3 | prefill_tps | 76.3 | 75.96 | -0.4% | 0.00049 |",
+     "| qwen3 | prefill_tps | 76.3 | 75.85 | -0.6% | 3.8e-06 |"),
     ("fleetctl 0.1.0 (records schema 1, Python 3.11.7)", "fleetctl 0.1.0 (records schema 1, Python 3.11.12)"),
     ("┏━━━━━━━━┳━━━━━━━━━━━┓", "┏━━━━━━━━┳━━━━━━━━━━━━━┓"),
     ("qwen3   models/Qwen3-30B-A3B-GPTQ-Int4", "qwen3\tmodels/Qwen3-30B-A3B-GPTQ-Int4"),
@@ -74,7 +78,7 @@ def test_dots_stand_for_any_lines_and_the_rest_must_match_in_order():
     assert spans([], ["something"]) is None and spans([], []) == [(0, 0)]
 
 
-def page_devices_block() -> tuple:
+def page_devices_block() -> Command:
     (cmd,) = [c for c in runnable(parse_guide(PAGE.read_text(encoding="utf-8"))) if c.text.endswith(" devices")]
     assert "..." not in cmd.shown and len(cmd.shown) >= 5
     return cmd
@@ -89,7 +93,7 @@ def test_the_getting_started_check_fails_when_the_page_shows_another_output_than
     without = tuple(line.replace(" reserved ┃", "").replace("━━━━━━━━━━╇", "").replace("━━━━━━━━━━┳", "")
                     .replace("──────────┴", "").replace("│          │        │", "│        │") for line in cmd.shown)
     assert without != cmd.shown
-    found = mismatch(type(cmd)(**{**cmd.__dict__, "shown": without}), printed, "/tmp/abcd")
+    found = mismatch(dataclasses.replace(cmd, shown=without), printed, "/tmp/abcd")
     assert found is not None and "reserved" in found.describe()
     assert mismatch(cmd, printed.replace(" idle ", " busy "), "/tmp/abcd") is not None
 
