@@ -29,8 +29,8 @@ def test_the_first_screen_names_what_regressed_what_is_out_of_line_and_what_was_
     assert g.regressed and g.regressed[0].startswith("fleet: qwen3 decode_tps -")
     assert [x.split(":")[0] for x in g.out_of_line] == ["m03"]
     assert g.not_measured == (
-        "qwen35_mtp: no context sweep (MTP: measured on GSM8K prompts): not in the curves, its changes in the table "
-        "below",
+        "qwen35_mtp: no context sweep (MTP: measured on GSM8K prompts), so no curve; its changes are under 'Every "
+        "change per model key'",
         "energy per token: no device telemetry in this run",
         "release benchmark vs probe: no probe rows in this run")
     bare = glance(two_keys, ["qwen3 server ready 0.47 s (fleet median): no reference",
@@ -60,6 +60,9 @@ def test_profiles_in_numeric_order():
 
 def test_markdown_summary_lists_profiles_in_numeric_order(two_keys):
     md = to_markdown(two_keys)
+    head = md.split("## Regressions")[0]
+    assert "- **regressed**: fleet: qwen3 decode_tps -" in head and "- **out of line**: m03: typically" in head
+    assert "- **not measured**: qwen35_mtp: no context sweep" in head
     rows = [line.split(" | ")[1] for line in md.split("## Fleet summary")[1].splitlines()
             if line.startswith("| qwen3 | ") and " decode_tps " in line]
     assert rows[:3] == ["128:128", "250:250", "250:500"] and rows.index("500:500") < rows.index("1000:1000")

@@ -5,21 +5,53 @@
 - what was not measured and why (modules refused at dispatch, metrics the reference has and the run lacks, keys the
   curves leave out, no device telemetry, no probe rows, start-up costs without a reference).
 
-The sections below the summary give the detail; the start-up costs without a reference are folded there.
+The sections below the summary give the detail; the start-up costs without a reference are folded there (HTML).
+Also here, with no matplotlib: which keys the sweep plots leave out (:func:`not_plotted`), named under them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pandas as pd
+
 from contract.records import STARTUP_METRICS
 from controller.report.analysis.verdict import is_missing
 from controller.report.model import FLEET, Report
-from controller.report.render.plots import TABLE_KINDS, not_plotted
 from controller.report.render.text import energy_outlier_text, outlier_line, regression_line
 
 SHOWN = 5  # findings named a line; the rest counted
+# what a key's tables are, for the line that names the keys a sweep plot leaves out
+TABLE_KINDS = {"mtp": "MTP: measured on GSM8K prompts", "vision": "vision table only"}
 NO_REFERENCE = ": no reference"  # how a start-up line without a reference ends (text.startup_lines)
+
+
+def not_plotted(summary: pd.DataFrame, metric: str) -> dict[str, tuple[str, ...]]:
+    """The model keys with figures of ``metric`` but no context sweep, each with its tables (a sweep plot
+    has no place for them)."""
+    if not len(summary):
+        return {}
+    s = summary[summary["metric"] == metric]
+    swept = set(s.loc[s["table"] == "sweep", "model_key"].astype(str))
+    out: dict[str, tuple[str, ...]] = {}
+    for key, tables in s.groupby(s["model_key"].astype(str), sort=True)["table"]:
+        if key not in swept:
+            out[str(key)] = tuple(sorted(set(map(str, tables))))
+    return out
+
+
+def not_plotted_line(summary: pd.DataFrame, metric: str, changes_below: bool = False) -> str:
+    """A line naming the keys a sweep plot leaves out and why ("" when it leaves out none)."""
+    missing = not_plotted(summary, metric)
+    if not missing:
+        return ""
+    by_kind: dict[str, list[str]] = {}
+    for key, tables in missing.items():
+        kind = "; ".join(TABLE_KINDS.get(t, f"table {t}") for t in tables)
+        by_kind.setdefault(kind, []).append(key)
+    parts = [f"{', '.join(keys)} ({kind})" for kind, keys in by_kind.items()]
+    return ("Not plotted, no context sweep: " + "; ".join(parts) + ". Their figures are in the Markdown and JSON "
+            "reports" + (", their changes in the table below." if changes_below else "."))
 
 
 @dataclass(frozen=True)
@@ -46,7 +78,8 @@ def not_measured(r: Report, startup: list[str]) -> tuple[str, ...]:
     left_out = not_plotted(r.summary, "decode_tps") if len(r.summary) else {}
     for key, tables in left_out.items():
         kinds = "; ".join(TABLE_KINDS.get(t, f"table {t}") for t in tables)
-        out.append(f"{key}: no context sweep ({kinds}): not in the curves, its changes in the table below")
+        out.append(f"{key}: no context sweep ({kinds}), so no curve; its changes are under 'Every change per "
+                   "model key'")
     rows = r.rows
     if "j_per_token" not in rows.columns or not rows["j_per_token"].notna().any():
         out.append("energy per token: no device telemetry in this run")
@@ -73,3 +106,15 @@ def glance(r: Report, startup: list[str]) -> Glance:
     lines = [outlier_line(o) for o in r.outliers] + [energy_outlier_text(o) for o in r.energy_outliers]
     return Glance(regressed=_more(regressed, "regression(s)"), calm=calm,
                   out_of_line=_more(lines, "module(s)"), not_measured=not_measured(r, startup))
+
+
+ALL_MEASURED = "nothing: every figure the reference has, and energy and probe figures"
+CALM_MODULES = "no module: each within the fleet spread"
+
+
+def glance_markdown(r: Report, startup: list[str]) -> list[str]:
+    """The summary as Markdown list items (under the verdict of the Markdown report)."""
+    g = glance(r, startup)
+    return [f"- **regressed**: {'; '.join(g.regressed) or g.calm}",
+            f"- **out of line**: {'; '.join(g.out_of_line) or CALM_MODULES}",
+            f"- **not measured**: {'; '.join(g.not_measured) or ALL_MEASURED}"]

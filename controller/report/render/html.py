@@ -14,7 +14,14 @@ from __future__ import annotations
 from jinja2 import Environment, select_autoescape
 
 from controller.report.model import FLEET, Report
-from controller.report.render.glance import NO_REFERENCE, glance
+from controller.report.render.glance import (
+    ALL_MEASURED,
+    CALM_MODULES,
+    NO_REFERENCE,
+    glance,
+    not_plotted,
+    not_plotted_line,
+)
 from controller.report.render.numbers import in_profile_order, num, pct
 from controller.report.render.plots import (
     BAND_LABEL,
@@ -23,8 +30,6 @@ from controller.report.render.plots import (
     curve_plot,
     heatmap,
     history_plot,
-    not_plotted,
-    not_plotted_line,
     tokens_label,
 )
 from controller.report.render.text import (
@@ -73,9 +78,9 @@ tolerance {{ "%.0f"|format(r.thresholds.tolerance * 100) }} %</p>
 {% else %}{{ g.calm }}{% endif %}</td></tr>
 <tr><th>out of line</th><td{% if g.out_of_line %} class="bad"{% endif %}>
 {% if g.out_of_line %}{% for x in g.out_of_line %}{{ x }}{% if not loop.last %}<br>{% endif %}{% endfor %}
-{% else %}no module: each within the fleet's spread{% endif %}</td></tr>
+{% else %}{{ calm_modules }}{% endif %}</td></tr>
 <tr><th>not measured</th><td>{% if g.not_measured %}{% for x in g.not_measured %}{{ x }}{% if not loop.last %}<br>
-{% endif %}{% endfor %}{% else %}nothing: every figure the reference has, and energy and probe figures{% endif %}
+{% endif %}{% endfor %}{% else %}{{ all_measured }}{% endif %}
 </td></tr></table>
 <h2>Regressions</h2>
 {% if r.regressions %}<table><tr><th>module</th><th>model key</th><th>profile</th><th>metric</th><th>baseline</th>
@@ -187,7 +192,8 @@ def to_html(r: Report) -> str:
     startup = startup_lines(r)
     return tpl.render(
         r=r, line=verdict_line(r), probe_line=probe_text(r), energy_line=energy_text(r), startup=startup,
-        g=glance(r, startup), no_reference=NO_REFERENCE, ordered=in_profile_order,
+        g=glance(r, startup), no_reference=NO_REFERENCE, calm_modules=CALM_MODULES, all_measured=ALL_MEASURED,
+        ordered=in_profile_order,
         color=_COLORS.get(r.verdict, "#59636e"), num=num,
         pct=pct, telemetry_cell=telemetry_cell, FLEET=FLEET, no_interval=NO_INTERVAL,
         decode_svg=curve_plot(r.summary, "decode_tps", "decode tok/s", r.thresholds.tol("decode_tps"))

@@ -35,8 +35,6 @@ TICK_PT, LABEL_PT = 9.0, 10.0
 BAND_LABEL = "band: min–max of the modules in the median (outlier modules left out)"
 LEGEND_MARGIN_IN = 0.15  # room left on either side of a legend, inches
 HATCH = "////"
-# what a key's tables are, for the line that names the keys a sweep plot leaves out
-TABLE_KINDS = {"mtp": "MTP: measured on GSM8K prompts", "vision": "vision table only"}
 
 
 def tolerance_label(tol: float) -> str:
@@ -58,34 +56,6 @@ def _sweep(summary: pd.DataFrame, metric: str) -> pd.DataFrame:
     s = summary[(summary["metric"] == metric) & (summary["table"] == "sweep")].copy()
     s["series"] = np.where(s["prefix_tokens"].fillna(0) > 0, "shared prefix", "no prefix")
     return s.sort_values(["model_key", "series", "input_tokens"])
-
-
-def not_plotted(summary: pd.DataFrame, metric: str) -> dict[str, tuple[str, ...]]:
-    """The model keys with figures of ``metric`` but no context sweep, each with its tables (a sweep plot
-    has no place for them)."""
-    if not len(summary):
-        return {}
-    s = summary[summary["metric"] == metric]
-    swept = set(s.loc[s["table"] == "sweep", "model_key"].astype(str))
-    out: dict[str, tuple[str, ...]] = {}
-    for key, tables in s.groupby(s["model_key"].astype(str), sort=True)["table"]:
-        if key not in swept:
-            out[str(key)] = tuple(sorted(set(map(str, tables))))
-    return out
-
-
-def not_plotted_line(summary: pd.DataFrame, metric: str, changes_below: bool = False) -> str:
-    """A line naming the keys a sweep plot leaves out and why ("" when it leaves out none)."""
-    missing = not_plotted(summary, metric)
-    if not missing:
-        return ""
-    by_kind: dict[str, list[str]] = {}
-    for key, tables in missing.items():
-        kind = "; ".join(TABLE_KINDS.get(t, f"table {t}") for t in tables)
-        by_kind.setdefault(kind, []).append(key)
-    parts = [f"{', '.join(keys)} ({kind})" for kind, keys in by_kind.items()]
-    return ("Not plotted, no context sweep: " + "; ".join(parts) + ". Their figures are in the Markdown and JSON "
-            "reports" + (", their changes in the table below." if changes_below else "."))
 
 
 def tokens_label(v: float, _pos: int | None = None) -> str:

@@ -202,6 +202,9 @@ def to_markdown(r: Report) -> str:
     out.append(f"Release {r.release or '?'}; baseline {r.baseline_id or 'none'}; previous run(s) "
                f"{', '.join(r.previous_ids) or 'none'}; {len(r.modules)} module(s); tolerance "
                f"{r.thresholds.tolerance:.0%}.")
+    from controller.report.render.glance import glance_markdown  # it reads this module's one-line forms
+
+    out += ["", *glance_markdown(r, startup_lines(r))]
     out += ["", "## Regressions", ""]
     if r.regressions:
         out.append(_md_table(
