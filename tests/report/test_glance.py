@@ -39,6 +39,16 @@ def test_the_first_screen_names_what_regressed_what_is_out_of_line_and_what_was_
                                      "costs; listed below)")
 
 
+def test_keys_a_module_did_not_deliver_are_named_as_not_measured(reference):
+    ref = reference[reference["model_key"].isin(["qwen3", "qwen3vl"])]
+    cur = fleet(ref, modules=4, seed=8, run_id="run-p")
+    cur = cur[~((cur["module"] == "m01") & (cur["model_key"] == "qwen3vl"))]
+    rep = analyse(cur, run_id="run-p", baseline=ref, baseline_id="b", expected_modules=["m00", "m01", "m02", "m03"],
+                  expected_keys=["qwen3", "qwen3vl"])
+    found = [n for n in glance(rep, []).not_measured if "m01" in n]
+    assert found == ["no results for 1 module/key pair(s): m01/qwen3vl"]
+
+
 def test_a_calm_run_says_how_much_was_compared(reference):
     ref = reference[reference["model_key"] == "qwen3"]
     rep = analyse(fleet(ref, modules=4, seed=6, run_id="run-c"), run_id="run-c", baseline=ref, baseline_id="b")

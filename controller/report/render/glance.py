@@ -11,6 +11,7 @@ Also here, with no matplotlib: which keys the sweep plots leave out (:func:`not_
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pandas as pd
@@ -24,6 +25,9 @@ SHOWN = 5  # findings named a line; the rest counted
 # what a key's tables are, for the line that names the keys a sweep plot leaves out
 TABLE_KINDS = {"mtp": "MTP: measured on GSM8K prompts", "vision": "vision table only"}
 NO_REFERENCE = ": no reference"  # how a start-up line without a reference ends (text.startup_lines)
+# the verdict's notes that say what was not measured (controller/report/analysis/summary.py, build.py)
+_UNMEASURED_NOTE = re.compile(r"^(no results for |no baseline|\S+/\S+: \d+ of \d+ profiles$"
+                              r"|\.\.\. \d+ more module/key)")
 
 
 def not_plotted(summary: pd.DataFrame, metric: str) -> dict[str, tuple[str, ...]]:
@@ -71,6 +75,7 @@ def _more(items: list[str], what: str) -> tuple[str, ...]:
 def not_measured(r: Report, startup: list[str]) -> tuple[str, ...]:
     """What the run did not measure, or measured with nothing to compare it with, each with why."""
     out = [f"{m}: refused at dispatch ({why})" for m, why in r.refused]
+    out += [n for n in r.notes if _UNMEASURED_NOTE.match(n)]  # keys, profiles a module did not deliver
     for x in r.regressions:
         if is_missing(x):
             where = "" if x.module == FLEET else f" on {x.module}"
