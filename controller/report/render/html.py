@@ -1,12 +1,10 @@
 """Reports as one self-contained HTML file: inline CSS, inline SVG plots from matplotlib, no external URL.
 
-Plots: decode tok/s against context, TTFT against input length per model key with a context sweep
-(fleet median of the modules left after the outliers, the min-max band of those same modules,
-baseline dashed; no-prefix and shared-prefix series), and a per-module deviation heatmap (module x
-model key, % from the fleet median). Text in the SVGs is text (``svg.fonttype: none``), at least
-:data:`MIN_FONT_PT` (11 px where a figure is shown at its own size, which fits a 1300 px window).
-Keys without a context sweep (MTP keys: GSM8K prompts; a vision table alone) are named under
-the plots, not left out silently.
+The first screen is the verdict and the summary under it (:mod:`.glance`: what regressed, which modules are out of
+line, what was not measured and why); the figures are :mod:`.plots`' (curves against the baseline and its tolerance
+band, axes from zero, a legend that fits; the deviation heatmap; the History series). Keys without a context sweep
+(MTP keys: GSM8K prompts; a vision table alone) are named under the plots, not left out silently. Tables list
+profiles in numeric order.
 """
 
 from __future__ import annotations
