@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 unexport PYTHONDONTWRITEBYTECODE
 unexport PYTHONPYCACHEPREFIX
 
-.PHONY: demo test test-fast test-durations tier-fast tier-slow tier-llama tier-alone install engine engine-venv pdudaemon llama llama-bg lint lock system-deps clean bench docs reference
+.PHONY: guide-outputs demo test test-fast test-durations tier-fast tier-slow tier-llama tier-alone install engine engine-venv pdudaemon llama llama-bg lint lock system-deps clean bench docs reference
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -101,6 +101,14 @@ docs: $(DOCS_STAMP) install
 ## written afresh from the code; tests/unit/test_reference_docs.py fails when one is stale.
 reference: install
 	$(BIN)/python docs/tools/gen_reference.py
+
+## make guide-outputs: run docs/getting-started.md as written (tests/docs/test_getting_started.py, about a minute) and
+## write what each command printed under it in the page (a run id, hash, time or measured figure that only differs
+## from run to run is left as it is; a "..." of the page keeps shortening its block). The test fails, without this,
+## when a command's output on the page differs from what the command prints.
+guide-outputs: install
+	GUIDE_REGENERATE=1 $(BIN)/python -m pytest tests/docs/test_getting_started.py -q -p no:cacheprovider \
+		-m "slow or not slow"
 
 ## make test: install everything, then every check, each phase timed (build/test-times.txt; the summary ends the log):
 ## 1. lint, the docs and the fast tier at once (make -j3 -O: each one's output whole when it ends), the fast tier

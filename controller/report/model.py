@@ -7,6 +7,7 @@ how it is computed :mod:`controller.report.analysis`'s. This module imports noth
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -32,6 +33,12 @@ SPEED_PRIMARY: tuple[str, ...] = tuple(m for m in PRIMARY_METRICS if m not in WI
 ENERGY_PRIMARY: tuple[str, ...] = tuple(m for m in PRIMARY_METRICS if m in ENERGY_METRICS)
 FLEET = "*"  # module / profile of a fleet-level or key-level finding
 STARTUP_TOLERANCE = 0.15  # default of Thresholds.startup_tolerance (docs/adr/0029-start-up-costs-judged.md)
+
+
+def profile_key(profile: str) -> tuple[tuple[int, int | str], ...]:
+    """A profile's place in numeric order: ``128:128`` before ``1000:1000``, ``gsm8k:9`` before ``gsm8k:10``
+    (numbers as numbers, text as text)."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", str(profile)) if p)
 
 
 class ReportError(FleetctlError, RuntimeError):

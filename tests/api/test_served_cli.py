@@ -94,7 +94,7 @@ def test_a_served_html_report_is_written_where_asked(lab: Lab, tmp_path: Path) -
     assert served.stdout == here.stdout and served.stdout.startswith("REGRESSED run-b")
     assert served.stderr == f"wrote {tmp_path / 'b' / 'report.html'}\n"
     # the same page but for the ids matplotlib gives its SVG's parts, from a random hash salt in each process
-    drawn = re.compile(r"\b(?:m|p|image)[0-9a-f]{10}\b")
+    drawn = re.compile(r"\b(?:m|p|h|image)[0-9a-f]{10}\b")  # h: the tolerance band's hatch pattern
     a, b = ((tmp_path / x / "report.html").read_text() for x in "ab")
     assert len(drawn.findall(a)) > 10 and drawn.sub("", b) == drawn.sub("", a)
 

@@ -1,10 +1,15 @@
-"""docs/getting-started.md, run as written: its console blocks in order, in a fresh home folder, to a PASS verdict.
+"""docs/getting-started.md, run as written: its console blocks in order, in a fresh home folder, to a PASS verdict,
+each command printing what the page shows under it.
 
 The commands come from the page itself (tests/support/guide.py reads them), so the page cannot drift from what
 works. The test's home folder is a fresh temp folder with the clone where the page says it is
 (``~/src/m1000-fleet``, a link to this checkout); the blocks the page marks ``skip`` (apt-get, git clone,
-make install) are what this machine has already. After the page's last step ("stop everything") no process
-it started may be left: each carries a token in its environment, or works under the temp home.
+make install) are what this machine has already. Each command's output is compared with the page's
+(tests/support/guide_output.py: run ids, hashes, durations and measured figures normalised, ``...`` shortens);
+the home is ``/tmp/`` and 4 letters, as long as the page's ``/home/lab``, so that its tables are as wide.
+``GUIDE_REGENERATE=1`` (``make guide-outputs``) writes what the commands printed back into the page instead of
+failing on a difference. After the page's last step ("stop everything") no process it started may be left:
+each carries a token in its environment, or works under the temp home.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import psutil
 import pytest
 
 from tests.support.guide import GuideShell, Outcome, parse_guide, runnable
+from tests.support.guide_output import PAGE_HOME, Mismatch, mismatch, regenerated, rewrite
 from tests.support.procs import env_has, processes_under
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +34,7 @@ PAGE = ROOT / "docs" / "getting-started.md"
 EXAMPLES = ROOT / "docs" / "examples"
 CLONE = Path("src") / "m1000-fleet"  # where the page has the reader clone the project, under their home
 TOKEN_VAR = "GUIDE_TEST_TOKEN"
+REGENERATE = os.environ.get("GUIDE_REGENERATE") == "1"
 
 pytestmark = [
     pytest.mark.slow,
@@ -82,6 +89,32 @@ def _describe(procs: list[psutil.Process]) -> str:
     return "; ".join(out)
 
 
+def _short_home() -> Path:
+    """A fresh folder ``/tmp/`` + 4 random letters: as long as the page's home (its tables keep their widths)."""
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+    for _ in range(100):
+        path = Path("/tmp/" + "".join(secrets.choice(letters) for _ in range(len(PAGE_HOME) - len("/tmp/"))))
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        return path
+    raise AssertionError("no free /tmp/XXXX folder for the guide's home")
+
+
+def _write_back(mismatches: list[Mismatch]) -> list[str]:
+    """Write the printed outputs into the page; the commands whose shortened output could not be placed."""
+    fixes, by_hand = [], []
+    for m in mismatches:
+        new = regenerated(m.command.shown, m.printed)
+        if new is None:
+            by_hand.append(m.describe())
+        else:
+            fixes.append((m.command, new))
+    PAGE.write_text(rewrite(PAGE.read_text(encoding="utf-8"), fixes), encoding="utf-8")
+    return by_hand
+
+
 def _transcript(outcomes: list[Outcome]) -> str:
     return "\n".join(f"$ {o.command.text}   # line {o.command.line}, exit {o.exit_code}, {o.seconds:.1f} s, "
                      f"{o.tries} tries\n{o.output}" for o in outcomes)
@@ -93,7 +126,7 @@ def test_the_getting_started_page_run_as_written_ends_in_a_pass_verdict_and_leav
     taken = sorted(p for p in _ports() if _taken(p))
     assert not taken, f"ports the page uses are taken on this machine: {taken}"
 
-    home = tmp_path / "home"
+    home = _short_home()
     (home / CLONE).parent.mkdir(parents=True)
     (home / CLONE).symlink_to(ROOT, target_is_directory=True)
     token = secrets.token_hex(12)
@@ -104,6 +137,7 @@ def test_the_getting_started_page_run_as_written_ends_in_a_pass_verdict_and_leav
 
     shell = GuideShell(home, env)
     outcomes: list[Outcome] = []
+    mismatches: list[Mismatch] = []
     try:
         for cmd in commands:
             outcome = shell.run(cmd)
@@ -113,6 +147,8 @@ def test_the_getting_started_page_run_as_written_ends_in_a_pass_verdict_and_leav
                 f"line {cmd.line}: `{cmd.text}` " + (f"exited {outcome.exit_code}" if outcome.exit_code else
                                                     f"never showed /{cmd.until}/ in {cmd.retry_for:.0f} s")
                 + f"; transcript:\n{_transcript(outcomes)[-6000:]}")
+            if (m := mismatch(cmd, outcome.output, str(home))) is not None:
+                mismatches.append(m)
 
         validations = [o for o in outcomes if re.search(r"\bfleetctl\b.*\bvalidate\b", o.command.text)]
         assert validations, "the page validates no release (no `fleetctl ... validate` command)"
@@ -126,6 +162,13 @@ def test_the_getting_started_page_run_as_written_ends_in_a_pass_verdict_and_leav
                 break
             psutil.wait_procs(left, timeout=0.5)
         assert not left, f"still running after the page's last step ({commands[-1].text!r}): {_describe(left)}"
+
+        if REGENERATE and mismatches:
+            by_hand = _write_back(mismatches)
+            assert not by_hand, "written back but these (edit them by hand):\n\n" + "\n\n".join(by_hand)
+        assert REGENERATE or not mismatches, (
+            "the page shows another output than the command printed (make guide-outputs writes them back):\n\n"
+            + "\n\n".join(m.describe() for m in mismatches))
     finally:
         shell.close()
         for p in _started(token, home, shell.proc.pid):
@@ -133,3 +176,4 @@ def test_the_getting_started_page_run_as_written_ends_in_a_pass_verdict_and_leav
                 p.send_signal(signal.SIGKILL)
             except psutil.Error:
                 continue
+        shutil.rmtree(home, ignore_errors=True)

@@ -100,9 +100,25 @@ def test_plot_draws_the_band_of_fleet_min_max_not_of_all_modules():
                             "min": [1.0, 1.0], "max": [100.0, 100.0]})
     found = texts(curve_plot(summary, "decode_tps", "decode tok/s"))
     ticks = [float(t.replace("\u2212", "-")) for t, _ in found if re.fullmatch(r"\u2212?\d+(\.\d+)?", t)]
-    assert ticks and max(ticks) <= 11.5 and min(ticks) >= 8.5
+    assert ticks and max(ticks) <= 12 and min(ticks) == 0  # from zero (issue 51), and not stretched to 100
     assert BAND_LABEL in [t for t, _ in found]
     assert BAND_LABEL == "band: min–max of the modules in the median (outlier modules left out)"
+
+
+def test_each_curve_is_drawn_against_its_baseline_with_the_tolerance_band_from_zero():
+    """A 1 % change and an 8 % one on an axis from zero (not from 9.9); the baseline ±5 % hatched, named in the
+    legend."""
+    summary = pd.DataFrame({"model_key": "k", "profile": ["1:128", "1:1024"], "metric": "decode_tps",
+                            "table": "sweep", "input_tokens": [128, 1024], "prefix_tokens": 0.0,
+                            "fleet": [10.0, 9.2], "fleet_min": [9.9, 9.1], "fleet_max": [10.1, 9.3],
+                            "baseline": [10.1, 10.0]})
+    svg = curve_plot(summary, "decode_tps", "decode tok/s", tol=0.05)
+    found = [t for t, _ in texts(svg)]
+    assert "tolerance: baseline ±5 %" in found and "baseline" in found
+    ticks = [float(t.replace("\u2212", "-")) for t in found if re.fullmatch(r"\u2212?\d+(\.\d+)?", t)]
+    assert min(ticks) == 0 and max(ticks) <= 12
+    assert svg.count('id="patch') and "url(#h" in svg  # the hatched band: an SVG pattern fill
+    assert "tolerance" not in "".join(t for t, _ in texts(curve_plot(summary, "decode_tps", "decode tok/s")))
 
 
 @pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core

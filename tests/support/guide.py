@@ -1,7 +1,8 @@
 """A docs page's shell session: its commands read from the page itself (pure), and a shell that runs them in order.
 
 The commands are the page's ```` ```console ```` blocks: a line that starts with ``$ `` is a command (a line
-ending in ``\\`` goes on on the next one), every other line is output shown to the reader and not checked.
+ending in ``\\`` goes on on the next one), the lines after it up to the next command are its output as shown to
+the reader (``Command.shown``; tests/support/guide_output.py compares them with what the command prints).
 A MyST comment line just above a block (invisible on the rendered page) changes how it is run:
 
 - ``% guide-test: skip``: not run (installing packages, cloning: the test's machine has them already);
@@ -48,6 +49,8 @@ class Command:
     timeout: float = DEFAULT_TIMEOUT
     retry_for: float = 0.0  # > 0: run again until ``until`` matches its output, for at most this long
     until: str | None = None
+    shown: tuple[str, ...] = ()  # the output the page shows under it ("..." lines: shortened there)
+    shown_at: int = 0  # 0-based line of the page where that output starts (it ends at shown_at + len(shown))
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,10 @@ def _directives(lines: list[str], fence_line: int) -> list[tuple[int, str]]:
     return out
 
 
-def _commands(body: str, first_line: int) -> list[tuple[int, str]]:
-    """(line, command) of every ``$ `` prompt in a console block's body; ``\\`` continues a command."""
-    out: list[tuple[int, str]] = []
+def _commands(body: str, first_line: int) -> list[tuple[int, str, tuple[str, ...]]]:
+    """(line, command, output shown under it) of every ``$ `` prompt in a console block's body; ``\\`` continues a
+    command."""
+    out: list[tuple[int, str, tuple[str, ...]]] = []
     lines = body.splitlines()
     i = 0
     while i < len(lines):
@@ -83,9 +87,13 @@ def _commands(body: str, first_line: int) -> list[tuple[int, str]]:
             while parts[-1].endswith("\\") and i + 1 < len(lines):
                 i += 1
                 parts.append(lines[i].removeprefix("> "))
+            shown = []
+            while i + 1 < len(lines) and not lines[i + 1].startswith(PROMPT):
+                i += 1
+                shown.append(lines[i])
             text = "\n".join(parts).strip()
             if text:
-                out.append((first_line + start, text))
+                out.append((first_line + start, text, tuple(shown)))
         i += 1
     return out
 
@@ -113,8 +121,9 @@ def parse_guide(text: str) -> list[Block]:
             else:
                 raise GuideError(f"line {line}: unknown guide-test directive {body!r} "
                                  "(skip; retry SECONDS until REGEX; timeout SECONDS)")
-        cmds = tuple(Command(text=c, line=n, timeout=timeout, retry_for=retry_for, until=until)
-                     for n, c in _commands(tok.content, fence + 2))
+        cmds = tuple(Command(text=c, line=n, timeout=timeout, retry_for=retry_for, until=until, shown=shown,
+                             shown_at=n + c.count("\n"))
+                     for n, c, shown in _commands(tok.content, fence + 2))
         if not cmds:
             raise GuideError(f"line {fence + 1}: a console block without a '{PROMPT}' command")
         if until is not None and len(cmds) != 1:

@@ -14,6 +14,7 @@ import pandas as pd
 
 from contract.vocab import CAPACITY_PREFIX, COMPARED, Capacity, Disagreement, ProbeInterval
 from controller.report.analysis.frame import IDS
+from controller.report.model import profile_key
 
 
 def split_sources(df: pd.DataFrame | None) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
@@ -82,7 +83,7 @@ def probe_disagreements(rows: pd.DataFrame, probe: pd.DataFrame | None,
                                       probe=float(b[i]), change=float(change[i]),
                                       noise=float(band[i]) if judged[i] else None))
     order = {m: i for i, m in enumerate(COMPARED)}
-    found.sort(key=lambda d: (d.model_key, d.module, d.profile, order[d.metric]))
+    found.sort(key=lambda d: (d.model_key, d.module, profile_key(d.profile), order[d.metric]))
     return tuple(found), len(both)
 
 
@@ -108,7 +109,7 @@ def capacities(probe: pd.DataFrame | None) -> tuple[Capacity, ...]:
                             request_rps=num("request_rps"), ttft_p90_ms=num("ttft_p90_ms"),
                             tpot_p90_ms=num("tpot_p90_ms"), stop=str(extra.get("sweep_stop", "")),
                             levels=str(extra.get("sweep_levels", ""))))
-    out.sort(key=lambda c: (c.model_key, c.profile, c.module))
+    out.sort(key=lambda c: (c.model_key, profile_key(c.profile), c.module))
     return tuple(out)
 
 
@@ -135,5 +136,5 @@ def probe_intervals(probe: pd.DataFrame | None) -> tuple[ProbeInterval, ...]:
             out.append(ProbeInterval(module=str(r.module), model_key=str(r.model_key), profile=str(r.profile),
                                      figure=name.removesuffix("_ci95"), low=_num(low), high=_num(high),
                                      repeats=int(repeats)))
-    out.sort(key=lambda x: (x.model_key, x.profile, x.module, x.figure))
+    out.sort(key=lambda x: (x.model_key, profile_key(x.profile), x.module, x.figure))
     return tuple(out)

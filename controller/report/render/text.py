@@ -10,8 +10,17 @@ from controller.fleet.runs import REFUSED_NOTE
 from controller.report.analysis.stats import MIN_WINDOWS_FOR_INTERVAL
 from controller.report.analysis.verdict import is_missing
 from controller.report.environment import environment_text
-from controller.report.model import FLEET, PRIMARY_METRICS, Change, Outlier, OutlierTelemetry, Regression, Report
-from controller.report.render.numbers import num, pct
+from controller.report.model import (
+    FLEET,
+    PRIMARY_METRICS,
+    Change,
+    Outlier,
+    OutlierTelemetry,
+    Regression,
+    Report,
+    profile_key,
+)
+from controller.report.render.numbers import in_profile_order, num, pct
 
 NO_INTERVAL = "no interval (n < 6)"  # fewer than 6 modules, profiles or figures: no 95 % interval of a median
 
@@ -175,8 +184,8 @@ def probe_text(r: Report) -> str:
         return (f"{len(r.disagreements)} figure(s) where the release's benchmark and the agent's probe differ beyond "
                 f"{within} (change: release / probe - 1).")
     if r.probe_checked:
-        return (f"None: {r.probe_checked} release row(s) have a probe row beside them; every figure agrees within "
-                f"{within}.")
+        return (f"They agree: {r.probe_checked} release row(s) have a probe row beside them, and every figure agrees "
+                f"within {within}.")
     return "No probe rows in this run."
 
 
@@ -193,6 +202,9 @@ def to_markdown(r: Report) -> str:
     out.append(f"Release {r.release or '?'}; baseline {r.baseline_id or 'none'}; previous run(s) "
                f"{', '.join(r.previous_ids) or 'none'}; {len(r.modules)} module(s); tolerance "
                f"{r.thresholds.tolerance:.0%}.")
+    from controller.report.render.glance import glance_markdown  # it reads this module's one-line forms
+
+    out += ["", *glance_markdown(r, startup_lines(r))]
     out += ["", "## Regressions", ""]
     if r.regressions:
         out.append(_md_table(
@@ -203,7 +215,8 @@ def to_markdown(r: Report) -> str:
               f"{pct(x.ci_low)} to {pct(x.ci_high)}",
               x.against,
               "" if x.p_value is None else f"{x.p_value:.2g}",
-              x.detail + (f"; with {', '.join(x.related)}" if x.related else "")] for x in r.regressions]))
+              x.detail + (f"; with {', '.join(x.related)}" if x.related else "")]
+             for x in in_profile_order(r.regressions)]))
     else:
         out.append("None.")
     out += ["", "## Outlier modules", ""]
@@ -259,10 +272,12 @@ def to_markdown(r: Report) -> str:
     if len(r.summary):
         out += ["", "## Fleet summary (decode tok/s and TTFT ms per profile)", ""]
         s = r.summary[r.summary["metric"].isin(["decode_tps", "ttft_ms", "accept_rate", "vision_fps"])]
+        metrics = {m: i for i, m in enumerate(dict.fromkeys(s["metric"]))}  # in the summary's order
         rows = [[str(x.model_key), str(x.profile), str(x.metric), num(x.fleet), f"{x.spread:.1%}"
                  if isinstance(x.spread, float) and not math.isnan(x.spread) else "", str(int(x.count)),
                  num(getattr(x, "baseline", None)), pct(getattr(x, "change", None))]
-                for x in s.itertuples()]
+                for x in sorted(s.itertuples(), key=lambda x: (metrics[x.metric], str(x.model_key),
+                                                                profile_key(str(x.profile))))]
         out.append(_md_table(["model key", "profile", "metric", "fleet median", "spread", "modules", "baseline",
                               "change"], rows))
     if r.notes:
