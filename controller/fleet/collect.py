@@ -227,8 +227,10 @@ class Sync:
         # modules the controller gave up (LOST) are still read: a late state or late rows are accepted
         pending = pending_modules(info.modules, known, late_ok=now - info.created_at < self.settings.result_expires)
         interval = self.settings.heartbeat_interval
-        fresh = beats_due(pending, memo.beats_read, now, interval, known)
-        live_parsed, beats_parsed, behind = self._read(run_id, pending, fresh, memo)
+        live_parsed, behind = self._read(run_id, pending, memo)
+        # a module whose record waits for the next pass is neither taken nor judged: its heartbeat waits with it
+        fresh = [m for m in beats_due(pending, memo.beats_read, now, interval, known) if m not in behind]
+        beats_parsed = self._read_beats_of(pending, fresh, memo.beats)
         beats_read = {m: t for m, t in memo.beats_read.items() if m in beats_parsed.by_key}
         beats_read.update(beat_read_times(fresh, memo.beats_read, now, interval))
         fresh_set = set(fresh)
@@ -292,22 +294,27 @@ class Sync:
             self.history.set_run_state(run_id, view.state())
         return view
 
-    def _read(self, run_id: str, pending: Sequence[str], fresh: Sequence[str],
-              memo: PassMemo) -> tuple[Parsed[RunProgress | None], Parsed[Beat | None], set[str]]:
-        """The pending modules' progress and the ``fresh`` modules' heartbeats on the broker, in one MGET (the other
-        pending modules' heartbeats: as the last pass read them), and the modules whose changed progress was left
+    def _read(self, run_id: str, pending: Sequence[str],
+              memo: PassMemo) -> tuple[Parsed[RunProgress | None], set[str]]:
+        """The pending modules' progress on the broker, in one MGET, and the modules whose changed progress was left
         for the next pass (``PARSES_PER_PASS``)."""
         from contract.kv import _key, _load, _model
 
-        raw = self.kv.get_raw([_key("progress", run_id, m) for m in pending] + [_key("hb", m) for m in fresh])
-        n = len(pending)
-        raws = dict(zip(pending, raw[:n], strict=True))
+        raws = dict(zip(pending, self.kv.get_raw([_key("progress", run_id, m) for m in pending]), strict=True))
         live, _ = memo.live.update(raws, lambda r: _model(RunProgress, _load(r)), limit=PARSES_PER_PASS)
         got = live.by_key
-        behind = {m for m, r in raws.items() if r is not None and (m not in got or got[m][0] != r)}
-        old = memo.beats.by_key
-        beats = self._parse_beats(dict(zip(fresh, raw[n:], strict=True)), memo.beats)
-        return live, Parsed({m: beats.by_key[m] if m in beats.by_key else old[m] for m in pending}), behind
+        return live, {m for m, r in raws.items() if r is not None and (m not in got or got[m][0] != r)}
+
+    def _read_beats_of(self, pending: Sequence[str], fresh: Sequence[str],
+                       old: Parsed[Beat | None]) -> Parsed[Beat | None]:
+        """The ``fresh`` modules' heartbeats read now (one MGET), the other pending modules' as read before (none for
+        one never read)."""
+        from contract.kv import _key
+
+        got = self._parse_beats(dict(zip(fresh, self.kv.get_raw([_key("hb", m) for m in fresh]), strict=True)),
+                                old).by_key
+        before = old.by_key
+        return Parsed({m: got[m] if m in got else before[m] for m in pending if m in got or m in before})
 
     def _read_beats(self, names: Sequence[str], old: Parsed[Beat | None]) -> Parsed[Beat | None]:
         """``old`` with the heartbeats of ``names`` read now."""
