@@ -615,6 +615,7 @@ def broker_run(n: int, base: Path, args: argparse.Namespace, conns: int, polling
                 break
         wall = time.time() - w0
         run_cpu = time.process_time() - c0
+        print(f"N={n}: sync passes CPU ms, in order: " + " ".join(f"{t * 1e3:.0f}" for t in sync_cpu), flush=True)
         i1 = broker.info()
         run_cmds = commands(i0, i1)
         run_cmds.pop("info", None)

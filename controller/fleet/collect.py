@@ -151,10 +151,10 @@ class PassMemo:
 
 # the final states a pass takes at most (rows read, checked against the seal and written: ~1 ms of CPU each); the
 # others wait for the next pass, 0.5 s later: a live view refreshes while ten thousand modules end at once
-FINALS_PER_PASS = 250
-# the changed broker records a pass parses at most (~40 us each): the others are read again by the next pass, 0.5 s
+FINALS_PER_PASS = 200
+# the changed broker records a pass parses at most (~40 us each, and as many first heartbeat reads): the others are read again by the next pass, 0.5 s
 # later (ten thousand modules ending at once changed every record; the pass that parsed them all took 1.3 s)
-PARSES_PER_PASS = 2000
+PARSES_PER_PASS = 1000
 MEMO_RUNS = 16  # the runs whose last pass a Sync remembers (``fleetctl serve`` follows every running run)
 
 
