@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import io
 import os
 import re
@@ -601,11 +602,23 @@ def broker_run(n: int, base: Path, args: argparse.Namespace, conns: int, polling
         out["dispatch_cpu"], out["dispatch_wall"] = time.process_time() - c0, time.time() - w0
         console = Console(file=io.StringIO(), width=160, force_terminal=True)
         sync_cpu, view_cpu, view_wall = [], [], []
+        gc_spent = [0.0, 0.0]  # total in collections, start of the one in progress
+
+        def on_gc(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                gc_spent[1] = time.process_time()
+            else:
+                gc_spent[0] += time.process_time() - gc_spent[1]
+
+        gc.callbacks.append(on_gc)
+        gc.freeze()  # as fleetctl validate/watch do before following a run (controller.cli.live.follow)
+        gc_in_pass: list[float] = []
         while True:
             time.sleep(0.5)
-            c = time.process_time()
+            c, g = time.process_time(), gc_spent[0]
             view = fleet.sync(run_id)
             c2, w2 = time.process_time(), time.perf_counter()
+            gc_in_pass.append(gc_spent[0] - g)
             console.print(render(view, title=f"run {run_id}"))
             console.file = io.StringIO()
             sync_cpu.append(c2 - c)
@@ -615,7 +628,10 @@ def broker_run(n: int, base: Path, args: argparse.Namespace, conns: int, polling
                 break
         wall = time.time() - w0
         run_cpu = time.process_time() - c0
+        gc.callbacks.remove(on_gc)
         print(f"N={n}: sync passes CPU ms, in order: " + " ".join(f"{t * 1e3:.0f}" for t in sync_cpu), flush=True)
+        print(f"N={n}: of it in Python's garbage collector: " + " ".join(f"{t * 1e3:.0f}" for t in gc_in_pass),
+              flush=True)
         i1 = broker.info()
         run_cmds = commands(i0, i1)
         run_cmds.pop("info", None)

@@ -149,11 +149,11 @@ class PassMemo:
     beats_read: Mapping[str, float] = field(default_factory=dict)
 
 
-# the final states a pass takes at most (rows read, checked against the seal and written: ~1 ms of CPU each); the
-# others wait for the next pass, 0.5 s later: a live view refreshes while ten thousand modules end at once
+# a pass stays short when ten thousand modules end at once (bench/scale.py: the longest pass at 10,000 modules): it
+# takes at most this many final states (rows read, checked against the seal and written: ~1 ms of CPU each) and
+# parses at most this many changed records (~40 us each, and as many heartbeats read for the first time); the others
+# are read again by the next pass, 0.5 s later, neither taken nor judged meanwhile
 FINALS_PER_PASS = 200
-# the changed broker records a pass parses at most (~40 us each, and as many first heartbeat reads): the others are read again by the next pass, 0.5 s
-# later (ten thousand modules ending at once changed every record; the pass that parsed them all took 1.3 s)
 PARSES_PER_PASS = 1000
 MEMO_RUNS = 16  # the runs whose last pass a Sync remembers (``fleetctl serve`` follows every running run)
 

@@ -5,6 +5,7 @@ judges finished runs, serves the controller's /metrics and, when configured, the
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import queue
@@ -426,6 +427,7 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
                   + (f", API on http://{settings.api_host}:{settings.api_port}/api/v1" if api else "")
                   + (f", webhooks to {len(hooks.urls)} URL(s)" if hooks else ""), highlight=False)
     loop = ServeLoop(s, warn, console, notifier)
+    gc.freeze()  # what serve holds once started is left out of its garbage collections (controller.cli.live.follow)
     try:
         while not stop.is_set():
             if not until_reached(loop.one_pass, health, stop, warn):
