@@ -18,6 +18,7 @@ from typing import Any
 from contract.fingerprint import EnvFingerprint
 from contract.records import ResultRow, RunProgress, TelemetrySummary
 from controller.command import fleetctl
+from controller.history.browse import BrowseQueries
 from controller.history.db import Cursor, Database, connect, is_url
 from controller.history.frames import ColumnReads, FrameCache
 from controller.history.outbox import WebhookOutbox
@@ -34,7 +35,7 @@ _INSERT_ROW = (f"INSERT INTO rows ({_ROW_COLUMNS}) VALUES ({','.join('?' * len(R
                + ", ".join(f'"{f}"=excluded."{f}"' for f in ROW_FIELDS if f not in _ROWS_KEY))
 
 
-class History(HistoryQueries, ColumnReads, WebhookOutbox, TrendFindings):
+class History(HistoryQueries, BrowseQueries, ColumnReads, WebhookOutbox, TrendFindings):
     """One run history (a SQLite file, or a PostgreSQL database given by its URL): its runs, their modules'
     progress and the events about them, result rows, baselines and device telemetry (the webhook outbox, the
     aggregate reads, the column-wise reads of rows and the kept trend findings are its bases).

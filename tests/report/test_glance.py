@@ -11,8 +11,9 @@ import pytest
 from controller.report import analyse
 from controller.report.model import profile_key
 from controller.report.render.glance import glance
+from controller.report.render.markdown import to_markdown
 from controller.report.render.numbers import in_profile_order
-from controller.report.render.text import probe_text, to_markdown
+from controller.report.render.text import probe_text
 from controller.report.synth import fleet
 
 

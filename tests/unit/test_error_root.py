@@ -29,6 +29,11 @@ INTERNAL: dict[str, str] = {
     "controller.cli.demo.DemoStopped": (
         "a stop signal's way out of the demo, as KeyboardInterrupt (a BaseException): run_demo catches it, stops the "
         "simulated fleet and returns 128 + the signal's number"),
+    "controller.serve.pages.PageError": (
+        "the run browser's way to answer a status as a page (its own exception handler renders it); the user errors "
+        "it stands for are FleetctlErrors raised first (a filter: FilterError) or the API's refusals"),
+    "controller.serve.pages.auth.LoginNeeded": (
+        "the run browser's redirect to its login page (its own exception handler answers it), not an error"),
     "controller.service.webhooks.Retryable": (
         "tenacity's retry signal inside Webhooks._deliver, which catches everything when it gives up (a webhook "
         "that fails is logged, the service goes on)"),
@@ -43,6 +48,7 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "controller.fleet.errors.RunIdInUse": (2, 400),
     "controller.fleet.errors.EvictingBroker": (2, 503),
     "controller.history.records.HistoryError": (2, 404),
+    "controller.serve.pages.data.FilterError": (2, 400),
     "controller.history.records.HistoryFull": (2, 503),
     "controller.history.records.HistoryStopped": (2, 503),
     "controller.history.records.HistoryUnavailable": (2, 503),

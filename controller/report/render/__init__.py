@@ -19,6 +19,7 @@ from controller.report.render.data import (
     write_tables,
     write_text,
 )
+from controller.report.render.markdown import to_markdown
 from controller.report.render.numbers import num, pct
 from controller.report.render.text import (
     outlier_line,
@@ -26,7 +27,6 @@ from controller.report.render.text import (
     regression_line,
     telemetry_cell,
     telemetry_line,
-    to_markdown,
     verdict_line,
 )
 

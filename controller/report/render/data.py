@@ -13,7 +13,8 @@ from typing import Any
 import pandas as pd
 
 from controller.report.model import Regression, Report
-from controller.report.render.text import telemetry_cell, to_markdown, verdict_line
+from controller.report.render.markdown import to_markdown
+from controller.report.render.text import telemetry_cell, verdict_line
 
 UNITS = {"prefill_tps": "tok/s", "decode_tps": "tok/s", "ttft_ms": "ms", "tpot_ms": "ms", "vision_fps": "fps",
          "accept_rate": "", "accept_rate_len": "", "correct": ""}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from contract.records import STARTUP_METRICS, WINDOW_METRICS
@@ -12,15 +11,13 @@ from controller.report.analysis.verdict import is_missing
 from controller.report.environment import environment_text
 from controller.report.model import (
     FLEET,
-    PRIMARY_METRICS,
     Change,
     Outlier,
     OutlierTelemetry,
     Regression,
     Report,
-    profile_key,
 )
-from controller.report.render.numbers import in_profile_order, num, pct
+from controller.report.render.numbers import num
 
 NO_INTERVAL = "no interval (n < 6)"  # fewer than 6 modules, profiles or figures: no 95 % interval of a median
 
@@ -189,103 +186,14 @@ def probe_text(r: Report) -> str:
     return "No probe rows in this run."
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
+def md_table(header: list[str], rows: list[list[str]]) -> str:
     esc: Callable[[str], str] = lambda c: str(c).replace("|", "\\|")  # noqa: E731
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def to_markdown(r: Report) -> str:
-    """The whole report as one Markdown document."""
-    out = [f"# Fleet report {r.run_id}", "", f"**{verdict_line(r)}**", ""]
-    out.append(f"Release {r.release or '?'}; baseline {r.baseline_id or 'none'}; previous run(s) "
-               f"{', '.join(r.previous_ids) or 'none'}; {len(r.modules)} module(s); tolerance "
-               f"{r.thresholds.tolerance:.0%}.")
-    from controller.report.render.glance import glance_markdown  # it reads this module's one-line forms
-
-    out += ["", *glance_markdown(r, startup_lines(r))]
-    out += ["", "## Regressions", ""]
-    if r.regressions:
-        out.append(_md_table(
-            ["module", "model key", "profile", "metric", "baseline", "value", "change", "95% interval", "against", "p",
-             "detail"],
-            [[x.module, x.model_key, x.profile, x.metric, num(x.baseline), num(x.value), pct(x.change),
-              "" if x.change is None else no_interval(x) if x.ci_low is None or x.ci_high is None else
-              f"{pct(x.ci_low)} to {pct(x.ci_high)}",
-              x.against,
-              "" if x.p_value is None else f"{x.p_value:.2g}",
-              x.detail + (f"; with {', '.join(x.related)}" if x.related else "")]
-             for x in in_profile_order(r.regressions)]))
-    else:
-        out.append("None.")
-    out += ["", "## Outlier modules", ""]
-    if r.outliers:
-        out.append(_md_table(
-            ["module", "model key", "factor", "95% interval", "figures", "beyond 3 MAD", "worst cases",
-             "device telemetry"],
-            [[o.module, o.model_key, f"{o.factor:.2f}x", _factor_ci(o), str(o.cells), f"{o.share_out:.0%}",
-              "; ".join(f"{w.model_key} {w.profile} {w.metric} {num(w.value)} vs {num(w.fleet_median)}"
-                        for w in o.worst), telemetry_cell(r, o)] for o in r.outliers]))
-        out += _md_telemetry(r)
-    else:
-        out.append("None.")
-    out += ["", "## Energy", ""]
-    out.append(energy_text(r))
-    if r.energy_outliers:
-        out += ["", _md_table(
-            ["module", "model key", "J/token vs fleet", "95% interval", "figures", "worst cases"],
-            [[o.module, o.model_key, f"{1 / o.factor:.2f}x", _factor_ci(o), str(o.cells),
-              "; ".join(f"{w.model_key} {w.profile} {num(w.value)} vs {num(w.fleet_median)} J/token"
-                        for w in o.worst)] for o in r.energy_outliers])]
-    start = startup_lines(r)
-    out += ["", "## Start-up costs", ""]
-    out += [f"- {x}" for x in start] if start else ["No start-up figures in this run."]
-    out += ["", f"Start-up tolerance {r.thresholds.startup_tolerance:.0%}; a change under "
-                f"{r.thresholds.startup_floor_s:g} s never counts; tested over the modules' starts (an interval from "
-                f"{MIN_WINDOWS_FOR_INTERVAL} starts)."]
-    out += ["", "## Release benchmark vs probe", "", probe_text(r)]
-    if r.disagreements:
-        out += ["", _md_table(["module", "model key", "profile", "metric", "release", "probe", "change"],
-                              [[d.module, d.model_key, d.profile, d.metric, num(d.release), num(d.probe),
-                                pct(d.change)] for d in r.disagreements])]
-    if r.probe_intervals:
-        out += ["", "## Probe intervals", "", "The per-key probe repeated over rounds (probe_repeat): each figure's "
-                "mean over the rounds and its 95 % t interval.", "",
-                _md_table(["module", "model key", "profile", "figure", "mean", "95% interval", "rounds"],
-                          [[x.module, x.model_key, x.profile, x.figure, num((x.low + x.high) / 2),
-                            f"{num(x.low)} to {num(x.high)}", str(x.repeats)] for x in r.probe_intervals])]
-    if r.capacities:
-        out += ["", "## Capacity at SLO", "", "The highest concurrency at which each module's probe met the SLO "
-                "(figures of that level's steady-state window; levels tried: met or broken).", "",
-                _md_table(["module", "model key", "profile", "SLO", "concurrency", "output tok/s", "req/s",
-                           "TTFT p90", "TPOT p90", "stopped", "levels"],
-                          [[c.module, c.model_key, c.profile, c.slo, "none" if c.concurrency is None else
-                            str(c.concurrency), num(c.output_tps), num(c.request_rps), num(c.ttft_p90_ms),
-                            num(c.tpot_p90_ms), c.stop, c.levels] for c in r.capacities])]
-    if r.changes:
-        out += ["", "## Every change per model key (centre over profiles of the fleet trimmed mean)", ""]
-        rows = [[c.model_key, c.metric, c.against, num(c.baseline), num(c.value), pct(c.change),
-                 "" if c.p_value is None else f"{c.p_value:.2g}", c.status]
-                for c in r.changes if c.metric in PRIMARY_METRICS or c.status != "within tolerance"]
-        out.append(_md_table(["model key", "metric", "against", "reference", "value", "change", "p", "status"], rows))
-    if len(r.summary):
-        out += ["", "## Fleet summary (decode tok/s and TTFT ms per profile)", ""]
-        s = r.summary[r.summary["metric"].isin(["decode_tps", "ttft_ms", "accept_rate", "vision_fps"])]
-        metrics = {m: i for i, m in enumerate(dict.fromkeys(s["metric"]))}  # in the summary's order
-        rows = [[str(x.model_key), str(x.profile), str(x.metric), num(x.fleet), f"{x.spread:.1%}"
-                 if isinstance(x.spread, float) and not math.isnan(x.spread) else "", str(int(x.count)),
-                 num(getattr(x, "baseline", None)), pct(getattr(x, "change", None))]
-                for x in sorted(s.itertuples(), key=lambda x: (metrics[x.metric], str(x.model_key),
-                                                                profile_key(str(x.profile))))]
-        out.append(_md_table(["model key", "profile", "metric", "fleet median", "spread", "modules", "baseline",
-                              "change"], rows))
-    if r.notes:
-        out += ["", "## Notes", ""] + [f"- {n}" for n in r.notes]
-    return "\n".join(out) + "\n"
-
-
-def _factor_ci(o: Outlier) -> str:
+def factor_ci(o: Outlier) -> str:
     return NO_INTERVAL if o.ci_low is None or o.ci_high is None else f"{o.ci_low:.2f}x to {o.ci_high:.2f}x"
 
 
@@ -296,7 +204,7 @@ def telemetry_cell(r: Report, o: Outlier) -> str:
     return "; ".join(x for x in ("" if t is None else telemetry_line(t), environment_text(r, o.module)) if x)
 
 
-def _md_telemetry(r: Report) -> list[str]:
+def md_telemetry(r: Report) -> list[str]:
     """Per outlier with telemetry: every figure compared, next to the fleet's median for the same keys."""
     out: list[str] = []
     for t in r.outlier_telemetry:
@@ -304,7 +212,7 @@ def _md_telemetry(r: Report) -> list[str]:
             continue
         what = t.module if t.model_key == FLEET else f"{t.module} [{t.model_key}]"
         out += ["", f"### Device telemetry of {what} ({t.status})", ""]
-        out.append(_md_table(["figure", "module", "fleet median", "unit", "keys", "unusual"],
+        out.append(md_table(["figure", "module", "fleet median", "unit", "keys", "unusual"],
                              [[c.what, num(c.value), num(c.fleet), c.unit, str(c.keys), "yes" if c.unusual else ""]
                               for c in t.compared]))
     return out

@@ -2,7 +2,8 @@
 
 Each function takes a :class:`controller.service.Session` and returns plain records for a template; the queries
 that the service has no verb for (the runs list's filters, the releases' verdict counts, the modules' last golden
-checks) are single indexed or bounded SQL statements over the run history, so a page costs the same whether the
+checks) are single indexed or bounded statements of the history (:mod:`controller.history.browse`), so a page
+costs the same whether the
 history holds ten runs or ten thousand (``bench/pages.py``). Nothing here writes, but :func:`release_trend`'s
 findings: when the history changed since they were kept, a thread computes and keeps them (what ``/metrics``
 does) and the page shows those kept meanwhile.
@@ -17,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller import service
+from controller.errors import FleetctlError
 from controller.history import RunInfo
-from controller.history.records import GOLDEN_NOTE
+from controller.history.browse import RunsWhere
 from controller.service import Session
 
 VERDICTS = ("pass", "regressed", "incomplete", "failed")
@@ -26,10 +28,8 @@ STATES = ("running", "done", "failed", "cancelled")
 MAX_LIMIT = 500
 
 
-class FilterError(ValueError):
+class FilterError(FleetctlError, ValueError):
     """A filter of the runs page that cannot be used (HTTP 400, the field named)."""
-
-    http_status = 400
 
 
 @dataclass(frozen=True)
@@ -81,43 +81,15 @@ class RunsFilter:
              "user": self.user, "since": self.since, "until": self.until}
         return {k: v for k, v in d.items() if v}
 
-    def sql(self) -> tuple[str, list[Any]]:
-        """The WHERE clause and its parameters (pure)."""
-        where: list[str] = ["kind='run'"]
-        args: list[Any] = []
-        for col, v in (("release", self.release), ("state", self.state), ("started_by", self.user)):
-            if v:
-                where.append(f"{col}=?")
-                args.append(v)
-        if self.verdict == "none":
-            where.append("verdict IS NULL")
-        elif self.verdict:
-            where.append("verdict=?")
-            args.append(self.verdict)
-        if self.module:  # the runs' modules are a JSON list of names: the name in quotes, LIKE's wildcards escaped
-            esc = self.module.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_").replace('"', "")
-            where.append("modules LIKE ? ESCAPE '\\'")
-            args.append(f'%"{esc}"%')
-        if self.since:
-            where.append("created_at >= ?")
-            args.append(_day(self.since))
-        if self.until:
-            where.append("created_at < ?")
-            args.append(_day(self.until) + 86400)
-        if self.before is not None:
-            where.append("created_at < ?")
-            args.append(self.before)
-        return " AND ".join(where), args
+    def where(self) -> RunsWhere:
+        """The runs it selects, as the history reads them (pure)."""
+        return RunsWhere(release=self.release, verdict=self.verdict, state=self.state, user=self.user,
+                         module=self.module, since=_day(self.since) if self.since else None,
+                         until=_day(self.until) + 86400 if self.until else None, before=self.before)
 
 
 def _day(text: str) -> float:
     return dt.datetime.combine(dt.date.fromisoformat(text), dt.time(), dt.timezone.utc).timestamp()
-
-
-def _infos(s: Session, sql: str, args: list[Any]) -> list[RunInfo]:
-    h = s.history()
-    cur = h.db.execute(sql, args)
-    return [h._run_info(cur, r) for r in cur.fetchall()]
 
 
 @dataclass(frozen=True)
@@ -136,24 +108,18 @@ def runs_page(s: Session, f: RunsFilter) -> RunsPage:
     mods = [m.name for m in s.inventory().modules]
     if not s.has_history():
         return RunsPage([], [], [], mods, None, None)
-    where, args = f.sql()
-    found = _infos(s, f"SELECT * FROM runs WHERE {where} ORDER BY created_at DESC LIMIT ?", [*args, f.limit + 1])
+    h = s.history()
+    found = h.runs_where(f.where(), f.limit + 1)
     more = found[f.limit - 1].created_at if len(found) > f.limit else None
     items, note = service.with_broker_states(s, found[:f.limit])
-    db = s.history().db
-    releases = [str(r[0]) for r in db.execute("SELECT release FROM runs WHERE kind='run' AND release != '' GROUP BY"
-                                              " release ORDER BY MAX(created_at) DESC LIMIT 200").fetchall()]
-    users = [str(r[0]) for r in db.execute("SELECT DISTINCT started_by FROM runs WHERE started_by != ''"
-                                           " LIMIT 200").fetchall()]
-    return RunsPage(items, releases, sorted(users), mods, more, note)
+    return RunsPage(items, h.recent_releases(), h.run_users(), mods, more, note)
 
 
 def live_runs(s: Session, ids: list[str]) -> dict[str, dict[str, Any]]:
     """run id -> state, verdict and verdict line of those of ``ids`` in the history (the runs page's poll)."""
     if not ids or not s.has_history():
         return {}
-    marks = ",".join("?" * len(ids))
-    items, _ = service.with_broker_states(s, _infos(s, f"SELECT * FROM runs WHERE run_id IN ({marks})", ids))
+    items, _ = service.with_broker_states(s, s.history().runs_of(ids))
     return {i.run_id: {"state": i.state, "verdict": i.verdict, "verdict_line": i.verdict_line} for i in items}
 
 
@@ -188,8 +154,7 @@ def golden_checks(s: Session, recent: int = 200) -> dict[str, RunInfo]:
     if not s.has_history():
         return {}
     out: dict[str, RunInfo] = {}
-    for info in _infos(s, "SELECT * FROM runs WHERE note LIKE ? ORDER BY created_at DESC LIMIT ?",
-                       [f"{GOLDEN_NOTE}%", recent]):
+    for info in s.history().golden_runs(recent):
         for m in info.modules:
             out.setdefault(m, info)
     return out
@@ -236,22 +201,17 @@ def module_page(s: Session, name: str, recent: int = 20) -> ModulePage:
     drift = h.golden_drift(name)
     health, why = health_of(dd["state"], dd["reason"], drift)
     row = ModuleRow(dd, health, why, reservation_dict(held[0]) if held else None, golden_checks(s).get(name), drift)
-    parts = h.db.execute("SELECT run_id, progress FROM module_runs WHERE module=? ORDER BY updated_at DESC LIMIT ?",
-                         (name, recent)).fetchall()
-    ids = [str(r) for r, _ in parts]
-    infos = {i.run_id: i for i in _infos(s, f"SELECT * FROM runs WHERE kind='run' AND run_id IN"
-                                            f" ({','.join('?' * len(ids))})", ids)} if ids else {}
+    parts = h.module_progress(name, recent)
+    infos = {i.run_id: i for i in h.runs_of([r for r, _ in parts], kind_run=True)}
     runs = []
     for rid, progress in parts:
-        if (info := infos.get(str(rid))) is None:
+        if (info := infos.get(rid)) is None:
             continue
         t = h.telemetry(info.run_id).get(name)  # kept apart from the progress
         p = service.progress_dict(RunProgress.model_validate_json(progress))
         runs.append((info, {**p, "telemetry": t.model_dump(mode="json") if t else None}))
     runs.sort(key=lambda r: r[0].created_at, reverse=True)
-    cur = h.db.execute("SELECT ts, run_id, message FROM events WHERE module=? ORDER BY ts DESC LIMIT 50", (name,))
-    events = [(float(t), str(r), str(m)) for t, r, m in cur.fetchall()]
-    return ModulePage(row, runs, events)
+    return ModulePage(row, runs, h.module_log(name))
 
 
 # --------------------------------------------------------------------------- releases
@@ -269,22 +229,15 @@ def releases_page(s: Session, limit: int = 100) -> list[ReleaseRow]:
     """Each release's runs and their verdicts, newest release first (by its newest run)."""
     if not s.has_history():
         return []
-    db = s.history().db
-    newest = db.execute("SELECT release, COUNT(*), MAX(created_at) FROM runs WHERE kind='run' AND release != ''"
-                        " GROUP BY release ORDER BY MAX(created_at) DESC LIMIT ?", (limit,)).fetchall()
-    if not newest:
-        return []
-    names = [str(r[0]) for r in newest]
-    marks = ",".join("?" * len(names))
+    h = s.history()
+    newest = h.release_runs_counted(limit)
     counts: dict[str, dict[str, int]] = {}
     last: dict[str, tuple[str, str | None]] = {}
-    for rel, rid, verdict in db.execute(f"SELECT release, run_id, verdict FROM runs WHERE kind='run' AND release IN"
-                                        f" ({marks}) ORDER BY created_at DESC", names).fetchall():
-        c = counts.setdefault(str(rel), {})
+    for rel, rid, verdict in h.release_verdicts([rel for rel, _, _ in newest]):
+        c = counts.setdefault(rel, {})
         c[verdict or ""] = c.get(verdict or "", 0) + 1
-        last.setdefault(str(rel), (str(rid), verdict))
-    return [ReleaseRow(str(rel), int(n), counts.get(str(rel), {}), float(t), *last.get(str(rel), ("", None)))
-            for rel, n, t in newest]
+        last.setdefault(rel, (rid, verdict))
+    return [ReleaseRow(rel, n, counts.get(rel, {}), t, *last.get(rel, ("", None))) for rel, n, t in newest]
 
 
 @dataclass
@@ -306,13 +259,13 @@ class _Kept:
 
         where = str(s.settings.history_location)
         h = s.read_history()
-        row = h.db.execute("SELECT version FROM trend_findings WHERE name=?", (NAME,)).fetchone()
+        version = h.trend_findings_version(NAME)
         kept = None
-        if row is not None:
+        if version is not None:
             got = self.decoded.get(where)
-            if got is None or got[0] != str(row[0]):
+            if got is None or got[0] != version:
                 body = h.trend_findings(NAME)
-                got = (str(row[0]), decode(*body) if body else None)
+                got = (version, decode(*body) if body else None)
                 self.decoded[where] = got
             kept = got[1]
         if time.monotonic() - self.checked.get(where, -CHECK_EVERY) >= CHECK_EVERY:
@@ -368,5 +321,4 @@ def release_trend(s: Session, models: tuple[str, ...] | None = None) -> Trend:
 def release_runs(s: Session, release: str, limit: int = 50) -> list[RunInfo]:
     if not s.has_history():
         return []
-    return _infos(s, "SELECT * FROM runs WHERE kind='run' AND release=? ORDER BY created_at DESC LIMIT ?",
-                  [release, limit])
+    return s.history().release_run_infos(release, limit)
