@@ -11,6 +11,7 @@ from controller.report.model import FLEET
 from controller.report.synth import fleet
 
 
+@pytest.mark.slow  # ~2 s CPU a seed (analyse over the seed's every key): at the fast tier's budget under load
 @pytest.mark.parametrize("seed", range(3))
 def test_two_modules_scattering_like_a_loaded_real_engine_pass_an_unchanged_release(reference, seed):
     # 30 % figure noise (llama.cpp's tiny timings on this 2-core machine scatter wider still): before, "2 of 2
