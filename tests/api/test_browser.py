@@ -86,7 +86,7 @@ def test_swagger_ui_renders_every_operation_from_the_server_alone(api):
     with urllib.request.urlopen(f"{api}/api/v1/openapi.json", timeout=30) as r:
         schema = json.loads(r.read())
     operations = sorted((m.upper(), p) for p, item in schema["paths"].items() for m in item)
-    assert len(operations) == 11  # with GET /api/v1/trend and the three reservation routes
+    assert len(operations) == 12  # with GET /api/v1/trend, the three reservation routes and the power route
     with chromium_page() as (page, seen):
         resp = page.goto(f"{api}/docs", wait_until="networkidle")
         assert resp is not None and resp.status == 200

@@ -31,6 +31,7 @@ from agent.metrics import SystemSample, build_registry, push_once, start_exporte
 from agent.tables import parse_seed
 from contract.records import KeyOutcome, RunProgress, RunState
 from controller.cli.targets import file_sd
+from controller.fleet.power import MODULE_CYCLED
 from controller.history import History
 from controller.inventory import parse_inventory
 from controller.serve.metrics import CATALOG as CONTROLLER_CATALOG
@@ -167,6 +168,8 @@ def test_prometheus_scrapes_fleet_and_every_expression_has_data(
     history.set_dispatched("run-1", "low", now - 100)  # waited 40 s on sim-a (the wait histogram's panel)
     history.upsert_progress(RunProgress(run_id="run-1", module="sim-a", release="1.4.1", state=RunState.DONE,
                                         started_at=now - 60, updated_at=now - 10, finished_at=now - 10))
+    # fix-d power-cycled once by the recovery policy (m1000_fleet_power_cycles: its module event)
+    history.add_module_event("fix-d", f"{MODULE_CYCLED}: run run-1: at 10:12 after no heartbeat for 240 s")
     states = {"sim-a": "busy", "sim-b": "busy", "fix-c": "bad", "fix-d": "busy", "dead-e": "offline"}
     creg = CollectorRegistry()
     readings = {**states, "sim-a": ModuleReading("busy", 0.4)}  # sim-a's clock measured 0.4 s ahead
