@@ -25,7 +25,9 @@ from tests.support.lab import broker  # noqa: F401 - the fixture, registered by 
 
 pytestmark = pytest.mark.slow
 
-FOR = 8.0  # seconds: the renewed reservation's, whose end the test waits for (3 s ran out before a `reservations` under a loaded slow tier)
+# seconds: the renewed reservation's, whose end the test waits for (3 s ran out before a `reservations` listing
+# under a loaded slow tier)
+FOR = 8.0
 
 
 def _validate(b, release, devices: str, user: str) -> str:

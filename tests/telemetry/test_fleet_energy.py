@@ -23,8 +23,9 @@ SCALE = 10.0  # the simulated release's time scale: the machine's own overheads 
 NOISE = 0.0
 
 
-# alone: its modules' J/token come from how long their windows last on this machine; beside the slow tier grown by
-# issues 48, 49 and 52 (a clean-clone make test of 2026-12-06) the hot card's 10 W did not stand out of the cool ones' spread
+# alone: its modules' J/token come from how long their windows last on this machine; beside the slow tier grown
+# by issues 48, 49 and 52 (a clean-clone make test of 2026-12-06) the hot card's 10 W did not stand out of the
+# cool ones' spread
 @pytest.mark.alone
 def test_a_hot_module_is_named_for_its_energy_per_token(tmp_path: Path) -> None:
     import simulator
