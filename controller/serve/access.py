@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from fastapi import Depends, HTTPException
 from fastapi.routing import APIRoute
@@ -32,6 +33,8 @@ def may_act_on(who: Identity, owner: str) -> bool:
     ``admin``. Work of no recorded owner ('': from before runs recorded it) is others' (pure)."""
     return who.role.allows(Role.admin) or (who.role.allows(Role.trigger) and bool(owner) and owner == who.user)
 
+
+C = TypeVar("C")
 
 BEARER = HTTPBearer(auto_error=False, description="a token from the controller's API tokens file")
 
@@ -57,23 +60,31 @@ class RoleCheck:
         return who
 
 
-def declared(route: APIRoute) -> list[RoleCheck]:
-    """The role checks ``route`` declares (in its dependencies, or as a parameter's)."""
-    out: list[RoleCheck] = []
+def declared_of(route: APIRoute, kind: type[C]) -> list[C]:
+    """The role checks of ``kind`` ``route`` declares (in its dependencies, or as a parameter's): the API's
+    :class:`RoleCheck`, or the run browser's page roles."""
+    out: list[C] = []
     stack = list(route.dependant.dependencies)
     while stack:
         dep = stack.pop()
-        if isinstance(dep.call, RoleCheck):
+        if isinstance(dep.call, kind):
             out.append(dep.call)
         stack.extend(dep.dependencies)
     return out
 
 
-def undeclared(routes: Sequence[object], protected: Callable[[str], bool]) -> list[str]:
-    """``METHOD path`` of each protected route that declares no role, or more than one role (pure on the routes)."""
+def declared(route: APIRoute) -> list[RoleCheck]:
+    """The API role checks ``route`` declares."""
+    return declared_of(route, RoleCheck)
+
+
+def undeclared(routes: Sequence[object], protected: Callable[[str], bool],
+               kind: type[Any] = RoleCheck) -> list[str]:
+    """``METHOD path`` of each protected route that declares no role (of ``kind``), or more than one role (pure on
+    the routes)."""
     bad: list[str] = []
     for r in routes:
-        if isinstance(r, APIRoute) and protected(r.path) and len({c.role for c in declared(r)}) != 1:
+        if isinstance(r, APIRoute) and protected(r.path) and len({c.role for c in declared_of(r, kind)}) != 1:
             bad.extend(f"{m} {r.path}" for m in sorted(r.methods or ()))
     return bad
 

@@ -19,7 +19,7 @@ from urllib.parse import quote, urlsplit
 from fastapi import HTTPException, Request
 from fastapi.routing import APIRoute
 
-from controller.serve.access import refusal
+from controller.serve.access import declared_of, refusal, undeclared
 from controller.serve.tokens import Identity, Role, Tokens
 from controller.serve.wire import PAGES
 
@@ -80,14 +80,7 @@ class PageRole:
 
 def page_roles(route: APIRoute) -> list[PageRole]:
     """The page roles ``route`` declares (the tests walk every page route with each role)."""
-    out: list[PageRole] = []
-    stack = list(route.dependant.dependencies)
-    while stack:
-        dep = stack.pop()
-        if isinstance(dep.call, PageRole):
-            out.append(dep.call)
-        stack.extend(dep.dependencies)
-    return out
+    return declared_of(route, PageRole)
 
 
 PUBLIC_PAGES = frozenset({f"{PAGES}/login", f"{PAGES}/logout", PAGES, f"{PAGES}/"})
@@ -95,9 +88,4 @@ PUBLIC_PAGES = frozenset({f"{PAGES}/login", f"{PAGES}/logout", PAGES, f"{PAGES}/
 
 def undeclared_pages(routes: Sequence[object]) -> list[str]:
     """``METHOD path`` of each page route (but login and logout) that declares no role or more than one."""
-    bad: list[str] = []
-    for r in routes:
-        if isinstance(r, APIRoute) and r.path.startswith(PAGES) and r.path not in PUBLIC_PAGES \
-                and len({c.role for c in page_roles(r)}) != 1:
-            bad.extend(f"{m} {r.path}" for m in sorted(r.methods or ()))
-    return bad
+    return undeclared(routes, lambda path: path.startswith(PAGES) and path not in PUBLIC_PAGES, PageRole)
