@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from simulator.ports import free_port
 from tests.browser import chromium_page
 from tests.support.http_servers import TOKEN, Receiver, ReleaseServer, wait_port, write_tokens
 from tests.support.lab import make_lab
+from tests.support.procs import stop_group
 
 pytestmark = pytest.mark.slow
 
@@ -82,11 +82,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         yield {"api": f"http://127.0.0.1:{port}/api/v1", "release": release, "receiver": receiver, "lab": lab,
                "secret": secret.read_bytes().strip(), "proc": proc, "releases": releases, "links": links}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
         receiver.close()
         releases.close()
         lab.stop()

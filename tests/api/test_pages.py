@@ -14,8 +14,8 @@ import pytest
 from controller.history import History
 from controller.serve.api import Role, Tokens, create_app
 from controller.serve.pages.auth import COOKIE, PAGES, PUBLIC_PAGES, page_roles
-from controller.serve.tokens import V2_HEADER
 from controller.settings import ControllerSettings
+from tests.support.http_servers import write_user_tokens
 
 USERS = {Role.read: "rita", Role.trigger: "tom", Role.admin: "ada"}
 TOKENS = {role: f"{role.value}-token-0123456789abcdef" for role in Role}
@@ -27,9 +27,7 @@ PATH_VALUES = {"run_id": "run-a", "module": "m1", "name": "m1", "release": "1.4.
 def pages(controller: ControllerSettings, tmp_path: Path) -> Iterator:
     from fastapi.testclient import TestClient
 
-    path = tmp_path / "tokens"
-    path.write_text(V2_HEADER + "\n" + "".join(f"{USERS[r]} {r.value} {TOKENS[r]}\n" for r in Role))
-    path.chmod(0o600)
+    path = write_user_tokens(tmp_path / "tokens", ((USERS[r], r.value, TOKENS[r]) for r in Role))
     h = History(controller.history_path)
     try:
         h.set_started_by(OWNED, USERS[Role.trigger])

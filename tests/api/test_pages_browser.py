@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -21,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from controller.cli.demo import reference_rows
-from controller.serve.tokens import V2_HEADER
 from controller.service import Session
 from simulator.ports import free_port
 from tests.browser import chromium_page
-from tests.support.http_servers import wait_port
+from tests.support.http_servers import wait_port, write_user_tokens
 from tests.support.lab import make_lab
+from tests.support.procs import stop_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -47,9 +46,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         s.history().add_baseline(release.version, reference_rows(), "simulator reference tables")
         past_releases(s.history(), lab.names)
     lab.start()
-    tokens = base / "tokens"
-    tokens.write_text(V2_HEADER + "\n" + "".join(f"{USERS[r]} {r} {t}\n" for r, t in TOKENS.items()))
-    tokens.chmod(0o600)
+    tokens = write_user_tokens(base / "tokens", ((USERS[r], r, t) for r, t in TOKENS.items()))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**lab.env(), "FLEET_SERVE_URL": url}
@@ -60,11 +57,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         wait_port(port, proc)
         yield {"url": url, "lab": lab, "release": release, "env": env}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
         lab.stop()
         out, err = proc.communicate(timeout=10)
         assert not any(t in out + err for t in TOKENS.values())  # tokens are never logged

@@ -13,9 +13,9 @@ from starlette.routing import Mount, Route
 from controller.history import History
 from controller.serve.api import PREFIX, Role, Tokens, _protected, create_app
 from controller.serve.pages import PAGES
-from controller.serve.tokens import V2_HEADER
 from controller.settings import ControllerSettings
 from tests.support.cli import INV, TARBALL
+from tests.support.http_servers import write_user_tokens
 
 USERS = {Role.read: "rita", Role.trigger: "tom", Role.admin: "ada"}
 TOKENS = {role: f"{role.value}-token-0123456789abcdef" for role in Role}
@@ -42,9 +42,7 @@ def auth(role: Role) -> dict[str, str]:
 def app_client(controller: ControllerSettings, tmp_path: Path) -> Iterator:
     from fastapi.testclient import TestClient
 
-    path = tmp_path / "tokens"
-    path.write_text(V2_HEADER + "\n" + "".join(f"{USERS[r]} {r.value} {TOKENS[r]}\n" for r in Role))
-    path.chmod(0o600)
+    path = write_user_tokens(tmp_path / "tokens", ((USERS[r], r.value, TOKENS[r]) for r in Role))
     h = History(controller.history_path)
     try:
         h.set_started_by(OWNED, USERS[Role.trigger])

@@ -15,8 +15,6 @@ answer, and ``serve`` says when it is back.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -33,6 +31,7 @@ from simulator.ports import free_port
 from tests.support.http_servers import TOKEN, Receiver, wait_port, write_tokens
 from tests.support.lab import make_lab
 from tests.support.postgres_server import PostgresServer, running_postgres
+from tests.support.procs import stop_group
 from tests.support.redis_server import RedisServer, running_redis
 from tests.support.wait import wait_for
 
@@ -64,12 +63,7 @@ def get(url: str, token: bool = True) -> tuple[int, str]:
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_group(proc)
 
 
 def test_postgres_sigkilled_and_restarted_under_serve_mid_run(pg: PostgresServer, tmp_path: Path) -> None:

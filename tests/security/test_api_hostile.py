@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import pytest
 from simulator.ports import free_port
 from tests.support.cli import INV, TARBALL, closed_port, write_release_stub
 from tests.support.http_servers import TOKEN, ReleaseServer, write_tokens
+from tests.support.procs import stop_group
 from tests.support.redis_server import RedisServer
 from tests.support.secure import need_redis
 
@@ -103,12 +103,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             time.sleep(0.1)
         yield s
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
         releases.close()
         redis.stop()
         assert TOKEN not in log.read_text(errors="replace")  # a token is never logged

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -20,6 +21,15 @@ def write_tokens(path: Path, *tokens: str) -> Path:
 
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def write_user_tokens(path: Path, entries: Iterable[tuple[str, str, str]]) -> Path:
+    """A tokens file of the current format: one ``USER ROLE TOKEN`` line per entry, mode 0600."""
+    from controller.serve.tokens import V2_HEADER
+
+    path.write_text(V2_HEADER + "\n" + "".join(f"{user} {role} {token}\n" for user, role, token in entries))
+    path.chmod(0o600)
+    return path
 
 
 class ThreadedServer:

@@ -1,8 +1,11 @@
-"""Processes a test may have left behind: by working folder, by the agent's mark, by environment text."""
+"""Processes a test started or may have left behind: stopping a process group; finding leftovers by working folder, by
+the agent's mark, by environment text."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 import psutil
@@ -44,3 +47,14 @@ def env_has(p: psutil.Process, text: str) -> bool:
         return any(text in v for v in p.environ().values())
     except (psutil.Error, OSError):
         return False
+
+
+def stop_group(proc: subprocess.Popen[str], grace: float = 20.0) -> None:
+    """Stop the process group ``proc`` leads (started with ``start_new_session``): SIGTERM, then SIGKILL after
+    ``grace`` seconds; reaped either way."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

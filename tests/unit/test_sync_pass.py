@@ -1,5 +1,6 @@
 """A sync pass over the embedded broker's real files (fast tier, no worker): it writes only what changed, and takes
-at most FINALS_PER_PASS final states a pass, the others the next, none of them given up meanwhile."""
+at most FINALS_PER_PASS final states (and parses at most PARSES_PER_PASS changed records) a pass, the others the
+next, none of them given up meanwhile."""
 
 from __future__ import annotations
 
@@ -56,9 +57,11 @@ def test_a_pass_writes_only_what_changed(ctl):
     assert history.progress("r1")["m3"].progress == 0.5 and history.progress("r1")["m2"].progress == 0.1
 
 
-def test_final_states_beyond_the_bound_wait_for_the_next_pass_and_are_not_lost(ctl, monkeypatch):
+@pytest.mark.parametrize("bound", ["FINALS_PER_PASS", "PARSES_PER_PASS"])
+def test_final_states_beyond_a_pass_bound_wait_for_the_next_pass_unjudged_and_are_not_lost(ctl, monkeypatch, bound):
+    """Beyond the final states a pass takes, or the changed records it parses, the others wait for the next pass."""
     fleet, history = ctl
-    monkeypatch.setattr(collect, "FINALS_PER_PASS", 2)
+    monkeypatch.setattr(collect, bound, 2)
     now = time.time()
     for m in MODULES:
         fleet.kv.put_heartbeat(Heartbeat(module=m, agent_version="t", ts=now))  # idle: the run ended there
@@ -67,26 +70,8 @@ def test_final_states_beyond_the_bound_wait_for_the_next_pass_and_are_not_lost(c
             run_id="r1", module=m, release="1.4.1", state=RunState.DONE, step="done", keys_total=1, keys_done=1,
             rows=2, started_at=now - 5, updated_at=now, finished_at=now,
             outcomes=(KeyOutcome(model_key="qwen3", status="passed", rows=2),)), _rows(m)))
-    # an hour on: every module idle since, a state not taken yet would be "end lost" (start_timeout) if judged
-    later = now + 3600
-    states = [sorted(p.state.value for p in fleet.sync("r1", now=later).progress.values() if p) for _ in range(3)]
-    assert states == [["done", "done"], ["done"] * 4, ["done"] * 5]
-    assert history.run("r1").state == "done" and history.row_count("r1") == 10
-    assert not [msg for _, _, msg in history.events("r1") if "lost" in msg]
-
-
-def test_changed_records_beyond_the_parse_bound_wait_for_the_next_pass_unjudged(ctl, monkeypatch):
-    fleet, history = ctl
-    monkeypatch.setattr(collect, "PARSES_PER_PASS", 2)
-    now = time.time()
-    for m in MODULES:
-        fleet.kv.put_heartbeat(Heartbeat(module=m, agent_version="t", ts=now))  # idle: the run ended there
-        fleet.kv.put_rows("r1", m, _rows(m))
-        fleet.kv.put_progress(seal(RunProgress(
-            run_id="r1", module=m, release="1.4.1", state=RunState.DONE, step="done", keys_total=1, keys_done=1,
-            rows=2, started_at=now - 5, updated_at=now, finished_at=now,
-            outcomes=(KeyOutcome(model_key="qwen3", status="passed", rows=2),)), _rows(m)))
-    # an hour on: a module judged before its record is parsed would be "never started" (idle since dispatch)
+    # an hour on: every module idle since, a state not taken (or not parsed) yet would be given up if judged ("end
+    # lost" after start_timeout, "never started" for one idle since dispatch)
     later = now + 3600
     states = [sorted(p.state.value for p in fleet.sync("r1", now=later).progress.values() if p) for _ in range(3)]
     assert states == [["done", "done"], ["done"] * 4, ["done"] * 5]
