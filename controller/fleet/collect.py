@@ -274,7 +274,7 @@ class Sync:
                 continue  # the module is done running: only its record is awaited, bounded by collect_timeout
             why = liveness(cur, beats.get(m), now, dispatched_at=dispatched, settings=self.settings)
             if why and m not in fresh_set:  # judged on a heartbeat read earlier: never given up before a fresh read
-                beats_parsed = self._read_beats([m], beats_parsed)
+                beats_parsed = self._read_beats_of(pending, [m], beats_parsed)
                 beats[m] = beats_parsed.get(m)
                 why = liveness(cur, beats[m], now, dispatched_at=dispatched, settings=self.settings)
             if why:
@@ -315,13 +315,6 @@ class Sync:
                                 old).by_key
         before = old.by_key
         return Parsed({m: got[m] if m in got else before[m] for m in pending if m in got or m in before})
-
-    def _read_beats(self, names: Sequence[str], old: Parsed[Beat | None]) -> Parsed[Beat | None]:
-        """``old`` with the heartbeats of ``names`` read now."""
-        from contract.kv import _key
-
-        got = self._parse_beats(dict(zip(names, self.kv.get_raw([_key("hb", m) for m in names]), strict=True)), old)
-        return Parsed({**old.by_key, **got.by_key})
 
     def _parse_beats(self, raws: Mapping[str, Any], old: Parsed[Beat | None]) -> Parsed[Beat | None]:
         """Heartbeats by their text (``raws``): one whose text is unchanged is the one read before, when the broker
