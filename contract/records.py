@@ -38,7 +38,7 @@ def is_run_id(value: object) -> bool:
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class Record(BaseModel):
@@ -46,7 +46,7 @@ class Record(BaseModel):
     is ignored, so an agent one contract version ahead of its controller is read (ADR 0051). A request stays
     :class:`Frozen`: what an agent is asked to run is checked field by field."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
 
 
 class ModelKeySpec(Frozen):
