@@ -33,7 +33,9 @@ def test_capture_keeps_what_the_console_printed_before_the_hang(tmp_path):
     with ser2net_console(tmp_path / "console") as con:
         cap = ConsoleCapture(con.address, lines=200, retry=0.2).start()
         try:
-            wait_for(lambda: cap.connected_at is not None, 10, "the capture connected to ser2net")
+            # connected is not yet read: ser2net opens (and flushes) the serial device after it accepts
+            wait_for(lambda: con.print("[     0.000000] console up") or "console up" in cap.text(), 10,
+                     "a first line read through ser2net")
             con.print(*(f"[{i:6d}.000000] m1000 0000:01:00.0: step {i}" for i in range(300)), HUNG)
             wait_for(lambda: HUNG in cap.text(), 10, "the hang's line read")
             text = cap.text()
@@ -41,7 +43,7 @@ def test_capture_keeps_what_the_console_printed_before_the_hang(tmp_path):
             cap.stop()
     head, *lines = text.splitlines()
     assert head.startswith(f"# serial console {con.address} (ser2net raw TCP), read by the controller since ")
-    assert head.endswith("(connected); the last 200 of 301 line(s)"), head
+    assert "(connected); the last 200 of " in head, head
     assert lines[-1] == HUNG and lines[0].endswith("step 101") and len(lines) == 200
 
 
