@@ -57,12 +57,23 @@ def logs_folder(data_dir: Path, run_id: str, module: str) -> Path:
     return Path(data_dir) / FOLDER / run_id / module
 
 
-def kernel_lines(events: Sequence[tuple[str, float, str]], run_id: str) -> list[str]:
-    """The report's lines naming the kernel logs kept for the run (pure)."""
+def failed_parts(events: Sequence[tuple[str, float, str]], run_id: str) -> list[tuple[str, str, tuple[str, ...], str]]:
+    """Each module whose logs the controller kept, or tried to, for the run (pure, from its events, in their order):
+    (module, why, what was kept or why not, the command that shows them: "" when nothing was kept)."""
     said = {KERNEL_EVENT: "kernel log and agent journal", CONSOLE_EVENT: "serial console"}
-    return [f"{m}: {said[what]} kept ({msg.split('(', 1)[1].split(')', 1)[0]}): "
-            f"fleetctl logs {run_id} --module {m} --kernel"
-            for m, _, msg in events for what in said if msg.startswith(f"{what} kept")]
+    parts: dict[str, tuple[str, list[str], bool]] = {}
+    for m, _, msg in events:
+        what = next((w for w in said if msg.startswith(f"{w} kept (") or msg.startswith(f"{w} not kept (")), None)
+        if what is None:
+            continue
+        kept = msg.startswith(f"{what} kept")
+        why, _, rest = msg.split("(", 1)[1].partition("): ")
+        why0, items, any_kept = parts.get(m, (why, [], False))
+        first = rest.splitlines()[0][:160] if rest else "?"
+        items.append(f"{said[what]} kept" if kept else f"{what} not kept ({first})")
+        parts[m] = (why0, items, any_kept or kept)
+    return [(m, why, tuple(items), f"fleetctl logs {run_id} --module {m} --kernel" if kept else "")
+            for m, (why, items, kept) in parts.items()]
 
 
 class KernelLogs:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from contract.records import RunProgress, RunState
-from controller.fleet.kernel_logs import KernelLogs, kernel_lines, logs_folder
+from controller.fleet.kernel_logs import KernelLogs, failed_parts, logs_folder
 from controller.inventory import Module
 from controller.remote.console import ConsoleCapture, LineTail
 from tests.support.outlet import free_port
@@ -82,8 +82,9 @@ def test_console_that_does_not_answer_is_one_line_and_the_pass_does_not_wait(tmp
     msgs = [m for _, _, m in h.kept]
     assert msgs[0].startswith("serial console kept (lost): ") and msgs[0].endswith("/r1/sim-01/console.log")
     assert msgs[1].startswith("kernel log not kept (lost): sim-01: ssh: connect to host")
-    assert kernel_lines(h.kept, "r1") == ["sim-01: serial console kept (lost): fleetctl logs r1 --module sim-01 "
-                                          "--kernel"]
+    ((m, why, logs, command),) = failed_parts(h.kept, "r1")
+    assert (m, why, command) == ("sim-01", "lost", "fleetctl logs r1 --module sim-01 --kernel")
+    assert logs[0] == "serial console kept" and logs[1].startswith("kernel log not kept (sim-01: ssh: connect to")
 
 
 def test_console_entry_is_host_and_port():
