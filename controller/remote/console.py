@@ -1,5 +1,5 @@
-"""A module's serial console through a ser2net raw TCP port: what it printed, kept while the controller follows a
-run (ADR 0053).
+"""A module's serial console through a ser2net raw TCP port (or a telnet one, RFC 2217 included: its commands
+dropped, nothing negotiated): what it printed, kept while the controller follows a run (ADR 0053).
 
 A serial line keeps nothing for a reader who comes late: a UART that nobody reads drops what it receives, and
 ser2net opens the device only while a client is connected. So the lines a hang printed (a driver's last words, a
@@ -35,15 +35,51 @@ def _stamp(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class LineTail:
-    """The last ``lines`` lines of a byte stream fed in pieces (pure: no I/O)."""
+IAC, SB, SE = 255, 250, 240
 
-    def __init__(self, lines: int = LINES) -> None:
+
+class TelnetData:
+    """The data bytes of a telnet stream fed in pieces: its commands and option negotiations (``IAC WILL ECHO``, an
+    RFC 2217 ``IAC SB COM-PORT-OPTION ... IAC SE``) dropped, ``IAC IAC`` a 255 (pure: no I/O; nothing answered: a
+    reader that only reads needs no option)."""
+
+    def __init__(self) -> None:
+        self.state = "data"
+
+    def feed(self, data: bytes) -> bytes:
+        out = bytearray()
+        for b in data:
+            st = self.state
+            if st == "data":
+                if b == IAC:
+                    self.state = "iac"
+                else:
+                    out.append(b)
+            elif st == "iac":
+                self.state = {IAC: "data", SB: "sb"}.get(b, "option" if 251 <= b <= 254 else "data")
+                if b == IAC:
+                    out.append(IAC)
+            elif st == "option":
+                self.state = "data"
+            elif st == "sb":
+                self.state = "sb-iac" if b == IAC else "sb"
+            else:  # sb-iac
+                self.state = "data" if b == SE else "sb"
+        return bytes(out)
+
+
+class LineTail:
+    """The last ``lines`` lines of a byte stream fed in pieces (pure: no I/O); ``telnet``: the stream is telnet's."""
+
+    def __init__(self, lines: int = LINES, *, telnet: bool = False) -> None:
         self.lines: collections.deque[str] = collections.deque(maxlen=lines)
         self.partial = b""
         self.seen = 0  # lines completed in all
+        self.telnet = TelnetData() if telnet else None
 
     def feed(self, data: bytes) -> None:
+        if self.telnet is not None:
+            data = self.telnet.feed(data)
         *done, self.partial = (self.partial + data).split(b"\n")
         for raw in done:
             self._add(raw)
@@ -65,9 +101,9 @@ class ConsoleCapture:
 
     def __init__(self, address: str, *, lines: int = LINES, retry: float = RETRY) -> None:
         self.address = address
-        self.host, self.port = console_address(address)
+        self.host, self.port, telnet = console_address(address)
         self.retry = retry
-        self.tail = LineTail(lines)
+        self.tail = LineTail(lines, telnet=telnet)
         self.started_at = time.time()
         self.connected_at: float | None = None  # the current connection's; None while there is none
         self.error: str | None = None  # why the last try failed or the connection ended
@@ -98,6 +134,8 @@ class ConsoleCapture:
                     self.error = f"{type(exc).__name__}: {exc.strerror or exc}" if exc.args else type(exc).__name__
             with self._lock:
                 self.connected_at = None
+                if self.tail.telnet is not None:
+                    self.tail.telnet = TelnetData()  # a new connection's negotiation starts afresh
             self._stop.wait(self.retry)
 
     def _read(self, sock: socket.socket) -> None:
@@ -125,7 +163,7 @@ class ConsoleCapture:
         """What is kept with a run: a header line, then the last lines; one line when nothing was ever read."""
         with self._lock:
             body, seen, at, why = self.tail.text(), self.tail.seen, self.connected_at, self.error
-        where = f"serial console {self.address} (ser2net raw TCP)"
+        where = f"serial console {self.address} (ser2net {'telnet' if self.tail.telnet else 'raw TCP'})"
         if not body and at is None:
             return f"not available: {where} did not answer ({why or 'no answer yet'}; tried {self.tries} time(s) " \
                    f"since {_stamp(self.started_at)})\n"

@@ -39,9 +39,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def ser2net_console(base: Path) -> Iterator[SerialConsole]:
+def ser2net_console(base: Path, accepter: str = "tcp") -> Iterator[SerialConsole]:
     """A serial line and the ser2net serving it on a free 127.0.0.1 port (``max-connections: 2``: the controller's
-    capture and a person's ``telnet``, as the how-to sets it); skips, saying so, without ser2net or socat."""
+    capture and a person's ``telnet``, as the how-to sets it); ``accepter``: ``tcp`` (raw), ``telnet,tcp`` or
+    ``telnet(rfc2217),tcp`` (as labgrid's exporter serves a port); skips, saying so, without ser2net or socat."""
     missing = [p for p in ("ser2net", "socat") if shutil.which(p) is None]
     if missing:
         pytest.skip(f"{' and '.join(missing)} not installed (tests/system-deps.sh installs Debian's)")
@@ -59,7 +60,7 @@ def ser2net_console(base: Path) -> Iterator[SerialConsole]:
         port = free_port()
         (base / "ser2net.yaml").write_text(
             "%YAML 1.1\n---\nconnection: &module\n"
-            f"    accepter: tcp,127.0.0.1,{port}\n    enable: on\n"
+            f"    accepter: {accepter},127.0.0.1,{port}\n    enable: on\n"
             "    options:\n      max-connections: 2\n"
             f"    connector: serialdev,{device},115200n81,local\n")
         s2n = subprocess.Popen(["ser2net", "-n", "-c", str(base / "ser2net.yaml"), "-P", str(base / "ser2net.pid")],
@@ -72,7 +73,7 @@ def ser2net_console(base: Path) -> Iterator[SerialConsole]:
             if s2n.poll() is not None or time.monotonic() > end:
                 raise RuntimeError(f"ser2net did not start: {(base / 'ser2net.log').read_text()[-500:]}")
             time.sleep(0.05)
-        yield SerialConsole(line, f"127.0.0.1:{port}")
+        yield SerialConsole(line, f"{'telnet://' if accepter.startswith('telnet') else ''}127.0.0.1:{port}")
     finally:
         for p in reversed(procs):
             _stop(p)
