@@ -13,6 +13,7 @@ labels = { rack = "a", board = "evt2" }
 model_paths = { qwen3vl = "/data/Qwen3-VL-8B" }   # per-key override of model_root/<folder>
 env = { SERVER_PORT = "30000" }                     # extra variables for the release's scripts
 power = { pdudaemon = "http://pdu-host:16421", pdu = "rack-a-pdu", port = "3" }  # optional: its PDU outlet
+console = "console-server:3001"     # optional: its serial console, a ser2net raw TCP port (or telnet://host:port)
 ```
 """
 
@@ -53,6 +54,19 @@ class InventoryError(FleetctlError, ValueError):
 
 
 _PDU_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_CONSOLE = re.compile(r"^(?P<telnet>telnet://)?(?:(?P<name>[A-Za-z0-9][A-Za-z0-9.-]{0,252})"
+                      r"|\[(?P<v6>[0-9A-Fa-f:.]{2,45})\]):(?P<port>[0-9]{1,5})$")
+
+
+def console_address(text: str) -> tuple[str, int, bool]:
+    """``host:port`` (``[v6]:port``) of a serial console's ser2net raw TCP port, or ``telnet://host:port`` of a
+    telnet one (labgrid's exporter serves its ports so) -> (host, port, telnet); ValueError naming what is wrong
+    (pure)."""
+    m = _CONSOLE.match(text)
+    if m is None or not 1 <= int(m["port"]) <= 65535:
+        raise ValueError(f"{text!r} is not host:port of a ser2net raw TCP port, nor telnet://host:port of a telnet "
+                         "one (e.g. \"console-server:3001\", \"[2001:db8::5]:3001\"; port 1-65535)")
+    return m["name"] or m["v6"], int(m["port"]), m["telnet"] is not None
 
 
 class PowerEntry(BaseModel):
@@ -120,6 +134,10 @@ class Module(BaseModel):
 
     power: PowerEntry | None = Field(default=None, description="its outlet: `{ pdudaemon = URL, pdu = NAME, port = "
                                                                 "PORT }` (power-cycled when it hangs mid-run)")
+    console: str | None = Field(default=None, description="its serial console: `host:port` of a ser2net raw TCP "
+                                                          "port (`accepter: tcp,...`), or `telnet://host:port` of a "
+                                                          "telnet one; read while the controller follows a run and "
+                                                          "kept beside the kernel log")
 
     @field_validator("name")
     @classmethod
@@ -154,6 +172,13 @@ class Module(BaseModel):
         for k in v:
             if not _ENV.match(k):
                 raise ValueError(f"variable name {k!r} is not a valid environment variable name")
+        return v
+
+    @field_validator("console")
+    @classmethod
+    def _console(cls, v: str | None) -> str | None:
+        if v is not None:
+            console_address(v)
         return v
 
     @field_validator("transport")

@@ -129,6 +129,10 @@ def fleet_overview() -> db.Dashboard:
                         q(f"max by (module, state) (m1000_fleet_module_state{{{M}}}) == 1", instant=True),
                         desc="idle, busy, unreachable (run goes on), offline or bad, as the controller sees each "
                              "module"))
+    d = d.with_panel(ts("Power cycles", "none",
+                        q(f"sum by (module, result) (m1000_fleet_power_cycles{{{M}}})", "{{module}} {{result}}"),
+                        desc="hung modules power-cycled through their PDU (done) or whose PDU did not answer (failed), "
+                             "counted from the history: a step is a cycle (docs/howto/recover-hung-modules.md)"))
     d = d.with_row(db.Row("Queue"))
     d = d.with_panel(ts("Runs waiting by priority", "none",
                         q("sum by (priority) (m1000_fleet_queue_length)", "{{priority}}"),

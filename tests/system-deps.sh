@@ -22,6 +22,8 @@ command -v cmake >/dev/null || need+=(cmake)  # make engine / make test: llama-s
 command -v ninja >/dev/null || need+=(ninja-build)
 command -v g++ >/dev/null || need+=(g++)
 command -v faketime >/dev/null || need+=(faketime)  # a controller whose clock is an hour behind (reservations)
+command -v ser2net >/dev/null || need+=(ser2net)  # a module's serial console on a raw TCP port (issue 49)
+command -v socat >/dev/null || need+=(socat)  # the serial line ser2net serves: a pty pair
 # the shared run history's tests (tests/history): Debian's server, whose programs are not on PATH
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql)
 [ ${#need[@]} -eq 0 ] && exit 0

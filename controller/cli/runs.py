@@ -233,7 +233,8 @@ def logs(
     step: str | None = typer.Option(None, "--step", help="only this step (unpack, precompile, server, benchmark...)"),
     key: str | None = typer.Option(None, "--key", "-k", help="only this model key"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing what is appended until the run ends"),
-    kernel: bool = typer.Option(False, "--kernel", help="instead: the kernel log and agent journal tails the "
+    kernel: bool = typer.Option(False, "--kernel", help="instead: the kernel log and agent journal tails (and "
+                                                        "the serial console's, where the inventory names one) the "
                                                         "controller kept of a module lost, restarted or with a "
                                                         "failed key"),
 ) -> None:

@@ -243,13 +243,17 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     shared = kernel_cache_note(progress)
     if shared:  # first: a failed or incomplete run's one-line summary takes the last note
         rep = replace(rep, notes=(shared, *rep.notes))
-    from controller.fleet.kernel_logs import kernel_lines
+    from controller.fleet.kernel_logs import failed_parts
     from controller.fleet.power import cycle_lines
+    from controller.report.model import FailedPart
 
-    events = history.events(run.run_id)  # hung modules power-cycled, kernel logs kept (first, as the note above)
-    cycles = cycle_lines(events) + kernel_lines(events, run.run_id)
+    events = history.events(run.run_id)  # hung modules power-cycled (first, as the note above)
+    cycles = cycle_lines(events)
     if cycles:
         rep = replace(rep, notes=(*cycles, *rep.notes))
+    # the logs kept of each failed part: beside the failure (the summary's "not measured", the data files)
+    rep = replace(rep, failed_parts=tuple(FailedPart(module=m, why=why, logs=logs, command=cmd)
+                                          for m, why, logs, cmd in failed_parts(events, run.run_id)))
     return _with_digests(history, rep, made.current, made.references,
                          require_same=base_id if same_environment and base_id else None)
 

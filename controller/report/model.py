@@ -262,6 +262,8 @@ class Report:
     # (module, why) for each module of the run refused at dispatch (reserved by another user, offline, bad): the run
     # is judged on the modules that ran (controller.fleet.refused_parts)
     refused: tuple[tuple[str, str], ...] = ()
+    # the modules whose part failed, each with the logs kept of it (kernel log, agent journal, serial console)
+    failed_parts: tuple[FailedPart, ...] = ()
 
     def telemetry_of(self, o: Outlier) -> OutlierTelemetry | None:
         """The outlier's device telemetry (None: none was attached)."""
@@ -270,6 +272,21 @@ class Report:
 
 # -- paired A/B on the same modules (controller.report.analysis.paired) ---------------------------------------
 Arm = Literal["A", "B"]
+
+
+class FailedPart(_Frozen):
+    """A module whose part of the run was lost, failed a key or was started again, with the logs the controller kept
+    of it (controller.fleet.kernel_logs): named beside the failure in the report."""
+
+    module: str
+    why: str  # "lost", "a key failed", "its agent started again mid-run"
+    logs: tuple[str, ...]  # "kernel log and agent journal kept", "serial console kept", "kernel log not kept (...)"
+    command: str = ""  # the command that shows them ("" when nothing was kept)
+
+    def line(self) -> str:
+        """``sim-01 (lost): kernel log and agent journal kept; serial console kept: fleetctl logs r1 --module
+        sim-01 --kernel``"""
+        return f"{self.module} ({self.why}): {'; '.join(self.logs)}" + (f": {self.command}" if self.command else "")
 
 
 class PairedRun(_Frozen):

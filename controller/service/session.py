@@ -183,6 +183,7 @@ class Session:
         power = self.power_recovery()
         logs = KernelLogs(modules, self.settings.data_dir, functools.partial(
             read_logs, known_hosts=self.settings.known_hosts, identity=self.settings.ssh_key))
+        self._closers.append(logs.close)  # its consoles' readers
         return (*((power,) if power is not None else ()), logs)
 
     def read_fleet(self) -> Fleet:

@@ -24,6 +24,29 @@ def fail(prog: str, message: str, code: int = 1) -> int:
     return code
 
 
+CONSOLE_ENV = "M1000_SIM_CONSOLE"  # a tty (a pty of socat's, served by ser2net) the simulated kernel prints to
+
+
+def console_line(env: dict[str, str] | Any, text: str) -> None:
+    """One kernel-like line on the simulated module's serial console, where ``M1000_SIM_CONSOLE`` names one
+    (never blocking, never failing the program: a console nobody reads loses lines, as a UART does)."""
+    path = env.get(CONSOLE_ENV)
+    if not path:
+        return
+    with open("/proc/uptime") as fh:
+        up = float(fh.read().split()[0])
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_APPEND)
+    except OSError:
+        return
+    try:
+        os.write(fd, f"[{up:12.6f}] m1000 0000:01:00.0: {text}\r\n".encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def load_knobs(env: dict[str, str] | Any) -> core.Knobs:
     """Knobs baked into the release (``knobs.json``) composed with the module's M1000_SIM_* env."""
     path = release_file("knobs.json")

@@ -17,7 +17,7 @@ import time
 from _struct import pack
 
 from . import core, device, jsonc, net
-from .common import fail, load_knobs, model_identity, raise_priority, release_file
+from .common import console_line, fail, load_knobs, model_identity, raise_priority, release_file
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms of each interpreter's start)
 if TYPE_CHECKING:
@@ -832,9 +832,11 @@ def main(argv: list[str] | None = None) -> int:
           f"(time scale {knobs.time_scale:g}, max-total-tokens {cfg.max_total_tokens})", file=sys.stderr, flush=True)
     server.start()
     state.device.set("idle")  # the model is being loaded into device memory
+    console_line(env, f"{cfg.key}: loading {os.path.basename(cfg.model_path)} into device memory")
     try:
         _load(state, env, model)
         state.ready.set()
+        console_line(env, f"{cfg.key}: model loaded, serving on port {cfg.port}")
         print(f"{PROG}: The server is fired up and ready to roll!", file=sys.stderr, flush=True)
         server.wait()
     except core.SimError as exc:

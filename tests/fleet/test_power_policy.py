@@ -110,7 +110,7 @@ def test_power_cycles_metric_from_the_history(tmp_path):
 
 def test_kernel_logs_kept_when_lost_failed_or_restarted():
     from contract.records import KeyOutcome, RunProgress, RunState
-    from controller.fleet.kernel_logs import kernel_lines, reason
+    from controller.fleet.kernel_logs import failed_parts, reason
 
     now = 10_000.0
     base = RunProgress(run_id="r1", module="sim-03", release="1.4.1", keys_total=2, updated_at=now - 5)
@@ -121,10 +121,14 @@ def test_kernel_logs_kept_when_lost_failed_or_restarted():
     assert reason(failed_key, now) == "a key failed"
     assert reason(base.model_copy(update={"attempt": 2}), now) == "its agent started again mid-run"
     assert reason(base.model_copy(update={"state": RunState.LOST}), now + 7200) is None  # an old run synced again
-    ev = [("sim-03", 1.0, "kernel log kept (lost): /data/module-logs/r1/sim-03"),
-          ("sim-04", 2.0, "kernel log not kept (lost): sim-04: unreachable")]
-    assert kernel_lines(ev, "r1") == ["sim-03: kernel log and agent journal kept (lost): fleetctl logs r1 --module "
-                                      "sim-03 --kernel"]
+    ev = [("sim-03", 1.0, "serial console kept (lost): /data/module-logs/r1/sim-03/console.log"),
+          ("sim-03", 1.5, "kernel log kept (lost): /data/module-logs/r1/sim-03"),
+          ("sim-04", 2.0, "kernel log not kept (a key failed): sim-04: unreachable\nmore"),
+          ("sim-04", 3.0, "power-cycled: ...")]
+    assert failed_parts(ev, "r1") == [
+        ("sim-03", "lost", ("serial console kept", "kernel log and agent journal kept"),
+         "fleetctl logs r1 --module sim-03 --kernel"),
+        ("sim-04", "a key failed", ("kernel log not kept (sim-04: unreachable)",), "")]
 
 
 def test_unreachable_past_its_hard_time_limit_is_cycled_before_power_cycle_after():

@@ -18,16 +18,19 @@ from pathlib import Path
 import pytest
 
 from contract.records import RunState
+from controller.fleet.kernel_logs import KernelLogs
 from controller.fleet.power import cycle_lines
 from tests.support import outlet
 from tests.support.locks import machine_lock
 from tests.support.redis_server import REDIS, RedisServer
 from tests.support.reliability import KEYS
+from tests.support.serial_console import ser2net_console
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 NS, BRIDGE = f"f9p{os.getpid() % 10000}", f"f9b{os.getpid() % 10000}"
 HOST_IP, NS_IP = "10.231.9.1", "10.231.9.2"
+HUNG = "[  412.734123] watchdog: BUG: soft lockup - CPU#2 stuck for 22s! [sglang:4242]"
 
 
 @pytest.fixture
@@ -66,12 +69,13 @@ def lab_link(tmp_path: Path) -> Iterator[tuple[RedisServer, dict[str, str]]]:
 
 
 def powered(b, pdudaemon: str, outlets: Path, name: str = "sim-01", port: str = "1",
-            netns: dict[str, str] | None = None) -> dict[str, str]:
-    """``name`` on outlet ``port`` of the PDU: in the inventory, on the outlets file, in the bench's fleet."""
+            netns: dict[str, str] | None = None, console: str | None = None) -> dict[str, str]:
+    """``name`` on outlet ``port`` of the PDU (and its serial console at ``console``): in the inventory, on the
+    outlets file, in the bench's fleet."""
     inv = b.lab.base / "inventory.toml"
     text = inv.read_text().replace(f'name = "{name}"\n',
                                    f'name = "{name}"\npower = {{ pdudaemon = "{pdudaemon}", pdu = "lab-pdu", '
-                                   f'port = "{port}" }}\n')
+                                   f'port = "{port}" }}\n' + (f'console = "{console}"\n' if console else ""))
     inv.write_text(text)
     b.fleet.pass_hooks = b.lab.state().pass_hooks()  # the recovery policy and the kernel logs, as fleetctl's
     return outlet.wire(outlets, port, b.lab.workers[name].proc.pid, b.workdir(name), netns)
@@ -114,21 +118,34 @@ def test_hung_module_power_cycled_and_its_run_resumes(bench_factory, lab_link, r
     assert lines[0] in status.stdout, status.stdout
     report = b.lab.fleetctl("report", run_id)
     assert lines[0] in report.stdout, report.stdout + report.stderr
-    kept = f"sim-01: kernel log and agent journal kept (its agent started again mid-run): fleetctl logs {run_id} " \
+    kept = f"sim-01 (its agent started again mid-run): kernel log and agent journal kept: fleetctl logs {run_id} " \
            "--module sim-01 --kernel"
-    assert kept in report.stdout, report.stdout
+    assert kept in report.stdout, report.stdout  # beside the failure: the summary's "not measured"
 
 
-def test_pdu_down_marks_the_module_once_and_the_run_ends_in_its_bound(bench_factory, redis_broker, release, outlets):
+def test_pdu_down_marks_the_module_once_and_the_run_ends_in_its_bound(bench_factory, redis_broker, release, outlets,
+                                                                    tmp_path):
+    """sim-01's serial console is a real ser2net's: the simulated kernel prints to it, the hang's last words are
+    printed just before it, the controller keeps what it read beside the kernel log."""
     b = bench_factory(redis_broker, offline_after=2.0, power_cycle_after=4.0, lost_after=14.0)
-    b.lab.start()
-    entry = powered(b, f"http://127.0.0.1:{outlet.free_port()}", outlets)  # nothing listens there
-    run_id = b.validate(release)
-    b.on_key(run_id, "sim-01", KEYS[1])
-    outlet.hang(entry)
-    unplug(b, "sim-01")
-    t0 = time.monotonic()
-    view = b.finished(run_id, 14.0 + 30)
+    with contextlib.ExitStack() as stack:
+        con = stack.enter_context(ser2net_console(tmp_path / "console"))
+        b.lab.start(sim_env={"sim-01": {"M1000_SIM_CONSOLE": str(con.line)}})
+        entry = powered(b, f"http://127.0.0.1:{outlet.free_port()}", outlets,  # nothing listens there
+                        console=con.address)
+        stack.callback(lambda: [h.close() for h in b.fleet.pass_hooks if isinstance(h, KernelLogs)])
+        run_id = b.validate(release)
+        b.on_key(run_id, "sim-01", KEYS[1])
+        con.print(HUNG)
+        outlet.hang(entry)
+        unplug(b, "sim-01")
+        t0 = time.monotonic()
+        view = b.finished(run_id, 14.0 + 30)
+    console = (b.lab.settings.data_dir / "module-logs" / run_id / "sim-01" / "console.log").read_text()
+    lines = console.splitlines()
+    assert lines[0].startswith(f"# serial console {con.address} (ser2net raw TCP), read by the controller"), lines
+    assert f"{KEYS[0]}: model loaded" in console and f"{KEYS[1]}: loading" in console, console  # the simulator's
+    assert lines[-1] == HUNG, lines
     assert time.monotonic() - t0 < 14.0 + 30
     assert view.progress["sim-01"].state == RunState.LOST
     events = [e[2] for e in b.history.events(run_id)]
@@ -142,6 +159,11 @@ def test_pdu_down_marks_the_module_once_and_the_run_ends_in_its_bound(bench_fact
     assert any(e.startswith("kernel log kept (lost): ") for e in events), events  # the lost module's kernel log
     logs = b.lab.fleetctl("logs", run_id, "--module", "sim-01", "--kernel")
     assert logs.returncode == 0 and "==> kernel.log <==" in logs.stdout and "==> agent.log <==" in logs.stdout, logs
+    assert "==> console.log <==" in logs.stdout and HUNG in logs.stdout, logs.stdout
+    report = b.lab.fleetctl("report", run_id)
+    glance = next(ln for ln in report.stdout.splitlines() if ln.startswith("- **not measured**"))
+    assert f"no results for 1 module/key pair(s): sim-01/{KEYS[1]}; sim-01 (lost): serial console kept; kernel log " \
+           f"and agent journal kept: fleetctl logs {run_id} --module sim-01 --kernel" in glance, glance
     kernel = logs.stdout.split("==> kernel.log <==")[1].split("==>")[0]
     assert kernel.strip() and len(kernel.strip().splitlines()) <= 200  # dmesg's tail, or why it cannot be read
     with contextlib.suppress(Exception):

@@ -4,12 +4,15 @@ numeric order (``128:128`` before ``1000:1000``); the probe's line says the figu
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from types import SimpleNamespace
 
 import pytest
 
 from controller.report import analyse
-from controller.report.model import profile_key
+from controller.report.model import FailedPart, profile_key
+from controller.report.render import to_json
 from controller.report.render.glance import glance
 from controller.report.render.markdown import to_markdown
 from controller.report.render.numbers import in_profile_order
@@ -48,6 +51,16 @@ def test_keys_a_module_did_not_deliver_are_named_as_not_measured(reference):
                   expected_keys=["qwen3", "qwen3vl"])
     found = [n for n in glance(rep, []).not_measured if "m01" in n]
     assert found == ["no results for 1 module/key pair(s): m01/qwen3vl"]
+    # the logs kept of the failed part, right beside it (issue 49), in the Markdown and JSON reports too
+    part = FailedPart(module="m01", why="lost", logs=("serial console kept", "kernel log and agent journal kept"),
+                      command="fleetctl logs run-p --module m01 --kernel")
+    rep = dataclasses.replace(rep, failed_parts=(part,))
+    found = [n for n in glance(rep, []).not_measured if "m01" in n]
+    assert found == ["no results for 1 module/key pair(s): m01/qwen3vl",
+                     "m01 (lost): serial console kept; kernel log and agent journal kept: fleetctl logs run-p --module "
+                     "m01 --kernel"]
+    assert found[1] in to_markdown(rep)
+    assert json.loads(to_json(rep))["failed_parts"] == [part.model_dump(mode="json")]
 
 
 def test_a_calm_run_says_how_much_was_compared(reference):

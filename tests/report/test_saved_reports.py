@@ -13,7 +13,8 @@ only an outlier's ``metric`` (""), ``energy_outliers`` ([]) and the thresholds' 
 (and ``jit_compiled``, [], which docs/adr/0023 had added to the JSON), every other value compared equal; and when
 start-up costs came (docs/adr/0029-start-up-costs-judged.md): only the thresholds' ``startup_tolerance`` and
 ``startup_floor_s``); when a run was judged on the modules that ran (issue 46 item 5): the key ``refused``, empty,
-after ``capacities`` (taken out before the comparison, the files unchanged); and when a metric gone became a finding
+after ``capacities`` (taken out before the comparison, the files unchanged; so ``failed_parts``, empty, of issue
+49); and when a metric gone became a finding
 (issue 45, docs/adr/0038): only odd-both's, by one finding (m00/qwen35 decode_tps missing: its every figure is flagged
 invalid), the note of the flagged rows and the verdict line naming that finding first; its changes and summary
 compared equal to 1e-12 before it was written):
@@ -104,6 +105,7 @@ def test_report_identical_to_saved(reference: pd.DataFrame, name: str) -> None:
     saved = json.loads(gzip.decompress((SAVED / f"{name}.json.gz").read_bytes()))
     got = json.loads(_report(name, reference))
     assert got.pop("refused") == {}  # no module refused at dispatch in these
+    assert got.pop("failed_parts") == []  # no part failed in these (issue 49: the logs kept beside each failure)
     assert got["verdict_line"] == saved["verdict_line"]
     for part in ("regressions", "outliers", "changes", "notes", "summary"):
         _same(got[part], saved[part], part)

@@ -58,7 +58,8 @@ def to_dict(r: Report) -> dict[str, Any]:
         "capacities": [x.model_dump(mode="json") for x in r.capacities],
         # only where a probe ran in rounds (probe_repeat): a report's keys stay what they were otherwise
         **({"probe_intervals": [x.model_dump(mode="json") for x in r.probe_intervals]} if r.probe_intervals else {}),
-        "refused": dict(r.refused), "notes": list(r.notes), "thresholds": r.thresholds.model_dump(mode="json"),
+        "refused": dict(r.refused), "failed_parts": [x.model_dump(mode="json") for x in r.failed_parts],
+        "notes": list(r.notes), "thresholds": r.thresholds.model_dump(mode="json"),
         "summary": r.summary.to_dict(orient="records") if len(r.summary) else [],
     })
 

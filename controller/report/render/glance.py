@@ -2,8 +2,10 @@
 
 - what regressed (each finding in one line, the first few; else how many comparisons stayed within tolerance);
 - which modules are out of line (the outliers, in speed and in energy; else that none is);
-- what was not measured and why (modules refused at dispatch, metrics the reference has and the run lacks, keys the
-  curves leave out, no device telemetry, no probe rows, start-up costs without a reference).
+- what was not measured and why (modules refused at dispatch, module/key pairs without results and, beside them,
+  the logs kept of each failed part (kernel log, agent journal, serial console: the command showing them), metrics
+  the reference has and the run lacks, keys the curves leave out, no device telemetry, no probe rows, start-up costs
+  without a reference).
 
 The sections below the summary give the detail; the start-up costs without a reference are folded there (HTML).
 Also here, with no matplotlib: which keys the sweep plots leave out (:func:`not_plotted`), named under them.
@@ -76,6 +78,7 @@ def not_measured(r: Report, startup: list[str]) -> tuple[str, ...]:
     """What the run did not measure, or measured with nothing to compare it with, each with why."""
     out = [f"{m}: refused at dispatch ({why})" for m, why in r.refused]
     out += [n for n in r.notes if _UNMEASURED_NOTE.match(n)]  # keys, profiles a module did not deliver
+    out += [p.line() for p in r.failed_parts]  # beside them: each failed part's logs, and the command showing them
     for x in r.regressions:
         if is_missing(x):
             where = "" if x.module == FLEET else f" on {x.module}"
