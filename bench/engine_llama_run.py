@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
@@ -32,17 +31,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import record
+from engine_report import print_outcomes, print_steps_and_overhead, run_measured
 
-from agent.pipeline import AgentConfig, run_pipeline
-from agent.store import RunStore
+from agent.pipeline import AgentConfig
 from contract.records import MODEL_KEYS, RunRequest
-from simulator.engine.build import parse_profiles
 from simulator.engine.llama_models import make_llama_models
 from simulator.engine.llama_release import DEFAULT_MTP, DEFAULT_VISION, build_llama_release, parse_sizes
-from simulator.engine.llama_runtime.bench import png
 from simulator.engine.llamacpp import installed, unpacked
-
-CHILD_STEPS = ("generate", "environment", "precompile", "server", "benchmark", "probe")
+from simulator.engine.release import parse_profiles
+from simulator.engine.runtime.llama_bench import png
 
 
 def _post_raw(url: str, body: dict[str, object]) -> bytes:
@@ -219,21 +216,10 @@ def main() -> int:
     nvml = NvmlCounter()
     req = RunRequest(run_id="llama-bench", module="llama-bench", tarball=str(rel.path), sha256=rel.sha256,
                      release=rel.version, models=tuple(MODEL_KEYS), model_root=str(root / "models"))
-    self0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    w0 = time.monotonic()
-    try:
-        result = run_pipeline(req, cfg)
-    finally:
-        nvml.stop()
-    wall = time.monotonic() - w0
-    self1, kids1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    events = RunStore(root / "work").events(req.run_id)
+    m = run_measured(req, cfg, after=nvml.stop)
+    result, events = m.result, m.events
     print(f"# llama.cpp release on {args.device}: {server} (models {size}, made in {made:.1f} s, not counted below)")
-    for o in result.progress.outcomes:
-        print(f"{o.model_key}: {o.status}, {o.rows} rows, {o.duration_s:.1f} s"
-              + (f" -- {o.error.one_line()}" if o.error else ""))
-    for out in sorted((root / "work" / "runs" / req.run_id / "logs").glob("*benchmark-*.out")):
-        print(f"\n## {out.name}\n{out.read_text(encoding='utf-8').strip()}")
+    print_outcomes(m)
     print("\n## server ready (start until /health 200), s")
     for e in events:
         if e["step"] == "server" and e["status"] == "ok":
@@ -244,7 +230,7 @@ def main() -> int:
             print(f"{r.model_key:<14} {r.profile:<14} TTFT {r.ttft_ms} ms  TPOT {r.tpot_ms} ms  "
                   f"accept {r.accept_rate}  vision_fps {r.vision_fps}")
     print("\n## the agent's probe beside the release (from each key's benchmark log)")
-    for log in sorted((root / "work" / "runs" / req.run_id / "logs").glob("*benchmark-*.log")):
+    for log in sorted(m.logs.glob("*benchmark-*.log")):
         for line in log.read_text(encoding="utf-8").splitlines():
             if "[agent] probe" in line or "[agent] release" in line or re.search(r"\[agent\] \d+:\d+: ", line):
                 print(f"{log.name.split('benchmark-')[1].removesuffix('.log'):<14} {line.split('[agent] ', 1)[1]}")
@@ -252,20 +238,7 @@ def main() -> int:
     flagged = [r for r in result.rows if r.source == "release" and "release_benchmark_disagrees" in r.flags]
     print(f"\nrelease rows flagged release_benchmark_disagrees: {len(flagged)}"
           + "".join(f"\n  {r.model_key} {r.profile}" for r in flagged))
-    print("\n## steps (s)")
-    child = 0.0
-    for e in events:
-        if e["status"] in ("ok", "failed", "skipped") and e.get("duration_s") is not None:
-            print(f"{e['step']:<12} {e.get('model_key') or '':<14} {e['status']:<8} {e['duration_s']:8.2f}  "
-                  f"{e.get('message', '')[:90]}")
-            if e["step"] in CHILD_STEPS:
-                child += e["duration_s"]
-    agent_cpu = (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime)
-    kids_cpu = (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime)
-    summary = {"device": args.device, "run_wall_s": round(wall, 2), "child_steps_wall_s": round(child, 2),
-               "agent_cpu_s": round(agent_cpu, 2), "children_cpu_s": round(kids_cpu, 2),
-               "agent_cpu_share": round(agent_cpu / max(kids_cpu, 1e-9), 4)}
-    print("\n## agent overhead\n" + json.dumps(summary))
+    print_steps_and_overhead(m, args.device)
     print("\nnote: random-weight models: the MTP acceptance and the GSM8K answers above are meaningless")
     if args.streams:
         record_streams(server, root / "models", args.device, args.port + 1, Path(args.streams))

@@ -16,9 +16,7 @@ lent H200: ``--device cuda:0`` (``bench/engine_gpu.sh`` carries the missing whee
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -26,14 +24,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import record
+from engine_report import print_outcomes, print_steps_and_overhead, run_measured
 
-from agent.pipeline import AgentConfig, run_pipeline
-from agent.store import RunStore
+from agent.pipeline import AgentConfig
 from contract.records import MODEL_KEYS, RunRequest
-from simulator.engine.build import build_engine_release, parse_profiles
+from simulator.engine.build import build_engine_release
 from simulator.engine.models import make_engine_model
-
-CHILD_STEPS = ("generate", "environment", "precompile", "server", "benchmark")
+from simulator.engine.release import parse_profiles
 
 
 def _engine_interpreter() -> int | None:
@@ -75,33 +72,11 @@ def main() -> int:
                       ready_timeout=600, benchmark_timeout=1200)
     req = RunRequest(run_id="engine-bench", module="engine-bench", tarball=str(rel.path), sha256=rel.sha256,
                      release=rel.version, models=("qwen3", "qwen35", "qwen35_mtp"), model_root=str(root / "models"))
-    self0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    w0 = time.monotonic()
-    result = run_pipeline(req, cfg)
-    wall = time.monotonic() - w0
-    self1, kids1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    store = RunStore(root / "work")
-    events = store.events(req.run_id)
+    m = run_measured(req, cfg)
+    result = m.result
     print(f"# real-engine validation on {args.device} (models made in {made:.1f} s, not counted below)")
-    for o in result.progress.outcomes:
-        print(f"{o.model_key}: {o.status}, {o.rows} rows, {o.duration_s:.1f} s"
-              + (f" -- {o.error.one_line()}" if o.error else ""))
-    for out in sorted((root / "work" / "runs" / req.run_id / "logs").glob("*benchmark-*.out")):
-        print(f"\n## {out.name}\n{out.read_text(encoding='utf-8').strip()}")
-    print("\n## steps (s)")
-    child = 0.0
-    for e in events:
-        if e["status"] in ("ok", "failed", "skipped") and e.get("duration_s") is not None:
-            print(f"{e['step']:<12} {e.get('model_key') or '':<11} {e['status']:<8} {e['duration_s']:8.2f}  "
-                  f"{e.get('message', '')[:90]}")
-            if e["step"] in CHILD_STEPS:
-                child += e["duration_s"]
-    agent_cpu = (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime)
-    kids_cpu = (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime)
-    summary = {"device": args.device, "run_wall_s": round(wall, 2), "child_steps_wall_s": round(child, 2),
-               "agent_wall_outside_steps_s": round(wall - child, 2), "agent_cpu_s": round(agent_cpu, 2),
-               "children_cpu_s": round(kids_cpu, 2), "agent_cpu_share": round(agent_cpu / max(kids_cpu, 1e-9), 4)}
-    print("\n## agent overhead\n" + json.dumps(summary))
+    print_outcomes(m)
+    print_steps_and_overhead(m, args.device, key_width=11)
     return 0 if all(o.status == "passed" for o in result.progress.outcomes if o.model_key != "qwen35_mtp") else 1
 
 

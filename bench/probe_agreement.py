@@ -6,10 +6,11 @@ the llama.cpp release starts it (``-np 1 --cache-ram 0 --metrics``, ``-ngl 999``
 length (``--inputs``, no shared prefix) ``--rounds`` rounds run, each client once a round, in an order rotated
 from round to round:
 
-- **release**: the llama.cpp release's own measurement code (``simulator.engine.llama_runtime.bench``:
-  ``Client.stream``, its ``w<i>`` word prompts, ``cache_prompt: false``) and protocol: one request of the
-  shape first (4 tokens, not reported), then ``--release-requests`` (2, as the release) whose medians are its
-  figures; its first request after that warm-up is reported apart;
+- **release**: the llama.cpp release's own measurement code (``simulator.engine.runtime.bench``:
+  ``Client.stream``, reconnecting as the llama.cpp release does, its ``w<i>`` word prompts,
+  ``cache_prompt: false``) and protocol: one request of the shape first (4 tokens, not reported), then
+  ``--release-requests`` (2, as the release) whose medians are its figures; its first request after that
+  warm-up is reported apart;
 - **probe text** / **probe ids**: ``agent.probe.run_probe`` as the pipeline runs it (no warm-up, ``--requests``
   each), prompts as text (the default: the server's ``/detokenize`` of its ids) and as token ids;
 - **peer**: ``bench/plain_client.py``, written from sglang ``bench_serving``'s definitions (its own prompts of
@@ -51,11 +52,11 @@ from agent.probe import ProbeConfig, run_probe  # noqa: E402
 from agent.probe.compare import FLAG, judge  # noqa: E402
 from agent.probe.records import ProfileResult  # noqa: E402
 from contract.records import MODEL_KEYS, ResultRow  # noqa: E402
-from simulator.engine.llama_runtime.bench import Client, Measurement, words  # noqa: E402
+from simulator.engine.runtime.bench import Client, Measurement, words  # noqa: E402
 from simulator.ports import free_port  # noqa: E402
 
 CLIENTS = ("release", "probe text", "probe ids", "peer")
-VOCAB = 30_000  # the release's own bound on its word ids (llama_runtime.bench: min(vocab - 40, 30000))
+VOCAB = 30_000  # the release's own bound on its word ids (runtime.llama_server.model_sizes: min(vocab - 40, 30000))
 
 
 def start_server(server: str, model: Path, port: int, device: str, threads: int | None,
@@ -88,7 +89,7 @@ def body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
 
 
 def release_round(port: int, model: str, n: int, out: int, requests: int, tag: int) -> list[Measurement]:
-    client = Client("127.0.0.1", port)
+    client = Client("127.0.0.1", port, reconnect=True)
     try:
         client.stream("/v1/completions", body(model, words(tag, n, VOCAB), 4))  # the shape's warm-up, not reported
         return [client.stream("/v1/completions", body(model, words(tag + 1 + r, n, VOCAB), out))

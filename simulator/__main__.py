@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.cmd == "build-release" and args.engine == "llama.cpp":
-            from simulator.engine.build import parse_profiles
             from simulator.engine.llama_release import DEFAULT_MTP, DEFAULT_VISION, build_llama_release, parse_sizes
+            from simulator.engine.release import parse_profiles
 
             version = args.version if args.version != "1.4.1" else "1.4.1-llama"
             rel = build_llama_release(args.out_dir, version=version, date=args.date,
@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                                       vision=parse_sizes(args.vision, DEFAULT_VISION, "vision"))
             print(f"{rel.sha256}  {rel.path}")
         elif args.cmd == "build-release" and args.engine == "transformers":
-            from simulator.engine.build import build_engine_release, parse_profiles
+            from simulator.engine.build import build_engine_release
+            from simulator.engine.release import parse_profiles
 
             version = args.version if args.version != "1.4.1" else "1.4.1-engine"
             rel = build_engine_release(args.out_dir, version=version, date=args.date,

@@ -1,7 +1,9 @@
-"""A real-engine release: the seed's layout, whose server is ``transformers serve`` (PyTorch).
+"""Real-engine releases: the seed's layout, whose server is real inference software.
 
-``build_engine_release`` writes the tarball (standard library only, like the simulated one);
-``models.make_engine_model`` writes random-weight checkpoints and needs torch + transformers
-(run it with the engine's interpreter). The release's programs are :mod:`simulator.engine.runtime`,
-copied into the tarball as ``scripts/ci/musa/m1000_engine``.
+Two engines: ``transformers serve`` (PyTorch; :func:`build.build_engine_release`) and ``llama-server``
+(llama.cpp; :func:`llama_release.build_llama_release`). Both builders write the tarball with the standard
+library only, through the steps they share (:mod:`.release`); their programs come from one source,
+:mod:`simulator.engine.runtime` (shared modules plus each engine's own), copied into the tarball as
+``scripts/ci/musa/m1000_engine`` or ``m1000_llama``. ``models`` and ``llama_models`` write random-weight
+models and need torch + transformers (run them with the engine's interpreter).
 """

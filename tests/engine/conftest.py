@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support.engine import REPO, engine_python, llama_server
+from tests.support.engine import engine_python, llama_server, make_models
 
 
 @pytest.fixture(scope="session")
@@ -22,12 +20,8 @@ def engine_py() -> Path:
 @pytest.fixture(scope="session")
 def engine_models(engine_py: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny random Qwen3-MoE checkpoints for qwen3 and qwen35 (shared with qwen35_mtp), made offline."""
-    root = tmp_path_factory.mktemp("engine-models")
-    res = subprocess.run([str(engine_py), "-m", "simulator", "make-models", "--engine", "transformers",
-                          "--keys", "qwen3,qwen35", str(root)], capture_output=True, text=True, timeout=300,
-                         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert res.returncode == 0, res.stderr[-3000:]
-    return root
+    return make_models(engine_py, tmp_path_factory.mktemp("engine-models"), "transformers", "--keys", "qwen3,qwen35",
+                       timeout=300)
 
 
 @pytest.fixture(scope="session")
@@ -41,9 +35,4 @@ def llama_server_path() -> Path:
 @pytest.fixture(scope="session")
 def llama_models(engine_py: Path, llama_server_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny random GGUF models for all seven keys, converted by llama.cpp's converter, made offline."""
-    root = tmp_path_factory.mktemp("llama-models")
-    res = subprocess.run([str(engine_py), "-m", "simulator", "make-models", "--engine", "llama.cpp", str(root)],
-                         capture_output=True, text=True, timeout=600, cwd=REPO,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert res.returncode == 0, res.stderr[-3000:]
-    return root
+    return make_models(engine_py, tmp_path_factory.mktemp("llama-models"), "llama.cpp")

@@ -10,46 +10,33 @@ ready time-out (the agent kills its whole process group). Real processes through
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import simulator
 from contract.records import MODEL_KEYS
-from simulator.engine.build import build_engine_release, parse_profiles
-from simulator.ports import free_port
-from tests.support.engine import REPO
+from simulator.engine.build import build_engine_release
+from simulator.engine.release import parse_profiles
+from tests.support.engine import fleet_agent_run, nothing_left_under, outcomes
 from tests.support.procs import processes_under
 
 pytestmark = pytest.mark.slow
-FLEET_AGENT = [sys.executable, "-m", "agent.cli"]
 ALL = "qwen3,qwen35_mtp,qwen3vl"  # the same model set every run: precompile runs once on this module
 
 
-def _agent(engine_py: Path, tarball: Path, models: str, root: Path, work: Path, run_id: str, *extra: str,
-           timeout: float = 400) -> tuple[int, dict]:
-    cmd = [*FLEET_AGENT, "run", str(tarball), "--models", models, "--model-root", str(root), "--workdir", str(work),
-           "--run-id", run_id, "--module", "engine-1", "--server-port", str(free_port()), "--format", "json", *extra]
-    env = {**os.environ, "M1000_ENGINE_PYTHON": str(engine_py), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
-    assert res.stdout.strip(), res.stderr[-3000:]
-    return res.returncode, json.loads(res.stdout)
+def _agent(engine_py: Path, tarball: Path, models: str, root: Path, work: Path, run_id: str,
+           *extra: str) -> tuple[int, dict]:
+    env = {"M1000_ENGINE_PYTHON": str(engine_py), "OMP_NUM_THREADS": "1"}
+    return fleet_agent_run(env, tarball, models, root, work, run_id, "engine-1", *extra)
 
 
 @pytest.fixture(scope="module")
 def engine(engine_py, engine_models, tmp_path_factory):
-    base = tmp_path_factory.mktemp("engine")
-    built = build_engine_release(base / "dist", profiles=parse_profiles("16;48@16", 8))
-    simulator.make_models(engine_models, ["qwen3vl"])  # a Qwen3-VL folder (config only): not served by this release
-    yield built, base, engine_models
-    strays = processes_under(base)
-    for p in strays:
-        p.kill()
-    assert not strays, [p.cmdline() for p in strays]
+    with nothing_left_under(tmp_path_factory.mktemp("engine")) as base:
+        built = build_engine_release(base / "dist", profiles=parse_profiles("16;48@16", 8))
+        simulator.make_models(engine_models, ["qwen3vl"])  # a Qwen3-VL folder (config only): not served here
+        yield built, base, engine_models
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +45,10 @@ def first_run(engine, engine_py):
     return _agent(engine_py, built.path, ALL, models, base / "work", "engine-all")
 
 
-def _outcomes(out: dict) -> dict[str, dict]:
-    return {o["model_key"]: o for o in out["progress"]["outcomes"]}
-
-
 def test_real_engine_release_validates_and_refusals_are_reported(first_run, engine):
     code, out = first_run
     built, base, _ = engine
-    o = _outcomes(out)
+    o = outcomes(out)
     assert code == 1 and out["progress"]["state"] == "done", out["progress"]
     assert o["qwen3"]["status"] == "passed" and o["qwen3"]["rows"] == 2, o["qwen3"]
     rows = sorted(out["rows"], key=lambda r: r["profile"])
@@ -91,7 +74,7 @@ def test_server_dying_while_loading_is_a_server_failure_naming_the_exception(fir
     finally:
         weights.write_bytes(good)
     assert code == 1 and out["progress"]["precompile_cached"] is True
-    err = _outcomes(out)["qwen3"]["error"]
+    err = outcomes(out)["qwen3"]["error"]
     assert err["step"] == "server" and err["exit_code"] not in (None, 0), err
     assert err["message"].startswith("server exited before it was ready (exit ") and "Error" in err["message"], err
     assert "SafetensorError" in err["message"] and "SafetensorError" in err["stderr_tail"]
@@ -101,7 +84,7 @@ def test_server_never_ready_in_time_is_stopped_with_its_children(first_run, engi
     built, base, models = engine
     code, out = _agent(engine_py, built.path, ALL, models, base / "work", "engine-slow", "--ready-timeout", "2")
     assert code == 1 and out["progress"]["precompile_cached"] is True
-    err = _outcomes(out)["qwen3"]["error"]
+    err = outcomes(out)["qwen3"]["error"]
     assert err["step"] == "server" and "not ready after 2 s" in err["message"], err
     assert "still loading" in err["message"] or "port open" in err["message"]
     assert not processes_under(base)  # the engine and everything it started are gone

@@ -15,28 +15,12 @@ import pytest
 
 from agent.steps import last_reason
 from agent.validate import env_name_problem
-from simulator.engine.build import BuildError, parse_profiles
-from simulator.engine.runtime import serve
+from simulator.build import BuildError
+from simulator.engine.release import parse_profiles
+from simulator.engine.runtime import serve, transformers_serve
 from simulator.engine.runtime.bench import measure, words
 from simulator.engine.runtime.common import EngineError
-from tests.support.engine import FIXTURES
-
-
-def sections(name: str) -> dict[str, list[bytes]]:
-    out: dict[str, list[bytes]] = {}
-    current = ""
-    for line in (FIXTURES / name).read_bytes().splitlines(keepends=True):
-        if line.startswith(b"== "):
-            current = line[3:].strip().decode()
-            out[current] = []
-        else:
-            out[current].append(line)
-    return out
-
-
-def replay(lines: list[bytes], step: float = 0.01) -> list[tuple[float, bytes]]:
-    """The recorded lines, one every ``step`` seconds after a request sent at t = 0."""
-    return [(step * (i + 1), line) for i, line in enumerate(lines)]
+from tests.support.engine import FIXTURES, replay, sections
 
 
 def test_cpu_completion_stream_counts_tokens_from_usage():
@@ -88,17 +72,20 @@ def test_recorded_refusals_of_the_real_server():
     assert "Server is pinned to 'tiny-qwen3-moe'; requested 'default'.\"}\nHTTP 400" in text
 
 
-def test_prompt_words_are_one_token_each():
-    assert len(words(3, 50, 2048).split()) == 50
-    assert all(0 <= int(w[1:]) < 2046 for w in words(9, 500, 2048).split())
+def test_prompt_words_are_one_token_each(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 2048, "max_position_embeddings": 8192}))
+    vocab, ctx_k = transformers_serve.model_sizes({"path": str(tmp_path)}, {}, {})
+    assert (vocab, ctx_k) == (2046, 8)  # the tokenizer's last two ids are not words
+    assert len(words(3, 50, vocab).split()) == 50
+    assert all(0 <= int(w[1:]) < 2046 for w in words(9, 500, vocab).split())
 
 
 def test_start_script_refuses_speculative_decoding_and_unknown_arguments():
     with pytest.raises(EngineError, match="speculative decoding .* not supported by transformers serve"):
         serve.plan({}, "Qwen3.5-35B-A3B-GPTQ-Int4", "127.0.0.1", "30000",
-                   ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3"])
+                   ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3"], transformers_serve)
     with pytest.raises(EngineError, match="unsupported extra server arguments --tp-size 2"):
-        serve.plan({}, "Qwen3-30B-A3B-GPTQ-Int4", "127.0.0.1", "30000", ["--tp-size", "2"])
+        serve.plan({}, "Qwen3-30B-A3B-GPTQ-Int4", "127.0.0.1", "30000", ["--tp-size", "2"], transformers_serve)
 
 
 def test_start_script_refuses_an_unsupported_architecture_and_an_unprepared_model(tmp_path: Path):
@@ -111,13 +98,13 @@ def test_start_script_refuses_an_unsupported_architecture_and_an_unprepared_mode
     env = {"SGLANG_MUSA_RELEASE_DIR": str(tmp_path), "TILELANG_WORKFLOW_FILE": str(wf),
            "TILELANG_CACHE_DIR": str(tmp_path / "cache")}
     with pytest.raises(EngineError, match="qwen3_vl is not served"):
-        serve.plan(env, "Qwen3-VL-8B", "127.0.0.1", "1", [])
+        serve.plan(env, "Qwen3-VL-8B", "127.0.0.1", "1", [], transformers_serve)
     with pytest.raises(EngineError, match="not prepared .* run scripts/ci/musa/precompile_tilelang_kernels.sh"):
-        serve.plan(env, "Qwen3-30B-A3B-GPTQ-Int4", "127.0.0.1", "1", [])
+        serve.plan(env, "Qwen3-30B-A3B-GPTQ-Int4", "127.0.0.1", "1", [], transformers_serve)
     (tmp_path / "cache" / "engine").mkdir(parents=True)
     (tmp_path / "cache" / "engine" / "Qwen3-30B-A3B-GPTQ-Int4.json").write_text(json.dumps({"path": "/m/q3"}))
     argv = serve.plan({**env, "M1000_ENGINE_PYTHON": "/e/python", "M1000_ENGINE_DEVICE": "cuda:0"},
-                      "Qwen3-30B-A3B-GPTQ-Int4", "127.0.0.1", "31000", [])
+                      "Qwen3-30B-A3B-GPTQ-Int4", "127.0.0.1", "31000", [], transformers_serve)
     assert argv == ["/e/python", "-m", "transformers.cli.transformers", "serve", "--device", "cuda:0", "--host",
                     "127.0.0.1", "--port", "31000", "--log-level", "info", "/m/q3"]
 

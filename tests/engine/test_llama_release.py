@@ -12,9 +12,7 @@ against the server itself (a prompt of N words is N tokens). Real processes thro
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -23,39 +21,29 @@ import pytest
 
 from contract.records import MODEL_KEYS
 from simulator.build import BuiltRelease
-from simulator.engine.build import parse_profiles
 from simulator.engine.llama_release import build_llama_release
+from simulator.engine.release import parse_profiles
 from simulator.ports import free_port
-from tests.support.engine import REPO
-from tests.support.procs import processes_under
+from tests.support.engine import fleet_agent_run, nothing_left_under, outcomes
 
 pytestmark = [pytest.mark.slow, pytest.mark.llama]
-FLEET_AGENT = [sys.executable, "-m", "agent.cli"]
 ALL = ",".join(MODEL_KEYS)
 
 
-def _agent(server: Path, tarball: Path, models: str, root: Path, work: Path, run_id: str, *extra: str,
-           timeout: float = 400) -> tuple[int, dict]:
-    cmd = [*FLEET_AGENT, "run", str(tarball), "--models", models, "--model-root", str(root), "--workdir", str(work),
-           "--run-id", run_id, "--module", "llama-1", "--server-port", str(free_port()), "--format", "json", *extra]
-    env = {**os.environ, "M1000_LLAMA_SERVER": str(server), "M1000_LLAMA_THREADS": "2"}
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
-    assert res.stdout.strip(), res.stderr[-3000:]
-    return res.returncode, json.loads(res.stdout)
+def _agent(server: Path, tarball: Path, models: str, root: Path, work: Path, run_id: str,
+           *extra: str) -> tuple[int, dict]:
+    env = {"M1000_LLAMA_SERVER": str(server), "M1000_LLAMA_THREADS": "2"}
+    return fleet_agent_run(env, tarball, models, root, work, run_id, "llama-1", *extra)
 
 
 @pytest.fixture(scope="module")
 def llama(llama_server_path, llama_models, tmp_path_factory):
-    base = tmp_path_factory.mktemp("llama")
-    # 128:128 is the agent's probe profile: the probe runs beside every sweep key
-    built = build_llama_release(base / "dist", profiles=parse_profiles("16,128;96@32", 8),
-                                mtp={"prompts": 2, "input": 32, "output": 12},
-                                vision={"inputs": [32, 96], "output": 6, "image": 224})
-    yield built, base, llama_models
-    strays = processes_under(base)
-    for p in strays:
-        p.kill()
-    assert not strays, [p.cmdline() for p in strays]
+    with nothing_left_under(tmp_path_factory.mktemp("llama")) as base:
+        # 128:128 is the agent's probe profile: the probe runs beside every sweep key
+        built = build_llama_release(base / "dist", profiles=parse_profiles("16,128;96@32", 8),
+                                    mtp={"prompts": 2, "input": 32, "output": 12},
+                                    vision={"inputs": [32, 96], "output": 6, "image": 224})
+        yield built, base, llama_models
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +52,10 @@ def first_run(llama, llama_server_path):
     return _agent(llama_server_path, built.path, ALL, models, base / "work", "llama-all")
 
 
-def _outcomes(out: dict) -> dict[str, dict]:
-    return {o["model_key"]: o for o in out["progress"]["outcomes"]}
-
-
 def test_all_seven_keys_pass_with_every_table_parsed(first_run, llama):
     code, out = first_run
     built: BuiltRelease = llama[0]
-    o = _outcomes(out)
+    o = outcomes(out)
     assert code == 0 and out["progress"]["state"] == "done", out["progress"]
     assert {k: v["status"] for k, v in o.items()} == {k: "passed" for k in MODEL_KEYS}
     rows = [r for r in out["rows"] if r["source"] == "release"]
@@ -133,7 +117,7 @@ def test_a_tree_of_drafts_is_refused_by_the_start_script(first_run, llama, llama
             "--speculative-eagle-topk 2 --speculative-num-draft-tokens 4")
     code, out = _agent(llama_server_path, built.path, "qwen35_mtp", models, base / "work", "llama-tree",
                        "--key-env", tree)
-    err = _outcomes(out)["qwen35_mtp"]["error"]
+    err = outcomes(out)["qwen35_mtp"]["error"]
     assert code == 1 and (err["step"], err["exit_code"]) == ("server", 3), err
     assert "--speculative-eagle-topk 2: llama.cpp drafts one chain (top-1), not a tree: refused" in err["message"]
 
@@ -148,7 +132,7 @@ def test_a_model_broken_after_precompile_is_a_server_failure_naming_the_cause(fi
                            "--ready-timeout", "60")
     finally:
         gguf.write_bytes(good)
-    err = _outcomes(out)["qwen3"]["error"]
+    err = outcomes(out)["qwen3"]["error"]
     assert code == 1 and err["step"] == "server" and err["exit_code"] == 1, err
     assert err["message"] == ("server exited before it was ready (exit 1): llama_model_load: error loading model: "
                               "tensor 'output.weight' data is not within the file bounds, model is corrupted or "

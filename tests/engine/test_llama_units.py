@@ -32,9 +32,6 @@ from simulator.engine.llama_models import (
     word_id,
 )
 from simulator.engine.llama_release import DEFAULT_MTP, parse_sizes
-from simulator.engine.llama_runtime.bench import accept_rates, encode_ms, log_stamp_us, measure, spec_counters
-from simulator.engine.llama_runtime.common import EngineError, gguf_metadata
-from simulator.engine.llama_runtime.serve import mtp_options, speculative_args
 from simulator.engine.llamacpp import (
     LlamaBuildError,
     build_argv,
@@ -45,26 +42,15 @@ from simulator.engine.llamacpp import (
     paths,
     read_pin,
 )
-from tests.support.engine import FIXTURES, REPO
+from simulator.engine.runtime.bench import measure
+from simulator.engine.runtime.common import EngineError
+from simulator.engine.runtime.gguf import gguf_metadata
+from simulator.engine.runtime.llama_bench import accept_rates, encode_ms, log_stamp_us, spec_counters
+from simulator.engine.runtime.llama_server import mtp_options, speculative_args
+from tests.support.engine import FIXTURES, REPO, replay, sections
 
 SEED_NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
               "--speculative-num-draft-tokens", "4"]
-
-
-def sections(name: str) -> dict[str, list[bytes]]:
-    out: dict[str, list[bytes]] = {}
-    current = ""
-    for line in (FIXTURES / name).read_bytes().splitlines(keepends=True):
-        if line.startswith(b"== "):
-            current = line[3:].strip().decode()
-            out[current] = []
-        else:
-            out[current].append(line)
-    return out
-
-
-def replay(lines: list[bytes], step: float = 0.01) -> list[tuple[float, bytes]]:
-    return [(step * (i + 1), line) for i, line in enumerate(lines)]
 
 
 # ----- the pinned source and its build ----------------------------------------------------------------------

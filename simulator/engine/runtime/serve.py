@@ -1,10 +1,10 @@
-"""``start_<x>_server.sh``: check the request, then exec ``transformers serve`` on the model.
+"""``start_<x>_server.sh``: check the request, then exec the engine's server on the model.
 
-Standard library only up to the ``exec``. Refuses, with one clear line and exit code 3,
-what this release cannot do honestly: speculative decoding (``--speculative-*`` in the
-key's extra server arguments: transformers serve has no NEXTN/EAGLE drafting, and running
-without it would report figures that are not MTP figures), a model whose architecture it
-does not serve (Qwen3-VL), and a model that precompile has not prepared.
+Standard library only up to the ``exec``. Refuses, with one clear line and exit code 3, what this
+release cannot do honestly: extra server arguments its engine cannot map (:func:`plan` asks the
+engine's ``extra_options``: transformers serve has no speculative decoding; llama.cpp drafts with a
+model's own MTP head only), a model the workflow lists as not served, and a model that precompile has
+not prepared.
 """
 
 from __future__ import annotations
@@ -12,26 +12,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from types import ModuleType
 
-from .common import EngineError, cache_entry_path, fail, read_json, require_env
-from .workflow import find_model
-
-REFUSED = 3
+from .common import REFUSED, EngineError, cache_entry_path, fail, find_model, load_engine, read_json, require_env
 
 
-def plan(env: dict[str, str], model: str, host: str, port: str, extra: list[str]) -> list[str]:
+def plan(env: dict[str, str], model: str, host: str, port: str, extra: list[str], engine: ModuleType,
+         ctx: str = "16384") -> list[str]:
     """The engine's argv for ``model`` (pure apart from reading the workflow and cache files)."""
-    spec = [a for a in extra if a.startswith("--speculative")]
-    if spec:
-        raise EngineError(f"speculative decoding ({spec[0]} ...) is not supported by transformers serve: refused, "
-                          "no MTP figures (running without it would report plain decoding as MTP)")
-    if extra:
-        raise EngineError(f"{model}: unsupported extra server arguments {' '.join(extra)}")
+    options = engine.extra_options(extra)
     require_env(env)
     m = find_model(env, model)
     if not m["supported"]:
         raise EngineError(f"{model}: {m['why']}")
-    entry = cache_entry_path(env["TILELANG_CACHE_DIR"], model)
+    entry = cache_entry_path(env["TILELANG_CACHE_DIR"], engine.CACHE, model)
     if not os.path.exists(entry):
         raise EngineError(f"{model}: not prepared in {env['TILELANG_CACHE_DIR']}: run "
                           "scripts/ci/musa/precompile_tilelang_kernels.sh first")
@@ -39,10 +33,7 @@ def plan(env: dict[str, str], model: str, host: str, port: str, extra: list[str]
     if prepared.get("path") != m["path"]:
         raise EngineError(f"{model}: the precompile cache is for {prepared.get('path')}, not {m['path']}: "
                           "run precompile_tilelang_kernels.sh again")
-    py = env.get("M1000_ENGINE_PYTHON") or "python3"
-    device = env.get("M1000_ENGINE_DEVICE") or "cpu"
-    return [py, "-m", "transformers.cli.transformers", "serve", "--device", device, "--host", host, "--port", port,
-            "--log-level", "info", m["path"]]
+    return engine.server_argv(env, m, host, port, ctx, options)  # type: ignore[no-any-return]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,17 +46,21 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     prog = f"start server {args.workflow_model}"
     extra = [a for a in args.extra if a != "--"]
+    env = dict(os.environ)
     try:
-        argv_ = plan(dict(os.environ), args.workflow_model, args.host, args.port, extra)
+        engine = load_engine()
+    except EngineError as exc:
+        return fail(prog, str(exc))
+    try:
+        argv_ = plan(env, args.workflow_model, args.host, args.port, extra, engine, args.max_total_tokens)
     except EngineError as exc:
         return fail(prog, str(exc), REFUSED)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    run_env = engine.exec_env(env, args.workflow_model)
     print(f"[engine] exec {' '.join(argv_)}", file=sys.stderr, flush=True)
     try:
-        os.execvpe(argv_[0], argv_, env)
+        os.execvpe(argv_[0], argv_, run_env)
     except OSError as exc:
-        return fail(prog, f"cannot start the engine {argv_[0]}: {exc.strerror or exc} (set M1000_ENGINE_PYTHON "
-                    "to an interpreter with torch and transformers[serving])", 127)
+        return fail(prog, f"cannot start the engine {argv_[0]}: {exc.strerror or exc} ({engine.START_HINT})", 127)
     return 127  # not reached
 
 
