@@ -3,10 +3,9 @@
 A module runs one thing at a time: what waits behind a busy module starts by priority (highest first, then
 the order it was sent in), and a run waiting past ``raise_after`` is raised a level by the controller.
 
-The busy run of the urgent and the preempt tests (on both brokers) validates ``busy_release`` (time scale 20: a
-key takes ~20 s, time to queue the others behind it and list them with the slow tier's load beside); the redis
-test's, the reliability suite's release (time scale 50); the runs queued behind it validate ``quick_release`` (the
-same release at time scale 1000: one key in about a second), as their order, not their figures, is what is asserted.
+The busy run validates ``busy_release`` (time scale 20: a key takes ~20 s, time to queue the others behind it and
+list them with the slow tier's load beside); the runs queued behind it validate ``quick_release`` (the same release
+at time scale 1000: one key in about a second), as their order, not their figures, is what is asserted.
 """
 
 from __future__ import annotations
@@ -27,7 +26,8 @@ pytestmark = pytest.mark.slow
 def busy_release(tmp_path_factory: pytest.TempPathFactory):
     """The suite's release at time scale 20 (its own version): at 50 a key took ~8 s, and beside the slow tier
     (2026-12-06) the busy run ended before four ``fleetctl validate`` and a listing were through, or its running key
-    before a ``--preempt`` reached it."""
+    before a ``--preempt`` reached it; beside a neighbour's load too (2026-12-07) before the low run had waited its
+    ``raise_after``."""
     from simulator import build_release
 
     return build_release(tmp_path_factory.mktemp("busy"), version="1.4.3", time_scale=20.0, noise=0.0, seed=3)
@@ -76,14 +76,14 @@ def test_an_urgent_run_behind_three_low_ones_starts_next(bench_factory, broker, 
 
 
 @pytest.mark.redis
-def test_a_low_run_waiting_past_raise_after_goes_ahead_of_later_normal_ones(bench_factory, redis_broker, release,
-                                                                            quick_release):
+def test_a_low_run_waiting_past_raise_after_goes_ahead_of_later_normal_ones(bench_factory, redis_broker,
+                                                                            busy_release, quick_release):
     """On a real redis-server only: the raise on the embedded broker's message files (a rename that keeps the
     message's place in time, so it goes first of its new level) is tests/fleet/test_raise_starving.py's, and the
     embedded broker's workers taking messages by level is test_an_urgent_run_behind_three_low_ones_starts_next's."""
     b = bench_factory(redis_broker)
     b.lab.start()
-    busy = b.validate(release)
+    busy = b.validate(busy_release)
     b.on_key(busy, "sim-01", KEYS[0])
     t0 = time.time()
     low = b.validate(quick_release, "sim-01", ("qwen3",), "--priority", "low")
