@@ -3,9 +3,9 @@
 A module runs one thing at a time: what waits behind a busy module starts by priority (highest first, then
 the order it was sent in), and a run waiting past ``raise_after`` is raised a level by the controller.
 
-The busy run is the reliability suite's release (time scale 50: a key takes seconds, time to queue the others
-behind it); the runs queued behind it validate ``quick_release`` (the same release at time scale 1000: one key
-in about a second), as their order, not their figures, is what is asserted.
+The busy run validates ``busy_release`` (time scale 20: a key takes ~20 s, time to queue the others behind it and
+list them with the slow tier's load beside); the runs queued behind it validate ``quick_release`` (the same release
+at time scale 1000: one key in about a second), as their order, not their figures, is what is asserted.
 """
 
 from __future__ import annotations
@@ -22,6 +22,17 @@ from tests.support.reliability import KEYS
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def busy_release(tmp_path_factory: pytest.TempPathFactory):
+    """The suite's release at time scale 20 (its own version): at 50 a key took ~8 s, and beside the slow tier
+    (2026-12-06) the busy run ended before four ``fleetctl validate`` and a listing were through, or its running key
+    before a ``--preempt`` reached it; beside a neighbour's load too (2026-12-07) before the low run had waited its
+    ``raise_after``."""
+    from simulator import build_release
+
+    return build_release(tmp_path_factory.mktemp("busy"), version="1.4.3", time_scale=20.0, noise=0.0, seed=3)
+
+
 def _started(b, run_ids: list[str]) -> list[str]:
     """``run_ids`` in the order sim-01 started them (their progress's ``started_at``, the module's clock)."""
     views = {r: b.finished(r, 120) for r in run_ids}
@@ -32,13 +43,10 @@ def _started(b, run_ids: list[str]) -> list[str]:
     return order
 
 
-# alone: in a clean-clone make test of 2026-12-06 (the slow tier grown by issues 48, 49, 52) the busy run's two keys
-# ended while four `fleetctl validate` processes queued behind it, and the urgent run was taken before the queue listing
-@pytest.mark.alone
-def test_an_urgent_run_behind_three_low_ones_starts_next(bench_factory, broker, release, quick_release):  # noqa: F811
+def test_an_urgent_run_behind_three_low_ones_starts_next(bench_factory, broker, busy_release, quick_release):  # noqa: F811
     b = bench_factory(broker)
     b.lab.start()
-    busy = b.validate(release)
+    busy = b.validate(busy_release)
     b.on_key(busy, "sim-01", KEYS[0])  # the module is busy: what follows waits on its queue
     lows = [b.validate(quick_release, "sim-01", ("qwen3",), "--priority", "low") for _ in range(3)]
     urgent = b.validate(quick_release, "sim-01", ("qwen3",), "--priority", "urgent")
@@ -68,14 +76,14 @@ def test_an_urgent_run_behind_three_low_ones_starts_next(bench_factory, broker, 
 
 
 @pytest.mark.redis
-def test_a_low_run_waiting_past_raise_after_goes_ahead_of_later_normal_ones(bench_factory, redis_broker, release,
-                                                                            quick_release):
+def test_a_low_run_waiting_past_raise_after_goes_ahead_of_later_normal_ones(bench_factory, redis_broker,
+                                                                            busy_release, quick_release):
     """On a real redis-server only: the raise on the embedded broker's message files (a rename that keeps the
     message's place in time, so it goes first of its new level) is tests/fleet/test_raise_starving.py's, and the
     embedded broker's workers taking messages by level is test_an_urgent_run_behind_three_low_ones_starts_next's."""
     b = bench_factory(redis_broker)
     b.lab.start()
-    busy = b.validate(release)
+    busy = b.validate(busy_release)
     b.on_key(busy, "sim-01", KEYS[0])
     t0 = time.time()
     low = b.validate(quick_release, "sim-01", ("qwen3",), "--priority", "low")
@@ -99,18 +107,15 @@ def test_a_low_run_waiting_past_raise_after_goes_ahead_of_later_normal_ones(benc
     assert b.benchmark_starts("sim-01", low) == {"qwen3": 1}
 
 
-# alone: once in three clean-clone make tests (2026-12-06) the running run was not seen preempted before its key
-# ended, beside the other slow modules (its started_at was its first attempt's)
-@pytest.mark.alone
-def test_preempt_interrupts_the_running_run_which_resumes_after_the_urgent_one(bench_factory, broker, release,  # noqa: F811
-                                                                               quick_release):
+def test_preempt_interrupts_the_running_run_which_resumes_after_the_urgent_one(bench_factory, broker,  # noqa: F811
+                                                                               busy_release, quick_release):
     """``--preempt``: the module stops its running run at once (as for a clean shutdown), runs the urgent one, then
     resumes the stopped run from its passed keys: the key that passed before is not benchmarked again."""
     b = bench_factory(broker)
     b.lab.start()
-    busy = b.validate(release)
+    busy = b.validate(busy_release)
     b.on_key(busy, "sim-01", KEYS[1])  # the first key passed, the second is being benchmarked
-    r = b.lab.fleetctl("validate", str(release.path), "--models", "qwen3", "--devices", "sim-01", "--detach",
+    r = b.lab.fleetctl("validate", str(busy_release.path), "--models", "qwen3", "--devices", "sim-01", "--detach",
                        "--priority", "normal", "--preempt")
     assert r.returncode != 0 and "--preempt stops running runs for an urgent one: give --priority urgent" in r.stderr
     urgent = b.validate(quick_release, "sim-01", ("qwen3",), "--priority", "urgent", "--preempt")

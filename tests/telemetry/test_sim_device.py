@@ -187,3 +187,13 @@ def test_sampler_speaks_json_to_it(tmp_path: Path, server, monkeypatch) -> None:
 def test_power_is_leakage_by_temperature_plus_dynamic_by_clock(server, condition, phase, watts) -> None:  # type: ignore[no-untyped-def]
     env = {**server(phase), **({ENV_DEVICE: condition} if condition else {})}
     assert reading(env).values["power_w"] == watts
+
+
+def test_a_hotter_cards_leakage_is_a_test_knob(server) -> None:  # type: ignore[no-untyped-def]
+    """``M1000_SIM_HOT_LEAK``: the hot card's extra watts under load (default 10), still capped at the limit."""
+    hotter = {ENV_DEVICE: "hot", "M1000_SIM_HOT_LEAK": "20"}
+    assert reading({**server("decode"), **hotter}).values["power_w"] == 72
+    assert reading({**server("prefill"), **hotter}).values["power_w"] == 75
+    assert reading({**server("idle"), **hotter}).values["power_w"] == 21
+    res = query({**server("decode"), ENV_DEVICE: "hot", "M1000_SIM_HOT_LEAK": "2.5"})
+    assert res.returncode == 2 and "M1000_SIM_HOT_LEAK: whole watts (digits only), not '2.5'" in res.stderr
