@@ -89,16 +89,16 @@ class _Ordered(TyperGroup):
         return sorted(names, key=lambda n: (rank.get(n, len(rank)), names.index(n)))
 
 
-def build_app(inv: Invocation) -> typer.Typer:
-    """The command tree of one invocation: the verbs of every group, which get the invocation's session
-    from the context (those of report, deploy and targets through the functions handed to them)."""
+def build_app() -> typer.Typer:
+    """The command tree: the verbs of every group, each a module-level function that gets the invocation's session
+    from the context (:func:`controller.cli.invocation.session`)."""
     from controller.cli import bisect as bisect_cli
     from controller.cli import cache as cache_cli
     from controller.cli import deploy as deploy_cli
     from controller.cli import history as history_cli
     from controller.cli import report as report_cli
     from controller.cli import reserve as reserve_cli
-    from controller.cli import targets as metrics_cli
+    from controller.cli import targets as targets_cli
     from controller.cli import trend as trend_cli
 
     app = new_app(no_args_is_help=True, add_completion=True, cls=_Ordered)
@@ -113,6 +113,7 @@ def build_app(inv: Invocation) -> typer.Typer:
     devices_app.callback()(devices_cli.devices)
     devices_app.command("reset")(devices_cli.devices_reset)
     devices_app.command("power")(devices_cli.devices_power)
+    devices_app.command("check")(deploy_cli.devices_check)
     app.add_typer(devices_app, name="devices")
     app.command("queue")(devices_cli.queue)
     app.command("reserve")(reserve_cli.reserve)
@@ -133,12 +134,20 @@ def build_app(inv: Invocation) -> typer.Typer:
     cache_app.command("ls")(cache_cli.cache_ls)
     cache_app.command("prune")(cache_cli.cache_prune)
     app.add_typer(cache_app, name="cache")
-    report_cli.register(app, lambda: inv.session().read_history(), lambda: inv.session().history(),
-                        lambda: inv.session().settings.baseline_same_environment, lambda: inv.history is not None)
-    trend_cli.register(app, lambda: inv.session().read_history(), lambda: inv.history is not None)
-    deploy_cli.register(app, devices_app, lambda: inv.session().inventory(), lambda: inv.session().settings,
-                        inv.session)
-    metrics_cli.register(app, lambda: inv.session().inventory())
+    app.command("report")(report_cli.report)
+    app.command("compare")(report_cli.compare)
+    baseline_app = new_app(add_completion=False, no_args_is_help=True, help=report_cli.BASELINE_HELP)
+    baseline_app.command("import")(report_cli.baseline_import)
+    baseline_app.command("set")(report_cli.baseline_set)
+    baseline_app.command("list")(report_cli.baseline_list)
+    app.add_typer(baseline_app, name="baseline")
+    app.command("trend")(trend_cli.trend)
+    app.command("deploy")(deploy_cli.deploy)
+    app.command("push")(deploy_cli.push)
+    broker_app = new_app(add_completion=False, help=deploy_cli.BROKER_HELP)
+    broker_app.command("acl")(deploy_cli.broker_acl)
+    app.add_typer(broker_app, name="broker")
+    app.command("prometheus-targets")(targets_cli.prometheus_targets)
     return app
 
 
@@ -151,7 +160,7 @@ def run(argv: list[str] | None = None) -> int:
     """Run ``fleetctl ARGV``; the exit code (every error handled here, once)."""
     inv = Invocation()
     try:
-        rv = build_app(inv)(args=argv, prog_name="fleetctl", standalone_mode=False, obj=inv)
+        rv = build_app()(args=argv, prog_name="fleetctl", standalone_mode=False, obj=inv)
         return rv if isinstance(rv, int) else 0
     except typer.Exit as e:
         return int(e.exit_code)

@@ -233,13 +233,8 @@ def fleetctl_block() -> str:
     import typer
 
     from controller.cli.app import build_app
-    from controller.cli.invocation import Invocation
 
-    inv = Invocation()
-    try:
-        return commands_block(typer.main.get_command(build_app(inv)), "fleetctl")
-    finally:
-        inv.close()
+    return commands_block(typer.main.get_command(build_app()), "fleetctl")
 
 
 def fleet_agent_block() -> str:

@@ -95,12 +95,11 @@ def test_every_command_option_and_setting_says_what_it_is():
     from agent.cli import app as agent_app
     from agent.settings import AgentSettings
     from controller.cli.app import build_app
-    from controller.cli.invocation import Invocation
     from controller.inventory import Module
     from controller.settings import ControllerSettings
 
     missing = []
-    for root, prog in ((typer.main.get_command(build_app(Invocation())), "fleetctl"),
+    for root, prog in ((typer.main.get_command(build_app()), "fleetctl"),
                        (typer.main.get_command(agent_app), "fleet-agent")):
         for cmd, ctx in gen._click_tree(root, typer.Context(root, info_name=prog)):
             if not cmd.help:
