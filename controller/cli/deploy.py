@@ -211,20 +211,21 @@ def devices_check(
     devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
     known_hosts: Path | None = typer.Option(None, "--known-hosts", help="host keys of the modules"),
     identity: Path | None = typer.Option(None, "--identity", help="SSH private key"),
-    golden: str | None = typer.Option(None, "--golden", help="instead: validate this known-good release (path "
-                                      "or URL) and judge each module against its own golden history"),
-    models: str = typer.Option("qwen3", "--models", "-m", help="--golden: the model keys of the short check"),
-    tolerance: float | None = typer.Option(None, "--tolerance", help="--golden: the drift that makes a module "
-                                           "bad, a fraction (default: golden_tolerance, 0.03)"),
+    golden: str | None = typer.Option(None, "--golden", hidden=True, help="old form of `fleetctl golden REL`"),
+    models: str = typer.Option("qwen3", "--models", "-m", hidden=True, help="old form: `fleetctl golden --models`"),
+    tolerance: float | None = typer.Option(None, "--tolerance", hidden=True,
+                                           help="old form: `fleetctl golden --tolerance`"),
     output: Output = output_option(),
 ) -> None:
-    """SSH reachability, Python version, free disk and agent version of each module; with --golden, a health
-    check: a module worse than its own golden history goes bad until `fleetctl devices reset`."""
+    """SSH reachability, Python version, free disk and agent version of each module (read-only: a golden release's
+    health check is `fleetctl golden`)."""
     from rich.table import Table
 
-    if golden is not None:
+    if golden is not None:  # the old form, kept hidden for one release (ADR 0057)
         from controller.cli.golden import golden_check
+        from controller.cli.output import deprecation
 
+        deprecation("fleetctl devices check --golden REL", "fleetctl golden REL")
         raise typer.Exit(golden_check(session(ctx), golden, devices, models, tolerance, output))
 
     from controller.inventory import InventoryError

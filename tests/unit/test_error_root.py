@@ -164,7 +164,7 @@ def test_an_instance_may_carry_its_own_codes(monkeypatch, capsys):
     class Odd(FleetctlError):
         exit_code = 3
 
-    def raiser(_inv: object) -> object:
+    def raiser() -> object:
         def call(**_kw: object) -> None:
             raise Odd("odd input")
         return call
