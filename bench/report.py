@@ -35,7 +35,7 @@ outliers with no change (goals: at most 1 in 1,000 and 1 in 100), the detection 
 regression of 2-12 % (goal: every seed from 6 %; N seeds at 6 %, N/5 at the other sizes), and how
 often the change's 95 % interval holds the injected change. Exits 1 below a goal.
 
-``--paired-power N [--rounds 1,2,3]`` instead measures the paired comparison (``fleetctl compare-releases``,
+``--paired-power N [--rounds 1,2,3]`` instead measures the paired comparison (``fleetctl ab``,
 :mod:`controller.report.analysis.paired`): 4 modules, R rounds of A B B A, 2 % noise, each module drifting by a
 speed factor per round (3 %) and a trend within the round (1 % per run); release B with a 2 % decode regression on
 one key (N seeds at 1.5 % and 2 %; N/5 at 3 %) or none (N seeds): per R and per tolerance (1 %, 1.5 %, 2 %) the

@@ -4,7 +4,8 @@ The verbs live by group: :mod:`controller.cli.runs` (validate, status, watch, ca
 results, logs, describe run), :mod:`controller.cli.devices` (devices, devices reset, describe
 module), :mod:`controller.cli.services` (serve, demo), :mod:`controller.cli.report` (report,
 compare, baseline), :mod:`controller.cli.trend` (trend), :mod:`controller.cli.deploy` (deploy, push, devices
-check, broker acl),
+check, broker acl), :mod:`controller.cli.golden` (golden), :mod:`controller.cli.ab` (ab),
+:mod:`controller.cli.reserve` (reserve, reservations, unreserve), :mod:`controller.cli.bisect` (bisect),
 :mod:`controller.cli.targets` (prometheus-targets). They parse and print; :mod:`controller.service`
 does the work.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ from controller.cli import devices as devices_cli
 from controller.cli import runs as runs_cli
 from controller.cli import services as services_cli
 from controller.cli.invocation import Invocation
-from controller.cli.output import EXIT_ERROR, Output, emit, error, new_app, output_option
+from controller.cli.output import EXIT_ERROR, Output, emit, error, new_app, output_option, renamed
 
 __all__ = ["Invocation", "build_app", "main", "run"]
 
@@ -77,9 +79,11 @@ def version(output: Output = output_option()) -> None:
 # modules and who holds them, then across releases, the lab's stores, setting a lab up, the service; a verb not named
 # here comes after these (a test checks that every verb is named)
 HELP_ORDER = ("demo", "validate", "status", "watch", "runs", "report", "compare", "results", "logs", "cancel",
-              "retry", "devices", "describe", "queue", "reserve", "reservations", "release", "trend",
-              "compare-releases", "bisect", "baseline", "history", "cache", "deploy", "push", "prometheus-targets",
-              "broker", "serve", "version")
+              "retry", "devices", "golden", "describe", "queue", "reserve", "reservations", "unreserve", "trend",
+              "ab", "bisect", "baseline", "history", "cache", "deploy", "push", "prometheus-targets", "broker", "serve",
+              "version")
+# old names, hidden, kept for one release: each prints a one-line note on stderr and runs the new verb (ADR 0057)
+RENAMED = {"release": "unreserve", "compare-releases": "ab"}
 
 
 class _Ordered(TyperGroup):
@@ -89,21 +93,23 @@ class _Ordered(TyperGroup):
         return sorted(names, key=lambda n: (rank.get(n, len(rank)), names.index(n)))
 
 
-def build_app(inv: Invocation) -> typer.Typer:
-    """The command tree of one invocation: the verbs of every group, which get the invocation's session
-    from the context (those of report, deploy and targets through the functions handed to them)."""
+def build_app() -> typer.Typer:
+    """The command tree: the verbs of every group, each a module-level function that gets the invocation's session
+    from the context (:func:`controller.cli.invocation.session`)."""
+    from controller.cli import ab as ab_cli
     from controller.cli import bisect as bisect_cli
     from controller.cli import cache as cache_cli
     from controller.cli import deploy as deploy_cli
+    from controller.cli import golden as golden_cli
     from controller.cli import history as history_cli
     from controller.cli import report as report_cli
     from controller.cli import reserve as reserve_cli
-    from controller.cli import targets as metrics_cli
+    from controller.cli import targets as targets_cli
     from controller.cli import trend as trend_cli
 
     app = new_app(no_args_is_help=True, add_completion=True, cls=_Ordered)
     app.callback()(_root)
-    app.command("compare-releases")(runs_cli.compare_releases)
+    app.command("ab")(ab_cli.ab)
     app.command("bisect")(bisect_cli.bisect)
     for verb in (runs_cli.validate, runs_cli.status, runs_cli.watch, runs_cli.cancel, runs_cli.retry, runs_cli.runs,
                  runs_cli.results, runs_cli.logs, services_cli.serve, services_cli.demo, version):
@@ -113,11 +119,13 @@ def build_app(inv: Invocation) -> typer.Typer:
     devices_app.callback()(devices_cli.devices)
     devices_app.command("reset")(devices_cli.devices_reset)
     devices_app.command("power")(devices_cli.devices_power)
+    devices_app.command("check")(deploy_cli.devices_check)
     app.add_typer(devices_app, name="devices")
     app.command("queue")(devices_cli.queue)
     app.command("reserve")(reserve_cli.reserve)
     app.command("reservations")(reserve_cli.reservations)
-    app.command("release")(reserve_cli.release)
+    app.command("unreserve")(reserve_cli.unreserve)
+    app.command("golden")(golden_cli.golden)
     describe_app = new_app(add_completion=False, no_args_is_help=True,
                            help="Everything about one run or one module (read-only).")
     describe_app.command("run")(runs_cli.describe_run)
@@ -133,12 +141,23 @@ def build_app(inv: Invocation) -> typer.Typer:
     cache_app.command("ls")(cache_cli.cache_ls)
     cache_app.command("prune")(cache_cli.cache_prune)
     app.add_typer(cache_app, name="cache")
-    report_cli.register(app, lambda: inv.session().read_history(), lambda: inv.session().history(),
-                        lambda: inv.session().settings.baseline_same_environment, lambda: inv.history is not None)
-    trend_cli.register(app, lambda: inv.session().read_history(), lambda: inv.history is not None)
-    deploy_cli.register(app, devices_app, lambda: inv.session().inventory(), lambda: inv.session().settings,
-                        inv.session)
-    metrics_cli.register(app, lambda: inv.session().inventory())
+    app.command("report")(report_cli.report)
+    app.command("compare")(report_cli.compare)
+    baseline_app = new_app(add_completion=False, no_args_is_help=True, help=report_cli.BASELINE_HELP)
+    baseline_app.command("import")(report_cli.baseline_import)
+    baseline_app.command("set")(report_cli.baseline_set)
+    baseline_app.command("list")(report_cli.baseline_list)
+    app.add_typer(baseline_app, name="baseline")
+    app.command("trend")(trend_cli.trend)
+    app.command("deploy")(deploy_cli.deploy)
+    app.command("push")(deploy_cli.push)
+    broker_app = new_app(add_completion=False, help=deploy_cli.BROKER_HELP)
+    broker_app.command("acl")(deploy_cli.broker_acl)
+    app.add_typer(broker_app, name="broker")
+    app.command("prometheus-targets")(targets_cli.prometheus_targets)
+    verbs: dict[str, Callable[..., Any]] = {"unreserve": reserve_cli.unreserve, "ab": ab_cli.ab}
+    for old, new in RENAMED.items():
+        app.command(old, hidden=True)(renamed(verbs[new], old, new))
     return app
 
 
@@ -151,7 +170,7 @@ def run(argv: list[str] | None = None) -> int:
     """Run ``fleetctl ARGV``; the exit code (every error handled here, once)."""
     inv = Invocation()
     try:
-        rv = build_app(inv)(args=argv, prog_name="fleetctl", standalone_mode=False, obj=inv)
+        rv = build_app()(args=argv, prog_name="fleetctl", standalone_mode=False, obj=inv)
         return rv if isinstance(rv, int) else 0
     except typer.Exit as e:
         return int(e.exit_code)

@@ -25,7 +25,9 @@ def bisect(
     bad: str | None = typer.Option(None, "--bad", help="the known-bad release: a version, path or URL"),
     releases: str | None = typer.Option(None, "--releases", help="the releases: a folder of tarballs, a file "
                                         "listing one path or URL a line, or a comma-separated list"),
-    models: str = typer.Option("all", "--models", "-m", help="model keys, comma separated, or 'all'"),
+    models: str | None = typer.Option(None, "--models", "-m", help="the model keys the regression shows, comma "
+                                      "separated ('all': every key, each round as long as a full validation); "
+                                      "needed to start a bisection"),
     metric: str | None = typer.Option(None, "--metric", help="bisect this metric's regression (default: every "
                                       "regression the bad release shows)"),
     devices: str = typer.Option("all", "--devices", "-d", help="the modules it may use: 'all', names, label=value"),
@@ -53,8 +55,8 @@ def bisect(
             raise BadRequest("--resume goes on with the bisection as it started: no --good, --bad or --releases")
         bisect_id = svc.store(s).load(resume).bisect_id
     else:
-        if not (good and bad and releases):
-            raise BadRequest("give --good, --bad and --releases (or --resume ID, or --cancel ID)")
+        if not (good and bad and releases and models):
+            raise BadRequest("give --good, --bad, --releases and --models (or --resume ID, or --cancel ID)")
         rec = svc.start(s, good=good, bad=bad, releases=releases, models=parse_model_keys(models), devices=devices,
                         metric=metric, tolerance=tolerance)
         bisect_id = rec.bisect_id

@@ -1,12 +1,16 @@
-"""``fleetctl devices check --golden REL``: a short validation of a known-good release on each module, each
-module judged against its own golden history (:mod:`controller.service.golden`); a drifted module goes ``bad``
-until ``fleetctl devices reset MODULE``. This file parses and prints."""
+"""``fleetctl golden REL``: a short validation of a known-good release on each module, each module judged against
+its own golden history (:mod:`controller.service.golden`); a drifted module goes ``bad`` until ``fleetctl devices
+reset MODULE``. It was ``fleetctl devices check --golden REL`` (a check that started a validation: ADR 0057).
+This file parses and prints."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from controller.cli.output import Output, emit, stderr, stdout
+import typer
+
+from controller.cli.invocation import session
+from controller.cli.output import Output, emit, output_option, stderr, stdout
 
 if TYPE_CHECKING:
     from controller.service import Session
@@ -37,3 +41,21 @@ def golden_check(s: Session, release: str, devices: str, models: str, tolerance:
         for m in res.drifted:
             stdout().print(f"{m} is bad until {fleetctl('devices', 'reset', m)}", markup=False, highlight=False)
     return 1 if res.drifted else 0
+
+
+GOLDEN_MODELS = "qwen3"
+
+
+def golden(
+    ctx: typer.Context,
+    release: str = typer.Argument(..., help="the known-good release: a tarball path or an http/https URL"),
+    devices: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
+    models: str = typer.Option(GOLDEN_MODELS, "--models", "-m", help="the model keys of the short validation"),
+    tolerance: float | None = typer.Option(None, "--tolerance", help="the drift that makes a module bad, a fraction "
+                                           "(default: golden_tolerance, 0.03)"),
+    output: Output = output_option(),
+) -> None:
+    """Health check with a golden release: validate a known-good release on each module and judge each against its
+    own golden history; a module worse than its history goes bad until `fleetctl devices reset`. Exit 0 when no
+    module drifted, 1 otherwise."""
+    raise typer.Exit(golden_check(session(ctx), release, devices, models, tolerance, output))

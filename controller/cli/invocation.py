@@ -38,3 +38,10 @@ def session(ctx: typer.Context) -> Session:
     inv = ctx.obj
     assert isinstance(inv, Invocation)
     return inv.session()
+
+
+def history_given(ctx: typer.Context) -> bool:
+    """Whether ``--history`` named a run history (it wins over ``FLEET_SERVICE``)."""
+    inv = ctx.obj
+    assert isinstance(inv, Invocation)
+    return inv.history is not None

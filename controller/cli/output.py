@@ -4,9 +4,10 @@ every verb that lists or shows something. Shared by every file that adds verbs (
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any
 
@@ -35,6 +36,23 @@ def new_app(**kw: Any) -> typer.Typer:
     costs more start-up time than the rest of ``fleetctl --help``), errors left to ``controller.cli.app.run``."""
     return typer.Typer(rich_markup_mode=None, pretty_exceptions_enable=False,
                        context_settings={"max_content_width": 120}, **kw)
+
+
+def deprecation(old: str, new: str) -> None:
+    """The one-line note a verb's old name prints on stderr (its alias is kept, hidden, for one release)."""
+    sys.stderr.write(f"fleetctl: note: '{old}' is now '{new}'; the old name goes in the next release\n")
+    sys.stderr.flush()
+
+
+def renamed(verb: Callable[..., Any], old: str, new: str) -> Callable[..., Any]:
+    """``verb`` under its old name ``old``: the same arguments and options (typer reads ``verb``'s signature
+    through the wrapper), the note of :func:`deprecation` first."""
+    @functools.wraps(verb)
+    def alias(*args: Any, **kwargs: Any) -> Any:
+        deprecation(f"fleetctl {old}", f"fleetctl {new}")
+        return verb(*args, **kwargs)
+
+    return alias
 
 
 def error(message: str) -> None:

@@ -1,7 +1,7 @@
 """fleetctl commands of the reports: ``report``, ``compare`` and ``baseline import|set|list``.
 
-``controller.cli.app`` calls :func:`register` with its typer app and functions that open the run
-history (for reading, and for the verbs that write it). Errors end in one clear line and exit
+Module-level verbs (:func:`controller.cli.app.build_app` adds them) reading the run history through the
+invocation's session (:func:`controller.cli.invocation.session`). Errors end in one clear line and exit
 code 2; ``--check`` exits 1 unless the verdict is pass.
 """
 
@@ -16,16 +16,17 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from controller.cli.output import EXIT_ERROR, EXIT_FAILED, Output, emit, fail, new_app, output_option
+from controller.cli.invocation import history_given, session
+from controller.cli.output import EXIT_ERROR, EXIT_FAILED, Output, emit, fail, output_option
 from controller.cli.served import SERVICE_HELP, use_service
 from controller.command import fleetctl
 
 if TYPE_CHECKING:  # pandas, scipy and matplotlib load only when a report command runs
-    from controller.history import History
     from controller.report.model import Report, Thresholds
 
 EXIT_NOT_PASS = EXIT_FAILED
-__all__ = ["EXIT_ERROR", "EXIT_NOT_PASS", "Format", "register"]
+__all__ = ["EXIT_ERROR", "EXIT_NOT_PASS", "Format", "baseline_import", "baseline_list", "baseline_set", "compare",
+           "report"]
 
 
 class Format(str, Enum):
@@ -130,117 +131,110 @@ FORMAT_HELP = "md, html, csv (+parquet) or json"
 OUT_HELP = "folder to write into (default: md/json to stdout, html/csv into ./report-RUN/)"
 
 
-def register(app: typer.Typer, get_history: Callable[[], History],
-             get_writable_history: Callable[[], History] | None = None,
-             same_environment: Callable[[], bool] = lambda: False,
-             history_given: Callable[[], bool] = lambda: False) -> None:
-    """Add ``report``, ``compare`` and the ``baseline`` group to ``app``. ``get_history`` opens the
-    history for reading; ``get_writable_history`` (default the same) for ``baseline import/set``;
-    ``same_environment``: whether a baseline must share the run's environment (the setting);
-    ``history_given``: whether ``--history`` named one (it wins over ``FLEET_SERVICE``)."""
-    writable = get_writable_history or get_history
+def report(
+    ctx: typer.Context,
+    run: str = typer.Argument("latest", help="run id, unique prefix or 'latest' (the default)"),
+    baseline: str | None = typer.Option(None, "--baseline", "-b", help="'1.4.1', '1.4.1@v2' or a run id"),
+    fmt: Format = typer.Option(Format.md, "--output", "-o", help=FORMAT_HELP),
+    old_fmt: Format | None = typer.Option(None, "--format", hidden=True, help="old name of --output"),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
+    tolerance: float = typer.Option(0.05, help="relative change that counts as a regression"),
+    energy_tolerance: float = typer.Option(0.05, help="relative change of energy per token (J/token, "
+                                                      "tokens/J) that counts as a regression"),
+    startup_tolerance: float = typer.Option(STARTUP_TOLERANCE, help="relative change of a start-up cost (server "
+                                            "ready, first request, precompile) that counts as a regression"),
+    check: bool = typer.Option(False, "--check", help=f"exit {EXIT_NOT_PASS} unless the verdict is pass"),
+    service: str | None = typer.Option(None, "--service", envvar="FLEET_SERVICE", help=SERVICE_HELP),
+) -> None:
+    """Verdict, regressions, outlier modules and fleet summary of one run (default: the latest)."""
+    remote = use_service(ctx, service, history_given(ctx))
+    if remote is not None:
+        _served_report(remote, run, baseline, old_fmt or fmt, out, check,
+                       {"tolerance": tolerance, "energy_tolerance": energy_tolerance,
+                        "startup_tolerance": startup_tolerance})
+        return
+    from controller.report.load import build_report
 
-    @app.command("report")
-    def report_cmd(
-        ctx: typer.Context,
-        run: str = typer.Argument("latest", help="run id, unique prefix or 'latest' (the default)"),
-        baseline: str | None = typer.Option(None, "--baseline", "-b", help="'1.4.1', '1.4.1@v2' or a run id"),
-        fmt: Format = typer.Option(Format.md, "--output", "-o", help=FORMAT_HELP),
-        old_fmt: Format | None = typer.Option(None, "--format", hidden=True, help="old name of --output"),
-        out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
-        tolerance: float = typer.Option(0.05, help="relative change that counts as a regression"),
-        energy_tolerance: float = typer.Option(0.05, help="relative change of energy per token (J/token, "
-                                                          "tokens/J) that counts as a regression"),
-        startup_tolerance: float = typer.Option(STARTUP_TOLERANCE, help="relative change of a start-up cost (server "
-                                                "ready, first request, precompile) that counts as a regression"),
-        check: bool = typer.Option(False, "--check", help=f"exit {EXIT_NOT_PASS} unless the verdict is pass"),
-        service: str | None = typer.Option(None, "--service", envvar="FLEET_SERVICE", help=SERVICE_HELP),
-    ) -> None:
-        """Verdict, regressions, outlier modules and fleet summary of one run (default: the latest)."""
-        remote = use_service(ctx, service, history_given())
-        if remote is not None:
-            _served_report(remote, run, baseline, old_fmt or fmt, out, check,
-                           {"tolerance": tolerance, "energy_tolerance": energy_tolerance,
-                            "startup_tolerance": startup_tolerance})
-            return
-        from controller.report.load import build_report
+    s = session(ctx)
+    html = (old_fmt or fmt) == Format.html  # the HTML report has a "History" section
+    _report(lambda th: build_report(s.read_history(), run, baseline, thresholds=th, with_history=html,
+                                    same_environment=s.settings.baseline_same_environment), tolerance,
+            old_fmt or fmt, out, check, energy_tolerance, startup_tolerance)
 
-        html = (old_fmt or fmt) == Format.html  # the HTML report has a "History" section
-        _report(lambda th: build_report(get_history(), run, baseline, thresholds=th, with_history=html,
-                                        same_environment=same_environment()), tolerance, old_fmt or fmt, out, check,
-                energy_tolerance, startup_tolerance)
 
-    @app.command("compare")
-    def compare_cmd(
-        run_a: str = typer.Argument(..., help="the reference run"),
-        run_b: str = typer.Argument(..., help="the run compared with it"),
-        fmt: Format = typer.Option(Format.md, "--output", "-o", help=FORMAT_HELP),
-        old_fmt: Format | None = typer.Option(None, "--format", hidden=True, help="old name of --output"),
-        out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
-        tolerance: float = typer.Option(0.05, help="relative change that counts as a regression"),
-        check: bool = typer.Option(False, "--check", help=f"exit {EXIT_NOT_PASS} unless the verdict is pass"),
-    ) -> None:
-        """Run B against run A (module by module where they share modules)."""
-        from controller.report.load import compare_runs
+def compare(
+    ctx: typer.Context,
+    run_a: str = typer.Argument(..., help="the reference run"),
+    run_b: str = typer.Argument(..., help="the run compared with it"),
+    fmt: Format = typer.Option(Format.md, "--output", "-o", help=FORMAT_HELP),
+    old_fmt: Format | None = typer.Option(None, "--format", hidden=True, help="old name of --output"),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
+    tolerance: float = typer.Option(0.05, help="relative change that counts as a regression"),
+    check: bool = typer.Option(False, "--check", help=f"exit {EXIT_NOT_PASS} unless the verdict is pass"),
+) -> None:
+    """Run B against run A (module by module where they share modules)."""
+    from controller.report.load import compare_runs
 
-        _report(lambda th: compare_runs(get_history(), run_a, run_b, thresholds=th), tolerance, old_fmt or fmt,
-                out, check)
+    _report(lambda th: compare_runs(session(ctx).read_history(), run_a, run_b, thresholds=th), tolerance,
+            old_fmt or fmt, out, check)
 
-    baseline_app = new_app(help="Baselines: reference figures per release, versioned.", no_args_is_help=True)
-    app.add_typer(baseline_app, name="baseline")
 
-    @baseline_app.command("import")
-    def baseline_import(
-        seed_file: Path = typer.Argument(..., help="reference document with the result tables"),
-        release: str = typer.Option(..., "--release", "-r", help="release these figures belong to, e.g. 1.4.1"),
-    ) -> None:
-        """Import the reference tables of SEED_FILE as the next baseline version of RELEASE."""
-        from agent.tables import TableError, parse_seed
-        from controller.history import HistoryError
+BASELINE_HELP = "Baselines: reference figures per release, versioned."
 
-        try:
-            text = seed_file.read_text(encoding="utf-8")
-            tables = parse_seed(text, source=str(seed_file))
-        except (OSError, UnicodeDecodeError, TableError) as exc:
-            _fail(f"{seed_file}: {exc}" if not isinstance(exc, TableError) else str(exc))
-        rows = [r for key_rows in tables.values() for r in key_rows]
-        if not rows:
-            _fail(f"{seed_file}: no result tables found")
-        try:
-            version, run_id = writable().add_baseline(release, rows, source=str(seed_file))
-        except HistoryError as exc:
-            _fail(str(exc))
-        typer.echo(f"baseline {release}@v{version} ({run_id}): {len(rows)} rows, {len(tables)} model keys")
 
-    @baseline_app.command("set")
-    def baseline_set(
-        run: str = typer.Argument(..., help="run whose rows become the baseline"),
-        release: str | None = typer.Option(None, "--release", "-r", help="default: the run's release"),
-    ) -> None:
-        """Promote a run's results to the next baseline version of its release."""
-        from controller.history import HistoryError
+def baseline_import(
+    ctx: typer.Context,
+    seed_file: Path = typer.Argument(..., help="reference document with the result tables"),
+    release: str = typer.Option(..., "--release", "-r", help="release these figures belong to, e.g. 1.4.1"),
+) -> None:
+    """Import the reference tables of SEED_FILE as the next baseline version of RELEASE."""
+    from agent.tables import TableError, parse_seed
+    from controller.history import HistoryError
 
-        hist = writable()
-        try:
-            info = hist.find_run(run)
-            rows = [r for r in hist.rows(info.run_id) if r.source == "release"]  # not the probe's
-        except HistoryError as exc:
-            _fail(str(exc))
-        rel = release or info.release
-        if not rel:
-            _fail(f"run {info.run_id} has no release; give --release")
-        if not rows:
-            _fail(f"run {info.run_id} has no result rows")
-        version, run_id = hist.add_baseline(rel, rows, source=f"run:{info.run_id}")
-        typer.echo(f"baseline {rel}@v{version} ({run_id}): {len(rows)} rows from run {info.run_id}")
+    try:
+        text = seed_file.read_text(encoding="utf-8")
+        tables = parse_seed(text, source=str(seed_file))
+    except (OSError, UnicodeDecodeError, TableError) as exc:
+        _fail(f"{seed_file}: {exc}" if not isinstance(exc, TableError) else str(exc))
+    rows = [r for key_rows in tables.values() for r in key_rows]
+    if not rows:
+        _fail(f"{seed_file}: no result tables found")
+    try:
+        version, run_id = session(ctx).history().add_baseline(release, rows, source=str(seed_file))
+    except HistoryError as exc:
+        _fail(str(exc))
+    typer.echo(f"baseline {release}@v{version} ({run_id}): {len(rows)} rows, {len(tables)} model keys")
 
-    @baseline_app.command("list")
-    def baseline_list(output: Output = output_option()) -> None:
-        """Every baseline version, oldest first."""
-        hist = get_history()
-        items = [{**b, "baseline": f"{b['release']}@v{b['version']}", "rows": hist.row_count(b["run_id"])}
-                 for b in hist.baselines()]
-        if not items and output == Output.table:
-            typer.echo(f"no baselines ({fleetctl('baseline', 'import', 'SEED_FILE', '--release', 'R')})")
-            return
-        emit(items, ["baseline", "run_id", "rows", "source"], output)
+
+def baseline_set(
+    ctx: typer.Context,
+    run: str = typer.Argument(..., help="run whose rows become the baseline"),
+    release: str | None = typer.Option(None, "--release", "-r", help="default: the run's release"),
+) -> None:
+    """Promote a run's results to the next baseline version of its release."""
+    from controller.history import HistoryError
+
+    hist = session(ctx).history()
+    try:
+        info = hist.find_run(run)
+        rows = [r for r in hist.rows(info.run_id) if r.source == "release"]  # not the probe's
+    except HistoryError as exc:
+        _fail(str(exc))
+    rel = release or info.release
+    if not rel:
+        _fail(f"run {info.run_id} has no release; give --release")
+    if not rows:
+        _fail(f"run {info.run_id} has no result rows")
+    version, run_id = hist.add_baseline(rel, rows, source=f"run:{info.run_id}")
+    typer.echo(f"baseline {rel}@v{version} ({run_id}): {len(rows)} rows from run {info.run_id}")
+
+
+def baseline_list(ctx: typer.Context, output: Output = output_option()) -> None:
+    """Every baseline version, oldest first."""
+    hist = session(ctx).read_history()
+    items = [{**b, "baseline": f"{b['release']}@v{b['version']}", "rows": hist.row_count(b["run_id"])}
+             for b in hist.baselines()]
+    if not items and output == Output.table:
+        typer.echo(f"no baselines ({fleetctl('baseline', 'import', 'SEED_FILE', '--release', 'R')})")
+        return
+    emit(items, ["baseline", "run_id", "rows", "source"], output)

@@ -1,4 +1,4 @@
-"""``fleetctl`` verbs about reservations: reserve, reservations, release.
+"""``fleetctl`` verbs about reservations: reserve, reservations, unreserve (was ``release``: ADR 0057).
 
 Each verb parses and prints; :mod:`controller.service.reservations` does the work, imported when the verb runs.
 The caller is the CLI's identity (``$FLEET_USER``, else the OS user).
@@ -57,16 +57,16 @@ def reservations(ctx: typer.Context,
     emit(recs, RESERVATION_COLUMNS, output)
 
 
-def release(ctx: typer.Context,
-            select_: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
-            force: bool = typer.Option(False, "--force", help="others' reservations too")) -> None:
+def unreserve(ctx: typer.Context,
+              select_: str = typer.Option("all", "--devices", "-d", help="'all', names, label=value; comma separated"),
+              force: bool = typer.Option(False, "--force", help="others' reservations too")) -> None:
     """End your reservations of the modules selected (all of yours by default); others' only with --force."""
     from controller.service.reservations import release as do_release
 
     s = session(ctx)
     done = do_release(s, select_, user=s.user, force=force)
     if not done:
-        stdout().print("nothing to release: none of the modules selected is reserved by you", highlight=False)
+        stdout().print("nothing to unreserve: none of the modules selected is reserved by you", highlight=False)
     for r in done:
-        stdout().print(f"{r.module}: released" + (f" (it was {r.user}'s)" if r.user != s.user else ""),
+        stdout().print(f"{r.module}: unreserved" + (f" (it was {r.user}'s)" if r.user != s.user else ""),
                        highlight=False, markup=False)

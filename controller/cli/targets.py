@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from contract.files import write_atomic
+from controller.cli.invocation import session
 
 if TYPE_CHECKING:
     from controller.inventory import Inventory, Module
@@ -43,15 +43,14 @@ def file_sd(inventory: Inventory) -> list[dict[str, Any]]:
     return groups
 
 
-def register(app: typer.Typer, get_inventory: Callable[[], Inventory]) -> None:
-    @app.command("prometheus-targets")
-    def prometheus_targets(
-        out: Path | None = typer.Option(None, "--out",
-                                        help=f"folder to write {TARGETS_FILE} into (atomically); default stdout"),
-    ) -> None:
-        """Prometheus file_sd targets of every module (host:metrics_port, labels module + inventory labels)."""
-        text = json.dumps(file_sd(get_inventory()), indent=2) + "\n"
-        if out is None:
-            sys.stdout.write(text)
-        else:
-            write_atomic(out / TARGETS_FILE, text, mode=0o644)  # readable by Prometheus
+def prometheus_targets(
+    ctx: typer.Context,
+    out: Path | None = typer.Option(None, "--out",
+                                    help=f"folder to write {TARGETS_FILE} into (atomically); default stdout"),
+) -> None:
+    """Prometheus file_sd targets of every module (host:metrics_port, labels module + inventory labels)."""
+    text = json.dumps(file_sd(session(ctx).inventory()), indent=2) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        write_atomic(out / TARGETS_FILE, text, mode=0o644)  # readable by Prometheus

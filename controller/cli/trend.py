@@ -1,7 +1,7 @@
 """``fleetctl trend``: change points across the release history (or of one column of a CSV file).
 
-``controller.cli.app`` calls :func:`register` with its typer app and the function that opens the run
-history for reading. The work is :mod:`controller.report.trend` and
+A module-level verb (:func:`controller.cli.app.build_app` adds it) reading the run history through the
+invocation's session. The work is :mod:`controller.report.trend` and
 :mod:`controller.report.analysis.changepoints`; this file parses and prints.
 """
 
@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
+from controller.cli.invocation import history_given, session
 from controller.cli.output import Output, emit, fail, output_option, stderr, stdout
 from controller.cli.served import SERVICE_HELP, use_service
 
@@ -83,61 +84,55 @@ def from_csv(path: Path, column: str, order_by: str | None, settings: DetectorSe
     return recs, [float(v) for v in values], skipped
 
 
-def register(app: typer.Typer, get_history: Callable[[], History],
-             history_given: Callable[[], bool] = lambda: False) -> None:
-    """Add ``trend`` to ``app``; ``get_history`` opens the run history for reading; ``history_given``: whether
-    ``--history`` named one (it wins over ``FLEET_SERVICE``)."""
+def trend(
+    ctx: typer.Context,
+    models: str = typer.Option("all", "--models", "-m", help="model keys, comma separated, or 'all'"),
+    profile: str | None = typer.Option(None, "--profile", help="only this profile"),
+    metric: str | None = typer.Option(None, "--metric", help="only this metric (e.g. decode_tps)"),
+    devices: str = typer.Option("all", "--devices", "-d", help="'all' or module names, comma separated "
+                                "(per-module series of those; the fleet series are over every module)"),
+    min_magnitude: float = typer.Option(0.03, "--min-magnitude", help="smallest relative change reported"),
+    max_pvalue: float = typer.Option(0.002, "--max-pvalue", help="largest p-value of a change point"),
+    from_csv_file: Path | None = typer.Option(None, "--from-csv", help="a CSV file instead of the history"),
+    column: str | None = typer.Option(None, "--column", help="with --from-csv: the column of values"),
+    order_by: str | None = typer.Option(None, "--order-by", help="with --from-csv: sort the rows by this column"),
+    skip_blanks: bool = typer.Option(False, "--skip-blanks", help="with --from-csv: leave out the rows with a "
+                                     "blank value (said on stderr); without it a blank is refused"),
+    output: Output = output_option(),
+    service: str | None = typer.Option(None, "--service", envvar="FLEET_SERVICE", help=SERVICE_HELP),
+) -> None:
+    """Change points across the releases in the run history (or of one CSV column): table and sparklines."""
+    remote = None if from_csv_file is not None else use_service(ctx, service, history_given(ctx))
+    if remote is not None:
+        from controller.cli import served
 
-    @app.command("trend")
-    def trend_cmd(
-        ctx: typer.Context,
-        models: str = typer.Option("all", "--models", "-m", help="model keys, comma separated, or 'all'"),
-        profile: str | None = typer.Option(None, "--profile", help="only this profile"),
-        metric: str | None = typer.Option(None, "--metric", help="only this metric (e.g. decode_tps)"),
-        devices: str = typer.Option("all", "--devices", "-d", help="'all' or module names, comma separated "
-                                    "(per-module series of those; the fleet series are over every module)"),
-        min_magnitude: float = typer.Option(0.03, "--min-magnitude", help="smallest relative change reported"),
-        max_pvalue: float = typer.Option(0.002, "--max-pvalue", help="largest p-value of a change point"),
-        from_csv_file: Path | None = typer.Option(None, "--from-csv", help="a CSV file instead of the history"),
-        column: str | None = typer.Option(None, "--column", help="with --from-csv: the column of values"),
-        order_by: str | None = typer.Option(None, "--order-by", help="with --from-csv: sort the rows by this column"),
-        skip_blanks: bool = typer.Option(False, "--skip-blanks", help="with --from-csv: leave out the rows with a "
-                                         "blank value (said on stderr); without it a blank is refused"),
-        output: Output = output_option(),
-        service: str | None = typer.Option(None, "--service", envvar="FLEET_SERVICE", help=SERVICE_HELP),
-    ) -> None:
-        """Change points across the releases in the run history (or of one CSV column): table and sparklines."""
-        remote = None if from_csv_file is not None else use_service(ctx, service, history_given())
-        if remote is not None:
-            from controller.cli import served
+        got = served.get(remote, "/trend", {"models": models, "profile": profile, "metric": metric,
+                                            "devices": devices, "min_magnitude": min_magnitude,
+                                            "max_pvalue": max_pvalue})
+        _print_trend(json.loads(got.body), got.releases, output, got.reach)
+        return
+    from controller.report.trend import settings_of  # pandas: only when the command runs
 
-            got = served.get(remote, "/trend", {"models": models, "profile": profile, "metric": metric,
-                                                "devices": devices, "min_magnitude": min_magnitude,
-                                                "max_pvalue": max_pvalue})
-            _print_trend(json.loads(got.body), got.releases, output, got.reach)
-            return
-        from controller.report.trend import settings_of  # pandas: only when the command runs
-
-        settings = settings_of(min_magnitude, max_pvalue)
-        if from_csv_file is not None:
-            if not column:
-                raise fail("--from-csv needs --column")
-            recs, values, skipped = from_csv(from_csv_file, column, order_by, settings, skip_blanks=skip_blanks)
-            if skipped:
-                stderr().print(f"{len(skipped)} row{'s' if len(skipped) > 1 else ''} with a blank left out (line"
-                               f"{'s' if len(skipped) > 1 else ''} {', '.join(map(str, skipped[:10]))}"
-                               f"{', ...' if len(skipped) > 10 else ''})", highlight=False)
-            if not recs:
-                _say_none(f"no change points in {len(values)} values of {column!r}", _csv_reach(values, settings),
-                          output)
-                if output == Output.table:
-                    return
-            emit(recs, COLUMNS, output)
+    settings = settings_of(min_magnitude, max_pvalue)
+    if from_csv_file is not None:
+        if not column:
+            raise fail("--from-csv needs --column")
+        recs, values, skipped = from_csv(from_csv_file, column, order_by, settings, skip_blanks=skip_blanks)
+        if skipped:
+            stderr().print(f"{len(skipped)} row{'s' if len(skipped) > 1 else ''} with a blank left out (line"
+                           f"{'s' if len(skipped) > 1 else ''} {', '.join(map(str, skipped[:10]))}"
+                           f"{', ...' if len(skipped) > 10 else ''})", highlight=False)
+        if not recs:
+            _say_none(f"no change points in {len(values)} values of {column!r}", _csv_reach(values, settings),
+                      output)
             if output == Output.table:
-                marks = [r["index"] for r in recs]
-                stdout().print(f"{column}: {sparkline(values, marks[0] if marks else None)}", highlight=False)
-            return
-        _history_trend(get_history(), models, profile, metric, devices, settings, output)
+                return
+        emit(recs, COLUMNS, output)
+        if output == Output.table:
+            marks = [r["index"] for r in recs]
+            stdout().print(f"{column}: {sparkline(values, marks[0] if marks else None)}", highlight=False)
+        return
+    _history_trend(session(ctx).read_history(), models, profile, metric, devices, settings, output)
 
 
 def _history_trend(history: History, models: str, profile: str | None, metric: str | None, devices: str,

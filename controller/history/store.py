@@ -91,7 +91,7 @@ class History(HistoryQueries, BrowseQueries, ColumnReads, WebhookOutbox, TrendFi
             c.execute("UPDATE runs SET started_by=? WHERE run_id=? AND started_by=''", (user, run_id))
 
     def set_run_note(self, run_id: str, note: str) -> None:
-        """The run's note (e.g. the comparison a run of ``fleetctl compare-releases`` belongs to)."""
+        """The run's note (e.g. the comparison a run of ``fleetctl ab`` belongs to)."""
         with self.tx() as c:
             c.execute("UPDATE runs SET note=? WHERE run_id=?", (note, run_id))
 

@@ -316,7 +316,7 @@ class PairedChange(_Frozen):
 
 
 class PairedReport(_Frozen):
-    """The verdict of ``fleetctl compare-releases A B``: every key-level change, the regressions among them."""
+    """The verdict of ``fleetctl ab A B``: every key-level change, the regressions among them."""
 
     release_a: str
     release_b: str

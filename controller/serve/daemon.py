@@ -108,7 +108,7 @@ class ReportPreparer:
 
 
 def golden(s: Session, run_id: str, warn: Callable[[str], None]) -> None:
-    """A golden check that just ended (scheduled, or one a ``fleetctl devices check --golden`` no longer
+    """A golden check that just ended (scheduled, or one a ``fleetctl golden`` no longer
     follows) judged against each module's golden history; a drift is recorded once whoever judges it."""
     from controller.service.golden import judge_golden
     from controller.service.golden_schedule import is_golden
@@ -117,7 +117,7 @@ def golden(s: Session, run_id: str, warn: Callable[[str], None]) -> None:
         if not is_golden(s.history().find_run(run_id)):
             return
         res = judge_golden(s, run_id, s.settings.golden_tolerance)
-    except Exception as exc:  # the check's run is in the history; judging it again is a devices check away
+    except Exception as exc:  # the check's run is in the history; judging it again is a ``fleetctl golden`` away
         warn(f"golden check {run_id} ended, but it could not be judged: {exc}")
         return
     for c in res.checks:

@@ -1,9 +1,9 @@
-"""``fleetctl compare-releases A B``: two releases validated alternately on the same modules, then the paired verdict.
+"""``fleetctl ab A B``: two releases validated alternately on the same modules, then the paired verdict.
 
 :func:`plan_rounds` (pure) orders the runs: A B B A per round. :func:`compare_releases` checks both requests first
 (nothing is dispatched when either is refused), then dispatches each run through :func:`.lifecycle.validate`, as
 ``fleetctl validate`` does, waits for it (the caller's ``wait``: the CLI follows it live), and marks it in the run
-history (its note: ``compare-releases A vs B: round r, release A``; its kind stays ``run``, so that sync, status
+history (its note: ``A/B test A vs B: round r, release A``; its kind stays ``run``, so that sync, status
 and the reports treat it as any run). :func:`paired_verdict` reads the runs' rows and judges them
 (:mod:`controller.report.analysis.paired`).
 """
@@ -46,7 +46,7 @@ def plan_rounds(rounds: int) -> tuple[Slot, ...]:
 def run_note(release_a: str, release_b: str, slot: Slot, rounds: int) -> str:
     """What the run history says of a run of the comparison (its ``note``)."""
     version = release_a if slot.arm == "A" else release_b
-    return (f"compare-releases {release_a} vs {release_b}: round {slot.round + 1} of {rounds}, "
+    return (f"A/B test {release_a} vs {release_b}: round {slot.round + 1} of {rounds}, "
             f"release {slot.arm} ({version})")
 
 
@@ -59,7 +59,7 @@ def compare_releases(s: Session, a: ValidateRequest, b: ValidateRequest, rounds:
     if tolerance is not None and not 0 < tolerance < 1:
         raise BadRequest(f"--tolerance {tolerance}: give a fraction between 0 and 1 (0.01 = 1 %)")
     if a.run_id or b.run_id or a.resume or b.resume:
-        raise BadRequest("compare-releases names its own runs: no run id, no resume")
+        raise BadRequest("an A/B test names its own runs: no run id, no resume")
     version_a, mods_a, _ = prepare(s, a)
     version_b, mods_b, _ = prepare(s, b)
     if [m.name for m in mods_a] != [m.name for m in mods_b]:

@@ -1,4 +1,4 @@
-"""Health checks with a golden release: ``fleetctl devices check --golden REL``.
+"""Health checks with a golden release: ``fleetctl golden REL``.
 
 A golden release is one known to be good. Its short validation (``--models``, default the first model key) runs on
 the chosen modules; each module's figures are compared with **its own** earlier golden checks of the same release
@@ -91,7 +91,7 @@ def judge_golden(s: Session, run_id: str, tolerance: float) -> GoldenResult:
         drifted = drifted_runs(h.module_events(m))  # a check the module failed is not its golden figure
         prev = [r.run_id for r in earlier if r.run_id in have and r.run_id not in drifted][:HISTORY_RUNS]
         checks.append(_judge_module(mine, m, run_id, prev, tolerance))
-    for c in checks:  # once: fleetctl serve judges a check that a devices check --golden judges too
+    for c in checks:  # once: fleetctl serve judges a check that fleetctl golden judges too
         if c.status == "drifted" and run_id not in drifted_runs(h.module_events(c.module)):
             h.add_module_event(c.module, f"{GOLDEN_DRIFT_EVENT}: {c.line} (run {run_id})")
     return GoldenResult(run_id, info.release, tuple(checks))

@@ -5,7 +5,7 @@ At low priority: a check is only dispatched to a module that is ``idle`` (a hear
 user (``fleetctl reserve``) and has no run of its own in flight, so it never goes ahead of queued work; work
 dispatched while it runs waits for one short validation (``golden_models``, default qwen3). A module that has no
 golden check yet is due at once under the hours rule (its golden history starts), and after N validations under the
-runs rule. ``serve`` judges the check when it ends, as ``fleetctl devices check --golden`` does
+runs rule. ``serve`` judges the check when it ends, as ``fleetctl golden`` does
 (:func:`controller.service.golden.judge_golden`).
 
 :func:`due` is the planner (pure: runs, states and the clock in, modules out); :func:`run_due` the seam.

@@ -1,4 +1,4 @@
-"""Reservations through the service (``fleetctl reserve``, ``reservations``, ``release``; the API's
+"""Reservations through the service (``fleetctl reserve``, ``reservations``, ``unreserve``; the API's
 ``/api/v1/reservations``): who holds which module until when, on the broker, each reserve and release also an event
 of the module in the run history (``fleetctl describe module`` shows who had it).
 
@@ -86,7 +86,7 @@ def release(s: Session, selector: str = "all", *, user: str = "", force: bool = 
     theirs = {m: r for m, r in current.items() if r.user != who}
     if not force and theirs and len(mods) == 1:
         (m, r), = theirs.items()
-        raise Conflict(f"{m} is {r.line()}: not yours; release it with --force")
+        raise Conflict(f"{m} is {r.line()}: not yours; unreserve it with --force")
     if not mine and len(mods) == 1 and not current:
         raise NotFound(f"{mods[0]} is not reserved")
     def drop() -> None:

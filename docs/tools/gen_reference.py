@@ -233,13 +233,28 @@ def fleetctl_block() -> str:
     import typer
 
     from controller.cli.app import build_app
-    from controller.cli.invocation import Invocation
 
-    inv = Invocation()
-    try:
-        return commands_block(typer.main.get_command(build_app(inv)), "fleetctl")
-    finally:
-        inv.close()
+    root = typer.main.get_command(build_app())
+    verbs, options = surface(root, "fleetctl")
+    count = (f"`fleetctl` has **{verbs} verbs** with **{options} options** (a verb: a command a user runs, a group "
+             "that runs by itself as `devices` does counted too; its options: those its help lists but `--help`, "
+             "the global ones not counted; the hidden old names of renamed verbs not counted either).")
+    return "\n".join([count, "", commands_block(root, "fleetctl")])
+
+
+def surface(root: Any, prog: str) -> tuple[int, int]:
+    """How many verbs a program has and how many options they take, as its help shows them (the surface a user
+    learns: issue 50)."""
+    import typer
+    import typer.core
+
+    verbs = options = 0
+    for cmd, _ in list(_click_tree(root, typer.Context(root, info_name=prog)))[1:]:
+        if isinstance(cmd, typer.core.TyperGroup) and not cmd.invoke_without_command:
+            continue
+        verbs += 1
+        options += sum(1 for p in cmd.params if p.param_type_name == "option" and not p.hidden and p.name != "help")
+    return verbs, options
 
 
 def fleet_agent_block() -> str:

@@ -176,7 +176,7 @@ def test_runs_run_module_release_and_a_run_reaching_its_verdict_live(served, tmp
                 narrow.append(fits_a_phone(page))
                 shoot(page, name, tmp_path)
         finally:
-            lab.fleetctl("release", "--devices", lab.names[1], user="ana")
+            lab.fleetctl("unreserve", "--devices", lab.names[1], user="ana")
         # the report the run's page links to opens (a signed link: no token)
         page.goto(url + f"/ui/runs/{run_id}")
         page.click("#report")

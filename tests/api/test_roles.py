@@ -55,12 +55,14 @@ def app_client(controller: ControllerSettings, tmp_path: Path) -> Iterator:
 
 
 def walked(app) -> Iterator[tuple[str, str, object]]:
-    """(method, path, route) of every route of the app."""
-    for r in app.routes:
-        if isinstance(r, Mount):
+    """(method, path, route) of every route of the app, its included routers' as included."""
+    from fastapi.routing import iter_route_contexts
+
+    for r in iter_route_contexts(app.routes):
+        if isinstance(r.original_route, Mount):
             yield "MOUNT", r.path, r
         else:
-            assert isinstance(r, Route), r
+            assert isinstance(r.original_route, Route), r
             for m in sorted(r.methods or ()):
                 yield m, r.path, r
 
@@ -148,6 +150,36 @@ def test_a_route_without_a_role_is_refused_at_start(controller):
         return {}
 
     assert undeclared(app.routes, _protected) == [f"GET {PREFIX}/forgotten"]
+
+
+def test_a_role_declared_on_a_router_route_is_seen_and_a_missing_one_refused():
+    """The app's routes live on included routers (an included router is one entry of ``app.routes``): the check
+    walks them as included, their prefix applied."""
+    from fastapi import APIRouter, Depends, FastAPI
+
+    from controller.serve.access import RoleCheck, declared, undeclared
+    from controller.serve.routes.common import READ
+
+    router = APIRouter()
+
+    @router.get("/runs", dependencies=[Depends(READ)])
+    def runs() -> list[str]:
+        return []
+
+    @router.post("/runs/{run_id}/cancel")
+    def forgotten(run_id: str, who=Depends(RoleCheck(Role.trigger, others=Role.admin))) -> None:
+        return None
+
+    @router.get("/orphan")
+    def orphan() -> None:
+        return None
+
+    app = FastAPI()
+    app.include_router(router, prefix=PREFIX)
+    assert undeclared(app.routes, _protected) == [f"GET {PREFIX}/orphan"]
+    got = {p: [(c.role, c.others) for c in declared(r)] for m, p, r in walked(app) if _protected(p)}
+    assert got == {f"{PREFIX}/runs": [(Role.read, None)],
+                   f"{PREFIX}/runs/{{run_id}}/cancel": [(Role.trigger, Role.admin)], f"{PREFIX}/orphan": []}
 
 
 def test_runs_and_cancels_record_the_tokens_user(app_client, controller):

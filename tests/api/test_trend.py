@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from controller.cli import trend as trend_cli
 from controller.errors import FleetctlError
 from controller.settings import ControllerSettings
+from tests.support.cli import given_app
 from tests.support.frames import reference  # noqa: F401 - the fixture, registered by name
 from tests.support.http_servers import AUTH, TOKEN, write_tokens
 from tests.support.trend import release_history
@@ -35,10 +34,7 @@ def trended(tmp_path: Path, reference):  # noqa: F811 - the fixture
 
 
 def _cli(h, *args: str) -> list[dict]:
-    app = typer.Typer()
-    trend_cli.register(app, lambda: h)
-    app.command("noop")(lambda: None)
-    res = CliRunner().invoke(app, ["trend", *args, "-o", "json"])
+    res = CliRunner().invoke(given_app(h), ["trend", *args, "-o", "json"])
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
 
@@ -74,10 +70,7 @@ def test_a_profile_without_rows_is_named_not_taken_for_no_change(trended):
     said = "profile '1024:1024': no rows of it in the history of qwen3 (profiles: 1000:1000, 128:128, "
     got = client.get("/api/v1/trend", headers=AUTH, params={"models": "qwen3", "profile": "1024:1024"})
     assert got.status_code == 400 and got.json()["detail"].startswith(said)
-    app = typer.Typer()
-    trend_cli.register(app, lambda: h)
-    app.command("noop")(lambda: None)
-    res = CliRunner().invoke(app, ["trend", "--models", "qwen3", "--profile", "1024:1024"])
+    res = CliRunner().invoke(given_app(h), ["trend", "--models", "qwen3", "--profile", "1024:1024"])
     # fleetctl's main prints a FleetctlError as "fleetctl: error: ..." and exits 2 (tests/cli: the error root)
     assert isinstance(res.exception, FleetctlError) and str(res.exception).startswith(said)
     assert "no change points" not in res.output

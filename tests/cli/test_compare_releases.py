@@ -1,4 +1,4 @@
-"""``fleetctl compare-releases A B``: the run order (A B B A per round), the requests refused before anything is
+"""``fleetctl ab A B``: the run order (A B B A per round), the requests refused before anything is
 dispatched (one line, exit 2), and how the paired verdict reads."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from tests.support.cli import TARBALL, one_line, run_main
 
 
 def test_the_same_release_twice_is_named(tmp_path) -> None:
-    """Issue 51: compare-releases of a tarball with itself (or a copy) says it measures A/A noise."""
-    from controller.cli.runs import same_release
+    """Issue 51: an A/B test (fleetctl ab) of a tarball with itself (or a copy) says it measures A/A noise."""
+    from controller.cli.ab import same_release
     from controller.service import ValidateRequest
 
     one, copy, other = tmp_path / "a.tar.gz", tmp_path / "b.tar.gz", tmp_path / "c.tar.gz"
@@ -46,7 +46,7 @@ def test_the_plan_is_a_b_b_a_per_round() -> None:
     assert "".join(s.arm for s in plan) == "ABBAABBA"
     assert [s.round for s in plan] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert [s.position for s in plan] == list(range(8))
-    assert run_note("1.4.1", "1.4.2", plan[5], 2) == "compare-releases 1.4.1 vs 1.4.2: round 2 of 2, release B (1.4.2)"
+    assert run_note("1.4.1", "1.4.2", plan[5], 2) == "A/B test 1.4.1 vs 1.4.2: round 2 of 2, release B (1.4.2)"
 
 
 @pytest.mark.parametrize("rounds", [0, 21])
@@ -60,14 +60,14 @@ def test_a_round_count_out_of_range_is_refused(rounds: int) -> None:
     (["--tolerance", "2"], "--tolerance 2.0: give a fraction between 0 and 1 (0.01 = 1 %)"),
 ])
 def test_a_bad_option_is_one_line_and_nothing_runs(env, capsys, args, says) -> None:
-    code, _, err = run_main(capsys, "compare-releases", TARBALL, TARBALL, "--devices", "all", *args)
+    code, _, err = run_main(capsys, "ab", TARBALL, TARBALL, "--devices", "all", *args)
     assert code == 2 and one_line(err) == f"fleetctl: error: {says}"
     assert not (env / "history.sqlite").exists()
 
 
 def test_a_missing_release_b_is_refused_before_release_a_runs(env, capsys) -> None:
     missing = "SGLang-MUSA-M1000-M1000_1.4.2_sglang.tar.gz"
-    code, _, err = run_main(capsys, "compare-releases", TARBALL, missing, "--devices", "all")
+    code, _, err = run_main(capsys, "ab", TARBALL, missing, "--devices", "all")
     assert code == 2 and one_line(err) == f"fleetctl: error: {missing}: no such release tarball"
 
 
@@ -84,3 +84,13 @@ def test_the_verdict_line_names_the_regression_with_its_interval_and_the_detecta
     assert recs.loc[("qwen35", "decode_tps"), "status"] == "regressed"
     assert recs.loc[("qwen35", "tpot_ms"), "status"] == "regressed"  # in the table; folded out of the findings
     assert recs.loc[("qwen3", "decode_tps"), "status"] == "within tolerance"
+
+
+def test_the_old_name_compare_releases_runs_ab_with_a_note(env, capsys) -> None:
+    """Issue 50: ``compare-releases`` (runs two releases) beside ``compare`` (reads two runs) is ``ab``; the old
+    name is kept hidden for one release: the note, then the verb itself (here refusing a missing release)."""
+    missing = "SGLang-MUSA-M1000-M1000_1.4.2_sglang.tar.gz"
+    code, _, err = run_main(capsys, "compare-releases", TARBALL, missing, "--devices", "all")
+    assert code == 2 and err.splitlines() == [
+        "fleetctl: note: 'fleetctl compare-releases' is now 'fleetctl ab'; the old name goes in the next release",
+        f"fleetctl: error: {missing}: no such release tarball"]

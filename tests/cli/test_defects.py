@@ -150,9 +150,9 @@ def test_help_of_every_command_keeps_bracketed_words(env, capsys, program):
     from typer.main import get_command
 
     if program == "fleetctl":
-        from controller.cli.app import Invocation, build_app
+        from controller.cli.app import build_app
 
-        top = get_command(build_app(Invocation()))
+        top = get_command(build_app())
     else:
         from agent.cli import app
 

@@ -1,4 +1,4 @@
-"""``fleetctl reserve``, ``reservations``, ``release`` on the embedded broker: who may take and end what, in one
+"""``fleetctl reserve``, ``reservations``, ``unreserve`` on the embedded broker: who may take and end what, in one
 line each, and every reserve and release an event of the module."""
 
 from __future__ import annotations
@@ -40,21 +40,21 @@ def test_reserve_refuse_renew_and_release(env: Path, monkeypatch: pytest.MonkeyP
     code, _, err = as_user(monkeypatch, capsys, "bob", "reserve", "-d", "m1,m2", "--for", "1h")
     assert (code, one_line(err)) == (2, f"fleetctl: error: m1 is reserved by alice until {until} (fw): not reserved")
     assert [r["module"] for r in held(monkeypatch, capsys)] == ["m1"]  # m2 not taken either: whole or nothing
-    code, _, err = as_user(monkeypatch, capsys, "bob", "release", "-d", "m1")
+    code, _, err = as_user(monkeypatch, capsys, "bob", "unreserve", "-d", "m1")
     assert (code, one_line(err)) == (2, f"fleetctl: error: m1 is reserved by alice until {until} (fw): not yours; "
-                                        "release it with --force")
-    code, out, _ = as_user(monkeypatch, capsys, "bob", "release")
-    assert (code, out) == (0, "nothing to release: none of the modules selected is reserved by you\n")
+                                        "unreserve it with --force")
+    code, out, _ = as_user(monkeypatch, capsys, "bob", "unreserve")
+    assert (code, out) == (0, "nothing to unreserve: none of the modules selected is reserved by you\n")
 
     code, _, err = as_user(monkeypatch, capsys, "alice", "reserve", "-d", "m1", "--for", "30m")  # renewed
     assert code == 0, err
     (again,) = held(monkeypatch, capsys)
     assert (again["id"], again["reason"], 1790 < again["left_s"] <= 1800) == (first["id"], "fw", True)
 
-    code, out, err = as_user(monkeypatch, capsys, "bob", "release", "-d", "m1", "--force")
-    assert (code, out) == (0, "m1: released (it was alice's)\n"), err
+    code, out, err = as_user(monkeypatch, capsys, "bob", "unreserve", "-d", "m1", "--force")
+    assert (code, out) == (0, "m1: unreserved (it was alice's)\n"), err
     assert held(monkeypatch, capsys) == []
-    code, _, err = as_user(monkeypatch, capsys, "bob", "release", "-d", "m1")
+    code, _, err = as_user(monkeypatch, capsys, "bob", "unreserve", "-d", "m1")
     assert (code, one_line(err)) == (2, "fleetctl: error: m1 is not reserved")
     code, _, err = as_user(monkeypatch, capsys, "bob", "reserve", "-d", "m1", "--for", "2")
     assert (code, one_line(err)) == (2, "fleetctl: error: duration '2': give a number and a unit s, m, h or d "
@@ -68,3 +68,19 @@ def test_reserve_refuse_renew_and_release(env: Path, monkeypatch: pytest.MonkeyP
         assert h.module_events("m2") == []
     finally:
         h.close()
+
+
+def test_the_old_name_release_still_unreserves_with_a_note(env: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 50: ``fleetctl release`` (a reservation's end, in a tool whose noun is a release) is ``unreserve``;
+    the old name is kept hidden for one release, saying so in one line on stderr."""
+    (env / "inv.toml").write_text(INV)
+    assert as_user(monkeypatch, capsys, "alice", "reserve", "-d", "m1", "--for", "1h")[0] == 0
+    code, out, err = as_user(monkeypatch, capsys, "alice", "release", "-d", "m1")
+    assert (code, out) == (0, "m1: unreserved\n"), err
+    assert one_line(err) == "fleetctl: note: 'fleetctl release' is now 'fleetctl unreserve'; the old name goes in " \
+                            "the next release"
+    assert held(monkeypatch, capsys) == []
+    code, out, _ = run_main(capsys, "--help")
+    verbs = [line.split()[0] for line in out.split("Commands:", 1)[1].splitlines() if line.startswith("  ")]
+    assert "unreserve" in verbs and "release" not in verbs

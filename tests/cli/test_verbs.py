@@ -84,7 +84,7 @@ def test_short_flags_have_one_meaning():
     """Every short flag means one thing on every verb (walks the whole command tree)."""
     from typer.main import get_command
 
-    from controller.cli.app import Invocation, build_app
+    from controller.cli.app import build_app
 
     meanings: dict[str, set[str]] = {}
 
@@ -96,7 +96,7 @@ def test_short_flags_have_one_meaning():
         for sub in getattr(cmd, "commands", {}).values():
             walk(sub)
 
-    walk(get_command(build_app(Invocation())))
+    walk(get_command(build_app()))
     clash = {k: v for k, v in meanings.items() if len(v) > 1}
     assert clash == {}
     assert meanings["-o"] == {"--output"} and meanings["-d"] == {"--devices"} and meanings["-i"] == {"--inventory"}

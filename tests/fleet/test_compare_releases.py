@@ -1,4 +1,4 @@
-"""``fleetctl compare-releases A B`` on real workers (embedded broker): two simulator releases, B with a planted
+"""``fleetctl ab A B`` on real workers (embedded broker): two simulator releases, B with a planted
 decode regression, run A B B A on 2 modules; the paired verdict names the regression and the runs are in the
 history, marked as the comparison's."""
 
@@ -28,7 +28,7 @@ def test_compare_releases_names_a_planted_decode_regression_on_two_modules(tmp_p
     lab = make_lab(tmp_path / "lab", ("filesystem://", None), 2)
     lab.start()
     try:
-        r = lab.fleetctl("compare-releases", str(a.path), str(b.path), "--devices", "all", "--models", "qwen3",
+        r = lab.fleetctl("ab", str(a.path), str(b.path), "--devices", "all", "--models", "qwen3",
                          "--tolerance", "0.03", "-o", "json", timeout=600)
         assert r.returncode == 1, r.stderr
         rep = json.loads(r.stdout)
@@ -40,7 +40,7 @@ def test_compare_releases_names_a_planted_decode_regression_on_two_modules(tmp_p
         h = History(lab.settings.history_path)
         runs = sorted(h.runs(), key=lambda x: x.created_at)
         assert [x.release for x in runs] == ["1.4.1", "1.4.2", "1.4.2", "1.4.1"]
-        assert [x.note for x in runs] == [f"compare-releases 1.4.1 vs 1.4.2: round 1 of 1, release {arm} ({v})"
+        assert [x.note for x in runs] == [f"A/B test 1.4.1 vs 1.4.2: round 1 of 1, release {arm} ({v})"
                                           for arm, v in (("A", "1.4.1"), ("B", "1.4.2"), ("B", "1.4.2"),
                                                          ("A", "1.4.1"))]
         assert leftovers(lab) == []
@@ -64,7 +64,7 @@ def test_ctrl_c_stops_the_comparison_and_says_the_run_goes_on(tmp_path: Path):
         exe = Path(sys.executable).parent / "fleetctl"
         # SIGINT as a terminal gives it: a test run in the background of a shell inherits SIGINT ignored, and so
         # would fleetctl (it keeps an ignored SIGINT ignored, as nohup asks)
-        proc = subprocess.Popen([str(exe), "compare-releases", str(a.path), str(b.path), "--devices", "all",
+        proc = subprocess.Popen([str(exe), "ab", str(a.path), str(b.path), "--devices", "all",
                                  "--models", "qwen3"], env=lab.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 60

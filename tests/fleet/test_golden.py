@@ -1,4 +1,4 @@
-"""``fleetctl devices check --golden REL`` on real workers: the first check starts each module's golden history,
+"""``fleetctl golden REL`` on real workers: the first check starts each module's golden history,
 the second finds both within tolerance; a module whose speed then drifts (its simulated device 12 % slower at
 decode) is named drifted, goes ``bad``, takes no work (a validation refuses it), and the report of a run says the
 module drifted; ``fleetctl devices reset`` gives it work again."""
@@ -24,7 +24,7 @@ def test_a_drifted_module_goes_bad_takes_no_work_and_is_reset(tmp_path: Path):
     lab.start()
 
     def check() -> tuple[int, dict]:
-        r = lab.fleetctl("devices", "check", "--golden", str(rel.path), "-o", "json", timeout=300)
+        r = lab.fleetctl("golden", str(rel.path), "-o", "json", timeout=300)
         assert r.returncode in (0, 1), r.stderr
         return r.returncode, json.loads(r.stdout)
 

@@ -62,7 +62,7 @@ def test_serve_schedules_golden_checks_after_validations_and_a_drifted_module_go
         r = lab.fleetctl("reserve", "--devices", "sim-01", "--for", "1h", user="carol")
         assert r.returncode == 0, r.stderr
         assert "golden check" not in serve_once()  # due, but reserved: no check goes there
-        assert lab.fleetctl("release", user="carol").returncode == 0
+        assert lab.fleetctl("unreserve", user="carol").returncode == 0
         first = scheduled_check("sim-01")  # sim-02 ran no validation: not due
         h = History(lab.settings.history_path)
         assert h.find_run(first).note == "golden check 1.4.1" and h.find_run(first).modules == ("sim-01",)

@@ -13,11 +13,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from controller.cli import trend as trend_cli
 from controller.history import History
 from controller.report.analysis.changepoints import DetectorSettings, analyse_series, detect
 from controller.report.synth import fleet, planted_series
 from controller.report.trend import TrendError, release_order
+from tests.support.cli import given_app
 from tests.support.frames import frame_to_rows
 
 
@@ -66,10 +66,7 @@ def test_bad_setting_is_refused():
 
 
 def _app(history: History) -> typer.Typer:
-    a = typer.Typer()
-    trend_cli.register(a, lambda: history)
-    a.command("noop")(lambda: None)  # a group, so "trend" is a subcommand as in fleetctl
-    return a
+    return given_app(history)
 
 
 def _history(path: Path, reference: pd.DataFrame, **change) -> History:

@@ -16,15 +16,14 @@ from controller.history import History
 from controller.report import build_report, compare_runs
 from controller.report.render import verdict_line
 from controller.report.synth import fleet
+from tests.support.cli import given_app
 from tests.support.frames import frame_to_rows
 
 MODULES = [f"m{i:02d}" for i in range(6)]
 
 
 def _app(history: History) -> typer.Typer:
-    a = typer.Typer()
-    report_cli.register(a, lambda: history)
-    return a
+    return given_app(history)
 
 
 def _store(history: History, df: pd.DataFrame, run_id: str, release: str, keys: list[str]) -> None:

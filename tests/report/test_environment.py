@@ -11,12 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from contract.fingerprint import EnvFingerprint
 from contract.records import RunProgress
-from controller.cli import report as report_cli
 from controller.history import ROW_FIELDS, History
 from controller.report import build_report, compare_runs
 from controller.report.environment import EnvironmentRefused, digests_of, fleet_odd
@@ -24,6 +22,8 @@ from controller.report.load import as_read
 from controller.report.render import to_json, to_markdown
 from controller.report.render.html import to_html
 from controller.report.synth import fleet
+from controller.settings import ControllerSettings
+from tests.support.cli import given_app
 from tests.support.frames import frame_to_rows
 
 MODULES = [f"m{i:02d}" for i in range(6)]
@@ -140,8 +140,7 @@ def test_the_setting_refuses_a_baseline_of_another_environment(history: History,
 @pytest.mark.parametrize("same", [True, False])
 def test_fleetctl_report_refuses_in_one_line_or_warns(history: History, reference, same: bool) -> None:
     _changed_since_baseline(history, reference)
-    app = typer.Typer()
-    report_cli.register(app, lambda: history, same_environment=lambda: same)
+    app = given_app(history, settings=ControllerSettings(baseline_same_environment=same))
     res = CliRunner().invoke(app, ["report", "run-2", "--baseline", "1.4.1", "-o", "json"])
     if same:
         assert res.exit_code == 2 and res.stderr.strip().splitlines() == [f"fleetctl: error: {WHY}"]

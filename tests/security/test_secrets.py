@@ -7,15 +7,14 @@ from pathlib import Path
 
 import paramiko
 import pytest
-import typer
 import yaml
 from typer.testing import CliRunner
 
 from contract.settings import BrokerSettings
-from controller.cli.deploy import register
 from controller.inventory import Inventory, Module
 from controller.remote import deploy as dep
 from controller.remote import ssh
+from tests.support.cli import given_app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,13 +75,9 @@ def test_module_credentials_give_each_agent_its_own_user(tmp_path):
 
 
 def test_fleetctl_deploy_refuses_a_password_on_the_command_line(tmp_path):
-    app = typer.Typer()
-    devices = typer.Typer()
-    app.add_typer(devices, name="devices")
     kh = tmp_path / "known_hosts"
     kh.write_text("")
-    register(app, devices, lambda: Inventory(modules=(module(),)),
-             lambda: BrokerSettings(broker_url="redis://10.0.0.1/0"), lambda: pytest.fail("no session needed"))
+    app = given_app(inventory=Inventory(modules=(module(),)), settings=BrokerSettings(broker_url="redis://10.0.0.1/0"))
     res = CliRunner().invoke(app, ["deploy", "--known-hosts", str(kh), "--broker-url", "redis://u:hunter2@h:6379/0"])
     assert res.exit_code == 2
     assert "--broker-url carries a password" in res.output and "hunter2" not in res.output

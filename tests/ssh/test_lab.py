@@ -22,12 +22,12 @@ import typer
 from typer.testing import CliRunner
 
 from contract.files import sha256_file
-from controller.cli.deploy import register
 from controller.inventory import Inventory, Module
 from controller.remote import deploy as dep
 from controller.remote.push import PushResult, push_release
 from controller.settings import ControllerSettings
 from tests.ssh.netns import Lab
+from tests.support.cli import given_app
 from tests.support.ssh import REDIS_PASSWORD, CachedWheelhouse, lab_modules
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
@@ -36,11 +36,7 @@ NASTY = "/data/models; $(touch /tmp/f7-pwned) `touch /tmp/f7-pwned2` 'q\" & |x"
 
 
 def cli(mods: list[Module], settings: ControllerSettings) -> typer.Typer:
-    app = typer.Typer()
-    devices = typer.Typer()
-    app.add_typer(devices, name="devices")
-    register(app, devices, lambda: Inventory(modules=tuple(mods)), lambda: settings)
-    return app
+    return given_app(inventory=Inventory(modules=tuple(mods)), settings=settings)
 
 
 def trust(lab: Lab) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,3 +85,45 @@ def fill(h: History, seed_rows: list, *, state: str = "running") -> None:
                    release="1.4.1")
         finished_run(h, run_id, modules=MODULES, state=state, release="1.4.1", models=keys)
         h.upsert_rows(frame_to_rows(df))
+
+
+class GivenSession:
+    """The parts of a :class:`controller.service.Session` a verb reads, given: a fake at the CLI's seam (the
+    session), for a verb run on a history or inventory a test made. Closing it closes nothing of theirs."""
+
+    def __init__(self, history: History | None = None, inventory: Any = None, settings: Any = None) -> None:
+        self._history, self._inventory, self._settings = history, inventory, settings
+
+    @property
+    def settings(self) -> Any:
+        if self._settings is None:
+            from controller.settings import ControllerSettings
+
+            self._settings = ControllerSettings()
+        return self._settings
+
+    def read_history(self) -> History:
+        assert self._history is not None, "this verb reads the run history: give one"
+        return self._history
+
+    history = read_history
+
+    def inventory(self) -> Any:
+        assert self._inventory is not None, "this verb reads the inventory: give one"
+        return self._inventory
+
+    def close(self) -> None:
+        pass
+
+
+def given_app(history: History | None = None, *, inventory: Any = None, settings: Any = None) -> Any:
+    """fleetctl's command tree (:func:`controller.cli.app.build_app`) whose verbs read the parts given (a
+    :class:`GivenSession`): ``CliRunner().invoke(given_app(h), ["report", ...])`` runs the verb as fleetctl does."""
+    from controller.cli.app import build_app
+    from controller.cli.invocation import Invocation
+
+    inv = Invocation()
+    inv._session = GivenSession(history, inventory, settings)  # type: ignore[assignment]
+    app = build_app()
+    app.info.context_settings = {**(app.info.context_settings or {}), "obj": inv}
+    return app

@@ -29,7 +29,7 @@ INTERNAL: dict[str, str] = {
     "controller.cli.demo.DemoStopped": (
         "a stop signal's way out of the demo, as KeyboardInterrupt (a BaseException): run_demo catches it, stops the "
         "simulated fleet and returns 128 + the signal's number"),
-    "controller.serve.pages.PageError": (
+    "controller.serve.pages.view.PageError": (
         "the run browser's way to answer a status as a page (its own exception handler renders it); the user errors "
         "it stands for are FleetctlErrors raised first (a filter: FilterError) or the API's refusals"),
     "controller.serve.pages.auth.LoginNeeded": (
@@ -164,7 +164,7 @@ def test_an_instance_may_carry_its_own_codes(monkeypatch, capsys):
     class Odd(FleetctlError):
         exit_code = 3
 
-    def raiser(_inv: object) -> object:
+    def raiser() -> object:
         def call(**_kw: object) -> None:
             raise Odd("odd input")
         return call

@@ -1,4 +1,4 @@
-"""How the paired verdict of ``fleetctl compare-releases`` reads: a verdict line, a table's records, JSON."""
+"""How the paired verdict of ``fleetctl ab`` reads: a verdict line, a table's records, JSON."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def tolerances(rep: PairedReport) -> str:
 def more_pairs(rounds: int, mdc: float, tolerance: float, most: int = 20) -> str:
     """What would make a change of ``tolerance`` detectable where ``mdc`` is: the detectable change falls with the
     square root of the pairs, so about ``rounds * (mdc / tolerance)**2`` rounds on these modules; beyond ``most``
-    rounds (compare-releases' limit), more modules."""
+    rounds (fleetctl ab's limit), more modules."""
     need = math.ceil(rounds * (mdc / tolerance) ** 2)
     if need <= most:
         return f"to detect {mag(tolerance)}: about --rounds {need}, or more modules"

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
 from fastapi import HTTPException, Request
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, RouteContext
 
-from controller.serve.access import declared_of, refusal, undeclared
-from controller.serve.tokens import Identity, Role, Tokens
+from controller.serve.access import declared_of, refusal, tokens_of, undeclared
+from controller.serve.tokens import Identity, Role
 from controller.serve.wire import PAGES
 
 COOKIE = "fleet_ui"
@@ -63,12 +63,11 @@ class PageRole:
     :class:`LoginNeeded` (no or a stale cookie) or 403 naming both roles (:func:`controller.serve.access.refusal`)."""
 
     role: Role
-    tokens: Tokens
     others: Role | None = None
 
     def __call__(self, request: Request) -> Identity:
         token = request.cookies.get(COOKIE)
-        who = self.tokens.identify(token) if token else None
+        who = tokens_of(request).identify(token) if token else None
         if who is None:
             raise LoginNeeded(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
         if request.method == "POST" and not same_origin(request):
@@ -78,7 +77,7 @@ class PageRole:
         return who
 
 
-def page_roles(route: APIRoute) -> list[PageRole]:
+def page_roles(route: APIRoute | RouteContext) -> list[PageRole]:
     """The page roles ``route`` declares (the tests walk every page route with each role)."""
     return declared_of(route, PageRole)
 
