@@ -6,7 +6,7 @@ distributions from ``scipy.special`` in :mod:`.nulls`),
 :mod:`.outliers`, :mod:`.compare` (against the baseline / previous run), :mod:`.probe` (the
 release against the agent's probe), :mod:`.summary`, :mod:`.verdict` (the regression policy,
 in one file of plain code), :mod:`.build` (:func:`analyse`: the steps in order) and :mod:`.paired`
-(two releases run A B B A on the same modules: ``fleetctl compare-releases``).
+(two releases run A B B A on the same modules: ``fleetctl ab``).
 """
 
 from __future__ import annotations
