@@ -152,6 +152,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         from controller.history import HistoryError
         from controller.inventory import InventoryError
         from controller.remote.push import PushError, push_release
+        from controller.service.releases import KEEP_RELEASES
 
         out, _ = _consoles()
 
@@ -165,7 +166,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
             with service.Session(settings) as s:  # the releases runs may still read stay on the modules
                 keep = service.releases_in_use(s)
             results = push_release(mods, tarball, digest, known_hosts=kh, identity=key, max_parallel=parallel,
-                                   keep_newest=settings.keep_releases, keep=keep)
+                                   keep_newest=KEEP_RELEASES, keep=keep)
         except (InventoryError, _settings_error(), PushError, ValueError, HistoryError) as exc:
             raise _fail(str(exc)) from None
         t = Table("module", "result", "bytes sent", "time", "MB/s", "remote path / error")
@@ -177,7 +178,7 @@ def register(app: typer.Typer, devices_app: typer.Typer, get_inventory: Callable
         for r in results.values():
             if r.pruned:
                 out.print(f"{r.module}: removed {len(r.pruned)} release(s) pushed there before (kept: the "
-                          f"{settings.keep_releases} pushed last and those of runs not ended): "
+                          f"{KEEP_RELEASES} pushed last and those of runs not ended): "
                           f"{', '.join(x[:16] for x in r.pruned)}", highlight=False)
         if any(r.error for r in results.values()):
             raise typer.Exit(1)

@@ -3,7 +3,7 @@
 Every route is a thin shell over :mod:`controller.service`, like the CLI verbs. Every route
 under ``/api/v1`` but the schema needs ``Authorization: Bearer <token>`` with a token from the
 tokens file (compared in constant time; tokens are never logged), checked before the body is
-read; bodies are bounded (``api_max_body_bytes``) and so is every field (:mod:`controller.serve.guard`).
+read; bodies are bounded (``MAX_BODY_BYTES``) and so is every field (:mod:`controller.serve.guard`).
 Outside ``/api/v1``: Swagger UI at ``/docs``, from the files ``fastapi-offline`` ships (no CDN: labs
 are offline; the page needs no token, the calls its "Try it out" makes do: its Authorize button
 keeps one in the page's memory, never stored) and the signed, expiring links to a run's
@@ -189,7 +189,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "no token, or a wrong one"},
     403: {"model": Problem, "description": "the token's user lacks the role the route needs (both named)"},
     404: {"model": Problem, "description": "no such run"},
-    413: {"model": Problem, "description": "request body larger than api_max_body_bytes"},
+    413: {"model": Problem, "description": "request body larger than 64 KiB"},
     422: {"model": Problem, "description": "a field out of bounds or of the wrong type (the field named)"},
     503: {"model": Problem, "description": "broker or run history unreachable (which, and since when)"},
 }
@@ -261,7 +261,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
                          static_url=f"{DOCS_PATH}/static",
                          swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": False},
                          description="Validate SGLang-MUSA releases on a fleet of M1000 modules (for CI systems).")
-    from controller.serve.guard import Guard
+    from controller.serve.guard import MAX_BODY_BYTES, Guard
 
     link_secret = links.load_secret(settings.data_dir)
     if health is not None:  # its gate inside the token check below (added later: the outer one)
@@ -269,7 +269,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
 
     # the token and the body's size, checked before the body is read (the dependency below stays, for the schema)
     app.add_middleware(Guard, check_token=tokens.check, protected=_protected,  # type: ignore[arg-type]
-                       max_body=settings.api_max_body_bytes)
+                       max_body=MAX_BODY_BYTES)
 
     # the role each route needs (its token checked again there, to know whose it is): read, trigger, admin
     reader = RoleCheck(Role.read, tokens)
