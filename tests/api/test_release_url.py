@@ -91,6 +91,7 @@ def test_unusable_release_urls_are_422_in_one_line_and_leave_nothing(controller,
         code, detail = post(ok)
         assert code == 422 and f"{len((controller.inventory.parent / TARBALL).read_bytes())} bytes, more than" \
             in detail, detail
+    monkeypatch.undo()  # the default limit again
     with api(controller, tmp_path) as c:
         post_ok = lambda **b: c.post("/api/v1/runs", headers=AUTH, json={"models": ["qwen3"], **b})  # noqa: E731
         r = post_ok(release=f"{served.url}/{TARBALL}", sha256="0" * 64)
