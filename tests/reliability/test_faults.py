@@ -43,8 +43,9 @@ def test_worker_sigkill_and_restart(bench_factory, broker, release, down_for):
 
 
 def test_sigterm_mid_run_interrupts_cleanly_and_resumes(bench_factory, broker, release):
-    """SIGTERM (systemctl stop, a deploy's restart): the run stops cleanly within STOP_GRACE (15 s) + a few
-    seconds, publishes `interrupted`, and resumes from its passed keys when the agent is back."""
+    """SIGTERM (systemctl stop, a deploy's restart): the run stops cleanly within seconds (the release's processes end
+    on SIGTERM, before the 15 s grace to SIGKILL), publishes `interrupted`, and resumes from its passed keys when the
+    agent is back."""
     b = bench_factory(broker)
     b.lab.start()
     run_id = b.validate(release)
