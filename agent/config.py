@@ -2,38 +2,66 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
 
 from agent.kernel_cache import KernelCacheConfig
+from agent.settings import AgentSettings
 from agent.telemetry import TelemetryConfig
 
-if TYPE_CHECKING:
-    from agent.settings import AgentSettings
+# What were [agent] settings until issue 50 (ADR 0058): the defaults of the fields below, set on an AgentConfig
+# by the tests and benches that need another value.
+STOP_GRACE = 15.0  # SIGTERM to SIGKILL of a release process group, s
+KEEP_RELEASES = 3  # unpacked releases (and their kernel caches) kept under <workdir>/releases, this run's included
+UNPACK_MAX_MEMBERS = 100_000  # a release has a few thousand
+UNPACK_MAX_NAME_BYTES = 1024  # a member's path or link target, bytes
+PROBE_REQUESTS = 5  # measured probe requests per profile
+PROBE_TOLERANCE = 0.02  # the least relative difference of release and probe that can flag a row
+PROBE_SWEEP_BUDGET = 300.0  # wall seconds of one key's SLO sweep
+
+
+def _setting(name: str) -> Any:
+    """The field of :class:`AgentSettings` ``name``, for the field of the same name here: one default, one bound,
+    one description."""
+    field: FieldInfo = copy.copy(AgentSettings.model_fields[name])
+    return field
+
+
+def _profiles(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+# the fields of AgentConfig that are the agent's settings, as they are
+MIRRORED = ("server_port", "probe", "probe_sweep_slo")
 
 
 class AgentConfig(BaseModel):
-    """How this module runs a validation (frozen; pass it, never read globals)."""
+    """How this module runs a validation (frozen; pass it, never read globals). The fields that are [agent]
+    settings take their default, bounds and meaning from :class:`AgentSettings` (:data:`MIRRORED`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     module: str
     workdir: Path
     server_host: str = "127.0.0.1"
-    server_port: int = Field(default=30000, ge=1, le=65535)
+    server_port: int = _setting("server_port")
     fetch_timeout: float = Field(default=1800.0, gt=0, description="sha256 of the tarball, s")
     unpack_timeout: float = Field(default=1800.0, gt=0)
-    keep_releases: int = Field(default=3, ge=1, description="unpacked releases kept, the newest used (this one too)")
-    unpack_max_members: int = Field(default=100_000, ge=1, description="members of a tarball, at most")
-    unpack_max_name_bytes: int = Field(default=1024, ge=1, le=4096, description="a member's path, at most, bytes")
+    keep_releases: int = Field(default=KEEP_RELEASES, ge=1, description="unpacked releases kept, the newest used "
+                               "(this one too)")
+    unpack_max_members: int = Field(default=UNPACK_MAX_MEMBERS, ge=1, description="members of a tarball, at most")
+    unpack_max_name_bytes: int = Field(default=UNPACK_MAX_NAME_BYTES, ge=1, le=4096,
+                                       description="a member's path, at most, bytes")
     generate_timeout: float = Field(default=1800.0, gt=0)
     environment_timeout: float = Field(default=600.0, gt=0)
     precompile_timeout: float = Field(default=7200.0, gt=0)
     ready_timeout: float = Field(default=1200.0, gt=0, description="server start until /health answers 200, s")
     benchmark_timeout: float = Field(default=3600.0, gt=0, description="per model key, s")
-    stop_grace: float = Field(default=15.0, gt=0, description="SIGTERM to SIGKILL of a process group, s")
+    stop_grace: float = Field(default=STOP_GRACE, gt=0, description="SIGTERM to SIGKILL of a process group, s")
     port_free_timeout: float = Field(default=30.0, gt=0, description="wait for the port to be free again, s")
     poll_interval: float = Field(default=0.5, gt=0, description="cancel / readiness polling period, s")
     warmup_request: bool = Field(default=True, description="time one short request once a key's server is ready "
@@ -41,19 +69,20 @@ class AgentConfig(BaseModel):
     key_env: dict[str, dict[str, str]] = Field(default_factory=dict, description="extra env per model key")
     base_env: dict[str, str] | None = Field(default=None, description="scripts' base env (default: the agent's)")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="device sampling during runs")
-    probe: bool = Field(default=True, description="cross-check the release's benchmark with the agent's probe")
-    probe_profiles: tuple[str, ...] = Field(default=("128:128",), description="sweep profiles the probe runs "
-                                            "(those of a key's release rows)")
-    probe_requests: int = Field(default=5, ge=1, description="measured probe requests per profile (their median; "
-                                "the spread of all but the first is the cross-check's noise)")
+    probe: bool = _setting("probe")
+    probe_profiles: tuple[str, ...] = Field(
+        default=_profiles(AgentSettings.model_fields["probe_profiles"].default),
+        description="sweep profiles the probe runs (the probe_profiles setting, split)")
+    probe_requests: int = Field(default=PROBE_REQUESTS, ge=1, description="measured probe requests per profile "
+                                "(their median; the spread of all but the first is the cross-check's noise)")
     probe_warmup: int = Field(default=0, ge=0, description="probe warm-up requests (the benchmark warmed the server)")
-    probe_tolerance: float = Field(default=0.02, gt=0, lt=1, description="release vs probe, relative: the least "
-                                   "band (the measured noise widens it)")
+    probe_tolerance: float = Field(default=PROBE_TOLERANCE, gt=0, lt=1, description="release vs probe, relative: "
+                                   "the least band (the measured noise widens it)")
     probe_repeat: int = Field(default=1, ge=1, le=20, description="rounds of the per-key probe (a key's "
                               "PROBE_REPEAT variable overrides it)")
     probe_timeout: float = Field(default=600.0, gt=0, description="one probe request, wall s")
-    probe_sweep_slo: str = Field(default="", description="SLO of the per-key SLO sweep (empty: no sweep)")
-    probe_sweep_budget: float = Field(default=300.0, gt=0, description="one key's SLO sweep, wall s")
+    probe_sweep_slo: str = _setting("probe_sweep_slo")
+    probe_sweep_budget: float = Field(default=PROBE_SWEEP_BUDGET, gt=0, description="one key's SLO sweep, wall s")
     kernel_cache: KernelCacheConfig | None = Field(default=None, description="the fleet's shared kernel cache "
                                                    "(None: off)")
 
@@ -63,22 +92,12 @@ class AgentConfig(BaseModel):
         values: dict[str, Any] = {
             "module": settings.module,
             "workdir": Path(settings.workdir).expanduser().resolve(),
-            "server_port": settings.server_port,
-            "stop_grace": settings.stop_grace,
-            "keep_releases": settings.keep_releases,
-            "unpack_max_members": settings.unpack_max_members, "unpack_max_name_bytes": settings.unpack_max_name_bytes,
-            "telemetry": TelemetryConfig(enabled=settings.telemetry_period > 0, tool=settings.telemetry_tool,
-                                         period_s=settings.telemetry_period or 1.0,
-                                         min_samples=settings.telemetry_min_samples,
-                                         fast=settings.telemetry_fast,
-                                         idle_window_s=settings.telemetry_idle_window),
-            "probe": settings.probe, "probe_requests": settings.probe_requests,
-            "probe_tolerance": settings.probe_tolerance, "probe_repeat": settings.probe_repeat,
-            "probe_sweep_slo": settings.probe_sweep_slo,
-            "probe_sweep_budget": settings.probe_sweep_budget, "warmup_request": settings.warmup_request,
-            "probe_profiles": tuple(p.strip() for p in settings.probe_profiles.split(",") if p.strip()),
+            **{name: getattr(settings, name) for name in MIRRORED},
+            "probe_profiles": _profiles(settings.probe_profiles),
+            "telemetry": TelemetryConfig(enabled=settings.telemetry_period > 0,
+                                         period_s=settings.telemetry_period or 1.0),
             "kernel_cache": KernelCacheConfig(root=settings.kernel_cache_root(),
-                                              trust_first=settings.kernel_cache_trust_first,
+                                              trust_first=settings.kernel_cache == "trust-first",
                                               device_class=settings.device_class) if settings.kernel_cache else None,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -18,11 +18,12 @@ from typing import Any
 
 from celery import Celery
 
-from agent.outbox import flush_outbox, resend_unacked
+from agent.outbox import RESEND_EVERY, flush_outbox, resend_unacked
 from agent.settings import AgentSettings
 from agent.store import read_json, write_atomic
 from contract.kv import KV
 from contract.records import Heartbeat
+from contract.settings import RESULT_EXPIRES
 from contract.version import agent_version as agent_version  # re-exported
 
 log = logging.getLogger("fleet.agent")
@@ -76,9 +77,9 @@ class HeartbeatThread(threading.Thread):
             write_atomic(workdir / "heartbeat.json", hb.model_dump_json())
         self.kv.put_heartbeat(hb, None if self.lease is None else {**self.lease, "ts": hb.ts})  # one round trip
         s = self.settings
-        flush_outbox(self.kv, workdir, s.replicas_to_wait(), s.final_state_wait)
-        resend_unacked(self.kv, workdir, interval=s.final_resend_interval, keep_for=s.result_expires,
-                       replicas=s.replicas_to_wait(), wait_s=s.final_state_wait)
+        flush_outbox(self.kv, workdir, s.replicas_to_wait())
+        resend_unacked(self.kv, workdir, interval=RESEND_EVERY * s.heartbeat_interval, keep_for=RESULT_EXPIRES,
+                       replicas=s.replicas_to_wait())
         return hb
 
     def run(self) -> None:

@@ -20,6 +20,9 @@ from contract.records import ResultRow, RunProgress
 
 log = logging.getLogger("fleet.agent")
 
+FINAL_STATE_WAIT = 2.0  # how long one WAIT for the replicas of a final state may block, s
+RESEND_EVERY = 6  # an unacknowledged final state is sent again every this many heartbeats at first
+
 
 def _asked_version(workdir: Path, run_id: str) -> int | None:
     """The contract version of the run's request on this module (None: no readable record of it)."""
@@ -54,7 +57,7 @@ class Publisher:
     """
 
     def __init__(self, kv: KV, workdir: Path, run_id: str, module: str, *, replicas: int = 0,
-                 wait_s: float = 2.0) -> None:
+                 wait_s: float = FINAL_STATE_WAIT) -> None:
         self.kv, self.workdir, self.run_id, self.module = kv, workdir, run_id, module
         self.replicas, self.wait_s = replicas, wait_s
 
@@ -134,7 +137,8 @@ def _taken(workdir: Path, path: Path, p: RunProgress) -> None:
     path.unlink(missing_ok=True)
 
 
-def send_final(kv: KV, workdir: Path, p: RunProgress, replicas: int = 0, wait_s: float = 2.0) -> RunProgress | None:
+def send_final(kv: KV, workdir: Path, p: RunProgress, replicas: int = 0,
+               wait_s: float = FINAL_STATE_WAIT) -> RunProgress | None:
     """Rows, then the final state (a terminal one sealed with its rows: :func:`contract.digest.seal`); the state
     sent, or None when fewer than ``replicas`` replicas acknowledged them in ``wait_s`` (not yet published: a
     failover now could lose them, so the outbox keeps them)."""
@@ -162,7 +166,7 @@ def _read_entry(path: Path, what: str) -> RunProgress | None:
         return None
 
 
-def flush_outbox(kv: KV, workdir: Path, replicas: int = 0, wait_s: float = 2.0) -> int:
+def flush_outbox(kv: KV, workdir: Path, replicas: int = 0, wait_s: float = FINAL_STATE_WAIT) -> int:
     """Send every state waiting in the outbox (rows first); returns how many the backend took (and, with
     ``replicas``, that many replicas acknowledged)."""
     folder = workdir / "outbox"
@@ -190,9 +194,9 @@ def resend_due(now: float, last_sent: float, first_sent: float, interval: float)
 
 
 def resend_unacked(kv: KV, workdir: Path, *, interval: float, keep_for: float, replicas: int = 0,
-                   wait_s: float = 2.0, now: float | None = None) -> int:
+                   wait_s: float = FINAL_STATE_WAIT, now: float | None = None) -> int:
     """Final states waiting for the controller: an acknowledged one is dropped, one older than ``keep_for``
-    (the broker's ``result_expires``) too; one due (:func:`resend_due`; the entry's mtime: when it was last
+    (the broker's ``RESULT_EXPIRES``) too; one due (:func:`resend_due`; the entry's mtime: when it was last
     sent) is sent again, rows and telemetry first. Returns how many were sent again."""
     folder = workdir / "unacked"
     if not folder.is_dir():

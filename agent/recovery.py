@@ -121,8 +121,7 @@ def _recover_one(app: Celery, settings: AgentSettings, store: RunStore, run_id: 
     if req is None or (p is not None and p.state.terminal):
         return False
     kv = KV(app)
-    pub = Publisher(kv, workdir, run_id, req.module, replicas=settings.replicas_to_wait(),
-                    wait_s=settings.final_state_wait)
+    pub = Publisher(kv, workdir, run_id, req.module, replicas=settings.replicas_to_wait())
     base = p or RunProgress(run_id=run_id, module=req.module, release=req.release, keys_total=len(req.models))
     try:
         flag = kv.cancel_flag(run_id, req.module)

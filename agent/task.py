@@ -62,8 +62,7 @@ def execute_run(app: Celery, settings: AgentSettings, payload: dict[str, Any],
             return {"state": RunState.FAILED.value, "error": str(exc)}
         Publisher(kv, workdir, refused.run_id, refused.module).refusal(refused)
         return refused.model_dump(mode="json")
-    pub = Publisher(kv, workdir, req.run_id, req.module, replicas=settings.replicas_to_wait(),
-                    wait_s=settings.final_state_wait)
+    pub = Publisher(kv, workdir, req.run_id, req.module, replicas=settings.replicas_to_wait())
     try:
         return _execute(app, settings, req, kv, pub, headers)
     except Exception as exc:  # a full disk, a bug: the run still ends, with the reason

@@ -126,7 +126,7 @@ def name_problem(m: tarfile.TarInfo, limits: UnpackLimits) -> str | None:
     for what, text in (("name", m.name), ("link target", m.linkname if m.issym() or m.islnk() else "")):
         size = len(text.encode("utf-8", "surrogateescape"))
         if size > limits.max_name_bytes:
-            return f"{what} of {size} bytes, over the limit of {limits.max_name_bytes} (unpack_max_name_bytes)"
+            return f"{what} of {size} bytes, over the limit of {limits.max_name_bytes}"
         longest = max((len(c.encode("utf-8", "surrogateescape")) for c in text.replace("\\", "/").split("/")),
                       default=0)
         if longest > limits.max_component_bytes:
@@ -277,8 +277,7 @@ def _read_members(tar: tarfile.TarFile, tarball: Path, limits: UnpackLimits) -> 
     try:
         for m in tar:
             if len(members) >= limits.max_members:
-                raise UnsafeTarball(f"{tarball}: more than {limits.max_members} members (unpack_max_members); "
-                                    "tarball refused")
+                raise UnsafeTarball(f"{tarball}: more than {limits.max_members} members; tarball refused")
             problem = name_problem(m, limits)
             if problem:
                 shown = m.name if len(m.name) <= 100 else m.name[:100] + "..."

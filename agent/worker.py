@@ -145,7 +145,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
         hb.stop()
         hb.join(timeout=5)
         with contextlib.suppress(Exception):
-            flush_outbox(hb.kv, workdir, settings.replicas_to_wait(), settings.final_state_wait)
+            flush_outbox(hb.kv, workdir, settings.replicas_to_wait())
             if same_agent(hb.kv.lease(settings.module), lease):
                 hb.kv.drop_lease(settings.module)
         served.stop()

@@ -57,6 +57,7 @@ from rich.console import Console  # noqa: E402
 from agent.validate import stage_local_release  # noqa: E402
 from bench import record  # noqa: E402 - bench/record.py (importable from the tests too)
 from contract.files import sha256_file  # noqa: E402
+from contract.settings import RESULT_EXPIRES  # noqa: E402
 from controller.cli.demo import Worker, inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.cli.live import render  # noqa: E402
 from controller.fleet import Fleet  # noqa: E402
@@ -511,7 +512,7 @@ def start_fakes(folder: Path, names: list[str], conns: int, port: int, run_id: s
     rows = [r.model_copy(update={"run_id": run_id, "release": "1.5.0"}).model_dump(mode="json")
             for r in reference_rows() if r.model_key == "qwen3"]
     base = {"host": "127.0.0.1", "port": port, "conns": conns, "heartbeat": settings.heartbeat_interval,
-            "polling": polling, "hold": hold, "run_id": run_id, "expires": int(settings.result_expires), "rows": rows,
+            "polling": polling, "hold": hold, "run_id": run_id, "expires": int(RESULT_EXPIRES), "rows": rows,
             "hb": Heartbeat(module="x", agent_version="0.1.0", ts=0.0, free_disk_bytes=75 * 2**30).model_dump(
                 mode="json"),
             "lease": {"host": "fake", "pid": 1, "created": time.time(), "workdir": "/srv/m1000-fleet/work"},

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from celery import Celery
 
-from contract.settings import BrokerSettings
+from contract.settings import RESULT_EXPIRES, BrokerSettings
 
 RUN_TASK = "fleet.run_release"
 NOOP_TASK = "fleet.noop"
@@ -79,7 +79,7 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet", *, module: str
         "worker_concurrency": 1,
         # no task_*_time_limit: the agent's run stops itself at its soft limit and the kernel ends it at the
         # hard one (agent.limits.hard_limit); Celery's own limits need a prefork pool, the agent runs solo
-        "result_expires": settings.result_expires,
+        "result_expires": RESULT_EXPIRES,
         # no STARTED state: nobody reads it (a run's state travels in the KV records), and storing it before the
         # task body (MULTI, SET, PUBLISH, EXEC) was most of what dispatch cost over bare Celery
         # (bench/dispatch.py, like for like: enqueue->start p50 3.07 ms vs bare 1.76 ms with it, 1.24 vs 1.68 without)

@@ -172,7 +172,7 @@ def decide(key: CacheKey, published: Sequence[Publication], *, trust_first: bool
         digest, mods = ranked[0]
         return Decision(action="compile", why=f"cache {digest[:12]} compiled by {len(mods)} module(s) "
                                               f"({', '.join(sorted(mods))}); {need} needed to trust it "
-                                              "(kernel_cache_trust_first trusts the first)")
+                                              "(kernel_cache = \"trust-first\" trusts the first)")
     other = [k for k in elsewhere if k.same_but_environment(key) and k != key]
     if other:
         return Decision(action="compile", why=f"a cache of this release exists only for another environment "

@@ -22,6 +22,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from contract.redact import redact_url
+from contract.removed_settings import drop_removed, warn_removed_env
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,6 +30,11 @@ else:  # pragma: no cover - agents on Python 3.10
     tomllib = None
 
 DEFAULT_HOME = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "m1000-fleet"
+
+
+# Constants that were settings until issue 50 (ADR 0058): no lab needed another value.
+RESULT_EXPIRES = 7 * 86400.0  # how long results (and a run's records) stay on the broker, s
+SOFT_LIMIT_MARGIN = 600.0  # a run's soft limit comes this long (a fifth of run_time_limit at most) before its hard one
 
 
 class SettingsError(ValueError):
@@ -88,8 +94,9 @@ def _file_values(cls: type[EnvSettings], path: Path | None) -> dict[str, Any]:
         return {}
     raw = _read_toml(path)
     _check_layout(path, raw)
-    shared = raw.get("fleet", {})
+    shared = drop_removed(str(path), "fleet", raw.get("fleet", {}), ("fleet",))
     own = raw.get(cls.config_section, {}) if cls.config_section != "fleet" else {}
+    own = drop_removed(str(path), cls.config_section, own, ("fleet", cls.config_section))
     for section, table, known in (("fleet", shared, BrokerSettings.model_fields),
                                   (cls.config_section, own, cls.model_fields)):
         unknown = sorted(set(table) - set(known))
@@ -154,6 +161,7 @@ class EnvSettings(BaseModel):
 
     def __init__(self, **values: Any) -> None:
         path = os.environ.get("FLEET_CONFIG")
+        warn_removed_env(os.environ, dict.fromkeys(("fleet", type(self).config_section)))
         found = {**_file_values(type(self), Path(path) if path else None), **_env_values(type(self), dict(os.environ))}
         super().__init__(**{**found, **values})
 
@@ -181,33 +189,25 @@ class BrokerSettings(EnvSettings):
     kernel_cache_dir: Path | None = Field(default=None, description="the fleet's kernel cache store, where agents "
                                           "publish and fetch compiled kernels and `fleetctl cache` looks; default "
                                           "<data_dir>/kernel-cache (next to the staged releases)")
-    run_soft_time_limit: float = Field(
-        default=4 * 3600.0, gt=0,
-        description="soft time limit of one run on one module, s (the agent ends the run cleanly 30 s before it, "
-                    "or a tenth of it before when that is shorter)")
-    run_time_limit: float = Field(default=4 * 3600.0 + 600, gt=0, description="hard time limit of one run, s")
+    run_time_limit: float = Field(
+        default=4 * 3600.0 + 600, gt=0,
+        description="hard time limit of one run on one module, s; its soft limit is a fifth of it earlier, 600 s at "
+                    "most (the agent ends the run cleanly 30 s before the soft limit, or a tenth of it before when "
+                    "that is shorter)")
     heartbeat_interval: float = Field(default=5.0, gt=0, description="agent heartbeat period, s")
     offline_after: float = Field(default=30.0, gt=0, description="no heartbeat for this long: unreachable, s")
     lost_after: float = Field(default=600.0, gt=0,
                               description="no heartbeat for this long: the module's run is lost, s")
-    start_timeout: float = Field(default=300.0, gt=0,
-                                 description="an idle, live module that has not started a queued run by then: lost, s")
     queue_deadline: float = Field(
         default=0.0, ge=0, description="a run still waiting on a module's queue this long after its dispatch is given "
                                        "up there (its part fails, and a later delivery does not run it), s; 0: it "
                                        "waits as long as the module is busy")
-    collect_timeout: float = Field(
-        default=600.0, gt=0, description="a module's final state whose rows (or telemetry summary) have not all "
-                                         "reached the controller by then ends its part failed, s")
     max_attempts: int = Field(default=2, ge=1, description="deliveries of one run to one module, at most")
     broker_visibility_timeout: float | None = Field(
         default=None, gt=0, description="Redis visibility timeout, s (default: hard time limit + 1 h)")
-    result_expires: float = Field(default=7 * 86400.0, gt=0, description="how long results stay on the broker")
 
     @model_validator(mode="after")
     def _limits(self) -> BrokerSettings:
-        if self.run_time_limit <= self.run_soft_time_limit:
-            raise ValueError("run_time_limit must be longer than run_soft_time_limit")
         if self.offline_after <= self.heartbeat_interval:
             raise ValueError("offline_after must be longer than heartbeat_interval")
         if self.lost_after < self.offline_after:
@@ -269,6 +269,11 @@ class BrokerSettings(EnvSettings):
     def kernel_cache_root(self) -> Path:
         """The fleet's kernel cache store (``kernel_cache_dir``, else ``<data_dir>/kernel-cache``)."""
         return (self.kernel_cache_dir or self.data_dir / "kernel-cache").expanduser()
+
+    @property
+    def run_soft_time_limit(self) -> float:
+        """The soft limit of one run: :attr:`run_time_limit` less a fifth of it, 600 s at most (4 h of 4 h 10 min)."""
+        return self.run_time_limit - min(SOFT_LIMIT_MARGIN, self.run_time_limit / 5)
 
     @property
     def module_deadline(self) -> float:

@@ -22,7 +22,7 @@ class ControllerSettings(BrokerSettings):
     config_section: ClassVar[str] = "controller"
     # the agent's settings of these names read FLEET_METRICS_PORT ...: the controller's have their own variables
     env_names: ClassVar[dict[str, str]] = {name: f"FLEET_CONTROLLER_{name.upper()}"
-                                           for name in ("metrics_host", "metrics_port", "keep_releases")}
+                                           for name in ("metrics_host", "metrics_port")}
 
     inventory: Path = Field(default=Path("inventory.toml"), description="the lab's inventory (TOML)")
     history: str | None = Field(
@@ -35,7 +35,6 @@ class ControllerSettings(BrokerSettings):
         default=None, description="file holding the passphrase of ssh_key (mode 0600); else ssh-agent is asked")
     metrics_host: str = Field(default="127.0.0.1", description="bind address of `fleetctl serve` /metrics")
     metrics_port: int = Field(default=9401, ge=0, le=65535, description="port of `fleetctl serve` /metrics")
-    failures_for_bad: int = Field(default=3, ge=1, description="consecutive failed runs that make a module bad")
     golden_tolerance: float = Field(default=0.03, gt=0, lt=1,
                                     description="a golden check's drift that makes a module bad (0.03 = 3 % worse "
                                                 "than its own golden history)")
@@ -50,14 +49,6 @@ class ControllerSettings(BrokerSettings):
     raise_after: float = Field(default=3600.0, ge=0, description="fleetctl serve raises a run waiting on a module's "
                                                                 "queue this long a priority level (up to high; again "
                                                                 "after as long again), s (0: never)")
-    failures_cooldown: float = Field(
-        default=900.0, gt=0, description="a module bad by failed runs takes work again this long after the last "
-                                         "one ended, on trial (or at once: fleetctl devices reset), s")
-    clock_skew_warn: float = Field(default=30.0, gt=0,
-                                   description="warn when a module's clock is off the controller's by more, s")
-    progress_interval: float = Field(
-        default=60.0, gt=0, description="without a terminal (a CI log), `fleetctl validate/watch/retry` print a line "
-                                        "per module state or step change and a progress line this often, s")
     api_host: str = Field(default="127.0.0.1", description="bind address of the HTTP API of `fleetctl serve`")
     api_port: int = Field(default=0, ge=0, le=65535, description="port of the HTTP API of `fleetctl serve` (0: off)")
     serve_url: str | None = Field(default=None, pattern=r"^https?://[^\s?#]+$", max_length=2048,
@@ -65,25 +56,12 @@ class ControllerSettings(BrokerSettings):
                                               "`fleetctl validate` prints a run's page, webhooks carry it")
     api_tokens_file: Path | None = Field(default=None,
                                          description="bearer tokens of the HTTP API: USER ROLE TOKEN a line (0600)")
-    api_max_body_bytes: int = Field(default=64 * 1024, ge=1024,
-                                    description="largest request body the HTTP API reads, bytes (413 beyond it, "
-                                                "refused before it is read)")
-    api_header_timeout: float = Field(default=10.0, gt=0,
-                                      description="a request's line and headers must arrive within this, s (from "
-                                                  "the connection or the previous response)")
-    api_body_timeout: float = Field(default=30.0, gt=0, description="a request's whole body must arrive within this, s")
-    api_keepalive_timeout: float = Field(default=5.0, gt=0,
-                                         description="an idle keep-alive connection of the HTTP API is closed after, s")
-    frame_cache_mib: int = Field(default=1024, ge=0,
-                                 description="run frames and report analyses `fleetctl serve` keeps for its reports "
-                                             "and trends, MiB (0: none; a 1 M-row run's frame and its report's "
-                                             "analysis count ~500 MiB)")
+    api_timeout: float = Field(default=10.0, gt=0,
+                               description="a request's line and headers must arrive within this of the connection "
+                                           "(or of the previous response), and its body within as long again, s; a "
+                                           "slower client is closed")
     webhook_urls: tuple[str, ...] = Field(default=(), description="POST each run's verdict here (JSON, signed)")
     webhook_secret_file: Path | None = Field(default=None, description="HMAC-SHA256 key of the webhooks (0600)")
-    release_download_max_bytes: int = Field(default=8 * 1024**3, gt=0,
-                                            description="largest release a URL may deliver, bytes")
-    release_download_timeout: float = Field(default=1800.0, gt=0,
-                                            description="whole download of a release URL, s (30 s per read at most)")
     release_url_hosts: tuple[str, ...] = Field(
         default=(), description="allow-list of release URL hosts: names, addresses or networks (10.0.0.0/8). Empty: "
                                 "any host but loopback and the controller's own addresses; set: these only "
@@ -93,20 +71,12 @@ class ControllerSettings(BrokerSettings):
         default=False, description="refuse a comparison with a baseline unless every module measured in the "
                                    "baseline's environment (its fingerprint: driver, firmware, MUSA, torch_musa, "
                                    "Triton, TileLang, kernel, OS, agent); off: such a change is a warning")
-    keep_releases: int = Field(default=5, ge=1,
-                               description="releases kept staged under <data_dir>/releases (the newest by their last "
-                                           "run), and in each module's incoming folder (the last pushed there), "
-                                           "besides those of running runs")
-
     power_cycle_after: float | None = Field(
-        default=None, gt=0, description="a module of a running run with a PDU outlet in the inventory and no heartbeat "
-                                        "for this long is power-cycled through pdudaemon (shorter than lost_after; "
-                                        "default: 40 % of lost_after, 240 s of the default 600), s")
-    power_cycles_per_run: int = Field(default=1, ge=0, description="power cycles of one module in one run, at most "
-                                                                   "(each resumed run spends one of max_attempts; "
-                                                                   "0: never)")
-    power_cycles_per_hour: int = Field(default=3, ge=1,
-                                       description="power cycles of one module in an hour, at most, every run")
+        default=None, ge=0, description="a module of a running run with a PDU outlet in the inventory and no heartbeat "
+                                        "for this long is power-cycled through pdudaemon, once a run (the resumed run "
+                                        "spends one of max_attempts); longer than offline_after, shorter than "
+                                        "lost_after; default: 40 % of lost_after, 240 s of the default 600; 0: never, "
+                                        "s")
 
     @field_validator("history", mode="before")
     @classmethod
@@ -133,7 +103,7 @@ class ControllerSettings(BrokerSettings):
 
     @model_validator(mode="after")
     def _power_bound(self) -> ControllerSettings:
-        if self.power_cycle_after is not None and not self.offline_after < self.power_cycle_after < self.lost_after:
+        if self.power_cycle_after and not self.offline_after < self.power_cycle_after < self.lost_after:
             raise ValueError(f"power_cycle_after ({self.power_cycle_after:g} s) must be longer than offline_after "
                              f"({self.offline_after:g} s) and shorter than lost_after ({self.lost_after:g} s): the "
                              "module must have time to come back before its run is given up")

@@ -43,7 +43,7 @@ def ab(
     B against A, with the smallest change it could detect. Exit 0 when it passed, 1 otherwise."""
     from contract.records import parse_model_keys
     from controller import service
-    from controller.cli.live import follow, print_launched
+    from controller.cli.live import PROGRESS_INTERVAL, follow, print_launched
     from controller.command import fleetctl
     from controller.report.render.paired import PAIRED_COLUMNS, paired_json, paired_records, paired_verdict_line
     from controller.service.compare import compare_releases as compare
@@ -63,7 +63,7 @@ def ab(
         print_launched(launched, err, len(launched.modules))
         try:
             follow(lambda: service.sync(s, launched.run_id), err, title=f"run {launched.run_id} ({slot.arm})",
-                   progress_every=s.settings.progress_interval)
+                   progress_every=PROGRESS_INTERVAL)
         except KeyboardInterrupt:  # the comparison stops; the run goes on (exit 130)
             err.print(f"comparison stopped; run {launched.run_id} goes on ({fleetctl('cancel', launched.run_id)})",
                       markup=False, highlight=False)

@@ -34,7 +34,7 @@ def cache_prune(ctx: typer.Context,
                 everything: bool = typer.Option(False, "--all", help="every cache, not only those of releases no "
                                                                      "run may still use")) -> None:
     """Remove the kernel caches of releases no run may still use (kept: those of running runs and of the
-    keep_releases newest, as the staged releases); with --all, every cache."""
+    5 newest, as the staged releases); with --all, every cache."""
     from controller.service.kernel_cache import prune_cache
 
     gone = prune_cache(session(ctx), everything=everything)

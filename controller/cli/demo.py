@@ -397,7 +397,7 @@ def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, er
     """The real-engine release on the real modules, twice: the first run becomes that release's own
     baseline (its figures are its own, not the seed's), the second is judged against it."""
     from controller import service
-    from controller.cli.live import follow, follow_and_judge, print_launched
+    from controller.cli.live import PROGRESS_INTERVAL, follow, follow_and_judge, print_launched
     from simulator.engine.build import SUPPORTED_KEYS, build_engine_release
     from simulator.engine.llama_release import build_llama_release
 
@@ -417,7 +417,7 @@ def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, er
     ref = service.validate(s, req)
     print_launched(ref, err, len(ref.modules))
     follow(lambda: service.sync(s, ref.run_id), err, title=f"reference run {ref.run_id}",
-           progress_every=s.settings.progress_interval)
+           progress_every=PROGRESS_INTERVAL)
     rows = s.history().rows(ref.run_id)
     if not rows:
         err.print(f"demo: the reference run {ref.run_id} of the real-engine release measured nothing", highlight=False)

@@ -147,6 +147,7 @@ def push(
     from controller.history import HistoryError
     from controller.inventory import InventoryError
     from controller.remote.push import PushError, push_release
+    from controller.service.releases import KEEP_RELEASES
 
     out, _ = _consoles()
 
@@ -160,7 +161,7 @@ def push(
         with service.Session(settings) as s:  # the releases runs may still read stay on the modules
             keep = service.releases_in_use(s)
         results = push_release(mods, tarball, digest, known_hosts=kh, identity=key, max_parallel=parallel,
-                               keep_newest=settings.keep_releases, keep=keep)
+                               keep_newest=KEEP_RELEASES, keep=keep)
     except (InventoryError, _settings_error(), PushError, ValueError, HistoryError) as exc:
         raise _fail(str(exc)) from None
     t = Table("module", "result", "bytes sent", "time", "MB/s", "remote path / error")
@@ -172,7 +173,7 @@ def push(
     for r in results.values():
         if r.pruned:
             out.print(f"{r.module}: removed {len(r.pruned)} release(s) pushed there before (kept: the "
-                      f"{settings.keep_releases} pushed last and those of runs not ended): "
+                      f"{KEEP_RELEASES} pushed last and those of runs not ended): "
                       f"{', '.join(x[:16] for x in r.pruned)}", highlight=False)
     if any(r.error for r in results.values()):
         raise typer.Exit(1)

@@ -54,7 +54,7 @@ def shown_skew(skew: float | None) -> str:
 
 def devices_reset(ctx: typer.Context, module: str = typer.Argument(..., help="module name")) -> None:
     """Clear a module's failed runs in a row and a failed golden check: a module bad by either takes work again
-    now (recorded in the history). Without it, one bad by failed runs does once failures_cooldown has passed since
+    now (recorded in the history). Without it, one bad by failed runs does once 15 minutes have passed since
     the last one, on trial; one that failed its golden check stays bad."""
     from controller import service
 

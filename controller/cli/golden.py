@@ -21,7 +21,7 @@ def golden_check(s: Session, release: str, devices: str, models: str, tolerance:
     """Run the golden check; exit 0 when no module drifted, 1 otherwise."""
     from contract.records import parse_model_keys
     from controller import service
-    from controller.cli.live import follow, print_launched
+    from controller.cli.live import PROGRESS_INTERVAL, follow, print_launched
     from controller.command import fleetctl
     from controller.service.golden import golden_check as check
 
@@ -31,7 +31,7 @@ def golden_check(s: Session, release: str, devices: str, models: str, tolerance:
     def wait(launched: service.Launched) -> None:
         print_launched(launched, err, len(launched.modules))
         follow(lambda: service.sync(s, launched.run_id), err, title=f"golden check {launched.run_id}",
-               progress_every=s.settings.progress_interval)
+               progress_every=PROGRESS_INTERVAL)
 
     res = check(s, req, wait, tolerance)
     recs = [{"module": c.module, "status": c.status, "history": c.history, "line": c.line} for c in res.checks]

@@ -4,7 +4,7 @@
 CLI, ``fleetctl status``, or ``fleetctl serve`` when nobody is attached): results reach the
 history whether or not a CLI stays attached. Every time an agent wrote (a run's ``started_at``,
 ``updated_at``) is read through its measured clock skew. A module whose final state arrived
-without all it names is *collecting* until the rest arrives or ``collect_timeout`` passes;
+without all it names is *collecting* until the rest arrives or ``COLLECT_TIMEOUT`` passes;
 one silent past its bounds is given up (:func:`liveness`).
 """
 
@@ -21,7 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from contract.digest import is_sealed, record_digest, rows_digest, seal_version
 from contract.records import Heartbeat, ResultRow, RunProgress, RunState, StepError, TelemetrySummary
-from contract.settings import BrokerSettings
+from contract.settings import RESULT_EXPIRES, BrokerSettings
 from controller.fleet.errors import BrokerUnavailable, FleetError, broker_errors, error_line
 from controller.fleet.power import after_pass
 from controller.fleet.runs import RunView, failed_progress
@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from controller.fleet.power import PassHook
     from controller.history import History
 
+# Constants that were [fleet] settings until issue 50 (ADR 0058)
+START_TIMEOUT = 300.0  # an idle, live module that has not started (or ended) its run by then: lost, s
+COLLECT_TIMEOUT = 600.0  # a final state whose rows (or telemetry summary) have not all arrived by then: failed, s
+
 log = logging.getLogger("fleet.controller")
 
 
@@ -53,8 +57,8 @@ def liveness(p: RunProgress | None, beat: Beat | None, now: float, *, dispatched
 
     The bounds: no heartbeat for ``lost_after``; started more than ``module_deadline`` ago; queued for
     ``queue_deadline`` (when set), behind other runs or not; queued
-    while the module was alive and idle for ``start_timeout`` (the message never reached it); started,
-    and the module alive and idle while the run has not reported for ``start_timeout`` (its end never
+    while the module was alive and idle for ``START_TIMEOUT`` (the message never reached it); started,
+    and the module alive and idle while the run has not reported for ``START_TIMEOUT`` (its end never
     reached the broker). The heartbeat's age is the broker's (``beat.at``); the run's own times were
     written on the agent's clock and are read through its measured skew.
     """
@@ -71,9 +75,9 @@ def liveness(p: RunProgress | None, beat: Beat | None, now: float, *, dispatched
         return (f"waited {now - dispatched_at:.0f} s on the module's queue without starting "
                 f"(queue_deadline {settings.queue_deadline:g} s)")
     idle = beat is not None and beat.hb.run_id is None and silent <= settings.offline_after
-    if queued and idle and now - dispatched_at > settings.start_timeout:
+    if queued and idle and now - dispatched_at > START_TIMEOUT:
         return f"never started: the module stayed idle for {now - dispatched_at:.0f} s after dispatch"
-    if not queued and p is not None and idle and now - (p.updated_at - skew) > settings.start_timeout:
+    if not queued and p is not None and idle and now - (p.updated_at - skew) > START_TIMEOUT:
         # its end never reached the broker (e.g. a write taken by a Redis master that died before its replica had it)
         return (f"end lost: the module is idle and its run last reported {now - (p.updated_at - skew):.0f} s ago "
                 f"({p.state.value}, {p.step or 'start'})")
@@ -191,6 +195,7 @@ class Sync:
     settings: BrokerSettings
     history: History
     kv: KV
+    collect_timeout: float
     _sync_memos: dict[str, PassMemo]
     pass_hooks: tuple[PassHook, ...] = ()
 
@@ -225,7 +230,7 @@ class Sync:
         known_parsed, _ = memo.known.update(dict(self.history.progress_json(run_id)), RunProgress.model_validate_json)
         known: dict[str, RunProgress | None] = {m: known_parsed.get(m) for m in known_parsed.by_key}
         # modules the controller gave up (LOST) are still read: a late state or late rows are accepted
-        pending = pending_modules(info.modules, known, late_ok=now - info.created_at < self.settings.result_expires)
+        pending = pending_modules(info.modules, known, late_ok=now - info.created_at < RESULT_EXPIRES)
         interval = self.settings.heartbeat_interval
         live_parsed, behind = self._read(run_id, pending, memo)
         # a module whose record waits for the next pass is neither taken nor judged: its heartbeat waits with it
@@ -271,7 +276,7 @@ class Sync:
                 failed = self._collect_bound(run_id, m, cur, now, writes, _collecting_since(events, m))
                 if failed is not None:
                     known[m] = failed
-                continue  # the module is done running: only its record is awaited, bounded by collect_timeout
+                continue  # the module is done running: only its record is awaited, bounded by COLLECT_TIMEOUT
             why = liveness(cur, beats.get(m), now, dispatched_at=dispatched, settings=self.settings)
             if why and m not in fresh_set:  # judged on a heartbeat read earlier: never given up before a fresh read
                 beats_parsed = self._read_beats_of(pending, [m], beats_parsed)
@@ -400,16 +405,16 @@ class Sync:
 
     def _collect_bound(self, run_id: str, module: str, cur: RunProgress, now: float, writes: PassWrites,
                        since: float | None) -> RunProgress | None:
-        """A module collecting for longer than ``collect_timeout``: its part ends failed, with what is missing."""
-        if since is None or now - since <= self.settings.collect_timeout:
+        """A module collecting for longer than ``COLLECT_TIMEOUT``: its part ends failed, with what is missing."""
+        if since is None or now - since <= self.collect_timeout:
             return None
         gap = cur.error.message if cur.error else "its final record is incomplete"
         p = cur.model_copy(update={"state": RunState.FAILED, "updated_at": max(now, cur.updated_at),
                                    "finished_at": now, "error": StepError(
                                        step="collect", message=f"{gap} (waited {now - since:.0f} s, bound "
-                                                               f"{self.settings.collect_timeout:.0f} s)")})
+                                                               f"{self.collect_timeout:.0f} s)")})
         writes.put(p, force=True)
-        writes.events.append((module, f"failed: {gap} within {self.settings.collect_timeout:.0f} s"))
+        writes.events.append((module, f"failed: {gap} within {self.collect_timeout:.0f} s"))
         log.warning("run %s on %s: failed, %s", run_id, module, gap)
         if is_sealed(cur):
             writes.acks.append(cur)  # given up: the module stops sending it (its rows stay on the module)

@@ -3,8 +3,8 @@
 The policy, whole: a module of a running run whose part is not ended and whose agent sent no heartbeat for
 ``power_cycle_after`` (shorter than ``lost_after``), or none for ``offline_after`` while its part runs past the
 hard time limit (alive, the agent would have ended it: the kernel's alarm), and whose inventory entry names its PDU
-outlet, is power-cycled through pdudaemon: at most ``power_cycles_per_run`` times in a run and
-``power_cycles_per_hour`` times an hour on the module, never while an earlier cycle waits for the module's
+outlet, is power-cycled through pdudaemon: at most ``POWER_CYCLES_PER_RUN`` times in a run and
+``POWER_CYCLES_PER_HOUR`` times an hour on the module, never while an earlier cycle waits for the module's
 heartbeat, and never again after its PDU did not answer (the module is marked ``needs attention`` in one line until
 its heartbeat returns or ``fleetctl devices reset``). After a cycle the controller waits for its heartbeat: the
 agent, started again, re-queues the run and it resumes from its passed keys (:func:`agent.recovery.recover`, one
@@ -31,6 +31,8 @@ from contract.records import RunProgress, RunState
 from controller.inventory import PowerEntry
 
 log = logging.getLogger("fleet.controller")
+POWER_CYCLES_PER_RUN = 1  # power cycles of one module in one run, at most (a setting until issue 50)
+POWER_CYCLES_PER_HOUR = 3  # power cycles of one module in an hour, at most, every run (a setting until issue 50)
 
 CYCLED = "power-cycled"  # a run event: the cycle asked and done (its PDU answered)
 BACK = "power-cycle back"  # a run event: the module's heartbeat after the cycle
@@ -47,7 +49,8 @@ _CYCLED = re.compile(r"^power-cycled at (?P<hhmm>\d\d:\d\d) after no heartbeat f
 
 @dataclass(frozen=True)
 class PowerPolicy:
-    """The bounds of the recovery policy (``ControllerSettings``: power_cycle_after, power_cycles_per_run, _hour)."""
+    """The bounds of the recovery policy (``ControllerSettings``: power_cycle_after; and
+    :data:`POWER_CYCLES_PER_RUN`, :data:`POWER_CYCLES_PER_HOUR`)."""
 
     cycle_after: float
     per_run: int = 1

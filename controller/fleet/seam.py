@@ -14,11 +14,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from contract.settings import BrokerSettings
-from controller.fleet.collect import Sync
+from controller.fleet.collect import COLLECT_TIMEOUT, Sync
 from controller.fleet.dispatch import Dispatch
 from controller.fleet.errors import BrokerUnavailable, EvictingBroker, error_line
 from controller.fleet.reservations import Reservations
-from controller.fleet.states import ModuleStates
+from controller.fleet.states import CLOCK_SKEW_WARN, FAILURES_COOLDOWN, FAILURES_FOR_BAD, ModuleStates
 from controller.history import History
 
 if TYPE_CHECKING:
@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 class Fleet(ModuleStates, Dispatch, Sync, Reservations):
     """The broker seam on one run history: module states, dispatch, sync and reservations (its bases), cancel."""
 
-    def __init__(self, settings: BrokerSettings, history: History, *, failures_for_bad: int = 3,
-                 failures_cooldown: float | None = 900.0, clock_skew_warn: float = 30.0) -> None:
+    def __init__(self, settings: BrokerSettings, history: History, *, failures_for_bad: int = FAILURES_FOR_BAD,
+                 failures_cooldown: float | None = FAILURES_COOLDOWN, clock_skew_warn: float = CLOCK_SKEW_WARN,
+                 collect_timeout: float = COLLECT_TIMEOUT) -> None:
         self.settings = settings
         self.history = history
         from contract.celery_app import make_app
@@ -44,6 +45,7 @@ class Fleet(ModuleStates, Dispatch, Sync, Reservations):
         self.failures_for_bad = failures_for_bad
         self.failures_cooldown = failures_cooldown
         self.clock_skew_warn = clock_skew_warn
+        self.collect_timeout = collect_timeout
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -28,6 +28,11 @@ if TYPE_CHECKING:
     from contract.kv import KV, Beat
     from controller.fleet.queues import Raise, Waiting
 
+# Constants that were [controller] settings until issue 50 (ADR 0058)
+FAILURES_FOR_BAD = 3  # consecutive failed runs that make a module bad
+FAILURES_COOLDOWN = 900.0  # a module bad by failed runs takes work again this long after the last one, on trial, s
+CLOCK_SKEW_WARN = 30.0  # a module's clock off the controller's by more is warned about, s
+
 log = logging.getLogger("fleet.controller")
 
 

@@ -15,7 +15,7 @@ from typing import TypeGuard
 from contract.records import ResultRow, RunProgress, RunState, StepError
 
 # A module whose final state reached the controller without all it names (rows, telemetry summary) is
-# "collecting": recorded as still publishing, this step, until its history holds all of it or collect_timeout
+# "collecting": recorded as still publishing, this step, until its history holds all of it or COLLECT_TIMEOUT
 # passes (then its part ends failed: "N of M rows reached the controller"), never done with rows missing.
 COLLECT_STEP = "collecting"
 

@@ -3,7 +3,7 @@
 Every route is a thin shell over :mod:`controller.service`, like the CLI verbs. Every route
 under ``/api/v1`` but the schema needs ``Authorization: Bearer <token>`` with a token from the
 tokens file (compared in constant time; tokens are never logged), checked before the body is
-read; bodies are bounded (``api_max_body_bytes``) and so is every field (:mod:`controller.serve.guard`).
+read; bodies are bounded (``MAX_BODY_BYTES``) and so is every field (:mod:`controller.serve.guard`).
 Outside ``/api/v1``: Swagger UI at ``/docs``, from the files ``fastapi-offline`` ships (no CDN: labs
 are offline; the page needs no token, the calls its "Try it out" makes do: its Authorize button
 keeps one in the page's memory, never stored) and the signed, expiring links to a run's
@@ -75,11 +75,11 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
     app.state.link_secret = links.load_secret(settings.data_dir)
     if health is not None:  # its gate inside the token check below (added later: the outer one)
         add_health(app, health, PREFIX)
-    from controller.serve.guard import Guard
+    from controller.serve.guard import MAX_BODY_BYTES, Guard
 
     # the token and the body's size, checked before the body is read (each route's role check stays, for the schema)
     app.add_middleware(Guard, check_token=tokens.check, protected=_protected,  # type: ignore[arg-type]
-                       max_body=settings.api_max_body_bytes)
+                       max_body=MAX_BODY_BYTES)
     add_error_handlers(app)
     for router in ROUTERS:
         publish(router.routes)  # each route's role in the schema: x-role

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleet.serve")
 RAISE_EVERY_S = 5.0  # how often a serve pass looks for runs waiting past raise_after (one read of the queues)
 GOLDEN_EVERY_S = 30.0  # how often a serve pass looks for modules due a scheduled golden check (a history read)
+FRAME_CACHE_BYTES = 1024 * 1024 * 1024  # run frames and report analyses kept for reports and trends (ADR 0034)
 
 
 def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
@@ -324,20 +325,18 @@ def start_api(s: Session, timeout: float = 15.0, health: Health | None = None) -
         return None
     if settings.api_tokens_file is None:
         raise ConfigError("api_port is set but api_tokens_file is not: no token, no access (give --tokens FILE)")
-    import math
-
     import uvicorn
 
     from controller.serve.api import create_app
-    from controller.serve.guard import log_config, protocol_class
+    from controller.serve.guard import KEEPALIVE_TIMEOUT, log_config, protocol_class
     from controller.serve.tokens import WatchedTokens
 
     app = create_app(settings, WatchedTokens(settings.api_tokens_file), s.frames, health=health)
     # h11 (headers of 16 KiB at most), with read deadlines: a slow or idle client is closed, never held
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning",
                             access_log=False, lifespan="on", log_config=log_config(),
-                            http=protocol_class(settings.api_header_timeout, settings.api_body_timeout),
-                            timeout_keep_alive=max(1, math.ceil(settings.api_keepalive_timeout)))
+                            http=protocol_class(settings.api_timeout, settings.api_timeout),
+                            timeout_keep_alive=KEEPALIVE_TIMEOUT)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="api", daemon=True)
     thread.start()
@@ -374,10 +373,10 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
     def warn(m: str) -> None:
         console.print(m, highlight=False)
 
-    if s.frames is None and s.settings.frame_cache_mib:
+    if s.frames is None:
         # shared by the sync loop (the verdict at a run's end reads its rows first), the API and /metrics: a
         # report asked for after the run's end finds its frames decoded (ADR 0034)
-        s.keep_frames(FrameCache(s.settings.frame_cache_mib * 1024 * 1024))
+        s.keep_frames(FrameCache(FRAME_CACHE_BYTES))
     hooks = webhooks_of(s)
     stop = threading.Event()
     health = Health()

@@ -2,13 +2,13 @@
 server read, keep and wait for.
 
 - :class:`Guard` (ASGI middleware, in front of every route): the bearer token is checked from the
-  headers before a byte of the body is read (401); a body larger than ``api_max_body_bytes`` is
+  headers before a byte of the body is read (401); a body larger than :data:`MAX_BODY_BYTES` is
   refused from its ``Content-Length`` before it is read, or as soon as a chunked one goes past the
   limit (413); a refused body is never read (``Connection: close``: the server stops reading and
   the sender blocks). The routes get the body from memory, whole and bounded.
 - :func:`protocol_class`: uvicorn's h11 protocol with read deadlines: the request line and headers
-  must arrive within ``api_header_timeout`` of the connection (or of the previous response on a
-  keep-alive connection), the body within ``api_body_timeout`` of the headers; past a deadline
+  must arrive within ``api_timeout`` of the connection (or of the previous response on a
+  keep-alive connection), the body within as long again of the headers; past a deadline
   the connection is closed. uvicorn's own ``timeout_keep_alive`` closes idle keep-alive
   connections, but is disarmed by any byte: a slowloris client sending one header byte every few
   seconds was held forever.
@@ -41,10 +41,12 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 UNAUTHORIZED = "missing or wrong bearer token"
 MAX_LOG_LINE = 400  # characters of one line of the server's log, at most
+MAX_BODY_BYTES = 64 * 1024  # the largest request body read (413 beyond it); a run request is a few hundred bytes
+KEEPALIVE_TIMEOUT = 5  # an idle keep-alive connection is closed after this long, s
 
 
 def too_large(limit: int) -> str:
-    return f"request body larger than the limit of {limit} bytes (api_max_body_bytes)"
+    return f"request body larger than the limit of {limit} bytes"
 
 
 async def reply(send: Send, status: int, detail: str, headers: dict[str, str] | None = None,
@@ -63,7 +65,7 @@ class Guard:
     """ASGI middleware: token before body, body size bounded before it is read (see the module)."""
 
     def __init__(self, app: ASGIApp, *, check_token: Callable[[str], bool], protected: Callable[[str], bool],
-                 max_body: int) -> None:
+                 max_body: int = MAX_BODY_BYTES) -> None:
         self.app = app
         self.check_token = check_token
         self.protected = protected

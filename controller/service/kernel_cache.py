@@ -83,6 +83,6 @@ def cache_entries(s: Session) -> list[CacheEntry]:
 
 def prune_cache(s: Session, *, everything: bool = False) -> list[Path]:
     """``fleetctl cache prune``: the caches of releases no run may still use (those the staged releases keep:
-    running runs' and the ``keep_releases`` newest), or every cache with ``everything``."""
+    running runs' and the ``KEEP_RELEASES`` newest), or every cache with ``everything``."""
     keep = set() if everything else {sha[:16] for sha in releases_in_use(s)}
     return prune(s.settings.kernel_cache_root(), keep)

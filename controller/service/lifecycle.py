@@ -15,6 +15,7 @@ from pathlib import Path
 
 from contract.priority import check_priority
 from contract.records import MODEL_KEYS, RunProgress, RunState, parse_model_keys
+from contract.settings import RESULT_EXPIRES
 from controller.command import fleetctl
 from controller.fleet import (
     BadRelease,
@@ -287,13 +288,13 @@ def sync(s: Session, run_id: str) -> RunView:
 def settled_view(s: Session, info: RunInfo, now: float | None = None) -> RunView | None:
     """The view of an ended run from the history alone when nothing on the broker can change it any more: every
     module's recorded state is final, and none is a module given up (LOST) young enough for late rows to be taken
-    (:meth:`Fleet.sync`'s rule, ``result_expires``). None otherwise: then :func:`sync` reads the broker. Opens no
+    (:meth:`Fleet.sync`'s rule, ``RESULT_EXPIRES``). None otherwise: then :func:`sync` reads the broker. Opens no
     broker connection and imports no Celery (``fleetctl status`` of a judged run, issue 47)."""
     if info.state == "running":
         return None
     known = s.read_history().progress(info.run_id)
     now = time.time() if now is None else now
-    late_ok = now - info.created_at < s.settings.result_expires
+    late_ok = now - info.created_at < RESULT_EXPIRES
     for m in info.modules:
         p = known.get(m)
         if p is None or not p.state.terminal or (late_ok and p.state == RunState.LOST):

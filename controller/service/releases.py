@@ -2,7 +2,7 @@
 
 A URL release is fetched into ``<data_dir>/releases/<sha256>/``; modules of the local
 transport read it from under the data folder, the others get it pushed over SSH. Releases
-no run may still read are pruned (``keep_releases`` newest kept).
+no run may still read are pruned (the :data:`KEEP_RELEASES` newest kept).
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ from controller.inventory import Module
 from controller.service.session import Session, UnusableRelease
 
 log = logging.getLogger(__name__)
+
+# Constants that were [controller] settings until issue 50 (ADR 0058)
+KEEP_RELEASES = 5  # staged releases kept (newest by their last run), and pushed ones on each module, besides running
+RELEASE_DOWNLOAD_MAX_BYTES = 8 * 1024**3  # the largest release a URL may deliver
+RELEASE_DOWNLOAD_TIMEOUT = 1800.0  # the whole download of a release URL, s (30 s a read at most)
 
 
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")
@@ -86,14 +91,14 @@ def release_problem(path: Path, models: tuple[str, ...]) -> str | None:
 
 def releases_in_use(s: Session) -> set[str]:
     """sha256 of the releases runs may still read: those of runs not ended (a queued run reads its tarball
-    when it starts) and the ``keep_releases`` newest by their last run. Kept staged here and pushed on the
+    when it starts) and the :data:`KEEP_RELEASES` newest by their last run. Kept staged here and pushed on the
     modules; empty before the first run."""
-    return s.read_history().releases_in_use(s.settings.keep_releases) if s.has_history() else set()
+    return s.read_history().releases_in_use(KEEP_RELEASES) if s.has_history() else set()
 
 
 def prune_releases(s: Session) -> list[Path]:
     """Remove the releases staged under ``<data_dir>/releases/<sha256>/`` (local transport, URL
-    downloads) that no running run uses and that are not among the ``keep_releases`` newest; the
+    downloads) that no running run uses and that are not among the :data:`KEEP_RELEASES` newest; the
     folders removed. Anything else there (a download in progress, a name not a sha256) stays. The fleet's kernel
     caches of the releases not kept go too (:func:`contract.kernel_store.prune`)."""
     root = s.settings.data_dir.expanduser() / "releases"
@@ -108,7 +113,7 @@ def prune_releases(s: Session) -> list[Path]:
     for d in gone:
         shutil.rmtree(d, ignore_errors=True)
         log.info("staged release %s removed (kept: %d newest and those of running runs)", d.name,
-                 s.settings.keep_releases)
+                 KEEP_RELEASES)
     return gone
 
 
@@ -125,8 +130,8 @@ def download_release(s: Session, url: str, sha256: str | None = None) -> tuple[P
 
     try:
         return fetch_release(check_release_url(url), s.settings.data_dir.expanduser() / "releases",
-                             sha256=check_sha256(sha256), max_bytes=s.settings.release_download_max_bytes,
-                             timeout=s.settings.release_download_timeout, policy=url_policy(s.settings))
+                             sha256=check_sha256(sha256), max_bytes=RELEASE_DOWNLOAD_MAX_BYTES,
+                             timeout=RELEASE_DOWNLOAD_TIMEOUT, policy=url_policy(s.settings))
     except ReleaseUrlError as exc:
         raise UnusableRelease(str(exc)) from None
 
@@ -150,7 +155,7 @@ def distribute(s: Session, modules: list[Module], tarball: Path, sha: str) -> tu
         from controller.remote.push import push_release
 
         results = push_release(remote, tarball, sha, known_hosts=s.settings.known_hosts, identity=s.settings.ssh_key,
-                               keep_newest=s.settings.keep_releases, keep=releases_in_use(s))
+                               keep_newest=KEEP_RELEASES, keep=releases_in_use(s))
         for name, r in results.items():
             if r.pruned:
                 log.info("%s: removed %d release(s) pushed there before: %s", name, len(r.pruned),

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from controller.fleet.reservations import Reservation, others, plan_reserve, shown_until, taken_line
+from controller.fleet.states import CLOCK_SKEW_WARN
 from controller.service.session import Conflict, NotFound, Session, broker_call
 
 RESERVED_EVENT = "reserved by"  # the start of a module's event ``reserved by U until ... (reason) [id]``
@@ -63,12 +64,12 @@ def reserve(s: Session, selector: str, seconds: float, reason: str = "", *, user
 
 
 def clock_warning(s: Session) -> str:
-    """A line when this controller's clock is off the broker's by more than ``clock_skew_warn`` ('' otherwise, and
+    """A line when this controller's clock is off the broker's by more than ``CLOCK_SKEW_WARN`` ('' otherwise, and
     on the embedded broker): reservations are judged by the broker's clock, the times this controller shows by its
     own."""
     fleet = s.broker(read=True)
     off = broker_call(s, fleet.kv.broker_offset)
-    if off is None or abs(off) <= s.settings.clock_skew_warn:
+    if off is None or abs(off) <= CLOCK_SKEW_WARN:
         return ""
     return (f"this controller's clock is {abs(off):.0f} s {'behind' if off > 0 else 'ahead of'} the broker's: "
             "reservations end by the broker's clock; the times shown here are this machine's (fix its clock: NTP)")

@@ -144,27 +144,25 @@ class Session:
         if self._fleet is None:
             from controller.fleet import Fleet
 
-            self._fleet = Fleet(self.settings, self.history(), failures_for_bad=self.settings.failures_for_bad,
-                                failures_cooldown=self.settings.failures_cooldown,
-                                clock_skew_warn=self.settings.clock_skew_warn)
+            self._fleet = Fleet(self.settings, self.history())
             self._fleet.pass_hooks = self.pass_hooks()
             self._closers.append(self._fleet.close)
         return self._fleet
 
     def power_recovery(self) -> PowerRecovery | None:
         """The recovery policy over the inventory's modules with a PDU outlet (None: none has one, or the policy is
-        off: power_cycles_per_run 0; an inventory that cannot be read: none, its error is the verbs' to say)."""
-        from controller.fleet.power import PowerPolicy, PowerRecovery
+        off: power_cycle_after 0; an inventory that cannot be read: none, its error is the verbs' to say)."""
+        from controller.fleet.power import POWER_CYCLES_PER_HOUR, POWER_CYCLES_PER_RUN, PowerPolicy, PowerRecovery
         from controller.inventory import InventoryError
 
         try:
             entries = {m.name: m.power for m in self.inventory().modules if m.power is not None}
         except InventoryError:
             return None
-        if not entries or self.settings.power_cycles_per_run == 0:
+        if not entries or self.settings.power_cycle_after == 0:
             return None
         st = self.settings
-        return PowerRecovery(entries, PowerPolicy(st.cycle_after, st.power_cycles_per_run, st.power_cycles_per_hour,
+        return PowerRecovery(entries, PowerPolicy(st.cycle_after, POWER_CYCLES_PER_RUN, POWER_CYCLES_PER_HOUR,
                                                   st.offline_after, st.run_time_limit))
 
     def pass_hooks(self) -> tuple[PassHook, ...]:
@@ -194,9 +192,7 @@ class Session:
 
             empty = History(":memory:")
             self._closers.append(empty.close)
-            self._fleet = Fleet(self.settings, empty, failures_for_bad=self.settings.failures_for_bad,
-                                failures_cooldown=self.settings.failures_cooldown,
-                                clock_skew_warn=self.settings.clock_skew_warn)
+            self._fleet = Fleet(self.settings, empty)
             self._closers.append(self._fleet.close)
         return self.fleet()
 

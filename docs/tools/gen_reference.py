@@ -32,7 +32,7 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference"
@@ -336,6 +336,8 @@ def _type_name(annotation: Any) -> str:
         return f"array of {_type_name(args[0])}s" if args else "array"
     if origin is dict:
         return f"table of {_type_name(get_args(annotation)[1])}s"
+    if origin is Literal:
+        return " or ".join(f'"{a}"' if isinstance(a, str) else str(a) for a in get_args(annotation))
     names = {str: "string", int: "integer", float: "float", bool: "boolean", Path: "path"}
     return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
 

@@ -37,7 +37,7 @@ def test_one_publication_is_not_trusted_unless_the_setting_says_so():
     d = decide(KEY, one)
     assert d.action == "compile"
     assert d.why == ("cache aaaaaaaaaaaa compiled by 1 module(s) (m1); 2 needed to trust it "
-                     "(kernel_cache_trust_first trusts the first)")
+                     "(kernel_cache = \"trust-first\" trusts the first)")
     first = decide(KEY, one, trust_first=True)
     assert (first.action, first.archive, first.compiled_by) == ("fetch", "a" * 64, ("m1",))
 

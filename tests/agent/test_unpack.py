@@ -200,7 +200,7 @@ def test_a_release_still_unpacks_on_a_small_file_system(tmp_path, few_inodes_fs)
 
 def test_member_count_and_name_length_are_capped(tmp_path):
     tb = _tar(tmp_path / "r.tar.gz", _tiny_members(50))
-    with pytest.raises(UnsafeTarball, match=r"more than 20 members \(unpack_max_members\); tarball refused"):
+    with pytest.raises(UnsafeTarball, match=r"more than 20 members; tarball refused"):
         unpack(tb, tmp_path / "releases" / "x", limits=UnpackLimits(max_members=20))
     long = _tar(tmp_path / "long.tar.gz", [_info(f"{TOP}/" + "/".join(["d" * 200] * 6), size=1)])
     with pytest.raises(UnsafeTarball, match=r"name of 1209 bytes, over the limit of 1024"):

@@ -62,9 +62,10 @@ def test_a_release_url_is_downloaded_checked_and_dispatched(controller, served, 
     assert f"release downloaded from {served.url}/{TARBALL}:" in caplog.text
 
 
-def test_unusable_release_urls_are_422_in_one_line_and_leave_nothing(controller, served, tmp_path, caplog):
-    small = controller.model_copy(update={"release_download_max_bytes": 5})
-    with api(small, tmp_path) as c:
+def test_unusable_release_urls_are_422_in_one_line_and_leave_nothing(controller, served, tmp_path, caplog,
+                                                                     monkeypatch):
+    monkeypatch.setattr("controller.service.releases.RELEASE_DOWNLOAD_MAX_BYTES", 5)
+    with api(controller, tmp_path) as c:
         def post(release: str, **kw: object) -> tuple[int, str]:
             r = c.post("/api/v1/runs", headers=AUTH, json={"release": release, "models": ["qwen3"], **kw})
             detail = r.json()["detail"]
@@ -90,6 +91,7 @@ def test_unusable_release_urls_are_422_in_one_line_and_leave_nothing(controller,
         code, detail = post(ok)
         assert code == 422 and f"{len((controller.inventory.parent / TARBALL).read_bytes())} bytes, more than" \
             in detail, detail
+    monkeypatch.undo()  # the default limit again
     with api(controller, tmp_path) as c:
         post_ok = lambda **b: c.post("/api/v1/runs", headers=AUTH, json={"models": ["qwen3"], **b})  # noqa: E731
         r = post_ok(release=f"{served.url}/{TARBALL}", sha256="0" * 64)

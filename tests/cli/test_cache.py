@@ -59,7 +59,7 @@ def test_cache_ls_on_an_empty_store(env, capsys):
 
 
 def test_cache_prune_keeps_the_releases_runs_may_use(env, capsys, monkeypatch):
-    monkeypatch.setenv("FLEET_CONTROLLER_KEEP_RELEASES", "1")
+    monkeypatch.setattr("controller.service.releases.KEEP_RELEASES", 1)
     h = History(env / "history.sqlite")
     finished_run(h, "r-running", modules=["m1"], sha256=digest("running"))
     finished_run(h, "r-old", modules=["m1"], state="done", sha256=digest("old"))
@@ -79,7 +79,7 @@ def test_cache_prune_keeps_the_releases_runs_may_use(env, capsys, monkeypatch):
 def test_pruning_the_staged_releases_prunes_their_kernel_caches(env, monkeypatch):
     from controller.service import Session, prune_releases
 
-    monkeypatch.setenv("FLEET_CONTROLLER_KEEP_RELEASES", "1")
+    monkeypatch.setattr("controller.service.releases.KEEP_RELEASES", 1)
     h = History(env / "history.sqlite")
     finished_run(h, "r-old", modules=["m1"], state="done", sha256=digest("old"))
     finished_run(h, "r-new", modules=["m1"], state="done", sha256=digest("new"))

@@ -1,5 +1,5 @@
 """Releases staged under <data_dir>/releases/<sha256>/ (local transport, URL downloads) do not pile
-up: each validate keeps those of running runs and the `keep_releases` newest, and nothing else of
+up: each validate keeps those of running runs and the `KEEP_RELEASES` newest, and nothing else of
 the folder's contents is touched."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def staged(env, name: str) -> object:
 
 
 def test_prune_keeps_running_and_newest(env, monkeypatch):
-    monkeypatch.setenv("FLEET_CONTROLLER_KEEP_RELEASES", "2")
+    monkeypatch.setattr("controller.service.releases.KEEP_RELEASES", 2)
     h = History(env / "history.sqlite")
     dirs = {n: staged(env, n) for n in ("running-old", "a", "b", "c", "d")}
     finished_run(h, "r-running", modules=["m1"], sha256=digest("running-old"))  # still running, oldest
@@ -44,7 +44,7 @@ def test_prune_keeps_running_and_newest(env, monkeypatch):
 
 
 def test_validate_prunes(env, capsys, monkeypatch):
-    monkeypatch.setenv("FLEET_CONTROLLER_KEEP_RELEASES", "1")
+    monkeypatch.setattr("controller.service.releases.KEEP_RELEASES", 1)
     h = History(env / "history.sqlite")
     old = staged(env, "old")
     finished_run(h, "r-old", modules=["m1"], state="done", sha256=digest("old"))

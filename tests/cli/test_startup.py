@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from contract.settings import RESULT_EXPIRES
 from controller.history import History
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +60,7 @@ def test_version_loads_neither_the_history_nor_pydantic_models_nor_the_broker(en
 
 
 def test_status_of_a_judged_run_with_a_young_lost_module_reads_the_broker(env):
-    """A module given up (LOST) may still send late rows while ``result_expires`` runs: its judged run is synced."""
+    """A module given up (LOST) may still send late rows while ``RESULT_EXPIRES`` runs: its judged run is synced."""
     from contract.records import RunState
     from controller import service
     from tests.support.cli import finished_run
@@ -74,7 +75,7 @@ def test_status_of_a_judged_run_with_a_young_lost_module_reads_the_broker(env):
         h.set_run_state("r2", "failed", verdict="failed", line="FAILED r2")
         lost = h.find_run("r2")
         assert service.settled_view(s, lost) is None
-        assert service.settled_view(s, lost, now=lost.created_at + s.settings.result_expires + 1) is not None
+        assert service.settled_view(s, lost, now=lost.created_at + RESULT_EXPIRES + 1) is not None
     h.close()
 
 

@@ -68,7 +68,7 @@ def test_evicting_broker_loses_no_row(bench_factory, evicting, release):
     finishes: Redis evicts the rows and the final state the module published. Every row the module measured
     still reaches the history, and the module is recorded done only with all of them."""
     b = bench_factory((evicting.url, evicting))
-    b.lab.start(sim_env={"sim-01": {"FLEET_FINAL_RESEND_INTERVAL": "2"}})
+    b.lab.start()  # an unacknowledged final state is sent again every 6th heartbeat: 3 s
     run_id = b.validate(release)
     b.on_key(run_id, "sim-01", KEYS[1])
     work = b.workdir("sim-01")

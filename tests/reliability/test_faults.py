@@ -43,10 +43,11 @@ def test_worker_sigkill_and_restart(bench_factory, broker, release, down_for):
 
 
 def test_sigterm_mid_run_interrupts_cleanly_and_resumes(bench_factory, broker, release):
-    """SIGTERM (systemctl stop, a deploy's restart): the run stops cleanly within stop_grace + a few
-    seconds, publishes `interrupted`, and resumes from its passed keys when the agent is back."""
+    """SIGTERM (systemctl stop, a deploy's restart): the run stops cleanly within seconds (the release's processes end
+    on SIGTERM, before the 15 s grace to SIGKILL), publishes `interrupted`, and resumes from its passed keys when the
+    agent is back."""
     b = bench_factory(broker)
-    b.lab.start(sim_env={"sim-01": {"FLEET_STOP_GRACE": "3"}})
+    b.lab.start()
     run_id = b.validate(release)
     b.on_key(run_id, "sim-01", KEYS[1])
     w = b.lab.workers["sim-01"]
@@ -61,7 +62,7 @@ def test_sigterm_mid_run_interrupts_cleanly_and_resumes(bench_factory, broker, r
     assert "interrupted" in p.error.message and [o.status for o in p.outcomes][0] == "passed"
     from tests.support.procs import leftovers
     assert leftovers(b.lab) == []  # nothing of the run outlives the agent
-    b.lab.start(sim_env={"sim-01": {"FLEET_STOP_GRACE": "3", **QUICK_ENV}})  # the resumed run at time scale 1000
+    b.lab.start(sim_env={"sim-01": QUICK_ENV})  # the resumed run at time scale 1000
     view = b.check_run(run_id, 120)
     assert view.progress["sim-01"].state == RunState.DONE
     assert view.progress["sim-01"].attempt == 1  # a clean interrupt is not a failed delivery
@@ -134,7 +135,7 @@ def test_hard_time_limit(bench_factory, redis_broker, release):
     """A run that cannot stop itself at its soft limit (its whole worker stopped: no thread of it can act) is
     ended at the hard limit by the kernel's alarm; the agent, started again as systemd does, stops the
     processes the run left and ends the run as failed, with the reason."""
-    b = bench_factory(redis_broker, run_soft_time_limit=8.0, run_time_limit=10.0)
+    b = bench_factory(redis_broker, run_time_limit=10.0)  # its soft limit: 8 s
     b.lab.start()
     run_id = b.validate(release)
     b.on_key(run_id, "sim-01", KEYS[0], timeout=30)

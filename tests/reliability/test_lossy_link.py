@@ -166,7 +166,7 @@ def test_lossy_slow_link_keeps_finished_at_telemetry_and_rows(bench_factory, los
     db = b.lab.settings.broker_url.rsplit("/", 1)[1]
     # the module's simulated time at 200 (its benchmarks in ~4 s, not ~15 s): what crawls is the link, not the run
     b.lab.start(sim_env={"sim-01": {"FLEET_BROKER_URL": f"redis://{HOST_IP}:{proxy.port}/{db}",
-                                    "FLEET_FINAL_RESEND_INTERVAL": "2", "M1000_SIM_TIME_SCALE": "200"}},
+                                    "M1000_SIM_TIME_SCALE": "200"}},
                 argv_prefix=("ip", "netns", "exec", NS))
     t0 = time.monotonic()
     run_id = b.validate(release)

@@ -185,14 +185,12 @@ def test_final_state_no_replica_acknowledged_stays_in_the_outbox(tmp_path):
     replica = Replica(tmp_path / "replica", master_port=master.port)
     try:
         work = tmp_path / "work"
-        settings = AgentSettings(broker_url=master.url, module="sim-01", workdir=work, final_state_replicas=1,
-                                 final_state_wait=0.2)
+        settings = AgentSettings(broker_url=master.url, module="sim-01", workdir=work, final_state_replicas=1)
         kv = KV(make_app(settings, module=settings.module))
         run_id, now = "r-wait-1", time.time()
         done = RunProgress(run_id=run_id, module="sim-01", release="1.4.1", state=RunState.DONE, keys_total=1,
                            keys_done=1, updated_at=now, finished_at=now)
-        Publisher(kv, work, run_id, "sim-01", replicas=settings.replicas_to_wait(),
-                  wait_s=settings.final_state_wait).final(done)
+        Publisher(kv, work, run_id, "sim-01", replicas=settings.replicas_to_wait(), wait_s=0.2).final(done)
         assert outbox_path(work, run_id).exists()  # on the master, but no replica has it: kept
         assert kv.progress(run_id, ["sim-01"])["sim-01"].state == RunState.DONE
         assert flush_outbox(kv, work, 1, 0.2) == 0 and outbox_path(work, run_id).exists()

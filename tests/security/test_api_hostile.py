@@ -28,7 +28,7 @@ from tests.support.secure import need_redis
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
-HEADER_TIMEOUT = 2.0  # the served API's header and body read timeouts (short for the test)
+HEADER_TIMEOUT = 2.0  # the served API's api_timeout: its header and body read deadlines (short for the test)
 
 
 @dataclass
@@ -82,8 +82,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env.update({"FLEET_BROKER_URL": redis.url, "FLEET_DATA_DIR": str(base / "fleet"),
                 "FLEET_INVENTORY": str(base / "inv.toml"), "FLEET_HISTORY": str(base / "history.sqlite"),
-                "FLEET_CONTROLLER_METRICS_PORT": "0", "FLEET_API_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
-                "FLEET_API_BODY_TIMEOUT": str(HEADER_TIMEOUT),
+                "FLEET_CONTROLLER_METRICS_PORT": "0", "FLEET_API_TIMEOUT": str(HEADER_TIMEOUT),
                 "FLEET_RELEASE_URL_HOSTS": '["127.0.0.1"]'})  # the lab's release server is on loopback
     log = base / "serve.log"
     exe = Path(sys.executable).parent / "fleetctl"

@@ -49,7 +49,7 @@ class Lab:
 
     def worker_env(self) -> dict[str, str]:
         """FLEET_* variables for the lab's settings that workers must share (beyond start_worker's own)."""
-        fields = ("lost_after", "run_soft_time_limit", "run_time_limit", "broker_visibility_timeout", "max_attempts",
+        fields = ("lost_after", "run_time_limit", "broker_visibility_timeout", "max_attempts",
                   "broker_sentinel_master")
         defaults = ControllerSettings()
         return {f"FLEET_{f.upper()}": str(getattr(self.settings, f)) for f in fields

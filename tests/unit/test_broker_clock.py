@@ -18,6 +18,7 @@ from contract.kv import CONFLICT_TTL, HEARTBEAT_TTL, KV, Beat, _key
 from contract.records import Heartbeat, RunProgress, RunState
 from contract.settings import BrokerSettings
 from controller.fleet import Fleet, conflict_note, derive_state, liveness, skew_warning
+from controller.fleet.collect import START_TIMEOUT
 from controller.history import History
 from controller.inventory import Module
 from controller.serve.metrics import ControllerCollector, ModuleReading
@@ -147,7 +148,7 @@ def test_derive_state_reads_the_brokers_time_not_the_agents() -> None:
 
 
 def test_liveness_reads_the_agents_run_times_through_its_skew() -> None:
-    s = BrokerSettings(lost_after=600.0, start_timeout=300.0, run_soft_time_limit=3600.0, run_time_limit=4000.0)
+    s = BrokerSettings(lost_after=600.0, run_time_limit=4000.0)
     now = 10_000.0
     # 399 s behind, idle and beating: its run's end was lost on the way; it last reported 10 s ago (not 409 s)
     p = RunProgress(run_id="r", module="m", state=RunState.BENCHMARKING, started_at=now - 420.0,
@@ -157,9 +158,9 @@ def test_liveness_reads_the_agents_run_times_through_its_skew() -> None:
         return liveness(p, b(ts=t - 400.0, at=t - 1.0), t, dispatched_at=now - 30.0, settings=s)
 
     assert idle_at(now) is None
-    assert idle_at(now + s.start_timeout - 20.0) is None
-    assert (idle_at(now + s.start_timeout) or "").startswith(
-        f"end lost: the module is idle and its run last reported {s.start_timeout + 10.0:.0f} s ago")
+    assert idle_at(now + START_TIMEOUT - 20.0) is None
+    assert (idle_at(now + START_TIMEOUT) or "").startswith(
+        f"end lost: the module is idle and its run last reported {START_TIMEOUT + 10.0:.0f} s ago")
     # one 600 s ahead: its run started 100 s ago though its clock wrote "in 500 s"; the deadline counts from then
     p2 = RunProgress(run_id="r", module="m", state=RunState.BENCHMARKING, started_at=now + 500.0, updated_at=now)
 

@@ -32,7 +32,8 @@ CONTRACT_MODULES = {"records", "kv", "celery_app", "safe_transport", "settings",
                     "vocab", "files", "redact", "version", "layout", "fingerprint", "energy", "kernel_store",
                     "priority",  # the broker order both sides keep (lower number first)
                     "attest", "cancel_token",  # the kernel cache's attestations, the pipeline's cancel token
-                    "compat", "request_identity"}  # the version policy (ADR 0051); what makes two requests one
+                    "compat", "request_identity",  # the version policy (ADR 0051); what makes two requests one
+                    "removed_settings"}  # the settings issue 50 removed, told in one line (ADR 0058)
 # what contract/ may import besides the standard library: the agent's own dependencies
 CONTRACT_THIRD_PARTY = {"pydantic", "pydantic_settings", "celery", "kombu", "redis"}
 

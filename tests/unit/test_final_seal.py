@@ -142,9 +142,9 @@ def test_an_interrupted_state_leaves_the_outbox_once_taken(agent):
 @pytest.fixture
 def ctl(tmp_path: Path):
     settings = ControllerSettings(broker_url="filesystem://", data_dir=tmp_path / "fleet",
-                                  history=tmp_path / "history.sqlite", collect_timeout=60.0)
+                                  history=tmp_path / "history.sqlite")
     history = History(tmp_path / "history.sqlite")
-    fleet = Fleet(settings, history)
+    fleet = Fleet(settings, history, collect_timeout=60.0)
     history.create_run("r1", release="1.4.1", models=["qwen3"], modules=["m1"])
     yield fleet, history
     fleet.close()

@@ -75,8 +75,10 @@ def test_settings_from_file_and_env(tmp_path, monkeypatch):
         load_settings(AgentSettings, cfg)
     with pytest.raises(ValueError, match="unsupported broker scheme"):
         BrokerSettings(broker_url="amqp://x")
-    with pytest.raises(ValueError, match="run_time_limit must be longer"):
-        BrokerSettings(run_soft_time_limit=100, run_time_limit=50)
+    with pytest.raises(ValueError, match="greater than 0"):
+        BrokerSettings(run_time_limit=0)
+    # the soft limit is derived (issue 50): a fifth earlier, 600 s at most, always before the hard one
+    assert (BrokerSettings(run_time_limit=50).run_soft_time_limit, BrokerSettings().run_soft_time_limit) == (40, 14400)
 
 
 def test_password_file_stays_out_of_the_url_text(tmp_path):

@@ -65,8 +65,7 @@ def test_a_run_that_ends_in_time_disarms_the_alarm() -> None:
 @pytest.fixture
 def agent(tmp_path: Path):
     settings = AgentSettings(module="m1", workdir=tmp_path / "work", data_dir=tmp_path / "fleet",
-                             broker_url="filesystem://", metrics_port=0, run_soft_time_limit=60,
-                             run_time_limit=90)
+                             broker_url="filesystem://", metrics_port=0, run_time_limit=90)
     app = make_app(settings)
     yield settings, app
     app.close()

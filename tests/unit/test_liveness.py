@@ -7,7 +7,7 @@ from contract.records import Heartbeat, RunProgress, RunState
 from contract.settings import BrokerSettings
 from controller.fleet import liveness
 
-S = BrokerSettings(offline_after=30, lost_after=600, start_timeout=300)
+S = BrokerSettings(offline_after=30, lost_after=600)
 T0 = 1_000_000.0
 
 
@@ -27,7 +27,7 @@ def test_busy_module_running_long_is_kept() -> None:
 
 def test_idle_module_whose_run_end_never_arrived_is_given_up_after_start_timeout() -> None:
     p = prog(RunState.BENCHMARKING, T0 + 100)
-    assert liveness(p, hb(T0 + 390), T0 + 392, dispatched_at=T0, settings=S) is None  # within start_timeout
+    assert liveness(p, hb(T0 + 390), T0 + 392, dispatched_at=T0, settings=S) is None  # within START_TIMEOUT (300 s)
     why = liveness(p, hb(T0 + 410), T0 + 411, dispatched_at=T0, settings=S)
     assert why is not None and why.startswith("end lost: the module is idle") and "benchmarking" in why
 

@@ -126,9 +126,9 @@ def test_no_variable_is_read_by_both_programs_for_different_settings(clean_env: 
     assert ControllerSettings.env_var("metrics_port") == "FLEET_CONTROLLER_METRICS_PORT"
     clean_env.setenv("FLEET_METRICS_PORT", "9500")
     clean_env.setenv("FLEET_CONTROLLER_METRICS_PORT", "9501")
-    clean_env.setenv("FLEET_KEEP_RELEASES", "4")
+    clean_env.setenv("FLEET_METRICS_HOST", "0.0.0.0")
     assert (AgentSettings().metrics_port, ControllerSettings().metrics_port) == (9500, 9501)
-    assert (AgentSettings().keep_releases, ControllerSettings().keep_releases) == (4, 5)
+    assert (AgentSettings().metrics_host, ControllerSettings().metrics_host) == ("0.0.0.0", "127.0.0.1")
 
 
 def test_every_setting_and_its_variable_is_in_the_configuration_reference() -> None:

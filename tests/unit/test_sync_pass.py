@@ -71,7 +71,7 @@ def test_final_states_beyond_a_pass_bound_wait_for_the_next_pass_unjudged_and_ar
             rows=2, started_at=now - 5, updated_at=now, finished_at=now,
             outcomes=(KeyOutcome(model_key="qwen3", status="passed", rows=2),)), _rows(m)))
     # an hour on: every module idle since, a state not taken (or not parsed) yet would be given up if judged ("end
-    # lost" after start_timeout, "never started" for one idle since dispatch)
+    # lost" after START_TIMEOUT, "never started" for one idle since dispatch)
     later = now + 3600
     states = [sorted(p.state.value for p in fleet.sync("r1", now=later).progress.values() if p) for _ in range(3)]
     assert states == [["done", "done"], ["done"] * 4, ["done"] * 5]

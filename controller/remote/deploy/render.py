@@ -50,8 +50,7 @@ def split_password(url: str) -> tuple[str, str | None]:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)), unquote(parts.password)
 
 
-_SHARED = ("run_soft_time_limit", "run_time_limit", "heartbeat_interval", "offline_after", "max_attempts",
-           "result_expires")
+_SHARED = ("run_time_limit", "heartbeat_interval", "offline_after", "max_attempts")
 
 
 def check_broker_url_option(broker_url: str | None) -> None:

@@ -142,7 +142,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "no token, or a wrong one"},
     403: {"model": Problem, "description": "the token's user lacks the role the route needs (both named)"},
     404: {"model": Problem, "description": "no such run"},
-    413: {"model": Problem, "description": "request body larger than api_max_body_bytes"},
+    413: {"model": Problem, "description": "request body larger than 64 KiB"},
     422: {"model": Problem, "description": "a field out of bounds or of the wrong type (the field named)"},
     503: {"model": Problem, "description": "broker or run history unreachable (which, and since when)"},
 }
