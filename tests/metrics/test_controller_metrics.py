@@ -7,16 +7,16 @@ import math
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from agent.tables import parse_seed
 from contract.records import ResultRow
-from controller.cli.targets import file_sd, register
+from controller.cli.targets import file_sd
 from controller.history import History
 from controller.inventory import InventoryError, parse_inventory
 from controller.serve.metrics import ControllerCollector, deviation, performance_ratio
 from tests.metrics.fleetfiles import seed_rows
+from tests.support.cli import given_app
 
 
 @pytest.fixture
@@ -146,13 +146,7 @@ def test_file_sd_refuses_reserved_labels() -> None:
 
 
 def test_prometheus_targets_command_writes_atomically(tmp_path: Path) -> None:
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        pass
-
-    register(app, lambda: parse_inventory(INV))
+    app = given_app(inventory=parse_inventory(INV))
     out = tmp_path / "targets" / "agents.json"
     res = CliRunner().invoke(app, ["prometheus-targets", "--out", str(out.parent)])  # --out is a folder
     assert res.exit_code == 0, res.output
