@@ -98,9 +98,12 @@ def test_one_module_takes_the_binary_number_of_rounds(tmp_path: Path):
         lab.stop()
 
 
-# alone: in two of three clean-clone make tests of 2026-12-06 evening the resumed bisection did not end within the
-# slow tier's 300 s (12.96 s CPU: waiting), beside the other slow modules; alone and under 4 CPU hogs it passed in
-# 21-35 s. Not understood yet (the session's note names it)
+# alone: a load-sensitive lab (3 modules, lost_after 5 s). The kill comes once every round-1 run has left the
+# controller for its module (its module started it): a controller killed between recording a run and sending its
+# messages leaves the run's parts queued with no message anywhere, given up only after START_TIMEOUT (300 s; the
+# "never started" bound of controller/fleet/collect.py:liveness): most likely the hang of the failing runs of this
+# test under load on 2026-12-06/07 (300 s waiting, not reproduced on demand); a product gap named in that session's
+# note, not what this test is about.
 @pytest.mark.alone
 def test_a_killed_controller_resumes_and_a_lost_module_gives_its_candidate_to_another(tmp_path: Path):
     series = _series(tmp_path, 5, count=8)
@@ -114,6 +117,14 @@ def test_a_killed_controller_resumes_and_a_lost_module_gives_its_candidate_to_an
         first = subprocess.Popen(cmd, env=lab.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: store.list() and any(r.round == 1 for r in store.list()[0].runs), 180,
                  "the first round dispatched")
+        history = History(lab.settings.history_location)
+
+        def round_one_started() -> bool:
+            runs = [r for r in store.list()[0].runs if r.round == 1]
+            return all(p.started_at is not None for r in runs for p in history.progress(r.run_id).values()
+                       ) and all(history.progress(r.run_id) for r in runs)
+
+        wait_for(round_one_started, 120, "the first round's runs started on their modules")
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=10)
         (rec,) = store.list()
