@@ -139,7 +139,6 @@ LONG_FUNCTIONS_ALLOWED = {
     "controller/serve/pages/__init__.py:mount": "issue 50 item 3 (API as route modules)",
     "controller/cli/deploy.py:register": "issue 50 item 3 (one way to register a CLI verb)",
     "controller/cli/report.py:register": "issue 50 item 3 (one way to register a CLI verb)",
-    "agent/validate.py:validate_request": "issue 50 item 2",
     "controller/report/analysis/build.py:analyse": "issue 50 item 2",
     "controller/history/pg.py:_v1": "issue 50 item 2",
     "agent/cli.py:probe": "issue 50 item 2",
