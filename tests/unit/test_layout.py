@@ -139,7 +139,6 @@ LONG_FUNCTIONS_ALLOWED = {
     "controller/serve/pages/__init__.py:mount": "issue 50 item 3 (API as route modules)",
     "controller/cli/deploy.py:register": "issue 50 item 3 (one way to register a CLI verb)",
     "controller/cli/report.py:register": "issue 50 item 3 (one way to register a CLI verb)",
-    "contract/celery_app.py:make_app": "issue 50 item 2",
     "controller/report/render/markdown.py:to_markdown": "issue 50 item 2",
 }
 
