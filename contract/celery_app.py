@@ -66,7 +66,7 @@ def share_backend_pool(app: Celery) -> bool:
 
 def make_app(settings: BrokerSettings, name: str = "m1000-fleet", *, module: str | None = None) -> Celery:
     """The fleet's Celery app; ``module``: an agent's own name (its unacked messages under keys of its own)."""
-    conf = _common_conf(settings)
+    conf = _common_conf()
     if is_embedded(settings):
         conf.update(_embedded_conf(settings))
     elif urlsplit(settings.broker_url).scheme == "memory":
@@ -78,8 +78,8 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet", *, module: str
     return app
 
 
-def _common_conf(settings: BrokerSettings) -> dict[str, Any]:
-    """What every app of the fleet sets, whatever its broker."""
+def _common_conf() -> dict[str, Any]:
+    """What every app of the fleet sets, whatever its broker (a fresh dict a call: no two apps share its lists)."""
     return {
         "task_serializer": "json",
         "result_serializer": "json",
