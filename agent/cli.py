@@ -296,36 +296,59 @@ def probe(
     max_concurrency: int = typer.Option(256, "--max-concurrency", help="the sweep's largest concurrency"),
 ) -> None:
     """Measure an OpenAI-compatible server with the agent's own streaming client (progress on stderr)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from agent.probe import SLO, ProbeConfig, ProbeError, load_shapes, run_probe
-    from agent.probe.prompts import parse_profiles
-    from agent.probe.runner import run_sweep
-    from agent.probe.sweep import SweepConfig, SweepSLO
-
     try:
-        if images and api != ProbeApi.chat:
-            raise BadInput("--images needs --api chat")
-        kinds: dict[str, Any] = {"api": api.value, "prompt": prompt.value, "cache": cache.value}
-        plan = None
-        if sweep:
-            if not slo:
-                raise BadInput("--sweep needs --slo, e.g. ttft_p90_ms=4000,tpot_p90_ms=60")
-            if concurrency or rate is not None:
-                raise BadInput("--sweep chooses the concurrency itself: leave out --concurrency and --rate")
-            plan = SweepConfig(slo=SweepSLO.parse(slo), budget_s=sweep_budget, max_concurrency=max_concurrency)
-        cfg = ProbeConfig(base_url=url, model=model, profiles=tuple(p.name for p in parse_profiles(profiles)),
-                          loads=load_shapes(concurrency, rate), requests=requests, warmup=warmup, repeat=repeat,
-                          output_len=output_len, images=images, slo=SLO.parse(slo) if slo and not sweep else None,
-                          timeout_s=timeout, time_scale=time_scale, engine_fields=engine_fields, seed=seed, **kinds)
-        from agent.probe.transport import Transport
-
-        Transport(url)  # the URL's form, checked before anything runs
+        cfg, plan = _probe_plan(url, model, profiles, concurrency, rate, requests, repeat, warmup, output_len, api,
+                                images, prompt, slo, timeout, time_scale, engine_fields, seed, cache, sweep,
+                                sweep_budget, max_concurrency)
         count = _tokenizer(tokenizer)
     except (BadInput, ValueError) as exc:
         raise _bad_input(error_line(exc)) from None
     err = _console(stderr=True)
+    outcome, stopped = _measure(cfg, plan, count, err)
+    raise typer.Exit(_show_probe(outcome, sweeping=plan is not None, fmt=fmt, stopped=stopped, err=err))
+
+
+def _probe_plan(url: str, model: str | None, profiles: str, concurrency: str | None, rate: float | None,
+                requests: int, repeat: int, warmup: int, output_len: int, api: ProbeApi, images: int,
+                prompt: PromptKind, slo: str | None, timeout: float, time_scale: float | None, engine_fields: bool,
+                seed: int, cache: CacheMode, sweep: bool, sweep_budget: float, max_concurrency: int
+                ) -> tuple[Any, Any]:
+    """``probe``'s options as the probe's configuration and, with ``--sweep``, the sweep's; :class:`BadInput`
+    (or ValueError) naming the option that is wrong."""
+    from agent.probe import SLO, ProbeConfig, load_shapes
+    from agent.probe.prompts import parse_profiles
+    from agent.probe.sweep import SweepConfig, SweepSLO
+
+    if images and api != ProbeApi.chat:
+        raise BadInput("--images needs --api chat")
+    kinds: dict[str, Any] = {"api": api.value, "prompt": prompt.value, "cache": cache.value}
+    plan = None
+    if sweep:
+        if not slo:
+            raise BadInput("--sweep needs --slo, e.g. ttft_p90_ms=4000,tpot_p90_ms=60")
+        if concurrency or rate is not None:
+            raise BadInput("--sweep chooses the concurrency itself: leave out --concurrency and --rate")
+        plan = SweepConfig(slo=SweepSLO.parse(slo), budget_s=sweep_budget, max_concurrency=max_concurrency)
+    cfg = ProbeConfig(base_url=url, model=model, profiles=tuple(p.name for p in parse_profiles(profiles)),
+                      loads=load_shapes(concurrency, rate), requests=requests, warmup=warmup, repeat=repeat,
+                      output_len=output_len, images=images, slo=SLO.parse(slo) if slo and not sweep else None,
+                      timeout_s=timeout, time_scale=time_scale, engine_fields=engine_fields, seed=seed, **kinds)
+    from agent.probe.transport import Transport
+
+    Transport(url)  # the URL's form, checked before anything runs
+    return cfg, plan
+
+
+def _measure(cfg: Any, plan: Any, count: Any, err: Console) -> tuple[Any, bool]:
+    """The probe's report (or, with a sweep ``plan``, the sweep's result), progress on ``err``; and whether ^C
+    stopped it early (the first ^C stops after the request in flight)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agent.probe import ProbeError, run_probe
+    from agent.probe.runner import run_sweep
+
     stopping = {"yes": False}
+    outcome: Any = None
     previous = signal.signal(signal.SIGINT, lambda *_: stopping.update(yes=True))
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -336,24 +359,28 @@ def probe(
                 bar.update(task, description=what, completed=done, total=planned)
 
             if plan is not None:
-                result = run_sweep(cfg, plan, tokenizer=count, progress=tick, stop=lambda: stopping["yes"])
+                outcome = run_sweep(cfg, plan, tokenizer=count, progress=tick, stop=lambda: stopping["yes"])
             else:
-                report = run_probe(cfg, tokenizer=count, progress=tick, stop=lambda: stopping["yes"])
+                outcome = run_probe(cfg, tokenizer=count, progress=tick, stop=lambda: stopping["yes"])
     except ProbeError as exc:
         raise _bad_input(str(exc)) from None
     finally:
         signal.signal(signal.SIGINT, previous)
-    if plan is not None:
-        if fmt == ProbeFormat.json:
-            sys.stdout.write(result.model_dump_json(indent=2) + "\n")
-        else:
-            _sweep_table(result, _stdout())
-        raise typer.Exit(0 if result.capacity is not None and not stopping["yes"] else 1)
+    return outcome, stopping["yes"]
+
+
+def _show_probe(outcome: Any, *, sweeping: bool, fmt: ProbeFormat, stopped: bool, err: Console) -> int:
+    """Print the probe's report or the sweep's result on stdout (json or a table); the exit code: 1 where a
+    request failed, the sweep found no capacity, or ^C stopped it."""
     if fmt == ProbeFormat.json:
-        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+        sys.stdout.write(outcome.model_dump_json(indent=2) + "\n")
+    elif sweeping:
+        _sweep_table(outcome, _stdout())
     else:
-        _probe_table(report, _stdout(), err)
-    raise typer.Exit(1 if report.errors or stopping["yes"] else 0)
+        _probe_table(outcome, _stdout(), err)
+    if sweeping:
+        return 0 if outcome.capacity is not None and not stopped else 1
+    return 1 if outcome.errors or stopped else 0
 
 
 def _sweep_table(result: Any, out: Console) -> None:

@@ -115,13 +115,37 @@ def refuse_other_request(req: RunRequest, pub: Publisher, why: str) -> dict[str,
 
 def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub: Publisher,
              headers: dict[str, Any]) -> dict[str, Any]:
-    from agent import hold
-    from agent.pipeline import AgentConfig, run_pipeline
-
+    """One delivery of a checked request: held back, refused or answered from its record before anything runs
+    (:func:`_before_run`, :func:`_answered`); else the pipeline (:func:`_run_pipeline`) and its end
+    (:func:`_settle`)."""
     workdir = settings.workdir.expanduser()
     run_dir = workdir / "runs" / req.run_id
+    early = _before_run(app, req, kv, pub, headers, workdir)
+    if early is not None:
+        return early
+    if headers:
+        keep_headers(run_dir, headers)
+    else:  # a run re-queued by an agent that kept no headers: those of its first delivery
+        headers = sent_headers(run_dir)
+    _clear_leftovers(workdir, req.run_id)
+    attempt = _answered(req, kv, pub, run_dir)
+    if isinstance(attempt, dict):
+        return attempt
+    ran = _run_pipeline(settings, req, kv, pub, workdir, run_dir, attempt)
+    if isinstance(ran, dict):
+        return ran
+    return _settle(app, req, pub, workdir, run_dir, headers, *ran)
+
+
+def _before_run(app: Celery, req: RunRequest, kv: KV, pub: Publisher, headers: dict[str, Any],
+                workdir: Path) -> dict[str, Any] | None:
+    """The task's answer when the run does not start here: held back by another user's reservation (back on the
+    queue, behind the holder's work, untouched), or another request under a run id used here (refused); else
+    None."""
+    from agent import hold
+
     held = hold.held_back(kv, req.run_id, req.module, headers, time.time())
-    if held is not None:  # another user's reservation: back on the queue, behind the holder's work, untouched
+    if held is not None:
         requeue(app, req, headers, priority=LEVELS["low"], task_id=task_id(req.module, req.run_id))
         log.info("run %s waits: %s", req.run_id, held.line())
         hold.linger(kv, req.run_id, req.module, headers, stop=stop_file(workdir).exists)
@@ -129,39 +153,55 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
     other = recorded_difference(RunStore(workdir), req)
     if other is not None:  # before anything of this run id is touched here: its files, its outbox entry
         return refuse_other_request(req, pub, other)
-    if headers:
-        keep_headers(run_dir, headers)
-    else:  # a run re-queued by an agent that kept no headers: those of its first delivery
-        headers = sent_headers(run_dir)
-    # the servers of a run whose worker was killed: the port must be free before this run. Only a run that did not end
-    # leaves any (state.json still names it; a run that ends stopped what it started), and the scan reads
-    # every process of the machine: skipped otherwise
+    return None
+
+
+def _clear_leftovers(workdir: Path, run_id: str) -> None:
+    """The servers of a run whose worker was killed stopped (the port must be free before this run), and a state
+    of this run waiting to be sent dropped (this delivery supersedes it)."""
+    # Only a run that did not end leaves any (state.json still names it; a run that ends stopped what it started),
+    # and the scan reads every process of the machine: skipped otherwise
     if RunStore(workdir).current_run() is not None:
         left = reap_orphans(workdir)
         if left:
             log.warning("stopped %d processes left by an earlier run: %s", len(left), left)
-    drop_waiting(workdir, req.run_id)  # this delivery supersedes a state waiting to be sent or acknowledged
+    drop_waiting(workdir, run_id)
 
-    def finish(state: RunState, step: str, message: str) -> dict[str, Any]:
-        p = RunProgress(run_id=req.run_id, module=req.module, release=req.release, state=state, step=step,
-                        keys_total=len(req.models), updated_at=time.time(), finished_at=time.time(),
-                        error=StepError(step=step, message=message))
-        pub.final(p)
-        return p.model_dump(mode="json")
 
+def _finish(req: RunRequest, pub: Publisher, state: RunState, step: str, message: str) -> dict[str, Any]:
+    """End the run here in ``state`` before its pipeline ran, with ``message``: published, and the task's answer."""
+    p = RunProgress(run_id=req.run_id, module=req.module, release=req.release, state=state, step=step,
+                    keys_total=len(req.models), updated_at=time.time(), finished_at=time.time(),
+                    error=StepError(step=step, message=message))
+    pub.final(p)
+    return p.model_dump(mode="json")
+
+
+def _answered(req: RunRequest, kv: KV, pub: Publisher, run_dir: Path) -> dict[str, Any] | int:
+    """The task's answer where the run is not benchmarked (it already finished here, it was cancelled, or it was
+    delivered more often than the request allows); else this delivery's attempt number (counted)."""
     prev = read_json(run_dir / "progress.json")
     if isinstance(prev, dict) and RunState(prev.get("state", "pending")).terminal:
-        done = RunProgress.model_validate(prev)  # of this same request (recorded_difference, above)
+        done = RunProgress.model_validate(prev)  # of this same request (recorded_difference, in _before_run)
         log.info("run %s already finished here (%s): not benchmarking again", req.run_id, done.state.value)
         pub.final(done)
         return done.model_dump(mode="json")
     flag = kv.cancel_flag(req.run_id, req.module)
     if flag:
-        return finish(RunState.FAILED if flag.lost else RunState.CANCELLED, "dispatch", flag.reason)
+        return _finish(req, pub, RunState.FAILED if flag.lost else RunState.CANCELLED, "dispatch", flag.reason)
     attempt = bump_attempts(run_dir)
     if attempt > req.max_attempts:
-        return finish(RunState.FAILED, "dispatch",
-                      f"delivered {attempt} times (agent lost during the run); giving up after {req.max_attempts}")
+        return _finish(req, pub, RunState.FAILED, "dispatch",
+                       f"delivered {attempt} times (agent lost during the run); giving up after {req.max_attempts}")
+    return attempt
+
+
+def _run_pipeline(settings: AgentSettings, req: RunRequest, kv: KV, pub: Publisher, workdir: Path, run_dir: Path,
+                  attempt: int) -> tuple[RunProgress, KVCancelToken] | dict[str, Any]:
+    """Run the pipeline under its deadline and cancel token, its progress published (attempt ``attempt``): its
+    final state and the token; the task's answer where the pipeline could record nothing."""
+    from agent.pipeline import AgentConfig, run_pipeline
+
     write_deadline(run_dir, time.time() + settings.run_time_limit)
     # the run stops itself a little before its soft limit (the hard limit ends the worker: hard_limit)
     deadline = time.monotonic() + settings.run_soft_time_limit - min(30.0, 0.1 * settings.run_soft_time_limit)
@@ -182,8 +222,14 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
         result = run_pipeline(req, AgentConfig.from_settings(settings), on_progress=on_progress, cancel=token,
                               ledger=Attestations(kv))
     except BadInput as exc:  # nothing could be recorded by the pipeline (e.g. a run id reused for another release)
-        return finish(RunState.FAILED, "dispatch", str(exc))
-    final = result.progress.model_copy(update={"attempt": attempt})
+        return _finish(req, pub, RunState.FAILED, "dispatch", str(exc))
+    return result.progress.model_copy(update={"attempt": attempt}), token
+
+
+def _settle(app: Celery, req: RunRequest, pub: Publisher, workdir: Path, run_dir: Path, headers: dict[str, Any],
+            final: RunProgress, token: KVCancelToken) -> dict[str, Any]:
+    """The pipeline's end published: a clean interrupt kept to resume, a preemption re-queued, a lost run
+    failed, any other end as it is."""
     if final.state == RunState.CANCELLED and token.shutdown:
         # stopped cleanly: state.json keeps naming the run, and the agent re-queues it when it starts again
         bump_attempts(run_dir, -1)  # a clean interrupt is not a failed delivery

@@ -17,6 +17,10 @@ a :class:`RunRequest` or raises :class:`RefusedRequest` naming the field and why
 - ``model_root`` and ``model_paths``: absolute, bounded, no control characters;
 - ``sha256`` 64 hex digits, ``release`` short and printable, ``max_attempts`` small.
 
+Each check is a pure function of the payload (or the parsed request) returning a :class:`Refusal` or None;
+:func:`check_request` is the decision, in the order above, and :func:`validate_request` applies it, resolving the
+tarball's path on disk for :func:`tarball_refusal` (the one step that reads the file system).
+
 A refused request runs nothing: the worker records the run as failed for this module
 (when the run id and module could be read) with ``refused request: <field>: <why>``.
 """
@@ -28,6 +32,8 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,119 +111,205 @@ def _control(text: str) -> bool:
     return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
-def _abs_path(field: str, value: str, refuse: Any) -> None:
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request is refused: the ``field`` it got wrong and ``why``, the decision :class:`RefusedRequest`
+    carries. Each check below returns one, or None where its part of the request is good."""
+
+    field: str
+    why: str
+
+
+def path_refusal(field: str, value: str) -> Refusal | None:
+    """``value`` is not an absolute path of bounded length without control characters."""
     if not value:
-        raise refuse(field, "empty path")
+        return Refusal(field, "empty path")
     if len(value) > MAX_PATH:
-        raise refuse(field, f"path longer than {MAX_PATH} characters")
+        return Refusal(field, f"path longer than {MAX_PATH} characters")
     if _control(value):
-        raise refuse(field, "control character (NUL, newline, ...) in path")
+        return Refusal(field, "control character (NUL, newline, ...) in path")
     if not value.startswith("/"):
-        raise refuse(field, f"{_short(value)} is not an absolute path")
+        return Refusal(field, f"{_short(value)} is not an absolute path")
+    return None
 
 
 def within(path: Path, roots: list[Path]) -> bool:
     return any(path == r or r in path.parents for r in roots)
 
 
-def validate_request(payload: object, settings: AgentSettings) -> RunRequest:
-    """The checked :class:`RunRequest` of ``payload``, or :class:`RefusedRequest`."""
+def readable_ids(payload: object, module: str) -> tuple[str | None, str | None]:
+    """The run id and module ``payload`` names, each where it is valid (and the module this agent's), else None:
+    what a refused run is recorded under."""
     if not isinstance(payload, dict):
-        raise RefusedRequest("payload", f"a JSON object was expected, got {type(payload).__name__}")
+        return None, None
     raw_run, raw_module = payload.get("run_id"), payload.get("module")
     run_id = raw_run if is_run_id(raw_run) else None
-    module = raw_module if isinstance(raw_module, str) and raw_module == settings.module else None
+    return run_id, raw_module if isinstance(raw_module, str) and raw_module == module else None
 
-    def refuse(field: str, why: str) -> RefusedRequest:
-        return RefusedRequest(field, why, run_id=run_id, module=module)
 
+def size_refusal(payload: dict[str, Any]) -> Refusal | None:
+    """The payload is not plain JSON data, or its JSON is over :data:`MAX_PAYLOAD_BYTES`."""
     try:
         size = len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
     except (TypeError, ValueError, RecursionError):
-        raise refuse("payload", "not plain JSON data") from None
+        return Refusal("payload", "not plain JSON data")
     if size > MAX_PAYLOAD_BYTES:
-        raise refuse("payload", f"{size} bytes, more than {MAX_PAYLOAD_BYTES}")
+        return Refusal("payload", f"{size} bytes, more than {MAX_PAYLOAD_BYTES}")
+    return None
+
+
+def version_refusal(payload: dict[str, Any]) -> Refusal | None:
+    """``schema_version`` is neither this agent's contract version nor the one before."""
     version = payload.get("schema_version", SCHEMA_VERSION)
-    if type(version) is not int or not runs_request(version):
-        todo = "upgrade this agent (fleetctl deploy)" if type(version) is int and version > SCHEMA_VERSION \
-            else "upgrade the controller"
-        raise refuse("schema_version", f"{_short(version)} is not {SCHEMA_VERSION - 1} or {SCHEMA_VERSION} (this "
-                                       f"agent's contract and the one before): {todo}")
-    if run_id is None:
-        why = "missing" if raw_run is None else f"{_short(raw_run)} does not match {RUN_ID_RULE}"
-        raise refuse("run_id", why)
+    if type(version) is int and runs_request(version):
+        return None
+    todo = "upgrade this agent (fleetctl deploy)" if type(version) is int and version > SCHEMA_VERSION \
+        else "upgrade the controller"
+    return Refusal("schema_version", f"{_short(version)} is not {SCHEMA_VERSION - 1} or {SCHEMA_VERSION} (this "
+                                     f"agent's contract and the one before): {todo}")
+
+
+def identity_refusal(payload: dict[str, Any], module: str) -> Refusal | None:
+    """``run_id`` does not match the pattern, or ``module`` is missing or not ``module`` (this agent's)."""
+    raw_run, raw_module = payload.get("run_id"), payload.get("module")
+    if not is_run_id(raw_run):
+        return Refusal("run_id", "missing" if raw_run is None else f"{_short(raw_run)} does not match {RUN_ID_RULE}")
     if not isinstance(raw_module, str):
-        raise refuse("module", "missing" if raw_module is None else f"{_short(raw_module)} is not a string")
-    if module is None:
-        raise refuse("module", f"run for module {_short(raw_module)} reached {settings.module!r}")
+        return Refusal("module", "missing" if raw_module is None else f"{_short(raw_module)} is not a string")
+    if raw_module != module:
+        return Refusal("module", f"run for module {_short(raw_module)} reached {module!r}")
+    return None
+
+
+def parse_request(payload: dict[str, Any]) -> RunRequest | Refusal:
+    """``payload`` as a :class:`RunRequest`, or the first field its schema refuses."""
     try:
-        req = RunRequest.model_validate(payload)
+        return RunRequest.model_validate(payload)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(x) for x in first.get("loc", ())) or "payload"
-        raise refuse(loc, str(first.get("msg", "invalid"))) from None
+        return Refusal(loc, str(first.get("msg", "invalid")))
 
+
+def scalar_refusal(req: RunRequest) -> Refusal | None:
+    """``sha256`` not 64 hex digits, ``release`` long or with control characters, ``max_attempts`` out of range."""
     sha = req.sha256
     if len(sha) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha):
-        raise refuse("sha256", "not 64 hex digits")
+        return Refusal("sha256", "not 64 hex digits")
     if len(req.release) > MAX_RELEASE or _control(req.release):
-        raise refuse("release", f"longer than {MAX_RELEASE} characters or with control characters")
+        return Refusal("release", f"longer than {MAX_RELEASE} characters or with control characters")
     if not 1 <= req.max_attempts <= MAX_ATTEMPTS:
-        raise refuse("max_attempts", f"{req.max_attempts} is not within 1..{MAX_ATTEMPTS}")
+        return Refusal("max_attempts", f"{req.max_attempts} is not within 1..{MAX_ATTEMPTS}")
+    return None
 
-    # model keys
+
+def models_refusal(req: RunRequest) -> Refusal | None:
+    """``models`` empty, too many, an unknown key or a key twice."""
     if not req.models:
-        raise refuse("models", "no model key")
+        return Refusal("models", "no model key")
     if len(req.models) > len(MODEL_KEYS):
-        raise refuse("models", f"{len(req.models)} keys, more than the {len(MODEL_KEYS)} known")
+        return Refusal("models", f"{len(req.models)} keys, more than the {len(MODEL_KEYS)} known")
     for k in req.models:
         if k not in MODEL_KEYS:
-            raise refuse("models", f"unknown model key {_short(k)}")
+            return Refusal("models", f"unknown model key {_short(k)}")
     if len(set(req.models)) != len(req.models):
-        raise refuse("models", "a model key is given twice")
+        return Refusal("models", "a model key is given twice")
+    return None
 
-    # paths
-    _abs_path("model_root", req.model_root, refuse)
+
+def model_paths_refusal(req: RunRequest) -> Refusal | None:
+    """``model_root`` or a ``model_paths`` entry not an absolute path, or an entry of an unknown key."""
+    found = path_refusal("model_root", req.model_root)
+    if found:
+        return found
     if len(req.model_paths) > len(MODEL_KEYS):
-        raise refuse("model_paths", "more entries than known model keys")
+        return Refusal("model_paths", "more entries than known model keys")
     for k, p in req.model_paths.items():
         if k not in MODEL_KEYS:
-            raise refuse("model_paths", f"unknown model key {_short(k)}")
-        _abs_path(f"model_paths.{k}", p, refuse)
+            return Refusal("model_paths", f"unknown model key {_short(k)}")
+        found = path_refusal(f"model_paths.{k}", p)
+        if found:
+            return found
+    return None
 
-    # extra environment of the release scripts
+
+def key_env_refusal(req: RunRequest) -> Refusal | None:
+    """The release scripts' extra environment: only requested keys, allowed names, bounded counts and values."""
     total = 0
     for k, env in req.key_env.items():
         if k not in req.models:
-            raise refuse("key_env", f"{_short(k)} is not a requested model key")
+            return Refusal("key_env", f"{_short(k)} is not a requested model key")
         if len(env) > MAX_ENV_PER_KEY:
-            raise refuse(f"key_env.{k}", f"{len(env)} variables, more than {MAX_ENV_PER_KEY}")
+            return Refusal(f"key_env.{k}", f"{len(env)} variables, more than {MAX_ENV_PER_KEY}")
         total += len(env)
         for name, value in env.items():
             problem = env_name_problem(name)
             if problem:
-                raise refuse(f"key_env.{k}", problem)
+                return Refusal(f"key_env.{k}", problem)
             if len(value) > MAX_ENV_VALUE:
-                raise refuse(f"key_env.{k}.{name}", f"value longer than {MAX_ENV_VALUE} characters")
+                return Refusal(f"key_env.{k}.{name}", f"value longer than {MAX_ENV_VALUE} characters")
             if "\x00" in value:
-                raise refuse(f"key_env.{k}.{name}", "NUL in value")
+                return Refusal(f"key_env.{k}.{name}", "NUL in value")
     if total > MAX_ENV_TOTAL:
-        raise refuse("key_env", f"{total} variables, more than {MAX_ENV_TOTAL}")
+        return Refusal("key_env", f"{total} variables, more than {MAX_ENV_TOTAL}")
+    return None
 
-    # the tarball: inside an allowed root once every symlink is resolved
-    _abs_path("tarball", req.tarball, refuse)
-    resolved = Path(os.path.realpath(req.tarball))
-    roots = settings.allowed_release_roots()
-    if not within(resolved, roots):
-        shown = f" (resolves to {resolved})" if str(resolved) != req.tarball else ""
-        folder = _release_folder(resolved, req.sha256)
-        raise refuse("tarball", f"{_short(req.tarball, 200)}{shown} is outside the release roots "
-                                f"({', '.join(str(r) for r in roots)}): to allow it, add {str(folder)!r} to "
-                                f"release_roots in the agent's [agent] section (or FLEET_RELEASE_ROOTS="
-                                f"'{json.dumps([str(folder)])}'), or give the agent the controller's data_dir")
-    if str(resolved) != req.tarball:
-        req = req.model_copy(update={"tarball": str(resolved)})
+
+def tarball_path_refusal(req: RunRequest) -> Refusal | None:
+    """``tarball`` not an absolute path (checked before it is resolved)."""
+    return path_refusal("tarball", req.tarball)
+
+
+# The checks of a parsed request, in the order a refusal names the first one failed.
+REQUEST_CHECKS: tuple[Callable[[RunRequest], Refusal | None], ...] = (
+    scalar_refusal, models_refusal, model_paths_refusal, key_env_refusal, tarball_path_refusal)
+
+
+def check_request(payload: object, module: str) -> RunRequest | Refusal:
+    """The decision on ``payload`` for the agent of ``module``, short of the tarball's place on disk (see
+    :func:`tarball_refusal`): the parsed request, or the first :class:`Refusal`. Pure."""
+    if not isinstance(payload, dict):
+        return Refusal("payload", f"a JSON object was expected, got {type(payload).__name__}")
+    first = size_refusal(payload) or version_refusal(payload) or identity_refusal(payload, module)
+    if first:
+        return first
+    req = parse_request(payload)
+    if isinstance(req, Refusal):
+        return req
+    for check in REQUEST_CHECKS:
+        found = check(req)
+        if found:
+            return found
     return req
+
+
+def tarball_refusal(req: RunRequest, resolved: Path, roots: list[Path]) -> Refusal | None:
+    """The tarball, resolved to ``resolved`` (every symlink followed), lies in none of the release ``roots``:
+    the refusal says which folder to allow."""
+    if within(resolved, roots):
+        return None
+    shown = f" (resolves to {resolved})" if str(resolved) != req.tarball else ""
+    folder = _release_folder(resolved, req.sha256)
+    return Refusal("tarball", f"{_short(req.tarball, 200)}{shown} is outside the release roots "
+                              f"({', '.join(str(r) for r in roots)}): to allow it, add {str(folder)!r} to "
+                              f"release_roots in the agent's [agent] section (or FLEET_RELEASE_ROOTS="
+                              f"'{json.dumps([str(folder)])}'), or give the agent the controller's data_dir")
+
+
+def validate_request(payload: object, settings: AgentSettings) -> RunRequest:
+    """The checked :class:`RunRequest` of ``payload``, naming the tarball's resolved path (what is checked is
+    what is read), or :class:`RefusedRequest`: :func:`check_request`, then the tarball's path resolved on disk
+    and :func:`tarball_refusal`."""
+    checked = check_request(payload, settings.module)
+    if isinstance(checked, RunRequest):
+        resolved = Path(os.path.realpath(checked.tarball))
+        refusal = tarball_refusal(checked, resolved, settings.allowed_release_roots())
+        if refusal is None:
+            same = str(resolved) == checked.tarball
+            return checked if same else checked.model_copy(update={"tarball": str(resolved)})
+        checked = refusal
+    run_id, module = readable_ids(payload, settings.module)
+    raise RefusedRequest(checked.field, checked.why, run_id=run_id, module=module)
 
 
 def _release_folder(tarball: Path, sha256: str) -> Path:

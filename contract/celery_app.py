@@ -66,7 +66,21 @@ def share_backend_pool(app: Celery) -> bool:
 
 def make_app(settings: BrokerSettings, name: str = "m1000-fleet", *, module: str | None = None) -> Celery:
     """The fleet's Celery app; ``module``: an agent's own name (its unacked messages under keys of its own)."""
-    conf: dict[str, Any] = {
+    conf = _common_conf()
+    if is_embedded(settings):
+        conf.update(_embedded_conf(settings))
+    elif urlsplit(settings.broker_url).scheme == "memory":
+        conf.update({"broker_url": "memory://", "result_backend": "cache+memory://"})
+    else:
+        conf.update(_redis_conf(settings, module))
+    app = Celery(name, set_as_current=False)
+    app.conf.update(conf)
+    return app
+
+
+def _common_conf() -> dict[str, Any]:
+    """What every app of the fleet sets, whatever its broker (a fresh dict a call: no two apps share its lists)."""
+    return {
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
@@ -95,57 +109,61 @@ def make_app(settings: BrokerSettings, name: str = "m1000-fleet", *, module: str
         "task_create_missing_queues": True,
         "enable_utc": True,
     }
-    if is_embedded(settings):
-        f = embedded_folders(settings.data_dir)
-        for p in f.values():
-            p.mkdir(parents=True, exist_ok=True)
-        conf["broker_url"] = "filesystem://"
-        conf["broker_transport"] = "contract.safe_transport:FilesystemTransport"  # messages written atomically
-        conf["broker_transport_options"] = {
+
+
+def _embedded_conf(settings: BrokerSettings) -> dict[str, Any]:
+    """The embedded broker's: kombu's filesystem transport and the file result backend under ``data_dir`` (its
+    folders made)."""
+    f = embedded_folders(settings.data_dir)
+    for p in f.values():
+        p.mkdir(parents=True, exist_ok=True)
+    return {
+        "broker_url": "filesystem://",
+        "broker_transport": "contract.safe_transport:FilesystemTransport",  # messages written atomically
+        "broker_transport_options": {
             "data_folder_in": str(f["queue"]),
             "data_folder_out": str(f["queue"]),
             "control_folder": str(f["control"]),
             "processed_folder": str(f["processed"]),
             "store_processed": False,
             "polling_interval": 0.05,
-        }
-        conf["result_backend"] = f"file://{f['results']}"
-    elif urlsplit(settings.broker_url).scheme == "memory":
-        conf["broker_url"] = "memory://"
-        conf["result_backend"] = "cache+memory://"
-    else:
-        url = settings.broker_url_with_secret()
-        conf["broker_url"] = url
-        conf["result_backend"] = url
-        # drops what is not a kombu message (Sentinel: the same checks on kombu's Sentinel transport)
-        conf["broker_transport"] = "contract.safe_transport:" + ("SentinelTransport" if settings.is_sentinel
-                                                              else "Transport")
-        opts: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout, "socket_timeout": 10,
-                "socket_connect_timeout": 5, "retry_on_timeout": True, "health_check_interval": 10,
-                # BRPOP's server-side timeout (kombu: 1 s): a message still arrives at once; an idle worker
-                # wakes (and sends a BRPOP) every 5 s instead of every second
-                "polling_interval": 5}
-        if settings.is_sentinel:  # the Sentinels name the master; a failover is followed on the next connection
-            opts.update({"master_name": settings.broker_sentinel_master,
-                         "sentinel_kwargs": {"socket_timeout": 5, "socket_connect_timeout": 5}})
-        conf["result_backend_transport_options"] = dict(opts)
-        if module:  # an agent: its unacked messages under keys of its own (one Redis ACL user per module)
-            q = queue_name(module)
-            opts = {**opts, "unacked_key": f"unacked:{q}", "unacked_index_key": f"unacked_index:{q}",
-                    "unacked_mutex_key": f"unacked_mutex:{q}"}
-            if not settings.is_sentinel:  # its broker channels take the result backend's pool (share_backend_pool)
-                from contract.safe_transport import SHARED_POOL_OPTION
+        },
+        "result_backend": f"file://{f['results']}",
+    }
 
-                opts[SHARED_POOL_OPTION] = q
-        conf["broker_transport_options"] = opts
-        conf["redis_socket_timeout"] = 10
-        conf["redis_socket_connect_timeout"] = 5
-        conf["redis_retry_on_timeout"] = True
-        conf["redis_backend_health_check_interval"] = 10
-        ssl_opts = settings.broker_ssl_options()
-        if ssl_opts is not None:  # rediss://: the broker's certificate is always verified (CA, client cert: settings)
-            conf["broker_use_ssl"] = dict(ssl_opts)
-            conf["redis_backend_use_ssl"] = dict(ssl_opts)
-    app = Celery(name, set_as_current=False)
-    app.conf.update(conf)
-    return app
+
+def _redis_conf(settings: BrokerSettings, module: str | None) -> dict[str, Any]:
+    """Redis' (or its Sentinels'): broker and result backend on one URL, timeouts, TLS; an agent's (``module``)
+    unacked messages under keys of its own."""
+    url = settings.broker_url_with_secret()
+    conf: dict[str, Any] = {"broker_url": url, "result_backend": url}
+    # drops what is not a kombu message (Sentinel: the same checks on kombu's Sentinel transport)
+    conf["broker_transport"] = "contract.safe_transport:" + ("SentinelTransport" if settings.is_sentinel
+                                                          else "Transport")
+    opts: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout, "socket_timeout": 10,
+                            "socket_connect_timeout": 5, "retry_on_timeout": True, "health_check_interval": 10,
+                            # BRPOP's server-side timeout (kombu: 1 s): a message still arrives at once; an idle
+                            # worker wakes (and sends a BRPOP) every 5 s instead of every second
+                            "polling_interval": 5}
+    if settings.is_sentinel:  # the Sentinels name the master; a failover is followed on the next connection
+        opts.update({"master_name": settings.broker_sentinel_master,
+                     "sentinel_kwargs": {"socket_timeout": 5, "socket_connect_timeout": 5}})
+    conf["result_backend_transport_options"] = dict(opts)
+    if module:  # an agent: its unacked messages under keys of its own (one Redis ACL user per module)
+        q = queue_name(module)
+        opts = {**opts, "unacked_key": f"unacked:{q}", "unacked_index_key": f"unacked_index:{q}",
+                "unacked_mutex_key": f"unacked_mutex:{q}"}
+        if not settings.is_sentinel:  # its broker channels take the result backend's pool (share_backend_pool)
+            from contract.safe_transport import SHARED_POOL_OPTION
+
+            opts[SHARED_POOL_OPTION] = q
+    conf["broker_transport_options"] = opts
+    conf["redis_socket_timeout"] = 10
+    conf["redis_socket_connect_timeout"] = 5
+    conf["redis_retry_on_timeout"] = True
+    conf["redis_backend_health_check_interval"] = 10
+    ssl_opts = settings.broker_ssl_options()
+    if ssl_opts is not None:  # rediss://: the broker's certificate is always verified (CA, client cert: settings)
+        conf["broker_use_ssl"] = dict(ssl_opts)
+        conf["redis_backend_use_ssl"] = dict(ssl_opts)
+    return conf

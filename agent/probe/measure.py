@@ -113,85 +113,92 @@ def _error_message(body: bytes) -> str:
     return text[:200]
 
 
-def interpret(ex: Exchange, *, scale: float = 1.0, tokenizer: Tokenizer | None = None, index: int = 0,
-              start_s: float = 0.0) -> RequestResult:
-    """The figures of one request, or the kind of error that made it fail (never dropped)."""
-    base: dict[str, Any] = {"index": index, "start_s": start_s,
-                            "first_byte_ms": None if ex.head_ns is None else ex.head_ns * scale / 1e6}
-    if ex.status is None:
-        return _fail(ex.error or "connection", ex.detail or "no HTTP answer", **base)
-    if ex.status != 200:
-        body = b"".join(d for _, d in ex.reads)
-        return _fail("http_status", f"HTTP {ex.status}: {_error_message(body)}", ex.status, **base)
-    ms = scale / 1e6
-    parser = SSEParser()
-    chunks: list[_Chunk] = []
-    done = finished = False
+@dataclass(slots=True)
+class _Stream:
+    """What the events of one response said, in order: its content chunks, whether it ended ([DONE], a
+    finish_reason), the last usage figures, and the first problem of an event."""
+
+    chunks: list[_Chunk] = field(default_factory=list)
+    done: bool = False
+    finished: bool = False
     usage_tokens: int | None = None
     prompt_tokens: int | None = None
     cached: int | None = None
     problem: tuple[ErrorKind, str] | None = None
 
-    def take(data: str, t_ns: int) -> None:
-        nonlocal done, finished, usage_tokens, prompt_tokens, cached, problem
+    def take(self, data: str, t_ns: int) -> None:
+        """One event's data, completed by the read at ``t_ns``."""
         if data.strip() == "[DONE]":
-            done = True
+            self.done = True
             return
         try:
             obj = json.loads(data)
         except ValueError:
-            problem = problem or ("broken_stream", f"an event is not JSON: {data[:80]!r}")
+            self.problem = self.problem or ("broken_stream", f"an event is not JSON: {data[:80]!r}")
             return
         if not isinstance(obj, dict):
-            problem = problem or ("broken_stream", f"an event is not a JSON object: {data[:80]!r}")
+            self.problem = self.problem or ("broken_stream", f"an event is not a JSON object: {data[:80]!r}")
             return
         if obj.get("error") is not None and not obj.get("choices"):
-            problem = problem or ("stream_error", f"the server sent an error: {_error_message(data.encode())}")
+            self.problem = self.problem or ("stream_error",
+                                            f"the server sent an error: {_error_message(data.encode())}")
             return
         choices = obj.get("choices") or ()
         text = "".join(_text_of(c) for c in choices) if isinstance(choices, list) else ""
         if isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason") for c in choices):
-            finished = True
+            self.finished = True
         usage = obj.get("usage")
         tokens = None
         if isinstance(usage, dict):
             tokens = _int(usage.get("completion_tokens"))
             if tokens is not None:
-                usage_tokens = tokens
-            prompt_tokens = _int(usage.get("prompt_tokens")) if "prompt_tokens" in usage else prompt_tokens
+                self.usage_tokens = tokens
+            self.prompt_tokens = _int(usage.get("prompt_tokens")) if "prompt_tokens" in usage else self.prompt_tokens
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict) and _int(details.get("cached_tokens")) is not None:
-                cached = _int(details.get("cached_tokens"))
+                self.cached = _int(details.get("cached_tokens"))
         if text:
-            chunks.append(_Chunk(t_ns, text, tokens))
+            self.chunks.append(_Chunk(t_ns, text, tokens))
 
+
+def _read_stream(ex: Exchange) -> tuple[_Stream, int]:
+    """The events of ``ex``'s body, each at the read that completed it (those its end completes: at the end); and
+    how many bytes of an event the body's end cut (0: none)."""
+    parser = SSEParser()
+    st = _Stream()
     for t_ns, data in ex.reads:
         for ev in parser.feed(data):
-            take(ev.data, t_ns)
+            st.take(ev.data, t_ns)
     pending, cut = parser.close()
     for ev in pending:
-        take(ev.data, ex.end_ns)
-    extra: dict[str, Any] = {**base, "status": 200, "content_chunks": len(chunks), "input_tokens": prompt_tokens,
-                             "cached_tokens": cached}
+        st.take(ev.data, ex.end_ns)
+    return st, cut
+
+
+def _stream_failure(ex: Exchange, st: _Stream, cut: int, counted: bool) -> tuple[ErrorKind, str] | None:
+    """Why an HTTP 200 stream failed (the first reason, in the order of the docs' definitions), or None.
+    ``counted``: output tokens can be counted without usage (a tokenizer)."""
     if ex.error is not None:
-        return _fail(ex.error, ex.detail or "the stream broke", **extra)
-    if problem is not None:
-        return _fail(problem[0], problem[1], **extra)
+        return ex.error, ex.detail or "the stream broke"
+    if st.problem is not None:
+        return st.problem
     if cut:
-        return _fail("broken_stream", f"the stream was cut in the middle of an event ({cut} bytes)", **extra)
-    if not chunks:
-        if not done and not finished:
-            return _fail("broken_stream", "the stream ended without content, [DONE] or a finish_reason", **extra)
-        return _fail("empty_response", "HTTP 200 without any generated content", **extra)
-    if not done and not finished:
-        return _fail("broken_stream", "the stream ended without [DONE] or a finish_reason", **extra)
-    n = usage_tokens
-    if n is None:
-        if tokenizer is None:
-            return _fail("missing_usage", "no usage.completion_tokens in the stream (and no tokenizer)", **extra)
-        n = tokenizer("".join(c.text for c in chunks))
-    ttft_ns = chunks[0].t_ns
-    ttft = ttft_ns * ms
+        return "broken_stream", f"the stream was cut in the middle of an event ({cut} bytes)"
+    if not st.chunks:
+        if not st.done and not st.finished:
+            return "broken_stream", "the stream ended without content, [DONE] or a finish_reason"
+        return "empty_response", "HTTP 200 without any generated content"
+    if not st.done and not st.finished:
+        return "broken_stream", "the stream ended without [DONE] or a finish_reason"
+    if st.usage_tokens is None and not counted:
+        return "missing_usage", "no usage.completion_tokens in the stream (and no tokenizer)"
+    return None
+
+
+def _figures(ex: Exchange, chunks: list[_Chunk], n: int, scale: float, extra: dict[str, Any]) -> RequestResult:
+    """The figures of a request that succeeded: ``n`` output tokens over ``chunks`` (times scaled by ``scale``)."""
+    ms = scale / 1e6
+    ttft = chunks[0].t_ns * ms
     e2e = ex.end_ns * ms
     tpot = (e2e - ttft) / (n - 1) if n > 1 else None
     itl = tuple((b.t_ns - a.t_ns) * ms for a, b in zip(chunks, chunks[1:], strict=False))
@@ -202,6 +209,29 @@ def interpret(ex: Exchange, *, scale: float = 1.0, tokenizer: Tokenizer | None =
         accept = after / (len(chunks) - 1)
     return RequestResult(ok=True, ttft_ms=ttft, e2e_ms=e2e, tpot_ms=tpot, itl_ms=itl, output_tokens=n,
                          tokens_per_chunk=per_chunk, accept_length=accept, **extra)
+
+
+def interpret(ex: Exchange, *, scale: float = 1.0, tokenizer: Tokenizer | None = None, index: int = 0,
+              start_s: float = 0.0) -> RequestResult:
+    """The figures of one request, or the kind of error that made it fail (never dropped)."""
+    base: dict[str, Any] = {"index": index, "start_s": start_s,
+                            "first_byte_ms": None if ex.head_ns is None else ex.head_ns * scale / 1e6}
+    if ex.status is None:
+        return _fail(ex.error or "connection", ex.detail or "no HTTP answer", **base)
+    if ex.status != 200:
+        body = b"".join(d for _, d in ex.reads)
+        return _fail("http_status", f"HTTP {ex.status}: {_error_message(body)}", ex.status, **base)
+    st, cut = _read_stream(ex)
+    extra: dict[str, Any] = {**base, "status": 200, "content_chunks": len(st.chunks), "input_tokens": st.prompt_tokens,
+                             "cached_tokens": st.cached}
+    failure = _stream_failure(ex, st, cut, counted=tokenizer is not None)
+    if failure is not None:
+        return _fail(failure[0], failure[1], **extra)
+    n = st.usage_tokens
+    if n is None:
+        assert tokenizer is not None  # _stream_failure: missing_usage otherwise
+        n = tokenizer("".join(c.text for c in st.chunks))
+    return _figures(ex, st.chunks, n, scale, extra)
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:

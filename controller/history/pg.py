@@ -28,8 +28,8 @@ def _row_columns() -> str:
     return ", ".join(f'"{f}" {types[KINDS[f]]}' for f in ROW_FIELDS)
 
 
-def _v1() -> str:
-    return f"""
+# version 1, by the records its tables hold (data: only the rows' columns are derived, from their fields)
+_V1_RUNS = """
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
     created_at DOUBLE PRECISION NOT NULL,
@@ -44,7 +44,7 @@ CREATE TABLE runs (
     finished_at DOUBLE PRECISION,
     note TEXT NOT NULL DEFAULT '',
     verdict_line TEXT,
-    module_models TEXT NOT NULL DEFAULT '{{}}',
+    module_models TEXT NOT NULL DEFAULT '{}',
     started_by TEXT NOT NULL DEFAULT '',
     priority TEXT NOT NULL DEFAULT 'normal',
     dispatched_at DOUBLE PRECISION
@@ -59,13 +59,8 @@ CREATE TABLE module_runs (
     PRIMARY KEY (run_id, module)
 );
 CREATE INDEX module_runs_module ON module_runs (module, updated_at);
-CREATE TABLE rows (
-    {_row_columns()},
-    seq BIGINT GENERATED ALWAYS AS IDENTITY,
-    PRIMARY KEY (run_id, module, model_key, profile, source)
-);
-CREATE INDEX rows_module ON rows (module, model_key);
-CREATE TABLE events (
+"""
+_V1_RECORDS = """CREATE TABLE events (
     run_id TEXT NOT NULL,
     module TEXT NOT NULL,
     ts DOUBLE PRECISION NOT NULL,
@@ -94,7 +89,8 @@ CREATE TABLE fingerprints (
     PRIMARY KEY (run_id, module)
 );
 CREATE INDEX fingerprints_digest ON fingerprints (digest);
-CREATE TABLE webhook_outbox (
+"""
+_V1_WEBHOOKS = """CREATE TABLE webhook_outbox (
     run_id TEXT NOT NULL,
     event TEXT NOT NULL,
     verdict TEXT NOT NULL,
@@ -125,7 +121,9 @@ CREATE TABLE webhook_claims (
     until DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (run_id, event, url_sha256)
 );
-CREATE TABLE row_generations (
+"""
+# the generation a column file is checked against (see the module's docstring)
+_V1_ROW_GENERATIONS = """CREATE TABLE row_generations (
     run_id TEXT PRIMARY KEY,
     gen BIGINT NOT NULL,
     tx BIGINT
@@ -160,6 +158,19 @@ $$;
 CREATE TRIGGER rows_generation AFTER INSERT OR UPDATE OR DELETE ON rows
     FOR EACH ROW EXECUTE FUNCTION history_rows_changed();
 """
+
+
+def _v1() -> str:
+    """Version 1's DDL: the runs, their rows (columns by field kind), the records beside them, the webhooks' and
+    the rows' generations."""
+    rows = f"""CREATE TABLE rows (
+    {_row_columns()},
+    seq BIGINT GENERATED ALWAYS AS IDENTITY,
+    PRIMARY KEY (run_id, module, model_key, profile, source)
+);
+CREATE INDEX rows_module ON rows (module, model_key);
+"""
+    return _V1_RUNS + rows + _V1_RECORDS + _V1_WEBHOOKS + _V1_ROW_GENERATIONS
 
 
 # the column files' bytes (controller.history.frames.TableFiles): every controller of the database reads the one

@@ -23,6 +23,8 @@ def _invoke(*args: str):
     (["--slo", "ttft=3"], "expected ttft_ms="),
     (["--images", "2"], "--images needs --api chat"),
     (["--requests", "0"], "requests"),
+    (["--sweep"], "--sweep needs --slo"),
+    (["--sweep", "--slo", "ttft_p90_ms=100", "--concurrency", "2"], "leave out --concurrency and --rate"),
 ])
 def test_bad_input_is_one_line_and_exit_2(extra, message):
     res = _invoke("http://127.0.0.1:9", *extra)
@@ -60,3 +62,16 @@ def test_table_output_and_errors_make_exit_1():
     assert res.exit_code == 1, res.output
     assert "engine-specific fields refused" in res.stdout and "128:128" in res.stdout
     assert "errors: http_status 1" in res.output and "HTTP 500: boom" in res.output
+
+
+@pytest.mark.parametrize("fmt", ["json", "table"])
+def test_a_sweep_names_its_capacity_and_exits_0(fmt):
+    with in_thread(FakeServer(tokens=5)) as srv:
+        res = _invoke(srv.url, "--profiles", "16:16", "--sweep", "--slo", "ttft_p90_ms=10000,tpot_p90_ms=10000",
+                      "--sweep-budget", "5", "--max-concurrency", "2", "--output-len", "5", "--format", fmt)
+    assert res.exit_code == 0, res.output
+    if fmt == "json":
+        doc = json.loads(res.stdout)
+        assert doc["profile"] == "16:16" and doc["capacity"]["concurrency"] == 2
+    else:
+        assert "SLO sweep 16:16" in res.stdout and "capacity at SLO: concurrency 2" in res.stdout

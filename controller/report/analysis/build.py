@@ -9,11 +9,14 @@ aggregated results (cells, keys, modules) are iterated in Python; rows never are
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from contract.vocab import Disagreement
 from controller.report.analysis.compare import (
+    PreviousMatch,
     correctness,
     diff_to_previous,
     diff_to_reference,
@@ -37,21 +40,66 @@ from controller.report.analysis.probe import capacities, probe_disagreements, pr
 from controller.report.analysis.summary import completeness, flagged_rows, summarise
 from controller.report.analysis.verdict import decide, fold, missing_metrics
 from controller.report.jit import with_jit
-from controller.report.model import ALL_METRICS, DERIVED, FLEET, Change, Regression, Report, Thresholds
+from controller.report.model import (
+    ALL_METRICS,
+    DERIVED,
+    FLEET,
+    Change,
+    Outlier,
+    Regression,
+    Report,
+    Thresholds,
+)
 
 
-def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline: pd.DataFrame | None = None,
-            baseline_id: str | None = None, baseline_label: str = "baseline", previous: pd.DataFrame | None = None,
-            previous_label: str = "previous", state: str = "done", expected_modules: Iterable[str] = (),
-            expected_keys: Iterable[str] = (), thresholds: Thresholds | None = None,
-            module_keys: Mapping[str, Iterable[str]] | None = None, refused: Mapping[str, str] | None = None) -> Report:
-    """Build a report from frames of result rows (one column per ``ResultRow`` field).
+@dataclass(frozen=True)
+class Frames:
+    """The run's rows and its references, the probe's rows split off (:func:`split_sources`) and prepared."""
 
-    Rows the agent's probe measured (``source == "probe"``) never enter the figures: they are
-    only compared with the release's rows of the same module, key and profile. ``module_keys``: the modules
-    asked for only some of ``expected_keys`` (``retry --failed-only``), and those keys. ``refused``: module -> why,
-    the modules refused at dispatch (the run is judged on the others, and incomplete)."""
-    th = thresholds or Thresholds()
+    rows: pd.DataFrame  # the run's release rows, as stored
+    probe: pd.DataFrame | None  # the rows the agent's probe measured
+    cur: pd.DataFrame  # ``rows`` prepared (.frame.prepare)
+    base: pd.DataFrame | None  # the baseline's rows prepared, None without a row
+    prev: pd.DataFrame | None  # the previous run's rows prepared, None without a row
+    ref: pd.DataFrame | None  # the baseline's figures per (key, profile) (.compare.reference)
+    previous_ids: tuple[str, ...]  # the previous run's ids
+    disagreements: tuple[Disagreement, ...]  # release figures outside the probe's band
+    probe_checked: int  # release rows with a probe row beside them
+
+
+@dataclass(frozen=True)
+class Included:
+    """The outliers found, and the rows left once they are set apart, with what the comparisons reuse."""
+
+    names: Names
+    cells_all: Groups  # every row's cells, sorted once
+    spread: pd.DataFrame  # per cell the robust spread of each primary metric
+    outliers: tuple[Outlier, ...]
+    deviation: pd.DataFrame  # module x key deviation from the fleet
+    energy: tuple[Outlier, ...]  # the energy outliers (.energy)
+    excluded: np.ndarray  # per row of cur: an outlier's
+    some_excluded: bool  # some rows left out, not all
+    cells_inc: Groups  # the included rows' cells
+    inc: pd.DataFrame  # the included rows (only the columns the comparisons read)
+    mid: Middles | None  # the included rows' middles per cell
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Too few modules for an interval (``few``): the findings are weighed by the runs' own spread too (.noise),
+    of ``judged`` (the included rows where some are left out), the ``out_of_line`` modules left out of it."""
+
+    few: bool
+    judged: pd.DataFrame
+    out_of_line: set[str]
+
+
+Findings = tuple[list[Change], list[Regression]]  # key-level changes, regressions
+
+
+def prepare_frames(rows: pd.DataFrame, baseline: pd.DataFrame | None, previous: pd.DataFrame | None,
+                   th: Thresholds) -> Frames:
+    """The probe's rows split from each frame, the probe's disagreements taken, the frames prepared."""
     rows, probe = split_sources(rows)
     assert rows is not None
     baseline, previous = split_sources(baseline)[0], split_sources(previous)[0]
@@ -59,21 +107,27 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     cur = prepare(rows)
     base = prepare(baseline) if baseline is not None and len(baseline) else None
     prev = prepare(previous) if previous is not None and len(previous) else None
-    notes: list[str] = []
-    ref = reference(base) if base is not None else None
-    if ref is None and prev is None:
-        notes.append("no baseline and no previous run: only the modules are compared with each other")
-    elif ref is None and previous_label == "previous":
-        notes.append("no baseline: only each module's previous run and the fleet itself are compared")
+    prev_ids = tuple(sorted(map(str, previous["run_id"].unique()))) if prev is not None and previous is not None \
+        else ()
+    return Frames(rows=rows, probe=probe, cur=cur, base=base, prev=prev,
+                  ref=reference(base) if base is not None else None, previous_ids=prev_ids,
+                  disagreements=disagreements, probe_checked=probe_checked)
 
-    names = Names(cur)
-    cells_all = Groups(cur["cell"].to_numpy())  # sorted once, reused by every per-cell median
-    devs, spread, fleet_mid = fleet_deviation(cur, th, cells_all)
-    outliers, deviation = find_outliers(devs, names, th)
-    energy = energy_outliers(cur, th)
-    # refining takes the outlier modules' rows only: the rest goes before the included rows are taken
-    devs = devs.only(np.flatnonzero(np.isin(devs.mod, [names.modules.get_loc(o.module) for o in outliers])))
-    excluded = outlier_mask(cur, outliers)
+
+def reference_notes(ref: pd.DataFrame | None, prev: pd.DataFrame | None, previous_label: str) -> list[str]:
+    """What the run is compared with, where that is less than a baseline."""
+    if ref is None and prev is None:
+        return ["no baseline and no previous run: only the modules are compared with each other"]
+    if ref is None and previous_label == "previous":
+        return ["no baseline: only each module's previous run and the fleet itself are compared"]
+    return []
+
+
+def included_rows(cur: pd.DataFrame, ref: pd.DataFrame | None, excluded: np.ndarray, cells_all: Groups,
+                  fleet_mid: dict[str, tuple[np.ndarray, np.ndarray]]
+                  ) -> tuple[Groups, pd.DataFrame, Middles | None]:
+    """The rows ``excluded`` leaves: their cells, the rows (the columns the comparisons read) and their middles
+    (None where every row is left out)."""
     some_excluded = bool(excluded.any()) and bool((~excluded).any())
     # the included rows without their figures (the comparisons take badness only); which
     # metrics have a figure <= 0 among them is taken first
@@ -88,71 +142,145 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
             ["cell", *badness_columns(m for m in ALL_METRICS if m not in known)])
     inc = take_rows(cur, ~excluded, kept) if some_excluded else cur
     mid = Middles(inc, cells_inc, exact, known) if some_excluded or not excluded.any() else None
+    return cells_inc, inc, mid
+
+
+def set_outliers_apart(cur: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> Included:
+    """The outlier modules and (module, key) pairs against the fleet, refined against the fleet without them, and
+    the rows left (:func:`included_rows`)."""
+    names = Names(cur)
+    cells_all = Groups(cur["cell"].to_numpy())  # sorted once, reused by every per-cell median
+    devs, spread, fleet_mid = fleet_deviation(cur, th, cells_all)
+    outliers, deviation = find_outliers(devs, names, th)
+    energy = energy_outliers(cur, th)
+    # refining takes the outlier modules' rows only: the rest goes before the included rows are taken
+    devs = devs.only(np.flatnonzero(np.isin(devs.mod, [names.modules.get_loc(o.module) for o in outliers])))
+    excluded = outlier_mask(cur, outliers)
+    some_excluded = bool(excluded.any()) and bool((~excluded).any())
+    cells_inc, inc, mid = included_rows(cur, ref, excluded, cells_all, fleet_mid)
     if some_excluded:
         outliers, deviation = refine_outliers(cur, devs, names, outliers, excluded, deviation, th, inc, mid)
-    del devs  # not needed past the outliers: its memory goes before the comparisons take theirs
+    return Included(names=names, cells_all=cells_all, spread=spread, outliers=outliers, deviation=deviation,
+                    energy=energy, excluded=excluded, some_excluded=some_excluded, cells_inc=cells_inc, inc=inc,
+                    mid=mid)
 
+
+def run_noise(cur: pd.DataFrame, inc: Included) -> Noise:
+    """Whether the findings are weighed by the runs' noise too, and over which rows."""
+    out_of_line = {o.module for o in inc.outliers if o.model_key == FLEET}  # not in the references' spread either
+    few = len(inc.names.modules) - len(out_of_line) < NOISE_BELOW
+    return Noise(few=few, judged=cur[~inc.excluded] if few and inc.some_excluded else cur, out_of_line=out_of_line)
+
+
+def against_baseline(f: Frames, inc: Included, noise: Noise, label: str, th: Thresholds) -> Findings:
+    """The fleet against the baseline's figures: key-level changes, regressions, answers, metrics gone."""
     changes: list[Change] = []
     regs: list[Regression] = []
-    # too few modules for an interval: the findings are weighed by the runs' own spread too (.noise)
-    few = len(names.modules) - len({o.module for o in outliers if o.model_key == FLEET}) < NOISE_BELOW
-    judged = cur[~excluded] if few and some_excluded else cur
-    out_of_line = {o.module for o in outliers if o.model_key == FLEET}  # not in the references' spread either
-    if ref is not None and len(inc):
-        d, ref_cells = diff_to_reference(inc, ref)
-        ch, rg, _ = fleet_compare(d, names, baseline_label, th, ref_cells, cells_inc, mid)
-        if few and base is not None:
-            rg, ch = weigh(rg, ch, RunNoise(judged, base, th, out_of_line), baseline_label)
+    ref = f.ref
+    if ref is None:
+        return changes, regs
+    if len(inc.inc):
+        d, ref_cells = diff_to_reference(inc.inc, ref)
+        ch, rg, _ = fleet_compare(d, inc.names, label, th, ref_cells, inc.cells_inc, inc.mid)
+        if noise.few and f.base is not None:
+            rg, ch = weigh(rg, ch, RunNoise(noise.judged, f.base, th, noise.out_of_line), label)
         changes += ch
         regs += rg
         right = np.full(int(ref_cells.index.max()) + 1, np.nan)  # the reference's answer per cell code
         right[ref_cells.index.to_numpy()] = ref_cells["correct"].to_numpy(dtype=float)
-        regs += correctness(inc, np.take(right, inc["cell"].to_numpy()), baseline_label)
-    if ref is not None:
-        regs += missing_metrics(cur, names.cells, ref, names.modkey, baseline_label)
-    prev_ids: tuple[str, ...] = ()
-    if prev is not None and len(inc):
-        prev_ids = tuple(sorted(map(str, previous["run_id"].unique()))) if previous is not None else ()
-        match = previous_match(cur, prev)
-        # the fleet's comparison: the included rows' differences, taken from cur's rows (not all, then a copy);
-        # where few of them have a previous figure (a previous run of a few of the modules), those rows only, the
-        # others counted as rows of their cells without a figure
-        inc_rows = np.flatnonzero(~excluded) if some_excluded else None
-        live = np.flatnonzero(match[0][inc_rows] >= 0) if inc_rows is not None else np.flatnonzero(match[0] >= 0)
-        if cells_inc.order is None and len(live) * 4 < len(cells_inc.codes):
-            dp = diff_to_previous(cur, prev, live if inc_rows is None else inc_rows[live], match)
-            ch, rg, _ = fleet_compare(dp, names, previous_label, th, among=(cells_inc, live))
-        else:
-            dp = diff_to_previous(cur, prev, inc_rows, match)
-            ch, rg, _ = fleet_compare(dp, names, previous_label, th, groups=cells_inc)
-        if few:
-            rg, ch = weigh(rg, ch, RunNoise(judged, prev, th, out_of_line), previous_label)
-        changes += ch
-        regs += rg
-        fleet_wide = {(r.model_key, DERIVED.get(r.metric, r.metric)) for r in regs
-                      if r.module == FLEET and r.profile == FLEET}
-        # each module against its previous run: the rows with a previous figure only (one without adds nothing
-        # to a module's median or counts; a previous run of a few of the modules leaves most rows without)
-        found = np.flatnonzero(match[0] >= 0)
-        if some_excluded or len(found) < len(cur):
-            dp = diff_to_previous(cur, prev, found if len(found) < len(cur) else None, match)
-        mine = module_compare(dp, names, th, previous_label, fleet_wide)
-        regs += weigh(mine, [], RunNoise(judged, prev, th, out_of_line), previous_label)[0] if few else mine
-        answers = np.full(len(cur), np.nan)  # the previous run's answer per row of cur
-        answers[found] = dp["ref_correct"].to_numpy(dtype=float)
-        regs += correctness(cur, answers, previous_label)
-    regressions = tuple(fold(regs, outliers, energy))
+        regs += correctness(inc.inc, np.take(right, inc.inc["cell"].to_numpy()), label)
+    regs += missing_metrics(f.cur, inc.names.cells, ref, inc.names.modkey, label)
+    return changes, regs
 
+
+def fleet_against_previous(cur: pd.DataFrame, prev: pd.DataFrame, match: PreviousMatch, inc: Included,
+                           noise: Noise, label: str, th: Thresholds) -> tuple[list[Change], list[Regression],
+                                                                              pd.DataFrame]:
+    """The fleet (the included rows) against the same modules' previous run: changes, regressions, and the
+    differences taken (the modules' comparison reuses them where they are every row's)."""
+    # the fleet's comparison: the included rows' differences, taken from cur's rows (not all, then a copy);
+    # where few of them have a previous figure (a previous run of a few of the modules), those rows only, the
+    # others counted as rows of their cells without a figure
+    inc_rows = np.flatnonzero(~inc.excluded) if inc.some_excluded else None
+    live = np.flatnonzero(match[0][inc_rows] >= 0) if inc_rows is not None else np.flatnonzero(match[0] >= 0)
+    if inc.cells_inc.order is None and len(live) * 4 < len(inc.cells_inc.codes):
+        dp = diff_to_previous(cur, prev, live if inc_rows is None else inc_rows[live], match)
+        ch, rg, _ = fleet_compare(dp, inc.names, label, th, among=(inc.cells_inc, live))
+    else:
+        dp = diff_to_previous(cur, prev, inc_rows, match)
+        ch, rg, _ = fleet_compare(dp, inc.names, label, th, groups=inc.cells_inc)
+    if noise.few:
+        rg, ch = weigh(rg, ch, RunNoise(noise.judged, prev, th, noise.out_of_line), label)
+    return ch, rg, dp
+
+
+def modules_against_previous(cur: pd.DataFrame, prev: pd.DataFrame, match: PreviousMatch, inc: Included,
+                             noise: Noise, label: str, th: Thresholds, fleet_wide: set[tuple[str, str]],
+                             fleet_dp: pd.DataFrame) -> list[Regression]:
+    """Each module against its previous run (``fleet_wide``: the (key, metric) findings of the fleet, not repeated
+    per module), and each row's answer against the previous one. ``fleet_dp``: the fleet's differences."""
+    # the rows with a previous figure only (one without adds nothing to a module's median or counts; a previous
+    # run of a few of the modules leaves most rows without)
+    found = np.flatnonzero(match[0] >= 0)
+    dp = fleet_dp
+    if inc.some_excluded or len(found) < len(cur):
+        dp = diff_to_previous(cur, prev, found if len(found) < len(cur) else None, match)
+    mine = module_compare(dp, inc.names, th, label, fleet_wide)
+    regs = weigh(mine, [], RunNoise(noise.judged, prev, th, noise.out_of_line), label)[0] if noise.few else mine
+    answers = np.full(len(cur), np.nan)  # the previous run's answer per row of cur
+    answers[found] = dp["ref_correct"].to_numpy(dtype=float)
+    return regs + correctness(cur, answers, label)
+
+
+def against_previous(f: Frames, inc: Included, noise: Noise, label: str, th: Thresholds,
+                     earlier: list[Regression]) -> Findings:
+    """The fleet, then each module, against the previous run (``earlier``: the findings against the baseline)."""
+    if f.prev is None or not len(inc.inc):
+        return [], []
+    match = previous_match(f.cur, f.prev)
+    changes, regs, dp = fleet_against_previous(f.cur, f.prev, match, inc, noise, label, th)
+    fleet_wide = {(r.model_key, DERIVED.get(r.metric, r.metric)) for r in [*earlier, *regs]
+                  if r.module == FLEET and r.profile == FLEET}
+    regs += modules_against_previous(f.cur, f.prev, match, inc, noise, label, th, fleet_wide, dp)
+    return changes, regs
+
+
+def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline: pd.DataFrame | None = None,
+            baseline_id: str | None = None, baseline_label: str = "baseline", previous: pd.DataFrame | None = None,
+            previous_label: str = "previous", state: str = "done", expected_modules: Iterable[str] = (),
+            expected_keys: Iterable[str] = (), thresholds: Thresholds | None = None,
+            module_keys: Mapping[str, Iterable[str]] | None = None, refused: Mapping[str, str] | None = None) -> Report:
+    """Build a report from frames of result rows (one column per ``ResultRow`` field).
+
+    Rows the agent's probe measured (``source == "probe"``) never enter the figures: they are
+    only compared with the release's rows of the same module, key and profile. ``module_keys``: the modules
+    asked for only some of ``expected_keys`` (``retry --failed-only``), and those keys. ``refused``: module -> why,
+    the modules refused at dispatch (the run is judged on the others, and incomplete).
+
+    The steps, each a function of its own: :func:`prepare_frames`, :func:`set_outliers_apart`, :func:`run_noise`,
+    :func:`against_baseline`, :func:`against_previous`; then one finding per cause (:func:`.verdict.fold`), the
+    notes and the verdict (:func:`.verdict.decide`)."""
+    th = thresholds or Thresholds()
+    f = prepare_frames(rows, baseline, previous, th)
+    cur = f.cur
+    notes = reference_notes(f.ref, f.prev, previous_label)
+    inc = set_outliers_apart(cur, f.ref, th)
+    noise = run_noise(cur, inc)
+    changes, regs = against_baseline(f, inc, noise, baseline_label, th)
+    prev_changes, prev_regs = against_previous(f, inc, noise, previous_label, th, regs)
+    regressions = tuple(fold([*regs, *prev_regs], inc.outliers, inc.energy))
     refused = dict(refused or {})
-    notes += flagged_rows(rows)  # before what is missing: an incomplete verdict's line names the last note
-    notes += completeness(cur, names, ref, expected_modules, expected_keys, module_keys, refused)
+    notes += flagged_rows(f.rows)  # before what is missing: an incomplete verdict's line names the last note
+    notes += completeness(cur, inc.names, f.ref, expected_modules, expected_keys, module_keys, refused)
     verdict = decide(state, len(cur), regressions, notes, expected_modules, expected_keys, refused)
+    compared_previous = f.prev is not None and len(inc.inc) > 0
     return with_jit(Report(
-        run_id=run_id, release=release, baseline_id=baseline_id, previous_ids=prev_ids, verdict=verdict,
-        regressions=regressions, outliers=outliers, changes=tuple(changes), notes=tuple(notes),
+        run_id=run_id, release=release, baseline_id=baseline_id,
+        previous_ids=f.previous_ids if compared_previous else (), verdict=verdict,
+        regressions=regressions, outliers=inc.outliers, changes=(*changes, *prev_changes), notes=tuple(notes),
         modules=tuple(sorted(map(str, cur["module"].unique()))), thresholds=th,
-        summary=summarise(cur, rows, ref, ~excluded, spread, cells_all, mid), rows=rows, reference=ref,
-        deviation=deviation, disagreements=disagreements, probe_checked=probe_checked, capacities=capacities(probe),
-        probe_intervals=probe_intervals(probe),
-        energy_outliers=energy, refused=tuple(refused.items()),
+        summary=summarise(cur, f.rows, f.ref, ~inc.excluded, inc.spread, inc.cells_all, inc.mid), rows=f.rows,
+        reference=f.ref, deviation=inc.deviation, disagreements=f.disagreements, probe_checked=f.probe_checked,
+        capacities=capacities(f.probe), probe_intervals=probe_intervals(f.probe),
+        energy_outliers=inc.energy, refused=tuple(refused.items()),
     ))
