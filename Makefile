@@ -140,7 +140,7 @@ NPROC := $(shell nproc 2>/dev/null || echo 2)
 FAST_WORKERS ?= $(NPROC)
 # 2 x cores + 1: the slow tier's tests mostly wait on real processes, and its wall time followed its work over the
 # workers (2026-12-06: ~2,900 s of modules over 4 workers, 730 s); docs/adr/0035-test-tiers-in-parallel.md
-SLOW_WORKERS ?= $(shell echo $$(( $(NPROC) * 2 + 1 )))
+SLOW_WORKERS ?= $(shell echo $$(( $(NPROC) * 2 )))
 
 tier-fast: install
 	@$(call timed,fast tier,$(PYTEST) -m "not slow" -n $(FAST_WORKERS))

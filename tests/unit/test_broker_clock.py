@@ -7,6 +7,7 @@ key's fixed expiry (PTTL, the broker's clock). Both are read from a real backend
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def test_statuses_by_the_brokers_clock_with_the_skew_warned(settings: BrokerSett
     assert "clock 300 s behind the controller's (warning past 30 s" in st["behind"].reason
     assert st["ahead"].reason.startswith("clock 120 s ahead of the controller's")
     assert st["fine"].reason == ""
-    assert st["dead-ahead"].reason.startswith("no heartbeat for 45 s")
+    assert re.match(r"no heartbeat for 4[5-9] s", st["dead-ahead"].reason), st["dead-ahead"].reason  # 45 s, + load
     assert abs((st["behind"].skew or 0) + 300) < 1 and abs((st["ahead"].age or 99) - 0) < 1
 
     reg = CollectorRegistry()
