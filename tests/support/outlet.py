@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from agent.procs import MARK
+from tests.support.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 PDUDAEMON = ROOT / ".venv-pdudaemon" / "bin" / "pdudaemon"
@@ -155,12 +156,7 @@ def running_pdudaemon(base: Path, outlets: Path, pdu: str = "lab-pdu") -> Iterat
             time.sleep(0.1)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_process(proc)
 
 
 def main(argv: list[str]) -> int:

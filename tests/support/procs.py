@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -47,6 +48,16 @@ def env_has(p: psutil.Process, text: str) -> bool:
         return any(text in v for v in p.environ().values())
     except (psutil.Error, OSError):
         return False
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """Stop one process: SIGTERM, then SIGKILL after ``grace`` seconds; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
 
 
 def stop_group(proc: subprocess.Popen[str], grace: float = 20.0) -> None:

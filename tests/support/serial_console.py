@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.outlet import free_port
+from tests.support.procs import stop_process
 
 
 @dataclass(frozen=True)
@@ -27,15 +28,6 @@ class SerialConsole:
         """Lines printed on the module's console (as its kernel would)."""
         with self.line.open("w") as fh:
             fh.write("".join(f"{ln}\r\n" for ln in lines))
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
 
 
 @contextlib.contextmanager
@@ -76,4 +68,4 @@ def ser2net_console(base: Path, accepter: str = "tcp") -> Iterator[SerialConsole
         yield SerialConsole(line, f"{'telnet://' if accepter.startswith('telnet') else ''}127.0.0.1:{port}")
     finally:
         for p in reversed(procs):
-            _stop(p)
+            stop_process(p, grace=5)
