@@ -3,6 +3,10 @@ benchmark run and parsed, and the agent's probe beside it (the per-key steps of 
 
 Each step is a function of the pipeline's :class:`~agent.pipeline.Run`, whose progress, events and
 cancel token it uses; a failing step raises :class:`~agent.errors.StepFailed` naming the key.
+
+Lazy imports: the probe (:mod:`agent.probe`, with asyncio) is imported by the steps that run it, so an idle
+worker does not hold it: +2.1 MiB of RSS (``bench/agent.py --imports``, raw
+bench/results/agent_20261207_0349_lazy-imports.txt).
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent import jit_watch, steps
+from agent.config import key_probe_repeat
 from agent.errors import Cancelled, StepFailed
 from agent.executor import ProcResult, utc_stamp
 from agent.health import first_request, port_open, probe
 from agent.procs import command_of
 from agent.startup import with_startup
 from agent.tables import TableError, parse_tables
+from agent.telemetry.energy import describe, output_tokens, window_energy, with_energy
 from contract.records import ResultRow, StepError
 
 if TYPE_CHECKING:
@@ -213,8 +219,6 @@ def key_energy(run: Run, rows: list[ResultRow], start: float, end: float, idle_b
     before the benchmark left out), when the module is sampled: the counters' difference between the window's
     edges where the module has counters, else its power samples (sampled fast while it ran); the idle power
     measured before it. A line in the benchmark's log. Never fails."""
-    from agent.telemetry.energy import describe, output_tokens, window_energy, with_energy
-
     sampler = run.sampler
     if sampler is None or sampler.thread is None or not end > start:
         return rows
@@ -236,7 +240,6 @@ def cross_probe(run: Run, key: str, rows: list[ResultRow], server: Any, log_path
     """The agent's own client on some of the key's profiles, while the server still runs: probe
     rows beside the release's, release rows flagged where the two disagree beyond the measured noise (lines
     appended to the benchmark's log). Never fails the key."""
-    from agent.config import key_probe_repeat
     from agent.probe import ProbeConfig, cross_check, probe_row, run_probe
 
     like = {r.profile: r for r in rows if r.table == "sweep"}

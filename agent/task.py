@@ -21,9 +21,11 @@ from typing import Any
 
 from celery import Celery
 
+from agent import hold
 from agent.errors import BadInput
 from agent.limits import bump_attempts, hard_limit, write_deadline
 from agent.outbox import Publisher, drop_waiting
+from agent.pipeline import AgentConfig, run_pipeline
 from agent.recovery import keep_headers, reap_orphans, requeue, sent_headers
 from agent.settings import AgentSettings
 from agent.store import RunStore, forget_current, read_json
@@ -142,8 +144,6 @@ def _before_run(app: Celery, req: RunRequest, kv: KV, pub: Publisher, headers: d
     """The task's answer when the run does not start here: held back by another user's reservation (back on the
     queue, behind the holder's work, untouched), or another request under a run id used here (refused); else
     None."""
-    from agent import hold
-
     held = hold.held_back(kv, req.run_id, req.module, headers, time.time())
     if held is not None:
         requeue(app, req, headers, priority=LEVELS["low"], task_id=task_id(req.module, req.run_id))
@@ -200,8 +200,6 @@ def _run_pipeline(settings: AgentSettings, req: RunRequest, kv: KV, pub: Publish
                   attempt: int) -> tuple[RunProgress, KVCancelToken] | dict[str, Any]:
     """Run the pipeline under its deadline and cancel token, its progress published (attempt ``attempt``): its
     final state and the token; the task's answer where the pipeline could record nothing."""
-    from agent.pipeline import AgentConfig, run_pipeline
-
     write_deadline(run_dir, time.time() + settings.run_time_limit)
     # the run stops itself a little before its soft limit (the hard limit ends the worker: hard_limit)
     deadline = time.monotonic() + settings.run_soft_time_limit - min(30.0, 0.1 * settings.run_soft_time_limit)

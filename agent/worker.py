@@ -11,19 +11,27 @@ The worker is one process (Celery's solo pool): the run executes in its main thr
 (systemd restarts it) stops what the run left and ends the run as failed (:func:`agent.recovery.recover`). A run
 whose process dies (the limit, the OOM killer, a signal) takes the worker with it; the restart recovers it the same
 way (re-queued to resume from its passed keys, or ended when its limit or its deliveries are spent).
+
+Lazy imports: :mod:`agent.metrics` is imported when /metrics or a Pushgateway is configured and the worker
+is ready: it adds 1.6 MiB of RSS (``bench/agent.py --imports``, raw
+bench/results/agent_20261207_0349_lazy-imports.txt) and loads prometheus_client (59 ms CPU, 7.0 MiB:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from typing import Any
 
 from agent import malloc, procs
+from agent.broker_start import start_failure
 from agent.errors import EvictingBroker
 from agent.heartbeat import HeartbeatThread, NameInUse, agent_version, claim_name, same_agent
 from agent.outbox import flush_outbox
@@ -33,7 +41,9 @@ from agent.task import register_tasks, stop_file
 from contract.celery_app import make_app, queue_name, share_backend_pool
 from contract.eviction import broker_eviction_problem
 from contract.kv import KV
+from contract.oneline import error_line
 from contract.safe_transport import unblock_polls
+from contract.settings import SettingsError, load_settings
 
 log = logging.getLogger("fleet.agent")
 
@@ -74,8 +84,6 @@ class MetricsServing:
 def settle() -> None:
     """Once the worker serves: the heap pages its imports and start-up freed go back to the system
     (glibc keeps them resident otherwise: ~3 MiB here, ``bench/agent.py``)."""
-    import gc
-
     gc.collect()
     malloc.trim()
 
@@ -100,7 +108,6 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
     stop_file(workdir).unlink(missing_ok=True)
     os.environ[procs.MARK] = str(workdir)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the hard time limit ends the process (agent.limits.hard_limit)
-    import agent.pipeline  # noqa: F401 - imported once here, not by the first run
     register_tasks(app, settings)
     log.info("agent %s for module %s, broker %s, queue %s", agent_version(), settings.module,
              settings.redacted_broker_url(), queue_name(settings.module))
@@ -154,11 +161,6 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
 def main(config: str | None = None, *, loglevel: str = "INFO") -> None:
     """``python -m agent.worker`` and ``fleet-agent worker``: settings from ``FLEET_*`` variables and the
     config file (``config``, else ``FLEET_CONFIG``)."""
-    import sys
-
-    from contract.oneline import error_line
-    from contract.settings import SettingsError, load_settings
-
     try:
         settings = load_settings(AgentSettings, config)
     except (SettingsError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
@@ -170,8 +172,6 @@ def main(config: str | None = None, *, loglevel: str = "INFO") -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     except Exception as exc:  # a broker it cannot start on: one line, a status of its own (agent.broker_start)
-        from agent.broker_start import start_failure
-
         failure = start_failure(exc, settings.redacted_broker_url())
         if failure is None:
             raise

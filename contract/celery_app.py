@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from celery import Celery
 
+from contract.safe_transport import SHARED_POOL_OPTION, share_pool
 from contract.settings import RESULT_EXPIRES, BrokerSettings
 
 RUN_TASK = "fleet.run_release"
@@ -54,8 +55,6 @@ def share_backend_pool(app: Celery) -> bool:
     connection fewer per agent, :mod:`contract.safe_transport`); call it once, before the worker connects, from the
     thread that uses ``app.backend`` (Celery's backend is per thread). False: nothing to share (not an agent's app,
     the embedded broker, Sentinel)."""
-    from contract.safe_transport import SHARED_POOL_OPTION, share_pool
-
     key = (app.conf.broker_transport_options or {}).get(SHARED_POOL_OPTION)
     if not key:
         return False
@@ -154,8 +153,6 @@ def _redis_conf(settings: BrokerSettings, module: str | None) -> dict[str, Any]:
         opts = {**opts, "unacked_key": f"unacked:{q}", "unacked_index_key": f"unacked_index:{q}",
                 "unacked_mutex_key": f"unacked_mutex:{q}"}
         if not settings.is_sentinel:  # its broker channels take the result backend's pool (share_backend_pool)
-            from contract.safe_transport import SHARED_POOL_OPTION
-
             opts[SHARED_POOL_OPTION] = q
     conf["broker_transport_options"] = opts
     conf["redis_socket_timeout"] = 10
