@@ -18,7 +18,7 @@ def agent_version() -> str:
     or its metadata cannot be read: never raises."""
     try:
         return dist_version("m1000-fleet")
-    except Exception:  # not installed as a package, or unreadable metadata
+    except Exception:
         return "0+unknown"
 
 
