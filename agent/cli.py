@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-if TYPE_CHECKING:  # rich is imported by the commands that print: `fleet-agent worker` runs without it
+# rich is imported by the commands that print: `fleet-agent worker` runs without it
+if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from rich.console import Console
@@ -120,7 +121,8 @@ def run(
     except (BadInput, UnknownModelKey, ValueError) as exc:
         raise _bad_input(error_line(exc)) from None
 
-    why = hold_orphans()  # what the run starts stays this process's descendant, daemonized or not
+    # what the run starts stays this process's descendant, daemonized or not
+    why = hold_orphans()
     err = _console(stderr=True)
     if why:
         err.print(_styled("warning:", "yellow", why), highlight=False, soft_wrap=True)
@@ -340,7 +342,8 @@ def _probe_plan(url: str, model: str | None, profiles: str, concurrency: str | N
                       loads=load_shapes(concurrency, rate), requests=requests, warmup=warmup, repeat=repeat,
                       output_len=output_len, images=images, slo=SLO.parse(slo) if slo and not sweep else None,
                       timeout_s=timeout, time_scale=time_scale, engine_fields=engine_fields, seed=seed, **kinds)
-    Transport(url)  # the URL's form, checked before anything runs
+    # the URL's form, checked before anything runs
+    Transport(url)
     return cfg, plan
 
 
@@ -460,7 +463,8 @@ def exporter(
 
     try:
         s = load_settings(AgentSettings, config, workdir=workdir, metrics_host=host, metrics_port=port)
-    except ValueError as exc:  # SettingsError, pydantic's ValidationError: the config file or a FLEET_* variable
+    # SettingsError, pydantic's ValidationError: the config file or a FLEET_* variable
+    except ValueError as exc:
         raise _bad_input(f"settings: {error_line(exc)}") from None
     wd = s.workdir.expanduser()
     reg = metrics.build_registry(wd, s.module)

@@ -127,7 +127,8 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
         return early
     if headers:
         keep_headers(run_dir, headers)
-    else:  # a run re-queued by an agent that kept no headers: those of its first delivery
+    # a run re-queued by an agent that kept no headers: those of its first delivery
+    else:
         headers = sent_headers(run_dir)
     _clear_leftovers(workdir, req.run_id)
     attempt = _answered(req, kv, pub, run_dir)
@@ -151,7 +152,8 @@ def _before_run(app: Celery, req: RunRequest, kv: KV, pub: Publisher, headers: d
         hold.linger(kv, req.run_id, req.module, headers, stop=stop_file(workdir).exists)
         return {"run_id": req.run_id, "held": held.line()}
     other = recorded_difference(RunStore(workdir), req)
-    if other is not None:  # before anything of this run id is touched here: its files, its outbox entry
+    # before anything of this run id is touched here: its files, its outbox entry
+    if other is not None:
         return refuse_other_request(req, pub, other)
     return None
 
@@ -205,21 +207,25 @@ def _run_pipeline(settings: AgentSettings, req: RunRequest, kv: KV, pub: Publish
     deadline = time.monotonic() + settings.run_soft_time_limit - min(30.0, 0.1 * settings.run_soft_time_limit)
     token = KVCancelToken(kv, req.run_id, req.module, deadline=deadline, stop_file=stop_file(workdir),
                           honoured=frozenset(_honoured(run_dir)))
-    sent_rows = 0  # no rows to publish before the first one (a resumed run's kept rows count: published first)
+    # no rows to publish before the first one (a resumed run's kept rows count: published first)
+    sent_rows = 0
 
     def on_progress(p: RunProgress) -> None:
         nonlocal sent_rows
-        if p.state.terminal:  # the run's end goes out once, sealed, with finished_at and telemetry: pub.final below
+        # the run's end goes out once, sealed, with finished_at and telemetry: pub.final below
+        if p.state.terminal:
             return
         p = p.model_copy(update={"attempt": attempt})
-        if p.rows != sent_rows and pub.rows():  # rows first: progress never claims rows the controller lacks
+        # rows first: progress never claims rows the controller lacks
+        if p.rows != sent_rows and pub.rows():
             sent_rows = p.rows
         pub.progress(p)
 
     try:
         result = run_pipeline(req, AgentConfig.from_settings(settings), on_progress=on_progress, cancel=token,
                               ledger=Attestations(kv))
-    except BadInput as exc:  # nothing could be recorded by the pipeline (e.g. a run id reused for another release)
+    # nothing could be recorded by the pipeline (e.g. a run id reused for another release)
+    except BadInput as exc:
         return _finish(req, pub, RunState.FAILED, "dispatch", str(exc))
     return result.progress.model_copy(update={"attempt": attempt}), token
 

@@ -94,12 +94,14 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
     workdir = settings.workdir.expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
     app = make_app(settings, module=settings.module)
-    share_backend_pool(app)  # the broker's channels and the result backend: one pool (Redis connections per agent)
+    # the broker's channels and the result backend: one pool (Redis connections per agent)
+    share_backend_pool(app)
     problem = broker_eviction_problem(app)  # an unreachable broker raises here as claim_name would
     if problem:
         raise EvictingBroker(problem)
     lease = claim_name(KV(app), settings)  # NameInUse: another live agent has this module's name
-    why = procs.hold_orphans()  # what a run starts stays the worker's descendant, daemonized or not
+    # what a run starts stays the worker's descendant, daemonized or not
+    why = procs.hold_orphans()
     if why:
         log.warning("the worker is not the subreaper of its runs: %s", why)
     left = reap_orphans(workdir)
@@ -107,7 +109,8 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
         log.warning("stopped %d processes left by an earlier agent: %s", len(left), left)
     stop_file(workdir).unlink(missing_ok=True)
     os.environ[procs.MARK] = str(workdir)
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the hard time limit ends the process (agent.limits.hard_limit)
+    # the hard time limit ends the process (agent.limits.hard_limit)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     register_tasks(app, settings)
     log.info("agent %s for module %s, broker %s, queue %s", agent_version(), settings.module,
              settings.redacted_broker_url(), queue_name(settings.module))
@@ -116,7 +119,8 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
     from celery.signals import worker_shutting_down
 
     @worker_shutting_down.connect(weak=False)  # type: ignore[untyped-decorator]  # celery has no type hints
-    def _shutting_down(**_: Any) -> None:  # SIGTERM: the run in progress stops cleanly and is re-queued
+    # SIGTERM: the run in progress stops cleanly and is re-queued
+    def _shutting_down(**_: Any) -> None:
         with contextlib.suppress(OSError):
             stop_file(workdir).touch()
         # an idle worker waits in its event loop for the BRPOP's reply (up to polling_interval, 5 s) or the loop's
@@ -137,7 +141,8 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
         worker = app.Worker(
             queues=[queue_name(settings.module)],
             concurrency=1,
-            pool="solo",  # one process: the run in the main thread (hard_limit, recover)
+            # one process: the run in the main thread (hard_limit, recover)
+            pool="solo",
             prefetch_multiplier=1,
             hostname=f"{settings.module}@{socket.gethostname()}",
             loglevel=loglevel,
@@ -171,7 +176,8 @@ def main(config: str | None = None, *, loglevel: str = "INFO") -> None:
     except (NameInUse, EvictingBroker) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    except Exception as exc:  # a broker it cannot start on: one line, a status of its own (agent.broker_start)
+    # a broker it cannot start on: one line, a status of its own (agent.broker_start)
+    except Exception as exc:
         failure = start_failure(exc, settings.redacted_broker_url())
         if failure is None:
             raise
