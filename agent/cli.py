@@ -463,8 +463,8 @@ def exporter(
 
     try:
         s = load_settings(AgentSettings, config, workdir=workdir, metrics_host=host, metrics_port=port)
-    # SettingsError, pydantic's ValidationError: the config file or a FLEET_* variable
     except ValueError as exc:
+        # SettingsError, pydantic's ValidationError: the config file or a FLEET_* variable
         raise _bad_input(f"settings: {error_line(exc)}") from None
     wd = s.workdir.expanduser()
     reg = metrics.build_registry(wd, s.module)

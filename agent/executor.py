@@ -400,6 +400,6 @@ def _alive(procs: list[psutil.Process]) -> bool:
 def _cancelled(cancel: CancelToken) -> bool:
     try:
         return bool(cancel.is_cancelled())
-    # a broken token must not break the run: treated as not cancelled
     except Exception:
+        # a broken token must not break the run: treated as not cancelled
         return False

@@ -352,8 +352,8 @@ class RunCache:
                                   elsewhere=self.store.elsewhere())
             except OSError as exc:
                 decision = Decision(action="compile", why=f"the store {self.cfg.root} cannot be read: {exc}")
-            # the broker's attestations unreadable: compile, never fail the run
             except Exception as exc:
+                # the broker's attestations unreadable: compile, never fail the run
                 decision = Decision(action="compile", why=f"who compiled what cannot be read from the broker: {exc}")
         if decision.action == "compile":
             self.why = decision.why

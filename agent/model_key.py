@@ -149,8 +149,8 @@ def measure_idle(run: Run, key: str) -> IdleReading | None:
     sampler.tell("idle", key)
     try:
         return sampler.measure_idle(cancelled=run.cancelled)
-    # an addition: never fails the key (the samples before the server are used then)
     except Exception as exc:
+        # an addition: never fails the key (the samples before the server are used then)
         log.warning("idle power before %s not measured: %s", key, exc)
         return None
 
@@ -232,8 +232,8 @@ def key_energy(run: Run, rows: list[ResultRow], start: float, end: float, idle_b
                                output_tokens=output_tokens(rows), idle_before=idle_before,
                                min_samples=run.cfg.telemetry.min_samples, edges=edges,
                                schedule=sampler.schedule_at(start), idle=idle)
-    # the figures are an addition: a failure to make them never fails the key
     except Exception as exc:
+        # the figures are an addition: a failure to make them never fails the key
         log.warning("energy of the benchmark window failed: %s", exc)
         append_log(log_path, [f"energy not measured: {type(exc).__name__}: {exc}"])
         return rows

@@ -70,8 +70,8 @@ class Publisher:
         try:
             self.kv.put_progress(p)
             return True
-        # the run goes on; the final state is published through the outbox
         except Exception as exc:
+            # the run goes on; the final state is published through the outbox
             log.warning("cannot publish progress of %s: %s", p.run_id, exc)
             return False
 
@@ -134,8 +134,8 @@ def _taken(workdir: Path, path: Path, p: RunProgress) -> None:
     if p.state.terminal:
         try:
             write_atomic(unacked_path(workdir, p.run_id), p.model_dump_json())
-        # the broker has it; only a broker that drops it now is not covered
         except OSError as exc:
+            # the broker has it; only a broker that drops it now is not covered
             log.warning("cannot keep the %s state of %s until the controller acknowledges it: %s", p.state.value,
                         p.run_id, exc)
     path.unlink(missing_ok=True)

@@ -127,8 +127,8 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
         return early
     if headers:
         keep_headers(run_dir, headers)
-    # a run re-queued by an agent that kept no headers: those of its first delivery
     else:
+        # a run re-queued by an agent that kept no headers: those of its first delivery
         headers = sent_headers(run_dir)
     _clear_leftovers(workdir, req.run_id)
     attempt = _answered(req, kv, pub, run_dir)
@@ -224,8 +224,8 @@ def _run_pipeline(settings: AgentSettings, req: RunRequest, kv: KV, pub: Publish
     try:
         result = run_pipeline(req, AgentConfig.from_settings(settings), on_progress=on_progress, cancel=token,
                               ledger=Attestations(kv))
-    # nothing could be recorded by the pipeline (e.g. a run id reused for another release)
     except BadInput as exc:
+        # nothing could be recorded by the pipeline (e.g. a run id reused for another release)
         return _finish(req, pub, RunState.FAILED, "dispatch", str(exc))
     return result.progress.model_copy(update={"attempt": attempt}), token
 

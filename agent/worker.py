@@ -176,8 +176,8 @@ def main(config: str | None = None, *, loglevel: str = "INFO") -> None:
     except (NameInUse, EvictingBroker) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    # a broker it cannot start on: one line, a status of its own (agent.broker_start)
     except Exception as exc:
+        # a broker it cannot start on: one line, a status of its own (agent.broker_start)
         failure = start_failure(exc, settings.redacted_broker_url())
         if failure is None:
             raise

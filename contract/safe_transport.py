@@ -146,8 +146,8 @@ class _CheckedReads:
         except self.connection_errors as exc:  # type: ignore[attr-defined]
             log.debug("no CLIENT ID for the BRPOP connection: %s", exc)
             raise
-        # e.g. an ACL without client|id: close() waits for the BRPOP, as kombu's does
         except Exception as exc:
+            # e.g. an ACL without client|id: close() waits for the BRPOP, as kombu's does
             log.debug("no CLIENT ID for the BRPOP connection: %s", exc)
 
     def unblock_poll(self) -> None:
@@ -273,8 +273,8 @@ def _redis_classes() -> dict[str, Any]:
         def append(self, message: Any, delivery_tag: Any) -> None:
             try:
                 super().append(message, delivery_tag)
-            # the message is popped already: run it rather than drop it
             except OutOfMemoryError as exc:
+                # the message is popped already: run it rather than drop it
                 full.refused("a message taken without its unacked record", exc)
                 virtual.QoS.append(self, message, delivery_tag)
             else:

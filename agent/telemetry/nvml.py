@@ -72,8 +72,8 @@ def nvml_counter() -> Reader | None:
     for make in (_pynvml, _ctypes):
         try:
             reader = make()
-        # ImportError, OSError (no library, NVML error), NVMLError_*: try the next, else none
         except Exception:
+            # ImportError, OSError (no library, NVML error), NVMLError_*: try the next, else none
             continue
         if reader():  # no device: no counter
             return reader

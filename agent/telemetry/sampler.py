@@ -433,8 +433,8 @@ class Sampler:
     def _sample_once(self, fh: IO[str]) -> bool:
         if self.mode == "csv":
             readings = self._read_csv()
-        # a JSON answer that fails switches to CSV only once CSV answers: a broken tool fails both
         else:
+            # a JSON answer that fails switches to CSV only once CSV answers: a broken tool fails both
             got = self._read_json()
             readings = self._read_csv() if isinstance(got, str) else got
             if isinstance(got, str) and readings:
