@@ -4,6 +4,11 @@
 this module without any broker: live progress on stderr, summary and results on stdout,
 exit 0 when everything passed, 1 when a step or key failed (or the run was cancelled),
 2 for bad input (one clear line).
+
+Lazy imports: ``worker`` and ``exporter`` import their work when they run: :mod:`agent.worker` loads
+Celery's app (123 ms CPU, 14.7 MiB) and :mod:`agent.metrics` prometheus_client (59 ms, 7.0 MiB), which
+``run`` and ``probe`` never use (``bench/import_costs.py``, raw
+bench/results/import_costs_20261207_0346_lazy-libraries.txt).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import re
 import secrets
 import signal
 import sys
+import threading
 import time
 from enum import Enum
 from pathlib import Path
@@ -22,16 +28,27 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-if TYPE_CHECKING:  # rich is imported by the commands that print: `fleet-agent worker` runs without it
+# rich is imported by the commands that print: `fleet-agent worker` runs without it
+if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from rich.console import Console
     from rich.table import Table
 
+from agent import pipeline
 from agent.errors import BadInput
 from agent.executor import EventCancelToken
+from agent.probe import SLO, ProbeConfig, ProbeError, load_shapes, run_probe
+from agent.probe.prompts import parse_profiles
+from agent.probe.runner import run_sweep
+from agent.probe.sweep import SweepConfig, SweepSLO
+from agent.probe.transport import Transport
+from agent.procs import hold_orphans
+from agent.settings import AgentSettings
+from agent.unpack import tarball_sha256
 from contract.oneline import error_line
 from contract.records import ResultRow, RunProgress, RunRequest, UnknownModelKey, parse_model_keys, release_version_of
+from contract.settings import load_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="m1000-fleet agent on one module.")
@@ -82,17 +99,13 @@ def run(
     config: Path | None = typer.Option(None, "--config", help="TOML config file (else FLEET_CONFIG)"),
 ) -> None:
     """Validate a release on this module (no broker needed)."""
-    from agent.pipeline import AgentConfig, run_pipeline
-    from agent.settings import AgentSettings
-    from agent.unpack import tarball_sha256
-    from contract.settings import load_settings
-
     try:
         keys = parse_model_keys(models)
         settings = load_settings(AgentSettings, config, module=module, workdir=workdir.resolve() if workdir else None,
                                  server_port=server_port)
-        cfg = AgentConfig.from_settings(settings, ready_timeout=ready_timeout, benchmark_timeout=benchmark_timeout,
-                                        key_env=_parse_key_env(key_env) or None)
+        cfg = pipeline.AgentConfig.from_settings(settings, ready_timeout=ready_timeout,
+                                                 benchmark_timeout=benchmark_timeout,
+                                                 key_env=_parse_key_env(key_env) or None)
         if not tarball.is_file():
             raise BadInput(f"{tarball}: tarball not found")
         if not model_root.is_dir():
@@ -108,9 +121,8 @@ def run(
     except (BadInput, UnknownModelKey, ValueError) as exc:
         raise _bad_input(error_line(exc)) from None
 
-    from agent.procs import hold_orphans
-
-    why = hold_orphans()  # what the run starts stays this process's descendant, daemonized or not
+    # what the run starts stays this process's descendant, daemonized or not
+    why = hold_orphans()
     err = _console(stderr=True)
     if why:
         err.print(_styled("warning:", "yellow", why), highlight=False, soft_wrap=True)
@@ -118,7 +130,8 @@ def run(
     previous = signal.signal(signal.SIGINT, lambda *_: token.cancel())
     try:
         with err.status("starting", spinner="dots") as status:
-            result = run_pipeline(request, cfg, on_progress=lambda p: status.update(_status_line(p)), cancel=token)
+            result = pipeline.run_pipeline(request, cfg, on_progress=lambda p: status.update(_status_line(p)),
+                                           cancel=token)
     except BadInput as exc:
         raise _bad_input(str(exc)) from None
     finally:
@@ -315,10 +328,6 @@ def _probe_plan(url: str, model: str | None, profiles: str, concurrency: str | N
                 ) -> tuple[Any, Any]:
     """``probe``'s options as the probe's configuration and, with ``--sweep``, the sweep's; :class:`BadInput`
     (or ValueError) naming the option that is wrong."""
-    from agent.probe import SLO, ProbeConfig, load_shapes
-    from agent.probe.prompts import parse_profiles
-    from agent.probe.sweep import SweepConfig, SweepSLO
-
     if images and api != ProbeApi.chat:
         raise BadInput("--images needs --api chat")
     kinds: dict[str, Any] = {"api": api.value, "prompt": prompt.value, "cache": cache.value}
@@ -333,9 +342,8 @@ def _probe_plan(url: str, model: str | None, profiles: str, concurrency: str | N
                       loads=load_shapes(concurrency, rate), requests=requests, warmup=warmup, repeat=repeat,
                       output_len=output_len, images=images, slo=SLO.parse(slo) if slo and not sweep else None,
                       timeout_s=timeout, time_scale=time_scale, engine_fields=engine_fields, seed=seed, **kinds)
-    from agent.probe.transport import Transport
-
-    Transport(url)  # the URL's form, checked before anything runs
+    # the URL's form, checked before anything runs
+    Transport(url)
     return cfg, plan
 
 
@@ -343,9 +351,6 @@ def _measure(cfg: Any, plan: Any, count: Any, err: Console) -> tuple[Any, bool]:
     """The probe's report (or, with a sweep ``plan``, the sweep's result), progress on ``err``; and whether ^C
     stopped it early (the first ^C stops after the request in flight)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from agent.probe import ProbeError, run_probe
-    from agent.probe.runner import run_sweep
 
     stopping = {"yes": False}
     outcome: Any = None
@@ -454,15 +459,12 @@ def exporter(
     push_interval: float = typer.Option(15.0, "--push-interval", help="s between pushes when pushgateway_url is set"),
 ) -> None:
     """Serve /metrics of this module's workdir (and push to a Pushgateway if configured) until stopped."""
-    import threading
-
     from agent import metrics
-    from agent.settings import AgentSettings
-    from contract.settings import load_settings
 
     try:
         s = load_settings(AgentSettings, config, workdir=workdir, metrics_host=host, metrics_port=port)
-    except ValueError as exc:  # SettingsError, pydantic's ValidationError: the config file or a FLEET_* variable
+    except ValueError as exc:
+        # SettingsError, pydantic's ValidationError: the config file or a FLEET_* variable
         raise _bad_input(f"settings: {error_line(exc)}") from None
     wd = s.workdir.expanduser()
     reg = metrics.build_registry(wd, s.module)

@@ -16,11 +16,13 @@ from agent.telemetry import TelemetryConfig
 # What were [agent] settings until issue 50 (ADR 0058): the defaults of the fields below, set on an AgentConfig
 # by the tests and benches that need another value.
 STOP_GRACE = 15.0  # SIGTERM to SIGKILL of a release process group, s
-KEEP_RELEASES = 3  # unpacked releases (and their kernel caches) kept under <workdir>/releases, this run's included
+# unpacked releases (and their kernel caches) kept under <workdir>/releases, this run's included
+KEEP_RELEASES = 3
 UNPACK_MAX_MEMBERS = 100_000  # a release has a few thousand
 UNPACK_MAX_NAME_BYTES = 1024  # a member's path or link target, bytes
-PROBE_REQUESTS = 5  # measured probe requests per profile
-PROBE_TOLERANCE = 0.02  # the least relative difference of release and probe that can flag a row
+PROBE_REQUESTS = 5
+# the least relative difference of release and probe that can flag a row
+PROBE_TOLERANCE = 0.02
 PROBE_SWEEP_BUDGET = 300.0  # wall seconds of one key's SLO sweep
 
 
@@ -104,7 +106,8 @@ class AgentConfig(BaseModel):
         return cls(**values)
 
 
-PROBE_REPEAT_VAR = "PROBE_REPEAT"  # a key's variable (MODEL_KEYS env, configured or requested key_env)
+# a key's variable (MODEL_KEYS env, configured or requested key_env)
+PROBE_REPEAT_VAR = "PROBE_REPEAT"
 
 
 def key_probe_repeat(kenv: dict[str, str], default: int) -> tuple[int, str | None]:

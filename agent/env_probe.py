@@ -162,7 +162,7 @@ def probe_run(run: Run, top: Path, env: Mapping[str, str], timeout: float = 10.0
             res = run.ex.run(argv, env=penv, cwd=top, log_path=out.with_suffix(".log"), timeout=limit,
                              cancel=run.cancel, raw_stdout=out, log_stdout=False)
             return out.read_text(encoding="utf-8", errors="replace") if res.ok else None
-        except OSError:  # the program is missing
+        except OSError:
             return None
         finally:
             out.unlink(missing_ok=True)

@@ -114,7 +114,8 @@ class _Pump(threading.Thread):
 
     def _line(self, tag: str, data: bytes) -> None:
         if tag == "out" and not self.log_stdout:
-            return  # kept raw only (e.g. an environment dump whose values may be secret)
+            # kept raw only (e.g. an environment dump whose values may be secret)
+            return
         text = data.decode("utf-8", "replace").rstrip("\r")
         self.tails[tag].append(text)
         self.log.write(f"{utc_stamp()} [{tag}] {text}\n")
@@ -200,7 +201,7 @@ def _group_exists(pgid: int) -> bool:
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes of process group ``pgid``."""
-    if not _group_exists(pgid):  # the common case: gone, no need to walk every process
+    if not _group_exists(pgid):  # the common case: no walk over every process
         return []
     out: list[int] = []
     for p in psutil.process_iter(["pid", "status"]):
@@ -319,13 +320,15 @@ class Executor:
     def stop(self, proc: Proc) -> None:
         """Kill ``proc``'s whole process group (TERM, then KILL after the grace) and its escaped descendants."""
         escaped: list[psutil.Process] = []
-        if proc.popen.poll() is None:  # descendants are only found through a live leader
+        # descendants are only found through a live leader
+        if proc.popen.poll() is None:
             with contextlib.suppress(psutil.Error):
                 escaped = psutil.Process(proc.pid).children(recursive=True)
         pgid = proc.pgid
 
         def lingering() -> bool:
-            proc.popen.poll()  # reap the leader, so that its zombie does not count
+            # reap the leader, so that its zombie does not count
+            proc.popen.poll()
             return bool(group_members(pgid)) or _alive(escaped)
 
         proc.popen.poll()
@@ -363,10 +366,12 @@ class Executor:
 
     @staticmethod
     def _close(proc: Proc) -> None:
-        if proc.popen.poll() is not None:  # reaped by its Popen: the reaper may take a zombie of that pid again
+        # reaped by its Popen: the reaper may take a zombie of that pid again
+        if proc.popen.poll() is not None:
             procs.REAPER.disown(proc.pid)
         proc.pump.join(timeout=5.0)
-        if proc.pump.is_alive():  # a pipe still held open by someone: close our ends, the pump ends
+        # a pipe still held open by someone: close our ends, the pump ends
+        if proc.pump.is_alive():
             for stream in (proc.popen.stdout, proc.popen.stderr):
                 with contextlib.suppress(OSError):
                     if stream is not None:
@@ -395,5 +400,6 @@ def _alive(procs: list[psutil.Process]) -> bool:
 def _cancelled(cancel: CancelToken) -> bool:
     try:
         return bool(cancel.is_cancelled())
-    except Exception:  # a broken token must not break the run; treat as not cancelled
+    except Exception:
+        # a broken token must not break the run: treated as not cancelled
         return False

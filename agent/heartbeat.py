@@ -131,7 +131,8 @@ def same_agent(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
 def claim_name(kv: KV, settings: AgentSettings) -> dict[str, Any]:
     """Take the module's name lease, or raise :class:`NameInUse` (and record the conflict for the controller)."""
     mine = lease_record(settings)
-    for _ in range(2):  # claim, then read back: of two agents starting at once, one sees the other
+    # claim, then read back: of two agents starting at once, one sees the other
+    for _ in range(2):
         held = kv.lease(settings.module)
         same = same_agent(held, mine)
         if held is not None and not same and _holder_alive(held, mine, settings.offline_after):

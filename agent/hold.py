@@ -26,7 +26,8 @@ from contract.priority import USER
 
 log = logging.getLogger("fleet.agent")
 
-HOLD_S = 5.0  # how long one delivery waits for a reservation to end before the message goes back on the queue
+# how long one delivery waits for a reservation to end before the message goes back on the queue
+HOLD_S = 5.0
 POLL_S = 1.0  # how often it reads the record meanwhile
 
 

@@ -22,7 +22,8 @@ from contract.records import ResultRow
 # what a compiled kernel leaves: TileLang's kernel_lib.so (tvm's .so), device binaries, and the simulator's stand-in
 KERNEL_SUFFIXES: tuple[str, ...] = (".so", ".cubin", ".mubin", ".cubin.json")
 DEFAULT_CACHE = (".tilelang", "cache")  # under HOME when TILELANG_CACHE_DIR is unset
-MAX_ENTRIES = 200_000  # a listing stops here: a cache this big is named as such, not walked for minutes
+# a listing stops here: a cache this big is named as such, not walked for minutes
+MAX_ENTRIES = 200_000
 NAMES_KEPT = 20  # names stamped on a row at most (the count is exact)
 
 

@@ -98,7 +98,7 @@ def _files(src: Path) -> list[tuple[str, Path]]:
                 raise BadInput(f"{p}: not a regular file or folder: the cache is not published")
         for name in filenames:
             p = Path(dirpath) / name
-            if not (name.startswith(".") and ".tmp" in name):  # a compile's temporary file is not a kernel
+            if not (name.startswith(".") and ".tmp" in name):  # a compile's temporary file
                 out.append((p.relative_to(src).as_posix(), p))
     return sorted(out)
 
@@ -203,7 +203,8 @@ def unpack_archive(archive: Path, digest: str, dest: Path, *, max_bytes: int = 6
     shutil.rmtree(stage, ignore_errors=True)
     try:
         names = _extract(archive, stage, max_members, stop)
-        for name in names:  # every check passed: into place, file by file (a folder there already is merged)
+        # every check passed: into place, file by file (a folder there already is merged)
+        for name in names:
             target = dest / name
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(stage / name, target)
@@ -219,7 +220,7 @@ def _extract(archive: Path, stage: Path, max_members: int, stop: Callable[[], st
             manifest = _manifest(tar, next(members, None))
             if len(manifest) > max_members:
                 raise RefusedArchive(f"{len(manifest)} members, more than {max_members}")
-            seen: dict[str, None] = {}  # in order, looked up in O(1)
+            seen: dict[str, None] = {}
             for m in members:
                 if not m.isreg() or not _safe_name(m.name) or m.name not in manifest or m.name in seen:
                     what = "not a regular file" if not m.isreg() else "not in the manifest, twice, or unsafe"
@@ -351,7 +352,8 @@ class RunCache:
                                   elsewhere=self.store.elsewhere())
             except OSError as exc:
                 decision = Decision(action="compile", why=f"the store {self.cfg.root} cannot be read: {exc}")
-            except Exception as exc:  # the broker's attestations unreadable: compile, never fail the run
+            except Exception as exc:
+                # the broker's attestations unreadable: compile, never fail the run
                 decision = Decision(action="compile", why=f"who compiled what cannot be read from the broker: {exc}")
         if decision.action == "compile":
             self.why = decision.why
@@ -384,7 +386,8 @@ class RunCache:
             self._say("unpublished", f"not published: {exc}")
             return KernelCacheUse(action="compiled", key=self.key.digest(), why=self.why)
         if self.ledger is not None:
-            try:  # the record others trust: the broker's, under this module's own key
+            # the record others trust: the broker's, under this module's own key
+            try:
                 self.ledger.put_attestation(self.key.digest(), pub.module, pub.model_dump(mode="json"))
             except Exception as exc:
                 self._say("unpublished", f"archive {pub.archive[:12]} stored, but not attested on the broker "

@@ -37,7 +37,8 @@ def write_deadline(run_dir: Path, deadline: float) -> None:
     alarm (:func:`hard_limit`) ended the worker at it."""
     try:
         write_atomic(run_dir / "deadline", f"{deadline:.3f}\n")
-    except OSError as exc:  # a full disk: the run goes on; a recovery then re-queues it, as before
+    except OSError as exc:
+        # a full disk: the run goes on; a recovery then re-queues it
         log.warning("cannot record the hard deadline of %s: %s", run_dir.name, exc)
 
 

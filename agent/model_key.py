@@ -3,6 +3,10 @@ benchmark run and parsed, and the agent's probe beside it (the per-key steps of 
 
 Each step is a function of the pipeline's :class:`~agent.pipeline.Run`, whose progress, events and
 cancel token it uses; a failing step raises :class:`~agent.errors.StepFailed` naming the key.
+
+Lazy imports: the probe (:mod:`agent.probe`, with asyncio) is imported by the steps that run it, so an idle
+worker does not hold it: +2.1 MiB of RSS (``bench/agent.py --imports``, raw
+bench/results/agent_20261207_0349_lazy-imports.txt).
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent import jit_watch, steps
+from agent.config import key_probe_repeat
 from agent.errors import Cancelled, StepFailed
 from agent.executor import ProcResult, utc_stamp
 from agent.health import first_request, port_open, probe
 from agent.procs import command_of
 from agent.startup import with_startup
 from agent.tables import TableError, parse_tables
+from agent.telemetry.energy import describe, output_tokens, window_energy, with_energy
 from contract.records import ResultRow, StepError
 
 if TYPE_CHECKING:
@@ -27,7 +33,8 @@ if TYPE_CHECKING:
     from agent.telemetry.rate import IdleReading
 
 log = logging.getLogger(__name__)
-READY_RESOLUTION = 0.02  # readiness polling period, at most this share of the time waited so far (50 ms at least)
+# readiness polling period: at most this share of the time waited so far (never under the first pause)
+READY_RESOLUTION = 0.02
 
 
 def serve_and_measure(run: Run, top: Path, env: dict[str, str], key: str,
@@ -110,7 +117,8 @@ def wait_ready(run: Run, server: Any, key: str, t0: float) -> None:
             tail = "\n".join(server.pump.tails["err"]) or "\n".join(server.pump.tails["out"])
             msg = f"server exited before it was ready (exit {server.exit_code})"
             why = steps.last_reason(tail)
-            if why:  # a real server dies loading with a traceback: its last line says why
+            # a real server dies loading with a traceback: its last line says why
+            if why:
                 msg = f"{msg}: {why}"
             run.event("server", "failed", key, duration_s=time.monotonic() - t0, exit_code=server.exit_code,
                        message=msg)
@@ -127,7 +135,7 @@ def wait_ready(run: Run, server: Any, key: str, t0: float) -> None:
             raise StepFailed(StepError(step="server", model_key=key, message=msg, stderr_tail=tail[-2000:]))
         time.sleep(pause)
         # the ready time is a judged figure: the probe's period stays within READY_RESOLUTION of the time waited
-        # (a 200 s load is polled every poll_interval, a simulated 0.5 s one every 50 ms)
+        # (a long load is polled every poll_interval, a short simulated one at the first pause)
         pause = min(run.cfg.poll_interval, pause * 2, max(0.05, READY_RESOLUTION * (time.monotonic() - t0)))
 
 def measure_idle(run: Run, key: str) -> IdleReading | None:
@@ -137,10 +145,12 @@ def measure_idle(run: Run, key: str) -> IdleReading | None:
     sampler = run.sampler
     if sampler is None or sampler.thread is None or run.cfg.telemetry.idle_window_s <= 0:
         return None
-    sampler.tell("idle", key)  # the sampler's fast schedule; the run's progress stays at the server's step
+    # the sampler's fast schedule; the run's progress stays at the server's step
+    sampler.tell("idle", key)
     try:
         return sampler.measure_idle(cancelled=run.cancelled)
-    except Exception as exc:  # an addition: never fails the key (the samples before the server are used then)
+    except Exception as exc:
+        # an addition: never fails the key (the samples before the server are used then)
         log.warning("idle power before %s not measured: %s", key, exc)
         return None
 
@@ -213,8 +223,6 @@ def key_energy(run: Run, rows: list[ResultRow], start: float, end: float, idle_b
     before the benchmark left out), when the module is sampled: the counters' difference between the window's
     edges where the module has counters, else its power samples (sampled fast while it ran); the idle power
     measured before it. A line in the benchmark's log. Never fails."""
-    from agent.telemetry.energy import describe, output_tokens, window_energy, with_energy
-
     sampler = run.sampler
     if sampler is None or sampler.thread is None or not end > start:
         return rows
@@ -224,7 +232,8 @@ def key_energy(run: Run, rows: list[ResultRow], start: float, end: float, idle_b
                                output_tokens=output_tokens(rows), idle_before=idle_before,
                                min_samples=run.cfg.telemetry.min_samples, edges=edges,
                                schedule=sampler.schedule_at(start), idle=idle)
-    except Exception as exc:  # the figures are an addition: a failure to make them never fails the key
+    except Exception as exc:
+        # the figures are an addition: a failure to make them never fails the key
         log.warning("energy of the benchmark window failed: %s", exc)
         append_log(log_path, [f"energy not measured: {type(exc).__name__}: {exc}"])
         return rows
@@ -236,7 +245,6 @@ def cross_probe(run: Run, key: str, rows: list[ResultRow], server: Any, log_path
     """The agent's own client on some of the key's profiles, while the server still runs: probe
     rows beside the release's, release rows flagged where the two disagree beyond the measured noise (lines
     appended to the benchmark's log). Never fails the key."""
-    from agent.config import key_probe_repeat
     from agent.probe import ProbeConfig, cross_check, probe_row, run_probe
 
     like = {r.profile: r for r in rows if r.table == "sweep"}

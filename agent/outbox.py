@@ -20,8 +20,10 @@ from contract.records import ResultRow, RunProgress
 
 log = logging.getLogger("fleet.agent")
 
-FINAL_STATE_WAIT = 2.0  # how long one WAIT for the replicas of a final state may block, s
-RESEND_EVERY = 6  # an unacknowledged final state is sent again every this many heartbeats at first
+# how long one WAIT for the replicas of a final state may block, s
+FINAL_STATE_WAIT = 2.0
+# an unacknowledged final state is sent again every this many heartbeats at first
+RESEND_EVERY = 6
 
 
 def _asked_version(workdir: Path, run_id: str) -> int | None:
@@ -68,7 +70,8 @@ class Publisher:
         try:
             self.kv.put_progress(p)
             return True
-        except Exception as exc:  # the run goes on; the final state is published through the outbox
+        except Exception as exc:
+            # the run goes on; the final state is published through the outbox
             log.warning("cannot publish progress of %s: %s", p.run_id, exc)
             return False
 
@@ -131,7 +134,8 @@ def _taken(workdir: Path, path: Path, p: RunProgress) -> None:
     if p.state.terminal:
         try:
             write_atomic(unacked_path(workdir, p.run_id), p.model_dump_json())
-        except OSError as exc:  # the broker has it; only a broker that drops it now is not covered
+        except OSError as exc:
+            # the broker has it; only a broker that drops it now is not covered
             log.warning("cannot keep the %s state of %s until the controller acknowledges it: %s", p.state.value,
                         p.run_id, exc)
     path.unlink(missing_ok=True)
@@ -143,7 +147,8 @@ def send_final(kv: KV, workdir: Path, p: RunProgress, replicas: int = 0,
     sent, or None when fewer than ``replicas`` replicas acknowledged them in ``wait_s`` (not yet published: a
     failover now could lose them, so the outbox keeps them)."""
     rows = _stored_rows(workdir, p.run_id)
-    if p.state.terminal:  # sealed in the version of the request it answers: its controller's, or the one before
+    # sealed in the version of the request it answers: its controller's, or the one before
+    if p.state.terminal:
         p = seal(p, rows, _asked_version(workdir, p.run_id))
     acked = kv.put_final(p, rows, replicas, wait_s)
     if acked < replicas:
@@ -179,7 +184,8 @@ def flush_outbox(kv: KV, workdir: Path, replicas: int = 0, wait_s: float = FINAL
             continue
         taken = send_final(kv, workdir, p, replicas, wait_s)
         if taken is None:
-            break  # the replicas are behind or gone: one WAIT per flush, so the heartbeat is not held up
+            # the replicas are behind or gone: one WAIT per flush, so the heartbeat is not held up
+            break
         _taken(workdir, path, taken)
         log.info("outbox: sent the %s state of run %s", p.state.value, p.run_id)
         sent += 1
@@ -229,7 +235,8 @@ def resend_unacked(kv: KV, workdir: Path, *, interval: float, keep_for: float, r
             if taken is None:
                 break
             with contextlib.suppress(OSError):
-                if taken != p:  # the module's rows changed meanwhile (they are the truth): the new seal waits
+                # the module's rows changed meanwhile (they are the truth): the new seal waits
+                if taken != p:
                     write_atomic(path, taken.model_dump_json())
                 else:
                     os.utime(path)

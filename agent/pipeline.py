@@ -96,7 +96,7 @@ class Run:
         self.steps_done = 0
         self.sampler: Sampler | None = None
         self.fingerprint: EnvFingerprint | None = None
-        self.ledger = ledger  # who compiled what, on the broker (the kernel cache's trust); None: no broker
+        self.ledger = ledger  # who compiled what, on the broker; None: no broker
         self.progress = RunProgress(run_id=request.run_id, module=config.module, release=self.release,
                                     keys_total=len(self.outcomes), updated_at=time.time())
 
@@ -116,9 +116,9 @@ class Run:
         if self.sampler is not None:
             self.sampler.tell(self.progress.step, self.progress.model_key)
         try:
-            self.store.flush_events()  # events held back go first: the progress never runs ahead of them
+            self.store.flush_events()  # events held back first: progress never runs ahead
             self.store.write_progress(self.progress)
-        except OSError as exc:  # a full disk must not hide the run's outcome from the caller
+        except OSError as exc:  # a full disk must not hide the run's outcome
             log.warning("could not write progress of %s: %s", self.req.run_id, exc)
         if self.on_progress is not None:
             try:
@@ -176,7 +176,7 @@ class Run:
         self.sampler = Sampler(self.cfg.telemetry, self.store.run_dir(self.req.run_id) / SAMPLES_FILE,
                                run_id=self.req.run_id, module=self.cfg.module, attempt=prior,
                                on_event=lambda status, msg: self.event("telemetry", status, message=msg)).start()
-        self.note(started_at=started, attempt=prior)  # written with the fetch's start, next
+        self.note(started_at=started, attempt=prior)
         try:
             top, env = self._release_steps()
             self._keys(top, env)
@@ -191,7 +191,7 @@ class Run:
             self._finish_keys("skipped")
             self.machine.transition(RunState.FAILED)
             self.emit(error=exc.error)
-        except Exception as exc:  # an agent bug must still end the run with a recorded failure
+        except Exception as exc:  # an agent bug still ends the run, recorded as failed
             log.exception("run %s failed unexpectedly", self.req.run_id)
             step = self.progress.step or "run"
             self._finish_keys("skipped")
@@ -215,7 +215,7 @@ class Run:
             return None
         try:
             return self.sampler.summary()
-        except Exception:  # a summary that cannot be made must not hide the run's outcome
+        except Exception:  # a failed summary must not hide the run's outcome
             log.exception("telemetry summary of %s failed (left out)", self.req.run_id)
             return None
 
@@ -280,7 +280,7 @@ class Run:
         self._run_step(steps.plan_generate(top, pre_env, self.cfg.generate_timeout), RunState.GENERATING)
         self.steps_done += 1
         env = self._environment(top, pre_env, cache)
-        if self.cfg.kernel_cache is not None:  # the fleet's kernel cache is keyed by the fingerprint: probed first
+        if self.cfg.kernel_cache is not None:  # the kernel cache's key needs the fingerprint first
             self._fingerprint(top, env)
         self._precompile(top, env)
         if self.fingerprint is None:
@@ -289,7 +289,7 @@ class Run:
 
     def _fingerprint(self, top: Path, env: dict[str, str]) -> None:
         self.fingerprint = env_probe.probe_run(self, top, env)  # never fails: a failed probe says "unknown"
-        self.note(fingerprint=self.fingerprint)  # written with the first key's start, next
+        self.note(fingerprint=self.fingerprint)
 
     def _begin(self, state: RunState, step: str) -> float:
         self.check(step)()
@@ -391,7 +391,7 @@ class Run:
         """Model folders of every key this run covers (for the config and the precompile cache key)."""
         keys = [k for k in self.req.models if k in MODEL_KEYS]
         folders = [str(self.folders[k]) for k in keys if k in self.folders]
-        for k in keys:  # keys passed in an earlier attempt still belong to the model set
+        for k in keys:  # keys passed earlier still belong to the model set
             if k not in self.folders and self.outcomes[k].status == "passed":
                 folders.append(str(steps.model_folder(k, self.req.model_root, self.req.model_paths)))
         return list(dict.fromkeys(folders))
@@ -420,7 +420,7 @@ class Run:
             self.agent_log("precompile", None, [msg])
             self.event("precompile", "skipped", message=msg)
             self.steps_done += 1
-            self.note(precompile_cached=True, precompile_source="cached")  # written with the next emit
+            self.note(precompile_cached=True, precompile_source="cached")
             return
         t0 = time.monotonic()
         shared = RunCache.of(self, self._all_folders())  # None: the fleet's kernel cache is off

@@ -50,7 +50,8 @@ log = logging.getLogger(__name__)
 MARK = "M1000_FLEET_AGENT_WORKDIR"
 PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
-ZOMBIE_GRACE = 0.5  # s a zombie no one owns waits before the reaper takes it (its own waiter is quicker)
+# seconds a zombie no one owns waits before the reaper takes it (its own waiter is quicker)
+ZOMBIE_GRACE = 0.5
 
 T = TypeVar("T")
 
@@ -382,7 +383,8 @@ def kill_all(procs: list[psutil.Process], grace: float, cgroups: Iterable[RunCgr
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and _live(live):
         time.sleep(0.05)
-    for cg in cgs:  # race-free where the kernel has it (5.14): kills what forked meanwhile too
+    # race-free where the kernel has it (5.14): kills what forked meanwhile too
+    for cg in cgs:
         with contextlib.suppress(OSError):
             (cg.path / "cgroup.kill").write_text("1")
     for _ in range(40):

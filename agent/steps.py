@@ -249,6 +249,7 @@ def parse_benchmark(text: str, key: str, source: str = "") -> list[ResultRow]:
                          source)
     by_profile: dict[str, ResultRow] = {}
     for r in (r for t in tables for r in t.rows):
-        by_profile.pop(r.profile, None)  # a table printed twice (progress, then summary): the last one wins
+        # a table printed twice (progress, then summary): the last one wins
+        by_profile.pop(r.profile, None)
         by_profile[r.profile] = r
     return list(by_profile.values())

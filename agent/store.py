@@ -30,10 +30,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from contract.files import write_atomic as write_atomic  # re-exported
+from contract.files import write_atomic as write_atomic
 from contract.records import ResultRow, RunProgress, RunRequest, is_run_id
 from contract.vocab import LOG_STEPS
-from contract.vocab import check_run_id as check_run_id  # re-exported
+from contract.vocab import check_run_id as check_run_id
 
 _LOG_NUMBER = re.compile(r"^(\d+)-")
 

@@ -85,10 +85,11 @@ class TableError(ValueError):
 @dataclass(frozen=True)
 class Table:
     kind: TableKind
-    header_line: int  # 1-based
-    columns: tuple[str, ...]  # original header texts
+    # the header's line (1-based) and its original texts; the nearest non-table text line above it, if any
+    header_line: int
+    columns: tuple[str, ...]
     rows: tuple[ResultRow, ...]
-    title: str = ""  # nearest non-table text line above the header, if any
+    title: str = ""
     unknown_columns: tuple[str, ...] = field(default=())
 
 

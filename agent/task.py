@@ -21,9 +21,11 @@ from typing import Any
 
 from celery import Celery
 
+from agent import hold
 from agent.errors import BadInput
 from agent.limits import bump_attempts, hard_limit, write_deadline
 from agent.outbox import Publisher, drop_waiting
+from agent.pipeline import AgentConfig, run_pipeline
 from agent.recovery import keep_headers, reap_orphans, requeue, sent_headers
 from agent.settings import AgentSettings
 from agent.store import RunStore, forget_current, read_json
@@ -125,7 +127,8 @@ def _execute(app: Celery, settings: AgentSettings, req: RunRequest, kv: KV, pub:
         return early
     if headers:
         keep_headers(run_dir, headers)
-    else:  # a run re-queued by an agent that kept no headers: those of its first delivery
+    else:
+        # a run re-queued by an agent that kept no headers: those of its first delivery
         headers = sent_headers(run_dir)
     _clear_leftovers(workdir, req.run_id)
     attempt = _answered(req, kv, pub, run_dir)
@@ -142,8 +145,6 @@ def _before_run(app: Celery, req: RunRequest, kv: KV, pub: Publisher, headers: d
     """The task's answer when the run does not start here: held back by another user's reservation (back on the
     queue, behind the holder's work, untouched), or another request under a run id used here (refused); else
     None."""
-    from agent import hold
-
     held = hold.held_back(kv, req.run_id, req.module, headers, time.time())
     if held is not None:
         requeue(app, req, headers, priority=LEVELS["low"], task_id=task_id(req.module, req.run_id))
@@ -151,7 +152,8 @@ def _before_run(app: Celery, req: RunRequest, kv: KV, pub: Publisher, headers: d
         hold.linger(kv, req.run_id, req.module, headers, stop=stop_file(workdir).exists)
         return {"run_id": req.run_id, "held": held.line()}
     other = recorded_difference(RunStore(workdir), req)
-    if other is not None:  # before anything of this run id is touched here: its files, its outbox entry
+    # before anything of this run id is touched here: its files, its outbox entry
+    if other is not None:
         return refuse_other_request(req, pub, other)
     return None
 
@@ -200,28 +202,30 @@ def _run_pipeline(settings: AgentSettings, req: RunRequest, kv: KV, pub: Publish
                   attempt: int) -> tuple[RunProgress, KVCancelToken] | dict[str, Any]:
     """Run the pipeline under its deadline and cancel token, its progress published (attempt ``attempt``): its
     final state and the token; the task's answer where the pipeline could record nothing."""
-    from agent.pipeline import AgentConfig, run_pipeline
-
     write_deadline(run_dir, time.time() + settings.run_time_limit)
     # the run stops itself a little before its soft limit (the hard limit ends the worker: hard_limit)
     deadline = time.monotonic() + settings.run_soft_time_limit - min(30.0, 0.1 * settings.run_soft_time_limit)
     token = KVCancelToken(kv, req.run_id, req.module, deadline=deadline, stop_file=stop_file(workdir),
                           honoured=frozenset(_honoured(run_dir)))
-    sent_rows = 0  # no rows to publish before the first one (a resumed run's kept rows count: published first)
+    # no rows to publish before the first one (a resumed run's kept rows count: published first)
+    sent_rows = 0
 
     def on_progress(p: RunProgress) -> None:
         nonlocal sent_rows
-        if p.state.terminal:  # the run's end goes out once, sealed, with finished_at and telemetry: pub.final below
+        # the run's end goes out once, sealed, with finished_at and telemetry: pub.final below
+        if p.state.terminal:
             return
         p = p.model_copy(update={"attempt": attempt})
-        if p.rows != sent_rows and pub.rows():  # rows first: progress never claims rows the controller lacks
+        # rows first: progress never claims rows the controller lacks
+        if p.rows != sent_rows and pub.rows():
             sent_rows = p.rows
         pub.progress(p)
 
     try:
         result = run_pipeline(req, AgentConfig.from_settings(settings), on_progress=on_progress, cancel=token,
                               ledger=Attestations(kv))
-    except BadInput as exc:  # nothing could be recorded by the pipeline (e.g. a run id reused for another release)
+    except BadInput as exc:
+        # nothing could be recorded by the pipeline (e.g. a run id reused for another release)
         return _finish(req, pub, RunState.FAILED, "dispatch", str(exc))
     return result.progress.model_copy(update={"attempt": attempt}), token
 

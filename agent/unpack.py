@@ -44,7 +44,8 @@ class UnpackError(AgentError, OSError):
     """Extraction failed for a reason of this machine (disk full, permissions)."""
 
 
-Check = Callable[[], None]  # raises to stop (cancel, deadline); called between chunks / members
+# raises to stop (cancel, deadline); called between chunks / members
+Check = Callable[[], None]
 
 
 def _noop() -> None:
@@ -57,21 +58,26 @@ class UnpackLimits:
     tree a few thousand, its longest path ~150 bytes)."""
 
     max_members: int = 100_000
-    max_name_bytes: int = 1024  # a member's whole path (the kernel's PATH_MAX is 4096)
-    max_component_bytes: int = 255  # one component of it (NAME_MAX of common file systems)
+    # a member's whole path (the kernel's PATH_MAX is 4096), one component of it (NAME_MAX of common file systems)
+    max_name_bytes: int = 1024
+    max_component_bytes: int = 255
 
 
-ENTRY_ALLOWANCE = 256  # bytes per member: its directory entry, and its inode where inodes take data blocks
-FAST_SYMLINK = 60  # a symlink target shorter than this lives in the inode (ext4); longer ones take a block
+# bytes per member: its directory entry, and its inode where inodes take data blocks
+ENTRY_ALLOWANCE = 256
+# a symlink target shorter than this lives in the inode (ext4); longer ones take a block
+FAST_SYMLINK = 60
 
 
 @dataclass(frozen=True)
 class Room:
     """What a file system has free for an unprivileged writer (``os.statvfs``)."""
 
-    free_bytes: int  # f_bavail * f_frsize
-    block: int  # f_frsize: the unit a file's size is rounded up to
-    free_inodes: int | None  # f_favail; None where the file system counts none (f_files == 0: btrfs, some FUSE)
+    # free_bytes: f_bavail * f_frsize; block: f_frsize, the unit a file's size is rounded up to; free_inodes:
+    # f_favail, None where the file system counts none (f_files == 0: btrfs, some FUSE)
+    free_bytes: int
+    block: int
+    free_inodes: int | None
 
 
 @dataclass(frozen=True)
@@ -253,8 +259,9 @@ def tree_problem(members: list[tarfile.TarInfo]) -> tuple[tarfile.TarInfo, str] 
 
 @dataclass(frozen=True)
 class Unpacked:
-    root: Path  # <workdir>/releases/<sha16>
-    top: Path  # the folder holding scripts/ci/musa
+    # <workdir>/releases/<sha16>, and its folder holding scripts/ci/musa
+    root: Path
+    top: Path
     reused: bool
     members: int
 
@@ -323,7 +330,8 @@ def checked_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
     if member.issym() or member.islnk() or not (member.isreg() or member.isdir()):
         return tarfile.data_filter(member, dest)
     attrs: dict[str, Any] = {"mode": None, "uid": None, "gid": None, "uname": None, "gname": None}
-    if member.isreg():  # the data filter's rule: no high bits, no group/other write, owner rw, exec only if owner's
+    # the data filter's rule: no high bits, no group/other write, owner rw, exec only if owner's
+    if member.isreg():
         mode = member.mode & 0o755
         attrs["mode"] = (mode if mode & 0o100 else mode & ~0o111) | 0o600
     return member.replace(**attrs, deep=False)

@@ -11,19 +11,27 @@ The worker is one process (Celery's solo pool): the run executes in its main thr
 (systemd restarts it) stops what the run left and ends the run as failed (:func:`agent.recovery.recover`). A run
 whose process dies (the limit, the OOM killer, a signal) takes the worker with it; the restart recovers it the same
 way (re-queued to resume from its passed keys, or ended when its limit or its deliveries are spent).
+
+Lazy imports: :mod:`agent.metrics` is imported when /metrics or a Pushgateway is configured and the worker
+is ready: it adds 1.6 MiB of RSS (``bench/agent.py --imports``, raw
+bench/results/agent_20261207_0349_lazy-imports.txt) and loads prometheus_client (59 ms CPU, 7.0 MiB:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from typing import Any
 
 from agent import malloc, procs
+from agent.broker_start import start_failure
 from agent.errors import EvictingBroker
 from agent.heartbeat import HeartbeatThread, NameInUse, agent_version, claim_name, same_agent
 from agent.outbox import flush_outbox
@@ -33,7 +41,9 @@ from agent.task import register_tasks, stop_file
 from contract.celery_app import make_app, queue_name, share_backend_pool
 from contract.eviction import broker_eviction_problem
 from contract.kv import KV
+from contract.oneline import error_line
 from contract.safe_transport import unblock_polls
+from contract.settings import SettingsError, load_settings
 
 log = logging.getLogger("fleet.agent")
 
@@ -74,8 +84,6 @@ class MetricsServing:
 def settle() -> None:
     """Once the worker serves: the heap pages its imports and start-up freed go back to the system
     (glibc keeps them resident otherwise: ~3 MiB here, ``bench/agent.py``)."""
-    import gc
-
     gc.collect()
     malloc.trim()
 
@@ -86,12 +94,14 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
     workdir = settings.workdir.expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
     app = make_app(settings, module=settings.module)
-    share_backend_pool(app)  # the broker's channels and the result backend: one pool (Redis connections per agent)
+    # the broker's channels and the result backend: one pool (Redis connections per agent)
+    share_backend_pool(app)
     problem = broker_eviction_problem(app)  # an unreachable broker raises here as claim_name would
     if problem:
         raise EvictingBroker(problem)
     lease = claim_name(KV(app), settings)  # NameInUse: another live agent has this module's name
-    why = procs.hold_orphans()  # what a run starts stays the worker's descendant, daemonized or not
+    # what a run starts stays the worker's descendant, daemonized or not
+    why = procs.hold_orphans()
     if why:
         log.warning("the worker is not the subreaper of its runs: %s", why)
     left = reap_orphans(workdir)
@@ -99,8 +109,8 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
         log.warning("stopped %d processes left by an earlier agent: %s", len(left), left)
     stop_file(workdir).unlink(missing_ok=True)
     os.environ[procs.MARK] = str(workdir)
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the hard time limit ends the process (agent.limits.hard_limit)
-    import agent.pipeline  # noqa: F401 - imported once here, not by the first run
+    # the hard time limit ends the process (agent.limits.hard_limit)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     register_tasks(app, settings)
     log.info("agent %s for module %s, broker %s, queue %s", agent_version(), settings.module,
              settings.redacted_broker_url(), queue_name(settings.module))
@@ -109,7 +119,8 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
     from celery.signals import worker_shutting_down
 
     @worker_shutting_down.connect(weak=False)  # type: ignore[untyped-decorator]  # celery has no type hints
-    def _shutting_down(**_: Any) -> None:  # SIGTERM: the run in progress stops cleanly and is re-queued
+    # SIGTERM: the run in progress stops cleanly and is re-queued
+    def _shutting_down(**_: Any) -> None:
         with contextlib.suppress(OSError):
             stop_file(workdir).touch()
         # an idle worker waits in its event loop for the BRPOP's reply (up to polling_interval, 5 s) or the loop's
@@ -130,7 +141,8 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
         worker = app.Worker(
             queues=[queue_name(settings.module)],
             concurrency=1,
-            pool="solo",  # one process: the run in the main thread (hard_limit, recover)
+            # one process: the run in the main thread (hard_limit, recover)
+            pool="solo",
             prefetch_multiplier=1,
             hostname=f"{settings.module}@{socket.gethostname()}",
             loglevel=loglevel,
@@ -154,11 +166,6 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
 def main(config: str | None = None, *, loglevel: str = "INFO") -> None:
     """``python -m agent.worker`` and ``fleet-agent worker``: settings from ``FLEET_*`` variables and the
     config file (``config``, else ``FLEET_CONFIG``)."""
-    import sys
-
-    from contract.oneline import error_line
-    from contract.settings import SettingsError, load_settings
-
     try:
         settings = load_settings(AgentSettings, config)
     except (SettingsError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
@@ -169,9 +176,8 @@ def main(config: str | None = None, *, loglevel: str = "INFO") -> None:
     except (NameInUse, EvictingBroker) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    except Exception as exc:  # a broker it cannot start on: one line, a status of its own (agent.broker_start)
-        from agent.broker_start import start_failure
-
+    except Exception as exc:
+        # a broker it cannot start on: one line, a status of its own (agent.broker_start)
         failure = start_failure(exc, settings.redacted_broker_url())
         if failure is None:
             raise

@@ -16,7 +16,8 @@ from contract.kv import KV, PREFIX, _dump, _is_redis
 # (:mod:`agent.kernel_cache`): the store's own files can be written by any module, these cannot. Kept as long as a
 # compiled cache is useful.
 ATTEST = "kc"
-ATTEST_INDEX = "kcidx"  # m1000-fleet:kcidx:<cache key digest>: a set of the modules that attested (a hint only)
+# m1000-fleet:kcidx:<cache key digest>: the set of the modules that attested (a hint only)
+ATTEST_INDEX = "kcidx"
 ATTEST_TTL = 180 * 86400
 
 

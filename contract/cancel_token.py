@@ -26,12 +26,14 @@ class KVCancelToken:
         self.deadline = deadline
         self.interval = interval
         self.stop_file = stop_file
-        self.honoured = honoured  # urgent runs this run already stopped for once (its preemptions are done)
+        # urgent runs this run already stopped for once (their preemptions are done)
+        self.honoured = honoured
         self._checked = 0.0
         self.reason: str | None = None
         self.lost = False  # the controller gave this module's part up
-        self.shutdown = False  # the agent is shutting down
-        self.preempted_by: str | None = None  # stopped for this urgent run: interrupted and re-queued
+        self.shutdown = False
+        # stopped for this urgent run: interrupted and re-queued
+        self.preempted_by: str | None = None
 
     def is_cancelled(self) -> bool:
         if self.reason:

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from celery import Celery
 
+from contract.safe_transport import SHARED_POOL_OPTION, share_pool
 from contract.settings import RESULT_EXPIRES, BrokerSettings
 
 RUN_TASK = "fleet.run_release"
@@ -54,8 +55,6 @@ def share_backend_pool(app: Celery) -> bool:
     connection fewer per agent, :mod:`contract.safe_transport`); call it once, before the worker connects, from the
     thread that uses ``app.backend`` (Celery's backend is per thread). False: nothing to share (not an agent's app,
     the embedded broker, Sentinel)."""
-    from contract.safe_transport import SHARED_POOL_OPTION, share_pool
-
     key = (app.conf.broker_transport_options or {}).get(SHARED_POOL_OPTION)
     if not key:
         return False
@@ -145,17 +144,18 @@ def _redis_conf(settings: BrokerSettings, module: str | None) -> dict[str, Any]:
                             # BRPOP's server-side timeout (kombu: 1 s): a message still arrives at once; an idle
                             # worker wakes (and sends a BRPOP) every 5 s instead of every second
                             "polling_interval": 5}
-    if settings.is_sentinel:  # the Sentinels name the master; a failover is followed on the next connection
+    # the Sentinels name the master; a failover is followed on the next connection
+    if settings.is_sentinel:
         opts.update({"master_name": settings.broker_sentinel_master,
                      "sentinel_kwargs": {"socket_timeout": 5, "socket_connect_timeout": 5}})
     conf["result_backend_transport_options"] = dict(opts)
-    if module:  # an agent: its unacked messages under keys of its own (one Redis ACL user per module)
+    # an agent: its unacked messages under keys of its own (one Redis ACL user per module)
+    if module:
         q = queue_name(module)
         opts = {**opts, "unacked_key": f"unacked:{q}", "unacked_index_key": f"unacked_index:{q}",
                 "unacked_mutex_key": f"unacked_mutex:{q}"}
-        if not settings.is_sentinel:  # its broker channels take the result backend's pool (share_backend_pool)
-            from contract.safe_transport import SHARED_POOL_OPTION
-
+        # its broker channels take the result backend's pool (share_backend_pool)
+        if not settings.is_sentinel:
             opts[SHARED_POOL_OPTION] = q
     conf["broker_transport_options"] = opts
     conf["redis_socket_timeout"] = 10
@@ -163,7 +163,8 @@ def _redis_conf(settings: BrokerSettings, module: str | None) -> dict[str, Any]:
     conf["redis_retry_on_timeout"] = True
     conf["redis_backend_health_check_interval"] = 10
     ssl_opts = settings.broker_ssl_options()
-    if ssl_opts is not None:  # rediss://: the broker's certificate is always verified (CA, client cert: settings)
+    # rediss://: the broker's certificate is always verified (CA, client cert: settings)
+    if ssl_opts is not None:
         conf["broker_use_ssl"] = dict(ssl_opts)
         conf["redis_backend_use_ssl"] = dict(ssl_opts)
     return conf

@@ -57,7 +57,8 @@ class Compat:
     agent: int | None
     controller: int
     standing: Standing
-    request: int | None  # the request version it is sent; None: none it runs (refused)
+    # the request version it is sent; None: none it runs (refused)
+    request: int | None
 
     @property
     def runs(self) -> bool:

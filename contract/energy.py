@@ -26,15 +26,20 @@ class EnergyWindow(BaseModel):
     start: float  # epoch s
     end: float
     window_s: float
-    samples: int = 0  # power samples (or counter readings) inside the window
-    period_s: float | None = None  # median interval between those samples
-    coverage: float = 0.0  # share of the window between the first and the last sample around it
-    max_gap_s: float | None = None  # longest interval between two samples over the window
+    # power samples (or counter readings) inside the window, their median interval, the share of the window between
+    # the first and the last sample around it, the longest interval between two samples over it
+    samples: int = 0
+    period_s: float | None = None
+    coverage: float = 0.0
+    max_gap_s: float | None = None
     output_tokens: int | None = None
     idle_samples: int = 0  # samples behind idle_power_w
     # the idle power measured before the benchmark (server up and idle, settled: agent.telemetry.rate); None: read
     # from the samples before the server started (an older agent, or the idle measurement off)
-    idle_spread_w: float | None = None  # max - min of the idle window's power samples (summed over the devices)
-    idle_settle_s: float | None = None  # seconds from the idle step's start to the end of the window used
-    idle_settled: bool | None = None  # False: the idle power did not settle within idle_max_s (the last window)
+    # idle_spread_w: max - min of the idle window's power samples (summed over the devices); idle_settle_s: seconds
+    # from the idle step's start to the end of the window used; idle_settled False: the idle power did not settle
+    # within idle_max_s (the last window)
+    idle_spread_w: float | None = None
+    idle_settle_s: float | None = None
+    idle_settled: bool | None = None
     note: str = ""

@@ -38,7 +38,8 @@ KEY_DIGEST = re.compile(r"[0-9a-f]{16}")
 RELEASE_DIR = re.compile(r"[0-9a-f]{16}")
 MODULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 KEY_FILE = "key.json"
-MANIFEST = "KCACHE-MANIFEST.json"  # the archive's first member: every other member's sha256 and size
+# the archive's first member: every other member's sha256 and size
+MANIFEST = "KCACHE-MANIFEST.json"
 
 
 class _Frozen(BaseModel):

@@ -42,14 +42,15 @@ PREFIX = "m1000-fleet"
 # Cancel flags: the module sits in a fixed place, so that a Redis ACL glob gives a module its own
 # flags (``cancel:<module>:*``) and the run-wide ones (``cancel-run:*``) and nobody else's. The
 # layout before (``cancel:<run>`` and ``cancel:<run>:<module>``) is not read any more.
-CANCEL = "cancel"  # m1000-fleet:cancel:<module>:<run>: one module's part of a run
-RUN_CANCEL = "cancel-run"  # m1000-fleet:cancel-run:<run>: the whole run
+CANCEL = "cancel"  # cancel:<module>:<run>: one module's part of a run
+RUN_CANCEL = "cancel-run"  # cancel-run:<run>: the whole run
 
 # A preemption (m1000-fleet:preempt:<module>:<run>): the controller asks the module to stop its part of the run
 # at once, as for a clean shutdown, for an urgent run; the module re-queues it (to resume from its passed keys) and
 # honours each preemption once (the value names the urgent run). Read-only for the module, as its cancel flags.
 PREEMPT = "preempt"
-PREEMPT_TTL = 3600  # a preemption the module never saw (it was between keys and ended) is gone within the hour
+# a preemption the module never saw (it was between keys and ended) is gone within the hour
+PREEMPT_TTL = 3600
 
 # Fixed expiries of the records whose age the reader takes from the broker (what is left of them): the
 # writer and the reader must agree on them, so they are not settings. A heartbeat key outlives any
@@ -128,15 +129,16 @@ class KV:
                 fh.write(data)
             os.replace(tmp, path)
             return
-        from celery.backends.redis import RedisBackend  # loaded already when the backend is Redis (not embedded)
+        # loaded already when the backend is Redis (Sentinel too), not embedded
+        from celery.backends.redis import RedisBackend
 
-        if isinstance(self.backend, RedisBackend):  # Sentinel too
+        if isinstance(self.backend, RedisBackend):
             # one SET with its expiry: Celery's set is MULTI, SETEX, PUBLISH, EXEC, and nobody subscribes to
             # these keys (an idle agent's beat: 2 commands instead of 8). redis-py retries a lost connection
             # once; what must arrive is re-sent by its writer.
             self.backend.client.set(key, data, ex=ex or self._expiry())
             return
-        # fail fast (Celery's default retries a write for ~20 s): what must arrive is re-sent by its writer
+        # fail fast (Celery's default retries a write for many seconds): what must arrive is re-sent by its writer
         self.backend.set(key.encode(), data, max_retries=1, interval_start=0.2, interval_step=0.5, interval_max=0.5)
 
     def put_many(self, items: dict[str, Any], expiry: Mapping[str, int] | None = None) -> None:
@@ -230,7 +232,8 @@ class KV:
     def _file_aged(self, key: str) -> tuple[Any, float | None]:
         path = os.fsdecode(self.backend._filename(key.encode()))
         try:
-            with open(path, "rb") as fh:  # the content and the mtime of one file (put replaces it whole)
+            # the content and the mtime of one file (put replaces it whole)
+            with open(path, "rb") as fh:
                 return _load(fh.read()), os.fstat(fh.fileno()).st_mtime
         except FileNotFoundError:
             return None, None
@@ -300,7 +303,7 @@ class KV:
         if p.telemetry is not None:
             try:
                 self.put_telemetry(p.telemetry)
-            except Exception as exc:  # as in put_progress: the state matters more than its device figures
+            except Exception as exc:
                 log.warning("cannot publish the device telemetry of %s: %s", p.run_id, exc)
         ex = self._expiry()
         pipe = self.backend.client.pipeline(transaction=False)  # one connection: WAIT counts its writes
@@ -462,9 +465,10 @@ class CancelFlag(NamedTuple):
 
 
 def _is_redis(backend: Any) -> bool:
-    from celery.backends.redis import RedisBackend  # loaded already when the backend is Redis (not embedded)
+    # loaded already when the backend is Redis (Sentinel too), not embedded
+    from celery.backends.redis import RedisBackend
 
-    return isinstance(backend, RedisBackend)  # Sentinel too
+    return isinstance(backend, RedisBackend)
 
 
 def _load(raw: Any) -> Any:

@@ -45,7 +45,8 @@ class LayoutScan:
     def __init__(self, models: Iterable[str]) -> None:
         self.required = required_files(models)  # in pipeline order
         self._wanted = frozenset(self.required)
-        self._seen: dict[str, set[str]] = {}  # top folder ("" for the root) -> required files seen under it
+        # top folder ("" for the root) -> required files seen under it
+        self._seen: dict[str, set[str]] = {}
 
     def add(self, name: str) -> bool:
         path = posixpath.normpath(name.lstrip("/"))  # "./top/x" -> "top/x"

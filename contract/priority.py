@@ -49,6 +49,6 @@ def level_of(number: object) -> str:
 def raised(name: str) -> str | None:
     """The level above ``name``; None for ``urgent`` and ``high`` (waiting runs are raised up to ``high``:
     ``urgent`` stays what a person asked for)."""
-    order = list(LEVELS)  # urgent, high, normal, low
+    order = list(LEVELS)
     i = order.index(name)
     return order[i - 1] if i >= 2 else None

@@ -25,7 +25,7 @@ SPEC_ARGS = (
 
 TableKind = Literal["sweep", "mtp", "vision"]
 PrecompileSource = Literal["compiled", "cached", "fetched"]  # a run's kernels: compiled, an earlier run's, a fleet's
-RowSource = Literal["release", "probe"]  # who measured the row: the release's benchmark or the agent's probe
+RowSource = Literal["release", "probe"]
 
 # A run id: it names folders on every module and keys on the broker, so it is strict
 # (use ``fullmatch``: no trailing newline, no '/', no ':', no leading '.' or '-').
@@ -181,13 +181,17 @@ class ResultRow(Record):
     # energy over the key's benchmark window (agent.telemetry.energy; release rows only; None: not measured, or
     # dropped, ``energy.note`` says why). Every release row of one key shares the window: the release's benchmark
     # runs all its profiles in one process, so the figures are the key's, repeated on each of its rows
-    energy_j: float | None = None  # joules over the window
-    j_per_token: float | None = None  # energy_j / the output tokens of the key's rows
-    tokens_per_j: float | None = None  # 1 / j_per_token
-    avg_power_w: float | None = None  # energy_j / the window's length
-    idle_power_w: float | None = None  # the module's idle power, measured before the key
-    energy_above_idle_j: float | None = None  # energy_j - idle_power_w x the window's length
-    energy: EnergyWindow | None = None  # how the figures were reached (or why they were dropped)
+    # energy_j: joules over the window; j_per_token: energy_j / the output tokens of the key's rows; tokens_per_j: 1 /
+    # j_per_token; avg_power_w: energy_j / the window's length; idle_power_w: the module's idle power, measured before
+    # the key; energy_above_idle_j: energy_j - idle_power_w x the window's length; energy: how the figures were
+    # reached (or why they were dropped)
+    energy_j: float | None = None
+    j_per_token: float | None = None
+    tokens_per_j: float | None = None
+    avg_power_w: float | None = None
+    idle_power_w: float | None = None
+    energy_above_idle_j: float | None = None
+    energy: EnergyWindow | None = None
     # start-up costs, wall s (release rows; agent.startup says what each is, and why a precompile has two columns)
     server_ready_s: float | None = None
     warmup_s: float | None = None
@@ -232,8 +236,10 @@ class RunState(str, enum.Enum):
     PRECOMPILING = "precompiling"
     BENCHMARKING = "benchmarking"
     PUBLISHING = "publishing"
-    DONE = "done"  # finished; individual keys may still have failed (see outcomes)
-    FAILED = "failed"  # a release-wide step failed, or the request was refused; no key could run
+    # finished; individual keys may still have failed (see outcomes)
+    DONE = "done"
+    # a release-wide step failed, or the request was refused; no key could run
+    FAILED = "failed"
     CANCELLED = "cancelled"
     # Not terminal: the agent stopped the run cleanly (SIGTERM) or found it dead after a restart,
     # and re-queued it; it resumes from its passed keys when the module takes it again.
@@ -280,13 +286,15 @@ class RunRequest(Frozen):
     schema_version: int = SCHEMA_VERSION
     run_id: str
     module: str
-    tarball: str  # path on the module (or in a shared folder) of the release tarball
+    # path on the module (or in a shared folder) of the release tarball
+    tarball: str
     sha256: str
     release: str = ""
     models: tuple[str, ...]
     model_root: str
-    model_paths: dict[str, str] = Field(default_factory=dict)  # per-key overrides
-    key_env: dict[str, dict[str, str]] = Field(default_factory=dict)  # extra env per key
+    # per-key overrides of the model folders; extra environment variables per key
+    model_paths: dict[str, str] = Field(default_factory=dict)
+    key_env: dict[str, dict[str, str]] = Field(default_factory=dict)
     max_attempts: int = 2
 
     @field_validator("run_id")
@@ -316,7 +324,8 @@ class RunProgress(Record):
     precompile_cached: bool | None = None
     precompile_source: PrecompileSource | None = None
     precompile_s: float | None = None
-    kernel_cache: KernelCacheUse | None = None  # the fleet's kernel cache: fetched, or compiled (and published)
+    # the fleet's kernel cache: fetched, or compiled (and published)
+    kernel_cache: KernelCacheUse | None = None
     rows: int = 0
     attempt: int = 1
     error: StepError | None = None
@@ -373,9 +382,11 @@ class DeviceSample(Record):
     memory_utilization_pct: float | None = None
     memory_used_mib: float | None = None
     memory_total_mib: float | None = None
-    clock_event_reasons: int | None = None  # NVML clocks event reasons bitmask (contract.vocab.REASONS)
+    # NVML clocks event reasons bitmask (contract.vocab.REASONS)
+    clock_event_reasons: int | None = None
     ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors
-    energy_mj: float | None = None  # the device's cumulative energy counter (NVML total energy), mJ
+    # the device's cumulative energy counter (NVML total energy), mJ
+    energy_mj: float | None = None
 
 
 class FieldStats(Record):
@@ -415,7 +426,8 @@ class TelemetrySummary(Record):
     samples: int = 0
     devices: tuple[DeviceInfo, ...] = ()
     keys: tuple[KeyTelemetry, ...] = ()
-    notes: tuple[str, ...] = ()  # once each: tool missing, hanging, failing, fields it lacks
+    # once each: tool missing, hanging, failing, fields it lacks
+    notes: tuple[str, ...] = ()
 
     def for_key(self, model_key: str) -> tuple[KeyTelemetry, ...]:
         return tuple(k for k in self.keys if k.model_key == model_key)

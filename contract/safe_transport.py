@@ -53,8 +53,10 @@ from kombu.utils.json import dumps
 
 log = logging.getLogger("fleet.agent")
 
-SHARED_POOL_OPTION = "fleet_shared_pool"  # the transport option naming an agent's shared pool (share_pool)
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a run request is a few KiB; the agent refuses more than 64 KiB anyway
+# the transport option naming an agent's shared pool (share_pool)
+SHARED_POOL_OPTION = "fleet_shared_pool"
+# a run request is a few KiB; the agent refuses more than 64 KiB anyway
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 def envelope_problem(message: Any) -> str | None:
@@ -93,7 +95,8 @@ def envelope_problem(message: Any) -> str | None:
 _SHARED_POOLS: dict[str, Any] = {}
 
 
-_POLLING: weakref.WeakSet[Any] = weakref.WeakSet()  # the redis channels of this process that have polled
+# the redis channels of this process that have polled
+_POLLING: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def unblock_polls() -> None:
@@ -113,8 +116,9 @@ def share_pool(key: str, pool: Any) -> None:
 class _CheckedReads:
     """The checks shared by the plain and the Sentinel channel (mixed in before kombu's channel)."""
 
-    _sync_client: tuple[Any, Any] | None = None  # (the pool it was built on, the client): _create_client
-    _poll_client_id: tuple[Any, int | None] | None = None  # (the BRPOP socket, its CLIENT ID): close
+    # (the pool it was built on, the client): _create_client; (the BRPOP socket, its CLIENT ID): close
+    _sync_client: tuple[Any, Any] | None = None
+    _poll_client_id: tuple[Any, int | None] | None = None
 
     def _brpop_read(self, **options: Any) -> bool:
         try:
@@ -142,7 +146,8 @@ class _CheckedReads:
         except self.connection_errors as exc:  # type: ignore[attr-defined]
             log.debug("no CLIENT ID for the BRPOP connection: %s", exc)
             raise
-        except Exception as exc:  # e.g. an ACL without client|id: close() waits for the BRPOP, as kombu's
+        except Exception as exc:
+            # e.g. an ACL without client|id: close() waits for the BRPOP, as kombu's does
             log.debug("no CLIENT ID for the BRPOP connection: %s", exc)
 
     def unblock_poll(self) -> None:
@@ -258,7 +263,8 @@ def _redis_classes() -> dict[str, Any]:
 
     class _MemoryFullQoS(kombu_redis.QoS):
         def _remove_from_indices(self, delivery_tag: Any, pipe: Any = None) -> Any:
-            if pipe is not None:  # restore_by_tag's transaction (its LPUSH needs memory anyway)
+            # restore_by_tag's transaction (its LPUSH needs memory anyway)
+            if pipe is not None:
                 return super()._remove_from_indices(delivery_tag, pipe)
             with self.channel.conn_or_acquire() as client:
                 return (client.pipeline(transaction=False)
@@ -267,7 +273,8 @@ def _redis_classes() -> dict[str, Any]:
         def append(self, message: Any, delivery_tag: Any) -> None:
             try:
                 super().append(message, delivery_tag)
-            except OutOfMemoryError as exc:  # the message is popped already: run it rather than drop it
+            except OutOfMemoryError as exc:
+                # the message is popped already: run it rather than drop it
                 full.refused("a message taken without its unacked record", exc)
                 virtual.QoS.append(self, message, delivery_tag)
             else:
@@ -302,7 +309,8 @@ def _redis_classes() -> dict[str, Any]:
     return found
 
 
-def __getattr__(name: str) -> Any:  # PEP 562: ``Transport`` & co. are built when first asked for
+# PEP 562: ``Transport`` & co. are built when first asked for
+def __getattr__(name: str) -> Any:
     if name in _REDIS_CLASSES:
         globals().update(_redis_classes())
         return globals()[name]

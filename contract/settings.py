@@ -33,8 +33,10 @@ DEFAULT_HOME = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "sh
 
 
 # Constants that were settings until issue 50 (ADR 0058): no lab needed another value.
-RESULT_EXPIRES = 7 * 86400.0  # how long results (and a run's records) stay on the broker, s
-SOFT_LIMIT_MARGIN = 600.0  # a run's soft limit comes this long (a fifth of run_time_limit at most) before its hard one
+# how long results (and a run's records) stay on the broker, s
+RESULT_EXPIRES = 7 * 86400.0
+# a run's soft limit comes this long (a fifth of run_time_limit at most) before its hard one
+SOFT_LIMIT_MARGIN = 600.0
 
 
 class SettingsError(ValueError):

@@ -47,8 +47,10 @@ class Disagreement(Frozen):
     release: float
     probe: float
     change: float  # release / probe - 1
-    noise: float | None = None  # the band the difference was judged against, relative to the probe's figure
-    why: str = ""  # which of the two moved and by how much beyond the noise
+    # the band the difference was judged against, relative to the probe's figure
+    noise: float | None = None
+    # which of the two moved and by how much beyond the noise
+    why: str = ""
 
     def one_line(self) -> str:
         band = "" if self.noise is None or self.why else f", beyond the noise band of +-{self.noise:.1%}"
@@ -84,14 +86,16 @@ class Capacity(Frozen):
 
     module: str = ""
     model_key: str = ""
-    profile: str  # the swept profile
+    profile: str
     slo: str  # e.g. ttft_p90_ms=4000,tpot_p90_ms=60
-    concurrency: int | None = None  # the highest concurrency that met it; None: concurrency 1 broke it
+    # the highest concurrency that met it; None: concurrency 1 broke it
+    concurrency: int | None = None
     output_tps: float | None = None
     request_rps: float | None = None
     ttft_p90_ms: float | None = None
     tpot_p90_ms: float | None = None
-    stop: str = ""  # why the sweep stopped: slo, saturated, budget, max_load, stopped
+    # why the sweep stopped: slo, saturated, budget, max_load, stopped
+    stop: str = ""
     levels: str = ""  # each level tried, e.g. 1:met,2:met,4:broken
 
     def one_line(self) -> str:
@@ -123,10 +127,13 @@ REASON_LABELS: dict[str, str] = {name: label for _, name, label in REASONS}
 
 # --------------------------------------------------------------------------- metric catalogs
 class MetricSpec(NamedTuple):
-    name: str  # as exposed (histograms: the base name; counters: with _total)
+    # as exposed (histograms: the base name; counters: with _total)
+    name: str
     type: str  # gauge | counter | histogram | info
     labels: tuple[str, ...]
-    unit: str  # seconds | bytes | ratio | tokens_per_second | frames_per_second | celsius | timestamp_seconds | count
+    # seconds | bytes | ratio | tokens_per_second | frames_per_second | celsius | timestamp_seconds | count | joules |
+    # watts | tokens_per_joule
+    unit: str
     # | joules | watts | tokens_per_joule
     help: str
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from agent.telemetry.exposition import DEVICE_METRICS
-from contract.vocab import MetricSpec as MetricSpec  # the catalog's shape (shared with the controller)
-from contract.vocab import label_value as label_value  # its label rule (shared)
+from contract.vocab import MetricSpec as MetricSpec
+from contract.vocab import label_value as label_value
 
 PREFIX = "m1000"
 STEP_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)

@@ -33,12 +33,14 @@ from agent.metrics.system import SystemProbe, SystemSample
 from agent.telemetry.exposition import device_families
 from contract.records import Heartbeat, ResultRow, RunState
 from contract.version import SCHEMA_VERSION
-from contract.version import agent_version as agent_version  # re-exported
+from contract.version import agent_version as agent_version
 
-log = logging.getLogger(__package__)  # "agent.metrics", as before the package split
+log = logging.getLogger(__package__)
 
-DEVICE_FRESH_S = 60.0  # device samples older than this are not exposed (the run ended, or the tool fails)
-DISAGREES = "release_benchmark_disagrees"  # agent.probe.compare.FLAG (not imported: the exporter stays light)
+# device samples older than this are not exposed (the run ended, or the tool fails)
+DEVICE_FRESH_S = 60.0
+# agent.probe.compare.FLAG (not imported: the exporter stays light)
+DISAGREES = "release_benchmark_disagrees"
 
 
 class AgentCollector(Collector):
@@ -115,7 +117,8 @@ class AgentCollector(Collector):
                 self._version += 1
             current = self._current()
             dynamic = [*self._run_metrics(current), *self._agent_metrics()]
-            if current is not None:  # device readings while they are fresh: never a card's state of hours ago
+            # device readings while they are fresh: never a card's state of hours ago
+            if current is not None:
                 current.read_devices(self._errors)
                 since = self.clock() - DEVICE_FRESH_S
                 dynamic.extend(device_families([d for d in current.devices.values() if d.ts >= since], label_value))
@@ -161,8 +164,9 @@ class AgentCollector(Collector):
             agg = per_key.setdefault((release, key), [0, 0, 0, 0.0, 0, 0, None, None])
             agg[0] += 1
             agg[4] += int(DISAGREES in row.flags)
-            agg[5] = max(agg[5], row.jit_kernels)  # every release row of the key carries its benchmark's count
-            if row.server_ready_s is not None:  # so do its start-up costs
+            # every release row of the key carries its benchmark's count, and its start-up costs
+            agg[5] = max(agg[5], row.jit_kernels)
+            if row.server_ready_s is not None:
                 agg[6], agg[7] = row.server_ready_s, row.warmup_s
             for column, v in (("precompile_s", row.precompile_s), ("precompile_fetch_s", row.precompile_fetch_s)):
                 if v is not None and order >= precompile.get((release, column), (-1.0, 0.0))[0]:

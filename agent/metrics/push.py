@@ -12,9 +12,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, push_to_gateway
 
-from contract.redact import redact_url as redact_url  # re-exported
+from contract.redact import redact_url as redact_url
 
-log = logging.getLogger(__package__)  # "agent.metrics", as before the package split
+log = logging.getLogger(__package__)
 
 PUSH_JOB = "m1000-agent"
 

@@ -122,9 +122,10 @@ class RunFiles:
     events: LineTail = field(init=False)
     telemetry: LineTail = field(init=False)
     progress: RunProgress | None = None
-    devices: dict[int, DeviceSample] = field(default_factory=dict)  # gpu -> latest sample
-    rows: dict[tuple[str, str], ResultRow] = field(default_factory=dict)  # (model_key, profile) -> row
-    capacity: dict[tuple[str, str], ResultRow] = field(default_factory=dict)  # the SLO sweep's, by swept profile
+    # gpu -> latest sample; (model_key, profile) -> row; the SLO sweep's rows by swept profile
+    devices: dict[int, DeviceSample] = field(default_factory=dict)
+    rows: dict[tuple[str, str], ResultRow] = field(default_factory=dict)
+    capacity: dict[tuple[str, str], ResultRow] = field(default_factory=dict)
     steps: dict[str, StepStats] = field(default_factory=dict)
     folder_mtime: float = 0.0
     terminal_since: float | None = None

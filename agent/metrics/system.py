@@ -21,8 +21,9 @@ class SystemSample:
     mem_available: int | None = None
     disk_free: int | None = None
     disk_total: int | None = None
-    gpu_util: dict[str, float] = field(default_factory=dict)  # gpu -> 0..1
-    gpu_temp: dict[str, float] = field(default_factory=dict)  # gpu -> degrees Celsius
+    # gpu -> 0..1, and gpu -> degrees Celsius
+    gpu_util: dict[str, float] = field(default_factory=dict)
+    gpu_temp: dict[str, float] = field(default_factory=dict)
 
 
 def _read_number(path: Path) -> float | None:
@@ -36,8 +37,9 @@ def _read_number(path: Path) -> float | None:
 class GpuFiles:
     """sysfs files that give GPU figures without root, found once at start."""
 
-    util: tuple[tuple[str, Path], ...] = ()  # percent files
-    temp: tuple[tuple[str, Path], ...] = ()  # millidegree files
+    # percent files, millidegree files
+    util: tuple[tuple[str, Path], ...] = ()
+    temp: tuple[tuple[str, Path], ...] = ()
 
     @classmethod
     def discover(cls, sys_root: Path = Path("/sys")) -> GpuFiles:

@@ -36,11 +36,12 @@ from agent.probe.records import ProfileResult, RequestResult, Stat
 from agent.probe.sweep import SweepResult
 from contract.records import ResultRow
 from contract.vocab import CAPACITY_PREFIX
-from contract.vocab import COMPARED as COMPARED  # re-exported
+from contract.vocab import COMPARED as COMPARED
 from contract.vocab import Disagreement as Disagreement
 
 FLAG = "release_benchmark_disagrees"
-DEFAULT_TOLERANCE = 0.02  # the least relative band: below it a difference is not told apart from rounding
+# the least relative band: below it a difference is not told apart from rounding
+DEFAULT_TOLERANCE = 0.02
 FLOOR_MS = {"ttft_ms": 0.5, "tpot_ms": 0.02}  # clock and transport resolution of one figure (two clients)
 BASE = {"ttft_ms": "ttft_ms", "prefill_tps": "ttft_ms", "tpot_ms": "tpot_ms", "decode_tps": "tpot_ms"}
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # the median of n normal values: sd x 1.2533 / sqrt(n)

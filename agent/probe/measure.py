@@ -61,10 +61,13 @@ class Exchange:
     """One HTTP exchange as the transport saw it; times in ns after the send instant."""
 
     status: int | None = None
-    reads: list[tuple[int, bytes]] = field(default_factory=list)  # body bytes as they arrived (de-chunked)
-    head_ns: int | None = None  # the status line arrived (the answer's first byte)
-    end_ns: int = 0  # the body ended (or the exchange failed)
-    error: ErrorKind | None = None  # transport failure: timeout, connection, broken_stream
+    # reads: body bytes as they arrived (de-chunked); head_ns: the status line arrived (the answer's first byte);
+    # end_ns: the body ended (or the exchange failed); error: the transport's failure (timeout, connection,
+    # broken_stream)
+    reads: list[tuple[int, bytes]] = field(default_factory=list)
+    head_ns: int | None = None
+    end_ns: int = 0
+    error: ErrorKind | None = None
     detail: str = ""
 
 

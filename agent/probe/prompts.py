@@ -30,7 +30,7 @@ import random
 from typing import Any, NamedTuple
 
 from agent.probe.records import Api
-from agent.probe.records import PromptKind as PromptKind  # re-exported
+from agent.probe.records import PromptKind as PromptKind
 from agent.probe.records import PromptMode as PromptMode
 
 ENGINE_FIELDS = ("ignore_eos", "stream_options")

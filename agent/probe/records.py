@@ -16,7 +16,8 @@ ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 Api = Literal["completions", "chat"]
 PromptKind = Literal["text", "ids"]  # what the configuration asks for
 PromptMode = Literal["text", "words", "ids"]  # what went: detokenized text, ``w<id>`` words, token ids
-Cache = Literal["cold", "warm"]  # cold: prompts new to the server; warm: each sent once before it is measured
+# cold: prompts new to the server; warm: each sent once before it is measured
+Cache = Literal["cold", "warm"]
 
 
 class LoadShape(Frozen):
@@ -115,8 +116,9 @@ class RequestResult(Frozen):
     error: ErrorKind | None = None
     detail: str = ""
     status: int | None = None
-    start_s: float = 0.0  # send instant, seconds after the measured phase began
-    first_byte_ms: float | None = None  # send to the answer's status line
+    # the send instant, seconds after the measured phase began; first_byte_ms: from the send to the status line
+    start_s: float = 0.0
+    first_byte_ms: float | None = None
     ttft_ms: float | None = None
     e2e_ms: float | None = None
     tpot_ms: float | None = None
@@ -126,7 +128,8 @@ class RequestResult(Frozen):
     cached_tokens: int | None = None
     content_chunks: int = 0
     tokens_per_chunk: float | None = None  # output tokens / content chunks
-    accept_length: float | None = None  # mean tokens per content chunk after the first (needs per-chunk usage)
+    # mean tokens per content chunk after the first (needs per-chunk usage)
+    accept_length: float | None = None
 
 
 class Stat(Frozen):
@@ -148,28 +151,36 @@ class ProfileResult(Frozen):
     output_len: int
     api: Api
     load: LoadShape
-    requests: int  # measured requests sent (warm-up excluded)
+    # measured requests sent (warm-up excluded); error kind -> requests; the first few errors, one line each
+    requests: int
     ok: int
-    errors: dict[str, int] = Field(default_factory=dict)  # error kind -> requests
-    error_details: tuple[str, ...] = ()  # the first few, one line each
-    duration_s: float = 0.0  # first send to last end of the measured phase (server's clock)
+    errors: dict[str, int] = Field(default_factory=dict)
+    error_details: tuple[str, ...] = ()
+    # first send to last end of the measured phase (server's clock)
+    duration_s: float = 0.0
     ttft_ms: Stat | None = None
     tpot_ms: Stat | None = None
     itl_ms: Stat | None = None
     e2e_ms: Stat | None = None
-    output_tokens: int = 0  # of the successful requests
-    input_tokens: float | None = None  # median of the server's usage.prompt_tokens
-    cached_tokens: float | None = None  # median of usage.prompt_tokens_details.cached_tokens
+    # output tokens of the successful requests; medians of the server's usage.prompt_tokens and
+    # usage.prompt_tokens_details.cached_tokens
+    output_tokens: int = 0
+    input_tokens: float | None = None
+    cached_tokens: float | None = None
     output_throughput_tps: float | None = None
     request_throughput_rps: float | None = None
     goodput_rps: float | None = None
     slo: SLO | None = None
-    tokens_per_chunk: float | None = None  # mean over the successful requests: 1 when every chunk is one token
-    accept_length: float | None = None  # speculative setups only (the server says it decodes speculatively)
+    # mean over the successful requests: 1 when every chunk is one token
+    tokens_per_chunk: float | None = None
+    # speculative setups only (the server says it decodes speculatively)
+    accept_length: float | None = None
     time_scale: float = 1.0
-    engine_fields: bool = True  # the engine-specific request fields were sent (the server took them)
+    # the engine-specific request fields were sent (the server took them)
+    engine_fields: bool = True
     cache: Cache = "cold"
-    prompt: PromptMode = "text"  # how the prompts went: detokenized text, ``w<id>`` words or token ids
+    # how the prompts went: detokenized text, ``w<id>`` words or token ids
+    prompt: PromptMode = "text"
     repeats: int = 1  # measured phases pooled in the figures above (``--repeat``)
     # with repeats: each figure's mean over them and its 95 % t interval (ttft_p50_ms, tpot_p90_ms, output_tps, ...)
     intervals: dict[str, Interval] = Field(default_factory=dict)
@@ -186,8 +197,10 @@ class ProbeReport(Frozen):
     api: Api
     time_scale: float = 1.0
     engine_fields: bool = True
-    prompt: PromptMode = "text"  # how the prompts went (ids refused by the server: words)
-    speculative: bool | None = None  # the server decodes speculatively (None: it does not say)
+    # how the prompts went (ids refused by the server: words); whether the server decodes speculatively (None: it does
+    # not say)
+    prompt: PromptMode = "text"
+    speculative: bool | None = None
     cache: Cache = "cold"
     results: tuple[ProfileResult, ...] = ()
 

@@ -108,8 +108,9 @@ class Server(NamedTuple):
 
     model: str
     scale: float
-    simulated: bool  # the simulator (its /get_server_info has m1000_sim)
-    speculative: bool | None  # sglang's /get_server_info speculative_algorithm (None: not said)
+    # the simulator (its /get_server_info has m1000_sim); sglang's speculative_algorithm there (None: not said)
+    simulated: bool
+    speculative: bool | None
 
 
 async def discover(t: Transport, model: str | None, scale: float | None) -> Server:
@@ -230,10 +231,10 @@ class _Session:
                 return ex
             said = b"".join(d for _, d in ex.reads).decode("utf-8", "replace")
             if engine and rejects_engine_fields(ex.status, said):
-                self.engine = False  # remembered for the rest of the run
+                self.engine = False
                 continue
             if ids and self.mode == "ids" and self.cfg.api == "completions" and rejects_token_ids(ex.status, said):
-                self.mode = "words"  # remembered for the rest of the run
+                self.mode = "words"
                 continue
             return ex
         return ex
@@ -367,7 +368,7 @@ async def sweep_async(cfg: ProbeConfig, sweep: SweepConfig, *, tokenizer: Tokeni
                      lambda: (stop is not None and stop()) or time.monotonic() > deadline)
         await s.choose_mode()
         if p.prefix_len:
-            await s.send(s.prompts.prefix(p, cfg.api), 1)  # warm the shared prefix
+            await s.send(s.prompts.prefix(p, cfg.api), 1)
         while True:
             nxt = next_level(levels, sweep, time.monotonic() - began)
             if isinstance(nxt, str):
@@ -378,7 +379,8 @@ async def sweep_async(cfg: ProbeConfig, sweep: SweepConfig, *, tokenizer: Tokeni
             shape = LoadShape() if nxt == 1 else LoadShape(kind="concurrency", value=nxt)
             t_level = time.monotonic()
             measured, _ = await s.measure(p, shape, len(levels), n)
-            if len(measured) < n:  # stopped, or the budget ran out in the middle: the level does not count
+            # stopped, or the budget ran out in the middle: the level does not count
+            if len(measured) < n:
                 reason = "stopped" if stop is not None and stop() else "budget"
                 break
             levels.append(level(measured, nxt, sweep.slo, time.monotonic() - t_level))

@@ -28,7 +28,8 @@ class SSEParser:
     __slots__ = ("_buf", "_data", "_event", "comments")
 
     def __init__(self) -> None:
-        self._buf = b""  # an incomplete line (or a lone CR waiting for a possible LF)
+        # an incomplete line (or a lone CR waiting for a possible LF)
+        self._buf = b""
         self._data: list[bytes] = []
         self._event = b""
         self.comments = 0  # keep-alive and other comment lines seen

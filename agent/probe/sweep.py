@@ -81,11 +81,14 @@ class Level(Frozen):
     """One load of the sweep, from its steady-state window."""
 
     concurrency: int
-    sent: int  # requests sent at this level (ramp-up and drain included)
-    window: int  # requests in the steady-state window
-    ok: int  # of them, successful
-    figures: dict[str, float] = Field(default_factory=dict)  # e.g. ttft_p90_ms -> value (server's ms)
-    output_tps: float | None = None  # C / the window's mean E2E x its mean output tokens (Little's law)
+    # requests sent at this level (ramp-up and drain included), those in the steady-state window, the successful ones
+    # of them; figures, e.g. ttft_p90_ms -> value (the server's ms)
+    sent: int
+    window: int
+    ok: int
+    figures: dict[str, float] = Field(default_factory=dict)
+    # C / the window's mean E2E x its mean output tokens (Little's law)
+    output_tps: float | None = None
     request_rps: float | None = None
     wall_s: float = 0.0
     met: bool = False  # every objective met and every window request succeeded
@@ -95,7 +98,7 @@ class SweepResult(Frozen):
     profile: str
     slo: SweepSLO
     levels: tuple[Level, ...] = ()
-    capacity: Level | None = None  # the highest concurrency that met the SLO
+    capacity: Level | None = None
     stop: StopReason = "max_load"
     wall_s: float = 0.0
 
@@ -128,7 +131,8 @@ def level(results: Sequence[RequestResult], concurrency: int, slo: SweepSLO, wal
                 figures[f"{fig}_{q}_ms"] = percentile(vals, at)
     out_tps = rps = None
     e2e_s = sum((r.e2e_ms or 0.0) for r in good) / 1000 / len(good) if good else 0.0
-    if e2e_s > 0:  # closed loop: C requests always in the system, so (Little's law) C / mean E2E of them per s
+    # closed loop: C requests always in the system, so (Little's law) C / mean E2E of them per s
+    if e2e_s > 0:
         rps = concurrency / e2e_s
         out_tps = rps * sum(r.output_tokens or 0 for r in good) / len(good)
     met = bool(win) and len(good) == len(win) and all(

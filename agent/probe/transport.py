@@ -132,7 +132,7 @@ class Transport:
             try:
                 conn.writer.write(raw)
                 status_line = await conn.reader.readuntil(b"\r\n")
-                ex.head_ns = time.monotonic_ns() - t0  # the answer's first byte
+                ex.head_ns = time.monotonic_ns() - t0
                 break
             except asyncio.CancelledError:
                 conn.close()
@@ -141,7 +141,8 @@ class Transport:
                 conn.close()
                 conn = None
                 if reused and attempt == 0:
-                    continue  # a keep-alive connection the server had closed: once more on a fresh one
+                    # a keep-alive connection the server had closed: once more on a fresh one
+                    continue
                 ex.error, ex.detail = "connection", f"no HTTP answer: {type(exc).__name__}: {exc}"
                 return None
         assert conn is not None

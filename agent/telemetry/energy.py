@@ -40,8 +40,10 @@ class Edge:
 
 GAP_FACTOR = 2.5  # two samples further apart than this many periods: a gap
 GAP_SHARE = 0.05  # ... unless no further apart than this share of the window
-IDLE_SAMPLES = 5  # idle power: the median of the latest this many idle samples before the key
-IDLE_UTILIZATION = 5.0  # %: a sample at or below this utilisation (or without one) counts as idle
+# idle power: the median of the latest this many idle samples before the key
+IDLE_SAMPLES = 5
+# %: a sample at or below this utilisation (or without one) counts as idle
+IDLE_UTILIZATION = 5.0
 # a window needs at least this many samples (readings) inside it: the power of a benchmark steps between
 # prefill, decode and idle many times a window, and a figure from a handful of samples is mostly which phase
 # each one hit (a simulated window of 8 samples at 1 s moved J/token by 23 % between two runs of one release)
@@ -53,10 +55,12 @@ class Integral:
     """What one series of points says about a window: the energy (None: dropped), and its evidence."""
 
     joules: float | None
-    covered_s: float  # length of the window that lies between the first and the last point around it
-    points: int  # points inside the window (edges included)
-    period_s: float | None  # median interval between the points used
-    max_gap_s: float | None  # longest interval between two neighbouring points over the window
+    # the length of the window between the first and the last point around it; the points inside it (edges included);
+    # their median interval; the longest interval between two neighbouring points over the window
+    covered_s: float
+    points: int
+    period_s: float | None
+    max_gap_s: float | None
     note: str = ""
 
 
@@ -100,8 +104,8 @@ def _check(used: list[Point], start: float, end: float, period_s: float, gap_fac
         share = covered / window if window > 0 else 0.0
         return ev, f"{what} cover {share:.0%} of the window: figure dropped"
     # a hole of up to GAP_SHARE of the window is bridged whatever the period (its line moves the figure by at
-    # most ~2 % where the power swings by its mean): a loaded machine's stall of a tenth of a second in a
-    # fast-sampled window of seconds is not a gap; never more than gap_factor base periods
+    # most ~2 % where the power swings by its mean, ADR 0037): a loaded machine's stall of a tenth of a second in
+    # a fast-sampled window of seconds is not a gap; never more than gap_factor base periods
     bridged = min(GAP_SHARE * window, gap_factor * period_s)
     for a, b in zip(used, used[1:], strict=False):
         allowed = max(_period_at(a[0], period_s, schedule), _period_at(b[0], period_s, schedule))

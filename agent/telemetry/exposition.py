@@ -25,13 +25,14 @@ _L = ("gpu", "model_key")
 
 class DeviceMetric(NamedTuple):
     name: str
-    type: str  # gauge | counter
+    type: str
     labels: tuple[str, ...]
     unit: str
     help: str
-    field: str  # DeviceSample attribute
-    scale: float  # to the base unit
-    dcgm: str  # the DCGM exporter field it stands for
+    # the DeviceSample attribute, its scale to the base unit, and the DCGM exporter field it stands for
+    field: str
+    scale: float
+    dcgm: str
 
 
 DEVICE_METRICS: tuple[DeviceMetric, ...] = (

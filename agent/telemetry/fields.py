@@ -14,18 +14,20 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from contract.vocab import REASONS as REASONS  # re-exported
+from contract.vocab import REASONS as REASONS
 
 Kind = Literal["int", "float", "bitmask", "text"]
 QPath = tuple[str, ...]
 
 
 class FieldSpec(NamedTuple):
-    name: str  # our name: an attribute of contract.records.DeviceSample (or gpu / name / uuid)
-    queries: tuple[str, ...]  # --query-gpu names, preferred first
+    # our name: an attribute of contract.records.DeviceSample (or gpu / name / uuid); its --query-gpu names, preferred
+    # first; where ``-q`` prints it (the first match wins); the tool's unit (what the CSV prints without nounits)
+    name: str
+    queries: tuple[str, ...]
     kind: Kind
-    q_paths: tuple[QPath, ...] = ()  # where ``-q`` prints it, first match wins
-    unit: str = ""  # the tool's unit (what the CSV prints without nounits)
+    q_paths: tuple[QPath, ...] = ()
+    unit: str = ""
 
 
 _POWER = ("GPU Power Readings", "Power Readings")

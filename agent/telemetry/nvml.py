@@ -26,7 +26,8 @@ def _pynvml() -> Reader:
     nv: Any = importlib.import_module("pynvml")  # nvidia-ml-py
     nv.nvmlInit()
     handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
-    for h in handles:  # a device without the counter raises NVMLError_NotSupported here
+    # a device without the counter raises NVMLError_NotSupported here
+    for h in handles:
         nv.nvmlDeviceGetTotalEnergyConsumption(h)
 
     def read() -> dict[int, float]:
@@ -61,7 +62,8 @@ def _ctypes(library: str = LIBRARY) -> Reader:
             out[i] = float(mj.value)
         return out
 
-    read()  # a device without the counter fails here (NVML_ERROR_NOT_SUPPORTED)
+    # a device without the counter fails here (NVML_ERROR_NOT_SUPPORTED)
+    read()
     return read
 
 
@@ -70,7 +72,8 @@ def nvml_counter() -> Reader | None:
     for make in (_pynvml, _ctypes):
         try:
             reader = make()
-        except Exception:  # ImportError, OSError (no library, NVML error), NVMLError_*: try the next, else none
+        except Exception:
+            # ImportError, OSError (no library, NVML error), NVMLError_*: try the next, else none
             continue
         if reader():  # no device: no counter
             return reader

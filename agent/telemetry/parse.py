@@ -162,7 +162,8 @@ def _q_value(entries: list[tuple[tuple[str, ...], str]], spec: FieldSpec) -> Val
     if spec.name == "ecc_uncorrected":
         return _q_ecc(entries, spec)
     wanted = [tuple(norm(p) for p in path) for path in spec.q_paths]
-    index = dict(entries)  # the first occurrence of a path is what -q means (later ones are repeats)
+    # the first occurrence of a path is what -q means (later ones are repeats)
+    index = dict(entries)
     for path in wanted:
         if path in index:
             v = convert(index[path], spec.kind)

@@ -43,8 +43,9 @@ class QueryPlan:
 
     tool: str
     columns: tuple[FieldSpec, ...]
-    choice: tuple[int, ...]  # index into each column's ``queries``
-    dropped: tuple[str, ...] = ()  # fields the tool refused under every name
+    # an index into each column's ``queries``; the fields the tool refused under every name
+    choice: tuple[int, ...]
+    dropped: tuple[str, ...] = ()
 
     @classmethod
     def initial(cls, tool: str, fields: tuple[FieldSpec, ...] = FIELDS) -> QueryPlan:

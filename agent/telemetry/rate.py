@@ -27,12 +27,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 FAST_STEPS = frozenset({"idle", "benchmark"})  # the pipeline's steps sampled on the window schedule
-TARGET_MARGIN = 1.5  # the schedule aims at this many times the samples a window needs (a stall costs a few)
+# the schedule aims at this many times the samples a window needs (a stall costs a few)
+TARGET_MARGIN = 1.5
 MIN_PERIOD_S = 0.04  # never faster than this, whatever the tool costs
-TOOL_SHARE = 0.1  # sampling may take at most this share of one core's CPU while a window is sampled fast
-IDLE_TOLERANCE = 0.05  # idle is settled when its samples over the idle window spread at most 5 % of their median
-IDLE_ABS_W = 1.0  # ... or at most this many watts (a low, quantised power)
-IDLE_SAMPLES = 5  # ... with at least this many samples in the window (it is made long enough for them)
+# sampling may take at most this share of one core's CPU while a window is sampled fast
+TOOL_SHARE = 0.1
+# idle is settled when its samples over the idle window spread at most this share of their median, or at most
+# IDLE_ABS_W watts (a low, quantised power), with at least IDLE_SAMPLES samples in the window (it is made long enough
+# for them)
+IDLE_TOLERANCE = 0.05
+IDLE_ABS_W = 1.0
+IDLE_SAMPLES = 5
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,8 @@ class Schedule:
     since: float  # epoch s: when the step began
     base_s: float
     floor_s: float
-    target: int  # samples any window of at least target * floor_s seconds gets
+    # samples any window of at least target * floor_s seconds gets
+    target: int
 
     def __post_init__(self) -> None:
         if not (0 < self.floor_s <= self.base_s) or self.target < 1:
@@ -82,11 +88,14 @@ def tool_floor(cost_s: Sequence[float], *, base_s: float, share: float = TOOL_SH
 class IdleReading:
     """The module's idle power before a key's benchmark: the median of the settled window, and its spread."""
 
-    power_w: float | None  # summed over the devices; None: no power samples
-    spread_w: float | None  # max - min of the window's samples, summed over the devices
-    samples: int  # samples in the window (every device)
-    settle_s: float  # from the idle step's start to the end of the window used
-    settled: bool  # False: the settle ran out of time and the last window was taken as it was
+    # power_w and spread_w (max - min of the window's samples) summed over the devices, power_w None without power
+    # samples; samples: in the window (every device); settle_s: from the idle step's start to the end of the window
+    # used; settled False: the settle ran out of time and the last window was taken as it was
+    power_w: float | None
+    spread_w: float | None
+    samples: int
+    settle_s: float
+    settled: bool
 
 
 def idle_window(points: Mapping[int, Sequence[tuple[float, float]]], now: float, *, window_s: float,

@@ -104,7 +104,8 @@ Runner = Callable[[Sequence[str], float, threading.Event], ToolResult]
 def run_tool(argv: Sequence[str], timeout: float, stop: threading.Event) -> ToolResult:
     """Run ``argv`` in a session of its own; kill its process group past ``timeout`` or on ``stop``."""
     t0 = time.monotonic()
-    try:  # owned: the agent's reaper (a subreaper's) leaves it to this wait
+    # owned: the agent's reaper (a subreaper's) leaves it to this wait
+    try:
         proc = REAPER.start(lambda: subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True, env={**os.environ, "LC_ALL": "C"}))
@@ -164,16 +165,18 @@ class Sampler:
         self.which = which
         self.clock = clock
         self.counter = counter
-        self.last_ts = -math.inf  # time of the latest sample written
-        self.doing: tuple[str, str | None] = ("", None)  # (step, model key): replaced whole, read whole
+        # the time of the latest sample written; (step, model key): replaced whole, read whole
+        self.last_ts = -math.inf
+        self.doing: tuple[str, str | None] = ("", None)
         self.notes: list[str] = []
         self.devices: dict[int, DeviceInfo] = {}
         self.tool = ""
         self.samples = 0
         self.calls = 0
         self.plan: QueryPlan | None = None
-        self.mode: Literal["json", "csv"] = "json"  # --query --json until the tool refuses it
-        self.driver: str | None = None  # what --json says (the environment fingerprint reads them)
+        # --query --json until the tool refuses it; the driver --json names (the environment fingerprint reads it)
+        self.mode: Literal["json", "csv"] = "json"
+        self.driver: str | None = None
         self.firmware: dict[int, str] = {}
         self.q_fields: frozenset[str] = frozenset()
         self._q_checked = False
@@ -185,8 +188,9 @@ class Sampler:
         self._thread: threading.Thread | None = None
         # CPU seconds of the latest samples: the tool's processes (reaped children) and this thread's parsing
         self.sample_cpu_s: deque[float] = deque(maxlen=20)
-        self.schedules: list[Schedule] = []  # the fast steps' schedules, in order
-        self._fast: Schedule | None = None  # the one in force (None: the base period)
+        # the fast steps' schedules, in order, and the one in force (None: the base period)
+        self.schedules: list[Schedule] = []
+        self._fast: Schedule | None = None
         self._recent: deque[tuple[float, int, float]] = deque(maxlen=4096)  # (ts, gpu, W) of the latest samples
 
     # -- what the pipeline calls -------------------------------------------------------------
@@ -255,10 +259,12 @@ class Sampler:
             return None
         since = self.clock()
         stale = GAP_FACTOR * self.cfg.period_s + self.cfg.timeout_s  # no sample for this long: not answering
-        if self.last_ts < since - stale:  # a hanging or failing tool is not waited for (nor is a run slowed)
+        # a hanging or failing tool is not waited for (nor is a run slowed)
+        if self.last_ts < since - stale:
             return None
         fast = self._fast
-        # the window holds IDLE_SAMPLES samples at the schedule's floor, however costly the tool (nvidia-smi: ~0.26 s)
+        # the window holds IDLE_SAMPLES samples at the schedule's floor, however costly the tool (nvidia-smi's
+        # floor: ADR 0037)
         window = max(self.cfg.idle_window_s,
                      (IDLE_SAMPLES + 1) * (fast.floor_s if fast is not None else self.cfg.period_s))
         t0 = time.monotonic()
@@ -427,7 +433,8 @@ class Sampler:
     def _sample_once(self, fh: IO[str]) -> bool:
         if self.mode == "csv":
             readings = self._read_csv()
-        else:  # a JSON answer that fails switches to CSV only once CSV answers: a broken tool fails both
+        else:
+            # a JSON answer that fails switches to CSV only once CSV answers: a broken tool fails both
             got = self._read_json()
             readings = self._read_csv() if isinstance(got, str) else got
             if isinstance(got, str) and readings:
