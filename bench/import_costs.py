@@ -22,10 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import record  # bench/record.py, this script's folder
 
-LIBRARIES = ("pandas", "pyarrow", "numpy", "scipy.special", "celery.app.base", "kombu.connection", "redis", "fastapi",
-             "starlette.applications", "uvicorn", "psycopg", "psycopg_pool", "paramiko", "fabric", "jinja2", "rich.console", "rich.table",
-             "prometheus_client", "tokenizers", "transformers", "psutil", "httpx", "matplotlib.pyplot", "pynvml",
-             "pydantic")
+LIBRARIES = (
+    "pandas", "pyarrow", "numpy", "scipy.special", "celery.app.base", "kombu.connection", "redis", "fastapi",
+    "starlette.applications", "uvicorn", "psycopg", "psycopg_pool", "paramiko", "fabric", "jinja2", "rich.console",
+    "rich.table", "prometheus_client", "tokenizers", "transformers", "psutil", "httpx", "matplotlib.pyplot", "pynvml",
+    "pydantic",
+)
 
 
 def once(code: str) -> tuple[float, float]:

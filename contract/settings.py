@@ -10,8 +10,10 @@ needs to be on a command line: put the URL in the config file (mode 0600) or giv
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import ssl
 import sys
 import types
 from collections.abc import Iterable
@@ -63,8 +65,6 @@ CONFIG_SECTIONS = ("fleet", "agent", "controller")
 
 
 def _closest(word: str, choices: Iterable[str]) -> str | None:
-    import difflib  # only when a name is wrong
-
     close = difflib.get_close_matches(word, list(choices), n=1)
     return close[0] if close else None
 
@@ -243,8 +243,6 @@ class BrokerSettings(EnvSettings):
         """redis-py's TLS arguments for ``rediss://`` (certificate always verified), else None."""
         if urlsplit(self.broker_url).scheme != "rediss":
             return None
-        import ssl
-
         opts: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
         if self.broker_tls_ca_file:
             opts["ssl_ca_certs"] = str(self.broker_tls_ca_file.expanduser())
