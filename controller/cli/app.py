@@ -17,12 +17,18 @@ error (bad input, unknown run, broker unreachable, missing extras), reported as 
 Only typer and click are imported to build the command tree: every verb imports what it uses
 (the service, rich, pandas, paramiko) when it runs, so ``fleetctl --help`` stays light and works
 without the controller extras.
+
+Lazy imports: ``version`` reads the contract's versions and an unexpected error asks the fleet which errors are
+the broker's, when they happen: :mod:`controller.fleet` loads pydantic, the run history and the broker's
+client, and ``fleetctl --help`` costs ~0.14 s of CPU in all (``bench/cli.py``:
+bench/results/cli_20261207_0057_defer-plugins.txt).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,11 +37,22 @@ import typer
 from typer.core import TyperGroup
 
 from contract.oneline import error_line
+from controller.cli import ab as ab_cli
+from controller.cli import bisect as bisect_cli
+from controller.cli import cache as cache_cli
+from controller.cli import deploy as deploy_cli
 from controller.cli import devices as devices_cli
+from controller.cli import golden as golden_cli
+from controller.cli import history as history_cli
+from controller.cli import report as report_cli
+from controller.cli import reserve as reserve_cli
 from controller.cli import runs as runs_cli
 from controller.cli import services as services_cli
+from controller.cli import targets as targets_cli
+from controller.cli import trend as trend_cli
 from controller.cli.invocation import Invocation
 from controller.cli.output import EXIT_ERROR, Output, emit, error, new_app, output_option, renamed
+from controller.errors import exit_code_of
 
 __all__ = ["Invocation", "build_app", "main", "run"]
 
@@ -65,7 +82,7 @@ def _root(
 def version(output: Output = output_option()) -> None:
     """Version of fleetctl, of the records it exchanges with agents (its contract), the agents' contract versions it
     works with, and Python's."""
-    from contract.version import versions  # not controller.service: no pydantic, broker or history (issue 47)
+    from contract.version import versions  # no pydantic, broker or history
 
     v = versions()
     if output == Output.table:
@@ -96,17 +113,6 @@ class _Ordered(TyperGroup):
 def build_app() -> typer.Typer:
     """The command tree: the verbs of every group, each a module-level function that gets the invocation's session
     from the context (:func:`controller.cli.invocation.session`)."""
-    from controller.cli import ab as ab_cli
-    from controller.cli import bisect as bisect_cli
-    from controller.cli import cache as cache_cli
-    from controller.cli import deploy as deploy_cli
-    from controller.cli import golden as golden_cli
-    from controller.cli import history as history_cli
-    from controller.cli import report as report_cli
-    from controller.cli import reserve as reserve_cli
-    from controller.cli import targets as targets_cli
-    from controller.cli import trend as trend_cli
-
     app = new_app(no_args_is_help=True, add_completion=True, cls=_Ordered)
     app.callback()(_root)
     app.command("ab")(ab_cli.ab)
@@ -189,9 +195,8 @@ def run(argv: list[str] | None = None) -> int:
         error(f"this command needs the controller extras (no module {e.name!r}): install m1000-fleet[controller]")
         return EXIT_ERROR
     except Exception as e:
-        from controller.errors import exit_code_of
-
-        code = exit_code_of(e)  # the user's to fix: FleetctlError, or another package's error a user causes
+        # the user's to fix: FleetctlError, or another package's error a user causes
+        code = exit_code_of(e)
         if code is not None:
             error(error_line(e))
             return code
@@ -200,8 +205,6 @@ def run(argv: list[str] | None = None) -> int:
         if isinstance(e, broker_errors()):
             error(f"broker unreachable: {error_line(e)}")
         else:  # a bug: keep the traceback, still exit "error"
-            import traceback
-
             traceback.print_exc()
         return EXIT_ERROR
     finally:
