@@ -213,7 +213,7 @@ def run(argv: list[str] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> Any:
     # fleetctl's pydantic models are its own records: no pydantic plugin (an entry-point group) applies to them, and
-    # looking for one scans every installed distribution's metadata on the first model built: ~15 ms CPU of each
-    # verb (bench/cli.py, issue 47). typer's own adapters turn plugins off the same way. A user's value is kept.
+    # looking for one scans every installed distribution's metadata on the first model built, in every verb
+    # (~15 ms of CPU each: bench/cli.py). typer's own adapters turn plugins off the same way. A user's value is kept.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     sys.exit(run(argv))
