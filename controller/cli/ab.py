@@ -3,13 +3,13 @@ paired verdict of B against A (:mod:`controller.service.compare`). ``fleetctl co
 made; this verb makes the runs (it was ``compare-releases``: ADR 0057).
 
 Lazy imports: :func:`ab` imports the comparison, the live view and the paired report (the run history,
-pydantic, rich, pandas) when it runs: ``fleetctl --help`` imports this module with every verb's and costs
-~0.14 s of CPU in all (``bench/cli.py``: bench/results/cli_20261207_0057_defer-plugins.txt).
+pydantic, rich, pandas) when it runs, :func:`same_release` filecmp: ``fleetctl --help`` imports this module
+with every verb's and costs ~0.14 s of CPU in all (``bench/cli.py``:
+bench/results/cli_20261207_0057_defer-plugins.txt).
 """
 
 from __future__ import annotations
 
-import filecmp
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 def same_release(a: ValidateRequest, b: ValidateRequest) -> bool:
     """Whether two release requests name one release: one URL, or tarballs of equal bytes (the same file, a copy)."""
+    import filecmp
+
     if a.url is not None or b.url is not None:
         return a.url == b.url
     if a.release is None or b.release is None:
