@@ -19,9 +19,8 @@ Only typer and click are imported to build the command tree: every verb imports 
 without the controller extras.
 
 Lazy imports: ``version`` reads the contract's versions and an unexpected error asks the fleet which errors are
-the broker's, when they happen: :mod:`controller.fleet` loads pydantic, the run history and the broker's
-client, and ``fleetctl --help`` costs ~0.14 s of CPU in all (``bench/cli.py``:
-bench/results/cli_20261207_0057_defer-plugins.txt).
+the broker's, when they happen: :mod:`controller.fleet` loads pydantic and the run history, and ``fleetctl
+--help`` costs ~0.14 s of CPU in all (``bench/cli.py``: bench/results/cli_20261207_0057_defer-plugins.txt).
 """
 
 from __future__ import annotations

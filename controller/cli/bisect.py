@@ -3,7 +3,7 @@
 The work is :mod:`controller.service.bisect` (the loop) and :mod:`controller.service.bisect_plan` (the pure
 planner); this file parses, prints the evidence as it comes, and the answer.
 
-Lazy imports: :func:`bisect` imports the service's bisection (the run history, pydantic, the broker) when it
+Lazy imports: :func:`bisect` imports the service's bisection (the run history, the settings: pydantic) when it
 runs: ``fleetctl --help`` imports this module with every verb's and costs ~0.14 s of CPU in all
 (``bench/cli.py``: bench/results/cli_20261207_0057_defer-plugins.txt).
 """

@@ -2,7 +2,7 @@
 
 Each verb parses and prints; :mod:`controller.service` does the work, imported when the verb runs.
 
-Lazy imports: the service's operations load the run history, pydantic and the broker's client: ``fleetctl
+Lazy imports: the service's modules load the run history, the settings and the inventory (pydantic): ``fleetctl
 --help`` imports this module with every verb's and costs ~0.14 s of CPU in all (``bench/cli.py``:
 bench/results/cli_20261207_0057_defer-plugins.txt).
 """

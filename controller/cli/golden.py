@@ -4,7 +4,7 @@ reset MODULE``. It was ``fleetctl devices check --golden REL`` (a check that sta
 This file parses and prints.
 
 Lazy imports: :func:`golden_check` imports the service's golden check and the live view (the run history,
-pydantic, rich, the broker) when it runs: ``fleetctl --help`` imports this module with every verb's and costs
+pydantic, rich) when it runs: ``fleetctl --help`` imports this module with every verb's and costs
 ~0.14 s of CPU in all (``bench/cli.py``: bench/results/cli_20261207_0057_defer-plugins.txt).
 """
 

@@ -4,9 +4,9 @@ Module-level verbs (:func:`controller.cli.app.build_app` adds them) reading the 
 invocation's session (:func:`controller.cli.invocation.session`). Errors end in one clear line and exit
 code 2; ``--check`` exits 1 unless the verdict is pass.
 
-Lazy imports: the report's modules (pandas, scipy, matplotlib) and the run history load when a report command
-runs: ``fleetctl --help`` imports this module with every verb's and costs ~0.14 s of CPU in all, where pandas
-alone costs 462 ms (``bench/cli.py``, ``bench/import_costs.py``: bench/results/cli_20261207_0057_defer-plugins.txt,
+Lazy imports: the report's modules (pandas, numpy) and the run history load when a report command runs:
+``fleetctl --help`` imports this module with every verb's and costs ~0.14 s of CPU in all, where pandas alone
+costs 462 ms (``bench/cli.py``, ``bench/import_costs.py``: bench/results/cli_20261207_0057_defer-plugins.txt,
 bench/results/import_costs_20261207_0346_lazy-libraries.txt).
 """
 

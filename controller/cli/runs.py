@@ -3,8 +3,8 @@
 Each verb parses and prints; :mod:`controller.service` does the work, imported (with rich, pandas)
 when the verb runs, so building the command tree stays light.
 
-Lazy imports: the service's operations, the live view and the run history load pydantic, rich, the broker's
-client and pandas: ``fleetctl --help`` imports this module with every verb's and costs ~0.14 s of CPU in all,
+Lazy imports: the service's modules, the live view and the run history load pydantic and rich, the telemetry
+table pandas: ``fleetctl --help`` imports this module with every verb's and costs ~0.14 s of CPU in all,
 ``fleetctl runs`` of ended runs ~0.31 s (``bench/cli.py``: bench/results/cli_20261207_0057_defer-plugins.txt).
 """
 

@@ -4,7 +4,7 @@ A module-level verb (:func:`controller.cli.app.build_app` adds it) reading the r
 invocation's session. The work is :mod:`controller.report.trend` and
 :mod:`controller.report.analysis.changepoints`; this file parses and prints.
 
-Lazy imports: those modules load pandas, numpy and scipy (pandas alone 462 ms of CPU, ``bench/import_costs.py``)
+Lazy imports: those modules load pandas and numpy (pandas alone 462 ms of CPU, ``bench/import_costs.py``)
 when a trend is computed here, never for a served one: ``fleetctl --help`` imports this module with every verb's
 and costs ~0.14 s of CPU in all (``bench/cli.py``: bench/results/cli_20261207_0057_defer-plugins.txt).
 """
