@@ -72,8 +72,8 @@ def _root(
     inv = ctx.obj
     assert isinstance(inv, Invocation)
     if config is None and DEFAULT_CONFIG.is_file():
-        # as the inventory defaults to ./inventory.toml: without this, a lab folder's own config was passed over
-        # for the embedded broker, and every module of a Redis lab showed offline
+        # as the inventory defaults to ./inventory.toml: a lab folder's own config, not the embedded broker (on
+        # which every module of a Redis lab shows offline)
         config = DEFAULT_CONFIG
     inv.config, inv.inventory, inv.history = config, inventory, history
 
@@ -91,7 +91,7 @@ def version(output: Output = output_option()) -> None:
     emit([v], list(v), output, document=v)
 
 
-# ``fleetctl --help`` lists the verbs as a user meets them (issue 51): try it, validate and read a run, the lab's
+# ``fleetctl --help`` lists the verbs as a user meets them: try it, validate and read a run, the lab's
 # modules and who holds them, then across releases, the lab's stores, setting a lab up, the service; a verb not named
 # here comes after these (a test checks that every verb is named)
 HELP_ORDER = ("demo", "validate", "status", "watch", "runs", "report", "compare", "results", "logs", "cancel",

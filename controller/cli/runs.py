@@ -75,7 +75,7 @@ def status(ctx: typer.Context,
     s = session(ctx)
     info = service.find_run(s, run_id)
     j = service.recorded_judgement(info)
-    # a judged run the broker can no longer change is shown from the history: no broker, no Celery (issue 47)
+    # a judged run the broker can no longer change is shown from the history: no broker, no Celery
     settled = service.settled_view(s, info) if j is not None else None
     if settled is not None:
         view = settled
