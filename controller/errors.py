@@ -14,11 +14,17 @@ are mapped here, once, by :func:`exit_code_of` and :func:`http_status_of` (the t
 
 Standard library only: ``fleetctl`` handles its errors without importing pandas or paramiko, and
 the modules that define the subclasses import nothing heavy for it.
+
+Lazy imports: :func:`foreign_user_errors` imports pydantic and the contract's records and settings when an
+error is being handled. ``fleetctl --help`` imports this module but not pydantic (47 ms of CPU over a bare
+``python -c pass``, ``bench/import_costs.py``: bench/results/import_costs_20261207_0346_lazy-libraries.txt;
+the whole of ``fleetctl --help`` is ~0.14 s of CPU, ``bench/cli.py``).
 """
 
 from __future__ import annotations
 
-EXIT_USER = 2  # the CLI's exit code of every user error (and of a bug: with its traceback)
+# the CLI's exit code of every user error (and of a bug: with its traceback)
+EXIT_USER = 2
 
 
 class FleetctlError(Exception):
@@ -37,9 +43,10 @@ def foreign_user_errors() -> tuple[tuple[type[BaseException], int | None, int | 
     from contract.settings import SettingsError
 
     return (
-        (SettingsError, EXIT_USER, 400),  # the config file, FLEET_* variables (contract.settings.load_settings)
-        (UnknownModelKey, EXIT_USER, 400),  # --models / "models" (contract.records.parse_model_keys)
-        (ValidationError, EXIT_USER, 400),  # a setting or a value out of bounds (pydantic models of user values)
+        # the config file and FLEET_* variables; --models or "models"; a value out of bounds in a pydantic model
+        (SettingsError, EXIT_USER, 400),
+        (UnknownModelKey, EXIT_USER, 400),
+        (ValidationError, EXIT_USER, 400),
         # a path the user named (the CLI runs as its user, on its files); on the API a failing OSError is
         # the server's own (its disk, its history): a 500
         (OSError, EXIT_USER, None),

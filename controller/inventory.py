@@ -15,6 +15,11 @@ env = { SERVER_PORT = "30000" }                     # extra variables for the re
 power = { pdudaemon = "http://pdu-host:16421", pdu = "rack-a-pdu", port = "3" }  # optional: its PDU outlet
 console = "console-server:3001"     # optional: its serial console, a ser2net raw TCP port (or telnet://host:port)
 ```
+
+Lazy imports: :attr:`Module.queue` imports :mod:`contract.celery_app` when a queue is named: it loads Celery
+(``celery.app.base`` 123 ms of CPU, ``bench/import_costs.py``:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), and ``fleetctl runs`` and ``status`` read the
+inventory without naming a queue (``tests/cli/test_lean_verbs.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -82,8 +88,6 @@ class PowerEntry(BaseModel):
     @field_validator("pdudaemon")
     @classmethod
     def _url(cls, v: str) -> str:
-        from urllib.parse import urlsplit
-
         u = urlsplit(v)
         if u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/") or u.query or u.username:
             raise ValueError(f"{v!r} is not http(s)://host:port of a pdudaemon HTTP listener (no path, query or "
@@ -190,7 +194,7 @@ class Module(BaseModel):
 
     @property
     def queue(self) -> str:
-        from contract.celery_app import queue_name  # celery: only when a queue is named
+        from contract.celery_app import queue_name
 
         return queue_name(self.name)
 
@@ -223,7 +227,8 @@ def parse_inventory(data: dict[str, Any], path: str = "<inventory>") -> Inventor
     if not isinstance(raw, list) or not raw:
         raise InventoryError(f"{path}: no [[module]] entries")
     modules: list[Module] = []
-    seen: dict[str, str] = {}  # casefolded name -> the name as written
+    # casefolded name -> the name as written
+    seen: dict[str, str] = {}
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict):
             raise InventoryError(f"{path}: module #{i + 1} is not a table")

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
+from contract.records import UnknownModelKey, parse_model_keys
 from contract.redact import redact_url
 from contract.settings import BrokerSettings, SettingsError
 from controller.errors import FleetctlError
@@ -87,8 +88,6 @@ class ControllerSettings(BrokerSettings):
     @field_validator("golden_models")
     @classmethod
     def _golden_keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from contract.records import UnknownModelKey, parse_model_keys
-
         try:
             return parse_model_keys(v)
         except UnknownModelKey as exc:
@@ -117,7 +116,8 @@ class ControllerSettings(BrokerSettings):
     @property
     def history_location(self) -> Path | str:
         """What the run history is opened from: its SQLite file, or its PostgreSQL URL (password and all)."""
-        where = self.history  # a Path too: model_copy(update=...) does not run the validators
+        # a Path too: model_copy(update=...) does not run the validators
+        where = self.history
         if isinstance(where, str) and where.startswith(("postgresql://", "postgres://")):
             return where
         return Path(where or self.data_dir / "history.sqlite").expanduser()

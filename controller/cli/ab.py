@@ -1,6 +1,12 @@
 """``fleetctl ab A B``: an A/B test of two releases, run alternately (A B B A per round) on the same modules, and the
 paired verdict of B against A (:mod:`controller.service.compare`). ``fleetctl compare`` reads two runs already
-made; this verb makes the runs (it was ``compare-releases``: ADR 0057)."""
+made; this verb makes the runs (it was ``compare-releases``: ADR 0057).
+
+Lazy imports: :func:`ab` imports the comparison, the live view and the paired report (the run history,
+pydantic, rich, pandas) when it runs, :func:`same_release` filecmp: ``fleetctl --help`` imports this module
+with every verb's and costs ~0.14 s of CPU in all (``bench/cli.py``:
+bench/results/cli_20261207_0057_defer-plugins.txt).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from controller import service
 from controller.cli.invocation import session
 from controller.cli.output import Output, emit, output_option, stderr, stdout
+from controller.command import fleetctl
 
 if TYPE_CHECKING:
     from controller.service import ValidateRequest
@@ -42,9 +50,7 @@ def ab(
     """A/B test two releases: run them alternately (A B B A per round) on the same modules; the paired verdict of
     B against A, with the smallest change it could detect. Exit 0 when it passed, 1 otherwise."""
     from contract.records import parse_model_keys
-    from controller import service
     from controller.cli.live import PROGRESS_INTERVAL, follow, print_launched
-    from controller.command import fleetctl
     from controller.report.render.paired import PAIRED_COLUMNS, paired_json, paired_records, paired_verdict_line
     from controller.service.compare import compare_releases as compare
 

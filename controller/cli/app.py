@@ -17,12 +17,17 @@ error (bad input, unknown run, broker unreachable, missing extras), reported as 
 Only typer and click are imported to build the command tree: every verb imports what it uses
 (the service, rich, pandas, paramiko) when it runs, so ``fleetctl --help`` stays light and works
 without the controller extras.
+
+Lazy imports: ``version`` reads the contract's versions and an unexpected error asks the fleet which errors are
+the broker's, when they happen: :mod:`controller.fleet` loads pydantic and the run history, and ``fleetctl
+--help`` costs ~0.14 s of CPU in all (``bench/cli.py``: bench/results/cli_20261207_0057_defer-plugins.txt).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,11 +36,22 @@ import typer
 from typer.core import TyperGroup
 
 from contract.oneline import error_line
+from controller.cli import ab as ab_cli
+from controller.cli import bisect as bisect_cli
+from controller.cli import cache as cache_cli
+from controller.cli import deploy as deploy_cli
 from controller.cli import devices as devices_cli
+from controller.cli import golden as golden_cli
+from controller.cli import history as history_cli
+from controller.cli import report as report_cli
+from controller.cli import reserve as reserve_cli
 from controller.cli import runs as runs_cli
 from controller.cli import services as services_cli
+from controller.cli import targets as targets_cli
+from controller.cli import trend as trend_cli
 from controller.cli.invocation import Invocation
 from controller.cli.output import EXIT_ERROR, Output, emit, error, new_app, output_option, renamed
+from controller.errors import exit_code_of
 
 __all__ = ["Invocation", "build_app", "main", "run"]
 
@@ -56,8 +72,8 @@ def _root(
     inv = ctx.obj
     assert isinstance(inv, Invocation)
     if config is None and DEFAULT_CONFIG.is_file():
-        # as the inventory defaults to ./inventory.toml: without this, a lab folder's own config was passed over
-        # for the embedded broker, and every module of a Redis lab showed offline
+        # as the inventory defaults to ./inventory.toml: a lab folder's own config, not the embedded broker (on
+        # which every module of a Redis lab shows offline)
         config = DEFAULT_CONFIG
     inv.config, inv.inventory, inv.history = config, inventory, history
 
@@ -65,7 +81,7 @@ def _root(
 def version(output: Output = output_option()) -> None:
     """Version of fleetctl, of the records it exchanges with agents (its contract), the agents' contract versions it
     works with, and Python's."""
-    from contract.version import versions  # not controller.service: no pydantic, broker or history (issue 47)
+    from contract.version import versions  # no pydantic, broker or history
 
     v = versions()
     if output == Output.table:
@@ -75,7 +91,7 @@ def version(output: Output = output_option()) -> None:
     emit([v], list(v), output, document=v)
 
 
-# ``fleetctl --help`` lists the verbs as a user meets them (issue 51): try it, validate and read a run, the lab's
+# ``fleetctl --help`` lists the verbs as a user meets them: try it, validate and read a run, the lab's
 # modules and who holds them, then across releases, the lab's stores, setting a lab up, the service; a verb not named
 # here comes after these (a test checks that every verb is named)
 HELP_ORDER = ("demo", "validate", "status", "watch", "runs", "report", "compare", "results", "logs", "cancel",
@@ -96,17 +112,6 @@ class _Ordered(TyperGroup):
 def build_app() -> typer.Typer:
     """The command tree: the verbs of every group, each a module-level function that gets the invocation's session
     from the context (:func:`controller.cli.invocation.session`)."""
-    from controller.cli import ab as ab_cli
-    from controller.cli import bisect as bisect_cli
-    from controller.cli import cache as cache_cli
-    from controller.cli import deploy as deploy_cli
-    from controller.cli import golden as golden_cli
-    from controller.cli import history as history_cli
-    from controller.cli import report as report_cli
-    from controller.cli import reserve as reserve_cli
-    from controller.cli import targets as targets_cli
-    from controller.cli import trend as trend_cli
-
     app = new_app(no_args_is_help=True, add_completion=True, cls=_Ordered)
     app.callback()(_root)
     app.command("ab")(ab_cli.ab)
@@ -189,9 +194,8 @@ def run(argv: list[str] | None = None) -> int:
         error(f"this command needs the controller extras (no module {e.name!r}): install m1000-fleet[controller]")
         return EXIT_ERROR
     except Exception as e:
-        from controller.errors import exit_code_of
-
-        code = exit_code_of(e)  # the user's to fix: FleetctlError, or another package's error a user causes
+        # the user's to fix: FleetctlError, or another package's error a user causes
+        code = exit_code_of(e)
         if code is not None:
             error(error_line(e))
             return code
@@ -200,8 +204,6 @@ def run(argv: list[str] | None = None) -> int:
         if isinstance(e, broker_errors()):
             error(f"broker unreachable: {error_line(e)}")
         else:  # a bug: keep the traceback, still exit "error"
-            import traceback
-
             traceback.print_exc()
         return EXIT_ERROR
     finally:
@@ -210,7 +212,7 @@ def run(argv: list[str] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> Any:
     # fleetctl's pydantic models are its own records: no pydantic plugin (an entry-point group) applies to them, and
-    # looking for one scans every installed distribution's metadata on the first model built: ~15 ms CPU of each
-    # verb (bench/cli.py, issue 47). typer's own adapters turn plugins off the same way. A user's value is kept.
+    # looking for one scans every installed distribution's metadata on the first model built, in every verb
+    # (~15 ms of CPU each: bench/cli.py). typer's own adapters turn plugins off the same way. A user's value is kept.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     sys.exit(run(argv))

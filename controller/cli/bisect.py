@@ -2,6 +2,10 @@
 
 The work is :mod:`controller.service.bisect` (the loop) and :mod:`controller.service.bisect_plan` (the pure
 planner); this file parses, prints the evidence as it comes, and the answer.
+
+Lazy imports: :func:`bisect` imports the service's bisection (the run history, the settings: pydantic) when it
+runs: ``fleetctl --help`` imports this module with every verb's and costs ~0.14 s of CPU in all
+(``bench/cli.py``: bench/results/cli_20261207_0057_defer-plugins.txt).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import typer
 
 from controller.cli.invocation import session
 from controller.cli.output import Output, emit, output_option, stderr, stdout
+from controller.command import fleetctl
 
 if TYPE_CHECKING:
     from controller.service.bisect import Evidence, Outcome
@@ -40,7 +45,6 @@ def bisect(
     candidates at once (log_(N+1) rounds), each called against the good release on the same module. Exit 0 when
     the first bad release (or the suspects around a skipped one) is named, 1 otherwise."""
     from contract.records import parse_model_keys
-    from controller.command import fleetctl
     from controller.service import BadRequest
     from controller.service import bisect as svc
 

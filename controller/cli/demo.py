@@ -30,10 +30,29 @@ from typing import Any
 import psutil
 from rich.console import Console
 
+from agent.procs import MARK
+from agent.tables import parse_seed
 from contract.records import MODEL_KEYS
+from controller import service
+from controller.cli.live import PROGRESS_INTERVAL, follow, follow_and_judge, print_launched
 from controller.command import fleetctl
-from controller.fleet import FleetError
+from controller.fleet import FleetError, read_heartbeats
+from controller.service import BadRequest
 from controller.settings import ControllerSettings
+from simulator import (
+    DEVICE_TOOL_DIR,
+    ENV_DEVICE,
+    ENV_DEVICE_DIR,
+    SpecError,
+    build_release,
+    make_models,
+    regress_spec,
+    slow_factor,
+)
+from simulator.engine.build import SUPPORTED_KEYS, build_engine_release
+from simulator.engine.llama_release import build_llama_release
+from simulator.engine.llamacpp import installed
+from simulator.fit import REFERENCE
 from simulator.ports import free_port
 
 MARKER = ".m1000-fleet-demo"
@@ -104,27 +123,29 @@ def deferred_signals() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class DemoOptions:
+    """``fleetctl demo``'s options. ``throttle``: the slow module is slow because its device throttles (it says
+    so); ``real``: real-engine modules (transformers serve or llama-server on this CPU) beside the simulated ones,
+    running ``engine``: "transformers" (transformers serve) or "llama.cpp"."""
+
     devices: int = 4
     models: tuple[str, ...] = tuple(MODEL_KEYS)
     noise: float = 0.01
     slow: float | None = None
-    throttle: bool = False  # the slow module is slow because its device throttles (it says so)
+    throttle: bool = False
     regress: tuple[str, ...] = ()
     seed: int = 1
     time_scale: float = 50.0
     out_dir: Path = Path("demo-out")
     heartbeat_interval: float = 1.0
     start_timeout: float = 60.0
-    real: int = 0  # real-engine modules (transformers serve or llama-server on this CPU) beside the simulated ones
-    engine: str = "transformers"  # the real modules' engine: "transformers" (transformers serve) or "llama.cpp"
+    real: int = 0
+    engine: str = "transformers"
 
 
 def demo_processes(base: Path) -> list[psutil.Process]:
     """This user's processes of a demo in ``base``: its workers (their ``FLEET_WORKDIR``) and what those
     started (the agent's mark, :data:`agent.procs.MARK`), found by environment (a process whose
     environment cannot be read is not this user's)."""
-    from agent.procs import MARK
-
     root = base.resolve()
     found = []
     for p in psutil.process_iter():
@@ -213,8 +234,6 @@ def engine_python() -> Path:
 
 def llama_server() -> Path:
     """The llama-server that ``make engine`` built (real llama.cpp modules)."""
-    from simulator.engine.llamacpp import installed
-
     built = installed()
     if built is None:
         raise FleetError("real llama.cpp modules need llama-server: make engine (it builds it from the pinned "
@@ -259,8 +278,6 @@ def start_worker(name: str, base: Path, settings: ControllerSettings, *, sim_env
     real_bin = str(Path(os.path.realpath(sys.executable)).parent)
     env["PATH"] = os.pathsep.join([real_bin, *(p for p in env.get("PATH", "").split(os.pathsep) if p != real_bin)])
     # the simulated module's device tool, found by the agent's telemetry sampler like a real mthreads-gmi
-    from simulator import DEVICE_TOOL_DIR, ENV_DEVICE_DIR
-
     (mod / "device").mkdir(exist_ok=True)
     env["PATH"] = os.pathsep.join([str(DEVICE_TOOL_DIR), env["PATH"]])
     env[ENV_DEVICE_DIR] = str(mod / "device")
@@ -309,7 +326,8 @@ def stop_workers(workers: list[Worker], grace: float = 15.0) -> None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 w.proc.wait(timeout=max(0.1, end - time.monotonic()))
         for w in workers:
-            if w.proc.poll() is None:  # still running after the grace: what it started is killed with it
+            # still running after the grace: what it started is killed with it
+            if w.proc.poll() is None:
                 started.update((p.pid, p) for p in descendants(w.proc.pid))
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(w.proc.pid, signal.SIGKILL)
@@ -335,8 +353,6 @@ def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, 
     ``device``: module -> its simulated device's condition (``M1000_SIM_DEVICE``, e.g. ``throttle:0.89``);
     ``env``: module -> more simulator variables of its own (e.g. ``M1000_SIM_DRIVER``: another driver).
     """
-    from simulator import ENV_DEVICE, make_models
-
     workers: list[Worker] = []
     try:
         for i, name in enumerate(names):
@@ -351,7 +367,8 @@ def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, 
         if real:
             py = engine_python()
             llama = {"M1000_LLAMA_SERVER": str(llama_server())} if engine == "llama.cpp" else {}
-            shared = base / "engine-models"  # random models made once, offline; every real module reads them
+            # random models made once, offline; every real module reads them
+            shared = base / "engine-models"
             subprocess.run([str(py), "-m", "simulator", "make-models", "--engine", engine, str(shared)],
                            check=True, capture_output=True, timeout=600, cwd=Path(__file__).resolve().parents[2])
             for name in real:
@@ -366,8 +383,6 @@ def simulated_fleet(names: list[str], base: Path, settings: ControllerSettings, 
 
 
 def wait_for_heartbeats(settings: ControllerSettings, workers: list[Worker], timeout: float) -> None:
-    from controller.fleet import read_heartbeats
-
     end = time.monotonic() + timeout
     missing = [w.name for w in workers]
     while missing:
@@ -386,9 +401,6 @@ def wait_for_heartbeats(settings: ControllerSettings, workers: list[Worker], tim
 
 def reference_rows() -> list:  # type: ignore[type-arg]
     """The reference tables the simulated release reproduces, as baseline rows."""
-    from agent.tables import parse_seed
-    from simulator.fit import REFERENCE
-
     return [r for rows in parse_seed(REFERENCE.read_text(encoding="utf-8"), str(REFERENCE)).values() for r in rows]
 
 
@@ -396,11 +408,6 @@ def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, er
                    engine: str = "transformers") -> int:
     """The real-engine release on the real modules, twice: the first run becomes that release's own
     baseline (its figures are its own, not the seed's), the second is judged against it."""
-    from controller import service
-    from controller.cli.live import PROGRESS_INTERVAL, follow, follow_and_judge, print_launched
-    from simulator.engine.build import SUPPORTED_KEYS, build_engine_release
-    from simulator.engine.llama_release import build_llama_release
-
     served = tuple(MODEL_KEYS) if engine == "llama.cpp" else SUPPORTED_KEYS
     keys = tuple(k for k in models if k in served)
     if not keys:
@@ -432,9 +439,6 @@ def _validate_real(s: Any, base: Path, models: tuple[str, ...], out: Console, er
 def release_speed(opts: DemoOptions) -> str:
     """The simulated release's speed spec from ``--regress``, with ``--slow``/``--throttle`` checked first
     (a bad knob: BadRequest, one line, before anything is built or removed)."""
-    from controller.service import BadRequest
-    from simulator import SpecError, regress_spec, slow_factor
-
     try:
         if opts.slow is not None:
             slow_factor(opts.slow)
@@ -460,14 +464,8 @@ def run_demo(opts: DemoOptions, out: Console, err: Console) -> int:
 
 
 def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
-    from controller import service
-    from controller.cli.live import follow_and_judge, print_launched
-    from simulator import build_release
-
     speed = release_speed(opts)
     if opts.engine not in ENGINES:
-        from controller.service import BadRequest
-
         raise BadRequest(f"--engine {opts.engine!r}: expected one of {', '.join(ENGINES)}")
     base = _fresh_dir(opts.out_dir, err)
     settings = ControllerSettings(
@@ -502,14 +500,15 @@ def _run_demo(opts: DemoOptions, out: Console, err: Console, t0: float) -> int:
         with simulated_fleet(names, base, settings, noise=opts.noise, seed=opts.seed, slow=slow, device=device,
                              timeout=opts.start_timeout + opts.devices, real=real, engine=opts.engine,
                              env=period) as workers:
-            # a worker starts in ~1.5 s of CPU
+            # a worker starts in ~1.5 s of CPU (ADR 0042)
             try:
                 launched = service.validate(s, service.ValidateRequest(release=rel.path, models=opts.models,
                                                                        devices="sim=true" if real else "all"))
                 print_launched(launched, err, len(launched.modules))
                 # Ctrl-C: DemoStopped, not detached
                 code = follow_and_judge(s, launched.run_id, None, out, err, root=("--history", str(s.history_path)))
-                if real:  # the real-engine release on its own modules: judged against their own figures
+                # the real-engine release on its own modules: judged against their own figures
+                if real:
                     code = max(code, _validate_real(s, base, opts.models, out, err, opts.engine))
             except DemoStopped as stop:
                 err.print(f"demo: {stop.name}: stopping its {len(workers)} simulated modules", highlight=False)

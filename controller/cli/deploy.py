@@ -3,6 +3,11 @@
 
 Exit codes: 0 every module fine, 1 at least one module failed (the others were still
 done), 2 bad input (one line on stderr).
+
+Lazy imports: the commands import the SSH layer (fabric and paramiko, 155 ms of CPU, ``bench/import_costs.py``;
+the controller extras), the inventory and the settings (pydantic) when they run: ``fleetctl --help`` imports this
+module with every verb's and costs ~0.14 s of CPU in all (``bench/cli.py``:
+bench/results/cli_20261207_0057_defer-plugins.txt).
 """
 
 from __future__ import annotations
@@ -12,12 +17,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from contract.files import sha256_file
+from controller import service
+from controller.cli.golden import golden_check
 from controller.cli.invocation import session
-from controller.cli.output import Output, fail, output_option
+from controller.cli.output import Output, deprecation, fail, output_option
 from controller.command import fleetctl
 from controller.remote import acl
 
-if TYPE_CHECKING:  # paramiko and fabric load only when a command of this file runs (controller extras)
+if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
@@ -33,13 +41,13 @@ def _consoles() -> tuple[Console, Console]:
 
 
 def _settings_error() -> type[Exception]:
-    from contract.settings import SettingsError  # the settings (pydantic): only when a command has failed
+    from contract.settings import SettingsError
 
     return SettingsError
 
 
 def _fail(message: str) -> typer.Exit:
-    return fail(message)  # the one error format of fleetctl, exit code 2
+    return fail(message)
 
 
 def _trust(settings: BrokerSettings, known_hosts: Path | None, identity: Path | None) -> tuple[Path, Path | None]:
@@ -142,8 +150,6 @@ def push(
     """Put a release into each module's release cache (verified, resumable, skipped when present)."""
     from rich.table import Table
 
-    from contract.files import sha256_file
-    from controller import service
     from controller.history import HistoryError
     from controller.inventory import InventoryError
     from controller.remote.push import PushError, push_release
@@ -223,9 +229,6 @@ def devices_check(
     from rich.table import Table
 
     if golden is not None:  # the old form, kept hidden for one release (ADR 0057)
-        from controller.cli.golden import golden_check
-        from controller.cli.output import deprecation
-
         deprecation("fleetctl devices check --golden REL", "fleetctl golden REL")
         raise typer.Exit(golden_check(session(ctx), golden, devices, models, tolerance, output))
 

@@ -1,12 +1,19 @@
 """``fleetctl`` verbs about modules: devices (their state), devices reset, describe module.
 
 Each verb parses and prints; :mod:`controller.service` does the work, imported when the verb runs.
+
+Lazy imports: the service's modules load the run history, the settings and the inventory (pydantic): ``fleetctl
+--help`` imports this module with every verb's and costs ~0.14 s of CPU in all (``bench/cli.py``:
+bench/results/cli_20261207_0057_defer-plugins.txt).
 """
 
 from __future__ import annotations
 
+import time
+
 import typer
 
+from controller import service
 from controller.cli.invocation import session
 from controller.cli.output import Output, emit, output_option, stdout
 
@@ -22,7 +29,6 @@ def devices(ctx: typer.Context,
     if ctx.invoked_subcommand is not None:
         return
     from contract.compat import judge
-    from controller import service
     from controller.fleet.reservations import shown_until
     from controller.service.reservations import reservations
 
@@ -37,7 +43,8 @@ def devices(ctx: typer.Context,
         rec["last_beat"] = f"{age:.0f} s ago" if age is not None else "never"
         rec["clock_skew"] = shown_skew(rec["clock_skew_s"])
         rec["free_disk"] = f"{free / 1024**3:.1f} GiB" if free is not None else ""
-        if output == Output.table:  # "1 (behind)": the reason says what to do (ADR 0051); JSON keeps the number
+        # "1 (behind)": the reason says what to do (ADR 0051); JSON keeps the number
+        if output == Output.table:
             rec["contract"] = judge(rec["contract"]).shown()
         recs.append(rec)
     emit(recs, DEVICE_COLUMNS, output)
@@ -56,8 +63,6 @@ def devices_reset(ctx: typer.Context, module: str = typer.Argument(..., help="mo
     """Clear a module's failed runs in a row and a failed golden check: a module bad by either takes work again
     now (recorded in the history). Without it, one bad by failed runs does once 15 minutes have passed since
     the last one, on trial; one that failed its golden check stays bad."""
-    from controller import service
-
     s = session(ctx)
     drift = s.history().golden_drift(module) if s.has_history() else None
     n = service.reset_module(s, module)
@@ -78,10 +83,6 @@ def describe_module(ctx: typer.Context, name: str = typer.Argument(..., help="mo
                     output: Output = output_option()) -> None:
     """A module: inventory entry, state from its heartbeat, its reservation and who had it, its recent runs
     (read-only)."""
-    import time
-
-    from controller import service
-
     s = session(ctx)
     d = service.describe_module(s, name)
     dev = service.device_dict(service.Device(d.module, d.status))

@@ -1,7 +1,12 @@
 """``fleetctl golden REL``: a short validation of a known-good release on each module, each module judged against
 its own golden history (:mod:`controller.service.golden`); a drifted module goes ``bad`` until ``fleetctl devices
 reset MODULE``. It was ``fleetctl devices check --golden REL`` (a check that started a validation: ADR 0057).
-This file parses and prints."""
+This file parses and prints.
+
+Lazy imports: :func:`golden_check` imports the service's golden check and the live view (the run history,
+pydantic, rich) when it runs: ``fleetctl --help`` imports this module with every verb's and costs
+~0.14 s of CPU in all (``bench/cli.py``: bench/results/cli_20261207_0057_defer-plugins.txt).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from controller import service
 from controller.cli.invocation import session
 from controller.cli.output import Output, emit, output_option, stderr, stdout
+from controller.command import fleetctl
 
 if TYPE_CHECKING:
     from controller.service import Session
@@ -20,9 +27,7 @@ def golden_check(s: Session, release: str, devices: str, models: str, tolerance:
                  output: Output) -> int:
     """Run the golden check; exit 0 when no module drifted, 1 otherwise."""
     from contract.records import parse_model_keys
-    from controller import service
     from controller.cli.live import PROGRESS_INTERVAL, follow, print_launched
-    from controller.command import fleetctl
     from controller.service.golden import golden_check as check
 
     err = stderr()

@@ -1,6 +1,11 @@
 """``fleetctl history migrate``: the run history's rows kept column-wise for fast reads
 (:mod:`controller.history.frames`); ``fleetctl history copy``: the whole history copied into another
-(:mod:`controller.history.copy`). This file parses and prints."""
+(:mod:`controller.history.copy`). This file parses and prints.
+
+Lazy imports: :func:`copy` imports the run history and the controller's settings (pydantic) when it runs:
+``fleetctl --help`` imports this module with every verb's and costs ~0.14 s of CPU in all (``bench/cli.py``:
+bench/results/cli_20261207_0057_defer-plugins.txt).
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,10 @@ Without a terminal (a CI log) the view is lines instead: one per module state or
 progress line every ``PROGRESS_INTERVAL`` (elapsed time, keys done of all, modules per state). In a
 terminal narrower than the full table, the lower-value columns give way first (:func:`table_layout`):
 module names and state words are never cut.
+
+Lazy imports: :func:`follow_and_judge` imports the report's text renderer only when a run's verdict came with a
+report, which has loaded pandas already; ``fleetctl status`` of a judged run imports this module and no pandas
+(462 ms of CPU, ``bench/import_costs.py``: bench/results/import_costs_20261207_0346_lazy-libraries.txt).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from contract.records import RunProgress, RunState
+from controller import service
 from controller.command import fleetctl
 from controller.fleet import BrokerUnavailable, RunView, is_collecting, module_failed
 from controller.history import HistoryUnavailable
@@ -51,8 +56,10 @@ def result_text(p: RunProgress | None) -> Text:
     return Text(f"ok, {p.rows} rows", style="green")
 
 
-PROGRESS_INTERVAL = 60.0  # without a terminal (a CI log), a progress line this often, s
-MAX_ROWS = 60  # more is unreadable live, and a row costs ~0.45 ms of controller CPU per refresh
+# without a terminal (a CI log), a progress line this often, s
+PROGRESS_INTERVAL = 60.0
+# more is unreadable live, and a row costs ~0.45 ms of CPU a refresh (bench/results/NOTES-scale.md)
+MAX_ROWS = 60
 
 
 def _look(p: RunProgress | None) -> tuple[str, str, str]:
@@ -111,7 +118,8 @@ LAYOUTS = (
     Layout(("module", "state", "model key", "progress", "result"), bar=0, compact=True),
     Layout(("module", "state", "progress", "result"), bar=0, compact=True),
 )
-RESULT_MIN = 16  # the result column wraps: this much of it is counted when a layout is measured
+# the result column wraps: this much of it is counted when a layout is measured
+RESULT_MIN = 16
 
 
 def table_width(layout: Layout, cells: Sequence[Mapping[str, str]]) -> int:
@@ -241,9 +249,9 @@ def follow(sync: Callable[[], RunView], console: Console, *, interval: float = 0
     """Refresh the view until the run finishes (Ctrl-C detaches; the run goes on). Without a terminal:
     :func:`follow_lines`, a progress line every ``progress_every`` s (``since``: when the run began, for
     the elapsed time; default: now)."""
-    # what the process holds before it follows (its imports, the inventory, the dispatch's records: ~200,000 objects)
-    # is left out of every later garbage collection: at 10,000 modules the passes' full collections took 0.2-0.34 s
-    # CPU each, 0.1-0.17 s with it (bench/scale.py); objects freed by their count go as before
+    # what the process holds before it follows (its imports, the inventory, the dispatch's records) is left out of
+    # every later garbage collection; objects freed by their count go as before. At 10,000 modules a pass's full
+    # collection took 0.2-0.34 s of CPU without it, 0.1-0.17 s with it (bench/scale.py)
     gc.freeze()
     sync = resilient(sync, console)
     view = sync()
@@ -351,8 +359,6 @@ def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console
                      root: tuple[str, ...] = ()) -> int:
     """Follow a run live until it ends, print its failures and verdict; the exit code (0, 1; 130 detached).
     ``root``: the root options the hints it prints need (the demo's ``--history FILE``)."""
-    from controller import service
-
     info = s.history().run(run_id)
     try:
         view = follow(lambda: service.sync(s, run_id), err, title=f"run {run_id}",
@@ -367,7 +373,7 @@ def follow_and_judge(s: Session, run_id: str, baseline: str | None, out: Console
     n = s.history().row_count(run_id)
     out.print(f"verdict: [bold]{j.verdict}[/] - {escape(j.line)}", highlight=False, soft_wrap=True)
     for t in j.report.outlier_telemetry if j.report is not None else ():  # why the slow modules are slow
-        from controller.report.render.text import telemetry_line  # a report: pandas is there
+        from controller.report.render.text import telemetry_line
 
         out.print(f"outlier {t.module}{'' if t.model_key == '*' else f' [{t.model_key}]'}: {telemetry_line(t)}",
                   markup=False, highlight=False, soft_wrap=True)

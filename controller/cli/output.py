@@ -13,9 +13,11 @@ from typing import Any
 
 import typer
 
-EXIT_PASS = 0  # the run passed, the command did what was asked
-EXIT_FAILED = 1  # a module failed, the release regressed, a module could not be deployed
-EXIT_ERROR = 2  # bad input, unknown run, broker unreachable, missing extras: one line on stderr
+# 0: the run passed, the command did what was asked; 1: a module failed, the release regressed, a module could
+# not be deployed; 2: bad input, unknown run, broker unreachable, missing extras (one line on stderr)
+EXIT_PASS = 0
+EXIT_FAILED = 1
+EXIT_ERROR = 2
 
 
 class Output(str, Enum):

@@ -3,6 +3,11 @@
 Module-level verbs (:func:`controller.cli.app.build_app` adds them) reading the run history through the
 invocation's session (:func:`controller.cli.invocation.session`). Errors end in one clear line and exit
 code 2; ``--check`` exits 1 unless the verdict is pass.
+
+Lazy imports: the report's modules (pandas, numpy) and the run history load when a report command runs:
+``fleetctl --help`` imports this module with every verb's and costs ~0.14 s of CPU in all, where pandas alone
+costs 462 ms (``bench/cli.py``, ``bench/import_costs.py``: bench/results/cli_20261207_0057_defer-plugins.txt,
+bench/results/import_costs_20261207_0346_lazy-libraries.txt).
 """
 
 from __future__ import annotations
@@ -13,15 +18,18 @@ from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import typer
 
+from contract.files import write_atomic
+from controller.cli import served
 from controller.cli.invocation import history_given, session
 from controller.cli.output import EXIT_ERROR, EXIT_FAILED, Output, emit, fail, output_option
 from controller.cli.served import SERVICE_HELP, use_service
 from controller.command import fleetctl
 
-if TYPE_CHECKING:  # pandas, scipy and matplotlib load only when a report command runs
+if TYPE_CHECKING:
     from controller.report.model import Report, Thresholds
 
 EXIT_NOT_PASS = EXIT_FAILED
@@ -54,7 +62,8 @@ def _emit(report: Report, fmt: Format, out: Path | None, check: bool) -> None:
         raise typer.Exit(EXIT_NOT_PASS)
 
 
-STARTUP_TOLERANCE = 0.15  # controller.report.model.STARTUP_TOLERANCE (not imported here: the CLI starts lean)
+# controller.report.model.STARTUP_TOLERANCE, not imported: that module loads pandas
+STARTUP_TOLERANCE = 0.15
 
 
 def _default_out(run_id: str) -> Path:
@@ -88,7 +97,8 @@ def _report(build: Callable[[Thresholds], Report], tolerance: float, fmt: Format
         rep = build(_thresholds(tolerance, energy_tolerance, startup_tolerance))
     except (ReportError, HistoryError, OSError) as exc:
         _fail(str(exc))
-    for warning in rep.environment_changes:  # the figures may differ for that alone: said where a person looks
+    # the figures may differ for that alone: said where a person looks
+    for warning in rep.environment_changes:
         typer.echo(f"warning: {warning}", err=True)
     _emit(rep, fmt, out, check)
 
@@ -97,11 +107,6 @@ def _served_report(service: str, run: str, baseline: str | None, fmt: Format, ou
                    tolerances: dict[str, float]) -> None:
     """``fleetctl report --service``: the report a running ``fleetctl serve`` makes, printed or written as
     ``fleetctl report`` does (:mod:`controller.cli.served`)."""
-    from urllib.parse import quote
-
-    from contract.files import write_atomic
-    from controller.cli import served
-
     if fmt is Format.csv:
         _fail("--output csv with --service: not served (it is several tables and a Parquet file); "
               "read the history here instead (--history)")

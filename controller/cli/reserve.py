@@ -2,6 +2,10 @@
 
 Each verb parses and prints; :mod:`controller.service.reservations` does the work, imported when the verb runs.
 The caller is the CLI's identity (``$FLEET_USER``, else the OS user).
+
+Lazy imports: the service's and the fleet's reservations load the run history and the inventory (pydantic):
+``fleetctl --help`` imports this module with every verb's and costs ~0.14 s of CPU in all
+(``bench/cli.py``: bench/results/cli_20261207_0057_defer-plugins.txt).
 """
 
 from __future__ import annotations

@@ -2,18 +2,26 @@
 
 Each verb parses and prints; :mod:`controller.service` does the work, imported (with rich, pandas)
 when the verb runs, so building the command tree stays light.
+
+Lazy imports: the service's modules, the live view and the run history load pydantic and rich, the telemetry
+table pandas: ``fleetctl --help`` imports this module with every verb's and costs ~0.14 s of CPU in all,
+``fleetctl runs`` of ended runs ~0.31 s (``bench/cli.py``: bench/results/cli_20261207_0057_defer-plugins.txt).
 """
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import typer
 
+from controller import service
 from controller.cli.invocation import session
 from controller.cli.output import Output, emit, output_option, stderr, stdout
+from controller.command import fleetctl
 from controller.serve.wire import run_page
 
 if TYPE_CHECKING:
@@ -43,7 +51,6 @@ def validate(
 ) -> int:
     """Validate a release on the chosen modules; ends with a verdict."""
     from contract.records import parse_model_keys
-    from controller import service
     from controller.cli.live import follow_and_judge, print_launched
 
     s = session(ctx)
@@ -63,25 +70,26 @@ def status(ctx: typer.Context,
            output: Output = output_option()) -> int:
     """One look at a run (pulls its latest progress and rows into the history); the verdict once it ended
     (the one recorded when it was judged, e.g. by `validate --baseline`; judged now if none was)."""
-    from controller import service
     from controller.cli.live import render
 
     s = session(ctx)
     info = service.find_run(s, run_id)
     j = service.recorded_judgement(info)
-    # a judged run the broker can no longer change is shown from the history: no broker, no Celery (issue 47)
+    # a judged run the broker can no longer change is shown from the history: no broker, no Celery
     settled = service.settled_view(s, info) if j is not None else None
     if settled is not None:
         view = settled
     else:
         view = service.sync(s, info.run_id)
         j = None
-        if view.finished:  # the verdict recorded when it ended (against the baseline it was judged with), else now
-            info = service.find_run(s, info.run_id)  # as the sync left it
+        # the verdict recorded when it ended (against the baseline it was judged with), else judged now; the run
+        # read again as the sync, then the verdict, left it
+        if view.finished:
+            info = service.find_run(s, info.run_id)
             j = service.recorded_judgement(info)
             if j is None:
                 j = service.judge(s, info.run_id)
-                info = service.find_run(s, info.run_id)  # with the verdict just recorded
+                info = service.find_run(s, info.run_id)
     from controller.fleet.power import cycle_lines
     from controller.history.waits import run_waits
     from controller.service.queue import reservation_waits
@@ -116,7 +124,6 @@ def watch(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run i
           baseline: str | None = typer.Option(None, "--baseline", "-b",
                                               help="baseline: release, release@vN or run id")) -> int:
     """Follow a run live until it ends (pulling its results into the history), then give its verdict."""
-    from controller import service
     from controller.cli.live import follow_and_judge
 
     s = session(ctx)
@@ -129,8 +136,6 @@ def watch(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run i
 def cancel(ctx: typer.Context, run_id: str = typer.Argument(..., help="run id or unique prefix"),
            devices: str | None = typer.Option(None, "--devices", "-d", help="only these modules")) -> None:
     """Cancel a run (durable: modules check it between and within steps)."""
-    from controller import service
-
     rid, names = service.cancel(session(ctx), run_id, devices)
     stderr().print(f"cancel requested for run {rid}" + (f" on {', '.join(names)}" if devices else ""),
                    highlight=False)
@@ -148,7 +153,6 @@ def retry(
 
     To continue the same run instead, keeping what passed: fleetctl validate TARBALL --run-id RUN --resume.
     """
-    from controller import service
     from controller.cli.live import follow_and_judge, print_launched
 
     s = session(ctx)
@@ -175,10 +179,6 @@ def logs(
                                                         "failed key"),
 ) -> None:
     """Step logs of a run, read from each module's workdir (local modules) or over SSH."""
-    import time
-
-    from controller import service
-
     s = session(ctx)
     info = service.find_run(s, run_id)
     shown: dict[tuple[str, str], int] = {}
@@ -208,14 +208,11 @@ def runs(ctx: typer.Context,
          output: Output = output_option()) -> None:
     """Recent runs. A run the history holds as running shows the state its modules' records on the broker give
     (read, not written: `fleetctl status RUN` records it)."""
-    import time
-
     s = session(ctx)
-    items = s.history().runs(limit=limit) if s.has_history() else []  # service.runs(live=False), without its imports
+    # service.runs(live=False) without its imports: the broker, and Celery, are read only for a running run
+    items = s.history().runs(limit=limit) if s.has_history() else []
     note = None
-    if any(i.state == "running" for i in items):  # only then the broker, and Celery, are read (issue 47)
-        from controller import service
-
+    if any(i.state == "running" for i in items):
         items, note = service.with_broker_states(s, items)
     if note:
         stderr().print(f"note: {note}", highlight=False)
@@ -223,8 +220,6 @@ def runs(ctx: typer.Context,
             for r in items]
     emit(recs, ["run_id", "created", "release", "modules", "models", "state", "verdict"], output)
     if not items:  # on stderr: stdout stays the (empty) list a script reads
-        from controller.command import fleetctl
-
         why = (f"no runs in {s.history_path} yet: run a validation (`{fleetctl('validate', 'TARBALL')}`)"
                if s.has_history() else s.no_history())
         sys.stderr.write(why + "\n")
@@ -243,9 +238,6 @@ def results(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run
                                                                 "tokens/J, power, idle) instead of the result rows"),
             ) -> None:
     """Result rows of a run (or its device telemetry, or its energy), from the run history."""
-    import json
-
-    from controller import service
     from controller.history import ROW_FIELDS
 
     output = fmt or output
@@ -255,7 +247,8 @@ def results(ctx: typer.Context, run_id: str = typer.Argument("latest", help="run
         return
     if energy:
         recs = energy_records(rows)
-        if output != Output.json:  # 4 significant digits: a GPU's J/token is a few mJ, an M1000's a few J
+        # 4 significant digits: a GPU's J/token is a few mJ, an M1000's a few J
+        if output != Output.json:
             recs = [{k: f"{v:.4g}" if isinstance(v, float) else v for k, v in r.items()} for r in recs]
         emit(recs, ENERGY_COLUMNS, output, title=f"energy of {info.run_id} (one benchmark window per module and "
                                                  "model key)")
@@ -312,8 +305,6 @@ TELEMETRY_TABLE = ("module", "model key", "gpu", "samples", "SM clock p95 / max 
 
 
 def _emit_telemetry(summaries: dict[str, Any], output: Output) -> None:
-    import json
-
     from controller.report.telemetry import telemetry_rows
 
     if output == Output.json:
@@ -340,10 +331,6 @@ def _emit_telemetry(summaries: dict[str, Any], output: Output) -> None:
 def describe_run(ctx: typer.Context, run_id: str = typer.Argument("latest", help=RUN_ARG),
                  output: Output = output_option()) -> None:
     """A run: release, models, modules, state and step of each module, errors, rows, verdict (read-only)."""
-    import time
-
-    from controller import service
-
     s = session(ctx)
     d = service.describe_run(s, run_id)
     doc = {**service.run_summary(d.info, d.view, rows=d.rows), "errors": service.errors_of(d.view)}

@@ -28,7 +28,8 @@ from controller.serve import wire
 
 TOKEN_ENV = "FLEET_TOKEN"
 TOKEN_FILE_ENV = "FLEET_TOKEN_FILE"
-TIMEOUT = 300.0  # s: the first report of a run of millions of rows, read from the history's rows, takes a minute
+# s: the first report of a run of millions of rows, read from the history's rows, takes a minute
+TIMEOUT = 300.0
 SERVICE_HELP = ("ask a running `fleetctl serve` instead of reading the history here (http://HOST:PORT; its token "
                 "from FLEET_TOKEN or FLEET_TOKEN_FILE)")
 
@@ -118,7 +119,8 @@ def token(env: Mapping[str, str] = os.environ) -> str:
         words = Path(where).expanduser().read_text(encoding="utf-8").split()
     except (OSError, UnicodeDecodeError) as exc:
         raise fail(f"{TOKEN_FILE_ENV}={where}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
-    if len(words) != 1:  # e.g. serve's tokens file (USER ROLE TOKEN a line): its words are never sent
+    # e.g. serve's tokens file (USER ROLE TOKEN a line): its words are never sent
+    if len(words) != 1:
         raise fail(f"{TOKEN_FILE_ENV}={where}: must hold one token alone, holds {len(words)} words")
     return words[0]
 

@@ -3,6 +3,10 @@
 A module-level verb (:func:`controller.cli.app.build_app` adds it) reading the run history through the
 invocation's session. The work is :mod:`controller.report.trend` and
 :mod:`controller.report.analysis.changepoints`; this file parses and prints.
+
+Lazy imports: those modules load pandas and numpy (pandas alone 462 ms of CPU, ``bench/import_costs.py``)
+when a trend is computed here, never for a served one: ``fleetctl --help`` imports this module with every verb's
+and costs ~0.14 s of CPU in all (``bench/cli.py``: bench/results/cli_20261207_0057_defer-plugins.txt).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from controller.cli import served
 from controller.cli.invocation import history_given, session
 from controller.cli.output import Output, emit, fail, output_option, stderr, stdout
 from controller.cli.served import SERVICE_HELP, use_service
@@ -47,7 +52,8 @@ def from_csv(path: Path, column: str, order_by: str | None, settings: DetectorSe
     from controller.report.analysis.changepoints import SeriesError, analyse_series
     from controller.report.trend import TrendError, record
 
-    try:  # every cell as its text, a blank line a row of blanks: what is blank is seen, not dropped or NaN
+    # every cell as its text, a blank line a row of blanks: what is blank is seen, not dropped or NaN
+    try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False).fillna("")
     except (OSError, ValueError) as exc:
         raise TrendError(f"{path}: cannot be read as CSV ({exc})") from exc
@@ -56,7 +62,8 @@ def from_csv(path: Path, column: str, order_by: str | None, settings: DetectorSe
             raise TrendError(f"{path}: no column {c!r} (columns: {', '.join(map(str, df.columns))})")
     df.index = pd.RangeIndex(2, len(df) + 2)  # each row's line in the file (the header is line 1)
     filled = (df != "").any(axis=1).to_numpy()
-    df = df.iloc[:len(filled) - int(filled[::-1].argmax())] if filled.any() else df.iloc[:0]  # blank lines at the end
+    # the blank lines at the end left out
+    df = df.iloc[:len(filled) - int(filled[::-1].argmax())] if filled.any() else df.iloc[:0]
     used = [c for c in (column, order_by) if c is not None]
     blank = (df[used].apply(lambda col: col.str.strip()) == "").any(axis=1)
     if blank.any() and not skip_blanks:
@@ -71,7 +78,8 @@ def from_csv(path: Path, column: str, order_by: str | None, settings: DetectorSe
         df = df.iloc[(key if key.notna().all() else df[order_by]).argsort(kind="stable")]
     values = pd.to_numeric(df[column], errors="coerce")
     bad = ~values.apply(lambda v: math.isfinite(v) if isinstance(v, (int, float)) else False)
-    if bad.any():  # a blank or a word, nan, inf, or a figure beyond a float (1e999): named by its line and text
+    # a blank or a word, nan, inf, or a figure beyond a float (1e999): named by its line and text
+    if bad.any():
         line = int(values.index[bad.to_numpy().argmax()])
         raise TrendError(f"{path}: line {line}, column {column!r}: {df.at[line, column]!r} is not a finite number")
     # each row named by --order-by's value, else by its line in the file (what a user finds it by; not 0, 1, ...)
@@ -104,14 +112,12 @@ def trend(
     """Change points across the releases in the run history (or of one CSV column): table and sparklines."""
     remote = None if from_csv_file is not None else use_service(ctx, service, history_given(ctx))
     if remote is not None:
-        from controller.cli import served
-
         got = served.get(remote, "/trend", {"models": models, "profile": profile, "metric": metric,
                                             "devices": devices, "min_magnitude": min_magnitude,
                                             "max_pvalue": max_pvalue})
         _print_trend(json.loads(got.body), got.releases, output, got.reach)
         return
-    from controller.report.trend import settings_of  # pandas: only when the command runs
+    from controller.report.trend import settings_of
 
     settings = settings_of(min_magnitude, max_pvalue)
     if from_csv_file is not None:
@@ -145,11 +151,13 @@ def _history_trend(history: History, models: str, profile: str | None, metric: s
                        metric=metric, settings=settings,
                        devices=None if devices == "all" else frozenset(d.strip() for d in devices.split(",")
                                                                        if d.strip()))
-    got = trend_of(history, query)  # the findings the history keeps (computed and kept if it changed since)
+    # the findings the history keeps (computed and kept if the history changed since)
+    got = trend_of(history, query)
     _print_trend(got.records, got.releases, output, got.reach.line() if got.reach is not None else None)
 
 
-MIN_RELEASES = 6  # controller.report.trend.MIN_RELEASES (not imported here: a served trend has no pandas)
+# controller.report.trend.MIN_RELEASES, not imported: a served trend loads no pandas
+MIN_RELEASES = 6
 
 
 def _csv_reach(values: list[float], settings: DetectorSettings) -> str | None:

@@ -40,6 +40,11 @@ per-module cancel flags (``cancel:M:*``, the module in a fixed place) and the ru
 :func:`contract.celery_app.task_id`). Passwords are stored hashed (``#<sha256>``)
 in the ACL file; the clear passwords are only in ``passwords/<name>.password`` (0600),
 which ``fleetctl deploy --module-credentials`` installs on each module.
+
+Lazy imports: the rules' functions import :mod:`contract.celery_app`, :mod:`contract.kv` and
+:mod:`contract.attest`, which load Celery (``celery.app.base`` 123 ms of CPU, ``bench/import_costs.py``:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), when a rule is written: ``fleetctl --help``
+imports this module for an option's default and stays at ~0.14 s of CPU in all (``bench/cli.py``).
 """
 
 from __future__ import annotations
@@ -107,7 +112,7 @@ def password_hash(password: str) -> str:
 def module_key_patterns(module: str) -> list[str]:
     """Keys ``module`` may read and write (its queue, bindings, unacked, results, records)."""
     from contract.attest import ATTEST_INDEX
-    from contract.celery_app import queue_name, task_id  # celery and the KV layout: only when a rule is written
+    from contract.celery_app import queue_name, task_id
     from contract.kv import PREFIX
 
     m = _check_name(module)
@@ -120,7 +125,8 @@ def module_key_patterns(module: str) -> list[str]:
         pats += [f"{PREFIX}:{kind}:{m}", f"{PREFIX}:{kind}:*:{m}"]
     for kind in MODULE_PREFIX_KINDS:
         pats.append(f"{PREFIX}:{kind}:{m}:*")
-    pats.append(f"{PREFIX}:{ATTEST_INDEX}:*")  # the kernel cache's index of who attested: every module's (a hint)
+    # the kernel cache's index of who attested: every module's (a hint)
+    pats.append(f"{PREFIX}:{ATTEST_INDEX}:*")
     return pats
 
 
@@ -187,9 +193,12 @@ def _write_private(path: Path, text: str) -> None:
 
 @dataclass(frozen=True)
 class AclFiles:
+    """The ACL file, the passwords' folder (``<user>.password`` each), the users whose password was made now,
+    and every user."""
+
     acl: Path
-    passwords: Path  # folder: <user>.password each
-    created: tuple[str, ...]  # users whose password was made now
+    passwords: Path
+    created: tuple[str, ...]
     users: tuple[str, ...]
 
 

@@ -24,11 +24,15 @@ from datetime import UTC, datetime
 
 from controller.inventory import console_address
 
-LINES = 200  # the tail kept, as the kernel log's
-LINE_BYTES = 4096  # a line longer than this (a console printing no newline) is cut there
-RETRY = 5.0  # seconds between tries at a console that does not answer or closed the connection
+# the tail kept, as the kernel log's
+LINES = 200
+# a line longer than this (a console printing no newline) is cut there
+LINE_BYTES = 4096
+# seconds between tries at a console that does not answer or closed the connection
+RETRY = 5.0
 CONNECT_TIMEOUT = 3.0
-_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")  # colours, cursor moves, controls
+# colours, cursor moves, controls
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def _stamp(t: float) -> str:
@@ -105,8 +109,10 @@ class ConsoleCapture:
         self.retry = retry
         self.tail = LineTail(lines, telnet=telnet)
         self.started_at = time.time()
-        self.connected_at: float | None = None  # the current connection's; None while there is none
-        self.error: str | None = None  # why the last try failed or the connection ended
+        # the current connection's start; None while there is none
+        self.connected_at: float | None = None
+        # why the last try failed or the connection ended
+        self.error: str | None = None
         self.tries = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -135,7 +141,8 @@ class ConsoleCapture:
             with self._lock:
                 self.connected_at = None
                 if self.tail.telnet is not None:
-                    self.tail.telnet = TelnetData()  # a new connection's negotiation starts afresh
+                    # a new connection's negotiation starts afresh
+                    self.tail.telnet = TelnetData()
             self._stop.wait(self.retry)
 
     def _read(self, sock: socket.socket) -> None:
@@ -156,7 +163,8 @@ class ConsoleCapture:
         end = self.started_at + wait
         while time.time() < end and self.tries <= 1 and self.connected_at is None and self.error is None:
             time.sleep(0.05)
-        if self.connected_at is not None:  # connected: what ser2net or the line held is read for the rest of it
+        # connected: what ser2net or the line held is read for the rest of the wait
+        if self.connected_at is not None:
             time.sleep(max(0.0, end - time.time()))
 
     def text(self) -> str:

@@ -6,6 +6,10 @@ One Python program runs there and answers one JSON object, name -> text: ``kerne
 ``agent`` (the agent's user unit's journal, else ``<workdir>/agent/agent.log`` of the supervisor deploy writes).
 What cannot be read says why in its place. Nothing from the inventory reaches a shell: the program's arguments are
 quoted words (:func:`controller.remote.ssh.remote_command`).
+
+Lazy imports: :mod:`controller.remote.ssh` is imported for a module reached over SSH only: it loads fabric and
+paramiko (155 ms of CPU, ``bench/import_costs.py``: bench/results/import_costs_20261207_0346_lazy-libraries.txt),
+which the logs of a module whose transport is local (the simulator's, the demo's) never need.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from controller.errors import FleetctlError
 from controller.inventory import PowerEntry
 
 COMMANDS = ("on", "off", "cycle")
-TIMEOUT = 90.0  # pdudaemon retries a failing driver 5 times 5 s apart before it answers 500
+# pdudaemon retries a failing driver 5 times 5 s apart before it answers 500
+TIMEOUT = 90.0
 
 
 class PowerError(FleetctlError, OSError):

@@ -44,15 +44,20 @@ class PushError(FleetctlError):
 
 @dataclass(frozen=True)
 class PushResult:
+    """One module's push. ``remote_path``: the absolute path on the module (``RunRequest.tarball``); ``skipped``:
+    the module already held this digest; ``bytes``: sent by this push (all attempts); ``resumed_from``: the offset
+    the last attempt started at; ``sync_seconds``: what the module waited, after the last byte, for the file to be
+    on disk; ``pruned``: sha256 of the releases removed from the module's incoming folder."""
+
     module: str
-    remote_path: str  # absolute path on the module: RunRequest.tarball
-    skipped: bool = False  # the module already held this digest
-    bytes: int = 0  # bytes sent by this push (all attempts)
+    remote_path: str
+    skipped: bool = False
+    bytes: int = 0
     seconds: float = 0.0
     error: str | None = None
-    resumed_from: int = 0  # offset the last attempt started at
-    sync_seconds: float = 0.0  # what the module waited, after the last byte, for the file to be on disk
-    pruned: tuple[str, ...] = ()  # sha256 of the releases removed from the module's incoming folder
+    resumed_from: int = 0
+    sync_seconds: float = 0.0
+    pruned: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -85,16 +90,20 @@ def parse_answer(module: str, text: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class PushOptions:
+    """How a push runs. ``retries``: extra attempts after a cut connection (each resumes); ``timeout``: of the
+    whole transfer, per attempt, s; ``keep_newest`` > 0: the probe prunes the module's pushed releases beyond this
+    many (:func:`push_release`); ``keep``: sha256 never pruned, the releases runs still use."""
+
     known_hosts: Path
     identity: Path | None = None
     python: str = "python3"
-    retries: int = 2  # extra attempts after a cut connection (resuming each time)
+    retries: int = 2
     alive_interval: int = 5
     alive_count: int = 3
     connect_timeout: float = 10.0
-    timeout: float | None = None  # whole-transfer timeout per attempt, s
-    keep_newest: int = 0  # > 0: the probe prunes the module's pushed releases beyond this many (push_release)
-    keep: tuple[str, ...] = ()  # sha256 never pruned: the releases runs still use
+    timeout: float | None = None
+    keep_newest: int = 0
+    keep: tuple[str, ...] = ()
 
 
 def _push_one(module: Module, tarball: Path, sha256: str, opts: PushOptions,

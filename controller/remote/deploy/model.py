@@ -17,7 +17,8 @@ from contract.records import Heartbeat
 from contract.settings import BrokerSettings
 from controller.errors import FleetctlError
 
-ROOT = Path(__file__).resolve().parents[3]  # the source tree (controller/remote/deploy/model.py)
+# the source tree, three folders above this file
+ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "m1000-fleet" / "wheelhouse"
 MIN_PYTHON = (3, 10)
 SERVICE = "fleet-agent.service"
@@ -82,7 +83,8 @@ class Wheelhouse:
     pip: Path
     project: Path
     lock: Path
-    digest: str  # of the project wheel's content, the dependency names and the lock
+    # of the project wheel's content, the dependency names and the lock
+    digest: str
 
     @property
     def project_digest(self) -> str:
@@ -97,7 +99,8 @@ class Desired:
     service_mode: Literal["systemd", "supervise"]
     service_text: str
     launcher_text: str
-    tls_files: tuple[tuple[str, bytes], ...] = ()  # written to <agent_dir>/tls/ (CA, the module's client cert/key)
+    # written to <agent_dir>/tls/ (CA, the module's client cert/key)
+    tls_files: tuple[tuple[str, bytes], ...] = ()
 
     def digests(self) -> dict[str, str]:
         h = hashlib.sha256((self.config_text + "\0" + (self.password or "")).encode())
@@ -140,10 +143,17 @@ HeartbeatWait = Callable[[str, float, float], "Heartbeat | None"]  # (module, si
 
 @dataclass(frozen=True)
 class DeployOptions:
+    """How a deploy runs. ``broker_url``: as the modules must see it (default: ``settings.broker_url``);
+    ``wheelhouse``: default ``WheelhouseBuilder``; ``project_wheel``: deploy this wheel instead of building one
+    from ``source_root``; ``force``: restart an agent that is running a run (it interrupts it cleanly; the run
+    resumes); ``busy``: module -> the run it is busy with (from its heartbeat); ``credentials``: per-module broker
+    passwords (``fleetctl broker acl``), ``<module>.password``; ``passphrase_file``: passphrase of ``identity``
+    (else ssh-agent)."""
+
     known_hosts: Path
     settings: BrokerSettings
     identity: Path | None = None
-    broker_url: str | None = None  # as the modules must see it (default: settings.broker_url)
+    broker_url: str | None = None
     metrics_host: str = "0.0.0.0"
     python: str = "python3"
     cache_dir: Path = DEFAULT_CACHE
@@ -152,12 +162,12 @@ class DeployOptions:
     heartbeat_timeout: float = 60.0
     dry_run: bool = False
     connect_timeout: float = 10.0
-    wheelhouse: Callable[[ModuleFacts], Wheelhouse] | None = None  # default: WheelhouseBuilder
-    project_wheel: Path | None = None  # deploy this wheel instead of building one from source_root
-    force: bool = False  # restart an agent that is running a run (it interrupts it cleanly; the run resumes)
-    busy: Callable[[str], str | None] | None = None  # module -> the run it is busy with (from its heartbeat)
-    credentials: Path | None = None  # per-module broker passwords (`fleetctl broker acl`): <module>.password
-    passphrase_file: Path | None = None  # passphrase of ``identity`` (else ssh-agent)
+    wheelhouse: Callable[[ModuleFacts], Wheelhouse] | None = None
+    project_wheel: Path | None = None
+    force: bool = False
+    busy: Callable[[str], str | None] | None = None
+    credentials: Path | None = None
+    passphrase_file: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,14 @@ systemd does not run), every path quoted for its reader.
 from __future__ import annotations
 
 import json
+import shlex
+import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
+from agent import cli as agent_cli
 from agent.settings import AgentSettings
 from contract.settings import BrokerSettings
 from controller.inventory import Module
@@ -41,8 +44,6 @@ def split_password(url: str) -> tuple[str, str | None]:
     parts = urlsplit(url)
     if parts.password is None:
         return url, None
-    from urllib.parse import unquote
-
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
@@ -151,8 +152,6 @@ def render_config(module: Module, workdir: str, settings: BrokerSettings, *, bro
 
 def check_config(text: str) -> None:
     """The rendered config is read by the agent's own settings code (catches any drift)."""
-    import tomllib
-
     data = tomllib.loads(text)
     unknown = (set(data["fleet"]) - set(BrokerSettings.model_fields)) | (set(data["agent"]) - set(
         AgentSettings.model_fields))
@@ -174,8 +173,6 @@ def systemd_path(path: str) -> str:
 
 
 def sh_quote(word: str) -> str:
-    import shlex
-
     return shlex.quote(word)
 
 
@@ -210,9 +207,5 @@ def render_service(module: Module, workdir: str, mode: Literal["systemd", "super
 
 def worker_command_available() -> bool:
     """Whether this source's agent CLI has ``worker`` (else the service runs ``python -m agent.worker``)."""
-    try:
-        from agent import cli
-
-        return any((c.name or getattr(c.callback, "__name__", "")) == "worker" for c in cli.app.registered_commands)
-    except Exception:  # any import problem: use the module form
-        return False
+    commands = agent_cli.app.registered_commands
+    return any((c.name or getattr(c.callback, "__name__", "")) == "worker" for c in commands)

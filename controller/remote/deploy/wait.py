@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from contract.records import Heartbeat
 from contract.settings import BrokerSettings
+from controller.fleet import read_beats
 from controller.remote.deploy.model import HeartbeatWait
 
 if TYPE_CHECKING:
@@ -20,12 +21,7 @@ def heartbeat_waiter(settings: BrokerSettings, poll: float = 1.0,
     """Wait for a module's heartbeat that the broker took after ``since`` (the controller's clock: never the
     module's own, which may be off) through the fleet's result backend."""
 
-    def reader(st: BrokerSettings, names: list[str]) -> dict[str, Beat | None]:
-        from controller.fleet import read_beats
-
-        return read_beats(st, names)
-
-    get = read or reader
+    get = read or read_beats
 
     def wait(module: str, since: float, timeout: float) -> Heartbeat | None:
         deadline = time.monotonic() + timeout
@@ -44,11 +40,10 @@ def busy_reader(settings: BrokerSettings) -> Callable[[str], str | None]:
     """module -> the run its latest live heartbeat says it is busy with (None: idle, silent or unknown)."""
 
     def busy(module: str) -> str | None:
-        from controller.fleet import read_beats
-
         try:
             beat = read_beats(settings, [module]).get(module)
-        except Exception:  # broker away: deploy goes on; a restart interrupts a run cleanly anyway
+        except Exception:
+            # broker away: deploy goes on; a restart interrupts a run cleanly anyway
             return None
         fresh = beat is not None and time.time() - beat.at <= settings.offline_after  # the broker's age of it
         return beat.hb.run_id if fresh and beat is not None else None
