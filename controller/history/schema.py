@@ -223,7 +223,8 @@ def _add_run_column(conn: sqlite3.Connection, column: str, declaration: str, tab
     if name in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
         return
     conn.execute("BEGIN IMMEDIATE")
-    try:  # another process may have added it between the look and the lock
+    # another process may have added it between the look and the lock
+    try:
         if name not in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}".rstrip())
     except BaseException:
@@ -259,7 +260,8 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.executescript(_TRENDS_SCHEMA)
     _key_rows_by_source(conn)
     _add_row_columns(conn)
-    conn.executescript(_COLUMNS_SCHEMA)  # after the rows table's own migrations (a rebuild drops its triggers)
+    # after the rows table's own migrations: a rebuild drops its triggers
+    conn.executescript(_COLUMNS_SCHEMA)
     # NULL: the modules of such a file were not recorded; they are read from its rows
     _add_run_column(conn, "modules", "TEXT", table="row_files")
     # NULL: such a run is judged again the next time its verdict is asked for, and its line recorded then
