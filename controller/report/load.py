@@ -20,17 +20,17 @@ from pandas.api.types import union_categoricals
 from contract.fingerprint import EnvFingerprint
 from contract.records import METRICS, ResultRow
 from controller.command import fleetctl
+from controller.fleet.kernel_logs import failed_parts
+from controller.fleet.power import cycle_lines
 from controller.fleet.runs import refused_parts
 from controller.history import GOLDEN_NOTE, ROW_FIELDS, History, HistoryError, RunInfo
 from controller.history.frames import frame_bytes
 from controller.history.waits import run_waits, run_waits_line
 from controller.report.analysis import analyse
 from controller.report.environment import digests_of, kernel_cache_note, refuse_unless_same, with_environment
-from controller.report.model import Report, ReportError, Thresholds
+from controller.report.model import FailedPart, Report, ReportError, Thresholds
 from controller.report.telemetry import with_telemetry
-
-if typing.TYPE_CHECKING:
-    from controller.report.trend import TrendQuery
+from controller.report.trend import TrendQuery, history_section
 
 PRIOR_RUNS = 20  # how far back to look for each module's previous run
 
@@ -233,8 +233,6 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
                                                "its figures say more about the module than about the release"
                                                for m, d in drifted)))
     if with_history:
-        from controller.report.trend import history_section
-
         rep = replace(rep, history=history_section(*history_frames(history, made.keys), run.release))
     waited = run_waits_line(run_waits(history, run.run_id), "waited on the module queues (dispatch to start)")
     if waited:  # first: the verdict line of an incomplete run names the last note
@@ -243,10 +241,6 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     shared = kernel_cache_note(progress)
     if shared:  # first: a failed or incomplete run's one-line summary takes the last note
         rep = replace(rep, notes=(shared, *rep.notes))
-    from controller.fleet.kernel_logs import failed_parts
-    from controller.fleet.power import cycle_lines
-    from controller.report.model import FailedPart
-
     events = history.events(run.run_id)  # hung modules power-cycled (first, as the note above)
     cycles = cycle_lines(events)
     if cycles:

@@ -28,6 +28,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from controller.report.analysis.nulls import t_ppf, t_sf
 from controller.report.model import ENERGY_PRIMARY, FLEET, Outlier, Thresholds, WorstCase
 
 Z = 4.0  # spreads: a window this far out counts in an outlier's share of windows out (shown, not the test)
@@ -99,8 +100,6 @@ def energy_outliers(cur: pd.DataFrame, th: Thresholds) -> tuple[Outlier, ...]:
 def _t_p(t: float, df: int) -> float:
     """Two-sided p of Student's t with ``df`` degrees of freedom: the spread is an estimate from a few windows
     (a z of 4 against a spread of 21 windows' differences named 3 % of runs of 4 identical modules x 7 keys)."""
-    from controller.report.analysis.nulls import t_sf  # scipy.special: only when a report is built
-
     return 2 * t_sf(abs(t), df)
 
 
@@ -148,8 +147,6 @@ def _outlier(module: str, key: str, typ: float, se: float, spread: np.ndarray, x
                   for j in order[:th.worst_cases])
     n = int(np.sum(~np.isnan(dev)))
     out = int(np.sum(side * np.nan_to_num(dev) > Z * spread))  # windows past Z spreads of their key
-    from controller.report.analysis.nulls import t_ppf  # scipy.special: only when a report is built
-
     half = t_ppf(0.975, df) * se
     lo, hi = typ - half, typ + half
     return Outlier(module=module, model_key=key, factor=math.exp(-typ), cells=n, share_out=out / max(n, 1),

@@ -36,6 +36,7 @@ import pandas as pd
 
 from contract.records import WINDOW_METRICS
 from controller.report.analysis.frame import B
+from controller.report.analysis.nulls import t_sf
 from controller.report.analysis.stats import MIN_WINDOWS_FOR_INTERVAL
 from controller.report.model import ALL_METRICS, FLEET, Change, Regression, Thresholds
 
@@ -168,8 +169,6 @@ def _robust_var(changes: np.ndarray) -> float:
 def _t_p(diff: float, var: float, factor: float, df: int) -> float | None:
     """P(T > t), t = diff / sqrt(var factor); None without a spread to weigh it by (no degrees of freedom, or none
     apart: a synthetic fleet without noise)."""
-    from controller.report.analysis.nulls import t_sf
-
     if df < 1 or not math.isfinite(var) or var <= 0.0:
         return None
     return t_sf(diff / math.sqrt(var * factor), df)
