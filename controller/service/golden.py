@@ -13,6 +13,11 @@ are the earlier checks of its release (:func:`controller.report.load.previous_pi
 
 Why against the module's own history: the module is what is checked, not the release; a module that is always 4 %
 slower than the fleet is not drifting, one that became 6 % slower than itself is.
+
+Lazy imports: :mod:`controller.report` (the paired comparison, the rows) is imported when a check is
+judged: it loads pandas (462 ms CPU a fresh process, ``bench/import_costs.py``:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), which ``fleetctl serve``'s scheduler
+(:mod:`.golden_schedule`) does not need until a check ends.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from controller.fleet import module_failed
 from controller.history import GOLDEN_DRIFT_EVENT, GOLDEN_NOTE
 from controller.service.lifecycle import validate
 from controller.service.records import Launched, ValidateRequest
@@ -70,7 +76,6 @@ def golden_check(s: Session, req: ValidateRequest, wait: Callable[[Launched], No
 
 def judge_golden(s: Session, run_id: str, tolerance: float) -> GoldenResult:
     """Each module of a golden run against its earlier golden checks of the same release; drift recorded."""
-    from controller.fleet import module_failed
     from controller.report.load import read_rows
 
     h = s.history()

@@ -18,7 +18,11 @@ from dataclasses import dataclass
 
 from controller.history.records import RunInfo
 from controller.service.golden import GOLDEN_NOTE, note_of
+from controller.service.lifecycle import validate
+from controller.service.records import release_request
+from controller.service.reservations import reservations
 from controller.service.session import Session
+from controller.service.views import devices
 
 RECENT_RUNS = 2000  # runs of the history the planner looks at (the newest): more than N for any sensible N
 
@@ -67,11 +71,6 @@ def due(runs: Sequence[RunInfo], states: Mapping[str, str], now: float, *, every
 def run_due(s: Session, now: float) -> list[tuple[Due, str]]:
     """Dispatch a golden check to each module due one (``golden_release``): per module due, (due, what happened:
     ``dispatched RUN`` or why not). One that could not be dispatched is tried again on the next pass."""
-    from controller.service.lifecycle import validate
-    from controller.service.records import release_request
-    from controller.service.reservations import reservations
-    from controller.service.views import devices
-
     st = s.settings
     if not st.golden_release or (st.golden_every_runs <= 0 and st.golden_every_hours <= 0):
         return []

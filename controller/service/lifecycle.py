@@ -4,18 +4,29 @@
 the release available on each module (:mod:`controller.service.releases`) and dispatches.
 Of these, :func:`sync`, :func:`judge`, :func:`validate`, :func:`retry` and :func:`cancel`
 write the run history; :func:`find_run` and :func:`view` only read it.
+
+Lazy imports: :mod:`controller.report` is imported by :func:`judge` and the change-point check only: it
+loads pandas (462 ms CPU a fresh process, ``bench/import_costs.py``:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), which ``fleetctl status`` of a
+judged run, ``validate`` and ``sync`` do not need (``tests/cli/test_lean_verbs.py``), and a controller
+installed without pandas judges by the modules' states alone.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
+from contract import compat
+from contract.compat import refused_line
 from contract.priority import check_priority
 from contract.records import MODEL_KEYS, RunProgress, RunState, parse_model_keys
 from contract.settings import RESULT_EXPIRES
+from contract.vocab import BadInput
+from contract.vocab import check_run_id as check
 from controller.command import fleetctl
 from controller.fleet import (
     BadRelease,
@@ -30,9 +41,10 @@ from controller.fleet import (
 )
 from controller.fleet.reservations import ON_RESERVED, split_reserved
 from controller.fleet.runs import refused_note
-from controller.history import History, HistoryError, RunInfo
+from controller.history import CHANGE_CHECK_EVENT, CHANGE_POINT_EVENT, History, HistoryError, RunInfo
 from controller.inventory import Module, select
 from controller.service.records import Judgement, Launched, ValidateRequest
+from controller.service.release_url import ReleaseUrlError, check_release_url, check_sha256, clip
 from controller.service.releases import (
     distribute,
     download_release,
@@ -54,9 +66,6 @@ from controller.service.session import (
 
 
 def check_run_id(run_id: str) -> str:
-    from contract.vocab import BadInput
-    from contract.vocab import check_run_id as check
-
     try:
         return check(run_id)
     except BadInput as exc:
@@ -74,8 +83,6 @@ def check_baseline(s: Session, baseline: str) -> str:
 def prepare(s: Session, req: ValidateRequest) -> tuple[str, list[Module], RunInfo | None]:
     """Every check that needs no broker and no hashing, before anything is dispatched:
     (release version, modules, the run resumed or None)."""
-    from controller.service.release_url import ReleaseUrlError, check_release_url, check_sha256, clip
-
     if (req.release is None) == (req.url is None):
         raise BadRequest("give the release as a path or as a URL (one of them)")
     try:
@@ -137,8 +144,6 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
         raise Conflict(f"run {existing.run_id!r} validated another release ({existing.release}, sha256 "
                        f"{existing.sha256[:12]}); {release} has sha256 {sha[:12]}: not resumed")
     if problem is not None:  # before anything is dispatched or pushed: refused once, not by every module
-        from controller.service.release_url import clip
-
         raise BadRelease(f"{clip(str(release))}: {problem}")
     if existing is not None:
         h.set_run_state(existing.run_id, "running")
@@ -178,9 +183,7 @@ def check_contracts(modules: Sequence[Module], statuses: Mapping[str, ModuleStat
     """:class:`Conflict`, naming ``fleetctl deploy``, when a module's agent cannot run this controller's requests
     (its heartbeat's contract version too far from ours, :func:`contract.compat.judge`): refused before the run is
     created, not a failed run in the history. Else module -> what to upgrade, for those one version apart (pure)."""
-    from contract.compat import judge, refused_line
-
-    found = {m.name: judge(hb.schema_version) for m in modules if (hb := statuses[m.name].heartbeat) is not None}
+    found = {m.name: compat.judge(hb.schema_version) for m in modules if (hb := statuses[m.name].heartbeat) is not None}
     refused = {name: c for name, c in found.items() if not c.runs}
     if refused:
         raise Conflict(refused_line(refused))
@@ -367,7 +370,6 @@ def queue_change_check(h: History, info: RunInfo, verdict: str, line: str, state
     """Queue the search for the change points the run made detectable (:func:`queue_change_points`) for
     ``fleetctl serve``, the sender of webhooks, to run in a thread of its own (ADR 0043): the path that ends a run
     searches nothing. Nothing is queued while the history holds fewer releases than a change point needs."""
-    from controller.history import CHANGE_CHECK_EVENT
     from controller.report.trend import MIN_RELEASES
 
     if h.release_count() < MIN_RELEASES:
@@ -384,9 +386,6 @@ def queue_change_points(h: History, info: RunInfo, verdict: str, state: str) -> 
     The path that ends a run (ADR 0043): nothing is read or searched while the history holds fewer releases than a
     change point needs (a run whose release has no neighbour cannot make one), and then only the run's own series
     (:func:`controller.report.trend.new_changes`), never every series of the history."""
-    import json
-
-    from controller.history import CHANGE_POINT_EVENT
     from controller.report.load import history_frames, read_rows, run_keys
     from controller.report.model import ReportError
     from controller.report.trend import MIN_RELEASES, change_payload, describe, new_changes, scope_of

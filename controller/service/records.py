@@ -16,6 +16,8 @@ from controller.fleet import ModuleStatus, RunView
 from controller.fleet.reservations import OnReserved
 from controller.history import RunInfo
 from controller.inventory import Module
+from controller.service.release_url import is_url
+from controller.service.session import BadRequest
 
 if TYPE_CHECKING:
     from controller.report.model import Report
@@ -57,16 +59,12 @@ def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS)
                     user: str = "", preempt: bool = False, on_reserved: OnReserved = "skip") -> ValidateRequest:
     """A request for the release as a person or a CI job typed it: an http/https URL (downloaded
     by the controller) or a path as the controller sees it."""
-    from controller.service.release_url import is_url
-
     url = release if is_url(release) else None
     path = None
     if url is None:
         try:
             path = Path(release).expanduser()
         except RuntimeError as e:  # "~name" of a user this machine does not know
-            from controller.service.session import BadRequest
-
             raise BadRequest(f"release {release!r}: {e}") from e
     return ValidateRequest(release=path, url=url, models=models,
                            devices=devices, baseline=baseline, run_id=run_id, resume=resume, sha256=sha256,
