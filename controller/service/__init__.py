@@ -27,9 +27,10 @@ callers use is re-exported here (``from controller import service; service.valid
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the names below, imported when first used (PEP 562): ``from controller import service`` costs
-    # nothing until an operation is called, so a verb that needs no broker (``fleetctl runs`` of ended runs) loads
-    # neither the fleet's seam nor Celery (issue 47)
+# the names below are imported when first used (PEP 562): ``from controller import service`` costs nothing until an
+# operation is called, so a verb that needs no broker (``fleetctl runs`` of ended runs) loads neither the fleet's
+# seam nor Celery
+if TYPE_CHECKING:
     from controller.fleet import BadRelease, BrokerUnavailable, FleetError
     from controller.service.lifecycle import (
         cancel,

@@ -73,7 +73,8 @@ class Evidence:
     run: BisectRun
     version: str
     changes: tuple[Measured | None, ...]  # per target (None: no figure)
-    outcome: str  # "measured", "lost" (its module), "failed" (the release), "running"
+    # outcome: "measured", "lost" (its module), "failed" (the release) or "running"
+    outcome: str
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,10 @@ class Outcome:
 
     record: BisectRecord
     calls: tuple[Call | None, ...]
-    unsure: tuple[int, ...]  # candidates measured, called within noise, to be measured again
-    homeless: tuple[int, ...]  # candidates whose runs were lost with their modules, to be run elsewhere
+    # candidates measured, called within noise, to be measured again
+    unsure: tuple[int, ...]
+    # candidates whose runs were lost with their modules, to be run elsewhere
+    homeless: tuple[int, ...]
     evidence: tuple[Evidence, ...]
     bounds: Bounds | None
 
@@ -172,7 +175,8 @@ def start(s: Session, *, good: str, bad: str, releases: str, models: tuple[str, 
         raise BadRequest(f"--tolerance {tolerance}: give a fraction between 0 and 1 (0.01 = 1 %)")
     cands = release_candidates(releases, good, bad)
     mods = s.inventory().select(devices)
-    for c in cands:  # every release readable before anything runs (URLs are fetched when first run)
+    # every release readable before anything runs (URLs are fetched when first run)
+    for c in cands:
         if "://" not in c.source and not Path(c.source).is_file():
             raise BadRequest(f"--releases: {c.source}: no such release tarball")
     rec = BisectRecord(bisect_id=new_bisect_id(), created_at=time.time(), candidates=cands, models=models,
@@ -194,7 +198,8 @@ def run(s: Session, bisect_id: str, wait: Wait, on_round: Callable[[Outcome], No
             if rec.status != "running":
                 return assess(s, rec)
             missing = [r for r in rec.runs if s.history().run(r.run_id) is None]
-            if missing:  # recorded, never dispatched (killed in between): dispatched now, under the same id
+            # recorded, never dispatched (killed in between): dispatched now, under the same id
+            if missing:
                 for r in missing:
                     _launch(s, rec, r)
                 continue
@@ -241,9 +246,9 @@ def _usable(s: Session, rec: BisectRecord) -> list[str]:
     reserved by another user (a busy one takes its candidate when it frees up)."""
     good = next(r for r in rec.runs if r.role == "good")
     measured = {m for m, p in _view(s, good).progress.items() if p is not None and not module_failed(p)}
-    mods = [m for m in s.inventory().modules if m.name in measured and m.name not in rec.lost]  # a call needs them
+    mods = [m for m in s.inventory().modules if m.name in measured and m.name not in rec.lost]
     statuses = broker_call(s, lambda: s.broker().statuses(mods))
-    refused = refused_for(s, [m.name for m in mods], s.user)  # reserved by another user: not probed there
+    refused = refused_for(s, [m.name for m in mods], s.user)
     return [m.name for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")
             and m.name not in refused]
 
@@ -303,7 +308,8 @@ def _launch(s: Session, rec: BisectRecord, run: BisectRun) -> None:
     req: ValidateRequest = release_request(cand.source, models=rec.models, devices=devices, run_id=run.run_id)
     try:
         validate(s, req)
-    except (ServiceError, FleetError) as exc:  # the release refused before anything ran (not the broker: raised)
+    # the release refused before anything ran (the broker's errors are raised)
+    except (ServiceError, FleetError) as exc:
         if isinstance(exc, BrokerUnavailable):
             raise
         why = str(exc)
@@ -405,7 +411,8 @@ def assess(s: Session, rec: BisectRecord) -> Outcome:
             failed.add(r.index)
         elif outcome == "lost":
             moved[r.index] = moved.get(r.index, 0) + 1
-            if moved[r.index] >= MAX_MEASURES:  # lost (or cancelled) again and again: skipped, not run forever
+            # lost (or cancelled) again and again: skipped, not run forever
+            if moved[r.index] >= MAX_MEASURES:
                 failed.add(r.index)
         changes = _changes(rows, good.run_id, [r], targets) if outcome == "measured" else (None,) * len(targets)
         evidence.append(Evidence(r, rec.candidates[r.index].version, changes, outcome))
@@ -422,7 +429,8 @@ def assess(s: Session, rec: BisectRecord) -> Outcome:
         elif c != "unsure":
             calls[i] = c
         else:
-            calls[i] = "skip"  # no figure on a target after every measurement
+            # no figure on a target after every measurement
+            calls[i] = "skip"
     for i in (failed | set(rec.refused)) - set(measures):
         calls[i] = "skip"
     homeless = sorted(tried - set(measures) - failed)

@@ -68,7 +68,8 @@ def compare_releases(s: Session, a: ValidateRequest, b: ValidateRequest, rounds:
     version_b, mods_b, _ = prepare(s, b)
     if [m.name for m in mods_a] != [m.name for m in mods_b]:
         raise BadRequest("the two releases must run on the same modules")
-    devices = ",".join(m.name for m in mods_a)  # the same modules for every run, even if labels change meanwhile
+    # the same modules for every run, even if labels change meanwhile
+    devices = ",".join(m.name for m in mods_a)
     runs: list[PairedRun] = []
     for slot in plan:
         req = replace(a if slot.arm == "A" else b, devices=devices, baseline=None)

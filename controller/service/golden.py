@@ -32,7 +32,8 @@ from controller.service.records import Launched, ValidateRequest
 from controller.service.session import BadRequest, Session
 
 GOLDEN_ALPHA = 0.05
-HISTORY_RUNS = 5  # the module's earlier golden checks its figures are compared with (the newest)
+# the module's earlier golden checks its figures are compared with (the newest)
+HISTORY_RUNS = 5
 PRIMARY = ("prefill_tps", "decode_tps", "accept_rate", "vision_fps")  # TTFT and TPOT follow their primaries
 
 
@@ -93,10 +94,12 @@ def judge_golden(s: Session, run_id: str, tolerance: float) -> GoldenResult:
             continue
         mine = rows[rows["module"].astype(str) == m] if len(rows) else rows
         have = set(mine["run_id"].astype(str)) if len(mine) else set()
-        drifted = drifted_runs(h.module_events(m))  # a check the module failed is not its golden figure
+        # a check the module failed is not its golden figure
+        drifted = drifted_runs(h.module_events(m))
         prev = [r.run_id for r in earlier if r.run_id in have and r.run_id not in drifted][:HISTORY_RUNS]
         checks.append(_judge_module(mine, m, run_id, prev, tolerance))
-    for c in checks:  # once: fleetctl serve judges a check that fleetctl golden judges too
+    # once: fleetctl serve judges a check that fleetctl golden judges too
+    for c in checks:
         if c.status == "drifted" and run_id not in drifted_runs(h.module_events(c.module)):
             h.add_module_event(c.module, f"{GOLDEN_DRIFT_EVENT}: {c.line} (run {run_id})")
     return GoldenResult(run_id, info.release, tuple(checks))

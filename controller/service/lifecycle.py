@@ -122,20 +122,24 @@ def prepare(s: Session, req: ValidateRequest) -> tuple[str, list[Module], RunInf
     if req.resume and existing is None:
         raise NotFound(f"--resume: no run {req.run_id!r} in {s.history_path}")
     if existing is not None:
-        resumed_models(existing, req.models)  # refused before anything is hashed or downloaded
+        # refused before anything is hashed or downloaded
+        resumed_models(existing, req.models)
     return version, mods, existing
 
 
 def validate(s: Session, req: ValidateRequest) -> Launched:
     """Check the request, make the release available on each module, dispatch. Returns at once."""
     version, mods, existing = prepare(s, req)
-    h = s.history()  # before the fleet: the run is recorded in this history
+    # before the fleet: the run is recorded in this history
+    h = s.history()
     fleet = s.broker()
     models = resumed_models(existing, req.models) if existing is not None else req.models
-    if req.release is not None:  # hashed, and its members listed until the pipeline's files were seen: one read
+    # a tarball: hashed, and its members listed until the pipeline's files were seen, in one read; a URL: hashed while
+    # it downloaded, and checked against req.sha256 there
+    if req.release is not None:
         release = req.release
         sha, problem = read_release(release, models)
-    else:  # hashed while it downloaded, and checked against req.sha256 there
+    else:
         release, sha = download_release(s, str(req.url), req.sha256)
         problem = release_problem(release, models)
     if req.sha256 and sha != req.sha256.strip().lower():
@@ -143,12 +147,14 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     if existing is not None and existing.sha256 and existing.sha256 != sha:
         raise Conflict(f"run {existing.run_id!r} validated another release ({existing.release}, sha256 "
                        f"{existing.sha256[:12]}); {release} has sha256 {sha[:12]}: not resumed")
-    if problem is not None:  # before anything is dispatched or pushed: refused once, not by every module
+    # before anything is dispatched or pushed: refused once, not by every module
+    if problem is not None:
         raise BadRelease(f"{clip(str(release))}: {problem}")
     if existing is not None:
         h.set_run_state(existing.run_id, "running")
     rid = req.run_id or new_run_id()
-    try:  # before the release is pushed: a run id another controller used (dispatch checks it again)
+    # before the release is pushed: a run id another controller used (dispatch checks it again)
+    try:
         names = [m.name for m in mods]
         broker_call(s, lambda: fleet.check_new_run_id(rid, resume=existing is not None, modules=names))
     except RunIdInUse as exc:
@@ -159,7 +165,8 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
                                       req.on_reserved)
     usable = [m for m in mods if statuses[m.name].state not in ("offline", "bad")  # unreachable: queued
               and m.name not in refused]
-    apart = check_contracts(usable, statuses)  # before the release is pushed and the run is created
+    # before the release is pushed and the run is created
+    apart = check_contracts(usable, statuses)
     victims = preemptable(s, rid, [m.name for m in usable], statuses) if req.preempt else {}
     if not req.preempt_others:
         check_preempt(victims, req.user or s.user, reserved_by(s, list(victims), req.user or s.user))
@@ -170,7 +177,8 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
                             tarball_label=str(release.resolve()), statuses=statuses,
                             resume=existing is not None, module_models=own, priority=req.priority,
                             refused=refused, user=req.user or s.user)
-    h.set_started_by(rid, req.user or s.user)  # the row dispatch made (a resumed run keeps its first user)
+    # the row dispatch made (a resumed run keeps its first user)
+    h.set_started_by(rid, req.user or s.user)
     result.update(errors)
     preempted = preempt_running(s, rid, result, victims)
     prune_releases(s)
@@ -251,7 +259,8 @@ def retry(s: Session, run: str, *, failed_only: bool = False, run_id: str | None
     info = find_run(s, run)
     models = info.models
     devices = ",".join(info.modules)
-    own = dict(info.module_models)  # a retry of a retry asks each module for what it was asked
+    # a retry of a retry asks each module for what it was asked
+    own = dict(info.module_models)
     if failed_only:
         view = s.fleet().view(info.run_id)
         failed = {m: p for m, p in view.progress.items() if p is None or p.state != RunState.DONE or module_failed(p)}
@@ -347,7 +356,8 @@ def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float
         from controller.report import build_report
         from controller.report.model import Thresholds
         from controller.report.render import findings_json, verdict_line
-    except ModuleNotFoundError:  # no controller extras (pandas): the modules' states alone
+    # no controller extras (pandas): the modules' states alone
+    except ModuleNotFoundError:
         refused = refused_parts(v.progress)
         verdict, line = (state, f"{state.upper()} {info.run_id}: some modules {state}") if failed else (
             ("incomplete", f"INCOMPLETE {info.run_id}: {refused_note(refused, len(v.progress) - len(refused))}")

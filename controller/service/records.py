@@ -46,10 +46,13 @@ class ValidateRequest:
     url: str | None = None
     sha256: str | None = None
     module_models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    priority: str = "normal"  # contract.priority: which waiting run a module that frees up starts first
+    # contract.priority: which waiting run a module that frees up starts first
+    priority: str = "normal"
     user: str = ""
-    preempt: bool = False  # with priority urgent: the modules' running runs stop for it (and resume after)
-    preempt_others: bool = True  # may preempt another user's run (the API: role admin, or a reservation there)
+    # with priority urgent: the modules' running runs stop for it (and resume after)
+    preempt: bool = False
+    # may preempt another user's run (the API: role admin, or a reservation there)
+    preempt_others: bool = True
     on_reserved: OnReserved = "skip"
 
 
@@ -81,9 +84,12 @@ class Launched:
     models: tuple[str, ...]
     modules: Mapping[str, str]
     resumed: bool = False
-    preempted: Mapping[str, str] = field(default_factory=dict)  # module -> the run it was asked to stop for this
-    waiting: Mapping[str, str] = field(default_factory=dict)  # module -> the reservation its queued run waits for
-    apart: Mapping[str, str] = field(default_factory=dict)  # module -> its agent one contract version apart: upgrade
+    # module -> the run it was asked to stop for this
+    preempted: Mapping[str, str] = field(default_factory=dict)
+    # module -> the reservation its queued run waits for
+    waiting: Mapping[str, str] = field(default_factory=dict)
+    # module -> its agent one contract version apart: upgrade
+    apart: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def queued(self) -> int:
@@ -94,7 +100,8 @@ class Launched:
 class Judgement:
     run_id: str
     verdict: str  # pass | regressed | incomplete | failed | cancelled
-    line: str  # the one-line verdict (the report's verdict line when reports are installed)
+    # the one-line verdict (the report's verdict line when reports are installed)
+    line: str
     state: str  # the run's state: running | done | failed | cancelled
     report: Report | None = None
 

@@ -33,9 +33,10 @@ from controller.service.session import Session, UnusableRelease
 log = logging.getLogger(__name__)
 
 # Constants that were [controller] settings until issue 50 (ADR 0058)
-KEEP_RELEASES = 5  # staged releases kept (newest by their last run), and pushed ones on each module, besides running
+# staged releases kept (newest by their last run), and pushed ones on each module, besides running
+KEEP_RELEASES = 5
 RELEASE_DOWNLOAD_MAX_BYTES = 8 * 1024**3  # the largest release a URL may deliver
-RELEASE_DOWNLOAD_TIMEOUT = 1800.0  # the whole download of a release URL, s (30 s a read at most)
+RELEASE_DOWNLOAD_TIMEOUT = 1800.0  # s, the whole download (a read: 30 s at most)
 
 
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")

@@ -83,7 +83,8 @@ class Session:
 
     settings: ControllerSettings
     user: str = field(default_factory=local_user)
-    frames: FrameCache | None = None  # fleetctl serve's, shared by its sessions: run frames kept decoded
+    # fleetctl serve's, shared by its sessions: run frames kept decoded
+    frames: FrameCache | None = None
     _history: History | None = None
     _inventory: Inventory | None = None
     _fleet: Fleet | None = None
@@ -127,7 +128,8 @@ class Session:
             self._history.frames = frames
 
     def has_history(self) -> bool:
-        where = self.settings.history_location  # a PostgreSQL database is there (its tables made when first opened)
+        # a PostgreSQL database is there (its tables made when first opened)
+        where = self.settings.history_location
         return self._history is not None or isinstance(where, str) or where.exists()
 
     def read_history(self) -> History:
@@ -211,9 +213,11 @@ def broker_call(s: Session, fn: Callable[[], Any]) -> Any:
 
     try:
         return fn()
-    except HistoryUnavailable:  # a ConnectionError too, but the history's: said as such (issue 48)
+    # a ConnectionError too, but the history's: said as such
+    except HistoryUnavailable:
         raise
-    except broker_errors() as exc:  # redis/kombu are imported only when something was raised
+    # redis/kombu are imported only when something was raised
+    except broker_errors() as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise BrokerUnavailable(f"broker {s.settings.redacted_broker_url()} unreachable: {first}") from exc
 

@@ -54,7 +54,8 @@ def with_broker_states(s: Session, items: list[RunInfo]) -> tuple[list[RunInfo],
     try:
         fleet = s.fleet()
         fresh = broker_call(s, lambda: fleet.kv.progress_of(pairs))
-    except OSError as exc:  # BrokerUnavailable is one; so is an embedded broker's folder that cannot be made
+    # BrokerUnavailable is one; so is an embedded broker's folder that cannot be made
+    except OSError as exc:
         why = str(exc) if isinstance(exc, BrokerUnavailable) else f"broker not read: {error_line(exc)}"
         return items, f"{why}: the states of running runs are the history's"
     states: dict[str, str] = {}
