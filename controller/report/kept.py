@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 
     from controller.history import History
 
-NAME = "changes"  # what the findings are kept under: every change point at the detector's default settings
-FORMAT = 1  # the body's format: a body of another is computed again
+# what the findings are kept under: every change point at the detector's default settings
+NAME = "changes"
+# the body's format: a body of another is computed again
+FORMAT = 1
 
 
 @dataclass(frozen=True)

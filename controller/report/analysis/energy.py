@@ -31,10 +31,14 @@ import pandas as pd
 from controller.report.analysis.nulls import t_ppf, t_sf
 from controller.report.model import ENERGY_PRIMARY, FLEET, Outlier, Thresholds, WorstCase
 
-Z = 4.0  # spreads: a window this far out counts in an outlier's share of windows out (shown, not the test)
-MIN_KEYS = 2  # the spread a window is judged by comes from at least this many keys' windows
-MEDIAN_SE = 1.2533  # the standard error of a median of normal figures is sqrt(pi / 2) that of their mean
-WINDOW = "window"  # a worst case's profile: the whole key's benchmark window
+# spreads: a window this far out counts in an outlier's share of windows out (shown, not the test)
+Z = 4.0
+# the spread a window is judged by comes from at least this many keys' windows
+MIN_KEYS = 2
+# the standard error of a median of normal figures is sqrt(pi / 2) that of their mean
+MEDIAN_SE = 1.2533
+# a worst case's profile: the whole key's benchmark window
+WINDOW = "window"
 
 
 def windows(cur: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -52,7 +56,8 @@ def energy_outliers(cur: pd.DataFrame, th: Thresholds) -> tuple[Outlier, ...]:
     if metric not in cur.columns:
         return ()
     w = windows(cur, metric)
-    if len(w) < 3:  # a median of the others needs two of them
+    # a median of the others needs two of them
+    if len(w) < 3:
         return ()
     x = np.log(w.to_numpy(dtype=float))  # J/token: higher is worse, as a badness
     modules, keys = [str(m) for m in w.index], [str(k) for k in w.columns]
@@ -146,7 +151,7 @@ def _outlier(module: str, key: str, typ: float, se: float, spread: np.ndarray, x
                             fleet_median=math.exp(float(x[j] - dev[j])), z=float(dev[j] / spread[j]))
                   for j in order[:th.worst_cases])
     n = int(np.sum(~np.isnan(dev)))
-    out = int(np.sum(side * np.nan_to_num(dev) > Z * spread))  # windows past Z spreads of their key
+    out = int(np.sum(side * np.nan_to_num(dev) > Z * spread))
     half = t_ppf(0.975, df) * se
     lo, hi = typ - half, typ + half
     return Outlier(module=module, model_key=key, factor=math.exp(-typ), cells=n, share_out=out / max(n, 1),
