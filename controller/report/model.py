@@ -53,7 +53,7 @@ class _Frozen(BaseModel):
 class Thresholds(_Frozen):
     """What counts as a regression or an outlier. Fractions are relative (0.05 = 5 %)."""
 
-    tolerance: float = Field(default=0.05, gt=0, lt=1)
+    tolerance: float = Field(default=0.05, gt=0, lt=1)  # default for every metric
     per_metric: dict[str, float] = Field(default_factory=dict)  # e.g. {"accept_rate": 0.03}
     # key level (Wilcoxon over profiles) and per module
     alpha: float = Field(default=0.01, gt=0, lt=1)
@@ -75,8 +75,8 @@ class Thresholds(_Frozen):
     # the start-up costs' (server ready, first request, precompile): noisier than throughput, a load from disk and
     # a compile (docs/adr/0029-start-up-costs-judged.md)
     startup_tolerance: float = Field(default=STARTUP_TOLERANCE, gt=0, lt=1)
-    # a start-up cost that moved less than this (seconds) is within tolerance (ADR 0040): two figures read at the
-    # agent's 50 ms ready-poll resolution differ by up to 0.1 s with nothing changed (ADR 0040)
+    # a start-up cost that moved less than this (seconds) is within tolerance: two figures read at the agent's
+    # 50 ms ready-poll resolution differ by up to 0.1 s with nothing changed (ADR 0040)
     startup_floor_s: float = Field(default=0.1, ge=0)
 
     def tol(self, metric: str) -> float:
