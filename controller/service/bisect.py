@@ -18,8 +18,8 @@ note naming the bisection, round and candidate.
 
 Lazy imports: :mod:`controller.report` (the paired comparison, the rows) is imported by the functions that
 judge runs: it loads pandas (462 ms CPU a fresh process, ``bench/import_costs.py``:
-bench/results/import_costs_20261207_0346_lazy-libraries.txt), which ``fleetctl bisect --help`` and a
-bisection's dispatch do not need.
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), which ``fleetctl bisect --cancel`` and a
+round's dispatch do not need.
 """
 
 from __future__ import annotations
