@@ -19,6 +19,9 @@ p < 0.001. Here:
   estimated spread named 3 % of runs of 4 identical modules x 7 keys; ADR 0040).
 
 They stay in the fleet's figures (their speed is not in doubt). Pure: a prepared frame in, records out.
+
+Lazy imports: :mod:`.nulls` (scipy.special: 395 ms CPU a fresh process, ``bench/import_costs.py``) is imported
+by the tests that use it, as in :mod:`.stats`.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import math
 import numpy as np
 import pandas as pd
 
-from controller.report.analysis.nulls import t_ppf, t_sf
 from controller.report.model import ENERGY_PRIMARY, FLEET, Outlier, Thresholds, WorstCase
 
 # spreads: a window this far out counts in an outlier's share of windows out (shown, not the test)
@@ -105,6 +107,8 @@ def energy_outliers(cur: pd.DataFrame, th: Thresholds) -> tuple[Outlier, ...]:
 def _t_p(t: float, df: int) -> float:
     """Two-sided p of Student's t with ``df`` degrees of freedom: the spread is an estimate from a few windows
     (a z of 4 against a spread of 21 windows' differences named 3 % of runs of 4 identical modules x 7 keys)."""
+    from controller.report.analysis.nulls import t_sf
+
     return 2 * t_sf(abs(t), df)
 
 
@@ -152,6 +156,8 @@ def _outlier(module: str, key: str, typ: float, se: float, spread: np.ndarray, x
                   for j in order[:th.worst_cases])
     n = int(np.sum(~np.isnan(dev)))
     out = int(np.sum(side * np.nan_to_num(dev) > Z * spread))
+    from controller.report.analysis.nulls import t_ppf
+
     half = t_ppf(0.975, df) * se
     lo, hi = typ - half, typ + half
     return Outlier(module=module, model_key=key, factor=math.exp(-typ), cells=n, share_out=out / max(n, 1),

@@ -24,6 +24,9 @@ finding whose p is not below ``alpha`` is no regression: it is said as a change 
 the report's table). The judged run's outlier modules are left out of both runs' spread. Where neither run has a
 repeat (one module against one: no spread to estimate), the finding is judged as before. Pure: frames in, findings
 out.
+
+Lazy imports: :mod:`.nulls` (scipy.special: 395 ms CPU a fresh process, ``bench/import_costs.py``) is imported
+by the tests that use it, as in :mod:`.stats`.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ import pandas as pd
 
 from contract.records import WINDOW_METRICS
 from controller.report.analysis.frame import B
-from controller.report.analysis.nulls import t_sf
 from controller.report.analysis.stats import MIN_WINDOWS_FOR_INTERVAL
 from controller.report.model import ALL_METRICS, FLEET, Change, Regression, Thresholds
 
@@ -171,6 +173,8 @@ def _robust_var(changes: np.ndarray) -> float:
 def _t_p(diff: float, var: float, factor: float, df: int) -> float | None:
     """P(T > t), t = diff / sqrt(var factor); None without a spread to weigh it by (no degrees of freedom, or none
     apart: a synthetic fleet without noise)."""
+    from controller.report.analysis.nulls import t_sf
+
     if df < 1 or not math.isfinite(var) or var <= 0.0:
         return None
     return t_sf(diff / math.sqrt(var * factor), df)

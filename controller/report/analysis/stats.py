@@ -3,6 +3,11 @@ estimates that go with them (the median's and the Hodges-Lehmann centre's distri
 
 Both are vectorised over many groups at once. Their null distributions are :mod:`.nulls` (``scipy.special``,
 the same numbers as ``scipy.stats`` without its import: ``bench/nulls_import.py``).
+
+Lazy imports: :mod:`.nulls` is imported by the tests that use it, not with :mod:`controller.report`: it loads
+scipy.special (395 ms CPU a fresh process, ``bench/import_costs.py``:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), which a trend of a history too short for a change
+point, or a report refused before its analysis, does not need (:mod:`.changepoints` loads it at its first test too).
 """
 
 from __future__ import annotations
@@ -13,11 +18,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from controller.report.analysis.nulls import binom_cdf, binom_sf, norm_ppf, t_ppf, ttest_1samp_p, wilcoxon_p
-
 
 def sign_p(k: Any, n: Any) -> Any:
     """One-sided sign test: probability of >= k of n in one direction by chance (the binomial's tail)."""
+    from controller.report.analysis.nulls import binom_sf
+
     k = np.asarray(k, dtype=float)
     n = np.asarray(n, dtype=float)
     if k.ndim == 1 and k.shape == n.shape and len(k) > 1024 and bool((n >= 0).all()) and bool((k >= 0).all()):
@@ -67,6 +72,8 @@ def _signed_rank_p(v: np.ndarray) -> np.ndarray:
     scipy's default (exact up to 50 values); rows with them: the normal approximation with the tie correction,
     where scipy's default is a permutation test (~1 s a row: a key's energy figure, the same on every profile,
     made a followed bisection spend most of a core in it)."""
+    from controller.report.analysis.nulls import wilcoxon_p
+
     mag = np.sort(np.abs(v), axis=1)
     tied = (mag[:, 0] <= 1e-12) | (np.diff(mag, axis=1) <= 1e-12 * np.maximum(mag[:, 1:], 1e-300)).any(axis=1)
     out = np.ones(len(v))
@@ -83,6 +90,8 @@ def median_interval_ranks(n: Any, level: float = 0.95) -> np.ndarray:
     """Per group size n: the 1-based rank k whose order statistics [x_(k), x_(n+1-k)] are a distribution-free
     interval of the median with coverage >= ``level`` (a sign test inverted: the largest k with
     P(Binomial(n, 1/2) < k) <= (1 - level) / 2); 0 where no such interval exists (n < 6 at 95 %)."""
+    from controller.report.analysis.nulls import binom_cdf
+
     n = np.asarray(n, dtype=np.int64)
     out = np.zeros(len(n), dtype=np.int64)
     for size in sorted(set(n.tolist())):
@@ -119,6 +128,8 @@ def signed_rank_k(n: int, level: float = 0.95) -> int:
     """The 1-based rank k of the sorted Walsh averages whose [W_(k), W_(N+1-k)] (N = n (n + 1) / 2) is the
     signed-rank test's interval of the centre with coverage >= ``level``: the largest k with P(T < k) <=
     (1 - level) / 2 under the null (exact up to n = 200, the normal approximation above); 0 where none (n < 6)."""
+    from controller.report.analysis.nulls import norm_ppf
+
     if n < 1:
         return 0
     alpha = (1 - level) / 2
@@ -169,6 +180,8 @@ def window_t_p(x: np.ndarray) -> float:
     """One-sided p-value (in the median's direction, as the signed-rank tests) of a one-sample t-test of the
     windows' changes ``x`` against zero: energy, one figure per benchmark window (fewer than 3 windows: 1.0, no
     test; identical windows: 0.0 for a change, 1.0 for none)."""
+    from controller.report.analysis.nulls import ttest_1samp_p
+
     if len(x) < 3:
         return 1.0
     if float(np.std(x)) == 0.0:
@@ -185,6 +198,8 @@ def window_interval(x: np.ndarray, level: float = 0.95) -> tuple[float, float] |
     """The t-interval (``level``, two-sided) of the mean of the windows' changes ``x`` (log units; one per module's
     window or start, the figures :func:`window_t_p` tests): None below :data:`MIN_WINDOWS_FOR_INTERVAL` windows, and
     where they do not spread at all (identical figures say nothing of the noise: no zero-width interval)."""
+    from controller.report.analysis.nulls import t_ppf
+
     x = np.asarray(x, dtype=float)
     x = x[~np.isnan(x)]
     if len(x) < MIN_WINDOWS_FOR_INTERVAL:
