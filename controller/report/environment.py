@@ -32,7 +32,8 @@ def digests_of(rows: pd.DataFrame | None) -> dict[str, str]:
     if rows is None or not len(rows) or "env_digest" not in rows.columns:
         return {}
     has = rows["env_digest"].notna().to_numpy()
-    if not has.any():  # rows from before fingerprints (or a seed baseline): nothing to compare, nothing converted
+    # rows from before fingerprints (or a seed baseline): nothing to compare, nothing converted
+    if not has.any():
         return {}
     # codes, not strings (a report reads a million rows as categoricals): one bincount over (module, digest) pairs
     mods, mod_names = pd.factorize(rows["module"][has], sort=True)

@@ -23,7 +23,8 @@ def jit_compiled(rows: pd.DataFrame | None) -> tuple[JitCompiled, ...]:
     counts = pd.to_numeric(rows["jit_kernels"], errors="coerce").fillna(0)
     hit = counts.to_numpy() > 0
     if "source" in rows.columns:
-        src = rows["source"]  # a categorical compared on its codes: no text made of every row (0.13 s a 1 M rows)
+        # a categorical compared on its codes: no text made of every row
+        src = rows["source"]
         hit &= ((src == "release") if isinstance(src.dtype, pd.CategoricalDtype) else
                 (src.astype(str) == "release")).to_numpy(dtype=bool)
     if not hit.any():

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from contract.records import METRICS
 from controller.history import DatabaseError
 from controller.report.analysis.changepoints import ChangePoint, DetectorSettings
+from controller.report.load import history_frames, trend_frames
 from controller.report.model import FLEET
 from controller.report.trend import SeriesChange, TrendQuery, TrendResult, changes, kept_records, trend_records
 
@@ -25,8 +26,10 @@ if TYPE_CHECKING:
 
     from controller.history import History
 
-NAME = "changes"  # what the findings are kept under: every change point at the detector's default settings
-FORMAT = 1  # the body's format: a body of another is computed again
+# what the findings are kept under: every change point at the detector's default settings
+NAME = "changes"
+# the body's format: a body of another is computed again
+FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,6 @@ def read_kept(history: History, *, current: bool = True) -> KeptFindings | None:
 def compute(history: History) -> KeptFindings:
     """Every change point of the history (the full search: not on the path that ends a run), at the version read
     before its rows (rows stored meanwhile make the next reader compute again)."""
-    from controller.report.load import history_frames
-
     version = history.trend_version()
     rows, runs = history_frames(history)
     return findings_of(version, rows, runs)
@@ -116,8 +117,6 @@ def trend_of(history: History, query: TrendQuery) -> TrendResult:
     """What ``fleetctl trend`` and ``GET /api/v1/trend`` answer: from the kept findings at the default settings
     (computed and kept when the history changed since), from the rows for other settings or to say what no change
     point means here (the reach)."""
-    from controller.report.load import trend_frames
-
     if query.settings == DetectorSettings():
         kept = current_findings(history)
         got = kept_records(kept.changes, dict(kept.profiles), kept.releases, query)

@@ -20,19 +20,20 @@ from pandas.api.types import union_categoricals
 from contract.fingerprint import EnvFingerprint
 from contract.records import METRICS, ResultRow
 from controller.command import fleetctl
+from controller.fleet.kernel_logs import failed_parts
+from controller.fleet.power import cycle_lines
 from controller.fleet.runs import refused_parts
 from controller.history import GOLDEN_NOTE, ROW_FIELDS, History, HistoryError, RunInfo
 from controller.history.frames import frame_bytes
 from controller.history.waits import run_waits, run_waits_line
 from controller.report.analysis import analyse
 from controller.report.environment import digests_of, kernel_cache_note, refuse_unless_same, with_environment
-from controller.report.model import Report, ReportError, Thresholds
+from controller.report.model import FailedPart, Report, ReportError, Thresholds
 from controller.report.telemetry import with_telemetry
+from controller.report.trend import TrendQuery, history_section
 
-if typing.TYPE_CHECKING:
-    from controller.report.trend import TrendQuery
-
-PRIOR_RUNS = 20  # how far back to look for each module's previous run
+# how far back to look for each module's previous run
+PRIOR_RUNS = 20
 
 
 def _is_number(annotation: object) -> bool:
@@ -42,7 +43,8 @@ def _is_number(annotation: object) -> bool:
 NUMBER_FIELDS = frozenset(f for f, info in ResultRow.model_fields.items() if _is_number(info.annotation))
 
 
-Columns = dict[str, Any]  # one chunk: numpy arrays and Categoricals by column name
+# one chunk: numpy arrays and Categoricals by column name
+Columns = dict[str, Any]
 
 
 def _compact(chunk: pd.DataFrame) -> Columns:
@@ -57,7 +59,8 @@ def _compact(chunk: pd.DataFrame) -> Columns:
                 col.to_numpy(copy=True)
         else:
             cat = col.astype("category").array
-            if not len(cat.categories):  # all NULL: categories of text still, so chunks unite
+            # all NULL: categories of text still, so chunks unite
+            if not len(cat.categories):
                 cat = cat.set_categories(pd.Index([], dtype=object).astype(str))
             out[c] = cat
     return out
@@ -99,7 +102,8 @@ def read_rows(history: History, run_ids: Sequence[str], *, model_keys: Sequence[
     return history.row_frame(run_ids, model_keys, only, modules)
 
 
-SERIES_FIELDS = ("run_id", "module", "model_key", "profile", "source")  # what a trend's series are built on
+# what a trend's series are built on
+SERIES_FIELDS = ("run_id", "module", "model_key", "profile", "source")
 
 
 def history_frames(history: History, model_keys: Sequence[str] | None = None, *,
@@ -228,26 +232,24 @@ def build_report(history: History, run_id: str, baseline: str | None = None, *,
     rep = made.report
     # a module refused at dispatch has no figures here (bad by its drift, say): its refusal says why already
     drifted = [(m, d) for m in run.modules if m not in refused and (d := history.golden_drift(m))]
-    if drifted:  # the module drifted, not (necessarily) the release: said before any finding is read
+    # the module drifted, not (necessarily) the release: said before any finding is read
+    if drifted:
         rep = replace(rep, notes=(*rep.notes, *(f"module {m} failed its golden check since its last reset ({d}): "
                                                "its figures say more about the module than about the release"
                                                for m, d in drifted)))
     if with_history:
-        from controller.report.trend import history_section
-
         rep = replace(rep, history=history_section(*history_frames(history, made.keys), run.release))
     waited = run_waits_line(run_waits(history, run.run_id), "waited on the module queues (dispatch to start)")
-    if waited:  # first: the verdict line of an incomplete run names the last note
+    # first: the verdict line of an incomplete run names the last note
+    if waited:
         rep = replace(rep, notes=(waited, *rep.notes))
     rep = with_telemetry(rep, history.telemetry(run.run_id))
     shared = kernel_cache_note(progress)
-    if shared:  # first: a failed or incomplete run's one-line summary takes the last note
+    # first: a failed or incomplete run's one-line summary takes the last note
+    if shared:
         rep = replace(rep, notes=(shared, *rep.notes))
-    from controller.fleet.kernel_logs import failed_parts
-    from controller.fleet.power import cycle_lines
-    from controller.report.model import FailedPart
-
-    events = history.events(run.run_id)  # hung modules power-cycled (first, as the note above)
+    # hung modules power-cycled (first, as the note above)
+    events = history.events(run.run_id)
     cycles = cycle_lines(events)
     if cycles:
         rep = replace(rep, notes=(*cycles, *rep.notes))

@@ -32,7 +32,8 @@ ALL_METRICS: tuple[str, ...] = tuple(METRICS)
 SPEED_PRIMARY: tuple[str, ...] = tuple(m for m in PRIMARY_METRICS if m not in WINDOW_METRICS)
 ENERGY_PRIMARY: tuple[str, ...] = tuple(m for m in PRIMARY_METRICS if m in ENERGY_METRICS)
 FLEET = "*"  # module / profile of a fleet-level or key-level finding
-STARTUP_TOLERANCE = 0.15  # default of Thresholds.startup_tolerance (docs/adr/0029-start-up-costs-judged.md)
+# default of Thresholds.startup_tolerance (docs/adr/0029-start-up-costs-judged.md)
+STARTUP_TOLERANCE = 0.15
 
 
 def profile_key(profile: str) -> tuple[tuple[int, int | str], ...]:
@@ -54,21 +55,28 @@ class Thresholds(_Frozen):
 
     tolerance: float = Field(default=0.05, gt=0, lt=1)  # default for every metric
     per_metric: dict[str, float] = Field(default_factory=dict)  # e.g. {"accept_rate": 0.03}
-    alpha: float = Field(default=0.01, gt=0, lt=1)  # key level (Wilcoxon over profiles) and per module
-    alpha_profile: float = Field(default=0.05, gt=0, lt=1)  # one profile: sign test across modules
-    min_modules_for_test: int = Field(default=5, ge=2)  # fewer: a single profile must move 3x the tolerance
-    outlier_tolerance: float = Field(default=0.05, gt=0, lt=1)  # typical deviation from the fleet median
-    outlier_alpha: float = Field(default=0.001, gt=0, lt=1)  # sign test over the module's cells
-    z_floor: float = Field(default=0.01, gt=0)  # floor of the robust scale (log units): near-identical modules
+    # key level (Wilcoxon over profiles) and per module
+    alpha: float = Field(default=0.01, gt=0, lt=1)
+    # one profile: sign test across modules
+    alpha_profile: float = Field(default=0.05, gt=0, lt=1)
+    # fewer modules: a single profile must move three times the tolerance
+    min_modules_for_test: int = Field(default=5, ge=2)
+    # typical deviation from the fleet median
+    outlier_tolerance: float = Field(default=0.05, gt=0, lt=1)
+    # sign test over the module's cells
+    outlier_alpha: float = Field(default=0.001, gt=0, lt=1)
+    # floor of the robust scale (log units): near-identical modules
+    z_floor: float = Field(default=0.01, gt=0)
     worst_cases: int = Field(default=3, ge=1)
-    probe_tolerance: float = Field(default=0.05, gt=0, lt=1)  # release figure vs the agent's probe
+    # release figure vs the agent's probe
+    probe_tolerance: float = Field(default=0.05, gt=0, lt=1)
     # the energy metrics' (J/token, tokens/J): a release as fast that burns 10 % more is a regression
     energy_tolerance: float = Field(default=0.05, gt=0, lt=1)
     # the start-up costs' (server ready, first request, precompile): noisier than throughput, a load from disk and
     # a compile (docs/adr/0029-start-up-costs-judged.md)
     startup_tolerance: float = Field(default=STARTUP_TOLERANCE, gt=0, lt=1)
-    # a start-up cost that moved less than this (seconds) is within tolerance: two figures read at the agent's 50 ms
-    # ready-poll resolution differ by up to 0.1 s with nothing changed (docs/adr/0040-verdicts-beyond-the-runs-noise.md)
+    # a start-up cost that moved less than this (seconds) is within tolerance: two figures read at the agent's
+    # 50 ms ready-poll resolution differ by up to 0.1 s with nothing changed (ADR 0040)
     startup_floor_s: float = Field(default=0.1, ge=0)
 
     def tol(self, metric: str) -> float:
@@ -88,12 +96,16 @@ class Regression(_Frozen):
     metric: str
     baseline: float | None
     value: float | None
-    change: float | None  # value / baseline - 1 (fraction; for ``correct`` None)
-    against: str  # "baseline", "previous" or "baseline+previous" (or the other run's id in compare)
+    # value / baseline - 1 (fraction; for ``correct`` None)
+    change: float | None
+    # "baseline", "previous" or "baseline+previous" (or the other run's id in compare)
+    against: str
     p_value: float | None = None
-    n: int = 0  # units behind the test (profiles, modules or cells)
-    modules: tuple[str, ...] = ()  # modules that show it
-    related: tuple[str, ...] = ()  # derived metrics that moved with it, e.g. "tpot_ms +8.7%"
+    # units behind the test (profiles, modules or cells)
+    n: int = 0
+    modules: tuple[str, ...] = ()
+    # derived metrics that moved with it, e.g. "tpot_ms +8.7%"
+    related: tuple[str, ...] = ()
     detail: str = ""
     # 95 % interval of ``change`` (docs/adr/0018-intervals-of-findings.md): fleet-wide key findings, the
     # Hodges-Lehmann centre's signed-rank interval over profiles (ADR 0016); one profile fleet-wide, the fleet
@@ -117,9 +129,11 @@ class Outlier(_Frozen):
 
     module: str
     model_key: str  # "*" when the whole module is out of line
-    factor: float  # typical performance relative to the fleet median (0.88 = 12 % slower)
+    # typical performance relative to the fleet median (0.88 = 12 % slower)
+    factor: float
     cells: int
-    share_out: float  # share of its cells with |robust z| > 3 in the same direction
+    # share of its cells with |robust z| > 3 in the same direction
+    share_out: float
     p_value: float
     worst: tuple[WorstCase, ...] = ()
     # 95 % interval of ``factor``: the median's order-statistic interval over the same figures' deviations
@@ -150,11 +164,12 @@ class Change(_Frozen):
 class Comparison(_Frozen):
     """One figure of an outlier module against the fleet (medians over the compared model keys)."""
 
-    what: str  # sm_clock, max_sm_clock, temperature, power_limit, power, memory_used, reason:<name>, ...
+    # sm_clock, max_sm_clock, temperature, power_limit, power, memory_used, reason:<name>, ...
+    what: str
     value: float
     fleet: float | None
     unit: str
-    keys: int  # model keys compared
+    keys: int
     unusual: bool
     text: str
 
@@ -164,9 +179,11 @@ class EnvDifference(_Frozen):
 
     module: str
     digest: str
-    differences: tuple[str, ...]  # e.g. "driver 3.1.0-sim (fleet 3.0.0-sim)"
-    fleet_modules: int  # modules with a fingerprint
-    majority_modules: int  # of those, in the fleet's environment
+    # e.g. "driver 3.1.0-sim (fleet 3.0.0-sim)"
+    differences: tuple[str, ...]
+    # modules with a fingerprint, and of those, in the fleet's environment
+    fleet_modules: int
+    majority_modules: int
 
 
 class JitCompiled(_Frozen):
@@ -176,7 +193,8 @@ class JitCompiled(_Frozen):
     model_key: str
     kernels: int
     modules: tuple[str, ...]
-    names: tuple[str, ...] = ()  # kernel libraries, as the rows name them
+    # kernel libraries, as the rows name them
+    names: tuple[str, ...] = ()
 
 
 TelemetryStatus = Literal["explained", "nothing unusual", "no telemetry"]
@@ -188,9 +206,11 @@ class OutlierTelemetry(_Frozen):
     module: str
     model_key: str  # as the outlier: "*" for the whole module
     status: TelemetryStatus
-    findings: tuple[str, ...] = ()  # what is out of line, in words, strongest first
+    # what is out of line, in words, strongest first
+    findings: tuple[str, ...] = ()
     compared: tuple[Comparison, ...] = ()
-    note: str = ""  # why there is no telemetry, or what was compared
+    # why there is no telemetry, or what was compared
+    note: str = ""
 
 
 class TrendSeries(_Frozen):
@@ -208,17 +228,20 @@ class TrendSeries(_Frozen):
     sizes: tuple[float, ...]
     in_force: tuple[bool, ...]
     at_release: tuple[bool, ...]
-    ends: tuple[int, ...] = ()  # each one's first release at the new level (a drift's; a step's: its mark)
+    # each one's first release at the new level (a drift's; a step's: its mark)
+    ends: tuple[int, ...] = ()
 
 
 class HistorySection(_Frozen):
     """The report's "History" section (:func:`controller.report.trend.history_section`): the run's model keys'
     series with a change point in force or at the run's release; none under ``needed`` releases."""
 
-    releases: int  # releases in the history
-    needed: int  # fewest releases at which a change point can be named (default settings)
+    releases: int
+    # fewest releases at which a change point can be named (default settings)
+    needed: int
     series: tuple[TrendSeries, ...]
-    more: int = 0  # series that qualified but were not drawn
+    # series that qualified but were not drawn
+    more: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -236,15 +259,19 @@ class Report:
     notes: tuple[str, ...]
     modules: tuple[str, ...]
     thresholds: Thresholds
-    summary: pd.DataFrame = field(repr=False)  # per (model_key, profile, metric): fleet median, spread, count...
-    rows: pd.DataFrame = field(repr=False)  # every row of the run, as stored
-    reference: pd.DataFrame | None = field(repr=False)  # baseline figures per (model_key, profile)
-    deviation: pd.DataFrame = field(repr=False)  # module x model_key: median deviation from the fleet (fraction)
+    # per (model_key, profile, metric): fleet median, spread, count...
+    summary: pd.DataFrame = field(repr=False)
+    rows: pd.DataFrame = field(repr=False)
+    # baseline figures per (model_key, profile)
+    reference: pd.DataFrame | None = field(repr=False)
+    # module x model_key: median deviation from the fleet (fraction)
+    deviation: pd.DataFrame = field(repr=False)
     # per outlier: its device telemetry next to the fleet's (controller.report.telemetry); empty without telemetry
     outlier_telemetry: tuple[OutlierTelemetry, ...] = ()
     # figures where the release's benchmark and the agent's probe disagree (probe rows never enter the verdict)
     disagreements: tuple[Disagreement, ...] = ()
-    probe_checked: int = 0  # release rows that have a probe row beside them
+    # release rows that have a probe row beside them
+    probe_checked: int = 0
     # the capacity at SLO each module's probe measured (SLO sweep rows: agent.probe.sweep)
     capacities: tuple[Capacity, ...] = ()
     # the 95 % intervals of the per-key probes repeated over rounds (probe_repeat)
@@ -279,9 +306,12 @@ class FailedPart(_Frozen):
     of it (controller.fleet.kernel_logs): named beside the failure in the report."""
 
     module: str
-    why: str  # "lost", "a key failed", "its agent started again mid-run"
-    logs: tuple[str, ...]  # "kernel log and agent journal kept", "serial console kept", "kernel log not kept (...)"
-    command: str = ""  # the command that shows them ("" when nothing was kept)
+    # "lost", "a key failed", "its agent started again mid-run"
+    why: str
+    # "kernel log and agent journal kept", "serial console kept", "kernel log not kept (...)"
+    logs: tuple[str, ...]
+    # the command that shows them ("" when nothing was kept)
+    command: str = ""
 
     def line(self) -> str:
         """``sim-01 (lost): kernel log and agent journal kept; serial console kept: fleetctl logs r1 --module
@@ -303,16 +333,24 @@ class PairedChange(_Frozen):
 
     model_key: str
     metric: str
-    change: float  # B / A - 1, the Hodges-Lehmann centre over profiles of the paired differences
-    ci_low: float | None  # 95 % interval of change (the signed-rank test's; None below 6 profiles)
+    # B / A - 1, the Hodges-Lehmann centre over profiles of the paired differences
+    change: float
+    # 95 % interval of change (the signed-rank test's; None below 6 profiles)
+    ci_low: float | None
     ci_high: float | None
-    p_value: float  # one-sided Wilcoxon signed-rank test across profiles
-    profiles: int  # 0 for a start-up or energy figure: one per (module, round), not per profile
-    pairs: int  # (module, round) pairs behind the figures
-    noise: float  # the spread of one pair's difference (relative standard deviation)
-    mdc: float | None  # minimum detectable change (magnitude; None: too few profiles for the test at alpha)
+    # one-sided Wilcoxon signed-rank test across profiles
+    p_value: float
+    # 0 for a start-up or energy figure: one per (module, round), not per profile
+    profiles: int
+    # (module, round) pairs behind the figures
+    pairs: int
+    # the spread of one pair's difference (relative standard deviation)
+    noise: float
+    # minimum detectable change (magnitude; None: too few profiles for the test at alpha)
+    mdc: float | None
     status: Status
-    tolerance: float | None = None  # the metric's tolerance it was judged with (start-up 15 %, energy 5 %, else 1 %)
+    # the metric's tolerance it was judged with (start-up 15 %, energy 5 %, else 1 %)
+    tolerance: float | None = None
 
 
 class PairedReport(_Frozen):

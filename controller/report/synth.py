@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from contract.records import METRICS, ResultRow
+from controller.report.analysis.paired import ABBA
 
 SPEED_METRICS = ("prefill_tps", "decode_tps", "vision_fps")
 # an M1000 module's power while decoding, W (the simulated mthreads-gmi's decode phase: simulator/device/)
@@ -107,8 +108,6 @@ def paired_fleet(reference: pd.DataFrame, *, modules: int = 4, rounds: int = 1, 
     deviation ``drift``, and within a round a steady trend of ``trend`` per run (a factor ``(1 + trend)`` each run:
     linear in log units). Returns the rows and the runs
     as (run_id, arm, round), in run order."""
-    from controller.report.analysis.paired import ABBA
-
     rng = np.random.default_rng(seed)
     names = [f"m{i:02d}" for i in range(modules)]
     frames, runs = [], []

@@ -29,13 +29,18 @@ class _Frozen(BaseModel):
 class TelemetryThresholds(_Frozen):
     """What counts as unusual next to the fleet's median for the same model keys."""
 
-    clock_drop: float = Field(default=0.05, gt=0, lt=1)  # SM clock (or its allowed maximum) this much lower
+    # SM clock (or its allowed maximum) this much lower
+    clock_drop: float = Field(default=0.05, gt=0, lt=1)
     power_limit_drop: float = Field(default=0.05, gt=0, lt=1)
-    hotter_c: float = Field(default=10.0, gt=0)  # this many degrees above the fleet ...
-    hot_c: float = Field(default=85.0, gt=0)  # ... or at least this hot while the fleet is not
-    reason_share: float = Field(default=0.10, gt=0, le=1)  # a slowdown reason active in this share of samples more
-    memory_full: float = Field(default=0.95, gt=0, le=1)  # device memory at least this full
-    memory_before_mib: float = Field(default=1024.0, gt=0)  # in use before the servers start, beyond the fleet's
+    # this many degrees above the fleet, or at least ``hot_c`` while the fleet is not
+    hotter_c: float = Field(default=10.0, gt=0)
+    hot_c: float = Field(default=85.0, gt=0)
+    # a slowdown reason active in this share of samples more
+    reason_share: float = Field(default=0.10, gt=0, le=1)
+    # device memory at least this full
+    memory_full: float = Field(default=0.95, gt=0, le=1)
+    # in use before the servers start, beyond the fleet's
+    memory_before_mib: float = Field(default=1024.0, gt=0)
 
 
 def with_telemetry(report: Report, summaries: Mapping[str, TelemetrySummary],
@@ -55,7 +60,8 @@ def _stat(k: KeyTelemetry, field: str, stat: str) -> float | None:
 def key_figures(k: KeyTelemetry) -> dict[str, float]:
     """The figures compared between modules, from one device during one model key."""
     out: dict[str, float | None] = {
-        "sm_clock": _stat(k, "sm_clock_mhz", "p95"),  # the clock while busy (idle moments do not count)
+        # the clock while busy (idle moments do not count)
+        "sm_clock": _stat(k, "sm_clock_mhz", "p95"),
         "max_sm_clock": _stat(k, "max_sm_clock_mhz", "min"),
         "temperature": _stat(k, "temperature_c", "max"),
         "power_limit": _stat(k, "power_limit_w", "min"),

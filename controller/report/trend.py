@@ -42,7 +42,8 @@ from controller.report.model import DERIVED, FLEET, HistorySection, ReportError,
 
 # no change point can be named in a series of fewer releases: min_segment on each side of it (ADR 0039)
 MIN_RELEASES = 2 * DEFAULT_MIN_SEGMENT
-MAX_CHARTS = 24  # the report's "History" section draws at most this many series (the rest are counted)
+# the report's "History" section draws at most this many series (the rest are counted)
+MAX_CHARTS = 24
 
 
 class TrendError(FleetctlError, ValueError):
@@ -71,8 +72,10 @@ class Finding:
     """Change points of one model key at one release and scope: ``lead`` the largest primary-metric one."""
 
     lead: SeriesChange
-    moved: tuple[SeriesChange, ...]  # every change point of the finding, the lead first
-    modules: tuple[str, ...] = ()  # a fleet finding: the modules whose own series moved at that release too
+    # every change point of the finding, the lead first
+    moved: tuple[SeriesChange, ...]
+    # a fleet finding: the modules whose own series moved at that release too
+    modules: tuple[str, ...] = ()
 
 
 def release_order(runs: pd.DataFrame) -> list[str]:
@@ -91,7 +94,8 @@ def release_values(rows: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[str
     """One value per (model key, profile, metric, module or '*', release): long frame ``value``, sorted by the
     key and the release as text. Every release a run has (a run without one: release ``''``), not only those of
     :func:`release_order`: :func:`_release_series` over them, as rows."""
-    order = sorted(set(runs["release"].astype(str).dropna()))  # (a missing release: left out, as _release_series does)
+    # a missing release: left out, as _release_series does
+    order = sorted(set(runs["release"].astype(str).dropna()))
     found = _release_series(rows, runs, metrics, order, modules=True)
     lengths = [len(ranks) for _, ranks, _ in found]
     keys = [np.repeat(np.array([k[i] for k, _, _ in found], dtype=object), lengths) for i in range(4)]
@@ -177,7 +181,8 @@ def _release_series(rows: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[st
         ranks, values = vals["r"].to_numpy(), vals["value"].to_numpy()
         found += [((int(ids[a, 0]), int(ids[a, 1]), code, int(ids[a, 2])), ranks[a:b], values[a:b])
                   for a, b in zip(starts, [*starts[1:], len(vals)], strict=True)]
-    found.sort(key=lambda f: f[0])  # by (key, profile, metric, module): the order of the texts (sorted codes)
+    # by (key, profile, metric, module): the order of the texts (sorted codes)
+    found.sort(key=lambda f: f[0])
     return [((str(keys[k]), str(profiles[p]), str(names[mc]), str(module_names[mod])), r, x)
             for (k, p, mc, mod), r, x in found]
 
@@ -300,7 +305,8 @@ def reach_of(series: Sequence[np.ndarray], settings: DetectorSettings) -> Histor
         return None
 
     def median(values: list[float | None]) -> float | None:
-        known = [v for v in values if v is not None]  # a series too short for any: left out
+        # a series too short for any: left out
+        known = [v for v in values if v is not None]
         return float(np.median(known)) if known else None
 
     return HistoryReach(series=len(got), releases=max(r.n for r in got),
@@ -315,7 +321,8 @@ def trend_records(rows: pd.DataFrame, runs: pd.DataFrame, query: TrendQuery) -> 
         rows = rows[rows["model_key"].astype(str).isin(query.models)]
     if query.profile is not None:
         of_profile = rows[rows["profile"].astype(str) == query.profile]
-        if of_profile.empty and len(rows):  # said, not "no change points": there is no series to look at
+        # said, not "no change points": there is no series to look at
+        if of_profile.empty and len(rows):
             raise _no_profile(query, {str(p) for p in rows["profile"].unique()})
         rows = of_profile
     found = changes(rows, runs, query.settings, metrics=[query.metric] if query.metric else tuple(METRICS))
@@ -367,7 +374,7 @@ def _records(found: Sequence[SeriesChange], query: TrendQuery) -> list[dict[str,
             counts[m.metric] = counts.get(m.metric, 0) + 1
         rec["moved"] = ", ".join(f"{metric} x{n}" for metric, n in counts.items())  # series per metric
         rec["values"] = list(c.values)
-        rec["modules_moved"] = list(f.modules)  # a fleet finding: the modules that moved with it
+        rec["modules_moved"] = list(f.modules)
         recs.append(rec)
     return recs
 

@@ -24,11 +24,13 @@ The package, by job: :mod:`~controller.service.session` (Session, the errors),
 callers use is re-exported here (``from controller import service; service.validate(...)``).
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the names below, imported when first used (PEP 562): ``from controller import service`` costs
-    # nothing until an operation is called, so a verb that needs no broker (``fleetctl runs`` of ended runs) loads
-    # neither the fleet's seam nor Celery (issue 47)
+# the names below are imported when first used (PEP 562): ``from controller import service`` costs nothing until an
+# operation is called, so a verb that needs no broker (``fleetctl runs`` of ended runs) loads neither the fleet's
+# seam nor Celery
+if TYPE_CHECKING:
     from controller.fleet import BadRelease, BrokerUnavailable, FleetError
     from controller.service.lifecycle import (
         cancel,
@@ -149,8 +151,6 @@ def __getattr__(name: str) -> Any:
     where = _LAZY.get(name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(where), name)
     globals()[name] = value
     return value

@@ -15,6 +15,11 @@
 Everything a restart needs is in the record (:mod:`.bisect_state`): ``--resume`` follows the runs still running
 and goes on from the calls made; ``--cancel`` cancels its runs. The runs are ordinary runs in the history, their
 note naming the bisection, round and candidate.
+
+Lazy imports: :mod:`controller.report` (the paired comparison, the rows) is imported by the functions that
+judge runs: it loads pandas (462 ms CPU a fresh process, ``bench/import_costs.py``:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), which ``fleetctl bisect --cancel`` and a
+round's dispatch do not need.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract.records import RunProgress, RunState
-from controller.fleet import BrokerUnavailable, FleetError, RunView
+from packaging.version import InvalidVersion, Version
+
+from contract.records import METRICS, RunProgress, RunState, release_version_of
+from controller.fleet import BrokerUnavailable, FleetError, RunView, module_failed, new_run_id
 from controller.service.bisect_plan import (
     MAX_MEASURES,
     Bounds,
@@ -46,9 +53,12 @@ from controller.service.bisect_state import (
     TargetRecord,
     new_bisect_id,
 )
+from controller.service.lifecycle import cancel as cancel_run
 from controller.service.lifecycle import validate
-from controller.service.records import ValidateRequest
-from controller.service.session import BadRequest, ServiceError, Session, broker_call
+from controller.service.records import ValidateRequest, release_request
+from controller.service.release_url import is_url
+from controller.service.reservations import refused_for
+from controller.service.session import BadRequest, ServiceError, Session, broker_call, report_call
 
 # the references' test level: the question is whether a release the user calls bad is worse on these modules, at the
 # level of the 95 % intervals the calls use (the verdict's 0.01 missed a plain 9 % on one module of 11 profiles)
@@ -63,7 +73,8 @@ class Evidence:
     run: BisectRun
     version: str
     changes: tuple[Measured | None, ...]  # per target (None: no figure)
-    outcome: str  # "measured", "lost" (its module), "failed" (the release), "running"
+    # outcome: "measured", "lost" (its module), "failed" (the release) or "running"
+    outcome: str
 
 
 @dataclass(frozen=True)
@@ -72,8 +83,10 @@ class Outcome:
 
     record: BisectRecord
     calls: tuple[Call | None, ...]
-    unsure: tuple[int, ...]  # candidates measured, called within noise, to be measured again
-    homeless: tuple[int, ...]  # candidates whose runs were lost with their modules, to be run elsewhere
+    # candidates measured, called within noise, to be measured again
+    unsure: tuple[int, ...]
+    # candidates whose runs were lost with their modules, to be run elsewhere
+    homeless: tuple[int, ...]
     evidence: tuple[Evidence, ...]
     bounds: Bounds | None
 
@@ -104,11 +117,6 @@ class Outcome:
 def release_candidates(releases: str, good: str, bad: str) -> tuple[Candidate, ...]:
     """The releases from ``good`` to ``bad`` in release order. ``releases``: a folder of release tarballs, a file
     listing one path or URL a line, or a comma-separated list; ``good`` and ``bad``: versions or sources."""
-    from packaging.version import InvalidVersion, Version
-
-    from contract.records import release_version_of
-    from controller.service.release_url import is_url
-
     sources = _sources(releases)
     for end in (good, bad):
         if (is_url(end) or "/" in end) and end not in sources:
@@ -142,9 +150,6 @@ def release_candidates(releases: str, good: str, bad: str) -> tuple[Candidate, .
 
 
 def _sources(releases: str) -> list[str]:
-    from contract.records import release_version_of
-    from controller.service.release_url import is_url
-
     if not is_url(releases):
         p = Path(releases).expanduser()
         if p.is_dir():
@@ -164,15 +169,14 @@ def _sources(releases: str) -> list[str]:
 def start(s: Session, *, good: str, bad: str, releases: str, models: tuple[str, ...], devices: str,
           metric: str | None = None, tolerance: float | None = None) -> BisectRecord:
     """Check the request and write the bisection's record (nothing dispatched yet)."""
-    from contract.records import METRICS
-
     if metric is not None and metric not in METRICS:
         raise BadRequest(f"--metric {metric!r}: not a metric (known: {', '.join(METRICS)})")
     if tolerance is not None and not 0 < tolerance < 1:
         raise BadRequest(f"--tolerance {tolerance}: give a fraction between 0 and 1 (0.01 = 1 %)")
     cands = release_candidates(releases, good, bad)
     mods = s.inventory().select(devices)
-    for c in cands:  # every release readable before anything runs (URLs are fetched when first run)
+    # every release readable before anything runs (URLs are fetched when first run)
+    for c in cands:
         if "://" not in c.source and not Path(c.source).is_file():
             raise BadRequest(f"--releases: {c.source}: no such release tarball")
     rec = BisectRecord(bisect_id=new_bisect_id(), created_at=time.time(), candidates=cands, models=models,
@@ -194,7 +198,8 @@ def run(s: Session, bisect_id: str, wait: Wait, on_round: Callable[[Outcome], No
             if rec.status != "running":
                 return assess(s, rec)
             missing = [r for r in rec.runs if s.history().run(r.run_id) is None]
-            if missing:  # recorded, never dispatched (killed in between): dispatched now, under the same id
+            # recorded, never dispatched (killed in between): dispatched now, under the same id
+            if missing:
                 for r in missing:
                     _launch(s, rec, r)
                 continue
@@ -239,15 +244,11 @@ def run(s: Session, bisect_id: str, wait: Wait, on_round: Callable[[Outcome], No
 def _usable(s: Session, rec: BisectRecord) -> list[str]:
     """The bisection's modules the good release ran on, not lost, neither offline, unreachable nor bad now, and not
     reserved by another user (a busy one takes its candidate when it frees up)."""
-    from controller.fleet import module_failed
-
     good = next(r for r in rec.runs if r.role == "good")
     measured = {m for m, p in _view(s, good).progress.items() if p is not None and not module_failed(p)}
-    mods = [m for m in s.inventory().modules if m.name in measured and m.name not in rec.lost]  # a call needs them
+    mods = [m for m in s.inventory().modules if m.name in measured and m.name not in rec.lost]
     statuses = broker_call(s, lambda: s.broker().statuses(mods))
-    from controller.service.reservations import refused_for
-
-    refused = refused_for(s, [m.name for m in mods], s.user)  # reserved by another user: not probed there
+    refused = refused_for(s, [m.name for m in mods], s.user)
     return [m.name for m in mods if statuses[m.name].state not in ("offline", "unreachable", "bad")
             and m.name not in refused]
 
@@ -255,8 +256,6 @@ def _usable(s: Session, rec: BisectRecord) -> list[str]:
 def follow_runs(s: Session, rec: BisectRecord, runs: Sequence[BisectRun], *, interval: float = 1.0,
                 on_done: Callable[[BisectRun, RunView], None] | None = None) -> None:
     """Sync the runs until each has ended (``on_done`` for each as it does), or the bisection is cancelled."""
-    from controller.fleet import BrokerUnavailable
-
     left = list(runs)
     while left:
         if store(s).load(rec.bisect_id).status != "running":
@@ -296,8 +295,6 @@ def _place(rec: BisectRecord, redo: Sequence[int], free: Sequence[str], rnd: int
 def _dispatch(s: Session, rec: BisectRecord, slots: Sequence[tuple[int, str, int, bool]], *, role: str) -> None:
     """Record each run (its id chosen here) before it is dispatched: a controller killed in between leaves a run
     the record names and the history lacks, which :func:`run` dispatches again under the same id."""
-    from controller.fleet import new_run_id
-
     for index, module, rnd, again in slots:
         run = BisectRun(run_id=new_run_id(), role=role, index=index, module=module, round=rnd,  # type: ignore[arg-type]
                         again=again)
@@ -306,14 +303,13 @@ def _dispatch(s: Session, rec: BisectRecord, slots: Sequence[tuple[int, str, int
 
 
 def _launch(s: Session, rec: BisectRecord, run: BisectRun) -> None:
-    from controller.service.records import release_request
-
     cand = rec.candidates[run.index]
     devices = run.module or ",".join(m for m in rec.modules if m not in rec.lost)
     req: ValidateRequest = release_request(cand.source, models=rec.models, devices=devices, run_id=run.run_id)
     try:
         validate(s, req)
-    except (ServiceError, FleetError) as exc:  # the release refused before anything ran (not the broker: raised)
+    # the release refused before anything ran (the broker's errors are raised)
+    except (ServiceError, FleetError) as exc:
         if isinstance(exc, BrokerUnavailable):
             raise
         why = str(exc)
@@ -339,8 +335,6 @@ def _end(s: Session, rec: BisectRecord, status: str, message: str) -> None:
 
 def cancel(s: Session, bisect_id: str) -> BisectRecord:
     """Mark the bisection cancelled and cancel its runs still running (a ``fleetctl bisect`` following it stops)."""
-    from controller.service.lifecycle import cancel as cancel_run
-
     rec = store(s).update(bisect_id, lambda r: r.model_copy(update={"status": "cancelled",
                                                                      "message": "cancelled"})
                           if r.status == "running" else r)
@@ -368,7 +362,6 @@ def _set_targets(s: Session, rec: BisectRecord) -> BisectRecord:
     from controller.report.analysis.paired import PAIRED_TOLERANCE, paired_compare, paired_thresholds
     from controller.report.load import read_rows
     from controller.report.model import PairedRun
-    from controller.service.session import report_call
 
     good = next(r for r in rec.runs if r.role == "good")
     bad = next(r for r in rec.runs if r.role == "bad")
@@ -418,7 +411,8 @@ def assess(s: Session, rec: BisectRecord) -> Outcome:
             failed.add(r.index)
         elif outcome == "lost":
             moved[r.index] = moved.get(r.index, 0) + 1
-            if moved[r.index] >= MAX_MEASURES:  # lost (or cancelled) again and again: skipped, not run forever
+            # lost (or cancelled) again and again: skipped, not run forever
+            if moved[r.index] >= MAX_MEASURES:
                 failed.add(r.index)
         changes = _changes(rows, good.run_id, [r], targets) if outcome == "measured" else (None,) * len(targets)
         evidence.append(Evidence(r, rec.candidates[r.index].version, changes, outcome))
@@ -435,7 +429,8 @@ def assess(s: Session, rec: BisectRecord) -> Outcome:
         elif c != "unsure":
             calls[i] = c
         else:
-            calls[i] = "skip"  # no figure on a target after every measurement
+            # no figure on a target after every measurement
+            calls[i] = "skip"
     for i in (failed | set(rec.refused)) - set(measures):
         calls[i] = "skip"
     homeless = sorted(tried - set(measures) - failed)

@@ -29,7 +29,8 @@ from controller.service.session import BadRequest
 
 Call = Literal["good", "bad", "skip"]
 TargetCall = Literal["good", "bad", "unsure"]
-MAX_MEASURES = 3  # measurements of one candidate before its estimate alone decides
+# measurements of one candidate before its estimate alone decides
+MAX_MEASURES = 3
 
 
 class BisectPlanError(BadRequest):
@@ -105,7 +106,8 @@ class Target:
 
     model_key: str
     metric: str
-    bad_change: float  # relative, B / A - 1, in the metric's own direction (e.g. -0.08: decode 8 % slower)
+    # relative, B / A - 1, in the metric's own direction (-0.08: decode 8 % slower)
+    bad_change: float
 
 
 @dataclass(frozen=True)

@@ -51,13 +51,15 @@ class BisectRun(_Frozen):
     index: int  # the candidate's place in release order
     module: str = ""
     round: int = 0  # 0: the references; 1, 2, ...: the rounds
-    again: bool = False  # a re-measure (or a move to another module) within its round
+    # a re-measure (or a move to another module) within its round
+    again: bool = False
 
 
 class BisectRecord(_Frozen):
     bisect_id: str
     created_at: float
-    candidates: tuple[Candidate, ...]  # release order, the good release first and the bad one last
+    # release order, the good release first and the bad one last
+    candidates: tuple[Candidate, ...]
     models: tuple[str, ...]
     metric: str | None = None
     devices: str
@@ -68,8 +70,8 @@ class BisectRecord(_Frozen):
     lost: tuple[str, ...] = ()  # modules left out after their run was lost
     status: BisectStatus = "running"
     message: str = ""  # why it failed or was cancelled
-    calls: dict[int, str] = Field(default_factory=dict)  # the calls so far, by candidate index (for show)
-    refused: dict[int, str] = Field(default_factory=dict)  # candidates validate refused (a bad tarball): why
+    calls: dict[int, str] = Field(default_factory=dict)  # the calls so far, by candidate index
+    refused: dict[int, str] = Field(default_factory=dict)  # why validate refused a candidate (a bad tarball)
 
     def versions(self) -> list[str]:
         return [c.version for c in self.candidates]

@@ -6,6 +6,10 @@
 history (its note: ``A/B test A vs B: round r, release A``; its kind stays ``run``, so that sync, status
 and the reports treat it as any run). :func:`paired_verdict` reads the runs' rows and judges them
 (:mod:`controller.report.analysis.paired`).
+
+Lazy imports: :mod:`controller.report` (the paired comparison, the rows) is imported when runs are judged:
+it loads pandas (462 ms CPU a fresh process, ``bench/import_costs.py``:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), which planning and dispatching do not need.
 """
 
 from __future__ import annotations
@@ -64,7 +68,8 @@ def compare_releases(s: Session, a: ValidateRequest, b: ValidateRequest, rounds:
     version_b, mods_b, _ = prepare(s, b)
     if [m.name for m in mods_a] != [m.name for m in mods_b]:
         raise BadRequest("the two releases must run on the same modules")
-    devices = ",".join(m.name for m in mods_a)  # the same modules for every run, even if labels change meanwhile
+    # the same modules for every run, even if labels change meanwhile
+    devices = ",".join(m.name for m in mods_a)
     runs: list[PairedRun] = []
     for slot in plan:
         req = replace(a if slot.arm == "A" else b, devices=devices, baseline=None)

@@ -13,6 +13,11 @@ are the earlier checks of its release (:func:`controller.report.load.previous_pi
 
 Why against the module's own history: the module is what is checked, not the release; a module that is always 4 %
 slower than the fleet is not drifting, one that became 6 % slower than itself is.
+
+Lazy imports: :mod:`controller.report` (the paired comparison, the rows) is imported when a check is
+judged: it loads pandas (462 ms CPU a fresh process, ``bench/import_costs.py``:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), which ``fleetctl serve``'s scheduler
+(:mod:`.golden_schedule`) does not need until a check ends.
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from controller.fleet import module_failed
 from controller.history import GOLDEN_DRIFT_EVENT, GOLDEN_NOTE
 from controller.service.lifecycle import validate
 from controller.service.records import Launched, ValidateRequest
 from controller.service.session import BadRequest, Session
 
 GOLDEN_ALPHA = 0.05
-HISTORY_RUNS = 5  # the module's earlier golden checks its figures are compared with (the newest)
+# the module's earlier golden checks its figures are compared with (the newest)
+HISTORY_RUNS = 5
 PRIMARY = ("prefill_tps", "decode_tps", "accept_rate", "vision_fps")  # TTFT and TPOT follow their primaries
 
 
@@ -70,7 +77,6 @@ def golden_check(s: Session, req: ValidateRequest, wait: Callable[[Launched], No
 
 def judge_golden(s: Session, run_id: str, tolerance: float) -> GoldenResult:
     """Each module of a golden run against its earlier golden checks of the same release; drift recorded."""
-    from controller.fleet import module_failed
     from controller.report.load import read_rows
 
     h = s.history()
@@ -88,10 +94,12 @@ def judge_golden(s: Session, run_id: str, tolerance: float) -> GoldenResult:
             continue
         mine = rows[rows["module"].astype(str) == m] if len(rows) else rows
         have = set(mine["run_id"].astype(str)) if len(mine) else set()
-        drifted = drifted_runs(h.module_events(m))  # a check the module failed is not its golden figure
+        # a check the module failed is not its golden figure
+        drifted = drifted_runs(h.module_events(m))
         prev = [r.run_id for r in earlier if r.run_id in have and r.run_id not in drifted][:HISTORY_RUNS]
         checks.append(_judge_module(mine, m, run_id, prev, tolerance))
-    for c in checks:  # once: fleetctl serve judges a check that fleetctl golden judges too
+    # once: fleetctl serve judges a check that fleetctl golden judges too
+    for c in checks:
         if c.status == "drifted" and run_id not in drifted_runs(h.module_events(c.module)):
             h.add_module_event(c.module, f"{GOLDEN_DRIFT_EVENT}: {c.line} (run {run_id})")
     return GoldenResult(run_id, info.release, tuple(checks))

@@ -18,9 +18,14 @@ from dataclasses import dataclass
 
 from controller.history.records import RunInfo
 from controller.service.golden import GOLDEN_NOTE, note_of
+from controller.service.lifecycle import validate
+from controller.service.records import release_request
+from controller.service.reservations import reservations
 from controller.service.session import Session
+from controller.service.views import devices
 
-RECENT_RUNS = 2000  # runs of the history the planner looks at (the newest): more than N for any sensible N
+# runs of the history the planner looks at (the newest): more than N for any sensible N
+RECENT_RUNS = 2000
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ def due(runs: Sequence[RunInfo], states: Mapping[str, str], now: float, *, every
         return []
     out: list[Due] = []
     by_module: dict[str, list[RunInfo]] = {m: [] for m in states}
-    for r in sorted(runs, key=lambda r: r.created_at):  # one pass over the runs, not one per module
+    for r in sorted(runs, key=lambda r: r.created_at):
         for m in r.modules:
             if m in by_module:
                 by_module[m].append(r)
@@ -50,7 +55,8 @@ def due(runs: Sequence[RunInfo], states: Mapping[str, str], now: float, *, every
             continue
         mine = by_module[module]
         if any(r.state == "running" for r in mine):
-            continue  # its own work (or a check) in flight: a check never goes ahead of it
+            # its own work (or a check) in flight: a check never goes ahead of it
+            continue
         checks = [r for r in mine if is_golden(r)]
         last = checks[-1] if checks else None
         since = [r for r in mine if not is_golden(r) and (last is None or r.created_at > last.created_at)]
@@ -67,15 +73,11 @@ def due(runs: Sequence[RunInfo], states: Mapping[str, str], now: float, *, every
 def run_due(s: Session, now: float) -> list[tuple[Due, str]]:
     """Dispatch a golden check to each module due one (``golden_release``): per module due, (due, what happened:
     ``dispatched RUN`` or why not). One that could not be dispatched is tried again on the next pass."""
-    from controller.service.lifecycle import validate
-    from controller.service.records import release_request
-    from controller.service.reservations import reservations
-    from controller.service.views import devices
-
     st = s.settings
     if not st.golden_release or (st.golden_every_runs <= 0 and st.golden_every_hours <= 0):
         return []
-    held = {r.module for r in reservations(s)}  # a module a user reserved is theirs: no check goes there
+    # a module a user reserved is theirs: no check goes there
+    held = {r.module for r in reservations(s)}
     states = {d.module.name: "reserved" if d.module.name in held else d.status.state for d in devices(s)}
     h = s.history()
     todo = due(h.runs(limit=RECENT_RUNS), states, now, every_runs=st.golden_every_runs,
@@ -85,7 +87,8 @@ def run_due(s: Session, now: float) -> list[tuple[Due, str]]:
         try:
             launched = validate(s, release_request(st.golden_release, models=st.golden_models, devices=d.module,
                                                      priority="low"))
-        except Exception as exc:  # one module's trouble (or a bad golden_release) does not stop the others
+        # one module's trouble (or a bad golden_release) does not stop the others
+        except Exception as exc:
             out.append((d, f"not dispatched: {exc}"))
             continue
         h.set_run_note(launched.run_id, note_of(launched.release))

@@ -33,7 +33,8 @@ class CacheEntry:
     size: int
     compiled_by: tuple[str, ...]
     fetched_by: tuple[str, ...]
-    trusted: bool  # compiled by two modules (a module trusting the first takes it with one)
+    # compiled by two modules (a module trusting the first takes it with one)
+    trusted: bool
     version: str = ""  # the release's version where a run of it is in the history
 
     def as_dict(self) -> dict[str, Any]:

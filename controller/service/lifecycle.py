@@ -4,18 +4,29 @@
 the release available on each module (:mod:`controller.service.releases`) and dispatches.
 Of these, :func:`sync`, :func:`judge`, :func:`validate`, :func:`retry` and :func:`cancel`
 write the run history; :func:`find_run` and :func:`view` only read it.
+
+Lazy imports: :mod:`controller.report` is imported by :func:`judge` and the change-point check only: it
+loads pandas (462 ms CPU a fresh process, ``bench/import_costs.py``:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), which ``fleetctl status`` of a
+judged run, ``validate`` and ``sync`` do not need (``tests/cli/test_lean_verbs.py``), and a controller
+installed without pandas judges by the modules' states alone.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
+from contract import compat
+from contract.compat import refused_line
 from contract.priority import check_priority
 from contract.records import MODEL_KEYS, RunProgress, RunState, parse_model_keys
 from contract.settings import RESULT_EXPIRES
+from contract.vocab import BadInput
+from contract.vocab import check_run_id as check
 from controller.command import fleetctl
 from controller.fleet import (
     BadRelease,
@@ -30,9 +41,10 @@ from controller.fleet import (
 )
 from controller.fleet.reservations import ON_RESERVED, split_reserved
 from controller.fleet.runs import refused_note
-from controller.history import History, HistoryError, RunInfo
+from controller.history import CHANGE_CHECK_EVENT, CHANGE_POINT_EVENT, History, HistoryError, RunInfo
 from controller.inventory import Module, select
 from controller.service.records import Judgement, Launched, ValidateRequest
+from controller.service.release_url import ReleaseUrlError, check_release_url, check_sha256, clip
 from controller.service.releases import (
     distribute,
     download_release,
@@ -54,9 +66,6 @@ from controller.service.session import (
 
 
 def check_run_id(run_id: str) -> str:
-    from contract.vocab import BadInput
-    from contract.vocab import check_run_id as check
-
     try:
         return check(run_id)
     except BadInput as exc:
@@ -74,8 +83,6 @@ def check_baseline(s: Session, baseline: str) -> str:
 def prepare(s: Session, req: ValidateRequest) -> tuple[str, list[Module], RunInfo | None]:
     """Every check that needs no broker and no hashing, before anything is dispatched:
     (release version, modules, the run resumed or None)."""
-    from controller.service.release_url import ReleaseUrlError, check_release_url, check_sha256, clip
-
     if (req.release is None) == (req.url is None):
         raise BadRequest("give the release as a path or as a URL (one of them)")
     try:
@@ -115,20 +122,24 @@ def prepare(s: Session, req: ValidateRequest) -> tuple[str, list[Module], RunInf
     if req.resume and existing is None:
         raise NotFound(f"--resume: no run {req.run_id!r} in {s.history_path}")
     if existing is not None:
-        resumed_models(existing, req.models)  # refused before anything is hashed or downloaded
+        # refused before anything is hashed or downloaded
+        resumed_models(existing, req.models)
     return version, mods, existing
 
 
 def validate(s: Session, req: ValidateRequest) -> Launched:
     """Check the request, make the release available on each module, dispatch. Returns at once."""
     version, mods, existing = prepare(s, req)
-    h = s.history()  # before the fleet: the run is recorded in this history
+    # before the fleet: the run is recorded in this history
+    h = s.history()
     fleet = s.broker()
     models = resumed_models(existing, req.models) if existing is not None else req.models
-    if req.release is not None:  # hashed, and its members listed until the pipeline's files were seen: one read
+    # a tarball: hashed, and its members listed until the pipeline's files were seen, in one read; a URL: hashed while
+    # it downloaded, and checked against req.sha256 there
+    if req.release is not None:
         release = req.release
         sha, problem = read_release(release, models)
-    else:  # hashed while it downloaded, and checked against req.sha256 there
+    else:
         release, sha = download_release(s, str(req.url), req.sha256)
         problem = release_problem(release, models)
     if req.sha256 and sha != req.sha256.strip().lower():
@@ -136,14 +147,14 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
     if existing is not None and existing.sha256 and existing.sha256 != sha:
         raise Conflict(f"run {existing.run_id!r} validated another release ({existing.release}, sha256 "
                        f"{existing.sha256[:12]}); {release} has sha256 {sha[:12]}: not resumed")
-    if problem is not None:  # before anything is dispatched or pushed: refused once, not by every module
-        from controller.service.release_url import clip
-
+    # before anything is dispatched or pushed: refused once, not by every module
+    if problem is not None:
         raise BadRelease(f"{clip(str(release))}: {problem}")
     if existing is not None:
         h.set_run_state(existing.run_id, "running")
     rid = req.run_id or new_run_id()
-    try:  # before the release is pushed: a run id another controller used (dispatch checks it again)
+    # before the release is pushed: a run id another controller used (dispatch checks it again)
+    try:
         names = [m.name for m in mods]
         broker_call(s, lambda: fleet.check_new_run_id(rid, resume=existing is not None, modules=names))
     except RunIdInUse as exc:
@@ -154,7 +165,8 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
                                       req.on_reserved)
     usable = [m for m in mods if statuses[m.name].state not in ("offline", "bad")  # unreachable: queued
               and m.name not in refused]
-    apart = check_contracts(usable, statuses)  # before the release is pushed and the run is created
+    # before the release is pushed and the run is created
+    apart = check_contracts(usable, statuses)
     victims = preemptable(s, rid, [m.name for m in usable], statuses) if req.preempt else {}
     if not req.preempt_others:
         check_preempt(victims, req.user or s.user, reserved_by(s, list(victims), req.user or s.user))
@@ -165,7 +177,8 @@ def validate(s: Session, req: ValidateRequest) -> Launched:
                             tarball_label=str(release.resolve()), statuses=statuses,
                             resume=existing is not None, module_models=own, priority=req.priority,
                             refused=refused, user=req.user or s.user)
-    h.set_started_by(rid, req.user or s.user)  # the row dispatch made (a resumed run keeps its first user)
+    # the row dispatch made (a resumed run keeps its first user)
+    h.set_started_by(rid, req.user or s.user)
     result.update(errors)
     preempted = preempt_running(s, rid, result, victims)
     prune_releases(s)
@@ -178,9 +191,7 @@ def check_contracts(modules: Sequence[Module], statuses: Mapping[str, ModuleStat
     """:class:`Conflict`, naming ``fleetctl deploy``, when a module's agent cannot run this controller's requests
     (its heartbeat's contract version too far from ours, :func:`contract.compat.judge`): refused before the run is
     created, not a failed run in the history. Else module -> what to upgrade, for those one version apart (pure)."""
-    from contract.compat import judge, refused_line
-
-    found = {m.name: judge(hb.schema_version) for m in modules if (hb := statuses[m.name].heartbeat) is not None}
+    found = {m.name: compat.judge(hb.schema_version) for m in modules if (hb := statuses[m.name].heartbeat) is not None}
     refused = {name: c for name, c in found.items() if not c.runs}
     if refused:
         raise Conflict(refused_line(refused))
@@ -248,7 +259,8 @@ def retry(s: Session, run: str, *, failed_only: bool = False, run_id: str | None
     info = find_run(s, run)
     models = info.models
     devices = ",".join(info.modules)
-    own = dict(info.module_models)  # a retry of a retry asks each module for what it was asked
+    # a retry of a retry asks each module for what it was asked
+    own = dict(info.module_models)
     if failed_only:
         view = s.fleet().view(info.run_id)
         failed = {m: p for m, p in view.progress.items() if p is None or p.state != RunState.DONE or module_failed(p)}
@@ -344,7 +356,8 @@ def judge(s: Session, run: str, baseline: str | None = None, *, tolerance: float
         from controller.report import build_report
         from controller.report.model import Thresholds
         from controller.report.render import findings_json, verdict_line
-    except ModuleNotFoundError:  # no controller extras (pandas): the modules' states alone
+    # no controller extras (pandas): the modules' states alone
+    except ModuleNotFoundError:
         refused = refused_parts(v.progress)
         verdict, line = (state, f"{state.upper()} {info.run_id}: some modules {state}") if failed else (
             ("incomplete", f"INCOMPLETE {info.run_id}: {refused_note(refused, len(v.progress) - len(refused))}")
@@ -367,7 +380,6 @@ def queue_change_check(h: History, info: RunInfo, verdict: str, line: str, state
     """Queue the search for the change points the run made detectable (:func:`queue_change_points`) for
     ``fleetctl serve``, the sender of webhooks, to run in a thread of its own (ADR 0043): the path that ends a run
     searches nothing. Nothing is queued while the history holds fewer releases than a change point needs."""
-    from controller.history import CHANGE_CHECK_EVENT
     from controller.report.trend import MIN_RELEASES
 
     if h.release_count() < MIN_RELEASES:
@@ -384,9 +396,6 @@ def queue_change_points(h: History, info: RunInfo, verdict: str, state: str) -> 
     The path that ends a run (ADR 0043): nothing is read or searched while the history holds fewer releases than a
     change point needs (a run whose release has no neighbour cannot make one), and then only the run's own series
     (:func:`controller.report.trend.new_changes`), never every series of the history."""
-    import json
-
-    from controller.history import CHANGE_POINT_EVENT
     from controller.report.load import history_frames, read_rows, run_keys
     from controller.report.model import ReportError
     from controller.report.trend import MIN_RELEASES, change_payload, describe, new_changes, scope_of

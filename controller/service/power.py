@@ -10,7 +10,8 @@ from controller.remote.pdu import COMMANDS, PowerError, power
 from controller.service.reservations import refused_for
 from controller.service.session import BadRequest, Conflict, NotFound, Session
 
-POWER_EVENT = "power"  # the start of a module's event ``power cycle by alice: done (PDU ...)``
+# the start of a module's event ``power cycle by alice: done (PDU ...)``
+POWER_EVENT = "power"
 
 
 def power_module(s: Session, name: str, command: str, *, user: str = "") -> str:

@@ -30,7 +30,8 @@ class QueuedRun:
     priority: str  # its level now (raised from ``asked`` after a long wait)
     asked: str
     waited_s: float | None
-    behind: str | None  # another user's reservation holding it back, else the run the module runs now, None: idle
+    # behind: another user's reservation holding it back, else the run the module runs now; None: idle
+    behind: str | None
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,14 @@ def queue(s: Session, selector: str = "all", *, recent: int = 1000, now: float |
     running = {m: (st.heartbeat.run_id if st.heartbeat else None) for m, st in statuses.items()}
     reserved = broker_call(s, lambda: fleet.held([m.name for m in mods], now))
     by_queue = {m.queue: m.name for m in mods}
-    taken: Counter[str] = Counter()  # module -> its runs listed so far: the next one's position less one
+    # module -> its runs listed so far: the next one's position less one
+    taken: Counter[str] = Counter()
     runs: list[QueuedRun] = []
     for w in waiting:  # each module's in the order it takes them (read_waiting)
         module = by_queue[w.queue]
         taken[module] += 1
-        r = reserved.get(module)  # another user's reservation holds the run back (agent.hold): that is the wait
+        # another user's reservation holds the run back (agent.hold): that is the wait
+        r = reserved.get(module)
         behind = r.line(now) if r is not None and r.user != w.user else running.get(module)
         runs.append(QueuedRun(module, taken[module], w.run_id, w.level, w.asked or w.level,
                               None if w.sent_at is None else max(0.0, now - w.sent_at), behind))
@@ -87,7 +90,8 @@ def queue(s: Session, selector: str = "all", *, recent: int = 1000, now: float |
     by_module = {by_queue[q]: d for q, d in depths(waiting, list(by_queue)).items()}
     if not waits:
         return QueueView(tuple(runs), by_module, ())
-    if s.has_history():  # the runs not ended pulled in first: their starts are the newest waits
+    # the runs not ended pulled in first: their starts are the newest waits
+    if s.has_history():
         for run_id in s.history().running_runs():
             broker_call(s, partial(fleet.sync, run_id))
     parts = s.history().waits()[-recent:] if s.has_history() else []

@@ -16,6 +16,8 @@ from controller.fleet import ModuleStatus, RunView
 from controller.fleet.reservations import OnReserved
 from controller.history import RunInfo
 from controller.inventory import Module
+from controller.service.release_url import is_url
+from controller.service.session import BadRequest
 
 if TYPE_CHECKING:
     from controller.report.model import Report
@@ -44,10 +46,13 @@ class ValidateRequest:
     url: str | None = None
     sha256: str | None = None
     module_models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    priority: str = "normal"  # contract.priority: which waiting run a module that frees up starts first
+    # contract.priority: which waiting run a module that frees up starts first
+    priority: str = "normal"
     user: str = ""
-    preempt: bool = False  # with priority urgent: the modules' running runs stop for it (and resume after)
-    preempt_others: bool = True  # may preempt another user's run (the API: role admin, or a reservation there)
+    # with priority urgent: the modules' running runs stop for it (and resume after)
+    preempt: bool = False
+    # may preempt another user's run (the API: role admin, or a reservation there)
+    preempt_others: bool = True
     on_reserved: OnReserved = "skip"
 
 
@@ -57,16 +62,12 @@ def release_request(release: str, *, models: tuple[str, ...] = tuple(MODEL_KEYS)
                     user: str = "", preempt: bool = False, on_reserved: OnReserved = "skip") -> ValidateRequest:
     """A request for the release as a person or a CI job typed it: an http/https URL (downloaded
     by the controller) or a path as the controller sees it."""
-    from controller.service.release_url import is_url
-
     url = release if is_url(release) else None
     path = None
     if url is None:
         try:
             path = Path(release).expanduser()
         except RuntimeError as e:  # "~name" of a user this machine does not know
-            from controller.service.session import BadRequest
-
             raise BadRequest(f"release {release!r}: {e}") from e
     return ValidateRequest(release=path, url=url, models=models,
                            devices=devices, baseline=baseline, run_id=run_id, resume=resume, sha256=sha256,
@@ -83,9 +84,12 @@ class Launched:
     models: tuple[str, ...]
     modules: Mapping[str, str]
     resumed: bool = False
-    preempted: Mapping[str, str] = field(default_factory=dict)  # module -> the run it was asked to stop for this
-    waiting: Mapping[str, str] = field(default_factory=dict)  # module -> the reservation its queued run waits for
-    apart: Mapping[str, str] = field(default_factory=dict)  # module -> its agent one contract version apart: upgrade
+    # module -> the run it was asked to stop for this
+    preempted: Mapping[str, str] = field(default_factory=dict)
+    # module -> the reservation its queued run waits for
+    waiting: Mapping[str, str] = field(default_factory=dict)
+    # module -> its agent one contract version apart: upgrade
+    apart: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def queued(self) -> int:
@@ -96,7 +100,8 @@ class Launched:
 class Judgement:
     run_id: str
     verdict: str  # pass | regressed | incomplete | failed | cancelled
-    line: str  # the one-line verdict (the report's verdict line when reports are installed)
+    # the one-line verdict (the report's verdict line when reports are installed)
+    line: str
     state: str  # the run's state: running | done | failed | cancelled
     report: Report | None = None
 

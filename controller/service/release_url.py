@@ -233,7 +233,8 @@ def url_policy(settings: ControllerSettings) -> UrlPolicy:
         for host, port in _service_endpoints(settings.broker_url, 26379 if scheme == "sentinel" else 6379):
             try:
                 addrs = [a for _, a in _resolve(host, port)]
-            except OSError:  # the broker's name does not resolve now: nothing to refuse by it
+            # the broker's name does not resolve now: nothing to refuse by it
+            except OSError:
                 continue
             for a in map(_plain, addrs):
                 if a.is_loopback or a in own or a.is_unspecified:
@@ -347,14 +348,16 @@ def fetch_release(ref: ReleaseUrl, releases_dir: Path, *, sha256: str | None = N
         req = urllib.request.Request(ref.url, headers={"User-Agent": "m1000-fleet-controller"})
         try:
             resp = opener.open(req, timeout=min(timeout, 30.0))
-        except urllib.error.HTTPError as exc:  # its reason may name a redirect's target: not said
+        # its reason may name a redirect's target: not said
+        except urllib.error.HTTPError as exc:
             exc.close()
             if 300 <= exc.code < 400:
                 raise ReleaseUrlError(f"{where}: redirected to an unusable URL (HTTP {exc.code}; http/https only)") \
                     from None
             raise ReleaseUrlError(f"{where}: HTTP {exc.code} {http.client.responses.get(exc.code, '')}".rstrip()) \
                 from None
-        except (OSError, http.client.HTTPException) as exc:  # refused, closed, unreachable, not HTTP: all one
+        # refused, closed, unreachable, not HTTP: all one
+        except (OSError, http.client.HTTPException) as exc:
             reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
             log.warning("%s: not downloaded: %s", where, clip(_describe(reason) if isinstance(reason, BaseException)
                                                                  else str(reason)))

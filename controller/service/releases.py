@@ -3,6 +3,11 @@
 A URL release is fetched into ``<data_dir>/releases/<sha256>/``; modules of the local
 transport read it from under the data folder, the others get it pushed over SSH. Releases
 no run may still read are pruned (the :data:`KEEP_RELEASES` newest kept).
+
+Lazy imports: :mod:`controller.remote.push` is imported when a release is pushed over SSH: it loads paramiko
+and fabric (143 and 155 ms CPU a fresh process, ``bench/import_costs.py``:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), which local modules and
+the verbs that only read never need.
 """
 
 from __future__ import annotations
@@ -17,18 +22,21 @@ import zlib
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from agent.validate import stage_local_release
 from contract.kernel_store import prune as prune_kernel_caches
 from contract.layout import WORKFLOW_DIR, LayoutScan
 from contract.oneline import error_line
 from controller.inventory import Module
+from controller.service.release_url import ReleaseUrlError, check_release_url, check_sha256, fetch_release, url_policy
 from controller.service.session import Session, UnusableRelease
 
 log = logging.getLogger(__name__)
 
 # Constants that were [controller] settings until issue 50 (ADR 0058)
-KEEP_RELEASES = 5  # staged releases kept (newest by their last run), and pushed ones on each module, besides running
+# staged releases kept (newest by their last run), and pushed ones on each module, besides running
+KEEP_RELEASES = 5
 RELEASE_DOWNLOAD_MAX_BYTES = 8 * 1024**3  # the largest release a URL may deliver
-RELEASE_DOWNLOAD_TIMEOUT = 1800.0  # the whole download of a release URL, s (30 s a read at most)
+RELEASE_DOWNLOAD_TIMEOUT = 1800.0  # s, the whole download (a read: 30 s at most)
 
 
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")
@@ -120,14 +128,6 @@ def prune_releases(s: Session) -> list[Path]:
 def download_release(s: Session, url: str, sha256: str | None = None) -> tuple[Path, str]:
     """Fetch a release URL into ``<data_dir>/releases/<sha256>/<name>`` (streamed, size-limited, with a
     deadline, checked against ``sha256`` when given); its path and sha256. UnusableRelease on any failure."""
-    from controller.service.release_url import (
-        ReleaseUrlError,
-        check_release_url,
-        check_sha256,
-        fetch_release,
-        url_policy,
-    )
-
     try:
         return fetch_release(check_release_url(url), s.settings.data_dir.expanduser() / "releases",
                              sha256=check_sha256(sha256), max_bytes=RELEASE_DOWNLOAD_MAX_BYTES,
@@ -145,8 +145,6 @@ def distribute(s: Session, modules: list[Module], tarball: Path, sha: str) -> tu
     paths: dict[str, str] = {}
     local = [m for m in modules if m.transport == "local"]
     if local:
-        from agent.validate import stage_local_release
-
         staged = str(stage_local_release(tarball, sha, s.settings.data_dir))
         paths = {m.name: staged for m in local}
     errors: dict[str, str] = {}

@@ -19,7 +19,8 @@ from controller.fleet.reservations import Reservation, others, plan_reserve, sho
 from controller.fleet.states import CLOCK_SKEW_WARN
 from controller.service.session import Conflict, NotFound, Session, broker_call
 
-RESERVED_EVENT = "reserved by"  # the start of a module's event ``reserved by U until ... (reason) [id]``
+# the start of a module's event ``reserved by U until ... (reason) [id]``
+RESERVED_EVENT = "reserved by"
 RELEASED_EVENT = "released by"
 
 

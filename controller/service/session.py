@@ -4,11 +4,17 @@ There is no global session: the CLI makes one per invocation, the HTTP API one p
 thread, the demo and the benchmarks their own. The service's errors (:class:`ServiceError`
 and its leaves) and the two wrappers that turn a broker's or a report's failure into one of
 them live here too.
+
+Lazy imports: the broker seam (:mod:`controller.fleet`, its power and kernel-log hooks) is imported when a
+session first opens it, and :mod:`controller.report` (pandas) when a report is built: ``fleetctl runs`` of ended
+runs opens neither, and its start-up is what ``bench/cli.py`` measures (``runs, ended``: 0.31 s CPU, 2.3x that of
+``--help`` against a goal of 2x; bench/results/cli_20261207_0057_defer-plugins.txt).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +25,10 @@ from controller.command import fleetctl
 from controller.errors import FleetctlError
 from controller.history import FrameCache, History, HistoryUnavailable
 from controller.identity import local_user
-from controller.inventory import Inventory, load_inventory
+from controller.inventory import Inventory, InventoryError, load_inventory
 from controller.settings import ControllerSettings
 
-if TYPE_CHECKING:  # the broker seam is imported when a session first opens it (issue 47: runs of ended runs)
+if TYPE_CHECKING:
     from controller.fleet import Fleet
     from controller.fleet.power import PassHook, PowerRecovery
 
@@ -77,7 +83,8 @@ class Session:
 
     settings: ControllerSettings
     user: str = field(default_factory=local_user)
-    frames: FrameCache | None = None  # fleetctl serve's, shared by its sessions: run frames kept decoded
+    # fleetctl serve's, shared by its sessions: run frames kept decoded
+    frames: FrameCache | None = None
     _history: History | None = None
     _inventory: Inventory | None = None
     _fleet: Fleet | None = None
@@ -121,7 +128,8 @@ class Session:
             self._history.frames = frames
 
     def has_history(self) -> bool:
-        where = self.settings.history_location  # a PostgreSQL database is there (its tables made when first opened)
+        # a PostgreSQL database is there (its tables made when first opened)
+        where = self.settings.history_location
         return self._history is not None or isinstance(where, str) or where.exists()
 
     def read_history(self) -> History:
@@ -153,7 +161,6 @@ class Session:
         """The recovery policy over the inventory's modules with a PDU outlet (None: none has one, or the policy is
         off: power_cycle_after 0; an inventory that cannot be read: none, its error is the verbs' to say)."""
         from controller.fleet.power import POWER_CYCLES_PER_HOUR, POWER_CYCLES_PER_RUN, PowerPolicy, PowerRecovery
-        from controller.inventory import InventoryError
 
         try:
             entries = {m.name: m.power for m in self.inventory().modules if m.power is not None}
@@ -168,10 +175,7 @@ class Session:
     def pass_hooks(self) -> tuple[PassHook, ...]:
         """What runs after each sync pass: the recovery policy (:meth:`power_recovery`), the kernel logs kept
         (:mod:`controller.fleet.kernel_logs`); none when the inventory cannot be read (the verbs say why)."""
-        import functools
-
         from controller.fleet.kernel_logs import KernelLogs
-        from controller.inventory import InventoryError
         from controller.remote.kernel_log import read_logs
 
         try:
@@ -209,9 +213,11 @@ def broker_call(s: Session, fn: Callable[[], Any]) -> Any:
 
     try:
         return fn()
-    except HistoryUnavailable:  # a ConnectionError too, but the history's: said as such (issue 48)
+    # a ConnectionError too, but the history's: said as such
+    except HistoryUnavailable:
         raise
-    except broker_errors() as exc:  # redis/kombu are imported only when something was raised
+    # redis/kombu are imported only when something was raised
+    except broker_errors() as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise BrokerUnavailable(f"broker {s.settings.redacted_broker_url()} unreachable: {first}") from exc
 

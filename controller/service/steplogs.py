@@ -1,6 +1,11 @@
 """The step logs a run left on its modules: read from a local module's workdir, or over SSH.
 
 A log is named ``NN-step[-key].log``; :func:`parse_log_name` reads the step and model key back.
+
+Lazy imports: :mod:`controller.remote.ssh` is imported when a log is read over SSH: it loads paramiko and
+fabric (143 and 155 ms CPU a fresh process, ``bench/import_costs.py``:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), which a local module's logs
+do not need.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from pathlib import Path
 
 from contract.records import MODEL_KEYS
 from contract.vocab import LOG_STEPS
+from controller.fleet.kernel_logs import logs_folder
 from controller.inventory import Module
 from controller.service.lifecycle import check_run_id, find_run
 from controller.service.records import LogFile
@@ -41,8 +47,6 @@ def logs(s: Session, run: str, *, module: str | None = None, step: str | None = 
 
 
 def _kept_logs(s: Session, run_id: str, module: str) -> list[LogFile]:
-    from controller.fleet.kernel_logs import logs_folder
-
     folder = logs_folder(s.settings.data_dir, check_run_id(run_id), module)
     return [LogFile(module, p.name, "kernel", None, str(p), p.read_text(encoding="utf-8", errors="replace"))
             for p in sorted(folder.glob("*.log"))] if folder.is_dir() else []

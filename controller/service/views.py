@@ -3,6 +3,11 @@
 Reading never writes the run history here, but for :func:`results` with ``pull`` (a sync
 first) and :func:`reset_module` (``fleetctl devices reset``: an event of the module).
 :func:`run_summary` and :func:`device_dict` are the API's resources and the webhooks' body.
+
+Lazy imports: :mod:`controller.report` is imported by :func:`report` and :func:`trend` only: it loads pandas
+(462 ms CPU a fresh process, ``bench/import_costs.py``:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), which the listing and status views do
+not need (``tests/cli/test_lean_verbs.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from contract.compat import judge
 from contract.oneline import error_line
 from contract.records import ResultRow, RunProgress
+from contract.version import versions
 from controller.fleet import BrokerUnavailable, RunView, newer_progress
 from controller.history import RunInfo
 from controller.inventory import Module
@@ -48,7 +54,8 @@ def with_broker_states(s: Session, items: list[RunInfo]) -> tuple[list[RunInfo],
     try:
         fleet = s.fleet()
         fresh = broker_call(s, lambda: fleet.kv.progress_of(pairs))
-    except OSError as exc:  # BrokerUnavailable is one; so is an embedded broker's folder that cannot be made
+    # BrokerUnavailable is one; so is an embedded broker's folder that cannot be made
+    except OSError as exc:
         why = str(exc) if isinstance(exc, BrokerUnavailable) else f"broker not read: {error_line(exc)}"
         return items, f"{why}: the states of running runs are the history's"
     states: dict[str, str] = {}
@@ -132,8 +139,6 @@ def trend(s: Session, query: TrendQuery) -> TrendResult:
 
 
 def version() -> dict[str, str]:
-    from contract.version import versions
-
     return versions()
 
 

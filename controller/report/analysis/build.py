@@ -59,12 +59,17 @@ class Frames:
     rows: pd.DataFrame  # the run's release rows, as stored
     probe: pd.DataFrame | None  # the rows the agent's probe measured
     cur: pd.DataFrame  # ``rows`` prepared (.frame.prepare)
-    base: pd.DataFrame | None  # the baseline's rows prepared, None without a row
-    prev: pd.DataFrame | None  # the previous run's rows prepared, None without a row
-    ref: pd.DataFrame | None  # the baseline's figures per (key, profile) (.compare.reference)
-    previous_ids: tuple[str, ...]  # the previous run's ids
-    disagreements: tuple[Disagreement, ...]  # release figures outside the probe's band
-    probe_checked: int  # release rows with a probe row beside them
+    # the baseline's rows prepared, None without a row
+    base: pd.DataFrame | None
+    # the previous run's rows prepared, None without a row
+    prev: pd.DataFrame | None
+    # the baseline's figures per (key, profile) (.compare.reference)
+    ref: pd.DataFrame | None
+    previous_ids: tuple[str, ...]
+    # release figures outside the probe's band
+    disagreements: tuple[Disagreement, ...]
+    # release rows with a probe row beside them
+    probe_checked: int
 
 
 @dataclass(frozen=True)
@@ -73,15 +78,17 @@ class Included:
 
     names: Names
     cells_all: Groups  # every row's cells, sorted once
-    spread: pd.DataFrame  # per cell the robust spread of each primary metric
+    # per cell the robust spread of each primary metric
+    spread: pd.DataFrame
     outliers: tuple[Outlier, ...]
     deviation: pd.DataFrame  # module x key deviation from the fleet
-    energy: tuple[Outlier, ...]  # the energy outliers (.energy)
+    energy: tuple[Outlier, ...]
     excluded: np.ndarray  # per row of cur: an outlier's
     some_excluded: bool  # some rows left out, not all
-    cells_inc: Groups  # the included rows' cells
-    inc: pd.DataFrame  # the included rows (only the columns the comparisons read)
-    mid: Middles | None  # the included rows' middles per cell
+    cells_inc: Groups
+    # the included rows (only the columns the comparisons read)
+    inc: pd.DataFrame
+    mid: Middles | None
 
 
 @dataclass(frozen=True)
@@ -149,7 +156,8 @@ def set_outliers_apart(cur: pd.DataFrame, ref: pd.DataFrame | None, th: Threshol
     """The outlier modules and (module, key) pairs against the fleet, refined against the fleet without them, and
     the rows left (:func:`included_rows`)."""
     names = Names(cur)
-    cells_all = Groups(cur["cell"].to_numpy())  # sorted once, reused by every per-cell median
+    # sorted once, reused by every per-cell median
+    cells_all = Groups(cur["cell"].to_numpy())
     devs, spread, fleet_mid = fleet_deviation(cur, th, cells_all)
     outliers, deviation = find_outliers(devs, names, th)
     energy = energy_outliers(cur, th)
@@ -167,7 +175,8 @@ def set_outliers_apart(cur: pd.DataFrame, ref: pd.DataFrame | None, th: Threshol
 
 def run_noise(cur: pd.DataFrame, inc: Included) -> Noise:
     """Whether the findings are weighed by the runs' noise too, and over which rows."""
-    out_of_line = {o.module for o in inc.outliers if o.model_key == FLEET}  # not in the references' spread either
+    # not in the references' spread either
+    out_of_line = {o.module for o in inc.outliers if o.model_key == FLEET}
     few = len(inc.names.modules) - len(out_of_line) < NOISE_BELOW
     return Noise(few=few, judged=cur[~inc.excluded] if few and inc.some_excluded else cur, out_of_line=out_of_line)
 
@@ -186,7 +195,8 @@ def against_baseline(f: Frames, inc: Included, noise: Noise, label: str, th: Thr
             rg, ch = weigh(rg, ch, RunNoise(noise.judged, f.base, th, noise.out_of_line), label)
         changes += ch
         regs += rg
-        right = np.full(int(ref_cells.index.max()) + 1, np.nan)  # the reference's answer per cell code
+        # the reference's answer per cell code
+        right = np.full(int(ref_cells.index.max()) + 1, np.nan)
         right[ref_cells.index.to_numpy()] = ref_cells["correct"].to_numpy(dtype=float)
         regs += correctness(inc.inc, np.take(right, inc.inc["cell"].to_numpy()), label)
     regs += missing_metrics(f.cur, inc.names.cells, ref, inc.names.modkey, label)
@@ -227,7 +237,8 @@ def modules_against_previous(cur: pd.DataFrame, prev: pd.DataFrame, match: Previ
         dp = diff_to_previous(cur, prev, found if len(found) < len(cur) else None, match)
     mine = module_compare(dp, inc.names, th, label, fleet_wide)
     regs = weigh(mine, [], RunNoise(noise.judged, prev, th, noise.out_of_line), label)[0] if noise.few else mine
-    answers = np.full(len(cur), np.nan)  # the previous run's answer per row of cur
+    # the previous run's answer per row of cur
+    answers = np.full(len(cur), np.nan)
     answers[found] = dp["ref_correct"].to_numpy(dtype=float)
     return regs + correctness(cur, answers, label)
 
@@ -270,7 +281,8 @@ def analyse(rows: pd.DataFrame, *, run_id: str = "", release: str = "", baseline
     prev_changes, prev_regs = against_previous(f, inc, noise, previous_label, th, regs)
     regressions = tuple(fold([*regs, *prev_regs], inc.outliers, inc.energy))
     refused = dict(refused or {})
-    notes += flagged_rows(f.rows)  # before what is missing: an incomplete verdict's line names the last note
+    # before what is missing: an incomplete verdict's line names the last note
+    notes += flagged_rows(f.rows)
     notes += completeness(cur, inc.names, f.ref, expected_modules, expected_keys, module_keys, refused)
     verdict = decide(state, len(cur), regressions, notes, expected_modules, expected_keys, refused)
     compared_previous = f.prev is not None and len(inc.inc) > 0

@@ -46,12 +46,12 @@ DEFAULT_MIN_MAGNITUDE = 0.03
 DEFAULT_MAX_PVALUE = 0.002
 DEFAULT_MIN_SEGMENT = 3
 DEFAULT_OUTLIER_SIGMAS = 3.0
-HAMPEL_HALF_WINDOW = 3  # an outlier is far from the median of the 3 values before it and of the 3 after it
+HAMPEL_HALF_WINDOW = 3  # an outlier: far from the medians of 3 before, 3 after
 # the spread of a value's residual from the mean of those two medians, in noise units: sqrt(1 + var(median of 3) / 2)
 RESIDUAL_SPREAD = math.sqrt(1 + 0.4487 / 2)
 
 
-Values = Union[Sequence[float], "np.ndarray"]  # a series: floats in release order
+Values = Union[Sequence[float], "np.ndarray"]
 
 
 class SeriesError(ReportError, ValueError):
@@ -95,8 +95,8 @@ class ChangePoint:
     ci_low: float
     ci_high: float
     p_value: float
-    before: float  # mean of the segment before
-    after: float  # mean of the segment after
+    before: float
+    after: float
     n_before: int
     n_after: int
     in_force: bool
@@ -136,9 +136,8 @@ def _welch(a: np.ndarray, b: np.ndarray) -> _Test:
 @cache
 def student_t() -> tuple[Any, Any]:
     """scipy.special's ``stdtr`` and ``stdtrit``: Student's t distribution function and its inverse."""
-    # Student's t straight from scipy.special (what scipy.stats.t's sf and ppf compute, without the distribution
-    # object's argument checks: ~100x faster a call, and pruning makes thousands of calls over a long history);
-    # loaded at the first test, once (an import statement a call cost more than the test's arithmetic)
+    # Student's t straight from scipy.special: what scipy.stats.t's sf and ppf compute, without the distribution
+    # object's argument checks in each of the thousands of calls pruning makes over a long history; imported once
     from scipy.special import stdtr, stdtrit
 
     return stdtr, stdtrit
@@ -169,13 +168,13 @@ def _gains(x: np.ndarray, m: int) -> np.ndarray:
     n = x.shape[-1]
     k = np.arange(m, n - m + 1)
     c = np.cumsum(x, axis=-1)
-    before = c[..., m - 1:n - m]  # the sums of the values before each split (k - 1 = m - 1 .. n - m - 1)
-    gain = before / k  # the mean before
+    before = c[..., m - 1:n - m]  # sums before each split k - 1 = m - 1 .. n - m - 1
+    gain = before / k
     right = c[..., -1:] - before
-    right /= n - k  # the mean after
+    right /= n - k
     gain -= right
     np.square(gain, out=gain)
-    gain *= k * (n - k) / n  # (in place, as k (n - k) / n * (left - right) ** 2 rounds: a shuffle's 1,999 rows)
+    gain *= k * (n - k) / n  # in place: rounds as k (n - k) / n * (l - r) ** 2
     return gain
 
 
@@ -316,7 +315,8 @@ def prune(values: Values, candidates: Sequence[int], settings: DetectorSettings 
         for j in (weakest - 1, weakest):
             if 0 <= j < len(cps):
                 tests[j] = test(j)
-    if not cps:  # every candidate dropped: the series' best split alone, judged over the whole series
+    # every candidate dropped: the series' best split alone, judged over the whole series
+    if not cps:
         cps = [k for k in (_best_split(x, s.min_segment),) if k is not None]
         tests = [sums.judge(0, k, len(x), s) for k in cps]
         if weakest_failing(tests, s) is not None:
@@ -380,7 +380,8 @@ def drift_runs(x: np.ndarray, cps: list[int], steps: Sequence[ChangePoint], s: D
             bounds = [0, *(c - lo for c in cps[i:j]), hi - lo]
             staircase = sum(weighted_ss(y[a:b], w[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
             m = ramp.n
-            floor = 1e-24 * m * float(np.mean(y * y))  # a noiseless series: the criterion's logarithm stays finite
+            # a noiseless series: the criterion's logarithm stays finite
+            floor = 1e-24 * m * float(np.mean(y * y))
             bic_steps = m * math.log(max(staircase, floor) / m) + (2 * (j - i) + 1) * math.log(m)
             bic_ramp = m * math.log(max(ramp.ss, floor) / m) + 4 * math.log(m)
             if bic_ramp < bic_steps and (ramp.delta > 0) == (steps[i].size > 0) and \

@@ -48,7 +48,8 @@ def analyse_many(series: Sequence[Values], settings: DetectorSettings | None = N
     for i, x in enumerate(xs):
         by_length.setdefault(len(x), []).append(i)
     for n, same_length in by_length.items():
-        for at in range(0, len(same_length), ROWS):  # a bounded array at a time (a history of every metric: 10^5)
+        # a bounded array at a time (a history of every metric: 10^5 series)
+        for at in range(0, len(same_length), ROWS):
             idx = same_length[at:at + ROWS]
             x = np.array([xs[i] for i in idx], dtype=float).reshape(len(idx), n)
             for i, d in zip(idx, _analyse_rows(x, s), strict=True):
@@ -56,7 +57,8 @@ def analyse_many(series: Sequence[Values], settings: DetectorSettings | None = N
     return [d for d in out if d is not None]
 
 
-ROWS = 4096  # series of one length analysed as one array at most
+# series of one length analysed as one array at most
+ROWS = 4096
 
 
 def _analyse_rows(x: np.ndarray, s: DetectorSettings) -> list[Detection]:
@@ -84,7 +86,8 @@ def hampel_rows(x: np.ndarray, sigmas: float) -> tuple[np.ndarray, list[tuple[in
     mid = x[:, 1:n - 1]
     scale = 1.4826 * np.median(np.abs(mid - (before + after) / 2), axis=1) / RESIDUAL_SPREAD
     floor = 1e-9 * np.median(np.abs(x), axis=1)
-    scale = np.where(floor > scale, floor, scale)  # max(scale, floor, 1e-300): the first of equals, as max() takes
+    # max(scale, floor, 1e-300): the first of equals, as max() takes
+    scale = np.where(floor > scale, floor, scale)
     scale = np.where(scale < 1e-300, 1e-300, scale)[:, None]
     # far from both sides (the first value of a new level is near the side after it) and from the line between them
     # (a value in a steady drift is near the mean of the two)
@@ -179,7 +182,7 @@ def prune_rows(x: np.ndarray, candidates: list[list[int]], s: DetectorSettings,
         passes = (p[active] <= s.max_pvalue) & (np.abs(size[active]) >= s.min_magnitude)
         fail = alive[active] & ~passes
         has = fail.any(axis=1)
-        for r in active[~has].tolist():  # every test passes
+        for r in active[~has].tolist():
             out[r] = reported(x[r], pos[r, alive[r]].tolist(), p[r, alive[r]].tolist(), s,
                               outliers[r] if outliers is not None else ())
         active, fail = active[has], fail[has]
@@ -222,7 +225,8 @@ class _RowSums:
 
     def __init__(self, x: np.ndarray) -> None:
         rows, n = x.shape
-        self.shift = np.array([float(row.mean()) for row in x])  # a 1-D mean each: numpy's pairwise sum of a row
+        # a 1-D mean each: numpy's pairwise sum of a row
+        self.shift = np.array([float(row.mean()) for row in x])
         c = x - self.shift[:, None]
         self.s1 = np.zeros((rows, n + 1))
         self.s2 = np.zeros((rows, n + 1))

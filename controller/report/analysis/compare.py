@@ -69,7 +69,8 @@ def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> tuple[pd.DataFram
     r.index = cells.index
     r.columns = [*(f"r_{m}" for m in ALL_METRICS), "correct"]
     cell = cur["cell"].to_numpy()
-    if len(cell) > 1 and bool((cell[1:] >= cell[:-1]).all()):  # rows in cell order (a prepared frame)
+    # rows in cell order (a prepared frame)
+    if len(cell) > 1 and bool((cell[1:] >= cell[:-1]).all()):
         sizes = np.bincount(cell)[cells.index.to_numpy()]
 
         def spread(per_cell: np.ndarray) -> np.ndarray:
@@ -82,7 +83,8 @@ def diff_to_reference(cur: pd.DataFrame, ref: pd.DataFrame) -> tuple[pd.DataFram
         def spread(per_cell: np.ndarray) -> np.ndarray:
             return np.take(per_cell, rows)
     out: dict[str, np.ndarray] = {c: cur[c].to_numpy() for c in ("mod", "key", "modkey", "cell")}
-    blank = no_figures(len(cell))  # every difference without a figure on either side (see prepare)
+    # every difference without a figure on either side (see prepare)
+    blank = no_figures(len(cell))
     for m in ALL_METRICS:
         b, ref_b = cur[B[m]].to_numpy(), r[f"r_{m}"].to_numpy()
         out[f"d_{m}"] = blank if all_nan(b) or bool(np.isnan(ref_b).all()) else b - spread(ref_b)
@@ -105,13 +107,15 @@ def _ident(df: pd.DataFrame, cats: dict[str, pd.Index], rows: np.ndarray | None 
     for c, code in zip(K, codes[1:], strict=True):
         ident *= len(cats[c]) + 1
         ident += code
-    missing = [code < 0 for code in codes if len(code) and int(code.min()) < 0]  # a value outside ``cats``
+    # a value outside ``cats``
+    missing = [code < 0 for code in codes if len(code) and int(code.min()) < 0]
     if missing:
         ident[np.logical_or.reduce(missing)] = -1
     return ident
 
 
-PreviousMatch = tuple[np.ndarray, pd.DataFrame]  # per row of cur: its row among prev's figures (-1: none); those
+# per row of cur: its row among prev's figures (-1: none); and those figures
+PreviousMatch = tuple[np.ndarray, pd.DataFrame]
 
 
 def previous_match(cur: pd.DataFrame, prev: pd.DataFrame) -> PreviousMatch:
@@ -127,7 +131,8 @@ def previous_match(cur: pd.DataFrame, prev: pd.DataFrame) -> PreviousMatch:
         index, pv = index[~dup], pv[~dup]
     # only cur's rows of a module the previous run has are looked up (a previous run of a few of the modules:
     # a few thousand rows, not a million); the others have no previous figure
-    span = (len(cats["model_key"]) + 1) * (len(cats["profile"]) + 1)  # ident = module code * span + ...
+    # ident = module code * span + ...
+    span = (len(cats["model_key"]) + 1) * (len(cats["profile"]) + 1)
     has = np.zeros(len(cats["module"]) + 1, dtype=bool)
     has[np.unique(index.to_numpy() // span)] = True
     codes = cur["module"].cat.codes.to_numpy()
@@ -146,17 +151,21 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame, rows: np.ndarray | N
     pos = take(pos)
     found = pos >= 0
     every = bool(found.all())
-    at = None if every else np.flatnonzero(found)  # the rows with a previous figure, where some lack one
+    # the rows with a previous figure, where some lack one
+    at = None if every else np.flatnonzero(found)
 
-    blank = no_figures(len(pos))  # shared by every column without a figure (see prepare)
+    # shared by every column without a figure (see prepare)
+    blank = no_figures(len(pos))
 
     def lookup(col: str) -> np.ndarray:
         values = pv[col].to_numpy(dtype=float, na_value=np.nan)
-        if not len(values) or bool(np.isnan(values).all()):  # no previous figure (of this metric) at all
+        # no previous figure (of this metric) at all
+        if not len(values) or bool(np.isnan(values).all()):
             return blank
         if at is None:
             return values[pos]
-        out = np.full(len(pos), np.nan)  # gathered only where found (a previous run of a few of the modules)
+        # gathered only where found (a previous run of a few of the modules)
+        out = np.full(len(pos), np.nan)
         out[at] = values[pos[at]]
         return out
 
@@ -166,11 +175,12 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame, rows: np.ndarray | N
     out: dict[str, np.ndarray] = {c: mine(c) for c in ("mod", "key", "modkey", "cell")}
     for m in ALL_METRICS:
         pb = lookup(B[m])
-        if pb is blank:  # no difference without a previous figure
+        if pb is blank:
             d = blank
         elif at is None:
             d = mine(B[m]) - pb
-        else:  # a difference only where there is a previous figure: cur's badness there, not all of it
+        # a difference only where there is a previous figure: cur's badness there, not all of it
+        else:
             d = np.full(len(pos), np.nan)
             b = cur[B[m]].to_numpy()
             d[at] = b[at if rows is None else rows[at]] - pb[at]
@@ -180,7 +190,8 @@ def diff_to_previous(cur: pd.DataFrame, prev: pd.DataFrame, rows: np.ndarray | N
     return pd.DataFrame(out, index=cur.index if rows is None else cur.index[rows], copy=False)
 
 
-Among = tuple[Groups, np.ndarray]  # every row's groups (rows in cell order), and the positions among them of d's rows
+# every row's groups (rows in cell order), and the positions among them of d's rows
+Among = tuple[Groups, np.ndarray]
 
 
 def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
@@ -195,9 +206,11 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
     dcols, rcols = [f"d_{m}" for m in metrics], [f"r_{m}" for m in metrics]
     cell = d["cell"].to_numpy()
     g = groups or Groups(cell)
-    every = np.searchsorted(among[0].present, g.present) if among is not None else None  # g's cells among every row's
+    # g's cells among every row's
+    every = np.searchsorted(among[0].present, g.present) if among is not None else None
     dv = float_columns(d, dcols)
-    if mid is not None and ref_cells is not None:  # d = badness - the cell's reference: shift the middles
+    # d = badness - the cell's reference: shift the middles
+    if mid is not None and ref_cells is not None:
         r = ref_cells[rcols].reindex(g.present).to_numpy()
         lo, hi = mid.lo[metrics].to_numpy() - r, mid.hi[metrics].to_numpy() - r
     else:
@@ -205,7 +218,8 @@ def _cells(d: pd.DataFrame, metrics: list[str], names: Names, th: Thresholds,
     # the lower median of the badness: with an even count the less bad of the middle two, so
     # that half of a small fleet is not a fleet-wide regression
     n_rows = g.ends - g.starts if among is None or every is None else (among[0].ends - among[0].starts)[every]
-    few = (n_rows < LOWER_MEDIAN_BELOW)[:, None]  # small fleets: the median of an even count matters
+    # small fleets: the median of an even count matters
+    few = (n_rows < LOWER_MEDIAN_BELOW)[:, None]
     med = pd.DataFrame(np.where(few, lo, (lo + hi) / 2), index=g.present, columns=dcols)
     # the key-level figure's cells: the trimmed mean; a cell of more than TRIM_UP_TO modules keeps its median. A
     # small even cell takes its lower median only where its middle two modules differ by more than the tolerance
@@ -270,18 +284,20 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
     regs: list[Regression] = []
     key_regressed: set[tuple[str, str]] = set()
     pairs = pd.MultiIndex.from_arrays([cells["model_key"], cells["metric"]])
-    index = pairs.unique().sort_values()  # the (key, metric) groups, sorted as a groupby sorts them
+    # the (key, metric) groups, sorted as a groupby sorts them
+    index = pairs.unique().sort_values()
     at = index.get_indexer(pairs)
     # the key's figure: the Hodges-Lehmann centre over its profiles of the cells' trimmed means (see .verdict)
     key_d, d_lo, d_hi = hodges_lehmann_groups(cells["t"].to_numpy(dtype=float), at, len(index))
     (key_ref,) = Groups(at).median([cells["ref"].to_numpy(dtype=float)]).T
     key_n, key_p = np.bincount(at, minlength=len(index)), wilcoxon_groups(cells, index, "t")
     windows = _window_key_tests(d, [m for m in metrics if m in WINDOW_METRICS], names)
-    for i, (key, m) in enumerate(index):  # keys x metrics
+    for i, (key, m) in enumerate(index):
         ch, p, base, n = float(relative_change(m, key_d[i])), float(key_p[i]), float(key_ref[i]), int(key_n[i])
         lo, hi = _change_bounds(m, float(d_lo[i]), float(d_hi[i]))
-        if m in WINDOW_METRICS:  # one window (or start) per module: the mean change over the modules' windows, its
-            # t-test and t-interval (none below MIN_WINDOWS_FOR_INTERVAL), not the profiles' (one figure repeated)
+        # one window (or start) per module: the mean change over the modules' windows, its t-test and t-interval
+        # (none below MIN_WINDOWS_FOR_INTERVAL), not the profiles' (one figure repeated)
+        if m in WINDOW_METRICS:
             w = windows.get((str(key), m))
             p, n = (w.p, w.n) if w is not None else (1.0, 0)
             if w is not None:
@@ -302,12 +318,13 @@ def fleet_compare(d: pd.DataFrame, names: Names, against: str, th: Thresholds,
     cells["change"] = _change_vec(cells)
     cells["p"] = sign_p(cells["worse"], cells["n"])
     hit, tested = profile_regressed(cells, th)
-    hit &= ~cells["metric"].isin(WINDOW_METRICS).to_numpy()  # a profile has no energy or start figure of its own
+    # a profile has no energy or start figure of its own
+    hit &= ~cells["metric"].isin(WINDOW_METRICS).to_numpy()
     found = cells[hit]
     found = found[[(str(k), str(m)) not in key_regressed for k, m in zip(found["model_key"], found["metric"],
                                                                           strict=True)]]
     lows, highs = _cell_intervals(d, found)
-    for r, lo, hi in zip(found.itertuples(), lows, highs, strict=True):  # findings only
+    for r, lo, hi in zip(found.itertuples(), lows, highs, strict=True):
         regs.append(Regression(module=FLEET, model_key=str(r.model_key), profile=str(r.profile), metric=str(r.metric),
                                baseline=float(r.ref), value=float(r.ref * (1 + r.change)), change=float(r.change),
                                against=against, p_value=float(r.p) if tested[r.Index] else None, n=int(r.n),
@@ -336,7 +353,8 @@ def _window_key_tests(d: pd.DataFrame, metrics: list[str], names: Names) -> dict
     out: dict[tuple[str, str], WindowTest] = {}
     g = d["modkey"].to_numpy()
     for m in metrics:
-        per = d[f"d_{m}"].groupby(g).median().dropna()  # per (module, key): its window's change
+        # per (module, key): its window's change
+        per = d[f"d_{m}"].groupby(g).median().dropna()
         for code, v in per.groupby(per.index.to_numpy() % names.nk):
             x = v.to_numpy(dtype=float)
             out[(str(names.keys[int(code)]), m)] = WindowTest(window_t_p(x), len(x), float(np.mean(x)),
@@ -348,7 +366,8 @@ def _change_bounds(metric: str, lo: float, hi: float) -> tuple[float | None, flo
     """An interval of badness (log units) as an interval of the change (None, None where there is none)."""
     if np.isnan(lo) or np.isnan(hi):
         return None, None
-    a, b = sorted(float(relative_change(metric, x)) for x in (lo, hi))  # a badness bound is a change bound
+    # a badness bound is a change bound
+    a, b = sorted(float(relative_change(metric, x)) for x in (lo, hi))
     return a, b
 
 
@@ -429,7 +448,7 @@ def module_compare(d: pd.DataFrame, names: Names, th: Thresholds, against: str =
         has = ~np.isnan(dm_sel)
         at = np.searchsorted(codes.to_numpy(), g_sel[has])
         m_lo, m_hi = median_intervals(dm_sel[has], at, len(codes))
-        for i, code in enumerate(codes):  # findings only
+        for i, code in enumerate(codes):
             module, key = names.modkey(int(code))
             base = float(refs.loc[code])
             c = float(ch.loc[code])
@@ -453,7 +472,7 @@ def correctness(cur: pd.DataFrame, ref_correct: np.ndarray, label: str) -> list[
     cells = cur["cell"].to_numpy()[flip]
     flips["answered"] = answered.reindex(cells).to_numpy()
     regs: list[Regression] = []
-    for (key, prof), grp in flips.groupby(K):  # flipped prompts only
+    for (key, prof), grp in flips.groupby(K):
         mods = tuple(sorted(grp["module"]))
         every = len(mods) == int(grp["answered"].iloc[0]) and len(mods) > 1
         for module in [FLEET] if every else mods:

@@ -19,6 +19,9 @@ p < 0.001. Here:
   estimated spread named 3 % of runs of 4 identical modules x 7 keys; ADR 0040).
 
 They stay in the fleet's figures (their speed is not in doubt). Pure: a prepared frame in, records out.
+
+Lazy imports: :mod:`.nulls` (scipy.special: 395 ms CPU a fresh process, ``bench/import_costs.py``) is imported
+by the tests that use it, as in :mod:`.stats`.
 """
 
 from __future__ import annotations
@@ -30,10 +33,14 @@ import pandas as pd
 
 from controller.report.model import ENERGY_PRIMARY, FLEET, Outlier, Thresholds, WorstCase
 
-Z = 4.0  # spreads: a window this far out counts in an outlier's share of windows out (shown, not the test)
-MIN_KEYS = 2  # the spread a window is judged by comes from at least this many keys' windows
-MEDIAN_SE = 1.2533  # the standard error of a median of normal figures is sqrt(pi / 2) that of their mean
-WINDOW = "window"  # a worst case's profile: the whole key's benchmark window
+# spreads: a window this far out counts in an outlier's share of windows out (shown, not the test)
+Z = 4.0
+# the spread a window is judged by comes from at least this many keys' windows
+MIN_KEYS = 2
+# the standard error of a median of normal figures is sqrt(pi / 2) that of their mean
+MEDIAN_SE = 1.2533
+# a worst case's profile: the whole key's benchmark window
+WINDOW = "window"
 
 
 def windows(cur: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -51,7 +58,8 @@ def energy_outliers(cur: pd.DataFrame, th: Thresholds) -> tuple[Outlier, ...]:
     if metric not in cur.columns:
         return ()
     w = windows(cur, metric)
-    if len(w) < 3:  # a median of the others needs two of them
+    # a median of the others needs two of them
+    if len(w) < 3:
         return ()
     x = np.log(w.to_numpy(dtype=float))  # J/token: higher is worse, as a badness
     modules, keys = [str(m) for m in w.index], [str(k) for k in w.columns]
@@ -99,7 +107,7 @@ def energy_outliers(cur: pd.DataFrame, th: Thresholds) -> tuple[Outlier, ...]:
 def _t_p(t: float, df: int) -> float:
     """Two-sided p of Student's t with ``df`` degrees of freedom: the spread is an estimate from a few windows
     (a z of 4 against a spread of 21 windows' differences named 3 % of runs of 4 identical modules x 7 keys)."""
-    from controller.report.analysis.nulls import t_sf  # scipy.special: only when a report is built
+    from controller.report.analysis.nulls import t_sf
 
     return 2 * t_sf(abs(t), df)
 
@@ -147,8 +155,8 @@ def _outlier(module: str, key: str, typ: float, se: float, spread: np.ndarray, x
                             fleet_median=math.exp(float(x[j] - dev[j])), z=float(dev[j] / spread[j]))
                   for j in order[:th.worst_cases])
     n = int(np.sum(~np.isnan(dev)))
-    out = int(np.sum(side * np.nan_to_num(dev) > Z * spread))  # windows past Z spreads of their key
-    from controller.report.analysis.nulls import t_ppf  # scipy.special: only when a report is built
+    out = int(np.sum(side * np.nan_to_num(dev) > Z * spread))
+    from controller.report.analysis.nulls import t_ppf
 
     half = t_ppf(0.975, df) * se
     lo, hi = typ - half, typ + half

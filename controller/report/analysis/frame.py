@@ -23,13 +23,13 @@ K = ["model_key", "profile"]
 SIGN: dict[str, float] = {m: (-1.0 if up else 1.0) for m, up in METRICS.items()}
 
 
-B = {m: f"b_{m}" for m in ALL_METRICS}  # badness column per metric
+B = {m: f"b_{m}" for m in ALL_METRICS}
 
 
 IDS = ("module", "model_key", "profile")
 
 
-SHAPE = ("table", "prefill_len", "input_tokens", "prefix_tokens")  # per profile, for plots
+SHAPE = ("table", "prefill_len", "input_tokens", "prefix_tokens")
 
 
 def _category(col: pd.Series) -> pd.Categorical:
@@ -46,7 +46,8 @@ def _category(col: pd.Series) -> pd.Categorical:
 def _numeric(col: pd.Series) -> np.ndarray:
     if pd.api.types.is_float_dtype(col.dtype):
         return col.to_numpy(dtype=float, na_value=np.nan)
-    if col.dtype == object:  # e.g. ``correct``: True / False / None; np.asarray makes None NaN
+    # e.g. ``correct``: True / False / None; np.asarray makes None NaN
+    if col.dtype == object:
         try:
             return np.asarray(col.to_numpy(), dtype=float)
         except (TypeError, ValueError):
@@ -106,7 +107,8 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
         order = np.argsort(cell.astype(np.int16 if cell.max() < 2**15 else np.int64), kind="stable")
     # what the cell determines (key, profile, the cell itself) is each cell's value repeated over
     # its rows in cell order (a sequential write), not a gather of every row
-    sizes = np.bincount(cell) if n else np.zeros(0, dtype=np.int64)  # factorized: codes 0..k-1, all present
+    # factorized: codes 0..k-1, all present
+    sizes = np.bincount(cell) if n else np.zeros(0, dtype=np.int64)
     firsts = None if order is None else order[np.concatenate(([0], np.cumsum(sizes)[:-1]))]
 
     def by_cell(v: Any) -> Any:
@@ -124,7 +126,8 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(invalid="ignore", divide="ignore"):
         for m in ALL_METRICS:
             v = _numeric(col(m)) if m in df.columns else blank
-            if v is blank or all_nan(v):  # no figure (a metric the run does not measure): no badness either
+            # no figure (a metric the run does not measure): no badness either
+            if v is blank or all_nan(v):
                 cols[m] = cols[B[m]] = blank
                 continue
             bad = invalid(m)
@@ -132,7 +135,8 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
                 v = np.where(bad, np.nan, v)
             v = in_order(v)
             cols[m] = v
-            b = np.log(v)  # then the sign (an exact flip) and NaN where there is no badness, in place
+            # then the sign (an exact flip) and NaN where there is no badness, in place
+            b = np.log(v)
             if SIGN[m] < 0:
                 np.negative(b, out=b)
             b[~(v > 0)] = np.nan
@@ -204,7 +208,8 @@ def positions_taker(rows: np.ndarray | None, n: int) -> Callable[[np.ndarray], n
     gathered row by row (as :func:`take_rows`)."""
     if rows is None:
         return lambda v: v
-    if len(rows) == n:  # increasing positions, as many as rows: every row
+    # increasing positions, as many as rows: every row
+    if len(rows) == n:
         return lambda v: v.copy()
     if (n - len(rows)) * 64 < n:
         gone = np.ones(n, dtype=bool)

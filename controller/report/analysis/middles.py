@@ -82,7 +82,8 @@ def included_middles(cur: pd.DataFrame, g: Groups, fleet: dict[str, tuple[np.nda
             lo, hi = np.full(len(g), np.nan), np.full(len(g), np.nan)
             lo[fits] = vals[(first + a - n_below)[fits]]
             hi[fits] = vals[(first + c - n_below)[fits]]
-            for i in np.flatnonzero(~fits & (n_inc > 0)).tolist():  # rows left out moved the middles far
+            # rows left out moved the middles far
+            for i in np.flatnonzero(~fits & (n_inc > 0)).tolist():
                 seg = b[g.starts[i]:g.ends[i]][ok_row[g.starts[i]:g.ends[i]]]
                 part = np.partition(seg, (a[i], c[i]) if a[i] != c[i] else a[i])
                 lo[i], hi[i] = part[a[i]], part[c[i]]

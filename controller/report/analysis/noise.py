@@ -24,6 +24,9 @@ finding whose p is not below ``alpha`` is no regression: it is said as a change 
 the report's table). The judged run's outlier modules are left out of both runs' spread. Where neither run has a
 repeat (one module against one: no spread to estimate), the finding is judged as before. Pure: frames in, findings
 out.
+
+Lazy imports: :mod:`.nulls` (scipy.special: 395 ms CPU a fresh process, ``bench/import_costs.py``) is imported
+by the tests that use it, as in :mod:`.stats`.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from controller.report.analysis.frame import B
 from controller.report.analysis.stats import MIN_WINDOWS_FOR_INTERVAL
 from controller.report.model import ALL_METRICS, FLEET, Change, Regression, Thresholds
 
-NOISE_BELOW = 6  # fewer modules: no distribution-free interval of a median at 95 % (stats.median_interval_ranks)
+# fewer modules: no distribution-free interval of a median at 95 % (stats.median_interval_ranks)
+NOISE_BELOW = 6
 assert NOISE_BELOW >= MIN_WINDOWS_FOR_INTERVAL
 
 
@@ -75,7 +79,8 @@ class RunNoise:
 
     def __init__(self, cur: pd.DataFrame, ref: pd.DataFrame, th: Thresholds, left_out: Iterable[str] = ()) -> None:
         self.cur, self.th = cur, th
-        out = set(left_out)  # the judged run's outlier modules: their level in the reference is no noise either
+        # the judged run's outlier modules: their level in the reference is no noise either
+        out = set(left_out)
         self.ref = ref[~ref["module"].astype(str).isin(out).to_numpy()] if out else ref
         self._cache: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
 
@@ -116,7 +121,7 @@ class RunNoise:
         a, b = x.xs(key, level="key"), y.xs(key, level="key")
         var, df = self._level_var(key, metric)
         factor = 1 / len(a) + 1 / len(b)
-        changes = (x.groupby(level="key").mean() - y.groupby(level="key").mean()).dropna()  # every key's change
+        changes = (x.groupby(level="key").mean() - y.groupby(level="key").mean()).dropna()
         var = max(var, _robust_var(changes.to_numpy()) / factor) if math.isfinite(var) else var
         p = _t_p(sign * float(a.mean() - b.mean()), var, factor, df)
         return None if p is None else min(1.0, p * x.index.get_level_values("key").nunique())
@@ -176,7 +181,8 @@ def _t_p(diff: float, var: float, factor: float, df: int) -> float | None:
 
 
 def _judged(metric: str) -> bool:
-    return metric in ALL_METRICS and metric not in WINDOW_METRICS  # energy and starts: t-tests over the modules
+    # energy and starts: t-tests over the modules
+    return metric in ALL_METRICS and metric not in WINDOW_METRICS
 
 
 def weigh(regs: list[Regression], changes: list[Change], noise: RunNoise, against: str

@@ -18,7 +18,8 @@ import numpy as np
 from scipy import special
 from scipy.special import _ufuncs
 
-WILCOXON_EXACT_UP_TO = 50  # scipy's method="auto": the exact null distribution up to 50 values, the normal above
+# scipy's method="auto": the exact null distribution up to 50 values, the normal above
+WILCOXON_EXACT_UP_TO = 50
 
 
 def _binom(fn: Any, k: Any, n: Any, p: float, *, sf: bool) -> Any:
@@ -146,7 +147,8 @@ def wilcoxon_p(d: np.ndarray, alternative: str, *, exact: bool) -> np.ndarray:
     r_plus = r_plus + r_zero_2
     if exact and n <= WILCOXON_EXACT_UP_TO:
         if has_ties or bool(i_zeros.any()):
-            return _scipy_wilcoxon(d, alternative, exact)  # scipy's permutation test (n <= 13) or normal
+            # scipy's permutation test (n <= 13) or normal
+            return _scipy_wilcoxon(d, alternative, exact)
         if alternative == "less":
             return np.array([_exact_cdf(int(k), n) for k in np.ceil(r_plus)], dtype=float)
         return np.array([_exact_sf(int(k), n) for k in np.floor(r_plus)], dtype=float)
@@ -160,7 +162,8 @@ def wilcoxon_p(d: np.ndarray, alternative: str, *, exact: bool) -> np.ndarray:
 
 
 def _scipy_wilcoxon(d: np.ndarray, alternative: str, exact: bool) -> np.ndarray:
-    from scipy import stats  # only for inputs the path above does not take
+    # only for inputs the path above does not take
+    from scipy import stats
 
     return np.asarray(stats.wilcoxon(d, axis=1, zero_method="zsplit", alternative=alternative,
                                      method="auto" if exact else "approx").pvalue, dtype=float)

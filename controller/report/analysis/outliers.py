@@ -49,7 +49,8 @@ class Deviations:
                  codes: tuple[np.ndarray, np.ndarray, np.ndarray], nk: int, groups: Groups | None) -> None:
         self.metrics = metrics
         self.mi = np.array([PRIMARY_METRICS.index(m) for m in metrics], dtype=np.int8)  # column -> metric
-        self.b = b  # the badness columns themselves (the prepared frame's, not a copy)
+        # the badness columns themselves (the prepared frame's, not a copy)
+        self.b = b
         self.dev, self.scale, self.groups = dev, scale, groups
         self.cell, self.mod, self.modkey = codes
         self.nk = nk  # modkey = mod * nk + key
@@ -77,7 +78,8 @@ class Deviations:
         array of scales)."""
         g = self.groups
         zpos, zneg = np.zeros(len(self.dev)), np.zeros(len(self.dev))
-        if g is None or g.order is not None:  # not in cell order (not a prepared frame): one gather of the scales
+        # not in cell order (not a prepared frame): one gather of the scales
+        if g is None or g.order is not None:
             z = self.dev / np.take(self.scale, self.cell, axis=0)
             return row_counts(z > 3.0), row_counts(z < -3.0)
         for code, lo, hi in zip(g.present.tolist(), g.starts.tolist(), g.ends.tolist(), strict=True):
@@ -104,19 +106,21 @@ class Deviations:
             per_row = row_counts(ok)
             cols = [per_row, row_counts(dev > 0.0), row_counts(dev < 0.0),
                     reorder(zpos), reorder(zneg)]
-        d = np.compress(ok.reshape(-1), dev.reshape(-1))  # row-major: each row's metrics in turn, each module/key's
+        # row-major: each row's metrics in turn, each module/key's rows together
+        d = np.compress(ok.reshape(-1), dev.reshape(-1))
         # rows one run
         del dev, ok
-        first = np.flatnonzero(np.concatenate(([True], modkey[1:] != modkey[:-1])))  # each module/key's first row
+        first = np.flatnonzero(np.concatenate(([True], modkey[1:] != modkey[:-1])))
         ids = modkey[first]
-        runs = np.column_stack([np.add.reduceat(c, first) for c in cols])  # per module/key: whole numbers, exact
+        # per module/key: whole numbers, exact
+        runs = np.column_stack([np.add.reduceat(c, first) for c in cols])
         at = np.concatenate(([0], np.cumsum(per_row, dtype=np.int64)[:-1]))[first]  # its first entry
         size = int(ids[-1]) + 1
         counts = np.zeros((size, runs.shape[1]))
         counts[ids] = runs
         by_key = _outlier_stats(counts, _run_medians(d, at, ids, runs[:, 0]))
         mod_of = ids // self.nk
-        mfirst = np.flatnonzero(np.concatenate(([True], mod_of[1:] != mod_of[:-1])))  # each module's first key
+        mfirst = np.flatnonzero(np.concatenate(([True], mod_of[1:] != mod_of[:-1])))
         mruns = np.add.reduceat(runs, mfirst, axis=0)  # whole numbers: exact
         mod_counts = np.zeros((-(-size // self.nk), runs.shape[1]))
         mod_counts[mod_of[mfirst]] = mruns
@@ -132,7 +136,8 @@ class Deviations:
         g, n = self.groups, len(self.mod)
         perm: np.ndarray | None
         if g is not None and g.order is None and len(g):
-            keys = self.modkey[g.starts] % self.nk  # the key of each cell's run of rows
+            # the key of each cell's run of rows
+            keys = self.modkey[g.starts] % self.nk
             if len(keys) < 2 or bool((keys[1:] >= keys[:-1]).all()):
                 cells, per = len(g), n // len(g)
                 if cells > 1 and per > 1 and bool((g.ends - g.starts == per).all()):
@@ -146,7 +151,8 @@ class Deviations:
             perm = by_module(self.modkey)
         if perm is None:
             return lambda v: v
-        return lambda v: v[perm] if v.ndim == 1 else np.take(v, perm, axis=0)  # numpy 2.4: v[perm] the faster
+        # numpy 2.4: v[perm] the faster
+        return lambda v: v[perm] if v.ndim == 1 else np.take(v, perm, axis=0)
 
 
     def entries(self, rows: np.ndarray, dev: np.ndarray | None = None) -> pd.DataFrame:
@@ -198,13 +204,15 @@ def fleet_deviation(cur: pd.DataFrame, th: Thresholds, groups: Groups | None = N
                              groups or Groups(cur["cell"].to_numpy())), pd.DataFrame(), {}
     cell = cur["cell"].to_numpy()
     g = groups or Groups(cell)
-    bs = float_columns(cur, cols)  # contiguous columns: medians partition them without a copy first
+    # contiguous columns: medians partition them without a copy first
+    bs = float_columns(cur, cols)
     lo, hi = g.middles(bs)
     mid = (lo + hi) / 2  # as Groups.median
     med = mid if g.order is None else by_code(g, mid)
     dev = np.empty((len(cell), len(bs)))
     spread_np = np.empty((len(g), len(bs)))
-    for j, b in enumerate(bs):  # one metric at a time: its deviations, then their absolute values in place
+    # one metric at a time: its deviations, then their absolute values in place
+    for j, b in enumerate(bs):
         # rows in cell order: each cell's median repeated over its rows (no gather)
         d = b - (np.repeat(med[:, j], g.ends - g.starts) if g.order is None else np.take(med[:, j], cell))
         dev[:, j] = d
@@ -242,25 +250,29 @@ def _run_medians(d: np.ndarray, at: np.ndarray, ids: np.ndarray, sizes: np.ndarr
 
 
 def _group_medians(dev: np.ndarray, g: np.ndarray) -> pd.Series:
-    runs = run_medians(dev, g)  # entries laid out group by group (see Deviations.stats)
+    # entries laid out group by group (see Deviations.stats)
+    runs = run_medians(dev, g)
     if runs is not None:
         return pd.Series(runs[1], index=runs[0])
-    return pd.Series(dev).groupby(g).median() + 0.0  # a zero median is +0.0, as run_medians gives it
+    # a zero median is +0.0, as run_medians gives it
+    return pd.Series(dev).groupby(g).median() + 0.0
 
 
 def _outlier_stats(counts: np.ndarray, typ: pd.Series) -> pd.DataFrame:
     """Per group code (module or module/key), from its counts (:func:`_entry_counts`) and the
     median of its deviations: typical deviation, cells, sign test, share |z| > 3."""
-    at = np.flatnonzero(counts[:, 0] > 0)  # the groups with an entry: arrays, one frame at the end
+    # the groups with an entry: arrays, one frame at the end
+    at = np.flatnonzero(counts[:, 0] > 0)
     cells, pos, neg, zpos, zneg = counts[at].T
     t = typ.to_numpy(dtype=float)
-    if len(t) != len(at) or not np.array_equal(typ.index.to_numpy(), at):  # the medians' codes are those groups
+    # the medians' codes are those groups
+    if len(t) != len(at) or not np.array_equal(typ.index.to_numpy(), at):
         t = typ.reindex(at).to_numpy(dtype=float)
     up = t > 0
     p = np.minimum(1.0, 2 * sign_p(np.where(up, pos, neg), pos + neg))
     return pd.DataFrame({"cells": cells, "pos": pos, "neg": neg, "zpos": zpos, "zneg": zneg, "typ": t, "p": p,
                          "share_out": np.where(up, zpos, zneg) / np.maximum(cells, 1),
-                         "factor": np.exp(-t)},  # performance relative to the fleet median
+                         "factor": np.exp(-t)},  # relative to the fleet median
                         index=pd.Index(at))
 
 
@@ -300,7 +312,8 @@ def _deviation(by_key: pd.DataFrame, names: Names) -> pd.DataFrame:
     table[mrow, kcol] = by_key["factor"].to_numpy() - 1.0
     t = pd.DataFrame(table, index=pd.Index(names.modules[mods], name="module"),
                      columns=pd.Index(names.keys[keys], name="model_key"))
-    if not (t.index.is_monotonic_increasing and t.columns.is_monotonic_increasing):  # categories given unsorted
+    # categories given unsorted
+    if not (t.index.is_monotonic_increasing and t.columns.is_monotonic_increasing):
         t = t.sort_index(axis=0).sort_index(axis=1)
     return t
 
@@ -342,7 +355,7 @@ def _outlier(long: pd.DataFrame, names: Names, by: str, code: int, r: pd.Series,
     worst = sel.assign(w=sel["dev"] * direction).nlargest(th.worst_cases, "w")
     metrics = PRIMARY_METRICS  # "mi" indexes these
     cases = []
-    for w in worst.itertuples():  # the worst few
+    for w in worst.itertuples():
         m = metrics[int(w.mi)]
         value = math.exp(SIGN[m] * w.b)
         cases.append(WorstCase(model_key=str(names.cells.at[w.cell, "model_key"]),
@@ -361,7 +374,8 @@ def _outlier(long: pd.DataFrame, names: Names, by: str, code: int, r: pd.Series,
 
 def outlier_mask(cur: pd.DataFrame, outliers: Iterable[Outlier]) -> np.ndarray:
     mask = np.zeros(len(cur), dtype=bool)
-    for o in outliers:  # a few outliers; each a vectorised mask
+    # a few outliers; each a vectorised mask
+    for o in outliers:
         m = (cur["module"] == o.module).to_numpy()
         if o.model_key != FLEET:
             m = m & (cur["model_key"] == o.model_key).to_numpy()

@@ -48,9 +48,11 @@ from controller.report.model import (
     Verdict,
 )
 
-ABBA = ("A", "B", "B", "A")  # one round of a paired comparison, in run order
-PAIRED_TOLERANCE = 0.01  # the paired mode's default tolerance (the unpaired verdict's is 5 %)
-POWER = 0.95  # the detection probability the minimum detectable change is stated at
+ABBA = ("A", "B", "B", "A")  # one round, in run order
+# the paired mode's default tolerance (the unpaired verdict's is 5 %)
+PAIRED_TOLERANCE = 0.01
+# the detection probability the minimum detectable change is stated at
+POWER = 0.95
 
 
 def paired_thresholds(tolerance: float = PAIRED_TOLERANCE, alpha: float = 0.01) -> Thresholds:
@@ -135,14 +137,16 @@ def paired_compare(rows: pd.DataFrame, runs: Iterable[PairedRun], *, release_a: 
     for i, (key, metric) in enumerate(index):
         bounds = None if np.isnan(lo[i]) else (float(lo[i]), float(hi[i]))
         mid, profiles = float(centre[i]), int(sizes[i])
-        if metric in WINDOW_METRICS:  # one window (start) per (round, module): its mean, t-test and t-interval over
-            # the pairs (none below MIN_WINDOWS_FOR_INTERVAL), not the profiles' (one figure on every profile)
+        # one window (start) per (round, module): its mean, t-test and t-interval over the pairs (none below
+        # MIN_WINDOWS_FOR_INTERVAL), not the profiles' (one figure on every profile)
+        if metric in WINDOW_METRICS:
             w = windows.get((str(key), str(metric)))
             if w is not None:
                 p[i], mid, bounds, pairs[i] = w.p, w.mean, w.interval, w.n
             else:
                 p[i], bounds = 1.0, None
-            profiles = 0  # a start or a window has no profiles of its own
+            # a start or a window has no profiles of its own
+            profiles = 0
         ch = float(relative_change(metric, mid))
         a_lo, a_hi = (None, None) if bounds is None else sorted(float(relative_change(metric, x)) for x in bounds)
         se = float(sd[i]) / math.sqrt(int(sizes[i])) if sizes[i] > 1 else math.nan

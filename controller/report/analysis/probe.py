@@ -22,13 +22,15 @@ def split_sources(df: pd.DataFrame | None) -> tuple[pd.DataFrame | None, pd.Data
     ``source`` column are all the release's."""
     if df is None or "source" not in df.columns:
         return df, None
-    probe = (df["source"] == "probe").to_numpy(dtype=bool, na_value=False)  # a missing source: the release's
+    # a missing source: the release's
+    probe = (df["source"] == "probe").to_numpy(dtype=bool, na_value=False)
     if not probe.any():
         return df, None
     return df[~probe].reset_index(drop=True), df[probe].reset_index(drop=True)
 
 
-FLAG = "release_benchmark_disagrees"  # agent.probe.compare.FLAG: the agent judged the row against measured noise
+# agent.probe.compare.FLAG: the agent judged the row against measured noise
+FLAG = "release_benchmark_disagrees"
 BASE = {"ttft_ms": "ttft_ms", "prefill_tps": "ttft_ms", "tpot_ms": "tpot_ms", "decode_tps": "tpot_ms"}
 
 
@@ -77,7 +79,7 @@ def probe_disagreements(rows: pd.DataFrame, probe: pd.DataFrame | None,
         with np.errstate(invalid="ignore", divide="ignore"):
             change = a / b - 1
             hit = (a > 0) & (b > 0) & (np.abs(change) > limit) & (~judged | flagged)
-        for i in np.flatnonzero(hit):  # findings only
+        for i in np.flatnonzero(hit):
             found.append(Disagreement(module=str(both["module"].iat[i]), model_key=str(both["model_key"].iat[i]),
                                       profile=str(both["profile"].iat[i]), metric=m, release=float(a[i]),
                                       probe=float(b[i]), change=float(change[i]),
@@ -93,7 +95,7 @@ def capacities(probe: pd.DataFrame | None) -> tuple[Capacity, ...]:
         return ()
     sel = probe[probe["profile"].astype(str).str.startswith(CAPACITY_PREFIX)]
     out: list[Capacity] = []
-    for r in sel.itertuples(index=False):  # a few rows: one per module and key
+    for r in sel.itertuples(index=False):  # one per module and key
         extra = r.extra if isinstance(r.extra, dict) else json.loads(r.extra or "{}")
 
         def num(name: str, extra: dict[str, str] = extra) -> float | None:

@@ -44,7 +44,8 @@ class Ramp:
     n: int
 
 
-RAMP_PLACES = 1 << 18  # (start, end) pairs of a ramp tried as one array at most
+# (start, end) pairs of a ramp tried as one array at most
+RAMP_PLACES = 1 << 18
 
 
 def _ramp_places(n: int, shortest: int, first: int, last: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -2,7 +2,12 @@
 estimates that go with them (the median's and the Hodges-Lehmann centre's distribution-free intervals).
 
 Both are vectorised over many groups at once. Their null distributions are :mod:`.nulls` (``scipy.special``,
-the same numbers as ``scipy.stats`` without its 0.7 s import); they load only when a report is built.
+the same numbers as ``scipy.stats`` without its import: ``bench/nulls_import.py``).
+
+Lazy imports: :mod:`.nulls` is imported by the tests that use it, not with :mod:`controller.report`: it loads
+scipy.special (395 ms CPU a fresh process, ``bench/import_costs.py``:
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), which a trend of a history too short for a change
+point, or a report refused before its analysis, does not need (:mod:`.changepoints` loads it at its first test too).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import pandas as pd
 
 def sign_p(k: Any, n: Any) -> Any:
     """One-sided sign test: probability of >= k of n in one direction by chance (the binomial's tail)."""
-    from controller.report.analysis.nulls import binom_sf  # scipy.special: only when a report is built
+    from controller.report.analysis.nulls import binom_sf
 
     k = np.asarray(k, dtype=float)
     n = np.asarray(n, dtype=float)
@@ -47,14 +52,15 @@ def wilcoxon_groups(cells: pd.DataFrame, index: pd.MultiIndex, column: str = "d"
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     d = cells[column].to_numpy(dtype=float)[order]
     p = np.ones(len(index))
-    for n in sorted(set(sizes.tolist())):  # a few distinct group sizes
+    for n in sorted(set(sizes.tolist())):
         if n < 2:
             continue
         groups = np.flatnonzero(sizes == n)
         vals = d[starts[groups][:, None] + np.arange(n)]
         nonzero = np.abs(vals).max(axis=1) > 1e-12
         res = np.ones(len(vals))
-        if nonzero.any():  # one-sided, in the direction of the group's median
+        # one-sided, in the direction of the group's median
+        if nonzero.any():
             v = vals[nonzero]
             res[nonzero] = _signed_rank_p(v)
         p[groups] = res
@@ -112,8 +118,10 @@ def median_intervals(values: np.ndarray, groups: np.ndarray, count: int, level: 
     return lo, hi
 
 
-HL_MAX = 2000  # groups of more values: the median and its interval (n (n + 1) / 2 Walsh averages is enough)
-_EXACT_UP_TO = 200  # the signed-rank statistic's exact null distribution up to this n, its normal limit above
+# groups of more values: the median and its interval (n (n + 1) / 2 Walsh averages is enough)
+HL_MAX = 2000
+# the signed-rank statistic's exact null distribution up to this n, its normal limit above
+_EXACT_UP_TO = 200
 
 
 def signed_rank_k(n: int, level: float = 0.95) -> int:
@@ -130,7 +138,8 @@ def signed_rank_k(n: int, level: float = 0.95) -> int:
         return max(0, int(math.floor(mean - norm_ppf(1 - alpha) * sd + 0.5)))
     counts = np.zeros(n * (n + 1) // 2 + 1)
     counts[0] = 1.0
-    for r in range(1, n + 1):  # the number of rank subsets of each sum
+    # the number of rank subsets of each sum
+    for r in range(1, n + 1):
         counts[r:] = counts[r:] + counts[:-r].copy()
     cdf = np.cumsum(counts) / 2.0**n
     ok = np.flatnonzero(cdf <= alpha)  # P(T <= j) = cdf[j]; P(T < k) = cdf[k - 1]
@@ -181,7 +190,8 @@ def window_t_p(x: np.ndarray) -> float:
     return ttest_1samp_p(x, side)
 
 
-MIN_WINDOWS_FOR_INTERVAL = 4  # fewer windows or starts: no interval of their change (ADR 0040)
+# fewer windows or starts: no interval of their change (ADR 0040)
+MIN_WINDOWS_FOR_INTERVAL = 4
 
 
 def window_interval(x: np.ndarray, level: float = 0.95) -> tuple[float, float] | None:

@@ -44,7 +44,8 @@ def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, i
     inc_min = pd.DataFrame(inc_mn, index=gi.present, columns=metrics)
     inc_max = pd.DataFrame(inc_mx, index=gi.present, columns=metrics)
     ids = cell_table(cur)
-    at = first_rows(cell)  # each cell's first row: its position in ``rows`` is the prepared frame's index
+    # each cell's first row: its position in ``rows`` is the prepared frame's index
+    at = first_rows(cell)
     first = rows.iloc[cur.index.to_numpy()[at]].reindex(columns=list(SHAPE)).set_axis(cell[at])
     refv = ref.reindex(pd.MultiIndex.from_frame(ids[K])) if ref is not None else None
     parts = []
@@ -58,7 +59,8 @@ def summarise(cur: pd.DataFrame, rows: pd.DataFrame, ref: pd.DataFrame | None, i
             part["baseline"] = refv[m].to_numpy()
             part["change"] = part["fleet"] / part["baseline"] - 1
         parts.append(part)
-    s = pd.concat(parts).join(first).reset_index(drop=True)  # one join of each cell's shape, not one per metric
+    # one join of each cell's shape, not one per metric
+    s = pd.concat(parts).join(first).reset_index(drop=True)
     s["table"] = s["table"].astype(str)
     return s[s["count"] > 0].reset_index(drop=True)
 
@@ -72,8 +74,8 @@ def included_extremes(g: Groups, gi: Groups, vals: list[np.ndarray], extremes: t
     mn, mx = extremes
     drop = np.flatnonzero(~included)
     cells = np.unique(g.codes[drop])
-    # a cell's columns looked at one by one cost ~30 us each: worth it only where the included rows are many, at
-    # least ``rows_per_cell`` for each cell with rows left out (a copy of them costs ~4 ns a row and column)
+    # a cell's columns looked at one by one cost more than a copy of a few rows: worth it only where the included
+    # rows are many, at least ``rows_per_cell`` for each cell with rows left out
     if (g.order is not None or gi.order is not None or len(drop) * 64 >= len(included)
             or len(included) < rows_per_cell * len(cells) or bool((mn == 0).any()) or bool((mx == 0).any())):
         return gi.extremes([v[included] for v in vals])
@@ -82,7 +84,7 @@ def included_extremes(g: Groups, gi: Groups, vals: list[np.ndarray], extremes: t
     for i, k in zip(np.searchsorted(g.present, cells).tolist(), np.searchsorted(gi.present, cells).tolist(),
                     strict=True):
         if k >= len(gi) or gi.present[k] != g.present[i]:
-            continue  # every row of the cell left out
+            continue
         s, e = int(g.starts[i]), int(g.ends[i])
         keep = included[s:e]
         for j, v in enumerate(vals):
@@ -108,7 +110,8 @@ def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expe
     mk = cur["modkey"].to_numpy()
     # one count per module/key code, whether or not the last codes have rows (a module that lacks the last key)
     counts = np.bincount(mk, minlength=len(names.modules) * names.nk)
-    codes = np.flatnonzero(counts)  # module/key pairs with rows (names only for the few a note shows)
+    # module/key pairs with rows (names only for the few a note shows)
+    codes = np.flatnonzero(counts)
     mods, keys = list(expected_modules), list(expected_keys)
     missing: list[tuple[str, str]] = []
     if mods and keys:
@@ -127,7 +130,8 @@ def completeness(cur: pd.DataFrame, names: Names, ref: pd.DataFrame | None, expe
         notes.append(f"no results for {len(missing)} module/key pair(s): {shown}{more}")
     if ref is not None and len(cur):
         want = ref.reset_index().groupby("model_key")["profile"].nunique()
-        wants = want.reindex(names.keys).to_numpy(dtype=float)[codes % names.nk]  # per key code, not per text
+        # per key code, not per text
+        wants = want.reindex(names.keys).to_numpy(dtype=float)[codes % names.nk]
         short = np.flatnonzero(counts[codes] < np.nan_to_num(wants, nan=0.0))
         for i in short[:8].tolist():
             module, key = names.modkey(int(codes[i]))

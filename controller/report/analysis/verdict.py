@@ -47,10 +47,14 @@ import pandas as pd
 from contract.records import ENERGY_METRICS, METRICS, STARTUP_METRICS
 from controller.report.model import DERIVED, FLEET, Outlier, Regression, Status, Thresholds, Verdict
 
-TABLE_METRICS = tuple(m for m in METRICS if m not in ENERGY_METRICS and m not in STARTUP_METRICS)  # a table's columns
-PRECOMPILE_METRICS = ("precompile_s", "precompile_fetch_s")  # the run's figure, on every key's rows
-LOWER_MEDIAN_BELOW = 12  # cells with fewer rows: the fleet median is the lower median of the badness
-TRIM_UP_TO = 1024  # cells of more rows: the key-level figure takes their median, not their trimmed mean (ADR 0016)
+# a table's columns
+TABLE_METRICS = tuple(m for m in METRICS if m not in ENERGY_METRICS and m not in STARTUP_METRICS)
+# the run's figure, on every key's rows
+PRECOMPILE_METRICS = ("precompile_s", "precompile_fetch_s")
+# cells with fewer rows: the fleet median is the lower median of the badness
+LOWER_MEDIAN_BELOW = 12
+# cells of more rows: the key-level figure takes their median, not their trimmed mean (ADR 0016)
+TRIM_UP_TO = 1024
 
 
 # -- a change beyond tolerance (``METRICS[m]``: higher is better) --------------------------------

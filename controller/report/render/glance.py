@@ -26,7 +26,8 @@ from controller.report.render.text import energy_outlier_text, outlier_line, reg
 SHOWN = 5  # findings named a line; the rest counted
 # what a key's tables are, for the line that names the keys a sweep plot leaves out
 TABLE_KINDS = {"mtp": "MTP: measured on GSM8K prompts", "vision": "vision table only"}
-NO_REFERENCE = ": no reference"  # how a start-up line without a reference ends (text.startup_lines)
+# how a start-up line without a reference ends (text.startup_lines)
+NO_REFERENCE = ": no reference"
 # the verdict's notes that say what was not measured (controller/report/analysis/summary.py, build.py)
 _UNMEASURED_NOTE = re.compile(r"^(no results for |no baseline|\S+/\S+: \d+ of \d+ profiles$"
                               r"|\.\.\. \d+ more module/key)")
@@ -62,7 +63,8 @@ def not_plotted_line(summary: pd.DataFrame, metric: str, changes_below: bool = F
 
 @dataclass(frozen=True)
 class Glance:
-    regressed: tuple[str, ...]  # one line each; empty: nothing regressed (``calm`` says what was compared)
+    # one line each; empty: nothing regressed (``calm`` says what was compared)
+    regressed: tuple[str, ...]
     calm: str
     out_of_line: tuple[str, ...]
     not_measured: tuple[str, ...]
@@ -77,8 +79,10 @@ def _more(items: list[str], what: str) -> tuple[str, ...]:
 def not_measured(r: Report, startup: list[str]) -> tuple[str, ...]:
     """What the run did not measure, or measured with nothing to compare it with, each with why."""
     out = [f"{m}: refused at dispatch ({why})" for m, why in r.refused]
-    out += [n for n in r.notes if _UNMEASURED_NOTE.match(n)]  # keys, profiles a module did not deliver
-    out += [p.line() for p in r.failed_parts]  # beside them: each failed part's logs, and the command showing them
+    # keys, profiles a module did not deliver
+    out += [n for n in r.notes if _UNMEASURED_NOTE.match(n)]
+    # beside them: each failed part's logs, and the command showing them
+    out += [p.line() for p in r.failed_parts]
     for x in r.regressions:
         if is_missing(x):
             where = "" if x.module == FLEET else f" on {x.module}"

@@ -61,7 +61,8 @@ def paired_verdict_line(rep: PairedReport) -> str:
             f"{len(rep.modules)} module(s), {tolerances(rep)}")
     mdcs = [c.mdc for c in rep.changes if c.mdc is not None and c.metric == "decode_tps"]
     floor = f"; decode detectable from {mag(max(mdcs))}" if mdcs else ""
-    if mdcs and max(mdcs) > rep.tolerance and mag(max(mdcs)) != mag(rep.tolerance):  # too coarse for its tolerance
+    # too coarse for its tolerance
+    if mdcs and max(mdcs) > rep.tolerance and mag(max(mdcs)) != mag(rep.tolerance):
         floor += f" ({more_pairs(rep.rounds, max(mdcs), rep.tolerance)})"
     regs = "; ".join(f"{r.model_key} {change_text(r)}" for r in rep.regressions)
     notes = "; ".join(rep.notes)

@@ -30,10 +30,11 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from controller.report.model import TrendSeries
 
 _SERIES = (("no prefix", "#0969da"), ("shared prefix", "#bc4c00"))
-MIN_FONT_PT = 8.5  # the smallest text in a figure: 11.3 px at the figure's own size (1 pt = 4/3 px)
+# the smallest text in a figure: 11.3 px at the figure's own size (1 pt = 4/3 px)
+MIN_FONT_PT = 8.5
 TICK_PT, LABEL_PT = 9.0, 10.0
 BAND_LABEL = "band: min–max of the modules in the median (outlier modules left out)"
-LEGEND_MARGIN_IN = 0.15  # room left on either side of a legend, inches
+LEGEND_MARGIN_IN = 0.15  # room either side of a legend, inches
 HATCH = "////"
 
 
@@ -44,7 +45,8 @@ def tolerance_label(tol: float) -> str:
 
 def _svg(fig: Figure) -> str:
     buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text: readable, searchable, sized
+    # text stays text: readable, searchable, sized
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
         fig.savefig(buf, format="svg")
     text = buf.getvalue()
     text = re.sub(r"^<\?xml[^>]*>\s*", "", text)
@@ -74,7 +76,8 @@ def fit_legend(fig: Figure, handles: list[Line2D | Patch], cols: int | None = No
 
     if cols is not None:
         return place(cols)
-    renderer = FigureCanvasAgg(fig).get_renderer()  # to measure text (the SVG is drawn by savefig)
+    # to measure text (the SVG is drawn by savefig)
+    renderer = FigureCanvasAgg(fig).get_renderer()
     room = fig.get_figwidth() - 2 * LEGEND_MARGIN_IN
     for n in range(min(3, len(handles)), 0, -1):
         leg = place(n)
@@ -123,7 +126,8 @@ def curve_plot(summary: pd.DataFrame, metric: str, ylabel: str, tol: float | Non
                                     hatch=HATCH, alpha=0.35, linewidth=0)
         ax.set_ylim(bottom=0)  # from zero: a change looks as large as it is
         ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(FuncFormatter(tokens_label))  # "1k", not mathtext "10³" (a tiny exponent)
+        # "1k", not mathtext "10³" (a tiny exponent)
+        ax.xaxis.set_major_formatter(FuncFormatter(tokens_label))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(key, fontsize=LABEL_PT)
         ax.tick_params(labelsize=TICK_PT)
@@ -155,7 +159,8 @@ def history_plot(t: TrendSeries) -> str:
     ends = t.ends or t.marks
     for at, end, size, live in zip(t.marks, ends, t.sizes, t.in_force, strict=True):
         color = "#cf222e" if live else "#59636e"
-        if end > at:  # a drift: shaded from the last release before it to the first at the new level
+        # a drift: shaded from the last release before it to the first at the new level
+        if end > at:
             ax.axvspan(at - 1, end, color=color, alpha=0.12, lw=0)
         else:
             ax.axvline(at - 0.5, ls="--", lw=1, color=color)

@@ -19,7 +19,8 @@ from controller.report.model import (
 )
 from controller.report.render.numbers import num
 
-NO_INTERVAL = "no interval (n < 6)"  # fewer than 6 modules, profiles or figures: no 95 % interval of a median
+# fewer than 6 modules, profiles or figures: no 95 % interval of a median
+NO_INTERVAL = "no interval (n < 6)"
 
 
 def no_interval(x: Regression | Change) -> str:
@@ -89,7 +90,8 @@ def verdict_line(r: Report) -> str:
         parts.append("no regression")
     named = r.regressions[0] if r.regressions and is_missing(r.regressions[0]) else None
     gone = sorted({f"{x.model_key} {x.metric}" for x in r.regressions if is_missing(x) and x is not named})
-    if gone:  # named whichever finding comes first: a key without a figure it had never goes unnoticed
+    # named whichever finding comes first: a key without a figure it had never goes unnoticed
+    if gone:
         parts.append(f"{'also ' if named else ''}missing metric(s): {', '.join(gone)}")
     if r.outliers:
         parts.append(f"{len(r.outliers)} outlier(s): " + ", ".join(
@@ -103,7 +105,8 @@ def verdict_line(r: Report) -> str:
         parts.append(f"release benchmark disagrees with the probe on {len(r.disagreements)} figure(s): "
                      + ", ".join(where))
     refused = next((n for n in r.notes if n.startswith(REFUSED_NOTE)), None)
-    if refused:  # the modules the run was not judged on, each with why, whatever the verdict
+    # the modules the run was not judged on, each with why, whatever the verdict
+    if refused:
         parts.append(refused)
     if r.verdict in ("incomplete", "failed") and r.notes and r.notes[-1] != refused:
         parts.append(r.notes[-1])
