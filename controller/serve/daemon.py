@@ -1,6 +1,13 @@
 """``fleetctl serve``: keeps the run history in step with the broker while no CLI is attached,
 judges finished runs, serves the controller's /metrics and, when configured, the HTTP API
-(``api_port``), the webhooks (``webhook_urls``) and scheduled golden checks (``golden_*``)."""
+(``api_port``), the webhooks (``webhook_urls``) and scheduled golden checks (``golden_*``).
+
+Lazy imports: a part that a setting turns on loads its libraries when it starts: the HTTP API
+(:mod:`controller.serve.api`, :mod:`~controller.serve.guard`: FastAPI and uvicorn, 271 and 85 ms of CPU, 25 and 9
+MiB) with ``api_port``, the webhooks' bodies (:func:`controller.serve.api.summary_of`) with ``webhook_urls``, the
+collector (:mod:`controller.serve.metrics`: prometheus_client, 59 ms) with ``metrics_port``; figures of
+``bench/import_costs.py`` (bench/results/import_costs_20261207_0346_lazy-libraries.txt).
+"""
 
 from __future__ import annotations
 
@@ -16,18 +23,20 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 
 from controller import service
-from controller.history import FrameCache, History, OutboxEvent
+from controller.history import CHANGE_CHECK_EVENT, VERDICT_EVENT, FrameCache, History, OutboxEvent, url_digest
 from controller.serve.health import OUTAGE, PART_DOWN, Health, until_reached
+from controller.serve.tokens import WatchedTokens
 from controller.service import Judgement, Session
+from controller.service.golden import judge_golden
+from controller.service.golden_schedule import is_golden, run_due
+from controller.service.lifecycle import queue_change_points
+from controller.service.webhooks import Webhooks, load_secret
 from controller.settings import ConfigError, ControllerSettings
-
-if TYPE_CHECKING:
-    from controller.service.webhooks import Webhooks
 
 log = logging.getLogger("fleet.serve")
 RAISE_EVERY_S = 5.0  # how often a serve pass looks for runs waiting past raise_after (one read of the queues)
@@ -111,9 +120,6 @@ class ReportPreparer:
 def golden(s: Session, run_id: str, warn: Callable[[str], None]) -> None:
     """A golden check that just ended (scheduled, or one a ``fleetctl golden`` no longer
     follows) judged against each module's golden history; a drift is recorded once whoever judges it."""
-    from controller.service.golden import judge_golden
-    from controller.service.golden_schedule import is_golden
-
     try:
         if not is_golden(s.history().find_run(run_id)):
             return
@@ -128,8 +134,6 @@ def golden(s: Session, run_id: str, warn: Callable[[str], None]) -> None:
 
 def schedule_golden(s: Session, warn: Callable[[str], None]) -> None:
     """Dispatch the golden checks due (settings ``golden_*``; :mod:`controller.service.golden_schedule`)."""
-    from controller.service.golden_schedule import run_due
-
     try:
         for d, what in run_due(s, time.time()):
             warn(f"golden check on {d.module} ({d.why}): {what}")
@@ -176,8 +180,6 @@ class Notifier:
     checker: ThreadPoolExecutor | None = None
 
     def __post_init__(self) -> None:
-        from controller.history import url_digest
-
         self.by_digest = {url_digest(u): u for u in self.hooks.urls}
         self.targets = self.s.history().webhook_targets(self.hooks.urls)
         if not self.holder:
@@ -200,7 +202,6 @@ class Notifier:
 
     def drain(self) -> int:
         """Record finished deliveries, send what is pending; how many deliveries were started."""
-        from controller.history import CHANGE_CHECK_EVENT, VERDICT_EVENT
         from controller.serve.api import summary_of
 
         h = self._record_finished()
@@ -262,8 +263,6 @@ class Notifier:
 def _change_check(settings: ControllerSettings, run_id: str, verdict: str, state: str) -> bool:
     """Run an ended run's change-point search (:func:`controller.service.lifecycle.queue_change_points`) on a
     session of this thread's own; True once it ran (a run no longer in the history: nothing to search)."""
-    from controller.service.lifecycle import queue_change_points
-
     with Session(settings) as own:
         h = own.history()
         info = h.run(run_id)
@@ -329,7 +328,6 @@ def start_api(s: Session, timeout: float = 15.0, health: Health | None = None) -
 
     from controller.serve.api import create_app
     from controller.serve.guard import KEEPALIVE_TIMEOUT, log_config, protocol_class
-    from controller.serve.tokens import WatchedTokens
 
     app = create_app(settings, WatchedTokens(settings.api_tokens_file), s.frames, health=health)
     # h11 (headers of 16 KiB at most), with read deadlines: a slow or idle client is closed, never held
@@ -354,8 +352,6 @@ def webhooks_of(s: Session) -> Webhooks | None:
         return None
     if settings.webhook_secret_file is None:
         raise ConfigError("webhook_urls are set but webhook_secret_file is not: webhooks are always signed")
-    from controller.service.webhooks import Webhooks, load_secret
-
     return Webhooks(settings.webhook_urls, load_secret(settings.webhook_secret_file))
 
 

@@ -20,6 +20,10 @@ keeps (:mod:`controller.report.kept`, ADR 0043): when the history changed since 
 starts their computation in a thread of its own and waits for it at most ``trend_wait`` seconds, then answers with
 the findings kept (of the history before the change, until the computation ends): the search over a long history
 takes minutes, a scrape must answer within Prometheus' timeout.
+
+Lazy imports: the findings' modules (:mod:`controller.report.kept`, :mod:`~controller.report.model`) load pandas
+(462 ms of CPU, 88 MiB: ``bench/import_costs.py``, bench/results/import_costs_20261207_0346_lazy-libraries.txt) at
+the first scrape that reads change points, not when ``fleetctl serve`` starts its collector.
 """
 
 from __future__ import annotations

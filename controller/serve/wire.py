@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from urllib.parse import quote
 
 PREFIX = "/api/v1"
 RUN_HEADER = "X-Fleet-Run"  # the run a report is of, 'latest' or a prefix resolved (a JSON string)
@@ -28,8 +29,6 @@ PAGES = "/ui"  # the run browser's pages (controller.serve.pages)
 
 def page_path(run_id: str) -> str:
     """A run's page's path (the run browser, :mod:`controller.serve.pages`)."""
-    from urllib.parse import quote
-
     return f"{PAGES}/runs/{quote(run_id, safe='')}"
 
 

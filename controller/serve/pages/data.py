@@ -7,6 +7,10 @@ costs the same whether the
 history holds ten runs or ten thousand (``bench/pages.py``). Nothing here writes, but :func:`release_trend`'s
 findings: when the history changed since they were kept, a thread computes and keeps them (what ``/metrics``
 does) and the page shows those kept meanwhile.
+
+Lazy imports: the findings' modules (:mod:`controller.report.kept`, :mod:`~controller.report.trend`) load pandas
+(462 ms of CPU, 88 MiB: ``bench/import_costs.py``, bench/results/import_costs_20261207_0346_lazy-libraries.txt) at
+the first release page that shows a trend, not when the API starts.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.records import RunProgress
 from controller import service
 from controller.errors import FleetctlError
 from controller.history import RunInfo
 from controller.history.browse import RunsWhere
 from controller.service import Session
+from controller.service.reservations import reservation_dict, reservations
 
 VERDICTS = ("pass", "regressed", "incomplete", "failed")
 STATES = ("running", "done", "failed", "cancelled")
@@ -161,8 +167,6 @@ def golden_checks(s: Session, recent: int = 200) -> dict[str, RunInfo]:
 
 
 def modules_page(s: Session) -> list[ModuleRow]:
-    from controller.service.reservations import reservation_dict, reservations
-
     held = {r.module: reservation_dict(r) for r in reservations(s)}
     golden = golden_checks(s)
     drifts = s.history().module_marks()[1] if s.has_history() else {}
@@ -186,9 +190,6 @@ def module_page(s: Session, name: str, recent: int = 20) -> ModulePage:
     """A module's row (its state as :func:`service.devices` reads it), its ``recent`` newest runs (its part of
     each, by the history's ``(module, updated_at)`` index, and its telemetry) and its events: the module's own
     (resets, golden drifts, reservations) and its runs' (newest 50)."""
-    from contract.records import RunProgress
-    from controller.service.reservations import reservation_dict, reservations
-
     if name not in {m.name for m in s.inventory().modules}:
         raise service.NotFound(f"no module {name!r} in {s.settings.inventory}")
     (dev,) = service.devices(s, name)

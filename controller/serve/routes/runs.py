@@ -1,5 +1,10 @@
 """The API's routes of runs: start (or resume) one, list them, read one, its report and a signed link to it,
-cancel it. Thin shells over :mod:`controller.service`, like the CLI's verbs."""
+cancel it. Thin shells over :mod:`controller.service`, like the CLI's verbs.
+
+Lazy imports: the report's renderers (:mod:`controller.report.render`, its ``html``) load pandas (462 ms of CPU, 88
+MiB; the HTML report matplotlib too, 542 ms, 49 MiB: ``bench/import_costs.py``,
+bench/results/import_costs_20261207_0346_lazy-libraries.txt) at the first report asked for, not when the API starts.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,10 @@
 """The API's trend route: change points across the releases in the run history, the records ``fleetctl trend -o
-json`` prints (:mod:`controller.report.trend`)."""
+json`` prints (:mod:`controller.report.trend`).
+
+Lazy imports: :mod:`controller.report.trend` loads pandas and numpy (462 and 153 ms of CPU:
+``bench/import_costs.py``, bench/results/import_costs_20261207_0346_lazy-libraries.txt) at the first trend asked
+for, not when the API starts.
+"""
 
 from __future__ import annotations
 
