@@ -499,8 +499,8 @@ def parse_rows_json(raw: bytes | str | None, run_id: str, module: str) -> list[R
         return None
     try:
         return _rows_adapter().validate_json(raw)
-    # not a list of rows: as parse_rows reads it (None when it is not a list)
     except ValidationError:
+        # not a list of rows: as parse_rows reads it (None when it is not a list)
         return parse_rows(_load(raw), run_id, module)
 
 

@@ -152,8 +152,8 @@ class KernelLogs:
                 folder.mkdir(parents=True, exist_ok=True)
                 for name, text in found.items():
                     write_atomic(folder / f"{name}.log", text)
-            # an unreachable module, its SSH refused, a full disk: said, never retried
             except Exception as exc:
+                # an unreachable module, its SSH refused, a full disk: said, never retried
                 history.add_event(run_id, m, f"{KERNEL_EVENT} not kept ({why}): {exc}")
                 log.warning("run %s on %s: kernel log not kept: %s", run_id, m, exc)
                 continue

@@ -75,7 +75,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
                          description="Validate SGLang-MUSA releases on a fleet of M1000 modules (for CI systems).")
     app.state.settings, app.state.tokens, app.state.sessions = settings, tokens, sessions
     app.state.link_secret = links.load_secret(settings.data_dir)
-    if health is not None:  # its gate inside the token check below (added later: the outer one)
+    # its gate inside the token check below (added later: the outer one)
+    if health is not None:
         add_health(app, health, PREFIX)
     # the token and the body's size, checked before the body is read (each route's role check stays, for the schema)
     app.add_middleware(Guard, check_token=tokens.check, protected=_protected,  # type: ignore[arg-type]
@@ -85,7 +86,8 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
         publish(router.routes)  # each route's role in the schema: x-role
         app.include_router(router)
     missing = undeclared(app.routes, _protected)
-    if missing:  # a route every token could call by omission: refused before the app serves anything
+    # a route every token could call by omission: refused before the app serves anything
+    if missing:
         raise RuntimeError(f"API routes without a declared role: {', '.join(missing)}")
     # the run browser under /ui
     mount_pages(app)

@@ -39,9 +39,12 @@ from controller.service.webhooks import Webhooks, load_secret
 from controller.settings import ConfigError, ControllerSettings
 
 log = logging.getLogger("fleet.serve")
-RAISE_EVERY_S = 5.0  # how often a serve pass looks for runs waiting past raise_after (one read of the queues)
-GOLDEN_EVERY_S = 30.0  # how often a serve pass looks for modules due a scheduled golden check (a history read)
-FRAME_CACHE_BYTES = 1024 * 1024 * 1024  # run frames and report analyses kept for reports and trends (ADR 0034)
+# how often a serve pass looks for runs waiting past raise_after (one read of the queues)
+RAISE_EVERY_S = 5.0
+# how often a serve pass looks for modules due a scheduled golden check (a history read)
+GOLDEN_EVERY_S = 30.0
+# run frames and report analyses kept for reports and trends (ADR 0034)
+FRAME_CACHE_BYTES = 1024 * 1024 * 1024
 
 
 def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
@@ -54,7 +57,8 @@ def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
     for run_id in fleet.active_runs():
         try:
             view = service.sync(s, run_id)
-        except PART_DOWN:  # the history or the broker away: the whole pass is tried again (serve_forever)
+        except PART_DOWN:
+            # the history or the broker away: the whole pass is tried again (serve_forever)
             raise
         except Exception as exc:  # one bad run must not stop the service
             warn(f"sync of {run_id} failed: {exc}")
@@ -64,9 +68,11 @@ def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
         done.append(run_id)
         try:
             j = service.judge(s, run_id)
-        except PART_DOWN:  # not judged: the history still holds it running, the pass that catches up judges it
+        except PART_DOWN:
+            # not judged: the history still holds it running, the pass that catches up judges it
             raise
-        except Exception as exc:  # a report that cannot be built must not stop the service either
+        except Exception as exc:
+            # a report that cannot be built must not stop the service either
             warn(f"run {run_id} finished, but its verdict could not be reached: {exc}")
             continue
         if on_verdict is not None:
@@ -124,7 +130,8 @@ def golden(s: Session, run_id: str, warn: Callable[[str], None]) -> None:
         if not is_golden(s.history().find_run(run_id)):
             return
         res = judge_golden(s, run_id, s.settings.golden_tolerance)
-    except Exception as exc:  # the check's run is in the history; judging it again is a ``fleetctl golden`` away
+    except Exception as exc:
+        # the check's run is in the history; judging it again is a ``fleetctl golden`` away
         warn(f"golden check {run_id} ended, but it could not be judged: {exc}")
         return
     for c in res.checks:
@@ -208,7 +215,8 @@ class Notifier:
         started = 0
         for ev in h.pending_webhooks(self.targets, max_age=self.max_age):
             digests = [d for d in ev.urls if (ev.run_id, ev.event, d) not in self.inflight]
-            if digests:  # another service sending it (a shared history) holds its claim: not sent here
+            # another service sending it (a shared history) holds its claim: not sent here
+            if digests:
                 digests = h.claim_webhooks(ev.run_id, ev.event, digests, self.holder, self.lease or 0.0)
             if not digests:
                 continue
@@ -218,7 +226,8 @@ class Notifier:
             payload = summary_of(self.s, Judgement(ev.run_id, ev.verdict, ev.line, ev.state))
             if ev.payload and ev.event == VERDICT_EVENT:  # the verdict's regressions and outliers, with intervals
                 payload.update(json.loads(ev.payload))
-            elif ev.payload:  # an event beyond the verdict (trend.change_point): its own fields and line
+            elif ev.payload:
+                # an event beyond the verdict (trend.change_point): its own fields and line
                 info = h.run(ev.run_id)
                 payload = {**payload, **json.loads(ev.payload), "event": ev.event, "line": ev.line,
                            "verdict_line": info.verdict_line if info else None}
@@ -300,7 +309,7 @@ def _start_metrics(s: Session, health: Health | None = None) -> Any:
                                           if health is not None else None))
     try:
         return start_http_server(settings.metrics_port, addr=settings.metrics_host, registry=registry)
-    except OSError as exc:  # a busy port: name it and the setting (issue 51), not a traceback
+    except OSError as exc:  # a busy port: named with its setting, no traceback
         raise ConfigError(f"/metrics could not listen on {settings.metrics_host}:{settings.metrics_port} "
                           f"({exc.strerror or exc}): set metrics_port in [controller] (FLEET_CONTROLLER_METRICS_PORT; "
                           "0 turns /metrics off)") from None
@@ -382,11 +391,13 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
         # a history not up yet (a PostgreSQL server starting with the host) is waited for, with backoff
         if not until_reached(lambda: s.history().running_runs(), health, stop, warn):
             return
-    try:  # an evicting broker is refused (EvictingBroker); one away now is synced once it is back
+    # an evicting broker is refused (EvictingBroker); one away now is synced once it is back
+    try:
         s.fleet().check_broker()
     except service.BrokerUnavailable as exc:
         warn(f"{exc}; going on, syncing once it is reachable")
-    else:  # a broker that cannot hold every agent's connections: one line (controller.fleet.capacity)
+    else:
+        # a broker that cannot hold every agent's connections: one line (controller.fleet.capacity)
         short = capacity_warning(s)
         if short:
             warn(f"warning: {short}")
@@ -406,7 +417,8 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
         return
     notifiers: list[Notifier] = []
 
-    def begin() -> None:  # the webhooks' targets, and what was recorded while the service was down, go first
+    # the webhooks' targets, and what was recorded while the service was down, go first
+    def begin() -> None:
         if hooks and not notifiers:
             notifiers.append(Notifier(s, hooks))
             notifiers[0].drain()
@@ -422,7 +434,8 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
                   + (f", API on http://{settings.api_host}:{settings.api_port}/api/v1" if api else "")
                   + (f", webhooks to {len(hooks.urls)} URL(s)" if hooks else ""), highlight=False)
     loop = ServeLoop(s, warn, console, notifier)
-    gc.freeze()  # what serve holds once started is left out of its garbage collections (controller.cli.live.follow)
+    # what serve holds once started is left out of its garbage collections (controller.cli.live.follow)
+    gc.freeze()
     try:
         while not stop.is_set():
             if not until_reached(loop.one_pass, health, stop, warn):
@@ -435,7 +448,8 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
             server[0].shutdown()
         if notifier and hooks:
             with contextlib.suppress(Exception):  # the history away: they are sent again next time
-                notifier.wait(timeout=0)  # outcomes known by now are recorded; the others are sent again next time
+                # outcomes known by now are recorded; the others are sent again next time
+                notifier.wait(timeout=0)
             notifier.close()
             hooks.close(wait=False)
 
@@ -463,7 +477,8 @@ class ServeLoop:
                 s.fleet().check_broker()
             except OUTAGE:
                 raise
-            except Exception as exc:  # an evicting broker now (its policy changed): said, the service goes on
+            except Exception as exc:
+                # an evicting broker now (its policy changed): said, the service goes on
                 warn(f"broker: {exc}")
         finished = sync_all(s, warn, self.notifier.verdict if self.notifier else None)
         for run_id in finished:

@@ -183,7 +183,8 @@ def needs_history(path: str, prefix: str) -> bool:
     link's report is the history's)."""
     if path.startswith(LINK_PREFIX + "/"):
         return True
-    if path.startswith(PAGES + "/"):  # the run browser's pages, but its login and the queue (the broker's)
+    # the run browser's pages, but its login and the queue (the broker's)
+    if path.startswith(PAGES + "/"):
         return path.split("/")[2] not in ("login", "logout", "queue")
     return path.startswith(prefix + "/") and path != f"{prefix}/openapi.json" \
         and not path.startswith(f"{prefix}/reservations")

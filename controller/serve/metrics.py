@@ -179,7 +179,8 @@ def trend_counts(history: History) -> dict[tuple[str, str, str], int]:
     return in_force_counts(current_findings(history))
 
 
-TREND_WAIT = 0.5  # s a scrape waits for the findings it started computing (then answers with those kept)
+# s a scrape waits for the findings it started computing (then answers with those kept)
+TREND_WAIT = 0.5
 
 
 class ControllerCollector(Collector):
@@ -193,7 +194,8 @@ class ControllerCollector(Collector):
                  trend_wait: float = TREND_WAIT, open_history: Callable[[], History] | None = None,
                  parts: Callable[[], Mapping[str, bool]] | None = None) -> None:
         self.history = history
-        self.parts = parts  # fleetctl serve's parts: reached (True) or not (controller.serve.health)
+        # fleetctl serve's parts: reached (True) or not (controller.serve.health)
+        self.parts = parts
         self.states = states
         self.queue_depths = queue_depths
         self.reserved = reserved

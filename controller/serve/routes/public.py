@@ -22,7 +22,8 @@ router = APIRouter()
 
 
 @router.get("/favicon.ico", include_in_schema=False)
-def favicon() -> Response:  # browsers opening the HTML report ask for it: no icon, no error
+# browsers opening the HTML report ask for it: no icon, no error
+def favicon() -> Response:
     return Response(status_code=204)
 
 

@@ -21,7 +21,8 @@ from controller.serve.routes.models import ERRORS, MAX_NAME, MAX_SELECTOR
 from controller.serve.trend_record import TrendRecord
 from controller.serve.wire import PREFIX, REACH_HEADER, RELEASES_HEADER
 
-DEFAULT_MIN_MAGNITUDE = 0.03  # fleetctl trend's and the detector's (tests/api/test_trend.py checks they agree)
+# fleetctl trend's and the detector's (tests/api/test_trend.py checks they agree)
+DEFAULT_MIN_MAGNITUDE = 0.03
 DEFAULT_MAX_PVALUE = 0.002
 
 router = APIRouter()
