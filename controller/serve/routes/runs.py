@@ -88,15 +88,20 @@ def get_report(run_id: RunId, pool: Pool,
                                             description="baseline: release, release@vN or a run id (default: "
                                                         "the newest of the run's release, else of any)"),
                tolerance: float = Query(0.05, gt=0, lt=1,
-                                        description="relative change that counts as a regression"),
-               energy_tolerance: float = Query(0.05, gt=0, lt=1, description="the same, of energy per token "
-                                                                              "(J/token, tokens/J)"),
-               startup_tolerance: float | None = Query(None, gt=0, lt=1, description="the same, of a start-up "
-                                                                                       "cost (server ready, first "
-                                                                                       "request; default 0.15)")) \
+                                        description="relative change that counts as a regression (of every "
+                                                    "metric but energy per token and start-up costs, which have "
+                                                    "their own)"),
+               energy_tolerance: float = Query(0.05, gt=0, lt=1,
+                                               description="relative change of energy per token (J/token, "
+                                                           "tokens/J) that counts as a regression"),
+               startup_tolerance: float | None = Query(None, gt=0, lt=1,
+                                                       description="relative change of a start-up cost (server "
+                                                                   "ready, first request, precompile) that counts "
+                                                                   "as a regression (default 0.15)")) \
         -> Response:
-    """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows). Headers
-    ``X-Fleet-Run``, ``-Verdict-Line`` (JSON strings), ``-Verdict``, ``-Warnings`` (a JSON list) carry the rest."""
+    """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows). What
+    ``fleetctl report --service`` prints besides the body comes in the headers ``X-Fleet-Run`` and
+    ``X-Fleet-Verdict-Line`` (JSON strings), ``X-Fleet-Verdict`` and ``X-Fleet-Warnings`` (a JSON list)."""
     html = format is ReportFormat.html
     rep = answer(lambda: service.report(pool(), run_id, baseline, tolerance=tolerance,
                                         energy_tolerance=energy_tolerance, startup_tolerance=startup_tolerance,
