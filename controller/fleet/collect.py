@@ -260,7 +260,7 @@ class Sync:
             if m in deferred:
                 continue
             if p is not None and cur is not None and before is not None and before[0] is p and before[1] is cur:
-                settled[m] = (p, cur)
+                settled[m] = (p, cur)  # unchanged, in the history: nothing to take
                 continue
             beat = beats.get(m)
             t = plan_take(info.release, p, cur, skew=(beat.skew or 0.0) if beat is not None else 0.0)

@@ -51,7 +51,8 @@ class ModuleStatus:
     reason: str = ""
     heartbeat: Heartbeat | None = None
     age: float | None = None  # seconds since the broker took the last heartbeat
-    skew: float | None = None  # s; None: not measured
+    # the agent's clock minus the controller's, s (None: not measured)
+    skew: float | None = None
 
 
 def derive_state(beat: Beat | None, now: float, *, offline_after: float, consecutive_failures: int = 0,

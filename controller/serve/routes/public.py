@@ -22,8 +22,8 @@ router = APIRouter()
 
 
 @router.get("/favicon.ico", include_in_schema=False)
-# browsers opening the HTML report ask for it: no icon, no error
 def favicon() -> Response:
+    """Browsers opening the HTML report ask for it: no icon, no error."""
     return Response(status_code=204)
 
 
