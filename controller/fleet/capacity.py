@@ -22,11 +22,15 @@ from typing import Any
 
 from celery import Celery
 
+from contract.eviction import _where
+
 log = logging.getLogger(__name__)
 
 CONNECTIONS_PER_AGENT = 3
-RESERVED = 32  # for controllers (fleetctl serve, commands, the exporter) and an operator's redis-cli
-FD_MARGIN = 32  # what redis-server keeps of its file-descriptor limit for itself (maxclients + 32)
+# for controllers (fleetctl serve, commands, the exporter) and an operator's redis-cli
+RESERVED = 32
+# what redis-server keeps of its file-descriptor limit for itself (maxclients + 32)
+FD_MARGIN = 32
 
 
 def capacity_problem(clients: Mapping[str, Any], agents: int, where: str, *,
@@ -49,8 +53,6 @@ def capacity_problem(clients: Mapping[str, Any], agents: int, where: str, *,
 def broker_capacity_problem(app: Celery, agents: int) -> str | None:
     """:func:`capacity_problem` of ``app``'s Redis (its result backend's: the broker's server), or None where the
     backend is not Redis or ``maxclients`` cannot be read. A broker that cannot be reached raises redis' error."""
-    from contract.eviction import _where
-
     backend = app.backend
     redis_backends = sys.modules.get("celery.backends.redis")
     if redis_backends is None or not isinstance(backend, redis_backends.RedisBackend):  # files, memory://
@@ -59,7 +61,8 @@ def broker_capacity_problem(app: Celery, agents: int) -> str | None:
 
     client = backend.client
     clients: Mapping[str, Any] = client.info("clients")
-    if "maxclients" not in clients:  # Redis before 7: CONFIG GET, where this user may run it
+    # Redis before 7: CONFIG GET, where this user may run it
+    if "maxclients" not in clients:
         try:
             clients = client.config_get("maxclients")
         except ResponseError as exc:  # NoPermissionError is one

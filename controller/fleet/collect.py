@@ -6,6 +6,11 @@ history whether or not a CLI stays attached. Every time an agent wrote (a run's 
 ``updated_at``) is read through its measured clock skew. A module whose final state arrived
 without all it names is *collecting* until the rest arrives or ``COLLECT_TIMEOUT`` passes;
 one silent past its bounds is given up (:func:`liveness`).
+
+Lazy imports: :mod:`contract.kv` loads Celery (its app: 123 ms of CPU, ``bench/import_costs.py``,
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), imported where a pass reads the broker: a verb that
+only reads the history imports this module with :mod:`controller.fleet` and does not pay it
+(tests/cli/test_lean_verbs.py).
 """
 
 from __future__ import annotations
@@ -44,9 +49,11 @@ if TYPE_CHECKING:
     from controller.fleet.power import PassHook
     from controller.history import History
 
-# Constants that were [fleet] settings until issue 50 (ADR 0058)
-START_TIMEOUT = 300.0  # an idle, live module that has not started (or ended) its run by then: lost, s
-COLLECT_TIMEOUT = 600.0  # a final state whose rows (or telemetry summary) have not all arrived by then: failed, s
+# constants, not settings (ADR 0058)
+# s: an idle, live module that has not started (or ended) its run by then is lost
+START_TIMEOUT = 300.0
+# s: a final state whose rows (or telemetry summary) have not all arrived by then is failed
+COLLECT_TIMEOUT = 600.0
 
 log = logging.getLogger("fleet.controller")
 
@@ -154,12 +161,13 @@ class PassMemo:
 
 
 # a pass stays short when ten thousand modules end at once (bench/scale.py: the longest pass at 10,000 modules): it
-# takes at most this many final states (rows read, checked against the seal and written: ~1 ms of CPU each) and
-# parses at most this many changed records (~40 us each, and as many heartbeats read for the first time); the others
-# are read again by the next pass, 0.5 s later, neither taken nor judged meanwhile
+# takes at most this many final states (each one's rows read, checked against its seal and written) and parses at
+# most this many changed records (and as many heartbeats read for the first time); the others are read again by the
+# next pass, neither taken nor judged meanwhile
 FINALS_PER_PASS = 200
 PARSES_PER_PASS = 1000
-MEMO_RUNS = 16  # the runs whose last pass a Sync remembers (``fleetctl serve`` follows every running run)
+# the runs whose last pass a Sync remembers (``fleetctl serve`` follows every running run)
+MEMO_RUNS = 16
 
 
 @dataclass
@@ -172,7 +180,7 @@ class PassWrites:
     forced: dict[str, RunProgress] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)
     acks: list[RunProgress] = field(default_factory=list)
-    cancels: list[tuple[str, str]] = field(default_factory=list)  # module, why (given up: lost)
+    cancels: list[tuple[str, str]] = field(default_factory=list)  # (module, why): given up, lost
 
     def put(self, p: RunProgress, *, force: bool = False) -> None:
         """``p`` becomes the module's progress (``force``: even over a newer one); the last of a pass wins."""
@@ -210,7 +218,7 @@ class Sync:
         """
         try:
             return self._sync(run_id, now)
-        except HistoryUnavailable:  # a ConnectionError too, but the history's: said as such (issue 48)
+        except HistoryUnavailable:  # the history's ConnectionError, said as such
             raise
         except broker_errors() as exc:
             raise BrokerUnavailable(
@@ -244,7 +252,7 @@ class Sync:
         writes = PassWrites()
         settled: dict[str, tuple[RunProgress, RunProgress]] = {}
         takes: dict[str, Take] = {}
-        deferred = set(behind)  # read but not parsed yet (PARSES_PER_PASS): neither taken nor judged this pass
+        deferred = set(behind)  # read, not parsed yet (PARSES_PER_PASS)
         finals = 0
         for m in pending:
             p, cur = live.get(m), known.get(m)
@@ -252,13 +260,14 @@ class Sync:
             if m in deferred:
                 continue
             if p is not None and cur is not None and before is not None and before[0] is p and before[1] is cur:
-                settled[m] = (p, cur)  # read unchanged, and the history holds it: nothing to take
+                settled[m] = (p, cur)  # unchanged, in the history: nothing to take
                 continue
             beat = beats.get(m)
             t = plan_take(info.release, p, cur, skew=(beat.skew or 0.0) if beat is not None else 0.0)
             if t.progress is not None and t.progress.state.terminal:
                 if finals >= FINALS_PER_PASS:
-                    deferred.add(m)  # its end is here, taken by a next pass (a pass stays short when thousands end)
+                    # its end is here, taken by a next pass (a pass stays short when thousands end)
+                    deferred.add(m)
                     continue
                 finals += 1
             takes[m] = t
@@ -276,9 +285,10 @@ class Sync:
                 failed = self._collect_bound(run_id, m, cur, now, writes, _collecting_since(events, m))
                 if failed is not None:
                     known[m] = failed
-                continue  # the module is done running: only its record is awaited, bounded by COLLECT_TIMEOUT
+                # the module is done running: only its record is awaited, bounded by COLLECT_TIMEOUT
+                continue
             why = liveness(cur, beats.get(m), now, dispatched_at=dispatched, settings=self.settings)
-            if why and m not in fresh_set:  # judged on a heartbeat read earlier: never given up before a fresh read
+            if why and m not in fresh_set:  # never given up on an old heartbeat
                 beats_parsed = self._read_beats_of(pending, [m], beats_parsed)
                 beats[m] = beats_parsed.get(m)
                 why = liveness(cur, beats[m], now, dispatched_at=dispatched, settings=self.settings)
@@ -286,7 +296,8 @@ class Sync:
                 writes.cancels.append((m, why))  # a later delivery must not run it
                 known[m] = self._record_lost(run_id, m, info.release, cur, why, len(info.models_of(m)), now, writes)
         self._write(run_id, writes)
-        if self.pass_hooks:  # hung modules power-cycled, kernel logs kept (controller.fleet.power, .kernel_logs)
+        # hung modules power-cycled, kernel logs kept (controller.fleet.power, .kernel_logs)
+        if self.pass_hooks:
             after_pass(self.pass_hooks, self.history, run_id, known, {m: b.at if b else None for m, b in beats.items()},
                        now)
         memos = self._memos()
@@ -364,7 +375,8 @@ class Sync:
             foreign = foreign_rows(rows, release)
             if rows is not None and not foreign:
                 writes.rows[m] = rows
-            if foreign and p.state.terminal:  # the rows of another release: none taken, the part failed
+            # the rows of another release: none taken, the part failed
+            if foreign and p.state.terminal:
                 p, reason = rows_failed(run_id, m, release, p, foreign, now)
                 writes.events.append((m, reason))
                 log.warning("run %s on %s: %s", run_id, m, reason)
@@ -387,10 +399,12 @@ class Sync:
                     if events is None:
                         events = self.history.events(run_id)
                     p = self._collecting(run_id, m, p, gap, held, now, writes, _collecting_since(events, m))
-            if p != cur:  # an unchanged module costs no write (a pass writes what changed, not N rows)
+            # an unchanged module costs no write (a pass writes what changed, not N rows)
+            if p != cur:
                 writes.put(p, force=t.force)
             elif cur is not None and m not in raw_rows and live.get(m) is p:
-                settled[m] = (p, cur)  # nothing to write, the rows in step: the next pass skips it unless it changes
+                # nothing to write, the rows in step: the next pass skips it unless it changes
+                settled[m] = (p, cur)
             known[m] = p
 
     def _collecting(self, run_id: str, module: str, p: RunProgress, gap: str, held: Sequence[ResultRow],
@@ -417,7 +431,8 @@ class Sync:
         writes.events.append((module, f"failed: {gap} within {self.collect_timeout:.0f} s"))
         log.warning("run %s on %s: failed, %s", run_id, module, gap)
         if is_sealed(cur):
-            writes.acks.append(cur)  # given up: the module stops sending it (its rows stay on the module)
+            # given up: the module stops sending it (its rows stay on the module)
+            writes.acks.append(cur)
         return p
 
     def _record_lost(self, run_id: str, module: str, release: str, cur: RunProgress | None, why: str,
@@ -484,7 +499,8 @@ def parse_rows_json(raw: bytes | str | None, run_id: str, module: str) -> list[R
         return None
     try:
         return _rows_adapter().validate_json(raw)
-    except ValidationError:  # not a list of rows: as parse_rows reads it (None when it is not a list)
+    except ValidationError:
+        # not a list of rows: as parse_rows reads it (None when it is not a list)
         return parse_rows(_load(raw), run_id, module)
 
 

@@ -6,6 +6,10 @@ another user, of a contract version that cannot run the request, or without the 
 (``attempt`` 0), not after an hour: the first four refused (step :data:`~controller.fleet.runs.REFUSED_STEP`: the
 run is judged on the modules that ran), the last failed at ``dispatch``. ``fleetctl validate`` refuses a module of
 such a version before the run is created (:func:`controller.service.lifecycle.validate`).
+
+Lazy imports: :mod:`contract.celery_app` loads Celery (its app: 123 ms of CPU, ``bench/import_costs.py``,
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), imported where a run is sent: a verb that only reads
+the history imports this module with :mod:`controller.fleet` and does not pay it (tests/cli/test_lean_verbs.py).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from contract.compat import judge, request_for
-from contract.priority import DEFAULT, LEVELS, check_priority
+from contract.priority import ASKED, DEFAULT, LEVELS, SENT_AT, USER, check_priority
 from contract.records import RunProgress, RunRequest
 from contract.vocab import BadInput, check_run_id
 from controller.fleet.errors import BrokerUnavailable, FleetError, RunIdInUse, error_line
@@ -53,7 +57,6 @@ class Dispatch:
         it (``user``: a module another user reserved holds it until the reservation ends, :mod:`agent.hold`).
         """
         from contract.celery_app import queue_name
-        from contract.priority import ASKED, SENT_AT, USER
 
         try:
             res = self.app.send_task(task, args=args, queue=queue_name(module), task_id=task_id,
@@ -81,7 +84,8 @@ class Dispatch:
         if not resume and known:
             raise FleetError(f"run id {run_id!r} is already in the history; resume it explicitly or choose another")
         names = list(dict.fromkeys(modules))
-        if known or not names:  # resumed: the records on the broker are this history's own run
+        # resumed: the records on the broker are this history's own run
+        if known or not names:
             return
         found = {m: p for m, p in self.kv.progress(run_id, names).items() if p is not None}
         if found:
@@ -116,7 +120,7 @@ class Dispatch:
 
         # every request built and every module's state recorded (one transaction) before the first message:
         # each message wakes a module, and on a machine the modules share, the rest of the loop then waits
-        # for CPU behind them (100 simulated modules: the last message left ~9 s after the first)
+        # for CPU behind them
         requests: list[RunRequest] = []
         payloads: dict[str, dict[str, object]] = {}  # module -> its request in the version it runs (ADR 0051)
         failed: list[RunProgress] = []

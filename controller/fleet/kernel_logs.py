@@ -23,15 +23,21 @@ from contract.records import RunProgress
 from controller.fleet.power import HistoryLike
 from controller.fleet.runs import module_failed, refusal
 from controller.inventory import Module
+from controller.remote import console
 
 log = logging.getLogger("fleet.controller")
 
-KERNEL_EVENT = "kernel log"  # a run event: ``kernel log kept (lost): FOLDER`` or ``kernel log not kept (lost): WHY``
+# a run event: ``kernel log kept (lost): FOLDER`` or ``kernel log not kept (lost): WHY``
+KERNEL_EVENT = "kernel log"
 FOLDER = "module-logs"
-PER_PASS = 2  # modules read per sync pass, at most (each an SSH session: a pass stays short when many keys fail)
-FRESH = 3600.0  # a part that ended longer ago than this (an old run synced again): its module's log is of later
-CONSOLE_EVENT = "serial console"  # ``serial console kept (lost): FOLDER/console.log``
-CONSOLE_WAIT = 2.0  # a console first read at the failure (a controller started since): what it holds, this long
+# modules read per sync pass, at most (each an SSH session: a pass stays short when many keys fail)
+PER_PASS = 2
+# a part that ended longer ago than this (an old run synced again): its module's log is of later
+FRESH = 3600.0
+# a run event: ``serial console kept (lost): FOLDER/console.log``
+CONSOLE_EVENT = "serial console"
+# a console first read at the failure (a controller started since): what it holds, this long
+CONSOLE_WAIT = 2.0
 
 
 class Capture(Protocol):
@@ -90,11 +96,10 @@ class KernelLogs:
         self.read = read
         self._done: set[tuple[str, str]] = set()
         if acquire is None or release is None:
-            from controller.remote import console
-
             acquire, release = console.acquire, console.release
         self.acquire, self.release = acquire, release
-        self._captures: dict[str, Capture] = {}  # module -> its console's reader, from the first pass that needs it
+        # module -> its console's reader, from the first pass that needs it
+        self._captures: dict[str, Capture] = {}
 
     def close(self) -> None:
         """Stop reading the consoles (the process's last use of each)."""
@@ -126,7 +131,8 @@ class KernelLogs:
     def after_pass(self, history: HistoryLike, run_id: str, known: Mapping[str, RunProgress | None],
                    beats_at: Mapping[str, float | None], now: float) -> list[str]:
         """Keep the logs of the run's modules that call for it and have none kept yet; the modules done."""
-        for m, p in known.items():  # consoles read from the first pass that sees the module at work in the run
+        # consoles read from the first pass that sees the module at work in the run
+        for m, p in known.items():
             if p is not None and not p.state.terminal and m not in self._captures:
                 self._capture(m)
         due = {m: why for m, p in known.items() if (run_id, m) not in self._done and m in self.modules
@@ -139,13 +145,15 @@ class KernelLogs:
         for m, why in [(m, why) for m, why in due.items() if m not in kept][:PER_PASS]:
             self._done.add((run_id, m))
             folder = logs_folder(self.data_dir, run_id, m)
-            self._keep_console(history, run_id, m, why, folder)  # first: a hung module's SSH may take its timeout
+            # first: a hung module's SSH may take its timeout
+            self._keep_console(history, run_id, m, why, folder)
             try:
                 found = self.read(self.modules[m])
                 folder.mkdir(parents=True, exist_ok=True)
                 for name, text in found.items():
                     write_atomic(folder / f"{name}.log", text)
-            except Exception as exc:  # an unreachable module, its SSH refused, a full disk: said, never retried
+            except Exception as exc:
+                # an unreachable module, its SSH refused, a full disk: said, never retried
                 history.add_event(run_id, m, f"{KERNEL_EVENT} not kept ({why}): {exc}")
                 log.warning("run %s on %s: kernel log not kept: %s", run_id, m, exc)
                 continue

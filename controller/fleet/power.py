@@ -28,17 +28,24 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from contract.records import RunProgress, RunState
+from controller.history import RESET_EVENT
 from controller.inventory import PowerEntry
+from controller.remote import pdu
 
 log = logging.getLogger("fleet.controller")
-POWER_CYCLES_PER_RUN = 1  # power cycles of one module in one run, at most (a setting until issue 50)
-POWER_CYCLES_PER_HOUR = 3  # power cycles of one module in an hour, at most, every run (a setting until issue 50)
+# power cycles of one module in one run, at most
+POWER_CYCLES_PER_RUN = 1
+# power cycles of one module in an hour, at most, every run
+POWER_CYCLES_PER_HOUR = 3
 
-CYCLED = "power-cycled"  # a run event: the cycle asked and done (its PDU answered)
-BACK = "power-cycle back"  # a run event: the module's heartbeat after the cycle
-NOT_DONE = "power-cycle failed"  # a run event: the PDU did not answer
-BOUND = "power-cycle bound"  # a run event: not cycled, its bound reached
-ATTENTION = "needs attention"  # a module event: its PDU did not answer; until its heartbeat returns or a reset
+# run events: CYCLED the cycle asked and done (its PDU answered), BACK the module's heartbeat after it, NOT_DONE
+# its PDU did not answer, BOUND not cycled (its bound reached)
+CYCLED = "power-cycled"
+BACK = "power-cycle back"
+NOT_DONE = "power-cycle failed"
+BOUND = "power-cycle bound"
+# a module event: its PDU did not answer; until its heartbeat returns or a reset
+ATTENTION = "needs attention"
 MODULE_CYCLED = "power-cycled"  # a module event (the hourly bound)
 HOUR = 3600.0
 MEMO_RUNS = 64
@@ -55,7 +62,8 @@ class PowerPolicy:
     cycle_after: float
     per_run: int = 1
     per_hour: int = 3
-    offline_after: float | None = None  # with run_time_limit: a part past its hard limit and unreachable is cycled
+    # with run_time_limit: a part past its hard limit and unreachable is cycled
+    offline_after: float | None = None
     run_time_limit: float | None = None
 
 
@@ -64,17 +72,26 @@ class PartPower:
     """What :func:`plan_power` reads of one powered module's part of a run (plain values)."""
 
     module: str
-    ended: bool  # the part is terminal (done, failed, lost...)
-    silent: float | None  # seconds since the broker took its last heartbeat (None: never seen)
+    # the part is terminal (done, failed, lost...)
+    ended: bool
+    # seconds since the broker took its last heartbeat (None: never seen)
+    silent: float | None
     beat_at: float | None  # when the broker took it
-    cycles: tuple[float, ...] = ()  # when this run cycled it (its CYCLED events)
-    settled: tuple[float, ...] = ()  # when a cycle of this run got its result (BACK, NOT_DONE)
-    failed: bool = False  # this run's cycle of it failed (its PDU did not answer)
-    bounded: bool = False  # this run recorded its bound reached
-    hour: int = 0  # its cycles in the last hour, every run
-    attention: bool = False  # marked needs attention, no heartbeat since
-    running_for: float | None = None  # since its part started (None: not started)
-    reported_at: float | None = None  # when its part last reported (an end after a cycle: the agent was back)
+    # when this run cycled it (its CYCLED events)
+    cycles: tuple[float, ...] = ()
+    # when a cycle of this run got its result (BACK, NOT_DONE)
+    settled: tuple[float, ...] = ()
+    # this run's cycle of it failed (its PDU did not answer)
+    failed: bool = False
+    bounded: bool = False
+    # its cycles in the last hour, every run
+    hour: int = 0
+    # marked needs attention, no heartbeat since
+    attention: bool = False
+    # since its part started (None: not started)
+    running_for: float | None = None
+    # when its part last reported (an end after a cycle: the agent was back)
+    reported_at: float | None = None
     lost: bool = False  # its part was given up (LOST)
 
 
@@ -86,7 +103,8 @@ class Action:
     module: str
     kind: str
     why: str = ""
-    seconds: float = 0.0  # cycle: how long the module was silent; back: how long after the cycle it beat
+    # cycle: how long the module was silent; back: how long after the cycle it beat
+    seconds: float = 0.0
 
 
 def plan_power(parts: Iterable[PartPower], policy: PowerPolicy) -> list[Action]:
@@ -96,7 +114,8 @@ def plan_power(parts: Iterable[PartPower], policy: PowerPolicy) -> list[Action]:
         waiting = len(p.cycles) > len(p.settled)
         back_at = p.beat_at if p.beat_at is not None and p.cycles and p.beat_at > p.cycles[-1] else None
         if back_at is None and p.ended and not p.lost and p.cycles and (p.reported_at or 0.0) > p.cycles[-1]:
-            back_at = p.reported_at  # it ended before its heartbeat was read again: it was back
+            # it ended before its heartbeat was read again: it was back
+            back_at = p.reported_at
         if waiting and back_at is not None:
             out.append(Action(p.module, "back", seconds=back_at - p.cycles[-1]))
             continue
@@ -141,8 +160,6 @@ def cycled_text(now: float, silent: float, passed: int, total: int, who: str, en
 def attention_of(events: Sequence[tuple[float, str]], beat_at: float | None) -> str | None:
     """The module's ``needs attention`` line when it holds: marked, and no heartbeat nor reset since (pure).
     ``events``: the module's own events (time, message), oldest first."""
-    from controller.history import RESET_EVENT
-
     marked = next(((ts, msg) for ts, msg in reversed(events) if msg.startswith(ATTENTION)), None)
     if marked is None:
         return None
@@ -189,12 +206,11 @@ class PowerRecovery:
         self.entries = dict(entries)
         self.policy = policy
         if client is None:
-            from controller.remote.pdu import power
-
-            client = power
+            client = pdu.power
         self.client = client
         self.who = who or controller_who()
-        self._open: dict[str, set[str]] = {}  # run -> its modules whose cycle waits for their heartbeat
+        # run -> its modules whose cycle waits for their heartbeat
+        self._open: dict[str, set[str]] = {}
 
     def after_pass(self, history: HistoryLike, run_id: str, known: Mapping[str, RunProgress | None],
                    beats_at: Mapping[str, float | None], now: float) -> list[Action]:
@@ -207,11 +223,13 @@ class PowerRecovery:
         quiet = self.policy.cycle_after if self.policy.offline_after is None else self.policy.offline_after
         silent = [m for m in live if (at := beats_at.get(m)) is not None and now - at > quiet]
         if not silent and self._open.get(run_id) == set():
-            return []  # the run's events read once: no cycle waits for a heartbeat, no powered module silent
+            # the run's events read once: no cycle waits for a heartbeat, no powered module silent
+            return []
         events = history.events(run_id)
         open_cycles = {m for m in mods if _waiting(events, m)}
         self._open[run_id] = open_cycles
-        while len(self._open) > MEMO_RUNS:  # fleetctl serve follows runs for months
+        # fleetctl serve follows runs for months
+        while len(self._open) > MEMO_RUNS:
             self._open.pop(next(iter(self._open)))
         if not silent and not open_cycles:
             return []
@@ -251,11 +269,9 @@ class PowerRecovery:
             history.add_event(run_id, a.module, f"{BOUND}: {a.why}")
             log.warning("run %s on %s: %s", run_id, a.module, a.why)
             return
-        from controller.remote.pdu import PowerError
-
         try:
             self.client(entry, "cycle")
-        except PowerError as exc:
+        except pdu.PowerError as exc:
             line = f"{ATTENTION}: {a.why}, and its power cycle failed: {exc}"
             history.add_event(run_id, a.module, f"{NOT_DONE}: {a.why}: {exc}; the module needs attention")
             history.add_module_event(a.module, line)

@@ -8,6 +8,10 @@ priority it was asked for, so the planner (:func:`plan_raises`, pure) knows how 
 (and who started it: a module another user reserved holds it back, :mod:`agent.hold`). A raise moves the message to
 the front of the level above, in one step the agent cannot split: a Lua script on Redis (LREM, then RPUSH only if
 the LREM took it), a rename on the filesystem; a message the agent took meanwhile is not moved.
+
+Lazy imports: :mod:`contract.safe_transport` loads kombu (its connection: 72 ms of CPU, ``bench/import_costs.py``,
+bench/results/import_costs_20261207_0346_lazy-libraries.txt), imported where a queue is read:
+:mod:`controller.fleet` imports this module for verbs that read no queue (tests/cli/test_lean_verbs.py).
 """
 
 from __future__ import annotations
@@ -40,9 +44,12 @@ class Waiting:
     level: str
     asked: str
     sent_at: float | None
-    handle: str  # the Redis item or the message file's name: what a move takes out
-    task_id: str = ""  # Celery's (``<module>:<run id>`` for a run: contract.celery_app.task_id)
-    user: str = ""  # who started the run (the message's header; "" when it has none)
+    # the Redis item or the message file's name: what a move takes out
+    handle: str
+    # Celery's (``<module>:<run id>`` for a run: contract.celery_app.task_id)
+    task_id: str = ""
+    # who started the run (the message's header; "" when it has none)
+    user: str = ""
 
     @property
     def run_id(self) -> str:

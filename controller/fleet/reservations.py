@@ -23,7 +23,8 @@ OnReserved = Literal["skip", "wait"]
 ON_RESERVED: tuple[OnReserved, ...] = ("skip", "wait")
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-MAX_DURATION = 30 * 86400  # a reservation longer than a month is a mistake (a lab is shared)
+# a reservation longer than a month is a mistake (a lab is shared)
+MAX_DURATION = 30 * 86400
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*")
 
 

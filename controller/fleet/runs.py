@@ -47,7 +47,8 @@ def refusal(p: RunProgress | None) -> str | None:
     return p.error.message
 
 
-REFUSED_NOTE = "refused at dispatch: "  # how the note of the modules refused at dispatch starts
+# how the note of the modules refused at dispatch starts
+REFUSED_NOTE = "refused at dispatch: "
 
 
 def refused_note(refused: Mapping[str, str], ran: int, shown: int = 8) -> str:

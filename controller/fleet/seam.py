@@ -4,6 +4,11 @@ Its parts by job are its bases: :class:`~controller.fleet.states.ModuleStates` (
 :class:`~controller.fleet.dispatch.Dispatch` (sending runs) and
 :class:`~controller.fleet.collect.Sync` (following them), :class:`~controller.fleet.reservations.Reservations`
 (reading who holds which module); here: opening it, the broker check, cancel.
+
+Lazy imports: the broker's modules (:mod:`contract.celery_app`, :mod:`contract.kv`, :mod:`contract.eviction`,
+:mod:`~controller.fleet.capacity`) load Celery and redis (123 and 121 ms of CPU, ``bench/import_costs.py``,
+bench/results/import_costs_20261207_0346_lazy-libraries.txt) when a :class:`Fleet` is made or checks its broker, not
+when a verb that only reads the history imports :mod:`controller.fleet` (tests/cli/test_lean_verbs.py).
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ LAVA's shape: ``idle``, ``busy``, ``offline`` (no heartbeat for ``offline_after`
 (unhealthy heartbeat or ``failures_for_bad`` failed runs in a row). A heartbeat's age is the
 broker's (``contract.kv.Beat``), never the agent's clock. The pure rules are functions;
 :class:`ModuleStates` is the part of :class:`~controller.fleet.Fleet` that reads them.
+
+Lazy imports: :mod:`contract.kv` and :mod:`contract.celery_app` load Celery (its app: 123 ms of CPU,
+``bench/import_costs.py``, bench/results/import_costs_20261207_0346_lazy-libraries.txt), imported where the broker
+is read: a verb that only reads the history imports this module with :mod:`controller.fleet` and does not pay it
+(tests/cli/test_lean_verbs.py).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from contract.compat import judge
 from contract.records import Heartbeat, RunProgress, RunState
 from contract.settings import BrokerSettings
 from controller.fleet.power import attention_of
+from controller.fleet.queues import Raise, Waiting, depths, move, plan_raises, read_waiting
 from controller.fleet.runs import module_failed
 from controller.history import RESET_EVENT, History
 from controller.inventory import Module
@@ -26,12 +32,14 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from contract.kv import KV, Beat
-    from controller.fleet.queues import Raise, Waiting
 
-# Constants that were [controller] settings until issue 50 (ADR 0058)
-FAILURES_FOR_BAD = 3  # consecutive failed runs that make a module bad
-FAILURES_COOLDOWN = 900.0  # a module bad by failed runs takes work again this long after the last one, on trial, s
-CLOCK_SKEW_WARN = 30.0  # a module's clock off the controller's by more is warned about, s
+# constants, not settings (ADR 0058)
+# consecutive failed runs that make a module bad
+FAILURES_FOR_BAD = 3
+# s: a module bad by failed runs takes work again this long after the last one, on trial
+FAILURES_COOLDOWN = 900.0
+# s: a module's clock off the controller's by more is warned about
+CLOCK_SKEW_WARN = 30.0
 
 log = logging.getLogger("fleet.controller")
 
@@ -43,7 +51,8 @@ class ModuleStatus:
     reason: str = ""
     heartbeat: Heartbeat | None = None
     age: float | None = None  # seconds since the broker took the last heartbeat
-    skew: float | None = None  # the agent's clock minus the controller's, s (None: not measured)
+    # the agent's clock minus the controller's, s (None: not measured)
+    skew: float | None = None
 
 
 def derive_state(beat: Beat | None, now: float, *, offline_after: float, consecutive_failures: int = 0,
@@ -67,7 +76,8 @@ def derive_state(beat: Beat | None, now: float, *, offline_after: float, consecu
         return "unreachable", f"no heartbeat for {age:.0f} s" + (f", run {hb.run_id} goes on" if hb.run_id else "")
     if not hb.healthy:
         return "bad", hb.detail or "agent reports itself unhealthy"
-    if drift is not None:  # a failed golden check: no cooldown, a person looks first
+    # a failed golden check: no cooldown, a person looks first
+    if drift is not None:
         return "bad", f"golden check: {drift}; takes work again after `fleetctl devices reset {hb.module}`"
     streak = streak if streak is not None else FailureStreak(consecutive_failures)
     trial = ""
@@ -201,7 +211,8 @@ class ModuleStates:
         conflicts = self.kv.conflicts(m.name for m in modules)
         now = time.time() if now is None else now
         resets, drifts = self.history.module_marks()
-        passed = self.history.passed_last()  # most modules: no part to read one by one
+        # most modules have no part to read one by one
+        passed = self.history.passed_last()
         parts = self.history.recent_parts([m.name for m in modules if m.name not in passed], 10)
         out: dict[str, ModuleStatus] = {}
         for m in modules:
@@ -222,8 +233,6 @@ class ModuleStates:
 
     def queue_depths(self, modules: Sequence[Module]) -> dict[str, dict[str, int]]:
         """queue -> priority -> messages waiting (:mod:`controller.fleet.queues`); {} when the broker cannot say."""
-        from controller.fleet.queues import depths
-
         queues = [m.queue for m in modules]
         try:
             return depths(self.waiting(modules), queues)
@@ -233,8 +242,6 @@ class ModuleStates:
 
     def waiting(self, modules: Sequence[Module]) -> list[Waiting]:
         """What waits on these modules' queues, in the order each module takes it (the broker's errors raise)."""
-        from controller.fleet.queues import read_waiting
-
         with self.app.connection_for_read() as conn:
             return read_waiting(conn.default_channel, [m.queue for m in modules])
 
@@ -244,8 +251,6 @@ class ModuleStates:
         bound, :func:`controller.fleet.queues.plan_raises`), and put back up to what they asked for the runs a
         module held at ``low`` for another user's reservation that has ended (``holders``: queue -> the user whose
         reservation holds its module now); the raises made (not those the agent took first)."""
-        from controller.fleet.queues import move, plan_raises, read_waiting
-
         now = time.time() if now is None else now
         done: list[Raise] = []
         with self.app.connection_for_write() as conn:

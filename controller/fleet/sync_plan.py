@@ -84,10 +84,12 @@ def plan_take(release: str, p: RunProgress | None, cur: RunProgress | None, *, s
     """What of the broker's record ``p`` the pass takes over the history's ``cur`` (``release``: the run's;
     ``skew``: the module's clock minus the controller's, for the times the agent wrote)."""
     if p is not None and is_collecting(cur) and not p.state.terminal:
-        p = None  # the broker lost the final state (the module sends it again): nothing newer than it
+        # the broker lost the final state (the module sends it again): nothing newer than it
+        p = None
     was_lost = cur is not None and cur.state == RunState.LOST
     if p is not None and p.release and release and p.release != release:
-        return Take(found=p)  # another controller used this run id: never this run's result
+        # another controller used this run id: never this run's result
+        return Take(found=p)
     late = None
     if p is not None and cur is not None and was_lost:
         # the late state's time is the agent's clock, when the module was given up the controller's

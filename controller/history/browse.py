@@ -41,7 +41,8 @@ class RunsWhere:
         elif self.verdict:
             where.append("verdict=?")
             args.append(self.verdict)
-        if self.module:  # the runs' modules are a JSON list of names: the name in quotes, LIKE's wildcards escaped
+        # the runs' modules are a JSON list of names: the name in quotes, LIKE's wildcards escaped
+        if self.module:
             esc = self.module.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_").replace('"', "")
             where.append("modules LIKE ? ESCAPE '\\'")
             args.append(f'%"{esc}"%')

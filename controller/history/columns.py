@@ -24,15 +24,18 @@ from contract.records import ResultRow
 from controller.history.records import HistoryError
 from controller.history.schema import ROW_FIELDS
 
-if TYPE_CHECKING:  # pyarrow and pandas load when rows are read into a frame, not with the history
+# pyarrow and pandas load when rows are read into a frame, not with the history
+if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
 SUFFIX = ".arrow"
-TMP_MARK = ".tmp-"  # <name>.tmp-<pid>: a file being written (left behind by a writer killed mid-write)
-BATCH_ROWS = 50_000  # rows converted from SQLite's Python objects at a time (bounded memory)
+# <name>.tmp-<pid>: a file being written (left behind by a writer killed mid-write)
+TMP_MARK = ".tmp-"
+# rows converted from SQLite's Python objects at a time (bounded memory)
+BATCH_ROWS = 50_000
 # a column file's record batch (lz4 frames of its own): a read of some modules decompresses only the batches that
-# hold their rows (a module's rows are stored together: ~1-2 batches each); a file of a smaller run is one batch
+# hold their rows (a module's rows are stored together, in a batch or two); a file of a smaller run is one batch
 FILE_BATCH_ROWS = 4096
 
 
@@ -141,7 +144,8 @@ def decode(data: bytes, rec: ColumnFile, only: Sequence[str] | None = None,
             return None
         if modules is not None:
             return _of_modules(buf, rec, full, fields, modules)
-        if fields is not None:  # a reader of some fields (its schema is of those: the whole one is checked above)
+        # a reader of some fields (its schema is of those: the whole one is checked above)
+        if fields is not None:
             reader = ipc.open_file(buf, options=ipc.IpcReadOptions(included_fields=fields))
         table = reader.read_all()
     except (pa.ArrowInvalid, OSError):
@@ -229,14 +233,16 @@ def frame(tables: Sequence[pa.Table], model_keys: Sequence[str] | None = None) -
 
         table = table.filter(pc.is_in(table.column("model_key").cast(pa.string()),
                                       value_set=pa.array(list(model_keys), type=pa.string())))
-    del tables  # the caller's list: each table goes as it is converted (self_destruct)
+    # the caller's list: each table goes as it is converted (self_destruct)
+    del tables
     df = table.to_pandas(split_blocks=True, self_destruct=True)
     del table
     # the Arrow buffers freed by the conversion back to the system: pyarrow's allocator keeps them otherwise, for
     # the process's life (1 M rows: 90 MiB of a report's peak, bench/report.py --history)
     pa.default_memory_pool().release_unused()
     for c in TEXT_FIELDS:
-        if c not in df.columns:  # a table of some of the fields (``row_frame``'s ``only``)
+        # a table of some of the fields (``row_frame``'s ``only``)
+        if c not in df.columns:
             continue
         cats = df[c].cat.categories
         if not len(cats):  # all NULL: categories of text still, as pandas gives text

@@ -50,7 +50,8 @@ def _copy_rows(src: Database, dst: Database, table: str, where: str, params: tup
     have), a batch at a time; a row whose key the destination holds is left as it is."""
     cols = ", ".join(f'"{c}"' for c in shared)
     insert = f"INSERT INTO {table} ({cols}) VALUES ({','.join('?' * len(shared))}) ON CONFLICT DO NOTHING"
-    order = f" ORDER BY {src.insert_order}" if table == "rows" else ""  # a run's rows are read in insertion order
+    # a run's rows are read in insertion order
+    order = f" ORDER BY {src.insert_order}" if table == "rows" else ""
     for batch in src.batches(f"SELECT {cols} FROM {table} WHERE {where}{order}", params, BATCH):
         dst.executemany(insert, batch)
 
@@ -68,7 +69,8 @@ def copy_history(src: Database, dst: Database, progress: Callable[[str], None] |
             current += 1
             continue
         with dst.tx() as tx:
-            if run_id in there:  # it moved on since it was copied (it was running): copied afresh
+            # it moved on since it was copied (it was running): copied afresh
+            if run_id in there:
                 for table in (*RUN_TABLES, "runs"):
                     tx.execute(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
             for table in RUN_TABLES:

@@ -16,14 +16,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from contract.redact import redact_url
+from controller.history.pg import migrate
 from controller.history.records import HistoryFull, HistoryStopped, HistoryUnavailable
+from controller.history.schema import connect as connect_sqlite
 
 URL_SCHEMES = ("postgresql://", "postgres://")
 # every write transaction of a PostgreSQL history takes this lock: writers take turns, as SQLite's BEGIN IMMEDIATE
 # makes them (a baseline's next version, a webhook's claim and a run's generation stay read-then-write safe)
 WRITE_LOCK = 0x6D31303030  # "m1000"
 CONNECT_TIMEOUT = 30.0  # s, the first connection of a PostgreSQL history
-RECONNECT_TIMEOUT = 5.0  # s, each connection made again after the server dropped one (fleetctl serve retries)
+RECONNECT_TIMEOUT = 5.0  # s, each reconnection (fleetctl serve retries)
 
 
 class Cursor(Protocol):
@@ -51,7 +53,8 @@ class Database:
     engine; :meth:`tx` is a write transaction (writers take turns); reads outside one see committed data."""
 
     engine: str  # 'sqlite' or 'postgresql'
-    where: str  # what messages name: the file, or the URL without its password
+    # what messages name: the file, or the URL without its password
+    where: str
     # the column that orders a table's rows as they were first inserted
     insert_order: str
     raw: Any  # the engine's own connection
@@ -87,10 +90,8 @@ class SqliteDatabase(Database):
     insert_order = "rowid"
 
     def __init__(self, path: Path) -> None:
-        from controller.history.schema import connect
-
         self.where = str(path)
-        self.raw = connect(path)
+        self.raw = connect_sqlite(path)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         return self.raw.execute(sql, params)
@@ -144,13 +145,12 @@ class PostgresDatabase(Database):
     def __init__(self, url: str) -> None:
         import psycopg
 
-        from controller.history.pg import migrate
-
         self.where = redact_url(url)
         self._url = url
         self._errors = psycopg.errors
         self.raw = self._open(CONNECT_TIMEOUT)
-        with self._reached():  # its statement_timeout, the server gone mid-way: one line too
+        # a statement_timeout, or the server gone mid-way: one line too
+        with self._reached():
             migrate(self)
 
     def _open(self, timeout: float) -> Any:

@@ -158,7 +158,8 @@ class ColumnReads:
 
     db: Database
     path: Path | str
-    frames: FrameCache | None = None  # a long-lived process's (fleetctl serve): frames of column files kept
+    # a long-lived process's (fleetctl serve): frames of column files kept
+    frames: FrameCache | None = None
 
     @property
     def column_store(self) -> ColumnStore | None:

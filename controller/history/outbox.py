@@ -76,7 +76,8 @@ class WebhookOutbox:
         when the lease ends). Several ``fleetctl serve`` on one history thus send each event to a URL once."""
         now = time.time()
         got: list[str] = []
-        with self.tx() as c:  # writers take turns: the look and the claim are one step
+        # writers take turns: the look and the claim are one step
+        with self.tx() as c:
             for d in url_sha256s:
                 if c.execute("SELECT 1 FROM webhook_sent WHERE run_id=? AND event=? AND url_sha256=?",
                              (run_id, event, d)).fetchone():

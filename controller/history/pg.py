@@ -13,17 +13,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from controller.history.columns import KINDS
 from controller.history.schema import ROW_FIELDS
 
 if TYPE_CHECKING:
     from controller.history.db import PostgresDatabase
 
-MIGRATE_LOCK = 0x6D31303031  # held while migrating (session level): one controller migrates, the others wait
+# held while migrating (session level): one controller migrates, the others wait
+MIGRATE_LOCK = 0x6D31303031
 
 
 def _row_columns() -> str:
-    from controller.history.columns import KINDS
-
     types = {"float": "DOUBLE PRECISION", "int": "BIGINT", "str": "TEXT"}
     return ", ".join(f'"{f}" {types[KINDS[f]]}' for f in ROW_FIELDS)
 

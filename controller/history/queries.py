@@ -7,6 +7,7 @@ package only. pandas is imported by the report's reads alone, when they are call
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -75,7 +76,8 @@ class HistoryQueries:
             " ON n.module = m.module AND n.u = m.updated_at WHERE m.state IN ('done', 'failed', 'cancelled', 'lost')")
         clean: dict[str, bool] = {}
         for module, ok in cur.fetchall():
-            clean[module] = clean.get(module, True) and bool(ok)  # two parts ended at once: both must have passed
+            # two parts ended at once: both must have passed
+            clean[module] = clean.get(module, True) and bool(ok)
         return {m for m, ok in clean.items() if ok}
 
     def recent_parts(self, modules: Sequence[str], limit: int) -> dict[str, list[tuple[str, str | None, float | None]]]:
@@ -154,8 +156,6 @@ class HistoryQueries:
     def modules_of_rows(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """(run_id, module) for each module that has rows in one of the given runs: from the modules recorded with a
         run's column file made at the run's generation (no scan of its rows), else from the rows."""
-        import json
-
         import pandas as pd
 
         marks = ",".join("?" * len(run_ids))

@@ -13,13 +13,17 @@ from pydantic import BaseModel, ConfigDict
 from controller.errors import FleetctlError
 
 VERDICT_EVENT = "run.verdict"
-CHANGE_POINT_EVENT = "trend.change_point"  # a run made new change points across the release history detectable
+# a run made new change points across the release history detectable
+CHANGE_POINT_EVENT = "trend.change_point"
 # an ended run's search for the change points it made detectable, queued for `fleetctl serve` (never sent: its
 # outcome is a CHANGE_POINT_EVENT, when there is one)
 CHANGE_CHECK_EVENT = "trend.check"
-RESET_EVENT = "failures reset"  # the module event of `fleetctl devices reset` (the module's failed runs cleared)
-GOLDEN_DRIFT_EVENT = "golden drift"  # the module event of a golden check it failed: bad until the next reset
-GOLDEN_NOTE = "golden check"  # how a golden check's run note starts (``golden check REL``): never a previous run
+# the module event of `fleetctl devices reset` (the module's failed runs cleared)
+RESET_EVENT = "failures reset"
+# the module event of a golden check it failed: bad until the next reset
+GOLDEN_DRIFT_EVENT = "golden drift"
+# how a golden check's run note starts (``golden check REL``): never a previous run
+GOLDEN_NOTE = "golden check"
 
 
 class OutboxEvent(BaseModel):
@@ -34,7 +38,8 @@ class OutboxEvent(BaseModel):
     state: str
     created_at: float
     urls: tuple[str, ...]
-    payload: str = ""  # JSON the event carries beyond the run's summary ('' for a verdict)
+    # JSON the event carries beyond the run's summary ('' for a verdict)
+    payload: str = ""
 
     @property
     def delivery_id(self) -> str:
@@ -86,12 +91,15 @@ class RunInfo(BaseModel):
     verdict: str | None
     finished_at: float | None
     note: str
-    verdict_line: str | None = None  # the line of the verdict recorded last (None: not judged since it ended)
+    # the line of the verdict recorded last (None: not judged since it ended)
+    verdict_line: str | None = None
     # the modules asked for only some of ``models`` (``fleetctl retry --failed-only``: the keys that did not pass
     # there), and those keys; every other module was asked for all of ``models``
     module_models: dict[str, tuple[str, ...]] = {}
-    priority: str = "normal"  # what it was dispatched at (contract.priority), the last time it was
-    dispatched_at: float | None = None  # when it was last dispatched (a resume too); None: at created_at
+    # what it was dispatched at (contract.priority), the last time it was
+    priority: str = "normal"
+    # when it was last dispatched (a resume too); None: at created_at
+    dispatched_at: float | None = None
     # who started it: the API token's user, or the CLI's identity (controller.identity); '' when not known (a run
     # from before runs recorded it, a baseline)
     started_by: str = ""

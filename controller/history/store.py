@@ -272,7 +272,8 @@ class History(HistoryQueries, BrowseQueries, ColumnReads, WebhookOutbox, TrendFi
         data = list(_last_of_each_key(row_to_db(r) for r in rows))
         if not data:
             return 0
-        with self.tx() as c:  # rowcount: the rows' own changes (total_changes would count the triggers' too)
+        # rowcount: the rows' own changes (total_changes would count the triggers' too)
+        with self.tx() as c:
             return c.executemany(_INSERT_ROW, data).rowcount
 
     def upsert_row_values(self, values: Iterable[tuple[Any, ...]]) -> int:

@@ -30,7 +30,8 @@ class RunWait:
     module: str
     priority: str
     waited_s: float
-    behind: str | None  # the run that module ended last before this one started (None: it was idle)
+    # the run that module ended last before this one started (None: it was idle)
+    behind: str | None
 
 
 def run_waits(h: History, run_id: str) -> tuple[RunWait, ...]:

@@ -31,7 +31,9 @@ from controller import service
 from controller.history import FrameCache
 from controller.serve import links
 from controller.serve.access import publish, undeclared
+from controller.serve.guard import MAX_BODY_BYTES, Guard
 from controller.serve.health import Health, add_health
+from controller.serve.pages import mount as mount_pages
 from controller.serve.routes import fleet, public, runs, trend
 from controller.serve.routes.common import SessionPool, add_error_handlers, one_line, validation_line
 from controller.serve.routes.trend import DEFAULT_MAX_PVALUE, DEFAULT_MIN_MAGNITUDE
@@ -73,10 +75,9 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
                          description="Validate SGLang-MUSA releases on a fleet of M1000 modules (for CI systems).")
     app.state.settings, app.state.tokens, app.state.sessions = settings, tokens, sessions
     app.state.link_secret = links.load_secret(settings.data_dir)
-    if health is not None:  # its gate inside the token check below (added later: the outer one)
+    # its gate inside the token check below (added later: the outer one)
+    if health is not None:
         add_health(app, health, PREFIX)
-    from controller.serve.guard import MAX_BODY_BYTES, Guard
-
     # the token and the body's size, checked before the body is read (each route's role check stays, for the schema)
     app.add_middleware(Guard, check_token=tokens.check, protected=_protected,  # type: ignore[arg-type]
                        max_body=MAX_BODY_BYTES)
@@ -85,10 +86,10 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
         publish(router.routes)  # each route's role in the schema: x-role
         app.include_router(router)
     missing = undeclared(app.routes, _protected)
-    if missing:  # a route every token could call by omission: refused before the app serves anything
+    # a route every token could call by omission: refused before the app serves anything
+    if missing:
         raise RuntimeError(f"API routes without a declared role: {', '.join(missing)}")
-    from controller.serve.pages import mount as mount_pages  # the run browser under /ui (issue 52)
-
+    # the run browser under /ui
     mount_pages(app)
     return app
 

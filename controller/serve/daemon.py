@@ -1,6 +1,13 @@
 """``fleetctl serve``: keeps the run history in step with the broker while no CLI is attached,
 judges finished runs, serves the controller's /metrics and, when configured, the HTTP API
-(``api_port``), the webhooks (``webhook_urls``) and scheduled golden checks (``golden_*``)."""
+(``api_port``), the webhooks (``webhook_urls``) and scheduled golden checks (``golden_*``).
+
+Lazy imports: a part that a setting turns on loads its libraries when it starts: the HTTP API
+(:mod:`controller.serve.api`, :mod:`~controller.serve.guard`: FastAPI and uvicorn, 271 and 85 ms of CPU, 25 and 9
+MiB) with ``api_port``, the webhooks' bodies (:func:`controller.serve.api.summary_of`) with ``webhook_urls``, the
+collector (:mod:`controller.serve.metrics`: prometheus_client, 59 ms) with ``metrics_port``; figures of
+``bench/import_costs.py`` (bench/results/import_costs_20261207_0346_lazy-libraries.txt).
+"""
 
 from __future__ import annotations
 
@@ -16,23 +23,28 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 
 from controller import service
-from controller.history import FrameCache, History, OutboxEvent
+from controller.history import CHANGE_CHECK_EVENT, VERDICT_EVENT, FrameCache, History, OutboxEvent, url_digest
 from controller.serve.health import OUTAGE, PART_DOWN, Health, until_reached
+from controller.serve.tokens import WatchedTokens
 from controller.service import Judgement, Session
+from controller.service.golden import judge_golden
+from controller.service.golden_schedule import is_golden, run_due
+from controller.service.lifecycle import queue_change_points
+from controller.service.webhooks import Webhooks, load_secret
 from controller.settings import ConfigError, ControllerSettings
 
-if TYPE_CHECKING:
-    from controller.service.webhooks import Webhooks
-
 log = logging.getLogger("fleet.serve")
-RAISE_EVERY_S = 5.0  # how often a serve pass looks for runs waiting past raise_after (one read of the queues)
-GOLDEN_EVERY_S = 30.0  # how often a serve pass looks for modules due a scheduled golden check (a history read)
-FRAME_CACHE_BYTES = 1024 * 1024 * 1024  # run frames and report analyses kept for reports and trends (ADR 0034)
+# how often a serve pass looks for runs waiting past raise_after (one read of the queues)
+RAISE_EVERY_S = 5.0
+# how often a serve pass looks for modules due a scheduled golden check (a history read)
+GOLDEN_EVERY_S = 30.0
+# run frames and report analyses kept for reports and trends (ADR 0034)
+FRAME_CACHE_BYTES = 1024 * 1024 * 1024
 
 
 def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
@@ -45,7 +57,8 @@ def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
     for run_id in fleet.active_runs():
         try:
             view = service.sync(s, run_id)
-        except PART_DOWN:  # the history or the broker away: the whole pass is tried again (serve_forever)
+        except PART_DOWN:
+            # the history or the broker away: the whole pass is tried again (serve_forever)
             raise
         except Exception as exc:  # one bad run must not stop the service
             warn(f"sync of {run_id} failed: {exc}")
@@ -55,9 +68,11 @@ def sync_all(s: Session, warn: Callable[[str], None] = log.warning,
         done.append(run_id)
         try:
             j = service.judge(s, run_id)
-        except PART_DOWN:  # not judged: the history still holds it running, the pass that catches up judges it
+        except PART_DOWN:
+            # not judged: the history still holds it running, the pass that catches up judges it
             raise
-        except Exception as exc:  # a report that cannot be built must not stop the service either
+        except Exception as exc:
+            # a report that cannot be built must not stop the service either
             warn(f"run {run_id} finished, but its verdict could not be reached: {exc}")
             continue
         if on_verdict is not None:
@@ -111,14 +126,12 @@ class ReportPreparer:
 def golden(s: Session, run_id: str, warn: Callable[[str], None]) -> None:
     """A golden check that just ended (scheduled, or one a ``fleetctl golden`` no longer
     follows) judged against each module's golden history; a drift is recorded once whoever judges it."""
-    from controller.service.golden import judge_golden
-    from controller.service.golden_schedule import is_golden
-
     try:
         if not is_golden(s.history().find_run(run_id)):
             return
         res = judge_golden(s, run_id, s.settings.golden_tolerance)
-    except Exception as exc:  # the check's run is in the history; judging it again is a ``fleetctl golden`` away
+    except Exception as exc:
+        # the check's run is in the history; judging it again is a ``fleetctl golden`` away
         warn(f"golden check {run_id} ended, but it could not be judged: {exc}")
         return
     for c in res.checks:
@@ -128,8 +141,6 @@ def golden(s: Session, run_id: str, warn: Callable[[str], None]) -> None:
 
 def schedule_golden(s: Session, warn: Callable[[str], None]) -> None:
     """Dispatch the golden checks due (settings ``golden_*``; :mod:`controller.service.golden_schedule`)."""
-    from controller.service.golden_schedule import run_due
-
     try:
         for d, what in run_due(s, time.time()):
             warn(f"golden check on {d.module} ({d.why}): {what}")
@@ -176,8 +187,6 @@ class Notifier:
     checker: ThreadPoolExecutor | None = None
 
     def __post_init__(self) -> None:
-        from controller.history import url_digest
-
         self.by_digest = {url_digest(u): u for u in self.hooks.urls}
         self.targets = self.s.history().webhook_targets(self.hooks.urls)
         if not self.holder:
@@ -200,14 +209,14 @@ class Notifier:
 
     def drain(self) -> int:
         """Record finished deliveries, send what is pending; how many deliveries were started."""
-        from controller.history import CHANGE_CHECK_EVENT, VERDICT_EVENT
         from controller.serve.api import summary_of
 
         h = self._record_finished()
         started = 0
         for ev in h.pending_webhooks(self.targets, max_age=self.max_age):
             digests = [d for d in ev.urls if (ev.run_id, ev.event, d) not in self.inflight]
-            if digests:  # another service sending it (a shared history) holds its claim: not sent here
+            # another service sending it (a shared history) holds its claim: not sent here
+            if digests:
                 digests = h.claim_webhooks(ev.run_id, ev.event, digests, self.holder, self.lease or 0.0)
             if not digests:
                 continue
@@ -217,7 +226,8 @@ class Notifier:
             payload = summary_of(self.s, Judgement(ev.run_id, ev.verdict, ev.line, ev.state))
             if ev.payload and ev.event == VERDICT_EVENT:  # the verdict's regressions and outliers, with intervals
                 payload.update(json.loads(ev.payload))
-            elif ev.payload:  # an event beyond the verdict (trend.change_point): its own fields and line
+            elif ev.payload:
+                # an event beyond the verdict (trend.change_point): its own fields and line
                 info = h.run(ev.run_id)
                 payload = {**payload, **json.loads(ev.payload), "event": ev.event, "line": ev.line,
                            "verdict_line": info.verdict_line if info else None}
@@ -262,8 +272,6 @@ class Notifier:
 def _change_check(settings: ControllerSettings, run_id: str, verdict: str, state: str) -> bool:
     """Run an ended run's change-point search (:func:`controller.service.lifecycle.queue_change_points`) on a
     session of this thread's own; True once it ran (a run no longer in the history: nothing to search)."""
-    from controller.service.lifecycle import queue_change_points
-
     with Session(settings) as own:
         h = own.history()
         info = h.run(run_id)
@@ -301,7 +309,7 @@ def _start_metrics(s: Session, health: Health | None = None) -> Any:
                                           if health is not None else None))
     try:
         return start_http_server(settings.metrics_port, addr=settings.metrics_host, registry=registry)
-    except OSError as exc:  # a busy port: name it and the setting (issue 51), not a traceback
+    except OSError as exc:  # a busy port: named with its setting, no traceback
         raise ConfigError(f"/metrics could not listen on {settings.metrics_host}:{settings.metrics_port} "
                           f"({exc.strerror or exc}): set metrics_port in [controller] (FLEET_CONTROLLER_METRICS_PORT; "
                           "0 turns /metrics off)") from None
@@ -329,7 +337,6 @@ def start_api(s: Session, timeout: float = 15.0, health: Health | None = None) -
 
     from controller.serve.api import create_app
     from controller.serve.guard import KEEPALIVE_TIMEOUT, log_config, protocol_class
-    from controller.serve.tokens import WatchedTokens
 
     app = create_app(settings, WatchedTokens(settings.api_tokens_file), s.frames, health=health)
     # h11 (headers of 16 KiB at most), with read deadlines: a slow or idle client is closed, never held
@@ -354,8 +361,6 @@ def webhooks_of(s: Session) -> Webhooks | None:
         return None
     if settings.webhook_secret_file is None:
         raise ConfigError("webhook_urls are set but webhook_secret_file is not: webhooks are always signed")
-    from controller.service.webhooks import Webhooks, load_secret
-
     return Webhooks(settings.webhook_urls, load_secret(settings.webhook_secret_file))
 
 
@@ -386,11 +391,13 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
         # a history not up yet (a PostgreSQL server starting with the host) is waited for, with backoff
         if not until_reached(lambda: s.history().running_runs(), health, stop, warn):
             return
-    try:  # an evicting broker is refused (EvictingBroker); one away now is synced once it is back
+    # an evicting broker is refused (EvictingBroker); one away now is synced once it is back
+    try:
         s.fleet().check_broker()
     except service.BrokerUnavailable as exc:
         warn(f"{exc}; going on, syncing once it is reachable")
-    else:  # a broker that cannot hold every agent's connections: one line (controller.fleet.capacity)
+    else:
+        # a broker that cannot hold every agent's connections: one line (controller.fleet.capacity)
         short = capacity_warning(s)
         if short:
             warn(f"warning: {short}")
@@ -410,7 +417,8 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
         return
     notifiers: list[Notifier] = []
 
-    def begin() -> None:  # the webhooks' targets, and what was recorded while the service was down, go first
+    # the webhooks' targets, and what was recorded while the service was down, go first
+    def begin() -> None:
         if hooks and not notifiers:
             notifiers.append(Notifier(s, hooks))
             notifiers[0].drain()
@@ -426,7 +434,8 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
                   + (f", API on http://{settings.api_host}:{settings.api_port}/api/v1" if api else "")
                   + (f", webhooks to {len(hooks.urls)} URL(s)" if hooks else ""), highlight=False)
     loop = ServeLoop(s, warn, console, notifier)
-    gc.freeze()  # what serve holds once started is left out of its garbage collections (controller.cli.live.follow)
+    # what serve holds once started is left out of its garbage collections (controller.cli.live.follow)
+    gc.freeze()
     try:
         while not stop.is_set():
             if not until_reached(loop.one_pass, health, stop, warn):
@@ -439,7 +448,8 @@ def serve_forever(s: Session, *, interval: float, once: bool, console: Console) 
             server[0].shutdown()
         if notifier and hooks:
             with contextlib.suppress(Exception):  # the history away: they are sent again next time
-                notifier.wait(timeout=0)  # outcomes known by now are recorded; the others are sent again next time
+                # outcomes known by now are recorded; the others are sent again next time
+                notifier.wait(timeout=0)
             notifier.close()
             hooks.close(wait=False)
 
@@ -467,7 +477,8 @@ class ServeLoop:
                 s.fleet().check_broker()
             except OUTAGE:
                 raise
-            except Exception as exc:  # an evicting broker now (its policy changed): said, the service goes on
+            except Exception as exc:
+                # an evicting broker now (its policy changed): said, the service goes on
                 warn(f"broker: {exc}")
         finished = sync_all(s, warn, self.notifier.verdict if self.notifier else None)
         for run_id in finished:

@@ -41,7 +41,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 UNAUTHORIZED = "missing or wrong bearer token"
 MAX_LOG_LINE = 400  # characters of one line of the server's log, at most
-MAX_BODY_BYTES = 64 * 1024  # the largest request body read (413 beyond it); a run request is a few hundred bytes
+# the largest request body read (413 beyond it); a run request is a few hundred bytes
+MAX_BODY_BYTES = 64 * 1024
 KEEPALIVE_TIMEOUT = 5  # an idle keep-alive connection is closed after this long, s
 
 

@@ -15,6 +15,7 @@ trying it (a server that does not answer would hold each request for its connect
 
 from __future__ import annotations
 
+import html
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 from contract.oneline import error_line
 from controller.fleet import BrokerUnavailable
 from controller.history import HistoryFull, HistoryStopped, HistoryUnavailable
+from controller.serve.links import LINK_PREFIX
+from controller.serve.wire import PAGES
 
 PARTS = ("history", "broker")
 NAMES = {"history": "run history", "broker": "broker"}
@@ -178,12 +181,10 @@ def until_reached(attempt: Callable[[], Any], health: Health, stop: threading.Ev
 def needs_history(path: str, prefix: str) -> bool:
     """Whether an API path reads or writes the run history (the reservations are the broker's alone; a signed
     link's report is the history's)."""
-    from controller.serve.links import LINK_PREFIX
-    from controller.serve.wire import PAGES
-
     if path.startswith(LINK_PREFIX + "/"):
         return True
-    if path.startswith(PAGES + "/"):  # the run browser's pages, but its login and the queue (the broker's)
+    # the run browser's pages, but its login and the queue (the broker's)
+    if path.startswith(PAGES + "/"):
         return path.split("/")[2] not in ("login", "logout", "queue")
     return path.startswith(prefix + "/") and path != f"{prefix}/openapi.json" \
         and not path.startswith(f"{prefix}/reservations")
@@ -202,11 +203,7 @@ class DegradedGate:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and self.health.unreachable("history") and needs_history(scope["path"],
                                                                                            self.prefix):
-            import html
-
             from fastapi.responses import HTMLResponse, JSONResponse
-
-            from controller.serve.wire import PAGES
 
             st = self.health.state("history")
             now = self.health.clock()

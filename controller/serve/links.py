@@ -46,7 +46,8 @@ class LinkSecretError(ConfigError):
 
 
 class Link(NamedTuple):
-    path: str  # the link's path and query, to put after the server's base URL
+    # the link's path and query, to put after the server's base URL
+    path: str
     expires: int  # unix seconds
 
 

@@ -20,6 +20,10 @@ keeps (:mod:`controller.report.kept`, ADR 0043): when the history changed since 
 starts their computation in a thread of its own and waits for it at most ``trend_wait`` seconds, then answers with
 the findings kept (of the history before the change, until the computation ends): the search over a long history
 takes minutes, a scrape must answer within Prometheus' timeout.
+
+Lazy imports: the findings' modules (:mod:`controller.report.kept`, :mod:`~controller.report.model`) load pandas
+(462 ms of CPU, 88 MiB: ``bench/import_costs.py``, bench/results/import_costs_20261207_0346_lazy-libraries.txt) at
+the first scrape that reads change points, not when ``fleetctl serve`` starts its collector.
 """
 
 from __future__ import annotations
@@ -175,7 +179,8 @@ def trend_counts(history: History) -> dict[tuple[str, str, str], int]:
     return in_force_counts(current_findings(history))
 
 
-TREND_WAIT = 0.5  # s a scrape waits for the findings it started computing (then answers with those kept)
+# s a scrape waits for the findings it started computing (then answers with those kept)
+TREND_WAIT = 0.5
 
 
 class ControllerCollector(Collector):
@@ -189,7 +194,8 @@ class ControllerCollector(Collector):
                  trend_wait: float = TREND_WAIT, open_history: Callable[[], History] | None = None,
                  parts: Callable[[], Mapping[str, bool]] | None = None) -> None:
         self.history = history
-        self.parts = parts  # fleetctl serve's parts: reached (True) or not (controller.serve.health)
+        # fleetctl serve's parts: reached (True) or not (controller.serve.health)
+        self.parts = parts
         self.states = states
         self.queue_depths = queue_depths
         self.reserved = reserved

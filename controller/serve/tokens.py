@@ -44,9 +44,12 @@ class TokenError(ConfigError):
 class Role(str, Enum):
     """What a token's user may do on the API; each role may do what the ones before it may."""
 
-    read = "read"  # runs, reports, trend, devices
-    trigger = "trigger"  # also start, resume, retry runs, and cancel its own
-    admin = "admin"  # also act on others' work: cancel another user's run, release another's reservation, reset modules
+    # runs, reports, trend, devices
+    read = "read"
+    # also start, resume, retry runs, and cancel its own
+    trigger = "trigger"
+    # also act on others' work: cancel another user's run, release another's reservation, reset modules
+    admin = "admin"
 
     @property
     def rank(self) -> int:
@@ -208,10 +211,12 @@ class WatchedTokens(Tokens):
     used (unreadable, readable by others, a bad line, no token) fails closed: no token is accepted until it is
     fixed, and the reason is logged once."""
 
-    def __init__(self, path: Path) -> None:  # a bad file at start is a TokenError, as Tokens.load raises
+    def __init__(self, path: Path) -> None:
+        """A bad file at start is a TokenError, as :meth:`Tokens.load` raises."""
         self._path = path
         self._lock = threading.Lock()
-        self._seen = self._signature()  # before the read: a change while it reads is read at the next request
+        # before the read: a change while it reads is read at the next request
+        self._seen = self._signature()
         self._entries = Tokens.load(path)._entries
         self._broken = ""
 
@@ -268,13 +273,15 @@ def add_token(path: Path, token: str, who: Identity) -> int:
     parsed = parse_tokens(old, path)
     if parsed.version == 2:
         text = old + ("" if old.endswith("\n") else "\n")
-    else:  # comments kept, each token given its v1 meaning in v2 words
+    else:
+        # comments kept, each token given its v1 meaning in v2 words
         kept = {e.line: e for e in parsed.entries}
         text = V2_HEADER + "\n" + "".join(
             (line(kept[no].identity, kept[no].token) if no in kept else raw + "\n")
             for no, raw in enumerate(old.splitlines(), 1))
     text += line(who, token)
-    parse_tokens(text, path)  # a duplicate, or the user with another role: refused before anything is written
+    # a duplicate, or the user with another role: refused before anything is written
+    parse_tokens(text, path)
     try:
         write_atomic(path, text, mode=0o600)
     except OSError as exc:

@@ -7,14 +7,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from urllib.parse import quote
 
 PREFIX = "/api/v1"
-RUN_HEADER = "X-Fleet-Run"  # the run a report is of, 'latest' or a prefix resolved (a JSON string)
-VERDICT_HEADER = "X-Fleet-Verdict"  # pass, regressed, incomplete, failed
-VERDICT_LINE_HEADER = "X-Fleet-Verdict-Line"  # the report's one-line verdict (a JSON string)
-WARNINGS_HEADER = "X-Fleet-Warnings"  # the environment changes fleetctl report warns of (a JSON list of strings)
-RELEASES_HEADER = "X-Fleet-Releases"  # a trend: how many releases the history holds (its "no change points" line)
-REACH_HEADER = "X-Fleet-Reach"  # a trend with none: the smallest step it could have found (a JSON string)
+# the run a report is of, 'latest' or a prefix resolved (a JSON string)
+RUN_HEADER = "X-Fleet-Run"
+# pass, regressed, incomplete, failed
+VERDICT_HEADER = "X-Fleet-Verdict"
+# the report's one-line verdict (a JSON string)
+VERDICT_LINE_HEADER = "X-Fleet-Verdict-Line"
+# the environment changes fleetctl report warns of (a JSON list of strings)
+WARNINGS_HEADER = "X-Fleet-Warnings"
+# a trend: how many releases the history holds (its "no change points" line)
+RELEASES_HEADER = "X-Fleet-Releases"
+# a trend with none: the smallest step it could have found (a JSON string)
+REACH_HEADER = "X-Fleet-Reach"
 
 
 def report_headers(run_id: str, verdict: str, line: str, warnings: Sequence[str]) -> dict[str, str]:
@@ -28,8 +35,6 @@ PAGES = "/ui"  # the run browser's pages (controller.serve.pages)
 
 def page_path(run_id: str) -> str:
     """A run's page's path (the run browser, :mod:`controller.serve.pages`)."""
-    from urllib.parse import quote
-
     return f"{PAGES}/runs/{quote(run_id, safe='')}"
 
 

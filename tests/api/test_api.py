@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 
@@ -30,6 +31,20 @@ def test_schema_is_served(client):
     assert {"/api/v1/runs", "/api/v1/runs/{run_id}", "/api/v1/runs/{run_id}/report", "/api/v1/runs/{run_id}/cancel",
             "/api/v1/devices"} <= set(doc["paths"])
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+def test_each_query_parameter_is_described_on_its_own(client):
+    """The OpenAPI page shows each parameter's description alone: none leans on another's ("the same, of ...")."""
+    doc = client.get("/api/v1/openapi.json").json()
+    params = [(path, p) for path, ops in doc["paths"].items() for op in ops.values()
+              for p in op.get("parameters", []) if p["in"] == "query"]
+    leaning = [f"{path} {p['name']}: {p.get('description')!r}" for path, p in params
+               if not p.get("description") or re.match(r"(the )?same\b|as above|likewise", p["description"], re.I)]
+    assert params and not leaning, leaning
+    report = {p["name"]: p["description"] for path, p in params if path.endswith("/report")}
+    for name, of in (("tolerance", "every metric"), ("energy_tolerance", "energy per token"),
+                     ("startup_tolerance", "start-up cost")):
+        assert of in report[name] and "counts as a regression" in report[name], (name, report[name])
 
 
 def test_runs_and_one_run(client):

@@ -30,5 +30,6 @@ def mount(app: FastAPI) -> None:
     app.include_router(runs.router)
     app.include_router(fleet.router)
     missing = undeclared_pages(app.routes)
-    if missing:  # a page every token (or none) could open by omission: refused before anything is served
+    # a page every token (or none) could open by omission: refused before anything is served
+    if missing:
         raise RuntimeError(f"pages without a declared role: {', '.join(missing)}")

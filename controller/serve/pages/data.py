@@ -7,6 +7,10 @@ costs the same whether the
 history holds ten runs or ten thousand (``bench/pages.py``). Nothing here writes, but :func:`release_trend`'s
 findings: when the history changed since they were kept, a thread computes and keeps them (what ``/metrics``
 does) and the page shows those kept meanwhile.
+
+Lazy imports: the findings' modules (:mod:`controller.report.kept`, :mod:`~controller.report.trend`) load pandas
+(462 ms of CPU, 88 MiB: ``bench/import_costs.py``, bench/results/import_costs_20261207_0346_lazy-libraries.txt) at
+the first release page that shows a trend, not when the API starts.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.records import RunProgress
 from controller import service
 from controller.errors import FleetctlError
 from controller.history import RunInfo
 from controller.history.browse import RunsWhere
 from controller.service import Session
+from controller.service.reservations import reservation_dict, reservations
 
 VERDICTS = ("pass", "regressed", "incomplete", "failed")
 STATES = ("running", "done", "failed", "cancelled")
@@ -37,13 +43,17 @@ class RunsFilter:
     """The runs page's filters (each '' for any): parsed from the query by :meth:`parse` (pure)."""
 
     release: str = ""
-    verdict: str = ""  # a verdict, or 'none' (not judged)
+    # a verdict, or 'none' (not judged)
+    verdict: str = ""
     state: str = ""
     module: str = ""
     user: str = ""
-    since: str = ""  # YYYY-MM-DD, UTC, from that day
-    until: str = ""  # YYYY-MM-DD, UTC, to that day included
-    before: float | None = None  # created before this (the next page)
+    # YYYY-MM-DD, UTC, from that day
+    since: str = ""
+    # YYYY-MM-DD, UTC, to that day included
+    until: str = ""
+    # created before this (the next page)
+    before: float | None = None
     limit: int = 50
 
     @classmethod
@@ -95,11 +105,14 @@ def _day(text: str) -> float:
 @dataclass(frozen=True)
 class RunsPage:
     runs: list[RunInfo]
-    releases: list[str]  # for the filter's suggestions, newest first
+    # for the filter's suggestions, newest first
+    releases: list[str]
     users: list[str]
     modules: list[str]
-    more: float | None  # the next page's ``before`` (None: no more)
-    note: str | None  # why the running runs' states are the history's (the broker could not be read)
+    # the next page's ``before`` (None: no more)
+    more: float | None
+    # why the running runs' states are the history's (the broker could not be read)
+    note: str | None
 
 
 def runs_page(s: Session, f: RunsFilter) -> RunsPage:
@@ -126,12 +139,17 @@ def live_runs(s: Session, ids: list[str]) -> dict[str, dict[str, Any]]:
 # --------------------------------------------------------------------------- modules
 @dataclass(frozen=True)
 class ModuleRow:
-    device: dict[str, Any]  # service.device_dict
-    health: str  # ok, needs attention, bad
+    # as service.device_dict gives it
+    device: dict[str, Any]
+    # ok, needs attention or bad
+    health: str
     why: str
-    reserved: dict[str, Any] | None  # reservation_dict
-    golden: RunInfo | None  # the newest golden check it took part in
-    drift: str | None  # its failed golden check since its last reset
+    # as reservation_dict (controller.service.reservations) gives it
+    reserved: dict[str, Any] | None
+    # the newest golden check it took part in
+    golden: RunInfo | None
+    # its failed golden check since its last reset
+    drift: str | None
 
 
 def health_of(state: str, reason: str, drift: str | None) -> tuple[str, str]:
@@ -161,8 +179,6 @@ def golden_checks(s: Session, recent: int = 200) -> dict[str, RunInfo]:
 
 
 def modules_page(s: Session) -> list[ModuleRow]:
-    from controller.service.reservations import reservation_dict, reservations
-
     held = {r.module: reservation_dict(r) for r in reservations(s)}
     golden = golden_checks(s)
     drifts = s.history().module_marks()[1] if s.has_history() else {}
@@ -178,17 +194,16 @@ def modules_page(s: Session) -> list[ModuleRow]:
 @dataclass(frozen=True)
 class ModulePage:
     row: ModuleRow
-    runs: list[tuple[RunInfo, dict[str, Any]]]  # (run, its progress there as service.progress_dict)
-    events: list[tuple[float, str, str]]  # (ts, run id or '', message), newest first
+    # (run, its progress there as service.progress_dict)
+    runs: list[tuple[RunInfo, dict[str, Any]]]
+    # (ts, run id or '', message), newest first
+    events: list[tuple[float, str, str]]
 
 
 def module_page(s: Session, name: str, recent: int = 20) -> ModulePage:
     """A module's row (its state as :func:`service.devices` reads it), its ``recent`` newest runs (its part of
     each, by the history's ``(module, updated_at)`` index, and its telemetry) and its events: the module's own
     (resets, golden drifts, reservations) and its runs' (newest 50)."""
-    from contract.records import RunProgress
-    from controller.service.reservations import reservation_dict, reservations
-
     if name not in {m.name for m in s.inventory().modules}:
         raise service.NotFound(f"no module {name!r} in {s.settings.inventory}")
     (dev,) = service.devices(s, name)
@@ -249,8 +264,10 @@ class _Kept:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     thread: threading.Thread | None = None
-    decoded: dict[str, Any] = field(default_factory=dict)  # history location -> (kept version, KeptFindings)
-    current: dict[str, str] = field(default_factory=dict)  # history location -> its version at the last check
+    # history location -> (kept version, KeptFindings)
+    decoded: dict[str, Any] = field(default_factory=dict)
+    # history location -> its version at the last check
+    current: dict[str, str] = field(default_factory=dict)
     checked: dict[str, float] = field(default_factory=dict)
 
     def findings(self, s: Session) -> tuple[Any, bool]:
@@ -287,21 +304,26 @@ class _Kept:
         with Session(settings) as s:
             h = s.read_history()
             version = h.trend_version()
-            if read_kept(h) is None:  # not of the history's current version (or none): computed and kept
+            # not of the history's current version (or none): computed and kept
+            if read_kept(h) is None:
                 version = keep_findings(h).version
             self.current[where] = version
 
 
-CHECK_EVERY = 10.0  # s between two checks that the kept findings are the history's current ones
+# s between two checks that the kept findings are the history's current ones
+CHECK_EVERY = 10.0
 KEPT = _Kept()
 
 
 @dataclass(frozen=True)
 class Trend:
-    records: list[dict[str, Any]]  # TrendRecord's fields (fleetctl trend -o json)
+    # TrendRecord's fields (fleetctl trend -o json)
+    records: list[dict[str, Any]]
     releases: int
-    stale: bool  # the findings may be of the history before its last change (newer ones being computed)
-    none_kept: bool  # no findings kept yet (being computed)
+    # the findings may be of the history before its last change (newer ones being computed)
+    stale: bool
+    # no findings kept yet (being computed)
+    none_kept: bool
 
 
 def release_trend(s: Session, models: tuple[str, ...] | None = None) -> Trend:

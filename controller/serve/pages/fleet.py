@@ -14,6 +14,8 @@ from controller.serve.pages.auth import PAGES
 from controller.serve.pages.view import READER, render, shown
 from controller.serve.routes.common import Pool
 from controller.serve.tokens import Identity
+from controller.service.queue import queue
+from controller.service.reservations import reservation_dict, reservations
 
 router = APIRouter(include_in_schema=False)
 
@@ -61,9 +63,6 @@ def release_page(release: str, pool: Pool, who: Identity = Depends(READER)) -> H
 
 @router.get(f"{PAGES}/queue")
 def queue_page(pool: Pool, who: Identity = Depends(READER)) -> HTMLResponse:
-    from controller.service.queue import queue
-    from controller.service.reservations import reservation_dict, reservations
-
     s = pool()
     q = shown(lambda: queue(s, waits=False))  # the waits' stats read the whole history: fleetctl queue
     held = [reservation_dict(r) for r in shown(lambda: reservations(s))]

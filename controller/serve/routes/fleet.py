@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi import Path as PathParam
 
 from controller import service
+from controller.fleet.reservations import parse_duration
 from controller.serve.access import may_act_on, refusal
 from controller.serve.routes.common import ACT_ON, ADMIN, READS, TRIGGER, Pool, answer
 from controller.serve.routes.models import (
@@ -25,6 +26,8 @@ from controller.serve.routes.models import (
 )
 from controller.serve.tokens import Identity, Role
 from controller.serve.wire import PREFIX
+from controller.service.power import power_module
+from controller.service.reservations import release, reservation_dict, reservations, reserve
 
 log = logging.getLogger("fleet.api")
 
@@ -60,8 +63,6 @@ def list_reservations(pool: Pool,
                                            description="'all', module names, label=value; comma separated")) \
         -> list[ReservationOut]:
     """Modules reserved now: by whom, until when, why (``fleetctl reservations``)."""
-    from controller.service.reservations import reservation_dict, reservations
-
     return [ReservationOut(**reservation_dict(r)) for r in answer(lambda: reservations(pool(), devices), devices)]
 
 
@@ -70,9 +71,6 @@ def list_reservations(pool: Pool,
 def create_reservation(body: ReserveBody, pool: Pool, who: Identity = Depends(TRIGGER)) -> list[ReservationOut]:
     """Reserve modules for the token's user (``fleetctl reserve``): no other user's run is sent to them until it
     ends; the user's own reservations are extended; 409 naming who holds one when another user does."""
-    from controller.fleet.reservations import parse_duration
-    from controller.service.reservations import reservation_dict, reserve
-
     def make() -> list[Any]:
         try:
             seconds = parse_duration(body.duration)
@@ -89,8 +87,6 @@ def create_reservation(body: ReserveBody, pool: Pool, who: Identity = Depends(TR
 def delete_reservation(module: Annotated[str, PathParam(min_length=1, max_length=MAX_NAME)], pool: Pool,
                        who: Identity = Depends(ACT_ON)) -> ReservationOut:
     """End a module's reservation: role trigger for the token's user's own, admin for another's."""
-    from controller.service.reservations import release, reservation_dict, reservations
-
     def held() -> Any:
         if module not in {m.name for m in pool().inventory().modules}:
             raise service.NotFound(f"no module {module!r} in the inventory")
@@ -113,8 +109,6 @@ def delete_reservation(module: Annotated[str, PathParam(min_length=1, max_length
 def power_device(module: ModuleName, command: PowerCommand, pool: Pool, who: Identity = Depends(ADMIN)) -> Powered:
     """Power a module on, off, or cycle it through its PDU (its inventory entry's pdudaemon outlet); refused
     for a module another user reserved; recorded in the history (``fleetctl devices power``)."""
-    from controller.service.power import power_module
-
     line = answer(lambda: power_module(pool(), module, command.value, user=who.user), module)
     log.info("%s over HTTP by %s", line, who.user)
     return Powered(module=module, command=command, line=line)

@@ -1,5 +1,10 @@
 """The API's routes outside ``/api/v1`` that need no bearer token: the HTML report behind a signed link (the
-signature is the credential: :mod:`controller.serve.links`) and an empty favicon."""
+signature is the credential: :mod:`controller.serve.links`) and an empty favicon.
+
+Lazy imports: the HTML report (:mod:`controller.report.render.html`) loads pandas (462 ms of CPU, 88 MiB; the HTML
+report matplotlib too, 542 ms, 49 MiB: ``bench/import_costs.py``,
+bench/results/import_costs_20261207_0346_lazy-libraries.txt) at the first link opened, not when the API starts.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ router = APIRouter()
 
 
 @router.get("/favicon.ico", include_in_schema=False)
-def favicon() -> Response:  # browsers opening the HTML report ask for it: no icon, no error
+def favicon() -> Response:
+    """Browsers opening the HTML report ask for it: no icon, no error."""
     return Response(status_code=204)
 
 

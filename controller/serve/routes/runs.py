@@ -1,5 +1,10 @@
 """The API's routes of runs: start (or resume) one, list them, read one, its report and a signed link to it,
-cancel it. Thin shells over :mod:`controller.service`, like the CLI's verbs."""
+cancel it. Thin shells over :mod:`controller.service`, like the CLI's verbs.
+
+Lazy imports: the report's renderers (:mod:`controller.report.render`, its ``html``) load pandas (462 ms of CPU, 88
+MiB; the HTML report matplotlib too, 542 ms, 49 MiB: ``bench/import_costs.py``,
+bench/results/import_costs_20261207_0346_lazy-libraries.txt) at the first report asked for, not when the API starts.
+"""
 
 from __future__ import annotations
 
@@ -83,15 +88,20 @@ def get_report(run_id: RunId, pool: Pool,
                                             description="baseline: release, release@vN or a run id (default: "
                                                         "the newest of the run's release, else of any)"),
                tolerance: float = Query(0.05, gt=0, lt=1,
-                                        description="relative change that counts as a regression"),
-               energy_tolerance: float = Query(0.05, gt=0, lt=1, description="the same, of energy per token "
-                                                                              "(J/token, tokens/J)"),
-               startup_tolerance: float | None = Query(None, gt=0, lt=1, description="the same, of a start-up "
-                                                                                       "cost (server ready, first "
-                                                                                       "request; default 0.15)")) \
+                                        description="relative change that counts as a regression (of every "
+                                                    "metric but energy per token and start-up costs, which have "
+                                                    "their own)"),
+               energy_tolerance: float = Query(0.05, gt=0, lt=1,
+                                               description="relative change of energy per token (J/token, "
+                                                           "tokens/J) that counts as a regression"),
+               startup_tolerance: float | None = Query(None, gt=0, lt=1,
+                                                       description="relative change of a start-up cost (server "
+                                                                   "ready, first request, precompile) that counts "
+                                                                   "as a regression (default 0.15)")) \
         -> Response:
-    """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows). Headers
-    ``X-Fleet-Run``, ``-Verdict-Line`` (JSON strings), ``-Verdict``, ``-Warnings`` (a JSON list) carry the rest."""
+    """The run's report: verdict, regressions, outlier modules. ``format``: json, md, html, csv (rows). What
+    ``fleetctl report --service`` prints besides the body comes in the headers ``X-Fleet-Run`` and
+    ``X-Fleet-Verdict-Line`` (JSON strings), ``X-Fleet-Verdict`` and ``X-Fleet-Warnings`` (a JSON list)."""
     html = format is ReportFormat.html
     rep = answer(lambda: service.report(pool(), run_id, baseline, tolerance=tolerance,
                                         energy_tolerance=energy_tolerance, startup_tolerance=startup_tolerance,

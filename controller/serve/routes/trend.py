@@ -1,5 +1,10 @@
 """The API's trend route: change points across the releases in the run history, the records ``fleetctl trend -o
-json`` prints (:mod:`controller.report.trend`)."""
+json`` prints (:mod:`controller.report.trend`).
+
+Lazy imports: :mod:`controller.report.trend` loads pandas and numpy (462 and 153 ms of CPU:
+``bench/import_costs.py``, bench/results/import_costs_20261207_0346_lazy-libraries.txt) at the first trend asked
+for, not when the API starts.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,8 @@ from controller.serve.routes.models import ERRORS, MAX_NAME, MAX_SELECTOR
 from controller.serve.trend_record import TrendRecord
 from controller.serve.wire import PREFIX, REACH_HEADER, RELEASES_HEADER
 
-DEFAULT_MIN_MAGNITUDE = 0.03  # fleetctl trend's and the detector's (tests/api/test_trend.py checks they agree)
+# fleetctl trend's and the detector's (tests/api/test_trend.py checks they agree)
+DEFAULT_MIN_MAGNITUDE = 0.03
 DEFAULT_MAX_PVALUE = 0.002
 
 router = APIRouter()
