@@ -209,15 +209,20 @@ class Sync:
 
     if TYPE_CHECKING:
         def beats(self, names: Iterable[str]) -> dict[str, Beat | None]: ...
+        def send_unsent(self, run_id: str, now: float | None = None) -> list[str]: ...
 
     def sync(self, run_id: str, now: float | None = None) -> RunView:
-        """Pull progress and rows of ``run_id`` from the broker into the history.
+        """Pull progress and rows of ``run_id`` from the broker into the history, and send the requests a
+        dispatch that stopped recorded and never sent (:meth:`~controller.fleet.dispatch.Dispatch.send_unsent`).
 
         A broker that cannot be reached raises :class:`BrokerUnavailable` (nothing is
         marked lost while the controller itself cannot see the broker).
         """
         try:
-            return self._sync(run_id, now)
+            view = self._sync(run_id, now)
+            if not view.finished:
+                self.send_unsent(run_id, now)
+            return view
         except HistoryUnavailable:  # the history's ConnectionError, said as such
             raise
         except broker_errors() as exc:

@@ -25,7 +25,11 @@ from contract.vocab import BadInput, check_run_id
 from controller.fleet.errors import BrokerUnavailable, FleetError, RunIdInUse, error_line
 from controller.fleet.runs import REFUSED_STEP, failed_progress
 from controller.fleet.states import ModuleStatus
+from controller.history.records import UnsentRequest
 from controller.inventory import Module
+
+# a request recorded this long ago and not marked sent was left by a dispatch that stopped (ADR 0060)
+RESEND_AFTER = 60.0
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -147,25 +151,53 @@ class Dispatch:
                 out[m.name] = str(exc)
                 continue
             requests.append(req)
-        self.history.upsert_progress_many([*failed, *(
+        self.history.record_queued([*failed, *(
             RunProgress(run_id=run_id, module=r.module, release=release, step="queued", keys_total=len(r.models),
-                        updated_at=now) for r in requests)])
+                        updated_at=now) for r in requests)], (
+            UnsentRequest(run_id=run_id, module=name, payload=payload, priority=priority, started_by=user,
+                          created_at=now) for name, payload in payloads.items()))
         for name, payload in payloads.items():
-            args: list[object] = [payload]
             try:
-                self.send(name, RUN_TASK, args, task_id=task_id(name, run_id), ignore_result=True,
+                self.send(name, RUN_TASK, [payload], task_id=task_id(name, run_id), ignore_result=True,
                           priority=priority, user=user)
                 out[name] = "queued"
             except BrokerUnavailable as exc:
                 self._record_failure(run_id, name, release, "dispatch", str(exc), len(own.get(name, models)))
                 out[name] = str(exc)
+        self.history.mark_sent(run_id, payloads)
         return {m.name: out[m.name] for m in modules if m.name in out}
+
+    def send_unsent(self, run_id: str, now: float | None = None) -> list[str]:
+        """Send the run's requests recorded more than :data:`RESEND_AFTER` ago and never marked sent, to the modules
+        whose part is still queued (ADR 0060): the controller that dispatched the run stopped between its record and
+        its messages. A module that got the message anyway takes the second one as the same run (its record answers
+        it). Returns the modules sent to."""
+        now = time.time() if now is None else now
+        waiting = self.history.unsent(run_id, before=now - RESEND_AFTER)
+        if not waiting:
+            return []
+        from contract.celery_app import RUN_TASK, task_id
+
+        progress = self.history.progress(run_id)
+        sent = [r for r in waiting if still_queued(progress.get(r.module))]
+        for r in sent:
+            self.send(r.module, RUN_TASK, [r.payload], task_id=task_id(r.module, run_id), ignore_result=True,
+                      priority=r.priority, user=r.started_by)
+            self.history.add_event(run_id, r.module, "its request was recorded but never sent (the controller that "
+                                                     "dispatched the run stopped): sent now")
+        self.history.mark_sent(run_id, [r.module for r in waiting])
+        return [r.module for r in sent]
 
     def _record_failure(self, run_id: str, module: str, release: str, step: str, message: str,
                         keys: int) -> RunProgress:
         p = failed_progress(run_id, module, release, step, message, keys, time.time())
         self.history.upsert_progress(p)
         return p
+
+
+def still_queued(p: RunProgress | None) -> bool:
+    """Whether a part's recorded progress says its module has not started it (pure): dispatched and nothing since."""
+    return p is not None and not p.state.terminal and p.step == "queued" and not p.started_at
 
 
 def unsent(status: ModuleStatus, reserved: str | None, has_release: bool) -> tuple[str, str] | None:

@@ -28,6 +28,7 @@ from controller.history.records import (
     HistoryUnavailable,
     OutboxEvent,
     RunInfo,
+    UnsentRequest,
     url_digest,
 )
 from controller.history.schema import ROW_FIELDS, row_from_db, row_to_db
@@ -35,7 +36,7 @@ from controller.history.store import History
 
 __all__ = [
     "CopyDone", "DatabaseError", "FrameCache", "History", "HistoryError", "HistoryFull", "HistoryStopped",
-    "HistoryUnavailable", "OutboxEvent", "RESET_EVENT", "ROW_FIELDS", "RunInfo",
+    "HistoryUnavailable", "OutboxEvent", "RESET_EVENT", "ROW_FIELDS", "RunInfo", "UnsentRequest",
     "CHANGE_CHECK_EVENT", "CHANGE_POINT_EVENT", "GOLDEN_DRIFT_EVENT", "GOLDEN_NOTE", "VERDICT_EVENT", "copy_history",
     "row_from_db", "row_to_db", "url_digest",
 ]

@@ -22,7 +22,7 @@ from controller.history.records import HistoryError
 
 # what each run carries, beside its ``runs`` record: (table, the column that names the run)
 RUN_TABLES: tuple[str, ...] = ("module_runs", "rows", "events", "telemetry", "fingerprints", "baselines",
-                               "webhook_outbox", "webhook_sent")
+                               "webhook_outbox", "webhook_sent", "unsent_requests")
 _ENDED = "state, verdict, finished_at, verdict_line"  # a run copied with these equal needs no copy again
 BATCH = 20_000  # rows read from the source at a time
 

@@ -196,8 +196,21 @@ CREATE TABLE trend_findings (
 );
 """
 
+# run requests recorded with their parts and not yet sent (ADR 0060)
+_V4 = """
+CREATE TABLE unsent_requests (
+    run_id TEXT NOT NULL,
+    module TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    priority TEXT NOT NULL,
+    started_by TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (run_id, module)
+);
+"""
+
 # (version, DDL): append a new version for a change; never edit one that has shipped
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _v1()), (2, _V2), (3, _V3))
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _v1()), (2, _V2), (3, _V3), (4, _V4))
 
 
 def applied(db: PostgresDatabase) -> int:

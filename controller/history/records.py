@@ -26,6 +26,20 @@ GOLDEN_DRIFT_EVENT = "golden drift"
 GOLDEN_NOTE = "golden check"
 
 
+class UnsentRequest(BaseModel):
+    """A run request recorded with its part and not yet sent to the module's queue (ADR 0060): ``payload`` as the
+    module's agent reads it, sent at ``priority`` for ``started_by``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    module: str
+    payload: dict[str, object]
+    priority: str
+    started_by: str
+    created_at: float
+
+
 class OutboxEvent(BaseModel):
     """A webhook event waiting for the URLs it has not reached yet (``urls``: their sha256)."""
 

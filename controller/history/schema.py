@@ -233,6 +233,21 @@ def _add_run_column(conn: sqlite3.Connection, column: str, declaration: str, tab
     conn.execute("COMMIT")
 
 
+# run requests recorded with their parts and not yet sent (ADR 0060): a dispatching controller stopped between the
+# record and the send leaves them here, and whoever follows the run sends them
+_UNSENT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS unsent_requests (
+    run_id TEXT NOT NULL,
+    module TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    priority TEXT NOT NULL,
+    started_by TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (run_id, module)
+);
+"""
+
+
 # the change points the history keeps of itself (controller.history.trends, ADR 0043): one text per name, with the
 # version of the history it was computed at
 _TRENDS_SCHEMA = """
@@ -258,6 +273,7 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.executescript(_FINGERPRINT_SCHEMA)
     conn.executescript(_OUTBOX_SCHEMA)
     conn.executescript(_TRENDS_SCHEMA)
+    conn.executescript(_UNSENT_SCHEMA)
     _key_rows_by_source(conn)
     _add_row_columns(conn)
     # after the rows table's own migrations: a rebuild drops its triggers

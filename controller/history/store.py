@@ -23,7 +23,14 @@ from controller.history.db import Cursor, Database, connect, is_url
 from controller.history.frames import ColumnReads, FrameCache
 from controller.history.outbox import WebhookOutbox
 from controller.history.queries import HistoryQueries
-from controller.history.records import GOLDEN_DRIFT_EVENT, RESET_EVENT, VERDICT_EVENT, HistoryError, RunInfo
+from controller.history.records import (
+    GOLDEN_DRIFT_EVENT,
+    RESET_EVENT,
+    VERDICT_EVENT,
+    HistoryError,
+    RunInfo,
+    UnsentRequest,
+)
 from controller.history.schema import ROW_FIELDS, row_from_db, row_to_db
 from controller.history.trends import TrendFindings
 
@@ -181,6 +188,36 @@ class History(HistoryQueries, BrowseQueries, ColumnReads, WebhookOutbox, TrendFi
             return
         with self.tx() as c:
             _upsert_progress(c, progress, force)
+
+    def record_queued(self, progress: Iterable[RunProgress], requests: Iterable[UnsentRequest]) -> None:
+        """The parts' progress and their requests not yet sent, in one transaction: what a dispatch records before
+        its first message (ADR 0060)."""
+        progress, requests = list(progress), list(requests)
+        with self.tx() as c:
+            if progress:
+                _upsert_progress(c, progress, False)
+            c.executemany("INSERT INTO unsent_requests (run_id, module, payload, priority, started_by, created_at) "
+                          "VALUES (?,?,?,?,?,?) ON CONFLICT (run_id, module) DO UPDATE SET payload=excluded.payload, "
+                          "priority=excluded.priority, started_by=excluded.started_by, created_at=excluded.created_at",
+                          [(r.run_id, r.module, json.dumps(r.payload), r.priority, r.started_by, r.created_at)
+                           for r in requests])
+
+    def unsent(self, run_id: str, *, before: float | None = None) -> list[UnsentRequest]:
+        """The run's requests recorded and not yet marked sent (those recorded before ``before``, when given)."""
+        cur = self.db.execute("SELECT module, payload, priority, started_by, created_at FROM unsent_requests "
+                              "WHERE run_id=? AND created_at < ? ORDER BY module",
+                              (run_id, float("inf") if before is None else before))
+        return [UnsentRequest(run_id=run_id, module=m, payload=json.loads(p), priority=pr, started_by=u,
+                              created_at=float(t)) for m, p, pr, u, t in cur.fetchall()]
+
+    def mark_sent(self, run_id: str, modules: Iterable[str] | None = None) -> None:
+        """The run's requests to ``modules`` (all of them: None) sent, or no longer to be sent."""
+        with self.tx() as c:
+            if modules is None:
+                c.execute("DELETE FROM unsent_requests WHERE run_id=?", (run_id,))
+            else:
+                c.executemany("DELETE FROM unsent_requests WHERE run_id=? AND module=?",
+                              [(run_id, m) for m in modules])
 
     # -- what the controller decided, and why ----------------------------------------------
     def add_event(self, run_id: str, module: str, message: str) -> None:

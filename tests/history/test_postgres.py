@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from contract.records import ResultRow
-from controller.history import History
+from controller.history import History, UnsentRequest
 from controller.history.columns import file_name
 from controller.history.pg import MIGRATIONS
 from tests.support.postgres_server import PostgresServer
@@ -38,15 +38,22 @@ def test_migrations_are_versioned_and_applied_once(pg_server: PostgresServer) ->
     History(url).close()
     h = History(url)  # opened again: nothing applied twice
     assert [v for (v,) in h.db.execute("SELECT version FROM schema_version ORDER BY version")] == [
-        v for v, _ in MIGRATIONS] == [1, 2, 3]
-    # a database left at version 1 (by an older fleetctl) gains versions 2 and 3 when next opened
-    h.db.executescript("DROP TABLE row_file_data; DROP TABLE trend_findings;"
+        v for v, _ in MIGRATIONS] == [1, 2, 3, 4]
+    # a database left at version 1 (by an older fleetctl) gains versions 2 to 4 when next opened
+    h.db.executescript("DROP TABLE row_file_data; DROP TABLE trend_findings; DROP TABLE unsent_requests;"
                        " DELETE FROM schema_version WHERE version >= 2")
     h.close()
     h = History(url)
-    assert [v for (v,) in h.db.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3]
+    assert [v for (v,) in h.db.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3, 4]
     assert h.db.execute("SELECT COUNT(*) FROM row_file_data").fetchone() == (0,)
     assert h.trend_findings("changes") is None
+    # version 4: a dispatch's requests recorded and not yet sent (ADR 0060), on this engine too
+    h.record_queued([], [UnsentRequest(run_id="r1", module="m0", payload={"run_id": "r1"}, priority="high",
+                                       started_by="ana", created_at=100.0)])
+    assert [(r.module, r.payload, r.priority, r.started_by) for r in h.unsent("r1", before=101.0)] == [
+        ("m0", {"run_id": "r1"}, "high", "ana")]
+    h.mark_sent("r1")
+    assert h.unsent("r1") == []
     h.close()
 
 
