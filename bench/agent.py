@@ -129,9 +129,7 @@ settings = AgentSettings(module="m1", workdir=base / "work", data_dir=base / "fl
 stage("contract settings, kv, celery_app; AgentSettings", "agent")
 import agent.worker, agent.heartbeat
 agent.heartbeat.make_heartbeat(settings, "1").model_dump_json()
-stage("agent.worker, one heartbeat", "agent")
-import agent.pipeline
-stage("agent.pipeline (imported at start)", "agent")
+stage("agent.worker (the run task and its pipeline), one heartbeat", "agent")
 import agent.metrics
 stage("agent.metrics (/metrics, once it serves)", "agent")
 import asyncio, agent.probe
