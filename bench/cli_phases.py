@@ -13,6 +13,7 @@ Usage: .venv/bin/python bench/cli_phases.py [--rounds 7] [--venv .venv --venv /t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -26,13 +27,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 import record  # noqa: E402 - bench/record.py, this script's folder
 
 HARNESS = r"""
-import atexit, resource, sys
+import atexit, json, resource, sys
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return (r.ru_utime + r.ru_stime) * 1000
 marks = [("start", cpu())]
 def report():
-    sys.stderr.write("PHASES " + " ".join(f"{k}={v:.1f}" for k, v in marks + [("exit", cpu())]) + "\n")
+    sys.stderr.write("PHASES " + json.dumps(dict(marks + [("exit", cpu())])) + "\n")
 atexit.register(report)
 import controller.cli.app as app
 marks.append(("app imported", cpu()))
@@ -58,17 +59,7 @@ def once(python: str, argv: list[str], env: dict[str, str]) -> dict[str, float]:
     line = next((x for x in proc.stderr.splitlines() if x.startswith("PHASES ")), None)
     if proc.returncode or line is None:
         raise SystemExit(f"{python} fleetctl {' '.join(argv)}: exit {proc.returncode}: {proc.stderr[-500:]}")
-    return _parse(line[7:])
-
-
-def _parse(text: str) -> dict[str, float]:
-    out = {}
-    for name in PHASES:
-        key = f"{name}="
-        i = text.find(key)
-        if i >= 0:
-            out[name] = float(text[i + len(key):].split(" ")[0])
-    return out
+    return {k: float(v) for k, v in json.loads(line[7:]).items()}
 
 
 def main() -> int:

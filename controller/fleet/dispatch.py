@@ -120,8 +120,6 @@ class Dispatch:
                                 models=models, modules=[m.name for m in modules], module_models=own)
         self.history.set_dispatched(run_id, priority, time.time())
         out: dict[str, str] = {}
-        from contract.celery_app import RUN_TASK, task_id
-
         # every request built and every module's state recorded (one transaction) before the first message:
         # each message wakes a module, and on a machine the modules share, the rest of the loop then waits
         # for CPU behind them
@@ -158,8 +156,7 @@ class Dispatch:
                           created_at=now) for name, payload in payloads.items()))
         for name, payload in payloads.items():
             try:
-                self.send(name, RUN_TASK, [payload], task_id=task_id(name, run_id), ignore_result=True,
-                          priority=priority, user=user)
+                self._send_request(run_id, name, payload, priority, user)
                 out[name] = "queued"
             except BrokerUnavailable as exc:
                 self._record_failure(run_id, name, release, "dispatch", str(exc), len(own.get(name, models)))
@@ -176,17 +173,21 @@ class Dispatch:
         waiting = self.history.unsent(run_id, before=now - RESEND_AFTER)
         if not waiting:
             return []
-        from contract.celery_app import RUN_TASK, task_id
-
         progress = self.history.progress(run_id)
         sent = [r for r in waiting if still_queued(progress.get(r.module))]
         for r in sent:
-            self.send(r.module, RUN_TASK, [r.payload], task_id=task_id(r.module, run_id), ignore_result=True,
-                      priority=r.priority, user=r.started_by)
+            self._send_request(run_id, r.module, r.payload, r.priority, r.started_by)
             self.history.add_event(run_id, r.module, "its request was recorded but never sent (the controller that "
                                                      "dispatched the run stopped): sent now")
         self.history.mark_sent(run_id, [r.module for r in waiting])
         return [r.module for r in sent]
+
+    def _send_request(self, run_id: str, module: str, payload: dict[str, object], priority: str, user: str) -> None:
+        """One run request on its module's queue: no result kept, its task id the same at every send."""
+        from contract.celery_app import RUN_TASK, task_id
+
+        self.send(module, RUN_TASK, [payload], task_id=task_id(module, run_id), ignore_result=True,
+                  priority=priority, user=user)
 
     def _record_failure(self, run_id: str, module: str, release: str, step: str, message: str,
                         keys: int) -> RunProgress:
