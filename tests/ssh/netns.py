@@ -118,6 +118,10 @@ class Host:
         for c in children:
             with contextlib.suppress(psutil.NoSuchProcess):
                 c.kill()
+        # SIGKILL returns before the process is gone: wait until the listener has reaped each one
+        _, alive = psutil.wait_procs(children, timeout=5)
+        if alive:
+            raise RuntimeError(f"sshd of {self.name}: sessions {[c.pid for c in alive]} outlived SIGKILL by 5 s")
         return len(children)
 
     def stop(self) -> None:
@@ -132,6 +136,14 @@ class Host:
                 self.proc.kill()
                 self.proc.wait(5)
         self.proc = None
+        # A session orphaned before the listener stopped (not its child any more) is no less an sshd of this host
+        orphans = []
+        for pid in _run("ip", "netns", "pids", self.ns, check=False).stdout.split():
+            with contextlib.suppress(psutil.Error, ValueError):
+                if (p := psutil.Process(int(pid))).name() == "sshd":
+                    p.kill()
+                    orphans.append(p)
+        psutil.wait_procs(orphans, timeout=5)
 
     def regenerate_host_key(self) -> None:
         """A new host key (as after a reinstall): restarts sshd with it."""
