@@ -3,8 +3,7 @@
 Each function takes a :class:`controller.service.Session` and returns plain records for a template; the queries
 that the service has no verb for (the runs list's filters, the releases' verdict counts, the modules' last golden
 checks) are single indexed or bounded statements of the history (:mod:`controller.history.browse`), so a page
-costs the same whether the
-history holds ten runs or ten thousand (``bench/pages.py``). Nothing here writes, but :func:`release_trend`'s
+costs the same whether the history holds ten runs or ten thousand (``bench/pages.py``). Nothing here writes, but :func:`release_trend`'s
 findings: when the history changed since they were kept, a thread computes and keeps them (what ``/metrics``
 does) and the page shows those kept meanwhile.
 
