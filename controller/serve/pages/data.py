@@ -1,11 +1,11 @@
 """What the run browser's pages show, read through the service layer the API's JSON routes use.
 
-Each function takes a :class:`controller.service.Session` and returns plain records for a template; the queries
-that the service has no verb for (the runs list's filters, the releases' verdict counts, the modules' last golden
-checks) are single indexed or bounded statements of the history (:mod:`controller.history.browse`), so a page
-costs the same whether the history holds ten runs or ten thousand (``bench/pages.py``). Nothing here writes, but :func:`release_trend`'s
-findings: when the history changed since they were kept, a thread computes and keeps them (what ``/metrics``
-does) and the page shows those kept meanwhile.
+Each function takes a :class:`controller.service.Session` and returns plain records for a template; the queries that
+the service has no verb for (the runs list's filters, the releases' verdict counts, the modules' last golden checks)
+are single indexed or bounded statements of the history (:mod:`controller.history.browse`), so a page costs the same
+whether the history holds ten runs or ten thousand (``bench/pages.py``). Nothing here writes, but
+:func:`release_trend`'s findings: when the history changed since they were kept, a thread computes and keeps them
+(what ``/metrics`` does) and the page shows those kept meanwhile.
 
 Lazy imports: the findings' modules (:mod:`controller.report.kept`, :mod:`~controller.report.trend`) load pandas
 (462 ms of CPU, 88 MiB: ``bench/import_costs.py``, bench/results/import_costs_20261207_0346_lazy-libraries.txt) at
