@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import record  # noqa: E402 - bench/record.py, this script's folder
+from spawn import spawn  # noqa: E402 - bench/spawn.py
 
 BIN = Path(sys.executable).parent
 GOALS = {"fleetctl --help": 0.3, "fleetctl runs": 0.5, "fleetctl status": 0.5, "fleetctl status ended": 0.5}
@@ -50,15 +50,8 @@ CPU_GOALS = {"fleetctl version": 2.0, "fleetctl runs, ended": 2.0}  # x the CPU 
 
 def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     """(wall s, CPU s, peak RSS MiB) of one process."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode() if proc.stderr else ""
-    if proc.returncode not in (0, 1):
-        raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}: {err.strip()[-300:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+    s = spawn(argv, env=env).check((0, 1))
+    return s.wall_s, s.cpu_s, s.peak_mib
 
 
 def scratch(home: Path) -> tuple[dict[str, str], str, str]:

@@ -19,12 +19,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import record  # noqa: E402 - bench/record.py, this script's folder
+from spawn import spawn  # noqa: E402 - bench/spawn.py
 
 LAUNCH = "import sys; sys.path.insert(0, sys.argv[1]); from controller.cli.app import main; main(sys.argv[2:])"
 COUNT = ("import sys; sys.path.insert(0, sys.argv[1]); import io, contextlib\n"
@@ -36,13 +36,8 @@ COMMANDS = {"fleetctl --help": ["--help"], "fleetctl version": ["version"]}
 
 def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(wall s, CPU s) of one process."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(argv)}: {proc.stderr.read().decode()[-300:] if proc.stderr else ''}")
-    return wall, usage.ru_utime + usage.ru_stime
+    s = spawn(argv, env=env).check()
+    return s.wall_s, s.cpu_s
 
 
 def main() -> int:

@@ -14,15 +14,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import record  # noqa: E402 - bench/record.py, this script's folder
+from spawn import spawn  # noqa: E402 - bench/spawn.py
 
 FLEETCTL = Path(sys.executable).parent / "fleetctl"
 
@@ -30,15 +29,11 @@ FLEETCTL = Path(sys.executable).parent / "fleetctl"
 def one(modules: int, out: Path) -> tuple[float, float, int, list[str]]:
     """Wall s, CPU s (the demo and every process it waited for), exit status, the output's last lines."""
     with tempfile.TemporaryFile() as log:
-        t0 = time.monotonic()
-        proc = subprocess.Popen([str(FLEETCTL), "demo", "--modules", str(modules), "--out", str(out)], cwd=ROOT,
-                                stdout=log, stderr=subprocess.STDOUT)
-        _, status, ru = os.wait4(proc.pid, 0)
-        wall = time.monotonic() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        s = spawn([str(FLEETCTL), "demo", "--modules", str(modules), "--out", str(out)], cwd=ROOT, stdout=log,
+                  stderr_to_stdout=True)
         log.seek(0)
         lines = log.read().decode(errors="replace").splitlines()
-    return wall, ru.ru_utime + ru.ru_stime, proc.returncode, [line for line in lines if line.strip()][-12:]
+    return s.wall_s, s.cpu_s, s.code, [line for line in lines if line.strip()][-12:]
 
 
 def main() -> int:

@@ -14,13 +14,13 @@ import argparse
 import importlib.util
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import record  # bench/record.py, this script's folder
+from spawn import spawn  # bench/spawn.py
 
 LIBRARIES = (
     "pandas", "pyarrow", "numpy", "scipy.special", "celery.app.base", "kombu.connection", "redis", "fastapi",
@@ -31,11 +31,8 @@ LIBRARIES = (
 
 
 def once(code: str) -> tuple[float, float]:
-    proc = subprocess.Popen([sys.executable, "-c", code])
-    _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"python -c {code!r} failed")
-    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+    s = spawn([sys.executable, "-c", code]).check()
+    return s.cpu_s, s.peak_mib
 
 
 def main() -> int:

@@ -39,10 +39,8 @@ import argparse
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import record  # noqa: E402 - bench/record.py, this script's folder
+from spawn import TIMED_OUT, spawn  # noqa: E402 - bench/spawn.py
 
 BIN = Path(sys.executable).parent
 RUN = "20261206-000000-judged"  # the unjudged 10 k-row run
@@ -163,21 +162,10 @@ def run_once(argv: list[str], env: dict[str, str], timeout: float = 600,
     imports the tree it runs in first); exit 124 when it ran past ``timeout`` (killed). The peak is GNU time's (the
     ``ru_maxrss`` of a forked child counts this process's pages from before its exec: gigabytes after section 2)."""
     with tempfile.NamedTemporaryFile("r") as rss:
-        t = time.perf_counter()
-        proc = subprocess.Popen(["/usr/bin/time", "-q", "-f", "%M", "-o", rss.name, *argv], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd)
-        killer = threading.Timer(timeout, proc.kill)
-        killer.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        killer.cancel()
-        wall = time.perf_counter() - t
-        code = os.waitstatus_to_exitcode(status)
-        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-        if code not in (0, 1) and wall < timeout:
-            raise SystemExit(f"{' '.join(argv)}: exit {code}: {err.strip()[-400:]}")
+        s = spawn(["/usr/bin/time", "-q", "-f", "%M", "-o", rss.name, *argv], env=env, cwd=cwd, timeout=timeout)
+        s.check((0, 1, TIMED_OUT))
         peak = rss.read().split()
-        return (wall, usage.ru_utime + usage.ru_stime, int(peak[-1]) / 1024 if peak else float("nan"),
-                124 if wall >= timeout else code)
+        return s.wall_s, s.cpu_s, int(peak[-1]) / 1024 if peak else float("nan"), s.code
 
 
 def env_of(folder: Path, history: Path, tree: Path | None = None) -> dict[str, str]:

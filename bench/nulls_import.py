@@ -15,23 +15,20 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record  # bench/record.py, this script's folder
+from spawn import spawn  # bench/spawn.py
 
 IMPORTS = {"scipy.special": "import numpy; import scipy.special", "scipy.stats": "import numpy; import scipy.stats",
            "numpy alone": "import numpy"}
 
 
 def once(code: str) -> tuple[float, float]:
-    t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code])
-    _, _, usage = os.wait4(proc.pid, 0)
-    return time.perf_counter() - t, usage.ru_utime + usage.ru_stime
+    s = spawn([sys.executable, "-c", code]).check()
+    return s.wall_s, s.cpu_s
 
 
 def tails() -> None:
