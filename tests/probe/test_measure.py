@@ -199,7 +199,8 @@ def test_slo_parsing(text_, ok):
 
 def _merged(tokens_per_chunk: int) -> RequestResult:
     """Ten tokens in chunks of ``tokens_per_chunk`` with continuous usage (a server that merges tokens)."""
-    reads, n, t = [], 0, 100
+    reads: list[tuple[float, bytes]] = []
+    n, t = 0, 100
     while n < 10:
         k = min(tokens_per_chunk, 10 - n)
         n += k

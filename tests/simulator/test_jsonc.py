@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +19,8 @@ scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
                       | st.dictionaries(st.text(max_size=5) | st.integers() | st.floats() | st.booleans() | st.none(),
                                         inner, max_size=4), max_leaves=20)
-LAYOUTS = ({}, {"indent": 2}, {"separators": (",", ":")}, {"indent": 0}, {"indent": 1, "separators": (",", ":")})
+LAYOUTS: tuple[dict[str, Any], ...] = ({}, {"indent": 2}, {"separators": (",", ":")}, {"indent": 0},
+                                       {"indent": 1, "separators": (",", ":")})
 
 
 @pytest.mark.slow  # 300 examples of nested JSON: 1.4-2.8 s, over the fast tier's budget of 2 s CPU
