@@ -8,6 +8,7 @@ import pytest
 
 from controller.service.bisect_plan import (
     BisectPlanError,
+    Call,
     Measured,
     Target,
     bounds,
@@ -108,7 +109,7 @@ def test_probes_are_distinct_and_inside_for_every_small_case():
 
 def test_a_lost_or_unsure_candidate_the_round_made_irrelevant_is_not_measured_again() -> None:
     """Issue 51: candidate 3's module was lost while candidate 2 was called bad: 3 no longer matters."""
-    calls = ["good", None, "bad", None, None, "bad"]
+    calls: list[Call | None] = ["good", None, "bad", None, None, "bad"]
     b = bounds(calls)
     assert still_open([3, 1], b) == (1,)
     assert still_open([1, 3, 4], bounds(["good", "good", None, None, "bad", "bad"])) == (3,)
