@@ -78,8 +78,9 @@ def _first_controller_run(bench_factory, redis_broker, release) -> tuple[Bench, 
 
 def _a_unchanged(a: Bench, rows_before: list, files_before: dict[str, bytes]) -> None:
     assert _files(a.workdir("sim-01") / "runs" / RUN) == files_before
-    assert a.fleet.sync(RUN).progress["sim-01"].state == RunState.DONE
-    assert a.history.rows(RUN, source=None) == rows_before and a.history.run(RUN).release == "1.4.1"
+    p, run = a.fleet.sync(RUN).progress["sim-01"], a.history.run(RUN)
+    assert p is not None and p.state == RunState.DONE
+    assert a.history.rows(RUN, source=None) == rows_before and run is not None and run.release == "1.4.1"
 
 
 def test_second_controller_is_refused_by_the_run_ids_on_the_broker(bench_factory, redis_broker, release,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,10 +40,11 @@ def device(module: str, *, sm: float = 1800.0, temp: float = 60.0, reasons: int 
         for i in range(20):
             t += 1
             busy = i >= 2
-            values = ({"sm_clock_mhz": sm + jitter * (i % 3), "temperature_c": temp + i % 2, "power_w": 52.0,
-                       "clock_event_reasons": reasons, "utilization_pct": 86.0, "memory_used_mib": 21504.0,
-                       "max_sm_clock_mhz": 1800.0, "power_limit_w": 75.0, "memory_total_mib": 65536.0}
-                      if busy else IDLE)
+            values: dict[str, Any] = (
+                {"sm_clock_mhz": sm + jitter * (i % 3), "temperature_c": temp + i % 2, "power_w": 52.0,
+                 "clock_event_reasons": reasons, "utilization_pct": 86.0, "memory_used_mib": 21504.0,
+                 "max_sm_clock_mhz": 1800.0, "power_limit_w": 75.0, "memory_total_mib": 65536.0}
+                if busy else IDLE)
             samples.append(device_sample("run-1", module, key, ts=t, **values))
     return summarize(samples, run_id="run-1", module=module, tool="mthreads-gmi")
 
