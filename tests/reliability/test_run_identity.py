@@ -106,7 +106,7 @@ def test_second_controller_is_refused_by_the_run_ids_on_the_broker(bench_factory
     _a_unchanged(a, rows_before, files_before)
 
 
-def test_module_refuses_a_run_id_it_used_for_another_release(bench_factory, redis_broker, release, release_142):
+def test_module_refuses_a_run_id_it_used_for_another_release(bench_factory, redis_broker, release, release_142) -> None:
     a, b = _first_controller_run(bench_factory, redis_broker, release)
     rows_before = a.history.rows(RUN, source=None)
     assert rows_before and all(x.release == "1.4.1" for x in rows_before)
@@ -133,6 +133,7 @@ def test_module_refuses_a_run_id_it_used_for_another_release(bench_factory, redi
     assert history.rows(RUN, source=None) == []  # no row of 1.4.1, nor of any release
     j = service.judge(Session(b.settings), RUN)
     assert j.verdict != "pass" and j.state == "failed"
-    assert History(b.settings.history_path).run(RUN).verdict != "pass"
+    recorded = History(b.settings.history_path).run(RUN)
+    assert recorded is not None and recorded.verdict != "pass"
     assert a.benchmark_starts("sim-01", RUN) == {"qwen3": 1}
     _a_unchanged(a, rows_before, files_before)
