@@ -317,10 +317,10 @@ def test_a_kept_frame_is_keyed_by_the_runs_files_the_fields_and_the_model_keys(h
     asks = [dict(run_ids=["run-a", "run-b"]), dict(run_ids=["run-b"]), dict(run_ids=["run-b"], only=FIELDS),
             dict(run_ids=["run-b"], only=FIELDS[::-1]), dict(run_ids=["run-b"], model_keys=["qwen3"])]
     for ask in asks:
-        read_rows(history, **ask)  # type: ignore[arg-type]
+        read_rows(history, **ask)
     assert (cache.hits, cache.misses) == (0, len(asks))
     for ask in asks:
-        got = read_rows(history, **ask)  # type: ignore[arg-type]
+        got = read_rows(history, **ask)
         assert list(got.columns) == list(ask.get("only", ROW_FIELDS))
         assert set(got["run_id"]) == set(ask["run_ids"])
     assert (cache.hits, cache.misses) == (len(asks), len(asks))
@@ -451,7 +451,7 @@ def test_some_modules_of_a_file_are_the_rows_of_those_modules_decompressing_thei
 
     real = ipc.RecordBatchFileReader.get_batch
 
-    def counted(self: ipc.RecordBatchFileReader, i: int):  # type: ignore[no-untyped-def]
+    def counted(self: ipc.RecordBatchFileReader, i: int):
         got = real(self, i)
         decoded.append(got.num_columns)
         return got

@@ -28,8 +28,8 @@ LAYOUTS: tuple[dict[str, Any], ...] = ({}, {"indent": 2}, {"separators": (",", "
 @given(values)
 def test_dumps_and_loads_are_json_s(value: object) -> None:
     for kw in LAYOUTS:
-        text = json.dumps(value, **kw)  # type: ignore[arg-type]
-        assert jsonc.dumps(value, **kw) == text, kw  # type: ignore[arg-type]
+        text = json.dumps(value, **kw)
+        assert jsonc.dumps(value, **kw) == text, kw
         assert repr(jsonc.loads(text)) == repr(json.loads(text))
         assert repr(jsonc.loads(text.encode())) == repr(json.loads(text.encode()))
 
@@ -54,8 +54,8 @@ def test_malformed_and_odd_input_as_json(text: str | bytes) -> None:
 @pytest.mark.parametrize("value", [{1j: 1}, {"a": object()}, [set()], {(1, 2): 3}])
 def test_unserializable_as_json(value: object) -> None:
     for kw in LAYOUTS:
-        assert (_outcome(lambda v, kw=kw: jsonc.dumps(v, **kw), value)  # type: ignore[misc]
-                == _outcome(lambda v, kw=kw: json.dumps(v, **kw), value))  # type: ignore[misc]
+        assert (_outcome(lambda v, kw=kw: jsonc.dumps(v, **kw), value)
+                == _outcome(lambda v, kw=kw: json.dumps(v, **kw), value))
 
 
 def test_circular_as_json() -> None:
@@ -63,7 +63,7 @@ def test_circular_as_json() -> None:
     loop.append(loop)
     for kw in LAYOUTS:
         with pytest.raises(ValueError, match="Circular reference detected"):
-            jsonc.dumps(loop, **kw)  # type: ignore[arg-type]
+            jsonc.dumps(loop, **kw)
 
 
 def test_errors_in_an_interpreter_without_json() -> None:

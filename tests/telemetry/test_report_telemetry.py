@@ -90,7 +90,7 @@ def test_key_level_outlier_memory_before_the_servers_and_no_telemetry() -> None:
 
 
 @pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core
-def test_report_from_history_names_and_explains(tmp_path: Path, reference) -> None:  # type: ignore[no-untyped-def]
+def test_report_from_history_names_and_explains(tmp_path: Path, reference) -> None:
     h = History(tmp_path / "history.sqlite")
     try:
         ref = reference[reference["model_key"].isin(KEYS)]
@@ -124,7 +124,7 @@ def test_report_from_history_names_and_explains(tmp_path: Path, reference) -> No
 
 
 @pytest.mark.parametrize("fmt", ["table", "json"])
-def test_fleetctl_results_telemetry(tmp_path: Path, fmt: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_fleetctl_results_telemetry(tmp_path: Path, fmt: str, monkeypatch) -> None:
     import subprocess
     import sys
 

@@ -52,7 +52,7 @@ def test_a_bad_value_is_a_validation_error_naming_the_setting(clean_env: pytest.
         AgentSettings()
     clean_env.delenv("FLEET_OFFLINE_AFTER")
     with pytest.raises(ValueError, match="frozen"):
-        AgentSettings().module = "x"  # type: ignore[misc]
+        AgentSettings().module = "x"
 
 
 SHARED = '[fleet]\nheartbeat_interval = 7\n[agent]\nmodule = "m-a01"\n[controller]\nhistory = "/srv/h.sqlite"\n'
