@@ -172,7 +172,7 @@ test-durations:
 ## make lint (part of make test): ruff, mypy over the packages, strict where both sides meet (contract, agent).
 lint: install
 	$(BIN)/ruff check agent contract controller simulator bench tests docs/tools grafana
-	$(BIN)/mypy agent contract controller simulator docs/tools
+	$(BIN)/mypy agent contract controller simulator docs/tools tests
 	$(BIN)/mypy --strict contract agent
 
 lock: $(BIN)/python

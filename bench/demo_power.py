@@ -96,7 +96,10 @@ class Outcome:
 
 def classify(report: Any, size: float, key: str, seed: int, verdict: str, wall_s: float = 0.0) -> Outcome:
     """Sort a report's findings (pure: a :class:`controller.report.model.Report`, or any object with its fields)."""
-    false_speed, outliers, energy, startup = [], [], [], []
+    false_speed: list[str] = []
+    outliers: list[str] = []
+    energy: list[str] = []
+    startup: list[str] = []
     detected = False
     for r in report.regressions:
         what = f"{r.module} {r.model_key} {r.profile} {r.metric} {r.change:+.1%}" if r.change is not None else \

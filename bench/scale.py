@@ -178,6 +178,7 @@ def statuses_cpu(settings: ControllerSettings, mods: list, index: bool) -> float
     import sqlite3
 
     path = settings.history_path
+    assert isinstance(path, Path), "the bench's history is a SQLite file"
     if not index:
         copy = path.with_name("history-noindex.sqlite")
         copy.unlink(missing_ok=True)
@@ -324,16 +325,18 @@ def measure(n: int, run_no: int, base: Path, settings: ControllerSettings, worke
     run_cpu = time.process_time() - c0
     i2 = redis_info(port)
     if view.state() != "done":
-        bad = {m: (p.state.value, p.error.one_line() if p and p.error else "") for m, p in view.progress.items()
-               if p is None or p.state.value != "done"}
+        bad = {m: (p.state.value if p else "no progress", p.error.one_line() if p and p.error else "")
+               for m, p in view.progress.items() if p is None or p.state.value != "done"}
         raise SystemExit(f"run on {n} modules ended {view.state()}: {list(bad.items())[:5]}")
     started = [p.started_at for p in view.progress.values() if p is not None and p.started_at]
-    fanout = max(started) - history.run(run_id).created_at
+    info = history.run(run_id)
+    assert info is not None, f"run {run_id} not in the history"
+    fanout = max(started) - info.created_at
     time.sleep(1.0)  # the workers' last waits reaped
     module_cpu = statistics.mean(tree_cpu(w.proc.pid) - cpu0[w.name] for w in workers[:n])
     parts = tuple(statistics.mean(cpu_parts(w.proc.pid)[i] - parts0[w.name][i] for w in workers[:n]) for i in range(3))
     pss = statistics.mean(worker_pss(w.proc.pid) for w in workers[:n])
-    created = history.run(run_id).created_at
+    created = info.created_at
     marks = [module_timeline(base / "modules" / w.name, run_id, created, view.progress.get(w.name), seen.get(w.name))
              for w in workers[:n]]
     timeline = {name: [m[name] for m in marks if name in m] for name, _ in MILESTONES}
@@ -506,7 +509,7 @@ def start_fakes(folder: Path, names: list[str], conns: int, port: int, run_id: s
     import json
     import subprocess
 
-    from contract.records import Heartbeat, RunProgress, RunState
+    from contract.records import Heartbeat, KeyOutcome, RunProgress, RunState
     from controller.cli.demo import reference_rows
 
     rows = [r.model_copy(update={"run_id": run_id, "release": "1.5.0"}).model_dump(mode="json")
@@ -522,8 +525,8 @@ def start_fakes(folder: Path, names: list[str], conns: int, port: int, run_id: s
             "progress_done": RunProgress(
                 run_id=run_id, module="x", release="1.5.0", state=RunState.DONE, step="done", keys_total=1,
                 keys_done=1, progress=1.0, rows=len(rows),
-                outcomes=({"model_key": "qwen3", "status": "passed", "rows": len(rows)},)).model_dump(
-                mode="json", exclude={"telemetry"})}  # type: ignore[arg-type]  # pydantic validates the tuple
+                outcomes=(KeyOutcome(model_key="qwen3", status="passed", rows=len(rows)),)).model_dump(
+                mode="json", exclude={"telemetry"})}
     per = max(1, 12000 // conns)
     procs = []
     for i in range(0, len(names), per):

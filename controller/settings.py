@@ -26,7 +26,7 @@ class ControllerSettings(BrokerSettings):
                                            for name in ("metrics_host", "metrics_port")}
 
     inventory: Path = Field(default=Path("inventory.toml"), description="the lab's inventory (TOML)")
-    history: str | None = Field(
+    history: Path | str | None = Field(
         default=None, description="run history: a SQLite file (default <data_dir>/history.sqlite), or a PostgreSQL "
                                   "database several controllers share (postgresql://user@host:port/db)")
     known_hosts: Path = Field(default=Path.home() / ".ssh" / "known_hosts", description="SSH host keys of modules")

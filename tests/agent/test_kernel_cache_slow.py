@@ -65,7 +65,7 @@ def _compiled(base: Path, module: str) -> bool:
     return any("compiling 8 TileLang kernels" in p.read_text() for p in logs.glob("*-precompile.log"))
 
 
-def test_two_compile_the_third_fetches_another_driver_compiles_a_corrupt_archive_is_refused(fleet):
+def test_two_compile_the_third_fetches_another_driver_compiles_a_corrupt_archive_is_refused(fleet) -> None:
     built, base = fleet
     first, second = _run(fleet, "m1"), _run(fleet, "m2")
     assert first["kernel_cache"]["action"] == second["kernel_cache"]["action"] == "compiled"

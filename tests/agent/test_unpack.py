@@ -6,6 +6,7 @@ import hashlib
 import io
 import shutil
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from tests.support.tmpfs import mounted_tmpfs
 TOP = "rel"
 
 
-def _tar(path: Path, extra: list[tarfile.TarInfo] = (), data: bytes = b"echo hi\n") -> Path:
+def _tar(path: Path, extra: Sequence[tarfile.TarInfo] = (), data: bytes = b"echo hi\n") -> Path:
     with tarfile.open(path, "w:gz") as tar:
         for name, is_dir in ((TOP, True), (f"{TOP}/scripts", True), (f"{TOP}/scripts/ci", True),
                              (f"{TOP}/scripts/ci/musa", True), (f"{TOP}/scripts/ci/musa/setup_env.sh", False)):

@@ -16,19 +16,19 @@ from tests.support.frames import reference  # noqa: F401 - the fixture, register
 from tests.support.trend import add_release, release_history
 from tests.support.webhooks import serve_once, with_hooks
 
-SLOWER = {"regress": {("qwen3", "decode_tps"): 0.10}}
+SLOWER = {("qwen3", "decode_tps"): 0.10}  # fleet(regress=...): decode 10 % slower
 
 
 def test_a_run_that_makes_a_change_point_detectable_sends_it_once(tmp_path: Path, reference, receiver):  # noqa: F811
     settings = with_hooks(ControllerSettings(broker_url="filesystem://", data_dir=tmp_path / "fleet",
                                              history=tmp_path / "history.sqlite"), tmp_path, receiver.url)
-    h = release_history(settings.history_path, reference, releases=8, **SLOWER)  # the change at 1.6.0
+    h = release_history(settings.history_path, reference, releases=8, regress=SLOWER)  # the change at 1.6.0
     try:
         serve_once(settings)  # the URL is registered
         assert queue_change_points(h, h.find_run("run-7"), "pass", "done") == 0  # 2 releases after it: too few yet
-        add_release(h, reference, 8, **SLOWER)
+        add_release(h, reference, 8, regress=SLOWER)
         assert queue_change_points(h, h.find_run("run-8"), "pass", "done") >= 1  # the third release after names it
-        add_release(h, reference, 9, **SLOWER)
+        add_release(h, reference, 9, regress=SLOWER)
         assert queue_change_points(h, h.find_run("run-9"), "pass", "done") == 0  # named once, not again
     finally:
         h.close()
@@ -55,7 +55,7 @@ def test_an_ended_run_queues_its_search_for_serve_which_sends_what_it_finds(tmp_
     ``fleetctl serve`` runs it in a thread of its own and sends the ``trend.change_point`` event it queues."""
     settings = with_hooks(ControllerSettings(broker_url="filesystem://", data_dir=tmp_path / "fleet",
                                              history=tmp_path / "history.sqlite"), tmp_path, receiver.url)
-    h = release_history(settings.history_path, reference, releases=9, **SLOWER)  # run-8 names the change at 1.6.0
+    h = release_history(settings.history_path, reference, releases=9, regress=SLOWER)  # run-8 names the change at 1.6.0
     try:
         serve_once(settings)  # the URL is registered
         assert queue_change_check(h, h.find_run("run-8"), "pass", "PASS run-8", "done")

@@ -59,6 +59,7 @@ def walked(app) -> Iterator[tuple[str, str, object]]:
     from fastapi.routing import iter_route_contexts
 
     for r in iter_route_contexts(app.routes):
+        assert r.path is not None, r  # a Mount or a Route: both have one
         if isinstance(r.original_route, Mount):
             yield "MOUNT", r.path, r
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 
 from agent.kernel_cache import Store
 from contract.fingerprint import EnvFingerprint
@@ -18,7 +19,7 @@ def digest(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()
 
 
-def _publish(env, release: str, modules: list[str], fetched: list[str] = ()) -> Store:
+def _publish(env, release: str, modules: list[str], fetched: Sequence[str] = ()) -> Store:
     src = env / "kernels"
     (src / "Qwen3").mkdir(parents=True, exist_ok=True)
     (src / "Qwen3" / "gemm.cubin.json").write_text('{"kernel": "gemm"}\n')

@@ -65,7 +65,7 @@ def test_without_controller_extras(env):
 
 
 # 3. ReportError, PushError, DeployError and pydantic's ValidationError end in one line, exit 2
-def _errors():
+def _errors() -> list[Exception]:
     from pydantic import BaseModel
 
     from controller.remote.deploy import DeployError
@@ -194,7 +194,7 @@ def test_devices_broker_down(env, capsys, monkeypatch):
 
 
 # 8. two agent runs started in the same second get different ids
-def test_agent_run_ids_do_not_collide(tmp_path, monkeypatch):
+def test_agent_run_ids_do_not_collide(tmp_path, monkeypatch) -> None:
     from typer.testing import CliRunner
 
     import agent.pipeline

@@ -34,7 +34,7 @@ def beat(env: Path) -> None:
     app.close()
 
 
-def devices(capsys: pytest.CaptureFixture[str]) -> dict[str, dict]:  # type: ignore[type-arg]
+def devices(capsys: pytest.CaptureFixture[str]) -> dict[str, dict]:
     code, out, err = run_main(capsys, "devices", "-o", "json")
     assert code == 0, err
     return {d["module"]: d for d in json.loads(out)}

@@ -47,7 +47,12 @@ def test_logs_follow_prints_what_comes_until_the_run_ends(env: Path) -> None:
     proc = subprocess.Popen([str(exe), "logs", "r1", "-f"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ))
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout or ()], daemon=True).start()
+
+    def pump() -> None:
+        for ln in proc.stdout or ():
+            lines.put(ln)
+
+    threading.Thread(target=pump, daemon=True).start()
 
     def expect(text: str, timeout: float = 30.0) -> None:
         end = time.monotonic() + timeout

@@ -21,10 +21,10 @@ def as_user(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
     return run_main(capsys, *args)
 
 
-def held(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> list[dict]:  # type: ignore[type-arg]
+def held(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> list[dict]:
     code, out, err = as_user(monkeypatch, capsys, "rita", "reservations", "-o", "json")
     assert code == 0, err
-    return json.loads(out)  # type: ignore[no-any-return]
+    return json.loads(out)
 
 
 def test_reserve_refuse_renew_and_release(env: Path, monkeypatch: pytest.MonkeyPatch,

@@ -49,7 +49,8 @@ def test_runs_shows_the_state_the_broker_holds_without_writing_the_history(histo
     assert code == 0, err
     assert {r["run_id"]: r["state"] for r in json.loads(out)} == {"r-going": "running", "r-ended": "failed",
                                                                    "r-old": "done"}
-    assert history.run("r-ended").state == "running"  # read, not written: `fleetctl status` records it
+    ended = history.run("r-ended")
+    assert ended is not None and ended.state == "running"  # read, not written: `fleetctl status` records it
     assert ((env / "history.sqlite").stat().st_mtime_ns, (env / "history.sqlite-wal").stat().st_size) == before
     code, out, _ = run_main(capsys, "runs")
     assert code == 0 and "r-ended" in out and "failed" in out

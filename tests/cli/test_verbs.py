@@ -80,7 +80,7 @@ def test_output_json_and_csv(filled, capsys, args):
     assert "," in out.splitlines()[0]  # the header, then one line per record
 
 
-def test_short_flags_have_one_meaning():
+def test_short_flags_have_one_meaning() -> None:
     """Every short flag means one thing on every verb (walks the whole command tree)."""
     from typer.main import get_command
 

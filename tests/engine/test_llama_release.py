@@ -52,7 +52,7 @@ def first_run(llama, llama_server_path):
     return _agent(llama_server_path, built.path, ALL, models, base / "work", "llama-all")
 
 
-def test_all_seven_keys_pass_with_every_table_parsed(first_run, llama):
+def test_all_seven_keys_pass_with_every_table_parsed(first_run, llama) -> None:
     code, out = first_run
     built: BuiltRelease = llama[0]
     o = outcomes(out)

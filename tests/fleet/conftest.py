@@ -30,7 +30,7 @@ def lab_factory(tmp_path: Path, broker: tuple[str, RedisServer | None]) -> Itera
     labs: list[Lab] = []
 
     def make(n: int = 2, **overrides: float) -> Lab:
-        lab = make_lab(tmp_path / f"lab{len(labs)}", broker, n, **overrides)
+        lab = make_lab(tmp_path / f"lab{len(labs)}", broker, n, extra=None, **overrides)
         labs.append(lab)
         return lab
 

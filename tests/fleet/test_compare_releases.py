@@ -69,10 +69,12 @@ def test_ctrl_c_stops_the_comparison_and_says_the_run_goes_on(tmp_path: Path):
                                 text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 60
         runs: list = []
+        history = lab.settings.history_path
+        assert isinstance(history, Path), history  # the lab's SQLite file
         while not runs and time.monotonic() < deadline:
             time.sleep(0.2)
-            if lab.settings.history_path.exists():
-                runs = History(lab.settings.history_path).runs()
+            if history.exists():
+                runs = History(history).runs()
         assert runs, "no run was dispatched"
         time.sleep(1.0)  # following it
         proc.send_signal(signal.SIGINT)

@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -40,6 +41,13 @@ def stop(procs: list) -> dict:
     return json.loads(out.read_text())
 
 
+def _json(r: redis.Redis, key: str) -> Any:
+    """The JSON value ``key`` holds (it must be there)."""
+    raw = r.get(key)
+    assert raw is not None, f"{key}: not on the server"
+    return json.loads(raw)
+
+
 def test_each_fake_holds_its_own_connections_beats_and_runs_what_it_takes(tmp_path: Path, server: RedisServer):
     r = redis.Redis(port=server.port)
     r.flushall()
@@ -48,16 +56,16 @@ def test_each_fake_holds_its_own_connections_beats_and_runs_what_it_takes(tmp_pa
     try:
         assert (up["open"], up["refused"]) == (6, 0)
         assert len(r.client_list()) == before + 6  # 3 each, as a real idle agent holds
-        hb = json.loads(r.get("m1000-fleet:hb:fake-1"))
+        hb = _json(r, "m1000-fleet:hb:fake-1")
         assert hb["module"] == "fake-1" and hb["run_id"] is None
         assert 0 < r.ttl("m1000-fleet:hb:fake-2") <= 604800 and r.exists("m1000-fleet:lease:fake-2")
         r.lpush("module.fake-1", b"a run message")  # what the controller's dispatch leaves on the module's queue
         end = time.monotonic() + 10
         while not r.exists("m1000-fleet:rows:run-1:fake-1") and time.monotonic() < end:
             time.sleep(0.05)
-        done = json.loads(r.get("m1000-fleet:progress:run-1:fake-1"))
+        done = _json(r, "m1000-fleet:progress:run-1:fake-1")
         assert (done["state"], done["module"], done["rows"]) == ("done", "fake-1", 11)
-        assert len(json.loads(r.get("m1000-fleet:rows:run-1:fake-1"))) == 11
+        assert len(_json(r, "m1000-fleet:rows:run-1:fake-1")) == 11
         assert not r.exists("m1000-fleet:progress:run-1:fake-2")  # fake-2 took no message
     finally:
         seen = stop(procs)
@@ -67,6 +75,7 @@ def test_each_fake_holds_its_own_connections_beats_and_runs_what_it_takes(tmp_pa
 def test_connections_redis_refuses_are_counted(tmp_path: Path, server: RedisServer):
     r = redis.Redis(port=server.port)
     old = r.config_get("maxclients")["maxclients"]
+    assert old is not None
     end = time.monotonic() + 10  # the module's earlier test's fakes may still be closing theirs (the server is shared)
     while len(r.client_list()) > 1 and time.monotonic() < end:
         time.sleep(0.05)

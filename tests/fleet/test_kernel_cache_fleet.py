@@ -48,7 +48,8 @@ def test_a_canary_compiles_and_the_fleet_fetches(tmp_path: Path):
         (entry,) = json.loads(lab.fleetctl("cache", "ls", "-o", "json").stdout)
         assert (entry["compiled_by"], entry["fetched_by"], entry["trusted"]) == (["sim-01", "sim-02"], ["sim-03"],
                                                                                  True)
-        assert entry["archive"] == prog["sim-03"].kernel_cache.archive
+        fetched = prog["sim-03"].kernel_cache
+        assert fetched is not None and entry["archive"] == fetched.archive
         assert leftovers(lab) == []
     finally:
         lab.stop()

@@ -25,7 +25,7 @@ def pg_server() -> Iterator[PostgresServer]:
 def location(request: pytest.FixtureRequest, tmp_path: Path) -> str | Path:
     """Where a fresh history lives: a SQLite file, or (parameter ``postgresql``) a new database's URL."""
     if request.param == "postgresql":
-        return request.getfixturevalue("pg_server").fresh_database()  # type: ignore[no-any-return]
+        return request.getfixturevalue("pg_server").fresh_database()
     return tmp_path / "history.sqlite"
 
 

@@ -83,8 +83,8 @@ def test_a_full_disk_is_one_line_and_writes_succeed_once_space_is_freed(pg_serve
     pg_server.admin(f"CREATE TABLESPACE {space} LOCATION '{small_disk}'")
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"ALTER TABLE ALL IN TABLESPACE pg_default SET TABLESPACE {space}")  # type: ignore[arg-type]
-            conn.execute(f"CREATE TABLE filler (b bytea) TABLESPACE {space}")  # type: ignore[arg-type]
+            conn.execute(f"ALTER TABLE ALL IN TABLESPACE pg_default SET TABLESPACE {space}")
+            conn.execute(f"CREATE TABLE filler (b bytea) TABLESPACE {space}")
             with pytest.raises(psycopg.errors.DiskFull):
                 for _ in range(1000):
                     conn.execute("INSERT INTO filler SELECT decode(repeat('ab', 8000), 'hex') "
@@ -103,6 +103,6 @@ def test_a_full_disk_is_one_line_and_writes_succeed_once_space_is_freed(pg_serve
     finally:
         h.close()
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"ALTER TABLE ALL IN TABLESPACE {space} SET TABLESPACE pg_default")  # type: ignore[arg-type]
+            conn.execute(f"ALTER TABLE ALL IN TABLESPACE {space} SET TABLESPACE pg_default")
         pg_server.admin(f"DROP DATABASE {url.rsplit('/', 1)[1]}")
         pg_server.admin(f"DROP TABLESPACE {space}")

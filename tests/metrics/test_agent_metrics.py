@@ -7,6 +7,7 @@ import json
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -34,8 +35,8 @@ def fixed_system() -> SystemSample:
     return SystemSample(load=(0.5, 0.25, 0.1), mem_total=8 << 30, mem_available=6 << 30, disk_free=100, disk_total=1000)
 
 
-def registry(workdir: Path, **kw: object) -> CollectorRegistry:
-    return build_registry(workdir, "m-a", system=fixed_system, process=False, **kw)  # type: ignore[arg-type]
+def registry(workdir: Path, **kw: Any) -> CollectorRegistry:
+    return build_registry(workdir, "m-a", system=fixed_system, process=False, **kw)
 
 
 def test_latest_results_in_base_units(tmp_path: Path, seed_text: str) -> None:
@@ -43,6 +44,7 @@ def test_latest_results_in_base_units(tmp_path: Path, seed_text: str) -> None:
     reg = registry(tmp_path)
     lbl = {"release": "1.4.1", "model_key": "qwen3", "profile": "128:128"}
     row = seed_rows(seed_text, "r1", "m-a", "1.4.1", keys=["qwen3"])["qwen3"][0]
+    assert row.ttft_ms is not None and row.tpot_ms is not None
     assert reg.get_sample_value("m1000_result_ttft_seconds", lbl) == pytest.approx(row.ttft_ms / 1000)
     assert reg.get_sample_value("m1000_result_tpot_seconds", lbl) == pytest.approx(row.tpot_ms / 1000)
     assert reg.get_sample_value("m1000_result_decode_tokens_per_second", lbl) == pytest.approx(row.decode_tps)

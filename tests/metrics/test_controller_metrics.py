@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from tests.support.cli import given_app
 
 
 @pytest.fixture
-def history(tmp_path: Path, seed_text: str) -> History:
+def history(tmp_path: Path, seed_text: str) -> Iterator[History]:
     h = History(tmp_path / "history.sqlite")
     h.add_baseline("1.4.1", [r for rows in parse_seed(seed_text).values() for r in rows], source="seed")
     h.create_run("run-1", release="1.4.1", modules=["m-a", "m-b"])
@@ -68,7 +69,7 @@ def test_deviation_from_baseline_of_latest_run_with_rows(history: History) -> No
     # lower-is-better figures are oriented the same way: 0.8 means 20 % worse
     assert sample(c, "m1000_fleet_baseline_ratio", {**slow, "metric": "ttft_ms"}) == pytest.approx(0.8)
     assert sample(c, "m1000_fleet_baseline_regressions", {"module": "m-a", "release": "1.4.1"}) == 0
-    assert sample(c, "m1000_fleet_baseline_regressions", {"module": "m-b", "release": "1.4.1"}) > 0
+    assert (sample(c, "m1000_fleet_baseline_regressions", {"module": "m-b", "release": "1.4.1"}) or 0) > 0
     base = sample(c, "m1000_baseline_ttft_seconds", {"baseline": "1.4.1", "model_key": "qwen3", "profile": "128:128"})
     assert base is not None and 0.1 < base < 10
 

@@ -36,7 +36,7 @@ def test_check_config() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_a_broken_rule_is_caught(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_broken_rule_is_caught(tmp_path) -> None:
     bad = tmp_path / "bad.yml"
     bad.write_text("groups:\n  - name: x\n    rules:\n      - alert: X\n        expr: m1000_run_state{ == 1\n")
     res = promtool("check", "rules", str(bad))

@@ -172,7 +172,8 @@ def test_prometheus_scrapes_fleet_and_every_expression_has_data(
     history.add_module_event("fix-d", f"{MODULE_CYCLED}: run run-1: at 10:12 after no heartbeat for 240 s")
     states = {"sim-a": "busy", "sim-b": "busy", "fix-c": "bad", "fix-d": "busy", "dead-e": "offline"}
     creg = CollectorRegistry()
-    readings = {**states, "sim-a": ModuleReading("busy", 0.4)}  # sim-a's clock measured 0.4 s ahead
+    # sim-a's clock measured 0.4 s ahead
+    readings: dict[str, str | ModuleReading] = {**states, "sim-a": ModuleReading("busy", 0.4)}
     depths = {f"module.{m}": {"normal": 0} for m in states}
     creg.register(ControllerCollector(history, lambda: readings, lambda: depths,
                                       reserved=lambda: {"sim-b": "alice"},  # sim-b held by alice (fleetctl reserve)

@@ -18,7 +18,7 @@ from tests.probe.fakeserver import FakeServer
 BODY = json.dumps({"model": "m", "prompt": [1, 2, 3], "max_tokens": 3, "stream": True}).encode()
 
 
-def run(coro):  # type: ignore[no-untyped-def]
+def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import Any
 
 import pytest
 from scipy import stats
@@ -15,7 +16,7 @@ from contract.records import ResultRow
 
 
 def release_row(profile: str = "128:128", **kw: float) -> ResultRow:
-    values = {"ttft_ms": 2000.0, "tpot_ms": 40.0, "prefill_tps": 64.0, "decode_tps": 25.0, **kw}
+    values: dict[str, Any] = {"ttft_ms": 2000.0, "tpot_ms": 40.0, "prefill_tps": 64.0, "decode_tps": 25.0, **kw}
     return ResultRow(run_id="r", module="m1", release="1.4.2", model_key="qwen3", table="sweep", profile=profile,
                      model="Qwen3", size="30b_a3b", prefill_len=128, ctx_k=16, batch=1, nchip=1, input_tokens=128,
                      output_tokens=100, **values)
@@ -24,12 +25,12 @@ def release_row(profile: str = "128:128", **kw: float) -> ResultRow:
 def result(ttft: float = 2000.0, tpot: float = 40.0, **kw: object) -> ProfileResult:
     def s(v: float) -> Stat:
         return Stat(n=3, mean=v, p50=v, p90=v * 1.1, p99=v * 1.2)
-    values: dict[str, object] = {
+    values: dict[str, Any] = {
         "profile": "128:128", "prefill_len": 128, "input_len": 128, "output_len": 100, "api": "completions",
         "load": LoadShape(), "requests": 3, "ok": 3, "ttft_ms": s(ttft), "tpot_ms": s(tpot), "e2e_ms": s(6000),
         "output_tokens": 300, "cached_tokens": 0.0, "output_throughput_tps": 16.6, "time_scale": 50.0}
     values.update(kw)
-    return ProfileResult(**values)  # type: ignore[arg-type]
+    return ProfileResult(**values)
 
 
 def test_a_probe_row_has_the_release_rows_identity_and_the_seeds_definitions():

@@ -120,7 +120,7 @@ def test_http_status_keeps_the_message():
 
 
 def test_transport_failures_keep_their_kind():
-    assert interpret(exchange([], 0, status=None, error="connection", detail="refused")).error == "connection"  # type: ignore[arg-type]
+    assert interpret(exchange([], 0, status=None, error="connection", detail="refused")).error == "connection"
     t = interpret(exchange([(5, chat("a"))], 600_000, error="timeout", detail="no complete answer within 600 s"))
     assert t.error == "timeout" and t.status == 200 and t.content_chunks == 1
     b = interpret(exchange([(5, chat("a"))], 9, error="broken_stream", detail="reset"))
@@ -184,7 +184,7 @@ def test_stat_of_nothing_is_none_and_of_one_is_that_value():
     assert stat([]) is None
     s = stat([3.0])
     assert s is not None and (s.p50, s.p99, s.mean) == (3.0, 3.0, 3.0)
-    assert math.isclose(stat([1.0, 2.0, 3.0, 4.0]).p50, 2.5)  # type: ignore[union-attr]
+    assert math.isclose(stat([1.0, 2.0, 3.0, 4.0]).p50, 2.5)
 
 
 @pytest.mark.parametrize(("text_", "ok"), [("ttft_ms=500,tpot_ms=50", True), ("e2e_ms=1", True), ("foo=1", False),
@@ -199,7 +199,8 @@ def test_slo_parsing(text_, ok):
 
 def _merged(tokens_per_chunk: int) -> RequestResult:
     """Ten tokens in chunks of ``tokens_per_chunk`` with continuous usage (a server that merges tokens)."""
-    reads, n, t = [], 0, 100
+    reads: list[tuple[float, bytes]] = []
+    n, t = 0, 100
     while n < 10:
         k = min(tokens_per_chunk, 10 - n)
         n += k
@@ -213,10 +214,10 @@ def test_accept_length_only_where_the_server_decodes_speculatively_tokens_per_ch
     merged = [_merged(2), _merged(2)]
     kw = {"profile": "128:128", "prefill_len": 128, "input_len": 128, "output_len": 10, "api": "completions",
           "load": LoadShape(), "duration_s": 1.0}
-    plain = summarise(merged, **kw, speculative=False)  # type: ignore[arg-type]
+    plain = summarise(merged, **kw, speculative=False)
     assert plain.accept_length is None and plain.tokens_per_chunk == pytest.approx(2.0)
-    unknown = summarise(merged, **kw)  # type: ignore[arg-type]
+    unknown = summarise(merged, **kw)
     assert unknown.accept_length is None and unknown.tokens_per_chunk == pytest.approx(2.0)
-    spec = summarise(merged, **kw, speculative=True)  # type: ignore[arg-type]
+    spec = summarise(merged, **kw, speculative=True)
     assert spec.accept_length == pytest.approx(2.0) and spec.tokens_per_chunk == pytest.approx(2.0)
     assert _merged(1).tokens_per_chunk == 1.0

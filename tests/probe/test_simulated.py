@@ -109,7 +109,7 @@ def test_the_pipeline_sweeps_for_the_capacity_at_slo_within_its_budget(sim):
         f"{cap.batch}" in log
 
 
-def _flagged(rows) -> set[tuple[str, str]]:  # type: ignore[no-untyped-def]
+def _flagged(rows) -> set[tuple[str, str]]:
     return {(r.model_key, r.profile) for r in rows if r.source == "release" and FLAG in r.flags}
 
 
@@ -170,7 +170,7 @@ def test_probe_repeat_puts_intervals_in_the_rows_and_fleetctl_report_shows_them(
     probes = {r.model_key: r for r in res.rows if r.source == "probe"}
     assert probes["qwen3"].extra["probe_repeats"] == "3" and probes["qwen35"].extra["probe_repeats"] == "2"
     low, high = (float(x) for x in probes["qwen3"].extra["ttft_p50_ms_ci95"].split(","))
-    assert low < probes["qwen3"].ttft_ms < high  # type: ignore[operator]
+    assert low < probes["qwen3"].ttft_ms < high
     assert probes["qwen3"].extra["probe_prompt"] == "words"  # the simulator has no /detokenize: w<id> text
     assert len(probes["qwen3"].extra["probe_ttft_each_ms"].split(",")) == 3 * cfg.probe_requests
     log = next(RunStore(cfg.workdir).logs_dir("rounds").glob("*-benchmark-qwen35.log")).read_text()

@@ -47,7 +47,7 @@ def bench_factory(tmp_path: Path) -> Iterator:
     labs: list[Lab] = []
 
     def make(brk: tuple[str, RedisServer | None], n: int = 1, **overrides: float) -> Bench:
-        lab = make_lab(tmp_path / f"lab{len(labs)}", brk, n, **overrides)
+        lab = make_lab(tmp_path / f"lab{len(labs)}", brk, n, extra=None, **overrides)
         labs.append(lab)
         return Bench(lab)
 

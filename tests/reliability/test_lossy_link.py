@@ -157,7 +157,7 @@ def lossy_link(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Redis
             _run("ip", "netns", "del", NS, check=False)
 
 
-def test_lossy_slow_link_keeps_finished_at_telemetry_and_rows(bench_factory, lossy_link, release):
+def test_lossy_slow_link_keeps_finished_at_telemetry_and_rows(bench_factory, lossy_link, release) -> None:
     """The controller follows the run closely (as `fleetctl watch` does) while the module's writes crawl over
     the link: the module's part is terminal only with its final record, finished_at, the device telemetry
     summary and every row it measured."""

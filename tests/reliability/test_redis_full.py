@@ -86,7 +86,7 @@ def _assert_still_waiting(workdir, run_id: str) -> None:
 
 
 def test_redis_out_of_memory_mid_run_connections_bounded_and_agent_recovers(bench_factory, redis_broker, release,
-                                                                            quick_release):
+                                                                            quick_release) -> None:
     b = bench_factory(redis_broker)
     b.lab.start()
     filler = Filler(redis_broker[1].port)

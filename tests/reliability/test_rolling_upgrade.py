@@ -67,6 +67,7 @@ def no_refusal(b: Bench, run_id: str, modules: tuple[str, ...]) -> None:
     view = b.fleet.sync(run_id)
     for m in modules:
         p = view.progress[m]
+        assert p is not None, f"{run_id} on {m}: no progress"
         assert p.state == RunState.DONE, f"{run_id} on {m}: {p.state.value} ({p.error.one_line() if p.error else ''})"
         assert all(o.status == "passed" for o in p.outcomes), f"{run_id} on {m}: {p.outcomes}"
     events = " ".join(msg for _, m, msg in b.history.events(run_id))

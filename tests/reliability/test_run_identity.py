@@ -78,8 +78,9 @@ def _first_controller_run(bench_factory, redis_broker, release) -> tuple[Bench, 
 
 def _a_unchanged(a: Bench, rows_before: list, files_before: dict[str, bytes]) -> None:
     assert _files(a.workdir("sim-01") / "runs" / RUN) == files_before
-    assert a.fleet.sync(RUN).progress["sim-01"].state == RunState.DONE
-    assert a.history.rows(RUN, source=None) == rows_before and a.history.run(RUN).release == "1.4.1"
+    p, run = a.fleet.sync(RUN).progress["sim-01"], a.history.run(RUN)
+    assert p is not None and p.state == RunState.DONE
+    assert a.history.rows(RUN, source=None) == rows_before and run is not None and run.release == "1.4.1"
 
 
 def test_second_controller_is_refused_by_the_run_ids_on_the_broker(bench_factory, redis_broker, release,
@@ -105,7 +106,7 @@ def test_second_controller_is_refused_by_the_run_ids_on_the_broker(bench_factory
     _a_unchanged(a, rows_before, files_before)
 
 
-def test_module_refuses_a_run_id_it_used_for_another_release(bench_factory, redis_broker, release, release_142):
+def test_module_refuses_a_run_id_it_used_for_another_release(bench_factory, redis_broker, release, release_142) -> None:
     a, b = _first_controller_run(bench_factory, redis_broker, release)
     rows_before = a.history.rows(RUN, source=None)
     assert rows_before and all(x.release == "1.4.1" for x in rows_before)
@@ -132,6 +133,7 @@ def test_module_refuses_a_run_id_it_used_for_another_release(bench_factory, redi
     assert history.rows(RUN, source=None) == []  # no row of 1.4.1, nor of any release
     j = service.judge(Session(b.settings), RUN)
     assert j.verdict != "pass" and j.state == "failed"
-    assert History(b.settings.history_path).run(RUN).verdict != "pass"
+    recorded = History(b.settings.history_path).run(RUN)
+    assert recorded is not None and recorded.verdict != "pass"
     assert a.benchmark_starts("sim-01", RUN) == {"qwen3": 1}
     _a_unchanged(a, rows_before, files_before)

@@ -8,6 +8,7 @@ import pytest
 
 from controller.service.bisect_plan import (
     BisectPlanError,
+    Call,
     Measured,
     Target,
     bounds,
@@ -50,7 +51,7 @@ def test_rounds_needed_is_log_base_k_plus_1_of_the_possibilities():
     assert rounds_needed(0, 4) == 0 and rounds_needed(1, 1) == 1 and rounds_needed(99, 9) == 2
 
 
-def test_four_modules_probe_every_third_candidate_of_16_releases_then_the_two_left():
+def test_four_modules_probe_every_third_candidate_of_16_releases_then_the_two_left() -> None:
     calls: list = [None] * 16
     calls[0], calls[-1] = "good", "bad"
     assert next_probes(calls, 4) == (3, 6, 9, 12)
@@ -98,7 +99,7 @@ def test_a_candidate_is_bad_on_any_target_good_on_all(calls, want):
     assert call_of(calls) == want
 
 
-def test_probes_are_distinct_and_inside_for_every_small_case():
+def test_probes_are_distinct_and_inside_for_every_small_case() -> None:
     for n, k in itertools.product(range(2, 12), range(1, 6)):
         calls: list = [None] * n
         calls[0], calls[-1] = "good", "bad"
@@ -108,7 +109,7 @@ def test_probes_are_distinct_and_inside_for_every_small_case():
 
 def test_a_lost_or_unsure_candidate_the_round_made_irrelevant_is_not_measured_again() -> None:
     """Issue 51: candidate 3's module was lost while candidate 2 was called bad: 3 no longer matters."""
-    calls = ["good", None, "bad", None, None, "bad"]
+    calls: list[Call | None] = ["good", None, "bad", None, None, "bad"]
     b = bounds(calls)
     assert still_open([3, 1], b) == (1,)
     assert still_open([1, 3, 4], bounds(["good", "good", None, None, "bad", "bad"])) == (3,)

@@ -190,7 +190,7 @@ def test_the_nile_example_of_the_docs_has_its_published_change_point(tmp_path: P
 
 def test_the_commands_defaults_are_the_detectors():
     s = DetectorSettings()
-    cmd = typer.main.get_command(_app(History(":memory:"))).commands["trend"]  # type: ignore[attr-defined]
+    cmd = typer.main.get_command(_app(History(":memory:"))).commands["trend"]
     defaults = {p.name: p.default for p in cmd.params}
     assert (defaults["min_magnitude"], defaults["max_pvalue"]) == (s.min_magnitude, s.max_pvalue)
 

@@ -76,7 +76,7 @@ def test_no_series_and_a_bad_series_are_as_one_at_a_time() -> None:
     with pytest.raises(SeriesError, match="value 2 of the series is not a finite number"):
         analyse_many([[1.0, 2.0, 3.0], [1.0, 2.0, float("nan")]])
     with pytest.raises(SeriesError, match="one-dimensional"):
-        analyse_many([[[1.0, 2.0]]])
+        analyse_many([[[1.0, 2.0]]])  # type: ignore[list-item]  # a series of lists is the point
 
 
 def test_drifts_give_each_ones_detection() -> None:

@@ -20,7 +20,8 @@ from controller.report.synth import fleet
 from tests.support.frames import frame_to_rows
 
 MODULES = [f"m{i:02d}" for i in range(7)]
-RUNS = (("run-a", 1, {}), ("run-b", 2, {("qwen3", "decode_tps"): 0.08}))
+RUNS: tuple[tuple[str, int, dict[tuple[str, str], float]], ...] = (
+    ("run-a", 1, {}), ("run-b", 2, {("qwen3", "decode_tps"): 0.08}))
 
 
 def _fill(h: History, reference: pd.DataFrame, seed_rows: list[ResultRow]) -> None:
@@ -316,10 +317,10 @@ def test_a_kept_frame_is_keyed_by_the_runs_files_the_fields_and_the_model_keys(h
     asks = [dict(run_ids=["run-a", "run-b"]), dict(run_ids=["run-b"]), dict(run_ids=["run-b"], only=FIELDS),
             dict(run_ids=["run-b"], only=FIELDS[::-1]), dict(run_ids=["run-b"], model_keys=["qwen3"])]
     for ask in asks:
-        read_rows(history, **ask)  # type: ignore[arg-type]
+        read_rows(history, **ask)
     assert (cache.hits, cache.misses) == (0, len(asks))
     for ask in asks:
-        got = read_rows(history, **ask)  # type: ignore[arg-type]
+        got = read_rows(history, **ask)
         assert list(got.columns) == list(ask.get("only", ROW_FIELDS))
         assert set(got["run_id"]) == set(ask["run_ids"])
     assert (cache.hits, cache.misses) == (len(asks), len(asks))
@@ -396,6 +397,7 @@ def test_a_kept_analysis_is_never_given_for_changed_inputs(history: History) -> 
     _report_text(history)
     # the previous run's rows change: its file's record changes, and so does the key
     row = history.rows("run-a", "m00")[0]
+    assert row.decode_tps is not None
     history.upsert_rows([row.model_copy(update={"decode_tps": row.decode_tps * 3})])
     _report_text(history)  # run-a read from SQLite (its file written again): nothing kept, nothing recalled
     got = _report_text(history)
@@ -413,6 +415,7 @@ def test_a_kept_analysis_is_never_given_for_changed_inputs(history: History) -> 
     history.frames = cache
     history.set_run_state("run-b", "running")
     row = history.rows("run-b", "m00")[0]
+    assert row.decode_tps is not None
     for factor in (2, 3):
         history.upsert_rows([row.model_copy(update={"decode_tps": row.decode_tps * factor})])
         got = _report_text(history)
@@ -448,7 +451,7 @@ def test_some_modules_of_a_file_are_the_rows_of_those_modules_decompressing_thei
 
     real = ipc.RecordBatchFileReader.get_batch
 
-    def counted(self: ipc.RecordBatchFileReader, i: int):  # type: ignore[no-untyped-def]
+    def counted(self: ipc.RecordBatchFileReader, i: int):
         got = real(self, i)
         decoded.append(got.num_columns)
         return got

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace as NS
 
@@ -21,7 +22,7 @@ def _reg(module: str, key: str, profile: str, metric: str, change: float) -> NS:
     return NS(module=module, model_key=key, profile=profile, metric=metric, change=change)
 
 
-def _report(regressions: list[NS], outliers: list[NS] = (), energy: list[NS] = (), change: float = -0.06,
+def _report(regressions: list[NS], outliers: Sequence[NS] = (), energy: Sequence[NS] = (), change: float = -0.06,
             ci: tuple[float, float] = (-0.065, -0.055)) -> NS:
     return NS(regressions=regressions, outliers=list(outliers), energy_outliers=list(energy),
               changes=[NS(model_key="qwen3", metric="decode_tps", change=change, ci_low=ci[0], ci_high=ci[1])])

@@ -47,7 +47,7 @@ def _store(h: History, reference: pd.DataFrame, run_id: str, prints: dict[str, E
 
 
 @pytest.fixture
-def history(tmp_path: Path):  # type: ignore[no-untyped-def]
+def history(tmp_path: Path):
     h = History(tmp_path / "history.sqlite")
     yield h
     h.close()

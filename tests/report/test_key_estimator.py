@@ -101,7 +101,7 @@ def test_a_six_percent_regression_the_median_of_medians_missed_is_named(referenc
     rep = analyse(cur, baseline=reference)
     assert [(r.module, r.model_key, r.metric) for r in rep.regressions] == [("*", key, "decode_tps")]
     (ch,) = [c for c in rep.changes if (c.model_key, c.metric) == (key, "decode_tps")]
-    assert ch.change < -0.05 and ch.ci_low is not None and ch.ci_high is not None
+    assert ch.change is not None and ch.change < -0.05 and ch.ci_low is not None and ch.ci_high is not None
     assert ch.ci_low <= -0.06 <= ch.ci_high
 
 
@@ -145,5 +145,6 @@ def test_four_identical_modules_read_a_planted_change_without_the_lower_medians_
         key = keys[seed % len(keys)]
         cur = fleet(reference, modules=4, noise=0.01, regress={(key, "decode_tps"): 0.06}, seed=seed)
         (ch,) = [c for c in analyse(cur, baseline=reference).changes if (c.model_key, c.metric) == (key, "decode_tps")]
+        assert ch.change is not None, (seed, key)
         errors.append(ch.change + 0.06)
     assert abs(float(np.mean(errors))) < 0.0012, errors

@@ -20,10 +20,10 @@ def test_binomial_tails_equal_scipy() -> None:
     for n in (0, 1, 2, 9, 10, 37, 400):
         _same(nulls.binom_sf(k, n, 0.5), stats.binom.sf(k, n, 0.5))
         _same(nulls.binom_cdf(k, n, 0.5), stats.binom.cdf(k, n, 0.5))
-    n = np.array([0, 3, 3, 8, 12, 2.5, -1, 60])
+    nn = np.array([0, 3, 3, 8, 12, 2.5, -1, 60])
     kk = np.array([0, 1, 3, 4, 6, 1, 0, 45])
-    _same(nulls.binom_sf(kk - 1, n, 0.5), stats.binom.sf(kk - 1, n, 0.5))
-    _same(nulls.binom_cdf(kk, n, 0.5), stats.binom.cdf(kk, n, 0.5))
+    _same(nulls.binom_sf(kk - 1, nn, 0.5), stats.binom.sf(kk - 1, nn, 0.5))
+    _same(nulls.binom_cdf(kk, nn, 0.5), stats.binom.cdf(kk, nn, 0.5))
     assert nulls.binom_sf(2.0, 5.0, 0.5) == stats.binom.sf(2.0, 5.0, 0.5)
 
 

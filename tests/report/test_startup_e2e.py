@@ -62,5 +62,6 @@ def test_a_release_whose_server_starts_40_percent_slower_is_named_regressed_on_s
     status = {c.model_key: c.status for c in rep.changes if c.metric == "server_ready_s"}
     assert status == {"qwen3": "within tolerance", "qwen35": "regressed"}
     line = next(x for x in startup_lines(rep) if x.startswith("qwen35 server ready"))
+    assert reg.change is not None
     assert line.endswith(" vs previous: regressed") and "] vs previous" in line and f"{reg.change * 100:+.0f} %" in line
     assert line in to_markdown(rep)

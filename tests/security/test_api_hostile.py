@@ -108,7 +108,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         assert TOKEN not in log.read_text(errors="replace")  # a token is never logged
 
 
-def test_a_10mb_field_is_refused_in_one_line_and_the_log_stays_small(served):
+def test_a_10mb_field_is_refused_in_one_line_and_the_log_stays_small(served) -> None:
     before = served.log.stat().st_size
     got: list[tuple[int | None, int, dict]] = []
     _post(served, json.dumps({"release": "A" * (10 * 1024 * 1024), "models": ["qwen3"]}).encode(), TOKEN, got)
@@ -156,7 +156,7 @@ def _post(served: Served, body: bytes | int, token: str | None, out: list[tuple[
     out.append((status, sent, answer))
 
 
-def test_200mb_bodies_without_a_token_are_refused_unread(served):
+def test_200mb_bodies_without_a_token_are_refused_unread(served) -> None:
     hwm, rss = served.status("VmHWM"), served.status("VmRSS")
     got: list[tuple[int | None, int, dict]] = []
     threads = [threading.Thread(target=_post, args=(served, 200 * 1024 * 1024, None, got)) for _ in range(4)]
@@ -190,7 +190,7 @@ def test_200mb_bodies_without_a_token_are_refused_unread(served):
     assert served.request("GET", "/api/v1/runs")[0] == 200  # still serving
 
 
-def test_release_urls_to_the_broker_or_metadata_are_refused_like_a_closed_port(served):
+def test_release_urls_to_the_broker_or_metadata_are_refused_like_a_closed_port(served) -> None:
     said: dict[str, str] = {}
     targets = {"broker": f"http://127.0.0.1:{served.redis.port}", "metadata": "http://169.254.169.254",
                "closed": f"http://127.0.0.1:{closed_port()}", "api itself": f"http://127.0.0.1:{served.port}",
@@ -208,7 +208,7 @@ def test_release_urls_to_the_broker_or_metadata_are_refused_like_a_closed_port(s
     assert code == 201, body
 
 
-def test_slowloris_connections_are_closed_after_the_timeout_while_a_client_is_served(served):
+def test_slowloris_connections_are_closed_after_the_timeout_while_a_client_is_served(served) -> None:
     socks: list[socket.socket] = []
     for i in range(120):
         s = socket.create_connection(("127.0.0.1", served.port), timeout=10)

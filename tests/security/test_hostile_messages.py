@@ -60,7 +60,7 @@ def hostile_lab(tmp_path_factory):
         server.stop()
 
 
-def test_hostile_messages_are_refused_and_the_worker_keeps_serving(hostile_lab, tmp_path):
+def test_hostile_messages_are_refused_and_the_worker_keeps_serving(hostile_lab, tmp_path) -> None:
     from simulator import build_release
 
     lab, server = hostile_lab

@@ -148,6 +148,7 @@ def test_model_reproduces_mtp_rows_exactly(fitted, seed_text: str) -> None:
     for key in ("qwen35_mtp", "qwen35_fq_mtp"):
         setup = model.setup(key)
         for r in parse_seed(seed_text)[key]:
+            assert r.prompt_index is not None and r.input_tokens is not None, (key, r.profile)
             ids = core.gsm8k_prompt_ids(r.prompt_index, r.input_tokens)
             plan = _plan(setup, prompt_len=r.input_tokens, max_tokens=1024, prompt_hash=core.prompt_hash(ids),
                          draft_tokens=4)
@@ -192,6 +193,7 @@ def test_a_prefix_hit_is_never_slower_than_no_cache_and_grows_smoothly(fitted, k
 def test_mtp_answer_of_exactly_max_tokens_finishes_with_length(fitted, seed_text: str) -> None:
     setup = fitted[0].setup("qwen35_mtp")
     r = parse_seed(seed_text)["qwen35_mtp"][0]
+    assert r.prompt_index is not None and r.input_tokens is not None and r.output_tokens is not None
     ids = core.gsm8k_prompt_ids(r.prompt_index, r.input_tokens)
     args = {"prompt_len": r.input_tokens, "prompt_hash": core.prompt_hash(ids), "draft_tokens": 4}
     exact = _plan(setup, max_tokens=r.output_tokens, **args)
@@ -210,6 +212,7 @@ def test_vision_model_reproduces_fps_prefill_and_decode(fitted, seed_text: str) 
     for r in parse_seed(seed_text)["qwen3vl"]:
         if r.table != "vision":
             continue
+        assert r.input_tokens is not None and r.prefill_len is not None, r.profile
         cached = r.input_tokens - r.prefill_len
         a = _plan(setup, prompt_len=r.input_tokens, cached=cached, frames=lo, max_tokens=1)
         b = _plan(setup, prompt_len=r.input_tokens, cached=cached, frames=hi, max_tokens=50)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +19,8 @@ scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
                       | st.dictionaries(st.text(max_size=5) | st.integers() | st.floats() | st.booleans() | st.none(),
                                         inner, max_size=4), max_leaves=20)
-LAYOUTS = ({}, {"indent": 2}, {"separators": (",", ":")}, {"indent": 0}, {"indent": 1, "separators": (",", ":")})
+LAYOUTS: tuple[dict[str, Any], ...] = ({}, {"indent": 2}, {"separators": (",", ":")}, {"indent": 0},
+                                       {"indent": 1, "separators": (",", ":")})
 
 
 @pytest.mark.slow  # 300 examples of nested JSON: 1.4-2.8 s, over the fast tier's budget of 2 s CPU
@@ -26,8 +28,8 @@ LAYOUTS = ({}, {"indent": 2}, {"separators": (",", ":")}, {"indent": 0}, {"inden
 @given(values)
 def test_dumps_and_loads_are_json_s(value: object) -> None:
     for kw in LAYOUTS:
-        text = json.dumps(value, **kw)  # type: ignore[arg-type]
-        assert jsonc.dumps(value, **kw) == text, kw  # type: ignore[arg-type]
+        text = json.dumps(value, **kw)
+        assert jsonc.dumps(value, **kw) == text, kw
         assert repr(jsonc.loads(text)) == repr(json.loads(text))
         assert repr(jsonc.loads(text.encode())) == repr(json.loads(text.encode()))
 
@@ -52,8 +54,8 @@ def test_malformed_and_odd_input_as_json(text: str | bytes) -> None:
 @pytest.mark.parametrize("value", [{1j: 1}, {"a": object()}, [set()], {(1, 2): 3}])
 def test_unserializable_as_json(value: object) -> None:
     for kw in LAYOUTS:
-        assert (_outcome(lambda v, kw=kw: jsonc.dumps(v, **kw), value)  # type: ignore[misc]
-                == _outcome(lambda v, kw=kw: json.dumps(v, **kw), value))  # type: ignore[misc]
+        assert (_outcome(lambda v, kw=kw: jsonc.dumps(v, **kw), value)
+                == _outcome(lambda v, kw=kw: json.dumps(v, **kw), value))
 
 
 def test_circular_as_json() -> None:
@@ -61,7 +63,7 @@ def test_circular_as_json() -> None:
     loop.append(loop)
     for kw in LAYOUTS:
         with pytest.raises(ValueError, match="Circular reference detected"):
-            jsonc.dumps(loop, **kw)  # type: ignore[arg-type]
+            jsonc.dumps(loop, **kw)
 
 
 def test_errors_in_an_interpreter_without_json() -> None:

@@ -111,7 +111,7 @@ def test_release_interpreters_load_only_the_standard_library_they_need(tmp_path:
     start it (``python3 -S -m m1000_sim.<entry>``): standard library only, without the modules above."""
     rel = build_release(tmp_path, version="9.9.9")
     with tarfile.open(rel.path) as tar:
-        tar.extractall(tmp_path / "x", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        tar.extractall(tmp_path / "x", filter="data")
     musa = tmp_path / "x" / rel.top / "scripts" / "ci" / "musa"
     code = f"import sys, m1000_sim.{entry}; print(' '.join(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-S", "-c", code], cwd=musa, env={"PYTHONPATH": str(musa)},

@@ -11,6 +11,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,29 +89,29 @@ def record_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make_config(tmp_path: Path, record_dir: Path) -> Callable[..., AgentConfig]:
-    def make(**kw: object) -> AgentConfig:
+    def make(**kw: Any) -> AgentConfig:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
         env["FAKE_RECORD_DIR"] = str(record_dir)
-        env.update(kw.pop("env", {}))  # type: ignore[arg-type]
-        values: dict[str, object] = {
+        env.update(kw.pop("env", {}))
+        values: dict[str, Any] = {
             "module": "m-test", "workdir": tmp_path / "work", "server_port": free_port(),
             "ready_timeout": 20.0, "benchmark_timeout": 30.0, "stop_grace": 3.0, "poll_interval": 0.1,
             "port_free_timeout": 5.0, "base_env": env,
         }
         values.update(kw)
-        return AgentConfig(**values)  # type: ignore[arg-type]
+        return AgentConfig(**values)
     return make
 
 
 @pytest.fixture
 def make_request(release: Release, model_root: Path) -> Callable[..., RunRequest]:
-    def make(models: tuple[str, ...] = ("qwen3",), **kw: object) -> RunRequest:
-        values: dict[str, object] = {
+    def make(models: tuple[str, ...] = ("qwen3",), **kw: Any) -> RunRequest:
+        values: dict[str, Any] = {
             "run_id": "r1", "module": "m-test", "tarball": str(release.path), "sha256": release.sha256,
             "release": "fake-1.4.1", "models": models, "model_root": str(model_root),
         }
         values.update(kw)
-        return RunRequest(**values)  # type: ignore[arg-type]
+        return RunRequest(**values)
     return make
 
 

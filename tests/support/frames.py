@@ -33,7 +33,7 @@ def frame_to_rows(df: pd.DataFrame) -> list[ResultRow]:
         d["extra"] = {}
         for k in ("prefill_len", "batch", "nchip", "input_tokens", "output_tokens", "prefix_tokens",
                   "measured_output", "prompt_index", "schema_version"):
-            if d[k] is not None:
-                d[k] = int(d[k])
+            if (v := d[k]) is not None:
+                d[k] = int(v)
         out.append(ResultRow.model_validate(d))
     return out

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -100,8 +101,10 @@ class Lab:
 
 def make_lab(base: Path, broker: tuple[str, RedisServer | None], n: int, extra: list[str] | None = None,
              **overrides: float) -> Lab:
-    """``overrides``: ControllerSettings fields (heartbeat_interval, offline_after, lost_after, time limits...)."""
-    """A lab of ``n`` modules (plus ``extra`` names in the inventory that never get a worker)."""
+    """A lab of ``n`` modules (plus ``extra`` names in the inventory that never get a worker).
+
+    ``overrides``: ControllerSettings fields (heartbeat_interval, offline_after, lost_after, time limits...).
+    """
     names = [f"sim-{i + 1:02d}" for i in range(n)]
     url = broker[0]
     if broker[1] is not None:  # every lab its own Redis database, emptied: labs reuse module names, and an
@@ -109,9 +112,9 @@ def make_lab(base: Path, broker: tuple[str, RedisServer | None], n: int, extra: 
         url = f"redis://127.0.0.1:{broker[1].port}/{db}"
         with redis.Redis(port=broker[1].port, db=db) as client:
             client.flushdb()
-    settings = ControllerSettings(
-        broker_url=url, data_dir=base / "fleet", inventory=base / "inventory.toml",
-        history=base / "history.sqlite", **{"heartbeat_interval": 0.5, "offline_after": 4.0, **overrides})
+    fields: dict[str, Any] = {"heartbeat_interval": 0.5, "offline_after": 4.0, **overrides}  # names known at run time
+    settings = ControllerSettings(broker_url=url, data_dir=base / "fleet", inventory=base / "inventory.toml",
+                                  history=base / "history.sqlite", **fields)
     base.mkdir(parents=True, exist_ok=True)
     (base / "inventory.toml").write_text(inventory_toml(names + (extra or []), base, None))
     return Lab(base, settings, names, redis=broker[1])

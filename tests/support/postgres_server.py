@@ -66,7 +66,7 @@ class PostgresServer:
         import psycopg
 
         with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(sql)  # type: ignore[arg-type]  # test-owned literal statements
+            conn.execute(sql)
 
     def fresh_database(self) -> str:
         """A new empty database; returns its URL."""

@@ -60,7 +60,7 @@ def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
         proc.wait(timeout=5)
 
 
-def stop_group(proc: subprocess.Popen[str], grace: float = 20.0) -> None:
+def stop_group(proc: subprocess.Popen[Any], grace: float = 20.0) -> None:
     """Stop the process group ``proc`` leads (started with ``start_new_session``): SIGTERM, then SIGKILL after
     ``grace`` seconds; reaped either way."""
     os.killpg(proc.pid, signal.SIGTERM)

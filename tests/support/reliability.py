@@ -79,6 +79,7 @@ class Bench:
                             for r in self.history.rows(run_id, m, source=None))  # the probe's rows too
             assert local == stored, f"{m}: rows on the module and in the history differ"
             p = view.progress[m]
+            assert p is not None, f"{m}: no progress in the run's view"
             ok = self.benchmark_starts(m, run_id, "ok")
             assert all(n == 1 for n in ok.values()), f"{m}: a key benchmarked again after it passed: {ok}"
             for o in p.outcomes:

@@ -34,9 +34,11 @@ from tests.support.redis_server import REDIS
 REDIS_CLI = shutil.which("redis-cli")
 
 
-def need_redis() -> None:
+def need_redis() -> str:
+    """redis-server's path; without one the test is skipped."""
     if not REDIS:
         pytest.skip("redis-server not installed (make test installs Debian's redis-server)")
+    return REDIS
 
 
 @dataclass
@@ -71,9 +73,9 @@ class SecureRedis:
         os.chmod(self.conf, 0o600)
 
     def start(self) -> None:
-        need_redis()
+        server = need_redis()
         self.write_conf()
-        self.proc = subprocess.Popen([REDIS, str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen([server, str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         end = time.monotonic() + 10
         while time.monotonic() < end:
             if self.proc.poll() is not None:
@@ -110,7 +112,7 @@ def task_envelope(module: str, body: bytes, *, content_type: str = "application/
     """One message as kombu's redis transport stores it in a queue list (what LPUSH puts there)."""
     tid = task_id or f"{module}:{uuid.uuid4()}"
     queue = f"module.{module}"
-    env = {
+    env: dict[str, Any] = {
         "body": base64.b64encode(body).decode(), "content-encoding": "utf-8" if "json" in content_type else "binary",
         "content-type": content_type,
         "headers": {"lang": "py", "task": task, "id": tid, "shadow": None, "eta": None, "expires": None,
@@ -149,17 +151,19 @@ class SecureLab(Lab):
         env.update(self.controller_env)
         return env
 
-    def start(self, names: list[str] | None = None, sim_env: dict[str, dict[str, str]] | None = None) -> None:
+    def start(self, names: list[str] | None = None, sim_env: dict[str, dict[str, str]] | None = None,
+              wait: bool = True, argv_prefix: tuple[str, ...] = ()) -> None:
         from simulator import make_models
 
         started = []
         for name in names or self.names:
             make_models(self.base / "modules" / name / "models")
             extra = {**self.module_env.get(name, {}), **(sim_env or {}).get(name, {})}
-            w = start_worker(name, self.base, self.settings, sim_env=extra)
+            w = start_worker(name, self.base, self.settings, sim_env=extra, argv_prefix=argv_prefix)
             self.workers[name] = w
             started.append(w)
-        wait_for_heartbeats(self.settings, started, 60)
+        if wait:
+            wait_for_heartbeats(self.settings, started, 60)
 
     def stop(self) -> None:
         stop_workers(list(self.workers.values()), grace=5)

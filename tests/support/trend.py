@@ -28,7 +28,8 @@ def add_release(h: History, reference: pd.DataFrame, i: int, **change: Any) -> s
     return f"run-{i}"
 
 
-def release_history(path: Path, reference: pd.DataFrame, releases: int = 12, at: int = 6, **change: Any) -> History:
+def release_history(path: Path | str, reference: pd.DataFrame, releases: int = 12, at: int = 6,
+                    **change: Any) -> History:
     """Releases 1.0.0 .. 1.{releases-1}.0 of qwen3; ``change`` from release ``at`` on."""
     h = History(path)
     for i in range(releases):

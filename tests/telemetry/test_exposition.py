@@ -11,7 +11,7 @@ from contract.records import RunState
 from tests.metrics.fleetfiles import RunWriter, device_sample
 
 
-def registry(workdir: Path):  # type: ignore[no-untyped-def]
+def registry(workdir: Path):
     return build_registry(workdir, "m-a", process=False, system=SystemSample)
 
 

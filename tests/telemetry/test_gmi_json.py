@@ -28,7 +28,7 @@ MT_ROW = (FIX / "mthreads" / "query-unsupported.csv").read_text()
 MT_Q = (FIX / "mthreads" / "q.txt").read_text()
 
 
-def variant(change: Any) -> str:  # type: ignore[misc]
+def variant(change: Any) -> str:
     doc = copy.deepcopy(DOC)
     change(doc)
     return json.dumps(doc)

@@ -94,8 +94,9 @@ def test_samples_under_real_load() -> None:
     assert min(sm) == 345 and max(sm) == 1980
     assert max(r.values["power_w"] for r in readings) == pytest.approx(174.06)
     assert max(r.values["memory_used_mib"] for r in readings) == 7487
-    samples = [DeviceSample(ts=float(i) / 2, gpu=0, run_id="r", module="h200", step="benchmark",
-                            model_key="qwen3" if i < 52 else "qwen35", **r.values) for i, r in enumerate(readings)]
+    samples = [DeviceSample.model_validate({**r.values, "ts": float(i) / 2, "gpu": 0, "run_id": "r", "module": "h200",
+                                            "step": "benchmark", "model_key": "qwen3" if i < 52 else "qwen35"})
+               for i, r in enumerate(readings)]
     s = summarize(samples, run_id="r", module="h200", tool="nvidia-smi", period_s=0.5)
     assert [k.model_key for k in s.keys] == ["qwen3", "qwen35"] and s.samples == 105
     sm_stats = s.keys[0].fields["sm_clock_mhz"]
@@ -159,13 +160,14 @@ def test_choose_tool_prefers_mthreads_gmi(tmp_path: Path) -> None:
     both = {"mthreads-gmi": "/opt/mt/mthreads-gmi", "nvidia-smi": "/usr/bin/nvidia-smi"}
     assert choose_tool(None, both.get) == "/opt/mt/mthreads-gmi"
     assert choose_tool(None, {"nvidia-smi": "/usr/bin/nvidia-smi"}.get) == "/usr/bin/nvidia-smi"
-    assert choose_tool(None, {}.get) is None
+    none: dict[str, str] = {}
+    assert choose_tool(None, none.get) is None
     assert choose_tool("nvidia-smi", both.get) == "/usr/bin/nvidia-smi"
     tool = tmp_path / "gmi"
     tool.write_text("#!/bin/sh\n")
-    assert choose_tool(str(tool), {}.get) is None  # not executable
+    assert choose_tool(str(tool), none.get) is None  # not executable
     tool.chmod(0o755)
-    assert choose_tool(str(tool), {}.get) == str(tool)
+    assert choose_tool(str(tool), none.get) == str(tool)
 
 
 def test_every_numeric_field_is_a_sample_attribute() -> None:

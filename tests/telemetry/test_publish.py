@@ -15,7 +15,7 @@ from controller.settings import ControllerSettings
 from tests.metrics.fleetfiles import device_sample
 
 
-def summary(run_id: str, module: str):  # type: ignore[no-untyped-def]
+def summary(run_id: str, module: str):
     samples = [device_sample(run_id, module, key, sm_clock_mhz=clock)
                for key in ("qwen3", "qwen35") for clock in (1400.0, 1455.0, 1500.0)]
     return summarize(samples, run_id=run_id, module=module, tool="mthreads-gmi", notes=["a note"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,10 +40,11 @@ def device(module: str, *, sm: float = 1800.0, temp: float = 60.0, reasons: int 
         for i in range(20):
             t += 1
             busy = i >= 2
-            values = ({"sm_clock_mhz": sm + jitter * (i % 3), "temperature_c": temp + i % 2, "power_w": 52.0,
-                       "clock_event_reasons": reasons, "utilization_pct": 86.0, "memory_used_mib": 21504.0,
-                       "max_sm_clock_mhz": 1800.0, "power_limit_w": 75.0, "memory_total_mib": 65536.0}
-                      if busy else IDLE)
+            values: dict[str, Any] = (
+                {"sm_clock_mhz": sm + jitter * (i % 3), "temperature_c": temp + i % 2, "power_w": 52.0,
+                 "clock_event_reasons": reasons, "utilization_pct": 86.0, "memory_used_mib": 21504.0,
+                 "max_sm_clock_mhz": 1800.0, "power_limit_w": 75.0, "memory_total_mib": 65536.0}
+                if busy else IDLE)
             samples.append(device_sample("run-1", module, key, ts=t, **values))
     return summarize(samples, run_id="run-1", module=module, tool="mthreads-gmi")
 
@@ -88,7 +90,7 @@ def test_key_level_outlier_memory_before_the_servers_and_no_telemetry() -> None:
 
 
 @pytest.mark.slow  # over the fast tier's 2 s CPU budget with a neighbour on the other core
-def test_report_from_history_names_and_explains(tmp_path: Path, reference) -> None:  # type: ignore[no-untyped-def]
+def test_report_from_history_names_and_explains(tmp_path: Path, reference) -> None:
     h = History(tmp_path / "history.sqlite")
     try:
         ref = reference[reference["model_key"].isin(KEYS)]
@@ -122,7 +124,7 @@ def test_report_from_history_names_and_explains(tmp_path: Path, reference) -> No
 
 
 @pytest.mark.parametrize("fmt", ["table", "json"])
-def test_fleetctl_results_telemetry(tmp_path: Path, fmt: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_fleetctl_results_telemetry(tmp_path: Path, fmt: str, monkeypatch) -> None:
     import subprocess
     import sys
 

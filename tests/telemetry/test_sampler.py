@@ -60,7 +60,7 @@ def sampler(tmp_path: Path, runner: object, cfg: TelemetryConfig = FAST, **kw: o
     return s, events
 
 
-def wait_until(pred, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+def wait_until(pred, timeout: float = 5.0) -> None:
     end = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < end, "timed out"

@@ -28,7 +28,7 @@ def query(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def server(tmp_path: Path):  # type: ignore[no-untyped-def]
+def server(tmp_path: Path):
     """A stand-in for the simulated server: a live process whose phase the test sets."""
     proc = subprocess.Popen(["sleep", "60"])
     folder = tmp_path / "device"
@@ -43,14 +43,14 @@ def server(tmp_path: Path):  # type: ignore[no-untyped-def]
     proc.wait()
 
 
-def reading(env: dict[str, str]):  # type: ignore[no-untyped-def]
+def reading(env: dict[str, str]):
     res = query(env)
     assert res.returncode == 0, res.stdout + res.stderr
     (r,) = parse_csv(res.stdout, PLAN.columns)
     return r
 
 
-def test_values_follow_the_load(server) -> None:  # type: ignore[no-untyped-def]
+def test_values_follow_the_load(server) -> None:
     idle_no_server = reading({})
     assert idle_no_server.values["sm_clock_mhz"] == 600 and idle_no_server.values["memory_used_mib"] == 0
     assert idle_no_server.values["clock_event_reasons"] == 1 and idle_no_server.values["ecc_uncorrected"] == 0
@@ -68,7 +68,7 @@ def test_a_dead_server_leaves_an_idle_device(tmp_path: Path) -> None:
     assert reading({ENV_DEVICE_DIR: str(tmp_path)}).values["utilization_pct"] == 0
 
 
-def test_throttle_hot_lowclock(server) -> None:  # type: ignore[no-untyped-def]
+def test_throttle_hot_lowclock(server) -> None:
     env = server("decode")
     t = reading({**env, ENV_DEVICE: "throttle:0.85"})
     assert t.values["sm_clock_mhz"] == 1530 and t.values["max_sm_clock_mhz"] == 1800
@@ -83,7 +83,7 @@ def test_throttle_hot_lowclock(server) -> None:  # type: ignore[no-untyped-def]
     assert idle.values["sm_clock_mhz"] == 600 and idle.values["clock_event_reasons"] == 1
 
 
-def test_refusals_and_q(server) -> None:  # type: ignore[no-untyped-def]
+def test_refusals_and_q(server) -> None:
     env = {**server("decode"), ENV_DEVICE: "noquery"}
     res = query(env)
     assert res.returncode == 2 and res.stdout.startswith('Field "clocks_event_reasons.active" is not a valid field')
@@ -95,14 +95,14 @@ def test_refusals_and_q(server) -> None:  # type: ignore[no-untyped-def]
     assert fail.returncode == 9 and "GPU is lost" in fail.stderr
 
 
-def test_a_hanging_card_is_cut_off(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_hanging_card_is_cut_off(monkeypatch) -> None:
     monkeypatch.setenv(ENV_DEVICE, "hang")
     t0 = time.monotonic()
     assert run_tool(PLAN.argv(), 0.5, threading.Event()).outcome == "timeout"
     assert time.monotonic() - t0 < 3
 
 
-def test_sampler_reads_the_reasons_from_q_when_the_query_lacks_them(tmp_path: Path, server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_sampler_reads_the_reasons_from_q_when_the_query_lacks_them(tmp_path: Path, server, monkeypatch) -> None:
     for k, v in {**server("decode"), ENV_DEVICE: "noquery"}.items():
         monkeypatch.setenv(k, v)
     s = Sampler(TelemetryConfig(period_s=0.05, q_every=2, tool=TOOL), tmp_path / SAMPLES_FILE, run_id="r",
@@ -135,7 +135,7 @@ def gmi(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("condition", ["", "throttle:0.85", "hot", "lowclock:0.5"])
 @pytest.mark.parametrize("phase", ["idle", "prefill", "decode"])
-def test_its_json_through_the_real_parser_says_what_its_csv_says(server, phase: str, condition: str) -> None:  # type: ignore[no-untyped-def]
+def test_its_json_through_the_real_parser_says_what_its_csv_says(server, phase: str, condition: str) -> None:
     env = {**server(phase), ENV_DEVICE: condition}
     for flags in (("--query", "--json"), ("-q", "--json")):
         res = gmi(env, *flags)
@@ -165,7 +165,7 @@ def test_an_older_tool_refuses_json(condition: str) -> None:
         assert reading({ENV_DEVICE: condition}).values["power_w"] == 18  # its CSV as before
 
 
-def test_sampler_speaks_json_to_it(tmp_path: Path, server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_sampler_speaks_json_to_it(tmp_path: Path, server, monkeypatch) -> None:
     for k, v in {**server("decode"), ENV_DRIVER: "3.1.0-sim"}.items():
         monkeypatch.setenv(k, v)
     s = Sampler(TelemetryConfig(period_s=0.05, tool=TOOL), tmp_path / SAMPLES_FILE, run_id="r", module="m").start()
@@ -184,12 +184,12 @@ def test_sampler_speaks_json_to_it(tmp_path: Path, server, monkeypatch) -> None:
     ("throttle", "prefill", 68), ("throttle", "decode", 55),  # 14 + 10 static, dynamic x 0.82
     ("lowclock", "prefill", 59), ("lowclock", "decode", 46),  # 14 static, dynamic x 0.85
 ])
-def test_power_is_leakage_by_temperature_plus_dynamic_by_clock(server, condition, phase, watts) -> None:  # type: ignore[no-untyped-def]
+def test_power_is_leakage_by_temperature_plus_dynamic_by_clock(server, condition, phase, watts) -> None:
     env = {**server(phase), **({ENV_DEVICE: condition} if condition else {})}
     assert reading(env).values["power_w"] == watts
 
 
-def test_a_hotter_cards_leakage_is_a_test_knob(server) -> None:  # type: ignore[no-untyped-def]
+def test_a_hotter_cards_leakage_is_a_test_knob(server) -> None:
     """``M1000_SIM_HOT_LEAK``: the hot card's extra watts under load (default 10), still capped at the limit."""
     hotter = {ENV_DEVICE: "hot", "M1000_SIM_HOT_LEAK": "20"}
     assert reading({**server("decode"), **hotter}).values["power_w"] == 72

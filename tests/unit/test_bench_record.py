@@ -108,7 +108,7 @@ def test_help_is_not_a_run_and_keeps_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_children_of_a_recorded_bench_do_not_record_and_the_environment_is_restored(tmp_path):
+def test_children_of_a_recorded_bench_do_not_record_and_the_environment_is_restored(tmp_path) -> None:
     seen: list[str] = []
 
     def bench() -> None:

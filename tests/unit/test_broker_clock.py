@@ -27,7 +27,7 @@ from tests.support.redis_server import running_redis
 
 
 @pytest.fixture(params=["embedded", pytest.param("redis", marks=[pytest.mark.slow, pytest.mark.redis])])
-def settings(request: pytest.FixtureRequest, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def settings(request: pytest.FixtureRequest, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory):
     if request.param == "embedded":
         yield BrokerSettings(broker_url="filesystem://", data_dir=tmp_path, offline_after=30.0)
         return
@@ -36,7 +36,7 @@ def settings(request: pytest.FixtureRequest, tmp_path: Path, tmp_path_factory: p
 
 
 @pytest.fixture
-def kv(settings: BrokerSettings):  # type: ignore[no-untyped-def]
+def kv(settings: BrokerSettings):
     app = make_app(settings)
     yield KV(app)
     app.close()

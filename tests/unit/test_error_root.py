@@ -138,7 +138,7 @@ def test_the_class_lines_the_walk_sees_are_every_exception_class_in_the_sources(
     assert nested == []
 
 
-def test_foreign_errors_a_user_causes_come_from_one_table():
+def test_foreign_errors_a_user_causes_come_from_one_table() -> None:
     from pydantic import BaseModel, ValidationError
 
     from contract.records import UnknownModelKey

@@ -21,7 +21,7 @@ M = [Module(name="m1", transport="local")]
 
 
 @pytest.fixture
-def fleet(tmp_path: Path):  # type: ignore[no-untyped-def]
+def fleet(tmp_path: Path):
     settings = ControllerSettings(broker_url="filesystem://", data_dir=tmp_path / "fleet",
                                   history=tmp_path / "history.sqlite")
     f = Fleet(settings, History(settings.history_path), failures_cooldown=900.0)

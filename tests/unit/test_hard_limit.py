@@ -74,7 +74,7 @@ def agent(tmp_path: Path):
 def _left(settings: AgentSettings, state: RunState, deadline: float) -> RunStore:
     """A run an earlier agent left: request, progress in ``state``, its delivery's deadline."""
     store = RunStore(settings.workdir)
-    req = RunRequest(run_id="r1", module="m1", tarball="/releases/x.tar.gz", sha256="0" * 64, models=["qwen3"],
+    req = RunRequest(run_id="r1", module="m1", tarball="/releases/x.tar.gz", sha256="0" * 64, models=("qwen3",),
                      model_root="/models")
     store.write_request(req)
     store.write_progress(RunProgress(run_id="r1", module="m1", state=state, step="benchmark", model_key="qwen3",

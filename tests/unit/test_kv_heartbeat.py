@@ -15,7 +15,7 @@ from tests.support.redis_server import running_redis
 
 
 @pytest.fixture(params=["embedded", pytest.param("redis", marks=[pytest.mark.slow, pytest.mark.redis])])
-def kv(request: pytest.FixtureRequest, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def kv(request: pytest.FixtureRequest, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory):
     if request.param == "embedded":
         app = make_app(BrokerSettings(broker_url="filesystem://", data_dir=tmp_path))
         yield KV(app)

@@ -56,8 +56,8 @@ def _imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             for a in node.names:
                 sub = f"{base}.{a.name}"
                 found.add(sub if sub in modules else base)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
+        for inner in ast.iter_child_nodes(node):
+            visit(inner)
 
     visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
     out = set()

@@ -35,9 +35,10 @@ def test_big_runs_list_failed_and_unfinished_first() -> None:
     assert len(shown) == MAX_ROWS and "m0007" in shown
     assert all(f"m{i:04d}" in shown for i in range(50, 1000, 100))  # the 10 still benchmarking
     assert shown == sorted(shown)  # inventory order kept
-    console = Console(file=io.StringIO(), width=160)
+    out = io.StringIO()
+    console = Console(file=out, width=160)
     console.print(render(view))
-    text = console.file.getvalue()
+    text = out.getvalue()
     assert "940 more modules not listed; all of them: 10 benchmarking, 989 done, 1 failed" in text.replace("\n", " ")
 
 
@@ -69,17 +70,19 @@ def test_the_live_table_fits_80_columns_with_whole_module_names_and_states() -> 
     import time
 
     now = time.time()
-    console = Console(file=io.StringIO(), width=80)
+    out = io.StringIO()
+    console = Console(file=out, width=80)
     console.print(render(_mixed(now), now=now))
-    text = console.file.getvalue()
+    text = out.getvalue()
     assert max(len(line) for line in text.splitlines()) <= 80, text
     words = {w for line in text.splitlines() for w in line.split()}
     assert {"sim-01", "sim-02", "rack-a-m1000-07", "sim-04", "sim-05"} <= words, text
     assert {"benchmarking", "precompiling", "done", "failed", "queued"} <= words, text
     assert {"qwen35_fq_mtp", "62%", "ok,", "77", "rows"} <= words and "…" not in text, text
-    wide = Console(file=io.StringIO(), width=200)
+    wide_out = io.StringIO()
+    wide = Console(file=wide_out, width=200)
     wide.print(render(_mixed(now), now=now))  # room enough: every column, the bar
-    assert {"step", "elapsed", "━━━━━━━━━━━━"} <= {w for ln in wide.file.getvalue().splitlines() for w in ln.split()}
+    assert {"step", "elapsed", "━━━━━━━━━━━━"} <= {w for ln in wide_out.getvalue().splitlines() for w in ln.split()}
 
 
 def _steps() -> list[RunView]:
@@ -87,7 +90,7 @@ def _steps() -> list[RunView]:
         return RunProgress(run_id="r", module=m, state=state, step=step, model_key=key, keys_total=2, keys_done=done,
                            progress=progress, updated_at=1.0, rows=11 * done)
 
-    steps = [
+    steps: list[dict[str, RunProgress | None]] = [
         {"m1": None, "m2": p("m2", RunState.PENDING, "queued", None, 0, 0.0)},
         {"m1": p("m1", RunState.BENCHMARKING, "server", "qwen3", 0, 0.1),
          "m2": p("m2", RunState.PRECOMPILING, "precompile", None, 0, 0.08)},
@@ -106,10 +109,11 @@ def test_without_a_terminal_each_module_state_or_step_change_is_a_line() -> None
     from controller.cli.live import follow
 
     views = iter(_steps())
-    console = Console(file=io.StringIO(), width=200)
+    out = io.StringIO()
+    console = Console(file=out, width=200)
     assert not console.is_terminal
     follow(lambda: next(views), console, interval=0.001)
-    assert console.file.getvalue().splitlines() == [
+    assert out.getvalue().splitlines() == [
         "m1: queued", "m2: pending, queued; keys 0/2, 0%",
         "m1: benchmarking, server qwen3; keys 0/2, 10%", "m2: precompiling, precompile; keys 0/2, 8%",
         "m1: benchmarking, benchmark qwen3; keys 0/2, 10%",
@@ -127,9 +131,10 @@ def test_without_a_terminal_a_progress_line_comes_every_progress_interval() -> N
     from controller.cli.live import follow
 
     views = iter(_steps())
-    console = Console(file=io.StringIO(), width=200)
+    out = io.StringIO()
+    console = Console(file=out, width=200)
     follow(lambda: next(views), console, interval=0.001, progress_every=0.0, since=time.time() - 125)
-    progress = [ln for ln in console.file.getvalue().splitlines() if ln.startswith("run r:")]
+    progress = [ln for ln in out.getvalue().splitlines() if ln.startswith("run r:")]
     assert len(progress) == 4, progress  # every poll while it ran: progress_every 0
     assert re.fullmatch(r"run r: 2m0[5-9]s elapsed; keys 0/2 done; 1 pending, 1 queued", progress[0]), progress
     assert re.fullmatch(r"run r: 2m0[5-9]s elapsed; keys 3/4 done; 1 benchmarking, 1 done", progress[-1]), progress

@@ -38,8 +38,10 @@ def test_unreachable_module_is_not_judged_idle() -> None:
 
 
 def test_queued_and_lost_rules_still_hold() -> None:
-    assert liveness(None, hb(T0 + 301), T0 + 302, dispatched_at=T0, settings=S).startswith("never started")
-    assert liveness(None, hb(T0 + 100), T0 + 701, dispatched_at=T0, settings=S).startswith("agent lost")
+    never = liveness(None, hb(T0 + 301), T0 + 302, dispatched_at=T0, settings=S)
+    assert never is not None and never.startswith("never started")
+    lost = liveness(None, hb(T0 + 100), T0 + 701, dispatched_at=T0, settings=S)
+    assert lost is not None and lost.startswith("agent lost")
 
 
 def test_a_run_waiting_past_queue_deadline_is_given_up_and_only_then() -> None:

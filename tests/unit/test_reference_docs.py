@@ -53,7 +53,7 @@ def test_a_new_option_makes_the_cli_page_stale(monkeypatch):
     validate.__doc__ = old.__doc__
     extra = inspect.Parameter("extra", inspect.Parameter.KEYWORD_ONLY, annotation=str,
                               default=typer.Option("x", "--extra", help="a new option"))
-    validate.__signature__ = sig.replace(parameters=[*sig.parameters.values(), extra])  # type: ignore[attr-defined]
+    validate.__signature__ = sig.replace(parameters=[*sig.parameters.values(), extra])
     monkeypatch.setattr(runs, "validate", validate)
     text = (REFERENCE / "cli.md").read_text(encoding="utf-8")
     fresh = gen.render("cli.md", text)

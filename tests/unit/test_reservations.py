@@ -7,6 +7,7 @@ from __future__ import annotations
 import fnmatch
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -54,12 +55,14 @@ def test_a_reservation_longer_than_a_month_is_refused() -> None:
 
 
 def test_records_past_their_end_or_unreadable_are_no_reservation() -> None:
-    records = {"a": {"user": "ann", "until": NOW + 60, "reason": "flash", "id": "res-1", "since": NOW - 5},
-               "b": {"user": "bob", "until": NOW - 1},  # over: the embedded broker still has the file
-               "c": {"until": NOW + 60},  # no user
-               "d": {"user": "dan", "until": "soon"}}
+    records: dict[str, dict[str, Any]] = {
+        "a": {"user": "ann", "until": NOW + 60, "reason": "flash", "id": "res-1", "since": NOW - 5},
+        "b": {"user": "bob", "until": NOW - 1},  # over: the embedded broker still has the file
+        "c": {"until": NOW + 60},  # no user
+        "d": {"user": "dan", "until": "soon"}}
     assert held(records, NOW) == {"a": Reservation("a", "ann", NOW + 60, "flash", "res-1", NOW - 5)}
-    assert Reservation.of("a", records["a"]).record() == records["a"]  # type: ignore[union-attr]
+    a = Reservation.of("a", records["a"])
+    assert a is not None and a.record() == records["a"]
 
 
 def test_only_modules_another_user_holds_are_refused_with_who_and_until_when() -> None:

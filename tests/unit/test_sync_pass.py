@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from contract.digest import seal
-from contract.records import Heartbeat, KeyOutcome, ResultRow, RunProgress, RunState
+from contract.records import Heartbeat, KeyOutcome, KeyStatus, ResultRow, RunProgress, RunState
 from controller.fleet import Fleet, collect
 from controller.history import History
 from controller.settings import ControllerSettings
@@ -85,7 +85,7 @@ def test_states_count_a_done_run_with_a_failed_key_and_end_the_streak_at_a_pass(
     fleet, history = ctl
     now = time.time()
 
-    def part(run_id: str, m: str, key: str, at: float) -> None:
+    def part(run_id: str, m: str, key: KeyStatus, at: float) -> None:
         history.create_run(run_id, release="1.4.1", models=["qwen3"], modules=[m])
         history.upsert_progress(RunProgress(run_id=run_id, module=m, release="1.4.1", state=RunState.DONE,
                                             keys_total=1, started_at=at - 5, updated_at=at, finished_at=at,

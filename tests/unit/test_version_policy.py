@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from contract.compat import CONTRACT, judge, refused_line, request_for, runs_request
 from contract.records import Heartbeat, ResultRow, RunProgress, RunRequest
@@ -152,10 +153,10 @@ def test_contract_2_adds_no_field_a_contract_1_reader_would_refuse() -> None:
 
     assert V1["schema_version"] == CONTRACT - 1 == 1, "contract 3: make the fixture from contract 2's code"
     p, tel = V1["progress"], V1["progress"]["telemetry"]
-    written = {RunProgress: p, ResultRow: V1["rows"][0], Heartbeat: V1["heartbeat"], StepError: p["error"],
-               KeyOutcome: p["outcomes"][1], TelemetrySummary: tel, KeyTelemetry: tel["keys"][0],
-               FieldStats: tel["keys"][0]["fields"]["power_w"], DeviceInfo: tel["devices"][0],
-               EnergyWindow: V1["rows"][0]["energy"], EnvFingerprint: p["fingerprint"],
-               KernelCacheUse: p["kernel_cache"]}
+    written: dict[type[BaseModel], Any] = {
+        RunProgress: p, ResultRow: V1["rows"][0], Heartbeat: V1["heartbeat"], StepError: p["error"],
+        KeyOutcome: p["outcomes"][1], TelemetrySummary: tel, KeyTelemetry: tel["keys"][0],
+        FieldStats: tel["keys"][0]["fields"]["power_w"], DeviceInfo: tel["devices"][0],
+        EnergyWindow: V1["rows"][0]["energy"], EnvFingerprint: p["fingerprint"], KernelCacheUse: p["kernel_cache"]}
     for cls, v1 in written.items():
         assert set(cls.model_fields) == set(v1), f"{cls.__name__}: {set(cls.model_fields) ^ set(v1)}"
