@@ -178,20 +178,23 @@ class ResultRow(Record):
     jit_kernels: int = 0
     jit_kernel_names: str = ""
     jit_first_s: float | None = None
-    # energy over the key's benchmark window (agent.telemetry.energy; release rows only; None: not measured, or
+    # Energy over the key's benchmark window (agent.telemetry.energy; release rows only; None: not measured, or
     # dropped, ``energy.note`` says why). Every release row of one key shares the window: the release's benchmark
-    # runs all its profiles in one process, so the figures are the key's, repeated on each of its rows
-    # energy_j: joules over the window; j_per_token: energy_j / the output tokens of the key's rows; tokens_per_j: 1 /
-    # j_per_token; avg_power_w: energy_j / the window's length; idle_power_w: the module's idle power, measured before
-    # the key; energy_above_idle_j: energy_j - idle_power_w x the window's length; energy: how the figures were
-    # reached (or why they were dropped)
+    # runs all its profiles in one process, so the figures are the key's, repeated on each of its rows.
     energy_j: float | None = None
+    """Joules over the window."""
     j_per_token: float | None = None
+    """``energy_j`` / the output tokens of the key's rows."""
     tokens_per_j: float | None = None
+    """1 / ``j_per_token``."""
     avg_power_w: float | None = None
+    """``energy_j`` / the window's length."""
     idle_power_w: float | None = None
+    """The module's idle power, measured before the key."""
     energy_above_idle_j: float | None = None
+    """``energy_j`` - ``idle_power_w`` x the window's length."""
     energy: EnergyWindow | None = None
+    """How the figures were reached, or why they were dropped."""
     # start-up costs, wall s (release rows; agent.startup says what each is, and why a precompile has two columns)
     server_ready_s: float | None = None
     warmup_s: float | None = None

@@ -88,14 +88,16 @@ def tool_floor(cost_s: Sequence[float], *, base_s: float, share: float = TOOL_SH
 class IdleReading:
     """The module's idle power before a key's benchmark: the median of the settled window, and its spread."""
 
-    # power_w and spread_w (max - min of the window's samples) summed over the devices, power_w None without power
-    # samples; samples: in the window (every device); settle_s: from the idle step's start to the end of the window
-    # used; settled False: the settle ran out of time and the last window was taken as it was
     power_w: float | None
+    """The medians of the devices' windows, summed; None without power samples."""
     spread_w: float | None
+    """The max - min of each device's window, summed."""
     samples: int
+    """Samples in the window, every device."""
     settle_s: float
+    """From the idle step's start to the end of the window used."""
     settled: bool
+    """False: the settle ran out of time and the last window was taken as it was."""
 
 
 def idle_window(points: Mapping[int, Sequence[tuple[float, float]]], now: float, *, window_s: float,
