@@ -133,6 +133,7 @@ def test_bench_skew_is_flagged_in_fleetctl_report_and_nothing_is_without_it(tmp_
         assert skewed.ok and _flagged(skewed.rows) == {("qwen3", "128:128")}
         release = {r.model_key: r for r in skewed.rows if r.source == "release" and r.profile == "128:128"}
         seed_row = {r.profile: r for r in parse_seed(seed_text)["qwen3"]}["128:128"]
+        assert seed_row.ttft_ms is not None
         assert release["qwen3"].ttft_ms == pytest.approx(0.8 * seed_row.ttft_ms, rel=TOLERANCE)  # the lie
         for run_id, rows in (("skew", skewed.rows), ("clean-5", clean.rows)):
             history.create_run(run_id, release=built.version, models=keys, modules=("sim-1",), state="done")
