@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,12 +38,12 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def validate(base: Path, built: simulator.BuiltRelease, keys: tuple[str, ...], run_id: str, *,
-             env: dict[str, str] | None = None, key_env: dict[str, dict[str, str]] | None = None, **cfg: object):
+             env: dict[str, str] | None = None, key_env: dict[str, dict[str, str]] | None = None, **cfg: Any):
     models = base / "models"
     if not models.exists():
         simulator.make_models(models)
     config = AgentConfig(module="sim-1", workdir=base / "work", server_port=free_port(), base_env=base_env(env),
-                         key_env=key_env or {}, ready_timeout=60, benchmark_timeout=300, **cfg)  # type: ignore[arg-type]
+                         key_env=key_env or {}, ready_timeout=60, benchmark_timeout=300, **cfg)
     req = RunRequest(run_id=run_id, module="sim-1", tarball=str(built.path), sha256=built.sha256,
                      release=built.version, models=keys, model_root=str(models))
     return run_pipeline(req, config), config
