@@ -298,13 +298,13 @@ def stop_file(workdir: Path) -> Path:
 
 
 def register_tasks(app: Celery, settings: AgentSettings | None) -> None:
-    @app.task(name=RUN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]  # celery has no type hints
+    @app.task(name=RUN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator, unused-ignore]  # celery: no type hints (strict only)
     def run_release(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
         if settings is None:
             raise RuntimeError("run task reached a process without agent settings")
         with hard_limit(settings.run_time_limit):
             return execute_run(self.app, settings, payload, {k: self.request.get(k) for k in HEADERS})
 
-    @app.task(name=NOOP_TASK, bind=True, acks_late=True)  # type: ignore[untyped-decorator]  # celery has no type hints
+    @app.task(name=NOOP_TASK, bind=True, acks_late=True)  # type: ignore[untyped-decorator, unused-ignore]  # celery: no type hints (strict only)
     def noop(self: Any, sent_at: float) -> dict[str, float]:
         return {"sent_at": sent_at, "started_at": time.time()}

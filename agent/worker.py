@@ -118,7 +118,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
 
     from celery.signals import worker_shutting_down
 
-    @worker_shutting_down.connect(weak=False)  # type: ignore[untyped-decorator]  # celery has no type hints
+    @worker_shutting_down.connect(weak=False)  # type: ignore[untyped-decorator, unused-ignore]  # celery: no type hints (strict only)
     # SIGTERM: the run in progress stops cleanly and is re-queued
     def _shutting_down(**_: Any) -> None:
         with contextlib.suppress(OSError):
@@ -132,7 +132,7 @@ def run_worker(settings: AgentSettings, *, loglevel: str = "INFO") -> None:
     served = MetricsServing(settings)
     from celery.signals import worker_ready
 
-    @worker_ready.connect(weak=False)  # type: ignore[untyped-decorator]  # celery has no type hints
+    @worker_ready.connect(weak=False)  # type: ignore[untyped-decorator, unused-ignore]  # celery: no type hints (strict only)
     def _serve_metrics(**_: Any) -> None:
         served.start()
         settle()

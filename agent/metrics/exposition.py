@@ -106,14 +106,14 @@ def metrics_app(registry: CollectorRegistry) -> Callable[..., Any]:
     (``gzip_accepted``; here any ``Accept-Encoding`` naming gzip). The server class and the
     silent request handler are prometheus_client's own (those of its ``start_wsgi_server``).
     """
-    fallback = make_wsgi_app(registry)
+    fallback: Callable[..., Iterable[bytes]] = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: try /metrics\n"]
         if not isinstance(registry, AgentRegistry) or environ.get("QUERY_STRING"):
-            return fallback(environ, start_response)  # type: ignore[no-any-return]
+            return fallback(environ, start_response)
         gz = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
         body, ctype = registry.render(environ.get("HTTP_ACCEPT", ""), gz)
         headers = [("Content-Type", ctype), ("Content-Length", str(len(body)))]

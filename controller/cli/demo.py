@@ -32,7 +32,7 @@ from rich.console import Console
 
 from agent.procs import MARK
 from agent.tables import parse_seed
-from contract.records import MODEL_KEYS
+from contract.records import MODEL_KEYS, ResultRow
 from controller import service
 from controller.cli.live import PROGRESS_INTERVAL, follow, follow_and_judge, print_launched
 from controller.command import fleetctl
@@ -399,7 +399,7 @@ def wait_for_heartbeats(settings: ControllerSettings, workers: list[Worker], tim
         time.sleep(0.2)
 
 
-def reference_rows() -> list:  # type: ignore[type-arg]
+def reference_rows() -> list[ResultRow]:
     """The reference tables the simulated release reproduces, as baseline rows."""
     return [r for rows in parse_seed(REFERENCE.read_text(encoding="utf-8"), str(REFERENCE)).values() for r in rows]
 

@@ -20,7 +20,6 @@ from typing import Protocol
 
 from contract.files import write_atomic
 from contract.records import RunProgress
-from controller.fleet.power import HistoryLike
 from controller.fleet.runs import module_failed, refusal
 from controller.inventory import Module
 from controller.remote import console
@@ -38,6 +37,13 @@ FRESH = 3600.0
 CONSOLE_EVENT = "serial console"
 # a console first read at the failure (a controller started since): what it holds, this long
 CONSOLE_WAIT = 2.0
+
+
+class RunEvents(Protocol):
+    """What the kernel logs use of the history (:class:`controller.fleet.power.HistoryLike`): a run's events."""
+
+    def events(self, run_id: str) -> list[tuple[str, float, str]]: ...
+    def add_event(self, run_id: str, module: str, message: str) -> None: ...
 
 
 class Capture(Protocol):
@@ -115,7 +121,7 @@ class KernelLogs:
             self._captures[m] = self.acquire(address)
         return self._captures.get(m)
 
-    def _keep_console(self, history: HistoryLike, run_id: str, m: str, why: str, folder: Path) -> None:
+    def _keep_console(self, history: RunEvents, run_id: str, m: str, why: str, folder: Path) -> None:
         cap = self._capture(m)
         if cap is None:
             return
@@ -128,7 +134,7 @@ class KernelLogs:
             return
         history.add_event(run_id, m, f"{CONSOLE_EVENT} kept ({why}): {folder / 'console.log'}")
 
-    def after_pass(self, history: HistoryLike, run_id: str, known: Mapping[str, RunProgress | None],
+    def after_pass(self, history: RunEvents, run_id: str, known: Mapping[str, RunProgress | None],
                    beats_at: Mapping[str, float | None], now: float) -> list[str]:
         """Keep the logs of the run's modules that call for it and have none kept yet; the modules done."""
         # consoles read from the first pass that sees the module at work in the run

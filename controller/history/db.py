@@ -192,13 +192,13 @@ class PostgresDatabase(Database):
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         with self._reached():
-            return self._conn().execute(_pg_sql(sql), params)  # type: ignore[no-any-return]
+            return self._conn().execute(_pg_sql(sql), params)
 
     def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> Cursor:
         with self._reached():
             cur = self._conn().cursor()
             cur.executemany(_pg_sql(sql), params)
-            return cur  # type: ignore[no-any-return]
+            return cur
 
     def executescript(self, sql: str) -> None:
         with self._reached():

@@ -232,7 +232,7 @@ def migrate(db: PostgresDatabase) -> int:
         for version, ddl in MIGRATIONS:
             if version > have:
                 with db.raw.transaction():
-                    db.raw.execute(ddl)  # type: ignore[call-overload]  # the history's own DDL
+                    db.raw.execute(ddl)
                     db.raw.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
                 have = version
     finally:

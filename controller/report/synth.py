@@ -15,6 +15,7 @@ import pandas as pd
 
 from contract.records import METRICS, ResultRow
 from controller.report.analysis.paired import ABBA
+from controller.report.model import Arm
 
 SPEED_METRICS = ("prefill_tps", "decode_tps", "vision_fps")
 # an M1000 module's power while decoding, W (the simulated mthreads-gmi's decode phase: simulator/device/)
@@ -102,7 +103,7 @@ def planted_series(seed: int, *, n: int = 30, shift: float = 0.0, at: int | None
 
 def paired_fleet(reference: pd.DataFrame, *, modules: int = 4, rounds: int = 1, noise: float = 0.02,
                  drift: float = 0.03, trend: float = 0.01, regress: Mapping[tuple[str, str], float] | None = None,
-                 seed: int = 0) -> tuple[pd.DataFrame, list[tuple[str, str, int]]]:
+                 seed: int = 0) -> tuple[pd.DataFrame, list[tuple[str, Arm, int]]]:
     """Result rows of a paired comparison on one simulated fleet: ``rounds`` rounds of A B B A, release B with
     ``regress`` (as :func:`fleet`). Each module drifts: a speed factor per (module, round) of relative standard
     deviation ``drift``, and within a round a steady trend of ``trend`` per run (a factor ``(1 + trend)`` each run:

@@ -79,7 +79,7 @@ def create_app(settings: ControllerSettings, tokens: Tokens, frames: FrameCache 
     if health is not None:
         add_health(app, health, PREFIX)
     # the token and the body's size, checked before the body is read (each route's role check stays, for the schema)
-    app.add_middleware(Guard, check_token=tokens.check, protected=_protected,  # type: ignore[arg-type]
+    app.add_middleware(Guard, check_token=tokens.check, protected=_protected,
                        max_body=MAX_BODY_BYTES)
     add_error_handlers(app)
     for router in ROUTERS:

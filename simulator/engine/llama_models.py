@@ -245,7 +245,7 @@ def convert(src: Path, checkpoint: Path, out: Path, *, mmproj: bool = False, out
     from conversion.base import TextModel
 
     for arch in ("Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM"):
-        conversion.get_model_class(arch).set_vocab = TextModel._set_vocab_sentencepiece  # type: ignore[method-assign]
+        conversion.get_model_class(arch).set_vocab = TextModel._set_vocab_sentencepiece
     argv = [str(script), str(checkpoint), "--outfile", str(out), "--outtype", outtype,
             *(["--mmproj"] if mmproj else [])]
     old = sys.argv

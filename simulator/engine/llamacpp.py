@@ -32,6 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "requirements-llama.lock"
@@ -158,7 +159,7 @@ def unpack(pin: Pin, p: Paths) -> Path:
     return p.src
 
 
-def build(pin: Pin, p: Paths, *, jobs: int, cuda: bool = False, log=sys.stderr) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def build(pin: Pin, p: Paths, *, jobs: int, cuda: bool = False, log: TextIO = sys.stderr) -> dict[str, object]:
     """llama-server built into ``p.server`` unless a build of this source is already there."""
     if p.stamp.exists() and p.server.exists():
         return dict(json.loads(p.stamp.read_text(encoding="utf-8")), cached=True)
@@ -215,7 +216,7 @@ def build_in_progress(p: Paths) -> bool:
     return pid is not None and pid_alive(pid)
 
 
-def claim_build(p: Paths, log) -> Path:  # type: ignore[no-untyped-def]
+def claim_build(p: Paths, log: TextIO) -> Path:
     """The build marker written with this process's pid (tests wait for a build in progress: wait_built).
 
     A marker naming a live process is another build of this source: refused, never two ninjas in one folder.

@@ -54,7 +54,7 @@ SIZES: dict[str, EngineModelSize] = {
 }
 
 
-def _tokenizer(vocab: int, max_len: int):  # type: ignore[no-untyped-def]
+def _tokenizer(vocab: int, max_len: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

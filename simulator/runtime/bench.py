@@ -323,7 +323,7 @@ class Bench(NamedTuple):
 
     @property
     def kc(self) -> dict[str, Any]:
-        return self.cfg["keys"][self.key]  # type: ignore[no-any-return]
+        return self.cfg["keys"][self.key]
 
     def table(self, kind: str) -> dict[str, Any]:
         return next(t for t in self.kc["tables"] if t["kind"] == kind)
@@ -572,7 +572,7 @@ def _check_server(key: str, cfg: dict[str, Any], target: Target) -> dict[str, An
         raise BenchError(f"the server at {target.url} serves {sim.get('model_key')} "
                          f"({info.get('model_path')}), not MODEL_KEY={key}: start scripts/ci/musa/{start}"
                          + (" with the MTP variables" if cfg["keys"][key]["mtp"] else ""))
-    return info  # type: ignore[no-any-return]
+    return info
 
 
 def _results_dir(env: dict[str, str] | Any) -> str:

@@ -502,7 +502,7 @@ def gsm8k_prompt_ids(index: int, length: int) -> list[int]:
 
 
 def prompt_hash(ids: list[int]) -> str:
-    return hash_new("sha256", ",".join(map(str, ids)).encode()).hexdigest()[:20]  # type: ignore[no-any-return]
+    return hash_new("sha256", ",".join(map(str, ids)).encode()).hexdigest()[:20]
 
 
 def word_ids(text: str) -> list[int]:

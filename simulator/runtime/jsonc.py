@@ -93,7 +93,7 @@ def dumps(obj: Any, *, indent: int | None = None, separators: tuple[str, str] | 
     item, key = separators or ((", ", ": ") if indent is None else (",", ": "))
     if indent is None:
         if isinstance(obj, str):
-            return _str(obj)  # type: ignore[no-any-return]
+            return _str(obj)
         return "".join(_make_encoder({}, _fail, _str, None, key, item, False, False, True)(obj, 0))
     leaf = _make_encoder({}, _fail, _str, None, key, item, False, False, True)
     out: list[str] = []
@@ -136,7 +136,7 @@ def _pretty(obj: Any, level: int, indent: str, item: str, key: str, leaf: Any, s
 def _key(k: Any, leaf: Any) -> str:
     """A dict key as json writes it: strings as such, numbers, booleans and None as their JSON text in quotes."""
     if isinstance(k, str):
-        return _str(k)  # type: ignore[no-any-return]
+        return _str(k)
     if isinstance(k, (bool, int, float)) or k is None:
-        return _str("".join(leaf(k, 0)))  # type: ignore[no-any-return]
+        return _str("".join(leaf(k, 0)))
     raise TypeError(f"keys must be str, int, float, bool or None, not {k.__class__.__name__}")

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-class _Record(tuple):  # type: ignore[type-arg]
+class _Record(tuple):
     __slots__ = ()
     _fields: tuple[str, ...] = ()
     _field_defaults: dict[str, Any] = {}

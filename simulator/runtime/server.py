@@ -240,7 +240,7 @@ def _max_tokens(body: dict[str, Any]) -> int:
 class Headers(dict[str, str]):
     """Request header fields by lower-case name."""
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         return super().get(name.lower(), default)
 
 

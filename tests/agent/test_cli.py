@@ -109,5 +109,6 @@ def test_sigint_cancels_and_kills_every_process(tmp_path, release, model_root):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
     p = store.progress("c1")
+    assert p is not None
     assert p.state.value == "cancelled" and [o.status for o in p.outcomes] == ["cancelled", "cancelled"]
     assert store.current_run() is None and store.last_run() == "c1"

@@ -157,7 +157,8 @@ def test_a_daemon_of_the_release_ends_when_its_run_is_cancelled(tmp_path, daemon
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
-    assert store.progress("c1").state.value == "cancelled"
+    cancelled = store.progress("c1")
+    assert cancelled is not None and cancelled.state.value == "cancelled"
     assert not any(alive(p) for p in squatters(record)), "the release's daemon outlived the cancel"
     again = _run(daemon, model_root, work, "c2", port, record)
     assert again.returncode == 0, again.stderr
@@ -194,8 +195,8 @@ def test_a_leftover_of_a_killed_agent_holding_the_port_is_freed(tmp_path, daemon
     proc = subprocess.Popen(_cmd(daemon, model_root, work, "k1", port, "--key-env", "qwen3:FAKE_BENCH_MODE=hang"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(record), cwd=ROOT)
     store = RunStore(work)
-    wait_for(lambda: (work / "runs" / "k1" / "progress.json").exists() and store.progress("k1").step == "benchmark",
-          60, "the benchmark", interval=0.1)
+    wait_for(lambda: (p := store.progress("k1")) is not None and p.step == "benchmark", 60, "the benchmark",
+             interval=0.1)
     wait_for(lambda: squatters(record), 10, "the daemon", interval=0.1)
     proc.kill()
     proc.communicate(timeout=30)

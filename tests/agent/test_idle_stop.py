@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from controller.cli.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
 from controller.settings import ControllerSettings
@@ -23,8 +24,8 @@ from tests.support.redis_server import running_redis
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 
-def brpops(client: object) -> int:
-    stats = client.info("commandstats")  # type: ignore[attr-defined]
+def brpops(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
     return int(stats.get("cmdstat_brpop", {}).get("calls", 0))
 
 
@@ -36,8 +37,6 @@ def agent_connections(pid: int, port: int) -> int:
 
 def test_an_idle_agent_stops_within_1_5_s_of_sigterm_and_polls_every_5_s(
         tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    import redis
-
     with running_redis(tmp_path_factory) as server:
         settings = ControllerSettings(broker_url=server.url, data_dir=tmp_path / "fleet",
                                       inventory=tmp_path / "inventory.toml", history=tmp_path / "h.sqlite",

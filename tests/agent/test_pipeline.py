@@ -14,15 +14,21 @@ from agent.executor import EventCancelToken
 from agent.pipeline import run_pipeline
 from agent.store import RunStore
 from agent.tables import parse_seed
-from contract.records import RunState
+from contract.records import RunProgress, RunState, StepError
 from tests.support.tmpfs import mounted_tmpfs
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftovers")]
 
 
+def _err(e: StepError | None) -> StepError:
+    """The error a failed run or key carries: the test expects one."""
+    assert e is not None
+    return e
+
+
 def test_two_keys_pass_with_seed_figures(make_config, make_request, record_dir, seed_text):
     cfg = make_config()
-    seen = []
+    seen: list[RunProgress] = []
     result = run_pipeline(make_request(("qwen3", "qwen35_mtp")), cfg, on_progress=seen.append)
     assert result.ok, result.progress.error
     assert result.progress.state == RunState.DONE
@@ -100,7 +106,8 @@ def test_second_run_skips_precompile(make_config, make_request, release):
     assert "already verified and unpacked" in fetch["b"]["message"]
     # another digest for the same 16 digits is hashed, and refused
     bad = run_pipeline(make_request(run_id="d", sha256=release.sha256[:16] + "0" * 48), cfg)
-    assert bad.progress.error.step == "fetch" and "sha256 mismatch" in bad.progress.error.message
+    refused = _err(bad.progress.error)
+    assert refused.step == "fetch" and "sha256 mismatch" in refused.message
     # a different model set is a different precompile
     third = run_pipeline(make_request(("qwen3", "qwen3vl"), run_id="c"), cfg)
     assert third.ok and third.progress.precompile_cached is False
@@ -152,7 +159,7 @@ def test_each_key_fault_is_its_own_error_and_the_others_run(make_config, make_re
     assert out["qwen35_mtp"].status == "passed" and out["qwen35_mtp"].rows == 15
     for key in faults:
         assert out[key].status == "failed", key
-    e = {k: out[k].error for k in faults}
+    e = {k: _err(out[k].error) for k in faults}
     assert e["qwen3"].step == "server" and e["qwen3"].exit_code == 5 and "cannot load model" in e["qwen3"].stderr_tail
     assert e["qwen35"].step == "server" and "not ready after 2 s" in e["qwen35"].message
     assert e["qwen35_fq"].step == "benchmark" and "server exited during the benchmark" in e["qwen35_fq"].message
@@ -171,7 +178,8 @@ def test_rerun_of_same_run_id_resumes_without_duplicates(make_config, make_reque
     first = run_pipeline(make_request(keys, key_env={"qwen35": {"FAKE_BENCH_MODE": "exit1"}}), cfg)
     out = {o.model_key: o.status for o in first.progress.outcomes}
     assert out == {"qwen3": "passed", "qwen35": "failed", "qwen3vl": "passed"}
-    assert first.progress.outcomes[1].error.one_line() == "benchmark[qwen35] (exit 1): benchmark exited with code 1"
+    failed = _err(first.progress.outcomes[1].error)
+    assert failed.one_line() == "benchmark[qwen35] (exit 1): benchmark exited with code 1"
     assert len(first.rows) == 11 + 11 + 18  # the failed key's rows are kept, flagged by its outcome
     second = run_pipeline(make_request(keys), cfg)
     assert second.ok and second.progress.attempt == 2
@@ -187,18 +195,20 @@ def test_missing_folder_and_unknown_key_fail_alone(make_config, make_request, mo
     result = run_pipeline(make_request(("qwen3vl", "nope", "qwen3")), make_config())
     out = {o.model_key: o for o in result.progress.outcomes}
     assert out["qwen3"].status == "passed"
-    assert out["qwen3vl"].error.step == "configure" and "Qwen3-VL-8B not found" in out["qwen3vl"].error.message
-    assert "unknown model key 'nope'" in out["nope"].error.message
+    missing = _err(out["qwen3vl"].error)
+    assert missing.step == "configure" and "Qwen3-VL-8B not found" in missing.message
+    assert "unknown model key 'nope'" in _err(out["nope"].error).message
 
 
 def test_release_wide_failures_end_the_run(make_config, make_request):
     bad = run_pipeline(make_request(sha256="0" * 64), make_config())
-    assert bad.progress.state == RunState.FAILED and bad.progress.error.step == "fetch"
-    assert "sha256 mismatch" in bad.progress.error.message
+    refused = _err(bad.progress.error)
+    assert bad.progress.state == RunState.FAILED and refused.step == "fetch"
+    assert "sha256 mismatch" in refused.message
     assert bad.progress.outcomes[0].status == "skipped"
     cfg = make_config(env={"FAKE_FAIL_GENERATE": "1"})
     gen = run_pipeline(make_request(run_id="g"), cfg)
-    err = gen.progress.error
+    err = _err(gen.progress.error)
     assert gen.progress.state == RunState.FAILED and (err.step, err.exit_code) == ("generate", 7)
     assert "boom" in err.stderr_tail
 
@@ -213,7 +223,7 @@ def test_a_full_disk_during_precompile_is_named_in_the_failure_line(make_config,
     """The 1 MiB tmpfs fills for real under the precompile's 4 MiB of kernels: the failure line says why (issue 48
     item 7), not only "exited with code 1"."""
     result = run_pipeline(make_request(), make_config(env={"FAKE_PRECOMPILE_OUT": str(small_disk)}))
-    err = result.progress.error
+    err = _err(result.progress.error)
     assert result.progress.state == RunState.FAILED and err.step == "precompile"
     assert err.message.startswith("precompile exited with code 1: no space left on device: ")
     assert "No space left on device" in err.message and "\n" not in err.message
@@ -236,7 +246,8 @@ def test_precompile_timeout_kills_it_and_leaves_no_marker(make_config, make_requ
     t0 = time.monotonic()
     result = run_pipeline(make_request(), cfg)
     assert time.monotonic() - t0 < 20
-    assert result.progress.error.step == "precompile" and "timed out after 1 s" in result.progress.error.message
+    err = _err(result.progress.error)
+    assert err.step == "precompile" and "timed out after 1 s" in err.message
     assert not list((cfg.workdir / "cache" / "precompile").glob("*.done"))
 
 
@@ -267,7 +278,7 @@ def test_cancel_before_start_and_a_broken_listener(make_config, make_request):
         raise RuntimeError("listener bug")
 
     result = run_pipeline(make_request(), make_config(), cancel=token, on_progress=boom)
-    assert result.progress.state == RunState.CANCELLED and result.progress.error.step == "fetch"
+    assert result.progress.state == RunState.CANCELLED and _err(result.progress.error).step == "fetch"
 
 
 def test_server_ignoring_sigterm_is_killed(make_config, make_request):

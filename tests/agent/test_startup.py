@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.startup import with_startup
-from contract.records import ResultRow
+from contract.records import PrecompileSource, ResultRow
 
 
 def _rows() -> list[ResultRow]:
@@ -24,9 +24,9 @@ def test_a_compiled_precompile_is_a_compile_on_every_release_row() -> None:
 
 @pytest.mark.parametrize(("source", "compiled", "fetched"), [("fetched", None, 4.5), ("cached", None, None),
                                                               (None, None, None)])
-def test_a_fetched_or_cached_precompile_is_never_a_compile(source: str | None, compiled: float | None,
+def test_a_fetched_or_cached_precompile_is_never_a_compile(source: PrecompileSource | None, compiled: float | None,
                                                            fetched: float | None) -> None:
-    rel, _ = with_startup(_rows(), server_ready_s=1.5, warmup_s=None, precompile_source=source,  # type: ignore[arg-type]
+    rel, _ = with_startup(_rows(), server_ready_s=1.5, warmup_s=None, precompile_source=source,
                           precompile_s=4.5)
     assert (rel.precompile_s, rel.precompile_fetch_s, rel.precompile_source, rel.warmup_s) == (
         compiled, fetched, source, None)

@@ -105,8 +105,9 @@ def test_store_progress_events_state_and_logs(tmp_path):
     store.add_event("x", step="fetch", status="ok", duration_s=1.23456, exit_code=None)
     store.set_state(current_run="x", last_run=None)
     assert store.runs() == ["x"] and store.current_run() == "x"
-    assert store.progress("x").state == RunState.BENCHMARKING
-    assert store.request("x").models == ("qwen3",)
+    progress, request = store.progress("x"), store.request("x")
+    assert progress is not None and progress.state == RunState.BENCHMARKING
+    assert request is not None and request.models == ("qwen3",)
     ev = store.events("x")[0]
     assert set(ev) == {"ts", "step", "model_key", "status", "duration_s", "exit_code", "message"}
     assert ev["duration_s"] == 1.235

@@ -70,6 +70,7 @@ def test_every_page_route_answers_each_role_as_declared(pages):
 
     seen = 0
     for route in api_routes(app.routes):  # its included routers' routes, as included
+        assert route.path is not None, route  # an API route has one
         if not route.path.startswith(PAGES) or route.path in PUBLIC_PAGES:
             continue
         (check,) = {x.role: x for x in page_roles(route)}.values()

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.routing import RouteContext
 from starlette.routing import Mount, Route
 
 from controller.history import History
@@ -54,7 +55,7 @@ def app_client(controller: ControllerSettings, tmp_path: Path) -> Iterator:
         yield app, c
 
 
-def walked(app) -> Iterator[tuple[str, str, object]]:
+def walked(app) -> Iterator[tuple[str, str, RouteContext]]:
     """(method, path, route) of every route of the app, its included routers' as included."""
     from fastapi.routing import iter_route_contexts
 
@@ -205,7 +206,9 @@ def test_runs_and_cancels_record_the_tokens_user(app_client, controller):
             ("m1", "cancel requested by tom")]
         assert [(m, msg) for m, _, msg in h.events(OTHERS)] == [(f"m{i:02d}", "cancel requested by ada")
                                                                 for i in range(6)]
-        assert h.run("run-a").started_by == "tom" and h.run("baseline:1.4.1:v1").started_by == ""
+        owned, baseline = h.run("run-a"), h.run("baseline:1.4.1:v1")
+        assert owned is not None and baseline is not None
+        assert owned.started_by == "tom" and baseline.started_by == ""
     finally:
         h.close()
 

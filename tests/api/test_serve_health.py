@@ -68,7 +68,7 @@ def test_until_reached_retries_with_growing_waits_names_each_part_once_and_says_
         waits.append(timeout or 0.0)
         return False
 
-    stop.wait = wait  # type: ignore[method-assign]
+    stop.wait = wait  # type: ignore[method-assign]  # this event's waits recorded
 
     def attempt() -> None:
         exc = outcomes.pop(0)
@@ -76,7 +76,7 @@ def test_until_reached_retries_with_growing_waits_names_each_part_once_and_says_
             raise exc
 
     assert until_reached(attempt, h, stop, said.append) is True
-    stop.wait = real_wait  # type: ignore[method-assign]
+    stop.wait = real_wait  # type: ignore[method-assign]  # and given back
     assert len(waits) == 3 and waits[0] < waits[2]  # backoff: 0.5 s +- jitter, then longer
     assert [s.split(" ", 2)[:2] for s in said[:2]] == [["run", "history"], ["broker", "unreachable"]]
     assert said[-1].startswith("broker reachable again after") and not h.degraded()

@@ -74,7 +74,7 @@ def test_a_missing_release_b_is_refused_before_release_a_runs(env, capsys) -> No
 def test_the_verdict_line_names_the_regression_with_its_interval_and_the_detectable_change(seed_rows) -> None:
     ref = rows_frame(seed_rows)
     rows, runs = paired_fleet(ref, modules=4, rounds=1, noise=0.0, regress={("qwen35", "decode_tps"): 0.02})
-    rep = paired_compare(rows, [PairedRun(run_id=r, arm=a, round=n) for r, a, n in runs],  # type: ignore[arg-type]
+    rep = paired_compare(rows, [PairedRun(run_id=r, arm=a, round=n) for r, a, n in runs],
                          release_a="1.4.1", release_b="1.4.2")
     (reg,) = rep.regressions
     assert paired_verdict_line(rep) == (

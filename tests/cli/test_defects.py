@@ -76,7 +76,7 @@ def _errors() -> list[Exception]:
         n: int
 
     try:
-        M(n="x")  # type: ignore[arg-type]
+        M(n="x")  # type: ignore[arg-type]  # the bad value is the point
     except Exception as exc:  # the very error pydantic raises
         validation = exc
     return [ReportError("report went wrong"), PushError("push went wrong"), DeployError("deploy went wrong"),

@@ -23,7 +23,8 @@ def test_runs_and_cancels_record_the_local_user(env, capsys, monkeypatch):
     assert code == 0, err
     h = History(env / "history.sqlite")
     try:
-        assert h.run("carols").started_by == "carol"  # resumed by dave: still carol's
+        carols = h.run("carols")
+        assert carols is not None and carols.started_by == "carol"  # resumed by dave: still carol's
         assert [(m, msg) for m, _, msg in h.events("carols") if msg.startswith("cancel")] == [
             ("m1", "cancel requested by dave")]
         retried = [r for r in h.runs() if r.run_id != "carols"]

@@ -5,6 +5,7 @@ the folder's contents is touched."""
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 from controller.history import History
 from controller.service import Session
@@ -15,7 +16,7 @@ def digest(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()
 
 
-def staged(env, name: str) -> object:
+def staged(env: Path, name: str) -> Path:
     d = env / "fleet" / "releases" / digest(name)
     d.mkdir(parents=True)
     (d / TARBALL).write_bytes(b"a release")

@@ -6,6 +6,7 @@ validation from a verb named check."""
 from __future__ import annotations
 
 import typer.main
+from typer.core import TyperGroup
 
 from tests.support.cli import one_line, run_main
 
@@ -16,7 +17,9 @@ def test_golden_is_its_own_verb_and_devices_check_no_longer_shows_it(env, capsys
     from controller.cli.app import build_app
 
     group = typer.main.get_group(build_app())
-    check = group.commands["devices"].commands["check"]  # type: ignore[attr-defined]
+    devices = group.commands["devices"]
+    assert isinstance(devices, TyperGroup)
+    check = devices.commands["check"]
     shown = {o for p in check.params if not getattr(p, "hidden", False) for o in p.opts}
     assert "--golden" not in shown and "--tolerance" not in shown and "--models" not in shown
     assert {o for p in group.commands["golden"].params for o in p.opts} >= {"--devices", "--models", "--tolerance"}

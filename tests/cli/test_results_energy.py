@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from contract.energy import EnergyWindow
 from contract.records import ResultRow
@@ -14,9 +15,9 @@ WINDOW = EnergyWindow(source="samples", start=10.0, end=20.0, window_s=10.0, sam
                       coverage=1.0, max_gap_s=1.0, output_tokens=200, idle_samples=5)
 
 
-def _row(module: str, profile: str, **kw: object) -> ResultRow:
+def _row(module: str, profile: str, **kw: Any) -> ResultRow:
     return ResultRow(run_id="run-e", module=module, model_key="qwen3", table="sweep", profile=profile,
-                     model="Qwen3", decode_tps=24.5, output_tokens=100, **kw)  # type: ignore[arg-type]
+                     model="Qwen3", decode_tps=24.5, output_tokens=100, **kw)
 
 
 def test_results_energy_lists_each_window_once(env: Path, capsys) -> None:

@@ -178,7 +178,8 @@ def test_retry_makes_a_new_run_of_the_same_release(env, capsys):
     assert code == 2 and "no module failed" in one_line(err)
     code, out, err = run_main(capsys, "retry", new, "--failed-only", "--detach")  # m1 failed: offline, no agent
     assert code == 0, err
-    assert h.run(out.strip().splitlines()[-1]).modules == ("m1",)
+    retried = h.run(out.strip().splitlines()[-1])
+    assert retried is not None and retried.modules == ("m1",)
 
 
 def test_exit_codes_are_documented():

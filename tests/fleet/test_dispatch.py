@@ -77,7 +77,8 @@ def test_module_offline_at_dispatch_fails_fast(shared_lab, release):
     assert "verdict: incomplete" in r.stdout and "refused at dispatch: sim-03 module offline: " in r.stdout, r.stdout
     h = History(lab.settings.history_path)
     prog = h.progress(h.runs()[0].run_id)
-    assert prog["sim-03"].state == RunState.FAILED and prog["sim-03"].error.step == "refused"
+    refused = prog["sim-03"].error
+    assert prog["sim-03"].state == RunState.FAILED and refused is not None and refused.step == "refused"
     assert prog["sim-01"].state == RunState.DONE and prog["sim-02"].state == RunState.DONE
     assert time.monotonic() - t0 < 60
 
@@ -124,8 +125,10 @@ def test_agent_killed_mid_run_is_failed_within_seconds(lab_factory, slow_release
     # and reports it failed, which the controller accepts in place of its own "lost"
     lab.start(["sim-02"])
     assert wait_for(lambda: leftovers(lab) == [], 10, "orphans reaped")
-    wait_for(lambda: fleet.sync(run_id).progress["sim-02"].state == RunState.FAILED, 10, "the late failed state")
-    assert "agent lost" in fleet.sync(run_id).progress["sim-02"].error.message
+    wait_for(lambda: (p := fleet.sync(run_id).progress["sim-02"]) is not None and p.state == RunState.FAILED, 10,
+             "the late failed state")
+    late = fleet.sync(run_id).progress["sim-02"]
+    assert late is not None and late.error is not None and "agent lost" in late.error.message
     assert any("late failed state accepted" in e[2] for e in h.events(run_id))
 
 
@@ -157,7 +160,8 @@ def test_results_reach_history_without_cli(shared_lab, release):
     # nobody attached: the controller's collector pass picks the results up from the broker
     wait_for(lambda: lab.fleetctl("serve", "--once").returncode == 0
              and History(lab.settings.history_path).row_count(run_id) == 11, 60, "serve to collect the rows")
-    assert History(lab.settings.history_path).run(run_id).state == "done"
+    info = History(lab.settings.history_path).run(run_id)
+    assert info is not None and info.state == "done"
 
 
 def test_restart_mid_run_loses_nothing(shared_lab, slow_release, broker):

@@ -3,6 +3,8 @@ inventory's power entry and the pdudaemon request it makes (controller.fleet.pow
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from controller.fleet.power import (
@@ -21,8 +23,8 @@ POLICY = PowerPolicy(cycle_after=240.0, per_run=1, per_hour=3)
 ENTRY = PowerEntry(pdudaemon="http://pdu:16421", pdu="rack-a", port="3")
 
 
-def part(**kw: object) -> PartPower:
-    return PartPower(**{"module": "sim-03", "ended": False, "silent": 250.0, "beat_at": 1000.0, **kw})  # type: ignore[arg-type]
+def part(**kw: Any) -> PartPower:
+    return PartPower(**{"module": "sim-03", "ended": False, "silent": 250.0, "beat_at": 1000.0, **kw})
 
 
 def test_silent_past_cycle_after_is_cycled_once_then_waits_for_its_heartbeat():

@@ -44,8 +44,11 @@ def test_capture_keeps_what_the_console_printed_before_the_hang(tmp_path, accept
         cap = ConsoleCapture(con.address, lines=200, retry=0.2).start()
         try:
             # connected is not yet read: ser2net opens the line after it accepts (printed before: lost 1 run in 4)
-            wait_for(lambda: con.print("[     0.000000] console up") or "console up" in cap.text(), 10,
-                     "a first line read through ser2net")
+            def printed_and_read() -> bool:
+                con.print("[     0.000000] console up")
+                return "console up" in cap.text()
+
+            wait_for(printed_and_read, 10, "a first line read through ser2net")
             con.print(*(f"[{i:6d}.000000] m1000 0000:01:00.0: step {i}" for i in range(300)), HUNG)
             wait_for(lambda: HUNG in cap.text(), 10, "the hang's line read")
             text = cap.text()
@@ -93,9 +96,9 @@ def test_console_that_does_not_answer_is_one_line_and_the_pass_does_not_wait(tmp
     msgs = [m for _, _, m in h.kept]
     assert msgs[0].startswith("serial console kept (lost): ") and msgs[0].endswith("/r1/sim-01/console.log")
     assert msgs[1].startswith("kernel log not kept (lost): sim-01: ssh: connect to host")
-    ((m, why, logs, command),) = failed_parts(h.kept, "r1")
+    ((m, why, kept, command),) = failed_parts(h.kept, "r1")
     assert (m, why, command) == ("sim-01", "lost", "fleetctl logs r1 --module sim-01 --kernel")
-    assert logs[0] == "serial console kept" and logs[1].startswith("kernel log not kept (sim-01: ssh: connect to")
+    assert kept[0] == "serial console kept" and kept[1].startswith("kernel log not kept (sim-01: ssh: connect to")
 
 
 def test_console_entry_is_host_and_port():

@@ -20,9 +20,9 @@ from controller.history import VERDICT_EVENT, History, HistoryError, copy_histor
 from controller.settings import ControllerSettings
 
 
-def _row(run: str, module: str, key: str, profile: str, tps: float, **more: object) -> ResultRow:
+def _row(run: str, module: str, key: str, profile: str, tps: float, **more: Any) -> ResultRow:
     return ResultRow(run_id=run, module=module, release="1.0", model_key=key, table="sweep", profile=profile,
-                     model="m", decode_tps=tps, prefill_len=128, **more)  # type: ignore[arg-type]
+                     model="m", decode_tps=tps, prefill_len=128, **more)
 
 
 def _source(path: Path) -> History:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -23,9 +24,9 @@ from controller.history import (
 )
 
 
-def _row(run: str, module: str, key: str, profile: str, tps: float, **more: object) -> ResultRow:
+def _row(run: str, module: str, key: str, profile: str, tps: float, **more: Any) -> ResultRow:
     return ResultRow(run_id=run, module=module, release="1.0", model_key=key, table="sweep", profile=profile,
-                     model="m", decode_tps=tps, prefill_len=128, **more)  # type: ignore[arg-type]
+                     model="m", decode_tps=tps, prefill_len=128, **more)
 
 
 def test_runs_are_recorded_once_and_found_by_prefix(history: History) -> None:

@@ -6,6 +6,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -34,9 +35,9 @@ def history(tmp_path: Path, seed_text: str) -> Iterator[History]:
     h.close()
 
 
-def collector(h: History, **kw: object) -> ControllerCollector:
+def collector(h: History, **kw: Any) -> ControllerCollector:
     return ControllerCollector(h, lambda: {"m-a": "busy", "m-b": "idle", "m-c": "offline"},
-                               lambda: {"module.m-a": {"urgent": 0, "low": 1}, "module.m-b": {"low": 0}}, **kw)  # type: ignore[arg-type]
+                               lambda: {"module.m-a": {"urgent": 0, "low": 1}, "module.m-b": {"low": 0}}, **kw)
 
 
 def sample(c: ControllerCollector, name: str, labels: dict[str, str]) -> float | None:

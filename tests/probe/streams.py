@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from agent.probe.measure import Exchange
+from agent.probe.records import ErrorKind
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "h200"
 
@@ -36,11 +38,11 @@ def text(t: str, *, tokens: int | None = None, finish: str | None = None) -> byt
     return event(obj)
 
 
-def exchange(reads: list[tuple[float, bytes]], end_ms: float, status: int = 200, error: str | None = None,
-             detail: str = "") -> Exchange:
+def exchange(reads: Sequence[tuple[float, bytes]], end_ms: float, status: int | None = 200,
+             error: ErrorKind | None = None, detail: str = "") -> Exchange:
     """An exchange whose reads arrive ``ms`` after the send instant."""
     return Exchange(status=status, reads=[(round(ms * 1e6), data) for ms, data in reads], end_ns=round(end_ms * 1e6),
-                    error=error, detail=detail)  # type: ignore[arg-type]
+                    error=error, detail=detail)
 
 
 def recorded() -> dict[str, list[bytes]]:

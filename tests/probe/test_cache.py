@@ -8,6 +8,7 @@ measures the cached prompt and says so.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -21,9 +22,9 @@ def _replay() -> list[bytes]:
     return [e.removeprefix(b"data: ").strip() for e in recorded()["completions"]]
 
 
-async def _runs(n: int, **kw: object) -> tuple[FakeServer, list]:
+async def _runs(n: int, **kw: Any) -> tuple[FakeServer, list]:
     async with FakeServer(prefix_cache=True, prefill_s=0.0004, replay=_replay(), gap_s=0.0005) as srv:
-        cfg = ProbeConfig(base_url=srv.url, profiles=("128:128",), requests=3, warmup=0, **kw)  # type: ignore[arg-type]
+        cfg = ProbeConfig(base_url=srv.url, profiles=("128:128",), requests=3, warmup=0, **kw)
         return srv, [await probe_async(cfg) for _ in range(n)]
 
 

@@ -33,7 +33,7 @@ def test_every_body_framing_gives_the_same_figures(framing):
                 await t.aclose()
             assert all(r.ok for r in results), results
             assert [r.output_tokens for r in results] == [3, 3, 3]
-            assert all(r.ttft_ms and r.ttft_ms < r.e2e_ms for r in results)  # type: ignore[operator]
+            assert all(r.ttft_ms and r.e2e_ms is not None and r.ttft_ms < r.e2e_ms for r in results)
             assert srv.connections == (3 if framing == "close" else 1)  # keep-alive unless the server closes
     run(go())
 
@@ -127,8 +127,10 @@ def test_text_by_default_the_servers_own_detokenized_text_else_words_and_the_mod
             assert detok[-1].body["tokens"] == [int(w[1:]) for w in prompts[-1].split()]
             (r,) = rep.results
             assert r.input_tokens == 10 and r.ok == 3
-            assert len(r.samples) == 3 and all(x.first_byte_ms is not None for x in r.samples)
-            assert all(0 < x.first_byte_ms <= x.ttft_ms <= x.e2e_ms for x in r.samples)  # type: ignore[operator]
+            assert len(r.samples) == 3
+            for x in r.samples:
+                assert x.first_byte_ms is not None and x.ttft_ms is not None and x.e2e_ms is not None
+                assert 0 < x.first_byte_ms <= x.ttft_ms <= x.e2e_ms
         async with FakeServer() as srv:  # no /detokenize (the simulator): one token per word, w<id>
             rep = await probe_async(ProbeConfig(base_url=srv.url, profiles=("4:4",), requests=1, warmup=0,
                                                 output_len=3))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -184,7 +185,8 @@ def test_stat_of_nothing_is_none_and_of_one_is_that_value():
     assert stat([]) is None
     s = stat([3.0])
     assert s is not None and (s.p50, s.p99, s.mean) == (3.0, 3.0, 3.0)
-    assert math.isclose(stat([1.0, 2.0, 3.0, 4.0]).p50, 2.5)
+    four = stat([1.0, 2.0, 3.0, 4.0])
+    assert four is not None and math.isclose(four.p50, 2.5)
 
 
 @pytest.mark.parametrize(("text_", "ok"), [("ttft_ms=500,tpot_ms=50", True), ("e2e_ms=1", True), ("foo=1", False),
@@ -212,8 +214,8 @@ def _merged(tokens_per_chunk: int) -> RequestResult:
 
 def test_accept_length_only_where_the_server_decodes_speculatively_tokens_per_chunk_always():
     merged = [_merged(2), _merged(2)]
-    kw = {"profile": "128:128", "prefill_len": 128, "input_len": 128, "output_len": 10, "api": "completions",
-          "load": LoadShape(), "duration_s": 1.0}
+    kw: dict[str, Any] = {"profile": "128:128", "prefill_len": 128, "input_len": 128, "output_len": 10,
+                          "api": "completions", "load": LoadShape(), "duration_s": 1.0}
     plain = summarise(merged, **kw, speculative=False)
     assert plain.accept_length is None and plain.tokens_per_chunk == pytest.approx(2.0)
     unknown = summarise(merged, **kw)

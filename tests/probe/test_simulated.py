@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,12 +38,12 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def validate(base: Path, built: simulator.BuiltRelease, keys: tuple[str, ...], run_id: str, *,
-             env: dict[str, str] | None = None, key_env: dict[str, dict[str, str]] | None = None, **cfg: object):
+             env: dict[str, str] | None = None, key_env: dict[str, dict[str, str]] | None = None, **cfg: Any):
     models = base / "models"
     if not models.exists():
         simulator.make_models(models)
     config = AgentConfig(module="sim-1", workdir=base / "work", server_port=free_port(), base_env=base_env(env),
-                         key_env=key_env or {}, ready_timeout=60, benchmark_timeout=300, **cfg)  # type: ignore[arg-type]
+                         key_env=key_env or {}, ready_timeout=60, benchmark_timeout=300, **cfg)
     req = RunRequest(run_id=run_id, module="sim-1", tarball=str(built.path), sha256=built.sha256,
                      release=built.version, models=keys, model_root=str(models))
     return run_pipeline(req, config), config
@@ -133,6 +134,7 @@ def test_bench_skew_is_flagged_in_fleetctl_report_and_nothing_is_without_it(tmp_
         assert skewed.ok and _flagged(skewed.rows) == {("qwen3", "128:128")}
         release = {r.model_key: r for r in skewed.rows if r.source == "release" and r.profile == "128:128"}
         seed_row = {r.profile: r for r in parse_seed(seed_text)["qwen3"]}["128:128"]
+        assert seed_row.ttft_ms is not None
         assert release["qwen3"].ttft_ms == pytest.approx(0.8 * seed_row.ttft_ms, rel=TOLERANCE)  # the lie
         for run_id, rows in (("skew", skewed.rows), ("clean-5", clean.rows)):
             history.create_run(run_id, release=built.version, models=keys, modules=("sim-1",), state="done")

@@ -141,5 +141,6 @@ def test_agent_metrics_count_disagreements_and_ignore_probe_figures(tmp_path: Pa
     assert reg.get_sample_value("m1000_result_rows", labels) == 11  # release rows only
     release_ttft = next(r.ttft_ms for r in rows if r.source == "release" and r.model_key == "qwen3"
                         and r.profile == "128:128")
+    assert release_ttft is not None
     assert reg.get_sample_value("m1000_result_ttft_seconds", {**labels, "profile": "128:128"}) == pytest.approx(
-        release_ttft / 1000)  # type: ignore[operator]
+        release_ttft / 1000)

@@ -61,7 +61,8 @@ def test_levels_double_until_the_slo_breaks_then_bisect_then_stop():
     assert next_level(levels, cfg, 0) == 14
     levels.append(_lv(14, False, 85))
     assert next_level(levels, cfg, 0) == "slo"  # 12 met, 14 broke: within 25 % of 12
-    assert capacity(levels).concurrency == 12
+    best = capacity(levels)
+    assert best is not None and best.concurrency == 12
     fine = cfg.model_copy(update={"resolution": 0.01})
     assert next_level(levels, fine, 0) == 13
 

@@ -57,7 +57,7 @@ def daemon_release(release: BuiltRelease, out: Path, record: Path) -> BuiltRelea
             f'"${{SERVER_PORT:-30000}}" {record} </dev/null >/dev/null 2>&1\n')
     with tarfile.open(release.path) as src, tarfile.open(path, "w:gz") as dst:
         for m in src.getmembers():
-            data = src.extractfile(m).read() if m.isfile() else None  # type: ignore[union-attr]
+            data = src.extractfile(m).read() if m.isfile() else None  # type: ignore[union-attr]  # a file: not None
             if m.name == f"{musa}/start_qwen3_server.sh":
                 assert data is not None
                 data = data.replace(b'MODEL="', line.encode() + b'MODEL="', 1)

@@ -133,7 +133,12 @@ def test_pdu_down_marks_the_module_once_and_the_run_ends_in_its_bound(bench_fact
         b.lab.start(sim_env={"sim-01": {"M1000_SIM_CONSOLE": str(con.line)}})
         entry = powered(b, f"http://127.0.0.1:{outlet.free_port()}", outlets,  # nothing listens there
                         console=con.address)
-        stack.callback(lambda: [h.close() for h in b.fleet.pass_hooks if isinstance(h, KernelLogs)])
+        def close_consoles() -> None:
+            for h in b.fleet.pass_hooks:
+                if isinstance(h, KernelLogs):
+                    h.close()
+
+        stack.callback(close_consoles)
         run_id = b.validate(release)
         b.on_key(run_id, "sim-01", KEYS[1])
         con.print(HUNG)

@@ -59,7 +59,7 @@ def upgrade(b: Bench, name: str) -> None:
     os.kill(w.proc.pid, signal.SIGTERM)
     w.proc.wait(timeout=20)
     b.lab.start([name], sim_env={name: QUICK_ENV})
-    wait_for(lambda: b.fleet.heartbeats([name])[name].schema_version == SCHEMA_VERSION, 30,  # type: ignore[union-attr]
+    wait_for(lambda: (hb := b.fleet.heartbeats([name])[name]) is not None and hb.schema_version == SCHEMA_VERSION, 30,
              f"{name}'s heartbeat of contract {SCHEMA_VERSION}")
 
 

@@ -192,7 +192,8 @@ def test_final_state_no_replica_acknowledged_stays_in_the_outbox(tmp_path):
                            keys_done=1, updated_at=now, finished_at=now)
         Publisher(kv, work, run_id, "sim-01", replicas=settings.replicas_to_wait(), wait_s=0.2).final(done)
         assert outbox_path(work, run_id).exists()  # on the master, but no replica has it: kept
-        assert kv.progress(run_id, ["sim-01"])["sim-01"].state == RunState.DONE
+        sent = kv.progress(run_id, ["sim-01"])["sim-01"]
+        assert sent is not None and sent.state == RunState.DONE
         assert flush_outbox(kv, work, 1, 0.2) == 0 and outbox_path(work, run_id).exists()
         replica.start()
         assert flush_outbox(kv, work, 1, 5.0) == 1 and not outbox_path(work, run_id).exists()

@@ -90,7 +90,7 @@ def test_postgres_sigkilled_and_restarted_under_serve_mid_run(pg: PostgresServer
                                       "--webhook-secret-file", str(secret)], env=env, stdout=out,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         procs.append(serve)
-        wait_port(api_port, serve)  # type: ignore[arg-type]
+        wait_port(api_port, serve)
         api = f"http://127.0.0.1:{api_port}"
         with (tmp_path / "validate.log").open("wb") as out:
             validate = subprocess.Popen([str(exe), "validate", str(release.path), "--models", KEYS],
@@ -187,7 +187,7 @@ def test_redis_sigkilled_and_restarted_under_serve(own_redis: RedisServer, tmp_p
                                   str(write_tokens(tmp_path / "tokens", TOKEN))], env=env, stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_port(api_port, serve)  # type: ignore[arg-type]
+        wait_port(api_port, serve)
         api = f"http://127.0.0.1:{api_port}"
         assert get(f"{api}/health", token=False)[0] == 200
         own_redis.kill()
@@ -227,7 +227,7 @@ def test_serve_started_while_postgres_is_down_waits_for_it(pg: PostgresServer, t
         time.sleep(2)
         assert serve.poll() is None, (tmp_path / "serve.log").read_text()
         pg.start()
-        wait_port(api_port, serve)  # type: ignore[arg-type]
+        wait_port(api_port, serve)
         assert get(f"http://127.0.0.1:{api_port}/health", token=False)[0] == 200
         log = (tmp_path / "serve.log").read_text()
         assert log.count("run history unreachable since") == 1 and "Traceback" not in log, log

@@ -190,7 +190,7 @@ def test_the_nile_example_of_the_docs_has_its_published_change_point(tmp_path: P
 
 def test_the_commands_defaults_are_the_detectors():
     s = DetectorSettings()
-    cmd = typer.main.get_command(_app(History(":memory:"))).commands["trend"]
+    cmd = typer.main.get_group(_app(History(":memory:"))).commands["trend"]
     defaults = {p.name: p.default for p in cmd.params}
     assert (defaults["min_magnitude"], defaults["max_pvalue"]) == (s.min_magnitude, s.max_pvalue)
 
@@ -238,8 +238,10 @@ def test_the_smallest_step_found_shrinks_with_more_releases_on_either_side(max_p
         for after in range(3, 101 - before):
             here = smallest_step(before + after, after, 0.01, s)
             assert here is not None
-            assert smallest_step(before + after + 1, after + 1, 0.01, s) < here, (before, after)
-            assert smallest_step(before + after + 1, after, 0.01, s) < here, (before, after)
+            longer_after = smallest_step(before + after + 1, after + 1, 0.01, s)
+            longer_before = smallest_step(before + after + 1, after, 0.01, s)
+            assert longer_after is not None and longer_after < here, (before, after)
+            assert longer_before is not None and longer_before < here, (before, after)
 
 
 def test_a_max_pvalue_far_below_the_old_resolution_is_honoured():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -366,8 +367,8 @@ def test_kept_frames_stay_within_their_bytes_the_least_recently_used_going_first
     assert small.bytes == 0
 
 
-def _report_text(history: History, run: str = "run-b", **kw: object) -> tuple[str, str]:
-    rep = build_report(history, run, **kw)  # type: ignore[arg-type]
+def _report_text(history: History, run: str = "run-b", **kw: Any) -> tuple[str, str]:
+    rep = build_report(history, run, **kw)
     return to_json(rep), to_markdown(rep)
 
 

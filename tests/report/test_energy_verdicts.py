@@ -50,6 +50,7 @@ def test_an_energy_regression_is_judged_as_a_speed_regression(reference, seed):
     (re_,), (rs,) = e.regressions, s.regressions
     assert re_.against == rs.against == "previous"
     assert (re_.n, rs.n) == (6, 11)  # energy over the 6 modules' windows, speed over the 11 profiles
+    assert re_.change is not None and rs.change is not None
     assert 0.05 < re_.change < 0.15 and -0.15 < rs.change < -0.05  # the same estimator, the same noise
     assert re_.related and re_.related[0].startswith("tokens_per_j -")  # the derived figure moved with it
 
@@ -114,6 +115,7 @@ def test_window_noise_on_identical_modules_names_no_energy_outlier_and_a_hot_one
     rep = analyse(hot, run_id="r1", baseline=reference, baseline_id="b")
     assert [(o.module, o.model_key) for o in rep.energy_outliers] == [("m02", FLEET)]
     (o,) = rep.energy_outliers
+    assert o.ci_low is not None and o.ci_high is not None
     assert o.cells == 7 and o.worst[0].profile == "window" and o.ci_low < o.factor < o.ci_high
     assert o.factor == pytest.approx(52 / 62, abs=0.05)
 

@@ -93,6 +93,6 @@ def test_markdown_summary_lists_profiles_in_numeric_order(two_keys):
 
 
 def test_the_probe_line_says_they_agree_not_none(two_keys):
-    agreed = SimpleNamespace(disagreements=(), probe_checked=4, thresholds=two_keys.thresholds)
+    agreed = dataclasses.replace(two_keys, disagreements=(), probe_checked=4)
     line = probe_text(agreed)
     assert line.startswith("They agree: 4 release row(s) have a probe row beside them") and "None" not in line

@@ -30,7 +30,7 @@ def test_a_one_profile_fleet_regression_carries_the_interval_of_its_fleet_median
     rep = analyse(cur, run_id="r", baseline=reference, baseline_id="b")
     (reg,) = rep.regressions
     assert (reg.module, reg.model_key, reg.profile, reg.metric) == (FLEET, *PROFILE, "prefill_tps")
-    assert reg.ci_low is not None and reg.ci_high is not None
+    assert reg.change is not None and reg.ci_low is not None and reg.ci_high is not None
     assert reg.ci_low <= reg.change <= reg.ci_high
     assert reg.ci_low <= -0.20 <= reg.ci_high  # 8 modules: [x(1), x(8)], coverage 1 - 2/256
     assert reg.ci_high - reg.ci_low < 0.08
@@ -56,7 +56,7 @@ def test_a_module_slower_than_its_previous_run_carries_the_interval_of_its_media
     rep = analyse(cur, run_id="c", previous=prev)
     (reg,) = rep.regressions
     assert (reg.module, reg.model_key, reg.metric) == ("b", "qwen35_fq", "decode_tps")
-    assert reg.n >= 6 and reg.ci_low is not None and reg.ci_high is not None
+    assert reg.n >= 6 and reg.change is not None and reg.ci_low is not None and reg.ci_high is not None
     assert reg.ci_low <= reg.change <= reg.ci_high
     assert reg.ci_low <= -0.15 <= reg.ci_high
     assert reg.ci_high - reg.ci_low < 0.06
@@ -137,4 +137,4 @@ def test_html_shows_the_intervals(reference):
     (o,) = rep.outliers
     assert f"{o.ci_low:.2f}x to {o.ci_high:.2f}x" in page
     for reg in rep.regressions:
-        assert f"{reg.ci_low * 100:+.1f}" in page
+        assert reg.ci_low is not None and f"{reg.ci_low * 100:+.1f}" in page

@@ -18,18 +18,18 @@ from controller.report.analysis.paired import (
     paired_compare,
     paired_thresholds,
 )
-from controller.report.model import PairedReport, PairedRun
+from controller.report.model import Arm, PairedReport, PairedRun
 from controller.report.synth import paired_fleet
 
 
-def _compare(rows: pd.DataFrame, runs: list[tuple[str, str, int]]) -> PairedReport:
-    plan = [PairedRun(run_id=r, arm=a, round=n) for r, a, n in runs]  # type: ignore[arg-type]
+def _compare(rows: pd.DataFrame, runs: list[tuple[str, Arm, int]]) -> PairedReport:
+    plan = [PairedRun(run_id=r, arm=a, round=n) for r, a, n in runs]
     return paired_compare(rows, plan, release_a="1.0", release_b="1.1")
 
 
 def test_module_drift_between_rounds_and_within_a_round_cancels_exactly(reference: pd.DataFrame) -> None:
     rows, runs = paired_fleet(reference, modules=4, rounds=2, noise=0.0, drift=0.15, trend=0.05, seed=1)
-    d, notes = pair_differences(rows, [PairedRun(run_id=r, arm=a, round=n) for r, a, n in runs])  # type: ignore[arg-type]
+    d, notes = pair_differences(rows, [PairedRun(run_id=r, arm=a, round=n) for r, a, n in runs])
     assert notes == []
     assert len(d) == 2 * 4 * len(reference)
     figures = d.filter(like="d_").abs().max().max()

@@ -30,7 +30,8 @@ def test_acceptance_regression_and_slow_module_named_once(reference, seed):
     rep = analyse(cur, run_id="r", baseline=reference, baseline_id="b")
     assert _names(rep) == [(FLEET, "qwen3", FLEET, "decode_tps")]
     (reg,) = rep.regressions
-    assert -0.11 < reg.change < -0.05 and reg.related == (f"tpot_ms {rep.changes[0].change:+.1%}",) or reg.related
+    assert reg.change is not None and -0.11 < reg.change < -0.05
+    assert len(reg.related) == 1 and reg.related[0].startswith("tpot_ms +")  # the per-token time rose with it
     assert [(o.module, o.model_key) for o in rep.outliers] == [("m03", FLEET)]
     assert rep.outliers[0].factor == pytest.approx(0.88, abs=0.02)
     assert rep.verdict == "regressed"
@@ -196,7 +197,7 @@ def test_a_regression_carries_the_95_percent_interval_of_its_change(reference, s
     cur = fleet(reference, module_factor=SLOW, regress={("qwen3", "decode_tps"): 0.08}, seed=seed)
     rep = analyse(cur, run_id="r", baseline=reference, baseline_id="b")
     (reg,) = rep.regressions
-    assert reg.ci_low is not None and reg.ci_high is not None
+    assert reg.change is not None and reg.ci_low is not None and reg.ci_high is not None
     assert reg.ci_low <= reg.change <= reg.ci_high and reg.ci_high - reg.ci_low < 0.04
     # how often such an interval holds the injected -8 %: measured over 1,000 seeds by bench/report.py --power
     change = [c for c in rep.changes if (c.model_key, c.metric, c.against) == ("qwen3", "decode_tps", "baseline")][0]

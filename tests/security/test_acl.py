@@ -14,6 +14,7 @@ import time
 
 import pytest
 import redis
+from celery import Celery
 
 from contract.kv import cancel_key, preempt_key
 from contract.records import RunState
@@ -209,7 +210,7 @@ def test_final_state_acknowledgements_are_the_modules_own_and_read_only(acl_serv
     refused(a.get, ack_key("r1", "x.sim-01"))  # a module whose name ends in A's: not A's
     assert a.get(ack_key("r1", "sim-01")) is None  # its own: readable
 
-    def kv_as(user: str) -> tuple[object, KV]:
+    def kv_as(user: str) -> tuple[Celery, KV]:
         app = make_app(BrokerSettings(broker_url=server.url(user, db=2),
                                       broker_password_file=files.passwords / f"{user}.password"), module=user)
         return app, KV(app)

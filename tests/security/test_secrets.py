@@ -123,7 +123,8 @@ def test_deploy_passes_the_passphrase_file_to_ssh(tmp_path, monkeypatch):
     monkeypatch.setattr(ssh, "open_session", fake_open)
     pf = tmp_path / "pp"
     opts = dep.DeployOptions(known_hosts=tmp_path / "kh", settings=BrokerSettings(broker_url="redis://h/0"),
-                             identity=tmp_path / "key", passphrase_file=pf, wheelhouse=lambda f: None)
+                             identity=tmp_path / "key", passphrase_file=pf,
+                             wheelhouse=lambda f: pytest.fail("the wheelhouse is built after SSH opens"))
     res = dep.deploy([module()], opts)
     assert res["mod-1"].status == "failed" and seen["target"].passphrase_file == pf
 

@@ -38,6 +38,12 @@ def req(**kw: object) -> RunRequest:
     return RunRequest.model_validate(GOOD).model_copy(update=kw)
 
 
+def refused(found: RunRequest | Refusal | None) -> Refusal:
+    """What a step gives for input the test expects it to refuse."""
+    assert isinstance(found, Refusal), found
+    return found
+
+
 def test_every_step_passes_a_good_request():
     parsed = check_request(GOOD, "mod-a")
     assert isinstance(parsed, RunRequest) and parsed.tarball == GOOD["tarball"]
@@ -81,8 +87,8 @@ def test_parse_names_the_schemas_first_field():
 
 def test_scalars():
     assert scalar_refusal(req(sha256="g" * 64)) == Refusal("sha256", "not 64 hex digits")
-    assert scalar_refusal(req(release="1\n2")).field == "release"
-    assert scalar_refusal(req(max_attempts=0)).field == "max_attempts"
+    assert refused(scalar_refusal(req(release="1\n2"))).field == "release"
+    assert refused(scalar_refusal(req(max_attempts=0))).field == "max_attempts"
 
 
 def test_models():
@@ -94,22 +100,22 @@ def test_models():
 def test_paths():
     assert path_refusal("f", "") == Refusal("f", "empty path")
     assert path_refusal("f", "rel/x") == Refusal("f", "'rel/x' is not an absolute path")
-    assert path_refusal("f", "/a\x00b").why.startswith("control character")
-    assert model_paths_refusal(req(model_root="x")).field == "model_root"
-    assert model_paths_refusal(req(model_paths={"qwen3": "x"})).field == "model_paths.qwen3"
-    assert tarball_path_refusal(req(tarball="rel.tar.gz")).field == "tarball"
+    assert refused(path_refusal("f", "/a\x00b")).why.startswith("control character")
+    assert refused(model_paths_refusal(req(model_root="x"))).field == "model_root"
+    assert refused(model_paths_refusal(req(model_paths={"qwen3": "x"}))).field == "model_paths.qwen3"
+    assert refused(tarball_path_refusal(req(tarball="rel.tar.gz"))).field == "tarball"
 
 
 def test_key_env():
-    assert key_env_refusal(req(key_env={"gemma": {}})).field == "key_env"
-    assert key_env_refusal(req(key_env={"qwen3": {"LD_PRELOAD": "x"}})).field == "key_env.qwen3"
+    assert refused(key_env_refusal(req(key_env={"gemma": {}}))).field == "key_env"
+    assert refused(key_env_refusal(req(key_env={"qwen3": {"LD_PRELOAD": "x"}}))).field == "key_env.qwen3"
     assert key_env_refusal(req(key_env={"qwen3": {"A": "\x00"}})) == Refusal("key_env.qwen3.A", "NUL in value")
 
 
 def test_check_request_stops_at_the_first_refusal_in_order():
     both = {**GOOD, "sha256": "x", "models": []}  # scalars are checked before model keys
     assert check_request(both, "mod-a") == Refusal("sha256", "not 64 hex digits")
-    assert check_request({**GOOD, "run_id": None, "schema_version": 99}, "mod-a").field == "schema_version"
+    assert refused(check_request({**GOOD, "run_id": None, "schema_version": 99}, "mod-a")).field == "schema_version"
     assert check_request(None, "mod-a") == Refusal("payload", "a JSON object was expected, got NoneType")
 
 

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -54,8 +55,8 @@ class Release:
         return env
 
 
-def unpack(tmp: Path, **build: object) -> Release:
-    built = build_release(tmp / "dist", **build)  # type: ignore[arg-type]
+def unpack(tmp: Path, **build: Any) -> Release:
+    built = build_release(tmp / "dist", **build)
     with tarfile.open(built.path) as tar:
         tar.extractall(tmp / "mod", filter="data")
     models = make_models(tmp / "models")
@@ -67,7 +68,7 @@ def unpack(tmp: Path, **build: object) -> Release:
     return Release(built=built, root=tmp / "mod" / built.top, models=models, base_env=env)
 
 
-def prepared(tmp: Path, keys: tuple[str, ...] = tuple(MODEL_KEYS), **build: object) -> tuple[Release, dict[str, str]]:
+def prepared(tmp: Path, keys: tuple[str, ...] = tuple(MODEL_KEYS), **build: Any) -> tuple[Release, dict[str, str]]:
     """Unpacked, configured, generated, environment captured, kernels precompiled."""
     rel = unpack(tmp, **build)
     rel.write_config(sorted({str(rel.models[k]) for k in keys}))
@@ -98,11 +99,16 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def read_stderr(self) -> str:
+        """What the server wrote on stderr, read to its end (once it has exited)."""
+        assert self.proc.stderr is not None  # started with stderr=PIPE
+        return self.proc.stderr.read()
+
     def wait_ready(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"server exited {self.proc.returncode}: {self.proc.stderr.read()}")  # type: ignore[union-attr]
+                raise AssertionError(f"server exited {self.proc.returncode}: {self.read_stderr()}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:

@@ -44,9 +44,9 @@ def test_same_shape_as_typing_named_tuple() -> None:
     assert Light.__qualname__ == "Light" and Light.__doc__ == "A record."
     assert Light.__match_args__ == Typed.__match_args__
     with pytest.raises(AttributeError):
-        a.name = "y"  # type: ignore[misc]
+        a.name = "y"  # type: ignore[misc]  # the refusal is the point
     with pytest.raises(AttributeError):
-        a.other = 1  # type: ignore[attr-defined]
+        a.other = 1  # type: ignore[attr-defined]  # the refusal is the point
 
 
 @pytest.mark.parametrize(("args", "kwargs"), [((), {}), (("a", "b", 1, 2), {}), (("a",), {"nope": 1})])

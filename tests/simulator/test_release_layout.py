@@ -38,9 +38,12 @@ def test_tarball_name_top_folder_and_seed_layout(tmp_path: Path) -> None:
             assert m.name.startswith(rel.top) and ".." not in m.name.split("/")
             assert m.isfile() or m.isdir()
             assert m.uid == 0 and m.gid == 0
-        cfg = json.load(tar.extractfile(f"{rel.top}/scripts/ci/musa/tilelang_workflow_config.json"))  # type: ignore[arg-type]
+        config, setup_env = (tar.extractfile(f"{rel.top}/scripts/ci/musa/{name}")
+                             for name in ("tilelang_workflow_config.json", "setup_env.sh"))
+        assert config is not None and setup_env is not None  # regular files
+        cfg = json.load(config)
         assert isinstance(cfg["model_paths"], list) and len(cfg["model_paths"]) == 5
-        env = tar.extractfile(f"{rel.top}/scripts/ci/musa/setup_env.sh").read().decode()  # type: ignore[union-attr]
+        env = setup_env.read().decode()
         assert 'TILELANG_CACHE_DIR="${TILELANG_CACHE_DIR:-' in env and "1.4.1" in env
 
 
@@ -52,7 +55,9 @@ def test_build_is_deterministic_and_knobs_are_baked(tmp_path: Path) -> None:
                       time_scale=100, faults="crash:qwen35", date="20260901")
     assert c.top == "20260901_M1000_1.4.2_sglang" and c.sha256 != a.sha256
     with tarfile.open(c.path) as tar:
-        knobs = json.load(tar.extractfile(f"{c.top}/scripts/ci/musa/m1000_sim/knobs.json"))  # type: ignore[arg-type]
+        member = tar.extractfile(f"{c.top}/scripts/ci/musa/m1000_sim/knobs.json")
+        assert member is not None  # a regular file
+        knobs = json.load(member)
     assert knobs == {"speed": "qwen3:decode=0.9", "noise": 0.02, "seed": 5, "time_scale": 100.0,
                      "faults": "crash:qwen35"}
 

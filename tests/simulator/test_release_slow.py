@@ -158,7 +158,7 @@ def test_fault_start_fail(module) -> None:
     rel, env = module
     with Server(rel, "qwen3", env, extra_env={"M1000_SIM_FAULT": "start-fail:qwen3"}) as srv:
         assert srv.proc.wait(30) != 0
-        line = one_error_line(srv.proc.stderr.read())  # type: ignore[union-attr]
+        line = one_error_line(srv.read_stderr())
         assert "fault start-fail" in line
     with Server(rel, "qwen3", env, extra_env={"M1000_SIM_FAULT": "start-fail:qwen35"}) as srv:
         srv.wait_ready()  # a fault for another key leaves this one alone
@@ -247,7 +247,7 @@ def test_speculative_decoding_needs_grouped_gemm_off(module) -> None:
     rel, env = module
     with Server(rel, "qwen35_mtp", env, extra_env={"SGLANG_USE_TL_MOE_GROUPED_GEMM": "1"}) as srv:
         assert srv.proc.wait(30) != 0
-        assert "SGLANG_USE_TL_MOE_GROUPED_GEMM=0" in one_error_line(srv.proc.stderr.read())  # type: ignore[union-attr]
+        assert "SGLANG_USE_TL_MOE_GROUPED_GEMM=0" in one_error_line(srv.read_stderr())
 
 
 def test_port_already_taken(module) -> None:
@@ -258,7 +258,7 @@ def test_port_already_taken(module) -> None:
         port = taken.getsockname()[1]
         with Server(rel, "qwen3", env, port=port) as srv:
             assert srv.proc.wait(30) != 0
-            assert f"port {port} on 127.0.0.1 is already in use" in one_error_line(srv.proc.stderr.read())  # type: ignore[union-attr]
+            assert f"port {port} on 127.0.0.1 is already in use" in one_error_line(srv.read_stderr())
     assert not processes_under(rel.root)
 
 
@@ -404,7 +404,7 @@ def test_setup_env_before_generate_and_missing_model_at_start(fresh: Release) ->
     env = fresh.setup_env()
     with Server(fresh, "qwen3vl", env) as srv:  # its model is not in the workflow
         assert srv.proc.wait(30) != 0
-        assert "Qwen3-VL-8B is not in the TileLang workflow" in one_error_line(srv.proc.stderr.read())  # type: ignore[union-attr]
+        assert "Qwen3-VL-8B is not in the TileLang workflow" in one_error_line(srv.read_stderr())
     assert not processes_under(fresh.root)
 
 

@@ -15,6 +15,7 @@ import threading
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -152,15 +153,15 @@ def test_push_skip_refusals_and_cli(lab: Lab, tmp_path: Path) -> None:
     tar = random_file(tmp_path / "SGLang-MUSA-M1000 1.4.1;$(id).tar.gz", 6 << 20)
     digest = sha256_file(tar)
     mods = lab_modules(lab)
-    kw = dict(known_hosts=lab.known_hosts, identity=lab.client_key)
-    first = push_release(mods, tar, digest, **kw)  # type: ignore[arg-type]
+    kw: dict[str, Any] = dict(known_hosts=lab.known_hosts, identity=lab.client_key)
+    first = push_release(mods, tar, digest, **kw)
     for h in lab.hosts:
         r = first[h.name]
         assert r.error is None and not r.skipped and r.bytes == tar.stat().st_size
         assert 0 <= r.sync_seconds < r.seconds  # the module's fsync after the last byte, inside the push's time
         assert r.remote_path == str(h.home / "m1000-fleet" / "incoming" / digest / tar.name)
         assert sha256_file(Path(r.remote_path)) == digest
-    second = push_release(mods, tar, digest, **kw)  # type: ignore[arg-type]
+    second = push_release(mods, tar, digest, **kw)
     assert all(r.skipped and r.bytes == 0 and r.error is None for r in second.values())
 
     res = CliRunner().invoke(cli(mods, ControllerSettings()), ["push", str(tar), "--devices", "mod-a", *trust(lab)])
@@ -170,7 +171,7 @@ def test_push_skip_refusals_and_cli(lab: Lab, tmp_path: Path) -> None:
     changed.regenerate_host_key()
     down.stop()
     try:
-        third = push_release(mods, tar, digest, retries=0, **kw)  # type: ignore[arg-type]
+        third = push_release(mods, tar, digest, retries=0, **kw)
         assert third["mod-a"].skipped
         assert "CHANGED" in str(third["mod-b"].error) and "refusing" in str(third["mod-b"].error)
         assert "unreachable" in str(third["mod-c"].error)
@@ -224,12 +225,12 @@ def test_push_removes_the_releases_pushed_before_but_not_kept_or_arriving_ones(l
 
     h = lab.host("mod-a")
     m = [Module(name=h.name, host=h.address, ssh_user=h.user)]
-    kw = dict(known_hosts=lab.known_hosts, identity=lab.client_key)
+    kw: dict[str, Any] = dict(known_hosts=lab.known_hosts, identity=lab.client_key)
     tars = [random_file(tmp_path / f"rel{i}.tar.gz", 64 << 10) for i in range(4)]
     d = [sha256_file(t) for t in tars]
     incoming = h.home / "m1000-fleet" / "incoming"
     for t, digest in zip(tars[:3], d[:3], strict=True):
-        assert push_release(m, t, digest, **kw)[h.name].error is None  # type: ignore[arg-type]
+        assert push_release(m, t, digest, **kw)[h.name].error is None
     user = pwd.getpwnam(h.user)
     arriving, other = incoming / ("f" * 64), incoming / "notes"
     for folder in (arriving, other):
@@ -246,7 +247,7 @@ def test_push_removes_the_releases_pushed_before_but_not_kept_or_arriving_ones(l
     fd = os.open(part, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)  # as a receiver writing it holds it
     try:
-        r = push_release(m, tars[3], d[3], keep_newest=1, keep=[d[0]], **kw)[h.name]  # type: ignore[arg-type]
+        r = push_release(m, tars[3], d[3], keep_newest=1, keep=[d[0]], **kw)[h.name]
     finally:
         os.close(fd)
     assert r.error is None and not r.skipped, r
@@ -254,7 +255,7 @@ def test_push_removes_the_releases_pushed_before_but_not_kept_or_arriving_ones(l
     assert not (incoming / d[1]).exists()
     assert all((incoming / x).is_dir() for x in (d[0], d[2], d[3], arriving.name, other.name))
     assert sha256_file(incoming / d[3] / tars[3].name) == d[3]
-    again = push_release(m, tars[3], d[3], **kw)[h.name]  # type: ignore[arg-type]
+    again = push_release(m, tars[3], d[3], **kw)[h.name]
     assert again.skipped and again.pruned == ()  # keep_newest 0 (the default): nothing removed
 
 

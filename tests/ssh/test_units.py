@@ -13,6 +13,7 @@ import sys
 import tomllib
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -28,12 +29,12 @@ ROOT = Path(__file__).resolve().parents[2]
 NASTY = "/data/models; $(touch /tmp/f7-pwned) `id` 'q\" %h $HOME\n\\x"
 
 
-def facts(**kw: object) -> dep.ModuleFacts:
-    base: dict[str, object] = dict(python="/usr/bin/python3", version=(3, 10, 12), machine="aarch64", glibc="2.35",
+def facts(**kw: Any) -> dep.ModuleFacts:
+    base: dict[str, Any] = dict(python="/usr/bin/python3", version=(3, 10, 12), machine="aarch64", glibc="2.35",
                                    home="/home/dev", workdir="/home/dev/m1000-fleet", free_bytes=10**10,
                                    systemd_user=False, running=False, venv_ok=False)
     base.update(kw)
-    return dep.ModuleFacts(**base)  # type: ignore[arg-type]
+    return dep.ModuleFacts(**base)
 
 
 def wheelhouse(tmp_path: Path) -> dep.Wheelhouse:

@@ -123,7 +123,7 @@ def given_app(history: History | None = None, *, inventory: Any = None, settings
     from controller.cli.invocation import Invocation
 
     inv = Invocation()
-    inv._session = GivenSession(history, inventory, settings)  # type: ignore[assignment]
+    inv._session = GivenSession(history, inventory, settings)  # type: ignore[assignment]  # the parts a verb reads
     app = build_app()
     app.info.context_settings = {**(app.info.context_settings or {}), "obj": inv}
     return app

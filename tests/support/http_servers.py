@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 TOKEN = "ci-token-0123456789abcdef"
 
@@ -38,7 +39,7 @@ class ThreadedServer:
     server: ThreadingHTTPServer
 
     def serve(self, handler: type[BaseHTTPRequestHandler]) -> str:
-        handler.log_message = lambda *a: None  # type: ignore[method-assign]
+        handler.log_message = lambda *a: None  # type: ignore[method-assign]  # a quiet handler
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -113,7 +114,7 @@ class ReleaseServer(ThreadedServer):
         self.url = self.serve(H)
 
 
-def wait_port(port: int, proc: subprocess.Popen[str], timeout: float = 60) -> None:
+def wait_port(port: int, proc: subprocess.Popen[Any], timeout: float = 60) -> None:
     """Until ``proc`` (a ``fleetctl serve``) listens on ``port`` on loopback; AssertionError if it exits first."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -16,8 +16,8 @@ REDIS_PORT = 26379
 REDIS_PASSWORD = "s3cret-Broker-pw"
 
 
-def lab_modules(lab: Lab, **kw: object) -> list[Module]:
-    return [Module(name=h.name, host=h.address, ssh_user=h.user, **kw) for h in lab.hosts]  # type: ignore[arg-type]
+def lab_modules(lab: Lab, **kw: Any) -> list[Module]:
+    return [Module(name=h.name, host=h.address, ssh_user=h.user, **kw) for h in lab.hosts]
 
 
 class CachedWheelhouse:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.pipeline import run_pipeline
+from agent.pipeline import RunResult, run_pipeline
 from agent.store import RunStore
 from agent.telemetry import SAMPLES_FILE, TelemetryConfig, read_samples
 
@@ -37,7 +37,7 @@ def test_samples_follow_the_steps_and_keys(tmp_path, make_config, make_request):
     assert not [e for e in RunStore(cfg.workdir).events("r1") if e["step"] == "telemetry"]
 
 
-def _timed(cfg, request) -> tuple[float, object]:
+def _timed(cfg, request) -> tuple[float, RunResult]:
     t0 = time.monotonic()
     result = run_pipeline(request, cfg)
     return time.monotonic() - t0, result
@@ -74,7 +74,8 @@ def test_release_rows_carry_the_energy_of_their_benchmark_window(tmp_path, make_
     tokens = sum(r.measured_output or r.output_tokens or 0 for r in rows)
     assert w.output_tokens == tokens
     # idle: measured with the server up, sampled fast over a settled window (the tool's power is constant)
-    assert w.idle_settled is True and w.idle_spread_w == 0.0 and w.idle_samples >= 5 and w.idle_settle_s < 5
+    assert w.idle_settled is True and w.idle_spread_w == 0.0 and w.idle_samples >= 5
+    assert w.idle_settle_s is not None and w.idle_settle_s < 5
     for r in rows:  # one window per key: every row carries its figures
         assert r.energy == w and r.avg_power_w == 84.27 and r.idle_power_w == 84.27
         assert r.energy_j == pytest.approx(84.27 * w.window_s, rel=1e-5)

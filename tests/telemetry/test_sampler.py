@@ -11,11 +11,13 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig, ToolResult, read_samples, run_tool
+from agent.telemetry.sampler import Runner
 from contract.records import DeviceSample
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -52,11 +54,11 @@ class FakeTool:
         return ToolResult("ok", 0, self.row + "\n")
 
 
-def sampler(tmp_path: Path, runner: object, cfg: TelemetryConfig = FAST, **kw: object) -> tuple[Sampler, list]:
+def sampler(tmp_path: Path, runner: Runner, cfg: TelemetryConfig = FAST, **kw: Any) -> tuple[Sampler, list]:
     events: list[tuple[str, str]] = []
     s = Sampler(cfg, tmp_path / SAMPLES_FILE, run_id="r1", module="m1", attempt=2,
-                on_event=lambda st, msg: events.append((st, msg)), runner=runner,  # type: ignore[arg-type]
-                which=kw.pop("which", lambda name: f"/usr/bin/{name}"), **kw)  # type: ignore[arg-type]
+                on_event=lambda st, msg: events.append((st, msg)), runner=runner,
+                which=kw.pop("which", lambda name: f"/usr/bin/{name}"), **kw)
     return s, events
 
 

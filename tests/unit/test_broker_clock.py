@@ -10,6 +10,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -54,8 +55,8 @@ def age_back(kv: KV, key: str, seconds: float, ttl: int) -> None:
         kv.backend.client.pexpire(key, int((ttl - seconds) * 1000))
 
 
-def beat(module: str, offset: float, **kw: object) -> Heartbeat:
-    return Heartbeat(module=module, agent_version="t", ts=time.time() + offset, **kw)  # type: ignore[arg-type]
+def beat(module: str, offset: float, **kw: Any) -> Heartbeat:
+    return Heartbeat(module=module, agent_version="t", ts=time.time() + offset, **kw)
 
 
 @pytest.mark.parametrize("offset", [-300.0, 120.0, 0.0])
@@ -137,8 +138,8 @@ def test_conflict_note_pure() -> None:
     assert conflict_note((rec, 100.0 - CONFLICT_TTL), 100.0) == ""
 
 
-def b(ts: float, at: float, **kw: object) -> Beat:
-    return Beat(Heartbeat(module="m", agent_version="1", ts=ts, **kw), at)  # type: ignore[arg-type]
+def b(ts: float, at: float, **kw: Any) -> Beat:
+    return Beat(Heartbeat(module="m", agent_version="1", ts=ts, **kw), at)
 
 
 def test_derive_state_reads_the_brokers_time_not_the_agents() -> None:

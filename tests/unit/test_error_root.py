@@ -148,7 +148,7 @@ def test_foreign_errors_a_user_causes_come_from_one_table() -> None:
         n: int
 
     with pytest.raises(ValidationError) as invalid:
-        M(n="x")  # type: ignore[arg-type]
+        M(n="x")  # type: ignore[arg-type]  # the bad value is the point
     assert (exit_code_of(SettingsError("x")), http_status_of(SettingsError("x"))) == (2, 400)
     assert (exit_code_of(UnknownModelKey("x")), http_status_of(UnknownModelKey("x"))) == (2, 400)
     assert (exit_code_of(invalid.value), http_status_of(invalid.value)) == (2, 400)

@@ -191,7 +191,7 @@ def test_a_final_state_refers_to_its_telemetry_summary(ctl):
     fleet.kv.put_rows("r1", "m1", ROWS)
     fleet.kv.put("m1000-fleet:progress:r1:m1", final.model_dump(mode="json", exclude={"telemetry"}))
     p = fleet.sync("r1").progress["m1"]
-    assert is_collecting(p) and p.error.message == "its device telemetry summary has not"
+    assert is_collecting(p) and p.error is not None and p.error.message == "its device telemetry summary has not"
     fleet.kv.put_telemetry(summary)
     view = fleet.sync("r1")
     assert view.finished and history.telemetry("r1") == {"m1": summary}

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import typer
@@ -47,19 +48,22 @@ def test_a_new_option_makes_the_cli_page_stale(monkeypatch):
     old = runs.validate
     sig = inspect.signature(old, eval_str=True)
 
-    def validate(**kw: object) -> object:
+    def validate(**kw: Any) -> Any:
         return old(**kw)
 
     validate.__doc__ = old.__doc__
     extra = inspect.Parameter("extra", inspect.Parameter.KEYWORD_ONLY, annotation=str,
                               default=typer.Option("x", "--extra", help="a new option"))
-    validate.__signature__ = sig.replace(parameters=[*sig.parameters.values(), extra])
+    # the signature inspect (and typer) read: a function's own attribute, which mypy's types do not declare
+    validate.__signature__ = sig.replace(parameters=[*sig.parameters.values(), extra])  # type: ignore[attr-defined]
     monkeypatch.setattr(runs, "validate", validate)
     text = (REFERENCE / "cli.md").read_text(encoding="utf-8")
     fresh = gen.render("cli.md", text)
     message = gen.stale_message("cli.md", text, fresh)
     assert message.splitlines()[0] == "docs/reference/cli.md is stale: run `make reference`"
-    verbs, options = map(int, re.search(r"has \*\*(\d+) verbs\*\* with \*\*(\d+) options", text).groups())
+    counts = re.search(r"has \*\*(\d+) verbs\*\* with \*\*(\d+) options", text)
+    assert counts is not None, "the page counts its verbs and options"
+    verbs, options = map(int, counts.groups())
     added = [ln for ln in message.splitlines() if ln.startswith("+")]
     assert added[0] == "+++ generated" and added[2:] == ["+| `--extra` | str | `x` | a new option |"]
     assert added[1].startswith(f"+`fleetctl` has **{verbs} verbs** with **{options + 1} options** (")  # counted

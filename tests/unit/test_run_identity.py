@@ -8,6 +8,7 @@ of a finished run, as the first of two controllers using one run id leaves it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,14 +32,14 @@ SHA_142 = "cd34" * 16
 TARBALL = "SGLang-MUSA-M1000-M1000_{}_sglang.tar.gz"
 
 
-def _request(**kw: object) -> RunRequest:
-    values: dict[str, object] = {
+def _request(**kw: Any) -> RunRequest:
+    values: dict[str, Any] = {
         "run_id": "same-1", "module": "m1", "tarball": f"/srv/a/{TARBALL.format('1.4.1')}", "sha256": SHA_141,
         "release": "1.4.1", "models": ("qwen3", "qwen35_mtp"), "model_root": "/models",
         "model_paths": {"qwen3": "/models/q3"}, "key_env": {"qwen3": {"SGLANG_FLAG": "1"}},
     }
     values.update(kw)
-    return RunRequest(**values)  # type: ignore[arg-type]
+    return RunRequest(**values)
 
 
 # --------------------------------------------------------------------------- the identity (pure)

@@ -40,6 +40,7 @@ from controller.report.analysis.verdict import key_status, threshold
 from controller.report.model import (
     ALL_METRICS,
     DERIVED,
+    Arm,
     PairedChange,
     PairedReport,
     PairedRun,
@@ -48,7 +49,7 @@ from controller.report.model import (
     Verdict,
 )
 
-ABBA = ("A", "B", "B", "A")  # one round, in run order
+ABBA: tuple[Arm, ...] = ("A", "B", "B", "A")  # one round, in run order
 # the paired mode's default tolerance (the unpaired verdict's is 5 %)
 PAIRED_TOLERANCE = 0.01
 # the detection probability the minimum detectable change is stated at

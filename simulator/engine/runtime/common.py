@@ -84,7 +84,7 @@ def load_workflow(env: Any) -> dict[str, Any]:
 def find_model(env: Any, name: str) -> dict[str, Any]:
     for m in load_workflow(env)["models"]:
         if m.get("name") == name:
-            return m  # type: ignore[no-any-return]
+            return m
     raise EngineError(f"model {name} is not in the workflow ({env['TILELANG_WORKFLOW_FILE']}): add its folder to "
                       "model_paths in scripts/ci/musa/tilelang_workflow_config.json and run "
                       "generate_tilelang_workflow.sh")

@@ -33,7 +33,7 @@ def plan(env: dict[str, str], model: str, host: str, port: str, extra: list[str]
     if prepared.get("path") != m["path"]:
         raise EngineError(f"{model}: the precompile cache is for {prepared.get('path')}, not {m['path']}: "
                           "run precompile_tilelang_kernels.sh again")
-    return engine.server_argv(env, m, host, port, ctx, options)  # type: ignore[no-any-return]
+    return engine.server_argv(env, m, host, port, ctx, options)
 
 
 def main(argv: list[str] | None = None) -> int:
