@@ -25,36 +25,14 @@ import pytest
 from agent import procs
 from agent.store import RunStore
 from simulator.ports import free_port
+from tests.support import squatter
 from tests.support.agent_release import TEMPLATE, TOP, Release, build_release
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MUSA = "scripts/ci/musa"
 
-SQUATTER = '''"""Waits for the server to serve, then takes its port once free (a daemon: argv only, no environment)."""
-import os, socket, sys, time
-host, port, record = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-with open(os.path.join(record, f"squatter-{os.getpid()}.pid"), "w") as f:
-    f.write(str(os.getpid()))
-while True:  # the server first
-    try:
-        socket.create_connection((host, port), timeout=0.5).close()
-        break
-    except OSError:
-        time.sleep(0.05)
-while True:  # then its port, once it lets go
-    s = socket.socket()
-    try:
-        s.bind((host, port))
-        s.listen()
-        break
-    except OSError:
-        s.close()
-        time.sleep(0.05)
-with open(os.path.join(record, f"squatter-{os.getpid()}.bound"), "w") as f:
-    f.write(str(port))
-time.sleep(3600)
-'''
+SQUATTER = squatter.SOURCE
 
 START = '''#!/usr/bin/env bash
 set -euo pipefail

@@ -20,32 +20,13 @@ import pytest
 
 from contract.records import RunState
 from simulator.build import BuiltRelease
+from tests.support import squatter
 from tests.support.reliability import KEYS, QUICK_ENV
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
-SQUATTER = '''import os, socket, sys, time
-host, port, record = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-with open(os.path.join(record, f"squatter-{os.getpid()}.pid"), "w") as f:
-    f.write(str(os.getpid()))
-while True:  # the server first
-    try:
-        socket.create_connection((host, port), timeout=0.5).close()
-        break
-    except OSError:
-        time.sleep(0.05)
-while True:  # then its port, once it lets go
-    s = socket.socket()
-    try:
-        s.bind((host, port))
-        s.listen()
-        break
-    except OSError:
-        s.close()
-        time.sleep(0.05)
-time.sleep(3600)
-'''
+SQUATTER = squatter.SOURCE
 
 
 def daemon_release(release: BuiltRelease, out: Path, record: Path) -> BuiltRelease:
