@@ -21,7 +21,7 @@ from agent.store import RunStore
 from contract.kernel_store import read_fetches, read_publications
 from simulator.cheap import cheap_module_env
 from simulator.ports import free_port
-from tests.support.procs import processes_under
+from tests.support.procs import nothing_left_under
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]
@@ -29,14 +29,10 @@ ROOT = Path(__file__).parents[2]
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    base = tmp_path_factory.mktemp("kcache")
-    built = simulator.build_release(base / "dist", noise=0.0, time_scale=50.0)
-    simulator.make_models(base / "models")
-    yield built, base
-    strays = processes_under(base)
-    for p in strays:
-        p.kill()
-    assert not strays, [p.cmdline() for p in strays]
+    with nothing_left_under(tmp_path_factory.mktemp("kcache")) as base:
+        built = simulator.build_release(base / "dist", noise=0.0, time_scale=50.0)
+        simulator.make_models(base / "models")
+        yield built, base
 
 
 def _run(fleet, module: str, *, driver: str = "3.0.0-sim", summary: list[str] | None = None) -> dict:

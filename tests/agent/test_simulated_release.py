@@ -26,7 +26,7 @@ from contract.records import METRICS, MODEL_KEYS
 from contract.version import agent_version
 from simulator.fit import TIMINGS_MS
 from simulator.ports import free_port
-from tests.support.procs import processes_under
+from tests.support.procs import nothing_left_under
 
 pytestmark = pytest.mark.slow
 FLEET_AGENT = [sys.executable, "-m", "agent.cli"]
@@ -46,14 +46,10 @@ def _agent(tarball: Path, models: str, root: Path, work: Path, run_id: str, *ext
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    base = tmp_path_factory.mktemp("sim")
-    built = simulator.build_release(base / "dist", noise=0.0, time_scale=50.0)
-    simulator.make_models(base / "models")
-    yield built, base
-    strays = processes_under(base)
-    for p in strays:
-        p.kill()
-    assert not strays, [p.cmdline() for p in strays]
+    with nothing_left_under(tmp_path_factory.mktemp("sim")) as base:
+        built = simulator.build_release(base / "dist", noise=0.0, time_scale=50.0)
+        simulator.make_models(base / "models")
+        yield built, base
 
 
 def _deviations(rows: list[dict], seed: dict) -> dict[tuple[str, str, str], float]:

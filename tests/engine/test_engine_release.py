@@ -18,8 +18,8 @@ import simulator
 from contract.records import MODEL_KEYS
 from simulator.engine.build import build_engine_release
 from simulator.engine.release import parse_profiles
-from tests.support.engine import fleet_agent_run, nothing_left_under, outcomes
-from tests.support.procs import processes_under
+from tests.support.engine import fleet_agent_run, outcomes
+from tests.support.procs import nothing_left_under, processes_under
 
 pytestmark = pytest.mark.slow
 ALL = "qwen3,qwen35_mtp,qwen3vl"  # the same model set every run: precompile runs once on this module

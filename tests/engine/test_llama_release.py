@@ -24,7 +24,8 @@ from simulator.build import BuiltRelease
 from simulator.engine.llama_release import build_llama_release
 from simulator.engine.release import parse_profiles
 from simulator.ports import free_port
-from tests.support.engine import fleet_agent_run, nothing_left_under, outcomes
+from tests.support.engine import fleet_agent_run, outcomes
+from tests.support.procs import nothing_left_under
 
 pytestmark = [pytest.mark.slow, pytest.mark.llama]
 ALL = ",".join(MODEL_KEYS)

@@ -6,8 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,13 +73,3 @@ def outcomes(out: dict) -> dict[str, dict]:
     return {o["model_key"]: o for o in out["progress"]["outcomes"]}
 
 
-@contextmanager
-def nothing_left_under(base: Path) -> Iterator[Path]:
-    """Fails if any process started under ``base`` (an engine, its children) outlives the block (killed)."""
-    from tests.support.procs import processes_under
-
-    yield base
-    strays = processes_under(base)
-    for p in strays:
-        p.kill()
-    assert not strays, [p.cmdline() for p in strays]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,17 @@ def processes_under(path: Path) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return out
+
+
+@contextmanager
+def nothing_left_under(base: Path) -> Iterator[Path]:
+    """Fails if any process started under ``base`` (a release's server, an engine, their children) outlives the
+    block (killed)."""
+    yield base
+    strays = processes_under(base)
+    for p in strays:
+        p.kill()
+    assert not strays, [p.cmdline() for p in strays]
 
 
 def leftovers(lab) -> list[psutil.Process]:
