@@ -41,8 +41,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from controller.report.analysis import changepoints as now_cp  # noqa: E402
 from controller.report.analysis import changepoints_batch as now_batch  # noqa: E402
 from controller.report.synth import planted_series  # noqa: E402

@@ -33,9 +33,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.validate import stage_local_release  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.celery_app import NOOP_TASK  # noqa: E402
 from controller.cli.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.fleet import Fleet  # noqa: E402

@@ -18,9 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.telemetry.energy import counter_energy, integrate_power  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 
 FIXTURE = ROOT / "tests" / "fixtures" / "h200" / "energy-decode-loop.jsonl"
 FIELDS = ("power.draw", "power.draw.instant", "power.draw.average")

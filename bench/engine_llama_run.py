@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import record
-from engine_report import print_outcomes, print_steps_and_overhead, run_measured
-
 from agent.pipeline import AgentConfig
+from bench import record
+from bench.engine_report import print_outcomes, print_steps_and_overhead, run_measured
 from contract.records import MODEL_KEYS, RunRequest
 from simulator.engine.llama_models import make_llama_models
 from simulator.engine.llama_release import DEFAULT_MTP, DEFAULT_VISION, build_llama_release, parse_sizes

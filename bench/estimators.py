@@ -47,9 +47,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.tables import parse_seed  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.records import METRICS  # noqa: E402
 from controller.report import analyse  # noqa: E402
 from controller.report.analysis.frame import SIGN, relative_change  # noqa: E402

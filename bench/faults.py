@@ -22,9 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.store import RunStore  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from tests.support.lab import make_lab  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 from tests.support.reliability import KEYS, Bench  # noqa: E402

@@ -28,9 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.kernel_cache import build_archive, unpack_archive  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 
 
 def stand_in(dest: Path, limit: int) -> tuple[int, int]:

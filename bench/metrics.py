@@ -27,11 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
-import record  # noqa: E402 - bench/record.py, this script's folder
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
 from agent.metrics import build_registry, start_exporter  # noqa: E402
 from agent.tables import parse_seed, stamp  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.records import MODEL_KEYS, RunState  # noqa: E402
 from tests.conftest import _seed_path  # noqa: E402
 from tests.metrics.fleetfiles import RunWriter  # noqa: E402

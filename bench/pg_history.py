@@ -15,9 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from report import stored_values  # bench/report.py, this script's folder: how its histories are filled
-
 from agent.tables import parse_seed
+from bench.report import stored_values  # bench/report.py, this script's folder: how its histories are filled
 from controller.history import History
 from controller.report.synth import fleet, rows_frame
 from tests.conftest import _seed_path

@@ -47,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # before bench/ (this script's folder): bench/agent.py is not the agent package
-import record  # noqa: E402 - bench/record.py, this script's folder
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 
 GOAL_TTFT_P50_MS = 0.3
 CONCURRENCY = 64

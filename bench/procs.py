@@ -24,10 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent import procs  # noqa: E402
 from agent.executor import Executor  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 
 
 def cpu_ms(fn, n: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]

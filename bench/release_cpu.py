@@ -39,9 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.steps import parse_env_capture, plan_environment  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from simulator import DEVICE_TOOL_DIR, make_models  # noqa: E402
 from simulator.build import RUNTIME_DIR, TEMPLATE_DIR, release_files, release_mtime, write_release  # noqa: E402
 from simulator.cheap import cheap_module_env  # noqa: E402

@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import record  # bench/record.py, this script's folder
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import record  # bench/record.py, this script's folder
 
 QUERY = ("--query-gpu=index,name,uuid,temperature.gpu,temperature.memory,power.draw,power.limit,clocks.sm,clocks.mem,"
          "clocks.gr,clocks.max.sm,utilization.gpu,utilization.memory,memory.used,memory.total,"

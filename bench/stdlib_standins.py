@@ -50,11 +50,8 @@ from typing import TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-import record  # noqa: E402 - bench/record.py, this script's folder
-import release_cpu  # noqa: E402 - bench/release_cpu.py: the release's processes as the agent runs them
-
 from agent.steps import parse_env_capture, plan_environment  # noqa: E402
+from bench import record, release_cpu  # noqa: E402 - bench/release_cpu.py: the release's processes as the agent runs them
 from simulator import DEVICE_TOOL_DIR, make_models  # noqa: E402
 from simulator.build import RUNTIME_DIR, TEMPLATE_DIR  # noqa: E402
 from simulator.cheap import cheap_module_env  # noqa: E402

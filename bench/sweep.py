@@ -30,8 +30,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT / "bench"))  # after the project: bench/agent.py is not the agent package
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py
-
 from agent.probe import ProbeConfig  # noqa: E402
 from agent.probe.measure import percentile  # noqa: E402
 from agent.probe.prompts import parse_profile  # noqa: E402
@@ -39,6 +37,7 @@ from agent.probe.records import LoadShape  # noqa: E402
 from agent.probe.runner import _Session, discover, run_sweep, sim_priority  # noqa: E402
 from agent.probe.sweep import SweepConfig, SweepSLO, level, requests_for  # noqa: E402
 from agent.probe.transport import Transport  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py
 from simulator.ports import free_port  # noqa: E402
 
 

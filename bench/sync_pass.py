@@ -36,9 +36,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
 from rich.console import Console  # noqa: E402
 
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.digest import seal  # noqa: E402
 from contract.kv import HEARTBEAT_TTL, _key  # noqa: E402
 from contract.records import Heartbeat, KeyOutcome, RunProgress, RunState  # noqa: E402

@@ -33,9 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 
 SIM_TOOL = ROOT / "simulator" / "device" / "mthreads-gmi"
 
