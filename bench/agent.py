@@ -46,12 +46,16 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench import record  # noqa: E402 - bench/record.py, this script's folder
+
+if TYPE_CHECKING:
+    from controller.settings import ControllerSettings
 
 BARE = """
 import sys
@@ -330,7 +334,7 @@ def _spread(values: list[float]) -> str:
     return f"{med:.1f}" if hi - lo < 0.05 else f"{med:.1f} [{lo:.1f}-{hi:.1f}]"
 
 
-def _validate(settings, tarball: Path, models: str) -> float:  # type: ignore[no-untyped-def]
+def _validate(settings: ControllerSettings, tarball: Path, models: str) -> float:
     """One validation through the service layer, followed to its end; its wall time."""
     from contract.records import parse_model_keys
     from controller import service

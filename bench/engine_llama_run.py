@@ -44,7 +44,7 @@ from simulator.engine.runtime.llama_bench import png
 def _post_raw(url: str, body: dict[str, object]) -> bytes:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:
-        return resp.read()  # type: ignore[no-any-return]
+        return resp.read()
 
 
 def _wait_health(port: int, proc: subprocess.Popen[bytes], timeout: float = 120) -> float:

@@ -24,6 +24,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +49,7 @@ def stand_in(dest: Path, limit: int) -> tuple[int, int]:
     return n, total
 
 
-def timed(fn, rounds: int = 3) -> float:  # type: ignore[no-untyped-def]
+def timed(fn: Callable[[], object], rounds: int = 3) -> float:
     times = []
     for _ in range(rounds):
         t = time.perf_counter()

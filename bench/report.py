@@ -59,7 +59,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -69,6 +69,9 @@ from contract.records import METRICS  # noqa: E402
 from controller.report import analyse  # noqa: E402
 from controller.report.render import to_json, to_markdown, verdict_line  # noqa: E402
 from controller.report.synth import fleet, rows_frame  # noqa: E402
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TARGET_S = 1.0  # report over 1 M rows
 TARGET_RATIO = 4.0  # x the bare groupby of the same run
@@ -193,7 +196,7 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def one(ref, rows: int, repeat: int) -> int:  # type: ignore[no-untyped-def]
+def one(ref: pd.DataFrame, rows: int, repeat: int) -> int:
     """One size, in this process: JSON with times and peak RSS (a --scale child). The frame is in the
     form the run history gives the report (``load.as_read``: text columns as categoricals)."""
     import tracemalloc
@@ -243,7 +246,7 @@ def _run_id(rows: int) -> str:
     return f"bench-{rows}"
 
 
-def stored_values(df) -> list[tuple[Any, ...]]:  # type: ignore[no-untyped-def]
+def stored_values(df: pd.DataFrame) -> list[tuple[Any, ...]]:
     """A synthetic frame's rows as the history stores them, whichever its engine (``History.upsert_row_values``):
     NaN as NULL, ``correct`` as 0/1."""
     import pandas as pd
@@ -255,7 +258,7 @@ def stored_values(df) -> list[tuple[Any, ...]]:  # type: ignore[no-untyped-def]
     return list(df.itertuples(index=False, name=None))
 
 
-def fill_history(db: str | Path, ref, sizes: list[int], runs: int = 1, prefix: str = "bench") -> None:  # type: ignore[no-untyped-def]
+def fill_history(db: str | Path, ref: pd.DataFrame, sizes: list[int], runs: int = 1, prefix: str = "bench") -> None:
     """``runs`` ended runs of each size in the history at ``db`` (a SQLite path or a PostgreSQL URL: rows written as
     stored values, ``History.upsert_row_values``; pydantic records of 10 M rows would take longer than the reads
     measured); with ``runs`` > 1 each run is of its own release (a trend's series)."""
@@ -650,13 +653,13 @@ def _power_case(args: tuple[int, float]) -> tuple[float, int, bool, bool, bool, 
 _POWER_REF: Any = None  # the reference frame, set once per worker process
 
 
-def _power_init(ref) -> None:  # type: ignore[no-untyped-def]
+def _power_init(ref: pd.DataFrame) -> None:
     global _POWER_REF
     _POWER_REF = ref
     from scipy import stats  # noqa: F401  (loaded once per worker)
 
 
-def power(ref, seeds: int) -> int:  # type: ignore[no-untyped-def]
+def power(ref: pd.DataFrame, seeds: int) -> int:
     """False alarms over ``seeds`` no-change seeds; detection of a decode regression over sizes 2-12 %
     (``seeds`` at the goal's 6 %, a fifth of them at each other size; the key rotates with the seed), and how
     often the change's 95 % interval holds the injected change. In processes, one per core."""
@@ -714,7 +717,7 @@ def _paired_case(args: tuple[int, int, float]) -> tuple[int, float, int, list[tu
     key = keys[seed % len(keys)]
     rows, runs = paired_fleet(ref, modules=4, rounds=rounds, regress={(key, "decode_tps"): size} if size else None,
                               seed=(1_000_000 if size else 0) + 1000 * rounds + seed)
-    rep = paired_compare(rows, [PairedRun(run_id=r, arm=a, round=n) for r, a, n in runs],  # type: ignore[arg-type]
+    rep = paired_compare(rows, [PairedRun(run_id=r, arm=a, round=n) for r, a, n in runs],
                          release_a="A", release_b="B")
     per_tol = []
     for tol in PAIRED_TOLERANCES:
@@ -726,7 +729,7 @@ def _paired_case(args: tuple[int, int, float]) -> tuple[int, float, int, list[tu
     return rounds, size, seed, per_tol, float("nan") if dec.mdc is None else dec.mdc
 
 
-def paired_power(ref, seeds: int, rounds: list[int]) -> int:  # type: ignore[no-untyped-def]
+def paired_power(ref: pd.DataFrame, seeds: int, rounds: list[int]) -> int:
     """The paired comparison's false regressions (``seeds`` no-change seeds) and detection of a planted decode
     regression (``seeds`` at 2 %, a fifth at 1.5 % and 3 %), per round count and tolerance."""
     import math

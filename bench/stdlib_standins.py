@@ -199,7 +199,7 @@ def peak_rss_mib(pid: int) -> float:
 
 
 class Variant(release_cpu.Release):
-    def round(self) -> dict[str, float]:  # type: ignore[override]
+    def round(self) -> dict[str, float]:
         out: dict[str, float] = {}
         out["generate"], _ = run_usage(self.script("generate_tilelang_workflow.sh"), self.base_env, self.top)
         plan = plan_environment(self.top, self.base_env, 60.0)
