@@ -173,7 +173,7 @@ test-durations:
 ## The strict line keeps a cache of its own: one shared with the other line is rewritten by each (other options).
 lint: install
 	$(BIN)/ruff check agent contract controller simulator bench tests docs/tools grafana
-	$(BIN)/mypy agent contract controller simulator docs/tools tests
+	$(BIN)/mypy agent contract controller simulator docs/tools tests bench
 	$(BIN)/mypy --strict --cache-dir .mypy_cache/strict contract agent
 
 lock: $(BIN)/python

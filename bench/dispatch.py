@@ -236,7 +236,11 @@ def secure_dispatch(base: Path, jobs: int) -> tuple[list[float], list[float]]:
 
 
 def settings_for(base: Path, broker: str, redis_url: str | None) -> ControllerSettings:
-    return ControllerSettings(broker_url=redis_url if broker == "redis" else "filesystem://", data_dir=base / "fleet",
+    url = "filesystem://"
+    if broker == "redis":
+        assert redis_url is not None, "the redis broker without a redis-server"
+        url = redis_url
+    return ControllerSettings(broker_url=url, data_dir=base / "fleet",
                               inventory=base / "inventory.toml", history=base / "history.sqlite",
                               heartbeat_interval=1.0, offline_after=30.0)
 
