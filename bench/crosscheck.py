@@ -147,15 +147,17 @@ def main() -> int:
                     if who == "probe":
                         (r,) = run_probe(ProbeConfig(base_url=url, profiles=(f"{isl}:{isl}",), requests=args.requests,
                                                      warmup=1, output_len=OUTPUT)).results
-                        got[who].append((r.ttft_ms.p50, r.tpot_ms.p50))  # type: ignore[union-attr]
+                        assert r.ttft_ms is not None and r.tpot_ms is not None, f"{isl}: {r.error_details}"
+                        got[who].append((r.ttft_ms.p50, r.tpot_ms.p50))
                     else:
                         got[who].append(aiperf_round(prog, url, model, isl, args.requests, scale))
             want = ref[isl]
+            assert want.ttft_ms is not None and want.tpot_ms is not None, f"{isl}: no TTFT/TPOT in the reference"
             meds = {}
             for who, vals in got.items():
                 ttft, tpot = statistics.median(v[0] for v in vals), statistics.median(v[1] for v in vals)
                 meds[who] = (ttft, tpot)
-                dt, dp = ttft / want.ttft_ms - 1, tpot / want.tpot_ms - 1  # type: ignore[operator]
+                dt, dp = ttft / want.ttft_ms - 1, tpot / want.tpot_ms - 1
                 worst = max(worst, abs(dt), abs(dp))
                 rounds = ", ".join(f"{a:.0f}/{b:.2f}" for a, b in vals)
                 print(f"| {isl} | {who} | {ttft:.1f} | {dt:+.2%} | {tpot:.2f} | {dp:+.2%} | {rounds} |", flush=True)

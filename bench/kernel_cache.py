@@ -146,7 +146,7 @@ def main() -> int:
     args = ap.parse_args()
     models = tuple(args.models.split(","))
     tmp = tempfile.TemporaryDirectory(prefix="fleet-kcache-") if not args.keep else None
-    root = Path(args.keep or tmp.name)  # type: ignore[union-attr]
+    root = Path(args.keep) if tmp is None else Path(tmp.name)
     server = RedisServer(root / "redis")
     server.start()
     workers: list[Worker] = []
