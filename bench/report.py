@@ -58,8 +58,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -73,6 +74,7 @@ from controller.report.synth import fleet, rows_frame  # noqa: E402
 if TYPE_CHECKING:
     import pandas as pd
 
+T = TypeVar("T")
 TARGET_S = 1.0  # report over 1 M rows
 TARGET_RATIO = 4.0  # x the bare groupby of the same run
 
@@ -86,7 +88,7 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def timed(fn: Callable[[], object]) -> tuple[float, object]:
+def timed(fn: Callable[[], T]) -> tuple[float, T]:
     t = time.perf_counter()
     out = fn()
     return time.perf_counter() - t, out
@@ -177,7 +179,7 @@ def main() -> int:
         "bare": lambda: cur.groupby(["model_key", "profile"])[metrics].median(),
         "report": lambda: analyse(cur, run_id="run-b", baseline=ref, baseline_id="b"),
         "previous": lambda: analyse(cur, run_id="run-b", baseline=ref, baseline_id="b", previous=prev),
-        "render": lambda: (to_markdown(rep2), to_json(rep2)),  # type: ignore[arg-type]
+        "render": lambda: (to_markdown(rep2), to_json(rep2)),
     }, args.repeat)
     bare, rep_t = statistics.median(times["bare"]), statistics.median(times["report"])
     ratios = [r / b for r, b in zip(times["report"], times["bare"], strict=True)]
@@ -188,7 +190,7 @@ def main() -> int:
     prev_t = statistics.median(times["previous"])
     print(f"report (baseline + previous run)       {spread(times['previous'])}  {prev_t / bare:5.1f}x")
     print(f"markdown + json rendering              {spread(times['render'])}")
-    print(f"verdict: {verdict_line(rep2)}")  # type: ignore[arg-type]
+    print(f"verdict: {verdict_line(rep2)}")
     ratio = statistics.median(ratios)
     ok = rep_t <= TARGET_S * len(cur) / 1_000_000 and ratio <= TARGET_RATIO
     print(f"goal: report over {len(cur):,} rows <= {TARGET_S * len(cur) / 1_000_000:.2f} s and <= {TARGET_RATIO}x "
@@ -557,8 +559,8 @@ def formats(db: Path, rows: int, repeat: int) -> int:
         "arrow ipc zstd": (lambda p: ipc_write(p, "zstd"), ipc_read),
     }
     paths = {k: folder / k.replace(" ", "_") for k in cands}
-    writes = interleaved({k: (lambda k=k: cands[k][0](paths[k])) for k in cands}, repeat)  # type: ignore[misc]
-    reads = interleaved({k: (lambda k=k: cands[k][1](paths[k])) for k in cands}, repeat)  # type: ignore[misc]
+    writes = interleaved({k: partial(cands[k][0], paths[k]) for k in cands}, repeat)
+    reads = interleaved({k: partial(cands[k][1], paths[k]) for k in cands}, repeat)
     print(f"{table.num_rows:,} rows, {repeat} interleaved rounds (median [min-max]); read = file to the report's frame")
     print("| format | size | write | read |")
     print("| --- | ---: | ---: | ---: |")
