@@ -169,11 +169,12 @@ test-fast: tier-fast
 test-durations:
 	cp build/slow-durations.json tests/durations.json
 
-## make lint (part of make test): ruff, mypy over the packages, strict where both sides meet (contract, agent).
+## make lint (part of make test): ruff, mypy over the packages, the tests and bench/, strict where both sides meet
+## (contract, agent).
 ## The strict line keeps a cache of its own: one shared with the other line is rewritten by each (other options).
 lint: install
 	$(BIN)/ruff check agent contract controller simulator bench tests docs/tools grafana
-	$(BIN)/mypy agent contract controller simulator docs/tools tests
+	$(BIN)/mypy agent contract controller simulator docs/tools tests bench
 	$(BIN)/mypy --strict --cache-dir .mypy_cache/strict contract agent
 
 lock: $(BIN)/python

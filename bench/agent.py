@@ -46,12 +46,16 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
+
+if TYPE_CHECKING:
+    from controller.settings import ControllerSettings
 
 BARE = """
 import sys
@@ -206,7 +210,7 @@ def cpu_between(a: tuple[dict[int, float], float], b: tuple[dict[int, float], fl
 Peaks = dict[str, dict[str, dict[str, float]]]  # who -> role -> smaps_rollup MiB
 
 
-def one_round(args: argparse.Namespace, python: Path) -> dict[str, object]:
+def one_round(args: argparse.Namespace, python: Path) -> dict[str, Any]:
     """Agent and bare worker side by side: idle, then one validation; their peaks and CPU per phase."""
     from controller.cli.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats
     from controller.settings import ControllerSettings
@@ -291,7 +295,7 @@ def main() -> int:
 
     form = "fleet-agent worker" if args.how == "cli" else "python -m agent.worker"
     where = f" in {args.agent_venv} (agent lock only)" if args.agent_venv else ""
-    run_s = statistics.median(float(r["run_s"]) for r in rounds)  # type: ignore[arg-type]
+    run_s = statistics.median(float(r["run_s"]) for r in rounds)
     print(f"bench/agent.py: agent started as `{form}`{where}; {len(rounds)} round(s), each: idle {args.idle:.0f} s, "
           f"then a validation of {args.models} at time scale {args.time_scale:g} ({run_s:.0f} s here = "
           f"{run_s * args.time_scale / 60:.0f} min of module time); load average "
@@ -303,14 +307,14 @@ def main() -> int:
     run_rss: dict[str, list[float]] = {}
     for who in ("agent", *(f"bare {pool}" for pool in POOLS)):
         for phase in ("idle", "run"):
-            peaks: list[dict[str, dict[str, float]]] = [r[phase][who] for r in rounds]  # type: ignore[index]
+            peaks: list[dict[str, dict[str, float]]] = [r[phase][who] for r in rounds]
             for role in sorted({role for p in peaks for role in p}):
                 vals = {f: [p[role][f] for p in peaks if role in p] for f in FIELDS}
                 print(f"{who:12s} {phase:5s} {role:11s} {_spread(vals['rss']):>16s} {_spread(vals['pss']):>16s} "
                       f"{statistics.median(vals['anon']):6.1f} {statistics.median(vals['file']):6.1f} "
                       f"{statistics.median(vals['private_dirty']):10.1f}")
             totals = {f: [sum(p[role][f] for role in p) for p in peaks] for f in ("rss", "pss")}
-            cpu = statistics.median(float(r["cpu"][who, phase]) for r in rounds)  # type: ignore[index]
+            cpu = statistics.median(float(r["cpu"][who, phase]) for r in rounds)
             print(f"{who:12s} {phase:5s} {'all':11s} {_spread(totals['rss']):>16s} {_spread(totals['pss']):>16s} "
                   f"{'':6s} {'':6s} {'':10s} {cpu:6.1f}")
             if phase == "run":
@@ -330,7 +334,7 @@ def _spread(values: list[float]) -> str:
     return f"{med:.1f}" if hi - lo < 0.05 else f"{med:.1f} [{lo:.1f}-{hi:.1f}]"
 
 
-def _validate(settings, tarball: Path, models: str) -> float:  # type: ignore[no-untyped-def]
+def _validate(settings: ControllerSettings, tarball: Path, models: str) -> float:
     """One validation through the service layer, followed to its end; its wall time."""
     from contract.records import parse_model_keys
     from controller import service

@@ -40,8 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from simulator import build_release  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 

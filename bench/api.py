@@ -29,8 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.records import RunState  # noqa: E402
 from controller.cli.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.service import Session  # noqa: E402

@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 
 TOKEN = "bench-token-0123456789abcdef"
 INV = '[[module]]\nname = "m1"\ntransport = "local"\n'

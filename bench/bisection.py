@@ -26,8 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from controller.service.bisect_plan import bounds, next_probes  # noqa: E402
 
 MODULES = (1, 2, 4, 8)

@@ -46,8 +46,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.celery_app import NOOP_TASK, make_app, queue_name  # noqa: E402
 from controller.cli.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.settings import ControllerSettings  # noqa: E402
@@ -122,7 +121,7 @@ class Side:
 
     def stop(self) -> float:
         """SIGTERM just after the worker's BRPOP went out; seconds to its exit."""
-        client = self.redis.client()
+        client = redis_client(self.redis)
         n = brpops(client)
         end = time.monotonic() + 15
         while brpops(client) == n and time.monotonic() < end:
@@ -137,16 +136,16 @@ class Side:
         return took
 
 
-def redis_client(self: RedisServer) -> Any:
-    """The bench's one client of ``self`` (one connection: no HELLO of a new one in the counted window)."""
+_CLIENTS: dict[int, Any] = {}  # a server's port -> the bench's client of it
+
+
+def redis_client(server: RedisServer) -> Any:
+    """The bench's one client of ``server`` (one connection: no HELLO of a new one in the counted window)."""
     import redis
 
-    if not hasattr(self, "_bench_client"):
-        self._bench_client = redis.Redis(port=self.port)  # type: ignore[attr-defined]
-    return self._bench_client  # type: ignore[attr-defined]
-
-
-RedisServer.client = redis_client  # type: ignore[attr-defined]
+    if server.port not in _CLIENTS:
+        _CLIENTS[server.port] = redis.Redis(port=server.port)
+    return _CLIENTS[server.port]
 
 
 def brpops(client: Any) -> int:
@@ -159,7 +158,7 @@ def connections(side: Side) -> list[str]:
 
     mine = {f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process(side.pid).net_connections(kind="tcp")
             if c.raddr and c.raddr.port == side.redis.port}
-    return sorted(str(c["cmd"]) for c in side.redis.client().client_list() if c["addr"] in mine)
+    return sorted(str(c["cmd"]) for c in redis_client(side.redis).client_list() if c["addr"] in mine)
 
 
 def during_a_run(side: Side, models: str, scale: float) -> tuple[int, list[str], float]:
@@ -231,11 +230,11 @@ def main() -> int:
         time.sleep(6)  # past start-up (mingle, the first restore of unacked messages)
         for s in sides:
             s.idle_conns = connections(s)
-            s.redis.client().config_resetstat()
+            redis_client(s.redis).config_resetstat()
         t0 = time.monotonic()
         time.sleep(args.window)
         for s in sides:
-            stats = s.redis.client().info("commandstats")
+            stats = redis_client(s.redis).info("commandstats")
             calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
             s.by_command = {k: v for k, v in calls.items() if k not in BENCH_COMMANDS}
             s.cmds_per_s = sum(s.by_command.values()) / (time.monotonic() - t0)

@@ -41,8 +41,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from controller.report.analysis import changepoints as now_cp  # noqa: E402
 from controller.report.analysis import changepoints_batch as now_batch  # noqa: E402
 from controller.report.synth import planted_series  # noqa: E402
@@ -95,9 +94,10 @@ def _found(cps: Sequence[Any], at: int, sign: float, within: int = 1) -> bool:
 def holes(detectors: Sequence[Detector]) -> None:
     print("\n## holes: a clean -8 % step, >= 3 releases each side, every length 12..40 and position\n")
     cases = [(n, at) for n in range(12, 41) for at in range(3, n - 2)]
-    for label, make in (("noise 1 % (seeded)", lambda n, at: 1 + 0.01 * np.random.default_rng(1000 * n + at)
-                                                          .standard_normal(n)),
-                        ("0.1 % saw-tooth", lambda n, at: 1 + 0.001 * (np.arange(n) % 3))):
+    makers: tuple[tuple[str, Callable[[int, int], np.ndarray]], ...] = (
+        ("noise 1 % (seeded)", lambda n, at: 1 + 0.01 * np.random.default_rng(1000 * n + at).standard_normal(n)),
+        ("0.1 % saw-tooth", lambda n, at: 1 + 0.001 * (np.arange(n) % 3)))
+    for label, make in makers:
         series = []
         for n, at in cases:
             x = 100 * make(n, at)

@@ -40,8 +40,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-from spawn import spawn  # noqa: E402 - bench/spawn.py
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
+from bench.spawn import spawn  # noqa: E402 - bench/spawn.py
 
 BIN = Path(sys.executable).parent
 GOALS = {"fleetctl --help": 0.3, "fleetctl runs": 0.5, "fleetctl status": 0.5, "fleetctl status ended": 0.5}

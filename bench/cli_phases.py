@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-import record  # noqa: E402 - bench/record.py, this script's folder
+sys.path.insert(0, str(ROOT))
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 
 HARNESS = r"""
 import atexit, json, resource, sys
@@ -69,7 +69,7 @@ def main() -> int:
     args = ap.parse_args()
     venvs = args.venv or [str(ROOT / ".venv")]
     with tempfile.TemporaryDirectory(prefix="bench-cli-phases-") as tmp:
-        from cli import scratch  # bench/cli.py's scratch history: one running run, one ended (judged) run
+        from bench.cli import scratch  # bench/cli.py's scratch history: one running run, one ended (judged) run
 
         env, _, _ = scratch(Path(tmp))
         env["PYTHONPATH"] = str(ROOT)

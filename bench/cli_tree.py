@@ -23,8 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-from spawn import spawn  # noqa: E402 - bench/spawn.py
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
+from bench.spawn import spawn  # noqa: E402 - bench/spawn.py
 
 LAUNCH = "import sys; sys.path.insert(0, sys.argv[1]); from controller.cli.app import main; main(sys.argv[2:])"
 COUNT = ("import sys; sys.path.insert(0, sys.argv[1]); import io, contextlib\n"

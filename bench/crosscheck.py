@@ -35,12 +35,10 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT / "bench"))  # after the project: bench/agent.py is not the agent package
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py
-
 from agent.probe import ProbeConfig, run_probe  # noqa: E402
 from agent.tables import parse_seed  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py
 from simulator.ports import free_port  # noqa: E402
 
 AIPERF = "aiperf==0.13.0"
@@ -149,15 +147,17 @@ def main() -> int:
                     if who == "probe":
                         (r,) = run_probe(ProbeConfig(base_url=url, profiles=(f"{isl}:{isl}",), requests=args.requests,
                                                      warmup=1, output_len=OUTPUT)).results
-                        got[who].append((r.ttft_ms.p50, r.tpot_ms.p50))  # type: ignore[union-attr]
+                        assert r.ttft_ms is not None and r.tpot_ms is not None, f"{isl}: {r.error_details}"
+                        got[who].append((r.ttft_ms.p50, r.tpot_ms.p50))
                     else:
                         got[who].append(aiperf_round(prog, url, model, isl, args.requests, scale))
             want = ref[isl]
+            assert want.ttft_ms is not None and want.tpot_ms is not None, f"{isl}: no TTFT/TPOT in the reference"
             meds = {}
             for who, vals in got.items():
                 ttft, tpot = statistics.median(v[0] for v in vals), statistics.median(v[1] for v in vals)
                 meds[who] = (ttft, tpot)
-                dt, dp = ttft / want.ttft_ms - 1, tpot / want.tpot_ms - 1  # type: ignore[operator]
+                dt, dp = ttft / want.ttft_ms - 1, tpot / want.tpot_ms - 1
                 worst = max(worst, abs(dt), abs(dp))
                 rounds = ", ".join(f"{a:.0f}/{b:.2f}" for a, b in vals)
                 print(f"| {isl} | {who} | {ttft:.1f} | {dt:+.2%} | {tpot:.2f} | {dp:+.2%} | {rounds} |", flush=True)

@@ -271,7 +271,7 @@ def lower_medians_everywhere() -> None:
     def before(self: Groups, values: Any, lower_below: int, up_to: int, rows: Any = None, split: Any = None) -> Any:
         return plain(self, values, lower_below, up_to, rows)
 
-    Groups.trimmed_means = before  # type: ignore[method-assign]
+    Groups.trimmed_means = before  # type: ignore[method-assign]  # the old estimator, for this process only
 
 
 def main() -> int:

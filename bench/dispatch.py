@@ -33,9 +33,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.validate import stage_local_release  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.celery_app import NOOP_TASK  # noqa: E402
 from controller.cli.demo import inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
 from controller.fleet import Fleet  # noqa: E402
@@ -237,7 +236,11 @@ def secure_dispatch(base: Path, jobs: int) -> tuple[list[float], list[float]]:
 
 
 def settings_for(base: Path, broker: str, redis_url: str | None) -> ControllerSettings:
-    return ControllerSettings(broker_url=redis_url if broker == "redis" else "filesystem://", data_dir=base / "fleet",
+    url = "filesystem://"
+    if broker == "redis":
+        assert redis_url is not None, "the redis broker without a redis-server"
+        url = redis_url
+    return ControllerSettings(broker_url=url, data_dir=base / "fleet",
                               inventory=base / "inventory.toml", history=base / "history.sqlite",
                               heartbeat_interval=1.0, offline_after=30.0)
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.telemetry.energy import counter_energy, integrate_power  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 
 FIXTURE = ROOT / "tests" / "fixtures" / "h200" / "energy-decode-loop.jsonl"
 FIELDS = ("power.draw", "power.draw.instant", "power.draw.average")
@@ -30,23 +30,23 @@ GOAL = 0.05
 def compare(path: Path) -> tuple[list[str], bool]:
     """Lines of the comparison and whether every nvidia-smi figure met the goal."""
     recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    by: dict[str, list[dict[str, object]]] = {}
+    by: dict[str, list[dict[str, Any]]] = {}  # JSON records
     for r in recs:
         by.setdefault(str(r["kind"]), []).append(r)
     meta = by["meta"][0]
     lines = [f"device {meta['name']}, driver {meta['driver']}, torch {meta['torch']}; recording {path.name}"]
     ok = True
     for w in by["window"]:
-        a, b, tokens = float(w["start"]), float(w["end"]), int(w["tokens"])  # type: ignore[arg-type]
-        ref = counter_energy([(float(r["ts"]), float(r["mj"])) for r in by["nvml"]], a, b,  # type: ignore[arg-type]
+        a, b, tokens = float(w["start"]), float(w["end"]), int(w["tokens"])
+        ref = counter_energy([(float(r["ts"]), float(r["mj"])) for r in by["nvml"]], a, b,
                              period_s=0.05)
         assert ref.joules is not None, ref.note
         lines.append(f"== window {w['name']}: {b - a:.2f} s, {tokens} tokens; counter {ref.joules:.1f} J = "
                      f"{ref.joules / tokens * 1000:.4f} mJ/token, average {ref.joules / (b - a):.1f} W")
-        series = [("NVML power 50 ms", [(float(r["ts"]), float(r["mw"]) / 1000) for r in by["nvml"]], 0.05)]  # type: ignore[arg-type]
+        series = [("NVML power 50 ms", [(float(r["ts"]), float(r["mw"]) / 1000) for r in by["nvml"]], 0.05)]
         for kind, period in (("smi100", 0.1), ("smi1s", 1.0)):
             for f in FIELDS:
-                pts = [(float(r["ts"]), float(r[f])) for r in by[kind] if r.get(f) is not None]  # type: ignore[arg-type]
+                pts = [(float(r["ts"]), float(r[f])) for r in by[kind] if r.get(f) is not None]
                 series.append((f"nvidia-smi {f} {'100 ms' if period < 1 else '1 s'}", pts, period))
         for name, pts, period in series:
             got = integrate_power(pts, a, b, period_s=period)

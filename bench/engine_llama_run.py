@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import record
-from engine_report import print_outcomes, print_steps_and_overhead, run_measured
-
 from agent.pipeline import AgentConfig
+from bench import record
+from bench.engine_report import print_outcomes, print_steps_and_overhead, run_measured
 from contract.records import MODEL_KEYS, RunRequest
 from simulator.engine.llama_models import make_llama_models
 from simulator.engine.llama_release import DEFAULT_MTP, DEFAULT_VISION, build_llama_release, parse_sizes
@@ -45,7 +44,7 @@ from simulator.engine.runtime.llama_bench import png
 def _post_raw(url: str, body: dict[str, object]) -> bytes:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:
-        return resp.read()  # type: ignore[no-any-return]
+        return resp.read()
 
 
 def _wait_health(port: int, proc: subprocess.Popen[bytes], timeout: float = 120) -> float:

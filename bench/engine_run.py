@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import record
-from engine_report import print_outcomes, print_steps_and_overhead, run_measured
-
 from agent.pipeline import AgentConfig
+from bench import record
+from bench.engine_report import print_outcomes, print_steps_and_overhead, run_measured
 from contract.records import MODEL_KEYS, RunRequest
 from simulator.engine.build import build_engine_release
 from simulator.engine.models import make_engine_model

@@ -40,16 +40,16 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.tables import parse_seed  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.records import METRICS  # noqa: E402
 from controller.report import analyse  # noqa: E402
 from controller.report.analysis.frame import SIGN, relative_change  # noqa: E402
@@ -57,6 +57,9 @@ from controller.report.analysis.stats import median_interval_ranks, signed_rank_
 from controller.report.analysis.verdict import LOWER_MEDIAN_BELOW, key_status, threshold  # noqa: E402
 from controller.report.model import FLEET, Thresholds  # noqa: E402
 from controller.report.synth import fleet, rows_frame  # noqa: E402
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TH = Thresholds()
 SIZES = (0.04, 0.05, 0.06, 0.07, 0.08, 0.10, 0.12)
@@ -140,13 +143,13 @@ def wilcoxon_p(c: np.ndarray) -> float:
 _REF: Any = None
 
 
-def _init(ref) -> None:  # type: ignore[no-untyped-def]
+def _init(ref: pd.DataFrame) -> None:
     global _REF
     _REF = ref
     from scipy import stats  # noqa: F401
 
 
-def _scale_key(df, key: str, factor: float, modules: list[str] | None = None,  # type: ignore[no-untyped-def]
+def _scale_key(df: pd.DataFrame, key: str, factor: float, modules: list[str] | None = None,
                profiles: list[str] | None = None) -> None:
     """Decode (and TPOT with it) of ``key`` times ``factor`` on some modules / profiles."""
     sel = df["model_key"] == key
@@ -201,7 +204,8 @@ def case(args: tuple[str, int, float]) -> dict[str, Any]:
             cells = [x for x in cells if len(x)]
             if len(cells) < 1:
                 continue
-            cell_of = {**CELL, "trimmed": lambda x, m=metric: report_trimmed(x, m)}
+            cell_of: dict[str, Callable[[np.ndarray], float]] = {**CELL,
+                                                                 "trimmed": partial(report_trimmed, metric=metric)}
             per_cell = {name: np.array([cell_of[name](x) for x in cells]) for name in {cn for cn, _ in CANDIDATES}}
             p_of = {name: wilcoxon_p(c) for name, c in per_cell.items()}
             for cname, kname in CANDIDATES:
@@ -246,7 +250,7 @@ def table(out: list[dict[str, Any]]) -> int:
     from scipy import stats
 
     def fig(o: dict[str, Any], cand: tuple[str, str], metric: str = "decode_tps") -> tuple[float, str, Any]:
-        return o["figures"][(*cand, o["key"], metric)]  # type: ignore[no-any-return]
+        return o["figures"][(*cand, o["key"], metric)]
 
     none = [o for o in out if o["kind"] == "size" and o["size"] == 0.0]
     print("| cell / key | spread (sd, no change; 11 / 15 / 18 profiles) | detection 4 / 5 / 6 / 7 / 8-12 % | "
@@ -264,9 +268,9 @@ def table(out: list[dict[str, Any]]) -> int:
         smallest = max(fig(o, cand)[0] for o in six)
         expected = 0.0  # per profile count: the normal tail of that key's estimates beyond -5 %
         for p in (11, 15, 18):
-            got = [fig(o, cand)[0] for o in six if o["profiles"] == p]
-            if len(got) > 1:
-                expected += len(got) * float(stats.norm.sf((-0.05 - np.mean(got)) / np.std(got))) * 1000 / len(six)
+            ests = [fig(o, cand)[0] for o in six if o["profiles"] == p]
+            if len(ests) > 1:
+                expected += len(ests) * float(stats.norm.sf((-0.05 - np.mean(ests)) / np.std(ests))) * 1000 / len(six)
         false = sum(any(st == "regressed" for (c1, c2, _, _), (_, st, _) in o["figures"].items() if (c1, c2) == cand)
                     for o in none)
         cover = [o for o in out if o["kind"] == "size" and o["size"] > 0]

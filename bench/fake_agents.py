@@ -115,8 +115,9 @@ class Module:
                 cmd("SET", f"m1000-fleet:lease:{self.name}", json.dumps(lease), "EX", self.spec["expires"])]
 
     async def start(self, n_conns: int) -> list[asyncio.Task[None]]:
-        conns = [await self.connect() for _ in range(n_conns)]
-        if any(c is None for c in conns):
+        opened = [await self.connect() for _ in range(n_conns)]
+        conns = [c for c in opened if c is not None]
+        if len(conns) < n_conns:
             return []
         self.conns = conns  # held: a StreamWriter nobody refers to is closed when collected
         self.kv = conns[1] if n_conns > 1 else conns[0]

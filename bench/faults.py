@@ -22,9 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.store import RunStore  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from tests.support.lab import make_lab  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 from tests.support.reliability import KEYS, Bench  # noqa: E402
@@ -105,7 +104,7 @@ FAULTS: dict[str, tuple[Callable[[Bench, RedisServer], None], dict[str, float], 
 
 def one(name: str, base: Path, redis: RedisServer, release) -> tuple[float, int, str]:
     inject, overrides, _ = FAULTS[name]
-    b = Bench(make_lab(base, (redis.url, redis), 1, **overrides))
+    b = Bench(make_lab(base, (redis.url, redis), 1, None, **overrides))  # no extra names: overrides are settings
     b.lab.start()
     try:
         run_id = b.validate(release)
@@ -115,7 +114,9 @@ def one(name: str, base: Path, redis: RedisServer, release) -> tuple[float, int,
         view = b.finished(run_id, 300)
         took = time.monotonic() - t0
         local = len(RunStore(b.workdir("sim-01")).rows(run_id))  # the release's rows and the probe's
-        return took, local - len(b.history.rows(run_id, source=None)), view.progress["sim-01"].state.value
+        progress = view.progress["sim-01"]
+        assert progress is not None, f"{name}: the run ended without sim-01's progress"
+        return took, local - len(b.history.rows(run_id, source=None)), progress.state.value
     finally:
         b.lab.stop()
 

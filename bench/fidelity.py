@@ -25,10 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 import simulator  # noqa: E402
 from agent.tables import parse_seed  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.records import METRICS, MODEL_KEYS  # noqa: E402
 from simulator.fit import REFERENCE  # noqa: E402
 from simulator.ports import free_port  # noqa: E402

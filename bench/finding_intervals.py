@@ -27,9 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import record
-
 from agent.tables import parse_seed
+from bench import record
 from controller.report import analyse
 from controller.report.model import PRIMARY_METRICS
 from controller.report.synth import fleet, rows_frame

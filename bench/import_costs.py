@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-import record  # bench/record.py, this script's folder
-from spawn import spawn  # bench/spawn.py
+from bench import record  # bench/record.py, this script's folder
+from bench.spawn import spawn  # bench/spawn.py
 
 LIBRARIES = (
     "pandas", "pyarrow", "numpy", "scipy.special", "celery.app.base", "kombu.connection", "redis", "fastapi",

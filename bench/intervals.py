@@ -19,9 +19,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import record
-
 from agent.probe.intervals import t975
+from bench import record
 
 
 def figures(rng: np.random.Generator, shape: tuple[int, ...], sigma: float, q: float) -> np.ndarray:

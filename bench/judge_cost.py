@@ -47,8 +47,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-from spawn import TIMED_OUT, spawn  # noqa: E402 - bench/spawn.py
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
+from bench.spawn import TIMED_OUT, spawn  # noqa: E402 - bench/spawn.py
 
 BIN = Path(sys.executable).parent
 RUN = "20261206-000000-judged"  # the unjudged 10 k-row run
@@ -57,16 +57,15 @@ RELEASE = "1.4.2"
 
 
 def reference() -> Any:
-    from report import seed_path  # bench/report.py: the reference document's path
-
     from agent.tables import parse_seed
+    from bench.report import seed_path  # bench/report.py: the reference document's path
     from controller.report.synth import rows_frame
 
     return rows_frame([r for rs in parse_seed(seed_path().read_text(encoding="utf-8")).values() for r in rs])
 
 
 def store(h: Any, df: Any) -> None:
-    from report import stored_values  # bench/report.py
+    from bench.report import stored_values  # bench/report.py
 
     step = 200_000
     for at in range(0, len(df), step):

@@ -33,9 +33,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.validate import stage_local_release  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.files import sha256_file  # noqa: E402
 from contract.records import METRICS  # noqa: E402
 from controller.cli.demo import Worker, inventory_toml, start_worker, stop_workers, wait_for_heartbeats  # noqa: E402
@@ -147,7 +146,7 @@ def main() -> int:
     args = ap.parse_args()
     models = tuple(args.models.split(","))
     tmp = tempfile.TemporaryDirectory(prefix="fleet-kcache-") if not args.keep else None
-    root = Path(args.keep or tmp.name)  # type: ignore[union-attr]
+    root = Path(args.keep) if tmp is None else Path(tmp.name)
     server = RedisServer(root / "redis")
     server.start()
     workers: list[Worker] = []

@@ -24,13 +24,13 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.kernel_cache import build_archive, unpack_archive  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 
 
 def stand_in(dest: Path, limit: int) -> tuple[int, int]:
@@ -49,7 +49,7 @@ def stand_in(dest: Path, limit: int) -> tuple[int, int]:
     return n, total
 
 
-def timed(fn, rounds: int = 3) -> float:  # type: ignore[no-untyped-def]
+def timed(fn: Callable[[], object], rounds: int = 3) -> float:
     times = []
     for _ in range(rounds):
         t = time.perf_counter()

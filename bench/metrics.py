@@ -22,16 +22,17 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
-import record  # noqa: E402 - bench/record.py, this script's folder
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
 from agent.metrics import build_registry, start_exporter  # noqa: E402
 from agent.tables import parse_seed, stamp  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.records import MODEL_KEYS, RunState  # noqa: E402
 from tests.conftest import _seed_path  # noqa: E402
 from tests.metrics.fleetfiles import RunWriter  # noqa: E402
@@ -39,14 +40,14 @@ from tests.metrics.fleetfiles import RunWriter  # noqa: E402
 OM = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1"
 
 
-def per_call_ms(fn: object, n: int) -> float:
-    f = fn  # type: ignore[assignment]
-    f()  # type: ignore[operator]
+def per_call_ms(fn: Callable[[], object], n: int) -> float:
+    f = fn
+    f()
     runs = []
     for _ in range(5):
         t = time.perf_counter()
         for _ in range(n):
-            f()  # type: ignore[operator]
+            f()
         runs.append((time.perf_counter() - t) / n * 1000)
     return statistics.median(runs)
 

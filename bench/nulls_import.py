@@ -18,9 +18,9 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import record  # bench/record.py, this script's folder
-from spawn import spawn  # bench/spawn.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import record  # bench/record.py, this script's folder
+from bench.spawn import spawn  # bench/spawn.py
 
 IMPORTS = {"scipy.special": "import numpy; import scipy.special", "scipy.stats": "import numpy; import scipy.stats",
            "numpy alone": "import numpy"}

@@ -32,9 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.telemetry.nvml import counter_source, nvml_counter  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.records import ResultRow  # noqa: E402
 
 

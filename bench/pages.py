@@ -29,7 +29,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 
 TOKEN = "bench-admin-token-0123456789abcdef"
 USERS = ("ada", "tom", "rita", "ci")
@@ -39,8 +39,8 @@ BUDGET_MS = 200.0
 
 def build(folder: Path, runs: int, modules: int, per_release: int = 10) -> Path:
     import numpy as np
-    from judge_cost import reference, store  # bench/judge_cost.py: the seed's rows, the bulk insert
 
+    from bench.judge_cost import reference, store  # bench/judge_cost.py: the seed's rows, the bulk insert
     from contract.records import RunProgress, RunState
     from controller.history import History
     from controller.report.synth import fleet

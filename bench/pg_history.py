@@ -12,19 +12,22 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from report import stored_values  # bench/report.py, this script's folder: how its histories are filled
-
 from agent.tables import parse_seed
+from bench.report import stored_values  # bench/report.py, this script's folder: how its histories are filled
 from controller.history import History
 from controller.report.synth import fleet, rows_frame
 from tests.conftest import _seed_path
 from tests.support.postgres_server import postgres_server
 
+if TYPE_CHECKING:
+    import pandas as pd
 
-def values(ref, rows: int, run_id: str) -> list[tuple]:  # type: ignore[no-untyped-def]
+
+def values(ref: pd.DataFrame, rows: int, run_id: str) -> list[tuple]:
     """A synthetic run's rows as either engine stores them (NaN as NULL, ``correct`` as 0/1)."""
     return stored_values(fleet(ref, modules=[f"m{i:05d}" for i in range(max(6, round(rows / len(ref))))], seed=1,
                                run_id=run_id))

@@ -43,11 +43,12 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # before bench/ (this script's folder): bench/agent.py is not the agent package
-import record  # noqa: E402 - bench/record.py, this script's folder
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 
 GOAL_TTFT_P50_MS = 0.3
 CONCURRENCY = 64
@@ -105,7 +106,10 @@ async def _serve(port_file: str) -> None:
 
 # ---------------------------------------------------------------------------- the clients
 # One request each: returns (seconds from send to the first content chunk, seconds to the end).
-def _aiohttp_factory(url: str):  # type: ignore[no-untyped-def]
+Client = tuple[Callable[[], Awaitable[tuple[float, float]]], Callable[[], Awaitable[None]]]  # (one request, close)
+
+
+def _aiohttp_factory(url: str) -> Client:
     import aiohttp
 
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY, force_close=False))
@@ -123,7 +127,7 @@ def _aiohttp_factory(url: str):  # type: ignore[no-untyped-def]
     return one, session.close
 
 
-def _httpx_factory(url: str):  # type: ignore[no-untyped-def]
+def _httpx_factory(url: str) -> Client:
     import httpx
 
     client = httpx.AsyncClient(limits=httpx.Limits(max_connections=CONCURRENCY,
@@ -142,7 +146,7 @@ def _httpx_factory(url: str):  # type: ignore[no-untyped-def]
     return one, client.aclose
 
 
-def _streams_factory(url: str):  # type: ignore[no-untyped-def]
+def _streams_factory(url: str) -> Client:
     host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
     pool: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     request = (f"POST {PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
@@ -172,7 +176,7 @@ def _streams_factory(url: str):  # type: ignore[no-untyped-def]
     return one, close
 
 
-def _h11_factory(url: str):  # type: ignore[no-untyped-def]
+def _h11_factory(url: str) -> Client:
     import h11
 
     host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
@@ -210,7 +214,7 @@ def _h11_factory(url: str):  # type: ignore[no-untyped-def]
     return one, close
 
 
-def _transport_factory(url: str):  # type: ignore[no-untyped-def]
+def _transport_factory(url: str) -> Client:
     from agent.probe.transport import Transport
 
     t = Transport(url.rsplit(PATH, 1)[0], max_idle=CONCURRENCY)
@@ -227,7 +231,7 @@ def _transport_factory(url: str):  # type: ignore[no-untyped-def]
     return one, t.aclose
 
 
-def _probe_factory(url: str):  # type: ignore[no-untyped-def]
+def _probe_factory(url: str) -> Client:
     from agent.probe.measure import interpret
     from agent.probe.transport import Transport
 
@@ -358,12 +362,12 @@ def main() -> int:
     for name in clients:
         if not runs[name]:
             continue
-        r = {k: pick(x[k] for x in runs[name]) for k, pick in BEST.items()}
-        r["import_ms"] = import_ms(IMPORTS[name])
-        results[name] = r
+        best = {k: pick(x[k] for x in runs[name]) for k, pick in BEST.items()}
+        best["import_ms"] = import_ms(IMPORTS[name])
+        results[name] = best
         label = f"{name} (chosen)" if name == CHOSEN else f"{name} (bare)"
-        print(f"{label:<26}{r['ttft_p50_ms']:>12.3f}{r['ttft_p99_ms']:>12.3f}{r['rps']:>11.0f}"
-              f"{r['cpu_us_per_request']:>11.0f}{r['import_ms']:>10.0f}{r['rss_mib']:>9.1f}")
+        print(f"{label:<26}{best['ttft_p50_ms']:>12.3f}{best['ttft_p99_ms']:>12.3f}{best['rps']:>11.0f}"
+              f"{best['cpu_us_per_request']:>11.0f}{best['import_ms']:>10.0f}{best['rss_mib']:>9.1f}")
     chosen = results.get(CHOSEN)
     if chosen is None:
         print(f"\n{CHOSEN}: not measured")

@@ -44,13 +44,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT / "bench"))  # after the project: bench/agent.py is not the agent package
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py
-
 from agent.probe import ProbeConfig, run_probe  # noqa: E402
 from agent.probe.compare import FLAG, judge  # noqa: E402
 from agent.probe.records import ProfileResult  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py
 from contract.records import MODEL_KEYS, ResultRow  # noqa: E402
 from simulator.engine.runtime.bench import Client, Measurement, words  # noqa: E402
 from simulator.ports import free_port  # noqa: E402
@@ -99,7 +97,7 @@ def release_round(port: int, model: str, n: int, out: int, requests: int, tag: i
 
 
 def peer_round(url: str, model: str, n: int, out: int, requests: int, tag: int) -> list[tuple[float, float]]:
-    import plain_client  # bench/plain_client.py: bench_serving's definitions
+    from bench import plain_client  # bench/plain_client.py: bench_serving's definitions
 
     outs = [asyncio.run(plain_client.request(url, model, words(tag + r, n, VOCAB), out)) for r in range(requests)]
     return [(o.ttft * 1000, o.tpot * 1000) for o in outs]
@@ -134,7 +132,7 @@ def main() -> int:
         print("no llama-server: make llama, or --server", file=sys.stderr)
         return 2
     try:
-        import plain_client  # noqa: F401
+        from bench import plain_client  # noqa: F401
         peer = True
     except ImportError:
         peer = False

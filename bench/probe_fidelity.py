@@ -24,10 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT / "bench"))  # after the project: bench/agent.py is not the agent package
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py
-
 from agent.probe import ProbeConfig, run_probe  # noqa: E402
 from agent.tables import parse_seed  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py
 from simulator.ports import free_port  # noqa: E402
 
 PROFILES = ("128:128", "500:500", "2000:2000")
@@ -97,14 +96,17 @@ def main() -> int:
             for run in ("first", "second"):
                 for r in run_probe(cfg).results:
                     want = ref[r.profile]
-                    dt, dp = r.ttft_ms.p50 / want.ttft_ms - 1, r.tpot_ms.p50 / want.tpot_ms - 1  # type: ignore[union-attr,operator]
+                    assert r.ttft_ms is not None and r.tpot_ms is not None, f"{r.profile}: {r.error_details}"
+                    assert want.ttft_ms is not None and want.tpot_ms is not None, f"{r.profile}: not in the reference"
+                    dt, dp = r.ttft_ms.p50 / want.ttft_ms - 1, r.tpot_ms.p50 / want.tpot_ms - 1
                     worst = max(worst, abs(dt), abs(dp))
-                    print(f"| {scale} | {r.profile} | {run} | {r.ttft_ms.p50:.1f} ({want.ttft_ms}) | {dt:+.2%} | "  # type: ignore[union-attr]
-                          f"{r.tpot_ms.p50:.2f} ({want.tpot_ms}) | {dp:+.2%} | {r.cached_tokens:g} |", flush=True)  # type: ignore[union-attr]
+                    print(f"| {scale} | {r.profile} | {run} | {r.ttft_ms.p50:.1f} ({want.ttft_ms}) | {dt:+.2%} | "
+                          f"{r.tpot_ms.p50:.2f} ({want.tpot_ms}) | {dp:+.2%} | {r.cached_tokens:g} |", flush=True)
             for k, profile in enumerate(PROFILES):
                 want = ref[profile]
+                assert want.ttft_ms is not None and want.tpot_ms is not None, f"{profile}: not in the reference"
                 ttft, tpot, cached = _one_token_hit(url, int(want.input_tokens or 0), k)
-                dt, dp = ttft / want.ttft_ms - 1, tpot / want.tpot_ms - 1  # type: ignore[operator]
+                dt, dp = ttft / want.ttft_ms - 1, tpot / want.tpot_ms - 1
                 worst = max(worst, abs(dt), abs(dp))
                 print(f"| {scale} | {profile} | 1-token hit | {ttft:.1f} ({want.ttft_ms}) | {dt:+.2%} | "
                       f"{tpot:.2f} ({want.tpot_ms}) | {dp:+.2%} | {cached} |", flush=True)

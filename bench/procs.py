@@ -20,17 +20,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent import procs  # noqa: E402
 from agent.executor import Executor  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 
 
-def cpu_ms(fn, n: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+def cpu_ms(fn: Callable[[], object], n: int) -> tuple[float, float]:
     """Median and p90 CPU of one call of ``fn``, ms."""
     times = []
     for _ in range(n):

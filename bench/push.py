@@ -47,8 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import paramiko  # noqa: E402
-import record  # noqa: E402 - bench/record.py, this script's folder
 
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.files import sha256_file  # noqa: E402
 from controller.inventory import Module  # noqa: E402
 from controller.remote.push import push_release, receiver_argv  # noqa: E402

@@ -39,9 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.steps import parse_env_capture, plan_environment  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from simulator import DEVICE_TOOL_DIR, make_models  # noqa: E402
 from simulator.build import RUNTIME_DIR, TEMPLATE_DIR, release_files, release_mtime, write_release  # noqa: E402
 from simulator.cheap import cheap_module_env  # noqa: E402
@@ -60,7 +59,8 @@ def _cpu_ms(rusage: resource.struct_rusage) -> float:
 def run_cpu(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, bytes]:
     """(CPU in ms of the process and its waited children, its stdout); fails loudly on a non-zero exit."""
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
+    assert proc.stdout is not None and proc.stderr is not None  # PIPE
+    out, err = proc.stdout.read(), proc.stderr.read()
     _, status, rusage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
@@ -97,19 +97,21 @@ class Release:
                     "SERVER_PORT": str(self.port)}
         pre = subprocess.Popen(self.script("precompile_tilelang_kernels.sh"), env=self.env, cwd=self.top,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        pre.stdout.readline()  # type: ignore[union-attr]
+        assert pre.stdout is not None  # PIPE
+        pre.stdout.readline()
         out["precompile to its wait"] = task_cpu_ms(pre.pid)
-        pre.stdout.read()  # type: ignore[union-attr]
+        pre.stdout.read()
         _, status, rusage = os.wait4(pre.pid, 0)
         pre.returncode = os.waitstatus_to_exitcode(status)
-        pre.stdout.close()  # type: ignore[union-attr]
+        pre.stdout.close()
         if pre.returncode:
             raise SystemExit(f"{self.name}: precompile exited {pre.returncode}")
         out["precompile"] = _cpu_ms(rusage)
         server = subprocess.Popen(self.script("start_qwen3_server.sh"), env=self.env, cwd=self.top,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert server.stderr is not None  # PIPE
         try:
-            for line in server.stderr:  # type: ignore[union-attr]
+            for line in server.stderr:
                 if b"ready to roll" in line:
                     out["server to ready"] = task_cpu_ms(server.pid)
                     break
@@ -121,7 +123,7 @@ class Release:
             server.terminate()
             _, _, rusage = os.wait4(server.pid, 0)
             server.returncode = 0
-            server.stderr.close()  # type: ignore[union-attr]
+            server.stderr.close()
         out["server whole"] = _cpu_ms(rusage)
         gmi = [str(DEVICE_TOOL_DIR / "mthreads-gmi"), "--query-gpu=index,temperature.gpu,power.draw,clocks.sm,"
                "utilization.gpu,memory.used", "--format=csv,noheader,nounits"]
@@ -135,8 +137,9 @@ class Release:
         agent waits for it: every 0.5 s through the model load, ~80 s at the cheap time scale 0.25)."""
         server = subprocess.Popen(self.script("start_qwen3_server.sh"), env=self.env, cwd=self.top,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert server.stderr is not None  # PIPE
         try:
-            for line in server.stderr:  # type: ignore[union-attr]
+            for line in server.stderr:
                 if b"ready to roll" in line:
                     break
             time.sleep(0.2)
@@ -153,7 +156,7 @@ class Release:
         finally:
             server.terminate()
             server.wait()
-            server.stderr.close()  # type: ignore[union-attr]
+            server.stderr.close()
         idle = (c1 - c0) / idle_s
         return idle, (c2 - c1 - idle * 0.2) / polls
 

@@ -58,19 +58,23 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.tables import parse_seed  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.records import METRICS  # noqa: E402
 from controller.report import analyse  # noqa: E402
 from controller.report.render import to_json, to_markdown, verdict_line  # noqa: E402
 from controller.report.synth import fleet, rows_frame  # noqa: E402
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+T = TypeVar("T")
 TARGET_S = 1.0  # report over 1 M rows
 TARGET_RATIO = 4.0  # x the bare groupby of the same run
 
@@ -84,7 +88,7 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def timed(fn: Callable[[], object]) -> tuple[float, object]:
+def timed(fn: Callable[[], T]) -> tuple[float, T]:
     t = time.perf_counter()
     out = fn()
     return time.perf_counter() - t, out
@@ -175,7 +179,7 @@ def main() -> int:
         "bare": lambda: cur.groupby(["model_key", "profile"])[metrics].median(),
         "report": lambda: analyse(cur, run_id="run-b", baseline=ref, baseline_id="b"),
         "previous": lambda: analyse(cur, run_id="run-b", baseline=ref, baseline_id="b", previous=prev),
-        "render": lambda: (to_markdown(rep2), to_json(rep2)),  # type: ignore[arg-type]
+        "render": lambda: (to_markdown(rep2), to_json(rep2)),
     }, args.repeat)
     bare, rep_t = statistics.median(times["bare"]), statistics.median(times["report"])
     ratios = [r / b for r, b in zip(times["report"], times["bare"], strict=True)]
@@ -186,7 +190,7 @@ def main() -> int:
     prev_t = statistics.median(times["previous"])
     print(f"report (baseline + previous run)       {spread(times['previous'])}  {prev_t / bare:5.1f}x")
     print(f"markdown + json rendering              {spread(times['render'])}")
-    print(f"verdict: {verdict_line(rep2)}")  # type: ignore[arg-type]
+    print(f"verdict: {verdict_line(rep2)}")
     ratio = statistics.median(ratios)
     ok = rep_t <= TARGET_S * len(cur) / 1_000_000 and ratio <= TARGET_RATIO
     print(f"goal: report over {len(cur):,} rows <= {TARGET_S * len(cur) / 1_000_000:.2f} s and <= {TARGET_RATIO}x "
@@ -194,7 +198,7 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def one(ref, rows: int, repeat: int) -> int:  # type: ignore[no-untyped-def]
+def one(ref: pd.DataFrame, rows: int, repeat: int) -> int:
     """One size, in this process: JSON with times and peak RSS (a --scale child). The frame is in the
     form the run history gives the report (``load.as_read``: text columns as categoricals)."""
     import tracemalloc
@@ -244,7 +248,7 @@ def _run_id(rows: int) -> str:
     return f"bench-{rows}"
 
 
-def stored_values(df) -> list[tuple[Any, ...]]:  # type: ignore[no-untyped-def]
+def stored_values(df: pd.DataFrame) -> list[tuple[Any, ...]]:
     """A synthetic frame's rows as the history stores them, whichever its engine (``History.upsert_row_values``):
     NaN as NULL, ``correct`` as 0/1."""
     import pandas as pd
@@ -256,7 +260,7 @@ def stored_values(df) -> list[tuple[Any, ...]]:  # type: ignore[no-untyped-def]
     return list(df.itertuples(index=False, name=None))
 
 
-def fill_history(db: str | Path, ref, sizes: list[int], runs: int = 1, prefix: str = "bench") -> None:  # type: ignore[no-untyped-def]
+def fill_history(db: str | Path, ref: pd.DataFrame, sizes: list[int], runs: int = 1, prefix: str = "bench") -> None:
     """``runs`` ended runs of each size in the history at ``db`` (a SQLite path or a PostgreSQL URL: rows written as
     stored values, ``History.upsert_row_values``; pydantic records of 10 M rows would take longer than the reads
     measured); with ``runs`` > 1 each run is of its own release (a trend's series)."""
@@ -555,8 +559,8 @@ def formats(db: Path, rows: int, repeat: int) -> int:
         "arrow ipc zstd": (lambda p: ipc_write(p, "zstd"), ipc_read),
     }
     paths = {k: folder / k.replace(" ", "_") for k in cands}
-    writes = interleaved({k: (lambda k=k: cands[k][0](paths[k])) for k in cands}, repeat)  # type: ignore[misc]
-    reads = interleaved({k: (lambda k=k: cands[k][1](paths[k])) for k in cands}, repeat)  # type: ignore[misc]
+    writes = interleaved({k: partial(cands[k][0], paths[k]) for k in cands}, repeat)
+    reads = interleaved({k: partial(cands[k][1], paths[k]) for k in cands}, repeat)
     print(f"{table.num_rows:,} rows, {repeat} interleaved rounds (median [min-max]); read = file to the report's frame")
     print("| format | size | write | read |")
     print("| --- | ---: | ---: | ---: |")
@@ -651,13 +655,13 @@ def _power_case(args: tuple[int, float]) -> tuple[float, int, bool, bool, bool, 
 _POWER_REF: Any = None  # the reference frame, set once per worker process
 
 
-def _power_init(ref) -> None:  # type: ignore[no-untyped-def]
+def _power_init(ref: pd.DataFrame) -> None:
     global _POWER_REF
     _POWER_REF = ref
     from scipy import stats  # noqa: F401  (loaded once per worker)
 
 
-def power(ref, seeds: int) -> int:  # type: ignore[no-untyped-def]
+def power(ref: pd.DataFrame, seeds: int) -> int:
     """False alarms over ``seeds`` no-change seeds; detection of a decode regression over sizes 2-12 %
     (``seeds`` at the goal's 6 %, a fifth of them at each other size; the key rotates with the seed), and how
     often the change's 95 % interval holds the injected change. In processes, one per core."""
@@ -715,7 +719,7 @@ def _paired_case(args: tuple[int, int, float]) -> tuple[int, float, int, list[tu
     key = keys[seed % len(keys)]
     rows, runs = paired_fleet(ref, modules=4, rounds=rounds, regress={(key, "decode_tps"): size} if size else None,
                               seed=(1_000_000 if size else 0) + 1000 * rounds + seed)
-    rep = paired_compare(rows, [PairedRun(run_id=r, arm=a, round=n) for r, a, n in runs],  # type: ignore[arg-type]
+    rep = paired_compare(rows, [PairedRun(run_id=r, arm=a, round=n) for r, a, n in runs],
                          release_a="A", release_b="B")
     per_tol = []
     for tol in PAIRED_TOLERANCES:
@@ -727,7 +731,7 @@ def _paired_case(args: tuple[int, int, float]) -> tuple[int, float, int, list[tu
     return rounds, size, seed, per_tol, float("nan") if dec.mdc is None else dec.mdc
 
 
-def paired_power(ref, seeds: int, rounds: list[int]) -> int:  # type: ignore[no-untyped-def]
+def paired_power(ref: pd.DataFrame, seeds: int, rounds: list[int]) -> int:
     """The paired comparison's false regressions (``seeds`` no-change seeds) and detection of a planted decode
     regression (``seeds`` at 2 %, a fifth at 1.5 % and 3 %), per round count and tolerance."""
     import math

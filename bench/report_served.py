@@ -35,7 +35,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import record  # bench/record.py, this script's folder
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import record
 
 FLEETCTL = str(Path(sys.executable).with_name("fleetctl"))
 TREND = ("trend", "-m", "qwen3", "--metric", "decode_tps")  # as bench/report.py --history times it

@@ -26,10 +26,11 @@ import statistics as st
 import subprocess as sp
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import record  # bench/record.py, this script's folder
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import record  # bench/record.py, this script's folder
 
 QUERY = ("--query-gpu=index,name,uuid,temperature.gpu,temperature.memory,power.draw,power.limit,clocks.sm,clocks.mem,"
          "clocks.gr,clocks.max.sm,utilization.gpu,utilization.memory,memory.used,memory.total,"
@@ -51,7 +52,7 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def nvml() -> tuple[str, object]:
+def nvml() -> tuple[str, Callable[[], int]]:
     if importlib.util.find_spec("pynvml") is not None:
         binding = "nvidia-ml-py importable"
     else:
@@ -90,11 +91,11 @@ def main() -> int:
           f"max {max(walls) * 1e3:.1f}), CPU {cpu * 1e3:.1f} ms a call")
     binding, read = nvml()
     t = time.perf_counter()
-    vals = [read() for _ in range(2000)]  # type: ignore[operator]
+    vals = [read() for _ in range(2000)]
     per = (time.perf_counter() - t) / 2000
-    changes, t0, last = 0, time.perf_counter(), read()  # type: ignore[operator]
+    changes, t0, last = 0, time.perf_counter(), read()
     while time.perf_counter() - t0 < 1.0:
-        v = read()  # type: ignore[operator]
+        v = read()
         changes += v != last
         last = v
     print(f"2. NVML counter: {binding}; ctypes read {per * 1e6:.1f} us; value {vals[-1]} mJ; "

@@ -731,7 +731,7 @@ def broker_main(args: argparse.Namespace) -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # redis-server inherits it (ulimit -n <hard>)
     sizes = [int(x) for x in args.modules.split(",") if x]
     tmp = tempfile.TemporaryDirectory(prefix="fleet-scale-") if not args.keep else None
-    base = Path(args.keep or tmp.name)  # type: ignore[union-attr]
+    base = Path(args.keep) if tmp is None else Path(tmp.name)
     try:
         agent = real_agent(base)
         conns = args.conns or agent["conns"]
@@ -816,7 +816,7 @@ def main() -> int:
     sizes = sorted(int(x) for x in args.sizes.split(","))
     models = tuple(args.models.split(","))
     tmp = tempfile.TemporaryDirectory(prefix="fleet-scale-") if not args.keep else None
-    base = Path(args.keep or tmp.name)  # type: ignore[union-attr]
+    base = Path(args.keep) if tmp is None else Path(tmp.name)
     server = RedisServer(base / "redis")
     server.start()
     empty_mem = redis_info(server.port)["used_memory"]

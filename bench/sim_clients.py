@@ -30,14 +30,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT / "bench"))  # after the project: bench/agent.py is not the agent package
 sys.path.insert(0, str(ROOT))
-import plain_client  # noqa: E402 - bench/plain_client.py
-import record  # noqa: E402 - bench/record.py
-from probe_fidelity import wait_ready  # noqa: E402 - bench/probe_fidelity.py (also this module's, for the tests)
-
 from agent.probe import ProbeConfig, run_probe  # noqa: E402
 from agent.tables import parse_seed  # noqa: E402
+from bench import plain_client, record  # noqa: E402 - bench/plain_client.py, bench/record.py
+from bench.probe_fidelity import wait_ready  # noqa: E402 - bench/probe_fidelity.py (also this module's, for the tests)
 from simulator.ports import free_port  # noqa: E402
 
 PROFILES = ("128:128", "500:500", "2000:2000")

@@ -50,11 +50,8 @@ from typing import TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-import record  # noqa: E402 - bench/record.py, this script's folder
-import release_cpu  # noqa: E402 - bench/release_cpu.py: the release's processes as the agent runs them
-
 from agent.steps import parse_env_capture, plan_environment  # noqa: E402
+from bench import record, release_cpu  # noqa: E402 - bench/release_cpu.py: the release's processes as the agent runs them
 from simulator import DEVICE_TOOL_DIR, make_models  # noqa: E402
 from simulator.build import RUNTIME_DIR, TEMPLATE_DIR  # noqa: E402
 from simulator.cheap import cheap_module_env  # noqa: E402
@@ -175,10 +172,11 @@ def run_usage(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, f
     with tempfile.NamedTemporaryFile("r", prefix="maxrss-") as rss:
         proc = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", rss.name, *argv], env=env, cwd=cwd,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        err = proc.stderr.read()  # type: ignore[union-attr]
+        assert proc.stderr is not None  # PIPE
+        err = proc.stderr.read()
         _, status, ru = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
-        proc.stderr.close()  # type: ignore[union-attr]
+        proc.stderr.close()
         if proc.returncode:
             raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")
         return release_cpu._cpu_ms(ru), int(rss.read().split()[-1]) / 1024
@@ -202,7 +200,7 @@ def peak_rss_mib(pid: int) -> float:
 
 
 class Variant(release_cpu.Release):
-    def round(self) -> dict[str, float]:  # type: ignore[override]
+    def round(self) -> dict[str, float]:
         out: dict[str, float] = {}
         out["generate"], _ = run_usage(self.script("generate_tilelang_workflow.sh"), self.base_env, self.top)
         plan = plan_environment(self.top, self.base_env, 60.0)
@@ -213,9 +211,10 @@ class Variant(release_cpu.Release):
                                                              self.env, self.top)
         server = subprocess.Popen(self.script("start_qwen3_server.sh"), env=self.env, cwd=self.top,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert server.stderr is not None  # PIPE
         t0 = time.monotonic()
         try:
-            for line in server.stderr:  # type: ignore[union-attr]
+            for line in server.stderr:
                 if b"ready to roll" in line:
                     out["server to ready"] = release_cpu.task_cpu_ms(server.pid)
                     out["server wall to ready"] = (time.monotonic() - t0) * 1000
@@ -229,7 +228,7 @@ class Variant(release_cpu.Release):
             server.terminate()
             _, _, ru = os.wait4(server.pid, 0)
             server.returncode = 0
-            server.stderr.close()  # type: ignore[union-attr]
+            server.stderr.close()
         out["server whole"] = release_cpu._cpu_ms(ru)
         return out
 
@@ -237,11 +236,12 @@ class Variant(release_cpu.Release):
         """A ready server's CPU (ms) per /health poll, per streamed completion, per second left alone."""
         server = subprocess.Popen(self.script("start_qwen3_server.sh"), env=self.env, cwd=self.top,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert server.stderr is not None  # PIPE
         body = b'{"model":"m","prompt":"hello world, a short prompt","max_tokens":8,"stream":true}'
         req = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         try:
-            for line in server.stderr:  # type: ignore[union-attr]
+            for line in server.stderr:
                 if b"ready to roll" in line:
                     break
             time.sleep(0.1)
@@ -275,7 +275,7 @@ class Variant(release_cpu.Release):
         finally:
             server.terminate()
             server.wait()
-            server.stderr.close()  # type: ignore[union-attr]
+            server.stderr.close()
         idle = (c3 - c2) / idle_s
         return {"per /health poll": (c1 - c0 - idle * 0.05) / polls,
                 "per streamed completion": (s1 - s0 - idle * 0.05) / completions, "per s left alone": idle}

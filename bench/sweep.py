@@ -30,15 +30,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT / "bench"))  # after the project: bench/agent.py is not the agent package
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py
-
 from agent.probe import ProbeConfig  # noqa: E402
 from agent.probe.measure import percentile  # noqa: E402
 from agent.probe.prompts import parse_profile  # noqa: E402
-from agent.probe.records import LoadShape  # noqa: E402
+from agent.probe.records import LoadShape, PromptKind  # noqa: E402
 from agent.probe.runner import _Session, discover, run_sweep, sim_priority  # noqa: E402
 from agent.probe.sweep import SweepConfig, SweepSLO, level, requests_for  # noqa: E402
 from agent.probe.transport import Transport  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py
 from simulator.ports import free_port  # noqa: E402
 
 
@@ -46,8 +45,8 @@ def _p50(values: list[float]) -> float:
     return percentile(sorted(values), 0.5) if values else float("nan")
 
 
-async def phases(url: str, c: int, output_len: int, prompt: str) -> str:
-    cfg = ProbeConfig(base_url=url, profiles=("128:128",), output_len=output_len, prompt=prompt)  # type: ignore[arg-type]
+async def phases(url: str, c: int, output_len: int, prompt: PromptKind) -> str:
+    cfg = ProbeConfig(base_url=url, profiles=("128:128",), output_len=output_len, prompt=prompt)
     t = Transport(url, max_idle=64)
     server = await discover(t, None, None)
     undo = sim_priority()

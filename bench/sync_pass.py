@@ -30,15 +30,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
 from rich.console import Console  # noqa: E402
 
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 from contract.digest import seal  # noqa: E402
 from contract.kv import HEARTBEAT_TTL, _key  # noqa: E402
 from contract.records import Heartbeat, KeyOutcome, RunProgress, RunState  # noqa: E402
@@ -147,6 +148,11 @@ def cpu(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.process_time() - c, out
 
 
+def render(console: Console, module: ModuleType, view: Any, kw: dict[str, Any]) -> None:
+    """The live view of ``view`` as ``module`` renders it, printed (the part of a refresh after the pass)."""
+    console.print(module.render(view, title="run", **kw))
+
+
 def measure(n: int, args: argparse.Namespace, server: RedisServer, base: Path, db: int,
             impls: dict[str, tuple[type, ModuleType]]) -> dict[str, dict[str, float]]:
     folder = base / f"n{n}"
@@ -194,11 +200,11 @@ def measure(n: int, args: argparse.Namespace, server: RedisServer, base: Path, d
         time.sleep(0.5)  # the live view's refresh period: what a pass reads once a heartbeat interval comes due
         agents.step()
         for label, f in fleets.items():
-            t, view = cpu(lambda f=f, label=label: f.sync(f"run-{label}"))
+            t, view = cpu(partial(f.sync, f"run-{label}"))
             passes[label].append(t)
             module = impls[label][1]
             kw = {"changed": module.changed_modules(last[label], view)} if hasattr(module, "changed_modules") else {}
-            t, _ = cpu(lambda view=view, module=module, kw=kw: console.print(module.render(view, title="run", **kw)))
+            t, _ = cpu(partial(render, console, module, view, kw))
             last[label] = view
             console.file = io.StringIO()
             renders[label].append(t)
@@ -221,7 +227,7 @@ def measure(n: int, args: argparse.Namespace, server: RedisServer, base: Path, d
     for label, f in fleets.items():
         total, k, most, each = 0.0, 0, 0.0, []
         while True:
-            t, view = cpu(lambda f=f, label=label: f.sync(f"run-{label}"))
+            t, view = cpu(partial(f.sync, f"run-{label}"))
             total, k, most = total + t, k + 1, max(most, t)
             each.append(t)
             if view.finished or k > 400:
@@ -244,13 +250,14 @@ def measure(n: int, args: argparse.Namespace, server: RedisServer, base: Path, d
         prof.disable()
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(20)
     agents.beat(names, None)  # the modules idle and alive, as after a run
+    statuses: dict[str, list[float]] = {label: [] for label in fleets}
     for _ in range(args.statuses):
         for label, f in fleets.items():
-            t, st = cpu(lambda f=f: f.statuses(mods))
-            out[label].setdefault("statuses all", []).append(t)  # type: ignore[attr-defined]
+            t, st = cpu(partial(f.statuses, mods))
+            statuses[label].append(t)
             out[label]["idle"] = sum(s.state == "idle" for s in st.values())
     for label, f in fleets.items():
-        out[label]["statuses"] = statistics.median(out[label].pop("statuses all"))  # type: ignore[arg-type]
+        out[label]["statuses"] = statistics.median(statuses[label])
         f.history.close()
         f.close()
     return out

@@ -33,9 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import record  # noqa: E402 - bench/record.py, this script's folder
-
 from agent.telemetry import SAMPLES_FILE, Sampler, TelemetryConfig  # noqa: E402
+from bench import record  # noqa: E402 - bench/record.py, this script's folder
 
 SIM_TOOL = ROOT / "simulator" / "device" / "mthreads-gmi"
 
@@ -171,12 +170,12 @@ def main() -> int:
           f"{'met' if r['sampler'] / 36 <= 0.2 else 'NOT met'}")
     if not a.no_validation:
         print(f"== wall time of a 7-key validation (simulated release, time scale 50), {a.runs} runs each")
-        w = validation_wall(a.runs, tool)
+        walls = validation_wall(a.runs, tool)
         for mode in ("off", "on"):
-            print(f"   telemetry {mode:3s}: " + ", ".join(f"{x:.1f}" for x in w[mode]) +
-                  f" s (median {statistics.median(w[mode]):.1f} s)")
-        d = statistics.median(w["on"]) - statistics.median(w["off"])
-        spread = max(max(w["off"]) - min(w["off"]), max(w["on"]) - min(w["on"]))
+            print(f"   telemetry {mode:3s}: " + ", ".join(f"{x:.1f}" for x in walls[mode]) +
+                  f" s (median {statistics.median(walls[mode]):.1f} s)")
+        d = statistics.median(walls["on"]) - statistics.median(walls["off"])
+        spread = max(max(walls["off"]) - min(walls["off"]), max(walls["on"]) - min(walls["on"]))
         print(f"   difference of medians {d:+.1f} s; run-to-run spread {spread:.1f} s")
     return 0
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import record  # bench/record.py: this script's folder is on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import record
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_S = 20 * 60

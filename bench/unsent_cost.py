@@ -21,8 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-import record  # bench/record.py, this script's folder
-
+from bench import record  # bench/record.py, this script's folder
 from contract.records import RunProgress
 from controller.history import History, UnsentRequest
 
