@@ -78,8 +78,10 @@ def no_delay(sock):
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def reader(sock):
-    return sock.makefile("rb")
+def reader(sock):  # socket's file has no kernel receive time: the clock starts at parse, as before acee841
+    f = sock.makefile("rb")
+    f.raw.stamp_ns = 0
+    return f
 
 
 def connect(host, port, timeout):
@@ -119,6 +121,7 @@ class HTTPHandler(http.server.BaseHTTPRequestHandler):
     server_version = "sglang-musa-sim"
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
+    arrived_ns = 0  # http.server reads no kernel receive time: the clock starts at parse
 
     def __init__(self, conn, client_address):
         super().__init__(conn, client_address, None)
