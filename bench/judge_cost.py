@@ -48,7 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench import record  # noqa: E402 - bench/record.py, this script's folder
-from bench.spawn import TIMED_OUT, spawn  # noqa: E402 - bench/spawn.py
+from bench.spawn import spawn  # noqa: E402 - bench/spawn.py
 
 BIN = Path(sys.executable).parent
 RUN = "20261206-000000-judged"  # the unjudged 10 k-row run
@@ -162,9 +162,9 @@ def run_once(argv: list[str], env: dict[str, str], timeout: float = 600,
     ``ru_maxrss`` of a forked child counts this process's pages from before its exec: gigabytes after section 2)."""
     with tempfile.NamedTemporaryFile("r") as rss:
         s = spawn(["/usr/bin/time", "-q", "-f", "%M", "-o", rss.name, *argv], env=env, cwd=cwd, timeout=timeout)
-        s.check((0, 1, TIMED_OUT))
+        code = 124 if s.timed_out else s.check((0, 1)).code
         peak = rss.read().split()
-        return s.wall_s, s.cpu_s, int(peak[-1]) / 1024 if peak else float("nan"), s.code
+        return s.wall_s, s.cpu_s, int(peak[-1]) / 1024 if peak else float("nan"), code
 
 
 def env_of(folder: Path, history: Path, tree: Path | None = None) -> dict[str, str]:

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-TIMED_OUT = 124
-
 
 @dataclass(frozen=True)
 class Spawned:
@@ -29,6 +27,7 @@ class Spawned:
     peak_mib: float
     code: int
     err: str
+    timed_out: bool = False
 
     def check(self, ok: tuple[int, ...] = (0,)) -> Spawned:
         """Itself when its exit code is one of ``ok``; else the bench stops with one line naming the command."""
@@ -40,7 +39,7 @@ class Spawned:
 def spawn(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
           stdout: int | IO[bytes] = subprocess.DEVNULL, stderr_to_stdout: bool = False,
           timeout: float | None = None) -> Spawned:
-    """Run ``argv`` as a fresh process until it exits (killed after ``timeout`` s: exit :data:`TIMED_OUT`).
+    """Run ``argv`` as a fresh process until it exits (killed after ``timeout`` s: ``timed_out``).
 
     ``peak_mib`` is the kernel's ``ru_maxrss``: a child forked from a large process counts that process's pages from
     before its exec (a bench that runs beside gigabytes measures the peak with GNU time instead)."""
@@ -55,9 +54,8 @@ def spawn(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | Non
         wall = time.perf_counter() - t
         if killer is not None:
             killer.cancel()
-        proc.returncode = code = os.waitstatus_to_exitcode(status)
+        proc.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
         said = err.read().decode(errors="replace")
-    if timeout is not None and wall >= timeout:
-        code = TIMED_OUT
-    return Spawned(tuple(argv), wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code, said)
+    return Spawned(tuple(argv), wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode, said,
+                   timed_out=timeout is not None and wall >= timeout)
